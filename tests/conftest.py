@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny reference checkpoints and an isolated vidloom cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.wan_checkpoints import CONFIGS, TinyWan, write_tiny_wan
+
+
+@pytest.fixture(scope="session", params=CONFIGS, ids=lambda spec: spec.name)
+def tiny_wan_dir(request, tmp_path_factory) -> Path:
+    """A diffusers-written WanPipeline folder for each tiny config."""
+    spec: TinyWan = request.param
+    return write_tiny_wan(tmp_path_factory.mktemp(spec.name), spec)
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> Path:
+    """A cache dir holding the built-in demo checkpoint (written once per session)."""
+    from vidloom.recipes.wan.demo import ensure_demo_checkpoint
+
+    cache = tmp_path_factory.mktemp("vidloom-cache")
+    ensure_demo_checkpoint(cache)
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(monkeypatch, tmp_path_factory):
+    # Never write into the developer's real ~/.cache from tests.
+    monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))

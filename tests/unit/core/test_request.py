@@ -1,0 +1,69 @@
+"""GenerationRequest validation: every bad field raises InvalidRequest naming it."""
+
+import dataclasses
+
+import pytest
+
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.recipes.wan.demo import demo_card
+
+
+@pytest.fixture(scope="module")
+def card():
+    return demo_card()
+
+
+def test_defaults_fill_unset_fields(card):
+    r = resolve_request(GenerationRequest(prompt="a cat"), card)
+    d = card.sampling_defaults
+    assert (r.height, r.width, r.num_frames, r.num_inference_steps) == (d.height, d.width, d.num_frames, d.num_inference_steps)
+    assert r.sampler == d.sampler and r.flow_shift == d.flow_shift and r.guidance_scale == d.guidance_scale
+    assert isinstance(r.seed, int) and r.seed >= 0
+
+
+def test_explicit_fields_are_kept(card):
+    r = resolve_request(GenerationRequest(prompt="a cat", height=32, width=48, num_frames=5, seed=7, sampler="euler"), card)
+    assert (r.height, r.width, r.num_frames, r.seed, r.sampler) == (32, 48, 5, 7, "euler")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("prompt", ""),
+        ("prompt", "   "),
+        ("num_inference_steps", 0),
+        ("num_inference_steps", -3),
+        ("num_inference_steps", 2.5),
+        ("height", 100),  # not divisible by 16
+        ("width", 8),
+        ("height", 0),
+        ("num_frames", 16),  # not 4k+1
+        ("num_frames", 0),
+        ("guidance_scale", -1.0),
+        ("guidance_scale", "5"),
+        ("flow_shift", 0.0),
+        ("sampler", "ddim"),
+        ("seed", -1),
+        ("fps", 0),
+        ("task", Task.I2V),
+        ("task", "nonsense"),
+    ],
+)
+def test_invalid_fields_name_the_field(card, field, value):
+    request = dataclasses.replace(GenerationRequest(prompt="a cat"), **{field: value})
+    with pytest.raises(InvalidRequest) as info:
+        resolve_request(request, card)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_frame_error_says_what_works(card):
+    with pytest.raises(InvalidRequest, match=r"4k\+1"):
+        resolve_request(GenerationRequest(prompt="x", num_frames=8), card)
+
+
+def test_cfg_only_when_guidance_amplifies():
+    assert GenerationRequest(prompt="x", guidance_scale=5.0).uses_cfg
+    assert not GenerationRequest(prompt="x", guidance_scale=1.0).uses_cfg
+    assert not GenerationRequest(prompt="x", guidance_scale=0.0).uses_cfg

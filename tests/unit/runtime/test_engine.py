@@ -1,0 +1,123 @@
+"""Engine drives loops step by step: progress per step, cancellation at boundaries."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import pytest
+import torch
+
+from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.instance import ModelInstance
+from vidloom.core.loop import DONE, StepPlan
+from vidloom.core.output import ProgressEvent
+from vidloom.core.program import Node, Program
+from vidloom.core.request import GenerationRequest
+from vidloom.recipes.wan.demo import demo_card
+from vidloom.runtime.engine import CancellationToken, Engine
+
+
+@dataclass
+class CountState:
+    value: float
+    index: int = 0
+    total: int = 0
+
+
+class CountingLoop:
+    """Adds 1 per step: a real Loop whose 'kernel' is trivial, to test the driver."""
+
+    name = "count"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def init(self, slots: Mapping[str, Any]) -> CountState:
+        return CountState(value=slots["start"], total=slots["request"].num_inference_steps)
+
+    def next(self, state: CountState):
+        if state.index >= state.total:
+            return DONE
+        return StepPlan(self.name, state.index, state.total, call=self._add_one, inputs={"x": state.value})
+
+    def _add_one(self, x: float) -> float:
+        self.calls += 1
+        return x + 1
+
+    def advance(self, state: CountState, result: float) -> CountState:
+        state.value, state.index = result, state.index + 1
+        return state
+
+    def finalize(self, state: CountState) -> dict[str, Any]:
+        return {"video": state.value}
+
+
+def _engine(loop: CountingLoop) -> Engine:
+    program = Program(
+        nodes=(
+            Node("start", reads=("request",), writes=("start",), run=lambda s, ctx: {"start": 10.0}),
+            Node("count", reads=("request", "start"), writes=("video",), loop=loop),
+        ),
+        inputs=frozenset({"request"}),
+        outputs=("video",),
+    )
+    instance = ModelInstance(demo_card(), {}, torch.device("cpu"), torch.float32, "/nonexistent")
+    return Engine(instance, program)
+
+
+def test_runs_every_step_and_reports_progress():
+    loop = CountingLoop()
+    events = []
+    out = _engine(loop).run(GenerationRequest("p", num_inference_steps=5, seed=1), on_event=events.append)
+    assert out["video"] == 15.0 and loop.calls == 5
+    assert [(e.phase, e.step, e.total) for e in events] == [("count", i, 5) for i in range(1, 6)]
+    assert out["request"].seed == 1
+
+
+def test_invalid_request_fails_before_any_step():
+    loop = CountingLoop()
+    with pytest.raises(InvalidRequest):
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=0))
+    assert loop.calls == 0
+
+
+def test_cancel_stops_at_next_step_boundary():
+    loop = CountingLoop()
+    token = CancellationToken()
+
+    def cancel_after_two(event):
+        if isinstance(event, ProgressEvent) and event.step == 2:
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=10), on_event=cancel_after_two, cancel=token)
+    assert loop.calls == 2
+
+
+def test_cancel_before_start_runs_nothing():
+    loop = CountingLoop()
+    token = CancellationToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=3), cancel=token)
+    assert loop.calls == 0
+
+
+def test_cancel_from_another_thread():
+    loop = CountingLoop()
+    token = CancellationToken()
+    started = threading.Event()
+
+    def slow(event):
+        started.set()
+        token_wait.wait(1.0)
+
+    token_wait = threading.Event()
+    thread = threading.Thread(target=lambda: (started.wait(5), token.cancel(), token_wait.set()))
+    thread.start()
+    with pytest.raises(Cancelled):
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=100), on_event=slow, cancel=token)
+    thread.join()
+    assert loop.calls < 100

@@ -1,0 +1,89 @@
+"""WanTransformerConfig: reading diffusers configs, rejecting what we cannot run, and shape checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidloom.core.errors import CheckpointError
+from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+
+# transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers, as published.
+WAN21_T2V_1_3B = {
+    "_class_name": "WanTransformer3DModel",
+    "_diffusers_version": "0.33.0.dev0",
+    "added_kv_proj_dim": None,
+    "attention_head_dim": 128,
+    "cross_attn_norm": True,
+    "eps": 1e-06,
+    "ffn_dim": 8960,
+    "freq_dim": 256,
+    "image_dim": None,
+    "in_channels": 16,
+    "num_attention_heads": 12,
+    "num_layers": 30,
+    "out_channels": 16,
+    "patch_size": [1, 2, 2],
+    "qk_norm": "rms_norm_across_heads",
+    "rope_max_seq_len": 1024,
+    "text_dim": 4096,
+}
+
+
+def test_reads_published_t2v_config() -> None:
+    config = WanTransformerConfig.from_diffusers(WAN21_T2V_1_3B)
+    assert config.patch_size == (1, 2, 2)
+    assert config.inner_dim == 1536
+    assert config.num_layers == 30
+    exported = config.to_diffusers()
+    assert {k: v for k, v in exported.items() if v is not None} == {
+        k: v for k, v in WAN21_T2V_1_3B.items() if v is not None and k != "_diffusers_version"
+    }
+
+
+def test_missing_fields_take_diffusers_defaults() -> None:
+    config = WanTransformerConfig.from_diffusers({"out_channels": None, "in_channels": 8})
+    assert config == WanTransformerConfig(in_channels=8, out_channels=8)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("image_dim", 1280), ("added_kv_proj_dim", 5120), ("pos_embed_seq_len", 514)],
+)
+def test_image_conditioning_is_rejected(field: str, value: int) -> None:
+    with pytest.raises(CheckpointError, match=rf"{field}=.*I2V/other checkpoint, not supported yet"):
+        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, field: value})
+
+
+def test_unsupported_qk_norm_and_class_are_rejected() -> None:
+    with pytest.raises(CheckpointError, match="qk_norm='layer_norm'"):
+        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, "qk_norm": "layer_norm"})
+    with pytest.raises(CheckpointError, match="_class_name='WanVACETransformer3DModel'"):
+        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, "_class_name": "WanVACETransformer3DModel"})
+    with pytest.raises(CheckpointError, match="attention_head_dim"):
+        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, "attention_head_dim": 127})
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    config = WanTransformerConfig.from_diffusers(WAN21_T2V_1_3B)
+    with pytest.raises(AttributeError):
+        config.num_layers = 2  # type: ignore[misc]
+    assert hash(config) == hash(WanTransformerConfig.from_diffusers(WAN21_T2V_1_3B))
+
+
+def test_forward_rejects_latents_not_divisible_by_patch() -> None:
+    config = WanTransformerConfig(
+        num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=8, freq_dim=8, ffn_dim=16, num_layers=1,
+    )
+    model = WanTransformer(config)
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        model(torch.zeros(1, 4, 2, 5, 4), torch.tensor([1.0]), torch.zeros(1, 3, 8))
+
+
+def test_builds_on_meta_device() -> None:
+    # Loaders build on meta and assign weights later; nothing may be computed at init.
+    with torch.device("meta"):
+        model = WanTransformer(WanTransformerConfig.from_diffusers(WAN21_T2V_1_3B))
+    assert next(model.parameters()).is_meta
+    assert not list(model.buffers())

@@ -1,0 +1,118 @@
+"""ModelCard and its parts: what a checkpoint is, what it serves, how to sample it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from vidloom.core.errors import InvalidCard
+from vidloom.core.request import Task
+
+PRECISIONS = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One loadable part of a checkpoint."""
+
+    kind: str  # transformer | vae | text_encoder | tokenizer | scheduler
+    subfolder: str  # folder inside the checkpoint directory
+    dtype: str | None = None  # weights dtype on an accelerator; None = not a torch module
+    tasks: frozenset[Task] = frozenset()  # tasks that need it; empty = every task
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """An iterative loop the model owns and the runtime drives step by step."""
+
+    kind: str  # denoise | ar_decode | chunk_rollout
+    samplers: tuple[str, ...] = ()  # samplers this loop accepts (denoise loops)
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """Provenance of the weights: where they came from and what they assume."""
+
+    parents: tuple[str, ...]  # upstream checkpoints
+    method: str  # pretrained | distilled | random-init ...
+    loop: str  # the loop (name in ModelCard.loops) the weights were trained for
+    precision: str  # precision the weights were released in
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Values used for request fields the caller leaves out (names match GenerationRequest)."""
+
+    height: int
+    width: int
+    num_frames: int
+    fps: int
+    num_inference_steps: int
+    guidance_scale: float
+    flow_shift: float
+    sampler: str
+    negative_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Size rules a request must follow for this model."""
+
+    spatial_multiple: int  # height/width must be divisible by this (VAE factor x patch size)
+    temporal_factor: int  # frames must be temporal_factor * k + 1
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """Describes a checkpoint; validated when built."""
+
+    model_id: str
+    family: str
+    components: Mapping[str, ComponentSpec]
+    loops: Mapping[str, LoopSpec]
+    tasks: frozenset[Task]
+    precision: str  # compute dtype on an accelerator
+    sampling_defaults: SamplingDefaults
+    geometry: Geometry
+    recipe: RecipeSpec
+    program: str  # "module:function" building the Program for a loaded instance
+    source: str  # checkpoint directory, or a hub repo id resolved from the local cache
+    description: str = ""
+    notes: tuple[str, ...] = field(default=())  # user-facing caveats (e.g. random weights)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
+        object.__setattr__(self, "loops", MappingProxyType(dict(self.loops)))
+        object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
+        self._validate()
+
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """Every sampler any loop of this card accepts."""
+        return tuple(dict.fromkeys(s for loop in self.loops.values() for s in loop.samplers))
+
+    def _validate(self) -> None:
+        where = f"card {self.model_id!r}"
+        if not self.model_id or not self.family:
+            raise InvalidCard(f"{where}: model_id and family are required")
+        if not self.tasks:
+            raise InvalidCard(f"{where}: serves no task")
+        if self.precision not in PRECISIONS:
+            raise InvalidCard(f"{where}: precision {self.precision!r} not in {PRECISIONS}")
+        for name, spec in self.components.items():
+            if spec.dtype is not None and spec.dtype not in PRECISIONS:
+                raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
+            if not spec.tasks <= self.tasks:
+                raise InvalidCard(f"{where}: component {name!r} is for tasks the card does not serve")
+        if self.recipe.loop not in self.loops:
+            raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
+        defaults, geo = self.sampling_defaults, self.geometry
+        if defaults.sampler not in self.samplers:
+            raise InvalidCard(f"{where}: default sampler {defaults.sampler!r} not among {self.samplers}")
+        if defaults.height % geo.spatial_multiple or defaults.width % geo.spatial_multiple:
+            raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
+        if (defaults.num_frames - 1) % geo.temporal_factor:
+            raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
+        if ":" not in self.program:
+            raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")

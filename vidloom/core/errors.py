@@ -1,0 +1,35 @@
+"""User-facing exceptions: each names the field, file or key a user can act on."""
+
+from __future__ import annotations
+
+
+class VidloomError(Exception):
+    """Base class for every error vidloom raises on purpose."""
+
+
+class InvalidRequest(VidloomError, ValueError):
+    """A generation request that cannot run as given; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class CheckpointError(VidloomError):
+    """A checkpoint directory or file that cannot be loaded onto our modules."""
+
+
+class InvalidCard(VidloomError, ValueError):
+    """A ModelCard whose fields contradict each other."""
+
+
+class UnknownModel(VidloomError, KeyError):
+    """A model id that is neither registered nor a checkpoint directory."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0]) if self.args else ""
+
+
+class Cancelled(VidloomError):
+    """A run stopped at a step boundary because its cancellation token was set."""

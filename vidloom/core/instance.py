@@ -1,0 +1,29 @@
+"""ModelInstance: a loaded card. Components are shared by reference across requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vidloom.core.card import ModelCard
+
+
+@dataclass
+class ModelInstance:
+    """Resident components of one card on one device (one copy of the weights)."""
+
+    card: ModelCard
+    components: dict[str, Any]
+    device: torch.device
+    dtype: torch.dtype  # compute dtype of the denoiser
+    checkpoint_dir: str
+    caches: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(f"{self.card.model_id} has no loaded component {name!r}; "
+                           f"loaded: {sorted(self.components)}") from None

@@ -1,0 +1,74 @@
+"""The Loop protocol: the model owns the loop, the runtime drives it one step at a time.
+
+    state = loop.init(slots, ctx)
+    while not isinstance(plan := loop.next(state), Done):
+        result = ctx.execute(plan)
+        state = loop.advance(state, result)
+    outputs = loop.finalize(state)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Done:
+    """Returned by `Loop.next` when the loop has no more steps."""
+
+
+DONE = Done()
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step a loop asks the runtime to run: `call(**inputs)`.
+
+    The loop builds it without running kernels; the runtime executes it, so it can
+    observe, intercept (step caches), capture (CUDA graphs) or interleave it.
+    """
+
+    loop: str  # name of the loop that planned it
+    index: int  # 0-based step index
+    total: int  # steps the loop will run
+    call: Callable[..., Any]
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StepContext(Protocol):
+    """What a loop may ask of the runtime while it is being driven."""
+
+    def execute(self, plan: StepPlan) -> Any: ...
+
+
+class Loop(Protocol, Generic[S]):
+    """Iterative work owned by a model. Per-request state lives in `S`, never on modules."""
+
+    name: str
+
+    def init(self, slots: Mapping[str, Any]) -> S:
+        """Build fresh per-request state from the program's slots."""
+        ...
+
+    def next(self, state: S) -> StepPlan | Done:
+        """Plan the next step (no kernels run here), or Done."""
+        ...
+
+    def advance(self, state: S, result: Any) -> S:
+        """Fold the result of an executed plan into the state."""
+        ...
+
+    def finalize(self, state: S) -> dict[str, Any]:
+        """Slot values the loop writes when it is done."""
+        ...
+
+
+def run_loop(loop: Loop[S], slots: Mapping[str, Any], ctx: StepContext) -> dict[str, Any]:
+    """Drive `loop` to completion through `ctx.execute` (the reference driver)."""
+    state = loop.init(slots)
+    while not isinstance(plan := loop.next(state), Done):
+        state = loop.advance(state, ctx.execute(plan))
+    return loop.finalize(state)

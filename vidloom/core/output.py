@@ -1,0 +1,67 @@
+"""Results and events: what a run produces and what it reports while running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoOutput:
+    """Decoded frames (uint8, frames x H x W x 3), their rate, and run metadata."""
+
+    frames: np.ndarray
+    fps: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        f = self.frames
+        if f.dtype != np.uint8 or f.ndim != 4 or f.shape[-1] != 3:
+            raise ValueError(f"frames must be uint8 [F, H, W, 3], got {f.dtype} {f.shape}")
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+    def save(self, path: str | Path) -> Path:
+        """Write an .mp4 (H.264), or a .png when the output is a single frame."""
+        from vidloom.media.video import write_png, write_video
+
+        path = Path(path)
+        if path.suffix.lower() == ".png":
+            return write_png(self.frames[0], path)
+        return write_video(self.frames, self.fps, path)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """A step of some phase finished: `phase` is a loop name or e.g. "decode"."""
+
+    request_id: str
+    phase: str
+    step: int  # steps done so far in this phase (1-based after the first step)
+    total: int
+
+
+@dataclass(frozen=True)
+class CompletedEvent:
+    request_id: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class FailedEvent:
+    request_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class CancelledEvent:
+    request_id: str
+
+
+Event = ProgressEvent | CompletedEvent | FailedEvent | CancelledEvent
+EventCallback = Callable[[Event], None]

@@ -1,0 +1,59 @@
+"""Flow-matching Euler sampler, numerically equal to diffusers' FlowMatchEulerDiscreteScheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps, shift_sigmas
+
+
+@dataclass(frozen=True)
+class FlowEulerState:
+    """Euler keeps no history, so a request's state is only its schedule."""
+
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class FlowEulerSampler:
+    """x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v, with v the model's velocity (Esser et al. 2024)."""
+
+    config: SamplerConfig
+    name: ClassVar[str] = "euler"
+
+    def schedule(self, num_steps: int) -> Schedule:
+        check_num_steps(num_steps)
+        n_train = self.config.num_train_timesteps
+        shift = self.config.shift
+
+        # diffusers spans the inference grid between the ends of its shifted float32
+        # training grid (sigmas N/N .. 1/N), not between 1 and 0; rebuild those two ends
+        # with the same float32 ops so t_max / t_min carry the same rounding.
+        ends = torch.tensor([n_train, 1], dtype=torch.float32) / n_train
+        sigma_max, sigma_min = shift_sigmas(ends, shift).tolist()
+
+        # The inference grid itself is float64 numpy (np.linspace, not torch.linspace:
+        # the two place interior points with different rounding).
+        t_grid = np.linspace(sigma_max * n_train, sigma_min * n_train, num_steps)
+        sigmas = torch.from_numpy(shift_sigmas(t_grid / n_train, shift)).to(torch.float32)
+        # Timesteps are recomputed from the float32 sigmas and stay float32 (no rounding to ints).
+        timesteps = sigmas * n_train
+        return Schedule(timesteps=timesteps, sigmas=torch.cat([sigmas, torch.zeros(1)]))
+
+    def init_state(self, schedule: Schedule) -> FlowEulerState:
+        return FlowEulerState(schedule=schedule)
+
+    def step(
+        self, state: FlowEulerState, index: int, model_output: torch.Tensor, sample: torch.Tensor
+    ) -> torch.Tensor:
+        check_index(state.schedule, index)
+        sigmas = state.schedule.sigmas
+        # 0-dim float32 CPU tensors, as diffusers uses, so the scalar enters the kernel identically.
+        dt = sigmas[index + 1] - sigmas[index]
+        # Accumulate in float32 even for half-precision latents, then hand back the model's dtype.
+        prev = sample.to(torch.float32) + dt * model_output
+        return prev.to(model_output.dtype)

@@ -1,0 +1,220 @@
+"""The sampler interface, the scheduler config read from a checkpoint, and the sampler registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import torch
+
+_UNIPC_CLASS = "UniPCMultistepScheduler"
+_EULER_CLASS = "FlowMatchEulerDiscreteScheduler"
+
+# Settings that would change the numbers on the flow-sigma path, as
+# key -> (diffusers default when the key is absent, values we reproduce).
+# Anything else is refused rather than silently sampled differently.
+_UNIPC_FIXED: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "prediction_type": ("epsilon", ("flow_prediction",)),
+    "use_flow_sigmas": (False, (True,)),
+    "predict_x0": (True, (True,)),
+    # diffusers silently maps the legacy names to bh2
+    "solver_type": ("bh2", ("bh2", "midpoint", "heun", "logrho")),
+    # without it the last order-2 step divides by an infinite h and returns inf
+    "lower_order_final": (True, (True,)),
+    "final_sigmas_type": ("zero", ("zero",)),
+    "thresholding": (False, (False,)),
+    "use_karras_sigmas": (False, (False,)),
+    "use_exponential_sigmas": (False, (False,)),
+    "use_beta_sigmas": (False, (False,)),
+    "use_dynamic_shifting": (False, (False,)),
+    "shift_terminal": (None, (None,)),
+    "solver_p": (None, (None,)),
+}
+# Only the discrete-DDPM path of UniPC reads these; flow sigmas never do.
+_UNIPC_INERT = frozenset(
+    {
+        "beta_start",
+        "beta_end",
+        "beta_schedule",
+        "trained_betas",
+        "dynamic_thresholding_ratio",
+        "sample_max_value",
+        "timestep_spacing",
+        "steps_offset",
+        "rescale_betas_zero_snr",
+        "time_shift_type",
+        "sigma_min",
+        "sigma_max",
+    }
+)
+_EULER_FIXED: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "use_dynamic_shifting": (False, (False,)),
+    "invert_sigmas": (False, (False,)),
+    "shift_terminal": (None, (None,)),
+    "use_karras_sigmas": (False, (False,)),
+    "use_exponential_sigmas": (False, (False,)),
+    "use_beta_sigmas": (False, (False,)),
+    "stochastic_sampling": (False, (False,)),
+}
+# Read only when dynamic (resolution-dependent) shifting is on, which we refuse.
+_EULER_INERT = frozenset(
+    {"base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len", "time_shift_type"}
+)
+# diffusers key -> SamplerConfig field.
+_UNIPC_FIELDS = {
+    "num_train_timesteps": "num_train_timesteps",
+    "flow_shift": "shift",
+    "solver_order": "solver_order",
+    "disable_corrector": "disable_corrector",
+}
+_EULER_FIELDS = {"num_train_timesteps": "num_train_timesteps", "shift": "shift"}
+_RULES = {
+    _UNIPC_CLASS: (_UNIPC_FIXED, _UNIPC_INERT, _UNIPC_FIELDS),
+    _EULER_CLASS: (_EULER_FIXED, _EULER_INERT, _EULER_FIELDS),
+}
+# Keys whose presence means a UniPC config when `_class_name` is missing.
+_UNIPC_ONLY_KEYS = frozenset({"flow_shift", "use_flow_sigmas", "prediction_type", "solver_order"})
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """What a checkpoint's scheduler_config.json says about sampling, reduced to what we read."""
+
+    num_train_timesteps: int = 1000
+    shift: float = 1.0  # diffusers "flow_shift" (UniPC) or "shift" (FlowMatchEuler)
+    solver_order: int = 2  # UniPC only
+    disable_corrector: frozenset[int] = frozenset()  # UniPC only: steps whose corrector is skipped
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.num_train_timesteps) or self.num_train_timesteps < 1:
+            raise ValueError(
+                f"num_train_timesteps must be an int >= 1, got {self.num_train_timesteps!r}"
+            )
+        if not float(self.shift) > 0.0:
+            raise ValueError(f"shift must be > 0, got {self.shift!r}")
+        if not _is_int(self.solver_order) or self.solver_order < 1:
+            raise ValueError(f"solver_order must be an int >= 1, got {self.solver_order!r}")
+        # Normalise JSON forms (int shift, list of indices) so equal configs compare equal.
+        object.__setattr__(self, "shift", float(self.shift))
+        corrector_off = frozenset(int(i) for i in self.disable_corrector)
+        object.__setattr__(self, "disable_corrector", corrector_off)
+
+    @classmethod
+    def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
+        """Read a diffusers UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler config."""
+        class_name = cfg.get("_class_name")
+        if class_name is None:
+            class_name = _UNIPC_CLASS if _UNIPC_ONLY_KEYS & cfg.keys() else _EULER_CLASS
+        if class_name not in _RULES:
+            raise ValueError(
+                f"_class_name: {class_name!r} is not supported (expected one of {', '.join(_RULES)})"
+            )
+        fixed, inert, mapped = _RULES[class_name]
+
+        for key, (default, accepted) in fixed.items():
+            value = cfg.get(key, default)
+            if not any(value is ok or (type(value) is type(ok) and value == ok) for ok in accepted):
+                raise ValueError(
+                    f"{key}: {value!r} is not supported for {class_name} (supported: "
+                    f"{', '.join(repr(v) for v in accepted)})"
+                )
+        known = fixed.keys() | inert | mapped.keys()
+        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in known)
+        if unknown:
+            raise ValueError(
+                f"{unknown[0]}: unknown {class_name} setting (all unknown: {', '.join(unknown)})"
+            )
+        return cls(**{ours: cfg[theirs] for theirs, ours in mapped.items() if theirs in cfg})
+
+    def with_shift(self, shift: float) -> SamplerConfig:
+        """The same config with another flow shift (e.g. a request's flow_shift override)."""
+        return dataclasses.replace(self, shift=shift)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The noise levels of one sampling run."""
+
+    timesteps: torch.Tensor  # exactly what the model is called with, in diffusers' dtype
+    sigmas: torch.Tensor  # float32, len(timesteps) + 1, ending at 0
+
+    def __post_init__(self) -> None:
+        if self.sigmas.shape != (self.timesteps.shape[0] + 1,):
+            raise ValueError(
+                f"sigmas must have len(timesteps) + 1 = {self.timesteps.shape[0] + 1} entries, "
+                f"got shape {tuple(self.sigmas.shape)}"
+            )
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.timesteps.shape[0])
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A stateless solver; everything a request accumulates lives in the object init_state returns."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> SamplerConfig: ...
+
+    def schedule(self, num_steps: int) -> Schedule: ...
+
+    def init_state(self, schedule: Schedule) -> Any: ...
+
+    def step(
+        self, state: Any, index: int, model_output: torch.Tensor, sample: torch.Tensor
+    ) -> torch.Tensor:
+        """Advance `sample` from sigmas[index] to sigmas[index + 1]; mutates only `state`."""
+        ...
+
+
+_Array = TypeVar("_Array", np.ndarray, torch.Tensor)
+
+
+def shift_sigmas(sigmas: _Array, shift: float) -> _Array:
+    """Timestep shift of Esser et al. 2024 (SD3, arXiv:2403.03206): s' = a*s / (1 + (a-1)*s).
+
+    Spends more steps at high noise for large a. Kept in this operation order so the
+    float rounding equals diffusers' in both numpy float64 and torch float32.
+    """
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def check_num_steps(num_steps: int) -> None:
+    if not _is_int(num_steps) or num_steps < 1:
+        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+
+
+def check_index(schedule: Schedule, index: int) -> None:
+    if not 0 <= index < schedule.num_steps:
+        raise ValueError(f"step index {index} is outside the schedule's {schedule.num_steps} steps")
+
+
+# Explicit table rather than import-time registration, so the names are greppable and
+# a sampler's module (and its dependencies) load only when a request asks for it.
+SAMPLERS: dict[str, str] = {
+    "euler": "vidloom.diffusion.flow_euler:FlowEulerSampler",
+    "unipc": "vidloom.diffusion.unipc:UniPCSampler",
+}
+
+
+def make_sampler(name: str, config: SamplerConfig) -> Sampler:
+    """Build the sampler registered as `name`; unknown names raise ValueError listing the known ones."""
+    target = SAMPLERS.get(name)
+    if target is None:
+        raise ValueError(f"unknown sampler {name!r}; known samplers: {', '.join(sorted(SAMPLERS))}")
+    module_name, _, class_name = target.partition(":")
+    sampler = getattr(importlib.import_module(module_name), class_name)(config)
+    if not isinstance(sampler, Sampler):
+        raise TypeError(f"{target} does not implement the Sampler protocol")
+    return sampler

@@ -1,0 +1,56 @@
+"""A diffusers-format checkpoint directory: model_index.json plus one subfolder per component."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vidloom.core.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class DiffusersDir:
+    """Validated view of a checkpoint directory; reading configs names the file on error."""
+
+    root: Path
+    index: dict[str, Any]
+
+    @classmethod
+    def open(cls, path: str | Path) -> "DiffusersDir":
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise CheckpointError(f"checkpoint directory {root} does not exist")
+        index_file = root / "model_index.json"
+        if not index_file.is_file():
+            raise CheckpointError(f"{root} is not a diffusers checkpoint: model_index.json is missing")
+        return cls(root, read_json(index_file))
+
+    @property
+    def pipeline_class(self) -> str:
+        return str(self.index.get("_class_name", ""))
+
+    def component_dir(self, name: str) -> Path:
+        """Folder of component `name`; raises CheckpointError if absent."""
+        if name not in self.index:
+            raise CheckpointError(f"{self.root}/model_index.json lists no component {name!r}")
+        folder = self.root / name
+        if not folder.is_dir():
+            raise CheckpointError(f"{self.root}: component folder {name!r} is missing")
+        return folder
+
+    def component_config(self, name: str, filename: str = "config.json") -> dict[str, Any]:
+        return read_json(self.component_dir(name) / filename)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data

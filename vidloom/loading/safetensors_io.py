@@ -1,0 +1,101 @@
+"""Read and write safetensors weights (single file or sharded with an index) onto modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vidloom.core.errors import CheckpointError
+from vidloom.loading.name_map import NameMap
+
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model"
+
+
+def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]:
+    """Map every tensor key in `folder` to the file that holds it."""
+    single = folder / f"{stem}.safetensors"
+    index = folder / f"{stem}.safetensors.index.json"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {key: single for key in f.keys()}
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc})") from None
+        files = {key: folder / name for key, name in weight_map.items()}
+        for path in set(files.values()):
+            if not path.is_file():
+                raise CheckpointError(f"{index} lists shard {path.name}, which is missing from {folder}")
+        return files
+    raise CheckpointError(f"{folder}: no {stem}.safetensors or {stem}.safetensors.index.json found")
+
+
+def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem: str = DIFFUSERS_WEIGHTS) -> None:
+    """Copy every tensor of the checkpoint in `folder` into `module` through `name_map`.
+
+    Raises CheckpointError naming the key and file for unexpected, missing or
+    mis-shaped tensors. Tensors are cast to each parameter's dtype on copy.
+    """
+    targets = module.state_dict()
+    files = weight_files(folder, stem)
+    by_file: dict[Path, list[str]] = {}
+    for key, path in files.items():
+        by_file.setdefault(path, []).append(key)
+    loaded: set[str] = set()
+    for path, keys in sorted(by_file.items()):
+        with safe_open(str(path), framework="pt") as f:
+            for key in keys:
+                name = name_map.to_module(key)
+                if name not in targets:
+                    raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")
+                tensor = f.get_tensor(key)
+                target = targets[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise CheckpointError(
+                        f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, "
+                        f"{type(module).__name__}.{name} expects {tuple(target.shape)}"
+                    )
+                with torch.no_grad():
+                    target.copy_(tensor)
+                loaded.add(name)
+    missing = [name_map.to_checkpoint(name) for name in targets if name not in loaded]
+    if missing:
+        shown = ", ".join(repr(k) for k in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(f"{folder}: missing tensors {shown}{more} for {type(module).__name__}")
+
+
+def save_weights(
+    module: torch.nn.Module,
+    folder: Path,
+    name_map: NameMap,
+    stem: str = DIFFUSERS_WEIGHTS,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Write `module`'s state in checkpoint naming; shard with an index past `max_shard_bytes`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name_map.to_checkpoint(k): v.detach().contiguous() for k, v in module.state_dict().items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / f"{stem}.safetensors"))
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / name))
+        weight_map.update({key: name for key in shard})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())}, "weight_map": weight_map}
+    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))

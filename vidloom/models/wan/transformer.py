@@ -1,0 +1,394 @@
+"""Wan2.1 text-to-video diffusion transformer (DiT), numerically matching diffusers' WanTransformer3DModel."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vidloom.core.errors import CheckpointError
+from vidloom.layers.attention import attention
+from vidloom.loading.name_map import NameMap
+
+DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
+SUPPORTED_QK_NORM = "rms_norm_across_heads"
+
+# Fields a diffusers config may set only to null here: each one switches on image
+# conditioning (Wan2.1 I2V / FLF2V), which this module does not implement yet.
+_IMAGE_FIELDS = ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
+
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WanTransformerConfig:
+    """Architecture of one Wan2.1 T2V transformer; defaults are diffusers' defaults (the 14B model)."""
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    """Latent patch extent as (frames, height, width); also the transformer's downsampling."""
+    num_attention_heads: int = 40
+    """Attention heads per layer."""
+    attention_head_dim: int = 128
+    """Channels per head; must be even (RoPE rotates channel pairs)."""
+    in_channels: int = 16
+    """Latent channels fed in."""
+    out_channels: int = 16
+    """Channels predicted per latent position."""
+    text_dim: int = 4096
+    """Width of the text encoder's hidden states."""
+    freq_dim: int = 256
+    """Width of the sinusoidal timestep features."""
+    ffn_dim: int = 13824
+    """Hidden width of each block's feed-forward network."""
+    num_layers: int = 40
+    """Number of transformer blocks."""
+    cross_attn_norm: bool = True
+    """Whether an affine LayerNorm precedes each cross-attention."""
+    qk_norm: str = SUPPORTED_QK_NORM
+    """Query/key normalisation; only RMSNorm over all heads at once is implemented."""
+    eps: float = 1e-6
+    """Epsilon of every LayerNorm and RMSNorm."""
+    rope_max_seq_len: int = 1024
+    """Largest patch-grid extent along any axis that RoPE is defined for."""
+
+    def __post_init__(self) -> None:
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise ValueError(f"patch_size must be three positive ints, got {self.patch_size!r}")
+        if self.attention_head_dim % 2:
+            raise ValueError(f"attention_head_dim must be even for RoPE, got {self.attention_head_dim}")
+        if self.qk_norm != SUPPORTED_QK_NORM:
+            raise ValueError(f"qk_norm must be {SUPPORTED_QK_NORM!r}, got {self.qk_norm!r}")
+        # Normalise lists (JSON) to a tuple so configs compare and hash by value.
+        object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the token stream between blocks."""
+        return self.num_attention_heads * self.attention_head_dim
+
+    @classmethod
+    def from_diffusers(cls, cfg: Mapping[str, Any]) -> WanTransformerConfig:
+        """Read a diffusers `transformer/config.json` dict; raise CheckpointError for what we cannot run."""
+        class_name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
+        if class_name != DIFFUSERS_CLASS_NAME:
+            raise CheckpointError(
+                f"transformer config _class_name={class_name!r}: expected {DIFFUSERS_CLASS_NAME!r}"
+            )
+        for name in _IMAGE_FIELDS:
+            if cfg.get(name) is not None:
+                raise CheckpointError(
+                    f"transformer config {name}={cfg[name]!r} turns on image conditioning: this is "
+                    f"an I2V/other checkpoint, not supported yet (only Wan2.1 T2V)"
+                )
+        qk_norm = cfg.get("qk_norm", SUPPORTED_QK_NORM)
+        if qk_norm != SUPPORTED_QK_NORM:
+            raise CheckpointError(
+                f"transformer config qk_norm={qk_norm!r} (only {SUPPORTED_QK_NORM!r} is implemented): "
+                f"this is an I2V/other checkpoint, not supported yet"
+            )
+        defaults = cls()
+        in_channels = int(cfg.get("in_channels", defaults.in_channels))
+        try:
+            return cls(
+                patch_size=tuple(cfg.get("patch_size", defaults.patch_size)),  # type: ignore[arg-type]
+                num_attention_heads=int(cfg.get("num_attention_heads", defaults.num_attention_heads)),
+                attention_head_dim=int(cfg.get("attention_head_dim", defaults.attention_head_dim)),
+                in_channels=in_channels,
+                # diffusers treats a null/0 out_channels as "same as in_channels".
+                out_channels=int(cfg.get("out_channels") or in_channels),
+                text_dim=int(cfg.get("text_dim", defaults.text_dim)),
+                freq_dim=int(cfg.get("freq_dim", defaults.freq_dim)),
+                ffn_dim=int(cfg.get("ffn_dim", defaults.ffn_dim)),
+                num_layers=int(cfg.get("num_layers", defaults.num_layers)),
+                cross_attn_norm=bool(cfg.get("cross_attn_norm", defaults.cross_attn_norm)),
+                qk_norm=qk_norm,
+                eps=float(cfg.get("eps", defaults.eps)),
+                rope_max_seq_len=int(cfg.get("rope_max_seq_len", defaults.rope_max_seq_len)),
+            )
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"transformer config is malformed: {err}") from err
+
+    def to_diffusers(self) -> dict[str, Any]:
+        """A `config.json` dict that diffusers' WanTransformer3DModel accepts and rebuilds this from."""
+        return {
+            "_class_name": DIFFUSERS_CLASS_NAME,
+            "patch_size": list(self.patch_size),
+            "num_attention_heads": self.num_attention_heads,
+            "attention_head_dim": self.attention_head_dim,
+            "in_channels": self.in_channels,
+            "out_channels": self.out_channels,
+            "text_dim": self.text_dim,
+            "freq_dim": self.freq_dim,
+            "ffn_dim": self.ffn_dim,
+            "num_layers": self.num_layers,
+            "cross_attn_norm": self.cross_attn_norm,
+            "qk_norm": self.qk_norm,
+            "eps": self.eps,
+            "image_dim": None,
+            "added_kv_proj_dim": None,
+            "rope_max_seq_len": self.rope_max_seq_len,
+            "pos_embed_seq_len": None,
+        }
+
+
+# ---------------------------------------------------------------------------
+# Checkpoint names
+# ---------------------------------------------------------------------------
+
+WAN_TRANSFORMER_NAME_MAP = NameMap(
+    (
+        ("patch_embedding", "patch_embed"),
+        ("condition_embedder.time_embedder.linear_1", "time_embed.up"),
+        ("condition_embedder.time_embedder.linear_2", "time_embed.down"),
+        ("condition_embedder.time_proj", "time_modulation"),
+        ("condition_embedder.text_embedder.linear_1", "text_embed.up"),
+        ("condition_embedder.text_embedder.linear_2", "text_embed.down"),
+        ("blocks.{n}.scale_shift_table", "blocks.{n}.modulation"),
+        ("blocks.{n}.attn1.to_q", "blocks.{n}.self_attn.q"),
+        ("blocks.{n}.attn1.to_k", "blocks.{n}.self_attn.k"),
+        ("blocks.{n}.attn1.to_v", "blocks.{n}.self_attn.v"),
+        ("blocks.{n}.attn1.to_out.0", "blocks.{n}.self_attn.out"),
+        ("blocks.{n}.attn1.norm_q", "blocks.{n}.self_attn.norm_q"),
+        ("blocks.{n}.attn1.norm_k", "blocks.{n}.self_attn.norm_k"),
+        ("blocks.{n}.norm2", "blocks.{n}.cross_norm"),
+        ("blocks.{n}.attn2.to_q", "blocks.{n}.cross_attn.q"),
+        ("blocks.{n}.attn2.to_k", "blocks.{n}.cross_attn.k"),
+        ("blocks.{n}.attn2.to_v", "blocks.{n}.cross_attn.v"),
+        ("blocks.{n}.attn2.to_out.0", "blocks.{n}.cross_attn.out"),
+        ("blocks.{n}.attn2.norm_q", "blocks.{n}.cross_attn.norm_q"),
+        ("blocks.{n}.attn2.norm_k", "blocks.{n}.cross_attn.norm_k"),
+        ("blocks.{n}.ffn.net.0.proj", "blocks.{n}.ffn.up"),
+        ("blocks.{n}.ffn.net.2", "blocks.{n}.ffn.down"),
+        ("scale_shift_table", "out_modulation"),
+        ("proj_out", "proj_out"),
+    )
+)
+"""diffusers WanTransformer3DModel state_dict keys <-> WanTransformer parameter names."""
+
+
+# ---------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------
+
+
+def timestep_features(timestep: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal features [B, dim] of (possibly fractional) timesteps, cosines first, in float32."""
+    half = dim // 2
+    # Same operation order as the reference: at t~1000 a one-ulp difference in a
+    # frequency moves the angle by ~1e-4 rad, which would show up in parity.
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=timestep.device)
+    freqs = torch.exp(exponent / half)
+    angles = timestep[:, None].float() * freqs[None, :]
+    features = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+    if dim % 2:
+        features = F.pad(features, (0, 1))
+    return features
+
+
+def _layer_norm_fp32(x: Tensor, norm: nn.LayerNorm | None, eps: float) -> Tensor:
+    """LayerNorm in float32 whatever the input dtype; half-precision variance is too coarse here."""
+    weight = norm.weight.float() if norm is not None else None
+    bias = norm.bias.float() if norm is not None else None
+    return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps)
+
+
+def rope_tables(
+    grid: tuple[int, int, int], head_dim: int, device: torch.device, theta: float = 10000.0
+) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [S, head_dim // 2] for a (frames, height, width) patch grid, in float32.
+
+    Each head's channel pairs are split among the three axes (time gets the
+    remainder); token order is frames-major, matching the flattened patch grid.
+    """
+    hw_dim = 2 * (head_dim // 6)
+    axis_dims = (head_dim - 2 * hw_dim, hw_dim, hw_dim)
+    # Angles in float64 then rounded once, as the reference does, so large
+    # positions keep their precision before cos/sin.
+    per_axis: list[Tensor] = []
+    for extent, dim in zip(grid, axis_dims):
+        inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim)
+        positions = torch.arange(extent, dtype=torch.float64, device=device)
+        per_axis.append(torch.outer(positions, inv_freq))
+    frames, height, width = grid
+    angles = torch.cat(
+        [
+            per_axis[0][:, None, None, :].expand(frames, height, width, -1),
+            per_axis[1][None, :, None, :].expand(frames, height, width, -1),
+            per_axis[2][None, None, :, :].expand(frames, height, width, -1),
+        ],
+        dim=-1,
+    ).reshape(frames * height * width, head_dim // 2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate adjacent channel pairs of x [B, S, H, D] by the angles in cos/sin [S, D/2]."""
+    # Rotation runs in float32 (the tables' dtype) and rounds once at the end.
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs.unbind(-1)
+    cos = cos[None, :, None, :]
+    sin = sin[None, :, None, :]
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class MLP(nn.Module):
+    """Linear -> activation -> Linear; used for the time, text and feed-forward paths."""
+
+    def __init__(self, dim_in: int, dim_hidden: int, dim_out: int, activation: nn.Module) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim_in, dim_hidden)
+        self.act = activation
+        self.down = nn.Linear(dim_hidden, dim_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class WanAttention(nn.Module):
+    """Multi-head attention with RMSNorm on q and k over all heads jointly (before the head split)."""
+
+    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+
+    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention)
+        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # [B, S, H, Dh]
+        k = self.norm_k(self.k(context)).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
+        v = self.v(context).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
+        if rope is not None:
+            q = apply_rope(q, *rope)
+            k = apply_rope(k, *rope)
+        return self.out(attention(q, k, v).flatten(-2))  # [B, S, D]
+
+
+class WanBlock(nn.Module):
+    """Self-attention (RoPE) -> cross-attention to text -> FFN, with timestep-driven AdaLN.
+
+    The modulation arithmetic and the residual adds around self-attention and the FFN
+    run in float32 so that bf16/fp16 weights change only the matmuls.
+    """
+
+    def __init__(self, config: WanTransformerConfig) -> None:
+        super().__init__()
+        dim = config.inner_dim
+        self.eps = config.eps
+        self.self_attn = WanAttention(dim, config.num_attention_heads, config.eps)
+        self.cross_norm = nn.LayerNorm(dim, eps=config.eps) if config.cross_attn_norm else None
+        self.cross_attn = WanAttention(dim, config.num_attention_heads, config.eps)
+        self.ffn = MLP(dim, config.ffn_dim, dim, nn.GELU(approximate="tanh"))
+        # Learned per-block offsets added to the shared timestep modulation:
+        # rows are (shift, scale, gate) for self-attention then for the FFN.
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(
+        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
+        # x: [B, S, D]; text: [B, L, D]; time_mod: [B, 6, D]
+        mods = (self.modulation.float() + time_mod.float()).chunk(6, dim=1)  # 6 x [B, 1, D] fp32
+        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
+
+        # 1. Self-attention over all video tokens: [B, S, D]
+        h = (_layer_norm_fp32(x, None, self.eps) * (1 + scale_sa) + shift_sa).type_as(x)
+        x = (x.float() + self.self_attn(h, h, rope) * gate_sa).type_as(x)
+
+        # 2. Cross-attention to text, unmodulated and ungated: [B, S, D] x [B, L, D] -> [B, S, D]
+        h = _layer_norm_fp32(x, self.cross_norm, self.eps).type_as(x) if self.cross_norm is not None else x
+        x = x + self.cross_attn(h, text)
+
+        # 3. Feed-forward: [B, S, D] -> [B, S, ffn_dim] -> [B, S, D]
+        h = (_layer_norm_fp32(x, None, self.eps) * (1 + scale_ff) + shift_ff).type_as(x)
+        return (x.float() + self.ffn(h).float() * gate_ff).type_as(x)
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+
+class WanTransformer(nn.Module):
+    """Wan2.1 T2V DiT: predicts the flow-matching velocity of video latents from a timestep and text.
+
+    Holds no per-call state, so one instance can serve concurrent requests.
+    """
+
+    KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
+        {"time_embed", "modulation", "out_modulation", "cross_norm"}
+    )
+    """Name segments of parameters to keep in float32 when the rest is cast to bf16/fp16
+    (a parameter stays fp32 if any dotted segment of its name is listed), as the reference does."""
+
+    def __init__(self, config: WanTransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.inner_dim
+        self.patch_embed = nn.Conv3d(
+            config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size
+        )
+        self.time_embed = MLP(config.freq_dim, dim, dim, nn.SiLU())
+        # One projection to the six per-block modulation vectors, shared by all blocks.
+        self.time_modulation = nn.Linear(dim, 6 * dim)
+        self.text_embed = MLP(config.text_dim, dim, dim, nn.GELU(approximate="tanh"))
+        self.blocks = nn.ModuleList(WanBlock(config) for _ in range(config.num_layers))
+        # (shift, scale) applied after the final norm, offset by the raw time embedding.
+        self.out_modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
+
+    def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> Tensor:
+        """latents [B, C_in, F, H, W], timestep [B], text_embeds [B, L, text_dim] -> [B, C_out, F, H, W]."""
+        cfg = self.config
+        batch, _, frames, height, width = latents.shape
+        p_t, p_h, p_w = cfg.patch_size
+        if frames % p_t or height % p_h or width % p_w:
+            raise ValueError(
+                f"latent (F, H, W)=({frames}, {height}, {width}) "
+                f"is not divisible by patch_size {cfg.patch_size}"
+            )
+        grid = (frames // p_t, height // p_h, width // p_w)
+        if max(grid) > cfg.rope_max_seq_len:
+            raise ValueError(f"patch grid {grid} exceeds rope_max_seq_len={cfg.rope_max_seq_len}")
+        if timestep.ndim == 0:
+            timestep = timestep.expand(batch)
+
+        # 1. Patchify: [B, C_in, F, H, W] -> [B, S, D], S = f*h*w, frames-major
+        x = self.patch_embed(latents).flatten(2).transpose(1, 2).contiguous()
+
+        # 2. Timestep: sinusoid [B, freq_dim] (fp32) -> temb [B, D] -> time_mod [B, 6, D]
+        freq = timestep_features(timestep, cfg.freq_dim).to(self.time_embed.up.weight.dtype)
+        temb = self.time_embed(freq).type_as(text_embeds)
+        time_mod = self.time_modulation(F.silu(temb)).unflatten(1, (6, -1))
+
+        # 3. Text: [B, L, text_dim] -> [B, L, D]
+        text = self.text_embed(text_embeds)
+
+        # 4. RoPE tables [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
+        rope = rope_tables(grid, cfg.attention_head_dim, latents.device)
+
+        # 5. Blocks: [B, S, D] -> [B, S, D]
+        for block in self.blocks:
+            x = block(x, text, time_mod, rope)
+
+        # 6. Output modulation + projection: [B, S, D] -> [B, S, p_t*p_h*p_w*C_out]
+        shift, scale = (self.out_modulation + temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
+        x = (_layer_norm_fp32(x, None, cfg.eps) * (1 + scale) + shift).type_as(x)
+        x = self.proj_out(x)
+
+        # 7. Unpatchify: [B, f, h, w, p_t, p_h, p_w, C_out] -> [B, C_out, F, H, W]
+        x = x.reshape(batch, *grid, p_t, p_h, p_w, cfg.out_channels)
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.reshape(batch, cfg.out_channels, frames, height, width)

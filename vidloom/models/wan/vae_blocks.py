@@ -1,0 +1,219 @@
+"""Layers of the Wan2.1 video VAE, with causal time handling driven by a per-call cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vidloom.layers.attention import attention
+
+# A kernel-3 causal conv needs the two frames before a chunk to produce the chunk's
+# first outputs exactly as if the whole video had been convolved at once.
+HISTORY_FRAMES = 2
+
+
+class CausalCache:
+    """Stream state of one encode or decode call: the input tail each causal layer saw last.
+
+    The network is run chunk by chunk along time. Every chunk walks the layers in the
+    same order, so the n-th slot claimed within a chunk always belongs to the same
+    layer; that lets the state live here, created per call, instead of on the modules
+    (which may then be shared by concurrent calls).
+    """
+
+    def __init__(self) -> None:
+        self._tails: list[Tensor | None] = []
+        self._cursor = 0
+
+    def begin_chunk(self) -> None:
+        """Rewind to the first layer before feeding the next chunk through the network."""
+        self._cursor = 0
+
+    def claim(self) -> int:
+        """Slot of the next stateful layer in call order; None-filled on the first chunk."""
+        slot = self._cursor
+        self._cursor += 1
+        if slot == len(self._tails):
+            self._tails.append(None)
+        return slot
+
+    def get(self, slot: int) -> Tensor | None:
+        """What the layer in `slot` stored on the previous chunk (None on the first)."""
+        return self._tails[slot]
+
+    def put(self, slot: int, tail: Tensor) -> None:
+        """Store the state the layer in `slot` needs for the next chunk."""
+        self._tails[slot] = tail
+
+    def stream(self, conv: CausalConv3d, x: Tensor) -> Tensor:
+        """Apply `conv` to the next chunk `x`, continuing from the frames it saw before."""
+        slot = self.claim()
+        past = self.get(slot)
+        self.put(slot, stream_tail(past, x))
+        return conv(x, past)
+
+
+def stream_tail(past: Tensor | None, x: Tensor) -> Tensor:
+    """Last HISTORY_FRAMES frames of the stream `past` followed by `x` (fewer near its start)."""
+    if past is not None and x.shape[2] < HISTORY_FRAMES:
+        x = torch.cat([past, x], dim=2)
+    # Copy so the cache does not pin the whole chunk's activations in memory.
+    return x[:, :, -HISTORY_FRAMES:].clone()
+
+
+class CausalConv3d(nn.Conv3d):
+    """3D conv whose output frame t depends only on input frames <= t."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int, int],
+        padding: int | tuple[int, int, int] = 0,
+    ) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, padding=0)
+        pad_t, pad_h, pad_w = (padding,) * 3 if isinstance(padding, int) else padding
+        # All the time padding goes before the first frame (twice the symmetric amount)
+        # so the receptive field never reaches forward in time.
+        self._pad = (pad_w, pad_w, pad_h, pad_h, 2 * pad_t, 0)
+
+    def forward(self, x: Tensor, past: Tensor | None = None) -> Tensor:
+        """Convolve `x`, taking the frames before it from `past` instead of zeros."""
+        pad = self._pad
+        if past is not None and pad[4] > 0:
+            x = torch.cat([past, x], dim=2)
+            pad = (*pad[:4], pad[4] - past.shape[2], 0)
+        return super().forward(F.pad(x, pad))
+
+
+class RMSNorm(nn.Module):
+    """Wan's "RMS norm": L2-normalise over channels, then scale by sqrt(dim) and a learned gain."""
+
+    def __init__(self, dim: int, spatial_dims: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(dim, *(1,) * spatial_dims))
+        self.scale = dim**0.5
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Sub-fp32 inputs would overflow or lose the sum of squares; normalise those in fp32.
+        wide = x.float() if x.element_size() < 4 else x
+        return F.normalize(wide, dim=1).to(x.dtype) * self.scale * self.gamma
+
+
+def per_frame(x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """Apply a 2D image op `fn` to every frame of a [B, C, T, H, W] video."""
+    b, c, t, h, w = x.shape
+    y = fn(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+    return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+class ResidualBlock(nn.Module):
+    """Norm-SiLU-conv twice, plus a (projected when channels change) skip connection."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(in_dim, spatial_dims=3)
+        self.conv1 = CausalConv3d(in_dim, out_dim, 3, padding=1)
+        self.norm2 = RMSNorm(out_dim, spatial_dims=3)
+        self.conv2 = CausalConv3d(out_dim, out_dim, 3, padding=1)
+        self.skip = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        skip = x if self.skip is None else self.skip(x)
+        h = cache.stream(self.conv1, F.silu(self.norm1(x)))
+        # Dropout is a no-op at inference, so it is left out.
+        h = cache.stream(self.conv2, F.silu(self.norm2(h)))
+        return h + skip
+
+
+class FrameAttention(nn.Module):
+    """Single-head self-attention among the pixels of each frame; frames do not mix."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dim, spatial_dims=2)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, t, h, w = x.shape
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        qkv = self.to_qkv(self.norm(frames)).flatten(2).transpose(1, 2).contiguous()
+        # [frames, pixels, 1 head, c] is the layout the shared attention entry point takes.
+        q, k, v = (part.unsqueeze(2) for part in qkv.chunk(3, dim=-1))
+        out = attention(q, k, v).squeeze(2).transpose(1, 2).reshape(b * t, c, h, w)
+        out = self.proj(out).view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return out + x
+
+
+class MidBlock(nn.Module):
+    """Residual block, frame attention, residual block: the bottleneck of both halves."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.res_in = ResidualBlock(dim, dim)
+        self.attn = FrameAttention(dim)
+        self.res_out = ResidualBlock(dim, dim)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        return self.res_out(self.attn(self.res_in(x, cache)), cache)
+
+
+class Downsample(nn.Module):
+    """Halve height and width; with `temporal`, also halve the frames that follow the first."""
+
+    def __init__(self, dim: int, temporal: bool) -> None:
+        super().__init__()
+        self.spatial = nn.Conv2d(dim, dim, 3, stride=2)
+        self.temporal = nn.Conv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        # Pad right/bottom only, so an even size halves exactly with a stride-2 kernel of 3.
+        x = per_frame(x, lambda f: self.spatial(F.pad(f, (0, 1, 0, 1))))
+        if self.temporal is None:
+            return x
+        slot = cache.claim()
+        past = cache.get(slot)
+        cache.put(slot, x[:, :, -1:].clone())
+        if past is None:
+            # The first chunk is the lone first frame; it keeps a latent frame of its own.
+            return x
+        # One frame of overlap with the previous chunk makes stride-2 windows line up
+        # across chunk borders, so every pair of new frames yields one output frame.
+        return self.temporal(torch.cat([past, x], dim=2))
+
+
+class Upsample(nn.Module):
+    """Double height and width (halving channels); with `temporal`, also double frames after the first."""
+
+    def __init__(self, dim: int, temporal: bool) -> None:
+        super().__init__()
+        self.temporal = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0)) if temporal else None
+        self.spatial = nn.Conv2d(dim, dim // 2, 3, padding=1)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        if self.temporal is not None:
+            x = self._double_frames(x, cache)
+        return per_frame(x, lambda f: self.spatial(_nearest_2x(f)))
+
+    def _double_frames(self, x: Tensor, cache: CausalCache) -> Tensor:
+        slot = cache.claim()
+        past = cache.get(slot)
+        if past is None:
+            # The first latent frame stands for one video frame, not two; later chunks
+            # start this conv's stream from zero history (an empty tail).
+            cache.put(slot, x[:, :, :0])
+            return x
+        cache.put(slot, stream_tail(past, x))
+        y = self.temporal(x, past)
+        b, c, t, h, w = x.shape
+        # The two channel halves are consecutive output frames; interleave them in time.
+        return y.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, t * 2, h, w)
+
+
+def _nearest_2x(frames: Tensor) -> Tensor:
+    # nearest-exact interpolation lacks half-precision kernels on some backends.
+    return F.interpolate(frames.float(), scale_factor=2.0, mode="nearest-exact").to(frames.dtype)

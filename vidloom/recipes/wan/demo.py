@@ -1,0 +1,181 @@
+"""The built-in demo model: the real Wan2.1 architecture at a tiny size, random weights.
+
+It is written once, as a diffusers-format checkpoint, into the user's cache dir and
+then loaded through the same loader as real checkpoints, so the first command a new
+user runs exercises the real path. Its weights are random: the video is noise-like.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard, SamplingDefaults
+from vidloom.loading.safetensors_io import save_weights
+from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.wan.cards import wan_t2v_card
+
+DEMO_ID = "wan2.1-demo"
+DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_SEED = 20250225
+
+DEMO_NOTE = (
+    "wan2.1-demo has RANDOM weights (the real Wan2.1 architecture at a tiny size): its video is "
+    "noise-like. For real videos pass a Wan2.1 Diffusers checkpoint directory with --model, "
+    "e.g. one downloaded from Wan-AI/Wan2.1-T2V-1.3B-Diffusers."
+)
+
+# Wan2.1 VAE latent statistics (the Wan2.1 release's vae config), so the demo's latent
+# normalisation has the real shape and scale.
+WAN21_LATENTS_MEAN = [
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+]
+WAN21_LATENTS_STD = [
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+]
+
+DEMO_TRANSFORMER = {
+    "_class_name": "WanTransformer3DModel",
+    "patch_size": [1, 2, 2], "num_attention_heads": 4, "attention_head_dim": 16,
+    "in_channels": 16, "out_channels": 16, "text_dim": 64, "freq_dim": 64, "ffn_dim": 128,
+    "num_layers": 2, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
+    "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
+}
+DEMO_VAE = {
+    "_class_name": "AutoencoderKLWan",
+    "base_dim": 16, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
+    "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
+    "latents_mean": WAN21_LATENTS_MEAN, "latents_std": WAN21_LATENTS_STD,
+}
+DEMO_TEXT_ENCODER = {
+    "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4,
+    "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+    "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0,
+}
+# Wan2.1's scheduler config (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, scheduler/scheduler_config.json).
+WAN21_SCHEDULER = {
+    "_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
+    "solver_order": 2, "solver_type": "bh2", "predict_x0": True, "lower_order_final": True,
+    "disable_corrector": [], "final_sigmas_type": "zero", "timestep_spacing": "linspace",
+    "steps_offset": 0, "thresholding": False, "beta_schedule": "linear", "beta_start": 0.0001,
+    "beta_end": 0.02, "use_karras_sigmas": False, "use_exponential_sigmas": False,
+    "use_beta_sigmas": False, "rescale_betas_zero_snr": False, "solver_p": None,
+    "sample_max_value": 1.0, "dynamic_thresholding_ratio": 0.995,
+}
+MODEL_INDEX = {
+    "_class_name": "WanPipeline",
+    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    "text_encoder": ["transformers", "UMT5EncoderModel"],
+    "tokenizer": ["transformers", "T5TokenizerFast"],
+    "transformer": ["diffusers", "WanTransformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
+DEMO_DEFAULTS = SamplingDefaults(
+    height=128, width=192, num_frames=17, fps=8, num_inference_steps=8,
+    guidance_scale=5.0, flow_shift=3.0, sampler="unipc", negative_prompt="",
+)
+# Sentences the demo tokenizer is trained on (offline, with the `tokenizers` library).
+TOKENIZER_CORPUS = (
+    "a cat walks along the beach at sunset", "a red fox jumps over a frozen river",
+    "the camera pans slowly across snowy mountains", "two dogs play in a green park",
+    "a city street at night with neon lights and rain", "waves crash against the rocks",
+    "a astronaut floats inside a space station", "a timelapse of clouds over a desert",
+    "close up of a flower opening in the morning light", "a train crosses a bridge in autumn",
+    "children fly kites on a windy hill", "a drone shot of a forest and a lake",
+)
+
+
+def demo_card() -> ModelCard:
+    return wan_t2v_card(
+        DEMO_ID, f"demo:{DEMO_ID}", DEMO_DEFAULTS,
+        precision="float32", method="random-init",
+        description="Wan2.1 T2V architecture at a tiny size with seeded random weights (runs on CPU in seconds)",
+        notes=(DEMO_NOTE,),
+    )
+
+
+def ensure_demo_checkpoint(cache_dir: Path) -> Path:
+    """Return the demo checkpoint folder, writing it first if this cache has none."""
+    target = cache_dir / f"{DEMO_ID}-v{DEMO_VERSION}"
+    if (target / "model_index.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{DEMO_ID}.", dir=cache_dir))
+    try:
+        write_demo_checkpoint(staging)
+        try:
+            os.rename(staging, target)  # atomic: readers see all files or none
+        except OSError:
+            if not (target / "model_index.json").is_file():  # not a concurrent writer's win
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def write_demo_checkpoint(folder: Path) -> None:
+    """Write the demo as a diffusers WanPipeline folder (loadable by diffusers too)."""
+    torch.manual_seed(DEMO_SEED)
+    transformer = WanTransformer(WanTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
+    _randomize(transformer)
+    save_weights(transformer, folder / "transformer", WAN_TRANSFORMER_NAME_MAP)
+    _write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
+
+    vae = WanVAE(WanVAEConfig.from_diffusers(DEMO_VAE))
+    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
+    _write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
+
+    tokenizer = train_tokenizer()
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    _write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
+    _write_json(folder / "scheduler" / "scheduler_config.json", WAN21_SCHEDULER)
+    _write_json(folder / "model_index.json", MODEL_INDEX)
+
+
+def _randomize(module: torch.nn.Module) -> None:
+    # Zero-initialised parts (output projection, modulation tables) would make a random
+    # DiT predict a constant; small noise keeps every layer exercised.
+    with torch.no_grad():
+        for param in module.parameters():
+            if not param.any():
+                param.normal_(0.0, 0.02)
+
+
+def train_tokenizer():
+    """A small Unigram tokenizer trained offline on TOKENIZER_CORPUS, saved in T5 form."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import T5TokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=256, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    tok.train_from_iterator(TOKENIZER_CORPUS, trainer)
+    eos = tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]
+    )
+    return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
+
+
+def _write_text_encoder(folder: Path, vocab_size: int) -> None:
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)
+    torch.manual_seed(DEMO_SEED + 1)
+    UMT5EncoderModel(config).save_pretrained(str(folder))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,55 @@
+"""Load a Wan2.1 card's checkpoint onto our modules: one resident copy per component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.core.errors import CheckpointError
+from vidloom.core.instance import ModelInstance
+from vidloom.diffusion.sampler import SamplerConfig
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.wan.text import WanTextEncoder
+
+
+def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None) -> ModelInstance:
+    """Read `checkpoint` (a diffusers WanPipeline folder) and build the resident instance.
+
+    `dtype` overrides the card's precision for the DiT and text encoder; by default
+    CUDA runs the card's precision and CPU runs float32. The VAE keeps its card dtype.
+    """
+    ckpt = DiffusersDir.open(checkpoint)
+    if ckpt.pipeline_class not in ("WanPipeline", ""):
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected 'WanPipeline'")
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+
+    dit_config = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+    transformer = materialize(lambda: WanTransformer(dit_config), device, compute, WanTransformer.KEEP_FP32)
+    load_weights(transformer, ckpt.component_dir("transformer"), WAN_TRANSFORMER_NAME_MAP)
+    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    text = WanTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute)
+    try:
+        sampler_config = SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
+
+    return ModelInstance(
+        card=card,
+        components={
+            "transformer": transformer.eval(),
+            "vae": vae.to(device=device, dtype=vae_dtype).eval(),
+            "text_encoder": text,
+            "sampler_config": sampler_config,
+        },
+        device=device,
+        dtype=compute,
+        checkpoint_dir=str(ckpt.root),
+    )
