@@ -9,9 +9,9 @@ import torch
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 
-# fp32 on CPU: observed max diffs are 1.4e-6..2.8e-6 (batched vs separate text encoding and
-# op reordering); 1e-4 is
-# the bound and still catches any real divergence (a wrong op moves frames by >1e-2).
+# fp32 on CPU: observed max diffs are 1.4e-6..2.8e-6 (batched vs separate text encoding,
+# op reordering). 1e-4 is the bound and still catches any real divergence
+# (a wrong op moves frames by >1e-2).
 TOLERANCE = 1e-4
 PROMPT = "a red fox jumps over a frozen river"
 NEGATIVE = "blurred, low quality"

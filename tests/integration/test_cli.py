@@ -1,0 +1,47 @@
+"""The `vidloom` CLI as a user runs it: a subprocess with the demo model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vidloom.media.video import read_video
+
+
+def _run(args: list[str], cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VIDLOOM_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-m", "vidloom.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_generate_with_default_demo_model(demo_cache, tmp_path):
+    out = tmp_path / "clip.mp4"
+    proc = _run(["generate", "--prompt", "a cat walks on the beach", "--output", str(out),
+                 "--steps", "2", "--frames", "5", "--height", "32", "--width", "48", "--seed", "9"], demo_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert "RANDOM weights" in proc.stderr  # the demo says plainly what it is
+    assert "denoise" in proc.stderr and "decode" in proc.stderr  # progress bars
+    assert f"wrote {out.resolve()}" in proc.stdout
+    assert "wall time" in proc.stdout and "peak memory" in proc.stdout
+    frames, fps = read_video(out)
+    assert frames.shape == (5, 32, 48, 3) and fps == 8
+
+
+def test_models_lists_registered_cards(demo_cache):
+    proc = _run(["models"], demo_cache)
+    assert proc.returncode == 0
+    for model_id in ("wan2.1-demo", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"):
+        assert model_id in proc.stdout
+
+
+def test_bad_input_exits_2_naming_the_field(demo_cache, tmp_path):
+    proc = _run(["generate", "--prompt", "x", "--frames", "6", "--output", str(tmp_path / "x.mp4")], demo_cache)
+    assert proc.returncode == 2
+    assert "num_frames" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_unknown_model_exits_2(demo_cache):
+    proc = _run(["generate", "--model", "nope", "--prompt", "x"], demo_cache)
+    assert proc.returncode == 2 and "unknown model 'nope'" in proc.stderr
