@@ -25,11 +25,11 @@ from vidloom.models.wan.vae_blocks import (
 DIFFUSERS_CLASS_NAME = "AutoencoderKLWan"
 
 # The statistics Wan2.1 was trained with; diffusers uses them when a config omits them.
-_WAN21_LATENTS_MEAN = (
+WAN21_LATENTS_MEAN = (
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
 )  # fmt: skip
-_WAN21_LATENTS_STD = (
+WAN21_LATENTS_STD = (
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )  # fmt: skip
@@ -59,9 +59,9 @@ class WanVAEConfig:
     """Per encoder downsample, whether it also halves time (diffusers: temperal_downsample)."""
     dropout: float = 0.0
     """Training-time dropout rate; kept for round-tripping, unused at inference."""
-    latents_mean: tuple[float, ...] = _WAN21_LATENTS_MEAN
+    latents_mean: tuple[float, ...] = WAN21_LATENTS_MEAN
     """Per-channel mean of raw latents, removed before the transformer sees them."""
-    latents_std: tuple[float, ...] = _WAN21_LATENTS_STD
+    latents_std: tuple[float, ...] = WAN21_LATENTS_STD
     """Per-channel std of raw latents, divided out before the transformer sees them."""
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ import torch
 from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.cards import wan_t2v_card
 
 DEMO_ID = "wan2.1-demo"
@@ -31,17 +31,6 @@ DEMO_NOTE = (
     "e.g. one downloaded from Wan-AI/Wan2.1-T2V-1.3B-Diffusers."
 )
 
-# Wan2.1 VAE latent statistics (the Wan2.1 release's vae config), so the demo's latent
-# normalisation has the real shape and scale.
-WAN21_LATENTS_MEAN = [
-    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
-]
-WAN21_LATENTS_STD = [
-    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
-]
-
 DEMO_TRANSFORMER = {
     "_class_name": "WanTransformer3DModel",
     "patch_size": [1, 2, 2], "num_attention_heads": 4, "attention_head_dim": 16,
@@ -53,7 +42,8 @@ DEMO_VAE = {
     "_class_name": "AutoencoderKLWan",
     "base_dim": 16, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
     "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
-    "latents_mean": WAN21_LATENTS_MEAN, "latents_std": WAN21_LATENTS_STD,
+    # Wan2.1's real latent statistics, so the demo's normalisation has the real scale.
+    "latents_mean": list(WAN21_LATENTS_MEAN), "latents_std": list(WAN21_LATENTS_STD),
 }
 DEMO_TEXT_ENCODER = {
     "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4,
