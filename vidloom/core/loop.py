@@ -1,10 +1,11 @@
 """The Loop protocol: the model owns the loop, the runtime drives it one step at a time.
 
-    state = loop.init(slots, ctx)
+    state = loop.init(slots)
     while not isinstance(plan := loop.next(state), Done):
-        result = ctx.execute(plan)
-        state = loop.advance(state, result)
+        state = loop.advance(state, runtime.execute(plan))
     outputs = loop.finalize(state)
+
+The runtime's driver is vidloom.runtime.engine.RequestRun.
 """
 
 from __future__ import annotations
@@ -38,12 +39,6 @@ class StepPlan:
     inputs: Mapping[str, Any] = field(default_factory=dict)
 
 
-class StepContext(Protocol):
-    """What a loop may ask of the runtime while it is being driven."""
-
-    def execute(self, plan: StepPlan) -> Any: ...
-
-
 class Loop(Protocol, Generic[S]):
     """Iterative work owned by a model. Per-request state lives in `S`, never on modules."""
 
@@ -65,10 +60,3 @@ class Loop(Protocol, Generic[S]):
         """Slot values the loop writes when it is done."""
         ...
 
-
-def run_loop(loop: Loop[S], slots: Mapping[str, Any], ctx: StepContext) -> dict[str, Any]:
-    """Drive `loop` to completion through `ctx.execute` (the reference driver)."""
-    state = loop.init(slots)
-    while not isinstance(plan := loop.next(state), Done):
-        state = loop.advance(state, ctx.execute(plan))
-    return loop.finalize(state)

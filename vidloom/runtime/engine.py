@@ -1,24 +1,24 @@
-"""Sync Engine: runs one request's program to completion in the caller's thread."""
+"""Sync Engine and RequestRun: a request's program, advanced one step at a time."""
 
 from __future__ import annotations
 
 import gc
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
-from vidloom.core.loop import StepPlan, run_loop
+from vidloom.core.loop import Done, StepPlan
 from vidloom.core.output import EventCallback, ProgressEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
 
 
 class CancellationToken:
-    """Set from any thread; the engine honours it at the next step boundary."""
+    """Set from any thread; the run honours it at the next step boundary."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -31,36 +31,122 @@ class CancellationToken:
         return self._event.is_set()
 
 
-class _RunContext:
-    """Per-run runtime services handed to nodes and loops (never shared between runs)."""
+class RequestRun:
+    """One validated request moving through a program.
 
-    def __init__(self, request_id: str, on_event: EventCallback | None, cancel: CancellationToken | None):
-        self.request_id = request_id
+    `step()` runs one unit of work (a component node, or one loop step) and returns
+    True once the program is done; the caller decides when to call it, which is
+    how the async engine interleaves requests at step boundaries. Per-request state
+    (slots, loop state) lives here and is dropped by `close()`.
+    """
+
+    def __init__(
+        self,
+        instance: ModelInstance,
+        program: Program,
+        request: GenerationRequest,
+        on_event: EventCallback | None = None,
+        cancel: CancellationToken | None = None,
+    ) -> None:
+        self.request = request
+        self.instance = instance
+        self.program = program
+        self.cancel = cancel or CancellationToken()
         self._on_event = on_event
-        self._cancel = cancel
+        self._slots: dict[str, Any] = {"request": request}
+        self._units = self._run_units()
+        self._outputs: dict[str, Any] | None = None
+        self._elapsed = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self._outputs is not None
+
+    def step(self) -> bool:
+        """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
+        if self._outputs is not None:
+            return True
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                next(self._units)
+        except StopIteration:
+            pass
+        finally:
+            self._elapsed += time.perf_counter() - started
+        return self._outputs is not None
+
+    def outputs(self) -> dict[str, Any]:
+        """The program's output slots plus the resolved request and compute time."""
+        assert self._outputs is not None, "run has not finished"
+        return {**self._outputs, "request": self.request, "elapsed_s": self._elapsed}
+
+    def close(self) -> None:
+        """Drop every intermediate (latents, embeddings), also after failure or cancel."""
+        self._units.close()
+        self._slots.clear()
+        if self.instance.device.type == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    # -- runtime services handed to nodes and loops --------------------------------
 
     def check_cancelled(self) -> None:
-        if self._cancel is not None and self._cancel.cancelled:
-            raise Cancelled(f"request {self.request_id} was cancelled")
+        if self.cancel.cancelled:
+            raise Cancelled(f"request {self.request.request_id} was cancelled")
 
     def execute(self, plan: StepPlan) -> Any:
-        self.check_cancelled()
-        result = plan.call(**plan.inputs)
-        self.progress(plan.loop, plan.index + 1, plan.total)
-        return result
+        return plan.call(**plan.inputs)
 
     def progress(self, phase: str, done: int, total: int) -> None:
         if self._on_event is not None:
-            self._on_event(ProgressEvent(self.request_id, phase, done, total))
+            self._on_event(ProgressEvent(self.request.request_id, phase, done, total))
         self.check_cancelled()
+
+    # -- the program as a sequence of units -----------------------------------------
+
+    def _run_units(self) -> Iterator[None]:
+        for node in self.program.active_nodes(self.request):
+            self.check_cancelled()
+            reads = {name: self._slots[name] for name in node.reads}
+            written = yield from self._run_node(node, reads)
+            missing = [name for name in node.writes if name not in written]
+            assert not missing, f"node {node.name!r} did not write {missing}"
+            self._slots.update(written)
+        self._outputs = {name: self._slots[name] for name in self.program.outputs}
+
+    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Iterator[None]:
+        if node.loop is None:
+            assert node.run is not None
+            written = node.run(reads, self)
+            yield
+            return written
+        loop = node.loop
+        state = loop.init(reads)
+        while not isinstance(plan := loop.next(state), Done):
+            self.check_cancelled()
+            state = loop.advance(state, self.execute(plan))
+            self.progress(plan.loop, plan.index + 1, plan.total)
+            yield
+        return loop.finalize(state)
 
 
 class Engine:
-    """Runs programs over one loaded ModelInstance."""
+    """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
 
     def __init__(self, instance: ModelInstance, program: Program) -> None:
         self.instance = instance
         self.program = program
+
+    def start(
+        self,
+        request: GenerationRequest,
+        on_event: EventCallback | None = None,
+        cancel: CancellationToken | None = None,
+    ) -> RequestRun:
+        """Validate `request` (InvalidRequest before any work) and prepare its run."""
+        resolved = resolve_request(request, self.instance.card)
+        return RequestRun(self.instance, self.program, resolved, on_event, cancel)
 
     def run(
         self,
@@ -68,42 +154,11 @@ class Engine:
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> dict[str, Any]:
-        """Validate `request`, run every active node, return the program's output slots.
-
-        Raises InvalidRequest before any work, Cancelled at a step boundary.
-        """
-        request = resolve_request(request, self.instance.card)
-        ctx = _RunContext(request.request_id, on_event, cancel)
-        slots: dict[str, Any] = {"request": request}
-        started = time.perf_counter()
+        """Run every active node; return the program's output slots. Raises Cancelled at a boundary."""
+        run = self.start(request, on_event, cancel)
         try:
-            with torch.inference_mode():
-                for node in self.program.active_nodes(request):
-                    ctx.check_cancelled()
-                    slots.update(self._run_node(node, slots, ctx))
-            outputs = {name: slots[name] for name in self.program.outputs}
-            outputs["request"] = request
-            outputs["elapsed_s"] = time.perf_counter() - started
-            return outputs
+            while not run.step():
+                pass
+            return run.outputs()
         finally:
-            # Drop every intermediate (latents, embeddings) now, also on failure/cancel.
-            slots.clear()
-            _release_device_memory(self.instance.device)
-
-    @staticmethod
-    def _run_node(node: Node, slots: Mapping[str, Any], ctx: _RunContext) -> Mapping[str, Any]:
-        reads = {name: slots[name] for name in node.reads}
-        if node.loop is not None:
-            written = run_loop(node.loop, reads, ctx)
-        else:
-            assert node.run is not None
-            written = node.run(reads, ctx)
-        missing = [name for name in node.writes if name not in written]
-        assert not missing, f"node {node.name!r} did not write {missing}"
-        return written
-
-
-def _release_device_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
+            run.close()

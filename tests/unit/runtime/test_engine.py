@@ -121,3 +121,18 @@ def test_cancel_from_another_thread():
         _engine(loop).run(GenerationRequest("p", num_inference_steps=100), on_event=slow, cancel=token)
     thread.join()
     assert loop.calls < 100
+
+
+def test_runs_can_be_stepped_alternately():
+    loop = CountingLoop()
+    engine = _engine(loop)
+    a = engine.start(GenerationRequest("p", num_inference_steps=3))
+    b = engine.start(GenerationRequest("p", num_inference_steps=5))
+    order = []
+    while not (a.done and b.done):
+        for name, run in (("a", a), ("b", b)):
+            if not run.done:
+                run.step()
+                order.append(name)
+    assert a.outputs()["video"] == 13.0 and b.outputs()["video"] == 15.0
+    assert order[:4] == ["a", "b", "a", "b"]  # one unit each, in turn
