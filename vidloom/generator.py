@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -11,8 +10,8 @@ from vidloom import registry
 from vidloom.core.card import ModelCard
 from vidloom.core.output import EventCallback, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.media.video import to_uint8
 from vidloom.runtime.engine import CancellationToken, Engine
+from vidloom.runtime.results import video_output
 
 
 class VideoGenerator:
@@ -79,30 +78,6 @@ class VideoGenerator:
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
-        out = self.engine.run(request, on_event=on_event, cancel=cancel)
-        resolved: GenerationRequest = out["request"]
-        return VideoOutput(
-            frames=to_uint8(out["video"]),
-            fps=resolved.fps,
-            metadata=_metadata(self.card, resolved, out["elapsed_s"]),
-        )
+        """Run a prepared request (InvalidRequest before any work; Cancelled at a step boundary)."""
+        return video_output(self.card, self.engine.run(request, on_event=on_event, cancel=cancel))
 
-
-def _metadata(card: ModelCard, r: GenerationRequest, elapsed_s: float) -> dict[str, Any]:
-    return {
-        "model": card.model_id,
-        "request_id": r.request_id,
-        "task": r.task.value,
-        "prompt": r.prompt,
-        "negative_prompt": r.negative_prompt,
-        "height": r.height,
-        "width": r.width,
-        "num_frames": r.num_frames,
-        "fps": r.fps,
-        "num_inference_steps": r.num_inference_steps,
-        "guidance_scale": r.guidance_scale,
-        "flow_shift": r.flow_shift,
-        "sampler": r.sampler,
-        "seed": r.seed,
-        "elapsed_s": round(elapsed_s, 3),
-    }

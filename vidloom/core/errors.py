@@ -33,3 +33,7 @@ class UnknownModel(VidloomError, KeyError):
 
 class Cancelled(VidloomError):
     """A run stopped at a step boundary because its cancellation token was set."""
+
+
+class NonFiniteOutput(VidloomError):
+    """The model produced NaN or inf values (bad weights, overflow in low precision)."""

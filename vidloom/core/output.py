@@ -44,18 +44,27 @@ class ProgressEvent:
     phase: str
     step: int  # steps done so far in this phase (1-based after the first step)
     total: int
+    seconds: float = 0.0  # wall time of this step
+
+
+@dataclass(frozen=True)
+class StartedEvent:
+    """The request left the queue and holds a slot."""
+
+    request_id: str
 
 
 @dataclass(frozen=True)
 class CompletedEvent:
     request_id: str
-    elapsed_s: float
+    output: VideoOutput
 
 
 @dataclass(frozen=True)
 class FailedEvent:
     request_id: str
-    error: str
+    code: str  # machine-readable: invalid_request | non_finite_output | internal_error | ...
+    message: str
 
 
 @dataclass(frozen=True)
@@ -63,5 +72,5 @@ class CancelledEvent:
     request_id: str
 
 
-Event = ProgressEvent | CompletedEvent | FailedEvent | CancelledEvent
+Event = StartedEvent | ProgressEvent | CompletedEvent | FailedEvent | CancelledEvent
 EventCallback = Callable[[Event], None]

@@ -57,6 +57,7 @@ class RequestRun:
         self._units = self._run_units()
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
+        self._mark = 0.0  # when the current step (or the last progress report) began
 
     @property
     def done(self) -> bool:
@@ -66,7 +67,7 @@ class RequestRun:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
         if self._outputs is not None:
             return True
-        started = time.perf_counter()
+        started = self._mark = time.perf_counter()
         try:
             with torch.inference_mode():
                 next(self._units)
@@ -99,8 +100,10 @@ class RequestRun:
         return plan.call(**plan.inputs)
 
     def progress(self, phase: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        seconds, self._mark = now - self._mark, now
         if self._on_event is not None:
-            self._on_event(ProgressEvent(self.request.request_id, phase, done, total))
+            self._on_event(ProgressEvent(self.request.request_id, phase, done, total, seconds))
         self.check_cancelled()
 
     # -- the program as a sequence of units -----------------------------------------

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import torch
 
+from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, Done, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
@@ -91,4 +92,7 @@ class WanDenoiseLoop:
         return state
 
     def finalize(self, state: WanDenoiseState) -> dict[str, Any]:
+        # One check per request (not per step): a NaN anywhere propagates to the end.
+        if not torch.isfinite(state.latents).all():
+            raise NonFiniteOutput("denoising produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
         return {"latents": state.latents}

@@ -1,0 +1,33 @@
+"""Turn a finished run's output slots into the user-facing VideoOutput."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.card import ModelCard
+from vidloom.core.output import VideoOutput
+from vidloom.core.request import GenerationRequest
+from vidloom.media.video import to_uint8
+
+
+def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
+    """uint8 frames plus the metadata a user needs to reproduce the run."""
+    r: GenerationRequest = outputs["request"]
+    metadata = {
+        "model": card.model_id,
+        "request_id": r.request_id,
+        "task": r.task.value,
+        "prompt": r.prompt,
+        "negative_prompt": r.negative_prompt,
+        "height": r.height,
+        "width": r.width,
+        "num_frames": r.num_frames,
+        "fps": r.fps,
+        "num_inference_steps": r.num_inference_steps,
+        "guidance_scale": r.guidance_scale,
+        "flow_shift": r.flow_shift,
+        "sampler": r.sampler,
+        "seed": r.seed,
+        "elapsed_s": round(outputs["elapsed_s"], 3),
+    }
+    return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata)
