@@ -1,0 +1,216 @@
+"""AsyncEngine: a device worker thread runs model steps; callers queue, await and stream.
+
+The asyncio side never runs a model step: `submit` validates and enqueues, the
+worker thread advances resident requests one step at a time in the order the
+scheduler picks, and results come back through thread-safe futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+
+from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
+from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
+from vidloom.core.request import GenerationRequest
+from vidloom.runtime.engine import Engine, RequestRun
+from vidloom.runtime.results import video_output
+from vidloom.runtime.scheduler import QueueFull, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class EngineBusy(VidloomError):
+    """The queue is full; `retry_after_s` estimates when a place frees up."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineClosed(VidloomError):
+    """The engine is shutting down and takes no new work."""
+
+
+@dataclass
+class _Entry:
+    run: RequestRun
+    on_event: EventCallback | None
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    started: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.run.request.request_id
+
+
+class JobHandle:
+    """A submitted request: its resolved parameters and its eventual result."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry = entry
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self._entry.run.request
+
+    @property
+    def request_id(self) -> str:
+        return self._entry.key
+
+    async def result(self) -> VideoOutput:
+        """The video; raises Cancelled, or the error the request failed with."""
+        return await asyncio.wrap_future(self._entry.future)
+
+    def wait(self, timeout: float | None = None) -> VideoOutput:
+        """Blocking form of `result` for non-async callers."""
+        return self._entry.future.result(timeout)
+
+
+class AsyncEngine:
+    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait."""
+
+    def __init__(self, engine: Engine, *, policy: str = "fifo", slots: int = 1, queue_size: int = 16) -> None:
+        self.engine = engine
+        self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size)
+        self._entries: dict[str, _Entry] = {}
+        self._cond = threading.Condition()
+        self._closing = False
+        self._job_seconds = 10.0  # running mean of job wall time, for Retry-After
+        self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def policy(self) -> str:
+        return self._scheduler.policy
+
+    @property
+    def queue_depth(self) -> int:
+        with self._cond:
+            return self._scheduler.waiting
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._scheduler.resident
+
+    def submit(self, request: GenerationRequest, on_event: EventCallback | None = None) -> JobHandle:
+        """Validate and enqueue. Raises InvalidRequest, EngineBusy (queue full) or EngineClosed at once.
+
+        `on_event` is called from the worker thread: keep it quick and thread-safe.
+        """
+        callback = _guarded(on_event) if on_event is not None else None
+        entry = _Entry(self.engine.start(request, callback), callback)
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("engine is shutting down")
+            try:
+                self._scheduler.enqueue(entry)
+            except QueueFull as exc:
+                raise EngineBusy(str(exc), self._retry_after()) from None
+            self._entries[entry.key] = entry
+            self._cond.notify()
+        return JobHandle(entry)
+
+    def cancel(self, request_id: str) -> bool:
+        """Queued: cancelled now. Running: at its next step boundary. False if unknown or finished."""
+        with self._cond:
+            entry = self._entries.get(request_id)
+            if entry is None:
+                return False
+            if self._scheduler.is_waiting(request_id):
+                self._finish(entry, CancelledEvent(request_id), Cancelled(f"request {request_id} was cancelled"))
+                return True
+            entry.run.cancel.cancel()
+            return True
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop taking work, cancel what is queued or running, and join the worker."""
+        with self._cond:
+            self._closing = True
+            for entry in list(self._entries.values()):
+                entry.run.cancel.cancel()
+                if self._scheduler.is_waiting(entry.key):
+                    self._finish(entry, CancelledEvent(entry.key), Cancelled("engine shut down"))
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # -- worker thread ---------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._entries:
+                    self._cond.wait()
+                if self._closing and not self._entries:
+                    return
+                for entry in self._scheduler.admit():
+                    entry.started = True
+                    self._emit(entry, StartedEvent(entry.key))
+                entry = self._scheduler.pick()
+            if entry is not None:
+                self._step(entry)
+
+    def _step(self, entry: _Entry) -> None:
+        run = entry.run
+        try:
+            if not run.step():
+                return
+            output = video_output(self.engine.instance.card, run.outputs())
+        except Cancelled as exc:
+            self._finish_locked(entry, CancelledEvent(entry.key), exc)
+        except VidloomError as exc:
+            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
+        except Exception as exc:  # a failing request must not take the worker down
+            log.exception("request %s failed", entry.key)
+            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
+        else:
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * output.metadata["elapsed_s"]
+            self._finish_locked(entry, CompletedEvent(entry.key, output), output)
+
+    def _finish_locked(self, entry: _Entry, event: Event, outcome: object) -> None:
+        with self._cond:
+            self._finish(entry, event, outcome)
+
+    def _finish(self, entry: _Entry, event: Event, outcome: object) -> None:
+        """Release the request's slot and memory, report, resolve its future (lock held)."""
+        self._scheduler.remove(entry.key)
+        self._entries.pop(entry.key, None)
+        entry.run.close()
+        self._emit(entry, event)
+        if isinstance(outcome, BaseException):
+            entry.future.set_exception(outcome)
+        else:
+            entry.future.set_result(outcome)
+
+    def _emit(self, entry: _Entry, event: Event) -> None:
+        if entry.on_event is not None:
+            entry.on_event(event)
+
+    def _retry_after(self) -> int:
+        # A queue place frees when the oldest resident job finishes: about one job's time.
+        return max(1, math.ceil(self._job_seconds))
+
+
+def _guarded(callback: EventCallback) -> EventCallback:
+    """A subscriber's bug must not fail the request or stop the worker."""
+
+    def call(event: Event) -> None:
+        try:
+            callback(event)
+        except Exception:
+            log.exception("event callback failed on %s", type(event).__name__)
+
+    return call
+
+
+def _code(exc: VidloomError) -> str:
+    if isinstance(exc, InvalidRequest):
+        return "invalid_request"
+    if isinstance(exc, NonFiniteOutput):
+        return "non_finite_output"
+    return "generation_error"
