@@ -8,6 +8,7 @@ import torch
 
 from vidloom import registry
 from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import EventCallback, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.runtime.engine import CancellationToken, Engine
@@ -28,18 +29,20 @@ class VideoGenerator:
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         cache_dir: str | Path | None = None,
+        deploy: DeployConfig | None = None,
     ) -> "VideoGenerator":
         """Load a registered model id or a diffusers checkpoint directory.
 
         device: defaults to CUDA when available, else CPU. dtype: defaults to the
-        card's precision on CUDA and float32 on CPU. Nothing is downloaded.
+        card's precision on CUDA and float32 on CPU. deploy: performance and memory
+        options (default: the plain reference path). Nothing is downloaded.
         """
         card = registry.resolve_card(model)
         checkpoint = registry.resolve_checkpoint(card, Path(cache_dir) if cache_dir else None)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        instance = registry.load_instance(card, checkpoint, device, dtype)
+        instance = registry.load_instance(card, checkpoint, device, dtype, deploy or DeployConfig())
         program = registry.import_target(card.program)(instance)
         return cls(Engine(instance, program))
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, UnknownModel
 from vidloom.core.instance import ModelInstance
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -24,7 +25,7 @@ CARDS: dict[str, str] = {
 PIPELINES: dict[str, str] = {
     "WanPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
 }
-# Card family -> loader(card, checkpoint_dir, device, dtype) -> ModelInstance.
+# Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
 }
@@ -81,10 +82,12 @@ def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:
     return Path(card.source)
 
 
-def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None) -> ModelInstance:
+def load_instance(
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+) -> ModelInstance:
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
-    return import_target(LOADERS[card.family])(card, checkpoint, device, dtype)
+    return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
 
 
 def _from_hub_cache(card: ModelCard, repo_id: str) -> Path:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
 
 
 @dataclass
@@ -19,6 +20,7 @@ class ModelInstance:
     device: torch.device
     dtype: torch.dtype  # compute dtype of the denoiser
     checkpoint_dir: str
+    deploy: DeployConfig = field(default_factory=DeployConfig)
     caches: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:

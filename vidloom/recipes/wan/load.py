@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
@@ -18,7 +19,13 @@ from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.text import WanTextEncoder
 
 
-def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None) -> ModelInstance:
+def load_instance(
+    card: ModelCard,
+    checkpoint: Path,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    deploy: DeployConfig,
+) -> ModelInstance:
     """Read `checkpoint` (a diffusers WanPipeline folder) and build the resident instance.
 
     `dtype` overrides the card's precision for the DiT and text encoder; by default
@@ -52,4 +59,5 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
         device=device,
         dtype=compute,
         checkpoint_dir=str(ckpt.root),
+        deploy=deploy,
     )
