@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
+from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 from vidloom.models.wan.vae_blocks import (
     CausalCache,
     CausalConv3d,
@@ -290,26 +291,41 @@ class WanVAE(nn.Module):
         return LatentDistribution.from_moments(self.quant_conv(torch.cat(moments, dim=2)))
 
     @torch.no_grad()
-    def decode(self, latents: Tensor, progress: Callable[[int, int], None] | None = None) -> Tensor:
+    def decode(
+        self,
+        latents: Tensor,
+        progress: Callable[[int, int], None] | None = None,
+        tiling: SpatialTiling | None = None,
+    ) -> Tensor:
         """Raw latents [B, z, T, h, w] -> video [B, 3, 1 + (T-1)*temporal_factor, H, W] clamped to [-1, 1].
 
-        `progress(done, T)` is called after each latent frame is decoded.
+        `progress(done, total)` is called after each latent frame (of each tile) is decoded.
+        With `tiling`, overlapping spatial tiles are decoded one at a time and blended,
+        so peak activation memory follows the tile size instead of the frame size.
         """
         if latents.ndim != 5 or latents.shape[1] != self.config.z_dim:
             raise ValueError(
                 f"latents must be [B, {self.config.z_dim}, T, h, w]; got shape {tuple(latents.shape)}"
             )
         x = self.post_quant_conv(latents)
-        total = x.shape[2]
+        if tiling is None:
+            return self._decode_frames(x, progress, 0, x.shape[2]).clamp(-1.0, 1.0)
+        return decode_tiled(x, lambda tile, done, total: self._decode_frames(tile, progress, done, total),
+                            tiling, self.config.spatial_factor).clamp(-1.0, 1.0)
+
+    def _decode_frames(
+        self, x: Tensor, progress: Callable[[int, int], None] | None, done: int, total: int
+    ) -> Tensor:
+        """Causal decode of post-quant latents [B, z, T, h, w]; unclamped."""
         cache = CausalCache()
         frames = []
         # One latent frame at a time bounds activation memory by a single chunk.
-        for index in range(total):
+        for index in range(x.shape[2]):
             cache.begin_chunk()
             frames.append(self.decoder(x[:, :, index : index + 1], cache))
             if progress is not None:
-                progress(index + 1, total)
-        return torch.cat(frames, dim=2).clamp(-1.0, 1.0)
+                progress(done + index + 1, total)
+        return torch.cat(frames, dim=2)
 
     def normalize_latents(self, raw: Tensor) -> Tensor:
         """Encoder latents -> the standardised latents the transformer works in."""
