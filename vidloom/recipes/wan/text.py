@@ -7,9 +7,13 @@ zero every position past each prompt's real length.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
@@ -32,15 +36,36 @@ def clean_prompt(text: str) -> str:
 
 
 class WanTextEncoder:
-    """Turns prompts into [batch, max_length, dim] embeddings; shared, holds no per-call state."""
+    """Turns prompts into [batch, max_length, dim] embeddings on `device`.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, model: UMT5EncoderModel, max_length: int = WAN_TEXT_TOKENS):
+    Shared by every request. Two memory options: `offload` keeps the UMT5 weights in
+    CPU memory and moves them to `device` only while encoding; `cache_size` > 0 keeps
+    that many recent prompt embeddings (keyed by a hash of the cleaned prompt), so a
+    repeated prompt or negative prompt skips the encoder entirely.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        model: UMT5EncoderModel,
+        device: torch.device,
+        *,
+        max_length: int = WAN_TEXT_TOKENS,
+        offload: bool = False,
+        cache_size: int = 0,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.model = model.eval()
+        self.device = device
+        self.offload = offload and device.type != "cpu"
+        self.model = model.eval().to("cpu" if self.offload else device)
         self.max_length = max_length
+        self.cache = EmbeddingCache(cache_size)
+        self._encoder_lock = threading.Lock()  # offload moves weights: one encode at a time
 
     @classmethod
-    def load(cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype) -> "WanTextEncoder":
+    def load(
+        cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype, **options: Any
+    ) -> "WanTextEncoder":
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         except (OSError, ValueError) as exc:
@@ -49,16 +74,26 @@ class WanTextEncoder:
             model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype)
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{encoder_dir}: cannot load UMT5 text encoder ({exc})") from None
-        return cls(tokenizer, model.to(device))
+        return cls(tokenizer, model, device, **options)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    def encode(self, prompts: list[str]) -> torch.Tensor:
+        """[len(prompts), max_length, dim] on `device`; cached prompts are not re-encoded."""
+        cleaned = [clean_prompt(p) for p in prompts]
+        keys = [hashlib.sha256(text.encode()).hexdigest() for text in cleaned]
+        found = {key: emb for key in keys if (emb := self.cache.get(key)) is not None}
+        missing = list(dict.fromkeys(k for k in keys if k not in found))
+        if missing:
+            texts = {key: text for key, text in zip(keys, cleaned)}
+            fresh = self._run_encoder([texts[k] for k in missing])
+            for key, emb in zip(missing, fresh):
+                self.cache.put(key, emb)
+                found[key] = emb
+        return torch.stack([found[key] for key in keys]).to(self.device)
 
     @torch.inference_mode()
-    def encode(self, prompts: list[str]) -> torch.Tensor:
+    def _run_encoder(self, texts: list[str]) -> torch.Tensor:
         tokens = self.tokenizer(
-            [clean_prompt(p) for p in prompts],
+            texts,
             padding="max_length",
             max_length=self.max_length,
             truncation=True,
@@ -66,8 +101,45 @@ class WanTextEncoder:
             return_attention_mask=True,
             return_tensors="pt",
         )
-        ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
-        hidden = self.model(ids, mask).last_hidden_state
+        with self._encoder_lock:
+            if self.offload:
+                self.model.to(self.device)
+            try:
+                ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+                hidden = self.model(ids, mask).last_hidden_state
+            finally:
+                if self.offload:
+                    self.model.to("cpu")
         # Positions past each prompt's length become exact zeros, as Wan was trained.
         past_end = torch.arange(hidden.shape[1], device=hidden.device)[None, :] >= mask.sum(dim=1)[:, None]
         return hidden.masked_fill(past_end[..., None], 0.0)
+
+
+class EmbeddingCache:
+    """A thread-safe LRU of prompt embeddings; capacity 0 disables it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> torch.Tensor | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return item
+
+    def put(self, key: str, value: torch.Tensor) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)

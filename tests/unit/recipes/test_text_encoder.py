@@ -1,0 +1,56 @@
+"""WanTextEncoder: prompt cleaning, padding zeros, the embedding cache and offload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidloom.recipes.wan.demo import ensure_demo_checkpoint
+from vidloom.recipes.wan.text import WanTextEncoder, clean_prompt
+
+
+def _encoder(demo_cache, **options) -> WanTextEncoder:
+    folder = ensure_demo_checkpoint(demo_cache)
+    return WanTextEncoder.load(folder / "tokenizer", folder / "text_encoder", torch.device("cpu"), torch.float32, **options)
+
+
+def test_clean_prompt_matches_reference_rules():
+    assert clean_prompt("  a  &amp;amp; b\n\tc ") == "a & b c"
+
+
+def test_padding_positions_are_exact_zeros(demo_cache):
+    emb = _encoder(demo_cache).encode(["a cat"])
+    assert emb.shape[1] == 512
+    used = (emb[0].abs().sum(-1) > 0).sum().item()
+    assert 0 < used < 10 and torch.all(emb[0, used:] == 0)
+
+
+def test_cache_returns_identical_embeddings_and_skips_the_encoder(demo_cache):
+    plain = _encoder(demo_cache)
+    cached = _encoder(demo_cache, cache_size=4)
+    prompts = ["a cat walks", "a dog runs"]
+    first = cached.encode(prompts)
+    assert (cached.cache.hits, cached.cache.misses) == (0, 2)
+    calls = []
+    cached.model.register_forward_hook(lambda *a: calls.append(1))
+    again = cached.encode(list(reversed(prompts)))
+    assert calls == [] and cached.cache.hits == 2
+    assert torch.equal(again, first.flip(0))
+    assert torch.equal(first, plain.encode(prompts))
+
+
+def test_cache_evicts_least_recent(demo_cache):
+    enc = _encoder(demo_cache, cache_size=1)
+    enc.encode(["one"])
+    enc.encode(["two"])
+    enc.encode(["one"])
+    assert enc.cache.hits == 0 and enc.cache.misses == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="offload only moves weights on an accelerator")
+def test_offload_keeps_weights_on_cpu_between_calls(demo_cache):
+    folder = ensure_demo_checkpoint(demo_cache)
+    enc = WanTextEncoder.load(folder / "tokenizer", folder / "text_encoder", torch.device("cuda"), torch.float32, offload=True)
+    out = enc.encode(["a cat"])
+    assert out.device.type == "cuda"
+    assert next(enc.model.parameters()).device.type == "cpu"
