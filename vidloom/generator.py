@@ -44,7 +44,9 @@ class VideoGenerator:
             dtype = getattr(torch, dtype)
         instance = registry.load_instance(card, checkpoint, device, dtype, deploy or DeployConfig())
         program = registry.import_target(card.program)(instance)
-        return cls(Engine(instance, program))
+        engine = Engine(instance, program)
+        engine.warmup(instance.deploy.warmup_shapes)
+        return cls(engine)
 
     @property
     def card(self) -> ModelCard:

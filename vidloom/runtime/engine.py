@@ -151,6 +151,16 @@ class Engine:
         resolved = resolve_request(request, self.instance.card)
         return RequestRun(self.instance, self.program, resolved, on_event, cancel)
 
+    def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
+        """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.
+
+        Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use.
+        """
+        for height, width, num_frames in shapes:
+            self.run(GenerationRequest(
+                prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps, seed=0,
+            ))
+
     def run(
         self,
         request: GenerationRequest,

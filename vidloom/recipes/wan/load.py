@@ -12,6 +12,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.layers.fp8 import quantize_linears
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
@@ -40,9 +41,13 @@ def load_instance(
     dit_config = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
     transformer = materialize(lambda: WanTransformer(dit_config), device, compute, WanTransformer.KEEP_FP32)
     load_weights(transformer, ckpt.component_dir("transformer"), WAN_TRANSFORMER_NAME_MAP)
+    _apply_deploy(transformer, deploy)
     vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    text = WanTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute)
+    text = WanTextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
+    )
     try:
         sampler_config = SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
     except ValueError as exc:
@@ -61,3 +66,14 @@ def load_instance(
         checkpoint_dir=str(ckpt.root),
         deploy=deploy,
     )
+
+
+def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
+    """Performance options applied from outside the model, in order: quantize, then compile."""
+    if deploy.fp8_weights:
+        # Block linears hold ~all DiT weights; embeddings and the head stay in full precision.
+        quantize_linears(transformer.blocks)
+    if deploy.compile:
+        # Blocks are identical in structure, so one compiled graph serves all of them per shape.
+        for block in transformer.blocks:
+            block.compile(backend=deploy.compile_backend, dynamic=False)

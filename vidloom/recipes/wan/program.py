@@ -9,7 +9,9 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.core.deploy import DeployConfig
 from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan.vae_tiling import SpatialTiling
 from vidloom.recipes.wan.loop import WanDenoiseLoop
 from vidloom.recipes.wan.text import WanTextEncoder
 
@@ -19,6 +21,7 @@ def build_program(instance: ModelInstance) -> Program:
     vae: WanVAE = instance["vae"]
     transformer = instance["transformer"]
     in_channels = transformer.config.in_channels
+    tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -44,7 +47,7 @@ def build_program(instance: ModelInstance) -> Program:
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae_dtype = next(vae.parameters()).dtype
         latents = vae.denormalize_latents(slots["latents"].to(vae_dtype))
-        video = vae.decode(latents, progress=lambda done, total: ctx.progress("decode", done, total))
+        video = vae.decode(latents, progress=lambda done, total: ctx.progress("decode", done, total), tiling=tiling)
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         return {"video": frames.cpu().numpy()}
 
@@ -64,3 +67,13 @@ def build_program(instance: ModelInstance) -> Program:
         inputs=frozenset({"request"}),
         outputs=("video",),
     )
+
+
+def _vae_tiling(deploy: DeployConfig, factor: int) -> SpatialTiling | None:
+    """Checked here, at load, so a bad tile size never fails a request at decode time."""
+    if deploy.vae_tile is None:
+        return None
+    stride = deploy.vae_tile_stride or max(factor, deploy.vae_tile * 3 // 4 // factor * factor)
+    if deploy.vae_tile % factor or stride % factor:
+        raise ValueError(f"vae_tile ({deploy.vae_tile}) and vae_tile_stride ({stride}) must be multiples of {factor}")
+    return SpatialTiling(tile=deploy.vae_tile, stride=stride)
