@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from vidloom import registry
+from vidloom.deploy_args import add_deploy_arguments, deploy_config
 from vidloom.core.errors import VidloomError
 from vidloom.core.output import Event, ProgressEvent
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
+    add_deploy_arguments(gen)
 
     sub.add_parser("models", help="list registered model cards")
     return parser
@@ -63,7 +65,7 @@ def _generate(args: argparse.Namespace) -> int:
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
     started = time.perf_counter()
-    generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy_config(args))
     with _ProgressBars() as bars:
         video = generator.generate(
             args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,

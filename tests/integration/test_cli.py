@@ -45,3 +45,23 @@ def test_bad_input_exits_2_naming_the_field(demo_cache, tmp_path):
 def test_unknown_model_exits_2(demo_cache):
     proc = _run(["generate", "--model", "nope", "--prompt", "x"], demo_cache)
     assert proc.returncode == 2 and "unknown model 'nope'" in proc.stderr
+
+
+def test_deploy_flags_build_the_deploy_config():
+    from vidloom.cli import build_parser
+    from vidloom.deploy_args import deploy_config
+
+    args = build_parser().parse_args([
+        "generate", "--prompt", "x", "--fp8", "--compile", "--compile-backend", "aot_eager",
+        "--warmup", "32x48x5", "--warmup", "480x832x81", "--offload-text-encoder", "--prompt-cache", "8",
+        "--vae-tile", "256",
+    ])
+    deploy = deploy_config(args)
+    assert deploy.fp8_weights and deploy.compile and deploy.compile_backend == "aot_eager"
+    assert deploy.warmup_shapes == ((32, 48, 5), (480, 832, 81))
+    assert deploy.offload_text_encoder and deploy.prompt_cache_size == 8 and deploy.vae_tile == 256
+
+
+def test_bad_deploy_option_exits_2(demo_cache):
+    proc = _run(["generate", "--prompt", "x", "--vae-tile", "20"], demo_cache)
+    assert proc.returncode == 2 and "vae_tile" in proc.stderr and "Traceback" not in proc.stderr

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vidloom.core.errors import DeployError
+
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
@@ -30,14 +32,24 @@ class DeployConfig:
     """Decode in spatial tiles of this many pixels (None: whole frames) to bound peak memory."""
     vae_tile_stride: int | None = None
     """Pixels between tile starts (default: 3/4 of vae_tile); the rest of each tile is blended."""
+    attention_backend: str = "sdpa"
+    """Attention kernel of the DiT: "sdpa" (PyTorch), "flash" (flash-attn) or "sage" (SageAttention); checked at load."""
+    cfg_mode: str = "sequential"
+    """How CFG runs its two branches: "sequential" (two forwards, the reference) or "batched" (one forward of batch 2)."""
+    step_cache: str = "none"
+    """Step cache policy: "none", "teacache" or "fbcache" (first-block cache); skips DiT blocks on steps that barely change."""
+    step_cache_threshold: float | None = None
+    """Default step-cache threshold (None: the policy's own); requests may override it. 0 never skips."""
 
     def __post_init__(self) -> None:
         if self.compile_backend not in COMPILE_BACKENDS:
-            raise ValueError(f"compile_backend {self.compile_backend!r} unknown; known: {', '.join(COMPILE_BACKENDS)}")
+            raise DeployError(f"compile_backend {self.compile_backend!r} unknown; known: {', '.join(COMPILE_BACKENDS)}")
         if self.prompt_cache_size < 0:
-            raise ValueError(f"prompt_cache_size must be >= 0, got {self.prompt_cache_size}")
+            raise DeployError(f"prompt_cache_size must be >= 0, got {self.prompt_cache_size}")
         for shape in self.warmup_shapes:
             if len(shape) != 3 or min(shape) < 1:
-                raise ValueError(f"warmup_shapes entries are (height, width, num_frames), got {shape!r}")
+                raise DeployError(f"warmup_shapes entries are (height, width, num_frames), got {shape!r}")
+        if self.step_cache_threshold is not None and not self.step_cache_threshold >= 0:
+            raise DeployError(f"step_cache_threshold must be >= 0, got {self.step_cache_threshold}")
         if self.vae_tile_stride is not None and self.vae_tile is None:
-            raise ValueError("vae_tile_stride needs vae_tile")
+            raise DeployError("vae_tile_stride needs vae_tile")

@@ -37,3 +37,7 @@ class Cancelled(VidloomError):
 
 class NonFiniteOutput(VidloomError):
     """The model produced NaN or inf values (bad weights, overflow in low precision)."""
+
+
+class DeployError(VidloomError, ValueError):
+    """A DeployConfig option this installation or device cannot honour; raised at load, never mid-request."""

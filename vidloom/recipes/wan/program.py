@@ -10,6 +10,8 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError
+from vidloom.diffusion.guidance import make_guidance
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
 from vidloom.recipes.wan.loop import WanDenoiseLoop
@@ -51,7 +53,8 @@ def build_program(instance: ModelInstance) -> Program:
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         return {"video": frames.cpu().numpy()}
 
-    loop = WanDenoiseLoop(transformer, instance["sampler_config"], instance.dtype)
+    guidance = make_guidance(instance.deploy.cfg_mode)  # at load: an unknown mode fails before any request
+    loop = WanDenoiseLoop(transformer, instance["sampler_config"], instance.dtype, guidance)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
@@ -75,5 +78,5 @@ def _vae_tiling(deploy: DeployConfig, factor: int) -> SpatialTiling | None:
         return None
     stride = deploy.vae_tile_stride or max(factor, deploy.vae_tile * 3 // 4 // factor * factor)
     if deploy.vae_tile % factor or stride % factor:
-        raise ValueError(f"vae_tile ({deploy.vae_tile}) and vae_tile_stride ({stride}) must be multiples of {factor}")
+        raise DeployError(f"vae_tile ({deploy.vae_tile}) and vae_tile_stride ({stride}) must be multiples of {factor}")
     return SpatialTiling(tile=deploy.vae_tile, stride=stride)
