@@ -66,6 +66,15 @@ def write_png(frame: np.ndarray, path: Path) -> Path:
     return path
 
 
+def encode_png(frame: np.ndarray) -> bytes:
+    """One uint8 [H, W, 3] frame as PNG bytes, in memory (for HTTP answers that never touch disk)."""
+    codec = av.CodecContext.create("png", "w")
+    codec.width, codec.height = frame.shape[1], frame.shape[0]
+    codec.pix_fmt = "rgb24"
+    packets = [*codec.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")), *codec.encode(None)]
+    return b"".join(bytes(packet) for packet in packets)
+
+
 def read_video(path: Path) -> tuple[np.ndarray, float]:
     """Decode an MP4 back to uint8 frames [F, H, W, 3] and its frame rate."""
     with av.open(str(path)) as container:

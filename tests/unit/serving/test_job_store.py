@@ -1,0 +1,93 @@
+"""JobStore: rows survive reopening, pagination, final rows are immutable, recovery after a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vidloom.serving.job_store import JobRecord, JobStore, UnknownCursor, is_job_id
+
+
+def _record(n: int, status: str = "queued") -> JobRecord:
+    return JobRecord(
+        id=f"video_{n:032x}", model="m", status=status, progress=0, created_at=1000 + n, completed_at=None,
+        size="48x32", seconds="0.625", prompt=f"prompt {n}", params={"seed": n, "num_frames": 5},
+    )
+
+
+def test_rows_survive_reopening(tmp_path: Path):
+    store = JobStore(tmp_path)
+    store.add(_record(1))
+    store.set_status(_record(1).id, "in_progress")
+    store.set_progress(_record(1).id, 40)
+    store.finish(_record(1).id, "completed", 2000, metadata={"elapsed_s": 1.5})
+    store.close()
+
+    again = JobStore(tmp_path).get(_record(1).id)
+    assert again is not None and again.status == "completed" and again.progress == 100
+    assert again.completed_at == 2000 and again.metadata == {"elapsed_s": 1.5} and again.params["seed"] == 1
+    assert (tmp_path / "jobs.sqlite3").exists()
+
+
+def test_final_rows_do_not_change(tmp_path: Path):
+    store = JobStore(tmp_path)
+    job = _record(1)
+    store.add(job)
+    store.finish(job.id, "cancelled", 2000)
+    store.set_progress(job.id, 80)  # a late event from the worker
+    store.finish(job.id, "failed", 3000, error=("x", "y"))
+    record = store.get(job.id)
+    assert record.status == "cancelled" and record.progress == 0 and record.error_code is None
+
+
+def test_pages_in_both_orders(tmp_path: Path):
+    store = JobStore(tmp_path)
+    for n in range(5):
+        store.add(_record(n))
+    ids = [_record(n).id for n in range(5)]
+    first = store.page(None, 2, "desc")
+    assert [r.id for r in first.records] == [ids[4], ids[3]] and first.has_more
+    assert [r.id for r in store.page(ids[3], 10, "desc").records] == ids[2::-1]
+    last = store.page(ids[1], 3, "asc")
+    assert [r.id for r in last.records] == ids[2:] and not last.has_more
+    with pytest.raises(UnknownCursor):
+        store.page(_record(99).id, 2, "asc")
+
+
+def test_recover_fails_active_jobs_and_drops_stray_files(tmp_path: Path):
+    store = JobStore(tmp_path)
+    done, running, queued = _record(1), _record(2), _record(3)
+    for job in (done, running, queued):
+        store.add(job)
+    store.set_status(running.id, "in_progress")
+    store.finish(done.id, "completed", 2000)
+    store.video_path(done.id).write_bytes(b"mp4")
+    store.video_path(running.id).write_bytes(b"half")  # cannot happen with atomic writes, but must not leak
+    (store.videos_dir / f".{running.id}.abc.mp4").write_bytes(b"temp")  # kill -9 during an encode
+    store.close()
+
+    store = JobStore(tmp_path)
+    assert store.recover(3000, "server_restart", "restarted") == 2
+    for job in (running, queued):
+        record = store.get(job.id)
+        assert record.status == "failed" and record.error_code == "server_restart" and record.completed_at == 3000
+    assert store.get(done.id).status == "completed"
+    assert sorted(p.name for p in store.videos_dir.iterdir()) == [f"{done.id}.mp4"]
+
+
+def test_delete_removes_row_and_files(tmp_path: Path):
+    store = JobStore(tmp_path)
+    job = _record(1)
+    store.add(job)
+    store.video_path(job.id).write_bytes(b"mp4")
+    store.thumbnail_path(job.id).write_bytes(b"png")
+    assert store.delete(job.id) and store.get(job.id) is None
+    assert list(store.videos_dir.iterdir()) == []
+    assert not store.delete(job.id)
+
+
+def test_ids_that_could_escape_the_data_dir_are_not_ids():
+    assert is_job_id(_record(1).id)
+    for text in ("../jobs.sqlite3", "video_", "video_" + "g" * 32, "video_" + "0" * 32 + "/x"):
+        assert not is_job_id(text)

@@ -1,0 +1,90 @@
+"""API bodies -> GenerationRequest: the frame rule, size parsing, and which field an error names."""
+
+from __future__ import annotations
+
+import pytest
+
+from vidloom.core.errors import InvalidRequest, UnknownModel
+from vidloom.core.request import Task
+from vidloom.recipes.wan.demo import demo_card
+from vidloom.serving.params import api_field, choose_frames, format_seconds, parse_size, plan_image, plan_video
+from vidloom.serving.protocol import ImageGenerationBody, VideoCreateBody
+
+CARD = demo_card()  # 8 fps, 17 frames, 192x128 by default; frames must be 4k+1
+
+
+@pytest.mark.parametrize(("seconds", "fps", "frames"), [
+    (1, 8, 9),  # 8 frames -> nearest 4k+1 is 9
+    (0.5, 8, 5),  # 4 -> 5
+    (0.375, 8, 5),  # 3 is halfway between 1 and 5: ties go to the longer clip
+    (0.25, 8, 1),  # 2 -> 1
+    (0.01, 8, 1),  # rounds to 0 frames: at least one
+    (5, 16, 81),  # Wan's usual 81 frames at 16 fps
+    ("4", 8, 33),  # the openai client sends strings
+])
+def test_seconds_snap_to_the_nearest_valid_frame_count(seconds, fps, frames):
+    assert choose_frames(VideoCreateBody(prompt="x", seconds=seconds), CARD, fps) == frames
+
+
+def test_num_frames_wins_and_defaults_fill_the_rest():
+    assert choose_frames(VideoCreateBody(prompt="x", seconds="4", num_frames=5), CARD, 8) == 5
+    assert choose_frames(VideoCreateBody(prompt="x"), CARD, 8) == 17
+
+
+@pytest.mark.parametrize("seconds", ["0", "-2", "nan", "inf", "soon", 1e308])
+def test_bad_seconds_name_the_field(seconds):
+    with pytest.raises(InvalidRequest) as excinfo:
+        choose_frames(VideoCreateBody(prompt="x", seconds=seconds), CARD, 8)
+    assert excinfo.value.field == "seconds"
+
+
+def test_plan_video_reports_size_and_actual_seconds():
+    planned = plan_video(VideoCreateBody(prompt="x", size="48x32", seconds="1"), CARD, max_frames=100)
+    r = planned.request
+    assert (r.width, r.height, r.num_frames, r.fps, r.task) == (48, 32, 9, 8, Task.T2V)
+    assert planned.size == "48x32" and planned.seconds == "1.125"
+    assert r.request_id.startswith("video_") and r.seed is None  # resolve_request draws it later
+    default = plan_video(VideoCreateBody(prompt="x"), CARD, max_frames=100)
+    assert default.size == "192x128" and default.seconds == "2.125"
+
+
+def test_plan_video_limits_frames():
+    with pytest.raises(InvalidRequest) as excinfo:
+        plan_video(VideoCreateBody(prompt="x", seconds=100), CARD, max_frames=81)
+    assert excinfo.value.field == "seconds"
+    with pytest.raises(InvalidRequest) as excinfo:
+        plan_video(VideoCreateBody(prompt="x", num_frames=85), CARD, max_frames=81)
+    assert excinfo.value.field == "num_frames"
+
+
+@pytest.mark.parametrize("size", ["48", "48x", "x32", "48x32x1", "-48x32", "47x32", "48x40", "0x0", "a x b"])
+def test_bad_sizes_name_size(size):
+    with pytest.raises(InvalidRequest) as excinfo:
+        parse_size(size, CARD)
+    assert excinfo.value.field == "size"
+
+
+def test_size_is_width_by_height():
+    assert parse_size("832x480", CARD) == (832, 480)
+    assert parse_size(None, CARD) == (192, 128)
+
+
+def test_other_models_are_unknown():
+    with pytest.raises(UnknownModel):
+        plan_video(VideoCreateBody(prompt="x", model="sora-2"), CARD, max_frames=100)
+    plan_video(VideoCreateBody(prompt="x", model="wan2.1-demo"), CARD, max_frames=100)
+
+
+def test_images_are_one_frame_videos():
+    r = plan_image(ImageGenerationBody(prompt="x", size="64x48", seed=3), CARD)
+    assert (r.num_frames, r.width, r.height, r.seed, r.task) == (1, 64, 48, 3, Task.T2V)
+    for field, value in (("n", 2), ("response_format", "url"), ("output_format", "jpeg")):
+        with pytest.raises(InvalidRequest) as excinfo:
+            plan_image(ImageGenerationBody(prompt="x", **{field: value}), CARD)
+        assert excinfo.value.field == field
+
+
+def test_api_field_names_and_seconds_format():
+    assert api_field("height") == api_field("width") == "size"
+    assert api_field("num_frames") == "num_frames"
+    assert [format_seconds(f, fps) for f, fps in ((33, 8), (32, 8), (81, 16), (1, 3))] == ["4.125", "4", "5.062", "0.333"]

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP serving: durable video jobs over the AsyncEngine (FastAPI + uvicorn)."""

@@ -1,0 +1,88 @@
+"""The FastAPI app: lifespan (job manager), error handlers, body limit, and the small routes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Request, Response
+
+from vidloom.media.video import encode_png
+from vidloom.runtime.engine import Engine
+from vidloom.serving.config import ServeConfig
+from vidloom.serving.errors import APIError, engine_errors, install_error_handlers
+from vidloom.serving.jobs import JobManager
+from vidloom.serving.metrics import CONTENT_TYPE
+from vidloom.serving.params import plan_image
+from vidloom.serving.protocol import ImageData, ImageGenerationBody, ImagesResponse, ModelList, ModelObject
+from vidloom.serving.request_body import BodyLimit, read_body
+from vidloom.serving.video_routes import jobs_of
+from vidloom.serving.video_routes import router as video_router
+
+router = APIRouter()
+
+
+def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
+    """An app serving `engine`'s model; the job manager lives from lifespan start to end."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.jobs = JobManager(engine, config, asyncio.get_running_loop())
+        app.state.started_at = int(time.time())
+        try:
+            yield
+        finally:
+            await app.state.jobs.close()
+
+    app = FastAPI(title="vidloom", version="0.1.0", lifespan=lifespan)
+    app.state.config = config
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.include_router(video_router)
+    app.include_router(router)
+    return app
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, object]:
+    """Answers from the event loop while the device worker renders: no model call, no I/O."""
+    manager = jobs_of(request)
+    return {"status": "ok", "model": manager.card.model_id,
+            "queue_depth": manager.queue_depth, "in_flight": manager.in_flight}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(jobs_of(request).metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[_model(request)])
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> ModelObject:
+    model = _model(request)
+    if model_id != model.id:
+        raise APIError(404, f"model {model_id!r} is not served here; this server serves {model.id!r}",
+                       param="model", code="model_not_found")
+    return model
+
+
+@router.post("/v1/images/generations")
+async def generate_image(request: Request) -> ImagesResponse:
+    """Text-to-image as a one-frame video (see params.plan_image); answers when the image is ready."""
+    manager = jobs_of(request)
+    body = await read_body(request, ImageGenerationBody)
+    with engine_errors():
+        output = await manager.generate_image(plan_image(body, manager.card))
+    png = await asyncio.to_thread(encode_png, output.frames[0])
+    return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=base64.b64encode(png).decode())])
+
+
+def _model(request: Request) -> ModelObject:
+    return ModelObject(id=jobs_of(request).card.model_id, created=request.app.state.started_at)

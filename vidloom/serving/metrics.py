@@ -1,0 +1,51 @@
+"""Prometheus metrics for one server, in its own registry (no process-global collectors)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Steps run from milliseconds (tiny demo on CPU) to tens of seconds (14B at 720p).
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+JOB_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+class ServerMetrics:
+    """Queue depth and in-flight are read from the engine at scrape time; the rest is counted as it happens."""
+
+    def __init__(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        Gauge("vidloom_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(queue_depth)
+        Gauge("vidloom_in_flight", "Requests holding a slot", registry=self.registry).set_function(in_flight)
+        self._steps = Histogram(
+            "vidloom_step_seconds", "Wall time of one step, by phase (denoise step, decoded latent frame)",
+            ["phase"], buckets=STEP_BUCKETS, registry=self.registry,
+        )
+        self._jobs = Histogram(
+            "vidloom_job_seconds", "Time from submission to final status", ["kind"],
+            buckets=JOB_BUCKETS, registry=self.registry,
+        )
+        self._finished = Counter(
+            "vidloom_requests", "Requests by kind (video | image) and final status", ["kind", "status"],
+            registry=self.registry,
+        )
+        self._rejected = Counter(
+            "vidloom_rejected_requests", "Requests refused at submission, by reason", ["reason"],
+            registry=self.registry,
+        )
+
+    def step(self, phase: str, seconds: float) -> None:
+        self._steps.labels(phase=phase).observe(seconds)
+
+    def finished(self, kind: str, status: str, seconds: float) -> None:
+        self._finished.labels(kind=kind, status=status).inc()
+        self._jobs.labels(kind=kind).observe(seconds)
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(reason=reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,139 @@
+"""API bodies -> GenerationRequest: size parsing, the seconds/num_frames rule, API field names.
+
+Frame rule (documented in the README): `num_frames`, when given, wins and must already be
+valid (temporal_factor*k + 1, i.e. 4k+1 for Wan). Otherwise, when `seconds` is given,
+frames = round(seconds * fps) snapped to the nearest valid count (ties go to the longer
+clip, at least 1 frame). Otherwise the card's default frame count. The job reports the
+actual duration back as `seconds` = num_frames / fps.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from vidloom.core.card import ModelCard
+from vidloom.core.errors import InvalidRequest, UnknownModel
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
+
+# InvalidRequest.field (GenerationRequest names) -> the API parameter a client sent.
+_API_FIELDS = {"height": "size", "width": "size"}
+
+
+def api_field(field: str) -> str:
+    return _API_FIELDS.get(field, field)
+
+
+def new_video_id() -> str:
+    return f"video_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class PlannedVideo:
+    """A request ready for the engine plus the OpenAI-facing size and duration it will have."""
+
+    request: GenerationRequest
+    size: str  # "WxH"
+    seconds: str  # num_frames / fps, e.g. "4.125"
+
+
+def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int) -> PlannedVideo:
+    """Map a create-video body onto a GenerationRequest; raises InvalidRequest naming the API field."""
+    if body.input_reference is not None:
+        raise InvalidRequest("input_reference", "image/video references are not supported; this server does text-to-video")
+    check_model(body.model, card)
+    width, height = parse_size(body.size, card)
+    fps = body.fps if body.fps is not None else card.sampling_defaults.fps
+    if not isinstance(fps, int) or fps < 1:
+        raise InvalidRequest("fps", f"must be an integer >= 1, got {fps!r}")
+    frames = choose_frames(body, card, fps)
+    if frames > max_frames:
+        field = "num_frames" if body.num_frames is not None else "seconds"
+        raise InvalidRequest(field, f"{frames} frames is more than this server's limit of {max_frames}")
+    request = GenerationRequest(
+        prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=fps,
+        request_id=new_video_id(), **_sampling(body),
+    )
+    return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
+
+
+def plan_image(body: ImageGenerationBody, card: ModelCard) -> GenerationRequest:
+    """A text-to-image request: a one-frame video where the model serves T2V (1 = 4*0 + 1 frames)."""
+    check_model(body.model, card)
+    if body.n != 1:
+        raise InvalidRequest("n", f"only n=1 is supported, got {body.n}")
+    if body.response_format not in (None, "b64_json"):
+        raise InvalidRequest("response_format", f"only 'b64_json' is supported, got {body.response_format!r}")
+    if body.output_format not in (None, "png"):
+        raise InvalidRequest("output_format", f"only 'png' is supported, got {body.output_format!r}")
+    if Task.T2I in card.tasks:
+        task = Task.T2I
+    elif Task.T2V in card.tasks:
+        task = Task.T2V  # one frame is a valid video for every temporal_factor (k = 0)
+    else:
+        raise InvalidRequest("model", f"{card.model_id} serves neither text-to-image nor text-to-video")
+    width, height = parse_size(body.size, card)
+    return GenerationRequest(
+        prompt=body.prompt, task=task, height=height, width=width, num_frames=1, **_sampling(body),
+    )
+
+
+def check_model(model: str | None, card: ModelCard) -> None:
+    """None means "the served model"; any other name must be it (UnknownModel -> 404)."""
+    if model is not None and model != card.model_id:
+        raise UnknownModel(f"model {model!r} is not served here; this server serves {card.model_id!r}")
+
+
+def parse_size(size: str | None, card: ModelCard) -> tuple[int, int]:
+    """"WxH" -> (width, height); None -> the card's default size. Divisibility is checked here too."""
+    if size is None:
+        return card.sampling_defaults.width, card.sampling_defaults.height
+    parts = size.lower().split("x") if isinstance(size, str) else []
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InvalidRequest("size", f"must be 'WIDTHxHEIGHT' like '832x480', got {size!r}")
+    width, height = (int(p) for p in parts)
+    multiple = card.geometry.spatial_multiple
+    if width < multiple or height < multiple or width % multiple or height % multiple:
+        raise InvalidRequest("size", f"width and height must be positive multiples of {multiple}, got {size!r}")
+    return width, height
+
+
+def choose_frames(body: VideoCreateBody, card: ModelCard, fps: int) -> int:
+    """The frame rule in the module docstring."""
+    factor = card.geometry.temporal_factor
+    seconds = parse_seconds(body.seconds) if body.seconds is not None else None  # checked even when unused
+    if body.num_frames is not None:
+        return body.num_frames  # validated (4k+1) by resolve_request, which names num_frames
+    if seconds is None:
+        return card.sampling_defaults.num_frames
+    wanted = seconds * fps
+    if not math.isfinite(wanted):
+        raise InvalidRequest("seconds", f"{body.seconds!r} is too long")
+    raw = round(wanted)
+    k = max(0, math.floor((raw - 1) / factor + 0.5))
+    return factor * k + 1
+
+
+def parse_seconds(value: str | float) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidRequest("seconds", f"must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidRequest("seconds", f"must be a positive number, got {value!r}")
+    return seconds
+
+
+def format_seconds(frames: int, fps: int) -> str:
+    """A duration string like OpenAI's ("4"), with up to 3 decimals ("4.125")."""
+    return f"{frames / fps:.3f}".rstrip("0").rstrip(".")
+
+
+def _sampling(body: SamplingExtensions) -> dict[str, object]:
+    return {
+        "negative_prompt": body.negative_prompt, "num_inference_steps": body.num_inference_steps,
+        "guidance_scale": body.guidance_scale, "flow_shift": body.flow_shift, "sampler": body.sampler,
+        "seed": body.seed,
+    }

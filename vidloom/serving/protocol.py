@@ -1,0 +1,152 @@
+"""Pydantic request and response models: the OpenAI Videos / Images / Models shapes plus our extensions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+from vidloom.serving.job_store import JobRecord
+
+
+def _no_bool(value: object) -> object:
+    # Pydantic's lax mode turns true into 1; a boolean step count is a client bug, not a number.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+ApiInt = Annotated[int, BeforeValidator(_no_bool)]
+ApiFloat = Annotated[float, BeforeValidator(_no_bool)]
+
+
+class SamplingExtensions(BaseModel):
+    """vidloom extensions shared by videos and images; None takes the model card's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    negative_prompt: str | None = None
+    num_inference_steps: ApiInt | None = None
+    guidance_scale: ApiFloat | None = None
+    flow_shift: ApiFloat | None = None
+    sampler: str | None = None
+    seed: ApiInt | None = None
+
+
+class VideoCreateBody(SamplingExtensions):
+    """POST /v1/videos (JSON or multipart form; form values arrive as strings and are coerced)."""
+
+    prompt: str
+    model: str | None = None
+    seconds: str | ApiFloat | None = None  # the OpenAI client sends a string such as "4"
+    size: str | None = None  # "WxH"
+    input_reference: Any = None  # accepted by name only so we can say it is unsupported
+    num_frames: ApiInt | None = None
+    fps: ApiInt | None = None
+
+
+class ImageGenerationBody(SamplingExtensions):
+    """POST /v1/images/generations."""
+
+    prompt: str
+    model: str | None = None
+    n: ApiInt = 1
+    size: str | None = None
+    response_format: str | None = None
+    output_format: str | None = None
+    user: str | None = None  # accepted and ignored, as OpenAI uses it only for abuse tracking
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+
+
+class VideoObject(BaseModel):
+    """The OpenAI `Video` object; `cancelled`, `parameters` and `metadata` are vidloom extensions."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed", "cancelled"]
+    progress: int
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    size: str
+    seconds: str
+    prompt: str | None = None
+    remixed_from_video_id: str | None = None
+    error: VideoError | None = None
+    parameters: dict[str, Any]  # the resolved request: defaults filled, seed actually used
+    metadata: dict[str, Any] | None = None  # run metadata once completed (e.g. elapsed_s)
+
+    @classmethod
+    def from_record(cls, record: JobRecord) -> "VideoObject":
+        error = None
+        if record.error_code is not None:
+            error = VideoError(code=record.error_code, message=record.error_message or "")
+        return cls(
+            id=record.id, model=record.model, status=record.status, progress=record.progress,  # type: ignore[arg-type]
+            created_at=record.created_at, completed_at=record.completed_at, size=record.size,
+            seconds=record.seconds, prompt=record.prompt, error=error,
+            parameters=dict(record.params), metadata=dict(record.metadata) if record.metadata else None,
+        )
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True
+
+
+class ProgressData(BaseModel):
+    """Payload of an SSE `progress` event: `step`/`total` count the current phase, `percent` the whole job."""
+
+    id: str
+    status: str
+    phase: str | None
+    step: int
+    total: int
+    percent: int
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "vidloom"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,117 @@
+"""Request bodies: a size limit enforced before any parsing, then JSON or a form into a pydantic model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vidloom.serving.errors import APIError, error_response, validation_error
+
+M = TypeVar("M", bound=BaseModel)
+_DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit so the client sees our 413, not a reset
+
+
+class BodyLimit:
+    """ASGI middleware: buffers at most `max_bytes` of body, else answers 413 without calling the app."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        declared = _content_length(scope)
+        if declared is None or declared <= self.max_bytes:
+            while more and size <= self.max_bytes:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body = message.get("body", b"")
+                chunks.append(body)
+                size += len(body)
+                more = message.get("more_body", False)
+        if (declared is not None and declared > self.max_bytes) or size > self.max_bytes:
+            await _drain(receive, more, limit=_DRAIN_FACTOR * self.max_bytes - size)
+            response = error_response(
+                413, f"request body is larger than this server's limit of {self.max_bytes} bytes",
+                code="request_too_large", headers={"Connection": "close"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _drain(receive: Receive, more: bool, limit: int) -> None:
+    drained = 0
+    while more and drained < limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        drained += len(message.get("body", b""))
+        more = message.get("more_body", False)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """Hand the buffered body to the app once, then the real channel (for disconnect notices)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """Parse JSON, multipart or urlencoded bodies into `model`; every failure is a 400 naming the field."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        data = await _form(request)
+    elif content_type in ("", "application/json"):
+        try:
+            data = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise APIError(400, "request body is not valid JSON", code="invalid_json") from None
+    else:
+        raise APIError(400, f"unsupported content type {content_type!r}; send application/json or a form",
+                       code="unsupported_content_type")
+    if not isinstance(data, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+async def _form(request: Request) -> dict[str, Any]:
+    try:
+        form = await request.form()
+    except (MultiPartException, ValueError) as exc:
+        raise APIError(400, f"malformed form body: {exc}", code="invalid_form") from None
+    data: dict[str, Any] = {}
+    for key, value in form.multi_items():
+        # File parts are kept as a marker so the model can name the field it does not support.
+        data[key] = "<file>" if isinstance(value, UploadFile) else value
+    return data

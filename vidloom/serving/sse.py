@@ -1,0 +1,48 @@
+"""Server-Sent Events for one job: its current state first, then progress, then exactly one final event."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from vidloom.serving.jobs import JobManager, JobUpdate, Subscription
+from vidloom.serving.protocol import ProgressData, VideoObject
+
+KEEPALIVE = b": keepalive\n\n"
+
+
+def encode_event(event: str, data: str) -> bytes:
+    """One SSE frame; `data` is single-line JSON, so it needs one `data:` line."""
+    return f"event: {event}\ndata: {data}\n\n".encode()
+
+
+def encode_update(update: JobUpdate) -> bytes:
+    """`progress` carries step counts; `completed` / `failed` / `cancelled` carry the video object."""
+    record = update.record
+    if update.event == "progress":
+        data = ProgressData(
+            id=record.id, status=record.status, phase=update.phase, step=update.step, total=update.total,
+            percent=record.progress,
+        )
+        return encode_event("progress", data.model_dump_json())
+    return encode_event(update.event, VideoObject.from_record(record).model_dump_json())
+
+
+async def job_events(manager: JobManager, subscription: Subscription, keepalive_s: float) -> AsyncIterator[bytes]:
+    """Stream until the final event; a quiet stretch sends an SSE comment so proxies keep the stream."""
+    update = subscription.first
+    queue = subscription.updates
+    try:
+        while True:
+            yield encode_update(update)
+            if update.event != "progress" or queue is None:
+                return
+            while True:
+                try:
+                    update = await asyncio.wait_for(queue.get(), keepalive_s)
+                    break
+                except TimeoutError:
+                    yield KEEPALIVE
+    finally:
+        if queue is not None:
+            manager.unsubscribe(update.record.id, queue)

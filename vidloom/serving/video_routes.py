@@ -1,0 +1,127 @@
+"""Routes under /v1/videos: create, retrieve, list, content, delete, cancel and events (SSE)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+
+from vidloom.serving.config import ServeConfig
+from vidloom.serving.errors import APIError, engine_errors
+from vidloom.serving.job_store import JobRecord, UnknownCursor, is_job_id
+from vidloom.serving.jobs import JobManager
+from vidloom.serving.params import plan_video
+from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject
+from vidloom.serving.request_body import read_body
+from vidloom.serving.sse import job_events
+
+router = APIRouter(prefix="/v1/videos")
+
+
+def jobs_of(request: Request) -> JobManager:
+    return request.app.state.jobs
+
+
+def config_of(request: Request) -> ServeConfig:
+    return request.app.state.config
+
+
+@router.post("")
+async def create_video(request: Request) -> VideoObject:
+    """JSON or multipart (the openai client sends multipart); answers with the queued job."""
+    manager = jobs_of(request)
+    body = await read_body(request, VideoCreateBody)
+    with engine_errors():
+        planned = plan_video(body, manager.card, config_of(request).max_frames)
+        record = manager.submit_video(planned)
+    return VideoObject.from_record(record)
+
+
+@router.get("")
+async def list_videos(
+    request: Request,
+    after: str | None = None,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+) -> VideoList:
+    try:
+        page = jobs_of(request).store.page(after, limit, order)
+    except UnknownCursor:
+        raise APIError(400, f"after: no video with id {after!r}", param="after", code="invalid_parameter") from None
+    data = [VideoObject.from_record(r) for r in page.records]
+    return VideoList(
+        data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+        has_more=page.has_more,
+    )
+
+
+@router.get("/{video_id}")
+async def retrieve_video(request: Request, video_id: str) -> VideoObject:
+    return VideoObject.from_record(_find(request, video_id))
+
+
+@router.get("/{video_id}/content")
+async def download_content(
+    request: Request, video_id: str, variant: str = "video"
+) -> FileResponse:
+    """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed."""
+    record = _find(request, video_id)
+    if variant not in ("video", "thumbnail"):
+        raise APIError(400, f"variant: {variant!r} is not available; use 'video' or 'thumbnail'",
+                       param="variant", code="invalid_parameter")
+    if record.status != "completed":
+        raise APIError(409, _not_ready(record), code="video_not_ready")
+    store = jobs_of(request).store
+    if variant == "thumbnail":
+        path, media_type = store.thumbnail_path(video_id), "image/png"
+    else:
+        path, media_type = store.video_path(video_id), "video/mp4"
+    if not path.exists():  # deleted between the lookup and now
+        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+    return FileResponse(path, media_type=media_type, filename=f"{video_id}{path.suffix}")
+
+
+@router.delete("/{video_id}")
+async def delete_video(request: Request, video_id: str) -> VideoDeleted:
+    """Cancels the job first if it is queued or running, then removes it and its files."""
+    _find(request, video_id)
+    if not jobs_of(request).delete(video_id):
+        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+    return VideoDeleted(id=video_id)
+
+
+@router.post("/{video_id}/cancel")
+async def cancel_video(request: Request, video_id: str) -> VideoObject:
+    """Extension. Queued jobs stop at once, running ones at their next step boundary."""
+    record = _find(request, video_id)
+    if record.status in ("completed", "failed"):
+        raise APIError(409, f"video {video_id} already {record.status}; nothing to cancel", code="video_finished")
+    record = await jobs_of(request).cancel(video_id) or record
+    return VideoObject.from_record(record)
+
+
+@router.get("/{video_id}/events")
+async def video_events(request: Request, video_id: str) -> StreamingResponse:
+    """Extension (SSE): current state, `progress` events, then one of completed / failed / cancelled."""
+    manager = jobs_of(request)
+    subscription = manager.subscribe(video_id) if is_job_id(video_id) else None
+    if subscription is None:
+        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+    stream = job_events(manager, subscription, config_of(request).keepalive_s)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+def _find(request: Request, video_id: str) -> JobRecord:
+    record = jobs_of(request).get(video_id) if is_job_id(video_id) else None
+    if record is None:
+        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+    return record
+
+
+def _not_ready(record: JobRecord) -> str:
+    if record.status in ("queued", "in_progress"):
+        return (f"video {record.id} is {record.status} ({record.progress}%); "
+                "its content is available once it is completed")
+    return f"video {record.id} {record.status}; it has no content"
