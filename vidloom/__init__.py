@@ -1,7 +1,8 @@
 """vidloom: a model-native inference runtime for video generation."""
 
-from vidloom.core.errors import Cancelled, CheckpointError, InvalidRequest, UnknownModel
+from vidloom.core.errors import Cancelled, CheckpointError, InvalidRequest, UnknownModel, WorkerFailed
 from vidloom.core.output import VideoOutput
+from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.engine import CancellationToken
@@ -12,9 +13,11 @@ __all__ = [
     "CheckpointError",
     "GenerationRequest",
     "InvalidRequest",
+    "ParallelPlan",
     "Task",
     "UnknownModel",
     "VideoGenerator",
     "VideoOutput",
+    "WorkerFailed",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The `vidloom` command: generate | models."""
+"""The `vidloom` command: generate | serve | models."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vidloom import registry
+from vidloom.core.deploy import DeployConfig
 from vidloom.deploy_args import add_deploy_arguments, deploy_config
 from vidloom.core.errors import VidloomError
 from vidloom.core.output import Event, ProgressEvent
+
+if TYPE_CHECKING:
+    from vidloom.runtime.parallel.worker import RankPlace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_arguments(gen)
 
     sub.add_parser("models", help="list registered model cards")
+    _add_serve_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    srv.add_argument("--model", default=registry.DEFAULT_MODEL,
+                     help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL})")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
+    srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
+    srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
+    srv.add_argument("--policy", default="fifo", help="fifo | interleave (default: fifo)")
+    srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
+    srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
+    srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    add_deploy_arguments(srv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             return _models()
+        if args.command == "serve":
+            return _serve(args)
         return _generate(args)
     except VidloomError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -58,20 +81,50 @@ def _models() -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from vidloom.serving.config import ServeConfig
+    from vidloom.serving.server import BindError, serve
+
+    place = _torchrun_place()
+    try:
+        config = ServeConfig(
+            model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
+            policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
+            deploy=deploy_config(args, place.world_size if place else None),
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if place is not None and place.rank != 0:
+        return _follow(args, config.deploy)
+    for note in registry.resolve_card(args.model).notes:
+        print(f"note: {note}", file=sys.stderr)
+    try:
+        serve(config)
+    except BindError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from vidloom.generator import VideoGenerator
 
+    place = _torchrun_place()
+    deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts
+    if place is not None and place.rank != 0:
+        return _follow(args, deploy)
     card = registry.resolve_card(args.model)
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
     started = time.perf_counter()
-    generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy_config(args))
-    with _ProgressBars() as bars:
-        video = generator.generate(
-            args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
-            num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
-            flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
-        )
+    with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy) as generator:
+        with _ProgressBars() as bars:
+            video = generator.generate(
+                args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
+                num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
+                flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
+            )
     path = video.save(Path(args.output))
     meta = video.metadata
     print(
@@ -80,6 +133,20 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
+
+
+def _torchrun_place() -> RankPlace | None:
+    """This process's rank and world size when a launcher (torchrun) started it; None otherwise."""
+    from vidloom.runtime.parallel.launch import torchrun_place
+
+    return torchrun_place()
+
+
+def _follow(args: argparse.Namespace, deploy: DeployConfig) -> int:
+    """A torchrun rank other than 0: serve rank 0's commands; rank 0 writes the output (or serves HTTP)."""
+    from vidloom.generator import follow_torchrun
+
+    return 0 if follow_torchrun(args.model, device=args.device, dtype=args.dtype, deploy=deploy) else 1
 
 
 class _ProgressBars:

@@ -6,12 +6,14 @@ import argparse
 import re
 
 from vidloom.core.deploy import COMPILE_BACKENDS, DeployConfig
+from vidloom.core.parallel import ParallelPlan
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("deployment (performance and memory)")
     group.add_argument("--fp8", action="store_true", help="FP8 (e4m3) weights for the DiT block linears")
     group.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks")
+    group.add_argument("--cuda-graphs", action="store_true", help="capture and replay each denoise step as a CUDA graph")
     group.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS)
     group.add_argument("--warmup", action="append", default=[], metavar="HxWxF", type=_shape,
                        help="run a short request at this size at load (repeatable), e.g. 480x832x81")
@@ -19,17 +21,42 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep the text encoder in CPU memory between encodes")
     group.add_argument("--prompt-cache", type=int, default=0, metavar="N", help="cache N prompt embeddings")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
+    group.add_argument("--attention-backend", default="sdpa", metavar="NAME",
+                       help="DiT attention kernel: sdpa | flash (flash-attn) | sage (SageAttention); default sdpa")
+    group.add_argument("--cfg-mode", default="sequential", metavar="MODE",
+                       help="sequential (two forwards per step) | batched (one forward of batch 2)")
+    group.add_argument("--step-cache", default="none", metavar="POLICY",
+                       help="none | teacache | fbcache: reuse DiT block residuals on steps that barely change")
+    group.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
+                       help="step-cache threshold (policy default 0.1; 0 never skips, higher skips more)")
+    multi = parser.add_argument_group("several devices (one process each; see README 'Multiple devices')")
+    multi.add_argument("--devices", type=int, default=None, metavar="N",
+                       help="processes, one per device (default: --sp x cfg degree, or torchrun's world size)")
+    multi.add_argument("--sp", type=int, default=1, metavar="K",
+                       help="Ulysses sequence-parallel degree: must divide the heads and each request's token count")
+    multi.add_argument("--cfg-parallel", action="store_true",
+                       help="run the cond and uncond CFG branches on two devices (needs guidance > 1)")
 
 
-def deploy_config(args: argparse.Namespace) -> DeployConfig:
+def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -> DeployConfig:
+    """`launched_world`: processes a launcher (torchrun) already started, the default for --devices."""
+    plan = ParallelPlan(sp=args.sp, cfg=2 if args.cfg_parallel else 1)
+    devices = args.devices if args.devices is not None else (launched_world or plan.world_size)
     return DeployConfig(
         fp8_weights=args.fp8,
         compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
         compile_backend=args.compile_backend,
         warmup_shapes=tuple(args.warmup),
         offload_text_encoder=args.offload_text_encoder,
         prompt_cache_size=args.prompt_cache,
         vae_tile=args.vae_tile,
+        attention_backend=args.attention_backend,
+        cfg_mode=args.cfg_mode,
+        step_cache=args.step_cache,
+        step_cache_threshold=args.step_cache_threshold,
+        devices=devices,
+        parallel=plan,
     )
 
 

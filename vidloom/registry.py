@@ -11,8 +11,9 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, UnknownModel
+from vidloom.core.errors import CheckpointError, DeployError, UnknownModel
 from vidloom.core.instance import ModelInstance
+from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
 
 # Registered model ids -> "module:function" returning their ModelCard.
@@ -28,6 +29,10 @@ PIPELINES: dict[str, str] = {
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
+}
+# Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
+SEQUENCE_GEOMETRY: dict[str, str] = {
+    "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
 }
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {
@@ -88,6 +93,16 @@ def load_instance(
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
     return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+
+
+def sequence_geometry(card: ModelCard, checkpoint: Path) -> SequenceGeometry:
+    """What a parallel plan must divide for this checkpoint (config files only, no weights)."""
+    if card.family not in SEQUENCE_GEOMETRY:
+        raise DeployError(
+            f"{card.model_id}: family {card.family!r} has no multi-device support; "
+            f"supported: {', '.join(SEQUENCE_GEOMETRY)}"
+        )
+    return import_target(SEQUENCE_GEOMETRY[card.family])(checkpoint)
 
 
 def _from_hub_cache(card: ModelCard, repo_id: str) -> Path:

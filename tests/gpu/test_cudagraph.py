@@ -27,8 +27,31 @@ def test_graphed_step_matches_eager_and_reuses_the_graph():
     assert graphed.captures == 1 and graphed.replays == 3
 
 
-def test_graphed_step_rejects_cpu():
+def test_cuda_graphs_are_refused_at_load_without_cuda(demo_cache):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import DeployError
+    from vidloom.generator import VideoGenerator
     from vidloom.runtime.cudagraph import GraphedStep
 
-    with pytest.raises(ValueError):
+    with pytest.raises(DeployError):
         GraphedStep(lambda: None, torch.device("cpu"))
+    with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
+        VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache,
+                                       deploy=DeployConfig(cuda_graphs=True))
+
+
+@needs_cuda
+def test_cuda_graph_generation_matches_eager(demo_cache):
+    import numpy as np
+
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.request import GenerationRequest
+    from vidloom.generator import VideoGenerator
+
+    request = dict(prompt="a fox", height=32, width=48, num_frames=5, num_inference_steps=3, seed=1)
+    eager = VideoGenerator.from_pretrained("wan2.1-demo", device="cuda", cache_dir=demo_cache)
+    graphed = VideoGenerator.from_pretrained("wan2.1-demo", device="cuda", cache_dir=demo_cache,
+                                             deploy=DeployConfig(cuda_graphs=True))
+    a = eager.engine.run(GenerationRequest(**request))["video"]
+    b = graphed.engine.run(GenerationRequest(**request))["video"]
+    assert np.abs(a - b).max() <= 1e-4  # same kernels replayed; bf16/tf32 reorderings only

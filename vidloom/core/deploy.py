@@ -1,10 +1,11 @@
-"""DeployConfig: how a model is deployed on its device, fixed when it is loaded."""
+"""DeployConfig: how a model is deployed on its device(s), fixed when it is loaded."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from vidloom.core.errors import DeployError
+from vidloom.core.parallel import ParallelPlan
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
@@ -40,6 +41,13 @@ class DeployConfig:
     """Step cache policy: "none", "teacache" or "fbcache" (first-block cache); skips DiT blocks on steps that barely change."""
     step_cache_threshold: float | None = None
     """Default step-cache threshold (None: the policy's own); requests may override it. 0 never skips."""
+    cuda_graphs: bool = False
+    """Capture each loop step body as a CUDA graph and replay it (CUDA only; steps a step cache
+    intercepts run eagerly, since the cache changes which kernels run)."""
+    devices: int = 1
+    """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
+    parallel: ParallelPlan = ParallelPlan()
+    """How requests are split over the `devices` processes (--sp, --cfg-parallel); degrees multiply to `devices`."""
 
     def __post_init__(self) -> None:
         if self.compile_backend not in COMPILE_BACKENDS:
@@ -53,3 +61,28 @@ class DeployConfig:
             raise DeployError(f"step_cache_threshold must be >= 0, got {self.step_cache_threshold}")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        plan = self.parallel
+        if not isinstance(self.devices, int) or isinstance(self.devices, bool) or self.devices < 1:
+            raise DeployError(f"devices (--devices) must be an integer >= 1, got {self.devices!r}")
+        if plan.world_size != self.devices:
+            raise DeployError(
+                f"devices (--devices) is {self.devices} but the parallel plan {plan.describe()} needs "
+                f"sp x cfg = {plan.world_size} processes; choose --sp and --cfg-parallel so that they multiply to "
+                f"--devices"
+            )
+        if plan.cfg > 1 and self.cfg_mode != "sequential":
+            raise DeployError(
+                f"cfg_mode={self.cfg_mode!r} and CFG-parallel both decide how the two CFG branches run; "
+                "with --cfg-parallel leave cfg_mode at 'sequential'"
+            )
+        if plan.world_size > 1 and self.step_cache != "none":
+            # With sp each rank would take the skip decision on its own token shard and the
+            # ranks would fall out of lockstep; with cfg each rank sees one branch, so the
+            # run's cache report would cover half the work. Refused until decisions are shared.
+            raise DeployError(
+                f"step_cache={self.step_cache!r} cannot run with a parallel plan ({plan.describe()}) yet: "
+                "skip decisions are taken per rank; use --step-cache none with --sp/--cfg-parallel"
+            )

@@ -41,3 +41,19 @@ class NonFiniteOutput(VidloomError):
 
 class DeployError(VidloomError, ValueError):
     """A DeployConfig option this installation or device cannot honour; raised at load, never mid-request."""
+
+
+class WorkerFailed(VidloomError):
+    """A worker process of a multi-device pool died, timed out in a collective, or fell out of lockstep.
+
+    The request it was running fails; the pool is broken until restarted (see ParallelEngine).
+    """
+
+    def __init__(self, rank: int | None, reason: str) -> None:
+        where = f"rank {rank}" if rank is not None else "worker pool"
+        super().__init__(f"{where}: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[int | None, str]]:
+        return (type(self), (self.rank, self.reason))

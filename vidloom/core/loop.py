@@ -30,6 +30,10 @@ class StepPlan:
 
     The loop builds it without running kernels; the runtime executes it, so it can
     observe, intercept (step caches), capture (CUDA graphs) or interleave it.
+
+    `inputs[NETWORK]`, when present, is the network `call` runs (the denoiser), called
+    once per CFG branch or once for a stacked batch; interceptors may replace it with a
+    view that runs it differently (a step cache skipping blocks) without the loop knowing.
     """
 
     loop: str  # name of the loop that planned it
@@ -37,6 +41,30 @@ class StepPlan:
     total: int  # steps the loop will run
     call: Callable[..., Any]
     inputs: Mapping[str, Any] = field(default_factory=dict)
+
+
+NETWORK = "network"
+"""The StepPlan input key that holds the step's network (see StepPlan)."""
+
+
+class StepInterceptor(Protocol):
+    """Runs one request's loop steps in place of `plan.call(**plan.inputs)`; owns that request's state.
+
+    Built per request by the runtime and dropped with it, so state never lands on
+    shared modules and concurrent requests never see each other's.
+    """
+
+    def execute(self, plan: StepPlan) -> Any:
+        """Run `plan`, returning what `plan.call` would have returned (or a stand-in for it)."""
+        ...
+
+    def report(self) -> dict[str, Any]:
+        """Metadata entries for the finished run (e.g. {"step_cache": {...}})."""
+        ...
+
+    def close(self) -> None:
+        """Release held tensors; `report` keeps working."""
+        ...
 
 
 class Loop(Protocol, Generic[S]):

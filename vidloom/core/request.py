@@ -41,6 +41,7 @@ class GenerationRequest:
     flow_shift: float | None = None
     sampler: str | None = None
     seed: int | None = None
+    step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -97,6 +98,9 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
         raise InvalidRequest("guidance_scale", f"must be a number >= 0, got {r.guidance_scale!r}")
     if not isinstance(r.flow_shift, (int, float)) or isinstance(r.flow_shift, bool) or r.flow_shift <= 0:
         raise InvalidRequest("flow_shift", f"must be a number > 0, got {r.flow_shift!r}")
+    t = r.step_cache_threshold
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0):
+        raise InvalidRequest("step_cache_threshold", f"must be a number >= 0, got {t!r}")
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")

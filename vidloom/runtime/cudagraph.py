@@ -14,6 +14,8 @@ from typing import Any, Callable, Hashable, Mapping
 
 import torch
 
+from vidloom.core.errors import DeployError
+
 WARMUP_RUNS = 2  # eager runs on a side stream before capture, as CUDA graph capture requires
 
 
@@ -29,7 +31,7 @@ class GraphedStep:
 
     def __init__(self, call: Callable[..., torch.Tensor], device: torch.device) -> None:
         if device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
+            raise DeployError(f"CUDA graphs need a CUDA device, got {device}")
         self.call = call
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()  # graphs of one step share a memory pool
@@ -72,14 +74,30 @@ class GraphedStep:
         return _Captured(graph, static, output)
 
 
+class StepGraphs:
+    """One GraphedStep per step body (plan.call), created on first use."""
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise DeployError(f"cuda_graphs needs a CUDA device; this model is loaded on {device}")
+        self.device = device
+        self._steps: dict[int, GraphedStep] = {}
+
+    def get(self, call: Callable[..., torch.Tensor]) -> GraphedStep:
+        key = id(call)
+        if key not in self._steps:
+            self._steps[key] = GraphedStep(call, self.device)
+        return self._steps[key]
+
+
 def _signature(inputs: Mapping[str, Any]) -> Hashable:
-    parts = []
+    parts: list[Hashable] = []
     for name in sorted(inputs):
         value = inputs[name]
         if isinstance(value, torch.Tensor):
             parts.append((name, tuple(value.shape), value.dtype))
         elif value is None:
             parts.append((name, None))
-        else:
-            raise TypeError(f"CUDA-graph step input {name!r} must be a tensor, float or None, got {type(value).__name__}")
+        else:  # a fixed object (the network module): captured by identity
+            parts.append((name, "object", id(value)))
     return tuple(parts)

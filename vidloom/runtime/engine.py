@@ -5,16 +5,22 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
-from vidloom.core.loop import Done, StepPlan
+from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import EventCallback, ProgressEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
+
+
+PlanObserver = Callable[[StepPlan], None]
+"""Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
 
 
 class CancellationToken:
@@ -37,7 +43,7 @@ class RequestRun:
     `step()` runs one unit of work (a component node, or one loop step) and returns
     True once the program is done; the caller decides when to call it, which is
     how the async engine interleaves requests at step boundaries. Per-request state
-    (slots, loop state) lives here and is dropped by `close()`.
+    (slots, loop state, the step interceptor's caches) lives here and is dropped by `close()`.
     """
 
     def __init__(
@@ -47,13 +53,19 @@ class RequestRun:
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
+        observer: PlanObserver | None = None,
+        graphs: StepGraphs | None = None,
     ) -> None:
         self.request = request
+        self._graphs = graphs
         self.instance = instance
         self.program = program
         self.cancel = cancel or CancellationToken()
         self._on_event = on_event
+        self._observer = observer
         self._slots: dict[str, Any] = {"request": request}
+        # Built per request (InvalidRequest for a threshold without a deployed cache).
+        self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request)
         self._units = self._run_units()
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
@@ -80,12 +92,15 @@ class RequestRun:
     def outputs(self) -> dict[str, Any]:
         """The program's output slots plus the resolved request and compute time."""
         assert self._outputs is not None, "run has not finished"
-        return {**self._outputs, "request": self.request, "elapsed_s": self._elapsed}
+        extra = self._interceptor.report() if self._interceptor is not None else {}
+        return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
 
     def close(self) -> None:
         """Drop every intermediate (latents, embeddings), also after failure or cancel."""
         self._units.close()
         self._slots.clear()
+        if self._interceptor is not None:
+            self._interceptor.close()
         if self.instance.device.type == "cuda":
             gc.collect()
             torch.cuda.empty_cache()
@@ -97,6 +112,13 @@ class RequestRun:
             raise Cancelled(f"request {self.request.request_id} was cancelled")
 
     def execute(self, plan: StepPlan) -> Any:
+        """Run one loop step: plainly, or through this request's interceptor (step cache)."""
+        if self._observer is not None:
+            self._observer(plan)
+        if self._interceptor is not None:
+            return self._interceptor.execute(plan)
+        if self._graphs is not None:
+            return self._graphs.get(plan.call)(**plan.inputs)
         return plan.call(**plan.inputs)
 
     def progress(self, phase: str, done: int, total: int) -> None:
@@ -138,18 +160,22 @@ class Engine:
     """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
 
     def __init__(self, instance: ModelInstance, program: Program) -> None:
+        step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
         self.instance = instance
         self.program = program
+        # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
+        self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
 
     def start(
         self,
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
+        observer: PlanObserver | None = None,
     ) -> RequestRun:
         """Validate `request` (InvalidRequest before any work) and prepare its run."""
         resolved = resolve_request(request, self.instance.card)
-        return RequestRun(self.instance, self.program, resolved, on_event, cancel)
+        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs)
 
     def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
         """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.

@@ -136,3 +136,15 @@ def test_runs_can_be_stepped_alternately():
                 order.append(name)
     assert a.outputs()["video"] == 13.0 and b.outputs()["video"] == 15.0
     assert order[:4] == ["a", "b", "a", "b"]  # one unit each, in turn
+
+
+def test_observer_sees_every_plan_before_it_runs():
+    loop = CountingLoop()
+    seen: list[tuple[int, float, int]] = []
+    run = _engine(loop).start(
+        GenerationRequest("p", num_inference_steps=3, seed=1),
+        observer=lambda plan: seen.append((plan.index, plan.inputs["x"], loop.calls)),
+    )
+    while not run.step():
+        pass
+    assert seen == [(0, 10.0, 0), (1, 11.0, 1), (2, 12.0, 2)]  # each before its own call

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
-from vidloom.layers.attention import attention
+from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
@@ -256,9 +258,10 @@ class MLP(nn.Module):
 class WanAttention(nn.Module):
     """Multi-head attention with RMSNorm on q and k over all heads jointly (before the head split)."""
 
-    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
+    def __init__(self, dim: int, num_heads: int, eps: float, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
         self.num_heads = num_heads
+        self.attention_fn = attention_fn  # chosen at load (DeployConfig.attention_backend)
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -274,7 +277,7 @@ class WanAttention(nn.Module):
         if rope is not None:
             q = apply_rope(q, *rope)
             k = apply_rope(k, *rope)
-        return self.out(attention(q, k, v).flatten(-2))  # [B, S, D]
+        return self.out(self.attention_fn(q, k, v).flatten(-2))  # [B, S, D]
 
 
 class WanBlock(nn.Module):
@@ -284,13 +287,18 @@ class WanBlock(nn.Module):
     run in float32 so that bf16/fp16 weights change only the matmuls.
     """
 
-    def __init__(self, config: WanTransformerConfig) -> None:
+    def __init__(
+        self,
+        config: WanTransformerConfig,
+        attention_fn: AttentionFn = attention,
+        cross_attention_fn: AttentionFn | None = None,
+    ) -> None:
         super().__init__()
         dim = config.inner_dim
         self.eps = config.eps
-        self.self_attn = WanAttention(dim, config.num_attention_heads, config.eps)
+        self.self_attn = WanAttention(dim, config.num_attention_heads, config.eps, attention_fn)
         self.cross_norm = nn.LayerNorm(dim, eps=config.eps) if config.cross_attn_norm else None
-        self.cross_attn = WanAttention(dim, config.num_attention_heads, config.eps)
+        self.cross_attn = WanAttention(dim, config.num_attention_heads, config.eps, cross_attention_fn or attention_fn)
         self.ffn = MLP(dim, config.ffn_dim, dim, nn.GELU(approximate="tanh"))
         # Learned per-block offsets added to the shared timestep modulation:
         # rows are (shift, scale, gate) for self-attention then for the FFN.
@@ -304,7 +312,7 @@ class WanBlock(nn.Module):
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
 
         # 1. Self-attention over all video tokens: [B, S, D]
-        h = (_layer_norm_fp32(x, None, self.eps) * (1 + scale_sa) + shift_sa).type_as(x)
+        h = self._modulate(x, shift_sa, scale_sa)
         x = (x.float() + self.self_attn(h, h, rope) * gate_sa).type_as(x)
 
         # 2. Cross-attention to text, unmodulated and ungated: [B, S, D] x [B, L, D] -> [B, S, D]
@@ -312,8 +320,16 @@ class WanBlock(nn.Module):
         x = x + self.cross_attn(h, text)
 
         # 3. Feed-forward: [B, S, D] -> [B, S, ffn_dim] -> [B, S, D]
-        h = (_layer_norm_fp32(x, None, self.eps) * (1 + scale_ff) + shift_ff).type_as(x)
+        h = self._modulate(x, shift_ff, scale_ff)
         return (x.float() + self.ffn(h).float() * gate_ff).type_as(x)
+
+    def attention_input(self, x: Tensor, time_mod: Tensor) -> Tensor:
+        """The normalised, timestep-modulated tokens [B, S, D] this block feeds to self-attention."""
+        shift_sa, scale_sa = (self.modulation.float() + time_mod.float())[:, :2].chunk(2, dim=1)
+        return self._modulate(x, shift_sa, scale_sa)
+
+    def _modulate(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+        return (_layer_norm_fp32(x, None, self.eps) * (1 + scale) + shift).type_as(x)
 
 
 # ---------------------------------------------------------------------------
@@ -321,11 +337,38 @@ class WanBlock(nn.Module):
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class WanConditioning:
+    """What every block of one forward call reads; built by `embed`, never kept on the module."""
+
+    text: Tensor
+    """Projected text tokens [B, L, D]."""
+    temb: Tensor
+    """Timestep embedding [B, D]; offsets the output modulation."""
+    time_mod: Tensor
+    """Shared per-block modulation [B, 6, D]."""
+    rope: tuple[Tensor, Tensor]
+    """RoPE cos/sin tables [S, Dh/2] for this rank's tokens (all S of them unless the sequence is sharded)."""
+    grid: tuple[int, int, int]
+    """Patch grid (f, h, w)."""
+    latent_shape: tuple[int, int, int, int, int]
+    """Shape (B, C_in, F, H, W) of the latents, for unpatchify."""
+
+
 class WanTransformer(nn.Module):
     """Wan2.1 T2V DiT: predicts the flow-matching velocity of video latents from a timestep and text.
 
-    Holds no per-call state, so one instance can serve concurrent requests.
+    Holds no per-call state, so one instance can serve concurrent requests. `forward`
+    is exactly `embed -> run_blocks -> head`; step caches call the stages themselves.
+
+    Hooks for sequence parallelism, set from outside (vidloom.runtime.parallel.ulysses):
+    `sequence` decides which tokens this rank keeps after `embed` and gathers them before
+    `head`; `self_attentions()` are the layers whose attention must see every token (cross-
+    attention queries only local tokens against the whole text, so it needs no exchange).
     """
+
+    sequence: SequenceLayout = WHOLE_SEQUENCE
+    """Token layout across ranks; the class default keeps every token here."""
 
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "modulation", "out_modulation", "cross_norm"}
@@ -333,7 +376,13 @@ class WanTransformer(nn.Module):
     """Name segments of parameters to keep in float32 when the rest is cast to bf16/fp16
     (a parameter stays fp32 if any dotted segment of its name is listed), as the reference does."""
 
-    def __init__(self, config: WanTransformerConfig) -> None:
+    def __init__(
+        self,
+        config: WanTransformerConfig,
+        attention_fn: AttentionFn = attention,
+        cross_attention_fn: AttentionFn | None = None,
+    ) -> None:
+        """`attention_fn` serves self-attention; `cross_attention_fn` (default: the same) the text cross-attention."""
         super().__init__()
         self.config = config
         dim = config.inner_dim
@@ -344,13 +393,28 @@ class WanTransformer(nn.Module):
         # One projection to the six per-block modulation vectors, shared by all blocks.
         self.time_modulation = nn.Linear(dim, 6 * dim)
         self.text_embed = MLP(config.text_dim, dim, dim, nn.GELU(approximate="tanh"))
-        self.blocks = nn.ModuleList(WanBlock(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(
+            WanBlock(config, attention_fn, cross_attention_fn) for _ in range(config.num_layers)
+        )
         # (shift, scale) applied after the final norm, offset by the raw time embedding.
         self.out_modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
 
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def self_attentions(self) -> Iterator[WanAttention]:
+        """The self-attention layers, in block order (each attends over the whole token sequence)."""
+        return (block.self_attn for block in self.blocks)
+
     def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> Tensor:
         """latents [B, C_in, F, H, W], timestep [B], text_embeds [B, L, text_dim] -> [B, C_out, F, H, W]."""
+        x, cond = self.embed(latents, timestep, text_embeds)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, WanConditioning]:
+        """Stages 1-4: tokens [B, S, D] for the first block, and what every block reads."""
         cfg = self.config
         batch, _, frames, height, width = latents.shape
         p_t, p_h, p_w = cfg.patch_size
@@ -379,16 +443,36 @@ class WanTransformer(nn.Module):
         # 4. RoPE tables [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
         rope = rope_tables(grid, cfg.attention_head_dim, latents.device)
 
-        # 5. Blocks: [B, S, D] -> [B, S, D]
-        for block in self.blocks:
-            x = block(x, text, time_mod, rope)
+        # 5. This rank's tokens [B, S_local, D] and their RoPE rows (all of them on one device)
+        x, rope = self.sequence.shard(x, rope)
+        return x, WanConditioning(text, temb, time_mod, rope, grid, tuple(latents.shape))  # type: ignore[arg-type]
 
-        # 6. Output modulation + projection: [B, S, D] -> [B, S, p_t*p_h*p_w*C_out]
-        shift, scale = (self.out_modulation + temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
+    def run_blocks(self, x: Tensor, cond: WanConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Stage 6: blocks[start:end] over tokens [B, S_local, D] -> [B, S_local, D]."""
+        # islice, not a ModuleList slice: slicing builds a new ModuleList on every call.
+        for block in itertools.islice(self.blocks, start, end):
+            x = block(x, cond.text, cond.time_mod, cond.rope)
+        return x
+
+    def block_input(self, x: Tensor, cond: WanConditioning, index: int = 0) -> Tensor:
+        """The timestep-modulated tokens [B, S, D] block `index` feeds to self-attention, given its input x."""
+        return self.blocks[index].attention_input(x, cond.time_mod)
+
+    def head(self, x: Tensor, cond: WanConditioning) -> Tensor:
+        """Stages 7-9: tokens [B, S_local, D] after the last block -> prediction [B, C_out, F, H, W]."""
+        cfg = self.config
+        p_t, p_h, p_w = cfg.patch_size
+        batch, _, frames, height, width = cond.latent_shape
+
+        # 7. Every rank's tokens, in order: [B, S_local, D] -> [B, S, D]
+        x = self.sequence.gather(x)
+
+        # 8. Output modulation + projection: [B, S, D] -> [B, S, p_t*p_h*p_w*C_out]
+        shift, scale = (self.out_modulation + cond.temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
         x = (_layer_norm_fp32(x, None, cfg.eps) * (1 + scale) + shift).type_as(x)
         x = self.proj_out(x)
 
-        # 7. Unpatchify: [B, f, h, w, p_t, p_h, p_w, C_out] -> [B, C_out, F, H, W]
-        x = x.reshape(batch, *grid, p_t, p_h, p_w, cfg.out_channels)
+        # 9. Unpatchify: [B, f, h, w, p_t, p_h, p_w, C_out] -> [B, C_out, F, H, W]
+        x = x.reshape(batch, *cond.grid, p_t, p_h, p_w, cfg.out_channels)
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.reshape(batch, cfg.out_channels, frames, height, width)

@@ -12,6 +12,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.layers.attention import resolve_attention
 from vidloom.layers.fp8 import quantize_linears
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
@@ -39,7 +40,8 @@ def load_instance(
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
 
     dit_config = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
-    transformer = materialize(lambda: WanTransformer(dit_config), device, compute, WanTransformer.KEEP_FP32)
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute)  # fails here, not mid-request
+    transformer = materialize(lambda: WanTransformer(dit_config, attention_fn), device, compute, WanTransformer.KEEP_FP32)
     load_weights(transformer, ckpt.component_dir("transformer"), WAN_TRANSFORMER_NAME_MAP)
     _apply_deploy(transformer, deploy)
     vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))

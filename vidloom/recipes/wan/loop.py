@@ -1,4 +1,4 @@
-"""Wan's denoise loop: one plan per sampler step, classic CFG inside the step call."""
+"""Wan's denoise loop: one plan per sampler step; the step body is a CFG policy over the DiT."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any, Mapping
 import torch
 
 from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, Done, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.transformer import WanTransformer
 
@@ -33,10 +34,17 @@ class WanDenoiseLoop:
 
     name = "denoise"
 
-    def __init__(self, transformer: WanTransformer, sampler_config: SamplerConfig, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        transformer: WanTransformer,
+        sampler_config: SamplerConfig,
+        dtype: torch.dtype,
+        guidance: GuidancePolicy | None = None,
+    ) -> None:
         self.transformer = transformer
         self.sampler_config = sampler_config
         self.dtype = dtype
+        self.guidance = guidance or SequentialCFG()
 
     def init(self, slots: Mapping[str, Any]) -> WanDenoiseState:
         request: GenerationRequest = slots["request"]
@@ -61,8 +69,9 @@ class WanDenoiseLoop:
             loop=self.name,
             index=state.index,
             total=total,
-            call=self.predict,
+            call=self.guidance,
             inputs={
+                NETWORK: self.transformer,
                 "latents": state.latents.to(self.dtype),
                 "timestep": t.expand(state.latents.shape[0]),
                 "prompt_embeds": state.prompt_embeds,
@@ -70,21 +79,6 @@ class WanDenoiseLoop:
                 "guidance_scale": state.guidance_scale,
             },
         )
-
-    def predict(
-        self,
-        latents: torch.Tensor,
-        timestep: torch.Tensor,
-        prompt_embeds: torch.Tensor,
-        negative_embeds: torch.Tensor | None,
-        guidance_scale: float,
-    ) -> torch.Tensor:
-        """The step body: the velocity prediction, guided when a negative branch is given."""
-        cond = self.transformer(latents, timestep, prompt_embeds)
-        if negative_embeds is None:
-            return cond
-        uncond = self.transformer(latents, timestep, negative_embeds)
-        return uncond + guidance_scale * (cond - uncond)
 
     def advance(self, state: WanDenoiseState, result: torch.Tensor) -> WanDenoiseState:
         state.latents = state.sampler.step(state.sampler_state, state.index, result, state.latents)

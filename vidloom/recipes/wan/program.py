@@ -11,14 +11,15 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
-from vidloom.diffusion.guidance import make_guidance
+from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
 from vidloom.recipes.wan.loop import WanDenoiseLoop
 from vidloom.recipes.wan.text import WanTextEncoder
 
 
-def build_program(instance: ModelInstance) -> Program:
+def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:
+    """The T2V program over `instance`; `guidance` overrides deploy.cfg_mode (CFG-parallel workers pass theirs)."""
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer = instance["transformer"]
@@ -53,7 +54,8 @@ def build_program(instance: ModelInstance) -> Program:
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         return {"video": frames.cpu().numpy()}
 
-    guidance = make_guidance(instance.deploy.cfg_mode)  # at load: an unknown mode fails before any request
+    # At load: an unknown mode fails before any request.
+    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     loop = WanDenoiseLoop(transformer, instance["sampler_config"], instance.dtype, guidance)
     return Program(
         nodes=(

@@ -1,0 +1,59 @@
+"""An in-process stand-in for a process group: P threads exchange tensors through shared slots.
+
+Lets unit tests run P "ranks" of sequence- or CFG-parallel code in one process, with no
+torch.distributed, and compare against one device exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+
+
+class _Exchange:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.slots: list[Tensor | None] = [None] * size
+        self.barrier = threading.Barrier(size, timeout=30)
+
+
+class ThreadComm:
+    """Rank `rank` of a group whose ranks are threads of this process (a Comm)."""
+
+    def __init__(self, exchange: _Exchange, rank: int) -> None:
+        self._exchange = exchange
+        self.rank = rank
+        self.size = exchange.size
+
+    def all_to_all(self, x: Tensor) -> Tensor:
+        assert x.shape[0] == self.size
+        chunks = self._share(x)
+        return torch.stack([chunks[src][self.rank] for src in range(self.size)])
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        return torch.stack(self._share(x))
+
+    def _share(self, x: Tensor) -> list[Tensor]:
+        ex = self._exchange
+        ex.slots[self.rank] = x.clone()
+        ex.barrier.wait()  # everyone has written
+        shared = list(ex.slots)
+        ex.barrier.wait()  # everyone has read before anyone writes the next exchange
+        return shared  # type: ignore[return-value]
+
+
+def thread_group(size: int) -> list[ThreadComm]:
+    exchange = _Exchange(size)
+    return [ThreadComm(exchange, rank) for rank in range(size)]
+
+
+def run_ranks(comms: list[ThreadComm], fn: Callable[[ThreadComm], T]) -> list[T]:
+    """fn(comm) on one thread per rank; results in rank order (exceptions propagate)."""
+    with ThreadPoolExecutor(len(comms)) as pool:
+        return list(pool.map(fn, comms))

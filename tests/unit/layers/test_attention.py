@@ -1,0 +1,104 @@
+"""Attention backend registry: explicit names, load-time failures, and the function reaching every block."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+
+from vidloom.core.errors import DeployError
+from vidloom.layers.attention import ATTENTION_BACKENDS, attention, resolve_attention
+from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+
+CUDA = torch.device("cuda")  # a device object only: resolve_attention never allocates on it
+
+
+def _qkv(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 7, 3, 8, generator=g) for _ in range(3))  # type: ignore[return-value]
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # Attention written out in [B, S, H, D]: softmax(q k^T / sqrt(d)) v per head.
+    scores = torch.einsum("bshd,blhd->bhsl", q, k) / q.shape[-1] ** 0.5
+    return torch.einsum("bhsl,blhd->bshd", scores.softmax(-1), v)
+
+
+def test_sdpa_is_the_default_and_matches_written_out_attention():
+    q, k, v = _qkv()
+    fn = resolve_attention("sdpa", torch.device("cpu"), torch.float32)
+    assert fn is attention
+    # fp32 on CPU: SDPA's fused kernel reorders the sums; observed ~1e-7.
+    assert torch.allclose(fn(q, k, v), _reference(q, k, v), atol=1e-6)
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(DeployError, match="unknown attention backend 'xformers'; known: sdpa, flash, sage"):
+        resolve_attention("xformers", torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("name", ["flash", "sage"])
+def test_cuda_kernels_refuse_cpu(name):
+    with pytest.raises(DeployError, match=f"'{name}' needs a CUDA device; this model is loading on cpu"):
+        resolve_attention(name, torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["flash", "sage"])
+def test_missing_package_is_named(name):
+    module = ATTENTION_BACKENDS[name].kernel.partition(":")[0]
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    with pytest.raises(DeployError, match=f"needs the '{ATTENTION_BACKENDS[name].package}' package"):
+        resolve_attention(name, CUDA, torch.bfloat16)
+
+
+def _fake_kernels(monkeypatch) -> list[dict]:
+    """Stand-ins for flash_attn_func / sageattn that record their call and compute reference attention."""
+    calls: list[dict] = []
+
+    def kernel(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return _reference(q, k, v)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_func=kernel))
+    monkeypatch.setitem(sys.modules, "sageattention", types.SimpleNamespace(sageattn=kernel))
+    return calls
+
+
+@pytest.mark.parametrize("name, kwargs", [("flash", {}), ("sage", {"tensor_layout": "NHD", "is_causal": False})])
+def test_adapters_pass_our_layout_through(monkeypatch, name, kwargs):
+    calls = _fake_kernels(monkeypatch)
+    fn = resolve_attention(name, CUDA, torch.bfloat16)
+    q, k, v = _qkv()
+    assert torch.equal(fn(q, k, v), _reference(q, k, v)) and calls == [kwargs]
+    with pytest.raises(ValueError, match="does not take an attention mask"):
+        fn(q, k, v, torch.ones(1, dtype=torch.bool))
+
+
+def test_half_precision_kernels_refuse_float32(monkeypatch):
+    _fake_kernels(monkeypatch)
+    with pytest.raises(DeployError, match="'flash' runs in bfloat16, float16 only; this model computes in float32"):
+        resolve_attention("flash", CUDA, torch.float32)
+
+
+def test_transformer_calls_the_function_it_was_built_with():
+    config = WanTransformerConfig(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+                                  text_dim=8, freq_dim=8, ffn_dim=16, num_layers=3)
+    calls: list[tuple[int, ...]] = []
+
+    def counting(q, k, v, mask=None):
+        calls.append(tuple(k.shape))
+        return attention(q, k, v, mask)
+
+    torch.manual_seed(0)
+    plain = WanTransformer(config).eval()
+    counted = WanTransformer(config, counting).eval()
+    counted.load_state_dict(plain.state_dict())
+    latents, t, text = torch.randn(1, 4, 2, 4, 4), torch.tensor([500.0]), torch.randn(1, 5, 8)
+    with torch.no_grad():
+        assert torch.equal(counted(latents, t, text), plain(latents, t, text))
+    # self- then cross-attention in each of the 3 blocks: keys are 8 video tokens, then 5 text tokens
+    assert calls == [(1, 8, 2, 8), (1, 5, 2, 8)] * 3

@@ -1,0 +1,128 @@
+"""Every invalid parallel plan is refused before any worker process starts, naming what to change."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+from tests.helpers.wan_checkpoints import TINY_B, write_tiny_wan
+from vidloom.cli import build_parser, main
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError, InvalidRequest
+from vidloom.core.parallel import ParallelPlan, SequenceGeometry
+from vidloom.core.request import GenerationRequest
+from vidloom.deploy_args import deploy_config
+from vidloom.generator import VideoGenerator
+from vidloom.recipes.wan.demo import demo_card
+from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance
+from vidloom.runtime.parallel.plan import check_model, check_request, check_warmup
+
+# Wan2.1 geometry with 4 heads: 8x spatial / 4x temporal VAE, 1x2x2 patches.
+WAN4 = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sp=0), r"parallel.sp \(--sp\) must be an integer >= 1, got 0"),
+    (dict(sp=1.5), r"parallel.sp"),
+    (dict(cfg=3), r"parallel.cfg must be 1 or 2"),
+    (dict(cfg=0), r"parallel.cfg must be 1 or 2"),
+])
+def test_plan_degrees(kwargs, match):
+    with pytest.raises(DeployError, match=match):
+        ParallelPlan(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(devices=2), r"devices \(--devices\) is 2 but the parallel plan sp=1 x cfg=1 needs sp x cfg = 1"),
+    (dict(devices=4, parallel=ParallelPlan(sp=2)), r"is 4 but the parallel plan sp=2 x cfg=1 needs sp x cfg = 2"),
+    (dict(devices=0), r"devices \(--devices\) must be an integer >= 1"),
+    (dict(devices=2, parallel=ParallelPlan(cfg=2), cfg_mode="batched"), r"cfg_mode='batched' and CFG-parallel"),
+    (dict(devices=2, parallel=ParallelPlan(sp=2), step_cache="fbcache"), r"step_cache='fbcache' cannot run with"),
+    (dict(devices=2, parallel=ParallelPlan(cfg=2), step_cache="teacache"), r"step_cache='teacache' cannot run with"),
+])
+def test_deploy_config_checks_the_plan_against_devices_and_options(kwargs, match):
+    with pytest.raises(DeployError, match=match):
+        DeployConfig(**kwargs)
+
+
+def test_sp_must_divide_the_heads():
+    check_model(ParallelPlan(sp=4), WAN4)
+    with pytest.raises(DeployError, match=r"sp=3 \(--sp\) does not divide this model's 4 attention heads.*1, 2, 4"):
+        check_model(ParallelPlan(sp=3), WAN4)
+
+
+def test_token_count_must_split_without_padding():
+    plan = ParallelPlan(sp=2)
+    ok = GenerationRequest(prompt="x", height=32, width=48, num_frames=5, guidance_scale=5.0)
+    assert WAN4.patch_grid(32, 48, 5) == (2, 2, 3)
+    check_request(plan, WAN4, ok)
+    odd_frames = GenerationRequest(prompt="x", height=48, width=48, num_frames=9, guidance_scale=5.0)  # 3x3x3
+    with pytest.raises(InvalidRequest, match=r"num_frames: .*3x3x3 patch grid = 27 video tokens.*does not pad") as err:
+        check_request(plan, WAN4, odd_frames)
+    assert err.value.field == "num_frames"
+    image = GenerationRequest(prompt="x", height=48, width=48, num_frames=1, guidance_scale=5.0)  # 1x3x3
+    with pytest.raises(InvalidRequest, match="height/16") as err:
+        check_request(plan, WAN4, image)
+    assert err.value.field == "height"
+
+
+def test_cfg_parallel_needs_guidance():
+    request = GenerationRequest(prompt="x", height=32, width=48, num_frames=5, guidance_scale=1.0)
+    with pytest.raises(InvalidRequest, match=r"guidance_scale: 1.0 turns classifier-free guidance off.*--cfg-parallel"):
+        check_request(ParallelPlan(cfg=2), WAN4, request)
+
+
+def test_warmup_shapes_follow_the_request_rules():
+    deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2), warmup_shapes=((48, 48, 9),))
+    with pytest.raises(DeployError, match="warmup_shapes entry 48x48x9"):
+        check_warmup(deploy, WAN4)
+
+
+def test_requests_are_checked_at_submit_without_contacting_workers():
+    class NoWorkers:
+        epoch, broken = 1, False
+
+        def call(self, command):
+            raise AssertionError("a worker was contacted")
+
+    deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2))
+    engine = ParallelEngine(NoWorkers(), PoolInstance(demo_card(), deploy, torch.device("cpu"), "unused"), WAN4)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="num_frames"):
+        engine.start(GenerationRequest(prompt="x", height=48, width=48, num_frames=9))
+    with pytest.raises(InvalidRequest, match="step_cache_threshold"):
+        engine.start(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, step_cache_threshold=0.1))
+    run = engine.start(GenerationRequest(prompt="x", height=32, width=48, num_frames=5))
+    assert run.request.seed is not None and not run.done  # resolved here, so every rank gets the same seed
+
+
+@pytest.fixture(scope="module")
+def tiny_b(tmp_path_factory):
+    return write_tiny_wan(tmp_path_factory.mktemp("tiny-b"), TINY_B)  # 3 attention heads
+
+
+def test_from_pretrained_refuses_before_any_process_starts(tiny_b):
+    started = time.perf_counter()
+    with pytest.raises(DeployError, match="does not divide this model's 3 attention heads"):
+        VideoGenerator.from_pretrained(tiny_b, device="cpu", parallel=ParallelPlan(sp=2))
+    with pytest.raises(DeployError, match=r"devices \(--devices\) is 3"):
+        VideoGenerator.from_pretrained(tiny_b, device="cpu", devices=3, parallel=ParallelPlan(cfg=2))
+    with pytest.raises(DeployError, match="pass device='cuda'"):
+        VideoGenerator.from_pretrained(tiny_b, device="cuda:1", parallel=ParallelPlan(cfg=2))
+    assert multiprocessing.active_children() == []
+    assert time.perf_counter() - started < 5  # config files only: no weights, no workers
+
+
+def test_cli_flags_build_the_plan_and_bad_ones_fail_with_exit_2(tiny_b, capsys):
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--prompt", "x", "--sp", "2", "--cfg-parallel"])
+    deploy = deploy_config(args)
+    assert deploy.parallel == ParallelPlan(sp=2, cfg=2) and deploy.devices == 4
+    assert deploy_config(parser.parse_args(["serve", "--sp", "2"]), launched_world=2).devices == 2
+    assert main(["generate", "--prompt", "x", "--model", str(tiny_b), "--devices", "2", "--sp", "3"]) == 2
+    assert "is 2 but the parallel plan sp=3 x cfg=1" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--model", str(tiny_b), "--sp", "2", "--device", "cpu"]) == 2
+    assert "3 attention heads" in capsys.readouterr().err
+    assert multiprocessing.active_children() == []

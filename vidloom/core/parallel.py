@@ -1,0 +1,72 @@
+"""Contracts of multi-device runs: the parallel plan, and the sequence geometry it must divide.
+
+Pure data (no torch): the plan is part of DeployConfig, and the geometry is read from a
+checkpoint's config files in the parent process, so a plan that cannot run fails before
+any worker process starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vidloom.core.errors import DeployError
+
+CFG_DEGREES = (1, 2)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How one request's work is split over processes; the degrees multiply to the world size.
+
+    Ranks are laid out cfg-major: rank = cfg_rank * sp + sp_rank, so the ranks of one
+    sequence-parallel group are adjacent (on one node they share the fastest links).
+    """
+
+    sp: int = 1
+    """Ulysses sequence-parallel degree: each rank holds 1/sp of the video tokens and 1/sp of the
+    heads inside self-attention. Must divide the head count and every request's token count."""
+    cfg: int = 1
+    """CFG-parallel degree: 2 runs the conditional branch on cfg-rank 0 and the unconditional one on
+    cfg-rank 1 (requests must use guidance, guidance_scale > 1); 1 runs both branches on every rank."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sp, int) or isinstance(self.sp, bool) or self.sp < 1:
+            raise DeployError(f"parallel.sp (--sp) must be an integer >= 1, got {self.sp!r}")
+        if self.cfg not in CFG_DEGREES or isinstance(self.cfg, bool):
+            raise DeployError(
+                f"parallel.cfg must be 1 or 2 (classic CFG has two branches), got {self.cfg!r}; "
+                "--cfg-parallel sets 2"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Processes (devices) the plan needs."""
+        return self.sp * self.cfg
+
+    def describe(self) -> str:
+        return f"sp={self.sp} x cfg={self.cfg}"
+
+
+@dataclass(frozen=True)
+class SequenceGeometry:
+    """What a sequence-parallel plan must divide, read from a checkpoint's config files."""
+
+    num_heads: int
+    """Attention heads per layer; Ulysses gives each rank heads/sp of them."""
+    patch_size: tuple[int, int, int]
+    """DiT patch extent (frames, height, width) in latent units."""
+    vae_spatial: int
+    """Pixels per latent position along height and width."""
+    vae_temporal: int
+    """Video frames per latent frame after the first (frames = vae_temporal * k + 1)."""
+
+    def patch_grid(self, height: int, width: int, num_frames: int) -> tuple[int, int, int]:
+        """Patches (f, h, w) of one request's latents, as the DiT flattens them into tokens."""
+        latent = ((num_frames - 1) // self.vae_temporal + 1, height // self.vae_spatial, width // self.vae_spatial)
+        f, h, w = (extent // patch for extent, patch in zip(latent, self.patch_size))
+        return f, h, w
+
+    def token_count(self, height: int, width: int, num_frames: int) -> int:
+        """Video tokens the DiT attends over for one request: f * h * w patches."""
+        return math.prod(self.patch_grid(height, width, num_frames))

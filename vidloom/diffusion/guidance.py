@@ -1,0 +1,145 @@
+"""Classifier-free guidance policies: how the cond and uncond branches reach the network.
+
+Every policy combines with the same rule, `cfg_combine`; they differ only in whether the
+two branches run as two forwards of batch B (sequential), one of batch 2B (batched), or
+one forward of batch B on each of two ranks (parallel). Policies hold no per-request
+state, so one instance serves every request.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import DeployError
+
+Network = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""(latents [B, C, F, H, W], timestep [B], text_embeds [B, L, D]) -> prediction like latents."""
+
+
+def cfg_combine(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+    """Classic CFG (Ho & Salimans 2022, arXiv:2207.12598): uncond + scale * (cond - uncond)."""
+    return uncond + scale * (cond - uncond)
+
+
+class GuidancePolicy(Protocol):
+    """The body of one guided denoise step. Its argument names are the step plan's inputs.
+
+    Contract for step caches: the branches reach `network` in the same order every step
+    (each call, and each batch row of a call, is always the same branch).
+    """
+
+    def __call__(
+        self,
+        network: Network,
+        latents: Tensor,
+        timestep: Tensor,
+        prompt_embeds: Tensor,
+        negative_embeds: Tensor | None,
+        guidance_scale: float,
+    ) -> Tensor: ...
+
+
+class SequentialCFG:
+    """Cond then uncond, one forward each: the reference order (diffusers' WanPipeline)."""
+
+    def __call__(
+        self,
+        network: Network,
+        latents: Tensor,
+        timestep: Tensor,
+        prompt_embeds: Tensor,
+        negative_embeds: Tensor | None,
+        guidance_scale: float,
+    ) -> Tensor:
+        cond = network(latents, timestep, prompt_embeds)
+        if negative_embeds is None:
+            return cond
+        uncond = network(latents, timestep, negative_embeds)
+        return cfg_combine(cond, uncond, guidance_scale)
+
+
+class BatchedCFG:
+    """Cond and uncond stacked into one forward of twice the batch: half the kernel launches
+    and weight reads per step, at the cost of twice the activation memory."""
+
+    def __call__(
+        self,
+        network: Network,
+        latents: Tensor,
+        timestep: Tensor,
+        prompt_embeds: Tensor,
+        negative_embeds: Tensor | None,
+        guidance_scale: float,
+    ) -> Tensor:
+        if negative_embeds is None:
+            return network(latents, timestep, prompt_embeds)
+        if negative_embeds.shape[1:] != prompt_embeds.shape[1:]:
+            raise ValueError(
+                f"batched CFG needs equal-length embeddings, got {tuple(prompt_embeds.shape)} "
+                f"and {tuple(negative_embeds.shape)}"
+            )
+        both = network(
+            torch.cat([latents, latents]),
+            torch.cat([timestep, timestep]),
+            torch.cat([prompt_embeds, negative_embeds]),
+        )
+        cond, uncond = both.chunk(2)
+        return cfg_combine(cond, uncond, guidance_scale)
+
+
+class BranchExchange(Protocol):
+    """The two ranks of a CFG-parallel pair (vidloom.runtime.parallel supplies one over torch.distributed)."""
+
+    rank: int
+    """0 runs the conditional branch, 1 the unconditional one."""
+    size: int
+    """Ranks in the pair (2)."""
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        """[size, *x.shape]: every rank's x, in rank order, identical on every rank."""
+        ...
+
+
+class ParallelCFG:
+    """Cond on cfg-rank 0, uncond on cfg-rank 1, one forward of batch B each; predictions are exchanged
+    and combined with the same formula on both ranks, so both samplers step on identical values."""
+
+    def __init__(self, pair: BranchExchange) -> None:
+        if pair.size != 2:
+            raise ValueError(f"CFG-parallel needs a pair of ranks, got a group of {pair.size}")
+        self.pair = pair
+
+    def __call__(
+        self,
+        network: Network,
+        latents: Tensor,
+        timestep: Tensor,
+        prompt_embeds: Tensor,
+        negative_embeds: Tensor | None,
+        guidance_scale: float,
+    ) -> Tensor:
+        if negative_embeds is None:
+            # Requests are checked at submit (guidance_scale > 1); this guards direct callers.
+            raise ValueError("CFG-parallel needs the unconditional branch: guidance_scale must be > 1")
+        embeds = prompt_embeds if self.pair.rank == 0 else negative_embeds
+        cond, uncond = self.pair.all_gather(network(latents, timestep, embeds)).unbind(0)
+        return cfg_combine(cond, uncond, guidance_scale)
+
+
+CFG_MODES: dict[str, GuidancePolicy] = {
+    "sequential": SequentialCFG(),
+    "batched": BatchedCFG(),
+}
+"""DeployConfig.cfg_mode -> policy (stateless, shared). ParallelCFG is not listed: it is bound to a
+rank pair, so the parallel worker builds it (DeployConfig.parallel.cfg = 2)."""
+
+
+def make_guidance(mode: str) -> GuidancePolicy:
+    """The policy registered as `mode`; unknown modes raise DeployError listing the known ones."""
+    policy = CFG_MODES.get(mode)
+    if policy is None:
+        raise DeployError(f"unknown cfg_mode {mode!r}; known: {', '.join(CFG_MODES)}")
+    return policy

@@ -1,0 +1,23 @@
+"""What a Wan2.1 checkpoint offers a parallel plan, read from its config files (no weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.parallel import SequenceGeometry
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.models.wan.transformer import WanTransformerConfig
+from vidloom.models.wan.vae import WanVAEConfig
+
+
+def sequence_geometry(checkpoint: Path) -> SequenceGeometry:
+    """Heads, patch size and VAE factors of the checkpoint in `checkpoint`; read in the parent process."""
+    ckpt = DiffusersDir.open(checkpoint)
+    dit = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+    vae = WanVAEConfig.from_diffusers(ckpt.component_config("vae"))
+    return SequenceGeometry(
+        num_heads=dit.num_attention_heads,
+        patch_size=dit.patch_size,
+        vae_spatial=vae.spatial_factor,
+        vae_temporal=vae.temporal_factor,
+    )

@@ -1,0 +1,67 @@
+"""Checks of a ParallelPlan against the model and against each request, run in the parent process.
+
+Load-time checks raise DeployError before any worker process starts; request checks raise
+InvalidRequest at submit, before the request reaches a worker. The plan itself (degrees,
+world size) is checked when DeployConfig is built (vidloom.core.deploy).
+"""
+
+from __future__ import annotations
+
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError, InvalidRequest
+from vidloom.core.parallel import ParallelPlan, SequenceGeometry
+from vidloom.core.request import GenerationRequest
+
+__all__ = ["ParallelPlan", "SequenceGeometry", "check_model", "check_request", "check_warmup"]
+
+
+def check_model(plan: ParallelPlan, geometry: SequenceGeometry) -> None:
+    """Ulysses gives each rank heads/sp whole heads inside self-attention, so sp must divide them."""
+    if geometry.num_heads % plan.sp:
+        raise DeployError(
+            f"sp={plan.sp} (--sp) does not divide this model's {geometry.num_heads} attention heads; "
+            f"Ulysses sequence parallel gives each rank heads/sp of them. Use an sp that divides "
+            f"{geometry.num_heads}: {', '.join(str(d) for d in _divisors(geometry.num_heads))}"
+        )
+
+
+def check_request(plan: ParallelPlan, geometry: SequenceGeometry, request: GenerationRequest) -> None:
+    """Raise InvalidRequest naming the field when a resolved request cannot run under `plan`."""
+    if plan.cfg > 1 and not request.uses_cfg:
+        raise InvalidRequest(
+            "guidance_scale",
+            f"{request.guidance_scale} turns classifier-free guidance off (it needs > 1), but this deployment runs "
+            "the two guidance branches on two devices (--cfg-parallel); use guidance_scale > 1, or deploy without "
+            "--cfg-parallel",
+        )
+    problem = _token_problem(plan, geometry, request.height, request.width, request.num_frames)
+    if problem is not None:
+        raise InvalidRequest("num_frames" if request.num_frames > 1 else "height", problem)
+
+
+def check_warmup(deploy: DeployConfig, geometry: SequenceGeometry) -> None:
+    """Warmup shapes run at load on every rank, so they follow the request rules too."""
+    for height, width, num_frames in deploy.warmup_shapes:
+        problem = _token_problem(deploy.parallel, geometry, height, width, num_frames)
+        if problem is not None:
+            raise DeployError(f"warmup_shapes entry {height}x{width}x{num_frames}: {problem}")
+
+
+def _token_problem(
+    plan: ParallelPlan, geometry: SequenceGeometry, height: int, width: int, num_frames: int
+) -> str | None:
+    # No padding: a padded token would attend and be attended to, changing every output,
+    # so the sequence must split evenly. Sizes are the caller's choice, and the message says how.
+    f, h, w = geometry.patch_grid(height, width, num_frames)
+    if (f * h * w) % plan.sp == 0:
+        return None
+    return (
+        f"{height}x{width} with {num_frames} frames is a {f}x{h}x{w} patch grid = {f * h * w} video tokens, which "
+        f"sequence parallel (sp={plan.sp}) cannot split evenly; vidloom does not pad, so pick height, width and "
+        f"num_frames whose token count (latent frames x height/{geometry.vae_spatial * geometry.patch_size[1]} x "
+        f"width/{geometry.vae_spatial * geometry.patch_size[2]}) is a multiple of {plan.sp}"
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,106 @@
+"""Ulysses sequence parallelism (Jacobs et al. 2023, "DeepSpeed Ulysses", arXiv:2309.14509).
+
+Each of P ranks holds a contiguous 1/P of the video tokens through the whole block: norms,
+projections, RoPE, cross-attention and the FFN are per-token, so they run on the shard as
+they are. Only self-attention needs every token; around it, one all-to-all turns
+[B, S/P, H, Dh] (my tokens, all heads) into [B, S, H/P, Dh] (all tokens, my heads), the
+configured attention backend runs on whole heads, and a second all-to-all turns the result
+back. The exchanges move data without arithmetic, so the only numeric difference from one
+device is reduction order in kernels that see different shapes.
+
+Applied from outside the model, like gpt-fast's apply_tp: `apply_sp(model, comm)` swaps the
+model's token layout and wraps its self-attention functions.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import DeployError
+from vidloom.layers.attention import AttentionFn
+from vidloom.layers.sequence import SequenceLayout
+from vidloom.runtime.parallel.comm import Comm
+
+
+def seq_to_heads(x: Tensor, comm: Comm) -> Tensor:
+    """[..., S/P, H, Dh] (this rank's tokens, all heads) -> [..., S, H/P, Dh] (all tokens, this rank's heads)."""
+    p = comm.size
+    # Chunk j of the send buffer is head group j, which rank j owns.
+    send = x.unflatten(-2, (p, x.shape[-2] // p)).movedim(-3, 0)  # [P, ..., S/P, H/P, Dh]
+    received = comm.all_to_all(send)  # chunk i: rank i's tokens of my heads
+    return received.movedim(0, -4).flatten(-4, -3)  # [..., P * S/P, H/P, Dh], tokens in rank order
+
+
+def heads_to_seq(x: Tensor, comm: Comm) -> Tensor:
+    """[..., S, H/P, Dh] (all tokens, this rank's heads) -> [..., S/P, H, Dh] (this rank's tokens, all heads)."""
+    p = comm.size
+    # Chunk j of the send buffer is token shard j, which rank j owns.
+    send = x.unflatten(-3, (p, x.shape[-3] // p)).movedim(-4, 0)  # [P, ..., S/P, H/P, Dh]
+    received = comm.all_to_all(send)  # chunk i: head group i of my tokens
+    return received.movedim(0, -3).flatten(-3, -2)  # [..., S/P, P * H/P, Dh], heads in order
+
+
+class UlyssesAttention:
+    """Self-attention over the whole sequence when each rank holds 1/P of the tokens."""
+
+    def __init__(self, inner: AttentionFn, comm: Comm) -> None:
+        self.inner = inner
+        self.comm = comm
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        # q, k, v: [B, S/P, H, Dh] -> [B, S/P, H, Dh]
+        if mask is not None:
+            raise ValueError("Ulysses attention does not take a mask (Wan self-attention has none)")
+        if q.shape[2] % self.comm.size:
+            raise ValueError(f"{q.shape[2]} heads do not split over {self.comm.size} ranks")
+        # One exchange for q, k and v together: a third of the collective launches.
+        qkv = seq_to_heads(torch.stack((q, k, v)), self.comm)  # [3, B, S, H/P, Dh]
+        out = self.inner(qkv[0], qkv[1], qkv[2])  # [B, S, H/P, Dh]
+        return heads_to_seq(out, self.comm)
+
+
+class TokenShards:
+    """A SequenceLayout: rank r keeps tokens [r * S/P, (r + 1) * S/P) and the same rows of the per-token tables."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+
+    def shard(self, tokens: Tensor, tables: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        seq = tokens.shape[1]
+        if seq % self.comm.size:
+            # Requests are checked at submit (runtime.parallel.plan); this guards direct callers.
+            raise ValueError(f"{seq} tokens do not split evenly over sp={self.comm.size} ranks (no padding)")
+        chunk = seq // self.comm.size
+        rows = slice(self.comm.rank * chunk, (self.comm.rank + 1) * chunk)
+        return tokens[:, rows].contiguous(), tuple(table[rows] for table in tables)
+
+    def gather(self, tokens: Tensor) -> Tensor:
+        gathered = self.comm.all_gather(tokens)  # [P, B, S/P, D]
+        return gathered.movedim(0, 1).flatten(1, 2)  # [B, S, D], rank order == token order
+
+
+class SelfAttentionLayer(Protocol):
+    num_heads: int
+    attention_fn: AttentionFn
+
+
+class SequenceParallelModel(Protocol):
+    """The hooks a model exposes for apply_sp (vidloom.models.wan.transformer.WanTransformer has them)."""
+
+    sequence: SequenceLayout
+
+    def self_attentions(self) -> Iterable[SelfAttentionLayer]: ...
+
+
+def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
+    """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy."""
+    layers = list(model.self_attentions())
+    for layer in layers:
+        if layer.num_heads % comm.size:
+            raise DeployError(f"sp={comm.size} does not divide the model's {layer.num_heads} attention heads")
+    for layer in layers:
+        layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
+    model.sequence = TokenShards(comm)

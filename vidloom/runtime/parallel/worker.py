@@ -1,0 +1,165 @@
+"""A worker process: join the process group, load the model once, then run commands in lockstep.
+
+Rank 0 takes commands from the parent's queue and broadcasts them; the other ranks follow
+the broadcasts. Every rank runs the whole program (text encoding, denoising, decoding): the
+text encoder and the VAE are deterministic given the same weights and inputs, so each rank
+computes the same embeddings and nothing needs to be broadcast, and no rank ever waits
+alone while another works. Only rank 0's outputs go back to the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from vidloom import registry
+from vidloom.core.deploy import DeployConfig
+from vidloom.diffusion.guidance import ParallelCFG
+from vidloom.runtime.engine import Engine
+from vidloom.runtime.parallel.comm import build_groups, init_distributed, shutdown_distributed
+from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
+from vidloom.runtime.parallel.rank import RankRuntime
+from vidloom.runtime.parallel.ulysses import apply_sp
+
+DEBUG_ENV = "VIDLOOM_PARALLEL_DEBUG"
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How the pool supervises its workers; defaults suit real models on GPUs."""
+
+    collective_timeout_s: float = 600.0
+    """Any collective (tensor exchange, command, status) that waits longer fails the request and
+    breaks the pool. Must exceed the longest gap between two collectives (the VAE decode, a
+    first torch.compile), like NCCL's own default of 10 minutes."""
+    startup_timeout_s: float = 1800.0
+    """How long every rank may take to join and load the weights before the start counts as failed."""
+    check_lockstep: bool = False
+    """Debug: after every unit, ranks all-gather a record of what they ran (step index, timestep,
+    fingerprints of every step input) and the request fails if any rank differs from rank 0."""
+    poll_s: float = 0.25
+    """How often the parent checks that every worker is alive while it waits for a reply."""
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Idle rank 0 broadcasts a heartbeat this often, well inside the collective timeout."""
+        return self.collective_timeout_s / 4
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> PoolOptions:
+        """Defaults, with check_lockstep switched on by VIDLOOM_PARALLEL_DEBUG=1."""
+        return cls(check_lockstep=environ.get(DEBUG_ENV, "") == "1")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank of a pool loads (the same for all ranks)."""
+
+    model: str
+    """Registered model id or checkpoint directory; each process rebuilds the card from it."""
+    checkpoint: str
+    """The resolved checkpoint directory."""
+    device_type: str
+    """"cuda" (rank r uses the r-th local GPU) or "cpu"."""
+    dtype: torch.dtype | None
+    """Compute dtype override, as given to from_pretrained."""
+    deploy: DeployConfig
+    """Deployment, including devices and the parallel plan."""
+    options: PoolOptions = field(default_factory=PoolOptions)
+    """Timeouts and debug checks."""
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one process sits in the pool."""
+
+    rank: int
+    """Global rank (0 decides and talks to the parent)."""
+    world_size: int
+    """Processes in the pool."""
+    local_rank: int
+    """Index among the processes on this machine (picks the GPU)."""
+    local_world_size: int
+    """Processes on this machine (they share its CPU cores)."""
+    init_method: str
+    """torch.distributed rendezvous: file://... for spawned pools, env:// under torchrun."""
+
+
+def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
+    """Join the group, load the model on this rank's device, apply the parallel plan, build the engine."""
+    if spec.device_type == "cuda":
+        device = torch.device("cuda", place.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        # Ranks on one machine share its cores; more threads than cores makes every rank slower.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // place.local_world_size))
+    options = spec.options
+    control = init_distributed(
+        place.init_method, place.rank, place.world_size, device, options.startup_timeout_s,
+        options.collective_timeout_s,
+    )
+    groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
+    card = registry.resolve_card(spec.model)
+    instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
+    if groups.sp is not None:
+        apply_sp(instance["transformer"], groups.sp)
+    guidance = ParallelCFG(groups.cfg) if groups.cfg is not None else None
+    program = registry.import_target(card.program)(instance, guidance=guidance)
+    return RankRuntime(Engine(instance, program), control, options.check_lockstep)
+
+
+def worker_main(
+    spec: WorkerSpec, place: RankPlace, commands: Any, replies: Any, parent_pid: int
+) -> None:
+    """Entry point of a spawned worker; `commands` (rank 0 only) and `replies` are multiprocessing queues."""
+    try:
+        runtime = start_rank(spec, place)
+    except BaseException as exc:  # report why, or the parent only sees an exit code
+        replies.put(Fatal(place.rank, f"startup failed: {type(exc).__name__}: {exc}"))
+        shutdown_distributed()
+        sys.exit(1)
+    replies.put(Ready(place.rank))
+    healthy = False
+    try:
+        if place.rank == 0:
+            healthy = serve_queue(runtime, commands, replies, parent_pid, spec.options.heartbeat_s)
+        else:
+            healthy = runtime.follow()
+    except BaseException as exc:  # a lost peer or a timed-out command: this rank cannot go on
+        replies.put(Fatal(place.rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        runtime.close_all()
+        shutdown_distributed()
+    sys.exit(0 if healthy else 1)
+
+
+def serve_queue(runtime: RankRuntime, commands: Any, replies: Any, parent_pid: int, heartbeat_s: float) -> bool:
+    """Rank 0: broadcast each command from the parent, run it, send the reply. True after Shutdown."""
+    idle_since = time.monotonic()
+    while True:
+        try:
+            command = commands.get(timeout=min(1.0, heartbeat_s))
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                command = Shutdown()  # the parent died without closing us: take the others down too
+            elif time.monotonic() - idle_since >= heartbeat_s:
+                command = Heartbeat()
+            else:
+                continue
+        runtime.control.broadcast(command)
+        idle_since = time.monotonic()
+        if isinstance(command, Shutdown):
+            return True
+        reply = runtime.execute(command)
+        if reply is not None:
+            replies.put(reply)
+            if reply.fatal:
+                return False
