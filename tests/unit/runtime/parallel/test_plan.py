@@ -104,6 +104,7 @@ def tiny_b(tmp_path_factory):
 
 
 def test_from_pretrained_refuses_before_any_process_starts(tiny_b):
+    before = set(multiprocessing.active_children())
     started = time.perf_counter()
     with pytest.raises(DeployError, match="does not divide this model's 3 attention heads"):
         VideoGenerator.from_pretrained(tiny_b, device="cpu", parallel=ParallelPlan(sp=2))
@@ -111,11 +112,12 @@ def test_from_pretrained_refuses_before_any_process_starts(tiny_b):
         VideoGenerator.from_pretrained(tiny_b, device="cpu", devices=3, parallel=ParallelPlan(cfg=2))
     with pytest.raises(DeployError, match="pass device='cuda'"):
         VideoGenerator.from_pretrained(tiny_b, device="cuda:1", parallel=ParallelPlan(cfg=2))
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
     assert time.perf_counter() - started < 5  # config files only: no weights, no workers
 
 
 def test_cli_flags_build_the_plan_and_bad_ones_fail_with_exit_2(tiny_b, capsys):
+    before = set(multiprocessing.active_children())
     parser = build_parser()
     args = parser.parse_args(["generate", "--prompt", "x", "--sp", "2", "--cfg-parallel"])
     deploy = deploy_config(args)
@@ -125,4 +127,4 @@ def test_cli_flags_build_the_plan_and_bad_ones_fail_with_exit_2(tiny_b, capsys):
     assert "is 2 but the parallel plan sp=3 x cfg=1" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--model", str(tiny_b), "--sp", "2", "--device", "cpu"]) == 2
     assert "3 attention heads" in capsys.readouterr().err
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= before
