@@ -156,26 +156,16 @@ class RequestRun:
         return loop.finalize(state)
 
 
-class Engine:
-    """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
-
-    def __init__(self, instance: ModelInstance, program: Program) -> None:
-        step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
-        self.instance = instance
-        self.program = program
-        # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
-        self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+class EngineDriver:
+    """`run` and `warmup` for any engine whose `start(request, on_event, cancel)` returns a steppable run."""
 
     def start(
         self,
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
-        observer: PlanObserver | None = None,
-    ) -> RequestRun:
-        """Validate `request` (InvalidRequest before any work) and prepare its run."""
-        resolved = resolve_request(request, self.instance.card)
-        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs)
+    ) -> Any:
+        raise NotImplementedError
 
     def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
         """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.
@@ -201,3 +191,25 @@ class Engine:
             return run.outputs()
         finally:
             run.close()
+
+
+class Engine(EngineDriver):
+    """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
+
+    def __init__(self, instance: ModelInstance, program: Program) -> None:
+        step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
+        self.instance = instance
+        self.program = program
+        # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
+        self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+
+    def start(
+        self,
+        request: GenerationRequest,
+        on_event: EventCallback | None = None,
+        cancel: CancellationToken | None = None,
+        observer: PlanObserver | None = None,
+    ) -> RequestRun:
+        """Validate `request` (InvalidRequest before any work) and prepare its run."""
+        resolved = resolve_request(request, self.instance.card)
+        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs)

@@ -24,7 +24,7 @@ from vidloom.core.errors import WorkerFailed
 from vidloom.core.output import EventCallback
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.core.request import GenerationRequest, resolve_request
-from vidloom.runtime.engine import CancellationToken
+from vidloom.runtime.engine import CancellationToken, EngineDriver
 from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply
 from vidloom.runtime.parallel.plan import check_request
 from vidloom.runtime.step_cache import make_step_cache
@@ -133,7 +133,7 @@ class ParallelRun:
             log.warning("closing request %s: %s", self.request.request_id, exc)
 
 
-class ParallelEngine:
+class ParallelEngine(EngineDriver):
     """Runs requests over a pool of ranks with the Engine interface (start / run / warmup)."""
 
     def __init__(self, transport: Transport, instance: PoolInstance, geometry: SequenceGeometry) -> None:
@@ -152,28 +152,6 @@ class ParallelEngine:
         check_request(self.instance.deploy.parallel, self.geometry, resolved)
         make_step_cache(self.instance.deploy, resolved)  # the same threshold checks as one device
         return ParallelRun(self.transport, resolved, on_event, cancel or CancellationToken())
-
-    def run(
-        self,
-        request: GenerationRequest,
-        on_event: EventCallback | None = None,
-        cancel: CancellationToken | None = None,
-    ) -> dict[str, Any]:
-        """Run a request to the end, like Engine.run."""
-        run = self.start(request, on_event, cancel)
-        try:
-            while not run.step():
-                pass
-            return run.outputs()
-        finally:
-            run.close()
-
-    def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
-        """One short request per (height, width, num_frames), as Engine.warmup (every rank compiles)."""
-        for height, width, num_frames in shapes:
-            self.run(GenerationRequest(
-                prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps, seed=0,
-            ))
 
     @property
     def broken(self) -> bool:
