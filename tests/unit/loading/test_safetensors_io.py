@@ -50,38 +50,32 @@ def test_round_trip_sharded(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
 
 
-def test_missing_tensor_names_key(tmp_path):
-    _, folder = _saved(tmp_path)
-    file = folder / "diffusion_pytorch_model.safetensors"
+def _saved_then_edited(tmp_path: Path, edit) -> Path:
+    """Save a Tiny checkpoint, then rewrite its file after `edit(state_dict)`."""
     from safetensors.torch import load_file
 
+    _, folder = _saved(tmp_path)
+    file = folder / "diffusion_pytorch_model.safetensors"
     state = load_file(str(file))
-    del state["layers.2.lin.bias"]
+    edit(state)
     save_file(state, str(file))
+    return folder
+
+
+def test_missing_tensor_names_key(tmp_path):
+    folder = _saved_then_edited(tmp_path, lambda state: state.pop("layers.2.lin.bias"))
     with pytest.raises(CheckpointError, match=r"missing tensors 'layers\.2\.lin\.bias'"):
         load_weights(Tiny(), folder, MAP)
 
 
 def test_unexpected_tensor_names_key_and_file(tmp_path):
-    _, folder = _saved(tmp_path)
-    file = folder / "diffusion_pytorch_model.safetensors"
-    from safetensors.torch import load_file
-
-    state = load_file(str(file))
-    state["extra.weight"] = torch.zeros(1)
-    save_file(state, str(file))
+    folder = _saved_then_edited(tmp_path, lambda state: state.update({"extra.weight": torch.zeros(1)}))
     with pytest.raises(CheckpointError, match=r"diffusion_pytorch_model\.safetensors: unexpected tensor 'extra\.weight'"):
         load_weights(Tiny(), folder, MAP)
 
 
 def test_wrong_shape_names_key_and_shapes(tmp_path):
-    _, folder = _saved(tmp_path)
-    file = folder / "diffusion_pytorch_model.safetensors"
-    from safetensors.torch import load_file
-
-    state = load_file(str(file))
-    state["head.weight"] = torch.zeros(5, 4)
-    save_file(state, str(file))
+    folder = _saved_then_edited(tmp_path, lambda state: state.update({"head.weight": torch.zeros(5, 4)}))
     with pytest.raises(CheckpointError, match=r"'head\.weight' has shape \(5, 4\).*expects \(2, 4\)"):
         load_weights(Tiny(), folder, MAP)
 
