@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -17,6 +18,8 @@ from vidloom.core.output import Event, ProgressEvent
 
 if TYPE_CHECKING:
     from vidloom.runtime.parallel.worker import RankPlace
+
+API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +63,32 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     add_deploy_arguments(srv)
+    _add_serve_security_arguments(srv)
+
+
+def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
+    """Who may call the server, and how it stops (ServeConfig's security block, plus graceful_shutdown_s)."""
+    srv.add_argument("--api-key", default=None, metavar="KEY",
+                     help=f"require 'Authorization: Bearer KEY' on every route but /health "
+                          f"(default: ${API_KEY_ENV}; unset = no authentication)")
+    srv.add_argument("--metrics-need-key", action="store_true", help="require the API key on /metrics too")
+    srv.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                     help="accept this Host name besides the bind address, localhost and IP literals; "
+                          "repeatable; '*' accepts any")
+    srv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="let a web app at ORIGIN (e.g. https://app.example.com) call the API; repeatable")
+    srv.add_argument("--enable-docs", action="store_true", help="serve /docs, /redoc and /openapi.json")
+    srv.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS",
+                     help="on SIGTERM, running jobs get this long to finish before they fail (default: 5)")
+
+
+def _serve_security_settings(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "api_key": args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
+        "metrics_need_key": args.metrics_need_key, "allowed_hosts": tuple(args.allowed_host),
+        "cors_origins": tuple(args.cors_origin), "enable_docs": args.enable_docs,
+        "graceful_shutdown_s": args.shutdown_grace,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = ServeConfig(
             model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
             policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
-            deploy=deploy_config(args, place.world_size if place else None),
+            deploy=deploy_config(args, place.world_size if place else None), **_serve_security_settings(args),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -28,7 +28,16 @@ class ServeConfig:
     max_frames: int = 1025  # bound on num_frames (or seconds * fps) per video
     cancel_wait_s: float = 5.0  # how long POST .../cancel waits for the next step boundary
     keepalive_s: float = 15.0  # SSE comment interval, so proxies keep quiet streams open
-    graceful_shutdown_s: float = 5.0  # open SSE streams get this long to finish at shutdown
+    # On SIGTERM/SIGINT queued jobs fail at once (server_restart); running jobs get this long to finish,
+    # then fail too. Each open event stream gets its job's final event before the server exits.
+    graceful_shutdown_s: float = 5.0
+
+    # -- security (who may call, from where) --------------------------------------------------
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health
+    metrics_need_key: bool = False  # /metrics also requires the key (open by default, for scrapers)
+    allowed_hosts: tuple[str, ...] = ()  # Host header names beyond the bind address and loopback; "*": any
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (no CORS headers otherwise)
+    enable_docs: bool = False  # serve /docs, /redoc and /openapi.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -42,3 +51,16 @@ class ServeConfig:
         for name in ("cancel_wait_s", "keepalive_s", "graceful_shutdown_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        self._check_security()
+
+    def _check_security(self) -> None:
+        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isascii()):
+            raise ValueError("api_key: must be a non-empty ASCII string (or unset for no authentication)")
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))
+        object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/") for o in self.cors_origins))
+        for host in self.allowed_hosts:
+            if not host or "/" in host or " " in host:
+                raise ValueError(f"allowed_hosts: {host!r} is not a host name (e.g. example.com, 10.0.0.5 or *)")
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"cors_origins: {origin!r} must look like https://app.example.com (or be *)")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import re
+import sqlite3
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -19,8 +22,13 @@ from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
+          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 429: "rate_limit_error"}
+ECHO_CHARS = 64  # a client-sent value quoted back in an error keeps at most this many characters
+MESSAGE_CHARS = 2000  # and no error message is longer than this
+# An absolute POSIX path of two or more parts, e.g. in an OSError's text.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
 
 
 class APIError(Exception):
@@ -38,10 +46,29 @@ class APIError(Exception):
         self.headers = headers
 
 
+def echo(value: object) -> str:
+    """A client-sent value, quoted for an error message and cut to ECHO_CHARS (a 100 KB id is not sent back)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= ECHO_CHARS:
+        return repr(text)
+    return f"{text[:ECHO_CHARS]!r}... ({len(text)} characters)"
+
+
+def redact_paths(text: str, root: str | None = None) -> str:
+    """Error text without the server's absolute paths: names under `root` stay relative, others keep their last part."""
+    if root:
+        text = text.replace(root.rstrip("/") + "/", "")
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text)
+
+
 def error_response(
     status: int, message: str, *, param: str | None = None, code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS] + "..."
+    if param is not None and len(param) > ECHO_CHARS:
+        param = param[:ECHO_CHARS] + "..."
     detail = ErrorDetail(message=message, type=_TYPES.get(status, "server_error"), param=param, code=code)
     return JSONResponse(ErrorResponse(error=detail).model_dump(), status_code=status, headers=headers)
 
@@ -50,7 +77,7 @@ def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     """The first problem, as a 400 naming the parameter (FastAPI would answer 422)."""
     first = exc.errors()[0]
     names = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-    param = names[0] if names else None
+    param = names[0][:ECHO_CHARS] if names else None
     if first.get("type") == "json_invalid":
         return APIError(400, "request body is not valid JSON", code="invalid_json")
     message = first.get("msg", "invalid value")
@@ -75,7 +102,22 @@ def engine_errors() -> Iterator[None]:
     except (EngineClosed, Cancelled) as exc:
         raise APIError(503, f"the server is shutting down: {exc}", code="shutting_down") from None
     except VidloomError as exc:
-        raise APIError(500, f"generation failed: {exc}", code="generation_error") from None
+        raise APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error") from None
+    except sqlite3.Error as exc:
+        raise store_error(exc) from None
+
+
+def store_error(exc: sqlite3.Error | OSError, action: str = "the job store cannot be written") -> APIError:
+    """507 when the disk is full, else 503: the server's storage failed, not the request."""
+    reason = redact_paths(str(exc))
+    if _disk_full(exc):
+        return APIError(507, f"{action}: {reason}; free disk space on the server and retry", code="storage_full")
+    return APIError(503, f"{action}: {reason}", code="storage_unavailable", headers={"Retry-After": "10"})
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(exc, sqlite3.Error) and "full" in str(exc).lower())
 
 
 def install_error_handlers(app: FastAPI) -> None:
