@@ -41,7 +41,8 @@ class ThreadServer:
         self.config = config
         sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = uvicorn_server(create_app(engine, config), config, log_level="warning")
+        self.app = create_app(engine, config)  # tests reach the job manager as app.state.jobs
+        self._server = uvicorn_server(self.app, config, log_level="warning")
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         wait_healthy(self.url)

@@ -63,7 +63,8 @@ async def retrieve_video(request: Request, video_id: str) -> VideoObject:
     return VideoObject.from_record(_find(request, video_id))
 
 
-@router.api_route("/{video_id}/content", methods=["GET", "HEAD"])
+@router.head("/{video_id}/content", include_in_schema=False)  # HEAD: the headers of the GET below
+@router.get("/{video_id}/content")
 async def download_content(
     request: Request, video_id: str, variant: str = "video"
 ) -> OpenFileResponse:
