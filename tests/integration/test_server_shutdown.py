@@ -14,20 +14,24 @@ import httpx
 
 from tests.helpers.servers import BlockingJob, ProcessServer, create_video
 
+KEY = "sk-shutdown-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
 
 class EventStream(threading.Thread):
     """Reads one job's SSE stream to its end, noting when each event arrived."""
 
-    def __init__(self, url: str, video_id: str) -> None:
+    def __init__(self, url: str, video_id: str, headers: dict[str, str]) -> None:
         super().__init__(daemon=True)
-        self.url, self.video_id = url, video_id
+        self.url, self.video_id, self.headers = url, video_id, headers
         self.events: list[tuple[str, dict, float]] = []
         self.subscribed = threading.Event()
         self.start()
 
     def run(self) -> None:
         name = None
-        with httpx.stream("GET", f"{self.url}/v1/videos/{self.video_id}/events", timeout=60) as response:
+        url = f"{self.url}/v1/videos/{self.video_id}/events"
+        with httpx.stream("GET", url, headers=self.headers, timeout=60) as response:
             for line in response.iter_lines():
                 if line.startswith("event:"):
                     name = line.split(":", 1)[1].strip()
@@ -41,13 +45,17 @@ class EventStream(threading.Thread):
         return self.events[-1]
 
 
-def test_sigterm_fails_queued_jobs_at_once_and_running_ones_after_the_grace(demo_cache: Path, tmp_path: Path):
+def test_sigterm_fails_queued_jobs_at_once_and_running_ones_after_the_grace(
+    demo_cache: Path, tmp_path: Path, monkeypatch,
+):
     grace = 2.0
+    monkeypatch.setenv("VIDLOOM_API_KEY", KEY)  # the key from the environment, as the README recommends
     server = ProcessServer(tmp_path / "data", demo_cache, tmp_path / "serve.log", "--shutdown-grace", str(grace))
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    assert httpx.get(f"{server.url}/v1/videos").status_code == 401
+    with httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as client:
         running = BlockingJob(client).id
         queued = create_video(client)["id"]
-    streams = {job: EventStream(server.url, job) for job in (running, queued)}
+    streams = {job: EventStream(server.url, job, AUTH) for job in (running, queued)}
     assert all(s.subscribed.wait(30) for s in streams.values())
 
     sent = time.monotonic()
@@ -67,10 +75,11 @@ def test_sigterm_fails_queued_jobs_at_once_and_running_ones_after_the_grace(demo
 
 def test_sigterm_lets_a_running_job_finish_within_the_grace(demo_cache: Path, tmp_path: Path):
     data = tmp_path / "data"
-    server = ProcessServer(data, demo_cache, tmp_path / "serve.log", "--shutdown-grace", "60")
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    server = ProcessServer(data, demo_cache, tmp_path / "serve.log", "--shutdown-grace", "60", "--api-key", KEY)
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    with httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as client:
         job = create_video(client, num_inference_steps=40)["id"]
-    stream = EventStream(server.url, job)
+    stream = EventStream(server.url, job, AUTH)
     assert stream.subscribed.wait(30)
     sent = time.monotonic()
     code = server.terminate()

@@ -192,7 +192,8 @@ class JobStore:
         try:
             for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
                 if path.exists():
-                    moved = path.with_name(f".{path.stem}.deleting{path.suffix}")
+                    # "-": never in an atomic_path temp name (mkstemp), so the two cannot collide.
+                    moved = path.with_name(f".{path.stem}-deleting{path.suffix}")
                     path.replace(moved)
                     done.append((path, moved))
         except OSError:

@@ -18,7 +18,7 @@ import logging
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from vidloom.core.errors import Cancelled, InvalidRequest
 from vidloom.core.output import (
@@ -153,9 +153,9 @@ class JobManager:
             return live.record
         return self._unsaved.get(job_id) or self.store.get(job_id)
 
-    def page(self, after: str | None, limit: int, order: str) -> Page:
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
         """The store's page, with final states it has not accepted yet shown as they are."""
-        page = self.store.page(after, limit, order)  # type: ignore[arg-type]
+        page = self.store.page(after, limit, order)
         if not self._unsaved:
             return page
         return Page(tuple(self._unsaved.get(r.id, r) for r in page.records), page.has_more)
