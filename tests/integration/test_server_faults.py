@@ -20,7 +20,7 @@ _WRITES = re.compile(r"^\s*(INSERT|UPDATE|DELETE)", re.IGNORECASE)
 
 
 class FlakyDisk:
-    """Stands in for the store's SQLite connection: while `full`, statements matching `pattern` fail as on a full disk."""
+    """The store's SQLite connection, except that while `full` statements matching `pattern` fail (disk full)."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db

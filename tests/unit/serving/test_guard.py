@@ -91,7 +91,8 @@ def test_cors_origins_may_write():
 
 
 @pytest.mark.parametrize(("setting", "value"), [
-    ("api_key", ""), ("api_key", "  "), ("api_key", "ключ"), ("allowed_hosts", ("a b",)), ("cors_origins", ("app.com",)),
+    ("api_key", ""), ("api_key", "  "), ("api_key", "ключ"),
+    ("allowed_hosts", ("a b",)), ("cors_origins", ("app.com",)),
 ])
 def test_bad_security_settings_name_themselves(setting: str, value: object):
     with pytest.raises(ValueError, match=setting):
