@@ -183,3 +183,17 @@ def test_delete_whose_row_cannot_go_keeps_the_files(start_server, monkeypatch):
         assert client.get(f"/v1/videos/{video_id}/content").content == mp4  # the files were put back
         disk.full = False
         assert client.delete(f"/v1/videos/{video_id}").status_code == 200
+
+
+def test_a_failing_store_read_is_503_not_500(start_server, monkeypatch):
+    server = start_server()
+    store = server.app.state.jobs.store
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store, "page", broken)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        response = client.get("/v1/videos")
+        assert response.status_code == 503 and response.json()["error"]["code"] == "storage_unavailable"
+        assert "disk I/O error" in response.json()["error"]["message"]

@@ -137,6 +137,12 @@ def install_error_handlers(app: FastAPI) -> None:
         code = "not_found" if exc.status_code == 404 else None
         return error_response(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
 
+    @app.exception_handler(sqlite3.Error)
+    async def _store(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        log.error("job store error on %s %s: %s", request.method, request.url.path, exc)
+        err = store_error(exc, "the job store failed")
+        return error_response(err.status, err.message, code=err.code, headers=err.headers)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

@@ -94,7 +94,8 @@ def test_ids_that_could_escape_the_data_dir_are_not_ids():
         assert not is_job_id(text)
 
 
-def test_recover_without_a_database_moves_unknown_files_aside(tmp_path: Path):
+@pytest.mark.parametrize("lost", ["deleted", "emptied"])
+def test_recover_without_a_database_moves_unknown_files_aside(tmp_path: Path, lost: str):
     store = JobStore(tmp_path)
     done = _record(1)
     store.add(done)
@@ -105,6 +106,8 @@ def test_recover_without_a_database_moves_unknown_files_aside(tmp_path: Path):
     store.close()
     for name in ("jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm"):
         (tmp_path / name).unlink(missing_ok=True)  # the database is lost; the results are not
+    if lost == "emptied":
+        (tmp_path / "jobs.sqlite3").write_bytes(b"")  # SQLite reads a 0-byte file as an empty database
 
     store = JobStore(tmp_path)
     assert store.recover(3000, "server_restart", "restarted") == 0
