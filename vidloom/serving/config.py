@@ -35,7 +35,7 @@ class ServeConfig:
     # -- security (who may call, from where) --------------------------------------------------
     api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health
     metrics_need_key: bool = False  # /metrics also requires the key (open by default, for scrapers)
-    allowed_hosts: tuple[str, ...] = ()  # Host header names beyond the bind address and loopback; "*": any
+    allowed_hosts: tuple[str, ...] = ()  # Host names beyond the bind address, localhost and IP literals; "*": any
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (no CORS headers otherwise)
     enable_docs: bool = False  # serve /docs, /redoc and /openapi.json
 
