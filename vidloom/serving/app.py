@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from vidloom.media.video import encode_png
 from vidloom.runtime.engine import Engine
 from vidloom.serving.config import ServeConfig
+from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, install_error_handlers
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
@@ -40,7 +41,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     app = FastAPI(title="vidloom", version="0.1.0", lifespan=lifespan)
     app.state.config = config
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.include_router(video_router)
     app.include_router(router)
     return app
@@ -79,7 +80,7 @@ async def generate_image(request: Request) -> ImagesResponse:
     manager = jobs_of(request)
     body = await read_body(request, ImageGenerationBody)
     with engine_errors():
-        output = await manager.generate_image(plan_image(body, manager.card))
+        output = await unless_disconnected(request, manager.generate_image(plan_image(body, manager.card)))
     png = await asyncio.to_thread(encode_png, output.frames[0])
     return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=base64.b64encode(png).decode())])
 

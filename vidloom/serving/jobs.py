@@ -15,14 +15,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.media.video import write_png, write_video
-from vidloom.runtime.async_engine import AsyncEngine, EngineBusy, JobHandle
+from vidloom.runtime.async_engine import AsyncEngine, JobHandle
 from vidloom.runtime.engine import Engine
+from vidloom.runtime.memory import request_budget
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.job_store import JobRecord, JobStore
 from vidloom.serving.metrics import ServerMetrics
@@ -75,6 +76,10 @@ class JobManager:
         if failed:
             log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
+        device = getattr(engine.instance, "device", None)
+        budget = request_budget(device, config.slots) if device is not None else None
+        self.limits = config.request_limits(self.card, budget)
+        self._estimator = getattr(engine, "estimator", None)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
         self._live: dict[str, _LiveJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -158,7 +163,7 @@ class JobManager:
                 return None
             # Not live means finished, except in the moment between engine stop and store close.
             return Subscription(JobUpdate(record.status if record.finished else "progress", record), None)
-        queue: asyncio.Queue[JobUpdate] = asyncio.Queue()
+        queue: asyncio.Queue[JobUpdate] = asyncio.Queue(self._config.sse_queue_size)
         live.subscribers.add(queue)
         t = live.tracker
         return Subscription(JobUpdate("progress", live.record, t.phase, t.step, t.total), queue)
@@ -179,14 +184,10 @@ class JobManager:
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
-        try:
-            return self._engine.submit(request, self._bridge)
-        except EngineBusy:
-            self.metrics.rejected("queue_full")
-            raise
-        except InvalidRequest:
-            self.metrics.rejected("invalid_request")
-            raise
+        """Resolve, check this server's limits, enqueue (rejections are counted by the error handler)."""
+        resolved = resolve_request(request, self.card)
+        self.limits.check(resolved, self._estimator)
+        return self._engine.submit(resolved, self._bridge)
 
     # -- engine events ----------------------------------------------------------------
 
@@ -269,6 +270,10 @@ class JobManager:
 
     def _publish(self, live: _LiveJob, update: JobUpdate) -> None:
         for queue in live.subscribers:
+            if queue.full():
+                # A slow reader loses its oldest progress tick. The final update is always the last one
+                # published for a job, so what is dropped here is never a final event.
+                queue.get_nowait()
             queue.put_nowait(update)
 
 

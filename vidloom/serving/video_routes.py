@@ -33,7 +33,7 @@ async def create_video(request: Request) -> VideoObject:
     manager = jobs_of(request)
     body = await read_body(request, VideoCreateBody)
     with engine_errors():
-        planned = plan_video(body, manager.card, config_of(request).max_frames)
+        planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned)
     return VideoObject.from_record(record)
 
@@ -61,7 +61,7 @@ async def retrieve_video(request: Request, video_id: str) -> VideoObject:
     return VideoObject.from_record(_find(request, video_id))
 
 
-@router.get("/{video_id}/content")
+@router.api_route("/{video_id}/content", methods=["GET", "HEAD"])
 async def download_content(
     request: Request, video_id: str, variant: str = "video"
 ) -> FileResponse:
