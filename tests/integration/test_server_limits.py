@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -179,6 +180,17 @@ def test_slowloris_header_dribble_is_disconnected(start_server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_slow_body_gets_408(start_server):
+    server = start_server(body_timeout_s=0.5)
+    with socket.create_connection(("127.0.0.1", _port(server)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{\"prompt\"")
+        started = time.monotonic()
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout_s" in answer, answer
+    assert time.monotonic() - started < 3
+
+
 def test_idle_keep_alive_connection_is_closed(start_server):
     server = start_server(keep_alive_timeout_s=0.5)
     with socket.create_connection(("127.0.0.1", _port(server)), timeout=5) as sock:
@@ -200,3 +212,31 @@ def test_connection_limit_answers_503(start_server):
             sock.close()
     time.sleep(0.2)
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+# -- event streams: a slow reader gets a bounded queue, and always the final event ------------
+
+def test_slow_sse_reader_queue_is_bounded_and_keeps_the_final_event(demo_engine, tmp_path):
+    from vidloom.serving.config import ServeConfig
+    from vidloom.serving.jobs import JobManager
+    from vidloom.serving.params import plan_video
+    from vidloom.serving.protocol import VideoCreateBody
+
+    async def run() -> tuple[list[str], list[str]]:
+        config = ServeConfig(data_dir=tmp_path, sse_queue_size=3)
+        manager = JobManager(demo_engine, config, asyncio.get_running_loop())
+        try:
+            body = VideoCreateBody(prompt="a cat", size="48x32", num_frames=5, num_inference_steps=30)
+            record = manager.submit_video(plan_video(body, manager.card, None))
+            slow = manager.subscribe(record.id)  # never read while the job runs
+            assert slow is not None and slow.updates is not None
+            while manager.get(record.id).status not in ("completed", "failed", "cancelled"):
+                await asyncio.sleep(0.01)
+            slow_events = [slow.updates.get_nowait().event for _ in range(slow.updates.qsize())]
+            return slow_events, [manager.get(record.id).status]
+        finally:
+            await manager.close()
+
+    events, status = asyncio.run(run())
+    assert status == ["completed"]
+    assert len(events) == 3 and events[-1] == "completed", events  # 30+ progress ticks were coalesced away

@@ -19,7 +19,8 @@ from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
+          409: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error"}
 
 
@@ -105,11 +106,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def count_rejection(app: object, status: int, code: str | None) -> None:
-    """Count a refused request (400 / 413 / 429) by its error code in the server's metrics.
+    """Count a refused request (400 / 408 / 413 / 429) by its error code in the server's metrics.
 
     The code, not the parameter, is the label: codes are a fixed set, parameter names come from clients.
     """
-    if status not in (400, 413, 429):
+    if status not in (400, 408, 413, 429):
         return
     jobs = getattr(getattr(app, "state", None), "jobs", None)
     if jobs is not None:
