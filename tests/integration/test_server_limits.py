@@ -195,10 +195,11 @@ def test_idle_keep_alive_connection_is_closed(start_server):
     server = start_server(keep_alive_timeout_s=0.5)
     with socket.create_connection(("127.0.0.1", _port(server)), timeout=5) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert b"200 OK" in sock.recv(4096)
-        started = time.monotonic()
-        assert sock.recv(1024) == b""  # closed by the server
-        assert time.monotonic() - started < 2
+        started, received = time.monotonic(), b""
+        while chunk := sock.recv(4096):  # the response, then the server's close (b"")
+            received += chunk
+    assert b"200 OK" in received and b'"status":"ok"' in received
+    assert time.monotonic() - started < 2.5
 
 
 def test_connection_limit_answers_503(start_server):
