@@ -50,6 +50,12 @@ def test_limits_are_configurable_and_memory_is_estimated(start_server):
         assert wait_for_status(client, video["id"], {"completed", "failed"})["status"] == "completed"
 
 
+def test_prompt_is_stored_once_per_video_object(client):
+    video = create_video(client, prompt="a fox " * 100)
+    assert video["prompt"] == "a fox " * 100 and "prompt" not in video["parameters"]
+    assert video["parameters"]["seed"] == SMALL["seed"]
+
+
 def test_image_requests_meet_the_same_limits(client):
     error = _error(client.post("/v1/images/generations", json={"prompt": "a cat", "size": "2048x2048"}))
     assert error["param"] == "size" and "max_pixels" in error["message"]

@@ -76,10 +76,11 @@ class JobManager:
         if failed:
             log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
-        device = getattr(engine.instance, "device", None)
-        budget = request_budget(device, config.slots) if device is not None else None
-        self.limits = config.request_limits(self.card, budget)
+        # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
+        # no device to measure, so it gets the card's other limits only.
         self._estimator = getattr(engine, "estimator", None)
+        budget = request_budget(engine.instance.device, config.slots) if self._estimator is not None else None
+        self.limits = config.request_limits(self.card, budget)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
         self._live: dict[str, _LiveJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -278,9 +279,13 @@ class JobManager:
 
 
 def request_params(request: GenerationRequest) -> dict[str, Any]:
-    """The resolved request as stored with the job: enough to run it again, seed included."""
+    """The resolved request as stored with the job: with the job's prompt, enough to run it again, seed included.
+
+    The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
+    """
     params = dataclasses.asdict(request)
     params.pop("request_id")
+    params.pop("prompt")
     params["task"] = request.task.value
     return params
 
