@@ -31,7 +31,9 @@ class ServeConfig:
     max_pixels: int | None = None  # width * height of one frame (card: 4x its default size)
     max_frames: int | None = None  # num_frames, or seconds * fps (card: 4x its default latent frames)
     max_steps: int | None = None  # num_inference_steps (card: 20x its default)
-    max_prompt_chars: int | None = None  # prompt / negative_prompt length (card: 16 chars per text token)
+    # prompt / negative_prompt length (card: 16 chars per text token, which core validation enforces on every
+    # path, so this can only tighten it)
+    max_prompt_chars: int | None = None
     max_request_memory_bytes: int | None = None  # estimated peak per request (default: 90% of free / slots)
     # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
