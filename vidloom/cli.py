@@ -62,6 +62,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    _add_limit_arguments(srv)
     add_deploy_arguments(srv)
     _add_serve_security_arguments(srv)
 
@@ -89,6 +90,20 @@ def _serve_security_settings(args: argparse.Namespace) -> dict[str, object]:
         "cors_origins": tuple(args.cors_origin), "enable_docs": args.enable_docs,
         "graceful_shutdown_s": args.shutdown_grace,
     }
+
+
+def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
+    """Per-request work limits and connection bounds (ServeConfig); unset limits derive from the model card."""
+    lim = srv.add_argument_group("request and connection limits")
+    lim.add_argument("--max-pixels", type=int, default=None, help="width*height per frame (default: 4x the card's size)")
+    lim.add_argument("--max-frames", type=int, default=None, help="frames per video (default: 4x the card's)")
+    lim.add_argument("--max-steps", type=int, default=None, help="denoise steps (default: 20x the card's)")
+    lim.add_argument("--max-prompt-chars", type=int, default=None, help="prompt length (default: from the text encoder)")
+    lim.add_argument("--max-request-memory-gb", type=float, default=None,
+                     help="estimated peak memory per request (default: 90%% of free memory / slots)")
+    lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
+    lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
+    lim.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default: 256)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +135,11 @@ def _serve(args: argparse.Namespace) -> int:
             model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
             policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
             deploy=deploy_config(args, place.world_size if place else None), **_serve_security_settings(args),
+            max_pixels=args.max_pixels, max_frames=args.max_frames, max_steps=args.max_steps,
+            max_prompt_chars=args.max_prompt_chars,
+            max_request_memory_bytes=None if args.max_request_memory_gb is None else int(args.max_request_memory_gb * 2**30),
+            header_timeout_s=args.header_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
+            max_connections=args.max_connections,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

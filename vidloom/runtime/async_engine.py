@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
@@ -42,6 +43,7 @@ class _Entry:
     on_event: EventCallback | None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     started: bool = False
+    admitted_at: float = 0.0  # perf_counter when it took a slot
 
     @property
     def key(self) -> str:
@@ -80,7 +82,8 @@ class AsyncEngine:
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
         self._closing = False
-        self._job_seconds = 10.0  # running mean of job wall time, for Retry-After
+        # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
+        self._job_seconds: float | None = None
         self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
         self._thread.start()
 
@@ -150,6 +153,7 @@ class AsyncEngine:
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
+                    entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
                 entry = self._scheduler.pick()
             if entry is not None:
@@ -169,8 +173,13 @@ class AsyncEngine:
             log.exception("request %s failed", entry.key)
             self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
         else:
-            self._job_seconds = 0.8 * self._job_seconds + 0.2 * output.metadata["elapsed_s"]
+            self._observe(time.perf_counter() - entry.admitted_at)
             self._finish_locked(entry, CompletedEvent(entry.key, output), output)
+
+    def _observe(self, seconds: float) -> None:
+        with self._cond:
+            mean = self._job_seconds
+            self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
     def _finish_locked(self, entry: _Entry, event: Event, outcome: object) -> None:
         with self._cond:
@@ -182,18 +191,29 @@ class AsyncEngine:
         self._entries.pop(entry.key, None)
         entry.run.close()
         self._emit(entry, event)
-        if isinstance(outcome, BaseException):
-            entry.future.set_exception(outcome)
-        else:
-            entry.future.set_result(outcome)
+        try:
+            if isinstance(outcome, BaseException):
+                entry.future.set_exception(outcome)
+            else:
+                entry.future.set_result(outcome)
+        except concurrent.futures.InvalidStateError:
+            pass  # the awaiting task was cancelled (its client left), which cancels the future: nobody reads it
 
     def _emit(self, entry: _Entry, event: Event) -> None:
         if entry.on_event is not None:
             entry.on_event(event)
 
     def _retry_after(self) -> int:
-        # A queue place frees when the oldest resident job finishes: about one job's time.
-        return max(1, math.ceil(self._job_seconds))
+        """Seconds until a queue place likely frees: when the oldest resident job finishes (lock held).
+
+        From observed job times: the mean job time less what the oldest resident job has run
+        already. Before any job completed, what that job has run so far is the best guess.
+        """
+        now = time.perf_counter()
+        ran = max((now - e.admitted_at for e in self._entries.values() if e.started), default=0.0)
+        if self._job_seconds is None:
+            return max(1, math.ceil(ran))
+        return max(1, math.ceil(self._job_seconds - ran))
 
 
 def _guarded(callback: EventCallback) -> EventCallback:

@@ -11,11 +11,13 @@ import torch
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
+from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import EventCallback, ProgressEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.memory import load_estimator, request_budget
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
 
@@ -202,6 +204,11 @@ class Engine(EngineDriver):
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
+        self.estimator = load_estimator(instance)
+        # The Python API's own bound: what the device had free once the weights were loaded, so a
+        # request that cannot fit fails with InvalidRequest before it allocates anything.
+        self.limits = RequestLimits(max_memory_bytes=request_budget(instance.device))
 
     def start(
         self,
@@ -212,4 +219,5 @@ class Engine(EngineDriver):
     ) -> RequestRun:
         """Validate `request` (InvalidRequest before any work) and prepare its run."""
         resolved = resolve_request(request, self.instance.card)
+        self.limits.check(resolved, self.estimator)
         return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs)

@@ -14,6 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from vidloom.media.video import encode_png
 from vidloom.runtime.engine import Engine
 from vidloom.serving.config import ServeConfig
+from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, install_error_handlers
 from vidloom.serving.guard import HostGuard, RequestGuard
 from vidloom.serving.job_store import JobStore
@@ -50,7 +51,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.state.config = config
     install_error_handlers(app)
     # add_middleware wraps: the last added runs first (Host check, CORS preflights, key/origin/type, body size).
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(RequestGuard, config=config)
     if config.cors_origins:
         app.add_middleware(
@@ -103,7 +104,7 @@ async def generate_image(request: Request) -> ImagesResponse:
     manager = jobs_of(request)
     body = await read_body(request, ImageGenerationBody)
     with engine_errors():
-        output = await manager.generate_image(plan_image(body, manager.card))
+        output = await unless_disconnected(request, manager.generate_image(plan_image(body, manager.card)))
     png = await asyncio.to_thread(encode_png, output.frames[0])
     return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=base64.b64encode(png).decode())])
 

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vidloom.core.errors import Cancelled, InvalidRequest, UnknownModel, VidloomError
+from vidloom.core.errors import Cancelled, InvalidRequest, LimitExceeded, UnknownModel, VidloomError
 from vidloom.runtime.async_engine import EngineBusy, EngineClosed
 from vidloom.serving.params import api_field
 from vidloom.serving.protocol import ErrorDetail, ErrorResponse
@@ -23,7 +23,8 @@ from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
-          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          404: "invalid_request_error", 408: "invalid_request_error",
+          409: "invalid_request_error", 413: "invalid_request_error",
           415: "invalid_request_error", 429: "rate_limit_error"}
 ECHO_CHARS = 64  # a client-sent value quoted back in an error keeps at most this many characters
 MESSAGE_CHARS = 2000  # and no error message is longer than this
@@ -95,7 +96,8 @@ def engine_errors() -> Iterator[None]:
         raise APIError(404, str(exc), param="model", code="model_not_found") from None
     except InvalidRequest as exc:
         param = api_field(exc.field)
-        raise APIError(400, f"{param}: {exc.message}", param=param, code="invalid_parameter") from None
+        code = "limit_exceeded" if isinstance(exc, LimitExceeded) else "invalid_parameter"
+        raise APIError(400, f"{param}: {exc.message}", param=param, code=code) from None
     except EngineBusy as exc:
         headers = {"Retry-After": str(exc.retry_after_s)}
         raise APIError(429, f"{exc}; retry after {exc.retry_after_s}s", code="queue_full", headers=headers) from None
@@ -125,11 +127,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        count_rejection(request.app, exc.status, exc.code)
         return error_response(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = validation_error(exc)
+        count_rejection(request.app, err.status, err.code)
         return error_response(err.status, err.message, param=err.param, code=err.code)
 
     @app.exception_handler(StarletteHTTPException)
@@ -147,3 +151,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal server error", code="internal_error")
+
+
+def count_rejection(app: object, status: int, code: str | None) -> None:
+    """Count a refused request (400 / 408 / 413 / 429) by its error code in the server's metrics.
+
+    The code, not the parameter, is the label: codes are a fixed set, parameter names come from clients.
+    """
+    if status not in (400, 408, 413, 429):
+        return
+    jobs = getattr(getattr(app, "state", None), "jobs", None)
+    if jobs is not None:
+        jobs.metrics.rejected(code or "invalid_request")

@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.media.video import write_png, write_video
-from vidloom.runtime.async_engine import AsyncEngine, EngineBusy, EngineClosed, JobHandle
+from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
+from vidloom.runtime.memory import request_budget
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import JobRecord, JobStore, Page
@@ -89,6 +90,11 @@ class JobManager:
         self._loop = loop
         self.store = store if store is not None else open_store(config)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
+        # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
+        # no device to measure, so it gets the card's other limits only.
+        self._estimator = getattr(engine, "estimator", None)
+        budget = request_budget(engine.instance.device, config.slots) if self._estimator is not None else None
+        self.limits = config.request_limits(self.card, budget)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
         self._live: dict[str, _LiveJob] = {}
         self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
@@ -194,7 +200,7 @@ class JobManager:
                 return None
             # Not live means finished, except in the moment between engine stop and store close.
             return Subscription(JobUpdate(record.status if record.finished else "progress", record), None)
-        queue: asyncio.Queue[JobUpdate] = asyncio.Queue()
+        queue: asyncio.Queue[JobUpdate] = asyncio.Queue(self._config.sse_queue_size)
         live.subscribers.add(queue)
         t = live.tracker
         return Subscription(JobUpdate("progress", live.record, t.phase, t.step, t.total), queue)
@@ -242,16 +248,12 @@ class JobManager:
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
+        """Resolve, check this server's limits, enqueue (rejections are counted by the error handler)."""
         if self._draining:
             raise EngineClosed("no new work is accepted")
-        try:
-            return self._engine.submit(request, self._bridge)
-        except EngineBusy:
-            self.metrics.rejected("queue_full")
-            raise
-        except InvalidRequest:
-            self.metrics.rejected("invalid_request")
-            raise
+        resolved = resolve_request(request, self.card)
+        self.limits.check(resolved, self._estimator)
+        return self._engine.submit(resolved, self._bridge)
 
     # -- engine events ----------------------------------------------------------------
 
@@ -362,13 +364,21 @@ class JobManager:
 
     def _publish(self, live: _LiveJob, update: JobUpdate) -> None:
         for queue in live.subscribers:
+            if queue.full():
+                # A slow reader loses its oldest progress tick. The final update is always the last one
+                # published for a job, so what is dropped here is never a final event.
+                queue.get_nowait()
             queue.put_nowait(update)
 
 
 def request_params(request: GenerationRequest) -> dict[str, Any]:
-    """The resolved request as stored with the job: enough to run it again, seed included."""
+    """The resolved request as stored with the job: with the job's prompt, enough to run it again, seed included.
+
+    The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
+    """
     params = dataclasses.asdict(request)
     params.pop("request_id")
+    params.pop("prompt")
     params["task"] = request.task.value
     return params
 

@@ -33,7 +33,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._rejected = Counter(
-            "vidloom_rejected_requests", "Requests refused at submission, by reason", ["reason"],
+            "vidloom_rejected_requests", "Requests refused (400, 408, 413, 429), by error code", ["reason"],
             registry=self.registry,
         )
 

@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 import uvicorn
 
 from vidloom.serving.config import ServeConfig
+from vidloom.serving.http_protocol import with_header_timeout
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ def uvicorn_server(app: object, config: ServeConfig, log_level: str = "info") ->
         app, log_level=log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
         # One process: the model is resident once and the device worker is a thread in it.
         workers=1, lifespan="on",
+        # Slow or idle clients: a deadline for each request head (h11, our protocol), the
+        # keep-alive idle timeout, and a cap on connections (more get 503).
+        http=with_header_timeout(config.header_timeout_s),
+        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # uvicorn takes a float
+        limit_concurrency=config.max_connections,
     ), drain=lambda: drain(app))  # type: ignore[arg-type]
 
 

@@ -35,7 +35,7 @@ async def create_video(request: Request) -> VideoObject:
     manager = jobs_of(request)
     body = await read_body(request, VideoCreateBody)
     with engine_errors():
-        planned = plan_video(body, manager.card, config_of(request).max_frames)
+        planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned)
     return VideoObject.from_record(record)
 
