@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
@@ -81,6 +82,10 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._closing = False
         self._job_seconds = 10.0  # running mean of job wall time, for Retry-After
+        # Device chores (a cancelled run's clean-up, releasing cached memory) that other threads
+        # hand to the worker: only the worker touches the device, so nothing frees or synchronises
+        # while it captures a CUDA graph.
+        self._chores: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
         self._thread.start()
 
@@ -128,6 +133,26 @@ class AsyncEngine:
             entry.run.cancel.cancel()
             return True
 
+    @property
+    def compile_misses(self) -> int:
+        """Requests that ran eagerly outside the compiled shape buckets (0 without --compile)."""
+        return getattr(self.engine, "compile_misses", 0)
+
+    def release_memory(self) -> concurrent.futures.Future:
+        """Return cached device memory to the driver, on the worker between steps; resolves when done."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chore() -> None:
+            release = getattr(self.engine, "release_memory", None)
+            if release is not None:
+                release()
+            done.set_result(None)
+
+        with self._cond:
+            self._chores.append(chore)
+            self._cond.notify()
+        return done
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
@@ -144,14 +169,17 @@ class AsyncEngine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries:
+                while not self._closing and not self._entries and not self._chores:
                     self._cond.wait()
-                if self._closing and not self._entries:
+                chores, self._chores = self._chores, []
+                if self._closing and not self._entries and not chores:
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
                     self._emit(entry, StartedEvent(entry.key))
                 entry = self._scheduler.pick()
+            for chore in chores:
+                _run_chore(chore)
             if entry is not None:
                 self._step(entry)
 
@@ -180,7 +208,11 @@ class AsyncEngine:
         """Release the request's slot and memory, report, resolve its future (lock held)."""
         self._scheduler.remove(entry.key)
         self._entries.pop(entry.key, None)
-        entry.run.close()
+        if threading.current_thread() is self._thread:
+            entry.run.close()
+        else:  # cancel/close from another thread: the worker cleans up between its steps
+            self._chores.append(entry.run.close)
+            self._cond.notify()
         self._emit(entry, event)
         if isinstance(outcome, BaseException):
             entry.future.set_exception(outcome)
@@ -194,6 +226,13 @@ class AsyncEngine:
     def _retry_after(self) -> int:
         # A queue place frees when the oldest resident job finishes: about one job's time.
         return max(1, math.ceil(self._job_seconds))
+
+
+def _run_chore(chore: Callable[[], None]) -> None:
+    try:
+        chore()
+    except Exception:  # a failed clean-up must not stop the worker
+        log.exception("device worker chore failed")
 
 
 def _guarded(callback: EventCallback) -> EventCallback:

@@ -75,7 +75,8 @@ class JobManager:
         if failed:
             log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
-        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
+        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
+                                     lambda: self._engine.compile_misses)
         self._live: dict[str, _LiveJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False

@@ -233,24 +233,25 @@ def rope_tables(
 
 
 def rope_freqs(grid: tuple[int, int, int], head_dim: int, device: torch.device) -> Tensor:
-    """Unit complex numbers cos + i*sin [S, head_dim // 2] (complex64) of `rope_tables`, for `apply_rope`."""
-    cos, sin = rope_tables(grid, head_dim, device)
-    return torch.complex(cos, sin)
+    """`rope_tables` as one float32 table [S, head_dim // 2, 2] of (cos, sin) pairs: a complex64 view
+    of it gives the unit rotations, and it stays a real tensor for torch.compile and sharding."""
+    return torch.stack(rope_tables(grid, head_dim, device), dim=-1)
 
 
 def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
-    """Rotate adjacent channel pairs of x [B, S, H, D] by the unit complex numbers freqs [S, D/2].
+    """Rotate adjacent channel pairs of x [B, S, H, D] by freqs [S, D/2, 2] (cos, sin).
 
     Eager mode multiplies complex numbers: one float32 kernel instead of six strided real
-    ops plus a stack (the products even*cos - odd*sin and even*sin + odd*cos are the same).
-    Under torch.compile the real form is traced instead (`apply_rope_reference`), which
-    inductor fuses into one kernel without complex dtypes. Either way the rotation runs in
-    float32 and rounds once to x's dtype.
+    ops plus a stack (the products even*cos - odd*sin and even*sin + odd*cos are the same,
+    bit for bit on CPU). Under torch.compile the real form is traced instead
+    (`apply_rope_reference`), which inductor fuses into one kernel without complex dtypes.
+    Either way the rotation runs in float32 and rounds once to x's dtype.
     """
     if torch.compiler.is_compiling():
-        return apply_rope_reference(x, freqs.real, freqs.imag)
+        return apply_rope_reference(x, freqs[..., 0], freqs[..., 1])
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
-    return torch.view_as_real(pairs * freqs[None, :, None, :]).flatten(-2).type_as(x)
+    rotation = torch.view_as_complex(freqs.contiguous())
+    return torch.view_as_real(pairs * rotation[None, :, None, :]).flatten(-2).type_as(x)
 
 
 def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -399,7 +400,7 @@ class WanConditioning:
     time_mod: Tensor
     """Shared per-block modulation [B, 6, D]."""
     rope: Tensor
-    """RoPE rotations cos + i*sin [S, Dh/2] (complex64) for this rank's tokens (all S unless the sequence is sharded)."""
+    """RoPE (cos, sin) pairs [S, Dh/2, 2] for this rank's tokens (all S unless the sequence is sharded)."""
     grid: tuple[int, int, int]
     """Patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
