@@ -163,6 +163,11 @@ class StepGraphs:
             self._steps[key] = GraphedStep(call, self.device, self.capturer)
         return self._steps[key]
 
+    def totals(self) -> dict[str, int]:
+        """Captures, replays and eager fallbacks over every step body (benchmarks and logs report them)."""
+        steps = list(self._steps.values())
+        return {name: sum(getattr(step, name) for step in steps) for name in ("captures", "replays", "fallbacks")}
+
 
 def _signature(inputs: Mapping[str, Any]) -> Hashable:
     parts: list[Hashable] = []

@@ -229,6 +229,11 @@ class Engine(EngineDriver):
         """Requests that ran eagerly because their shape is outside the compiled buckets."""
         return self.compile_buckets.misses if self.compile_buckets is not None else 0
 
+    @property
+    def graph_stats(self) -> dict[str, int] | None:
+        """CUDA-graph captures, replays and eager fallbacks so far (None without cuda_graphs)."""
+        return self._graphs.totals() if self._graphs is not None else None
+
     def warmup_guidances(self) -> tuple[float | None, ...]:
         # Batched CFG runs batch 2 with guidance and batch 1 without: both are compiled buckets.
         if self.compile_buckets is not None and self.compile_buckets.cfg_batched:

@@ -117,6 +117,9 @@ def test_step_graphs_need_cuda_unless_given_a_capturer():
         StepGraphs(CPU)
     graphs = StepGraphs(CPU, RecordingCapturer())
     assert graphs.get(_step) is graphs.get(_step)
+    for _ in range(2):
+        graphs.get(_step)(x=torch.ones(2), scale=1.0)
+    assert graphs.totals() == {"captures": 1, "replays": 2, "fallbacks": 0}
 
 
 @pytest.mark.parametrize("plan", [ParallelPlan(sp=2), ParallelPlan(cfg=2)], ids=["sp", "cfg"])
