@@ -61,17 +61,25 @@ class CudaGraphCapturer:
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, call: Callable[..., torch.Tensor], static: Mapping[str, Any]) -> Capture:
+        home = torch.cuda.current_stream(self.device)
         stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        stream.wait_stream(home)
         with torch.cuda.stream(stream):
             for _ in range(WARMUP_RUNS):
                 call(**static)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        home.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's (legal) CUDA calls do not invalidate this capture;
-        # this thread's unsafe calls still fail it, and GraphedStep falls back to eager.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            output = call(**static)
+        try:
+            # thread_local: another thread's (legal) CUDA calls do not invalidate this capture;
+            # this thread's unsafe calls still fail it, and GraphedStep falls back to eager.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                output = call(**static)
+        except BaseException:
+            # When capture_end raises, torch.cuda.graph leaves its capture stream current: put the
+            # caller's stream back and drain, so the eager fallback is ordered like any other work.
+            torch.cuda.set_stream(home)
+            torch.cuda.synchronize(self.device)
+            raise
         return _CudaCapture(graph, output)
 
 

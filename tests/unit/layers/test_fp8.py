@@ -41,17 +41,6 @@ def test_quantize_linears_swaps_selected_layers_only():
     assert model(torch.randn(2, 8)).shape == (2, 4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_scaled_mm_path_close_to_dequantized_on_gpu():
-    torch.manual_seed(2)
-    linear = nn.Linear(256, 512).cuda().bfloat16()
-    fp8 = FP8Linear.from_linear(linear).cuda()
-    x = torch.randn(4, 77, 256, device="cuda", dtype=torch.bfloat16)
-    ref = torch.nn.functional.linear(x, fp8.dequantized(torch.bfloat16), fp8.bias.bfloat16())
-    rel = ((fp8(x).float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    assert rel < 0.08  # activations are quantized too on the FP8 tensor-core path
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_fp8_on_cuda_needs_bfloat16_compute(dtype):
     # _scaled_mm with per-row scales only outputs bf16: refused at load, not at the first forward.

@@ -127,3 +127,11 @@ def test_cuda_graphs_with_a_parallel_plan_are_refused_at_load(plan):
     with pytest.raises(DeployError, match="cuda_graphs cannot run with a parallel plan"):
         DeployConfig(cuda_graphs=True, devices=plan.world_size, parallel=plan)
     DeployConfig(cuda_graphs=True)  # one device: allowed (the CUDA check comes at load)
+
+
+def test_cuda_graphs_are_refused_at_load_without_cuda(demo_cache):
+    from vidloom.generator import VideoGenerator
+
+    with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
+        VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache,
+                                       deploy=DeployConfig(cuda_graphs=True))

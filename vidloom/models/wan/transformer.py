@@ -273,18 +273,20 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, fused: bool | 
     """
     normed = F.layer_norm(x.float(), (x.shape[-1],), None, None, eps)
     if x.is_cuda if fused is None else fused:
-        return torch.addcmul(shift, normed, 1 + scale).type_as(x)
+        # out= in x's dtype: computed in float32, rounded as it is stored (no float32 result pass).
+        return torch.addcmul(shift, normed, 1 + scale, out=torch.empty_like(x))
     return (normed * (1 + scale) + shift).type_as(x)
 
 
 def gated_residual(x: Tensor, update: Tensor, gate: Tensor, fused: bool | None = None) -> Tensor:
     """x + update * gate in float32 (gate is float32), rounded once to x's dtype.
 
-    `fused` (default: on CUDA): one addcmul pass that widens x and update inside the kernel,
-    instead of an upcast, a multiply and an add; CPU keeps the bit-exact two-op form (see `modulate`).
+    `fused` (default: on CUDA): one addcmul pass that widens x and update inside the kernel and
+    stores in x's dtype, instead of an upcast, a multiply, an add and a cast; CPU keeps the
+    bit-exact form (see `modulate`).
     """
     if x.is_cuda if fused is None else fused:
-        return torch.addcmul(x, update, gate).type_as(x)
+        return torch.addcmul(x, update, gate, out=torch.empty_like(x))
     return (x.float() + update * gate).type_as(x)
 
 
