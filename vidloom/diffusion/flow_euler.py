@@ -1,4 +1,4 @@
-"""Flow-matching Euler sampler, numerically equal to diffusers' FlowMatchEulerDiscreteScheduler."""
+"""Flow-matching Euler sampler: diffusers' FlowMatchEulerDiscreteScheduler update, with float32 state (see `step`)."""
 
 from __future__ import annotations
 
