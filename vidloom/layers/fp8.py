@@ -53,8 +53,11 @@ class QuantizedActivation:
 def quantize_activation(x: Tensor) -> QuantizedActivation:
     """Dynamic per-row (per-token) symmetric quantization of x [..., K]."""
     rows = x.reshape(-1, x.shape[-1])
-    scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    q = (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    # Few passes over the activation: one reduction for max|x| (no |x| tensor), a division that
+    # widens to float32 inside the kernel, an in-place clamp, the cast.
+    amax = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
+    scale = amax.clamp(min=1e-12) / FP8_MAX
+    q = torch.div(rows, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return QuantizedActivation(q, scale, tuple(x.shape[:-1]), x.dtype)
 
 

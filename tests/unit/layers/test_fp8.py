@@ -112,3 +112,16 @@ def test_project_falls_back_to_each_linear_when_not_all_fp8():
     x = torch.randn(3, 16)
     a, b = project(x, plain, quant)
     assert torch.equal(a, plain(x)) and torch.equal(b, quant(x))
+
+
+def test_activation_quantization_is_per_row_max_scaling():
+    from vidloom.layers.fp8 import FP8_MAX, quantize_activation
+
+    torch.manual_seed(6)
+    x = (torch.randn(2, 5, 32) * torch.logspace(-2, 2, 5)[None, :, None]).bfloat16()
+    qa = quantize_activation(x)
+    rows = x.reshape(-1, 32).float()
+    scale = rows.abs().amax(dim=1, keepdim=True) / FP8_MAX
+    assert torch.equal(qa.scale, scale) and qa.lead_shape == (2, 5) and qa.dtype == torch.bfloat16
+    assert torch.equal(qa.rows.float(), (rows / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float())
+    assert qa.rows.float().abs().amax(dim=1).eq(FP8_MAX).all()  # every row uses the full e4m3 range
