@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
@@ -84,6 +85,10 @@ class AsyncEngine:
         self._closing = False
         # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
         self._job_seconds: float | None = None
+        # Device chores (a cancelled run's clean-up, releasing cached memory) that other threads
+        # hand to the worker: only the worker touches the device, so nothing frees or synchronises
+        # while it captures a CUDA graph.
+        self._chores: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
         self._thread.start()
 
@@ -131,6 +136,26 @@ class AsyncEngine:
             entry.run.cancel.cancel()
             return True
 
+    @property
+    def compile_misses(self) -> int:
+        """Requests that ran eagerly outside the compiled shape buckets (0 without --compile)."""
+        return getattr(self.engine, "compile_misses", 0)
+
+    def release_memory(self) -> concurrent.futures.Future:
+        """Return cached device memory to the driver, on the worker between steps; resolves when done."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chore() -> None:
+            release = getattr(self.engine, "release_memory", None)
+            if release is not None:
+                release()
+            done.set_result(None)
+
+        with self._cond:
+            self._chores.append(chore)
+            self._cond.notify()
+        return done
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
@@ -147,15 +172,18 @@ class AsyncEngine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries:
+                while not self._closing and not self._entries and not self._chores:
                     self._cond.wait()
-                if self._closing and not self._entries:
+                chores, self._chores = self._chores, []
+                if self._closing and not self._entries and not chores:
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
                     entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
                 entry = self._scheduler.pick()
+            for chore in chores:
+                _run_chore(chore)
             if entry is not None:
                 self._step(entry)
 
@@ -189,7 +217,11 @@ class AsyncEngine:
         """Release the request's slot and memory, report, resolve its future (lock held)."""
         self._scheduler.remove(entry.key)
         self._entries.pop(entry.key, None)
-        entry.run.close()
+        if threading.current_thread() is self._thread:
+            entry.run.close()
+        else:  # cancel/close from another thread: the worker cleans up between its steps
+            self._chores.append(entry.run.close)
+            self._cond.notify()
         self._emit(entry, event)
         try:
             if isinstance(outcome, BaseException):
@@ -214,6 +246,13 @@ class AsyncEngine:
         if self._job_seconds is None:
             return max(1, math.ceil(ran))
         return max(1, math.ceil(self._job_seconds - ran))
+
+
+def _run_chore(chore: Callable[[], None]) -> None:
+    try:
+        chore()
+    except Exception:  # a failed clean-up must not stop the worker
+        log.exception("device worker chore failed")
 
 
 def _guarded(callback: EventCallback) -> EventCallback:

@@ -95,7 +95,8 @@ class JobManager:
         self._estimator = getattr(engine, "estimator", None)
         budget = request_budget(engine.instance.device, config.slots) if self._estimator is not None else None
         self.limits = config.request_limits(self.card, budget)
-        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
+        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
+                                     lambda: self._engine.compile_misses)
         self._live: dict[str, _LiveJob] = {}
         self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
         self._images: set[str] = set()  # image requests being rendered (their HTTP call is waiting)
