@@ -41,10 +41,10 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "vidloom/serving/params.py": ("tests/unit/serving/test_params.py", "tests/integration/test_equivalence_request.py"),
     "vidloom/deploy_args.py": ("tests/integration/test_cli.py::test_deploy_flags_build_the_deploy_config",
                                "tests/integration/test_equivalence_deploy.py"),
-    "vidloom/cli.py": ("tests/integration/test_equivalence_request.py", "tests/integration/test_equivalence_deploy.py",
-                       "tests/integration/test_cli.py"),
     "vidloom/media/video.py": ("tests/unit/media", "tests/integration/test_generator.py::test_save_writes_a_playable_mp4"),
     "vidloom/core/request.py": ("tests/unit/core/test_request.py", "tests/unit/serving/test_params.py"),
+    "vidloom/cli.py": ("tests/integration/test_equivalence_request.py", "tests/integration/test_equivalence_deploy.py",
+                       "tests/integration/test_cli.py"),
 }
 PRELOAD = ("torch", "numpy", "av", "fastapi", "uvicorn", "httpx", "pydantic", "openai", "safetensors",
            "tokenizers", "transformers", "diffusers", "tqdm", "pytest")
@@ -204,6 +204,10 @@ def _run_tests(scratch: Path, tests: tuple[str, ...], timeout_s: float) -> str:
             os.chdir(scratch)
             sys.path.insert(0, str(scratch))
             os.environ["PYTHONPATH"] = str(scratch)
+            # No bytecode caches: a mutant written in the same second as another of the same size
+            # would otherwise import the other's stale .pyc (its mtime and size match).
+            sys.dont_write_bytecode = True
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)

@@ -154,10 +154,10 @@ class TeaCache:
         compute = warm
         for row, branch in enumerate(branches):
             current = probe[row : row + 1]
-            if branch.probe is None or branch.residual is None:
+            if branch.residual is None:  # first call of this branch (the probe is set whenever the residual is)
                 compute = True
             elif not warm:
-                branch.accumulated += self.distance(current, branch.probe)
+                branch.accumulated += self.distance(current, branch.probe)  # type: ignore[arg-type]
                 compute = compute or branch.accumulated >= threshold
             branch.probe = current  # TeaCache compares consecutive steps, computed or not
         if not compute:

@@ -82,6 +82,8 @@ def test_a_never_reset_accumulator_gives_another_pattern():
 
 def test_threshold_zero_computes_every_step_and_huge_threshold_only_the_first():
     assert _run(TeaCache(), _values(DISTANCES), threshold=0.0) == "C" * 10
+    # An unchanged indicator adds 0: the sum reaches a threshold of 0, so 0 still never skips.
+    assert _run(TeaCache(), [2.0] * 5, threshold=0.0) == "C" * 5
     assert _run(TeaCache(), _values(DISTANCES), threshold=1e6) == "C" + "S" * 9
 
 
