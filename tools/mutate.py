@@ -38,7 +38,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "tests/unit/runtime/test_teacache.py", "tests/unit/runtime/test_step_cache.py",
         "tests/integration/test_acceleration.py",
     ),
-    "vidloom/serving/params.py": ("tests/unit/serving/test_params.py", "tests/integration/test_equivalence_request.py"),
+    "vidloom/serving/params.py": ("tests/unit/serving/test_params.py", "tests/unit/serving/test_params_limits.py",
+                                  "tests/integration/test_equivalence_request.py"),
     "vidloom/deploy_args.py": ("tests/integration/test_cli.py::test_deploy_flags_build_the_deploy_config",
                                "tests/integration/test_equivalence_deploy.py"),
     "vidloom/media/video.py": ("tests/unit/media", "tests/integration/test_generator.py::test_save_writes_a_playable_mp4"),
@@ -46,6 +47,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "vidloom/cli.py": ("tests/integration/test_equivalence_request.py", "tests/integration/test_equivalence_deploy.py",
                        "tests/integration/test_cli.py"),
 }
+# Keyword arguments whose loss only changes text a person reads (help, progress bars): not mutated.
+COSMETIC_KWARGS = frozenset({"help", "metavar", "description", "desc", "unit", "file", "flush", "prog"})
 PRELOAD = ("torch", "numpy", "av", "fastapi", "uvicorn", "httpx", "pydantic", "openai", "safetensors",
            "tokenizers", "transformers", "diffusers", "tqdm", "pytest")
 
@@ -128,7 +131,7 @@ class _Mutator(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         for keyword in list(node.keywords):
-            if keyword.arg is not None and self._site(node, "drop-kwarg", f"{_callee(node)}({keyword.arg}=)"):
+            if keyword.arg not in (None, *COSMETIC_KWARGS) and self._site(node, "drop-kwarg", f"{_callee(node)}({keyword.arg}=)"):
                 node.keywords.remove(keyword)
         return node
 
@@ -234,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=1200.0, help="stop starting mutants after this long")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per-mutant limit (a timeout counts as killed)")
     parser.add_argument("--kinds", default="", help="comma-separated mutation kinds to keep (default: all)")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="keep mutants whose name contains TEXT (repeatable), e.g. params.py:98:")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args(argv)
     kinds = set(filter(None, args.kinds.split(",")))
-    todo = [m for t in (args.target or TARGETS) for m in mutants(t) if not kinds or m.kind in kinds]
+    todo = [m for t in (args.target or TARGETS) for m in mutants(t)
+            if (not kinds or m.kind in kinds) and (not args.only or any(text in m.name for text in args.only))]
     if args.list:
         for m in todo:
             print(m.name)
