@@ -18,7 +18,7 @@ def test_to_uint8_scales_rounds_and_clips():
 
 
 def test_mp4_is_h264_yuv420p_at_the_requested_quality(tmp_path):
-    fine, coarse = tmp_path / "a" / "fine.mp4", tmp_path / "coarse.mp4"  # a missing folder is created
+    fine, coarse = tmp_path / "a" / "b" / "fine.mp4", tmp_path / "coarse.mp4"  # missing folders are created
     write_video(FRAMES, 8, fine)
     write_video(FRAMES, 8, coarse, crf=45)
     with av.open(str(fine)) as container:
