@@ -21,6 +21,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep the text encoder in CPU memory between encodes")
     group.add_argument("--prompt-cache", type=int, default=0, metavar="N", help="cache N prompt embeddings")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
+    group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
+                       help="pixels between tile starts (default 3/4 of --vae-tile)")
     group.add_argument("--attention-backend", default="sdpa", metavar="NAME",
                        help="DiT attention kernel: sdpa | flash (flash-attn) | sage (SageAttention); default sdpa")
     group.add_argument("--cfg-mode", default="sequential", metavar="MODE",
@@ -51,6 +53,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         offload_text_encoder=args.offload_text_encoder,
         prompt_cache_size=args.prompt_cache,
         vae_tile=args.vae_tile,
+        vae_tile_stride=args.vae_tile_stride,
         attention_backend=args.attention_backend,
         cfg_mode=args.cfg_mode,
         step_cache=args.step_cache,

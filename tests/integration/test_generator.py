@@ -52,17 +52,30 @@ def test_progress_events_cover_denoise_and_decode(generator):
     assert [p for p in progress if p[0] == "decode"] == [("decode", i, 2) for i in (1, 2)]
 
 
-def test_cancel_mid_denoise_then_generator_still_works(generator):
+@pytest.mark.parametrize("cancel_at", [1, 3])
+def test_cancel_mid_denoise_stops_within_one_step_then_generator_still_works(generator, cancel_at):
+    steps = 6
     token = CancellationToken()
     seen = []
+    transformer = generator.engine.instance["transformer"]
+    calls = []  # one entry per DiT forward: the real work done, not just the events reported
+    hook = transformer.register_forward_hook(lambda *args: calls.append(1))
 
     def on_event(event):
         seen.append(event)
-        if isinstance(event, ProgressEvent) and event.phase == "denoise" and event.step == 1:
+        if isinstance(event, ProgressEvent) and event.phase == "denoise" and event.step == cancel_at:
             token.cancel()
 
-    with pytest.raises(Cancelled):
-        generator.generate("a fox", seed=1, on_event=on_event, cancel=token, **SMALL)
+    try:
+        with pytest.raises(Cancelled):
+            generator.generate("a fox", seed=1, on_event=on_event, cancel=token, **{**SMALL, "num_inference_steps": steps})
+    finally:
+        hook.remove()
+    denoised = [e.step for e in seen if isinstance(e, ProgressEvent) and e.phase == "denoise"]
+    # The cancel lands at the next step boundary: at most one step after the one that reported it.
+    assert cancel_at <= denoised[-1] <= cancel_at + 1 < steps
+    assert denoised == list(range(1, denoised[-1] + 1))
+    assert len(calls) == 2 * denoised[-1]  # CFG: cond + uncond forward per step, none after the stop
     assert not any(e.phase == "decode" for e in seen if isinstance(e, ProgressEvent))
     assert generator.generate("a fox", seed=1, **SMALL).num_frames == 5
 

@@ -89,13 +89,19 @@ def test_sp2_rejects_an_unsplittable_request_at_submit_and_stays_usable(sp2):
     with pytest.raises(InvalidRequest, match="num_frames: .* 27 video tokens"):
         sp2.generate("x", height=48, width=48, num_frames=9)
     token = CancellationToken()
+    seen: list = []
 
-    def cancel_after_first_step(event):
-        if isinstance(event, ProgressEvent) and event.step == 1:
+    def cancel_at_step_2(event):
+        seen.append(event)
+        if isinstance(event, ProgressEvent) and event.phase == "denoise" and event.step == 2:
             token.cancel()
 
     with pytest.raises(Cancelled):
-        sp2.engine.run(GenerationRequest(**SMALL), on_event=cancel_after_first_step, cancel=token)
+        sp2.engine.run(GenerationRequest(**{**SMALL, "num_inference_steps": 6}), on_event=cancel_at_step_2, cancel=token)
+    # Rank 0 reports each step as it finishes; the ranks stop at the next boundary (within one step).
+    denoised = [e.step for e in seen if isinstance(e, ProgressEvent) and e.phase == "denoise"]
+    assert denoised == list(range(1, denoised[-1] + 1)) and 2 <= denoised[-1] <= 3
+    assert not any(e.phase == "decode" for e in seen if isinstance(e, ProgressEvent))
     assert not sp2.engine.broken  # a cancel ends the request on every rank, not the pool
 
 

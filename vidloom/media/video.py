@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,11 +14,20 @@ import numpy as np
 import torch
 
 
+PARTIAL = ".partial"
+"""Marks atomic_path's temp files: `.<stem>.<writer pid>.<random>.partial<suffix>` beside the final path."""
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds."""
+    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.
+
+    A writer that raises removes its temp file; one that is killed leaves it behind, and the
+    next atomic write to the same path (or remove_stale_temps on the folder) removes it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    remove_stale_temps(path.parent, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{os.getpid()}.", suffix=f"{PARTIAL}{path.suffix}", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -25,6 +35,35 @@ def atomic_path(path: Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def remove_stale_temps(directory: Path, final: Path | None = None) -> list[Path]:
+    """Delete atomic_path temp files in `directory` (only those for `final`, if given) whose writer
+    process is gone; returns what was removed. Temps of live writers are left alone."""
+    removed = []
+    for candidate in Path(directory).glob(".*"):
+        match = _TEMP_NAME.match(candidate.name)
+        if match is None:
+            continue
+        if final is not None and (match["stem"], match["suffix"]) != (final.stem, final.suffix):
+            continue
+        if not _alive(int(match["pid"])):
+            candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+    return removed
+
+
+_TEMP_NAME = re.compile(r"^\.(?P<stem>.*)\.(?P<pid>\d+)\.[A-Za-z0-9_]+" + re.escape(PARTIAL) + r"(?P<suffix>(\.[^.]*)?)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:

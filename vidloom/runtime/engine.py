@@ -70,7 +70,7 @@ class RequestRun:
         self._observer = observer
         self._slots: dict[str, Any] = {"request": request}
         # Built per request (InvalidRequest for a threshold without a deployed cache).
-        self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request)
+        self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
         self._units = self._run_units()
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0

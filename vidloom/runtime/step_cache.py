@@ -17,7 +17,7 @@ never mix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -75,34 +75,92 @@ class StepCachePolicy(Protocol):
     default_threshold: float
 
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float
+        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int
     ) -> tuple[Tensor, int]: ...
 
 
-class TeaCache:
-    """Reuse all blocks while the accumulated relative L1 change of block 0's timestep-modulated
-    input stays below the threshold (Liu et al. 2024, arXiv:2411.19108, section 4).
+@dataclass(frozen=True)
+class TeaCacheRescale:
+    """TeaCache's calibrated indicator for one checkpoint: which tensor it measures, the polynomial
+    that maps its raw relative L1 change onto the change of the model output, and the steps that
+    always compute (the published `ret_steps` warm-up)."""
 
-    No polynomial rescale: the published Wan2.1 coefficients (TeaCache4Wan2.1 in the authors'
-    repository) were fitted on another indicator (the timestep projection) of the real weights,
-    so they do not apply to this one. Thresholds are therefore in raw relative-L1 units.
+    coefficients: tuple[float, ...]
+    """Polynomial coefficients, highest degree first (numpy.poly1d order, as published)."""
+    indicator: Callable[[StagedNetwork, Tensor, Any], Tensor]
+    """(net, tokens, cond) -> the tensor whose consecutive-step change is measured."""
+    warmup_steps: int = 0
+    """The first steps always compute and leave the accumulator at 0."""
+
+    def __call__(self, distance: float) -> float:
+        value = 0.0
+        for c in self.coefficients:  # Horner, highest degree first
+            value = value * distance + c
+        return value
+
+
+def _wan_time_modulation(net: StagedNetwork, x: Tensor, cond: Any) -> Tensor:
+    # Wan's `e0`: the shared per-block modulation [B, 6, D] (diffusers' condition_embedder.time_proj
+    # output), the input TeaCache4Wan2.1 measures with use_ret_steps=True.
+    return cond.time_mod
+
+
+# TeaCache's published Wan2.1 T2V rescale polynomials, use_ret_steps=True variant (the one whose
+# indicator is e0, with the first 5 steps always computed): ali-vilab/TeaCache,
+# TeaCache4Wan2.1/teacache_generate.py (also in DiffSynth-Studio's Wan pipeline). They were fitted
+# on the real weights, so they apply only to those checkpoints; random-weight demos and unknown
+# folders fall back to raw relative L1 of block 0's modulated input.
+WAN21_TEACACHE: dict[str, TeaCacheRescale] = {
+    "wan2.1-t2v-1.3b": TeaCacheRescale(
+        (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02), _wan_time_modulation, 5
+    ),
+    "wan2.1-t2v-14b": TeaCacheRescale(
+        (-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01), _wan_time_modulation, 5
+    ),
+}
+"""model_id -> TeaCache's calibrated indicator; models not listed use raw relative L1 (see TeaCache)."""
+
+
+class TeaCache:
+    """Reuse all blocks while the accumulated (rescaled) relative L1 change of the indicator stays
+    below the threshold (Liu et al. 2024, arXiv:2411.19108, section 4; the decision rule follows the
+    authors' reference implementation step by step so thresholds mean the same thing).
+
+    Per branch and per call: add the rescaled relative L1 distance between this step's indicator
+    and the previous step's (computed or skipped) to the accumulator; below the threshold, reuse
+    the residual; at or above it, compute the blocks and reset the accumulator to 0.
+
+    Two threshold scales: with `rescale` (a real Wan2.1 checkpoint, WAN21_TEACACHE) thresholds are
+    TeaCache's published ones (0.05-0.3 for Wan); without it the indicator is block 0's modulated
+    input and the distance is raw relative L1, a different scale (README, Acceleration).
     """
 
     name: ClassVar[str] = "teacache"
     default_threshold: ClassVar[float] = 0.1
 
+    def __init__(self, rescale: TeaCacheRescale | None = None) -> None:
+        self.rescale = rescale
+
+    def distance(self, current: Tensor, previous: Tensor) -> float:
+        raw = relative_l1(current, previous)
+        return self.rescale(raw) if self.rescale is not None else raw
+
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float
+        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
     ) -> tuple[Tensor, int]:
-        probe = net.block_input(x, cond, 0)
-        reuse = True
+        rescale = self.rescale
+        probe = rescale.indicator(net, x, cond) if rescale is not None else net.block_input(x, cond, 0)
+        warm = rescale is not None and step < rescale.warmup_steps
+        compute = warm
         for row, branch in enumerate(branches):
             current = probe[row : row + 1]
-            if branch.probe is not None:
-                branch.accumulated += relative_l1(current, branch.probe)
+            if branch.residual is None:  # first call of this branch (the probe is set whenever the residual is)
+                compute = True
+            elif not warm:
+                branch.accumulated += self.distance(current, branch.probe)  # type: ignore[arg-type]
+                compute = compute or branch.accumulated >= threshold
             branch.probe = current  # TeaCache compares consecutive steps, computed or not
-            reuse = reuse and branch.residual is not None and branch.accumulated < threshold
-        if reuse:
+        if not compute:
             return x + torch.cat([b.residual for b in branches]), net.num_blocks  # type: ignore[misc]
         out = net.run_blocks(x, cond)
         residual = out - x
@@ -120,7 +178,7 @@ class FirstBlockCache:
     default_threshold: ClassVar[float] = 0.1
 
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float
+        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
     ) -> tuple[Tensor, int]:
         first = net.run_blocks(x, cond, 0, 1)
         probe = first - x
@@ -155,9 +213,16 @@ def step_cache_policy(name: str) -> StepCachePolicy | None:
     return policy
 
 
-def make_step_cache(deploy: DeployConfig, request: GenerationRequest) -> StepCache | None:
-    """The request's own step cache, or None when the deployment has none (plain steps)."""
+def make_step_cache(
+    deploy: DeployConfig, request: GenerationRequest, model_id: str | None = None
+) -> StepCache | None:
+    """The request's own step cache, or None when the deployment has none (plain steps).
+
+    `model_id` picks TeaCache's published calibration where the checkpoint has one (WAN21_TEACACHE).
+    """
     policy = step_cache_policy(deploy.step_cache)
+    if isinstance(policy, TeaCache) and model_id in WAN21_TEACACHE:
+        policy = TeaCache(WAN21_TEACACHE[model_id])
     if policy is None:
         if request.step_cache_threshold is not None:
             raise InvalidRequest(
@@ -199,7 +264,7 @@ class StepCache:
             return plan.call(**plan.inputs)
         if not isinstance(network, StagedNetwork):
             raise TypeError(f"step cache {self.policy.name!r} needs a staged network, got {type(network).__name__}")
-        view = _CachedNetwork(self, network, plan.loop)
+        view = _CachedNetwork(self, network, plan.loop, plan.index)
         result = plan.call(**{**plan.inputs, NETWORK: view})
         self._counts.steps += 1
         self._counts.skipped_steps += int(view.calls > 0 and view.reused_calls == view.calls)
@@ -236,6 +301,7 @@ class _CachedNetwork:
     cache: StepCache
     net: StagedNetwork
     loop: str
+    step: int
     calls: int = 0
     reused_calls: int = 0
 
@@ -244,7 +310,7 @@ class _CachedNetwork:
         rows = x.shape[0]
         branches = [self.cache.branch((self.loop, self.calls, row)) for row in range(rows)]
         self.calls += 1
-        x, skipped = self.cache.policy.run_blocks(self.net, x, cond, branches, self.cache.threshold)
+        x, skipped = self.cache.policy.run_blocks(self.net, x, cond, branches, self.cache.threshold, self.step)
         self.reused_calls += int(skipped > 0)
         self.cache.count_blocks(self.net.num_blocks * rows, skipped * rows)
         return self.net.head(x, cond)

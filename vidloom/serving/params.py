@@ -145,5 +145,5 @@ def _sampling(body: SamplingExtensions) -> dict[str, object]:
     return {
         "negative_prompt": body.negative_prompt, "num_inference_steps": body.num_inference_steps,
         "guidance_scale": body.guidance_scale, "flow_shift": body.flow_shift, "sampler": body.sampler,
-        "seed": body.seed,
+        "seed": body.seed, "step_cache_threshold": body.step_cache_threshold,
     }

@@ -31,6 +31,7 @@ class SamplingExtensions(BaseModel):
     flow_shift: ApiFloat | None = None
     sampler: str | None = None
     seed: ApiInt | None = None
+    step_cache_threshold: ApiFloat | None = None  # overrides the deployment's step-cache threshold
 
 
 class VideoCreateBody(SamplingExtensions):

@@ -56,7 +56,10 @@ def test_missing_package_is_named(name):
 
 
 def _fake_kernels(monkeypatch) -> list[dict]:
-    """Stand-ins for flash_attn_func / sageattn that record their call and compute reference attention."""
+    """FAKE kernels: stand-ins for flash_attn_func / sageattn that record their call and compute reference
+    attention. They check only our adapters (argument layout, keywords, mask refusal), not the real
+    kernels' numerics: those are unverified until tests/gpu/test_attention_kernels.py runs on a GPU
+    with flash-attn / SageAttention installed."""
     calls: list[dict] = []
 
     def kernel(q, k, v, **kwargs):
@@ -70,6 +73,7 @@ def _fake_kernels(monkeypatch) -> list[dict]:
 
 @pytest.mark.parametrize("name, kwargs", [("flash", {}), ("sage", {"tensor_layout": "NHD", "is_causal": False})])
 def test_adapters_pass_our_layout_through(monkeypatch, name, kwargs):
+    # Against FAKE kernels (see _fake_kernels): a pass here says nothing about the real kernels' output.
     calls = _fake_kernels(monkeypatch)
     fn = resolve_attention(name, CUDA, torch.bfloat16)
     q, k, v = _qkv()

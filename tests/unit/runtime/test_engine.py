@@ -106,21 +106,28 @@ def test_cancel_before_start_runs_nothing():
 
 
 def test_cancel_from_another_thread():
+    # Handshake, no sleeps: step 1's progress callback waits until the other thread has cancelled,
+    # so the cancel is in place before the boundary after step 1 and exactly one step runs.
     loop = CountingLoop()
     token = CancellationToken()
-    started = threading.Event()
+    first_step_done, cancelled = threading.Event(), threading.Event()
 
-    def slow(event):
-        started.set()
-        token_wait.wait(1.0)
+    def wait_for_cancel(event):
+        if isinstance(event, ProgressEvent) and event.step == 1:
+            first_step_done.set()
+            assert cancelled.wait(10), "the cancelling thread never ran"
 
-    token_wait = threading.Event()
-    thread = threading.Thread(target=lambda: (started.wait(5), token.cancel(), token_wait.set()))
+    def cancel_from_elsewhere():
+        assert first_step_done.wait(10)
+        token.cancel()
+        cancelled.set()
+
+    thread = threading.Thread(target=cancel_from_elsewhere)
     thread.start()
     with pytest.raises(Cancelled):
-        _engine(loop).run(GenerationRequest("p", num_inference_steps=100), on_event=slow, cancel=token)
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=100), on_event=wait_for_cancel, cancel=token)
     thread.join()
-    assert loop.calls < 100
+    assert loop.calls == 1
 
 
 def test_runs_can_be_stepped_alternately():

@@ -86,7 +86,21 @@ def test_batched_cfg_skips_only_when_every_row_agrees():
     for plan in _plans(net, BatchedCFG(), steps=3, uncond_drift=0.0):
         cache.execute(plan)
     assert net.block_rows == [[1.0, 2.0]]  # both rows unchanged: steps 2 and 3 reuse
-    assert cache.report()["step_cache"]["skipped_steps"] == 2
+    report = cache.report()["step_cache"]
+    # blocks are counted per row: 3 steps x 4 blocks x 2 rows, of which steps 2 and 3 reused all
+    assert (report["skipped_steps"], report["total_blocks"], report["skipped_blocks"]) == (2, 24, 16)
+
+
+def test_fbcache_measures_block_0s_residual_not_its_output():
+    # The tokens grow every step but block 0 adds the same residual: FBCache must reuse from step 2
+    # (its output, or output + input, would change by ~1/step and force every step to compute).
+    net, cache = FakeNet(), StepCache(FirstBlockCache(), threshold=0.05)
+    for i in range(4):
+        cache.execute(StepPlan("denoise", i, 4, call=lambda network, latents, timestep, text_embeds: network(
+            latents, timestep, text_embeds), inputs={
+                NETWORK: net, "latents": torch.full((1, 3), float(i + 1)), "timestep": torch.tensor([1.0]),
+                "text_embeds": torch.full((1, 2), 1.0)}))
+    assert cache.report()["step_cache"]["skipped_steps"] == 3
 
 
 def test_threshold_zero_never_skips():
