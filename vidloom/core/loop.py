@@ -1,6 +1,6 @@
 """The Loop protocol: the model owns the loop, the runtime drives it one step at a time.
 
-    state = loop.init(slots)
+    state = loop.init(slots, ctx)
     while not isinstance(plan := loop.next(state), Done):
         state = loop.advance(state, runtime.execute(plan))
     outputs = loop.finalize(state)
@@ -67,13 +67,25 @@ class StepInterceptor(Protocol):
         ...
 
 
+class LoopContext(Protocol):
+    """What the runtime offers a loop at `init`; the loop owns semantics, the runtime lifetimes."""
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        """Report progress of a phase other than the plan's own steps (e.g. chunks of a rollout)."""
+        ...
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Run `release` once the loop ends, whether it finished, failed or was cancelled."""
+        ...
+
+
 class Loop(Protocol, Generic[S]):
     """Iterative work owned by a model. Per-request state lives in `S`, never on modules."""
 
     name: str
 
-    def init(self, slots: Mapping[str, Any]) -> S:
-        """Build fresh per-request state from the program's slots."""
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> S:
+        """Build fresh per-request state from the program's slots; long-lived buffers go through `ctx.hold`."""
         ...
 
     def next(self, state: S) -> StepPlan | Done:

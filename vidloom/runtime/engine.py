@@ -70,6 +70,7 @@ class RequestRun:
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
+        self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
 
     @property
     def done(self) -> bool:
@@ -97,7 +98,8 @@ class RequestRun:
 
     def close(self) -> None:
         """Drop every intermediate (latents, embeddings), also after failure or cancel."""
-        self._units.close()
+        self._units.close()  # runs the open loop's release path (see _run_node)
+        self._release_held(0)
         self._slots.clear()
         if self._interceptor is not None:
             self._interceptor.close()
@@ -120,6 +122,14 @@ class RequestRun:
         if self._graphs is not None:
             return self._graphs.get(plan.call)(**plan.inputs)
         return plan.call(**plan.inputs)
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Call `release` when the current loop ends (finish, failure or cancel)."""
+        self._releases.append(release)
+
+    def _release_held(self, keep: int) -> None:
+        while len(self._releases) > keep:
+            self._releases.pop()()
 
     def progress(self, phase: str, done: int, total: int) -> None:
         now = time.perf_counter()
@@ -147,13 +157,18 @@ class RequestRun:
             yield
             return written
         loop = node.loop
-        state = loop.init(reads)
-        while not isinstance(plan := loop.next(state), Done):
-            self.check_cancelled()
-            state = loop.advance(state, self.execute(plan))
-            self.progress(plan.loop, plan.index + 1, plan.total)
-            yield
-        return loop.finalize(state)
+        held = len(self._releases)
+        try:
+            state = loop.init(reads, self)
+            while not isinstance(plan := loop.next(state), Done):
+                self.check_cancelled()
+                state = loop.advance(state, self.execute(plan))
+                self.progress(plan.loop, plan.index + 1, plan.total)
+                yield
+            return loop.finalize(state)
+        finally:
+            # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
+            self._release_held(held)
 
 
 class EngineDriver:

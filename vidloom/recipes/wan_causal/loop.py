@@ -1,0 +1,189 @@
+"""AnyFlow-FAR chunk rollout: chunk by chunk, a few flow-map steps each, attending to earlier chunks.
+
+Plans, in order, for every chunk k: a KV prefill of chunks [0, k) (none for chunk 0),
+then one plan per flow-map step of chunk k. The KV slab is allocated at `init`, held
+through the runtime's loop context and released when the loop ends however it ends.
+With `kv_cache=False` every step recomputes the whole sequence instead (same results,
+no slab): the reference the cache is tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
+from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
+from vidloom.models.wan_causal.kv_cache import FarKVCache
+from vidloom.models.wan_causal.layout import ChunkLayout
+from vidloom.models.wan_causal.transformer import FarTransformer
+
+CHUNK_PHASE = "chunks"
+"""Progress phase reported once per finished chunk (plan steps report under the loop's name)."""
+
+
+def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
+    """Latent frames per chunk: the checkpoint's partition when it fits, else the same rhythm cut to length.
+
+    The rhythm is the default's first chunk, then chunks of its largest size, the last one shorter.
+    """
+    if sum(default) == latent_frames:
+        return default
+    first = min(default[0], latent_frames)
+    size = max(default[1:], default=default[0])
+    rest = latent_frames - first
+    return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
+
+
+def far_step(
+    transformer: FarTransformer, latents: Tensor, t: Tensor, r: Tensor, text: Tensor, layout: ChunkLayout,
+    cache: FarKVCache | None, guidance_scale: float,
+) -> Tensor:
+    """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference."""
+    branches = text.shape[0]
+    x = latents.expand(branches, *latents.shape[1:])
+    tt, rr = t.expand(branches), r.expand(branches)
+    if cache is None:
+        out = transformer.recompute(x, tt, rr, text, layout)
+    else:
+        out = transformer.step(x, tt, rr, text, layout, cache)
+    if branches == 1:
+        return out
+    uncond, cond = out.chunk(2)
+    return uncond + guidance_scale * (cond - uncond)
+
+
+def far_prefill(transformer: FarTransformer, context: Tensor, text: Tensor, layout: ChunkLayout, cache: FarKVCache) -> None:
+    transformer.prefill(context.expand(text.shape[0], *context.shape[1:]), text, layout, cache)
+
+
+@dataclass
+class FarRolloutState:
+    """One request's rollout; the KV slab in `cache` is this request's alone."""
+
+    layouts: list[ChunkLayout]
+    noise: Tensor  # [1, C, F, h, w], compute dtype
+    latents: Tensor  # [1, C, F, h, w]: finished chunks are written here in order
+    text: Tensor  # projected text [branches, L, D]: [uncond, cond] under CFG
+    guidance_scale: float
+    sampler: FlowMapEulerSampler
+    schedule: Schedule
+    sampler_state: Any
+    ctx: LoopContext
+    cache: FarKVCache | None
+    chunk_latents: Tensor
+    chunk: int = 0
+    step: int = 0
+    prefilled: bool = False
+    done_steps: int = 0
+    finished_chunks: int = 0  # chunks reported through ctx.progress so far
+    frame_starts: list[int] = field(default_factory=list)
+
+
+class FarRolloutLoop:
+    """Causal chunk rollout over a shared FarTransformer; per-request state only in FarRolloutState."""
+
+    name = "rollout"
+    prefill_phase = "kv_prefill"
+
+    def __init__(self, transformer: FarTransformer, sampler_config: SamplerConfig, dtype: torch.dtype,
+                 kv_cache: bool = True) -> None:
+        self.transformer = transformer
+        self.sampler_config = sampler_config
+        self.dtype = dtype
+        self.kv_cache = kv_cache
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> FarRolloutState:
+        request: GenerationRequest = slots["request"]
+        noise: Tensor = slots["latents"].to(self.dtype)
+        sampler = make_sampler(request.sampler, self.sampler_config.with_shift(request.flow_shift))
+        assert isinstance(sampler, FlowMapEulerSampler), "card lists only flow-map samplers"
+        schedule = sampler.schedule(request.num_inference_steps)
+        config = self.transformer.config
+        partition = chunk_partition(noise.shape[2], config.chunk_partition)
+        hw = (noise.shape[3], noise.shape[4])
+        layouts = [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
+        text = self.transformer.embed_text(self._branches(slots).to(self.dtype))
+        starts = [sum(partition[:k]) for k in range(len(partition) + 1)]
+        state = FarRolloutState(
+            layouts=layouts, noise=noise, latents=torch.zeros_like(noise), text=text,
+            guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule,
+            sampler_state=sampler.init_state(schedule), ctx=ctx, cache=None,
+            chunk_latents=noise[:, :, starts[0] : starts[1]], frame_starts=starts,
+        )
+        if self.kv_cache:
+            ctx.hold(lambda: _release(state))
+            state.cache = self.transformer.new_cache(layouts, text.shape[0], noise.device, self.dtype)
+        return state
+
+    @staticmethod
+    def _branches(slots: Mapping[str, Any]) -> Tensor:
+        negative = slots["negative_embeds"]
+        return slots["prompt_embeds"] if negative is None else torch.cat([negative, slots["prompt_embeds"]])
+
+    def total_steps(self, state: FarRolloutState) -> int:
+        return len(state.layouts) * state.schedule.num_steps
+
+    def next(self, state: FarRolloutState) -> StepPlan | Done:
+        if state.finished_chunks < state.chunk:
+            # Reported here rather than in advance, so it follows the runtime's event for the chunk's last step.
+            state.finished_chunks = state.chunk
+            state.ctx.progress(CHUNK_PHASE, state.chunk, len(state.layouts))
+        if state.chunk >= len(state.layouts):
+            return DONE
+        layout = state.layouts[state.chunk]
+        if state.cache is not None and layout.context_frames and not state.prefilled:
+            return StepPlan(
+                loop=self.prefill_phase, index=state.chunk - 1, total=len(state.layouts) - 1, call=far_prefill,
+                inputs={"transformer": self.transformer, "context": state.latents[:, :, : layout.context_frames],
+                        "text": state.text, "layout": layout, "cache": state.cache},
+            )
+        t = state.schedule.timesteps[state.step]
+        r = state.sampler.target_timestep(state.schedule, state.step)
+        latents = state.chunk_latents
+        if state.cache is None:  # recompute: finished chunks, then the one being generated
+            latents = torch.cat([state.latents[:, :, : layout.context_frames], latents], dim=2)
+        return StepPlan(
+            loop=self.name, index=state.done_steps, total=self.total_steps(state), call=far_step,
+            inputs={"transformer": self.transformer, "latents": latents, "t": t.reshape(1), "r": r.reshape(1),
+                    "text": state.text, "layout": layout, "cache": state.cache,
+                    "guidance_scale": state.guidance_scale},
+        )
+
+    def advance(self, state: FarRolloutState, result: Tensor | None) -> FarRolloutState:
+        layout = state.layouts[state.chunk]
+        if state.cache is not None and layout.context_frames and not state.prefilled:
+            state.prefilled = True
+            return state
+        state.chunk_latents = state.sampler.step(state.sampler_state, state.step, result, state.chunk_latents)
+        state.step += 1
+        state.done_steps += 1
+        if state.step == state.schedule.num_steps:
+            self._finish_chunk(state)
+        return state
+
+    def _finish_chunk(self, state: FarRolloutState) -> None:
+        k = state.chunk
+        start, stop = state.frame_starts[k], state.frame_starts[k + 1]
+        state.latents[:, :, start:stop] = state.chunk_latents
+        state.chunk, state.step, state.prefilled = k + 1, 0, False
+        state.sampler_state = state.sampler.init_state(state.schedule)
+        if state.chunk < len(state.layouts):
+            state.chunk_latents = state.noise[:, :, stop : state.frame_starts[k + 2]]
+
+    def finalize(self, state: FarRolloutState) -> dict[str, Any]:
+        _release(state)
+        if not torch.isfinite(state.latents).all():
+            raise NonFiniteOutput("rollout produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
+        return {"latents": state.latents.float()}
+
+
+def _release(state: FarRolloutState) -> None:
+    """Drop the request's KV slab (idempotent: finalize and the runtime's release path both call it)."""
+    state.cache = None

@@ -1,0 +1,69 @@
+"""The AnyFlow-FAR text-to-video program: encode text -> draw noise -> chunk rollout -> decode."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from vidloom.core.instance import ModelInstance
+from vidloom.core.program import Node, NodeContext, Program
+from vidloom.core.request import GenerationRequest
+from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan_causal.transformer import FarTransformer
+from vidloom.recipes.wan.program import _vae_tiling
+from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan_causal.loop import FarRolloutLoop
+
+
+def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
+    """T2V over `instance`; `kv_cache=False` recomputes every step from scratch (same frames, slower)."""
+    text: WanTextEncoder = instance["text_encoder"]
+    vae: WanVAE = instance["vae"]
+    transformer: FarTransformer = instance["transformer"]
+    in_channels = transformer.config.wan.in_channels
+    tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
+
+    def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if not request.uses_cfg:
+            return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
+        both = text.encode([request.prompt, request.negative_prompt or ""])
+        return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
+
+    def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        shape = (
+            1,
+            in_channels,
+            (request.num_frames - 1) // vae.config.temporal_factor + 1,
+            request.height // vae.config.spatial_factor,
+            request.width // vae.config.spatial_factor,
+        )
+        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the whole video.
+        generator = torch.Generator("cpu").manual_seed(request.seed)
+        return {"latents": torch.randn(shape, generator=generator, dtype=torch.float32).to(instance.device)}
+
+    def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        vae_dtype = next(vae.parameters()).dtype
+        latents = vae.denormalize_latents(slots["latents"].to(vae_dtype))
+        video = vae.decode(latents, progress=lambda done, total: ctx.progress("decode", done, total), tiling=tiling)
+        frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
+        return {"video": frames.cpu().numpy()}
+
+    loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache)
+    return Program(
+        nodes=(
+            Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
+            Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
+            Node(
+                "rollout",
+                reads=("request", "latents", "prompt_embeds", "negative_embeds"),
+                writes=("latents",),
+                loop=loop,
+            ),
+            Node("decode", reads=("latents",), writes=("video",), run=decode),
+        ),
+        inputs=frozenset({"request"}),
+        outputs=("video",),
+    )
