@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import EventCallback, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.image import load_image
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -105,18 +106,28 @@ class VideoGenerator:
         sampler: str | None = None,
         seed: int | None = None,
         step_cache_threshold: float | None = None,
+        image: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
         """Generate a video; fields left None take the card's sampling defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
+        image (a PIL image, an [H, W, 3] array or a path) makes it image-to-video from that first
+        frame; the video takes the image's size unless height/width are given (then it is resized).
         """
+        task = Task.T2V
+        if image is not None:
+            task = Task.I2V
+            image = load_image(image)
+            size = (width or image.shape[1], height or image.shape[0])
+            image = load_image(image, size)  # a no-op unless height/width ask for another size
+            width, height = size
         request = GenerationRequest(
-            prompt=prompt, task=Task.T2V, negative_prompt=negative_prompt, height=height, width=width,
+            prompt=prompt, task=task, negative_prompt=negative_prompt, height=height, width=width,
             num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-            step_cache_threshold=step_cache_threshold,
+            step_cache_threshold=step_cache_threshold, image=image,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, write_tiny_far
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import ProgressEvent
 from vidloom.core.program import Program
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.wan_causal.loop import CHUNK_PHASE, chunk_partition
 from vidloom.recipes.wan_causal.program import build_program
@@ -53,13 +54,18 @@ def _request(kw: dict[str, Any]) -> GenerationRequest:
     )
 
 
-def _reference(folder: Path, partition: tuple[int, ...], kw: dict[str, Any]) -> np.ndarray:
+def _reference(
+    folder: Path, partition: tuple[int, ...], kw: dict[str, Any], image: np.ndarray | None = None
+) -> np.ndarray:
     from diffusers import AnyFlowFARPipeline
 
     pipe = AnyFlowFARPipeline.from_pretrained(str(folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
+    # I2V input as the pipeline documents it: a (1, 1, 3, H, W) float tensor in [0, 1].
+    video = None if image is None else torch.from_numpy(image.astype(np.float32) / 255.0).permute(2, 0, 1)[None, None]
     out = pipe(
-        prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"], num_frames=kw["num_frames"],
+        prompt=PROMPT, negative_prompt=NEGATIVE, video=video, height=kw["height"], width=kw["width"],
+        num_frames=kw["num_frames"],
         num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], chunk_partition=list(partition),
         generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np", use_kv_cache=True,
     )
@@ -157,3 +163,48 @@ def test_generate_api_returns_the_rollout_video(far_dirs):
     assert video.metadata["sampler"] == "flow_map_euler" and video.metadata["guidance_scale"] == 1.0
     frames = generator.engine.run(_request(kw))["video"]
     assert np.abs(video.frames.astype(np.float32) / 255 - frames).max() <= 1 / 255 + 1e-6
+
+
+def _image(kw: dict[str, Any], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    # A smooth gradient plus noise: structure the VAE keeps, so the first frame is recognisable.
+    ys, xs = np.mgrid[0 : kw["height"], 0 : kw["width"]]
+    base = np.stack([ys / kw["height"], xs / kw["width"], 0.5 + 0 * xs], axis=-1)
+    return np.clip((base * 0.8 + rng.random(base.shape) * 0.2) * 255, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("case", ["a_wide_no_cfg", "b_tall_cfg"])
+def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
+    spec, kw = CASES[case]
+    folder = far_dirs[spec.name]
+    generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    image = _image(kw, seed=11)
+    partition = generator.engine.instance["transformer"].config.chunk_partition
+    events: list[ProgressEvent] = []
+    got = generator.generate(
+        PROMPT, negative_prompt=NEGATIVE, image=image, num_frames=kw["num_frames"],
+        num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"], on_event=events.append,
+    )
+    expected = _reference(folder, partition, kw, image=image)
+    assert got.metadata["task"] == "i2v" and got.frames.shape == expected.shape[:1] + (kw["height"], kw["width"], 3)
+    diff = float(np.abs(got.frames.astype(np.float32) / 255 - expected).max())
+    assert diff <= 1 / 255 + TOLERANCE, f"{case}: max abs diff {diff:.3e} (uint8 frames)"
+    # The first chunk is the image's: never denoised, so the steps cover the other chunks only.
+    steps = [e for e in events if e.phase == "rollout"]
+    assert len(steps) == (len(partition) - 1) * kw["steps"]
+    assert [e.step for e in events if e.phase == CHUNK_PHASE] == list(range(2, len(partition) + 1))
+    # And the image matters: the same request as T2V is a different video.
+    t2v = generator.engine.run(_request(kw))["video"]
+    assert np.abs(t2v - expected).max() > 0.1
+
+
+def test_i2v_float_frames_match_the_pipeline(far_dirs):
+    spec, kw = CASES["b_tall_cfg"]
+    folder = far_dirs[spec.name]
+    generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    image = _image(kw, seed=12)
+    request = dataclasses.replace(_request(kw), task=Task.I2V, image=image)
+    got = generator.engine.run(request)["video"]
+    expected = _reference(folder, generator.engine.instance["transformer"].config.chunk_partition, kw, image=image)
+    diff = float(np.abs(got - expected).max())
+    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from vidloom.core.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -42,6 +44,8 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
+    image: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """I2V conditioning frame: uint8 [height, width, 3] RGB (VideoGenerator converts PIL images and paths)."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -94,6 +98,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             "num_frames",
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
+    _check_image(r, task)
     if not isinstance(r.guidance_scale, (int, float)) or isinstance(r.guidance_scale, bool) or r.guidance_scale < 0:
         raise InvalidRequest("guidance_scale", f"must be a number >= 0, got {r.guidance_scale!r}")
     if not isinstance(r.flow_shift, (int, float)) or isinstance(r.flow_shift, bool) or r.flow_shift <= 0:
@@ -104,6 +109,23 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
+
+
+def _check_image(r: GenerationRequest, task: Task) -> None:
+    if r.image is None:
+        if task == Task.I2V:
+            raise InvalidRequest("image", "task i2v needs a conditioning image")
+        return
+    if task != Task.I2V:
+        raise InvalidRequest("image", f"an image is only read by task i2v, not {task.value}")
+    image = r.image
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        got = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
+        raise InvalidRequest("image", f"must be a uint8 RGB array [height, width, 3], got {got}")
+    if image.shape[:2] != (r.height, r.width):
+        raise InvalidRequest(
+            "image", f"is {image.shape[1]}x{image.shape[0]} (WxH) but the video is {r.width}x{r.height}; resize it"
+        )
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.errors import InvalidRequest, NonFiniteOutput
 from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
@@ -83,6 +83,7 @@ class FarRolloutState:
     prefilled: bool = False
     done_steps: int = 0
     finished_chunks: int = 0  # chunks reported through ctx.progress so far
+    context_chunks: int = 0  # leading chunks given as conditioning (I2V), never denoised
     frame_starts: list[int] = field(default_factory=list)
 
 
@@ -111,16 +112,36 @@ class FarRolloutLoop:
         layouts = [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
         text = self.transformer.embed_text(self._branches(slots).to(self.dtype))
         starts = [sum(partition[:k]) for k in range(len(partition) + 1)]
+        latents, first = self._conditioned(noise, slots["context_latents"], starts)
         state = FarRolloutState(
-            layouts=layouts, noise=noise, latents=torch.zeros_like(noise), text=text,
+            layouts=layouts, noise=noise, latents=latents, text=text,
             guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule,
             sampler_state=sampler.init_state(schedule), ctx=ctx, cache=None,
-            chunk_latents=noise[:, :, starts[0] : starts[1]], frame_starts=starts,
+            chunk_latents=noise[:, :, starts[first] : starts[first + 1]], frame_starts=starts,
+            chunk=first, finished_chunks=first, context_chunks=first,
         )
         if self.kv_cache:
             ctx.hold(lambda: _release(state))
             state.cache = self.transformer.new_cache(layouts, text.shape[0], noise.device, self.dtype)
         return state
+
+    def _conditioned(self, noise: Tensor, context: Tensor | None, starts: list[int]) -> tuple[Tensor, int]:
+        """The output latents with the conditioning frames in place, and the first chunk to generate.
+
+        As the reference does, every chunk that the conditioning frames reach is context
+        (never denoised); frames of those chunks past the conditioning stay zero.
+        """
+        latents = torch.zeros_like(noise)
+        if context is None:
+            return latents, 0
+        frames = context.shape[2]
+        first = next((k for k in range(1, len(starts)) if starts[k] >= frames), len(starts))
+        if first >= len(starts) - 1:
+            raise InvalidRequest(
+                "num_frames", f"{noise.shape[2]} latent frames are all conditioning; ask for more frames to generate"
+            )
+        latents[:, :, :frames] = context.to(latents.dtype)
+        return latents, first
 
     @staticmethod
     def _branches(slots: Mapping[str, Any]) -> Tensor:
@@ -128,7 +149,7 @@ class FarRolloutLoop:
         return slots["prompt_embeds"] if negative is None else torch.cat([negative, slots["prompt_embeds"]])
 
     def total_steps(self, state: FarRolloutState) -> int:
-        return len(state.layouts) * state.schedule.num_steps
+        return (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
 
     def next(self, state: FarRolloutState) -> StepPlan | Done:
         if state.finished_chunks < state.chunk:
@@ -139,8 +160,10 @@ class FarRolloutLoop:
             return DONE
         layout = state.layouts[state.chunk]
         if state.cache is not None and layout.context_frames and not state.prefilled:
+            first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
             return StepPlan(
-                loop=self.prefill_phase, index=state.chunk - 1, total=len(state.layouts) - 1, call=far_prefill,
+                loop=self.prefill_phase, index=state.chunk - first_prefill,
+                total=len(state.layouts) - first_prefill, call=far_prefill,
                 inputs={"transformer": self.transformer, "context": state.latents[:, :, : layout.context_frames],
                         "text": state.text, "layout": layout, "cache": state.cache},
             )

@@ -1,4 +1,4 @@
-"""The AnyFlow-FAR text-to-video program: encode text -> draw noise -> chunk rollout -> decode."""
+"""The AnyFlow-FAR program: encode text -> draw noise -> encode the I2V frame -> chunk rollout -> decode."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from vidloom.recipes.wan_causal.loop import FarRolloutLoop
 
 
 def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
-    """T2V over `instance`; `kv_cache=False` recomputes every step from scratch (same frames, slower)."""
+    """T2V / I2V over `instance`; `kv_cache=False` recomputes every step from scratch (same frames, slower)."""
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer: FarTransformer = instance["transformer"]
@@ -44,6 +44,17 @@ def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
         generator = torch.Generator("cpu").manual_seed(request.seed)
         return {"latents": torch.randn(shape, generator=generator, dtype=torch.float32).to(instance.device)}
 
+    def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """I2V: the conditioning frame's normalised latents [1, C, 1, h, w] (None for T2V)."""
+        request: GenerationRequest = slots["request"]
+        if request.image is None:
+            return {"context_latents": None}
+        vae_dtype = next(vae.parameters()).dtype
+        pixels = torch.from_numpy(request.image).to(instance.device).permute(2, 0, 1)  # [3, H, W] uint8
+        video = (pixels.float() / 255.0 * 2.0 - 1.0)[None, :, None].to(vae_dtype)  # [1, 3, 1, H, W] in [-1, 1]
+        # The distribution's mean, not a sample: the reference conditions on the mode.
+        return {"context_latents": vae.normalize_latents(vae.encode(video).mean.float())}
+
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae_dtype = next(vae.parameters()).dtype
         latents = vae.denormalize_latents(slots["latents"].to(vae_dtype))
@@ -56,9 +67,10 @@ def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
             Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
+            Node("encode_context", reads=("request",), writes=("context_latents",), run=encode_context),
             Node(
                 "rollout",
-                reads=("request", "latents", "prompt_embeds", "negative_embeds"),
+                reads=("request", "latents", "prompt_embeds", "negative_embeds", "context_latents"),
                 writes=("latents",),
                 loop=loop,
             ),
