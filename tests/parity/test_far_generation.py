@@ -144,11 +144,34 @@ def test_cancel_mid_rollout_releases_the_kv_cache(far_dirs, monkeypatch):
             assert caches and caches[0]() is not None  # held while the rollout runs
             token.cancel()
 
+    manager = generator.engine.caches
     with pytest.raises(Cancelled):
         generator.engine.run(_request(kw), on_event=cancel_in_chunk_two, cancel=token)
     assert len(caches) == 1 and caches[0]() is None, "the cancelled request's KV slab is still referenced"
+    assert manager.stats()["bytes_in_use"] == 0 and manager.stats()["handles"] == 0
     generator.engine.run(_request(kw))
     assert len(caches) == 2 and caches[1]() is None, "a finished request's KV slab is still referenced"
+    assert manager.bytes_in_use == 0
+
+
+def test_kv_cache_budget_is_checked_before_the_first_step(far_dirs):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import CacheBudgetExceeded
+
+    spec, kw = CASES["a_wide_no_cfg"]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu",
+                                               deploy=DeployConfig(kv_cache_budget_bytes=4096))
+    events: list[ProgressEvent] = []
+    with pytest.raises(CacheBudgetExceeded, match="kv_cache_budget_bytes=4096") as err:
+        generator.engine.run(_request(kw), on_event=events.append)
+    assert not [e for e in events if e.phase == "rollout"], "failed mid-rollout instead of before it"
+    assert generator.engine.caches.bytes_in_use == 0
+    # A budget that fits this request's slab exactly admits it and gets every byte back.
+    fitting = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu",
+                                             deploy=DeployConfig(kv_cache_budget_bytes=err.value.needed))
+    seen: list[int] = []
+    fitting.engine.run(_request(kw), on_event=lambda e: seen.append(fitting.engine.caches.bytes_in_use))
+    assert max(seen) == err.value.needed and fitting.engine.caches.bytes_in_use == 0
 
 
 def test_generate_api_returns_the_rollout_video(far_dirs):

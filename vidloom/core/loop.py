@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 S = TypeVar("S")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ class LoopContext(Protocol):
 
     def hold(self, release: Callable[[], None]) -> None:
         """Run `release` once the loop ends, whether it finished, failed or was cancelled."""
+        ...
+
+    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+        """A long-lived buffer (a KV slab of `nbytes`) from the runtime's cache manager.
+
+        Accounted against the deployment's cache budget (CacheBudgetExceeded when it does
+        not fit, before `build` runs) and released when the loop ends.
+        """
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 
@@ -15,9 +15,12 @@ from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import EventCallback, ProgressEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
+
+T = TypeVar("T")
 
 PlanObserver = Callable[[StepPlan], None]
 """Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
@@ -55,8 +58,10 @@ class RequestRun:
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
         graphs: StepGraphs | None = None,
+        caches: CacheManager | None = None,
     ) -> None:
         self.request = request
+        self.caches = caches or CacheManager()
         self._graphs = graphs
         self.instance = instance
         self.program = program
@@ -126,6 +131,12 @@ class RequestRun:
     def hold(self, release: Callable[[], None]) -> None:
         """Call `release` when the current loop ends (finish, failure or cancel)."""
         self._releases.append(release)
+
+    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+        """A cache buffer accounted to this request, released with the loop that asked for it."""
+        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
+        self.hold(lambda: self.caches.release(handle))
+        return buffer
 
     def _release_held(self, keep: int) -> None:
         while len(self._releases) > keep:
@@ -217,6 +228,8 @@ class Engine(EngineDriver):
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+        # One budget for the KV caches of every request this engine runs.
+        self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes)
 
     def start(
         self,
@@ -227,4 +240,4 @@ class Engine(EngineDriver):
     ) -> RequestRun:
         """Validate `request` (InvalidRequest before any work) and prepare its run."""
         resolved = resolve_request(request, self.instance.card)
-        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs)
+        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, self.caches)

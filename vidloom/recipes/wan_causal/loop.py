@@ -121,8 +121,15 @@ class FarRolloutLoop:
             chunk=first, finished_chunks=first, context_chunks=first,
         )
         if self.kv_cache:
+            wan = config.wan
+            nbytes = FarKVCache.bytes_needed(
+                layouts, wan.num_layers, text.shape[0], wan.num_attention_heads, wan.attention_head_dim, self.dtype
+            )
+            # The runtime accounts and releases it; our own reference is dropped in finalize or on release.
             ctx.hold(lambda: _release(state))
-            state.cache = self.transformer.new_cache(layouts, text.shape[0], noise.device, self.dtype)
+            state.cache = ctx.allocate(
+                nbytes, lambda: self.transformer.new_cache(layouts, text.shape[0], noise.device, self.dtype)
+            )
         return state
 
     def _conditioned(self, noise: Tensor, context: Tensor | None, starts: list[int]) -> tuple[Tensor, int]:
