@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from vidloom.layers.attention import attention
 from vidloom.models.wan.transformer import WanTransformerConfig
 from vidloom.models.wan_causal.config import FarTransformerConfig
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
+from vidloom.models.wan_causal.transformer import block_causal_attention
 
 CONFIG = FarTransformerConfig(wan=WanTransformerConfig(num_attention_heads=2, attention_head_dim=12), full_chunk_limit=3)
 PARTITION = (1, 3, 3, 3, 2)
@@ -28,16 +31,29 @@ def test_only_chunks_older_than_the_full_window_are_compressed():
     assert last.null_keys == 128 - 48
 
 
-def test_masks_are_block_causal():
-    layout = _layouts()[2]  # chunks (1, 3, 3): no compression yet
-    mask = layout.prefill_mask(torch.device("cpu"))
-    assert mask.shape == (4 * 24, 4 * 24)
-    assert mask[0, :24].all() and not mask[0, 24:].any()  # chunk 0 sees itself only
-    assert mask[-1].all()  # chunk 1 sees chunks 0-1
-    full = layout.full_mask(torch.device("cpu"))
-    assert full.shape == (7 * 24, layout.null_keys + 7 * 24)
-    assert not full[: 4 * 24, : layout.null_keys].any()  # context never sees null keys
-    assert full[4 * 24 :].all()  # the generated chunk sees everything
+def test_chunk_ends_follow_compressed_then_full_tokens():
+    assert _layouts()[2].chunk_ends() == [24, 4 * 24, 7 * 24]
+    # Chunk 0 (1 frame) and chunk 1 (3 frames) are compressed once chunk 4 is generated.
+    assert _layouts()[4].chunk_ends() == [6, 4 * 6, 4 * 6 + 3 * 24, 4 * 6 + 6 * 24, 4 * 6 + 8 * 24]
+
+
+@pytest.mark.parametrize("null_keys", [0, 5])
+def test_block_causal_attention_equals_a_masked_reference(null_keys):
+    g = torch.Generator().manual_seed(0)
+    ends = [3, 7, 12]
+    q, k, v = (torch.randn(2, 12, 2, 8, generator=g) for _ in range(3))
+    got = block_causal_attention(attention, q, k, v, ends, null_keys)
+    chunk = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 4, 5]))
+    mask = chunk[:, None] >= chunk[None, :]
+    null_mask = (chunk == 2)[:, None].expand(-1, null_keys)
+    zeros = torch.zeros(2, null_keys, 2, 8)
+    expected = attention(q, torch.cat([zeros, k], 1), torch.cat([zeros, v], 1), torch.cat([null_mask, mask], 1))
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    # And causality is real: changing the last chunk's keys leaves earlier chunks' outputs alone.
+    k2 = k.clone()
+    k2[:, 7:] += 1
+    changed = block_causal_attention(attention, q, k2, v, ends, null_keys)
+    assert torch.equal(changed[:, :7], got[:, :7]) and not torch.equal(changed[:, 7:], got[:, 7:])
 
 
 def test_kv_slab_fits_every_chunk_and_reports_its_bytes():

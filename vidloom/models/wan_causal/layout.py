@@ -117,37 +117,18 @@ class ChunkLayout:
             for f in range(self.total_frames)
         ]
 
-    def token_chunk_ids(self, device: torch.device) -> Tensor:
-        """Chunk index [S] of every token, in sequence order."""
-        per_chunk = []
-        frame = 0
-        for chunk, frames in enumerate(self.chunks):
-            tokens = sum(
-                self.compressed_tokens_per_frame if f < self.compressed_frames else self.full_tokens_per_frame
-                for f in range(frame, frame + frames)
-            )
-            per_chunk.append(torch.full((tokens,), chunk, dtype=torch.int32, device=device))
-            frame += frames
-        return torch.cat(per_chunk)
+    def chunk_ends(self) -> list[int]:
+        """Token index where each chunk ends, in sequence order (the last equals total_tokens).
 
-    # -- masks ----------------------------------------------------------------
-
-    def prefill_mask(self, device: torch.device) -> Tensor:
-        """Bool [S_ctx, S_ctx]: a context token sees its own chunk and older ones (block-causal)."""
-        ids = self.token_chunk_ids(device)[: self.context_tokens]
-        return ids[:, None] >= ids[None, :]
-
-    def full_mask(self, device: torch.device) -> Tensor:
-        """Bool [S, null_keys + S] for recomputing the whole sequence at once.
-
-        Keys are the null keys followed by every token. Context rows are block-causal
-        and never see null keys; generated rows see everything, as they do when reading
-        the KV cache.
+        Attention is block-causal: a chunk's tokens see every token before its end.
         """
-        ids = self.token_chunk_ids(device)
-        causal = ids[:, None] >= ids[None, :]
-        generated = (ids == len(self.chunks) - 1)[:, None].expand(-1, self.null_keys)
-        return torch.cat([generated, causal], dim=1)
+        ends, frame, tokens = [], 0, 0
+        per_frame = self.frame_tokens()
+        for frames in self.chunks:
+            tokens += sum(per_frame[frame : frame + frames])
+            frame += frames
+            ends.append(tokens)
+        return ends
 
     # -- rotary tables ----------------------------------------------------------
 

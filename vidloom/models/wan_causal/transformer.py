@@ -37,12 +37,49 @@ def _layer_norm(x: Tensor, eps: float) -> Tensor:
     return F.layer_norm(x.float(), (x.shape[-1],), None, None, eps)
 
 
+def block_causal_attention(
+    attention_fn: AttentionFn, q: Tensor, k: Tensor, v: Tensor, ends: list[int], null_keys: int = 0
+) -> Tensor:
+    """Attention over tokens [B, S, H, Dh] in chunk order: chunk i's queries see keys [0, ends[i]).
+
+    One unmasked attention call per chunk over its visible prefix, so any kernel
+    (SDPA, flash) serves it and no [S, S] mask is built. The last chunk also sees
+    `null_keys` all-zero keys, as the generated chunk does when it reads the KV cache.
+    """
+    outputs, start = [], 0
+    for i, end in enumerate(ends):
+        keys, values = k[:, :end], v[:, :end]
+        if null_keys and i == len(ends) - 1:
+            null = k.new_zeros(k.shape[0], null_keys, *k.shape[2:])
+            keys, values = torch.cat([null, keys], dim=1), torch.cat([null, values], dim=1)
+        outputs.append(attention_fn(q[:, start:end], keys, values))
+        start = end
+    return torch.cat(outputs, dim=1)
+
+
 def _project(attn: WanAttention, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v [B, S, H, Dh] of self-attention tokens x [B, S, D], RoPE applied to q and k."""
     q = attn.norm_q(attn.q(x)).type_as(x).unflatten(-1, (attn.num_heads, -1))
     k = attn.norm_k(attn.k(x)).type_as(x).unflatten(-1, (attn.num_heads, -1))
     v = attn.v(x).unflatten(-1, (attn.num_heads, -1))
     return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+
+@dataclass(frozen=True)
+class FarText:
+    """A request's prompt as every block's cross-attention reads it: keys/values [B, L, H, Dh] per layer.
+
+    Projected once per request (`FarTransformer.embed_text`): the text is the same at
+    every step and chunk, and its K/V projections would otherwise be a quarter of a
+    1.3B step's linear work (512 tokens x 2 projections per layer).
+    """
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
 
 
 class FarBlock(nn.Module):
@@ -63,8 +100,14 @@ class FarBlock(nn.Module):
         # Rows: (shift, scale, gate) for self-attention, then for the FFN.
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, index: int, x: Tensor, text: Tensor, time_mod: Tensor, self_attend: SelfAttend) -> Tensor:
-        # x: [B, S, D]; text: [B, L, D]; time_mod: [B, S, 6, D]
+    def text_kv(self, text: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values [B, L, H, Dh] of projected text tokens [B, L, D]."""
+        attn = self.cross_attn
+        k = attn.norm_k(attn.k(text)).unflatten(-1, (attn.num_heads, -1))
+        return k, attn.v(text).unflatten(-1, (attn.num_heads, -1))
+
+    def forward(self, index: int, x: Tensor, text: FarText, time_mod: Tensor, self_attend: SelfAttend) -> Tensor:
+        # x: [B, S, D]; text: K/V [B, L, H, Dh] per layer; time_mod: [B, S, 6, D]
         mods = (self.modulation.float() + time_mod.float()).unbind(2)  # 6 x [B, S, D] fp32
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
 
@@ -78,7 +121,9 @@ class FarBlock(nn.Module):
                              self.cross_norm.bias.float(), self.eps).type_as(x)
         else:
             h = x
-        x = x + self.cross_attn(h, text)
+        attn = self.cross_attn
+        q = attn.norm_q(attn.q(h)).unflatten(-1, (attn.num_heads, -1))
+        x = x + attn.out(attn.attention_fn(q, text.keys[index], text.values[index]).flatten(-2))
 
         # 3. Feed-forward
         h = (_layer_norm(x, self.eps) * (1 + scale_ff) + shift_ff).type_as(x)
@@ -106,7 +151,7 @@ class FarTransformer(nn.Module):
     """Name segments kept in float32 under bf16/fp16, as the reference's `_keep_in_fp32_modules`."""
 
     def __init__(self, config: FarTransformerConfig, attention_fn: AttentionFn = attention) -> None:
-        """`attention_fn` serves unmasked attention (generation steps, text); masked passes use SDPA."""
+        """`attention_fn` serves every attention call (all are unmasked: causality is by chunk prefixes)."""
         super().__init__()
         self.config = config
         self.attention_fn = attention_fn
@@ -128,9 +173,11 @@ class FarTransformer(nn.Module):
 
     # -- public passes ----------------------------------------------------------
 
-    def embed_text(self, text_embeds: Tensor) -> Tensor:
-        """Text encoder states [B, L, text_dim] -> projected tokens [B, L, D]; once per request."""
-        return self.text_embed(text_embeds)
+    def embed_text(self, text_embeds: Tensor) -> FarText:
+        """Text encoder states [B, L, text_dim] -> every layer's cross-attention K/V; once per request."""
+        tokens = self.text_embed(text_embeds)
+        pairs = [block.text_kv(tokens) for block in self.blocks]
+        return FarText(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
 
     def new_cache(self, layouts: list[ChunkLayout], batch: int, device: torch.device, dtype: torch.dtype) -> FarKVCache:
         """A KV slab sized for a rollout whose chunks have these layouts."""
@@ -139,23 +186,23 @@ class FarTransformer(nn.Module):
             layouts, wan.num_layers, batch, wan.num_attention_heads, wan.attention_head_dim, device, dtype
         )
 
-    def prefill(self, context: Tensor, text: Tensor, layout: ChunkLayout, cache: FarKVCache) -> None:
+    def prefill(self, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
         """Write every layer's K/V of the clean context [B, C, F_ctx, H, W] (t = r = 0) into `cache`."""
         if context.shape[2] != layout.context_frames:
             raise ValueError(f"context has {context.shape[2]} frames, layout expects {layout.context_frames}")
         zeros = torch.zeros(context.shape[0], device=context.device)
         tokens = self._embed(context, zeros, zeros, layout, layout.frame_tokens()[: layout.context_frames], full=False)
-        mask = layout.prefill_mask(context.device)
+        ends = layout.chunk_ends()[:-1]
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
             cache.write(index, 0, k, v)
-            return attn.out(attention(q, k, v, mask).flatten(-2))
+            return attn.out(block_causal_attention(self.attention_fn, q, k, v, ends).flatten(-2))
 
         self._run_blocks(tokens, text, attend)
         cache.context_tokens = layout.context_tokens
 
-    def step(self, latents: Tensor, t: Tensor, r: Tensor, text: Tensor, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
+    def step(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
         """Mean velocity [B, C, F_gen, H, W] of the generated chunk at (t, r) [B], given the prefilled cache."""
         if cache.context_tokens != layout.context_tokens:
             raise ValueError(
@@ -175,7 +222,7 @@ class FarTransformer(nn.Module):
         x = self._run_blocks(tokens, text, attend)
         return self._head(x, tokens.temb, latents.shape)
 
-    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: Tensor, layout: ChunkLayout) -> Tensor:
+    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout) -> Tensor:
         """Same as prefill + step, without a cache: latents [B, C, F_total, H, W] are context then chunk."""
         if latents.shape[2] != layout.total_frames:
             raise ValueError(f"latents have {latents.shape[2]} frames, layout expects {layout.total_frames}")
@@ -186,13 +233,12 @@ class FarTransformer(nn.Module):
         t_frames[:, layout.context_frames :] = t[:, None]
         r_frames[:, layout.context_frames :] = r[:, None]
         tokens = self._embed(latents, t_frames, r_frames, layout, layout.frame_tokens(), full=False)
-        mask = layout.full_mask(latents.device)
+        ends = layout.chunk_ends()
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
-            null = k.new_zeros(k.shape[0], layout.null_keys, *k.shape[2:])
-            keys, values = torch.cat([null, k], dim=1), torch.cat([null, v], dim=1)
-            return attn.out(attention(q, keys, values, mask).flatten(-2))
+            out = block_causal_attention(self.attention_fn, q, k, v, ends, layout.null_keys)
+            return attn.out(out.flatten(-2))
 
         x = self._run_blocks(tokens, text, attend)[:, layout.context_tokens :]
         chunk_shape = (*latents.shape[:2], layout.generated_frames, *latents.shape[3:])
@@ -252,7 +298,7 @@ class FarTransformer(nn.Module):
         features = timestep_features(timesteps, self.config.wan.freq_dim)
         return mlp(features.to(mlp.up.weight.dtype))
 
-    def _run_blocks(self, tokens: _Tokens, text: Tensor, attend: SelfAttend) -> Tensor:
+    def _run_blocks(self, tokens: _Tokens, text: FarText, attend: SelfAttend) -> Tensor:
         x = tokens.x
         for index, block in enumerate(self.blocks):
             x = block(index, x, text, tokens.time_mod, attend)

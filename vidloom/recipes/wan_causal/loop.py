@@ -22,7 +22,7 @@ from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.models.wan_causal.transformer import FarTransformer
+from vidloom.models.wan_causal.transformer import FarText, FarTransformer
 
 CHUNK_PHASE = "chunks"
 """Progress phase reported once per finished chunk (plan steps report under the loop's name)."""
@@ -42,11 +42,11 @@ def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, 
 
 
 def far_step(
-    transformer: FarTransformer, latents: Tensor, t: Tensor, r: Tensor, text: Tensor, layout: ChunkLayout,
+    transformer: FarTransformer, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout,
     cache: FarKVCache | None, guidance_scale: float,
 ) -> Tensor:
     """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference."""
-    branches = text.shape[0]
+    branches = text.batch
     x = latents.expand(branches, *latents.shape[1:])
     tt, rr = t.expand(branches), r.expand(branches)
     if cache is None:
@@ -59,8 +59,8 @@ def far_step(
     return uncond + guidance_scale * (cond - uncond)
 
 
-def far_prefill(transformer: FarTransformer, context: Tensor, text: Tensor, layout: ChunkLayout, cache: FarKVCache) -> None:
-    transformer.prefill(context.expand(text.shape[0], *context.shape[1:]), text, layout, cache)
+def far_prefill(transformer: FarTransformer, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
+    transformer.prefill(context.expand(text.batch, *context.shape[1:]), text, layout, cache)
 
 
 @dataclass
@@ -70,7 +70,7 @@ class FarRolloutState:
     layouts: list[ChunkLayout]
     noise: Tensor  # [1, C, F, h, w], compute dtype
     latents: Tensor  # [1, C, F, h, w]: finished chunks are written here in order
-    text: Tensor  # projected text [branches, L, D]: [uncond, cond] under CFG
+    text: FarText  # per-layer text K/V, batch = CFG branches ([uncond, cond])
     guidance_scale: float
     sampler: FlowMapEulerSampler
     schedule: Schedule
@@ -123,12 +123,12 @@ class FarRolloutLoop:
         if self.kv_cache:
             wan = config.wan
             nbytes = FarKVCache.bytes_needed(
-                layouts, wan.num_layers, text.shape[0], wan.num_attention_heads, wan.attention_head_dim, self.dtype
+                layouts, wan.num_layers, text.batch, wan.num_attention_heads, wan.attention_head_dim, self.dtype
             )
             # The runtime accounts and releases it; our own reference is dropped in finalize or on release.
             ctx.hold(lambda: _release(state))
             state.cache = ctx.allocate(
-                nbytes, lambda: self.transformer.new_cache(layouts, text.shape[0], noise.device, self.dtype)
+                nbytes, lambda: self.transformer.new_cache(layouts, text.batch, noise.device, self.dtype)
             )
         return state
 
