@@ -10,10 +10,11 @@ import torch
 
 from vidloom import registry
 from vidloom.core.card import ModelCard
+from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import EventCallback, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.media.image import load_image
+from vidloom.media.conditioning import load_image, load_video
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -107,6 +108,7 @@ class VideoGenerator:
         seed: int | None = None,
         step_cache_threshold: float | None = None,
         image: Any = None,
+        video: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -114,20 +116,30 @@ class VideoGenerator:
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
         image (a PIL image, an [H, W, 3] array or a path) makes it image-to-video from that first
-        frame; the video takes the image's size unless height/width are given (then it is resized).
+        frame; video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
+        continuation of that clip. The output takes their size unless height/width are given
+        (then they are resized).
         """
         task = Task.T2V
+        if image is not None and video is not None:
+            raise InvalidRequest("video", "give either image (i2v) or video (v2v), not both")
         if image is not None:
             task = Task.I2V
             image = load_image(image)
             size = (width or image.shape[1], height or image.shape[0])
             image = load_image(image, size)  # a no-op unless height/width ask for another size
             width, height = size
+        if video is not None:
+            task = Task.V2V
+            video = load_video(video)
+            size = (width or video.shape[2], height or video.shape[1])
+            video = load_video(video, size)
+            width, height = size
         request = GenerationRequest(
             prompt=prompt, task=task, negative_prompt=negative_prompt, height=height, width=width,
             num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-            step_cache_threshold=step_cache_threshold, image=image,
+            step_cache_threshold=step_cache_threshold, image=image, video=video,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

@@ -231,3 +231,32 @@ def test_i2v_float_frames_match_the_pipeline(far_dirs):
     expected = _reference(folder, generator.engine.instance["transformer"].config.chunk_partition, kw, image=image)
     diff = float(np.abs(got - expected).max())
     assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
+
+
+def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs):
+    # FAR_B's partition (1, 1, 2, 1): a 5-frame clip is 2 latent frames = the first two chunks.
+    spec, kw = CASES["b_tall_cfg"]
+    folder = far_dirs[spec.name]
+    generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    clip = np.stack([np.roll(_image(kw, seed=20), shift * 3, axis=1) for shift in range(5)])
+    from diffusers import AnyFlowFARPipeline
+
+    pipe = AnyFlowFARPipeline.from_pretrained(str(folder), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    expected = pipe(
+        prompt=PROMPT, negative_prompt=NEGATIVE, video=torch.from_numpy(clip.astype(np.float32) / 255).permute(0, 3, 1, 2)[None],
+        height=kw["height"], width=kw["width"], num_frames=kw["num_frames"], num_inference_steps=kw["steps"],
+        guidance_scale=kw["guidance"], chunk_partition=[1, 1, 2, 1], generator=torch.Generator("cpu").manual_seed(kw["seed"]),
+        output_type="np", use_kv_cache=True,
+    ).frames[0]
+    events: list[ProgressEvent] = []
+    request = dataclasses.replace(_request(kw), task=Task.V2V, video=clip)
+    got = generator.engine.run(request, on_event=events.append)["video"]
+    diff = float(np.abs(got - expected).max())
+    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
+    assert len([e for e in events if e.phase == "rollout"]) == 2 * kw["steps"]  # chunks 2 and 3 only
+    # The public API takes the clip as a list of frames and gives the same video.
+    video = generator.generate(PROMPT, negative_prompt=NEGATIVE, video=list(clip), num_frames=kw["num_frames"],
+                               num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"])
+    assert video.metadata["task"] == "v2v"
+    assert np.abs(video.frames.astype(np.float32) / 255 - got).max() <= 1 / 255 + 1e-6

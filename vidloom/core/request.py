@@ -46,6 +46,8 @@ class GenerationRequest:
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
     image: np.ndarray | None = field(default=None, compare=False, repr=False)
     """I2V conditioning frame: uint8 [height, width, 3] RGB (VideoGenerator converts PIL images and paths)."""
+    video: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """V2V context to continue: uint8 [frames, height, width, 3] RGB, frames = temporal_factor * k + 1."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -98,7 +100,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             "num_frames",
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
-    _check_image(r, task)
+    _check_conditioning(r, task, card.geometry.temporal_factor)
     if not isinstance(r.guidance_scale, (int, float)) or isinstance(r.guidance_scale, bool) or r.guidance_scale < 0:
         raise InvalidRequest("guidance_scale", f"must be a number >= 0, got {r.guidance_scale!r}")
     if not isinstance(r.flow_shift, (int, float)) or isinstance(r.flow_shift, bool) or r.flow_shift <= 0:
@@ -111,20 +113,26 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
 
 
-def _check_image(r: GenerationRequest, task: Task) -> None:
-    if r.image is None:
-        if task == Task.I2V:
-            raise InvalidRequest("image", "task i2v needs a conditioning image")
-        return
-    if task != Task.I2V:
-        raise InvalidRequest("image", f"an image is only read by task i2v, not {task.value}")
-    image = r.image
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        got = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
-        raise InvalidRequest("image", f"must be a uint8 RGB array [height, width, 3], got {got}")
-    if image.shape[:2] != (r.height, r.width):
+def _check_conditioning(r: GenerationRequest, task: Task, temporal_factor: int) -> None:
+    """image belongs to i2v and video to v2v, each required there and refused elsewhere."""
+    for name, owner, ndim, layout in (("image", Task.I2V, 3, "[height, width, 3]"),
+                                      ("video", Task.V2V, 4, "[frames, height, width, 3]")):
+        value = getattr(r, name)
+        if value is None:
+            if task == owner:
+                raise InvalidRequest(name, f"task {owner.value} needs a conditioning {name}")
+            continue
+        if task != owner:
+            raise InvalidRequest(name, f"a {name} is only read by task {owner.value}, not {task.value}")
+        if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != ndim or value.shape[-1] != 3:
+            got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+            raise InvalidRequest(name, f"must be a uint8 RGB array {layout}, got {got}")
+        height, width = value.shape[-3:-1]
+        if (height, width) != (r.height, r.width):
+            raise InvalidRequest(name, f"is {width}x{height} (WxH) but the video is {r.width}x{r.height}; resize it")
+    if r.video is not None and (r.video.shape[0] - 1) % temporal_factor:
         raise InvalidRequest(
-            "image", f"is {image.shape[1]}x{image.shape[0]} (WxH) but the video is {r.width}x{r.height}; resize it"
+            "video", f"has {r.video.shape[0]} frames; the VAE needs {temporal_factor}k+1 (e.g. 1, {temporal_factor + 1})"
         )
 
 

@@ -116,3 +116,21 @@ def test_image_task_is_refused_by_a_t2v_only_card(card):
     with pytest.raises(InvalidRequest) as err:
         resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), card)
     assert err.value.field == "task"
+
+
+@pytest.mark.parametrize(
+    ("task", "frames", "match"),
+    [(Task.V2V, None, "needs a conditioning video"), (Task.T2V, 5, "only read by task v2v"),
+     (Task.V2V, 4, "4k\\+1"), (Task.V2V, 5, None)],
+)
+def test_video_field_is_checked(task, frames, match):
+    import numpy as np
+
+    video = None if frames is None else np.zeros((frames, 32, 48, 3), np.uint8)
+    request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=9, video=video)
+    if match is None:
+        assert resolve_request(request, _i2v_card()).video is video
+        return
+    with pytest.raises(InvalidRequest, match=match) as err:
+        resolve_request(request, _i2v_card())
+    assert err.value.field == "video"

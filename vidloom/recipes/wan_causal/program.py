@@ -45,13 +45,17 @@ def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
         return {"latents": torch.randn(shape, generator=generator, dtype=torch.float32).to(instance.device)}
 
     def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        """I2V: the conditioning frame's normalised latents [1, C, 1, h, w] (None for T2V)."""
+        """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
         request: GenerationRequest = slots["request"]
-        if request.image is None:
+        if request.video is not None:
+            frames = request.video  # [F, H, W, 3]
+        elif request.image is not None:
+            frames = request.image[None]
+        else:
             return {"context_latents": None}
         vae_dtype = next(vae.parameters()).dtype
-        pixels = torch.from_numpy(request.image).to(instance.device).permute(2, 0, 1)  # [3, H, W] uint8
-        video = (pixels.float() / 255.0 * 2.0 - 1.0)[None, :, None].to(vae_dtype)  # [1, 3, 1, H, W] in [-1, 1]
+        pixels = torch.from_numpy(frames).to(instance.device).permute(3, 0, 1, 2)  # [3, F, H, W] uint8
+        video = (pixels.float() / 255.0 * 2.0 - 1.0)[None].to(vae_dtype)  # [1, 3, F, H, W] in [-1, 1]
         # The distribution's mean, not a sample: the reference conditions on the mode.
         return {"context_latents": vae.normalize_latents(vae.encode(video).mean.float())}
 

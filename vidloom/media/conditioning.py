@@ -1,4 +1,4 @@
-"""Read a conditioning image (PIL image, array or file path) into the uint8 RGB array requests carry."""
+"""Read conditioning inputs (an I2V image, a V2V context video) into the uint8 RGB arrays requests carry."""
 
 from __future__ import annotations
 
@@ -45,3 +45,30 @@ def _as_uint8(array: np.ndarray) -> np.ndarray:
             raise InvalidRequest("image", "a float array must hold values in [0, 1]")
         return np.round(array * 255).astype(np.uint8)
     raise InvalidRequest("image", f"array dtype must be uint8 or float, got {array.dtype}")
+
+
+def load_video(video: Any, size: tuple[int, int] | None = None) -> np.ndarray:
+    """uint8 [F, H, W, 3] from a video file path, an [F, H, W, 3] array, or a list of frames (as load_image takes).
+
+    `size` (width, height) resizes every frame. Bad input raises InvalidRequest("video").
+    """
+    if isinstance(video, (str, Path)):
+        from vidloom.media.video import read_video
+
+        try:
+            frames, _ = read_video(Path(video))
+        except (OSError, ValueError) as exc:
+            raise InvalidRequest("video", f"cannot read {str(video)!r}: {exc}") from None
+    elif isinstance(video, np.ndarray) and video.ndim == 4:
+        frames = list(video)
+    elif isinstance(video, (list, tuple)) and video:
+        frames = list(video)
+    else:
+        raise InvalidRequest("video", "must be a path, an [F, H, W, 3] array or a non-empty list of frames")
+    try:
+        out = [load_image(frame, size) for frame in frames]
+    except InvalidRequest as exc:
+        raise InvalidRequest("video", f"frame: {exc.message}") from None
+    if len({frame.shape for frame in out}) != 1:
+        raise InvalidRequest("video", "frames differ in size")
+    return np.stack(out)
