@@ -13,8 +13,8 @@ import torch
 
 from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, write_tiny_far
 from vidloom.core.errors import Cancelled
-from vidloom.core.output import ProgressEvent
-from vidloom.core.program import Program
+from vidloom.core.output import ChunkEvent, ProgressEvent
+from vidloom.media.video import to_uint8
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.wan_causal.loop import CHUNK_PHASE, chunk_partition
@@ -75,9 +75,7 @@ def _reference(
 def _latents_engine(generator: VideoGenerator, kv_cache: bool) -> Engine:
     """An engine whose program stops after the rollout and returns its latents."""
     instance = generator.engine.instance
-    full = build_program(instance, kv_cache=kv_cache)
-    program = Program(nodes=full.nodes[:-1], inputs=full.inputs, outputs=("latents",))
-    return Engine(instance, program)
+    return Engine(instance, build_program(instance, kv_cache=kv_cache, decode=False))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -87,8 +85,9 @@ def test_generation_matches_anyflow_far_pipeline(far_dirs, case):
     generator = VideoGenerator.from_pretrained(folder, device="cpu")
     latent_frames = (kw["num_frames"] - 1) // 4 + 1
     partition = chunk_partition(latent_frames, generator.engine.instance["transformer"].config.chunk_partition)
-    events: list[ProgressEvent] = []
-    got = generator.engine.run(_request(kw), on_event=events.append)["video"]
+    everything: list = []
+    got = generator.engine.run(_request(kw), on_event=everything.append)["video"]
+    events = [e for e in everything if isinstance(e, ProgressEvent)]
     expected = _reference(folder, partition, kw)
     assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
     assert expected.std() > 1e-2, "reference video is flat; the test would prove nothing"
@@ -103,6 +102,18 @@ def test_generation_matches_anyflow_far_pipeline(far_dirs, case):
     assert all(e.total == len(partition) * kw["steps"] for e in steps)
     order = [e.phase for e in events if e.phase in (CHUNK_PHASE, "rollout")]
     assert order == (["rollout"] * kw["steps"] + [CHUNK_PHASE]) * len(partition)
+
+    # Each chunk is streamed once decoded, right after its own steps and before the next chunk's;
+    # the chunks, in order, are the final video's frames.
+    streamed = [e for e in everything if isinstance(e, ChunkEvent)]
+    assert [e.chunk.index for e in streamed] == list(range(len(partition)))
+    assert all(e.chunk.total == len(partition) and e.fps == 16 for e in streamed)
+    assert [e.chunk.start_frame for e in streamed[1:]] == [e.chunk.stop_frame for e in streamed[:-1]]
+    assert streamed[-1].chunk.stop_frame == kw["num_frames"]
+    assert np.array_equal(np.concatenate([e.chunk.frames for e in streamed]), to_uint8(got))
+    kinds = ["chunk" if isinstance(e, ChunkEvent) else e.phase for e in everything
+             if isinstance(e, ChunkEvent) or e.phase == "rollout"]
+    assert kinds == (["rollout"] * kw["steps"] + ["chunk"]) * len(partition)
 
 
 ROLLOUT_CASES = {
@@ -164,7 +175,7 @@ def test_kv_cache_budget_is_checked_before_the_first_step(far_dirs):
     events: list[ProgressEvent] = []
     with pytest.raises(CacheBudgetExceeded, match="kv_cache_budget_bytes=4096") as err:
         generator.engine.run(_request(kw), on_event=events.append)
-    assert not [e for e in events if e.phase == "rollout"], "failed mid-rollout instead of before it"
+    assert not [e for e in events if getattr(e, "phase", "") == "rollout"], "failed mid-rollout instead of before it"
     assert generator.engine.caches.bytes_in_use == 0
     # A budget that fits this request's slab exactly admits it and gets every byte back.
     fitting = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu",
@@ -203,11 +214,12 @@ def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
     generator = VideoGenerator.from_pretrained(folder, device="cpu")
     image = _image(kw, seed=11)
     partition = generator.engine.instance["transformer"].config.chunk_partition
-    events: list[ProgressEvent] = []
+    everything: list = []
     got = generator.generate(
         PROMPT, negative_prompt=NEGATIVE, image=image, num_frames=kw["num_frames"],
-        num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"], on_event=events.append,
+        num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"], on_event=everything.append,
     )
+    events = [e for e in everything if isinstance(e, ProgressEvent)]
     expected = _reference(folder, partition, kw, image=image)
     assert got.metadata["task"] == "i2v" and got.frames.shape == expected.shape[:1] + (kw["height"], kw["width"], 3)
     diff = float(np.abs(got.frames.astype(np.float32) / 255 - expected).max())
@@ -216,6 +228,10 @@ def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
     steps = [e for e in events if e.phase == "rollout"]
     assert len(steps) == (len(partition) - 1) * kw["steps"]
     assert [e.step for e in events if e.phase == CHUNK_PHASE] == list(range(2, len(partition) + 1))
+    # The image's own chunk streams first (its reconstruction), then each generated one.
+    streamed = [e.chunk for e in everything if isinstance(e, ChunkEvent)]
+    assert [c.index for c in streamed] == list(range(len(partition))) and streamed[0].frames.shape[0] == 1
+    assert np.array_equal(np.concatenate([c.frames for c in streamed]), got.frames)
     # And the image matters: the same request as T2V is a different video.
     t2v = generator.engine.run(_request(kw))["video"]
     assert np.abs(t2v - expected).max() > 0.1
@@ -249,9 +265,10 @@ def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs):
         guidance_scale=kw["guidance"], chunk_partition=[1, 1, 2, 1], generator=torch.Generator("cpu").manual_seed(kw["seed"]),
         output_type="np", use_kv_cache=True,
     ).frames[0]
-    events: list[ProgressEvent] = []
+    events: list = []
     request = dataclasses.replace(_request(kw), task=Task.V2V, video=clip)
     got = generator.engine.run(request, on_event=events.append)["video"]
+    events = [e for e in events if isinstance(e, ProgressEvent)]
     diff = float(np.abs(got - expected).max())
     assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
     assert len([e for e in events if e.phase == "rollout"]) == 2 * kw["steps"]  # chunks 2 and 3 only
@@ -260,3 +277,33 @@ def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs):
                                num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"])
     assert video.metadata["task"] == "v2v"
     assert np.abs(video.frames.astype(np.float32) / 255 - got).max() <= 1 / 255 + 1e-6
+
+
+def test_generate_stream_yields_chunks_while_the_rollout_runs(far_dirs):
+    spec, kw = CASES["a_derived_partition"]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")
+    fields = dict(height=kw["height"], width=kw["width"], num_frames=kw["num_frames"],
+                  num_inference_steps=kw["steps"], seed=kw["seed"])
+    steps_seen: list[int] = []
+    chunks = []
+    for event in generator.generate_stream(
+        PROMPT, negative_prompt=NEGATIVE, **fields,
+        on_event=lambda e: isinstance(e, ProgressEvent) and e.phase == "rollout" and steps_seen.append(e.step),
+    ):
+        chunks.append((event, len(steps_seen)))
+    # Chunk k arrives after exactly its own steps, not at the end of the run.
+    assert [done for _, done in chunks] == [kw["steps"] * (k + 1) for k in range(len(chunks))]
+    whole = generator.generate(PROMPT, negative_prompt=NEGATIVE, **fields)
+    assert np.array_equal(np.concatenate([e.chunk.frames for e, _ in chunks]), whole.frames)
+    assert chunks[-1][0].seconds()[1] == pytest.approx(kw["num_frames"] / 16)
+
+
+def test_stopping_a_stream_early_releases_its_kv_cache(far_dirs):
+    spec, kw = CASES["a_derived_partition"]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")
+    stream = generator.generate_stream(PROMPT, height=kw["height"], width=kw["width"],
+                                       num_frames=kw["num_frames"], num_inference_steps=kw["steps"], seed=1)
+    first = next(stream)
+    assert first.chunk.index == 0 and generator.engine.caches.bytes_in_use > 0
+    stream.close()
+    assert generator.engine.caches.bytes_in_use == 0

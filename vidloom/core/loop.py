@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
+from vidloom.core.output import VideoChunk
+
 S = TypeVar("S")
 T = TypeVar("T")
 
@@ -77,6 +79,10 @@ class LoopContext(Protocol):
 
     def hold(self, release: Callable[[], None]) -> None:
         """Run `release` once the loop ends, whether it finished, failed or was cancelled."""
+        ...
+
+    def emit(self, chunk: VideoChunk) -> None:
+        """Hand a finished piece of the output to the caller now (it reaches them as a ChunkEvent)."""
         ...
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -12,9 +13,10 @@ import torch
 from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
-from vidloom.core.output import EventCallback, ProgressEvent
+from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
@@ -131,6 +133,12 @@ class RequestRun:
     def hold(self, release: Callable[[], None]) -> None:
         """Call `release` when the current loop ends (finish, failure or cancel)."""
         self._releases.append(release)
+
+    def emit(self, chunk: VideoChunk) -> None:
+        """Pass a finished chunk to the caller as uint8 frames, the same conversion the final video gets."""
+        if self._on_event is not None:
+            frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
+            self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
         """A cache buffer accounted to this request, released with the loop that asked for it."""

@@ -27,6 +27,7 @@ _UNSUPPORTED = {
     "step_cache": ("none", "step caches skip Wan DiT blocks and know nothing of the KV cache"),
     "cuda_graphs": (False, "a rollout step writes the request's KV cache in place"),
     "compile": (False, "not wired for FAR blocks yet"),
+    "vae_tile": (None, "chunks are decoded as they finish, whole frames at a time"),
 }
 
 

@@ -1,31 +1,39 @@
 """AnyFlow-FAR chunk rollout: chunk by chunk, a few flow-map steps each, attending to earlier chunks.
 
 Plans, in order, for every chunk k: a KV prefill of chunks [0, k) (none for chunk 0),
-then one plan per flow-map step of chunk k. The KV slab is allocated at `init`, held
-through the runtime's loop context and released when the loop ends however it ends.
-With `kv_cache=False` every step recomputes the whole sequence instead (same results,
-no slab): the reference the cache is tested against.
+one plan per flow-map step, then (with a VAE) the decode of chunk k, whose frames go
+to the caller at once through the loop context. Conditioning chunks (I2V / V2V) are
+decoded first and never denoised. The KV slab comes from the runtime's cache manager
+at `init` and is released when the loop ends however it ends. With `kv_cache=False`
+every step recomputes the whole sequence instead (same results, no slab).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
 from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
+from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan.vae_stream import StreamingDecode
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 from vidloom.models.wan_causal.transformer import FarText, FarTransformer
+from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
 
 CHUNK_PHASE = "chunks"
-"""Progress phase reported once per finished chunk (plan steps report under the loop's name)."""
+"""Progress phase reported once per finished chunk (plan steps report under their loop names)."""
+PREFILL, STEP, DECODE = "kv_prefill", "rollout", "decode"
+"""Plan kinds, also their progress phases."""
 
 
 def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -65,40 +73,47 @@ def far_prefill(transformer: FarTransformer, context: Tensor, text: FarText, lay
 
 @dataclass
 class FarRolloutState:
-    """One request's rollout; the KV slab in `cache` is this request's alone."""
+    """One request's rollout; the KV slab in `cache` and the decode stream are this request's alone."""
 
     layouts: list[ChunkLayout]
     noise: Tensor  # [1, C, F, h, w], compute dtype
-    latents: Tensor  # [1, C, F, h, w]: finished chunks are written here in order
+    latents: Tensor  # [1, C, F, h, w]: conditioning, then finished chunks in order
     text: FarText  # per-layer text K/V, batch = CFG branches ([uncond, cond])
     guidance_scale: float
     sampler: FlowMapEulerSampler
     schedule: Schedule
-    sampler_state: Any
     ctx: LoopContext
-    cache: FarKVCache | None
+    frame_starts: list[int]  # latent frame where each chunk starts, plus the end
+    context_chunks: int  # leading chunks given as conditioning (I2V / V2V), never denoised
+    chunk: int  # the chunk being generated (== len(layouts) when all are)
     chunk_latents: Tensor
-    chunk: int = 0
+    sampler_state: Any = None
+    cache: FarKVCache | None = None
+    stream: StreamingDecode | None = None
     step: int = 0
     prefilled: bool = False
     done_steps: int = 0
-    finished_chunks: int = 0  # chunks reported through ctx.progress so far
-    context_chunks: int = 0  # leading chunks given as conditioning (I2V), never denoised
-    frame_starts: list[int] = field(default_factory=list)
+    reported: int = 0  # chunks reported through ctx.progress so far
+    decoded: int = 0  # chunks decoded and emitted so far
+    frames: list[Tensor] | None = None  # decoded chunks, [F, H, W, 3] each
+    pending: str = ""  # kind of the plan `next` returned last
 
 
 class FarRolloutLoop:
-    """Causal chunk rollout over a shared FarTransformer; per-request state only in FarRolloutState."""
+    """Causal chunk rollout over a shared FarTransformer (and VAE); per-request state only in FarRolloutState."""
 
-    name = "rollout"
-    prefill_phase = "kv_prefill"
+    name = STEP
 
     def __init__(self, transformer: FarTransformer, sampler_config: SamplerConfig, dtype: torch.dtype,
-                 kv_cache: bool = True) -> None:
+                 kv_cache: bool = True, vae: WanVAE | None = None) -> None:
+        """`vae`: decode and emit each chunk as it finishes (and write "video"); None: latents only."""
         self.transformer = transformer
         self.sampler_config = sampler_config
         self.dtype = dtype
         self.kv_cache = kv_cache
+        self.vae = vae
+
+    # -- init -------------------------------------------------------------------------
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> FarRolloutState:
         request: GenerationRequest = slots["request"]
@@ -108,29 +123,28 @@ class FarRolloutLoop:
         schedule = sampler.schedule(request.num_inference_steps)
         config = self.transformer.config
         partition = chunk_partition(noise.shape[2], config.chunk_partition)
-        hw = (noise.shape[3], noise.shape[4])
-        layouts = [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
-        text = self.transformer.embed_text(self._branches(slots).to(self.dtype))
+        layouts = [ChunkLayout.for_chunk(partition, k, (noise.shape[3], noise.shape[4]), config)
+                   for k in range(len(partition))]
         starts = [sum(partition[:k]) for k in range(len(partition) + 1)]
         latents, first = self._conditioned(noise, slots["context_latents"], starts)
         state = FarRolloutState(
-            layouts=layouts, noise=noise, latents=latents, text=text,
-            guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule,
-            sampler_state=sampler.init_state(schedule), ctx=ctx, cache=None,
-            chunk_latents=noise[:, :, starts[first] : starts[first + 1]], frame_starts=starts,
-            chunk=first, finished_chunks=first, context_chunks=first,
+            layouts=layouts, noise=noise, latents=latents, text=self.transformer.embed_text(self._branches(slots)),
+            guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule, ctx=ctx,
+            frame_starts=starts, context_chunks=first, chunk=first, reported=first,
+            chunk_latents=noise[:, :, starts[first] : starts[first + 1]], sampler_state=sampler.init_state(schedule),
         )
+        if self.vae is not None:
+            state.stream, state.frames = StreamingDecode(self.vae), []
         if self.kv_cache:
-            wan = config.wan
-            nbytes = FarKVCache.bytes_needed(
-                layouts, wan.num_layers, text.batch, wan.num_attention_heads, wan.attention_head_dim, self.dtype
-            )
-            # The runtime accounts and releases it; our own reference is dropped in finalize or on release.
             ctx.hold(lambda: _release(state))
-            state.cache = ctx.allocate(
-                nbytes, lambda: self.transformer.new_cache(layouts, text.batch, noise.device, self.dtype)
-            )
+            state.cache = ctx.allocate(self._cache_bytes(layouts, state.text.batch),
+                                       lambda: self.transformer.new_cache(layouts, state.text.batch, noise.device, self.dtype))
         return state
+
+    def _cache_bytes(self, layouts: list[ChunkLayout], batch: int) -> int:
+        wan = self.transformer.config.wan
+        return FarKVCache.bytes_needed(layouts, wan.num_layers, batch, wan.num_attention_heads,
+                                       wan.attention_head_dim, self.dtype)
 
     def _conditioned(self, noise: Tensor, context: Tensor | None, starts: list[int]) -> tuple[Tensor, int]:
         """The output latents with the conditioning frames in place, and the first chunk to generate.
@@ -150,53 +164,82 @@ class FarRolloutLoop:
         latents[:, :, :frames] = context.to(latents.dtype)
         return latents, first
 
-    @staticmethod
-    def _branches(slots: Mapping[str, Any]) -> Tensor:
+    def _branches(self, slots: Mapping[str, Any]) -> Tensor:
         negative = slots["negative_embeds"]
-        return slots["prompt_embeds"] if negative is None else torch.cat([negative, slots["prompt_embeds"]])
+        embeds = slots["prompt_embeds"] if negative is None else torch.cat([negative, slots["prompt_embeds"]])
+        return embeds.to(self.dtype)
 
-    def total_steps(self, state: FarRolloutState) -> int:
-        return (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
+    # -- plans ------------------------------------------------------------------------
 
     def next(self, state: FarRolloutState) -> StepPlan | Done:
-        if state.finished_chunks < state.chunk:
+        if state.reported < state.chunk:
             # Reported here rather than in advance, so it follows the runtime's event for the chunk's last step.
-            state.finished_chunks = state.chunk
+            state.reported = state.chunk
             state.ctx.progress(CHUNK_PHASE, state.chunk, len(state.layouts))
+        plan = self._decode_plan(state) or self._prefill_plan(state) or self._step_plan(state)
+        state.pending = plan.loop if isinstance(plan, StepPlan) else ""
+        return plan
+
+    def _decode_plan(self, state: FarRolloutState) -> StepPlan | None:
+        if state.stream is None or state.decoded >= state.chunk:
+            return None
+        k = state.decoded
+        latents = state.latents[:, :, state.frame_starts[k] : state.frame_starts[k + 1]]
+        return StepPlan(loop=DECODE, index=k, total=len(state.layouts), call=decode_chunk,
+                        inputs={"vae": self.vae, "stream": state.stream, "latents": latents})
+
+    def _prefill_plan(self, state: FarRolloutState) -> StepPlan | None:
+        if state.chunk >= len(state.layouts) or state.cache is None or state.prefilled:
+            return None
+        layout = state.layouts[state.chunk]
+        if not layout.context_frames:
+            return None
+        first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
+        return StepPlan(
+            loop=PREFILL, index=state.chunk - first_prefill, total=len(state.layouts) - first_prefill,
+            call=far_prefill, inputs={"transformer": self.transformer, "text": state.text, "layout": layout,
+                                      "context": state.latents[:, :, : layout.context_frames], "cache": state.cache},
+        )
+
+    def _step_plan(self, state: FarRolloutState) -> StepPlan | Done:
         if state.chunk >= len(state.layouts):
             return DONE
         layout = state.layouts[state.chunk]
-        if state.cache is not None and layout.context_frames and not state.prefilled:
-            first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
-            return StepPlan(
-                loop=self.prefill_phase, index=state.chunk - first_prefill,
-                total=len(state.layouts) - first_prefill, call=far_prefill,
-                inputs={"transformer": self.transformer, "context": state.latents[:, :, : layout.context_frames],
-                        "text": state.text, "layout": layout, "cache": state.cache},
-            )
         t = state.schedule.timesteps[state.step]
         r = state.sampler.target_timestep(state.schedule, state.step)
         latents = state.chunk_latents
         if state.cache is None:  # recompute: finished chunks, then the one being generated
             latents = torch.cat([state.latents[:, :, : layout.context_frames], latents], dim=2)
+        total = (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
         return StepPlan(
-            loop=self.name, index=state.done_steps, total=self.total_steps(state), call=far_step,
+            loop=STEP, index=state.done_steps, total=total, call=far_step,
             inputs={"transformer": self.transformer, "latents": latents, "t": t.reshape(1), "r": r.reshape(1),
                     "text": state.text, "layout": layout, "cache": state.cache,
                     "guidance_scale": state.guidance_scale},
         )
 
-    def advance(self, state: FarRolloutState, result: Tensor | None) -> FarRolloutState:
-        layout = state.layouts[state.chunk]
-        if state.cache is not None and layout.context_frames and not state.prefilled:
+    # -- results ----------------------------------------------------------------------
+
+    def advance(self, state: FarRolloutState, result: Any) -> FarRolloutState:
+        if state.pending == DECODE:
+            self._emit(state, result)
+        elif state.pending == PREFILL:
             state.prefilled = True
-            return state
-        state.chunk_latents = state.sampler.step(state.sampler_state, state.step, result, state.chunk_latents)
-        state.step += 1
-        state.done_steps += 1
-        if state.step == state.schedule.num_steps:
-            self._finish_chunk(state)
+        else:
+            state.chunk_latents = state.sampler.step(state.sampler_state, state.step, result, state.chunk_latents)
+            state.step += 1
+            state.done_steps += 1
+            if state.step == state.schedule.num_steps:
+                self._finish_chunk(state)
         return state
+
+    def _emit(self, state: FarRolloutState, frames: Tensor) -> None:
+        k = state.decoded
+        start, _ = video_frame_range(state.frame_starts[k], state.frame_starts[k + 1], self.vae.config.temporal_factor)
+        assert state.frames is not None
+        state.frames.append(frames)
+        state.decoded += 1
+        state.ctx.emit(VideoChunk(index=k, total=len(state.layouts), start_frame=start, frames=frames.numpy()))
 
     def _finish_chunk(self, state: FarRolloutState) -> None:
         k = state.chunk
@@ -211,7 +254,10 @@ class FarRolloutLoop:
         _release(state)
         if not torch.isfinite(state.latents).all():
             raise NonFiniteOutput("rollout produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
-        return {"latents": state.latents.float()}
+        out: dict[str, Any] = {"latents": state.latents.float()}
+        if state.frames is not None:
+            out["video"] = np.ascontiguousarray(torch.cat(state.frames).numpy())
+        return out
 
 
 def _release(state: FarRolloutState) -> None:

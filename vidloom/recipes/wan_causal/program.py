@@ -1,4 +1,4 @@
-"""The AnyFlow-FAR program: encode text -> draw noise -> encode the I2V frame -> chunk rollout -> decode."""
+"""The AnyFlow-FAR program: encode text -> draw noise -> encode the I2V/V2V context -> rollout (decoding per chunk)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan_causal.transformer import FarTransformer
-from vidloom.recipes.wan.program import _vae_tiling
 from vidloom.recipes.wan.text import WanTextEncoder
 from vidloom.recipes.wan_causal.loop import FarRolloutLoop
 
 
-def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
-    """T2V / I2V over `instance`; `kv_cache=False` recomputes every step from scratch (same frames, slower)."""
+def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool = True) -> Program:
+    """T2V / I2V / V2V over `instance`.
+
+    `kv_cache=False` recomputes every step from scratch (same frames, slower); `decode=False`
+    stops at the latents (benchmarks and tests of the rollout alone).
+    """
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer: FarTransformer = instance["transformer"]
     in_channels = transformer.config.wan.in_channels
-    tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -59,14 +61,10 @@ def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
         # The distribution's mean, not a sample: the reference conditions on the mode.
         return {"context_latents": vae.normalize_latents(vae.encode(video).mean.float())}
 
-    def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        vae_dtype = next(vae.parameters()).dtype
-        latents = vae.denormalize_latents(slots["latents"].to(vae_dtype))
-        video = vae.decode(latents, progress=lambda done, total: ctx.progress("decode", done, total), tiling=tiling)
-        frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
-        return {"video": frames.cpu().numpy()}
-
-    loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache)
+    # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
+    loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
+                          vae=vae if decode else None)
+    outputs = ("video",) if decode else ("latents",)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
@@ -75,11 +73,10 @@ def build_program(instance: ModelInstance, kv_cache: bool = True) -> Program:
             Node(
                 "rollout",
                 reads=("request", "latents", "prompt_embeds", "negative_embeds", "context_latents"),
-                writes=("latents",),
+                writes=("latents", "video") if decode else ("latents",),
                 loop=loop,
             ),
-            Node("decode", reads=("latents",), writes=("video",), run=decode),
         ),
         inputs=frozenset({"request"}),
-        outputs=("video",),
+        outputs=outputs,
     )
