@@ -173,7 +173,7 @@ def main() -> None:
             print(f"skip {name}: needs {plan.world_size} GPUs")
             continue
         result = run_plan(name, checkpoint, request, device, args.runs)
-        video = result.pop("video")
+        video = result.pop("video").astype(np.float64)  # uint8 on CUDA, float on CPU: never wrap around
         reference = video if reference is None else reference
         volume = traffic(plan, dit, tokens, latent_elems, elem)
         result["max_abs_diff_vs_first"] = float(np.abs(video - reference).max())

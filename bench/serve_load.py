@@ -6,6 +6,10 @@ jobs (a mix of short and long step counts), and prints throughput, p50/p95 job l
 
     .venv/bin/python bench/serve_load.py                 # fifo (1 slot) and interleave (2 slots)
     .venv/bin/python bench/serve_load.py --url http://127.0.0.1:8000 --clients 2
+    .venv/bin/python bench/serve_load.py --abuse         # fifo: a clean run, then the same load with abusers
+
+With --abuse (see bench/serve_abuse.py) the normal jobs' p95 and /health p99 of the abused run
+are compared with the clean run on the same server, and the server's RSS before and after.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class JobResult:
 
 def main() -> None:
     args = _parser().parse_args()
+    if args.abuse:
+        return _abuse_main(args)
     runs = []
     for policy, slots in POLICIES if args.url is None else (("external", 0),):
         with _Server(args, policy, slots) as url:
@@ -63,7 +69,53 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=9)
     p.add_argument("--health-interval", type=float, default=0.05)
     p.add_argument("--time-limit", type=float, default=300.0, help="give up on a run after this many seconds")
+    p.add_argument("--abuse", action="store_true", help="fifo only: clean run, then the same with abusive clients")
     return p
+
+
+def _abuse_main(args: argparse.Namespace) -> None:
+    from serve_abuse import AbuseProcess  # bench/ is run as a script directory
+
+    with _Server(args, "fifo", 1) as url:
+        pid = _server_pid(url)
+        rss = {"start_mib": _rss_mib(pid)}
+        clean = _run_load(url, args)
+        rss["after_clean_mib"] = _rss_mib(pid)
+        with AbuseProcess(url, args.long_steps) as mix:
+            abused = _run_load(url, args)
+        rss["after_abuse_mib"] = _rss_mib(pid)
+        time.sleep(2)
+        rss["settled_mib"] = _rss_mib(pid)
+    ratios = {
+        "job_p95": _ratio(abused["latency_s"]["p95"], clean["latency_s"]["p95"]),
+        "health_p99": _ratio(abused["health_latency_s"]["p99"], clean["health_latency_s"]["p99"]),
+    }
+    report = {"config": vars(args), "machine": _machine(), "clean": clean, "abused": abused,
+              "abuse_outcomes": dict(sorted(mix.counts.items())), "abused_over_clean": ratios, "server_rss": rss}
+    for name, run in (("clean", clean), ("abused", abused)):
+        print(f"== {name}")
+        _print_run(run)
+    print(f"abused/clean: {ratios}\nserver RSS: {rss}\nabusers: {report['abuse_outcomes']}")
+    path = RESULTS.with_name("serve_abuse.json")
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def _server_pid(url: str) -> int | None:
+    return _Server.pids.get(url)
+
+
+def _rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def _run_load(url: str, args: argparse.Namespace) -> dict:
@@ -127,9 +179,12 @@ def _summary(results: list[JobResult], health: list[float], wall: float, args: a
 
     def pct(values: list[float]) -> dict:
         if not values:
-            return {"p50": None, "p95": None}
+            return {"p50": None, "p95": None, "p99": None}
         values = sorted(values)
-        return {"p50": round(statistics.median(values), 4), "p95": round(values[min(len(values) - 1, int(0.95 * len(values)))], 4)}
+        def at(q: float) -> float:
+            return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+        return {"p50": round(statistics.median(values), 4), "p95": at(0.95), "p99": at(0.99)}
 
     return {
         "jobs": len(results), "completed": len(done), "wall_s": round(wall, 3),
@@ -151,6 +206,8 @@ def _print_run(run: dict) -> None:
 class _Server:
     """A `vidloom serve` subprocess for one policy (or the --url server), stopped on exit."""
 
+    pids: dict[str, int] = {}  # url -> server pid, for RSS readings
+
     def __init__(self, args: argparse.Namespace, policy: str, slots: int) -> None:
         self.args, self.policy, self.slots = args, policy, slots
         self.proc: subprocess.Popen | None = None
@@ -167,6 +224,7 @@ class _Server:
         while time.monotonic() < deadline and self.proc.poll() is None:
             match = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
             if match and _healthy(match.group(1)):
+                _Server.pids[match.group(1)] = self.proc.pid
                 return match.group(1)
             time.sleep(0.1)
         raise RuntimeError(f"server did not start:\n{log.read_text()}")

@@ -131,7 +131,10 @@ def _run_vidloom(folder: Path, size: BenchSize, config: BenchConfig, steps: int)
     started = _clock()
     outputs = generate(steps)
     timing = _since(started)
-    return outputs["video"], {**timing, **({"step_cache": outputs["step_cache"]} if "step_cache" in outputs else {})}
+    video = outputs["video"]
+    if video.dtype == np.uint8:  # on CUDA the frames come back as uint8 (converted on the device)
+        video = video.astype(np.float32) / 255.0
+    return video, {**timing, **({"step_cache": outputs["step_cache"]} if "step_cache" in outputs else {})}
 
 
 def _sync() -> None:

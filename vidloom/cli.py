@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -17,6 +18,8 @@ from vidloom.core.output import Event, ProgressEvent
 
 if TYPE_CHECKING:
     from vidloom.runtime.parallel.worker import RankPlace
+
+API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +62,48 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    _add_limit_arguments(srv)
     add_deploy_arguments(srv)
+    _add_serve_security_arguments(srv)
+
+
+def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
+    """Who may call the server, and how it stops (ServeConfig's security block, plus graceful_shutdown_s)."""
+    srv.add_argument("--api-key", default=None, metavar="KEY",
+                     help=f"require 'Authorization: Bearer KEY' on every route but /health "
+                          f"(default: ${API_KEY_ENV}; unset = no authentication)")
+    srv.add_argument("--metrics-need-key", action="store_true", help="require the API key on /metrics too")
+    srv.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                     help="accept this Host name besides the bind address, localhost and IP literals; "
+                          "repeatable; '*' accepts any")
+    srv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="let a web app at ORIGIN (e.g. https://app.example.com) call the API; repeatable")
+    srv.add_argument("--enable-docs", action="store_true", help="serve /docs, /redoc and /openapi.json")
+    srv.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS",
+                     help="on SIGTERM, running jobs get this long to finish before they fail (default: 5)")
+
+
+def _serve_security_settings(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "api_key": args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
+        "metrics_need_key": args.metrics_need_key, "allowed_hosts": tuple(args.allowed_host),
+        "cors_origins": tuple(args.cors_origin), "enable_docs": args.enable_docs,
+        "graceful_shutdown_s": args.shutdown_grace,
+    }
+
+
+def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
+    """Per-request work limits and connection bounds (ServeConfig); unset limits derive from the model card."""
+    lim = srv.add_argument_group("request and connection limits")
+    lim.add_argument("--max-pixels", type=int, default=None, help="width*height per frame (default: 4x the card's size)")
+    lim.add_argument("--max-frames", type=int, default=None, help="frames per video (default: 4x the card's)")
+    lim.add_argument("--max-steps", type=int, default=None, help="denoise steps (default: 20x the card's)")
+    lim.add_argument("--max-prompt-chars", type=int, default=None, help="prompt length (default: from the text encoder)")
+    lim.add_argument("--max-request-memory-gb", type=float, default=None,
+                     help="estimated peak memory per request (default: 90%% of free memory / slots)")
+    lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
+    lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
+    lim.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default: 256)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +134,12 @@ def _serve(args: argparse.Namespace) -> int:
         config = ServeConfig(
             model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
             policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
-            deploy=deploy_config(args, place.world_size if place else None),
+            deploy=deploy_config(args, place.world_size if place else None), **_serve_security_settings(args),
+            max_pixels=args.max_pixels, max_frames=args.max_frames, max_steps=args.max_steps,
+            max_prompt_chars=args.max_prompt_chars,
+            max_request_memory_bytes=None if args.max_request_memory_gb is None else int(args.max_request_memory_gb * 2**30),
+            header_timeout_s=args.header_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
+            max_connections=args.max_connections,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -20,6 +20,8 @@ from vidloom.serving.server import bind, uvicorn_server
 
 # A small job for the demo model: ~0.1 s of compute on a laptop CPU.
 SMALL = {"size": "48x32", "num_frames": 5, "num_inference_steps": 2, "seed": 7}
+# BlockingJob's step count: above the demo card's default max_steps, so test servers raise that limit.
+BLOCKING_STEPS = 2000
 
 
 def wait_healthy(url: str, timeout: float = 60.0) -> None:
@@ -41,7 +43,8 @@ class ThreadServer:
         self.config = config
         sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = uvicorn_server(create_app(engine, config), config, log_level="warning")
+        self.app = create_app(engine, config)  # tests reach the job manager as app.state.jobs
+        self._server = uvicorn_server(self.app, config, log_level="warning")
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         wait_healthy(self.url)
@@ -66,7 +69,8 @@ class ProcessServer:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vidloom.cli", "serve", "--port", "0", "--data-dir", str(data_dir), *extra],
+            [sys.executable, "-m", "vidloom.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
+             "--max-steps", str(BLOCKING_STEPS), *extra],
             stdout=self._log, stderr=subprocess.STDOUT, env=env,
         )
         self.url = self._wait_for_url()
@@ -119,7 +123,7 @@ def wait_for_status(client: httpx.Client, video_id: str, statuses: set[str], tim
 class BlockingJob:
     """A job with far more steps than any test waits for: it holds the slot until deleted."""
 
-    def __init__(self, client: httpx.Client, wait_running: bool = True, steps: int = 2000, **fields: object) -> None:
+    def __init__(self, client: httpx.Client, wait_running: bool = True, steps: int = BLOCKING_STEPS, **fields: object) -> None:
         self.client = client
         self.video = create_video(client, num_inference_steps=steps, **fields)
         self.id = self.video["id"]

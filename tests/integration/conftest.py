@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-from tests.helpers.servers import ThreadServer
+from tests.helpers.servers import BLOCKING_STEPS, ThreadServer
 from vidloom.runtime.engine import Engine
 from vidloom.serving.config import ServeConfig
 
@@ -24,7 +24,8 @@ def demo_engine(demo_cache: Path) -> Engine:
 @pytest.fixture(scope="module")
 def server(demo_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
     """The shared server of a test module: fifo, one slot, four waiting places."""
-    config = ServeConfig(data_dir=tmp_path_factory.mktemp("serve-data"), queue_size=4, graceful_shutdown_s=2)
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("serve-data"), queue_size=4, graceful_shutdown_s=2,
+                         max_steps=BLOCKING_STEPS)
     with ThreadServer(demo_engine, config) as running:
         yield running
 
@@ -43,6 +44,7 @@ def start_server(demo_engine: Engine, tmp_path: Path) -> Iterator[Callable[..., 
     def start(**settings: object) -> ThreadServer:
         settings.setdefault("data_dir", tmp_path / "data")
         settings.setdefault("graceful_shutdown_s", 2)
+        settings.setdefault("max_steps", BLOCKING_STEPS)
         started.append(ThreadServer(demo_engine, ServeConfig(**settings)))
         return started[-1]
 

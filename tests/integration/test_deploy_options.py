@@ -79,3 +79,20 @@ def test_compile_matches_eager_and_does_not_recompile_for_new_prompt_or_seed(dem
     # aot_eager runs the same aten ops as eager: observed 0 difference; allow fp32 noise.
     assert np.abs(video - plain).max() <= 1e-5
     torch._dynamo.reset()
+
+
+def test_compile_runs_a_shape_outside_its_buckets_eagerly_without_recompiling(demo_cache):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    shape = (REQUEST["height"], REQUEST["width"], REQUEST["num_frames"])
+    gen = VideoGenerator.from_pretrained(
+        "wan2.1-demo", device="cpu", cache_dir=demo_cache,
+        deploy=DeployConfig(compile=True, compile_backend="aot_eager", warmup_shapes=(shape,)),
+    )
+    outside = {**REQUEST, "height": 48}
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile would raise here
+        video = gen.engine.run(GenerationRequest(**outside))["video"]
+    assert gen.engine.compile_misses == 1
+    assert np.abs(video - _video(demo_cache, DeployConfig(), height=48)).max() <= 1e-5
+    torch._dynamo.reset()

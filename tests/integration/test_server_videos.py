@@ -66,15 +66,15 @@ def test_multipart_create_and_the_seconds_rule(client: httpx.Client):
     assert video["parameters"]["num_frames"] == 9 and video["seconds"] == "1.125"
     assert video["parameters"]["seed"] == 3
 
-    urlencoded = client.post("/v1/videos", data={**form, "seconds": "0.5"}).json()  # curl -d style
-    assert urlencoded["parameters"]["num_frames"] == 5 and urlencoded["seconds"] == "0.625"
+    half = client.post("/v1/videos", files={**multipart, "seconds": (None, "0.5")}).json()
+    assert half["parameters"]["num_frames"] == 5 and half["seconds"] == "0.625"
 
     both = create_video(client, seconds="4", num_frames=5)  # num_frames wins
     assert both["parameters"]["num_frames"] == 5 and both["seconds"] == "0.625"
 
     fps = create_video(client, num_frames=None, seconds=2, fps=4)  # 8 frames -> 9 at 4 fps
     assert fps["parameters"]["num_frames"] == 9 and fps["seconds"] == "2.25"
-    for v in (video, urlencoded, both, fps):
+    for v in (video, half, both, fps):
         assert wait_for_status(client, v["id"], {"completed", "failed"})["status"] == "completed"
 
 

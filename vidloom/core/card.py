@@ -80,6 +80,9 @@ class ModelCard:
     source: str  # checkpoint directory, or a hub repo id resolved from the local cache
     description: str = ""
     notes: tuple[str, ...] = field(default=())  # user-facing caveats (e.g. random weights)
+    max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
+    # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
+    memory_estimator: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
@@ -114,5 +117,7 @@ class ModelCard:
             raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
         if (defaults.num_frames - 1) % geo.temporal_factor:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
+        if self.memory_estimator is not None and ":" not in self.memory_estimator:
+            raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
         if ":" not in self.program:
             raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")

@@ -92,3 +92,10 @@ class DeployConfig:
                 f"step_cache={self.step_cache!r} cannot run with a parallel plan ({plan.describe()}) yet: "
                 "skip decisions are taken per rank; use --step-cache none with --sp/--cfg-parallel"
             )
+        if plan.world_size > 1 and self.cuda_graphs:
+            # A captured step would contain the plan's NCCL collectives (all-to-all, all-gather);
+            # capturing collectives needs its own setup and a GPU test that does not exist yet.
+            raise DeployError(
+                f"cuda_graphs cannot run with a parallel plan ({plan.describe()}) yet: the captured step "
+                "would contain NCCL collectives; drop --cuda-graphs or run on one device"
+            )

@@ -16,6 +16,14 @@ class InvalidRequest(VidloomError, ValueError):
         self.message = message
 
 
+class LimitExceeded(InvalidRequest):
+    """A request over one of the work limits (core.limits.RequestLimits); `limit` names the setting."""
+
+    def __init__(self, field: str, message: str, limit: str) -> None:
+        super().__init__(field, message)
+        self.limit = limit
+
+
 class CheckpointError(VidloomError):
     """A checkpoint directory or file that cannot be loaded onto our modules."""
 

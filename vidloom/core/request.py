@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -11,10 +12,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vidloom.core.errors import InvalidRequest
+from vidloom.core.errors import InvalidRequest, LimitExceeded
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
+
+# Hard bounds every request meets, whatever the deployment: past them a value cannot be a real
+# request (and fails deep in the run: a seed torch cannot take, an fps the encoder cannot write,
+# a guidance that overflows the noise prediction to inf).
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
+MAX_FPS = 240
+MAX_GUIDANCE = 100.0  # CFG scales in use are 1..20; beyond 100 the update is all guidance
+MAX_FLOW_SHIFT = 100.0  # Wan uses 3..17; larger shifts put every step at sigma ~1
 
 
 class Task(str, Enum):
@@ -72,10 +81,14 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
 
 
 def _validate(r: GenerationRequest, card: ModelCard) -> None:
-    if not isinstance(r.prompt, str) or not r.prompt.strip():
+    from vidloom.core.limits import RequestLimits  # limits imports this module
+
+    max_chars = RequestLimits.prompt_chars(card)
+    _check_text("prompt", r.prompt, max_chars)
+    if not r.prompt.strip():
         raise InvalidRequest("prompt", "must be a non-empty string")
-    if r.negative_prompt is not None and not isinstance(r.negative_prompt, str):
-        raise InvalidRequest("negative_prompt", "must be a string")
+    if r.negative_prompt is not None:
+        _check_text("negative_prompt", r.negative_prompt, max_chars)
     try:
         task = Task(r.task)
     except ValueError:
@@ -85,8 +98,8 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
         served = ", ".join(sorted(t.value for t in card.tasks))
         raise InvalidRequest("task", f"{card.model_id} does not serve {task.value}; it serves: {served}")
     _check_int("num_inference_steps", r.num_inference_steps, minimum=1)
-    _check_int("fps", r.fps, minimum=1)
-    _check_int("seed", r.seed, minimum=0)
+    _check_int("fps", r.fps, minimum=1, maximum=MAX_FPS)
+    _check_int("seed", r.seed, minimum=0, maximum=MAX_SEED)
     multiple = card.geometry.spatial_multiple
     for name in ("height", "width"):
         value = getattr(r, name)
@@ -101,13 +114,10 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
     _check_conditioning(r, task, card.geometry.temporal_factor)
-    if not isinstance(r.guidance_scale, (int, float)) or isinstance(r.guidance_scale, bool) or r.guidance_scale < 0:
-        raise InvalidRequest("guidance_scale", f"must be a number >= 0, got {r.guidance_scale!r}")
-    if not isinstance(r.flow_shift, (int, float)) or isinstance(r.flow_shift, bool) or r.flow_shift <= 0:
-        raise InvalidRequest("flow_shift", f"must be a number > 0, got {r.flow_shift!r}")
-    t = r.step_cache_threshold
-    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0):
-        raise InvalidRequest("step_cache_threshold", f"must be a number >= 0, got {t!r}")
+    _check_float("guidance_scale", r.guidance_scale, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
+    _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
+    if r.step_cache_threshold is not None:
+        _check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=math.inf, open_min=False)
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
@@ -136,8 +146,35 @@ def _check_conditioning(r: GenerationRequest, task: Task, temporal_factor: int) 
         )
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_text(name: str, value: object, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise InvalidRequest(name, f"must be a string, got {type(value).__name__}")
+    if len(value) > max_chars:
+        raise LimitExceeded(name, f"{len(value)} characters is more than the limit of {max_chars} "
+                                  "(max_prompt_chars: the text encoder reads only so many tokens)", "max_prompt_chars")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer, database or JSON encoder takes it
+        raise InvalidRequest(name, f"is not valid Unicode (unpaired surrogate at character {exc.start})") from None
+
+
+def _check_float(name: str, value: object, *, minimum: float, maximum: float, open_min: bool) -> None:
+    """A real number in [minimum, maximum] ((minimum, maximum] with open_min); NaN and inf are refused."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidRequest(name, f"must be a number, got {value!r}")
+    bound = f"> {minimum:g}" if open_min else f">= {minimum:g}"
+    if not math.isfinite(value) and not (maximum == math.inf and value == math.inf):
+        raise InvalidRequest(name, f"must be a finite number {bound}, got {value!r}")
+    if value < minimum or (open_min and value == minimum):
+        raise InvalidRequest(name, f"must be a number {bound}, got {value!r}")
+    if value > maximum:
+        raise InvalidRequest(name, f"must be at most {maximum:g}, got {value!r}")
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidRequest(name, f"must be an integer, got {value!r}")
     if value < minimum:
         raise InvalidRequest(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(name, f"must be at most {maximum}, got {value}")

@@ -1,4 +1,4 @@
-"""Flow-matching Euler sampler, numerically equal to diffusers' FlowMatchEulerDiscreteScheduler."""
+"""Flow-matching Euler sampler: diffusers' FlowMatchEulerDiscreteScheduler update, with float32 state (see `step`)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ class FlowEulerSampler:
         sigmas = state.schedule.sigmas
         # 0-dim float32 CPU tensors, as diffusers uses, so the scalar enters the kernel identically.
         dt = sigmas[index + 1] - sigmas[index]
-        # Accumulate in float32 even for half-precision latents, then hand back the model's dtype.
-        prev = sample.to(torch.float32) + dt * model_output
-        return prev.to(model_output.dtype)
+        # The update itself follows diffusers' FlowMatchEulerDiscreteScheduler.step term for term.
+        # Where we part from it on purpose: diffusers casts the new sample back to the model's
+        # dtype (bf16 on GPU), rounding the latents every step. The sampler state stays float32
+        # here, as in UniPC (diffusers' UniPC keeps float32 too) and as the denoise loop documents;
+        # the loop casts to the model dtype only for the DiT input. In float32 (the parity tests)
+        # both are the same; in bf16 ours skips one bf16 rounding of the latents per step.
+        return sample.to(torch.float32) + dt * model_output

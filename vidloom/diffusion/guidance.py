@@ -19,9 +19,22 @@ Network = Callable[[Tensor, Tensor, Tensor], Tensor]
 """(latents [B, C, F, H, W], timestep [B], text_embeds [B, L, D]) -> prediction like latents."""
 
 
-def cfg_combine(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
-    """Classic CFG (Ho & Salimans 2022, arXiv:2207.12598): uncond + scale * (cond - uncond)."""
-    return uncond + scale * (cond - uncond)
+GuidanceScale = float | Tensor
+"""A Python float (eager), or a 0-dim float32 tensor holding it (a CUDA graph's static input)."""
+
+
+def cfg_combine(cond: Tensor, uncond: Tensor, scale: GuidanceScale) -> Tensor:
+    """Classic CFG (Ho & Salimans 2022, arXiv:2207.12598): uncond + scale * (cond - uncond).
+
+    A float scale multiplies in float32 and rounds once to the activations' dtype (PyTorch
+    widens Python scalars to the kernel's float32 math). A 0-dim float32 tensor would instead
+    be cast to bf16 first (4.2 -> 4.1875), so the tensor form spells out the float32 product:
+    eager and graph-replayed steps then compute the same bits for any scale.
+    """
+    diff = cond - uncond
+    if isinstance(scale, Tensor):
+        return uncond + (scale.float() * diff.float()).to(diff.dtype)
+    return uncond + scale * diff
 
 
 class GuidancePolicy(Protocol):
@@ -38,7 +51,7 @@ class GuidancePolicy(Protocol):
         timestep: Tensor,
         prompt_embeds: Tensor,
         negative_embeds: Tensor | None,
-        guidance_scale: float,
+        guidance_scale: GuidanceScale,
     ) -> Tensor: ...
 
 
@@ -52,7 +65,7 @@ class SequentialCFG:
         timestep: Tensor,
         prompt_embeds: Tensor,
         negative_embeds: Tensor | None,
-        guidance_scale: float,
+        guidance_scale: GuidanceScale,
     ) -> Tensor:
         cond = network(latents, timestep, prompt_embeds)
         if negative_embeds is None:
@@ -72,7 +85,7 @@ class BatchedCFG:
         timestep: Tensor,
         prompt_embeds: Tensor,
         negative_embeds: Tensor | None,
-        guidance_scale: float,
+        guidance_scale: GuidanceScale,
     ) -> Tensor:
         if negative_embeds is None:
             return network(latents, timestep, prompt_embeds)
@@ -119,7 +132,7 @@ class ParallelCFG:
         timestep: Tensor,
         prompt_embeds: Tensor,
         negative_embeds: Tensor | None,
-        guidance_scale: float,
+        guidance_scale: GuidanceScale,
     ) -> Tensor:
         if negative_embeds is None:
             # Requests are checked at submit (guidance_scale > 1); this guards direct callers.

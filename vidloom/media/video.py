@@ -10,6 +10,7 @@ from typing import Iterator
 
 import av
 import numpy as np
+import torch
 
 
 @contextmanager
@@ -27,8 +28,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """Float frames in [0, 1] -> uint8, rounding to nearest."""
+    """Float frames in [0, 1] -> uint8, rounding to nearest (half to even); uint8 frames pass through."""
+    if frames.dtype == np.uint8:
+        return frames
     return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
+    """`to_uint8` on a float32 tensor where it lives (e.g. on the GPU, before a 4x smaller host copy):
+    the same float32 clamp, scale and half-to-even rounding, so the same bytes."""
+    return (frames.float().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).contiguous()
 
 
 def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18) -> Path:

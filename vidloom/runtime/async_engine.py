@@ -12,7 +12,9 @@ import concurrent.futures
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
@@ -42,6 +44,7 @@ class _Entry:
     on_event: EventCallback | None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     started: bool = False
+    admitted_at: float = 0.0  # perf_counter when it took a slot
 
     @property
     def key(self) -> str:
@@ -80,7 +83,12 @@ class AsyncEngine:
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
         self._closing = False
-        self._job_seconds = 10.0  # running mean of job wall time, for Retry-After
+        # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
+        self._job_seconds: float | None = None
+        # Device chores (a cancelled run's clean-up, releasing cached memory) that other threads
+        # hand to the worker: only the worker touches the device, so nothing frees or synchronises
+        # while it captures a CUDA graph.
+        self._chores: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
         self._thread.start()
 
@@ -128,6 +136,26 @@ class AsyncEngine:
             entry.run.cancel.cancel()
             return True
 
+    @property
+    def compile_misses(self) -> int:
+        """Requests that ran eagerly outside the compiled shape buckets (0 without --compile)."""
+        return getattr(self.engine, "compile_misses", 0)
+
+    def release_memory(self) -> concurrent.futures.Future:
+        """Return cached device memory to the driver, on the worker between steps; resolves when done."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chore() -> None:
+            release = getattr(self.engine, "release_memory", None)
+            if release is not None:
+                release()
+            done.set_result(None)
+
+        with self._cond:
+            self._chores.append(chore)
+            self._cond.notify()
+        return done
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
@@ -144,14 +172,18 @@ class AsyncEngine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries:
+                while not self._closing and not self._entries and not self._chores:
                     self._cond.wait()
-                if self._closing and not self._entries:
+                chores, self._chores = self._chores, []
+                if self._closing and not self._entries and not chores:
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
+                    entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
                 entry = self._scheduler.pick()
+            for chore in chores:
+                _run_chore(chore)
             if entry is not None:
                 self._step(entry)
 
@@ -169,8 +201,13 @@ class AsyncEngine:
             log.exception("request %s failed", entry.key)
             self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
         else:
-            self._job_seconds = 0.8 * self._job_seconds + 0.2 * output.metadata["elapsed_s"]
+            self._observe(time.perf_counter() - entry.admitted_at)
             self._finish_locked(entry, CompletedEvent(entry.key, output), output)
+
+    def _observe(self, seconds: float) -> None:
+        with self._cond:
+            mean = self._job_seconds
+            self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
     def _finish_locked(self, entry: _Entry, event: Event, outcome: object) -> None:
         with self._cond:
@@ -180,20 +217,42 @@ class AsyncEngine:
         """Release the request's slot and memory, report, resolve its future (lock held)."""
         self._scheduler.remove(entry.key)
         self._entries.pop(entry.key, None)
-        entry.run.close()
+        if threading.current_thread() is self._thread:
+            entry.run.close()
+        else:  # cancel/close from another thread: the worker cleans up between its steps
+            self._chores.append(entry.run.close)
+            self._cond.notify()
         self._emit(entry, event)
-        if isinstance(outcome, BaseException):
-            entry.future.set_exception(outcome)
-        else:
-            entry.future.set_result(outcome)
+        try:
+            if isinstance(outcome, BaseException):
+                entry.future.set_exception(outcome)
+            else:
+                entry.future.set_result(outcome)
+        except concurrent.futures.InvalidStateError:
+            pass  # the awaiting task was cancelled (its client left), which cancels the future: nobody reads it
 
     def _emit(self, entry: _Entry, event: Event) -> None:
         if entry.on_event is not None:
             entry.on_event(event)
 
     def _retry_after(self) -> int:
-        # A queue place frees when the oldest resident job finishes: about one job's time.
-        return max(1, math.ceil(self._job_seconds))
+        """Seconds until a queue place likely frees: when the oldest resident job finishes (lock held).
+
+        From observed job times: the mean job time less what the oldest resident job has run
+        already. Before any job completed, what that job has run so far is the best guess.
+        """
+        now = time.perf_counter()
+        ran = max((now - e.admitted_at for e in self._entries.values() if e.started), default=0.0)
+        if self._job_seconds is None:
+            return max(1, math.ceil(ran))
+        return max(1, math.ceil(self._job_seconds - ran))
+
+
+def _run_chore(chore: Callable[[], None]) -> None:
+    try:
+        chore()
+    except Exception:  # a failed clean-up must not stop the worker
+        log.exception("device worker chore failed")
 
 
 def _guarded(callback: EventCallback) -> EventCallback:

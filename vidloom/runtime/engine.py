@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import gc
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, TypeVar
@@ -12,13 +12,16 @@ import torch
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
+from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
 
@@ -60,11 +63,13 @@ class RequestRun:
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
         graphs: StepGraphs | None = None,
+        compiled: bool = True,
         caches: CacheManager | None = None,
     ) -> None:
         self.request = request
         self.caches = caches or CacheManager()
         self._graphs = graphs
+        self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
         self.instance = instance
         self.program = program
         self.cancel = cancel or CancellationToken()
@@ -89,7 +94,7 @@ class RequestRun:
             return True
         started = self._mark = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._compile_stance():
                 next(self._units)
         except StopIteration:
             pass
@@ -104,15 +109,24 @@ class RequestRun:
         return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
 
     def close(self) -> None:
-        """Drop every intermediate (latents, embeddings), also after failure or cancel."""
+        """Drop every intermediate (latents, embeddings), also after failure or cancel.
+
+        The freed blocks stay in the allocator's cache for the next request; they go back to
+        the driver only under memory pressure (or `Engine.release_memory()`). Call this on the
+        thread that runs the steps (the AsyncEngine's device worker does), never during a capture.
+        """
         self._units.close()  # runs the open loop's release path (see _run_node)
         self._release_held(0)
         self._slots.clear()
         if self._interceptor is not None:
             self._interceptor.close()
-        if self.instance.device.type == "cuda":
-            gc.collect()
-            torch.cuda.empty_cache()
+        if under_pressure(self.instance.device):
+            release_cached_memory(self.instance.device)
+
+    def _compile_stance(self) -> contextlib.AbstractContextManager[Any]:
+        # The stance is process-wide while set; steps of one engine run one at a time, so it
+        # covers exactly this request's step.
+        return contextlib.nullcontext() if self._compiled else torch.compiler.set_stance("eager_on_recompile")
 
     # -- runtime services handed to nodes and loops --------------------------------
 
@@ -204,12 +218,19 @@ class EngineDriver:
     def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
         """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.
 
-        Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use.
+        Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use;
+        `warmup_guidances` adds guidance values that change the DiT's batch (batched CFG off).
         """
         for height, width, num_frames in shapes:
-            self.run(GenerationRequest(
-                prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps, seed=0,
-            ))
+            for guidance in self.warmup_guidances():
+                self.run(GenerationRequest(
+                    prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps,
+                    seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
+                ))
+
+    def warmup_guidances(self) -> tuple[float | None, ...]:
+        """Guidance scales to warm each shape with (None: the card's default)."""
+        return (None,)
 
     def run(
         self,
@@ -238,6 +259,32 @@ class Engine(EngineDriver):
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
         self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes)
+        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
+        self.estimator = load_estimator(instance)
+        # The Python API's own bound: what the device had free once the weights were loaded, so a
+        # request that cannot fit fails with InvalidRequest before it allocates anything.
+        self.limits = RequestLimits(max_memory_bytes=request_budget(instance.device))
+        self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
+
+    @property
+    def compile_misses(self) -> int:
+        """Requests that ran eagerly because their shape is outside the compiled buckets."""
+        return self.compile_buckets.misses if self.compile_buckets is not None else 0
+
+    @property
+    def graph_stats(self) -> dict[str, int] | None:
+        """CUDA-graph captures, replays and eager fallbacks so far (None without cuda_graphs)."""
+        return self._graphs.totals() if self._graphs is not None else None
+
+    def warmup_guidances(self) -> tuple[float | None, ...]:
+        # Batched CFG runs batch 2 with guidance and batch 1 without: both are compiled buckets.
+        if self.compile_buckets is not None and self.compile_buckets.cfg_batched:
+            return (None, 1.0)
+        return (None,)
+
+    def release_memory(self) -> None:
+        """Return cached device memory to the driver now (call from the thread that runs the steps)."""
+        release_cached_memory(self.instance.device)
 
     def start(
         self,
@@ -248,4 +295,19 @@ class Engine(EngineDriver):
     ) -> RequestRun:
         """Validate `request` (InvalidRequest before any work) and prepare its run."""
         resolved = resolve_request(request, self.instance.card)
-        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, self.caches)
+        self.limits.check(resolved, self.estimator)
+        compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
+        return RequestRun(
+            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches
+        )
+
+
+def _compile_buckets(instance: ModelInstance) -> CompileBuckets:
+    buckets = CompileBuckets(instance.deploy.warmup_shapes, cfg_batched=instance.deploy.cfg_mode == "batched")
+    import torch._dynamo
+
+    # dynamo keeps this many graphs per code object (all blocks share WanBlock.forward's) and
+    # silently runs eagerly past it: make room for every bucket. A process-wide setting, only raised.
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, buckets.capacity + 1)
+    return buckets

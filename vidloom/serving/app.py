@@ -1,4 +1,4 @@
-"""The FastAPI app: lifespan (job manager), error handlers, body limit, and the small routes."""
+"""The FastAPI app: lifespan (job manager), guards and body limit, error handlers, and the small routes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from starlette.middleware.cors import CORSMiddleware
 
 from vidloom.media.video import encode_png
 from vidloom.runtime.engine import Engine
 from vidloom.serving.config import ServeConfig
+from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, install_error_handlers
+from vidloom.serving.guard import HostGuard, RequestGuard
+from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
 from vidloom.serving.params import plan_image
@@ -25,25 +29,46 @@ from vidloom.serving.video_routes import router as video_router
 router = APIRouter()
 
 
-def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
-    """An app serving `engine`'s model; the job manager lives from lifespan start to end."""
+def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = None) -> FastAPI:
+    """An app serving `engine`'s model; the job manager lives from lifespan start to end.
+
+    `store`: an already opened and recovered job store (`vidloom serve` opens it before printing its
+    address, so a bad database stops the start); None opens `config.data_dir` at lifespan start.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.jobs = JobManager(engine, config, asyncio.get_running_loop())
+        app.state.jobs = JobManager(engine, config, asyncio.get_running_loop(), store)
         app.state.started_at = int(time.time())
         try:
             yield
         finally:
             await app.state.jobs.close()
 
-    app = FastAPI(title="vidloom", version="0.1.0", lifespan=lifespan)
+    docs = config.enable_docs
+    app = FastAPI(title="vidloom", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
     app.state.config = config
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    # add_middleware wraps: the last added runs first (Host check, CORS preflights, key/origin/type, body size).
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
+    app.add_middleware(RequestGuard, config=config)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"], max_age=600,
+        )
+    app.add_middleware(HostGuard, config=config)
     app.include_router(video_router)
     app.include_router(router)
     return app
+
+
+async def drain(app: FastAPI) -> None:
+    """Shutdown hook (server.GracefulServer): end jobs within the grace period so event streams close."""
+    manager: JobManager | None = getattr(app.state, "jobs", None)
+    if manager is not None:
+        await manager.drain(app.state.config.graceful_shutdown_s)
 
 
 @router.get("/health")
@@ -79,7 +104,7 @@ async def generate_image(request: Request) -> ImagesResponse:
     manager = jobs_of(request)
     body = await read_body(request, ImageGenerationBody)
     with engine_errors():
-        output = await manager.generate_image(plan_image(body, manager.card))
+        output = await unless_disconnected(request, manager.generate_image(plan_image(body, manager.card)))
     png = await asyncio.to_thread(encode_png, output.frames[0])
     return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=base64.b64encode(png).decode())])
 

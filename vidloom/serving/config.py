@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
+from vidloom.core.limits import RequestLimits
 from vidloom.registry import DEFAULT_MODEL
 from vidloom.runtime.scheduler import POLICIES
 
@@ -25,20 +27,72 @@ class ServeConfig:
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
     max_body_bytes: int = 1 << 20  # larger request bodies get 413 before any parsing
-    max_frames: int = 1025  # bound on num_frames (or seconds * fps) per video
+    # Work per request (core.limits.RequestLimits); None takes the default derived from the model card.
+    max_pixels: int | None = None  # width * height of one frame (card: 4x its default size)
+    max_frames: int | None = None  # num_frames, or seconds * fps (card: 4x its default latent frames)
+    max_steps: int | None = None  # num_inference_steps (card: 20x its default)
+    # prompt / negative_prompt length (card: 16 chars per text token, which core validation enforces on every
+    # path, so this can only tighten it)
+    max_prompt_chars: int | None = None
+    max_request_memory_bytes: int | None = None  # estimated peak per request (default: 90% of free / slots)
+    # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
+    body_timeout_s: float = 30.0  # and its body within this long after the headers
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
+    max_connections: int = 256  # concurrent connections; more get 503 (uvicorn limit_concurrency)
+    sse_queue_size: int = 64  # progress updates buffered per event-stream reader; older ones are dropped
     cancel_wait_s: float = 5.0  # how long POST .../cancel waits for the next step boundary
     keepalive_s: float = 15.0  # SSE comment interval, so proxies keep quiet streams open
-    graceful_shutdown_s: float = 5.0  # open SSE streams get this long to finish at shutdown
+    # On SIGTERM/SIGINT queued jobs fail at once (server_restart); running jobs get this long to finish,
+    # then fail too. Each open event stream gets its job's final event before the server exits.
+    graceful_shutdown_s: float = 5.0
+
+    # -- security (who may call, from where) --------------------------------------------------
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health
+    metrics_need_key: bool = False  # /metrics also requires the key (open by default, for scrapers)
+    allowed_hosts: tuple[str, ...] = ()  # Host names beyond the bind address, localhost and IP literals; "*": any
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (no CORS headers otherwise)
+    enable_docs: bool = False  # serve /docs, /redoc and /openapi.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
-        for name in ("slots", "queue_size", "max_body_bytes", "max_frames"):
+        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "sse_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("max_pixels", "max_frames", "max_steps", "max_prompt_chars", "max_request_memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: must be >= 1, got {value}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in 0..65535, got {self.port}")
-        for name in ("cancel_wait_s", "keepalive_s", "graceful_shutdown_s"):
+        for name in ("cancel_wait_s", "keepalive_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",
+                     "keep_alive_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        self._check_security()
+
+    def _check_security(self) -> None:
+        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isascii()):
+            raise ValueError("api_key: must be a non-empty ASCII string (or unset for no authentication)")
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))
+        object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/") for o in self.cors_origins))
+        for host in self.allowed_hosts:
+            if not host or "/" in host or " " in host:
+                raise ValueError(f"allowed_hosts: {host!r} is not a host name (e.g. example.com, 10.0.0.5 or *)")
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"cors_origins: {origin!r} must look like https://app.example.com (or be *)")
+
+    def request_limits(self, card: ModelCard, memory_budget: int | None) -> RequestLimits:
+        """The server's per-request limits: card-derived defaults, replaced by any field set here.
+
+        `memory_budget` is what the device can give one request (free memory / slots); an explicit
+        max_request_memory_bytes wins over it.
+        """
+        derived = RequestLimits.from_card(card, max_memory_bytes=memory_budget)
+        return derived.with_overrides(
+            max_pixels=self.max_pixels, max_frames=self.max_frames, max_steps=self.max_steps,
+            max_prompt_chars=self.max_prompt_chars, max_memory_bytes=self.max_request_memory_bytes,
+        )

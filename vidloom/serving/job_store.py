@@ -3,11 +3,13 @@
 Layout: `<data_dir>/jobs.sqlite3` and `<data_dir>/videos/<id>.mp4` / `<id>.png`.
 A row turns `completed` only after its files were renamed into place, so a completed
 job always has whole files; finished rows never change again except by `delete`.
+Files the table cannot account for are never deleted: startup moves them to `<data_dir>/orphans/`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import threading
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from vidloom.core.errors import VidloomError
+
+log = logging.getLogger(__name__)
 ACTIVE = ("queued", "in_progress")
 _ACTIVE_SQL = "('queued', 'in_progress')"
 FINAL = ("completed", "failed", "cancelled")
@@ -82,19 +87,23 @@ class UnknownCursor(KeyError):
     """`after` names a job that does not exist."""
 
 
+class StoreError(VidloomError):
+    """The job database cannot be opened (corrupt, not SQLite, unreadable); raised before the server listens."""
+
+
 class JobStore:
     """Thread-safe (one connection behind a lock); every call is a single short transaction."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
         self.videos_dir = self.data_dir / "videos"
-        self.videos_dir.mkdir(parents=True, exist_ok=True)
+        self.orphans_dir = self.data_dir / "orphans"
+        try:
+            self.videos_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"data dir {self.data_dir}: cannot create {self.videos_dir} ({exc.strerror})") from None
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
-        # WAL + NORMAL: a commit survives kill -9 of this process (only an OS crash can lose the last ones).
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        self._db = _open(self.data_dir / "jobs.sqlite3")
 
     def video_path(self, job_id: str) -> Path:
         assert is_job_id(job_id), job_id
@@ -159,29 +168,67 @@ class JobStore:
         )
 
     def delete(self, job_id: str) -> bool:
-        """Remove the row and its files; False if there was no such job."""
+        """Remove the row and its files, both or neither; False if there was no such job.
+
+        The files are first renamed aside (which fails, changing nothing, if the folder is read-only),
+        then the row goes; if that fails they are renamed back. Raises OSError or sqlite3.Error.
+        """
         with self._lock:
-            deleted = self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,)).rowcount > 0
-        self.remove_files(job_id)
-        return deleted
+            if self._db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                return False
+            aside = self._set_aside(job_id)
+            try:
+                self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            except BaseException:
+                for original, moved in aside:
+                    moved.replace(original)
+                raise
+        for _, moved in aside:
+            moved.unlink(missing_ok=True)  # "." names: a crash here leaves them to the next recover()
+        return True
+
+    def _set_aside(self, job_id: str) -> list[tuple[Path, Path]]:
+        done: list[tuple[Path, Path]] = []
+        try:
+            for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
+                if path.exists():
+                    # "-": never in an atomic_path temp name (mkstemp), so the two cannot collide.
+                    moved = path.with_name(f".{path.stem}-deleting{path.suffix}")
+                    path.replace(moved)
+                    done.append((path, moved))
+        except OSError:
+            for original, moved in reversed(done):
+                moved.replace(original)
+            raise
+        return done
 
     def remove_files(self, job_id: str) -> None:
         for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
             path.unlink(missing_ok=True)
 
     def recover(self, completed_at: int, code: str, message: str) -> int:
-        """At startup: fail jobs a previous process left active, drop temp and orphan files; returns jobs failed."""
+        """At startup: fail jobs a previous process left active, tidy the videos folder; returns jobs failed."""
         with self._lock:
             failed = self._db.execute(
                 "UPDATE jobs SET status = 'failed', completed_at = ?, error_code = ?, error_message = ? "
                 f"WHERE status IN {_ACTIVE_SQL}",
                 (completed_at, code, message),
             ).rowcount
-            completed = {r[0] for r in self._db.execute("SELECT id FROM jobs WHERE status = 'completed'")}
+            status = dict(self._db.execute("SELECT id, status FROM jobs").fetchall())
+        orphans = 0
         for path in self.videos_dir.iterdir():
-            # atomic_path temp files start with "."; other files belong to a job that never completed.
-            if path.name.startswith(".") or path.stem not in completed:
+            if not path.is_file():
+                continue
+            if path.name.startswith("."):  # our temp files (atomic_path) and files set aside by delete
                 path.unlink(missing_ok=True)
+            elif path.stem not in status:  # no row: results of a lost or replaced database; keep them
+                self.orphans_dir.mkdir(exist_ok=True)
+                path.replace(self.orphans_dir / path.name)
+                orphans += 1
+            elif status[path.stem] != "completed":  # a job we know failed or was cancelled mid-write
+                path.unlink(missing_ok=True)
+        if orphans:
+            log.warning("moved %d file(s) no job accounts for to %s (nothing was deleted)", orphans, self.orphans_dir)
         return failed
 
     def close(self) -> None:
@@ -193,6 +240,24 @@ class JobStore:
             self._db.execute(
                 f"UPDATE jobs SET {assignments} WHERE id = ? AND status IN {_ACTIVE_SQL}", (*args, job_id)
             )
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Connect, check the file is a healthy SQLite database, set WAL mode and the schema."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        check = db.execute("PRAGMA quick_check(1)").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(check[0] if check else "integrity check failed")
+        # WAL + NORMAL: a commit survives kill -9 of this process (only an OS crash can lose the last ones).
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(_SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StoreError(f"job database {path} cannot be used ({exc}); move it aside to start with an empty one, "
+                         "or restore it from a backup") from None
+    return db
 
 
 def _dumps(value: Mapping[str, Any] | None) -> str | None:

@@ -4,6 +4,10 @@ Threading: the device worker calls `_bridge`, which only hands the event to the 
 loop (`call_soon_threadsafe`); every state change, store write and subscriber fan-out
 then happens on the loop thread, in event order. Store writes are single-row commits
 (WAL), small enough to run there; the mp4 encode runs in a thread (`asyncio.to_thread`).
+
+Store failures (disk full, read-only database) never strand a job: a job whose row cannot be
+written is stopped and failed in memory (`storage_error`), its final state is kept in `_unsaved`
+and written once the store accepts writes again; a create that cannot be stored is refused.
 """
 
 from __future__ import annotations
@@ -11,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
-from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.media.video import write_png, write_video
-from vidloom.runtime.async_engine import AsyncEngine, EngineBusy, JobHandle
+from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
+from vidloom.runtime.memory import request_budget
 from vidloom.serving.config import ServeConfig
-from vidloom.serving.job_store import JobRecord, JobStore
+from vidloom.serving.errors import redact_paths
+from vidloom.serving.job_store import JobRecord, JobStore, Page
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
@@ -33,6 +40,15 @@ log = logging.getLogger(__name__)
 
 # Jobs unfinished when a server stops (gracefully, or found at the next start after a crash).
 SERVER_RESTART = ("server_restart", "the server stopped before this job finished; submit it again")
+
+
+def open_store(config: ServeConfig) -> JobStore:
+    """Open the job store and recover it after the previous process (raises StoreError on a bad database)."""
+    store = JobStore(config.data_dir)
+    failed = store.recover(_now(), *SERVER_RESTART)
+    if failed:
+        log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
+    return store
 
 
 @dataclass(frozen=True)
@@ -66,18 +82,26 @@ class _LiveJob:
 class JobManager:
     """Owns the AsyncEngine, the job store and the metrics of one server."""
 
-    def __init__(self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop, store: JobStore | None = None,
+    ) -> None:
         self.card = engine.instance.card
         self._config = config
         self._loop = loop
-        self.store = JobStore(config.data_dir)
-        failed = self.store.recover(_now(), *SERVER_RESTART)
-        if failed:
-            log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
+        self.store = store if store is not None else open_store(config)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
-        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight)
+        # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
+        # no device to measure, so it gets the card's other limits only.
+        self._estimator = getattr(engine, "estimator", None)
+        budget = request_budget(engine.instance.device, config.slots) if self._estimator is not None else None
+        self.limits = config.request_limits(self.card, budget)
+        self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
+                                     lambda: self._engine.compile_misses)
         self._live: dict[str, _LiveJob] = {}
+        self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
+        self._images: set[str] = set()  # image requests being rendered (their HTTP call is waiting)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._draining = False
         self._closing = False
 
     @property
@@ -92,6 +116,7 @@ class JobManager:
 
     def submit_video(self, planned: PlannedVideo) -> JobRecord:
         """Validate, enqueue and store a job. Raises InvalidRequest or EngineBusy before storing anything."""
+        self._flush_unsaved()
         resolved = self._submit(planned.request).request
         record = JobRecord(
             id=resolved.request_id, model=self.card.model_id, status="queued", progress=0, created_at=_now(),
@@ -100,8 +125,10 @@ class JobManager:
         )
         try:
             self.store.add(record)
-        except BaseException:
+        except BaseException as exc:
             self._engine.cancel(record.id)  # never run a job nobody can see
+            if isinstance(exc, sqlite3.Error):
+                self.metrics.rejected("storage_error")
             raise
         tracker = ProgressTracker(expected_units(resolved, self.card))
         self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
@@ -111,6 +138,7 @@ class JobManager:
         """Run a request to completion (not stored: images answer in the same HTTP call)."""
         handle = self._submit(request)
         started, status = time.perf_counter(), "failed"
+        self._images.add(request.request_id)
         try:
             output = await handle.result()
             status = "completed"
@@ -123,17 +151,27 @@ class JobManager:
             status = "cancelled"
             raise
         finally:
+            self._images.discard(request.request_id)
             self.metrics.finished("image", status, time.perf_counter() - started)
 
     def get(self, job_id: str) -> JobRecord | None:
         live = self._live.get(job_id)
-        return live.record if live is not None else self.store.get(job_id)
+        if live is not None:
+            return live.record
+        return self._unsaved.get(job_id) or self.store.get(job_id)
+
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
+        """The store's page, with final states it has not accepted yet shown as they are."""
+        page = self.store.page(after, limit, order)
+        if not self._unsaved:
+            return page
+        return Page(tuple(self._unsaved.get(r.id, r) for r in page.records), page.has_more)
 
     async def cancel(self, job_id: str) -> JobRecord | None:
         """Cancel an active job and wait (up to cancel_wait_s) for the step boundary where it stops."""
         live = self._live.get(job_id)
         if live is None:
-            return self.store.get(job_id)
+            return self.get(job_id)
         self._engine.cancel(job_id)
         try:
             await asyncio.wait_for(live.finished.wait(), self._config.cancel_wait_s)
@@ -142,23 +180,28 @@ class JobManager:
         return live.record
 
     def delete(self, job_id: str) -> bool:
-        """Cancel the job if active, then drop its row and files. False if there was no such job."""
+        """Cancel the job if active, then drop its row and files (both or neither: raises OSError/sqlite3.Error).
+
+        False if there was no such job. A job cancelled here whose row then cannot be removed stays, cancelled.
+        """
         live = self._live.get(job_id)
         if live is not None:
             self._engine.cancel(job_id)
-            self._end(live, dataclasses.replace(live.record, status="cancelled", completed_at=_now()))
-        return self.store.delete(job_id)
+            self._finish(live, "cancelled")
+        deleted = self.store.delete(job_id)
+        self._unsaved.pop(job_id, None)
+        return deleted
 
     def subscribe(self, job_id: str) -> Subscription | None:
         """None for an unknown job. Runs on the loop thread, so no update slips between snapshot and queue."""
         live = self._live.get(job_id)
         if live is None:
-            record = self.store.get(job_id)
+            record = self.get(job_id)
             if record is None:
                 return None
             # Not live means finished, except in the moment between engine stop and store close.
             return Subscription(JobUpdate(record.status if record.finished else "progress", record), None)
-        queue: asyncio.Queue[JobUpdate] = asyncio.Queue()
+        queue: asyncio.Queue[JobUpdate] = asyncio.Queue(self._config.sse_queue_size)
         live.subscribers.add(queue)
         t = live.tracker
         return Subscription(JobUpdate("progress", live.record, t.phase, t.step, t.total), queue)
@@ -168,25 +211,50 @@ class JobManager:
         if live is not None:
             live.subscribers.discard(queue)
 
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown, before connections close: refuse new work, fail queued jobs, give running ones `grace_s`.
+
+        Jobs and image requests still running at the deadline are cancelled; every job ends with a final
+        state its event streams receive, so they finish cleanly instead of being cut.
+        """
+        self._draining = True
+        for live in list(self._live.values()):
+            if live.record.status == "queued":
+                self._engine.cancel(live.record.id)
+                self._finish(live, "failed", error=SERVER_RESTART)
+        deadline = self._loop.time() + grace_s
+        while (self._live or self._images) and self._loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for live in list(self._live.values()):
+            self._engine.cancel(live.record.id)
+            self._finish(live, "failed", error=SERVER_RESTART)
+        for request_id in list(self._images):
+            self._engine.cancel(request_id)
+        if self._live or self._images:
+            log.warning("shutdown grace period of %.1fs over: stopped %d job(s)", grace_s,
+                        len(self._live) + len(self._images))
+
     async def close(self) -> None:
         """Stop the engine, let result files being written finish, fail what is left (server_restart)."""
-        self._closing = True
+        self._draining = self._closing = True
         await asyncio.to_thread(self._engine.close)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for live in list(self._live.values()):
             self._finish(live, "failed", error=SERVER_RESTART)
+        self._flush_unsaved()
+        if self._unsaved:
+            log.error("%d job(s) keep a stale state in the store (it refused writes); the next start fails them",
+                      len(self._unsaved))
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
-        try:
-            return self._engine.submit(request, self._bridge)
-        except EngineBusy:
-            self.metrics.rejected("queue_full")
-            raise
-        except InvalidRequest:
-            self.metrics.rejected("invalid_request")
-            raise
+        """Resolve, check this server's limits, enqueue (rejections are counted by the error handler)."""
+        if self._draining:
+            raise EngineClosed("no new work is accepted")
+        resolved = resolve_request(request, self.card)
+        self.limits.check(resolved, self._estimator)
+        return self._engine.submit(resolved, self._bridge)
 
     # -- engine events ----------------------------------------------------------------
 
@@ -205,12 +273,14 @@ class JobManager:
             return  # an image request, a deleted job, or shutdown
         if isinstance(event, StartedEvent):
             self._write(live, status="in_progress")
-            self._publish(live, JobUpdate("progress", live.record))
+            if not live.finished.is_set():  # the write may have failed the job
+                self._publish(live, JobUpdate("progress", live.record))
         elif isinstance(event, ProgressEvent):
             percent = live.tracker.update(event.phase, event.step, event.total)
             if percent != live.record.progress:
                 self._write(live, progress=percent)
-            self._publish(live, JobUpdate("progress", live.record, event.phase, event.step, event.total))
+            if not live.finished.is_set():
+                self._publish(live, JobUpdate("progress", live.record, event.phase, event.step, event.total))
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))
             self._tasks.add(task)
@@ -227,7 +297,8 @@ class JobManager:
             await asyncio.to_thread(self._write_files, job_id, output)
         except Exception as exc:
             log.exception("writing the result of %s failed", job_id)
-            self._finish(live, "failed", error=("output_error", f"could not write the video: {exc}"))
+            reason = redact_paths(str(exc), str(self.store.data_dir.resolve()))
+            self._finish(live, "failed", error=("output_error", f"could not write the video: {reason}"))
             return
         if self._live.get(job_id) is not live:  # deleted while encoding
             self.store.remove_files(job_id)
@@ -239,25 +310,50 @@ class JobManager:
         write_video(output.frames, output.fps, self.store.video_path(job_id))
 
     def _write(self, live: _LiveJob, *, status: str | None = None, progress: int | None = None) -> None:
-        if status is not None:
-            self.store.set_status(live.record.id, status)
-            live.record = dataclasses.replace(live.record, status=status)
-        if progress is not None:
-            self.store.set_progress(live.record.id, progress)
-            live.record = dataclasses.replace(live.record, progress=progress)
+        """Write a running job's change through; a store that refuses it fails the job rather than strand it."""
+        try:
+            if status is not None:
+                self.store.set_status(live.record.id, status)
+                live.record = dataclasses.replace(live.record, status=status)
+            if progress is not None:
+                self.store.set_progress(live.record.id, progress)
+                live.record = dataclasses.replace(live.record, progress=progress)
+        except sqlite3.Error as exc:
+            log.error("job store write for %s failed (%s); stopping the job", live.record.id, exc)
+            self._engine.cancel(live.record.id)
+            self._finish(live, "failed", error=(
+                "storage_error", f"the server could not record this job's progress ({exc}); submit it again"))
 
     def _finish(
         self, live: _LiveJob, status: str, *, metadata: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> None:
-        now = _now()
-        self.store.finish(live.record.id, status, now, metadata=metadata, error=error)
         code, message = error if error else (None, None)
-        progress = 100 if status == "completed" else live.record.progress
-        self._end(live, dataclasses.replace(
-            live.record, status=status, completed_at=now, progress=progress, metadata=metadata,
-            error_code=code, error_message=message,
-        ))
+        if message is not None:
+            message = redact_paths(message, str(self.store.data_dir.resolve()))
+        final = dataclasses.replace(
+            live.record, status=status, completed_at=_now(), metadata=metadata, error_code=code,
+            error_message=message, progress=100 if status == "completed" else live.record.progress,
+        )
+        self._store_final(final)
+        self._end(live, final)
+
+    def _store_final(self, final: JobRecord) -> None:
+        error = (final.error_code, final.error_message) if final.error_code else None
+        try:
+            self.store.finish(final.id, final.status, final.completed_at or _now(), metadata=final.metadata,
+                              error=error)  # type: ignore[arg-type]
+            self._unsaved.pop(final.id, None)
+        except sqlite3.Error as exc:
+            log.error("job store refused the final state of %s (%s); kept in memory, retried later", final.id, exc)
+            self._unsaved[final.id] = final
+
+    def _flush_unsaved(self) -> None:
+        """Write final states the store refused before; stops at the first refusal (the disk is still full)."""
+        for final in list(self._unsaved.values()):
+            self._store_final(final)
+            if final.id in self._unsaved:
+                return
 
     def _end(self, live: _LiveJob, final: JobRecord) -> None:
         """Forget the live job and tell its subscribers how it ended."""
@@ -269,13 +365,21 @@ class JobManager:
 
     def _publish(self, live: _LiveJob, update: JobUpdate) -> None:
         for queue in live.subscribers:
+            if queue.full():
+                # A slow reader loses its oldest progress tick. The final update is always the last one
+                # published for a job, so what is dropped here is never a final event.
+                queue.get_nowait()
             queue.put_nowait(update)
 
 
 def request_params(request: GenerationRequest) -> dict[str, Any]:
-    """The resolved request as stored with the job: enough to run it again, seed included."""
+    """The resolved request as stored with the job: with the job's prompt, enough to run it again, seed included.
+
+    The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
+    """
     params = dataclasses.asdict(request)
     params.pop("request_id")
+    params.pop("prompt")
     params["task"] = request.task.value
     return params
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Steps run from milliseconds (tiny demo on CPU) to tens of seconds (14B at 720p).
@@ -16,8 +18,18 @@ JOB_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1
 class ServerMetrics:
     """Queue depth and in-flight are read from the engine at scrape time; the rest is counted as it happens."""
 
-    def __init__(self, queue_depth: Callable[[], float], in_flight: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        in_flight: Callable[[], float],
+        compile_misses: Callable[[], float] = lambda: 0,
+    ) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(_ReadCounter(
+            "vidloom_compile_bucket_misses",
+            "Requests that ran eagerly because their shape is outside the torch.compile shape buckets",
+            compile_misses,
+        ))
         Gauge("vidloom_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(queue_depth)
         Gauge("vidloom_in_flight", "Requests holding a slot", registry=self.registry).set_function(in_flight)
         self._steps = Histogram(
@@ -33,7 +45,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._rejected = Counter(
-            "vidloom_rejected_requests", "Requests refused at submission, by reason", ["reason"],
+            "vidloom_rejected_requests", "Requests refused (400, 408, 413, 429), by error code", ["reason"],
             registry=self.registry,
         )
 
@@ -49,3 +61,13 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ReadCounter(Collector):
+    """A counter the runtime keeps (it cannot import serving); read at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())

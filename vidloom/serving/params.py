@@ -10,13 +10,17 @@ actual duration back as `seconds` = num_frames / fps.
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from dataclasses import dataclass
 
 from vidloom.core.card import ModelCard
-from vidloom.core.errors import InvalidRequest, UnknownModel
+from vidloom.core.errors import InvalidRequest, LimitExceeded, UnknownModel
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
+
+# ASCII digits only ("６４x48" is not a size), no spaces, at most 6 digits a side.
+_SIZE = re.compile(r"([0-9]{1,6})[xX]([0-9]{1,6})")
 
 # InvalidRequest.field (GenerationRequest names) -> the API parameter a client sent.
 _API_FIELDS = {"height": "size", "width": "size"}
@@ -39,8 +43,12 @@ class PlannedVideo:
     seconds: str  # num_frames / fps, e.g. "4.125"
 
 
-def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int) -> PlannedVideo:
-    """Map a create-video body onto a GenerationRequest; raises InvalidRequest naming the API field."""
+def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -> PlannedVideo:
+    """Map a create-video body onto a GenerationRequest; raises InvalidRequest naming the API field.
+
+    `max_frames` (None: unchecked) is checked here so an over-long `seconds` is named as such;
+    the other work limits apply to the resolved request (JobManager, core.limits).
+    """
     if body.input_reference is not None:
         raise InvalidRequest("input_reference", "image/video references are not supported; this server does text-to-video")
     check_model(body.model, card)
@@ -49,9 +57,10 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int) -> Plann
     if not isinstance(fps, int) or fps < 1:
         raise InvalidRequest("fps", f"must be an integer >= 1, got {fps!r}")
     frames = choose_frames(body, card, fps)
-    if frames > max_frames:
+    if max_frames is not None and frames > max_frames:
         field = "num_frames" if body.num_frames is not None else "seconds"
-        raise InvalidRequest(field, f"{frames} frames is more than this server's limit of {max_frames}")
+        raise LimitExceeded(field, f"{frames} frames is more than this server's limit of {max_frames} (max_frames)",
+                            "max_frames")
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=fps,
         request_id=new_video_id(), **_sampling(body),
@@ -90,10 +99,11 @@ def parse_size(size: str | None, card: ModelCard) -> tuple[int, int]:
     """"WxH" -> (width, height); None -> the card's default size. Divisibility is checked here too."""
     if size is None:
         return card.sampling_defaults.width, card.sampling_defaults.height
-    parts = size.lower().split("x") if isinstance(size, str) else []
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise InvalidRequest("size", f"must be 'WIDTHxHEIGHT' like '832x480', got {size!r}")
-    width, height = (int(p) for p in parts)
+    match = _SIZE.fullmatch(size) if isinstance(size, str) else None
+    if match is None:
+        shown = repr(size[:32] + "..." if len(size) > 32 else size) if isinstance(size, str) else type(size).__name__
+        raise InvalidRequest("size", f"must be 'WIDTHxHEIGHT' in ASCII digits like '832x480', got {shown}")
+    width, height = int(match[1]), int(match[2])
     multiple = card.geometry.spatial_multiple
     if width < multiple or height < multiple or width % multiple or height % multiple:
         raise InvalidRequest("size", f"width and height must be positive multiples of {multiple}, got {size!r}")

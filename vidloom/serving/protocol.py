@@ -78,7 +78,7 @@ class VideoObject(BaseModel):
     prompt: str | None = None
     remixed_from_video_id: str | None = None
     error: VideoError | None = None
-    parameters: dict[str, Any]  # the resolved request: defaults filled, seed actually used
+    parameters: dict[str, Any]  # the resolved request but its prompt (see `prompt`): defaults filled, seed used
     metadata: dict[str, Any] | None = None  # run metadata once completed (e.g. elapsed_s)
 
     @classmethod

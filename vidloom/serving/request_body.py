@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
@@ -11,43 +12,55 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vidloom.serving.errors import APIError, error_response, validation_error
+from vidloom.serving.errors import APIError, count_rejection, error_response, validation_error
 
 M = TypeVar("M", bound=BaseModel)
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit so the client sees our 413, not a reset
+FILE_FIELDS = frozenset({"input_reference"})  # form fields that may be file parts (named as unsupported later)
 
 
 class BodyLimit:
-    """ASGI middleware: buffers at most `max_bytes` of body, else answers 413 without calling the app."""
+    """ASGI middleware: buffers at most `max_bytes` of body within `timeout_s`, else answers 413 / 408
+    without calling the app (a client dribbling its body cannot hold a connection for long)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        chunks, size, more = [], 0, True
+        chunks: list[bytes] = []
+        size, more = 0, True
         declared = _content_length(scope)
         if declared is None or declared <= self.max_bytes:
-            while more and size <= self.max_bytes:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body = message.get("body", b"")
-                chunks.append(body)
-                size += len(body)
-                more = message.get("more_body", False)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    while more and size <= self.max_bytes:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            return
+                        body = message.get("body", b"")
+                        chunks.append(body)
+                        size += len(body)
+                        more = message.get("more_body", False)
+            except TimeoutError:
+                await self._refuse(scope, receive, send, 408, "request_timeout",
+                                   f"the request body did not arrive within {self.timeout_s:g}s (body_timeout_s)")
+                return
         if (declared is not None and declared > self.max_bytes) or size > self.max_bytes:
             await _drain(receive, more, limit=_DRAIN_FACTOR * self.max_bytes - size)
-            response = error_response(
-                413, f"request body is larger than this server's limit of {self.max_bytes} bytes",
-                code="request_too_large", headers={"Connection": "close"},
-            )
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, 413, "request_too_large",
+                               f"request body is larger than this server's limit of {self.max_bytes} bytes")
             return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str) -> None:
+        count_rejection(scope.get("app"), status, code)
+        response = error_response(status, message, code=code, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -94,15 +107,46 @@ async def read_body(request: Request, model: type[M]) -> M:
             data = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError):
             raise APIError(400, "request body is not valid JSON", code="invalid_json") from None
+        except RecursionError:  # "[[[[..." nested deeper than the parser recurses
+            raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
     else:
         raise APIError(400, f"unsupported content type {content_type!r}; send application/json or a form",
                        code="unsupported_content_type")
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    for key, value in data.items():
+        _check_text(key, value)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+
+
+def _check_text(key: object, value: object, depth: int = 0) -> None:
+    """Every string in the body must be encodable: a lone surrogate ("\\ud800") is refused here, naming the field,
+    so it never reaches the engine, the job store or a JSON response."""
+    name = key if isinstance(key, str) and _encodable(key) else "body"
+    if not _encodable(key) or not _encodable(value):
+        raise APIError(400, f"{name}: contains an unpaired surrogate; send valid Unicode text",
+                       param=name, code="invalid_parameter")
+    if depth < 32 and isinstance(value, (list, dict)):  # deeper values are refused by the model's types anyway
+        for item in value.values() if isinstance(value, dict) else value:
+            _check_text(key, item, depth + 1)
+        if isinstance(value, dict):
+            for inner in value:
+                _check_text(key, inner, depth + 1)
+
+
+def _encodable(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def _form(request: Request) -> dict[str, Any]:
@@ -112,6 +156,9 @@ async def _form(request: Request) -> dict[str, Any]:
         raise APIError(400, f"malformed form body: {exc}", code="invalid_form") from None
     data: dict[str, Any] = {}
     for key, value in form.multi_items():
-        # File parts are kept as a marker so the model can name the field it does not support.
-        data[key] = "<file>" if isinstance(value, UploadFile) else value
+        if isinstance(value, UploadFile):
+            if key not in FILE_FIELDS:
+                raise APIError(400, f"{key}: must be a text field, not a file", param=key, code="invalid_parameter")
+            value = "<file>"  # a marker, so the model can name the field it does not support
+        data[key] = value
     return data

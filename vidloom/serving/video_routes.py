@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from vidloom.serving.config import ServeConfig
-from vidloom.serving.errors import APIError, engine_errors
+from vidloom.serving.errors import APIError, echo, engine_errors, store_error
+from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.job_store import JobRecord, UnknownCursor, is_job_id
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.params import plan_video
@@ -33,7 +35,7 @@ async def create_video(request: Request) -> VideoObject:
     manager = jobs_of(request)
     body = await read_body(request, VideoCreateBody)
     with engine_errors():
-        planned = plan_video(body, manager.card, config_of(request).max_frames)
+        planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned)
     return VideoObject.from_record(record)
 
@@ -46,9 +48,9 @@ async def list_videos(
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoList:
     try:
-        page = jobs_of(request).store.page(after, limit, order)
+        page = jobs_of(request).page(after, limit, order)
     except UnknownCursor:
-        raise APIError(400, f"after: no video with id {after!r}", param="after", code="invalid_parameter") from None
+        raise APIError(400, f"after: no video with id {echo(after)}", param="after", code="invalid_parameter") from None
     data = [VideoObject.from_record(r) for r in page.records]
     return VideoList(
         data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
@@ -61,14 +63,19 @@ async def retrieve_video(request: Request, video_id: str) -> VideoObject:
     return VideoObject.from_record(_find(request, video_id))
 
 
+@router.head("/{video_id}/content", include_in_schema=False)  # HEAD: the headers of the GET below
 @router.get("/{video_id}/content")
 async def download_content(
     request: Request, video_id: str, variant: str = "video"
-) -> FileResponse:
-    """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed."""
+) -> OpenFileResponse:
+    """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed.
+
+    The file is opened here and served from that handle, so a DELETE racing the download either
+    comes first (404) or lets the whole file through; never a half-served file or a 500.
+    """
     record = _find(request, video_id)
     if variant not in ("video", "thumbnail"):
-        raise APIError(400, f"variant: {variant!r} is not available; use 'video' or 'thumbnail'",
+        raise APIError(400, f"variant: {echo(variant)} is not available; use 'video' or 'thumbnail'",
                        param="variant", code="invalid_parameter")
     if record.status != "completed":
         raise APIError(409, _not_ready(record), code="video_not_ready")
@@ -77,16 +84,22 @@ async def download_content(
         path, media_type = store.thumbnail_path(video_id), "image/png"
     else:
         path, media_type = store.video_path(video_id), "video/mp4"
-    if not path.exists():  # deleted between the lookup and now
-        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
-    return FileResponse(path, media_type=media_type, filename=f"{video_id}{path.suffix}")
+    try:
+        file = open(path, "rb")
+    except FileNotFoundError:  # deleted between the lookup and now
+        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found") from None
+    return OpenFileResponse(file, path, media_type=media_type, filename=f"{video_id}{path.suffix}")
 
 
 @router.delete("/{video_id}")
 async def delete_video(request: Request, video_id: str) -> VideoDeleted:
-    """Cancels the job first if it is queued or running, then removes it and its files."""
+    """Cancels the job first if it is queued or running, then removes its row and files: both, or neither (503/507)."""
     _find(request, video_id)
-    if not jobs_of(request).delete(video_id):
+    try:
+        deleted = jobs_of(request).delete(video_id)
+    except (OSError, sqlite3.Error) as exc:
+        raise store_error(exc, f"video {video_id} was not deleted") from None
+    if not deleted:
         raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
     return VideoDeleted(id=video_id)
 
@@ -107,7 +120,7 @@ async def video_events(request: Request, video_id: str) -> StreamingResponse:
     manager = jobs_of(request)
     subscription = manager.subscribe(video_id) if is_job_id(video_id) else None
     if subscription is None:
-        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+        raise APIError(404, f"no video with id {echo(video_id)}", param="video_id", code="video_not_found")
     stream = job_events(manager, subscription, config_of(request).keepalive_s)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
@@ -116,7 +129,7 @@ async def video_events(request: Request, video_id: str) -> StreamingResponse:
 def _find(request: Request, video_id: str) -> JobRecord:
     record = jobs_of(request).get(video_id) if is_job_id(video_id) else None
     if record is None:
-        raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")
+        raise APIError(404, f"no video with id {echo(video_id)}", param="video_id", code="video_not_found")
     return record
 
 

@@ -54,3 +54,21 @@ def test_offload_keeps_weights_on_cpu_between_calls(demo_cache):
     out = enc.encode(["a cat"])
     assert out.device.type == "cuda"
     assert next(enc.model.parameters()).device.type == "cpu"
+
+
+def test_offloaded_weights_use_a_device_copy_and_drop_it_afterwards(demo_cache):
+    # On CPU the "device" copy is a second CPU tensor: the swap itself is what is tested here
+    # (tests/gpu/ checks pinned memory and that the GPU copy is freed).
+    from vidloom.recipes.wan.text import OffloadedWeights
+
+    enc = _encoder(demo_cache)
+    reference = enc.encode(["a cat walks"])
+    params = list(enc.model.parameters())
+    host_ptrs = [p.data_ptr() for p in params]
+    offloaded = OffloadedWeights(enc.model, torch.device("cpu"))
+    seen: list[list[int]] = []
+    enc.model.register_forward_hook(lambda *a: seen.append([p.data_ptr() for p in params]))
+    enc._offloaded = offloaded
+    assert torch.equal(enc.encode(["a cat walks"]), reference)
+    assert seen and all(a != b for a, b in zip(seen[0], host_ptrs)), "the encode ran on the copy"
+    assert [p.data_ptr() for p in params] == host_ptrs, "afterwards the module points at the host weights again"

@@ -211,3 +211,37 @@ def _wait_until(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.005)
+
+
+def test_cleanup_of_a_request_cancelled_from_another_thread_runs_on_the_device_worker(monkeypatch):
+    # Clean-up frees device memory; done on the caller's thread it could land inside a CUDA-graph capture.
+    from vidloom.runtime.engine import RequestRun
+
+    closed_on: list[str] = []
+    original = RequestRun.close
+
+    def recording_close(self) -> None:
+        closed_on.append(threading.current_thread().name)
+        original(self)
+
+    monkeypatch.setattr(RequestRun, "close", recording_close)
+    loop = GatedLoop()
+    engine = _engine(loop)
+    running = engine.submit(_req("a", 1))
+    queued = engine.submit(_req("b", 1))
+    assert engine.cancel(queued.request_id)  # from this (the "event loop") thread
+    with pytest.raises(Cancelled):
+        queued.wait(10)
+    loop.gate.release()
+    running.wait(10)
+    engine.release_memory().result(10)  # a chore queued behind both: the clean-ups ran before it
+    assert closed_on == ["vidloom-device-worker", "vidloom-device-worker"]
+    engine.close()
+
+
+def test_release_memory_runs_on_the_worker_while_idle():
+    loop = GatedLoop()
+    engine = _engine(loop)
+    engine.release_memory().result(10)  # resolves although no request is resident
+    assert engine.compile_misses == 0
+    engine.close()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from vidloom.serving.job_store import JobRecord, JobStore, UnknownCursor, is_job_id
+from vidloom.serving.job_store import JobRecord, JobStore, StoreError, UnknownCursor, is_job_id
 
 
 def _record(n: int, status: str = "queued") -> JobRecord:
@@ -91,3 +92,54 @@ def test_ids_that_could_escape_the_data_dir_are_not_ids():
     assert is_job_id(_record(1).id)
     for text in ("../jobs.sqlite3", "video_", "video_" + "g" * 32, "video_" + "0" * 32 + "/x"):
         assert not is_job_id(text)
+
+
+@pytest.mark.parametrize("lost", ["deleted", "emptied"])
+def test_recover_without_a_database_moves_unknown_files_aside(tmp_path: Path, lost: str):
+    store = JobStore(tmp_path)
+    done = _record(1)
+    store.add(done)
+    store.finish(done.id, "completed", 2000)
+    store.video_path(done.id).write_bytes(b"mp4")
+    store.thumbnail_path(done.id).write_bytes(b"png")
+    (store.videos_dir / "notes.txt").write_bytes(b"the operator's")
+    store.close()
+    for name in ("jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm"):
+        (tmp_path / name).unlink(missing_ok=True)  # the database is lost; the results are not
+    if lost == "emptied":
+        (tmp_path / "jobs.sqlite3").write_bytes(b"")  # SQLite reads a 0-byte file as an empty database
+
+    store = JobStore(tmp_path)
+    assert store.recover(3000, "server_restart", "restarted") == 0
+    assert list(store.videos_dir.iterdir()) == []
+    moved = {p.name: p.read_bytes() for p in store.orphans_dir.iterdir()}
+    assert moved == {f"{done.id}.mp4": b"mp4", f"{done.id}.png": b"png", "notes.txt": b"the operator's"}
+
+
+@pytest.mark.parametrize("content", [b"this is not a database" * 100, b""])
+def test_a_corrupt_database_is_a_store_error_naming_the_file(tmp_path: Path, content: bytes):
+    (tmp_path / "jobs.sqlite3").write_bytes(content or b"SQLite format 3\x00" + b"\xff" * 200)
+    with pytest.raises(StoreError, match="jobs.sqlite3.*move it aside"):
+        JobStore(tmp_path)
+
+
+def test_delete_puts_files_back_when_the_row_cannot_go(tmp_path: Path, monkeypatch):
+    store = JobStore(tmp_path)
+    job = _record(1)
+    store.add(job)
+    store.video_path(job.id).write_bytes(b"mp4")
+
+    class Full:
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql.startswith("DELETE"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.db.execute(sql, *args)
+
+    monkeypatch.setattr(store, "_db", Full(store._db))
+    with pytest.raises(sqlite3.OperationalError):
+        store.delete(job.id)
+    assert store.get(job.id) is not None and store.video_path(job.id).read_bytes() == b"mp4"
+    assert [p.name for p in store.videos_dir.iterdir()] == [f"{job.id}.mp4"]

@@ -88,3 +88,14 @@ def test_api_field_names_and_seconds_format():
     assert api_field("height") == api_field("width") == "size"
     assert api_field("num_frames") == "num_frames"
     assert [format_seconds(f, fps) for f, fps in ((33, 8), (32, 8), (81, 16), (1, 3))] == ["4.125", "4", "5.062", "0.333"]
+
+
+@pytest.mark.parametrize("size", ["\uff16\uff14x48", " 64 x 48", "64x48 ", "64x48\n", "64×48", "1" * 5000 + "x48", "64x"])
+def test_size_takes_only_ascii_width_x_height(size):
+    with pytest.raises(InvalidRequest) as info:
+        parse_size(size, CARD)
+    assert info.value.field == "size"
+
+
+def test_size_accepts_either_x():
+    assert parse_size("64X48", CARD) == parse_size("64x48", CARD) == (64, 48)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.fp8 import project
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.name_map import NameMap
 
@@ -231,15 +232,62 @@ def rope_tables(
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate adjacent channel pairs of x [B, S, H, D] by the angles in cos/sin [S, D/2]."""
-    # Rotation runs in float32 (the tables' dtype) and rounds once at the end.
+def rope_freqs(grid: tuple[int, int, int], head_dim: int, device: torch.device) -> Tensor:
+    """`rope_tables` as one float32 table [S, head_dim // 2, 2] of (cos, sin) pairs: a complex64 view
+    of it gives the unit rotations, and it stays a real tensor for torch.compile and sharding."""
+    return torch.stack(rope_tables(grid, head_dim, device), dim=-1)
+
+
+def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+    """Rotate adjacent channel pairs of x [B, S, H, D] by freqs [S, D/2, 2] (cos, sin).
+
+    Eager mode multiplies complex numbers: one float32 kernel instead of six strided real
+    ops plus a stack (the products even*cos - odd*sin and even*sin + odd*cos are the same,
+    bit for bit on CPU). Under torch.compile the real form is traced instead
+    (`apply_rope_reference`), which inductor fuses into one kernel without complex dtypes.
+    Either way the rotation runs in float32 and rounds once to x's dtype.
+    """
+    if torch.compiler.is_compiling():
+        return apply_rope_reference(x, freqs[..., 0], freqs[..., 1])
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
+    rotation = torch.view_as_complex(freqs.contiguous())
+    return torch.view_as_real(pairs * rotation[None, :, None, :]).flatten(-2).type_as(x)
+
+
+def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The rotation written out on real numbers (diffusers' form); cos/sin [S, D/2]."""
     pairs = x.float().unflatten(-1, (-1, 2))
     even, odd = pairs.unbind(-1)
     cos = cos[None, :, None, :]
     sin = sin[None, :, None, :]
     rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, fused: bool | None = None) -> Tensor:
+    """AdaLN: LayerNorm(x) * (1 + scale) + shift in float32, rounded once to x's dtype.
+
+    `fused` (default: on CUDA) does the multiply and add in one pass (addcmul, a fused
+    multiply-add: one fp32 rounding fewer). CPU keeps the two-op form, whose bits match
+    diffusers exactly (the bf16 parity test pins them); the GPU is where the passes cost time.
+    """
+    normed = F.layer_norm(x.float(), (x.shape[-1],), None, None, eps)
+    if x.is_cuda if fused is None else fused:
+        # out= in x's dtype: computed in float32, rounded as it is stored (no float32 result pass).
+        return torch.addcmul(shift, normed, 1 + scale, out=torch.empty_like(x))
+    return (normed * (1 + scale) + shift).type_as(x)
+
+
+def gated_residual(x: Tensor, update: Tensor, gate: Tensor, fused: bool | None = None) -> Tensor:
+    """x + update * gate in float32 (gate is float32), rounded once to x's dtype.
+
+    `fused` (default: on CUDA): one addcmul pass that widens x and update inside the kernel and
+    stores in x's dtype, instead of an upcast, a multiply, an add and a cast; CPU keeps the
+    bit-exact form (see `modulate`).
+    """
+    if x.is_cuda if fused is None else fused:
+        return torch.addcmul(x, update, gate, out=torch.empty_like(x))
+    return (x.float() + update * gate).type_as(x)
 
 
 class MLP(nn.Module):
@@ -269,14 +317,20 @@ class WanAttention(nn.Module):
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
 
-    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention)
-        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # [B, S, H, Dh]
-        k = self.norm_k(self.k(context)).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
-        v = self.v(context).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
+    def forward(self, x: Tensor, context: Tensor, rope: Tensor | None = None) -> Tensor:
+        # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention).
+        # `project` shares one quantized input between projections when they run in FP8.
+        if context is x:
+            q, k, v = project(x, self.q, self.k, self.v)
+        else:
+            (q,) = project(x, self.q)
+            k, v = project(context, self.k, self.v)
+        q = self.norm_q(q).unflatten(-1, (self.num_heads, -1))  # [B, S, H, Dh]
+        k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
+        v = v.unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
         if rope is not None:
-            q = apply_rope(q, *rope)
-            k = apply_rope(k, *rope)
+            q = apply_rope(q, rope)
+            k = apply_rope(k, rope)
         return self.out(self.attention_fn(q, k, v).flatten(-2))  # [B, S, D]
 
 
@@ -305,7 +359,7 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
-        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: tuple[Tensor, Tensor]
+        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: Tensor
     ) -> Tensor:
         # x: [B, S, D]; text: [B, L, D]; time_mod: [B, 6, D]
         mods = (self.modulation.float() + time_mod.float()).chunk(6, dim=1)  # 6 x [B, 1, D] fp32
@@ -313,7 +367,7 @@ class WanBlock(nn.Module):
 
         # 1. Self-attention over all video tokens: [B, S, D]
         h = self._modulate(x, shift_sa, scale_sa)
-        x = (x.float() + self.self_attn(h, h, rope) * gate_sa).type_as(x)
+        x = gated_residual(x, self.self_attn(h, h, rope), gate_sa)
 
         # 2. Cross-attention to text, unmodulated and ungated: [B, S, D] x [B, L, D] -> [B, S, D]
         h = _layer_norm_fp32(x, self.cross_norm, self.eps).type_as(x) if self.cross_norm is not None else x
@@ -321,7 +375,7 @@ class WanBlock(nn.Module):
 
         # 3. Feed-forward: [B, S, D] -> [B, S, ffn_dim] -> [B, S, D]
         h = self._modulate(x, shift_ff, scale_ff)
-        return (x.float() + self.ffn(h).float() * gate_ff).type_as(x)
+        return gated_residual(x, self.ffn(h), gate_ff)
 
     def attention_input(self, x: Tensor, time_mod: Tensor) -> Tensor:
         """The normalised, timestep-modulated tokens [B, S, D] this block feeds to self-attention."""
@@ -329,7 +383,7 @@ class WanBlock(nn.Module):
         return self._modulate(x, shift_sa, scale_sa)
 
     def _modulate(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        return (_layer_norm_fp32(x, None, self.eps) * (1 + scale) + shift).type_as(x)
+        return modulate(x, shift, scale, self.eps)
 
 
 # ---------------------------------------------------------------------------
@@ -347,8 +401,8 @@ class WanConditioning:
     """Timestep embedding [B, D]; offsets the output modulation."""
     time_mod: Tensor
     """Shared per-block modulation [B, 6, D]."""
-    rope: tuple[Tensor, Tensor]
-    """RoPE cos/sin tables [S, Dh/2] for this rank's tokens (all S of them unless the sequence is sharded)."""
+    rope: Tensor
+    """RoPE (cos, sin) pairs [S, Dh/2, 2] for this rank's tokens (all S unless the sequence is sharded)."""
     grid: tuple[int, int, int]
     """Patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
@@ -440,11 +494,11 @@ class WanTransformer(nn.Module):
         # 3. Text: [B, L, text_dim] -> [B, L, D]
         text = self.text_embed(text_embeds)
 
-        # 4. RoPE tables [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
-        rope = rope_tables(grid, cfg.attention_head_dim, latents.device)
+        # 4. RoPE rotations [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
+        freqs = rope_freqs(grid, cfg.attention_head_dim, latents.device)
 
         # 5. This rank's tokens [B, S_local, D] and their RoPE rows (all of them on one device)
-        x, rope = self.sequence.shard(x, rope)
+        x, (rope,) = self.sequence.shard(x, (freqs,))
         return x, WanConditioning(text, temb, time_mod, rope, grid, tuple(latents.shape))  # type: ignore[arg-type]
 
     def run_blocks(self, x: Tensor, cond: WanConditioning, start: int = 0, end: int | None = None) -> Tensor:
@@ -469,8 +523,7 @@ class WanTransformer(nn.Module):
 
         # 8. Output modulation + projection: [B, S, D] -> [B, S, p_t*p_h*p_w*C_out]
         shift, scale = (self.out_modulation + cond.temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
-        x = (_layer_norm_fp32(x, None, cfg.eps) * (1 + scale) + shift).type_as(x)
-        x = self.proj_out(x)
+        x = self.proj_out(modulate(x, shift, scale, cfg.eps))
 
         # 9. Unpatchify: [B, f, h, w, p_t, p_h, p_w, C_out] -> [B, C_out, F, H, W]
         x = x.reshape(batch, *cond.grid, p_t, p_h, p_w, cfg.out_channels)

@@ -23,18 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
-from vidloom.models.wan.transformer import MLP, WanAttention, apply_rope, timestep_features
+from vidloom.layers.fp8 import project
+from vidloom.models.wan.transformer import MLP, WanAttention, apply_rope, gated_residual, modulate, timestep_features
 from vidloom.models.wan_causal.config import FarTransformerConfig
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 
 # (layer index, self-attention module, modulated tokens [B, S, D]) -> attention output [B, S, D]
 SelfAttend = Callable[[int, WanAttention, Tensor], Tensor]
-
-
-def _layer_norm(x: Tensor, eps: float) -> Tensor:
-    """Parameter-free LayerNorm in float32 (half-precision variance is too coarse)."""
-    return F.layer_norm(x.float(), (x.shape[-1],), None, None, eps)
 
 
 def block_causal_attention(
@@ -57,12 +53,13 @@ def block_causal_attention(
     return torch.cat(outputs, dim=1)
 
 
-def _project(attn: WanAttention, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v [B, S, H, Dh] of self-attention tokens x [B, S, D], RoPE applied to q and k."""
-    q = attn.norm_q(attn.q(x)).type_as(x).unflatten(-1, (attn.num_heads, -1))
-    k = attn.norm_k(attn.k(x)).type_as(x).unflatten(-1, (attn.num_heads, -1))
-    v = attn.v(x).unflatten(-1, (attn.num_heads, -1))
-    return apply_rope(q, *rope), apply_rope(k, *rope), v
+def _project(attn: WanAttention, x: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [B, S, H, Dh] of self-attention tokens x [B, S, D], RoPE (cos, sin pairs [S, Dh/2, 2]) on q and k."""
+    q, k, v = project(x, attn.q, attn.k, attn.v)  # one shared FP8 quantization of x when deployed in FP8
+    q = attn.norm_q(q).type_as(x).unflatten(-1, (attn.num_heads, -1))
+    k = attn.norm_k(k).type_as(x).unflatten(-1, (attn.num_heads, -1))
+    v = v.unflatten(-1, (attn.num_heads, -1))
+    return apply_rope(q, rope), apply_rope(k, rope), v
 
 
 @dataclass(frozen=True)
@@ -103,8 +100,8 @@ class FarBlock(nn.Module):
     def text_kv(self, text: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values [B, L, H, Dh] of projected text tokens [B, L, D]."""
         attn = self.cross_attn
-        k = attn.norm_k(attn.k(text)).unflatten(-1, (attn.num_heads, -1))
-        return k, attn.v(text).unflatten(-1, (attn.num_heads, -1))
+        k, v = project(text, attn.k, attn.v)
+        return attn.norm_k(k).unflatten(-1, (attn.num_heads, -1)), v.unflatten(-1, (attn.num_heads, -1))
 
     def forward(self, index: int, x: Tensor, text: FarText, time_mod: Tensor, self_attend: SelfAttend) -> Tensor:
         # x: [B, S, D]; text: K/V [B, L, H, Dh] per layer; time_mod: [B, S, 6, D]
@@ -112,8 +109,8 @@ class FarBlock(nn.Module):
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
 
         # 1. Self-attention (causal, cached or not: the caller decides)
-        h = (_layer_norm(x, self.eps) * (1 + scale_sa) + shift_sa).type_as(x)
-        x = (x.float() + self_attend(index, self.self_attn, h) * gate_sa).type_as(x)
+        h = modulate(x, shift_sa, scale_sa, self.eps)
+        x = gated_residual(x, self_attend(index, self.self_attn, h), gate_sa)
 
         # 2. Cross-attention to text, unmodulated
         if self.cross_norm is not None:
@@ -126,8 +123,8 @@ class FarBlock(nn.Module):
         x = x + attn.out(attn.attention_fn(q, text.keys[index], text.values[index]).flatten(-2))
 
         # 3. Feed-forward
-        h = (_layer_norm(x, self.eps) * (1 + scale_ff) + shift_ff).type_as(x)
-        return (x.float() + self.ffn(h).float() * gate_ff).type_as(x)
+        h = modulate(x, shift_ff, scale_ff, self.eps)
+        return gated_residual(x, self.ffn(h), gate_ff)
 
 
 @dataclass(frozen=True)
@@ -137,7 +134,7 @@ class _Tokens:
     x: Tensor  # [B, S, D]
     temb: Tensor  # [B, S, D] per-token time embedding (offsets the output modulation)
     time_mod: Tensor  # [B, S, 6, D]
-    rope: tuple[Tensor, Tensor]  # cos/sin [S, Dh/2]
+    rope: Tensor  # (cos, sin) pairs [S, Dh/2, 2]
 
 
 class FarTransformer(nn.Module):
@@ -275,7 +272,7 @@ class FarTransformer(nn.Module):
             rows = slice(layout.context_tokens, layout.total_tokens)
         else:
             rows = slice(0, x.shape[1])
-        return _Tokens(x, temb, time_mod, (cos[rows], sin[rows]))
+        return _Tokens(x, temb, time_mod, torch.stack((cos[rows], sin[rows]), dim=-1))
 
     @staticmethod
     def _patchify(conv: nn.Conv3d, latents: Tensor) -> Tensor:
@@ -310,7 +307,7 @@ class FarTransformer(nn.Module):
         batch, _, frames, height, width = shape
         _, p_h, p_w = wan.patch_size
         shift, scale = (self.out_modulation.float() + temb.float()[:, :, None]).unbind(2)
-        x = (_layer_norm(x, wan.eps) * (1 + scale) + shift).type_as(x)
+        x = modulate(x, shift, scale, wan.eps)
         x = self.proj_out(x)
         # [B, f, h, w, p_h, p_w, C] -> [B, C, F, H, W]
         x = x.reshape(batch, frames, height // p_h, width // p_w, p_h, p_w, wan.out_channels)

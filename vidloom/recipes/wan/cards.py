@@ -10,6 +10,8 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 
 FAMILY = "wan2.1"
 PROGRAM = "vidloom.recipes.wan.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.wan.memory:request_estimator"
+TEXT_TOKENS = 512  # Wan2.1's text length (recipes/wan/text.py WAN_TEXT_TOKENS); bounds prompt length
 SAMPLERS = ("unipc", "euler")
 # Wan2.1's VAE downsamples 8x in space and 4x in time; the DiT patchifies 2x2 more.
 GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
@@ -70,6 +72,8 @@ def wan_t2v_card(
         source=source,
         description=description,
         notes=notes,
+        max_prompt_tokens=TEXT_TOKENS,
+        memory_estimator=MEMORY_ESTIMATOR,
     )
 
 

@@ -13,7 +13,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import resolve_attention
-from vidloom.layers.fp8 import quantize_linears
+from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
@@ -38,6 +38,8 @@ def load_instance(
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected 'WanPipeline'")
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+    if deploy.fp8_weights:
+        check_fp8_compute(device, compute)  # before any weight reaches the device
 
     dit_config = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)  # fails here, not mid-request

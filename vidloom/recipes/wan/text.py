@@ -7,13 +7,14 @@ zero every position past each prompt's real length.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
@@ -58,6 +59,7 @@ class WanTextEncoder:
         self.device = device
         self.offload = offload and device.type != "cpu"
         self.model = model.eval().to("cpu" if self.offload else device)
+        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
         self.max_length = max_length
         self.cache = EmbeddingCache(cache_size)
         self._encoder_lock = threading.Lock()  # offload moves weights: one encode at a time
@@ -101,18 +103,45 @@ class WanTextEncoder:
             return_attention_mask=True,
             return_tensors="pt",
         )
-        with self._encoder_lock:
-            if self.offload:
-                self.model.to(self.device)
-            try:
-                ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
-                hidden = self.model(ids, mask).last_hidden_state
-            finally:
-                if self.offload:
-                    self.model.to("cpu")
+        with self._encoder_lock, self._on_device():
+            ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+            hidden = self.model(ids, mask).last_hidden_state
         # Positions past each prompt's length become exact zeros, as Wan was trained.
         past_end = torch.arange(hidden.shape[1], device=hidden.device)[None, :] >= mask.sum(dim=1)[:, None]
         return hidden.masked_fill(past_end[..., None], 0.0)
+
+
+    def _on_device(self) -> contextlib.AbstractContextManager[None]:
+        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+
+
+class OffloadedWeights:
+    """A module whose weights live in CPU memory (pinned when the target is CUDA), uploaded per use.
+
+    `on_device()` points every parameter and buffer at a fresh device copy, uploaded
+    non-blocking from pinned memory (the encode kernels queue behind the copies on the same
+    stream), and afterwards points them back at the CPU tensors: the device copy is dropped,
+    never copied back, since the weights did not change.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
+        self.device = device
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        # remove_duplicate (the default) lists a tied weight (UMT5's shared embedding) once.
+        self._tensors = [t for _, t in (*module.named_parameters(), *module.named_buffers())]
+        self._host = [t.data.pin_memory() if pin else t.data for t in self._tensors]
+        for tensor, host in zip(self._tensors, self._host):
+            tensor.data = host
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        for tensor, host in zip(self._tensors, self._host):
+            tensor.data = host.to(self.device, non_blocking=True, copy=True)
+        try:
+            yield
+        finally:
+            for tensor, host in zip(self._tensors, self._host):
+                tensor.data = host
 
 
 class EmbeddingCache:

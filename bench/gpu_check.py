@@ -1,0 +1,232 @@
+"""The one-shot GPU check's benchmark driver (run by bench/gpu_check.sh; see README "GPU check").
+
+    python bench/gpu_check.py --dry-run [--out DIR]      environment + plan + estimated total (any machine)
+    python bench/gpu_check.py --check-env [--out DIR]    environment only; exit 2 if the real run cannot start
+    python bench/gpu_check.py [--out DIR] [--started EPOCH] [--tests-rc N]   the real run (CUDA)
+
+The real run writes the random-weight Wan2.1-1.3B checkpoint once, then runs every
+configuration of bench/gpu_plan.py in its own process, diffusers first (the reference
+latents), skipping rows whose package is missing or whose estimate no longer fits the
+budget, and writes everything to DIR/gpu_check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+for path in (str(ROOT), str(BENCH)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from gpu_plan import (  # noqa: E402
+    BUDGET_S, CONFIGS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
+    module_available, plan_lines, step_flops,
+)
+
+DEFAULT_OUT = ROOT / "bench" / "results" / "gpu"
+WORKER_TIMEOUT_S = 300.0  # one configuration; compile is the slow one
+
+
+def environment() -> dict[str, Any]:
+    """What the run needs, found or not; no installs."""
+    env: dict[str, Any] = {"python": platform.python_version(), "cpu_count": os.cpu_count()}
+    for package in ("torch", "diffusers", "transformers", "flash-attn", "sageattention", "vidloom"):
+        try:
+            env[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            env[package] = None
+    try:
+        import torch
+    except ImportError:
+        env["cuda"] = None
+        return env
+    env["torch_cuda"] = torch.version.cuda
+    env["cuda"] = torch.cuda.is_available()
+    if env["cuda"]:
+        env["gpu"] = torch.cuda.get_device_name()
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    env["disk_free_gib"] = round(shutil.disk_usage(tempfile.gettempdir()).free / 2**30, 1)
+    return env
+
+
+def problems(env: dict[str, Any]) -> list[str]:
+    """Why the real run cannot start here (empty: it can)."""
+    found = []
+    if env.get("torch") is None:
+        found.append("torch is not installed (README: install the CUDA build of PyTorch, then pip install -e .)")
+    elif not env.get("cuda"):
+        found.append(f"torch {env['torch']} sees no CUDA device (a CPU build, or no GPU)")
+    if env.get("diffusers") is None or env.get("transformers") is None:
+        found.append("diffusers and transformers are needed (pip install -e .)")
+    if env.get("disk_free_gib", 0) < 10:
+        found.append(f"{env.get('disk_free_gib')} GiB free in {tempfile.gettempdir()}; the checkpoint needs ~4 GiB")
+    return found
+
+
+def skipped_configs(env: dict[str, Any]) -> dict[str, str]:
+    """Rows that cannot run here, and why (before any budget decision)."""
+    skipped = {}
+    for config in CONFIGS:
+        if config.needs and not module_available(config.needs):
+            skipped[config.name] = f"{config.needs} is not installed"
+    return skipped
+
+
+def print_environment(env: dict[str, Any]) -> None:
+    print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+
+
+def dry_run(out: Path) -> int:
+    env = environment()
+    print_environment(env)
+    for problem in problems(env):
+        print(f"note: the real run would stop here: {problem}")
+    writable = os.access(out if out.exists() else out.parent, os.W_OK)
+    print(f"results folder: {out} ({'writable' if writable else 'NOT writable'})")
+    skipped = skipped_configs(env)
+    lines, total = plan_lines(skipped)
+    print("\n".join(lines))
+    if total > BUDGET_S:
+        print(f"warning: the plan exceeds the {BUDGET_S:.0f} s budget; the real run skips the rows that do not fit")
+    print(f"estimated total: {round(total)} s")
+    return 0
+
+
+def _peak_flops(env: dict[str, Any]) -> tuple[float | None, str]:
+    for name, peak in PEAK_BF16_FLOPS.items():
+        if name in (env.get("gpu") or ""):
+            return peak, name
+    return None, "unknown GPU: no datasheet peak, MFU not computed"
+
+
+def _spawn(name: str, checkpoint: Path, latents: Path) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__)), "--worker", name, "--checkpoint", str(checkpoint),
+               "--latents", str(latents)]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env=environ)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {WORKER_TIMEOUT_S:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def _score(rows: dict[str, dict[str, Any]], latents: dict[str, Path], env: dict[str, Any]) -> dict[str, Any]:
+    """Adds the 50-step extrapolation, MFU and the difference from diffusers' latents to each row."""
+    import torch
+
+    peak, peak_name = _peak_flops(env)
+    reference = torch.load(latents[REFERENCE]) if REFERENCE in latents else None
+    for name, row in rows.items():
+        if "s_per_step" not in row:
+            continue
+        row["denoise_50_steps_s"] = round(row["s_per_step"] * FULL_STEPS, 1)
+        row["mfu"] = round(step_flops() / row["s_per_step"] / peak, 3) if peak else None
+        if reference is not None and name in latents:
+            diff = (torch.load(latents[name]) - reference).abs()
+            row["max_abs_diff_vs_diffusers"] = float(diff.max())
+            row["max_rel_diff_vs_diffusers"] = float(diff.max() / reference.abs().max())
+    return {"gpu": peak_name, "bf16_peak_tflops": peak / 1e12 if peak else None}
+
+
+def real_run(out: Path, started: float, tests_rc: int | None) -> int:
+    env = environment()
+    print_environment(env)
+    if found := problems(env):
+        print("cannot run: " + "; ".join(found))
+        return 2
+    from gpu_workers import write_checkpoint
+
+    out.mkdir(parents=True, exist_ok=True)
+    skipped = skipped_configs(env)
+    rows: dict[str, dict[str, Any]] = {}
+    report: dict[str, Any] = {
+        "environment": env, "tests_gpu_exit_status": tests_rc, "timed_steps": TIMED_STEPS,
+        "flops_per_step": step_flops(), "flops_per_forward": forward_flops(),
+        "flop_formula": "per block 8SD^2 + 4S^2D + 4SD^2 + 4TD^2 + 4STD + 4SDF (x30) + embeddings; "
+                        "x2 forwards per step (CFG); bench/gpu_plan.py:forward_flops",
+        "text_encoder": "small random UMT5 (2 layers, width 4096) over an offline-trained tokenizer",
+        "estimates_for": ESTIMATE_GPU, "configs": rows, "skipped": skipped,
+    }
+    with tempfile.TemporaryDirectory(prefix="vidloom-gpu-check-") as tmp:
+        t0 = time.time()
+        checkpoint = write_checkpoint(Path(tmp) / "wan2.1-1.3b-random")
+        report["checkpoint_write_s"] = round(time.time() - t0, 1)
+        print(f"checkpoint written in {report['checkpoint_write_s']} s", flush=True)
+        latents: dict[str, Path] = {}
+        for config in CONFIGS:
+            if config.name in skipped:
+                continue
+            elapsed, estimate = time.time() - started, config.estimate_s()
+            if elapsed + estimate > BUDGET_S:
+                skipped[config.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+                continue
+            path = Path(tmp) / f"{config.name.replace(' ', '_')}.pt"
+            row = _spawn(config.name, checkpoint, path)
+            row["estimate_s"] = round(estimate, 1)
+            rows[config.name] = row
+            if "error" not in row:
+                latents[config.name] = path
+            print(f"  {config.name}: {row.get('s_per_step', row.get('error'))} s/step "
+                  f"({row.get('worker_s', '?')} s in all)", flush=True)
+            report["mfu_peak"] = _score(rows, latents, env)
+            _write(out, report, started)  # after every row: a cut-short slot still leaves results
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    _write(out, report, started)
+    print(f"wrote {out / 'gpu_check.json'} after {report['total_s']} s")
+    return 0 if all("error" not in r for r in rows.values()) else 1
+
+
+def _write(out: Path, report: dict[str, Any], started: float) -> None:
+    report["total_s"] = round(time.time() - started, 1)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or DEFAULT_OUT))
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--check-env", action="store_true")
+    parser.add_argument("--started", type=float, default=None, help="epoch seconds the whole check began")
+    parser.add_argument("--tests-rc", type=int, default=None, help="exit status of the tests/gpu run")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--latents", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        from gpu_workers import print_result, run_worker
+
+        print_result(run_worker(args.worker, args.checkpoint, args.latents))
+        return 0
+    if args.dry_run:
+        return dry_run(args.out)
+    if args.check_env:
+        env = environment()
+        print_environment(env)
+        found = problems(env)
+        for problem in found:
+            print(f"cannot run: {problem}")
+        return 2 if found else 0
+    return real_run(args.out, args.started or time.time(), args.tests_rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

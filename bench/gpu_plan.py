@@ -1,0 +1,142 @@
+"""The GPU check's plan: configurations, the Wan2.1-1.3B FLOP count, and time estimates for one H200.
+
+Pure Python (no torch import) so `bench/gpu_check.sh --dry-run` can print the plan anywhere.
+The estimates are what the one-shot device slot is budgeted with; the real run compares
+them with what it measures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+# -- the workload: Wan2.1-T2V-1.3B at 480x832, 81 frames, CFG on, bf16 ----------------------
+
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json (the published architecture).
+WAN_1_3B: dict[str, Any] = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+)
+HEIGHT, WIDTH, NUM_FRAMES = 480, 832, 81
+TEXT_TOKENS = 512  # Wan pads every prompt to 512 tokens
+VAE_TEMPORAL, VAE_SPATIAL = 4, 8  # Wan2.1 VAE compression
+FULL_STEPS = 50  # the reference run; the check times TIMED_STEPS and extrapolates
+WARMUP_STEPS = 1  # a 1-step request first: cuBLAS/cuDNN init, autotuning, compilation, capture
+TIMED_STEPS = 4  # per-step time is the median of the 3 intervals between the 4 step ends
+GUIDANCE = 5.0
+
+BUDGET_S = 480.0  # the whole script (tests + checkpoint + every configuration) on one H200
+PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peak, NVIDIA datasheets (SXM parts)
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
+}
+ESTIMATE_GPU = "H200"
+
+# Fixed costs on the H200 host, estimated (no measurement yet; the real run records the actual ones).
+CHECKPOINT_WRITE_S = 45.0  # random 1.3B DiT + Wan VAE + small UMT5 built on the GPU, saved as bf16
+GPU_TESTS_S = 60.0  # tests/gpu on the demo model
+PROCESS_START_S = 12.0  # a fresh worker process: imports, CUDA context
+LOAD_S = 10.0  # 2.7 GB checkpoint from page cache to the GPU
+COMPILE_S = 90.0  # inductor compile of one WanBlock shape (dynamic=False), cold cache
+
+
+def tokens(height: int = HEIGHT, width: int = WIDTH, num_frames: int = NUM_FRAMES) -> int:
+    """Video tokens after the VAE and 1x2x2 patchify: 21 x 30 x 52 = 32,760 at 480x832x81."""
+    p_t, p_h, p_w = WAN_1_3B["patch_size"]
+    latent_frames = (num_frames - 1) // VAE_TEMPORAL + 1
+    return (latent_frames // p_t) * (height // VAE_SPATIAL // p_h) * (width // VAE_SPATIAL // p_w)
+
+
+def forward_flops(seq: int | None = None, text: int = TEXT_TOKENS) -> float:
+    """Matmul FLOPs of one DiT forward (2 per multiply-add; elementwise work not counted).
+
+    Per block, with S video tokens, T text tokens, width D, FFN width F:
+      self-attention  q,k,v,o projections 4 * 2*S*D*D  +  QK^T and PV  2 * 2*S*S*D
+      cross-attention q,o projections     2 * 2*S*D*D  +  k,v of text  2 * 2*T*D*D  +  QK^T, PV  2 * 2*S*T*D
+      feed-forward    up and down         2 * 2*S*D*F
+    plus, once: patch embedding 2*S*(C*p)*D, text embedding 2*T*(4096*D + D*D), output head 2*S*D*(C*p).
+    """
+    s = seq if seq is not None else tokens()
+    d = WAN_1_3B["num_attention_heads"] * WAN_1_3B["attention_head_dim"]
+    f, t, layers = WAN_1_3B["ffn_dim"], text, WAN_1_3B["num_layers"]
+    patch = WAN_1_3B["in_channels"] * 4
+    block = 8 * s * d * d + 4 * s * s * d + 4 * s * d * d + 4 * t * d * d + 4 * s * t * d + 4 * s * d * f
+    once = 2 * s * patch * d + 2 * t * (WAN_1_3B["text_dim"] * d + d * d) + 2 * s * d * patch
+    return float(layers * block + once)
+
+
+def step_flops() -> float:
+    """One denoise step with CFG on: two forwards (cond and uncond)."""
+    return 2 * forward_flops()
+
+
+# -- configurations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """One measured configuration."""
+
+    name: str
+    engine: str
+    """"diffusers" (WanPipeline, the reference) or "vidloom"."""
+    deploy: tuple[tuple[str, Any], ...] = ()
+    """vidloom DeployConfig fields."""
+    needs: str | None = None
+    """Importable module this row needs (flash_attn, sageattention)."""
+    mfu: float = 0.40
+    """Assumed model FLOP utilisation on the H200 for the estimate (vs the bf16 peak)."""
+    setup_s: float = 0.0
+    """Extra one-off seconds beyond start + load (compilation, graph capture)."""
+
+    def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
+        step = step_flops() / (peak * self.mfu)
+        return PROCESS_START_S + LOAD_S + self.setup_s + (WARMUP_STEPS + TIMED_STEPS) * step
+
+
+# Assumed MFUs: SDPA (flash backend) eager ~40% is what DiT inference reaches at this length
+# (attention is ~70% of the FLOPs and runs near peak; the rest loses to elementwise work);
+# flash-attn is slightly ahead; SageAttention quantizes QK to 8 bits; FP8 only speeds the
+# linears (~30% of FLOPs); compile fuses the elementwise work; graphs only remove launch gaps.
+CONFIGS: tuple[GpuConfig, ...] = (
+    GpuConfig("diffusers", "diffusers", mfu=0.38),
+    GpuConfig("vidloom sdpa", "vidloom"),
+    GpuConfig("vidloom flash", "vidloom", (("attention_backend", "flash"),), needs="flash_attn", mfu=0.42),
+    GpuConfig("vidloom sage", "vidloom", (("attention_backend", "sage"),), needs="sageattention", mfu=0.55),
+    GpuConfig("vidloom fp8", "vidloom", (("fp8_weights", True),), mfu=0.44),
+    # Capture: two eager warm-up runs of the step body on a side stream, then the captured run.
+    GpuConfig("vidloom cuda-graphs", "vidloom", (("cuda_graphs", True),), mfu=0.41, setup_s=3 * 1.45),
+    GpuConfig("vidloom compile", "vidloom", (("compile", True),), mfu=0.46, setup_s=COMPILE_S),
+)
+REFERENCE = "diffusers"
+
+
+def module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
+    """The printed plan and its estimated total seconds (skipped rows cost nothing)."""
+    peak = PEAK_BF16_FLOPS[ESTIMATE_GPU]
+    step = step_flops()
+    lines = [
+        f"workload: Wan2.1-1.3B architecture, random weights, {HEIGHT}x{WIDTH}x{NUM_FRAMES} "
+        f"({tokens()} tokens), CFG {GUIDANCE}, bf16, UniPC; per configuration a {WARMUP_STEPS}-step warm-up "
+        f"request, then {TIMED_STEPS} timed steps (a {FULL_STEPS}-step run is extrapolated)",
+        f"FLOPs per denoise step: {step / 1e12:.1f} TFLOP (2 forwards x {forward_flops() / 1e12:.1f}; "
+        "formula in bench/gpu_plan.py:forward_flops)",
+        f"estimates on one {ESTIMATE_GPU} at {peak / 1e12:.0f} TFLOP/s bf16 peak x the assumed MFU below",
+        f"  checkpoint write (random weights, no download)      {CHECKPOINT_WRITE_S:6.0f} s",
+        f"  tests/gpu (all of it)                               {GPU_TESTS_S:6.0f} s",
+    ]
+    total = CHECKPOINT_WRITE_S + GPU_TESTS_S
+    for config in CONFIGS:
+        if config.name in skipped:
+            lines.append(f"  {config.name:<26} skipped: {skipped[config.name]}")
+            continue
+        seconds = config.estimate_s(peak)
+        step_s = step / (peak * config.mfu)
+        lines.append(f"  {config.name:<26} MFU {config.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s")
+        total += seconds
+    return lines, total

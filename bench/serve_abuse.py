@@ -1,0 +1,147 @@
+"""Abusive clients for bench/serve_load.py --abuse: they run alongside normal jobs until stopped.
+
+Four kinds, each in its own thread, each counting what the server answered:
+- oversized: requests over a work limit or malformed (2048x2048, a million steps, deep JSON,
+  a lone surrogate); each must be a quick 4xx.
+- disconnecting: image requests that hang up after 0.3 s (the render must be cancelled) and
+  event streams dropped after the first event.
+- slow readers: event streams of the normal jobs, read one line every second.
+- slowloris: raw sockets sending one header line every second (the server must drop them).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import threading
+import time
+from collections import Counter
+from typing import Callable
+from urllib.parse import urlparse
+
+import httpx
+
+OVERSIZED = (
+    ("json", {"prompt": "x", "size": "2048x2048", "num_frames": 1, "num_inference_steps": 1, "guidance_scale": 1}),
+    ("json", {"prompt": "x", "size": "64x48", "num_inference_steps": 1_000_000}),
+    ("json", {"prompt": "x", "size": "64x48", "num_frames": 1025}),
+    ("raw", "[" * 100_000),
+    ("raw", '{"prompt": "\\ud800"}'),
+)
+
+
+class AbuseMix:
+    """Start with `with AbuseMix(url) as mix:`; `mix.counts` holds outcomes by kind and status."""
+
+    def __init__(self, url: str, long_steps: int) -> None:
+        self.url = url
+        self.long_steps = long_steps
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._guard(work), daemon=True)
+                         for work in (self._oversized, self._disconnecting, self._slow_reader, self._slowloris)]
+
+    def __enter__(self) -> "AbuseMix":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def _guard(self, work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    work()
+                except (httpx.HTTPError, OSError) as exc:
+                    self._count(f"{work.__name__}:{type(exc).__name__}")
+                    time.sleep(0.1)
+        return run
+
+    def _oversized(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as http:
+            for kind, body in OVERSIZED:
+                if kind == "json":
+                    response = http.post("/v1/videos", json=body)
+                else:
+                    response = http.post("/v1/videos", content=body, headers={"content-type": "application/json"})
+                self._count(f"oversized:{response.status_code}")
+                time.sleep(0.05)
+
+    def _disconnecting(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=0.3) as http:
+            try:
+                http.post("/v1/images/generations", json={"prompt": "x", "size": "64x48",
+                                                          "num_inference_steps": self.long_steps})
+                self._count("disconnect:finished")
+            except httpx.ReadTimeout:
+                self._count("disconnect:hung_up")
+        time.sleep(0.5)
+
+    def _slow_reader(self) -> None:
+        """Follow a normal job's event stream (no extra work) but read one line a second."""
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            videos = http.get("/v1/videos", params={"limit": 10}).json()["data"]
+            active = [v["id"] for v in videos if v["status"] in ("queued", "in_progress")]
+            if not active:
+                time.sleep(0.2)
+                return
+            with http.stream("GET", f"/v1/videos/{active[0]}/events") as stream:
+                self._count("slow_reader:followed")
+                for line in stream.iter_lines():
+                    if line.startswith("event:") and "progress" not in line:
+                        self._count(f"slow_reader:{line.split(':', 1)[1].strip()}")
+                        return
+                    if self._stop.wait(1.0):
+                        return
+
+    def _slowloris(self) -> None:
+        address = urlparse(self.url)
+        with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            started = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    sock.settimeout(1.0)
+                    if sock.recv(1024) == b"":
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+            self._count(f"slowloris:held_{round(time.monotonic() - started)}s")
+
+
+class AbuseProcess:
+    """AbuseMix in its own process, so the abusers' Python work does not slow the measuring client."""
+
+    def __init__(self, url: str, long_steps: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = ctx.Event()
+        self._results = ctx.Queue()
+        self._proc = ctx.Process(target=_run_abuse, args=(url, long_steps, self._stop, self._results), daemon=True)
+        self.counts: dict[str, int] = {}
+
+    def __enter__(self) -> "AbuseProcess":
+        self._proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.counts = self._results.get(timeout=60)
+        self._proc.join(30)
+
+
+def _run_abuse(url: str, long_steps: int, stop: "multiprocessing.synchronize.Event", results: "multiprocessing.Queue") -> None:
+    with AbuseMix(url, long_steps) as mix:
+        stop.wait()
+    results.put(dict(mix.counts))

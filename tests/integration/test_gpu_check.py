@@ -1,0 +1,73 @@
+"""The prepared GPU check: its dry run (also run by CI) and its benchmark code on a tiny CPU workload."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_plan import BUDGET_S, CONFIGS, forward_flops, tokens  # noqa: E402
+
+
+def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "gpu")}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    match = re.fullmatch(r"estimated total: (\d+) s", lines[-1])
+    assert match, lines[-1]
+    assert 0 < int(match.group(1)) <= BUDGET_S
+    assert lines[0].startswith("environment: ")
+    for config in CONFIGS:  # every row is planned or skipped with a reason
+        assert any(line.strip().startswith(config.name) for line in lines), config.name
+    assert not (tmp_path / "gpu").exists(), "a dry run writes nothing"
+
+
+def test_flop_count_of_the_real_workload():
+    # 21 latent frames x 30 x 52 patches; the per-forward count is dominated by 30 x 4 S^2 D of attention.
+    assert tokens() == 32760
+    s, d = 32760, 1536
+    attention = 30 * 4 * s * s * d
+    assert 0.65 < attention / forward_flops() < 0.75
+    assert 280e12 < forward_flops() < 290e12
+
+
+@pytest.mark.parametrize("names", [("diffusers", "vidloom sdpa", "vidloom fp8")])
+def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_path, names):
+    # The same worker code the H200 runs, on a tiny random checkpoint in float32 on CPU, so the
+    # program trimming, step timing and latent comparison are checked before the one-shot slot.
+    from gpu_workers import Workload, run_worker, write_checkpoint
+
+    import torch
+
+    tiny = Workload(
+        transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                         out_channels=4, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2,
+                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
+        vae=dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
+                 temperal_downsample=[False, True, True], dropout=0.0),
+        text_encoder=dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                          relative_attention_max_distance=32, feed_forward_proj="gated-gelu", dropout_rate=0.0),
+        height=32, width=48, num_frames=5, device="cpu", dtype="float32",
+    )
+    checkpoint = write_checkpoint(tmp_path / "ckpt", tiny)
+    results, latents = {}, {}
+    for name in names:
+        latents[name] = tmp_path / f"{name}.pt"
+        results[name] = run_worker(name, checkpoint, latents[name], tiny)
+    for name, row in results.items():
+        assert row["finite"] and row["s_per_step"] > 0 and len(row["step_intervals_s"]) == 3, (name, row)
+    reference = torch.load(latents["diffusers"])
+    assert reference.shape == (1, 4, 2, 4, 6)
+    # Same weights, seed and 4 UniPC steps in fp32: the parity bound of the generation tests.
+    assert (torch.load(latents["vidloom sdpa"]) - reference).abs().max() <= 1e-4
+    fp8_diff = (torch.load(latents["vidloom fp8"]) - reference).abs().max()
+    assert 0 < fp8_diff < 0.5 * reference.abs().max()  # quantized weights: close, not equal

@@ -1,0 +1,162 @@
+"""Who may call the server: Host allow-list (DNS rebinding), API key, cross-origin writes, body content types.
+
+Two ASGI middlewares around the app, outermost first:
+`HostGuard` -> (Starlette's CORSMiddleware, only with --cors-origin) -> `RequestGuard` -> BodyLimit -> routes.
+Each refusal is answered here, in the OpenAI error shape, before the request body is read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from vidloom.serving.config import ServeConfig
+from vidloom.serving.errors import echo, error_response
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+OPEN_PATHS = ("/health",)  # answer without a key: load balancers and liveness probes carry none
+DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+BODY_TYPES = ("application/json", "multipart/form-data")
+_UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+_BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
+def host_name(header: str) -> str:
+    """`Host` header value -> lowercase name without port: `[::1]:80` -> `::1`, `Example.com.:8000` -> `example.com`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    if header.count(":") > 1:  # a bare IPv6 literal (no port can be told apart)
+        return header
+    return header.split(":", 1)[0].rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostGuard:
+    """Refuse Host names that are not ours, the DNS-rebinding defence.
+
+    A rebinding page reaches us under the attacker's domain name, so IP literals are always
+    accepted (no rebinding can produce one); names must be loopback, the bind address, or listed.
+    """
+
+    def __init__(self, app: ASGIApp, config: ServeConfig) -> None:
+        self.app = app
+        self.any_host = "*" in config.allowed_hosts
+        self.names = {*LOOPBACK_NAMES, config.host.lower(), *config.allowed_hosts} - set(WILDCARD_BINDS)
+
+    def allows(self, header: str | None) -> bool:
+        if header is None or self.any_host:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        name = host_name(header)
+        return name in self.names or _is_ip(name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = _header(scope, b"host")
+        if self.allows(header):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(
+            400, f"Host {echo(header)} is not served here; start the server with --allowed-host NAME to accept it",
+            code="invalid_host",
+        )
+        await response(scope, receive, send)
+
+
+class RequestGuard:
+    """API key, then the Origin of state-changing requests, then the body's content type."""
+
+    def __init__(self, app: ASGIApp, config: ServeConfig) -> None:
+        self.app = app
+        self.key = config.api_key.encode() if config.api_key else None
+        self.open_paths = set(OPEN_PATHS)
+        if not config.metrics_need_key:
+            self.open_paths.add("/metrics")
+        if config.enable_docs:  # the schema and docs pages hold no data; Swagger UI fetches them without a key
+            self.open_paths.update(DOCS_PATHS)
+        self.origins = set(config.cors_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, message, code = refusal
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        await error_response(status, message, code=code, headers=headers)(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> tuple[int, str, str] | None:
+        """(status, message, code) for a request that must not reach the app; None to let it through."""
+        method = scope["method"]
+        if self.key is not None and scope["path"] not in self.open_paths and not self._authorized(scope):
+            return 401, _auth_message(_header(scope, b"authorization")), "invalid_api_key"
+        if method in _UNSAFE_METHODS and not self._origin_allowed(scope):
+            origin = _header(scope, b"origin")
+            return (403, f"cross-origin request from {echo(origin)} refused; "
+                    "start the server with --cors-origin ORIGIN to allow a web app", "origin_not_allowed")
+        if method in _BODY_METHODS:
+            return _content_type_refusal(scope)
+        return None
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, _, token = (_header(scope, b"authorization") or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or self.key is None:
+            return False
+        # Constant time: the comparison must not tell an attacker how many leading bytes were right.
+        return hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), self.key)
+
+    def _origin_allowed(self, scope: Scope) -> bool:
+        origin = _header(scope, b"origin")
+        if origin is None:  # not a browser, or a same-origin GET-style navigation
+            return True
+        if "*" in self.origins or origin.rstrip("/") in self.origins:
+            return True
+        host = _header(scope, b"host")
+        return host is not None and urlsplit(origin).netloc.lower() == host.strip().lower()  # same origin
+
+
+def _content_type_refusal(scope: Scope) -> tuple[int, str, str] | None:
+    """Only JSON and multipart bodies: a cross-site HTML form can send urlencoded or text/plain without a preflight."""
+    content_type = _header(scope, b"content-type")
+    if content_type is None:
+        has_body = _header(scope, b"transfer-encoding") is not None or (_header(scope, b"content-length") or "0") != "0"
+        if not has_body:  # e.g. POST .../cancel with no body
+            return None
+        media = ""
+    else:
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media in BODY_TYPES:
+            return None
+    shown = echo(media) if media else "(none)"
+    return (415, f"content type {shown} is not accepted; send application/json "
+            "(curl: -H 'Content-Type: application/json') or multipart/form-data (curl -F)", "unsupported_media_type")
+
+
+def _auth_message(header: str | None) -> str:
+    if not header:
+        return ("no API key provided; send it in an Authorization header using Bearer auth "
+                "(Authorization: Bearer YOUR_KEY)")
+    return "incorrect API key provided"  # never echo what was sent: it may be a real key for something else
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
