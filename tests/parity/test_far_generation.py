@@ -307,3 +307,22 @@ def test_stopping_a_stream_early_releases_its_kv_cache(far_dirs):
     assert first.chunk.index == 0 and generator.engine.caches.bytes_in_use > 0
     stream.close()
     assert generator.engine.caches.bytes_in_use == 0
+
+
+def test_memory_estimate_counts_the_exact_kv_slab(far_dirs):
+    from vidloom.core.request import resolve_request
+    from vidloom.recipes.wan_causal.memory import estimate_request_bytes, kv_cache_bytes
+
+    spec, kw = CASES["b_tall_cfg"]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")
+    instance = generator.engine.instance
+    request = resolve_request(_request(kw), instance.card)
+    held: list[int] = []
+    generator.engine.run(_request(kw), on_event=lambda e: held.append(generator.engine.caches.bytes_in_use))
+    assert kv_cache_bytes(instance, request) == max(held) > 0  # what the manager accounted, exactly
+    assert generator.engine.estimator is not None
+    assert estimate_request_bytes(instance, request) > kv_cache_bytes(instance, request)
+    # More frames: more chunks, a bigger slab, a bigger estimate.
+    longer = dataclasses.replace(request, num_frames=41)
+    assert kv_cache_bytes(instance, longer) > kv_cache_bytes(instance, request)
+    assert generator.engine.estimator(longer) > generator.engine.estimator(request)

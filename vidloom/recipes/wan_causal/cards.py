@@ -11,6 +11,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 FAMILY = "anyflow-far"
 PIPELINE_CLASS = "AnyFlowFARPipeline"
 PROGRAM = "vidloom.recipes.wan_causal.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.wan_causal.memory:request_estimator"
 SAMPLERS = ("flow_map_euler",)
 # Same VAE (8x space, 4x time) and full-resolution patch (2x2) as Wan2.1.
 GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
@@ -42,6 +43,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         recipe=RecipeSpec(parents=("Wan-AI/Wan2.1-T2V-1.3B",), method="distilled", loop="rollout",
                           precision="bfloat16"),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
     )
