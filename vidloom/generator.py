@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from vidloom import registry
 from vidloom.core.card import ModelCard
+from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.output import EventCallback, VideoOutput
+from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.conditioning import load_image, load_video
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -105,18 +107,23 @@ class VideoGenerator:
         sampler: str | None = None,
         seed: int | None = None,
         step_cache_threshold: float | None = None,
+        image: Any = None,
+        video: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
         """Generate a video; fields left None take the card's sampling defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
+        image (a PIL image, an [H, W, 3] array or a path) makes it image-to-video from that first
+        frame; video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
+        continuation of that clip. The output takes their size unless height/width are given
+        (then they are resized).
         """
-        request = GenerationRequest(
-            prompt=prompt, task=Task.T2V, negative_prompt=negative_prompt, height=height, width=width,
-            num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
-            guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-            step_cache_threshold=step_cache_threshold,
+        request = build_request(
+            prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames, fps=fps,
+            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+            sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, video=video,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
@@ -128,6 +135,87 @@ class VideoGenerator:
     ) -> VideoOutput:
         """Run a prepared request (InvalidRequest before any work; Cancelled at a step boundary)."""
         return video_output(self.card, self.engine.run(request, on_event=on_event, cancel=cancel))
+
+    def generate_stream(
+        self,
+        prompt: str,
+        *,
+        on_event: EventCallback | None = None,
+        cancel: CancellationToken | None = None,
+        **fields: Any,
+    ) -> Iterator[ChunkEvent]:
+        """Like `generate` (same keyword fields), yielding the video in chunks as soon as each exists.
+
+        Each ChunkEvent carries uint8 frames, the chunk's index and frame range and the fps;
+        the chunks in order are the whole video. A causal model (AnyFlow-FAR) yields one per
+        chunk while it runs; a model that produces the video at once yields it as one chunk.
+        Stopping the iteration early releases everything the request held.
+        """
+        request = build_request(prompt, **fields)
+        ready: list[ChunkEvent] = []
+
+        def collect(event: Event) -> None:
+            if isinstance(event, ChunkEvent):
+                ready.append(event)
+            if on_event is not None:
+                on_event(event)
+
+        run = self.engine.start(request, collect, cancel)
+        streamed = False
+        try:
+            while not run.step():
+                streamed |= bool(ready)
+                yield from ready
+                ready.clear()
+            streamed |= bool(ready)
+            yield from ready
+            if not streamed:
+                output = video_output(self.card, run.outputs())
+                chunk = VideoChunk(index=0, total=1, start_frame=0, frames=output.frames)
+                yield ChunkEvent(run.request.request_id, chunk, output.fps)
+        finally:
+            run.close()
+
+
+def build_request(
+    prompt: str,
+    *,
+    negative_prompt: str | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    num_frames: int | None = None,
+    fps: int | None = None,
+    num_inference_steps: int | None = None,
+    guidance_scale: float | None = None,
+    flow_shift: float | None = None,
+    sampler: str | None = None,
+    seed: int | None = None,
+    step_cache_threshold: float | None = None,
+    image: Any = None,
+    video: Any = None,
+) -> GenerationRequest:
+    """The request `generate` runs: image/video (if any) read, resized and turned into the task."""
+    task = Task.T2V
+    if image is not None and video is not None:
+        raise InvalidRequest("video", "give either image (i2v) or video (v2v), not both")
+    if image is not None:
+        task = Task.I2V
+        image = load_image(image)
+        size = (width or image.shape[1], height or image.shape[0])
+        image = load_image(image, size)  # a no-op unless height/width ask for another size
+        width, height = size
+    if video is not None:
+        task = Task.V2V
+        video = load_video(video)
+        size = (width or video.shape[2], height or video.shape[1])
+        video = load_video(video, size)
+        width, height = size
+    return GenerationRequest(
+        prompt=prompt, task=task, negative_prompt=negative_prompt, height=height, width=width,
+        num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
+        guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
+        step_cache_threshold=step_cache_threshold, image=image, video=video,
+    )
 
 
 def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:

@@ -98,3 +98,12 @@ def test_registered_real_model_without_weights_says_how(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(CheckpointError, match="huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         VideoGenerator.from_pretrained("wan2.1-t2v-1.3b", device="cpu")
+
+
+def test_generate_stream_gives_a_non_causal_video_as_one_chunk(generator):
+    import numpy as np
+
+    kw = dict(height=32, width=32, num_frames=5, num_inference_steps=2, seed=4)
+    chunks = list(generator.generate_stream("a cat", **kw))
+    assert len(chunks) == 1 and chunks[0].chunk.total == 1
+    assert np.array_equal(chunks[0].chunk.frames, generator.generate("a cat", **kw).frames)

@@ -44,6 +44,9 @@ class DeployConfig:
     cuda_graphs: bool = False
     """Capture each loop step body as a CUDA graph and replay it (CUDA only; steps a step cache
     intercepts run eagerly, since the cache changes which kernels run)."""
+    kv_cache_budget_bytes: int | None = None
+    """Bytes of KV cache (causal-video slabs) all running requests may hold together; None: no limit.
+    A request whose cache would not fit fails with CacheBudgetExceeded before its first step."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()
@@ -59,6 +62,9 @@ class DeployConfig:
                 raise DeployError(f"warmup_shapes entries are (height, width, num_frames), got {shape!r}")
         if self.step_cache_threshold is not None and not self.step_cache_threshold >= 0:
             raise DeployError(f"step_cache_threshold must be >= 0, got {self.step_cache_threshold}")
+        budget = self.kv_cache_budget_bytes
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise DeployError(f"kv_cache_budget_bytes must be a positive int or None, got {budget!r}")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_parallel()

@@ -43,6 +43,23 @@ class Cancelled(VidloomError):
     """A run stopped at a step boundary because its cancellation token was set."""
 
 
+class CacheBudgetExceeded(VidloomError):
+    """A request's KV cache does not fit in what the deployment's cache budget has left."""
+
+    def __init__(self, needed: int, in_use: int, budget: int) -> None:
+        super().__init__(
+            f"the request needs {needed} bytes of KV cache but only {budget - in_use} of "
+            f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests); "
+            "retry later, ask for fewer frames or a smaller size, or raise the budget"
+        )
+        self.needed = needed
+        self.in_use = in_use
+        self.budget = budget
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:
+        return (type(self), (self.needed, self.in_use, self.budget))
+
+
 class NonFiniteOutput(VidloomError):
     """The model produced NaN or inf values (bad weights, overflow in low precision)."""
 

@@ -1,6 +1,6 @@
 """The Loop protocol: the model owns the loop, the runtime drives it one step at a time.
 
-    state = loop.init(slots)
+    state = loop.init(slots, ctx)
     while not isinstance(plan := loop.next(state), Done):
         state = loop.advance(state, runtime.execute(plan))
     outputs = loop.finalize(state)
@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
+from vidloom.core.output import VideoChunk
+
 S = TypeVar("S")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,37 @@ class StepInterceptor(Protocol):
         ...
 
 
+class LoopContext(Protocol):
+    """What the runtime offers a loop at `init`; the loop owns semantics, the runtime lifetimes."""
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        """Report progress of a phase other than the plan's own steps (e.g. chunks of a rollout)."""
+        ...
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Run `release` once the loop ends, whether it finished, failed or was cancelled."""
+        ...
+
+    def emit(self, chunk: VideoChunk) -> None:
+        """Hand a finished piece of the output to the caller now (it reaches them as a ChunkEvent)."""
+        ...
+
+    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+        """A long-lived buffer (a KV slab of `nbytes`) from the runtime's cache manager.
+
+        Accounted against the deployment's cache budget (CacheBudgetExceeded when it does
+        not fit, before `build` runs) and released when the loop ends.
+        """
+        ...
+
+
 class Loop(Protocol, Generic[S]):
     """Iterative work owned by a model. Per-request state lives in `S`, never on modules."""
 
     name: str
 
-    def init(self, slots: Mapping[str, Any]) -> S:
-        """Build fresh per-request state from the program's slots."""
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> S:
+        """Build fresh per-request state from the program's slots; long-lived buffers go through `ctx.hold`."""
         ...
 
     def next(self, state: S) -> StepPlan | Done:

@@ -48,6 +48,33 @@ class ProgressEvent:
 
 
 @dataclass(frozen=True)
+class VideoChunk:
+    """Consecutive frames of a video that is still being generated (a decoded chunk of a causal rollout)."""
+
+    index: int  # 0-based chunk index
+    total: int  # chunks the video will have
+    start_frame: int  # index of `frames[0]` in the whole video
+    frames: np.ndarray  # float32 [F, H, W, 3] in [0, 1] from the loop; uint8 in ChunkEvent
+
+    @property
+    def stop_frame(self) -> int:
+        return self.start_frame + int(self.frames.shape[0])
+
+
+@dataclass(frozen=True)
+class ChunkEvent:
+    """A chunk of the output is ready before the request completes; the chunks, in order, are the video."""
+
+    request_id: str
+    chunk: VideoChunk  # frames as uint8 [F, H, W, 3]
+    fps: int
+
+    def seconds(self) -> tuple[float, float]:
+        """The chunk's time range in the video."""
+        return self.chunk.start_frame / self.fps, self.chunk.stop_frame / self.fps
+
+
+@dataclass(frozen=True)
 class StartedEvent:
     """The request left the queue and holds a slot."""
 
@@ -72,5 +99,5 @@ class CancelledEvent:
     request_id: str
 
 
-Event = StartedEvent | ProgressEvent | CompletedEvent | FailedEvent | CancelledEvent
+Event = StartedEvent | ProgressEvent | ChunkEvent | CompletedEvent | FailedEvent | CancelledEvent
 EventCallback = Callable[[Event], None]

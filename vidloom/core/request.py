@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
+    image: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """I2V conditioning frame: uint8 [height, width, 3] RGB (VideoGenerator converts PIL images and paths)."""
+    video: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """V2V context to continue: uint8 [frames, height, width, 3] RGB, frames = temporal_factor * k + 1."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -107,6 +113,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             "num_frames",
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
+    _check_conditioning(r, task, card.geometry.temporal_factor)
     _check_float("guidance_scale", r.guidance_scale, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
     _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
     if r.step_cache_threshold is not None:
@@ -114,6 +121,29 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
+
+
+def _check_conditioning(r: GenerationRequest, task: Task, temporal_factor: int) -> None:
+    """image belongs to i2v and video to v2v, each required there and refused elsewhere."""
+    for name, owner, ndim, layout in (("image", Task.I2V, 3, "[height, width, 3]"),
+                                      ("video", Task.V2V, 4, "[frames, height, width, 3]")):
+        value = getattr(r, name)
+        if value is None:
+            if task == owner:
+                raise InvalidRequest(name, f"task {owner.value} needs a conditioning {name}")
+            continue
+        if task != owner:
+            raise InvalidRequest(name, f"a {name} is only read by task {owner.value}, not {task.value}")
+        if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != ndim or value.shape[-1] != 3:
+            got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+            raise InvalidRequest(name, f"must be a uint8 RGB array {layout}, got {got}")
+        height, width = value.shape[-3:-1]
+        if (height, width) != (r.height, r.width):
+            raise InvalidRequest(name, f"is {width}x{height} (WxH) but the video is {r.width}x{r.height}; resize it")
+    if r.video is not None and (r.video.shape[0] - 1) % temporal_factor:
+        raise InvalidRequest(
+            "video", f"has {r.video.shape[0]} frames; the VAE needs {temporal_factor}k+1 (e.g. 1, {temporal_factor + 1})"
+        )
 
 
 def _check_text(name: str, value: object, max_chars: int) -> None:

@@ -12,6 +12,7 @@ import torch
 
 _UNIPC_CLASS = "UniPCMultistepScheduler"
 _EULER_CLASS = "FlowMatchEulerDiscreteScheduler"
+_FLOW_MAP_CLASS = "FlowMapEulerDiscreteScheduler"
 
 # Settings that would change the numbers on the flow-sigma path, as
 # key -> (diffusers default when the key is absent, values we reproduce).
@@ -74,6 +75,8 @@ _EULER_FIELDS = {"num_train_timesteps": "num_train_timesteps", "shift": "shift"}
 _RULES = {
     _UNIPC_CLASS: (_UNIPC_FIXED, _UNIPC_INERT, _UNIPC_FIELDS),
     _EULER_CLASS: (_EULER_FIXED, _EULER_INERT, _EULER_FIELDS),
+    # AnyFlow's flow-map scheduler has no settings beyond these two.
+    _FLOW_MAP_CLASS: ({}, frozenset(), _EULER_FIELDS),
 }
 # Keys whose presence means a UniPC config when `_class_name` is missing.
 _UNIPC_ONLY_KEYS = frozenset({"flow_shift", "use_flow_sigmas", "prediction_type", "solver_order"})
@@ -88,7 +91,7 @@ class SamplerConfig:
     """What a checkpoint's scheduler_config.json says about sampling, reduced to what we read."""
 
     num_train_timesteps: int = 1000
-    shift: float = 1.0  # diffusers "flow_shift" (UniPC) or "shift" (FlowMatchEuler)
+    shift: float = 1.0  # diffusers "flow_shift" (UniPC) or "shift" (FlowMatchEuler, FlowMapEuler)
     solver_order: int = 2  # UniPC only
     disable_corrector: frozenset[int] = frozenset()  # UniPC only: steps whose corrector is skipped
 
@@ -108,7 +111,7 @@ class SamplerConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
-        """Read a diffusers UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler config."""
+        """Read a diffusers UniPC, FlowMatchEuler or FlowMapEuler scheduler config."""
         class_name = cfg.get("_class_name")
         if class_name is None:
             class_name = _UNIPC_CLASS if _UNIPC_ONLY_KEYS & cfg.keys() else _EULER_CLASS
@@ -143,7 +146,7 @@ class Schedule:
     """The noise levels of one sampling run."""
 
     timesteps: torch.Tensor  # exactly what the model is called with, in diffusers' dtype
-    sigmas: torch.Tensor  # float32, len(timesteps) + 1, ending at 0
+    sigmas: torch.Tensor  # float32 (flow-map Euler: float64), len(timesteps) + 1, ending at 0
 
     def __post_init__(self) -> None:
         if self.sigmas.shape != (self.timesteps.shape[0] + 1,):
@@ -205,6 +208,7 @@ def check_index(schedule: Schedule, index: int) -> None:
 SAMPLERS: dict[str, str] = {
     "euler": "vidloom.diffusion.flow_euler:FlowEulerSampler",
     "unipc": "vidloom.diffusion.unipc:UniPCSampler",
+    "flow_map_euler": "vidloom.diffusion.flow_map_euler:FlowMapEulerSampler",
 }
 
 

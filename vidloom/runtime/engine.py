@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 
@@ -13,14 +14,18 @@ from vidloom.core.errors import Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
-from vidloom.core.output import EventCallback, ProgressEvent
+from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.media.video import to_uint8
+from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
+
+T = TypeVar("T")
 
 PlanObserver = Callable[[StepPlan], None]
 """Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
@@ -59,8 +64,10 @@ class RequestRun:
         observer: PlanObserver | None = None,
         graphs: StepGraphs | None = None,
         compiled: bool = True,
+        caches: CacheManager | None = None,
     ) -> None:
         self.request = request
+        self.caches = caches or CacheManager()
         self._graphs = graphs
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
         self.instance = instance
@@ -75,6 +82,7 @@ class RequestRun:
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
+        self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
 
     @property
     def done(self) -> bool:
@@ -107,7 +115,8 @@ class RequestRun:
         the driver only under memory pressure (or `Engine.release_memory()`). Call this on the
         thread that runs the steps (the AsyncEngine's device worker does), never during a capture.
         """
-        self._units.close()
+        self._units.close()  # runs the open loop's release path (see _run_node)
+        self._release_held(0)
         self._slots.clear()
         if self._interceptor is not None:
             self._interceptor.close()
@@ -135,6 +144,26 @@ class RequestRun:
             return self._graphs.get(plan.call)(**plan.inputs)
         return plan.call(**plan.inputs)
 
+    def hold(self, release: Callable[[], None]) -> None:
+        """Call `release` when the current loop ends (finish, failure or cancel)."""
+        self._releases.append(release)
+
+    def emit(self, chunk: VideoChunk) -> None:
+        """Pass a finished chunk to the caller as uint8 frames, the same conversion the final video gets."""
+        if self._on_event is not None:
+            frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
+            self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
+
+    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+        """A cache buffer accounted to this request, released with the loop that asked for it."""
+        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
+        self.hold(lambda: self.caches.release(handle))
+        return buffer
+
+    def _release_held(self, keep: int) -> None:
+        while len(self._releases) > keep:
+            self._releases.pop()()
+
     def progress(self, phase: str, done: int, total: int) -> None:
         now = time.perf_counter()
         seconds, self._mark = now - self._mark, now
@@ -161,13 +190,18 @@ class RequestRun:
             yield
             return written
         loop = node.loop
-        state = loop.init(reads)
-        while not isinstance(plan := loop.next(state), Done):
-            self.check_cancelled()
-            state = loop.advance(state, self.execute(plan))
-            self.progress(plan.loop, plan.index + 1, plan.total)
-            yield
-        return loop.finalize(state)
+        held = len(self._releases)
+        try:
+            state = loop.init(reads, self)
+            while not isinstance(plan := loop.next(state), Done):
+                self.check_cancelled()
+                state = loop.advance(state, self.execute(plan))
+                self.progress(plan.loop, plan.index + 1, plan.total)
+                yield
+            return loop.finalize(state)
+        finally:
+            # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
+            self._release_held(held)
 
 
 class EngineDriver:
@@ -223,6 +257,8 @@ class Engine(EngineDriver):
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+        # One budget for the KV caches of every request this engine runs.
+        self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes)
         # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
         self.estimator = load_estimator(instance)
         # The Python API's own bound: what the device had free once the weights were loaded, so a
@@ -261,7 +297,9 @@ class Engine(EngineDriver):
         resolved = resolve_request(request, self.instance.card)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
-        return RequestRun(self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled)
+        return RequestRun(
+            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches
+        )
 
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:

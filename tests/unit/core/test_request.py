@@ -67,3 +67,70 @@ def test_cfg_only_when_guidance_amplifies():
     assert GenerationRequest(prompt="x", guidance_scale=5.0).uses_cfg
     assert not GenerationRequest(prompt="x", guidance_scale=1.0).uses_cfg
     assert not GenerationRequest(prompt="x", guidance_scale=0.0).uses_cfg
+
+
+def _i2v_card():
+    from vidloom.recipes.wan_causal.cards import far_card
+
+    return far_card("far-test", "/nonexistent")
+
+
+@pytest.mark.parametrize(
+    ("image", "task", "match"),
+    [
+        (None, Task.I2V, "needs a conditioning image"),
+        ("np-ok", Task.T2V, "only read by task i2v"),
+        ("np-float", Task.I2V, "uint8 RGB array"),
+        ("np-gray", Task.I2V, "uint8 RGB array"),
+        ("np-wrong-size", Task.I2V, "resize it"),
+    ],
+)
+def test_image_field_is_checked(image, task, match):
+    import numpy as np
+
+    arrays = {
+        "np-ok": np.zeros((32, 48, 3), np.uint8),
+        "np-float": np.zeros((32, 48, 3), np.float32),
+        "np-gray": np.zeros((32, 48), np.uint8),
+        "np-wrong-size": np.zeros((48, 32, 3), np.uint8),
+    }
+    request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=5, image=arrays.get(image))
+    with pytest.raises(InvalidRequest, match=match) as err:
+        resolve_request(request, _i2v_card())
+    assert err.value.field == "image"
+
+
+def test_i2v_request_with_matching_image_resolves():
+    import numpy as np
+
+    image = np.zeros((32, 48, 3), np.uint8)
+    r = resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), _i2v_card())
+    assert r.image is image and r.task == Task.I2V
+    assert "image" not in repr(r)  # arrays stay out of logs and comparisons
+
+
+def test_image_task_is_refused_by_a_t2v_only_card(card):
+    import numpy as np
+
+    image = np.zeros((32, 48, 3), np.uint8)
+    with pytest.raises(InvalidRequest) as err:
+        resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), card)
+    assert err.value.field == "task"
+
+
+@pytest.mark.parametrize(
+    ("task", "frames", "match"),
+    [(Task.V2V, None, "needs a conditioning video"), (Task.T2V, 5, "only read by task v2v"),
+     (Task.V2V, 4, "4k\\+1"), (Task.V2V, 5, None)],
+)
+def test_video_field_is_checked(task, frames, match):
+    import numpy as np
+
+    video = None if frames is None else np.zeros((frames, 32, 48, 3), np.uint8)
+    request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=9, video=video)
+    if match is None:
+        assert resolve_request(request, _i2v_card()).video is video
+        return
+    with pytest.raises(InvalidRequest, match=match) as err:
+        resolve_request(request, _i2v_card())
+    assert err.value.field == "video"

@@ -30,7 +30,7 @@ class GatedLoop:
         self.gate = threading.Semaphore(0)
         self.trace: list[str] = []
 
-    def init(self, slots: Mapping[str, Any]) -> dict:
+    def init(self, slots: Mapping[str, Any], ctx: Any) -> dict:
         r = slots["request"]
         return {"i": 0, "n": r.num_inference_steps, "prompt": r.prompt}
 

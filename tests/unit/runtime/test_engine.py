@@ -34,7 +34,7 @@ class CountingLoop:
     def __init__(self) -> None:
         self.calls = 0
 
-    def init(self, slots: Mapping[str, Any]) -> CountState:
+    def init(self, slots: Mapping[str, Any], ctx: Any) -> CountState:
         return CountState(value=slots["start"], total=slots["request"].num_inference_steps)
 
     def next(self, state: CountState):
@@ -155,3 +155,49 @@ def test_observer_sees_every_plan_before_it_runs():
     while not run.step():
         pass
     assert seen == [(0, 10.0, 0), (1, 11.0, 1), (2, 12.0, 2)]  # each before its own call
+
+
+class HoldingLoop(CountingLoop):
+    """Holds a resource through the loop context, as a KV-cache rollout does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = 0
+        self.released = 0
+
+    def init(self, slots: Mapping[str, Any], ctx: Any) -> CountState:
+        self.held += 1
+        ctx.hold(self._release)
+        ctx.progress("held", 1, 1)
+        return super().init(slots, ctx)
+
+    def _release(self) -> None:
+        self.released += 1
+
+
+def test_held_resources_are_released_on_finish_and_cancel():
+    loop = HoldingLoop()
+    events = []
+    _engine(loop).run(GenerationRequest("p", num_inference_steps=2, seed=1), on_event=events.append)
+    assert (loop.held, loop.released) == (1, 1)
+    assert ("held", 1, 1) in [(e.phase, e.step, e.total) for e in events]
+
+    token = CancellationToken()
+
+    def cancel_after_one(event):
+        if isinstance(event, ProgressEvent) and event.phase == "count":
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        _engine(loop).run(GenerationRequest("p", num_inference_steps=5), on_event=cancel_after_one, cancel=token)
+    assert (loop.held, loop.released) == (2, 2)
+
+
+def test_held_resources_are_released_when_a_run_is_closed_mid_loop():
+    loop = HoldingLoop()
+    run = _engine(loop).start(GenerationRequest("p", num_inference_steps=5, seed=1))
+    run.step()  # the "start" node
+    run.step()  # loop init + first step
+    assert (loop.held, loop.released) == (1, 0)
+    run.close()
+    assert loop.released == 1

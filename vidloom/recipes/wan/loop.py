@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import torch
 
 from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, NETWORK, Done, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
@@ -46,7 +46,7 @@ class WanDenoiseLoop:
         self.dtype = dtype
         self.guidance = guidance or SequentialCFG()
 
-    def init(self, slots: Mapping[str, Any]) -> WanDenoiseState:
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> WanDenoiseState:
         request: GenerationRequest = slots["request"]
         sampler = make_sampler(request.sampler, self.sampler_config.with_shift(request.flow_shift))
         schedule = sampler.schedule(request.num_inference_steps)

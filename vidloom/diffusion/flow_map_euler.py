@@ -1,0 +1,57 @@
+"""Flow-map Euler sampler (AnyFlow), numerically equal to diffusers' FlowMapEulerDiscreteScheduler.
+
+A flow-map model predicts the mean velocity u(z_t, t, r) over a whole interval, so one
+call jumps from noise level t straight to r: z_r = z_t - (sigma_t - sigma_r) * u.
+The model must therefore be told both ends of every step (see `target_timestep`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps, shift_sigmas
+
+
+@dataclass(frozen=True)
+class FlowMapEulerState:
+    """Flow-map Euler keeps no history; a request's state is its schedule."""
+
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class FlowMapEulerSampler:
+    """Any-step Euler over a flow map (Gu et al. 2026, AnyFlow, arXiv:2605.13724)."""
+
+    config: SamplerConfig
+    name: ClassVar[str] = "flow_map_euler"
+
+    def schedule(self, num_steps: int) -> Schedule:
+        """Shifted linspace(1, 0) noise levels; sigmas and timesteps stay float64, as the reference keeps them."""
+        check_num_steps(num_steps)
+        sigmas = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)[:-1]
+        if self.config.shift != 1.0:  # the reference skips the (exact) identity shift
+            sigmas = shift_sigmas(sigmas, self.config.shift)
+        sigmas = torch.cat([sigmas, sigmas.new_zeros(1)])
+        return Schedule(timesteps=sigmas[:-1] * self.config.num_train_timesteps, sigmas=sigmas)
+
+    def target_timestep(self, schedule: Schedule, index: int) -> torch.Tensor:
+        """The timestep r that step `index` lands on (the flow map's second input), float64 0-dim."""
+        check_index(schedule, index)
+        return schedule.sigmas[index + 1] * self.config.num_train_timesteps
+
+    def init_state(self, schedule: Schedule) -> FlowMapEulerState:
+        return FlowMapEulerState(schedule=schedule)
+
+    def step(
+        self, state: FlowMapEulerState, index: int, model_output: torch.Tensor, sample: torch.Tensor
+    ) -> torch.Tensor:
+        """z_r = z_t - (sigma_t - sigma_r) * u, computed in float64 and rounded once to the model's dtype."""
+        check_index(state.schedule, index)
+        sigmas = state.schedule.sigmas.to(sample.device)
+        # A 1-element tensor, not a 0-dim one, so type promotion lifts the update to float64 as in the reference.
+        interval = (sigmas[index] - sigmas[index + 1]).reshape([1] * model_output.ndim)
+        return (sample - interval * model_output).to(model_output.dtype)

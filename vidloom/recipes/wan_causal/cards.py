@@ -1,0 +1,58 @@
+"""AnyFlow-FAR model cards, built from a diffusers AnyFlowFARPipeline folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir
+
+FAMILY = "anyflow-far"
+PIPELINE_CLASS = "AnyFlowFARPipeline"
+PROGRAM = "vidloom.recipes.wan_causal.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.wan_causal.memory:request_estimator"
+SAMPLERS = ("flow_map_euler",)
+# Same VAE (8x space, 4x time) and full-resolution patch (2x2) as Wan2.1.
+GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
+
+# AnyFlow-FAR release (nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers model card and the diffusers
+# example): 480x832, 81 frames at 16 fps, 4 flow-map steps, no CFG (the model is distilled).
+DEFAULTS = SamplingDefaults(
+    height=480, width=832, num_frames=81, fps=16, num_inference_steps=4,
+    guidance_scale=1.0, flow_shift=5.0, sampler="flow_map_euler", negative_prompt="",
+)
+
+
+def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "") -> ModelCard:
+    return ModelCard(
+        model_id=model_id,
+        family=FAMILY,
+        components={
+            "transformer": ComponentSpec("transformer", "transformer", "bfloat16"),
+            "vae": ComponentSpec("vae", "vae", "float32"),
+            "text_encoder": ComponentSpec("text_encoder", "text_encoder", "bfloat16"),
+            "tokenizer": ComponentSpec("tokenizer", "tokenizer"),
+            "scheduler": ComponentSpec("scheduler", "scheduler"),
+        },
+        loops={"rollout": LoopSpec(kind="chunk_rollout", samplers=SAMPLERS)},
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
+        precision="bfloat16",
+        sampling_defaults=defaults,
+        geometry=GEOMETRY,
+        recipe=RecipeSpec(parents=("Wan-AI/Wan2.1-T2V-1.3B",), method="distilled", loop="rollout",
+                          precision="bfloat16"),
+        program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
+        source=source,
+        description=description,
+    )
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A card for an AnyFlowFARPipeline folder; the flow shift comes from its scheduler config."""
+    ckpt = DiffusersDir.open(path)
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    shift = float(scheduler.get("shift", DEFAULTS.flow_shift))
+    defaults = SamplingDefaults(**{**DEFAULTS.__dict__, "flow_shift": shift})
+    return far_card(ckpt.root.name, str(ckpt.root), defaults, f"AnyFlow-FAR causal text-to-video from {ckpt.root}")

@@ -1,0 +1,75 @@
+"""Load an AnyFlow-FAR diffusers folder onto our modules: one resident copy per component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.instance import ModelInstance
+from vidloom.diffusion.sampler import SamplerConfig
+from vidloom.layers.attention import resolve_attention
+from vidloom.layers.fp8 import quantize_linears
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.models.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
+from vidloom.models.wan_causal.transformer import FarTransformer
+from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan_causal.cards import PIPELINE_CLASS
+
+# Deploy options whose mechanism assumes Wan's bidirectional denoiser; refused here, not mid-request.
+_UNSUPPORTED = {
+    "step_cache": ("none", "step caches skip Wan DiT blocks and know nothing of the KV cache"),
+    "cuda_graphs": (False, "a rollout step writes the request's KV cache in place"),
+    "compile": (False, "not wired for FAR blocks yet"),
+    "vae_tile": (None, "chunks are decoded as they finish, whole frames at a time"),
+}
+
+
+def load_instance(
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+) -> ModelInstance:
+    """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
+    for field, (plain, why) in _UNSUPPORTED.items():
+        if getattr(deploy, field) != plain:
+            raise DeployError(f"{field}={getattr(deploy, field)!r} is not supported for {card.family}: {why}")
+    ckpt = DiffusersDir.open(checkpoint)
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+
+    config = FarTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    transformer = materialize(lambda: FarTransformer(config, attention_fn), device, compute, FarTransformer.KEEP_FP32)
+    load_weights(transformer, ckpt.component_dir("transformer"), FAR_TRANSFORMER_NAME_MAP)
+    if deploy.fp8_weights:
+        quantize_linears(transformer.blocks)
+    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    text = WanTextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
+    )
+    try:
+        sampler_config = SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
+    return ModelInstance(
+        card=card,
+        components={
+            "transformer": transformer.eval(),
+            "vae": vae.to(device=device, dtype=vae_dtype).eval(),
+            "text_encoder": text,
+            "sampler_config": sampler_config,
+        },
+        device=device,
+        dtype=compute,
+        checkpoint_dir=str(ckpt.root),
+        deploy=deploy,
+    )

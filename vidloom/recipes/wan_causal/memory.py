@@ -1,0 +1,74 @@
+"""Estimated peak memory of one AnyFlow-FAR request beyond the resident weights (ModelCard.memory_estimator).
+
+What lives through the whole rollout is known exactly: the KV slab (sized for the
+longest chunk sequence) and the per-layer text keys/values. On top of it the peak is
+the larger of one block's activations over the longest forward (a prefill of the
+whole context, or a chunk step) and one latent frame's VAE decode. The activation and
+decode copy counts are Wan2.1's (recipes/wan/memory.py: same blocks, same VAE); they are
+not separately calibrated for FAR. The estimate refuses what cannot fit, it does not pack.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from vidloom.core.instance import ModelInstance
+from vidloom.core.limits import MemoryEstimate
+from vidloom.core.request import GenerationRequest
+from vidloom.models.wan_causal.kv_cache import FarKVCache
+from vidloom.models.wan_causal.layout import ChunkLayout
+from vidloom.recipes.wan.memory import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
+from vidloom.recipes.wan_causal.loop import chunk_partition
+
+TEXT_TOKENS = 512  # the Wan text encoder's padded length
+
+
+def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
+    """The estimator for `instance`; None if it holds no FAR transformer and VAE."""
+    if not {"transformer", "vae"} <= instance.components.keys():
+        return None
+    return partial(estimate_request_bytes, instance)
+
+
+def rollout_layouts(instance: ModelInstance, request: GenerationRequest) -> list[ChunkLayout]:
+    """The chunk layouts the rollout of `request` (resolved) will use."""
+    config = instance["transformer"].config
+    vae = instance["vae"].config
+    latent_frames = (request.num_frames - 1) // vae.temporal_factor + 1
+    hw = (request.height // vae.spatial_factor, request.width // vae.spatial_factor)
+    partition = chunk_partition(latent_frames, config.chunk_partition)
+    return [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
+
+
+def kv_cache_bytes(instance: ModelInstance, request: GenerationRequest) -> int:
+    """Exactly what the rollout's KV slab takes (the bytes the cache manager accounts)."""
+    wan = instance["transformer"].config.wan
+    branches = 2 if request.uses_cfg else 1
+    return FarKVCache.bytes_needed(rollout_layouts(instance, request), wan.num_layers, branches,
+                                   wan.num_attention_heads, wan.attention_head_dim, instance.dtype)
+
+
+def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) -> int:
+    """Bytes `request` (resolved) needs on `instance`'s device while it runs."""
+    assert request.height and request.width and request.num_frames, "resolve the request first"
+    wan = instance["transformer"].config.wan
+    vae = instance["vae"].config
+    act = torch.empty((), dtype=instance.dtype).element_size()
+    branches = 2 if request.uses_cfg else 1
+    layouts = rollout_layouts(instance, request)
+    # The longest forward: a prefill over the whole context, or a step over its chunk.
+    tokens = max(max(layout.context_tokens, layout.generated_tokens) for layout in layouts)
+    forward = branches * tokens * (HIDDEN_COPIES * wan.inner_dim + FFN_COPIES * wan.ffn_dim) * act
+    text = 2 * wan.num_layers * branches * TEXT_TOKENS * wan.inner_dim * act
+
+    pixels = request.height * request.width
+    copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
+    decode = copies * vae.base_dim * pixels * (vae.temporal_factor + 2) * 4
+
+    latent_frames = sum(layouts[-1].chunks)
+    latents = LATENT_COPIES * wan.in_channels * latent_frames * (request.height // vae.spatial_factor) * (
+        request.width // vae.spatial_factor) * 4
+    video = request.num_frames * pixels * 3 * (4 + 1)  # float32 frames (per chunk, kept) + uint8 copy
+    return FIXED_OVERHEAD + kv_cache_bytes(instance, request) + text + max(forward, decode) + latents + video

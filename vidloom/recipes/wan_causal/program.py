@@ -1,0 +1,82 @@
+"""The AnyFlow-FAR program: encode text -> draw noise -> encode the I2V/V2V context -> rollout (decoding per chunk)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from vidloom.core.instance import ModelInstance
+from vidloom.core.program import Node, NodeContext, Program
+from vidloom.core.request import GenerationRequest
+from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan_causal.transformer import FarTransformer
+from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan_causal.loop import FarRolloutLoop
+
+
+def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool = True) -> Program:
+    """T2V / I2V / V2V over `instance`.
+
+    `kv_cache=False` recomputes every step from scratch (same frames, slower); `decode=False`
+    stops at the latents (benchmarks and tests of the rollout alone).
+    """
+    text: WanTextEncoder = instance["text_encoder"]
+    vae: WanVAE = instance["vae"]
+    transformer: FarTransformer = instance["transformer"]
+    in_channels = transformer.config.wan.in_channels
+
+    def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if not request.uses_cfg:
+            return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
+        both = text.encode([request.prompt, request.negative_prompt or ""])
+        return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
+
+    def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        shape = (
+            1,
+            in_channels,
+            (request.num_frames - 1) // vae.config.temporal_factor + 1,
+            request.height // vae.config.spatial_factor,
+            request.width // vae.config.spatial_factor,
+        )
+        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the whole video.
+        generator = torch.Generator("cpu").manual_seed(request.seed)
+        return {"latents": torch.randn(shape, generator=generator, dtype=torch.float32).to(instance.device)}
+
+    def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
+        request: GenerationRequest = slots["request"]
+        if request.video is not None:
+            frames = request.video  # [F, H, W, 3]
+        elif request.image is not None:
+            frames = request.image[None]
+        else:
+            return {"context_latents": None}
+        vae_dtype = next(vae.parameters()).dtype
+        pixels = torch.from_numpy(frames).to(instance.device).permute(3, 0, 1, 2)  # [3, F, H, W] uint8
+        video = (pixels.float() / 255.0 * 2.0 - 1.0)[None].to(vae_dtype)  # [1, 3, F, H, W] in [-1, 1]
+        # The distribution's mean, not a sample: the reference conditions on the mode.
+        return {"context_latents": vae.normalize_latents(vae.encode(video).mean.float())}
+
+    # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
+    loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
+                          vae=vae if decode else None)
+    outputs = ("video",) if decode else ("latents",)
+    return Program(
+        nodes=(
+            Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
+            Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
+            Node("encode_context", reads=("request",), writes=("context_latents",), run=encode_context),
+            Node(
+                "rollout",
+                reads=("request", "latents", "prompt_embeds", "negative_embeds", "context_latents"),
+                writes=("latents", "video") if decode else ("latents",),
+                loop=loop,
+            ),
+        ),
+        inputs=frozenset({"request"}),
+        outputs=outputs,
+    )
