@@ -62,6 +62,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
     srv.add_argument("--policy", default="fifo", help="fifo | interleave (default: fifo)")
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
+    srv.add_argument("--store", default=None, metavar="URL",
+                     help="job table: sqlite (default, in --data-dir) or postgresql://USER@HOST/DB (shared)")
+    srv.add_argument("--lost-jobs", default="fail", choices=("fail", "requeue"),
+                     help="jobs of a server that died: fail them, or requeue them for a live server (default: fail)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     _add_limit_arguments(srv)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -24,14 +23,14 @@ from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.memory import request_budget
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
-from vidloom.serving.job_store import JobRecord, JobStore, Page
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
@@ -43,12 +42,21 @@ SERVER_RESTART = ("server_restart", "the server stopped before this job finished
 
 
 def open_store(config: ServeConfig) -> JobStore:
-    """Open the job store and recover it after the previous process (raises StoreError on a bad database)."""
-    store = JobStore(config.data_dir)
-    failed = store.recover(_now(), *SERVER_RESTART)
-    if failed:
-        log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
+    """Open the job store and recover it after dead servers (raises StoreError on a bad or unreachable database)."""
+    store = open_job_store(config.store, config.data_dir)
+    recover_lost_jobs(store, config, tidy=True)
     return store
+
+
+def recover_lost_jobs(store: JobStore, config: ServeConfig, *, tidy: bool = False) -> None:
+    """Fail or re-queue (config.lost_jobs) the active jobs of servers that died."""
+    done = store.recover(_now(), *SERVER_RESTART, requeue=config.lost_jobs == "requeue",
+                         max_requeues=config.max_requeues, tidy=tidy)
+    if done.failed:
+        log.warning("marked %d job(s) left unfinished by a server that stopped as failed (server_restart)",
+                    done.failed)
+    if done.requeued:
+        log.warning("re-queued %d job(s) left unfinished by a server that stopped", done.requeued)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,42 @@ class JobManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self._closing = False
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run re-queued jobs of dead servers; on a shared store, keep looking for them while serving."""
+        self.adopt_requeued()
+        if self.store.shared:
+            self._sweeper = self._loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while not self._draining:
+            await asyncio.sleep(self._config.recovery_interval_s)
+            try:
+                await asyncio.to_thread(recover_lost_jobs, self.store, self._config)
+                self.adopt_requeued()
+            except STORE_ERRORS as exc:
+                log.error("looking for jobs of stopped servers failed (%s); retrying", exc)
+
+    def adopt_requeued(self) -> int:
+        """Claim re-queued jobs and put them on this engine; a job that no longer fits here fails."""
+        adopted = 0
+        for record in self.store.claim_requeued():
+            params = dict(record.params)
+            params["task"] = Task(params["task"])
+            request = GenerationRequest(prompt=record.prompt, request_id=record.id, **params)
+            try:
+                resolved = self._submit(request).request
+            except Exception as exc:  # InvalidRequest (new limits), EngineBusy, EngineClosed
+                live = _LiveJob(record, ProgressTracker(1), time.perf_counter())
+                self._finish(live, "failed", error=("requeue_failed", f"could not run this job again: {exc}"))
+                continue
+            tracker = ProgressTracker(expected_units(resolved, self.card))
+            self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
+            adopted += 1
+        if adopted:
+            log.info("running %d re-queued job(s) of a server that stopped", adopted)
+        return adopted
 
     @property
     def queue_depth(self) -> int:
@@ -127,7 +171,7 @@ class JobManager:
             self.store.add(record)
         except BaseException as exc:
             self._engine.cancel(record.id)  # never run a job nobody can see
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, STORE_ERRORS):
                 self.metrics.rejected("storage_error")
             raise
         tracker = ProgressTracker(expected_units(resolved, self.card))
@@ -180,7 +224,7 @@ class JobManager:
         return live.record
 
     def delete(self, job_id: str) -> bool:
-        """Cancel the job if active, then drop its row and files (both or neither: raises OSError/sqlite3.Error).
+        """Cancel the job if active, then drop its row and files (both or neither: raises OSError/STORE_ERRORS).
 
         False if there was no such job. A job cancelled here whose row then cannot be removed stays, cancelled.
         """
@@ -237,6 +281,8 @@ class JobManager:
     async def close(self) -> None:
         """Stop the engine, let result files being written finish, fail what is left (server_restart)."""
         self._draining = self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         await asyncio.to_thread(self._engine.close)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -318,7 +364,7 @@ class JobManager:
             if progress is not None:
                 self.store.set_progress(live.record.id, progress)
                 live.record = dataclasses.replace(live.record, progress=progress)
-        except sqlite3.Error as exc:
+        except STORE_ERRORS as exc:
             log.error("job store write for %s failed (%s); stopping the job", live.record.id, exc)
             self._engine.cancel(live.record.id)
             self._finish(live, "failed", error=(
@@ -344,7 +390,7 @@ class JobManager:
             self.store.finish(final.id, final.status, final.completed_at or _now(), metadata=final.metadata,
                               error=error)  # type: ignore[arg-type]
             self._unsaved.pop(final.id, None)
-        except sqlite3.Error as exc:
+        except STORE_ERRORS as exc:
             log.error("job store refused the final state of %s (%s); kept in memory, retried later", final.id, exc)
             self._unsaved[final.id] = final
 

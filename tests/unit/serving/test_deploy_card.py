@@ -21,7 +21,8 @@ from vidloom.serving.serve_flags import _serve_subparser, effective_config, flag
 _CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "batched", "step_cache": "teacache",
            "vae_tile": 256, "vae_tile_stride": 192, "dtype": "bfloat16", "device": "cpu", "port": 8123,
            "allowed_hosts": ("example.com",), "cors_origins": ("https://app.example.com",),
-           "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b"}
+           "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b",
+           "store": "postgresql://vidloom@db.internal/jobs", "lost_jobs": "requeue"}
 
 
 def _sample(name: str, hint: Any, default: Any) -> Any:
