@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list registered model cards")
     _add_serve_parser(sub)
+    from vidloom.fleet.cli import add_fleet_parser
+
+    add_fleet_parser(sub)
     return parser
 
 
@@ -108,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             return _models()
+        if args.command == "fleet":
+            from vidloom.fleet.cli import run_fleet
+
+            return run_fleet(args)
         if args.command == "serve":
             return _serve(args, sys.argv[1:] if argv is None else argv)
         return _generate(args)

@@ -81,6 +81,12 @@ def parse_card(text: str, name: str = "<card>") -> CardLayer:
 def _node_values(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath, name: str,
                  origins: dict[KeyPath, str]) -> Any:
     """Plain Python values from a YAML node, remembering the line of every mapping key."""
+    if isinstance(node, yaml.SequenceNode):  # items by index, so errors inside them get their own line
+        items = []
+        for index, item in enumerate(node.value):
+            origins[path + (str(index),)] = f"{name}:{item.start_mark.line + 1}"
+            items.append(_node_values(loader, item, path + (str(index),), name, origins))
+        return items
     if not isinstance(node, yaml.MappingNode):
         return loader.construct_object(node, deep=True)
     out: dict[str, Any] = {}
@@ -128,6 +134,11 @@ def build(cls: type, layer: CardLayer, *, ignore: tuple[str, ...] = ()) -> Any:
     """The dataclass `cls` from a layer's values; `ignore`: top-level sections another reader owns."""
     values = {k: v for k, v in layer.values.items() if k not in ignore}
     return _build(cls, values, (), layer.where)
+
+
+def build_section(cls: type, layer: CardLayer, section: str) -> Any:
+    """The dataclass `cls` from one top-level section of a layer (errors say `section.key`)."""
+    return _build(cls, layer.values.get(section, {}), (section,), layer.where)
 
 
 def card_keys(cls: type) -> dict[str, Any]:
@@ -205,7 +216,7 @@ def _convert_tuple(value: Any, args: tuple, path: KeyPath, where: Callable[[KeyP
     if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a list
         if not isinstance(value, list):
             raise bad("a list")
-        return tuple(_convert(item, args[0], path, where) for item in value)
+        return tuple(_convert(item, args[0], path + (str(i),), where) for i, item in enumerate(value))
     if all(a is int for a in args) and isinstance(value, str) and (match := _SHAPE.match(value)):
         if len(args) == 3:  # a shape bucket written like the --warmup flag: 480x832x81
             return tuple(int(g) for g in match.groups())

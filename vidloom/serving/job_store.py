@@ -119,6 +119,11 @@ class JobStore(Protocol):
         """Fail (or re-queue, up to max_requeues times per job) active jobs whose owner is gone; tidy files."""
     def claim_requeued(self) -> list[JobRecord]:
         """Take ownership of re-queued jobs nobody runs (each goes to exactly one caller)."""
+    def request_cancel(self, job_id: str) -> None: """Ask the job's owner, wherever it runs, to cancel it."""
+    def control(self, live: set[str]) -> tuple[set[str], set[str]]:
+        """Of this server's `live` jobs: those another server asked to cancel, those deleted or taken away."""
+    def publish_server(self, name: str, model: str, metrics: str, now: int) -> None: ...
+    def live_servers(self) -> list[tuple[str, str, str]]: """(name, model, metrics) of live servers."""
     def close(self) -> None: ...
 
 

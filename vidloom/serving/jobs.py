@@ -13,6 +13,8 @@ and written once the store accepts writes again; a create that cannot be stored 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import dataclasses
 import logging
 import time
@@ -38,6 +40,7 @@ from vidloom.serving.progress import ProgressTracker, expected_units
 log = logging.getLogger(__name__)
 
 # Jobs unfinished when a server stops (gracefully, or found at the next start after a crash).
+CONTROL_POLL_S = 0.25  # how soon a cancel or delete sent to another server reaches the job's own server
 SERVER_RESTART = ("server_restart", "the server stopped before this job finished; submit it again")
 
 
@@ -112,6 +115,7 @@ class JobManager:
         self._draining = False
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
+        self.server_name = f"{socket.gethostname()}:{os.getpid()}"  # in logs and a fleet's /metrics
 
     def start(self) -> None:
         """Run re-queued jobs of dead servers; on a shared store, keep looking for them while serving."""
@@ -120,13 +124,34 @@ class JobManager:
             self._sweeper = self._loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
+        """Shared store: act on other servers' cancels and deletes, recover dead servers' jobs, publish metrics."""
+        last_recovery = 0.0
         while not self._draining:
-            await asyncio.sleep(self._config.recovery_interval_s)
+            await asyncio.sleep(CONTROL_POLL_S)
             try:
-                await asyncio.to_thread(recover_lost_jobs, self.store, self._config)
-                self.adopt_requeued()
+                await self._apply_control()
+                if self._loop.time() - last_recovery >= self._config.recovery_interval_s:
+                    last_recovery = self._loop.time()
+                    await asyncio.to_thread(recover_lost_jobs, self.store, self._config)
+                    self.adopt_requeued()
+                    await asyncio.to_thread(self.store.publish_server, self.server_name, self.card.model_id,
+                                            self.metrics.exposition().decode(), _now())
             except STORE_ERRORS as exc:
-                log.error("looking for jobs of stopped servers failed (%s); retrying", exc)
+                log.error("job store control poll failed (%s); retrying", exc)
+
+    async def _apply_control(self) -> None:
+        cancel, gone = await asyncio.to_thread(self.store.control, set(self._live))
+        for job_id in cancel:
+            self._engine.cancel(job_id)  # the CancelledEvent finishes it as usual
+        for job_id in gone:  # deleted through another server, or failed by one that thought we were dead
+            live = self._live.pop(job_id, None)
+            if live is None:
+                continue
+            self._engine.cancel(job_id)
+            live.finished.set()
+            if await asyncio.to_thread(self.store.get, job_id) is None:
+                await asyncio.to_thread(self.store.remove_files, job_id)
+            log.info("stopped %s: its row was deleted or taken over by another server", job_id)
 
     def adopt_requeued(self) -> int:
         """Claim re-queued jobs and put them on this engine; a job that no longer fits here fails."""
@@ -382,6 +407,7 @@ class JobManager:
             error_message=message, progress=100 if status == "completed" else live.record.progress,
         )
         self._store_final(final)
+        log.info("video %s %s on %s%s", final.id, status, self.server_name, f" ({code})" if code else "")
         self._end(live, final)
 
     def _store_final(self, final: JobRecord) -> None:

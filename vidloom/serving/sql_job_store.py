@@ -26,7 +26,18 @@ COLUMNS = (
     "error_code, error_message"
 )
 # Columns after the first release: (name, SQL type), added to older tables when they are opened.
-LATER_COLUMNS = (("owner", "BIGINT"), ("requeues", "INTEGER NOT NULL DEFAULT 0"))
+LATER_COLUMNS = (("owner", "BIGINT"), ("requeues", "INTEGER NOT NULL DEFAULT 0"),
+                 ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"))
+# Servers sharing the table publish who they are and their metrics here (a fleet's /metrics reads it).
+SERVERS_SQL = """
+CREATE TABLE IF NOT EXISTS servers (
+    owner BIGINT PRIMARY KEY,
+    name TEXT NOT NULL,
+    model TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    updated_at BIGINT NOT NULL
+)
+"""
 
 
 def table_sql(seq_column: str) -> str:
@@ -47,7 +58,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_code TEXT,
     error_message TEXT,
     owner BIGINT,
-    requeues INTEGER NOT NULL DEFAULT 0
+    requeues INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
 )
 """
 
@@ -207,6 +219,32 @@ class SqlJobStore:
             ).fetchall()
         return sorted((_record(r) for r in rows), key=lambda r: r.created_at)
 
+    def request_cancel(self, job_id: str) -> None:
+        """Ask the job's owner (possibly another server) to cancel it; owners poll `control()`."""
+        self._update_active(job_id, "cancel_requested = 1", ())
+
+    def control(self, live: set[str]) -> tuple[set[str], set[str]]:
+        """For this server's `live` jobs: (cancel requested by another server, no longer ours or gone)."""
+        with self._lock:
+            rows = self._run(f"SELECT id, cancel_requested FROM jobs WHERE owner = ? AND status IN {_ACTIVE_SQL}",
+                             (self.owner,)).fetchall()
+        ours = {job_id: flag for job_id, flag in rows}
+        return {j for j in live if ours.get(j)}, {j for j in live if j not in ours}
+
+    def publish_server(self, name: str, model: str, metrics: str, now: int) -> None:
+        with self._lock:
+            self._run("DELETE FROM servers WHERE owner = ?", (self.owner,))
+            self._run("INSERT INTO servers (owner, name, model, metrics, updated_at) VALUES (?, ?, ?, ?, ?)",
+                      (self.owner, name, model, metrics, now))
+
+    def live_servers(self) -> list[tuple[str, str, str]]:
+        """(name, model, metrics text) of servers whose owner is alive; entries of dead ones are dropped."""
+        dead, dead_args = self._dead_owner_sql()
+        with self._lock:
+            self._run(f"DELETE FROM servers WHERE owner <> ? AND {dead}", (self.owner, *dead_args))
+            rows = self._run("SELECT name, model, metrics FROM servers ORDER BY model, name").fetchall()
+        return [tuple(r) for r in rows]
+
     def _tidy(self, status: Mapping[str, str]) -> None:
         """Drop stray temp files and results of failed jobs; move files no row accounts for to orphans/."""
         orphans = 0
@@ -255,6 +293,7 @@ def _open_sqlite(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(table_sql("INTEGER PRIMARY KEY AUTOINCREMENT"))
+        db.execute(SERVERS_SQL)
         have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
         for name, sql_type in LATER_COLUMNS:
             if name not in have:  # a data dir from an older vidloom

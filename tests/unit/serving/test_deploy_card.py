@@ -84,7 +84,7 @@ def test_a_new_config_field_is_a_card_key_without_code_changes():
     ("enable_docs: 1\n", r"card.yaml:1: enable_docs: expected true or false"),
     ("data_dir: 5\n", r"card.yaml:1: data_dir: expected a path"),
     ("allowed_hosts: example.com\n", r"card.yaml:1: allowed_hosts: expected a list"),
-    ("deploy:\n  warmup_shapes: [32x48]\n", r"card.yaml:2: deploy.warmup_shapes: expected a list of 3 values or 'HxWxF'"),
+    ("deploy:\n  warmup_shapes: [32x48]\n", r"card.yaml:2: deploy.warmup_shapes.0: expected a list of 3 values or 'HxWxF'"),
     ("deploy: fast\n", r"card.yaml:1: deploy: expected a mapping of DeployConfig settings"),
     ("deploy:\n  devices: 2\n  parallel:\n    sp: 3\n",
      r"card.yaml:2: deploy.devices: devices \(--devices\) is 2 but the parallel plan sp=3 x cfg=1"),
