@@ -41,6 +41,21 @@ def attached_jobs() -> "FleetJobs | None":
     return _ATTACHED.get("jobs")
 
 
+class IngressMetrics:
+    """Requests the ingress refused itself (by error code), for the joined /metrics."""
+
+    def __init__(self) -> None:
+        self.rejections: dict[str, int] = {}
+
+    def rejected(self, code: str) -> None:
+        self.rejections[code] = self.rejections.get(code, 0) + 1
+
+    def lines(self) -> list[str]:
+        out = ["# HELP vidloom_fleet_rejected_total Requests the ingress refused, by error code.",
+               "# TYPE vidloom_fleet_rejected_total counter"]
+        return out + [f'vidloom_fleet_rejected_total{{code="{c}"}} {n}' for c, n in sorted(self.rejections.items())]
+
+
 class FleetJobs:
     """The part of JobManager's interface the shared video routes use, served from the store."""
 
@@ -49,6 +64,7 @@ class FleetJobs:
         self._config = config
         self.replicas = dict(replicas)  # model id -> Ray Serve handle of its replicas
         self._polls: dict[int, asyncio.Task[None]] = {}
+        self.metrics = IngressMetrics()  # what errors.count_rejection counts into
 
     def get(self, job_id: str) -> JobRecord | None:
         return self.store.get(job_id)
@@ -101,8 +117,9 @@ class FleetJobs:
             if record.finished:
                 return
 
-    def metrics(self) -> bytes:
-        return merge_metrics(self.store.live_servers(), self.replicas)
+    def exposition(self) -> bytes:
+        merged = merge_metrics(self.store.live_servers(), self.replicas)
+        return merged + ("\n".join(self.metrics.lines()) + "\n").encode()
 
 
 def merge_metrics(servers: list[tuple[str, str, str]], models: Mapping[str, Any]) -> bytes:
@@ -170,7 +187,7 @@ def _add_fleet_routes(app: FastAPI) -> None:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         jobs: FleetJobs = request.app.state.jobs
-        return Response(await asyncio.to_thread(jobs.metrics), media_type=CONTENT_TYPE_LATEST)
+        return Response(await asyncio.to_thread(jobs.exposition), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> ModelList:

@@ -15,6 +15,9 @@ from vidloom.fleet.replica import ModelReplica
 
 def fleet_application(card: FleetCard) -> Any:  # -> ray.serve.Application
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from vidloom.fleet.router import ROUTER_PATH, STATS_PERIOD_S
 
     fleet = card.fleet
     app = create_fleet_app(card.base)
@@ -36,6 +39,8 @@ def fleet_application(card: FleetCard) -> Any:  # -> ray.serve.Application
             health_check_period_s=fleet.health_check_period_s,
             graceful_shutdown_timeout_s=fleet.graceful_shutdown_s,
             max_ongoing_requests=max(8, card.replica_config(model).queue_size * 2),
+            request_router_config=RequestRouterConfig(
+                request_router_class=ROUTER_PATH, request_routing_stats_period_s=STATS_PERIOD_S),
         )
         replicas[model.model] = deployment.bind(card.replica_config(model))
     return FleetIngress.bind(replicas)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Coroutine, TypeVar
 
@@ -78,6 +79,10 @@ class ModelReplica:
         """What the ingress's /health and /v1/models report for this replica."""
         return {"model": self._jobs.card.model_id, "replica": self._jobs.server_name,
                 "queue_depth": self._jobs.queue_depth, "in_flight": self._jobs.in_flight}
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Load for LeastJobsRouter: jobs waiting or running on this replica's engine."""
+        return {"jobs": self._jobs.queue_depth + self._jobs.in_flight, "at": time.time()}
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose job loop died is restarted (its jobs are then recovered)."""
