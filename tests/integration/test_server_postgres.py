@@ -13,6 +13,7 @@ from vidloom.serving.config import ServeConfig
 RENDER_STEPS = 150  # long enough to be mid-render when killed, short enough to run again in a test
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lost_jobs", ["fail", "requeue"])
 def test_kill_9_mid_render_keeps_completed_jobs_and_ends_or_reruns_the_lost_one(
     postgres, demo_engine, demo_cache: Path, tmp_path: Path, lost_jobs: str,

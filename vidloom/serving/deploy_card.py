@@ -229,6 +229,7 @@ def _convert_tuple(value: Any, args: tuple, path: KeyPath, where: Callable[[KeyP
 # -- printing the effective card -------------------------------------------------------------------
 
 HIDDEN = ("api_key",)  # never printed: a card on screen or in a log must not leak the key
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@]+):[^@]*@")  # a store URL's password is printed as ***
 
 
 def card_values(config: Any) -> dict[str, Any]:
@@ -246,6 +247,8 @@ def _plain(value: Any) -> Any:
         return card_values(value)
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, str):
+        return _PASSWORD_IN_URL.sub(r"\1:***@", value)
     if isinstance(value, tuple):
         if len(value) == 3 and all(isinstance(v, int) for v in value):
             return "x".join(str(v) for v in value)

@@ -64,6 +64,11 @@ def test_every_field_round_trips_through_a_printed_card(tmp_path: Path):
     assert "api_key" not in card_values(config) and "# api_key: set" in dump_card(config)
 
 
+def test_a_store_password_is_never_printed():
+    config = ServeConfig(store="postgresql://vidloom:s3cret@db/jobs")
+    assert "s3cret" not in dump_card(config) and "postgresql://vidloom:***@db/jobs" in dump_card(config)
+
+
 def test_a_new_config_field_is_a_card_key_without_code_changes():
     @dataclasses.dataclass(frozen=True)
     class Grown(ServeConfig):
