@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -55,3 +56,31 @@ def test_an_unreachable_database_stops_the_start_with_one_line(demo_cache: Path,
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot be reached" in errors[0] and "hunter2" not in proc.stderr, proc.stderr
+
+
+def test_servers_sharing_a_store_see_cancel_and_delete_each_others_jobs(postgres, demo_engine, demo_cache: Path,
+                                                                        tmp_path: Path):
+    from vidloom.generator import VideoGenerator
+
+    other_engine = VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache).engine
+    url, data = postgres.new_database(), tmp_path / "data"
+    settings = dict(data_dir=data, store=url, max_steps=BLOCKING_STEPS, graceful_shutdown_s=2)
+    with ThreadServer(demo_engine, ServeConfig(**settings)) as a, \
+            ThreadServer(other_engine, ServeConfig(**settings)) as b, \
+            httpx.Client(base_url=a.url, timeout=30) as on_a, httpx.Client(base_url=b.url, timeout=30) as on_b:
+        job = create_video(on_a, num_inference_steps=BLOCKING_STEPS)["id"]
+        wait_for_status(on_b, job, {"in_progress"})  # B reads A's progress from the shared table
+        cancelled = on_b.post(f"/v1/videos/{job}/cancel").json()
+        assert cancelled["status"] == "cancelled", cancelled  # A stopped it at a step boundary
+        assert on_a.get(f"/v1/videos/{job}").json()["status"] == "cancelled"
+
+        doomed = create_video(on_a, num_inference_steps=BLOCKING_STEPS)["id"]
+        wait_for_status(on_a, doomed, {"in_progress"})
+        assert on_b.delete(f"/v1/videos/{doomed}").json()["deleted"]
+        deadline = time.monotonic() + 5  # A notices at its next control poll (every 0.25 s)
+        while on_a.get(f"/v1/videos/{doomed}").status_code != 404:
+            assert time.monotonic() < deadline, "A never noticed that B deleted its job"
+            time.sleep(0.05)
+        done = create_video(on_a)["id"]  # A's engine is free again: the deleted job stopped there
+        assert wait_for_status(on_b, done, {"completed", "failed"}, timeout=30)["status"] == "completed"
+        assert not list((data / "videos").glob(f"{doomed}*"))

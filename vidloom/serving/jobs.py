@@ -240,13 +240,26 @@ class JobManager:
         """Cancel an active job and wait (up to cancel_wait_s) for the step boundary where it stops."""
         live = self._live.get(job_id)
         if live is None:
-            return self.get(job_id)
+            record = self.get(job_id)
+            if record is not None and not record.finished and self.store.shared:
+                return await self._cancel_elsewhere(job_id)
+            return record
         self._engine.cancel(job_id)
         try:
             await asyncio.wait_for(live.finished.wait(), self._config.cancel_wait_s)
         except TimeoutError:
             pass  # still mid-step: it becomes cancelled at the boundary; the caller sees in_progress
         return live.record
+
+    async def _cancel_elsewhere(self, job_id: str) -> JobRecord | None:
+        """A job another server runs (shared store): flag its row and wait up to cancel_wait_s for its owner."""
+        self.store.request_cancel(job_id)
+        deadline = self._loop.time() + self._config.cancel_wait_s
+        record = self.store.get(job_id)
+        while record is not None and not record.finished and self._loop.time() < deadline:
+            await asyncio.sleep(CONTROL_POLL_S / 2)
+            record = await asyncio.to_thread(self.store.get, job_id)
+        return record
 
     def delete(self, job_id: str) -> bool:
         """Cancel the job if active, then drop its row and files (both or neither: raises OSError/STORE_ERRORS).
