@@ -58,6 +58,7 @@ def fleet_and_store(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tu
     store = postgres.new_database()
     card = load_fleet_card(_fleet_card(tmp, store, PORT_BASE + os.getpid() % 1000))
     url = start_fleet(card)
+    _CARDS.append(card)
     try:
         _wait_for_replicas(url, 2, timeout=120)
         yield url, store
@@ -71,6 +72,9 @@ def fleet_and_store(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tu
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+_CARDS: list = []  # the module fleet's card, for the scaling test
 
 
 @pytest.fixture
@@ -166,3 +170,32 @@ def _kill_replica(name: str) -> None:
             ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
             return
     raise LookupError(f"no Ray actor for replica {name}")
+
+
+def test_scaling_down_keeps_completed_jobs_and_keeps_serving(fleet: str):
+    """Runs last: one replica is stopped gracefully; completed jobs and the API stay."""
+    import dataclasses
+
+    from vidloom.fleet.cli import start_fleet
+
+    with httpx.Client(base_url=fleet, timeout=30) as http:
+        done = [http.post("/v1/videos", json={"prompt": f"keep {i}", **SMALL}).json()["id"] for i in range(2)]
+        for job in done:
+            assert wait_for_status(http, job, {"completed", "failed"}, timeout=60)["status"] == "completed"
+        card = _CARDS[0]
+        (model,) = card.fleet.models
+        smaller = dataclasses.replace(card.fleet, models=(dataclasses.replace(model, replicas=1),))
+        start_fleet(dataclasses.replace(card, fleet=smaller))  # redeploys the app: 2 -> 1 replica
+        _wait_for_replicas_exactly(fleet, 1, timeout=60)
+        for job in done:
+            assert http.get(f"/v1/videos/{job}").json()["status"] == "completed"
+            assert http.get(f"/v1/videos/{job}/content").content[4:8] == b"ftyp"
+        after = http.post("/v1/videos", json={"prompt": "after", **SMALL}).json()["id"]
+        assert wait_for_status(http, after, {"completed", "failed"}, timeout=60)["status"] == "completed"
+
+
+def _wait_for_replicas_exactly(url: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/health", timeout=5).json()["models"]["wan2.1-demo"] != count:
+        assert time.monotonic() < deadline, f"the fleet never settled at {count} replica(s)"
+        time.sleep(0.5)
