@@ -7,6 +7,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vidloom.fleet.config import FleetCard
 
 
 def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +44,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_fleet(card) -> str:  # card: FleetCard
+def start_fleet(card: FleetCard) -> str:
     """Start or join Ray, start Serve's HTTP proxy on the card's address, deploy; returns the base URL."""
     import ray
     from ray import serve

@@ -62,3 +62,15 @@ def test_metrics_of_every_replica_are_joined_with_a_replica_label():
     assert 'vidloom_queue_depth{replica="m#a"} 2.0' in lines and 'vidloom_queue_depth{replica="m#b"} 0.0' in lines
     assert 'jobs_total{status="completed",replica="m#b"} 5.0' in lines
     assert lines.count("# TYPE vidloom_queue_depth gauge") == 1
+
+
+def test_fleet_up_print_config_prints_a_card_that_loads_back(tmp_path: Path, capsys):
+    from vidloom.cli import main
+
+    path = _card(tmp_path, STORE + "slots: 2\nfleet:\n  models:\n    - {model: wan2.1-demo, replicas: 2}\n")
+    assert main(["fleet", "up", "--config", str(path), "--print-config"]) == 0
+    printed = _card(tmp_path, capsys.readouterr().out)
+    again = load_fleet_card(printed)
+    assert again.base.slots == 2 and again.fleet.models[0].replicas == 2
+    assert main(["fleet", "up", "--config", str(_card(tmp_path, "fleet:\n  models: []\n"))]) == 2
+    assert "fleet.models" in capsys.readouterr().err
