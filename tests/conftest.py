@@ -30,3 +30,21 @@ def demo_cache(tmp_path_factory) -> Path:
 def _isolated_cache(monkeypatch, tmp_path_factory):
     # Never write into the developer's real ~/.cache from tests.
     monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (.ci/run installs the Debian packages; sets VIDLOOM_REQUIRE_POSTGRES)."""
+    import os
+
+    from tests.helpers.postgres import PostgresServer, postgres_bin
+
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        if os.environ.get("VIDLOOM_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL is required here (VIDLOOM_REQUIRE_POSTGRES) but /usr/lib/postgresql/*/bin "
+                        "has no initdb: apt-get install postgresql")
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
+    server = PostgresServer(bin_dir)
+    yield server
+    server.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time
@@ -47,11 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list registered model cards")
     _add_serve_parser(sub)
+    from vidloom.fleet.cli import add_fleet_parser
+
+    add_fleet_parser(sub)
     return parser
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    srv.add_argument("--config", default=None, metavar="CARD.yaml",
+                     help="deployment card: YAML with any setting below (and more); flags you type override it")
+    srv.add_argument("--print-config", action="store_true", help="print the effective deployment card and exit")
     srv.add_argument("--model", default=registry.DEFAULT_MODEL,
                      help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL})")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
@@ -60,6 +65,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
     srv.add_argument("--policy", default="fifo", help="fifo | interleave (default: fifo)")
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
+    srv.add_argument("--store", default=None, metavar="URL",
+                     help="job table: sqlite (default, in --data-dir) or postgresql://USER@HOST/DB (shared)")
+    srv.add_argument("--lost-jobs", default="fail", choices=("fail", "requeue"),
+                     help="jobs of a server that died: fail them, or requeue them for a live server (default: fail)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     _add_limit_arguments(srv)
@@ -83,15 +92,6 @@ def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
                      help="on SIGTERM, running jobs get this long to finish before they fail (default: 5)")
 
 
-def _serve_security_settings(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "api_key": args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
-        "metrics_need_key": args.metrics_need_key, "allowed_hosts": tuple(args.allowed_host),
-        "cors_origins": tuple(args.cors_origin), "enable_docs": args.enable_docs,
-        "graceful_shutdown_s": args.shutdown_grace,
-    }
-
-
 def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
     """Per-request work limits and connection bounds (ServeConfig); unset limits derive from the model card."""
     lim = srv.add_argument_group("request and connection limits")
@@ -111,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             return _models()
+        if args.command == "fleet":
+            from vidloom.fleet.cli import run_fleet
+
+            return run_fleet(args)
         if args.command == "serve":
-            return _serve(args)
+            return _serve(args, sys.argv[1:] if argv is None else argv)
         return _generate(args)
     except VidloomError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -125,28 +129,23 @@ def _models() -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from vidloom.serving.config import ServeConfig
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from vidloom.serving.deploy_card import dump_card
+    from vidloom.serving.serve_flags import effective_config, typed_flags
     from vidloom.serving.server import BindError, serve
 
     place = _torchrun_place()
-    try:
-        config = ServeConfig(
-            model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
-            policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
-            deploy=deploy_config(args, place.world_size if place else None), **_serve_security_settings(args),
-            max_pixels=args.max_pixels, max_frames=args.max_frames, max_steps=args.max_steps,
-            max_prompt_chars=args.max_prompt_chars,
-            max_request_memory_bytes=None if args.max_request_memory_gb is None else int(args.max_request_memory_gb * 2**30),
-            header_timeout_s=args.header_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
-            max_connections=args.max_connections,
-        )
+    try:  # defaults < deployment card < $VIDLOOM_API_KEY < typed flags
+        config = effective_config(args, typed_flags(build_parser(), argv), place.world_size if place else None)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_card(config, "# vidloom deployment card (effective settings)\n"), end="")
+        return 0
     if place is not None and place.rank != 0:
-        return _follow(args, config.deploy)
-    for note in registry.resolve_card(args.model).notes:
+        return _follow(argparse.Namespace(model=config.model, device=config.device, dtype=config.dtype), config.deploy)
+    for note in registry.resolve_card(config.model).notes:
         print(f"note: {note}", file=sys.stderr)
     try:
         serve(config)

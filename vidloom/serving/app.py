@@ -39,6 +39,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.jobs = JobManager(engine, config, asyncio.get_running_loop(), store)
+        app.state.jobs.start()
         app.state.started_at = int(time.time())
         try:
             yield

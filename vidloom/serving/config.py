@@ -9,6 +9,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.limits import RequestLimits
 from vidloom.registry import DEFAULT_MODEL
+from vidloom.serving.job_store import LOST_JOBS, redact_url
 from vidloom.runtime.scheduler import POLICIES
 
 
@@ -22,7 +23,15 @@ class ServeConfig:
     slots: int = 1  # requests resident on the device at once
     queue_size: int = 16  # requests that may wait for a slot; more get 429
     policy: str = "fifo"  # fifo | interleave (step-level round robin between slots)
-    data_dir: Path = Path("vidloom-data")  # SQLite job table and result files
+    data_dir: Path = Path("vidloom-data")  # result files (and the SQLite job table, the default store)
+    # Job table: None = SQLite in data_dir; "postgresql://user@host/db" = PostgreSQL, shared by servers
+    # (data_dir must then be a directory they all mount). The password is best left to $PGPASSWORD.
+    store: str | None = None
+    # Active jobs of a server that died: "fail" them (error lost_worker / server_restart) or "requeue" them
+    # for the next server to run, at most max_requeues times per job (a job that kills servers stops there).
+    lost_jobs: str = "fail"
+    max_requeues: int = 1
+    recovery_interval_s: float = 5.0  # how often a server on a shared store looks for jobs of dead servers
     device: str | None = None  # cuda | cpu; None = cuda when available
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
@@ -65,9 +74,17 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.lost_jobs not in LOST_JOBS:
+            raise ValueError(f"lost_jobs: unknown {self.lost_jobs!r}; known: {', '.join(LOST_JOBS)}")
+        if self.max_requeues < 0:
+            raise ValueError(f"max_requeues: must be >= 0, got {self.max_requeues}")
+        if self.store is not None and self.store != "sqlite" and not self.store.startswith(
+                ("postgresql://", "postgres://")):
+            raise ValueError(f"store: {redact_url(self.store)!r} is not a job store; "
+                             "use sqlite (the default) or postgresql://...")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in 0..65535, got {self.port}")
-        for name in ("cancel_wait_s", "keepalive_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",
+        for name in ("cancel_wait_s", "keepalive_s", "recovery_interval_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",
                      "keep_alive_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import re
-import sqlite3
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -17,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vidloom.core.errors import Cancelled, InvalidRequest, LimitExceeded, UnknownModel, VidloomError
 from vidloom.runtime.async_engine import EngineBusy, EngineClosed
+from vidloom.serving.job_store import STORE_ERRORS
 from vidloom.serving.params import api_field
 from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 
@@ -105,11 +105,11 @@ def engine_errors() -> Iterator[None]:
         raise APIError(503, f"the server is shutting down: {exc}", code="shutting_down") from None
     except VidloomError as exc:
         raise APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error") from None
-    except sqlite3.Error as exc:
+    except STORE_ERRORS as exc:
         raise store_error(exc) from None
 
 
-def store_error(exc: sqlite3.Error | OSError, action: str = "the job store cannot be written") -> APIError:
+def store_error(exc: BaseException, action: str = "the job store cannot be written") -> APIError:
     """507 when the disk is full, else 503: the server's storage failed, not the request."""
     reason = redact_paths(str(exc))
     if _disk_full(exc):
@@ -119,7 +119,7 @@ def store_error(exc: sqlite3.Error | OSError, action: str = "the job store canno
 
 def _disk_full(exc: BaseException) -> bool:
     return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-        isinstance(exc, sqlite3.Error) and "full" in str(exc).lower())
+        isinstance(exc, STORE_ERRORS) and ("full" in str(exc).lower() or "no space left" in str(exc).lower()))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -141,11 +141,13 @@ def install_error_handlers(app: FastAPI) -> None:
         code = "not_found" if exc.status_code == 404 else None
         return error_response(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
 
-    @app.exception_handler(sqlite3.Error)
-    async def _store(request: Request, exc: sqlite3.Error) -> JSONResponse:
+    async def _store(request: Request, exc: Exception) -> JSONResponse:
         log.error("job store error on %s %s: %s", request.method, request.url.path, exc)
         err = store_error(exc, "the job store failed")
         return error_response(err.status, err.message, code=err.code, headers=err.headers)
+
+    for error_type in STORE_ERRORS:  # SQLite's and (when installed) psycopg's
+        app.add_exception_handler(error_type, _store)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -1,52 +1,30 @@
-"""Durable video jobs: one SQLite row per job (WAL mode) plus result files under the data dir.
+"""Durable video jobs: the JobStore contract, its records, and the choice of backend.
 
-Layout: `<data_dir>/jobs.sqlite3` and `<data_dir>/videos/<id>.mp4` / `<id>.png`.
+A job is one row in a database (SQLite, embedded, the default; or PostgreSQL, shared by several
+servers) plus result files under the data dir: `<data_dir>/videos/<id>.mp4` / `<id>.png`.
 A row turns `completed` only after its files were renamed into place, so a completed
 job always has whole files; finished rows never change again except by `delete`.
-Files the table cannot account for are never deleted: startup moves them to `<data_dir>/orphans/`.
+Files the table cannot account for are never deleted: recovery moves them to `<data_dir>/orphans/`.
+Each row names the process that owns it while it is active; recovery ends (or re-queues) only
+the jobs of owners that are gone, so servers sharing a database never fail each other's jobs.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 import sqlite3
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Protocol
 
 from vidloom.core.errors import VidloomError
 
-log = logging.getLogger(__name__)
 ACTIVE = ("queued", "in_progress")
 _ACTIVE_SQL = "('queued', 'in_progress')"
 FINAL = ("completed", "failed", "cancelled")
 _ID = re.compile(r"^video_[0-9a-f]{32}$")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    model TEXT NOT NULL,
-    status TEXT NOT NULL,
-    progress INTEGER NOT NULL,
-    created_at INTEGER NOT NULL,
-    completed_at INTEGER,
-    size TEXT NOT NULL,
-    seconds TEXT NOT NULL,
-    prompt TEXT NOT NULL,
-    params TEXT NOT NULL,
-    metadata TEXT,
-    error_code TEXT,
-    error_message TEXT
-)
-"""
-_COLUMNS = (
-    "id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata, "
-    "error_code, error_message"
-)
+LOST_JOBS = ("fail", "requeue")  # what recovery does with the active jobs of a process that died
 
 
 def is_job_id(text: str) -> bool:
@@ -88,187 +66,80 @@ class UnknownCursor(KeyError):
 
 
 class StoreError(VidloomError):
-    """The job database cannot be opened (corrupt, not SQLite, unreadable); raised before the server listens."""
+    """The job database cannot be opened (corrupt, not SQLite, unreachable); raised before the server listens."""
 
 
-class JobStore:
-    """Thread-safe (one connection behind a lock); every call is a single short transaction."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = Path(data_dir)
-        self.videos_dir = self.data_dir / "videos"
-        self.orphans_dir = self.data_dir / "orphans"
-        try:
-            self.videos_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"data dir {self.data_dir}: cannot create {self.videos_dir} ({exc.strerror})") from None
-        self._lock = threading.Lock()
-        self._db = _open(self.data_dir / "jobs.sqlite3")
-
-    def video_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.mp4"
-
-    def thumbnail_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.png"
-
-    def add(self, record: JobRecord) -> None:
-        with self._lock:
-            self._db.execute(
-                f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (record.id, record.model, record.status, record.progress, record.created_at, record.completed_at,
-                 record.size, record.seconds, record.prompt, json.dumps(dict(record.params), default=str),
-                 _dumps(record.metadata), record.error_code, record.error_message),
-            )
-
-    def get(self, job_id: str) -> JobRecord | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _record(row) if row else None
-
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        """Up to `limit` jobs in creation order, starting after the job `after`."""
-        op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
-        with self._lock:
-            where, args = "", ()
-            if after is not None:
-                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
-                if row is None:
-                    raise UnknownCursor(after)
-                where, args = f"WHERE seq {op} ?", (row[0],)
-            rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq {direction} LIMIT ?", (*args, limit + 1)
-            ).fetchall()
-        return Page(tuple(_record(r) for r in rows[:limit]), has_more=len(rows) > limit)
-
-    def set_status(self, job_id: str, status: str) -> None:
-        self._update_active(job_id, "status = ?", (status,))
-
-    def set_progress(self, job_id: str, progress: int) -> None:
-        self._update_active(job_id, "progress = ?", (progress,))
-
-    def finish(
-        self,
-        job_id: str,
-        status: str,
-        completed_at: int,
-        *,
-        metadata: Mapping[str, Any] | None = None,
-        error: tuple[str, str] | None = None,
-    ) -> None:
-        """Move an active job to a final status (no-op if it already finished or is gone)."""
-        assert status in FINAL, status
-        code, message = error if error else (None, None)
-        progress_sql = ", progress = 100" if status == "completed" else ""
-        self._update_active(
-            job_id,
-            f"status = ?, completed_at = ?, metadata = ?, error_code = ?, error_message = ?{progress_sql}",
-            (status, completed_at, _dumps(metadata), code, message),
-        )
-
-    def delete(self, job_id: str) -> bool:
-        """Remove the row and its files, both or neither; False if there was no such job.
-
-        The files are first renamed aside (which fails, changing nothing, if the folder is read-only),
-        then the row goes; if that fails they are renamed back. Raises OSError or sqlite3.Error.
-        """
-        with self._lock:
-            if self._db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
-                return False
-            aside = self._set_aside(job_id)
-            try:
-                self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
-            except BaseException:
-                for original, moved in aside:
-                    moved.replace(original)
-                raise
-        for _, moved in aside:
-            moved.unlink(missing_ok=True)  # "." names: a crash here leaves them to the next recover()
-        return True
-
-    def _set_aside(self, job_id: str) -> list[tuple[Path, Path]]:
-        done: list[tuple[Path, Path]] = []
-        try:
-            for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
-                if path.exists():
-                    # "-": never in an atomic_path temp name (mkstemp), so the two cannot collide.
-                    moved = path.with_name(f".{path.stem}-deleting{path.suffix}")
-                    path.replace(moved)
-                    done.append((path, moved))
-        except OSError:
-            for original, moved in reversed(done):
-                moved.replace(original)
-            raise
-        return done
-
-    def remove_files(self, job_id: str) -> None:
-        for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
-            path.unlink(missing_ok=True)
-
-    def recover(self, completed_at: int, code: str, message: str) -> int:
-        """At startup: fail jobs a previous process left active, tidy the videos folder; returns jobs failed."""
-        with self._lock:
-            failed = self._db.execute(
-                "UPDATE jobs SET status = 'failed', completed_at = ?, error_code = ?, error_message = ? "
-                f"WHERE status IN {_ACTIVE_SQL}",
-                (completed_at, code, message),
-            ).rowcount
-            status = dict(self._db.execute("SELECT id, status FROM jobs").fetchall())
-        orphans = 0
-        for path in self.videos_dir.iterdir():
-            if not path.is_file():
-                continue
-            if path.name.startswith("."):  # our temp files (atomic_path) and files set aside by delete
-                path.unlink(missing_ok=True)
-            elif path.stem not in status:  # no row: results of a lost or replaced database; keep them
-                self.orphans_dir.mkdir(exist_ok=True)
-                path.replace(self.orphans_dir / path.name)
-                orphans += 1
-            elif status[path.stem] != "completed":  # a job we know failed or was cancelled mid-write
-                path.unlink(missing_ok=True)
-        if orphans:
-            log.warning("moved %d file(s) no job accounts for to %s (nothing was deleted)", orphans, self.orphans_dir)
-        return failed
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _update_active(self, job_id: str, assignments: str, args: tuple) -> None:
-        with self._lock:
-            self._db.execute(
-                f"UPDATE jobs SET {assignments} WHERE id = ? AND status IN {_ACTIVE_SQL}", (*args, job_id)
-            )
-
-
-def _open(path: Path) -> sqlite3.Connection:
-    """Connect, check the file is a healthy SQLite database, set WAL mode and the schema."""
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+def _store_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [sqlite3.Error]
     try:
-        check = db.execute("PRAGMA quick_check(1)").fetchone()
-        if check is None or check[0] != "ok":
-            raise sqlite3.DatabaseError(check[0] if check else "integrity check failed")
-        # WAL + NORMAL: a commit survives kill -9 of this process (only an OS crash can lose the last ones).
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(_SCHEMA)
-    except sqlite3.DatabaseError as exc:
-        db.close()
-        raise StoreError(f"job database {path} cannot be used ({exc}); move it aside to start with an empty one, "
-                         "or restore it from a backup") from None
-    return db
+        import psycopg
+    except ImportError:  # PostgreSQL support not installed: SQLite only
+        return tuple(errors)
+    return (*errors, psycopg.Error)
 
 
-def _dumps(value: Mapping[str, Any] | None) -> str | None:
-    return None if value is None else json.dumps(dict(value), default=str)  # str: e.g. numpy scalars
+# What a backend raises when a write or read fails at run time (disk full, connection lost).
+STORE_ERRORS: tuple[type[BaseException], ...] = _store_errors()
 
 
-def _record(row: tuple) -> JobRecord:
-    (job_id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata,
-     error_code, error_message) = row
-    return JobRecord(
-        id=job_id, model=model, status=status, progress=progress, created_at=created_at,
-        completed_at=completed_at, size=size, seconds=seconds, prompt=prompt, params=json.loads(params),
-        metadata=json.loads(metadata) if metadata else None, error_code=error_code, error_message=error_message,
-    )
+@dataclass(frozen=True)
+class Recovered:
+    """What recovery did with the active jobs of dead owners."""
+
+    failed: int
+    requeued: int
+
+
+class JobStore(Protocol):
+    """The job table and its result files. Thread-safe; every call is one short transaction.
+
+    Backends: `SqliteJobStore` (one process per data dir) and `PostgresJobStore` (shared by
+    servers; files on a directory they all mount). Both raise STORE_ERRORS on run-time failures.
+    """
+
+    data_dir: Path
+    videos_dir: Path
+    owner: int  # this process's id in the `owner` column of the jobs it runs
+    shared: bool  # other live servers may use the same table (recovery then also runs periodically)
+
+    def video_path(self, job_id: str) -> Path: ...
+    def thumbnail_path(self, job_id: str) -> Path: ...
+    def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""
+    def get(self, job_id: str) -> JobRecord | None: ...
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page: ...
+    def set_status(self, job_id: str, status: str) -> None: ...
+    def set_progress(self, job_id: str, progress: int) -> None: ...
+    def finish(self, job_id: str, status: str, completed_at: int, *, metadata: Mapping[str, Any] | None = None,
+               error: tuple[str, str] | None = None) -> None:
+        """Move an active job to a final status (no-op if it already finished or is gone)."""
+    def delete(self, job_id: str) -> bool: """Row and files, both or neither; False if there was no such job."""
+    def remove_files(self, job_id: str) -> None: ...
+    def recover(self, completed_at: int, code: str, message: str, *, requeue: bool = False,
+                max_requeues: int = 0, tidy: bool = True) -> Recovered:
+        """Fail (or re-queue, up to max_requeues times per job) active jobs whose owner is gone; tidy files."""
+    def claim_requeued(self) -> list[JobRecord]:
+        """Take ownership of re-queued jobs nobody runs (each goes to exactly one caller)."""
+    def request_cancel(self, job_id: str) -> None: """Ask the job's owner, wherever it runs, to cancel it."""
+    def control(self, live: set[str]) -> tuple[set[str], set[str]]:
+        """Of this server's `live` jobs: those another server asked to cancel, those deleted or taken away."""
+    def publish_server(self, name: str, model: str, metrics: str, now: int) -> None: ...
+    def live_servers(self) -> list[tuple[str, str, str]]: """(name, model, metrics) of live servers."""
+    def close(self) -> None: ...
+
+
+def open_job_store(url: str | None, data_dir: Path) -> JobStore:
+    """`url` None or "sqlite": `<data_dir>/jobs.sqlite3`; "postgresql://...": that database (files still in data_dir)."""
+    if url is None or url == "sqlite":
+        from vidloom.serving.sql_job_store import SqliteJobStore
+
+        return SqliteJobStore(data_dir)
+    if url.startswith(("postgresql://", "postgres://")):
+        from vidloom.serving.postgres_job_store import PostgresJobStore
+
+        return PostgresJobStore(url, data_dir)
+    raise StoreError(f"store: {redact_url(url)!r} is not a job store; use sqlite (the default) or postgresql://...")
+
+
+def redact_url(url: str) -> str:
+    """A database URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)

@@ -13,9 +13,10 @@ and written once the store accepts writes again; a create that cannot be stored 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import dataclasses
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -24,14 +25,14 @@ from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.memory import request_budget
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
-from vidloom.serving.job_store import JobRecord, JobStore, Page
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
@@ -39,16 +40,26 @@ from vidloom.serving.progress import ProgressTracker, expected_units
 log = logging.getLogger(__name__)
 
 # Jobs unfinished when a server stops (gracefully, or found at the next start after a crash).
+CONTROL_POLL_S = 0.25  # how soon a cancel or delete sent to another server reaches the job's own server
 SERVER_RESTART = ("server_restart", "the server stopped before this job finished; submit it again")
 
 
 def open_store(config: ServeConfig) -> JobStore:
-    """Open the job store and recover it after the previous process (raises StoreError on a bad database)."""
-    store = JobStore(config.data_dir)
-    failed = store.recover(_now(), *SERVER_RESTART)
-    if failed:
-        log.warning("marked %d job(s) left unfinished by a previous server as failed (server_restart)", failed)
+    """Open the job store and recover it after dead servers (raises StoreError on a bad or unreachable database)."""
+    store = open_job_store(config.store, config.data_dir)
+    recover_lost_jobs(store, config, tidy=True)
     return store
+
+
+def recover_lost_jobs(store: JobStore, config: ServeConfig, *, tidy: bool = False) -> None:
+    """Fail or re-queue (config.lost_jobs) the active jobs of servers that died."""
+    done = store.recover(_now(), *SERVER_RESTART, requeue=config.lost_jobs == "requeue",
+                         max_requeues=config.max_requeues, tidy=tidy)
+    if done.failed:
+        log.warning("marked %d job(s) left unfinished by a server that stopped as failed (server_restart)",
+                    done.failed)
+    if done.requeued:
+        log.warning("re-queued %d job(s) left unfinished by a server that stopped", done.requeued)
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,64 @@ class JobManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
         self._closing = False
+        self._sweeper: asyncio.Task[None] | None = None
+        self.server_name = f"{socket.gethostname()}:{os.getpid()}"  # in logs and a fleet's /metrics
+
+    def start(self) -> None:
+        """Run re-queued jobs of dead servers; on a shared store, keep looking for them while serving."""
+        self.adopt_requeued()
+        if self.store.shared:
+            self._sweeper = self._loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Shared store: act on other servers' cancels and deletes, recover dead servers' jobs, publish metrics."""
+        last_recovery = 0.0
+        while not self._draining:
+            await asyncio.sleep(CONTROL_POLL_S)
+            try:
+                await self._apply_control()
+                if self._loop.time() - last_recovery >= self._config.recovery_interval_s:
+                    last_recovery = self._loop.time()
+                    await asyncio.to_thread(recover_lost_jobs, self.store, self._config)
+                    self.adopt_requeued()
+                    await asyncio.to_thread(self.store.publish_server, self.server_name, self.card.model_id,
+                                            self.metrics.exposition().decode(), _now())
+            except STORE_ERRORS as exc:
+                log.error("job store control poll failed (%s); retrying", exc)
+
+    async def _apply_control(self) -> None:
+        cancel, gone = await asyncio.to_thread(self.store.control, set(self._live))
+        for job_id in cancel:
+            self._engine.cancel(job_id)  # the CancelledEvent finishes it as usual
+        for job_id in gone:  # deleted through another server, or failed by one that thought we were dead
+            live = self._live.pop(job_id, None)
+            if live is None:
+                continue
+            self._engine.cancel(job_id)
+            live.finished.set()
+            if await asyncio.to_thread(self.store.get, job_id) is None:
+                await asyncio.to_thread(self.store.remove_files, job_id)
+            log.info("stopped %s: its row was deleted or taken over by another server", job_id)
+
+    def adopt_requeued(self) -> int:
+        """Claim re-queued jobs and put them on this engine; a job that no longer fits here fails."""
+        adopted = 0
+        for record in self.store.claim_requeued():
+            params = dict(record.params)
+            params["task"] = Task(params["task"])
+            request = GenerationRequest(prompt=record.prompt, request_id=record.id, **params)
+            try:
+                resolved = self._submit(request).request
+            except Exception as exc:  # InvalidRequest (new limits), EngineBusy, EngineClosed
+                live = _LiveJob(record, ProgressTracker(1), time.perf_counter())
+                self._finish(live, "failed", error=("requeue_failed", f"could not run this job again: {exc}"))
+                continue
+            tracker = ProgressTracker(expected_units(resolved, self.card))
+            self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
+            adopted += 1
+        if adopted:
+            log.info("running %d re-queued job(s) of a server that stopped", adopted)
+        return adopted
 
     @property
     def queue_depth(self) -> int:
@@ -127,7 +196,7 @@ class JobManager:
             self.store.add(record)
         except BaseException as exc:
             self._engine.cancel(record.id)  # never run a job nobody can see
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, STORE_ERRORS):
                 self.metrics.rejected("storage_error")
             raise
         tracker = ProgressTracker(expected_units(resolved, self.card))
@@ -171,7 +240,10 @@ class JobManager:
         """Cancel an active job and wait (up to cancel_wait_s) for the step boundary where it stops."""
         live = self._live.get(job_id)
         if live is None:
-            return self.get(job_id)
+            record = self.get(job_id)
+            if record is not None and not record.finished and self.store.shared:
+                return await self._cancel_elsewhere(job_id)
+            return record
         self._engine.cancel(job_id)
         try:
             await asyncio.wait_for(live.finished.wait(), self._config.cancel_wait_s)
@@ -179,8 +251,18 @@ class JobManager:
             pass  # still mid-step: it becomes cancelled at the boundary; the caller sees in_progress
         return live.record
 
+    async def _cancel_elsewhere(self, job_id: str) -> JobRecord | None:
+        """A job another server runs (shared store): flag its row and wait up to cancel_wait_s for its owner."""
+        self.store.request_cancel(job_id)
+        deadline = self._loop.time() + self._config.cancel_wait_s
+        record = self.store.get(job_id)
+        while record is not None and not record.finished and self._loop.time() < deadline:
+            await asyncio.sleep(CONTROL_POLL_S / 2)
+            record = await asyncio.to_thread(self.store.get, job_id)
+        return record
+
     def delete(self, job_id: str) -> bool:
-        """Cancel the job if active, then drop its row and files (both or neither: raises OSError/sqlite3.Error).
+        """Cancel the job if active, then drop its row and files (both or neither: raises OSError/STORE_ERRORS).
 
         False if there was no such job. A job cancelled here whose row then cannot be removed stays, cancelled.
         """
@@ -237,6 +319,8 @@ class JobManager:
     async def close(self) -> None:
         """Stop the engine, let result files being written finish, fail what is left (server_restart)."""
         self._draining = self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         await asyncio.to_thread(self._engine.close)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -318,7 +402,7 @@ class JobManager:
             if progress is not None:
                 self.store.set_progress(live.record.id, progress)
                 live.record = dataclasses.replace(live.record, progress=progress)
-        except sqlite3.Error as exc:
+        except STORE_ERRORS as exc:
             log.error("job store write for %s failed (%s); stopping the job", live.record.id, exc)
             self._engine.cancel(live.record.id)
             self._finish(live, "failed", error=(
@@ -336,6 +420,7 @@ class JobManager:
             error_message=message, progress=100 if status == "completed" else live.record.progress,
         )
         self._store_final(final)
+        log.info("video %s %s on %s%s", final.id, status, self.server_name, f" ({code})" if code else "")
         self._end(live, final)
 
     def _store_final(self, final: JobRecord) -> None:
@@ -344,7 +429,7 @@ class JobManager:
             self.store.finish(final.id, final.status, final.completed_at or _now(), metadata=final.metadata,
                               error=error)  # type: ignore[arg-type]
             self._unsaved.pop(final.id, None)
-        except sqlite3.Error as exc:
+        except STORE_ERRORS as exc:
             log.error("job store refused the final state of %s (%s); kept in memory, retried later", final.id, exc)
             self._unsaved[final.id] = final
 

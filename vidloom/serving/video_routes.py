@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
@@ -11,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, echo, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
-from vidloom.serving.job_store import JobRecord, UnknownCursor, is_job_id
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, UnknownCursor, is_job_id
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.params import plan_video
 from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject
@@ -97,7 +96,7 @@ async def delete_video(request: Request, video_id: str) -> VideoDeleted:
     _find(request, video_id)
     try:
         deleted = jobs_of(request).delete(video_id)
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, *STORE_ERRORS) as exc:
         raise store_error(exc, f"video {video_id} was not deleted") from None
     if not deleted:
         raise APIError(404, f"no video with id {video_id!r}", param="video_id", code="video_not_found")

@@ -1,13 +1,35 @@
-"""JobStore: rows survive reopening, pagination, final rows are immutable, recovery after a crash."""
+"""JobStore, on both backends: rows survive reopening, pagination, final rows are immutable, recovery after a crash."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from vidloom.serving.job_store import JobRecord, JobStore, StoreError, UnknownCursor, is_job_id
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, Recovered, StoreError, UnknownCursor, is_job_id, open_job_store
+from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_at(request, tmp_path: Path) -> Callable[[Path], object]:
+    """Opens the test's store (files under the given dir); a second call is the next server process."""
+    url = "sqlite" if request.param == "sqlite" else request.getfixturevalue("postgres").new_database()
+    opened = []
+
+    def open_at(data_dir: Path):
+        opened.append(open_job_store(url, data_dir))
+        return opened[-1]
+
+    yield open_at
+    for store in opened:
+        try:
+            store.close()
+        except Exception:
+            pass
 
 
 def _record(n: int, status: str = "queued") -> JobRecord:
@@ -17,22 +39,21 @@ def _record(n: int, status: str = "queued") -> JobRecord:
     )
 
 
-def test_rows_survive_reopening(tmp_path: Path):
-    store = JobStore(tmp_path)
+def test_rows_survive_reopening(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
     store.add(_record(1))
     store.set_status(_record(1).id, "in_progress")
     store.set_progress(_record(1).id, 40)
     store.finish(_record(1).id, "completed", 2000, metadata={"elapsed_s": 1.5})
     store.close()
 
-    again = JobStore(tmp_path).get(_record(1).id)
+    again = store_at(tmp_path).get(_record(1).id)
     assert again is not None and again.status == "completed" and again.progress == 100
     assert again.completed_at == 2000 and again.metadata == {"elapsed_s": 1.5} and again.params["seed"] == 1
-    assert (tmp_path / "jobs.sqlite3").exists()
 
 
-def test_final_rows_do_not_change(tmp_path: Path):
-    store = JobStore(tmp_path)
+def test_final_rows_do_not_change(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
     job = _record(1)
     store.add(job)
     store.finish(job.id, "cancelled", 2000)
@@ -42,8 +63,8 @@ def test_final_rows_do_not_change(tmp_path: Path):
     assert record.status == "cancelled" and record.progress == 0 and record.error_code is None
 
 
-def test_pages_in_both_orders(tmp_path: Path):
-    store = JobStore(tmp_path)
+def test_pages_in_both_orders(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
     for n in range(5):
         store.add(_record(n))
     ids = [_record(n).id for n in range(5)]
@@ -56,8 +77,8 @@ def test_pages_in_both_orders(tmp_path: Path):
         store.page(_record(99).id, 2, "asc")
 
 
-def test_recover_fails_active_jobs_and_drops_stray_files(tmp_path: Path):
-    store = JobStore(tmp_path)
+def test_recover_fails_active_jobs_and_drops_stray_files(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
     done, running, queued = _record(1), _record(2), _record(3)
     for job in (done, running, queued):
         store.add(job)
@@ -66,10 +87,12 @@ def test_recover_fails_active_jobs_and_drops_stray_files(tmp_path: Path):
     store.video_path(done.id).write_bytes(b"mp4")
     store.video_path(running.id).write_bytes(b"half")  # cannot happen with atomic writes, but must not leak
     (store.videos_dir / f".{running.id}.abc.mp4").write_bytes(b"temp")  # kill -9 during an encode
+    for path in store.videos_dir.iterdir():  # older than a shared store's grace for other servers' writes
+        os.utime(path, (path.stat().st_mtime - 7200,) * 2)
     store.close()
 
-    store = JobStore(tmp_path)
-    assert store.recover(3000, "server_restart", "restarted") == 2
+    store = store_at(tmp_path)
+    assert store.recover(3000, "server_restart", "restarted") == Recovered(failed=2, requeued=0)
     for job in (running, queued):
         record = store.get(job.id)
         assert record.status == "failed" and record.error_code == "server_restart" and record.completed_at == 3000
@@ -77,8 +100,8 @@ def test_recover_fails_active_jobs_and_drops_stray_files(tmp_path: Path):
     assert sorted(p.name for p in store.videos_dir.iterdir()) == [f"{done.id}.mp4"]
 
 
-def test_delete_removes_row_and_files(tmp_path: Path):
-    store = JobStore(tmp_path)
+def test_delete_removes_row_and_files(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
     job = _record(1)
     store.add(job)
     store.video_path(job.id).write_bytes(b"mp4")
@@ -110,7 +133,7 @@ def test_recover_without_a_database_moves_unknown_files_aside(tmp_path: Path, lo
         (tmp_path / "jobs.sqlite3").write_bytes(b"")  # SQLite reads a 0-byte file as an empty database
 
     store = JobStore(tmp_path)
-    assert store.recover(3000, "server_restart", "restarted") == 0
+    assert store.recover(3000, "server_restart", "restarted") == Recovered(0, 0)
     assert list(store.videos_dir.iterdir()) == []
     moved = {p.name: p.read_bytes() for p in store.orphans_dir.iterdir()}
     assert moved == {f"{done.id}.mp4": b"mp4", f"{done.id}.png": b"png", "notes.txt": b"the operator's"}
@@ -123,8 +146,9 @@ def test_a_corrupt_database_is_a_store_error_naming_the_file(tmp_path: Path, con
         JobStore(tmp_path)
 
 
-def test_delete_puts_files_back_when_the_row_cannot_go(tmp_path: Path, monkeypatch):
-    store = JobStore(tmp_path)
+def test_delete_puts_files_back_when_the_row_cannot_go(store_at, tmp_path: Path, monkeypatch):
+    store = store_at(tmp_path)
+    error = type(store).__module__.endswith("postgres_job_store") and STORE_ERRORS[-1] or sqlite3.OperationalError
     job = _record(1)
     store.add(job)
     store.video_path(job.id).write_bytes(b"mp4")
@@ -135,11 +159,81 @@ def test_delete_puts_files_back_when_the_row_cannot_go(tmp_path: Path, monkeypat
 
         def execute(self, sql, *args):
             if sql.startswith("DELETE"):
-                raise sqlite3.OperationalError("database or disk is full")
+                raise error("database or disk is full")
             return self.db.execute(sql, *args)
 
     monkeypatch.setattr(store, "_db", Full(store._db))
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(error):
         store.delete(job.id)
     assert store.get(job.id) is not None and store.video_path(job.id).read_bytes() == b"mp4"
     assert [p.name for p in store.videos_dir.iterdir()] == [f"{job.id}.mp4"]
+
+
+def test_requeue_puts_lost_jobs_back_once_each_and_fails_them_after_max_requeues(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    running, done = _record(1), _record(2)
+    store.add(running)
+    store.add(done)
+    store.set_status(running.id, "in_progress")
+    store.set_progress(running.id, 60)
+    store.finish(done.id, "completed", 2000)
+    store.close()  # the server dies
+
+    second = store_at(tmp_path)
+    assert second.recover(3000, "server_restart", "x", requeue=True, max_requeues=1) == Recovered(0, 1)
+    again = second.get(running.id)
+    assert again.status == "queued" and again.progress == 0 and second.get(done.id).status == "completed"
+    # Waiting to be claimed is not lost: a second recovery leaves it alone.
+    assert second.recover(3001, "server_restart", "x", requeue=True, max_requeues=1) == Recovered(0, 0)
+    assert [r.id for r in second.claim_requeued()] == [running.id]
+    assert second.claim_requeued() == []  # claimed once only
+    second.set_status(running.id, "in_progress")
+    second.close()  # it kills this server too
+
+    third = store_at(tmp_path)
+    assert third.recover(4000, "server_restart", "gave up", requeue=True, max_requeues=1) == Recovered(1, 0)
+    assert third.get(running.id).status == "failed" and third.get(running.id).error_message == "gave up"
+
+
+def test_the_default_is_to_fail_lost_jobs_even_requeued_ones(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    store.add(_record(1))
+    store.close()
+    second = store_at(tmp_path)
+    assert second.recover(3000, "c", "m", requeue=True, max_requeues=3) == Recovered(0, 1)
+    second.close()
+    third = store_at(tmp_path)
+    assert third.recover(3000, "c", "m") == Recovered(1, 0)  # nobody claimed it: fail mode fails it
+    assert third.get(_record(1).id).status == "failed"
+
+
+def test_postgres_recovery_spares_live_servers_jobs_and_ends_dead_ones(postgres, tmp_path: Path):
+    url = postgres.new_database()
+    alive, dying = open_job_store(url, tmp_path), open_job_store(url, tmp_path)
+    survivor = open_job_store(url, tmp_path)
+    try:
+        alive.add(_record(1))
+        dying.add(_record(2))
+        alive.set_status(_record(1).id, "in_progress")
+        dying.set_status(_record(2).id, "in_progress")
+        fresh = alive.videos_dir / f".{_record(1).id}.tmp.mp4"
+        fresh.write_bytes(b"being written by a live server")
+        assert survivor.recover(5000, "server_restart", "x") == Recovered(0, 0)
+        dying._db.close()  # the connection drops as when its process is killed: its lock goes with it
+        deadline = time.monotonic() + 10
+        while (done := survivor.recover(5000, "server_restart", "x")) == Recovered(0, 0):
+            assert time.monotonic() < deadline, "the dead store's lock was never released"
+            time.sleep(0.05)  # the server ends the closed session's backend asynchronously
+        assert done == Recovered(1, 0)
+        assert survivor.get(_record(2).id).status == "failed"
+        assert survivor.get(_record(1).id).status == "in_progress" and fresh.exists()
+    finally:
+        alive.close()
+        survivor.close()
+
+
+def test_an_unreachable_or_unknown_store_is_a_store_error(tmp_path: Path):
+    with pytest.raises(StoreError, match=r"postgresql://u:\*\*\*@127.0.0.1:9/x cannot be reached"):
+        open_job_store("postgresql://u:secret@127.0.0.1:9/x", tmp_path)
+    with pytest.raises(StoreError, match="mysql://h/x' is not a job store"):
+        open_job_store("mysql://h/x", tmp_path)
