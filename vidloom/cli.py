@@ -15,6 +15,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.deploy_args import add_deploy_arguments, deploy_config
 from vidloom.core.errors import VidloomError
 from vidloom.core.output import Event, ProgressEvent
+from vidloom.core.request import Task
 
 if TYPE_CHECKING:
     from vidloom.runtime.parallel.worker import RankPlace
@@ -31,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL}, random weights)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default=None)
-    gen.add_argument("--output", default="out.mp4", help="where to write the .mp4 (default: out.mp4)")
+    gen.add_argument("--output", default=None,
+                     help="where to write the .mp4 (video models) or .png (image models) (default: out.mp4 / out.png)")
+    gen.add_argument("--image", action="append", default=None, metavar="PATH",
+                     help="input image; repeat for several (Flux2 reference images for editing)")
     gen.add_argument("--steps", type=int, default=None, help="denoise steps (card default)")
     gen.add_argument("--seed", type=int, default=None, help="noise seed (random if unset; printed)")
     gen.add_argument("--height", type=int, default=None)
@@ -173,8 +177,9 @@ def _generate(args: argparse.Namespace) -> int:
                 args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
                 num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
                 flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
+                **({"image": args.image} if args.image else {}),
             )
-    path = video.save(Path(args.output))
+    path = video.save(Path(args.output or ("out.mp4" if Task.T2V in card.tasks else "out.png")))
     meta = video.metadata
     print(
         f"wrote {path.resolve()}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import EventCallback, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.image import load_images
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -105,18 +106,20 @@ class VideoGenerator:
         sampler: str | None = None,
         seed: int | None = None,
         step_cache_threshold: float | None = None,
+        image: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
-        """Generate a video; fields left None take the card's sampling defaults.
+        """Generate a video (or, on an image model, a one-frame output); None fields take the card's defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
+        image: one or more input images (PIL images, paths, HxWx3 arrays), e.g. Flux2 reference images.
         """
         request = GenerationRequest(
-            prompt=prompt, task=Task.T2V, negative_prompt=negative_prompt, height=height, width=width,
+            prompt=prompt, task=_default_task(self.card), negative_prompt=negative_prompt, height=height, width=width,
             num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-            step_cache_threshold=step_cache_threshold,
+            step_cache_threshold=step_cache_threshold, image=None if image is None else load_images(image),
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
@@ -128,6 +131,11 @@ class VideoGenerator:
     ) -> VideoOutput:
         """Run a prepared request (InvalidRequest before any work; Cancelled at a step boundary)."""
         return video_output(self.card, self.engine.run(request, on_event=on_event, cancel=cancel))
+
+
+def _default_task(card: ModelCard) -> Task:
+    """Text-to-video where the card serves it, else text-to-image (image models)."""
+    return Task.T2V if Task.T2V in card.tasks else Task.T2I
 
 
 def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:

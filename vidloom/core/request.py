@@ -8,7 +8,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 
@@ -51,6 +51,9 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
+    # Input images as RGB PIL images (vidloom.media.image.load_images makes them from paths/arrays):
+    # Flux2's reference images. Without height/width the first image's size (floored) is used.
+    image: tuple[Any, ...] | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -69,6 +72,8 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     }
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
+    if request.image:
+        filled.update(_size_from_image(request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     return resolved
@@ -114,6 +119,39 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
+    if r.image is not None:
+        _check_images(r.image, card)
+
+
+def _size_from_image(request: GenerationRequest, card: ModelCard) -> dict[str, int]:
+    """height/width the caller left out, from the first image floored to the size multiple."""
+    first = request.image[0] if isinstance(request.image, tuple) else None
+    size = getattr(first, "size", None)
+    if size is None:
+        return {}
+    multiple = card.geometry.spatial_multiple
+    out = {}
+    for name, value in (("width", size[0]), ("height", size[1])):
+        if getattr(request, name) is None:
+            out[name] = max(multiple, value // multiple * multiple)
+    return out
+
+
+def _check_images(images: object, card: ModelCard) -> None:
+    if not isinstance(images, tuple) or not images:
+        raise InvalidRequest("image", "must be one or more images")
+    if card.max_reference_images == 0:
+        raise InvalidRequest("image", f"{card.model_id} does not take input images")
+    if len(images) > card.max_reference_images:
+        raise LimitExceeded("image", f"{len(images)} images is more than the limit of {card.max_reference_images}",
+                            "max_reference_images")
+    for i, img in enumerate(images):
+        size = getattr(img, "size", None)
+        if getattr(img, "mode", None) != "RGB" or not isinstance(size, tuple):
+            raise InvalidRequest("image", f"image {i} must be an RGB PIL image, got {type(img).__name__}")
+        if min(size) < card.min_image_side:
+            raise InvalidRequest("image", f"image {i} is {size[0]}x{size[1]}; both sides must be at least "
+                                          f"{card.min_image_side} px")
 
 
 def _check_text(name: str, value: object, max_chars: int) -> None:
