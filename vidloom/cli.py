@@ -105,6 +105,8 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-prompt-chars", type=int, default=None, help="prompt length (default: from the text encoder)")
     lim.add_argument("--max-request-memory-gb", type=float, default=None,
                      help="estimated peak memory per request (default: 90%% of free memory / slots)")
+    lim.add_argument("--max-body-mb", type=float, default=1.0,
+                     help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
     lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
     lim.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default: 256)")
@@ -143,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_prompt_chars=args.max_prompt_chars,
             max_request_memory_bytes=None if args.max_request_memory_gb is None else int(args.max_request_memory_gb * 2**30),
             header_timeout_s=args.header_timeout, keep_alive_timeout_s=args.keep_alive_timeout,
-            max_connections=args.max_connections,
+            max_connections=args.max_connections, max_body_bytes=max(1, int(args.max_body_mb * 2**20)),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -154,6 +154,27 @@ class JobManager:
             self._images.discard(request.request_id)
             self.metrics.finished("image", status, time.perf_counter() - started)
 
+    async def generate_images(self, requests: tuple[GenerationRequest, ...]) -> list[VideoOutput]:
+        """Run an images call's `n` requests side by side (a batching policy may share their steps).
+
+        All are validated before any is queued; if one fails, is refused (queue full) or the client
+        leaves, the others are cancelled and the first error is raised.
+        """
+        for request in requests:
+            self.limits.check(resolve_request(request, self.card), self._estimator)
+        tasks: list[asyncio.Task[VideoOutput]] = []
+        try:
+            for request in requests:
+                tasks.append(asyncio.ensure_future(self.generate_image(request)))
+                await asyncio.sleep(0)  # submit now, in order, so a full queue refuses the later ones
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
     def get(self, job_id: str) -> JobRecord | None:
         live = self._live.get(job_id)
         if live is not None:
