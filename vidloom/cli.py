@@ -62,7 +62,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
     srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
-    srv.add_argument("--policy", default="fifo", help="fifo | interleave (default: fifo)")
+    srv.add_argument("--policy", default="fifo",
+                     help="fifo | interleave | batch (compatible steps of resident requests share a forward) (default: fifo)")
+    srv.add_argument("--max-batch", type=int, default=None, help="batch policy: requests per forward (default: --slots)")
+    srv.add_argument("--batch-wait-ms", type=float, default=0.0,
+                     help="batch policy: wait up to this long for more requests before a step with room (default: 0)")
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
@@ -139,7 +143,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = ServeConfig(
             model=args.model, host=args.host, port=args.port, slots=args.slots, queue_size=args.queue_size,
-            policy=args.policy, data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
+            policy=args.policy, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000.0,
+            data_dir=Path(args.data_dir), device=args.device, dtype=args.dtype,
             deploy=deploy_config(args, place.world_size if place else None), **_serve_security_settings(args),
             max_pixels=args.max_pixels, max_frames=args.max_frames, max_steps=args.max_steps,
             max_prompt_chars=args.max_prompt_chars,

@@ -17,13 +17,17 @@ SMALL = {"size": "32x48", "num_inference_steps": 1, "seed": 3}
 
 
 @pytest.fixture(scope="module")
-def klein_server(flux2_distilled_dir, tmp_path_factory):
+def klein_engine(flux2_distilled_dir):
     from vidloom.generator import VideoGenerator
 
-    engine = VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu").engine
+    return VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu").engine
+
+
+@pytest.fixture(scope="module")
+def klein_server(klein_engine, tmp_path_factory):
     config = ServeConfig(data_dir=tmp_path_factory.mktemp("images-data"), queue_size=16, graceful_shutdown_s=2,
                          max_body_bytes=4 << 20)
-    with ThreadServer(engine, config) as running:
+    with ThreadServer(klein_engine, config) as running:
         yield running
 
 
@@ -113,3 +117,17 @@ def test_edit_without_image_or_with_mask_is_refused(client):
 def test_image_files_refuse_unknown_names(client):
     assert client.get("/v1/images/files/../../jobs.sqlite3").status_code == 404
     assert client.get("/v1/images/files/img_" + "0" * 32 + ".png").status_code == 404
+
+
+def test_batch_policy_shares_the_steps_of_one_call(klein_engine, client, tmp_path):
+    body = {"prompt": "a lighthouse", "n": 4, **SMALL, "num_inference_steps": 2}
+    fifo = [base64.b64decode(d["b64_json"]) for d in client.post("/v1/images/generations", json=body).json()["data"]]
+    config = ServeConfig(data_dir=tmp_path / "data", slots=4, policy="batch", graceful_shutdown_s=2)
+    with ThreadServer(klein_engine, config) as batched:
+        response = httpx.post(f"{batched.url}/v1/images/generations", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        stats = batched.app.state.jobs._engine.batch_stats
+    assert stats["largest_batch"] == 4
+    got = [base64.b64decode(d["b64_json"]) for d in response.json()["data"]]
+    for a, b in zip(fifo, got):
+        assert np.abs(_decode(a).astype(int) - _decode(b).astype(int)).max() <= 1  # see test_batching

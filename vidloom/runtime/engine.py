@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Generator, Mapping
 
 import torch
 
@@ -72,6 +72,7 @@ class RequestRun:
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request)
         self._units = self._run_units()
+        self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
@@ -84,15 +85,59 @@ class RequestRun:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
         if self._outputs is not None:
             return True
+        if self._plan is None and not self.prepare():
+            return self._outputs is not None  # a component node ran (or the program ended)
+        plan = self._plan
+        assert plan is not None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance():
+                result = self.execute(plan)
+        finally:
+            self._elapsed += time.perf_counter() - started
+        self.complete(result)
+        return self._outputs is not None
+
+    # -- the step split in three, for a driver that batches plans of several runs ----
+
+    @property
+    def pending_plan(self) -> StepPlan | None:
+        """The loop step planned and waiting to be executed (None between units)."""
+        return self._plan
+
+    @property
+    def intercepted(self) -> bool:
+        """Steps go through a per-request interceptor (step cache): they must run alone."""
+        return self._interceptor is not None or self._graphs is not None
+
+    def prepare(self) -> bool:
+        """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a
+        component node ran instead (a whole unit) or the program ended."""
+        if self._outputs is not None or self._plan is not None:
+            return self._plan is not None
         started = self._mark = time.perf_counter()
         try:
             with torch.inference_mode(), self._compile_stance():
-                next(self._units)
+                self._plan = next(self._units)
+        except StopIteration:
+            self._plan = None
+        finally:
+            self._elapsed += time.perf_counter() - started
+        return self._plan is not None
+
+    def complete(self, result: Any, seconds: float = 0.0) -> None:
+        """Fold the executed pending plan's `result` into the loop (progress, cancel check); `seconds`
+        is compute time spent on it elsewhere (a batched forward's share)."""
+        assert self._plan is not None, "no pending plan"
+        self._plan = None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance():
+                self._units.send(result)
         except StopIteration:
             pass
         finally:
-            self._elapsed += time.perf_counter() - started
-        return self._outputs is not None
+            self._elapsed += time.perf_counter() - started + seconds
 
     def outputs(self) -> dict[str, Any]:
         """The program's output slots plus the resolved request and compute time."""
@@ -144,7 +189,7 @@ class RequestRun:
 
     # -- the program as a sequence of units -----------------------------------------
 
-    def _run_units(self) -> Iterator[None]:
+    def _run_units(self) -> Generator[StepPlan | None, Any, None]:
         for node in self.program.active_nodes(self.request):
             self.check_cancelled()
             reads = {name: self._slots[name] for name in node.reads}
@@ -154,19 +199,22 @@ class RequestRun:
             self._slots.update(written)
         self._outputs = {name: self._slots[name] for name in self.program.outputs}
 
-    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Iterator[None]:
+    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Generator[StepPlan | None, Any, Mapping[str, Any]]:
+        # Pauses: `yield None` after a component node (a unit), `yield plan` for a loop step, which
+        # resumes with the step's result (run by `step`, or by a batching driver with other runs').
         if node.loop is None:
             assert node.run is not None
             written = node.run(reads, self)
-            yield
+            yield None
             return written
         loop = node.loop
         state = loop.init(reads)
         while not isinstance(plan := loop.next(state), Done):
             self.check_cancelled()
-            state = loop.advance(state, self.execute(plan))
+            result = yield plan
+            state = loop.advance(state, result)
             self.progress(plan.loop, plan.index + 1, plan.total)
-            yield
+            yield None
         return loop.finalize(state)
 
 

@@ -21,7 +21,9 @@ class ServeConfig:
     port: int = 8000  # 0 picks a free port (printed at startup)
     slots: int = 1  # requests resident on the device at once
     queue_size: int = 16  # requests that may wait for a slot; more get 429
-    policy: str = "fifo"  # fifo | interleave (step-level round robin between slots)
+    policy: str = "fifo"  # fifo | interleave (step-level round robin between slots) | batch (shared forwards)
+    max_batch: int | None = None  # batch policy: request-steps per forward (default: slots)
+    batch_wait_s: float = 0.0  # batch policy: wait this long for more requests before a step with room
     data_dir: Path = Path("vidloom-data")  # SQLite job table and result files
     device: str | None = None  # cuda | cpu; None = cuda when available
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
@@ -65,6 +67,10 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.max_batch is not None and not 1 <= self.max_batch <= self.slots:
+            raise ValueError(f"max_batch: must be between 1 and slots ({self.slots}), got {self.max_batch}")
+        if not 0.0 <= self.batch_wait_s < 60.0:
+            raise ValueError(f"batch_wait_s: must be in [0, 60) seconds, got {self.batch_wait_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in 0..65535, got {self.port}")
         for name in ("cancel_wait_s", "keepalive_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",

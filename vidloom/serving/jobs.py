@@ -89,7 +89,8 @@ class JobManager:
         self._config = config
         self._loop = loop
         self.store = store if store is not None else open_store(config)
-        self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
+        self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size,
+                                   max_batch=config.max_batch, batch_wait_s=config.batch_wait_s)
         # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
         # no device to measure, so it gets the card's other limits only.
         self._estimator = getattr(engine, "estimator", None)

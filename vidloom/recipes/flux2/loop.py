@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -23,13 +24,8 @@ class Flux2Tokens:
     img_ids: Tensor  # [N + R, 4] (t, h, w, l): target tokens, then reference tokens
     txt_ids: Tensor  # [L, 4]
     num_target: int  # N
-    references: Tensor | None  # [1, R, C] packed reference latents, or None
-
-    @property
-    def layout_key(self) -> tuple[Any, ...]:
-        """Equal keys: the same ids, so steps of such requests may share one forward (if refs are equal too)."""
-        return (tuple(self.img_ids.shape), tuple(self.txt_ids.shape), self.num_target,
-                None if self.references is None else id(self.references))
+    references: Tensor | None  # [B, R, C] packed reference latents (B = 1, or stacked requests), or None
+    layout: tuple[Any, ...]  # (h, w, text length, reference grids): equal layouts have equal ids
 
 
 class Flux2Network:
@@ -43,9 +39,23 @@ class Flux2Network:
         self.transformer = transformer
         self.tokens = tokens
 
+    def batch_key(self) -> tuple[Any, ...]:
+        """Networks with equal keys stack (runtime.batching): same transformer, same position ids."""
+        return (id(self.transformer), self.tokens.layout)
+
+    @staticmethod
+    def stack(views: list[Flux2Network]) -> Flux2Network:
+        """One network for requests stacked along the batch (equal batch keys): references stacked too."""
+        first = views[0].tokens
+        refs = None if first.references is None else torch.cat([v.tokens.references for v in views], dim=0)
+        return Flux2Network(views[0].transformer, dataclasses.replace(first, references=refs))
+
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
         refs = self.tokens.references
-        x = latents if refs is None else torch.cat([latents, refs.to(latents.dtype).expand(latents.shape[0], -1, -1)], 1)
+        if refs is not None:
+            # A stacked network's B references serve B latents; CFG passes may repeat that batch.
+            refs = refs.to(latents.dtype).repeat(latents.shape[0] // refs.shape[0], 1, 1)
+        x = latents if refs is None else torch.cat([latents, refs], dim=1)
         out = self.transformer(x, text, timestep, self.tokens.img_ids, self.tokens.txt_ids)
         return out[:, : self.tokens.num_target]
 

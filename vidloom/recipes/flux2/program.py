@@ -108,8 +108,9 @@ def token_layout(h: int, w: int, text_len: int, references: list[Tensor], device
     ]
     txt = torch.cartesian_prod(zero, zero, zero, torch.arange(text_len))
     packed = torch.cat([r.flatten(2).transpose(1, 2) for r in references], dim=1) if references else None
+    layout = (h, w, text_len, tuple(tuple(r.shape[2:]) for r in references))
     return Flux2Tokens(img_ids=torch.cat([target, *refs]).to(device), txt_ids=txt.to(device),
-                       num_target=h * w, references=packed)
+                       num_target=h * w, references=packed, layout=layout)
 
 
 def reference_pixels(img: Image.Image, multiple: int) -> Tensor:
