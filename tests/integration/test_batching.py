@@ -127,3 +127,18 @@ def test_batched_step_equals_single_steps_with_per_sample_guidance(klein_base):
     finally:
         for run in runs:
             run.close()
+
+
+def test_a_failing_shared_forward_falls_back_to_single_steps(klein, monkeypatch):
+    import vidloom.runtime.async_engine as async_engine_module
+
+    def broken(plans):
+        raise RuntimeError("simulated kernel failure on the stacked batch")
+
+    monkeypatch.setattr(async_engine_module, "run_batched", broken)
+    requests = _flux_requests()[:2]
+    expected = _alone(klein, requests)
+    got, stats = _batched(klein, requests)
+    assert stats["largest_batch"] == 1  # every step ran alone after the shared forward failed
+    for e, g in zip(expected, got):
+        assert np.array_equal(e, g)  # alone is exactly the unbatched path

@@ -69,3 +69,11 @@ def test_cli_generates_png_with_reference_images(flux2_distilled_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert Image.open(out).size == (64, 64)
     assert f"wrote {out.resolve()}" in proc.stdout
+
+
+def test_wan_only_deploy_options_fail_at_load_naming_them(flux2_distilled_dir):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import DeployError
+
+    with pytest.raises(DeployError, match="step_cache"):
+        VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", deploy=DeployConfig(step_cache="fbcache"))

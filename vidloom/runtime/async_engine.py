@@ -251,22 +251,21 @@ class AsyncEngine:
         return True
 
     def _run_group(self, group: list[_Entry]) -> None:
+        if len(group) == 1:
+            # Alone: through the run's own execute (its step cache, CUDA graphs, plan observer).
+            self._batches.add(1)
+            self._step(group[0])
+            return
         plans = [e.run.pending_plan for e in group]
         started = time.perf_counter()
         try:
             with torch.inference_mode():
                 results = run_batched(plans)  # type: ignore[arg-type]
         except Exception:
-            if len(group) == 1:
-                results = None
-            else:
-                # Failure isolation: rerun each alone, so only a request whose own step fails fails.
-                log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
-                for entry in group:
-                    self._step(entry)
-                return
-        if results is None:
-            self._step(group[0])  # reports the error through the usual path
+            # Failure isolation: rerun each alone, so only a request whose own step fails fails.
+            log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
+            for entry in group:
+                self._run_group([entry])
             return
         self._batches.add(len(group))
         share = (time.perf_counter() - started) / len(group)

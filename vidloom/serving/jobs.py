@@ -401,6 +401,7 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
     """
     params = dataclasses.asdict(request)
     params.pop("request_id")
+    params.pop("image", None)  # input images are not stored with a job (video jobs take none)
     params.pop("prompt")
     params["task"] = request.task.value
     return params
