@@ -82,6 +82,10 @@ def test_openai_client_edits_with_one_and_two_images(oc):
                          prompt="make it purple", n=2, size="48x32",
                          extra_body={"num_inference_steps": 1, "seed": 2})
     assert [_decode(base64.b64decode(d.b64_json)).shape for d in two.data] == [(32, 48, 3)] * 2
+    first_only = oc.images.edit(image=[("a.png", _png_bytes(), "image/png")], prompt="make it purple", size="48x32",
+                                extra_body={"num_inference_steps": 1, "seed": 2})
+    # The list arrives as image[] parts: both images condition the result, not just the first.
+    assert first_only.data[0].b64_json != two.data[0].b64_json
 
 
 @pytest.mark.parametrize("field, value", [("n", 0), ("n", 11), ("response_format", "svg"),

@@ -41,8 +41,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         request: GenerationRequest = slots["request"]
         if not uses_cfg(request):
             return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
-        # The Klein pipeline's negative prompt is always "" (it takes no negative_prompt argument).
-        both = text.encode([request.prompt, ""])
+        # The Klein pipeline's negative prompt is always "" (the card's default); ours may be set.
+        both = text.encode([request.prompt, request.negative_prompt or ""])
         return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
 
     def encode_images(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
