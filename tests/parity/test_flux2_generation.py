@@ -84,3 +84,15 @@ def test_conditioning_moves_the_image(pair):
     plain = _ours(gen, **kw)
     assert np.abs(plain - _ours(gen, **kw, prompt="a bowl of fruit")).max() > SENSITIVITY
     assert np.abs(plain - _ours(gen, **kw, image=[_pattern(64, 64, 9)])).max() > SENSITIVITY
+
+
+def test_negative_prompt_drives_cfg_on_the_base_model(pair):
+    pipe, gen = pair
+    if pipe.config.is_distilled:
+        pytest.skip("step-distilled Klein runs no CFG, so no negative branch")
+    kw = dict(height=32, width=48, steps=2, guidance=4.0, seed=1)
+    plain = _ours(gen, **kw)  # negative "" (the card default): what the pipeline computes
+    assert np.abs(plain - _reference(pipe, **kw)).max() < IMAGE_TOLERANCE
+    request = GenerationRequest(prompt=PROMPT, task=Task.T2I, negative_prompt="a bowl of fruit", height=32,
+                                width=48, num_inference_steps=2, guidance_scale=4.0, seed=1)
+    assert np.abs(gen.engine.run(request)["video"][0] - plain).max() > SENSITIVITY
