@@ -77,3 +77,11 @@ def test_wan_only_deploy_options_fail_at_load_naming_them(flux2_distilled_dir):
 
     with pytest.raises(DeployError, match="step_cache"):
         VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", deploy=DeployConfig(step_cache="fbcache"))
+
+
+def test_warmup_shapes_warm_an_image_model_with_text_to_image(flux2_distilled_dir):
+    from vidloom.core.deploy import DeployConfig
+
+    gen = VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu",
+                                         deploy=DeployConfig(warmup_shapes=((32, 48, 1),)))
+    assert gen.generate("x", height=32, width=48, num_inference_steps=1).frames.shape == (1, 32, 48, 3)

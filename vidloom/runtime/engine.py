@@ -15,7 +15,7 @@ from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import EventCallback, ProgressEvent
 from vidloom.core.program import Node, Program
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
@@ -235,11 +235,13 @@ class EngineDriver:
         Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use;
         `warmup_guidances` adds guidance values that change the DiT's batch (batched CFG off).
         """
+        tasks = self.instance.card.tasks  # type: ignore[attr-defined]  # every engine holds its instance
+        task = Task.T2V if Task.T2V in tasks else Task.T2I  # image models warm up text-to-image
         for height, width, num_frames in shapes:
             for guidance in self.warmup_guidances():
                 self.run(GenerationRequest(
-                    prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps,
-                    seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
+                    prompt="warmup", task=task, height=height, width=width, num_frames=num_frames,
+                    num_inference_steps=steps, seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
                 ))
 
     def warmup_guidances(self) -> tuple[float | None, ...]:
