@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.flux2_checkpoints import CONFIGS as FLUX2_CONFIGS, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.wan_checkpoints import CONFIGS, TinyWan, write_tiny_wan
 
 
@@ -48,3 +49,15 @@ def postgres():
     server = PostgresServer(bin_dir)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", params=FLUX2_CONFIGS, ids=lambda spec: spec.name)
+def tiny_flux2_dir(request, tmp_path_factory) -> Path:
+    """A diffusers-written Flux2KleinPipeline folder for each tiny config (distilled, base)."""
+    return write_tiny_flux2(tmp_path_factory.mktemp(request.param.name), request.param)
+
+
+@pytest.fixture(scope="session")
+def flux2_distilled_dir(tmp_path_factory) -> Path:
+    """The step-distilled tiny Flux2 Klein folder alone (server and batching tests)."""
+    return write_tiny_flux2(tmp_path_factory.mktemp("klein-distilled-only"), TINY_DISTILLED)

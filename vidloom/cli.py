@@ -14,6 +14,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.deploy_args import add_deploy_arguments, deploy_config
 from vidloom.core.errors import VidloomError
 from vidloom.core.output import Event, ProgressEvent
+from vidloom.core.request import Task
 
 if TYPE_CHECKING:
     from vidloom.runtime.parallel.worker import RankPlace
@@ -30,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL}, random weights)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default=None)
-    gen.add_argument("--output", default="out.mp4", help="where to write the .mp4 (default: out.mp4)")
+    gen.add_argument("--output", default=None,
+                     help="where to write the .mp4 (video models) or .png (image models) (default: out.mp4 / out.png)")
+    gen.add_argument("--image", action="append", default=None, metavar="PATH",
+                     help="input image; repeat for several (Flux2 reference images for editing)")
     gen.add_argument("--steps", type=int, default=None, help="denoise steps (card default)")
     gen.add_argument("--seed", type=int, default=None, help="noise seed (random if unset; printed)")
     gen.add_argument("--height", type=int, default=None)
@@ -63,7 +67,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
     srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
-    srv.add_argument("--policy", default="fifo", help="fifo | interleave (default: fifo)")
+    srv.add_argument("--policy", default="fifo",
+                     help="fifo | interleave | batch (compatible steps of resident requests share a forward) (default: fifo)")
+    srv.add_argument("--max-batch", type=int, default=None, help="batch policy: requests per forward (default: --slots)")
+    srv.add_argument("--batch-wait-ms", type=float, default=0.0,
+                     help="batch policy: wait up to this long for more requests before a step with room (default: 0)")
     srv.add_argument("--data-dir", default="vidloom-data", help="job database and videos (default: ./vidloom-data)")
     srv.add_argument("--store", default=None, metavar="URL",
                      help="job table: sqlite (default, in --data-dir) or postgresql://USER@HOST/DB (shared)")
@@ -101,6 +109,8 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-prompt-chars", type=int, default=None, help="prompt length (default: from the text encoder)")
     lim.add_argument("--max-request-memory-gb", type=float, default=None,
                      help="estimated peak memory per request (default: 90%% of free memory / slots)")
+    lim.add_argument("--max-body-mb", type=float, default=1.0,
+                     help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
     lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
     lim.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default: 256)")
@@ -172,8 +182,9 @@ def _generate(args: argparse.Namespace) -> int:
                 args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
                 num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
                 flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
+                **({"image": args.image} if args.image else {}),
             )
-    path = video.save(Path(args.output))
+    path = video.save(Path(args.output or ("out.mp4" if Task.T2V in card.tasks else "out.png")))
     meta = video.metadata
     print(
         f"wrote {path.resolve()}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps, "

@@ -14,7 +14,8 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.media.conditioning import load_image, load_video
+from vidloom.media.conditioning import fit_image, load_video
+from vidloom.media.image import load_images
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -112,16 +113,17 @@ class VideoGenerator:
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
-        """Generate a video; fields left None take the card's sampling defaults.
+        """Generate a video (or, on an image model, a one-frame output); None fields take the card's defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
-        image (a PIL image, an [H, W, 3] array or a path) makes it image-to-video from that first
-        frame; video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
+        image: one or more input images (PIL images, paths, [H, W, 3] arrays). On a model that
+        serves image-to-video it is the first frame; on an image model (Flux2) the reference images.
+        video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
         continuation of that clip. The output takes their size unless height/width are given
         (then they are resized).
         """
         request = build_request(
-            prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames, fps=fps,
+            self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames, fps=fps,
             num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, video=video,
         )
@@ -151,7 +153,7 @@ class VideoGenerator:
         chunk while it runs; a model that produces the video at once yields it as one chunk.
         Stopping the iteration early releases everything the request held.
         """
-        request = build_request(prompt, **fields)
+        request = build_request(self.card, prompt, **fields)
         ready: list[ChunkEvent] = []
 
         def collect(event: Event) -> None:
@@ -178,6 +180,7 @@ class VideoGenerator:
 
 
 def build_request(
+    card: ModelCard,
     prompt: str,
     *,
     negative_prompt: str | None = None,
@@ -194,28 +197,38 @@ def build_request(
     image: Any = None,
     video: Any = None,
 ) -> GenerationRequest:
-    """The request `generate` runs: image/video (if any) read, resized and turned into the task."""
-    task = Task.T2V
-    if image is not None and video is not None:
+    """The request `generate` runs: inputs read (and an I2V frame or V2V clip resized), the task chosen.
+
+    An image makes it image-to-video where the card serves that; elsewhere images are reference
+    images for the card's default task (refused by validation when the card takes none).
+    """
+    task = _default_task(card)
+    images = None if image is None else load_images(image)
+    if images is not None and video is not None:
         raise InvalidRequest("video", "give either image (i2v) or video (v2v), not both")
-    if image is not None:
+    if images is not None and Task.I2V in card.tasks:
         task = Task.I2V
-        image = load_image(image)
-        size = (width or image.shape[1], height or image.shape[0])
-        image = load_image(image, size)  # a no-op unless height/width ask for another size
+        first = images[0]
+        size = (width or first.width, height or first.height)
+        images = (fit_image(first, size),)  # a no-op unless height/width ask for another size
         width, height = size
     if video is not None:
         task = Task.V2V
-        video = load_video(video)
-        size = (width or video.shape[2], height or video.shape[1])
-        video = load_video(video, size)
+        clip = load_video(video)
+        size = (width or clip.shape[2], height or clip.shape[1])
+        video = load_video(clip, size)
         width, height = size
     return GenerationRequest(
         prompt=prompt, task=task, negative_prompt=negative_prompt, height=height, width=width,
         num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
         guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-        step_cache_threshold=step_cache_threshold, image=image, video=video,
+        step_cache_threshold=step_cache_threshold, image=images, video=video,
     )
+
+
+def _default_task(card: ModelCard) -> Task:
+    """Text-to-video where the card serves it, else text-to-image (image models)."""
+    return Task.T2V if Task.T2V in card.tasks else Task.T2I
 
 
 def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:

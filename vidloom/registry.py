@@ -26,11 +26,13 @@ CARDS: dict[str, str] = {
 PIPELINES: dict[str, str] = {
     "WanPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
     "AnyFlowFARPipeline": "vidloom.recipes.wan_causal.cards:card_from_checkpoint",
+    "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
     "anyflow-far": "vidloom.recipes.wan_causal.load:load_instance",
+    "flux2": "vidloom.recipes.flux2.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {

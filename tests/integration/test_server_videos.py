@@ -141,7 +141,7 @@ def test_images_endpoint_returns_a_png(server, client: httpx.Client):
     assert isinstance(result["created"], int) and len(result["data"]) == 1
     assert _png(base64.b64decode(result["data"][0]["b64_json"])).shape == (32, 48, 3)
 
-    for field, value in (("n", 2), ("response_format", "url"), ("size", "50x32")):
+    for field, value in (("n", 11), ("response_format", "svg"), ("size", "50x32")):
         bad = client.post("/v1/images/generations", json={**body, field: value})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == field
 

@@ -83,6 +83,8 @@ class ModelCard:
     max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
     # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
     memory_estimator: str | None = None
+    max_reference_images: int = 0  # reference images a request may pass as `image` (0: none; I2V takes one frame)
+    min_image_side: int = 0  # smallest width and height of an input image, in pixels
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

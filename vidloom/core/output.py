@@ -27,12 +27,18 @@ class VideoOutput:
         return int(self.frames.shape[0])
 
     def save(self, path: str | Path) -> Path:
-        """Write an .mp4 (H.264), or a .png when the output is a single frame."""
+        """Write an .mp4 (H.264), or the first frame as .png / .jpg / .webp (image models' one frame)."""
         from vidloom.media.video import write_png, write_video
 
         path = Path(path)
-        if path.suffix.lower() == ".png":
+        suffix = path.suffix.lower()
+        if suffix == ".png":
             return write_png(self.frames[0], path)
+        if suffix in (".jpg", ".jpeg", ".webp"):
+            from vidloom.media.image import encode_image
+
+            path.write_bytes(encode_image(self.frames[0], "webp" if suffix == ".webp" else "jpeg"))
+            return path
         return write_video(self.frames, self.fps, path)
 
 

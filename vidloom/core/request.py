@@ -8,7 +8,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,8 +53,10 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
-    image: np.ndarray | None = field(default=None, compare=False, repr=False)
-    """I2V conditioning frame: uint8 [height, width, 3] RGB (VideoGenerator converts PIL images and paths)."""
+    image: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+    """Input images, RGB PIL images (VideoGenerator reads paths and arrays): I2V's first frame (one, at
+    the video's size) or an image model's reference images. Without height/width an edit takes the first
+    image's size (floored to the size multiple)."""
     video: np.ndarray | None = field(default=None, compare=False, repr=False)
     """V2V context to continue: uint8 [frames, height, width, 3] RGB, frames = temporal_factor * k + 1."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -75,6 +77,8 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     }
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
+    if request.image:
+        filled.update(_size_from_image(request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     return resolved
@@ -113,7 +117,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             "num_frames",
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
-    _check_conditioning(r, task, card.geometry.temporal_factor)
+    _check_conditioning(r, task, card)
     _check_float("guidance_scale", r.guidance_scale, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
     _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
     if r.step_cache_threshold is not None:
@@ -123,27 +127,63 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
 
 
-def _check_conditioning(r: GenerationRequest, task: Task, temporal_factor: int) -> None:
-    """image belongs to i2v and video to v2v, each required there and refused elsewhere."""
-    for name, owner, ndim, layout in (("image", Task.I2V, 3, "[height, width, 3]"),
-                                      ("video", Task.V2V, 4, "[frames, height, width, 3]")):
-        value = getattr(r, name)
-        if value is None:
-            if task == owner:
-                raise InvalidRequest(name, f"task {owner.value} needs a conditioning {name}")
-            continue
-        if task != owner:
-            raise InvalidRequest(name, f"a {name} is only read by task {owner.value}, not {task.value}")
-        if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != ndim or value.shape[-1] != 3:
-            got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
-            raise InvalidRequest(name, f"must be a uint8 RGB array {layout}, got {got}")
-        height, width = value.shape[-3:-1]
+def _size_from_image(request: GenerationRequest, card: ModelCard) -> dict[str, int]:
+    """height/width the caller left out, from the first image floored to the size multiple."""
+    first = request.image[0] if isinstance(request.image, tuple) else None
+    size = getattr(first, "size", None)
+    if not isinstance(size, tuple):  # not a PIL image: validation names the problem
+        return {}
+    multiple = card.geometry.spatial_multiple
+    out = {}
+    for name, value in (("width", size[0]), ("height", size[1])):
+        if getattr(request, name) is None:
+            out[name] = max(multiple, value // multiple * multiple)
+    return out
+
+
+def _check_images(images: object, card: ModelCard, limit: int, limit_name: str) -> None:
+    if not isinstance(images, tuple) or not images:
+        raise InvalidRequest("image", "must be one or more images")
+    if len(images) > limit:
+        raise LimitExceeded("image", f"{len(images)} images is more than the limit of {limit}", limit_name)
+    for i, img in enumerate(images):
+        size = getattr(img, "size", None)
+        if getattr(img, "mode", None) != "RGB" or not isinstance(size, tuple):
+            raise InvalidRequest("image", f"image {i} must be an RGB PIL image, got {type(img).__name__}")
+        if min(size) < card.min_image_side:
+            raise InvalidRequest("image", f"image {i} is {size[0]}x{size[1]}; both sides must be at least "
+                                          f"{card.min_image_side} px")
+
+
+def _check_conditioning(r: GenerationRequest, task: Task, card: ModelCard) -> None:
+    """I2V needs one image at the video's size and V2V a clip; elsewhere images are the card's reference images."""
+    if task == Task.I2V:
+        if r.image is None:
+            raise InvalidRequest("image", "task i2v needs a conditioning image")
+        _check_images(r.image, card, 1, "one first frame")
+        width, height = r.image[0].size
         if (height, width) != (r.height, r.width):
-            raise InvalidRequest(name, f"is {width}x{height} (WxH) but the video is {r.width}x{r.height}; resize it")
-    if r.video is not None and (r.video.shape[0] - 1) % temporal_factor:
-        raise InvalidRequest(
-            "video", f"has {r.video.shape[0]} frames; the VAE needs {temporal_factor}k+1 (e.g. 1, {temporal_factor + 1})"
-        )
+            raise InvalidRequest("image", f"is {width}x{height} (WxH) but the video is {r.width}x{r.height}; resize it")
+    elif r.image is not None:
+        if card.max_reference_images == 0:
+            raise InvalidRequest("image", f"{card.model_id} does not take input images for task {task.value}")
+        _check_images(r.image, card, card.max_reference_images, "max_reference_images")
+    if r.video is None:
+        if task == Task.V2V:
+            raise InvalidRequest("video", "task v2v needs a conditioning video")
+        return
+    if task != Task.V2V:
+        raise InvalidRequest("video", f"a video is only read by task v2v, not {task.value}")
+    value = r.video
+    if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 4 or value.shape[-1] != 3:
+        got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise InvalidRequest("video", f"must be a uint8 RGB array [frames, height, width, 3], got {got}")
+    if value.shape[1:3] != (r.height, r.width):
+        raise InvalidRequest("video", f"is {value.shape[2]}x{value.shape[1]} (WxH) but the video is "
+                                      f"{r.width}x{r.height}; resize it")
+    step = card.geometry.temporal_factor
+    if (value.shape[0] - 1) % step:
+        raise InvalidRequest("video", f"has {value.shape[0]} frames; the VAE needs {step}k+1 (e.g. 1, {step + 1})")
 
 
 def _check_text(name: str, value: object, max_chars: int) -> None:

@@ -1,4 +1,4 @@
-"""Read conditioning inputs (an I2V image, a V2V context video) into the uint8 RGB arrays requests carry."""
+"""Conditioning inputs: an I2V frame fitted to the video size, a V2V context clip as a uint8 RGB array."""
 
 from __future__ import annotations
 
@@ -10,41 +10,22 @@ import numpy as np
 from vidloom.core.errors import InvalidRequest
 
 
-def load_image(image: Any, size: tuple[int, int] | None = None) -> np.ndarray:
-    """uint8 [H, W, 3] RGB from a PIL image, a path, or an array ([H, W, 3] uint8, or float in [0, 1]).
-
-    `size` (width, height) resizes with Lanczos (diffusers' default for PIL inputs) when it differs.
-    Bad input raises InvalidRequest("image").
-    """
+def fit_image(image: Any, size: tuple[int, int]) -> Any:
+    """`image` (an RGB PIL image) at `size` (width, height), resized with Lanczos (diffusers' default
+    for PIL inputs) when it differs."""
     from PIL import Image
 
-    if isinstance(image, (str, Path)):
-        try:
-            with Image.open(image) as opened:
-                image = opened.convert("RGB")
-        except (OSError, ValueError) as exc:
-            raise InvalidRequest("image", f"cannot read {str(image)!r}: {exc}") from None
-    if isinstance(image, Image.Image):
-        pil = image.convert("RGB")
-    elif isinstance(image, np.ndarray):
-        pil = Image.fromarray(_as_uint8(image))
-    else:
-        raise InvalidRequest("image", f"must be a PIL image, an array or a path, got {type(image).__name__}")
-    if size is not None and pil.size != size:
-        pil = pil.resize(size, Image.Resampling.LANCZOS)
+    return image if image.size == size else image.resize(size, Image.Resampling.LANCZOS)
+
+
+def load_frame(frame: Any, size: tuple[int, int] | None = None, field: str = "image") -> np.ndarray:
+    """uint8 [H, W, 3] RGB from what media.image.load_image takes, resized to `size` if given."""
+    from vidloom.media.image import load_image
+
+    pil = load_image(frame, field)
+    if size is not None:
+        pil = fit_image(pil, size)
     return np.asarray(pil, dtype=np.uint8).copy()
-
-
-def _as_uint8(array: np.ndarray) -> np.ndarray:
-    if array.ndim != 3 or array.shape[2] != 3:
-        raise InvalidRequest("image", f"array must be [height, width, 3] RGB, got shape {array.shape}")
-    if array.dtype == np.uint8:
-        return array
-    if np.issubdtype(array.dtype, np.floating):
-        if array.size and (np.nanmin(array) < 0 or np.nanmax(array) > 1 or np.isnan(array).any()):
-            raise InvalidRequest("image", "a float array must hold values in [0, 1]")
-        return np.round(array * 255).astype(np.uint8)
-    raise InvalidRequest("image", f"array dtype must be uint8 or float, got {array.dtype}")
 
 
 def load_video(video: Any, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -66,7 +47,7 @@ def load_video(video: Any, size: tuple[int, int] | None = None) -> np.ndarray:
     else:
         raise InvalidRequest("video", "must be a path, an [F, H, W, 3] array or a non-empty list of frames")
     try:
-        out = [load_image(frame, size) for frame in frames]
+        out = [load_frame(frame, size, "video") for frame in frames]
     except InvalidRequest as exc:
         raise InvalidRequest("video", f"frame: {exc.message}") from None
     if len({frame.shape for frame in out}) != 1:

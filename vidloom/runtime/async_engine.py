@@ -16,9 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
 from vidloom.core.request import GenerationRequest
+from vidloom.runtime.batching import BatchStats, batch_key, run_batched
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
 from vidloom.runtime.scheduler import QueueFull, Scheduler
@@ -77,9 +80,29 @@ class JobHandle:
 class AsyncEngine:
     """Owns one device worker; requests occupy `slots`, at most `queue_size` wait."""
 
-    def __init__(self, engine: Engine, *, policy: str = "fifo", slots: int = 1, queue_size: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        policy: str = "fifo",
+        slots: int = 1,
+        queue_size: int = 16,
+        max_batch: int | None = None,
+        batch_wait_s: float = 0.0,
+    ) -> None:
+        """policy "batch" runs compatible denoise steps of up to `max_batch` (default: `slots`) resident
+        requests in one forward; before a step with room in its batch it waits up to `batch_wait_s`
+        for more requests to arrive (0: never waits)."""
+        if policy == "batch" and not isinstance(engine, Engine):
+            raise ValueError(f"policy 'batch' needs a one-device engine, got {type(engine).__name__}")
         self.engine = engine
         self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size)
+        self.max_batch = slots if max_batch is None else max_batch
+        if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
+            raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
+        self.batch_wait_s = batch_wait_s
+        self._batches = BatchStats()
+        self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
         self._closing = False
@@ -184,8 +207,91 @@ class AsyncEngine:
                 entry = self._scheduler.pick()
             for chore in chores:
                 _run_chore(chore)
-            if entry is not None:
+            if entry is not None and self._scheduler.policy == "batch":
+                self._batch_round(entry)
+            elif entry is not None:
                 self._step(entry)
+
+    @property
+    def batch_stats(self) -> dict[str, float]:
+        """Forwards run by the batch policy and their mean size (1.0: nothing was shared)."""
+        return self._batches.summary()
+
+    def _batch_round(self, first: _Entry) -> None:
+        """Bring every resident request to its next loop step (running its component nodes), then run
+        `first`'s step together with the compatible steps of others, oldest first."""
+        with self._cond:
+            residents = self._scheduler.residents()
+        for entry in residents:
+            if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
+                continue
+            if entry.run.done:
+                self._finish_completed(entry)
+        plan = first.run.pending_plan
+        if plan is None:
+            return  # it ran a component node this round: that was its unit of work
+        with self._cond:
+            residents = [e for e in self._scheduler.residents() if e.run.pending_plan is not None]
+            keys = {e.key: None if e.run.intercepted else batch_key(e.run.pending_plan) for e in residents}
+            group = self._scheduler.group(first, keys, self.max_batch)
+            if self._should_wait(first, plan.index, len(group)):
+                self._cond.wait(self.batch_wait_s)  # a submit notifies: the next round admits it
+                return
+        self._run_group(group)
+
+    def _should_wait(self, first: _Entry, index: int, size: int) -> bool:
+        """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
+        if self.batch_wait_s <= 0 or size >= self.max_batch or self._closing:
+            return False
+        if self._scheduler.waiting or self._scheduler.resident >= self._scheduler.slots:
+            return False
+        if self._waited == (first.key, index):
+            return False
+        self._waited = (first.key, index)
+        return True
+
+    def _run_group(self, group: list[_Entry]) -> None:
+        if len(group) == 1:
+            # Alone: through the run's own execute (its step cache, CUDA graphs, plan observer).
+            self._batches.add(1)
+            self._step(group[0])
+            return
+        plans = [e.run.pending_plan for e in group]
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                results = run_batched(plans)  # type: ignore[arg-type]
+        except Exception:
+            # Failure isolation: rerun each alone, so only a request whose own step fails fails.
+            log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
+            for entry in group:
+                self._run_group([entry])
+            return
+        self._batches.add(len(group))
+        share = (time.perf_counter() - started) / len(group)
+        for entry, result in zip(group, results):
+            if self._guarded(entry, lambda: entry.run.complete(result, share)) and entry.run.done:
+                self._finish_completed(entry)
+
+    def _guarded(self, entry: _Entry, work: Callable[[], object]) -> bool:
+        """Run `work` for `entry`; on an error finish the request with it and return False."""
+        try:
+            work()
+            return True
+        except Cancelled as exc:
+            self._finish_locked(entry, CancelledEvent(entry.key), exc)
+        except VidloomError as exc:
+            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
+        except Exception as exc:
+            log.exception("request %s failed", entry.key)
+            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
+        return False
+
+    def _finish_completed(self, entry: _Entry) -> None:
+        output: list[VideoOutput] = []
+        if self._guarded(entry, lambda: output.append(video_output(self.engine.instance.card, entry.run.outputs()))):
+            self._observe(time.perf_counter() - entry.admitted_at)
+            self._finish_locked(entry, CompletedEvent(entry.key, output[0]), output[0])
 
     def _step(self, entry: _Entry) -> None:
         run = entry.run

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Generator, Mapping, TypeVar
 
 import torch
 
@@ -16,7 +16,7 @@ from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, VideoChunk
 from vidloom.core.program import Node, Program
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_buckets import CompileBuckets
@@ -79,6 +79,7 @@ class RequestRun:
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
         self._units = self._run_units()
+        self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
@@ -92,15 +93,59 @@ class RequestRun:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
         if self._outputs is not None:
             return True
+        if self._plan is None and not self.prepare():
+            return self._outputs is not None  # a component node ran (or the program ended)
+        plan = self._plan
+        assert plan is not None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance():
+                result = self.execute(plan)
+        finally:
+            self._elapsed += time.perf_counter() - started
+        self.complete(result)
+        return self._outputs is not None
+
+    # -- the step split in three, for a driver that batches plans of several runs ----
+
+    @property
+    def pending_plan(self) -> StepPlan | None:
+        """The loop step planned and waiting to be executed (None between units)."""
+        return self._plan
+
+    @property
+    def intercepted(self) -> bool:
+        """Steps go through a per-request interceptor (step cache): they must run alone."""
+        return self._interceptor is not None or self._graphs is not None
+
+    def prepare(self) -> bool:
+        """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a
+        component node ran instead (a whole unit) or the program ended."""
+        if self._outputs is not None or self._plan is not None:
+            return self._plan is not None
         started = self._mark = time.perf_counter()
         try:
             with torch.inference_mode(), self._compile_stance():
-                next(self._units)
+                self._plan = next(self._units)
+        except StopIteration:
+            self._plan = None
+        finally:
+            self._elapsed += time.perf_counter() - started
+        return self._plan is not None
+
+    def complete(self, result: Any, seconds: float = 0.0) -> None:
+        """Fold the executed pending plan's `result` into the loop (progress, cancel check); `seconds`
+        is compute time spent on it elsewhere (a batched forward's share)."""
+        assert self._plan is not None, "no pending plan"
+        self._plan = None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance():
+                self._units.send(result)
         except StopIteration:
             pass
         finally:
-            self._elapsed += time.perf_counter() - started
-        return self._outputs is not None
+            self._elapsed += time.perf_counter() - started + seconds
 
     def outputs(self) -> dict[str, Any]:
         """The program's output slots plus the resolved request and compute time."""
@@ -173,7 +218,7 @@ class RequestRun:
 
     # -- the program as a sequence of units -----------------------------------------
 
-    def _run_units(self) -> Iterator[None]:
+    def _run_units(self) -> Generator[StepPlan | None, Any, None]:
         for node in self.program.active_nodes(self.request):
             self.check_cancelled()
             reads = {name: self._slots[name] for name in node.reads}
@@ -183,11 +228,13 @@ class RequestRun:
             self._slots.update(written)
         self._outputs = {name: self._slots[name] for name in self.program.outputs}
 
-    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Iterator[None]:
+    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Generator[StepPlan | None, Any, Mapping[str, Any]]:
+        # Pauses: `yield None` after a component node (a unit), `yield plan` for a loop step, which
+        # resumes with the step's result (run by `step`, or by a batching driver with other runs').
         if node.loop is None:
             assert node.run is not None
             written = node.run(reads, self)
-            yield
+            yield None
             return written
         loop = node.loop
         held = len(self._releases)
@@ -195,9 +242,10 @@ class RequestRun:
             state = loop.init(reads, self)
             while not isinstance(plan := loop.next(state), Done):
                 self.check_cancelled()
-                state = loop.advance(state, self.execute(plan))
+                result = yield plan
+                state = loop.advance(state, result)
                 self.progress(plan.loop, plan.index + 1, plan.total)
-                yield
+                yield None
             return loop.finalize(state)
         finally:
             # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
@@ -221,11 +269,13 @@ class EngineDriver:
         Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use;
         `warmup_guidances` adds guidance values that change the DiT's batch (batched CFG off).
         """
+        tasks = self.instance.card.tasks  # type: ignore[attr-defined]  # every engine holds its instance
+        task = Task.T2V if Task.T2V in tasks else Task.T2I  # image models warm up text-to-image
         for height, width, num_frames in shapes:
             for guidance in self.warmup_guidances():
                 self.run(GenerationRequest(
-                    prompt="warmup", height=height, width=width, num_frames=num_frames, num_inference_steps=steps,
-                    seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
+                    prompt="warmup", task=task, height=height, width=width, num_frames=num_frames,
+                    num_inference_steps=steps, seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
                 ))
 
     def warmup_guidances(self) -> tuple[float | None, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, Hashable, Protocol, TypeVar
 
-POLICIES = ("fifo", "interleave")
+POLICIES = ("fifo", "interleave", "batch")
 
 
 class Keyed(Protocol):
@@ -26,6 +26,8 @@ class Scheduler(Generic[T]):
     fifo: the oldest resident item runs until it finishes (slots > 1 only pre-admits).
     interleave: resident items take one step each in turn, so short jobs are not
     stuck behind long ones.
+    batch: like interleave, but the driver runs compatible steps of several resident items in one
+    forward (`group`); `pick` names the item whose group goes next.
     """
 
     def __init__(self, policy: str = "fifo", slots: int = 1, queue_size: int = 16) -> None:
@@ -72,6 +74,21 @@ class Scheduler(Generic[T]):
         item = self._resident[self._turn]
         self._turn += 1
         return item
+
+    def residents(self) -> list[T]:
+        """Resident items, oldest first."""
+        return list(self._resident)
+
+    def group(self, first: T, keys: dict[Hashable, Hashable | None], max_size: int) -> list[T]:
+        """`first` plus up to max_size - 1 other residents (oldest first) whose batch key equals its own.
+
+        `keys` maps item key -> batch key; None means "runs alone" (never grouped).
+        """
+        mine = keys.get(first.key)
+        if mine is None:
+            return [first]
+        others = [item for item in self._resident if item is not first and keys.get(item.key) == mine]
+        return [first, *others[: max_size - 1]]
 
     def remove(self, key: Hashable) -> T | None:
         """Drop an item (finished, failed or cancelled) wherever it is; returns it if found."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -11,18 +10,16 @@ from typing import AsyncIterator
 from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.middleware.cors import CORSMiddleware
 
-from vidloom.media.video import encode_png
 from vidloom.runtime.engine import Engine
 from vidloom.serving.config import ServeConfig
-from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import APIError, engine_errors, install_error_handlers
+from vidloom.serving.errors import APIError, install_error_handlers
 from vidloom.serving.guard import HostGuard, RequestGuard
 from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
-from vidloom.serving.params import plan_image
-from vidloom.serving.protocol import ImageData, ImageGenerationBody, ImagesResponse, ModelList, ModelObject
-from vidloom.serving.request_body import BodyLimit, read_body
+from vidloom.serving.image_routes import router as image_router
+from vidloom.serving.protocol import ModelList, ModelObject
+from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.video_routes import jobs_of
 from vidloom.serving.video_routes import router as video_router
 
@@ -61,6 +58,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
         )
     app.add_middleware(HostGuard, config=config)
     app.include_router(video_router)
+    app.include_router(image_router)
     app.include_router(router)
     return app
 
@@ -97,17 +95,6 @@ async def retrieve_model(request: Request, model_id: str) -> ModelObject:
         raise APIError(404, f"model {model_id!r} is not served here; this server serves {model.id!r}",
                        param="model", code="model_not_found")
     return model
-
-
-@router.post("/v1/images/generations")
-async def generate_image(request: Request) -> ImagesResponse:
-    """Text-to-image as a one-frame video (see params.plan_image); answers when the image is ready."""
-    manager = jobs_of(request)
-    body = await read_body(request, ImageGenerationBody)
-    with engine_errors():
-        output = await unless_disconnected(request, manager.generate_image(plan_image(body, manager.card)))
-    png = await asyncio.to_thread(encode_png, output.frames[0])
-    return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=base64.b64encode(png).decode())])
 
 
 def _model(request: Request) -> ModelObject:

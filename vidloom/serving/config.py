@@ -22,7 +22,9 @@ class ServeConfig:
     port: int = 8000  # 0 picks a free port (printed at startup)
     slots: int = 1  # requests resident on the device at once
     queue_size: int = 16  # requests that may wait for a slot; more get 429
-    policy: str = "fifo"  # fifo | interleave (step-level round robin between slots)
+    policy: str = "fifo"  # fifo | interleave (step-level round robin between slots) | batch (shared forwards)
+    max_batch: int | None = None  # batch policy: request-steps per forward (default: slots)
+    batch_wait_s: float = 0.0  # batch policy: wait this long for more requests before a step with room
     data_dir: Path = Path("vidloom-data")  # result files (and the SQLite job table, the default store)
     # Job table: None = SQLite in data_dir; "postgresql://user@host/db" = PostgreSQL, shared by servers
     # (data_dir must then be a directory they all mount). The password is best left to $PGPASSWORD.
@@ -82,6 +84,10 @@ class ServeConfig:
                 ("postgresql://", "postgres://")):
             raise ValueError(f"store: {redact_url(self.store)!r} is not a job store; "
                              "use sqlite (the default) or postgresql://...")
+        if self.max_batch is not None and not 1 <= self.max_batch <= self.slots:
+            raise ValueError(f"max_batch: must be between 1 and slots ({self.slots}), got {self.max_batch}")
+        if not 0.0 <= self.batch_wait_s < 60.0:
+            raise ValueError(f"batch_wait_s: must be in [0, 60) seconds, got {self.batch_wait_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in 0..65535, got {self.port}")
         for name in ("cancel_wait_s", "keepalive_s", "recovery_interval_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",

@@ -100,7 +100,8 @@ class JobManager:
         self._config = config
         self._loop = loop
         self.store = store if store is not None else open_store(config)
-        self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size)
+        self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size,
+                                   max_batch=config.max_batch, batch_wait_s=config.batch_wait_s)
         # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
         # no device to measure, so it gets the card's other limits only.
         self._estimator = getattr(engine, "estimator", None)
@@ -222,6 +223,27 @@ class JobManager:
         finally:
             self._images.discard(request.request_id)
             self.metrics.finished("image", status, time.perf_counter() - started)
+
+    async def generate_images(self, requests: tuple[GenerationRequest, ...]) -> list[VideoOutput]:
+        """Run an images call's `n` requests side by side (a batching policy may share their steps).
+
+        All are validated before any is queued; if one fails, is refused (queue full) or the client
+        leaves, the others are cancelled and the first error is raised.
+        """
+        for request in requests:
+            self.limits.check(resolve_request(request, self.card), self._estimator)
+        tasks: list[asyncio.Task[VideoOutput]] = []
+        try:
+            for request in requests:
+                tasks.append(asyncio.ensure_future(self.generate_image(request)))
+                await asyncio.sleep(0)  # submit now, in order, so a full queue refuses the later ones
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def get(self, job_id: str) -> JobRecord | None:
         live = self._live.get(job_id)
@@ -464,6 +486,7 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
     """
     params = dataclasses.asdict(request)
     params.pop("request_id")
+    params.pop("image", None)  # input images are not stored with a job (video jobs take none)
     params.pop("prompt")
     params["task"] = request.task.value
     return params

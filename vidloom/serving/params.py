@@ -13,10 +13,12 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest, LimitExceeded, UnknownModel
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.image import IMAGE_FORMATS
 from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
 
 # ASCII digits only ("６４x48" is not a size), no spaces, at most 6 digits a side.
@@ -68,25 +70,52 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
 
 
-def plan_image(body: ImageGenerationBody, card: ModelCard) -> GenerationRequest:
-    """A text-to-image request: a one-frame video where the model serves T2V (1 = 4*0 + 1 frames)."""
+MAX_IMAGES_PER_CALL = 10  # OpenAI Images API bound on `n`
+RESPONSE_FORMATS = ("b64_json", "url")
+
+
+@dataclass(frozen=True)
+class PlannedImages:
+    """`n` requests for one images call plus how to answer it."""
+
+    requests: tuple[GenerationRequest, ...]
+    response_format: str  # b64_json | url
+    output_format: str  # png | jpeg | webp
+    size: str  # "WxH", or "auto" when an edit takes its size from the first image
+
+
+def plan_images(body: ImageGenerationBody, card: ModelCard, images: tuple[Any, ...] | None = None) -> PlannedImages:
+    """An images call -> `n` requests (seed, seed + 1, ... when a seed is given); InvalidRequest names the field.
+
+    On a video model an image is a one-frame video (1 = 4*0 + 1 frames). `images` are an edit's
+    reference images (RGB PIL); without `size` the first one sets it.
+    """
     check_model(body.model, card)
-    if body.n != 1:
-        raise InvalidRequest("n", f"only n=1 is supported, got {body.n}")
-    if body.response_format not in (None, "b64_json"):
-        raise InvalidRequest("response_format", f"only 'b64_json' is supported, got {body.response_format!r}")
-    if body.output_format not in (None, "png"):
-        raise InvalidRequest("output_format", f"only 'png' is supported, got {body.output_format!r}")
+    if isinstance(body.n, bool) or not 1 <= body.n <= MAX_IMAGES_PER_CALL:
+        raise InvalidRequest("n", f"must be between 1 and {MAX_IMAGES_PER_CALL}, got {body.n}")
+    response_format = body.response_format or "b64_json"
+    if response_format not in RESPONSE_FORMATS:
+        raise InvalidRequest("response_format", f"must be one of {', '.join(RESPONSE_FORMATS)}, got {body.response_format!r}")
+    output_format = body.output_format or "png"
+    if output_format not in IMAGE_FORMATS:
+        raise InvalidRequest("output_format", f"must be one of {', '.join(IMAGE_FORMATS)}, got {body.output_format!r}")
     if Task.T2I in card.tasks:
         task = Task.T2I
     elif Task.T2V in card.tasks:
         task = Task.T2V  # one frame is a valid video for every temporal_factor (k = 0)
     else:
         raise InvalidRequest("model", f"{card.model_id} serves neither text-to-image nor text-to-video")
-    width, height = parse_size(body.size, card)
-    return GenerationRequest(
-        prompt=body.prompt, task=task, height=height, width=width, num_frames=1, **_sampling(body),
+    auto = images and body.size in (None, "auto")
+    width, height = (None, None) if auto else parse_size(None if body.size == "auto" else body.size, card)
+    sampling = _sampling(body)
+    requests = tuple(
+        GenerationRequest(
+            prompt=body.prompt, task=task, height=height, width=width, num_frames=1, image=images or None,
+            **{**sampling, "seed": None if body.seed is None else body.seed + i},
+        )
+        for i in range(body.n)
     )
+    return PlannedImages(requests, response_format, output_format, "auto" if auto else f"{width}x{height}")
 
 
 def check_model(model: str | None, card: ModelCard) -> None:

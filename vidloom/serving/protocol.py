@@ -47,15 +47,21 @@ class VideoCreateBody(SamplingExtensions):
 
 
 class ImageGenerationBody(SamplingExtensions):
-    """POST /v1/images/generations."""
+    """POST /v1/images/generations (and, as a form, the text fields of /v1/images/edits)."""
 
     prompt: str
     model: str | None = None
     n: ApiInt = 1
     size: str | None = None
-    response_format: str | None = None
-    output_format: str | None = None
+    response_format: str | None = None  # b64_json (default) | url
+    output_format: str | None = None  # png (default) | jpeg | webp
     user: str | None = None  # accepted and ignored, as OpenAI uses it only for abuse tracking
+
+
+class ImageEditBody(ImageGenerationBody):
+    """The text fields of POST /v1/images/edits; the images arrive as file parts."""
+
+    mask: Any = None  # accepted by name only so we can say it is unsupported
 
 
 class VideoError(BaseModel):
@@ -121,13 +127,16 @@ class ProgressData(BaseModel):
 
 
 class ImageData(BaseModel):
-    b64_json: str
+    b64_json: str | None = None
+    url: str | None = None
     revised_prompt: str | None = None
 
 
 class ImagesResponse(BaseModel):
     created: int
     data: list[ImageData]
+    output_format: str | None = None
+    size: str | None = None
 
 
 class ModelObject(BaseModel):

@@ -31,6 +31,8 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "allowed_host": (("allowed_hosts",), list),
     "cors_origin": (("cors_origins",), list),
     "data_dir": (("data_dir",), str),
+    "batch_wait_ms": (("batch_wait_s",), lambda ms: float(ms) / 1000.0),
+    "max_body_mb": (("max_body_bytes",), lambda mb: max(1, int(mb * 2**20))),
     # deploy_args.py's flags
     "fp8": (("deploy", "fp8_weights"), bool),
     "warmup": (("deploy", "warmup_shapes"), lambda shapes: [list(s) for s in shapes]),
@@ -38,7 +40,8 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "sp": (("deploy", "parallel", "sp"), int),
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
 }
-_DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "attention_backend",
+_DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",
+                "attention_backend",
                 "cfg_mode", "step_cache", "step_cache_threshold", "devices")
 
 

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from vidloom.media.video import atomic_path
 from vidloom.serving.job_store import (
-    FINAL, JobRecord, Page, Recovered, StoreError, UnknownCursor, is_job_id,
+    FINAL, JobRecord, Page, Recovered, StoreError, UnknownCursor, is_image_file, is_job_id,
 )
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,17 @@ class SqlJobStore:
     def video_path(self, job_id: str) -> Path:
         assert is_job_id(job_id), job_id
         return self.videos_dir / f"{job_id}.mp4"
+
+    def image_path(self, name: str) -> Path:
+        """Where an images call with response_format=url keeps its file (served under /v1/images/files)."""
+        assert is_image_file(name), name
+        return self.data_dir / "images" / name
+
+    def save_image(self, name: str, data: bytes) -> None:
+        path = self.image_path(name)
+        path.parent.mkdir(exist_ok=True)
+        with atomic_path(path) as tmp:  # a reader never sees half a file
+            tmp.write_bytes(data)
 
     def thumbnail_path(self, job_id: str) -> Path:
         assert is_job_id(job_id), job_id

@@ -79,40 +79,44 @@ def _i2v_card():
     ("image", "task", "match"),
     [
         (None, Task.I2V, "needs a conditioning image"),
-        ("np-ok", Task.T2V, "only read by task i2v"),
-        ("np-float", Task.I2V, "uint8 RGB array"),
-        ("np-gray", Task.I2V, "uint8 RGB array"),
-        ("np-wrong-size", Task.I2V, "resize it"),
+        ("ok", Task.T2V, "does not take input images"),
+        ("array", Task.I2V, "RGB PIL image"),
+        ("gray", Task.I2V, "RGB PIL image"),
+        ("two", Task.I2V, "more than the limit of 1"),
+        ("wrong-size", Task.I2V, "resize it"),
     ],
 )
 def test_image_field_is_checked(image, task, match):
     import numpy as np
+    from PIL import Image
 
-    arrays = {
-        "np-ok": np.zeros((32, 48, 3), np.uint8),
-        "np-float": np.zeros((32, 48, 3), np.float32),
-        "np-gray": np.zeros((32, 48), np.uint8),
-        "np-wrong-size": np.zeros((48, 32, 3), np.uint8),
+    rgb = Image.new("RGB", (48, 32))
+    images = {
+        "ok": (rgb,),
+        "array": (np.zeros((32, 48, 3), np.uint8),),
+        "gray": (Image.new("L", (48, 32)),),
+        "two": (rgb, rgb),
+        "wrong-size": (Image.new("RGB", (32, 48)),),
     }
-    request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=5, image=arrays.get(image))
+    request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=5, image=images.get(image))
     with pytest.raises(InvalidRequest, match=match) as err:
         resolve_request(request, _i2v_card())
     assert err.value.field == "image"
 
 
 def test_i2v_request_with_matching_image_resolves():
-    import numpy as np
+    from PIL import Image
 
-    image = np.zeros((32, 48, 3), np.uint8)
+    image = (Image.new("RGB", (48, 32)),)
     r = resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), _i2v_card())
     assert r.image is image and r.task == Task.I2V
-    assert "image" not in repr(r)  # arrays stay out of logs and comparisons
+    assert "image" not in repr(r)  # pixels stay out of logs and comparisons
 
 
 def test_image_task_is_refused_by_a_t2v_only_card(card):
-    import numpy as np
+    from PIL import Image
 
-    image = np.zeros((32, 48, 3), np.uint8)
+    image = (Image.new("RGB", (48, 32)),)
     with pytest.raises(InvalidRequest) as err:
         resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), card)
     assert err.value.field == "task"

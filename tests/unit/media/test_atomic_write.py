@@ -18,7 +18,7 @@ import pytest
 
 from vidloom.media import video
 from vidloom.media.video import atomic_path, read_video, remove_stale_temps, write_png, write_video
-from vidloom.serving.job_store import JobStore
+from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
 
 REPO = Path(__file__).resolve().parents[3]
 # 60 frames: libx264 holds back ~40 frames of lookahead, and PyAV opens the output file only when

@@ -77,3 +77,26 @@ def test_bad_configuration():
         Scheduler("lifo")
     with pytest.raises(ValueError):
         Scheduler("fifo", slots=0)
+
+
+def test_batch_groups_residents_with_equal_keys_oldest_first_up_to_the_limit():
+    s = Scheduler("batch", slots=5, queue_size=5)
+    for key in "abcde":
+        s.enqueue(Job(key, 1))
+    s.admit()
+    keys = {"a": "x", "b": "y", "c": "x", "d": "x", "e": None}
+    first = s.pick()
+    assert first.key == "a"
+    assert [j.key for j in s.group(first, keys, max_size=3)] == ["a", "c", "d"]
+    assert [j.key for j in s.group(first, keys, max_size=2)] == ["a", "c"]
+    b = s.residents()[1]
+    assert [j.key for j in s.group(b, keys, max_size=4)] == ["b"]  # nobody shares its key
+    e = s.residents()[4]
+    assert [j.key for j in s.group(e, {**keys, "a": None}, max_size=4)] == ["e"]  # None never groups
+
+
+def test_batch_picks_round_robin_like_interleave():
+    s = Scheduler("batch", slots=2, queue_size=2)
+    s.enqueue(Job("a", 2))
+    s.enqueue(Job("b", 1))
+    assert drive(s) == ["a", "b", "a"]

@@ -7,7 +7,7 @@ import pytest
 from vidloom.core.errors import InvalidRequest, UnknownModel
 from vidloom.core.request import Task
 from vidloom.recipes.wan.demo import demo_card
-from vidloom.serving.params import api_field, choose_frames, format_seconds, parse_size, plan_image, plan_video
+from vidloom.serving.params import api_field, choose_frames, format_seconds, parse_size, plan_images, plan_video
 from vidloom.serving.protocol import ImageGenerationBody, VideoCreateBody
 
 CARD = demo_card()  # 8 fps, 17 frames, 192x128 by default; frames must be 4k+1
@@ -76,11 +76,14 @@ def test_other_models_are_unknown():
 
 
 def test_images_are_one_frame_videos():
-    r = plan_image(ImageGenerationBody(prompt="x", size="64x48", seed=3), CARD)
+    planned = plan_images(ImageGenerationBody(prompt="x", size="64x48", seed=3, n=3, output_format="webp"), CARD)
+    r = planned.requests[0]
     assert (r.num_frames, r.width, r.height, r.seed, r.task) == (1, 64, 48, 3, Task.T2V)
-    for field, value in (("n", 2), ("response_format", "url"), ("output_format", "jpeg")):
+    assert [q.seed for q in planned.requests] == [3, 4, 5]  # n images, consecutive seeds
+    assert (planned.response_format, planned.output_format, planned.size) == ("b64_json", "webp", "64x48")
+    for field, value in (("n", 0), ("n", 11), ("response_format", "svg"), ("output_format", "gif")):
         with pytest.raises(InvalidRequest) as excinfo:
-            plan_image(ImageGenerationBody(prompt="x", **{field: value}), CARD)
+            plan_images(ImageGenerationBody(prompt="x", **{field: value}), CARD)
         assert excinfo.value.field == field
 
 

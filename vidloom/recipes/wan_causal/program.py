@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from vidloom.core.instance import ModelInstance
@@ -52,7 +53,7 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
         if request.video is not None:
             frames = request.video  # [F, H, W, 3]
         elif request.image is not None:
-            frames = request.image[None]
+            frames = np.asarray(request.image[0], dtype=np.uint8)[None]  # one RGB PIL image
         else:
             return {"context_latents": None}
         vae_dtype = next(vae.parameters()).dtype

@@ -1,0 +1,120 @@
+"""Tiny Flux2 Klein checkpoints written by diffusers + transformers (random weights, offline tokenizer).
+
+The folders are saved by `Flux2KleinPipeline.save_pretrained` itself, so loading them also tests our
+checkpoint reader. The Qwen3 encoder has 28 layers because the pipeline's default embedding reads
+hidden states 9, 18 and 27; it is narrow (hidden 16), so the transformer's text width is 48.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+CORPUS = [
+    "a red fox jumps over the lazy dog in the snow",
+    "a cat holding a sign that says hello world",
+    "an astronaut riding a horse on the moon, photorealistic",
+    "a bowl of fruit on a wooden table, oil painting",
+    "make the sky purple and add a rainbow",
+    "user assistant system think",
+]
+SCHEDULER = dict(
+    num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+    base_image_seq_len=256, max_image_seq_len=4096, time_shift_type="exponential",
+)
+
+
+@dataclass(frozen=True)
+class TinyFlux2:
+    name: str
+    distilled: bool
+    transformer: dict
+    vae: dict
+    text_hidden: int = 16
+
+
+TINY_DISTILLED = TinyFlux2(
+    name="klein-distilled",
+    distilled=True,
+    transformer=dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                     num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=32,
+                     axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False),
+    vae=dict(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2),
+)
+TINY_BASE = TinyFlux2(
+    name="klein-base",
+    distilled=False,
+    transformer=dict(patch_size=1, in_channels=32, num_layers=2, num_single_layers=1, attention_head_dim=8,
+                     num_attention_heads=3, joint_attention_dim=48, timestep_guidance_channels=16,
+                     axes_dims_rope=(2, 2, 2, 2), guidance_embeds=False),
+    vae=dict(block_out_channels=(8, 8, 16), layers_per_block=1, latent_channels=8, norm_num_groups=4,
+             down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3),
+)
+CONFIGS = (TINY_DISTILLED, TINY_BASE)
+
+
+def train_qwen_tokenizer():
+    """A byte-level BPE trained offline on CORPUS, saved as a Qwen2 tokenizer with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   unk_token=None, bos_token=None)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
+    # Random init barely lets the output depend on text and timestep; louder conditioning makes
+    # a broken conditioning path move the image by many uint8 levels.
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if any(n in name for n in names):
+                p.mul_(factor)
+
+
+def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(**spec.transformer).eval()
+    _scale(transformer, ("timestep_embedder", "modulation"), 4.0)
+    _scale(transformer, ("context_embedder", "add_q_proj", "add_k_proj", "add_v_proj"), 10.0)
+    _scale(transformer, ("proj_out",), 6.0)
+    vae = AutoencoderKLFlux2(**spec.vae).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    vae.bn.running_mean.copy_(torch.randn(vae.bn.running_mean.shape, generator=g) * 0.3)
+    vae.bn.running_var.copy_(torch.rand(vae.bn.running_var.shape, generator=g) + 0.5)
+    tokenizer = train_qwen_tokenizer()
+    h = spec.text_hidden
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=h, intermediate_size=2 * h, num_hidden_layers=28,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )).eval()
+    _scale(text_encoder, ("embed_tokens",), 20.0)
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
+    return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=transformer, is_distilled=spec.distilled)
+
+
+def write_tiny_flux2(folder: Path, spec: TinyFlux2, seed: int = 0) -> Path:
+    build_tiny_pipeline(spec, seed).save_pretrained(str(folder))
+    return folder

@@ -1,0 +1,303 @@
+"""The Flux2 (Klein) image transformer: double-stream blocks, then single-stream (parallel) blocks.
+
+Loads diffusers `Flux2Transformer2DModel` checkpoints through FLUX2_TRANSFORMER_NAME_MAP.
+Timesteps are per sample ([B]), so one forward can carry the steps of several requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vidloom.layers.attention import AttentionFn, attention
+from vidloom.loading.name_map import NameMap
+from vidloom.models.wan.transformer import timestep_features
+
+
+@dataclass(frozen=True)
+class Flux2TransformerConfig:
+    """Static shape of a Flux2 transformer (diffusers config.json field names in comments)."""
+
+    in_channels: int = 128
+    out_channels: int = 128
+    num_double_layers: int = 8  # num_layers
+    num_single_layers: int = 48
+    head_dim: int = 128  # attention_head_dim
+    num_heads: int = 48  # num_attention_heads
+    text_dim: int = 15360  # joint_attention_dim: 3 x the text encoder's hidden size
+    timestep_channels: int = 256  # timestep_guidance_channels
+    mlp_ratio: float = 3.0
+    rope_axes: tuple[int, ...] = (32, 32, 32, 32)  # axes_dims_rope, over (t, h, w, l) ids
+    rope_theta: float = 2000.0
+    eps: float = 1e-6
+    guidance_embeds: bool = False
+
+    def __post_init__(self) -> None:
+        if sum(self.rope_axes) != self.head_dim:
+            raise ValueError(f"axes_dims_rope {self.rope_axes} must sum to attention_head_dim {self.head_dim}")
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+    @classmethod
+    def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2TransformerConfig:
+        if cfg.get("patch_size", 1) != 1:
+            raise ValueError(f"patch_size {cfg['patch_size']} is not supported (Flux2 patchifies in the pipeline)")
+        in_channels = int(cfg.get("in_channels", 128))
+        return cls(
+            in_channels=in_channels,
+            out_channels=int(cfg.get("out_channels") or in_channels),
+            num_double_layers=int(cfg.get("num_layers", 8)),
+            num_single_layers=int(cfg.get("num_single_layers", 48)),
+            head_dim=int(cfg.get("attention_head_dim", 128)),
+            num_heads=int(cfg.get("num_attention_heads", 48)),
+            text_dim=int(cfg.get("joint_attention_dim", 15360)),
+            timestep_channels=int(cfg.get("timestep_guidance_channels", 256)),
+            mlp_ratio=float(cfg.get("mlp_ratio", 3.0)),
+            rope_axes=tuple(int(a) for a in cfg.get("axes_dims_rope", (32, 32, 32, 32))),
+            rope_theta=float(cfg.get("rope_theta", 2000)),
+            eps=float(cfg.get("eps", 1e-6)),
+            guidance_embeds=bool(cfg.get("guidance_embeds", True)),
+        )
+
+
+# diffusers Flux2Transformer2DModel key prefixes -> ours.
+FLUX2_TRANSFORMER_NAME_MAP = NameMap(
+    (
+        ("time_guidance_embed.timestep_embedder.linear_1", "time_embed.up"),
+        ("time_guidance_embed.timestep_embedder.linear_2", "time_embed.down"),
+        ("time_guidance_embed.guidance_embedder.linear_1", "guidance_embed.up"),
+        ("time_guidance_embed.guidance_embedder.linear_2", "guidance_embed.down"),
+        ("double_stream_modulation_img.linear", "mod_img"),
+        ("double_stream_modulation_txt.linear", "mod_txt"),
+        ("single_stream_modulation.linear", "mod_single"),
+        ("x_embedder", "img_in"),
+        ("context_embedder", "txt_in"),
+        ("transformer_blocks.{n}.attn.to_q", "double_blocks.{n}.img_q"),
+        ("transformer_blocks.{n}.attn.to_k", "double_blocks.{n}.img_k"),
+        ("transformer_blocks.{n}.attn.to_v", "double_blocks.{n}.img_v"),
+        ("transformer_blocks.{n}.attn.norm_q", "double_blocks.{n}.img_norm_q"),
+        ("transformer_blocks.{n}.attn.norm_k", "double_blocks.{n}.img_norm_k"),
+        ("transformer_blocks.{n}.attn.to_out.0", "double_blocks.{n}.img_out"),
+        ("transformer_blocks.{n}.attn.add_q_proj", "double_blocks.{n}.txt_q"),
+        ("transformer_blocks.{n}.attn.add_k_proj", "double_blocks.{n}.txt_k"),
+        ("transformer_blocks.{n}.attn.add_v_proj", "double_blocks.{n}.txt_v"),
+        ("transformer_blocks.{n}.attn.norm_added_q", "double_blocks.{n}.txt_norm_q"),
+        ("transformer_blocks.{n}.attn.norm_added_k", "double_blocks.{n}.txt_norm_k"),
+        ("transformer_blocks.{n}.attn.to_add_out", "double_blocks.{n}.txt_out"),
+        ("transformer_blocks.{n}.ff.linear_in", "double_blocks.{n}.img_mlp.up"),
+        ("transformer_blocks.{n}.ff.linear_out", "double_blocks.{n}.img_mlp.down"),
+        ("transformer_blocks.{n}.ff_context.linear_in", "double_blocks.{n}.txt_mlp.up"),
+        ("transformer_blocks.{n}.ff_context.linear_out", "double_blocks.{n}.txt_mlp.down"),
+        ("single_transformer_blocks.{n}.attn.to_qkv_mlp_proj", "single_blocks.{n}.qkv_mlp"),
+        ("single_transformer_blocks.{n}.attn.norm_q", "single_blocks.{n}.norm_q"),
+        ("single_transformer_blocks.{n}.attn.norm_k", "single_blocks.{n}.norm_k"),
+        ("single_transformer_blocks.{n}.attn.to_out", "single_blocks.{n}.out"),
+        ("norm_out.linear", "out_mod"),
+        ("proj_out", "proj_out"),
+    )
+)
+
+
+# ---------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------
+
+
+def rope_tables(ids: Tensor, axes: tuple[int, ...], theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [S, head_dim] for integer position ids [S, len(axes)], pairs interleaved.
+
+    Follows diffusers' get_1d_rotary_pos_embed (float64 frequencies, then float32) step by
+    step: parity at 1e-5 needs the same rounding.
+    """
+    pos = ids.float()
+    cos, sin = [], []
+    for axis, dim in enumerate(axes):
+        freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=ids.device)[: dim // 2] / dim))
+        angles = torch.outer(pos[:, axis], freqs)
+        cos.append(angles.cos().repeat_interleave(2, dim=1).float())
+        sin.append(angles.sin().repeat_interleave(2, dim=1).float())
+    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate interleaved (real, imag) pairs of x [B, S, H, D] by tables [S, D]."""
+    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    rotated = torch.stack([-imag, real], dim=-1).flatten(3)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return (1 + scale) * x + shift
+
+
+def swiglu(x: Tensor) -> Tensor:
+    gate, value = x.chunk(2, dim=-1)
+    return F.silu(gate) * value
+
+
+class TimeEmbedding(nn.Module):
+    def __init__(self, channels: int, dim: int) -> None:
+        super().__init__()
+        self.channels = channels
+        self.up = nn.Linear(channels, dim, bias=False)
+        self.down = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, t: Tensor) -> Tensor:
+        features = timestep_features(t, self.channels).to(t.dtype)
+        return self.down(F.silu(self.up(features)))
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward whose gate and value share the input projection."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden * 2, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(swiglu(self.up(x)))
+
+
+def _heads(x: Tensor, head_dim: int) -> Tensor:
+    return x.unflatten(-1, (-1, head_dim))
+
+
+class DoubleStreamBlock(nn.Module):
+    """Image and text tokens with their own weights, attending jointly (text first)."""
+
+    def __init__(self, cfg: Flux2TransformerConfig, attention_fn: AttentionFn) -> None:
+        super().__init__()
+        dim, hd, eps = cfg.dim, cfg.head_dim, cfg.eps
+        self.head_dim, self.eps, self.attention_fn = hd, eps, attention_fn
+        for side in ("img", "txt"):
+            for name in ("q", "k", "v", "out"):
+                setattr(self, f"{side}_{name}", nn.Linear(dim, dim, bias=False))
+            setattr(self, f"{side}_norm_q", nn.RMSNorm(hd, eps=eps))
+            setattr(self, f"{side}_norm_k", nn.RMSNorm(hd, eps=eps))
+            setattr(self, f"{side}_mlp", GatedMLP(dim, cfg.mlp_dim))
+
+    def _qkv(self, side: str, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q = getattr(self, f"{side}_norm_q")(_heads(getattr(self, f"{side}_q")(x), self.head_dim))
+        k = getattr(self, f"{side}_norm_k")(_heads(getattr(self, f"{side}_k")(x), self.head_dim))
+        return q, k, _heads(getattr(self, f"{side}_v")(x), self.head_dim)
+
+    def forward(
+        self, img: Tensor, txt: Tensor, mod_img: Tensor, mod_txt: Tensor, rope: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        # mod_*: [B, 1, 6 * dim] = (shift, scale, gate) for attention, then for the MLP.
+        i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img.chunk(6, dim=-1)
+        t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt.chunk(6, dim=-1)
+        img_in = modulate(F.layer_norm(img, img.shape[-1:], eps=self.eps), i_shift, i_scale)
+        txt_in = modulate(F.layer_norm(txt, txt.shape[-1:], eps=self.eps), t_shift, t_scale)
+        iq, ik, iv = self._qkv("img", img_in)
+        tq, tk, tv = self._qkv("txt", txt_in)
+        q, k, v = torch.cat([tq, iq], dim=1), torch.cat([tk, ik], dim=1), torch.cat([tv, iv], dim=1)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        joint = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
+        txt_attn, img_attn = joint.split([txt.shape[1], img.shape[1]], dim=1)
+
+        img = img + i_gate * self.img_out(img_attn)
+        img_mlp_in = modulate(F.layer_norm(img, img.shape[-1:], eps=self.eps), i_shift2, i_scale2)
+        img = img + i_gate2 * self.img_mlp(img_mlp_in)
+        txt = txt + t_gate * self.txt_out(txt_attn)
+        txt_mlp_in = modulate(F.layer_norm(txt, txt.shape[-1:], eps=self.eps), t_shift2, t_scale2)
+        txt = txt + t_gate2 * self.txt_mlp(txt_mlp_in)
+        return img, txt
+
+
+class SingleStreamBlock(nn.Module):
+    """One token stream; attention and MLP run in parallel off one fused input projection."""
+
+    def __init__(self, cfg: Flux2TransformerConfig, attention_fn: AttentionFn) -> None:
+        super().__init__()
+        dim, hd = cfg.dim, cfg.head_dim
+        self.head_dim, self.eps, self.attention_fn = hd, cfg.eps, attention_fn
+        self.dim, self.mlp_dim = dim, cfg.mlp_dim
+        self.qkv_mlp = nn.Linear(dim, 3 * dim + 2 * cfg.mlp_dim, bias=False)
+        self.norm_q = nn.RMSNorm(hd, eps=cfg.eps)
+        self.norm_k = nn.RMSNorm(hd, eps=cfg.eps)
+        self.out = nn.Linear(dim + cfg.mlp_dim, dim, bias=False)
+
+    def forward(self, x: Tensor, mod: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        shift, scale, gate = mod.chunk(3, dim=-1)
+        h = modulate(F.layer_norm(x, x.shape[-1:], eps=self.eps), shift, scale)
+        qkv, mlp = self.qkv_mlp(h).split([3 * self.dim, 2 * self.mlp_dim], dim=-1)
+        q, k, v = (_heads(part, self.head_dim) for part in qkv.chunk(3, dim=-1))
+        q, k = apply_rope(self.norm_q(q), *rope), apply_rope(self.norm_k(k), *rope)
+        attn = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
+        return x + gate * self.out(torch.cat([attn, swiglu(mlp)], dim=-1))
+
+
+# ---------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------
+
+
+class Flux2Transformer(nn.Module):
+    """Predicts the flow velocity of packed image tokens given text tokens and per-sample timesteps."""
+
+    def __init__(self, config: Flux2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.dim
+        self.time_embed = TimeEmbedding(config.timestep_channels, dim)
+        self.guidance_embed = TimeEmbedding(config.timestep_channels, dim) if config.guidance_embeds else None
+        self.mod_img = nn.Linear(dim, 6 * dim, bias=False)
+        self.mod_txt = nn.Linear(dim, 6 * dim, bias=False)
+        self.mod_single = nn.Linear(dim, 3 * dim, bias=False)
+        self.img_in = nn.Linear(config.in_channels, dim, bias=False)
+        self.txt_in = nn.Linear(config.text_dim, dim, bias=False)
+        self.double_blocks = nn.ModuleList(DoubleStreamBlock(config, attention_fn) for _ in range(config.num_double_layers))
+        self.single_blocks = nn.ModuleList(SingleStreamBlock(config, attention_fn) for _ in range(config.num_single_layers))
+        self.out_mod = nn.Linear(dim, 2 * dim, bias=False)
+        self.proj_out = nn.Linear(dim, config.out_channels, bias=False)
+
+    def forward(
+        self,
+        img: Tensor,
+        txt: Tensor,
+        timestep: Tensor,
+        img_ids: Tensor,
+        txt_ids: Tensor,
+        guidance: Tensor | None = None,
+    ) -> Tensor:
+        """img [B, N, C_in] (target tokens then reference tokens), txt [B, L, text_dim],
+        timestep [B] in [0, 1], ids [N, 4] / [L, 4] shared by the batch -> [B, N, C_out]."""
+        # 1. Conditioning: the timestep (x1000, like the reference) drives every modulation.
+        temb = self.time_embed(timestep.to(img.dtype) * 1000)
+        if guidance is not None and self.guidance_embed is not None:
+            temb = temb + self.guidance_embed(guidance.to(img.dtype) * 1000)
+        silu = F.silu(temb)[:, None, :]  # [B, 1, dim]
+        mod_img, mod_txt, mod_single = self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu)
+
+        # 2. Embed tokens; rotary tables over (text, image) ids in attention order.
+        x = self.img_in(img)
+        c = self.txt_in(txt)
+        cos_t, sin_t = rope_tables(txt_ids, self.config.rope_axes, self.config.rope_theta)
+        cos_i, sin_i = rope_tables(img_ids, self.config.rope_axes, self.config.rope_theta)
+        rope = (torch.cat([cos_t, cos_i]), torch.cat([sin_t, sin_i]))
+
+        # 3. Double-stream blocks, then one joint stream [B, L + N, dim].
+        for block in self.double_blocks:
+            x, c = block(x, c, mod_img, mod_txt, rope)
+        h = torch.cat([c, x], dim=1)
+        for block in self.single_blocks:
+            h = block(h, mod_single, rope)
+        h = h[:, c.shape[1]:]
+
+        # 4. Output head: adaptive norm (scale first, then shift) and projection.
+        scale, shift = self.out_mod(F.silu(temb).to(h.dtype)).chunk(2, dim=-1)
+        h = F.layer_norm(h, h.shape[-1:], eps=self.config.eps) * (1 + scale[:, None]) + shift[:, None]
+        return self.proj_out(h)

@@ -1,0 +1,75 @@
+"""Cards for Flux2 Klein diffusers folders (text-to-image and reference-image editing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.errors import CheckpointError
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir, read_json
+from vidloom.recipes.flux2.text import FLUX2_TEXT_TOKENS
+
+FAMILY = "flux2"
+PIPELINE_CLASS = "Flux2KleinPipeline"
+PROGRAM = "vidloom.recipes.flux2.program:build_program"
+SAMPLERS = ("euler",)
+# Klein's reference images: the pipeline refuses sides under 64 px (Flux2ImageProcessor.check_image_input).
+MIN_IMAGE_SIDE = 64
+MAX_REFERENCE_IMAGES = 4  # BFL's Klein guidance; each image adds its tokens to every attention
+# Step-distilled Klein runs 4 steps without CFG; the base model 50 steps with CFG 4.0
+# (black-forest-labs FLUX.2-klein model cards / Flux2KleinPipeline docs).
+DISTILLED_DEFAULTS = SamplingDefaults(
+    height=1024, width=1024, num_frames=1, fps=1, num_inference_steps=4,
+    guidance_scale=1.0, flow_shift=3.0, sampler="euler", negative_prompt="",
+)
+BASE_DEFAULTS = SamplingDefaults(
+    height=1024, width=1024, num_frames=1, fps=1, num_inference_steps=50,
+    guidance_scale=4.0, flow_shift=3.0, sampler="euler", negative_prompt="",
+)
+
+
+def is_distilled(path: str | Path) -> bool:
+    """model_index.json's `is_distilled` (the pipeline's switch that turns CFG off)."""
+    return bool(read_json(Path(path) / "model_index.json").get("is_distilled", False))
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A card for a Flux2KleinPipeline folder; the VAE depth sets the size multiple."""
+    ckpt = DiffusersDir.open(path)
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    vae = ckpt.component_config("vae")
+    # Pixels per latent cell (2^(levels-1)) times the 2x2 patchify: sizes must divide by this.
+    multiple = 2 ** (len(vae.get("block_out_channels", (128, 256, 512, 512))) - 1) * 2
+    distilled = is_distilled(ckpt.root)
+    defaults = DISTILLED_DEFAULTS if distilled else BASE_DEFAULTS
+    if defaults.height % multiple:
+        raise CheckpointError(f"{ckpt.root}/vae/config.json: size multiple {multiple} does not divide 1024")
+    return ModelCard(
+        model_id=ckpt.root.name,
+        family=FAMILY,
+        components={
+            "transformer": ComponentSpec("transformer", "transformer", "bfloat16"),
+            "vae": ComponentSpec("vae", "vae", "float32"),
+            "text_encoder": ComponentSpec("text_encoder", "text_encoder", "bfloat16"),
+            "tokenizer": ComponentSpec("tokenizer", "tokenizer"),
+            "scheduler": ComponentSpec("scheduler", "scheduler"),
+        },
+        loops={"denoise": LoopSpec(kind="denoise", samplers=SAMPLERS)},
+        tasks=frozenset({Task.T2I}),
+        precision="bfloat16",
+        sampling_defaults=defaults,
+        geometry=Geometry(spatial_multiple=multiple, temporal_factor=1),
+        recipe=RecipeSpec(
+            parents=("black-forest-labs/FLUX.2-klein",), method="distilled" if distilled else "pretrained",
+            loop="denoise", precision="bfloat16",
+        ),
+        program=PROGRAM,
+        source=str(ckpt.root),
+        description=f"Flux2 Klein {'step-distilled ' if distilled else ''}text-to-image and editing from {ckpt.root}",
+        notes=("guidance_scale is ignored (step-distilled)",) if distilled else (),
+        max_prompt_tokens=FLUX2_TEXT_TOKENS,
+        max_reference_images=MAX_REFERENCE_IMAGES,
+        min_image_side=MIN_IMAGE_SIDE,
+    )

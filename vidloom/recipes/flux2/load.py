@@ -1,0 +1,81 @@
+"""Load a Flux2 Klein card's checkpoint onto our modules: one resident copy per component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.instance import ModelInstance
+from vidloom.layers.attention import resolve_attention
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
+from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
+from vidloom.recipes.flux2.cards import PIPELINE_CLASS, is_distilled
+from vidloom.recipes.flux2.schedule import Flux2Schedule
+from vidloom.recipes.flux2.text import Flux2TextEncoder
+
+
+def load_instance(
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+) -> ModelInstance:
+    """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in float32."""
+    _check_deploy(deploy)
+    ckpt = DiffusersDir.open(checkpoint)
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    try:
+        dit_config = Flux2TransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+        vae_config = Flux2VAEConfig.from_diffusers(ckpt.component_config("vae"))
+        schedule = Flux2Schedule.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.root}: {exc}") from None
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    transformer = materialize(lambda: Flux2Transformer(dit_config, attention_fn), device, compute)
+    load_weights(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP)
+    vae = Flux2VAE(vae_config)
+    load_weights(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP)
+    text = Flux2TextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
+    )
+    if text.width != dit_config.text_dim:
+        raise CheckpointError(
+            f"{ckpt.root}: text encoder gives {text.width}-wide embeddings ({len(text.layers)} layers x hidden), "
+            f"transformer joint_attention_dim is {dit_config.text_dim}"
+        )
+    if deploy.compile:
+        for block in (*transformer.double_blocks, *transformer.single_blocks):
+            block.compile(backend=deploy.compile_backend, dynamic=False)
+    return ModelInstance(
+        card=card,
+        components={
+            "transformer": transformer.eval(),
+            "vae": vae.to(device=device, dtype=torch.float32).eval(),
+            "text_encoder": text,
+            "schedule": schedule,
+            "distilled": is_distilled(ckpt.root),
+        },
+        device=device,
+        dtype=compute,
+        checkpoint_dir=str(ckpt.root),
+        deploy=deploy,
+    )
+
+
+def _check_deploy(deploy: DeployConfig) -> None:
+    """Options wired for Wan only fail at load, naming the flag, instead of mid-request."""
+    unsupported = [
+        name for name, on in (
+            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
+            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
+        ) if on
+    ]
+    if unsupported:
+        raise DeployError(f"Flux2 does not support {', '.join(unsupported)} yet (Wan only)")

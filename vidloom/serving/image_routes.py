@@ -1,0 +1,124 @@
+"""Routes under /v1/images: generations (JSON), edits (multipart with reference images), and files for url answers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+
+from vidloom.core.output import VideoOutput
+from vidloom.media.image import MEDIA_TYPES, encode_image, load_image
+from vidloom.serving.disconnect import unless_disconnected
+from vidloom.serving.errors import APIError, engine_errors, store_error, validation_error
+from vidloom.serving.file_response import OpenFileResponse
+from vidloom.serving.job_store import is_image_file
+from vidloom.serving.params import PlannedImages, plan_images
+from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse
+from vidloom.serving.request_body import read_body
+from vidloom.serving.video_routes import jobs_of
+
+router = APIRouter(prefix="/v1/images")
+IMAGE_FILE_FIELDS = ("image", "image[]")  # the openai client sends a list of images as image[]
+MAX_FORM_FIELDS = 64  # text fields of an edit form; the body size limit bounds the files' bytes
+
+
+@router.post("/generations")
+async def generate_images(request: Request) -> ImagesResponse:
+    """Text-to-image (`n` images); answers when all are ready. On a video model an image is a one-frame video."""
+    manager = jobs_of(request)
+    body = await read_body(request, ImageGenerationBody)
+    with engine_errors():
+        planned = plan_images(body, manager.card)
+    return await _render(request, planned)
+
+
+@router.post("/edits")
+async def edit_images(request: Request) -> ImagesResponse:
+    """Reference-image editing: multipart `image` (one or more files, also as `image[]`), `prompt`, `n`, `size`..."""
+    manager = jobs_of(request)
+    fields, files = await _edit_form(request, manager.card.max_reference_images)
+    try:
+        body = ImageEditBody.model_validate(fields)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    if body.mask is not None:
+        raise APIError(400, "mask: masked editing is not supported; send only reference images",
+                       param="mask", code="invalid_parameter")
+    if not files:
+        raise APIError(400, "image: send one or more image files", param="image", code="invalid_parameter")
+    with engine_errors():
+        images = tuple(load_image(data, "image", i) for i, data in enumerate(files))
+        planned = plan_images(body, manager.card, images)
+    return await _render(request, planned)
+
+
+@router.get("/files/{name}")
+async def image_file(request: Request, name: str) -> OpenFileResponse:
+    """A file written for a response_format=url answer."""
+    if not is_image_file(name):
+        raise APIError(404, "no such image file", param="name", code="image_not_found")
+    path = jobs_of(request).store.image_path(name)
+    try:
+        file = open(path, "rb")
+    except FileNotFoundError:
+        raise APIError(404, "no such image file", param="name", code="image_not_found") from None
+    return OpenFileResponse(file, path, media_type=MEDIA_TYPES[path.suffix[1:]], filename=name)
+
+
+async def _render(request: Request, planned: PlannedImages) -> ImagesResponse:
+    manager = jobs_of(request)
+    with engine_errors():
+        outputs = await unless_disconnected(request, manager.generate_images(planned.requests))
+    data = [await _answer(request, output, planned) for output in outputs]
+    first = outputs[0].frames[0]
+    return ImagesResponse(created=int(time.time()), data=data, output_format=planned.output_format,
+                          size=f"{first.shape[1]}x{first.shape[0]}")
+
+
+async def _answer(request: Request, output: VideoOutput, planned: PlannedImages) -> ImageData:
+    encoded = await asyncio.to_thread(encode_image, output.frames[0], planned.output_format)
+    if planned.response_format == "b64_json":
+        return ImageData(b64_json=base64.b64encode(encoded).decode())
+    name = f"img_{uuid.uuid4().hex}.{planned.output_format}"
+    try:
+        await asyncio.to_thread(jobs_of(request).store.save_image, name, encoded)
+    except OSError as exc:
+        raise store_error(exc, "the image cannot be stored") from None
+    return ImageData(url=f"{str(request.base_url).rstrip('/')}/v1/images/files/{name}")
+
+
+async def _edit_form(request: Request, max_images: int) -> tuple[dict[str, Any], list[bytes]]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "multipart/form-data":
+        raise APIError(400, "images/edits takes multipart/form-data with image file parts",
+                       code="unsupported_content_type")
+    try:
+        # One more file than the model takes, so "too many images" is reported by name, not as a parse error.
+        form = await request.form(max_files=max(1, max_images) + 1, max_fields=MAX_FORM_FIELDS)
+    except (MultiPartException, ValueError) as exc:
+        raise APIError(400, f"malformed form body: {exc}", code="invalid_form") from None
+    fields: dict[str, Any] = {}
+    files: list[bytes] = []
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            if key == "mask":
+                fields["mask"] = "<file>"
+            elif key not in IMAGE_FILE_FIELDS:
+                raise APIError(400, f"{key}: must be a text field, not a file", param=key, code="invalid_parameter")
+            else:
+                files.append(await value.read())
+        elif key in IMAGE_FILE_FIELDS:
+            raise APIError(400, "image: must be a file part", param="image", code="invalid_parameter")
+        else:
+            fields[key] = value
+    if max_images and len(files) > max_images:
+        raise APIError(400, f"image: {len(files)} images is more than the limit of {max_images}",
+                       param="image", code="limit_exceeded")
+    return fields, files
