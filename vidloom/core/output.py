@@ -27,13 +27,14 @@ class VideoOutput:
         return int(self.frames.shape[0])
 
     def save(self, path: str | Path) -> Path:
-        """Write an .mp4 (H.264), or a .png when the output is a single frame."""
-        from vidloom.media.video import write_png, write_video
+        """Write by extension: .mp4 (H.264), .webm (VP9), .gif, .png (one frame, else out_0000.png ...).
 
-        path = Path(path)
-        if path.suffix.lower() == ".png":
-            return write_png(self.frames[0], path)
-        return write_video(self.frames, self.fps, path)
+        Returns the path written (the first file of a PNG sequence); another extension raises
+        InvalidRequest("output") before anything is encoded.
+        """
+        from vidloom.media.output import write_output
+
+        return write_output(self.frames, self.fps, Path(path))[0]
 
 
 @dataclass(frozen=True)
