@@ -54,3 +54,20 @@ def test_offload_keeps_weights_on_cpu_between_calls(demo_cache):
     out = enc.encode(["a cat"])
     assert out.device.type == "cuda"
     assert next(enc.model.parameters()).device.type == "cpu"
+
+
+def test_long_prompt_is_truncated_with_a_warning_giving_the_count(demo_cache):
+    import warnings
+
+    from vidloom.recipes.wan.text import PromptTruncated
+
+    enc = _encoder(demo_cache)
+    long_prompt = " ".join(["cat"] * 600)
+    count = len(enc.tokenizer(long_prompt)["input_ids"])
+    assert count > 512
+    with pytest.warns(PromptTruncated, match=f"is {count} tokens; the text encoder reads the first 512 and ignores the other {count - 512}"):
+        emb = enc.encode([long_prompt])
+    assert emb.shape[1] == 512
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a prompt within the limit warns about nothing
+        enc.encode(["a cat"])

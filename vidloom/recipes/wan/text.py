@@ -11,11 +11,13 @@ import hashlib
 import html
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
 
 from vidloom.core.errors import CheckpointError
@@ -72,7 +74,7 @@ class WanTextEncoder:
             raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
         try:
             model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # a truncated file is a SafetensorError
             raise CheckpointError(f"{encoder_dir}: cannot load UMT5 text encoder ({exc})") from None
         return cls(tokenizer, model, device, **options)
 
@@ -92,6 +94,7 @@ class WanTextEncoder:
 
     @torch.inference_mode()
     def _run_encoder(self, texts: list[str]) -> torch.Tensor:
+        self._warn_if_truncated(texts)
         tokens = self.tokenizer(
             texts,
             padding="max_length",
@@ -113,6 +116,22 @@ class WanTextEncoder:
         # Positions past each prompt's length become exact zeros, as Wan was trained.
         past_end = torch.arange(hidden.shape[1], device=hidden.device)[None, :] >= mask.sum(dim=1)[:, None]
         return hidden.masked_fill(past_end[..., None], 0.0)
+
+
+    def _warn_if_truncated(self, texts: list[str]) -> None:
+        """Wan reads max_length tokens, as diffusers does; say so when a prompt is longer instead of cutting silently."""
+        counts = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        for text, ids in zip(texts, counts):
+            if len(ids) > self.max_length:
+                preview = text if len(text) <= 40 else text[:37] + "..."
+                warnings.warn(PromptTruncated(
+                    f"prompt {preview!r} is {len(ids)} tokens; the text encoder reads the first {self.max_length} "
+                    f"and ignores the other {len(ids) - self.max_length}"
+                ), stacklevel=2)
+
+
+class PromptTruncated(UserWarning):
+    """A prompt longer than the text encoder's token limit was cut to the limit."""
 
 
 class EmbeddingCache:
