@@ -59,6 +59,8 @@ class DeployConfig:
                 raise DeployError(f"warmup_shapes entries are (height, width, num_frames), got {shape!r}")
         if self.step_cache_threshold is not None and not self.step_cache_threshold >= 0:
             raise DeployError(f"step_cache_threshold must be >= 0, got {self.step_cache_threshold}")
+        if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
+            raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_parallel()

@@ -43,7 +43,7 @@ def check_output_path(path: Path, field: str = "output") -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise InvalidRequest(field, f"cannot write to {parent}: {exc.strerror or exc}") from None
+        raise InvalidRequest(field, f"{path}: cannot create a file in {parent} ({exc.strerror or exc})") from None
 
 
 def write_output(frames: np.ndarray, fps: int, path: Path) -> list[Path]:

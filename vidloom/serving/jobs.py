@@ -67,7 +67,8 @@ class JobManager:
     """Owns the AsyncEngine, the job store and the metrics of one server."""
 
     def __init__(self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop) -> None:
-        self.card = engine.instance.card
+        card = engine.instance.card  # the name the API shows (model fields, /v1/models) may be --served-model-name
+        self.card = dataclasses.replace(card, model_id=config.served_model_name) if config.served_model_name else card
         self._config = config
         self._loop = loop
         self.store = JobStore(config.data_dir)

@@ -60,7 +60,7 @@ def test_unknown_extension_is_refused_naming_output(tmp_path, name):
 def test_directory_and_unwritable_outputs_are_refused(tmp_path):
     with pytest.raises(InvalidRequest, match="is a directory"):
         check_output_path(tmp_path)
-    with pytest.raises(InvalidRequest, match="cannot write"):
+    with pytest.raises(InvalidRequest, match="cannot create a file in"):
         check_output_path(Path("/proc/x.mp4"))
     check_output_path(tmp_path / "new" / "dir" / "ok.mp4")  # missing parents are fine
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
