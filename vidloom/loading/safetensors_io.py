@@ -21,7 +21,7 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     single = folder / f"{stem}.safetensors"
     index = folder / f"{stem}.safetensors.index.json"
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _open_safetensors(single) as f:
             return {key: single for key in f.keys()}
     if index.is_file():
         try:
