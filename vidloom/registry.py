@@ -129,12 +129,13 @@ def hub_snapshot(repo_id: str) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     fix = f"download it with `hf download {repo_id}` (or pass a local checkpoint directory to --model)"
+    # Read at call time: huggingface_hub reads HF_HUB_OFFLINE once, when it is first imported.
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(repo_id))
+        return Path(snapshot_download(repo_id, local_files_only=offline))
     except RepositoryNotFoundError:
         raise CheckpointError(f"{repo_id}: no such Hugging Face repo (or it is private/gated: log in with `hf auth login`)") from None
     except LocalEntryNotFoundError:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         why = "offline mode (HF_HUB_OFFLINE=1) is on" if offline else "the Hub cannot be reached"
         raise CheckpointError(f"{repo_id}: not in the local Hugging Face cache and {why}; {fix}") from None
     except (HfHubHTTPError, OSError, ValueError) as exc:
