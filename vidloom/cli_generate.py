@@ -122,6 +122,9 @@ def quiet_third_party(verbose: bool) -> None:
 
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
+    from huggingface_hub.utils import enable_progress_bars
+
+    enable_progress_bars()  # transformers' switch also turned off the Hub's download bars: those stay
     try:
         from diffusers.utils import logging as diffusers_logging
     except ImportError:  # diffusers is only a test dependency
