@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {flag}: {_one_line(exc.message)}", file=sys.stderr)
         return EXIT_USAGE
     except VidloomError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {_flagged(_one_line(str(exc)))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("cancelled", file=sys.stderr)
@@ -109,6 +109,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _flagged(text: str) -> str:
+    """"slots: must be >= 1" -> "--slots: must be >= 1": name the flag the user typed, when the
+    message starts with a setting's field name and that field has a flag."""
+    field, sep, rest = text.partition(": ")
+    if not sep or not field.isidentifier():
+        return text
+    flag = FLAG_OF_FIELD.get(field) or f"--{field.replace('_', '-')}"
+    options = {opt for parser in _subparsers(build_parser()) for action in parser._actions for opt in action.option_strings}
+    return f"{flag}: {rest}" if flag in options else text
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [p for action in parser._actions if isinstance(action, argparse._SubParsersAction) for p in action.choices.values()]
 
 
 def _models() -> int:
@@ -135,7 +150,7 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
         )
     except ValueError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {_flagged(_one_line(str(exc)))}", file=sys.stderr)
         return EXIT_USAGE
     if place is not None and place.rank != 0:
         return _follow(model, args, config.deploy)

@@ -70,6 +70,10 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
             step, total = bars.last_denoise
             print(f"cancelled at step {step}/{total}", file=sys.stderr)
             return EXIT_INTERRUPTED
+    if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
+        step, total = bars.last_denoise
+        print(f"cancelled at step {step}/{total} (during decode)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     paths = write_output(video.frames, video.fps, output)
     meta = video.metadata
     shown = str(paths[0].resolve()) if len(paths) == 1 else f"{paths[0].resolve()} .. {paths[-1].name}"

@@ -39,7 +39,8 @@ def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     (["--output", "/proc/x.mp4"], ["--output", "/proc"]),
     (["--output", "{tmp}"], ["--output", "is a directory"]),
     (["--output", "{tmp}/clip.avi"], ["--output", ".avi", ".mp4"]),
-    (["--device", "cuda"], ["device", "CUDA"]),
+    (["--device", "cuda"], ["--device", "CUDA"]),
+    (["--device", "gpu"], ["--device", "gpu"]),
     (["--dtype", "float8"], ["--dtype", "float8"]),
     (["--vae-tile", "0"], ["--vae-tile"]),
     (["--steps", "0"], ["--steps", ">= 1"]),
@@ -47,7 +48,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     (["--sampler", "ddim"], ["--sampler", "ddim"]),
 ])
 def test_generate_errors_are_one_line_exit_2_before_the_model_loads(demo_cache, tmp_path, args, needles):
-    if "--device" in args:
+    if args[:2] == ["--device", "cuda"]:
         import torch
 
         if torch.cuda.is_available():
@@ -81,6 +82,13 @@ def test_serve_with_an_unusable_data_dir_fails_before_serving(demo_cache):
     proc = _run(["serve", "--data-dir", "/proc/nope", "--port", "0"], demo_cache)
     _one_error_line(proc, "--data-dir", "/proc/nope")
     assert "serving" not in proc.stdout
+
+
+@pytest.mark.parametrize("args, flag", [(["--slots", "0"], "--slots"), (["--policy", "lifo"], "--policy"),
+                                        (["--served-model-name", " "], "--served-model-name")])
+def test_serve_setting_errors_name_the_flag(demo_cache, tmp_path, args, flag):
+    proc = _run(["serve", "--data-dir", str(tmp_path / "d"), "--port", "0", *args], demo_cache)
+    _one_error_line(proc, flag)
 
 
 def test_version_and_serve_synopsis(demo_cache):
