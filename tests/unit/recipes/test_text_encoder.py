@@ -71,3 +71,24 @@ def test_long_prompt_is_truncated_with_a_warning_giving_the_count(demo_cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a prompt within the limit warns about nothing
         enc.encode(["a cat"])
+
+
+def test_tokenizer_loads_without_sentencepiece(demo_cache):
+    """sentencepiece is not a dependency: Wan's Diffusers checkpoints ship tokenizer.json, read by `tokenizers`."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = ensure_demo_checkpoint(demo_cache)
+    code = (
+        "import sys; sys.modules['sentencepiece'] = None\n"  # any import of it now fails
+        "from transformers import AutoTokenizer\n"
+        f"tok = AutoTokenizer.from_pretrained({str(folder / 'tokenizer')!r})\n"
+        "print(len(tok('a cat walks')['input_ids']))\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) > 1
