@@ -67,12 +67,10 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
             with bars, _cancel_on_sigint(token):
                 video = generator.run(request, on_event=bars, cancel=token)
         except Cancelled:
-            step, total = bars.last_denoise
-            print(f"cancelled at step {step}/{total}", file=sys.stderr)
+            print(_cancelled_line(bars.last_denoise), file=sys.stderr)
             return EXIT_INTERRUPTED
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
-        step, total = bars.last_denoise
-        print(f"cancelled at step {step}/{total} (during decode)", file=sys.stderr)
+        print(_cancelled_line(bars.last_denoise) + " (during decode)", file=sys.stderr)
         return EXIT_INTERRUPTED
     paths = write_output(video.frames, video.fps, output)
     meta = video.metadata
@@ -83,6 +81,11 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     )
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
+
+
+def _cancelled_line(progress: tuple[int, int]) -> str:
+    step, total = progress
+    return f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
 
 
 class _cancel_on_sigint:
