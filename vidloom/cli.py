@@ -1,40 +1,58 @@
-"""The `vidloom` command: generate | serve | models."""
+"""The `vidloom` command: generate | serve | models.
+
+Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
+checked before the model loads wherever possible; Ctrl-C during `generate` exits 130.
+"""
 
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from vidloom import registry
+from vidloom import __version__, registry
+from vidloom.cli_generate import FLAG_OF_FIELD, generate_command
 from vidloom.core.deploy import DeployConfig
-from vidloom.deploy_args import add_deploy_arguments, deploy_config
-from vidloom.core.errors import VidloomError
-from vidloom.core.output import Event, ProgressEvent
-from vidloom.core.request import Task
+from vidloom.core.errors import InvalidRequest, VidloomError
+from vidloom.deploy_args import add_deploy_arguments
+from vidloom.serving.serve_flags import API_KEY_ENV
 
 if TYPE_CHECKING:
     from vidloom.runtime.parallel.worker import RankPlace
 
-API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
+DTYPES = ("float32", "bfloat16", "float16")
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (its default prints the usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vidloom", description="Video generation inference runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="vidloom", description="Video generation inference runtime")
+    parser.add_argument("--version", action="version", version=f"vidloom {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate one video")
     gen.add_argument("--model", default=registry.DEFAULT_MODEL,
-                     help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL}, random weights)")
+                     help=f"registered id, diffusers checkpoint dir or Hugging Face repo id "
+                          f"(default: {registry.DEFAULT_MODEL}, random weights)")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--negative-prompt", default=None)
+    gen.add_argument("--negative-prompt", default=None, help="card default (Wan: its long negative prompt)")
     gen.add_argument("--output", default=None,
-                     help="where to write the .mp4 (video models) or .png (image models) (default: out.mp4 / out.png)")
+                     help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
+                          ".png (one frame, or out_0000.png ... for several), .jpg / .webp (image models) "
+                          "(default: out.mp4, or out.png for image models)")
     gen.add_argument("--image", action="append", default=None, metavar="PATH",
-                     help="input image; repeat for several (Flux2 reference images for editing)")
+                     help="input image: the first frame on an image-to-video model, reference images on an image "
+                          "model (repeat for several)")
+    gen.add_argument("--video", default=None, metavar="PATH",
+                     help="context clip to continue (video-to-video models such as AnyFlow-FAR)")
     gen.add_argument("--steps", type=int, default=None, help="denoise steps (card default)")
     gen.add_argument("--seed", type=int, default=None, help="noise seed (random if unset; printed)")
     gen.add_argument("--height", type=int, default=None)
@@ -45,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
-    gen.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
+    gen.add_argument("--dtype", default=None, choices=DTYPES,
+                     help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
+    gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
     add_deploy_arguments(gen)
 
     sub.add_parser("models", help="list registered model cards")
@@ -61,8 +81,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--config", default=None, metavar="CARD.yaml",
                      help="deployment card: YAML with any setting below (and more); flags you type override it")
     srv.add_argument("--print-config", action="store_true", help="print the effective deployment card and exit")
-    srv.add_argument("--model", default=registry.DEFAULT_MODEL,
-                     help=f"registered id or diffusers checkpoint dir (default: {registry.DEFAULT_MODEL})")
+    srv.add_argument("model_arg", nargs="?", default=None, metavar="MODEL",
+                     help="registered id, diffusers checkpoint dir or Hugging Face repo id (same as --model)")
+    srv.add_argument("--model", default=None,
+                     help=f"registered id, diffusers checkpoint dir or Hugging Face repo id "
+                          f"(default: {registry.DEFAULT_MODEL})")
+    srv.add_argument("--served-model-name", default=None, metavar="NAME",
+                     help="model name clients send and see in /v1/models (default: the card's id)")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
@@ -78,7 +103,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--lost-jobs", default="fail", choices=("fail", "requeue"),
                      help="jobs of a server that died: fail them, or requeue them for a live server (default: fail)")
     srv.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
-    srv.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    srv.add_argument("--dtype", default=None, choices=DTYPES, help="float32 | bfloat16 | float16")
+    srv.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
     _add_limit_arguments(srv)
     add_deploy_arguments(srv)
     _add_serve_security_arguments(srv)
@@ -127,10 +153,36 @@ def main(argv: list[str] | None = None) -> int:
             return run_fleet(args)
         if args.command == "serve":
             return _serve(args, sys.argv[1:] if argv is None else argv)
-        return _generate(args)
+        return generate_command(args, _torchrun_place, _follow)
+    except InvalidRequest as exc:
+        flag = FLAG_OF_FIELD.get(exc.field, exc.field)
+        print(f"error: {flag}: {_one_line(exc.message)}", file=sys.stderr)
+        return EXIT_USAGE
     except VidloomError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"error: {_flagged(_one_line(str(exc)))}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _flagged(text: str) -> str:
+    """"slots: must be >= 1" -> "--slots: must be >= 1": name the flag the user typed, when the
+    message starts with a setting's field name and that field has a flag."""
+    field, sep, rest = text.partition(": ")
+    if not sep or not field.isidentifier():
+        return text
+    flag = FLAG_OF_FIELD.get(field) or f"--{field.replace('_', '-')}"
+    options = {opt for parser in _subparsers(build_parser()) for action in parser._actions for opt in action.option_strings}
+    return f"{flag}: {rest}" if flag in options else text
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [p for action in parser._actions if isinstance(action, argparse._SubParsersAction) for p in action.choices.values()]
 
 
 def _models() -> int:
@@ -140,58 +192,47 @@ def _models() -> int:
 
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from vidloom.cli_generate import check_device, quiet_third_party
     from vidloom.serving.deploy_card import dump_card
     from vidloom.serving.serve_flags import effective_config, typed_flags
     from vidloom.serving.server import BindError, serve
 
+    if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
+        raise InvalidRequest("model", f"given twice: {args.model_arg!r} and --model {args.model!r}; give one")
+    quiet_third_party(args.verbose)
     place = _torchrun_place()
     try:  # defaults < deployment card < $VIDLOOM_API_KEY < typed flags
         config = effective_config(args, typed_flags(build_parser(), argv), place.world_size if place else None)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"error: {_flagged(_one_line(str(exc)))}", file=sys.stderr)
+        return EXIT_USAGE
     if args.print_config:
         print(dump_card(config, "# vidloom deployment card (effective settings)\n"), end="")
         return 0
     if place is not None and place.rank != 0:
-        return _follow(argparse.Namespace(model=config.model, device=config.device, dtype=config.dtype), config.deploy)
+        return _follow(config.model, args, config.deploy)
+    check_data_dir(config.data_dir)
+    check_device(config.device)
     for note in registry.resolve_card(config.model).notes:
         print(f"note: {note}", file=sys.stderr)
     try:
         serve(config)
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     return 0
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from vidloom.generator import VideoGenerator
+def check_data_dir(data_dir: Path) -> None:
+    """The job database and videos must be writable before the model loads and "serving on" is printed."""
+    import tempfile
 
-    place = _torchrun_place()
-    deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts
-    if place is not None and place.rank != 0:
-        return _follow(args, deploy)
-    card = registry.resolve_card(args.model)
-    for note in card.notes:
-        print(f"note: {note}", file=sys.stderr)
-    started = time.perf_counter()
-    with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy) as generator:
-        with _ProgressBars() as bars:
-            video = generator.generate(
-                args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
-                num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
-                flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
-                **({"image": args.image} if args.image else {}),
-            )
-    path = video.save(Path(args.output or ("out.mp4" if Task.T2V in card.tasks else "out.png")))
-    meta = video.metadata
-    print(
-        f"wrote {path.resolve()}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps, "
-        f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
-    )
-    print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
-    return 0
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as exc:
+        raise InvalidRequest("data_dir", f"cannot use {data_dir} for the job database: {exc.strerror or exc}") from None
 
 
 def _torchrun_place() -> RankPlace | None:
@@ -201,45 +242,11 @@ def _torchrun_place() -> RankPlace | None:
     return torchrun_place()
 
 
-def _follow(args: argparse.Namespace, deploy: DeployConfig) -> int:
+def _follow(model: str, args: argparse.Namespace, deploy: DeployConfig) -> int:
     """A torchrun rank other than 0: serve rank 0's commands; rank 0 writes the output (or serves HTTP)."""
     from vidloom.generator import follow_torchrun
 
-    return 0 if follow_torchrun(args.model, device=args.device, dtype=args.dtype, deploy=deploy) else 1
-
-
-class _ProgressBars:
-    """One tqdm bar per phase (denoise, decode), fed by the engine's progress events."""
-
-    def __init__(self) -> None:
-        self._bars: dict = {}
-
-    def __enter__(self) -> "_ProgressBars":
-        return self
-
-    def __call__(self, event: Event) -> None:
-        from tqdm import tqdm
-
-        if not isinstance(event, ProgressEvent):
-            return
-        bar = self._bars.get(event.phase)
-        if bar is None:
-            bar = self._bars[event.phase] = tqdm(total=event.total, desc=event.phase, unit="step", file=sys.stderr)
-        bar.update(event.step - bar.n)
-
-    def __exit__(self, *exc: object) -> None:
-        for bar in self._bars.values():
-            bar.close()
-
-
-def _peak_memory() -> str:
-    import torch
-
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    text = f"{rss_mib:.0f} MiB RSS"
-    if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
-        text += f", {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB CUDA"
-    return text
+    return 0 if follow_torchrun(model, device=args.device, dtype=args.dtype, deploy=deploy) else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from vidloom import registry
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.conditioning import fit_image, load_video
@@ -48,11 +49,14 @@ class VideoGenerator:
         parallel: ParallelPlan | None = None,
         pool_options: PoolOptions | None = None,
     ) -> "VideoGenerator":
-        """Load a registered model id or a diffusers checkpoint directory.
+        """Load a registered model id, a diffusers checkpoint directory or a Hugging Face repo id.
 
-        device: defaults to CUDA when available, else CPU. dtype: defaults to the
-        card's precision on CUDA and float32 on CPU. deploy: performance and memory
-        options (default: the plain reference path). Nothing is downloaded.
+        A repo id ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") resolves through huggingface_hub:
+        downloaded with progress when online, read from the local cache when
+        HF_HUB_OFFLINE=1. device: defaults to CUDA when available, else CPU; one that
+        does not exist here raises DeployError. dtype: float32 | bfloat16 | float16,
+        defaults to the card's precision on CUDA and float32 on CPU. deploy:
+        performance and memory options (default: the plain reference path).
 
         devices / parallel: run on several devices, one worker process each (they
         override deploy.devices / deploy.parallel; devices defaults to the plan's
@@ -121,6 +125,7 @@ class VideoGenerator:
         video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
         continuation of that clip. The output takes their size unless height/width are given
         (then they are resized).
+        One prompt per call: a list raises InvalidRequest("prompt").
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames, fps=fps,
@@ -202,6 +207,11 @@ def build_request(
     An image makes it image-to-video where the card serves that; elsewhere images are reference
     images for the card's default task (refused by validation when the card takes none).
     """
+    if not isinstance(prompt, str):
+        raise InvalidRequest(
+            "prompt", f"must be one string, got {type(prompt).__name__}; batches are not supported yet: "
+            "call generate once per prompt (the model stays loaded)",
+        )
     task = _default_task(card)
     images = None if image is None else load_images(image)
     if images is not None and video is not None:
@@ -255,10 +265,43 @@ def follow_torchrun(
     return follow(str(model), checkpoint, device, dtype, deploy, pool_options)
 
 
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None -> CUDA when available, else CPU; a device that does not exist here raises DeployError."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DeployError(f"device: {device!r} is not a device ({exc}); use cuda, cuda:N or cpu") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeployError(f"device: {device!r} asked for CUDA, but this PyTorch sees no CUDA device; use cpu")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise DeployError(f"device: {device!r} does not exist; {torch.cuda.device_count()} CUDA device(s) here")
+    elif resolved.type != "cpu":
+        raise DeployError(f"device: {device!r} is not supported; use cuda, cuda:N or cpu")
+    return resolved
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise DeployError(f"dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise DeployError(f"dtype: {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    return dtype
+
+
 def _resolve(
     model: str | Path, device: str | torch.device | None, dtype: torch.dtype | str | None, cache_dir: str | Path | None
 ) -> tuple[ModelCard, Path, torch.device, torch.dtype | None]:
+    resolved_device, resolved_dtype = resolve_device(device), resolve_dtype(dtype)
     card = registry.resolve_card(model)
     checkpoint = registry.resolve_checkpoint(card, Path(cache_dir) if cache_dir else None)
-    resolved_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return card, checkpoint, resolved_device, getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return card, checkpoint, resolved_device, resolved_dtype

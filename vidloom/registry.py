@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,27 +64,38 @@ def list_cards() -> list[ModelCard]:
     return [import_target(target)() for target in CARDS.values()]
 
 
+# A Hugging Face repo id: "org/name" (letters, digits, "-", "_", "."), as huggingface_hub accepts.
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
 def resolve_card(model: str | Path) -> ModelCard:
-    """A registered id, or a diffusers checkpoint directory whose pipeline class we know."""
+    """A registered id, a diffusers checkpoint directory whose pipeline class we know, or a hub repo id."""
     key = str(model)
     if key in CARDS:
         return import_target(CARDS[key])()
     path = Path(key).expanduser()
     if path.is_dir():
-        ckpt = DiffusersDir.open(path)
-        if ckpt.pipeline_class not in PIPELINES:
-            raise CheckpointError(
-                f"{path}: pipeline class {ckpt.pipeline_class!r} is not supported; "
-                f"supported: {', '.join(PIPELINES)}"
-            )
-        return import_target(PIPELINES[ckpt.pipeline_class])(path)
+        return _card_from_dir(path)
+    if _REPO_ID.fullmatch(key) and not path.exists():
+        card = _card_from_dir(hub_snapshot(key))
+        return dataclasses.replace(card, model_id=key, description=f"{card.description} ({key})")
     raise UnknownModel(
-        f"unknown model {key!r}: not a registered id ({', '.join(CARDS)}) and not a checkpoint directory"
+        f"unknown model {key!r}: not a registered id ({', '.join(CARDS)}), not a checkpoint directory "
+        "and not a Hugging Face repo id (org/name)"
     )
 
 
+def _card_from_dir(path: Path) -> ModelCard:
+    ckpt = DiffusersDir.open(path)
+    if ckpt.pipeline_class not in PIPELINES:
+        raise CheckpointError(
+            f"{path}: pipeline class {ckpt.pipeline_class!r} is not supported; supported: {', '.join(PIPELINES)}"
+        )
+    return import_target(PIPELINES[ckpt.pipeline_class])(path)
+
+
 def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:
-    """Find (never download) the checkpoint directory behind `card.source`."""
+    """The checkpoint directory behind `card.source` (hub sources download when online, see hub_snapshot)."""
     kind, _, name = card.source.partition(":")
     if kind == "demo":
         return import_target(DEMOS[name])(cache_dir or default_cache_dir())
@@ -110,15 +123,24 @@ def sequence_geometry(card: ModelCard, checkpoint: Path) -> SequenceGeometry:
 
 
 def _from_hub_cache(card: ModelCard, repo_id: str) -> Path:
-    # Only files already on disk: vidloom never downloads weights itself.
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    return hub_snapshot(repo_id)
 
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot of a Hugging Face repo: downloaded (with progress) when online, the cache when
+    HF_HUB_OFFLINE=1. Whatever goes wrong becomes one CheckpointError saying how to get the files."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    fix = f"download it with `hf download {repo_id}` (or pass a local checkpoint directory to --model)"
+    # Read at call time: huggingface_hub reads HF_HUB_OFFLINE once, when it is first imported.
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except (LocalEntryNotFoundError, OSError, ValueError):
-        raise CheckpointError(
-            f"{card.model_id}: weights for {repo_id} are not on this machine. Download them first, e.g.\n"
-            f"  huggingface-cli download {repo_id} --local-dir ./{repo_id.split('/')[-1]}\n"
-            f"then pass that directory: --model ./{repo_id.split('/')[-1]}"
-        ) from None
+        return Path(snapshot_download(repo_id, local_files_only=offline))
+    except RepositoryNotFoundError:
+        raise CheckpointError(f"{repo_id}: no such Hugging Face repo (or it is private/gated: log in with `hf auth login`)") from None
+    except LocalEntryNotFoundError:
+        why = "offline mode (HF_HUB_OFFLINE=1) is on" if offline else "the Hub cannot be reached"
+        raise CheckpointError(f"{repo_id}: not in the local Hugging Face cache and {why}; {fix}") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{repo_id}: cannot fetch from the Hugging Face Hub ({exc}); {fix}") from None

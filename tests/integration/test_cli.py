@@ -38,7 +38,7 @@ def test_models_lists_registered_cards(demo_cache):
 def test_bad_input_exits_2_naming_the_field(demo_cache, tmp_path):
     proc = _run(["generate", "--prompt", "x", "--frames", "6", "--output", str(tmp_path / "x.mp4")], demo_cache)
     assert proc.returncode == 2
-    assert "num_frames" in proc.stderr and "Traceback" not in proc.stderr
+    assert "--frames" in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
     assert not (tmp_path / "x.mp4").exists()
 
 

@@ -96,7 +96,7 @@ def test_unknown_model_lists_known_ids():
 def test_registered_real_model_without_weights_says_how(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(CheckpointError, match="huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
+    with pytest.raises(CheckpointError, match="hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         VideoGenerator.from_pretrained("wan2.1-t2v-1.3b", device="cpu")
 
 

@@ -65,6 +65,8 @@ class DeployConfig:
         budget = self.kv_cache_budget_bytes
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
             raise DeployError(f"kv_cache_budget_bytes must be a positive int or None, got {budget!r}")
+        if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
+            raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_parallel()

@@ -27,19 +27,15 @@ class VideoOutput:
         return int(self.frames.shape[0])
 
     def save(self, path: str | Path) -> Path:
-        """Write an .mp4 (H.264), or the first frame as .png / .jpg / .webp (image models' one frame)."""
-        from vidloom.media.video import write_png, write_video
+        """Write by extension: .mp4 (H.264), .webm (VP9), .gif, .png (one frame, else out_0000.png ...),
+        .jpg / .webp (one frame: image models).
 
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix == ".png":
-            return write_png(self.frames[0], path)
-        if suffix in (".jpg", ".jpeg", ".webp"):
-            from vidloom.media.image import encode_image
+        Returns the path written (the first file of a PNG sequence); another extension raises
+        InvalidRequest("output") before anything is encoded.
+        """
+        from vidloom.media.output import write_output
 
-            path.write_bytes(encode_image(self.frames[0], "webp" if suffix == ".webp" else "jpeg"))
-            return path
-        return write_video(self.frames, self.fps, path)
+        return write_output(self.frames, self.fps, Path(path))[0]
 
 
 @dataclass(frozen=True)

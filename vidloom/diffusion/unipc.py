@@ -1,4 +1,9 @@
-"""UniPC on flow sigmas, numerically equal to diffusers' UniPCMultistepScheduler as Wan sets it up."""
+"""UniPC on flow sigmas, numerically equal to diffusers' UniPCMultistepScheduler as Wan sets it up.
+
+The predictor/corrector update follows diffusers' UniPCMultistepScheduler (Apache-2.0) step by
+step, in the same order of operations: bit-parity with it (tests/parity/test_samplers_vs_diffusers.py)
+requires that. The sampler state and interfaces around it are ours. Credited in NOTICE.
+"""
 
 from __future__ import annotations
 

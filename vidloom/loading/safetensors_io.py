@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from vidloom.core.errors import CheckpointError
@@ -20,7 +21,7 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     single = folder / f"{stem}.safetensors"
     index = folder / f"{stem}.safetensors.index.json"
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with _open_safetensors(single) as f:
             return {key: single for key in f.keys()}
     if index.is_file():
         try:
@@ -48,12 +49,12 @@ def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem:
         by_file.setdefault(path, []).append(key)
     loaded: set[str] = set()
     for path, keys in sorted(by_file.items()):
-        with safe_open(str(path), framework="pt") as f:
+        with _open_safetensors(path) as f:
             for key in keys:
                 name = name_map.to_module(key)
                 if name not in targets:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")
-                tensor = f.get_tensor(key)
+                tensor = _read_tensor(f, path, key)
                 target = targets[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise CheckpointError(
@@ -99,3 +100,18 @@ def save_weights(
         weight_map.update({key: name for key in shard})
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())}, "weight_map": weight_map}
     (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _open_safetensors(path: Path) -> Any:
+    """safe_open, with a truncated or corrupt file reported as CheckpointError naming it."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc}); download it again") from None
+
+
+def _read_tensor(handle: Any, path: Path, key: str) -> torch.Tensor:
+    try:
+        return handle.get_tensor(key)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: cannot read tensor {key!r} ({exc}); the file may be truncated") from None

@@ -1,4 +1,8 @@
-"""Encode frames to MP4 (H.264 via PyAV) and PNG; every write is atomic."""
+"""Encode frames to MP4 (H.264), WebM (VP9), GIF and PNG via PyAV; every write is atomic.
+
+Encodes are reproducible: the same frames give the same bytes whatever the process
+encoded before (the RGB -> YUV / palette conversion is ours, see media/color.py).
+"""
 
 from __future__ import annotations
 
@@ -17,18 +21,24 @@ import torch
 PARTIAL = ".partial"
 """Marks atomic_path's temp files: `.<stem>.<writer pid>.<random>.partial<suffix>` beside the final path."""
 
+from vidloom.media.color import rgb_to_palette_indices, rgb_to_yuv420p, web_palette
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.
 
     A writer that raises removes its temp file; one that is killed leaves it behind, and the
-    next atomic write to the same path (or remove_stale_temps on the folder) removes it.
+    next atomic write to the same path (or remove_stale_temps on the folder) removes it. The final
+    file gets the permissions a plain open() would give (0644 under umask 022), not mkstemp's 0600.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent, path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{os.getpid()}.", suffix=f"{PARTIAL}{path.suffix}", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -66,6 +76,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask alone must set it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc: set and restore (racy only against another umask change)
+    os.umask(mask)
+    return mask
+
+
 def to_uint8(frames: np.ndarray) -> np.ndarray:
     """Float frames in [0, 1] -> uint8, rounding to nearest (half to even); uint8 frames pass through."""
     if frames.dtype == np.uint8:
@@ -79,21 +102,53 @@ def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
     return (frames.float().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).contiguous()
 
 
-def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18) -> Path:
-    """Write uint8 frames [F, H, W, 3] as H.264 MP4 (yuv420p, so H and W must be even)."""
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
-        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")
+# container format -> (codec, codec options). Constant-quality rate control, one encoder thread.
+# x264's MB-tree gave a few different bitstreams for the same input within one process (same
+# frames, threads=1; issue 17), while constant QP or crf without MB-tree always agreed: it is off.
+# One thread, so bytes do not depend on the machine's core count either.
+VIDEO_CODECS: dict[str, tuple[str, dict[str, str]]] = {
+    "mp4": ("libx264", {"crf": "18", "threads": "1", "x264-params": "mbtree=0"}),
+    "webm": ("libvpx-vp9", {"crf": "30", "b": "0", "deadline": "good", "cpu-used": "4", "threads": "1"}),
+}
+
+
+def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, container_format: str = "mp4") -> Path:
+    """Write uint8 frames [F, H, W, 3] as H.264 MP4 or VP9 WebM (yuv420p, so H and W must be even)."""
+    _check_frames(frames)
     _, height, width, _ = frames.shape
     if height % 2 or width % 2:
-        raise ValueError(f"H.264 needs even sizes, got {width}x{height}")
+        raise ValueError(f"yuv420p video needs even sizes, got {width}x{height}")
+    codec, options = VIDEO_CODECS[container_format]
+    if container_format == "mp4":
+        options = {**options, "crf": str(crf)}
     with atomic_path(path) as tmp:
-        with av.open(str(tmp), mode="w", format="mp4") as container:
-            stream = container.add_stream("libx264", rate=fps)
+        # bitexact: no random ids in the container (Matroska/WebM writes a random SegmentUID otherwise)
+        with av.open(str(tmp), mode="w", format=container_format, options={"fflags": "+bitexact"}) as container:
+            stream = container.add_stream(codec, rate=fps)
             stream.width, stream.height = width, height
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": str(crf)}
+            stream.options = options
             for frame in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                yuv = av.VideoFrame.from_ndarray(rgb_to_yuv420p(frame), format="yuv420p")
+                for packet in stream.encode(yuv):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+    return path
+
+
+def write_gif(frames: np.ndarray, fps: int, path: Path) -> Path:
+    """Write uint8 frames [F, H, W, 3] as an animated GIF over a fixed 252-colour palette."""
+    _check_frames(frames)
+    palette = web_palette()
+    with atomic_path(path) as tmp:
+        with av.open(str(tmp), mode="w", format="gif") as container:
+            stream = container.add_stream("gif", rate=fps)
+            stream.width, stream.height = frames.shape[2], frames.shape[1]
+            stream.pix_fmt = "pal8"
+            for frame in frames:
+                indexed = av.VideoFrame.from_ndarray((rgb_to_palette_indices(frame), palette), format="pal8")
+                for packet in stream.encode(indexed):
                     container.mux(packet)
             for packet in stream.encode():
                 container.mux(packet)
@@ -103,14 +158,7 @@ def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18) -> Path
 def write_png(frame: np.ndarray, path: Path) -> Path:
     """Write one uint8 [H, W, 3] frame as PNG."""
     with atomic_path(path) as tmp:
-        with av.open(str(tmp), mode="w", format="image2") as container:
-            stream = container.add_stream("png")
-            stream.width, stream.height = frame.shape[1], frame.shape[0]
-            stream.pix_fmt = "rgb24"
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
+        tmp.write_bytes(encode_png(frame))
     return path
 
 
@@ -124,9 +172,14 @@ def encode_png(frame: np.ndarray) -> bytes:
 
 
 def read_video(path: Path) -> tuple[np.ndarray, float]:
-    """Decode an MP4 back to uint8 frames [F, H, W, 3] and its frame rate."""
+    """Decode a video file back to uint8 frames [F, H, W, 3] and its frame rate."""
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         fps = float(stream.average_rate) if stream.average_rate else 0.0
     return np.stack(frames), fps
+
+
+def _check_frames(frames: np.ndarray) -> None:
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")

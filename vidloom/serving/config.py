@@ -17,7 +17,8 @@ from vidloom.runtime.scheduler import POLICIES
 class ServeConfig:
     """Static server settings (per-request values come in the HTTP body)."""
 
-    model: str = DEFAULT_MODEL  # registered model id or diffusers checkpoint directory
+    model: str = DEFAULT_MODEL  # registered model id, diffusers checkpoint directory or hub repo id
+    served_model_name: str | None = None  # the name clients send and /v1/models lists; None = the card's id
     host: str = "127.0.0.1"  # loopback unless the operator opens it up
     port: int = 8000  # 0 picks a free port (printed at startup)
     slots: int = 1  # requests resident on the device at once
@@ -67,6 +68,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name: must be a non-empty name")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
         for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "sse_queue_size"):

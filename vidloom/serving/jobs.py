@@ -96,7 +96,8 @@ class JobManager:
     def __init__(
         self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop, store: JobStore | None = None,
     ) -> None:
-        self.card = engine.instance.card
+        card = engine.instance.card  # the name the API shows (model fields, /v1/models) may be --served-model-name
+        self.card = dataclasses.replace(card, model_id=config.served_model_name) if config.served_model_name else card
         self._config = config
         self._loop = loop
         self.store = store if store is not None else open_store(config)

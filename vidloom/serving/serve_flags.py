@@ -17,7 +17,7 @@ from vidloom.serving.deploy_card import CardLayer, build, load_card, merge
 
 API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
 # Flags that are not settings: where to read the card, what to do with it.
-NOT_SETTINGS = ("config", "print_config", "command")
+NOT_SETTINGS = ("config", "print_config", "command", "verbose")
 # Sections of a card that `vidloom serve` does not read (a fleet card's extra sections).
 OTHER_SECTIONS = ("fleet",)
 
@@ -31,6 +31,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "allowed_host": (("allowed_hosts",), list),
     "cors_origin": (("cors_origins",), list),
     "data_dir": (("data_dir",), str),
+    "model_arg": (("model",), str),  # `vidloom serve MODEL`, the same setting as --model
     "batch_wait_ms": (("batch_wait_s",), lambda ms: float(ms) / 1000.0),
     "max_body_mb": (("max_body_bytes",), lambda mb: max(1, int(mb * 2**20))),
     # deploy_args.py's flags

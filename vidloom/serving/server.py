@@ -93,7 +93,7 @@ def serve(config: ServeConfig) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     _warn_if_open(config, host)
-    print(f"vidloom serving {generator.card.model_id} on http://{shown}:{port} "
+    print(f"vidloom serving {config.served_model_name or generator.card.model_id} on http://{shown}:{port} "
           f"(data in {config.data_dir.resolve()})", flush=True)
     uvicorn_server(create_app(generator.engine, config, store), config).run(sockets=[sock])
 

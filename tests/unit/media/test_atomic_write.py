@@ -62,18 +62,18 @@ def test_mp4_writer_raising_mid_write_leaves_no_final_and_no_temp(tmp_path):
 
 def test_png_writer_raising_mid_write_leaves_no_final_and_no_temp(tmp_path, monkeypatch):
     final = tmp_path / "thumb.png"
-    real_open = video.av.open
+    real_write = Path.write_bytes
 
-    def open_then_fail(name, *args, **kwargs):
-        Path(name).write_bytes(b"\x89PNG\r\n\x1a\n partial")  # what was on disk when the writer died
-        assert Path(name) != final and not final.exists()
+    def write_then_fail(self, data):
+        real_write(self, data[:20])  # what was on disk when the writer died
+        assert self != final and not final.exists()
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(video.av, "open", open_then_fail)
+    monkeypatch.setattr(Path, "write_bytes", write_then_fail)
     with pytest.raises(OSError, match="no space"):
         write_png(FRAMES[0], final)
+    monkeypatch.setattr(Path, "write_bytes", real_write)
     assert not final.exists() and _partials(tmp_path) == []
-    monkeypatch.setattr(video.av, "open", real_open)
     write_png(FRAMES[0], final)
     assert final.read_bytes().startswith(b"\x89PNG") and _partials(tmp_path) == []
 
@@ -124,17 +124,15 @@ _CHILD = textwrap.dedent("""
                     time.sleep(120)
                 yield np.asarray(self[index])
 
-    real_open = video.av.open
+    real_write = Path.write_bytes
 
-    def open_and_stall(name, *args, **kwargs):
-        container = real_open(name, *args, **kwargs)
-        Path(name).write_bytes(b"partial")
+    def write_and_stall(self, data):
+        real_write(self, data[:20])
         print("WRITING", flush=True)
         time.sleep(120)
-        return container
 
     if kind == "png":
-        video.av.open = open_and_stall
+        Path.write_bytes = write_and_stall
         video.write_png(frames[0], final)
     else:
         video.write_video(frames.view(Stalling), 8, final)

@@ -72,3 +72,41 @@ def test_offloaded_weights_use_a_device_copy_and_drop_it_afterwards(demo_cache):
     assert torch.equal(enc.encode(["a cat walks"]), reference)
     assert seen and all(a != b for a, b in zip(seen[0], host_ptrs)), "the encode ran on the copy"
     assert [p.data_ptr() for p in params] == host_ptrs, "afterwards the module points at the host weights again"
+
+
+def test_long_prompt_is_truncated_with_a_warning_giving_the_count(demo_cache):
+    import warnings
+
+    from vidloom.recipes.wan.text import PromptTruncated
+
+    enc = _encoder(demo_cache)
+    long_prompt = " ".join(["cat"] * 600)
+    count = len(enc.tokenizer(long_prompt)["input_ids"])
+    assert count > 512
+    with pytest.warns(PromptTruncated, match=f"is {count} tokens; the text encoder reads the first 512 and ignores the other {count - 512}"):
+        emb = enc.encode([long_prompt])
+    assert emb.shape[1] == 512
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a prompt within the limit warns about nothing
+        enc.encode(["a cat"])
+
+
+def test_tokenizer_loads_without_sentencepiece(demo_cache):
+    """sentencepiece is not a dependency: Wan's Diffusers checkpoints ship tokenizer.json, read by `tokenizers`."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = ensure_demo_checkpoint(demo_cache)
+    code = (
+        "import sys; sys.modules['sentencepiece'] = None\n"  # any import of it now fails
+        "from transformers import AutoTokenizer\n"
+        f"tok = AutoTokenizer.from_pretrained({str(folder / 'tokenizer')!r})\n"
+        "print(len(tok('a cat walks')['input_ids']))\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) > 1

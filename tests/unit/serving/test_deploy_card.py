@@ -15,7 +15,7 @@ from vidloom.serving.config import ServeConfig
 from vidloom.serving.deploy_card import (
     DeployCardError, build, card_keys, card_values, dump_card, load_card, parse_card,
 )
-from vidloom.serving.serve_flags import _serve_subparser, effective_config, flag_key, typed_flags
+from vidloom.serving.serve_flags import NOT_SETTINGS, _serve_subparser, effective_config, flag_key, typed_flags
 
 # Non-default values per field that a valid config accepts together (anything not here is derived from its type).
 _CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "batched", "step_cache": "teacache",
@@ -160,7 +160,7 @@ def test_every_serve_flag_lands_on_a_card_key():
     """A new flag must map to a config field, or cards and --print-config silently miss it."""
     serve = _serve_subparser(build_parser())
     for action in serve._actions:
-        if action.dest in ("help", "config", "print_config"):
+        if action.dest in ("help", *NOT_SETTINGS):
             continue
         path, _ = flag_key(action.dest)
         cls: Any = ServeConfig

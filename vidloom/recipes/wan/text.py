@@ -12,11 +12,13 @@ import hashlib
 import html
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
 
 from vidloom.core.errors import CheckpointError
@@ -74,7 +76,7 @@ class WanTextEncoder:
             raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
         try:
             model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # a truncated file is a SafetensorError
             raise CheckpointError(f"{encoder_dir}: cannot load UMT5 text encoder ({exc})") from None
         return cls(tokenizer, model, device, **options)
 
@@ -94,6 +96,7 @@ class WanTextEncoder:
 
     @torch.inference_mode()
     def _run_encoder(self, texts: list[str]) -> torch.Tensor:
+        self._warn_if_truncated(texts)
         tokens = self.tokenizer(
             texts,
             padding="max_length",
@@ -113,6 +116,17 @@ class WanTextEncoder:
 
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
         return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+
+    def _warn_if_truncated(self, texts: list[str]) -> None:
+        """Wan reads max_length tokens, as diffusers does; say so when a prompt is longer instead of cutting silently."""
+        counts = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        for text, ids in zip(texts, counts):
+            if len(ids) > self.max_length:
+                preview = text if len(text) <= 40 else text[:37] + "..."
+                warnings.warn(PromptTruncated(
+                    f"prompt {preview!r} is {len(ids)} tokens; the text encoder reads the first {self.max_length} "
+                    f"and ignores the other {len(ids) - self.max_length}"
+                ), stacklevel=2)
 
 
 class OffloadedWeights:
@@ -142,6 +156,10 @@ class OffloadedWeights:
         finally:
             for tensor, host in zip(self._tensors, self._host):
                 tensor.data = host
+
+
+class PromptTruncated(UserWarning):
+    """A prompt longer than the text encoder's token limit was cut to the limit."""
 
 
 class EmbeddingCache:

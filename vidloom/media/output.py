@@ -1,0 +1,94 @@
+"""Choosing a writer from the output file's extension, and checking the path before any work."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from vidloom.core.errors import InvalidRequest
+from vidloom.media.video import atomic_path, encode_png, write_gif, write_video
+
+# Extension -> what gets written. Anything else is refused before generation.
+OUTPUT_FORMATS: dict[str, str] = {
+    ".mp4": "H.264 video",
+    ".webm": "VP9 video",
+    ".gif": "animated GIF",
+    ".png": "PNG (one frame; a numbered sequence for several)",
+    ".jpg": "JPEG (one frame: image models)",
+    ".jpeg": "JPEG (one frame: image models)",
+    ".webp": "WebP (one frame: image models)",
+}
+
+
+def check_output_path(path: Path, field: str = "output") -> None:
+    """Raise InvalidRequest(field) unless a file could be written at `path`; leaves nothing behind.
+
+    Checked before a model loads: the extension is one we write, the path is not a
+    directory, and the nearest existing parent directory accepts a new file.
+    """
+    if path.is_dir():
+        raise InvalidRequest(field, f"{path} is a directory; give a file name such as {path / 'out.mp4'}")
+    suffix = path.suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        known = ", ".join(OUTPUT_FORMATS)
+        raise InvalidRequest(field, f"{path}: unsupported extension {suffix or '(none)'!r}; use one of {known}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InvalidRequest(field, f"{path}: {parent} is not a directory")
+    try:  # os.access says yes to root on read-only mounts and /proc: probe with a real file
+        fd, probe = tempfile.mkstemp(prefix=".vidloom-probe.", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InvalidRequest(field, f"{path}: cannot create a file in {parent} ({exc.strerror or exc})") from None
+
+
+def write_output(frames: np.ndarray, fps: int, path: Path) -> list[Path]:
+    """Write uint8 frames [F, H, W, 3] in the format `path`'s extension names; returns the files written."""
+    check_output_path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".mp4":
+        return [write_video(frames, fps, path, container_format="mp4")]
+    if suffix == ".webm":
+        return [write_video(frames, fps, path, container_format="webm")]
+    if suffix == ".gif":
+        return [write_gif(frames, fps, path)]
+    if suffix in (".jpg", ".jpeg", ".webp"):
+        return [write_still(frames, path, "webp" if suffix == ".webp" else "jpeg")]
+    return write_png_frames(frames, path)
+
+
+def write_still(frames: np.ndarray, path: Path, fmt: str) -> Path:
+    """A one-frame output as JPEG or WebP (these formats hold no sequence: several frames are refused)."""
+    from vidloom.media.image import encode_image
+
+    if len(frames) != 1:
+        raise InvalidRequest("output", f"{path.name}: {fmt} holds one image, the output has {len(frames)} frames; "
+                                       "use .mp4, .webm, .gif or .png")
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(encode_image(frames[0], fmt))
+    return path
+
+
+def png_sequence_paths(path: Path, count: int) -> list[Path]:
+    """`out.png` for one frame; `out_0000.png`, `out_0001.png`, ... for several."""
+    if count == 1:
+        return [path]
+    digits = max(4, len(str(count - 1)))
+    return [path.with_name(f"{path.stem}_{index:0{digits}d}{path.suffix}") for index in range(count)]
+
+
+def write_png_frames(frames: np.ndarray, path: Path) -> list[Path]:
+    """One PNG per frame, all or nothing: every file is encoded to a temp file before any is renamed."""
+    paths = png_sequence_paths(path, len(frames))
+    encoded = [encode_png(frame) for frame in frames]
+    with ExitStack() as stack:  # on error every temp file is removed; on success all are renamed
+        for final, data in zip(paths, encoded):
+            stack.enter_context(atomic_path(final)).write_bytes(data)
+    return paths
