@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -105,18 +105,28 @@ class VideoGenerator:
         sampler: str | None = None,
         seed: int | None = None,
         step_cache_threshold: float | None = None,
+        image: Any = None,
+        last_image: Any = None,
+        video: Any = None,
+        strength: float | None = None,
+        guidance_scale_2: float | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
         """Generate a video; fields left None take the card's sampling defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
+        image / last_image (a PIL image, an HxWx3 array or a path) make it image-to-video (first, and
+        last, frame); video (a list of frames, an array or a file) with strength makes it video-to-video;
+        guidance_scale_2 is the low-noise expert's guidance on two-expert (Wan2.2 A14B) checkpoints.
+        The card says which of these it accepts (InvalidRequest names any other).
         """
         request = GenerationRequest(
             prompt=prompt, task=Task.T2V, negative_prompt=negative_prompt, height=height, width=width,
             num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-            step_cache_threshold=step_cache_threshold,
+            step_cache_threshold=step_cache_threshold, image=image, last_image=last_image, video=video,
+            strength=strength, guidance_scale_2=guidance_scale_2,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

@@ -25,14 +25,17 @@ CARDS: dict[str, str] = {
 # model_index.json "_class_name" -> builder of a card for that folder.
 PIPELINES: dict[str, str] = {
     "WanPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
+    "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
+    "wan2.2": "vidloom.recipes.wan.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
+    "wan2.2": "vidloom.recipes.wan.parallel:sequence_geometry",
 }
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {

@@ -83,11 +83,17 @@ class ModelCard:
     max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
     # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
     memory_estimator: str | None = None
+    # Optional request fields (core.request.MEDIA_INPUTS) this checkpoint reads: "image", "last_image",
+    # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
+    inputs: frozenset[str] = frozenset()
+    required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
         object.__setattr__(self, "loops", MappingProxyType(dict(self.loops)))
         object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
+        object.__setattr__(self, "inputs", frozenset(self.inputs))
+        object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
         self._validate()
 
     @property
@@ -117,6 +123,8 @@ class ModelCard:
             raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
         if (defaults.num_frames - 1) % geo.temporal_factor:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
+        if not self.required_inputs <= self.inputs:
+            raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
         if self.memory_estimator is not None and ":" not in self.memory_estimator:
             raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
         if ":" not in self.program:

@@ -8,7 +8,7 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 
@@ -51,6 +51,14 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
+    # Conditioning media (Wan I2V / first-last-frame / V2V) and the two-expert guidance, each accepted only by
+    # cards listing it in ModelCard.inputs. Images: a PIL image, an HxW(x3) array or a path; video: a list of
+    # frames, an [F, H, W, 3] array or a file. resolve_request turns them into RGB PIL images.
+    image: Any = field(default=None, compare=False, repr=False)
+    last_image: Any = field(default=None, compare=False, repr=False)
+    video: Any = field(default=None, compare=False, repr=False)
+    strength: float | None = None  # V2V: fraction of the schedule re-run over the input video, in (0, 1]
+    guidance_scale_2: float | None = None  # two-expert models: guidance of the low-noise expert
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -69,9 +77,52 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     }
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
+    filled.update(_resolve_media(request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     return resolved
+
+
+MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
+"""Request fields a card must list in ModelCard.inputs to accept."""
+V2V_DEFAULT_STRENGTH = 0.8  # diffusers' WanVideoToVideoPipeline default
+MIN_VIDEO_FRAMES = 5  # V2V: the Wan VAE's smallest multi-frame input (1 + 4)
+
+
+def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
+    """Check the media fields against the card, load them as RGB images, infer the task from them."""
+    from vidloom.media.image import load_image, load_video  # PIL stays out of core's import path
+
+    for name in MEDIA_INPUTS:
+        if getattr(r, name) is not None and name not in card.inputs:
+            accepted = ", ".join(sorted(card.inputs)) or "none"
+            raise InvalidRequest(name, f"{card.model_id} does not accept {name} (its extra inputs: {accepted})")
+    out: dict[str, Any] = {}
+    if r.last_image is not None and r.image is None:
+        raise InvalidRequest("last_image", "needs image (the first frame) as well")
+    if r.image is not None and r.video is not None:
+        raise InvalidRequest("video", "give either image or video, not both")
+    if r.strength is not None and r.video is None:
+        raise InvalidRequest("strength", "applies only to video-to-video (give video)")
+    for name in ("image", "last_image"):
+        if getattr(r, name) is not None:
+            out[name] = load_image(getattr(r, name), name)
+    if r.video is not None:
+        out["video"] = load_video(r.video, "video", MIN_VIDEO_FRAMES)
+        if r.num_frames is not None and r.num_frames != len(out["video"]):
+            raise InvalidRequest("num_frames", f"is {r.num_frames} but the video has {len(out['video'])} frames")
+        out["num_frames"] = len(out["video"])
+        out["strength"] = V2V_DEFAULT_STRENGTH if r.strength is None else r.strength
+        _check_float("strength", out["strength"], minimum=0.0, maximum=1.0, open_min=True)
+    if r.task == Task.T2V and (r.video is not None or r.image is not None):
+        out["task"] = Task.V2V if r.video is not None else Task.I2V
+    missing = [name for name in card.required_inputs if getattr(r, name) is None]
+    if missing:
+        raise InvalidRequest(missing[0], f"{card.model_id} needs {missing[0]} (it serves "
+                                         f"{', '.join(sorted(t.value for t in card.tasks))})")
+    if r.guidance_scale_2 is not None:
+        _check_float("guidance_scale_2", r.guidance_scale_2, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
+    return out
 
 
 def _validate(r: GenerationRequest, card: ModelCard) -> None:

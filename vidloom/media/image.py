@@ -1,0 +1,103 @@
+"""Reading conditioning images and videos from what a caller hands over (PIL, numpy, path).
+
+Every failure is an InvalidRequest naming the request field, so the Python API, the CLI and
+the server report a bad upload the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from vidloom.core.errors import InvalidRequest
+
+# PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
+# would need a scaling choice the caller should make.
+CONVERTIBLE_MODES = frozenset({"RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr"})
+
+
+def load_image(value: Any, field: str) -> Image.Image:
+    """An RGB PIL image from a PIL image, an HxW(xC) array (uint8, or float in [0, 1]) or a file path."""
+    if isinstance(value, (str, Path)):
+        value = _open_path(Path(value), field)
+    elif isinstance(value, np.ndarray):
+        value = _from_array(value, field)
+    if not isinstance(value, Image.Image):
+        raise InvalidRequest(field, f"must be a PIL image, a numpy array or a file path, got {type(value).__name__}")
+    if value.mode not in CONVERTIBLE_MODES:
+        raise InvalidRequest(
+            field, f"image mode {value.mode!r} is not supported; give one of {', '.join(sorted(CONVERTIBLE_MODES))}"
+        )
+    if min(value.size) < 1:
+        raise InvalidRequest(field, f"image is empty ({value.size[0]}x{value.size[1]})")
+    return value if value.mode == "RGB" else value.convert("RGB")
+
+
+def load_video(value: Any, field: str, min_frames: int = 1) -> list[Image.Image]:
+    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, or a video file path."""
+    if isinstance(value, (str, Path)):
+        frames: Sequence[Any] = _read_video_file(Path(value), field)
+    elif isinstance(value, np.ndarray):
+        if value.ndim != 4:
+            raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
+        frames = list(value)
+    elif isinstance(value, (list, tuple)):
+        frames = value
+    else:
+        raise InvalidRequest(field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}")
+    if len(frames) < min_frames:
+        raise InvalidRequest(field, f"has {len(frames)} frames; at least {min_frames} are needed")
+    images = [load_image(frame, f"{field}[{i}]") for i, frame in enumerate(frames)]
+    if len({im.size for im in images}) > 1:
+        raise InvalidRequest(field, "frames differ in size")
+    return images
+
+
+def image_to_tensor(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """[3, height, width] float32 in [-1, 1]: resized with Lanczos and scaled as diffusers'
+    VaeImageProcessor does, so a conditioning frame matches the reference pipelines."""
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
+    pixels = np.asarray(image, dtype=np.float32) / 255.0
+    return torch.from_numpy(pixels).permute(2, 0, 1) * 2.0 - 1.0
+
+
+def _open_path(path: Path, field: str) -> Image.Image:
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except FileNotFoundError:
+        raise InvalidRequest(field, f"file {str(path)!r} does not exist") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InvalidRequest(field, f"{str(path)!r} is not a readable image ({exc})") from None
+
+
+def _from_array(array: np.ndarray, field: str) -> Image.Image:
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise InvalidRequest(field, f"an image array must be HxW, HxWx3 or HxWx4, got shape {array.shape}")
+    if array.dtype != np.uint8:
+        if not np.issubdtype(array.dtype, np.floating):
+            raise InvalidRequest(field, f"an image array must be uint8 or float in [0, 1], got {array.dtype}")
+        if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
+            raise InvalidRequest(field, "a float image array must hold finite values in [0, 1]")
+        array = np.round(array * 255.0).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(array))
+
+
+def _read_video_file(path: Path, field: str) -> list[np.ndarray]:
+    import av  # PyAV is already the MP4 writer's dependency
+
+    if not path.is_file():
+        raise InvalidRequest(field, f"file {str(path)!r} does not exist")
+    try:
+        with av.open(str(path)) as container:
+            return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        raise InvalidRequest(field, f"{str(path)!r} is not a readable video ({exc})") from None
