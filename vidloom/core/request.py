@@ -116,7 +116,7 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         _check_float("strength", out["strength"], minimum=0.0, maximum=1.0, open_min=True)
     if r.task == Task.T2V and (r.video is not None or r.image is not None):
         out["task"] = Task.V2V if r.video is not None else Task.I2V
-    missing = [name for name in card.required_inputs if getattr(r, name) is None]
+    missing = [name for name in MEDIA_INPUTS if name in card.required_inputs and getattr(r, name) is None]
     if missing:
         raise InvalidRequest(missing[0], f"{card.model_id} needs {missing[0]} (it serves "
                                          f"{', '.join(sorted(t.value for t in card.tasks))})")
