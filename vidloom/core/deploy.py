@@ -44,6 +44,9 @@ class DeployConfig:
     cuda_graphs: bool = False
     """Capture each loop step body as a CUDA graph and replay it (CUDA only; steps a step cache
     intercepts run eagerly, since the cache changes which kernels run)."""
+    offload_idle_expert: bool = False
+    """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
+    host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()
@@ -59,6 +62,9 @@ class DeployConfig:
                 raise DeployError(f"warmup_shapes entries are (height, width, num_frames), got {shape!r}")
         if self.step_cache_threshold is not None and not self.step_cache_threshold >= 0:
             raise DeployError(f"step_cache_threshold must be >= 0, got {self.step_cache_threshold}")
+        if self.offload_idle_expert and self.cuda_graphs:
+            # A captured step reads weights at fixed addresses; moving an expert would leave it reading freed memory.
+            raise DeployError("offload_idle_expert moves expert weights between steps; it cannot run with cuda_graphs")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_parallel()

@@ -18,7 +18,7 @@ from PIL import Image
 from torch import Tensor
 
 from vidloom.media.image import image_to_tensor
-from vidloom.models.wan.transformer import WanConditioning, WanTransformer
+from vidloom.models.wan.transformer import WanConditioning
 from vidloom.models.wan.vae import WanVAE
 
 
@@ -37,7 +37,7 @@ class ImageConditionedNetwork:
     """A DiT with one request's CLIP tokens bound: the (latents, timestep, text) network a guidance
     policy calls, staged like the DiT itself so step caches work unchanged. Built per request."""
 
-    transformer: WanTransformer
+    transformer: Any  # a WanTransformer, or a PlacedNetwork around one
     image_embeds: Tensor
     """CLIP tokens [n_images, I, image_dim] of this request."""
 

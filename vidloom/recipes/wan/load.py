@@ -19,6 +19,7 @@ from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.conditioning import WanPipelineConfig
+from vidloom.recipes.wan.experts import ExpertPlacement
 from vidloom.recipes.wan.image_encoder import WanImageEncoder
 from vidloom.recipes.wan.text import WanTextEncoder
 
@@ -77,6 +78,8 @@ def load_instance(
         "sampler_config": sampler_config,
         "wan_pipeline": pipeline,
     }
+    if deploy.offload_idle_expert and len(experts) > 1:
+        components["expert_placement"] = ExpertPlacement(experts, device)
     if experts["transformer"].config.takes_image:
         components["image_encoder"] = WanImageEncoder.load(
             ckpt.component_dir("image_processor"), ckpt.component_dir("image_encoder"), device, compute

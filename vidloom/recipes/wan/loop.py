@@ -18,6 +18,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.transformer import WanTransformer
+from vidloom.recipes.wan.experts import ExpertPlacement, PlacedNetwork
 from vidloom.recipes.wan.conditioning import (
     ImageConditionedNetwork,
     WanPipelineConfig,
@@ -59,13 +60,16 @@ class WanDenoiseLoop:
         guidance: GuidancePolicy | None = None,
         transformer_2: WanTransformer | None = None,
         pipeline: WanPipelineConfig = WanPipelineConfig(),
+        placement: ExpertPlacement | None = None,
     ) -> None:
+        """`placement` (deploy.offload_idle_expert): experts are made resident on the device as they run."""
         self.transformer = transformer
         self.transformer_2 = transformer_2
         self.sampler_config = sampler_config
         self.dtype = dtype
         self.guidance = guidance or SequentialCFG()
         self.pipeline = pipeline
+        self.placement = placement
         if (transformer_2 is None) != (pipeline.boundary_ratio is None):
             raise ValueError("a second expert needs boundary_ratio, and boundary_ratio a second expert")
 
@@ -90,9 +94,11 @@ class WanDenoiseLoop:
         )
 
     def _networks(self, image_embeds: torch.Tensor | None) -> dict[str, Any]:
-        experts = {HIGH_NOISE: self.transformer}
+        experts: dict[str, Any] = {HIGH_NOISE: self.transformer}
         if self.transformer_2 is not None:
             experts[LOW_NOISE] = self.transformer_2
+        if self.placement is not None:
+            experts = {name: PlacedNetwork(self.placement, name, net) for name, net in experts.items()}
         if image_embeds is None:
             return experts  # the shared modules themselves: CUDA graphs capture them by identity
         embeds = image_embeds.to(self.dtype)

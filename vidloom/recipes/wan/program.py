@@ -87,6 +87,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     loop = WanDenoiseLoop(
         transformer, instance["sampler_config"], instance.dtype, guidance,
         transformer_2=instance.components.get("transformer_2"), pipeline=pipeline,
+        placement=instance.components.get("expert_placement"),
     )
     return Program(
         nodes=(
