@@ -162,6 +162,9 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
     if r.step_cache_threshold is not None:
         _check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=math.inf, open_min=False)
+    if r.video is not None and int(r.num_inference_steps * r.strength) < 1:
+        raise InvalidRequest("strength", f"{r.strength} of {r.num_inference_steps} steps is no denoising step; "
+                                         "raise strength or num_inference_steps")
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")

@@ -169,7 +169,9 @@ class Sampler(Protocol):
 
     def schedule(self, num_steps: int) -> Schedule: ...
 
-    def init_state(self, schedule: Schedule) -> Any: ...
+    def init_state(self, schedule: Schedule, start: int = 0) -> Any:
+        """Fresh per-request state whose first step is `start` (> 0 resumes a partly noised sample)."""
+        ...
 
     def step(
         self, state: Any, index: int, model_output: torch.Tensor, sample: torch.Tensor

@@ -60,8 +60,8 @@ def wan_t2v_card(
     method: str = "pretrained",
     description: str = "",
     notes: tuple[str, ...] = (),
-    tasks: frozenset[Task] = frozenset({Task.T2V}),
-    inputs: frozenset[str] = frozenset(),
+    tasks: frozenset[Task] = frozenset({Task.T2V, Task.V2V}),
+    inputs: frozenset[str] = frozenset({"video", "strength"}),
     required_inputs: frozenset[str] = frozenset(),
     family: str = FAMILY,
     geometry: Geometry = GEOMETRY,
@@ -148,7 +148,10 @@ def checkpoint_variant(index: Mapping[str, Any], dit: Mapping[str, Any]) -> WanV
         # Mask + first-frame latents appended to the noise: an I2V DiT (Wan2.1 with CLIP, A14B without).
         return WanVariant(family, frozenset({Task.I2V}), frozenset({"image", "last_image"}) | extra,
                           frozenset({"image"}), "Wan image-to-video")
-    return WanVariant(family, frozenset({Task.T2V}), extra, frozenset(), "Wan text-to-video")
+    if two_experts:  # diffusers' video-to-video pipeline runs one expert only
+        return WanVariant(family, frozenset({Task.T2V}), extra, frozenset(), "Wan2.2 text-to-video (two experts)")
+    return WanVariant(family, frozenset({Task.T2V, Task.V2V}), frozenset({"video", "strength"}), frozenset(),
+                      "Wan text-to-video (and video-to-video)")
 
 
 def _geometry(ckpt: DiffusersDir, dit: Mapping[str, Any]) -> Geometry:

@@ -6,6 +6,8 @@ for parity):
   is the given frame(s) and zeros, appended to the noisy latents, plus CLIP image tokens.
 - Wan2.2 TI2V (`expand_timesteps`): the first latent frame is replaced by the image's latents and
   kept clean; its tokens get timestep 0 while the others get the step's timestep.
+Video-to-video (diffusers' WanVideoToVideoPipeline) instead starts denoising part-way down the
+schedule from the input video's latents, noised to that step's sigma.
 """
 
 from __future__ import annotations
@@ -113,3 +115,21 @@ def token_timesteps(mask: Tensor, t: Tensor, patch: tuple[int, int, int], batch:
     p_t, p_h, p_w = patch
     per_token = mask[0, 0, ::p_t, ::p_h, ::p_w] * t
     return per_token.flatten()[None].expand(batch, -1)
+
+
+def encode_video(vae: WanVAE, frames: list[Image.Image], height: int, width: int) -> Tensor:
+    """Normalised latents [1, z, T, h, w] of RGB frames resized to height x width."""
+    video = torch.stack([image_to_tensor(frame, height, width) for frame in frames], dim=1)  # [3, F, H, W]
+    return _encode_frames(vae, video[None])
+
+
+def v2v_start(num_steps: int, strength: float) -> int:
+    """Index of the first step a video-to-video run takes: the last `strength` of the schedule
+    (int(steps * strength) steps, rounded down, as diffusers' get_timesteps)."""
+    return num_steps - min(int(num_steps * strength), num_steps)
+
+
+def noise_to(latents: Tensor, noise: Tensor, sigma: Tensor) -> Tensor:
+    """Flow-matching forward process at `sigma`: (1 - sigma) * x0 + sigma * noise (diffusers' add_noise)."""
+    sigma = sigma.to(latents.device, latents.dtype)
+    return (1 - sigma) * latents + sigma * noise

@@ -23,7 +23,9 @@ from vidloom.recipes.wan.conditioning import (
     ImageConditionedNetwork,
     WanPipelineConfig,
     keep_first_frame,
+    noise_to,
     token_timesteps,
+    v2v_start,
 )
 
 HIGH_NOISE, LOW_NOISE = "transformer", "transformer_2"  # expert names, as the checkpoint's folders
@@ -45,6 +47,7 @@ class WanDenoiseState:
     condition: torch.Tensor | None = None  # Wan2.1 I2V channels appended / TI2V first-frame latents
     frame_mask: torch.Tensor | None = None  # TI2V: [1, 1, T, h, w], 0 where the frame is kept clean
     index: int = 0
+    start: int = 0  # first step taken (video-to-video skips the noisiest part of the schedule)
 
 
 class WanDenoiseLoop:
@@ -79,11 +82,17 @@ class WanDenoiseLoop:
         schedule = sampler.schedule(request.num_inference_steps)
         negative = slots["negative_embeds"]
         guidance = float(request.guidance_scale)
+        latents, start = slots["latents"], 0
+        if slots.get("video_latents") is not None:  # V2V: the input video, noised to the first step's sigma
+            start = v2v_start(request.num_inference_steps, float(request.strength))
+            latents = noise_to(slots["video_latents"], latents, schedule.sigmas[start])
         return WanDenoiseState(
-            latents=slots["latents"],
+            latents=latents,
             sampler=sampler,
             schedule=schedule,
-            sampler_state=sampler.init_state(schedule),
+            sampler_state=sampler.init_state(schedule, start),
+            index=start,
+            start=start,
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=guidance,
@@ -120,8 +129,8 @@ class WanDenoiseLoop:
         latents, timestep = self._model_input(state, t)
         return StepPlan(
             loop=self.name,
-            index=state.index,
-            total=total,
+            index=state.index - state.start,  # steps of this run (V2V runs only the tail of the schedule)
+            total=total - state.start,
             call=self.guidance,
             inputs={
                 NETWORK: state.networks[expert],

@@ -15,7 +15,12 @@ from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
-from vidloom.recipes.wan.conditioning import WanPipelineConfig, first_frame_condition, wan21_condition
+from vidloom.recipes.wan.conditioning import (
+    WanPipelineConfig,
+    encode_video,
+    first_frame_condition,
+    wan21_condition,
+)
 from vidloom.recipes.wan.loop import WanDenoiseLoop
 from vidloom.recipes.wan.text import WanTextEncoder
 
@@ -57,6 +62,13 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         )
         return {"condition": condition.to(instance.device), "frame_mask": None}
 
+    def prepare_video(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if request.video is None:
+            return {"video_latents": None}
+        latents = encode_video(vae, request.video, request.height, request.width)
+        return {"video_latents": latents.to(instance.device)}
+
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         shape = (
@@ -94,11 +106,12 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
             Node("encode_image", reads=("request",), writes=("image_embeds",), run=encode_image),
             Node("prepare_condition", reads=("request",), writes=("condition", "frame_mask"), run=prepare_condition),
+            Node("prepare_video", reads=("request",), writes=("video_latents",), run=prepare_video),
             Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
             Node(
                 "denoise",
                 reads=("request", "latents", "prompt_embeds", "negative_embeds", "image_embeds", "condition",
-                       "frame_mask"),
+                       "frame_mask", "video_latents"),
                 writes=("latents",),
                 loop=loop,
             ),
