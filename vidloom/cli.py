@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 turns CFG off")
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")
+    gen.add_argument("--image", default=None, metavar="FILE", help="first frame: image-to-video (I2V cards)")
+    gen.add_argument("--last-image", default=None, metavar="FILE", help="last frame too (first-last-frame cards)")
+    gen.add_argument("--video", default=None, metavar="FILE", help="input video: video-to-video (T2V cards)")
+    gen.add_argument("--strength", type=float, default=None, help="video-to-video: how much to change, in (0, 1]")
+    gen.add_argument("--guidance-2", type=float, default=None, help="two-expert models: low-noise expert's CFG scale")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
     add_deploy_arguments(gen)
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _models() -> int:
     for card in registry.list_cards():
-        print(f"{card.model_id:<18} {card.family:<8} {','.join(t.value for t in sorted(card.tasks)):<5} {card.description}")
+        print(f"{card.model_id:<24} {card.family:<8} {','.join(t.value for t in sorted(card.tasks)):<8} {card.description}")
     return 0
 
 
@@ -172,7 +177,8 @@ def _generate(args: argparse.Namespace) -> int:
             video = generator.generate(
                 args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
                 num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance,
-                flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars,
+                flow_shift=args.shift, sampler=args.sampler, seed=args.seed, on_event=bars, image=args.image,
+                last_image=args.last_image, video=args.video, strength=args.strength, guidance_scale_2=args.guidance_2,
             )
     path = video.save(Path(args.output))
     meta = video.metadata

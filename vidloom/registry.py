@@ -21,6 +21,12 @@ CARDS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
+    "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
+    "wan2.1-i2v-14b-720p": "vidloom.recipes.wan.registered:wan21_i2v_14b_720p",
+    "wan2.1-flf2v-14b-720p": "vidloom.recipes.wan.registered:wan21_flf2v_14b_720p",
+    "wan2.2-ti2v-5b": "vidloom.recipes.wan.registered:wan22_ti2v_5b",
+    "wan2.2-t2v-a14b": "vidloom.recipes.wan.registered:wan22_t2v_a14b",
+    "wan2.2-i2v-a14b": "vidloom.recipes.wan.registered:wan22_i2v_a14b",
 }
 # model_index.json "_class_name" -> builder of a card for that folder.
 PIPELINES: dict[str, str] = {

@@ -53,6 +53,7 @@ class SamplingDefaults:
     flow_shift: float
     sampler: str
     negative_prompt: str = ""
+    guidance_scale_2: float | None = None  # two-expert models: the low-noise expert's scale (None: guidance_scale)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class ModelCard:
             raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
         if (defaults.num_frames - 1) % geo.temporal_factor:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
+        if defaults.guidance_scale_2 is not None and "guidance_scale_2" not in self.inputs:
+            raise InvalidCard(f"{where}: a default guidance_scale_2 needs 'guidance_scale_2' in inputs")
         if not self.required_inputs <= self.inputs:
             raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
         if self.memory_estimator is not None and ":" not in self.memory_estimator:

@@ -6,6 +6,7 @@ the server report a bad upload the same way.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,9 +22,12 @@ CONVERTIBLE_MODES = frozenset({"RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCb
 
 
 def load_image(value: Any, field: str) -> Image.Image:
-    """An RGB PIL image from a PIL image, an HxW(xC) array (uint8, or float in [0, 1]) or a file path."""
+    """An RGB PIL image from a PIL image, an HxW(xC) array (uint8, or float in [0, 1]), a file path or
+    the bytes of an image file (an HTTP upload)."""
     if isinstance(value, (str, Path)):
         value = _open_path(Path(value), field)
+    elif isinstance(value, (bytes, bytearray)):
+        value = _open_bytes(bytes(value), field)
     elif isinstance(value, np.ndarray):
         value = _from_array(value, field)
     if not isinstance(value, Image.Image):
@@ -38,9 +42,13 @@ def load_image(value: Any, field: str) -> Image.Image:
 
 
 def load_video(value: Any, field: str, min_frames: int = 1) -> list[Image.Image]:
-    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, or a video file path."""
+    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes."""
     if isinstance(value, (str, Path)):
-        frames: Sequence[Any] = _read_video_file(Path(value), field)
+        if not Path(value).is_file():
+            raise InvalidRequest(field, f"file {str(value)!r} does not exist")
+        frames: Sequence[Any] = _decode_video(str(value), field)
+    elif isinstance(value, (bytes, bytearray)):
+        frames = _decode_video(io.BytesIO(bytes(value)), field)
     elif isinstance(value, np.ndarray):
         if value.ndim != 4:
             raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
@@ -91,13 +99,20 @@ def _from_array(array: np.ndarray, field: str) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array))
 
 
-def _read_video_file(path: Path, field: str) -> list[np.ndarray]:
+def _open_bytes(data: bytes, field: str) -> Image.Image:
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InvalidRequest(field, f"the upload is not a readable image ({exc})") from None
+
+
+def _decode_video(source: str | io.BytesIO, field: str) -> list[np.ndarray]:
     import av  # PyAV is already the MP4 writer's dependency
 
-    if not path.is_file():
-        raise InvalidRequest(field, f"file {str(path)!r} does not exist")
     try:
-        with av.open(str(path)) as container:
+        with av.open(source) as container:
             return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
     except (av.error.FFmpegError, ValueError, IndexError) as exc:
-        raise InvalidRequest(field, f"{str(path)!r} is not a readable video ({exc})") from None
+        raise InvalidRequest(field, f"is not a readable video ({exc})") from None
