@@ -27,6 +27,9 @@ CARDS: dict[str, str] = {
     "wan2.2-ti2v-5b": "vidloom.recipes.wan.registered:wan22_ti2v_5b",
     "wan2.2-t2v-a14b": "vidloom.recipes.wan.registered:wan22_t2v_a14b",
     "wan2.2-i2v-a14b": "vidloom.recipes.wan.registered:wan22_i2v_a14b",
+    "fastwan2.1-t2v-1.3b": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b",
+    "fastwan2.1-t2v-1.3b-fp8": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b_fp8",
+    "fastwan2.2-ti2v-5b": "vidloom.recipes.wan.registered:fastwan22_ti2v_5b",
 }
 # model_index.json "_class_name" -> builder of a card for that folder.
 PIPELINES: dict[str, str] = {

@@ -38,6 +38,10 @@ class RecipeSpec:
     method: str  # pretrained | distilled | random-init ...
     loop: str  # the loop (name in ModelCard.loops) the weights were trained for
     precision: str  # precision the weights were released in
+    # What post-training fixed, and the runtime therefore obeys (None / () = any):
+    sampler: str | None = None  # the only sampler requests may use (a distilled checkpoint's, e.g. "dmd")
+    timesteps: tuple[int, ...] = ()  # the step list it was distilled for; requests must ask for this many steps
+    quantization: str | None = None  # "fp8": weights trained for FP8 (QAD); FP8 is switched on at load
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class ModelCard:
                 raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
             if not spec.tasks <= self.tasks:
                 raise InvalidCard(f"{where}: component {name!r} is for tasks the card does not serve")
+        self._validate_recipe(where)
         if self.recipe.loop not in self.loops:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
         defaults, geo = self.sampling_defaults, self.geometry
@@ -132,3 +137,12 @@ class ModelCard:
             raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
         if ":" not in self.program:
             raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
+
+    def _validate_recipe(self, where: str) -> None:
+        recipe, defaults = self.recipe, self.sampling_defaults
+        if recipe.sampler is not None and (recipe.sampler not in self.samplers or defaults.sampler != recipe.sampler):
+            raise InvalidCard(f"{where}: recipe sampler {recipe.sampler!r} must be a loop sampler and the default")
+        if recipe.timesteps and defaults.num_inference_steps != len(recipe.timesteps):
+            raise InvalidCard(f"{where}: default num_inference_steps is not the recipe's {len(recipe.timesteps)} steps")
+        if recipe.quantization not in (None, "fp8"):
+            raise InvalidCard(f"{where}: recipe quantization {recipe.quantization!r} unknown; known: fp8")

@@ -165,6 +165,14 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     if r.video is not None and int(r.num_inference_steps * r.strength) < 1:
         raise InvalidRequest("strength", f"{r.strength} of {r.num_inference_steps} steps is no denoising step; "
                                          "raise strength or num_inference_steps")
+    recipe = card.recipe  # a post-trained checkpoint runs only as it was trained
+    if recipe.sampler is not None and r.sampler != recipe.sampler:
+        raise InvalidRequest("sampler", f"{card.model_id} was {recipe.method} for the {recipe.sampler!r} sampler; "
+                                        f"got {r.sampler!r}")
+    if recipe.timesteps and r.num_inference_steps != len(recipe.timesteps):
+        raise InvalidRequest("num_inference_steps", f"{card.model_id} was {recipe.method} for exactly "
+                                                    f"{len(recipe.timesteps)} steps {list(recipe.timesteps)}; "
+                                                    f"got {r.num_inference_steps}")
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")

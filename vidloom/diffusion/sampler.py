@@ -89,6 +89,7 @@ class SamplerConfig:
 
     num_train_timesteps: int = 1000
     shift: float = 1.0  # diffusers "flow_shift" (UniPC) or "shift" (FlowMatchEuler)
+    dmd_timesteps: tuple[float, ...] = ()  # dmd only: the distilled step list (from the card's RecipeSpec)
     solver_order: int = 2  # UniPC only
     disable_corrector: frozenset[int] = frozenset()  # UniPC only: steps whose corrector is skipped
 
@@ -103,6 +104,7 @@ class SamplerConfig:
             raise ValueError(f"solver_order must be an int >= 1, got {self.solver_order!r}")
         # Normalise JSON forms (int shift, list of indices) so equal configs compare equal.
         object.__setattr__(self, "shift", float(self.shift))
+        object.__setattr__(self, "dmd_timesteps", tuple(float(t) for t in self.dmd_timesteps))
         corrector_off = frozenset(int(i) for i in self.disable_corrector)
         object.__setattr__(self, "disable_corrector", corrector_off)
 
@@ -169,8 +171,9 @@ class Sampler(Protocol):
 
     def schedule(self, num_steps: int) -> Schedule: ...
 
-    def init_state(self, schedule: Schedule, start: int = 0) -> Any:
-        """Fresh per-request state whose first step is `start` (> 0 resumes a partly noised sample)."""
+    def init_state(self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None) -> Any:
+        """Fresh per-request state whose first step is `start` (> 0 resumes a partly noised sample);
+        stochastic samplers draw from `generator` (the request's, after its initial noise)."""
         ...
 
     def step(
@@ -205,6 +208,7 @@ def check_index(schedule: Schedule, index: int) -> None:
 # Explicit table rather than import-time registration, so the names are greppable and
 # a sampler's module (and its dependencies) load only when a request asks for it.
 SAMPLERS: dict[str, str] = {
+    "dmd": "vidloom.diffusion.dmd:DMDSampler",
     "euler": "vidloom.diffusion.flow_euler:FlowEulerSampler",
     "unipc": "vidloom.diffusion.unipc:UniPCSampler",
 }

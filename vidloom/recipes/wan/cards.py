@@ -65,20 +65,25 @@ def wan_t2v_card(
     required_inputs: frozenset[str] = frozenset(),
     family: str = FAMILY,
     geometry: Geometry = GEOMETRY,
+    recipe_sampler: str | None = None,
+    recipe_timesteps: tuple[int, ...] = (),
+    quantization: str | None = None,
 ) -> ModelCard:
-    """A Wan card; the defaults describe a Wan2.1 T2V checkpoint, the keywords the other members."""
+    """A Wan card; the defaults describe a Wan2.1 T2V checkpoint, the keywords the other members.
+    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
     return ModelCard(
         model_id=model_id,
         family=family,
         components=_components(precision),
-        loops={"denoise": LoopSpec(kind="denoise", samplers=SAMPLERS)},
+        loops={"denoise": LoopSpec(kind="denoise", samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
         tasks=tasks,
         inputs=inputs,
         required_inputs=required_inputs,
         precision=precision,
         sampling_defaults=defaults,
         geometry=geometry,
-        recipe=RecipeSpec(parents=parents, method=method, loop="denoise", precision=precision),
+        recipe=RecipeSpec(parents=parents, method=method, loop="denoise", precision=precision,
+                          sampler=recipe_sampler, timesteps=recipe_timesteps, quantization=quantization),
         program=PROGRAM,
         source=source,
         description=description,

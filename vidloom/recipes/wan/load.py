@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -39,6 +40,8 @@ def load_instance(
     `dtype` overrides the card's precision for the DiT and text encoder; by default
     CUDA runs the card's precision and CPU runs float32. The VAE keeps its card dtype.
     """
+    if card.recipe.quantization == "fp8" and not deploy.fp8_weights:
+        deploy = dataclasses.replace(deploy, fp8_weights=True)  # QAD-trained weights are meant to run in FP8
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class not in (*WAN_PIPELINES, ""):
         raise CheckpointError(

@@ -90,7 +90,7 @@ class WanDenoiseLoop:
             latents=latents,
             sampler=sampler,
             schedule=schedule,
-            sampler_state=sampler.init_state(schedule, start),
+            sampler_state=sampler.init_state(schedule, start, slots.get("generator")),
             index=start,
             start=start,
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),

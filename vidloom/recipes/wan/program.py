@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
@@ -81,7 +82,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         # Seeding rule shared with diffusers: CPU generator, float32 standard normal.
         generator = torch.Generator("cpu").manual_seed(request.seed)
         noise = torch.randn(shape, generator=generator, dtype=torch.float32)
-        return {"latents": noise.to(instance.device)}
+        # The same generator goes on to the loop: stochastic samplers (DMD's re-noising) continue its stream.
+        return {"latents": noise.to(instance.device), "generator": generator}
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae_dtype = next(vae.parameters()).dtype
@@ -96,8 +98,11 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     # At load: an unknown mode fails before any request.
     guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
+    sampler_config = instance["sampler_config"]
+    if instance.card.recipe.timesteps:  # a distilled checkpoint samples at the steps its recipe lists
+        sampler_config = dataclasses.replace(sampler_config, dmd_timesteps=instance.card.recipe.timesteps)
     loop = WanDenoiseLoop(
-        transformer, instance["sampler_config"], instance.dtype, guidance,
+        transformer, sampler_config, instance.dtype, guidance,
         transformer_2=instance.components.get("transformer_2"), pipeline=pipeline,
         placement=instance.components.get("expert_placement"),
     )
@@ -107,7 +112,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
             Node("encode_image", reads=("request",), writes=("image_embeds",), run=encode_image),
             Node("prepare_condition", reads=("request",), writes=("condition", "frame_mask"), run=prepare_condition),
             Node("prepare_video", reads=("request",), writes=("video_latents",), run=prepare_video),
-            Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
+            Node("prepare_latents", reads=("request",), writes=("latents", "generator"), run=prepare_latents),
             Node(
                 "denoise",
                 reads=("request", "latents", "prompt_embeds", "negative_embeds", "image_embeds", "condition",

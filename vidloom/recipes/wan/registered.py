@@ -79,3 +79,45 @@ def wan22_i2v_a14b() -> ModelCard:
         description="Wan2.2 image-to-video, two 14B experts (high/low noise), 720p",
         tasks=I2V, inputs=FIRST_FRAME | {"guidance_scale_2"}, required_inputs=frozenset({"image"}), family="wan2.2",
     )
+
+
+# FastVideo's FastWan checkpoints: DMD-distilled for 3 steps at these timesteps (FastVideo's
+# dmd_denoising_steps for FastWan2.1-T2V-1.3B and FastWan2.2-TI2V-5B), run without CFG.
+FASTWAN_TIMESTEPS = (1000, 757, 522)
+FASTWAN_NOTE = (
+    "DMD-distilled: runs only its 3 distilled steps with the dmd sampler and no CFG (guidance 1); "
+    "other samplers or step counts are refused."
+)
+
+
+def fastwan21_t2v_1_3b(model_id: str = "fastwan2.1-t2v-1.3b", quantization: str | None = None) -> ModelCard:
+    defaults = SamplingDefaults(
+        height=480, width=832, num_frames=81, fps=16, num_inference_steps=len(FASTWAN_TIMESTEPS),
+        guidance_scale=1.0, flow_shift=8.0, sampler="dmd",
+    )
+    return wan_t2v_card(
+        model_id, "hf:FastVideo/FastWan2.1-T2V-1.3B-Diffusers", defaults,
+        parents=("Wan-AI/Wan2.1-T2V-1.3B-Diffusers",), method="dmd-distilled",
+        description="FastWan2.1 text-to-video, 1.3B, 3-step DMD" + (", FP8 weights" if quantization else ""),
+        notes=(FASTWAN_NOTE,), tasks=frozenset({Task.T2V}), inputs=frozenset(),
+        recipe_sampler="dmd", recipe_timesteps=FASTWAN_TIMESTEPS, quantization=quantization,
+    )
+
+
+def fastwan21_t2v_1_3b_fp8() -> ModelCard:
+    # The recipe says FP8 (quantization-aware distillation): the loader quantizes the DiT blocks after load.
+    return fastwan21_t2v_1_3b("fastwan2.1-t2v-1.3b-fp8", quantization="fp8")
+
+
+def fastwan22_ti2v_5b() -> ModelCard:
+    defaults = SamplingDefaults(
+        height=704, width=1280, num_frames=121, fps=24, num_inference_steps=len(FASTWAN_TIMESTEPS),
+        guidance_scale=1.0, flow_shift=5.0, sampler="dmd",
+    )
+    return wan_t2v_card(
+        "fastwan2.2-ti2v-5b", "hf:FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers", defaults,
+        parents=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), method="dmd-distilled",
+        description="FastWan2.2 text/image-to-video, 5B, 3-step DMD", notes=(FASTWAN_NOTE,),
+        tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), family="wan2.2",
+        geometry=WAN22_5B_GEOMETRY, recipe_sampler="dmd", recipe_timesteps=FASTWAN_TIMESTEPS,
+    )
