@@ -98,3 +98,13 @@ def test_guidance_scale_2_is_refused_by_one_expert_cards(tiny_wan_dir):
     with pytest.raises(InvalidRequest) as err:
         gen.generate(PROMPT, guidance_scale_2=3.0, num_inference_steps=1)
     assert err.value.field == "guidance_scale_2"
+
+
+def test_step_cache_keeps_residuals_per_expert(a14b_dir):
+    # A threshold no change reaches: every step after an expert's first reuses that expert's residuals,
+    # so exactly one step per expert computes; sharing residuals across experts would compute only one.
+    deploy = DeployConfig(step_cache="fbcache", step_cache_threshold=1e9)
+    gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu", deploy=deploy)
+    out = gen.engine.run(GenerationRequest(prompt=PROMPT, height=32, width=32, num_frames=5, num_inference_steps=6,
+                                           guidance_scale=1.0, flow_shift=5.0, seed=1))
+    assert out["step_cache"]["computed_steps"] == 2 and out["step_cache"]["skipped_steps"] == 4
