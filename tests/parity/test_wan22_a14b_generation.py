@@ -108,3 +108,22 @@ def test_step_cache_keeps_residuals_per_expert(a14b_dir):
     out = gen.engine.run(GenerationRequest(prompt=PROMPT, height=32, width=32, num_frames=5, num_inference_steps=6,
                                            guidance_scale=1.0, flow_shift=5.0, seed=1))
     assert out["step_cache"]["computed_steps"] == 2 and out["step_cache"]["skipped_steps"] == 4
+
+
+def test_step_plans_name_the_expert_and_run_the_resident_modules(a14b_dir):
+    from vidloom.core.loop import NETWORK, Done
+    from vidloom.core.request import resolve_request
+
+    gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu")
+    loop = next(node.loop for node in gen.engine.program.nodes if node.loop is not None)
+    request = resolve_request(GenerationRequest(prompt=PROMPT, height=32, width=32, num_frames=5,
+                                                num_inference_steps=6, guidance_scale=1.0, flow_shift=5.0), gen.card)
+    z = gen.engine.instance["vae"].config.z_dim
+    state = loop.init({"request": request, "latents": torch.zeros(1, z, 2, 4, 4),
+                       "prompt_embeds": torch.zeros(1, 512, 32), "negative_embeds": None})
+    seen = []
+    while not isinstance(plan := loop.next(state), Done):
+        seen.append(plan.expert)
+        assert plan.inputs[NETWORK] is gen.engine.instance[plan.expert]  # one shared resident copy per expert
+        state = loop.advance(state, torch.zeros_like(state.latents))
+    assert seen == ["transformer"] * 3 + ["transformer_2"] * 3

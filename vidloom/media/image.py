@@ -19,6 +19,11 @@ from vidloom.core.errors import InvalidRequest
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
 # would need a scaling choice the caller should make.
 CONVERTIBLE_MODES = frozenset({"RGB", "RGBA", "L", "LA", "P", "PA", "CMYK", "YCbCr"})
+# Pixels per decoded image or video frame: a small compressed upload must not decode into gigabytes.
+# 4096 x 4096 is past every Wan resolution (frames are resized to the request size anyway).
+MAX_MEDIA_PIXELS = 4096 * 4096
+# Frames decoded from a video when the caller sets no limit (a server passes its max_frames).
+MAX_VIDEO_FRAMES = 1025
 
 
 def load_image(value: Any, field: str) -> Image.Image:
@@ -38,17 +43,22 @@ def load_image(value: Any, field: str) -> Image.Image:
         )
     if min(value.size) < 1:
         raise InvalidRequest(field, f"image is empty ({value.size[0]}x{value.size[1]})")
+    if value.size[0] * value.size[1] > MAX_MEDIA_PIXELS:
+        raise InvalidRequest(field, f"{value.size[0]}x{value.size[1]} is more than {MAX_MEDIA_PIXELS} pixels "
+                                    "(MAX_MEDIA_PIXELS)")
     return value if value.mode == "RGB" else value.convert("RGB")
 
 
-def load_video(value: Any, field: str, min_frames: int = 1) -> list[Image.Image]:
-    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes."""
+def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | None = None) -> list[Image.Image]:
+    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes.
+    A file is decoded only up to `max_frames` (default MAX_VIDEO_FRAMES); more is an error."""
+    limit = MAX_VIDEO_FRAMES if max_frames is None else max_frames
     if isinstance(value, (str, Path)):
         if not Path(value).is_file():
             raise InvalidRequest(field, f"file {str(value)!r} does not exist")
-        frames: Sequence[Any] = _decode_video(str(value), field)
+        frames: Sequence[Any] = _decode_video(str(value), field, limit)
     elif isinstance(value, (bytes, bytearray)):
-        frames = _decode_video(io.BytesIO(bytes(value)), field)
+        frames = _decode_video(io.BytesIO(bytes(value)), field, limit)
     elif isinstance(value, np.ndarray):
         if value.ndim != 4:
             raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
@@ -57,6 +67,8 @@ def load_video(value: Any, field: str, min_frames: int = 1) -> list[Image.Image]
         frames = value
     else:
         raise InvalidRequest(field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}")
+    if len(frames) > limit:
+        raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
     if len(frames) < min_frames:
         raise InvalidRequest(field, f"has {len(frames)} frames; at least {min_frames} are needed")
     images = [load_image(frame, f"{field}[{i}]") for i, frame in enumerate(frames)]
@@ -108,11 +120,21 @@ def _open_bytes(data: bytes, field: str) -> Image.Image:
         raise InvalidRequest(field, f"the upload is not a readable image ({exc})") from None
 
 
-def _decode_video(source: str | io.BytesIO, field: str) -> list[np.ndarray]:
+def _decode_video(source: str | io.BytesIO, field: str, limit: int) -> list[np.ndarray]:
     import av  # PyAV is already the MP4 writer's dependency
 
+    frames: list[np.ndarray] = []
     try:
         with av.open(source) as container:
-            return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+            for frame in container.decode(video=0):
+                if len(frames) == limit or frame.width * frame.height > MAX_MEDIA_PIXELS:
+                    # Stop before decoding more: one frame past the limit is enough to refuse.
+                    what = "frames" if len(frames) == limit else "pixels per frame (MAX_MEDIA_PIXELS)"
+                    raise InvalidRequest(field, f"has more {what} than allowed ({limit} frames, "
+                                                f"{MAX_MEDIA_PIXELS} pixels)")
+                frames.append(frame.to_ndarray(format="rgb24"))
     except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        if isinstance(exc, InvalidRequest):
+            raise
         raise InvalidRequest(field, f"is not a readable video ({exc})") from None
+    return frames
