@@ -121,7 +121,9 @@ class UniPCSampler:
         final = np.concatenate([sigmas, [0.0]]).astype(np.float32)
         return Schedule(timesteps=timesteps, sigmas=torch.from_numpy(final))
 
-    def init_state(self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None) -> UniPCState:
+    def init_state(
+        self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None
+    ) -> UniPCState:
         # Starting mid-schedule (video-to-video) begins a fresh multistep history at `start`,
         # as diffusers' scheduler does when its first step() sees a later timestep.
         check_index(schedule, start)

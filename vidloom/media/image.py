@@ -66,7 +66,9 @@ def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | No
     elif isinstance(value, (list, tuple)):
         frames = value
     else:
-        raise InvalidRequest(field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}")
+        raise InvalidRequest(
+            field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}"
+        )
     if len(frames) > limit:
         raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
     if len(frames) < min_frames:

@@ -26,7 +26,9 @@ class WanImageEncoder:
         self._lock = threading.Lock()  # the processor is not documented as thread-safe
 
     @classmethod
-    def load(cls, processor_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype) -> "WanImageEncoder":
+    def load(
+        cls, processor_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype
+    ) -> "WanImageEncoder":
         try:
             processor = CLIPImageProcessor.from_pretrained(str(processor_dir))
         except (OSError, ValueError) as exc:

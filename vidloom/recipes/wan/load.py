@@ -62,7 +62,9 @@ def load_instance(
         raise CheckpointError(f"{ckpt.root}: no 'transformer' component")
     pipeline = pipeline_config(ckpt)
     if (pipeline.boundary_ratio is None) != ("transformer_2" not in experts):
-        raise CheckpointError(f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json")
+        raise CheckpointError(
+            f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json"
+        )
     vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     text = WanTextEncoder.load(

@@ -29,6 +29,7 @@ from vidloom.recipes.wan.conditioning import (
 )
 
 HIGH_NOISE, LOW_NOISE = "transformer", "transformer_2"  # expert names, as the checkpoint's folders
+ONE_STAGE = WanPipelineConfig()  # Wan2.1: one expert, one timestep per sample
 
 
 @dataclass
@@ -62,7 +63,7 @@ class WanDenoiseLoop:
         dtype: torch.dtype,
         guidance: GuidancePolicy | None = None,
         transformer_2: WanTransformer | None = None,
-        pipeline: WanPipelineConfig = WanPipelineConfig(),
+        pipeline: WanPipelineConfig = ONE_STAGE,
         placement: ExpertPlacement | None = None,
     ) -> None:
         """`placement` (deploy.offload_idle_expert): experts are made resident on the device as they run."""
