@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="input image: the first frame on an image-to-video model, reference images on an image "
                           "model (repeat for several)")
     gen.add_argument("--video", default=None, metavar="PATH",
-                     help="context clip to continue (video-to-video models such as AnyFlow-FAR)")
+                     help="input video: video-to-video (Wan, with --strength) or a clip to continue (AnyFlow-FAR)")
     gen.add_argument("--steps", type=int, default=None, help="denoise steps (card default)")
     gen.add_argument("--seed", type=int, default=None, help="noise seed (random if unset; printed)")
     gen.add_argument("--height", type=int, default=None)
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 turns CFG off")
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")
+    gen.add_argument("--last-image", default=None, metavar="FILE", help="last frame too (first-last-frame cards)")
+    gen.add_argument("--strength", type=float, default=None, help="video-to-video: how much to change, in (0, 1]")
+    gen.add_argument("--guidance-2", type=float, default=None, help="two-expert models: low-noise expert's CFG scale")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
@@ -187,7 +190,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 
 def _models() -> int:
     for card in registry.list_cards():
-        print(f"{card.model_id:<18} {card.family:<8} {','.join(t.value for t in sorted(card.tasks)):<5} {card.description}")
+        print(f"{card.model_id:<24} {card.family:<8} {','.join(t.value for t in sorted(card.tasks)):<8} {card.description}")
     return 0
 
 

@@ -27,6 +27,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "flow_shift": "--shift", "sampler": "--sampler", "seed": "--seed",
     "step_cache_threshold": "--step-cache-threshold", "output": "--output", "model": "--model",
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
+    "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
 }
 EXIT_INTERRUPTED = 130
 
@@ -48,7 +49,8 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
-        image=args.image, video=args.video,
+        image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
+        guidance_scale_2=args.guidance_2,
     ), card)
     check_device(args.device)
     for note in card.notes:
@@ -83,6 +85,11 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     )
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
+
+
+def _one_or_list(paths: list[str] | None) -> str | list[str] | None:
+    """--image once is one image (an I2V first frame); repeated, a list (reference images)."""
+    return paths[0] if paths and len(paths) == 1 else paths
 
 
 def _cancelled_line(progress: tuple[int, int]) -> str:

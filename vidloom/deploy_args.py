@@ -19,6 +19,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="run a short request at this size at load (repeatable), e.g. 480x832x81")
     group.add_argument("--offload-text-encoder", action="store_true",
                        help="keep the text encoder in CPU memory between encodes")
+    group.add_argument("--offload-idle-expert", action="store_true",
+                       help="two-expert models (Wan2.2 A14B): keep the idle expert in CPU memory")
     group.add_argument("--prompt-cache", type=int, default=0, metavar="N", help="cache N prompt embeddings")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
@@ -52,6 +54,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         warmup_shapes=tuple(args.warmup),
         offload_text_encoder=args.offload_text_encoder,
         prompt_cache_size=args.prompt_cache,
+        offload_idle_expert=args.offload_idle_expert,
         vae_tile=args.vae_tile,
         vae_tile_stride=args.vae_tile_stride,
         attention_backend=args.attention_backend,

@@ -15,8 +15,6 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.media.conditioning import fit_image, load_video
-from vidloom.media.image import load_images
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -113,24 +111,30 @@ class VideoGenerator:
         seed: int | None = None,
         step_cache_threshold: float | None = None,
         image: Any = None,
+        last_image: Any = None,
         video: Any = None,
+        strength: float | None = None,
+        guidance_scale_2: float | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
         """Generate a video (or, on an image model, a one-frame output); None fields take the card's defaults.
 
         step_cache_threshold overrides the deployment's step-cache threshold for this call.
-        image: one or more input images (PIL images, paths, [H, W, 3] arrays). On a model that
-        serves image-to-video it is the first frame; on an image model (Flux2) the reference images.
-        video (a path, an [F, H, W, 3] array or a list of frames, F = 4k+1) makes it a
-        continuation of that clip. The output takes their size unless height/width are given
-        (then they are resized).
+        image: input images (PIL images, HxWx3 arrays, paths; one, or a list for reference images).
+        On a model that serves image-to-video it is the first frame (last_image: the last one, on
+        first-last-frame checkpoints); on an image model (Flux2) the reference images. video (a list
+        of frames, an array or a file) makes it video-to-video (Wan: with strength) or a continuation
+        of that clip (AnyFlow-FAR); guidance_scale_2 is the low-noise expert's guidance on two-expert
+        (Wan2.2 A14B) checkpoints. The card says which of these it accepts (InvalidRequest names any
+        other). Inputs are resized to the output size (height/width, else the card's default).
         One prompt per call: a list raises InvalidRequest("prompt").
         """
         request = build_request(
-            self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames, fps=fps,
-            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-            sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, video=video,
+            self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
+            fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+            sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
+            video=video, strength=strength, guidance_scale_2=guidance_scale_2,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
@@ -200,39 +204,24 @@ def build_request(
     seed: int | None = None,
     step_cache_threshold: float | None = None,
     image: Any = None,
+    last_image: Any = None,
     video: Any = None,
+    strength: float | None = None,
+    guidance_scale_2: float | None = None,
 ) -> GenerationRequest:
-    """The request `generate` runs: inputs read (and an I2V frame or V2V clip resized), the task chosen.
-
-    An image makes it image-to-video where the card serves that; elsewhere images are reference
-    images for the card's default task (refused by validation when the card takes none).
-    """
+    """The request `generate` runs, for the card's default task; resolve_request reads the media and picks
+    image-to-video / video-to-video from them."""
     if not isinstance(prompt, str):
         raise InvalidRequest(
             "prompt", f"must be one string, got {type(prompt).__name__}; batches are not supported yet: "
             "call generate once per prompt (the model stays loaded)",
         )
-    task = _default_task(card)
-    images = None if image is None else load_images(image)
-    if images is not None and video is not None:
-        raise InvalidRequest("video", "give either image (i2v) or video (v2v), not both")
-    if images is not None and Task.I2V in card.tasks:
-        task = Task.I2V
-        first = images[0]
-        size = (width or first.width, height or first.height)
-        images = (fit_image(first, size),)  # a no-op unless height/width ask for another size
-        width, height = size
-    if video is not None:
-        task = Task.V2V
-        clip = load_video(video)
-        size = (width or clip.shape[2], height or clip.shape[1])
-        video = load_video(clip, size)
-        width, height = size
     return GenerationRequest(
-        prompt=prompt, task=task, negative_prompt=negative_prompt, height=height, width=width,
+        prompt=prompt, task=_default_task(card), negative_prompt=negative_prompt, height=height, width=width,
         num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
         guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-        step_cache_threshold=step_cache_threshold, image=images, video=video,
+        step_cache_threshold=step_cache_threshold, image=image, last_image=last_image, video=video,
+        strength=strength, guidance_scale_2=guidance_scale_2,
     )
 
 

@@ -23,22 +23,34 @@ CARDS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
+    "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
+    "wan2.1-i2v-14b-720p": "vidloom.recipes.wan.registered:wan21_i2v_14b_720p",
+    "wan2.1-flf2v-14b-720p": "vidloom.recipes.wan.registered:wan21_flf2v_14b_720p",
+    "wan2.2-ti2v-5b": "vidloom.recipes.wan.registered:wan22_ti2v_5b",
+    "wan2.2-t2v-a14b": "vidloom.recipes.wan.registered:wan22_t2v_a14b",
+    "wan2.2-i2v-a14b": "vidloom.recipes.wan.registered:wan22_i2v_a14b",
+    "fastwan2.1-t2v-1.3b": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b",
+    "fastwan2.1-t2v-1.3b-fp8": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b_fp8",
+    "fastwan2.2-ti2v-5b": "vidloom.recipes.wan.registered:fastwan22_ti2v_5b",
 }
 # model_index.json "_class_name" -> builder of a card for that folder.
 PIPELINES: dict[str, str] = {
     "WanPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
     "AnyFlowFARPipeline": "vidloom.recipes.wan_causal.cards:card_from_checkpoint",
     "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
+    "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
     "anyflow-far": "vidloom.recipes.wan_causal.load:load_instance",
     "flux2": "vidloom.recipes.flux2.load:load_instance",
+    "wan2.2": "vidloom.recipes.wan.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
+    "wan2.2": "vidloom.recipes.wan.parallel:sequence_geometry",
 }
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {

@@ -65,3 +65,30 @@ def test_deploy_flags_build_the_deploy_config():
 def test_bad_deploy_option_exits_2(demo_cache):
     proc = _run(["generate", "--prompt", "x", "--vae-tile", "20"], demo_cache)
     assert proc.returncode == 2 and "vae_tile" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_models_lists_the_wan_family_with_tasks(demo_cache):
+    proc = _run(["models"], demo_cache)
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert "i2v,t2v" in lines["wan2.2-ti2v-5b"] and "i2v" in lines["wan2.1-i2v-14b-480p"]
+    assert "wan2.2" in lines["wan2.2-t2v-a14b"] and "t2v,v2v" in lines["wan2.1-demo"]
+
+
+def test_video_to_video_and_a_refused_image(demo_cache, tmp_path):
+    import numpy as np
+
+    from vidloom.media.video import write_video
+
+    source = write_video(np.random.default_rng(0).integers(0, 255, (5, 32, 48, 3), dtype=np.uint8), 8,
+                         tmp_path / "in.mp4")
+    out = tmp_path / "v2v.mp4"
+    proc = _run(["generate", "--prompt", "a cat", "--video", str(source), "--strength", "0.5", "--steps", "2",
+                 "--height", "32", "--width", "48", "--output", str(out)], demo_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert read_video(out)[0].shape == (5, 32, 48, 3)
+    png = tmp_path / "a.png"
+    from PIL import Image
+
+    Image.new("RGB", (48, 32)).save(png)
+    proc = _run(["generate", "--prompt", "a cat", "--image", str(png), "--output", str(tmp_path / "x.mp4")], demo_cache)
+    assert proc.returncode == 2 and "image" in proc.stderr and "Traceback" not in proc.stderr

@@ -44,6 +44,19 @@ CASES = {
         (1, 3, 9, 16, 8),
         ((2, 4, 3, 2, 1),),
     ),
+    # Wan2.2 (TI2V-5B layout): residual stages, 2x2 patching, a wider decoder, 16x spatial compression.
+    "wan22_residual": (
+        dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=(1, 2, 2, 2), num_res_blocks=1, is_residual=True,
+             patch_size=2, in_channels=12, out_channels=12),
+        (1, 3, 9, 32, 48),
+        ((1, 6, 3, 2, 3), (2, 6, 1, 3, 2)),
+    ),
+    "wan22_two_blocks": (
+        dict(base_dim=8, z_dim=8, dim_mult=(1, 2, 4, 4), num_res_blocks=2, is_residual=True,
+             patch_size=2, in_channels=12, out_channels=12),
+        (2, 3, 5, 16, 32),
+        ((1, 8, 2, 2, 1),),
+    ),
 }
 
 
@@ -96,7 +109,8 @@ def test_decode_matches_diffusers(pair: Pair) -> None:
             expected = pair.ref.decode(latents).sample
         got = pair.ours.decode(latents)
         b, _, t, h, w = shape
-        assert got.shape == (b, 3, 1 + 4 * (t - 1), 8 * h, 8 * w)
+        f, hw = pair.ours.config.temporal_factor, pair.ours.config.spatial_factor
+        assert got.shape == (b, 3, 1 + f * (t - 1), hw * h, hw * w)
         assert _max_diff(got, expected) <= ATOL
         # Random weights must not saturate the clamp, or the comparison would be empty.
         assert (got.abs() < 1).float().mean() > 0.5
@@ -109,7 +123,8 @@ def test_encode_matches_diffusers(pair: Pair) -> None:
         expected_sample = expected.sample(generator=torch.Generator().manual_seed(7))
     got = pair.ours.encode(video)
     b, _, f, h, w = pair.video_shape
-    assert got.mean.shape == (b, pair.ours.config.z_dim, 1 + (f - 1) // 4, h // 8, w // 8)
+    hw = pair.ours.config.spatial_factor
+    assert got.mean.shape == (b, pair.ours.config.z_dim, 1 + (f - 1) // 4, h // hw, w // hw)
     assert _max_diff(got.mean, expected.mean) <= ATOL
     assert _max_diff(got.logvar, expected.logvar) <= ATOL
     assert _max_diff(got.sample(torch.Generator().manual_seed(7)), expected_sample) <= ATOL
@@ -155,7 +170,7 @@ def test_config_round_trips(pair: Pair) -> None:
     assert WanVAEConfig.from_diffusers(config.to_diffusers()) == config
     # What diffusers stores (with its own extra keys) reads back to the same config.
     assert WanVAEConfig.from_diffusers(dict(pair.ref.config)) == config
-    assert (config.spatial_factor, config.temporal_factor) == (8, 4)
+    assert (config.spatial_factor, config.temporal_factor) == (16 if config.patch_size else 8, 4)
 
 
 def test_config_defaults_are_wan21() -> None:
@@ -179,19 +194,22 @@ def test_config_defaults_are_wan21() -> None:
     assert list(config.latents_std) == defaults["latents_std"].default
 
 
-@pytest.mark.parametrize(
-    "field,value",
-    [
-        ("is_residual", True),
-        ("patch_size", 2),
-        ("in_channels", 12),
-        ("out_channels", 12),
-        ("decoder_base_dim", 256),
-        ("attn_scales", [0.5]),
-        ("_class_name", "AutoencoderKL"),
-    ],
-)
-def test_non_wan21_configs_are_refused(field: str, value: object) -> None:
+def test_wan22_published_config_reads() -> None:
+    # The keys of the published Wan2.2 TI2V-5B vae/config.json (statistics shortened to z_dim entries).
+    published = {
+        "_class_name": "AutoencoderKLWan", "attn_scales": [], "base_dim": 160, "decoder_base_dim": 256,
+        "dim_mult": [1, 2, 4, 4], "dropout": 0.0, "in_channels": 12, "is_residual": True,
+        "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48, "num_res_blocks": 2, "out_channels": 12,
+        "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4,
+        "temperal_downsample": [False, True, True], "z_dim": 48,
+    }
+    config = WanVAEConfig.from_diffusers(published)
+    assert (config.z_dim, config.spatial_factor, config.temporal_factor, config.decoder_dim) == (48, 16, 4, 256)
+    assert config.is_residual and config.patch_size == 2
+
+
+@pytest.mark.parametrize("field,value", [("attn_scales", [0.5]), ("_class_name", "AutoencoderKL")])
+def test_unsupported_configs_are_refused(field: str, value: object) -> None:
     cfg = WanVAEConfig().to_diffusers() | {field: value}
     with pytest.raises(CheckpointError, match=field):
         WanVAEConfig.from_diffusers(cfg)

@@ -12,7 +12,7 @@ from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import SAMPLERS, Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.diffusion.unipc import UniPCSampler
 
-NAMES = sorted(SAMPLERS)
+NAMES = sorted(n for n in SAMPLERS if n != "dmd")  # dmd runs only its recipe's steps: tests/unit/diffusion/test_dmd.py
 
 
 def fake_model(sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:

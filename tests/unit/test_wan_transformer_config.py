@@ -46,13 +46,22 @@ def test_missing_fields_take_diffusers_defaults() -> None:
     assert config == WanTransformerConfig(in_channels=8, out_channels=8)
 
 
+def test_image_conditioning_fields_are_read_and_written_back() -> None:
+    i2v = {**WAN21_T2V_1_3B, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 1536, "pos_embed_seq_len": 514}
+    config = WanTransformerConfig.from_diffusers(i2v)
+    assert (config.image_dim, config.added_kv_proj_dim, config.pos_embed_seq_len) == (1280, 1536, 514)
+    assert config.takes_image and config.out_channels == 16
+    assert WanTransformerConfig.from_diffusers(config.to_diffusers()) == config
+
+
 @pytest.mark.parametrize(
-    ("field", "value"),
-    [("image_dim", 1280), ("added_kv_proj_dim", 5120), ("pos_embed_seq_len", 514)],
+    ("fields", "message"),
+    [({"image_dim": 1280}, "set together"), ({"added_kv_proj_dim": 1536}, "set together"),
+     ({"pos_embed_seq_len": 514}, "needs image_dim")],
 )
-def test_image_conditioning_is_rejected(field: str, value: int) -> None:
-    with pytest.raises(CheckpointError, match=rf"{field}=.*I2V/other checkpoint, not supported yet"):
-        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, field: value})
+def test_half_configured_image_conditioning_is_rejected(fields: dict, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        WanTransformerConfig.from_diffusers({**WAN21_T2V_1_3B, **fields})
 
 
 def test_unsupported_qk_norm_and_class_are_rejected() -> None:

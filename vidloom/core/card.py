@@ -38,6 +38,10 @@ class RecipeSpec:
     method: str  # pretrained | distilled | random-init ...
     loop: str  # the loop (name in ModelCard.loops) the weights were trained for
     precision: str  # precision the weights were released in
+    # What post-training fixed, and the runtime therefore obeys (None / () = any):
+    sampler: str | None = None  # the only sampler requests may use (a distilled checkpoint's, e.g. "dmd")
+    timesteps: tuple[int, ...] = ()  # the step list it was distilled for; requests must ask for this many steps
+    quantization: str | None = None  # "fp8": weights trained for FP8 (QAD); FP8 is switched on at load
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class SamplingDefaults:
     flow_shift: float
     sampler: str
     negative_prompt: str = ""
+    guidance_scale_2: float | None = None  # two-expert models: the low-noise expert's scale (None: guidance_scale)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,10 @@ class ModelCard:
     max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
     # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
     memory_estimator: str | None = None
+    # Optional request fields (core.request.MEDIA_INPUTS) this checkpoint reads: "image", "last_image",
+    # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
+    inputs: frozenset[str] = frozenset()
+    required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
     max_reference_images: int = 0  # reference images a request may pass as `image` (0: none; I2V takes one frame)
     min_image_side: int = 0  # smallest width and height of an input image, in pixels
 
@@ -90,6 +99,8 @@ class ModelCard:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
         object.__setattr__(self, "loops", MappingProxyType(dict(self.loops)))
         object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
+        object.__setattr__(self, "inputs", frozenset(self.inputs))
+        object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
         self._validate()
 
     @property
@@ -110,6 +121,7 @@ class ModelCard:
                 raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
             if not spec.tasks <= self.tasks:
                 raise InvalidCard(f"{where}: component {name!r} is for tasks the card does not serve")
+        self._validate_recipe(where)
         if self.recipe.loop not in self.loops:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
         defaults, geo = self.sampling_defaults, self.geometry
@@ -119,7 +131,20 @@ class ModelCard:
             raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
         if (defaults.num_frames - 1) % geo.temporal_factor:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
+        if defaults.guidance_scale_2 is not None and "guidance_scale_2" not in self.inputs:
+            raise InvalidCard(f"{where}: a default guidance_scale_2 needs 'guidance_scale_2' in inputs")
+        if not self.required_inputs <= self.inputs:
+            raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
         if self.memory_estimator is not None and ":" not in self.memory_estimator:
             raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
         if ":" not in self.program:
             raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
+
+    def _validate_recipe(self, where: str) -> None:
+        recipe, defaults = self.recipe, self.sampling_defaults
+        if recipe.sampler is not None and (recipe.sampler not in self.samplers or defaults.sampler != recipe.sampler):
+            raise InvalidCard(f"{where}: recipe sampler {recipe.sampler!r} must be a loop sampler and the default")
+        if recipe.timesteps and defaults.num_inference_steps != len(recipe.timesteps):
+            raise InvalidCard(f"{where}: default num_inference_steps is not the recipe's {len(recipe.timesteps)} steps")
+        if recipe.quantization not in (None, "fp8"):
+            raise InvalidCard(f"{where}: recipe quantization {recipe.quantization!r} unknown; known: fp8")

@@ -47,6 +47,9 @@ class DeployConfig:
     kv_cache_budget_bytes: int | None = None
     """Bytes of KV cache (causal-video slabs) all running requests may hold together; None: no limit.
     A request whose cache would not fit fails with CacheBudgetExceeded before its first step."""
+    offload_idle_expert: bool = False
+    """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
+    host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()
@@ -67,6 +70,9 @@ class DeployConfig:
             raise DeployError(f"kv_cache_budget_bytes must be a positive int or None, got {budget!r}")
         if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
             raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
+        if self.offload_idle_expert and self.cuda_graphs:
+            # A captured step reads weights at fixed addresses; moving an expert would leave it reading freed memory.
+            raise DeployError("offload_idle_expert moves expert weights between steps; it cannot run with cuda_graphs")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_parallel()

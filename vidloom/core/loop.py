@@ -44,6 +44,7 @@ class StepPlan:
     total: int  # steps the loop will run
     call: Callable[..., Any]
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    expert: str | None = None  # which of a model's networks runs this step, when it has several (Wan2.2 A14B)
 
 
 NETWORK = "network"

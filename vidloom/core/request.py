@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 
 if TYPE_CHECKING:
@@ -53,12 +51,16 @@ class GenerationRequest:
     sampler: str | None = None
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
-    image: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
-    """Input images, RGB PIL images (VideoGenerator reads paths and arrays): I2V's first frame (one, at
-    the video's size) or an image model's reference images. Without height/width an edit takes the first
-    image's size (floored to the size multiple)."""
-    video: np.ndarray | None = field(default=None, compare=False, repr=False)
-    """V2V context to continue: uint8 [frames, height, width, 3] RGB, frames = temporal_factor * k + 1."""
+    # Conditioning media (Wan I2V / first-last-frame / V2V, AnyFlow-FAR I2V / continuation, Flux2 reference
+    # images) and the two-expert guidance, each accepted only by cards listing it in ModelCard.inputs. Images:
+    # a PIL image, an HxW(x3) array, a path or file bytes (image: also a list of them); video: a list of frames,
+    # an [F, H, W, 3] array or a file. resolve_request turns image into a tuple of RGB PIL images (I2V: one,
+    # the first frame), last_image into one and video into a list of them.
+    image: Any = field(default=None, compare=False, repr=False)
+    last_image: Any = field(default=None, compare=False, repr=False)
+    video: Any = field(default=None, compare=False, repr=False)
+    strength: float | None = None  # V2V: fraction of the schedule re-run over the input video, in (0, 1]
+    guidance_scale_2: float | None = None  # two-expert models: guidance of the low-noise expert
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -77,11 +79,85 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     }
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
-    if request.image:
-        filled.update(_size_from_image(request, card))
+    filled.update(_resolve_media(request, card))
+    if filled.get("image") and filled.get("task", request.task) == Task.T2I:
+        filled.update(_size_from_image(filled["image"][0], request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     return resolved
+
+
+MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
+"""Request fields a card must list in ModelCard.inputs to accept."""
+V2V_DEFAULT_STRENGTH = 0.8  # diffusers' WanVideoToVideoPipeline default
+MIN_VIDEO_FRAMES = 5  # V2V: the Wan VAE's smallest multi-frame input (1 + 4)
+
+
+def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
+    """Check the media fields against the card, load them as RGB images, infer the task from them."""
+    from vidloom.media.image import load_image, load_images, load_video  # PIL stays out of core's import path
+
+    for name in MEDIA_INPUTS:
+        if getattr(r, name) is not None and name not in card.inputs:
+            accepted = ", ".join(sorted(card.inputs)) or "none"
+            raise InvalidRequest(name, f"{card.model_id} does not accept {name} (its extra inputs: {accepted})")
+    out: dict[str, Any] = {}
+    if r.last_image is not None and r.image is None:
+        raise InvalidRequest("last_image", "needs image (the first frame) as well")
+    if r.image is not None and r.video is not None:
+        raise InvalidRequest("video", "give either image or video, not both")
+    if r.strength is not None and r.video is None:
+        raise InvalidRequest("strength", "applies only to video-to-video (give video)")
+    if r.image is not None:
+        out["image"] = load_images(r.image, "image")
+    if r.last_image is not None:
+        out["last_image"] = load_image(r.last_image, "last_image")
+    if r.video is not None:
+        out["video"] = load_video(r.video, "video", MIN_VIDEO_FRAMES if "strength" in card.inputs else 1)
+        if "strength" in card.inputs:  # denoise over the input video (Wan V2V): the output is as long as it
+            if r.num_frames is not None and r.num_frames != len(out["video"]):
+                raise InvalidRequest("num_frames", f"is {r.num_frames} but the video has {len(out['video'])} frames")
+            out["num_frames"] = len(out["video"])
+            out["strength"] = V2V_DEFAULT_STRENGTH if r.strength is None else r.strength
+            _check_float("strength", out["strength"], minimum=0.0, maximum=1.0, open_min=True)
+        else:  # a context clip the output continues (AnyFlow-FAR): whole latent frames of it
+            step = card.geometry.temporal_factor
+            if (len(out["video"]) - 1) % step:
+                raise InvalidRequest("video", f"has {len(out['video'])} frames; the VAE needs {step}k+1 "
+                                              f"(e.g. 1, {step + 1})")
+    if r.task == Task.T2V and (r.video is not None or r.image is not None):
+        out["task"] = Task.V2V if r.video is not None else Task.I2V
+    task = out.get("task", r.task)
+    for name, needs in (("image", Task.I2V), ("video", Task.V2V)):
+        if task == needs and task in card.tasks and getattr(r, name) is None:
+            raise InvalidRequest(name, f"task {needs.value} needs a conditioning {name}")
+    if "image" in out:
+        _check_images(out["image"], card, task)
+    missing = [name for name in MEDIA_INPUTS if name in card.required_inputs and getattr(r, name) is None]
+    if missing:
+        raise InvalidRequest(missing[0], f"{card.model_id} needs {missing[0]} (it serves "
+                                         f"{', '.join(sorted(t.value for t in card.tasks))})")
+    if r.guidance_scale_2 is not None:
+        _check_float("guidance_scale_2", r.guidance_scale_2, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
+    return out
+
+
+def _check_images(images: tuple[Any, ...], card: ModelCard, task: Task) -> None:
+    """I2V takes one first frame; other tasks take up to the card's reference images, each large enough."""
+    limit, name = (1, "one first frame") if task == Task.I2V else (card.max_reference_images, "max_reference_images")
+    if len(images) > limit:
+        raise LimitExceeded("image", f"{len(images)} images is more than the limit of {limit}", name)
+    for i, image in enumerate(images):
+        if min(image.size) < card.min_image_side:
+            raise InvalidRequest("image", f"image {i} is {image.size[0]}x{image.size[1]}; both sides must be at "
+                                          f"least {card.min_image_side} px")
+
+
+def _size_from_image(image: Any, request: GenerationRequest, card: ModelCard) -> dict[str, int]:
+    """An edit's height/width the caller left out: the first reference image's, floored to the size multiple."""
+    multiple = card.geometry.spatial_multiple
+    return {name: max(multiple, value // multiple * multiple)
+            for name, value in (("width", image.size[0]), ("height", image.size[1])) if getattr(request, name) is None}
 
 
 def _validate(r: GenerationRequest, card: ModelCard) -> None:
@@ -117,73 +193,24 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             "num_frames",
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
-    _check_conditioning(r, task, card)
     _check_float("guidance_scale", r.guidance_scale, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
     _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
     if r.step_cache_threshold is not None:
         _check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=math.inf, open_min=False)
+    if r.video is not None and r.strength is not None and int(r.num_inference_steps * r.strength) < 1:
+        raise InvalidRequest("strength", f"{r.strength} of {r.num_inference_steps} steps is no denoising step; "
+                                         "raise strength or num_inference_steps")
+    recipe = card.recipe  # a post-trained checkpoint runs only as it was trained
+    if recipe.sampler is not None and r.sampler != recipe.sampler:
+        raise InvalidRequest("sampler", f"{card.model_id} was {recipe.method} for the {recipe.sampler!r} sampler; "
+                                        f"got {r.sampler!r}")
+    if recipe.timesteps and r.num_inference_steps != len(recipe.timesteps):
+        raise InvalidRequest("num_inference_steps", f"{card.model_id} was {recipe.method} for exactly "
+                                                    f"{len(recipe.timesteps)} steps {list(recipe.timesteps)}; "
+                                                    f"got {r.num_inference_steps}")
     samplers = card.samplers
     if r.sampler not in samplers:
         raise InvalidRequest("sampler", f"unknown sampler {r.sampler!r}; known: {', '.join(samplers)}")
-
-
-def _size_from_image(request: GenerationRequest, card: ModelCard) -> dict[str, int]:
-    """height/width the caller left out, from the first image floored to the size multiple."""
-    first = request.image[0] if isinstance(request.image, tuple) else None
-    size = getattr(first, "size", None)
-    if not isinstance(size, tuple):  # not a PIL image: validation names the problem
-        return {}
-    multiple = card.geometry.spatial_multiple
-    out = {}
-    for name, value in (("width", size[0]), ("height", size[1])):
-        if getattr(request, name) is None:
-            out[name] = max(multiple, value // multiple * multiple)
-    return out
-
-
-def _check_images(images: object, card: ModelCard, limit: int, limit_name: str) -> None:
-    if not isinstance(images, tuple) or not images:
-        raise InvalidRequest("image", "must be one or more images")
-    if len(images) > limit:
-        raise LimitExceeded("image", f"{len(images)} images is more than the limit of {limit}", limit_name)
-    for i, img in enumerate(images):
-        size = getattr(img, "size", None)
-        if getattr(img, "mode", None) != "RGB" or not isinstance(size, tuple):
-            raise InvalidRequest("image", f"image {i} must be an RGB PIL image, got {type(img).__name__}")
-        if min(size) < card.min_image_side:
-            raise InvalidRequest("image", f"image {i} is {size[0]}x{size[1]}; both sides must be at least "
-                                          f"{card.min_image_side} px")
-
-
-def _check_conditioning(r: GenerationRequest, task: Task, card: ModelCard) -> None:
-    """I2V needs one image at the video's size and V2V a clip; elsewhere images are the card's reference images."""
-    if task == Task.I2V:
-        if r.image is None:
-            raise InvalidRequest("image", "task i2v needs a conditioning image")
-        _check_images(r.image, card, 1, "one first frame")
-        width, height = r.image[0].size
-        if (height, width) != (r.height, r.width):
-            raise InvalidRequest("image", f"is {width}x{height} (WxH) but the video is {r.width}x{r.height}; resize it")
-    elif r.image is not None:
-        if card.max_reference_images == 0:
-            raise InvalidRequest("image", f"{card.model_id} does not take input images for task {task.value}")
-        _check_images(r.image, card, card.max_reference_images, "max_reference_images")
-    if r.video is None:
-        if task == Task.V2V:
-            raise InvalidRequest("video", "task v2v needs a conditioning video")
-        return
-    if task != Task.V2V:
-        raise InvalidRequest("video", f"a video is only read by task v2v, not {task.value}")
-    value = r.video
-    if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 4 or value.shape[-1] != 3:
-        got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
-        raise InvalidRequest("video", f"must be a uint8 RGB array [frames, height, width, 3], got {got}")
-    if value.shape[1:3] != (r.height, r.width):
-        raise InvalidRequest("video", f"is {value.shape[2]}x{value.shape[1]} (WxH) but the video is "
-                                      f"{r.width}x{r.height}; resize it")
-    step = card.geometry.temporal_factor
-    if (value.shape[0] - 1) % step:
-        raise InvalidRequest("video", f"has {value.shape[0]} frames; the VAE needs {step}k+1 (e.g. 1, {step + 1})")
 
 
 def _check_text(name: str, value: object, max_chars: int) -> None:

@@ -44,7 +44,10 @@ class FlowEulerSampler:
         timesteps = sigmas * n_train
         return Schedule(timesteps=timesteps, sigmas=torch.cat([sigmas, torch.zeros(1)]))
 
-    def init_state(self, schedule: Schedule) -> FlowEulerState:
+    def init_state(
+        self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None
+    ) -> FlowEulerState:
+        check_index(schedule, start)  # Euler is one-step: starting later needs no other state
         return FlowEulerState(schedule=schedule)
 
     def step(

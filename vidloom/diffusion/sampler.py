@@ -92,6 +92,7 @@ class SamplerConfig:
 
     num_train_timesteps: int = 1000
     shift: float = 1.0  # diffusers "flow_shift" (UniPC) or "shift" (FlowMatchEuler, FlowMapEuler)
+    dmd_timesteps: tuple[float, ...] = ()  # dmd only: the distilled step list (from the card's RecipeSpec)
     solver_order: int = 2  # UniPC only
     disable_corrector: frozenset[int] = frozenset()  # UniPC only: steps whose corrector is skipped
 
@@ -106,6 +107,7 @@ class SamplerConfig:
             raise ValueError(f"solver_order must be an int >= 1, got {self.solver_order!r}")
         # Normalise JSON forms (int shift, list of indices) so equal configs compare equal.
         object.__setattr__(self, "shift", float(self.shift))
+        object.__setattr__(self, "dmd_timesteps", tuple(float(t) for t in self.dmd_timesteps))
         corrector_off = frozenset(int(i) for i in self.disable_corrector)
         object.__setattr__(self, "disable_corrector", corrector_off)
 
@@ -172,7 +174,10 @@ class Sampler(Protocol):
 
     def schedule(self, num_steps: int) -> Schedule: ...
 
-    def init_state(self, schedule: Schedule) -> Any: ...
+    def init_state(self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None) -> Any:
+        """Fresh per-request state whose first step is `start` (> 0 resumes a partly noised sample);
+        stochastic samplers draw from `generator` (the request's, after its initial noise)."""
+        ...
 
     def step(
         self, state: Any, index: int, model_output: torch.Tensor, sample: torch.Tensor
@@ -206,6 +211,7 @@ def check_index(schedule: Schedule, index: int) -> None:
 # Explicit table rather than import-time registration, so the names are greppable and
 # a sampler's module (and its dependencies) load only when a request asks for it.
 SAMPLERS: dict[str, str] = {
+    "dmd": "vidloom.diffusion.dmd:DMDSampler",
     "euler": "vidloom.diffusion.flow_euler:FlowEulerSampler",
     "unipc": "vidloom.diffusion.unipc:UniPCSampler",
     "flow_map_euler": "vidloom.diffusion.flow_map_euler:FlowMapEulerSampler",

@@ -126,8 +126,13 @@ class UniPCSampler:
         final = np.concatenate([sigmas, [0.0]]).astype(np.float32)
         return Schedule(timesteps=timesteps, sigmas=torch.from_numpy(final))
 
-    def init_state(self, schedule: Schedule) -> UniPCState:
-        return UniPCState(schedule=schedule)
+    def init_state(
+        self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None
+    ) -> UniPCState:
+        # Starting mid-schedule (video-to-video) begins a fresh multistep history at `start`,
+        # as diffusers' scheduler does when its first step() sees a later timestep.
+        check_index(schedule, start)
+        return UniPCState(schedule=schedule, next_index=start)
 
     def step(
         self, state: UniPCState, index: int, model_output: torch.Tensor, sample: torch.Tensor

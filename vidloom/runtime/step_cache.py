@@ -264,7 +264,8 @@ class StepCache:
             return plan.call(**plan.inputs)
         if not isinstance(network, StagedNetwork):
             raise TypeError(f"step cache {self.policy.name!r} needs a staged network, got {type(network).__name__}")
-        view = _CachedNetwork(self, network, plan.loop, plan.index)
+        # Each expert of a mixture (Wan2.2 A14B) keeps its own residuals: one expert's never stand in for another's.
+        view = _CachedNetwork(self, network, plan.loop if plan.expert is None else f"{plan.loop}/{plan.expert}", plan.index)
         result = plan.call(**{**plan.inputs, NETWORK: view})
         self._counts.steps += 1
         self._counts.skipped_steps += int(view.calls > 0 and view.reused_calls == view.calls)

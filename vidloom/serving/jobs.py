@@ -485,11 +485,13 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    params = dataclasses.asdict(request)
+    media = ("image", "last_image", "video")  # not stored (a job is not re-run after a restart); noted as given
+    params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
     params.pop("request_id")
     params.pop("image", None)  # input images are not stored with a job (video jobs take none)
     params.pop("prompt")
     params["task"] = request.task.value
+    params.update({name: True for name in media if getattr(request, name) is not None})
     return params
 
 

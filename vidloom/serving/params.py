@@ -25,7 +25,7 @@ from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, Vi
 _SIZE = re.compile(r"([0-9]{1,6})[xX]([0-9]{1,6})")
 
 # InvalidRequest.field (GenerationRequest names) -> the API parameter a client sent.
-_API_FIELDS = {"height": "size", "width": "size"}
+_API_FIELDS = {"height": "size", "width": "size", "image": "input_reference"}
 
 
 def api_field(field: str) -> str:
@@ -51,23 +51,43 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     `max_frames` (None: unchecked) is checked here so an over-long `seconds` is named as such;
     the other work limits apply to the resolved request (JobManager, core.limits).
     """
-    if body.input_reference is not None:
-        raise InvalidRequest("input_reference", "image/video references are not supported; this server does text-to-video")
     check_model(body.model, card)
+    media = _media(body, max_frames)
     width, height = parse_size(body.size, card)
     fps = body.fps if body.fps is not None else card.sampling_defaults.fps
     if not isinstance(fps, int) or fps < 1:
         raise InvalidRequest("fps", f"must be an integer >= 1, got {fps!r}")
     frames = choose_frames(body, card, fps)
+    if body.video is not None and body.num_frames is None and body.seconds is None:
+        frames = len(media["video"])  # video-to-video: as many frames as the input (limits apply to them too)
     if max_frames is not None and frames > max_frames:
-        field = "num_frames" if body.num_frames is not None else "seconds"
+        field = "num_frames" if body.num_frames is not None else "seconds" if body.seconds is not None else "video"
         raise LimitExceeded(field, f"{frames} frames is more than this server's limit of {max_frames} (max_frames)",
                             "max_frames")
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=fps,
-        request_id=new_video_id(), **_sampling(body),
+        request_id=new_video_id(), **_sampling(body), **media,
     )
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
+
+
+def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
+    """Uploaded files decoded (a 400 naming the field when unreadable); which ones a model accepts is checked
+    with the rest of the request (resolve_request), under the API names mapped in _API_FIELDS."""
+    from vidloom.media.image import load_image, load_video  # PIL and PyAV only when media arrive
+
+    out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2}
+    for api_name, name in (("input_reference", "image"), ("last_image", "last_image")):
+        value = getattr(body, api_name)
+        if value is not None:
+            if not isinstance(value, (bytes, bytearray)):
+                raise InvalidRequest(api_name, "must be an uploaded image file (multipart/form-data)")
+            out[name] = load_image(value, api_name)
+    if body.video is not None:
+        if not isinstance(body.video, (bytes, bytearray)):
+            raise InvalidRequest("video", "must be an uploaded video file (multipart/form-data)")
+        out["video"] = load_video(body.video, "video", max_frames=max_frames)  # stops decoding past the limit
+    return out
 
 
 MAX_IMAGES_PER_CALL = 10  # OpenAI Images API bound on `n`

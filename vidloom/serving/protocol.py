@@ -41,9 +41,14 @@ class VideoCreateBody(SamplingExtensions):
     model: str | None = None
     seconds: str | ApiFloat | None = None  # the OpenAI client sends a string such as "4"
     size: str | None = None  # "WxH"
-    input_reference: Any = None  # accepted by name only so we can say it is unsupported
+    input_reference: Any = None  # multipart file: the first frame (image-to-video), as OpenAI's Videos API
     num_frames: ApiInt | None = None
     fps: ApiInt | None = None
+    # vidloom extensions (multipart files / numbers), accepted where the model card lists them.
+    last_image: Any = None
+    video: Any = None
+    strength: ApiFloat | None = None
+    guidance_scale_2: ApiFloat | None = None
 
 
 class ImageGenerationBody(SamplingExtensions):

@@ -16,7 +16,7 @@ from vidloom.serving.errors import APIError, count_rejection, error_response, va
 
 M = TypeVar("M", bound=BaseModel)
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit so the client sees our 413, not a reset
-FILE_FIELDS = frozenset({"input_reference"})  # form fields that may be file parts (named as unsupported later)
+FILE_FIELDS = frozenset({"input_reference", "last_image", "video"})  # form fields that may be file parts (bytes)
 
 
 class BodyLimit:
@@ -159,6 +159,6 @@ async def _form(request: Request) -> dict[str, Any]:
         if isinstance(value, UploadFile):
             if key not in FILE_FIELDS:
                 raise APIError(400, f"{key}: must be a text field, not a file", param=key, code="invalid_parameter")
-            value = "<file>"  # a marker, so the model can name the field it does not support
+            value = await value.read()  # already in memory: BodyLimit buffered the whole body
         data[key] = value
     return data

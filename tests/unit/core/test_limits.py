@@ -104,6 +104,17 @@ def test_vae_tiling_lowers_the_estimate():
     assert tiled < plain
 
 
+def test_per_token_timesteps_raise_the_estimate():
+    from vidloom.recipes.wan.conditioning import WanPipelineConfig
+
+    wan = wan21_t2v_1_3b()
+    request = resolve_request(GenerationRequest("a cat", seed=1), wan)
+    plain = _fake_instance(wan, vae_tile=256)  # tiles keep the decode term below the denoise term
+    per_token = _fake_instance(wan, vae_tile=256)
+    per_token.components["wan_pipeline"] = WanPipelineConfig(expand_timesteps=True)
+    assert estimate_request_bytes(per_token, request) > estimate_request_bytes(plain, request)
+
+
 def test_estimator_is_none_without_a_wan_model(card):
     assert request_estimator(_Instance(card, {}, torch.float32, DeployConfig())) is None
 

@@ -79,11 +79,10 @@ def _i2v_card():
     ("image", "task", "match"),
     [
         (None, Task.I2V, "needs a conditioning image"),
-        ("ok", Task.T2V, "does not take input images"),
-        ("array", Task.I2V, "RGB PIL image"),
-        ("gray", Task.I2V, "RGB PIL image"),
+        ("gray-float", Task.I2V, "finite values in \\[0, 1\\]"),
+        ("bad-shape", Task.I2V, "HxW, HxWx3 or HxWx4"),
         ("two", Task.I2V, "more than the limit of 1"),
-        ("wrong-size", Task.I2V, "resize it"),
+        ("two", Task.T2V, "more than the limit of 1"),
     ],
 )
 def test_image_field_is_checked(image, task, match):
@@ -92,11 +91,9 @@ def test_image_field_is_checked(image, task, match):
 
     rgb = Image.new("RGB", (48, 32))
     images = {
-        "ok": (rgb,),
-        "array": (np.zeros((32, 48, 3), np.uint8),),
-        "gray": (Image.new("L", (48, 32)),),
-        "two": (rgb, rgb),
-        "wrong-size": (Image.new("RGB", (32, 48)),),
+        "gray-float": np.full((32, 48), 2.0, np.float32),
+        "bad-shape": np.zeros((32, 48, 5), np.uint8),
+        "two": [rgb, rgb],
     }
     request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=5, image=images.get(image))
     with pytest.raises(InvalidRequest, match=match) as err:
@@ -104,12 +101,13 @@ def test_image_field_is_checked(image, task, match):
     assert err.value.field == "image"
 
 
-def test_i2v_request_with_matching_image_resolves():
-    from PIL import Image
+def test_i2v_image_resolves_to_one_rgb_image_and_sets_the_task():
+    import numpy as np
 
-    image = (Image.new("RGB", (48, 32)),)
-    r = resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), _i2v_card())
-    assert r.image is image and r.task == Task.I2V
+    array = np.zeros((40, 56, 3), np.uint8)  # any size: the recipe resizes it to the video
+    r = resolve_request(GenerationRequest(prompt="a cat", height=32, width=48, image=array), _i2v_card())
+    assert r.task == Task.I2V and len(r.image) == 1
+    assert r.image[0].mode == "RGB" and r.image[0].size == (56, 40)
     assert "image" not in repr(r)  # pixels stay out of logs and comparisons
 
 
@@ -119,13 +117,13 @@ def test_image_task_is_refused_by_a_t2v_only_card(card):
     image = (Image.new("RGB", (48, 32)),)
     with pytest.raises(InvalidRequest) as err:
         resolve_request(GenerationRequest(prompt="a cat", task=Task.I2V, height=32, width=48, image=image), card)
-    assert err.value.field == "task"
+    assert err.value.field == "image" and "does not accept image" in err.value.message
 
 
 @pytest.mark.parametrize(
     ("task", "frames", "match"),
-    [(Task.V2V, None, "needs a conditioning video"), (Task.T2V, 5, "only read by task v2v"),
-     (Task.V2V, 4, "4k\\+1"), (Task.V2V, 5, None)],
+    [(Task.V2V, None, "needs a conditioning video"), (Task.V2V, 4, "4k\\+1"), (Task.V2V, 5, None),
+     (Task.T2V, 5, None)],  # a video given to a t2v request makes it v2v
 )
 def test_video_field_is_checked(task, frames, match):
     import numpy as np
@@ -133,7 +131,9 @@ def test_video_field_is_checked(task, frames, match):
     video = None if frames is None else np.zeros((frames, 32, 48, 3), np.uint8)
     request = GenerationRequest(prompt="a cat", task=task, height=32, width=48, num_frames=9, video=video)
     if match is None:
-        assert resolve_request(request, _i2v_card()).video is video
+        resolved = resolve_request(request, _i2v_card())
+        assert resolved.task == Task.V2V and len(resolved.video) == frames  # RGB PIL frames
+        assert resolved.num_frames == 9  # a continuation: the output length is the request's, not the clip's
         return
     with pytest.raises(InvalidRequest, match=match) as err:
         resolve_request(request, _i2v_card())

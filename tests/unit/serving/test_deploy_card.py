@@ -22,7 +22,8 @@ _CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "
            "vae_tile": 256, "vae_tile_stride": 192, "dtype": "bfloat16", "device": "cpu", "port": 8123,
            "allowed_hosts": ("example.com",), "cors_origins": ("https://app.example.com",),
            "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b",
-           "store": "postgresql://vidloom@db.internal/jobs", "lost_jobs": "requeue"}
+           "store": "postgresql://vidloom@db.internal/jobs", "lost_jobs": "requeue",
+           "cuda_graphs": False}  # offload_idle_expert (flipped on) refuses cuda_graphs
 
 
 def _sample(name: str, hint: Any, default: Any) -> Any:

@@ -1,4 +1,9 @@
-"""Wan2.1 text-to-video diffusion transformer (DiT), numerically matching diffusers' WanTransformer3DModel."""
+"""Wan diffusion transformer (DiT), numerically matching diffusers' WanTransformer3DModel.
+
+One module covers the family: Wan2.1 T2V, Wan2.1 I2V / first-last-frame (CLIP image tokens
+through extra key/value projections in cross-attention), and Wan2.2 (TI2V-5B's per-token
+timesteps; each A14B expert is a plain T2V/I2V-shaped DiT).
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,8 @@ from vidloom.loading.name_map import NameMap
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
 SUPPORTED_QK_NORM = "rms_norm_across_heads"
 
-# Fields a diffusers config may set only to null here: each one switches on image
-# conditioning (Wan2.1 I2V / FLF2V), which this module does not implement yet.
-_IMAGE_FIELDS = ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
+# diffusers' FP32LayerNorm default; the image embedder's norms use it (the blocks use config.eps).
+IMAGE_NORM_EPS = 1e-5
 
 
 # ---------------------------------------------------------------------------
@@ -61,6 +65,12 @@ class WanTransformerConfig:
     """Epsilon of every LayerNorm and RMSNorm."""
     rope_max_seq_len: int = 1024
     """Largest patch-grid extent along any axis that RoPE is defined for."""
+    image_dim: int | None = None
+    """Width of the CLIP image tokens (Wan2.1 I2V: 1280); None: no image cross-attention."""
+    added_kv_proj_dim: int | None = None
+    """Input width of the image key/value projections (equals inner_dim in Wan2.1 I2V); None with image_dim None."""
+    pos_embed_seq_len: int | None = None
+    """Image tokens per sample when a learned position table is added (first-last-frame: 2 x 257)."""
 
     def __post_init__(self) -> None:
         if len(self.patch_size) != 3 or min(self.patch_size) < 1:
@@ -69,8 +79,17 @@ class WanTransformerConfig:
             raise ValueError(f"attention_head_dim must be even for RoPE, got {self.attention_head_dim}")
         if self.qk_norm != SUPPORTED_QK_NORM:
             raise ValueError(f"qk_norm must be {SUPPORTED_QK_NORM!r}, got {self.qk_norm!r}")
+        if (self.image_dim is None) != (self.added_kv_proj_dim is None):
+            raise ValueError("image_dim and added_kv_proj_dim must be set together (image cross-attention)")
+        if self.pos_embed_seq_len is not None and self.image_dim is None:
+            raise ValueError("pos_embed_seq_len needs image_dim (it positions image tokens)")
         # Normalise lists (JSON) to a tuple so configs compare and hash by value.
         object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
+
+    @property
+    def takes_image(self) -> bool:
+        """Whether cross-attention also reads CLIP image tokens (Wan2.1 I2V / FLF2V)."""
+        return self.image_dim is not None
 
     @property
     def inner_dim(self) -> int:
@@ -85,17 +104,11 @@ class WanTransformerConfig:
             raise CheckpointError(
                 f"transformer config _class_name={class_name!r}: expected {DIFFUSERS_CLASS_NAME!r}"
             )
-        for name in _IMAGE_FIELDS:
-            if cfg.get(name) is not None:
-                raise CheckpointError(
-                    f"transformer config {name}={cfg[name]!r} turns on image conditioning: this is "
-                    f"an I2V/other checkpoint, not supported yet (only Wan2.1 T2V)"
-                )
         qk_norm = cfg.get("qk_norm", SUPPORTED_QK_NORM)
         if qk_norm != SUPPORTED_QK_NORM:
             raise CheckpointError(
                 f"transformer config qk_norm={qk_norm!r} (only {SUPPORTED_QK_NORM!r} is implemented): "
-                f"this is an I2V/other checkpoint, not supported yet"
+                f"this is not a Wan checkpoint vidloom can run"
             )
         defaults = cls()
         in_channels = int(cfg.get("in_channels", defaults.in_channels))
@@ -115,6 +128,9 @@ class WanTransformerConfig:
                 qk_norm=qk_norm,
                 eps=float(cfg.get("eps", defaults.eps)),
                 rope_max_seq_len=int(cfg.get("rope_max_seq_len", defaults.rope_max_seq_len)),
+                image_dim=_optional_int(cfg.get("image_dim")),
+                added_kv_proj_dim=_optional_int(cfg.get("added_kv_proj_dim")),
+                pos_embed_seq_len=_optional_int(cfg.get("pos_embed_seq_len")),
             )
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"transformer config is malformed: {err}") from err
@@ -135,11 +151,15 @@ class WanTransformerConfig:
             "cross_attn_norm": self.cross_attn_norm,
             "qk_norm": self.qk_norm,
             "eps": self.eps,
-            "image_dim": None,
-            "added_kv_proj_dim": None,
+            "image_dim": self.image_dim,
+            "added_kv_proj_dim": self.added_kv_proj_dim,
             "rope_max_seq_len": self.rope_max_seq_len,
-            "pos_embed_seq_len": None,
+            "pos_embed_seq_len": self.pos_embed_seq_len,
         }
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 # ---------------------------------------------------------------------------
@@ -154,6 +174,11 @@ WAN_TRANSFORMER_NAME_MAP = NameMap(
         ("condition_embedder.time_proj", "time_modulation"),
         ("condition_embedder.text_embedder.linear_1", "text_embed.up"),
         ("condition_embedder.text_embedder.linear_2", "text_embed.down"),
+        ("condition_embedder.image_embedder.norm1", "image_embed.norm_in"),
+        ("condition_embedder.image_embedder.ff.net.0.proj", "image_embed.mlp.up"),
+        ("condition_embedder.image_embedder.ff.net.2", "image_embed.mlp.down"),
+        ("condition_embedder.image_embedder.norm2", "image_embed.norm_out"),
+        ("condition_embedder.image_embedder.pos_embed", "image_embed.pos_embed"),
         ("blocks.{n}.scale_shift_table", "blocks.{n}.modulation"),
         ("blocks.{n}.attn1.to_q", "blocks.{n}.self_attn.q"),
         ("blocks.{n}.attn1.to_k", "blocks.{n}.self_attn.k"),
@@ -168,6 +193,9 @@ WAN_TRANSFORMER_NAME_MAP = NameMap(
         ("blocks.{n}.attn2.to_out.0", "blocks.{n}.cross_attn.out"),
         ("blocks.{n}.attn2.norm_q", "blocks.{n}.cross_attn.norm_q"),
         ("blocks.{n}.attn2.norm_k", "blocks.{n}.cross_attn.norm_k"),
+        ("blocks.{n}.attn2.add_k_proj", "blocks.{n}.cross_attn.image_k"),
+        ("blocks.{n}.attn2.add_v_proj", "blocks.{n}.cross_attn.image_v"),
+        ("blocks.{n}.attn2.norm_added_k", "blocks.{n}.cross_attn.image_norm_k"),
         ("blocks.{n}.ffn.net.0.proj", "blocks.{n}.ffn.up"),
         ("blocks.{n}.ffn.net.2", "blocks.{n}.ffn.down"),
         ("scale_shift_table", "out_modulation"),
@@ -306,7 +334,15 @@ class MLP(nn.Module):
 class WanAttention(nn.Module):
     """Multi-head attention with RMSNorm on q and k over all heads jointly (before the head split)."""
 
-    def __init__(self, dim: int, num_heads: int, eps: float, attention_fn: AttentionFn = attention) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        eps: float,
+        attention_fn: AttentionFn = attention,
+        image_dim: int | None = None,
+    ) -> None:
+        """`image_dim` (cross-attention of I2V models): width of the image tokens given extra k/v projections."""
         super().__init__()
         self.num_heads = num_heads
         self.attention_fn = attention_fn  # chosen at load (DeployConfig.attention_backend)
@@ -316,8 +352,11 @@ class WanAttention(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.image_k = nn.Linear(image_dim, dim) if image_dim is not None else None
+        self.image_v = nn.Linear(image_dim, dim) if image_dim is not None else None
+        self.image_norm_k = nn.RMSNorm(dim, eps=eps) if image_dim is not None else None
 
-    def forward(self, x: Tensor, context: Tensor, rope: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, rope: Tensor | None = None, image: Tensor | None = None) -> Tensor:
         # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention).
         # `project` shares one quantized input between projections when they run in FP8.
         if context is x:
@@ -331,7 +370,46 @@ class WanAttention(nn.Module):
         if rope is not None:
             q = apply_rope(q, rope)
             k = apply_rope(k, rope)
-        return self.out(self.attention_fn(q, k, v).flatten(-2))  # [B, S, D]
+        out = self.attention_fn(q, k, v).flatten(-2)  # [B, S, D]
+        if image is not None:
+            # I2V: the same queries attend separately to the image tokens [B, I, D]; the two
+            # results are summed before the output projection (diffusers' WanAttnProcessor order).
+            out = out + self._image_attention(q, image)
+        return self.out(out)
+
+    def _image_attention(self, q: Tensor, image: Tensor) -> Tensor:
+        if self.image_k is None or self.image_v is None or self.image_norm_k is None:
+            raise ValueError("image tokens given to an attention layer without image projections")
+        k = self.image_norm_k(self.image_k(image)).unflatten(-1, (self.num_heads, -1))
+        v = self.image_v(image).unflatten(-1, (self.num_heads, -1))
+        return self.attention_fn(q, k, v).flatten(-2)
+
+
+class WanImageEmbed(nn.Module):
+    """CLIP image tokens [N, I, image_dim] -> cross-attention tokens [B, I', D] (norm -> GELU MLP -> norm).
+
+    With a position table (first-last-frame checkpoints), the tokens of each sample's images
+    are first joined into one sequence of `pos_embed_seq_len` tokens (two images of I each).
+    """
+
+    def __init__(self, image_dim: int, dim: int, pos_embed_seq_len: int | None) -> None:
+        super().__init__()
+        self.norm_in = nn.LayerNorm(image_dim, eps=IMAGE_NORM_EPS)
+        self.mlp = MLP(image_dim, image_dim, dim, nn.GELU())
+        self.norm_out = nn.LayerNorm(dim, eps=IMAGE_NORM_EPS)
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(1, pos_embed_seq_len, image_dim)) if pos_embed_seq_len is not None else None
+        )
+
+    def forward(self, image: Tensor) -> Tensor:
+        if self.pos_embed is not None:
+            length = self.pos_embed.shape[1]
+            if image.shape[0] * image.shape[1] % length:
+                raise ValueError(f"{tuple(image.shape)} image tokens do not form sequences of {length}")
+            image = image.reshape(-1, length, image.shape[-1]) + self.pos_embed
+        h = _layer_norm_fp32(image, self.norm_in, IMAGE_NORM_EPS).type_as(image)
+        h = self.mlp(h)
+        return _layer_norm_fp32(h, self.norm_out, IMAGE_NORM_EPS).type_as(h)
 
 
 class WanBlock(nn.Module):
@@ -352,18 +430,20 @@ class WanBlock(nn.Module):
         self.eps = config.eps
         self.self_attn = WanAttention(dim, config.num_attention_heads, config.eps, attention_fn)
         self.cross_norm = nn.LayerNorm(dim, eps=config.eps) if config.cross_attn_norm else None
-        self.cross_attn = WanAttention(dim, config.num_attention_heads, config.eps, cross_attention_fn or attention_fn)
+        self.cross_attn = WanAttention(
+            dim, config.num_attention_heads, config.eps, cross_attention_fn or attention_fn, config.added_kv_proj_dim
+        )
         self.ffn = MLP(dim, config.ffn_dim, dim, nn.GELU(approximate="tanh"))
         # Learned per-block offsets added to the shared timestep modulation:
         # rows are (shift, scale, gate) for self-attention then for the FFN.
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
-        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: Tensor
+        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: Tensor, image: Tensor | None = None
     ) -> Tensor:
-        # x: [B, S, D]; text: [B, L, D]; time_mod: [B, 6, D]
-        mods = (self.modulation.float() + time_mod.float()).chunk(6, dim=1)  # 6 x [B, 1, D] fp32
-        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
+        # x: [B, S, D]; text: [B, L, D]; time_mod: [B, 6, D], or [B, S, 6, D] with per-token timesteps
+        # image: [B, I, D] projected CLIP tokens (I2V models) or None
+        shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = self._modulations(time_mod)
 
         # 1. Self-attention over all video tokens: [B, S, D]
         h = self._modulate(x, shift_sa, scale_sa)
@@ -371,7 +451,7 @@ class WanBlock(nn.Module):
 
         # 2. Cross-attention to text, unmodulated and ungated: [B, S, D] x [B, L, D] -> [B, S, D]
         h = _layer_norm_fp32(x, self.cross_norm, self.eps).type_as(x) if self.cross_norm is not None else x
-        x = x + self.cross_attn(h, text)
+        x = x + self.cross_attn(h, text, image=image)
 
         # 3. Feed-forward: [B, S, D] -> [B, S, ffn_dim] -> [B, S, D]
         h = self._modulate(x, shift_ff, scale_ff)
@@ -379,8 +459,14 @@ class WanBlock(nn.Module):
 
     def attention_input(self, x: Tensor, time_mod: Tensor) -> Tensor:
         """The normalised, timestep-modulated tokens [B, S, D] this block feeds to self-attention."""
-        shift_sa, scale_sa = (self.modulation.float() + time_mod.float())[:, :2].chunk(2, dim=1)
+        shift_sa, scale_sa = self._modulations(time_mod)[:2]
         return self._modulate(x, shift_sa, scale_sa)
+
+    def _modulations(self, time_mod: Tensor) -> tuple[Tensor, ...]:
+        """Six fp32 modulation tensors, [B, 1, D] each (shared timestep) or [B, S, D] (per-token)."""
+        if time_mod.ndim == 4:
+            return (self.modulation.float().unsqueeze(0) + time_mod.float()).unbind(2)
+        return (self.modulation.float() + time_mod.float()).chunk(6, dim=1)
 
     def _modulate(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
         return modulate(x, shift, scale, self.eps)
@@ -407,6 +493,8 @@ class WanConditioning:
     """Patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
     """Shape (B, C_in, F, H, W) of the latents, for unpatchify."""
+    image: Tensor | None = None
+    """Projected CLIP image tokens [B, I, D] for cross-attention (I2V models), or None."""
 
 
 class WanTransformer(nn.Module):
@@ -447,6 +535,9 @@ class WanTransformer(nn.Module):
         # One projection to the six per-block modulation vectors, shared by all blocks.
         self.time_modulation = nn.Linear(dim, 6 * dim)
         self.text_embed = MLP(config.text_dim, dim, dim, nn.GELU(approximate="tanh"))
+        self.image_embed = (
+            WanImageEmbed(config.image_dim, dim, config.pos_embed_seq_len) if config.image_dim is not None else None
+        )
         self.blocks = nn.ModuleList(
             WanBlock(config, attention_fn, cross_attention_fn) for _ in range(config.num_layers)
         )
@@ -462,13 +553,21 @@ class WanTransformer(nn.Module):
         """The self-attention layers, in block order (each attends over the whole token sequence)."""
         return (block.self_attn for block in self.blocks)
 
-    def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> Tensor:
-        """latents [B, C_in, F, H, W], timestep [B], text_embeds [B, L, text_dim] -> [B, C_out, F, H, W]."""
-        x, cond = self.embed(latents, timestep, text_embeds)
+    def forward(
+        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, image_embeds: Tensor | None = None
+    ) -> Tensor:
+        """latents [B, C_in, F, H, W], timestep [B] (or [B, S] per token), text_embeds [B, L, text_dim],
+        image_embeds [B, I, image_dim] (I2V models) -> [B, C_out, F, H, W]."""
+        x, cond = self.embed(latents, timestep, text_embeds, image_embeds)
         return self.head(self.run_blocks(x, cond), cond)
 
-    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, WanConditioning]:
-        """Stages 1-4: tokens [B, S, D] for the first block, and what every block reads."""
+    def embed(
+        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, image_embeds: Tensor | None = None
+    ) -> tuple[Tensor, WanConditioning]:
+        """Stages 1-4: tokens [B, S, D] for the first block, and what every block reads.
+
+        A [B, S] timestep gives every token its own timestep (Wan2.2 TI2V keeps the image frame at 0).
+        """
         cfg = self.config
         batch, _, frames, height, width = latents.shape
         p_t, p_h, p_w = cfg.patch_size
@@ -486,26 +585,44 @@ class WanTransformer(nn.Module):
         # 1. Patchify: [B, C_in, F, H, W] -> [B, S, D], S = f*h*w, frames-major
         x = self.patch_embed(latents).flatten(2).transpose(1, 2).contiguous()
 
-        # 2. Timestep: sinusoid [B, freq_dim] (fp32) -> temb [B, D] -> time_mod [B, 6, D]
-        freq = timestep_features(timestep, cfg.freq_dim).to(self.time_embed.up.weight.dtype)
+        # 2. Timestep: sinusoid [B(*S), freq_dim] (fp32) -> temb [B(, S), D] -> time_mod [B(, S), 6, D]
+        freq = timestep_features(timestep.flatten(), cfg.freq_dim).to(self.time_embed.up.weight.dtype)
+        if timestep.ndim == 2:
+            freq = freq.unflatten(0, tuple(timestep.shape))
         temb = self.time_embed(freq).type_as(text_embeds)
-        time_mod = self.time_modulation(F.silu(temb)).unflatten(1, (6, -1))
+        time_mod = self.time_modulation(F.silu(temb)).unflatten(-1, (6, -1))
 
-        # 3. Text: [B, L, text_dim] -> [B, L, D]
+        # 3. Text: [B, L, text_dim] -> [B, L, D]; image: [B, I, image_dim] -> [B, I', D]
         text = self.text_embed(text_embeds)
+        image = self._embed_image(image_embeds, text.dtype)
 
         # 4. RoPE rotations [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
         freqs = rope_freqs(grid, cfg.attention_head_dim, latents.device)
 
-        # 5. This rank's tokens [B, S_local, D] and their RoPE rows (all of them on one device)
-        x, (rope,) = self.sequence.shard(x, (freqs,))
-        return x, WanConditioning(text, temb, time_mod, rope, grid, tuple(latents.shape))  # type: ignore[arg-type]
+        # 5. This rank's tokens [B, S_local, D] and their RoPE rows (and per-token modulation rows)
+        if time_mod.ndim == 4:
+            x, (rope, rows) = self.sequence.shard(x, (freqs, time_mod.movedim(1, 0)))
+            time_mod = rows.movedim(0, 1)
+        else:
+            x, (rope,) = self.sequence.shard(x, (freqs,))
+        shape = tuple(latents.shape)
+        return x, WanConditioning(text, temb, time_mod, rope, grid, shape, image)  # type: ignore[arg-type]
+
+    def _embed_image(self, image_embeds: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        if (image_embeds is None) != (self.image_embed is None):
+            raise ValueError(
+                "this transformer needs CLIP image embeddings" if image_embeds is None
+                else "image embeddings given to a transformer without image cross-attention"
+            )
+        if image_embeds is None or self.image_embed is None:
+            return None
+        return self.image_embed(image_embeds.to(dtype))
 
     def run_blocks(self, x: Tensor, cond: WanConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Stage 6: blocks[start:end] over tokens [B, S_local, D] -> [B, S_local, D]."""
         # islice, not a ModuleList slice: slicing builds a new ModuleList on every call.
         for block in itertools.islice(self.blocks, start, end):
-            x = block(x, cond.text, cond.time_mod, cond.rope)
+            x = block(x, cond.text, cond.time_mod, cond.rope, cond.image)
         return x
 
     def block_input(self, x: Tensor, cond: WanConditioning, index: int = 0) -> Tensor:
@@ -522,7 +639,10 @@ class WanTransformer(nn.Module):
         x = self.sequence.gather(x)
 
         # 8. Output modulation + projection: [B, S, D] -> [B, S, p_t*p_h*p_w*C_out]
-        shift, scale = (self.out_modulation + cond.temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
+        if cond.temb.ndim == 3:  # per-token: [B, S, D] -> 2 x [B, S, D]
+            shift, scale = (self.out_modulation.unsqueeze(0) + cond.temb.unsqueeze(2)).unbind(2)
+        else:
+            shift, scale = (self.out_modulation + cond.temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
         x = self.proj_out(modulate(x, shift, scale, cfg.eps))
 
         # 9. Unpatchify: [B, f, h, w, p_t, p_h, p_w, C_out] -> [B, C_out, F, H, W]

@@ -1,4 +1,5 @@
-"""The Wan2.1 causal video VAE, numerically equivalent to diffusers' AutoencoderKLWan."""
+"""The Wan causal video VAE (Wan2.1, and Wan2.2's 48-channel residual one), numerically equivalent
+to diffusers' AutoencoderKLWan."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
+from vidloom.models.wan.vae_residual import ResidualDownStage, ResidualUpStage, patchify, unpatchify
 from vidloom.models.wan.vae_blocks import (
     CausalCache,
     CausalConv3d,
@@ -35,15 +37,6 @@ WAN21_LATENTS_STD = (
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )  # fmt: skip
 
-# config.json fields that only Wan2.2's VAE sets away from these values.
-_WAN21_ONLY: dict[str, Any] = {
-    "is_residual": False,
-    "patch_size": None,
-    "in_channels": 3,
-    "out_channels": 3,
-}
-
-
 @dataclass(frozen=True)
 class WanVAEConfig:
     """Architecture and latent statistics of a Wan2.1 VAE."""
@@ -64,6 +57,16 @@ class WanVAEConfig:
     """Per-channel mean of raw latents, removed before the transformer sees them."""
     latents_std: tuple[float, ...] = WAN21_LATENTS_STD
     """Per-channel std of raw latents, divided out before the transformer sees them."""
+    is_residual: bool = False
+    """Wan2.2: stages with parameter-free average-down / duplicate-up shortcuts; upsamples keep channels."""
+    patch_size: int | None = None
+    """Wan2.2: pixels folded patch x patch into channels around the encoder and decoder."""
+    decoder_base_dim: int | None = None
+    """Decoder width if it differs from base_dim (Wan2.2: 256 vs 160)."""
+    in_channels: int = 3
+    """Encoder input channels (after patching: 3 * patch^2)."""
+    out_channels: int = 3
+    """Decoder output channels (before unpatching: 3 * patch^2)."""
 
     def __post_init__(self) -> None:
         if len(self.temporal_downsample) != len(self.dim_mult) - 1:
@@ -78,7 +81,11 @@ class WanVAEConfig:
     @property
     def spatial_factor(self) -> int:
         """Pixels per latent pixel along height and width."""
-        return 2 ** (len(self.dim_mult) - 1)
+        return 2 ** (len(self.dim_mult) - 1) * (self.patch_size or 1)
+
+    @property
+    def decoder_dim(self) -> int:
+        return self.base_dim if self.decoder_base_dim is None else self.decoder_base_dim
 
     @property
     def temporal_factor(self) -> int:
@@ -87,24 +94,13 @@ class WanVAEConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> WanVAEConfig:
-        """Read a diffusers AutoencoderKLWan config.json dict; refuse anything but Wan2.1."""
+        """Read a diffusers AutoencoderKLWan config.json dict (Wan2.1 or Wan2.2 layout)."""
         class_name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if class_name != DIFFUSERS_CLASS_NAME:
             raise CheckpointError(f"VAE config: _class_name is {class_name!r}, expected {DIFFUSERS_CLASS_NAME!r}")
-        for field_name, wan21_value in _WAN21_ONLY.items():
-            value = cfg.get(field_name, wan21_value)
-            if value != wan21_value:
-                raise CheckpointError(
-                    f"VAE config: {field_name}={value!r} is a Wan2.2 VAE feature; "
-                    f"only Wan2.1 VAEs ({field_name}={wan21_value!r}) are supported"
-                )
         base_dim = int(cfg.get("base_dim", cls.base_dim))
         decoder_base_dim = cfg.get("decoder_base_dim")
-        if decoder_base_dim is not None and decoder_base_dim != base_dim:
-            raise CheckpointError(
-                f"VAE config: decoder_base_dim={decoder_base_dim} differs from base_dim={base_dim} "
-                "(a Wan2.2 VAE feature); only Wan2.1 VAEs are supported"
-            )
+        patch_size = cfg.get("patch_size")
         # diffusers builds attention into the encoder for these scales but cannot run it
         # (and ignores them in the decoder); no released Wan VAE sets any.
         if list(cfg.get("attn_scales") or []):
@@ -119,8 +115,13 @@ class WanVAEConfig:
                 dropout=float(cfg.get("dropout", cls.dropout)),
                 latents_mean=tuple(float(v) for v in cfg.get("latents_mean", cls.latents_mean)),
                 latents_std=tuple(float(v) for v in cfg.get("latents_std", cls.latents_std)),
+                is_residual=bool(cfg.get("is_residual", False)),
+                patch_size=None if patch_size is None else int(patch_size),
+                decoder_base_dim=None if decoder_base_dim in (None, base_dim) else int(decoder_base_dim),
+                in_channels=int(cfg.get("in_channels", 3)),
+                out_channels=int(cfg.get("out_channels", 3)),
             )
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise CheckpointError(f"VAE config: {exc}") from exc
         # Declared factors only matter for tiling in diffusers, but a mismatch means the
         # config describes a different model than its layer lists build.
@@ -138,7 +139,7 @@ class WanVAEConfig:
         return {
             "_class_name": DIFFUSERS_CLASS_NAME,
             "base_dim": self.base_dim,
-            "decoder_base_dim": None,
+            "decoder_base_dim": self.decoder_base_dim,
             "z_dim": self.z_dim,
             "dim_mult": list(self.dim_mult),
             "num_res_blocks": self.num_res_blocks,
@@ -147,7 +148,10 @@ class WanVAEConfig:
             "dropout": self.dropout,
             "latents_mean": list(self.latents_mean),
             "latents_std": list(self.latents_std),
-            **_WAN21_ONLY,
+            "is_residual": self.is_residual,
+            "patch_size": self.patch_size,
+            "in_channels": self.in_channels,
+            "out_channels": self.out_channels,
             "scale_factor_temporal": self.temporal_factor,
             "scale_factor_spatial": self.spatial_factor,
         }
@@ -188,15 +192,20 @@ class Encoder(nn.Module):
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
         dims = [config.base_dim * m for m in (1, *config.dim_mult)]
-        self.conv_in = CausalConv3d(3, dims[0], 3, padding=1)
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], 3, padding=1)
         # Flat, like diffusers' down_blocks, so checkpoint indices carry over one to one.
         layers: list[nn.Module] = []
         for stage, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            down = stage < len(config.temporal_downsample)
+            temporal = down and config.temporal_downsample[stage]
+            if config.is_residual:  # Wan2.2: one module per stage, with its shortcut
+                layers.append(ResidualDownStage(in_dim, out_dim, config.num_res_blocks, down, temporal))
+                continue
             for _ in range(config.num_res_blocks):
                 layers.append(ResidualBlock(in_dim, out_dim))
                 in_dim = out_dim
-            if stage < len(config.temporal_downsample):
-                layers.append(Downsample(out_dim, temporal=config.temporal_downsample[stage]))
+            if down:
+                layers.append(Downsample(out_dim, temporal=temporal))
         self.layers = nn.ModuleList(layers)
         self.mid = MidBlock(dims[-1])
         self.norm_out = RMSNorm(dims[-1], spatial_dims=3)
@@ -230,21 +239,26 @@ class Decoder(nn.Module):
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
         mult = config.dim_mult
-        dims = [config.base_dim * m for m in (mult[-1], *reversed(mult))]
+        dims = [config.decoder_dim * m for m in (mult[-1], *reversed(mult))]
         temporal_upsample = tuple(reversed(config.temporal_downsample))
         self.conv_in = CausalConv3d(config.z_dim, dims[0], 3, padding=1)
         self.mid = MidBlock(dims[0])
-        stages: list[DecoderStage] = []
+        stages: list[nn.Module] = []
         in_dim = dims[0]
         for stage, out_dim in enumerate(dims[1:]):
-            last = stage == len(mult) - 1
-            upsample = None if last else Upsample(out_dim, temporal=temporal_upsample[stage])
+            up = stage != len(mult) - 1
+            temporal = up and temporal_upsample[stage]
+            if config.is_residual:  # Wan2.2: channel-keeping upsamples and a duplicating shortcut
+                stages.append(ResidualUpStage(in_dim, out_dim, config.num_res_blocks + 1, up, temporal))
+                in_dim = out_dim
+                continue
+            upsample = Upsample(out_dim, temporal=temporal) if up else None
             stages.append(DecoderStage(in_dim, out_dim, config.num_res_blocks + 1, upsample))
             # Wan2.1's upsample convs halve the channels on their way out.
             in_dim = out_dim // 2
         self.stages = nn.ModuleList(stages)
         self.norm_out = RMSNorm(dims[-1], spatial_dims=3)
-        self.conv_out = CausalConv3d(dims[-1], 3, 3, padding=1)
+        self.conv_out = CausalConv3d(dims[-1], config.out_channels, 3, padding=1)
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         x = cache.stream(self.conv_in, x)
@@ -273,7 +287,7 @@ class WanVAE(nn.Module):
     def encode(self, video: Tensor) -> LatentDistribution:
         """Video [B, 3, 1 + k*temporal_factor, H, W] in [-1, 1] -> latent distribution with 1 + k frames."""
         step = self.config.temporal_factor
-        if video.ndim != 5 or video.shape[1] != 3:
+        if video.ndim != 5 or video.shape[1] * (self.config.patch_size or 1) ** 2 != self.config.in_channels:
             raise ValueError(f"video must be [B, 3, F, H, W]; got shape {tuple(video.shape)}")
         frames = video.shape[2]
         if frames < 1 or (frames - 1) % step:
@@ -283,6 +297,7 @@ class WanVAE(nn.Module):
         chunks = [video[:, :, :1]]
         if frames > 1:  # split() of an empty time axis would still yield one empty chunk
             chunks += video[:, :, 1:].split(step, dim=2)
+        chunks = [patchify(chunk, self.config.patch_size or 1) for chunk in chunks]
         cache = CausalCache()
         moments = []
         for chunk in chunks:
@@ -325,7 +340,7 @@ class WanVAE(nn.Module):
             frames.append(self.decoder(x[:, :, index : index + 1], cache))
             if progress is not None:
                 progress(done + index + 1, total)
-        return torch.cat(frames, dim=2)
+        return unpatchify(torch.cat(frames, dim=2), self.config.patch_size or 1)
 
     def normalize_latents(self, raw: Tensor) -> Tensor:
         """Encoder latents -> the standardised latents the transformer works in."""
@@ -351,6 +366,14 @@ class WanVAE(nn.Module):
 # (conv_in, conv_out, norm_out, quant_conv, post_quant_conv, norm1/conv1/...) keep their names.
 WAN_VAE_NAME_MAP = NameMap(
     (
+        # Wan2.2 (is_residual): one down/up block per stage with nested resnets and resamplers.
+        ("encoder.down_blocks.{n}.resnets.{n}.conv_shortcut", "encoder.layers.{n}.blocks.{n}.skip"),
+        ("encoder.down_blocks.{n}.resnets.{n}", "encoder.layers.{n}.blocks.{n}"),
+        ("encoder.down_blocks.{n}.downsampler.resample.1", "encoder.layers.{n}.down.spatial"),
+        ("encoder.down_blocks.{n}.downsampler.time_conv", "encoder.layers.{n}.down.temporal"),
+        ("decoder.up_blocks.{n}.upsampler.resample.1", "decoder.stages.{n}.upsampler.spatial"),
+        ("decoder.up_blocks.{n}.upsampler.time_conv", "decoder.stages.{n}.upsampler.temporal"),
+        # Wan2.1
         ("encoder.down_blocks.{n}.conv_shortcut", "encoder.layers.{n}.skip"),
         ("encoder.down_blocks.{n}.resample.1", "encoder.layers.{n}.spatial"),
         ("encoder.down_blocks.{n}.time_conv", "encoder.layers.{n}.temporal"),

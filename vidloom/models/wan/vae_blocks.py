@@ -27,10 +27,12 @@ class CausalCache:
     def __init__(self) -> None:
         self._tails: list[Tensor | None] = []
         self._cursor = 0
+        self.chunks = 0  # chunks begun so far; 1 while the first is running
 
     def begin_chunk(self) -> None:
         """Rewind to the first layer before feeding the next chunk through the network."""
         self._cursor = 0
+        self.chunks += 1
 
     def claim(self) -> int:
         """Slot of the next stateful layer in call order; None-filled on the first chunk."""
@@ -189,10 +191,11 @@ class Downsample(nn.Module):
 class Upsample(nn.Module):
     """Double height and width (halving channels); with `temporal`, also double frames after the first."""
 
-    def __init__(self, dim: int, temporal: bool) -> None:
+    def __init__(self, dim: int, temporal: bool, out_dim: int | None = None) -> None:
+        """`out_dim`: channels out (Wan2.1 halves them: the default; Wan2.2's residual stages keep them)."""
         super().__init__()
         self.temporal = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0)) if temporal else None
-        self.spatial = nn.Conv2d(dim, dim // 2, 3, padding=1)
+        self.spatial = nn.Conv2d(dim, dim // 2 if out_dim is None else out_dim, 3, padding=1)
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         if self.temporal is not None:

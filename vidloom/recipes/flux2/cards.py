@@ -70,6 +70,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         description=f"Flux2 Klein {'step-distilled ' if distilled else ''}text-to-image and editing from {ckpt.root}",
         notes=("guidance_scale is ignored (step-distilled)",) if distilled else (),
         max_prompt_tokens=FLUX2_TEXT_TOKENS,
+        inputs=frozenset({"image"}),  # reference images (editing)
         max_reference_images=MAX_REFERENCE_IMAGES,
         min_image_side=MIN_IMAGE_SIDE,
     )

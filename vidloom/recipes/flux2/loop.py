@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, NETWORK, Done, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.models.flux2.transformer import Flux2Transformer
@@ -87,7 +87,7 @@ class Flux2DenoiseLoop:
         self.dtype = dtype
         self.guidance = guidance or SequentialCFG()
 
-    def init(self, slots: Mapping[str, Any]) -> Flux2DenoiseState:
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Flux2DenoiseState:
         request: GenerationRequest = slots["request"]
         latents: Tensor = slots["latents"]
         negative = slots["negative_embeds"]

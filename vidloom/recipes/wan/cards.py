@@ -1,12 +1,15 @@
-"""Wan2.1 text-to-video model cards: registered ids and cards built from a checkpoint folder."""
+"""Wan model cards: registered ids and cards built from a checkpoint folder (T2V, I2V, Wan2.2)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.models.wan.vae import WanVAEConfig
 
 FAMILY = "wan2.1"
 PROGRAM = "vidloom.recipes.wan.program:build_program"
@@ -57,17 +60,30 @@ def wan_t2v_card(
     method: str = "pretrained",
     description: str = "",
     notes: tuple[str, ...] = (),
+    tasks: frozenset[Task] = frozenset({Task.T2V, Task.V2V}),
+    inputs: frozenset[str] = frozenset({"video", "strength"}),
+    required_inputs: frozenset[str] = frozenset(),
+    family: str = FAMILY,
+    geometry: Geometry = GEOMETRY,
+    recipe_sampler: str | None = None,
+    recipe_timesteps: tuple[int, ...] = (),
+    quantization: str | None = None,
 ) -> ModelCard:
+    """A Wan card; the defaults describe a Wan2.1 T2V checkpoint, the keywords the other members.
+    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
     return ModelCard(
         model_id=model_id,
-        family=FAMILY,
+        family=family,
         components=_components(precision),
-        loops={"denoise": LoopSpec(kind="denoise", samplers=SAMPLERS)},
-        tasks=frozenset({Task.T2V}),
+        loops={"denoise": LoopSpec(kind="denoise", samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
+        tasks=tasks,
+        inputs=inputs,
+        required_inputs=required_inputs,
         precision=precision,
         sampling_defaults=defaults,
-        geometry=GEOMETRY,
-        recipe=RecipeSpec(parents=parents, method=method, loop="denoise", precision=precision),
+        geometry=geometry,
+        recipe=RecipeSpec(parents=parents, method=method, loop="denoise", precision=precision,
+                          sampler=recipe_sampler, timesteps=recipe_timesteps, quantization=quantization),
         program=PROGRAM,
         source=source,
         description=description,
@@ -94,7 +110,8 @@ def wan21_t2v_14b() -> ModelCard:
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
-    """A card for a Wan2.1 T2V diffusers folder; defaults follow its size and scheduler config."""
+    """A card for a Wan diffusers folder (WanPipeline / WanImageToVideoPipeline, Wan2.1 or Wan2.2):
+    tasks and accepted inputs follow its components, defaults its size and scheduler config."""
     ckpt = DiffusersDir.open(path)
     dit = ckpt.component_config("transformer")
     scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
@@ -102,7 +119,48 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     base = DEFAULTS_720P if big else DEFAULTS_480P
     shift = float(scheduler.get("flow_shift", scheduler.get("shift", base.flow_shift)))
     defaults = SamplingDefaults(**{**base.__dict__, "flow_shift": shift})
+    variant = checkpoint_variant(ckpt.index, dit)
     return wan_t2v_card(
         ckpt.root.name, str(ckpt.root), defaults,
-        description=f"Wan2.1 text-to-video from {ckpt.root}",
+        description=f"{variant.description} from {ckpt.root}",
+        tasks=variant.tasks, inputs=variant.inputs, required_inputs=variant.required,
+        family=variant.family, geometry=_geometry(ckpt, dit),
     )
+
+
+@dataclass(frozen=True)
+class WanVariant:
+    """What a Wan checkpoint serves, read from its model_index.json and transformer config."""
+
+    family: str
+    tasks: frozenset[Task]
+    inputs: frozenset[str]
+    required: frozenset[str]
+    description: str
+
+
+def checkpoint_variant(index: Mapping[str, Any], dit: Mapping[str, Any]) -> WanVariant:
+    two_experts = index.get("boundary_ratio") is not None
+    extra = frozenset({"guidance_scale_2"}) if two_experts else frozenset()
+    family = "wan2.2" if two_experts or index.get("expand_timesteps") else FAMILY
+    if index.get("expand_timesteps"):  # TI2V-5B: one checkpoint, with or without a first frame
+        return WanVariant(family, frozenset({Task.T2V, Task.I2V}), frozenset({"image"}) | extra, frozenset(),
+                          "Wan2.2 text/image-to-video")
+    if dit.get("image_dim") is not None and dit.get("pos_embed_seq_len") is not None:
+        both = frozenset({"image", "last_image"})  # positions are learned for exactly two images
+        return WanVariant(family, frozenset({Task.I2V}), both | extra, both, "Wan2.1 first-last-frame-to-video")
+    if int(dit.get("in_channels", 16)) > int(dit.get("out_channels") or dit.get("in_channels", 16)):
+        # Mask + first-frame latents appended to the noise: an I2V DiT (Wan2.1 with CLIP, A14B without).
+        return WanVariant(family, frozenset({Task.I2V}), frozenset({"image", "last_image"}) | extra,
+                          frozenset({"image"}), "Wan image-to-video")
+    if two_experts:  # diffusers' video-to-video pipeline runs one expert only
+        return WanVariant(family, frozenset({Task.T2V}), extra, frozenset(), "Wan2.2 text-to-video (two experts)")
+    return WanVariant(family, frozenset({Task.T2V, Task.V2V}), frozenset({"video", "strength"}), frozenset(),
+                      "Wan text-to-video (and video-to-video)")
+
+
+def _geometry(ckpt: DiffusersDir, dit: Mapping[str, Any]) -> Geometry:
+    vae = WanVAEConfig.from_diffusers(ckpt.component_config("vae"))
+    patch = tuple(dit.get("patch_size", (1, 2, 2)))
+    return Geometry(spatial_multiple=vae.spatial_factor * int(max(patch[1], patch[2])),
+                    temporal_factor=vae.temporal_factor * int(patch[0]))

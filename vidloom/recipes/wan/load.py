@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError
+from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.layers.attention import resolve_attention
+from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.wan.conditioning import WanPipelineConfig
+from vidloom.recipes.wan.experts import ExpertPlacement
+from vidloom.recipes.wan.image_encoder import WanImageEncoder
 from vidloom.recipes.wan.text import WanTextEncoder
+
+# model_index.json pipeline classes whose folders this loader reads.
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline")
 
 
 def load_instance(
@@ -33,19 +40,31 @@ def load_instance(
     `dtype` overrides the card's precision for the DiT and text encoder; by default
     CUDA runs the card's precision and CPU runs float32. The VAE keeps its card dtype.
     """
+    if card.recipe.quantization == "fp8" and not deploy.fp8_weights:
+        deploy = dataclasses.replace(deploy, fp8_weights=True)  # QAD-trained weights are meant to run in FP8
     ckpt = DiffusersDir.open(checkpoint)
-    if ckpt.pipeline_class not in ("WanPipeline", ""):
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected 'WanPipeline'")
+    if ckpt.pipeline_class not in (*WAN_PIPELINES, ""):
+        raise CheckpointError(
+            f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of {', '.join(WAN_PIPELINES)}"
+        )
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
     if deploy.fp8_weights:
         check_fp8_compute(device, compute)  # before any weight reaches the device
 
-    dit_config = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)  # fails here, not mid-request
-    transformer = materialize(lambda: WanTransformer(dit_config, attention_fn), device, compute, WanTransformer.KEEP_FP32)
-    load_weights(transformer, ckpt.component_dir("transformer"), WAN_TRANSFORMER_NAME_MAP)
-    _apply_deploy(transformer, deploy)
+    experts = {
+        name: _load_transformer(ckpt, name, device, compute, attention_fn, deploy)
+        for name in ("transformer", "transformer_2")
+        if _present(ckpt, name)
+    }
+    if "transformer" not in experts:
+        raise CheckpointError(f"{ckpt.root}: no 'transformer' component")
+    pipeline = pipeline_config(ckpt)
+    if (pipeline.boundary_ratio is None) != ("transformer_2" not in experts):
+        raise CheckpointError(
+            f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json"
+        )
     vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     text = WanTextEncoder.load(
@@ -57,19 +76,60 @@ def load_instance(
     except ValueError as exc:
         raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
 
+    components: dict = {
+        **experts,
+        "vae": vae.to(device=device, dtype=vae_dtype).eval(),
+        "text_encoder": text,
+        "sampler_config": sampler_config,
+        "wan_pipeline": pipeline,
+    }
+    if deploy.offload_idle_expert and len(experts) > 1:
+        components["expert_placement"] = ExpertPlacement(experts, device)
+    if experts["transformer"].config.takes_image and deploy.cuda_graphs:
+        # Each request binds its CLIP tokens to a network object of its own, which a captured graph would keep
+        # reading (graphs key fixed objects by identity); until the tokens are a graph input, refuse at load.
+        raise DeployError("cuda_graphs does not support Wan2.1 image-to-video (CLIP-conditioned) checkpoints yet")
+    if experts["transformer"].config.takes_image:
+        components["image_encoder"] = WanImageEncoder.load(
+            ckpt.component_dir("image_processor"), ckpt.component_dir("image_encoder"), device, compute
+        )
     return ModelInstance(
         card=card,
-        components={
-            "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=vae_dtype).eval(),
-            "text_encoder": text,
-            "sampler_config": sampler_config,
-        },
+        components=components,
         device=device,
         dtype=compute,
         checkpoint_dir=str(ckpt.root),
         deploy=deploy,
     )
+
+
+def _present(ckpt: DiffusersDir, name: str) -> bool:
+    """A component listed with a class (diffusers writes [null, null] for an absent optional one)."""
+    entry = ckpt.index.get(name)
+    return isinstance(entry, list) and entry[0] is not None
+
+
+def pipeline_config(ckpt: DiffusersDir) -> WanPipelineConfig:
+    """The loop options diffusers keeps in model_index.json."""
+    ratio = ckpt.index.get("boundary_ratio")
+    try:
+        boundary = None if ratio is None else float(ratio)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{ckpt.root}/model_index.json: boundary_ratio={ratio!r} is not a number") from None
+    if boundary is not None and not 0.0 < boundary < 1.0:
+        raise CheckpointError(f"{ckpt.root}/model_index.json: boundary_ratio={boundary} must be in (0, 1)")
+    return WanPipelineConfig(expand_timesteps=bool(ckpt.index.get("expand_timesteps", False)), boundary_ratio=boundary)
+
+
+def _load_transformer(
+    ckpt: DiffusersDir, name: str, device: torch.device, compute: torch.dtype, attention_fn: AttentionFn,
+    deploy: DeployConfig,
+) -> WanTransformer:
+    config = WanTransformerConfig.from_diffusers(ckpt.component_config(name))
+    transformer = materialize(lambda: WanTransformer(config, attention_fn), device, compute, WanTransformer.KEEP_FP32)
+    load_weights(transformer, ckpt.component_dir(name), WAN_TRANSFORMER_NAME_MAP)
+    _apply_deploy(transformer, deploy)
+    return transformer.eval()
 
 
 def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:

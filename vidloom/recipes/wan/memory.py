@@ -53,6 +53,11 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     tokens = latent_frames * (latent_h // p_h) * (latent_w // p_w)
     batch = 2 if request.uses_cfg and instance.deploy.cfg_mode == "batched" else 1
     denoise = batch * tokens * (HIDDEN_COPIES * dit.inner_dim + FFN_COPIES * dit.ffn_dim) * act
+    pipeline = instance.components.get("wan_pipeline")
+    if getattr(pipeline, "expand_timesteps", False):
+        # Wan2.2 TI2V: a modulation row per token ([B, S, 6, D] in the activation dtype, plus the float32
+        # sum each block forms from it), as diffusers' per-token timesteps need.
+        denoise += batch * tokens * 6 * dit.inner_dim * (act + 4)
 
     pixels = request.height * request.width
     tile = instance.deploy.vae_tile

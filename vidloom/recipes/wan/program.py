@@ -1,7 +1,8 @@
-"""The Wan2.1 text-to-video program: encode text -> draw noise -> denoise -> decode."""
+"""The Wan program: encode text (and image) -> draw noise (and conditioning) -> denoise -> decode."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
@@ -15,6 +16,12 @@ from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
+from vidloom.recipes.wan.conditioning import (
+    WanPipelineConfig,
+    encode_video,
+    first_frame_condition,
+    wan21_condition,
+)
 from vidloom.recipes.wan.loop import WanDenoiseLoop
 from vidloom.recipes.wan.text import WanTextEncoder
 
@@ -24,7 +31,9 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer = instance["transformer"]
-    in_channels = transformer.config.in_channels
+    pipeline: WanPipelineConfig = instance.components.get("wan_pipeline", WanPipelineConfig())
+    image_encoder = instance.components.get("image_encoder")  # Wan2.1 I2V checkpoints only
+    latent_channels = vae.config.z_dim
     tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
@@ -34,11 +43,39 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         both = text.encode([request.prompt, request.negative_prompt or ""])
         return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
 
+    def encode_image(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if image_encoder is None or request.image is None:
+            return {"image_embeds": None}
+        first = request.image[0]  # resolve_request makes image a tuple; I2V takes exactly one
+        images = [first] if request.last_image is None else [first, request.last_image]
+        return {"image_embeds": image_encoder.encode(images)}
+
+    def prepare_condition(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if request.image is None:
+            return {"condition": None, "frame_mask": None}
+        if pipeline.expand_timesteps:
+            latent_frames = (request.num_frames - 1) // vae.config.temporal_factor + 1
+            condition, mask = first_frame_condition(vae, request.image[0], latent_frames, request.height, request.width)
+            return {"condition": condition.to(instance.device), "frame_mask": mask.to(instance.device)}
+        condition = wan21_condition(
+            vae, request.image[0], request.last_image, request.num_frames, request.height, request.width
+        )
+        return {"condition": condition.to(instance.device), "frame_mask": None}
+
+    def prepare_video(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        if request.video is None:
+            return {"video_latents": None}
+        latents = encode_video(vae, request.video, request.height, request.width)
+        return {"video_latents": latents.to(instance.device)}
+
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         shape = (
             1,
-            in_channels,
+            latent_channels,
             (request.num_frames - 1) // vae.config.temporal_factor + 1,
             request.height // vae.config.spatial_factor,
             request.width // vae.config.spatial_factor,
@@ -46,7 +83,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         # Seeding rule shared with diffusers: CPU generator, float32 standard normal.
         generator = torch.Generator("cpu").manual_seed(request.seed)
         noise = torch.randn(shape, generator=generator, dtype=torch.float32)
-        return {"latents": noise.to(instance.device)}
+        # The same generator goes on to the loop: stochastic samplers (DMD's re-noising) continue its stream.
+        return {"latents": noise.to(instance.device), "generator": generator}
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae_dtype = next(vae.parameters()).dtype
@@ -61,14 +99,25 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     # At load: an unknown mode fails before any request.
     guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
-    loop = WanDenoiseLoop(transformer, instance["sampler_config"], instance.dtype, guidance)
+    sampler_config = instance["sampler_config"]
+    if instance.card.recipe.timesteps:  # a distilled checkpoint samples at the steps its recipe lists
+        sampler_config = dataclasses.replace(sampler_config, dmd_timesteps=instance.card.recipe.timesteps)
+    loop = WanDenoiseLoop(
+        transformer, sampler_config, instance.dtype, guidance,
+        transformer_2=instance.components.get("transformer_2"), pipeline=pipeline,
+        placement=instance.components.get("expert_placement"),
+    )
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
-            Node("prepare_latents", reads=("request",), writes=("latents",), run=prepare_latents),
+            Node("encode_image", reads=("request",), writes=("image_embeds",), run=encode_image),
+            Node("prepare_condition", reads=("request",), writes=("condition", "frame_mask"), run=prepare_condition),
+            Node("prepare_video", reads=("request",), writes=("video_latents",), run=prepare_video),
+            Node("prepare_latents", reads=("request",), writes=("latents", "generator"), run=prepare_latents),
             Node(
                 "denoise",
-                reads=("request", "latents", "prompt_embeds", "negative_embeds"),
+                reads=("request", "latents", "prompt_embeds", "negative_embeds", "image_embeds", "condition",
+                       "frame_mask", "video_latents"),
                 writes=("latents",),
                 loop=loop,
             ),

@@ -37,6 +37,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         },
         loops={"rollout": LoopSpec(kind="chunk_rollout", samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
+        inputs=frozenset({"image", "video"}),  # a first frame (I2V) or a context clip to continue (V2V)
         precision="bfloat16",
         sampling_defaults=defaults,
         geometry=GEOMETRY,

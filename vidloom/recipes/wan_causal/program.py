@@ -10,6 +10,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.media.image import fit_image
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan_causal.transformer import FarTransformer
 from vidloom.recipes.wan.text import WanTextEncoder
@@ -50,12 +51,11 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
         request: GenerationRequest = slots["request"]
-        if request.video is not None:
-            frames = request.video  # [F, H, W, 3]
-        elif request.image is not None:
-            frames = np.asarray(request.image[0], dtype=np.uint8)[None]  # one RGB PIL image
-        else:
+        images = request.video if request.video is not None else request.image  # RGB PIL images
+        if images is None:
             return {"context_latents": None}
+        size = (request.width, request.height)  # resized with Lanczos as diffusers' PIL preprocessing does
+        frames = np.stack([np.asarray(fit_image(image, size), dtype=np.uint8) for image in images])  # [F, H, W, 3]
         vae_dtype = next(vae.parameters()).dtype
         pixels = torch.from_numpy(frames).to(instance.device).permute(3, 0, 1, 2)  # [3, F, H, W] uint8
         video = (pixels.float() / 255.0 * 2.0 - 1.0)[None].to(vae_dtype)  # [1, 3, F, H, W] in [-1, 1]

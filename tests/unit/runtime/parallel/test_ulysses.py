@@ -130,3 +130,30 @@ def test_group_comm_on_a_one_rank_gloo_group():
             comm.all_to_all(torch.zeros(2, 3))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_sp_matches_one_device_with_per_token_timesteps_and_image_tokens(size):
+    # Wan2.2 TI2V's per-token modulation is sharded with the tokens; Wan2.1 I2V's image tokens are
+    # cross-attention context (whole on every rank).
+    config = WanTransformerConfig(
+        num_attention_heads=4, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
+        freq_dim=16, ffn_dim=32, num_layers=2, image_dim=10, added_kv_proj_dim=48,
+    )
+    torch.manual_seed(0)
+    model = WanTransformer(config).eval()
+    latents = torch.randn(1, 4, 2, 4, 6)  # 12 tokens
+    timestep = torch.full((1, 12), 700.0)
+    timestep[:, :6] = 0.0  # the first latent frame kept clean
+    text, image = torch.randn(1, 5, 16), torch.randn(1, 3, 10)
+    with torch.inference_mode():
+        reference = model(latents, timestep, text, image)
+
+    def rank(comm):
+        replica = copy.deepcopy(model)
+        apply_sp(replica, comm)
+        with torch.inference_mode():
+            return replica(latents, timestep, text, image)
+
+    for out in run_ranks(thread_group(size), rank):
+        assert (out - reference).abs().max().item() <= FP32_TOL

@@ -1,0 +1,79 @@
+"""Tiny Wan2.2 checkpoints written by diffusers + transformers: TI2V-5B's layout (48-channel-style
+residual VAE, per-token timesteps) and A14B's two experts switched at a boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.helpers.wan_checkpoints import TinyWan, _latent_stats, _perturb, _scheduler_kwargs
+from vidloom.recipes.wan.demo import train_tokenizer
+
+# The TI2V-5B VAE layout at a tiny width: residual stages, 2x2 patching, a wider decoder.
+TI2V_VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0, is_residual=True,
+                patch_size=2, in_channels=12, out_channels=12, scale_factor_spatial=16, scale_factor_temporal=4)
+TINY_TI2V = TinyWan(
+    name="tiny-ti2v",
+    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=6,
+                     out_channels=6, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2,
+                     cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
+    vae=TI2V_VAE,
+)
+TINY_TI2V_B = TinyWan(
+    name="tiny-ti2v-b",
+    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=8, in_channels=8,
+                     out_channels=8, text_dim=32, freq_dim=32, ffn_dim=40, num_layers=3,
+                     cross_attn_norm=False, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
+    vae=dict(TI2V_VAE, base_dim=8, decoder_base_dim=None, z_dim=8, dim_mult=[1, 2, 4, 4]),
+)
+
+
+def _common(spec: TinyWan, seed: int):
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    mean, std = _latent_stats(spec.vae["z_dim"], seed)
+    torch.manual_seed(seed + 1)
+    vae = AutoencoderKLWan(**{**spec.vae, "latents_mean": mean, "latents_std": std}).eval()
+    _perturb(vae, seed + 1)
+    tokenizer = train_tokenizer()
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
+    scheduler = UniPCMultistepScheduler(**{**_scheduler_kwargs(), "flow_shift": 5.0})
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
+
+
+def _transformer(kwargs: dict, seed: int, time_scale: float = 1.0):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    transformer = WanTransformer3DModel(**kwargs).eval()
+    _perturb(transformer, seed)
+    if time_scale != 1.0:
+        # Random init barely reacts to the timestep; amplify it so per-token timesteps matter.
+        with torch.no_grad():
+            for name, p in transformer.named_parameters():
+                if "time_embedder" in name or "time_proj" in name:
+                    p.mul_(time_scale)
+    return transformer
+
+
+def write_tiny_ti2v(folder: Path, spec: TinyWan = TINY_TI2V, seed: int = 0) -> Path:
+    """A WanPipeline folder with expand_timesteps=True, as the official TI2V-5B repo ships."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline(**_common(spec, seed), transformer=_transformer(spec.transformer, seed, 3.0),
+                       expand_timesteps=True)
+    pipe.save_pretrained(str(folder))
+    return folder
+
+
+def write_tiny_a14b(folder: Path, spec: TinyWan, boundary_ratio: float = 0.875, seed: int = 0) -> Path:
+    """A WanPipeline folder with two T2V experts (`transformer` high-noise, `transformer_2` low-noise)."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline(**_common(spec, seed), transformer=_transformer(spec.transformer, seed),
+                       transformer_2=_transformer(spec.transformer, seed + 10), boundary_ratio=boundary_ratio)
+    pipe.save_pretrained(str(folder))
+    return folder
