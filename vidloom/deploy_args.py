@@ -22,6 +22,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--offload-idle-expert", action="store_true",
                        help="two-expert models (Wan2.2 A14B): keep the idle expert in CPU memory")
     group.add_argument("--prompt-cache", type=int, default=0, metavar="N", help="cache N prompt embeddings")
+    group.add_argument("--kv-cache-budget-mb", type=float, default=None, metavar="MB",
+                       help="KV cache (causal video) all running requests may hold together (default: no limit)")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
                        help="pixels between tile starts (default 3/4 of --vae-tile)")
@@ -55,6 +57,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         offload_text_encoder=args.offload_text_encoder,
         prompt_cache_size=args.prompt_cache,
         offload_idle_expert=args.offload_idle_expert,
+        kv_cache_budget_bytes=None if args.kv_cache_budget_mb is None else max(1, int(args.kv_cache_budget_mb * 2**20)),
         vae_tile=args.vae_tile,
         vae_tile_stride=args.vae_tile_stride,
         attention_backend=args.attention_backend,

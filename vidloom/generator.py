@@ -226,8 +226,9 @@ def build_request(
 
 
 def _default_task(card: ModelCard) -> Task:
-    """Text-to-video where the card serves it, else text-to-image (image models)."""
-    return Task.T2V if Task.T2V in card.tasks else Task.T2I
+    """Text-to-image on image models; text-to-video elsewhere (resolve_request makes it image- or
+    video-to-video when media are given, and names the missing input on I2V-only cards)."""
+    return Task.T2I if Task.T2I in card.tasks else Task.T2V
 
 
 def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:

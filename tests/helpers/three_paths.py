@@ -60,7 +60,7 @@ class Spies:
 def spies() -> Iterator[Spies]:
     record = Spies()
     real_load = VideoGenerator.from_pretrained.__func__  # type: ignore[attr-defined]
-    real_save, real_write = VideoOutput.save, JobManager._write_files
+    real_run, real_write = VideoGenerator.run, JobManager._write_files
     real_uvicorn, real_bind = server_module.uvicorn_server, server_module.bind
 
     def load(cls, *args, **kwargs):
@@ -68,9 +68,9 @@ def spies() -> Iterator[Spies]:
         record.deploys.append(generator.engine.instance.deploy)
         return generator
 
-    def save(self, path, *args, **kwargs):
-        record.saved.append(self)
-        return real_save(self, path, *args, **kwargs)
+    def run(self, *args, **kwargs):  # what the CLI writes (it saves through media.output.write_output)
+        record.saved.append(real_run(self, *args, **kwargs))
+        return record.saved[-1]
 
     def write(self, job_id, output):
         record.written[job_id] = output
@@ -86,7 +86,7 @@ def spies() -> Iterator[Spies]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(VideoGenerator, "from_pretrained", classmethod(load))
-        mp.setattr(VideoOutput, "save", save)
+        mp.setattr(VideoGenerator, "run", run)
         mp.setattr(JobManager, "_write_files", write)
         mp.setattr(server_module, "uvicorn_server", uvicorn)
         mp.setattr(server_module, "bind", bind)

@@ -41,6 +41,8 @@ FLAGS: dict[str, FlagRow] = {
     "warmup_shapes": FlagRow(("--warmup", "32x48x5"), {"warmup_shapes": ((32, 48, 5),)}),
     "offload_text_encoder": FlagRow(("--offload-text-encoder",), {"offload_text_encoder": True}),
     "prompt_cache_size": FlagRow(("--prompt-cache", "4"), {"prompt_cache_size": 4}),
+    "kv_cache_budget_bytes": FlagRow(("--kv-cache-budget-mb", "64"), {"kv_cache_budget_bytes": 64 * 2**20}),
+    "offload_idle_expert": FlagRow(("--offload-idle-expert",), {"offload_idle_expert": True}),
     "vae_tile": FlagRow(("--vae-tile", "32"), {"vae_tile": 32}),
     "vae_tile_stride": FlagRow(("--vae-tile", "32", "--vae-tile-stride", "16"), {"vae_tile": 32, "vae_tile_stride": 16}),
     "attention_backend": FlagRow(("--attention-backend", "flash"), {"attention_backend": "flash"}, REFUSED),

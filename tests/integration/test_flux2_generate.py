@@ -50,7 +50,7 @@ def test_image_accepts_paths_arrays_and_pil_alike(klein, tmp_path):
     (np.zeros((32, 64, 3), np.uint8), "at least 64 px"),
     ([np.zeros((64, 64, 3), np.uint8)] * 5, "limit of 4"),
     (b"not an image", "not a readable image"),
-    ("/nonexistent.png", "no such image file"),
+    ("/nonexistent.png", "does not exist"),
 ])
 def test_bad_images_name_the_field(klein, image, message):
     with pytest.raises(InvalidRequest, match=message) as info:

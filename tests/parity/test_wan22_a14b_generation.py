@@ -120,7 +120,7 @@ def test_step_plans_name_the_expert_and_run_the_resident_modules(a14b_dir):
                                                 num_inference_steps=6, guidance_scale=1.0, flow_shift=5.0), gen.card)
     z = gen.engine.instance["vae"].config.z_dim
     state = loop.init({"request": request, "latents": torch.zeros(1, z, 2, 4, 4),
-                       "prompt_embeds": torch.zeros(1, 512, 32), "negative_embeds": None})
+                       "prompt_embeds": torch.zeros(1, 512, 32), "negative_embeds": None}, None)  # no runtime context used
     seen = []
     while not isinstance(plan := loop.next(state), Done):
         seen.append(plan.expert)

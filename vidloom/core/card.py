@@ -92,6 +92,9 @@ class ModelCard:
     # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
     inputs: frozenset[str] = frozenset()
     required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
+    # Without height/width a request with an input image or video takes its size (floored to the size
+    # multiple), as the reference pipeline does (AnyFlow-FAR, Flux2 edits); False: the card's default size.
+    size_from_inputs: bool = False
     max_reference_images: int = 0  # reference images a request may pass as `image` (0: none; I2V takes one frame)
     min_image_side: int = 0  # smallest width and height of an input image, in pixels
 

@@ -63,6 +63,17 @@ class CacheBudgetExceeded(VidloomError):
 class NonFiniteOutput(VidloomError):
     """The model produced NaN or inf values (bad weights, overflow in low precision)."""
 
+    @classmethod
+    def of(cls, what: str, dtype: object) -> "NonFiniteOutput":
+        """`what` produced NaN/inf while computing in `dtype`, with the hint that fits that dtype."""
+        name = str(dtype).removeprefix("torch.")
+        if name == "float16":
+            hint = "float16 overflows easily: use bfloat16 or float32 (--dtype)"
+        else:
+            hint = (f"computing in {name} already, so a lower precision is not the cause: check the checkpoint's "
+                    "weights and extreme request values (guidance_scale, flow_shift)")
+        return cls(f"{what} produced NaN/inf latents ({hint})")
+
 
 class DeployError(VidloomError, ValueError):
     """A DeployConfig option this installation or device cannot honour; raised at load, never mid-request."""

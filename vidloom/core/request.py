@@ -80,8 +80,9 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
-    if filled.get("image") and filled.get("task", request.task) == Task.T2I:
-        filled.update(_size_from_image(filled["image"][0], request, card))
+    first = (filled.get("video") or filled.get("image") or (None,))[0]
+    if first is not None and card.size_from_inputs:
+        filled.update(_size_from_image(first, request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     return resolved
@@ -154,7 +155,7 @@ def _check_images(images: tuple[Any, ...], card: ModelCard, task: Task) -> None:
 
 
 def _size_from_image(image: Any, request: GenerationRequest, card: ModelCard) -> dict[str, int]:
-    """An edit's height/width the caller left out: the first reference image's, floored to the size multiple."""
+    """height/width the caller left out: the input image's (or first video frame's), floored to the size multiple."""
     multiple = card.geometry.spatial_multiple
     return {name: max(multiple, value // multiple * multiple)
             for name, value in (("width", image.size[0]), ("height", image.size[1])) if getattr(request, name) is None}

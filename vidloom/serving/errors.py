@@ -6,7 +6,7 @@ import errno
 import logging
 import re
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,10 +14,12 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vidloom.core.errors import Cancelled, InvalidRequest, LimitExceeded, UnknownModel, VidloomError
+from vidloom.core.errors import (
+    CacheBudgetExceeded, Cancelled, InvalidRequest, LimitExceeded, UnknownModel, VidloomError,
+)
 from vidloom.runtime.async_engine import EngineBusy, EngineClosed
 from vidloom.serving.job_store import STORE_ERRORS
-from vidloom.serving.params import api_field
+from vidloom.serving.params import api_field, image_api_field
 from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -88,14 +90,15 @@ def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
 
 
 @contextmanager
-def engine_errors() -> Iterator[None]:
-    """Translate runtime exceptions into API errors: 400/404 for the client, 429/503 for capacity, 500 otherwise."""
+def engine_errors(rename: Callable[[str], str] = api_field) -> Iterator[None]:
+    """Translate runtime exceptions into API errors: 400/404 for the client, 429/503/507 for capacity, 500
+    otherwise. `rename` maps a request field to the parameter this route's client sent."""
     try:
         yield
     except UnknownModel as exc:
         raise APIError(404, str(exc), param="model", code="model_not_found") from None
     except InvalidRequest as exc:
-        param = api_field(exc.field)
+        param = rename(exc.field)
         code = "limit_exceeded" if isinstance(exc, LimitExceeded) else "invalid_parameter"
         raise APIError(400, f"{param}: {exc.message}", param=param, code=code) from None
     except EngineBusy as exc:
@@ -103,6 +106,8 @@ def engine_errors() -> Iterator[None]:
         raise APIError(429, f"{exc}; retry after {exc.retry_after_s}s", code="queue_full", headers=headers) from None
     except (EngineClosed, Cancelled) as exc:
         raise APIError(503, f"the server is shutting down: {exc}", code="shutting_down") from None
+    except CacheBudgetExceeded as exc:
+        raise APIError(507, f"not enough KV cache budget for this request: {exc}", code="cache_budget_exceeded") from None
     except VidloomError as exc:
         raise APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error") from None
     except STORE_ERRORS as exc:

@@ -19,7 +19,7 @@ from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, store_error, validation_error
 from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.job_store import is_image_file
-from vidloom.serving.params import PlannedImages, plan_images
+from vidloom.serving.params import PlannedImages, image_api_field, plan_images
 from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse
 from vidloom.serving.request_body import read_body
 from vidloom.serving.video_routes import jobs_of
@@ -34,7 +34,7 @@ async def generate_images(request: Request) -> ImagesResponse:
     """Text-to-image (`n` images); answers when all are ready. On a video model an image is a one-frame video."""
     manager = jobs_of(request)
     body = await read_body(request, ImageGenerationBody)
-    with engine_errors():
+    with engine_errors(image_api_field):
         planned = plan_images(body, manager.card)
     return await _render(request, planned)
 
@@ -53,7 +53,7 @@ async def edit_images(request: Request) -> ImagesResponse:
                        param="mask", code="invalid_parameter")
     if not files:
         raise APIError(400, "image: send one or more image files", param="image", code="invalid_parameter")
-    with engine_errors():
+    with engine_errors(image_api_field):
         images = load_images(list(files), "image")
         planned = plan_images(body, manager.card, images)
     return await _render(request, planned)
@@ -74,7 +74,7 @@ async def image_file(request: Request, name: str) -> OpenFileResponse:
 
 async def _render(request: Request, planned: PlannedImages) -> ImagesResponse:
     manager = jobs_of(request)
-    with engine_errors():
+    with engine_errors(image_api_field):
         outputs = await unless_disconnected(request, manager.generate_images(planned.requests))
     data = [await _answer(request, output, planned) for output in outputs]
     first = outputs[0].frames[0]

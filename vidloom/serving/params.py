@@ -32,6 +32,11 @@ def api_field(field: str) -> str:
     return _API_FIELDS.get(field, field)
 
 
+def image_api_field(field: str) -> str:
+    """The Images API names its uploads `image`, as the request field."""
+    return "size" if field in ("height", "width") else field
+
+
 def new_video_id() -> str:
     return f"video_{uuid.uuid4().hex}"
 

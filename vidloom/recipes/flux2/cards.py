@@ -71,6 +71,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         notes=("guidance_scale is ignored (step-distilled)",) if distilled else (),
         max_prompt_tokens=FLUX2_TEXT_TOKENS,
         inputs=frozenset({"image"}),  # reference images (editing)
+        size_from_inputs=True,
         max_reference_images=MAX_REFERENCE_IMAGES,
         min_image_side=MIN_IMAGE_SIDE,
     )

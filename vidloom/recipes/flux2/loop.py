@@ -130,5 +130,5 @@ class Flux2DenoiseLoop:
 
     def finalize(self, state: Flux2DenoiseState) -> dict[str, Any]:
         if not torch.isfinite(state.latents).all():
-            raise NonFiniteOutput("denoising produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
+            raise NonFiniteOutput.of("denoising", self.dtype)
         return {"latents": state.latents}

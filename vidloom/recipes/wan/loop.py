@@ -169,5 +169,5 @@ class WanDenoiseLoop:
             latents = keep_first_frame(latents, state.condition, state.frame_mask)
         # One check per request (not per step): a NaN anywhere propagates to the end.
         if not torch.isfinite(latents).all():
-            raise NonFiniteOutput("denoising produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
+            raise NonFiniteOutput.of("denoising", self.dtype)
         return {"latents": latents}

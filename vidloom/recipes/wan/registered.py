@@ -81,8 +81,9 @@ def wan22_i2v_a14b() -> ModelCard:
     )
 
 
-# FastVideo's FastWan checkpoints: DMD-distilled for 3 steps at these timesteps (FastVideo's
-# dmd_denoising_steps for FastWan2.1-T2V-1.3B and FastWan2.2-TI2V-5B), run without CFG.
+# FastVideo's FastWan checkpoints: DMD-distilled for 3 steps at these timesteps, run without CFG
+# (FastVideo configs/pipelines/wan.py: dmd_denoising_steps [1000, 757, 522], flow_shift 8.0 for
+# FastWan2.1-T2V-1.3B and 5.0 for FastWan2.2-TI2V-5B; configs/sample/wan.py: 448x832, 61 frames, 16 fps).
 FASTWAN_TIMESTEPS = (1000, 757, 522)
 FASTWAN_NOTE = (
     "DMD-distilled: runs only its 3 distilled steps with the dmd sampler and no CFG (guidance 1); "
@@ -92,7 +93,7 @@ FASTWAN_NOTE = (
 
 def fastwan21_t2v_1_3b(model_id: str = "fastwan2.1-t2v-1.3b", quantization: str | None = None) -> ModelCard:
     defaults = SamplingDefaults(
-        height=480, width=832, num_frames=81, fps=16, num_inference_steps=len(FASTWAN_TIMESTEPS),
+        height=448, width=832, num_frames=61, fps=16, num_inference_steps=len(FASTWAN_TIMESTEPS),
         guidance_scale=1.0, flow_shift=8.0, sampler="dmd",
     )
     return wan_t2v_card(

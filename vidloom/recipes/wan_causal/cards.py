@@ -38,6 +38,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         loops={"rollout": LoopSpec(kind="chunk_rollout", samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
         inputs=frozenset({"image", "video"}),  # a first frame (I2V) or a context clip to continue (V2V)
+        size_from_inputs=True,
         precision="bfloat16",
         sampling_defaults=defaults,
         geometry=GEOMETRY,

@@ -253,7 +253,7 @@ class FarRolloutLoop:
     def finalize(self, state: FarRolloutState) -> dict[str, Any]:
         _release(state)
         if not torch.isfinite(state.latents).all():
-            raise NonFiniteOutput("rollout produced NaN/inf latents (try float32 or bfloat16 instead of float16)")
+            raise NonFiniteOutput.of("rollout", self.dtype)
         out: dict[str, Any] = {"latents": state.latents.float()}
         if state.frames is not None:
             out["video"] = np.ascontiguousarray(torch.cat(state.frames).numpy())
