@@ -19,7 +19,7 @@ from vidloom.core.errors import (
 )
 from vidloom.runtime.async_engine import EngineBusy, EngineClosed
 from vidloom.serving.job_store import STORE_ERRORS
-from vidloom.serving.params import api_field, image_api_field
+from vidloom.serving.params import api_field
 from vidloom.serving.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
