@@ -188,41 +188,15 @@ class VideoGenerator:
             run.close()
 
 
-def build_request(
-    card: ModelCard,
-    prompt: str,
-    *,
-    negative_prompt: str | None = None,
-    height: int | None = None,
-    width: int | None = None,
-    num_frames: int | None = None,
-    fps: int | None = None,
-    num_inference_steps: int | None = None,
-    guidance_scale: float | None = None,
-    flow_shift: float | None = None,
-    sampler: str | None = None,
-    seed: int | None = None,
-    step_cache_threshold: float | None = None,
-    image: Any = None,
-    last_image: Any = None,
-    video: Any = None,
-    strength: float | None = None,
-    guidance_scale_2: float | None = None,
-) -> GenerationRequest:
-    """The request `generate` runs, for the card's default task; resolve_request reads the media and picks
-    image-to-video / video-to-video from them."""
+def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:
+    """The request `generate` runs (`fields`: GenerationRequest's, as generate takes them), for the card's
+    default task; resolve_request reads the media and picks image-to-video / video-to-video from them."""
     if not isinstance(prompt, str):
         raise InvalidRequest(
             "prompt", f"must be one string, got {type(prompt).__name__}; batches are not supported yet: "
             "call generate once per prompt (the model stays loaded)",
         )
-    return GenerationRequest(
-        prompt=prompt, task=_default_task(card), negative_prompt=negative_prompt, height=height, width=width,
-        num_frames=num_frames, fps=fps, num_inference_steps=num_inference_steps,
-        guidance_scale=guidance_scale, flow_shift=flow_shift, sampler=sampler, seed=seed,
-        step_cache_threshold=step_cache_threshold, image=image, last_image=last_image, video=video,
-        strength=strength, guidance_scale_2=guidance_scale_2,
-    )
+    return GenerationRequest(prompt=prompt, task=_default_task(card), **fields)
 
 
 def _default_task(card: ModelCard) -> Task:

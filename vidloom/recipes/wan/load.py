@@ -65,16 +65,8 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json"
         )
-    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
-    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    text = WanTextEncoder.load(
-        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
-        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
-    )
-    try:
-        sampler_config = SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
+    vae, text = load_vae_and_text(ckpt, device, compute, deploy)
+    sampler_config = load_sampler_config(ckpt)
 
     components: dict = {
         **experts,
@@ -141,3 +133,24 @@ def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
         # Blocks are identical in structure, so one compiled graph serves all of them per shape.
         for block in transformer.blocks:
             block.compile(backend=deploy.compile_backend, dynamic=False)
+
+
+def load_vae_and_text(
+    ckpt: DiffusersDir, device: torch.device, compute: torch.dtype, deploy: DeployConfig
+) -> tuple[WanVAE, WanTextEncoder]:
+    """The Wan VAE (weights loaded, still on the CPU in float32) and the UMT5 text encoder on `device`."""
+    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    text = WanTextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
+    )
+    return vae, text
+
+
+def load_sampler_config(ckpt: DiffusersDir) -> SamplerConfig:
+    """The checkpoint's scheduler settings; an unreadable scheduler_config.json is a CheckpointError."""
+    try:
+        return SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None

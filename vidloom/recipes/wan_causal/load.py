@@ -10,16 +10,14 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
-from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.layers.attention import resolve_attention
-from vidloom.layers.fp8 import quantize_linears
+from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.models.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.models.wan_causal.transformer import FarTransformer
-from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan.load import load_sampler_config, load_vae_and_text
 from vidloom.recipes.wan_causal.cards import PIPELINE_CLASS
 
 # Deploy options whose mechanism assumes Wan's bidirectional denoiser; refused here, not mid-request.
@@ -43,6 +41,8 @@ def load_instance(
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+    if deploy.fp8_weights:
+        check_fp8_compute(device, compute)  # before any weight reaches the device, as for Wan
 
     config = FarTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
@@ -50,16 +50,8 @@ def load_instance(
     load_weights(transformer, ckpt.component_dir("transformer"), FAR_TRANSFORMER_NAME_MAP)
     if deploy.fp8_weights:
         quantize_linears(transformer.blocks)
-    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
-    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    text = WanTextEncoder.load(
-        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
-        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
-    )
-    try:
-        sampler_config = SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
+    vae, text = load_vae_and_text(ckpt, device, compute, deploy)
+    sampler_config = load_sampler_config(ckpt)
     return ModelInstance(
         card=card,
         components={
