@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 from vidloom.core.errors import CheckpointError
@@ -71,7 +72,7 @@ class Flux2TextEncoder:
             raise CheckpointError(f"{tokenizer_dir}: tokenizer has no chat template (Flux2 prompts need one)")
         try:
             model = Qwen3ForCausalLM.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:  # a truncated file is a SafetensorError, as for Wan
             raise CheckpointError(f"{encoder_dir}: cannot load Qwen3 text encoder ({exc})") from None
         return cls(tokenizer, model, device, **options)
 
