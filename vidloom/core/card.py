@@ -14,19 +14,16 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    """One loadable part of a checkpoint."""
+    """One loadable part of a checkpoint; its name in ModelCard.components is its diffusers subfolder,
+    and loading refuses a directory that lacks any of them (naming every missing folder)."""
 
-    kind: str  # transformer | vae | text_encoder | tokenizer | scheduler
-    subfolder: str  # folder inside the checkpoint directory
     dtype: str | None = None  # weights dtype on an accelerator; None = not a torch module
-    tasks: frozenset[Task] = frozenset()  # tasks that need it; empty = every task
 
 
 @dataclass(frozen=True)
 class LoopSpec:
-    """An iterative loop the model owns and the runtime drives step by step."""
+    """An iterative loop the model owns and the runtime drives step by step (its name says its kind)."""
 
-    kind: str  # denoise | ar_decode | chunk_rollout
     samplers: tuple[str, ...] = ()  # samplers this loop accepts (denoise loops)
 
 
@@ -34,10 +31,8 @@ class LoopSpec:
 class RecipeSpec:
     """Provenance of the weights: where they came from and what they assume."""
 
-    parents: tuple[str, ...]  # upstream checkpoints
-    method: str  # pretrained | distilled | random-init ...
+    method: str  # pretrained | distilled | random-init ... (named when a request breaks the recipe's rules)
     loop: str  # the loop (name in ModelCard.loops) the weights were trained for
-    precision: str  # precision the weights were released in
     # What post-training fixed, and the runtime therefore obeys (None / () = any):
     sampler: str | None = None  # the only sampler requests may use (a distilled checkpoint's, e.g. "dmd")
     timesteps: tuple[int, ...] = ()  # the step list it was distilled for; requests must ask for this many steps
@@ -122,8 +117,6 @@ class ModelCard:
         for name, spec in self.components.items():
             if spec.dtype is not None and spec.dtype not in PRECISIONS:
                 raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
-            if not spec.tasks <= self.tasks:
-                raise InvalidCard(f"{where}: component {name!r} is for tasks the card does not serve")
         self._validate_recipe(where)
         if self.recipe.loop not in self.loops:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")

@@ -21,7 +21,6 @@ class ModelInstance:
     dtype: torch.dtype  # compute dtype of the denoiser
     checkpoint_dir: str
     deploy: DeployConfig = field(default_factory=DeployConfig)
-    caches: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         try:

@@ -31,7 +31,6 @@ class Task(str, Enum):
     I2V = "i2v"  # image (+ text) -> video
     T2I = "t2i"  # text -> image
     V2V = "v2v"  # video (+ text) -> video
-    T2A = "t2a"  # text -> audio
 
 
 @dataclass(frozen=True)

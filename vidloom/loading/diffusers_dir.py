@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from vidloom.core.errors import CheckpointError
 
@@ -39,6 +39,13 @@ class DiffusersDir:
         if not folder.is_dir():
             raise CheckpointError(f"{self.root}: component folder {name!r} is missing")
         return folder
+
+    def require(self, names: Iterable[str]) -> None:
+        """Every component a card declares must be a folder here; the error lists all that are missing."""
+        missing = [name for name in names if not (self.root / name).is_dir()]
+        if missing:
+            raise CheckpointError(f"{self.root}: missing component folder(s) {', '.join(missing)} "
+                                  f"(a diffusers checkpoint has one folder per component)")
 
     def component_config(self, name: str, filename: str = "config.json") -> dict[str, Any]:
         return read_json(self.component_dir(name) / filename)

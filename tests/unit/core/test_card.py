@@ -29,7 +29,7 @@ def test_registered_demo_card_is_valid():
     [
         ({"tasks": frozenset()}, "serves no task"),
         ({"precision": "int3"}, "precision"),
-        ({"loops": {"other": LoopSpec(kind="denoise", samplers=("unipc",))}}, "recipe assumes loop"),
+        ({"loops": {"other": LoopSpec(samplers=("unipc",))}}, "recipe assumes loop"),
         ({"program": "no_colon"}, "module:function"),
     ],
 )

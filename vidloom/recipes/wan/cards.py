@@ -42,11 +42,11 @@ DEFAULTS_720P = SamplingDefaults(
 
 def _components(dit_dtype: str) -> dict[str, ComponentSpec]:
     return {
-        "transformer": ComponentSpec("transformer", "transformer", dit_dtype),
-        "vae": ComponentSpec("vae", "vae", "float32"),  # Wan's VAE is run in fp32 by its authors
-        "text_encoder": ComponentSpec("text_encoder", "text_encoder", dit_dtype),
-        "tokenizer": ComponentSpec("tokenizer", "tokenizer"),
-        "scheduler": ComponentSpec("scheduler", "scheduler"),
+        "transformer": ComponentSpec(dit_dtype),
+        "vae": ComponentSpec("float32"),  # Wan's VAE is run in fp32 by its authors
+        "text_encoder": ComponentSpec(dit_dtype),
+        "tokenizer": ComponentSpec(),
+        "scheduler": ComponentSpec(),
     }
 
 
@@ -56,7 +56,6 @@ def wan_t2v_card(
     defaults: SamplingDefaults,
     *,
     precision: str = "bfloat16",
-    parents: tuple[str, ...] = (),
     method: str = "pretrained",
     description: str = "",
     notes: tuple[str, ...] = (),
@@ -75,15 +74,15 @@ def wan_t2v_card(
         model_id=model_id,
         family=family,
         components=_components(precision),
-        loops={"denoise": LoopSpec(kind="denoise", samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
+        loops={"denoise": LoopSpec(samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
         tasks=tasks,
         inputs=inputs,
         required_inputs=required_inputs,
         precision=precision,
         sampling_defaults=defaults,
         geometry=geometry,
-        recipe=RecipeSpec(parents=parents, method=method, loop="denoise", precision=precision,
-                          sampler=recipe_sampler, timesteps=recipe_timesteps, quantization=quantization),
+        recipe=RecipeSpec(method=method, loop="denoise", sampler=recipe_sampler, timesteps=recipe_timesteps,
+                          quantization=quantization),
         program=PROGRAM,
         source=source,
         description=description,
@@ -96,7 +95,6 @@ def wan_t2v_card(
 def wan21_t2v_1_3b() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-t2v-1.3b", "hf:Wan-AI/Wan2.1-T2V-1.3B-Diffusers", DEFAULTS_480P,
-        parents=("Wan-AI/Wan2.1-T2V-1.3B",),
         description="Wan2.1 text-to-video, 1.3B DiT, 480p",
     )
 
@@ -104,7 +102,6 @@ def wan21_t2v_1_3b() -> ModelCard:
 def wan21_t2v_14b() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-t2v-14b", "hf:Wan-AI/Wan2.1-T2V-14B-Diffusers", DEFAULTS_720P,
-        parents=("Wan-AI/Wan2.1-T2V-14B",),
         description="Wan2.1 text-to-video, 14B DiT, 720p (also 480p)",
     )
 

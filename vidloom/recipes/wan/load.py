@@ -47,6 +47,7 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of {', '.join(WAN_PIPELINES)}"
         )
+    ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
     if deploy.fp8_weights:

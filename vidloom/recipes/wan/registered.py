@@ -19,7 +19,7 @@ WAN22_5B_GEOMETRY = Geometry(spatial_multiple=32, temporal_factor=4)
 def wan21_i2v_14b_480p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-i2v-14b-480p", "hf:Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", DEFAULTS_480P,
-        parents=("Wan-AI/Wan2.1-I2V-14B-480P",), description="Wan2.1 image-to-video, 14B DiT + CLIP, 480p",
+        description="Wan2.1 image-to-video, 14B DiT + CLIP, 480p",
         tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}),
     )
 
@@ -27,7 +27,7 @@ def wan21_i2v_14b_480p() -> ModelCard:
 def wan21_i2v_14b_720p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-i2v-14b-720p", "hf:Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", DEFAULTS_720P,
-        parents=("Wan-AI/Wan2.1-I2V-14B-720P",), description="Wan2.1 image-to-video, 14B DiT + CLIP, 720p",
+        description="Wan2.1 image-to-video, 14B DiT + CLIP, 720p",
         tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}),
     )
 
@@ -35,7 +35,6 @@ def wan21_i2v_14b_720p() -> ModelCard:
 def wan21_flf2v_14b_720p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-flf2v-14b-720p", "hf:Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", DEFAULTS_720P,
-        parents=("Wan-AI/Wan2.1-FLF2V-14B-720P",),
         description="Wan2.1 first-last-frame-to-video, 14B DiT + CLIP, 720p",
         tasks=I2V, inputs=FIRST_FRAME, required_inputs=FIRST_FRAME,
     )
@@ -48,7 +47,7 @@ def wan22_ti2v_5b() -> ModelCard:
         flow_shift=5.0, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT,
     )
     return wan_t2v_card(
-        "wan2.2-ti2v-5b", "hf:Wan-AI/Wan2.2-TI2V-5B-Diffusers", defaults, parents=("Wan-AI/Wan2.2-TI2V-5B",),
+        "wan2.2-ti2v-5b", "hf:Wan-AI/Wan2.2-TI2V-5B-Diffusers", defaults,
         description="Wan2.2 text/image-to-video, 5B DiT, 48-channel VAE, 720p 24 fps",
         tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), family="wan2.2",
         geometry=WAN22_5B_GEOMETRY,
@@ -62,7 +61,7 @@ def wan22_t2v_a14b() -> ModelCard:
         flow_shift=12.0, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT, guidance_scale_2=3.0,
     )
     return wan_t2v_card(
-        "wan2.2-t2v-a14b", "hf:Wan-AI/Wan2.2-T2V-A14B-Diffusers", defaults, parents=("Wan-AI/Wan2.2-T2V-A14B",),
+        "wan2.2-t2v-a14b", "hf:Wan-AI/Wan2.2-T2V-A14B-Diffusers", defaults,
         description="Wan2.2 text-to-video, two 14B experts (high/low noise), 720p",
         tasks=frozenset({Task.T2V}), inputs=frozenset({"guidance_scale_2"}), family="wan2.2",
     )
@@ -75,7 +74,7 @@ def wan22_i2v_a14b() -> ModelCard:
         flow_shift=5.0, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT, guidance_scale_2=3.5,
     )
     return wan_t2v_card(
-        "wan2.2-i2v-a14b", "hf:Wan-AI/Wan2.2-I2V-A14B-Diffusers", defaults, parents=("Wan-AI/Wan2.2-I2V-A14B",),
+        "wan2.2-i2v-a14b", "hf:Wan-AI/Wan2.2-I2V-A14B-Diffusers", defaults,
         description="Wan2.2 image-to-video, two 14B experts (high/low noise), 720p",
         tasks=I2V, inputs=FIRST_FRAME | {"guidance_scale_2"}, required_inputs=frozenset({"image"}), family="wan2.2",
     )
@@ -97,8 +96,7 @@ def fastwan21_t2v_1_3b(model_id: str = "fastwan2.1-t2v-1.3b", quantization: str 
         guidance_scale=1.0, flow_shift=8.0, sampler="dmd",
     )
     return wan_t2v_card(
-        model_id, "hf:FastVideo/FastWan2.1-T2V-1.3B-Diffusers", defaults,
-        parents=("Wan-AI/Wan2.1-T2V-1.3B-Diffusers",), method="dmd-distilled",
+        model_id, "hf:FastVideo/FastWan2.1-T2V-1.3B-Diffusers", defaults, method="dmd-distilled",
         description="FastWan2.1 text-to-video, 1.3B, 3-step DMD" + (", FP8 weights" if quantization else ""),
         notes=(FASTWAN_NOTE,), tasks=frozenset({Task.T2V}), inputs=frozenset(),
         recipe_sampler="dmd", recipe_timesteps=FASTWAN_TIMESTEPS, quantization=quantization,
@@ -116,8 +114,7 @@ def fastwan22_ti2v_5b() -> ModelCard:
         guidance_scale=1.0, flow_shift=5.0, sampler="dmd",
     )
     return wan_t2v_card(
-        "fastwan2.2-ti2v-5b", "hf:FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers", defaults,
-        parents=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), method="dmd-distilled",
+        "fastwan2.2-ti2v-5b", "hf:FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers", defaults, method="dmd-distilled",
         description="FastWan2.2 text/image-to-video, 5B, 3-step DMD", notes=(FASTWAN_NOTE,),
         tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), family="wan2.2",
         geometry=WAN22_5B_GEOMETRY, recipe_sampler="dmd", recipe_timesteps=FASTWAN_TIMESTEPS,
