@@ -8,7 +8,8 @@ latents and, when the checkpoint enables it, a per-sample decode timestep. The p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from vidloom.core.errors import InvalidRequest
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae_coders import DOWN_STRIDES, Decoder, Encoder
+from vidloom.models.ltx2.video_vae_config import read_diffusers_config
 
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers DiagonalGaussianDistribution clamp
 
@@ -51,40 +53,29 @@ class LTX2VideoVAEConfig:
     @property
     def spatial_compression_ratio(self) -> int:
         """Pixels per latent cell along height and width (the encoder's strides, times the patch)."""
-        return self.patch_size * _product(
+        return self.patch_size * math.prod(
             DOWN_STRIDES[kind][1] for kind, on in zip(self.downsample_type, self.spatio_temporal_scaling) if on
         )
 
     @property
     def temporal_compression_ratio(self) -> int:
         """Frames per latent frame after the first (a video has 1 + ratio*k frames)."""
-        return _product(
+        return math.prod(
             DOWN_STRIDES[kind][0] for kind, on in zip(self.downsample_type, self.spatio_temporal_scaling) if on
         )
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2VideoVAEConfig:
         """Read an `AutoencoderKLLTX2Video` config.json; unknown keys or unsupported values -> CheckpointError."""
-        from vidloom.models.ltx2.video_vae_config import read_diffusers_config
-
         return read_diffusers_config(cls, cfg)
 
     def to_diffusers(self) -> dict[str, Any]:
         """The config.json diffusers would write for this architecture (compression ratios explicit)."""
-        from dataclasses import asdict
-
         out: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
         out.update(patch_size_t=1, spatial_compression_ratio=self.spatial_compression_ratio,
                    temporal_compression_ratio=self.temporal_compression_ratio,
                    down_block_types=["LTX2VideoDownBlock3D"] * len(self.block_out_channels))
         return out
-
-
-def _product(values: Any) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 # Our tree keeps diffusers' names except for the pieces we flatten: the one-element resampler lists and
