@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
@@ -30,6 +31,7 @@ from vidloom.models.ltx2.upsampler import (
     LTX2LatentUpsampler,
     upsample_latents,
 )
+from vidloom.models.ltx2.video_vae import LTX2VideoVAE
 
 # fp32 CPU, same ops; the AdaIN statistics are reduced in one call here and per channel in diffusers,
 # which reorders float sums (~1e-7 relative).
@@ -79,7 +81,8 @@ def test_upsampler_refuses_other_latent_widths(upsampler_pair) -> None:
 
 @dataclass
 class Stack:
-    vae: object
+    spec: TinyVideoVAE
+    vae: LTX2VideoVAE
     upsampler: LTX2LatentUpsampler
     pipe: LTX2LatentUpsamplePipeline
 
@@ -94,7 +97,7 @@ def stack(request, tmp_path_factory) -> Stack:
     ref_up = write_upsampler(root / "latent_upsampler", up_spec)
     pipe = LTX2LatentUpsamplePipeline(vae=ref_vae, latent_upsampler=ref_up)
     pipe.set_progress_bar_config(disable=True)
-    return Stack(load_video_vae(root / "vae"), load_latent_upsampler(root / "latent_upsampler"), pipe)
+    return Stack(vae_spec, load_video_vae(root / "vae"), load_latent_upsampler(root / "latent_upsampler"), pipe)
 
 
 @pytest.mark.parametrize("normalized", [True, False], ids=["normalized", "raw"])
@@ -111,6 +114,19 @@ def test_latent_path_matches_the_upsample_pipeline(stack: Stack, normalized: boo
     handed = LTX2Pipeline._normalize_latents(expected, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
     renormalized = upsample_latents(stack.upsampler, stack.vae, latents, params, normalized=normalized)
     assert _max_diff(renormalized, handed) <= ATOL
+
+
+def test_video_path_matches_the_upsample_pipeline(stack: Stack) -> None:
+    # The pipeline's video input: frames in [0, 1] (already at the target size, so its resize is the
+    # identity), encoded with a posterior sample from the generator, then upsampled.
+    _, _, frames, height, width = stack.spec.video_shape
+    clip = np.random.default_rng(0).random((frames, height, width, 3)).astype(np.float32)
+    expected = stack.pipe(video=list(clip), height=height, width=width, generator=torch.Generator().manual_seed(7),
+                          output_type="latent", return_dict=False)[0]
+    video = torch.from_numpy(clip).permute(3, 0, 1, 2)[None] * 2 - 1
+    raw = stack.vae.encode(video, sample=True, generator=torch.Generator().manual_seed(7))
+    got = upsample_latents(stack.upsampler, stack.vae, raw, normalized=False, renormalize=False)
+    assert _max_diff(got, expected) <= ATOL
 
 
 def test_filters_change_the_latents(stack: Stack) -> None:

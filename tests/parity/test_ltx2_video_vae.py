@@ -238,3 +238,20 @@ def test_tiling_refuses_bad_geometry(small_vae: LTX2VideoVAE) -> None:
         small_vae.decode(latents, tiling=SpatialTiling(tile=80, stride=64))
     with pytest.raises(InvalidRequest, match="tiling: stride 64 leaves a 1-cell edge tile on a 4x5 latent"):
         small_vae.decode(latents, tiling=SpatialTiling(tile=96, stride=64))
+
+
+def test_bf16_matches_diffusers_in_bf16(tmp_path: Path) -> None:
+    # Loaded straight into bf16 (no fp32 copy); the same ops in the same dtype agree exactly here.
+    ref = write_video_vae(tmp_path, VAE_A_TIMESTEP).to(torch.bfloat16)
+    ours = load_video_vae(tmp_path, dtype=torch.bfloat16)
+    latents = torch.randn(VAE_A_TIMESTEP.latent_shape).to(torch.bfloat16)
+    timestep = torch.tensor([0.05, 0.2], dtype=torch.bfloat16)
+    torch.manual_seed(14)
+    with torch.no_grad():
+        expected = ref.decode(latents, timestep).sample
+        encoded = ref.encode(expected[:, :, :9, :32, :32]).latent_dist.mode()
+    torch.manual_seed(14)
+    got = ours.decode(latents, timestep)
+    assert got.dtype == torch.bfloat16
+    assert _max_diff(got.float(), expected.float()) <= 1e-2  # bf16 resolution
+    assert _max_diff(ours.encode(expected[:, :, :9, :32, :32]).float(), encoded.float()) <= 1e-2

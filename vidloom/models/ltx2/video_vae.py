@@ -224,7 +224,8 @@ class LTX2VideoVAE(nn.Module):
             timestep = torch.tensor(times, device=latents.device, dtype=latents.dtype)
             scale = torch.tensor(scales, device=latents.device, dtype=latents.dtype)[:, None, None, None, None]
             latents = (1 - scale) * latents + scale * noise
-        return self.decode(self.denormalize_latents(latents), timestep, tiling=tiling)
+        raw = self.denormalize_latents(latents).to(self.latents_mean.dtype)  # the pipeline casts to the VAE's dtype
+        return self.decode(raw, timestep, tiling=tiling)
 
 
 def _per_item(field: str, value: float | list[float], batch: int) -> list[float]:
