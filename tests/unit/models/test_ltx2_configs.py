@@ -84,6 +84,8 @@ def test_upsampler_defaults_are_diffusers_defaults() -> None:
         ({"dims": 2, "temporal_upsample": True}, "temporal_upsample needs dims=3"),
         ({"rational_spatial_scale": 3.0}, "rational_spatial_scale=3.0 is not supported"),
         ({"mid_channels": 48}, "mid_channels=48 is not a multiple of 32"),
+        ({"mid_channels": "64"}, "mid_channels='64' should be a int"),
+        ({"spatial_upsample": 1}, "spatial_upsample=1 should be a bool"),
     ],
 )
 def test_upsampler_config_refuses_by_key(cfg: dict, message: str) -> None:

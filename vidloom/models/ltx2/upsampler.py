@@ -59,7 +59,13 @@ class LTX2LatentUpsamplerConfig:
         if unknown:
             raise CheckpointError(f"{SOURCE}: unsupported key {unknown[0]!r} (known: {', '.join(fields)})")
         defaults = cls()
-        config = cls(**{name: type(getattr(defaults, name))(cfg.get(name, getattr(defaults, name))) for name in fields})
+        values = {}
+        for name in fields:
+            value, kind = cfg.get(name, getattr(defaults, name)), type(getattr(defaults, name))
+            if not isinstance(value, (int, float)) or (kind is bool) != isinstance(value, bool):
+                raise CheckpointError(f"{SOURCE}: {name}={value!r} should be a {kind.__name__}")
+            values[name] = kind(value)
+        config = cls(**values)
         if config.dims not in (2, 3):
             raise CheckpointError(f"{SOURCE}: dims={config.dims} is not supported (2 or 3)")
         if not (config.spatial_upsample or config.temporal_upsample):
