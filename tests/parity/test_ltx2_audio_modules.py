@@ -45,3 +45,16 @@ def test_vocoder_matches_diffusers(name: str, tmp_path: Path):
     assert got.shape == expected.shape == (1, 2, ours.output_samples(7))
     assert expected.abs().max() > 0.05  # a live signal, not a clamped or silent one
     assert (got - expected).abs().max().item() <= TOLERANCE
+
+
+def test_audio_latent_layout_matches_the_pipeline():
+    from diffusers import LTX2Pipeline
+
+    from vidloom.models.ltx2.audio_vae import LTX2AudioVAEConfig, pack_audio_latents, unpack_audio_latents
+
+    latents = torch.randn(2, 4, 7, 4)
+    packed = pack_audio_latents(latents)
+    assert torch.equal(packed, LTX2Pipeline._pack_audio_latents(latents))
+    assert torch.equal(unpack_audio_latents(packed, 4), LTX2Pipeline._unpack_audio_latents(packed, 7, num_mel_bins=4))
+    # LTX2Pipeline: 121 frames at 24 fps, 16 kHz / hop 160 / 4 -> round(5.0417 s x 25) = 126 latent frames
+    assert LTX2AudioVAEConfig().latent_frames(121 / 24) == 126

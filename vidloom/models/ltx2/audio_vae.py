@@ -72,6 +72,10 @@ class LTX2AudioVAEConfig:
     def latent_mel_bins(self) -> int:
         return (self.mel_bins or 64) // LATENT_DOWNSAMPLE
 
+    def latent_frames(self, seconds: float) -> int:
+        """Audio latent frames for a clip of `seconds` (LTX2Pipeline: round(duration x latents per second))."""
+        return round(seconds * self.latents_per_second)
+
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2AudioVAEConfig:
         """Read a diffusers AutoencoderKLLTX2Audio config.json dict; a key or value we cannot honour is a
@@ -291,3 +295,13 @@ class LTX2AudioVAE(nn.Module):
     def normalize(self, packed: Tensor) -> Tensor:
         """Packed VAE-scale latents [B, T, F] -> the transformer's unit scale."""
         return (packed - self.latents_mean.to(packed)) / self.latents_std.to(packed)
+
+
+def pack_audio_latents(latents: Tensor) -> Tensor:
+    """[B, C, T, M] -> the transformer's token sequence [B, T, C * M] (one token per latent frame, channels major)."""
+    return latents.transpose(1, 2).flatten(2, 3)
+
+
+def unpack_audio_latents(tokens: Tensor, latent_mel_bins: int) -> Tensor:
+    """Inverse of pack_audio_latents: [B, T, C * M] -> [B, C, T, M]."""
+    return tokens.unflatten(2, (-1, latent_mel_bins)).transpose(1, 2)
