@@ -121,3 +121,10 @@ def test_mono_is_written_as_mono(tmp_path: Path):
     decoded = read_audio_stream(path)
     assert decoded.samples.shape[0] == 1
     assert _snr_db(mono, decoded.samples[:, :25000]) >= AAC_MIN_SNR_DB
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".webm"])
+def test_sound_encodes_are_reproducible(tmp_path: Path, suffix: str):
+    written = [write_output(_frames(), FPS, tmp_path / f"{i}{suffix}", audio=_tones(25000), sample_rate=RATE)[0]
+               for i in range(2)]
+    assert written[0].read_bytes() == written[1].read_bytes()
