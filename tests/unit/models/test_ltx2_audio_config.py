@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.ltx2_audio_fixtures import AUDIO_VAE_CONFIGS, VOCODER_CONFIGS, build_audio_vae, build_vocoder, save_component
+from tests.helpers.ltx2_audio_fixtures import (
+    AUDIO_VAE_CONFIGS, VOCODER_CONFIGS, audio_latents, build_audio_vae, build_vocoder, save_component,
+)
 from vidloom.core.errors import CheckpointError
-from vidloom.models.ltx2.audio_loading import load_audio_vae, load_vocoder
+from vidloom.models.ltx2.audio_loading import load_audio_decoders, load_audio_vae, load_vocoder
 from vidloom.models.ltx2.audio_vae import LTX2AudioVAEConfig
 from vidloom.models.ltx2.vocoder import LTX2VocoderConfig
 
@@ -86,3 +88,15 @@ def test_a_checkpoint_that_does_not_fit_names_the_tensor(tmp_path: Path):
 def test_the_audio_vae_encoder_is_left_unread(tmp_path: Path):
     vae = load_audio_vae(save_component(build_audio_vae("causal-pixel"), tmp_path / "audio_vae"))
     assert not any(name.startswith("encoder.") for name in vae.state_dict())
+
+
+def test_audio_vae_and_vocoder_must_fit_together(tmp_path: Path):
+    save_component(build_audio_vae("causal-pixel"), tmp_path / "audio_vae")  # 2 x 16 mel features
+    save_component(build_vocoder("hifigan"), tmp_path / "vocoder")  # reads 32
+    vae, vocoder = load_audio_decoders(tmp_path)
+    assert vae.decode(audio_latents("causal-pixel", 3)).shape[1:] == (2, 9, 16) and vocoder.sample_rate == 24000
+    save_component(build_audio_vae("width-three-stages"), tmp_path / "audio_vae")
+    wide = json.loads((tmp_path / "audio_vae" / "config.json").read_text())
+    (tmp_path / "audio_vae" / "config.json").write_text(json.dumps({**wide, "mel_bins": 32, "base_channels": 8}))
+    with pytest.raises(CheckpointError, match=r"vocoder/config.json in_channels=32, but audio_vae decodes 2 x 32"):
+        load_audio_decoders(tmp_path)
