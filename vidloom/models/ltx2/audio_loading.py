@@ -43,8 +43,6 @@ def load_audio_decoders(root: Path, device: torch.device | str = "cpu",
 
 def check_vocoder_fits(vae: LTX2AudioVAEConfig, vocoder: LTX2VocoderConfig, root: Path) -> None:
     """CheckpointError unless the vocoder reads the mel spectrograms the audio VAE decodes (channels x bins)."""
-    if vae.mel_bins is None:  # decodes as many bins as the latent has: nothing to compare until a request
-        return
     mel_features = vae.output_channels * vae.mel_bins
     if vocoder.generator.in_channels != mel_features:
         raise CheckpointError(

@@ -60,8 +60,8 @@ class LTX2AudioVAEConfig:
     """Waveform rate the mel spectrogram was computed at (the vocoder's input rate)."""
     mel_hop_length: int = 160
     """Waveform samples per mel frame."""
-    mel_bins: int | None = 64
-    """Mel bins of the decoded spectrogram; None: as many as the latent has."""
+    mel_bins: int = 64
+    """Mel bins of the decoded spectrogram (the latent has a quarter as many)."""
 
     @property
     def latents_per_second(self) -> float:
@@ -70,7 +70,7 @@ class LTX2AudioVAEConfig:
 
     @property
     def latent_mel_bins(self) -> int:
-        return (self.mel_bins or 64) // LATENT_DOWNSAMPLE
+        return self.mel_bins // LATENT_DOWNSAMPLE
 
     def latent_frames(self, seconds: float) -> int:
         """Audio latent frames for a clip of `seconds` (LTX2Pipeline: round(duration x latents per second))."""
@@ -91,9 +91,10 @@ class LTX2AudioVAEConfig:
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)
         values["mid_block_add_attention"] = read_key(cfg, "mid_block_add_attention", False, strict_bool, where)
-        # mel_bins: null is meaningful (as many bins as the latent has), so only an absent key takes the default
-        values["mel_bins"] = None if "mel_bins" in cfg and cfg["mel_bins"] is None else \
-            read_key(cfg, "mel_bins", cls.mel_bins, positive_int, where)
+        if "mel_bins" in cfg and cfg["mel_bins"] is None:  # the reference decoder allows it; its pipelines cannot
+            raise CheckpointError(f"{where}: mel_bins=null is not supported (LTX-2 pipelines size audio latents "
+                                  "from mel_bins)")
+        values["mel_bins"] = read_key(cfg, "mel_bins", cls.mel_bins, positive_int, where)
         values["norm_type"] = str(cfg.get("norm_type", cls.norm_type))
         values["causality_axis"] = str(cfg.get("causality_axis", cls.causality_axis))
         check_choice(values["norm_type"], "norm_type", NORM_TYPES, where)
@@ -253,9 +254,9 @@ class Decoder(nn.Module):
 
     def forward(self, latents: Tensor) -> Tensor:
         # Follows diffusers' LTX2AudioDecoder.forward step by step, including its crop / zero-pad to the target size.
-        _, _, frames, bins = latents.shape
+        frames = latents.shape[2]
         target_frames = max(frames * LATENT_DOWNSAMPLE - (LATENT_DOWNSAMPLE - 1), 1)  # causal: first frame is 1
-        target_bins = self.config.mel_bins if self.config.mel_bins is not None else bins
+        target_bins = self.config.mel_bins
         h = self.mid(self.conv_in(latents))
         for level in reversed(range(len(self.up))):
             h = self.up[level](h)
