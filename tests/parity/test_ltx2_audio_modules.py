@@ -60,3 +60,16 @@ def test_audio_latent_layout_matches_the_pipeline():
     assert torch.equal(unpack_audio_latents(packed, 4), LTX2Pipeline._unpack_audio_latents(packed, 7, num_mel_bins=4))
     # LTX2Pipeline: 121 frames at 24 fps, 16 kHz / hop 160 / 4 -> round(5.0417 s x 25) = 126 latent frames
     assert LTX2AudioVAEConfig().latent_frames(121 / 24) == 126
+
+
+def test_latent_statistics_undo_each_other_as_the_pipeline_applies_them(tmp_path: Path):
+    from diffusers import LTX2Pipeline
+
+    reference = build_audio_vae("causal-pixel", seed=4)
+    ours = load_audio_vae(save_component(reference, tmp_path / "audio_vae"))
+    packed = torch.randn(1, 5, 16)  # 4 latent channels x 4 latent mel bins = base_channels
+    expected = LTX2Pipeline._denormalize_audio_latents(packed, reference.latents_mean, reference.latents_std)
+    assert torch.equal(ours.denormalize(packed), expected)
+    assert torch.allclose(ours.normalize(ours.denormalize(packed)), packed, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[B, T, 16\]"):
+        ours.denormalize(torch.randn(1, 5, 8))

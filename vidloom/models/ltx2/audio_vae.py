@@ -291,11 +291,18 @@ class LTX2AudioVAE(nn.Module):
 
     def denormalize(self, packed: Tensor) -> Tensor:
         """Packed latents [B, T, F] the transformer produced -> the VAE's latent scale (inverse of normalize)."""
+        self._check_packed(packed)
         return packed * self.latents_std.to(packed) + self.latents_mean.to(packed)
 
     def normalize(self, packed: Tensor) -> Tensor:
         """Packed VAE-scale latents [B, T, F] -> the transformer's unit scale."""
+        self._check_packed(packed)
         return (packed - self.latents_mean.to(packed)) / self.latents_std.to(packed)
+
+    def _check_packed(self, packed: Tensor) -> None:
+        if packed.ndim != 3 or packed.shape[-1] != self.latents_mean.numel():
+            raise ValueError(f"packed audio latents must be [B, T, {self.latents_mean.numel()}] (the statistics' "
+                             f"size, base_channels), got {tuple(packed.shape)}")
 
 
 def pack_audio_latents(latents: Tensor) -> Tensor:
