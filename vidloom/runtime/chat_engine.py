@@ -85,6 +85,7 @@ class ChatEngine:
         self.limits = ChatLimits(context_window=window, max_tokens=max(1, window - 1),
                                  default_max_tokens=min(DEFAULT_MAX_TOKENS, max(1, window - 1)))
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
         self._running: dict[str, _Sequence] = {}
         self._cancelled: set[str] = set()
         self._ids = itertools.count(1)
@@ -114,6 +115,11 @@ class ChatEngine:
                 return False
             self._cancelled.add(seq_id)
             return True
+
+    def cancel_all(self) -> None:
+        """Stop every running sequence at the next step (engine shutdown)."""
+        with self._lock:
+            self._cancelled.update(self._running)
 
     @property
     def has_work(self) -> bool:
@@ -153,7 +159,15 @@ class ChatEngine:
     # -- the device's thread -----------------------------------------------------------
 
     def step(self) -> int:
-        """Reap cancelled sequences, then run one batched decode step over the rest; how many stepped."""
+        """Reap cancelled sequences, then run one batched decode step over the rest; how many stepped.
+
+        Steps are serialized (a second caller waits), so the sync API and a device worker sharing one
+        engine cannot interleave inside a step.
+        """
+        with self._step_lock:
+            return self._step()
+
+    def _step(self) -> int:
         with self._lock:
             cancelled = [(s, self._running.pop(s)) for s in self._cancelled if s in self._running]
             self._cancelled.clear()
