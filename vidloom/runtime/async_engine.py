@@ -21,6 +21,7 @@ import torch
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
 from vidloom.core.request import GenerationRequest
+from vidloom.runtime.async_chat import ChatFrontend
 from vidloom.runtime.batching import BatchStats, batch_key, run_batched
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
@@ -77,8 +78,8 @@ class JobHandle:
         return self._entry.future.result(timeout)
 
 
-class AsyncEngine:
-    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait."""
+class AsyncEngine(ChatFrontend):
+    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait (chat: see ChatFrontend)."""
 
     def __init__(
         self,
@@ -183,6 +184,8 @@ class AsyncEngine:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
             self._closing = True
+            if self._chat is not None:
+                self._chat.cancel_all()
             for entry in list(self._entries.values()):
                 entry.run.cancel.cancel()
                 if self._scheduler.is_waiting(entry.key):
@@ -195,10 +198,10 @@ class AsyncEngine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries and not self._chores:
+                while not self._closing and not self._entries and not self._chores and not self._chat_busy():
                     self._cond.wait()
                 chores, self._chores = self._chores, []
-                if self._closing and not self._entries and not chores:
+                if self._closing and not self._entries and not chores and not self._chat_busy():
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
@@ -207,6 +210,8 @@ class AsyncEngine:
                 entry = self._scheduler.pick()
             for chore in chores:
                 _run_chore(chore)
+            if self._chat_busy():
+                self._chat_step()
             if entry is not None and self._scheduler.policy == "batch":
                 self._batch_round(entry)
             elif entry is not None:

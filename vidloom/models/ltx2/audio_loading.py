@@ -8,7 +8,7 @@ import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
-from vidloom.loading.safetensors_io import load_weights
+from vidloom.loading.safetensors_io import load_weights, skip_prefixes
 from vidloom.models.ltx2.audio_vae import LTX2_AUDIO_VAE_NAME_MAP, LTX2_AUDIO_VAE_SKIPPED, LTX2AudioVAE, LTX2AudioVAEConfig
 from vidloom.models.ltx2.vocoder import LTX2_VOCODER_BWE_SKIPPED, LTX2Vocoder, LTX2VocoderConfig
 
@@ -16,7 +16,7 @@ from vidloom.models.ltx2.vocoder import LTX2_VOCODER_BWE_SKIPPED, LTX2Vocoder, L
 def load_audio_vae(folder: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LTX2AudioVAE:
     """The decoder half of an `audio_vae` folder (AutoencoderKLLTX2Audio), in eval mode on `device`."""
     vae = LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers(read_json(Path(folder) / "config.json")))
-    load_weights(vae, Path(folder), LTX2_AUDIO_VAE_NAME_MAP, skip=LTX2_AUDIO_VAE_SKIPPED)
+    load_weights(vae, Path(folder), LTX2_AUDIO_VAE_NAME_MAP, skip=skip_prefixes(LTX2_AUDIO_VAE_SKIPPED))
     return vae.to(device=device, dtype=dtype).eval()
 
 
@@ -28,7 +28,7 @@ def load_vocoder(folder: Path, device: torch.device | str = "cpu", dtype: torch.
     """
     vocoder = LTX2Vocoder(LTX2VocoderConfig.from_diffusers(read_json(Path(folder) / "config.json")))
     skip = LTX2_VOCODER_BWE_SKIPPED if vocoder.config.bandwidth_extension is not None else ()
-    load_weights(vocoder, Path(folder), vocoder.name_map, skip=skip)
+    load_weights(vocoder, Path(folder), vocoder.name_map, skip=skip_prefixes(skip))
     return vocoder.to(device=device, dtype=dtype).eval()
 
 
