@@ -233,3 +233,23 @@ def _wait_until(check, timeout: float = 10) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition never held"
         time.sleep(0.02)
+
+
+def test_a_model_without_chunks_streams_its_finished_mp4(start_server):
+    """Wan makes the whole video at once: its stream waits for it, then is the finished mp4 (empty if it never is)."""
+    from tests.helpers.servers import BlockingJob, create_video
+
+    server = start_server()
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        blocker = BlockingJob(c)
+        waiting = StreamReader(c, blocker.id)
+        assert not waiting.ended.wait(0.5) and waiting.status == 200  # open, nothing to send yet
+        job = create_video(c)  # queued behind the blocker
+        streamed = StreamReader(c, job["id"])
+        assert c.delete(f"/v1/videos/{blocker.id}").status_code == 200
+        assert waiting.ended.wait(30) and bytes(waiting.data) == b""  # deleted before it had any frames
+        assert streamed.ended.wait(60) and streamed.status == 200
+        assert wait_for_status(c, job["id"], {"completed"})["time_to_first_chunk_s"] is None
+        finished = c.get(f"/v1/videos/{job['id']}/content").content
+        assert bytes(streamed.data) == finished
+        assert c.get(f"/v1/videos/{job['id']}/content", params={"variant": "stream"}).content == finished
