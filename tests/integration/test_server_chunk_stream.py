@@ -149,6 +149,8 @@ def test_chunk_events_come_before_completed_with_their_frame_ranges(client, gate
     assert chunks[1]["start_s"] == pytest.approx(1 / 16)
     # Per-chunk progress is there too: the "chunks" phase counts finished chunks.
     assert [d["step"] for n, d in collected if n == "progress" and d["phase"] == "chunks"] == [1, 2, 3]
+    percents = [d["percent"] for n, d in collected if n == "progress"]
+    assert percents == sorted(percents) and percents[-1] >= 90  # the rollout's steps count, not an absent "denoise"
 
 
 def test_stream_is_playable_while_running_and_whole_when_done(client, gate, far_server):
