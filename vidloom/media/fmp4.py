@@ -35,7 +35,8 @@ class FragmentedMp4Writer:
     """Appends H.264 fragments of uint8 RGB frames [F, H, W, 3] to `file` (opened for binary writing).
 
     Not thread-safe: one caller writes, in order. `write` returns the file's size once the chunk's
-    fragments are flushed, which is what a reader following the file may serve.
+    fragments are flushed, which is what a reader following the file may serve. After a write that
+    raised, every later one raises too: the encoder moved on, so the file would have a gap.
     """
 
     def __init__(self, file: BinaryIO, fps: int, width: int, height: int) -> None:
@@ -48,6 +49,7 @@ class FragmentedMp4Writer:
         self.frames = 0  # frames written so far
         self.size = 0  # bytes written so far
         self._sequence = 0  # moof sequence numbers, continued across chunks
+        self.failed = False
         # The encoder lives in a container that is never written out: it only gives codec parameters.
         self._encoder_container = av.open(io.BytesIO(), mode="w", format="mp4")
         stream = self._encoder_container.add_stream("libx264", rate=fps)
@@ -64,6 +66,9 @@ class FragmentedMp4Writer:
                              f"{frames.shape}")
         if not len(frames):
             return self.size
+        if self.failed:
+            raise RuntimeError("an earlier write to this stream failed; it cannot continue")
+        self.failed = True  # until this write is complete
         packets = []
         for i, rgb in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(rgb_to_yuv420p(rgb), format="yuv420p")
@@ -75,7 +80,9 @@ class FragmentedMp4Writer:
             raise RuntimeError(f"the encoder held frames back ({len(packets)} packets for {len(frames)} frames)")
         first = self.frames
         self.frames += len(frames)
-        return self._append(self._mux(packets, first), with_init=first == 0)
+        size = self._append(self._mux(packets, first), with_init=first == 0)
+        self.failed = False
+        return size
 
     def close(self) -> None:
         """Release the encoder (the file stays open: it belongs to the caller)."""

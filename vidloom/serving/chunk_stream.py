@@ -55,7 +55,8 @@ class JobStream:
     job_id: str
     fd: int | None = None  # a read descriptor of the growing file; readers dup it (it survives rename/unlink)
     committed: int = 0  # bytes readers may serve
-    ended: bool = False
+    ended: bool = False  # the job ended (the file is sealed or discarded): nothing more will come
+    broken: bool = False  # the writer failed: the stream stops at `committed`, the job goes on
     sealed: bool = False  # ended with a whole file in place (the job completed)
     closed: bool = False  # the writer and the file are closed
     writer: FragmentedMp4Writer | None = None
@@ -94,7 +95,7 @@ class StreamFiles:
     def feed(self, event: ChunkEvent) -> None:
         """Append a chunk's frames (asynchronously, on the writer thread)."""
         stream = self._streams.get(event.request_id)
-        if stream is None or stream.ended:
+        if stream is None or stream.ended or stream.broken:
             return
         frames = event.chunk.frames
         if stream.writer is None:
@@ -115,6 +116,8 @@ class StreamFiles:
         except Exception:
             log.exception("cannot start the stream of %s; it is served once the job completes", stream.job_id)
             self._drop_file(stream, path)
+            stream.broken = True
+            stream.notify()
             return False
         return True
 
@@ -123,11 +126,10 @@ class StreamFiles:
             return
         error = done.exception()
         if error is not None:
-            if stream.writer is not None:  # log once: later writes fail the same way
+            if not stream.broken:  # log once: later queued writes fail the same way
                 log.error("writing the stream of %s failed (%s); it stops here", stream.job_id, error)
-            stream.writer = None
-            stream.ended = True
-        else:
+            stream.broken = True
+        elif not stream.broken:
             stream.committed = max(stream.committed, done.result())
         stream.notify()
 
@@ -137,7 +139,7 @@ class StreamFiles:
         if stream is None:
             return
         await self._flush(stream)
-        if not stream.ended and stream.writer is not None:  # ended: aborted meanwhile (deleted) or broken
+        if not stream.ended and not stream.broken and stream.writer is not None:  # ended: deleted meanwhile
             try:
                 os.replace(self.growing_path(job_id), self.videos_dir / f"{job_id}.fmp4")
                 stream.sealed = True
@@ -225,7 +227,7 @@ async def follow(stream: JobStream) -> AsyncIterator[bytes]:
                     sent += len(data)
                     yield data
                     continue
-            if stream.ended and (fd is None or sent >= stream.committed):
+            if (stream.ended or stream.broken) and (fd is None or sent >= stream.committed):
                 return
             await stream.changed()
     finally:
@@ -243,6 +245,8 @@ async def stream_body(stream: JobStream, finished: Callable[[], Path | None]) ->
         yield data
     if sent:
         return
+    while not stream.ended:  # a broken stream with nothing sent: the job may still complete
+        await stream.changed()
     path = finished()
     if path is None:
         return

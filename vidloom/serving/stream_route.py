@@ -32,7 +32,8 @@ def stream_response(request: Request, manager: JobManager, record: JobRecord) ->
         return _finished_file(manager, job_id)
     if record.finished:
         raise APIError(409, f"video {job_id} {record.status}; it has no content", code="video_not_ready")
-    stream = manager.streams.get(job_id)
+    streams = getattr(manager, "streams", None)  # a fleet's ingress (FleetJobs) runs no jobs, so has none
+    stream = streams.get(job_id) if streams is not None else None
     if stream is None:
         raise APIError(409, f"video {job_id} is {record.status} on another server, which serves its live stream; "
                             "here it is available once completed", code="video_not_ready")
