@@ -168,10 +168,17 @@ class StreamFiles:
             self.growing_path(stream.job_id).unlink(missing_ok=True)
 
     async def _flush(self, stream: JobStream) -> None:
-        """Wait for the queued writes of `stream`, then close its writer and file on the writer thread."""
-        if stream.pending is not None:
-            await asyncio.wait([stream.pending])
-        await asyncio.get_running_loop().run_in_executor(self._writer, self._close_files, stream)
+        """Wait for the queued writes of `stream`, then close its writer and file on the writer thread.
+
+        Never raises: the job's own outcome must not depend on its stream (a failure breaks the stream).
+        """
+        try:
+            if stream.pending is not None:
+                await asyncio.wait([stream.pending])
+            await asyncio.get_running_loop().run_in_executor(self._writer, self._close_files, stream)
+        except Exception:
+            log.exception("closing the stream of %s failed", stream.job_id)
+            stream.broken = True
 
     @staticmethod
     def _close_files(stream: JobStream) -> None:
