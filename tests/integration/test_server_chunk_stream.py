@@ -245,7 +245,8 @@ def test_a_model_without_chunks_streams_its_finished_mp4(start_server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         blocker = BlockingJob(c)
         waiting = StreamReader(c, blocker.id)
-        assert not waiting.ended.wait(0.5) and waiting.status == 200  # open, nothing to send yet
+        _wait_until(lambda: waiting.status is not None)
+        assert waiting.status == 200 and not waiting.ended.wait(0.3)  # open, nothing to send yet
         job = create_video(c)  # queued behind the blocker
         streamed = StreamReader(c, job["id"])
         assert c.delete(f"/v1/videos/{blocker.id}").status_code == 200
