@@ -188,14 +188,16 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 
 
 class ProgressBars:
-    """One tqdm bar per phase (denoise, decode), fed by the engine's progress events.
+    """One tqdm bar per phase, fed by the engine's progress events.
 
-    A phase's bar closes when the next phase starts (or its last step is done), so its
-    rate covers only its own steps.
+    A bar closes when its last step is done, so its rate covers only its own steps. Phases may
+    interleave: a causal rollout (AnyFlow-FAR) reports its steps, each finished chunk ("chunks"),
+    each chunk's decode and KV prefill as it goes, so every phase keeps its own line until done.
     """
 
     def __init__(self) -> None:
         self._bars: dict[str, Any] = {}
+        self._loop_phase: str | None = None  # the first phase reported: the loop's steps (denoise, rollout)
         self.last_denoise: tuple[int, int] = (0, 0)  # (steps done, total) of the loop phase, for the cancel line
 
     def __enter__(self) -> "ProgressBars":
@@ -206,12 +208,16 @@ class ProgressBars:
 
         if not isinstance(event, ProgressEvent):
             return
-        if event.phase not in AFTER_DENOISE_PHASES:
+        if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES:
+            self._loop_phase = event.phase
+        if event.phase == self._loop_phase:
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)
         if bar is None:
-            self._close_all()
-            bar = self._bars[event.phase] = tqdm(total=event.total, desc=event.phase, unit="step", file=sys.stderr)
+            unit = "chunk" if event.phase == "chunks" else "step"
+            bar = self._bars[event.phase] = tqdm(
+                total=event.total, desc=event.phase, unit=unit, file=sys.stderr, position=len(self._bars),
+            )
         bar.update(event.step - bar.n)
         if event.step >= event.total:
             bar.close()

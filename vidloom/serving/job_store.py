@@ -1,7 +1,9 @@
 """Durable video jobs: the JobStore contract, its records, and the choice of backend.
 
 A job is one row in a database (SQLite, embedded, the default; or PostgreSQL, shared by several
-servers) plus result files under the data dir: `<data_dir>/videos/<id>.mp4` / `<id>.png`.
+servers) plus result files under the data dir: `<data_dir>/videos/<id>.mp4` / `<id>.png`, and for a
+model that streams chunks `<id>.fmp4` (the fragmented MP4 served as `variant=stream`; while the job
+runs it grows as `.<id>.growing.fmp4`, see serving/chunk_stream.py).
 A row turns `completed` only after its files were renamed into place, so a completed
 job always has whole files; finished rows never change again except by `delete`.
 Files the table cannot account for are never deleted: recovery moves them to `<data_dir>/orphans/`.
@@ -57,6 +59,7 @@ class JobRecord:
     metadata: Mapping[str, Any] | None = None  # run metadata once completed
     error_code: str | None = None
     error_message: str | None = None
+    time_to_first_chunk_s: float | None = None  # from creation to the first decoded chunk (streaming models)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +115,7 @@ class JobStore(Protocol):
 
     def video_path(self, job_id: str) -> Path: ...
     def thumbnail_path(self, job_id: str) -> Path: ...
+    def stream_path(self, job_id: str) -> Path: """A completed job's fragmented MP4 (models that stream chunks)."""
     def image_path(self, name: str) -> Path: """An images call's file (response_format=url)."""
     def save_image(self, name: str, data: bytes) -> None: """Write an image file atomically."""
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""
@@ -119,6 +123,7 @@ class JobStore(Protocol):
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page: ...
     def set_status(self, job_id: str, status: str) -> None: ...
     def set_progress(self, job_id: str, progress: int) -> None: ...
+    def set_first_chunk(self, job_id: str, seconds: float) -> None: """Record an active job's time to first chunk."""
     def finish(self, job_id: str, status: str, completed_at: int, *, metadata: Mapping[str, Any] | None = None,
                error: tuple[str, str] | None = None) -> None:
         """Move an active job to a final status (no-op if it already finished or is gone)."""

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
-    CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
+    CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.audio import track_of
@@ -31,12 +31,14 @@ from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.memory import request_budget
+from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
+from vidloom.serving.update_queue import UpdateQueue
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,15 @@ def recover_lost_jobs(store: JobStore, config: ServeConfig, *, tidy: bool = Fals
 
 @dataclass(frozen=True)
 class JobUpdate:
-    """What event subscribers receive: a progress tick, or the job's final state."""
+    """What event subscribers receive: a progress tick, a decoded chunk, or the job's final state."""
 
-    event: str  # progress | completed | failed | cancelled
+    event: str  # progress | chunk | completed | failed | cancelled
     record: JobRecord
     phase: str | None = None
     step: int = 0  # steps done in `phase`
     total: int = 0  # steps in `phase`
+    chunk: ChunkInfo | None = None  # for "chunk"
+    missed_chunks: int = 0  # chunk updates this subscriber's queue dropped before this one (see UpdateQueue)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Subscription:
     """The job's state at subscription time, then (while it runs) a queue of further updates."""
 
     first: JobUpdate
-    updates: asyncio.Queue[JobUpdate] | None  # None: the job had already finished
+    updates: UpdateQueue | None  # None: the job had already finished
 
 
 @dataclass
@@ -88,7 +92,7 @@ class _LiveJob:
     tracker: ProgressTracker
     submitted: float  # perf_counter at submission, for the job latency metric
     finished: asyncio.Event = field(default_factory=asyncio.Event)
-    subscribers: set[asyncio.Queue[JobUpdate]] = field(default_factory=set)
+    subscribers: set[UpdateQueue] = field(default_factory=set)
 
 
 class JobManager:
@@ -112,6 +116,7 @@ class JobManager:
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
                                      lambda: self._engine.compile_misses)
         self._live: dict[str, _LiveJob] = {}
+        self.streams = StreamFiles(self.store.videos_dir)  # the growing fMP4 of each running job
         self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
         self._images: set[str] = set()  # image requests being rendered (their HTTP call is waiting)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -151,6 +156,7 @@ class JobManager:
             if live is None:
                 continue
             self._engine.cancel(job_id)
+            self.streams.abort(job_id)
             live.finished.set()
             if await asyncio.to_thread(self.store.get, job_id) is None:
                 await asyncio.to_thread(self.store.remove_files, job_id)
@@ -171,6 +177,7 @@ class JobManager:
                 continue
             tracker = ProgressTracker(expected_units(resolved, self.card))
             self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
+            self.streams.open(record.id)
             adopted += 1
         if adopted:
             log.info("running %d re-queued job(s) of a server that stopped", adopted)
@@ -204,6 +211,7 @@ class JobManager:
             raise
         tracker = ProgressTracker(expected_units(resolved, self.card))
         self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
+        self.streams.open(record.id)
         return record
 
     async def generate_image(self, request: GenerationRequest) -> VideoOutput:
@@ -307,12 +315,12 @@ class JobManager:
                 return None
             # Not live means finished, except in the moment between engine stop and store close.
             return Subscription(JobUpdate(record.status if record.finished else "progress", record), None)
-        queue: asyncio.Queue[JobUpdate] = asyncio.Queue(self._config.sse_queue_size)
+        queue = UpdateQueue(self._config.sse_queue_size)
         live.subscribers.add(queue)
         t = live.tracker
         return Subscription(JobUpdate("progress", live.record, t.phase, t.step, t.total), queue)
 
-    def unsubscribe(self, job_id: str, queue: asyncio.Queue[JobUpdate]) -> None:
+    def unsubscribe(self, job_id: str, queue: UpdateQueue) -> None:
         live = self._live.get(job_id)
         if live is not None:
             live.subscribers.discard(queue)
@@ -354,6 +362,7 @@ class JobManager:
         if self._unsaved:
             log.error("%d job(s) keep a stale state in the store (it refused writes); the next start fails them",
                       len(self._unsaved))
+        await self.streams.close()
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
@@ -389,6 +398,8 @@ class JobManager:
                 self._write(live, progress=percent)
             if not live.finished.is_set():
                 self._publish(live, JobUpdate("progress", live.record, event.phase, event.step, event.total))
+        elif isinstance(event, ChunkEvent):
+            self._chunk(live, event)
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))
             self._tasks.add(task)
@@ -408,17 +419,33 @@ class JobManager:
             reason = redact_paths(str(exc), str(self.store.data_dir.resolve()))
             self._finish(live, "failed", error=("output_error", f"could not write the video: {reason}"))
             return
+        await self.streams.seal(job_id)
         if self._live.get(job_id) is not live:  # deleted while encoding
             self.store.remove_files(job_id)
             return
-        self._finish(live, "completed", metadata=output.metadata)
+        metadata = dict(output.metadata)
+        if live.record.time_to_first_chunk_s is not None:
+            metadata["time_to_first_chunk_s"] = live.record.time_to_first_chunk_s
+        self._finish(live, "completed", metadata=metadata)
 
     def _write_files(self, job_id: str, output: VideoOutput) -> None:
         write_png(output.frames[0], self.store.thumbnail_path(job_id))
         write_video(output.frames, output.fps, self.store.video_path(job_id),  # sound (if any) as AAC beside it
                     audio=track_of(output.audio, output.sample_rate))
 
-    def _write(self, live: _LiveJob, *, status: str | None = None, progress: int | None = None) -> None:
+    def _chunk(self, live: _LiveJob, event: ChunkEvent) -> None:
+        """A decoded chunk: time to the first one, the job's stream file, a `chunk` update."""
+        if live.record.time_to_first_chunk_s is None:
+            seconds = round(time.perf_counter() - live.submitted, 3)
+            self.metrics.first_chunk(seconds)
+            self._write(live, first_chunk_s=seconds)
+        if live.finished.is_set():  # the write failed the job
+            return
+        self.streams.feed(event)
+        self._publish(live, JobUpdate("chunk", live.record, chunk=ChunkInfo.of(event)))
+
+    def _write(self, live: _LiveJob, *, status: str | None = None, progress: int | None = None,
+               first_chunk_s: float | None = None) -> None:
         """Write a running job's change through; a store that refuses it fails the job rather than strand it."""
         try:
             if status is not None:
@@ -427,6 +454,9 @@ class JobManager:
             if progress is not None:
                 self.store.set_progress(live.record.id, progress)
                 live.record = dataclasses.replace(live.record, progress=progress)
+            if first_chunk_s is not None:
+                self.store.set_first_chunk(live.record.id, first_chunk_s)
+                live.record = dataclasses.replace(live.record, time_to_first_chunk_s=first_chunk_s)
         except STORE_ERRORS as exc:
             log.error("job store write for %s failed (%s); stopping the job", live.record.id, exc)
             self._engine.cancel(live.record.id)
@@ -469,17 +499,14 @@ class JobManager:
         """Forget the live job and tell its subscribers how it ended."""
         live.record = final
         self._live.pop(final.id, None)
+        self.streams.abort(final.id)  # a completed job's stream was sealed before: nothing left to end
         self.metrics.finished("video", final.status, time.perf_counter() - live.submitted)
         self._publish(live, JobUpdate(final.status, final))
         live.finished.set()
 
     def _publish(self, live: _LiveJob, update: JobUpdate) -> None:
         for queue in live.subscribers:
-            if queue.full():
-                # A slow reader loses its oldest progress tick. The final update is always the last one
-                # published for a job, so what is dropped here is never a final event.
-                queue.get_nowait()
-            queue.put_nowait(update)
+            queue.put_nowait(update)  # a slow reader's full queue drops a progress tick, else a chunk notice
 
 
 def request_params(request: GenerationRequest) -> dict[str, Any]:

@@ -40,6 +40,11 @@ class ServerMetrics:
             "vidloom_job_seconds", "Time from submission to final status", ["kind"],
             buckets=JOB_BUCKETS, registry=self.registry,
         )
+        self._first_chunk = Histogram(
+            "vidloom_time_to_first_chunk_seconds",
+            "Time from a video job's creation to its first decoded chunk (models that stream chunks)",
+            buckets=JOB_BUCKETS, registry=self.registry,
+        )
         self._finished = Counter(
             "vidloom_requests", "Requests by kind (video | image) and final status", ["kind", "status"],
             registry=self.registry,
@@ -51,6 +56,9 @@ class ServerMetrics:
 
     def step(self, phase: str, seconds: float) -> None:
         self._steps.labels(phase=phase).observe(seconds)
+
+    def first_chunk(self, seconds: float) -> None:
+        self._first_chunk.observe(seconds)
 
     def finished(self, kind: str, status: str, seconds: float) -> None:
         self._finished.labels(kind=kind, status=status).inc()

@@ -10,14 +10,16 @@ def expected_units(request: GenerationRequest, card: ModelCard) -> dict[str, int
     """Units per phase before any event arrives, so percent does not jump when decode starts."""
     assert request.num_inference_steps is not None and request.num_frames is not None, "resolve first"
     latent_frames = (request.num_frames - 1) // card.geometry.temporal_factor + 1
-    return {"denoise": request.num_inference_steps, "decode": latent_frames}
+    loop = next(iter(card.loops), "denoise")  # the phase a loop's steps report under (Wan: denoise, FAR: rollout)
+    return {loop: request.num_inference_steps, "decode": latent_frames}
 
 
 class ProgressTracker:
     """Counts done/total per phase; `percent` stays below 100 until the caller says the job completed.
 
     A phase the tracker did not expect is added when its first event arrives, and an
-    event's own total replaces the expected one (the run knows best).
+    event's own total replaces the expected one (the run knows best). Such a change never
+    moves the percent back: a causal rollout reveals its chunk and prefill phases as it goes.
     """
 
     def __init__(self, expected: dict[str, int]) -> None:
@@ -26,6 +28,7 @@ class ProgressTracker:
         self.phase: str | None = None
         self.step = 0
         self.total = 0
+        self._reached = 0
 
     def update(self, phase: str, step: int, total: int) -> int:
         """Record `step` of `total` done in `phase`; returns the new overall percent."""
@@ -37,6 +40,6 @@ class ProgressTracker:
     @property
     def percent(self) -> int:
         total = sum(self._total.values())
-        if total == 0:
-            return 0
-        return min(99, 100 * sum(self._done.values()) // total)
+        if total:
+            self._reached = max(self._reached, min(99, 100 * sum(self._done.values()) // total))
+        return self._reached

@@ -75,7 +75,8 @@ class VideoError(BaseModel):
 
 
 class VideoObject(BaseModel):
-    """The OpenAI `Video` object; `cancelled`, `parameters` and `metadata` are vidloom extensions."""
+    """The OpenAI `Video` object; `cancelled`, `parameters`, `metadata` and `time_to_first_chunk_s` are vidloom
+    extensions."""
 
     id: str
     object: Literal["video"] = "video"
@@ -92,6 +93,7 @@ class VideoObject(BaseModel):
     error: VideoError | None = None
     parameters: dict[str, Any]  # the resolved request but its prompt (see `prompt`): defaults filled, seed used
     metadata: dict[str, Any] | None = None  # run metadata once completed (e.g. elapsed_s)
+    time_to_first_chunk_s: float | None = None  # creation to first decoded chunk (models that stream chunks)
 
     @classmethod
     def from_record(cls, record: JobRecord) -> "VideoObject":
@@ -103,6 +105,7 @@ class VideoObject(BaseModel):
             created_at=record.created_at, completed_at=record.completed_at, size=record.size,
             seconds=record.seconds, prompt=record.prompt, error=error,
             parameters=dict(record.params), metadata=dict(record.metadata) if record.metadata else None,
+            time_to_first_chunk_s=record.time_to_first_chunk_s,
         )
 
 
@@ -129,6 +132,21 @@ class ProgressData(BaseModel):
     step: int
     total: int
     percent: int
+
+
+class ChunkData(BaseModel):
+    """Payload of an SSE `chunk` event: frames [start_frame, stop_frame) of the video exist (decoded and in
+    the `variant=stream` file); `stop_s` is the seconds of video ready so far."""
+
+    id: str
+    index: int  # 0-based; chunks arrive in order
+    total: int  # chunks the video will have
+    start_frame: int
+    stop_frame: int
+    start_s: float
+    stop_s: float
+    fps: int
+    missed_chunks: int = 0  # earlier chunk events this stream dropped because its reader fell behind
 
 
 class ImageData(BaseModel):

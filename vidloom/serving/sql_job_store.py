@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 _ACTIVE_SQL = "('queued', 'in_progress')"
 COLUMNS = (
     "id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata, "
-    "error_code, error_message"
+    "error_code, error_message, time_to_first_chunk_s"
 )
 # Columns after the first release: (name, SQL type), added to older tables when they are opened.
 LATER_COLUMNS = (("owner", "BIGINT"), ("requeues", "INTEGER NOT NULL DEFAULT 0"),
-                 ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"))
+                 ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"), ("time_to_first_chunk_s", "DOUBLE PRECISION"))
 # Servers sharing the table publish who they are and their metrics here (a fleet's /metrics reads it).
 SERVERS_SQL = """
 CREATE TABLE IF NOT EXISTS servers (
@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_message TEXT,
     owner BIGINT,
     requeues INTEGER NOT NULL DEFAULT 0,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    time_to_first_chunk_s DOUBLE PRECISION
 )
 """
 
@@ -110,13 +111,21 @@ class SqlJobStore:
         assert is_job_id(job_id), job_id
         return self.videos_dir / f"{job_id}.png"
 
+    def stream_path(self, job_id: str) -> Path:
+        assert is_job_id(job_id), job_id
+        return self.videos_dir / f"{job_id}.fmp4"
+
+    def _files(self, job_id: str) -> tuple[Path, ...]:
+        return self.video_path(job_id), self.thumbnail_path(job_id), self.stream_path(job_id)
+
     def add(self, record: JobRecord) -> None:
         with self._lock:
             self._run(
-                f"INSERT INTO jobs ({COLUMNS}, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO jobs ({COLUMNS}, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.id, record.model, record.status, record.progress, record.created_at, record.completed_at,
                  record.size, record.seconds, record.prompt, json.dumps(dict(record.params), default=str),
-                 _dumps(record.metadata), record.error_code, record.error_message, self.owner),
+                 _dumps(record.metadata), record.error_code, record.error_message, record.time_to_first_chunk_s,
+                 self.owner),
             )
 
     def get(self, job_id: str) -> JobRecord | None:
@@ -144,6 +153,9 @@ class SqlJobStore:
 
     def set_progress(self, job_id: str, progress: int) -> None:
         self._update_active(job_id, "progress = ?", (progress,))
+
+    def set_first_chunk(self, job_id: str, seconds: float) -> None:
+        self._update_active(job_id, "time_to_first_chunk_s = ?", (seconds,))
 
     def finish(self, job_id: str, status: str, completed_at: int, *, metadata: Mapping[str, Any] | None = None,
                error: tuple[str, str] | None = None) -> None:
@@ -180,7 +192,7 @@ class SqlJobStore:
     def _set_aside(self, job_id: str) -> list[tuple[Path, Path]]:
         done: list[tuple[Path, Path]] = []
         try:
-            for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
+            for path in self._files(job_id):
                 if path.exists():
                     # "-": never in an atomic_path temp name (mkstemp), so the two cannot collide.
                     moved = path.with_name(f".{path.stem}-deleting{path.suffix}")
@@ -193,7 +205,7 @@ class SqlJobStore:
         return done
 
     def remove_files(self, job_id: str) -> None:
-        for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
+        for path in self._files(job_id):
             path.unlink(missing_ok=True)
 
     def _dead_owner_sql(self) -> tuple[str, tuple]:
@@ -210,7 +222,8 @@ class SqlJobStore:
             if requeue:
                 # Ownerless queued rows are re-queued jobs waiting to be claimed; leave them be.
                 requeued = self._run(
-                    "UPDATE jobs SET status = 'queued', progress = 0, owner = NULL, requeues = requeues + 1 "
+                    "UPDATE jobs SET status = 'queued', progress = 0, owner = NULL, requeues = requeues + 1, "
+                    "time_to_first_chunk_s = NULL "
                     f"WHERE {lost} AND owner IS NOT NULL AND requeues < ?", (*dead_args, max_requeues),
                 ).rowcount
                 lost += " AND NOT (status = 'queued' AND owner IS NULL)"
@@ -323,9 +336,10 @@ def _dumps(value: Mapping[str, Any] | None) -> str | None:
 
 def _record(row: tuple) -> JobRecord:
     (job_id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata,
-     error_code, error_message) = row
+     error_code, error_message, first_chunk_s) = row
     return JobRecord(
         id=job_id, model=model, status=status, progress=progress, created_at=created_at,
         completed_at=completed_at, size=size, seconds=seconds, prompt=prompt, params=json.loads(params),
         metadata=json.loads(metadata) if metadata else None, error_code=error_code, error_message=error_message,
+        time_to_first_chunk_s=first_chunk_s,
     )

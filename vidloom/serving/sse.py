@@ -1,4 +1,5 @@
-"""Server-Sent Events for one job: its current state first, then progress, then exactly one final event."""
+"""Server-Sent Events for one job: its current state first, then progress and chunk events, then exactly one final
+event."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from typing import AsyncIterator
 
 from vidloom.serving.jobs import JobManager, JobUpdate, Subscription
-from vidloom.serving.protocol import ProgressData, VideoObject
+from vidloom.serving.protocol import ChunkData, ProgressData, VideoObject
 
 KEEPALIVE = b": keepalive\n\n"
 
@@ -17,8 +18,17 @@ def encode_event(event: str, data: str) -> bytes:
 
 
 def encode_update(update: JobUpdate) -> bytes:
-    """`progress` carries step counts; `completed` / `failed` / `cancelled` carry the video object."""
+    """`progress` carries step counts, `chunk` a decoded chunk's range; `completed` / `failed` / `cancelled`
+    carry the video object."""
     record = update.record
+    if update.event == "chunk" and update.chunk is not None:
+        c = update.chunk
+        chunk = ChunkData(
+            id=record.id, index=c.index, total=c.total, start_frame=c.start_frame, stop_frame=c.stop_frame,
+            start_s=round(c.start_frame / c.fps, 6), stop_s=round(c.stop_frame / c.fps, 6), fps=c.fps,
+            missed_chunks=update.missed_chunks,
+        )
+        return encode_event("chunk", chunk.model_dump_json())
     if update.event == "progress":
         data = ProgressData(
             id=record.id, status=record.status, phase=update.phase, step=update.step, total=update.total,
@@ -35,7 +45,7 @@ async def job_events(manager: JobManager, subscription: Subscription, keepalive_
     try:
         while True:
             yield encode_update(update)
-            if update.event != "progress" or queue is None:
+            if update.event not in ("progress", "chunk") or queue is None:
                 return
             while True:
                 try:

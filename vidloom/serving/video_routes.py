@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, echo, engine_errors, store_error
@@ -16,6 +16,7 @@ from vidloom.serving.params import plan_video
 from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject
 from vidloom.serving.request_body import read_body
 from vidloom.serving.sse import job_events
+from vidloom.serving.stream_route import stream_response
 
 router = APIRouter(prefix="/v1/videos")
 
@@ -66,16 +67,19 @@ async def retrieve_video(request: Request, video_id: str) -> VideoObject:
 @router.get("/{video_id}/content")
 async def download_content(
     request: Request, video_id: str, variant: str = "video"
-) -> OpenFileResponse:
+) -> Response:
     """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed.
+    variant=stream (extension): a fragmented MP4 that grows while the job runs (see stream_route.py).
 
     The file is opened here and served from that handle, so a DELETE racing the download either
     comes first (404) or lets the whole file through; never a half-served file or a 500.
     """
     record = _find(request, video_id)
-    if variant not in ("video", "thumbnail"):
-        raise APIError(400, f"variant: {echo(variant)} is not available; use 'video' or 'thumbnail'",
+    if variant not in ("video", "thumbnail", "stream"):
+        raise APIError(400, f"variant: {echo(variant)} is not available; use 'video', 'thumbnail' or 'stream'",
                        param="variant", code="invalid_parameter")
+    if variant == "stream":
+        return stream_response(request, jobs_of(request), record)
     if record.status != "completed":
         raise APIError(409, _not_ready(record), code="video_not_ready")
     store = jobs_of(request).store

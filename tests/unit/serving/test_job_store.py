@@ -237,3 +237,92 @@ def test_an_unreachable_or_unknown_store_is_a_store_error(tmp_path: Path):
         open_job_store("postgresql://u:secret@127.0.0.1:9/x", tmp_path)
     with pytest.raises(StoreError, match="mysql://h/x' is not a job store"):
         open_job_store("mysql://h/x", tmp_path)
+
+
+# -- streaming models: time to first chunk and the stream file --------------------------------
+
+def test_time_to_first_chunk_is_durable_and_the_stream_file_goes_with_the_job(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    job, other = _record(1), _record(2)
+    store.add(job)
+    store.add(other)
+    assert store.get(job.id).time_to_first_chunk_s is None
+    store.set_first_chunk(job.id, 0.25)
+    store.finish(job.id, "completed", 2000)
+    store.set_first_chunk(job.id, 9.0)  # final rows never change
+    store.stream_path(job.id).write_bytes(b"fmp4")
+    store.video_path(job.id).write_bytes(b"mp4")
+    store.close()
+
+    store = store_at(tmp_path)
+    assert store.get(job.id).time_to_first_chunk_s == 0.25
+    assert store.page(None, 10, "asc").records[0].time_to_first_chunk_s == 0.25
+    assert store.get(other.id).time_to_first_chunk_s is None
+    assert store.delete(job.id)
+    assert list(store.videos_dir.iterdir()) == []
+
+
+def test_recovery_drops_a_dead_servers_growing_stream_and_keeps_finished_ones(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    done, running = _record(1), _record(2)
+    store.add(done)
+    store.add(running)
+    store.finish(done.id, "completed", 2000)
+    store.stream_path(done.id).write_bytes(b"whole")
+    (store.videos_dir / f".{running.id}.growing.fmp4").write_bytes(b"half")  # the server died mid-stream
+    for path in store.videos_dir.iterdir():
+        os.utime(path, (path.stat().st_mtime - 7200,) * 2)
+    store.close()
+
+    store = store_at(tmp_path)
+    store.recover(3000, "server_restart", "restarted")
+    assert sorted(p.name for p in store.videos_dir.iterdir()) == [f"{done.id}.fmp4"]
+
+
+def test_requeue_forgets_the_dead_runs_time_to_first_chunk(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    job = _record(1)
+    store.add(job)
+    store.set_first_chunk(job.id, 1.5)
+    store.close()
+    store = store_at(tmp_path)
+    assert store.recover(3000, "server_restart", "restarted", requeue=True, max_requeues=1).requeued == 1
+    assert store.get(job.id).time_to_first_chunk_s is None
+
+
+# A jobs table as the first release wrote it (no owner, requeues, cancel_requested, time_to_first_chunk_s).
+FIRST_RELEASE_TABLE = """
+CREATE TABLE jobs (seq {seq}, id TEXT NOT NULL UNIQUE, model TEXT NOT NULL, status TEXT NOT NULL,
+    progress INTEGER NOT NULL, created_at BIGINT NOT NULL, completed_at BIGINT, size TEXT NOT NULL,
+    seconds TEXT NOT NULL, prompt TEXT NOT NULL, params TEXT NOT NULL, metadata TEXT, error_code TEXT,
+    error_message TEXT)
+"""
+
+
+def test_an_older_database_gains_the_new_columns_and_keeps_its_rows(store_at, request, tmp_path: Path):
+    old_row = ("video_" + "a" * 32, "m", "completed", 100, 1, 2, "48x32", "1", "p", "{}")
+    insert = ("INSERT INTO jobs (id, model, status, progress, created_at, completed_at, size, seconds, prompt, params) "
+              "VALUES ({})")
+    if "sqlite" in request.node.callspec.id:
+        db = sqlite3.connect(tmp_path / "jobs.sqlite3")
+        db.execute(FIRST_RELEASE_TABLE.format(seq="INTEGER PRIMARY KEY AUTOINCREMENT"))
+        db.execute(insert.format(", ".join("?" * 10)), old_row)
+        db.commit()
+        db.close()
+        store = store_at(tmp_path)
+    else:
+        import psycopg
+
+        url = request.getfixturevalue("postgres").new_database()
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute(FIRST_RELEASE_TABLE.format(seq="BIGSERIAL PRIMARY KEY"))
+            db.execute(insert.format(", ".join(["%s"] * 10)), old_row)
+        store = open_job_store(url, tmp_path)
+    try:
+        assert store.get(old_row[0]).status == "completed"
+        assert store.get(old_row[0]).time_to_first_chunk_s is None
+        store.add(_record(1))
+        store.set_first_chunk(_record(1).id, 0.5)
+        assert store.get(_record(1).id).time_to_first_chunk_s == 0.5
+    finally:
+        store.close()

@@ -72,3 +72,11 @@ def test_quiet_streams_get_keepalives_and_end_after_the_final_event():
     frames = asyncio.run(run())
     assert frames[0].startswith(b"event: progress") and frames[1] == KEEPALIVE
     assert frames[-1].startswith(b"event: failed") and len(frames) == 3
+
+
+def test_a_phase_revealed_late_never_moves_the_percent_back():
+    tracker = ProgressTracker({"rollout": 2, "decode": 3})
+    assert tracker.update("rollout", 2, 6) == 22  # 2 of 9
+    assert tracker.update("chunks", 1, 3) == 25  # 3 of 12
+    assert tracker.update("kv_prefill", 0, 2) == 25  # 3 of 14 would be 21
+    assert tracker.update("rollout", 6, 6) == 50  # 7 of 14
