@@ -47,6 +47,10 @@ class DeployConfig:
     kv_cache_budget_bytes: int | None = None
     """Bytes of KV cache (causal-video slabs) all running requests may hold together; None: no limit.
     A request whose cache would not fit fails with CacheBudgetExceeded before its first step."""
+    kv_session_ttl_s: float = 0.0
+    """Seconds a finished causal video's KV stays resident for an extension (extend_from) while unused;
+    0 keeps none. Sessions count against kv_cache_budget_bytes and are evicted least recently used when
+    a new allocation needs room; an extension whose session is gone rebuilds it from the stored latents."""
     offload_idle_expert: bool = False
     """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
     host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
@@ -68,6 +72,9 @@ class DeployConfig:
         budget = self.kv_cache_budget_bytes
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
             raise DeployError(f"kv_cache_budget_bytes must be a positive int or None, got {budget!r}")
+        ttl = self.kv_session_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 <= ttl < float("inf"):
+            raise DeployError(f"kv_session_ttl_s (--kv-session-ttl) must be a finite number of seconds >= 0, got {ttl!r}")
         if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
             raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
         if self.offload_idle_expert and self.cuda_graphs:

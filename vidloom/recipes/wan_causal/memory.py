@@ -20,7 +20,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 from vidloom.recipes.wan.memory import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
-from vidloom.recipes.wan_causal.loop import chunk_partition
+from vidloom.recipes.wan_causal.loop import rollout_partition
 
 TEXT_TOKENS = 512  # the Wan text encoder's padded length
 
@@ -38,7 +38,7 @@ def rollout_layouts(instance: ModelInstance, request: GenerationRequest) -> list
     vae = instance["vae"].config
     latent_frames = (request.num_frames - 1) // vae.temporal_factor + 1
     hw = (request.height // vae.spatial_factor, request.width // vae.spatial_factor)
-    partition = chunk_partition(latent_frames, config.chunk_partition)
+    partition = rollout_partition(request, latent_frames, config.chunk_partition)
     return [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
 
 
