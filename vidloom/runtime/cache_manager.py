@@ -175,12 +175,14 @@ class CacheManager:
             return list(self._sessions)
 
     def session_stats(self) -> dict[str, Any]:
-        """For metrics: sessions held, their bytes, evictions (for room) and expirations (TTL) so far."""
+        """For metrics: sessions held, their bytes, those in use by a run (pinned), evictions (for room) and
+        expirations (TTL) so far."""
         with self._lock:
             self._expire_locked()
-            return {"sessions": len(self._sessions), "session_bytes": sum(s.handle.nbytes for s in self._sessions.values()),
-                    "evictions": self.evictions, "expirations": self.expirations,
-                    "session_ttl_s": self.session_ttl_s}
+            sessions = self._sessions.values()
+            return {"sessions": len(sessions), "session_bytes": sum(s.handle.nbytes for s in sessions),
+                    "pinned": sum(s.pins > 0 for s in sessions), "evictions": self.evictions,
+                    "expirations": self.expirations, "session_ttl_s": self.session_ttl_s}
 
     def _expire_locked(self) -> int:
         now = self._clock()
