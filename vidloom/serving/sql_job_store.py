@@ -110,6 +110,10 @@ class SqlJobStore:
         assert is_job_id(job_id), job_id
         return self.videos_dir / f"{job_id}.png"
 
+    def latents_path(self, job_id: str) -> Path:
+        assert is_job_id(job_id), job_id
+        return self.videos_dir / f"{job_id}.latents"  # one suffix: tidy finds the job id as its stem
+
     def add(self, record: JobRecord) -> None:
         with self._lock:
             self._run(
@@ -180,7 +184,7 @@ class SqlJobStore:
     def _set_aside(self, job_id: str) -> list[tuple[Path, Path]]:
         done: list[tuple[Path, Path]] = []
         try:
-            for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
+            for path in (self.video_path(job_id), self.thumbnail_path(job_id), self.latents_path(job_id)):
                 if path.exists():
                     # "-": never in an atomic_path temp name (mkstemp), so the two cannot collide.
                     moved = path.with_name(f".{path.stem}-deleting{path.suffix}")
@@ -193,7 +197,7 @@ class SqlJobStore:
         return done
 
     def remove_files(self, job_id: str) -> None:
-        for path in (self.video_path(job_id), self.thumbnail_path(job_id)):
+        for path in (self.video_path(job_id), self.thumbnail_path(job_id), self.latents_path(job_id)):
             path.unlink(missing_ok=True)
 
     def _dead_owner_sql(self) -> tuple[str, tuple]:
