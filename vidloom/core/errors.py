@@ -49,7 +49,7 @@ class CacheBudgetExceeded(VidloomError):
     def __init__(self, needed: int, in_use: int, budget: int) -> None:
         super().__init__(
             f"the request needs {needed} bytes of KV cache but only {budget - in_use} of "
-            f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests); "
+            f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests and sessions in use); "
             "retry later, ask for fewer frames or a smaller size, or raise the budget"
         )
         self.needed = needed

@@ -11,7 +11,7 @@ on the server, its video id).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ class VideoSession:
 
     session_id: str
     model: str  # the checkpoint the latents belong to (ModelCard.source, else its model id)
-    latents: Tensor  # [1, C, F, h, w] normalised latents of the whole video, float32 on CPU
+    latents: Tensor = field(compare=False, repr=False)  # [1, C, F, h, w] normalised latents, float32 on CPU
     partition: tuple[int, ...]  # latent frames per chunk; an extension appends chunks after these
     prompt: str
     negative_prompt: str

@@ -18,8 +18,9 @@ from vidloom.media.video import atomic_path
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.serving.errors import APIError, echo
 from vidloom.serving.job_store import JobStore, is_job_id
-from vidloom.serving.params import PlannedVideo, _sampling, check_model, choose_frames, format_seconds, \
-    new_video_id, parse_size
+from vidloom.serving.params import (
+    PlannedVideo, check_model, choose_frames, format_seconds, new_video_id, parse_size, sampling_fields,
+)
 from vidloom.serving.protocol import VideoCreateBody
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:
     frames = choose_frames(body, card, fps) if (body.num_frames, body.seconds) != (None, None) else None
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=body.fps,
-        request_id=new_video_id(), extend_from=session, **_sampling(body),
+        request_id=new_video_id(), extend_from=session, **sampling_fields(body),
     )
     resolved = resolve_request(request, card)  # again at submit: here for the size and length the job shows
     assert resolved.num_frames and resolved.fps
