@@ -3,6 +3,7 @@ extensions, boundary errors naming the field, stored latents, delete/cancel free
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -144,3 +145,15 @@ def test_a_non_causal_model_refuses_extend_from(client):
     refused = client.post("/v1/videos", json={"prompt": "a cat", "extend_from": "video_" + "0" * 32})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "extend_from", refused.text
     assert "not a causal video model" in refused.json()["error"]["message"]
+
+
+def test_idle_sessions_expire_on_the_server_without_any_request(far_dir, tmp_path):
+    engine = _engine(far_dir)
+    engine.caches.session_ttl_s = 0.3  # short, for the test (the deployment's value is read at start)
+    with _serve(engine, tmp_path / "data") as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        _run(client, SOURCE)
+        deadline = time.monotonic() + 5
+        # Read the counter only: every CacheManager query would expire sessions itself.
+        while engine.caches.expirations == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.caches.expirations == 1 and engine.caches.bytes_in_use == 0

@@ -37,7 +37,7 @@ from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.kv_metrics import register_kv_metrics
 from vidloom.serving.metrics import ServerMetrics
-from vidloom.serving.video_sessions import release_session, save_session
+from vidloom.serving.video_sessions import expire_sessions, release_session, save_session
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
 
@@ -124,6 +124,7 @@ class JobManager:
         self._draining = False
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._expirer: asyncio.Task[None] | None = None  # drops idle KV sessions on time, not at the next request
         self.server_name = f"{socket.gethostname()}:{os.getpid()}"  # in logs and a fleet's /metrics
 
     def start(self) -> None:
@@ -131,6 +132,8 @@ class JobManager:
         self.adopt_requeued()
         if self.store.shared:
             self._sweeper = self._loop.create_task(self._sweep())
+        if self._caches is not None and self._caches.session_ttl_s > 0:
+            self._expirer = self._loop.create_task(expire_sessions(self._caches))
 
     async def _sweep(self) -> None:
         """Shared store: act on other servers' cancels and deletes, recover dead servers' jobs, publish metrics."""
@@ -354,6 +357,8 @@ class JobManager:
         self._draining = self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._expirer is not None:
+            self._expirer.cancel()
         await asyncio.to_thread(self._engine.close)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)

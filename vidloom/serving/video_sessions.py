@@ -9,6 +9,7 @@ each naming `extend_from`. Deleting a video releases its resident session at onc
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest
@@ -39,6 +40,14 @@ def release_session(caches: CacheManager | None, job_id: str) -> None:
     """Free the job's resident KV now (deleted, or its files could not be written)."""
     if caches is not None:
         caches.release_session(job_id)
+
+
+async def expire_sessions(caches: CacheManager) -> None:
+    """Until cancelled: drop sessions idle past the TTL within a tenth of it (at most 5 s late)."""
+    period = min(5.0, max(0.05, caches.session_ttl_s / 10))
+    while True:
+        await asyncio.sleep(period)
+        caches.expire()
 
 
 def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:

@@ -104,3 +104,12 @@ def test_ttl_zero_keeps_nothing():
     manager, _ = _manager(ttl=0.0)
     manager.put_session("a", 30, lambda: Slab(30))
     assert manager.session_ids() == [] and manager.bytes_in_use == 0
+
+
+@pytest.mark.parametrize("ttl", [-1.0, float("inf"), float("nan"), True, "60"])
+def test_session_ttl_setting_is_checked(ttl):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import DeployError
+
+    with pytest.raises(DeployError, match="kv_session_ttl_s"):
+        DeployConfig(kv_session_ttl_s=ttl)
