@@ -226,3 +226,16 @@ def test_non_causal_models_refuse_extend_from(demo_cache):
     with pytest.raises(InvalidRequest, match="not a causal video model") as err:
         wan.generate("a cat", extend_from=object(), num_inference_steps=1)
     assert err.value.field == "extend_from"
+
+
+def test_memory_estimate_counts_the_session_copy_exactly(far, far_dir):
+    from vidloom.core.request import resolve_request
+    from vidloom.recipes.wan_causal.memory import session_bytes
+
+    source = far.generate("a red fox", **SOURCE)
+    kept = far.engine.caches.session_stats()["session_bytes"]
+    request = resolve_request(GenerationRequest(prompt="a red fox", **SOURCE), far.card)
+    assert session_bytes(far.engine.instance, request) == kept > 0
+    off = VideoGenerator.from_pretrained(far_dir, device="cpu")
+    assert session_bytes(off.engine.instance, request) == 0
+    far.engine.caches.release_session(source.session.session_id)

@@ -19,14 +19,14 @@ every prefill re-embeds the whole context under the new prompt, as FAR does at e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.loop import DONE, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, extension_partition, latents_to_cpu
@@ -341,8 +341,9 @@ class FarRolloutLoop:
             raise NonFiniteOutput.of("rollout", self.dtype)
         if state.session_prefilled and state.cache is not None:
             slab = state.cache
-            state.ctx.keep_session(FarKVCache.context_bytes(slab.keys, slab.context_tokens),  # type: ignore[attr-defined]
-                                   slab.context_copy)
+            # Only a SessionContext plans the session prefill (keeps_sessions), so only one gets here.
+            cast(SessionContext, state.ctx).keep_session(FarKVCache.context_bytes(slab.keys, slab.context_tokens),
+                                                         slab.context_copy)
         _release(state)
         # What an extension of this video needs (results.video_output makes it a VideoSession).
         session = {"latents": latents_to_cpu(state.latents), "partition": state.partition, "resumed": state.resumed}
