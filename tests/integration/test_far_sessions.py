@@ -239,3 +239,16 @@ def test_memory_estimate_counts_the_session_copy_exactly(far, far_dir):
     off = VideoGenerator.from_pretrained(far_dir, device="cpu")
     assert session_bytes(off.engine.instance, request) == 0
     far.engine.caches.release_session(source.session.session_id)
+
+
+def test_the_first_new_chunk_attends_to_the_source(far):
+    """Same extension request over two sources: the first new chunk's latents differ only through the source KV."""
+    first_new = slice(3, 5)  # source partition (1, 2): the extension's first chunk is latent frames 3..4
+    sources = [far.generate("a red fox", **{**SOURCE, "seed": seed}) for seed in (1, 2)]
+    chunks = [_extend(far, source)["session"]["latents"][:, :, first_new] for source in sources]
+    assert not torch.allclose(chunks[0], chunks[1], atol=1e-3)
+    # Chained: an extension is itself a source; its session holds the whole longer video.
+    longer = far.generate("a cat", extend_from=sources[0], **EXTEND)
+    again = far.generate("a bird", extend_from=longer, num_frames=29, num_inference_steps=2, seed=3)
+    assert again.metadata["extension"]["kv"] == "resident" and again.session.partition == (1, 2, 2, 1, 2)
+    assert np.array_equal(again.frames[:21], longer.frames)

@@ -69,6 +69,7 @@ def test_extension_resident_then_rebuilt_gives_the_same_video(far_client, tmp_pa
     resident = _run(client, {**EXTEND, "extend_from": source["id"]})
     assert resident["metadata"]["extension"] == {"extend_from": source["id"], "kv": "resident"}
     assert resident["size"] == "48x32" and resident["metadata"]["num_frames"] == 21
+    assert resident["parameters"]["extend_from"] == source["id"]
     assert engine.caches.release_session(source["id"])  # evicted
     rebuilt = _run(client, {**EXTEND, "extend_from": source["id"]})
     assert rebuilt["metadata"]["extension"]["kv"] == "rebuilt"
