@@ -26,8 +26,8 @@ from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
-from vidloom.media.video import write_png, write_video
 from vidloom.core.session import VideoSession
+from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.engine import Engine
@@ -37,9 +37,9 @@ from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.kv_metrics import register_kv_metrics
 from vidloom.serving.metrics import ServerMetrics
-from vidloom.serving.video_sessions import expire_sessions, release_session, save_session
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
+from vidloom.serving.video_sessions import expire_sessions, release_session, save_session
 
 log = logging.getLogger(__name__)
 
@@ -504,7 +504,7 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    media = ("image", "last_image", "video", "extend_from")  # not stored (a job is not re-run after a restart)
+    media = ("image", "last_image", "video", "extend_from")  # not stored; noted as given (extend_from: its id)
     params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
     params.pop("request_id")
     params.pop("image", None)  # input images are not stored with a job (video jobs take none)
