@@ -142,6 +142,13 @@ class VideoGenerator:
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
+    def release_session(self, source: Any) -> bool:
+        """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,
+        instead of at its idle TTL; it can still be extended (the KV is then rebuilt). False if none was held."""
+        session_id = getattr(getattr(source, "session", source), "session_id", source)
+        caches = getattr(self.engine, "caches", None)
+        return caches is not None and isinstance(session_id, str) and caches.release_session(session_id)
+
     def run(
         self,
         request: GenerationRequest,
