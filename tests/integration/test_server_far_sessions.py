@@ -158,3 +158,21 @@ def test_idle_sessions_expire_on_the_server_without_any_request(far_dir, tmp_pat
         while engine.caches.expirations == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.caches.expirations == 1 and engine.caches.bytes_in_use == 0
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai marks the Sora API deprecated
+def test_the_official_openai_client_extends_a_video(far_client):
+    from openai import OpenAI
+
+    client, engine, _ = far_client
+    openai = OpenAI(base_url=f"{str(client.base_url).rstrip('/')}/v1", api_key="unused")
+    source = openai.videos.create_and_poll(prompt=SOURCE["prompt"], size="48x32", extra_body={
+        "num_frames": 9, "num_inference_steps": 2, "seed": 1}, poll_interval_ms=50)
+    assert source.status == "completed", source.error
+    longer = openai.videos.create_and_poll(prompt="a cat walks on the ice", extra_body={
+        "extend_from": source.id, "num_frames": 21, "num_inference_steps": 2, "seed": 2}, poll_interval_ms=50)
+    assert longer.status == "completed", longer.error
+    assert longer.size == "48x32" and engine.caches.session_stats()["sessions"] == 2
+    openai.videos.delete(source.id)
+    openai.videos.delete(longer.id)
+    assert engine.caches.bytes_in_use == 0
