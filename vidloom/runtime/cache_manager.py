@@ -2,13 +2,13 @@
 
 Loops never keep long-lived cache tensors on shared modules: they ask the runtime
 (LoopContext.allocate) and get the buffer back; the runtime records a handle with the
-bytes it holds and releases it when the loop ends (finish, failure, cancel). Sessions
-that outlive a request (causal-video continuation) will hold handles the same way,
-with an idle TTL. Pure bookkeeping, no torch import: unit-tested with fake buffers.
+bytes it holds and releases it when the loop ends (finish, failure, cancel). Pure
+bookkeeping, no torch import: unit-tested with fake buffers.
 
 Sessions: a handle owned by a session id instead of a request (a finished causal video's
 KV, kept so an extension can start from it). A session lives until its idle TTL passes
-(`session_ttl_s`, checked on every call: no timer thread), it is released (video deleted),
+(`session_ttl_s`, checked on every call, no timer thread here: a server calls `expire`
+on its own schedule), it is released (video deleted),
 or an allocation needs its room: then the least recently used sessions not in use are
 evicted before CacheBudgetExceeded is considered. Losing a session costs recompute,
 never correctness: its owner rebuilds the KV from stored latents.
