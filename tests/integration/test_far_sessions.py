@@ -121,6 +121,8 @@ def test_budget_pressure_evicts_sessions_instead_of_refusing(far_dir):
     probe = VideoGenerator.from_pretrained(far_dir, device="cpu", deploy=DeployConfig(kv_session_ttl_s=600))
     source = probe.generate("a red fox", **SOURCE)
     session_bytes = probe.engine.caches.bytes_in_use
+    resident = probe.generate("a cat", extend_from=source, **EXTEND)
+    assert resident.metadata["extension"]["kv"] == "resident"
     # Room for one extension's slab but not for it and the source's session together.
     budget = _peak_slab_bytes(probe, source) + session_bytes - 1
     far = VideoGenerator.from_pretrained(far_dir, device="cpu",
@@ -128,6 +130,7 @@ def test_budget_pressure_evicts_sessions_instead_of_refusing(far_dir):
     source = far.generate("a red fox", **SOURCE)
     out = far.generate("a cat", extend_from=source, **EXTEND)  # its slab evicts the source's session
     assert out.metadata["extension"]["kv"] == "rebuilt"
+    assert np.array_equal(out.frames, resident.frames)  # evicted and rebuilt: the same video
     stats = far.engine.caches.session_stats()
     assert stats["evictions"] >= 1 and far.engine.caches.bytes_in_use <= budget
 
