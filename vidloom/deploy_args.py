@@ -26,6 +26,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="KV cache (causal video) all running requests may hold together (default: no limit)")
     group.add_argument("--kv-pool-tokens", type=int, default=None, metavar="N",
                        help="chat models: tokens of paged KV cache shared by running chats (default 16384)")
+    group.add_argument("--kv-session-ttl", type=float, default=0.0, metavar="SECONDS",
+                       help="keep a finished causal video's KV resident this long for extend_from (default 0: off)")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
                        help="pixels between tile starts (default 3/4 of --vae-tile)")
@@ -61,6 +63,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         offload_idle_expert=args.offload_idle_expert,
         kv_cache_budget_bytes=None if args.kv_cache_budget_mb is None else max(1, int(args.kv_cache_budget_mb * 2**20)),
         kv_pool_tokens=args.kv_pool_tokens,
+        kv_session_ttl_s=args.kv_session_ttl,
         vae_tile=args.vae_tile,
         vae_tile_stride=args.vae_tile_stride,
         attention_backend=args.attention_backend,

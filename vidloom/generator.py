@@ -116,6 +116,7 @@ class VideoGenerator:
         video: Any = None,
         strength: float | None = None,
         guidance_scale_2: float | None = None,
+        extend_from: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -130,14 +131,24 @@ class VideoGenerator:
         (Wan2.2 A14B) checkpoints. The card says which of these it accepts (InvalidRequest names any
         other). Inputs are resized to the output size (height/width, else the card's default).
         One prompt per call: a list raises InvalidRequest("prompt").
+        extend_from (causal models: AnyFlow-FAR): a finished output of this model (or its `.session`);
+        the rollout continues after its frames under `prompt`, and the output is the source's frames
+        followed by the new ones (num_frames counts both; size and fps are the source's).
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
-            video=video, strength=strength, guidance_scale_2=guidance_scale_2,
+            video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
+
+    def release_session(self, source: Any) -> bool:
+        """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,
+        instead of at its idle TTL; it can still be extended (the KV is then rebuilt). False if none was held."""
+        session_id = getattr(getattr(source, "session", source), "session_id", source)
+        caches = getattr(self.engine, "caches", None)
+        return caches is not None and isinstance(session_id, str) and caches.release_session(session_id)
 
     def run(
         self,

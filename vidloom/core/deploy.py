@@ -51,6 +51,10 @@ class DeployConfig:
     """Tokens of KV the paged pool for chat (AR decode) holds across all running sequences (--kv-pool-tokens);
     None: 16384. Allocated once at load, inside kv_cache_budget_bytes; a chat request whose prompt + max_tokens
     do not fit in what is free is refused with CacheBudgetExceeded. Ignored by models without chat."""
+    kv_session_ttl_s: float = 0.0
+    """Seconds a finished causal video's KV stays resident for an extension (extend_from) while unused;
+    0 keeps none. Sessions count against kv_cache_budget_bytes and are evicted least recently used when
+    a new allocation needs room; an extension whose session is gone rebuilds it from the stored latents."""
     offload_idle_expert: bool = False
     """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
     host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
@@ -75,6 +79,9 @@ class DeployConfig:
         pool = self.kv_pool_tokens
         if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or pool < 16):
             raise DeployError(f"kv_pool_tokens (--kv-pool-tokens) must be an integer >= 16 (one block), got {pool!r}")
+        ttl = self.kv_session_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 <= ttl < float("inf"):
+            raise DeployError(f"kv_session_ttl_s (--kv-session-ttl) must be a finite number of seconds >= 0, got {ttl!r}")
         if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
             raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
         if self.offload_idle_expert and self.cuda_graphs:

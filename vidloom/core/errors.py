@@ -50,7 +50,7 @@ class CacheBudgetExceeded(VidloomError):
         """Bytes by default; a paged pool counts blocks and says so in `reason` (the whole message)."""
         super().__init__(reason or (
             f"the request needs {needed} bytes of KV cache but only {budget - in_use} of "
-            f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests); "
+            f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests and sessions in use); "
             "retry later, ask for fewer frames or a smaller size, or raise the budget"
         ))
         self.needed = needed

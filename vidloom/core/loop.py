@@ -95,6 +95,23 @@ class LoopContext(Protocol):
         ...
 
 
+class SessionContext(LoopContext, Protocol):
+    """What a causal loop also gets: state that outlives the request (continuation sessions)."""
+
+    @property
+    def keeps_sessions(self) -> bool:
+        """Whether the deployment keeps a finished request's KV resident (worth preparing it)."""
+        ...
+
+    def keep_session(self, nbytes: int, build: Callable[[], Any]) -> bool:
+        """Keep `build()` as this request's session (id: its request id); False when it is not kept."""
+        ...
+
+    def session(self, session_id: str) -> Any | None:
+        """A resident session's buffer (held until the loop ends), or None: rebuild it."""
+        ...
+
+
 class Loop(Protocol, Generic[S]):
     """Iterative work owned by a model. Per-request state lives in `S`, never on modules."""
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from vidloom.core.session import VideoSession
 
 
 MAX_AUDIO_CHANNELS = 2
@@ -27,6 +30,8 @@ class VideoOutput:
     metadata: dict[str, Any] = field(default_factory=dict)
     audio: np.ndarray | None = None
     sample_rate: int | None = None
+    session: VideoSession | None = field(default=None, repr=False)
+    """Causal models: what `generate(extend_from=this output)` continues from (None on other models)."""
 
     def __post_init__(self) -> None:
         f = self.frames

@@ -60,6 +60,9 @@ class GenerationRequest:
     video: Any = field(default=None, compare=False, repr=False)
     strength: float | None = None  # V2V: fraction of the schedule re-run over the input video, in (0, 1]
     guidance_scale_2: float | None = None  # two-expert models: guidance of the low-noise expert
+    # Causal video models: continue a finished video (its VideoOutput or VideoSession; the server's
+    # video id is turned into the session before resolving). See vidloom.core.session.
+    extend_from: Any = field(default=None, compare=False, repr=False)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -70,6 +73,9 @@ class GenerationRequest:
 
 def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRequest:
     """Fill defaults from `card` and validate; raises InvalidRequest naming the field."""
+    from vidloom.core.session import check_extension_guidance, extension_fields
+
+    request = dataclasses.replace(request, **extension_fields(request, card))  # before the card's defaults
     defaults = card.sampling_defaults
     filled = {
         f.name: getattr(defaults, f.name)
@@ -84,6 +90,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
         filled.update(_size_from_image(first, request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
+    check_extension_guidance(resolved)
     return resolved
 
 
@@ -129,7 +136,7 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         out["task"] = Task.V2V if r.video is not None else Task.I2V
     task = out.get("task", r.task)
     for name, needs in (("image", Task.I2V), ("video", Task.V2V)):
-        if task == needs and task in card.tasks and getattr(r, name) is None:
+        if task == needs and task in card.tasks and getattr(r, name) is None and r.extend_from is None:
             raise InvalidRequest(name, f"task {needs.value} needs a conditioning {name}")
     if "image" in out:
         _check_images(out["image"], card, task)

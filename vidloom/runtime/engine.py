@@ -10,7 +10,7 @@ from typing import Any, Callable, Generator, Mapping, TypeVar
 
 import torch
 
-from vidloom.core.errors import Cancelled
+from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
@@ -206,6 +206,29 @@ class RequestRun:
         self.hold(lambda: self.caches.release(handle))
         return buffer
 
+    @property
+    def keeps_sessions(self) -> bool:
+        """Whether the deployment keeps a finished request's KV resident (kv_session_ttl_s > 0)."""
+        return self.caches.session_ttl_s > 0
+
+    def keep_session(self, nbytes: int, build: Callable[[], Any]) -> bool:
+        """Keep `build()` as this request's session (id: the request id) past the run; False when it is not kept
+        (sessions off, or no room even after evicting idle ones: the extension then rebuilds it)."""
+        if not self.keeps_sessions:
+            return False
+        try:
+            self.caches.put_session(self.request.request_id, nbytes, build)
+        except CacheBudgetExceeded:
+            return False
+        return True
+
+    def session(self, session_id: str) -> Any | None:
+        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident."""
+        buffer = self.caches.checkout_session(session_id)
+        if buffer is not None:
+            self.hold(lambda: self.caches.checkin_session(session_id))
+        return buffer
+
     def _release_held(self, keep: int) -> None:
         while len(self._releases) > keep:
             self._releases.pop()()
@@ -309,7 +332,7 @@ class Engine(EngineDriver):
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
-        self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes)
+        self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes, instance.deploy.kv_session_ttl_s)
         # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
         self.estimator = load_estimator(instance)
         # The Python API's own bound: what the device had free once the weights were loaded, so a

@@ -10,6 +10,7 @@ import torch
 from vidloom.core.card import ModelCard
 from vidloom.core.output import VideoOutput
 from vidloom.core.request import GenerationRequest
+from vidloom.core.session import VideoSession, model_key
 from vidloom.media.video import to_uint8
 
 
@@ -35,9 +36,27 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
     }
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
+    session = None
+    if "session" in outputs:  # a causal rollout: the video can be extended
+        session = video_session(card, r, outputs["session"])
+        if outputs["session"]["resumed"]:
+            metadata["extension"] = {"extend_from": session_source(r), "kv": outputs["session"]["resumed"]}
     audio, sample_rate = output_audio(outputs)
     return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata, audio=audio,
-                       sample_rate=sample_rate)
+                       sample_rate=sample_rate, session=session)
+
+
+def video_session(card: ModelCard, r: GenerationRequest, rollout: dict[str, Any]) -> VideoSession:
+    """The finished rollout as an extension source; its id is the request id (the resident KV's owner)."""
+    return VideoSession(
+        session_id=r.request_id, model=model_key(card), latents=rollout["latents"], partition=tuple(rollout["partition"]),
+        prompt=r.prompt, negative_prompt=r.negative_prompt or "", guidance_scale=float(r.guidance_scale or 0.0),
+        height=int(r.height or 0), width=int(r.width or 0), num_frames=int(r.num_frames or 0), fps=int(r.fps or 0),
+    )
+
+
+def session_source(r: GenerationRequest) -> str | None:
+    return r.extend_from.session_id if isinstance(r.extend_from, VideoSession) else None
 
 
 def output_audio(outputs: dict[str, Any]) -> tuple[np.ndarray | None, int | None]:

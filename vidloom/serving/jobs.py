@@ -27,18 +27,22 @@ from vidloom.core.output import (
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.audio import track_of
+from vidloom.core.session import VideoSession
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
+from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.memory import request_budget
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
+from vidloom.serving.kv_metrics import register_kv_metrics
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
 from vidloom.serving.update_queue import UpdateQueue
+from vidloom.serving.video_sessions import expire_sessions, release_session, save_session
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +119,9 @@ class JobManager:
         self.limits = config.request_limits(self.card, budget)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
                                      lambda: self._engine.compile_misses)
+        self._caches: CacheManager | None = getattr(engine, "caches", None)  # KV slabs and resident sessions
+        if self._caches is not None:
+            register_kv_metrics(self.metrics.registry, self._caches)
         self._live: dict[str, _LiveJob] = {}
         self.streams = StreamFiles(self.store.videos_dir)  # the growing fMP4 of each running job
         self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
@@ -123,6 +130,7 @@ class JobManager:
         self._draining = False
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._expirer: asyncio.Task[None] | None = None  # drops idle KV sessions on time, not at the next request
         self.server_name = f"{socket.gethostname()}:{os.getpid()}"  # in logs and a fleet's /metrics
 
     def start(self) -> None:
@@ -130,6 +138,8 @@ class JobManager:
         self.adopt_requeued()
         if self.store.shared:
             self._sweeper = self._loop.create_task(self._sweep())
+        if self._caches is not None and self._caches.session_ttl_s > 0:
+            self._expirer = self._loop.create_task(expire_sessions(self._caches))
 
     async def _sweep(self) -> None:
         """Shared store: act on other servers' cancels and deletes, recover dead servers' jobs, publish metrics."""
@@ -168,8 +178,10 @@ class JobManager:
         for record in self.store.claim_requeued():
             params = dict(record.params)
             params["task"] = Task(params["task"])
-            request = GenerationRequest(prompt=record.prompt, request_id=record.id, **params)
             try:
+                if isinstance(params.get("extend_from"), str):  # its source's stored latents
+                    params["extend_from"] = VideoSession.load(self.store.latents_path(params["extend_from"]))
+                request = GenerationRequest(prompt=record.prompt, request_id=record.id, **params)
                 resolved = self._submit(request).request
             except Exception as exc:  # InvalidRequest (new limits), EngineBusy, EngineClosed
                 live = _LiveJob(record, ProgressTracker(1), time.perf_counter())
@@ -302,6 +314,7 @@ class JobManager:
         if live is not None:
             self._engine.cancel(job_id)
             self._finish(live, "cancelled")
+        release_session(self._caches, job_id)
         deleted = self.store.delete(job_id)
         self._unsaved.pop(job_id, None)
         return deleted
@@ -353,6 +366,8 @@ class JobManager:
         self._draining = self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._expirer is not None:
+            self._expirer.cancel()
         await asyncio.to_thread(self._engine.close)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -418,10 +433,12 @@ class JobManager:
             log.exception("writing the result of %s failed", job_id)
             reason = redact_paths(str(exc), str(self.store.data_dir.resolve()))
             self._finish(live, "failed", error=("output_error", f"could not write the video: {reason}"))
+            release_session(self._caches, job_id)
             return
         await self.streams.seal(job_id)
         if self._live.get(job_id) is not live:  # deleted while encoding
             self.store.remove_files(job_id)
+            release_session(self._caches, job_id)
             return
         metadata = dict(output.metadata)
         if live.record.time_to_first_chunk_s is not None:
@@ -432,6 +449,8 @@ class JobManager:
         write_png(output.frames[0], self.store.thumbnail_path(job_id))
         write_video(output.frames, output.fps, self.store.video_path(job_id),  # sound (if any) as AAC beside it
                     audio=track_of(output.audio, output.sample_rate))
+        if output.session is not None:  # a causal video: what extend_from continues from
+            save_session(self.store, job_id, output.session)
 
     def _chunk(self, live: _LiveJob, event: ChunkEvent) -> None:
         """A decoded chunk: time to the first one, the job's stream file, a `chunk` update."""
@@ -514,13 +533,15 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    media = ("image", "last_image", "video")  # not stored (a job is not re-run after a restart); noted as given
+    media = ("image", "last_image", "video", "extend_from")  # not stored; noted as given (extend_from: its id)
     params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
     params.pop("request_id")
     params.pop("image", None)  # input images are not stored with a job (video jobs take none)
     params.pop("prompt")
     params["task"] = request.task.value
     params.update({name: True for name in media if getattr(request, name) is not None})
+    if isinstance(request.extend_from, VideoSession):
+        params["extend_from"] = request.extend_from.session_id  # the source video's id
     return params
 
 

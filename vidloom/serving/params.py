@@ -71,7 +71,7 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
                             "max_frames")
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=fps,
-        request_id=new_video_id(), **_sampling(body), **media,
+        request_id=new_video_id(), **sampling_fields(body), **media,
     )
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
 
@@ -132,7 +132,7 @@ def plan_images(body: ImageGenerationBody, card: ModelCard, images: tuple[Any, .
         raise InvalidRequest("model", f"{card.model_id} serves neither text-to-image nor text-to-video")
     auto = images and body.size in (None, "auto")
     width, height = (None, None) if auto else parse_size(None if body.size == "auto" else body.size, card)
-    sampling = _sampling(body)
+    sampling = sampling_fields(body)
     requests = tuple(
         GenerationRequest(
             prompt=body.prompt, task=task, height=height, width=width, num_frames=1, image=images or None,
@@ -195,7 +195,7 @@ def format_seconds(frames: int, fps: int) -> str:
     return f"{frames / fps:.3f}".rstrip("0").rstrip(".")
 
 
-def _sampling(body: SamplingExtensions) -> dict[str, object]:
+def sampling_fields(body: SamplingExtensions) -> dict[str, object]:
     return {
         "negative_prompt": body.negative_prompt, "num_inference_steps": body.num_inference_steps,
         "guidance_scale": body.guidance_scale, "flow_shift": body.flow_shift, "sampler": body.sampler,

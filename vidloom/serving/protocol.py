@@ -49,6 +49,7 @@ class VideoCreateBody(SamplingExtensions):
     video: Any = None
     strength: ApiFloat | None = None
     guidance_scale_2: ApiFloat | None = None
+    extend_from: str | None = None  # causal models: the id of a completed video to continue (new prompt)
 
 
 class ImageGenerationBody(SamplingExtensions):

@@ -39,6 +39,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "warmup": (("deploy", "warmup_shapes"), lambda shapes: [list(s) for s in shapes]),
     "prompt_cache": (("deploy", "prompt_cache_size"), int),
     "kv_cache_budget_mb": (("deploy", "kv_cache_budget_bytes"), lambda mb: None if mb is None else max(1, int(mb * 2**20))),
+    "kv_session_ttl": (("deploy", "kv_session_ttl_s"), float),
     "sp": (("deploy", "parallel", "sp"), int),
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
 }

@@ -17,6 +17,7 @@ from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, V
 from vidloom.serving.request_body import read_body
 from vidloom.serving.sse import job_events
 from vidloom.serving.stream_route import stream_response
+from vidloom.serving.video_sessions import plan_extension
 
 router = APIRouter(prefix="/v1/videos")
 
@@ -35,7 +36,10 @@ async def create_video(request: Request) -> VideoObject:
     manager = jobs_of(request)
     body = await read_body(request, VideoCreateBody)
     with engine_errors():
-        planned = plan_video(body, manager.card, manager.limits.max_frames)
+        if body.extend_from is not None:
+            planned = plan_extension(body, manager)
+        else:
+            planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned)
     return VideoObject.from_record(record)
 

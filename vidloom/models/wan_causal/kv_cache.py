@@ -67,3 +67,25 @@ class FarKVCache:
         start = self.null - null_keys
         stop = self.null + end
         return self.keys[layer, :, start:stop], self.values[layer, :, start:stop]
+
+    def context_copy(self) -> FarKVCache:
+        """A compact copy of the valid context rows (no null rows, no room to generate): a session's KV."""
+        rows = slice(self.null, self.null + self.context_tokens)
+        return FarKVCache(self.keys[:, :, rows].clone(), self.values[:, :, rows].clone(), 0, self.context_tokens)
+
+    def load_context(self, source: FarKVCache) -> None:
+        """Take `source`'s context rows (a session's KV) as this slab's prefilled context."""
+        rows = source.context_tokens
+        if self.null + rows > self.keys.shape[2] or source.keys.shape[1] != self.keys.shape[1]:
+            raise ValueError(f"session KV of {rows} rows, batch {source.keys.shape[1]} does not fit this slab "
+                             f"{tuple(self.keys.shape)}")
+        src = slice(source.null, source.null + rows)
+        self.keys[:, :, self.null : self.null + rows] = source.keys[:, :, src]
+        self.values[:, :, self.null : self.null + rows] = source.values[:, :, src]
+        self.context_tokens = rows
+
+    @staticmethod
+    def context_bytes(keys: Tensor, rows: int) -> int:
+        """Bytes of a `context_copy` of `rows` rows of a slab whose keys are `keys`."""
+        layers, batch, _, heads, dim = keys.shape
+        return 2 * layers * batch * rows * heads * dim * keys.element_size()

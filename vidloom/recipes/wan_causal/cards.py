@@ -37,7 +37,8 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         },
         loops={"rollout": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
-        inputs=frozenset({"image", "video"}),  # a first frame (I2V) or a context clip to continue (V2V)
+        # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.
+        inputs=frozenset({"image", "video", "extend_from"}),
         size_from_inputs=True,
         precision="bfloat16",
         sampling_defaults=defaults,

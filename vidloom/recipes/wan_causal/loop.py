@@ -6,21 +6,30 @@ to the caller at once through the loop context. Conditioning chunks (I2V / V2V) 
 decoded first and never denoised. The KV slab comes from the runtime's cache manager
 at `init` and is released when the loop ends however it ends. With `kv_cache=False`
 every step recomputes the whole sequence instead (same results, no slab).
+
+Sessions (extend_from): a finished rollout can leave its KV for a continuation. When the
+deployment keeps sessions, a last plan prefills the whole video as the context of the chunk
+that would come next (under the source's text, as the rollout would have) and a compact copy
+goes to the cache manager under the request id. An extension's first chunk attends to that
+KV: copied from the resident session, or rebuilt (same ops, same inputs, so the same values)
+from the source's stored latents and prompts when it was evicted. From its second chunk on,
+every prefill re-embeds the whole context under the new prompt, as FAR does at every chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.loop import DONE, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
+from vidloom.core.session import VideoSession, extension_partition, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.vae import WanVAE
@@ -32,8 +41,11 @@ from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
 
 CHUNK_PHASE = "chunks"
 """Progress phase reported once per finished chunk (plan steps report under their loop names)."""
-PREFILL, STEP, DECODE = "kv_prefill", "rollout", "decode"
-"""Plan kinds, also their progress phases."""
+PREFILL, STEP, DECODE, SESSION = "kv_prefill", "rollout", "decode", "kv_session"
+"""Plan kinds, also their progress phases (SESSION: a session's KV built at the end, or rebuilt to extend)."""
+
+TextEncode = Callable[[str, str | None, bool], tuple[Tensor, Tensor | None]]
+"""(prompt, negative prompt, uses CFG) -> (prompt_embeds, negative_embeds or None), as the program's text node."""
 
 
 def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -47,6 +59,28 @@ def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, 
     size = max(default[1:], default=default[0])
     rest = latent_frames - first
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
+
+
+def rollout_partition(request: GenerationRequest, latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
+    """Chunks of `request`'s rollout: an extension keeps its source's chunks and appends new ones."""
+    if isinstance(request.extend_from, VideoSession):
+        return extension_partition(request.extend_from.partition, latent_frames, default)
+    return chunk_partition(latent_frames, default)
+
+
+def branch_embeds(prompt_embeds: Tensor, negative_embeds: Tensor | None) -> Tensor:
+    """CFG branches batched as the reference batches them: [uncond, cond]."""
+    return prompt_embeds if negative_embeds is None else torch.cat([negative_embeds, prompt_embeds])
+
+
+def rebuild_session_kv(
+    transformer: FarTransformer, encode: TextEncode, session: VideoSession, layout: ChunkLayout, cache: FarKVCache,
+    dtype: torch.dtype,
+) -> None:
+    """The KV a resident session would hold, from the source's latents and prompts, into `cache`."""
+    embeds = branch_embeds(*encode(session.prompt, session.negative_prompt, session.uses_cfg)).to(dtype)
+    context = session.latents[:, :, : layout.context_frames].to(cache.keys.device).to(dtype)
+    far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
 def far_step(
@@ -97,6 +131,10 @@ class FarRolloutState:
     decoded: int = 0  # chunks decoded and emitted so far
     frames: list[Tensor] | None = None  # decoded chunks, [F, H, W, 3] each
     pending: str = ""  # kind of the plan `next` returned last
+    partition: tuple[int, ...] = ()
+    session: VideoSession | None = None  # the video this rollout extends
+    resumed: str = ""  # how an extension got its source's KV: "resident" | "rebuilt"
+    session_prefilled: bool = False  # the end-of-rollout prefill for a session ran
 
 
 class FarRolloutLoop:
@@ -105,8 +143,10 @@ class FarRolloutLoop:
     name = STEP
 
     def __init__(self, transformer: FarTransformer, sampler_config: SamplerConfig, dtype: torch.dtype,
-                 kv_cache: bool = True, vae: WanVAE | None = None) -> None:
-        """`vae`: decode and emit each chunk as it finishes (and write "video"); None: latents only."""
+                 kv_cache: bool = True, vae: WanVAE | None = None, text_encode: TextEncode | None = None) -> None:
+        """`vae`: decode and emit each chunk as it finishes (and write "video"); None: latents only.
+        `text_encode`: rebuilds an evicted session's KV (extensions need it)."""
+        self.text_encode = text_encode
         self.transformer = transformer
         self.sampler_config = sampler_config
         self.dtype = dtype
@@ -122,7 +162,7 @@ class FarRolloutLoop:
         assert isinstance(sampler, FlowMapEulerSampler), "card lists only flow-map samplers"
         schedule = sampler.schedule(request.num_inference_steps)
         config = self.transformer.config
-        partition = chunk_partition(noise.shape[2], config.chunk_partition)
+        partition = rollout_partition(request, noise.shape[2], config.chunk_partition)
         layouts = [ChunkLayout.for_chunk(partition, k, (noise.shape[3], noise.shape[4]), config)
                    for k in range(len(partition))]
         starts = [sum(partition[:k]) for k in range(len(partition) + 1)]
@@ -132,6 +172,7 @@ class FarRolloutLoop:
             guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule, ctx=ctx,
             frame_starts=starts, context_chunks=first, chunk=first, reported=first,
             chunk_latents=noise[:, :, starts[first] : starts[first + 1]], sampler_state=sampler.init_state(schedule),
+            partition=partition, session=request.extend_from,
         )
         if self.vae is not None:
             state.stream, state.frames = StreamingDecode(self.vae), []
@@ -139,7 +180,24 @@ class FarRolloutLoop:
             ctx.hold(lambda: _release(state))
             state.cache = ctx.allocate(self._cache_bytes(layouts, state.text.batch),
                                        lambda: self.transformer.new_cache(layouts, state.text.batch, noise.device, self.dtype))
+        if state.session is not None:
+            self._resume(state)
         return state
+
+    def _resume(self, state: FarRolloutState) -> None:
+        """An extension: take the source's KV for the first new chunk from its resident session, if any."""
+        if state.cache is None or self.text_encode is None:
+            raise ValueError("extending a video needs the KV-cache rollout and a text encoder to rebuild sessions")
+        assert state.session is not None
+        session = getattr(state.ctx, "session", None)
+        resident = session(state.session.session_id) if session is not None else None
+        layout = state.layouts[state.chunk]
+        if (isinstance(resident, FarKVCache) and resident.context_tokens == layout.context_tokens
+                and resident.keys.shape[1] == state.cache.keys.shape[1]):
+            state.cache.load_context(resident)
+            state.prefilled, state.resumed = True, "resident"
+        else:
+            state.resumed = "rebuilt"  # the prefill plan rebuilds it first
 
     def _cache_bytes(self, layouts: list[ChunkLayout], batch: int) -> int:
         wan = self.transformer.config.wan
@@ -176,7 +234,8 @@ class FarRolloutLoop:
             # Reported here rather than in advance, so it follows the runtime's event for the chunk's last step.
             state.reported = state.chunk
             state.ctx.progress(CHUNK_PHASE, state.chunk, len(state.layouts))
-        plan = self._decode_plan(state) or self._prefill_plan(state) or self._step_plan(state)
+        plan = (self._decode_plan(state) or self._prefill_plan(state) or self._session_plan(state)
+                or self._step_plan(state))
         state.pending = plan.loop if isinstance(plan, StepPlan) else ""
         return plan
 
@@ -194,12 +253,33 @@ class FarRolloutLoop:
         layout = state.layouts[state.chunk]
         if not layout.context_frames:
             return None
+        if state.resumed == "rebuilt" and state.chunk == state.context_chunks:
+            assert state.session is not None
+            return StepPlan(loop=SESSION, index=0, total=1, call=rebuild_session_kv,
+                            inputs={"transformer": self.transformer, "encode": self.text_encode,
+                                    "session": state.session, "layout": layout, "cache": state.cache,
+                                    "dtype": self.dtype})
         first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
         return StepPlan(
             loop=PREFILL, index=state.chunk - first_prefill, total=len(state.layouts) - first_prefill,
             call=far_prefill, inputs={"transformer": self.transformer, "text": state.text, "layout": layout,
                                       "context": state.latents[:, :, : layout.context_frames], "cache": state.cache},
         )
+
+    def _session_plan(self, state: FarRolloutState) -> StepPlan | None:
+        """Once every chunk is out: the whole video prefilled as the next chunk's context, for a session."""
+        if (state.chunk < len(state.layouts) or state.cache is None or state.session_prefilled
+                or not getattr(state.ctx, "keeps_sessions", False)):
+            return None
+        return StepPlan(loop=SESSION, index=0, total=1, call=far_prefill,
+                        inputs={"transformer": self.transformer, "text": state.text, "layout": self._next_layout(state),
+                                "context": state.latents, "cache": state.cache})
+
+    def _next_layout(self, state: FarRolloutState) -> ChunkLayout:
+        """The layout of a chunk after the last (its size does not change the context it attends to)."""
+        partition = (*state.partition, state.partition[-1])
+        hw = (state.noise.shape[3], state.noise.shape[4])
+        return ChunkLayout.for_chunk(partition, len(state.partition), hw, self.transformer.config)
 
     def _step_plan(self, state: FarRolloutState) -> StepPlan | Done:
         if state.chunk >= len(state.layouts):
@@ -223,6 +303,11 @@ class FarRolloutLoop:
     def advance(self, state: FarRolloutState, result: Any) -> FarRolloutState:
         if state.pending == DECODE:
             self._emit(state, result)
+        elif state.pending == SESSION:
+            if state.chunk < len(state.layouts):
+                state.prefilled = True  # rebuilt the source's KV: the first new chunk's context
+            else:
+                state.session_prefilled = True
         elif state.pending == PREFILL:
             state.prefilled = True
         else:
@@ -251,10 +336,18 @@ class FarRolloutLoop:
             state.chunk_latents = state.noise[:, :, stop : state.frame_starts[k + 2]]
 
     def finalize(self, state: FarRolloutState) -> dict[str, Any]:
-        _release(state)
         if not torch.isfinite(state.latents).all():
+            _release(state)
             raise NonFiniteOutput.of("rollout", self.dtype)
-        out: dict[str, Any] = {"latents": state.latents.float()}
+        if state.session_prefilled and state.cache is not None:
+            slab = state.cache
+            # Only a SessionContext plans the session prefill (keeps_sessions), so only one gets here.
+            cast(SessionContext, state.ctx).keep_session(FarKVCache.context_bytes(slab.keys, slab.context_tokens),
+                                                         slab.context_copy)
+        _release(state)
+        # What an extension of this video needs (results.video_output makes it a VideoSession).
+        session = {"latents": latents_to_cpu(state.latents), "partition": state.partition, "resumed": state.resumed}
+        out: dict[str, Any] = {"latents": state.latents.float(), "session": session}
         if state.frames is not None:
             out["video"] = np.ascontiguousarray(torch.cat(state.frames).numpy())
         return out

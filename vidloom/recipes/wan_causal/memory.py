@@ -20,7 +20,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 from vidloom.recipes.wan.memory import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
-from vidloom.recipes.wan_causal.loop import chunk_partition
+from vidloom.recipes.wan_causal.loop import rollout_partition
 
 TEXT_TOKENS = 512  # the Wan text encoder's padded length
 
@@ -38,7 +38,7 @@ def rollout_layouts(instance: ModelInstance, request: GenerationRequest) -> list
     vae = instance["vae"].config
     latent_frames = (request.num_frames - 1) // vae.temporal_factor + 1
     hw = (request.height // vae.spatial_factor, request.width // vae.spatial_factor)
-    partition = chunk_partition(latent_frames, config.chunk_partition)
+    partition = rollout_partition(request, latent_frames, config.chunk_partition)
     return [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]
 
 
@@ -48,6 +48,23 @@ def kv_cache_bytes(instance: ModelInstance, request: GenerationRequest) -> int:
     branches = 2 if request.uses_cfg else 1
     return FarKVCache.bytes_needed(rollout_layouts(instance, request), wan.num_layers, branches,
                                    wan.num_attention_heads, wan.attention_head_dim, instance.dtype)
+
+
+def session_bytes(instance: ModelInstance, request: GenerationRequest) -> int:
+    """The compact KV copy a finished rollout leaves as a session (0 when the deployment keeps none).
+
+    It is taken while the slab is still held, so it adds to the request's peak.
+    """
+    if instance.deploy.kv_session_ttl_s <= 0:
+        return 0
+    config = instance["transformer"].config
+    wan, vae = config.wan, instance["vae"].config
+    chunks = rollout_layouts(instance, request)[-1].chunks
+    hw = (request.height // vae.spatial_factor, request.width // vae.spatial_factor)
+    following = ChunkLayout.for_chunk((*chunks, chunks[-1]), len(chunks), hw, config)
+    branches = 2 if request.uses_cfg else 1
+    act = torch.empty((), dtype=instance.dtype).element_size()
+    return 2 * wan.num_layers * branches * following.context_tokens * wan.num_attention_heads * wan.attention_head_dim * act
 
 
 def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) -> int:
@@ -71,4 +88,5 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     latents = LATENT_COPIES * wan.in_channels * latent_frames * (request.height // vae.spatial_factor) * (
         request.width // vae.spatial_factor) * 4
     video = request.num_frames * pixels * 3 * (4 + 1)  # float32 frames (per chunk, kept) + uint8 copy
-    return FIXED_OVERHEAD + kv_cache_bytes(instance, request) + text + max(forward, decode) + latents + video
+    kv = kv_cache_bytes(instance, request) + session_bytes(instance, request)
+    return FIXED_OVERHEAD + kv + text + max(forward, decode) + latents + video

@@ -10,6 +10,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.core.session import VideoSession
 from vidloom.media.image import fit_image
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan_causal.transformer import FarTransformer
@@ -28,12 +29,16 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     transformer: FarTransformer = instance["transformer"]
     in_channels = transformer.config.wan.in_channels
 
+    def encode(prompt: str, negative: str | None, uses_cfg: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not uses_cfg:
+            return text.encode([prompt]), None
+        both = text.encode([prompt, negative or ""])
+        return both[:1], both[1:]
+
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        if not request.uses_cfg:
-            return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
-        both = text.encode([request.prompt, request.negative_prompt or ""])
-        return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
+        prompt_embeds, negative_embeds = encode(request.prompt, request.negative_prompt, request.uses_cfg)
+        return {"prompt_embeds": prompt_embeds, "negative_embeds": negative_embeds}
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -51,6 +56,8 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
         request: GenerationRequest = slots["request"]
+        if isinstance(request.extend_from, VideoSession):  # the source's own latents: no VAE round trip
+            return {"context_latents": request.extend_from.latents.to(instance.device)}
         images = request.video if request.video is not None else request.image  # RGB PIL images
         if images is None:
             return {"context_latents": None}
@@ -64,8 +71,8 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
 
     # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
     loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
-                          vae=vae if decode else None)
-    outputs = ("video",) if decode else ("latents",)
+                          vae=vae if decode else None, text_encode=encode)
+    outputs = ("video", "session") if decode else ("latents",)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
@@ -74,7 +81,7 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
             Node(
                 "rollout",
                 reads=("request", "latents", "prompt_embeds", "negative_embeds", "context_latents"),
-                writes=("latents", "video") if decode else ("latents",),
+                writes=("latents", "video", "session") if decode else ("latents", "session"),
                 loop=loop,
             ),
         ),
