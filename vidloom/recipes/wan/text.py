@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
 
 from vidloom.core.errors import CheckpointError
+from vidloom.core.request import GenerationRequest
 
 WAN_TEXT_TOKENS = 512  # text length Wan2.1 was trained with (diffusers' default max_sequence_length)
 
@@ -36,6 +37,14 @@ def clean_prompt(text: str) -> str:
         text = ftfy.fix_text(text)
     text = html.unescape(html.unescape(text)).strip()
     return re.sub(r"\s+", " ", text).strip()
+
+
+def encode_request_prompts(text: WanTextEncoder, request: GenerationRequest) -> dict[str, torch.Tensor | None]:
+    """Slots "prompt_embeds" and "negative_embeds" (None without CFG), both prompts in one encoder call."""
+    if not request.uses_cfg:
+        return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
+    both = text.encode([request.prompt, request.negative_prompt or ""])
+    return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
 
 
 class WanTextEncoder:
