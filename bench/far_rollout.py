@@ -8,6 +8,8 @@ All on one random-weight checkpoint written by diffusers (MID below), one JSON
   alternating, best of --repeats each. Recompute re-runs the whole prefix at every step,
   so the cache should win by a factor growing with the chunk count (towards the step
   count); the token-pass model next to it is that expectation without timing noise.
+  Wall and CPU time both: with one torch thread CPU time is the work itself, while wall
+  time also counts the waits for a core that other processes hold.
 - vs diffusers: --rounds fresh processes per engine (comparable peak RSS; the order
   alternates), each loads, warms up on a 1-step request, then times the rollout alone
   (latents out) and a whole generation (frames out) of the same request; ratios
@@ -107,21 +109,36 @@ def sweep(chunk_counts: list[int], steps: int, repeats: int, threads: int) -> li
     rows = []
     for chunks in chunk_counts:
         frames = frames_for_chunks(chunks)
-        best = {True: float("inf"), False: float("inf")}
+        wall = {True: float("inf"), False: float("inf")}
+        cpu = dict(wall)
         load = os.getloadavg()[0]
         for _ in range(repeats):
             for kv, engine in engines.items():
-                start = time.perf_counter()
+                started = _clock()
                 engine.run(_request(SWEEP_SIZE, frames, steps))
-                best[kv] = min(best[kv], time.perf_counter() - start)
+                wall_s, cpu_s = _since(started)
+                wall[kv], cpu[kv] = min(wall[kv], wall_s), min(cpu[kv], cpu_s)
         passes = _token_passes(frames, steps, False) / _token_passes(frames, steps, True)
         rows.append({
-            "chunks": chunks, "frames": frames, "kv_cache_s": round(best[True], 3),
-            "recompute_s": round(best[False], 3), "recompute_over_kv": round(best[False] / best[True], 2),
+            "chunks": chunks, "frames": frames,
+            "kv_cache_s": round(wall[True], 3), "recompute_s": round(wall[False], 3),
+            "kv_cache_cpu_s": round(cpu[True], 3), "recompute_cpu_s": round(cpu[False], 3),
+            "recompute_over_kv": round(wall[False] / wall[True], 2),
+            "recompute_over_kv_cpu": round(cpu[False] / cpu[True], 2),
             "token_passes_recompute_over_kv": round(passes, 2), "loadavg_1m_at_start": round(load, 2),
         })
         print(f"sweep {rows[-1]}", file=sys.stderr, flush=True)
     return rows
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(started: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since `started`."""
+    wall, cpu = _clock()
+    return wall - started[0], cpu - started[1]
 
 
 def _token_passes(frames: int, steps: int, kv_cache: bool) -> int:
@@ -156,18 +173,20 @@ def _engine_vidloom(frames: int, steps: int, threads: int) -> dict[str, float]:
     rollout = Engine(instance, build_program(instance, decode=False))
     full = Engine(instance, build_program(instance))
     full.run(_request(ENGINE_SIZE, 5, 1))  # warm-up, decode included
-    start = time.perf_counter()
+    started = _clock()
     rollout.run(_request(ENGINE_SIZE, frames, steps))
-    rollout_s = time.perf_counter() - start
-    first: list[float] = []
+    rollout_s, rollout_cpu_s = _since(started)
+    first: list[tuple[float, float]] = []
 
     def on_event(event: Any) -> None:
         if isinstance(event, ChunkEvent) and not first:
-            first.append(time.perf_counter() - start)
+            first.append(_since(started))
 
-    start = time.perf_counter()
+    started = _clock()
     full.run(_request(ENGINE_SIZE, frames, steps), on_event=on_event)
-    return {"rollout_s": rollout_s, "full_s": time.perf_counter() - start, "first_chunk_s": first[0]}
+    full_s, full_cpu_s = _since(started)
+    return {"rollout_s": rollout_s, "full_s": full_s, "first_chunk_s": first[0][0],
+            "rollout_cpu_s": rollout_cpu_s, "full_cpu_s": full_cpu_s, "first_chunk_cpu_s": first[0][1]}
 
 
 def _engine_diffusers(frames: int, steps: int, threads: int) -> dict[str, float]:
@@ -188,13 +207,14 @@ def _engine_diffusers(frames: int, steps: int, threads: int) -> dict[str, float]
              use_kv_cache=True)
 
     run(5, 1, "np")  # warm-up, decode included
-    start = time.perf_counter()
+    started = _clock()
     run(frames, steps, "latent")
-    rollout_s = time.perf_counter() - start
-    start = time.perf_counter()
+    rollout_s, rollout_cpu_s = _since(started)
+    started = _clock()
     run(frames, steps, "np")
-    full_s = time.perf_counter() - start
-    return {"rollout_s": rollout_s, "full_s": full_s, "first_chunk_s": full_s}
+    full_s, full_cpu_s = _since(started)
+    return {"rollout_s": rollout_s, "full_s": full_s, "first_chunk_s": full_s,
+            "rollout_cpu_s": rollout_cpu_s, "full_cpu_s": full_cpu_s, "first_chunk_cpu_s": full_cpu_s}
 
 
 def engine_worker(engine: str, frames: int, steps: int, threads: int) -> None:
@@ -218,11 +238,20 @@ def engines(frames: int, steps: int, threads: int, rounds: int, max_wait: float)
             result = {k: round(v, 3) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
             runs.append({"engine": engine, "busy_at_start": busy, "loadavg_1m_at_start": round(load, 2), **result})
             print(f"engine {runs[-1]}", file=sys.stderr, flush=True)
-    keys = ("rollout_s", "full_s", "first_chunk_s", "peak_rss_mib")
+    return {"frames": frames, "chunks": _chunks(frames), "runs": runs, **summarize(runs)}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each engine's best of every measure, their ratios, and first chunk over total per vidloom run."""
+    keys = ("rollout_s", "full_s", "first_chunk_s", "rollout_cpu_s", "full_cpu_s", "first_chunk_cpu_s", "peak_rss_mib")
     best = {engine: {k: min(r[k] for r in runs if r["engine"] == engine) for k in keys} for engine in ENGINES}
-    ratios = {f"diffusers_over_vidloom_{k}": round(best["diffusers"][k] / best["vidloom"][k], 2) for k in keys}
-    ratios["vidloom_first_chunk_over_total"] = round(best["vidloom"]["first_chunk_s"] / best["vidloom"]["full_s"], 3)
-    return {"frames": frames, "chunks": _chunks(frames), "runs": runs, "best": best, "ratios": ratios}
+    ratios: dict[str, Any] = {f"diffusers_over_vidloom_{k}": round(best["diffusers"][k] / best["vidloom"][k], 2)
+                              for k in keys}
+    # Time to first chunk against the total of the same request: per run, never mixed across runs.
+    ours = [r for r in runs if r["engine"] == "vidloom"]
+    ratios["vidloom_first_chunk_over_total"] = [round(r["first_chunk_s"] / r["full_s"], 3) for r in ours]
+    ratios["vidloom_first_chunk_over_total_cpu"] = [round(r["first_chunk_cpu_s"] / r["full_cpu_s"], 3) for r in ours]
+    return {"best": best, "ratios": ratios}
 
 
 def _chunks(frames: int) -> int:
@@ -275,15 +304,19 @@ def main() -> None:
 
 def _print(payload: dict[str, Any]) -> None:
     if "cache_sweep" in payload:
-        print_table(["chunks", "frames", "KV cache s", "recompute s", "recompute/KV", "token passes ratio"],
-                    [[r["chunks"], r["frames"], f"{r['kv_cache_s']:.2f}", f"{r['recompute_s']:.2f}",
-                      f"{r['recompute_over_kv']:.2f}", f"{r['token_passes_recompute_over_kv']:.2f}"]
-                     for r in payload["cache_sweep"]["rows"]])
+        print_table(["chunks", "frames", "KV cache s (CPU)", "recompute s (CPU)", "recompute/KV (CPU)",
+                     "token passes ratio"],
+                    [[r["chunks"], r["frames"], f"{r['kv_cache_s']:.2f} ({r['kv_cache_cpu_s']:.2f})",
+                      f"{r['recompute_s']:.2f} ({r['recompute_cpu_s']:.2f})",
+                      f"{r['recompute_over_kv']:.2f} ({r['recompute_over_kv_cpu']:.2f})",
+                      f"{r['token_passes_recompute_over_kv']:.2f}"] for r in payload["cache_sweep"]["rows"]])
     if "vs_diffusers" in payload:
         block = payload["vs_diffusers"]
-        print_table(["engine", "rollout s", "full s", "first chunk s", "peak RSS MiB"],
-                    [[r["engine"], f"{r['rollout_s']:.2f}", f"{r['full_s']:.2f}", f"{r['first_chunk_s']:.2f}",
-                      f"{r['peak_rss_mib']:.0f}"] for r in block["runs"]])
+        print_table(["engine", "rollout s (CPU)", "full s (CPU)", "first chunk s (CPU)", "peak RSS MiB"],
+                    [[r["engine"], f"{r['rollout_s']:.2f} ({r['rollout_cpu_s']:.2f})",
+                      f"{r['full_s']:.2f} ({r['full_cpu_s']:.2f})",
+                      f"{r['first_chunk_s']:.2f} ({r['first_chunk_cpu_s']:.2f})", f"{r['peak_rss_mib']:.0f}"]
+                     for r in block["runs"]])
         print(json.dumps(block["ratios"], indent=1))
 
 if __name__ == "__main__":
