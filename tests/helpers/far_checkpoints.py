@@ -3,7 +3,11 @@
 Random init leaves the conditioning paths nearly inert (zero-initialised projections,
 small embeddings), so a parity test could pass with a broken timestep or context
 path. `perturb_far` adds noise everywhere and scales the embedding paths up so a
-wrong (t, r), text or context moves the output clearly.
+wrong (t, r), text or context moves the output clearly. It also sharpens
+self-attention (q/k norm gains x2): at tiny sizes the generated chunk's queries see
+~100 all-zero padding keys (ChunkLayout.null_keys) next to a few dozen real ones, and
+with random-init logits a broken far-context path (compressed RoPE pooling, token
+order) then moved the video by ~2 uint8 levels; with sharper logits, by 20+.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ FAR_CONFIGS = (FAR_A, FAR_B)
 
 # Modules whose outputs carry the conditioning: scaled so a wrong input moves the output.
 _SCALED = ("patch_embedding", "far_patch_embedding", "condition_embedder", "scale_shift_table")
+# Self-attention q/k RMSNorm gains: x2 multiplies every self-attention logit by 4.
+_SHARPENED = (".attn1.norm_q.", ".attn1.norm_k.")
 
 
 def perturb_far(model: torch.nn.Module, seed: int, scale: float = 3.0) -> torch.nn.Module:
@@ -65,6 +71,8 @@ def perturb_far(model: torch.nn.Module, seed: int, scale: float = 3.0) -> torch.
             p.add_(torch.randn(p.shape, generator=g) * 0.1)
             if name.startswith(_SCALED) or ".scale_shift_table" in name:
                 p.mul_(scale)
+            if any(part in name for part in _SHARPENED):
+                p.mul_(2.0)
     return model
 
 

@@ -237,8 +237,9 @@ def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
     assert np.abs(t2v - expected).max() > 0.1
 
 
-def test_i2v_float_frames_match_the_pipeline(far_dirs):
-    spec, kw = CASES["b_tall_cfg"]
+@pytest.mark.parametrize("case", ["a_wide_no_cfg", "b_tall_cfg"])
+def test_i2v_float_frames_match_the_pipeline(far_dirs, case):
+    spec, kw = CASES[case]
     folder = far_dirs[spec.name]
     generator = VideoGenerator.from_pretrained(folder, device="cpu")
     image = _image(kw, seed=12)
@@ -246,14 +247,21 @@ def test_i2v_float_frames_match_the_pipeline(far_dirs):
     got = generator.engine.run(request)["video"]
     expected = _reference(folder, generator.engine.instance["transformer"].config.chunk_partition, kw, image=image)
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
 
 
-def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs):
-    # FAR_B's partition (1, 1, 2, 1): a 5-frame clip is 2 latent frames = the first two chunks.
-    spec, kw = CASES["b_tall_cfg"]
+# A 5-frame clip is 2 latent frames. FAR_B (1, 1, 2, 1): the first two chunks are context,
+# chunks 2 and 3 are generated. FAR_A (1, 2, 2): the clip reaches into chunk 1, so chunks 0
+# and 1 are context (chunk 1's second frame stays zero, as in the reference), chunk 2 generated.
+V2V_CASES = {"b_tall_cfg": 2, "a_wide_no_cfg": 1}
+
+
+@pytest.mark.parametrize("case", list(V2V_CASES))
+def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs, case):
+    spec, kw = CASES[case]
     folder = far_dirs[spec.name]
     generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    partition = generator.engine.instance["transformer"].config.chunk_partition
     clip = np.stack([np.roll(_image(kw, seed=20), shift * 3, axis=1) for shift in range(5)])
     from diffusers import AnyFlowFARPipeline
 
@@ -262,16 +270,20 @@ def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs):
     expected = pipe(
         prompt=PROMPT, negative_prompt=NEGATIVE, video=torch.from_numpy(clip.astype(np.float32) / 255).permute(0, 3, 1, 2)[None],
         height=kw["height"], width=kw["width"], num_frames=kw["num_frames"], num_inference_steps=kw["steps"],
-        guidance_scale=kw["guidance"], chunk_partition=[1, 1, 2, 1], generator=torch.Generator("cpu").manual_seed(kw["seed"]),
-        output_type="np", use_kv_cache=True,
+        guidance_scale=kw["guidance"], chunk_partition=list(partition),
+        generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np", use_kv_cache=True,
     ).frames[0]
     events: list = []
     request = dataclasses.replace(_request(kw), task=Task.V2V, video=clip)
     got = generator.engine.run(request, on_event=events.append)["video"]
-    events = [e for e in events if isinstance(e, ProgressEvent)]
+    progress = [e for e in events if isinstance(e, ProgressEvent)]
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
-    assert len([e for e in events if e.phase == "rollout"]) == 2 * kw["steps"]  # chunks 2 and 3 only
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
+    assert len([e for e in progress if e.phase == "rollout"]) == V2V_CASES[case] * kw["steps"]  # generated chunks only
+    # The context chunks stream too (their reconstruction), so the chunks still cover the whole video.
+    streamed = [e.chunk for e in events if isinstance(e, ChunkEvent)]
+    assert [c.index for c in streamed] == list(range(len(partition)))
+    assert np.array_equal(np.concatenate([c.frames for c in streamed]), to_uint8(got))
     # The public API takes the clip as a list of frames and gives the same video.
     video = generator.generate(PROMPT, negative_prompt=NEGATIVE, video=list(clip), num_frames=kw["num_frames"],
                                num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"])
@@ -296,6 +308,43 @@ def test_generate_stream_yields_chunks_while_the_rollout_runs(far_dirs):
     whole = generator.generate(PROMPT, negative_prompt=NEGATIVE, **fields)
     assert np.array_equal(np.concatenate([e.chunk.frames for e, _ in chunks]), whole.frames)
     assert chunks[-1][0].seconds()[1] == pytest.approx(kw["num_frames"] / 16)
+
+
+@pytest.mark.parametrize("case", ["b_tall_cfg", "a_derived_partition"])
+def test_chunk_by_chunk_decode_equals_whole_latent_decode(far_dirs, case):
+    # The loop decodes each chunk as it finishes, carrying the VAE's causal state across chunks;
+    # decoding the finished latents in one call must give the same frames, bit for bit.
+    spec, kw = CASES[case]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")
+    vae = generator.engine.instance["vae"]
+    streamed = generator.engine.run(_request(kw))["video"]
+    latents = _latents_engine(generator, kv_cache=True).run(_request(kw))["latents"]
+    with torch.no_grad():
+        whole = vae.decode(vae.denormalize_latents(latents))
+    frames = (whole[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).numpy()
+    assert frames.shape == streamed.shape and frames.std() > 1e-2
+    assert np.array_equal(streamed, frames)
+
+
+def test_streamed_chunks_are_the_saved_mp4s_frames(far_dirs, tmp_path):
+    from vidloom.media.video import read_video
+
+    spec, kw = CASES["b_tall_cfg"]
+    generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")
+    fields = dict(negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"], num_frames=kw["num_frames"],
+                  num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], seed=kw["seed"])
+    chunks = [event.chunk for event in generator.generate_stream(PROMPT, **fields)]
+    streamed = np.concatenate([c.frames for c in chunks])
+    video = generator.generate(PROMPT, **fields)
+    assert np.array_equal(streamed, video.frames)
+    decoded, fps = read_video(video.save(tmp_path / "far.mp4"))
+    assert decoded.shape == streamed.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
+    assert fps == 16
+    # H.264 is lossy (~22 dB on these noisy frames), but each decoded frame is still nearest
+    # to its own streamed frame: a dropped, repeated or reordered chunk would break that.
+    flat = [f.reshape(len(f), -1).astype(np.float32) for f in (decoded, streamed)]
+    distance = np.abs(flat[0][:, None, :] - flat[1][None, :, :]).mean(-1)
+    assert list(distance.argmin(axis=1)) == list(range(len(streamed)))
 
 
 def test_stopping_a_stream_early_releases_its_kv_cache(far_dirs):

@@ -8,14 +8,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps, shift_sigmas
-
-
-@dataclass(frozen=True)
-class FlowEulerState:
-    """Euler keeps no history, so a request's state is only its schedule."""
-
-    schedule: Schedule
+from vidloom.diffusion.sampler import SamplerConfig, Schedule, ScheduleState, check_index, check_num_steps, shift_sigmas
 
 
 @dataclass(frozen=True)
@@ -40,18 +33,17 @@ class FlowEulerSampler:
         # the two place interior points with different rounding).
         t_grid = np.linspace(sigma_max * n_train, sigma_min * n_train, num_steps)
         sigmas = torch.from_numpy(shift_sigmas(t_grid / n_train, shift)).to(torch.float32)
-        # Timesteps are recomputed from the float32 sigmas and stay float32 (no rounding to ints).
-        timesteps = sigmas * n_train
-        return Schedule(timesteps=timesteps, sigmas=torch.cat([sigmas, torch.zeros(1)]))
+        # Timesteps are recomputed from the float32 sigmas and stay float32.
+        return Schedule.from_sigmas(sigmas, n_train)
 
     def init_state(
         self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None
-    ) -> FlowEulerState:
+    ) -> ScheduleState:
         check_index(schedule, start)  # Euler is one-step: starting later needs no other state
-        return FlowEulerState(schedule=schedule)
+        return ScheduleState(schedule=schedule)
 
     def step(
-        self, state: FlowEulerState, index: int, model_output: torch.Tensor, sample: torch.Tensor
+        self, state: ScheduleState, index: int, model_output: torch.Tensor, sample: torch.Tensor
     ) -> torch.Tensor:
         check_index(state.schedule, index)
         sigmas = state.schedule.sigmas

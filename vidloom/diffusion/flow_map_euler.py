@@ -12,14 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps, shift_sigmas
-
-
-@dataclass(frozen=True)
-class FlowMapEulerState:
-    """Flow-map Euler keeps no history; a request's state is its schedule."""
-
-    schedule: Schedule
+from vidloom.diffusion.sampler import SamplerConfig, Schedule, ScheduleState, check_index, check_num_steps, shift_sigmas
 
 
 @dataclass(frozen=True)
@@ -35,19 +28,21 @@ class FlowMapEulerSampler:
         sigmas = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)[:-1]
         if self.config.shift != 1.0:  # the reference skips the (exact) identity shift
             sigmas = shift_sigmas(sigmas, self.config.shift)
-        sigmas = torch.cat([sigmas, sigmas.new_zeros(1)])
-        return Schedule(timesteps=sigmas[:-1] * self.config.num_train_timesteps, sigmas=sigmas)
+        return Schedule.from_sigmas(sigmas, self.config.num_train_timesteps)
 
     def target_timestep(self, schedule: Schedule, index: int) -> torch.Tensor:
         """The timestep r that step `index` lands on (the flow map's second input), float64 0-dim."""
         check_index(schedule, index)
         return schedule.sigmas[index + 1] * self.config.num_train_timesteps
 
-    def init_state(self, schedule: Schedule) -> FlowMapEulerState:
-        return FlowMapEulerState(schedule=schedule)
+    def init_state(
+        self, schedule: Schedule, start: int = 0, generator: torch.Generator | None = None
+    ) -> ScheduleState:
+        check_index(schedule, start)  # one-step, as Euler: starting later needs no other state
+        return ScheduleState(schedule=schedule)
 
     def step(
-        self, state: FlowMapEulerState, index: int, model_output: torch.Tensor, sample: torch.Tensor
+        self, state: ScheduleState, index: int, model_output: torch.Tensor, sample: torch.Tensor
     ) -> torch.Tensor:
         """z_r = z_t - (sigma_t - sigma_r) * u, computed in float64 and rounded once to the model's dtype."""
         check_index(state.schedule, index)

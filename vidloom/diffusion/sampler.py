@@ -157,9 +157,25 @@ class Schedule:
                 f"got shape {tuple(self.sigmas.shape)}"
             )
 
+    @classmethod
+    def from_sigmas(cls, sigmas: torch.Tensor, num_train_timesteps: int) -> Schedule:
+        """The schedule through noise levels `sigmas` (high to low, no final zero), ending at sigma 0.
+
+        The model sees timesteps sigma * num_train_timesteps in the sigmas' own dtype (no
+        rounding to integers), as diffusers' flow-matching Euler schedulers give them.
+        """
+        return cls(timesteps=sigmas * num_train_timesteps, sigmas=torch.cat([sigmas, sigmas.new_zeros(1)]))
+
     @property
     def num_steps(self) -> int:
         return int(self.timesteps.shape[0])
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """The state of a one-step sampler (Euler, flow-map Euler): no history, only the request's schedule."""
+
+    schedule: Schedule
 
 
 @runtime_checkable

@@ -92,6 +92,15 @@ class WanVAEConfig:
         """Video frames per latent frame, after the first (which maps to one frame)."""
         return 2 ** sum(self.temporal_downsample)
 
+    def latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a `num_frames` video: the first frame is one, then one per `temporal_factor`."""
+        return (num_frames - 1) // self.temporal_factor + 1
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int, int]:
+        """[1, z_dim, T, h, w]: the latents of one video of that size."""
+        factor = self.spatial_factor
+        return (1, self.z_dim, self.latent_frames(num_frames), height // factor, width // factor)
+
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> WanVAEConfig:
         """Read a diffusers AutoencoderKLWan config.json dict (Wan2.1 or Wan2.2 layout)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,14 @@ from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransfor
 
 DIFFUSERS_CLASS_NAME = "AnyFlowFARTransformer3DModel"
 DELTA_TIME_TYPES = ("r", "t-r")
+# Every argument of diffusers' AnyFlowFARTransformer3DModel.__init__ (0.42). A key outside this
+# set is a setting we do not know the meaning of; refusing it beats running a checkpoint wrong.
+_WAN_KEYS = frozenset({
+    "patch_size", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim",
+    "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "eps", "rope_max_seq_len",
+})
+_FAR_KEYS = frozenset({"compressed_patch_size", "full_chunk_limit", "gate_value", "deltatime_type", "chunk_partition"})
+CONFIG_KEYS = _WAN_KEYS | _FAR_KEYS | {"image_dim"}
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,13 @@ class FarTransformerConfig:
                 f"transformer config image_dim={cfg['image_dim']!r}: CLIP image conditioning is not "
                 "implemented for FAR (its I2V conditions on context frames instead)"
             )
-        wan_keys = {f.name for f in dataclasses.fields(WanTransformerConfig)} - {"qk_norm"}
-        wan_cfg = {k: v for k, v in cfg.items() if k in wan_keys}
+        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in CONFIG_KEYS)
+        if unknown:
+            raise CheckpointError(
+                f"transformer config {unknown[0]}={cfg[unknown[0]]!r}: not a {DIFFUSERS_CLASS_NAME} setting "
+                f"vidloom knows (all unknown: {', '.join(unknown)})"
+            )
+        wan_cfg = {k: v for k, v in cfg.items() if k in _WAN_KEYS}
         defaults = cls(wan=WanTransformerConfig())
         try:
             wan = WanTransformerConfig.from_diffusers(wan_cfg)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from vidloom.core.errors import InvalidRequest
 from vidloom.models.wan.transformer import rope_tables
 from vidloom.models.wan_causal.config import FarTransformerConfig
 
@@ -50,6 +51,7 @@ class ChunkLayout:
         _, c_h, c_w = config.compressed_patch_size
         if height % p_h or width % p_w:
             raise ValueError(f"latent size {latent_hw} is not divisible by patch_size {config.wan.patch_size}")
+        _check_rope_range((sum(partition), height // p_h, width // p_w), config.wan.rope_max_seq_len)
         chunks = tuple(partition[: index + 1])
         return cls(
             chunks=chunks,
@@ -146,6 +148,15 @@ class ChunkLayout:
             return full
         comp = compressed_rope_tables((self.compressed_frames, *self.compressed_grid), head_dim, downscale, device)
         return torch.cat([comp[0], full[0]]), torch.cat([comp[1], full[1]])
+
+
+def _check_rope_range(grid: tuple[int, int, int], limit: int) -> None:
+    """The reference's RoPE tables stop at rope_max_seq_len positions per axis (it fails past them)."""
+    for field, extent in zip(("num_frames", "height", "width"), grid):
+        if extent > limit:
+            raise InvalidRequest(
+                field, f"{extent} latent positions along {field} exceed the checkpoint's rope_max_seq_len={limit}"
+            )
 
 
 def compressed_rope_tables(

@@ -14,6 +14,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
+from vidloom.diffusion.noise import initial_noise
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.flux2.vae import Flux2VAE
 from vidloom.recipes.flux2.loop import Flux2DenoiseLoop, Flux2Tokens
@@ -58,9 +59,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         h, w = request.height // multiple, request.width // multiple
-        # Seeding rule shared with diffusers: CPU generator, float32 standard normal, then packed.
-        generator = torch.Generator("cpu").manual_seed(request.seed)
-        noise = torch.randn((1, channels, h, w), generator=generator, dtype=torch.float32)
+        noise, _ = initial_noise((1, channels, h, w), request.seed)  # then packed into tokens
         packed = noise.flatten(2).transpose(1, 2).to(device)  # [1, h*w, C]
         tokens = token_layout(h, w, slots["prompt_embeds"].shape[1], slots.get("references") or [], device)
         return {"latents": packed, "tokens": tokens}

@@ -47,7 +47,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     dit = instance["transformer"].config
     vae = instance["vae"].config
     act = torch.empty((), dtype=instance.dtype).element_size()
-    latent_frames = (request.num_frames - 1) // vae.temporal_factor + 1
+    latent_frames = vae.latent_frames(request.num_frames)
     latent_h, latent_w = request.height // vae.spatial_factor, request.width // vae.spatial_factor
     _, p_h, p_w = dit.patch_size
     tokens = latent_frames * (latent_h // p_h) * (latent_w // p_w)

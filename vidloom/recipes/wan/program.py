@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-import torch
-
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
+from vidloom.diffusion.noise import initial_noise
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
@@ -23,7 +22,7 @@ from vidloom.recipes.wan.conditioning import (
     wan21_condition,
 )
 from vidloom.recipes.wan.loop import WanDenoiseLoop
-from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan.text import WanTextEncoder, encode_request_prompts
 
 
 def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:
@@ -33,15 +32,10 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     transformer = instance["transformer"]
     pipeline: WanPipelineConfig = instance.components.get("wan_pipeline", WanPipelineConfig())
     image_encoder = instance.components.get("image_encoder")  # Wan2.1 I2V checkpoints only
-    latent_channels = vae.config.z_dim
     tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        request: GenerationRequest = slots["request"]
-        if not request.uses_cfg:
-            return {"prompt_embeds": text.encode([request.prompt]), "negative_embeds": None}
-        both = text.encode([request.prompt, request.negative_prompt or ""])
-        return {"prompt_embeds": both[:1], "negative_embeds": both[1:]}
+        return encode_request_prompts(text, slots["request"])
 
     def encode_image(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -56,7 +50,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         if request.image is None:
             return {"condition": None, "frame_mask": None}
         if pipeline.expand_timesteps:
-            latent_frames = (request.num_frames - 1) // vae.config.temporal_factor + 1
+            latent_frames = vae.config.latent_frames(request.num_frames)
             condition, mask = first_frame_condition(vae, request.image[0], latent_frames, request.height, request.width)
             return {"condition": condition.to(instance.device), "frame_mask": mask.to(instance.device)}
         condition = wan21_condition(
@@ -73,16 +67,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        shape = (
-            1,
-            latent_channels,
-            (request.num_frames - 1) // vae.config.temporal_factor + 1,
-            request.height // vae.config.spatial_factor,
-            request.width // vae.config.spatial_factor,
-        )
-        # Seeding rule shared with diffusers: CPU generator, float32 standard normal.
-        generator = torch.Generator("cpu").manual_seed(request.seed)
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+        noise, generator = initial_noise(vae.config.latent_shape(request.num_frames, request.height, request.width),
+                                         request.seed)
         # The same generator goes on to the loop: stochastic samplers (DMD's re-noising) continue its stream.
         return {"latents": noise.to(instance.device), "generator": generator}
 

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
 
 from vidloom.core.errors import CheckpointError
+from vidloom.core.request import GenerationRequest
 
 WAN_TEXT_TOKENS = 512  # text length Wan2.1 was trained with (diffusers' default max_sequence_length)
 
@@ -36,6 +37,22 @@ def clean_prompt(text: str) -> str:
         text = ftfy.fix_text(text)
     text = html.unescape(html.unescape(text)).strip()
     return re.sub(r"\s+", " ", text).strip()
+
+
+def encode_prompt_pair(
+    text: WanTextEncoder, prompt: str, negative: str | None, uses_cfg: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prompt and negative-prompt embeddings (None without CFG), both prompts in one encoder call."""
+    if not uses_cfg:
+        return text.encode([prompt]), None
+    both = text.encode([prompt, negative or ""])
+    return both[:1], both[1:]
+
+
+def encode_request_prompts(text: WanTextEncoder, request: GenerationRequest) -> dict[str, torch.Tensor | None]:
+    """Slots "prompt_embeds" and "negative_embeds" of a request."""
+    prompt_embeds, negative_embeds = encode_prompt_pair(text, request.prompt, request.negative_prompt, request.uses_cfg)
+    return {"prompt_embeds": prompt_embeds, "negative_embeds": negative_embeds}
 
 
 class WanTextEncoder:

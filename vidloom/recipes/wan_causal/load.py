@@ -46,6 +46,8 @@ def load_instance(
         check_fp8_compute(device, compute)  # before any weight reaches the device, as for Wan
 
     config = FarTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+    # Before any weight is read. AutoencoderKLWan's default z_dim is 16.
+    _check_channels(config, int(ckpt.component_config("vae").get("z_dim", 16)))
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
     transformer = materialize(lambda: FarTransformer(config, attention_fn), device, compute, FarTransformer.KEEP_FP32)
     load_weights(transformer, ckpt.component_dir("transformer"), FAR_TRANSFORMER_NAME_MAP)
@@ -66,3 +68,11 @@ def load_instance(
         checkpoint_dir=str(ckpt.root),
         deploy=deploy,
     )
+
+
+def _check_channels(config: FarTransformerConfig, z_dim: int) -> None:
+    """The rollout feeds the transformer VAE latents and adds its prediction to them: all one width."""
+    wan = config.wan
+    for key, value in (("in_channels", wan.in_channels), ("out_channels", wan.out_channels)):
+        if value != z_dim:
+            raise CheckpointError(f"transformer config {key}={value}: must equal the VAE's z_dim={z_dim}")

@@ -36,7 +36,7 @@ def rollout_layouts(instance: ModelInstance, request: GenerationRequest) -> list
     """The chunk layouts the rollout of `request` (resolved) will use."""
     config = instance["transformer"].config
     vae = instance["vae"].config
-    latent_frames = (request.num_frames - 1) // vae.temporal_factor + 1
+    latent_frames = vae.latent_frames(request.num_frames)
     hw = (request.height // vae.spatial_factor, request.width // vae.spatial_factor)
     partition = rollout_partition(request, latent_frames, config.chunk_partition)
     return [ChunkLayout.for_chunk(partition, k, hw, config) for k in range(len(partition))]

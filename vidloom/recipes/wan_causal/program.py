@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
@@ -11,10 +12,11 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession
+from vidloom.diffusion.noise import initial_noise
 from vidloom.media.image import fit_image
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan_causal.transformer import FarTransformer
-from vidloom.recipes.wan.text import WanTextEncoder
+from vidloom.recipes.wan.text import WanTextEncoder, encode_prompt_pair, encode_request_prompts
 from vidloom.recipes.wan_causal.loop import FarRolloutLoop
 
 
@@ -27,31 +29,16 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer: FarTransformer = instance["transformer"]
-    in_channels = transformer.config.wan.in_channels
-
-    def encode(prompt: str, negative: str | None, uses_cfg: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not uses_cfg:
-            return text.encode([prompt]), None
-        both = text.encode([prompt, negative or ""])
-        return both[:1], both[1:]
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        request: GenerationRequest = slots["request"]
-        prompt_embeds, negative_embeds = encode(request.prompt, request.negative_prompt, request.uses_cfg)
-        return {"prompt_embeds": prompt_embeds, "negative_embeds": negative_embeds}
+        return encode_request_prompts(text, slots["request"])
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        shape = (
-            1,
-            in_channels,
-            (request.num_frames - 1) // vae.config.temporal_factor + 1,
-            request.height // vae.config.spatial_factor,
-            request.width // vae.config.spatial_factor,
-        )
-        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the whole video.
-        generator = torch.Generator("cpu").manual_seed(request.seed)
-        return {"latents": torch.randn(shape, generator=generator, dtype=torch.float32).to(instance.device)}
+        # The whole video's noise at once, as the reference draws it (the load checked in_channels == z_dim).
+        noise, _ = initial_noise(vae.config.latent_shape(request.num_frames, request.height, request.width),
+                                 request.seed)
+        return {"latents": noise.to(instance.device)}
 
     def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
@@ -71,7 +58,7 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
 
     # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
     loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
-                          vae=vae if decode else None, text_encode=encode)
+                          vae=vae if decode else None, text_encode=partial(encode_prompt_pair, text))
     outputs = ("video", "session") if decode else ("latents",)
     return Program(
         nodes=(
