@@ -1,0 +1,29 @@
+"""Load the generation side of a Cosmos3 Omni folder: the vision/sound pathways, the Wan2.2 VAE, UniPC settings.
+
+The text backbone is the one the chat side already loaded (`load.load_text_model`): the generator
+reads only the generation pathways' tensors, so one copy of the shared weights serves both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
+from vidloom.models.cosmos3.generation import GEN_NAME_MAP, Cosmos3Generator, is_vision_sound_key
+
+# diffusers keeps the timestep MLP in float32 (`_keep_in_fp32_modules`); so do we, so bf16 runs match it.
+KEEP_FP32 = frozenset({"time_in", "time_out"})
+
+
+def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Generator:
+    """The vision (and sound) pathways of a diffusers `transformer/` folder."""
+    raw = DiffusersDir.open(folder.parent).component_config(folder.name)
+    config = Cosmos3GenConfig.from_transformer_config(raw)
+    model = materialize(lambda: Cosmos3Generator(config), device, dtype, KEEP_FP32)
+    load_weights(model, folder, GEN_NAME_MAP, skip=lambda key: not is_vision_sound_key(key))
+    return model.eval()
