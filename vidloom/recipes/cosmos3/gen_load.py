@@ -7,6 +7,7 @@ reads only the generation pathways' tensors, so one copy of the shared weights s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,6 +16,8 @@ from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.models.cosmos3.generation import GEN_NAME_MAP, Cosmos3Generator, is_vision_sound_key
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.wan.load import load_sampler_config
 
 # diffusers keeps the timestep MLP in float32 (`_keep_in_fp32_modules`); so do we, so bf16 runs match it.
 KEEP_FP32 = frozenset({"time_in", "time_out"})
@@ -27,3 +30,11 @@ def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Co
     model = materialize(lambda: Cosmos3Generator(config), device, dtype, KEEP_FP32)
     load_weights(model, folder, GEN_NAME_MAP, skip=lambda key: not is_vision_sound_key(key))
     return model.eval()
+
+
+def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype) -> dict[str, Any]:
+    """The components generation adds to the chat ones: generator, VAE (float32, on `device`), sampler config."""
+    generator = load_generator(ckpt.component_dir("transformer"), device, compute)
+    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    return {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": load_sampler_config(ckpt)}
