@@ -49,7 +49,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         components=components,
         loops=loops,
         tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
-        inputs=frozenset({"image"}) if generates else frozenset(),
+        inputs=frozenset({"image", "reason"}) if generates else frozenset(),
         precision="bfloat16",
         sampling_defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),

@@ -21,8 +21,10 @@ from vidloom.core.request import GenerationRequest
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
+from vidloom.decoding.loop import ARDecodeLoop
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
 from vidloom.recipes.cosmos3.prompts import Shape, generation_ids
+from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS, ReasonLoop
 
 
 def uses_guidance(request: GenerationRequest) -> bool:
@@ -50,18 +52,26 @@ def first_frame(image: Any, height: int, width: int) -> Tensor:
     return pixels.round().clamp(0, 255) / 127.5 - 1.0
 
 
-def generation_nodes(instance: ModelInstance, cache_prefix: bool = True) -> tuple[Node, ...]:
-    """The nodes of a generation request over `instance`'s resident backbone, generator and VAE."""
+def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefix: bool = True,
+                     reason_max_tokens: int = REASON_MAX_TOKENS) -> tuple[Node, ...]:
+    """The nodes of a generation request over `instance`'s resident backbone, generator and VAE.
+
+    `ar_loop` is the card's chat loop: with `reason`, it writes the prompt generation starts from.
+    """
     tokenizer = instance["tokenizer"]
     generator: Cosmos3Generator = instance["generator"]
     vae: WanVAE = instance["vae"]
     device = instance.device
     temporal = vae.config.temporal_factor
 
+    def no_reasoning(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"reasoned_prompt": None, "reasoned_ids": None}
+
     def tokenize(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         shape = shape_of(request)
-        ids = [generation_ids(tokenizer, request.prompt, shape)]
+        prompt = slots["reasoned_prompt"] if slots["reasoned_prompt"] is not None else request.prompt
+        ids = [generation_ids(tokenizer, prompt, shape)]
         if uses_guidance(request):
             ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True))
         return {"prompt_ids": ids}
@@ -101,8 +111,12 @@ def generation_nodes(instance: ModelInstance, cache_prefix: bool = True) -> tupl
 
     loop = Cosmos3DenoiseLoop(instance["transformer"], generator, instance["sampler_config"], instance.dtype,
                               cache_prefix=cache_prefix)
+    reasoner = ReasonLoop(ar_loop, device, instance.dtype, reason_max_tokens)
+    reasoned = ("reasoned_prompt", "reasoned_ids")
     return (
-        Node("tokenize", reads=("request",), writes=("prompt_ids",), run=tokenize),
+        Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),
+        Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.reason),
+        Node("tokenize", reads=("request", "reasoned_prompt"), writes=("prompt_ids",), run=tokenize),
         Node("prepare_latents", reads=("request", "prompt_ids"), writes=("latents", "sound_latents", "branches"),
              run=prepare_latents),
         Node("denoise", reads=("request", "latents", "sound_latents", "branches"),

@@ -42,5 +42,5 @@ def build_program(instance: ModelInstance) -> Program:
         return Program(nodes=(chat,), inputs=frozenset({"chat"}), outputs=("completion",))
     from vidloom.recipes.cosmos3.gen_program import generation_nodes
 
-    return Program(nodes=(chat, *generation_nodes(instance)), inputs=frozenset({"chat", "request"}),
-                   outputs=("video",))
+    return Program(nodes=(chat, *generation_nodes(instance, loop)), inputs=frozenset({"chat", "request"}),
+                   outputs=("video", "reasoned_prompt"))
