@@ -28,6 +28,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "step_cache_threshold": "--step-cache-threshold", "output": "--output", "model": "--model",
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
+    "reason": "--reason", "sound": "--sound",
 }
 EXIT_INTERRUPTED = 130
 
@@ -50,7 +51,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
-        guidance_scale_2=args.guidance_2,
+        guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
     ), card)
     check_device(args.device)
     for note in card.notes:
@@ -173,14 +174,14 @@ class ProgressBars:
 
         if not isinstance(event, ProgressEvent):
             return
-        if event.phase != "decode":
+        if event.phase != "decode" and event.total is not None:  # open-ended phases (reasoning) have no total
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)
         if bar is None:
             self._close_all()
             bar = self._bars[event.phase] = tqdm(total=event.total, desc=event.phase, unit="step", file=sys.stderr)
         bar.update(event.step - bar.n)
-        if event.step >= event.total:
+        if event.total is not None and event.step >= event.total:
             bar.close()
 
     def _close_all(self) -> None:

@@ -49,6 +49,8 @@ class VideoCreateBody(SamplingExtensions):
     video: Any = None
     strength: ApiFloat | None = None
     guidance_scale_2: ApiFloat | None = None
+    reason: bool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
+    sound: bool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
 
 
 class ImageGenerationBody(SamplingExtensions):

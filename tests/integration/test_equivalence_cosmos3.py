@@ -1,0 +1,65 @@
+"""Equivalence rule for the unified-model request fields (`reason`, `sound`) on a tiny Cosmos3 folder:
+`vidloom generate --reason`, `generate(..., reason=True)` and the server's `reason` JSON field give the
+same resolved request, the same written prompt and the same frames; `sound` on a checkpoint without an
+audio tokenizer is refused on every path, naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, run_cli
+from vidloom.generator import VideoGenerator
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+BASE = {"prompt": "a red fox in the snow", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2,
+        "seed": 3}
+BASE_CLI = ["--prompt", BASE["prompt"], "--height", "32", "--width", "32", "--frames", "5", "--steps", "2",
+            "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def served(cosmos3_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    running = CliServer(["--model", str(cosmos3_dir)], tmp_path_factory.mktemp("cosmos3-serve"))
+    assert running.url is not None, f"vidloom serve exited with {running.code}"
+    yield running
+    running.stop()
+
+
+def _api(folder: Path, **kwargs) -> Outcome:
+    with VideoGenerator.from_pretrained(folder, device="cpu") as gen:
+        return Outcome(gen.engine.instance.deploy, gen.generate(**kwargs))
+
+
+def test_reason_is_the_same_on_every_path(cosmos3_dir: Path, served: CliServer, tmp_path: Path, capsys):
+    api = _api(cosmos3_dir, **BASE, reason=True)
+    cli = run_cli(["--model", str(cosmos3_dir), *BASE_CLI, "--reason"], tmp_path / "cli.mp4", capsys)
+    http = served.run({"prompt": BASE["prompt"], "size": "32x32"},
+                      {"num_frames": 5, "num_inference_steps": 2, "seed": 3, "reason": True})
+    written = api.output.metadata["reasoned_prompt"]
+    assert written and written != BASE["prompt"]
+    for outcome in (cli, http):
+        assert outcome.output.metadata["reasoned_prompt"] == written
+    assert_same_outcome(api, cli, "reason: CLI vs Python API")
+    assert_same_outcome(api, http, "reason: HTTP vs Python API")
+    assert http.parameters["reason"] is True
+    plain = _api(cosmos3_dir, **BASE)
+    assert "reasoned_prompt" not in plain.output.metadata
+    assert (plain.output.frames != api.output.frames).any()
+
+
+def test_sound_without_an_audio_tokenizer_is_refused_on_every_path(cosmos3_dir: Path, served: CliServer,
+                                                                   tmp_path: Path, capsys):
+    from vidloom.core.errors import InvalidRequest
+
+    with VideoGenerator.from_pretrained(cosmos3_dir, device="cpu") as gen:
+        with pytest.raises(InvalidRequest) as exc:
+            gen.generate(**BASE, sound=True)
+    assert exc.value.field == "sound"
+    cli = run_cli(["--model", str(cosmos3_dir), *BASE_CLI, "--sound"], tmp_path / "cli.mp4", capsys)
+    assert cli.error is not None and "sound" in cli.error
+    response = httpx.post(f"{served.url}/v1/videos", json={"prompt": BASE["prompt"], "size": "32x32", "sound": True})
+    assert response.status_code == 400 and "sound" in response.text
