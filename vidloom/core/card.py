@@ -94,6 +94,9 @@ class ModelCard:
     min_image_side: int = 0  # smallest width and height of an input image, in pixels
     # Cards with an "ar_decode" loop (chat): prompt + completion tokens one sequence may hold (max_model_len).
     context_window: int | None = None
+    # Its outputs carry sound (VideoOutput.audio + sample_rate, from the program's "audio"/"sample_rate" slots);
+    # `vidloom generate --audio-out` and a .wav --output are refused before loading a card without it.
+    produces_audio: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

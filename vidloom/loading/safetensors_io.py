@@ -36,12 +36,19 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     raise CheckpointError(f"{folder}: no {stem}.safetensors or {stem}.safetensors.index.json found")
 
 
+def _skipped(key: str, skip: Callable[[str], bool] | tuple[str, ...]) -> bool:
+    """A predicate (Cosmos3: keys another module owns) or prefixes of whole dotted segments."""
+    if callable(skip):
+        return bool(skip(key))
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in skip)
+
+
 def load_weights(
     module: torch.nn.Module,
     folder: Path,
     name_map: NameMap,
     stem: str = DIFFUSERS_WEIGHTS,
-    skip: Callable[[str], bool] | None = None,
+    skip: Callable[[str], bool] | tuple[str, ...] = (),
 ) -> None:
     """Copy every tensor of the checkpoint in `folder` into `module` through `name_map`.
 
@@ -50,6 +57,8 @@ def load_weights(
 
     Raises CheckpointError naming the key and file for unexpected, missing or
     mis-shaped tensors. Tensors are cast to each parameter's dtype on copy.
+    Checkpoint keys under a `skip` prefix (whole dotted segments) are left unread: parts of a
+    component this runtime never runs, such as an encoder nothing encodes with.
     """
     targets = module.state_dict()
     files = weight_files(folder, stem)
@@ -60,7 +69,7 @@ def load_weights(
     for path, keys in sorted(by_file.items()):
         with _open_safetensors(path) as f:
             for key in keys:
-                if skip is not None and skip(key):
+                if _skipped(key, skip):
                     continue
                 name = name_map.to_module(key)
                 if name not in targets:
