@@ -40,16 +40,23 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     components = {"transformer": ComponentSpec("bfloat16"), "text_tokenizer": ComponentSpec()}
     loops = {AR_LOOP: LoopSpec()}
     generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
+    inputs = {"image", "reason"}
+    sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \
+        (ckpt.root / "sound_tokenizer").is_dir()
     if generates:
         components.update({"vae": ComponentSpec("float32"), "scheduler": ComponentSpec()})
         loops[DENOISE_LOOP] = LoopSpec(samplers=SAMPLERS)
+    if sound:
+        components["sound_tokenizer"] = ComponentSpec("float32")
+        inputs.add("sound")
     return ModelCard(
         model_id=ckpt.root.name,
         family=FAMILY,
         components=components,
         loops=loops,
         tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
-        inputs=frozenset({"image", "reason"}) if generates else frozenset(),
+        inputs=frozenset(inputs) if generates else frozenset(),
+        produces_audio=sound,
         precision="bfloat16",
         sampling_defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),

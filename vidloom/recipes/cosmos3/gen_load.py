@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 
+from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.loading.name_map import NameMap
+from vidloom.models.cosmos3.audio import SoundDecoder, SoundDecoderConfig
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.models.cosmos3.generation import GEN_NAME_MAP, Cosmos3Generator, is_vision_sound_key
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
@@ -37,4 +40,25 @@ def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dty
     generator = load_generator(ckpt.component_dir("transformer"), device, compute)
     vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    return {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": load_sampler_config(ckpt)}
+    components = {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": load_sampler_config(ckpt)}
+    if has_sound(ckpt):
+        components["sound_decoder"] = load_sound_decoder(ckpt, generator.config.sound_dim)
+    return components
+
+
+def has_sound(ckpt: DiffusersDir) -> bool:
+    """A sound pathway in the transformer and an audio tokenizer folder to decode its latents."""
+    config = ckpt.component_config("transformer")
+    return bool(config.get("sound_gen")) and (ckpt.root / "sound_tokenizer").is_dir()
+
+
+def load_sound_decoder(ckpt: DiffusersDir, sound_dim: int | None) -> SoundDecoder:
+    """The AVAE's decoder in float32 on the CPU (its encoder weights, if shipped, are left unread)."""
+    config = SoundDecoderConfig.from_diffusers(ckpt.component_config("sound_tokenizer"))
+    if config.latent_dim != sound_dim:
+        raise CheckpointError(f"{ckpt.root}: sound_tokenizer vocoder_input_dim {config.latent_dim} differs from "
+                              f"the transformer's sound_dim {sound_dim}")
+    holder = torch.nn.Module()
+    holder.decoder = SoundDecoder(config)
+    load_weights(holder, ckpt.component_dir("sound_tokenizer"), NameMap(()), skip=("encoder",))
+    return holder.decoder.eval()

@@ -18,6 +18,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext
 from vidloom.core.request import GenerationRequest
+from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
@@ -61,6 +62,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     tokenizer = instance["tokenizer"]
     generator: Cosmos3Generator = instance["generator"]
     vae: WanVAE = instance["vae"]
+    sound_decoder: SoundDecoder | None = instance.components.get("sound_decoder")
     device = instance.device
     temporal = vae.config.temporal_factor
 
@@ -81,19 +83,25 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         latent_shape = (vae.config.z_dim, (request.num_frames - 1) // temporal + 1,
                         request.height // vae.config.spatial_factor, request.width // vae.config.spatial_factor)
         # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the latent shape.
+        if request.image and request.num_frames == 1:
+            raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
+        first = encode_first_frame(request) if request.image else None
         rng = torch.Generator("cpu").manual_seed(request.seed)
         latents = torch.randn((1, *latent_shape), generator=rng, dtype=torch.float32)[0].to(device)
         cond_frames: tuple[int, ...] = ()
-        if request.image:
-            if request.num_frames == 1:
-                raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
-            latents[:, 0] = encode_first_frame(request)[:, 0].to(latents.dtype)
+        if first is not None:
+            latents[:, 0] = first[:, 0].to(latents.dtype)
             cond_frames = (0,)
+        sound, sound_len = None, 0
+        if request.sound:  # drawn after the vision noise from the same generator, as the reference does
+            sound_len = sound_decoder.config.latent_steps(request.num_frames, float(request.fps))
+            sound = torch.randn((generator.config.sound_dim, sound_len), generator=rng, dtype=torch.float32)
+            sound = sound.to(device)
         branches = [(torch.tensor(ids, device=device),
                      GenLayout.build(generator.config, latent_shape, len(ids), float(request.fps), temporal,
-                                     cond_frames))
+                                     cond_frames, sound_len))
                     for ids in slots["prompt_ids"]]
-        return {"latents": latents, "sound_latents": None, "branches": branches}
+        return {"latents": latents, "sound_latents": sound, "branches": branches}
 
     def encode_first_frame(request: GenerationRequest) -> Tensor:
         """The anchored frame repeated over the whole clip and encoded as a video, as the reference does."""
@@ -109,6 +117,15 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         return {"video": frames.cpu().numpy()}
 
+    def decode_sound(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        assert sound_decoder is not None, "the card accepts sound only with a sound decoder"
+        waveform = sound_decoder(slots["sound_latents"].float().cpu())  # [channels, samples]
+        ctx.progress("audio", 1, 1)
+        return {"audio": waveform, "sample_rate": sound_decoder.config.sampling_rate}
+
+    def silent(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"audio": None, "sample_rate": None}
+
     loop = Cosmos3DenoiseLoop(instance["transformer"], generator, instance["sampler_config"], instance.dtype,
                               cache_prefix=cache_prefix)
     reasoner = ReasonLoop(ar_loop, device, instance.dtype, reason_max_tokens)
@@ -122,4 +139,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         Node("denoise", reads=("request", "latents", "sound_latents", "branches"),
              writes=("latents", "sound_latents"), loop=loop),
         Node("decode", reads=("latents",), writes=("video",), run=decode),
+        Node("decode_sound", reads=("sound_latents",), writes=("audio", "sample_rate"), run=decode_sound,
+             when=lambda r: r.sound),
+        Node("silent", reads=("request",), writes=("audio", "sample_rate"), run=silent, when=lambda r: not r.sound),
     )

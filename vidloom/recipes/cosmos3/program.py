@@ -43,4 +43,4 @@ def build_program(instance: ModelInstance) -> Program:
     from vidloom.recipes.cosmos3.gen_program import generation_nodes
 
     return Program(nodes=(chat, *generation_nodes(instance, loop)), inputs=frozenset({"chat", "request"}),
-                   outputs=("video", "reasoned_prompt"))
+                   outputs=("video", "reasoned_prompt", "audio", "sample_rate"))
