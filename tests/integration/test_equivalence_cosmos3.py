@@ -63,3 +63,19 @@ def test_sound_without_an_audio_tokenizer_is_refused_on_every_path(cosmos3_dir: 
     assert cli.error is not None and "sound" in cli.error
     response = httpx.post(f"{served.url}/v1/videos", json={"prompt": BASE["prompt"], "size": "32x32", "sound": True})
     assert response.status_code == 400 and "sound" in response.text
+
+
+def test_images_api_runs_the_image_path(cosmos3_dir: Path, served: CliServer):
+    """/v1/images/generations on the unified model is the one-frame image path (image templates), as in Python."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    body = {"prompt": BASE["prompt"], "size": "32x32", "seed": 3, "num_inference_steps": 2}
+    response = httpx.post(f"{served.url}/v1/images/generations", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    served_png = Image.open(io.BytesIO(base64.b64decode(response.json()["data"][0]["b64_json"])))
+    api = _api(cosmos3_dir, prompt=BASE["prompt"], height=32, width=32, num_frames=1, num_inference_steps=2, seed=3)
+    assert np.array_equal(np.asarray(served_png.convert("RGB")), api.output.frames[0])
