@@ -51,6 +51,30 @@ def test_reason_is_the_same_on_every_path(cosmos3_dir: Path, served: CliServer, 
     assert (plain.output.frames != api.output.frames).any()
 
 
+def test_reasoning_streams_over_sse(served: CliServer):
+    """The job's SSE stream carries the reasoning text as it is decoded, before the denoise progress."""
+    import json
+
+    body = {"prompt": BASE["prompt"], "size": "32x32", "num_frames": 5, "num_inference_steps": 2, "seed": 3,
+            "reason": True}
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        job = http.post("/v1/videos", json=body).json()
+        events: list[tuple[str, dict]] = []
+        with http.stream("GET", f"/v1/videos/{job['id']}/events") as stream:
+            name = None
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    name = line[len("event: "):]
+                elif line.startswith("data: "):
+                    events.append((name, json.loads(line[len("data: "):])))
+    names = [n for n, _ in events]
+    assert names[-1] == "completed"
+    text = "".join(d["text"] for n, d in events if n == "reasoning")
+    assert text.strip() == events[-1][1]["metadata"]["reasoned_prompt"]
+    denoise = [i for i, (n, d) in enumerate(events) if n == "progress" and d.get("phase") == "denoise"]
+    assert denoise and max(i for i, n in enumerate(names) if n == "reasoning") < min(denoise)
+
+
 def test_sound_without_an_audio_tokenizer_is_refused_on_every_path(cosmos3_dir: Path, served: CliServer,
                                                                    tmp_path: Path, capsys):
     from vidloom.core.errors import InvalidRequest

@@ -62,6 +62,9 @@ def test_one_forward_matches_diffusers(tiny_cosmos3_dir: Path, shape, cond_frame
     print(f"{tiny_cosmos3_dir.name} {shape}: max |velocity diff| {err:.2e}, |velocity| {want.abs().max():.2f}")
     assert sound is None
     assert err < FORWARD_TOL
+    # One copy: the backbone and the generation pathways together hold exactly the checkpoint's tensors.
+    ours = sum(p.numel() for m in (backbone, generator) for p in m.parameters())
+    assert ours == sum(p.numel() for p in pipe.transformer.parameters())
     assert want.abs().max() > 0.5
     for frame in cond_frames:  # clean frames get no prediction
         assert got[:, frame].abs().max() == 0

@@ -11,6 +11,7 @@ import torch
 
 from tests.helpers.cosmos3_checkpoints import build_reasoner
 from vidloom.core.errors import InvalidRequest
+from vidloom.core.output import TextEvent
 from vidloom.core.program import Program
 from vidloom import registry
 from vidloom.core.request import GenerationRequest, resolve_request
@@ -47,6 +48,11 @@ def test_reason_then_generate_matches_reasoner_and_pipeline(tiny_cosmos3_dir: Pa
     out = engine.run(request, on_event=events.append)
     assert engine.caches.bytes_in_use == baseline  # the reasoner's K/V went back with the request
     assert any(getattr(e, "phase", None) == "reason" for e in events)
+    # The text streamed as TextEvents, in order, is the written prompt, and all of it came before denoising.
+    texts = [i for i, e in enumerate(events) if isinstance(e, TextEvent)]
+    assert "".join(events[i].text for i in texts).strip() == out["reasoned_prompt"]
+    first_denoise = next(i for i, e in enumerate(events) if getattr(e, "phase", None) == "denoise")
+    assert texts and max(texts) < first_denoise
 
     tokenizer = load_tokenizer(tiny_cosmos3_dir / "text_tokenizer")
     reasoner = build_reasoner(Cosmos3OmniTransformer.from_pretrained(tiny_cosmos3_dir / "transformer"), tokenizer)

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
-    CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
+    CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent, VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.audio import track_of
@@ -72,6 +72,7 @@ class JobUpdate:
     phase: str | None = None
     step: int = 0  # steps done in `phase`
     total: int = 0  # steps in `phase`
+    text: str = ""  # a `reasoning` update: the text decoded since the last one
 
 
 @dataclass(frozen=True)
@@ -389,6 +390,9 @@ class JobManager:
                 self._write(live, progress=percent)
             if not live.finished.is_set():
                 self._publish(live, JobUpdate("progress", live.record, event.phase, event.step, event.total))
+        elif isinstance(event, TextEvent):
+            if not live.finished.is_set():
+                self._publish(live, JobUpdate("reasoning", live.record, event.phase, text=event.text))
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))
             self._tasks.add(task)

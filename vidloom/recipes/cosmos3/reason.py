@@ -62,6 +62,7 @@ class _OneSequence:
 class ReasonState:
     inner: DecodeState
     buffer: Tensor | None
+    ctx: LoopContext
 
 
 class ReasonLoop:
@@ -81,7 +82,7 @@ class ReasonLoop:
         shape = (config.num_hidden_layers, 2, len(ids) + self.max_tokens, config.num_key_value_heads,
                  config.head_dim)
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=self.dtype).element_size()
-        state = ReasonState(inner=None, buffer=None)  # type: ignore[arg-type]
+        state = ReasonState(inner=None, buffer=None, ctx=ctx)  # type: ignore[arg-type]
         ctx.hold(lambda: setattr(state, "buffer", None))
         state.buffer = ctx.allocate(nbytes, lambda: torch.empty(shape, device=self.device, dtype=self.dtype))
         state.inner = self.ar_loop.init({"chat": ChatPrompt(chat, ids, self.max_tokens)}, _OneSequence(self.device))
@@ -96,6 +97,8 @@ class ReasonLoop:
 
     def advance(self, state: ReasonState, logits: Tensor) -> ReasonState:
         self.ar_loop.advance(state.inner, logits)
+        deltas, state.inner.deltas = state.inner.deltas, []
+        state.ctx.emit_text(REASON, "".join(d.text for d in deltas))  # streamed before denoising starts
         return state
 
     def finalize(self, state: ReasonState) -> dict[str, Any]:
