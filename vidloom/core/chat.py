@@ -1,6 +1,6 @@
 """Chat (AR decode) contracts: messages, sampling parameters, streamed deltas and the final result.
 
-Shared by the runtime (vidloom.runtime.ar_*), the Python API (VideoGenerator.chat), the CLI and the
+Shared by the runtime (vidloom.runtime.chat_engine), the Python API (VideoGenerator.chat), the CLI and the
 OpenAI-compatible server. Validation raises InvalidRequest naming the request field
 ("messages[1].role", "temperature", "max_tokens"), so every front end reports bad input alike.
 """
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
-FINISH_REASONS = ("stop", "length", "cancelled")
 MAX_TEMPERATURE = 2.0  # OpenAI's range; past it sampling is near-uniform noise
 MAX_TOP_K = 1 << 20  # larger than any vocabulary; a bigger value is a typo
 

@@ -14,12 +14,12 @@ LOGITS = torch.tensor([1.0, 3.0, 2.9, -1.0, 0.5])
 
 
 def _draws(params: SamplingParams, n: int = 300) -> list[int]:
-    generator = make_generator(params, torch.device("cpu"))
+    generator = make_generator(params)
     return [next_token(LOGITS, params, generator) for _ in range(n)]
 
 
 def test_greedy_and_degenerate_sampling_pick_the_argmax():
-    assert make_generator(SamplingParams(temperature=0), torch.device("cpu")) is None
+    assert make_generator(SamplingParams(temperature=0)) is None
     assert next_token(LOGITS, SamplingParams(temperature=0), None) == 1
     assert set(_draws(SamplingParams(top_k=1, seed=0))) == {1}
     assert set(_draws(SamplingParams(top_p=0.01, seed=0))) == {1}

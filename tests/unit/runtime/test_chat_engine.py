@@ -190,3 +190,12 @@ def test_pool_size_is_checked_at_load(cosmos3_dir: Path):
     small = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", deploy=DeployConfig(kv_pool_tokens=40))
     assert small.engine.chat.stats()["kv_blocks_total"] == 2  # whole blocks of 16
     assert small.engine.caches.bytes_in_use == small.engine.chat.pool.nbytes  # the pool is one accounted allocation
+
+
+def test_stopping_a_sync_stream_early_frees_its_blocks(generator: VideoGenerator):
+    stream = generator.chat_stream([{"role": "user", "content": "hello"}], max_tokens=100, temperature=0)
+    first = next(stream)
+    assert isinstance(first, TokenDelta) and generator.engine.chat.stats()["kv_blocks_in_use"] > 0
+    stream.close()
+    assert generator.engine.chat.stats()["kv_blocks_in_use"] == 0
+    assert not generator.engine.chat.has_work
