@@ -125,7 +125,8 @@ class Cosmos3Generator(nn.Module):
     @torch.no_grad()
     def prefill(self, backbone: Cosmos3Transformer, input_ids: Tensor, positions: Tensor, out: Tensor) -> Tensor:
         """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it."""
-        rope = backbone.rotary(positions.to(input_ids.device), out.dtype)
+        positions = positions.to(input_ids.device)
+        rope = backbone.rotary(positions, out.dtype)
         capture = CapturePrefix(out, backbone.attention_scale, rope, self.und_k_norms)
         # No row needs logits: the head runs on zero rows.
         backbone(input_ids, positions, kv=capture, logits_at=input_ids.new_zeros(0))
