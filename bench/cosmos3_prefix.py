@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from report import environment, print_table, wait_for_quiet, write_json  # noqa: E402
+
 from tests.helpers.cosmos3_checkpoints import TinyCosmos3, write_tiny_cosmos3  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"

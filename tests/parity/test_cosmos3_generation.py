@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vidloom.core.request import GenerationRequest, Task
 from vidloom.core.program import Program
+from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.cosmos3.gen_program import generation_nodes
 from vidloom.recipes.cosmos3.program import build_program

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.helpers.cosmos3_checkpoints import build_reasoner
+from vidloom import registry
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import TextEvent
 from vidloom.core.program import Program
-from vidloom import registry
 from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.cosmos3.gen_program import generation_nodes

@@ -13,12 +13,16 @@ import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
-from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.audio import SoundDecoder, SoundDecoderConfig
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
-from vidloom.models.cosmos3.generation import GEN_NAME_MAP, Cosmos3Generator, is_vision_sound_key
+from vidloom.models.cosmos3.generation import (
+    GEN_NAME_MAP,
+    Cosmos3Generator,
+    is_vision_sound_key,
+)
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.load import load_sampler_config
 

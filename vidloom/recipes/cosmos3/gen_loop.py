@@ -102,12 +102,11 @@ class Cosmos3DenoiseLoop:
         )
         if self.cache_prefix:
             ctx.hold(state.prefixes.clear)  # drop the references too, not only the accounting
+            device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()
             for branch in branches:
                 shape = self.generator.prefix_shape(len(branch.ids))
-                nbytes = torch.Size(shape).numel() * torch.empty((), dtype=self.dtype).element_size()
-                device = state.latents.device
-                state.prefixes.append(ctx.allocate(nbytes, lambda s=shape: torch.empty(s, dtype=self.dtype,
-                                                                                     device=device)))
+                state.prefixes.append(ctx.allocate(torch.Size(shape).numel() * element,
+                                                   lambda s=shape: torch.empty(s, dtype=self.dtype, device=device)))
         return state
 
     def next(self, state: Cosmos3DenoiseState) -> StepPlan | Done:

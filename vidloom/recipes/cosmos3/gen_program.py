@@ -18,11 +18,11 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext
 from vidloom.core.request import GenerationRequest
+from vidloom.decoding.loop import ARDecodeLoop
 from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
-from vidloom.decoding.loop import ARDecodeLoop
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
 from vidloom.recipes.cosmos3.prompts import Shape, generation_ids
 from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS, ReasonLoop
