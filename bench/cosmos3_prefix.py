@@ -7,7 +7,7 @@ decode, the same Wan VAE for all). Per-step time is the mean over the denoise st
 vidloom (prefix prefilled once per CFG branch), vidloom-recompute (the prefix re-run at every step,
 as the pipeline does), diffusers. The FLOP ratio is computed from the token counts of the two schedules.
 
-    python bench/cosmos3_prefix.py [--prompt-words 40,400] [--steps 8]
+    OMP_NUM_THREADS=1 python bench/cosmos3_prefix.py [--prompt-words 40,400] [--steps 8]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from report import environment, print_table, wait_for_quiet, write_json  # noqa: E402
+from report import environment, print_table, run_worker, write_json
 
 from tests.helpers.cosmos3_checkpoints import TinyCosmos3, write_tiny_cosmos3  # noqa: E402
 
@@ -75,10 +74,11 @@ def _run_vidloom(folder: Path, prompt: str, steps: int, cache_prefix: bool) -> d
 
     engine.run(request(1))
     steps_s: list[float] = []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = engine.run(request(steps), on_event=lambda e: getattr(e, "phase", "") == "denoise" and steps_s.append(e.seconds))
     branches = out["branches"]
-    return {"total_s": time.perf_counter() - start, "step_s": sum(steps_s) / len(steps_s),
+    return {"total_s": time.perf_counter() - start, "total_cpu_s": time.process_time() - cpu,
+            "step_s": sum(steps_s) / len(steps_s),
             "prefix_tokens": [len(ids) for ids, _ in branches], "gen_tokens": branches[0][1].tokens}
 
 
@@ -98,10 +98,11 @@ def _run_diffusers(folder: Path, prompt: str, steps: int) -> dict[str, Any]:
              callback_on_step_end=lambda p, i, t, kw: (marks.append(time.perf_counter()), kw)[1])
 
     run(1)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     run(steps)
-    per_step = [b - a for a, b in zip(marks[1:], marks[2:])]  # after the first (which includes setup)
-    return {"total_s": time.perf_counter() - start, "step_s": sum(per_step) / max(1, len(per_step))}
+    per_step = [b - a for a, b in zip(marks[1:], marks[2:], strict=False)]  # after the first (includes setup)
+    return {"total_s": time.perf_counter() - start, "total_cpu_s": time.process_time() - cpu,
+            "step_s": sum(per_step) / max(1, len(per_step))}
 
 
 def worker(config: str, words: int, steps: int) -> None:
@@ -162,11 +163,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for words in (int(w) for w in args.prompt_words.split(",")):
         for config in args.configs.split(","):
-            busy = wait_for_quiet(args.max_wait)
-            out = subprocess.run([sys.executable, __file__, "--worker", config, str(words), str(args.steps)],
-                                 capture_output=True, text=True, check=True)
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append({"config": config, "prompt_words": words, "busy_at_start": busy, **result})
+            result = run_worker(__file__, [config, str(words), str(args.steps)], args.max_wait)
+            rows.append({"config": config, "prompt_words": words, **result})
             print(f"{config:>18} words={words:<4} {result}", file=sys.stderr)
     _report(rows, args.steps)
 
@@ -185,6 +183,8 @@ def _report(rows: list[dict[str, Any]], steps: int) -> None:
                 other = by[(key, words)]
                 entry[f"{key}_over_vidloom_step"] = round(other["step_s"] / ours["step_s"], 2)
                 entry[f"{key}_over_vidloom_total"] = round(other["total_s"] / ours["total_s"], 2)
+                # CPU time: less disturbed than wall time by other work on a shared machine.
+                entry[f"{key}_over_vidloom_total_cpu"] = round(other["total_cpu_s"] / ours["total_cpu_s"], 2)
                 entry[f"{key}_over_vidloom_rss"] = round(other["peak_rss_mib"] / ours["peak_rss_mib"], 2)
         summary.append(entry)
         for r in rows:
