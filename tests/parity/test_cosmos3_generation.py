@@ -97,3 +97,24 @@ def test_cached_prefix_equals_recompute_every_step(tiny_cosmos3_dir: Path, case:
     assert cached.abs().max() > 0.1
     # Two branches (CFG) of [layers, 2, L, kv_heads, head_dim] float32 were held during the steps.
     assert max(held) > 0 and not any(held_none)
+
+
+def test_prefix_buffers_are_freed_when_a_request_is_cancelled(cosmos3_dir: Path):
+    from vidloom.core.errors import Cancelled
+    from vidloom.runtime.engine import CancellationToken
+
+    generator = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu")
+    engine = generator.engine
+    baseline = engine.caches.bytes_in_use
+    token = CancellationToken()
+    held: list[int] = []
+
+    def cancel_mid_denoise(event) -> None:
+        if getattr(event, "phase", None) == "denoise":
+            held.append(engine.caches.bytes_in_use - baseline)
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        engine.run(_request({**CASES["t2v"], "steps": 4}), on_event=cancel_mid_denoise, cancel=token)
+    assert held and held[0] > 0  # the two branches' prefixes were held while denoising
+    assert engine.caches.bytes_in_use == baseline
