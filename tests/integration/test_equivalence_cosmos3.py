@@ -103,3 +103,32 @@ def test_images_api_runs_the_image_path(cosmos3_dir: Path, served: CliServer):
     served_png = Image.open(io.BytesIO(base64.b64decode(response.json()["data"][0]["b64_json"])))
     api = _api(cosmos3_dir, prompt=BASE["prompt"], height=32, width=32, num_frames=1, num_inference_steps=2, seed=3)
     assert np.array_equal(np.asarray(served_png.convert("RGB")), api.output.frames[0])
+
+
+def test_sound_is_the_same_on_every_path(tmp_path: Path, capsys):
+    """On a checkpoint with an audio tokenizer: `--sound --audio-out`, `generate(sound=True)` and the server's
+    `sound` field give the same frames and waveform; the CLI's and the job's mp4 carry the AAC track."""
+    from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
+    from vidloom.media.audio import read_audio_stream, read_wav
+
+    folder = write_tiny_cosmos3_sound(tmp_path / "tiny-cosmos3-sound")
+    api = _api(folder, **BASE, sound=True)
+    wav = tmp_path / "cli.wav"
+    cli = run_cli(["--model", str(folder), *BASE_CLI, "--sound", "--audio-out", str(wav)], tmp_path / "cli.mp4",
+                  capsys)
+    server = CliServer(["--model", str(folder)], tmp_path / "serve-data")
+    try:
+        assert server.url is not None, f"vidloom serve exited with {server.code}"
+        http = server.run({"prompt": BASE["prompt"], "size": "32x32"},
+                          {"num_frames": 5, "num_inference_steps": 2, "seed": 3, "sound": True})
+        [job] = server.seen.written
+        stored = tmp_path / "served.mp4"
+        stored.write_bytes(httpx.get(f"{server.url}/v1/videos/{job}/content", timeout=30).content)
+    finally:
+        server.stop()
+    assert api.output.audio is not None and api.output.sample_rate == 8000 and api.output.audio.std() > 1e-3
+    assert_same_outcome(api, cli, "sound: CLI vs Python API")
+    assert_same_outcome(api, http, "sound: HTTP vs Python API")
+    assert read_wav(wav).sample_rate == 8000
+    for mp4 in (tmp_path / "cli.mp4", stored):
+        assert read_audio_stream(mp4).sample_rate == 8000, mp4

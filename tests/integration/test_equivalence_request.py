@@ -80,7 +80,7 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "strength": Exempt("only with video (video-to-video)"),
     "guidance_scale_2": Exempt("needs a two-expert (Wan2.2 A14B) card"),
     "reason": Exempt("needs a unified (Cosmos3) card: the three paths are compared in test_equivalence_cosmos3.py"),
-    "sound": Exempt("needs a Cosmos3 card (with an audio tokenizer); refusal on all paths: test_equivalence_cosmos3.py"),
+    "sound": Exempt("needs a Cosmos3 card with an audio tokenizer: the three paths are compared in test_equivalence_cosmos3.py"),
 }
 
 
