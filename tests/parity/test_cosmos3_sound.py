@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
-from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -68,21 +67,3 @@ def test_generation_with_sound_matches_pipeline(sound_dir: Path, tmp_path: Path)
 
     with av.open(str(path)) as container:
         assert len(container.streams.audio) == 1
-
-
-def test_sound_refused_without_an_audio_tokenizer(cosmos3_dir: Path):
-    generator = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu")
-    assert not generator.card.produces_audio
-    with pytest.raises(InvalidRequest) as exc:
-        generator.generate("a dog", sound=True, num_frames=5, height=32, width=32)
-    assert exc.value.field == "sound"
-    with pytest.raises(InvalidRequest) as exc:
-        generator.generate("a dog", num_frames=6, height=32, width=32)  # frames the VAE cannot take
-    assert exc.value.field == "num_frames"
-    with pytest.raises(InvalidRequest) as exc:
-        generator.generate("a dog", num_frames=5, height=40, width=32)  # not a multiple of 16
-    assert exc.value.field == "height"
-    with pytest.raises(InvalidRequest) as exc:
-        generator.generate("a dog", num_frames=5, height=32, width=32, image=np.zeros((32, 32, 3), np.uint8),
-                           video=[np.zeros((32, 32, 3), np.uint8)] * 5)
-    assert exc.value.field in ("video", "image")

@@ -66,6 +66,13 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     device = instance.device
     temporal = vae.config.temporal_factor
 
+    def check(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """What only this family refuses, before any work (reasoning included)."""
+        request: GenerationRequest = slots["request"]
+        if request.image and request.num_frames == 1:
+            raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
+        return {}
+
     def no_reasoning(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return {"reasoned_prompt": None, "reasoned_ids": None}
 
@@ -82,10 +89,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         request: GenerationRequest = slots["request"]
         latent_shape = (vae.config.z_dim, (request.num_frames - 1) // temporal + 1,
                         request.height // vae.config.spatial_factor, request.width // vae.config.spatial_factor)
-        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the latent shape.
-        if request.image and request.num_frames == 1:
-            raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
         first = encode_first_frame(request) if request.image else None
+        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the latent shape.
         rng = torch.Generator("cpu").manual_seed(request.seed)
         latents = torch.randn((1, *latent_shape), generator=rng, dtype=torch.float32)[0].to(device)
         cond_frames: tuple[int, ...] = ()
@@ -131,6 +136,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     reasoner = ReasonLoop(ar_loop, device, instance.dtype, reason_max_tokens)
     reasoned = ("reasoned_prompt", "reasoned_ids")
     return (
+        Node("check", reads=("request",), writes=(), run=check),
         Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),
         Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.reason),
         Node("tokenize", reads=("request", "reasoned_prompt"), writes=("prompt_ids",), run=tokenize),
