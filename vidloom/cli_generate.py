@@ -49,7 +49,10 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     card = registry.resolve_card(args.model)
     output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
     check_output_path(output)
-    audio_out = check_audio_paths(card, output, args.audio_out)
+    wav = args.audio_out
+    if args.sound and wav is None and output.suffix.lower() in (".mp4", ".webm"):
+        wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
+    audio_out = check_audio_paths(card, output, wav)
     request = resolve_request(build_request(
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,

@@ -130,5 +130,7 @@ def test_sound_is_the_same_on_every_path(tmp_path: Path, capsys):
     assert_same_outcome(api, cli, "sound: CLI vs Python API")
     assert_same_outcome(api, http, "sound: HTTP vs Python API")
     assert read_wav(wav).sample_rate == 8000
+    plain_cli = run_cli(["--model", str(folder), *BASE_CLI, "--sound"], tmp_path / "next.mp4", capsys)
+    assert plain_cli.error is None and read_wav(tmp_path / "next.wav").sample_rate == 8000  # the wav next to it
     for mp4 in (tmp_path / "cli.mp4", stored):
         assert read_audio_stream(mp4).sample_rate == 8000, mp4
