@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.cosmos3_checkpoints import TinyCosmos3, write_tiny_cosmos3
 from vidloom.models.cosmos3.layout import GenLayout, text_prefix_positions
 from vidloom.recipes.cosmos3.gen_load import load_generator
 from vidloom.recipes.cosmos3.load import load_text_model
@@ -76,3 +77,34 @@ def test_one_forward_matches_diffusers(tiny_cosmos3_dir: Path, shape, cond_frame
     other_p, _ = generator(backbone, prefix2, GenLayout.build(generator.config, shape, len(ids) - 3, fps, 4,
                                                               tuple(cond_frames)), latents[0], torch.tensor(875))
     assert (other_p - got).abs().max() > 1e-2
+
+
+# The Nemotron-backbone layout: squared-ReLU MLPs, no text q/k norms, a separate k norm for the text keys the
+# generation pathway reads (our prefix capture undoes the rotation to apply it, see CapturePrefix).
+NEMOTRON = TinyCosmos3(
+    name="cosmos3-nemotron",
+    transformer=dict(hidden_size=32, head_dim=8, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                     num_hidden_layers=2, rope_theta=10000.0, rope_axes_dim=(2, 1, 1), latent_channel=4,
+                     patch_latent_dim=16, hidden_act="relu2", qk_norm_for_text=False, use_und_k_norm_for_gen=True),
+)
+
+
+@torch.no_grad()
+def test_nemotron_layout_with_a_generation_k_norm(tmp_path: Path):
+    folder = write_tiny_cosmos3(tmp_path / NEMOTRON.name, NEMOTRON)
+    pipe = _pipeline(folder)
+    assert pipe.transformer.layers[0].self_attn.k_norm_und_for_gen is not None
+    cpu = torch.device("cpu")
+    backbone = load_text_model(folder / "transformer", cpu, torch.float32)
+    generator = load_generator(folder / "transformer", cpu, torch.float32)
+    shape = (4, 2, 2, 2)
+    ids, _ = pipe.tokenize_prompt("a red fox", "", num_frames=5, height=32, width=32)
+    latents = torch.randn(1, *shape, generator=torch.Generator().manual_seed(1))
+    want = _oracle_forward(pipe, ids, latents, 600, 24.0, [])
+    prefix = torch.empty(generator.prefix_shape(len(ids)))
+    generator.prefill(backbone, torch.tensor(ids), text_prefix_positions(len(ids), generator.config), prefix)
+    got, _ = generator(backbone, prefix, GenLayout.build(generator.config, shape, len(ids), 24.0, 4), latents[0],
+                       torch.tensor(600))
+    err = (got - want).abs().max().item()
+    print(f"nemotron layout: max |velocity diff| {err:.2e}")
+    assert err < FORWARD_TOL and want.abs().max() > 0.5
