@@ -79,7 +79,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     def tokenize(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         shape = shape_of(request)
-        prompt = slots["reasoned_prompt"] if slots["reasoned_prompt"] is not None else request.prompt
+        prompt = slots["reasoned_prompt"] or request.prompt  # a reasoner that wrote nothing: the user's prompt
         ids = [generation_ids(tokenizer, prompt, shape)]
         if uses_guidance(request):
             ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True))
