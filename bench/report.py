@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -90,3 +91,11 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(text + "\n")
     print(f"wrote {path}")
     return path
+
+
+def run_worker(script: str, args: list[str], max_wait_s: float) -> dict[str, Any]:
+    """`python SCRIPT --worker ARGS` in a fresh process once the machine is quiet (comparable peak RSS, no
+    shared warm caches): its last stdout line as JSON, plus how busy the machine was at the start."""
+    busy = wait_for_quiet(max_wait_s)
+    out = subprocess.run([sys.executable, script, "--worker", *args], capture_output=True, text=True, check=True)
+    return {"busy_at_start": busy, **json.loads(out.stdout.strip().splitlines()[-1])}

@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--last-image", default=None, metavar="FILE", help="last frame too (first-last-frame cards)")
     gen.add_argument("--strength", type=float, default=None, help="video-to-video: how much to change, in (0, 1]")
     gen.add_argument("--guidance-2", type=float, default=None, help="two-expert models: low-noise expert's CFG scale")
+    gen.add_argument("--reason", action="store_true",
+                     help="unified models (Cosmos3): the model writes a detailed prompt first, then generates from it")
+    gen.add_argument("--sound", action="store_true",
+                     help="unified models with an audio tokenizer (Cosmos3): a soundtrack in the video and as a .wav "
+                          "next to it (unless --audio-out)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")

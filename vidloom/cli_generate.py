@@ -29,6 +29,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "step_cache_threshold": "--step-cache-threshold", "output": "--output", "model": "--model",
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
+    "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out",
 }
 EXIT_INTERRUPTED = 130
@@ -48,13 +49,16 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     card = registry.resolve_card(args.model)
     output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
     check_output_path(output)
-    audio_out = check_audio_paths(card, output, args.audio_out)
+    wav = args.audio_out
+    if args.sound and wav is None and output.suffix.lower() in (".mp4", ".webm"):
+        wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
+    audio_out = check_audio_paths(card, output, wav)
     request = resolve_request(build_request(
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
-        guidance_scale_2=args.guidance_2,
+        guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
     ), card)
     check_device(args.device)
     for note in card.notes:
@@ -208,8 +212,8 @@ class ProgressBars:
 
         if not isinstance(event, ProgressEvent):
             return
-        if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES:
-            self._loop_phase = event.phase
+        if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES and event.total is not None:
+            self._loop_phase = event.phase  # the loop's own steps (reasoning is open-ended: not a step count)
         if event.phase == self._loop_phase:
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)
@@ -219,7 +223,7 @@ class ProgressBars:
                 total=event.total, desc=event.phase, unit=unit, file=sys.stderr, position=len(self._bars),
             )
         bar.update(event.step - bar.n)
-        if event.step >= event.total:
+        if event.total is not None and event.step >= event.total:
             bar.close()
 
     def _close_all(self) -> None:

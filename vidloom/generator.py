@@ -117,6 +117,8 @@ class VideoGenerator:
         strength: float | None = None,
         guidance_scale_2: float | None = None,
         extend_from: Any = None,
+        reason: bool = False,
+        sound: bool = False,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -128,7 +130,9 @@ class VideoGenerator:
         first-last-frame checkpoints); on an image model (Flux2) the reference images. video (a list
         of frames, an array or a file) makes it video-to-video (Wan: with strength) or a continuation
         of that clip (AnyFlow-FAR); guidance_scale_2 is the low-noise expert's guidance on two-expert
-        (Wan2.2 A14B) checkpoints. The card says which of these it accepts (InvalidRequest names any
+        (Wan2.2 A14B) checkpoints. On a unified model (Cosmos3) reason=True has the model write a detailed
+        prompt first (returned in metadata["reasoned_prompt"]) and sound=True adds a soundtrack (audio,
+        sample_rate). The card says which of these it accepts (InvalidRequest names any
         other). Inputs are resized to the output size (height/width, else the card's default).
         One prompt per call: a list raises InvalidRequest("prompt").
         extend_from (causal models: AnyFlow-FAR): a finished output of this model (or its `.session`);
@@ -140,6 +144,7 @@ class VideoGenerator:
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
+            reason=reason, sound=sound,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

@@ -145,6 +145,8 @@ class ModelCard:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
         if defaults.guidance_scale_2 is not None and "guidance_scale_2" not in self.inputs:
             raise InvalidCard(f"{where}: a default guidance_scale_2 needs 'guidance_scale_2' in inputs")
+        if "reason" in self.inputs and "ar_decode" not in self.loops:
+            raise InvalidCard(f"{where}: input 'reason' needs an ar_decode loop to write the prompt")
         if not self.required_inputs <= self.inputs:
             raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
 

@@ -86,6 +86,10 @@ class LoopContext(Protocol):
         """Hand a finished piece of the output to the caller now (it reaches them as a ChunkEvent)."""
         ...
 
+    def emit_text(self, phase: str, text: str) -> None:
+        """Hand decoded text to the caller now (it reaches them as a TextEvent)."""
+        ...
+
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
         """A long-lived buffer (a KV slab of `nbytes`) from the runtime's cache manager.
 

@@ -131,6 +131,16 @@ class ChunkEvent:
 
 
 @dataclass(frozen=True)
+class TextEvent:
+    """Text a phase wrote, as it is decoded (a unified model's reasoning before it generates); the
+    events of a phase, in order, are its whole text."""
+
+    request_id: str
+    phase: str
+    text: str
+
+
+@dataclass(frozen=True)
 class StartedEvent:
     """The request left the queue and holds a slot."""
 
@@ -155,5 +165,5 @@ class CancelledEvent:
     request_id: str
 
 
-Event = StartedEvent | ProgressEvent | ChunkEvent | CompletedEvent | FailedEvent | CancelledEvent
+Event = StartedEvent | ProgressEvent | ChunkEvent | TextEvent | CompletedEvent | FailedEvent | CancelledEvent
 EventCallback = Callable[[Event], None]

@@ -63,6 +63,10 @@ class GenerationRequest:
     # Causal video models: continue a finished video (its VideoOutput or VideoSession; the server's
     # video id is turned into the session before resolving). See vidloom.core.session.
     extend_from: Any = field(default=None, compare=False, repr=False)
+    # Unified models (Cosmos3), each accepted only by cards listing it in ModelCard.inputs: `reason` has the
+    # model write a detailed prompt with its AR loop before generating from it; `sound` adds a soundtrack.
+    reason: bool = False
+    sound: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -96,6 +100,8 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
 
 MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
 """Request fields a card must list in ModelCard.inputs to accept."""
+FLAG_INPUTS = ("reason", "sound")
+"""Boolean request fields a card must list in ModelCard.inputs to accept when they are on."""
 V2V_DEFAULT_STRENGTH = 0.8  # diffusers' WanVideoToVideoPipeline default
 MIN_VIDEO_FRAMES = 5  # V2V: the Wan VAE's smallest multi-frame input (1 + 4)
 
@@ -108,6 +114,13 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         if getattr(r, name) is not None and name not in card.inputs:
             accepted = ", ".join(sorted(card.inputs)) or "none"
             raise InvalidRequest(name, f"{card.model_id} does not accept {name} (its extra inputs: {accepted})")
+    for name in FLAG_INPUTS:
+        value = getattr(r, name)
+        if not isinstance(value, bool):
+            raise InvalidRequest(name, f"must be true or false, got {value!r}")
+        if value and name not in card.inputs:
+            why = " (it has no ar_decode loop to write a prompt with)" if name == "reason" else ""
+            raise InvalidRequest(name, f"{card.model_id} does not accept {name}{why}")
     out: dict[str, Any] = {}
     if r.last_image is not None and r.image is None:
         raise InvalidRequest("last_image", "needs image (the first frame) as well")

@@ -14,7 +14,7 @@ from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.loop import Done, StepInterceptor, StepPlan
-from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, VideoChunk
+from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, TextEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import to_uint8
@@ -199,6 +199,11 @@ class RequestRun:
         if self._on_event is not None:
             frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
             self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
+
+    def emit_text(self, phase: str, text: str) -> None:
+        """Pass decoded text (a reasoning loop's) to the caller as it is written."""
+        if self._on_event is not None and text:
+            self._on_event(TextEvent(self.request.request_id, phase, text))
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
         """A cache buffer accounted to this request, released with the loop that asked for it."""

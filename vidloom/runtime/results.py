@@ -34,6 +34,8 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
         "seed": r.seed,
         "elapsed_s": round(outputs["elapsed_s"], 3),
     }
+    if outputs.get("reasoned_prompt") is not None:  # the prompt the model wrote and generated from (reason)
+        metadata["reasoned_prompt"] = outputs["reasoned_prompt"]
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
     session = None

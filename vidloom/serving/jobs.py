@@ -23,7 +23,8 @@ from typing import Any, Literal, Mapping
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
-    CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
+    CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent,
+    VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.audio import track_of
@@ -80,6 +81,7 @@ class JobUpdate:
     total: int = 0  # steps in `phase`
     chunk: ChunkInfo | None = None  # for "chunk"
     missed_chunks: int = 0  # chunk updates this subscriber's queue dropped before this one (see UpdateQueue)
+    text: str = ""  # a `reasoning` update: the text decoded since the last one
 
 
 @dataclass(frozen=True)
@@ -415,6 +417,9 @@ class JobManager:
                 self._publish(live, JobUpdate("progress", live.record, event.phase, event.step, event.total))
         elif isinstance(event, ChunkEvent):
             self._chunk(live, event)
+        elif isinstance(event, TextEvent):
+            if not live.finished.is_set():
+                self._publish(live, JobUpdate("reasoning", live.record, event.phase, text=event.text))
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))
             self._tasks.add(task)

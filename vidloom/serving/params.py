@@ -81,7 +81,8 @@ def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
     with the rest of the request (resolve_request), under the API names mapped in _API_FIELDS."""
     from vidloom.media.image import load_image, load_video  # PIL and PyAV only when media arrive
 
-    out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2}
+    out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2,
+                              "reason": body.reason, "sound": body.sound}
     for api_name, name in (("input_reference", "image"), ("last_image", "last_image")):
         value = getattr(body, api_name)
         if value is not None:

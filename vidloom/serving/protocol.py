@@ -50,6 +50,8 @@ class VideoCreateBody(SamplingExtensions):
     strength: ApiFloat | None = None
     guidance_scale_2: ApiFloat | None = None
     extend_from: str | None = None  # causal models: the id of a completed video to continue (new prompt)
+    reason: bool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
+    sound: bool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
 
 
 class ImageGenerationBody(SamplingExtensions):

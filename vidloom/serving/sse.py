@@ -4,6 +4,7 @@ event."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import AsyncIterator
 
 from vidloom.serving.jobs import JobManager, JobUpdate, Subscription
@@ -35,6 +36,8 @@ def encode_update(update: JobUpdate) -> bytes:
             percent=record.progress,
         )
         return encode_event("progress", data.model_dump_json())
+    if update.event == "reasoning":  # a unified model writing its prompt: the text as it is decoded
+        return encode_event("reasoning", json.dumps({"id": record.id, "phase": update.phase, "text": update.text}))
     return encode_event(update.event, VideoObject.from_record(record).model_dump_json())
 
 
@@ -45,7 +48,7 @@ async def job_events(manager: JobManager, subscription: Subscription, keepalive_
     try:
         while True:
             yield encode_update(update)
-            if update.event not in ("progress", "chunk") or queue is None:
+            if update.event not in ("progress", "chunk", "reasoning") or queue is None:
                 return
             while True:
                 try:

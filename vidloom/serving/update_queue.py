@@ -4,7 +4,9 @@ A reader that falls behind must not grow the server's memory, yet some updates m
 others. When the queue is at its bound, making room drops, in this order:
 
 1. the oldest `progress` update: each one is a snapshot, the next carries the current state;
-2. else the oldest `chunk` update: the reader is told, as `missed_chunks` on the next chunk update it
+2. else two adjacent `reasoning` updates are merged into one (their texts joined: no text is lost,
+   the reader just gets it in fewer, larger pieces);
+3. else the oldest `chunk` update: the reader is told, as `missed_chunks` on the next chunk update it
    receives (chunks arrive in order and each says which frames exist, so nothing is lost for a
    player, only the notice of that chunk);
 
@@ -17,7 +19,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-DROPPABLE = ("progress", "chunk")  # in the order they are dropped
+DROPPABLE = ("progress", "chunk")  # in the order they are dropped (reasoning is merged in between)
 
 
 class UpdateQueue(asyncio.Queue):
@@ -44,6 +46,15 @@ class UpdateQueue(asyncio.Queue):
 
     def _make_room(self) -> None:
         items = self._queue  # type: ignore[attr-defined]  # the deque asyncio.Queue's own subclasses use
+        for item in items:
+            if item.event == "progress":
+                items.remove(item)
+                return
+        for i in range(len(items) - 1):
+            if items[i].event == items[i + 1].event == "reasoning":
+                items[i] = dataclasses.replace(items[i], text=items[i].text + items[i + 1].text)
+                del items[i + 1]
+                return
         for kind in DROPPABLE:
             for item in items:
                 if item.event == kind:

@@ -1,4 +1,4 @@
-"""The Cosmos3 chat card: detected from model_index.json, an ar_decode loop and no generation task."""
+"""The Cosmos3 card: detected from model_index.json; chat (ar_decode) always, generation (denoise) with a VAE."""
 
 from __future__ import annotations
 
@@ -11,22 +11,39 @@ import pytest
 from vidloom import registry
 from vidloom.core.card import InvalidCard, LoopSpec
 from vidloom.core.errors import CheckpointError, InvalidRequest
+from vidloom.core.request import Task
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.cosmos3.cards import card_from_checkpoint
 
 
-def test_card_from_a_cosmos3_folder(cosmos3_dir: Path):
+def _chat_only(cosmos3_dir: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "chat-only"
+    shutil.copytree(cosmos3_dir, folder)
+    for name in ("vae", "scheduler"):
+        shutil.rmtree(folder / name)
+    index = json.loads((folder / "model_index.json").read_text())
+    for name in ("vae", "scheduler"):
+        index[name] = [None, None]  # diffusers' record of an absent optional component
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder
+
+
+def test_card_from_a_cosmos3_folder(cosmos3_dir: Path, tmp_path: Path):
     card = card_from_checkpoint(cosmos3_dir)
-    assert card.family == "cosmos3" and set(card.loops) == {"ar_decode"} and not card.tasks
-    assert set(card.components) == {"transformer", "text_tokenizer"}
+    assert card.family == "cosmos3" and set(card.loops) == {"ar_decode", "denoise"}
+    assert card.tasks == {Task.T2V, Task.I2V} and card.inputs == {"image", "reason"}
+    assert set(card.components) == {"transformer", "text_tokenizer", "vae", "scheduler"}
+    chat = card_from_checkpoint(_chat_only(cosmos3_dir, tmp_path))
+    assert set(chat.loops) == {"ar_decode"} and not chat.tasks
+    assert set(chat.components) == {"transformer", "text_tokenizer"}
     assert card.context_window and card.context_window >= 2
     assert registry.PIPELINES["Cosmos3OmniPipeline"].endswith(":card_from_checkpoint")
 
 
-def test_chat_card_rules(cosmos3_dir: Path):
+def test_chat_card_rules(cosmos3_dir: Path, tmp_path: Path):
     import dataclasses
 
-    card = card_from_checkpoint(cosmos3_dir)
+    card = card_from_checkpoint(_chat_only(cosmos3_dir, tmp_path))
     with pytest.raises(InvalidCard, match="context_window"):
         dataclasses.replace(card, context_window=None)
     with pytest.raises(InvalidCard, match="serves no task"):
@@ -34,8 +51,8 @@ def test_chat_card_rules(cosmos3_dir: Path):
                             recipe=dataclasses.replace(card.recipe, loop="denoise"))
 
 
-def test_generation_on_a_chat_card_names_the_task(cosmos3_dir: Path):
-    generator = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu")
+def test_generation_on_a_chat_card_names_the_task(cosmos3_dir: Path, tmp_path: Path):
+    generator = VideoGenerator.from_pretrained(_chat_only(cosmos3_dir, tmp_path), device="cpu")
     with pytest.raises(InvalidRequest) as exc:
         generator.generate("a fox")
     assert exc.value.field == "task" and "only chat" in str(exc.value)

@@ -73,3 +73,20 @@ def test_sse_chunk_frame_names_the_frame_and_time_range():
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="limit"):
         UpdateQueue(0)
+
+
+def test_reasoning_updates_are_merged_not_lost_when_full():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Update:
+        event: str
+        text: str = ""
+
+    queue = UpdateQueue(3)
+    for piece in ("a", "b", "c", "d", "e"):
+        queue.put_nowait(Update("reasoning", piece))
+    queue.put_nowait(Update("completed"))
+    got = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert "".join(u.text for u in got if u.event == "reasoning") == "abcde"
+    assert got[-1].event == "completed" and len(got) <= 3

@@ -1,8 +1,8 @@
-"""Cards for Cosmos3 Omni diffusers folders (Cosmos3OmniPipeline): chat through the understanding pathway.
+"""Cards for Cosmos3 Omni diffusers folders (Cosmos3OmniPipeline): chat and generation on one instance.
 
-The card serves no generation task yet (issue #13 adds text/image-to-video on the same instance):
-it declares the "ar_decode" loop, which is what makes a model answer chat. Its sampling defaults are
-the pipeline's own generation defaults, kept for that generation side.
+The "ar_decode" loop makes the model answer chat through the understanding pathway; with a VAE and a
+scheduler in the folder the card also declares the "denoise" loop and the generation tasks (text to
+image/video, image to video), run by the generation pathways over the same resident backbone.
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ from pathlib import Path
 
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
+from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 
 FAMILY = "cosmos3"
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
 PROGRAM = "vidloom.recipes.cosmos3.program:build_program"
 AR_LOOP = "ar_decode"
+DENOISE_LOOP = "denoise"
+SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
+GENERATION_COMPONENTS = ("vae", "scheduler")
 # Served context (prompt + completion tokens per sequence). Qwen3-VL backbones are trained far longer;
 # this bounds what one request may reserve in the paged KV pool, which bounds it again.
 CONTEXT_WINDOW = 32768
@@ -33,19 +37,42 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     ckpt = DiffusersDir.open(path)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    components = {"transformer": ComponentSpec("bfloat16"), "text_tokenizer": ComponentSpec()}
+    loops = {AR_LOOP: LoopSpec()}
+    generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
+    inputs = {"image", "reason"}
+    sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \
+        (ckpt.root / "sound_tokenizer").is_dir()
+    if generates:
+        components.update({"vae": ComponentSpec("float32"), "scheduler": ComponentSpec()})
+        loops[DENOISE_LOOP] = LoopSpec(samplers=SAMPLERS)
+    if sound:
+        components["sound_tokenizer"] = ComponentSpec("float32")
+        inputs.add("sound")
     return ModelCard(
         model_id=ckpt.root.name,
         family=FAMILY,
-        components={"transformer": ComponentSpec("bfloat16"), "text_tokenizer": ComponentSpec()},
-        loops={AR_LOOP: LoopSpec()},
-        tasks=frozenset(),
+        components=components,
+        loops=loops,
+        tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
+        inputs=frozenset(inputs) if generates else frozenset(),
+        produces_audio=sound,
         precision="bfloat16",
-        sampling_defaults=GENERATION_DEFAULTS,
+        sampling_defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP),
         program=PROGRAM,
         source=str(ckpt.root),
-        description=f"Cosmos3 Omni (chat through the reasoning pathway) from {ckpt.root}",
-        notes=("chat only for now: video generation on this checkpoint is not wired yet",),
+        description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
+        notes=() if generates else ("chat only: the folder has no vae/ and scheduler/ to generate with",),
         context_window=CONTEXT_WINDOW,
     )
+
+
+def _defaults(ckpt: DiffusersDir) -> SamplingDefaults:
+    """The pipeline's defaults, with the flow shift the checkpoint's scheduler was saved with."""
+    import dataclasses
+
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    shift = scheduler.get("flow_shift", GENERATION_DEFAULTS.flow_shift)
+    return dataclasses.replace(GENERATION_DEFAULTS, flow_shift=float(shift))

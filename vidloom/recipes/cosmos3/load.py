@@ -57,9 +57,14 @@ def load_instance(
     if len(tokenizer) > model.config.vocab_size:
         raise CheckpointError(f"{ckpt.root}: the tokenizer has {len(tokenizer)} tokens, more than the "
                               f"transformer's vocab_size {model.config.vocab_size}")
+    components: dict[str, Any] = {"transformer": model, "tokenizer": tokenizer}
+    if card.tasks:  # the generation pathways, VAE and sampler next to the same backbone
+        from vidloom.recipes.cosmos3.gen_load import load_generation
+
+        components.update(load_generation(ckpt, device, compute))
     return ModelInstance(
         card=card,
-        components={"transformer": model, "tokenizer": tokenizer},
+        components=components,
         device=device,
         dtype=compute,
         checkpoint_dir=str(ckpt.root),

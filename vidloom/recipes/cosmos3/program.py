@@ -32,9 +32,15 @@ def chat_prompt_fn(tokenizer: Any):
 
 
 def build_program(instance: ModelInstance) -> Program:
-    """One loop node: the `chat` slot (a ChatPrompt) in, the `completion` (a ChatResult) out."""
+    """The chat loop node (`chat` slot in, `completion` out), plus the generation nodes when the card generates."""
     tokenizer = instance["tokenizer"]
     loop = ARDecodeLoop(instance["transformer"], tokenizer, chat_prompt_fn(tokenizer), text_positions,
                         eos_ids=(tokenizer.eos_token_id,))
-    return Program(nodes=(Node("ar_decode", reads=("chat",), writes=("completion",), loop=loop),),
-                   inputs=frozenset({"chat"}), outputs=("completion",))
+    # Chat requests reach this loop through the ChatEngine, never as a node of a generation run.
+    chat = Node("ar_decode", reads=("chat",), writes=("completion",), loop=loop, when=lambda request: False)
+    if not instance.card.tasks:
+        return Program(nodes=(chat,), inputs=frozenset({"chat"}), outputs=("completion",))
+    from vidloom.recipes.cosmos3.gen_program import generation_nodes
+
+    return Program(nodes=(chat, *generation_nodes(instance, loop)), inputs=frozenset({"chat", "request"}),
+                   outputs=("video", "reasoned_prompt", "audio", "sample_rate"))

@@ -1,0 +1,68 @@
+"""Load the generation side of a Cosmos3 Omni folder: the vision/sound pathways, the Wan2.2 VAE, UniPC settings.
+
+The text backbone is the one the chat side already loaded (`load.load_text_model`): the generator
+reads only the generation pathways' tensors, so one copy of the shared weights serves both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidloom.core.errors import CheckpointError
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.name_map import NameMap
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights, skip_prefixes
+from vidloom.models.cosmos3.audio import SoundDecoder, SoundDecoderConfig
+from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
+from vidloom.models.cosmos3.generation import (
+    GEN_NAME_MAP,
+    Cosmos3Generator,
+    is_vision_sound_key,
+)
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.wan.load import load_sampler_config
+
+# diffusers keeps the timestep MLP in float32 (`_keep_in_fp32_modules`); so do we, so bf16 runs match it.
+KEEP_FP32 = frozenset({"time_in", "time_out"})
+
+
+def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Generator:
+    """The vision (and sound) pathways of a diffusers `transformer/` folder."""
+    raw = DiffusersDir.open(folder.parent).component_config(folder.name)
+    config = Cosmos3GenConfig.from_transformer_config(raw)
+    model = materialize(lambda: Cosmos3Generator(config), device, dtype, KEEP_FP32)
+    load_weights(model, folder, GEN_NAME_MAP, skip=lambda key: not is_vision_sound_key(key))
+    return model.eval()
+
+
+def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype) -> dict[str, Any]:
+    """The components generation adds to the chat ones: generator, VAE (float32, on `device`), sampler config."""
+    generator = load_generator(ckpt.component_dir("transformer"), device, compute)
+    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    components = {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": load_sampler_config(ckpt)}
+    if has_sound(ckpt):
+        components["sound_decoder"] = load_sound_decoder(ckpt, generator.config.sound_dim)
+    return components
+
+
+def has_sound(ckpt: DiffusersDir) -> bool:
+    """A sound pathway in the transformer and an audio tokenizer folder to decode its latents."""
+    config = ckpt.component_config("transformer")
+    return bool(config.get("sound_gen")) and (ckpt.root / "sound_tokenizer").is_dir()
+
+
+def load_sound_decoder(ckpt: DiffusersDir, sound_dim: int | None) -> SoundDecoder:
+    """The AVAE's decoder in float32 on the CPU (its encoder weights, if shipped, are left unread)."""
+    config = SoundDecoderConfig.from_diffusers(ckpt.component_config("sound_tokenizer"))
+    if config.latent_dim != sound_dim:
+        raise CheckpointError(f"{ckpt.root}: sound_tokenizer vocoder_input_dim {config.latent_dim} differs from "
+                              f"the transformer's sound_dim {sound_dim}")
+    holder = torch.nn.Module()
+    holder.decoder = SoundDecoder(config)
+    load_weights(holder, ckpt.component_dir("sound_tokenizer"), NameMap(()), skip=skip_prefixes(("encoder",)))
+    return holder.decoder.eval()

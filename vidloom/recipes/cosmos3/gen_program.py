@@ -1,0 +1,151 @@
+"""Cosmos3's generation nodes: prompt ids -> noise (and the I2V first frame) -> denoise -> VAE decode.
+
+An image is a one-frame request with the image templates (system prompt, "This image is of ..."),
+exactly as the reference treats `num_frames == 1`; a video may be anchored on a first frame (I2V).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.instance import ModelInstance
+from vidloom.core.program import Node, NodeContext
+from vidloom.core.request import GenerationRequest
+from vidloom.decoding.loop import ARDecodeLoop
+from vidloom.models.cosmos3.audio import SoundDecoder
+from vidloom.models.cosmos3.generation import Cosmos3Generator
+from vidloom.models.cosmos3.layout import GenLayout
+from vidloom.models.wan.vae import WanVAE
+from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
+from vidloom.recipes.cosmos3.prompts import Shape, generation_ids
+from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS, ReasonLoop
+
+
+def uses_guidance(request: GenerationRequest) -> bool:
+    """The reference runs the unconditional branch whenever guidance is not exactly 1 (below 1 too)."""
+    return request.guidance_scale is not None and request.guidance_scale != 1.0
+
+
+def shape_of(request: GenerationRequest) -> Shape:
+    return Shape(request.height, request.width, request.num_frames, float(request.fps))
+
+
+def first_frame(image: Any, height: int, width: int) -> Tensor:
+    """An RGB PIL image -> [1, 3, height, width] in [-1, 1]: scaled to cover, centre-cropped, rounded to uint8 levels.
+
+    The reference's preprocessing step by step (bilinear with antialias, ceil sizes, rounded crop
+    offsets), since a different resize would change the anchored frame and every frame after it.
+    """
+    pixels = torch.from_numpy(np.array(image.convert("RGB"), copy=True)).permute(2, 0, 1)[None].float()
+    src_h, src_w = pixels.shape[-2:]
+    scale = max(width / src_w, height / src_h)
+    size = (math.ceil(scale * src_h), math.ceil(scale * src_w))
+    pixels = F.interpolate(pixels, size=size, mode="bilinear", align_corners=False, antialias=True)
+    top, left = round((size[0] - height) / 2), round((size[1] - width) / 2)
+    pixels = pixels[:, :, top: top + height, left: left + width]
+    return pixels.round().clamp(0, 255) / 127.5 - 1.0
+
+
+def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefix: bool = True,
+                     reason_max_tokens: int = REASON_MAX_TOKENS) -> tuple[Node, ...]:
+    """The nodes of a generation request over `instance`'s resident backbone, generator and VAE.
+
+    `ar_loop` is the card's chat loop: with `reason`, it writes the prompt generation starts from.
+    """
+    tokenizer = instance["tokenizer"]
+    generator: Cosmos3Generator = instance["generator"]
+    vae: WanVAE = instance["vae"]
+    sound_decoder: SoundDecoder | None = instance.components.get("sound_decoder")
+    device = instance.device
+    temporal = vae.config.temporal_factor
+
+    def check(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """What only this family refuses, before any work (reasoning included)."""
+        request: GenerationRequest = slots["request"]
+        if request.image and request.num_frames == 1:
+            raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
+        return {}
+
+    def no_reasoning(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"reasoned_prompt": None, "reasoned_ids": None}
+
+    def tokenize(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        shape = shape_of(request)
+        prompt = slots["reasoned_prompt"] or request.prompt  # a reasoner that wrote nothing: the user's prompt
+        ids = [generation_ids(tokenizer, prompt, shape)]
+        if uses_guidance(request):
+            ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True))
+        return {"prompt_ids": ids}
+
+    def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        latent_shape = (vae.config.z_dim, (request.num_frames - 1) // temporal + 1,
+                        request.height // vae.config.spatial_factor, request.width // vae.config.spatial_factor)
+        first = encode_first_frame(request) if request.image else None
+        # Seeding rule shared with diffusers: CPU generator, float32 standard normal of the latent shape.
+        rng = torch.Generator("cpu").manual_seed(request.seed)
+        latents = torch.randn((1, *latent_shape), generator=rng, dtype=torch.float32)[0].to(device)
+        cond_frames: tuple[int, ...] = ()
+        if first is not None:
+            latents[:, 0] = first[:, 0].to(latents.dtype)
+            cond_frames = (0,)
+        sound, sound_len = None, 0
+        if request.sound:  # drawn after the vision noise from the same generator, as the reference does
+            sound_len = sound_decoder.config.latent_steps(request.num_frames, float(request.fps))
+            sound = torch.randn((generator.config.sound_dim, sound_len), generator=rng, dtype=torch.float32)
+            sound = sound.to(device)
+        branches = [(torch.tensor(ids, device=device),
+                     GenLayout.build(generator.config, latent_shape, len(ids), float(request.fps), temporal,
+                                     cond_frames, sound_len))
+                    for ids in slots["prompt_ids"]]
+        return {"latents": latents, "sound_latents": sound, "branches": branches}
+
+    def encode_first_frame(request: GenerationRequest) -> Tensor:
+        """The anchored frame repeated over the whole clip and encoded as a video, as the reference does."""
+        frame = first_frame(request.image[0], request.height, request.width).to(device)
+        vae_dtype = next(vae.parameters()).dtype
+        video = frame[:, :, None].expand(-1, -1, request.num_frames, -1, -1).to(vae_dtype)
+        return vae.normalize_latents(vae.encode(video).mean)[0].float()
+
+    def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        vae_dtype = next(vae.parameters()).dtype
+        raw = vae.denormalize_latents(slots["latents"][None].to(vae_dtype))
+        video = vae.decode(raw, progress=lambda done, total: ctx.progress("decode", done, total))
+        frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
+        return {"video": frames.cpu().numpy()}
+
+    def decode_sound(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        assert sound_decoder is not None, "the card accepts sound only with a sound decoder"
+        waveform = sound_decoder(slots["sound_latents"].float().cpu())  # [channels, samples]
+        ctx.progress("audio", 1, 1)
+        return {"audio": waveform, "sample_rate": sound_decoder.config.sampling_rate}
+
+    def silent(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"audio": None, "sample_rate": None}
+
+    loop = Cosmos3DenoiseLoop(instance["transformer"], generator, instance["sampler_config"], instance.dtype,
+                              cache_prefix=cache_prefix)
+    reasoner = ReasonLoop(ar_loop, device, instance.dtype, reason_max_tokens)
+    reasoned = ("reasoned_prompt", "reasoned_ids")
+    return (
+        Node("check", reads=("request",), writes=(), run=check),
+        Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),
+        Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.reason),
+        Node("tokenize", reads=("request", "reasoned_prompt"), writes=("prompt_ids",), run=tokenize),
+        Node("prepare_latents", reads=("request", "prompt_ids"), writes=("latents", "sound_latents", "branches"),
+             run=prepare_latents),
+        Node("denoise", reads=("request", "latents", "sound_latents", "branches"),
+             writes=("latents", "sound_latents"), loop=loop),
+        Node("decode", reads=("latents",), writes=("video",), run=decode),
+        Node("decode_sound", reads=("sound_latents",), writes=("audio", "sample_rate"), run=decode_sound,
+             when=lambda r: r.sound),
+        Node("silent", reads=("request",), writes=("audio", "sample_rate"), run=silent, when=lambda r: not r.sound),
+    )
