@@ -1,0 +1,178 @@
+"""POST /v1/chat/completions on the AsyncEngine's chat (AR decode) path: one answer, or SSE chunks ending in [DONE].
+
+The engine is asked for the first item before any byte is sent, so a refused request (bad input,
+KV pool full, queue full) gets its HTTP status; later failures arrive as an error chunk. A client
+that goes away closes the engine's iterator, which frees the sequence at the next decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import AsyncIterator, Callable, Iterator
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from vidloom.core.chat import ChatResult, TokenDelta
+from vidloom.core.errors import CacheBudgetExceeded, VidloomError
+from vidloom.runtime.async_engine import AsyncEngine
+from vidloom.serving.chat_metrics import ChatMetrics
+from vidloom.serving.chat_params import PlannedChat, plan_chat
+from vidloom.serving.chat_protocol import (
+    AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
+)
+from vidloom.serving.disconnect import unless_disconnected
+from vidloom.serving.errors import APIError, engine_errors, error_response, redact_paths
+from vidloom.serving.jobs import JobManager
+from vidloom.serving.request_body import read_body
+from vidloom.serving.video_routes import jobs_of
+
+router = APIRouter(prefix="/v1/chat")
+CHAT_RETRY_AFTER_S = 1  # a full KV pool frees blocks as soon as any running sequence finishes
+DONE = b"data: [DONE]\n\n"
+ChatItems = AsyncIterator[TokenDelta | ChatResult]
+
+
+def chat_metrics_for(manager: JobManager) -> ChatMetrics | None:
+    """The chat series for a model that chats (an `ar_decode` loop); None for a video-only model."""
+    if "ar_decode" not in manager.card.loops:
+        return None
+    return ChatMetrics(manager.metrics.registry, manager.engine.chat_stats)
+
+
+@router.post("/completions", response_model=None)
+async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
+    received = time.perf_counter()
+    manager = jobs_of(request)
+    body = await read_body(request, ChatCompletionBody)
+    rename = _renamer(body)
+    with engine_errors(rename):
+        planned = plan_chat(body, manager.card, None, accepts_images=True)
+    items = _timed(manager.engine.chat(planned.request), request.app.state.chat_metrics, received)
+    try:
+        with engine_errors(rename), _admission_errors():
+            first = await unless_disconnected(request, anext(items))
+    except BaseException:
+        await _close(items)
+        raise
+    if planned.stream:
+        return StreamingResponse(_sse(planned, manager.card.model_id, first, items), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        result = first if isinstance(first, ChatResult) else await unless_disconnected(request, _last(items))
+    finally:
+        await _close(items)
+    return _completion(planned, manager.card.model_id, _successful(result))
+
+
+async def _sse(planned: PlannedChat, model: str, first: TokenDelta | ChatResult, items: ChatItems) -> AsyncIterator[bytes]:
+    """The chunks: the role first, a chunk per piece of text, the finish reason, usage if asked, then [DONE]."""
+    request_id, created = planned.request.request_id, int(time.time())
+
+    def chunk(delta: Delta, finish: str | None = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish)  # type: ignore[arg-type]
+        body = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[choice])
+        return _event(body.model_dump_json(exclude_none=True))
+
+    try:
+        yield chunk(Delta(role="assistant", content=""))
+        item = first
+        while isinstance(item, TokenDelta):
+            if item.text:
+                yield chunk(Delta(content=item.text))
+            item = await anext(items)
+        result = _successful(item)
+        yield chunk(Delta(), result.finish_reason)
+        if planned.include_usage:
+            usage = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=_usage(result))
+            yield _event(usage.model_dump_json())
+    except (VidloomError, APIError, StopAsyncIteration) as exc:
+        # Headers are sent: the failure travels as an error event (as vLLM sends it), then [DONE].
+        yield _event(_error_json(exc))
+    finally:
+        await _close(items)
+    yield DONE
+
+
+async def _timed(items: ChatItems, metrics: ChatMetrics | None, received: float) -> ChatItems:
+    """The engine's items, observing time to first token and inter-token latency on the way through."""
+    last = None
+    try:
+        async for item in items:
+            if metrics is not None and isinstance(item, TokenDelta) and item.token_ids:
+                now = time.perf_counter()
+                if last is None:
+                    metrics.first_token(now - received)
+                    if len(item.token_ids) > 1:
+                        metrics.next_tokens(0.0, len(item.token_ids) - 1)
+                else:
+                    metrics.next_tokens(now - last, len(item.token_ids))
+                last = now
+            yield item
+    finally:
+        await _close(items)  # closing this wrapper must reach the engine's iterator too
+
+
+async def _last(items: ChatItems) -> ChatResult:
+    async for item in items:
+        if isinstance(item, ChatResult):
+            return item
+    raise VidloomError("the chat stream ended without a result")
+
+
+async def _close(items: ChatItems) -> None:
+    """Close the engine's iterator (cancels and frees the sequence); shielded, as a disconnect cancels us."""
+    with anyio.CancelScope(shield=True):
+        await items.aclose()
+
+
+def _successful(item: TokenDelta | ChatResult) -> ChatResult:
+    if not isinstance(item, ChatResult):
+        raise VidloomError("the chat stream ended without a result")
+    if item.finish_reason not in ("stop", "length"):  # cancelled by the server (shutdown)
+        raise APIError(503, "the request was stopped by the server (shutting down)", code="shutting_down")
+    return item
+
+
+@contextlib.contextmanager
+def _admission_errors() -> Iterator[None]:
+    """A full KV pool is a 429 to retry; a request larger than the whole pool is a 400 (it never fits)."""
+    try:
+        yield
+    except CacheBudgetExceeded as exc:
+        if exc.needed > exc.budget:
+            raise APIError(400, f"max_tokens: the prompt plus max_tokens needs more KV cache than this server has: "
+                                f"{exc}", param="max_tokens", code="limit_exceeded") from None
+        raise APIError(429, f"the KV cache is full: {exc}", code="kv_cache_full",
+                       headers={"Retry-After": str(CHAT_RETRY_AFTER_S)}) from None
+
+
+def _renamer(body: ChatCompletionBody) -> Callable[[str], str]:
+    """A request field as the client named it (max_tokens arrives as max_completion_tokens from newer clients)."""
+    sent_new = body.max_completion_tokens is not None
+    return lambda field: "max_completion_tokens" if field == "max_tokens" and sent_new else field
+
+
+def _completion(planned: PlannedChat, model: str, result: ChatResult) -> ChatCompletion:
+    choice = Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)  # type: ignore[arg-type]
+    return ChatCompletion(id=planned.request.request_id, created=int(time.time()), model=model, choices=[choice],
+                          usage=_usage(result))
+
+
+def _usage(result: ChatResult) -> Usage:
+    return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+                 total_tokens=result.prompt_tokens + result.completion_tokens)
+
+
+def _event(data: str) -> bytes:
+    return f"data: {data}\n\n".encode()
+
+
+def _error_json(exc: BaseException) -> str:
+    if isinstance(exc, APIError):
+        status, message, code = exc.status, exc.message, exc.code
+    else:
+        status, message, code = 500, f"generation failed: {redact_paths(str(exc))}", "generation_error"
+    return error_response(status, message, code=code).body.decode()
