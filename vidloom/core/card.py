@@ -92,6 +92,8 @@ class ModelCard:
     size_from_inputs: bool = False
     max_reference_images: int = 0  # reference images a request may pass as `image` (0: none; I2V takes one frame)
     min_image_side: int = 0  # smallest width and height of an input image, in pixels
+    # Cards with an "ar_decode" loop (chat): prompt + completion tokens one sequence may hold (max_model_len).
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
@@ -110,16 +112,27 @@ class ModelCard:
         where = f"card {self.model_id!r}"
         if not self.model_id or not self.family:
             raise InvalidCard(f"{where}: model_id and family are required")
-        if not self.tasks:
-            raise InvalidCard(f"{where}: serves no task")
+        chat = "ar_decode" in self.loops
+        if chat and (self.context_window is None or self.context_window < 2):
+            raise InvalidCard(f"{where}: an ar_decode loop needs context_window >= 2, got {self.context_window!r}")
+        if not self.tasks and not chat:
+            raise InvalidCard(f"{where}: serves no task and has no ar_decode loop (chat)")
         if self.precision not in PRECISIONS:
             raise InvalidCard(f"{where}: precision {self.precision!r} not in {PRECISIONS}")
         for name, spec in self.components.items():
             if spec.dtype is not None and spec.dtype not in PRECISIONS:
                 raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
-        self._validate_recipe(where)
         if self.recipe.loop not in self.loops:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
+        if self.tasks:  # the generation defaults below describe generation requests
+            self._validate_generation(where)
+        if self.memory_estimator is not None and ":" not in self.memory_estimator:
+            raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
+        if ":" not in self.program:
+            raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
+
+    def _validate_generation(self, where: str) -> None:
+        self._validate_recipe(where)
         defaults, geo = self.sampling_defaults, self.geometry
         if defaults.sampler not in self.samplers:
             raise InvalidCard(f"{where}: default sampler {defaults.sampler!r} not among {self.samplers}")
@@ -131,10 +144,6 @@ class ModelCard:
             raise InvalidCard(f"{where}: a default guidance_scale_2 needs 'guidance_scale_2' in inputs")
         if not self.required_inputs <= self.inputs:
             raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
-        if self.memory_estimator is not None and ":" not in self.memory_estimator:
-            raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
-        if ":" not in self.program:
-            raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
 
     def _validate_recipe(self, where: str) -> None:
         recipe, defaults = self.recipe, self.sampling_defaults

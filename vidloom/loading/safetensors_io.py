@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -36,8 +36,17 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     raise CheckpointError(f"{folder}: no {stem}.safetensors or {stem}.safetensors.index.json found")
 
 
-def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem: str = DIFFUSERS_WEIGHTS) -> None:
+def load_weights(
+    module: torch.nn.Module,
+    folder: Path,
+    name_map: NameMap,
+    stem: str = DIFFUSERS_WEIGHTS,
+    skip: Callable[[str], bool] | None = None,
+) -> None:
     """Copy every tensor of the checkpoint in `folder` into `module` through `name_map`.
+
+    `skip(key)` True leaves a checkpoint tensor unread (weights another module of the same
+    checkpoint owns, e.g. Cosmos3's generation pathways when only the understanding one is built).
 
     Raises CheckpointError naming the key and file for unexpected, missing or
     mis-shaped tensors. Tensors are cast to each parameter's dtype on copy.
@@ -51,6 +60,8 @@ def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem:
     for path, keys in sorted(by_file.items()):
         with _open_safetensors(path) as f:
             for key in keys:
+                if skip is not None and skip(key):
+                    continue
                 name = name_map.to_module(key)
                 if name not in targets:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")

@@ -1,0 +1,80 @@
+"""Load a Cosmos3 Omni card's checkpoint: the transformer's understanding pathway and the tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.instance import ModelInstance
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.cosmos3.config import Cosmos3TextConfig
+from vidloom.models.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transformer, is_generation_key
+from vidloom.recipes.cosmos3.cards import PIPELINE_CLASS
+
+
+def load_text_model(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Transformer:
+    """The understanding pathway of a diffusers `transformer/` folder (generation weights left unread)."""
+    config = Cosmos3TextConfig.from_transformer_config(DiffusersDir.open(folder.parent).component_config(folder.name))
+    model = materialize(lambda: Cosmos3Transformer(config), device, dtype)
+    load_weights(model, folder, TEXT_NAME_MAP, skip=is_generation_key)
+    return model.eval()
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The checkpoint's own tokenizer and chat template, through transformers."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: cannot load the tokenizer ({exc})") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise CheckpointError(f"{folder}: the tokenizer has no chat template (tokenizer_config.json chat_template)")
+    if tokenizer.eos_token_id is None:
+        raise CheckpointError(f"{folder}: the tokenizer names no eos_token")
+    return tokenizer
+
+
+def load_instance(
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+) -> ModelInstance:
+    """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in float32."""
+    _check_deploy(deploy)
+    ckpt = DiffusersDir.open(checkpoint)
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.require(card.components)
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    model = load_text_model(ckpt.component_dir("transformer"), device, compute)
+    tokenizer = load_tokenizer(ckpt.component_dir("text_tokenizer"))
+    if len(tokenizer) > model.config.vocab_size:
+        raise CheckpointError(f"{ckpt.root}: the tokenizer has {len(tokenizer)} tokens, more than the "
+                              f"transformer's vocab_size {model.config.vocab_size}")
+    return ModelInstance(
+        card=card,
+        components={"transformer": model, "tokenizer": tokenizer},
+        device=device,
+        dtype=compute,
+        checkpoint_dir=str(ckpt.root),
+        deploy=deploy,
+    )
+
+
+def _check_deploy(deploy: DeployConfig) -> None:
+    """Options wired for the video families fail at load, naming the flag, instead of mid-request."""
+    unsupported = [
+        name for name, on in (
+            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
+            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
+            ("compile", deploy.compile),
+        ) if on
+    ]
+    if unsupported:
+        raise DeployError(f"Cosmos3 chat does not support {', '.join(unsupported)} yet; drop the option(s)")
