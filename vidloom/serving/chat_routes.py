@@ -143,13 +143,9 @@ def _admission_errors() -> Iterator[None]:
         yield
     except CacheBudgetExceeded as exc:
         if exc.needed > exc.budget:
-            raise APIError(400, f"max_tokens: the prompt plus max_tokens needs {exc.needed} bytes of KV cache, more "
-                                f"than this server's whole pool of {exc.budget}; lower max_tokens or shorten the "
-                                "messages", param="max_tokens", code="limit_exceeded") from None
-        free = exc.budget - exc.in_use
-        raise APIError(429, f"the KV cache cannot hold this request now: it needs {exc.needed} bytes and {free} of "
-                            f"{exc.budget} are free (the rest is held by running requests); retry after "
-                            f"{CHAT_RETRY_AFTER_S}s or lower max_tokens", code="kv_cache_full",
+            raise APIError(400, f"max_tokens: the request does not fit in this server's KV cache even when it is "
+                                f"empty: {exc}", param="max_tokens", code="limit_exceeded") from None
+        raise APIError(429, f"the KV cache is full: {exc}", code="kv_cache_full",
                        headers={"Retry-After": str(CHAT_RETRY_AFTER_S)}) from None
 
 

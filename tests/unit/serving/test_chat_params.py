@@ -17,7 +17,7 @@ from vidloom.serving.chat_params import plan_chat
 from vidloom.serving.chat_protocol import ChatCompletionBody
 
 VIDEO_CARD = demo_card()
-CHAT_CARD = dataclasses.replace(VIDEO_CARD, loops={**VIDEO_CARD.loops, "ar_decode": LoopSpec()})
+CHAT_CARD = dataclasses.replace(VIDEO_CARD, loops={**VIDEO_CARD.loops, "ar_decode": LoopSpec()}, context_window=256)
 LIMITS = ChatLimits(context_window=256, max_tokens=128, default_max_tokens=16)
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -1,0 +1,221 @@
+"""/v1/chat/completions on a tiny Cosmos3 Omni checkpoint, as clients use it: uvicorn on 127.0.0.1, the official
+openai package (unmodified) and httpx for what the client library hides (raw SSE, error bodies, disconnects)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3
+from tests.helpers.servers import ThreadServer
+from vidloom.serving.config import ServeConfig
+
+HELLO = [{"role": "user", "content": "tell me a story about robots"}]
+
+
+@pytest.fixture(scope="module")
+def cosmos3_engine(tmp_path_factory):
+    from vidloom.generator import VideoGenerator
+
+    folder = write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "cosmos3-tiny")
+    return VideoGenerator.from_pretrained(folder, device="cpu").engine
+
+
+@pytest.fixture(scope="module")
+def chat_server(cosmos3_engine, tmp_path_factory):
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("chat-data"), queue_size=16, graceful_shutdown_s=2)
+    with ThreadServer(cosmos3_engine, config) as running:
+        yield running
+
+
+@pytest.fixture
+def client(chat_server):
+    with httpx.Client(base_url=chat_server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def oc(chat_server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{chat_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def _model(client: httpx.Client) -> str:
+    return client.get("/v1/models").json()["data"][0]["id"]
+
+
+def _kv_blocks(client: httpx.Client) -> tuple[float, float]:
+    """(in use, total) from /metrics."""
+    values = {}
+    for line in client.get("/metrics").text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("vidloom_kv_blocks_in_use", "vidloom_kv_blocks_total"):
+            values[name] = float(value)
+    return values["vidloom_kv_blocks_in_use"], values["vidloom_kv_blocks_total"]
+
+
+def _wait_pool_full(client: httpx.Client, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _kv_blocks(client)[0] != 0:
+        assert time.monotonic() < deadline, f"KV blocks still held: {_kv_blocks(client)}"
+        time.sleep(0.02)
+
+
+def _sse_data(lines: list[str]) -> list[str]:
+    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+def test_openai_client_non_streaming_greedy_length(oc, client):
+    reply = oc.chat.completions.create(model=_model(client), messages=HELLO, max_completion_tokens=8,
+                                       temperature=0, seed=1)
+    choice = reply.choices[0]
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens > 5
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+    again = oc.chat.completions.create(model=_model(client), messages=HELLO, max_tokens=8, temperature=0)
+    assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
+
+
+def test_openai_client_streaming_matches_non_streaming(oc, client):
+    whole = oc.chat.completions.create(model=_model(client), messages=HELLO, max_tokens=12, temperature=0)
+    chunks = list(oc.chat.completions.create(model=_model(client), messages=HELLO, max_tokens=12, temperature=0,
+                                             stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_raw_stream_ends_with_done(client):
+    body = {"messages": HELLO, "max_tokens": 4, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        data = _sse_data(list(response.iter_lines()))
+    assert data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in e for e in events)  # only with stream_options.include_usage
+
+
+def test_stop_strings_cut_the_answer(oc, client):
+    model = _model(client)
+    full = oc.chat.completions.create(model=model, messages=HELLO, max_tokens=24, temperature=0)
+    text = full.choices[0].message.content
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip(), f"pick a visible stop string from {text!r}"
+    cut = oc.chat.completions.create(model=model, messages=HELLO, max_tokens=24, temperature=0, stop=[stop, "zzzz"])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+    streamed = oc.chat.completions.create(model=model, messages=HELLO, max_tokens=24, temperature=0, stop=stop,
+                                          stream=True)
+    pieces = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.delta.content or "" for p in pieces) == text[:text.index(stop)]
+    assert pieces[-1].finish_reason == "stop"
+
+
+def test_seeded_sampling_repeats(oc, client):
+    kwargs = dict(model=_model(client), messages=HELLO, max_tokens=10, temperature=1.0, top_p=0.9, seed=123,
+                  extra_body={"top_k": 20})
+    first = oc.chat.completions.create(**kwargs).choices[0].message.content
+    assert oc.chat.completions.create(**kwargs).choices[0].message.content == first
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": {"type": "text"}}]}, "messages[0].content"),
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": 10**9}, "max_tokens"),
+    ({"messages": HELLO, "max_completion_tokens": 10**9}, "max_completion_tokens"),
+    ({"messages": HELLO, "temperature": -1}, "temperature"),
+    ({"messages": HELLO, "top_p": 0}, "top_p"),
+    ({"messages": HELLO, "top_p": 1.01}, "top_p"),
+    ({"messages": HELLO, "n": 2}, "n"),
+    ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": HELLO, "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}]}, "messages[0].content[0].image_url"),
+])
+def test_bad_input_is_400_naming_the_field(client, body, param):
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(param)
+
+
+def test_unknown_model_is_404(client):
+    response = client.post("/v1/chat/completions", json={"messages": HELLO, "model": "gpt-4o"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_disconnect_mid_stream_frees_the_sequence(client):
+    _wait_pool_full(client)
+    body = {"messages": HELLO, "max_tokens": 2000, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data: {") or _kv_blocks(client)[0] == 0:
+            pass
+        assert _kv_blocks(client)[0] > 0  # the sequence holds blocks while it streams
+    _wait_pool_full(client)  # closing the connection freed them at the next token
+
+
+def test_metrics_count_tokens_and_latencies(oc, client):
+    def scrape() -> dict[str, float]:
+        out = {}
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("vidloom_chat_") or line.startswith("vidloom_kv_"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    before = scrape()
+    oc.chat.completions.create(model=_model(client), messages=HELLO, max_tokens=5, temperature=0)
+    after = scrape()
+    assert after["vidloom_chat_generated_tokens_total"] - before["vidloom_chat_generated_tokens_total"] == 5
+    ttft = "vidloom_chat_time_to_first_token_seconds_count"
+    assert after[ttft] - before.get(ttft, 0) == 1
+    itl = "vidloom_chat_inter_token_latency_seconds_count"
+    assert after[itl] - before.get(itl, 0) == 4
+    assert after["vidloom_kv_blocks_total"] > 0 and after["vidloom_kv_blocks_in_use"] == 0
+
+
+def test_video_only_model_refuses_chat_and_still_lists_itself(start_server):
+    server = start_server()  # the demo video model
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        response = client.post("/v1/chat/completions", json={"messages": HELLO})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "model" and "does not support chat" in error["message"]
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["wan2.1-demo"]
+        assert "vidloom_kv_blocks_total" not in client.get("/metrics").text
+
+
+def test_guards_apply_to_chat(cosmos3_engine, tmp_path):
+    config = ServeConfig(data_dir=tmp_path / "data", api_key="sk-chat", max_body_bytes=4096, graceful_shutdown_s=2)
+    with ThreadServer(cosmos3_engine, config) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.post("/v1/chat/completions", json={"messages": HELLO}).status_code == 401
+        auth = {"Authorization": "Bearer sk-chat"}
+        plain = client.post("/v1/chat/completions", content=json.dumps({"messages": HELLO}),
+                            headers={**auth, "Content-Type": "text/plain"})
+        assert plain.status_code == 415
+        big = [{"role": "user", "content": "x" * 5000}]
+        assert client.post("/v1/chat/completions", json={"messages": big}, headers=auth).status_code == 413
+        foreign = client.post("/v1/chat/completions", json={"messages": HELLO},
+                              headers={**auth, "Origin": "https://evil.example"})
+        assert foreign.status_code == 403
+        ok = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}, headers=auth)
+        assert ok.status_code == 200, ok.text
