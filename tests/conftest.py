@@ -61,3 +61,20 @@ def tiny_flux2_dir(request, tmp_path_factory) -> Path:
 def flux2_distilled_dir(tmp_path_factory) -> Path:
     """The step-distilled tiny Flux2 Klein folder alone (server and batching tests)."""
     return write_tiny_flux2(tmp_path_factory.mktemp("klein-distilled-only"), TINY_DISTILLED)
+
+
+@pytest.fixture(scope="session", params=["cosmos3-a", "cosmos3-b"])
+def tiny_cosmos3_dir(request, tmp_path_factory) -> Path:
+    """A diffusers-written Cosmos3OmniPipeline folder for each tiny config."""
+    from tests.helpers.cosmos3_checkpoints import COSMOS3_CONFIGS, write_tiny_cosmos3
+
+    spec = next(s for s in COSMOS3_CONFIGS if s.name == request.param)
+    return write_tiny_cosmos3(tmp_path_factory.mktemp(spec.name), spec)
+
+
+@pytest.fixture(scope="session")
+def cosmos3_dir(tmp_path_factory) -> Path:
+    """One tiny Cosmos3OmniPipeline folder (config A), shared by the chat tests."""
+    from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
+
+    return write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "tiny-cosmos3", COSMOS3_A)

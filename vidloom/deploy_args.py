@@ -24,6 +24,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prompt-cache", type=int, default=0, metavar="N", help="cache N prompt embeddings")
     group.add_argument("--kv-cache-budget-mb", type=float, default=None, metavar="MB",
                        help="KV cache (causal video) all running requests may hold together (default: no limit)")
+    group.add_argument("--kv-pool-tokens", type=int, default=None, metavar="N",
+                       help="chat models: tokens of paged KV cache shared by running chats (default 16384)")
     group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
                        help="pixels between tile starts (default 3/4 of --vae-tile)")
@@ -58,6 +60,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         prompt_cache_size=args.prompt_cache,
         offload_idle_expert=args.offload_idle_expert,
         kv_cache_budget_bytes=None if args.kv_cache_budget_mb is None else max(1, int(args.kv_cache_budget_mb * 2**20)),
+        kv_pool_tokens=args.kv_pool_tokens,
         vae_tile=args.vae_tile,
         vae_tile_stride=args.vae_tile_stride,
         attention_backend=args.attention_backend,

@@ -10,6 +10,7 @@ import torch
 
 from vidloom import registry
 from vidloom.core.card import ModelCard
+from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
@@ -186,6 +187,32 @@ class VideoGenerator:
                 yield ChunkEvent(run.request.request_id, chunk, output.fps)
         finally:
             run.close()
+
+    def chat(self, messages: Any, **sampling: Any) -> ChatResult:
+        """Answer a conversation: `messages` as OpenAI-style dicts ({"role", "content"}) or ChatMessages.
+
+        sampling: max_tokens, temperature (0: greedy), top_p, top_k, seed, stop (a string or a list).
+        Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat, or
+        CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
+        """
+        result = None
+        for item in self.chat_stream(messages, **sampling):
+            result = item
+        assert isinstance(result, ChatResult)
+        return result
+
+    def chat_stream(self, messages: Any, **sampling: Any) -> Iterator[TokenDelta | ChatResult]:
+        """Like `chat`, yielding TokenDeltas as tokens are decoded, then the ChatResult.
+
+        Stopping the iteration early cancels the sequence and frees its KV blocks.
+        """
+        from vidloom.media.image import load_image
+        from vidloom.runtime.chat_engine import no_chat
+
+        engine = getattr(self.engine, "chat", None)
+        if engine is None:
+            raise no_chat(self.card.model_id)
+        yield from engine.stream(build_chat_request(messages, load_image=load_image, **sampling))
 
 
 def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:

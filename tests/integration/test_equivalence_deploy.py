@@ -42,6 +42,7 @@ FLAGS: dict[str, FlagRow] = {
     "offload_text_encoder": FlagRow(("--offload-text-encoder",), {"offload_text_encoder": True}),
     "prompt_cache_size": FlagRow(("--prompt-cache", "4"), {"prompt_cache_size": 4}),
     "kv_cache_budget_bytes": FlagRow(("--kv-cache-budget-mb", "64"), {"kv_cache_budget_bytes": 64 * 2**20}),
+    "kv_pool_tokens": FlagRow(("--kv-pool-tokens", "4096"), {"kv_pool_tokens": 4096}),
     "offload_idle_expert": FlagRow(("--offload-idle-expert",), {"offload_idle_expert": True}),
     "vae_tile": FlagRow(("--vae-tile", "32"), {"vae_tile": 32}),
     "vae_tile_stride": FlagRow(("--vae-tile", "32", "--vae-tile-stride", "16"), {"vae_tile": 32, "vae_tile_stride": 16}),

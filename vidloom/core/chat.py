@@ -297,3 +297,13 @@ def stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if isinstance(stop, (list, tuple)):
         return tuple(stop)
     raise InvalidRequest("stop", f"must be a string or a list of strings, got {type(stop).__name__}")
+
+
+def build_chat_request(messages: object, *, load_image: ImageLoader | None = None, request_id: str | None = None,
+                       max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                       seed: int | None = None, stop: str | Sequence[str] | None = None) -> ChatRequest:
+    """A ChatRequest from OpenAI-style messages (dicts or ChatMessages) and sampling keywords (not yet validated)."""
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                              stop=stop_tuple(stop))
+    converted = messages_from_openai(messages, load_image)
+    return ChatRequest(converted, sampling) if request_id is None else ChatRequest(converted, sampling, request_id)

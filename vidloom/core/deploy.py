@@ -47,6 +47,10 @@ class DeployConfig:
     kv_cache_budget_bytes: int | None = None
     """Bytes of KV cache (causal-video slabs) all running requests may hold together; None: no limit.
     A request whose cache would not fit fails with CacheBudgetExceeded before its first step."""
+    kv_pool_tokens: int | None = None
+    """Tokens of KV the paged pool for chat (AR decode) holds across all running sequences (--kv-pool-tokens);
+    None: 16384. Allocated once at load, inside kv_cache_budget_bytes; a chat request whose prompt + max_tokens
+    do not fit in what is free is refused with CacheBudgetExceeded. Ignored by models without chat."""
     offload_idle_expert: bool = False
     """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
     host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
@@ -68,6 +72,9 @@ class DeployConfig:
         budget = self.kv_cache_budget_bytes
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
             raise DeployError(f"kv_cache_budget_bytes must be a positive int or None, got {budget!r}")
+        pool = self.kv_pool_tokens
+        if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or pool < 16):
+            raise DeployError(f"kv_pool_tokens (--kv-pool-tokens) must be an integer >= 16 (one block), got {pool!r}")
         if self.vae_tile is not None and (isinstance(self.vae_tile, bool) or self.vae_tile < 1):
             raise DeployError(f"vae_tile (--vae-tile) must be a positive number of pixels, got {self.vae_tile!r}")
         if self.offload_idle_expert and self.cuda_graphs:

@@ -46,18 +46,20 @@ class Cancelled(VidloomError):
 class CacheBudgetExceeded(VidloomError):
     """A request's KV cache does not fit in what the deployment's cache budget has left."""
 
-    def __init__(self, needed: int, in_use: int, budget: int) -> None:
-        super().__init__(
+    def __init__(self, needed: int, in_use: int, budget: int, reason: str | None = None) -> None:
+        """Bytes by default; a paged pool counts blocks and says so in `reason` (the whole message)."""
+        super().__init__(reason or (
             f"the request needs {needed} bytes of KV cache but only {budget - in_use} of "
             f"kv_cache_budget_bytes={budget} are free ({in_use} held by running requests); "
             "retry later, ask for fewer frames or a smaller size, or raise the budget"
-        )
+        ))
         self.needed = needed
         self.in_use = in_use
         self.budget = budget
+        self.reason = reason
 
-    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:
-        return (type(self), (self.needed, self.in_use, self.budget))
+    def __reduce__(self) -> tuple[type, tuple[int, int, int, str | None]]:
+        return (type(self), (self.needed, self.in_use, self.budget, self.reason))
 
 
 class NonFiniteOutput(VidloomError):

@@ -41,7 +41,7 @@ class StepPlan:
 
     loop: str  # name of the loop that planned it
     index: int  # 0-based step index
-    total: int  # steps the loop will run
+    total: int | None  # steps the loop will run; None: open-ended (AR decode stops on EOS / stop / budget)
     call: Callable[..., Any]
     inputs: Mapping[str, Any] = field(default_factory=dict)
     expert: str | None = None  # which of a model's networks runs this step, when it has several (Wan2.2 A14B)

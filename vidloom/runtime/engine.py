@@ -19,6 +19,7 @@ from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
@@ -315,6 +316,8 @@ class Engine(EngineDriver):
         # request that cannot fit fails with InvalidRequest before it allocates anything.
         self.limits = RequestLimits(max_memory_bytes=request_budget(instance.device))
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
+        # Chat (AR decode) over the same resident modules, when the program has an ar_decode loop.
+        self.chat: ChatEngine | None = build_chat_engine(instance, program, self.caches)
 
     @property
     def compile_misses(self) -> int:

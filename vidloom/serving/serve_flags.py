@@ -43,7 +43,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
 }
 _DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",
-                "offload_idle_expert",
+                "offload_idle_expert", "kv_pool_tokens",
                 "attention_backend",
                 "cfg_mode", "step_cache", "step_cache_threshold", "devices")
 

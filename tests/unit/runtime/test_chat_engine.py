@@ -1,0 +1,179 @@
+"""ChatEngine on a tiny Cosmos3 checkpoint: continuous batching, seeded sampling, stops, admission, release."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, LimitExceeded
+from vidloom.generator import VideoGenerator
+from vidloom.runtime.chat_engine import ChatEngine
+
+PROMPTS = ["hello world", "tell me a story about robots and the physical world", "1 2 3", "what is in this picture?"]
+
+
+@pytest.fixture(scope="module")
+def generator(cosmos3_dir: Path) -> VideoGenerator:
+    return VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", deploy=DeployConfig(kv_pool_tokens=512))
+
+
+def _chat(engine: ChatEngine) -> ChatEngine:
+    assert engine is not None
+    return engine
+
+
+def _request(text: str, **sampling):
+    return build_chat_request([{"role": "user", "content": text}], **sampling)
+
+
+def _run_together(engine: ChatEngine, requests) -> dict[str, list]:
+    items: dict[str, list] = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.admit(r, items[r.request_id].append)
+    steps = 0
+    while engine.has_work:
+        steps += 1
+        assert engine.step() <= len(requests)
+    assert steps >= 8
+    return items
+
+
+def test_batch_of_different_lengths_gives_each_its_tokens_alone(generator: VideoGenerator):
+    engine = _chat(generator.engine.chat)
+    budgets = [12, 8, 16, 5]
+    requests = [_request(p, max_tokens=n, temperature=0) for p, n in zip(PROMPTS, budgets)]
+    together = _run_together(engine, requests)
+    for r in requests:
+        alone = [i for i in engine.stream(dataclasses.replace(r, request_id=r.request_id + "-alone"))][-1]
+        result = together[r.request_id][-1]
+        assert isinstance(result, ChatResult) and result.token_ids == alone.token_ids
+        deltas = [i for i in together[r.request_id] if isinstance(i, TokenDelta)]
+        assert "".join(d.text for d in deltas) == result.text
+        assert sum(len(d.token_ids) for d in deltas) == result.completion_tokens
+    assert engine.stats()["kv_blocks_in_use"] == 0
+
+
+def test_sequences_join_between_steps(generator: VideoGenerator):
+    engine = _chat(generator.engine.chat)
+    first, late = _request(PROMPTS[1], max_tokens=10, temperature=0), _request(PROMPTS[0], max_tokens=6, temperature=0)
+    items: dict[str, list] = {first.request_id: [], late.request_id: []}
+    engine.admit(first, items[first.request_id].append)
+    for _ in range(3):
+        engine.step()
+    engine.admit(late, items[late.request_id].append)  # prefills while `first` decodes
+    while engine.has_work:
+        engine.step()
+    for r in (first, late):
+        alone = list(engine.stream(dataclasses.replace(r, request_id="x")))[-1]
+        assert items[r.request_id][-1].token_ids == alone.token_ids
+
+
+def test_seeded_sampling_is_reproducible(generator: VideoGenerator):
+    runs = [generator.chat([{"role": "user", "content": "hello"}], max_tokens=16, temperature=1.0, top_p=0.9,
+                           top_k=40, seed=seed) for seed in (7, 7, 8)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].token_ids != runs[2].token_ids
+    # A seeded sequence samples the same inside a batch as alone.
+    engine = _chat(generator.engine.chat)
+    requests = [_request("hello", max_tokens=16, temperature=1.0, top_p=0.9, top_k=40, seed=7),
+                _request(PROMPTS[1], max_tokens=9, temperature=0.7, seed=3)]
+    together = _run_together(engine, requests)
+    assert together[requests[0].request_id][-1].token_ids == runs[0].token_ids
+
+
+def test_stop_string_ends_the_text_before_it(generator: VideoGenerator):
+    full = generator.chat([{"role": "user", "content": PROMPTS[1]}], max_tokens=24, temperature=0)
+    text = full.text
+    cut = next(i for i in range(len(text) // 2, len(text)) if text[i:i + 2].isprintable())
+    stop = text[cut:cut + 2]
+    at = text.find(stop)
+    stopped = list(generator.chat_stream([{"role": "user", "content": PROMPTS[1]}], max_tokens=24, temperature=0,
+                                         stop=[stop, "never-there"]))
+    result = stopped[-1]
+    assert result.finish_reason == "stop" and result.text == text[:at]
+    assert "".join(i.text for i in stopped[:-1]) == text[:at]  # the stop string never streamed out
+    assert full.finish_reason in ("length", "stop") and full.completion_tokens <= 24
+
+
+def test_length_and_window_limits(generator: VideoGenerator):
+    result = generator.chat([{"role": "user", "content": "hi"}], max_tokens=3, temperature=0)
+    assert (result.finish_reason, result.completion_tokens) in (("length", 3), ("stop", result.completion_tokens))
+    limits = generator.engine.chat.limits
+    assert limits.context_window == 512  # bounded by the pool
+    with pytest.raises(LimitExceeded) as exc:
+        generator.chat([{"role": "user", "content": "hi"}], max_tokens=limits.max_tokens)
+    assert exc.value.field == "max_tokens"
+
+
+def test_admission_refuses_when_the_pool_is_full(generator: VideoGenerator):
+    engine = _chat(generator.engine.chat)
+    sink: list = []
+    held = [engine.admit(_request("hi", max_tokens=200, temperature=0), sink.append) for _ in range(2)]
+    with pytest.raises(CacheBudgetExceeded, match="kv_pool_tokens=512"):
+        engine.admit(_request("hi", max_tokens=200, temperature=0), sink.append)
+    for seq in held:
+        engine.cancel(seq)
+    engine.step()
+    assert engine.stats()["kv_blocks_in_use"] == 0
+    assert [i.finish_reason for i in sink] == ["cancelled", "cancelled"]
+
+
+def test_pool_is_full_again_after_any_mix_of_finish_cancel_and_failure(generator: VideoGenerator, monkeypatch):
+    engine = _chat(generator.engine.chat)
+    rng = random.Random(0)
+    doomed: set[str] = set()
+    advance = engine.loop.advance
+
+    def failing(state, logits):
+        if state.prompt.request.request_id in doomed and len(state.completion) >= 2:
+            raise RuntimeError("injected failure")
+        return advance(state, logits)
+
+    monkeypatch.setattr(engine.loop, "advance", failing)
+    outcomes: dict[str, list] = {}
+    seqs = {}
+    for i in range(8):
+        r = _request(rng.choice(PROMPTS), max_tokens=rng.randint(2, 12), temperature=rng.choice([0, 0.8]), seed=i)
+        outcomes[r.request_id] = []
+        seqs[r.request_id] = engine.admit(r, outcomes[r.request_id].append)
+        if i % 3 == 1:
+            doomed.add(r.request_id)
+    for step in range(40):
+        if step == 2:
+            for rid in list(seqs)[::4]:
+                engine.cancel(seqs[rid])
+        if not engine.has_work:
+            break
+        engine.step()
+    assert not engine.has_work
+    assert engine.stats()["kv_blocks_in_use"] == 0
+    kinds = {type(items[-1]).__name__ if not isinstance(items[-1], ChatResult) else items[-1].finish_reason
+             for items in outcomes.values()}
+    assert "RuntimeError" in kinds and "cancelled" in kinds and kinds & {"length", "stop"}
+
+
+def test_image_inputs_and_models_without_chat_are_refused(generator: VideoGenerator, demo_cache, monkeypatch):
+    from PIL import Image
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with pytest.raises(InvalidRequest) as exc:
+        generator.chat([{"role": "user", "content": [{"type": "text", "text": "what"},
+                                                     {"type": "image_url", "image_url": {"url": url}}]}])
+    assert exc.value.field == "messages[0].content[1]"
+    with pytest.raises(InvalidRequest) as exc:
+        generator.chat([{"role": "robot", "content": "x"}])
+    assert exc.value.field == "messages[0].role"
+    monkeypatch.setenv("VIDLOOM_CACHE", str(demo_cache))
+    video_only = VideoGenerator.from_pretrained("wan2.1-demo", device="cpu")
+    with pytest.raises(InvalidRequest) as exc:
+        video_only.chat([{"role": "user", "content": "hi"}])
+    assert exc.value.field == "model" and "does not support chat" in str(exc.value)

@@ -1,0 +1,1 @@
+"""Token decoding: per-sequence sampling and incremental detokenization with stop strings (AR loops)."""

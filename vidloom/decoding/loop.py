@@ -1,0 +1,121 @@
+"""ARDecodeLoop: prefill, then one token per step, until EOS, a stop string or the token budget.
+
+The loop owns decoding semantics (what to feed, how to pick the next token, when to stop); the
+runtime owns the KV blocks (reserved through the context at `init`, released when the loop ends)
+and runs each planned step, batching the steps of concurrent sequences into one forward
+(vidloom.runtime.ar_batching). The plan's total is open (None): a sequence stops when it stops.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
+from vidloom.core.loop import DONE, Done, StepPlan
+from vidloom.decoding.detokenize import Detokenizer
+from vidloom.decoding.sampling import make_generator, next_token
+
+PromptFn = Callable[[ChatRequest], list[int]]
+"""A chat request -> its prompt token ids (the model's chat template); InvalidRequest for what it cannot take."""
+PositionsFn = Callable[[int, int, torch.device], Tensor]
+"""(first position, token count, device) -> the model's position ids for that many text tokens."""
+
+
+class DecodeContext(Protocol):
+    """What the runtime offers one decoding sequence."""
+
+    device: torch.device
+
+    def reserve_kv(self, tokens: int) -> str:
+        """Reserve KV blocks for `tokens` tokens (CacheBudgetExceeded if they do not fit); the sequence id.
+
+        Released by the runtime when the loop ends (finish, failure, cancel).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """The `chat` slot: a validated request, its prompt ids and its completion budget."""
+
+    request: ChatRequest
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass
+class DecodeState:
+    """One sequence's decoding state (never on shared modules)."""
+
+    prompt: ChatPrompt
+    seq_id: str
+    generator: torch.Generator | None
+    detok: Detokenizer
+    device: torch.device
+    cached: int = 0  # tokens whose K/V are in the cache
+    feed: list[int] = field(default_factory=list)  # tokens the next forward reads
+    completion: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    deltas: list[TokenDelta] = field(default_factory=list)  # produced since the runtime last drained them
+    started: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+
+
+class ARDecodeLoop:
+    """The "ar_decode" loop of a causal LM: `network(ids, positions, kv=..., logits_at=...)` -> logits."""
+
+    name = "ar_decode"
+
+    def __init__(self, network: torch.nn.Module, tokenizer: Any, prompt: PromptFn, positions: PositionsFn,
+                 eos_ids: Sequence[int]) -> None:
+        self.network, self.tokenizer = network, tokenizer
+        self.prompt, self.positions = prompt, positions
+        self.eos_ids = frozenset(eos_ids)
+
+    def init(self, slots: Mapping[str, Any], ctx: DecodeContext) -> DecodeState:
+        chat: ChatPrompt = slots["chat"]
+        seq_id = ctx.reserve_kv(len(chat.prompt_ids) + chat.max_tokens)
+        params = chat.request.sampling
+        return DecodeState(chat, seq_id, make_generator(params, ctx.device), Detokenizer(self.tokenizer, params.stop),
+                           ctx.device, feed=list(chat.prompt_ids))
+
+    def next(self, state: DecodeState) -> StepPlan | Done:
+        if state.finish_reason is not None:
+            return DONE
+        tokens = torch.tensor(state.feed, device=state.device)
+        return StepPlan(
+            loop=self.name, index=len(state.completion), total=None, call=self.network,
+            inputs={"tokens": tokens, "positions": self.positions(state.cached, len(state.feed), state.device),
+                    "seq": state.seq_id, "start": state.cached},
+        )
+
+    def advance(self, state: DecodeState, logits: Tensor) -> DecodeState:
+        """Fold in the step's last-token logits [vocab]: pick the token, extend the text, check stops."""
+        token = next_token(logits, state.prompt.request.sampling, state.generator)
+        if state.first_token_s is None:
+            state.first_token_s = time.perf_counter() - state.started
+        state.cached += len(state.feed)
+        state.feed = [token]
+        state.completion.append(token)
+        text = "" if token in self.eos_ids else state.detok.add(token)
+        if token in self.eos_ids or state.detok.stopped:
+            state.finish_reason = "stop"
+        elif len(state.completion) >= state.prompt.max_tokens:
+            state.finish_reason = "length"
+        if state.finish_reason is not None:
+            text += state.detok.flush()
+        state.deltas.append(TokenDelta(state.prompt.request.request_id, text, (token,)))
+        return state
+
+    def finalize(self, state: DecodeState) -> dict[str, Any]:
+        chat = state.prompt
+        return {"completion": ChatResult(
+            request_id=chat.request.request_id, text=state.detok.text, finish_reason=state.finish_reason or "cancelled",
+            prompt_tokens=len(chat.prompt_ids), completion_tokens=len(state.completion),
+            time_to_first_token_s=state.first_token_s or 0.0, token_ids=tuple(state.completion),
+        )}

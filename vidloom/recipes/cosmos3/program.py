@@ -1,0 +1,40 @@
+"""Cosmos3's program: the chat prompt (its tokenizer's chat template) and the "ar_decode" loop node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.chat import ChatRequest
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.instance import ModelInstance
+from vidloom.core.program import Node, Program
+from vidloom.decoding.loop import ARDecodeLoop
+from vidloom.models.cosmos3.transformer import text_positions
+
+
+def chat_prompt_fn(tokenizer: Any):
+    """Request -> prompt ids through the checkpoint's chat template (generation prompt appended)."""
+
+    def prompt(request: ChatRequest) -> list[int]:
+        messages = []
+        for i, message in enumerate(request.messages):
+            for j, part in enumerate(message.content):
+                if part.type != "text":
+                    # The diffusers checkpoint carries no vision tower (its generation pathway reads VAE
+                    # latents), so the understanding pathway has nothing to encode an input image with.
+                    raise InvalidRequest(f"messages[{i}].content[{j}]", "this model does not accept image inputs "
+                                         "(the checkpoint has no vision encoder for the reasoning pathway)")
+            messages.append({"role": message.role, "content": message.text})
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
+        return list(ids["input_ids"])
+
+    return prompt
+
+
+def build_program(instance: ModelInstance) -> Program:
+    """One loop node: the `chat` slot (a ChatPrompt) in, the `completion` (a ChatResult) out."""
+    tokenizer = instance["tokenizer"]
+    loop = ARDecodeLoop(instance["transformer"], tokenizer, chat_prompt_fn(tokenizer), text_positions,
+                        eos_ids=(tokenizer.eos_token_id,))
+    return Program(nodes=(Node("ar_decode", reads=("chat",), writes=("completion",), loop=loop),),
+                   inputs=frozenset({"chat"}), outputs=("completion",))

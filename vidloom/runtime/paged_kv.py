@@ -1,0 +1,175 @@
+"""Paged KV cache for AR decode: fixed-size blocks from one preallocated pool, a block table per sequence.
+
+After vLLM's block manager and nano-vllm's BlockManager: a free list of block ids, a table per
+sequence. Blocks for a sequence's whole budget (prompt + max_tokens) are reserved at admission, so a
+sequence admitted never fails mid-decode for want of cache; they return to the free list when it
+finishes, fails or is cancelled. The pool's bytes are one allocation in the engine's CacheManager.
+
+`BlockAllocator` is pure bookkeeping (no torch); `PagedKVPool` holds the tensors and builds a
+`PagedBatch` per forward, which is the model's KV store (models.cosmos3.transformer.KVAttention).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.models.cosmos3.transformer import grouped_attention
+
+BLOCK_SIZE = 16  # tokens per block (vLLM's default on GPU)
+
+
+def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    return -(-tokens // block_size)
+
+
+class BlockAllocator:
+    """Block ids of one pool: a free list and a table per sequence. Thread-safe."""
+
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._tables: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, seq_id: str, tokens: int) -> list[int]:
+        """Blocks for `tokens` tokens of a new sequence; CacheBudgetExceeded (with the numbers) if they do not fit."""
+        need = blocks_for(tokens, self.block_size)
+        with self._lock:
+            if seq_id in self._tables:
+                raise ValueError(f"sequence {seq_id} already holds blocks")
+            if need > len(self._free):
+                in_use = self.num_blocks - len(self._free)
+                raise CacheBudgetExceeded(need, in_use, self.num_blocks, reason=(
+                    f"the request needs {tokens} tokens of KV cache (prompt + max_tokens, {need} blocks of "
+                    f"{self.block_size}) but only {len(self._free)} of kv_pool_tokens="
+                    f"{self.num_blocks * self.block_size} tokens' {self.num_blocks} blocks are free ({in_use} held "
+                    "by running sequences); retry later, ask for fewer max_tokens or raise --kv-pool-tokens"))
+            table = [self._free.pop() for _ in range(need)]
+            self._tables[seq_id] = table
+            return list(table)
+
+    def release(self, seq_id: str) -> int:
+        """Return the sequence's blocks to the free list; how many (0 if it held none)."""
+        with self._lock:
+            table = self._tables.pop(seq_id, None)
+            if table is None:
+                return 0
+            self._free.extend(reversed(table))
+            return len(table)
+
+    def table(self, seq_id: str) -> list[int]:
+        with self._lock:
+            return list(self._tables[seq_id])
+
+    @property
+    def blocks_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - self.blocks_free
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of one pool: per layer, per block, per token slot, kv heads x head_dim."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int = BLOCK_SIZE
+
+    def nbytes(self, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_blocks * self.block_size * self.kv_heads * self.head_dim * element
+
+
+class PagedKVPool:
+    """The pool's K and V tensors [layers, blocks * block_size, kv_heads, head_dim] and their allocator."""
+
+    def __init__(self, layout: KVLayout, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (layout.num_layers, layout.num_blocks * layout.block_size, layout.kv_heads, layout.head_dim)
+        self.layout = layout
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.allocator = BlockAllocator(layout.num_blocks, layout.block_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def batch(self, spans: Sequence[tuple[str, int, int]], scale: float) -> PagedBatch:
+        """The KV store of one forward over packed tokens: (seq_id, tokens already cached, new tokens) per sequence,
+        in packing order."""
+        return PagedBatch(self, [(self.allocator.table(s), start, count) for s, start, count in spans], scale)
+
+
+class PagedBatch:
+    """One forward's view of the pool: writes each new token's k/v to its slot, attends through block tables.
+
+    Index tensors are built once per forward and reused by every layer. Sequences are padded to the
+    longest (queries and keys) inside attention only; the packed token layout outside stays unpadded.
+    """
+
+    def __init__(self, pool: PagedKVPool, spans: Sequence[tuple[list[int], int, int]], scale: float) -> None:
+        self.pool, self.scale = pool, scale
+        device, bs = pool.k.device, pool.layout.block_size
+        self.sizes = [count for _, _, count in spans]
+        longest_q = max(self.sizes)
+        longest_k = max(start + count for _, start, count in spans)
+        slots, key_slots, query_index, mask = [], [], [], []
+        offset = 0
+        for table, start, count in spans:
+            if blocks_for(start + count, bs) > len(table):
+                raise ValueError(f"sequence outgrew its {len(table)} reserved blocks ({start + count} tokens)")
+            seq_slots = [table[p // bs] * bs + p % bs for p in range(start + count)]
+            slots.extend(seq_slots[start:])
+            key_slots.append(seq_slots + [0] * (longest_k - start - count))  # padding reads slot 0, masked
+            query_index.append([offset + i if i < count else 0 for i in range(longest_q)])
+            offset += count
+            q_pos = torch.arange(longest_q).unsqueeze(1) + start  # absolute position of each (padded) query
+            visible = torch.arange(longest_k).unsqueeze(0) <= q_pos  # causal, which also hides key padding
+            mask.append(visible & (torch.arange(longest_q) < count).unsqueeze(1) | (torch.arange(longest_k) == 0))
+        self.slots = torch.tensor(slots, device=device)
+        self.key_slots = torch.tensor(key_slots, device=device)  # [B, Lk]
+        self.query_index = torch.tensor(query_index, device=device)  # [B, Lq] into the packed tokens
+        self.mask = torch.stack(mask).to(device)  # [B, Lq, Lk]; padded query rows see key 0 only (no NaN)
+        valid = [torch.arange(longest_q) < n for n in self.sizes]
+        self.unpad = torch.stack(valid).to(device)  # [B, Lq] which padded rows are real tokens
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
+        k_cache.index_copy_(0, self.slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, self.slots, v.to(v_cache.dtype))
+        keys, values = k_cache[self.key_slots], v_cache[self.key_slots]  # [B, Lk, KVH, D]
+        queries = q[self.query_index]  # [B, Lq, H, D]
+        out = grouped_attention(queries, keys.to(q.dtype), values.to(q.dtype), self.scale, mask=self.mask)
+        return out[self.unpad]  # back to packed [T, H, D], in packing order
+
+
+class ContiguousKV:
+    """Reference KV store: one growing K/V tensor per layer for a single sequence (tests compare paged to it)."""
+
+    def __init__(self, num_layers: int, scale: float) -> None:
+        self.scale = scale
+        self.k: list[Tensor | None] = [None] * num_layers
+        self.v: list[Tensor | None] = [None] * num_layers
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        past_k, past_v = self.k[layer], self.v[layer]
+        start = 0 if past_k is None else past_k.shape[0]
+        self.k[layer] = k if past_k is None else torch.cat([past_k, k])
+        self.v[layer] = v if past_v is None else torch.cat([past_v, v])
+        keys, values = self.k[layer], self.v[layer]
+        mask = torch.arange(keys.shape[0], device=q.device)[None] <= (torch.arange(q.shape[0], device=q.device) + start)[:, None]
+        return grouped_attention(q, keys, values, self.scale, mask=mask)
