@@ -4,7 +4,13 @@ openai package (unmodified) and httpx for what the client library hides (raw SSE
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,14 +20,20 @@ from tests.helpers.servers import ThreadServer
 from vidloom.serving.config import ServeConfig
 
 HELLO = [{"role": "user", "content": "tell me a story about robots"}]
+LONG = 300  # tokens: about a second of decoding on the tiny model, which a cancellation must cut short
+LONG_CANDIDATES = ("fox", "a fox", "the fox", "snow", "hello world", "robots dream", "1 2 3 4")
 
 
 @pytest.fixture(scope="module")
-def cosmos3_engine(tmp_path_factory):
+def cosmos3_dir(tmp_path_factory) -> Path:
+    return write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "cosmos3-tiny")
+
+
+@pytest.fixture(scope="module")
+def cosmos3_engine(cosmos3_dir):
     from vidloom.generator import VideoGenerator
 
-    folder = write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "cosmos3-tiny")
-    return VideoGenerator.from_pretrained(folder, device="cpu").engine
+    return VideoGenerator.from_pretrained(cosmos3_dir, device="cpu").engine
 
 
 @pytest.fixture(scope="module")
@@ -162,15 +174,69 @@ def test_unknown_model_is_404(client):
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
 
 
-def test_disconnect_mid_stream_frees_the_sequence(client):
+@pytest.fixture(scope="module")
+def long_chat(chat_server) -> list[dict[str, str]]:
+    """A conversation the tiny model answers greedily for LONG tokens without meeting EOS.
+
+    The weights are random, so such a prompt is found, not assumed; a cancellation test on it proves its
+    point by counting fewer than LONG tokens.
+    """
+    with httpx.Client(base_url=chat_server.url, timeout=60) as client:
+        for text in LONG_CANDIDATES:
+            messages = [{"role": "user", "content": text}]
+            reply = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": LONG,
+                                                              "temperature": 0}).json()
+            if reply["choices"][0]["finish_reason"] == "length":
+                return messages
+    pytest.fail(f"no candidate prompt decodes {LONG} tokens without EOS on the tiny checkpoint")
+
+
+def _tokens_generated(client: httpx.Client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("vidloom_chat_generated_tokens_total "):
+            return float(line.split()[1])
+    raise AssertionError("no vidloom_chat_generated_tokens_total in /metrics")
+
+
+def _first_data_then_held_blocks(lines, client: httpx.Client) -> None:
+    """Read the stream until it has sent a chunk, checking the sequence holds KV blocks meanwhile."""
+    assert next(lines).startswith("data: {")
+    assert _kv_blocks(client)[0] > 0
+
+
+def test_disconnect_mid_stream_frees_the_sequence_at_the_next_token(client, long_chat):
     _wait_pool_full(client)
-    body = {"messages": HELLO, "max_tokens": 2000, "stream": True}
+    before = _tokens_generated(client)
+    body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        lines = response.iter_lines()
-        while not next(lines).startswith("data: {") or _kv_blocks(client)[0] == 0:
-            pass
-        assert _kv_blocks(client)[0] > 0  # the sequence holds blocks while it streams
-    _wait_pool_full(client)  # closing the connection freed them at the next token
+        _first_data_then_held_blocks(response.iter_lines(), client)
+    _wait_pool_full(client)  # closing the connection cancelled the sequence and returned its blocks
+    assert _tokens_generated(client) - before < LONG  # ... long before it would have finished
+
+
+def test_full_kv_pool_is_429_with_retry_after_and_frees_on_disconnect(cosmos3_dir, tmp_path):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.generator import VideoGenerator
+
+    pool = 1024  # tokens: one long request can hold all of it
+    engine = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", deploy=DeployConfig(kv_pool_tokens=pool)).engine
+    config = ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2)
+    with ThreadServer(engine, config) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        assert _kv_blocks(client) == (0, pool // 16)
+        too_long = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": pool})
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+        hog = {"messages": [{"role": "user", "content": "fox"}], "max_tokens": pool - 64, "stream": True}
+        small = {"messages": HELLO, "max_tokens": 80}
+        with client.stream("POST", "/v1/chat/completions", json=hog) as response:
+            _first_data_then_held_blocks(response.iter_lines(), client)
+            refused = client.post("/v1/chat/completions", json=small)
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["Retry-After"] == "1"
+            error = refused.json()["error"]
+            assert error["code"] == "kv_cache_full" and error["type"] == "rate_limit_error"
+            assert "kv_pool_tokens" in error["message"]
+        _wait_pool_full(client)
+        assert client.post("/v1/chat/completions", json=small).status_code == 200
 
 
 def test_metrics_count_tokens_and_latencies(oc, client):
@@ -219,3 +285,27 @@ def test_guards_apply_to_chat(cosmos3_engine, tmp_path):
         assert foreign.status_code == 403
         ok = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}, headers=auth)
         assert ok.status_code == 200, ok.text
+
+
+def _readme_block(language: str, marker: str) -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [block] = [b for b in re.findall(rf"```{language}\n(.*?)```", readme, flags=re.S) if marker in b]
+    return block
+
+
+def test_readme_chat_examples_run_as_written(chat_server, tmp_path):
+    root = str(Path(__file__).resolve().parents[2])
+    snippet = _readme_block("python", "client.chat.completions.create(")
+    assert "http://127.0.0.1:8000/v1" in snippet
+    proc = subprocess.run([sys.executable, "-c", snippet.replace("http://127.0.0.1:8000", chat_server.url)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens" in proc.stdout and ("length" in proc.stdout or "stop" in proc.stdout)
+    if shutil.which("curl") is None:
+        return  # the python example ran; the curl one needs curl
+    shell = _readme_block("bash", "/v1/chat/completions")
+    curl = shell[shell.index("curl "):].replace("http://127.0.0.1:8000", chat_server.url)
+    proc = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] <= 16

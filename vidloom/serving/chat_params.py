@@ -32,10 +32,11 @@ class PlannedChat:
     include_usage: bool  # streaming: one more chunk with the usage counts before [DONE]
 
 
-def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | None, accepts_images: bool) -> PlannedChat:
-    """Map a body onto a validated ChatRequest; raises InvalidRequest (or UnknownModel) naming the field.
+def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | None = None) -> PlannedChat:
+    """Map a body onto a ChatRequest; raises InvalidRequest (or UnknownModel) naming the field.
 
-    `limits` None: the engine checks max_tokens and stop against its own (the route still names them).
+    `limits` None: only the limit-free checks run here; the engine checks the rest at admission against
+    its own limits (its KV pool bounds max_tokens), naming the field the same way.
     """
     check_model(body.model, card)
     if "ar_decode" not in card.loops:
@@ -48,8 +49,8 @@ def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | No
     stream = bool(body.stream)
     if body.stream_options is not None and not stream:
         raise InvalidRequest("stream_options", "is only allowed with stream=true")
-    loader = _load_image if accepts_images else None
-    messages = messages_from_openai(_aliased_roles(body.messages), loader)
+    # Images are decoded here; whether the model takes them is the engine's call (it names the part).
+    messages = messages_from_openai(_aliased_roles(body.messages), _load_image)
     sampling = SamplingParams(
         max_tokens=_max_tokens(body),
         temperature=1.0 if body.temperature is None else body.temperature,

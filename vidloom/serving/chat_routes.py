@@ -48,9 +48,9 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     manager = jobs_of(request)
     body = await read_body(request, ChatCompletionBody)
     rename = _renamer(body)
-    with engine_errors(rename):
-        planned = plan_chat(body, manager.card, None, accepts_images=True)
-    items = _timed(manager.engine.chat(planned.request), request.app.state.chat_metrics, received)
+    with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
+        planned = plan_chat(body, manager.card)
+        items = _timed(manager.engine.chat(planned.request), request.app.state.chat_metrics, received)
     try:
         with engine_errors(rename), _admission_errors():
             first = await unless_disconnected(request, anext(items))

@@ -23,8 +23,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 def plan(**fields):
-    return plan_chat(ChatCompletionBody.model_validate({"messages": HELLO, **fields}), CHAT_CARD, LIMITS,
-                     accepts_images=True)
+    return plan_chat(ChatCompletionBody.model_validate({"messages": HELLO, **fields}), CHAT_CARD, LIMITS)
 
 
 def field_of(**fields) -> str:
@@ -109,13 +108,5 @@ def test_model_name_and_capability():
     assert plan(model=CHAT_CARD.model_id).request.messages
     body = ChatCompletionBody.model_validate({"messages": HELLO})
     with pytest.raises(InvalidRequest) as excinfo:
-        plan_chat(body, VIDEO_CARD, LIMITS, accepts_images=True)
+        plan_chat(body, VIDEO_CARD, LIMITS)
     assert excinfo.value.field == "model" and "does not support chat" in excinfo.value.message
-
-
-def test_images_refused_by_a_text_only_model():
-    content = [{"type": "image_url", "image_url": {"url": _png_data_url()}}]
-    body = ChatCompletionBody.model_validate({"messages": [{"role": "user", "content": content}]})
-    with pytest.raises(InvalidRequest) as excinfo:
-        plan_chat(body, CHAT_CARD, LIMITS, accepts_images=False)
-    assert excinfo.value.field.startswith("messages[0].content[0]")
