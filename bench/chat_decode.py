@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -134,10 +135,11 @@ def _until_eos(ids: list[int], eos: int) -> int:
     return ids.index(eos) + 1 if eos in ids else len(ids)
 
 
-def worker(system: str, n: int, max_tokens: int) -> None:
+def worker(system: str, n: int, max_tokens: int, threads: int) -> None:
     import torch
 
     torch.manual_seed(0)
+    torch.set_num_threads(threads)
     folder = _checkpoint()
     run = _run_vidloom if system == "vidloom" else _run_transformers
     result: dict[str, Any] = run(folder, n, max_tokens)
@@ -154,27 +156,31 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait for a quiet machine per run")
-    parser.add_argument("--worker", nargs=3, metavar=("SYSTEM", "N", "MAX_TOKENS"), help=argparse.SUPPRESS)
+    # One thread by default: on a shared CPU, OpenMP threads spin-waiting on each other distort both
+    # systems (transformers far more), which says nothing about either.
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each worker")
+    parser.add_argument("--worker", nargs=4, metavar=("SYSTEM", "N", "MAX_TOKENS", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], int(args.worker[1]), int(args.worker[2]))
+        worker(args.worker[0], int(args.worker[1]), int(args.worker[2]), int(args.worker[3]))
         return
     _checkpoint()
     rows: list[dict[str, Any]] = []
     for n in (int(c) for c in args.concurrency.split(",")):
         for system in args.systems.split(","):
             busy = wait_for_quiet(args.max_wait)
-            out = subprocess.run([sys.executable, __file__, "--worker", system, str(n), str(args.max_tokens)],
-                                 capture_output=True, text=True)
+            out = subprocess.run([sys.executable, __file__, "--worker", system, str(n), str(args.max_tokens),
+                                  str(args.threads)], capture_output=True, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
             if out.returncode != 0:
                 raise SystemExit(f"{system} x{n} failed:\n{out.stderr[-4000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append({"system": system, "concurrency": n, "busy_at_start": round(busy, 2), **result})
             print(f"{system:>12} x{n:<3} {result}", file=sys.stderr)
-    _report(rows, args.max_tokens)
+    _report(rows, args.max_tokens, args.threads)
 
 
-def _report(rows: list[dict[str, Any]], max_tokens: int) -> None:
+def _report(rows: list[dict[str, Any]], max_tokens: int, threads: int) -> None:
     by = {(r["system"], r["concurrency"]): r for r in rows}
     summary = []
     for n in sorted({r["concurrency"] for r in rows}):
@@ -190,7 +196,7 @@ def _report(rows: list[dict[str, Any]], max_tokens: int) -> None:
     print_table(["system", "concurrent", "tokens", "wall s", "tokens/s", "TTFT ms", "peak RSS MiB"], table)
     print(json.dumps(summary, indent=1))
     write_json("chat_decode.json", {
-        "size": {"architecture": MID.transformer, "max_tokens": max_tokens, "greedy": True},
+        "size": {"architecture": MID.transformer, "max_tokens": max_tokens, "greedy": True, "threads": threads},
         "environment": environment(), "runs": rows, "summary": summary,
     })
 

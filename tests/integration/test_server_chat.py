@@ -20,6 +20,9 @@ from tests.helpers.servers import ThreadServer
 from vidloom.serving.config import ServeConfig
 
 HELLO = [{"role": "user", "content": "tell me a story about robots"}]
+# A 2x2 red PNG as a data: URL.
+PNG_URL = ("data:image/png;base64,"
+           "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP8z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg==")
 LONG = 300  # tokens: about a second of decoding on the tiny model, which a cancellation must cut short
 LONG_CANDIDATES = ("fox", "a fox", "the fox", "snow", "hello world", "robots dream", "1 2 3 4")
 
@@ -159,7 +162,12 @@ def test_seeded_sampling_repeats(oc, client):
     ({"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"messages": HELLO, "tools": []}, "tools"),
     ({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}]}, "messages[0].content[0].image_url"),
+        {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}]},
+     "messages[0].content[0].image_url"),
+    # A readable image the tiny checkpoint cannot take (its diffusers folder has no vision tower): the engine says so.
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]}]},
+     "messages[0].content[1]"),
 ])
 def test_bad_input_is_400_naming_the_field(client, body, param):
     response = client.post("/v1/chat/completions", json=body)
@@ -191,11 +199,12 @@ def long_chat(chat_server) -> list[dict[str, str]]:
     pytest.fail(f"no candidate prompt decodes {LONG} tokens without EOS on the tiny checkpoint")
 
 
-def _tokens_generated(client: httpx.Client) -> float:
+def _metric(client: httpx.Client, name: str) -> float:
+    """One sample of /metrics by its full name (labels included); 0 when it has none yet."""
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith("vidloom_chat_generated_tokens_total "):
-            return float(line.split()[1])
-    raise AssertionError("no vidloom_chat_generated_tokens_total in /metrics")
+        if line.startswith(name + " "):
+            return float(line.rpartition(" ")[2])
+    return 0.0
 
 
 def _first_data_then_held_blocks(lines, client: httpx.Client) -> None:
@@ -206,15 +215,17 @@ def _first_data_then_held_blocks(lines, client: httpx.Client) -> None:
 
 def test_disconnect_mid_stream_frees_the_sequence_at_the_next_token(client, long_chat):
     _wait_pool_full(client)
-    before = _tokens_generated(client)
+    tokens, cancelled = "vidloom_chat_generated_tokens_total", 'vidloom_requests_total{kind="chat",status="cancelled"}'
+    before = {name: _metric(client, name) for name in (tokens, cancelled)}
     body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         _first_data_then_held_blocks(response.iter_lines(), client)
     _wait_pool_full(client)  # closing the connection cancelled the sequence and returned its blocks
-    assert _tokens_generated(client) - before < LONG  # ... long before it would have finished
+    assert _metric(client, tokens) - before[tokens] < LONG  # ... long before it would have finished
+    assert _metric(client, cancelled) - before[cancelled] == 1
 
 
-def test_full_kv_pool_is_429_with_retry_after_and_frees_on_disconnect(cosmos3_dir, tmp_path):
+def test_full_kv_pool_is_429_with_retry_after_and_frees_on_disconnect(cosmos3_dir, long_chat, tmp_path):
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
@@ -225,12 +236,16 @@ def test_full_kv_pool_is_429_with_retry_after_and_frees_on_disconnect(cosmos3_di
         assert _kv_blocks(client) == (0, pool // 16)
         too_long = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": pool})
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
-        hog = {"messages": [{"role": "user", "content": "fox"}], "max_tokens": pool - 64, "stream": True}
+        hog = {"messages": long_chat, "max_tokens": pool - 64, "temperature": 0, "stream": True}
         small = {"messages": HELLO, "max_tokens": 80}
         with client.stream("POST", "/v1/chat/completions", json=hog) as response:
-            _first_data_then_held_blocks(response.iter_lines(), client)
+            lines = response.iter_lines()
+            _first_data_then_held_blocks(lines, client)
             refused = client.post("/v1/chat/completions", json=small)
-            assert refused.status_code == 429, refused.text
+            if refused.status_code != 429:  # say how the long request ended, which should have been impossible
+                rest = list(lines)
+                pytest.fail(f"got {refused.status_code} while a long request held the pool: {refused.text}; the "
+                            f"long request's stream ended after {len(rest)} more lines with {rest[-4:]}")
             assert refused.headers["Retry-After"] == "1"
             error = refused.json()["error"]
             assert error["code"] == "kv_cache_full" and error["type"] == "rate_limit_error"
@@ -243,7 +258,7 @@ def test_metrics_count_tokens_and_latencies(oc, client):
     def scrape() -> dict[str, float]:
         out = {}
         for line in client.get("/metrics").text.splitlines():
-            if line.startswith("vidloom_chat_") or line.startswith("vidloom_kv_"):
+            if line.startswith(("vidloom_chat_", "vidloom_kv_", "vidloom_requests_total")):
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
@@ -257,6 +272,8 @@ def test_metrics_count_tokens_and_latencies(oc, client):
     itl = "vidloom_chat_inter_token_latency_seconds_count"
     assert after[itl] - before.get(itl, 0) == 4
     assert after["vidloom_kv_blocks_total"] > 0 and after["vidloom_kv_blocks_in_use"] == 0
+    done = 'vidloom_requests_total{kind="chat",status="completed"}'
+    assert after[done] - before.get(done, 0) == 1
 
 
 def test_video_only_model_refuses_chat_and_still_lists_itself(start_server):
@@ -298,7 +315,8 @@ def test_readme_chat_examples_run_as_written(chat_server, tmp_path):
     snippet = _readme_block("python", "client.chat.completions.create(")
     assert "http://127.0.0.1:8000/v1" in snippet
     proc = subprocess.run([sys.executable, "-c", snippet.replace("http://127.0.0.1:8000", chat_server.url)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": root})
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": root})
     assert proc.returncode == 0, proc.stderr
     assert "tokens" in proc.stdout and ("length" in proc.stdout or "stop" in proc.stdout)
     if shutil.which("curl") is None:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from vidloom.core.chat import ChatResult, TokenDelta
-from vidloom.core.errors import CacheBudgetExceeded, VidloomError
+from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.serving.chat_metrics import ChatMetrics
 from vidloom.serving.chat_params import PlannedChat, plan_chat
@@ -26,6 +26,7 @@ from vidloom.serving.chat_protocol import (
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, error_response, redact_paths
 from vidloom.serving.jobs import JobManager
+from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.request_body import read_body
 from vidloom.serving.video_routes import jobs_of
 
@@ -50,24 +51,26 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     rename = _renamer(body)
     with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
         planned = plan_chat(body, manager.card)
-        items = _timed(manager.engine.chat(planned.request), request.app.state.chat_metrics, received)
+        items = _observed(manager.engine.chat(planned.request), manager.metrics, request.app.state.chat_metrics,
+                          received)
     try:
         with engine_errors(rename), _admission_errors():
             first = await unless_disconnected(request, anext(items))
+            if planned.stream:
+                return StreamingResponse(
+                    _sse(planned, manager.card.model_id, first, items), media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            result = first if isinstance(first, ChatResult) else await unless_disconnected(request, _last(items))
     except BaseException:
         await _close(items)
         raise
-    if planned.stream:
-        return StreamingResponse(_sse(planned, manager.card.model_id, first, items), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        result = first if isinstance(first, ChatResult) else await unless_disconnected(request, _last(items))
-    finally:
-        await _close(items)
+    await _close(items)
     return _completion(planned, manager.card.model_id, _successful(result))
 
 
-async def _sse(planned: PlannedChat, model: str, first: TokenDelta | ChatResult, items: ChatItems) -> AsyncIterator[bytes]:
+async def _sse(
+    planned: PlannedChat, model: str, first: TokenDelta | ChatResult, items: ChatItems,
+) -> AsyncIterator[bytes]:
     """The chunks: the role first, a chunk per piece of text, the finish reason, usage if asked, then [DONE]."""
     request_id, created = planned.request.request_id, int(time.time())
 
@@ -96,23 +99,35 @@ async def _sse(planned: PlannedChat, model: str, first: TokenDelta | ChatResult,
     yield DONE
 
 
-async def _timed(items: ChatItems, metrics: ChatMetrics | None, received: float) -> ChatItems:
-    """The engine's items, observing time to first token and inter-token latency on the way through."""
-    last = None
+async def _observed(items: ChatItems, server: ServerMetrics, chat: ChatMetrics | None, received: float) -> ChatItems:
+    """The engine's items, observing time to first token, inter-token latency and how the request ended."""
+    last, yielded = None, False
+    status: str | None = "cancelled"  # closed before its result: the client left (or the server stopped)
     try:
         async for item in items:
-            if metrics is not None and isinstance(item, TokenDelta) and item.token_ids:
+            if chat is not None and isinstance(item, TokenDelta) and item.token_ids:
                 now = time.perf_counter()
                 if last is None:
-                    metrics.first_token(now - received)
+                    chat.first_token(now - received)
                     if len(item.token_ids) > 1:
-                        metrics.next_tokens(0.0, len(item.token_ids) - 1)
+                        chat.next_tokens(0.0, len(item.token_ids) - 1)
                 else:
-                    metrics.next_tokens(now - last, len(item.token_ids))
+                    chat.next_tokens(now - last, len(item.token_ids))
                 last = now
+            if isinstance(item, ChatResult) and item.finish_reason in ("stop", "length"):
+                status = "completed"
+            yielded = True
             yield item
+    except (InvalidRequest, CacheBudgetExceeded):
+        status = "failed" if yielded else None  # refused at admission: counted as a rejection (400 / 429)
+        raise
+    except VidloomError:
+        status = "failed"
+        raise
     finally:
         await _close(items)  # closing this wrapper must reach the engine's iterator too
+        if status is not None:
+            server.finished("chat", status, time.perf_counter() - received)
 
 
 async def _last(items: ChatItems) -> ChatResult:
@@ -156,7 +171,8 @@ def _renamer(body: ChatCompletionBody) -> Callable[[str], str]:
 
 
 def _completion(planned: PlannedChat, model: str, result: ChatResult) -> ChatCompletion:
-    choice = Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)  # type: ignore[arg-type]
+    message = AssistantMessage(content=result.text)
+    choice = Choice(message=message, finish_reason=result.finish_reason)  # type: ignore[arg-type]
     return ChatCompletion(id=planned.request.request_id, created=int(time.time()), model=model, choices=[choice],
                           usage=_usage(result))
 
