@@ -1,4 +1,4 @@
-"""The `vidloom` command: generate | serve | models.
+"""The `vidloom` command: generate | chat | serve | models.
 
 Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
 checked before the model loads wherever possible; Ctrl-C during `generate` exits 130.
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from vidloom import __version__, registry
+from vidloom.cli_chat import add_chat_parser, chat_command
 from vidloom.cli_generate import FLAG_OF_FIELD, generate_command
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import InvalidRequest, VidloomError
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
     add_deploy_arguments(gen)
 
+    add_chat_parser(sub, DTYPES)
     sub.add_parser("models", help="list registered model cards")
     _add_serve_parser(sub)
     from vidloom.fleet.cli import add_fleet_parser
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_fleet(args)
         if args.command == "serve":
             return _serve(args, sys.argv[1:] if argv is None else argv)
+        if args.command == "chat":
+            return chat_command(args)
         return generate_command(args, _torchrun_place, _follow)
     except InvalidRequest as exc:
         flag = FLAG_OF_FIELD.get(exc.field, exc.field)

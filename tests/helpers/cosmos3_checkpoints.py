@@ -64,19 +64,9 @@ COSMOS3_CONFIGS = (COSMOS3_A, COSMOS3_B)
 
 def train_tokenizer():
     """A byte-level BPE trained offline, saved as a Qwen2 tokenizer with Cosmos3's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
+    from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   unk_token=None, bos_token=None)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return train_qwen_tokenizer(tuple(SPECIALS), CORPUS, vocab_size=320, chat_template=CHAT_TEMPLATE)
 
 
 def build_transformer(spec: TinyCosmos3, vocab_size: int, seed: int = 0):

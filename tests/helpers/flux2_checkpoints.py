@@ -62,21 +62,22 @@ TINY_BASE = TinyFlux2(
 CONFIGS = (TINY_DISTILLED, TINY_BASE)
 
 
-def train_qwen_tokenizer():
-    """A byte-level BPE trained offline on CORPUS, saved as a Qwen2 tokenizer with a chat template."""
+def train_qwen_tokenizer(specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
+                                                    "</think>"),
+                         corpus: list[str] | None = None, vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE trained offline on `corpus` (default CORPUS), saved as a Qwen2 tokenizer with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(CORPUS if corpus is None else corpus, trainer)
     tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
                                    unk_token=None, bos_token=None)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

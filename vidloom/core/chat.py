@@ -1,6 +1,6 @@
 """Chat (AR decode) contracts: messages, sampling parameters, streamed deltas and the final result.
 
-Shared by the runtime (vidloom.runtime.ar_*), the Python API (VideoGenerator.chat), the CLI and the
+Shared by the runtime (vidloom.runtime.chat_engine), the Python API (VideoGenerator.chat), the CLI and the
 OpenAI-compatible server. Validation raises InvalidRequest naming the request field
 ("messages[1].role", "temperature", "max_tokens"), so every front end reports bad input alike.
 """
@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.request import MAX_SEED, _check_float, _check_int  # the same number rules as generation requests
 
 if TYPE_CHECKING:
     from PIL import Image
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
-FINISH_REASONS = ("stop", "length", "cancelled")
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
 MAX_TEMPERATURE = 2.0  # OpenAI's range; past it sampling is near-uniform noise
 MAX_TOP_K = 1 << 20  # larger than any vocabulary; a bigger value is a typo
 
@@ -88,8 +86,8 @@ class SamplingParams:
             if limits is not None and self.max_tokens > limits.max_tokens:
                 raise LimitExceeded("max_tokens", f"{self.max_tokens} is more than the limit of {limits.max_tokens} "
                                                   "(max_tokens)", "max_tokens")
-        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, open_min=False)
-        _check_number("top_p", self.top_p, 0.0, 1.0, open_min=True)
+        _check_float("temperature", self.temperature, minimum=0.0, maximum=MAX_TEMPERATURE, open_min=False)
+        _check_float("top_p", self.top_p, minimum=0.0, maximum=1.0, open_min=True)
         _check_int("top_k", self.top_k, 0, MAX_TOP_K)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED)
@@ -267,25 +265,6 @@ def _image_from_openai(spec: object, where: str, load_image: ImageLoader | None)
     except (binascii.Error, ValueError):
         raise InvalidRequest(f"{where}.image_url", "is not valid base64") from None
     return load_image(raw, f"{where}.image_url")
-
-
-def _check_number(name: str, value: object, minimum: float, maximum: float, *, open_min: bool) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise InvalidRequest(name, f"must be a finite number, got {value!r}")
-    if value < minimum or (open_min and value == minimum):
-        bound = f"in ({minimum:g}, {maximum:g}]" if open_min else f"in [{minimum:g}, {maximum:g}]"
-        raise InvalidRequest(name, f"must be {bound}, got {value!r}")
-    if value > maximum:
-        raise InvalidRequest(name, f"must be at most {maximum:g}, got {value!r}")
-
-
-def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidRequest(name, f"must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidRequest(name, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InvalidRequest(name, f"must be at most {maximum}, got {value}")
 
 
 def stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:

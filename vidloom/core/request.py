@@ -175,7 +175,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
         known = ", ".join(t.value for t in Task)
         raise InvalidRequest("task", f"unknown task {r.task!r}; known: {known}") from None
     if task not in card.tasks:
-        served = ", ".join(sorted(t.value for t in card.tasks))
+        served = ", ".join(sorted(t.value for t in card.tasks)) or "no generation task, only chat (ar_decode)"
         raise InvalidRequest("task", f"{card.model_id} does not serve {task.value}; it serves: {served}")
     _check_int("num_inference_steps", r.num_inference_steps, minimum=1)
     _check_int("fps", r.fps, minimum=1, maximum=MAX_FPS)

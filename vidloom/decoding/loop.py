@@ -81,7 +81,7 @@ class ARDecodeLoop:
         chat: ChatPrompt = slots["chat"]
         seq_id = ctx.reserve_kv(len(chat.prompt_ids) + chat.max_tokens)
         params = chat.request.sampling
-        return DecodeState(chat, seq_id, make_generator(params, ctx.device), Detokenizer(self.tokenizer, params.stop),
+        return DecodeState(chat, seq_id, make_generator(params), Detokenizer(self.tokenizer, params.stop),
                            ctx.device, feed=list(chat.prompt_ids))
 
     def next(self, state: DecodeState) -> StepPlan | Done:

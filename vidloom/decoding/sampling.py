@@ -14,17 +14,21 @@ from torch import Tensor
 from vidloom.core.chat import SamplingParams
 
 
-def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The sequence's RNG: seeded from the request (reproducible) or from the OS; None when greedy."""
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """The sequence's RNG: seeded from the request (reproducible) or from the OS; None when greedy.
+
+    A CPU generator: sampling runs on the step's logits copied to the host once per step, so a seed
+    draws the same tokens whatever device computed the logits.
+    """
     if params.greedy:
         return None
-    generator = torch.Generator(device=device)
+    generator = torch.Generator()
     generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
     return generator
 
 
 def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from `logits` [vocab] (float32 math whatever the model's dtype)."""
+    """One token id from host `logits` [vocab] (float32 math whatever the model's dtype)."""
     logits = logits.float()
     if params.greedy or generator is None:
         return int(torch.argmax(logits))

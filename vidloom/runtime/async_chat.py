@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Callable
+import threading
+from typing import Any, AsyncIterator, Callable
 
 from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
-from vidloom.runtime.chat_engine import ChatEngine, ChatItem
+from vidloom.runtime.chat_engine import ChatEngine, ChatItem, no_chat
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +47,59 @@ async def stream_chat(chat: ChatEngine, request: ChatRequest,
     finally:
         if not ended and chat.cancel(seq_id):
             wake()
+
+
+class ChatFrontend:
+    """AsyncEngine's chat side: the worker steps running chats together, between video steps.
+
+    Mixed into AsyncEngine, whose `engine`, `_cond` (the worker's condition) and `_closing` it uses.
+    """
+
+    engine: Any
+    _cond: threading.Condition
+    _closing: bool
+
+    @property
+    def _chat(self) -> ChatEngine | None:
+        return getattr(self.engine, "chat", None)
+
+    def chat(self, request: ChatRequest) -> AsyncIterator[TokenDelta | ChatResult]:
+        """Stream `request`'s TokenDeltas, then its ChatResult (see stream_chat).
+
+        InvalidRequest("model") on a model without an ar_decode loop; InvalidRequest naming the field or
+        CacheBudgetExceeded (KV pool full) before the first item; EngineClosed while shutting down.
+        """
+        chat = self._chat
+        if chat is None:
+            raise no_chat(self.engine.instance.card.model_id)
+        if self._closing:
+            from vidloom.runtime.async_engine import EngineClosed
+
+            raise EngineClosed("engine is shutting down")
+        return stream_chat(chat, request, self._wake)
+
+    def chat_stats(self) -> dict[str, int]:
+        """tokens_generated_total, kv_blocks_in_use, kv_blocks_total (zeros on a model without chat)."""
+        chat = self._chat
+        if chat is None:
+            return {"tokens_generated_total": 0, "kv_blocks_in_use": 0, "kv_blocks_total": 0}
+        stats = chat.stats()
+        return {k: stats[k] for k in ("tokens_generated_total", "kv_blocks_in_use", "kv_blocks_total")}
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _chat_busy(self) -> bool:
+        chat = self._chat
+        return chat is not None and chat.has_work
+
+    def _chat_step(self) -> None:
+        """One decode step of every running chat sequence (their failures end them, not the worker)."""
+        chat = self._chat
+        if chat is None:
+            return
+        try:
+            chat.step()
+        except Exception:
+            log.exception("chat decode step failed")

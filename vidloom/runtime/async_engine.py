@@ -14,17 +14,15 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import torch
 
-from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
 from vidloom.core.request import GenerationRequest
-from vidloom.runtime.async_chat import stream_chat
+from vidloom.runtime.async_chat import ChatFrontend
 from vidloom.runtime.batching import BatchStats, batch_key, run_batched
-from vidloom.runtime.chat_engine import ChatEngine, no_chat
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
 from vidloom.runtime.scheduler import QueueFull, Scheduler
@@ -80,8 +78,8 @@ class JobHandle:
         return self._entry.future.result(timeout)
 
 
-class AsyncEngine:
-    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait."""
+class AsyncEngine(ChatFrontend):
+    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait (chat: see ChatFrontend)."""
 
     def __init__(
         self,
@@ -182,41 +180,6 @@ class AsyncEngine:
             self._cond.notify()
         return done
 
-    # -- chat (AR decode): sequences the worker steps together, between video steps -------
-
-    @property
-    def _chat(self) -> ChatEngine | None:
-        return getattr(self.engine, "chat", None)
-
-    def chat(self, request: ChatRequest) -> AsyncIterator[TokenDelta | ChatResult]:
-        """Stream `request`'s TokenDeltas, then its ChatResult (see runtime.async_chat.stream_chat).
-
-        InvalidRequest("model") on a model without an ar_decode loop; InvalidRequest naming the field or
-        CacheBudgetExceeded (KV pool full) before the first item; EngineClosed while shutting down.
-        """
-        chat = self._chat
-        if chat is None:
-            raise no_chat(self.engine.instance.card.model_id)
-        if self._closing:
-            raise EngineClosed("engine is shutting down")
-        return stream_chat(chat, request, self._wake)
-
-    def chat_stats(self) -> dict[str, int]:
-        """tokens_generated_total, kv_blocks_in_use, kv_blocks_total (zeros on a model without chat)."""
-        chat = self._chat
-        if chat is None:
-            return {"tokens_generated_total": 0, "kv_blocks_in_use": 0, "kv_blocks_total": 0}
-        stats = chat.stats()
-        return {k: stats[k] for k in ("tokens_generated_total", "kv_blocks_in_use", "kv_blocks_total")}
-
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
-
-    def _chat_busy(self) -> bool:
-        chat = self._chat
-        return chat is not None and chat.has_work
-
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
@@ -253,15 +216,6 @@ class AsyncEngine:
                 self._batch_round(entry)
             elif entry is not None:
                 self._step(entry)
-
-    def _chat_step(self) -> None:
-        """One decode step of every running chat sequence (their failures end them, not the worker)."""
-        chat = self._chat
-        assert chat is not None
-        try:
-            chat.step()
-        except Exception:
-            log.exception("chat decode step failed")
 
     @property
     def batch_stats(self) -> dict[str, float]:

@@ -188,7 +188,8 @@ class ChatEngine:
     def _run(self, plans: list[tuple[str, _Sequence, StepPlan]]) -> None:
         try:
             with torch.inference_mode():
-                rows = run_decode_batch([p for _, _, p in plans], self.pool)
+                # One device->host copy per step; sampling runs per sequence on the host (loop.advance).
+                rows = torch.stack(run_decode_batch([p for _, _, p in plans], self.pool)).float().cpu()
         except Exception as exc:
             if len(plans) == 1:
                 log.exception("chat sequence %s failed", plans[0][0])

@@ -124,28 +124,28 @@ class PagedBatch:
     def __init__(self, pool: PagedKVPool, spans: Sequence[tuple[list[int], int, int]], scale: float) -> None:
         self.pool, self.scale = pool, scale
         device, bs = pool.k.device, pool.layout.block_size
-        self.sizes = [count for _, _, count in spans]
-        longest_q = max(self.sizes)
-        longest_k = max(start + count for _, start, count in spans)
-        slots, key_slots, query_index, mask = [], [], [], []
-        offset = 0
         for table, start, count in spans:
             if blocks_for(start + count, bs) > len(table):
                 raise ValueError(f"sequence outgrew its {len(table)} reserved blocks ({start + count} tokens)")
-            seq_slots = [table[p // bs] * bs + p % bs for p in range(start + count)]
-            slots.extend(seq_slots[start:])
-            key_slots.append(seq_slots + [0] * (longest_k - start - count))  # padding reads slot 0, masked
-            query_index.append([offset + i if i < count else 0 for i in range(longest_q)])
-            offset += count
-            q_pos = torch.arange(longest_q).unsqueeze(1) + start  # absolute position of each (padded) query
-            visible = torch.arange(longest_k).unsqueeze(0) <= q_pos  # causal, which also hides key padding
-            mask.append(visible & (torch.arange(longest_q) < count).unsqueeze(1) | (torch.arange(longest_k) == 0))
-        self.slots = torch.tensor(slots, device=device)
-        self.key_slots = torch.tensor(key_slots, device=device)  # [B, Lk]
-        self.query_index = torch.tensor(query_index, device=device)  # [B, Lq] into the packed tokens
-        self.mask = torch.stack(mask).to(device)  # [B, Lq, Lk]; padded query rows see key 0 only (no NaN)
-        valid = [torch.arange(longest_q) < n for n in self.sizes]
-        self.unpad = torch.stack(valid).to(device)  # [B, Lq] which padded rows are real tokens
+        starts = torch.tensor([start for _, start, _ in spans], device=device)
+        counts = torch.tensor([count for _, _, count in spans], device=device)
+        ends = starts + counts
+        widest = max(len(table) for table, _, _ in spans)
+        tables = torch.tensor([table + [0] * (widest - len(table)) for table, _, _ in spans], device=device)
+        longest_q, longest_k = int(counts.max()), int(ends.max())
+        # Key slots [B, Lk]: position p of sequence b lives in block tables[b, p // bs] at offset p % bs.
+        key_pos = torch.arange(longest_k, device=device).unsqueeze(0)
+        block_of = torch.clamp(key_pos // bs, max=widest - 1).expand(len(spans), -1)
+        self.key_slots = tables.gather(1, block_of) * bs + key_pos % bs
+        # Queries [B, Lq]: the sequence's new tokens, at absolute positions start .. start + count - 1.
+        q_idx = torch.arange(longest_q, device=device).unsqueeze(0)
+        self.unpad = q_idx < counts.unsqueeze(1)  # which padded rows are real tokens
+        offsets = torch.cumsum(counts, 0) - counts
+        self.query_index = torch.where(self.unpad, offsets.unsqueeze(1) + q_idx, 0)  # into the packed tokens
+        self.slots = self.key_slots.gather(1, (starts.unsqueeze(1) + q_idx).clamp(max=longest_k - 1))[self.unpad]
+        # Causal (which also hides key padding past each sequence's end); padded query rows see key 0 only.
+        visible = key_pos.unsqueeze(1) <= (starts.unsqueeze(1) + q_idx).unsqueeze(2)
+        self.mask = (visible & self.unpad.unsqueeze(2)) | (key_pos == 0).unsqueeze(1)  # [B, Lq, Lk]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]

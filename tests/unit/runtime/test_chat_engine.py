@@ -177,3 +177,25 @@ def test_image_inputs_and_models_without_chat_are_refused(generator: VideoGenera
     with pytest.raises(InvalidRequest) as exc:
         video_only.chat([{"role": "user", "content": "hi"}])
     assert exc.value.field == "model" and "does not support chat" in str(exc.value)
+
+
+def test_pool_size_is_checked_at_load(cosmos3_dir: Path):
+    from vidloom.core.errors import DeployError
+
+    with pytest.raises(DeployError, match="kv_pool_tokens"):
+        DeployConfig(kv_pool_tokens=8)
+    with pytest.raises(DeployError, match="--kv-pool-tokens.*--kv-cache-budget-mb"):
+        VideoGenerator.from_pretrained(cosmos3_dir, device="cpu",
+                                       deploy=DeployConfig(kv_pool_tokens=4096, kv_cache_budget_bytes=1000))
+    small = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", deploy=DeployConfig(kv_pool_tokens=40))
+    assert small.engine.chat.stats()["kv_blocks_total"] == 2  # whole blocks of 16
+    assert small.engine.caches.bytes_in_use == small.engine.chat.pool.nbytes  # the pool is one accounted allocation
+
+
+def test_stopping_a_sync_stream_early_frees_its_blocks(generator: VideoGenerator):
+    stream = generator.chat_stream([{"role": "user", "content": "hello"}], max_tokens=100, temperature=0)
+    first = next(stream)
+    assert isinstance(first, TokenDelta) and generator.engine.chat.stats()["kv_blocks_in_use"] > 0
+    stream.close()
+    assert generator.engine.chat.stats()["kv_blocks_in_use"] == 0
+    assert not generator.engine.chat.has_work

@@ -73,7 +73,7 @@ def _check_deploy(deploy: DeployConfig) -> None:
         name for name, on in (
             ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
             ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
-            ("compile", deploy.compile),
+            ("compile", deploy.compile), ("attention_backend", deploy.attention_backend != "sdpa"),
         ) if on
     ]
     if unsupported:
