@@ -17,7 +17,6 @@ from fastapi.responses import StreamingResponse
 
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
-from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.serving.chat_metrics import ChatMetrics
 from vidloom.serving.chat_params import PlannedChat, plan_chat
 from vidloom.serving.chat_protocol import (
