@@ -327,3 +327,35 @@ def test_readme_chat_examples_run_as_written(chat_server, tmp_path):
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] <= 16
+
+
+def test_a_sequence_failing_mid_decode_ends_its_stream_with_an_error_event(chat_server, cosmos3_engine, client,
+                                                                             monkeypatch):
+    """A fault injected into the decode loop after a few tokens: the stream carries an error event then [DONE],
+    a non-streamed call is a 500 naming no server path, and the failed sequence's blocks are back in the pool."""
+    loop = cosmos3_engine.chat.loop
+    real_advance, calls = loop.advance, []
+
+    def failing_advance(state, logits):
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("injected fault in /srv/models/secret/decode.py")
+        return real_advance(state, logits)
+
+    monkeypatch.setattr(loop, "advance", failing_advance)
+    body = {"messages": HELLO, "max_tokens": 50, "temperature": 0, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        data = _sse_data(list(response.iter_lines()))
+    assert data[-1] == "[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "generation_error" and "injected fault" in error["message"]
+    assert "/srv/models" not in error["message"]
+    assert all("finish_reason" not in d for d in data[:-2])
+    calls.clear()
+    whole = client.post("/v1/chat/completions", json={**body, "stream": False})
+    assert whole.status_code == 500 and whole.json()["error"]["code"] == "generation_error"
+    assert 'vidloom_requests_total{kind="chat",status="failed"} 2.0' in client.get("/metrics").text
+    monkeypatch.undo()
+    _wait_pool_full(client)
+    assert client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 3}).status_code == 200

@@ -60,6 +60,12 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
                     _sse(planned, manager.card.model_id, first, items), media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             result = first if isinstance(first, ChatResult) else await unless_disconnected(request, _last(items))
+    except (APIError, VidloomError):
+        await _close(items)
+        raise
+    except Exception as exc:  # a model step that raised (the engine passes its error through): the server's fault
+        await _close(items)
+        raise _generation_error(exc) from None
     except BaseException:
         await _close(items)
         raise
@@ -90,7 +96,7 @@ async def _sse(
         if planned.include_usage:
             usage = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=_usage(result))
             yield _event(usage.model_dump_json())
-    except (VidloomError, APIError, StopAsyncIteration) as exc:
+    except Exception as exc:
         # Headers are sent: the failure travels as an error event (as vLLM sends it), then [DONE].
         yield _event(_error_json(exc))
     finally:
@@ -120,7 +126,7 @@ async def _observed(items: ChatItems, server: ServerMetrics, chat: ChatMetrics |
     except (InvalidRequest, CacheBudgetExceeded):
         status = "failed" if yielded else None  # refused at admission: counted as a rejection (400 / 429)
         raise
-    except VidloomError:
+    except Exception:
         status = "failed"
         raise
     finally:
@@ -185,9 +191,14 @@ def _event(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def _generation_error(exc: BaseException) -> APIError:
+    return APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error")
+
+
 def _error_json(exc: BaseException) -> str:
-    if isinstance(exc, APIError):
-        status, message, code = exc.status, exc.message, exc.code
-    else:
-        status, message, code = 500, f"generation failed: {redact_paths(str(exc))}", "generation_error"
-    return error_response(status, message, code=code).body.decode()
+    """An error event's body: the OpenAI error shape, as a refused request would have had it."""
+    if isinstance(exc, InvalidRequest):
+        exc = APIError(400, str(exc), param=exc.field, code="invalid_parameter")
+    elif not isinstance(exc, APIError):
+        exc = _generation_error(exc)
+    return error_response(exc.status, exc.message, param=exc.param, code=exc.code).body.decode()
