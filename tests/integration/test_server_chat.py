@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -359,3 +360,25 @@ def test_a_sequence_failing_mid_decode_ends_its_stream_with_an_error_event(chat_
     monkeypatch.undo()
     _wait_pool_full(client)
     assert client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 3}).status_code == 200
+
+
+def test_a_chat_open_at_shutdown_ends_with_an_error_event_after_the_grace_period(cosmos3_engine, long_chat, tmp_path):
+    config = ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=0.5)
+    server = ThreadServer(cosmos3_engine, config)
+    stopper = threading.Thread(target=server.stop)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            body = {"messages": long_chat, "max_tokens": 3000, "temperature": 0, "stream": True}
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: {")
+                stopper.start()
+                data = _sse_data(list(lines))
+    finally:
+        if stopper.ident is None:  # failed before the stop began
+            stopper.start()
+        stopper.join(30)
+    assert data[-1] == "[DONE]"
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "shutting_down", error
+    assert cosmos3_engine.chat.stats()["kv_blocks_in_use"] == 0

@@ -7,9 +7,11 @@ that goes away closes the engine's iterator, which frees the sequence at the nex
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
-from typing import AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import anyio
 from fastapi import APIRouter, Request
@@ -29,17 +31,43 @@ from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.request_body import read_body
 from vidloom.serving.video_routes import jobs_of
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/chat")
 CHAT_RETRY_AFTER_S = 1  # a full KV pool frees blocks as soon as any running sequence finishes
+CHAT_STOP_WAIT_S = 2.0  # at shutdown, how long stopped chats get to send their last event
 DONE = b"data: [DONE]\n\n"
 ChatItems = AsyncIterator[TokenDelta | ChatResult]
 
 
-def chat_metrics_for(manager: JobManager) -> ChatMetrics | None:
-    """The chat series for a model that chats (an `ar_decode` loop); None for a video-only model."""
-    if "ar_decode" not in manager.card.loops:
-        return None
-    return ChatMetrics(manager.metrics.registry, manager.engine.chat_stats)
+class ChatState:
+    """A server's chat side: its /metrics series (None for a model that does not chat) and its open requests."""
+
+    def __init__(self, manager: JobManager) -> None:
+        chats = "ar_decode" in manager.card.loops
+        self.metrics = ChatMetrics(manager.metrics.registry, manager.engine.chat_stats) if chats else None
+        self.open = 0  # chat requests between admission and their last byte
+
+
+async def drain_chats(app: Any, grace_s: float) -> None:
+    """Shutdown: give open chats `grace_s` to finish, then stop the rest at their next token so each stream
+    still ends with an error event and [DONE] instead of being cut when the server closes connections."""
+    state: ChatState | None = getattr(app.state, "chat", None)
+    if state is None or state.metrics is None:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while state.open and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if not state.open:
+        return
+    # AsyncEngine offers no "cancel every chat"; its device engine's ChatEngine does (None off the one-device path).
+    chat = getattr(app.state.jobs.engine.engine, "chat", None)
+    if chat is not None:
+        log.warning("shutdown grace period of %.1fs over: stopping %d chat request(s)", grace_s, state.open)
+        chat.cancel_all()
+        stop_by = loop.time() + CHAT_STOP_WAIT_S
+        while state.open and loop.time() < stop_by:
+            await asyncio.sleep(0.02)
 
 
 @router.post("/completions", response_model=None)
@@ -50,8 +78,7 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     rename = _renamer(body)
     with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
         planned = plan_chat(body, manager.card)
-        items = _observed(manager.engine.chat(planned.request), manager.metrics, request.app.state.chat_metrics,
-                          received)
+        items = _observed(manager.engine.chat(planned.request), manager.metrics, request.app.state.chat, received)
     try:
         with engine_errors(rename), _admission_errors():
             first = await unless_disconnected(request, anext(items))
@@ -104,10 +131,11 @@ async def _sse(
     yield DONE
 
 
-async def _observed(items: ChatItems, server: ServerMetrics, chat: ChatMetrics | None, received: float) -> ChatItems:
+async def _observed(items: ChatItems, server: ServerMetrics, state: ChatState, received: float) -> ChatItems:
     """The engine's items, observing time to first token, inter-token latency and how the request ended."""
-    last, yielded = None, False
+    last, yielded, chat = None, False, state.metrics
     status: str | None = "cancelled"  # closed before its result: the client left (or the server stopped)
+    state.open += 1
     try:
         async for item in items:
             if chat is not None and isinstance(item, TokenDelta) and item.token_ids:
@@ -130,6 +158,7 @@ async def _observed(items: ChatItems, server: ServerMetrics, chat: ChatMetrics |
         status = "failed"
         raise
     finally:
+        state.open -= 1
         await _close(items)  # closing this wrapper must reach the engine's iterator too
         if status is not None:
             server.finished("chat", status, time.perf_counter() - received)
