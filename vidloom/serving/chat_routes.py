@@ -45,7 +45,7 @@ class ChatState:
     def __init__(self, manager: JobManager) -> None:
         chats = "ar_decode" in manager.card.loops
         self.metrics = ChatMetrics(manager.metrics.registry, manager.engine.chat_stats) if chats else None
-        self.open = 0  # chat requests between admission and their last byte
+        self.open = 0  # chat requests whose engine stream is open (from submission to their last item)
 
 
 async def drain_chats(app: Any, grace_s: float) -> None:
