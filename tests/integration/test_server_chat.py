@@ -113,7 +113,7 @@ def test_openai_client_streaming_matches_non_streaming(oc, client):
 
 
 def test_raw_stream_ends_with_done(client):
-    body = {"messages": HELLO, "max_tokens": 4, "stream": True}
+    body = {"messages": HELLO, "max_tokens": 4, "temperature": 0, "stream": True}  # greedy: 15 tokens before EOS
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
