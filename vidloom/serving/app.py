@@ -11,6 +11,8 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.middleware.cors import CORSMiddleware
 
 from vidloom.runtime.engine import Engine
+from vidloom.serving.chat_routes import ChatState, drain_chats
+from vidloom.serving.chat_routes import router as chat_router
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, install_error_handlers
 from vidloom.serving.guard import HostGuard, RequestGuard
@@ -37,6 +39,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.jobs = JobManager(engine, config, asyncio.get_running_loop(), store)
         app.state.jobs.start()
+        app.state.chat = ChatState(app.state.jobs)
         app.state.started_at = int(time.time())
         try:
             yield
@@ -59,6 +62,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.add_middleware(HostGuard, config=config)
     app.include_router(video_router)
     app.include_router(image_router)
+    app.include_router(chat_router)
     app.include_router(router)
     return app
 
@@ -67,7 +71,8 @@ async def drain(app: FastAPI) -> None:
     """Shutdown hook (server.GracefulServer): end jobs within the grace period so event streams close."""
     manager: JobManager | None = getattr(app.state, "jobs", None)
     if manager is not None:
-        await manager.drain(app.state.config.graceful_shutdown_s)
+        grace = app.state.config.graceful_shutdown_s
+        await asyncio.gather(manager.drain(grace), drain_chats(app, grace))
 
 
 @router.get("/health")

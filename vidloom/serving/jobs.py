@@ -198,6 +198,11 @@ class JobManager:
         return adopted
 
     @property
+    def engine(self) -> AsyncEngine:
+        """The engine, for routes that stream from it directly (chat)."""
+        return self._engine
+
+    @property
     def queue_depth(self) -> int:
         return self._engine.queue_depth
 

@@ -1,0 +1,108 @@
+"""A Chat Completions body -> ChatRequest; every refusal is an InvalidRequest naming the API field.
+
+Message parsing and sampling validation are core.chat's (the Python API and the CLI share them);
+this module adds what only the HTTP API has: `n`, `stream_options`, the two names of max_tokens,
+OpenAI's `developer` role, and fields OpenAI defines that this server does not implement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vidloom.core.card import ModelCard
+from vidloom.core.chat import ChatLimits, ChatRequest, SamplingParams, messages_from_openai, stop_tuple
+from vidloom.core.errors import InvalidRequest
+from vidloom.serving.chat_protocol import ChatCompletionBody
+from vidloom.serving.params import check_model
+
+# Fields OpenAI defines that change the answer and are not implemented: refused by name, never ignored.
+# `frequency_penalty` / `presence_penalty` 0 and `logprobs` false are their no-op values and pass.
+_NOOP_VALUES: dict[str, object] = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "logprobs": False}
+# OpenAI's newer name for the system role (o1 and later); the same instruction to the model.
+_ROLE_ALIASES = {"developer": "system"}
+
+
+@dataclass(frozen=True)
+class PlannedChat:
+    """A request ready for the engine plus how to answer it."""
+
+    request: ChatRequest
+    stream: bool
+    include_usage: bool  # streaming: one more chunk with the usage counts before [DONE]
+
+
+def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | None = None) -> PlannedChat:
+    """Map a body onto a ChatRequest; raises InvalidRequest (or UnknownModel) naming the field.
+
+    `limits` None: only the limit-free checks run here; the engine checks the rest at admission against
+    its own limits (its KV pool bounds max_tokens), naming the field the same way.
+    """
+    check_model(body.model, card)
+    if "ar_decode" not in card.loops:
+        tasks = ", ".join(sorted(t.value for t in card.tasks))
+        raise InvalidRequest("model", f"{card.model_id} does not support chat completions (it has no text decode "
+                                      f"loop; it serves {tasks})")
+    _refuse_unsupported(body)
+    if body.n is not None and body.n != 1:
+        raise InvalidRequest("n", f"only n=1 is supported (one choice per request), got {body.n}")
+    stream = bool(body.stream)
+    if body.stream_options is not None and not stream:
+        raise InvalidRequest("stream_options", "is only allowed with stream=true")
+    # Images are decoded here; whether the model takes them is the engine's call (it names the part).
+    messages = messages_from_openai(_aliased_roles(body.messages), _load_image)
+    sampling = SamplingParams(
+        max_tokens=_max_tokens(body),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=_top_k(body.top_k),
+        seed=body.seed,
+        stop=stop_tuple(body.stop),
+    )
+    request = ChatRequest(messages=messages, sampling=sampling)
+    request.validate(limits)
+    include_usage = stream and body.stream_options is not None and body.stream_options.include_usage
+    return PlannedChat(request, stream, include_usage)
+
+
+def _refuse_unsupported(body: ChatCompletionBody) -> None:
+    for name in body.model_extra or {}:
+        raise InvalidRequest(name, "is not supported by this server")
+    for name, noop in _NOOP_VALUES.items():
+        value = getattr(body, name)
+        if value is not None and value != noop:
+            raise InvalidRequest(name, f"is not supported by this server (only {noop!r} is accepted)")
+
+
+def _max_tokens(body: ChatCompletionBody) -> int | None:
+    """max_completion_tokens (OpenAI's current name) or max_tokens; both given must agree."""
+    new, old = body.max_completion_tokens, body.max_tokens
+    if new is not None and old is not None and new != old:
+        raise InvalidRequest("max_completion_tokens", f"is {new} but max_tokens is {old}; send one of them")
+    value = new if new is not None else old
+    if value is not None and value < 1:
+        field = "max_completion_tokens" if new is not None else "max_tokens"
+        raise InvalidRequest(field, f"must be >= 1, got {value}")
+    return value
+
+
+def _top_k(value: int | None) -> int:
+    # vLLM's clients send -1 for "off"; ours is 0.
+    return 0 if value is None or value == -1 else value
+
+
+def _aliased_roles(messages: Any) -> Any:
+    if not isinstance(messages, list):
+        return messages  # messages_from_openai names the problem
+    return [
+        {**m, "role": _ROLE_ALIASES[m["role"]]} if isinstance(m, Mapping) and m.get("role") in _ROLE_ALIASES else m
+        for m in messages
+    ]
+
+
+def _load_image(raw: Any, field: str) -> Any:
+    from vidloom.media.image import load_image  # PIL only when an image arrives
+
+    if not isinstance(raw, (bytes, bytearray)):  # never a path: a client string must not open server files
+        raise InvalidRequest(field, "must be image bytes")
+    return load_image(bytes(raw), field)
