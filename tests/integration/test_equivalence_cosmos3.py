@@ -5,6 +5,7 @@ audio tokenizer is refused on every path, naming the field."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -103,6 +104,30 @@ def test_images_api_runs_the_image_path(cosmos3_dir: Path, served: CliServer):
     served_png = Image.open(io.BytesIO(base64.b64decode(response.json()["data"][0]["b64_json"])))
     api = _api(cosmos3_dir, prompt=BASE["prompt"], height=32, width=32, num_frames=1, num_inference_steps=2, seed=3)
     assert np.array_equal(np.asarray(served_png.convert("RGB")), api.output.frames[0])
+
+
+def test_one_loaded_instance_answers_videos_images_and_chat(served: CliServer):
+    """One `vidloom serve` of a Cosmos3 folder: /v1/chat/completions (the reasoner, greedy) while a video job
+    of the same model runs to completion, then an image, all on the one resident copy of the weights."""
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        job = http.post("/v1/videos", json={"prompt": BASE["prompt"], "size": "32x32", "num_frames": 5,
+                                            "num_inference_steps": 2, "seed": 3}).json()
+        chat = http.post("/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "describe a fox"}],
+            "max_tokens": 8, "temperature": 0})
+        assert chat.status_code == 200, chat.text
+        answer = chat.json()
+        assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] >= 1
+        assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+        deadline = time.monotonic() + 120
+        while (state := http.get(f"/v1/videos/{job['id']}").json())["status"] in ("queued", "in_progress"):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.1)
+        assert state["status"] == "completed", state
+        image = http.post("/v1/images/generations", json={"prompt": BASE["prompt"], "size": "32x32",
+                                                          "num_inference_steps": 2})
+        assert image.status_code == 200, image.text
 
 
 def test_sound_is_the_same_on_every_path(tmp_path: Path, capsys):

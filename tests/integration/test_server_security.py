@@ -127,7 +127,7 @@ def test_errors_truncate_echoes(client: httpx.Client):
 
 
 def test_output_errors_name_no_absolute_path(client: httpx.Client, server, monkeypatch):
-    def disk_full(frames, fps, path: Path) -> None:
+    def disk_full(frames, fps, path: Path, **_: object) -> None:
         raise OSError(28, "No space left on device", str(path.with_name(f".{path.stem}.tmp.mp4")))
 
     monkeypatch.setattr(jobs_module, "write_video", disk_full)
