@@ -36,11 +36,14 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     raise CheckpointError(f"{folder}: no {stem}.safetensors or {stem}.safetensors.index.json found")
 
 
-def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem: str = DIFFUSERS_WEIGHTS) -> None:
+def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem: str = DIFFUSERS_WEIGHTS,
+                 skip: tuple[str, ...] = ()) -> None:
     """Copy every tensor of the checkpoint in `folder` into `module` through `name_map`.
 
     Raises CheckpointError naming the key and file for unexpected, missing or
     mis-shaped tensors. Tensors are cast to each parameter's dtype on copy.
+    Checkpoint keys under a `skip` prefix (whole dotted segments) are left unread: parts of a
+    component this runtime never runs, such as an encoder nothing encodes with.
     """
     targets = module.state_dict()
     files = weight_files(folder, stem)
@@ -51,6 +54,8 @@ def load_weights(module: torch.nn.Module, folder: Path, name_map: NameMap, stem:
     for path, keys in sorted(by_file.items()):
         with _open_safetensors(path) as f:
             for key in keys:
+                if any(key == prefix or key.startswith(prefix + ".") for prefix in skip):
+                    continue
                 name = name_map.to_module(key)
                 if name not in targets:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")

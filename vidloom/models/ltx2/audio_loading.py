@@ -1,0 +1,31 @@
+"""Load the LTX-2 audio VAE and vocoder from their diffusers component folders (config.json + safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.loading.diffusers_dir import read_json
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.ltx2.audio_vae import LTX2_AUDIO_VAE_NAME_MAP, LTX2_AUDIO_VAE_SKIPPED, LTX2AudioVAE, LTX2AudioVAEConfig
+from vidloom.models.ltx2.vocoder import LTX2_VOCODER_BWE_SKIPPED, LTX2Vocoder, LTX2VocoderConfig
+
+
+def load_audio_vae(folder: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LTX2AudioVAE:
+    """The decoder half of an `audio_vae` folder (AutoencoderKLLTX2Audio), in eval mode on `device`."""
+    vae = LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers(read_json(Path(folder) / "config.json")))
+    load_weights(vae, Path(folder), LTX2_AUDIO_VAE_NAME_MAP, skip=LTX2_AUDIO_VAE_SKIPPED)
+    return vae.to(device=device, dtype=dtype).eval()
+
+
+def load_vocoder(folder: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LTX2Vocoder:
+    """A `vocoder` folder (LTX2Vocoder or LTX2VocoderWithBWE), in eval mode on `device`.
+
+    The filter taps and analysis bases are loaded from the checkpoint like the weights (the reference
+    stores them in bfloat16 for LTX-2.3); only the Hann resampler is computed.
+    """
+    vocoder = LTX2Vocoder(LTX2VocoderConfig.from_diffusers(read_json(Path(folder) / "config.json")))
+    skip = LTX2_VOCODER_BWE_SKIPPED if vocoder.config.bandwidth_extension is not None else ()
+    load_weights(vocoder, Path(folder), vocoder.name_map, skip=skip)
+    return vocoder.to(device=device, dtype=dtype).eval()
