@@ -39,6 +39,8 @@ PIPELINES: dict[str, str] = {
     "AnyFlowFARPipeline": "vidloom.recipes.wan_causal.cards:card_from_checkpoint",
     "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
     "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
+    "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
+    "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
@@ -46,6 +48,7 @@ LOADERS: dict[str, str] = {
     "anyflow-far": "vidloom.recipes.wan_causal.load:load_instance",
     "flux2": "vidloom.recipes.flux2.load:load_instance",
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
+    "ltx2": "vidloom.recipes.ltx2.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {

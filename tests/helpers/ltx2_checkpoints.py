@@ -8,10 +8,15 @@ patch sizes and the text width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from tests.helpers.ltx2_audio_fixtures import build_audio_vae, build_vocoder
+from tests.helpers.ltx2_vae_fixtures import (
+    UPSAMPLER_A, UPSAMPLER_B, VAE_A, VAE_B, TinyUpsampler, TinyVideoVAE, build_upsampler, build_video_vae,
+)
 
 CORPUS = [
     "a robot dancing in the rain",
@@ -27,29 +32,30 @@ SCHEDULER = dict(
 )
 
 
+# A timestep-conditioned decoder (the decode mixes in noise from the request's generator) without the
+# per-block noise injection, which diffusers draws from torch's global RNG (no seed can pin it).
+VAE_TIMESTEP = TinyVideoVAE(name="ltx2-vae-timestep", config={**VAE_A.config, "timestep_conditioning": True},
+                            video_shape=VAE_A.video_shape, latent_shape=VAE_A.latent_shape)
+
+
 @dataclass(frozen=True)
 class TinyLTX2:
     name: str
     transformer: dict
     connectors: dict
+    vae: TinyVideoVAE
+    upsampler: TinyUpsampler
+    audio_vae: str  # ltx2_audio_fixtures.AUDIO_VAE_CONFIGS key
+    vocoder: str  # ltx2_audio_fixtures.VOCODER_CONFIGS key
     text_hidden: int = 16
     text_layers: int = 2
-    vae: dict = field(default_factory=dict)
 
-
-_BASE_VAE = dict(
-    in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,),
-    layers_per_block=(1,), decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,),
-    decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False), downsample_type=("spatial",),
-    upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
-    encoder_causal=True, decoder_causal=False,
-)
 
 TINY_SPLIT = TinyLTX2(
     name="ltx2-split",
     transformer=dict(
-        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
-        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=16, audio_out_channels=16, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, rope_double_precision=False,
         rope_type="split",
     ),
@@ -60,13 +66,16 @@ TINY_SPLIT = TinyLTX2(
         audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32, rope_double_precision=False,
         rope_type="split",
     ),
-    vae=_BASE_VAE,
+    vae=VAE_TIMESTEP,
+    upsampler=UPSAMPLER_A,
+    audio_vae="causal-pixel",
+    vocoder="hifigan",
 )
 TINY_INTERLEAVED = TinyLTX2(
     name="ltx2-interleaved",
     transformer=dict(
-        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=12,
-        cross_attention_dim=24, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=3,
+        in_channels=16, out_channels=16, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=12,
+        cross_attention_dim=24, audio_in_channels=32, audio_out_channels=32, audio_num_attention_heads=3,
         audio_attention_head_dim=4, audio_cross_attention_dim=12, num_layers=3, rope_double_precision=True,
         rope_type="interleaved", gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
         audio_cross_attn_mod=True, perturbed_attn=True, pos_embed_max_pos=16, audio_pos_embed_max_pos=24,
@@ -78,17 +87,14 @@ TINY_INTERLEAVED = TinyLTX2(
         audio_connector_num_learnable_registers=8, connector_rope_base_seq_len=64, rope_double_precision=True,
         rope_type="interleaved", video_gated_attn=True,
     ),
+    vae=VAE_B,
+    upsampler=UPSAMPLER_B,
+    audio_vae="group-attention",
+    vocoder="bwe",
     text_hidden=24,
     text_layers=3,
-    vae=_BASE_VAE,
 )
 CONFIGS = (TINY_SPLIT, TINY_INTERLEAVED)
-
-AUDIO_VAE = dict(
-    base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
-    resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
-    mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8,
-)
 
 
 def train_gemma_tokenizer():
@@ -134,10 +140,9 @@ def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> No
 
 
 def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
-    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler
-    from diffusers import LTX2VideoTransformer3DModel
+    """The pipeline's components; the video VAE, audio VAE and vocoder come from the other LTX-2 fixtures."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2VideoTransformer3DModel
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
-    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
     tokenizer = train_gemma_tokenizer()
     torch.manual_seed(seed)
@@ -151,24 +156,11 @@ def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     connectors = LTX2TextConnectors(
         caption_channels=spec.text_hidden, text_proj_in_factor=spec.text_layers + 1, **spec.connectors
     ).eval()
-    torch.manual_seed(seed + 2)
-    vae = AutoencoderKLLTX2Video(**spec.vae).eval()
-    g = torch.Generator().manual_seed(seed + 3)
-    vae.latents_mean.copy_(torch.randn(vae.latents_mean.shape, generator=g) * 0.2)
-    vae.latents_std.copy_(torch.rand(vae.latents_std.shape, generator=g) + 0.5)
-    torch.manual_seed(seed + 4)
-    audio_vae = AutoencoderKLLTX2Audio(**AUDIO_VAE).eval()
-    audio_vae.latents_mean.copy_(torch.randn(audio_vae.latents_mean.shape, generator=g) * 0.2)
-    audio_vae.latents_std.copy_(torch.rand(audio_vae.latents_std.shape, generator=g) + 0.5)
-    torch.manual_seed(seed + 5)
-    vocoder = LTX2Vocoder(
-        in_channels=AUDIO_VAE["output_channels"] * AUDIO_VAE["mel_bins"], hidden_channels=32, out_channels=2,
-        upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
-        leaky_relu_negative_slope=0.1, output_sampling_rate=16000,
-    ).eval()
     return dict(
-        transformer=transformer, vae=vae, audio_vae=audio_vae, scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
-        text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors, vocoder=vocoder,
+        transformer=transformer, vae=build_video_vae(spec.vae, seed + 2),
+        audio_vae=build_audio_vae(spec.audio_vae, seed + 3), scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
+        text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors,
+        vocoder=build_vocoder(spec.vocoder, seed + 4),
     )
 
 
@@ -181,6 +173,10 @@ def build_tiny_pipeline(spec: TinyLTX2, seed: int = 0, image_to_video: bool = Fa
     return pipe
 
 
-def write_tiny_ltx2(folder: Path, spec: TinyLTX2, seed: int = 0, image_to_video: bool = False) -> Path:
+def write_tiny_ltx2(folder: Path, spec: TinyLTX2, seed: int = 0, image_to_video: bool = False,
+                    upsampler: bool = False) -> Path:
+    """The pipeline folder; with `upsampler`, also a latent_upsampler/ folder (as Lightricks/LTX-2 has)."""
     build_tiny_pipeline(spec, seed, image_to_video).save_pretrained(str(folder))
+    if upsampler:
+        build_upsampler(spec.upsampler, seed + 5).save_pretrained(str(folder / "latent_upsampler"))
     return folder
