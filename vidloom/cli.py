@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
                           ".png (one frame, or out_0000.png ... for several), .jpg / .webp (image models) "
                           "(default: out.mp4, or out.png for image models)")
+    gen.add_argument("--audio-out", default=None, metavar="FILE.wav",
+                     help="also write the sound alone as 16-bit PCM WAV, as long as the video (models that make "
+                          "sound, e.g. LTX-2; their .mp4 output carries it as AAC too)")
     gen.add_argument("--image", action="append", default=None, metavar="PATH",
                      help="input image: the first frame on an image-to-video model, reference images on an image "
                           "model (repeat for several)")

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from vidloom import registry
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import Cancelled
+from vidloom.core.card import ModelCard
+from vidloom.core.errors import Cancelled, InvalidRequest
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.deploy_args import deploy_config
@@ -28,6 +29,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "step_cache_threshold": "--step-cache-threshold", "output": "--output", "model": "--model",
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
+    "audio_out": "--audio-out",
 }
 EXIT_INTERRUPTED = 130
 
@@ -45,6 +47,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     card = registry.resolve_card(args.model)
     output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
     check_output_path(output)
+    audio_out = check_audio_paths(card, output, args.audio_out)
     request = resolve_request(build_request(
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
@@ -55,12 +58,33 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     check_device(args.device)
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
-    return _load_and_run(args, deploy, request, output)
+    return _load_and_run(args, deploy, request, output, audio_out)
 
 
-def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path) -> int:
+def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> Path | None:
+    """--audio-out's path (a writable .wav), and neither it nor a .wav --output for a model without sound;
+    before anything loads. Returns the --audio-out path, if any."""
+    from vidloom.media.output import AUDIO_ONLY_FORMATS, check_output_path
+
+    silent = f"{card.model_id} makes no sound (its outputs have no audio)"
+    if output.suffix.lower() == ".wav" and not card.produces_audio:
+        raise InvalidRequest("output", f"{output.name}: {silent}; write the video as .mp4")
+    if audio_out is None:
+        return None
+    path = Path(audio_out)
+    check_output_path(path, "audio_out", AUDIO_ONLY_FORMATS)
+    if not card.produces_audio:
+        raise InvalidRequest("audio_out", f"{silent}; drop --audio-out")
+    if path.resolve() == output.resolve():
+        raise InvalidRequest("audio_out", f"{path} is also the --output file; give the audio its own name")
+    return path
+
+
+def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path,
+                  audio_out: Path | None = None) -> int:
     from vidloom.generator import VideoGenerator
-    from vidloom.media.output import write_output
+    from vidloom.media.audio import track_of
+    from vidloom.media.output import SOUND_FORMATS, write_audio_file, write_output
     from vidloom.runtime.engine import CancellationToken
 
     started = time.perf_counter()
@@ -76,13 +100,21 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
         print(_cancelled_line(bars.last_denoise) + " (during decode)", file=sys.stderr)
         return EXIT_INTERRUPTED
-    paths = write_output(video.frames, video.fps, output)
+    track = track_of(video.audio, video.sample_rate)
+    if audio_out is not None:  # first, so a model that unexpectedly made no sound leaves no video either
+        write_audio_file(track, video.duration_s, audio_out, field="audio_out")
+    paths = write_output(video.frames, video.fps, output, audio=video.audio, sample_rate=video.sample_rate)
     meta = video.metadata
     shown = str(paths[0].resolve()) if len(paths) == 1 else f"{paths[0].resolve()} .. {paths[-1].name}"
+    sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
     print(
-        f"wrote {shown}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps, "
+        f"wrote {shown}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
         f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
     )
+    if audio_out is not None:
+        print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
+    elif track is not None and output.suffix.lower() not in SOUND_FORMATS:
+        print(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it", file=sys.stderr)
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
 

@@ -92,6 +92,9 @@ class ModelCard:
     size_from_inputs: bool = False
     max_reference_images: int = 0  # reference images a request may pass as `image` (0: none; I2V takes one frame)
     min_image_side: int = 0  # smallest width and height of an input image, in pixels
+    # Its outputs carry sound (VideoOutput.audio + sample_rate, from the program's "audio"/"sample_rate" slots);
+    # `vidloom generate --audio-out` and a .wav --output are refused before loading a card without it.
+    produces_audio: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

@@ -9,33 +9,78 @@ from typing import Any, Callable
 import numpy as np
 
 
+MAX_AUDIO_CHANNELS = 2
+"""Channels an output's audio may have (mono or stereo: what AAC/Opus and WAV writers lay out by name)."""
+
+
 @dataclass(frozen=True)
 class VideoOutput:
-    """Decoded frames (uint8, frames x H x W x 3), their rate, and run metadata."""
+    """Decoded frames (uint8, frames x H x W x 3), their rate, run metadata, and, for models that make
+    sound, the waveform (float32, channels x samples, nominally in [-1, 1]) with its sample rate.
+
+    `audio` and `sample_rate` come together or not at all; every audio-producing family uses these names.
+    A float32 torch tensor is accepted for `audio` and stored as a numpy array.
+    """
 
     frames: np.ndarray
     fps: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
 
     def __post_init__(self) -> None:
         f = self.frames
         if f.dtype != np.uint8 or f.ndim != 4 or f.shape[-1] != 3:
             raise ValueError(f"frames must be uint8 [F, H, W, 3], got {f.dtype} {f.shape}")
+        if (self.audio is None) != (self.sample_rate is None):
+            given = "audio" if self.sample_rate is None else "sample_rate"
+            raise ValueError(f"audio and sample_rate come together: {given} was given without the other")
+        if self.audio is not None:
+            object.__setattr__(self, "audio", _checked_audio(self.audio))
+            rate = self.sample_rate
+            if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
+                raise ValueError(f"sample_rate must be a positive integer (Hz), got {rate!r}")
+            object.__setattr__(self, "sample_rate", int(rate))
 
     @property
     def num_frames(self) -> int:
         return int(self.frames.shape[0])
 
-    def save(self, path: str | Path) -> Path:
-        """Write by extension: .mp4 (H.264), .webm (VP9), .gif, .png (one frame, else out_0000.png ...),
-        .jpg / .webp (one frame: image models).
+    @property
+    def duration_s(self) -> float:
+        """The video's length in seconds; written audio is fitted to it (media/audio.py)."""
+        return self.num_frames / self.fps
 
-        Returns the path written (the first file of a PNG sequence); another extension raises
-        InvalidRequest("output") before anything is encoded.
+    def save(self, path: str | Path) -> Path:
+        """Write by extension: .mp4 (H.264, plus AAC sound when the output has audio), .webm (VP9, Opus sound),
+        .gif, .png (one frame, else out_0000.png ...), .jpg / .webp (one frame: image models), .wav (the
+        audio alone, 16-bit PCM). Written audio lasts exactly as long as the video (trimmed or padded with
+        silence); gif/png/jpg/webp carry no sound.
+
+        Returns the path written (the first file of a PNG sequence); another extension, or .wav for an
+        output without audio, raises InvalidRequest("output") before anything is encoded.
         """
         from vidloom.media.output import write_output
 
-        return write_output(self.frames, self.fps, Path(path))[0]
+        return write_output(self.frames, self.fps, Path(path), audio=self.audio, sample_rate=self.sample_rate)[0]
+
+
+def _checked_audio(audio: Any) -> np.ndarray:
+    """float32 [channels, samples], finite, as a numpy array; ValueError naming what is wrong otherwise."""
+    if hasattr(audio, "detach") and hasattr(audio, "cpu"):  # a torch tensor, without importing torch here
+        if str(audio.dtype) != "torch.float32":
+            raise ValueError(f"audio must be float32, got {audio.dtype}")
+        audio = audio.detach().cpu().numpy()
+    if not isinstance(audio, np.ndarray):
+        raise ValueError(f"audio must be a float32 array [channels, samples], got {type(audio).__name__}")
+    if audio.dtype != np.float32:
+        raise ValueError(f"audio must be float32, got {audio.dtype}")
+    if audio.ndim != 2 or not 1 <= audio.shape[0] <= MAX_AUDIO_CHANNELS or audio.shape[1] < 1:
+        raise ValueError(f"audio must be [channels, samples] with 1..{MAX_AUDIO_CHANNELS} channels and at least "
+                         f"one sample, got shape {audio.shape}")
+    if not np.isfinite(audio).all():
+        raise ValueError(f"audio has {int(np.size(audio) - np.isfinite(audio).sum())} non-finite samples (NaN/inf)")
+    return audio
 
 
 @dataclass(frozen=True)

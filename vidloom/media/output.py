@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.media.video import atomic_path, encode_png, write_gif, write_video
 
 # Extension -> what gets written. Anything else is refused before generation.
@@ -21,20 +22,26 @@ OUTPUT_FORMATS: dict[str, str] = {
     ".jpg": "JPEG (one frame: image models)",
     ".jpeg": "JPEG (one frame: image models)",
     ".webp": "WebP (one frame: image models)",
+    ".wav": "WAV audio, 16-bit PCM (models that make sound)",
 }
+SOUND_FORMATS = (".mp4", ".webm", ".wav")
+"""Extensions whose files carry an output's audio; the others hold frames only."""
+AUDIO_ONLY_FORMATS: dict[str, str] = {".wav": "WAV audio, 16-bit PCM"}
+"""What --audio-out (an output's sound, written on its own) accepts."""
 
 
-def check_output_path(path: Path, field: str = "output") -> None:
+def check_output_path(path: Path, field: str = "output", formats: dict[str, str] = OUTPUT_FORMATS) -> None:
     """Raise InvalidRequest(field) unless a file could be written at `path`; leaves nothing behind.
 
-    Checked before a model loads: the extension is one we write, the path is not a
+    Checked before a model loads: the extension is one of `formats`, the path is not a
     directory, and the nearest existing parent directory accepts a new file.
     """
     if path.is_dir():
-        raise InvalidRequest(field, f"{path} is a directory; give a file name such as {path / 'out.mp4'}")
+        example = "out.mp4" if ".mp4" in formats else f"out{next(iter(formats))}"
+        raise InvalidRequest(field, f"{path} is a directory; give a file name such as {path / example}")
     suffix = path.suffix.lower()
-    if suffix not in OUTPUT_FORMATS:
-        known = ", ".join(OUTPUT_FORMATS)
+    if suffix not in formats:
+        known = ", ".join(formats)
         raise InvalidRequest(field, f"{path}: unsupported extension {suffix or '(none)'!r}; use one of {known}")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
@@ -49,19 +56,33 @@ def check_output_path(path: Path, field: str = "output") -> None:
         raise InvalidRequest(field, f"{path}: cannot create a file in {parent} ({exc.strerror or exc})") from None
 
 
-def write_output(frames: np.ndarray, fps: int, path: Path) -> list[Path]:
-    """Write uint8 frames [F, H, W, 3] in the format `path`'s extension names; returns the files written."""
+def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | None = None,
+                 sample_rate: int | None = None) -> list[Path]:
+    """Write uint8 frames [F, H, W, 3] (and, in .mp4 / .webm, the audio [channels, samples] at `sample_rate`)
+    in the format `path`'s extension names; .wav writes the audio alone. Returns the files written."""
     check_output_path(path)
     suffix = path.suffix.lower()
+    track = track_of(audio, sample_rate)
+    if suffix == ".wav":
+        return [write_audio_file(track, len(frames) / fps, path)]
     if suffix == ".mp4":
-        return [write_video(frames, fps, path, container_format="mp4")]
+        return [write_video(frames, fps, path, container_format="mp4", audio=track)]
     if suffix == ".webm":
-        return [write_video(frames, fps, path, container_format="webm")]
+        return [write_video(frames, fps, path, container_format="webm", audio=track)]
     if suffix == ".gif":
         return [write_gif(frames, fps, path)]
     if suffix in (".jpg", ".jpeg", ".webp"):
         return [write_still(frames, path, "webp" if suffix == ".webp" else "jpeg")]
     return write_png_frames(frames, path)
+
+
+def write_audio_file(track: AudioTrack | None, seconds: float, path: Path, field: str = "output") -> Path:
+    """The output's sound alone as WAV, lasting `seconds` (the video's duration); InvalidRequest(field) if the
+    output has no audio."""
+    if track is None:
+        raise InvalidRequest(field, f"{path.name}: this output has no audio (the model makes no sound); "
+                                    "write the video as .mp4 instead")
+    return write_wav(track, path, seconds)
 
 
 def write_still(frames: np.ndarray, path: Path, fmt: str) -> Path:

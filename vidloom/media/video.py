@@ -11,7 +11,7 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import av
 import numpy as np
@@ -22,6 +22,9 @@ PARTIAL = ".partial"
 """Marks atomic_path's temp files: `.<stem>.<writer pid>.<random>.partial<suffix>` beside the final path."""
 
 from vidloom.media.color import rgb_to_palette_indices, rgb_to_yuv420p, web_palette
+
+if TYPE_CHECKING:
+    from vidloom.media.audio import AudioTrack
 
 
 @contextmanager
@@ -112,9 +115,15 @@ VIDEO_CODECS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, container_format: str = "mp4") -> Path:
-    """Write uint8 frames [F, H, W, 3] as H.264 MP4 or VP9 WebM (yuv420p, so H and W must be even)."""
+def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, container_format: str = "mp4",
+                audio: AudioTrack | None = None) -> Path:
+    """Write uint8 frames [F, H, W, 3] as H.264 MP4 or VP9 WebM (yuv420p, so H and W must be even), with
+    `audio` muxed beside them (AAC / Opus, lasting as long as the video: see media/audio.py)."""
+    from vidloom.media.audio import AudioStreamWriter, check_muxable  # audio.py imports this module
+
     _check_frames(frames)
+    if audio is not None:
+        check_muxable(audio, container_format, path)
     _, height, width, _ = frames.shape
     if height % 2 or width % 2:
         raise ValueError(f"yuv420p video needs even sizes, got {width}x{height}")
@@ -128,12 +137,17 @@ def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, contain
             stream.width, stream.height = width, height
             stream.pix_fmt = "yuv420p"
             stream.options = options
-            for frame in frames:
+            sound = None if audio is None else AudioStreamWriter(container, audio, container_format, len(frames) / fps)
+            for index, frame in enumerate(frames):
                 yuv = av.VideoFrame.from_ndarray(rgb_to_yuv420p(frame), format="yuv420p")
                 for packet in stream.encode(yuv):
                     container.mux(packet)
+                if sound is not None:  # the sound under this frame, so the muxer need not buffer either stream
+                    sound.mux_until((index + 1) / fps)
             for packet in stream.encode():
                 container.mux(packet)
+            if sound is not None:
+                sound.finish()
     return path
 
 

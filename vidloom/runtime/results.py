@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+
 from vidloom.core.card import ModelCard
 from vidloom.core.output import VideoOutput
 from vidloom.core.request import GenerationRequest
@@ -32,4 +35,20 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
     }
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
-    return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata)
+    audio, sample_rate = output_audio(outputs)
+    return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata, audio=audio,
+                       sample_rate=sample_rate)
+
+
+def output_audio(outputs: dict[str, Any]) -> tuple[np.ndarray | None, int | None]:
+    """The program's "audio" slot (a waveform [channels, samples], or [1, channels, samples] for a batch of
+    one, tensor or array) as float32 numpy, with its "sample_rate" slot; (None, None) for a silent program."""
+    audio = outputs.get("audio")
+    if audio is None:
+        return None, None
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().to(device="cpu", dtype=torch.float32).numpy()
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim == 3 and audio.shape[0] == 1:
+        audio = audio[0]
+    return np.ascontiguousarray(audio), outputs.get("sample_rate")

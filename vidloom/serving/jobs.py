@@ -26,6 +26,7 @@ from vidloom.core.output import (
     CancelledEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.media.audio import track_of
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.engine import Engine
@@ -414,7 +415,8 @@ class JobManager:
 
     def _write_files(self, job_id: str, output: VideoOutput) -> None:
         write_png(output.frames[0], self.store.thumbnail_path(job_id))
-        write_video(output.frames, output.fps, self.store.video_path(job_id))
+        write_video(output.frames, output.fps, self.store.video_path(job_id),  # sound (if any) as AAC beside it
+                    audio=track_of(output.audio, output.sample_rate))
 
     def _write(self, live: _LiveJob, *, status: str | None = None, progress: int | None = None) -> None:
         """Write a running job's change through; a store that refuses it fails the job rather than strand it."""
