@@ -60,8 +60,8 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         program=PROGRAM,
         source=str(ckpt.root),
         description=f"LTX-2 text/image-to-video with audio from {ckpt.root}",
-        notes=("outputs a soundtrack (audio + sample_rate) with the frames",),
         max_prompt_tokens=LTX2_TEXT_TOKENS,
         inputs=frozenset({"image"}),
         min_image_side=1,
+        produces_audio=True,
     )

@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vidloom.media.image import fit_image
 from vidloom.models.ltx2.audio_vae import LTX2AudioVAE
 from vidloom.models.ltx2.rope import audio_positions, video_positions
 from vidloom.models.ltx2.transformer import LTX2Positions, LTX2TransformerConfig
@@ -103,6 +102,10 @@ def noised(latents: Tensor, scale: float | Tensor, generator: torch.Generator) -
 
 
 def image_pixels(image: Image.Image, height: int, width: int) -> Tensor:
-    """[1, 3, H, W] in [-1, 1]: the pipeline's VideoProcessor.preprocess of a PIL image (Lanczos resize)."""
-    array = np.asarray(fit_image(image.convert("RGB"), (width, height)), dtype=np.float32) / 255.0
+    """[1, 3, H, W] in [-1, 1]: LTX2ImageToVideoPipeline's preprocessing of a PIL image (its VideoProcessor
+    resizes bilinearly, not with diffusers' default Lanczos)."""
+    image = image.convert("RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), resample=Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.float32) / 255.0
     return torch.from_numpy(array).permute(2, 0, 1)[None] * 2.0 - 1.0
