@@ -152,6 +152,7 @@ def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     transformer = LTX2VideoTransformer3DModel(caption_channels=spec.text_hidden, **spec.transformer).eval()
     _scale(transformer, ("time_embed", "scale_shift_table", "av_cross_attn"), 3.0)
     _scale(transformer, ("caption_projection",), 4.0)
+    _scale(transformer, ("audio_attn2.to_out", "audio_proj_out"), 4.0)  # the prompt must move the sound too
     torch.manual_seed(seed + 1)
     connectors = LTX2TextConnectors(
         caption_channels=spec.text_hidden, text_proj_in_factor=spec.text_layers + 1, **spec.connectors

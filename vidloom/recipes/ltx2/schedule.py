@@ -9,6 +9,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from vidloom.core.errors import InvalidRequest
+
 # Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
 _UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                 "stochastic_sampling")
@@ -67,6 +69,9 @@ class LTX2Schedule:
         else:
             s = self.shift * s / (1 + (self.shift - 1) * s)
         if self.terminal:
+            if s[-1] >= 1.0:  # a 1-step schedule: the stretch would divide by zero (NaN in the reference too)
+                raise InvalidRequest("num_inference_steps", f"{steps} step cannot reach the scheduler's "
+                                                            f"shift_terminal {self.terminal}; use at least 2")
             one_minus = 1 - s
             s = 1 - one_minus / (one_minus[-1] / (1 - self.terminal))
         return torch.cat([torch.from_numpy(np.asarray(s)).to(torch.float32), torch.zeros(1)])
