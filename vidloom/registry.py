@@ -50,6 +50,8 @@ LOADERS: dict[str, str] = {
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
 }
+# Families whose program has an optional latent-upsample + refine pass (DeployConfig.two_stage / upsampler).
+MULTI_STAGE: frozenset[str] = frozenset({"ltx2"})
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
@@ -124,6 +126,9 @@ def load_instance(
 ) -> ModelInstance:
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
+    if (deploy.two_stage or deploy.upsampler) and card.family not in MULTI_STAGE:
+        raise DeployError(f"two_stage / upsampler (--two-stage, --upsampler): {card.model_id} ({card.family}) has "
+                          f"one stage; multi-stage families: {', '.join(sorted(MULTI_STAGE))}")
     return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
 
 
