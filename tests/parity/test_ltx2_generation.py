@@ -93,16 +93,16 @@ def test_text_to_video_with_audio_matches_pipeline(reference, generator, setting
     assert audio.shape[0] == 2  # stereo
 
 
-def test_image_to_video_matches_pipeline(reference, generator):
+@pytest.mark.parametrize("crf", [33, 0], ids=["crf33", "no-recompression"])
+def test_image_to_video_matches_pipeline(reference, generator, crf):
     from diffusers import LTX2ImageToVideoPipeline
 
     pipe = LTX2ImageToVideoPipeline(**reference.components)
     pipe.set_progress_bar_config(disable=True)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))  # resized to 64x64 on both sides
-    ours = _ours(_engine(generator, DEFAULT), guidance_scale=3.0, image=image)
-    # image_crf=0: the pipeline's H.264 re-compression of the image is not implemented here (see README).
-    frames, audio = _reference(pipe, DEFAULT, 3.0, image=image, image_crf=0)
+    ours = _ours(_engine(generator, dataclasses.replace(DEFAULT, image_crf=crf)), guidance_scale=3.0, image=image)
+    frames, audio = _reference(pipe, DEFAULT, 3.0, image=image, image_crf=crf)
     _assert_close(ours, frames, audio)
 
 

@@ -101,6 +101,30 @@ def noised(latents: Tensor, scale: float | Tensor, generator: torch.Generator) -
     return scale * noise + (1 - scale) * latents
 
 
+def recompress(image: Image.Image, crf: int) -> Image.Image:
+    """The image after one H.264 round trip at `crf` (0: unchanged), so first-frame conditioning carries the
+    compression LTX-2 was trained on (Lightricks' ltx-pipelines media_io.preprocess, which the I2V pipeline
+    ports as apply_image_conditioning_crf: libx264 "veryfast", yuv420p, even sides)."""
+    if crf == 0:
+        return image
+    import io
+
+    import av
+
+    array = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    array = array[: array.shape[0] // 2 * 2, : array.shape[1] // 2 * 2]
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=1, options={"crf": str(crf), "preset": "veryfast"})
+        stream.height, stream.width = array.shape[:2]
+        container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24").reformat(format="yuv420p")))
+        container.mux(stream.encode())
+    buffer.seek(0)
+    with av.open(buffer) as container:
+        frame = next(container.decode(container.streams.video[0]))
+        return Image.fromarray(frame.to_ndarray(format="rgb24"))
+
+
 def image_pixels(image: Image.Image, height: int, width: int) -> Tensor:
     """[1, 3, H, W] in [-1, 1]: LTX2ImageToVideoPipeline's preprocessing of a PIL image (its VideoProcessor
     resizes bilinearly, not with diffusers' default Lanczos)."""

@@ -19,7 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
-from vidloom.recipes.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, unpack_audio
+from vidloom.recipes.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, recompress, unpack_audio
 from vidloom.recipes.ltx2.loop import LTX2DenoiseLoop
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
 from vidloom.recipes.ltx2.settings import LTX2Settings
@@ -67,6 +67,7 @@ def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None =
     def _first_frame_latents(image: Any, request: GenerationRequest, fps: float, generator: torch.Generator):
         # LTX2ImageToVideoPipeline: the image's latent (mode), normalised without the scaling factor, fills
         # frame 0 (kept clean: timestep 0, never stepped); the other frames start from noise.
+        image = recompress(image, settings.image_crf)
         pixels = image_pixels(image, request.height, request.width).to(device=device, dtype=torch.float32)
         encoded = vae.normalize_latents(vae.encode(pixels.unsqueeze(2)), scaling_factor=1.0)
         layout = geometry.layout(request.num_frames, request.height, request.width, fps)

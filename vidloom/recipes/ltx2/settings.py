@@ -23,3 +23,6 @@ class LTX2Settings:
     use_cross_timestep: bool = True  # the pipeline default (LTX-2.3 behaviour; False is legacy LTX-2.0)
     motion_speed: float = 1.0  # rotary positions run at fps / motion_speed
     decode_timestep: float = 0.0  # timestep-conditioned VAEs decode at this timestep (and noise)
+    # I2V: H.264 CRF the conditioning image is re-compressed at first (0: off); 33 is the pipeline's
+    # default for Gemma3-based LTX-2.0/2.3 (diffusers ltx2/utils.py DEFAULT_IMAGE_CRF).
+    image_crf: int = 33
