@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from checkpoints import CACHE
-from report import environment, print_table, write_json
+from report import environment, print_table, wait_for_quiet, write_json
 
 from tests.helpers.ltx2_checkpoints import TinyLTX2, write_tiny_ltx2
 from tests.helpers.ltx2_vae_fixtures import TinyUpsampler, TinyVideoVAE
@@ -153,10 +153,11 @@ def main() -> None:
                 runs = []
                 for i in range(args.runs):
                     out = Path(tmp) / f"{case}-{engine}-{i}.npz"
+                    busy = wait_for_quiet()
                     proc = subprocess.run([sys.executable, __file__, "--child", str(folder), engine,
                                            "1" if two_stage else "0", str(out)],
                                           capture_output=True, text=True, check=True)
-                    runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    runs.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "busy_before": round(busy, 2)})
                 outputs[engine] = np.load(Path(tmp) / f"{case}-{engine}-0.npz")
                 per_engine[engine] = {"generate_s": statistics.median(r["generate_s"] for r in runs),
                                       "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}

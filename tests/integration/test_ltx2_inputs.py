@@ -77,3 +77,13 @@ def test_one_step_cannot_reach_the_terminal_sigma(gen):
     with pytest.raises(InvalidRequest, match="shift_terminal") as info:
         gen.engine.run(GenerationRequest(**{**OK, "num_inference_steps": 1}))
     assert info.value.field == "num_inference_steps"
+
+
+def test_python_api_returns_frames_audio_and_rate(gen, tmp_path):
+    from vidloom.media.audio import read_audio_stream
+
+    out = gen.generate("a robot dancing", height=64, width=64, num_frames=9, fps=25, num_inference_steps=2, seed=0)
+    assert out.frames.shape == (9, 64, 64, 3)
+    assert out.audio.dtype.name == "float32" and out.audio.shape[0] == 2 and out.sample_rate == 24000
+    path = out.save(tmp_path / "x.mp4")
+    assert read_audio_stream(path).sample_rate == 24000
