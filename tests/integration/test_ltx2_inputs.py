@@ -87,3 +87,17 @@ def test_python_api_returns_frames_audio_and_rate(gen, tmp_path):
     assert out.audio.dtype.name == "float32" and out.audio.shape[0] == 2 and out.sample_rate == 24000
     path = out.save(tmp_path / "x.mp4")
     assert read_audio_stream(path).sample_rate == 24000
+
+
+def test_registry_detects_both_ltx2_pipeline_classes(ltx2_dir, tmp_path):
+    from vidloom.core.request import Task
+    from vidloom.registry import resolve_card
+
+    card = resolve_card(ltx2_dir)
+    assert card.family == "ltx2" and card.produces_audio and {Task.T2V, Task.I2V} <= card.tasks
+    assert (card.geometry.spatial_multiple, card.geometry.temporal_factor) == (32, 8)
+    copy = tmp_path / "i2v"
+    shutil.copytree(ltx2_dir, copy)
+    index = copy / "model_index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "_class_name": "LTX2ImageToVideoPipeline"}))
+    assert resolve_card(copy).family == "ltx2"
