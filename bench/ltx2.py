@@ -5,7 +5,7 @@ Each (case, engine) is a fresh subprocess, so peak RSS is its own; each process 
 times one full generation (text encoding, both denoise passes, VAE and audio decode). Frames and
 waveforms of vidloom and diffusers are compared so a fast wrong answer cannot pass as a win.
 
-    python bench/ltx2.py [--runs 1]
+    python bench/ltx2.py [--runs 3]
 """
 
 from __future__ import annotations
@@ -128,14 +128,17 @@ def run_one(folder: Path, engine: str, two_stage: bool, out: Path) -> dict[str, 
     started = time.perf_counter()
     video, audio, loaded = (_diffusers if engine == "diffusers" else _vidloom)(folder, two_stage)
     done = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     np.savez(out, video=np.asarray(video, dtype=np.float32), audio=np.asarray(audio, dtype=np.float32))
-    return {"load_s": loaded - started, "generate_s": done - loaded,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    # CPU seconds of the whole process (load included): less sensitive than wall time to other jobs on a
+    # shared machine, which the wall-time ratio is not.
+    return {"load_s": loaded - started, "generate_s": done - loaded, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--child", nargs=4, metavar=("FOLDER", "ENGINE", "TWO_STAGE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -160,18 +163,21 @@ def main() -> None:
                     runs.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "busy_before": round(busy, 2)})
                 outputs[engine] = np.load(Path(tmp) / f"{case}-{engine}-0.npz")
                 per_engine[engine] = {"generate_s": statistics.median(r["generate_s"] for r in runs),
+                                      "cpu_s": statistics.median(r["cpu_s"] for r in runs),
                                       "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
             ref = per_engine["diffusers"]
             for engine, data in per_engine.items():
                 data["time_ratio"] = data["generate_s"] / ref["generate_s"]
                 data["rss_ratio"] = data["peak_rss_mb"] / ref["peak_rss_mb"]
+                data["cpu_ratio"] = data["cpu_s"] / ref["cpu_s"]
                 data["max_frame_diff"] = float(np.abs(outputs[engine]["video"] - outputs["diffusers"]["video"]).max())
                 data["max_audio_diff"] = float(np.abs(outputs[engine]["audio"] - outputs["diffusers"]["audio"]).max())
                 rows.append([case, engine, f"{data['generate_s']:.2f}", f"{data['time_ratio']:.2f}",
+                             f"{data['cpu_s']:.1f}", f"{data['cpu_ratio']:.2f}",
                              f"{data['peak_rss_mb']:.0f}", f"{data['rss_ratio']:.2f}",
                              f"{data['max_frame_diff']:.1e}", f"{data['max_audio_diff']:.1e}"])
             results["cases"][case] = per_engine
-    print_table(["case", "engine", "generate s", "x diffusers", "peak RSS MB", "x diffusers", "frame diff",
+    print_table(["case", "engine", "generate s", "x diffusers", "cpu s", "x diffusers", "peak RSS MB", "x diffusers", "frame diff",
                  "audio diff"], rows)
     results["environment"] = environment()
     write_json("ltx2.json", results)
