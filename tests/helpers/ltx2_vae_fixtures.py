@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from diffusers import AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -104,11 +106,19 @@ def _perturb(module: torch.nn.Module, seed: int) -> None:
                 tensor.copy_(base + 0.2 * torch.randn(tensor.shape, generator=gen))
 
 
-def build_video_vae(spec: TinyVideoVAE, seed: int = 0) -> AutoencoderKLLTX2Video:
+def _build(cls: type[M], config: dict[str, Any], seed: int) -> M:
     torch.manual_seed(seed)
-    vae = AutoencoderKLLTX2Video(**spec.config).eval()
-    _perturb(vae, seed + 1)
-    return vae
+    module = cls(**config).eval()
+    _perturb(module, seed + 1)
+    return module
+
+
+def build_video_vae(spec: TinyVideoVAE, seed: int = 0) -> AutoencoderKLLTX2Video:
+    return _build(AutoencoderKLLTX2Video, spec.config, seed)
+
+
+def build_upsampler(spec: TinyUpsampler, seed: int = 0) -> LTX2LatentUpsamplerModel:
+    return _build(LTX2LatentUpsamplerModel, spec.config, seed)
 
 
 def write_video_vae(folder: Path, spec: TinyVideoVAE, seed: int = 0) -> AutoencoderKLLTX2Video:
@@ -116,13 +126,6 @@ def write_video_vae(folder: Path, spec: TinyVideoVAE, seed: int = 0) -> Autoenco
     vae = build_video_vae(spec, seed)
     vae.save_pretrained(folder, safe_serialization=True)
     return vae
-
-
-def build_upsampler(spec: TinyUpsampler, seed: int = 0) -> LTX2LatentUpsamplerModel:
-    torch.manual_seed(seed)
-    model = LTX2LatentUpsamplerModel(**spec.config).eval()
-    _perturb(model, seed + 1)
-    return model
 
 
 def write_upsampler(folder: Path, spec: TinyUpsampler, seed: int = 0) -> LTX2LatentUpsamplerModel:

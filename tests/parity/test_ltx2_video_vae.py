@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tests.helpers.ltx2_vae_fixtures import VAE_A, VAE_A_TIMESTEP, VAE_B, VAE_CO
 from vidloom.core.errors import InvalidRequest
 from vidloom.models.ltx2.checkpoint import load_video_vae
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE
+from vidloom.models.wan.vae_tiling import SpatialTiling
 
 # fp32 CPU, the same ops in the same order: measured differences are 0; 1e-5 leaves room for a
 # different CPU's conv kernels.
@@ -199,3 +201,57 @@ def test_vae_b_is_a_different_layout() -> None:
     vae = LTX2VideoVAE(config)
     assert any(stage.conv_in is not None for stage in vae.decoder.up_blocks)
     assert not config.encoder_causal and not config.decoder_causal
+
+
+# -- tiled decode -----------------------------------------------------------------------------------
+
+
+def test_tiled_decode_matches_diffusers_tiling(pair: Pair) -> None:
+    # Three latent cells per tile every two: edge tiles keep two cells, which reflect padding needs.
+    s = pair.ours.spatial_compression_ratio
+    tiling = SpatialTiling(tile=3 * s, stride=2 * s)
+    b, c, f, _, _ = pair.spec.latent_shape
+    latents = torch.randn((b, c, f, 4, 6), generator=torch.Generator().manual_seed(6))
+    timestep = _timestep(pair, b)
+    ref = copy.deepcopy(pair.ref)  # enable_tiling is state on the module
+    ref.enable_tiling(tile_sample_min_height=3 * s, tile_sample_min_width=3 * s,
+                      tile_sample_stride_height=2 * s, tile_sample_stride_width=2 * s)
+    torch.manual_seed(13)
+    with torch.no_grad():
+        expected = ref.decode(latents, timestep).sample
+    torch.manual_seed(13)
+    got = pair.ours.decode(latents, timestep, tiling=tiling)
+    assert _max_diff(got, expected) <= ATOL
+    torch.manual_seed(13)
+    whole = pair.ours.decode(latents, timestep)
+    assert _max_diff(got, whole) > 1e-4  # the tiles really were decoded apart
+
+
+def test_tiling_is_skipped_for_a_latent_within_one_tile(small_vae: LTX2VideoVAE) -> None:
+    latents = torch.randn(1, 8, 1, 2, 3)
+    assert torch.equal(small_vae.decode(latents, tiling=SpatialTiling(tile=96, stride=64)), small_vae.decode(latents))
+
+
+def test_tiling_refuses_bad_geometry(small_vae: LTX2VideoVAE) -> None:
+    latents = torch.zeros(1, 8, 1, 4, 5)
+    with pytest.raises(InvalidRequest, match=r"tiling: tile \(80\) and stride \(64\) must be multiples of 32"):
+        small_vae.decode(latents, tiling=SpatialTiling(tile=80, stride=64))
+    with pytest.raises(InvalidRequest, match="tiling: stride 64 leaves a 1-cell edge tile on a 4x5 latent"):
+        small_vae.decode(latents, tiling=SpatialTiling(tile=96, stride=64))
+
+
+def test_bf16_matches_diffusers_in_bf16(tmp_path: Path) -> None:
+    # Loaded straight into bf16 (no fp32 copy); the same ops in the same dtype agree exactly here.
+    ref = write_video_vae(tmp_path, VAE_A_TIMESTEP).to(torch.bfloat16)
+    ours = load_video_vae(tmp_path, dtype=torch.bfloat16)
+    latents = torch.randn(VAE_A_TIMESTEP.latent_shape).to(torch.bfloat16)
+    timestep = torch.tensor([0.05, 0.2], dtype=torch.bfloat16)
+    torch.manual_seed(14)
+    with torch.no_grad():
+        expected = ref.decode(latents, timestep).sample
+        encoded = ref.encode(expected[:, :, :9, :32, :32]).latent_dist.mode()
+    torch.manual_seed(14)
+    got = ours.decode(latents, timestep)
+    assert got.dtype == torch.bfloat16
+    assert _max_diff(got.float(), expected.float()) <= 1e-2  # bf16 resolution
+    assert _max_diff(ours.encode(expected[:, :, :9, :32, :32]).float(), encoded.float()) <= 1e-2

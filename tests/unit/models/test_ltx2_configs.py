@@ -58,6 +58,8 @@ def test_vae_ratios_are_derived_when_absent() -> None:
         ({"decoder_inject_noise": [True, False]}, "decoder_inject_noise has 2 entries, expected 4"),
         ({"upsample_type": ["spatial", "spatiotemporal", "spatiotemporal"]}, "upsample 32x4 .* downsamples 32x8"),
         ({"block_out_channels": [8, -16, 32, 32]}, "block_out_channels=.* positive integers"),
+        ({"timestep_conditioning": "false"}, "timestep_conditioning='false' should be a bool"),
+        ({"scaling_factor": None}, "scaling_factor=None should be a float"),
     ],
 )
 def test_vae_config_refuses_by_key(change: dict, message: str) -> None:
@@ -84,6 +86,8 @@ def test_upsampler_defaults_are_diffusers_defaults() -> None:
         ({"dims": 2, "temporal_upsample": True}, "temporal_upsample needs dims=3"),
         ({"rational_spatial_scale": 3.0}, "rational_spatial_scale=3.0 is not supported"),
         ({"mid_channels": 48}, "mid_channels=48 is not a multiple of 32"),
+        ({"mid_channels": "64"}, "mid_channels='64' should be a int"),
+        ({"spatial_upsample": 1}, "spatial_upsample=1 should be a bool"),
     ],
 )
 def test_upsampler_config_refuses_by_key(cfg: dict, message: str) -> None:

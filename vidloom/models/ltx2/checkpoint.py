@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
+from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
@@ -15,47 +17,46 @@ from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE,
 
 VIDEO_VAE_CLASS = "AutoencoderKLLTX2Video"
 UPSAMPLER_CLASS = "LTX2LatentUpsamplerModel"
+M = TypeVar("M", bound=torch.nn.Module)
+C = TypeVar("C")
 
 
 def read_video_vae_config(folder: Path) -> LTX2VideoVAEConfig:
-    cfg = _config(folder, VIDEO_VAE_CLASS)
-    try:
-        return LTX2VideoVAEConfig.from_diffusers(cfg)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{folder}: {exc}") from None
+    return _read_config(folder, VIDEO_VAE_CLASS, LTX2VideoVAEConfig.from_diffusers)
 
 
 def read_upsampler_config(folder: Path) -> LTX2LatentUpsamplerConfig:
-    cfg = _config(folder, UPSAMPLER_CLASS)
-    try:
-        return LTX2LatentUpsamplerConfig.from_diffusers(cfg)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{folder}: {exc}") from None
+    return _read_config(folder, UPSAMPLER_CLASS, LTX2LatentUpsamplerConfig.from_diffusers)
 
 
 def load_video_vae(folder: str | Path, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> LTX2VideoVAE:
     """An `AutoencoderKLLTX2Video` folder onto our LTX2VideoVAE, in eval mode on `device` in `dtype`."""
-    folder = Path(folder)
-    config = read_video_vae_config(folder)
-    vae = materialize(lambda: LTX2VideoVAE(config), torch.device(device), dtype)
-    load_weights(vae, folder, LTX2_VIDEO_VAE_NAME_MAP)
-    return vae.eval()
+    config = read_video_vae_config(Path(folder))
+    return _load(lambda: LTX2VideoVAE(config), Path(folder), LTX2_VIDEO_VAE_NAME_MAP, device, dtype)
 
 
 def load_latent_upsampler(folder: str | Path, device: torch.device | str = "cpu",
                           dtype: torch.dtype = torch.float32) -> LTX2LatentUpsampler:
     """An `LTX2LatentUpsamplerModel` folder onto our LTX2LatentUpsampler, in eval mode."""
-    folder = Path(folder)
-    config = read_upsampler_config(folder)
-    upsampler = materialize(lambda: LTX2LatentUpsampler(config), torch.device(device), dtype)
-    load_weights(upsampler, folder, LTX2_UPSAMPLER_NAME_MAP)
-    return upsampler.eval()
+    config = read_upsampler_config(Path(folder))
+    return _load(lambda: LTX2LatentUpsampler(config), Path(folder), LTX2_UPSAMPLER_NAME_MAP, device, dtype)
 
 
-def _config(folder: Path, expected_class: str) -> dict:
+def _load(build: Callable[[], M], folder: Path, name_map: NameMap, device: torch.device | str,
+          dtype: torch.dtype) -> M:
+    module = materialize(build, torch.device(device), dtype)  # weights come from the folder, not random init
+    load_weights(module, folder, name_map)
+    return module.eval()
+
+
+def _read_config(folder: Path, expected_class: str, parse: Callable[[dict], C]) -> C:
+    """Parse `folder/config.json`, refusing another component's config; errors name the folder."""
     cfg = read_json(folder / "config.json")
     found = cfg.get("_class_name", expected_class)
     if found != expected_class:
         raise CheckpointError(f"{folder}/config.json: _class_name is {found!r}, expected {expected_class!r}")
-    return cfg
+    try:
+        return parse(cfg)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None

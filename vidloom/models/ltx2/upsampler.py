@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae import LTX2VideoVAE, LTX2VideoVAEConfig
+from vidloom.models.ltx2.video_vae_config import read_scalar
 
 # diffusers latent_upsampler.RATIONAL_RESAMPLER_SCALE_MAPPING: scale -> (upsample by, then blur-downsample by).
 RATIONAL_SCALES = {0.75: (3, 4), 1.5: (3, 2), 2.0: (2, 1), 4.0: (4, 1)}
@@ -59,7 +60,8 @@ class LTX2LatentUpsamplerConfig:
         if unknown:
             raise CheckpointError(f"{SOURCE}: unsupported key {unknown[0]!r} (known: {', '.join(fields)})")
         defaults = cls()
-        config = cls(**{name: type(getattr(defaults, name))(cfg.get(name, getattr(defaults, name))) for name in fields})
+        config = cls(**{name: read_scalar(cfg, name, type(getattr(defaults, name)), getattr(defaults, name), SOURCE)
+                        for name in fields})
         if config.dims not in (2, 3):
             raise CheckpointError(f"{SOURCE}: dims={config.dims} is not supported (2 or 3)")
         if not (config.spatial_upsample or config.temporal_upsample):

@@ -8,7 +8,8 @@ latents and, when the checkpoint enables it, a per-sample decode timestep. The p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
@@ -17,6 +18,8 @@ from torch import Tensor, nn
 from vidloom.core.errors import InvalidRequest
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae_coders import DOWN_STRIDES, Decoder, Encoder
+from vidloom.models.ltx2.video_vae_config import read_diffusers_config
+from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers DiagonalGaussianDistribution clamp
 
@@ -51,40 +54,29 @@ class LTX2VideoVAEConfig:
     @property
     def spatial_compression_ratio(self) -> int:
         """Pixels per latent cell along height and width (the encoder's strides, times the patch)."""
-        return self.patch_size * _product(
+        return self.patch_size * math.prod(
             DOWN_STRIDES[kind][1] for kind, on in zip(self.downsample_type, self.spatio_temporal_scaling) if on
         )
 
     @property
     def temporal_compression_ratio(self) -> int:
         """Frames per latent frame after the first (a video has 1 + ratio*k frames)."""
-        return _product(
+        return math.prod(
             DOWN_STRIDES[kind][0] for kind, on in zip(self.downsample_type, self.spatio_temporal_scaling) if on
         )
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2VideoVAEConfig:
         """Read an `AutoencoderKLLTX2Video` config.json; unknown keys or unsupported values -> CheckpointError."""
-        from vidloom.models.ltx2.video_vae_config import read_diffusers_config
-
         return read_diffusers_config(cls, cfg)
 
     def to_diffusers(self) -> dict[str, Any]:
         """The config.json diffusers would write for this architecture (compression ratios explicit)."""
-        from dataclasses import asdict
-
         out: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
         out.update(patch_size_t=1, spatial_compression_ratio=self.spatial_compression_ratio,
                    temporal_compression_ratio=self.temporal_compression_ratio,
                    down_block_types=["LTX2VideoDownBlock3D"] * len(self.block_out_channels))
         return out
-
-
-def _product(values: Any) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 # Our tree keeps diffusers' names except for the pieces we flatten: the one-element resampler lists and
@@ -155,14 +147,38 @@ class LTX2VideoVAE(nn.Module):
 
     @torch.no_grad()
     def decode(self, latents: Tensor, timestep: Tensor | float | None = None,
-               generator: torch.Generator | None = None) -> Tensor:
+               generator: torch.Generator | None = None, tiling: SpatialTiling | None = None) -> Tensor:
         """Raw latents [B, latent, F, h, w] -> video [B, 3, 1 + t*(F-1), s*h, s*w], nominally in [-1, 1].
 
+        Unclamped, like diffusers (its pipelines clamp when converting to pixels).
         `timestep` ([B] or a float) is required exactly when the checkpoint has timestep conditioning.
         `generator` feeds the decoder's per-block noise injection where the config enables it; None uses
-        torch's global RNG, as diffusers does.
+        torch's global RNG, as diffusers does. With `tiling`, a latent larger than one tile is decoded in
+        overlapping spatial tiles blended at the seams (diffusers' `enable_tiling` rule), bounding memory.
         """
         self.check_latents(latents)
+        timestep = self._check_timestep(latents, timestep)
+        if tiling is not None and self._needs_tiles(latents, tiling):
+            return decode_tiled(latents, lambda tile, _done, _total: self.decoder(tile, timestep, generator),
+                                tiling, self.spatial_compression_ratio)
+        return self.decoder(latents, timestep, generator)
+
+    def _needs_tiles(self, latents: Tensor, tiling: SpatialTiling) -> bool:
+        s = self.spatial_compression_ratio
+        if tiling.tile % s or tiling.stride % s:
+            raise InvalidRequest("tiling", f"tile ({tiling.tile}) and stride ({tiling.stride}) must be multiples of {s}")
+        tile, stride = tiling.tile // s, tiling.stride // s
+        height, width = latents.shape[3:]
+        if height <= tile and width <= tile:
+            return False
+        if self.config.decoder_spatial_padding_mode == "reflect":
+            edges = [size - (size - 1) // stride * stride for size in (height, width)]
+            if min(min(edge, tile) for edge in edges) < 2:
+                raise InvalidRequest("tiling", f"stride {tiling.stride} leaves a 1-cell edge tile on a "
+                                               f"{height}x{width} latent, which this VAE's reflect padding cannot take")
+        return True
+
+    def _check_timestep(self, latents: Tensor, timestep: Tensor | float | None) -> Tensor | None:
         if self.config.timestep_conditioning:
             if timestep is None:
                 raise InvalidRequest("timestep", "this LTX-2 VAE is timestep-conditioned; pass the decode timestep")
@@ -170,9 +186,10 @@ class LTX2VideoVAE(nn.Module):
             timestep = timestep.reshape(-1).expand(latents.shape[0]) if timestep.numel() == 1 else timestep
             if timestep.shape != (latents.shape[0],):
                 raise InvalidRequest("timestep", f"expected one value per batch item, got {tuple(timestep.shape)}")
-        elif timestep is not None:
+            return timestep
+        if timestep is not None:
             raise InvalidRequest("timestep", "this LTX-2 VAE has no timestep conditioning (timestep_conditioning=false)")
-        return self.decoder(latents, timestep, generator)
+        return None
 
     # -- latent statistics (LTX2Pipeline._normalize_latents / _denormalize_latents) ----------------
 
@@ -194,7 +211,7 @@ class LTX2VideoVAE(nn.Module):
 
     def decode_normalized(self, latents: Tensor, decode_timestep: float | list[float] = 0.0,
                           decode_noise_scale: float | list[float] | None = None,
-                          generator: torch.Generator | None = None) -> Tensor:
+                          generator: torch.Generator | None = None, tiling: SpatialTiling | None = None) -> Tensor:
         """What LTX2Pipeline does after denoising: (with timestep conditioning) mix in noise drawn from
         `generator` at `decode_noise_scale` (default: the timestep), denormalise, decode at `decode_timestep`.
         """
@@ -207,7 +224,8 @@ class LTX2VideoVAE(nn.Module):
             timestep = torch.tensor(times, device=latents.device, dtype=latents.dtype)
             scale = torch.tensor(scales, device=latents.device, dtype=latents.dtype)[:, None, None, None, None]
             latents = (1 - scale) * latents + scale * noise
-        return self.decode(self.denormalize_latents(latents), timestep)
+        raw = self.denormalize_latents(latents).to(self.latents_mean.dtype)  # the pipeline casts to the VAE's dtype
+        return self.decode(raw, timestep, tiling=tiling)
 
 
 def _per_item(field: str, value: float | list[float], batch: int) -> list[float]:

@@ -29,9 +29,9 @@ def read_diffusers_config(cls: type[LTX2VideoVAEConfig], cfg: Mapping[str, Any])
     encoder_blocks = len(_ints(cfg, "block_out_channels", defaults.block_out_channels))
     decoder_blocks = len(_ints(cfg, "decoder_block_out_channels", defaults.decoder_block_out_channels))
     values: dict[str, Any] = {
-        "in_channels": int(cfg.get("in_channels", defaults.in_channels)),
-        "out_channels": int(cfg.get("out_channels", defaults.out_channels)),
-        "latent_channels": int(cfg.get("latent_channels", defaults.latent_channels)),
+        "in_channels": read_scalar(cfg, "in_channels", int, defaults.in_channels),
+        "out_channels": read_scalar(cfg, "out_channels", int, defaults.out_channels),
+        "latent_channels": read_scalar(cfg, "latent_channels", int, defaults.latent_channels),
         "block_out_channels": _ints(cfg, "block_out_channels", defaults.block_out_channels),
         "decoder_block_out_channels": _ints(cfg, "decoder_block_out_channels", defaults.decoder_block_out_channels),
         "layers_per_block": _ints(cfg, "layers_per_block", defaults.layers_per_block, encoder_blocks + 1),
@@ -47,25 +47,33 @@ def read_diffusers_config(cls: type[LTX2VideoVAEConfig], cfg: Mapping[str, Any])
         "downsample_type": _choices(cfg, "downsample_type", defaults.downsample_type, encoder_blocks, DOWN_STRIDES),
         "upsample_type": _choices(cfg, "upsample_type", defaults.upsample_type, decoder_blocks, UP_STRIDES),
         "upsample_factor": _ints(cfg, "upsample_factor", defaults.upsample_factor, decoder_blocks),
-        "timestep_conditioning": bool(cfg.get("timestep_conditioning", defaults.timestep_conditioning)),
-        "patch_size": int(cfg.get("patch_size", defaults.patch_size)),
-        "resnet_norm_eps": float(cfg.get("resnet_norm_eps", defaults.resnet_norm_eps)),
-        "scaling_factor": float(cfg.get("scaling_factor", defaults.scaling_factor)),
-        "encoder_causal": bool(cfg.get("encoder_causal", defaults.encoder_causal)),
-        "decoder_causal": bool(cfg.get("decoder_causal", defaults.decoder_causal)),
+        "timestep_conditioning": read_scalar(cfg, "timestep_conditioning", bool, defaults.timestep_conditioning),
+        "patch_size": read_scalar(cfg, "patch_size", int, defaults.patch_size),
+        "resnet_norm_eps": read_scalar(cfg, "resnet_norm_eps", float, defaults.resnet_norm_eps),
+        "scaling_factor": read_scalar(cfg, "scaling_factor", float, defaults.scaling_factor),
+        "encoder_causal": read_scalar(cfg, "encoder_causal", bool, defaults.encoder_causal),
+        "decoder_causal": read_scalar(cfg, "decoder_causal", bool, defaults.decoder_causal),
         "encoder_spatial_padding_mode": _padding(cfg, "encoder_spatial_padding_mode",
                                                  defaults.encoder_spatial_padding_mode),
         "decoder_spatial_padding_mode": _padding(cfg, "decoder_spatial_padding_mode",
                                                  defaults.decoder_spatial_padding_mode),
     }
     _check_block_types(cfg, encoder_blocks)
-    if int(cfg.get("patch_size_t", 1)) != 1:
+    if cfg.get("patch_size_t", 1) != 1:
         raise CheckpointError(f"{SOURCE}: patch_size_t={cfg['patch_size_t']} is not supported (diffusers' encoder "
                               f"only runs patch_size_t=1)")
     config = cls(**values)
     _check_compression(config, cfg)
     _check_decoder(config)
     return config
+
+
+def read_scalar(cfg: Mapping[str, Any], key: str, kind: type, default: Any, source: str = SOURCE) -> Any:
+    """One int / float / bool entry; JSON strings or bools-for-numbers are refused rather than coerced."""
+    value = cfg.get(key, default)
+    if not isinstance(value, (int, float)) or (kind is bool) != isinstance(value, bool):
+        raise CheckpointError(f"{source}: {key}={value!r} should be a {kind.__name__}")
+    return kind(value)
 
 
 def _ints(cfg: Mapping[str, Any], key: str, default: tuple[int, ...], length: int | None = None) -> tuple[int, ...]:
