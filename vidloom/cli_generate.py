@@ -32,6 +32,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "audio_out": "--audio-out",
 }
 EXIT_INTERRUPTED = 130
+AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
 
 def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any],
@@ -205,7 +206,7 @@ class ProgressBars:
 
         if not isinstance(event, ProgressEvent):
             return
-        if event.phase != "decode":
+        if event.phase not in AFTER_DENOISE_PHASES:
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)
         if bar is None:

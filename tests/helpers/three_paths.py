@@ -175,3 +175,7 @@ def assert_same_outcome(a: Outcome, b: Outcome, what: str, same_deploy: bool = T
     assert a.comparable() == b.comparable(), f"{what}: resolved requests differ"
     assert a.output.fps == b.output.fps
     assert np.array_equal(a.output.frames, b.output.frames), f"{what}: frames differ"
+    assert a.output.sample_rate == b.output.sample_rate, f"{what}: audio sample rates differ"
+    assert (a.output.audio is None) == (b.output.audio is None), f"{what}: one path has audio, the other none"
+    if a.output.audio is not None:
+        assert np.array_equal(a.output.audio, b.output.audio), f"{what}: audio differs"

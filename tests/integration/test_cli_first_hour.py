@@ -39,6 +39,11 @@ def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     (["--output", "/proc/x.mp4"], ["--output", "/proc"]),
     (["--output", "{tmp}"], ["--output", "is a directory"]),
     (["--output", "{tmp}/clip.avi"], ["--output", ".avi", ".mp4"]),
+    (["--output", "{tmp}/sound.wav"], ["--output", "no sound"]),  # the demo model is silent
+    (["--audio-out", "{tmp}/a.mp3"], ["--audio-out", ".mp3", ".wav"]),
+    (["--audio-out", "{tmp}"], ["--audio-out", "is a directory"]),
+    (["--audio-out", "/proc/a.wav"], ["--audio-out", "/proc"]),
+    (["--audio-out", "{tmp}/a.wav"], ["--audio-out", "no sound"]),
     (["--device", "cuda"], ["--device", "CUDA"]),
     (["--device", "gpu"], ["--device", "gpu"]),
     (["--dtype", "float8"], ["--dtype", "float8"]),

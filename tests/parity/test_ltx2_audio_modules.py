@@ -37,11 +37,39 @@ def test_vocoder_matches_diffusers(name: str, tmp_path: Path):
     reference = build_vocoder(name, seed=5)
     ours = load_vocoder(save_component(reference, tmp_path / "vocoder"))
     assert ours.sample_rate == reference.config.output_sampling_rate
-    mel = torch.randn(1, 2, 7, VOCODER_CONFIGS[name][1]["in_channels"] // 2, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # the BWE reads its hop through a deprecated attribute
-        expected = reference(mel)
-    got = ours(mel)
-    assert got.shape == expected.shape == (1, 2, ours.output_samples(7))
-    assert expected.abs().max() > 0.05  # a live signal, not a clamped or silent one
-    assert (got - expected).abs().max().item() <= TOLERANCE
+    for frames in (7, 9):  # bwe: 7 x 160 samples is not a multiple of its hop 48 (padded), 9 x 160 is
+        mel = torch.randn(1, 2, frames, VOCODER_CONFIGS[name][1]["in_channels"] // 2,
+                          generator=torch.Generator().manual_seed(frames))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the BWE reads its hop through a deprecated attribute
+            expected = reference(mel)
+        got = ours(mel)
+        assert got.shape == expected.shape == (1, 2, ours.output_samples(frames))
+        assert expected.abs().max() > 0.05  # a live signal, not a clamped or silent one
+        assert (got - expected).abs().max().item() <= TOLERANCE
+
+
+def test_audio_latent_layout_matches_the_pipeline():
+    from diffusers import LTX2Pipeline
+
+    from vidloom.models.ltx2.audio_vae import LTX2AudioVAEConfig, pack_audio_latents, unpack_audio_latents
+
+    latents = torch.randn(2, 4, 7, 4)
+    packed = pack_audio_latents(latents)
+    assert torch.equal(packed, LTX2Pipeline._pack_audio_latents(latents))
+    assert torch.equal(unpack_audio_latents(packed, 4), LTX2Pipeline._unpack_audio_latents(packed, 7, num_mel_bins=4))
+    # LTX2Pipeline: 121 frames at 24 fps, 16 kHz / hop 160 / 4 -> round(5.0417 s x 25) = 126 latent frames
+    assert LTX2AudioVAEConfig().latent_frames(121 / 24) == 126
+
+
+def test_latent_statistics_undo_each_other_as_the_pipeline_applies_them(tmp_path: Path):
+    from diffusers import LTX2Pipeline
+
+    reference = build_audio_vae("causal-pixel", seed=4)
+    ours = load_audio_vae(save_component(reference, tmp_path / "audio_vae"))
+    packed = torch.randn(1, 5, 16)  # 4 latent channels x 4 latent mel bins = base_channels
+    expected = LTX2Pipeline._denormalize_audio_latents(packed, reference.latents_mean, reference.latents_std)
+    assert torch.equal(ours.denormalize(packed), expected)
+    assert torch.allclose(ours.normalize(ours.denormalize(packed)), packed, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[B, T, 16\]"):
+        ours.denormalize(torch.randn(1, 5, 8))

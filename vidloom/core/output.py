@@ -36,11 +36,8 @@ class VideoOutput:
             given = "audio" if self.sample_rate is None else "sample_rate"
             raise ValueError(f"audio and sample_rate come together: {given} was given without the other")
         if self.audio is not None:
-            object.__setattr__(self, "audio", _checked_audio(self.audio))
-            rate = self.sample_rate
-            if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
-                raise ValueError(f"sample_rate must be a positive integer (Hz), got {rate!r}")
-            object.__setattr__(self, "sample_rate", int(rate))
+            object.__setattr__(self, "audio", checked_audio(self.audio))
+            object.__setattr__(self, "sample_rate", checked_sample_rate(self.sample_rate))
 
     @property
     def num_frames(self) -> int:
@@ -65,7 +62,14 @@ class VideoOutput:
         return write_output(self.frames, self.fps, Path(path), audio=self.audio, sample_rate=self.sample_rate)[0]
 
 
-def _checked_audio(audio: Any) -> np.ndarray:
+def checked_sample_rate(rate: Any) -> int:
+    """A positive integer number of Hz (numpy integers accepted), as int; ValueError otherwise."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or rate < 1:
+        raise ValueError(f"sample_rate must be a positive integer (Hz), got {rate!r}")
+    return int(rate)
+
+
+def checked_audio(audio: Any) -> np.ndarray:
     """float32 [channels, samples], finite, as a numpy array; ValueError naming what is wrong otherwise."""
     if hasattr(audio, "detach") and hasattr(audio, "cpu"):  # a torch tensor, without importing torch here
         if str(audio.dtype) != "torch.float32":

@@ -18,6 +18,7 @@ import av
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.core.output import checked_audio, checked_sample_rate
 from vidloom.media.video import atomic_path
 
 # container format -> (codec, bit rate, sample rates the codec takes). Constant bit rate, one thread: the
@@ -36,6 +37,10 @@ class AudioTrack:
 
     samples: np.ndarray
     sample_rate: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", checked_audio(self.samples))  # VideoOutput's rules
+        object.__setattr__(self, "sample_rate", checked_sample_rate(self.sample_rate))
 
     def fitted(self, seconds: float) -> np.ndarray:
         """The waveform trimmed, or padded with trailing silence, to round(seconds x rate) samples."""
@@ -97,7 +102,7 @@ class AudioStreamWriter:
         codec, bit_rate, _ = AUDIO_CODECS[container_format]
         self._container = container
         self._rate = track.sample_rate
-        self._samples = np.ascontiguousarray(track.fitted(seconds), dtype=np.float32)
+        self._samples = np.ascontiguousarray(np.clip(track.fitted(seconds), -1.0, 1.0), dtype=np.float32)
         self._layout = LAYOUTS[self._samples.shape[0]]
         self._stream = container.add_stream(codec, rate=track.sample_rate, layout=self._layout)
         self._stream.bit_rate = bit_rate

@@ -73,3 +73,14 @@ def test_program_audio_slot_becomes_output_audio():
     assert audio.shape == (2, 300) and audio.dtype == np.float32 and rate == 24000
     assert np.array_equal(audio, waveform[0].numpy())
     assert output_audio({"video": np.zeros(1)}) == (None, None)
+
+
+def test_cli_progress_keeps_the_denoise_step_through_decode_and_audio_phases():
+    from vidloom.cli_generate import ProgressBars
+    from vidloom.core.output import ProgressEvent
+
+    bars = ProgressBars()
+    with bars:
+        for phase, step, total in [("denoise", 3, 4), ("decode", 1, 2), ("audio", 1, 1)]:
+            bars(ProgressEvent("r", phase, step, total))
+    assert bars.last_denoise == (3, 4)  # what "cancelled at step k/n" reports

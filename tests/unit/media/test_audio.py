@@ -121,3 +121,26 @@ def test_mono_is_written_as_mono(tmp_path: Path):
     decoded = read_audio_stream(path)
     assert decoded.samples.shape[0] == 1
     assert _snr_db(mono, decoded.samples[:, :25000]) >= AAC_MIN_SNR_DB
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".webm"])
+def test_sound_encodes_are_reproducible(tmp_path: Path, suffix: str):
+    written = [write_output(_frames(), FPS, tmp_path / f"{i}{suffix}", audio=_tones(25000), sample_rate=RATE)[0]
+               for i in range(2)]
+    assert written[0].read_bytes() == written[1].read_bytes()
+
+
+def test_write_output_checks_audio_like_video_output(tmp_path: Path):
+    with pytest.raises(ValueError, match="non-finite"):
+        write_output(_frames(), FPS, tmp_path / "v.mp4", audio=np.full((2, 100), np.nan, np.float32), sample_rate=RATE)
+    with pytest.raises(ValueError, match="float32, got float64"):
+        write_output(_frames(), FPS, tmp_path / "v.mp4", audio=np.zeros((2, 100)), sample_rate=RATE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_louder_than_full_scale_is_clipped_in_mp4(tmp_path: Path):
+    loud = 3.0 * _tones(25000)
+    [path] = write_output(_frames(), FPS, tmp_path / "v.mp4", audio=loud, sample_rate=RATE)
+    decoded = read_audio_stream(path).samples[:, 2048:24000]
+    assert np.abs(decoded).max() < 1.2  # clipped to [-1, 1] before AAC (its ringing stays small)
+    assert _snr_db(np.clip(loud, -1, 1)[:, 2048:24000], decoded) >= 20  # clipped square-ish waves: harder to code

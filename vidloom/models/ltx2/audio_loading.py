@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.audio_vae import LTX2_AUDIO_VAE_NAME_MAP, LTX2_AUDIO_VAE_SKIPPED, LTX2AudioVAE, LTX2AudioVAEConfig
@@ -29,3 +30,21 @@ def load_vocoder(folder: Path, device: torch.device | str = "cpu", dtype: torch.
     skip = LTX2_VOCODER_BWE_SKIPPED if vocoder.config.bandwidth_extension is not None else ()
     load_weights(vocoder, Path(folder), vocoder.name_map, skip=skip)
     return vocoder.to(device=device, dtype=dtype).eval()
+
+
+def load_audio_decoders(root: Path, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> tuple[LTX2AudioVAE, LTX2Vocoder]:
+    """The `audio_vae` and `vocoder` folders of a diffusers LTX-2 checkpoint at `root`, checked to fit together."""
+    vae = load_audio_vae(Path(root) / "audio_vae", device, dtype)
+    vocoder = load_vocoder(Path(root) / "vocoder", device, dtype)
+    check_vocoder_fits(vae.config, vocoder.config, Path(root))
+    return vae, vocoder
+
+
+def check_vocoder_fits(vae: LTX2AudioVAEConfig, vocoder: LTX2VocoderConfig, root: Path) -> None:
+    """CheckpointError unless the vocoder reads the mel spectrograms the audio VAE decodes (channels x bins)."""
+    mel_features = vae.output_channels * vae.mel_bins
+    if vocoder.generator.in_channels != mel_features:
+        raise CheckpointError(
+            f"{root}: vocoder/config.json in_channels={vocoder.generator.in_channels}, but audio_vae decodes "
+            f"{vae.output_channels} x {vae.mel_bins} mel features ({mel_features}); the two do not belong together")

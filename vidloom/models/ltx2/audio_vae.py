@@ -60,8 +60,8 @@ class LTX2AudioVAEConfig:
     """Waveform rate the mel spectrogram was computed at (the vocoder's input rate)."""
     mel_hop_length: int = 160
     """Waveform samples per mel frame."""
-    mel_bins: int | None = 64
-    """Mel bins of the decoded spectrogram; None: as many as the latent has."""
+    mel_bins: int = 64
+    """Mel bins of the decoded spectrogram (the latent has a quarter as many)."""
 
     @property
     def latents_per_second(self) -> float:
@@ -70,7 +70,11 @@ class LTX2AudioVAEConfig:
 
     @property
     def latent_mel_bins(self) -> int:
-        return (self.mel_bins or 64) // LATENT_DOWNSAMPLE
+        return self.mel_bins // LATENT_DOWNSAMPLE
+
+    def latent_frames(self, seconds: float) -> int:
+        """Audio latent frames for a clip of `seconds` (LTX2Pipeline: round(duration x latents per second))."""
+        return round(seconds * self.latents_per_second)
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2AudioVAEConfig:
@@ -87,9 +91,10 @@ class LTX2AudioVAEConfig:
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)
         values["mid_block_add_attention"] = read_key(cfg, "mid_block_add_attention", False, strict_bool, where)
-        # mel_bins: null is meaningful (as many bins as the latent has), so only an absent key takes the default
-        values["mel_bins"] = None if "mel_bins" in cfg and cfg["mel_bins"] is None else \
-            read_key(cfg, "mel_bins", cls.mel_bins, positive_int, where)
+        if "mel_bins" in cfg and cfg["mel_bins"] is None:  # the reference decoder allows it; its pipelines cannot
+            raise CheckpointError(f"{where}: mel_bins=null is not supported (LTX-2 pipelines size audio latents "
+                                  "from mel_bins)")
+        values["mel_bins"] = read_key(cfg, "mel_bins", cls.mel_bins, positive_int, where)
         values["norm_type"] = str(cfg.get("norm_type", cls.norm_type))
         values["causality_axis"] = str(cfg.get("causality_axis", cls.causality_axis))
         check_choice(values["norm_type"], "norm_type", NORM_TYPES, where)
@@ -249,9 +254,9 @@ class Decoder(nn.Module):
 
     def forward(self, latents: Tensor) -> Tensor:
         # Follows diffusers' LTX2AudioDecoder.forward step by step, including its crop / zero-pad to the target size.
-        _, _, frames, bins = latents.shape
+        frames = latents.shape[2]
         target_frames = max(frames * LATENT_DOWNSAMPLE - (LATENT_DOWNSAMPLE - 1), 1)  # causal: first frame is 1
-        target_bins = self.config.mel_bins if self.config.mel_bins is not None else bins
+        target_bins = self.config.mel_bins
         h = self.mid(self.conv_in(latents))
         for level in reversed(range(len(self.up))):
             h = self.up[level](h)
@@ -286,8 +291,25 @@ class LTX2AudioVAE(nn.Module):
 
     def denormalize(self, packed: Tensor) -> Tensor:
         """Packed latents [B, T, F] the transformer produced -> the VAE's latent scale (inverse of normalize)."""
+        self._check_packed(packed)
         return packed * self.latents_std.to(packed) + self.latents_mean.to(packed)
 
     def normalize(self, packed: Tensor) -> Tensor:
         """Packed VAE-scale latents [B, T, F] -> the transformer's unit scale."""
+        self._check_packed(packed)
         return (packed - self.latents_mean.to(packed)) / self.latents_std.to(packed)
+
+    def _check_packed(self, packed: Tensor) -> None:
+        if packed.ndim != 3 or packed.shape[-1] != self.latents_mean.numel():
+            raise ValueError(f"packed audio latents must be [B, T, {self.latents_mean.numel()}] (the statistics' "
+                             f"size, base_channels), got {tuple(packed.shape)}")
+
+
+def pack_audio_latents(latents: Tensor) -> Tensor:
+    """[B, C, T, M] -> the transformer's token sequence [B, T, C * M] (one token per latent frame, channels major)."""
+    return latents.transpose(1, 2).flatten(2, 3)
+
+
+def unpack_audio_latents(tokens: Tensor, latent_mel_bins: int) -> Tensor:
+    """Inverse of pack_audio_latents: [B, T, C * M] -> [B, C, T, M]."""
+    return tokens.unflatten(2, (-1, latent_mel_bins)).transpose(1, 2)
