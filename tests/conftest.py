@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.flux2_checkpoints import CONFIGS as FLUX2_CONFIGS, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.wan_checkpoints import CONFIGS, TinyWan, write_tiny_wan
 
@@ -78,3 +79,13 @@ def cosmos3_dir(tmp_path_factory) -> Path:
     from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 
     return write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "tiny-cosmos3", COSMOS3_A)
+@pytest.fixture(scope="session", params=LTX2_CONFIGS, ids=lambda spec: spec.name)
+def tiny_ltx2_dir(request, tmp_path_factory) -> Path:
+    """A diffusers-written LTX2Pipeline folder (with a latent_upsampler/ folder) for each tiny config."""
+    return write_tiny_ltx2(tmp_path_factory.mktemp(request.param.name), request.param, upsampler=True)
+
+
+@pytest.fixture(scope="session")
+def ltx2_dir(tmp_path_factory) -> Path:
+    """The first tiny LTX-2 folder alone (CLI, server and error tests)."""
+    return write_tiny_ltx2(tmp_path_factory.mktemp("ltx2-only"), LTX2_CONFIGS[0], upsampler=True)

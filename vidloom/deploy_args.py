@@ -39,6 +39,13 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="none | teacache | fbcache: reuse DiT block residuals on steps that barely change")
     group.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
                        help="step-cache threshold (policy default 0.1; 0 never skips, higher skips more)")
+    stages = parser.add_argument_group("multi-stage models (LTX-2)")
+    stages.add_argument("--two-stage", action="store_true",
+                        help="generate, upsample the latents 2x, refine (upsampler: --upsampler or the "
+                             "checkpoint's latent_upsampler/ folder)")
+    stages.add_argument("--upsampler", default=None, metavar="DIR",
+                        help="latent upsampler folder (LTX2LatentUpsamplerModel or LTX2LatentUpsamplePipeline); "
+                             "implies --two-stage")
     multi = parser.add_argument_group("several devices (one process each; see README 'Multiple devices')")
     multi.add_argument("--devices", type=int, default=None, metavar="N",
                        help="processes, one per device (default: --sp x cfg degree, or torchrun's world size)")
@@ -70,6 +77,8 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         cfg_mode=args.cfg_mode,
         step_cache=args.step_cache,
         step_cache_threshold=args.step_cache_threshold,
+        two_stage=args.two_stage,
+        upsampler=args.upsampler,
         devices=devices,
         parallel=plan,
     )

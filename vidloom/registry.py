@@ -40,6 +40,8 @@ PIPELINES: dict[str, str] = {
     "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
     "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
     "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
+    "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
+    "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
@@ -48,7 +50,10 @@ LOADERS: dict[str, str] = {
     "flux2": "vidloom.recipes.flux2.load:load_instance",
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
+    "ltx2": "vidloom.recipes.ltx2.load:load_instance",
 }
+# Families whose program has an optional latent-upsample + refine pass (DeployConfig.two_stage / upsampler).
+MULTI_STAGE: frozenset[str] = frozenset({"ltx2"})
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
@@ -123,6 +128,9 @@ def load_instance(
 ) -> ModelInstance:
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
+    if (deploy.two_stage or deploy.upsampler) and card.family not in MULTI_STAGE:
+        raise DeployError(f"two_stage / upsampler (--two-stage, --upsampler): {card.model_id} ({card.family}) has "
+                          f"one stage; multi-stage families: {', '.join(sorted(MULTI_STAGE))}")
     return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
 
 

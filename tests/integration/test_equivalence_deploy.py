@@ -53,6 +53,9 @@ FLAGS: dict[str, FlagRow] = {
     "step_cache_threshold": FlagRow(("--step-cache", "teacache", "--step-cache-threshold", "0.5"),
                                     {"step_cache": "teacache", "step_cache_threshold": 0.5}),
     "cuda_graphs": FlagRow(("--cuda-graphs",), {"cuda_graphs": True}, REFUSED),
+    # The demo (Wan) has one stage: refused at load, naming both fields and flags.
+    "two_stage": FlagRow(("--two-stage",), {"two_stage": True}, REFUSED),
+    "upsampler": FlagRow(("--upsampler", "/no/such/upsampler"), {"upsampler": "/no/such/upsampler"}, REFUSED),
     "devices": FlagRow(("--devices", "2", "--cfg-parallel"), {"devices": 2, "parallel": ParallelPlan(cfg=2)}, CONFIG),
     "parallel": FlagRow(("--sp", "2"), {"devices": 2, "parallel": ParallelPlan(sp=2)}, CONFIG),
 }

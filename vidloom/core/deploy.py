@@ -58,6 +58,11 @@ class DeployConfig:
     offload_idle_expert: bool = False
     """Two-expert checkpoints (Wan2.2 A14B): keep only the running expert on the device, the idle one in
     host memory (one expert's weights of device memory instead of two, an upload per expert switch)."""
+    two_stage: bool = False
+    """Multi-stage models (LTX-2): generate, upsample the latents 2x, refine (--two-stage); the upsampler comes
+    from `upsampler` or the checkpoint's own latent_upsampler/ folder."""
+    upsampler: str | None = None
+    """A latent upsampler folder (LTX2LatentUpsamplerModel, or an LTX2LatentUpsamplePipeline folder); implies two_stage."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()

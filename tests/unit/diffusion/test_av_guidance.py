@@ -1,0 +1,64 @@
+"""The LTX-2 guidance policy on a fake network: which passes run, and what the terms add up to."""
+
+from __future__ import annotations
+
+import torch
+
+from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+
+OFF = dict(video_stg=0.0, audio_stg=0.0, video_modality=1.0, audio_modality=1.0, video_rescale=0.0,
+           audio_rescale=0.0)
+
+
+class Text:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def cat(self, other: "Text") -> list["Text"]:
+        return [self, other]
+
+
+class FakeNetwork:
+    """Velocity = text value (+ 1 when perturbed, + 2 when isolated); records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool, frozenset[int]]] = []
+
+    def __call__(self, video, audio, text, timestep, audio_timestep, *, isolate=False, skip=frozenset()):
+        self.calls.append((video.shape[0], isolate, skip))
+        texts = text if isinstance(text, list) else [text]
+        offset = (1.0 if skip else 0.0) + (2.0 if isolate else 0.0)
+        v = torch.cat([torch.full_like(video[:1], t.value + offset) for t in texts])
+        a = torch.cat([torch.full_like(audio[:1], 10 * t.value + offset) for t in texts])
+        return v, a
+
+
+def _run(scales: AudioVideoScales, negative: Text | None = Text(0.0)):
+    net = FakeNetwork()
+    video, audio = torch.zeros(1, 4, 2), torch.zeros(1, 3, 2)
+    t = torch.tensor([500.0])
+    v, a = AudioVideoGuidance()(net, video, audio, t, t, torch.tensor(0.5), Text(1.0), negative, scales)
+    return v, a, net.calls
+
+
+def test_cfg_alone_is_classic_cfg_per_stream():
+    v, a, calls = _run(AudioVideoScales(video_cfg=3.0, audio_cfg=7.0, **OFF))
+    assert calls == [(2, False, frozenset())]  # one batched forward: [negative, prompt]
+    assert torch.allclose(v, torch.full_like(v, 0.0 + 3.0 * (1.0 - 0.0)))
+    assert torch.allclose(a, torch.full_like(a, 0.0 + 7.0 * (10.0 - 0.0)))
+
+
+def test_stg_and_modality_passes_run_with_their_perturbation():
+    scales = AudioVideoScales(video_cfg=1.0, audio_cfg=1.0, video_stg=1.0, audio_stg=0.5, video_modality=3.0,
+                              audio_modality=3.0, video_rescale=0.0, audio_rescale=0.0, stg_blocks=(2,))
+    v, a, calls = _run(scales, negative=None)
+    assert calls == [(1, False, frozenset()), (1, False, frozenset({2})), (1, True, frozenset())]
+    # Terms added in x0 space (x0 = sample - sigma v) come back as v_c + w (v_c - v_perturbed).
+    assert torch.allclose(v, torch.full_like(v, 1.0 + 1.0 * (1.0 - 2.0) + 2.0 * (1.0 - 3.0)))
+    assert torch.allclose(a, torch.full_like(a, 10.0 + 0.5 * (10.0 - 11.0) + 2.0 * (10.0 - 12.0)))
+
+
+def test_no_guidance_is_the_conditional_velocity():
+    v, a, calls = _run(AudioVideoScales(video_cfg=1.0, audio_cfg=1.0, **OFF), negative=None)
+    assert len(calls) == 1
+    assert torch.allclose(v, torch.ones_like(v)) and torch.allclose(a, torch.full_like(a, 10.0))

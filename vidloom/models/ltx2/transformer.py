@@ -1,0 +1,289 @@
+"""The LTX-2 joint audio-video transformer: a video stream and an audio stream that cross-attend.
+
+Each block runs, per stream: self-attention (rotary positions), text cross-attention, then
+audio->video and video->audio cross-attention (each side rotated by its own time positions),
+then a feed-forward; every sub-layer is AdaLN-modulated by the stream's timestep. Loads diffusers
+`LTX2VideoTransformer3DModel` checkpoints through LTX2_TRANSFORMER_NAME_MAP; the block and forward
+follow diffusers' order of operations (parity at 1e-5), the module layout is ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from vidloom.layers.attention import AttentionFn, attention
+from vidloom.loading.name_map import NameMap
+from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning
+from vidloom.models.ltx2.layers import TimestepModulation
+from vidloom.models.ltx2.rope import RopeSpec, rope_tables
+
+
+@dataclass(frozen=True)
+class LTX2TransformerConfig:
+    """Static shape of the transformer; field names are diffusers' config.json keys."""
+
+    in_channels: int = 128
+    out_channels: int = 128
+    patch_size: int = 1
+    patch_size_t: int = 1
+    num_attention_heads: int = 32
+    attention_head_dim: int = 128
+    cross_attention_dim: int = 4096
+    vae_scale_factors: tuple[int, int, int] = (8, 32, 32)
+    pos_embed_max_pos: int = 20
+    base_height: int = 2048
+    base_width: int = 2048
+    gated_attn: bool = False
+    cross_attn_mod: bool = False
+    audio_in_channels: int = 128
+    audio_out_channels: int = 128
+    audio_patch_size: int = 1
+    audio_patch_size_t: int = 1
+    audio_num_attention_heads: int = 32
+    audio_attention_head_dim: int = 64
+    audio_cross_attention_dim: int = 2048
+    audio_scale_factor: int = 4
+    audio_pos_embed_max_pos: int = 20
+    audio_sampling_rate: int = 16000
+    audio_hop_length: int = 160
+    audio_gated_attn: bool = False
+    audio_cross_attn_mod: bool = False
+    num_layers: int = 48
+    norm_elementwise_affine: bool = False
+    norm_eps: float = 1e-6
+    caption_channels: int = 3840
+    attention_bias: bool = True
+    attention_out_bias: bool = True
+    rope_theta: float = 10000.0
+    rope_double_precision: bool = True
+    causal_offset: int = 1
+    timestep_scale_multiplier: int = 1000
+    cross_attn_timestep_scale_multiplier: int = 1000
+    rope_type: str = "interleaved"
+    use_prompt_embeddings: bool = True
+    perturbed_attn: bool = False
+    ff_bias: bool = True
+    audio_ff_bias: bool = True
+    use_prompt_adaln_single: bool = True
+
+    # Keys with one supported value (the others change the network in ways we do not implement).
+    _FIXED = {"activation_fn": "gelu-approximate", "qk_norm": "rms_norm_across_heads",
+              "use_keyframes_abs_pos_embedding": False}
+
+    @property
+    def dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def audio_dim(self) -> int:
+        return self.audio_num_attention_heads * self.audio_attention_head_dim
+
+    @property
+    def prompt_modulation(self) -> bool:
+        """LTX-2.3's timestep-modulated text cross-attention."""
+        return self.cross_attn_mod or self.audio_cross_attn_mod
+
+    @classmethod
+    def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2TransformerConfig:
+        """Every key is read or refused: an unknown or unsupported key raises ValueError naming it."""
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in cfg.items():
+            if key.startswith("_"):  # diffusers bookkeeping (_class_name, _diffusers_version, ...)
+                continue
+            if key in cls._FIXED:
+                if value != cls._FIXED[key]:
+                    raise ValueError(f"transformer config {key}={value!r} is not supported (only {cls._FIXED[key]!r})")
+                continue
+            if key not in known:
+                raise ValueError(f"transformer config key {key!r} is not supported")
+            values[key] = tuple(value) if isinstance(value, list) else value
+        values["out_channels"] = values.get("out_channels") or values.get("in_channels", cls.in_channels)
+        values["audio_out_channels"] = values.get("audio_out_channels") or values.get(
+            "audio_in_channels", cls.audio_in_channels)
+        config = cls(**values)
+        RopeSpec(1, 1, 1.0, True, config.rope_type)  # refuses an unknown rope_type
+        if config.audio_cross_attention_dim != config.audio_dim:
+            raise ValueError(f"audio_cross_attention_dim {config.audio_cross_attention_dim} must equal the audio "
+                             f"width {config.audio_dim} (the audio<->video rotary tables cover it)")
+        return config
+
+
+def _attention_rules(ckpt: str, ours: str) -> tuple[tuple[str, str], ...]:
+    return ((f"{ckpt}.to_out.0", f"{ours}.out"), (f"{ckpt}.to_gate_logits", f"{ours}.gate"), (ckpt, ours))
+
+
+def _time_rules(ckpt: str, ours: str) -> tuple[tuple[str, str], ...]:
+    return ((f"{ckpt}.emb.timestep_embedder.linear_1", f"{ours}.up"),
+            (f"{ckpt}.emb.timestep_embedder.linear_2", f"{ours}.down"), (f"{ckpt}.linear", f"{ours}.mod"))
+
+
+_BLOCK = "transformer_blocks.{n}"
+# diffusers LTX2VideoTransformer3DModel key prefixes -> ours.
+LTX2_TRANSFORMER_NAME_MAP = NameMap((
+    *_attention_rules(f"{_BLOCK}.attn1", "blocks.{n}.video_self"),
+    *_attention_rules(f"{_BLOCK}.audio_attn1", "blocks.{n}.audio_self"),
+    *_attention_rules(f"{_BLOCK}.attn2", "blocks.{n}.video_text"),
+    *_attention_rules(f"{_BLOCK}.audio_attn2", "blocks.{n}.audio_text"),
+    *_attention_rules(f"{_BLOCK}.audio_to_video_attn", "blocks.{n}.a2v"),
+    *_attention_rules(f"{_BLOCK}.video_to_audio_attn", "blocks.{n}.v2a"),
+    (f"{_BLOCK}.ff.net.0.proj", "blocks.{n}.video_ff.up"),
+    (f"{_BLOCK}.ff.net.2", "blocks.{n}.video_ff.down"),
+    (f"{_BLOCK}.audio_ff.net.0.proj", "blocks.{n}.audio_ff.up"),
+    (f"{_BLOCK}.audio_ff.net.2", "blocks.{n}.audio_ff.down"),
+    (f"{_BLOCK}.norm1", "blocks.{n}.video_norm_self"),
+    (f"{_BLOCK}.norm2", "blocks.{n}.video_norm_text"),
+    (f"{_BLOCK}.norm3", "blocks.{n}.video_norm_ff"),
+    (f"{_BLOCK}.audio_norm1", "blocks.{n}.audio_norm_self"),
+    (f"{_BLOCK}.audio_norm2", "blocks.{n}.audio_norm_text"),
+    (f"{_BLOCK}.audio_norm3", "blocks.{n}.audio_norm_ff"),
+    (f"{_BLOCK}.audio_to_video_norm", "blocks.{n}.video_norm_cross"),
+    (f"{_BLOCK}.video_to_audio_norm", "blocks.{n}.audio_norm_cross"),
+    (f"{_BLOCK}.scale_shift_table", "blocks.{n}.video_table"),
+    (f"{_BLOCK}.audio_scale_shift_table", "blocks.{n}.audio_table"),
+    (f"{_BLOCK}.prompt_scale_shift_table", "blocks.{n}.video_text_table"),
+    (f"{_BLOCK}.audio_prompt_scale_shift_table", "blocks.{n}.audio_text_table"),
+    (f"{_BLOCK}.video_a2v_cross_attn_scale_shift_table", "blocks.{n}.video_cross_table"),
+    (f"{_BLOCK}.audio_a2v_cross_attn_scale_shift_table", "blocks.{n}.audio_cross_table"),
+    ("proj_in", "video_in"),
+    ("audio_proj_in", "audio_in"),
+    ("caption_projection.linear_1", "video_caption.0"),
+    ("caption_projection.linear_2", "video_caption.2"),
+    ("audio_caption_projection.linear_1", "audio_caption.0"),
+    ("audio_caption_projection.linear_2", "audio_caption.2"),
+    *_time_rules("time_embed", "video_time"),
+    *_time_rules("audio_time_embed", "audio_time"),
+    *_time_rules("av_cross_attn_video_scale_shift", "video_cross_time"),
+    *_time_rules("av_cross_attn_audio_scale_shift", "audio_cross_time"),
+    *_time_rules("av_cross_attn_video_a2v_gate", "video_cross_gate_time"),
+    *_time_rules("av_cross_attn_audio_v2a_gate", "audio_cross_gate_time"),
+    *_time_rules("prompt_adaln", "video_text_time"),
+    *_time_rules("audio_prompt_adaln", "audio_text_time"),
+    ("scale_shift_table", "video_out_table"),
+    ("audio_scale_shift_table", "audio_out_table"),
+    ("proj_out", "video_out"),
+    ("audio_proj_out", "audio_out"),
+))
+
+
+@dataclass(frozen=True)
+class LTX2Positions:
+    """Patch bounds of one request's tokens (see rope.video_positions / audio_positions)."""
+
+    video: Tensor  # [B, 3, N, 2]
+    audio: Tensor  # [B, 1, Na, 2]
+
+
+def _caption(in_dim: int, dim: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
+
+
+class LTX2Transformer(nn.Module):
+    """Velocity for packed video tokens [B, N, C] and audio tokens [B, Na, Ca] at per-sample timesteps."""
+
+    def __init__(self, config: LTX2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
+        super().__init__()
+        c = self.config = config
+        dim, adim = c.dim, c.audio_dim
+        self.video_in = nn.Linear(c.in_channels, dim)
+        self.audio_in = nn.Linear(c.audio_in_channels, adim)
+        if c.use_prompt_embeddings:
+            self.video_caption = _caption(c.caption_channels, dim)
+            self.audio_caption = _caption(c.caption_channels, adim)
+        self.video_time = TimestepModulation(dim, 9 if c.cross_attn_mod else 6)
+        self.audio_time = TimestepModulation(adim, 9 if c.audio_cross_attn_mod else 6)
+        self.video_cross_time = TimestepModulation(dim, 4)
+        self.audio_cross_time = TimestepModulation(adim, 4)
+        self.video_cross_gate_time = TimestepModulation(dim, 1)
+        self.audio_cross_gate_time = TimestepModulation(adim, 1)
+        if c.prompt_modulation and c.use_prompt_adaln_single:
+            self.video_text_time = TimestepModulation(dim, 2)
+            self.audio_text_time = TimestepModulation(adim, 2)
+        self.video_out_table = nn.Parameter(torch.zeros(2, dim))
+        self.audio_out_table = nn.Parameter(torch.zeros(2, adim))
+        self.blocks = nn.ModuleList(JointBlock(c, attention_fn) for _ in range(c.num_layers))
+        self.video_out = nn.Linear(dim, c.out_channels)
+        self.audio_out = nn.Linear(adim, c.audio_out_channels)
+        layout, theta, double = c.rope_type, c.rope_theta, c.rope_double_precision
+        self.video_rope = RopeSpec(dim, c.num_attention_heads, theta, double, layout)
+        self.audio_rope = RopeSpec(adim, c.audio_num_attention_heads, theta, double, layout)
+        # The cross-modal tables rotate the audio-width q/k of a2v / v2a attention by time alone.
+        self.video_cross_rope = RopeSpec(c.audio_cross_attention_dim, c.num_attention_heads, theta, double, layout)
+        self.audio_cross_rope = RopeSpec(c.audio_cross_attention_dim, c.audio_num_attention_heads, theta, double,
+                                         layout)
+
+    def forward(
+        self, video: Tensor, audio: Tensor, video_text: Tensor, audio_text: Tensor, text_mask: Tensor | None,
+        timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, positions: LTX2Positions, *,
+        use_cross_timestep: bool = False,
+        isolate_modalities: bool = False, skip_self_attention: frozenset[int] = frozenset(),
+    ) -> tuple[Tensor, Tensor]:
+        """timestep: [B] or per token [B, N] (sigma x timestep_scale_multiplier); audio_timestep [B] or [B, Na];
+        sigma [B]: the step's scaled sigma, which LTX-2.3 conditions text and cross-modal attention on.
+        text_mask [B, L]: 1 keeps a text token. `skip_self_attention`: blocks whose self-attention is
+        perturbed (spatio-temporal guidance; only on checkpoints built with `perturbed_attn`)."""
+        c, batch = self.config, video.shape[0]
+        # 1. Rotary tables from patch bounds.
+        cross_max = (float(max(c.pos_embed_max_pos, c.audio_pos_embed_max_pos)),)
+        video_rope = rope_tables(positions.video, (c.pos_embed_max_pos, c.base_height, c.base_width), self.video_rope)
+        audio_rope = rope_tables(positions.audio, (c.audio_pos_embed_max_pos,), self.audio_rope)
+        video_cross_rope = rope_tables(positions.video[:, 0:1], cross_max, self.video_cross_rope)
+        audio_cross_rope = rope_tables(positions.audio[:, 0:1], cross_max, self.audio_cross_rope)
+        # 2. Timestep conditioning of both streams.
+        video_cond, video_emb, audio_cond, audio_emb = self._conditioning(
+            timestep, audio_timestep, sigma, batch, video.dtype, use_cross_timestep)
+        # 3. Text embeddings (LTX-2.0 projects the caption here; LTX-2.3's connectors already did).
+        if c.use_prompt_embeddings:
+            video_text = self.video_caption(video_text).view(batch, -1, c.dim)
+            audio_text = self.audio_caption(audio_text).view(batch, -1, c.audio_dim)
+        mask = None
+        if text_mask is not None:  # additive, broadcast over heads and queries
+            mask = ((1 - text_mask.to(video.dtype)) * -10000.0)[:, None, None, :]
+        # 4. Blocks.
+        x, a = self.video_in(video), self.audio_in(audio)
+        for i, block in enumerate(self.blocks):
+            x, a = block(
+                x, a, video_text, audio_text, mask, video_cond, audio_cond,
+                (video_rope, audio_rope, video_cross_rope, audio_cross_rope),
+                cross=not isolate_modalities, skip_self=c.perturbed_attn and i in skip_self_attention,
+            )
+        # 5. Output modulation and projection.
+        return self._out(x, video_emb, self.video_out_table, self.video_out), \
+            self._out(a, audio_emb, self.audio_out_table, self.audio_out)
+
+    def _conditioning(
+        self, timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, batch: int, dtype: torch.dtype,
+        use_cross_timestep: bool,
+    ) -> tuple[StreamConditioning, Tensor, StreamConditioning, Tensor]:
+        c = self.config
+        gate_factor = c.cross_attn_timestep_scale_multiplier / c.timestep_scale_multiplier
+        video_mod, video_emb = self.video_time(timestep, batch, dtype)
+        audio_mod, audio_emb = self.audio_time(audio_timestep, batch, dtype)
+        video_text_mod = audio_text_mod = None
+        if c.prompt_modulation and c.use_prompt_adaln_single:
+            video_text_mod = self.video_text_time(sigma, batch, dtype)[0]
+            audio_text_mod = self.audio_text_time(sigma, batch, dtype)[0]
+        # LTX-2.3 conditions cross-modal attention on the other stream's sigma (the pipelines pass one
+        # sigma for both streams), LTX-2.0 on the stream's own timestep.
+        video_ca_t = sigma.flatten() if use_cross_timestep else timestep.flatten()
+        audio_ca_t = sigma.flatten() if use_cross_timestep else audio_timestep.flatten()
+        video = StreamConditioning(
+            mod=video_mod, text_mod=video_text_mod, cross_mod=self.video_cross_time(video_ca_t, batch, dtype)[0],
+            cross_gate=self.video_cross_gate_time(video_ca_t * gate_factor, batch, dtype)[0],
+        )
+        audio = StreamConditioning(
+            mod=audio_mod, text_mod=audio_text_mod, cross_mod=self.audio_cross_time(audio_ca_t, batch, dtype)[0],
+            cross_gate=self.audio_cross_gate_time(audio_ca_t * gate_factor, batch, dtype)[0],
+        )
+        return video, video_emb, audio, audio_emb
+
+    @staticmethod
+    def _out(x: Tensor, embedded: Tensor, table: Tensor, proj: nn.Linear) -> Tensor:
+        values = table[None, None] + embedded[:, :, None]
+        shift, scale = values[:, :, 0], values[:, :, 1]
+        x = torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-6)
+        return proj(x * (1 + scale) + shift)

@@ -1,0 +1,67 @@
+"""Cards for LTX-2 diffusers folders (LTX2Pipeline / LTX2ImageToVideoPipeline): video with its own soundtrack."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.errors import CheckpointError
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.models.ltx2.checkpoint import read_video_vae_config
+from vidloom.recipes.ltx2.text import LTX2_TEXT_TOKENS
+
+FAMILY = "ltx2"
+PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
+PROGRAM = "vidloom.recipes.ltx2.program:build_program"
+# LTX2Pipeline.__call__ defaults: 768x512, 121 frames at 24 fps, 30 steps, video CFG 3.0. flow_shift is
+# not read: the schedule shifts by the token count (use_dynamic_shifting) as the pipeline does.
+DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_inference_steps=30,
+                            guidance_scale=3.0, flow_shift=1.0, sampler="euler", negative_prompt="")
+# The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
+PIPELINE_SIZE_MULTIPLE = 32
+
+
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    if ckpt.pipeline_class not in PIPELINE_CLASSES:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of "
+                              f"{', '.join(PIPELINE_CLASSES)}")
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A card for an LTX-2 folder; the VAE's factors (times the patch sizes) set the size rules."""
+    ckpt = DiffusersDir.open(path)
+    check_pipeline(ckpt)
+    vae = read_video_vae_config(ckpt.component_dir("vae"))
+    dit = ckpt.component_config("transformer")
+    spatial = vae.spatial_compression_ratio * int(dit.get("patch_size", 1))
+    temporal = vae.temporal_compression_ratio * int(dit.get("patch_size_t", 1))
+    multiple = math.lcm(PIPELINE_SIZE_MULTIPLE, spatial)
+    return ModelCard(
+        model_id=ckpt.root.name,
+        family=FAMILY,
+        components={
+            "transformer": ComponentSpec("bfloat16"),
+            "connectors": ComponentSpec("bfloat16"),
+            "text_encoder": ComponentSpec("bfloat16"),
+            "tokenizer": ComponentSpec(),
+            "vae": ComponentSpec("float32"),
+            "audio_vae": ComponentSpec("float32"),
+            "vocoder": ComponentSpec("float32"),
+            "scheduler": ComponentSpec(),
+        },
+        loops={"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
+        tasks=frozenset({Task.T2V, Task.I2V}),
+        precision="bfloat16",
+        sampling_defaults=DEFAULTS,
+        geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
+        recipe=RecipeSpec(method="pretrained", loop="stage1"),
+        program=PROGRAM,
+        source=str(ckpt.root),
+        description=f"LTX-2 text/image-to-video with audio from {ckpt.root}",
+        max_prompt_tokens=LTX2_TEXT_TOKENS,
+        inputs=frozenset({"image"}),
+        min_image_side=1,
+        produces_audio=True,
+    )

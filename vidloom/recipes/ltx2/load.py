@@ -1,0 +1,111 @@
+"""Load an LTX-2 card's checkpoint onto our modules: one resident copy per component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.instance import ModelInstance
+from vidloom.layers.attention import resolve_attention
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.ltx2.audio_loading import load_audio_vae, load_vocoder
+from vidloom.models.ltx2.checkpoint import load_latent_upsampler, load_video_vae
+from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
+from vidloom.models.ltx2.transformer import LTX2_TRANSFORMER_NAME_MAP, LTX2Transformer, LTX2TransformerConfig
+from vidloom.models.ltx2.upsampler import LTX2LatentUpsampler, check_upsampler_matches
+from vidloom.recipes.ltx2.cards import check_pipeline
+from vidloom.recipes.ltx2.schedule import LTX2Schedule
+from vidloom.recipes.ltx2.settings import LTX2Settings
+from vidloom.recipes.ltx2.text import LTX2TextEncoder
+
+UPSAMPLER_FOLDER = "latent_upsampler"  # in Lightricks/LTX-2 and in LTX2LatentUpsamplePipeline folders
+
+
+def load_instance(
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+) -> ModelInstance:
+    """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in float32."""
+    _check_deploy(deploy)
+    ckpt = DiffusersDir.open(checkpoint)
+    check_pipeline(ckpt)
+    ckpt.require(card.components)
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    try:
+        dit_config = LTX2TransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+        connectors_config = LTX2ConnectorsConfig.from_diffusers(ckpt.component_config("connectors"))
+        schedule = LTX2Schedule.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.root}: {exc}") from None
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
+    load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)
+    connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)
+    load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
+    text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
+                                device, compute, offload=deploy.offload_text_encoder)
+    _check_text(ckpt.root, text, connectors_config, dit_config)
+    vae = load_video_vae(ckpt.component_dir("vae"), device)
+    components = {
+        "transformer": transformer.eval(), "text_encoder": text, "vae": vae,
+        "audio_vae": load_audio_vae(ckpt.component_dir("audio_vae"), device),
+        "vocoder": load_vocoder(ckpt.component_dir("vocoder"), device), "schedule": schedule,
+        "settings": LTX2Settings(),
+    }
+    if deploy.two_stage or deploy.upsampler:
+        components["upsampler"] = _upsampler(ckpt.root, deploy.upsampler, vae, device)
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
+
+
+def _upsampler(root: Path, given: str | None, vae: object, device: torch.device) -> LTX2LatentUpsampler:
+    """The latent upsampler of the two-stage program: --upsampler DIR, else the checkpoint's own folder."""
+    if given is None:
+        folder = root / UPSAMPLER_FOLDER
+        if not folder.is_dir():
+            raise DeployError(f"two_stage (--two-stage) needs a latent upsampler: {root} has no "
+                              f"{UPSAMPLER_FOLDER}/ folder; pass --upsampler DIR")
+    else:
+        folder = Path(given).expanduser()
+        if (folder / UPSAMPLER_FOLDER / "config.json").is_file():  # an LTX2LatentUpsamplePipeline folder
+            folder = folder / UPSAMPLER_FOLDER
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(f"upsampler {given}: no config.json (expected an LTX2LatentUpsamplerModel "
+                                  f"folder or an LTX2LatentUpsamplePipeline folder with {UPSAMPLER_FOLDER}/)")
+    upsampler = load_latent_upsampler(folder, device)
+    check_upsampler_matches(upsampler.config, vae.config, str(folder))  # type: ignore[attr-defined]
+    return upsampler
+
+
+def _check_text(root: Path, text: LTX2TextEncoder, connectors: LTX2ConnectorsConfig,
+                dit: LTX2TransformerConfig) -> None:
+    if text.hidden_states != connectors.text_proj_in_factor or text.hidden_size != connectors.caption_channels:
+        raise CheckpointError(
+            f"{root}: the text encoder gives {text.hidden_states} hidden states of width {text.hidden_size}, the "
+            f"connectors expect {connectors.text_proj_in_factor} of width {connectors.caption_channels}"
+        )
+    if dit.use_prompt_embeddings and dit.caption_channels != connectors.caption_channels:
+        raise CheckpointError(f"{root}: transformer caption_channels {dit.caption_channels} != the connectors' "
+                              f"{connectors.caption_channels}")
+
+
+def _check_deploy(deploy: DeployConfig) -> None:
+    """Options wired for other families fail at load, naming the flag, instead of mid-request."""
+    unsupported = [
+        name for name, on in (
+            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
+            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
+            ("cfg_mode", deploy.cfg_mode != "sequential"), ("compile", deploy.compile),
+            ("prompt_cache_size", deploy.prompt_cache_size > 0), ("devices", deploy.devices > 1),
+        ) if on
+    ]
+    if unsupported:
+        raise DeployError(f"LTX-2 does not support {', '.join(unsupported)} yet")
+
+
+

@@ -1,0 +1,140 @@
+"""LTX-2's denoise loop: flow-match Euler over joint video + audio tokens; the step body is a guidance policy.
+
+The same loop class runs both passes of the two-stage program (stage 1 from noise, stage 2 over the
+upsampled, re-noised latents) over the one resident transformer; they differ in name, schedule and scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer
+from vidloom.recipes.ltx2.text import LTX2Text
+
+
+@dataclass(frozen=True)
+class LTX2Layout:
+    """One request's token grid at the current stage."""
+
+    frames: int  # latent frames
+    height: int  # latent height
+    width: int  # latent width
+    audio_frames: int  # audio latent frames
+    positions: LTX2Positions  # batch 1
+    frozen: Tensor | None = None  # I2V: [1, N] 1 on the conditioning first frame's tokens (kept clean)
+
+
+class LTX2Network:
+    """The network a guidance policy calls for one request: (video, audio, text, timesteps) -> velocities.
+
+    Built per request, so positions never live on the shared transformer.
+    """
+
+    def __init__(self, transformer: LTX2Transformer, positions: LTX2Positions, dtype: torch.dtype,
+                 use_cross_timestep: bool) -> None:
+        self.transformer, self.positions, self.dtype = transformer, positions, dtype
+        self.use_cross_timestep = use_cross_timestep
+
+    def __call__(
+        self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
+        isolate: bool = False, skip: frozenset[int] = frozenset(),
+    ) -> tuple[Tensor, Tensor]:
+        batch = video.shape[0]
+        pos = LTX2Positions(self.positions.video.repeat(batch, 1, 1, 1), self.positions.audio.repeat(batch, 1, 1, 1))
+        text = text.to(self.dtype)
+        # Both pipelines condition LTX-2.3's text and cross-modal modulation on the scalar step timestep.
+        return self.transformer(
+            video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep, audio_timestep,
+            audio_timestep, pos, use_cross_timestep=self.use_cross_timestep, isolate_modalities=isolate,
+            skip_self_attention=skip,
+        )
+
+
+@dataclass
+class LTX2DenoiseState:
+    """One request's pass; owned by that request alone."""
+
+    video: Tensor  # float32 [1, N, C] packed video latents
+    audio: Tensor  # float32 [1, Na, Ca] packed audio latents
+    sigmas: Tensor  # float32 [steps + 1]
+    network: LTX2Network
+    prompt: LTX2Text
+    negative: LTX2Text | None  # None when no stream uses CFG
+    scales: AudioVideoScales
+    frozen: Tensor | None  # [1, N] I2V conditioning tokens
+    index: int = 0
+
+
+SigmaFn = Callable[[GenerationRequest, int], Tensor]
+"""(request, video tokens) -> float32 sigmas ending at 0."""
+ScalesFn = Callable[[GenerationRequest], AudioVideoScales]
+
+
+class LTX2DenoiseLoop:
+    """Reads the `video_latents`, `audio_latents`, `layout` and text slots; writes the latents back."""
+
+    def __init__(
+        self, name: str, transformer: LTX2Transformer, dtype: torch.dtype, sigmas: SigmaFn, scales: ScalesFn,
+        use_cross_timestep: bool, num_train_timesteps: int = 1000, guidance: AudioVideoGuidance | None = None,
+    ) -> None:
+        self.name = name
+        self.transformer, self.dtype = transformer, dtype
+        self.sigma_fn, self.scales_fn = sigmas, scales
+        self.use_cross_timestep = use_cross_timestep
+        self.num_train_timesteps = num_train_timesteps
+        self.guidance = guidance or AudioVideoGuidance()
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> LTX2DenoiseState:
+        request: GenerationRequest = slots["request"]
+        layout: LTX2Layout = slots["layout"]
+        video: Tensor = slots["video_latents"]
+        scales = self.scales_fn(request)
+        negative = slots["negative_text"] if scales.cfg else None
+        if scales.cfg and negative is None:
+            raise AssertionError("the program encodes a negative prompt whenever a pass uses CFG")
+        return LTX2DenoiseState(
+            video=video, audio=slots["audio_latents"], sigmas=self.sigma_fn(request, video.shape[1]),
+            network=LTX2Network(self.transformer, layout.positions, self.dtype, self.use_cross_timestep),
+            prompt=slots["prompt_text"], negative=negative, scales=scales, frozen=layout.frozen,
+        )
+
+    def next(self, state: LTX2DenoiseState) -> StepPlan | Done:
+        total = len(state.sigmas) - 1
+        if state.index >= total:
+            return DONE
+        sigma = state.sigmas[state.index]
+        # The reference's timesteps are sigmas * num_train_timesteps (float32), not rounded.
+        t = (state.sigmas[:-1] * self.num_train_timesteps)[state.index].to(state.video.device).reshape(1)
+        video_t = t if state.frozen is None else t.unsqueeze(-1) * (1 - state.frozen)  # I2V: frame 0 at t = 0
+        return StepPlan(
+            loop=self.name, index=state.index, total=total, call=self.guidance,
+            inputs={
+                NETWORK: state.network, "video": state.video, "audio": state.audio, "timestep": video_t,
+                "audio_timestep": t, "sigma": sigma.to(state.video.device), "prompt": state.prompt,
+                "negative": state.negative, "scales": state.scales,
+            },
+        )
+
+    def advance(self, state: LTX2DenoiseState, result: tuple[Tensor, Tensor]) -> LTX2DenoiseState:
+        video_v, audio_v = result
+        dt = (state.sigmas[state.index + 1] - state.sigmas[state.index]).to(state.video.device)
+        stepped = state.video + dt * video_v
+        if state.frozen is not None:  # the conditioning frame stays the encoded image
+            stepped = torch.where(state.frozen.bool().unsqueeze(-1), state.video, stepped)
+        state.video = stepped
+        state.audio = state.audio + dt * audio_v
+        state.index += 1
+        return state
+
+    def finalize(self, state: LTX2DenoiseState) -> dict[str, Any]:
+        if not (torch.isfinite(state.video).all() and torch.isfinite(state.audio).all()):
+            raise NonFiniteOutput.of("denoising", self.dtype)
+        return {"video_latents": state.video, "audio_latents": state.audio}

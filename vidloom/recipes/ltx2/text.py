@@ -1,0 +1,110 @@
+"""LTX-2's prompt path: Gemma3 (through transformers) read at every layer, then our text connectors."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from torch import Tensor
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+
+from vidloom.core.errors import CheckpointError
+from vidloom.models.ltx2.connectors import LTX2TextConnectors
+from vidloom.recipes.wan.text import OffloadedWeights
+
+# LTX2Pipeline's max_sequence_length default: prompts are left-padded (Gemma's chat-style side) to this.
+LTX2_TEXT_TOKENS = 1024
+# The connectors' masked-range normalisation scale (LTX2TextConnectors.forward's scale_factor default).
+NORM_SCALE = 8
+
+
+@dataclass(frozen=True)
+class LTX2Text:
+    """One batch of encoded prompts as the transformer reads them."""
+
+    video: Tensor  # [B, L, caption width] video-stream text
+    audio: Tensor  # [B, L, caption width] audio-stream text
+    mask: Tensor  # [B, L] 1 = attend
+
+    def cat(self, other: LTX2Text) -> LTX2Text:
+        return LTX2Text(torch.cat([self.video, other.video]), torch.cat([self.audio, other.audio]),
+                        torch.cat([self.mask, other.mask]))
+
+    def to(self, dtype: torch.dtype) -> LTX2Text:
+        return LTX2Text(self.video.to(dtype), self.audio.to(dtype), self.mask)
+
+
+class LTX2TextEncoder:
+    """Prompts -> LTX2Text on `device`. Each prompt is stripped, tokenized with left padding to
+    `max_length`, run through Gemma3 with every hidden state kept ([B, L, hidden * (layers + 1)]),
+    then through the connectors. Shared by every request (the encoder call is serialised)."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, model: Any, connectors: LTX2TextConnectors, device: torch.device,
+        *, max_length: int = LTX2_TEXT_TOKENS, offload: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.device = device
+        self.max_length = max_length
+        self.connectors = connectors.to(device).eval()
+        self.offload = offload and device.type != "cpu"
+        self.model = model.eval().to("cpu" if self.offload else device)
+        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self._lock = threading.Lock()
+
+    @property
+    def hidden_states(self) -> int:
+        """Hidden states the encoder returns (layers + the embeddings): the connectors' text_proj_in_factor."""
+        config = getattr(self.model.config, "text_config", self.model.config)
+        return int(config.num_hidden_layers) + 1
+
+    @property
+    def hidden_size(self) -> int:
+        return int(getattr(self.model.config, "text_config", self.model.config).hidden_size)
+
+    @classmethod
+    def load(cls, tokenizer_dir: Path, encoder_dir: Path, connectors: LTX2TextConnectors, device: torch.device,
+             dtype: torch.dtype, **options: Any) -> LTX2TextEncoder:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
+        try:
+            from transformers import Gemma3ForConditionalGeneration
+
+            model = Gemma3ForConditionalGeneration.from_pretrained(str(encoder_dir), dtype=dtype)
+        except (OSError, ValueError, SafetensorError) as exc:
+            try:  # a text-only Gemma3 folder
+                model = AutoModel.from_pretrained(str(encoder_dir), dtype=dtype)
+            except (OSError, ValueError, SafetensorError):
+                raise CheckpointError(f"{encoder_dir}: cannot load Gemma3 text encoder ({exc})") from None
+        return cls(tokenizer, model, connectors, device, **options)
+
+    @torch.inference_mode()
+    def encode(self, prompts: list[str]) -> LTX2Text:
+        """Each prompt encoded alone (as the pipeline encodes prompt and negative prompt in two calls)."""
+        stacked, masks = zip(*(self._hidden([p]) for p in prompts))
+        hidden, mask = torch.cat(stacked), torch.cat(masks)
+        dtype = next(self.connectors.parameters()).dtype
+        video, audio, keep = self.connectors(hidden.to(self.device, dtype), mask.to(self.device), "left", NORM_SCALE)
+        return LTX2Text(video, audio, keep)
+
+    def _hidden(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        batch = self.tokenizer([p.strip() for p in prompts], padding="max_length", max_length=self.max_length,
+                               truncation=True, add_special_tokens=True, return_tensors="pt")
+        with self._lock, self._on_device():
+            ids, mask = batch.input_ids.to(self.model.device), batch.attention_mask.to(self.model.device)
+            out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            hidden = torch.stack(out.hidden_states, dim=-1).flatten(2, 3)
+        return hidden, mask
+
+    def _on_device(self) -> contextlib.AbstractContextManager[None]:
+        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
