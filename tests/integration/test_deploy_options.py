@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest

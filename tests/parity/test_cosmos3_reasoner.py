@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.helpers.cosmos3_checkpoints import build_reasoner
-from vidloom.core.chat import build_chat_request
 from vidloom.generator import VideoGenerator
 from vidloom.models.cosmos3.transformer import text_positions
 from vidloom.recipes.cosmos3.load import load_text_model, load_tokenizer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
@@ -126,3 +127,12 @@ class DeployConfig:
                 f"cuda_graphs cannot run with a parallel plan ({plan.describe()}) yet: the captured step "
                 "would contain NCCL collectives; drop --cuda-graphs or run on one device"
             )
+
+
+def refuse_unsupported(deploy: DeployConfig, family: str, names: Iterable[str]) -> None:
+    """Fail at load, naming every option in `names` the deployment turns on (off: its default), for a
+    family whose program does not run them yet, instead of ignoring them or failing mid-request."""
+    default = DeployConfig()
+    on = [name for name in names if getattr(deploy, name) != getattr(default, name)]
+    if on:
+        raise DeployError(f"{family} does not support {', '.join(on)} yet; drop the option(s)")

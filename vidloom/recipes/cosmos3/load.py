@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.deploy import DeployConfig, refuse_unsupported
+from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import materialize
@@ -46,7 +46,8 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in float32."""
-    _check_deploy(deploy)
+    refuse_unsupported(deploy, "Cosmos3", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile", "compile",
+                                            "attention_backend"))
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
@@ -71,15 +72,3 @@ def load_instance(
         deploy=deploy,
     )
 
-
-def _check_deploy(deploy: DeployConfig) -> None:
-    """Options wired for the video families fail at load, naming the flag, instead of mid-request."""
-    unsupported = [
-        name for name, on in (
-            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
-            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
-            ("compile", deploy.compile), ("attention_backend", deploy.attention_backend != "sdpa"),
-        ) if on
-    ]
-    if unsupported:
-        raise DeployError(f"Cosmos3 chat does not support {', '.join(unsupported)} yet; drop the option(s)")

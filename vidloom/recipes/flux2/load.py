@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.deploy import DeployConfig, refuse_unsupported
+from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -25,7 +25,7 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in float32."""
-    _check_deploy(deploy)
+    refuse_unsupported(deploy, "Flux2", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile"))
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
@@ -69,14 +69,3 @@ def load_instance(
         deploy=deploy,
     )
 
-
-def _check_deploy(deploy: DeployConfig) -> None:
-    """Options wired for Wan only fail at load, naming the flag, instead of mid-request."""
-    unsupported = [
-        name for name, on in (
-            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
-            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
-        ) if on
-    ]
-    if unsupported:
-        raise DeployError(f"Flux2 does not support {', '.join(unsupported)} yet (Wan only)")

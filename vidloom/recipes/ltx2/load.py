@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig
+from vidloom.core.deploy import DeployConfig, refuse_unsupported
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
@@ -31,7 +31,8 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in float32."""
-    _check_deploy(deploy)
+    refuse_unsupported(deploy, "LTX-2", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile", "cfg_mode",
+                                          "compile", "prompt_cache_size", "devices"))
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
@@ -93,19 +94,6 @@ def _check_text(root: Path, text: LTX2TextEncoder, connectors: LTX2ConnectorsCon
         raise CheckpointError(f"{root}: transformer caption_channels {dit.caption_channels} != the connectors' "
                               f"{connectors.caption_channels}")
 
-
-def _check_deploy(deploy: DeployConfig) -> None:
-    """Options wired for other families fail at load, naming the flag, instead of mid-request."""
-    unsupported = [
-        name for name, on in (
-            ("step_cache", deploy.step_cache != "none"), ("cuda_graphs", deploy.cuda_graphs),
-            ("fp8_weights", deploy.fp8_weights), ("vae_tile", deploy.vae_tile is not None),
-            ("cfg_mode", deploy.cfg_mode != "sequential"), ("compile", deploy.compile),
-            ("prompt_cache_size", deploy.prompt_cache_size > 0), ("devices", deploy.devices > 1),
-        ) if on
-    ]
-    if unsupported:
-        raise DeployError(f"LTX-2 does not support {', '.join(unsupported)} yet")
 
 
 
