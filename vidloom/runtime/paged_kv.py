@@ -129,19 +129,25 @@ class PagedBatch:
                 raise ValueError(f"sequence outgrew its {len(table)} reserved blocks ({start + count} tokens)")
         starts = torch.tensor([start for _, start, _ in spans], device=device)
         counts = torch.tensor([count for _, _, count in spans], device=device)
-        ends = starts + counts
         widest = max(len(table) for table, _, _ in spans)
         tables = torch.tensor([table + [0] * (widest - len(table)) for table, _, _ in spans], device=device)
-        longest_q, longest_k = int(counts.max()), int(ends.max())
+        # Padded lengths from the host-side spans: no device->host sync.
+        longest_q = max(count for _, _, count in spans)
+        longest_k = max(start + count for _, start, count in spans)
         # Key slots [B, Lk]: position p of sequence b lives in block tables[b, p // bs] at offset p % bs.
         key_pos = torch.arange(longest_k, device=device).unsqueeze(0)
         block_of = torch.clamp(key_pos // bs, max=widest - 1).expand(len(spans), -1)
         self.key_slots = tables.gather(1, block_of) * bs + key_pos % bs
+        self._key_flat = self.key_slots.reshape(-1)  # index_select on the flat pool: ~5x faster than [B, Lk] indexing
         # Queries [B, Lq]: the sequence's new tokens, at absolute positions start .. start + count - 1.
         q_idx = torch.arange(longest_q, device=device).unsqueeze(0)
         self.unpad = q_idx < counts.unsqueeze(1)  # which padded rows are real tokens
         offsets = torch.cumsum(counts, 0) - counts
         self.query_index = torch.where(self.unpad, offsets.unsqueeze(1) + q_idx, 0)  # into the packed tokens
+        # Decode (one new token per sequence) packs exactly like [B, 1]: no per-layer gather or unpad. Otherwise
+        # the real rows of the flattened [B * Lq] are found once here, not by a boolean index (a sync) per layer.
+        self._is_decode = longest_q == 1
+        self._packed_rows = self.unpad.reshape(-1).nonzero().squeeze(1)
         self.slots = self.key_slots.gather(1, (starts.unsqueeze(1) + q_idx).clamp(max=longest_k - 1))[self.unpad]
         # Causal (which also hides key padding past each sequence's end); padded query rows see key 0 only.
         visible = key_pos.unsqueeze(1) <= (starts.unsqueeze(1) + q_idx).unsqueeze(2)
@@ -151,10 +157,17 @@ class PagedBatch:
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
         k_cache.index_copy_(0, self.slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self.slots, v.to(v_cache.dtype))
-        keys, values = k_cache[self.key_slots], v_cache[self.key_slots]  # [B, Lk, KVH, D]
-        queries = q[self.query_index]  # [B, Lq, H, D]
+        shape = (*self.key_slots.shape, *k_cache.shape[1:])  # [B, Lk, KVH, D]
+        keys = k_cache.index_select(0, self._key_flat).view(shape)
+        values = v_cache.index_select(0, self._key_flat).view(shape)
+        if self._is_decode:
+            queries = q.unsqueeze(1)  # [B, 1, H, D]
+        else:
+            queries = q.index_select(0, self.query_index.reshape(-1)).view(*self.query_index.shape, *q.shape[1:])
         out = grouped_attention(queries, keys.to(q.dtype), values.to(q.dtype), self.scale, mask=self.mask)
-        return out[self.unpad]  # back to packed [T, H, D], in packing order
+        if self._is_decode:
+            return out.squeeze(1)
+        return out.reshape(-1, *out.shape[2:]).index_select(0, self._packed_rows)  # packed [T, H, D], packing order
 
 
 class ContiguousKV:
