@@ -85,3 +85,26 @@ def test_packed_batch_of_different_lengths_equals_each_alone():
     alone_b = model(b, text_positions(0, 5))[-1]
     assert (both[0] - alone_a).abs().max().item() < 1e-5
     assert (both[1] - alone_b).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_batched_decode_of_different_context_lengths_equals_each_alone():
+    """Pure decode steps (one new token per sequence, the no-gather path) over contexts of 3, 7 and 12 tokens."""
+    model = _model()
+    pool = PagedKVPool(KVLayout(2, 2, 8, num_blocks=24, block_size=4), torch.device("cpu"), torch.float32)
+    scale = model.attention_scale
+    seqs = {name: torch.randint(0, 50, (n + 3,)) for name, n in (("a", 3), ("b", 7), ("c", 12))}
+    cached = {name: len(ids) - 3 for name, ids in seqs.items()}
+    for name, ids in seqs.items():
+        pool.allocator.reserve(name, len(ids))
+        model(ids[:cached[name]], text_positions(0, cached[name]), kv=pool.batch([(name, 0, cached[name])], scale))
+    for _ in range(3):
+        names = list(seqs)
+        feed = torch.stack([seqs[n][cached[n]] for n in names])
+        positions = torch.cat([text_positions(cached[n], 1) for n in names], dim=1)
+        kv = pool.batch([(n, cached[n], 1) for n in names], scale)
+        logits = model(feed, positions, kv=kv, logits_at=torch.arange(len(names)))
+        for row, n in zip(logits, names):
+            cached[n] += 1
+            alone = model(seqs[n][:cached[n]], text_positions(0, cached[n]))[-1]
+            assert (row - alone).abs().max().item() < 1e-5
