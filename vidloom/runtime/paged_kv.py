@@ -146,9 +146,9 @@ class PagedBatch:
         self.query_index = torch.where(self.unpad, offsets.unsqueeze(1) + q_idx, 0)  # into the packed tokens
         # Decode (one new token per sequence) packs exactly like [B, 1]: no per-layer gather or unpad. Otherwise
         # the real rows of the flattened [B * Lq] are found once here, not by a boolean index (a sync) per layer.
-        self._is_decode = longest_q == 1
-        self._packed_rows = self.unpad.reshape(-1).nonzero().squeeze(1)
-        self.slots = self.key_slots.gather(1, (starts.unsqueeze(1) + q_idx).clamp(max=longest_k - 1))[self.unpad]
+        self._packed_rows = None if longest_q == 1 else self.unpad.reshape(-1).nonzero().squeeze(1)
+        new_slots = self.key_slots.gather(1, (starts.unsqueeze(1) + q_idx).clamp(max=longest_k - 1)).reshape(-1)
+        self.slots = new_slots if self._packed_rows is None else new_slots.index_select(0, self._packed_rows)
         # Causal (which also hides key padding past each sequence's end); padded query rows see key 0 only.
         visible = key_pos.unsqueeze(1) <= (starts.unsqueeze(1) + q_idx).unsqueeze(2)
         self.mask = (visible & self.unpad.unsqueeze(2)) | (key_pos == 0).unsqueeze(1)  # [B, Lq, Lk]
@@ -160,12 +160,12 @@ class PagedBatch:
         shape = (*self.key_slots.shape, *k_cache.shape[1:])  # [B, Lk, KVH, D]
         keys = k_cache.index_select(0, self._key_flat).view(shape)
         values = v_cache.index_select(0, self._key_flat).view(shape)
-        if self._is_decode:
+        if self._packed_rows is None:
             queries = q.unsqueeze(1)  # [B, 1, H, D]
         else:
             queries = q.index_select(0, self.query_index.reshape(-1)).view(*self.query_index.shape, *q.shape[1:])
         out = grouped_attention(queries, keys.to(q.dtype), values.to(q.dtype), self.scale, mask=self.mask)
-        if self._is_decode:
+        if self._packed_rows is None:
             return out.squeeze(1)
         return out.reshape(-1, *out.shape[2:]).index_select(0, self._packed_rows)  # packed [T, H, D], packing order
 
