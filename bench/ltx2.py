@@ -5,7 +5,7 @@ Each (case, engine) is a fresh subprocess, so peak RSS is its own; each process 
 times one full generation (text encoding, both denoise passes, VAE and audio decode). Frames and
 waveforms of vidloom and diffusers are compared so a fast wrong answer cannot pass as a win.
 
-    python bench/ltx2.py [--runs 3]
+    python bench/ltx2.py [--runs 3]   (one torch thread per process)
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def ensure() -> Path:
     return folder
 
 
-def _diffusers(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
+def _diffusers(folder: Path, two_stage: bool) -> tuple[Any, Any, tuple[float, float]]:
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline, LTX2Pipeline
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
@@ -85,7 +85,7 @@ def _diffusers(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
         vae=pipe.vae, latent_upsampler=LTX2LatentUpsamplerModel.from_pretrained(str(folder / "latent_upsampler")))
     for p in (pipe, upsample):
         p.set_progress_bar_config(disable=True)
-    loaded = time.perf_counter()
+    loaded = (time.perf_counter(), time.process_time())
     g = torch.Generator("cpu").manual_seed(SEED)
     common = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=REQUEST["num_frames"],
                   frame_rate=float(REQUEST["fps"]))
@@ -105,7 +105,7 @@ def _diffusers(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
     return video[0], audio[0].float().numpy(), loaded
 
 
-def _vidloom(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
+def _vidloom(folder: Path, two_stage: bool) -> tuple[Any, Any, tuple[float, float]]:
     import torch
 
     from vidloom.core.deploy import DeployConfig
@@ -114,7 +114,7 @@ def _vidloom(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
 
     gen = VideoGenerator.from_pretrained(folder, device="cpu", dtype=torch.float32,
                                          deploy=DeployConfig(two_stage=two_stage))
-    loaded = time.perf_counter()
+    loaded = (time.perf_counter(), time.process_time())
     out = gen.engine.run(GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, height=REQUEST["height"], width=REQUEST["width"],
         num_frames=REQUEST["num_frames"], fps=REQUEST["fps"], num_inference_steps=REQUEST["steps"],
@@ -124,15 +124,22 @@ def _vidloom(folder: Path, two_stage: bool) -> tuple[Any, Any, float]:
 
 def run_one(folder: Path, engine: str, two_stage: bool, out: Path) -> dict[str, Any]:
     """In the child process: load, generate once (timed), save outputs, report time and memory."""
+    import torch
+
+    # One intra-op thread: with two on a busy 2-core machine OpenMP spin-waits, which inflated the CPU
+    # seconds of whichever engine ran during a burst by up to 4x (a 1.8x vidloom/diffusers "gap" that a
+    # single-thread profile of both showed to be noise).
+    torch.set_num_threads(1)
     started = time.perf_counter()
-    video, audio, loaded = (_diffusers if engine == "diffusers" else _vidloom)(folder, two_stage)
-    done = time.perf_counter()
+    video, audio, (loaded, loaded_cpu) = (_diffusers if engine == "diffusers" else _vidloom)(folder, two_stage)
+    done, done_cpu = time.perf_counter(), time.process_time()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     np.savez(out, video=np.asarray(video, dtype=np.float32), audio=np.asarray(audio, dtype=np.float32))
     # CPU seconds of the whole process (load included): less sensitive than wall time to other jobs on a
     # shared machine, which the wall-time ratio is not.
+    # generate_cpu_s: the generation alone (text, denoise, decodes), without imports and loading.
     return {"load_s": loaded - started, "generate_s": done - loaded, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024}
+            "generate_cpu_s": done_cpu - loaded_cpu, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
 def main() -> None:
@@ -150,7 +157,7 @@ def main() -> None:
         report(json.loads((Path(__file__).resolve().parent / "results" / "ltx2.json").read_text()))
         return
     folder = ensure()
-    results: dict[str, Any] = {"request": REQUEST, "checkpoint": MID.name, "cases": {}}
+    results: dict[str, Any] = {"request": REQUEST, "checkpoint": MID.name, "run_torch_threads": 1, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for case, two_stage in CASES.items():
             per_engine: dict[str, Any] = {}
@@ -184,16 +191,23 @@ def report(results: dict[str, Any]) -> None:
             runs = data["runs"]
             data.update(generate_s=min(r["generate_s"] for r in runs), cpu_s=min(r["cpu_s"] for r in runs),
                         peak_rss_mb=max(r["peak_rss_mb"] for r in runs))
+            if all("generate_cpu_s" in r for r in runs):
+                data["generate_cpu_s"] = min(r["generate_cpu_s"] for r in runs)
         ref = per_engine["diffusers"]
         for engine, data in per_engine.items():
             data["time_ratio"] = data["generate_s"] / ref["generate_s"]
             data["rss_ratio"] = data["peak_rss_mb"] / ref["peak_rss_mb"]
             data["cpu_ratio"] = data["cpu_s"] / ref["cpu_s"]
+            if "generate_cpu_s" in data:
+                data["generate_cpu_ratio"] = data["generate_cpu_s"] / ref["generate_cpu_s"]
             rows.append([case, engine, f"{data['generate_s']:.2f}", f"{data['time_ratio']:.2f}",
                          f"{data['cpu_s']:.1f}", f"{data['cpu_ratio']:.2f}",
+                         f"{data.get('generate_cpu_s', float('nan')):.1f}",
+                         f"{data.get('generate_cpu_ratio', float('nan')):.2f}",
                          f"{data['peak_rss_mb']:.0f}", f"{data['rss_ratio']:.2f}",
                          f"{data['max_frame_diff']:.1e}", f"{data['max_audio_diff']:.1e}"])
-    print_table(["case", "engine", "generate s", "x diffusers", "cpu s", "x diffusers", "peak RSS MB", "x diffusers", "frame diff",
+    print_table(["case", "engine", "generate s", "x diffusers", "cpu s", "x diffusers", "gen cpu s", "x diffusers",
+                 "peak RSS MB", "x diffusers", "frame diff",
                  "audio diff"], rows)
     results.setdefault("environment", environment())
     write_json("ltx2.json", results)
