@@ -24,6 +24,22 @@ CHAT_TEMPLATE = (
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
+# Cosmos3-Nano's scheduler/scheduler_config.json (Cosmos3-Edge's is identical): the published values the
+# issue quotes (Karras sigmas over flow sigmas, 0.147..200, shift 1, bh2 order 2, final sigma zero), with
+# the flow-matching settings every Cosmos3 checkpoint needs (flow prediction over 1000 training steps).
+COSMOS3_NANO_SCHEDULER: dict[str, Any] = {
+    "_class_name": "UniPCMultistepScheduler",
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "use_karras_sigmas": True,
+    "sigma_min": 0.147,
+    "sigma_max": 200.0,
+    "flow_shift": 1.0,
+    "final_sigmas_type": "zero",
+    "solver_order": 2,
+    "solver_type": "bh2",
+}
 CORPUS = [
     "a red fox jumps over the lazy dog in the snow",
     "what is in this picture? tell me a story about robots",

@@ -27,14 +27,16 @@ _UNIPC_FIXED: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "lower_order_final": (True, (True,)),
     "final_sigmas_type": ("zero", ("zero",)),
     "thresholding": (False, (False,)),
-    "use_karras_sigmas": (False, (False,)),
+    # Karras sigmas over flow sigmas (Cosmos3's schedulers): the range comes from sigma_min / sigma_max.
+    "use_karras_sigmas": (False, (False, True)),
     "use_exponential_sigmas": (False, (False,)),
     "use_beta_sigmas": (False, (False,)),
     "use_dynamic_shifting": (False, (False,)),
     "shift_terminal": (None, (None,)),
     "solver_p": (None, (None,)),
 }
-# Only the discrete-DDPM path of UniPC reads these; flow sigmas never do.
+# Only the discrete-DDPM path of UniPC reads these; flow sigmas never do. sigma_min / sigma_max
+# are read (by _karras_range) only with use_karras_sigmas.
 _UNIPC_INERT = frozenset(
     {
         "beta_start",
@@ -86,6 +88,22 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _karras_range(cfg: Mapping[str, Any]) -> tuple[float, float]:
+    """(sigma_min, sigma_max) of a Karras UniPC config; both must be given.
+
+    Without them diffusers takes the range from the DDPM betas (beta_start, beta_end, ...), a
+    path no released flow checkpoint uses, so it is refused rather than half-supported.
+    """
+    bounds = []
+    for key in ("sigma_min", "sigma_max"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}: {value!r}; use_karras_sigmas needs sigma_min and sigma_max as numbers "
+                             "(the range from DDPM betas is not supported)")
+        bounds.append(float(value))
+    return bounds[0], bounds[1]
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """What a checkpoint's scheduler_config.json says about sampling, reduced to what we read."""
@@ -95,6 +113,12 @@ class SamplerConfig:
     dmd_timesteps: tuple[float, ...] = ()  # dmd only: the distilled step list (from the card's RecipeSpec)
     solver_order: int = 2  # UniPC only
     disable_corrector: frozenset[int] = frozenset()  # UniPC only: steps whose corrector is skipped
+    # UniPC only: (sigma_min, sigma_max) of a Karras schedule mapped onto flow sigmas (diffusers'
+    # use_karras_sigmas with use_flow_sigmas); the flow shift does not apply to it. None: shifted linspace.
+    karras_sigmas: tuple[float, float] | None = None
+    # UniPC only: start the shifted linspace at 1 - 1/num_train_timesteps and end it at 0 (before the
+    # final step), as Cosmos3OmniPipeline's use_native_flow_schedule passes the scheduler its sigmas.
+    native_flow_schedule: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.num_train_timesteps) or self.num_train_timesteps < 1:
@@ -110,6 +134,16 @@ class SamplerConfig:
         object.__setattr__(self, "dmd_timesteps", tuple(float(t) for t in self.dmd_timesteps))
         corrector_off = frozenset(int(i) for i in self.disable_corrector)
         object.__setattr__(self, "disable_corrector", corrector_off)
+        if self.karras_sigmas is not None:
+            low, high = (float(v) for v in self.karras_sigmas)
+            if not 0.0 < low < high:
+                raise ValueError(f"sigma_min, sigma_max must satisfy 0 < sigma_min < sigma_max, got {low}, {high}")
+            object.__setattr__(self, "karras_sigmas", (low, high))
+
+    @property
+    def uses_shift(self) -> bool:
+        """Whether `shift` moves the schedule (a Karras schedule ignores it, as diffusers' does)."""
+        return self.karras_sigmas is None
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
@@ -136,7 +170,10 @@ class SamplerConfig:
             raise ValueError(
                 f"{unknown[0]}: unknown {class_name} setting (all unknown: {', '.join(unknown)})"
             )
-        return cls(**{ours: cfg[theirs] for theirs, ours in mapped.items() if theirs in cfg})
+        fields = {ours: cfg[theirs] for theirs, ours in mapped.items() if theirs in cfg}
+        if class_name == _UNIPC_CLASS and cfg.get("use_karras_sigmas") is True:
+            fields["karras_sigmas"] = _karras_range(cfg)
+        return cls(**fields)
 
     def with_shift(self, shift: float) -> SamplerConfig:
         """The same config with another flow shift (e.g. a request's flow_shift override)."""

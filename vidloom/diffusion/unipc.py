@@ -1,4 +1,4 @@
-"""UniPC on flow sigmas, numerically equal to diffusers' UniPCMultistepScheduler as Wan sets it up.
+"""UniPC on flow sigmas, numerically equal to diffusers' UniPCMultistepScheduler as Wan and Cosmos3 set it up.
 
 The predictor/corrector update follows diffusers' UniPCMultistepScheduler (Apache-2.0) step by
 step, in the same order of operations: bit-parity with it (tests/parity/test_samplers_vs_diffusers.py)
@@ -23,6 +23,21 @@ from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, chec
 # diffusers nudges a first sigma of exactly 1 down by this much, because alpha = 0
 # there and log(alpha) would be -inf in the first updates.
 _FIRST_SIGMA_EPS = 1e-6
+
+
+def karras_flow_sigmas(num_steps: int, sigma_min: float, sigma_max: float) -> np.ndarray:
+    """Karras et al. 2022 (EDM, arXiv:2206.00364, eq. 5, rho = 7) noise levels mapped onto the flow path.
+
+    An EDM sigma s (x = x0 + s * eps) is the flow sigma s / (1 + s) after rescaling x by 1 / (1 + s);
+    this is how diffusers' UniPCMultistepScheduler combines use_karras_sigmas with use_flow_sigmas (no
+    flow shift, no nudge of the first sigma), in the same float64 operation order so the float32
+    sigmas and the truncated timesteps come out identical.
+    """
+    rho = 7.0
+    ramp = np.linspace(0, 1, num_steps)
+    min_inv_rho, max_inv_rho = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+    edm = (max_inv_rho + ramp * (min_inv_rho - max_inv_rho)) ** rho
+    return edm / (edm + 1)
 
 
 @dataclass
@@ -116,11 +131,19 @@ class UniPCSampler:
 
     def schedule(self, num_steps: int) -> Schedule:
         check_num_steps(num_steps)
-        n_train = self.config.num_train_timesteps
+        cfg = self.config
+        n_train = cfg.num_train_timesteps
         # float64 numpy throughout, as diffusers computes flow sigmas for UniPC.
-        sigmas = shift_sigmas(np.linspace(1, 1 / n_train, num_steps + 1)[:-1], self.config.shift)
-        if np.fabs(sigmas[0] - 1) < _FIRST_SIGMA_EPS:
-            sigmas[0] -= _FIRST_SIGMA_EPS
+        if cfg.karras_sigmas is not None:
+            sigmas = karras_flow_sigmas(num_steps, *cfg.karras_sigmas)
+        else:
+            if cfg.native_flow_schedule:
+                base = np.linspace(1.0 - 1.0 / n_train, 0.0, num_steps + 1)[:-1]
+            else:
+                base = np.linspace(1, 1 / n_train, num_steps + 1)[:-1]
+            sigmas = shift_sigmas(base, cfg.shift)
+            if np.fabs(sigmas[0] - 1) < _FIRST_SIGMA_EPS:
+                sigmas[0] -= _FIRST_SIGMA_EPS
         # diffusers casts these to int64, truncating: the first timestep is 999, not 1000.
         timesteps = torch.from_numpy(sigmas * n_train).to(torch.int64)
         final = np.concatenate([sigmas, [0.0]]).astype(np.float32)
