@@ -9,6 +9,7 @@ The transformer's vocabulary is padded past the tokenizer's, as in the released 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ COSMOS3_NANO_SCHEDULER: dict[str, Any] = {
     "solver_order": 2,
     "solver_type": "bh2",
 }
+# The scheduler cosmos3-a keeps (Wan's flow UniPC at shift 5); COSMOS3_NANO_SCHEDULER is the real one.
+WAN_STYLE_SCHEDULER: dict[str, Any] = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction",
+                                       "use_flow_sigmas": True, "flow_shift": 5.0}
 CORPUS = [
     "a red fox jumps over the lazy dog in the snow",
     "what is in this picture? tell me a story about robots",
@@ -60,6 +64,7 @@ class TinyCosmos3:
         base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
         temperal_downsample=[False, True, True], dropout=0.0, is_residual=True, patch_size=2, in_channels=12,
         out_channels=12, scale_factor_spatial=16, scale_factor_temporal=4))
+    scheduler: dict[str, Any] = field(default_factory=lambda: dict(WAN_STYLE_SCHEDULER))
 
 
 COSMOS3_A = TinyCosmos3(
@@ -74,6 +79,7 @@ COSMOS3_B = TinyCosmos3(
                      intermediate_size=80, num_hidden_layers=3, rope_theta=5000000.0, rope_axes_dim=(4, 2, 2),
                      latent_channel=4, patch_latent_dim=16, rms_norm_eps=1e-5, attention_bias=True),
     vocab_pad=5,
+    scheduler=COSMOS3_NANO_SCHEDULER,  # the released checkpoints' scheduler: Karras sigmas over flow sigmas
 )
 COSMOS3_CONFIGS = (COSMOS3_A, COSMOS3_B)
 
@@ -105,22 +111,29 @@ def build_transformer(spec: TinyCosmos3, vocab_size: int, seed: int = 0):
     return transformer
 
 
-def build_pipeline(spec: TinyCosmos3, seed: int = 0):
+def build_pipeline(spec: TinyCosmos3, seed: int = 0, scheduler_config: dict[str, Any] | None = None,
+                   **settings: Any):
+    """The tiny pipeline; `settings` are Cosmos3OmniPipeline's model_index.json settings (e.g.
+    default_use_system_prompt=False, use_native_flow_schedule=True)."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, UniPCMultistepScheduler
 
     tokenizer = train_tokenizer()
     transformer = build_transformer(spec, len(tokenizer) + spec.vocab_pad, seed)
     torch.manual_seed(seed + 1)
-    vae = AutoencoderKLWan(**spec.vae, latents_mean=[0.0] * spec.vae["z_dim"],
-                           latents_std=[1.0] * spec.vae["z_dim"]).eval()
-    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    # Real VAEs ship non-trivial latent statistics (the class defaults are Wan2.1's); 0 / 1 would let a
+    # missing (de)normalisation pass unnoticed.
+    z_dim, defaults = spec.vae["z_dim"], inspect.signature(AutoencoderKLWan.__init__).parameters
+    vae = AutoencoderKLWan(**spec.vae, latents_mean=defaults["latents_mean"].default[:z_dim],
+                           latents_std=defaults["latents_std"].default[:z_dim]).eval()
+    scheduler = UniPCMultistepScheduler.from_config(scheduler_config or spec.scheduler)
     return Cosmos3OmniPipeline(transformer=transformer, text_tokenizer=tokenizer, vae=vae, scheduler=scheduler,
-                               enable_safety_checker=False)
+                               enable_safety_checker=False, **settings)
 
 
-def write_tiny_cosmos3(folder: Path, spec: TinyCosmos3 = COSMOS3_A, seed: int = 0) -> Path:
+def write_tiny_cosmos3(folder: Path, spec: TinyCosmos3 = COSMOS3_A, seed: int = 0,
+                       scheduler_config: dict[str, Any] | None = None, **settings: Any) -> Path:
     """Save a tiny Cosmos3OmniPipeline folder (model_index.json, transformer/, text_tokenizer/, vae/, scheduler/)."""
-    build_pipeline(spec, seed).save_pretrained(folder)
+    build_pipeline(spec, seed, scheduler_config, **settings).save_pretrained(folder)
     return folder
 
 

@@ -84,6 +84,12 @@ _RULES = {
 _UNIPC_ONLY_KEYS = frozenset({"flow_shift", "use_flow_sigmas", "prediction_type", "solver_order"})
 
 
+def known_scheduler_keys(class_name: str) -> frozenset[str]:
+    """The scheduler_config.json keys SamplerConfig.from_diffusers reads for `class_name` (others are refused)."""
+    fixed, inert, mapped = _RULES[class_name]
+    return frozenset(fixed.keys() | inert | mapped.keys())
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

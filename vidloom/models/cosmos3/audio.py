@@ -18,6 +18,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.config_keys import refuse_unknown_keys
+
+# Cosmos3AVAEAudioTokenizer's config.json, key by key. Read: the decoder's sizes (below).
+DECODER_KEYS = frozenset({"sampling_rate", "vocoder_input_dim", "dec_dim", "dec_c_mults", "dec_strides",
+                          "dec_out_channels", "hop_size"})
+# The only values the reference implements (it raises NotImplementedError on others); we refuse the rest.
+FIXED_KEYS: dict[str, Any] = {
+    "model_type": "autoencoder_v2", "use_wav_as_input": True, "enc_type": "spec_convnext", "bottleneck_type": "vae",
+    "dec_type": "oobleck", "dec_use_snake": True, "dec_final_tanh": False, "dec_anti_aliasing": False,
+    "dec_use_nearest_upsample": False, "dec_use_tanh_at_final": False, "activation": "snakebeta",
+    "snake_logscale": True, "anti_aliasing": False, "use_cuda_kernel": False, "latent_mean": None, "latent_std": None,
+}
+# The encoder's settings (and `bottleneck`, checked as the reference does): generation never encodes sound.
+ENCODER_KEYS = frozenset({"stereo", "normalize_volume", "input_channels", "enc_dim", "enc_intermediate_dim",
+                          "enc_num_layers", "enc_num_blocks", "enc_n_fft", "enc_hop_length", "enc_latent_dim",
+                          "enc_c_mults", "enc_strides", "enc_identity_init", "enc_use_snake", "causal",
+                          "padding_mode", "encoder_enabled", "bottleneck"})
+SOUND_TOKENIZER_KEYS = DECODER_KEYS | FIXED_KEYS.keys() | ENCODER_KEYS
+
+
+def check_sound_tokenizer_keys(raw: Mapping[str, Any]) -> None:
+    """CheckpointError naming a key we do not read or a value the shipped AVAE does not have."""
+    where = "sound_tokenizer/config.json"
+    refuse_unknown_keys(raw, SOUND_TOKENIZER_KEYS, where)
+    for key, expected in FIXED_KEYS.items():
+        value = raw.get(key, expected)
+        if value != expected or type(value) is not type(expected):
+            raise CheckpointError(f"{where}: {key}={value!r} is not supported; the AVAE decoder needs {expected!r}")
+    bottleneck = raw.get("bottleneck")
+    if bottleneck is not None and (not isinstance(bottleneck, dict) or bottleneck.get("type", "vae") != "vae"):
+        raise CheckpointError(f"{where}: bottleneck={bottleneck!r} is not supported; expected a 'vae' bottleneck")
 
 
 @dataclass(frozen=True)
@@ -34,6 +65,7 @@ class SoundDecoderConfig:
 
     @classmethod
     def from_diffusers(cls, raw: Mapping[str, Any]) -> SoundDecoderConfig:
+        check_sound_tokenizer_keys(raw)
         try:
             strides = tuple(int(s) for s in raw.get("dec_strides", (2, 4, 5, 6, 8)))
             hop = raw.get("hop_size")

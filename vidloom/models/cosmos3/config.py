@@ -6,10 +6,35 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.config_keys import refuse_unknown_keys
 
 HIDDEN_ACTS = ("silu", "relu2")  # Qwen3 backbone (gated SiLU MLP) or Nemotron backbone (squared ReLU)
 # Cosmos3OmniTransformer's default mrope split of head_dim/2 frequencies over (t, h, w).
 DEFAULT_ROPE_AXES = (24, 20, 20)
+# Every Cosmos3OmniTransformer config.json key we read (here and in gen_config.py); any other is refused.
+TEXT_KEYS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_axes_dim", "rope_scaling",
+    "attention_bias", "hidden_act", "qk_norm_for_text",
+})
+GENERATION_KEYS = frozenset({
+    "latent_channel", "latent_patch_size", "patch_latent_dim", "timestep_scale", "base_fps", "enable_fps_modulation",
+    "unified_3d_mrope_temporal_modality_margin", "unified_3d_mrope_reset_spatial_ids", "use_und_k_norm_for_gen",
+    "sound_gen", "sound_dim", "sound_latent_fps",
+    # The action pathway's switch and sizes: its weights are left unread (generation.ACTION_PREFIXES) and
+    # requests carry no actions, so video generation from such a checkpoint is the pipeline's without them.
+    "action_gen", "action_dim", "num_embodiment_domains",
+})
+# Read and deliberately without effect: dropout is a training setting (inference runs without it), and
+# `dtype` is diffusers' load-time precision hint (its class keeps it out of config.json); the runtime's
+# precision setting decides ours.
+INERT_KEYS = frozenset({"attention_dropout", "dtype"})
+TRANSFORMER_KEYS = TEXT_KEYS | GENERATION_KEYS | INERT_KEYS
+
+
+def check_transformer_keys(raw: Mapping[str, Any]) -> None:
+    """CheckpointError naming any key we do not read."""
+    refuse_unknown_keys(raw, TRANSFORMER_KEYS, "transformer/config.json")
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,7 @@ class Cosmos3TextConfig:
     @classmethod
     def from_transformer_config(cls, raw: Mapping[str, Any]) -> Cosmos3TextConfig:
         """From Cosmos3OmniTransformer's config.json (its defaults where a key is absent)."""
+        check_transformer_keys(raw)
         axes = raw.get("rope_axes_dim")
         if axes is None:
             scaling = raw.get("rope_scaling") or {}

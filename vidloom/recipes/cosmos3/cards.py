@@ -13,6 +13,7 @@ from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, Reci
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 
 FAMILY = "cosmos3"
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
@@ -37,6 +38,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     ckpt = DiffusersDir.open(path)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    pipeline = read_pipeline_config(ckpt)
     components = {"transformer": ComponentSpec("bfloat16"), "text_tokenizer": ComponentSpec()}
     loops = {AR_LOOP: LoopSpec()}
     generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
@@ -64,9 +66,14 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         program=PROGRAM,
         source=str(ckpt.root),
         description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
-        notes=() if generates else ("chat only: the folder has no vae/ and scheduler/ to generate with",),
+        notes=pipeline.notes + (() if generates else ("chat only: the folder has no vae/ and scheduler/ to generate with",)),
         context_window=CONTEXT_WINDOW,
     )
+
+
+def read_pipeline_config(ckpt: DiffusersDir) -> Cosmos3PipelineConfig:
+    """The pipeline's own settings in model_index.json (every key read or refused by name)."""
+    return Cosmos3PipelineConfig.from_index(ckpt.index, f"{ckpt.root}/model_index.json")
 
 
 def _defaults(ckpt: DiffusersDir) -> SamplingDefaults:

@@ -6,12 +6,14 @@ reads only the generation pathways' tensors, so one copy of the shared weights s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.config_keys import refuse_unknown_keys
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
@@ -24,8 +26,11 @@ from vidloom.models.cosmos3.generation import (
     is_vision_sound_key,
 )
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 from vidloom.recipes.wan.load import load_sampler_config
 
+# Every AutoencoderKLWan key WanVAEConfig reads (what it writes back); any other in vae/config.json is refused.
+VAE_KEYS = frozenset(WanVAEConfig().to_diffusers())
 # diffusers keeps the timestep MLP in float32 (`_keep_in_fp32_modules`); so do we, so bf16 runs match it.
 KEEP_FP32 = frozenset({"time_in", "time_out"})
 
@@ -39,15 +44,24 @@ def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Co
     return model.eval()
 
 
-def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype) -> dict[str, Any]:
+def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype,
+                    pipeline: Cosmos3PipelineConfig) -> dict[str, Any]:
     """The components generation adds to the chat ones: generator, VAE (float32, on `device`), sampler config."""
     generator = load_generator(ckpt.component_dir("transformer"), device, compute)
-    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    vae = WanVAE(read_vae_config(ckpt.component_config("vae"), f"{ckpt.root}/vae/config.json"))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    components = {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": load_sampler_config(ckpt)}
+    # The pipeline, not the scheduler, decides where the flow sigmas start (use_native_flow_schedule).
+    sampler = dataclasses.replace(load_sampler_config(ckpt), native_flow_schedule=pipeline.native_flow_schedule)
+    components = {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": sampler}
     if has_sound(ckpt):
         components["sound_decoder"] = load_sound_decoder(ckpt, generator.config.sound_dim)
     return components
+
+
+def read_vae_config(raw: dict[str, Any], where: str) -> WanVAEConfig:
+    """The Wan2.2 VAE's config; a key WanVAEConfig does not read is a CheckpointError naming it."""
+    refuse_unknown_keys(raw, VAE_KEYS, where)
+    return WanVAEConfig.from_diffusers(raw)
 
 
 def has_sound(ckpt: DiffusersDir) -> bool:

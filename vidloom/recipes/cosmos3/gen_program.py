@@ -19,11 +19,13 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext
 from vidloom.core.request import GenerationRequest
 from vidloom.decoding.loop import ARDecodeLoop
+from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
+from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 from vidloom.recipes.cosmos3.prompts import Shape, generation_ids
 from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS, ReasonLoop
 
@@ -63,6 +65,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     generator: Cosmos3Generator = instance["generator"]
     vae: WanVAE = instance["vae"]
     sound_decoder: SoundDecoder | None = instance.components.get("sound_decoder")
+    pipeline: Cosmos3PipelineConfig = instance["pipeline_config"]
+    sampler_config: SamplerConfig = instance["sampler_config"]
     device = instance.device
     temporal = vae.config.temporal_factor
 
@@ -71,6 +75,9 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         request: GenerationRequest = slots["request"]
         if request.image and request.num_frames == 1:
             raise InvalidRequest("image", "an image (num_frames 1) takes no first frame; ask for a video")
+        if not sampler_config.uses_shift and request.flow_shift not in (None, sampler_config.shift):
+            raise InvalidRequest("flow_shift", "this checkpoint's scheduler uses Karras sigmas (use_karras_sigmas), "
+                                 f"which take no flow shift; leave it unset or {sampler_config.shift}")
         return {}
 
     def no_reasoning(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
@@ -80,9 +87,11 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         request: GenerationRequest = slots["request"]
         shape = shape_of(request)
         prompt = slots["reasoned_prompt"] or request.prompt  # a reasoner that wrote nothing: the user's prompt
-        ids = [generation_ids(tokenizer, prompt, shape)]
+        system = pipeline.use_system_prompt
+        ids = [generation_ids(tokenizer, prompt, shape, system_prompt=system)]
         if uses_guidance(request):
-            ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True))
+            ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True,
+                                      system_prompt=system))
         return {"prompt_ids": ids}
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:

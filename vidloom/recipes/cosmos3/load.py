@@ -16,7 +16,7 @@ from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.cosmos3.config import Cosmos3TextConfig
 from vidloom.models.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transformer, is_generation_key
-from vidloom.recipes.cosmos3.cards import PIPELINE_CLASS
+from vidloom.recipes.cosmos3.cards import PIPELINE_CLASS, read_pipeline_config
 
 
 def load_text_model(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Transformer:
@@ -51,6 +51,7 @@ def load_instance(
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    pipeline = read_pipeline_config(ckpt)
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     model = load_text_model(ckpt.component_dir("transformer"), device, compute)
@@ -58,11 +59,11 @@ def load_instance(
     if len(tokenizer) > model.config.vocab_size:
         raise CheckpointError(f"{ckpt.root}: the tokenizer has {len(tokenizer)} tokens, more than the "
                               f"transformer's vocab_size {model.config.vocab_size}")
-    components: dict[str, Any] = {"transformer": model, "tokenizer": tokenizer}
+    components: dict[str, Any] = {"transformer": model, "tokenizer": tokenizer, "pipeline_config": pipeline}
     if card.tasks:  # the generation pathways, VAE and sampler next to the same backbone
         from vidloom.recipes.cosmos3.gen_load import load_generation
 
-        components.update(load_generation(ckpt, device, compute))
+        components.update(load_generation(ckpt, device, compute, pipeline))
     return ModelInstance(
         card=card,
         components=components,

@@ -52,10 +52,14 @@ def describe(text: str, shape: Shape, negative: bool = False) -> str:
     return _append(text, template.format(height=shape.height, width=shape.width))
 
 
-def generation_ids(tokenizer: Any, text: str, shape: Shape, negative: bool = False) -> list[int]:
-    """Token ids of one branch's prefix: system + user turn, assistant header, then eos and vision-start."""
-    messages = [{"role": "system", "content": SYSTEM_IMAGE if shape.is_image else SYSTEM_VIDEO},
-                {"role": "user", "content": describe(text, shape, negative)}]
+def generation_ids(tokenizer: Any, text: str, shape: Shape, negative: bool = False,
+                   system_prompt: bool = True) -> list[int]:
+    """Token ids of one branch's prefix: [system +] user turn, assistant header, then eos and vision-start.
+
+    `system_prompt` is the checkpoint's model_index.json `default_use_system_prompt`.
+    """
+    messages = [{"role": "system", "content": SYSTEM_IMAGE if shape.is_image else SYSTEM_VIDEO}] if system_prompt else []
+    messages.append({"role": "user", "content": describe(text, shape, negative)})
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                         add_vision_id=False, return_dict=True)["input_ids"]
     return [*ids, tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(VISION_START)]
