@@ -8,6 +8,7 @@ also checks that the setting moves the reference's frames far past the bound.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,18 @@ def test_setting_is_honoured_like_the_pipeline(tmp_path: Path, baseline: np.ndar
     diff = float(np.abs(got - expected).max())
     print(f"{case}: max |frame diff| {diff:.2e} (the setting moves the reference by {moved:.2e})")
     assert diff <= FRAMES_TOL
+
+
+def test_a_flow_shift_on_a_karras_checkpoint_is_refused(tmp_path: Path) -> None:
+    # Karras sigmas take no shift (diffusers ignores flow_shift there); accepting one would sample the same
+    # video while claiming another schedule.
+    from vidloom.core.errors import InvalidRequest
+
+    folder = write_tiny_cosmos3(tmp_path / "nano", COSMOS3_A, scheduler_config=COSMOS3_NANO_SCHEDULER)
+    generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    assert generator.engine.instance.card.sampling_defaults.flow_shift == 1.0
+    request = GenerationRequest(prompt=PROMPT, task=Task.T2V, **{**KW, "num_inference_steps": 1})
+    with pytest.raises(InvalidRequest) as exc:
+        generator.engine.run(dataclasses.replace(request, flow_shift=3.0))
+    assert exc.value.field == "flow_shift" and "use_karras_sigmas" in str(exc.value)
+    assert generator.engine.run(dataclasses.replace(request, flow_shift=1.0))["video"].shape == (9, 32, 32, 3)
