@@ -79,6 +79,10 @@ COSMOS3_B = TinyCosmos3(
                      intermediate_size=80, num_hidden_layers=3, rope_theta=5000000.0, rope_axes_dim=(4, 2, 2),
                      latent_channel=4, patch_latent_dim=16, rms_norm_eps=1e-5, attention_bias=True),
     vocab_pad=5,
+    # The released VAE (Wan2.2's) decodes wider than it encodes (decoder_base_dim 256 vs base_dim 160).
+    vae=dict(base_dim=8, decoder_base_dim=16, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
+             temperal_downsample=[False, True, True], dropout=0.0, is_residual=True, patch_size=2, in_channels=12,
+             out_channels=12, scale_factor_spatial=16, scale_factor_temporal=4),
     scheduler=COSMOS3_NANO_SCHEDULER,  # the released checkpoints' scheduler: Karras sigmas over flow sigmas
 )
 COSMOS3_CONFIGS = (COSMOS3_A, COSMOS3_B)
