@@ -84,3 +84,10 @@ def test_karras_config_is_read() -> None:
 def test_karras_without_a_usable_range_is_refused(patch: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="sigma_m"):
         SamplerConfig.from_diffusers({**COSMOS3_NANO_SCHEDULER, **patch})
+
+
+def test_a_karras_schedule_takes_no_other_shift() -> None:
+    config = SamplerConfig.from_diffusers(COSMOS3_NANO_SCHEDULER)
+    assert config.with_shift(1.0) == config
+    with pytest.raises(ValueError, match="use_karras_sigmas"):
+        config.with_shift(3.0)

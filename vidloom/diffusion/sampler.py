@@ -182,7 +182,14 @@ class SamplerConfig:
         return cls(**fields)
 
     def with_shift(self, shift: float) -> SamplerConfig:
-        """The same config with another flow shift (e.g. a request's flow_shift override)."""
+        """The same config with another flow shift (e.g. a request's flow_shift override).
+
+        A Karras schedule has no shift to change: another value is a ValueError rather than a no-op
+        (families check this at their request boundary; this is the net under all of them).
+        """
+        if not self.uses_shift and float(shift) != self.shift:
+            raise ValueError(f"flow_shift {shift} does not apply: this scheduler uses Karras sigmas "
+                             f"(use_karras_sigmas), which take no shift")
         return dataclasses.replace(self, shift=shift)
 
 
