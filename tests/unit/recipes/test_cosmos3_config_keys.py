@@ -102,8 +102,10 @@ def test_bad_pipeline_settings_are_refused(patch: dict[str, Any], named: str) ->
         Cosmos3PipelineConfig.from_index({**INDEX, **patch}, "model_index.json")
 
 
-@pytest.mark.parametrize(("patch", "named"), [({"dec_type": "hifigan"}, "dec_type"), ({"latent_std": 2.0}, "latent_std"),
-                                              ({"bottleneck": {"type": "rvq"}}, "bottleneck")])
+@pytest.mark.parametrize(("patch", "named"), [
+    ({"dec_type": "hifigan"}, "dec_type"), ({"latent_std": 2.0}, "latent_std"),
+    ({"bottleneck": {"type": "rvq"}}, "bottleneck"),
+])
 def test_unsupported_audio_tokenizer_values_are_refused(patch: dict[str, Any], named: str) -> None:
     with pytest.raises(CheckpointError, match=named):
         SoundDecoderConfig.from_diffusers(patch)

@@ -22,6 +22,7 @@ AR_LOOP = "ar_decode"
 DENOISE_LOOP = "denoise"
 SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
 GENERATION_COMPONENTS = ("vae", "scheduler")
+CHAT_ONLY_NOTE = "chat only: the folder has no vae/ and scheduler/ to generate with"
 # Served context (prompt + completion tokens per sequence). Qwen3-VL backbones are trained far longer;
 # this bounds what one request may reserve in the paged KV pool, which bounds it again.
 CONTEXT_WINDOW = 32768
@@ -66,7 +67,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         program=PROGRAM,
         source=str(ckpt.root),
         description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
-        notes=pipeline.notes + (() if generates else ("chat only: the folder has no vae/ and scheduler/ to generate with",)),
+        notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
         context_window=CONTEXT_WINDOW,
     )
 

@@ -58,7 +58,8 @@ def generation_ids(tokenizer: Any, text: str, shape: Shape, negative: bool = Fal
 
     `system_prompt` is the checkpoint's model_index.json `default_use_system_prompt`.
     """
-    messages = [{"role": "system", "content": SYSTEM_IMAGE if shape.is_image else SYSTEM_VIDEO}] if system_prompt else []
+    system = SYSTEM_IMAGE if shape.is_image else SYSTEM_VIDEO
+    messages = [{"role": "system", "content": system}] if system_prompt else []
     messages.append({"role": "user", "content": describe(text, shape, negative)})
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                         add_vision_id=False, return_dict=True)["input_ids"]
