@@ -111,6 +111,12 @@ class SamplerConfig:
         corrector_off = frozenset(int(i) for i in self.disable_corrector)
         object.__setattr__(self, "disable_corrector", corrector_off)
 
+    @staticmethod
+    def config_keys(class_name: str) -> frozenset[str]:
+        """The scheduler_config.json keys from_diffusers reads, checks or knows to be inert for `class_name`."""
+        fixed, inert, mapped = _RULES[class_name]
+        return frozenset(fixed.keys() | inert | mapped.keys())
+
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
         """Read a diffusers UniPC, FlowMatchEuler or FlowMapEuler scheduler config."""
@@ -130,7 +136,7 @@ class SamplerConfig:
                     f"{key}: {value!r} is not supported for {class_name} (supported: "
                     f"{', '.join(repr(v) for v in accepted)})"
                 )
-        known = fixed.keys() | inert | mapped.keys()
+        known = cls.config_keys(class_name)
         unknown = sorted(k for k in cfg if not k.startswith("_") and k not in known)
         if unknown:
             raise ValueError(

@@ -1,0 +1,42 @@
+"""Compare a reference class's config keys (its __init__ parameters) with the keys a loader of ours knows.
+
+diffusers saves exactly the __init__ arguments of a ConfigMixin class (register_to_config) into its config.json,
+and a pipeline's __init__ arguments (components and settings) into model_index.json. A key the reference gains
+in a new release must be classified by us (read, or refused when set), so these checks fail on any key that is
+in the reference but in none of our sets, and on any key of ours the reference no longer has.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+# An argument no diffusers class has: a loader that refuses unknown keys must name it.
+FUTURE_KEY = "zz_key_from_a_future_release"
+
+
+def reference_keys(cls: type) -> frozenset[str]:
+    """The named __init__ parameters of `cls` (what register_to_config / model_index.json can hold)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return frozenset(p.name for p in params
+                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def assert_keys_classified(cls: type, known: Iterable[str], extra_ok: Iterable[str] = ()) -> None:
+    """Every reference key is one we know; every key we know is a reference key (or listed in `extra_ok`)."""
+    ours, theirs = frozenset(known), reference_keys(cls)
+    unclassified = sorted(theirs - ours)
+    assert not unclassified, (f"{cls.__name__} has config key(s) {unclassified} that our loader neither reads nor "
+                              f"refuses: decide for each (read it, or refuse values we do not implement)")
+    stale = sorted(ours - theirs - frozenset(extra_ok))
+    assert not stale, f"our loader lists key(s) {stale} that {cls.__name__} no longer has"
+
+
+def assert_refuses_unknown(read: Callable[[dict[str, Any]], Any], base: dict[str, Any] | None = None,
+                           errors: tuple[type[BaseException], ...] = (Exception,)) -> None:
+    """`read` of `base` plus an unknown key fails naming that key: the known set is the loader's real gate."""
+    with pytest.raises(errors, match=FUTURE_KEY):
+        read({**(base or {}), FUTURE_KEY: 1})
