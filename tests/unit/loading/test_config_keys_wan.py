@@ -10,13 +10,15 @@ import json
 import shutil
 
 import pytest
+import torch
 
 diffusers = pytest.importorskip("diffusers")
 
 from vidloom.core.errors import CheckpointError  # noqa: E402
-from vidloom.diffusion.sampler import SamplerConfig  # noqa: E402
+from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer as wan_transformer, vae as wan_vae  # noqa: E402
+from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
 from vidloom.recipes.wan.load import WAN_INDEX_COMPONENTS, WAN_INDEX_SETTINGS  # noqa: E402
 from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
 
@@ -54,6 +56,19 @@ def test_scheduler_keys_are_classified(name):
     base = {"_class_name": name, **({"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
                                     if name.startswith("UniPC") else {})}
     assert_refuses_unknown(SamplerConfig.from_diffusers, base, errors=(ValueError,))
+
+
+# Wan2.1-T2V-1.3B-Diffusers ships UniPC with flow_shift 3.0 (480p); 5.0 is the 720p / TI2V value and 12.0 the
+# registered A14B T2V card's default.
+@pytest.mark.parametrize("shift", [3.0, 5.0, 12.0])
+def test_published_unipc_config_loads_whole_and_schedules_like_the_reference(shift):
+    ref = diffusers.UniPCMultistepScheduler.from_config({**WAN21_SCHEDULER, "flow_shift": shift})
+    # Every key the reference holds (newer diffusers add some), as save_pretrained writes them.
+    ours = make_sampler("unipc", SamplerConfig.from_diffusers({**ref.config, "_class_name": ref.__class__.__name__}))
+    for steps in (4, 40, 50):
+        ref.set_timesteps(steps)
+        schedule = ours.schedule(steps)
+        assert torch.equal(schedule.timesteps, ref.timesteps) and torch.equal(schedule.sigmas, ref.sigmas)
 
 
 def _with_index(src, dst, **extra):
