@@ -19,25 +19,12 @@ from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer as wan_transformer, vae as wan_vae  # noqa: E402
 from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
-from vidloom.recipes.wan.load import WAN_INDEX_COMPONENTS, WAN_INDEX_SETTINGS  # noqa: E402
+from vidloom.recipes.wan.load import WAN_INDEX_KEYS  # noqa: E402
 from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
 
-# The image pair is WanImageToVideoPipeline's, transformer_2 and the settings WanPipeline's / the I2V one's:
-# the V2V pipeline has a subset, so each pipeline is checked against the union we accept.
-PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline")
-
-
-@pytest.mark.parametrize("name", PIPELINES)
+@pytest.mark.parametrize("name", sorted(WAN_INDEX_KEYS))
 def test_model_index_keys_are_classified(name):
-    extra = set(WAN_INDEX_COMPONENTS) | set(WAN_INDEX_SETTINGS)  # the union covers all three
-    assert_keys_classified(getattr(diffusers, name), (*WAN_INDEX_COMPONENTS, *WAN_INDEX_SETTINGS), extra_ok=extra)
-
-
-def test_union_of_pipeline_keys_is_exactly_ours():
-    from tests.helpers.config_keys import reference_keys
-
-    union = set().union(*(reference_keys(getattr(diffusers, name)) for name in PIPELINES))
-    assert union == set(WAN_INDEX_COMPONENTS) | set(WAN_INDEX_SETTINGS)
+    assert_keys_classified(getattr(diffusers, name), WAN_INDEX_KEYS[name])
 
 
 def test_transformer_keys_are_classified():

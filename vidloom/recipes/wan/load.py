@@ -27,11 +27,17 @@ from vidloom.recipes.wan.text import WanTextEncoder
 
 # model_index.json pipeline classes whose folders this loader reads.
 WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline")
-# Their components and pipeline settings (the __init__ arguments of all three); model_index.json may hold
-# nothing else. The image pair is read only when the transformer takes CLIP tokens (Wan2.1 I2V / FLF2V).
-WAN_INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer", "transformer_2",
-                        "image_processor", "image_encoder")
-WAN_INDEX_SETTINGS = ("boundary_ratio", "expand_timesteps")
+# Each one's __init__ arguments (diffusers 0.42): its components and pipeline settings, the only keys its
+# model_index.json may hold. A folder without _class_name is read as the widest (the I2V pipeline's). The
+# image pair is loaded only when the transformer takes CLIP tokens (Wan2.1 I2V / FLF2V).
+_T2V_KEYS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer", "transformer_2", "boundary_ratio",
+             "expand_timesteps")
+WAN_INDEX_KEYS = {
+    "WanPipeline": _T2V_KEYS,
+    "WanImageToVideoPipeline": (*_T2V_KEYS, "image_processor", "image_encoder"),
+    # diffusers' video-to-video pipeline runs one expert with one timestep per sample: no settings at all.
+    "WanVideoToVideoPipeline": ("tokenizer", "text_encoder", "transformer", "vae", "scheduler"),
+}
 
 
 def load_instance(
@@ -53,7 +59,7 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of {', '.join(WAN_PIPELINES)}"
         )
-    ckpt.check_index(WAN_INDEX_COMPONENTS, WAN_INDEX_SETTINGS)
+    ckpt.check_index(WAN_INDEX_KEYS[ckpt.pipeline_class or "WanImageToVideoPipeline"])
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
