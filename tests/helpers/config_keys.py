@@ -1,29 +1,51 @@
-"""Config-key coverage: every parameter a reference class registers is read by our loader or refused by name.
+"""Compare a reference class's config keys (its __init__ parameters) with the keys a loader of ours knows.
 
-diffusers writes a component's `__init__` parameters (via register_to_config) into its config.json and
-a pipeline's into model_index.json, so a key a newer diffusers adds shows up here first. A family's test
-passes the reference class, the keys its reader declares it reads, and a function that loads a config
-with one extra key set; a key neither read nor refused naming it is listed.
+diffusers saves exactly the __init__ arguments of a ConfigMixin class (register_to_config) into its config.json,
+and a pipeline's __init__ arguments (components and settings) into model_index.json. A key the reference gains
+in a new release must be classified by us (read, or refused when set), so these checks fail on any key that is
+in the reference but in none of our sets, and on any key of ours the reference no longer has.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
+from typing import Any
 
-# Never config keys: Python's own and the loader's injected arguments diffusers keeps out of config.json.
-NOT_KEYS = frozenset({"self", "args", "kwargs"})
+import pytest
+
+# An argument no diffusers class has: a loader that refuses unknown keys must name it.
+FUTURE_KEY = "zz_key_from_a_future_release"
 
 
 def reference_keys(cls: type) -> frozenset[str]:
-    """The names `cls.__init__` registers (its parameters, less self / *args / **kwargs)."""
+    """The named __init__ parameters of `cls` (what register_to_config / model_index.json can hold)."""
     params = inspect.signature(cls.__init__).parameters.values()
-    return frozenset(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)) - NOT_KEYS
+    return frozenset(p.name for p in params
+                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def assert_keys_classified(cls: type, known: Iterable[str], extra_ok: Iterable[str] = ()) -> None:
+    """Every reference key is one we know; every key we know is a reference key (or listed in `extra_ok`)."""
+    ours, theirs = frozenset(known), reference_keys(cls)
+    unclassified = sorted(theirs - ours)
+    assert not unclassified, (f"{cls.__name__} has config key(s) {unclassified} that our loader neither reads nor "
+                              f"refuses: decide for each (read it, or refuse values we do not implement)")
+    stale = sorted(ours - theirs - frozenset(extra_ok))
+    assert not stale, f"our loader lists key(s) {stale} that {cls.__name__} no longer has"
+
+
+def assert_refuses_unknown(read: Callable[[dict[str, Any]], Any], base: dict[str, Any] | None = None,
+                           errors: tuple[type[BaseException], ...] = (Exception,)) -> None:
+    """`read` of `base` plus an unknown key fails naming that key: the known set is the loader's real gate."""
+    with pytest.raises(errors, match=FUTURE_KEY):
+        read({**(base or {}), FUTURE_KEY: 1})
 
 
 def unhandled_keys(cls: type, read: Iterable[str], load_with: Callable[[str], object],
                    errors: tuple[type[BaseException], ...] = (ValueError,)) -> list[str]:
-    """Keys of `cls` that are not in `read` and that `load_with(key)` accepts (or refuses without naming them)."""
+    """Keys of `cls` outside `read` that `load_with(key)` (a load with that key set) accepts, or refuses without
+    naming them: the behavioural form of assert_keys_classified, for readers with per-key refusals."""
     missing = []
     for key in sorted(reference_keys(cls) - set(read)):
         try:

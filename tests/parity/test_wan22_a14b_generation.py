@@ -29,11 +29,11 @@ def a14b_dir(request, tmp_path_factory):
     return write_tiny_a14b(tmp_path_factory.mktemp(f"a14b-{request.param.name}"), request.param)
 
 
-def _reference(folder, **kw) -> np.ndarray:
+def _reference(folder, shift: float = 5.0, **kw) -> np.ndarray:
     from diffusers import WanPipeline
 
     pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.scheduler = pipe.scheduler.__class__.from_config(pipe.scheduler.config, flow_shift=5.0)
+    pipe.scheduler = pipe.scheduler.__class__.from_config(pipe.scheduler.config, flow_shift=shift)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.transformer_2 is not None and pipe.config.boundary_ratio == 0.875
     out = pipe(
@@ -45,11 +45,11 @@ def _reference(folder, **kw) -> np.ndarray:
     return out.frames[0]
 
 
-def _ours(gen, **kw) -> np.ndarray:
+def _ours(gen, shift: float = 5.0, **kw) -> np.ndarray:
     request = GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
         num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
-        guidance_scale_2=kw["guidance_2"], flow_shift=5.0, seed=kw["seed"],
+        guidance_scale_2=kw["guidance_2"], flow_shift=shift, seed=kw["seed"],
     )
     return gen.engine.run(request)["video"]
 
@@ -73,6 +73,23 @@ def test_two_experts_match_diffusers(a14b_dir, case):
     if kw["guidance_2"] is not None:  # the low-noise expert's own scale must be used
         other = _ours(gen, **{**kw, "guidance_2": kw["guidance"]})
         assert float(np.abs(other - got).max()) > 1e-3
+
+
+def test_timestep_exactly_on_the_boundary_runs_the_high_noise_expert(a14b_dir):
+    # 4 UniPC steps at shift 7 give timesteps 999, 954, 875, 700: the third is exactly 0.875 x 1000, which
+    # diffusers gives to the high-noise expert (pipeline_wan.py: `t >= boundary_timestep`). With `>` the step
+    # would run transformer_2 at guidance_2, far outside the tolerance.
+    kw = dict(height=32, width=32, num_frames=5, steps=4, guidance=5.0, guidance_2=1.5, seed=3)
+    gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu")
+    loop = next(node.loop for node in gen.engine.program.nodes if node.loop is not None)
+    from vidloom.diffusion.sampler import make_sampler
+
+    timesteps = make_sampler("unipc", loop.sampler_config.with_shift(7.0)).schedule(kw["steps"]).timesteps
+    assert timesteps.tolist() == [999, 954, 875, 700]
+    assert [loop.expert_for(t) for t in timesteps] == ["transformer"] * 3 + ["transformer_2"]
+    assert loop.expert_for(torch.tensor(874.999)) == "transformer_2"
+    diff = float(np.abs(_ours(gen, shift=7.0, **kw) - _reference(a14b_dir, shift=7.0, **kw)).max())
+    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
 
 
 def test_idle_expert_offload_runs_both_experts_and_keeps_the_result(a14b_dir):

@@ -151,6 +151,12 @@ class SamplerConfig:
         """Whether `shift` moves the schedule (a Karras schedule ignores it, as diffusers' does)."""
         return self.karras_sigmas is None
 
+    @staticmethod
+    def config_keys(class_name: str) -> frozenset[str]:
+        """The scheduler_config.json keys from_diffusers reads, checks or knows to be inert for `class_name`."""
+        fixed, inert, mapped = _RULES[class_name]
+        return frozenset(fixed.keys() | inert | mapped.keys())
+
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
         """Read a diffusers UniPC, FlowMatchEuler or FlowMapEuler scheduler config."""
@@ -170,7 +176,7 @@ class SamplerConfig:
                     f"{key}: {value!r} is not supported for {class_name} (supported: "
                     f"{', '.join(repr(v) for v in accepted)})"
                 )
-        known = fixed.keys() | inert | mapped.keys()
+        known = cls.config_keys(class_name)
         unknown = sorted(k for k in cfg if not k.startswith("_") and k not in known)
         if unknown:
             raise ValueError(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.config_keys import refuse_unknown_keys
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,33 @@ class DiffusersDir:
             raise CheckpointError(f"{self.root}: missing component folder(s) {', '.join(missing)} "
                                   f"(a diffusers checkpoint has one folder per component)")
 
+    def has(self, name: str) -> bool:
+        """Whether model_index.json lists `name` with a class (diffusers writes [null, null] for an absent one)."""
+        entry = self.index.get(name)
+        return isinstance(entry, list) and bool(entry) and entry[0] is not None
+
+    def check_index(self, components: Iterable[str], settings: Iterable[str] = (),
+                    unsupported: Mapping[str, str] | None = None) -> None:
+        """Every model_index.json key is a component or pipeline setting the loader knows; an `unsupported`
+        component (name -> why) is refused when the index lists it with a class. Errors name key and file."""
+        unsupported = unsupported or {}
+        where = f"{self.root}/model_index.json"
+        refuse_unknown_keys(self.index, (*components, *settings, *unsupported), where)
+        for name, why in unsupported.items():
+            if self.has(name):
+                raise CheckpointError(f"{where}: component {name!r} is not supported ({why})")
+
     def component_config(self, name: str, filename: str = "config.json") -> dict[str, Any]:
         return read_json(self.component_dir(name) / filename)
+
+    def parse_component(self, name: str, parse: Callable[[dict[str, Any]], T], filename: str = "config.json") -> T:
+        """`parse` of component `name`'s config; an error it raises (CheckpointError, ValueError) names the file."""
+        path = self.component_dir(name) / filename
+        cfg = read_json(path)
+        try:
+            return parse(cfg)
+        except (CheckpointError, ValueError) as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
 
 
 def read_json(path: Path) -> dict[str, Any]:

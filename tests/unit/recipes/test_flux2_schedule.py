@@ -15,7 +15,8 @@ from tests.helpers.flux2_checkpoints import SCHEDULER
 def test_sigmas_equal_the_reference_bit_for_bit(steps, seq_len):
     ref = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
     ref.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=empirical_mu(seq_len, steps))
-    ours = Flux2Schedule.from_diffusers({**SCHEDULER, "_class_name": "FlowMatchEulerDiscreteScheduler"})
+    # The reference's whole config, every key as save_pretrained writes it to scheduler_config.json.
+    ours = Flux2Schedule.from_diffusers({**ref.config, "_class_name": "FlowMatchEulerDiscreteScheduler"})
     assert torch.equal(ours.sigmas(steps, seq_len), ref.sigmas)
 
 

@@ -27,7 +27,11 @@ def _reference(config: dict, steps: int, tokens: int, sigmas: list[float] | None
 
 @pytest.mark.parametrize("steps,tokens", [(2, 6), (30, 6144), (40, 1536)])
 def test_stage1_sigmas_match_the_pipeline(steps, tokens):
-    ours = LTX2Schedule.from_diffusers(SCHEDULER).sigmas(steps, tokens)
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # The reference's whole config, every key as save_pretrained writes it to scheduler_config.json.
+    full = dict(FlowMatchEulerDiscreteScheduler(**SCHEDULER).config)
+    ours = LTX2Schedule.from_diffusers(full).sigmas(steps, tokens)
     assert torch.equal(ours, _reference(SCHEDULER, steps, tokens))
 
 

@@ -14,8 +14,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.loading.config_keys import check_class_name, refuse_unknown_keys
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.transformer import timestep_features
+
+
+DIFFUSERS_CLASS_NAME = "Flux2Transformer2DModel"
+# Every Flux2Transformer2DModel.__init__ argument (diffusers 0.42); patch_size is checked (only 1), the rest read.
+CONFIG_KEYS = frozenset({
+    "patch_size", "in_channels", "out_channels", "num_layers", "num_single_layers", "attention_head_dim",
+    "num_attention_heads", "joint_attention_dim", "timestep_guidance_channels", "mlp_ratio", "axes_dims_rope",
+    "rope_theta", "eps", "guidance_embeds",
+})
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,8 @@ class Flux2TransformerConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2TransformerConfig:
+        check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), "transformer config")
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "transformer config")
         if cfg.get("patch_size", 1) != 1:
             raise ValueError(f"patch_size {cfg['patch_size']} is not supported (Flux2 patchifies in the pipeline)")
         in_channels = int(cfg.get("in_channels", 128))

@@ -14,9 +14,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
+from vidloom.loading.config_keys import check_class_name, refuse_unknown_keys
 from vidloom.loading.name_map import NameMap
 
 GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupnorm eps
+
+
+DIFFUSERS_CLASS_NAME = "AutoencoderKLFlux2"
+# Every AutoencoderKLFlux2.__init__ argument (diffusers 0.42). The block types and act_fn are checked (one value
+# each); sample_size only sizes diffusers' optional tiles (we do not tile) and batch_norm_momentum only moves
+# the latent statistics in training, so both are read and have no effect here; the rest are read.
+CONFIG_KEYS = frozenset({
+    "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
+    "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size",
+    "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention", "batch_norm_eps", "batch_norm_momentum",
+    "patch_size",
+})
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class Flux2VAEConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2VAEConfig:
+        check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), "VAE config")
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "VAE config")
         for key, allowed in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
             kinds = set(cfg.get(key, [allowed]))
             if kinds != {allowed}:

@@ -22,6 +22,9 @@ from vidloom.loading.config_keys import (
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "AutoencoderKLLTX2Audio"
+_INT_KEYS = ("base_channels", "output_channels", "num_res_blocks", "resolution", "latent_channels", "sample_rate",
+             "mel_hop_length")
+_ENCODER_ONLY_KEYS = ("in_channels", "double_z", "dropout", "is_causal")  # accepted: decoding reads none of them
 LATENT_DOWNSAMPLE = 4
 """Mel frames (and mel bins) per latent frame (bin); fixed in the reference, not a config key."""
 CAUSALITY_AXES = ("none", "width", "height", "width-compatibility")
@@ -77,16 +80,20 @@ class LTX2AudioVAEConfig:
         return round(seconds * self.latents_per_second)
 
     @classmethod
+    def config_keys(cls) -> frozenset[str]:
+        """The config.json keys from_diffusers reads (the encoder-only ones are accepted and unused:
+        this module decodes); any other is refused."""
+        return frozenset((*_INT_KEYS, *_ENCODER_ONLY_KEYS, "ch_mult", "attn_resolutions", "norm_type",
+                          "causality_axis", "mid_block_add_attention", "mel_bins"))
+
+    @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2AudioVAEConfig:
         """Read a diffusers AutoencoderKLLTX2Audio config.json dict; a key or value we cannot honour is a
         CheckpointError naming it."""
         where = "audio VAE config"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        ints = ("base_channels", "output_channels", "num_res_blocks", "resolution", "latent_channels",
-                "sample_rate", "mel_hop_length")
-        encoder_only = ("in_channels", "double_z", "dropout", "is_causal")  # accepted: decoding reads none of them
-        refuse_unknown_keys(cfg, (*ints, *encoder_only, "ch_mult", "attn_resolutions", "norm_type",
-                                  "causality_axis", "mid_block_add_attention", "mel_bins"), where)
+        ints = _INT_KEYS
+        refuse_unknown_keys(cfg, cls.config_keys(), where)
         values: dict[str, Any] = {key: read_key(cfg, key, getattr(cls, key), positive_int, where) for key in ints}
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)

@@ -52,8 +52,13 @@ class LTX2ConnectorsConfig:
     proj_bias: bool = False
 
     @classmethod
+    def config_keys(cls) -> frozenset[str]:
+        """The config.json keys from_diffusers reads (the fields); any other is refused."""
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2ConnectorsConfig:
-        known = {f.name for f in fields(cls)}
+        known = cls.config_keys()
         unknown = [k for k in cfg if not k.startswith("_") and k not in known]
         if unknown:
             raise ValueError(f"connectors config key {unknown[0]!r} is not supported")

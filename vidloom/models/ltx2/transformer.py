@@ -88,6 +88,11 @@ class LTX2TransformerConfig:
         return self.cross_attn_mod or self.audio_cross_attn_mod
 
     @classmethod
+    def config_keys(cls) -> frozenset[str]:
+        """The config.json keys from_diffusers reads (the fields) or checks (_FIXED); any other is refused."""
+        return frozenset({f.name for f in fields(cls)} | cls._FIXED.keys())
+
+    @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2TransformerConfig:
         """Every key is read or refused: an unknown or unsupported key raises ValueError naming it."""
         known = {f.name: f for f in fields(cls)}

@@ -53,6 +53,11 @@ class LTX2LatentUpsamplerConfig:
         return self.spatial_upsample and not self.temporal_upsample and self.use_rational_resampler
 
     @classmethod
+    def config_keys(cls) -> frozenset[str]:
+        """The config.json keys from_diffusers reads (the fields); any other is refused."""
+        return frozenset(cls.__dataclass_fields__)
+
+    @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2LatentUpsamplerConfig:
         """Read an `LTX2LatentUpsamplerModel` config.json; unknown keys or unsupported values -> CheckpointError."""
         fields = cls.__dataclass_fields__

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from vidloom.core.errors import InvalidRequest
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae_coders import DOWN_STRIDES, Decoder, Encoder
-from vidloom.models.ltx2.video_vae_config import read_diffusers_config
+from vidloom.models.ltx2.video_vae_config import CHECKED_KEYS, read_diffusers_config
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers DiagonalGaussianDistribution clamp
@@ -64,6 +64,11 @@ class LTX2VideoVAEConfig:
         return math.prod(
             DOWN_STRIDES[kind][0] for kind, on in zip(self.downsample_type, self.spatio_temporal_scaling) if on
         )
+
+    @classmethod
+    def config_keys(cls) -> frozenset[str]:
+        """The config.json keys from_diffusers reads (the fields) or only checks; any other is refused."""
+        return frozenset(cls.__dataclass_fields__) | frozenset(CHECKED_KEYS)
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2VideoVAEConfig:

@@ -60,16 +60,21 @@ class LTX2VocoderConfig:
     """Rate of the waveform the vocoder returns."""
     bandwidth_extension: BandwidthExtensionConfig | None = None
 
+    @staticmethod
+    def config_keys(class_name: str = PLAIN_CLASS) -> frozenset[str]:
+        """The config.json keys from_diffusers reads for `class_name`; any other is refused."""
+        bwe = (*(f"bwe_{k}" for k in _GENERATOR_KEYS), *_BWE_INTS) if class_name == BWE_CLASS else ()
+        return frozenset((*_GENERATOR_KEYS, *bwe, "output_sampling_rate"))
+
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2VocoderConfig:
         """Read a diffusers LTX2Vocoder / LTX2VocoderWithBWE config.json dict; a key or value we cannot
         honour is a CheckpointError naming it."""
         where = "vocoder config"
         class_name = check_class_name(cfg, (PLAIN_CLASS, BWE_CLASS), where)
-        bwe_keys = (*(f"bwe_{k}" for k in _GENERATOR_KEYS), *_BWE_INTS) if class_name == BWE_CLASS else ()
-        refuse_unknown_keys(cfg, (*_GENERATOR_KEYS, *bwe_keys, "output_sampling_rate"), where)
+        refuse_unknown_keys(cfg, cls.config_keys(class_name), where)
         generator = _generator_config(cfg, "", where)
-        rate = read_key(cfg, "output_sampling_rate", 48000 if bwe_keys else 24000, positive_int, where)
+        rate = read_key(cfg, "output_sampling_rate", 48000 if class_name == BWE_CLASS else 24000, positive_int, where)
         if class_name == PLAIN_CLASS:
             return cls(generator, rate)
         bwe = BandwidthExtensionConfig(

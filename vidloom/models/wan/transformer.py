@@ -21,10 +21,17 @@ from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.fp8 import project
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
+from vidloom.loading.config_keys import refuse_unknown_keys
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
 SUPPORTED_QK_NORM = "rms_norm_across_heads"
+# Every WanTransformer3DModel.__init__ argument (diffusers 0.42): each is read below; any other key is refused.
+CONFIG_KEYS = frozenset({
+    "patch_size", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim",
+    "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "qk_norm", "eps", "image_dim", "added_kv_proj_dim",
+    "rope_max_seq_len", "pos_embed_seq_len",
+})
 
 # diffusers' FP32LayerNorm default; the image embedder's norms use it (the blocks use config.eps).
 IMAGE_NORM_EPS = 1e-5
@@ -110,6 +117,7 @@ class WanTransformerConfig:
                 f"transformer config qk_norm={qk_norm!r} (only {SUPPORTED_QK_NORM!r} is implemented): "
                 f"this is not a Wan checkpoint vidloom can run"
             )
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "transformer config")
         defaults = cls()
         in_channels = int(cfg.get("in_channels", defaults.in_channels))
         try:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.config_keys import refuse_unknown_keys
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 from vidloom.models.wan.vae_residual import ResidualDownStage, ResidualUpStage, patchify, unpatchify
@@ -26,6 +27,13 @@ from vidloom.models.wan.vae_blocks import (
 )
 
 DIFFUSERS_CLASS_NAME = "AutoencoderKLWan"
+# Every AutoencoderKLWan.__init__ argument (diffusers 0.42): each is read or checked in from_diffusers
+# (attn_scales must be empty, the scale factors must match the layers); any other key is refused.
+CONFIG_KEYS = frozenset({
+    "base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks", "attn_scales", "temperal_downsample",
+    "dropout", "latents_mean", "latents_std", "is_residual", "in_channels", "out_channels", "patch_size",
+    "scale_factor_temporal", "scale_factor_spatial",
+})
 
 # The statistics Wan2.1 was trained with; diffusers uses them when a config omits them.
 WAN21_LATENTS_MEAN = (
@@ -107,6 +115,7 @@ class WanVAEConfig:
         class_name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if class_name != DIFFUSERS_CLASS_NAME:
             raise CheckpointError(f"VAE config: _class_name is {class_name!r}, expected {DIFFUSERS_CLASS_NAME!r}")
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "VAE config")
         base_dim = int(cfg.get("base_dim", cls.base_dim))
         decoder_base_dim = cfg.get("decoder_base_dim")
         patch_size = cfg.get("patch_size")

@@ -7,6 +7,7 @@ from pathlib import Path
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
+from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir, read_json
 from vidloom.recipes.flux2.text import FLUX2_TEXT_TOKENS
 
@@ -29,16 +30,29 @@ BASE_DEFAULTS = SamplingDefaults(
 )
 
 
+# Flux2KleinPipeline.__init__ (diffusers 0.42): its components and its one setting; model_index.json may hold
+# nothing else.
+INDEX_COMPONENTS = ("scheduler", "vae", "text_encoder", "tokenizer", "transformer")
+INDEX_SETTINGS = ("is_distilled",)
+
+
 def is_distilled(path: str | Path) -> bool:
-    """model_index.json's `is_distilled` (the pipeline's switch that turns CFG off)."""
-    return bool(read_json(Path(path) / "model_index.json").get("is_distilled", False))
+    """model_index.json's `is_distilled` (the pipeline's switch that turns CFG off); true or false only."""
+    index_file = Path(path) / "model_index.json"
+    return read_key(read_json(index_file), "is_distilled", False, strict_bool, str(index_file))
+
+
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    """A Flux2KleinPipeline folder whose model_index.json holds only keys this loader reads."""
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.check_index(INDEX_COMPONENTS, INDEX_SETTINGS)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
     """A card for a Flux2KleinPipeline folder; the VAE depth sets the size multiple."""
     ckpt = DiffusersDir.open(path)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    check_pipeline(ckpt)
     vae = ckpt.component_config("vae")
     # Pixels per latent cell (2^(levels-1)) times the 2x2 patchify: sizes must divide by this.
     multiple = 2 ** (len(vae.get("block_out_channels", (128, 256, 512, 512))) - 1) * 2

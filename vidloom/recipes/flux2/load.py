@@ -16,7 +16,7 @@ from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
-from vidloom.recipes.flux2.cards import PIPELINE_CLASS, is_distilled
+from vidloom.recipes.flux2.cards import check_pipeline, is_distilled
 from vidloom.recipes.flux2.schedule import Flux2Schedule
 from vidloom.recipes.flux2.text import Flux2TextEncoder
 
@@ -27,16 +27,12 @@ def load_instance(
     """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in float32."""
     refuse_unsupported(deploy, "Flux2", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile"))
     ckpt = DiffusersDir.open(checkpoint)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    check_pipeline(ckpt)
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
-    try:
-        dit_config = Flux2TransformerConfig.from_diffusers(ckpt.component_config("transformer"))
-        vae_config = Flux2VAEConfig.from_diffusers(ckpt.component_config("vae"))
-        schedule = Flux2Schedule.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.root}: {exc}") from None
+    dit_config = ckpt.parse_component("transformer", Flux2TransformerConfig.from_diffusers)
+    vae_config = ckpt.parse_component("vae", Flux2VAEConfig.from_diffusers)
+    schedule = ckpt.parse_component("scheduler", Flux2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
     transformer = materialize(lambda: Flux2Transformer(dit_config, attention_fn), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP)

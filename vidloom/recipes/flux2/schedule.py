@@ -9,9 +9,16 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from vidloom.loading.config_keys import refuse_unknown_keys
+
 # Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
 _UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                 "stochastic_sampling", "shift_terminal")
+# Read by nothing once use_dynamic_shifting is on: the Klein pipeline passes its own empirical mu to
+# set_timesteps, so neither the static shift nor the resolution-based mu line (base/max shift) is used.
+_INERT = ("shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len")
+# Every FlowMatchEulerDiscreteScheduler.__init__ argument (diffusers 0.42) is one of these.
+CONFIG_KEYS = frozenset({"num_train_timesteps", "use_dynamic_shifting", "time_shift_type", *_UNSUPPORTED, *_INERT})
 
 
 def empirical_mu(image_seq_len: int, num_steps: int) -> float:
@@ -38,6 +45,7 @@ class Flux2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "scheduler config")
         if not cfg.get("use_dynamic_shifting", False):
             raise ValueError("scheduler: use_dynamic_shifting must be true for Flux2 Klein")
         for key in _UNSUPPORTED:

@@ -23,10 +23,23 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 PIPELINE_SIZE_MULTIPLE = 32
 
 
+# LTX2Pipeline / LTX2ImageToVideoPipeline.__init__ components (diffusers 0.42), plus the latent upsampler the
+# two-stage program reads from the same folder. `processor` and `prompt_enhancer` serve only the pipeline's
+# prompt enhancement, which no request here can ask for, so a folder may list them (they are not loaded).
+INDEX_COMPONENTS = ("scheduler", "vae", "audio_vae", "text_encoder", "tokenizer", "connectors", "transformer",
+                    "vocoder", "processor", "prompt_enhancer", "latent_upsampler")
+# Listed with a class, these change what the pipeline does for a request we accept: refused by name.
+INDEX_UNSUPPORTED = {
+    "duration_head": "it predicts num_frames when a request omits it; vidloom uses the card's default instead",
+}
+
+
 def check_pipeline(ckpt: DiffusersDir) -> None:
+    """An LTX-2 pipeline folder whose model_index.json holds only keys this loader reads."""
     if ckpt.pipeline_class not in PIPELINE_CLASSES:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of "
                               f"{', '.join(PIPELINE_CLASSES)}")
+    ckpt.check_index(INDEX_COMPONENTS, unsupported=INDEX_UNSUPPORTED)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:

@@ -37,12 +37,9 @@ def load_instance(
     check_pipeline(ckpt)
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
-    try:
-        dit_config = LTX2TransformerConfig.from_diffusers(ckpt.component_config("transformer"))
-        connectors_config = LTX2ConnectorsConfig.from_diffusers(ckpt.component_config("connectors"))
-        schedule = LTX2Schedule.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.root}: {exc}") from None
+    dit_config = ckpt.parse_component("transformer", LTX2TransformerConfig.from_diffusers)
+    connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
+    schedule = ckpt.parse_component("scheduler", LTX2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
     transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)

@@ -10,10 +10,16 @@ import numpy as np
 import torch
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.loading.config_keys import refuse_unknown_keys
 
 # Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
 _UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                 "stochastic_sampling")
+# Every FlowMatchEulerDiscreteScheduler.__init__ argument (diffusers 0.42): refused above when set, else read.
+CONFIG_KEYS = frozenset({
+    "num_train_timesteps", "shift", "use_dynamic_shifting", "base_shift", "max_shift", "base_image_seq_len",
+    "max_image_seq_len", "shift_terminal", "time_shift_type", *_UNSUPPORTED,
+})
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class LTX2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
+        refuse_unknown_keys(cfg, CONFIG_KEYS, "scheduler config")
         for key in _UNSUPPORTED:
             if cfg.get(key):
                 raise ValueError(f"scheduler: {key}={cfg[key]!r} is not supported")

@@ -157,7 +157,7 @@ def checkpoint_variant(index: Mapping[str, Any], dit: Mapping[str, Any]) -> WanV
 
 
 def _geometry(ckpt: DiffusersDir, dit: Mapping[str, Any]) -> Geometry:
-    vae = WanVAEConfig.from_diffusers(ckpt.component_config("vae"))
+    vae = ckpt.parse_component("vae", WanVAEConfig.from_diffusers)
     patch = tuple(dit.get("patch_size", (1, 2, 2)))
     return Geometry(spatial_multiple=vae.spatial_factor * int(max(patch[1], patch[2])),
                     temporal_factor=vae.temporal_factor * int(patch[0]))

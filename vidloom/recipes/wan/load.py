@@ -12,6 +12,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
+from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
@@ -26,6 +27,17 @@ from vidloom.recipes.wan.text import WanTextEncoder
 
 # model_index.json pipeline classes whose folders this loader reads.
 WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline")
+# Each one's __init__ arguments (diffusers 0.42): its components and pipeline settings, the only keys its
+# model_index.json may hold. A folder without _class_name is read as the widest (the I2V pipeline's). The
+# image pair is loaded only when the transformer takes CLIP tokens (Wan2.1 I2V / FLF2V).
+_T2V_KEYS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer", "transformer_2", "boundary_ratio",
+             "expand_timesteps")
+WAN_INDEX_KEYS = {
+    "WanPipeline": _T2V_KEYS,
+    "WanImageToVideoPipeline": (*_T2V_KEYS, "image_processor", "image_encoder"),
+    # diffusers' video-to-video pipeline runs one expert with one timestep per sample: no settings at all.
+    "WanVideoToVideoPipeline": ("tokenizer", "text_encoder", "transformer", "vae", "scheduler"),
+}
 
 
 def load_instance(
@@ -47,6 +59,7 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of {', '.join(WAN_PIPELINES)}"
         )
+    ckpt.check_index(WAN_INDEX_KEYS[ckpt.pipeline_class or "WanImageToVideoPipeline"])
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
@@ -57,7 +70,7 @@ def load_instance(
     experts = {
         name: _load_transformer(ckpt, name, device, compute, attention_fn, deploy)
         for name in ("transformer", "transformer_2")
-        if _present(ckpt, name)
+        if ckpt.has(name)
     }
     if "transformer" not in experts:
         raise CheckpointError(f"{ckpt.root}: no 'transformer' component")
@@ -96,12 +109,6 @@ def load_instance(
     )
 
 
-def _present(ckpt: DiffusersDir, name: str) -> bool:
-    """A component listed with a class (diffusers writes [null, null] for an absent optional one)."""
-    entry = ckpt.index.get(name)
-    return isinstance(entry, list) and entry[0] is not None
-
-
 def pipeline_config(ckpt: DiffusersDir) -> WanPipelineConfig:
     """The loop options diffusers keeps in model_index.json."""
     ratio = ckpt.index.get("boundary_ratio")
@@ -111,14 +118,15 @@ def pipeline_config(ckpt: DiffusersDir) -> WanPipelineConfig:
         raise CheckpointError(f"{ckpt.root}/model_index.json: boundary_ratio={ratio!r} is not a number") from None
     if boundary is not None and not 0.0 < boundary < 1.0:
         raise CheckpointError(f"{ckpt.root}/model_index.json: boundary_ratio={boundary} must be in (0, 1)")
-    return WanPipelineConfig(expand_timesteps=bool(ckpt.index.get("expand_timesteps", False)), boundary_ratio=boundary)
+    expand = read_key(ckpt.index, "expand_timesteps", False, strict_bool, f"{ckpt.root}/model_index.json")
+    return WanPipelineConfig(expand_timesteps=expand, boundary_ratio=boundary)
 
 
 def _load_transformer(
     ckpt: DiffusersDir, name: str, device: torch.device, compute: torch.dtype, attention_fn: AttentionFn,
     deploy: DeployConfig,
 ) -> WanTransformer:
-    config = WanTransformerConfig.from_diffusers(ckpt.component_config(name))
+    config = ckpt.parse_component(name, WanTransformerConfig.from_diffusers)
     transformer = materialize(lambda: WanTransformer(config, attention_fn), device, compute, WanTransformer.KEEP_FP32)
     load_weights(transformer, ckpt.component_dir(name), WAN_TRANSFORMER_NAME_MAP)
     _apply_deploy(transformer, deploy)
@@ -140,7 +148,7 @@ def load_vae_and_text(
     ckpt: DiffusersDir, device: torch.device, compute: torch.dtype, deploy: DeployConfig
 ) -> tuple[WanVAE, WanTextEncoder]:
     """The Wan VAE (weights loaded, still on the CPU in float32) and the UMT5 text encoder on `device`."""
-    vae = WanVAE(WanVAEConfig.from_diffusers(ckpt.component_config("vae")))
+    vae = WanVAE(ckpt.parse_component("vae", WanVAEConfig.from_diffusers))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     text = WanTextEncoder.load(
         ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
@@ -151,7 +159,4 @@ def load_vae_and_text(
 
 def load_sampler_config(ckpt: DiffusersDir) -> SamplerConfig:
     """The checkpoint's scheduler settings; an unreadable scheduler_config.json is a CheckpointError."""
-    try:
-        return SamplerConfig.from_diffusers(ckpt.component_config("scheduler", "scheduler_config.json"))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.root}/scheduler/scheduler_config.json: {exc}") from None
+    return ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")

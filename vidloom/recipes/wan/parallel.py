@@ -13,8 +13,8 @@ from vidloom.models.wan.vae import WanVAEConfig
 def sequence_geometry(checkpoint: Path) -> SequenceGeometry:
     """Heads, patch size and VAE factors of the checkpoint in `checkpoint`; read in the parent process."""
     ckpt = DiffusersDir.open(checkpoint)
-    dit = WanTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
-    vae = WanVAEConfig.from_diffusers(ckpt.component_config("vae"))
+    dit = ckpt.parse_component("transformer", WanTransformerConfig.from_diffusers)
+    vae = ckpt.parse_component("vae", WanVAEConfig.from_diffusers)
     return SequenceGeometry(
         num_heads=dit.num_attention_heads,
         patch_size=dit.patch_size,

@@ -20,6 +20,8 @@ from vidloom.models.wan_causal.transformer import FarTransformer
 from vidloom.recipes.wan.load import load_sampler_config, load_vae_and_text
 from vidloom.recipes.wan_causal.cards import PIPELINE_CLASS
 
+# AnyFlowFARPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.
+FAR_INDEX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
 # Deploy options whose mechanism assumes Wan's bidirectional denoiser; refused here, not mid-request.
 _UNSUPPORTED = {
     "step_cache": ("none", "step caches skip Wan DiT blocks and know nothing of the KV cache"),
@@ -39,13 +41,14 @@ def load_instance(
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
     ckpt.require(card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
     if deploy.fp8_weights:
         check_fp8_compute(device, compute)  # before any weight reaches the device, as for Wan
 
-    config = FarTransformerConfig.from_diffusers(ckpt.component_config("transformer"))
+    config = ckpt.parse_component("transformer", FarTransformerConfig.from_diffusers)
     # Before any weight is read. AutoencoderKLWan's default z_dim is 16.
     _check_channels(config, int(ckpt.component_config("vae").get("z_dim", 16)))
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)

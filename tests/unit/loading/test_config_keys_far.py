@@ -1,0 +1,42 @@
+"""AnyFlow-FAR: every key of AnyFlowFARPipeline, AnyFlowFARTransformer3DModel and FlowMapEulerDiscreteScheduler
+is read or refused (the VAE is Wan's AutoencoderKLWan, checked in test_config_keys_wan)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+diffusers = pytest.importorskip("diffusers")
+
+from vidloom.core.errors import CheckpointError  # noqa: E402
+from vidloom.diffusion.sampler import SamplerConfig  # noqa: E402
+from vidloom.models.wan_causal.config import CONFIG_KEYS, FarTransformerConfig  # noqa: E402
+from vidloom.recipes.wan_causal.load import FAR_INDEX_COMPONENTS  # noqa: E402
+from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
+from tests.helpers.far_checkpoints import FAR_A, write_tiny_far  # noqa: E402
+
+
+def test_model_index_keys_are_classified():
+    assert_keys_classified(diffusers.AnyFlowFARPipeline, FAR_INDEX_COMPONENTS)
+
+
+def test_transformer_keys_are_classified():
+    assert_keys_classified(diffusers.AnyFlowFARTransformer3DModel, CONFIG_KEYS)
+    assert_refuses_unknown(FarTransformerConfig.from_diffusers, errors=(CheckpointError,))
+
+
+def test_scheduler_keys_are_classified():
+    name = "FlowMapEulerDiscreteScheduler"
+    assert_keys_classified(diffusers.FlowMapEulerDiscreteScheduler, SamplerConfig.config_keys(name))
+    assert_refuses_unknown(SamplerConfig.from_diffusers, {"_class_name": name}, errors=(ValueError,))
+
+
+def test_unknown_model_index_key_is_refused_at_load(tmp_path):
+    from vidloom.generator import VideoGenerator
+
+    folder = write_tiny_far(tmp_path / "far", FAR_A)
+    index = folder / "model_index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), FUTURE_KEY: True}))
+    with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
+        VideoGenerator.from_pretrained(folder, device="cpu")

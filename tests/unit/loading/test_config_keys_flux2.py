@@ -1,0 +1,67 @@
+"""Flux2 Klein: every key of Flux2KleinPipeline (model_index.json), Flux2Transformer2DModel, AutoencoderKLFlux2
+and FlowMatchEulerDiscreteScheduler is read or refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+diffusers = pytest.importorskip("diffusers")
+
+from vidloom.core.errors import CheckpointError  # noqa: E402
+from vidloom.models.flux2 import transformer as flux2_transformer, vae as flux2_vae  # noqa: E402
+from vidloom.recipes.flux2 import schedule as flux2_schedule  # noqa: E402
+from vidloom.recipes.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
+from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
+
+
+def test_model_index_keys_are_classified():
+    assert_keys_classified(diffusers.Flux2KleinPipeline, (*INDEX_COMPONENTS, *INDEX_SETTINGS))
+
+
+@pytest.mark.parametrize(("reference", "ours", "read"), [
+    (diffusers.Flux2Transformer2DModel, flux2_transformer.CONFIG_KEYS,
+     flux2_transformer.Flux2TransformerConfig.from_diffusers),
+    (diffusers.AutoencoderKLFlux2, flux2_vae.CONFIG_KEYS, flux2_vae.Flux2VAEConfig.from_diffusers),
+    (diffusers.FlowMatchEulerDiscreteScheduler, flux2_schedule.CONFIG_KEYS, flux2_schedule.Flux2Schedule.from_diffusers),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_component_keys_are_classified(reference, ours, read):
+    assert_keys_classified(reference, ours)
+    assert_refuses_unknown(read, {"use_dynamic_shifting": True}, errors=(CheckpointError,))
+
+
+def _copy_with_index(src, folder, **extra):
+    shutil.copytree(src, folder)
+    index = folder / "model_index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), **extra}))
+    return folder
+
+
+def test_unknown_model_index_key_is_refused_at_load(flux2_distilled_dir, tmp_path):
+    from vidloom.generator import VideoGenerator
+
+    folder = _copy_with_index(flux2_distilled_dir, tmp_path / "future", **{FUTURE_KEY: "x"})
+    with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
+        VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+def test_is_distilled_must_be_a_bool(flux2_distilled_dir, tmp_path):
+    # "false" as a string is truthy: CFG would be switched off on a base model.
+    from vidloom.generator import VideoGenerator
+
+    folder = _copy_with_index(flux2_distilled_dir, tmp_path / "stringly", is_distilled="false")
+    with pytest.raises(CheckpointError, match=r"model_index.json: is_distilled='false' is not valid"):
+        VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+def test_unknown_transformer_key_names_key_and_file(flux2_distilled_dir, tmp_path):
+    from vidloom.generator import VideoGenerator
+
+    folder = tmp_path / "dit"
+    shutil.copytree(flux2_distilled_dir, folder)
+    config = folder / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: 1}))
+    with pytest.raises(CheckpointError, match=rf"{folder}/transformer/config.json: transformer config: .*{FUTURE_KEY}"):
+        VideoGenerator.from_pretrained(folder, device="cpu")
