@@ -10,7 +10,8 @@ Six kinds, each in its own thread, each counting what the server answered:
 - upload bombs: small files claiming huge media (a PNG header of 100000x100000, a 13000x13000 PNG,
   H.264 of 77 frames at 2048x2048 (16 KB) and at 4096x4096 (53 KB)); refused from their headers, or
   (the 2048 video, a valid video-to-video input) queued holding only the file: up to 4 are kept
-  queued, then deleted, so queued bombs are part of the server's memory while the load runs.
+  queued, then deleted, so queued bombs are part of the server's memory while the load runs; the
+  last 4 run to the end when the abuse stops (the device worker decodes them frame by frame).
 - idle connections: sockets that connect and send nothing, and keep-alive connections left idle
   after one request, 16 of each at a time (the server must close them on its timeouts).
 """
@@ -42,7 +43,7 @@ OVERSIZED = (
 )
 HELD_BOMB_JOBS = 4  # accepted upload-bomb jobs kept queued at once
 IDLE_SOCKETS = 16  # of each idle kind
-UPLOAD_FORM = {"prompt": "x", "size": "64x48", "num_inference_steps": "1", "seed": "0"}
+UPLOAD_FORM = {"prompt": "x", "size": "64x48", "num_inference_steps": "2", "seed": "0"}  # strength 0.5: 1 step
 
 
 class AbuseMix:
@@ -69,8 +70,18 @@ class AbuseMix:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
+        self._finish_held()
+
+    def _finish_held(self, timeout_s: float = 180.0) -> None:
+        """Let the last queued bomb jobs run (the device worker decodes their files), then delete them."""
+        deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=10) as http:
             for job_id in self._held:
+                status = "queued"
+                while status in ("queued", "in_progress") and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    status = http.get(f"/v1/videos/{job_id}").json()["status"]
+                self._count(f"upload_bomb:ran_{status}")
                 http.delete(f"/v1/videos/{job_id}")
 
     def _count(self, key: str) -> None:
@@ -149,8 +160,10 @@ class AbuseMix:
                 self._count(f"upload_bomb:{name}:{response.status_code}")
                 if response.status_code == 200:
                     self._held.append(response.json()["id"])
-                while len(self._held) > HELD_BOMB_JOBS:
-                    http.delete(f"/v1/videos/{self._held.pop(0)}")
+                while len(self._held) > HELD_BOMB_JOBS:  # how far it got (a running one decodes its file)
+                    job_id = self._held.pop(0)
+                    self._count(f"upload_bomb:job_{http.get(f'/v1/videos/{job_id}').json()['status']}")
+                    http.delete(f"/v1/videos/{job_id}")
                 if self._stop.wait(0.1):
                     return
 
@@ -201,26 +214,39 @@ def _upload_bombs() -> list[tuple[str, str, bytes, dict[str, str]]]:
 
 
 class AbuseProcess:
-    """AbuseMix in its own process, so the abusers' Python work does not slow the measuring client."""
+    """AbuseMix in its own process, so the abusers' Python work does not slow the measuring client.
 
-    def __init__(self, url: str, long_steps: int) -> None:
+    Entering waits until the abusers run (building the bomb files takes seconds); leaving keeps them
+    running until `min_s` have passed, long enough for the server's connection timeouts to act.
+    """
+
+    def __init__(self, url: str, long_steps: int, min_s: float = 15.0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._stop = ctx.Event()
+        self._ready = ctx.Event()
         self._results = ctx.Queue()
-        self._proc = ctx.Process(target=_run_abuse, args=(url, long_steps, self._stop, self._results), daemon=True)
+        self._proc = ctx.Process(target=_run_abuse, args=(url, long_steps, self._ready, self._stop, self._results),
+                                 daemon=True)
+        self.min_s = min_s
         self.counts: dict[str, int] = {}
 
     def __enter__(self) -> "AbuseProcess":
         self._proc.start()
+        if not self._ready.wait(120):
+            raise RuntimeError("the abusive clients did not start")
+        self._started = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        time.sleep(max(0.0, self.min_s - (time.monotonic() - self._started)))
         self._stop.set()
-        self.counts = self._results.get(timeout=60)
+        self.counts = self._results.get(timeout=300)  # the last bomb jobs run to the end first
         self._proc.join(30)
 
 
-def _run_abuse(url: str, long_steps: int, stop: "multiprocessing.synchronize.Event", results: "multiprocessing.Queue") -> None:
+def _run_abuse(url: str, long_steps: int, ready: "multiprocessing.synchronize.Event",
+               stop: "multiprocessing.synchronize.Event", results: "multiprocessing.Queue") -> None:
     with AbuseMix(url, long_steps) as mix:
+        ready.set()
         stop.wait()
     results.put(dict(mix.counts))
