@@ -9,7 +9,8 @@ jobs (a mix of short and long step counts), and prints throughput, p50/p95 job l
     .venv/bin/python bench/serve_load.py --abuse         # fifo: a clean run, then the same load with abusers
 
 With --abuse (see bench/serve_abuse.py) the normal jobs' p95 and /health p99 of the abused run
-are compared with the clean run on the same server, and the server's RSS before and after.
+are compared with the clean run on the same server, and the server's RSS before and after, with its
+peak (VmHWM) after the clean run and after the abused one: abuse may add at most ABUSE_PEAK_BUDGET_MIB.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import httpx
 
 RESULTS = Path(__file__).parent / "results" / "serve_load.json"
 POLICIES = (("fifo", 1), ("interleave", 2))
+ABUSE_PEAK_BUDGET_MIB = 300  # issue #21: abusive clients may raise the server's peak RSS this much at most
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,16 @@ def _abuse_main(args: argparse.Namespace) -> None:
         rss = {"start_mib": _rss_mib(pid)}
         clean = _run_load(url, args)
         rss["after_clean_mib"] = _rss_mib(pid)
+        rss["peak_clean_mib"] = _rss_mib(pid, "VmHWM")
         with AbuseProcess(url, args.long_steps) as mix:
             abused = _run_load(url, args)
         rss["after_abuse_mib"] = _rss_mib(pid)
+        rss["peak_abused_mib"] = _rss_mib(pid, "VmHWM")
         time.sleep(2)
         rss["settled_mib"] = _rss_mib(pid)
+    if rss["peak_clean_mib"] is not None and rss["peak_abused_mib"] is not None:
+        rss["peak_over_clean_mib"] = round(rss["peak_abused_mib"] - rss["peak_clean_mib"], 1)
+        rss["peak_within_budget"] = rss["peak_over_clean_mib"] <= ABUSE_PEAK_BUDGET_MIB
     ratios = {
         "job_p95": _ratio(abused["latency_s"]["p95"], clean["latency_s"]["p95"]),
         "health_p99": _ratio(abused["health_latency_s"]["p99"], clean["health_latency_s"]["p99"]),
@@ -109,11 +116,12 @@ def _server_pid(url: str) -> int | None:
     return _Server.pids.get(url)
 
 
-def _rss_mib(pid: int | None) -> float | None:
+def _rss_mib(pid: int | None, field: str = "VmRSS") -> float | None:
+    """The process's resident memory now (VmRSS) or its peak so far (VmHWM), in MiB."""
     if pid is None:
         return None
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
     return None
 

@@ -3,6 +3,7 @@ openai package (unmodified) and httpx for what the client library hides (raw SSE
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -18,12 +19,15 @@ import pytest
 
 from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3
 from tests.helpers.servers import ThreadServer
+from tests.helpers.upload_bombs import png_claiming
 from vidloom.serving.config import ServeConfig
 
 HELLO = [{"role": "user", "content": "tell me a story about robots"}]
 # A 2x2 red PNG as a data: URL.
 PNG_URL = ("data:image/png;base64,"
            "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP8z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg==")
+# A PNG whose header claims 100000x100000 (PIL's DecompressionBombError was a 500 and a reset connection).
+BOMB_URL = "data:image/png;base64," + base64.b64encode(png_claiming(100_000, 100_000)).decode()
 LONG = 300  # tokens: about a second of decoding on the tiny model, which a cancellation must cut short
 LONG_CANDIDATES = ("fox", "a fox", "the fox", "snow", "hello world", "robots dream", "1 2 3 4")
 
@@ -169,6 +173,8 @@ def test_seeded_sampling_repeats(oc, client):
     ({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]}]},
      "messages[0].content[1]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": BOMB_URL}}]}]},
+     "messages[0].content[0].image_url"),
 ])
 def test_bad_input_is_400_naming_the_field(client, body, param):
     response = client.post("/v1/chat/completions", json=body)

@@ -89,9 +89,9 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
-    first = (filled.get("video") or filled.get("image") or (None,))[0]
-    if first is not None and card.size_from_inputs:
-        filled.update(_size_from_image(first, request, card))
+    frames = filled.get("video") or filled.get("image")
+    if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
+        filled.update(_size_from_image(frames if hasattr(frames, "size") else frames[0], request, card))
     resolved = dataclasses.replace(request, **filled)
     _validate(resolved, card)
     check_extension_guidance(resolved)
@@ -107,8 +107,13 @@ MIN_VIDEO_FRAMES = 5  # V2V: the Wan VAE's smallest multi-frame input (1 + 4)
 
 
 def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
-    """Check the media fields against the card, load them as RGB images, infer the task from them."""
-    from vidloom.media.image import load_image, load_images, load_video  # PIL stays out of core's import path
+    """Check the media fields against the card, load them, infer the task from them.
+
+    Files (paths, upload bytes) are only checked from their headers here (EncodedImage / EncodedVideo, see
+    media.uploads): the thread that runs the request decodes them, so a queued request holds no pixels.
+    """
+    from vidloom.media.image import open_image, open_images  # PIL stays out of core's import path
+    from vidloom.media.uploads import open_video
 
     for name in MEDIA_INPUTS:
         if getattr(r, name) is not None and name not in card.inputs:
@@ -129,11 +134,11 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if r.strength is not None and r.video is None:
         raise InvalidRequest("strength", "applies only to video-to-video (give video)")
     if r.image is not None:
-        out["image"] = load_images(r.image, "image")
+        out["image"] = open_images(r.image, "image")
     if r.last_image is not None:
-        out["last_image"] = load_image(r.last_image, "last_image")
+        out["last_image"] = open_image(r.last_image, "last_image")
     if r.video is not None:
-        out["video"] = load_video(r.video, "video", MIN_VIDEO_FRAMES if "strength" in card.inputs else 1)
+        out["video"] = open_video(r.video, "video", MIN_VIDEO_FRAMES if "strength" in card.inputs else 1)
         if "strength" in card.inputs:  # denoise over the input video (Wan V2V): the output is as long as it
             if r.num_frames is not None and r.num_frames != len(out["video"]):
                 raise InvalidRequest("num_frames", f"is {r.num_frames} but the video has {len(out['video'])} frames")

@@ -2,14 +2,19 @@
 output images as PNG / JPEG / WebP bytes.
 
 Every input failure is an InvalidRequest naming the request field, so the Python API, the CLI and
-the server report a bad upload the same way.
+the server report a bad upload the same way. A file's size is checked from its header before any
+pixel is decoded; `open_image` stops there and returns an EncodedImage that a queued job holds
+compressed and the job decodes when it runs (video files: media.uploads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -39,39 +44,86 @@ def load_images(value: Any, field: str = "image") -> tuple[Image.Image, ...]:
     return tuple(load_image(item, f"{field}[{i}]") for i, item in enumerate(items))
 
 
+@dataclass(frozen=True, eq=False)
+class EncodedImage:
+    """An image file checked from its header (size and mode within limits) and not decoded yet.
+
+    `size` is (width, height) like a PIL image's, so size checks run on it before decoding.
+    """
+
+    source: bytes | str  # the file's bytes (an upload) or its path
+    size: tuple[int, int]
+    field: str
+
+    def decode(self) -> Image.Image:
+        """The RGB pixels (InvalidRequest naming the field if the file is broken past its header)."""
+        return load_image(self.source if isinstance(self.source, bytes) else Path(self.source), self.field)
+
+
+def open_images(value: Any, field: str = "image") -> tuple[Image.Image | EncodedImage, ...]:
+    """load_images, but files are only checked from their headers (EncodedImage), not decoded."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    if not items:
+        raise InvalidRequest(field, "must be one or more images")
+    if len(items) == 1:
+        return (open_image(items[0], field),)
+    return tuple(open_image(item, f"{field}[{i}]") for i, item in enumerate(items))
+
+
+def open_image(value: Any, field: str = "image") -> Image.Image | EncodedImage:
+    """A file (path or bytes) checked from its header as an EncodedImage; anything else as load_image."""
+    if isinstance(value, EncodedImage):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        data = bytes(value)
+        with _opened(io.BytesIO(data), field, "the upload") as image:
+            return EncodedImage(data, image.size, field)
+    if isinstance(value, (str, Path)):
+        with _opened(Path(value), field, repr(str(value))) as image:
+            return EncodedImage(str(value), image.size, field)
+    return load_image(value, field)
+
+
 def load_image(value: Any, field: str = "image") -> Image.Image:
     """An RGB PIL image from a PIL image, an HxW(xC) array (uint8, or float in [0, 1]), a file path or
-    the bytes of an image file (an HTTP upload)."""
+    the bytes of an image file (an HTTP upload). A file's size is checked from its header first."""
+    if isinstance(value, EncodedImage):
+        return value.decode()
     if isinstance(value, (str, Path)):
-        value = _open_path(Path(value), field)
+        value = _decode(Path(value), field, repr(str(value)))
     elif isinstance(value, (bytes, bytearray)):
-        value = _open_bytes(bytes(value), field)
+        value = _decode(io.BytesIO(bytes(value)), field, "the upload")
     elif isinstance(value, np.ndarray):
         value = _from_array(value, field)
     if not isinstance(value, Image.Image):
         raise InvalidRequest(field, f"must be a PIL image, a numpy array or a file path, got {type(value).__name__}")
-    if value.mode not in CONVERTIBLE_MODES:
-        raise InvalidRequest(
-            field, f"image mode {value.mode!r} is not supported; give one of {', '.join(sorted(CONVERTIBLE_MODES))}"
-        )
-    if min(value.size) < 1:
-        raise InvalidRequest(field, f"image is empty ({value.size[0]}x{value.size[1]})")
-    if value.size[0] * value.size[1] > MAX_MEDIA_PIXELS:
-        raise InvalidRequest(field, f"{value.size[0]}x{value.size[1]} is more than {MAX_MEDIA_PIXELS} pixels "
-                                    "(MAX_MEDIA_PIXELS)")
+    _check_header(value, field)
     return value if value.mode == "RGB" else value.convert("RGB")
+
+
+def _check_header(image: Image.Image, field: str) -> None:
+    """What an image file's header tells (mode, size) against the limits; also run on decoded images."""
+    if image.mode not in CONVERTIBLE_MODES:
+        raise InvalidRequest(
+            field, f"image mode {image.mode!r} is not supported; give one of {', '.join(sorted(CONVERTIBLE_MODES))}"
+        )
+    if min(image.size) < 1:
+        raise InvalidRequest(field, f"image is empty ({image.size[0]}x{image.size[1]})")
+    if image.size[0] * image.size[1] > MAX_MEDIA_PIXELS:
+        raise InvalidRequest(field, f"{image.size[0]}x{image.size[1]} is more than {MAX_MEDIA_PIXELS} pixels "
+                                    "(MAX_MEDIA_PIXELS)")
 
 
 def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | None = None) -> list[Image.Image]:
     """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes.
     A file is decoded only up to `max_frames` (default MAX_VIDEO_FRAMES); more is an error."""
+    from vidloom.media.uploads import EncodedVideo, open_video  # (uploads imports this module)
+
     limit = MAX_VIDEO_FRAMES if max_frames is None else max_frames
-    if isinstance(value, (str, Path)):
-        if not Path(value).is_file():
-            raise InvalidRequest(field, f"file {str(value)!r} does not exist")
-        frames: Sequence[Any] = _decode_video(str(value), field, limit)
-    elif isinstance(value, (bytes, bytearray)):
-        frames = _decode_video(io.BytesIO(bytes(value)), field, limit)
+    if isinstance(value, (str, Path, bytes, bytearray)):
+        value = open_video(value, field, min_frames, limit)  # checked from its container first
+    if isinstance(value, EncodedVideo):
+        frames: Sequence[Any] = value.decode()
     elif isinstance(value, np.ndarray):
         if value.ndim != 4:
             raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
@@ -114,15 +166,34 @@ def image_to_tensor(image: Image.Image, height: int, width: int) -> torch.Tensor
     return torch.from_numpy(pixels).permute(2, 0, 1) * 2.0 - 1.0
 
 
-def _open_path(path: Path, field: str) -> Image.Image:
+@contextlib.contextmanager
+def _opened(source: Path | io.BytesIO, field: str, what: str) -> Iterator[Image.Image]:
+    """The file opened and checked from its header alone: Image.open reads no pixel data."""
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image
+        with warnings.catch_warnings():
+            # PIL's own bomb check (Image.MAX_IMAGE_PIXELS, ~89 Mpx: a warning, twice that: an error) is
+            # looser than MAX_MEDIA_PIXELS; the error is turned into ours below, the warning is moot.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(source)
     except FileNotFoundError:
-        raise InvalidRequest(field, f"file {str(path)!r} does not exist") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise InvalidRequest(field, f"{str(path)!r} is not a readable image ({exc})") from None
+        raise InvalidRequest(field, f"file {what} does not exist") from None
+    except Image.DecompressionBombError:
+        raise InvalidRequest(field, f"{what} is an image of more than {MAX_MEDIA_PIXELS} pixels "
+                                    "(MAX_MEDIA_PIXELS)") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InvalidRequest(field, f"{what} is not a readable image ({exc})") from None
+    with image:
+        _check_header(image, field)
+        yield image
+
+
+def _decode(source: Path | io.BytesIO, field: str, what: str) -> Image.Image:
+    with _opened(source, field, what) as image:
+        try:
+            image.load()
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise InvalidRequest(field, f"{what} is not a readable image ({exc})") from None
+        return image
 
 
 def _from_array(array: np.ndarray, field: str) -> Image.Image:
@@ -137,32 +208,3 @@ def _from_array(array: np.ndarray, field: str) -> Image.Image:
             raise InvalidRequest(field, "a float image array must hold finite values in [0, 1]")
         array = np.round(array * 255.0).astype(np.uint8)
     return Image.fromarray(np.ascontiguousarray(array))
-
-
-def _open_bytes(data: bytes, field: str) -> Image.Image:
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            return image
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InvalidRequest(field, f"the upload is not a readable image ({exc})") from None
-
-
-def _decode_video(source: str | io.BytesIO, field: str, limit: int) -> list[np.ndarray]:
-    import av  # PyAV is already the MP4 writer's dependency
-
-    frames: list[np.ndarray] = []
-    try:
-        with av.open(source) as container:
-            for frame in container.decode(video=0):
-                if len(frames) == limit or frame.width * frame.height > MAX_MEDIA_PIXELS:
-                    # Stop before decoding more: one frame past the limit is enough to refuse.
-                    what = "frames" if len(frames) == limit else "pixels per frame (MAX_MEDIA_PIXELS)"
-                    raise InvalidRequest(field, f"has more {what} than allowed ({limit} frames, "
-                                                f"{MAX_MEDIA_PIXELS} pixels)")
-                frames.append(frame.to_ndarray(format="rgb24"))
-    except (av.error.FFmpegError, ValueError, IndexError) as exc:
-        if isinstance(exc, InvalidRequest):
-            raise
-        raise InvalidRequest(field, f"is not a readable video ({exc})") from None
-    return frames

@@ -17,6 +17,7 @@ from vidloom.core.loop import Done, StepInterceptor, StepPlan
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, TextEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
@@ -248,6 +249,7 @@ class RequestRun:
     # -- the program as a sequence of units -----------------------------------------
 
     def _run_units(self) -> Generator[StepPlan | None, Any, None]:
+        self._decode_media()
         for node in self.program.active_nodes(self.request):
             self.check_cancelled()
             reads = {name: self._slots[name] for name in node.reads}
@@ -256,6 +258,14 @@ class RequestRun:
             assert not missing, f"node {node.name!r} did not write {missing}"
             self._slots.update(written)
         self._outputs = {name: self._slots[name] for name in self.program.outputs}
+
+    def _decode_media(self) -> None:
+        """Input files were checked from their headers and held compressed while the request waited
+        (media.uploads); their pixels are decoded now, on the thread that runs the request."""
+        decoded = decode_media(self.request)
+        if decoded is not self.request:
+            self.request = decoded
+            self._slots["request"] = decoded
 
     def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Generator[StepPlan | None, Any, Mapping[str, Any]]:
         # Pauses: `yield None` after a component node (a unit), `yield plan` for a loop step, which

@@ -65,6 +65,16 @@ def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | No
     return PlannedChat(request, stream, include_usage)
 
 
+def has_image_parts(body: ChatCompletionBody) -> bool:
+    """Whether any message has an image_url part (planning then decodes images: a job for the media pool)."""
+    messages = body.messages if isinstance(body.messages, list) else ()
+    return any(
+        isinstance(part, Mapping) and part.get("type") == "image_url"
+        for message in messages if isinstance(message, Mapping) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
 def _refuse_unsupported(body: ChatCompletionBody) -> None:
     for name in body.model_extra or {}:
         raise InvalidRequest(name, "is not supported by this server")

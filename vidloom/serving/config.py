@@ -39,6 +39,10 @@ class ServeConfig:
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
     max_body_bytes: int = 1 << 20  # larger request bodies get 413 before any parsing
+    # Uploads (images, videos) are checked from their headers and decoded on a pool off the event loop:
+    # this many threads, with this many more uploads waiting; past that a request gets 429.
+    media_workers: int = 2
+    media_queue: int = 16
     # Work per request (core.limits.RequestLimits); None takes the default derived from the model card.
     max_pixels: int | None = None  # width * height of one frame (card: 4x its default size)
     max_frames: int | None = None  # num_frames, or seconds * fps (card: 4x its default latent frames)
@@ -72,13 +76,15 @@ class ServeConfig:
             raise ValueError("served_model_name: must be a non-empty name")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
-        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "sse_queue_size"):
+        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "sse_queue_size", "media_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("max_pixels", "max_frames", "max_steps", "max_prompt_chars", "max_request_memory_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.media_queue < 0:
+            raise ValueError(f"media_queue: must be >= 0, got {self.media_queue}")
         if self.lost_jobs not in LOST_JOBS:
             raise ValueError(f"lost_jobs: unknown {self.lost_jobs!r}; known: {', '.join(LOST_JOBS)}")
         if self.max_requeues < 0:

@@ -14,7 +14,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 
 from vidloom.core.output import VideoOutput
-from vidloom.media.image import MEDIA_TYPES, encode_image, load_images
+from vidloom.media.image import MEDIA_TYPES, encode_image, open_images
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, store_error, validation_error
 from vidloom.serving.file_response import OpenFileResponse
@@ -54,7 +54,8 @@ async def edit_images(request: Request) -> ImagesResponse:
     if not files:
         raise APIError(400, "image: send one or more image files", param="image", code="invalid_parameter")
     with engine_errors(image_api_field):
-        images = load_images(list(files), "image")
+        # Checked from their headers on the media pool; the queued requests hold the files, decoded when they run.
+        images = await manager.media.run(open_images, list(files), "image")
         planned = plan_images(body, manager.card, images)
     return await _render(request, planned)
 

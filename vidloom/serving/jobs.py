@@ -39,6 +39,7 @@ from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
 from vidloom.serving.kv_metrics import register_kv_metrics
+from vidloom.serving.media_pool import MediaPool
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.params import PlannedVideo
 from vidloom.serving.progress import ProgressTracker, expected_units
@@ -125,6 +126,8 @@ class JobManager:
         if self._caches is not None:
             register_kv_metrics(self.metrics.registry, self._caches)
         self._live: dict[str, _LiveJob] = {}
+        # Upload checks and decodes, off the event loop; a queued job holds its files compressed (media.uploads).
+        self.media = MediaPool(config.media_workers, config.media_queue)
         self.streams = StreamFiles(self.store.videos_dir)  # the growing fMP4 of each running job
         self._unsaved: dict[str, JobRecord] = {}  # final states the store refused; retried before each create
         self._images: set[str] = set()  # image requests being rendered (their HTTP call is waiting)
@@ -384,6 +387,7 @@ class JobManager:
         if self._unsaved:
             log.error("%d job(s) keep a stale state in the store (it refused writes); the next start fails them",
                       len(self._unsaved))
+        self.media.close()
         await self.streams.close()
         self.store.close()
 

@@ -77,9 +77,11 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
 
 
 def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
-    """Uploaded files decoded (a 400 naming the field when unreadable); which ones a model accepts is checked
-    with the rest of the request (resolve_request), under the API names mapped in _API_FIELDS."""
-    from vidloom.media.image import load_image, load_video  # PIL and PyAV only when media arrive
+    """Uploaded files checked from their headers (a 400 naming the field when unreadable or over a limit) and
+    kept compressed: the job decodes them when it runs. Which ones a model accepts is checked with the rest
+    of the request (resolve_request), under the API names mapped in _API_FIELDS."""
+    from vidloom.media.image import open_image  # PIL and PyAV only when media arrive
+    from vidloom.media.uploads import open_video
 
     out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2,
                               "reason": body.reason, "sound": body.sound}
@@ -88,11 +90,11 @@ def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
         if value is not None:
             if not isinstance(value, (bytes, bytearray)):
                 raise InvalidRequest(api_name, "must be an uploaded image file (multipart/form-data)")
-            out[name] = load_image(value, api_name)
+            out[name] = open_image(value, api_name)
     if body.video is not None:
         if not isinstance(body.video, (bytes, bytearray)):
             raise InvalidRequest("video", "must be an uploaded video file (multipart/form-data)")
-        out["video"] = load_video(body.video, "video", max_frames=max_frames)  # stops decoding past the limit
+        out["video"] = open_video(body.video, "video", max_frames=max_frames)  # counts frames without decoding
     return out
 
 

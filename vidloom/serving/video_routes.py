@@ -38,6 +38,8 @@ async def create_video(request: Request) -> VideoObject:
     with engine_errors():
         if body.extend_from is not None:
             planned = plan_extension(body, manager)
+        elif _has_uploads(body):  # checked from their headers on the media pool, never on the event loop
+            planned = await manager.media.run(plan_video, body, manager.card, manager.limits.max_frames)
         else:
             planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned)
@@ -131,6 +133,10 @@ async def video_events(request: Request, video_id: str) -> StreamingResponse:
     stream = job_events(manager, subscription, config_of(request).keepalive_s)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+def _has_uploads(body: VideoCreateBody) -> bool:
+    return any(value is not None for value in (body.input_reference, body.last_image, body.video))
 
 
 def _find(request: Request, video_id: str) -> JobRecord:

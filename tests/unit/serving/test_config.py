@@ -9,6 +9,7 @@ from vidloom.serving.config import ServeConfig
 
 @pytest.mark.parametrize(("setting", "value"), [
     ("policy", "lifo"), ("max_batch", 2), ("max_batch", 0), ("batch_wait_s", -1), ("slots", 0), ("queue_size", 0), ("port", 70000), ("max_body_bytes", 0), ("cancel_wait_s", 0),
+    ("media_workers", 0), ("media_queue", -1),
 ])
 def test_bad_settings_name_themselves(setting, value):
     with pytest.raises(ValueError, match=setting):
