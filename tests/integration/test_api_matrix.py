@@ -251,3 +251,17 @@ def test_health_port_answers_probes_only(api: Api):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert httpx.get(f"{api.health_urls['t2v']}/metrics").status_code == 200
     assert httpx.get(f"{api.health_urls['t2v']}/v1/videos", headers=AUTH).status_code == 404
+
+
+def test_a_client_that_leaves_an_image_render_cancels_it(api: Api):
+    import re
+
+    body = {"prompt": "a cat", "model": api.models["images"], "size": "48x32", "num_inference_steps": BLOCKING_STEPS}
+    with api.client("images") as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/images/generations", json=body, timeout=1.0)
+        cancelled = re.compile(r'vidloom_requests_total\{kind="image",status="cancelled"[^}]*\} 1\.0')
+        deadline = time.monotonic() + 15
+        while not cancelled.search(http.get("/metrics").text):  # the fleet's replicas publish every ~0.25 s
+            assert time.monotonic() < deadline, "the render kept running after its client left"
+            time.sleep(0.1)
