@@ -48,7 +48,8 @@ def test_idle_connections_past_the_cap_give_way_and_health_stays_up(start_server
         time.sleep(0.2)
         still_open = sum(not _closed_by_server(s) for s in idle)
         assert still_open <= 8, f"{still_open} idle connections held past max_connections=8"
-        assert not _closed_by_server(idle[-1]), "the newest idle connection should be the last to go"
+        # The ones idle longest went first: the newest 7 are still open (the client's own connection took one place).
+        assert all(not _closed_by_server(s) for s in idle[-7:]), "a newer idle connection went before an older one"
     finally:
         for sock in idle:
             sock.close()

@@ -33,8 +33,10 @@ Forwarded = dict[str, Any]  # method, path, query_string, headers, body, client,
 async def forwarded_request(request: Request) -> Forwarded:
     """What a replica needs to run `request` (its body is read here, within the ingress's BodyLimit)."""
     scope = request.scope
+    # The ingress checked the credentials; they do not travel on into the cluster (or its logs).
+    headers = [(k, v) for k, v in scope["headers"] if k not in (b"authorization", b"cookie")]
     return {"method": scope["method"], "path": scope["path"], "query_string": scope.get("query_string", b""),
-            "headers": list(scope["headers"]), "body": await request.body(), "client": scope.get("client"),
+            "headers": headers, "body": await request.body(), "client": scope.get("client"),
             "server": scope.get("server"), "scheme": scope.get("scheme", "http")}
 
 
@@ -122,6 +124,7 @@ class ForwardedResponse(Response):
     def __init__(self, start: Message, stream: Any) -> None:  # no super().__init__: there is no body to render
         self.start, self.stream = start, stream
         self.status_code = start["status"]
+        self.raw_headers = start["headers"]
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

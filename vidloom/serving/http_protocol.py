@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 
 import h11
@@ -84,8 +85,9 @@ class GuardedProtocol(H11Protocol):
     def _admit(self) -> None:
         """Keep this listener's connections within its cap (see the module docstring)."""
         limits = self.limits
-        peers = [p for p in self.connections if p is not self and getattr(p, "probe_listener", False)
-                 is self.probe_listener]
+        # Connections already closing (evicted by a newcomer earlier in this loop turn) hold no place.
+        peers = [p for p in self.connections if p is not self and not p.transport.is_closing()
+                 and getattr(p, "probe_listener", False) is self.probe_listener]
         cap = limits.probe_connections if self.probe_listener else limits.max_connections
         if len(peers) < cap:
             return
@@ -123,7 +125,7 @@ class GuardedProtocol(H11Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._waiting_since = self.loop.time()
+        self._waiting_since = time.monotonic()  # not loop.time(): uvloop's is cached per loop turn (ms ties)
         self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._expired)
 
     def _disarm(self) -> None:
