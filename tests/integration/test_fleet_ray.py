@@ -172,6 +172,20 @@ def test_uploads_images_and_chat_reach_the_replica_as_the_single_server_takes_th
         assert chat.status_code == 400 and chat.json()["error"]["param"] == "model", chat.text  # not a 404
 
 
+def test_a_client_that_leaves_an_image_render_cancels_it_on_the_replica(fleet: str):
+    import re
+
+    body = {"prompt": "a cat", "size": "48x32", "num_inference_steps": 2000}
+    with httpx.Client(base_url=fleet, timeout=30) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/images/generations", json=body, timeout=2.0)
+        cancelled = re.compile(r'vidloom_requests_total\{kind="image",status="cancelled"[^}]*\} 1\.0')
+        deadline = time.monotonic() + 20
+        while not cancelled.search(http.get("/metrics").text):  # Ray's stream cancel reached the route
+            assert time.monotonic() < deadline, "the render kept running after its client left"
+            time.sleep(0.2)
+
+
 def test_the_ingress_applies_the_connection_limits(fleet_server: tuple[object, str]):
     import socket
 
