@@ -106,3 +106,20 @@ def test_health_port_serves_probes_only_apart_from_api_clients(start_server):
     finally:
         for sock in busy:
             sock.close()
+
+
+def test_vidloom_serve_health_port_flag_prints_and_serves_the_probe_listener(demo_cache, tmp_path):
+    import re
+
+    from tests.helpers.servers import ProcessServer
+
+    server = ProcessServer(tmp_path / "data", demo_cache, tmp_path / "serve.log", "--health-port", "0")
+    try:
+        match = re.search(r"health and metrics also on (http://127\.0\.0\.1:\d+)", server.log_path.read_text())
+        assert match, server.log_path.read_text()
+        assert match.group(1) != server.url
+        assert httpx.get(f"{match.group(1)}/health", timeout=5).json()["status"] == "ok"
+        assert httpx.get(f"{match.group(1)}/v1/videos", timeout=5).status_code == 404
+        assert httpx.get(f"{server.url}/v1/videos", timeout=5).status_code == 200
+    finally:
+        server.terminate()
