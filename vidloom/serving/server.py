@@ -70,11 +70,13 @@ def uvicorn_server(app: object, config: ServeConfig, log_level: str = "info",
     """uvicorn for `app`; pass every socket (the API's, then `health_sock` if any) to its run()."""
     from vidloom.serving.app import drain
 
-    return GracefulServer(uvicorn_config(app, config, log_level, health_sock), drain=lambda: drain(app))  # type: ignore[arg-type]
+    settings = uvicorn_config(app, config, log_level, health_sock)
+    return GracefulServer(settings, drain=lambda: drain(app))  # type: ignore[arg-type]
 
 
 def uvicorn_config(app: object, config: ServeConfig, log_level: str = "info",
                    health_sock: socket.socket | None = None) -> uvicorn.Config:
+    """uvicorn's settings for a vidloom listener (the single server's, and the fleet ingress's)."""
     return uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
         # One process: the model is resident once and the device worker is a thread in it.
