@@ -65,7 +65,7 @@ def test_busy_connections_leave_a_reserve_for_probes(start_server):
             refused = client.get("/v1/videos")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_busy"
         assert "max_connections" in refused.json()["error"]["message"]
-        assert refused.headers["retry-after"] == "1"
+        assert refused.headers["retry-after"] == "1" and refused.headers["connection"] == "close"
         assert all(not _closed_by_server(s) for s in busy)  # busy requests are never cut for a newcomer
     finally:
         for sock in busy:

@@ -51,7 +51,8 @@ class ProbesOnly:
         if scope["type"] != "http" or scope["path"] in PROBE_PATHS:
             await self.app(scope, receive, send)
             return
-        headers = {"Retry-After": "1"} if self.status == 503 else None
+        # 503: close too, so the client's retry opens a new connection, which gets a full place once one frees.
+        headers = {"Retry-After": "1", "Connection": "close"} if self.status == 503 else None
         code = "server_busy" if self.status == 503 else "not_found"
         await error_response(self.status, self.message, code=code, headers=headers)(scope, receive, send)
 
