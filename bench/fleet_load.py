@@ -71,25 +71,30 @@ def _parser() -> argparse.ArgumentParser:
 
 def _fleet_runs(tmp: Path, store_url: str, args: argparse.Namespace) -> list[dict]:
     import ray
-    from ray import serve
 
-    from vidloom.fleet.cli import start_fleet
+    from vidloom.fleet.cli import start_fleet, stop_fleet
     from vidloom.fleet.config import load_fleet_card
+    from vidloom.fleet.ray_app import deploy_replicas
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     runs = []
+    server = None
     try:
         for replicas in (1, 2):
             card = tmp / f"fleet-{replicas}.yaml"
             card.write_text(f"store: {store_url}\ndata_dir: {tmp / 'fleet-data'}\nport: {args.port}\nqueue_size: 64\n"
                             f"fleet:\n  num_cpus: 4\n  object_store_mb: 100\n  models:\n"
                             f"    - {{model: wan2.1-demo, replicas: {replicas}, num_cpus: 1, device: cpu}}\n")
-            url = start_fleet(load_fleet_card(card))  # the second call redeploys the app with 2 replicas
-            _wait_replicas(url, replicas)
-            runs.append({"setup": f"ray fleet, {replicas} replica(s)", **_measure(url, args)})
+            if server is None:
+                server = start_fleet(load_fleet_card(card), log_level="warning")
+            else:
+                deploy_replicas(load_fleet_card(card))  # redeploys the model with 2 replicas
+            _wait_replicas(server.url, replicas)
+            runs.append({"setup": f"ray fleet, {replicas} replica(s)", **_measure(server.url, args)})
             _print(runs[-1])
     finally:
-        serve.shutdown()
+        if server is not None:
+            stop_fleet(server)
         ray.shutdown()
     return runs
 

@@ -152,7 +152,14 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
                      help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
     lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
-    lim.add_argument("--max-connections", type=int, default=256, help="open connections; more get 503 (default: 256)")
+    lim.add_argument("--max-connections", type=int, default=256,
+                     help="open API connections; at the cap the one idle longest is closed, and if all are busy "
+                          "new ones may call /health and /metrics only (default: 256)")
+    lim.add_argument("--probe-connections", type=int, default=16,
+                     help="connections reserved for /health and /metrics past --max-connections; "
+                          "also the cap of --health-port (default: 16)")
+    lim.add_argument("--health-port", type=int, default=None, metavar="PORT",
+                     help="also serve /health and /metrics (only) on this port, apart from API clients")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,9 +43,13 @@ class ThreadServer:
         self.config = config
         sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        # config.health_port set: a probe-only listener on a free port, at health_url
+        health = None if config.health_port is None else bind("127.0.0.1", 0)
+        self.health_url = None if health is None else f"http://127.0.0.1:{health.getsockname()[1]}"
         self.app = create_app(engine, config)  # tests reach the job manager as app.state.jobs
-        self._server = uvicorn_server(self.app, config, log_level="warning")
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._server = uvicorn_server(self.app, config, log_level="warning", health_sock=health)
+        sockets = [sock] if health is None else [sock, health]
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": sockets}, daemon=True)
         self._thread.start()
         wait_healthy(self.url)
 

@@ -1,6 +1,8 @@
 """The Ray Serve fleet: a local CPU-only Ray, two demo replicas behind the ingress, the official openai client.
 
 One fleet for the module (starting Ray and two replicas takes ~30-60 s on 2 cores); each wait is bounded.
+The full request matrix runs in test_api_matrix.py (in-process replicas); here the same ingress reaches
+its replicas through Ray Serve's handles, with Ray's own HTTP proxy off.
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
-PORT_BASE = 18700
+MAX_CONNECTIONS = 8
 
 
-def _fleet_card(tmp: Path, url: str, port: int) -> Path:
+def _fleet_card(tmp: Path, url: str) -> Path:
     card = tmp / "fleet.yaml"
     card.write_text(f"""
 store: {url}
 data_dir: {tmp / "data"}
-port: {port}
+port: 0
+health_port: 0
+header_timeout_s: 1
+max_connections: {MAX_CONNECTIONS}
 recovery_interval_s: 0.5
 max_steps: 2000
 fleet:
@@ -44,11 +49,11 @@ fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet_and_store(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(the ingress URL, the shared store's URL)."""
+def fleet_server(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tuple[object, str]]:
+    """(the running FleetServer, the shared store's URL)."""
     import os
 
-    from vidloom.fleet.cli import start_fleet
+    from vidloom.fleet.cli import start_fleet, stop_fleet
     from vidloom.fleet.config import load_fleet_card
 
     saved = {k: os.environ.get(k) for k in ("VIDLOOM_CACHE", "RAY_AUTH_MODE")}
@@ -56,16 +61,14 @@ def fleet_and_store(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tu
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a throwaway local cluster on loopback
     tmp = tmp_path_factory.mktemp("fleet")
     store = postgres.new_database()
-    card = load_fleet_card(_fleet_card(tmp, store, PORT_BASE + os.getpid() % 1000))
-    url = start_fleet(card)
+    card = load_fleet_card(_fleet_card(tmp, store))
+    server = start_fleet(card, log_level="warning")
     _CARDS.append(card)
     try:
-        _wait_for_replicas(url, 2, timeout=120)
-        yield url, store
+        _wait_for_replicas(server.url, 2, timeout=120)
+        yield server, store
     finally:
-        from ray import serve
-
-        serve.shutdown()
+        stop_fleet(server)
         ray.shutdown()
         for key, value in saved.items():
             if value is None:
@@ -75,6 +78,12 @@ def fleet_and_store(postgres, demo_cache: Path, tmp_path_factory) -> Iterator[tu
 
 
 _CARDS: list = []  # the module fleet's card, for the scaling test
+
+
+@pytest.fixture
+def fleet_and_store(fleet_server: tuple[object, str]) -> tuple[str, str]:
+    """(the ingress URL, the shared store's URL)."""
+    return fleet_server[0].url, fleet_server[1]  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -135,6 +144,81 @@ def test_events_and_cancel_reach_the_job_on_whichever_replica_runs_it(fleet: str
         assert metrics.count('vidloom_queue_depth{replica="model0#') == 2  # both replicas' metrics, joined
 
 
+def test_uploads_images_and_chat_reach_the_replica_as_the_single_server_takes_them(fleet: str, tmp_path: Path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vidloom.media.video import write_video
+
+    png = io.BytesIO()
+    Image.fromarray(np.full((32, 48, 3), 90, np.uint8)).save(png, format="PNG")
+    form = {"prompt": "a cat", **{k: str(v) for k, v in SMALL.items()}}
+    with httpx.Client(base_url=fleet, timeout=60) as http:
+        # A text-to-video model refuses an image by name: the file arrived (not the string "upload").
+        image = http.post("/v1/videos", data=form, files={"input_reference": ("a.png", png.getvalue())})
+        assert image.status_code == 400 and "does not accept" in image.json()["error"]["message"], image.text
+        clip = np.full((5, 32, 48, 3), 120, np.uint8)
+        mp4 = write_video(clip, 8, tmp_path / "in.mp4").read_bytes()
+        v2v = http.post("/v1/videos", data={**form, "strength": "0.5"}, files={"video": ("in.mp4", mp4)})
+        assert v2v.status_code == 200, v2v.text
+        assert wait_for_status(http, v2v.json()["id"], {"completed", "failed"}, timeout=60)["status"] == "completed"
+        picture = http.post("/v1/images/generations", json={"prompt": "a cat", "size": "48x32",
+                                                             "num_inference_steps": 2, "response_format": "url"})
+        assert picture.status_code == 200, picture.text
+        assert http.get(picture.json()["data"][0]["url"]).content[:4] == b"\x89PNG"
+        chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "model", chat.text  # not a 404
+
+
+def test_a_client_that_leaves_an_image_render_cancels_it_on_the_replica(fleet: str):
+    import re
+
+    body = {"prompt": "a cat", "size": "48x32", "num_inference_steps": 2000}
+    with httpx.Client(base_url=fleet, timeout=30) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/images/generations", json=body, timeout=2.0)
+        cancelled = re.compile(r'vidloom_requests_total\{kind="image",status="cancelled"[^}]*\} 1\.0')
+        deadline = time.monotonic() + 20
+        while not cancelled.search(http.get("/metrics").text):  # Ray's stream cancel reached the route
+            assert time.monotonic() < deadline, "the render kept running after its client left"
+            time.sleep(0.2)
+
+
+def test_the_ingress_applies_the_connection_limits(fleet_server: tuple[object, str]):
+    import socket
+
+    server = fleet_server[0]
+    port = int(server.url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+        slow.sendall(b"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.settimeout(3)
+        started = time.monotonic()
+        assert slow.recv(1024) == b"" and time.monotonic() - started < 2.5  # header_timeout_s: 1
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5 * MAX_CONNECTIONS)]
+    try:
+        assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200  # type: ignore[attr-defined]
+        time.sleep(0.2)
+        held = 0
+        for sock in idle:
+            sock.settimeout(0.05)
+            try:
+                held += sock.recv(1) != b""
+            except socket.timeout:
+                held += 1
+            except OSError:
+                pass
+        assert held <= MAX_CONNECTIONS, f"{held} idle connections held"
+    finally:
+        for sock in idle:
+            sock.close()
+    assert httpx.get(f"{server.health_url}/health", timeout=5).status_code == 200  # type: ignore[attr-defined]
+    from ray import serve
+
+    assert not serve.status().proxies  # Ray's own HTTP proxy is off: nothing bypasses these limits
+
+
 def _owners(url: str, ids: list[str]) -> dict[str, str]:
     """Job id -> name of the replica running it (from the shared store)."""
     import psycopg
@@ -176,7 +260,7 @@ def test_scaling_down_keeps_completed_jobs_and_keeps_serving(fleet: str):
     """Runs last: one replica is stopped gracefully; completed jobs and the API stay."""
     import dataclasses
 
-    from vidloom.fleet.cli import start_fleet
+    from vidloom.fleet.ray_app import deploy_replicas
 
     with httpx.Client(base_url=fleet, timeout=30) as http:
         done = [http.post("/v1/videos", json={"prompt": f"keep {i}", **SMALL}).json()["id"] for i in range(2)]
@@ -185,7 +269,7 @@ def test_scaling_down_keeps_completed_jobs_and_keeps_serving(fleet: str):
         card = _CARDS[0]
         (model,) = card.fleet.models
         smaller = dataclasses.replace(card.fleet, models=(dataclasses.replace(model, replicas=1),))
-        start_fleet(dataclasses.replace(card, fleet=smaller))  # redeploys the app: 2 -> 1 replica
+        deploy_replicas(dataclasses.replace(card, fleet=smaller))  # redeploys the model: 2 -> 1 replica
         _wait_for_replicas_exactly(fleet, 1, timeout=60)
         for job in done:
             assert http.get(f"/v1/videos/{job}").json()["status"] == "completed"

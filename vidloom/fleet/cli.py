@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vidloom.fleet.config import FleetCard
+    from vidloom.fleet.server import FleetServer
 
 
 def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,32 +36,42 @@ def run_fleet(args: argparse.Namespace) -> int:
         print(dump_card_section("fleet", card.fleet), end="")
         return 0
     stop = _stop_on_signals()
-    url = start_fleet(card)
-    print(f"vidloom fleet serving {', '.join(m.model for m in card.fleet.models)} on {url}", flush=True)
-    stop.wait()
-    from ray import serve
-
-    serve.shutdown()  # replicas drain: running jobs get graceful_shutdown_s, then fail (server_restart)
+    try:
+        server = start_fleet(card)
+    except OSError as exc:  # serving.server.BindError: the address is taken or not ours
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"vidloom fleet serving {', '.join(m.model for m in card.fleet.models)} on {server.url}", flush=True)
+    if server.health_url:
+        print(f"health and metrics also on {server.health_url}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        stop_fleet(server)
     return 0
 
 
-def start_fleet(card: FleetCard) -> str:
-    """Start or join Ray, start Serve's HTTP proxy on the card's address, deploy; returns the base URL."""
-    import ray
+def start_fleet(card: FleetCard, log_level: str = "info") -> FleetServer:
+    """Bind the card's address, start or join Ray, deploy the replicas, serve the ingress (in a thread)."""
+    from vidloom.fleet.ray_app import deploy_replicas, start_ray
+    from vidloom.fleet.server import FleetServer
+
+    server = FleetServer(card.base)  # first, so a taken port fails before Ray and the model loads
+    try:
+        start_ray(card)
+        server.start(deploy_replicas(card), log_level=log_level)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def stop_fleet(server: FleetServer) -> None:
+    """Stop the ingress, then Serve: replicas drain (running jobs get graceful_shutdown_s, then fail)."""
     from ray import serve
 
-    from vidloom.fleet.ray_app import fleet_application
-
-    fleet, base = card.fleet, card.base
-    if not ray.is_initialized():
-        if fleet.ray_address:
-            ray.init(address=fleet.ray_address)
-        else:
-            ray.init(num_cpus=fleet.num_cpus, object_store_memory=fleet.object_store_mb * 2**20,
-                     include_dashboard=False)
-    serve.start(http_options={"host": base.host, "port": base.port})
-    serve.run(fleet_application(card), name=fleet.app_name, route_prefix="/")
-    return f"http://{base.host}:{base.port}"
+    server.stop()
+    serve.shutdown()
 
 
 def dump_card_section(name: str, config: object) -> str:

@@ -1,44 +1,44 @@
 """The fleet's HTTP ingress: the OpenAI routes of `vidloom serve`, over the shared job store and model replicas.
 
-Creates go to a replica of the requested model (Ray Serve picks the least loaded). Everything else
-reads or writes the shared store, so it works wherever the job runs: retrieve, list and download
-read rows and files; cancel and delete flag the row, which the owning replica polls; event streams
-follow the row. /metrics joins the metrics every live replica publishes in the store.
+The ingress is served by our own uvicorn (fleet/server.py), with the single server's protocol,
+guards and limits. Requests that need a model (video creates, images, chat) are forwarded whole
+to a replica of the requested model (the router picks the least loaded), which runs them through
+the single server's routes (fleet/forward.py). Everything else reads or writes the shared store, so
+it works wherever the job runs: retrieve, list and download read rows and files; cancel and delete
+flag the row, which the owning replica polls; event streams follow the row. /metrics joins the
+metrics every live replica publishes in the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import re
 import time
 from typing import Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.middleware.cors import CORSMiddleware
+
+from vidloom.fleet.forward import ForwardedResponse, forwarded_request
 
 from vidloom.serving.config import ServeConfig
+from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, echo, install_error_handlers
 from vidloom.serving.guard import HostGuard, RequestGuard
 from vidloom.serving.job_store import JobRecord, JobStore, Page
 from vidloom.serving.jobs import JobUpdate, Subscription
-from vidloom.serving.protocol import ModelList, ModelObject, VideoCreateBody, VideoObject
-from vidloom.serving.request_body import BodyLimit, read_body
+from vidloom.serving.image_routes import router as image_router
+from vidloom.serving.protocol import ModelList, ModelObject
+from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.video_routes import router as video_router
 
+log = logging.getLogger(__name__)
+
 POLL_S = 0.25  # how often an event stream looks at its job's row
-
-# Ray Serve runs a pickled copy of the ingress app, which the deployment's constructor cannot reach;
-# the constructor leaves its FleetJobs here (one ingress per process) and each request picks it up.
-_ATTACHED: dict[str, "FleetJobs"] = {}
-
-
-def attach_jobs(jobs: "FleetJobs") -> None:
-    _ATTACHED["jobs"] = jobs
-
-
-def attached_jobs() -> "FleetJobs | None":
-    # A module function, so the pickled app calls into this module's state rather than a pickled copy of it.
-    return _ATTACHED.get("jobs")
+MODEL_ROUTES = ("/v1/videos", "/v1/images/generations", "/v1/images/edits", "/v1/chat/completions")
 
 
 class IngressMetrics:
@@ -142,41 +142,32 @@ def merge_metrics(servers: list[tuple[str, str, str]], models: Mapping[str, Any]
     return ("\n".join(out) + "\n").encode()
 
 
-def create_fleet_app(config: ServeConfig) -> FastAPI:
-    """The ingress app; `app.state.jobs` (a FleetJobs) is set by the Ray deployment that serves it."""
+def create_fleet_app(config: ServeConfig, jobs: FleetJobs) -> FastAPI:
+    """The ingress app over `jobs` (the shared store and a handle per model's replicas)."""
     app = FastAPI(title="vidloom fleet", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
+    app.state.jobs = jobs
     app.state.started_at = int(time.time())
     install_error_handlers(app)
+    # The single server's middleware, in its order (serving/app.py): Host, CORS, key/origin/type, body size.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
     app.add_middleware(RequestGuard, config=config)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"], max_age=600,
+        )
     app.add_middleware(HostGuard, config=config)
-    @app.middleware("http")
-    async def attach(request: Request, call_next: Any) -> Any:
-        if not hasattr(request.app.state, "jobs") and (jobs := attached_jobs()) is not None:
-            request.app.state.jobs = jobs
-        return await call_next(request)
-
     _add_fleet_routes(app)
-    app.include_router(video_router)  # after our POST /v1/videos, which routes to a replica
+    # After the forwarding routes above: the shared routers' GETs and DELETEs read the store.
+    app.include_router(video_router)
+    app.include_router(image_router)
     return app
 
 
 def _add_fleet_routes(app: FastAPI) -> None:
-    @app.post("/v1/videos")
-    async def create_video(request: Request) -> VideoObject:
-        jobs: FleetJobs = request.app.state.jobs
-        body = await read_body(request, VideoCreateBody)
-        model = body.model or next(iter(jobs.replicas))
-        if model not in jobs.replicas:
-            raise APIError(404, f"model {echo(model)} is not served by this fleet; it serves "
-                           f"{', '.join(jobs.replicas)}", param="model", code="model_not_found")
-        fields = body.model_dump()
-        fields["input_reference"] = None if body.input_reference is None else "upload"  # files stay here
-        answer = await jobs.replicas[model].submit.remote(fields)
-        if "error" in answer:
-            raise APIError(**answer["error"])
-        return VideoObject.from_record(answer["record"])
+    for path in MODEL_ROUTES:
+        app.add_api_route(path, forward, methods=["POST"])
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, object]:
@@ -193,3 +184,62 @@ def _add_fleet_routes(app: FastAPI) -> None:
     async def list_models(request: Request) -> ModelList:
         jobs: FleetJobs = request.app.state.jobs
         return ModelList(data=[ModelObject(id=m, created=request.app.state.started_at) for m in jobs.replicas])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(request: Request, model_id: str) -> ModelObject:
+        jobs: FleetJobs = request.app.state.jobs
+        if model_id not in jobs.replicas:
+            raise _unknown_model(model_id, jobs)
+        return ModelObject(id=model_id, created=request.app.state.started_at)
+
+
+async def forward(request: Request) -> Response:
+    """A model request, run by a replica of its `model` (the first model when none is named)."""
+    jobs: FleetJobs = request.app.state.jobs
+    payload = await forwarded_request(request)
+    model = await requested_model(request, payload["body"]) or next(iter(jobs.replicas))
+    if model not in jobs.replicas:
+        raise _unknown_model(model, jobs)
+    stream = jobs.replicas[model].options(stream=True).http.remote(payload)
+    try:
+        start = await unless_disconnected(request, _first(stream))
+    except BaseException:
+        stream.cancel()
+        raise
+    return ForwardedResponse(start, stream)  # type: ignore[return-value]
+
+
+async def _first(stream: Any) -> dict[str, Any]:
+    try:
+        return await stream.__anext__()
+    except APIError:
+        raise
+    except Exception as exc:  # the replica died or was stopped mid-call; the client may retry
+        log.warning("a replica call failed: %s", exc)
+        raise APIError(503, "the model replica is unavailable; retry", code="replica_unavailable",
+                       headers={"Retry-After": "1"}) from None
+
+
+async def requested_model(request: Request, body: bytes) -> str | None:
+    """The body's `model` field (JSON or a form's text field); None when absent or unreadable (the replica
+    then answers the body's own error, as the single server would)."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media == "multipart/form-data":
+        try:
+            form = await request.form()
+        except Exception:
+            return None
+        value = form.get("model")
+        await form.close()
+        return value if isinstance(value, str) and value else None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    value = parsed.get("model") if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _unknown_model(model: str, jobs: FleetJobs) -> APIError:
+    return APIError(404, f"model {echo(model)} is not served by this fleet; it serves {', '.join(jobs.replicas)}",
+                    param="model", code="model_not_found")

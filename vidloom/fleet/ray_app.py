@@ -1,53 +1,54 @@
-"""The fleet as a Ray Serve application: one ingress deployment, one deployment per model (N replicas each).
+"""The fleet's model replicas on Ray Serve: one Serve application per model (N replicas each), without Ray's HTTP proxy.
 
-Entry points: `vidloom fleet up --config fleet.yaml`, or Ray's own CLI with the app builder:
-`serve run vidloom.fleet.ray_app:app_builder config=fleet.yaml`.
+Ray Serve's proxy cannot apply the single server's connection limits (header deadline, connection
+cap, probe reserve), so it stays off; the ingress runs on our own uvicorn (fleet/server.py) and calls
+the replicas through the Serve handles returned here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vidloom.fleet.config import FleetCard, load_fleet_card
-from vidloom.fleet.ingress import FleetJobs, attach_jobs, create_fleet_app
+from vidloom.fleet.config import FleetCard
 from vidloom.fleet.replica import ModelReplica
 
 
-def fleet_application(card: FleetCard) -> Any:  # -> ray.serve.Application
+def start_ray(card: FleetCard) -> None:
+    """Start or join Ray, and Serve's controller with its HTTP proxy disabled."""
+    import ray
+    from ray import serve
+
+    fleet = card.fleet
+    if not ray.is_initialized():
+        if fleet.ray_address:
+            ray.init(address=fleet.ray_address)
+        else:
+            ray.init(num_cpus=fleet.num_cpus, object_store_memory=fleet.object_store_mb * 2**20,
+                     include_dashboard=False)
+    serve.start(proxy_location="Disabled")
+
+
+def deploy_replicas(card: FleetCard) -> dict[str, Any]:
+    """Deploy (or redeploy, e.g. with other replica counts) every model; model id -> its DeploymentHandle."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
     from vidloom.fleet.router import ROUTER_PATH, STATS_PERIOD_S
 
     fleet = card.fleet
-    app = create_fleet_app(card.base)
-
-    @serve.deployment(name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0})
-    @serve.ingress(app)
-    class FleetIngress:
-        def __init__(self, replicas: dict[str, Any]) -> None:
-            from vidloom.serving.job_store import open_job_store
-
-            # Reads and flags only: recovery is the replicas' job (they know who is alive).
-            attach_jobs(FleetJobs(open_job_store(card.base.store, card.base.data_dir), card.base, replicas))
-
-    replicas = {}
+    handles: dict[str, Any] = {}
     for index, model in enumerate(fleet.models):
+        config = card.replica_config(model)
         deployment = serve.deployment(ModelReplica).options(
             name=f"model{index}", num_replicas=model.replicas,
             ray_actor_options={"num_cpus": model.num_cpus, "num_gpus": model.num_gpus},
             health_check_period_s=fleet.health_check_period_s,
             graceful_shutdown_timeout_s=fleet.graceful_shutdown_s,
-            max_ongoing_requests=max(8, card.replica_config(model).queue_size * 2),
+            # Creates return once queued; images and chat streams stay ongoing while they run.
+            max_ongoing_requests=max(8, (config.queue_size + config.slots) * 2),
             request_router_config=RequestRouterConfig(
                 request_router_class=ROUTER_PATH, request_routing_stats_period_s=STATS_PERIOD_S),
         )
-        replicas[model.model] = deployment.bind(card.replica_config(model))
-    return FleetIngress.bind(replicas)
-
-
-def app_builder(args: dict[str, str]) -> Any:
-    """For `serve run vidloom.fleet.ray_app:app_builder config=fleet.yaml`."""
-    if "config" not in args:
-        raise ValueError("pass the fleet card: serve run vidloom.fleet.ray_app:app_builder config=fleet.yaml")
-    return fleet_application(load_fleet_card(args["config"]))
+        handles[model.model] = serve.run(deployment.bind(config), name=f"{fleet.app_name}-model{index}",
+                                         route_prefix=None)
+    return handles

@@ -55,7 +55,12 @@ class ServeConfig:
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
     body_timeout_s: float = 30.0  # and its body within this long after the headers
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
-    max_connections: int = 256  # concurrent connections; more get 503 (uvicorn limit_concurrency)
+    # Open API connections. At the cap a new connection closes the one idle longest (no request in
+    # progress); if all are busy it may call /health and /metrics only (503 otherwise), within
+    # probe_connections more; past those it gets 503 and is closed (serving/http_protocol.py).
+    max_connections: int = 256
+    probe_connections: int = 16  # the reserve above for probes and scrapers; also the cap of health_port
+    health_port: int | None = None  # a second listener serving only /health and /metrics (0: a free port)
     sse_queue_size: int = 64  # progress updates buffered per event-stream reader; older ones are dropped
     cancel_wait_s: float = 5.0  # how long POST .../cancel waits for the next step boundary
     keepalive_s: float = 15.0  # SSE comment interval, so proxies keep quiet streams open
@@ -76,7 +81,8 @@ class ServeConfig:
             raise ValueError("served_model_name: must be a non-empty name")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
-        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "sse_queue_size", "media_workers"):
+        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "probe_connections",
+                     "sse_queue_size", "media_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("max_pixels", "max_frames", "max_steps", "max_prompt_chars", "max_request_memory_bytes"):
@@ -99,6 +105,10 @@ class ServeConfig:
             raise ValueError(f"batch_wait_s: must be in [0, 60) seconds, got {self.batch_wait_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in 0..65535, got {self.port}")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(f"health_port: must be in 0..65535, got {self.health_port}")
+        if self.health_port is not None and self.health_port != 0 and self.health_port == self.port:
+            raise ValueError(f"health_port: must differ from port ({self.port})")
         for name in ("cancel_wait_s", "keepalive_s", "recovery_interval_s", "graceful_shutdown_s", "header_timeout_s", "body_timeout_s",
                      "keep_alive_timeout_s"):
             if getattr(self, name) <= 0:

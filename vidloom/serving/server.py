@@ -9,7 +9,7 @@ from typing import Awaitable, Callable
 import uvicorn
 
 from vidloom.serving.config import ServeConfig
-from vidloom.serving.http_protocol import with_header_timeout
+from vidloom.serving.http_protocol import ConnectionLimits, protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +56,42 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def uvicorn_server(app: object, config: ServeConfig, log_level: str = "info") -> uvicorn.Server:
+def connection_limits(config: ServeConfig, health_sock: socket.socket | None = None) -> ConnectionLimits:
+    """The protocol's limits; `health_sock`: the bound probe-only listener, whose real port the protocol needs."""
+    return ConnectionLimits(
+        header_timeout_s=config.header_timeout_s, max_connections=config.max_connections,
+        probe_connections=config.probe_connections,
+        health_port=None if health_sock is None else health_sock.getsockname()[1],
+    )
+
+
+def uvicorn_server(app: object, config: ServeConfig, log_level: str = "info",
+                   health_sock: socket.socket | None = None) -> uvicorn.Server:
+    """uvicorn for `app`; pass every socket (the API's, then `health_sock` if any) to its run()."""
     from vidloom.serving.app import drain
 
-    return GracefulServer(uvicorn.Config(
+    settings = uvicorn_config(app, config, log_level, health_sock)
+    return GracefulServer(settings, drain=lambda: drain(app))  # type: ignore[arg-type]
+
+
+def uvicorn_config(app: object, config: ServeConfig, log_level: str = "info",
+                   health_sock: socket.socket | None = None) -> uvicorn.Config:
+    """uvicorn's settings for a vidloom listener (the single server's, and the fleet ingress's)."""
+    return uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
         # One process: the model is resident once and the device worker is a thread in it.
         workers=1, lifespan="on",
-        # Slow or idle clients: a deadline for each request head (h11, our protocol), the
-        # keep-alive idle timeout, and a cap on connections (more get 503).
-        http=with_header_timeout(config.header_timeout_s),
+        # Slow or idle clients: a deadline for each request head, the keep-alive idle timeout, and a
+        # cap on connections that keeps /health answerable (our h11 protocol: http_protocol.py).
+        http=protocol_class(connection_limits(config, health_sock)),
         timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # uvicorn takes a float
-        limit_concurrency=config.max_connections,
-    ), drain=lambda: drain(app))  # type: ignore[arg-type]
+        limit_concurrency=None,  # the protocol's cap replaces uvicorn's, which would refuse /health too
+    )
+
+
+def bind_health(config: ServeConfig) -> socket.socket | None:
+    """The probe-only listener (--health-port) on the API's host, or None."""
+    return None if config.health_port is None else bind(config.host, config.health_port)
 
 
 def serve(config: ServeConfig) -> None:
@@ -83,9 +106,16 @@ def serve(config: ServeConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     sock = bind(config.host, config.port)  # first, so a taken port fails before a long model load
     try:
+        health_sock = bind_health(config)
+    except BindError:
+        sock.close()
+        raise
+    try:
         store = open_store(config)  # and a bad database too
     except BaseException:
         sock.close()
+        if health_sock is not None:
+            health_sock.close()
         raise
     generator = VideoGenerator.from_pretrained(
         config.model, device=config.device, dtype=config.dtype, deploy=config.deploy
@@ -95,7 +125,10 @@ def serve(config: ServeConfig) -> None:
     _warn_if_open(config, host)
     print(f"vidloom serving {config.served_model_name or generator.card.model_id} on http://{shown}:{port} "
           f"(data in {config.data_dir.resolve()})", flush=True)
-    uvicorn_server(create_app(generator.engine, config, store), config).run(sockets=[sock])
+    if health_sock is not None:
+        print(f"health and metrics also on http://{shown}:{health_sock.getsockname()[1]}", flush=True)
+    sockets = [sock] if health_sock is None else [sock, health_sock]
+    uvicorn_server(create_app(generator.engine, config, store), config, health_sock=health_sock).run(sockets=sockets)
 
 
 def _warn_if_open(config: ServeConfig, host: str) -> None:

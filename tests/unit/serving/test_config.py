@@ -23,7 +23,7 @@ def test_data_dir_becomes_a_path():
 @pytest.mark.parametrize(("setting", "value"), [
     ("max_pixels", 0), ("max_frames", 0), ("max_steps", -1), ("max_prompt_chars", 0), ("max_request_memory_bytes", 0),
     ("header_timeout_s", 0), ("body_timeout_s", -1), ("keep_alive_timeout_s", 0), ("max_connections", 0),
-    ("sse_queue_size", 0),
+    ("sse_queue_size", 0), ("probe_connections", 0), ("health_port", 70000), ("health_port", 8000),
 ])
 def test_bad_limits_name_themselves(setting, value):
     with pytest.raises(ValueError, match=setting):

@@ -182,3 +182,16 @@ def test_print_config_prints_a_card_that_loads_back(tmp_path: Path, capsys, monk
     card.write_text("slots: 0\n")
     assert main(["serve", "--config", str(card), "--print-config"]) == 2
     assert f"{card}:1: slots: slots: must be >= 1" in capsys.readouterr().err
+
+
+def test_health_port_and_probe_reserve_are_flags_and_card_keys(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("VIDLOOM_API_KEY", raising=False)
+    card = tmp_path / "deploy.yaml"
+    card.write_text("health_port: 9100\nprobe_connections: 4\n")
+    from_card = _effective(["serve", "--config", str(card)])
+    assert (from_card.health_port, from_card.probe_connections) == (9100, 4)
+    typed = _effective(["serve", "--config", str(card), "--health-port", "9200", "--probe-connections", "8"])
+    assert (typed.health_port, typed.probe_connections) == (9200, 8)
+    card.write_text("port: 9100\nhealth_port: 9100\n")
+    with pytest.raises(DeployCardError, match="health_port: must differ from port"):
+        _effective(["serve", "--config", str(card)])
