@@ -1,0 +1,175 @@
+"""The playground in a real browser (Debian chromium driven by Playwright): generate, watch, play, cancel, chat.
+
+Set VIDLOOM_UI_SCREENSHOTS=docs/img to refresh the README's screenshots from these runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.helpers.browser import launch, require_chromium
+from tests.helpers.servers import BLOCKING_STEPS, ThreadServer
+from vidloom.serving.config import ServeConfig
+
+KEY = "sk-test-0123456789"
+# About 1 s on a laptop CPU: long enough that the progress bar shows values between 0 and 100.
+WATCHED = {"size": "48x32", "num_frames": "5", "num_inference_steps": "40"}
+# Records every value the first job's progress bar takes, so a test sees it move however fast the job runs.
+RECORD_PROGRESS = """() => { window.seen = []; new MutationObserver(() => {
+  const bar = document.querySelector('li.job progress'); if (bar) window.seen.push(bar.value);
+}).observe(document.querySelector('#job-list'), {subtree: true, childList: true, attributes: true}); }"""
+# Functions, never expressions: Playwright evaluates a bare expression with eval(), which the page's CSP refuses.
+PLAYABLE = """() => { const v = document.querySelector('li.job[data-status=completed] video');
+  return v !== null && v.readyState >= 2 && v.duration > 0; }"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch(playwright)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if _unexpected(msg) else None)
+    yield page
+    context.close()
+    assert errors == [], errors  # an uncaught script error or a refused resource (CSP) fails the test
+
+
+def _unexpected(message) -> bool:  # type: ignore[no-untyped-def]
+    # A 401 is how the page learns that it needs a key (or that a key is wrong); the key test checks what it shows.
+    return message.type == "error" and "status of 401" not in message.text
+
+
+def _screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    folder = os.environ.get("VIDLOOM_UI_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"))
+
+
+def _fill(page, prompt: str, fields: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    page.fill("#prompt", prompt)
+    for name, value in fields.items():
+        page.fill(f"#gen-form [name={name}]", value)
+
+
+def _generate_and_play(page, prompt: str) -> None:  # type: ignore[no-untyped-def]
+    page.wait_for_selector("#main:not([hidden])")
+    page.evaluate(RECORD_PROGRESS)
+    _fill(page, prompt, WATCHED)
+    page.click("#submit")
+    page.wait_for_function(PLAYABLE, timeout=120_000)
+    seen = page.evaluate("window.seen")
+    assert any(0 < value < 100 for value in seen), f"the progress bar never moved between 0 and 100: {seen}"
+    assert seen[-1] == 100
+    job = page.locator("li.job").first
+    assert job.locator(".prompt").inner_text() == prompt
+    assert job.locator(".thumb img").evaluate("img => img.complete && img.naturalWidth") == 48  # thumbnail loaded
+
+
+def test_generate_watch_and_play_a_video(browser, page, demo_engine, tmp_path):
+    config = ServeConfig(data_dir=tmp_path / "data", max_steps=BLOCKING_STEPS, graceful_shutdown_s=2)
+    with ThreadServer(demo_engine, config) as server:
+        page.goto(server.url)
+        assert page.locator("#model-name").inner_text() == "wan2.1-demo"
+        assert page.locator("[data-input=video]").is_visible()  # the demo reads a video (v2v)
+        assert not page.locator("[data-input=input_reference]").is_visible()  # and no image
+        assert not page.locator("#chat").is_visible()
+        _generate_and_play(page, "a red fox runs through snow")
+        page.click("#snippet-box summary")
+        assert "curl http://127.0.0.1" in page.locator("#snippet").inner_text()
+        _screenshot(page, "playground-video")
+        page.click("[data-tab=python]")
+        snippet = page.locator("#snippet").inner_text()
+        assert "client.videos.create(" in snippet and '"num_inference_steps": 40' in snippet
+        page.locator("li.job .delete").first.click()
+        page.wait_for_selector("li.job", state="detached")
+        assert not server.app.state.jobs.page(None, 10, "desc").records  # deleted on the server too
+
+
+def test_cancel_a_running_job(browser, page, demo_engine, tmp_path):
+    config = ServeConfig(data_dir=tmp_path / "data", max_steps=BLOCKING_STEPS, graceful_shutdown_s=2)
+    with ThreadServer(demo_engine, config) as server:
+        page.goto(server.url)
+        page.wait_for_selector("#main:not([hidden])")
+        _fill(page, "a very long job", {**WATCHED, "num_inference_steps": str(BLOCKING_STEPS)})
+        page.click("#submit")
+        page.wait_for_selector("li.job[data-status=in_progress]", timeout=60_000)
+        page.wait_for_function("() => document.querySelector('li.job progress').value > 0", timeout=60_000)
+        _screenshot(page, "playground-running")
+        page.click("li.job .cancel")
+        page.wait_for_selector("li.job[data-status=cancelled]", timeout=30_000)
+        assert not page.locator("li.job .cancel").is_visible() and page.locator("li.job video").count() == 0
+        video_id = page.locator("li.job").get_attribute("data-id")
+        assert server.app.state.jobs.get(video_id).status == "cancelled"
+
+
+def test_with_an_api_key_the_page_asks_for_it(browser, page, demo_engine, tmp_path):
+    config = ServeConfig(data_dir=tmp_path / "data", api_key=KEY, max_steps=BLOCKING_STEPS, graceful_shutdown_s=2)
+    with ThreadServer(demo_engine, config) as server:
+        page.goto(server.url)
+        page.wait_for_selector("#key-panel:not([hidden])")
+        assert not page.locator("#main").is_visible()
+        _screenshot(page, "playground-key")
+        page.fill("#api-key", "sk-wrong")
+        page.click("#key-form button")
+        page.wait_for_function("() => document.querySelector('#key-error').textContent.includes('refused')")
+        page.fill("#api-key", KEY)
+        page.click("#key-form button")
+        _generate_and_play(page, "a lighthouse at night")  # media come as blobs: <video> sends no header
+        assert page.locator("li.job video").get_attribute("src").startswith("blob:")
+        assert page.evaluate("sessionStorage.getItem('vidloom.apiKey')") == KEY
+        page.reload()  # the key survives a reload of the tab, and the job list is back
+        page.wait_for_selector("li.job[data-status=completed]")
+        assert page.locator("#forget-key").is_visible()
+        page.click("#forget-key")
+        page.wait_for_selector("#key-panel:not([hidden])")
+        assert page.evaluate("sessionStorage.getItem('vidloom.apiKey')") is None
+
+
+@pytest.fixture(scope="module")
+def cosmos3_engine(tmp_path_factory):  # type: ignore[no-untyped-def]
+    require_chromium()  # skip before building the checkpoint
+    from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3
+    from vidloom.generator import VideoGenerator
+
+    folder = write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "cosmos3-tiny")
+    return VideoGenerator.from_pretrained(folder, device="cpu").engine
+
+
+@pytest.mark.parametrize("api_key", [None, KEY])
+def test_chat_streams_an_answer(browser, page, cosmos3_engine, tmp_path, api_key):
+    config = ServeConfig(data_dir=tmp_path / "data", api_key=api_key, graceful_shutdown_s=2)
+    with ThreadServer(cosmos3_engine, config) as server:
+        page.goto(server.url)
+        if api_key:
+            page.fill("#api-key", api_key)
+            page.click("#key-form button")
+        page.wait_for_selector("#chat:not([hidden])")
+        page.evaluate("""() => { window.growth = []; new MutationObserver(() => window.growth.push(
+          document.querySelector('.bubble.assistant .content')?.textContent.length || 0)).observe(
+          document.querySelector('#chat-log'), {subtree: true, childList: true, characterData: true}); }""")
+        page.fill("#chat-input", "tell me a story about robots")
+        page.click("#chat-send")
+        page.wait_for_selector(".bubble.user")
+        page.wait_for_function("() => !document.querySelector('#chat-send').disabled", timeout=120_000)
+        answer = page.locator(".bubble.assistant .content").inner_text()
+        assert answer and page.locator(".bubble.assistant .error").inner_text() == ""
+        assert len({n for n in page.evaluate("window.growth") if n}) > 1, "the answer arrived in one piece"
+        if api_key is None:
+            _screenshot(page, "playground-chat")
