@@ -6,6 +6,7 @@ Set VIDLOOM_UI_SCREENSHOTS=docs/img to refresh the README's screenshots from the
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -173,3 +174,50 @@ def test_chat_streams_an_answer(browser, page, cosmos3_engine, tmp_path, api_key
         assert len({n for n in page.evaluate("window.growth") if n}) > 1, "the answer arrived in one piece"
         if api_key is None:
             _screenshot(page, "playground-chat")
+
+
+class HeldDecode:
+    """Holds a causal rollout before it decodes chunk `index`: earlier chunks are out, the job still runs."""
+
+    def __init__(self, decode, index: int) -> None:  # type: ignore[no-untyped-def]
+        self.decode, self.index, self.calls = decode, index, 0
+        self.released = threading.Event()
+
+    def __call__(self, **inputs):  # type: ignore[no-untyped-def]
+        if self.calls == self.index:
+            assert self.released.wait(120), "never released"
+        self.calls += 1
+        return self.decode(**inputs)
+
+
+def test_a_causal_video_plays_while_it_streams(browser, page, tmp_path, monkeypatch):
+    require_chromium()
+    from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
+    from vidloom.generator import VideoGenerator
+    from vidloom.recipes.wan_causal import loop as far_loop
+
+    engine = VideoGenerator.from_pretrained(write_tiny_far(tmp_path / "far", FAR_A), device="cpu").engine
+    held = HeldDecode(far_loop.decode_chunk, index=2)  # 17 frames: chunks [0, 1), [1, 9), then held at [9, 17)
+    monkeypatch.setattr(far_loop, "decode_chunk", held)
+    config = ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2)
+    with ThreadServer(engine, config) as server:
+        try:
+            page.goto(server.url)
+            page.wait_for_selector("#main:not([hidden])")
+            _fill(page, "a cat", {"size": "32x32", "num_frames": "17", "num_inference_steps": "2"})
+            page.click("#submit")
+            # The growing fMP4 plays while the job is still running (its last chunk is held back).
+            page.wait_for_function("""() => { const v = document.querySelector('li.job video');
+              return v !== null && v.dataset.streaming === '1' && v.readyState >= 2 && v.buffered.length > 0; }""",
+                                   timeout=60_000)
+            assert page.locator("li.job").get_attribute("data-status") == "in_progress"
+            streamed = page.evaluate("() => document.querySelector('li.job video').buffered.end(0)")
+            assert streamed > 0
+            held.released.set()
+            page.wait_for_selector("li.job[data-status=completed]", timeout=60_000)
+            # The rest arrives in the same player: the stream ends, so the duration is known and longer.
+            page.wait_for_function("""() => { const v = document.querySelector('li.job video');
+              return Number.isFinite(v.duration) && v.buffered.end(0) > %r; }""" % streamed)
+            assert page.locator("li.job video").count() == 1  # the streamed player stays; no second one
+        finally:
+            held.released.set()  # before the server stops: its stream waits for the job

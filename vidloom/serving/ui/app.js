@@ -234,15 +234,54 @@ function addPlayer(item, kind) {
   return player;
 }
 
-// A causal model's growing fMP4 plays while it is written. With a key the browser cannot stream it
-// (a <video> sends no Authorization header), so the video shows once completed.
-function streamVideo(id) {
+// A causal model's growing fMP4, fed to Media Source Extensions as it arrives: it plays while the job runs
+// (a plain <video src> waits until the browser's probe buffer fills) and the API key travels with fetch().
+async function streamVideo(id) {
   const item = jobItem(id);
-  if (state.key || item.querySelector("video")) return;
+  if (item.querySelector("video") || !window.MediaSource) return;
   const player = addPlayer(item, "video");
   player.dataset.streaming = "1";
   player.autoplay = true;
-  player.src = `/v1/videos/${id}/content?variant=stream`;
+  try {
+    const source = new MediaSource();
+    player.src = URL.createObjectURL(source);
+    await new Promise((resolve) => source.addEventListener("sourceopen", resolve, { once: true }));
+    const reader = (await api(`/v1/videos/${id}/content?variant=stream`)).body.getReader();
+    let buffer = null, head = new Uint8Array(0);
+    for (;;) {
+      let { value, done } = await reader.read();
+      if (done) break;
+      if (!buffer) {  // the codecs string comes from the init segment's sample entries
+        head = Uint8Array.from([...head, ...value]);
+        const codecs = mp4Codecs(head);
+        if (!codecs) continue;
+        buffer = source.addSourceBuffer(`video/mp4; codecs="${codecs}"`);
+        value = head;
+      }
+      buffer.appendBuffer(value);
+      await new Promise((resolve) => buffer.addEventListener("updateend", resolve, { once: true }));
+    }
+    if (buffer) source.endOfStream();
+  } catch (error) {
+    player.remove();  // the finished file shows once the job completes
+    reportError(error);
+  }
+}
+
+// "avc1.PPCCLL[,mp4a.40.2]" from an MP4 init segment (ISO 14496-15: avcC holds profile, compatibility, level).
+function mp4Codecs(bytes) {
+  const find = (tag) => {
+    outer: for (let i = 0; i + tag.length <= bytes.length; i++) {
+      for (let j = 0; j < tag.length; j++) if (bytes[i + j] !== tag.charCodeAt(j)) continue outer;
+      return i;
+    }
+    return -1;
+  };
+  const at = find("avcC");
+  if (at < 0 || at + 8 > bytes.length || find("mvex") < 0) return null;  // mvex: the moov is all there
+  const hex = (b) => b.toString(16).padStart(2, "0");
+  const video = `avc1.${hex(bytes[at + 5])}${hex(bytes[at + 6])}${hex(bytes[at + 7])}`;
+  return find("mp4a") >= 0 ? `${video},mp4a.40.2` : video;
 }
 
 async function follow(id) {
