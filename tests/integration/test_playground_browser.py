@@ -5,14 +5,11 @@ Set VIDLOOM_UI_SCREENSHOTS=docs/img to refresh the README's screenshots from the
 
 from __future__ import annotations
 
-import os
 import threading
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from tests.helpers.browser import launch, require_chromium
+from tests.helpers.browser import browser, fill, page, require_chromium, screenshot  # noqa: F401 (fixtures)
 from tests.helpers.servers import BLOCKING_STEPS, ThreadServer
 from vidloom.serving.config import ServeConfig
 
@@ -28,51 +25,10 @@ PLAYABLE = """() => { const v = document.querySelector('li.job[data-status=compl
   return v !== null && v.readyState >= 2 && v.duration > 0; }"""
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch(playwright)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser):  # type: ignore[no-untyped-def]
-    context = browser.new_context(viewport={"width": 1100, "height": 800})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda msg: errors.append(msg.text) if _unexpected(msg) else None)
-    yield page
-    context.close()
-    assert errors == [], errors  # an uncaught script error or a refused resource (CSP) fails the test
-
-
-def _unexpected(message) -> bool:  # type: ignore[no-untyped-def]
-    # A 401 is how the page learns that it needs a key (or that a key is wrong); the key test checks what it shows.
-    return message.type == "error" and "status of 401" not in message.text
-
-
-def _screenshot(page, name: str, part: str | None = None) -> None:  # type: ignore[no-untyped-def]
-    folder = os.environ.get("VIDLOOM_UI_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (page.locator(part) if part else page).screenshot(path=str(Path(folder) / f"{name}.png"))
-
-
-def _fill(page, prompt: str, fields: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    page.fill("#prompt", prompt)
-    for name, value in fields.items():
-        page.fill(f"#gen-form [name={name}]", value)
-
-
 def _generate_and_play(page, prompt: str) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_selector("#main:not([hidden])")
     page.evaluate(RECORD_PROGRESS)
-    _fill(page, prompt, WATCHED)
+    fill(page, prompt, WATCHED)
     page.click("#submit")
     page.wait_for_function(PLAYABLE, timeout=120_000)
     seen = page.evaluate("window.seen")
@@ -94,7 +50,7 @@ def test_generate_watch_and_play_a_video(browser, page, demo_engine, tmp_path):
         _generate_and_play(page, "a red fox runs through snow")
         page.click("#snippet-box summary")
         assert "curl http://127.0.0.1" in page.locator("#snippet").inner_text()
-        _screenshot(page, "playground-video")
+        screenshot(page, "playground-video")
         page.click("[data-tab=python]")
         snippet = page.locator("#snippet").inner_text()
         assert "client.videos.create(" in snippet and '"num_inference_steps": 40' in snippet
@@ -108,11 +64,11 @@ def test_cancel_a_running_job(browser, page, demo_engine, tmp_path):
     with ThreadServer(demo_engine, config) as server:
         page.goto(server.url)
         page.wait_for_selector("#main:not([hidden])")
-        _fill(page, "a very long job", {**WATCHED, "num_inference_steps": str(BLOCKING_STEPS)})
+        fill(page, "a very long job", {**WATCHED, "num_inference_steps": str(BLOCKING_STEPS)})
         page.click("#submit")
         page.wait_for_selector("li.job[data-status=in_progress]", timeout=60_000)
         page.wait_for_function("() => document.querySelector('li.job progress').value > 0", timeout=60_000)
-        _screenshot(page, "playground-running")
+        screenshot(page, "playground-running")
         page.click("li.job .cancel")
         page.wait_for_selector("li.job[data-status=cancelled]", timeout=30_000)
         assert not page.locator("li.job .cancel").is_visible() and page.locator("li.job video").count() == 0
@@ -126,7 +82,7 @@ def test_with_an_api_key_the_page_asks_for_it(browser, page, demo_engine, tmp_pa
         page.goto(server.url)
         page.wait_for_selector("#key-panel:not([hidden])")
         assert not page.locator("#main").is_visible()
-        _screenshot(page, "playground-key")
+        screenshot(page, "playground-key")
         page.fill("#api-key", "sk-wrong")
         page.click("#key-form button")
         page.wait_for_function("() => document.querySelector('#key-error').textContent.includes('refused')")
@@ -173,7 +129,7 @@ def test_chat_streams_an_answer(browser, page, cosmos3_engine, tmp_path, api_key
         assert answer and page.locator(".bubble.assistant .error").inner_text() == ""
         assert len({n for n in page.evaluate("window.growth") if n}) > 1, "the answer arrived in one piece"
         if api_key is None:
-            _screenshot(page, "playground-chat", "#chat")  # random weights: the words are noise
+            screenshot(page, "playground-chat", "#chat")  # random weights: the words are noise
 
 
 class HeldDecode:
@@ -204,7 +160,7 @@ def test_a_causal_video_plays_while_it_streams(browser, page, tmp_path, monkeypa
         try:
             page.goto(server.url)
             page.wait_for_selector("#main:not([hidden])")
-            _fill(page, "a cat", {"size": "32x32", "num_frames": "17", "num_inference_steps": "2"})
+            fill(page, "a cat", {"size": "32x32", "num_frames": "17", "num_inference_steps": "2"})
             page.click("#submit")
             # The growing fMP4 plays while the job is still running (its last chunk is held back).
             page.wait_for_function("""() => { const v = document.querySelector('li.job video');

@@ -96,7 +96,8 @@ function buildForm(caps) {
   $("#jobs").hidden = !caps.videos;
   $("#generate-title").textContent = caps.videos ? "Generate a video" : "Generate an image";
   for (const label of form.querySelectorAll("[data-input]")) label.hidden = !caps.inputs.includes(label.dataset.input);
-  for (const label of form.querySelectorAll("[data-video]")) label.hidden = !caps.videos;
+  for (const part of form.querySelectorAll("[data-video]")) part.hidden = !caps.videos;
+  for (const part of form.querySelectorAll("[data-image]")) part.hidden = caps.videos;
   for (const name of caps.required_inputs) form.elements[name] && (form.elements[name].required = true);
   const d = caps.defaults;
   form.elements.size.value = d.size || "";
@@ -124,8 +125,27 @@ function formRequest() {
   for (const name of NUMBERS) if (shown(name) && form.elements[name].value !== "") fields[name] = Number(form.elements[name].value);
   for (const name of FLAGS) if (shown(name) && form.elements[name].checked) fields[name] = true;
   for (const name of FILES) if (shown(name) && form.elements[name].files.length) files[name] = form.elements[name].files[0];
-  if (!state.caps.videos) { delete fields.num_frames; fields.response_format = "b64_json"; }
+  if (!state.caps.videos) {
+    delete fields.num_frames;
+    fields.response_format = "b64_json";
+    if (files.input_reference) return { fields, files: { image: files.input_reference } };  // an edit
+  }
   return { fields, files };
+}
+
+// Where a request goes and the openai client call that sends it.
+function endpoint(files) {
+  if (state.caps.videos) return { path: "/v1/videos", call: "client.videos.create" };
+  if (files.image) return { path: "/v1/images/edits", call: "client.images.edit" };
+  return { path: "/v1/images/generations", call: "client.images.generate" };
+}
+
+// JSON, or multipart when there are files (as the openai client sends uploads).
+function requestBody(fields, files) {
+  if (!Object.keys(files).length) return { body: JSON.stringify(fields), headers: { "Content-Type": "application/json" } };
+  const body = new FormData();
+  for (const [name, value] of Object.entries({ ...fields, ...files })) body.append(name, value);
+  return { body, headers: {} };
 }
 
 async function submit(event) {
@@ -135,7 +155,7 @@ async function submit(event) {
   $("#submit").disabled = true;
   try {
     if (state.caps.videos) await submitVideo(fields, files);
-    else await submitImage(fields);
+    else await submitImage(fields, files);
   } catch (error) {
     if (!(error instanceof NeedKey)) $("#form-error").textContent = error.message;
   } finally {
@@ -144,21 +164,13 @@ async function submit(event) {
 }
 
 async function submitVideo(fields, files) {
-  let body = JSON.stringify(fields), headers = { "Content-Type": "application/json" };
-  if (Object.keys(files).length) {  // uploads go as multipart, as the openai client sends them
-    body = new FormData();
-    for (const [name, value] of Object.entries({ ...fields, ...files })) body.append(name, value);
-    headers = {};
-  }
-  const video = await json("/v1/videos", { method: "POST", body, headers });
+  const video = await json("/v1/videos", { method: "POST", ...requestBody(fields, files) });
   renderJob(video);
   follow(video.id);
 }
 
-async function submitImage(fields) {
-  const result = await json("/v1/images/generations", {
-    method: "POST", body: JSON.stringify(fields), headers: { "Content-Type": "application/json" },
-  });
+async function submitImage(fields, files) {
+  const result = await json(endpoint(files).path, { method: "POST", ...requestBody(fields, files) });
   $("#image-results").hidden = false;
   for (const item of result.data) {
     const img = document.createElement("img");
@@ -222,7 +234,7 @@ async function showResult(item, video) {
   item.querySelector(".thumb").replaceChildren(thumb);
   const player = item.querySelector("video") || addPlayer(item, "video");
   if (!player.dataset.streaming) player.src = await mediaUrl(base);
-  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = player.src;
+  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = await mediaUrl(base);
 }
 
 function addPlayer(item, kind) {
@@ -376,7 +388,7 @@ function chatBubble(role) {
 function updateSnippet() {
   if (!state.caps) return;
   const { fields, files } = formRequest();
-  const path = state.caps.videos ? "/v1/videos" : "/v1/images/generations";
+  const { path } = endpoint(files);
   $("#snippet").textContent = state.tab === "curl" ? curlSnippet(path, fields, files) : pythonSnippet(fields, files);
   for (const tab of document.querySelectorAll("[data-tab]")) tab.classList.toggle("on", tab.dataset.tab === state.tab);
 }
@@ -408,7 +420,7 @@ function pythonSnippet(fields, files) {
   for (const [name, file] of Object.entries(files)) args.push(`${name}=open(${JSON.stringify(file.name)}, "rb")`);
   const entries = Object.entries(extra).map(([name, value]) => `"${name}": ${pyLiteral(value)}`);
   if (entries.length) args.push(`extra_body={${entries.join(", ")}}`);
-  const call = state.caps.videos ? "client.videos.create" : "client.images.generate";
+  const { call } = endpoint(files);
   const key = state.key ? `os.environ["VIDLOOM_API_KEY"]` : `"unused"`;
   return [`import os`, `from openai import OpenAI`, ``,
     `client = OpenAI(base_url="${location.origin}/v1", api_key=${key})`,
