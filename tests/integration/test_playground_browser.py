@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import pytest
 
 from tests.helpers.browser import browser, fill, page, require_chromium, screenshot  # noqa: F401 (fixtures)
-from tests.helpers.servers import BLOCKING_STEPS, ThreadServer
+from tests.helpers.servers import BLOCKING_STEPS, BlockingJob, ThreadServer
 from vidloom.serving.config import ServeConfig
 
 KEY = "sk-test-0123456789"
@@ -74,6 +75,17 @@ def test_cancel_a_running_job(browser, page, demo_engine, tmp_path):
         assert not page.locator("li.job .cancel").is_visible() and page.locator("li.job video").count() == 0
         video_id = page.locator("li.job").get_attribute("data-id")
         assert server.app.state.jobs.get(video_id).status == "cancelled"
+        # A job another client starts shows up (the list is read again every few seconds); deleting it while
+        # it runs removes it for good, though its event stream still ends with a final event.
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            other = BlockingJob(client, wait_running=False)
+            row = page.locator(f"li.job[data-id={other.id}]")
+            row.locator("progress").wait_for(timeout=15_000)
+            page.wait_for_selector(f"li.job[data-id={other.id}][data-status=in_progress]", timeout=30_000)
+            row.locator(".delete").click()
+            row.wait_for(state="detached")
+            page.wait_for_timeout(1500)  # the stream's final event has arrived by now
+            assert row.count() == 0 and server.app.state.jobs.get(other.id) is None
 
 
 def test_with_an_api_key_the_page_asks_for_it(browser, page, demo_engine, tmp_path):

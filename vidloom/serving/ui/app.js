@@ -4,7 +4,11 @@
 const $ = (selector) => document.querySelector(selector);
 const KEY_STORE = "vidloom.apiKey";
 const FINAL = ["completed", "failed", "cancelled"];
-const state = { key: sessionStorage.getItem(KEY_STORE), model: null, caps: null, tab: "curl", chat: [] };
+const JOBS_POLL_MS = 3000;  // how often the list looks for jobs other clients created
+const state = {
+  key: sessionStorage.getItem(KEY_STORE), model: null, caps: null, tab: "curl", chat: [],
+  followed: new Set(), deleted: new Set(),  // job ids with an open event stream; ids deleted from this page
+};
 
 class NeedKey extends Error {}
 
@@ -87,7 +91,10 @@ async function start() {
   $("#model-about").textContent = state.caps.description;
   buildForm(state.caps);
   $("#chat").hidden = !state.caps.chat;
-  if (state.caps.videos) await loadJobs();
+  if (state.caps.videos) {
+    await loadJobs();
+    setInterval(() => loadJobs().catch(reportError), JOBS_POLL_MS);
+  }
 }
 
 function buildForm(caps) {
@@ -182,10 +189,12 @@ async function submitImage(fields, files) {
 
 // -- the jobs list ----------------------------------------------------------------------------
 
+// The newest page of jobs, this page's and other clients' (curl, the openai package); each running one followed.
 async function loadJobs() {
   const page = await json("/v1/videos?limit=20&order=desc");
   for (const video of page.data.reverse()) {
-    renderJob(video);
+    if (state.deleted.has(video.id) || state.followed.has(video.id)) continue;
+    if (!document.querySelector(`li[data-id="${video.id}"]`)) renderJob(video);
     if (!FINAL.includes(video.status)) follow(video.id);
   }
 }
@@ -207,6 +216,7 @@ function jobItem(id) {
 }
 
 function renderJob(video) {
+  if (state.deleted.has(video.id)) return;  // a stream's last event may come after the delete
   const item = jobItem(video.id);
   item.dataset.status = video.status;
   item.querySelector(".prompt").textContent = video.prompt || "";
@@ -297,9 +307,11 @@ function mp4Codecs(bytes) {
 }
 
 async function follow(id) {
+  state.followed.add(id);
   try {
     const response = await api(`/v1/videos/${id}/events`);
     for await (const { event, data } of sseEvents(response)) {
+      if (state.deleted.has(id)) return;
       const payload = JSON.parse(data);
       const item = jobItem(id);
       if (event === "progress") {
@@ -326,6 +338,7 @@ async function act(id, action) {
     if (action === "cancel") renderJob(await json(`/v1/videos/${id}/cancel`, { method: "POST" }));
     else {
       await api(`/v1/videos/${id}`, { method: "DELETE" });
+      state.deleted.add(id);
       jobItem(id).remove();
     }
   } catch (error) {
