@@ -52,3 +52,14 @@ def test_model_details_carry_the_cards_capabilities(start_server):
         assert accepted.status_code == 200, accepted.text
         missing = client.get("/v1/models/other-model")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_vidloom_serve_shows_the_page_and_no_ui_hides_it(demo_cache, tmp_path):
+    from tests.helpers.servers import ProcessServer
+
+    for extra, status in (((), 200), (("--no-ui",), 404)):
+        server = ProcessServer(tmp_path / "data", demo_cache, tmp_path / "serve.log", *extra)
+        try:
+            assert httpx.get(f"{server.url}/").status_code == status, extra
+        finally:
+            server.terminate()

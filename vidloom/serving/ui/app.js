@@ -111,6 +111,7 @@ function buildForm(caps) {
   form.elements.num_frames.value = d.num_frames || "";
   form.elements.num_inference_steps.value = d.num_inference_steps || "";
   form.elements.num_inference_steps.max = caps.limits.max_steps || "";
+  form.elements.num_frames.max = caps.limits.max_frames || "";
   form.elements.guidance_scale.value = d.guidance_scale ?? "";
   form.elements.negative_prompt.value = d.negative_prompt || "";
   form.elements.prompt.maxLength = caps.limits.max_prompt_chars || 100000;
@@ -127,11 +128,11 @@ const FLAGS = ["sound", "reason"];
 // The form's fields that differ from "unset": {fields, files}. Hidden fields are not sent.
 function formRequest() {
   const form = $("#gen-form"), fields = { model: state.model }, files = {};
-  const shown = (name) => !form.elements[name].closest("label").hidden;
-  for (const name of TEXTS) if (shown(name) && form.elements[name].value.trim()) fields[name] = form.elements[name].value.trim();
-  for (const name of NUMBERS) if (shown(name) && form.elements[name].value !== "") fields[name] = Number(form.elements[name].value);
-  for (const name of FLAGS) if (shown(name) && form.elements[name].checked) fields[name] = true;
-  for (const name of FILES) if (shown(name) && form.elements[name].files.length) files[name] = form.elements[name].files[0];
+  const shown = (names) => names.map((name) => form.elements[name]).filter((input) => !input.closest("label").hidden);
+  for (const input of shown(TEXTS)) if (input.value.trim()) fields[input.name] = input.value.trim();
+  for (const input of shown(NUMBERS)) if (input.value !== "") fields[input.name] = Number(input.value);
+  for (const input of shown(FLAGS)) if (input.checked) fields[input.name] = true;
+  for (const input of shown(FILES)) if (input.files.length) files[input.name] = input.files[0];
   if (!state.caps.videos) {
     delete fields.num_frames;
     fields.response_format = "b64_json";
@@ -149,7 +150,9 @@ function endpoint(files) {
 
 // JSON, or multipart when there are files (as the openai client sends uploads).
 function requestBody(fields, files) {
-  if (!Object.keys(files).length) return { body: JSON.stringify(fields), headers: { "Content-Type": "application/json" } };
+  if (!Object.keys(files).length) {
+    return { body: JSON.stringify(fields), headers: { "Content-Type": "application/json" } };
+  }
   const body = new FormData();
   for (const [name, value] of Object.entries({ ...fields, ...files })) body.append(name, value);
   return { body, headers: {} };
@@ -208,7 +211,8 @@ function jobItem(id) {
   item.innerHTML = `<div class="thumb"></div><div class="body"><p class="prompt"></p>
     <p><span class="status"></span> <progress max="100" value="0"></progress></p>
     <p class="reasoning" hidden></p><p class="error"></p><div class="media"></div>
-    <p><button type="button" class="cancel">Cancel</button> <button type="button" class="delete">Delete</button></p></div>`;
+    <p><button type="button" class="cancel">Cancel</button>
+    <button type="button" class="delete">Delete</button></p></div>`;
   item.querySelector(".cancel").addEventListener("click", () => act(id, "cancel"));
   item.querySelector(".delete").addEventListener("click", () => act(id, "delete"));
   $("#job-list").prepend(item);
@@ -424,7 +428,7 @@ const pyLiteral = (value) => (typeof value === "boolean" ? (value ? "True" : "Fa
 
 // The openai package: its own parameters as arguments, vidloom's extensions in extra_body.
 function pythonSnippet(fields, files) {
-  const own = state.caps.videos ? ["model", "prompt", "size", "seconds"] : ["model", "prompt", "size", "response_format"];
+  const own = ["model", "prompt", "size", state.caps.videos ? "seconds" : "response_format"];
   const args = [], extra = {};
   for (const [name, value] of Object.entries(fields)) {
     if (own.includes(name)) args.push(`${name}=${pyLiteral(value)}`);
