@@ -17,10 +17,13 @@ from vidloom.serving.config import ServeConfig
 KEY = "sk-test-0123456789"
 # About 1 s on a laptop CPU: long enough that the progress bar shows values between 0 and 100.
 WATCHED = {"size": "48x32", "num_frames": "5", "num_inference_steps": "40"}
-# Records every value the first job's progress bar takes, so a test sees it move however fast the job runs.
-RECORD_PROGRESS = """() => { window.seen = []; new MutationObserver(() => {
+# Records every value the first job's progress bar takes (each mutation's old value, then the current one), so a
+# test sees it move however fast the job runs and however many updates land between two observer callbacks.
+RECORD_PROGRESS = """() => { window.seen = []; new MutationObserver((records) => {
+  for (const r of records) if (r.target.tagName === 'PROGRESS' && r.oldValue !== null) window.seen.push(+r.oldValue);
   const bar = document.querySelector('li.job progress'); if (bar) window.seen.push(bar.value);
-}).observe(document.querySelector('#job-list'), {subtree: true, childList: true, attributes: true}); }"""
+}).observe(document.querySelector('#job-list'),
+           {subtree: true, childList: true, attributes: true, attributeFilter: ['value'], attributeOldValue: true}); }"""
 # Functions, never expressions: Playwright evaluates a bare expression with eval(), which the page's CSP refuses.
 PLAYABLE = """() => { const v = document.querySelector('li.job[data-status=completed] video');
   return v !== null && v.readyState >= 2 && v.duration > 0; }"""
