@@ -3,7 +3,6 @@ reasoned prompt shown apart, and a soundtrack's audio player."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
