@@ -135,6 +135,8 @@ def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="let a web app at ORIGIN (e.g. https://app.example.com) call the API; repeatable")
     srv.add_argument("--enable-docs", action="store_true", help="serve /docs, /redoc and /openapi.json")
+    srv.add_argument("--ui", action=argparse.BooleanOptionalAction, default=None,
+                     help="the web playground at / (default: on when bound to loopback); --no-ui turns it off")
     srv.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS",
                      help="on SIGTERM, running jobs get this long to finish before they fail (default: 5)")
 

@@ -20,8 +20,10 @@ from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
 from vidloom.serving.image_routes import router as image_router
+from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.protocol import ModelList, ModelObject
 from vidloom.serving.request_body import BodyLimit
+from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import jobs_of
 from vidloom.serving.video_routes import router as video_router
 
@@ -64,6 +66,8 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(image_router)
     app.include_router(chat_router)
     app.include_router(router)
+    if config.ui_enabled:
+        app.include_router(ui_router())
     return app
 
 
@@ -94,12 +98,14 @@ async def list_models(request: Request) -> ModelList:
 
 
 @router.get("/v1/models/{model_id:path}")
-async def retrieve_model(request: Request, model_id: str) -> ModelObject:
+async def retrieve_model(request: Request, model_id: str) -> ModelDetails:
+    """The model object plus `capabilities` (extension): what the card does, its defaults and this server's limits."""
     model = _model(request)
     if model_id != model.id:
         raise APIError(404, f"model {model_id!r} is not served here; this server serves {model.id!r}",
                        param="model", code="model_not_found")
-    return model
+    manager = jobs_of(request)
+    return ModelDetails(**model.model_dump(), capabilities=capabilities(manager.card, getattr(manager, "limits", None)))
 
 
 def _model(request: Request) -> ModelObject:

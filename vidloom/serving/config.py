@@ -12,6 +12,8 @@ from vidloom.registry import DEFAULT_MODEL
 from vidloom.serving.job_store import LOST_JOBS, redact_url
 from vidloom.runtime.scheduler import POLICIES
 
+LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -74,6 +76,8 @@ class ServeConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names beyond the bind address, localhost and IP literals; "*": any
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (no CORS headers otherwise)
     enable_docs: bool = False  # serve /docs, /redoc and /openapi.json
+    # The web playground at / (vidloom/serving/ui): None = on when bound to loopback, off on other addresses.
+    ui: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -126,6 +130,10 @@ class ServeConfig:
         for origin in self.cors_origins:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise ValueError(f"cors_origins: {origin!r} must look like https://app.example.com (or be *)")
+
+    @property
+    def ui_enabled(self) -> bool:
+        return self.ui if self.ui is not None else self.host.lower() in LOOPBACK_BINDS
 
     def request_limits(self, card: ModelCard, memory_budget: int | None) -> RequestLimits:
         """The server's per-request limits: card-derived defaults, replaced by any field set here.

@@ -19,6 +19,7 @@ from vidloom.serving.errors import echo, error_response
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)  # answer without a key: load balancers and liveness probes carry none
+UI_PATHS = ("/", "/ui/app.js", "/ui/app.css")  # ui_routes.UI_FILES
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 BODY_TYPES = ("application/json", "multipart/form-data")
 _UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
@@ -85,6 +86,8 @@ class RequestGuard:
         self.open_paths = set(OPEN_PATHS)
         if not config.metrics_need_key:
             self.open_paths.add("/metrics")
+        if config.ui_enabled:  # the playground's files hold no data; the page asks for the key itself
+            self.open_paths.update(UI_PATHS)
         if config.enable_docs:  # the schema and docs pages hold no data; Swagger UI fetches them without a key
             self.open_paths.update(DOCS_PATHS)
         self.origins = set(config.cors_origins)

@@ -1,0 +1,76 @@
+"""GET /v1/models/{id}'s extension: what the served card can do, so a client (the web playground) can build its form.
+
+Read-only, derived from the ModelCard and the server's request limits; behind the API key like every /v1 route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from vidloom.core.card import ModelCard
+from vidloom.core.limits import RequestLimits
+from vidloom.core.request import FLAG_INPUTS, MEDIA_INPUTS, Task
+from vidloom.serving.protocol import ModelObject
+
+VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
+# The API field each card input arrives in (params._media maps them back).
+API_FIELDS = {"image": "input_reference", "last_image": "last_image", "video": "video"}
+
+
+class ModelCapabilities(BaseModel):
+    """The card as a client sees it: request kinds, optional inputs, defaults and this server's limits."""
+
+    tasks: list[str]  # t2v | i2v | v2v | t2i
+    videos: bool  # POST /v1/videos works
+    images: bool  # POST /v1/images/generations works
+    chat: bool  # POST /v1/chat/completions works (the card has an ar_decode loop)
+    streams_chunks: bool  # a causal model: variant=stream grows while the job runs
+    produces_audio: bool  # the mp4 carries a soundtrack
+    inputs: list[str]  # optional request fields the card reads, under their API names (input_reference, sound...)
+    required_inputs: list[str]  # of those, the ones every request must give
+    samplers: list[str]
+    defaults: dict[str, Any]  # size, num_frames, fps, num_inference_steps, guidance_scale, flow_shift, ...
+    size_multiple: int  # width and height must be multiples of this
+    frame_multiple: int  # num_frames must be frame_multiple * k + 1
+    limits: dict[str, int | None]  # max_pixels, max_frames, max_steps, max_prompt_chars (None: unchecked)
+    context_window: int | None  # chat: prompt + completion tokens
+    description: str
+    notes: list[str]
+
+
+class ModelDetails(ModelObject):
+    """ModelObject plus the `capabilities` extension (clients reading only the OpenAI fields ignore it)."""
+
+    capabilities: ModelCapabilities
+
+
+def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabilities:
+    d = card.sampling_defaults
+    generates = bool(card.tasks)
+    defaults: dict[str, Any] = {}
+    if generates:
+        defaults = {"size": f"{d.width}x{d.height}", "num_frames": d.num_frames, "fps": d.fps,
+                    "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
+                    "flow_shift": d.flow_shift, "sampler": d.sampler, "negative_prompt": d.negative_prompt}
+    known = (*MEDIA_INPUTS, *FLAG_INPUTS)
+    return ModelCapabilities(
+        tasks=sorted(t.value for t in card.tasks),
+        videos=any(t in card.tasks for t in VIDEO_TASKS),
+        images=Task.T2I in card.tasks,
+        chat="ar_decode" in card.loops,
+        streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
+        produces_audio=card.produces_audio,
+        inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs],
+        required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs],
+        samplers=list(card.samplers),
+        defaults=defaults,
+        size_multiple=card.geometry.spatial_multiple,
+        frame_multiple=card.geometry.temporal_factor,
+        limits={name: getattr(limits, name, None) for name in
+                ("max_pixels", "max_frames", "max_steps", "max_prompt_chars")},
+        context_window=card.context_window,
+        description=card.description,
+        notes=list(card.notes),
+    )
