@@ -23,7 +23,7 @@ GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupno
 DIFFUSERS_CLASS_NAME = "AutoencoderKLFlux2"
 # Every AutoencoderKLFlux2.__init__ argument (diffusers 0.42). The block types and act_fn are checked (one value
 # each); sample_size only sizes diffusers' optional tiles (we do not tile) and batch_norm_momentum only moves
-# the latent statistics in training, so both are read and have no effect here; the rest are read.
+# the latent statistics in training, so both are accepted and unused here; the rest are read.
 CONFIG_KEYS = frozenset({
     "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
     "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size",
