@@ -92,3 +92,13 @@ def test_unknown_component_config_key_names_key_and_file(tiny_wan_dir, tmp_path)
     config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: True}))
     with pytest.raises(CheckpointError, match=rf"{folder}/vae/config.json: VAE config: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.parametrize(("read", "key"), [
+    (wan_transformer.WanTransformerConfig.from_diffusers, "cross_attn_norm"),
+    (wan_vae.WanVAEConfig.from_diffusers, "is_residual"),
+])
+def test_a_string_for_a_bool_key_is_refused_by_name(read, key):
+    # bool("false") is True: a string here would silently build another network.
+    with pytest.raises(CheckpointError, match=f"{key}='false' is not valid"):
+        read({key: "false"})
