@@ -77,3 +77,17 @@ def write_tiny_a14b(folder: Path, spec: TinyWan, boundary_ratio: float = 0.875, 
                        transformer_2=_transformer(spec.transformer, seed + 10), boundary_ratio=boundary_ratio)
     pipe.save_pretrained(str(folder))
     return folder
+
+
+def write_tiny_a14b_i2v(folder: Path, spec: TinyWan, boundary_ratio: float = 0.9, seed: int = 0) -> Path:
+    """A WanImageToVideoPipeline folder laid out as Wan2.2-I2V-A14B-Diffusers: two I2V experts (noise + 4 mask +
+    first-frame latent channels in), no CLIP image encoder, boundary_ratio 0.9 (the published I2V value)."""
+    from diffusers import WanImageToVideoPipeline
+
+    z = spec.vae["z_dim"]
+    kwargs = {**spec.transformer, "in_channels": 2 * z + 4, "out_channels": z}
+    pipe = WanImageToVideoPipeline(**_common(spec, seed), image_processor=None, image_encoder=None,
+                                   transformer=_transformer(kwargs, seed), transformer_2=_transformer(kwargs, seed + 10),
+                                   boundary_ratio=boundary_ratio)
+    pipe.save_pretrained(str(folder))
+    return folder

@@ -65,3 +65,15 @@ def test_unknown_transformer_key_names_key_and_file(flux2_distilled_dir, tmp_pat
     config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: 1}))
     with pytest.raises(CheckpointError, match=rf"{folder}/transformer/config.json: transformer config: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.parametrize(("read", "key"), [
+    (flux2_transformer.Flux2TransformerConfig.from_diffusers, "guidance_embeds"),
+    (flux2_vae.Flux2VAEConfig.from_diffusers, "use_quant_conv"),
+    (flux2_vae.Flux2VAEConfig.from_diffusers, "use_post_quant_conv"),
+    (flux2_vae.Flux2VAEConfig.from_diffusers, "mid_block_add_attention"),
+])
+def test_a_string_for_a_bool_key_is_refused_by_name(read, key):
+    # bool("false") is True: a string here would silently build another network.
+    with pytest.raises(CheckpointError, match=f"{key}='false' is not valid"):
+        read({key: "false"})

@@ -78,6 +78,13 @@ def test_expand_timesteps_must_be_a_bool(tiny_wan_dir, tmp_path):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
 
+def test_image_encoder_without_image_dim_is_refused(tiny_wan_dir, tmp_path):
+    folder = _with_index(tiny_wan_dir, tmp_path / "clip", _class_name="WanImageToVideoPipeline",
+                         image_encoder=["transformers", "CLIPVisionModel"], image_processor=[None, None])
+    with pytest.raises(CheckpointError, match=r"model_index.json: image_encoder is listed, but .* no image_dim"):
+        VideoGenerator.from_pretrained(folder, device="cpu")
+
+
 def test_unknown_component_config_key_names_key_and_file(tiny_wan_dir, tmp_path):
     folder = tmp_path / "future_vae"
     shutil.copytree(tiny_wan_dir, folder)
@@ -85,3 +92,13 @@ def test_unknown_component_config_key_names_key_and_file(tiny_wan_dir, tmp_path)
     config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: True}))
     with pytest.raises(CheckpointError, match=rf"{folder}/vae/config.json: VAE config: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.parametrize(("read", "key"), [
+    (wan_transformer.WanTransformerConfig.from_diffusers, "cross_attn_norm"),
+    (wan_vae.WanVAEConfig.from_diffusers, "is_residual"),
+])
+def test_a_string_for_a_bool_key_is_refused_by_name(read, key):
+    # bool("false") is True: a string here would silently build another network.
+    with pytest.raises(CheckpointError, match=f"{key}='false' is not valid"):
+        read({key: "false"})

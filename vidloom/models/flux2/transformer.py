@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
-from vidloom.loading.config_keys import check_class_name, refuse_unknown_keys
+from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.transformer import timestep_features
 
@@ -78,7 +78,7 @@ class Flux2TransformerConfig:
             rope_axes=tuple(int(a) for a in cfg.get("axes_dims_rope", (32, 32, 32, 32))),
             rope_theta=float(cfg.get("rope_theta", 2000)),
             eps=float(cfg.get("eps", 1e-6)),
-            guidance_embeds=bool(cfg.get("guidance_embeds", True)),
+            guidance_embeds=read_key(cfg, "guidance_embeds", True, strict_bool, "transformer config"),
         )
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
-from vidloom.loading.config_keys import check_class_name, refuse_unknown_keys
+from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 
 GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupnorm eps
@@ -23,7 +23,7 @@ GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupno
 DIFFUSERS_CLASS_NAME = "AutoencoderKLFlux2"
 # Every AutoencoderKLFlux2.__init__ argument (diffusers 0.42). The block types and act_fn are checked (one value
 # each); sample_size only sizes diffusers' optional tiles (we do not tile) and batch_norm_momentum only moves
-# the latent statistics in training, so both are read and have no effect here; the rest are read.
+# the latent statistics in training, so both are accepted and unused here; the rest are read.
 CONFIG_KEYS = frozenset({
     "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
     "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size",
@@ -54,8 +54,9 @@ class Flux2VAEConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2VAEConfig:
-        check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), "VAE config")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "VAE config")
+        where = "VAE config"
+        check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
+        refuse_unknown_keys(cfg, CONFIG_KEYS, where)
         for key, allowed in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
             kinds = set(cfg.get(key, [allowed]))
             if kinds != {allowed}:
@@ -71,9 +72,9 @@ class Flux2VAEConfig:
             layers_per_block=int(cfg.get("layers_per_block", 2)),
             latent_channels=int(cfg.get("latent_channels", 32)),
             norm_num_groups=int(cfg.get("norm_num_groups", 32)),
-            use_quant_conv=bool(cfg.get("use_quant_conv", True)),
-            use_post_quant_conv=bool(cfg.get("use_post_quant_conv", True)),
-            mid_attention=bool(cfg.get("mid_block_add_attention", True)),
+            use_quant_conv=read_key(cfg, "use_quant_conv", True, strict_bool, where),
+            use_post_quant_conv=read_key(cfg, "use_post_quant_conv", True, strict_bool, where),
+            mid_attention=read_key(cfg, "mid_block_add_attention", True, strict_bool, where),
             batch_norm_eps=float(cfg.get("batch_norm_eps", 1e-4)),
             patch_size=tuple(int(p) for p in cfg.get("patch_size", (2, 2))),
         )

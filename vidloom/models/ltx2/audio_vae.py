@@ -92,9 +92,8 @@ class LTX2AudioVAEConfig:
         CheckpointError naming it."""
         where = "audio VAE config"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        ints = _INT_KEYS
         refuse_unknown_keys(cfg, cls.config_keys(), where)
-        values: dict[str, Any] = {key: read_key(cfg, key, getattr(cls, key), positive_int, where) for key in ints}
+        values: dict[str, Any] = {key: read_key(cfg, key, getattr(cls, key), positive_int, where) for key in _INT_KEYS}
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)
         values["mid_block_add_attention"] = read_key(cfg, "mid_block_add_attention", False, strict_bool, where)

@@ -21,7 +21,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.fp8 import project
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
@@ -132,7 +132,8 @@ class WanTransformerConfig:
                 freq_dim=int(cfg.get("freq_dim", defaults.freq_dim)),
                 ffn_dim=int(cfg.get("ffn_dim", defaults.ffn_dim)),
                 num_layers=int(cfg.get("num_layers", defaults.num_layers)),
-                cross_attn_norm=bool(cfg.get("cross_attn_norm", defaults.cross_attn_norm)),
+                cross_attn_norm=read_key(cfg, "cross_attn_norm", defaults.cross_attn_norm, strict_bool,
+                                         "transformer config"),
                 qk_norm=qk_norm,
                 eps=float(cfg.get("eps", defaults.eps)),
                 rope_max_seq_len=int(cfg.get("rope_max_seq_len", defaults.rope_max_seq_len)),

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 from vidloom.models.wan.vae_residual import ResidualDownStage, ResidualUpStage, patchify, unpatchify
@@ -133,7 +133,7 @@ class WanVAEConfig:
                 dropout=float(cfg.get("dropout", cls.dropout)),
                 latents_mean=tuple(float(v) for v in cfg.get("latents_mean", cls.latents_mean)),
                 latents_std=tuple(float(v) for v in cfg.get("latents_std", cls.latents_std)),
-                is_residual=bool(cfg.get("is_residual", False)),
+                is_residual=read_key(cfg, "is_residual", False, strict_bool, "VAE config"),
                 patch_size=None if patch_size is None else int(patch_size),
                 decoder_base_dim=None if decoder_base_dim in (None, base_dim) else int(decoder_base_dim),
                 in_channels=int(cfg.get("in_channels", 3)),

@@ -95,6 +95,10 @@ def load_instance(
         # Each request binds its CLIP tokens to a network object of its own, which a captured graph would keep
         # reading (graphs key fixed objects by identity); until the tokens are a graph input, refuse at load.
         raise DeployError("cuda_graphs does not support Wan2.1 image-to-video (CLIP-conditioned) checkpoints yet")
+    if ckpt.has("image_encoder") and not experts["transformer"].config.takes_image:
+        # diffusers would feed its CLIP tokens to a transformer without image_dim and fail; we would drop them.
+        raise CheckpointError(f"{ckpt.root}/model_index.json: image_encoder is listed, but transformer/config.json "
+                              f"has no image_dim to read its tokens")
     if experts["transformer"].config.takes_image:
         components["image_encoder"] = WanImageEncoder.load(
             ckpt.component_dir("image_processor"), ckpt.component_dir("image_encoder"), device, compute
