@@ -75,7 +75,7 @@ MODEL_INDEX = {
     "transformer": ["diffusers", "Flux2Transformer2DModel"],
     "vae": ["diffusers", "AutoencoderKLFlux2"],
 }
-DEMO_DEFAULTS = dataclasses.replace(DISTILLED_DEFAULTS, height=128, width=128)
+DEMO_DEFAULTS = dataclasses.replace(DISTILLED_DEFAULTS, height=64, width=64)
 
 
 def demo_card() -> ModelCard:
