@@ -129,3 +129,16 @@ def test_cosmos3_demo_makes_sound_and_reasons_first(tmp_path, reason):
                        reason=reason)
     assert out.frames.shape == (5, 32, 32, 3)
     assert out.audio is not None and np.isfinite(out.audio).all() and np.abs(out.audio).max() > 0
+
+
+def test_ltx2_demo_makes_video_with_sound_in_two_stages(tmp_path):
+    from vidloom.core.deploy import DeployConfig
+
+    gen = VideoGenerator.from_pretrained("ltx2-demo", device="cpu", cache_dir=tmp_path / "cache",
+                                         deploy=DeployConfig(two_stage=True))
+    phases: list[str] = []
+    out = gen.generate("a robot dancing", height=64, width=64, num_frames=9, num_inference_steps=2, seed=2,
+                       on_event=lambda event: phases.append(getattr(event, "phase", None)))
+    assert [p for p in dict.fromkeys(phases) if p] == ["stage1", "upsample", "stage2", "decode", "audio"]
+    assert out.frames.shape == (9, 128, 128, 3)  # the latent upsampler doubled the first stage's size
+    assert out.audio.shape[0] == 2 and np.isfinite(out.audio).all() and np.abs(out.audio).max() > 0

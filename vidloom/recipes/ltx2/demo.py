@@ -99,7 +99,7 @@ MODEL_INDEX = {
     "transformer": ["diffusers", "LTX2VideoTransformer3DModel"],
     "vocoder": ["ltx2", "LTX2Vocoder"],
 }
-# 128x128 so the two-stage program's first pass (half size) still has whole 32-pixel latent cells.
+# Four 32-pixel latent cells a side; the two-stage program (--two-stage) adds the upsampler's 2x pass.
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=128, width=128, num_frames=9, num_inference_steps=4)
 SIZE_MULTIPLE, TEMPORAL_FACTOR = 32, 8
 
