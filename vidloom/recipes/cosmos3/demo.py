@@ -25,7 +25,9 @@ from vidloom.models.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transformer
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.cosmos3.cards import AR_LOOP, cosmos3_card
 from vidloom.recipes.cosmos3.prompts import VISION_START
-from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json
+from vidloom.recipes.demo_cache import (
+    ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json,
+)
 
 DEMO_ID = "cosmos3-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
