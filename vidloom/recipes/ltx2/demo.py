@@ -17,6 +17,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.layers.attention import attention
+from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.ltx2.audio_vae import LTX2_AUDIO_VAE_NAME_MAP, LTX2AudioVAE, LTX2AudioVAEConfig
 from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
@@ -130,8 +131,11 @@ def write_demo_checkpoint(folder: Path) -> None:
           LTX2_AUDIO_VAE_NAME_MAP, DEMO_AUDIO_VAE)
     vocoder = LTX2Vocoder(LTX2VocoderConfig.from_diffusers(DEMO_VOCODER))
     _save(vocoder, folder / "vocoder", vocoder.name_map, DEMO_VOCODER)
-    _save(LTX2LatentUpsampler(LTX2LatentUpsamplerConfig.from_diffusers(DEMO_UPSAMPLER)),
-          folder / "latent_upsampler", LTX2_UPSAMPLER_NAME_MAP, DEMO_UPSAMPLER)
+    upsampler = LTX2LatentUpsampler(LTX2LatentUpsamplerConfig.from_diffusers(DEMO_UPSAMPLER))
+    # LTX2_UPSAMPLER_NAME_MAP renames the pixel-shuffle conv (diffusers' upsampler.0); the rational
+    # resampler's conv has diffusers' own name already, so writing it back through that map would be wrong.
+    name_map = NameMap(()) if upsampler.config.uses_rational_resampler else LTX2_UPSAMPLER_NAME_MAP
+    _save(upsampler, folder / "latent_upsampler", name_map, DEMO_UPSAMPLER)
 
     tokenizer = _train_tokenizer()
     tokenizer.save_pretrained(str(folder / "tokenizer"))
