@@ -23,8 +23,8 @@ from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS
 
 NOISE_NOTE = (
     "{demo} has RANDOM weights (the real {family} architecture at a tiny size): its output is noise by "
-    "design; it exists so every {family} feature runs offline in seconds. For real output pass a {family} "
-    "Diffusers checkpoint directory with --model{example}."
+    "design; it exists so every {family} feature runs offline in seconds. For real output pass real {family} "
+    "weights with --model (a Diffusers checkpoint directory or Hub repo id{example})."
 )
 
 

@@ -32,7 +32,7 @@ from vidloom.recipes.demo_cache import (
 DEMO_ID = "cosmos3-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
 DEMO_SEED = 20260301
-DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni", "a Cosmos3 Omni Diffusers folder from nvidia")
+DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni")
 
 # ChatML, as Qwen3-VL-based Cosmos3 checkpoints ship it: string or list-of-parts content.
 CHAT_TEMPLATE = (
