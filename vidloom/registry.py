@@ -21,6 +21,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 # Registered model ids -> "module:function" returning their ModelCard.
 CARDS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:demo_card",
+    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:demo_card",
     "far-demo": "vidloom.recipes.wan_causal.demo:demo_card",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
@@ -66,6 +67,7 @@ SEQUENCE_GEOMETRY: dict[str, str] = {
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:ensure_demo_checkpoint",
+    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:ensure_demo_checkpoint",
     "far-demo": "vidloom.recipes.wan_causal.demo:ensure_demo_checkpoint",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",

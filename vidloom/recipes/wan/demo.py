@@ -109,7 +109,7 @@ def write_demo_checkpoint(folder: Path) -> None:
 
     tokenizer = train_tokenizer()
     tokenizer.save_pretrained(str(folder / "tokenizer"))
-    _write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
+    write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
     write_json(folder / "scheduler" / "scheduler_config.json", WAN21_SCHEDULER)
     write_json(folder / "model_index.json", MODEL_INDEX)
 
@@ -132,7 +132,8 @@ def train_tokenizer():
     return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
 
 
-def _write_text_encoder(folder: Path, vocab_size: int) -> None:
+def write_text_encoder(folder: Path, vocab_size: int) -> None:
+    """The demo's UMT5 text encoder (random weights, built by transformers from a config)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
     config = UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)
