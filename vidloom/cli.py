@@ -210,8 +210,14 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 
 
 def _models() -> int:
+    """One row per registered card (the *-demo ones first), under a header."""
+    rows = [("ID", "FAMILY", "TASKS", "WHAT IT IS")]
     for card in registry.list_cards():
-        print(f"{card.model_id:<24} {card.family:<8} {','.join(t.value for t in sorted(card.tasks)):<8} {card.description}")
+        tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else [])
+        rows.append((card.model_id, card.family, ",".join(tasks), card.description))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(value.ljust(width) for value, width in zip(row, widths)) + "  " + row[3])
     return 0
 
 

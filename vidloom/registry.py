@@ -21,6 +21,11 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 # Registered model ids -> "module:function" returning their ModelCard.
 CARDS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:demo_card",
+    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:demo_card",
+    "far-demo": "vidloom.recipes.wan_causal.demo:demo_card",
+    "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
+    "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
+    "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
     "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
@@ -62,6 +67,11 @@ SEQUENCE_GEOMETRY: dict[str, str] = {
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:ensure_demo_checkpoint",
+    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:ensure_demo_checkpoint",
+    "far-demo": "vidloom.recipes.wan_causal.demo:ensure_demo_checkpoint",
+    "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
+    "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
+    "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 

@@ -40,12 +40,23 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
     pipeline = read_pipeline_config(ckpt)
-    components = {"transformer": ComponentSpec("bfloat16"), "text_tokenizer": ComponentSpec()}
-    loops = {AR_LOOP: LoopSpec()}
     generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
-    inputs = {"image", "reason"}
     sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \
         (ckpt.root / "sound_tokenizer").is_dir()
+    return cosmos3_card(
+        ckpt.root.name, str(ckpt.root), generates=generates, sound=sound,
+        defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
+        description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
+        notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
+    )
+
+
+def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, defaults: SamplingDefaults,
+                 description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
+    """The card of a folder that generates (a VAE and a scheduler) or not, with a sound pathway or not."""
+    components = {"transformer": ComponentSpec(precision), "text_tokenizer": ComponentSpec()}
+    loops = {AR_LOOP: LoopSpec()}
+    inputs = {"image", "reason"}
     if generates:
         components.update({"vae": ComponentSpec("float32"), "scheduler": ComponentSpec()})
         loops[DENOISE_LOOP] = LoopSpec(samplers=SAMPLERS)
@@ -53,21 +64,21 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         components["sound_tokenizer"] = ComponentSpec("float32")
         inputs.add("sound")
     return ModelCard(
-        model_id=ckpt.root.name,
+        model_id=model_id,
         family=FAMILY,
         components=components,
         loops=loops,
         tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
         inputs=frozenset(inputs) if generates else frozenset(),
         produces_audio=sound,
-        precision="bfloat16",
-        sampling_defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
+        precision=precision,
+        sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP),
         program=PROGRAM,
-        source=str(ckpt.root),
-        description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
-        notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
+        source=source,
+        description=description,
+        notes=notes,
         context_window=CONTEXT_WINDOW,
     )
 

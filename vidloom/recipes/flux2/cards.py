@@ -60,28 +60,38 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     defaults = DISTILLED_DEFAULTS if distilled else BASE_DEFAULTS
     if defaults.height % multiple:
         raise CheckpointError(f"{ckpt.root}/vae/config.json: size multiple {multiple} does not divide 1024")
+    return flux2_card(
+        ckpt.root.name, str(ckpt.root), distilled=distilled, multiple=multiple, defaults=defaults,
+        description=f"Flux2 Klein {'step-distilled ' if distilled else ''}text-to-image and editing from {ckpt.root}",
+    )
+
+
+def flux2_card(model_id: str, source: str, *, distilled: bool, multiple: int, defaults: SamplingDefaults,
+               description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16",
+               method: str | None = None) -> ModelCard:
+    """The card of a Klein folder: step-distilled or base, sizes a multiple of `multiple` pixels."""
     return ModelCard(
-        model_id=ckpt.root.name,
+        model_id=model_id,
         family=FAMILY,
         components={
-            "transformer": ComponentSpec("bfloat16"),
+            "transformer": ComponentSpec(precision),
             "vae": ComponentSpec("float32"),
-            "text_encoder": ComponentSpec("bfloat16"),
+            "text_encoder": ComponentSpec(precision),
             "tokenizer": ComponentSpec(),
             "scheduler": ComponentSpec(),
         },
         loops={"denoise": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2I}),
-        precision="bfloat16",
+        precision=precision,
         sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=1),
         recipe=RecipeSpec(
-            method="distilled" if distilled else "pretrained", loop="denoise",
+            method=method or ("distilled" if distilled else "pretrained"), loop="denoise",
         ),
         program=PROGRAM,
-        source=str(ckpt.root),
-        description=f"Flux2 Klein {'step-distilled ' if distilled else ''}text-to-image and editing from {ckpt.root}",
-        notes=("guidance_scale is ignored (step-distilled)",) if distilled else (),
+        source=source,
+        description=description,
+        notes=(("guidance_scale is ignored (step-distilled)",) if distilled else ()) + notes,
         max_prompt_tokens=FLUX2_TEXT_TOKENS,
         inputs=frozenset({"image"}),  # reference images (editing)
         size_from_inputs=True,

@@ -51,13 +51,21 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     spatial = vae.spatial_compression_ratio * int(dit.get("patch_size", 1))
     temporal = vae.temporal_compression_ratio * int(dit.get("patch_size_t", 1))
     multiple = math.lcm(PIPELINE_SIZE_MULTIPLE, spatial)
+    return ltx2_card(ckpt.root.name, str(ckpt.root), multiple=multiple, temporal=temporal, defaults=DEFAULTS,
+                     description=f"LTX-2 text/image-to-video with audio from {ckpt.root}")
+
+
+def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
+              description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
+    """The card of an LTX-2 folder whose sizes are multiples of `multiple` pixels and whose frames are
+    `temporal` * k + 1."""
     return ModelCard(
-        model_id=ckpt.root.name,
+        model_id=model_id,
         family=FAMILY,
         components={
-            "transformer": ComponentSpec("bfloat16"),
-            "connectors": ComponentSpec("bfloat16"),
-            "text_encoder": ComponentSpec("bfloat16"),
+            "transformer": ComponentSpec(precision),
+            "connectors": ComponentSpec(precision),
+            "text_encoder": ComponentSpec(precision),
             "tokenizer": ComponentSpec(),
             "vae": ComponentSpec("float32"),
             "audio_vae": ComponentSpec("float32"),
@@ -66,13 +74,14 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         },
         loops={"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
         tasks=frozenset({Task.T2V, Task.I2V}),
-        precision="bfloat16",
-        sampling_defaults=DEFAULTS,
+        precision=precision,
+        sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
         recipe=RecipeSpec(method="pretrained", loop="stage1"),
         program=PROGRAM,
-        source=str(ckpt.root),
-        description=f"LTX-2 text/image-to-video with audio from {ckpt.root}",
+        source=source,
+        description=description,
+        notes=notes,
         max_prompt_tokens=LTX2_TEXT_TOKENS,
         inputs=frozenset({"image"}),
         min_image_side=1,

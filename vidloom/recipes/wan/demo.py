@@ -7,10 +7,6 @@ user runs exercises the real path. Its weights are random: the video is noise-li
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +15,7 @@ from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.recipes.demo_cache import ensure_written, fill_zeros, write_json
 from vidloom.recipes.wan.cards import wan_t2v_card
 
 DEMO_ID = "wan2.1-demo"
@@ -95,49 +92,26 @@ def demo_card() -> ModelCard:
 
 def ensure_demo_checkpoint(cache_dir: Path) -> Path:
     """Return the demo checkpoint folder, writing it first if this cache has none."""
-    target = cache_dir / f"{DEMO_ID}-v{DEMO_VERSION}"
-    if (target / "model_index.json").is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{DEMO_ID}.", dir=cache_dir))
-    try:
-        write_demo_checkpoint(staging)
-        try:
-            os.rename(staging, target)  # atomic: readers see all files or none
-        except OSError:
-            if not (target / "model_index.json").is_file():  # not a concurrent writer's win
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
     """Write the demo as a diffusers WanPipeline folder (loadable by diffusers too)."""
     torch.manual_seed(DEMO_SEED)
     transformer = WanTransformer(WanTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
-    _randomize(transformer)
+    fill_zeros(transformer)
     save_weights(transformer, folder / "transformer", WAN_TRANSFORMER_NAME_MAP)
-    _write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
+    write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
 
     vae = WanVAE(WanVAEConfig.from_diffusers(DEMO_VAE))
     save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    _write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
+    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
 
     tokenizer = train_tokenizer()
     tokenizer.save_pretrained(str(folder / "tokenizer"))
-    _write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
-    _write_json(folder / "scheduler" / "scheduler_config.json", WAN21_SCHEDULER)
-    _write_json(folder / "model_index.json", MODEL_INDEX)
-
-
-def _randomize(module: torch.nn.Module) -> None:
-    # Zero-initialised parts (output projection, modulation tables) would make a random
-    # DiT predict a constant; small noise keeps every layer exercised.
-    with torch.no_grad():
-        for param in module.parameters():
-            if not param.any():
-                param.normal_(0.0, 0.02)
+    write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
+    write_json(folder / "scheduler" / "scheduler_config.json", WAN21_SCHEDULER)
+    write_json(folder / "model_index.json", MODEL_INDEX)
 
 
 def train_tokenizer():
@@ -158,14 +132,10 @@ def train_tokenizer():
     return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
 
 
-def _write_text_encoder(folder: Path, vocab_size: int) -> None:
+def write_text_encoder(folder: Path, vocab_size: int) -> None:
+    """The demo's UMT5 text encoder (random weights, built by transformers from a config)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
     config = UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)
     torch.manual_seed(DEMO_SEED + 1)
     UMT5EncoderModel(config).save_pretrained(str(folder))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")

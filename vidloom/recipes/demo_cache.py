@@ -1,0 +1,106 @@
+"""Writing a family's demo checkpoint into the user's cache: once, atomically, from seeded random weights.
+
+Every `*-demo` card is the real architecture at a tiny size. Its folder is written in the family's
+diffusers layout with our own modules (diffusers is a test dependency only), so loading it goes
+through the same reader as a real checkpoint. These helpers are what every family's writer shares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from safetensors.torch import save_file
+
+from vidloom.core.errors import CheckpointError
+from vidloom.loading.name_map import NameMap
+from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS
+
+NOISE_NOTE = (
+    "{demo} has RANDOM weights (the real {family} architecture at a tiny size): its output is noise by "
+    "design; it exists so every {family} feature runs offline in seconds. For real output pass real {family} "
+    "weights with --model (a Diffusers checkpoint directory or Hub repo id{example})."
+)
+
+
+def noise_note(demo: str, family: str, example: str = "") -> str:
+    """The card note every demo carries: its output is noise, and where real weights come from."""
+    return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "")
+
+
+def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """`cache_dir/name`, written by `write(folder)` first if this cache has none.
+
+    The folder appears with all its files or not at all (staged, then renamed), so a reader never
+    sees a half-written demo and two processes writing at once both end with the same folder.
+    """
+    target = cache_dir / name
+    if (target / "model_index.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
+    try:
+        write(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "model_index.json").is_file():  # not a concurrent writer's win
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def fill_zeros(module: torch.nn.Module, std: float = 0.02) -> None:
+    """Give zero-initialised parameters small noise.
+
+    Zero output projections and modulation tables would make a random network predict a constant;
+    small noise keeps every layer exercised.
+    """
+    with torch.no_grad():
+        for param in module.parameters():
+            if not param.any():
+                param.normal_(0.0, std)
+
+
+def save_merged(folder: Path, parts: Iterable[tuple[torch.nn.Module, NameMap]], stem: str = DIFFUSERS_WEIGHTS) -> None:
+    """Write several modules that one checkpoint folder holds (e.g. Cosmos3's understanding and generation
+    pathways share transformer/) as one safetensors file in checkpoint naming."""
+    state: dict[str, torch.Tensor] = {}
+    for module, name_map in parts:
+        for name, tensor in module.state_dict().items():
+            key = name_map.to_checkpoint(name)
+            if key in state:
+                raise CheckpointError(f"{folder}: two modules write tensor {key!r}")
+            state[key] = tensor.detach().contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / f"{stem}.safetensors"))
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def train_chat_tokenizer(corpus: Iterable[str], specials: tuple[str, ...], chat_template: str,
+                         eos: str = "<|im_end|>", vocab_size: int = 320) -> Any:
+    """A byte-level BPE trained offline on `corpus`, as a Qwen2 tokenizer (the Qwen families' kind) with
+    `specials` as single tokens and `chat_template` for apply_chat_template. The first special is the pad."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(corpus), trainer)
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token=specials[0], eos_token=eos,
+                                   unk_token=None, bos_token=None)
+    tokenizer.chat_template = chat_template
+    return tokenizer
