@@ -19,7 +19,7 @@ from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.form_body import read_form
 from vidloom.serving.job_store import is_image_file
 from vidloom.serving.params import PlannedImages, image_api_field, plan_images
-from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse
+from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse, body_doc
 from vidloom.serving.request_body import read_body, validate_fields
 from vidloom.serving.video_routes import jobs_of
 
@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1/images")
 IMAGE_FILE_FIELDS = ("image", "image[]")  # the openai client sends a list of images as image[]
 
 
-@router.post("/generations")
+@router.post("/generations", openapi_extra=body_doc(ImageGenerationBody))
 async def generate_images(request: Request) -> ImagesResponse:
     """Text-to-image (`n` images); answers when all are ready. On a video model an image is a one-frame video."""
     manager = jobs_of(request)
@@ -37,7 +37,7 @@ async def generate_images(request: Request) -> ImagesResponse:
     return await _render(request, planned)
 
 
-@router.post("/edits")
+@router.post("/edits", openapi_extra=body_doc(ImageEditBody, "multipart/form-data"))
 async def edit_images(request: Request) -> ImagesResponse:
     """Reference-image editing: multipart `image` (one or more files, also as `image[]`), `prompt`, `n`, `size`..."""
     manager = jobs_of(request)

@@ -32,6 +32,27 @@ ApiFloat = Annotated[float, BeforeValidator(_no_bool)]
 ApiBool = Annotated[bool, BeforeValidator(_strict_bool)]
 
 
+def body_doc(model: type[BaseModel], *media_types: str) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its body itself (read_body): the body's schema under each media
+    type, so /openapi.json describes what clients send (and a schema-driven fuzzer can generate it)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    content = {media: {"schema": _inline(schema, defs)} for media in media_types or ("application/json",)}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    # OpenAPI documents have no top-level $defs for "#/$defs/X" to point at; our bodies nest without cycles.
+    if isinstance(node, dict):
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {key: _inline(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    return node
+
+
 class SamplingExtensions(BaseModel):
     """vidloom extensions shared by videos and images; None takes the model card's default."""
 

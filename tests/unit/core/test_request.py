@@ -155,6 +155,7 @@ def test_video_field_is_checked(task, frames, match):
         ("seed", 2**64),
         ("fps", 241),
     ],
+    ids=lambda v: str(v)[:24],
 )
 def test_degenerate_numbers_are_refused(card, field, value):
     request = dataclasses.replace(GenerationRequest(prompt="a cat"), **{field: value})
