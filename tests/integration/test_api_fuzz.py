@@ -203,12 +203,32 @@ BODIES = {
 }
 
 
+EXTREMES = (0, -1, 1, 2, 5e-324, 1e-300, 1e-38, 1e-6, 1e-5, 0.01, 0.5, 1.0, 1.5, 2.0, 100.0, 101, 1e300, 2**64,
+            10**400, "nan", "inf", "-inf", "1e-320", "5e-324")
+NUMERIC_FIELDS = {
+    "/v1/videos": ("seconds", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift", "seed",
+                   "step_cache_threshold", "strength", "guidance_scale_2"),
+    "/v1/images/generations": ("n", "num_inference_steps", "guidance_scale", "flow_shift", "seed"),
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
+                             "frequency_penalty", "presence_penalty"),
+}
+
+
+def _numeric_body(path: str, base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Several numeric fields at once at extreme or random values: the combinations one field at a time misses."""
+    value = st.one_of(st.sampled_from(EXTREMES), NUMBERS)
+    fields = st.dictionaries(st.sampled_from(NUMERIC_FIELDS[path]), value, min_size=1, max_size=3)
+    seconds_based = st.booleans() if path == "/v1/videos" else st.just(False)
+    return st.builds(lambda f, s: {**base, **({"num_frames": None, "seconds": "0.25"} if s else {}), **f},
+                     fields, seconds_based)
+
+
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_hostile_json_bodies_get_no_5xx(video_server: ThreadServer, chat_server: ThreadServer, path: str):
     fields, base = BODIES[path]
     url = chat_server.url if "chat" in path else video_server.url
     messages = st.lists(_message(), max_size=3)
-    body = _json_body(fields, base)
+    body = st.one_of(_json_body(fields, base), _numeric_body(path, base))
     if "chat" in path:
         body = st.builds(lambda b, m, use: {**b, "messages": m} if use else b, body, messages, st.booleans())
     with httpx.Client(base_url=url, timeout=60) as client:
@@ -267,17 +287,6 @@ def test_raw_bytes_get_no_5xx(video_server: ThreadServer, raw: bytes):
                 response = _post(client, path, content=raw, headers={"content-type": content_type})
                 _assert_answered(response, f"{path} {content_type} {raw!r}")
     assert httpx.get(f"{video_server.url}/health", timeout=10).status_code == 200
-
-
-EXTREMES = (0, -1, 1, 2, 5e-324, 1e-300, 1e-38, 1e-6, 1e-5, 0.01, 0.5, 1.0, 1.5, 2.0, 100.0, 101, 1e300, 2**64,
-            10**400, "nan", "inf", "-inf", "1e-320", "5e-324")
-NUMERIC_FIELDS = {
-    "/v1/videos": ("seconds", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift", "seed",
-                   "step_cache_threshold", "strength", "guidance_scale_2"),
-    "/v1/images/generations": ("n", "num_inference_steps", "guidance_scale", "flow_shift", "seed"),
-    "/v1/chat/completions": ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
-                             "frequency_penalty", "presence_penalty"),
-}
 
 
 @pytest.mark.parametrize("path", sorted(NUMERIC_FIELDS))
