@@ -148,7 +148,7 @@ def _assert_answered(response: httpx.Response | Any, what: str) -> None:
     assert status < 500, f"{what} -> {status}: {response.text[:500]}"
     if status >= 400:
         error = json.loads(response.text)["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
+        assert set(error) == {"message", "type", "param", "code"} and error["code"], error
 
 
 def _post(client: httpx.Client, path: str, **kwargs: Any) -> httpx.Response:
