@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import codecs
 import math
+from contextlib import aclosing
+from typing import AsyncGenerator
 
 from fastapi import Request
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, Headers
 from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header
 
 from vidloom.serving.errors import APIError
@@ -35,9 +37,10 @@ class _FormRefusal(MultiPartException):
 class StrictMultiPartParser(MultiPartParser):
     """Starlette's multipart parser with strict text decoding and counted fields/files (limits named)."""
 
-    def __init__(self, request: Request, charset: str, max_fields: int, max_files: int) -> None:
+    def __init__(self, headers: Headers, stream: AsyncGenerator[bytes, None], charset: str, max_fields: int,
+                 max_files: int) -> None:
         # Starlette's own counters stay unlimited: ours raise with the setting's name instead.
-        super().__init__(request.headers, request.stream(), max_files=math.inf, max_fields=math.inf)
+        super().__init__(headers, stream, max_files=math.inf, max_fields=math.inf)
         self.strict_charset = charset
         self.field_limit = max_fields
         self.file_limit = max_files
@@ -89,9 +92,10 @@ async def read_form(request: Request, *, max_fields: int = MAX_FORM_FIELDS, max_
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "multipart/form-data":
         raise APIError(400, "send multipart/form-data or application/json", code="unsupported_content_type")
-    parser = StrictMultiPartParser(request, form_charset(content_type), max_fields, max_files)
+    charset = form_charset(content_type)
     try:
-        return await parser.parse()
+        async with aclosing(request.stream()) as stream:
+            return await StrictMultiPartParser(request.headers, stream, charset, max_fields, max_files).parse()
     except _FormRefusal as exc:
         raise exc.error from None
     except (MultiPartException, ValueError) as exc:
