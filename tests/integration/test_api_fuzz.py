@@ -75,7 +75,12 @@ def _message() -> st.SearchStrategy[Any]:
         JSON_VALUES,
     )
     content = st.one_of(TEXT, st.lists(part, max_size=3), JSON_VALUES)
-    return st.one_of(st.fixed_dictionaries({"role": role, "content": content}), JSON_VALUES)
+    known = st.sampled_from([  # shapes that were 500s once, so every run sends them
+        {"role": ["user"], "content": "x"}, {"role": {"name": "user"}, "content": "x"}, {"role": None, "content": "x"},
+        {"role": "user", "content": [{"type": ["text"], "text": "x"}]}, {"role": "user", "content": [["text"]]},
+        {"role": "developer", "content": {"text": "x"}}, {"role": "user", "content": "x\x00y"},
+    ])
+    return st.one_of(known, st.fixed_dictionaries({"role": role, "content": content}), JSON_VALUES)
 
 
 def _json_body(fields: tuple[str, ...], base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
