@@ -88,6 +88,14 @@ def test_invalid_input_names_field_and_leaves_generator_working(generator):
     assert generator.generate("a fox", seed=1, **SMALL).num_frames == 5
 
 
+@pytest.mark.parametrize(("field", "value"), [("flow_shift", 5e-324), ("flow_shift", 1e9), ("guidance_scale", 1e30),
+                                             ("step_cache_threshold", float("inf"))])
+def test_degenerate_numbers_are_refused_by_the_python_api(generator, field, value):
+    # flow_shift 5e-324 used to run and fail with non-finite latents; now the call names the field first.
+    with pytest.raises(InvalidRequest, match=field):
+        generator.generate("a fox", **SMALL, **{field: value})
+
+
 def test_unknown_model_lists_known_ids():
     with pytest.raises(UnknownModel, match="wan2.1-demo"):
         VideoGenerator.from_pretrained("no-such-model")

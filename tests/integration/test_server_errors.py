@@ -110,6 +110,7 @@ def test_bad_list_parameters(client: httpx.Client, params: dict, param: str):
 def test_unknown_route_and_method_in_openai_shape(client: httpx.Client):
     assert client.get("/v1/nothing").json()["error"]["code"] == "not_found"
     assert client.put("/v1/videos").status_code == 405
+    assert client.put("/v1/videos").json()["error"]["code"] == "method_not_allowed"
     assert "error" in client.put("/v1/videos").json()
     bad_variant = client.get("/v1/videos/video_00000000000000000000000000000000/content", params={"variant": "x"})
     assert bad_variant.status_code == 404  # the id is checked first

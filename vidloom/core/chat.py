@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
 MAX_TEMPERATURE = 2.0  # OpenAI's range; past it sampling is near-uniform noise
+# Temperatures below this decode greedily (vLLM's _SAMPLING_EPS): dividing logits by 5e-324 (0 in float32)
+# gives inf/NaN probabilities, and anything this small already puts all the mass on the top token.
+MIN_TEMPERATURE = 1e-5
 MAX_TOP_K = 1 << 20  # larger than any vocabulary; a bigger value is a typo
 
 
@@ -66,10 +69,10 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens; temperature 0 is greedy."""
+    """How to pick tokens; temperature 0 (or below MIN_TEMPERATURE) is greedy."""
 
     max_tokens: int | None = None  # None: limits.default_max_tokens, capped by what is left of the window
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (anything below MIN_TEMPERATURE) = greedy
     top_p: float = 1.0  # (0, 1]
     top_k: int = 0  # 0 = off
     seed: int | None = None
@@ -77,7 +80,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
     def validate(self, limits: ChatLimits | None = None) -> None:
         """Raise InvalidRequest naming the first bad field; `limits` bounds max_tokens and stop."""

@@ -22,6 +22,12 @@ MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
 MAX_FPS = 240
 MAX_GUIDANCE = 100.0  # CFG scales in use are 1..20; beyond 100 the update is all guidance
 MAX_FLOW_SHIFT = 100.0  # Wan uses 3..17; larger shifts put every step at sigma ~1
+# The mirror image of MAX_FLOW_SHIFT (a shift a and 1/a bend the schedule equally, to sigma ~0 here). Below
+# it the shift formula a*s / (1 + (a - 1)*s) degenerates: at a = 5e-324, 1 + (a - 1) == 0 and sigma_max is inf.
+MIN_FLOW_SHIFT = 1.0 / MAX_FLOW_SHIFT
+# A threshold above the accumulated change of any run already skips every step a cache may skip (the tests
+# use 1e6); the bound keeps the stored parameters finite JSON (inf is no JSON number, nor a PostgreSQL jsonb one).
+MAX_STEP_CACHE_THRESHOLD = 1e9
 
 
 class Task(str, Enum):
@@ -219,9 +225,10 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
             f"{r.num_frames} frames cannot be encoded; the VAE needs {step}k+1 frames (e.g. 1, {step + 1}, {2 * step + 1}, ...)",
         )
     _check_float("guidance_scale", r.guidance_scale, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
-    _check_float("flow_shift", r.flow_shift, minimum=0.0, maximum=MAX_FLOW_SHIFT, open_min=True)
+    _check_float("flow_shift", r.flow_shift, minimum=MIN_FLOW_SHIFT, maximum=MAX_FLOW_SHIFT, open_min=False)
     if r.step_cache_threshold is not None:
-        _check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=math.inf, open_min=False)
+        _check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=MAX_STEP_CACHE_THRESHOLD,
+                     open_min=False)
     if r.video is not None and r.strength is not None and int(r.num_inference_steps * r.strength) < 1:
         raise InvalidRequest("strength", f"{r.strength} of {r.num_inference_steps} steps is no denoising step; "
                                          "raise strength or num_inference_steps")
@@ -253,20 +260,30 @@ def _check_text(name: str, value: object, max_chars: int) -> None:
 def _check_float(name: str, value: object, *, minimum: float, maximum: float, open_min: bool) -> None:
     """A real number in [minimum, maximum] ((minimum, maximum] with open_min); NaN and inf are refused."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise InvalidRequest(name, f"must be a number, got {value!r}")
+        raise InvalidRequest(name, f"must be a number, got {_shown(value)}")
     bound = f"> {minimum:g}" if open_min else f">= {minimum:g}"
-    if not math.isfinite(value) and not (maximum == math.inf and value == math.inf):
-        raise InvalidRequest(name, f"must be a finite number {bound}, got {value!r}")
+    # Ints are finite and compare exactly with floats; math.isfinite(10**400) would raise OverflowError.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(name, f"must be a finite number {bound}, got {_shown(value)}")
     if value < minimum or (open_min and value == minimum):
-        raise InvalidRequest(name, f"must be a number {bound}, got {value!r}")
+        raise InvalidRequest(name, f"must be a number {bound}, got {_shown(value)}")
     if value > maximum:
-        raise InvalidRequest(name, f"must be at most {maximum:g}, got {value!r}")
+        raise InvalidRequest(name, f"must be at most {maximum:g}, got {_shown(value)}")
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidRequest(name, f"must be an integer, got {value!r}")
+        raise InvalidRequest(name, f"must be an integer, got {_shown(value)}")
     if value < minimum:
-        raise InvalidRequest(name, f"must be >= {minimum}, got {value}")
+        raise InvalidRequest(name, f"must be >= {minimum}, got {_shown(value)}")
     if maximum is not None and value > maximum:
-        raise InvalidRequest(name, f"must be at most {maximum}, got {value}")
+        raise InvalidRequest(name, f"must be at most {maximum}, got {_shown(value)}")
+
+
+def _shown(value: object, limit: int = 64) -> str:
+    """A caller's value for an error message, cut to `limit` characters (a 10**5000 int has no repr at all)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than sys.get_int_max_str_digits() allows
+        return f"an integer of {value.bit_length()} bits"  # type: ignore[union-attr]
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

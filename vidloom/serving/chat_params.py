@@ -104,10 +104,13 @@ def _top_k(value: int | None) -> int:
 def _aliased_roles(messages: Any) -> Any:
     if not isinstance(messages, list):
         return messages  # messages_from_openai names the problem
-    return [
-        {**m, "role": _ROLE_ALIASES[m["role"]]} if isinstance(m, Mapping) and m.get("role") in _ROLE_ALIASES else m
-        for m in messages
-    ]
+    return [{**m, "role": _ROLE_ALIASES[m["role"]]} if _aliased(m) else m for m in messages]
+
+
+def _aliased(message: Any) -> bool:
+    # A role may be any JSON value here (a list is unhashable): only a string is looked up; messages_from_openai
+    # names whatever else it is.
+    return isinstance(message, Mapping) and isinstance(message.get("role"), str) and message["role"] in _ROLE_ALIASES
 
 
 def _load_image(raw: Any, field: str) -> Any:

@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from vidloom.serving.protocol import ApiFloat, ApiInt
+from vidloom.serving.protocol import ApiBool, ApiFloat, ApiInt
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False  # one more chunk before [DONE], with empty choices and the usage counts
+    include_usage: ApiBool = False  # one more chunk before [DONE], with empty choices and the usage counts
 
 
 class ChatCompletionBody(BaseModel):
@@ -35,13 +35,13 @@ class ChatCompletionBody(BaseModel):
     seed: ApiInt | None = None
     stop: str | list[str] | None = None
     n: ApiInt | None = None
-    stream: bool | None = None
+    stream: ApiBool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as OpenAI uses it only for abuse tracking
     # No-op values accepted so clients that send their defaults work; anything else is refused by name.
     frequency_penalty: ApiFloat | None = None
     presence_penalty: ApiFloat | None = None
-    logprobs: bool | None = None
+    logprobs: ApiBool | None = None
 
 
 class Usage(BaseModel):

@@ -28,6 +28,7 @@ from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, error_response, redact_paths
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import ServerMetrics
+from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
 from vidloom.serving.video_routes import jobs_of
 
@@ -70,7 +71,7 @@ async def drain_chats(app: Any, grace_s: float) -> None:
             await asyncio.sleep(0.02)
 
 
-@router.post("/completions", response_model=None)
+@router.post("/completions", response_model=None, openapi_extra=body_doc(ChatCompletionBody))
 async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
     received = time.perf_counter()
     manager = jobs_of(request)

@@ -28,6 +28,7 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "inva
           404: "invalid_request_error", 408: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error",
           415: "invalid_request_error", 429: "rate_limit_error"}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 ECHO_CHARS = 64  # a client-sent value quoted back in an error keeps at most this many characters
 MESSAGE_CHARS = 2000  # and no error message is longer than this
 # An absolute POSIX path of two or more parts, e.g. in an OSError's text.
@@ -143,7 +144,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
+        # Routing and starlette's own refusals: a code for each, so no error reaches a client with code null.
+        code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "server_error")
         return error_response(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
 
     async def _store(request: Request, exc: Exception) -> JSONResponse:

@@ -9,27 +9,25 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException
 
 from vidloom.core.output import VideoOutput
 from vidloom.media.image import MEDIA_TYPES, encode_image, open_images
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import APIError, engine_errors, store_error, validation_error
+from vidloom.serving.errors import APIError, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
+from vidloom.serving.form_body import read_form
 from vidloom.serving.job_store import is_image_file
 from vidloom.serving.params import PlannedImages, image_api_field, plan_images
-from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse
-from vidloom.serving.request_body import read_body
+from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse, body_doc
+from vidloom.serving.request_body import read_body, validate_fields
 from vidloom.serving.video_routes import jobs_of
 
 router = APIRouter(prefix="/v1/images")
 IMAGE_FILE_FIELDS = ("image", "image[]")  # the openai client sends a list of images as image[]
-MAX_FORM_FIELDS = 64  # text fields of an edit form; the body size limit bounds the files' bytes
 
 
-@router.post("/generations")
+@router.post("/generations", openapi_extra=body_doc(ImageGenerationBody))
 async def generate_images(request: Request) -> ImagesResponse:
     """Text-to-image (`n` images); answers when all are ready. On a video model an image is a one-frame video."""
     manager = jobs_of(request)
@@ -39,15 +37,12 @@ async def generate_images(request: Request) -> ImagesResponse:
     return await _render(request, planned)
 
 
-@router.post("/edits")
+@router.post("/edits", openapi_extra=body_doc(ImageEditBody, "multipart/form-data"))
 async def edit_images(request: Request) -> ImagesResponse:
     """Reference-image editing: multipart `image` (one or more files, also as `image[]`), `prompt`, `n`, `size`..."""
     manager = jobs_of(request)
     fields, files = await _edit_form(request, manager.card.max_reference_images)
-    try:
-        body = ImageEditBody.model_validate(fields)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    body = validate_fields(fields, ImageEditBody)
     if body.mask is not None:
         raise APIError(400, "mask: masked editing is not supported; send only reference images",
                        param="mask", code="invalid_parameter")
@@ -100,11 +95,8 @@ async def _edit_form(request: Request, max_images: int) -> tuple[dict[str, Any],
     if content_type != "multipart/form-data":
         raise APIError(400, "images/edits takes multipart/form-data with image file parts",
                        code="unsupported_content_type")
-    try:
-        # One more file than the model takes, so "too many images" is reported by name, not as a parse error.
-        form = await request.form(max_files=max(1, max_images) + 1, max_fields=MAX_FORM_FIELDS)
-    except (MultiPartException, ValueError) as exc:
-        raise APIError(400, f"malformed form body: {exc}", code="invalid_form") from None
+    # One more file than the model takes (and a mask), so "too many images" is reported by name.
+    form = await read_form(request, max_files=max(1, max_images) + 2)
     fields: dict[str, Any] = {}
     files: list[bytes] = []
     for key, value in form.multi_items():

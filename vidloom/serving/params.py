@@ -17,7 +17,8 @@ from typing import Any
 
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest, LimitExceeded, UnknownModel
-from vidloom.core.request import GenerationRequest, Task
+from vidloom.core.request import MAX_FPS, GenerationRequest, Task
+from vidloom.core.request import _check_int as check_int
 from vidloom.media.image import IMAGE_FORMATS
 from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
 
@@ -60,8 +61,6 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     media = _media(body, max_frames)
     width, height = parse_size(body.size, card)
     fps = body.fps if body.fps is not None else card.sampling_defaults.fps
-    if not isinstance(fps, int) or fps < 1:
-        raise InvalidRequest("fps", f"must be an integer >= 1, got {fps!r}")
     frames = choose_frames(body, card, fps)
     if body.video is not None and body.num_frames is None and body.seconds is None:
         frames = len(media["video"])  # video-to-video: as many frames as the input (limits apply to them too)
@@ -169,6 +168,10 @@ def parse_size(size: str | None, card: ModelCard) -> tuple[int, int]:
 
 def choose_frames(body: VideoCreateBody, card: ModelCard, fps: int) -> int:
     """The frame rule in the module docstring."""
+    if not isinstance(fps, int) or isinstance(fps, bool) or fps < 1:
+        raise InvalidRequest("fps", f"must be an integer >= 1, got {fps!r}")
+    # Bounded before seconds * fps: an fps of 10**400 has no float, and the product raised OverflowError (a 500).
+    check_int("fps", fps, 1, MAX_FPS)
     factor = card.geometry.temporal_factor
     seconds = parse_seconds(body.seconds) if body.seconds is not None else None  # checked even when unused
     if body.num_frames is not None:

@@ -16,8 +16,41 @@ def _no_bool(value: object) -> object:
     return value
 
 
+def _strict_bool(value: object) -> object:
+    # Pydantic's lax mode reads "yes", "on", "1" and 1 as true; a client sending those is guessing. JSON says
+    # true / false, and a form field (text only) spells them "true" / "false": both paths get one answer.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in _FORM_BOOLS:
+        return _FORM_BOOLS[value]
+    raise ValueError("must be true or false")
+
+
+_FORM_BOOLS = {"true": True, "false": False}
 ApiInt = Annotated[int, BeforeValidator(_no_bool)]
 ApiFloat = Annotated[float, BeforeValidator(_no_bool)]
+ApiBool = Annotated[bool, BeforeValidator(_strict_bool)]
+
+
+def body_doc(model: type[BaseModel], *media_types: str) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its body itself (read_body): the body's schema under each media
+    type, so /openapi.json describes what clients send (and a schema-driven fuzzer can generate it)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    content = {media: {"schema": _inline(schema, defs)} for media in media_types or ("application/json",)}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    # OpenAPI documents have no top-level $defs for "#/$defs/X" to point at; our bodies nest without cycles.
+    if isinstance(node, dict):
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {key: _inline(value, defs) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    return node
 
 
 class SamplingExtensions(BaseModel):
@@ -50,8 +83,8 @@ class VideoCreateBody(SamplingExtensions):
     strength: ApiFloat | None = None
     guidance_scale_2: ApiFloat | None = None
     extend_from: str | None = None  # causal models: the id of a completed video to continue (new prompt)
-    reason: bool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
-    sound: bool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
+    reason: ApiBool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
+    sound: ApiBool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
 
 
 class ImageGenerationBody(SamplingExtensions):

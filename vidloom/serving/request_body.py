@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vidloom.serving.errors import APIError, count_rejection, error_response, validation_error
+from vidloom.serving.form_body import read_form
 
 M = TypeVar("M", bound=BaseModel)
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit so the client sees our 413, not a reset
@@ -98,9 +98,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """Parse JSON, multipart or urlencoded bodies into `model`; every failure is a 400 naming the field."""
+    """Parse a JSON or multipart body into `model`; every failure is a 400 naming the field."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    if content_type == "multipart/form-data":  # RequestGuard refuses urlencoded bodies (415) before this
         data = await _form(request)
     elif content_type in ("", "application/json"):
         try:
@@ -114,6 +114,12 @@ async def read_body(request: Request, model: type[M]) -> M:
                        code="unsupported_content_type")
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return validate_fields(data, model)
+
+
+def validate_fields(data: dict[str, Any], model: type[M]) -> M:
+    """The one validator of JSON objects and forms alike (a form's values are its text and file bytes):
+    text checks, then `model` (whose number and boolean types read a form's "8" / "true" as JSON's 8 / true)."""
     for key, value in data.items():
         _check_text(key, value)
     try:
@@ -125,12 +131,13 @@ async def read_body(request: Request, model: type[M]) -> M:
 
 
 def _check_text(key: object, value: object, depth: int = 0) -> None:
-    """Every string in the body must be encodable: a lone surrogate ("\\ud800") is refused here, naming the field,
-    so it never reaches the engine, the job store or a JSON response."""
-    name = key if isinstance(key, str) and _encodable(key) else "body"
-    if not _encodable(key) or not _encodable(value):
-        raise APIError(400, f"{name}: contains an unpaired surrogate; send valid Unicode text",
-                       param=name, code="invalid_parameter")
+    """Every string in the body (JSON or form) must be storable text: a lone surrogate ("\\ud800") or a NUL
+    (PostgreSQL text refuses it) is refused here, naming the field, so it never reaches the engine, the job
+    store or a JSON response."""
+    name = key if isinstance(key, str) and _text_problem(key) is None else "body"
+    problem = _text_problem(key) or _text_problem(value)
+    if problem is not None:
+        raise APIError(400, f"{name}: {problem}; send valid Unicode text", param=name, code="invalid_parameter")
     if depth < 32 and isinstance(value, (list, dict)):  # deeper values are refused by the model's types anyway
         for item in value.values() if isinstance(value, dict) else value:
             _check_text(key, item, depth + 1)
@@ -139,21 +146,20 @@ def _check_text(key: object, value: object, depth: int = 0) -> None:
                 _check_text(key, inner, depth + 1)
 
 
-def _encodable(value: object) -> bool:
+def _text_problem(value: object) -> str | None:
     if not isinstance(value, str):
-        return True
+        return None
+    if "\x00" in value:
+        return "contains a NUL character (U+0000)"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return "contains an unpaired surrogate"
+    return None
 
 
 async def _form(request: Request) -> dict[str, Any]:
-    try:
-        form = await request.form()
-    except (MultiPartException, ValueError) as exc:
-        raise APIError(400, f"malformed form body: {exc}", code="invalid_form") from None
+    form = await read_form(request)  # strict text decoding, counted fields: see form_body
     data: dict[str, Any] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):

@@ -13,7 +13,7 @@ from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, UnknownCursor, is_job_id
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.params import plan_video
-from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject
+from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject, body_doc
 from vidloom.serving.request_body import read_body
 from vidloom.serving.sse import job_events
 from vidloom.serving.stream_route import stream_response
@@ -30,7 +30,7 @@ def config_of(request: Request) -> ServeConfig:
     return request.app.state.config
 
 
-@router.post("")
+@router.post("", openapi_extra=body_doc(VideoCreateBody, "application/json", "multipart/form-data"))
 async def create_video(request: Request) -> VideoObject:
     """JSON or multipart (the openai client sends multipart); answers with the queued job."""
     manager = jobs_of(request)

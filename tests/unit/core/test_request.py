@@ -138,3 +138,41 @@ def test_video_field_is_checked(task, frames, match):
     with pytest.raises(InvalidRequest, match=match) as err:
         resolve_request(request, _i2v_card())
     assert err.value.field == "video"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("flow_shift", 5e-324),  # 1 + (shift - 1) == 0: sigma_max would be inf and the job NaN
+        ("flow_shift", 1e-300),
+        ("flow_shift", 0.0099),
+        ("flow_shift", 100.5),
+        ("guidance_scale", 1e308),
+        ("guidance_scale", 10**400),  # an int no float holds: a clear error, not OverflowError
+        ("guidance_scale", float("nan")),
+        ("step_cache_threshold", float("inf")),  # not JSON: it could not be stored or answered
+        ("step_cache_threshold", 1e10),
+        ("seed", 2**64),
+        ("fps", 241),
+    ],
+    ids=lambda v: str(v)[:24],
+)
+def test_degenerate_numbers_are_refused(card, field, value):
+    request = dataclasses.replace(GenerationRequest(prompt="a cat"), **{field: value})
+    with pytest.raises(InvalidRequest) as info:
+        resolve_request(request, card)
+    assert info.value.field == field
+    assert len(str(info.value)) < 200  # the value is quoted cut short
+
+
+def test_flow_shift_range_ends_are_accepted(card):
+    from vidloom.core.request import MAX_FLOW_SHIFT, MIN_FLOW_SHIFT
+
+    for shift in (MIN_FLOW_SHIFT, MAX_FLOW_SHIFT):
+        assert resolve_request(GenerationRequest(prompt="a cat", flow_shift=shift), card).flow_shift == shift
+
+
+def test_huge_int_error_names_its_size_not_its_digits(card):
+    request = GenerationRequest(prompt="a cat", seed=10**5000)  # repr() of it raises ValueError
+    with pytest.raises(InvalidRequest, match="seed: must be at most .* an integer of 16610 bits"):
+        resolve_request(request, card)

@@ -80,3 +80,20 @@ def test_a_stop_prefix_that_does_not_complete_is_released(tokenizer):
     pieces = [detok.add(i) for i in tokenizer.encode("the quick brown")]
     assert not detok.stopped
     assert "".join(pieces) + detok.flush() == "the quick brown"
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-38, 9.9e-6])
+def test_temperatures_below_the_floor_decode_greedily(temperature: float):
+    # Dividing logits by 5e-324 (0 in float32) gave inf/NaN probabilities and a 500.
+    params = SamplingParams(temperature=temperature, seed=0)
+    params.validate()
+    assert params.greedy and make_generator(params) is None
+    assert next_token(LOGITS, params, make_generator(params)) == 1
+
+
+def test_the_temperature_floor_itself_samples():
+    from vidloom.core.chat import MIN_TEMPERATURE
+
+    params = SamplingParams(temperature=MIN_TEMPERATURE, seed=0)
+    assert not params.greedy
+    assert set(_draws(params, 50)) == {1}  # a finite distribution, all its mass on the top token

@@ -8,6 +8,7 @@ import io
 
 import pytest
 from PIL import Image
+from pydantic import ValidationError
 
 from vidloom.core.card import LoopSpec
 from vidloom.core.chat import ChatLimits
@@ -70,6 +71,9 @@ def test_content_parts_with_a_data_url_image():
     ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),  # unhashable: was a TypeError
+    ({"messages": [{"role": {"name": "user"}, "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": None, "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "messages[0].content[0]"),
@@ -122,3 +126,16 @@ def test_image_parts_are_found_so_their_decoding_goes_to_the_media_pool():
     assert not has_image_parts(ChatCompletionBody(messages=[{"role": "user", "content": [text]}]))
     assert not has_image_parts(ChatCompletionBody(messages=[{"role": "user", "content": "hi"}]))
     assert not has_image_parts(ChatCompletionBody(messages="not a list"))  # plan_chat names that problem
+
+
+@pytest.mark.parametrize("value", ["yes", "on", 1, 0, "True", "1"])
+def test_booleans_are_true_or_false_only(value):
+    # Pydantic's lax mode read "yes" as true; JSON true/false and a form's "true"/"false" are the only spellings.
+    with pytest.raises(ValidationError, match="must be true or false"):
+        ChatCompletionBody.model_validate({"messages": HELLO, "stream": value})
+    assert ChatCompletionBody.model_validate({"messages": HELLO, "stream": "true"}).stream is True
+
+
+def test_subnormal_temperature_plans_a_greedy_request():
+    assert plan(temperature=5e-324).request.sampling.greedy
+    assert field_of(temperature=2.5) == "temperature"

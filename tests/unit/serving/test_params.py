@@ -38,6 +38,15 @@ def test_bad_seconds_name_the_field(seconds):
     assert excinfo.value.field == "seconds"
 
 
+@pytest.mark.parametrize("fps", [10**400, 241, 0, -1])
+def test_fps_is_checked_before_it_multiplies_seconds(fps):
+    # 10**400 has no float: seconds * fps raised OverflowError, a 500 on the server.
+    for body in (VideoCreateBody(prompt="x", seconds="2", fps=fps), VideoCreateBody(prompt="x", fps=fps)):
+        with pytest.raises(InvalidRequest) as excinfo:
+            plan_video(body, CARD, max_frames=17)
+        assert excinfo.value.field == "fps" and len(str(excinfo.value)) < 200
+
+
 def test_plan_video_reports_size_and_actual_seconds():
     planned = plan_video(VideoCreateBody(prompt="x", size="48x32", seconds="1"), CARD, max_frames=100)
     r = planned.request
