@@ -102,9 +102,9 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
             with bars, guard.cancels(token):
                 video = generator.run(request, on_event=bars, cancel=token)
         except Cancelled:
-            return _report_cancelled(guard, _cancelled_line(bars.last_denoise))
+            return _report_cancelled(guard, _cancelled_line(bars))
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
-        return _report_cancelled(guard, _cancelled_line(bars.last_denoise) + " (during decode)")
+        return _report_cancelled(guard, _cancelled_line(bars))
     guard.check()
     paths = _write_files(video, output, audio_out)
     if guard.settle():  # a Ctrl-C that came while the files were written: they go
@@ -173,9 +173,10 @@ def _one_or_list(paths: list[str] | None) -> str | list[str] | None:
     return paths[0] if paths and len(paths) == 1 else paths
 
 
-def _cancelled_line(progress: tuple[int, int]) -> str:
-    step, total = progress
-    return f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
+def _cancelled_line(bars: ProgressBars) -> str:
+    step, total = bars.last_denoise
+    line = f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
+    return f"{line} (during {bars.last_phase})" if bars.last_phase in AFTER_DENOISE_PHASES else line
 
 
 def check_device(device: str | None) -> None:
@@ -227,6 +228,7 @@ class ProgressBars:
         self._bars: dict[str, Any] = {}
         self._loop_phase: str | None = None  # the first phase reported: the loop's steps (denoise, rollout)
         self.last_denoise: tuple[int, int] = (0, 0)  # (steps done, total) of the loop phase, for the cancel line
+        self.last_phase: str | None = None  # the phase of the latest event (a decode after the steps, ...)
 
     def __enter__(self) -> "ProgressBars":
         return self
@@ -238,6 +240,7 @@ class ProgressBars:
             return
         if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES and event.total is not None:
             self._loop_phase = event.phase  # the loop's own steps (reasoning is open-ended: not a step count)
+        self.last_phase = event.phase
         if event.phase == self._loop_phase:
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)
