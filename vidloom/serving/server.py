@@ -74,7 +74,8 @@ def uvicorn_server(app: object, config: ServeConfig, log_level: str = "info") ->
 def serve(config: ServeConfig) -> None:
     """Blocks until SIGINT/SIGTERM, then drains (see ServeConfig.graceful_shutdown_s).
 
-    Raises BindError or StoreError (a corrupt database) before the address is printed.
+    Raises BindError or StoreError (a corrupt database, a full disk, a -wal without its database) before
+    the address is printed.
     """
     from vidloom.generator import VideoGenerator
     from vidloom.serving.app import create_app
