@@ -46,12 +46,16 @@ class CliRun:
         while chunk := os.read(self.proc.stderr.fileno(), 4096):
             self.stderr += chunk
 
-    def wait_until(self, ready: Callable[[], bool], timeout: float = 300.0) -> None:
+    def wait_until(self, ready: Callable[[], bool], timeout: float = 300.0, or_exit: bool = False) -> bool:
+        """Poll until `ready`; True then. If the process ends first: False with `or_exit`, else a failure."""
         deadline = time.monotonic() + timeout
         while not ready():
-            assert self.proc.poll() is None, f"ended before the moment (rc {self.proc.returncode}): {self.stderr!r}"
+            if self.proc.poll() is not None:
+                assert or_exit, f"ended before the moment (rc {self.proc.returncode}): {self.stderr!r}"
+                return False
             assert time.monotonic() < deadline, self.stderr
             time.sleep(0.001)
+        return True
 
     def interrupt(self) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -112,10 +116,23 @@ def test_ctrl_c_while_decoding(demo_cache, tmp_path):
 
 
 def test_ctrl_c_while_encoding_leaves_no_temp_file(demo_cache, tmp_path):
-    run = CliRun(demo_cache, tmp_path / "o.mp4", LONG_TAIL)
-    run.wait_until(lambda: any(".partial" in p.name for p in tmp_path.iterdir()))  # the encoder's temp file
-    run.interrupt()
-    _assert_cancelled(run, tmp_path)
+    """The encode lasts a few tenths of a second: on a loaded machine the signal can land after the file is
+    in place, when it is ignored by design (exit 0, the whole file). That is allowed, and the run retried;
+    one of three must land inside the encode."""
+    for attempt in range(3):
+        folder = tmp_path / f"run{attempt}"
+        folder.mkdir()
+        run = CliRun(demo_cache, folder / "o.mp4", LONG_TAIL)
+        caught = run.wait_until(lambda: any(".partial" in p.name for p in folder.iterdir()), or_exit=True)
+        if caught:
+            run.interrupt()
+        if run.proc.wait(300) == 0:  # finished first: the file is whole and alone
+            assert not caught or run.stderr.count(b"cancelled") == 0
+            assert [p.name for p in folder.iterdir()] == ["o.mp4"], run.stderr
+            continue
+        _assert_cancelled(run, folder)
+        return
+    pytest.fail("no Ctrl-C landed inside the encode in three runs")
 
 
 def test_ctrl_c_twice_while_denoising(demo_cache, tmp_path):
