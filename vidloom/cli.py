@@ -1,30 +1,29 @@
 """The `vidloom` command: generate | chat | serve | models.
 
 Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
-checked before the model loads wherever possible; Ctrl-C during `generate` exits 130.
+checked before the model loads wherever possible; Ctrl-C at any moment is one `cancelled` line and
+exit status 130 (cli_interrupt.py). This module imports only light modules at its top, so `main`
+takes SIGINT before torch loads; the commands import what they need when they run.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from vidloom import __version__, registry
-from vidloom.cli_chat import add_chat_parser, chat_command
-from vidloom.cli_generate import FLAG_OF_FIELD, generate_command
-from vidloom.core.deploy import DeployConfig
+from vidloom import __version__
+from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.errors import InvalidRequest, VidloomError
-from vidloom.deploy_args import add_deploy_arguments
-from vidloom.serving.serve_flags import API_KEY_ENV
 
 if TYPE_CHECKING:
+    from vidloom.core.deploy import DeployConfig
     from vidloom.runtime.parallel.worker import RankPlace
 
 DTYPES = ("float32", "bfloat16", "float16")
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,6 +34,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vidloom import registry
+    from vidloom.cli_chat import add_chat_parser
+    from vidloom.deploy_args import add_deploy_arguments
+
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
     parser.add_argument("--version", action="version", version=f"vidloom {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -90,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from vidloom import registry
+    from vidloom.deploy_args import add_deploy_arguments
+
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     srv.add_argument("--config", default=None, metavar="CARD.yaml",
                      help="deployment card: YAML with any setting below (and more); flags you type override it")
@@ -125,6 +131,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
     """Who may call the server, and how it stops (ServeConfig's security block, plus graceful_shutdown_s)."""
+    from vidloom.serving.serve_flags import API_KEY_ENV
+
     srv.add_argument("--api-key", default=None, metavar="KEY",
                      help=f"require 'Authorization: Bearer KEY' on every route but /health "
                           f"(default: ${API_KEY_ENV}; unset = no authentication)")
@@ -165,29 +173,68 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "models":
-            return _models()
-        if args.command == "fleet":
-            from vidloom.fleet.cli import run_fleet
+    """The command line `argv` (default: sys.argv[1:]); returns the exit status.
 
-            return run_fleet(args)
-        if args.command == "serve":
-            return _serve(args, sys.argv[1:] if argv is None else argv)
-        if args.command == "chat":
-            return chat_command(args)
-        return generate_command(args, _torchrun_place, _follow)
-    except InvalidRequest as exc:
-        flag = FLAG_OF_FIELD.get(exc.field, exc.field)
-        print(f"error: {flag}: {_one_line(exc.message)}", file=sys.stderr)
-        return EXIT_USAGE
-    except VidloomError as exc:
-        print(f"error: {_flagged(_one_line(str(exc)))}", file=sys.stderr)
-        return EXIT_USAGE
+    Called without argv it is the process's entry point: once the outcome is settled SIGINT stays
+    ignored until the process exits. Called with argv (tests, embedding) it gives SIGINT back to the
+    caller's handler on return.
+    """
+    guard = InterruptGuard.install()  # first: a Ctrl-C during the imports below must be ours too
+    if argv is None:
+        atexit.register(guard.exit_if_interrupted)  # before torch's own exit handlers: runs after them
+    try:
+        return _run_command(argv, guard)
+    finally:
+        if argv is not None:
+            guard.restore()
+
+
+def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
+    """Run the command; the line its failure prints comes after the outcome is settled, so a Ctrl-C
+    cannot add a second one. A command that returns EXIT_INTERRUPTED has printed its own line."""
+    line = None
+    try:
+        code = _dispatch(build_parser().parse_args(argv), argv, guard)
     except KeyboardInterrupt:
-        print("cancelled", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        code, line = EXIT_INTERRUPTED, "cancelled"
+    except Exception as exc:  # after a Ctrl-C, whatever an import or a load cut short raised is the interrupt
+        if guard.interrupted:
+            code, line = EXIT_INTERRUPTED, "cancelled"
+        elif isinstance(exc, VidloomError):
+            code, line = EXIT_USAGE, _error_line(exc)
+        else:
+            raise
+    if guard.settle() and code != EXIT_INTERRUPTED:  # a Ctrl-C something swallowed: still interrupted
+        code, line = EXIT_INTERRUPTED, "cancelled"
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: InterruptGuard) -> int:
+    if args.command == "models":
+        return _models()
+    if args.command == "fleet":
+        from vidloom.fleet.cli import run_fleet
+
+        return run_fleet(args)
+    if args.command == "serve":
+        return _serve(args, sys.argv[1:] if argv is None else argv)
+    if args.command == "chat":
+        from vidloom.cli_chat import chat_command
+
+        return chat_command(args)
+    from vidloom.cli_generate import generate_command
+
+    return generate_command(args, _torchrun_place, _follow, guard)
+
+
+def _error_line(exc: VidloomError) -> str:
+    from vidloom.cli_generate import FLAG_OF_FIELD
+
+    if isinstance(exc, InvalidRequest):
+        return f"error: {FLAG_OF_FIELD.get(exc.field, exc.field)}: {_one_line(exc.message)}"
+    return f"error: {_flagged(_one_line(str(exc)))}"
 
 
 def _one_line(text: str) -> str:
@@ -197,6 +244,8 @@ def _one_line(text: str) -> str:
 def _flagged(text: str) -> str:
     """"slots: must be >= 1" -> "--slots: must be >= 1": name the flag the user typed, when the
     message starts with a setting's field name and that field has a flag."""
+    from vidloom.cli_generate import FLAG_OF_FIELD
+
     field, sep, rest = text.partition(": ")
     if not sep or not field.isidentifier():
         return text
@@ -211,6 +260,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 
 def _models() -> int:
     """One row per registered card (the *-demo ones first), under a header."""
+    from vidloom import registry
+
     rows = [("ID", "FAMILY", "TASKS", "WHAT IT IS")]
     for card in registry.list_cards():
         tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else [])
@@ -222,6 +273,7 @@ def _models() -> int:
 
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from vidloom import registry
     from vidloom.cli_generate import check_device, quiet_third_party
     from vidloom.serving.deploy_card import dump_card
     from vidloom.serving.serve_flags import effective_config, typed_flags

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import signal
 import sys
 import time
 import warnings
 from pathlib import Path
-from types import FrameType
 from typing import Any, Callable
 
 from vidloom import registry
+from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest
@@ -32,19 +31,19 @@ FLAG_OF_FIELD: dict[str, str] = {
     "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out",
 }
-EXIT_INTERRUPTED = 130
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
 
 def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any],
-                     follow: Callable[[str, argparse.Namespace, DeployConfig], int]) -> int:
+                     follow: Callable[[str, argparse.Namespace, DeployConfig], int], guard: InterruptGuard) -> int:
+    """Check, load, generate, write; every phase boundary honours a Ctrl-C (see cli_interrupt.py)."""
     quiet_third_party(args.verbose)
     place = torchrun_place()
     deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts
     if place is not None and place.rank != 0:
         return follow(args.model, args, deploy)
     from vidloom.generator import build_request
-    from vidloom.media.output import check_output_path
+    from vidloom.media.output import check_output_frames, check_output_path
 
     card = registry.resolve_card(args.model)
     output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
@@ -60,10 +59,12 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
     ), card)
+    check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)
+    guard.check()  # the imports above take seconds: a Ctrl-C there that something swallowed stops here
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
-    return _load_and_run(args, deploy, request, output, audio_out)
+    return _load_and_run(args, deploy, request, output, guard, audio_out)
 
 
 def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> Path | None:
@@ -86,31 +87,34 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
 
 
 def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path,
-                  audio_out: Path | None = None) -> int:
+                  guard: InterruptGuard, audio_out: Path | None = None) -> int:
     from vidloom.generator import VideoGenerator
     from vidloom.media.audio import track_of
-    from vidloom.media.output import SOUND_FORMATS, write_audio_file, write_output
+    from vidloom.media.output import SOUND_FORMATS
     from vidloom.runtime.engine import CancellationToken
 
     started = time.perf_counter()
     with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy) as generator:
+        guard.check()
         bars = ProgressBars()
         token = CancellationToken()
         try:
-            with bars, _cancel_on_sigint(token):
+            with bars, guard.cancels(token):
                 video = generator.run(request, on_event=bars, cancel=token)
         except Cancelled:
-            print(_cancelled_line(bars.last_denoise), file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return _report_cancelled(guard, _cancelled_line(bars))
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
-        print(_cancelled_line(bars.last_denoise) + " (during decode)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _report_cancelled(guard, _cancelled_line(bars))
+    guard.check()
+    paths = _write_files(video, output, audio_out)
+    if guard.settle():  # a Ctrl-C that came while the files were written: they go
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return _report_cancelled(guard, "cancelled while writing the output (nothing kept)")
     track = track_of(video.audio, video.sample_rate)
-    if audio_out is not None:  # first, so a model that unexpectedly made no sound leaves no video either
-        write_audio_file(track, video.duration_s, audio_out, field="audio_out")
-    paths = write_output(video.frames, video.fps, output, audio=video.audio, sample_rate=video.sample_rate)
     meta = video.metadata
-    shown = str(paths[0].resolve()) if len(paths) == 1 else f"{paths[0].resolve()} .. {paths[-1].name}"
+    videos = paths[1:] if audio_out is not None else paths
+    shown = str(videos[0].resolve()) if len(videos) == 1 else f"{videos[0].resolve()} .. {videos[-1].name}"
     sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
     print(
         f"wrote {shown}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
@@ -124,34 +128,55 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     return 0
 
 
+def _report_cancelled(guard: InterruptGuard, line: str) -> int:
+    guard.settle()  # first: a Ctrl-C while the line prints cannot add a second line
+    print(line, file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _write_files(video: Any, output: Path, audio_out: Path | None) -> list[Path]:
+    """--audio-out (first, so a model that unexpectedly made no sound leaves no video either), then the output.
+
+    All or nothing: if writing stops part-way (a Ctrl-C, a full disk), the files this call already put in
+    place are removed too; each writer removes its own temp file. Returns every file written.
+    """
+    from vidloom.media.audio import track_of
+    from vidloom.media.output import png_sequence_paths, write_audio_file, write_output
+
+    targets = ([audio_out] if audio_out is not None else []) + (
+        png_sequence_paths(output, len(video.frames)) if output.suffix.lower() == ".png" else [output])
+    before = {path: _identity(path) for path in targets}
+    try:
+        written = []
+        if audio_out is not None:
+            written.append(write_audio_file(track_of(video.audio, video.sample_rate), video.duration_s, audio_out,
+                                            field="audio_out"))
+        written += write_output(video.frames, video.fps, output, audio=video.audio, sample_rate=video.sample_rate)
+        return written
+    except BaseException:
+        for path in targets:  # replaced by this call (a new inode), or new: not the user's old file
+            if _identity(path) not in (None, before[path]):
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 def _one_or_list(paths: list[str] | None) -> str | list[str] | None:
     """--image once is one image (an I2V first frame); repeated, a list (reference images)."""
     return paths[0] if paths and len(paths) == 1 else paths
 
 
-def _cancelled_line(progress: tuple[int, int]) -> str:
-    step, total = progress
-    return f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
-
-
-class _cancel_on_sigint:
-    """First Ctrl-C cancels the run through its token (it stops at the next step); a second one interrupts."""
-
-    def __init__(self, token: Any) -> None:
-        self._token = token
-        self._previous: Any = None
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._token.cancelled:
-            raise KeyboardInterrupt
-        self._token.cancel()
-
-    def __enter__(self) -> "_cancel_on_sigint":
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+def _cancelled_line(bars: ProgressBars) -> str:
+    step, total = bars.last_denoise
+    line = f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
+    return f"{line} (during {bars.last_phase})" if bars.last_phase in AFTER_DENOISE_PHASES else line
 
 
 def check_device(device: str | None) -> None:
@@ -203,6 +228,7 @@ class ProgressBars:
         self._bars: dict[str, Any] = {}
         self._loop_phase: str | None = None  # the first phase reported: the loop's steps (denoise, rollout)
         self.last_denoise: tuple[int, int] = (0, 0)  # (steps done, total) of the loop phase, for the cancel line
+        self.last_phase: str | None = None  # the phase of the latest event (a decode after the steps, ...)
 
     def __enter__(self) -> "ProgressBars":
         return self
@@ -214,6 +240,7 @@ class ProgressBars:
             return
         if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES and event.total is not None:
             self._loop_phase = event.phase  # the loop's own steps (reasoning is open-ended: not a step count)
+        self.last_phase = event.phase
         if event.phase == self._loop_phase:
             self.last_denoise = (event.step, event.total)
         bar = self._bars.get(event.phase)

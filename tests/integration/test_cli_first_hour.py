@@ -40,6 +40,9 @@ def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     (["--output", "{tmp}"], ["--output", "is a directory"]),
     (["--output", "{tmp}/clip.avi"], ["--output", ".avi", ".mp4"]),
     (["--output", "{tmp}/sound.wav"], ["--output", "no sound"]),  # the demo model is silent
+    (["--output", "{tmp}/no/such/dir/x.mp4"], ["--output", "no/such/dir does not exist"]),  # not created (as ffmpeg)
+    (["--output", "{tmp}/still.jpg"], ["--output", "jpeg holds one image", "17 frames"]),  # the card's default
+    (["--output", "{tmp}/still.webp", "--frames", "5"], ["--output", "webp holds one image", "5 frames"]),
     (["--audio-out", "{tmp}/a.mp3"], ["--audio-out", ".mp3", ".wav"]),
     (["--audio-out", "{tmp}"], ["--audio-out", "is a directory"]),
     (["--audio-out", "/proc/a.wav"], ["--audio-out", "/proc"]),
@@ -125,6 +128,14 @@ def test_output_extension_picks_the_format(demo_cache, tmp_path, suffix, frames)
     assert decoded.shape == (frames, 32, 48, 3)
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp file left
+
+
+def test_a_one_frame_request_writes_a_jpg(demo_cache, tmp_path):
+    out = tmp_path / "still.jpg"
+    proc = _run(["generate", "--prompt", "a cat", "--output", str(out), *SMALL[:2], "--frames", "1", *SMALL[4:]],
+                demo_cache)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:2] == b"\xff\xd8" and [p.name for p in tmp_path.iterdir()] == [out.name]  # JPEG SOI
 
 
 def test_png_output_writes_a_numbered_sequence(demo_cache, tmp_path):

@@ -59,8 +59,9 @@ class VideoOutput:
         audio alone, 16-bit PCM). Written audio lasts exactly as long as the video (trimmed or padded with
         silence); gif/png/jpg/webp carry no sound.
 
-        Returns the path written (the first file of a PNG sequence); another extension, or .wav for an
-        output without audio, raises InvalidRequest("output") before anything is encoded.
+        Returns the path written (the first file of a PNG sequence); another extension, .wav for an
+        output without audio, or a directory that does not exist raises InvalidRequest("output") before
+        anything is encoded.
         """
         from vidloom.media.output import write_output
 

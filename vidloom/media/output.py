@@ -24,6 +24,8 @@ OUTPUT_FORMATS: dict[str, str] = {
     ".webp": "WebP (one frame: image models)",
     ".wav": "WAV audio, 16-bit PCM (models that make sound)",
 }
+STILL_FORMATS = {".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
+"""Extensions that hold exactly one image (-> the encoder's format name)."""
 SOUND_FORMATS = (".mp4", ".webm", ".wav")
 """Extensions whose files carry an output's audio; the others hold frames only."""
 AUDIO_ONLY_FORMATS: dict[str, str] = {".wav": "WAV audio, 16-bit PCM"}
@@ -34,7 +36,9 @@ def check_output_path(path: Path, field: str = "output", formats: dict[str, str]
     """Raise InvalidRequest(field) unless a file could be written at `path`; leaves nothing behind.
 
     Checked before a model loads: the extension is one of `formats`, the path is not a
-    directory, and the nearest existing parent directory accepts a new file.
+    directory, its directory exists and accepts a new file. A missing directory is refused,
+    as ffmpeg refuses it ("No such file or directory"): a typo in a path should not quietly
+    create a tree of folders.
     """
     if path.is_dir():
         example = "out.mp4" if ".mp4" in formats else f"out{next(iter(formats))}"
@@ -44,16 +48,24 @@ def check_output_path(path: Path, field: str = "output", formats: dict[str, str]
         known = ", ".join(formats)
         raise InvalidRequest(field, f"{path}: unsupported extension {suffix or '(none)'!r}; use one of {known}")
     parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
     if not parent.is_dir():
-        raise InvalidRequest(field, f"{path}: {parent} is not a directory")
+        why = "is not a directory" if parent.exists() else "does not exist (create it first)"
+        raise InvalidRequest(field, f"{path}: {parent} {why}")
     try:  # os.access says yes to root on read-only mounts and /proc: probe with a real file
         fd, probe = tempfile.mkstemp(prefix=".vidloom-probe.", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise InvalidRequest(field, f"{path}: cannot create a file in {parent} ({exc.strerror or exc})") from None
+
+
+def check_output_frames(path: Path, num_frames: int, field: str = "output") -> None:
+    """Raise InvalidRequest(field) if `path` holds one image (.jpg, .webp) and the output will have
+    `num_frames` > 1; checked with the resolved request, before a model loads."""
+    fmt = STILL_FORMATS.get(path.suffix.lower())
+    if fmt is not None and num_frames != 1:
+        raise InvalidRequest(field, f"{path.name}: {fmt} holds one image, this request makes {num_frames} frames; "
+                                    "use .mp4, .webm, .gif or .png, or ask for 1 frame")
 
 
 def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | None = None,
@@ -71,8 +83,8 @@ def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | N
         return [write_video(frames, fps, path, container_format="webm", audio=track)]
     if suffix == ".gif":
         return [write_gif(frames, fps, path)]
-    if suffix in (".jpg", ".jpeg", ".webp"):
-        return [write_still(frames, path, "webp" if suffix == ".webp" else "jpeg")]
+    if suffix in STILL_FORMATS:
+        return [write_still(frames, path, STILL_FORMATS[suffix])]
     return write_png_frames(frames, path)
 
 
@@ -89,9 +101,7 @@ def write_still(frames: np.ndarray, path: Path, fmt: str) -> Path:
     """A one-frame output as JPEG or WebP (these formats hold no sequence: several frames are refused)."""
     from vidloom.media.image import encode_image
 
-    if len(frames) != 1:
-        raise InvalidRequest("output", f"{path.name}: {fmt} holds one image, the output has {len(frames)} frames; "
-                                       "use .mp4, .webm, .gif or .png")
+    check_output_frames(path, len(frames))
     with atomic_path(path) as tmp:
         tmp.write_bytes(encode_image(frames[0], fmt))
     return path

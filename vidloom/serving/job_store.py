@@ -14,6 +14,8 @@ the jobs of owners that are gone, so servers sharing a database never fail each 
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -78,7 +80,52 @@ class UnknownCursor(KeyError):
 
 
 class StoreError(VidloomError):
-    """The job database cannot be opened (corrupt, not SQLite, unreachable); raised before the server listens."""
+    """The job database cannot be opened (corrupt, not SQLite, unreachable, a full disk); raised before the
+    server listens."""
+
+
+MIN_FREE_BYTES = 1 << 20
+"""Free space in the data dir below which a store failure at startup is reported as a full disk. SQLite
+needs room for its -wal and -shm files (32 KiB and more) before it reads a row, and fails with a bare
+"disk I/O error" when there is none; a server needs far more than this for its results anyway."""
+
+
+def full_disk(directory: Path) -> str | None:
+    """How full the file system holding `directory` is ("12 KiB free"), if under MIN_FREE_BYTES or out of
+    inodes; None when there is room (or it cannot be told)."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    if free < MIN_FREE_BYTES:
+        return f"{free // 1024} KiB free"
+    if fs.f_files and fs.f_favail == 0:  # f_files 0: a file system without an inode count (btrfs)
+        return "no free inodes"
+    return None
+
+
+def says_disk_full(exc: BaseException) -> bool:
+    """The error itself says the disk is full: ENOSPC / EDQUOT, SQLite's SQLITE_FULL, PostgreSQL's words."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+        return True
+    text = str(exc).lower()
+    return "disk is full" in text or "no space left" in text
+
+
+def full_disk_error(what: str, data_dir: Path, exc: BaseException) -> StoreError | None:
+    """A StoreError saying the disk is full, when `exc` (raised while opening or recovering the store) came
+    from a full disk; None for other failures. The database itself is fine: the message says so, so nobody
+    moves a good database aside to make the server start."""
+    state = full_disk(data_dir)
+    if state is None and not says_disk_full(exc):
+        return None
+    where = f"{state} in {data_dir}" if state else str(exc)
+    return StoreError(f"{what}: the disk is full ({where}); free some space and start again "
+                      "(the database is fine: do not move it aside)")
 
 
 def _store_errors() -> tuple[type[BaseException], ...]:

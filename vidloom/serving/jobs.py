@@ -37,7 +37,9 @@ from vidloom.runtime.memory import request_budget
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
-from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page, open_job_store
+from vidloom.serving.job_store import (
+    STORE_ERRORS, JobRecord, JobStore, Page, StoreError, full_disk_error, open_job_store,
+)
 from vidloom.serving.kv_metrics import register_kv_metrics
 from vidloom.serving.media_pool import MediaPool
 from vidloom.serving.metrics import ServerMetrics
@@ -56,7 +58,13 @@ SERVER_RESTART = ("server_restart", "the server stopped before this job finished
 def open_store(config: ServeConfig) -> JobStore:
     """Open the job store and recover it after dead servers (raises StoreError on a bad or unreachable database)."""
     store = open_job_store(config.store, config.data_dir)
-    recover_lost_jobs(store, config, tidy=True)
+    try:
+        recover_lost_jobs(store, config, tidy=True)
+    except (*STORE_ERRORS, OSError) as exc:  # the first writes of a start: a full disk shows here too
+        store.close()
+        error = full_disk_error(f"job store in {config.data_dir}", config.data_dir, exc)
+        raise error or StoreError(f"job store in {config.data_dir}: recovery after the last run failed "
+                                  f"({exc})") from None
     return store
 
 

@@ -97,7 +97,8 @@ def bind_health(config: ServeConfig) -> socket.socket | None:
 def serve(config: ServeConfig) -> None:
     """Blocks until SIGINT/SIGTERM, then drains (see ServeConfig.graceful_shutdown_s).
 
-    Raises BindError or StoreError (a corrupt database) before the address is printed.
+    Raises BindError or StoreError (a corrupt database, a full disk, a -wal without its database) before
+    the address is printed.
     """
     from vidloom.generator import VideoGenerator
     from vidloom.serving.app import create_app

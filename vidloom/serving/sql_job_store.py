@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping
 
 from vidloom.media.video import atomic_path
 from vidloom.serving.job_store import (
-    FINAL, JobRecord, Page, Recovered, StoreError, UnknownCursor, is_image_file, is_job_id,
+    FINAL, JobRecord, Page, Recovered, StoreError, UnknownCursor, full_disk_error, is_image_file, is_job_id,
 )
 
 log = logging.getLogger(__name__)
@@ -308,7 +308,37 @@ class SqliteJobStore(SqlJobStore):
     def __init__(self, data_dir: Path) -> None:
         super().__init__(data_dir, None)
         self._make_dirs()
-        self._db = _open_sqlite(self.data_dir / "jobs.sqlite3")
+        path = self.data_dir / "jobs.sqlite3"
+        _check_not_orphaned_wal(path)
+        self._db = _open_sqlite(path)
+
+    def close(self) -> None:
+        """Checkpoint everything into the database file, then close. SQLite's own close skips its checkpoint
+        when the file was renamed or moved while open, leaving the latest commits in a -wal under the old
+        name that no restart reads; an explicit checkpoint writes them through the open file, wherever it
+        now is, so a database moved aside while the server ran is whole once the server stops."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.ProgrammingError:  # closed already
+                return
+            except sqlite3.Error as exc:  # e.g. a full disk: the -wal keeps the commits; the next start reads it
+                log.warning("job database checkpoint at shutdown failed (%s); %s-wal keeps the latest commits",
+                            exc, self.data_dir / "jobs.sqlite3")
+            self._db.close()
+
+
+def _check_not_orphaned_wal(path: Path) -> None:
+    """Refuse a -wal file without its database: the database was moved or deleted while a server had it
+    open. Starting anyway would create an empty database, list no jobs and move every result to orphans/."""
+    wal, shm = path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")
+    if path.exists() or not wal.exists():
+        return
+    size = wal.stat().st_size
+    held = f" ({wal.name} holds {size} bytes of its latest commits)" if size else ""
+    raise StoreError(f"job database {path} is missing but {wal.name} is here: the database was moved or deleted "
+                     f"while a server had it open{held}. To keep its jobs put it back as {path.name}; to start "
+                     f"with an empty database move {wal.name} and {shm.name} aside as well")
 
 
 def _open_sqlite(path: Path) -> sqlite3.Connection:
@@ -329,9 +359,27 @@ def _open_sqlite(path: Path) -> sqlite3.Connection:
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {sql_type}")
     except sqlite3.DatabaseError as exc:
         db.close()
-        raise StoreError(f"job database {path} cannot be used ({exc}); move it aside to start with an empty one, "
-                         "or restore it from a backup") from None
+        raise _open_error(path, exc) from None
     return db
+
+
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def _open_error(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """Why the database would not open. Only a damaged file (or one that is not SQLite) is the database's
+    fault; a full disk, a disk fault or a permission leaves a good database behind, and the message must
+    not tell the operator to move it aside."""
+    code = getattr(exc, "sqlite_errorcode", None)  # None: our own quick_check verdict
+    damaged = code is None or code & 0xFF in _DAMAGED
+    full = None if damaged else full_disk_error(f"job database {path}", path.parent, exc)
+    if full is not None:
+        return full
+    if damaged:
+        return StoreError(f"job database {path} cannot be used ({exc}); move it aside to start with an empty one, "
+                          "or restore it from a backup")
+    return StoreError(f"job database {path} cannot be opened ({exc}); check the disk and the permissions of "
+                      f"{path.parent} (the database was left as it is)")
 
 
 def _dumps(value: Mapping[str, Any] | None) -> str | None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.media.output import check_output_path, write_output
+from vidloom.media.output import check_output_frames, check_output_path, write_output
 from vidloom.media.video import read_video, write_video
 
 
@@ -62,8 +62,29 @@ def test_directory_and_unwritable_outputs_are_refused(tmp_path):
         check_output_path(tmp_path)
     with pytest.raises(InvalidRequest, match="cannot create a file in"):
         check_output_path(Path("/proc/x.mp4"))
-    check_output_path(tmp_path / "new" / "dir" / "ok.mp4")  # missing parents are fine
+    check_output_path(tmp_path / "ok.mp4")
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
+
+
+def test_a_missing_directory_is_refused_not_created(tmp_path):
+    """As ffmpeg does ("No such file or directory"): a typo in a path must not create folders."""
+    with pytest.raises(InvalidRequest, match="new/dir does not exist") as info:
+        check_output_path(tmp_path / "new" / "dir" / "ok.mp4")
+    assert info.value.field == "output"
+    with pytest.raises(InvalidRequest, match="is not a directory"):
+        (tmp_path / "file").write_bytes(b"")
+        check_output_path(tmp_path / "file" / "ok.mp4")
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".jpeg", ".webp", ".JPG"])
+def test_still_formats_take_one_frame_checked_before_any_frame_exists(tmp_path, suffix):
+    check_output_frames(tmp_path / f"one{suffix}", 1)
+    with pytest.raises(InvalidRequest, match="holds one image, this request makes 81 frames") as info:
+        check_output_frames(tmp_path / f"many{suffix}", 81)
+    assert info.value.field == "output"
+    for other in (".mp4", ".webm", ".gif", ".png"):
+        check_output_frames(tmp_path / f"v{other}", 81)
 
 
 @pytest.mark.parametrize("suffix", [".mp4", ".webm", ".gif", ".png"])

@@ -1,0 +1,52 @@
+"""InterruptGuard's rules, with real SIGINTs sent to this process (the CLI tests send them to a subprocess)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Iterator
+
+import pytest
+
+from vidloom.cli_interrupt import InterruptGuard
+from vidloom.runtime.engine import CancellationToken
+
+
+@pytest.fixture
+def guard() -> Iterator[InterruptGuard]:
+    before = signal.getsignal(signal.SIGINT)
+    installed = InterruptGuard.install()
+    assert installed.installed  # pytest runs tests in the main thread
+    try:
+        yield installed
+    finally:
+        installed.restore()
+        assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_swallowed_ctrl_c_still_stops_the_command_at_its_next_check(guard):
+    try:
+        signal.raise_signal(signal.SIGINT)
+    except KeyboardInterrupt:
+        pass  # what a library's bare `except:` does to it
+    with pytest.raises(KeyboardInterrupt):
+        guard.check()
+    assert guard.settle() is True
+
+
+def test_first_ctrl_c_cancels_the_generation_second_raises_once(guard):
+    token = CancellationToken()
+    with guard.cancels(token):
+        signal.raise_signal(signal.SIGINT)  # no exception: the run stops at its next step
+        assert token.cancelled and guard.count == 1
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # while that one unwinds (finally blocks removing temp files): counted only
+    assert guard.count == 3 and guard.settle() is True
+
+
+def test_after_the_outcome_is_settled_ctrl_c_changes_nothing(guard):
+    guard.check()  # nothing came: no exception
+    assert guard.settle() is False
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # survives Python's shutdown, unlike a handler
+    signal.raise_signal(signal.SIGINT)
+    assert guard.settle() is False
