@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from vidloom.core.card import ModelCard, SamplingDefaults
+from vidloom.core.card import ModelCard
 from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.models.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
