@@ -13,23 +13,15 @@ from functools import partial
 
 import torch
 
+from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 
-# Live [tokens, inner_dim] tensors in one block (input, norm, q, k, v, attention out, residual,
-# modulation, RoPE'd q/k) and live [tokens, ffn_dim] tensors (the FFN's hidden and its GELU).
-HIDDEN_COPIES = 12
-FFN_COPIES = 2
-# Live float32 values per (base channel x output pixel x decoded frame) while one latent frame is
-# decoded: the causal conv caches, upsampled activations and allocator slack. CPU: calibrated (see
-# above; glibc keeps freed blocks, so RSS peaks high). CUDA: the caching allocator reuses freed blocks
-# exactly; 8 is a conservative count of the live tensors, not yet calibrated on a GPU (bench/ does that).
-VAE_COPIES = {"cpu": 20, "cuda": 8}
-# Latents, noise predictions, sampler history and the step cache's residuals, in float32.
-LATENT_COPIES = 8
-# Text-encoder pass, thread pools, allocator granularity: paid by every request.
-FIXED_OVERHEAD = 128 << 20
+__all__ = ["FFN_COPIES", "FIXED_OVERHEAD", "HIDDEN_COPIES", "LATENT_COPIES", "VAE_COPIES", "estimate_request_bytes",
+           "request_estimator"]
+
+# Copy counts shared with the other families (core.footprint), calibrated on this family first.
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
