@@ -18,6 +18,7 @@ from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 FAMILY = "cosmos3"
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
 PROGRAM = "vidloom.recipes.cosmos3.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.cosmos3.memory:request_estimator"
 AR_LOOP = "ar_decode"
 DENOISE_LOOP = "denoise"
 SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
@@ -65,6 +66,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR if generates else None,
         source=str(ckpt.root),
         description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
         notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
