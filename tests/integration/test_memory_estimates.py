@@ -29,6 +29,8 @@ import pytest
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
+from tests.helpers.wan22_checkpoints import write_tiny_ti2v
+from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
 from vidloom.core.footprint import FIXED_OVERHEAD
 
 FACTOR = 6
@@ -51,7 +53,11 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
 
     root = tmp_path_factory.mktemp("memory-estimates")
     ltx2 = write_tiny_ltx2(root / "ltx2", LTX2_CONFIGS[0], upsampler=True)
+    image = root / "first-frame.png"
+    make_image(128, 128, seed=0).save(image)
     return {
+        "wan-i2v": {"model": str(write_tiny_wan_i2v(root / "wan-i2v")), "image": str(image)},
+        "wan2.2-ti2v": {"model": str(write_tiny_ti2v(root / "wan22"))},
         "wan": {"model": "wan2.1-demo", "cache_dir": str(demo_cache)},
         "far": {"model": str(write_tiny_far(root / "far", FAR_A))},
         "flux2": {"model": str(write_tiny_flux2(root / "flux2", TINY_BASE))},
@@ -65,6 +71,10 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
 CASES = {
     "wan": ({"height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 1},
             {"height": 512, "width": 512, "num_frames": 1, "num_inference_steps": 1}),
+    "wan-i2v": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
+                {"height": 256, "width": 256, "num_frames": 9, "num_inference_steps": 1}),
+    "wan2.2-ti2v": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
+                    {"height": 256, "width": 256, "num_frames": 9, "num_inference_steps": 1}),
     "far": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
             {"height": 128, "width": 128, "num_frames": 17, "num_inference_steps": 1}),
     "flux2": ({"height": 64, "width": 64, "num_inference_steps": 1},
@@ -81,7 +91,11 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_estimate_bounds_the_measured_peak_within_the_factor(models, case):
     warm, request = CASES[case]
-    result = _probe({**models[case], "warm": warm, "request": request})
+    spec = dict(models[case])
+    image = spec.pop("image", None)  # an I2V model's first frame, in both requests
+    if image is not None:
+        warm, request = {**warm, "image": image}, {**request, "image": image}
+    result = _probe({**spec, "warm": warm, "request": request})
     measured, estimate = result["measured"], result["estimate"]
     print(f"{case}: measured {measured / MiB:.1f} MiB, estimate {estimate / MiB:.1f} MiB")
     assert measured <= estimate, f"{case}: the estimate ({estimate / MiB:.1f} MiB) is below the measured peak " \

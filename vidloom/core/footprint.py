@@ -21,10 +21,11 @@ HIDDEN_COPIES = 12
 FFN_COPIES = 2
 # Live float32 values per (channel at full resolution x output pixel x decoded frame) during a decode:
 # conv inputs and outputs, norms, upsampled activations and allocator slack. CPU: calibrated (glibc keeps
-# freed blocks, so RSS peaks high); 20 held for multi-frame Wan chunks but a one-frame Wan decode measured
-# 28 in a fresh process (test_memory_estimates), hence 32. CUDA: the caching allocator reuses freed blocks
-# exactly; 8 is a conservative count of the live tensors, not yet calibrated on a GPU.
-VAE_COPIES = {"cpu": 32, "cuda": 8}
+# freed blocks, so RSS peaks high); 20 held for multi-frame Wan chunks, but in a fresh process
+# (test_memory_estimates) a one-frame Wan decode measured 28 and a Wan I2V request (its conditioning clip
+# encoded, then decoded) 36, hence 40. CUDA: the caching allocator reuses freed blocks exactly; 8 is a
+# conservative count of the live tensors, not yet calibrated on a GPU.
+VAE_COPIES = {"cpu": 40, "cuda": 8}
 # Latents, noise predictions, sampler history and the step cache's residuals, in float32.
 LATENT_COPIES = 8
 # Text-encoder pass, thread pools, allocator granularity: paid by every request.

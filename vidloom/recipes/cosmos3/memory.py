@@ -61,7 +61,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
                           element_size(instance.dtype))
     pixels = request.height * request.width
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2  # recipes/wan/memory.py's rule
-    decode = max(decode_bytes(instance.device, vae.base_dim, pixels, frames_per_chunk), _sound_decode(instance, samples))
+    decode = max(decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk), _sound_decode(instance, samples))
     persistent = (latent_bytes(vae.z_dim, latent_frames * h * w) + video_bytes(request.num_frames, request.height,
                                                                               request.width) + 2 * samples * 4)
     return Footprint(caches=max(prefixes, reasoner), denoise=denoise, decode=decode, persistent=persistent)

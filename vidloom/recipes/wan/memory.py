@@ -58,7 +58,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     # A latent frame decodes to temporal_factor frames (the first to one); the causal caches keep two more.
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2
     copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
-    decode = copies * vae.base_dim * pixels * frames_per_chunk * 4
+    decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4
     video = request.num_frames * request.height * request.width * 3 * (4 + 1)  # float32 frames + uint8 copy

@@ -84,7 +84,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     # Measured (tests/integration/test_memory_estimates.py): a rollout's peak grows with the whole clip's
     # frames, about VAE_COPIES floats per base channel, pixel and frame, unlike Wan's one latent frame at a
     # time; so every frame counts here until the rollout's decode holds less.
-    decode = copies * vae.base_dim * pixels * request.num_frames * 4
+    decode = copies * vae.decoder_dim * pixels * request.num_frames * 4
 
     latent_frames = sum(layouts[-1].chunks)
     latents = LATENT_COPIES * wan.in_channels * latent_frames * (request.height // vae.spatial_factor) * (
