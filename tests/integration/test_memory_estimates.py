@@ -102,3 +102,43 @@ def test_estimate_bounds_the_measured_peak_within_the_factor(models, case):
                                  f"({measured / MiB:.1f} MiB)"
     assert estimate <= FIXED_OVERHEAD + FACTOR * measured, \
         f"{case}: the estimate ({estimate / MiB:.1f} MiB) is more than {FACTOR}x the measured {measured / MiB:.1f} MiB"
+
+
+def _resolved(generator, **fields):
+    from vidloom.core.request import GenerationRequest, Task, resolve_request
+
+    card = generator.engine.instance.card
+    return resolve_request(GenerationRequest("a red fox", task=Task.T2V, seed=0, **fields), card)
+
+
+def test_cosmos3_parts_follow_sound_reasoning_and_guidance(models):
+    from vidloom.generator import VideoGenerator
+    from vidloom.recipes.cosmos3.memory import footprint, kv_bytes
+    from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS
+
+    generator = VideoGenerator.from_pretrained(models["cosmos3-sound"]["model"], device="cpu")
+    instance = generator.engine.instance
+    size = {"height": 64, "width": 64, "num_frames": 9}
+    plain = footprint(instance, _resolved(generator, guidance_scale=1.0, **size))
+    sound = footprint(instance, _resolved(generator, guidance_scale=1.0, sound=True, **size))
+    reason = footprint(instance, _resolved(generator, guidance_scale=1.0, reason=True, **size))
+    guided = footprint(instance, _resolved(generator, guidance_scale=4.0, **size))
+    assert sound.denoise > plain.denoise and sound.persistent > plain.persistent  # sound tokens, the waveform
+    assert reason.caches - plain.caches == kv_bytes(instance, REASON_MAX_TOKENS)  # the prefix holds what it wrote
+    assert guided.caches > plain.caches and guided.denoise == 2 * plain.denoise  # a second branch
+    assert generator.engine.estimator(_resolved(generator, **size)) == footprint(
+        instance, _resolved(generator, **size)).total
+
+
+def test_ltx2_second_stage_raises_the_estimate(models):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.generator import VideoGenerator
+    from vidloom.recipes.ltx2.memory import footprint
+
+    folder = models["ltx2"]["model"]
+    one = VideoGenerator.from_pretrained(folder, device="cpu")
+    two = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(two_stage=True))
+    size = {"height": 64, "width": 64, "num_frames": 9}
+    single, double = (footprint(g.engine.instance, _resolved(g, **size)) for g in (one, two))
+    assert double.denoise > single.denoise  # stage 2 at the upsampled size
+    assert double.persistent > single.persistent  # frames decoded at the upsampled size

@@ -34,7 +34,7 @@ def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
 
 def kv_bytes(instance: ModelInstance, tokens: int) -> int:
     """Every layer's keys and values for `tokens` positions of the text pathway."""
-    text = instance["generator"].config.text if "generator" in instance.components else instance["transformer"].config
+    text = instance["generator"].config.text
     return 2 * text.num_hidden_layers * tokens * text.num_key_value_heads * text.head_dim * element_size(instance.dtype)
 
 
@@ -61,9 +61,10 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
                           element_size(instance.dtype))
     pixels = request.height * request.width
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2  # recipes/wan/memory.py's rule
-    decode = max(decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk), _sound_decode(instance, samples))
-    persistent = (latent_bytes(vae.z_dim, latent_frames * h * w) + video_bytes(request.num_frames, request.height,
-                                                                              request.width) + 2 * samples * 4)
+    vision_decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk)
+    decode = max(vision_decode, _sound_decode(instance, samples))
+    frames = video_bytes(request.num_frames, request.height, request.width)
+    persistent = latent_bytes(vae.z_dim, latent_frames * h * w) + frames + 2 * samples * 4
     return Footprint(caches=max(prefixes, reasoner), denoise=denoise, decode=decode, persistent=persistent)
 
 

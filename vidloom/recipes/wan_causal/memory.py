@@ -4,7 +4,8 @@ What lives through the whole rollout is known exactly: the KV slab (sized for th
 longest chunk sequence) and the per-layer text keys/values. On top of it the peak is
 the larger of one block's activations over the longest forward (a prefill of the
 whole context, or a chunk step) and the VAE decode, which measured as growing with every
-frame of the clip. The copy counts are Wan2.1's (core.footprint: same blocks, same VAE). The estimate refuses what cannot fit, it does not pack.
+frame of the clip. The copy counts are Wan2.1's (core.footprint: same blocks, same VAE).
+The estimate refuses what cannot fit, it does not pack.
 """
 
 from __future__ import annotations
