@@ -132,8 +132,8 @@ class ServeConfig:
     def request_limits(self, card: ModelCard, memory_budget: int | None) -> RequestLimits:
         """The server's per-request limits: card-derived defaults, replaced by any field set here.
 
-        `memory_budget` is what the device can give one request (free memory / slots); an explicit
-        max_request_memory_bytes wins over it.
+        `memory_budget` bounds one request's memory estimate (the server passes None: the device budget is the
+        runtime's, Engine.admission); an explicit max_request_memory_bytes wins over it.
         """
         derived = RequestLimits.from_card(card, max_memory_bytes=memory_budget)
         return derived.with_overrides(
