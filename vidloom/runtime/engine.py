@@ -368,17 +368,17 @@ class Engine(EngineDriver):
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
         self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes, instance.deploy.kv_session_ttl_s)
-        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
-        self.estimator = load_estimator(instance)
-        # What the device had free once the weights were loaded: one request alone over it fails with
-        # LimitExceeded before it allocates anything; the resident requests' estimates together stay within
-        # it (MemoryAdmission). Every caller (Python API, AsyncEngine, server) goes through both checks.
-        budget = request_budget(instance.device) if self.estimator is not None else None
-        self.limits = RequestLimits(max_memory_bytes=budget)
-        self.admission = MemoryAdmission(budget)
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
         # Chat (AR decode) over the same resident modules, when the program has an ar_decode loop.
         self.chat: ChatEngine | None = build_chat_engine(instance, program, self.caches)
+        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
+        self.estimator = load_estimator(instance)
+        # What the device had free once the weights (and the chat KV pool, above) were allocated: one request
+        # alone over it fails with LimitExceeded before it allocates anything; the resident requests'
+        # estimates together stay within it (MemoryAdmission). Every caller goes through both checks.
+        budget = request_budget(instance.device) if self.estimator is not None else None
+        self.limits = RequestLimits(max_memory_bytes=budget)
+        self.admission = MemoryAdmission(budget)
 
     @property
     def compile_misses(self) -> int:
