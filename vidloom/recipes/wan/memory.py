@@ -2,9 +2,10 @@
 
 The peak is the larger of one DiT block's activations during denoising and one latent
 frame's VAE decode, plus what lives through the whole run (latents, sampler history,
-the decoded video). The per-element copy counts below were calibrated against peak RSS
-of demo-model runs on CPU in float32 (256x256 .. 1024x1024, 1 .. 1025 frames) and rounded
-up: the estimate is meant to refuse a request that cannot fit, not to pack memory tightly.
+the decoded video). The per-element copy counts (core.footprint, shared with the other
+families) were first calibrated here against peak RSS of demo-model runs on CPU in float32
+(256x256 .. 1024x1024, 1 .. 1025 frames) and rounded up: the estimate is meant to refuse a
+request that cannot fit, not to pack memory tightly.
 """
 
 from __future__ import annotations
@@ -17,11 +18,6 @@ from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LA
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
-
-__all__ = ["FFN_COPIES", "FIXED_OVERHEAD", "HIDDEN_COPIES", "LATENT_COPIES", "VAE_COPIES", "estimate_request_bytes",
-           "request_estimator"]
-
-# Copy counts shared with the other families (core.footprint), calibrated on this family first.
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:

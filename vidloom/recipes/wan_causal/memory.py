@@ -14,12 +14,12 @@ from functools import partial
 
 import torch
 
+from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.recipes.wan.memory import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.recipes.wan_causal.loop import rollout_partition
 
 TEXT_TOKENS = 512  # the Wan text encoder's padded length
