@@ -157,7 +157,8 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-steps", type=int, default=None, help="denoise steps (default: 20x the card's)")
     lim.add_argument("--max-prompt-chars", type=int, default=None, help="prompt length (default: from the text encoder)")
     lim.add_argument("--max-request-memory-gb", type=float, default=None,
-                     help="estimated peak memory per request (default: 90%% of free memory / slots)")
+                     help="estimated peak memory per request (default: the runtime's budget, 90%% of what is free "
+                          "after loading, shared by the running requests)")
     lim.add_argument("--max-body-mb", type=float, default=1.0,
                      help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")

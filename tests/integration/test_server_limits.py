@@ -50,6 +50,18 @@ def test_limits_are_configurable_and_memory_is_estimated(start_server):
         assert wait_for_status(client, video["id"], {"completed", "failed"})["status"] == "completed"
 
 
+def test_the_runtime_memory_budget_answers_as_the_server_limit_did(start_server, demo_engine):
+    """Without --max-request-memory-gb the runtime's own budget refuses, with the same 400 as the limit."""
+    assert demo_engine.admission.budget_bytes == demo_engine.limits.max_memory_bytes is not None
+    server = start_server(max_pixels=16384 * 16384, slots=2)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        # ~340 GB by the demo's estimate: more than any test machine has free, even when idle.
+        huge = _error(client.post("/v1/videos", json={**BASE, "size": "16384x16384", "num_frames": 1}))
+        assert huge["param"] == "size" and huge["code"] == "limit_exceeded" and "max_request_memory" in huge["message"]
+        assert client.get("/v1/videos").json()["data"] == []
+        assert demo_engine.admission.in_use == 0  # refused at submit: nothing was held
+
+
 def test_prompt_is_stored_once_per_video_object(client):
     video = create_video(client, prompt="a fox " * 100)
     assert video["prompt"] == "a fox " * 100 and "prompt" not in video["parameters"]

@@ -203,7 +203,7 @@ class AsyncEngine(ChatFrontend):
                 chores, self._chores = self._chores, []
                 if self._closing and not self._entries and not chores and not self._chat_busy():
                     return
-                for entry in self._scheduler.admit():
+                for entry in self._scheduler.admit(_fits_in_memory):
                     entry.started = True
                     entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
@@ -357,6 +357,12 @@ class AsyncEngine(ChatFrontend):
         if self._job_seconds is None:
             return max(1, math.ceil(ran))
         return max(1, math.ceil(self._job_seconds - ran))
+
+
+def _fits_in_memory(entry: _Entry) -> bool:
+    """The runtime's memory admission (RequestRun.admit): resident estimates stay within the device budget."""
+    admit = getattr(entry.run, "admit", None)  # a worker pool's run: the ranks hold the memory, not this process
+    return admit() if admit is not None else True
 
 
 def _run_chore(chore: Callable[[], None]) -> None:

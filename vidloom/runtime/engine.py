@@ -19,6 +19,7 @@ from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
+from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
 from vidloom.runtime.compile_buckets import CompileBuckets
@@ -67,8 +68,14 @@ class RequestRun:
         graphs: StepGraphs | None = None,
         compiled: bool = True,
         caches: CacheManager | None = None,
+        admission: MemoryAdmission | None = None,
+        memory_bytes: int = 0,
     ) -> None:
         self.request = request
+        # The request's estimated peak, held in `admission` while it is resident (see admit).
+        self._admission = admission
+        self.memory_bytes = memory_bytes
+        self._admitted = admission is None
         self.caches = caches or CacheManager()
         self._graphs = graphs
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
@@ -90,6 +97,13 @@ class RequestRun:
     @property
     def done(self) -> bool:
         return self._outputs is not None
+
+    def admit(self) -> bool:
+        """Hold this request's estimated memory among the engine's resident requests; False: no room now
+        (a queue keeps it waiting). Released by `close`."""
+        if not self._admitted and self._admission is not None:
+            self._admitted = self._admission.try_reserve(self, self.memory_bytes)
+        return self._admitted
 
     def step(self) -> bool:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
@@ -125,6 +139,10 @@ class RequestRun:
         component node ran instead (a whole unit) or the program ended."""
         if self._outputs is not None or self._plan is not None:
             return self._plan is not None
+        if not self._admitted:  # stepped without a queue: no room is an error, before any work
+            assert self._admission is not None
+            self._admission.reserve(self, self.memory_bytes)
+            self._admitted = True
         started = self._mark = time.perf_counter()
         try:
             with torch.inference_mode(), self._compile_stance():
@@ -165,6 +183,8 @@ class RequestRun:
         self._units.close()  # runs the open loop's release path (see _run_node)
         self._release_held(0)
         self._slots.clear()
+        if self._admission is not None:
+            self._admission.release(self)
         if self._interceptor is not None:
             self._interceptor.close()
         if under_pressure(self.instance.device):
@@ -348,14 +368,17 @@ class Engine(EngineDriver):
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
         self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes, instance.deploy.kv_session_ttl_s)
-        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
-        self.estimator = load_estimator(instance)
-        # The Python API's own bound: what the device had free once the weights were loaded, so a
-        # request that cannot fit fails with InvalidRequest before it allocates anything.
-        self.limits = RequestLimits(max_memory_bytes=request_budget(instance.device))
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
         # Chat (AR decode) over the same resident modules, when the program has an ar_decode loop.
         self.chat: ChatEngine | None = build_chat_engine(instance, program, self.caches)
+        # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
+        self.estimator = load_estimator(instance)
+        # What the device had free once the weights (and the chat KV pool, above) were allocated: one request
+        # alone over it fails with LimitExceeded before it allocates anything; the resident requests'
+        # estimates together stay within it (MemoryAdmission). Every caller goes through both checks.
+        budget = request_budget(instance.device) if self.estimator is not None else None
+        self.limits = RequestLimits(max_memory_bytes=budget)
+        self.admission = MemoryAdmission(budget)
 
     @property
     def compile_misses(self) -> int:
@@ -388,8 +411,10 @@ class Engine(EngineDriver):
         resolved = resolve_request(request, self.instance.card)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
+        nbytes = self.estimator(resolved) if self.estimator is not None else 0
         return RequestRun(
-            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches
+            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
+            self.admission, nbytes,
         )
 
 

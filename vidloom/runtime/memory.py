@@ -1,4 +1,4 @@
-"""Device memory: what a device can hold for requests beyond the resident weights (RequestLimits),
+"""Device memory: what a device can hold for requests beyond the resident weights (runtime.admission),
 and when cached blocks go back to the driver (under memory pressure or on an explicit call).
 
 PyTorch's caching allocator keeps freed blocks for the next request; returning them after
@@ -17,7 +17,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 
-# A request may use at most this share of what is free, leaving room for the allocator and the rest of the process.
+# Requests together may use at most this share of what is free, leaving room for the allocator and the process.
 USABLE_FRACTION = 0.9
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -42,10 +42,10 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def request_budget(device: torch.device, slots: int = 1) -> int | None:
-    """Per-request share of what is free now when `slots` requests may be resident at once."""
+def request_budget(device: torch.device) -> int | None:
+    """What the resident requests together may use (runtime.admission): a share of what is free now."""
     free = free_bytes(device)
-    return None if free is None else int(free * USABLE_FRACTION) // max(1, slots)
+    return None if free is None else int(free * USABLE_FRACTION)
 
 
 def host_free_bytes() -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, Hashable, Protocol, TypeVar
+from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 POLICIES = ("fifo", "interleave", "batch")
 
@@ -55,10 +55,17 @@ class Scheduler(Generic[T]):
             raise QueueFull(f"queue is full ({self.queue_size} waiting)")
         self._waiting.append(item)
 
-    def admit(self) -> list[T]:
-        """Move waiting items into free slots; returns the newly resident ones."""
+    def admit(self, fits: Callable[[T], bool] | None = None) -> list[T]:
+        """Move waiting items into free slots; returns the newly resident ones.
+
+        `fits(item)` (when given) also asks for the item's room in what residents leave (memory admission;
+        it reserves what it approves). Admission stops at the first item that does not fit: letting smaller
+        ones overtake it could hold a large request back forever.
+        """
         admitted = []
         while self._waiting and len(self._resident) < self.slots:
+            if fits is not None and not fits(self._waiting[0]):
+                break
             item = self._waiting.popleft()
             self._resident.append(item)
             admitted.append(item)

@@ -52,7 +52,9 @@ class ServeConfig:
     # prompt / negative_prompt length (card: 16 chars per text token, which core validation enforces on every
     # path, so this can only tighten it)
     max_prompt_chars: int | None = None
-    max_request_memory_bytes: int | None = None  # estimated peak per request (default: 90% of free / slots)
+    # Estimated peak per request; unset, the runtime's device budget alone applies (90% of what was free after
+    # loading, shared by the resident requests: one waits in the queue until the others leave it room).
+    max_request_memory_bytes: int | None = None
     # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
     body_timeout_s: float = 30.0  # and its body within this long after the headers
@@ -138,8 +140,8 @@ class ServeConfig:
     def request_limits(self, card: ModelCard, memory_budget: int | None) -> RequestLimits:
         """The server's per-request limits: card-derived defaults, replaced by any field set here.
 
-        `memory_budget` is what the device can give one request (free memory / slots); an explicit
-        max_request_memory_bytes wins over it.
+        `memory_budget` bounds one request's memory estimate (the server passes None: the device budget is the
+        runtime's, Engine.admission); an explicit max_request_memory_bytes wins over it.
         """
         derived = RequestLimits.from_card(card, max_memory_bytes=memory_budget)
         return derived.with_overrides(

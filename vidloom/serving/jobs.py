@@ -33,7 +33,6 @@ from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.engine import Engine
-from vidloom.runtime.memory import request_budget
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
@@ -123,11 +122,10 @@ class JobManager:
         self.store = store if store is not None else open_store(config)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size,
                                    max_batch=config.max_batch, batch_wait_s=config.batch_wait_s)
-        # One-device engines estimate memory; a multi-process pool's parent holds no weights and has
-        # no device to measure, so it gets the card's other limits only.
+        # The device's memory budget (one request alone, and the sum over resident ones) is the runtime's
+        # (Engine.admission); here only an explicit max_request_memory_bytes, a server limit like max_pixels.
         self._estimator = getattr(engine, "estimator", None)
-        budget = request_budget(engine.instance.device, config.slots) if self._estimator is not None else None
-        self.limits = config.request_limits(self.card, budget)
+        self.limits = config.request_limits(self.card, None)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
                                      lambda: self._engine.compile_misses)
         self._caches: CacheManager | None = getattr(engine, "caches", None)  # KV slabs and resident sessions

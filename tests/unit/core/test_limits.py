@@ -109,8 +109,8 @@ def test_per_token_timesteps_raise_the_estimate():
 
     wan = wan21_t2v_1_3b()
     request = resolve_request(GenerationRequest("a cat", seed=1), wan)
-    plain = _fake_instance(wan, vae_tile=256)  # tiles keep the decode term below the denoise term
-    per_token = _fake_instance(wan, vae_tile=256)
+    plain = _fake_instance(wan, vae_tile=128)  # tiles keep the decode term below the denoise term
+    per_token = _fake_instance(wan, vae_tile=128)
     per_token.components["wan_pipeline"] = WanPipelineConfig(expand_timesteps=True)
     assert estimate_request_bytes(per_token, request) > estimate_request_bytes(plain, request)
 

@@ -18,6 +18,7 @@ from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 FAMILY = "cosmos3"
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
 PROGRAM = "vidloom.recipes.cosmos3.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.cosmos3.memory:request_estimator"
 AR_LOOP = "ar_decode"
 DENOISE_LOOP = "denoise"
 SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
@@ -76,6 +77,7 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         geometry=Geometry(spatial_multiple=16, temporal_factor=4),
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR if generates else None,
         source=source,
         description=description,
         notes=notes,

@@ -14,6 +14,7 @@ from vidloom.recipes.flux2.text import FLUX2_TEXT_TOKENS
 FAMILY = "flux2"
 PIPELINE_CLASS = "Flux2KleinPipeline"
 PROGRAM = "vidloom.recipes.flux2.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.flux2.memory:request_estimator"
 SAMPLERS = ("euler",)
 # Klein's reference images: the pipeline refuses sides under 64 px (Flux2ImageProcessor.check_image_input).
 MIN_IMAGE_SIDE = 64
@@ -97,4 +98,5 @@ def flux2_card(model_id: str, source: str, *, distilled: bool, multiple: int, de
         size_from_inputs=True,
         max_reference_images=MAX_REFERENCE_IMAGES,
         min_image_side=MIN_IMAGE_SIDE,
+        memory_estimator=MEMORY_ESTIMATOR,
     )

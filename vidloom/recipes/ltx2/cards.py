@@ -15,6 +15,7 @@ from vidloom.recipes.ltx2.text import LTX2_TEXT_TOKENS
 FAMILY = "ltx2"
 PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
 PROGRAM = "vidloom.recipes.ltx2.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.ltx2.memory:request_estimator"
 # LTX2Pipeline.__call__ defaults: 768x512, 121 frames at 24 fps, 30 steps, video CFG 3.0. flow_shift is
 # not read: the schedule shifts by the token count (use_dynamic_shifting) as the pipeline does.
 DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_inference_steps=30,
@@ -79,6 +80,7 @@ def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defau
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
         recipe=RecipeSpec(method="pretrained", loop="stage1"),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
         notes=notes,

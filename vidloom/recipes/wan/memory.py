@@ -2,9 +2,10 @@
 
 The peak is the larger of one DiT block's activations during denoising and one latent
 frame's VAE decode, plus what lives through the whole run (latents, sampler history,
-the decoded video). The per-element copy counts below were calibrated against peak RSS
-of demo-model runs on CPU in float32 (256x256 .. 1024x1024, 1 .. 1025 frames) and rounded
-up: the estimate is meant to refuse a request that cannot fit, not to pack memory tightly.
+the decoded video). The per-element copy counts (core.footprint, shared with the other
+families) were first calibrated here against peak RSS of demo-model runs on CPU in float32
+(256x256 .. 1024x1024, 1 .. 1025 frames) and rounded up: the estimate is meant to refuse a
+request that cannot fit, not to pack memory tightly.
 """
 
 from __future__ import annotations
@@ -13,23 +14,10 @@ from functools import partial
 
 import torch
 
+from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
-
-# Live [tokens, inner_dim] tensors in one block (input, norm, q, k, v, attention out, residual,
-# modulation, RoPE'd q/k) and live [tokens, ffn_dim] tensors (the FFN's hidden and its GELU).
-HIDDEN_COPIES = 12
-FFN_COPIES = 2
-# Live float32 values per (base channel x output pixel x decoded frame) while one latent frame is
-# decoded: the causal conv caches, upsampled activations and allocator slack. CPU: calibrated (see
-# above; glibc keeps freed blocks, so RSS peaks high). CUDA: the caching allocator reuses freed blocks
-# exactly; 8 is a conservative count of the live tensors, not yet calibrated on a GPU (bench/ does that).
-VAE_COPIES = {"cpu": 20, "cuda": 8}
-# Latents, noise predictions, sampler history and the step cache's residuals, in float32.
-LATENT_COPIES = 8
-# Text-encoder pass, thread pools, allocator granularity: paid by every request.
-FIXED_OVERHEAD = 128 << 20
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
@@ -66,7 +54,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     # A latent frame decodes to temporal_factor frames (the first to one); the causal caches keep two more.
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2
     copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
-    decode = copies * vae.base_dim * pixels * frames_per_chunk * 4
+    decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4
     video = request.num_frames * request.height * request.width * 3 * (4 + 1)  # float32 frames + uint8 copy

@@ -3,9 +3,9 @@
 What lives through the whole rollout is known exactly: the KV slab (sized for the
 longest chunk sequence) and the per-layer text keys/values. On top of it the peak is
 the larger of one block's activations over the longest forward (a prefill of the
-whole context, or a chunk step) and one latent frame's VAE decode. The activation and
-decode copy counts are Wan2.1's (recipes/wan/memory.py: same blocks, same VAE); they are
-not separately calibrated for FAR. The estimate refuses what cannot fit, it does not pack.
+whole context, or a chunk step) and the VAE decode, which measured as growing with every
+frame of the clip. The copy counts are Wan2.1's (core.footprint: same blocks, same VAE).
+The estimate refuses what cannot fit, it does not pack.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from functools import partial
 
 import torch
 
+from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.recipes.wan.memory import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.recipes.wan_causal.loop import rollout_partition
 
 TEXT_TOKENS = 512  # the Wan text encoder's padded length
@@ -82,7 +82,10 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
 
     pixels = request.height * request.width
     copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
-    decode = copies * vae.base_dim * pixels * (vae.temporal_factor + 2) * 4
+    # Measured (tests/integration/test_memory_estimates.py): a rollout's peak grows with the whole clip's
+    # frames, about VAE_COPIES floats per base channel, pixel and frame, unlike Wan's one latent frame at a
+    # time; so every frame counts here until the rollout's decode holds less.
+    decode = copies * vae.decoder_dim * pixels * request.num_frames * 4
 
     latent_frames = sum(layouts[-1].chunks)
     latents = LATENT_COPIES * wan.in_channels * latent_frames * (request.height // vae.spatial_factor) * (

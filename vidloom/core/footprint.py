@@ -1,0 +1,72 @@
+"""Footprint: a request's estimated peak memory beyond the resident weights, by part, with the arithmetic
+every family's estimator (ModelCard.memory_estimator) shares.
+
+A request's memory has four parts. Caches (KV slabs, an AR reasoner's keys and values, a session copy)
+and the persistent tensors (latents, sampler history, decoded frames and sound) live through the run;
+the transient peak is the larger of one transformer block's activations at the longest forward and
+one decode pass, as the two never overlap. The copy counts were calibrated against peak RSS of tiny
+and demo models on CPU in float32 (tests/integration/test_memory_estimates.py measures every family)
+and rounded up: an estimate refuses what cannot fit, it does not pack memory tightly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Live [tokens, inner_dim] tensors in one block (input, norm, q, k, v, attention out, residual,
+# modulation, RoPE'd q/k) and live [tokens, ffn_dim] tensors (the FFN's hidden and its activation).
+HIDDEN_COPIES = 12
+FFN_COPIES = 2
+# Live float32 values per (channel at full resolution x output pixel x decoded frame) during a decode:
+# conv inputs and outputs, norms, upsampled activations and allocator slack. CPU: calibrated (glibc keeps
+# freed blocks, so RSS peaks high); 20 held for multi-frame Wan chunks, but in a fresh process
+# (test_memory_estimates) a one-frame Wan decode measured 28 and a Wan I2V request (its conditioning clip
+# encoded, then decoded) 36, hence 40. CUDA: the caching allocator reuses freed blocks exactly; 8 is a
+# conservative count of the live tensors, not yet calibrated on a GPU.
+VAE_COPIES = {"cpu": 40, "cuda": 8}
+# Latents, noise predictions, sampler history and the step cache's residuals, in float32.
+LATENT_COPIES = 8
+# Text-encoder pass, thread pools, allocator granularity: paid by every request.
+FIXED_OVERHEAD = 128 << 20
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated peak bytes of one request beyond the resident weights, by part."""
+
+    caches: int = 0  # held through the run: KV slabs, a reasoner's keys/values, a session copy
+    denoise: int = 0  # one transformer block's live activations at the longest forward
+    decode: int = 0  # one decode pass (VAE, audio VAE + vocoder)
+    persistent: int = 0  # latents, sampler history, decoded frames and sound, held to the end
+    fixed: int = FIXED_OVERHEAD
+
+    @property
+    def total(self) -> int:
+        return self.fixed + self.caches + max(self.denoise, self.decode) + self.persistent
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def block_bytes(batch: int, tokens: int, inner_dim: int, ffn_dim: int, act: int) -> int:
+    """Live activations of one transformer block over `tokens` tokens of width `inner_dim`."""
+    return batch * tokens * (HIDDEN_COPIES * inner_dim + FFN_COPIES * ffn_dim) * act
+
+
+def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames: int) -> int:
+    """One decode pass producing `frames` frames of `pixels` pixels through `channels` full-resolution channels."""
+    copies = VAE_COPIES.get(getattr(device, "type", "cpu"), VAE_COPIES["cpu"])
+    return copies * channels * pixels * frames * 4
+
+
+def video_bytes(frames: int, height: int, width: int) -> int:
+    """Decoded frames in float32 plus their uint8 copy."""
+    return frames * height * width * 3 * (4 + 1)
+
+
+def latent_bytes(channels: int, cells: int) -> int:
+    """Latents and the sampler's float32 history over `cells` latent positions of `channels` channels."""
+    return LATENT_COPIES * channels * cells * 4

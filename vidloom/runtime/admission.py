@@ -1,0 +1,77 @@
+"""MemoryAdmission: the estimated peak bytes of every resident request, held against one device budget.
+
+A card's estimator (ModelCard.memory_estimator) says what one resolved request needs beyond the
+resident weights. Two checks use it, both in the runtime so the Python API, the AsyncEngine and the
+server answer alike:
+
+- alone: a request that would not fit even on an idle engine is refused when it is submitted
+  (LimitExceeded naming width or num_frames, the server's 400), as it can never run;
+- together: a request becomes resident only while the sum over resident (admitted, unfinished)
+  requests stays within the budget. The AsyncEngine keeps it queued until room frees (a full queue
+  is the server's 429); a caller stepping runs itself (the sync Engine) gets CacheBudgetExceeded.
+
+Pure bookkeeping, no torch import: unit-tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Hashable
+
+from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.core.limits import format_bytes
+
+
+class MemoryAdmission:
+    """Bytes reserved by resident requests against `budget_bytes` (None: not checked). Thread-safe."""
+
+    def __init__(self, budget_bytes: int | None) -> None:
+        if budget_bytes is not None and budget_bytes < 1:
+            raise ValueError(f"budget_bytes must be >= 1 or None, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._held: dict[Hashable, int] = {}
+
+    @property
+    def in_use(self) -> int:
+        """Bytes the resident requests' estimates add up to."""
+        with self._lock:
+            return sum(self._held.values())
+
+    @property
+    def resident(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def try_reserve(self, owner: Hashable, nbytes: int) -> bool:
+        """Reserve `nbytes` for `owner` if the sum stays within the budget; True when held (also if already).
+
+        An owner alone larger than the whole budget is still admitted on an idle engine: the alone check
+        refuses such requests at submission, so one reaching here met a budget that has since shrunk.
+        """
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        with self._lock:
+            if owner in self._held:
+                return True
+            used = sum(self._held.values())
+            if self.budget_bytes is not None and self._held and used + nbytes > self.budget_bytes:
+                return False
+            self._held[owner] = nbytes
+            return True
+
+    def reserve(self, owner: Hashable, nbytes: int) -> None:
+        """`try_reserve`, or CacheBudgetExceeded with the numbers when the resident requests leave no room."""
+        if self.try_reserve(owner, nbytes):
+            return
+        used = self.in_use
+        budget = self.budget_bytes or 0
+        raise CacheBudgetExceeded(nbytes, used, budget, reason=(
+            f"the request needs an estimated {format_bytes(nbytes)} but only {format_bytes(max(0, budget - used))} "
+            f"of the {format_bytes(budget)} request memory budget are free ({format_bytes(used)} held by "
+            f"{self.resident} running request(s)); retry when one finishes, or ask for fewer frames or pixels"))
+
+    def release(self, owner: Hashable) -> None:
+        """Give back `owner`'s bytes (no-op if it holds none): on finish, failure and cancel alike."""
+        with self._lock:
+            self._held.pop(owner, None)
