@@ -334,7 +334,7 @@ def test_a_sequence_failing_mid_decode_ends_its_stream_with_an_error_event(chat_
                                                                              monkeypatch):
     """A fault injected into the decode loop after a few tokens: the stream carries an error event then [DONE],
     a non-streamed call is a 500 naming no server path, and the failed sequence's blocks are back in the pool."""
-    loop = cosmos3_engine.chat.loop
+    loop = cosmos3_engine.decoder.loop
     real_advance, calls = loop.advance, []
 
     def failing_advance(state, logits):
@@ -381,4 +381,4 @@ def test_a_chat_open_at_shutdown_ends_with_an_error_event_after_the_grace_period
     assert data[-1] == "[DONE]"
     error = json.loads(data[-2])["error"]
     assert error["code"] == "shutting_down", error
-    assert cosmos3_engine.chat.stats()["kv_blocks_in_use"] == 0
+    assert cosmos3_engine.decoder.stats()["kv_blocks_in_use"] == 0

@@ -1,8 +1,10 @@
 """AsyncEngine: a device worker thread runs model steps; callers queue, await and stream.
 
-The asyncio side never runs a model step: `submit` validates and enqueues, the
-worker thread advances resident requests one step at a time in the order the
-scheduler picks, and results come back through thread-safe futures.
+The asyncio side never runs a model step: `submit` (a generation) and `chat` validate and enqueue
+into one scheduler, the worker thread advances resident requests at step boundaries (every round:
+one batched decode step of all running AR sequences, then one generation unit the policy picks;
+see Scheduler), and results come back through thread-safe futures. Every request kind is counted,
+cancelled (`cancel(request_id)`) and cleaned up through the same paths.
 """
 
 from __future__ import annotations
@@ -14,18 +16,19 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
+from vidloom.core.loop import is_decode_step
 from vidloom.core.request import GenerationRequest
-from vidloom.runtime.async_chat import ChatFrontend
 from vidloom.runtime.batching import BatchStats, batch_key, run_batched
+from vidloom.runtime.chat_stream import ChatFrontend
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
-from vidloom.runtime.scheduler import QueueFull, Scheduler
+from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, QueueFull, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +49,12 @@ class EngineClosed(VidloomError):
 class _Entry:
     run: RequestRun
     on_event: EventCallback | None
+    result: Callable[[dict[str, Any]], Any]  # the finished run's outputs -> what its future resolves to
+    decoder: bool = False  # an AR sequence (a chat): holds a decode slot, steps in every round's decode batch
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     started: bool = False
     admitted_at: float = 0.0  # perf_counter when it took a slot
+    decoding: bool = False  # a generation request inside a paged decode loop (a reasoner): in the decode batch
 
     @property
     def key(self) -> str:
@@ -79,7 +85,8 @@ class JobHandle:
 
 
 class AsyncEngine(ChatFrontend):
-    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait (chat: see ChatFrontend)."""
+    """Owns one device worker; generation requests occupy `slots`, chats `decode_slots`, at most `queue_size`
+    of either wait (chat: see ChatFrontend)."""
 
     def __init__(
         self,
@@ -90,19 +97,21 @@ class AsyncEngine(ChatFrontend):
         queue_size: int = 16,
         max_batch: int | None = None,
         batch_wait_s: float = 0.0,
+        decode_slots: int = DEFAULT_DECODE_SLOTS,
     ) -> None:
         """policy "batch" runs compatible denoise steps of up to `max_batch` (default: `slots`) resident
         requests in one forward; before a step with room in its batch it waits up to `batch_wait_s`
-        for more requests to arrive (0: never waits)."""
+        for more requests to arrive (0: never waits). `decode_slots`: chats decoding at once at most."""
         if policy == "batch" and not isinstance(engine, Engine):
             raise ValueError(f"policy 'batch' needs a one-device engine, got {type(engine).__name__}")
         self.engine = engine
-        self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size)
+        self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size, decode_slots)
         self.max_batch = slots if max_batch is None else max_batch
         if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
             raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
         self.batch_wait_s = batch_wait_s
         self._batches = BatchStats()
+        self._decodes = BatchStats()  # paged decode forwards and how many sequences each carried
         self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
@@ -127,8 +136,15 @@ class AsyncEngine(ChatFrontend):
 
     @property
     def in_flight(self) -> int:
+        """Resident requests of every kind (generations and chats)."""
         with self._cond:
             return self._scheduler.resident
+
+    @property
+    def chats_in_flight(self) -> int:
+        """Resident chats (a part of in_flight)."""
+        with self._cond:
+            return self._scheduler.resident_of(True)
 
     def submit(self, request: GenerationRequest, on_event: EventCallback | None = None) -> JobHandle:
         """Validate and enqueue. Raises InvalidRequest, EngineBusy (queue full) or EngineClosed at once.
@@ -136,7 +152,16 @@ class AsyncEngine(ChatFrontend):
         `on_event` is called from the worker thread: keep it quick and thread-safe.
         """
         callback = _guarded(on_event) if on_event is not None else None
-        entry = _Entry(self.engine.start(request, callback), callback)
+        card = self.engine.instance.card
+        return self._enqueue(_Entry(self.engine.start(request, callback), callback,
+                                    lambda outputs: video_output(card, outputs)))
+
+    def submit_chat(self, run: RequestRun, on_event: EventCallback,
+                    result: Callable[[dict[str, Any]], Any]) -> JobHandle:
+        """Enqueue a chat's run (Engine.start_chat, started with `on_event`); it resolves to `result(outputs)`."""
+        return self._enqueue(_Entry(run, _guarded(on_event), result, decoder=True))
+
+    def _enqueue(self, entry: _Entry) -> JobHandle:
         with self._cond:
             if self._closing:
                 raise EngineClosed("engine is shutting down")
@@ -180,12 +205,16 @@ class AsyncEngine(ChatFrontend):
             self._cond.notify()
         return done
 
+    def cancel_chats(self) -> int:
+        """Stop every queued or running chat at its next step (a server's shutdown); how many."""
+        with self._cond:
+            chats = [key for key, entry in self._entries.items() if entry.decoder]
+        return sum(self.cancel(key) for key in chats)
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
             self._closing = True
-            if self._chat is not None:
-                self._chat.cancel_all()
             for entry in list(self._entries.values()):
                 entry.run.cancel.cancel()
                 if self._scheduler.is_waiting(entry.key):
@@ -198,10 +227,10 @@ class AsyncEngine(ChatFrontend):
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries and not self._chores and not self._chat_busy():
+                while not self._closing and not self._entries and not self._chores:
                     self._cond.wait()
                 chores, self._chores = self._chores, []
-                if self._closing and not self._entries and not chores and not self._chat_busy():
+                if self._closing and not self._entries and not chores:
                     return
                 for entry in self._scheduler.admit():
                     entry.started = True
@@ -210,33 +239,76 @@ class AsyncEngine(ChatFrontend):
                 entry = self._scheduler.pick()
             for chore in chores:
                 _run_chore(chore)
-            if self._chat_busy():
-                self._chat_step()
-            if entry is not None and self._scheduler.policy == "batch":
-                self._batch_round(entry)
-            elif entry is not None:
-                self._step(entry)
+            self._decode_round()  # cheap and latency-bound: every round (see Scheduler)
+            if entry is not None and entry.key in self._entries and not entry.decoding:
+                if self._scheduler.policy == "batch":
+                    self._batch_round(entry)
+                else:
+                    self._step(entry)
 
     @property
     def batch_stats(self) -> dict[str, float]:
         """Forwards run by the batch policy and their mean size (1.0: nothing was shared)."""
         return self._batches.summary()
 
-    def _batch_round(self, first: _Entry) -> None:
-        """Bring every resident request to its next loop step (running its component nodes), then run
-        `first`'s step together with the compatible steps of others, oldest first."""
+    @property
+    def decode_stats(self) -> dict[str, float]:
+        """Paged decode forwards (chats and reasoners together) and how many sequences they carried."""
+        return self._decodes.summary()
+
+    def _decode_round(self) -> None:
+        """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
+        in one forward; a sequence that just joined prefills in it."""
         with self._cond:
-            residents = self._scheduler.residents()
+            residents = [e for e in self._scheduler.residents() if e.decoder or e.decoding]
         for entry in residents:
             if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
                 continue
             if entry.run.done:
                 self._finish_completed(entry)
-        plan = first.run.pending_plan
-        if plan is None:
-            return  # it ran a component node this round: that was its unit of work
+            elif not is_decode_step(entry.run.pending_plan):
+                entry.decoding = False  # its decode loop ended: back to the policy's turns
+        group = [e for e in residents if e.key in self._entries and is_decode_step(e.run.pending_plan)]
+        if group:
+            self._run_decode(group)
+
+    def _run_decode(self, group: list[_Entry]) -> None:
+        decoder = self.engine.decoder
+        started = time.perf_counter()
+        try:
+            rows = decoder.run([e.run.pending_plan for e in group])
+        except Exception as exc:
+            if len(group) == 1:
+                self._fail(group[0], exc)
+                return
+            # Failure isolation: rerun each alone, so only a sequence whose own step fails fails.
+            log.warning("batched decode step of %d sequences failed; running them one by one", len(group))
+            for entry in group:
+                self._run_decode([entry])
+            return
+        self._decodes.add(len(group))
+        share = (time.perf_counter() - started) / len(group)
+        for entry, row in zip(group, rows):
+            if self._guarded(entry, lambda: entry.run.complete(row, share)) and entry.run.done:
+                self._finish_completed(entry)
+
+    def _batch_round(self, first: _Entry) -> None:
+        """Bring every resident generation request to its next loop step (running its component nodes), then
+        run `first`'s step together with the compatible steps of others, oldest first."""
         with self._cond:
-            residents = [e for e in self._scheduler.residents() if e.run.pending_plan is not None]
+            residents = [e for e in self._scheduler.residents() if not e.decoder]
+        for entry in residents:
+            if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
+                continue
+            if entry.run.done:
+                self._finish_completed(entry)
+            entry.decoding = is_decode_step(entry.run.pending_plan)
+        plan = first.run.pending_plan
+        if plan is None or first.decoding:
+            return  # it ran a component node this round (its unit of work), or it decodes with the chats
+        with self._cond:
+            residents = [e for e in self._scheduler.residents()
+                         if not e.decoder and not e.decoding and e.run.pending_plan is not None]
             keys = {e.key: None if e.run.intercepted else batch_key(e.run.pending_plan) for e in residents}
             group = self._scheduler.group(first, keys, self.max_batch)
             if self._should_wait(first, plan.index, len(group)):
@@ -248,7 +320,7 @@ class AsyncEngine(ChatFrontend):
         """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
         if self.batch_wait_s <= 0 or size >= self.max_batch or self._closing:
             return False
-        if self._scheduler.waiting or self._scheduler.resident >= self._scheduler.slots:
+        if self._scheduler.waiting or self._scheduler.resident_of(False) >= self._scheduler.slots:
             return False
         if self._waited == (first.key, index):
             return False
@@ -283,37 +355,41 @@ class AsyncEngine(ChatFrontend):
         try:
             work()
             return True
-        except Cancelled as exc:
-            self._finish_locked(entry, CancelledEvent(entry.key), exc)
-        except VidloomError as exc:
-            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
         except Exception as exc:
-            log.exception("request %s failed", entry.key)
-            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
+            self._fail(entry, exc)
         return False
 
+    def _fail(self, entry: _Entry, exc: Exception) -> None:
+        """Finish `entry` with `exc`: cancelled, failed with its code, or an internal error (logged)."""
+        if isinstance(exc, Cancelled):
+            self._finish_locked(entry, CancelledEvent(entry.key), exc)
+        elif isinstance(exc, VidloomError):
+            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
+        else:
+            log.error("request %s failed", entry.key, exc_info=exc)
+            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
+
     def _finish_completed(self, entry: _Entry) -> None:
-        output: list[VideoOutput] = []
-        if self._guarded(entry, lambda: output.append(video_output(self.engine.instance.card, entry.run.outputs()))):
-            self._observe(time.perf_counter() - entry.admitted_at)
+        output: list[Any] = []
+        if self._guarded(entry, lambda: output.append(entry.result(entry.run.outputs()))):
+            if not entry.decoder:  # Retry-After estimates a generation's time in a slot
+                self._observe(time.perf_counter() - entry.admitted_at)
             self._finish_locked(entry, CompletedEvent(entry.key, output[0]), output[0])
 
     def _step(self, entry: _Entry) -> None:
+        """One unit of a generation request; a paged decode step it plans waits for the decode round."""
         run = entry.run
-        try:
-            if not run.step():
+
+        def unit() -> None:
+            if run.pending_plan is None and not run.prepare():
+                return  # a component node ran (or the program ended)
+            if is_decode_step(run.pending_plan):
+                entry.decoding = True  # it steps with the chats from now on
                 return
-            output = video_output(self.engine.instance.card, run.outputs())
-        except Cancelled as exc:
-            self._finish_locked(entry, CancelledEvent(entry.key), exc)
-        except VidloomError as exc:
-            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
-        except Exception as exc:  # a failing request must not take the worker down
-            log.exception("request %s failed", entry.key)
-            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
-        else:
-            self._observe(time.perf_counter() - entry.admitted_at)
-            self._finish_locked(entry, CompletedEvent(entry.key, output), output)
+            run.step()
+
+        if self._guarded(entry, unit) and run.done:
+            self._finish_completed(entry)
 
     def _observe(self, seconds: float) -> None:
         with self._cond:
@@ -353,7 +429,7 @@ class AsyncEngine(ChatFrontend):
         already. Before any job completed, what that job has run so far is the best guess.
         """
         now = time.perf_counter()
-        ran = max((now - e.admitted_at for e in self._entries.values() if e.started), default=0.0)
+        ran = max((now - e.admitted_at for e in self._entries.values() if e.started and not e.decoder), default=0.0)
         if self._job_seconds is None:
             return max(1, math.ceil(ran))
         return max(1, math.ceil(self._job_seconds - ran))

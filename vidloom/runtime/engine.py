@@ -10,19 +10,20 @@ from typing import Any, Callable, Generator, Mapping, TypeVar
 
 import torch
 
+from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
-from vidloom.core.loop import Done, StepInterceptor, StepPlan
+from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, TextEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
-from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
+from vidloom.runtime.paged_decode import PagedDecoder, build_decoder, no_chat
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
 
@@ -47,7 +48,7 @@ class CancellationToken:
 
 
 class RequestRun:
-    """One validated request moving through a program.
+    """One validated request (a generation or a chat) moving through a program.
 
     `step()` runs one unit of work (a component node, or one loop step) and returns
     True once the program is done; the caller decides when to call it, which is
@@ -59,15 +60,20 @@ class RequestRun:
         self,
         instance: ModelInstance,
         program: Program,
-        request: GenerationRequest,
+        request: GenerationRequest | ChatRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
         graphs: StepGraphs | None = None,
         compiled: bool = True,
         caches: CacheManager | None = None,
+        decoder: PagedDecoder | None = None,
+        slots: Mapping[str, Any] | None = None,
     ) -> None:
+        """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
+        pool and decode forward, for loops that reserve KV (chat, a reasoner)."""
         self.request = request
+        self.decoder = decoder
         self.caches = caches or CacheManager()
         self._graphs = graphs
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
@@ -76,9 +82,12 @@ class RequestRun:
         self.cancel = cancel or CancellationToken()
         self._on_event = on_event
         self._observer = observer
-        self._slots: dict[str, Any] = {"request": request}
-        # Built per request (InvalidRequest for a threshold without a deployed cache).
-        self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
+        self.inputs: Mapping[str, Any] = dict(slots) if slots is not None else {"request": request}
+        self._slots: dict[str, Any] = dict(self.inputs)
+        # Built per request (InvalidRequest for a threshold without a deployed cache); chats have none.
+        self._interceptor: StepInterceptor | None = (
+            make_step_cache(instance.deploy, request, instance.card.model_id)
+            if isinstance(request, GenerationRequest) else None)
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -181,9 +190,13 @@ class RequestRun:
             raise Cancelled(f"request {self.request.request_id} was cancelled")
 
     def execute(self, plan: StepPlan) -> Any:
-        """Run one loop step: plainly, or through this request's interceptor (step cache)."""
+        """Run one loop step: plainly, or through this request's interceptor (step cache); a paged decode
+        step stepped alone goes through the decoder as a batch of one."""
         if self._observer is not None:
             self._observer(plan)
+        if is_decode_step(plan):
+            assert self.decoder is not None, "a paged decode step without a decoder (reserve_kv refuses that)"
+            return self.decoder.run([plan])[0]
         if self._interceptor is not None:
             return self._interceptor.execute(plan)
         if self._graphs is not None:
@@ -200,10 +213,19 @@ class RequestRun:
             frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
             self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
 
-    def emit_text(self, phase: str, text: str) -> None:
-        """Pass decoded text (a reasoning loop's) to the caller as it is written."""
-        if self._on_event is not None and text:
-            self._on_event(TextEvent(self.request.request_id, phase, text))
+    def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        """Pass decoded text (a chat's, a reasoning loop's) and its tokens to the caller as they are written."""
+        if self._on_event is not None and (text or token_ids):
+            self._on_event(TextEvent(self.request.request_id, phase, text, token_ids))
+
+    def reserve_kv(self, tokens: int) -> str:
+        """Blocks of the engine's paged pool for one sequence, returned to it when the loop ends."""
+        if self.decoder is None:
+            raise RuntimeError("this engine has no paged KV pool (its program declares no chat_loop)")
+        seq_id = self.decoder.reserve(self.request.request_id, tokens)
+        decoder = self.decoder
+        self.hold(lambda: decoder.release(seq_id))
+        return seq_id
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
         """A cache buffer accounted to this request, released with the loop that asked for it."""
@@ -344,8 +366,9 @@ class Engine(EngineDriver):
         # request that cannot fit fails with InvalidRequest before it allocates anything.
         self.limits = RequestLimits(max_memory_bytes=request_budget(instance.device))
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
-        # Chat (AR decode) over the same resident modules, when the program has an ar_decode loop.
-        self.chat: ChatEngine | None = build_chat_engine(instance, program, self.caches)
+        # The paged KV pool and batched decode forward of every AR loop (chat, a reasoner), over the same
+        # resident modules, when the program declares a chat loop.
+        self.decoder: PagedDecoder | None = build_decoder(instance, program, self.caches)
 
     @property
     def compile_misses(self) -> int:
@@ -379,8 +402,21 @@ class Engine(EngineDriver):
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
         return RequestRun(
-            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches
+            self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
+            self.decoder,
         )
+
+    def start_chat(
+        self, request: ChatRequest, on_event: EventCallback | None = None, cancel: CancellationToken | None = None,
+    ) -> RequestRun:
+        """Validate and tokenize a chat request (InvalidRequest before any work) and prepare its run: the chat
+        loop as a program of its own, stepped like any other request. Its text arrives as TextEvents; its
+        KV blocks are reserved when the loop starts (CacheBudgetExceeded then) and return when it ends."""
+        if self.decoder is None:
+            raise no_chat(self.instance.card.model_id)
+        slots = self.decoder.chat_slots(request)
+        return RequestRun(self.instance, self.decoder.program, request, on_event, cancel, caches=self.caches,
+                          decoder=self.decoder, slots=slots)
 
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:
