@@ -289,7 +289,11 @@ class AsyncEngine(ChatFrontend):
         self._decodes.add(len(group))
         share = (time.perf_counter() - started) / len(group)
         for entry, row in zip(group, rows):
-            if self._guarded(entry, lambda: entry.run.complete(row, share)) and entry.run.done:
+            if not self._guarded(entry, lambda: entry.run.complete(row, share)):
+                continue
+            # A chat plans its next step now (no kernels run): one that just ended resolves before the
+            # round's denoise step rather than after it.
+            if entry.decoder and self._guarded(entry, entry.run.prepare) and entry.run.done:
                 self._finish_completed(entry)
 
     def _batch_round(self, first: _Entry) -> None:

@@ -92,9 +92,11 @@ async def stream_submitted(handle: Any, queue: asyncio.Queue[Event], run: Reques
 
 
 def event_queue(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event], request_id: str):
-    """A worker-thread event callback that hands events to `queue` on `loop`."""
+    """A worker-thread event callback that hands a chat's text and its end to `queue` on `loop`."""
 
     def sink(event: Event) -> None:
+        if not isinstance(event, (TextEvent, CompletedEvent, FailedEvent, CancelledEvent)):
+            return  # progress and "started": nothing a chat stream shows, and each hand-off wakes the event loop
         try:
             loop.call_soon_threadsafe(queue.put_nowait, event)
         except RuntimeError:  # the caller's event loop is gone: nobody reads this stream any more
