@@ -382,3 +382,31 @@ def test_a_chat_open_at_shutdown_ends_with_an_error_event_after_the_grace_period
     error = json.loads(data[-2])["error"]
     assert error["code"] == "shutting_down", error
     assert cosmos3_engine.decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_client(client, long_chat):
+    """One engine: the chat holds a place next to the rendering video (`/health`, `vidloom_in_flight`) until its
+    client leaves, which cancels it through the jobs' path while the video keeps rendering."""
+    from tests.helpers.servers import wait_for_status
+
+    video = client.post("/v1/videos", json={"prompt": "a fox", "size": "32x32", "num_frames": 5,
+                                            "num_inference_steps": 400, "seed": 1})
+    assert video.status_code == 200, video.text
+    video_id = video.json()["id"]
+    wait_for_status(client, video_id, {"in_progress"})
+    try:
+        assert client.get("/health").json()["in_flight"] == 1
+        body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert next(response.iter_lines()).startswith("data: {")
+            assert client.get("/health").json()["in_flight"] == 2
+            assert _metric(client, "vidloom_in_flight") == 2
+        deadline = time.monotonic() + 10
+        while _metric(client, "vidloom_in_flight") != 1:
+            assert time.monotonic() < deadline, "the chat kept its place after its client left"
+            time.sleep(0.02)
+        assert client.get(f"/v1/videos/{video_id}").json()["status"] == "in_progress"
+    finally:
+        client.post(f"/v1/videos/{video_id}/cancel")
+    wait_for_status(client, video_id, {"cancelled", "completed"})
+    _wait_pool_full(client)

@@ -100,3 +100,28 @@ def test_batch_picks_round_robin_like_interleave():
     s.enqueue(Job("a", 2))
     s.enqueue(Job("b", 1))
     assert drive(s) == ["a", "b", "a"]
+
+
+@dataclass
+class Chat:
+    key: str
+    decoder: bool = True
+
+
+def test_chats_take_decode_slots_share_the_queue_and_are_never_picked():
+    s = Scheduler("interleave", slots=1, queue_size=3, decode_slots=2)
+    for item in (Job("video", 3), Chat("a"), Job("late", 1)):
+        s.enqueue(item)
+    with pytest.raises(QueueFull):
+        s.enqueue(Chat("b"))  # one queue bounds both kinds
+    # A full kind does not block the other: "late" waits for the video's slot, the chats take decode slots.
+    assert [i.key for i in s.admit()] == ["video", "a"]
+    s.enqueue(Chat("b"))
+    assert [i.key for i in s.admit()] == ["b"]
+    assert (s.resident, s.resident_of(True), s.resident_of(False), s.waiting) == (3, 2, 1, 1)
+    assert [s.pick().key for _ in range(3)] == ["video"] * 3  # chats step in the decode batch, not by turns
+    s.remove("a")
+    s.enqueue(Chat("c"))
+    assert [i.key for i in s.admit()] == ["c"]
+    s.remove("video")
+    assert [i.key for i in s.admit()] == ["late"] and s.pick().key == "late"
