@@ -15,20 +15,17 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
-from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
-from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
-from vidloom.core.loop import is_decode_step
+from vidloom.core.errors import Cancelled, VidloomError
+from vidloom.core.output import CancelledEvent, Event, EventCallback, StartedEvent, VideoOutput
 from vidloom.core.request import GenerationRequest
-from vidloom.runtime.batching import BatchStats, batch_key, run_batched
+from vidloom.runtime.batching import BatchStats
 from vidloom.runtime.chat_stream import ChatFrontend
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
 from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, QueueFull, Scheduler
+from vidloom.runtime.worker_rounds import WorkEntry, WorkerRounds
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +42,10 @@ class EngineClosed(VidloomError):
     """The engine is shutting down and takes no new work."""
 
 
-@dataclass
-class _Entry:
-    run: RequestRun
-    on_event: EventCallback | None
-    result: Callable[[dict[str, Any]], Any]  # the finished run's outputs -> what its future resolves to
-    decoder: bool = False  # an AR sequence (a chat): holds a decode slot, steps in every round's decode batch
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    started: bool = False
-    admitted_at: float = 0.0  # perf_counter when it took a slot
-    decoding: bool = False  # a generation request inside a paged decode loop (a reasoner): in the decode batch
-
-    @property
-    def key(self) -> str:
-        return self.run.request.request_id
-
-
 class JobHandle:
     """A submitted request: its resolved parameters and its eventual result."""
 
-    def __init__(self, entry: _Entry) -> None:
+    def __init__(self, entry: WorkEntry) -> None:
         self._entry = entry
 
     @property
@@ -84,7 +65,7 @@ class JobHandle:
         return self._entry.future.result(timeout)
 
 
-class AsyncEngine(ChatFrontend):
+class AsyncEngine(ChatFrontend, WorkerRounds):
     """Owns one device worker; generation requests occupy `slots`, chats `decode_slots`, at most `queue_size`
     of either wait (chat: see ChatFrontend)."""
 
@@ -105,7 +86,7 @@ class AsyncEngine(ChatFrontend):
         if policy == "batch" and not isinstance(engine, Engine):
             raise ValueError(f"policy 'batch' needs a one-device engine, got {type(engine).__name__}")
         self.engine = engine
-        self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size, decode_slots)
+        self._scheduler: Scheduler[WorkEntry] = Scheduler(policy, slots, queue_size, decode_slots)
         self.max_batch = slots if max_batch is None else max_batch
         if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
             raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
@@ -113,7 +94,7 @@ class AsyncEngine(ChatFrontend):
         self._batches = BatchStats()
         self._decodes = BatchStats()  # paged decode forwards and how many sequences each carried
         self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, WorkEntry] = {}
         self._cond = threading.Condition()
         self._closing = False
         # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
@@ -153,15 +134,15 @@ class AsyncEngine(ChatFrontend):
         """
         callback = _guarded(on_event) if on_event is not None else None
         card = self.engine.instance.card
-        return self._enqueue(_Entry(self.engine.start(request, callback), callback,
+        return self._enqueue(WorkEntry(self.engine.start(request, callback), callback,
                                     lambda outputs: video_output(card, outputs)))
 
     def submit_chat(self, run: RequestRun, on_event: EventCallback,
                     result: Callable[[dict[str, Any]], Any]) -> JobHandle:
         """Enqueue a chat's run (Engine.start_chat, started with `on_event`); it resolves to `result(outputs)`."""
-        return self._enqueue(_Entry(run, _guarded(on_event), result, decoder=True))
+        return self._enqueue(WorkEntry(run, _guarded(on_event), result, decoder=True))
 
-    def _enqueue(self, entry: _Entry) -> JobHandle:
+    def _enqueue(self, entry: WorkEntry) -> JobHandle:
         with self._cond:
             if self._closing:
                 raise EngineClosed("engine is shutting down")
@@ -256,155 +237,16 @@ class AsyncEngine(ChatFrontend):
         """Paged decode forwards (chats and reasoners together) and how many sequences they carried."""
         return self._decodes.summary()
 
-    def _decode_round(self) -> None:
-        """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
-        in one forward; a sequence that just joined prefills in it."""
-        with self._cond:
-            residents = [e for e in self._scheduler.residents() if e.decoder or e.decoding]
-        for entry in residents:
-            if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
-                continue
-            if entry.run.done:
-                self._finish_completed(entry)
-            elif not is_decode_step(entry.run.pending_plan):
-                entry.decoding = False  # its decode loop ended: back to the policy's turns
-        group = [e for e in residents if e.key in self._entries and is_decode_step(e.run.pending_plan)]
-        if group:
-            self._run_decode(group)
-
-    def _run_decode(self, group: list[_Entry]) -> None:
-        decoder = self.engine.decoder
-        started = time.perf_counter()
-        try:
-            rows = decoder.run([e.run.pending_plan for e in group])
-        except Exception as exc:
-            if len(group) == 1:
-                self._fail(group[0], exc)
-                return
-            # Failure isolation: rerun each alone, so only a sequence whose own step fails fails.
-            log.warning("batched decode step of %d sequences failed; running them one by one", len(group))
-            for entry in group:
-                self._run_decode([entry])
-            return
-        self._decodes.add(len(group))
-        share = (time.perf_counter() - started) / len(group)
-        for entry, row in zip(group, rows):
-            if not self._guarded(entry, lambda: entry.run.complete(row, share)):
-                continue
-            # A chat plans its next step now (no kernels run): one that just ended resolves before the
-            # round's denoise step rather than after it.
-            if entry.decoder and self._guarded(entry, entry.run.prepare) and entry.run.done:
-                self._finish_completed(entry)
-
-    def _batch_round(self, first: _Entry) -> None:
-        """Bring every resident generation request to its next loop step (running its component nodes), then
-        run `first`'s step together with the compatible steps of others, oldest first."""
-        with self._cond:
-            residents = [e for e in self._scheduler.residents() if not e.decoder]
-        for entry in residents:
-            if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
-                continue
-            if entry.run.done:
-                self._finish_completed(entry)
-            entry.decoding = is_decode_step(entry.run.pending_plan)
-        plan = first.run.pending_plan
-        if plan is None or first.decoding:
-            return  # it ran a component node this round (its unit of work), or it decodes with the chats
-        with self._cond:
-            residents = [e for e in self._scheduler.residents()
-                         if not e.decoder and not e.decoding and e.run.pending_plan is not None]
-            keys = {e.key: None if e.run.intercepted else batch_key(e.run.pending_plan) for e in residents}
-            group = self._scheduler.group(first, keys, self.max_batch)
-            if self._should_wait(first, plan.index, len(group)):
-                self._cond.wait(self.batch_wait_s)  # a submit notifies: the next round admits it
-                return
-        self._run_group(group)
-
-    def _should_wait(self, first: _Entry, index: int, size: int) -> bool:
-        """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
-        if self.batch_wait_s <= 0 or size >= self.max_batch or self._closing:
-            return False
-        if self._scheduler.waiting or self._scheduler.resident_of(False) >= self._scheduler.slots:
-            return False
-        if self._waited == (first.key, index):
-            return False
-        self._waited = (first.key, index)
-        return True
-
-    def _run_group(self, group: list[_Entry]) -> None:
-        if len(group) == 1:
-            # Alone: through the run's own execute (its step cache, CUDA graphs, plan observer).
-            self._batches.add(1)
-            self._step(group[0])
-            return
-        plans = [e.run.pending_plan for e in group]
-        started = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                results = run_batched(plans)  # type: ignore[arg-type]
-        except Exception:
-            # Failure isolation: rerun each alone, so only a request whose own step fails fails.
-            log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
-            for entry in group:
-                self._run_group([entry])
-            return
-        self._batches.add(len(group))
-        share = (time.perf_counter() - started) / len(group)
-        for entry, result in zip(group, results):
-            if self._guarded(entry, lambda: entry.run.complete(result, share)) and entry.run.done:
-                self._finish_completed(entry)
-
-    def _guarded(self, entry: _Entry, work: Callable[[], object]) -> bool:
-        """Run `work` for `entry`; on an error finish the request with it and return False."""
-        try:
-            work()
-            return True
-        except Exception as exc:
-            self._fail(entry, exc)
-        return False
-
-    def _fail(self, entry: _Entry, exc: Exception) -> None:
-        """Finish `entry` with `exc`: cancelled, failed with its code, or an internal error (logged)."""
-        if isinstance(exc, Cancelled):
-            self._finish_locked(entry, CancelledEvent(entry.key), exc)
-        elif isinstance(exc, VidloomError):
-            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
-        else:
-            log.error("request %s failed", entry.key, exc_info=exc)
-            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
-
-    def _finish_completed(self, entry: _Entry) -> None:
-        output: list[Any] = []
-        if self._guarded(entry, lambda: output.append(entry.result(entry.run.outputs()))):
-            if not entry.decoder:  # Retry-After estimates a generation's time in a slot
-                self._observe(time.perf_counter() - entry.admitted_at)
-            self._finish_locked(entry, CompletedEvent(entry.key, output[0]), output[0])
-
-    def _step(self, entry: _Entry) -> None:
-        """One unit of a generation request; a paged decode step it plans waits for the decode round."""
-        run = entry.run
-
-        def unit() -> None:
-            if run.pending_plan is None and not run.prepare():
-                return  # a component node ran (or the program ended)
-            if is_decode_step(run.pending_plan):
-                entry.decoding = True  # it steps with the chats from now on
-                return
-            run.step()
-
-        if self._guarded(entry, unit) and run.done:
-            self._finish_completed(entry)
-
     def _observe(self, seconds: float) -> None:
         with self._cond:
             mean = self._job_seconds
             self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
-    def _finish_locked(self, entry: _Entry, event: Event, outcome: object) -> None:
+    def _finish_locked(self, entry: WorkEntry, event: Event, outcome: object) -> None:
         with self._cond:
             self._finish(entry, event, outcome)
 
-    def _finish(self, entry: _Entry, event: Event, outcome: object) -> None:
+    def _finish(self, entry: WorkEntry, event: Event, outcome: object) -> None:
         """Release the request's slot and memory, report, resolve its future (lock held)."""
         self._scheduler.remove(entry.key)
         self._entries.pop(entry.key, None)
@@ -422,7 +264,7 @@ class AsyncEngine(ChatFrontend):
         except concurrent.futures.InvalidStateError:
             pass  # the awaiting task was cancelled (its client left), which cancels the future: nobody reads it
 
-    def _emit(self, entry: _Entry, event: Event) -> None:
+    def _emit(self, entry: WorkEntry, event: Event) -> None:
         if entry.on_event is not None:
             entry.on_event(event)
 
@@ -456,11 +298,3 @@ def _guarded(callback: EventCallback) -> EventCallback:
             log.exception("event callback failed on %s", type(event).__name__)
 
     return call
-
-
-def _code(exc: VidloomError) -> str:
-    if isinstance(exc, InvalidRequest):
-        return "invalid_request"
-    if isinstance(exc, NonFiniteOutput):
-        return "non_finite_output"
-    return "generation_error"
