@@ -217,11 +217,11 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
                     entry.started = True
                     entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
-                entry = self._scheduler.pick()
+                decode, entry = self._scheduler.round()
             for chore in chores:
                 _run_chore(chore)
-            self._decode_round()  # cheap and latency-bound: every round (see Scheduler)
-            if entry is not None and entry.key in self._entries and not entry.decoding:
+            self._decode_round(decode)  # cheap and latency-bound: every round (see Scheduler)
+            if entry is not None and entry.key in self._entries:
                 if self._scheduler.policy == "batch":
                     self._batch_round(entry)
                 else:

@@ -28,7 +28,14 @@ class QueueFull(Exception):
 
 
 def is_decoder(item: object) -> bool:
+    """An AR sequence (a chat): holds a decode slot and steps in every round's decode forward."""
     return bool(getattr(item, "decoder", False))
+
+
+def is_decoding(item: object) -> bool:
+    """A generation request inside a paged decode loop (a reasoner writing its prompt): it steps with the
+    decoders until its loop ends, and takes no policy turn meanwhile."""
+    return bool(getattr(item, "decoding", False))
 
 
 class Scheduler(Generic[T]):
@@ -99,18 +106,28 @@ class Scheduler(Generic[T]):
                 admitted.append(item)
         return admitted
 
+    def round(self) -> tuple[list[T], T | None]:
+        """One round of work (see the class docstring): the residents whose decode steps run together in this
+        round's forward (decoders, and generation requests that are `decoding`), oldest first, then the
+        generation request that runs one unit after it (`pick`)."""
+        decode = [item for item in self._resident if is_decoder(item) or is_decoding(item)]
+        return decode, self.pick()
+
     def pick(self) -> T | None:
-        """The resident generation request that should run its next unit, or None if none is resident
-        (AR sequences are not picked: every round steps all of them together)."""
+        """The resident generation request that should run its next unit, or None (AR sequences and requests
+        that are `decoding` take no turn: every round steps them together)."""
         generating = [item for item in self._resident if not is_decoder(item)]
         if not generating:
             return None
-        if self.policy == "fifo":
-            return generating[0]
-        self._turn %= len(generating)
-        item = generating[self._turn]
-        self._turn += 1
-        return item
+        if self.policy == "fifo":  # the oldest runs to its end; while it decodes, its decode steps are its turns
+            return None if is_decoding(generating[0]) else generating[0]
+        for _ in generating:
+            self._turn %= len(generating)
+            item = generating[self._turn]
+            self._turn += 1
+            if not is_decoding(item):
+                return item
+        return None
 
     def residents(self) -> list[T]:
         """Resident items, oldest first."""

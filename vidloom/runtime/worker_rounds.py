@@ -60,11 +60,9 @@ class WorkerRounds:
     _finish_locked: Callable[[WorkEntry, Event, object], None]  # AsyncEngine's finish path (takes the lock)
     _observe: Callable[[float], None]  # AsyncEngine's job-time estimate (Retry-After)
 
-    def _decode_round(self) -> None:
+    def _decode_round(self, residents: list[WorkEntry]) -> None:
         """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
         in one forward; a sequence that just joined prefills in it."""
-        with self._cond:
-            residents = [e for e in self._scheduler.residents() if e.decoder or e.decoding]
         for entry in residents:
             if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
                 continue
