@@ -5,8 +5,9 @@ chats and generates), against each alone; one run, ratios in the table.
 
 `--repeats` videos of `--steps` denoise steps render one after another while chats arrive one after another (each
 starts when the previous one ends, so every TTFT is measured with a video mid-render); then the same videos alone
-and `--chats` chats alone. Medians (the machine's noise is large at these millisecond scales). Run it with PYTHONPATH pointing at another checkout to measure that code (the "before" of a change):
-only AsyncEngine.submit and AsyncEngine.chat are used. The scheduler's policy is in vidloom/runtime/scheduler.py.
+and `--chats` chats alone. Medians (the machine's noise is large at these millisecond scales). Run it with
+PYTHONPATH pointing at another checkout to measure that code (the "before" of a change): only AsyncEngine.submit
+and AsyncEngine.chat are used. The scheduler's policy is in vidloom/runtime/scheduler.py.
 """
 
 from __future__ import annotations

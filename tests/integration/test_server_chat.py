@@ -389,8 +389,8 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
     client leaves, which cancels it through the jobs' path while the video keeps rendering."""
     from tests.helpers.servers import wait_for_status
 
-    video = client.post("/v1/videos", json={"prompt": "a fox", "size": "32x32", "num_frames": 5,
-                                            "num_inference_steps": 400, "seed": 1})
+    video = client.post("/v1/videos", json={"prompt": "a fox", "size": "64x64", "num_frames": 5,
+                                            "num_inference_steps": 700, "seed": 1})  # cancelled below
     assert video.status_code == 200, video.text
     video_id = video.json()["id"]
     wait_for_status(client, video_id, {"in_progress"})

@@ -60,6 +60,11 @@ class WorkerRounds:
     _finish_locked: Callable[[WorkEntry, Event, object], None]  # AsyncEngine's finish path (takes the lock)
     _observe: Callable[[float], None]  # AsyncEngine's job-time estimate (Retry-After)
 
+    @property
+    def engine_decoder(self) -> Any:
+        """The engine's paged decoder (None: this engine runs no AR loop, e.g. a multi-device engine)."""
+        return getattr(self.engine, "decoder", None)
+
     def _decode_round(self, residents: list[WorkEntry]) -> None:
         """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
         in one forward; a sequence that just joined prefills in it."""
@@ -75,7 +80,7 @@ class WorkerRounds:
             self._run_decode(group)
 
     def _run_decode(self, group: list[WorkEntry]) -> None:
-        decoder = self.engine.decoder
+        decoder = self.engine_decoder
         started = time.perf_counter()
         try:
             rows = decoder.run([e.run.pending_plan for e in group])
@@ -187,6 +192,9 @@ class WorkerRounds:
         run = entry.run
 
         def unit() -> None:
+            if self.engine_decoder is None:  # no paged pool, so no decode step to leave for the decode round
+                run.step()  # (a multi-device engine's run steps only as a whole unit)
+                return
             if run.pending_plan is None and not run.prepare():
                 return  # a component node ran (or the program ended)
             if is_decode_step(run.pending_plan):
