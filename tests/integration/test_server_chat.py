@@ -394,6 +394,8 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
     assert video.status_code == 200, video.text
     video_id = video.json()["id"]
     wait_for_status(client, video_id, {"in_progress"})
+    cancelled = 'vidloom_requests_total{kind="chat",status="cancelled"}'
+    before = _metric(client, cancelled)
     try:
         assert client.get("/health").json()["in_flight"] == 1
         body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
@@ -402,10 +404,11 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
             assert client.get("/health").json()["in_flight"] == 2
             assert _metric(client, "vidloom_in_flight") == 2
         deadline = time.monotonic() + 10
-        while _metric(client, "vidloom_in_flight") != 1:
+        while _metric(client, cancelled) == before or _metric(client, "vidloom_in_flight") > 1:
             assert time.monotonic() < deadline, "the chat kept its place after its client left"
             time.sleep(0.02)
-        assert client.get(f"/v1/videos/{video_id}").json()["status"] == "in_progress"
+        # The video did not share the chat's fate (it may have finished meanwhile on a slow machine).
+        assert client.get(f"/v1/videos/{video_id}").json()["status"] in ("in_progress", "completed")
     finally:
         client.post(f"/v1/videos/{video_id}/cancel")
     wait_for_status(client, video_id, {"cancelled", "completed"})
