@@ -60,11 +60,10 @@ def _run_vidloom(folder: Path, prompt: str, steps: int, cache_prefix: bool) -> d
     from vidloom.generator import VideoGenerator
     from vidloom.recipes.cosmos3.gen_program import generation_nodes
     from vidloom.recipes.cosmos3.program import build_program
-    from vidloom.runtime.chat_engine import chat_loop
     from vidloom.runtime.engine import Engine
 
     instance = VideoGenerator.from_pretrained(folder, device="cpu").engine.instance
-    nodes = tuple(n for n in generation_nodes(instance, chat_loop(build_program(instance)), cache_prefix=cache_prefix)
+    nodes = tuple(n for n in generation_nodes(instance, build_program(instance).chat_loop, cache_prefix=cache_prefix)
                   if n.name not in ("decode", "decode_sound", "silent"))
     engine = Engine(instance, Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("latents", "branches")))
 

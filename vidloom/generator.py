@@ -223,12 +223,12 @@ class VideoGenerator:
         Stopping the iteration early cancels the sequence and frees its KV blocks.
         """
         from vidloom.media.image import load_image
-        from vidloom.runtime.chat_engine import no_chat
+        from vidloom.runtime.chat_stream import stream_alone
+        from vidloom.runtime.paged_decode import no_chat
 
-        engine = getattr(self.engine, "chat", None)
-        if engine is None:
+        if getattr(self.engine, "decoder", None) is None:
             raise no_chat(self.card.model_id)
-        yield from engine.stream(build_chat_request(messages, load_image=load_image, **sampling))
+        yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image, **sampling))
 
 
 def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:

@@ -130,12 +130,12 @@ def test_batched_step_equals_single_steps_with_per_sample_guidance(klein_base):
 
 
 def test_a_failing_shared_forward_falls_back_to_single_steps(klein, monkeypatch):
-    import vidloom.runtime.async_engine as async_engine_module
+    import vidloom.runtime.worker_rounds as worker_rounds_module
 
     def broken(plans):
         raise RuntimeError("simulated kernel failure on the stacked batch")
 
-    monkeypatch.setattr(async_engine_module, "run_batched", broken)
+    monkeypatch.setattr(worker_rounds_module, "run_batched", broken)
     requests = _flux_requests()[:2]
     expected = _alone(klein, requests)
     got, stats = _batched(klein, requests)

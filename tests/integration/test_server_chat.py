@@ -340,7 +340,7 @@ def test_a_sequence_failing_mid_decode_ends_its_stream_with_an_error_event(chat_
                                                                              monkeypatch):
     """A fault injected into the decode loop after a few tokens: the stream carries an error event then [DONE],
     a non-streamed call is a 500 naming no server path, and the failed sequence's blocks are back in the pool."""
-    loop = cosmos3_engine.chat.loop
+    loop = cosmos3_engine.decoder.loop
     real_advance, calls = loop.advance, []
 
     def failing_advance(state, logits):
@@ -387,4 +387,35 @@ def test_a_chat_open_at_shutdown_ends_with_an_error_event_after_the_grace_period
     assert data[-1] == "[DONE]"
     error = json.loads(data[-2])["error"]
     assert error["code"] == "shutting_down", error
-    assert cosmos3_engine.chat.stats()["kv_blocks_in_use"] == 0
+    assert cosmos3_engine.decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_client(client, long_chat):
+    """One engine: the chat holds a place next to the rendering video (`/health`, `vidloom_in_flight`) until its
+    client leaves, which cancels it through the jobs' path while the video keeps rendering."""
+    from tests.helpers.servers import wait_for_status
+
+    video = client.post("/v1/videos", json={"prompt": "a fox", "size": "64x64", "num_frames": 5,
+                                            "num_inference_steps": 700, "seed": 1})  # cancelled below
+    assert video.status_code == 200, video.text
+    video_id = video.json()["id"]
+    wait_for_status(client, video_id, {"in_progress"})
+    cancelled = 'vidloom_requests_total{kind="chat",status="cancelled"}'
+    before = _metric(client, cancelled)
+    try:
+        assert client.get("/health").json()["in_flight"] == 1
+        body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert next(response.iter_lines()).startswith("data: {")
+            assert client.get("/health").json()["in_flight"] == 2
+            assert _metric(client, "vidloom_in_flight") == 2
+        deadline = time.monotonic() + 10
+        while _metric(client, cancelled) == before or _metric(client, "vidloom_in_flight") > 1:
+            assert time.monotonic() < deadline, "the chat kept its place after its client left"
+            time.sleep(0.02)
+        # The video did not share the chat's fate (it may have finished meanwhile on a slow machine).
+        assert client.get(f"/v1/videos/{video_id}").json()["status"] in ("in_progress", "completed")
+    finally:
+        client.post(f"/v1/videos/{video_id}/cancel")
+    wait_for_status(client, video_id, {"cancelled", "completed"})
+    _wait_pool_full(client)

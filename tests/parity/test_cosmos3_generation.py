@@ -18,7 +18,6 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.cosmos3.gen_program import generation_nodes
 from vidloom.recipes.cosmos3.program import build_program
-from vidloom.runtime.chat_engine import chat_loop
 from vidloom.runtime.engine import Engine
 
 FRAMES_TOL = 1e-4  # frames in [0, 1], fp32 (issue #13's bound)
@@ -74,7 +73,7 @@ def test_generation_matches_cosmos3_pipeline(tiny_cosmos3_dir: Path, case: str):
 
 def _latents(instance, cache_prefix: bool, request: GenerationRequest) -> tuple[torch.Tensor, list[int]]:
     """Run to the final latents, recording the cache manager's bytes at every step."""
-    nodes = tuple(n for n in generation_nodes(instance, chat_loop(build_program(instance)),
+    nodes = tuple(n for n in generation_nodes(instance, build_program(instance).chat_loop,
                                               cache_prefix=cache_prefix) if n.name != "decode")
     engine = Engine(instance, Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("latents",)))
     baseline = engine.caches.bytes_in_use  # the chat side's KV pool

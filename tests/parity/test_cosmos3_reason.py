@@ -20,7 +20,6 @@ from vidloom.recipes.cosmos3.gen_program import generation_nodes
 from vidloom.recipes.cosmos3.load import load_tokenizer
 from vidloom.recipes.cosmos3.program import build_program
 from vidloom.recipes.cosmos3.reason import reasoner_request
-from vidloom.runtime.chat_engine import chat_loop
 from vidloom.runtime.engine import Engine
 
 MAX_TOKENS = 12  # the reasoner's budget here (random weights rarely emit EOS)
@@ -30,10 +29,11 @@ KW = dict(num_frames=5, height=32, width=32, num_inference_steps=2, guidance_sca
 
 def _engine(generator: VideoGenerator) -> Engine:
     instance = generator.engine.instance
-    loop = chat_loop(build_program(instance))
+    loop = build_program(instance).chat_loop
     nodes = generation_nodes(instance, loop, reason_max_tokens=MAX_TOKENS)
-    return Engine(instance, Program(nodes=nodes, inputs=frozenset({"request"}),
-                                    outputs=("video", "reasoned_prompt", "reasoned_ids")))
+    # The chat loop gives the engine its paged KV pool, where the reasoner's sequence lives.
+    return Engine(instance, Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video", "reasoned_prompt"),
+                                    chat_loop=loop))
 
 
 @torch.no_grad()
@@ -46,7 +46,8 @@ def test_reason_then_generate_matches_reasoner_and_pipeline(tiny_cosmos3_dir: Pa
     baseline = engine.caches.bytes_in_use
     events: list = []
     out = engine.run(request, on_event=events.append)
-    assert engine.caches.bytes_in_use == baseline  # the reasoner's K/V went back with the request
+    assert engine.caches.bytes_in_use == baseline
+    assert engine.decoder.stats()["kv_blocks_in_use"] == 0  # the reasoner's K/V blocks went back with the request
     assert any(getattr(e, "phase", None) == "reason" for e in events)
     # The text streamed as TextEvents, in order, is the written prompt, and all of it came before denoising.
     texts = [i for i, e in enumerate(events) if isinstance(e, TextEvent)]
@@ -56,9 +57,10 @@ def test_reason_then_generate_matches_reasoner_and_pipeline(tiny_cosmos3_dir: Pa
 
     tokenizer = load_tokenizer(tiny_cosmos3_dir / "text_tokenizer")
     reasoner = build_reasoner(Cosmos3OmniTransformer.from_pretrained(tiny_cosmos3_dir / "transformer"), tokenizer)
-    ids = chat_loop(build_program(generator.engine.instance)).prompt(reasoner_request(request, MAX_TOKENS))
+    ids = build_program(generator.engine.instance).chat_loop.prompt(reasoner_request(request, MAX_TOKENS))
     want = reasoner.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(ids):]
-    assert list(out["reasoned_ids"]) == want.tolist()
+    reasoned_ids = [t for i in texts for t in events[i].token_ids]  # each reasoning step's token, as streamed
+    assert reasoned_ids == want.tolist()
     assert out["reasoned_prompt"] and out["reasoned_prompt"] != request.prompt
 
     pipe = Cosmos3OmniPipeline.from_pretrained(tiny_cosmos3_dir, enable_safety_checker=False)
@@ -68,7 +70,7 @@ def test_reason_then_generate_matches_reasoner_and_pipeline(tiny_cosmos3_dir: Pa
                     generator=torch.Generator("cpu").manual_seed(KW["seed"]), output_type="np",
                     enable_safety_check=False).video
     diff = float(np.abs(out["video"] - np.asarray(expected)).max())
-    print(f"{tiny_cosmos3_dir.name}: reasoned {len(out['reasoned_ids'])} tokens, max |frame diff| {diff:.2e}")
+    print(f"{tiny_cosmos3_dir.name}: reasoned {len(reasoned_ids)} tokens, max |frame diff| {diff:.2e}")
     assert diff <= FRAMES_TOL
     plain = engine.run(GenerationRequest(prompt="a fox in the snow", **KW))
     assert plain["reasoned_prompt"] is None

@@ -1,6 +1,6 @@
 """Chat (AR decode) contracts: messages, sampling parameters, streamed deltas and the final result.
 
-Shared by the runtime (vidloom.runtime.chat_engine), the Python API (VideoGenerator.chat), the CLI and the
+Shared by the runtime (vidloom.runtime.chat_stream), the Python API (VideoGenerator.chat), the CLI and the
 OpenAI-compatible server. Validation raises InvalidRequest naming the request field
 ("messages[1].role", "temperature", "max_tokens"), so every front end reports bad input alike.
 """

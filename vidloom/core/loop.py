@@ -50,6 +50,17 @@ class StepPlan:
 NETWORK = "network"
 """The StepPlan input key that holds the step's network (see StepPlan)."""
 
+KV_SEQUENCE = "seq"
+"""The StepPlan input key naming the paged KV sequence (LoopContext.reserve_kv) a decode step extends.
+
+Such a plan is `network(tokens, positions, kv=..., logits_at=...)` over `inputs["tokens"]` new tokens
+after `inputs["start"]` cached ones; the runtime supplies `kv` and returns the last token's logits."""
+
+
+def is_decode_step(plan: StepPlan | None) -> bool:
+    """Whether `plan` is a paged decode step (see KV_SEQUENCE), which the runtime batches across requests."""
+    return plan is not None and KV_SEQUENCE in plan.inputs
+
 
 class StepInterceptor(Protocol):
     """Runs one request's loop steps in place of `plan.call(**plan.inputs)`; owns that request's state.
@@ -86,8 +97,18 @@ class LoopContext(Protocol):
         """Hand a finished piece of the output to the caller now (it reaches them as a ChunkEvent)."""
         ...
 
-    def emit_text(self, phase: str, text: str) -> None:
-        """Hand decoded text to the caller now (it reaches them as a TextEvent)."""
+    def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        """Hand decoded text (and the token ids it came from) to the caller now (it reaches them as a TextEvent)."""
+        ...
+
+    def reserve_kv(self, tokens: int) -> str:
+        """Reserve paged KV for one sequence of up to `tokens` tokens; returns its sequence id.
+
+        The blocks come from the runtime's one paged pool (CacheBudgetExceeded, before any work, when
+        it cannot hold them) and return to it when the loop ends. A plan that names the id in
+        `inputs[KV_SEQUENCE]` is a paged decode step: the runtime runs it in one forward with the
+        decode steps of every other running sequence (chats, a reasoner's), whichever request owns them.
+        """
         ...
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:

@@ -133,12 +133,13 @@ class ChunkEvent:
 
 @dataclass(frozen=True)
 class TextEvent:
-    """Text a phase wrote, as it is decoded (a unified model's reasoning before it generates); the
+    """Text a phase wrote, as it is decoded (a chat answer, a unified model's reasoning before it generates); the
     events of a phase, in order, are its whole text."""
 
     request_id: str
     phase: str
-    text: str
+    text: str  # may be "" while a multi-byte character or a stop string is pending
+    token_ids: tuple[int, ...] = ()  # the tokens decoded in this step (an AR loop's)
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,16 @@ class ProgramError(ValueError):
 
 @dataclass(frozen=True)
 class Program:
-    """Ordered nodes over named slots; `inputs` are slots the request supplies."""
+    """Ordered nodes over named slots; `inputs` are slots the request supplies.
+
+    `chat_loop`, when set, answers chat requests: the runtime runs it as a program of its own (a
+    ChatPrompt in slot `chat`, a ChatResult out as `completion`), scheduled beside generation requests.
+    """
 
     nodes: tuple[Node, ...]
     inputs: frozenset[str]
     outputs: tuple[str, ...]
+    chat_loop: Loop[Any] | None = None
 
     def __post_init__(self) -> None:
         available = set(self.inputs)

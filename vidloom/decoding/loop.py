@@ -1,22 +1,23 @@
 """ARDecodeLoop: prefill, then one token per step, until EOS, a stop string or the token budget.
 
 The loop owns decoding semantics (what to feed, how to pick the next token, when to stop); the
-runtime owns the KV blocks (reserved through the context at `init`, released when the loop ends)
-and runs each planned step, batching the steps of concurrent sequences into one forward
-(vidloom.runtime.ar_batching). The plan's total is open (None): a sequence stops when it stops.
+runtime owns the KV blocks (reserved from its one paged pool through `LoopContext.reserve_kv` at
+`init`, released when the loop ends) and runs each planned step, batching the decode steps of every
+running sequence (chats, a reasoner's) into one forward. The plan's total is open (None): a sequence
+stops when it stops. Each step's new text and token reach the caller through `LoopContext.emit_text`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
-from vidloom.core.loop import DONE, Done, StepPlan
+from vidloom.core.chat import ChatRequest, ChatResult
+from vidloom.core.loop import DONE, KV_SEQUENCE, Done, LoopContext, StepPlan
 from vidloom.decoding.detokenize import Detokenizer
 from vidloom.decoding.sampling import make_generator, next_token
 
@@ -24,19 +25,7 @@ PromptFn = Callable[[ChatRequest], list[int]]
 """A chat request -> its prompt token ids (the model's chat template); InvalidRequest for what it cannot take."""
 PositionsFn = Callable[[int, int, torch.device], Tensor]
 """(first position, token count, device) -> the model's position ids for that many text tokens."""
-
-
-class DecodeContext(Protocol):
-    """What the runtime offers one decoding sequence."""
-
-    device: torch.device
-
-    def reserve_kv(self, tokens: int) -> str:
-        """Reserve KV blocks for `tokens` tokens (CacheBudgetExceeded if they do not fit); the sequence id.
-
-        Released by the runtime when the loop ends (finish, failure, cancel).
-        """
-        ...
+AR_DECODE = "ar_decode"
 
 
 @dataclass(frozen=True)
@@ -46,6 +35,7 @@ class ChatPrompt:
     request: ChatRequest
     prompt_ids: tuple[int, ...]
     max_tokens: int
+    phase: str = AR_DECODE  # what its streamed text reports as (TextEvent.phase): a reasoner's is "reason"
 
 
 @dataclass
@@ -57,11 +47,11 @@ class DecodeState:
     generator: torch.Generator | None
     detok: Detokenizer
     device: torch.device
+    ctx: LoopContext
     cached: int = 0  # tokens whose K/V are in the cache
     feed: list[int] = field(default_factory=list)  # tokens the next forward reads
     completion: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    deltas: list[TokenDelta] = field(default_factory=list)  # produced since the runtime last drained them
     started: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
 
@@ -69,7 +59,7 @@ class DecodeState:
 class ARDecodeLoop:
     """The "ar_decode" loop of a causal LM: `network(ids, positions, kv=..., logits_at=...)` -> logits."""
 
-    name = "ar_decode"
+    name = AR_DECODE
 
     def __init__(self, network: torch.nn.Module, tokenizer: Any, prompt: PromptFn, positions: PositionsFn,
                  eos_ids: Sequence[int]) -> None:
@@ -77,21 +67,22 @@ class ARDecodeLoop:
         self.prompt, self.positions = prompt, positions
         self.eos_ids = frozenset(eos_ids)
 
-    def init(self, slots: Mapping[str, Any], ctx: DecodeContext) -> DecodeState:
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> DecodeState:
         chat: ChatPrompt = slots["chat"]
         seq_id = ctx.reserve_kv(len(chat.prompt_ids) + chat.max_tokens)
         params = chat.request.sampling
+        device = next(self.network.parameters()).device
         return DecodeState(chat, seq_id, make_generator(params), Detokenizer(self.tokenizer, params.stop),
-                           ctx.device, feed=list(chat.prompt_ids))
+                           device, ctx, feed=list(chat.prompt_ids))
 
     def next(self, state: DecodeState) -> StepPlan | Done:
         if state.finish_reason is not None:
             return DONE
         tokens = torch.tensor(state.feed, device=state.device)
         return StepPlan(
-            loop=self.name, index=len(state.completion), total=None, call=self.network,
+            loop=state.prompt.phase, index=len(state.completion), total=None, call=self.network,
             inputs={"tokens": tokens, "positions": self.positions(state.cached, len(state.feed), state.device),
-                    "seq": state.seq_id, "start": state.cached},
+                    KV_SEQUENCE: state.seq_id, "start": state.cached},
         )
 
     def advance(self, state: DecodeState, logits: Tensor) -> DecodeState:
@@ -109,7 +100,7 @@ class ARDecodeLoop:
             state.finish_reason = "length"
         if state.finish_reason is not None:
             text += state.detok.flush()
-        state.deltas.append(TokenDelta(state.prompt.request.request_id, text, (token,)))
+        state.ctx.emit_text(state.prompt.phase, text, (token,))
         return state
 
     def finalize(self, state: DecodeState) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """AsyncEngine: a device worker thread runs model steps; callers queue, await and stream.
 
-The asyncio side never runs a model step: `submit` validates and enqueues, the
-worker thread advances resident requests one step at a time in the order the
-scheduler picks, and results come back through thread-safe futures.
+The asyncio side never runs a model step: `submit` (a generation) and `chat` validate and enqueue
+into one scheduler, the worker thread advances resident requests at step boundaries (every round:
+one batched decode step of all running AR sequences, then one generation unit the policy picks;
+see Scheduler), and results come back through thread-safe futures. Every request kind is counted,
+cancelled (`cancel(request_id)`) and cleaned up through the same paths.
 """
 
 from __future__ import annotations
@@ -13,19 +15,17 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-import torch
-
-from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
-from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent, VideoOutput
+from vidloom.core.errors import Cancelled, VidloomError
+from vidloom.core.output import CancelledEvent, Event, EventCallback, StartedEvent, VideoOutput
 from vidloom.core.request import GenerationRequest
-from vidloom.runtime.async_chat import ChatFrontend
-from vidloom.runtime.batching import BatchStats, batch_key, run_batched
+from vidloom.runtime.batching import BatchStats
+from vidloom.runtime.chat_stream import ChatFrontend
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
-from vidloom.runtime.scheduler import QueueFull, Scheduler
+from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, QueueFull, Scheduler
+from vidloom.runtime.worker_rounds import WorkEntry, WorkerRounds
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +42,10 @@ class EngineClosed(VidloomError):
     """The engine is shutting down and takes no new work."""
 
 
-@dataclass
-class _Entry:
-    run: RequestRun
-    on_event: EventCallback | None
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    started: bool = False
-    admitted_at: float = 0.0  # perf_counter when it took a slot
-
-    @property
-    def key(self) -> str:
-        return self.run.request.request_id
-
-
 class JobHandle:
     """A submitted request: its resolved parameters and its eventual result."""
 
-    def __init__(self, entry: _Entry) -> None:
+    def __init__(self, entry: WorkEntry) -> None:
         self._entry = entry
 
     @property
@@ -78,8 +65,9 @@ class JobHandle:
         return self._entry.future.result(timeout)
 
 
-class AsyncEngine(ChatFrontend):
-    """Owns one device worker; requests occupy `slots`, at most `queue_size` wait (chat: see ChatFrontend)."""
+class AsyncEngine(ChatFrontend, WorkerRounds):
+    """Owns one device worker; generation requests occupy `slots`, chats `decode_slots`, at most `queue_size`
+    of either wait (chat: see ChatFrontend)."""
 
     def __init__(
         self,
@@ -90,21 +78,23 @@ class AsyncEngine(ChatFrontend):
         queue_size: int = 16,
         max_batch: int | None = None,
         batch_wait_s: float = 0.0,
+        decode_slots: int = DEFAULT_DECODE_SLOTS,
     ) -> None:
         """policy "batch" runs compatible denoise steps of up to `max_batch` (default: `slots`) resident
         requests in one forward; before a step with room in its batch it waits up to `batch_wait_s`
-        for more requests to arrive (0: never waits)."""
+        for more requests to arrive (0: never waits). `decode_slots`: chats decoding at once at most."""
         if policy == "batch" and not isinstance(engine, Engine):
             raise ValueError(f"policy 'batch' needs a one-device engine, got {type(engine).__name__}")
         self.engine = engine
-        self._scheduler: Scheduler[_Entry] = Scheduler(policy, slots, queue_size)
+        self._scheduler: Scheduler[WorkEntry] = Scheduler(policy, slots, queue_size, decode_slots)
         self.max_batch = slots if max_batch is None else max_batch
         if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
             raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
         self.batch_wait_s = batch_wait_s
         self._batches = BatchStats()
+        self._decodes = BatchStats()  # paged decode forwards and how many sequences each carried
         self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, WorkEntry] = {}
         self._cond = threading.Condition()
         self._closing = False
         # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
@@ -127,8 +117,15 @@ class AsyncEngine(ChatFrontend):
 
     @property
     def in_flight(self) -> int:
+        """Resident requests of every kind (generations and chats)."""
         with self._cond:
             return self._scheduler.resident
+
+    @property
+    def chats_in_flight(self) -> int:
+        """Resident chats (a part of in_flight)."""
+        with self._cond:
+            return self._scheduler.resident_of(True)
 
     def submit(self, request: GenerationRequest, on_event: EventCallback | None = None) -> JobHandle:
         """Validate and enqueue. Raises InvalidRequest, EngineBusy (queue full) or EngineClosed at once.
@@ -136,7 +133,16 @@ class AsyncEngine(ChatFrontend):
         `on_event` is called from the worker thread: keep it quick and thread-safe.
         """
         callback = _guarded(on_event) if on_event is not None else None
-        entry = _Entry(self.engine.start(request, callback), callback)
+        card = self.engine.instance.card
+        return self._enqueue(WorkEntry(self.engine.start(request, callback), callback,
+                                    lambda outputs: video_output(card, outputs)))
+
+    def submit_chat(self, run: RequestRun, on_event: EventCallback,
+                    result: Callable[[dict[str, Any]], Any]) -> JobHandle:
+        """Enqueue a chat's run (Engine.start_chat, started with `on_event`); it resolves to `result(outputs)`."""
+        return self._enqueue(WorkEntry(run, _guarded(on_event), result, decoder=True))
+
+    def _enqueue(self, entry: WorkEntry) -> JobHandle:
         with self._cond:
             if self._closing:
                 raise EngineClosed("engine is shutting down")
@@ -180,12 +186,16 @@ class AsyncEngine(ChatFrontend):
             self._cond.notify()
         return done
 
+    def cancel_chats(self) -> int:
+        """Stop every queued or running chat at its next step (a server's shutdown); how many."""
+        with self._cond:
+            chats = [key for key, entry in self._entries.items() if entry.decoder]
+        return sum(self.cancel(key) for key in chats)
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop taking work, cancel what is queued or running, and join the worker."""
         with self._cond:
             self._closing = True
-            if self._chat is not None:
-                self._chat.cancel_all()
             for entry in list(self._entries.values()):
                 entry.run.cancel.cancel()
                 if self._scheduler.is_waiting(entry.key):
@@ -198,133 +208,45 @@ class AsyncEngine(ChatFrontend):
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._entries and not self._chores and not self._chat_busy():
+                while not self._closing and not self._entries and not self._chores:
                     self._cond.wait()
                 chores, self._chores = self._chores, []
-                if self._closing and not self._entries and not chores and not self._chat_busy():
+                if self._closing and not self._entries and not chores:
                     return
                 for entry in self._scheduler.admit(_fits_in_memory):
                     entry.started = True
                     entry.admitted_at = time.perf_counter()
                     self._emit(entry, StartedEvent(entry.key))
-                entry = self._scheduler.pick()
+                decode, entry = self._scheduler.round()
             for chore in chores:
                 _run_chore(chore)
-            if self._chat_busy():
-                self._chat_step()
-            if entry is not None and self._scheduler.policy == "batch":
-                self._batch_round(entry)
-            elif entry is not None:
-                self._step(entry)
+            self._decode_round(decode)  # cheap and latency-bound: every round (see Scheduler)
+            if entry is not None and entry.key in self._entries:
+                if self._scheduler.policy == "batch":
+                    self._batch_round(entry)
+                else:
+                    self._step(entry)
 
     @property
     def batch_stats(self) -> dict[str, float]:
         """Forwards run by the batch policy and their mean size (1.0: nothing was shared)."""
         return self._batches.summary()
 
-    def _batch_round(self, first: _Entry) -> None:
-        """Bring every resident request to its next loop step (running its component nodes), then run
-        `first`'s step together with the compatible steps of others, oldest first."""
-        with self._cond:
-            residents = self._scheduler.residents()
-        for entry in residents:
-            if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
-                continue
-            if entry.run.done:
-                self._finish_completed(entry)
-        plan = first.run.pending_plan
-        if plan is None:
-            return  # it ran a component node this round: that was its unit of work
-        with self._cond:
-            residents = [e for e in self._scheduler.residents() if e.run.pending_plan is not None]
-            keys = {e.key: None if e.run.intercepted else batch_key(e.run.pending_plan) for e in residents}
-            group = self._scheduler.group(first, keys, self.max_batch)
-            if self._should_wait(first, plan.index, len(group)):
-                self._cond.wait(self.batch_wait_s)  # a submit notifies: the next round admits it
-                return
-        self._run_group(group)
-
-    def _should_wait(self, first: _Entry, index: int, size: int) -> bool:
-        """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
-        if self.batch_wait_s <= 0 or size >= self.max_batch or self._closing:
-            return False
-        if self._scheduler.waiting or self._scheduler.resident >= self._scheduler.slots:
-            return False
-        if self._waited == (first.key, index):
-            return False
-        self._waited = (first.key, index)
-        return True
-
-    def _run_group(self, group: list[_Entry]) -> None:
-        if len(group) == 1:
-            # Alone: through the run's own execute (its step cache, CUDA graphs, plan observer).
-            self._batches.add(1)
-            self._step(group[0])
-            return
-        plans = [e.run.pending_plan for e in group]
-        started = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                results = run_batched(plans)  # type: ignore[arg-type]
-        except Exception:
-            # Failure isolation: rerun each alone, so only a request whose own step fails fails.
-            log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
-            for entry in group:
-                self._run_group([entry])
-            return
-        self._batches.add(len(group))
-        share = (time.perf_counter() - started) / len(group)
-        for entry, result in zip(group, results):
-            if self._guarded(entry, lambda: entry.run.complete(result, share)) and entry.run.done:
-                self._finish_completed(entry)
-
-    def _guarded(self, entry: _Entry, work: Callable[[], object]) -> bool:
-        """Run `work` for `entry`; on an error finish the request with it and return False."""
-        try:
-            work()
-            return True
-        except Cancelled as exc:
-            self._finish_locked(entry, CancelledEvent(entry.key), exc)
-        except VidloomError as exc:
-            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
-        except Exception as exc:
-            log.exception("request %s failed", entry.key)
-            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
-        return False
-
-    def _finish_completed(self, entry: _Entry) -> None:
-        output: list[VideoOutput] = []
-        if self._guarded(entry, lambda: output.append(video_output(self.engine.instance.card, entry.run.outputs()))):
-            self._observe(time.perf_counter() - entry.admitted_at)
-            self._finish_locked(entry, CompletedEvent(entry.key, output[0]), output[0])
-
-    def _step(self, entry: _Entry) -> None:
-        run = entry.run
-        try:
-            if not run.step():
-                return
-            output = video_output(self.engine.instance.card, run.outputs())
-        except Cancelled as exc:
-            self._finish_locked(entry, CancelledEvent(entry.key), exc)
-        except VidloomError as exc:
-            self._finish_locked(entry, FailedEvent(entry.key, _code(exc), str(exc)), exc)
-        except Exception as exc:  # a failing request must not take the worker down
-            log.exception("request %s failed", entry.key)
-            self._finish_locked(entry, FailedEvent(entry.key, "internal_error", f"{type(exc).__name__}: {exc}"), exc)
-        else:
-            self._observe(time.perf_counter() - entry.admitted_at)
-            self._finish_locked(entry, CompletedEvent(entry.key, output), output)
+    @property
+    def decode_stats(self) -> dict[str, float]:
+        """Paged decode forwards (chats and reasoners together) and how many sequences they carried."""
+        return self._decodes.summary()
 
     def _observe(self, seconds: float) -> None:
         with self._cond:
             mean = self._job_seconds
             self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
-    def _finish_locked(self, entry: _Entry, event: Event, outcome: object) -> None:
+    def _finish_locked(self, entry: WorkEntry, event: Event, outcome: object) -> None:
         with self._cond:
             self._finish(entry, event, outcome)
 
-    def _finish(self, entry: _Entry, event: Event, outcome: object) -> None:
+    def _finish(self, entry: WorkEntry, event: Event, outcome: object) -> None:
         """Release the request's slot and memory, report, resolve its future (lock held)."""
         self._scheduler.remove(entry.key)
         self._entries.pop(entry.key, None)
@@ -342,7 +264,7 @@ class AsyncEngine(ChatFrontend):
         except concurrent.futures.InvalidStateError:
             pass  # the awaiting task was cancelled (its client left), which cancels the future: nobody reads it
 
-    def _emit(self, entry: _Entry, event: Event) -> None:
+    def _emit(self, entry: WorkEntry, event: Event) -> None:
         if entry.on_event is not None:
             entry.on_event(event)
 
@@ -353,7 +275,7 @@ class AsyncEngine(ChatFrontend):
         already. Before any job completed, what that job has run so far is the best guess.
         """
         now = time.perf_counter()
-        ran = max((now - e.admitted_at for e in self._entries.values() if e.started), default=0.0)
+        ran = max((now - e.admitted_at for e in self._entries.values() if e.started and not e.decoder), default=0.0)
         if self._job_seconds is None:
             return max(1, math.ceil(ran))
         return max(1, math.ceil(self._job_seconds - ran))
@@ -382,11 +304,3 @@ def _guarded(callback: EventCallback) -> EventCallback:
             log.exception("event callback failed on %s", type(event).__name__)
 
     return call
-
-
-def _code(exc: VidloomError) -> str:
-    if isinstance(exc, InvalidRequest):
-        return "invalid_request"
-    if isinstance(exc, NonFiniteOutput):
-        return "non_finite_output"
-    return "generation_error"

@@ -10,10 +10,11 @@ from typing import Any, Callable, Generator, Mapping, TypeVar
 
 import torch
 
+from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
-from vidloom.core.loop import Done, StepInterceptor, StepPlan
+from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, TextEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
@@ -21,10 +22,10 @@ from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
-from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
+from vidloom.runtime.paged_decode import PagedDecoder, build_decoder, no_chat
 from vidloom.runtime.step_cache import make_step_cache, step_cache_policy
 
 
@@ -49,7 +50,7 @@ class CancellationToken:
 
 
 class RequestRun:
-    """One validated request moving through a program.
+    """One validated request (a generation or a chat) moving through a program.
 
     `step()` runs one unit of work (a component node, or one loop step) and returns
     True once the program is done; the caller decides when to call it, which is
@@ -61,7 +62,7 @@ class RequestRun:
         self,
         instance: ModelInstance,
         program: Program,
-        request: GenerationRequest,
+        request: GenerationRequest | ChatRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
@@ -70,12 +71,17 @@ class RequestRun:
         caches: CacheManager | None = None,
         admission: MemoryAdmission | None = None,
         memory_bytes: int = 0,
+        decoder: PagedDecoder | None = None,
+        slots: Mapping[str, Any] | None = None,
     ) -> None:
+        """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
+        pool and decode forward, for loops that reserve KV (chat, a reasoner)."""
         self.request = request
         # The request's estimated peak, held in `admission` while it is resident (see admit).
         self._admission = admission
         self.memory_bytes = memory_bytes
         self._admitted = admission is None
+        self.decoder = decoder
         self.caches = caches or CacheManager()
         self._graphs = graphs
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
@@ -84,9 +90,12 @@ class RequestRun:
         self.cancel = cancel or CancellationToken()
         self._on_event = on_event
         self._observer = observer
-        self._slots: dict[str, Any] = {"request": request}
-        # Built per request (InvalidRequest for a threshold without a deployed cache).
-        self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
+        self.inputs: Mapping[str, Any] = dict(slots) if slots is not None else {"request": request}
+        self._slots: dict[str, Any] = dict(self.inputs)
+        # Built per request (InvalidRequest for a threshold without a deployed cache); chats have none.
+        self._interceptor: StepInterceptor | None = (
+            make_step_cache(instance.deploy, request, instance.card.model_id)
+            if isinstance(request, GenerationRequest) else None)
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -202,9 +211,13 @@ class RequestRun:
             raise Cancelled(f"request {self.request.request_id} was cancelled")
 
     def execute(self, plan: StepPlan) -> Any:
-        """Run one loop step: plainly, or through this request's interceptor (step cache)."""
+        """Run one loop step: plainly, or through this request's interceptor (step cache); a paged decode
+        step stepped alone goes through the decoder as a batch of one."""
         if self._observer is not None:
             self._observer(plan)
+        if is_decode_step(plan):
+            assert self.decoder is not None, "a paged decode step without a decoder (reserve_kv refuses that)"
+            return self.decoder.run([plan])[0]
         if self._interceptor is not None:
             return self._interceptor.execute(plan)
         if self._graphs is not None:
@@ -221,10 +234,19 @@ class RequestRun:
             frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
             self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
 
-    def emit_text(self, phase: str, text: str) -> None:
-        """Pass decoded text (a reasoning loop's) to the caller as it is written."""
-        if self._on_event is not None and text:
-            self._on_event(TextEvent(self.request.request_id, phase, text))
+    def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        """Pass decoded text (a chat's, a reasoning loop's) and its tokens to the caller as they are written."""
+        if self._on_event is not None and (text or token_ids):
+            self._on_event(TextEvent(self.request.request_id, phase, text, token_ids))
+
+    def reserve_kv(self, tokens: int) -> str:
+        """Blocks of the engine's paged pool for one sequence, returned to it when the loop ends."""
+        if self.decoder is None:
+            raise RuntimeError("this engine has no paged KV pool (its program declares no chat_loop)")
+        seq_id = self.decoder.reserve(self.request.request_id, tokens)
+        decoder = self.decoder
+        self.hold(lambda: decoder.release(seq_id))
+        return seq_id
 
     def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
         """A cache buffer accounted to this request, released with the loop that asked for it."""
@@ -369,11 +391,12 @@ class Engine(EngineDriver):
         # One budget for the KV caches of every request this engine runs.
         self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes, instance.deploy.kv_session_ttl_s)
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
-        # Chat (AR decode) over the same resident modules, when the program has an ar_decode loop.
-        self.chat: ChatEngine | None = build_chat_engine(instance, program, self.caches)
+        # The paged KV pool and batched decode forward of every AR loop (chat, a reasoner), over the same
+        # resident modules, when the program declares a chat loop.
+        self.decoder: PagedDecoder | None = build_decoder(instance, program, self.caches)
         # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
         self.estimator = load_estimator(instance)
-        # What the device had free once the weights (and the chat KV pool, above) were allocated: one request
+        # What the device had free once the weights (and the KV pool, above) were allocated: one request
         # alone over it fails with LimitExceeded before it allocates anything; the resident requests'
         # estimates together stay within it (MemoryAdmission). Every caller goes through both checks.
         budget = request_budget(instance.device) if self.estimator is not None else None
@@ -414,8 +437,20 @@ class Engine(EngineDriver):
         nbytes = self.estimator(resolved) if self.estimator is not None else 0
         return RequestRun(
             self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
-            self.admission, nbytes,
+            self.admission, nbytes, self.decoder,
         )
+
+    def start_chat(
+        self, request: ChatRequest, on_event: EventCallback | None = None, cancel: CancellationToken | None = None,
+    ) -> RequestRun:
+        """Validate and tokenize a chat request (InvalidRequest before any work) and prepare its run: the chat
+        loop as a program of its own, stepped like any other request. Its text arrives as TextEvents; its
+        KV blocks are reserved when the loop starts (CacheBudgetExceeded then) and return when it ends."""
+        if self.decoder is None:
+            raise no_chat(self.instance.card.model_id)
+        slots = self.decoder.chat_slots(request)
+        return RequestRun(self.instance, self.decoder.program, request, on_event, cancel, caches=self.caches,
+                          decoder=self.decoder, slots=slots)
 
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:

@@ -61,11 +61,9 @@ async def drain_chats(app: Any, grace_s: float) -> None:
         await asyncio.sleep(0.05)
     if not state.open:
         return
-    # AsyncEngine offers no "cancel every chat"; its device engine's ChatEngine does (None off the one-device path).
-    chat = getattr(app.state.jobs.engine.engine, "chat", None)
-    if chat is not None:
-        log.warning("shutdown grace period of %.1fs over: stopping %d chat request(s)", grace_s, state.open)
-        chat.cancel_all()
+    log.warning("shutdown grace period of %.1fs over: stopping %d chat request(s)", grace_s, state.open)
+    cancel_chats = getattr(app.state.jobs.engine, "cancel_chats", None)  # an AsyncEngine's (the one-device path)
+    if cancel_chats is not None and cancel_chats():
         stop_by = loop.time() + CHAT_STOP_WAIT_S
         while state.open and loop.time() < stop_by:
             await asyncio.sleep(0.02)

@@ -13,6 +13,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
+from vidloom.runtime.chat_stream import stream_alone
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_concurrent_chats_stream_deltas_then_result(engine: AsyncEngine):
         assert isinstance(result, ChatResult) and result.request_id == request.request_id
         assert all(isinstance(i, TokenDelta) for i in items[:-1])
         assert "".join(i.text for i in items[:-1]) == result.text
-        alone = list(engine.engine.chat.stream(_request(request.messages[0].text,
+        alone = list(stream_alone(engine.engine, _request(request.messages[0].text,
                                                         max_tokens=request.sampling.max_tokens)))[-1]
         assert result.token_ids == alone.token_ids
         total += result.completion_tokens

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from vidloom.runtime.scheduler import QueueFull, Scheduler
+from vidloom.runtime.scheduler import POLICIES, QueueFull, Scheduler
 
 
 @dataclass
@@ -100,3 +100,51 @@ def test_batch_picks_round_robin_like_interleave():
     s.enqueue(Job("a", 2))
     s.enqueue(Job("b", 1))
     assert drive(s) == ["a", "b", "a"]
+
+
+@dataclass
+class Chat:
+    key: str
+    decoder: bool = True
+
+
+def test_chats_take_decode_slots_share_the_queue_and_are_never_picked():
+    s = Scheduler("interleave", slots=1, queue_size=3, decode_slots=2)
+    for item in (Job("video", 3), Chat("a"), Job("late", 1)):
+        s.enqueue(item)
+    with pytest.raises(QueueFull):
+        s.enqueue(Chat("b"))  # one queue bounds both kinds
+    # A full kind does not block the other: "late" waits for the video's slot, the chats take decode slots.
+    assert [i.key for i in s.admit()] == ["video", "a"]
+    s.enqueue(Chat("b"))
+    assert [i.key for i in s.admit()] == ["b"]
+    assert (s.resident, s.resident_of(True), s.resident_of(False), s.waiting) == (3, 2, 1, 1)
+    assert [s.pick().key for _ in range(3)] == ["video"] * 3  # chats step in the decode batch, not by turns
+    s.remove("a")
+    s.enqueue(Chat("c"))
+    assert [i.key for i in s.admit()] == ["c"]
+    s.remove("video")
+    assert [i.key for i in s.admit()] == ["late"] and s.pick().key == "late"
+
+
+@dataclass
+class Reasoning:
+    key: str
+    decoding: bool = True  # a generation request whose reasoner is writing its prompt
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_round_decodes_every_sequence_together_and_gives_the_turn_to_a_request_that_is_not_decoding(policy):
+    s = Scheduler(policy, slots=2, queue_size=4)
+    reasoning, video, chat = Reasoning("reasoning"), Job("video", 9), Chat("chat")
+    for item in (reasoning, video, chat):
+        s.enqueue(item)
+    s.admit()
+    decode, picked = s.round()
+    assert [i.key for i in decode] == ["reasoning", "chat"]  # one forward, oldest first
+    # fifo keeps the oldest's turn (its decode steps are its work); the others give it to the next request.
+    assert picked is (None if policy == "fifo" else video)
+    reasoning.decoding = False  # its prompt is written: it denoises by turns now
+    decode, picked = s.round()
+    assert [i.key for i in decode] == ["chat"] and picked is not None
+    assert picked is reasoning if policy == "fifo" else picked in (reasoning, video)

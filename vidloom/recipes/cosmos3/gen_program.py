@@ -81,7 +81,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         return {}
 
     def no_reasoning(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        return {"reasoned_prompt": None, "reasoned_ids": None}
+        return {"reasoned_prompt": None}
 
     def tokenize(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -142,8 +142,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
 
     loop = Cosmos3DenoiseLoop(instance["transformer"], generator, instance["sampler_config"], instance.dtype,
                               cache_prefix=cache_prefix)
-    reasoner = ReasonLoop(ar_loop, device, instance.dtype, reason_max_tokens)
-    reasoned = ("reasoned_prompt", "reasoned_ids")
+    reasoner = ReasonLoop(ar_loop, reason_max_tokens)
+    reasoned = ("reasoned_prompt",)
     return (
         Node("check", reads=("request",), writes=(), run=check),
         Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),

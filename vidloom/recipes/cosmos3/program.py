@@ -1,4 +1,4 @@
-"""Cosmos3's program: the chat prompt (its tokenizer's chat template) and the "ar_decode" loop node."""
+"""Cosmos3's program: the chat prompt (its tokenizer's chat template), the "ar_decode" chat loop and generation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
-from vidloom.core.program import Node, Program
+from vidloom.core.program import Program
 from vidloom.decoding.loop import ARDecodeLoop
 from vidloom.models.cosmos3.transformer import text_positions
 
@@ -32,15 +32,13 @@ def chat_prompt_fn(tokenizer: Any):
 
 
 def build_program(instance: ModelInstance) -> Program:
-    """The chat loop node (`chat` slot in, `completion` out), plus the generation nodes when the card generates."""
+    """The chat loop (the program's `chat_loop`), plus the generation nodes when the card generates."""
     tokenizer = instance["tokenizer"]
     loop = ARDecodeLoop(instance["transformer"], tokenizer, chat_prompt_fn(tokenizer), text_positions,
                         eos_ids=(tokenizer.eos_token_id,))
-    # Chat requests reach this loop through the ChatEngine, never as a node of a generation run.
-    chat = Node("ar_decode", reads=("chat",), writes=("completion",), loop=loop, when=lambda request: False)
     if not instance.card.tasks:
-        return Program(nodes=(chat,), inputs=frozenset({"chat"}), outputs=("completion",))
+        return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=loop)
     from vidloom.recipes.cosmos3.gen_program import generation_nodes
 
-    return Program(nodes=(chat, *generation_nodes(instance, loop)), inputs=frozenset({"chat", "request"}),
-                   outputs=("video", "reasoned_prompt", "audio", "sample_rate"))
+    return Program(nodes=generation_nodes(instance, loop), inputs=frozenset({"request"}),
+                   outputs=("video", "reasoned_prompt", "audio", "sample_rate"), chat_loop=loop)

@@ -1,0 +1,107 @@
+"""Every request kind through one AsyncEngine on a tiny Cosmos3 checkpoint that both chats and generates:
+chats count in the scheduler's metrics and are cancelled like jobs; a reasoner's decode steps join the chat batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.output import ProgressEvent
+from vidloom.core.request import GenerationRequest
+from vidloom.generator import VideoGenerator
+from vidloom.runtime.async_engine import AsyncEngine
+
+VIDEO = dict(num_frames=5, height=32, width=32, guidance_scale=3.0, fps=24, seed=4)
+
+
+@pytest.fixture(scope="module")
+def generator(cosmos3_dir: Path) -> VideoGenerator:
+    return VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", deploy=DeployConfig(kv_pool_tokens=2048))
+
+
+def _chat(text: str, max_tokens: int):
+    return build_chat_request([{"role": "user", "content": text}], max_tokens=max_tokens, temperature=0)
+
+
+def _wait(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+async def _rest(stream) -> list:
+    return [item async for item in stream]
+
+
+def test_a_chat_started_while_a_video_renders_counts_in_the_metrics_and_is_cancelled_by_id(generator):
+    engine = AsyncEngine(generator.engine, slots=1, queue_size=4, decode_slots=1)
+    try:
+        denoising = threading.Event()
+        video = engine.submit(GenerationRequest(prompt="a fox", num_inference_steps=400, **VIDEO),
+                              lambda e: denoising.set() if isinstance(e, ProgressEvent) and e.phase == "denoise" else 0)
+        assert denoising.wait(60)
+        assert (engine.in_flight, engine.chats_in_flight, engine.queue_depth) == (1, 0, 0)
+
+        async def main():
+            first, second = _chat("hello world", 400), _chat("tell me a story", 400)
+            running = engine.chat(first)
+            assert isinstance(await running.__anext__(), TokenDelta)  # decoding between the video's steps
+            assert not video._entry.future.done()
+            waiting = engine.chat(second)  # the one decode slot is taken: it queues like any job
+            assert (engine.in_flight, engine.chats_in_flight, engine.queue_depth) == (2, 1, 1)
+            assert engine.cancel(second.request_id)  # queued: cancelled now, through the jobs' path
+            [result] = [item async for item in waiting]
+            assert result.finish_reason == "cancelled" and result.completion_tokens == 0
+            assert engine.cancel(first.request_id)  # running: stops at its next step, its blocks go back
+            rest = [item async for item in running]
+            assert isinstance(rest[-1], ChatResult) and rest[-1].finish_reason == "cancelled"
+            assert rest[-1].completion_tokens < 400
+
+        asyncio.run(main())
+        _wait(lambda: engine.in_flight == 1, "the cancelled chat to leave its slot")
+        assert engine.chat_stats()["kv_blocks_in_use"] == 0
+        assert engine.cancel(video.request_id)  # the video takes the same path
+        _wait(lambda: engine.in_flight == 0, "the video to stop")
+    finally:
+        engine.close()
+
+
+def test_a_reasoning_request_and_three_chats_decode_in_one_forward(generator, monkeypatch):
+    decoder = generator.engine.decoder
+    forwards: list[list[str]] = []
+    run = decoder.run
+
+    def recording(plans):
+        forwards.append(sorted(p.loop for p in plans))
+        return run(plans)
+
+    monkeypatch.setattr(decoder, "run", recording)
+    request = GenerationRequest(prompt="a fox in the snow", reason=True, num_inference_steps=2, **VIDEO)
+    engine = AsyncEngine(generator.engine)
+    try:
+        async def main():
+            chats = [engine.chat(_chat(text, 48)) for text in ("hello world", "1 2 3", "tell me a story")]
+            firsts = [await chat.__anext__() for chat in chats]  # all three decode now
+            video = engine.submit(request)
+            rests = await asyncio.gather(*(_rest(chat) for chat in chats))
+            return firsts, rests, await video.result()
+
+        firsts, rests, output = asyncio.run(main())
+    finally:
+        engine.close()
+    assert ["ar_decode", "ar_decode", "ar_decode", "reason"] in forwards
+    assert engine.decode_stats["largest_batch"] == 4
+    for first, rest in zip(firsts, rests):
+        assert isinstance(first, TokenDelta) and rest[-1].finish_reason in ("length", "stop")
+    # Batched with the chats, the reasoner wrote what it writes alone.
+    monkeypatch.undo()
+    alone = generator.engine.run(request)["reasoned_prompt"]
+    assert output.metadata["reasoned_prompt"] == alone and alone
+    assert decoder.stats()["kv_blocks_in_use"] == 0

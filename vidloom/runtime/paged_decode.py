@@ -1,0 +1,118 @@
+"""The engine's AR side: one paged KV pool for every AR loop, and their decode steps as one forward.
+
+Every loop that decodes token by token (a chat's ARDecodeLoop, a unified model's reasoner) reserves
+its sequence's blocks here through `LoopContext.reserve_kv` and plans paged decode steps
+(`core.loop.KV_SEQUENCE`). Whoever steps the requests (the AsyncEngine's worker, or a run stepped
+alone) hands those plans to `PagedDecoder.run`: their new tokens are packed along one axis (a whole
+prompt for a sequence that just joined, else its last token), the pool resolves what each token
+attends to, and the lm head runs on each sequence's last token only. Sequences join and leave
+between steps, whichever request owns them, so a reasoning request's steps share the chat batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from vidloom.core.chat import ChatLimits, ChatRequest
+from vidloom.core.errors import CacheBudgetExceeded, DeployError, InvalidRequest
+from vidloom.core.instance import ModelInstance
+from vidloom.core.loop import KV_SEQUENCE, Loop, StepPlan
+from vidloom.core.program import Node, Program
+from vidloom.decoding.loop import AR_DECODE, ChatPrompt
+from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.paged_kv import BLOCK_SIZE, KVLayout, PagedKVPool
+
+DEFAULT_KV_POOL_TOKENS = 16384  # --kv-pool-tokens default: 1024 blocks of 16
+DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
+
+
+class PagedDecoder:
+    """The paged KV pool of one loaded instance, the chat limits it implies, and the batched decode forward."""
+
+    def __init__(self, instance: ModelInstance, loop: Any, caches: CacheManager,
+                 pool_tokens: int | None = None) -> None:
+        self.instance, self.loop = instance, loop
+        config = loop.network.config
+        tokens = pool_tokens if pool_tokens is not None else DEFAULT_KV_POOL_TOKENS
+        layout = KVLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                          num_blocks=max(1, tokens // BLOCK_SIZE))
+        try:
+            self._handle, self.pool = caches.allocate(
+                "kv-pool:" + instance.card.model_id, layout.nbytes(instance.dtype),
+                lambda: PagedKVPool(layout, instance.device, instance.dtype))
+        except CacheBudgetExceeded as exc:
+            raise DeployError(f"the chat KV pool (kv_pool_tokens={tokens}, --kv-pool-tokens) needs "
+                              f"{exc.needed} bytes, more than kv_cache_budget_bytes (--kv-cache-budget-mb) has "
+                              f"free ({exc.budget - exc.in_use}); lower one or raise the other") from None
+        window = min(instance.card.context_window or 2, layout.num_blocks * layout.block_size)
+        self.limits = ChatLimits(context_window=window, max_tokens=max(1, window - 1),
+                                 default_max_tokens=min(DEFAULT_MAX_TOKENS, max(1, window - 1)))
+        self.program = Program(nodes=(Node(AR_DECODE, reads=("chat",), writes=("completion",), loop=loop),),
+                               inputs=frozenset({"chat"}), outputs=("completion",))
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.tokens_generated_total = 0  # chat tokens (a reasoner's are its request's, not a chat's)
+
+    # -- admission (any thread) ---------------------------------------------------------
+
+    def chat_slots(self, request: ChatRequest) -> dict[str, Any]:
+        """Validate and tokenize `request` against the limits: the chat program's input slots.
+
+        Raises InvalidRequest naming the field before anything is held.
+        """
+        request.validate(self.limits)
+        prompt = self.loop.prompt(request)
+        budget = request.sampling.completion_budget(len(prompt), self.limits)
+        return {"chat": ChatPrompt(request, tuple(prompt), budget)}
+
+    def reserve(self, owner: str, tokens: int) -> str:
+        """Blocks for one sequence of `owner` (a request id); its id. CacheBudgetExceeded if they do not fit."""
+        seq_id = f"{owner}#{next(self._ids)}"
+        self.pool.allocator.reserve(seq_id, tokens)
+        return seq_id
+
+    def release(self, seq_id: str) -> None:
+        self.pool.allocator.release(seq_id)
+
+    def stats(self) -> dict[str, int]:
+        allocator = self.pool.allocator
+        return {"tokens_generated_total": self.tokens_generated_total, "kv_blocks_in_use": allocator.blocks_in_use,
+                "kv_blocks_total": allocator.num_blocks}
+
+    # -- the device's thread -------------------------------------------------------------
+
+    def run(self, plans: Sequence[StepPlan]) -> list[Tensor]:
+        """Execute paged decode plans (same network) in one forward; each plan's last-token logits [vocab], on the
+        host as float32 (one device->host copy per step; sampling runs per sequence on the host)."""
+        network = plans[0].call
+        if any(p.call is not network for p in plans):
+            raise ValueError("paged decode plans of one batch must share their network")
+        tokens = torch.cat([p.inputs["tokens"] for p in plans])
+        positions = torch.cat([p.inputs["positions"] for p in plans], dim=1)
+        sizes = [int(p.inputs["tokens"].shape[0]) for p in plans]
+        last = torch.tensor(sizes, device=tokens.device).cumsum(0) - 1
+        kv = self.pool.batch([(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)],
+                             network.attention_scale)
+        with torch.inference_mode():
+            logits = network(tokens, positions, kv=kv, logits_at=last).float().cpu()
+        with self._lock:
+            self.tokens_generated_total += sum(p.loop == AR_DECODE for p in plans)
+        return list(logits.unbind(0))
+
+
+def build_decoder(instance: ModelInstance, program: Program, caches: CacheManager) -> PagedDecoder | None:
+    """The engine's AR side when its program has a chat loop (None otherwise)."""
+    loop: Loop[Any] | None = program.chat_loop
+    if loop is None:
+        return None
+    return PagedDecoder(instance, loop, caches, instance.deploy.kv_pool_tokens)
+
+
+def no_chat(model_id: str) -> InvalidRequest:
+    return InvalidRequest("model", f"{model_id} does not support chat (its card has no ar_decode loop); "
+                                   "use a chat-capable checkpoint such as a Cosmos3 Omni folder")
