@@ -303,7 +303,10 @@ class RequestRun:
 
     def _decode_media(self) -> None:
         """Input files were checked from their headers and held compressed while the request waited
-        (media.uploads); their pixels are decoded now, on the thread that runs the request."""
+        (media.uploads); their pixels are decoded now, on the thread that runs the request. A chat request
+        carries no such files (its images are decoded when its prompt is built)."""
+        if not isinstance(self.request, GenerationRequest):
+            return
         decoded = decode_media(self.request)
         if decoded is not self.request:
             self.request = decoded
