@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_arguments(gen)
 
     add_chat_parser(sub, DTYPES)
-    sub.add_parser("models", help="list registered model cards")
+    models = sub.add_parser("models", help="list registered model cards")
+    models.add_argument("--capabilities", action="store_true",
+                        help="print which deploy features each kind of checkpoint supports (from the cards)")
     _add_serve_parser(sub)
     from vidloom.fleet.cli import add_fleet_parser
 
@@ -158,6 +160,10 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "models" and args.capabilities:
+            from vidloom.cli_capabilities import print_capabilities
+
+            return print_capabilities()
         if args.command == "models":
             return _models()
         if args.command == "fleet":

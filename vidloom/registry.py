@@ -62,6 +62,14 @@ DEMOS: dict[str, str] = {
     "wan2.1-demo": "vidloom.recipes.wan.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
+# Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
+CAPABILITY_ROWS: tuple[str, ...] = (
+    "vidloom.recipes.wan.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.wan_causal.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+)
 
 
 def import_target(target: str) -> Callable[..., Any]:

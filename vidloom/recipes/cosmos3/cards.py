@@ -56,6 +56,7 @@ CAPABILITIES = Capabilities(
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:

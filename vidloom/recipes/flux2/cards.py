@@ -46,6 +46,7 @@ CAPABILITIES = Capabilities(
 )
 # The step-distilled checkpoint runs no CFG (the pipeline's is_distilled switch): nothing for cfg_mode to batch.
 DISTILLED_CAPABILITIES = CAPABILITIES.without({"cfg_mode": "step-distilled Klein runs without CFG"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "flux2-distilled": DISTILLED_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 # Flux2KleinPipeline.__init__ (diffusers 0.42): its components and its one setting; model_index.json may hold

@@ -37,6 +37,7 @@ CAPABILITIES = Capabilities(
      "offload_idle_expert": "one expert: there is no idle expert",
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 # LTX2Pipeline / LTX2ImageToVideoPipeline.__init__ components (diffusers 0.42), plus the latent upsampler the

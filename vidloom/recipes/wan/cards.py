@@ -43,6 +43,14 @@ def wan_capabilities(two_experts: bool, clip_image: bool) -> Capabilities:
     return CAPABILITIES.without(narrowed)
 
 
+# What each kind of Wan checkpoint declares (a row of `vidloom models --capabilities`).
+CAPABILITY_ROWS = {
+    "wan": wan_capabilities(two_experts=False, clip_image=False),
+    "wan-i2v-clip": wan_capabilities(two_experts=False, clip_image=True),
+    "wan2.2-a14b": wan_capabilities(two_experts=True, clip_image=False),
+}
+
+
 # Negative prompt the Wan2.1 authors recommend (Wan-AI model card / diffusers Wan docs).
 WAN_NEGATIVE_PROMPT = (
     "Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, "

@@ -38,6 +38,7 @@ CAPABILITIES = Capabilities(
      "two_stage": "one stage; multi-stage families: ltx2",
      "devices": "sequence and CFG parallelism are written for Wan's bidirectional DiT only"},
 )
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "") -> ModelCard:
