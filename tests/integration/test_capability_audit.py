@@ -32,7 +32,7 @@ from vidloom.core.capabilities import FEATURES
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CacheBudgetExceeded, DeployError
 from vidloom.core.parallel import ParallelPlan
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.layers.fp8 import FP8Linear
 from vidloom.runtime.engine import EngineDriver
@@ -65,7 +65,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "wan": dict(height=32, width=48, num_frames=5, num_inference_steps=2, guidance_scale=5.0),
     "wan2.2-a14b": dict(height=32, width=48, num_frames=5, num_inference_steps=2, guidance_scale=5.0),
     "anyflow-far": dict(height=32, width=48, num_frames=9, num_inference_steps=2, guidance_scale=3.0),
-    "flux2": dict(task="t2i", height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
+    "flux2": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),
 }

@@ -32,9 +32,8 @@ BASE_DEFAULTS = SamplingDefaults(
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "cfg_mode"}),
+               "cfg_mode", "step_cache"}),
     {"fp8_weights": "FP8 linears are not applied to Flux2's blocks yet",
-     "step_cache": "step caches read Wan's block list; Flux2's denoiser is not declared to them yet",
      "cuda_graphs": "the Flux2 step body is not captured yet",
      "vae_tile": "tiled decode exists for the Wan VAE only",
      "kv_cache_budget_bytes": "an image denoiser keeps no KV cache to budget",
