@@ -23,10 +23,9 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
-    frozenset({"warmup_shapes", "offload_text_encoder", "attention_backend", "two_stage"}),
+    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend", "two_stage"}),
     {"fp8_weights": "FP8 linears are not applied to LTX-2's blocks yet",
      "compile": "LTX-2's audio-video blocks are not compiled yet",
-     "prompt_cache_size": "LTX-2's text encoder (Gemma + connectors) keeps no prompt cache yet",
      "vae_tile": "tiled decode exists for the Wan VAE only",
      "cfg_mode": "LTX-2's loop runs its CFG branches sequentially; batched CFG is not wired into it",
      "step_cache": "step caches read Wan's block list; LTX-2's denoiser is not declared to them yet",

@@ -44,7 +44,8 @@ def load_instance(
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
-                                device, compute, offload=deploy.offload_text_encoder)
+                                device, compute, offload=deploy.offload_text_encoder,
+                                cache_size=deploy.prompt_cache_size)
     _check_text(ckpt.root, text, connectors_config, dit_config)
     vae = load_video_vae(ckpt.component_dir("vae"), device)
     components = {
