@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
 
