@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_arguments(gen)
 
     add_chat_parser(sub, DTYPES)
-    sub.add_parser("models", help="list registered model cards")
+    models = sub.add_parser("models", help="list registered model cards")
+    models.add_argument("--capabilities", action="store_true",
+                        help="print which deploy features each kind of checkpoint supports (from the cards)")
     _add_serve_parser(sub)
     from vidloom.fleet.cli import add_fleet_parser
 
@@ -213,6 +215,10 @@ def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
 
 
 def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: InterruptGuard) -> int:
+    if args.command == "models" and args.capabilities:
+        from vidloom.cli_capabilities import print_capabilities
+
+        return print_capabilities()
     if args.command == "models":
         return _models()
     if args.command == "fleet":

@@ -57,8 +57,6 @@ LOADERS: dict[str, str] = {
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
 }
-# Families whose program has an optional latent-upsample + refine pass (DeployConfig.two_stage / upsampler).
-MULTI_STAGE: frozenset[str] = frozenset({"ltx2"})
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
@@ -74,6 +72,14 @@ DEMOS: dict[str, str] = {
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
+# Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
+CAPABILITY_ROWS: tuple[str, ...] = (
+    "vidloom.recipes.wan.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.wan_causal.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+)
 
 
 def import_target(target: str) -> Callable[..., Any]:
@@ -136,12 +142,16 @@ def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
+    """Every load goes through here: the deploy options the card does not declare are refused first."""
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
-    if (deploy.two_stage or deploy.upsampler) and card.family not in MULTI_STAGE:
-        raise DeployError(f"two_stage / upsampler (--two-stage, --upsampler): {card.model_id} ({card.family}) has "
-                          f"one stage; multi-stage families: {', '.join(sorted(MULTI_STAGE))}")
+    check_deploy(card, deploy)
     return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+
+
+def check_deploy(card: ModelCard, deploy: DeployConfig) -> None:
+    """DeployError naming every deploy feature `deploy` turns on that `card` does not declare (core.capabilities)."""
+    card.capabilities.refuse_unsupported(deploy, card.model_id, card.family)
 
 
 def sequence_geometry(card: ModelCard, checkpoint: Path) -> SequenceGeometry:

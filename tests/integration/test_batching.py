@@ -142,3 +142,45 @@ def test_a_failing_shared_forward_falls_back_to_single_steps(klein, monkeypatch)
     assert stats["largest_batch"] == 1  # every step ran alone after the shared forward failed
     for e, g in zip(expected, got):
         assert np.array_equal(e, g)  # alone is exactly the unbatched path
+
+
+def _i2v_requests() -> list[GenerationRequest]:
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    return [GenerationRequest(prompt=p, task=Task.I2V, image=np.asarray(make_image(32, 32, seed)), height=32,
+                              width=32, num_frames=5, num_inference_steps=steps, seed=seed, guidance_scale=g)
+            for p, steps, seed, g in zip(["a fox", "a cat", "a boat"], (2, 3, 2), (1, 2, 3), (5.0, 3.0, 5.0))]
+
+
+@pytest.mark.parametrize("cfg_mode", ["sequential", "batched"])
+def test_wan_image_to_video_requests_batch_each_with_its_own_image(tmp_path_factory, cfg_mode):
+    # Each request's CLIP tokens are bound to a network view of its own; the views stack (their tokens in
+    # request order, repeated per CFG branch), so requests with different first frames share forwards.
+    from tests.helpers.wan_checkpoints import TINY_A
+    from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
+    from vidloom.core.deploy import DeployConfig
+
+    folder = write_tiny_wan_i2v(tmp_path_factory.mktemp("i2v-batch"), TINY_A)
+    engine = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(cfg_mode=cfg_mode)).engine
+    requests = _i2v_requests()
+    expected = _alone(engine, requests)
+    got, stats = _batched(engine, requests)
+    assert stats["mean_batch"] > 1.5
+    for e, g in zip(expected, got):
+        assert np.abs(e.astype(int) - g.astype(int)).max() <= UINT8_TOLERANCE
+    assert any(not np.array_equal(expected[0], e) for e in expected[1:])  # the images really differ per request
+
+
+def test_offloaded_two_expert_requests_batch(tmp_path_factory):
+    from tests.helpers.wan22_checkpoints import write_tiny_a14b
+    from tests.helpers.wan_checkpoints import TINY_A
+    from vidloom.core.deploy import DeployConfig
+
+    folder = write_tiny_a14b(tmp_path_factory.mktemp("a14b-batch"), TINY_A)
+    engine = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(offload_idle_expert=True)).engine
+    requests = _wan_requests()[:3]
+    expected = _alone(engine, requests)
+    got, stats = _batched(engine, requests)
+    assert stats["mean_batch"] > 1.5
+    for e, g in zip(expected, got):
+        assert np.abs(e.astype(int) - g.astype(int)).max() <= UINT8_TOLERANCE

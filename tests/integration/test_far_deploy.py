@@ -18,7 +18,7 @@ def far_dir(tmp_path_factory):
 
 
 def test_step_cache_is_refused_at_load(far_dir):
-    with pytest.raises(DeployError, match="step_cache='teacache' is not supported"):
+    with pytest.raises(DeployError, match=r"\(anyflow-far\) does not support step_cache \(--step-cache.*KV cache"):
         VideoGenerator.from_pretrained(far_dir, device="cpu", deploy=DeployConfig(step_cache="teacache"))
 
 

@@ -75,8 +75,8 @@ def test_wan_only_deploy_options_fail_at_load_naming_them(flux2_distilled_dir):
     from vidloom.core.deploy import DeployConfig
     from vidloom.core.errors import DeployError
 
-    with pytest.raises(DeployError, match="step_cache"):
-        VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", deploy=DeployConfig(step_cache="fbcache"))
+    with pytest.raises(DeployError, match=r"\(flux2\) does not support fp8_weights \(--fp8\)"):
+        VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", deploy=DeployConfig(fp8_weights=True))
 
 
 def test_warmup_shapes_warm_an_image_model_with_text_to_image(flux2_distilled_dir):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from tests.helpers.ltx2_checkpoints import TINY_INTERLEAVED
@@ -101,3 +102,13 @@ def test_registry_detects_both_ltx2_pipeline_classes(ltx2_dir, tmp_path):
     index = copy / "model_index.json"
     index.write_text(json.dumps({**json.loads(index.read_text()), "_class_name": "LTX2ImageToVideoPipeline"}))
     assert resolve_card(copy).family == "ltx2"
+
+
+def test_prompt_cache_skips_the_encoder_and_gives_the_same_video(ltx2_dir, gen):
+    cached = VideoGenerator.from_pretrained(ltx2_dir, device="cpu", deploy=DeployConfig(prompt_cache_size=4))
+    encoder = cached.engine.instance["text_encoder"]
+    first = cached.engine.run(GenerationRequest(**OK))["video"]
+    second = cached.engine.run(GenerationRequest(**OK))["video"]
+    plain = gen.engine.run(GenerationRequest(**OK))["video"]
+    assert np.array_equal(first, plain) and np.array_equal(second, plain)
+    assert (encoder.cache.misses, encoder.cache.hits) == (1, 1)  # one key per request: [negative, prompt]

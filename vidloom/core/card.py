@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
 
@@ -97,6 +98,9 @@ class ModelCard:
     produces_audio: bool = False
     # Cards with an "ar_decode" loop (chat): prompt + completion tokens one sequence may hold (max_model_len).
     context_window: int | None = None
+    # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
+    # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
+    capabilities: Capabilities = Capabilities(frozenset())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
 
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
@@ -51,7 +50,7 @@ class DeployConfig:
     kv_pool_tokens: int | None = None
     """Tokens of KV the paged pool for chat (AR decode) holds across all running sequences (--kv-pool-tokens);
     None: 16384. Allocated once at load, inside kv_cache_budget_bytes; a chat request whose prompt + max_tokens
-    do not fit in what is free is refused with CacheBudgetExceeded. Ignored by models without chat."""
+    do not fit in what is free is refused with CacheBudgetExceeded. Refused at load by models without chat."""
     kv_session_ttl_s: float = 0.0
     """Seconds a finished causal video's KV stays resident for an extension (extend_from) while unused;
     0 keeps none. Sessions count against kv_cache_budget_bytes and are evicted least recently used when
@@ -95,7 +94,16 @@ class DeployConfig:
             raise DeployError("offload_idle_expert moves expert weights between steps; it cannot run with cuda_graphs")
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
+        self._check_dependents()
         self._check_parallel()
+
+    def _check_dependents(self) -> None:
+        """Options that only tune another one: set without it they would be accepted and ignored."""
+        if self.compile_backend != "inductor" and not self.compile:
+            raise DeployError(f"compile_backend={self.compile_backend!r} (--compile-backend) tunes compile; "
+                              "it needs compile (--compile)")
+        if self.step_cache_threshold is not None and self.step_cache == "none":
+            raise DeployError("step_cache_threshold (--step-cache-threshold) needs a step cache (--step-cache)")
 
     def _check_parallel(self) -> None:
         plan = self.parallel
@@ -128,11 +136,3 @@ class DeployConfig:
                 "would contain NCCL collectives; drop --cuda-graphs or run on one device"
             )
 
-
-def refuse_unsupported(deploy: DeployConfig, family: str, names: Iterable[str]) -> None:
-    """Fail at load, naming every option in `names` the deployment turns on (off: its default), for a
-    family whose program does not run them yet, instead of ignoring them or failing mid-request."""
-    default = DeployConfig()
-    on = [name for name in names if getattr(deploy, name) != getattr(default, name)]
-    if on:
-        raise DeployError(f"{family} does not support {', '.join(on)} yet; drop the option(s)")

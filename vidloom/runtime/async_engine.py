@@ -281,7 +281,7 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
         return max(1, math.ceil(self._job_seconds - ran))
 
 
-def _fits_in_memory(entry: _Entry) -> bool:
+def _fits_in_memory(entry: WorkEntry) -> bool:
     """The runtime's memory admission (RequestRun.admit): resident estimates stay within the device budget."""
     admit = getattr(entry.run, "admit", None)  # a worker pool's run: the ranks hold the memory, not this process
     return admit() if admit is not None else True

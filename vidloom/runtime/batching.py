@@ -8,8 +8,9 @@ per sample, so requests at different steps (or with different step counts) still
 
 A network may take part in batching in two ways: it is a shared module (Wan's transformer:
 equal by identity), or it is a per-request view that declares `batch_key()` and
-`stack(views)` (Flux2's network, which carries each request's position ids and reference
-tokens; views with equal keys stack their references).
+`stack(views)`: the family's own rule for which of its requests share a forward (Flux2's network
+carries position ids and reference tokens, Wan image-to-video's its CLIP tokens, an offloaded
+Wan2.2 expert its placement; views with equal keys stack what they carry).
 """
 
 from __future__ import annotations

@@ -257,6 +257,19 @@ class SingleStreamBlock(nn.Module):
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Flux2Conditioning:
+    """What every block of one forward reads: timestep embedding, modulations, rotary tables."""
+
+    temb: Tensor  # [B, dim]
+    mod_img: Tensor  # [B, 1, 6 * dim]
+    mod_txt: Tensor  # [B, 1, 6 * dim]
+    mod_single: Tensor  # [B, 1, 3 * dim]
+    rope: tuple[Tensor, Tensor]
+    text_tokens: int  # L: the joint stream is [text (L), image (N)]
+
+
+
 class Flux2Transformer(nn.Module):
     """Predicts the flow velocity of packed image tokens given text tokens and per-sample timesteps."""
 
@@ -276,6 +289,11 @@ class Flux2Transformer(nn.Module):
         self.out_mod = nn.Linear(dim, 2 * dim, bias=False)
         self.proj_out = nn.Linear(dim, config.out_channels, bias=False)
 
+    @property
+    def num_blocks(self) -> int:
+        """Double-stream blocks then single-stream blocks, indexed in that order (run_blocks)."""
+        return len(self.double_blocks) + len(self.single_blocks)
+
     def forward(
         self,
         img: Tensor,
@@ -287,12 +305,23 @@ class Flux2Transformer(nn.Module):
     ) -> Tensor:
         """img [B, N, C_in] (target tokens then reference tokens), txt [B, L, text_dim],
         timestep [B] in [0, 1], ids [N, 4] / [L, 4] shared by the batch -> [B, N, C_out]."""
+        h, cond = self.embed(img, txt, timestep, img_ids, txt_ids, guidance)
+        return self.head(self.run_blocks(h, cond), cond)
+
+    # The stages below are the denoiser contract step caches call (runtime.step_cache.StagedNetwork);
+    # forward() is exactly their composition. The residual stream is the joint [text, image] token
+    # sequence throughout: the double-stream blocks split it and join it again (exact copies).
+
+    def embed(
+        self, img: Tensor, txt: Tensor, timestep: Tensor, img_ids: Tensor, txt_ids: Tensor,
+        guidance: Tensor | None = None,
+    ) -> tuple[Tensor, Flux2Conditioning]:
+        """Tokens -> the joint stream [B, L + N, dim] and what every block reads."""
         # 1. Conditioning: the timestep (x1000, like the reference) drives every modulation.
         temb = self.time_embed(timestep.to(img.dtype) * 1000)
         if guidance is not None and self.guidance_embed is not None:
             temb = temb + self.guidance_embed(guidance.to(img.dtype) * 1000)
         silu = F.silu(temb)[:, None, :]  # [B, 1, dim]
-        mod_img, mod_txt, mod_single = self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu)
 
         # 2. Embed tokens; rotary tables over (text, image) ids in attention order.
         x = self.img_in(img)
@@ -300,16 +329,39 @@ class Flux2Transformer(nn.Module):
         cos_t, sin_t = rope_tables(txt_ids, self.config.rope_axes, self.config.rope_theta)
         cos_i, sin_i = rope_tables(img_ids, self.config.rope_axes, self.config.rope_theta)
         rope = (torch.cat([cos_t, cos_i]), torch.cat([sin_t, sin_i]))
+        cond = Flux2Conditioning(temb, self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu), rope, c.shape[1])
+        return torch.cat([c, x], dim=1), cond
 
-        # 3. Double-stream blocks, then one joint stream [B, L + N, dim].
-        for block in self.double_blocks:
-            x, c = block(x, c, mod_img, mod_txt, rope)
-        h = torch.cat([c, x], dim=1)
-        for block in self.single_blocks:
-            h = block(h, mod_single, rope)
-        h = h[:, c.shape[1]:]
+    def run_blocks(self, h: Tensor, cond: Flux2Conditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the joint stream: double-stream ones first, then single-stream ones."""
+        # 3. Double-stream blocks on (image, text) apart, then one joint stream [B, L + N, dim].
+        end = self.num_blocks if end is None else end
+        doubles = len(self.double_blocks)
+        for index in range(start, end):
+            if index < doubles:
+                c, x = h[:, : cond.text_tokens], h[:, cond.text_tokens :]
+                x, c = self.double_blocks[index](x, c, cond.mod_img, cond.mod_txt, cond.rope)
+                h = torch.cat([c, x], dim=1)
+            else:
+                h = self.single_blocks[index - doubles](h, cond.mod_single, cond.rope)
+        return h
 
+    def block_input(self, h: Tensor, cond: Flux2Conditioning, index: int = 0) -> Tensor:
+        """The modulated tokens block `index` normalizes before attention (TeaCache's change indicator)."""
+        doubles = len(self.double_blocks)
+        normed = F.layer_norm(h, h.shape[-1:], eps=self.config.eps)
+        if index >= doubles:
+            shift, scale, _ = cond.mod_single.chunk(3, dim=-1)
+            return modulate(normed, shift, scale)
+        t_shift, t_scale = cond.mod_txt.chunk(6, dim=-1)[:2]
+        i_shift, i_scale = cond.mod_img.chunk(6, dim=-1)[:2]
+        text, image = normed[:, : cond.text_tokens], normed[:, cond.text_tokens :]
+        return torch.cat([modulate(text, t_shift, t_scale), modulate(image, i_shift, i_scale)], dim=1)
+
+    def head(self, h: Tensor, cond: Flux2Conditioning) -> Tensor:
+        """The joint stream after the last block -> the image tokens' prediction [B, N, C_out]."""
         # 4. Output head: adaptive norm (scale first, then shift) and projection.
-        scale, shift = self.out_mod(F.silu(temb).to(h.dtype)).chunk(2, dim=-1)
+        h = h[:, cond.text_tokens :]
+        scale, shift = self.out_mod(F.silu(cond.temb).to(h.dtype)).chunk(2, dim=-1)
         h = F.layer_norm(h, h.shape[-1:], eps=self.config.eps) * (1 + scale[:, None]) + shift[:, None]
         return self.proj_out(h)

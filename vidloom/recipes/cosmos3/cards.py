@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
@@ -33,6 +34,30 @@ GENERATION_DEFAULTS = SamplingDefaults(
     height=720, width=1280, num_frames=189, fps=24, num_inference_steps=35,
     guidance_scale=6.0, flow_shift=5.0, sampler="unipc",
 )
+
+# The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
+# CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
+CAPABILITIES = Capabilities(
+    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens"}),
+    {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
+                             "there is no separate text encoder to offload",
+     "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
+                          "embedding a cache could keep",
+     "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
+     "fp8_weights": "FP8 linears are not applied to the Cosmos3 backbone yet",
+     "compile": "the Cosmos3 blocks are not compiled yet",
+     "attention_backend": "the Cosmos3 backbone's masked attention has no backend dispatch yet",
+     "vae_tile": "tiled decode is not wired into the Cosmos3 program yet",
+     "step_cache": "step caches read Wan's block list; Cosmos3's denoiser is not declared to them yet",
+     "cuda_graphs": "the Cosmos3 step body is not captured yet",
+     "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "one stage; multi-stage families: ltx2",
+     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+)
+# Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
+CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -82,6 +107,7 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         description=description,
         notes=notes,
         context_window=CONTEXT_WINDOW,
+        capabilities=CAPABILITIES if generates else CHAT_ONLY_CAPABILITIES,
     )
 
 

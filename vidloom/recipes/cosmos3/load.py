@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig, refuse_unsupported
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -46,8 +46,6 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in float32."""
-    refuse_unsupported(deploy, "Cosmos3", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile", "compile",
-                                            "attention_backend"))
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")

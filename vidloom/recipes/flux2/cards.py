@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
@@ -29,6 +30,23 @@ BASE_DEFAULTS = SamplingDefaults(
     height=1024, width=1024, num_frames=1, fps=1, num_inference_steps=50,
     guidance_scale=4.0, flow_shift=3.0, sampler="euler", negative_prompt="",
 )
+
+CAPABILITIES = Capabilities(
+    frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
+               "cfg_mode", "step_cache"}),
+    {"fp8_weights": "FP8 linears are not applied to Flux2's blocks yet",
+     "cuda_graphs": "the Flux2 step body is not captured yet",
+     "vae_tile": "tiled decode exists for the Wan VAE only",
+     "kv_cache_budget_bytes": "an image denoiser keeps no KV cache to budget",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "one stage; multi-stage families: ltx2",
+     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+)
+# The step-distilled checkpoint runs no CFG (the pipeline's is_distilled switch): nothing for cfg_mode to batch.
+DISTILLED_CAPABILITIES = CAPABILITIES.without({"cfg_mode": "step-distilled Klein runs without CFG"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "flux2-distilled": DISTILLED_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 # Flux2KleinPipeline.__init__ (diffusers 0.42): its components and its one setting; model_index.json may hold
@@ -99,4 +117,5 @@ def flux2_card(model_id: str, source: str, *, distilled: bool, multiple: int, de
         max_reference_images=MAX_REFERENCE_IMAGES,
         min_image_side=MIN_IMAGE_SIDE,
         memory_estimator=MEMORY_ESTIMATOR,
+        capabilities=DISTILLED_CAPABILITIES if distilled else CAPABILITIES,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig, refuse_unsupported
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
@@ -25,7 +25,6 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in float32."""
-    refuse_unsupported(deploy, "Flux2", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile"))
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)

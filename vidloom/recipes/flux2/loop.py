@@ -51,13 +51,34 @@ class Flux2Network:
         return Flux2Network(views[0].transformer, dataclasses.replace(first, references=refs))
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
-        refs = self.tokens.references
-        if refs is not None:
-            # A stacked network's B references serve B latents; CFG passes may repeat that batch.
-            refs = refs.to(latents.dtype).repeat(latents.shape[0] // refs.shape[0], 1, 1)
-        x = latents if refs is None else torch.cat([latents, refs], dim=1)
-        out = self.transformer(x, text, timestep, self.tokens.img_ids, self.tokens.txt_ids)
+        out = self.transformer(self._tokens(latents), text, timestep, self.tokens.img_ids, self.tokens.txt_ids)
         return out[:, : self.tokens.num_target]
+
+    def _tokens(self, latents: Tensor) -> Tensor:
+        refs = self.tokens.references
+        if refs is None:
+            return latents
+        # A stacked network's B references serve B latents; CFG passes may repeat that batch.
+        refs = refs.to(latents.dtype).repeat(latents.shape[0] // refs.shape[0], 1, 1)
+        return torch.cat([latents, refs], dim=1)
+
+    # The staged denoiser contract (runtime.step_cache.StagedNetwork): __call__ is their composition.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, Any]:
+        return self.transformer.embed(self._tokens(latents), text, timestep, self.tokens.img_ids, self.tokens.txt_ids)
+
+    def run_blocks(self, x: Tensor, cond: Any, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: Any, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: Any) -> Tensor:
+        return self.transformer.head(x, cond)[:, : self.tokens.num_target]
 
 
 @dataclass

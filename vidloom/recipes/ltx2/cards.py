@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
@@ -22,6 +23,21 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
                             guidance_scale=3.0, flow_shift=1.0, sampler="euler", negative_prompt="")
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
+CAPABILITIES = Capabilities(
+    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend", "two_stage"}),
+    {"fp8_weights": "FP8 linears are not applied to LTX-2's blocks yet",
+     "compile": "LTX-2's audio-video blocks are not compiled yet",
+     "vae_tile": "tiled decode exists for the Wan VAE only",
+     "cfg_mode": "LTX-2's loop runs its CFG branches sequentially; batched CFG is not wired into it",
+     "step_cache": "step caches read Wan's block list; LTX-2's denoiser is not declared to them yet",
+     "cuda_graphs": "the LTX-2 step body is not captured yet",
+     "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 # LTX2Pipeline / LTX2ImageToVideoPipeline.__init__ components (diffusers 0.42), plus the latent upsampler the
@@ -88,4 +104,5 @@ def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defau
         inputs=frozenset({"image"}),
         min_image_side=1,
         produces_audio=True,
+        capabilities=CAPABILITIES,
     )

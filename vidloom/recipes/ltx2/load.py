@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.core.deploy import DeployConfig, refuse_unsupported
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
@@ -31,8 +31,6 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in float32."""
-    refuse_unsupported(deploy, "LTX-2", ("step_cache", "cuda_graphs", "fp8_weights", "vae_tile", "cfg_mode",
-                                          "compile", "prompt_cache_size", "devices"))
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
@@ -46,7 +44,8 @@ def load_instance(
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
-                                device, compute, offload=deploy.offload_text_encoder)
+                                device, compute, offload=deploy.offload_text_encoder,
+                                cache_size=deploy.prompt_cache_size)
     _check_text(ckpt.root, text, connectors_config, dit_config)
     vae = load_video_vae(ckpt.component_dir("vae"), device)
     components = {

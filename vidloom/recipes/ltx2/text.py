@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from vidloom.core.errors import CheckpointError
 from vidloom.models.ltx2.connectors import LTX2TextConnectors
-from vidloom.recipes.wan.text import OffloadedWeights
+from vidloom.recipes.wan.text import EmbeddingCache, OffloadedWeights
 
 # LTX2Pipeline's max_sequence_length default: prompts are left-padded (Gemma's chat-style side) to this.
 LTX2_TEXT_TOKENS = 1024
@@ -46,7 +47,7 @@ class LTX2TextEncoder:
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, model: Any, connectors: LTX2TextConnectors, device: torch.device,
-        *, max_length: int = LTX2_TEXT_TOKENS, offload: bool = False,
+        *, max_length: int = LTX2_TEXT_TOKENS, offload: bool = False, cache_size: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
@@ -59,6 +60,9 @@ class LTX2TextEncoder:
         self.model = model.eval().to("cpu" if self.offload else device)
         self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
         self._lock = threading.Lock()
+        # Keyed by the whole prompt list (prompt, or negative + prompt): the connectors run over that batch,
+        # so a hit returns exactly what encoding it again would (DeployConfig.prompt_cache_size).
+        self.cache = EmbeddingCache(cache_size)
 
     @property
     def hidden_states(self) -> int:
@@ -88,9 +92,19 @@ class LTX2TextEncoder:
                 raise CheckpointError(f"{encoder_dir}: cannot load Gemma3 text encoder ({exc})") from None
         return cls(tokenizer, model, connectors, device, **options)
 
-    @torch.inference_mode()
     def encode(self, prompts: list[str]) -> LTX2Text:
-        """Each prompt encoded alone (as the pipeline encodes prompt and negative prompt in two calls)."""
+        """Each prompt encoded alone (as the pipeline encodes prompt and negative prompt in two calls);
+        a prompt list seen recently (prompt cache) is not encoded again."""
+        key = hashlib.sha256("\0".join(p.strip() for p in prompts).encode()).hexdigest()
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]  # the cache holds LTX2Text values here
+        text = self._encode(prompts)
+        self.cache.put(key, text)  # type: ignore[arg-type]
+        return text
+
+    @torch.inference_mode()
+    def _encode(self, prompts: list[str]) -> LTX2Text:
         stacked, masks = zip(*(self._hidden([p]) for p in prompts))
         hidden, mask = torch.cat(stacked), torch.cat(masks)
         dtype = next(self.connectors.parameters()).dtype

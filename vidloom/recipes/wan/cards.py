@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -18,6 +19,37 @@ TEXT_TOKENS = 512  # Wan2.1's text length (recipes/wan/text.py WAN_TEXT_TOKENS);
 SAMPLERS = ("unipc", "euler")
 # Wan2.1's VAE downsamples 8x in space and 4x in time; the DiT patchifies 2x2 more.
 GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
+
+# Every runtime feature is written against Wan's denoiser; what is left has nothing to act on in a Wan checkpoint.
+CAPABILITIES = Capabilities(
+    frozenset({"fp8_weights", "compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "vae_tile",
+               "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices"}),
+    {"kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "kv_session_ttl_s": "no causal rollout whose KV could be kept for an extension",
+     "two_stage": "one stage; multi-stage families: ltx2"},
+)
+
+
+def wan_capabilities(two_experts: bool, clip_image: bool) -> Capabilities:
+    """CAPABILITIES narrowed to one checkpoint's denoiser."""
+    narrowed: dict[str, str] = {}
+    if not two_experts:
+        narrowed["offload_idle_expert"] = "one expert: there is no idle expert to keep in host memory"
+    if clip_image:
+        # Each request binds its CLIP tokens to a network object of its own, which a captured graph would keep
+        # reading (graphs key fixed objects by identity); until the tokens are a graph input, refused.
+        narrowed["cuda_graphs"] = "Wan2.1 image-to-video (CLIP-conditioned) checkpoints bind per-request CLIP tokens"
+    return CAPABILITIES.without(narrowed)
+
+
+# What each kind of Wan checkpoint declares (a row of `vidloom models --capabilities`).
+CAPABILITY_ROWS = {
+    "wan": wan_capabilities(two_experts=False, clip_image=False),
+    "wan-i2v-clip": wan_capabilities(two_experts=False, clip_image=True),
+    "wan2.2-a14b": wan_capabilities(two_experts=True, clip_image=False),
+}
+
 
 # Negative prompt the Wan2.1 authors recommend (Wan-AI model card / diffusers Wan docs).
 WAN_NEGATIVE_PROMPT = (
@@ -67,9 +99,13 @@ def wan_t2v_card(
     recipe_sampler: str | None = None,
     recipe_timesteps: tuple[int, ...] = (),
     quantization: str | None = None,
+    clip_image: bool = False,
 ) -> ModelCard:
     """A Wan card; the defaults describe a Wan2.1 T2V checkpoint, the keywords the other members.
-    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
+    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers;
+    `clip_image`: the DiT reads CLIP image tokens (Wan2.1 I2V / FLF2V)."""
+    # A second guidance scale is exactly what a two-expert (A14B) checkpoint reads (checkpoint_variant).
+    two_experts = "guidance_scale_2" in inputs
     return ModelCard(
         model_id=model_id,
         family=family,
@@ -89,6 +125,7 @@ def wan_t2v_card(
         notes=notes,
         max_prompt_tokens=TEXT_TOKENS,
         memory_estimator=MEMORY_ESTIMATOR,
+        capabilities=wan_capabilities(two_experts, clip_image),
     )
 
 
@@ -121,7 +158,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         ckpt.root.name, str(ckpt.root), defaults,
         description=f"{variant.description} from {ckpt.root}",
         tasks=variant.tasks, inputs=variant.inputs, required_inputs=variant.required,
-        family=variant.family, geometry=_geometry(ckpt, dit),
+        family=variant.family, geometry=_geometry(ckpt, dit), clip_image=dit.get("image_dim") is not None,
     )
 
 

@@ -41,7 +41,22 @@ class ImageConditionedNetwork:
 
     transformer: Any  # a WanTransformer, or a PlacedNetwork around one
     image_embeds: Tensor
-    """CLIP tokens [n_images, I, image_dim] of this request."""
+    """CLIP tokens [n_images, I, image_dim] of this request (of each request, in order, once stacked)."""
+    requests: int = 1
+    """How many requests' tokens `image_embeds` holds: 1, or the size of a cross-request batch (`stack`)."""
+
+    def batch_key(self) -> tuple[Any, ...]:
+        """Views with equal keys stack (runtime.batching): same DiT, same image token shape and dtype."""
+        inner = getattr(self.transformer, "batch_key", None)
+        net = inner() if callable(inner) else ("module", id(self.transformer))
+        return (net, tuple(self.image_embeds.shape[1:]), self.image_embeds.shape[0] // self.requests,
+                self.image_embeds.dtype)
+
+    @staticmethod
+    def stack(views: list["ImageConditionedNetwork"]) -> "ImageConditionedNetwork":
+        """One network for requests stacked along the batch (equal keys): their CLIP tokens stacked in order."""
+        return ImageConditionedNetwork(views[0].transformer, torch.cat([v.image_embeds for v in views], dim=0),
+                                       sum(v.requests for v in views))
 
     @property
     def num_blocks(self) -> int:
@@ -52,8 +67,9 @@ class ImageConditionedNetwork:
         return self.head(self.run_blocks(x, cond), cond)
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, WanConditioning]:
-        # Every row of a (CFG-stacked) batch reads the same images.
-        images = self.image_embeds.repeat(latents.shape[0], 1, 1)
+        # Rows are the stacked requests in order, repeated per CFG branch ([r1, r2, r1, r2] when batched):
+        # repeating the stacked tokens the same way gives every row its own request's images.
+        images = self.image_embeds.repeat(latents.shape[0] // self.requests, 1, 1)
         return self.transformer.embed(latents, timestep, text_embeds, images)
 
     def run_blocks(self, x: Tensor, cond: Any, start: int = 0, end: int | None = None) -> Tensor:

@@ -63,6 +63,14 @@ class PlacedNetwork:
     def config(self) -> Any:
         return self.network.config
 
+    def batch_key(self) -> tuple[Any, ...]:
+        """Every request's view of one expert is the same network (runtime.batching): they stack."""
+        return ("placed", id(self.placement), self.name, id(self.network))
+
+    @staticmethod
+    def stack(views: list["PlacedNetwork"]) -> "PlacedNetwork":
+        return views[0]
+
     @property
     def num_blocks(self) -> int:
         return self.network.num_blocks

@@ -9,7 +9,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.config_keys import read_key, strict_bool
@@ -91,10 +91,6 @@ def load_instance(
     }
     if deploy.offload_idle_expert and len(experts) > 1:
         components["expert_placement"] = ExpertPlacement(experts, device)
-    if experts["transformer"].config.takes_image and deploy.cuda_graphs:
-        # Each request binds its CLIP tokens to a network object of its own, which a captured graph would keep
-        # reading (graphs key fixed objects by identity); until the tokens are a graph input, refuse at load.
-        raise DeployError("cuda_graphs does not support Wan2.1 image-to-video (CLIP-conditioned) checkpoints yet")
     if ckpt.has("image_encoder") and not experts["transformer"].config.takes_image:
         # diffusers would feed its CLIP tokens to a transformer without image_dim and fail; we would drop them.
         raise CheckpointError(f"{ckpt.root}/model_index.json: image_encoder is listed, but transformer/config.json "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -22,6 +23,22 @@ DEFAULTS = SamplingDefaults(
     height=480, width=832, num_frames=81, fps=16, num_inference_steps=4,
     guidance_scale=1.0, flow_shift=5.0, sampler="flow_map_euler", negative_prompt="",
 )
+
+# Options whose mechanism assumes Wan's bidirectional denoiser are refused with the reason the rollout gives.
+CAPABILITIES = Capabilities(
+    frozenset({"fp8_weights", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
+               "kv_cache_budget_bytes", "kv_session_ttl_s"}),
+    {"step_cache": "step caches skip Wan DiT blocks and know nothing of the KV cache",
+     "cuda_graphs": "a rollout step writes the request's KV cache in place",
+     "compile": "not wired for FAR blocks yet",
+     "vae_tile": "chunks are decoded as they finish, whole frames at a time",
+     "cfg_mode": "the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "one stage; multi-stage families: ltx2",
+     "devices": "sequence and CFG parallelism are written for Wan's bidirectional DiT only"},
+)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "") -> ModelCard:
@@ -48,6 +65,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
+        capabilities=CAPABILITIES,
     )
 
 

@@ -8,7 +8,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
@@ -22,22 +22,12 @@ from vidloom.recipes.wan_causal.cards import PIPELINE_CLASS
 
 # AnyFlowFARPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.
 FAR_INDEX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
-# Deploy options whose mechanism assumes Wan's bidirectional denoiser; refused here, not mid-request.
-_UNSUPPORTED = {
-    "step_cache": ("none", "step caches skip Wan DiT blocks and know nothing of the KV cache"),
-    "cuda_graphs": (False, "a rollout step writes the request's KV cache in place"),
-    "compile": (False, "not wired for FAR blocks yet"),
-    "vae_tile": (None, "chunks are decoded as they finish, whole frames at a time"),
-}
 
 
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
-    for field, (plain, why) in _UNSUPPORTED.items():
-        if getattr(deploy, field) != plain:
-            raise DeployError(f"{field}={getattr(deploy, field)!r} is not supported for {card.family}: {why}")
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")

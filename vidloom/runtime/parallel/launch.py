@@ -50,6 +50,7 @@ def launch_engine(
 ) -> ParallelEngine:
     """Check the plan against the checkpoint (DeployError before any process starts), then start the ranks."""
     spec = _spec(model, checkpoint, device, dtype, deploy, options)
+    registry.check_deploy(card, deploy)  # each rank's load checks again; this fails before any process starts
     geometry = registry.sequence_geometry(card, checkpoint)
     check_model(deploy.parallel, geometry)
     check_warmup(deploy, geometry)

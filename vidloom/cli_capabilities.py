@@ -1,0 +1,43 @@
+"""`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what the recipes' cards declare.
+
+The output is a Markdown table; the README's table under "Acceleration" is this output, verbatim
+(tests/unit/test_cli_capabilities.py fails when they differ).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from vidloom import registry
+from vidloom.core.capabilities import FEATURES, Capabilities
+
+
+def capability_rows() -> dict[str, Capabilities]:
+    """Every checkpoint kind's declared capabilities, in registry order (labels are unique)."""
+    rows: dict[str, Capabilities] = {}
+    for target in registry.CAPABILITY_ROWS:
+        declared: Mapping[str, Capabilities] = registry.import_target(target)
+        for label, capabilities in declared.items():
+            if label in rows:
+                raise ValueError(f"{target}: capability row {label!r} is declared twice")
+            rows[label] = capabilities
+    return rows
+
+
+def capability_table() -> str:
+    """One line per feature (its flags), one column per checkpoint kind: `yes` where its card declares it."""
+    rows = capability_rows()
+    lines = [
+        "| feature (flags) | " + " | ".join(rows) + " |",
+        "| --- | " + " | ".join("---" for _ in rows) + " |",
+    ]
+    for name, feature in FEATURES.items():
+        cells = ("yes" if name in caps.supported else "-" for caps in rows.values())
+        flags = ", ".join(f"`{flag}`" for flag in feature.flags)
+        lines.append(f"| `{name}` ({flags}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_capabilities() -> int:
+    print(capability_table(), end="")
+    return 0
