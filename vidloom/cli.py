@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 from vidloom import __version__, registry
 from vidloom.cli_chat import add_chat_parser, chat_command
 from vidloom.cli_generate import FLAG_OF_FIELD, generate_command
+from vidloom.cli_parity import add_parity_parser, parity_command
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import InvalidRequest, VidloomError
 from vidloom.deploy_args import add_deploy_arguments
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom.fleet.cli import add_fleet_parser
 
     add_fleet_parser(sub)
+    add_parity_parser(sub)
     return parser
 
 
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args, sys.argv[1:] if argv is None else argv)
         if args.command == "chat":
             return chat_command(args)
+        if args.command == "parity":
+            return parity_command(args)
         return generate_command(args, _torchrun_place, _follow)
     except InvalidRequest as exc:
         flag = FLAG_OF_FIELD.get(exc.field, exc.field)
