@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +87,11 @@ def test_an_option_the_reference_cannot_take_is_refused_by_name(tiny_wan_dir):
     request = GenerationRequest(prompt="a fox", guidance_scale_2=3.0)
     with pytest.raises(Exception, match="guidance_scale_2: the reference pipeline WanPipeline cannot take it"):
         run_parity(tiny_wan_dir, request, reference=reference, generator=object())
+
+
+def test_readme_python_example_runs_as_written(tiny_wan_dir, capsys):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "vidloom.parity" in b]
+    assert '"path/to/folder"' in snippet
+    exec(snippet.replace('"path/to/folder"', repr(str(tiny_wan_dir))), {})
+    assert capsys.readouterr().out.startswith("parity: no divergence over")
