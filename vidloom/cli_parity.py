@@ -91,4 +91,5 @@ def _request(args: argparse.Namespace) -> GenerationRequest:
         "height": args.height, "width": args.width, "num_frames": args.frames, "guidance_scale": args.guidance,
         "flow_shift": args.shift, "sampler": args.sampler,
     }
-    return build_request(registry.resolve_card(args.model), args.prompt, **{k: v for k, v in fields.items() if v is not None})
+    given = {name: value for name, value in fields.items() if value is not None}
+    return build_request(registry.resolve_card(args.model), args.prompt, **given)

@@ -1,4 +1,4 @@
-"""Flux2 Klein parity: vidloom vs diffusers' Flux2KleinPipeline on the same checkpoint and seed, through vidloom.parity."""
+"""Flux2 Klein parity: vidloom vs diffusers' Flux2KleinPipeline, same checkpoint and seed, through vidloom.parity."""
 
 from __future__ import annotations
 
@@ -116,7 +116,8 @@ def test_parity_report_names_a_perturbed_text_stream(pair):
     def add_to_text(module, args, output):
         calls[0] += 1
         img, txt = output
-        # 1% of the stream's scale (~1e2 here), far past the tap bound atol + rtol * scale; guidance 1: one call per step
+        # 1% of the stream's scale (~1e2 here), far past the tap bound atol + rtol * scale.
+        # Guidance 1: one call per step, so the second call is step 1.
         return (img, txt + 1e-2 * txt.abs().max()) if calls[0] == 2 else output
 
     handle = gen.engine.instance["transformer"].double_blocks[0].register_forward_hook(add_to_text)

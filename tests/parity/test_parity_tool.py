@@ -57,14 +57,16 @@ def test_injected_bug_is_named_at_its_block_step_and_call(tiny_wan_dir):
     assert first.max_abs == pytest.approx(BUG, rel=1e-2)
     text = result.report.format()
     assert "first divergence at denoise step 2 call 0 block blocks.1" in text
-    status = {line[:22].strip(): line.rpartition("  ")[2] for line in text.splitlines() if line.startswith("denoise step")}
+    rows = [line for line in text.splitlines() if line.startswith("denoise step")]
+    status = {row[:22].strip(): row.rpartition("  ")[2] for row in rows}
     assert status["denoise step 0"] == status["denoise step 1"] == "ok", text
     assert status["denoise step 2"].startswith("DIVERGED"), text
 
 
 def test_missing_diffusers_is_a_clear_error(tiny_wan_dir, monkeypatch, capsys):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "diffusers" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "diffusers" else find_spec(name, *a))
     assert main(["parity", "--model", str(tiny_wan_dir), *ARGS]) == 2
     assert "diffusers is not installed" in capsys.readouterr().err
 

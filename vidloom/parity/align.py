@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from vidloom.parity.taps import TapKey, TapRecorder
@@ -93,7 +92,8 @@ class ParityReport:
 
     def format(self, rows: int = 40) -> str:
         """The summary line, then one row per step (and one for the stages): its worst tap and status."""
-        lines = [self.summary(), "", f"{'where':<22}{'taps':>6}  {'worst tap':<34}{'max abs':>11}{'relative':>11}  status"]
+        header = f"{'where':<22}{'taps':>6}  {'worst tap':<34}{'max abs':>11}{'relative':>11}  status"
+        lines = [self.summary(), "", header]
         groups: dict[str, list[TapDiff]] = {}
         for diff in self.diffs:
             groups.setdefault(diff.key.where, []).append(diff)
@@ -105,7 +105,8 @@ class ParityReport:
             worst = bad[0] if bad else max(diffs, key=lambda d: d.relative)
             name = worst.key.label().removeprefix(where).strip() if worst.key.step is not None else worst.key.label()
             status = f"DIVERGED ({len(bad)})" if bad else "ok"
-            lines.append(f"{where:<22}{len(diffs):>6}  {name:<34}{worst.max_abs:>11.3e}{worst.relative:>11.3e}  {status}")
+            numbers = f"{worst.max_abs:>11.3e}{worst.relative:>11.3e}"
+            lines.append(f"{where:<22}{len(diffs):>6}  {name:<34}{numbers}  {status}")
         for side, keys in (("vidloom", self.only_ours), ("the reference", self.only_theirs)):
             if keys:
                 shown = ", ".join(k.label() for k in keys[:4]) + (", ..." if len(keys) > 4 else "")

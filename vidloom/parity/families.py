@@ -64,7 +64,8 @@ def _wan_scheduler(base: Mapping[str, Any], request: GenerationRequest) -> Any:
     raise InvalidRequest("sampler", f"the WanPipeline reference runs unipc or euler, not {request.sampler!r}")
 
 
-def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest, callback: dict[str, Any]) -> np.ndarray:
+def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+              callback: dict[str, Any]) -> np.ndarray:
     pipe.scheduler = _wan_scheduler(scheduler, request)
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,

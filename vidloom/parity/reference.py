@@ -45,7 +45,9 @@ class Reference:
     scheduler_config: Mapping[str, Any]  # as saved: a comparison's sampler is derived from it, never from the last one
 
     @classmethod
-    def load(cls, checkpoint: Path, device: str | torch.device = "cpu", family: FamilyParity | None = None) -> Reference:
+    def load(
+        cls, checkpoint: Path, device: str | torch.device = "cpu", family: FamilyParity | None = None
+    ) -> Reference:
         require_diffusers()
         import diffusers
 
@@ -79,11 +81,12 @@ class Reference:
 
         denoiser: torch.nn.Module = getattr(self.pipe, family.denoiser)
         opener = denoiser.register_forward_pre_hook(open_step)  # before the taps' hooks: it opens the step
-        taps = ModuleTaps(recorder, denoiser, family.their_inputs, {p: theirs for p, (_, theirs) in family.blocks.items()})
+        blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
+        taps = ModuleTaps(recorder, denoiser, family.their_inputs, blocks)
+        callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
         try:
             with torch.inference_mode():
-                frames = family.call(self.pipe, self.scheduler_config, request,
-                                     {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]})
+                frames = family.call(self.pipe, self.scheduler_config, request, callback)
         finally:
             taps.close()
             opener.remove()
