@@ -7,6 +7,7 @@ reference's block lists and forward arguments are recorded under them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -35,8 +36,9 @@ class FamilyParity:
     call: ReferenceCall
     output: str = "decode.video"
     """Our stage tap holding the final frames; the reference's output is recorded under it."""
-    denoiser: str = "transformer"
-    """Both our component and the pipeline attribute that hold the denoiser."""
+    denoisers: tuple[str, ...] = ("transformer",)
+    """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
+    same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
     loop: str = "denoise"
     """Our loop the reference's denoise steps line up with."""
     refused: tuple[str, ...] = field(default=())
@@ -67,10 +69,14 @@ def _wan_scheduler(base: Mapping[str, Any], request: GenerationRequest) -> Any:
 def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
               callback: dict[str, Any]) -> np.ndarray:
     pipe.scheduler = _wan_scheduler(scheduler, request)
+    media = {}
+    if request.image is not None:  # WanImageToVideoPipeline: the first frame (and the last one)
+        media = {"image": request.image[0], "last_image": request.last_image}
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
-        guidance_scale=request.guidance_scale, generator=_generator(request), output_type="np", **callback,
+        guidance_scale=request.guidance_scale, guidance_scale_2=request.guidance_scale_2,
+        generator=_generator(request), output_type="np", **media, **callback,
     )
     return out.frames[0]  # [F, H, W, 3] in [0, 1], our decode layout on CPU
 
@@ -85,13 +91,22 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
     return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
 
 
-WAN_T2V = FamilyParity(
+_WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds", "image_embeds": "image"}
+_WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds",
+               "encoder_hidden_states_image": "image"}
+
+WAN_T2V = FamilyParity(  # Wan2.1 T2V, Wan2.2 TI2V text-to-video and the A14B two-expert mixture
     pipeline="WanPipeline",
-    our_inputs={"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"},
-    their_inputs={"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"},
+    our_inputs=_WAN_OURS,
+    their_inputs=_WAN_THEIRS,
     blocks={"blocks": (BlockList("blocks"), BlockList("blocks"))},
     call=_call_wan,
-    refused=("image", "last_image", "video", "guidance_scale_2"),
+    denoisers=("transformer", "transformer_2"),
+    refused=("image", "last_image", "video"),  # video-to-video is WanVideoToVideoPipeline: no map yet
+)
+
+WAN_I2V = dataclasses.replace(  # Wan2.1 I2V / first-last-frame (CLIP tokens), Wan2.2 TI2V and A14B I2V
+    WAN_T2V, pipeline="WanImageToVideoPipeline", refused=("video",),
 )
 
 FLUX2_KLEIN = FamilyParity(
@@ -110,5 +125,5 @@ FLUX2_KLEIN = FamilyParity(
     refused=("negative_prompt", "video", "sampler", "flow_shift"),
 )
 
-FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, FLUX2_KLEIN)}
-"""Pipeline class -> its parity map. Families not listed yet: Wan I2V / TI2V / A14B, LTX-2, Cosmos3, AnyFlow-FAR."""
+FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, FLUX2_KLEIN)}
+"""Pipeline class -> its parity map. Not mapped yet: Wan video-to-video, LTX-2, Cosmos3, AnyFlow-FAR."""

@@ -79,17 +79,20 @@ class Reference:
             if not recorder.in_step:
                 recorder.begin_step(family.loop, steps_done)
 
-        denoiser: torch.nn.Module = getattr(self.pipe, family.denoiser)
-        opener = denoiser.register_forward_pre_hook(open_step)  # before the taps' hooks: it opens the step
+        denoisers = [d for name in family.denoisers if (d := getattr(self.pipe, name, None)) is not None]
+        # The openers go first: a denoiser's hooks run in the order they were registered.
+        openers = [denoiser.register_forward_pre_hook(open_step) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
-        taps = ModuleTaps(recorder, denoiser, family.their_inputs, blocks)
+        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks) for denoiser in denoisers]
         callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
         try:
             with torch.inference_mode():
                 frames = family.call(self.pipe, self.scheduler_config, request, callback)
         finally:
-            taps.close()
-            opener.remove()
+            for tap in taps:
+                tap.close()
+            for opener in openers:
+                opener.remove()
             recorder.end_step()
         recorder.record("stage", family.output, frames)
         return frames

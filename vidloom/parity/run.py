@@ -73,8 +73,10 @@ def _run_ours(
 ) -> tuple[Any, GenerationRequest]:
     if not isinstance(engine, Engine):
         raise InvalidRequest("devices", "parity runs on one device (a plain Engine), not a multi-device pool")
-    denoiser = engine.instance[family.denoiser]
-    taps = ModuleTaps(recorder, denoiser, family.our_inputs, {p: ours for p, (ours, _) in family.blocks.items()})
+    blocks = {prefix: ours for prefix, (ours, _) in family.blocks.items()}
+    components = engine.instance.components
+    taps = [ModuleTaps(recorder, components[name], family.our_inputs, blocks)
+            for name in family.denoisers if components.get(name) is not None]
     run = engine.start(request, watch=RuntimeTaps(recorder))
     try:
         while not run.step():
@@ -82,5 +84,6 @@ def _run_ours(
         outputs = run.outputs()
     finally:
         run.close()
-        taps.close()
+        for tap in taps:
+            tap.close()
     return outputs["video"], run.request  # the node that wrote it recorded it as stage tap family.output
