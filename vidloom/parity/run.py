@@ -20,12 +20,14 @@ from vidloom.runtime.engine import Engine
 
 @dataclass
 class ParityRun:
-    """A comparison's report, both sides' final frames and the request both ran (resolved: seed, defaults)."""
+    """A comparison's report, both sides' final frames, the request both ran (resolved: seed, defaults)
+    and the reference pipeline (pass it back as `reference=` to compare again without reloading)."""
 
     report: ParityReport
     ours: Any
     theirs: Any
     request: GenerationRequest
+    reference: Reference
 
 
 def checkpoint_dir(model: str | Path) -> Path:
@@ -65,7 +67,7 @@ def run_parity(
     reference = reference or Reference.load(checkpoint, device, family)
     theirs_rec = TapRecorder(taps)
     theirs = reference.run(resolved, theirs_rec)
-    return ParityRun(align(ours_rec, theirs_rec, tolerance), ours, theirs, resolved)
+    return ParityRun(align(ours_rec, theirs_rec, tolerance), ours, theirs, resolved, reference)
 
 
 def _run_ours(
