@@ -79,11 +79,20 @@ class ParityReport:
         return next((d for d in self.diffs if d.diverged), None)
 
     @property
+    def unmatched(self) -> list[TapKey]:
+        """Step taps one side recorded and the other did not: a gap in the tap map, never passed over.
+        (Stage taps are ours alone but for the final frames: the reference has no program nodes.)"""
+        return [key for key in (*self.only_ours, *self.only_theirs) if key.kind != "stage"]
+
+    @property
     def ok(self) -> bool:
-        return self.first_divergence is None
+        return self.first_divergence is None and not self.unmatched
 
     def summary(self) -> str:
         first = self.first_divergence
+        if first is None and self.unmatched:
+            return (f"parity: {len(self.unmatched)} step taps were recorded on one side only, from "
+                    f"{self.unmatched[0].label()} on: the parity map misses them (see the lists below)")
         if first is None:
             worst = max(self.diffs, key=lambda d: d.relative, default=None)
             tail = f"; largest relative diff {worst.relative:.3e} at {worst.key.label()}" if worst else ""

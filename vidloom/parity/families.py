@@ -41,6 +41,8 @@ class FamilyParity:
     same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
     loop: str = "denoise"
     """Our loop the reference's denoise steps line up with."""
+    untapped: frozenset[str] = frozenset()
+    """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
     refused: tuple[str, ...] = field(default=())
     """Request fields the reference cannot take: a request setting them is refused by name."""
 
@@ -91,9 +93,8 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
     return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
 
 
-_WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds", "image_embeds": "image"}
-_WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds",
-               "encoder_hidden_states_image": "image"}
+_WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
+_WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
 
 WAN_T2V = FamilyParity(  # Wan2.1 T2V, Wan2.2 TI2V text-to-video and the A14B two-expert mixture
     pipeline="WanPipeline",
@@ -107,6 +108,9 @@ WAN_T2V = FamilyParity(  # Wan2.1 T2V, Wan2.2 TI2V text-to-video and the A14B tw
 
 WAN_I2V = dataclasses.replace(  # Wan2.1 I2V / first-last-frame (CLIP tokens), Wan2.2 TI2V and A14B I2V
     WAN_T2V, pipeline="WanImageToVideoPipeline", refused=("video",),
+    # Our image-conditioned network runs the DiT's stages with the request's CLIP tokens bound, never its
+    # forward, so its arguments and prediction are not seen; the tokens reach every block's cross-attention.
+    untapped=frozenset({"input", "output"}),
 )
 
 FLUX2_KLEIN = FamilyParity(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def run_parity(
     checkpoint = checkpoint_dir(model)
     family = reference.family if reference is not None else family_for(checkpoint)
     family.check(request)
+    taps = _without(taps or TapFilter(), family.untapped)
     if generator is None:
         from vidloom.generator import VideoGenerator
 
@@ -68,6 +70,13 @@ def run_parity(
     theirs_rec = TapRecorder(taps)
     theirs = reference.run(resolved, theirs_rec)
     return ParityRun(align(ours_rec, theirs_rec, tolerance), ours, theirs, resolved, reference)
+
+
+def _without(keep: TapFilter, untapped: frozenset[str]) -> TapFilter:
+    kinds = keep.kinds - untapped
+    if not kinds:
+        raise InvalidRequest("taps", f"this pipeline cannot record {', '.join(sorted(untapped))} taps; ask for others")
+    return dataclasses.replace(keep, kinds=kinds)
 
 
 def _run_ours(

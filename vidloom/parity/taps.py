@@ -158,12 +158,15 @@ class ModuleTaps:
         self.recorder = recorder
         self._signature = inspect.signature(denoiser.forward)
         self._inputs = dict(inputs)
+        self._opened = False  # forward began this call; the first block must not begin another
         self._handles = [
             denoiser.register_forward_pre_hook(self._before_call, with_kwargs=True),
             denoiser.register_forward_hook(self._after_call),
         ]
-        for prefix, spec in blocks.items():
+        for list_index, (prefix, spec) in enumerate(blocks.items()):
             for index, block in enumerate(getattr(denoiser, spec.attr)):
+                if list_index == 0 and index == 0:
+                    self._handles.append(block.register_forward_pre_hook(self._first_block))
                 hook = self._block_hook(f"{prefix}.{index}", spec.outputs)
                 self._handles.append(block.register_forward_hook(hook))
 
@@ -172,10 +175,18 @@ class ModuleTaps:
             handle.remove()
         self._handles.clear()
 
+    def _first_block(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        # A network call that runs the denoiser's stages (embed -> blocks -> head) rather than its forward,
+        # as step caches and per-request views do, still begins a call: at its first block.
+        if self.recorder.in_step and not self._opened:
+            self.recorder.begin_call()
+        self._opened = False
+
     def _before_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.recorder.in_step:
             return
         self.recorder.begin_call()
+        self._opened = True
         bound = self._signature.bind_partial(*args, **kwargs).arguments
         for arg, name in self._inputs.items():
             if arg in bound:

@@ -59,15 +59,21 @@ def test_shape_mismatch_and_nan_diverge():
     assert nan.diverged
 
 
-def test_taps_one_side_lacks_are_listed_not_compared():
+def test_stage_taps_only_we_record_are_listed_not_compared():
     ours = _recorder(BASE)
     ours.record("stage", "encode_text.prompt_embeds", torch.zeros(1))
-    theirs = _recorder({"b0": BASE["b0"]})
-    report = align(ours, theirs)
-    assert report.ok
-    assert {k.name for k in report.only_ours} == {"b1", "encode_text.prompt_embeds"}
-    assert report.only_theirs == []
-    assert "only in vidloom (not compared): 3 taps" in report.format()
+    report = align(ours, _recorder(BASE))
+    assert report.ok and report.unmatched == []
+    assert [k.name for k in report.only_ours] == ["encode_text.prompt_embeds"]
+    assert "only in vidloom (not compared): 1 taps: stage encode_text.prompt_embeds" in report.format()
+
+
+def test_step_taps_one_side_lacks_fail_the_report():
+    # A block list or input the map misses must not pass as "no divergence".
+    report = align(_recorder(BASE), _recorder({"b0": BASE["b0"]}))
+    assert report.first_divergence is None and not report.ok
+    assert [k.label() for k in report.unmatched] == ["denoise step 0 call 0 block b1", "denoise step 1 call 0 block b1"]
+    assert report.summary().startswith("parity: 2 step taps were recorded on one side only, from denoise step 0")
 
 
 def test_table_has_one_row_per_step_and_marks_the_diverged_one():

@@ -106,6 +106,24 @@ def test_module_taps_record_inputs_blocks_and_output_per_call_only_inside_steps(
     assert torch.equal(rec.taps[TapKey("output", "prediction", "denoise", 0, 0)], (x + 2) * 2 + (text * 4).sum())
 
 
+def test_a_call_through_the_stages_not_forward_still_counts_at_its_first_block():
+    net, rec = Net(), TapRecorder()
+    taps = ModuleTaps(rec, net, {"x": "latents"}, {"layers": BlockList("blocks", ("a", "b"))})
+    x = torch.ones(2)
+    rec.begin_step("denoise", 0)
+    net(x, 1.0, x)  # forward: call 0
+    for call in range(2):  # a staged caller (step cache, per-request view) runs the blocks itself: calls 1, 2
+        a, b = x, x
+        for block in net.blocks:
+            a, b = block(a, b)
+    net(x, 1.0, x)  # forward again: call 3, counted once although its first block also runs
+    rec.end_step()
+    taps.close()
+    calls = {k.call for k in rec.taps if k.name == "layers.0.a"}
+    assert calls == {0, 1, 2, 3}
+    assert {k.call for k in rec.taps if k.kind == "input"} == {0, 3}
+
+
 def test_runtime_taps_record_state_latents_after_each_step_and_node_slots():
     class State:
         latents = torch.full((2,), 5.0)
