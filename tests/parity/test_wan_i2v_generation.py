@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.wan_checkpoints import TINY_A, TINY_B
 from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
