@@ -130,4 +130,4 @@ FLUX2_KLEIN = FamilyParity(
 )
 
 FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, FLUX2_KLEIN)}
-"""Pipeline class -> its parity map. Not mapped yet: Wan video-to-video, LTX-2, Cosmos3, AnyFlow-FAR."""
+"""Pipeline class -> its parity map. Not mapped yet: WanVideoToVideoPipeline, LTX-2, Cosmos3, AnyFlow-FAR."""
