@@ -87,8 +87,8 @@ def test_a_pipeline_without_a_parity_map_is_refused_with_the_known_ones(tmp_path
 
 def test_an_option_the_reference_cannot_take_is_refused_by_name(tiny_wan_dir):
     reference = Reference(pipe=None, family=family_for(tiny_wan_dir), scheduler_config={})
-    request = GenerationRequest(prompt="a fox", video="clip.mp4")  # video-to-video is another pipeline
-    with pytest.raises(InvalidRequest, match="video: the reference pipeline WanPipeline cannot take it"):
+    request = GenerationRequest(prompt="a fox", image="frame.png")  # a T2V folder: no image-to-video
+    with pytest.raises(InvalidRequest, match="image: the reference pipeline WanPipeline cannot take it"):
         run_parity(tiny_wan_dir, request, reference=reference, generator=object())
 
 

@@ -83,6 +83,18 @@ def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReques
     return out.frames[0]  # [F, H, W, 3] in [0, 1], our decode layout on CPU
 
 
+def _call_wan_v2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                  callback: dict[str, Any]) -> np.ndarray:
+    pipe.scheduler = _wan_scheduler(scheduler, request)
+    out = pipe(  # the frame count is the input video's
+        video=list(request.video), prompt=request.prompt, negative_prompt=request.negative_prompt,
+        height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
+        strength=request.strength, guidance_scale=request.guidance_scale, generator=_generator(request),
+        output_type="np", **callback,
+    )
+    return out.frames[0]
+
+
 def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
                       callback: dict[str, Any]) -> np.ndarray:
     out = pipe(
@@ -113,6 +125,11 @@ WAN_I2V = dataclasses.replace(  # Wan2.1 I2V / first-last-frame (CLIP tokens), W
     untapped=frozenset({"input", "output"}),
 )
 
+WAN_V2V = dataclasses.replace(  # a T2V folder given an input video; our step 0 is its first step run
+    WAN_T2V, pipeline="WanVideoToVideoPipeline", call=_call_wan_v2v, denoisers=("transformer",),
+    refused=("image", "last_image", "guidance_scale_2"),
+)
+
 FLUX2_KLEIN = FamilyParity(
     pipeline="Flux2KleinPipeline",
     # The position ids differ in layout (ours [N, 4] shared by the batch, theirs [B, N, 4]): not compared;
@@ -129,5 +146,7 @@ FLUX2_KLEIN = FamilyParity(
     refused=("negative_prompt", "video", "sampler", "flow_shift"),
 )
 
-FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, FLUX2_KLEIN)}
-"""Pipeline class -> its parity map. Not mapped yet: WanVideoToVideoPipeline, LTX-2, Cosmos3, AnyFlow-FAR."""
+FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN)}
+"""Pipeline class -> its parity map. Not mapped yet: LTX-2, Cosmos3, AnyFlow-FAR."""
+VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
+"""A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

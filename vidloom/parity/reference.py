@@ -12,7 +12,7 @@ import torch
 from vidloom.core.errors import VidloomError
 from vidloom.core.request import GenerationRequest
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.parity.families import FAMILIES, FamilyParity
+from vidloom.parity.families import FAMILIES, VIDEO_TO_VIDEO, FamilyParity
 from vidloom.parity.taps import ModuleTaps, TapRecorder
 
 
@@ -20,9 +20,12 @@ class ReferenceUnavailable(VidloomError):
     """The reference cannot run here: diffusers is missing, or no parity map covers the pipeline."""
 
 
-def family_for(checkpoint: Path) -> FamilyParity:
-    """The parity map for the pipeline class `checkpoint`'s model_index.json names."""
+def family_for(checkpoint: Path, request: GenerationRequest | None = None) -> FamilyParity:
+    """The parity map for the pipeline class `checkpoint`'s model_index.json names (its video-to-video
+    pipeline when `request` gives an input video)."""
     name = DiffusersDir.open(checkpoint).pipeline_class
+    if request is not None and request.video is not None:
+        name = VIDEO_TO_VIDEO.get(name, name)
     if name not in FAMILIES:
         raise ReferenceUnavailable(f"{checkpoint}: no parity map for pipeline {name!r}; known: {', '.join(FAMILIES)}")
     return FAMILIES[name]

@@ -57,7 +57,7 @@ def run_parity(
     """
     require_diffusers()
     checkpoint = checkpoint_dir(model)
-    family = reference.family if reference is not None else family_for(checkpoint)
+    family = reference.family if reference is not None else family_for(checkpoint, request)
     family.check(request)
     taps = _without(taps or TapFilter(), family.untapped)
     if generator is None:
