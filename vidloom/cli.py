@@ -36,6 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
     from vidloom.cli_chat import add_chat_parser
+    from vidloom.cli_parity import add_parity_parser
     from vidloom.deploy_args import add_deploy_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom.fleet.cli import add_fleet_parser
 
     add_fleet_parser(sub)
+    add_parity_parser(sub)
     return parser
 
 
@@ -231,6 +233,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
         from vidloom.cli_chat import chat_command
 
         return chat_command(args)
+    if args.command == "parity":
+        from vidloom.cli_parity import parity_command
+
+        return parity_command(args)
     from vidloom.cli_generate import generate_command
 
     return generate_command(args, _torchrun_place, _follow, guard)

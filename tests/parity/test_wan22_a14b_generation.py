@@ -13,6 +13,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.parity import ParityRun, run_parity
 
 TOLERANCE = 1e-4  # as the Wan2.1 parity tests (fp32 CPU)
 PROMPT = "a red fox jumps over a frozen river"
@@ -29,35 +30,29 @@ def a14b_dir(request, tmp_path_factory):
     return write_tiny_a14b(tmp_path_factory.mktemp(f"a14b-{request.param.name}"), request.param)
 
 
-def _reference(folder, shift: float = 5.0, **kw) -> np.ndarray:
-    from diffusers import WanPipeline
-
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.scheduler = pipe.scheduler.__class__.from_config(pipe.scheduler.config, flow_shift=shift)
-    pipe.set_progress_bar_config(disable=True)
-    assert pipe.transformer_2 is not None and pipe.config.boundary_ratio == 0.875
-    out = pipe(
-        prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
-        num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
-        guidance_scale_2=kw["guidance_2"], generator=torch.Generator("cpu").manual_seed(kw["seed"]),
-        output_type="np",
-    )
-    return out.frames[0]
-
-
-def _ours(gen, shift: float = 5.0, **kw) -> np.ndarray:
-    request = GenerationRequest(
+def _request(shift: float = 5.0, **kw) -> GenerationRequest:
+    return GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
         num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
         guidance_scale_2=kw["guidance_2"], flow_shift=shift, seed=kw["seed"],
     )
-    return gen.engine.run(request)["video"]
+
+
+def _ours(gen, shift: float = 5.0, **kw) -> np.ndarray:
+    return gen.engine.run(_request(shift, **kw))["video"]
+
+
+def _compare(folder, gen, shift: float = 5.0, **kw) -> ParityRun:
+    """Both sides through the parity tool (both experts tapped): the report names the first diverging
+    step, call and block, and says which steps ran which expert by where they diverge."""
+    result = run_parity(folder, _request(shift, **kw), generator=gen)
+    assert result.reference.pipe.transformer_2 is not None and result.reference.pipe.config.boundary_ratio == 0.875
+    return result
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_experts_match_diffusers(a14b_dir, case):
     kw = CASES[case]
-    expected = _reference(a14b_dir, **kw)
     gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu")
     assert "guidance_scale_2" in gen.card.inputs and gen.card.family == "wan2.2"
     loop = next(node.loop for node in gen.engine.program.nodes if node.loop is not None)
@@ -66,10 +61,14 @@ def test_two_experts_match_diffusers(a14b_dir, case):
 
     timesteps = make_sampler("unipc", schedule).schedule(kw["steps"]).timesteps
     assert [loop.expert_for(t) for t in timesteps] == ["transformer"] * 3 + ["transformer_2"] * 3
-    got = _ours(gen, **kw)
+    result = _compare(a14b_dir, gen, **kw)
+    expected, got, report = result.theirs, result.ours, result.report.format()
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}\n{report}"
     assert expected.std() > 1e-3
+    assert result.report.ok, report
+    # Both experts' blocks were compared: every step, high-noise and low-noise, has block taps on both sides.
+    assert {d.key.step for d in result.report.diffs if d.key.kind == "block"} == set(range(kw["steps"]))
     if kw["guidance_2"] is not None:  # the low-noise expert's own scale must be used
         other = _ours(gen, **{**kw, "guidance_2": kw["guidance"]})
         assert float(np.abs(other - got).max()) > 1e-3
@@ -88,8 +87,10 @@ def test_timestep_exactly_on_the_boundary_runs_the_high_noise_expert(a14b_dir):
     assert timesteps.tolist() == [999, 954, 875, 700]
     assert [loop.expert_for(t) for t in timesteps] == ["transformer"] * 3 + ["transformer_2"]
     assert loop.expert_for(torch.tensor(874.999)) == "transformer_2"
-    diff = float(np.abs(_ours(gen, shift=7.0, **kw) - _reference(a14b_dir, shift=7.0, **kw)).max())
-    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
+    result = _compare(a14b_dir, gen, shift=7.0, **kw)
+    diff = float(np.abs(result.ours - result.theirs).max())
+    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}\n{result.report.format()}"
+    assert result.report.ok, result.report.format()
 
 
 def test_idle_expert_offload_runs_both_experts_and_keeps_the_result(a14b_dir):

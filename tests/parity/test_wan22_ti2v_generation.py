@@ -11,6 +11,8 @@ from tests.helpers.wan22_checkpoints import TINY_TI2V, TINY_TI2V_B, write_tiny_t
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.parity import ParityRun, Reference, run_parity
+from vidloom.parity.families import WAN_I2V, WAN_T2V
 
 TOLERANCE = 1e-4  # as the Wan2.1 parity tests (fp32 CPU)
 PROMPT = "a red fox jumps over a frozen river"
@@ -26,30 +28,37 @@ def ti2v_dir(request, tmp_path_factory):
     return write_tiny_ti2v(tmp_path_factory.mktemp(request.param.name), request.param)
 
 
-def _reference(folder, image, **kw) -> np.ndarray:
+def _reference(folder, image) -> Reference:
+    """The folder's WanPipeline; with an image, WanImageToVideoPipeline(expand_timesteps=True) over its parts."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    args = dict(prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
-                num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
-                generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np")
-    if image is not None:
-        pipe = WanImageToVideoPipeline(
-            tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
-            transformer=pipe.transformer, image_encoder=None, image_processor=None, expand_timesteps=True,
-        )
-        args["image"] = image
     pipe.set_progress_bar_config(disable=True)
-    return pipe(**args).frames[0]
+    if image is None:
+        return Reference.wrap(pipe, WAN_T2V)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
+        transformer=pipe.transformer, image_encoder=None, image_processor=None, expand_timesteps=True,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return Reference.wrap(pipe, WAN_I2V)
 
 
-def _ours(gen, image, **kw) -> np.ndarray:
-    request = GenerationRequest(
+def _request(image, **kw) -> GenerationRequest:
+    return GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, image=image, height=kw["height"], width=kw["width"],
         num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
         flow_shift=5.0, seed=kw["seed"],
     )
-    return gen.engine.run(request)["video"]
+
+
+def _ours(gen, image, **kw) -> np.ndarray:
+    return gen.engine.run(_request(image, **kw))["video"]
+
+
+def _compare(folder, gen, image, **kw) -> ParityRun:
+    """Both sides through the parity tool: a failure names the first diverging step, call and block."""
+    return run_parity(folder, _request(image, **kw), generator=gen, reference=_reference(folder, image))
 
 
 @pytest.mark.parametrize("with_image", [False, True], ids=["t2v", "i2v"])
@@ -57,14 +66,15 @@ def _ours(gen, image, **kw) -> np.ndarray:
 def test_ti2v_matches_diffusers(ti2v_dir, case, with_image):
     kw = CASES[case]
     image = make_image(kw["width"] + 10, kw["height"] - 6, seed=1) if with_image else None
-    expected = _reference(ti2v_dir, image, **kw)
     gen = VideoGenerator.from_pretrained(ti2v_dir, device="cpu")
     assert gen.card.tasks == {"t2v", "i2v"} and gen.card.family == "wan2.2"
-    got = _ours(gen, image, **kw)
-    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
+    result = _compare(ti2v_dir, gen, image, **kw)
+    expected, got, report = result.theirs, result.ours, result.report.format()
+    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3), report
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}\n{report}"
     assert expected.std() > 1e-3
+    assert result.report.ok, report
     if with_image:  # the image must steer the video
         other = _ours(gen, make_image(kw["width"], kw["height"], seed=5), **kw)
         assert float(np.abs(other - got).max()) > 20 / 255

@@ -1,13 +1,13 @@
-"""End-to-end parity: vidloom vs diffusers' WanPipeline on the same checkpoint and seed."""
+"""End-to-end parity: vidloom vs diffusers' WanPipeline on the same checkpoint and seed, through vidloom.parity."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.parity import ParityRun, run_parity
 
 # fp32 on CPU: observed max diffs are 1.4e-6..2.8e-6 (batched vs separate text encoding,
 # op reordering). 1e-4 is the issue's bound and still catches any real divergence
@@ -17,37 +17,16 @@ PROMPT = "a red fox jumps over a frozen river"
 NEGATIVE = "blurred, low quality"
 
 
-def _reference(folder, sampler: str, **kw) -> np.ndarray:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
-
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    if sampler == "euler":
-        pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=kw["flow_shift"])
-    else:
-        pipe.scheduler = pipe.scheduler.__class__.from_config(pipe.scheduler.config, flow_shift=kw["flow_shift"])
-    pipe.set_progress_bar_config(disable=True)
-    out = pipe(
-        prompt=PROMPT,
-        negative_prompt=NEGATIVE,
-        height=kw["height"],
-        width=kw["width"],
-        num_frames=kw["num_frames"],
-        num_inference_steps=kw["steps"],
-        guidance_scale=kw["guidance"],
-        generator=torch.Generator("cpu").manual_seed(kw["seed"]),
-        output_type="np",
-    )
-    return out.frames[0]  # [F, H, W, 3] float in [0, 1]
-
-
-def _ours(folder, sampler: str, **kw) -> np.ndarray:
-    gen = VideoGenerator.from_pretrained(folder, device="cpu")
+def _compare(folder, sampler: str, **kw) -> ParityRun:
+    """Both sides through the parity tool: its report names the first tap (step, call, block) that
+    diverges, so an assertion below points at a layer, not only at the frames."""
     request = GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
         num_frames=kw["num_frames"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
         flow_shift=kw["flow_shift"], sampler=sampler, seed=kw["seed"],
     )
-    return gen.engine.run(request)["video"]
+    # ours: [F, H, W, 3] float in [0, 1] (CPU keeps float frames); theirs: WanPipeline's output_type="np" frames
+    return run_parity(folder, request, generator=VideoGenerator.from_pretrained(folder, device="cpu"))
 
 
 CASES = {
@@ -60,15 +39,19 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_generation_matches_wan_pipeline(tiny_wan_dir, sampler, case):
     kw = CASES[case]
-    expected = _reference(tiny_wan_dir, sampler, **kw)
-    got = _ours(tiny_wan_dir, sampler, **kw)
-    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
+    result = _compare(tiny_wan_dir, sampler, **kw)
+    expected, got, report = result.theirs, result.ours, result.report.format()
+    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3), report
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"{sampler}/{case}: max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{sampler}/{case}: max abs diff {diff:.3e}\n{report}"
     assert expected.std() > 1e-3, "reference video is flat; the test would prove nothing"
+    # Tap by tap too: a wrong block can move the frames by less than TOLERANCE (the tiny VAE shrinks it).
+    assert result.report.ok, report
 
 
 def test_guidance_off_matches_wan_pipeline(tiny_wan_dir):
     kw = dict(height=32, width=32, num_frames=5, steps=3, guidance=1.0, flow_shift=3.0, seed=3)
-    diff = float(np.abs(_ours(tiny_wan_dir, "unipc", **kw) - _reference(tiny_wan_dir, "unipc", **kw)).max())
-    assert diff <= TOLERANCE
+    result = _compare(tiny_wan_dir, "unipc", **kw)
+    diff = float(np.abs(result.ours - result.theirs).max())
+    assert diff <= TOLERANCE, result.report.format()
+    assert result.report.ok, result.report.format()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.wan_checkpoints import TINY_A, TINY_B
 from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.parity import ParityRun, run_parity
 
 TOLERANCE = 1e-4  # as the T2V parity tests (fp32 CPU; observed diffs ~1e-6)
 PROMPT = "a red fox jumps over a frozen river"
@@ -25,26 +25,22 @@ def i2v_dir(request, tmp_path_factory):
     return write_tiny_wan_i2v(folder, spec, first_last=first_last), first_last
 
 
-def _reference(folder, image, last_image, **kw) -> np.ndarray:
-    from diffusers import WanImageToVideoPipeline
-
-    pipe = WanImageToVideoPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    out = pipe(
-        image=image, last_image=last_image, prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"],
-        width=kw["width"], num_frames=kw["num_frames"], num_inference_steps=kw["steps"],
-        guidance_scale=kw["guidance"], generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np",
-    )
-    return out.frames[0]
-
-
-def _ours(gen: VideoGenerator, image, last_image, **kw) -> np.ndarray:
-    request = GenerationRequest(
+def _request(image, last_image, **kw) -> GenerationRequest:
+    return GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, image=image, last_image=last_image, height=kw["height"],
         width=kw["width"], num_frames=kw["num_frames"], num_inference_steps=kw["steps"],
         guidance_scale=kw["guidance"], flow_shift=3.0, seed=kw["seed"],
     )
-    return gen.engine.run(request)["video"]  # float frames in [0, 1], as diffusers' np output
+
+
+def _ours(gen: VideoGenerator, image, last_image, **kw) -> np.ndarray:
+    return gen.engine.run(_request(image, last_image, **kw))["video"]  # float frames in [0, 1], as diffusers' np
+
+
+def _compare(folder, gen: VideoGenerator, image, last_image, **kw) -> ParityRun:
+    """Both sides through the parity tool (WanImageToVideoPipeline's map: block and latents taps; the CLIP
+    tokens reach every block), so a failure names the first diverging step, call and block."""
+    return run_parity(folder, _request(image, last_image, **kw), generator=gen)
 
 
 CASES = {
@@ -60,12 +56,14 @@ def test_i2v_matches_diffusers(i2v_dir, case):
     kw = CASES[case]
     image = make_image(*kw["image_size"], seed=1)
     last = make_image(*kw["image_size"], seed=2) if first_last else None
-    expected = _reference(folder, image, last, **kw)
     gen = VideoGenerator.from_pretrained(folder, device="cpu")
-    got = _ours(gen, image, last, **kw)
-    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
+    result = _compare(folder, gen, image, last, **kw)
+    expected, got, report = result.theirs, result.ours, result.report.format()
+    assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3), report
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}\n{report}"
+    assert result.report.ok, report
+    assert {d.key.kind for d in result.report.diffs} == {"block", "latents", "stage"}, report
     # The image must steer the video, or parity would hold with the conditioning dropped.
     other = _ours(gen, make_image(*kw["image_size"], seed=9), last, **kw)
     assert float(np.abs(other - got).max()) > 20 / 255

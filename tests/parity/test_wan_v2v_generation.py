@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.parity import ParityRun, run_parity
 
 TOLERANCE = 1e-4  # as the T2V parity tests (fp32 CPU)
 PROMPT = "a red fox jumps over a frozen river"
@@ -27,40 +27,35 @@ def _video(n: int, size: tuple[int, int], seed: int) -> list:
     return [make_image(*size, seed=seed + i) for i in range(n)]
 
 
-def _reference(folder, video, **kw) -> np.ndarray:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanVideoToVideoPipeline
-
-    pipe = WanVideoToVideoPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    if kw["sampler"] == "euler":
-        pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
-    pipe.set_progress_bar_config(disable=True)
-    out = pipe(
-        video=video, prompt=PROMPT, negative_prompt=NEGATIVE, height=kw["height"], width=kw["width"],
-        num_inference_steps=kw["steps"], strength=kw["strength"], guidance_scale=kw["guidance"],
-        generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np",
-    )
-    return out.frames[0]
-
-
-def _ours(gen, video, **kw) -> np.ndarray:
-    request = GenerationRequest(
+def _request(video, **kw) -> GenerationRequest:
+    return GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, video=video, strength=kw["strength"], height=kw["height"],
         width=kw["width"], num_inference_steps=kw["steps"], guidance_scale=kw["guidance"], flow_shift=3.0,
         sampler=kw["sampler"], seed=kw["seed"],
     )
-    return gen.engine.run(request)["video"]
+
+
+def _ours(gen, video, **kw) -> np.ndarray:
+    return gen.engine.run(_request(video, **kw))["video"]
+
+
+def _compare(folder, gen, video, **kw) -> ParityRun:
+    """Both sides through the parity tool (an input video picks WanVideoToVideoPipeline on the folder):
+    a failure names the first diverging step, call and block."""
+    return run_parity(folder, _request(video, **kw), generator=gen)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_v2v_matches_diffusers(tiny_wan_dir, case):
     kw = CASES[case]
     video = _video(kw["frames"], kw["size"], seed=3)
-    expected = _reference(tiny_wan_dir, video, **kw)
     gen = VideoGenerator.from_pretrained(tiny_wan_dir, device="cpu")
-    got = _ours(gen, video, **kw)
-    assert got.shape == expected.shape == (kw["frames"], kw["height"], kw["width"], 3)
+    result = _compare(tiny_wan_dir, gen, video, **kw)
+    expected, got, report = result.theirs, result.ours, result.report.format()
+    assert got.shape == expected.shape == (kw["frames"], kw["height"], kw["width"], 3), report
     diff = float(np.abs(got - expected).max())
-    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}"
+    assert diff <= TOLERANCE, f"{case}: max abs diff {diff:.3e}\n{report}"
+    assert result.report.ok, report
     # The input video and the strength must both steer the result.
     other_video = _ours(gen, _video(kw["frames"], kw["size"], seed=11), **kw)
     assert float(np.abs(other_video - got).max()) > 1e-2  # 100x the tolerance

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Generator, Mapping, TypeVar
+from typing import Any, Callable, Generator, Mapping, Protocol, TypeVar
 
 import torch
 
@@ -33,6 +33,23 @@ T = TypeVar("T")
 
 PlanObserver = Callable[[StepPlan], None]
 """Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
+
+
+class RunObserver(Protocol):
+    """Watches a run from inside without changing it (vidloom.parity's taps): each loop step and
+    the loop state it leaves, and the slots each program node writes. Called on the stepping thread."""
+
+    def step_started(self, plan: StepPlan) -> None:
+        """`plan` is about to run (its network calls follow)."""
+        ...
+
+    def step_finished(self, plan: StepPlan, result: Any, state: Any) -> None:
+        """`plan` ran and the loop folded `result` into `state`."""
+        ...
+
+    def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
+        """Program node `node` wrote these slots."""
+        ...
 
 
 class CancellationToken:
@@ -73,6 +90,7 @@ class RequestRun:
         memory_bytes: int = 0,
         decoder: PagedDecoder | None = None,
         slots: Mapping[str, Any] | None = None,
+        watch: RunObserver | None = None,
     ) -> None:
         """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
         pool and decode forward, for loops that reserve KV (chat, a reasoner)."""
@@ -90,6 +108,7 @@ class RequestRun:
         self.cancel = cancel or CancellationToken()
         self._on_event = on_event
         self._observer = observer
+        self._watch = watch
         self.inputs: Mapping[str, Any] = dict(slots) if slots is not None else {"request": request}
         self._slots: dict[str, Any] = dict(self.inputs)
         # Built per request (InvalidRequest for a threshold without a deployed cache); chats have none.
@@ -299,6 +318,8 @@ class RequestRun:
             missing = [name for name in node.writes if name not in written]
             assert not missing, f"node {node.name!r} did not write {missing}"
             self._slots.update(written)
+            if self._watch is not None:
+                self._watch.node_finished(node.name, written)
         self._outputs = {name: self._slots[name] for name in self.program.outputs}
 
     def _decode_media(self) -> None:
@@ -326,8 +347,12 @@ class RequestRun:
             state = loop.init(reads, self)
             while not isinstance(plan := loop.next(state), Done):
                 self.check_cancelled()
+                if self._watch is not None:
+                    self._watch.step_started(plan)
                 result = yield plan
                 state = loop.advance(state, result)
+                if self._watch is not None:
+                    self._watch.step_finished(plan, result, state)
                 self.progress(plan.loop, plan.index + 1, plan.total)
                 yield None
             return loop.finalize(state)
@@ -432,15 +457,16 @@ class Engine(EngineDriver):
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
+        watch: RunObserver | None = None,
     ) -> RequestRun:
-        """Validate `request` (InvalidRequest before any work) and prepare its run."""
+        """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside."""
         resolved = resolve_request(request, self.instance.card)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
         nbytes = self.estimator(resolved) if self.estimator is not None else 0
         return RequestRun(
             self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
-            self.admission, nbytes, self.decoder,
+            self.admission, nbytes, self.decoder, watch=watch,
         )
 
     def start_chat(

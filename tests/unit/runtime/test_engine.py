@@ -157,6 +157,37 @@ def test_observer_sees_every_plan_before_it_runs():
     assert seen == [(0, 10.0, 0), (1, 11.0, 1), (2, 12.0, 2)]  # each before its own call
 
 
+class Watcher:
+    """A RunObserver that writes down what it sees, in order."""
+
+    def __init__(self, loop: CountingLoop) -> None:
+        self.loop = loop
+        self.seen: list[tuple[Any, ...]] = []
+
+    def step_started(self, plan: StepPlan) -> None:
+        self.seen.append(("start", plan.index, self.loop.calls))
+
+    def step_finished(self, plan: StepPlan, result: Any, state: CountState) -> None:
+        self.seen.append(("finish", plan.index, result, state.value, state.index))
+
+    def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
+        self.seen.append(("node", node, dict(written)))
+
+
+def test_watch_sees_each_step_its_advanced_state_and_every_node_slot():
+    loop = CountingLoop()
+    watch = Watcher(loop)
+    run = _engine(loop).start(GenerationRequest("p", num_inference_steps=2, seed=1), watch=watch)
+    while not run.step():
+        pass
+    assert watch.seen == [
+        ("node", "start", {"start": 10.0}),
+        ("start", 0, 0), ("finish", 0, 11.0, 11.0, 1),  # started before its call, finished after advance
+        ("start", 1, 1), ("finish", 1, 12.0, 12.0, 2),
+        ("node", "count", {"video": 12.0}),
+    ]
+
+
 class HoldingLoop(CountingLoop):
     """Holds a resource through the loop context, as a KV-cache rollout does."""
 

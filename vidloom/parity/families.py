@@ -1,0 +1,152 @@
+"""Per-family name maps from our taps to the reference pipeline's modules, and how to call it.
+
+Keyed by the diffusers pipeline class a checkpoint folder names (model_index.json), since
+that pipeline is the reference for the folder. Our tap names are the canonical ones: the
+reference's block lists and forward arguments are recorded under them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.request import GenerationRequest
+from vidloom.parity.taps import BlockList
+
+ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]], np.ndarray]
+"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout."""
+
+
+@dataclass(frozen=True)
+class FamilyParity:
+    """How one reference pipeline lines up with our program."""
+
+    pipeline: str  # the diffusers class name
+    our_inputs: Mapping[str, str]
+    """Our denoiser's forward arguments that are compared -> tap names."""
+    their_inputs: Mapping[str, str]
+    """The reference denoiser's forward arguments -> the same tap names."""
+    blocks: Mapping[str, tuple[BlockList, BlockList]]
+    """Tap prefix -> (our block list, the reference's block list)."""
+    call: ReferenceCall
+    output: str = "decode.video"
+    """Our stage tap holding the final frames; the reference's output is recorded under it."""
+    denoisers: tuple[str, ...] = ("transformer",)
+    """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
+    same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
+    loop: str = "denoise"
+    """Our loop the reference's denoise steps line up with."""
+    untapped: frozenset[str] = frozenset()
+    """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
+    refused: tuple[str, ...] = field(default=())
+    """Request fields the reference cannot take: a request setting them is refused by name."""
+
+    def check(self, request: GenerationRequest) -> None:
+        for name in self.refused:
+            value = getattr(request, name)
+            if value not in (None, "", ()):
+                raise InvalidRequest(name, f"the reference pipeline {self.pipeline} cannot take it; leave it unset")
+
+
+def _generator(request: GenerationRequest) -> torch.Generator:
+    # Our noise comes from a CPU generator seeded the same way (diffusion.noise.initial_noise).
+    return torch.Generator("cpu").manual_seed(int(request.seed))  # type: ignore[arg-type]
+
+
+def _wan_scheduler(base: Mapping[str, Any], request: GenerationRequest) -> Any:
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    if request.sampler == "euler":
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=request.flow_shift)
+    if request.sampler == "unipc":
+        return UniPCMultistepScheduler.from_config(base, flow_shift=request.flow_shift)
+    raise InvalidRequest("sampler", f"the WanPipeline reference runs unipc or euler, not {request.sampler!r}")
+
+
+def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+              callback: dict[str, Any]) -> np.ndarray:
+    pipe.scheduler = _wan_scheduler(scheduler, request)
+    media = {}
+    if request.image is not None:  # WanImageToVideoPipeline: the first frame (and the last one)
+        media = {"image": request.image[0], "last_image": request.last_image}
+    out = pipe(
+        prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, guidance_scale_2=request.guidance_scale_2,
+        generator=_generator(request), output_type="np", **media, **callback,
+    )
+    return out.frames[0]  # [F, H, W, 3] in [0, 1], our decode layout on CPU
+
+
+def _call_wan_v2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                  callback: dict[str, Any]) -> np.ndarray:
+    pipe.scheduler = _wan_scheduler(scheduler, request)
+    out = pipe(  # the frame count is the input video's
+        video=list(request.video), prompt=request.prompt, negative_prompt=request.negative_prompt,
+        height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
+        strength=request.strength, guidance_scale=request.guidance_scale, generator=_generator(request),
+        output_type="np", **callback,
+    )
+    return out.frames[0]
+
+
+def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                      callback: dict[str, Any]) -> np.ndarray:
+    out = pipe(
+        prompt=request.prompt, image=list(request.image) if request.image else None, height=request.height,
+        width=request.width, num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
+        generator=_generator(request), output_type="np", **callback,
+    )
+    return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
+
+
+_WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
+_WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
+
+WAN_T2V = FamilyParity(  # Wan2.1 T2V, Wan2.2 TI2V text-to-video and the A14B two-expert mixture
+    pipeline="WanPipeline",
+    our_inputs=_WAN_OURS,
+    their_inputs=_WAN_THEIRS,
+    blocks={"blocks": (BlockList("blocks"), BlockList("blocks"))},
+    call=_call_wan,
+    denoisers=("transformer", "transformer_2"),
+    refused=("image", "last_image", "video"),  # video-to-video is WanVideoToVideoPipeline: no map yet
+)
+
+WAN_I2V = dataclasses.replace(  # Wan2.1 I2V / first-last-frame (CLIP tokens), Wan2.2 TI2V and A14B I2V
+    WAN_T2V, pipeline="WanImageToVideoPipeline", refused=("video",),
+    # Our image-conditioned network runs the DiT's stages with the request's CLIP tokens bound, never its
+    # forward, so its arguments and prediction are not seen; the tokens reach every block's cross-attention.
+    untapped=frozenset({"input", "output"}),
+)
+
+WAN_V2V = dataclasses.replace(  # a T2V folder given an input video; our step 0 is its first step run
+    WAN_T2V, pipeline="WanVideoToVideoPipeline", call=_call_wan_v2v, denoisers=("transformer",),
+    refused=("image", "last_image", "guidance_scale_2"),
+)
+
+FLUX2_KLEIN = FamilyParity(
+    pipeline="Flux2KleinPipeline",
+    # The position ids differ in layout (ours [N, 4] shared by the batch, theirs [B, N, 4]): not compared;
+    # a wrong id shows at the first block anyway.
+    our_inputs={"img": "img", "txt": "txt", "timestep": "timestep"},
+    their_inputs={"hidden_states": "img", "encoder_hidden_states": "txt", "timestep": "timestep"},
+    blocks={
+        # The reference's double blocks return (text, image); ours (image, text).
+        "double_blocks": (BlockList("double_blocks", ("img", "txt")), BlockList("transformer_blocks", ("txt", "img"))),
+        "single_blocks": (BlockList("single_blocks"), BlockList("single_transformer_blocks")),
+    },
+    call=_call_flux2_klein,
+    # Klein encodes an empty negative prompt itself; sampler and shift are its own schedule's.
+    refused=("negative_prompt", "video", "sampler", "flow_shift"),
+)
+
+FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN)}
+"""Pipeline class -> its parity map. Not mapped yet: LTX-2, Cosmos3, AnyFlow-FAR."""
+VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
+"""A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

@@ -1,0 +1,100 @@
+"""`run_parity`: one request through vidloom and through the reference pipeline, taps aligned."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidloom import registry
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.request import GenerationRequest
+from vidloom.parity.align import ParityReport, Tolerance, align
+from vidloom.parity.families import FamilyParity
+from vidloom.parity.reference import Reference, family_for, require_diffusers
+from vidloom.parity.taps import ModuleTaps, RuntimeTaps, TapFilter, TapRecorder
+from vidloom.runtime.engine import Engine
+
+
+@dataclass
+class ParityRun:
+    """A comparison's report, both sides' final frames, the request both ran (resolved: seed, defaults)
+    and the reference pipeline (pass it back as `reference=` to compare again without reloading)."""
+
+    report: ParityReport
+    ours: Any
+    theirs: Any
+    request: GenerationRequest
+    reference: Reference
+
+
+def checkpoint_dir(model: str | Path) -> Path:
+    """The diffusers folder behind `model` (a folder, or a registered id such as the demo)."""
+    card = registry.resolve_card(model)
+    return registry.resolve_checkpoint(card)
+
+
+def run_parity(
+    model: str | Path,
+    request: GenerationRequest,
+    *,
+    tolerance: Tolerance | None = None,
+    taps: TapFilter | None = None,
+    device: str = "cpu",
+    generator: Any | None = None,
+    reference: Reference | None = None,
+) -> ParityRun:
+    """Run `request` through vidloom and through `model`'s own diffusers pipeline (both float32 on
+    `device`) with named taps, and align them: `report.first_divergence` names the first layer that
+    differs beyond `tolerance`.
+
+    `generator` (a VideoGenerator) and `reference` (a Reference) reuse models loaded by the caller
+    (tests do); otherwise both load from `model`'s folder. Raises ReferenceUnavailable without
+    diffusers or for a pipeline with no parity map (vidloom.parity.families.FAMILIES).
+    """
+    require_diffusers()
+    checkpoint = checkpoint_dir(model)
+    family = reference.family if reference is not None else family_for(checkpoint, request)
+    family.check(request)
+    taps = _without(taps or TapFilter(), family.untapped)
+    if generator is None:
+        from vidloom.generator import VideoGenerator
+
+        generator = VideoGenerator.from_pretrained(checkpoint, device=device, dtype=torch.float32)
+    ours_rec = TapRecorder(taps)
+    ours, resolved = _run_ours(generator.engine, family, request, ours_rec)
+    reference = reference or Reference.load(checkpoint, device, family)
+    theirs_rec = TapRecorder(taps)
+    theirs = reference.run(resolved, theirs_rec)
+    return ParityRun(align(ours_rec, theirs_rec, tolerance), ours, theirs, resolved, reference)
+
+
+def _without(keep: TapFilter, untapped: frozenset[str]) -> TapFilter:
+    kinds = keep.kinds - untapped
+    if not kinds:
+        raise InvalidRequest("taps", f"this pipeline cannot record {', '.join(sorted(untapped))} taps; ask for others")
+    return dataclasses.replace(keep, kinds=kinds)
+
+
+def _run_ours(
+    engine: Any, family: FamilyParity, request: GenerationRequest, recorder: TapRecorder
+) -> tuple[Any, GenerationRequest]:
+    if not isinstance(engine, Engine):
+        raise InvalidRequest("devices", "parity runs on one device (a plain Engine), not a multi-device pool")
+    blocks = {prefix: ours for prefix, (ours, _) in family.blocks.items()}
+    components = engine.instance.components
+    taps = [ModuleTaps(recorder, components[name], family.our_inputs, blocks)
+            for name in family.denoisers if components.get(name) is not None]
+    run = engine.start(request, watch=RuntimeTaps(recorder))
+    try:
+        while not run.step():
+            pass
+        outputs = run.outputs()
+    finally:
+        run.close()
+        for tap in taps:
+            tap.close()
+    return outputs["video"], run.request  # the node that wrote it recorded it as stage tap family.output

@@ -1,0 +1,228 @@
+"""Named taps: tensors recorded per stage, per step and per block of a run, bounded in memory.
+
+One recorder serves both sides of a parity check. Our runtime feeds it through its
+RunObserver (step boundaries, loop state, program slots); the reference pipeline through
+its step callback; on both sides forward hooks on the denoiser and its block lists record
+the network's inputs, every block's output and the network's output, per call (a CFG
+branch is one call: call 0 = conditional, call 1 = unconditional, as both sides run them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+TAP_KINDS = ("stage", "input", "block", "output", "latents")
+"""stage: a slot a program node wrote; input / block / output: the denoiser's arguments, each block's
+output and its prediction, per call; latents: the loop state's latents after each step."""
+
+
+@dataclass(frozen=True)
+class TapKey:
+    """Where a tensor was recorded; `loop`, `step` and `call` are None for stage taps."""
+
+    kind: str
+    name: str
+    loop: str | None = None
+    step: int | None = None
+    call: int | None = None
+
+    @property
+    def where(self) -> str:
+        """The step this tap belongs to ("denoise step 2"), or "stages"."""
+        return "stages" if self.step is None else f"{self.loop} step {self.step}"
+
+    def label(self) -> str:
+        """"denoise step 2 call 0 block blocks.1", "denoise step 2 latents latents", "stage decode.video"."""
+        if self.step is None:
+            return f"{self.kind} {self.name}"
+        call = "" if self.call is None else f" call {self.call}"
+        return f"{self.where}{call} {self.kind} {self.name}"
+
+
+@dataclass(frozen=True)
+class TapFilter:
+    """Which taps to keep, and the bytes they may take (recording stops past `max_bytes`)."""
+
+    kinds: frozenset[str] = frozenset(TAP_KINDS)
+    steps: frozenset[int] | None = None
+    """Step indices to record (None: every step); stage taps are kept regardless."""
+    max_bytes: int = 512 << 20
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kinds) - set(TAP_KINDS))
+        if unknown or not self.kinds:
+            raise ValueError(f"taps: unknown kinds {unknown or '(none given)'}; known: {', '.join(TAP_KINDS)}")
+        if self.max_bytes <= 0:
+            raise ValueError(f"tap_budget: must be > 0 bytes, got {self.max_bytes}")
+
+    def wants(self, key: TapKey) -> bool:
+        if key.kind not in self.kinds:
+            return False
+        return key.step is None or self.steps is None or key.step in self.steps
+
+
+class TapRecorder:
+    """Tensors by TapKey in the order they were recorded (execution order), copied to the CPU."""
+
+    def __init__(self, keep: TapFilter | None = None) -> None:
+        self.keep = keep or TapFilter()
+        self.taps: dict[TapKey, Tensor] = {}
+        self.nbytes = 0
+        self.dropped = 0  # taps past the byte budget
+        self.first_dropped: TapKey | None = None
+        self.loop: str | None = None
+        self.step: int | None = None
+        self.call = -1
+
+    @property
+    def in_step(self) -> bool:
+        return self.step is not None
+
+    def begin_step(self, loop: str, step: int) -> None:
+        self.loop, self.step, self.call = loop, step, -1
+
+    def end_step(self) -> None:
+        self.loop, self.step, self.call = None, None, -1
+
+    def begin_call(self) -> None:
+        self.call += 1
+
+    def record(self, kind: str, name: str, value: Any) -> None:
+        """Keep `value` (a tensor or array; anything else is skipped) under the current step and call."""
+        tensor = _as_tensor(value)
+        if tensor is None:
+            return
+        if kind == "stage":
+            key = TapKey(kind, name)
+        else:
+            key = TapKey(kind, name, self.loop, self.step, None if kind == "latents" else self.call)
+        if key in self.taps or not self.keep.wants(key):
+            return  # a repeated key keeps its first value (execution order decides)
+        size = tensor.numel() * tensor.element_size()
+        if self.nbytes + size > self.keep.max_bytes:
+            self.dropped += 1
+            self.first_dropped = self.first_dropped or key
+            return
+        self.nbytes += size
+        self.taps[key] = tensor.detach().to("cpu", copy=True)
+
+
+def _as_tensor(value: Any) -> Tensor | None:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fiub":
+        return torch.from_numpy(value)
+    return None
+
+
+def _first_tensor(output: Any) -> Tensor | None:
+    """A module's prediction: a tensor, the first element of a tuple, or a diffusers output's `sample`."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    sample = getattr(output, "sample", None)
+    return sample if isinstance(sample, Tensor) else None
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """A denoiser's ModuleList of blocks: its attribute, and names for a block's tuple outputs."""
+
+    attr: str
+    outputs: tuple[str, ...] = ()
+    """Names of the tensors a block returns, in its order (empty: it returns one tensor)."""
+
+
+class ModuleTaps:
+    """Forward hooks on a denoiser and its block lists that record while the recorder is in a step.
+
+    `inputs` maps the denoiser's argument names to tap names (the arguments compared); block taps
+    are named `<our attr>.<index>[.<output name>]` by `names`, so both sides record the same keys.
+    """
+
+    def __init__(
+        self,
+        recorder: TapRecorder,
+        denoiser: nn.Module,
+        inputs: Mapping[str, str],
+        blocks: Mapping[str, BlockList],
+    ) -> None:
+        """`blocks`: tap name prefix (our attribute) -> this denoiser's block list holding those blocks."""
+        self.recorder = recorder
+        self._signature = inspect.signature(denoiser.forward)
+        self._inputs = dict(inputs)
+        self._opened = False  # forward began this call; the first block must not begin another
+        self._handles = [
+            denoiser.register_forward_pre_hook(self._before_call, with_kwargs=True),
+            denoiser.register_forward_hook(self._after_call),
+        ]
+        for list_index, (prefix, spec) in enumerate(blocks.items()):
+            for index, block in enumerate(getattr(denoiser, spec.attr)):
+                if list_index == 0 and index == 0:
+                    self._handles.append(block.register_forward_pre_hook(self._first_block))
+                hook = self._block_hook(f"{prefix}.{index}", spec.outputs)
+                self._handles.append(block.register_forward_hook(hook))
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _first_block(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        # A network call that runs the denoiser's stages (embed -> blocks -> head) rather than its forward,
+        # as step caches and per-request views do, still begins a call: at its first block.
+        if self.recorder.in_step and not self._opened:
+            self.recorder.begin_call()
+        self._opened = False
+
+    def _before_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self.recorder.in_step:
+            return
+        self.recorder.begin_call()
+        self._opened = True
+        bound = self._signature.bind_partial(*args, **kwargs).arguments
+        for arg, name in self._inputs.items():
+            if arg in bound:
+                self.recorder.record("input", name, bound[arg])
+
+    def _after_call(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.recorder.in_step:
+            self.recorder.record("output", "prediction", _first_tensor(output))
+
+    def _block_hook(self, name: str, outputs: tuple[str, ...]) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if not self.recorder.in_step:
+                return
+            if not outputs:
+                self.recorder.record("block", name, _first_tensor(output))
+                return
+            for part, value in zip(outputs, output):
+                self.recorder.record("block", f"{name}.{part}", value)
+
+        return hook
+
+
+class RuntimeTaps:
+    """Our side: the RunObserver an Engine run reports to (runtime.engine.RunObserver)."""
+
+    def __init__(self, recorder: TapRecorder) -> None:
+        self.recorder = recorder
+
+    def step_started(self, plan: Any) -> None:
+        self.recorder.begin_step(plan.loop, plan.index)
+
+    def step_finished(self, plan: Any, result: Any, state: Any) -> None:
+        # Every denoise loop's state holds its latents; a loop whose state does not gets no latents tap.
+        self.recorder.record("latents", "latents", getattr(state, "latents", None))
+        self.recorder.end_step()
+
+    def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
+        for slot, value in written.items():
+            self.recorder.record("stage", f"{node}.{slot}", value)
