@@ -41,7 +41,8 @@ def _quiet(library: str) -> Iterator[None]:
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     logging = importlib.import_module(f"{library}.utils.logging")
-    verbosity, bars, hub_bars = logging.get_verbosity(), logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    hub_bars = not are_progress_bars_disabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()  # also turns the Hub's bars off: they come back below
     if hub_bars:
