@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default: {registry.DEFAULT_MODEL}, random weights)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default=None, help="card default (Wan: its long negative prompt)")
-    gen.add_argument("--output", default=None,
+    gen.add_argument("-o", "--output", default=None,
                      help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
                           ".png (one frame, or out_0000.png ... for several), .jpg / .webp (image models) "
                           "(default: out.mp4, or out.png for image models)")

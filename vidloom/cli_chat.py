@@ -11,6 +11,7 @@ import sys
 from typing import Any, TextIO
 
 from vidloom.core.chat import ChatResult, TokenDelta
+from vidloom.core.errors import counted
 
 
 def add_chat_parser(sub: argparse._SubParsersAction, dtypes: tuple[str, ...]) -> None:
@@ -46,6 +47,8 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
         from vidloom.runtime.paged_decode import no_chat
 
         raise no_chat(generator.card.model_id)
+    for note in generator.card.notes:  # a demo says its replies are noise, as `generate` does
+        print(f"note: {note}", file=sys.stderr)
     interactive = stdin.isatty()
     history = _opening(args.system)
     while True:
@@ -64,8 +67,18 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
         history.append({"role": "user", "content": text})
         reply = _reply(generator, history, sampling, stdout)
         history.append({"role": "assistant", "content": reply.text})
+        if not reply.text.strip():
+            print(f"[{_why_empty(reply)}]", file=sys.stderr)
         if reply.finish_reason == "length":
-            print(f"[reply cut at {reply.completion_tokens} tokens: --max-tokens]", file=sys.stderr)
+            print(f"[reply cut at {counted(reply.completion_tokens, 'token')}: --max-tokens]", file=sys.stderr)
+
+
+def _why_empty(reply: ChatResult) -> str:
+    """Why the line above is blank: a bare newline alone reads as a hang or a bug."""
+    if reply.completion_tokens == 0:
+        return "empty reply: the model ended it at once (end-of-sequence token)"
+    return (f"empty reply: its {counted(reply.completion_tokens, 'token')} decode to no visible text "
+            "(special or whitespace tokens, or text cut by --stop)")
 
 
 def _opening(system: str | None) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from vidloom import registry
 from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
-from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.deploy_args import deploy_config
@@ -116,8 +116,9 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     videos = paths[1:] if audio_out is not None else paths
     shown = str(videos[0].resolve()) if len(videos) == 1 else f"{videos[0].resolve()} .. {videos[-1].name}"
     sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
+    frames = counted(meta["num_frames"], "frame")
     print(
-        f"wrote {shown}  ({meta['num_frames']} frames {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
+        f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
         f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
     )
     if audio_out is not None:
@@ -192,7 +193,9 @@ def quiet_third_party(verbose: bool) -> None:
     Hugging Face Hub download bars stay on: a multi-GB download without progress looks hung.
     """
     warnings.showwarning = _one_line_warning
-    if verbose:
+    if verbose:  # a verbosity the user chose: VideoGenerator's quiet_loading leaves the library alone
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
+        os.environ.setdefault("DIFFUSERS_VERBOSITY", "warning")
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")

@@ -61,17 +61,23 @@ class VideoGenerator:
         override deploy.devices / deploy.parallel; devices defaults to the plan's
         sp x cfg). An invalid plan raises DeployError before any process starts.
         pool_options: the pool's timeouts and debug checks (default: PoolOptions.from_env()).
-        """
-        deploy = _with_parallel(deploy or DeployConfig(), devices, parallel)
-        card, checkpoint, device, dtype = _resolve(model, device, dtype, cache_dir)
-        engine: Engine | ParallelEngine
-        if deploy.devices > 1:
-            from vidloom.runtime.parallel.launch import launch_engine
 
-            engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
-        else:
-            instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
-            engine = Engine(instance, registry.import_target(card.program)(instance))
+        Loading is as quiet as the CLI: transformers' logs and loading bars are off while it runs and
+        restored after (`TRANSFORMERS_VERBOSITY=warning` shows them; Hub download bars always show).
+        """
+        from vidloom.loading.quiet import quiet_loading
+
+        deploy = _with_parallel(deploy or DeployConfig(), devices, parallel)
+        engine: Engine | ParallelEngine
+        with quiet_loading():
+            card, checkpoint, device, dtype = _resolve(model, device, dtype, cache_dir)
+            if deploy.devices > 1:
+                from vidloom.runtime.parallel.launch import launch_engine
+
+                engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
+            else:
+                instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
+                engine = Engine(instance, registry.import_target(card.program)(instance))
         try:
             engine.warmup(deploy.warmup_shapes)
         except BaseException:

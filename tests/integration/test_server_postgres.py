@@ -73,6 +73,7 @@ def test_servers_sharing_a_store_see_cancel_and_delete_each_others_jobs(postgres
         cancelled = on_b.post(f"/v1/videos/{job}/cancel").json()
         assert cancelled["status"] == "cancelled", cancelled  # A stopped it at a step boundary
         assert on_a.get(f"/v1/videos/{job}").json()["status"] == "cancelled"
+        assert cancelled["completed_at"] is None and on_a.get(f"/v1/videos/{job}").json()["completed_at"] is None
 
         doomed = create_video(on_a, num_inference_steps=BLOCKING_STEPS)["id"]
         wait_for_status(on_a, doomed, {"in_progress"})

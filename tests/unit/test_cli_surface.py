@@ -1,9 +1,11 @@
-"""The CLI's documented surface: every flag is in the README synopsis; quiet mode keeps download bars."""
+"""The CLI's documented surface: every flag is in the README synopsis, every README command parses; quiet mode
+keeps download bars."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,51 @@ def test_quiet_mode_hides_library_bars_but_keeps_hub_downloads():
         warnings.showwarning = shown
         transformers_logging.enable_progress_bar()
         enable_progress_bars()
+
+
+def _short_flag_in(flag: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_readme_synopsis_lists_every_short_flag(command):
+    synopsis = re.search(r"## CLI\n\n```\n(.*?)```", README.read_text(), flags=re.S).group(1)
+    short = {opt for action in _subparser(command)._actions for opt in action.option_strings
+             if not opt.startswith("--") and opt != "-h"}
+    missing = sorted(flag for flag in short if not _short_flag_in(flag, synopsis))
+    assert not missing, f"README CLI synopsis lacks {missing}"
+
+
+def _readme_commands() -> list[str]:
+    """Every `vidloom ...` command in the README's bash blocks, up to a comment, pipe, redirect or `&&`."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                for stop in ("|", ">", "2>"):
+                    words = words[:words.index(stop)] if stop in words else words
+                if words and words[0].split("/")[-1] == "vidloom":
+                    commands.append(shlex.join(words[1:]))
+    return commands
+
+
+def test_readme_commands_parse():
+    """A flag the CLI does not have (the old Cosmos3 example's `-o`, before there was one) fails here."""
+    commands = _readme_commands()
+    assert len(commands) >= 20 and any(c.startswith("generate") for c in commands) and any(
+        c.startswith("serve") for c in commands)
+    parser = build_parser()
+    failed = []
+    for command in commands:
+        words = shlex.split(command)
+        elided = [i for i, word in enumerate(words) if word == "..." and not words[i - 1].startswith("-")]
+        if elided:  # "generate ... --devices 4" (not "--prompt ..."): the rest must still parse
+            words = [word for i, word in enumerate(words) if i not in elided]
+            words += ["--prompt", "x"] if words[0] == "generate" and "--prompt" not in words else []
+        try:
+            parser.parse_args(words)
+        except SystemExit:
+            failed.append(command)
+    assert not failed, f"README commands the CLI refuses: {failed}"
+

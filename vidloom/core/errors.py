@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def counted(count: int, noun: str) -> str:
+    """"1 frame", "0 frames", "5 frames": a count and its regular noun, for the lines users read."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 class VidloomError(Exception):
     """Base class for every error vidloom raises on purpose."""
 

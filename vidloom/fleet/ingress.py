@@ -107,7 +107,7 @@ class FleetJobs:
             await asyncio.sleep(POLL_S)
             record = await asyncio.to_thread(self.store.get, last.id)
             if record is None:  # deleted: the stream ends as the job did
-                record = JobRecord(**{**last.__dict__, "status": "cancelled", "completed_at": int(time.time())})
+                record = JobRecord(**{**last.__dict__, "status": "cancelled", "completed_at": None})
             if (record.status, record.progress) == (last.status, last.progress):
                 continue
             last = record

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from vidloom.core.errors import InvalidRequest
+from vidloom.core.errors import InvalidRequest, counted
 
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
 # would need a scaling choice the caller should make.
@@ -137,7 +137,7 @@ def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | No
     if len(frames) > limit:
         raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
     if len(frames) < min_frames:
-        raise InvalidRequest(field, f"has {len(frames)} frames; at least {min_frames} are needed")
+        raise InvalidRequest(field, f"has {counted(len(frames), 'frame')}; at least {min_frames} are needed")
     images = [load_image(frame, f"{field}[{i}]") for i, frame in enumerate(frames)]
     if len({im.size for im in images}) > 1:
         raise InvalidRequest(field, "frames differ in size")

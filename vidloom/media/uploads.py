@@ -20,7 +20,7 @@ from typing import Any
 
 from PIL import Image
 
-from vidloom.core.errors import InvalidRequest
+from vidloom.core.errors import InvalidRequest, counted
 from vidloom.media.image import MAX_MEDIA_PIXELS, MAX_VIDEO_FRAMES, EncodedImage, fit_image
 
 # Decoded pixels of a whole file (frames x width x height): bounds the decode work one job may ask for.
@@ -61,7 +61,7 @@ def open_video(value: Any, field: str, min_frames: int = 1, max_frames: int | No
     if value.frames > limit:
         raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
     if value.frames < min_frames:
-        raise InvalidRequest(field, f"has {value.frames} frames; at least {min_frames} are needed")
+        raise InvalidRequest(field, f"has {counted(value.frames, 'frame')}; at least {min_frames} are needed")
     return value
 
 

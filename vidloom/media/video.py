@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -152,21 +153,44 @@ def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, contain
 
 
 def write_gif(frames: np.ndarray, fps: int, path: Path) -> Path:
-    """Write uint8 frames [F, H, W, 3] as an animated GIF over a fixed 252-colour palette."""
+    """Write uint8 frames [F, H, W, 3] as an animated GIF over a fixed 252-colour palette.
+
+    GIF stores each frame's delay in centiseconds, so 1000/fps ms is rarely a whole number of them
+    (8 fps: 12.5 cs). Frame i ends at the centisecond nearest i+1 frame periods (gif_frame_ends):
+    delays alternate (13, 12, 13, ... at 8 fps), every frame ends within 5 ms of its exact time
+    and the whole GIF lasts F * 1000/fps ms to the nearest 10 ms.
+    """
     _check_frames(frames)
     palette = web_palette()
+    centisecond = Fraction(1, 100)
+    starts = [0, *gif_frame_ends(len(frames), fps)]
+    delays = {start: end - start for start, end in zip(starts, starts[1:])}  # pts -> delay, both in cs
     with atomic_path(path) as tmp:
         with av.open(str(tmp), mode="w", format="gif") as container:
             stream = container.add_stream("gif", rate=fps)
+            stream.codec_context.time_base = stream.time_base = centisecond  # our timestamps, not a rescale's
             stream.width, stream.height = frames.shape[2], frames.shape[1]
             stream.pix_fmt = "pal8"
-            for frame in frames:
+            for frame, start in zip(frames, starts):
                 indexed = av.VideoFrame.from_ndarray((rgb_to_palette_indices(frame), palette), format="pal8")
+                indexed.pts, indexed.time_base = start, centisecond
                 for packet in stream.encode(indexed):
-                    container.mux(packet)
+                    _mux_gif_packet(container, packet, delays)
             for packet in stream.encode():
-                container.mux(packet)
+                _mux_gif_packet(container, packet, delays)
     return path
+
+
+def _mux_gif_packet(container: av.container.OutputContainer, packet: av.Packet, delays: dict[int, int]) -> None:
+    # The muxer takes a frame's delay from the next packet's pts, and the last frame's from its packet's
+    # duration, which the GIF encoder leaves at 0 (the muxer would then repeat the previous delay).
+    packet.duration = delays[packet.pts]
+    container.mux(packet)
+
+
+def gif_frame_ends(count: int, fps: int) -> list[int]:
+    """The centisecond at which each of `count` frames at `fps` ends: (i+1) * 100/fps, rounded half up."""
+    return [((i + 1) * 200 + fps) // (2 * fps) for i in range(count)]
 
 
 def write_png(frame: np.ndarray, path: Path) -> Path:

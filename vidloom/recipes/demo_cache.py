@@ -98,7 +98,8 @@ def train_chat_tokenizer(corpus: Iterable[str], specials: tuple[str, ...], chat_
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)  # its bar goes to stdout, past our quiet switches
     tok.train_from_iterator(list(corpus), trainer)
     tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token=specials[0], eos_token=eos,
                                    unk_token=None, bos_token=None)

@@ -54,7 +54,7 @@ class JobRecord:
     status: str  # queued | in_progress | completed | failed | cancelled
     progress: int  # 0-100
     created_at: int  # unix seconds
-    completed_at: int | None  # set for every final status
+    completed_at: int | None  # when it completed or failed; None while active and for a cancelled job
     size: str  # "WxH"
     seconds: str  # actual duration: num_frames / fps
     prompt: str
@@ -173,7 +173,7 @@ class JobStore(Protocol):
     def set_status(self, job_id: str, status: str) -> None: ...
     def set_progress(self, job_id: str, progress: int) -> None: ...
     def set_first_chunk(self, job_id: str, seconds: float) -> None: """Record an active job's time to first chunk."""
-    def finish(self, job_id: str, status: str, completed_at: int, *, metadata: Mapping[str, Any] | None = None,
+    def finish(self, job_id: str, status: str, completed_at: int | None, *, metadata: Mapping[str, Any] | None = None,
                error: tuple[str, str] | None = None) -> None:
         """Move an active job to a final status (no-op if it already finished or is gone)."""
     def delete(self, job_id: str) -> bool: """Row and files, both or neither; False if there was no such job."""

@@ -509,8 +509,10 @@ class JobManager:
         code, message = error if error else (None, None)
         if message is not None:
             message = redact_paths(message, str(self.store.data_dir.resolve()))
+        # OpenAI's completed_at is "when the job completed, if finished": a cancelled job never did, so None.
+        completed_at = None if status == "cancelled" else _now()
         final = dataclasses.replace(
-            live.record, status=status, completed_at=_now(), metadata=metadata, error_code=code,
+            live.record, status=status, completed_at=completed_at, metadata=metadata, error_code=code,
             error_message=message, progress=100 if status == "completed" else live.record.progress,
         )
         self._store_final(final)
@@ -520,7 +522,7 @@ class JobManager:
     def _store_final(self, final: JobRecord) -> None:
         error = (final.error_code, final.error_message) if final.error_code else None
         try:
-            self.store.finish(final.id, final.status, final.completed_at or _now(), metadata=final.metadata,
+            self.store.finish(final.id, final.status, final.completed_at, metadata=final.metadata,
                               error=error)  # type: ignore[arg-type]
             self._unsaved.pop(final.id, None)
         except STORE_ERRORS as exc:

@@ -161,7 +161,7 @@ class SqlJobStore:
     def set_first_chunk(self, job_id: str, seconds: float) -> None:
         self._update_active(job_id, "time_to_first_chunk_s = ?", (seconds,))
 
-    def finish(self, job_id: str, status: str, completed_at: int, *, metadata: Mapping[str, Any] | None = None,
+    def finish(self, job_id: str, status: str, completed_at: int | None, *, metadata: Mapping[str, Any] | None = None,
                error: tuple[str, str] | None = None) -> None:
         """Move an active job to a final status (no-op if it already finished or is gone)."""
         assert status in FINAL, status

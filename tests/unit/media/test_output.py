@@ -137,3 +137,24 @@ def test_encode_a_b_a_in_one_process_gives_identical_bytes(tmp_path, container_f
         write_video(b.frames, 16, tmp_path / f"b{suffix}", container_format=container_format)
         again = _digest(write_video(a, 8, tmp_path / f"a2{suffix}", container_format=container_format))
         assert again == first, f"round {round_}"
+
+
+@pytest.mark.parametrize("fps, count", [(8, 16), (8, 17), (16, 17), (24, 25), (30, 31), (7, 5), (5, 4)])
+def test_gif_frames_last_1000_over_fps_ms(tmp_path, fps, count):
+    """GIF delays are whole centiseconds: read back with PIL, each frame ends within 5 ms of (i+1)*1000/fps
+    and its delay is 1000/fps rounded down or up to 10 ms (8 fps: 130, 120, 130, ... not 130 throughout)."""
+    from PIL import Image
+
+    [path] = write_output(_frames(count, 16, 16), fps, tmp_path / "clip.gif")
+    with Image.open(path) as image:
+        delays = []
+        for index in range(image.n_frames):
+            image.seek(index)
+            delays.append(image.info["duration"])
+    assert len(delays) == count
+    period = 1000 / fps
+    assert all(10 * (period // 10) <= delay <= 10 * (period // 10 + 1) for delay in delays), delays
+    ends = np.cumsum(delays)
+    assert np.all(np.abs(ends - period * np.arange(1, count + 1)) <= 5), delays
+    if count * 100 % fps == 0:  # a whole number of centiseconds in all: exact
+        assert ends[-1] == count * period

@@ -56,11 +56,12 @@ def test_final_rows_do_not_change(store_at, tmp_path: Path):
     store = store_at(tmp_path)
     job = _record(1)
     store.add(job)
-    store.finish(job.id, "cancelled", 2000)
+    store.finish(job.id, "cancelled", None)
     store.set_progress(job.id, 80)  # a late event from the worker
     store.finish(job.id, "failed", 3000, error=("x", "y"))
     record = store.get(job.id)
     assert record.status == "cancelled" and record.progress == 0 and record.error_code is None
+    assert record.completed_at is None  # a cancelled job never completed (OpenAI: "if finished")
 
 
 def test_pages_in_both_orders(store_at, tmp_path: Path):

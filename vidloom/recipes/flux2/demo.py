@@ -25,7 +25,7 @@ from vidloom.recipes.flux2.text import FLUX2_TEXT_LAYERS
 DEMO_ID = "flux2-klein-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
 DEMO_SEED = 20260115
-DEMO_NOTE = noise_note(DEMO_ID, "Flux2 Klein")
+DEMO_NOTE = noise_note(DEMO_ID, "Flux2 Klein", "black-forest-labs/FLUX.2-klein-4B")
 
 # Qwen3's template with the thinking switch the Klein prompt encoder turns off.
 CHAT_TEMPLATE = (

@@ -123,7 +123,8 @@ def train_tokenizer():
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=256, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    trainer = trainers.UnigramTrainer(vocab_size=256, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)  # its bar goes to stdout, past our quiet switches
     tok.train_from_iterator(TOKENIZER_CORPUS, trainer)
     eos = tok.token_to_id("</s>")
     tok.post_processor = processors.TemplateProcessing(
