@@ -73,6 +73,9 @@ class GenerationRequest:
     # model write a detailed prompt with its AR loop before generating from it; `sound` adds a soundtrack.
     reason: bool = False
     sound: bool = False
+    # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
+    # the engine (vidloom.lora.registry), which resolves them when the run starts.
+    loras: tuple[tuple[str, float], ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -191,6 +194,22 @@ def _size_from_image(image: Any, request: GenerationRequest, card: ModelCard) ->
             for name, value in (("width", image.size[0]), ("height", image.size[1])) if getattr(request, name) is None}
 
 
+def _check_loras(loras: Any) -> None:
+    """Names and finite scales; whether each name is loaded is the engine's check (it owns the adapters)."""
+    if not isinstance(loras, tuple):
+        raise InvalidRequest("loras", f"must be a tuple of (name, scale) pairs, got {type(loras).__name__}")
+    seen: set[str] = set()
+    for i, entry in enumerate(loras):
+        name, scale = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"loras[{i}].name", f"must be a non-empty string, got {name!r}")
+        if name in seen:
+            raise InvalidRequest(f"loras[{i}].name", f"adapter {name!r} is listed twice")
+        seen.add(name)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise InvalidRequest(f"loras[{i}].scale", f"must be a finite number, got {scale!r}")
+
+
 def _validate(r: GenerationRequest, card: ModelCard) -> None:
     from vidloom.core.limits import RequestLimits  # limits imports this module
 
@@ -208,6 +227,7 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     if task not in card.tasks:
         served = ", ".join(sorted(t.value for t in card.tasks)) or "no generation task, only chat (ar_decode)"
         raise InvalidRequest("task", f"{card.model_id} does not serve {task.value}; it serves: {served}")
+    _check_loras(r.loras)
     _check_int("num_inference_steps", r.num_inference_steps, minimum=1)
     _check_int("fps", r.fps, minimum=1, maximum=MAX_FPS)
     _check_int("seed", r.seed, minimum=0, maximum=MAX_SEED)

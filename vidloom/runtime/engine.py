@@ -21,6 +21,8 @@ from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.chat_engine import ChatEngine, build_chat_engine
+from vidloom.lora.apply import ActiveLoRAs, lora_scope
+from vidloom.lora.registry import resolve_request_loras
 from vidloom.runtime.compile_buckets import CompileBuckets
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget, under_pressure
@@ -80,6 +82,8 @@ class RequestRun:
         self._slots: dict[str, Any] = {"request": request}
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
+        # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
+        self._loras: ActiveLoRAs | None = resolve_request_loras(instance, request.loras)
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -117,8 +121,9 @@ class RequestRun:
 
     @property
     def intercepted(self) -> bool:
-        """Steps go through a per-request interceptor (step cache): they must run alone."""
-        return self._interceptor is not None or self._graphs is not None
+        """Steps go through a per-request interceptor (step cache) or apply LoRA adapters: they must run alone
+        (a batched forward would apply one request's adapters to every row; runs are grouped instead)."""
+        return self._interceptor is not None or self._graphs is not None or self._loras is not None
 
     def prepare(self) -> bool:
         """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a
@@ -172,7 +177,9 @@ class RequestRun:
 
     def _compile_stance(self) -> contextlib.AbstractContextManager[Any]:
         # The stance is process-wide while set; steps of one engine run one at a time, so it
-        # covers exactly this request's step.
+        # covers exactly this request's step. Adapters run eagerly: the compiled blocks were traced without them.
+        if self._loras is not None:
+            return torch.compiler.set_stance("force_eager")
         return contextlib.nullcontext() if self._compiled else torch.compiler.set_stance("eager_on_recompile")
 
     # -- runtime services handed to nodes and loops --------------------------------
@@ -185,11 +192,13 @@ class RequestRun:
         """Run one loop step: plainly, or through this request's interceptor (step cache)."""
         if self._observer is not None:
             self._observer(plan)
-        if self._interceptor is not None:
-            return self._interceptor.execute(plan)
-        if self._graphs is not None:
-            return self._graphs.get(plan.call)(**plan.inputs)
-        return plan.call(**plan.inputs)
+        with lora_scope(self._loras):
+            if self._interceptor is not None:
+                return self._interceptor.execute(plan)
+            # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.
+            if self._graphs is not None and self._loras is None:
+                return self._graphs.get(plan.call)(**plan.inputs)
+            return plan.call(**plan.inputs)
 
     def hold(self, release: Callable[[], None]) -> None:
         """Call `release` when the current loop ends (finish, failure or cancel)."""
