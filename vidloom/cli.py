@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sound", action="store_true",
                      help="unified models with an audio tokenizer (Cosmos3): a soundtrack in the video and as a .wav "
                           "next to it (unless --audio-out)")
+    gen.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
+                     help="a LoRA adapter file (diffusers/PEFT safetensors) applied at SCALE (default 1.0); repeat "
+                          "to mix several (Wan2.1, Flux2)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
