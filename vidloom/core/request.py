@@ -98,6 +98,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
+    filled["loras"] = _checked_loras(request.loras)
     frames = filled.get("video") or filled.get("image")
     if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
         filled.update(_size_from_image(frames if hasattr(frames, "size") else frames[0], request, card))
@@ -194,13 +195,15 @@ def _size_from_image(image: Any, request: GenerationRequest, card: ModelCard) ->
             for name, value in (("width", image.size[0]), ("height", image.size[1])) if getattr(request, name) is None}
 
 
-def _check_loras(loras: Any) -> None:
-    """Names and finite scales; whether each name is loaded is the engine's check (it owns the adapters)."""
-    if not isinstance(loras, tuple):
-        raise InvalidRequest("loras", f"must be a tuple of (name, scale) pairs, got {type(loras).__name__}")
+def _checked_loras(loras: Any) -> tuple[tuple[str, float], ...]:
+    """Names and finite scales, as a tuple of pairs (a job store gives back JSON lists); whether each name is
+    loaded is the engine's check (it owns the adapters)."""
+    if not isinstance(loras, (tuple, list)):
+        raise InvalidRequest("loras", f"must be a sequence of (name, scale) pairs, got {type(loras).__name__}")
     seen: set[str] = set()
+    checked = []
     for i, entry in enumerate(loras):
-        name, scale = entry if isinstance(entry, tuple) and len(entry) == 2 else (None, None)
+        name, scale = entry if isinstance(entry, (tuple, list)) and len(entry) == 2 else (None, None)
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"loras[{i}].name", f"must be a non-empty string, got {name!r}")
         if name in seen:
@@ -208,6 +211,8 @@ def _check_loras(loras: Any) -> None:
         seen.add(name)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise InvalidRequest(f"loras[{i}].scale", f"must be a finite number, got {scale!r}")
+        checked.append((name, float(scale)))
+    return tuple(checked)
 
 
 def _validate(r: GenerationRequest, card: ModelCard) -> None:
@@ -227,7 +232,6 @@ def _validate(r: GenerationRequest, card: ModelCard) -> None:
     if task not in card.tasks:
         served = ", ".join(sorted(t.value for t in card.tasks)) or "no generation task, only chat (ar_decode)"
         raise InvalidRequest("task", f"{card.model_id} does not serve {task.value}; it serves: {served}")
-    _check_loras(r.loras)
     _check_int("num_inference_steps", r.num_inference_steps, minimum=1)
     _check_int("fps", r.fps, minimum=1, maximum=MAX_FPS)
     _check_int("seed", r.seed, minimum=0, maximum=MAX_SEED)
