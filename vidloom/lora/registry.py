@@ -6,6 +6,7 @@ Which components take adapters, and how their diffusers module names map onto ou
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,45 +66,59 @@ class LoRARegistry:
         self._device, self._dtype = device, dtype
         self.max_loras = max_loras
         self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()
+        # A server loads and unloads on worker threads while requests resolve on others; module wrapping and
+        # the table change under it (a forward sees a linear either wrapped or not: both are the base weights
+        # for a run that does not name the new adapter).
+        self._lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
         return list(self._loaded)
 
+    @property
+    def adapters(self) -> list[LoadedLoRA]:
+        return list(self._loaded.values())
+
     def load(self, name: str, path: str | Path) -> LoadedLoRA:
         """Read `path` and make it selectable as `name` (replacing an adapter of that name)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
+        self._check_room(name)  # before reading: a full registry refuses at once
+        # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
+        layers: dict[str, LoRALayer] = {}
+        for component, map_target in self._targets:
+            layers.update(self._place(Path(path), component, self._components[component], import_target(map_target)))
+        adapter = LoadedLoRA(name, Path(path), layers)
+        with self._lock:
+            self._check_room(name)
+            for component, _ in self._targets:
+                prefix = component + ":"
+                names = [key[len(prefix):] for key in layers if key.startswith(prefix)]
+                wrap_linears(self._components[component], component, names)
+            self._loaded[name] = adapter
+        return adapter
+
+    def _check_room(self, name: str) -> None:
         if name not in self._loaded and len(self._loaded) >= self.max_loras:
             raise InvalidRequest(
                 "name", f"cannot load {name!r}: {len(self._loaded)} adapters are resident, the limit max_loras is "
                 f"{self.max_loras} ({', '.join(self._loaded)}); unload one first",
             )
-        layers: dict[str, LoRALayer] = {}
-        for component, map_target in self._targets:
-            module = self._components[component]
-            name_map = import_target(map_target)
-            layers.update(self._place(Path(path), component, module, name_map))
-        adapter = LoadedLoRA(name, Path(path), layers)
-        for component, _ in self._targets:
-            prefix = component + ":"
-            names = [key[len(prefix):] for key in layers if key.startswith(prefix)]
-            wrap_linears(self._components[component], component, names)
-        self._loaded[name] = adapter
-        return adapter
 
     def unload(self, name: str) -> None:
-        if name not in self._loaded:
-            raise InvalidRequest("name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})")
-        del self._loaded[name]
+        with self._lock:
+            if name not in self._loaded:
+                raise InvalidRequest("name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})")
+            del self._loaded[name]
 
     def resolve(self, loras: Mapping[str, float]) -> ActiveLoRAs | None:
         """The merged layers a request's {name: scale} runs with; None when it names none."""
         if not loras:
             return None
         merged: dict[str, list[tuple[LoRALayer, float]]] = {}
-        for i, (name, scale) in enumerate(loras.items()):
-            adapter = self._loaded.get(name)
+        with self._lock:
+            chosen = [(i, name, scale, self._loaded.get(name)) for i, (name, scale) in enumerate(loras.items())]
+        for i, name, scale, adapter in chosen:
             if adapter is None:
                 raise InvalidRequest(
                     f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})"
