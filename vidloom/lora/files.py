@@ -50,8 +50,12 @@ class LoRAFile:
 def read_lora_file(path: str | Path, component: str) -> LoRAFile:
     """Read `path`; CheckpointError names the file and the first key not understood."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such LoRA file")
+    try:
+        exists = path.is_file()
+    except (OSError, ValueError):  # a NUL byte or an over-long name: no file can have it
+        exists = False
+    if not exists:
+        raise CheckpointError(f"{path!s:.200}: no such LoRA file")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
