@@ -110,6 +110,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                           f"(default: {registry.DEFAULT_MODEL})")
     srv.add_argument("--served-model-name", default=None, metavar="NAME",
                      help="model name clients send and see in /v1/models (default: the card's id)")
+    srv.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
+                     help="a LoRA adapter to load at start, chosen per request by its name (repeatable)")
+    srv.add_argument("--max-loras", type=int, default=None, metavar="N",
+                     help="LoRA adapters resident at once (default: 4)")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")

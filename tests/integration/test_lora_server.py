@@ -73,3 +73,30 @@ def test_bad_lora_input_names_the_parameter(served, tmp_path):
     missing = client.post("/v1/loras", json={"name": "m", "path": str(tmp_path / "none.safetensors")})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
     assert client.get("/v1/loras").json()["data"] == []
+
+
+def test_serve_flags_and_card_load_adapters_at_start(flux2_distilled_dir, tmp_path):
+    from tests.helpers.servers import ProcessServer
+    from vidloom.cli import build_parser
+    from vidloom.serving.config import ServeConfig
+    from vidloom.serving.serve_flags import effective_config, typed_flags
+
+    lora = write_lora(flux2_distilled_dir, "Flux2KleinPipeline", SPEC, tmp_path)
+    argv = ["serve", str(flux2_distilled_dir), "--lora", f"ink={lora}", "--max-loras", "3"]
+    config = effective_config(build_parser().parse_args(argv), typed_flags(build_parser(), argv))
+    assert config.lora_files == [("ink", str(lora))] and config.max_loras == 3
+    with pytest.raises(ValueError, match=r"loras: 'ink' is not NAME=PATH"):
+        ServeConfig(loras=("ink",))
+    with pytest.raises(ValueError, match="max_loras"):
+        ServeConfig(loras=("a=x", "b=y"), max_loras=1)
+
+    server = ProcessServer(tmp_path / "data", tmp_path / "cache", tmp_path / "serve.log", "--model",
+                           str(flux2_distilled_dir), "--device", "cpu", "--lora", f"ink={lora}")
+    try:
+        assert httpx.get(f"{server.url}/v1/loras").json() == {"object": "list", "data": [{"name": "ink",
+                                                              "file": lora.name}], "max_loras": 4}
+        styled = httpx.post(f"{server.url}/v1/images/generations", timeout=120,
+                            json={**BODY, "loras": [{"name": "ink", "scale": 0.5}]})
+        assert styled.status_code == 200, styled.text
+    finally:
+        server.terminate()
