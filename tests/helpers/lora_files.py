@@ -32,7 +32,8 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
 
     pipeline_cls = getattr(diffusers, pipeline)
     transformer_cls = {"WanPipeline": diffusers.WanTransformer3DModel,
-                       "Flux2KleinPipeline": diffusers.Flux2Transformer2DModel}[pipeline]
+                       "Flux2KleinPipeline": diffusers.Flux2Transformer2DModel,
+                       "AnyFlowFARPipeline": diffusers.AnyFlowFARTransformer3DModel}[pipeline]
     transformer = transformer_cls.from_pretrained(str(checkpoint / "transformer"), torch_dtype=torch.float32)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets),
                         alpha_pattern=dict(spec.alpha_pattern), init_lora_weights=True)

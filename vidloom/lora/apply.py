@@ -4,10 +4,11 @@ Base weights are never touched: `LoRALinear` wraps the original module (an nn.Li
 sum_i scale_i * alpha_i / r_i * B_i(A_i x) for the adapters active in the current step.
 
 Why a context variable and not state on the modules: the modules are shared by every request resident on the
-engine, while the adapters are chosen per request. The engine sets the scope around exactly one step of one
-request (`RequestRun.execute`) and resets it when the step returns; the device worker runs one step at a time
-on its thread, so a step of another request (interleaved at step boundaries, never inside a step) always runs
-under its own scope, and a ContextVar is private to its thread, so nothing leaks between workers either.
+engine, while the adapters are chosen per request. The engine sets the scope around each unit of one request's
+work (`RequestRun`: a step, or the loop code between steps, which may call the transformer too) and resets it
+when the unit returns; the device worker runs one unit at a time on its thread, so a unit of another request
+(interleaved at unit boundaries, never inside one) always runs under its own scope, and a ContextVar is private
+to its thread, so nothing leaks between workers either.
 Steps of runs with adapters are never merged into another run's batched forward (they run alone), so the
 scope always describes every row of the forward it covers.
 """

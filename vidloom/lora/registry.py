@@ -24,10 +24,14 @@ DEFAULT_MAX_LORAS = 4
 """Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only)."""
 
 # family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
-# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
+# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we. (Wan2.2 is left out: on its
+# two-expert checkpoints diffusers loads into the high-noise expert alone unless told otherwise, a choice
+# to expose as an option rather than guess.)
 LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan2.1": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
     "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
+    # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
+    "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
 }
 
 

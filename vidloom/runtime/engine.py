@@ -83,6 +83,8 @@ class RequestRun:
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = make_step_cache(instance.deploy, request, instance.card.model_id)
         # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
+        # They are in force for everything this run executes (steps, and the loop code between them that calls
+        # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
         self._loras: ActiveLoRAs | None = resolve_request_loras(instance, request.loras)
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
@@ -105,7 +107,7 @@ class RequestRun:
         assert plan is not None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 result = self.execute(plan)
         finally:
             self._elapsed += time.perf_counter() - started
@@ -132,7 +134,7 @@ class RequestRun:
             return self._plan is not None
         started = self._mark = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 self._plan = next(self._units)
         except StopIteration:
             self._plan = None
@@ -147,7 +149,7 @@ class RequestRun:
         self._plan = None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 self._units.send(result)
         except StopIteration:
             pass
