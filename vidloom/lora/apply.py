@@ -16,9 +16,9 @@ scope always describes every row of the forward it covers.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 import torch.nn.functional as F
 from torch import Tensor, nn

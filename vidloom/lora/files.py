@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -59,7 +60,7 @@ def read_lora_file(path: str | Path, component: str) -> LoRAFile:
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 -- safe_open is no dict
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors LoRA file ({exc})") from None
     config = _component_config(path, metadata, component)

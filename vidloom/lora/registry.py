@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -150,7 +151,7 @@ class LoRARegistry:
                     f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
                     f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
                 )
-            cast = dict(device=self._device, dtype=self._dtype)
+            cast = {"device": self._device, "dtype": self._dtype}
             placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
         return placed
 
