@@ -164,3 +164,23 @@ def test_concurrent_requests_with_different_adapters_each_equal_their_single_run
         # The two runs without adapters may share a forward (1 uint8 level of matmul blocking, see test_batching).
         assert np.abs(a.astype(int) - t.astype(int)).max() <= 1, f"request {i} ({sets[i]}) changed when served together"
     assert np.abs(alone[0].astype(int) - alone[2]).max() > 10 and np.abs(alone[0].astype(int) - alone[1]).max() > 10
+
+
+def test_far_extension_never_reuses_kv_made_under_other_adapters(tmp_path):
+    from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
+
+    folder = write_tiny_far(tmp_path / "far", FAR_A)
+    lora = write_lora(folder, "AnyFlowFARPipeline", SPEC, tmp_path)
+    source_kw = dict(height=32, width=48, num_frames=9, num_inference_steps=2, seed=1)
+    extend_kw = dict(num_frames=21, num_inference_steps=2, seed=2)
+    kept = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(kv_session_ttl_s=600))
+    rebuilt = VideoGenerator.from_pretrained(folder, device="cpu")  # no resident sessions: always rebuilds the KV
+    for gen in (kept, rebuilt):
+        gen.load_lora("a", lora)
+    for source_loras, extend_loras in (({"a": 1.0}, None), (None, {"a": 1.0})):
+        sources = [g.generate("a kite", loras=source_loras, **source_kw) for g in (kept, rebuilt)]
+        assert np.array_equal(sources[0].frames, sources[1].frames)
+        ours, reference = (g.generate("a kite", extend_from=s, loras=extend_loras, **extend_kw).frames
+                           for g, s in zip((kept, rebuilt), sources))
+        # A resident KV is reused only between runs with the same (no) adapters; else it is rebuilt.
+        assert np.array_equal(ours, reference), f"source {source_loras}, extension {extend_loras}"

@@ -231,8 +231,8 @@ class RequestRun:
     def keep_session(self, nbytes: int, build: Callable[[], Any]) -> bool:
         """Keep `build()` as this request's session (id: the request id) past the run; False when it is not kept
         (sessions off, or no room even after evicting idle ones: the extension then rebuilds it)."""
-        if not self.keeps_sessions:
-            return False
+        if not self.keeps_sessions or self._loras is not None:
+            return False  # a KV made under this request's adapters must not serve an extension with other ones
         try:
             self.caches.put_session(self.request.request_id, nbytes, build)
         except CacheBudgetExceeded:
@@ -240,7 +240,10 @@ class RequestRun:
         return True
 
     def session(self, session_id: str) -> Any | None:
-        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident."""
+        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident (or when
+        this run has adapters: the resident KV was made without them, so the extension rebuilds it under them)."""
+        if self._loras is not None:
+            return None
         buffer = self.caches.checkout_session(session_id)
         if buffer is not None:
             self.hold(lambda: self.caches.checkin_session(session_id))
