@@ -71,6 +71,9 @@ class VideoGenerator:
         if deploy.devices > 1:
             from vidloom.runtime.parallel.launch import launch_engine
 
+            if max_loras is not None:
+                raise DeployError("max_loras: LoRA adapters are not supported on multi-device engines yet")
+
             engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
         else:
             instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
