@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sound", action="store_true",
                      help="unified models with an audio tokenizer (Cosmos3): a soundtrack in the video and as a .wav "
                           "next to it (unless --audio-out)")
+    gen.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
+                     help="a LoRA adapter file (diffusers/PEFT safetensors) applied at SCALE (default 1.0); repeat "
+                          "to mix several (Wan2.1, Flux2)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
@@ -111,6 +114,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                           f"(default: {registry.DEFAULT_MODEL})")
     srv.add_argument("--served-model-name", default=None, metavar="NAME",
                      help="model name clients send and see in /v1/models (default: the card's id)")
+    srv.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
+                     help="a LoRA adapter to load at start, chosen per request by its name (repeatable)")
+    srv.add_argument("--max-loras", type=int, default=None, metavar="N",
+                     help="LoRA adapters resident at once (default: 4)")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")

@@ -29,7 +29,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
-    "audio_out": "--audio-out",
+    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -52,19 +52,52 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     if args.sound and wav is None and output.suffix.lower() in (".mp4", ".webm"):
         wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
     audio_out = check_audio_paths(card, output, wav)
+    loras = lora_flags(card, args.lora or [])
     request = resolve_request(build_request(
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
+        loras={name: scale for name, (_, scale) in loras.items()},
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)
     guard.check()  # the imports above take seconds: a Ctrl-C there that something swallowed stops here
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
-    return _load_and_run(args, deploy, request, output, guard, audio_out)
+    return _load_and_run(args, deploy, request, output, guard, audio_out, loras)
+
+
+def lora_flags(card: ModelCard, flags: list[str]) -> dict[str, tuple[Path, float]]:
+    """--lora PATH[:SCALE] values as {adapter name (the file's stem): (path, scale)}, checked before any load."""
+    import math
+
+    from vidloom.lora.registry import check_family
+
+    if flags:
+        check_family(card.family, "lora")
+    loras: dict[str, tuple[Path, float]] = {}
+    for flag in flags:
+        path_text, scale = flag, 1.0
+        head, sep, tail = flag.rpartition(":")
+        if sep:
+            try:
+                scale = float(tail)
+            except ValueError:
+                pass  # no scale: the colon is part of the path
+            else:
+                path_text = head
+        if not math.isfinite(scale):
+            raise InvalidRequest("lora", f"{flag!r}: the scale must be a finite number")
+        path = Path(path_text)
+        if not path.is_file():
+            raise InvalidRequest("lora", f"{path}: no such LoRA file")
+        name = path.stem
+        while name in loras:  # two files with one stem: each keeps its own adapter
+            name += "_"
+        loras[name] = (path, scale)
+    return loras
 
 
 def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> Path | None:
@@ -87,14 +120,19 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
 
 
 def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path,
-                  guard: InterruptGuard, audio_out: Path | None = None) -> int:
+                  guard: InterruptGuard, audio_out: Path | None = None,
+                  loras: dict[str, tuple[Path, float]] | None = None) -> int:
     from vidloom.generator import VideoGenerator
     from vidloom.media.audio import track_of
     from vidloom.media.output import SOUND_FORMATS
     from vidloom.runtime.engine import CancellationToken
 
     started = time.perf_counter()
-    with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy) as generator:
+    loras = loras or {}
+    with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy,
+                                        max_loras=len(loras) or None) as generator:
+        for name, (path, _) in loras.items():
+            generator.load_lora(name, path)
         guard.check()
         bars = ProgressBars()
         token = CancellationToken()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
@@ -16,6 +16,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.lora.registry import LORA_SLOT, attach_registry
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -47,6 +48,7 @@ class VideoGenerator:
         devices: int | None = None,
         parallel: ParallelPlan | None = None,
         pool_options: PoolOptions | None = None,
+        max_loras: int | None = None,
     ) -> "VideoGenerator":
         """Load a registered model id, a diffusers checkpoint directory or a Hugging Face repo id.
 
@@ -61,6 +63,7 @@ class VideoGenerator:
         override deploy.devices / deploy.parallel; devices defaults to the plan's
         sp x cfg). An invalid plan raises DeployError before any process starts.
         pool_options: the pool's timeouts and debug checks (default: PoolOptions.from_env()).
+        max_loras: how many LoRA adapters may be resident at once (default 4; see load_lora).
 
         Loading is as quiet as the CLI: transformers' logs and loading bars are off while it runs and
         restored after (`TRANSFORMERS_VERBOSITY=warning` shows them; Hub download bars always show).
@@ -74,10 +77,14 @@ class VideoGenerator:
             if deploy.devices > 1:
                 from vidloom.runtime.parallel.launch import launch_engine
 
+                if max_loras is not None:
+                    raise DeployError("max_loras: LoRA adapters are not supported on multi-device engines yet")
                 engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
             else:
                 instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
                 engine = Engine(instance, registry.import_target(card.program)(instance))
+                if max_loras is not None:
+                    attach_registry(instance, max_loras)  # InvalidRequest("lora") on a family without adapters
         try:
             engine.warmup(deploy.warmup_shapes)
         except BaseException:
@@ -102,6 +109,30 @@ class VideoGenerator:
     def card(self) -> ModelCard:
         return self.engine.instance.card
 
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Make the LoRA file `path` (diffusers/PEFT safetensors, as `save_lora_weights` writes it) selectable
+        as `name` in `generate(loras={name: scale})`; the base weights stay as loaded. Loading a name again
+        replaces it. CheckpointError names the file and key for a file that does not fit this model;
+        InvalidRequest("name") past max_loras resident adapters."""
+        attach_registry(self._single_instance("load_lora")).load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Forget adapter `name` (a run already using it finishes with it); InvalidRequest("name") if not loaded."""
+        attach_registry(self._single_instance("unload_lora")).unload(name)
+
+    @property
+    def loras(self) -> list[str]:
+        """Names of the resident LoRA adapters, in load order."""
+        adapters = getattr(self.engine, "instance", None) and self.engine.instance.components.get(LORA_SLOT)
+        return adapters.names if adapters else []
+
+    def _single_instance(self, what: str) -> Any:
+        from vidloom.runtime.parallel.engine import ParallelEngine
+
+        if isinstance(self.engine, ParallelEngine):
+            raise DeployError(f"{what}: LoRA adapters are not supported on multi-device engines yet")
+        return self.engine.instance
+
     def generate(
         self,
         prompt: str,
@@ -125,6 +156,7 @@ class VideoGenerator:
         extend_from: Any = None,
         reason: bool = False,
         sound: bool = False,
+        loras: Mapping[str, float] | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -144,13 +176,14 @@ class VideoGenerator:
         extend_from (causal models: AnyFlow-FAR): a finished output of this model (or its `.session`);
         the rollout continues after its frames under `prompt`, and the output is the source's frames
         followed by the new ones (num_frames counts both; size and fps are the source's).
+        loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound,
+            reason=reason, sound=sound, loras=loras,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
@@ -245,7 +278,10 @@ def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequ
             "prompt", f"must be one string, got {type(prompt).__name__}; batches are not supported yet: "
             "call generate once per prompt (the model stays loaded)",
         )
-    return GenerationRequest(prompt=prompt, task=_default_task(card), **fields)
+    loras = fields.pop("loras", None)
+    if loras is not None and not isinstance(loras, Mapping):
+        raise InvalidRequest("loras", f"must map adapter names to scales, got {type(loras).__name__}")
+    return GenerationRequest(prompt=prompt, task=_default_task(card), loras=tuple((loras or {}).items()), **fields)
 
 
 def _default_task(card: ModelCard) -> Task:

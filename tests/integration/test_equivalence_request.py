@@ -83,6 +83,8 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     # runs one request per process, so it has no finished video to extend (test_far_sessions.py, both paths).
     "extend_from": Exempt("needs a causal card and a finished video of it (see the comment above)"),
     "reason": Exempt("needs a unified (Cosmos3) card: the three paths are compared in test_equivalence_cosmos3.py"),
+    "loras": Exempt("needs adapters loaded on the model; HTTP vs the Python API is compared in test_lora_server.py, "
+                    "the CLI's --lora in test_lora_api.py, the Python API vs diffusers in test_lora_generation.py"),
     "sound": Exempt("needs a Cosmos3 card with an audio tokenizer: the three paths are compared in test_equivalence_cosmos3.py"),
 }
 

@@ -73,6 +73,9 @@ class GenerationRequest:
     # model write a detailed prompt with its AR loop before generating from it; `sound` adds a soundtrack.
     reason: bool = False
     sound: bool = False
+    # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
+    # the engine (vidloom.lora.registry), which resolves them when the run starts.
+    loras: tuple[tuple[str, float], ...] = ()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -95,6 +98,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
+    filled["loras"] = _checked_loras(request.loras)
     frames = filled.get("video") or filled.get("image")
     if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
         filled.update(_size_from_image(frames if hasattr(frames, "size") else frames[0], request, card))
@@ -189,6 +193,26 @@ def _size_from_image(image: Any, request: GenerationRequest, card: ModelCard) ->
     multiple = card.geometry.spatial_multiple
     return {name: max(multiple, value // multiple * multiple)
             for name, value in (("width", image.size[0]), ("height", image.size[1])) if getattr(request, name) is None}
+
+
+def _checked_loras(loras: Any) -> tuple[tuple[str, float], ...]:
+    """Names and finite scales, as a tuple of pairs (a job store gives back JSON lists); whether each name is
+    loaded is the engine's check (it owns the adapters)."""
+    if not isinstance(loras, (tuple, list)):
+        raise InvalidRequest("loras", f"must be a sequence of (name, scale) pairs, got {type(loras).__name__}")
+    seen: set[str] = set()
+    checked = []
+    for i, entry in enumerate(loras):
+        name, scale = entry if isinstance(entry, (tuple, list)) and len(entry) == 2 else (None, None)
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"loras[{i}].name", f"must be a non-empty string, got {name!r}")
+        if name in seen:
+            raise InvalidRequest(f"loras[{i}].name", f"adapter {name!r} is listed twice")
+        seen.add(name)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise InvalidRequest(f"loras[{i}].scale", f"must be a finite number, got {scale!r}")
+        checked.append((name, float(scale)))
+    return tuple(checked)
 
 
 def _validate(r: GenerationRequest, card: ModelCard) -> None:

@@ -18,6 +18,8 @@ from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import ChunkEvent, EventCallback, ProgressEvent, TextEvent, VideoChunk
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.lora.apply import ActiveLoRAs, lora_scope
+from vidloom.lora.registry import resolve_request_loras
 from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
@@ -111,10 +113,14 @@ class RequestRun:
         self._watch = watch
         self.inputs: Mapping[str, Any] = dict(slots) if slots is not None else {"request": request}
         self._slots: dict[str, Any] = dict(self.inputs)
-        # Built per request (InvalidRequest for a threshold without a deployed cache); chats have none.
+        generating = isinstance(request, GenerationRequest)  # a chat request has no step cache and no adapters
+        # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = (
-            make_step_cache(instance.deploy, request, instance.card.model_id)
-            if isinstance(request, GenerationRequest) else None)
+            make_step_cache(instance.deploy, request, instance.card.model_id) if generating else None)
+        # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
+        # They are in force for everything this run executes (steps, and the loop code between them that calls
+        # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
+        self._loras: ActiveLoRAs | None = resolve_request_loras(instance, request.loras) if generating else None
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -143,7 +149,7 @@ class RequestRun:
         assert plan is not None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 result = self.execute(plan)
         finally:
             self._elapsed += time.perf_counter() - started
@@ -159,8 +165,9 @@ class RequestRun:
 
     @property
     def intercepted(self) -> bool:
-        """Steps go through a per-request interceptor (step cache): they must run alone."""
-        return self._interceptor is not None or self._graphs is not None
+        """Steps go through a per-request interceptor (step cache) or apply LoRA adapters: they must run alone
+        (a batched forward would apply one request's adapters to every row; runs are grouped instead)."""
+        return self._interceptor is not None or self._graphs is not None or self._loras is not None
 
     def prepare(self) -> bool:
         """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a
@@ -173,7 +180,7 @@ class RequestRun:
             self._admitted = True
         started = self._mark = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 self._plan = next(self._units)
         except StopIteration:
             self._plan = None
@@ -188,7 +195,7 @@ class RequestRun:
         self._plan = None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance():
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
                 self._units.send(result)
         except StopIteration:
             pass
@@ -220,7 +227,9 @@ class RequestRun:
 
     def _compile_stance(self) -> contextlib.AbstractContextManager[Any]:
         # The stance is process-wide while set; steps of one engine run one at a time, so it
-        # covers exactly this request's step.
+        # covers exactly this request's step. Adapters run eagerly: the compiled blocks were traced without them.
+        if self._loras is not None:
+            return torch.compiler.set_stance("force_eager")
         return contextlib.nullcontext() if self._compiled else torch.compiler.set_stance("eager_on_recompile")
 
     # -- runtime services handed to nodes and loops --------------------------------
@@ -237,11 +246,13 @@ class RequestRun:
         if is_decode_step(plan):
             assert self.decoder is not None, "a paged decode step without a decoder (reserve_kv refuses that)"
             return self.decoder.run([plan])[0]
-        if self._interceptor is not None:
-            return self._interceptor.execute(plan)
-        if self._graphs is not None:
-            return self._graphs.get(plan.call)(**plan.inputs)
-        return plan.call(**plan.inputs)
+        with lora_scope(self._loras):
+            if self._interceptor is not None:
+                return self._interceptor.execute(plan)
+            # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.
+            if self._graphs is not None and self._loras is None:
+                return self._graphs.get(plan.call)(**plan.inputs)
+            return plan.call(**plan.inputs)
 
     def hold(self, release: Callable[[], None]) -> None:
         """Call `release` when the current loop ends (finish, failure or cancel)."""
@@ -281,8 +292,8 @@ class RequestRun:
     def keep_session(self, nbytes: int, build: Callable[[], Any]) -> bool:
         """Keep `build()` as this request's session (id: the request id) past the run; False when it is not kept
         (sessions off, or no room even after evicting idle ones: the extension then rebuilds it)."""
-        if not self.keeps_sessions:
-            return False
+        if not self.keeps_sessions or self._loras is not None:
+            return False  # a KV made under this request's adapters must not serve an extension with other ones
         try:
             self.caches.put_session(self.request.request_id, nbytes, build)
         except CacheBudgetExceeded:
@@ -290,7 +301,10 @@ class RequestRun:
         return True
 
     def session(self, session_id: str) -> Any | None:
-        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident."""
+        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident (or when
+        this run has adapters: the resident KV was made without them, so the extension rebuilds it under them)."""
+        if self._loras is not None:
+            return None
         buffer = self.caches.checkout_session(session_id)
         if buffer is not None:
             self.hold(lambda: self.caches.checkin_session(session_id))

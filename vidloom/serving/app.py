@@ -20,8 +20,10 @@ from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
 from vidloom.serving.image_routes import router as image_router
+from vidloom.serving.lora_routes import adapter_list, served_instance
+from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
-from vidloom.serving.protocol import ModelList, ModelObject
+from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject
 from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import jobs_of
@@ -65,6 +67,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(video_router)
     app.include_router(image_router)
     app.include_router(chat_router)
+    app.include_router(lora_router)
     app.include_router(router)
     if config.ui_enabled:
         app.include_router(ui_router())
@@ -94,7 +97,11 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
-    return ModelList(data=[_model(request)])
+    base = _model(request)
+    instance = served_instance(request)
+    adapters = [AdapterObject(id=a["name"], created=base.created, parent=base.id, root=a["file"])
+                for a in (adapter_list(instance) if instance is not None else [])]
+    return ModelList(data=[base, *adapters])
 
 
 @router.get("/v1/models/{model_id:path}")

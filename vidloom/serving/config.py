@@ -40,6 +40,9 @@ class ServeConfig:
     device: str | None = None  # cuda | cpu; None = cuda when available
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
+    # LoRA adapters loaded at start, "NAME=PATH" each (--lora); more load at run time through POST /v1/loras.
+    loras: tuple[str, ...] = ()
+    max_loras: int | None = None  # adapters resident at once (--max-loras); None: 4 (vidloom.lora.registry)
     max_body_bytes: int = 1 << 20  # larger request bodies get 413 before any parsing
     # Uploads (images, videos) are checked from their headers and decoded on a pool off the event loop:
     # this many threads, with this many more uploads waiting; past that a request gets 429.
@@ -81,6 +84,17 @@ class ServeConfig:
     # The web playground at / (vidloom/serving/ui): None = on when bound to loopback, off on other addresses.
     ui: bool | None = None
 
+    @property
+    def lora_files(self) -> list[tuple[str, str]]:
+        """`loras` as (name, path) pairs; ValueError naming the entry that is not NAME=PATH."""
+        pairs = []
+        for entry in self.loras:
+            name, sep, path = str(entry).partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"loras: {entry!r} is not NAME=PATH (e.g. watercolor=./watercolor.safetensors)")
+            pairs.append((name.strip(), path.strip()))
+        return pairs
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -97,6 +111,11 @@ class ServeConfig:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
         if self.media_queue < 0:
             raise ValueError(f"media_queue: must be >= 0, got {self.media_queue}")
+        object.__setattr__(self, "loras", tuple(self.loras))
+        self.lora_files  # noqa: B018 -- raises for an entry that is not NAME=PATH
+        if self.max_loras is not None and self.max_loras < max(1, len(self.loras)):
+            raise ValueError(f"max_loras: must be >= 1 and >= the {len(self.loras)} adapters in loras, "
+                             f"got {self.max_loras}")
         if self.lost_jobs not in LOST_JOBS:
             raise ValueError(f"lost_jobs: unknown {self.lost_jobs!r}; known: {', '.join(LOST_JOBS)}")
         if self.max_requeues < 0:

@@ -206,4 +206,5 @@ def sampling_fields(body: SamplingExtensions) -> dict[str, object]:
         "negative_prompt": body.negative_prompt, "num_inference_steps": body.num_inference_steps,
         "guidance_scale": body.guidance_scale, "flow_shift": body.flow_shift, "sampler": body.sampler,
         "seed": body.seed, "step_cache_threshold": body.step_cache_threshold,
+        "loras": tuple((ref.name, ref.scale) for ref in body.loras or ()),
     }

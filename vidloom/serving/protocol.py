@@ -53,6 +53,24 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
+class LoraRef(BaseModel):
+    """One adapter a request runs with: a name loaded on the server (GET /v1/loras) and its scale."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    scale: ApiFloat = 1.0
+
+
+class LoraLoadBody(BaseModel):
+    """POST /v1/loras: load the adapter file at `path` (on the server's disk) as `name`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    path: str
+
+
 class SamplingExtensions(BaseModel):
     """vidloom extensions shared by videos and images; None takes the model card's default."""
 
@@ -65,6 +83,7 @@ class SamplingExtensions(BaseModel):
     sampler: str | None = None
     seed: ApiInt | None = None
     step_cache_threshold: ApiFloat | None = None  # overrides the deployment's step-cache threshold
+    loras: list[LoraRef] | None = None  # LoRA adapters loaded on the server, mixed in this order
 
 
 class VideoCreateBody(SamplingExtensions):
@@ -205,9 +224,16 @@ class ModelObject(BaseModel):
     owned_by: str = "vidloom"
 
 
+class AdapterObject(ModelObject):
+    """A resident LoRA adapter, listed beside its base model as vLLM lists its adapters."""
+
+    parent: str  # the base model's id
+    root: str  # the name of the adapter file it was loaded from
+
+
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[ModelObject]
+    data: list[AdapterObject | ModelObject]
 
 
 class ErrorDetail(BaseModel):

@@ -31,6 +31,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "allowed_host": (("allowed_hosts",), list),
     "cors_origin": (("cors_origins",), list),
     "data_dir": (("data_dir",), str),
+    "lora": (("loras",), list),
     "model_arg": (("model",), str),  # `vidloom serve MODEL`, the same setting as --model
     "batch_wait_ms": (("batch_wait_s",), lambda ms: float(ms) / 1000.0),
     "max_body_mb": (("max_body_bytes",), lambda mb: max(1, int(mb * 2**20))),

@@ -118,9 +118,17 @@ def serve(config: ServeConfig) -> None:
         if health_sock is not None:
             health_sock.close()
         raise
+    from vidloom.lora.registry import DEFAULT_MAX_LORAS
+
+    lora_files = config.lora_files
+    max_loras = config.max_loras
+    if max_loras is None and lora_files:
+        max_loras = max(DEFAULT_MAX_LORAS, len(lora_files))
     generator = VideoGenerator.from_pretrained(
-        config.model, device=config.device, dtype=config.dtype, deploy=config.deploy
+        config.model, device=config.device, dtype=config.dtype, deploy=config.deploy, max_loras=max_loras,
     )
+    for name, path in lora_files:
+        generator.load_lora(name, path)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     _warn_if_open(config, host)

@@ -1,0 +1,130 @@
+"""Read LoRA adapter files as diffusers' `save_lora_weights` writes them (PEFT keys, optional alpha metadata).
+
+A file holds `<component>.<module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r] per targeted linear,
+and (diffusers >= 0.33) the PEFT LoraConfig under the safetensors metadata key `lora_adapter_metadata`,
+packed with the component prefix ("transformer.lora_alpha"). The scaling of each layer is PEFT's:
+lora_alpha / r (alpha / sqrt(r) with use_rslora), with rank_pattern / alpha_pattern overriding per module.
+Without metadata diffusers takes alpha = r (scaling 1) unless the file carries `<module>.alpha` scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from vidloom.core.errors import CheckpointError
+
+METADATA_KEY = "lora_adapter_metadata"  # diffusers.loaders.lora_base.LORA_ADAPTER_METADATA_KEY
+_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".alpha")
+# LoraConfig options that change the math; a file that turns one on is refused rather than run wrongly.
+_REFUSED_OPTIONS = {"use_dora": "DoRA", "lora_bias": "LoRA bias", "fan_in_fan_out": "fan_in_fan_out"}
+
+
+@dataclass(frozen=True)
+class LoRALayer:
+    """The low-rank update of one linear: y += scaling * up(down(x))."""
+
+    down: torch.Tensor
+    """lora_A [r, in]."""
+    up: torch.Tensor
+    """lora_B [out, r]."""
+    scaling: float
+    """PEFT's alpha / r (before the per-request scale)."""
+
+
+@dataclass(frozen=True)
+class LoRAFile:
+    """The layers of one adapter file for one component, keyed by the component's checkpoint module names."""
+
+    path: Path
+    layers: Mapping[str, LoRALayer]
+
+
+def read_lora_file(path: str | Path, component: str) -> LoRAFile:
+    """Read `path`; CheckpointError names the file and the first key not understood."""
+    path = Path(path)
+    try:
+        exists = path.is_file()
+    except (OSError, ValueError):  # a NUL byte or an over-long name: no file can have it
+        exists = False
+    if not exists:
+        raise CheckpointError(f"{path!s:.200}: no such LoRA file")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 -- safe_open is no dict
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors LoRA file ({exc})") from None
+    config = _component_config(path, metadata, component)
+    grouped = _group(path, tensors, component)
+    if not grouped:
+        raise CheckpointError(f"{path}: no LoRA weights for the {component!r} component")
+    return LoRAFile(path, {name: _layer(path, name, parts, config) for name, parts in grouped.items()})
+
+
+def _component_config(path: Path, metadata: Mapping[str, str], component: str) -> dict[str, Any]:
+    raw = metadata.get(METADATA_KEY)
+    if raw is None:
+        return {}
+    try:
+        packed = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: metadata {METADATA_KEY!r} is not JSON ({exc})") from None
+    prefix = component + "."
+    config = {key[len(prefix):]: value for key, value in packed.items() if key.startswith(prefix)}
+    for option, label in _REFUSED_OPTIONS.items():
+        if config.get(option):
+            raise CheckpointError(f"{path}: {label} adapters ({option}) are not supported")
+    return config
+
+
+def _group(path: Path, tensors: Mapping[str, torch.Tensor], component: str) -> dict[str, dict[str, torch.Tensor]]:
+    grouped: dict[str, dict[str, torch.Tensor]] = {}
+    prefix = component + "."
+    for key, tensor in tensors.items():
+        suffix = next((s for s in _SUFFIXES if key.endswith(s)), None)
+        if not key.startswith(prefix) or suffix is None:
+            raise CheckpointError(
+                f"{path}: key {key!r} is not a diffusers/PEFT LoRA key for the {component!r} component "
+                f"(expected '{prefix}<module>.lora_A.weight' / '.lora_B.weight')"
+            )
+        module = key[len(prefix):-len(suffix)]
+        grouped.setdefault(module, {})[suffix] = tensor
+    return grouped
+
+
+def _layer(path: Path, module: str, parts: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> LoRALayer:
+    down, up = parts.get(".lora_A.weight"), parts.get(".lora_B.weight")
+    if down is None or up is None:
+        missing = ".lora_A.weight" if down is None else ".lora_B.weight"
+        raise CheckpointError(f"{path}: {module!r} has no {missing!r} (each layer needs lora_A and lora_B)")
+    if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0]:
+        raise CheckpointError(
+            f"{path}: {module!r} lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)} are not a rank-r pair "
+            f"(lora_B's columns must equal lora_A's rows)"
+        )
+    rank = down.shape[0]
+    declared = _pattern_value(config.get("rank_pattern"), module, config.get("r"))
+    if declared is not None and int(declared) != rank:
+        raise CheckpointError(f"{path}: {module!r} has rank {rank}, the file's metadata declares r={declared}")
+    alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha"))
+    if alpha is None:
+        alpha = float(parts[".alpha"]) if ".alpha" in parts else rank
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return LoRALayer(down=down, up=up, scaling=float(scaling))
+
+
+def _pattern_value(patterns: Mapping[str, Any] | None, module: str, default: Any) -> Any:
+    """PEFT's rank_pattern / alpha_pattern lookup: a key matches a module name ending in it at a dot boundary."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default

@@ -1,0 +1,188 @@
+"""The resident adapters of one loaded model: load, unload, and resolve a request's `loras` to weights.
+
+Which components take adapters, and how their diffusers module names map onto ours, is a table per family
+(the same NameMaps the base weights load through). A family not in it refuses adapters by name.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vidloom.core.errors import CheckpointError, InvalidRequest
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, wrap_linears
+from vidloom.lora.files import LoRALayer, read_lora_file
+from vidloom.registry import import_target
+
+DEFAULT_MAX_LORAS = 4
+"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only)."""
+
+# family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
+# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we. (Wan2.2 is left out: on its
+# two-expert checkpoints diffusers loads into the high-noise expert alone unless told otherwise, a choice
+# to expose as an option rather than guess.)
+LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
+    "wan2.1": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
+    "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
+    # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
+    "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
+}
+
+
+@dataclass(frozen=True)
+class LoadedLoRA:
+    """One resident adapter: its file and its layers keyed by LoRALinear key, on the model's device/dtype."""
+
+    name: str
+    path: Path
+    layers: Mapping[str, LoRALayer]
+
+
+def check_family(family: str, field: str = "loras") -> tuple[tuple[str, str], ...]:
+    """The family's LoRA targets; InvalidRequest naming `field` for a family without adapter support."""
+    if family not in LORA_TARGETS:
+        raise InvalidRequest(
+            field, f"LoRA adapters are not supported for the {family!r} family yet "
+            f"(supported: {', '.join(sorted(LORA_TARGETS))})",
+        )
+    return LORA_TARGETS[family]
+
+
+class LoRARegistry:
+    """Adapters resident on one model instance, at most `max_loras` of them.
+
+    A running request resolves its adapters once (`resolve`) and keeps references to their tensors, so
+    unloading an adapter never pulls weights from under a step in flight; its memory goes when that run ends.
+    """
+
+    def __init__(self, components: Mapping[str, Any], family: str, device: torch.device, dtype: torch.dtype,
+                 max_loras: int = DEFAULT_MAX_LORAS) -> None:
+        if max_loras < 1:
+            raise InvalidRequest("max_loras", f"must be >= 1, got {max_loras}")
+        self._targets = check_family(family, "lora")
+        self._components = components
+        self._device, self._dtype = device, dtype
+        self.max_loras = max_loras
+        self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()
+        # A server loads and unloads on worker threads while requests resolve on others; module wrapping and
+        # the table change under it (a forward sees a linear either wrapped or not: both are the base weights
+        # for a run that does not name the new adapter).
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._loaded)
+
+    @property
+    def adapters(self) -> list[LoadedLoRA]:
+        return list(self._loaded.values())
+
+    def load(self, name: str, path: str | Path) -> LoadedLoRA:
+        """Read `path` and make it selectable as `name` (replacing an adapter of that name)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
+        self._check_room(name)  # before reading: a full registry refuses at once
+        # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
+        layers: dict[str, LoRALayer] = {}
+        for component, map_target in self._targets:
+            layers.update(self._place(Path(path), component, self._components[component], import_target(map_target)))
+        adapter = LoadedLoRA(name, Path(path), layers)
+        with self._lock:
+            self._check_room(name)
+            for component, _ in self._targets:
+                prefix = component + ":"
+                names = [key[len(prefix):] for key in layers if key.startswith(prefix)]
+                wrap_linears(self._components[component], component, names)
+            self._loaded[name] = adapter
+        return adapter
+
+    def _check_room(self, name: str) -> None:
+        if name not in self._loaded and len(self._loaded) >= self.max_loras:
+            raise InvalidRequest(
+                "name", f"cannot load {name!r}: {len(self._loaded)} adapters are resident, the limit max_loras is "
+                f"{self.max_loras} ({', '.join(self._loaded)}); unload one first",
+            )
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            if name not in self._loaded:
+                raise InvalidRequest("name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})")
+            del self._loaded[name]
+
+    def resolve(self, loras: Mapping[str, float]) -> ActiveLoRAs | None:
+        """The merged layers a request's {name: scale} runs with; None when it names none."""
+        if not loras:
+            return None
+        merged: dict[str, list[tuple[LoRALayer, float]]] = {}
+        with self._lock:
+            chosen = [(i, name, scale, self._loaded.get(name)) for i, (name, scale) in enumerate(loras.items())]
+        for i, name, scale, adapter in chosen:
+            if adapter is None:
+                raise InvalidRequest(
+                    f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})"
+                )
+            for key, layer in adapter.layers.items():
+                merged.setdefault(key, []).append((layer, scale))
+        return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
+
+    def _place(self, path: Path, component: str, module: nn.Module, name_map: Any) -> dict[str, LoRALayer]:
+        """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
+        placed: dict[str, LoRALayer] = {}
+        for ckpt_name, layer in read_lora_file(path, component).layers.items():
+            ours = name_map.to_module(ckpt_name)
+            try:
+                target = module.get_submodule(ours)
+            except AttributeError:
+                target = None
+            if isinstance(target, LoRALinear):
+                target = target.base
+            if target is None or not hasattr(target, "in_features"):
+                raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
+                                      f"the {component} ({ours!r})")
+            if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
+                raise CheckpointError(
+                    f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
+                    f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
+                )
+            cast = {"device": self._device, "dtype": self._dtype}
+            placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
+        return placed
+
+
+
+LORA_SLOT = "lora_adapters"
+"""The instance component that holds its LoRARegistry (created by the first `attach_registry`)."""
+
+
+def attach_registry(instance: Any, max_loras: int | None = None) -> LoRARegistry:
+    """The instance's adapter registry, created on first use (InvalidRequest("lora") for a family without
+    support). `max_loras` None keeps the current bound (DEFAULT_MAX_LORAS for a new registry)."""
+    registry = instance.components.get(LORA_SLOT)
+    if registry is None:
+        registry = LoRARegistry(instance.components, instance.card.family, instance.device, instance.dtype,
+                                max_loras if max_loras is not None else DEFAULT_MAX_LORAS)
+        instance.components[LORA_SLOT] = registry
+    elif max_loras is not None:
+        if max_loras < max(1, len(registry.names)):
+            raise InvalidRequest("max_loras", f"must be >= 1 and >= the {len(registry.names)} resident adapters, "
+                                 f"got {max_loras}")
+        registry.max_loras = max_loras
+    return registry
+
+
+def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> ActiveLoRAs | None:
+    """What a run applies for its request's `loras` (validated names and scales); None for none."""
+    if not loras:
+        return None
+    check_family(instance.card.family)
+    registry = instance.components.get(LORA_SLOT)
+    if registry is None:
+        raise InvalidRequest("loras[0].name", f"no LoRA adapter {loras[0][0]!r} is loaded (loaded: none)")
+    return registry.resolve(dict(loras))
