@@ -5,7 +5,7 @@
         state = loop.advance(state, runtime.execute(plan))
     outputs = loop.finalize(state)
 
-The runtime's driver is vidloom.runtime.engine.RequestRun.
+The runtime's driver is vidloom.runtime.request_run.RequestRun.
 """
 
 from __future__ import annotations

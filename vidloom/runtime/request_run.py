@@ -1,0 +1,378 @@
+"""RequestRun: one request's program, advanced one step at a time; the cancellation token and observers it takes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Generator, Mapping, Protocol, TypeVar
+
+import torch
+
+from vidloom.core.chat import ChatRequest
+from vidloom.core.errors import CacheBudgetExceeded, Cancelled
+from vidloom.core.instance import ModelInstance
+from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
+from vidloom.core.output import (
+    ChunkEvent,
+    EventCallback,
+    ProgressEvent,
+    TextEvent,
+    VideoChunk,
+)
+from vidloom.core.program import Node, Program
+from vidloom.core.request import GenerationRequest
+from vidloom.lora.apply import ActiveLoRAs, lora_scope
+from vidloom.lora.registry import resolve_request_loras
+from vidloom.media.uploads import decode_media
+from vidloom.media.video import to_uint8
+from vidloom.runtime.admission import MemoryAdmission
+from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.memory import release_cached_memory, under_pressure
+from vidloom.runtime.paged_decode import PagedDecoder
+from vidloom.runtime.step_cache import make_step_cache
+
+T = TypeVar("T")
+
+PlanObserver = Callable[[StepPlan], None]
+"""Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
+
+
+class RunObserver(Protocol):
+    """Watches a run from inside without changing it (vidloom.parity's taps): each loop step and
+    the loop state it leaves, and the slots each program node writes. Called on the stepping thread."""
+
+    def step_started(self, plan: StepPlan) -> None:
+        """`plan` is about to run (its network calls follow)."""
+        ...
+
+    def step_finished(self, plan: StepPlan, result: Any, state: Any) -> None:
+        """`plan` ran and the loop folded `result` into `state`."""
+        ...
+
+    def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
+        """Program node `node` wrote these slots."""
+        ...
+
+
+class CancellationToken:
+    """Set from any thread; the run honours it at the next step boundary."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class RequestRun:
+    """One validated request (a generation or a chat) moving through a program.
+
+    `step()` runs one unit of work (a component node, or one loop step) and returns
+    True once the program is done; the caller decides when to call it, which is
+    how the async engine interleaves requests at step boundaries. Per-request state
+    (slots, loop state, the step interceptor's caches) lives here and is dropped by `close()`.
+    """
+
+    def __init__(
+        self,
+        instance: ModelInstance,
+        program: Program,
+        request: GenerationRequest | ChatRequest,
+        on_event: EventCallback | None = None,
+        cancel: CancellationToken | None = None,
+        observer: PlanObserver | None = None,
+        graphs: StepGraphs | None = None,
+        compiled: bool = True,
+        caches: CacheManager | None = None,
+        admission: MemoryAdmission | None = None,
+        memory_bytes: int = 0,
+        decoder: PagedDecoder | None = None,
+        slots: Mapping[str, Any] | None = None,
+        watch: RunObserver | None = None,
+    ) -> None:
+        """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
+        pool and decode forward, for loops that reserve KV (chat, a reasoner)."""
+        self.request = request
+        # The request's estimated peak, held in `admission` while it is resident (see admit).
+        self._admission = admission
+        self.memory_bytes = memory_bytes
+        self._admitted = admission is None
+        self.decoder = decoder
+        self.caches = caches or CacheManager()
+        self._graphs = graphs
+        self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
+        self.instance = instance
+        self.program = program
+        self.cancel = cancel or CancellationToken()
+        self._on_event = on_event
+        self._observer = observer
+        self._watch = watch
+        self.inputs: Mapping[str, Any] = dict(slots) if slots is not None else {"request": request}
+        self._slots: dict[str, Any] = dict(self.inputs)
+        generating = isinstance(request, GenerationRequest)  # a chat request has no step cache and no adapters
+        # Built per request (InvalidRequest for a threshold without a deployed cache).
+        self._interceptor: StepInterceptor | None = (
+            make_step_cache(instance.deploy, request, instance.card.model_id) if generating else None)
+        # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
+        # They are in force for everything this run executes (steps, and the loop code between them that calls
+        # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
+        self._loras: ActiveLoRAs | None = resolve_request_loras(instance, request.loras) if generating else None
+        self._units = self._run_units()
+        self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
+        self._outputs: dict[str, Any] | None = None
+        self._elapsed = 0.0
+        self._mark = 0.0  # when the current step (or the last progress report) began
+        self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
+
+    @property
+    def done(self) -> bool:
+        return self._outputs is not None
+
+    def admit(self) -> bool:
+        """Hold this request's estimated memory among the engine's resident requests; False: no room now
+        (a queue keeps it waiting). Released by `close`."""
+        if not self._admitted and self._admission is not None:
+            self._admitted = self._admission.try_reserve(self, self.memory_bytes)
+        return self._admitted
+
+    def step(self) -> bool:
+        """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
+        if self._outputs is not None:
+            return True
+        if self._plan is None and not self.prepare():
+            return self._outputs is not None  # a component node ran (or the program ended)
+        plan = self._plan
+        assert plan is not None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+                result = self.execute(plan)
+        finally:
+            self._elapsed += time.perf_counter() - started
+        self.complete(result)
+        return self._outputs is not None
+
+    # -- the step split in three, for a driver that batches plans of several runs ----
+
+    @property
+    def pending_plan(self) -> StepPlan | None:
+        """The loop step planned and waiting to be executed (None between units)."""
+        return self._plan
+
+    @property
+    def intercepted(self) -> bool:
+        """Steps go through a per-request interceptor (step cache) or apply LoRA adapters: they must run alone
+        (a batched forward would apply one request's adapters to every row; runs are grouped instead)."""
+        return self._interceptor is not None or self._graphs is not None or self._loras is not None
+
+    def prepare(self) -> bool:
+        """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a
+        component node ran instead (a whole unit) or the program ended."""
+        if self._outputs is not None or self._plan is not None:
+            return self._plan is not None
+        if not self._admitted:  # stepped without a queue: no room is an error, before any work
+            assert self._admission is not None
+            self._admission.reserve(self, self.memory_bytes)
+            self._admitted = True
+        started = self._mark = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+                self._plan = next(self._units)
+        except StopIteration:
+            self._plan = None
+        finally:
+            self._elapsed += time.perf_counter() - started
+        return self._plan is not None
+
+    def complete(self, result: Any, seconds: float = 0.0) -> None:
+        """Fold the executed pending plan's `result` into the loop (progress, cancel check); `seconds`
+        is compute time spent on it elsewhere (a batched forward's share)."""
+        assert self._plan is not None, "no pending plan"
+        self._plan = None
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+                self._units.send(result)
+        except StopIteration:
+            pass
+        finally:
+            self._elapsed += time.perf_counter() - started + seconds
+
+    def outputs(self) -> dict[str, Any]:
+        """The program's output slots plus the resolved request and compute time."""
+        assert self._outputs is not None, "run has not finished"
+        extra = self._interceptor.report() if self._interceptor is not None else {}
+        return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
+
+    def close(self) -> None:
+        """Drop every intermediate (latents, embeddings), also after failure or cancel.
+
+        The freed blocks stay in the allocator's cache for the next request; they go back to
+        the driver only under memory pressure (or `Engine.release_memory()`). Call this on the
+        thread that runs the steps (the AsyncEngine's device worker does), never during a capture.
+        """
+        self._units.close()  # runs the open loop's release path (see _run_node)
+        self._release_held(0)
+        self._slots.clear()
+        if self._admission is not None:
+            self._admission.release(self)
+        if self._interceptor is not None:
+            self._interceptor.close()
+        if under_pressure(self.instance.device):
+            release_cached_memory(self.instance.device)
+
+    def _compile_stance(self) -> contextlib.AbstractContextManager[Any]:
+        # The stance is process-wide while set; steps of one engine run one at a time, so it
+        # covers exactly this request's step. Adapters run eagerly: the compiled blocks were traced without them.
+        if self._loras is not None:
+            return torch.compiler.set_stance("force_eager")
+        return contextlib.nullcontext() if self._compiled else torch.compiler.set_stance("eager_on_recompile")
+
+    # -- runtime services handed to nodes and loops --------------------------------
+
+    def check_cancelled(self) -> None:
+        if self.cancel.cancelled:
+            raise Cancelled(f"request {self.request.request_id} was cancelled")
+
+    def execute(self, plan: StepPlan) -> Any:
+        """Run one loop step: plainly, or through this request's interceptor (step cache); a paged decode
+        step stepped alone goes through the decoder as a batch of one."""
+        if self._observer is not None:
+            self._observer(plan)
+        if is_decode_step(plan):
+            assert self.decoder is not None, "a paged decode step without a decoder (reserve_kv refuses that)"
+            return self.decoder.run([plan])[0]
+        with lora_scope(self._loras):
+            if self._interceptor is not None:
+                return self._interceptor.execute(plan)
+            # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.
+            if self._graphs is not None and self._loras is None:
+                return self._graphs.get(plan.call)(**plan.inputs)
+            return plan.call(**plan.inputs)
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Call `release` when the current loop ends (finish, failure or cancel)."""
+        self._releases.append(release)
+
+    def emit(self, chunk: VideoChunk) -> None:
+        """Pass a finished chunk to the caller as uint8 frames, the same conversion the final video gets."""
+        if self._on_event is not None:
+            frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
+            self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
+
+    def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
+        """Pass decoded text (a chat's, a reasoning loop's) and its tokens to the caller as they are written."""
+        if self._on_event is not None and (text or token_ids):
+            self._on_event(TextEvent(self.request.request_id, phase, text, token_ids))
+
+    def reserve_kv(self, tokens: int) -> str:
+        """Blocks of the engine's paged pool for one sequence, returned to it when the loop ends."""
+        if self.decoder is None:
+            raise RuntimeError("this engine has no paged KV pool (its program declares no chat_loop)")
+        seq_id = self.decoder.reserve(self.request.request_id, tokens)
+        decoder = self.decoder
+        self.hold(lambda: decoder.release(seq_id))
+        return seq_id
+
+    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+        """A cache buffer accounted to this request, released with the loop that asked for it."""
+        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
+        self.hold(lambda: self.caches.release(handle))
+        return buffer
+
+    @property
+    def keeps_sessions(self) -> bool:
+        """Whether the deployment keeps a finished request's KV resident (kv_session_ttl_s > 0)."""
+        return self.caches.session_ttl_s > 0
+
+    def keep_session(self, nbytes: int, build: Callable[[], Any]) -> bool:
+        """Keep `build()` as this request's session (id: the request id) past the run; False when it is not kept
+        (sessions off, or no room even after evicting idle ones: the extension then rebuilds it)."""
+        if not self.keeps_sessions or self._loras is not None:
+            return False  # a KV made under this request's adapters must not serve an extension with other ones
+        try:
+            self.caches.put_session(self.request.request_id, nbytes, build)
+        except CacheBudgetExceeded:
+            return False
+        return True
+
+    def session(self, session_id: str) -> Any | None:
+        """Session `session_id`'s resident buffer, pinned until the loop ends; None when not resident (or when
+        this run has adapters: the resident KV was made without them, so the extension rebuilds it under them)."""
+        if self._loras is not None:
+            return None
+        buffer = self.caches.checkout_session(session_id)
+        if buffer is not None:
+            self.hold(lambda: self.caches.checkin_session(session_id))
+        return buffer
+
+    def _release_held(self, keep: int) -> None:
+        while len(self._releases) > keep:
+            self._releases.pop()()
+
+    def progress(self, phase: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        seconds, self._mark = now - self._mark, now
+        if self._on_event is not None:
+            self._on_event(ProgressEvent(self.request.request_id, phase, done, total, seconds))
+        self.check_cancelled()
+
+    # -- the program as a sequence of units -----------------------------------------
+
+    def _run_units(self) -> Generator[StepPlan | None, Any, None]:
+        self._decode_media()
+        for node in self.program.active_nodes(self.request):
+            self.check_cancelled()
+            reads = {name: self._slots[name] for name in node.reads}
+            written = yield from self._run_node(node, reads)
+            missing = [name for name in node.writes if name not in written]
+            assert not missing, f"node {node.name!r} did not write {missing}"
+            self._slots.update(written)
+            if self._watch is not None:
+                self._watch.node_finished(node.name, written)
+        self._outputs = {name: self._slots[name] for name in self.program.outputs}
+
+    def _decode_media(self) -> None:
+        """Input files were checked from their headers and held compressed while the request waited
+        (media.uploads); their pixels are decoded now, on the thread that runs the request. A chat request
+        carries no such files (its images are decoded when its prompt is built)."""
+        if not isinstance(self.request, GenerationRequest):
+            return
+        decoded = decode_media(self.request)
+        if decoded is not self.request:
+            self.request = decoded
+            self._slots["request"] = decoded
+
+    def _run_node(self, node: Node, reads: Mapping[str, Any]) -> Generator[StepPlan | None, Any, Mapping[str, Any]]:
+        # Pauses: `yield None` after a component node (a unit), `yield plan` for a loop step, which
+        # resumes with the step's result (run by `step`, or by a batching driver with other runs').
+        if node.loop is None:
+            assert node.run is not None
+            written = node.run(reads, self)
+            yield None
+            return written
+        loop = node.loop
+        held = len(self._releases)
+        try:
+            state = loop.init(reads, self)
+            while not isinstance(plan := loop.next(state), Done):
+                self.check_cancelled()
+                if self._watch is not None:
+                    self._watch.step_started(plan)
+                result = yield plan
+                state = loop.advance(state, result)
+                if self._watch is not None:
+                    self._watch.step_finished(plan, result, state)
+                self.progress(plan.loop, plan.index + 1, plan.total)
+                yield None
+            return loop.finalize(state)
+        finally:
+            # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
+            self._release_held(held)
