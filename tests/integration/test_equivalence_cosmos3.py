@@ -71,6 +71,7 @@ def test_reasoning_streams_over_sse(served: CliServer):
     names = [n for n, _ in events]
     assert names[-1] == "completed"
     text = "".join(d["text"] for n, d in events if n == "reasoning")
+    assert all(d["text"] for n, d in events if n == "reasoning"), "a reasoning update with no text was streamed"
     assert text.strip() == events[-1][1]["metadata"]["reasoned_prompt"]
     denoise = [i for i, (n, d) in enumerate(events) if n == "progress" and d.get("phase") == "denoise"]
     assert denoise and max(i for i, n in enumerate(names) if n == "reasoning") < min(denoise)

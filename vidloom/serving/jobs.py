@@ -433,7 +433,8 @@ class JobManager:
         elif isinstance(event, ChunkEvent):
             self._chunk(live, event)
         elif isinstance(event, TextEvent):
-            if not live.finished.is_set():
+            # One event per decoded token; a token that completes no character yet carries no text to stream.
+            if event.text and not live.finished.is_set():
                 self._publish(live, JobUpdate("reasoning", live.record, event.phase, text=event.text))
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))
