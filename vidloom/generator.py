@@ -287,6 +287,8 @@ def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequ
 def _default_task(card: ModelCard) -> Task:
     """Text-to-image on image models; text-to-video elsewhere (resolve_request makes it image- or
     video-to-video when media are given, and names the missing input on I2V-only cards)."""
+    if Task.T2A in card.tasks and Task.T2V not in card.tasks:
+        return Task.T2A  # an audio model
     return Task.T2I if Task.T2I in card.tasks else Task.T2V
 
 

@@ -48,6 +48,8 @@ PIPELINES: dict[str, str] = {
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
 }
+# Any other diffusers pipeline class: run by diffusers itself as one loop (recipes/diffusers_adapter).
+ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
@@ -56,6 +58,7 @@ LOADERS: dict[str, str] = {
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
+    "diffusers-adapter": "vidloom.recipes.diffusers_adapter.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -79,6 +82,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.diffusers_adapter.cards:CAPABILITY_ROWS",
 )
 
 
@@ -121,12 +125,12 @@ def resolve_card(model: str | Path) -> ModelCard:
 
 
 def _card_from_dir(path: Path) -> ModelCard:
+    """The native recipe of the folder's pipeline class, else the diffusers adapter (which refuses, naming why, a
+    class diffusers does not ship or one it cannot step)."""
     ckpt = DiffusersDir.open(path)
-    if ckpt.pipeline_class not in PIPELINES:
-        raise CheckpointError(
-            f"{path}: pipeline class {ckpt.pipeline_class!r} is not supported; supported: {', '.join(PIPELINES)}"
-        )
-    return import_target(PIPELINES[ckpt.pipeline_class])(path)
+    if not ckpt.pipeline_class:
+        raise CheckpointError(f"{path}/model_index.json names no pipeline class (_class_name)")
+    return import_target(PIPELINES.get(ckpt.pipeline_class, ADAPTER))(path)
 
 
 def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:

@@ -101,6 +101,9 @@ class ModelCard:
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
     # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
     capabilities: Capabilities = Capabilities(frozenset())
+    # The optional GenerationRequest fields (core.request.OPTIONAL_FIELDS) this checkpoint's program reads; a
+    # request that sets any other one is refused naming it. None: all of them (native families).
+    request_fields: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
@@ -108,6 +111,8 @@ class ModelCard:
         object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
         object.__setattr__(self, "inputs", frozenset(self.inputs))
         object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
+        if self.request_fields is not None:
+            object.__setattr__(self, "request_fields", frozenset(self.request_fields))
         self._validate()
 
     @property

@@ -37,6 +37,7 @@ class Task(str, Enum):
     I2V = "i2v"  # image (+ text) -> video
     T2I = "t2i"  # text -> image
     V2V = "v2v"  # video (+ text) -> video
+    T2A = "t2a"  # text -> audio (no frames)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     """Fill defaults from `card` and validate; raises InvalidRequest naming the field."""
     from vidloom.core.session import check_extension_guidance, extension_fields
 
+    _refuse_unread(request, card)
     request = dataclasses.replace(request, **extension_fields(request, card))  # before the card's defaults
     defaults = card.sampling_defaults
     filled = {
@@ -106,6 +108,21 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     _validate(resolved, card)
     check_extension_guidance(resolved)
     return resolved
+
+
+OPTIONAL_FIELDS = ("negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale",
+                   "flow_shift", "sampler", "step_cache_threshold", "extend_from")
+"""Request fields a card with `request_fields` must list to accept (None means: left to the card's default)."""
+
+
+def _refuse_unread(r: GenerationRequest, card: ModelCard) -> None:
+    """InvalidRequest naming the first field the caller set that the card's program would not read."""
+    if card.request_fields is None:
+        return
+    for name in OPTIONAL_FIELDS:
+        if getattr(r, name) is not None and name not in card.request_fields:
+            taken = ", ".join(f for f in OPTIONAL_FIELDS if f in card.request_fields) or "none"
+            raise InvalidRequest(name, f"{card.model_id} does not take {name} (fields it takes: {taken})")
 
 
 MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
