@@ -120,7 +120,9 @@ def _refuse_unread(r: GenerationRequest, card: ModelCard) -> None:
     if card.request_fields is None:
         return
     for name in OPTIONAL_FIELDS:
-        if getattr(r, name) is not None and name not in card.request_fields:
+        value = getattr(r, name)
+        # The card's own default changes nothing (the server fills the size and frame count of every call).
+        if value is not None and value != getattr(card.sampling_defaults, name, None) and name not in card.request_fields:
             taken = ", ".join(f for f in OPTIONAL_FIELDS if f in card.request_fields) or "none"
             raise InvalidRequest(name, f"{card.model_id} does not take {name} (fields it takes: {taken})")
 

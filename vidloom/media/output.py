@@ -75,8 +75,10 @@ def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | N
     check_output_path(path)
     suffix = path.suffix.lower()
     track = track_of(audio, sample_rate)
-    if suffix == ".wav":
-        return [write_audio_file(track, len(frames) / fps, path)]
+    if suffix == ".wav":  # fitted to the video; an audio model's output (no frames) is written whole
+        return [write_audio_file(track, len(frames) / fps if len(frames) else None, path)]
+    if not len(frames):
+        raise InvalidRequest("output", f"{path.name}: this output is audio only (no frames); write it as .wav")
     if suffix == ".mp4":
         return [write_video(frames, fps, path, container_format="mp4", audio=track)]
     if suffix == ".webm":
@@ -88,9 +90,9 @@ def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | N
     return write_png_frames(frames, path)
 
 
-def write_audio_file(track: AudioTrack | None, seconds: float, path: Path, field: str = "output") -> Path:
-    """The output's sound alone as WAV, lasting `seconds` (the video's duration); InvalidRequest(field) if the
-    output has no audio."""
+def write_audio_file(track: AudioTrack | None, seconds: float | None, path: Path, field: str = "output") -> Path:
+    """The output's sound alone as WAV, lasting `seconds` (the video's duration; None: all of it);
+    InvalidRequest(field) if the output has no audio."""
     if track is None:
         raise InvalidRequest(field, f"{path.name}: this output has no audio (the model makes no sound); "
                                     "write the video as .mp4 instead")
