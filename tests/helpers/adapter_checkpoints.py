@@ -140,3 +140,19 @@ def write_tiny_pipeline(folder: Path, kind: str, seed: int = 0) -> Path:
     pipe = BUILDERS[kind]()
     pipe.save_pretrained(str(folder))
     return folder
+
+
+def reference_output(folder: Path, prompt: str, seed: int, **kwargs: Any) -> Any:
+    """The pipeline called directly, as diffusers' examples call it (CPU generator), numpy output: uint8 frames
+    [F, H, W, 3] (an image: one frame), or the waveform [channels, samples] of an audio pipeline."""
+    import numpy as np
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt=prompt, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **kwargs)
+    if hasattr(out, "audios"):
+        audio = np.asarray(out.audios, dtype=np.float32)[0]
+        return audio[None] if audio.ndim == 1 else audio
+    frames = out.frames[0] if hasattr(out, "frames") else out.images[:1]
+    return (np.clip(np.asarray(frames, dtype=np.float32), 0.0, 1.0) * 255.0).round().astype(np.uint8)
