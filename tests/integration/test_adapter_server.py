@@ -166,3 +166,17 @@ def test_audioldm_serves_no_video_and_its_waveform_equals_the_pipeline(tmp_path_
     assert np.array_equal(out.audio, expected)
     steps = [(e.step, e.total) for e in events if getattr(e, "phase", None) == "pipeline"]
     assert steps == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_attention_backend_goes_to_diffusers_dispatcher_and_a_missing_kernel_fails_the_load(tmp_path):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import DeployError
+    from vidloom.generator import VideoGenerator
+
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash-attn is installed: the backend would load")
+    folder = write_tiny_pipeline(tmp_path / "cog", "cogvideox")
+    with pytest.raises(DeployError, match=r"attention_backend \(--attention-backend\) 'flash': diffusers refused it"):
+        VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(attention_backend="flash"))

@@ -50,8 +50,11 @@ class PipelineShape:
 
 def pipeline_class(name: str) -> type:
     """The diffusers pipeline class `name` (model_index.json's `_class_name`); CheckpointError when diffusers has none."""
-    import diffusers
-
+    try:
+        import diffusers
+    except ImportError:
+        raise CheckpointError(f"pipeline class {name!r} has no native recipe and the adapter that runs it needs "
+                              "diffusers: pip install 'vidloom[diffusers]'") from None
     cls = getattr(diffusers, name, None)
     if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
         raise CheckpointError(f"pipeline class {name!r} is not a diffusers {diffusers.__version__} pipeline")

@@ -1,0 +1,110 @@
+"""The adapter's card: read from model_index.json and the pipeline's __call__ signature, without loading weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vidloom import registry
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest
+from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.recipes.diffusers_adapter.cards import FAMILY, REASON
+from vidloom.recipes.diffusers_adapter.signature import pipeline_class, read_shape
+
+pytest.importorskip("diffusers")
+
+
+def _folder(tmp_path: Path, class_name: str, configs: dict[str, dict]) -> Path:
+    """A pipeline folder with only model_index.json and component configs (the card reads nothing else)."""
+    index = {"_class_name": class_name, "_diffusers_version": "0.42.1"}
+    for name, config in configs.items():
+        index[name] = ["diffusers", config.get("_class_name", "X")]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    return tmp_path
+
+
+COGVIDEOX = {
+    "transformer": {"_class_name": "CogVideoXTransformer3DModel", "patch_size": 2, "sample_height": 60,
+                    "sample_width": 90, "sample_frames": 49},
+    "vae": {"_class_name": "AutoencoderKLCogVideoX", "block_out_channels": [128, 256, 256, 512],
+            "temporal_compression_ratio": 4},
+}
+MOCHI = {
+    "transformer": {"_class_name": "MochiTransformer3DModel", "patch_size": 2},
+    "vae": {"_class_name": "AutoencoderKLMochi", "spatial_expansions": [2, 2, 2], "temporal_expansions": [1, 2, 3]},
+}
+
+
+def test_cogvideox_card_takes_what_its_signature_takes_with_its_defaults(tmp_path):
+    card = registry.resolve_card(_folder(tmp_path, "CogVideoXPipeline", COGVIDEOX))
+    assert card.family == FAMILY and card.tasks == {Task.T2V}
+    d = card.sampling_defaults
+    assert (d.height, d.width, d.num_frames, d.num_inference_steps, d.guidance_scale) == (480, 720, 49, 50, 6.0)
+    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 4
+    assert card.request_fields == {"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps",
+                                   "guidance_scale"}
+    assert "runtime accelerations do not apply" in card.notes[0]
+
+
+def test_mochi_card_uses_its_vae_expansions_and_signature_frames(tmp_path):
+    card = registry.resolve_card(_folder(tmp_path, "MochiPipeline", MOCHI))
+    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 6
+    assert card.sampling_defaults.num_frames == 19 and card.sampling_defaults.num_inference_steps == 64
+
+
+@pytest.mark.parametrize("name, output, hook", [
+    ("CogVideoXPipeline", "video", "callback_on_step_end"), ("QwenImagePipeline", "image", "callback_on_step_end"),
+    ("AudioLDMPipeline", "audio", "callback"), ("StableAudioPipeline", "audio", "callback"),
+])
+def test_output_kind_and_step_hook_come_from_the_class(name, output, hook):
+    shape = read_shape(pipeline_class(name))
+    assert (shape.output, shape.hook) == (output, hook)
+
+
+def test_qwen_image_guidance_is_its_true_cfg_scale():
+    shape = read_shape(pipeline_class("QwenImagePipeline"))
+    assert shape.args["guidance_scale"] == "true_cfg_scale" and shape.defaults["guidance_scale"] == 4.0
+    assert "num_frames" not in shape.args
+
+
+def test_image_to_video_pipelines_require_their_image():
+    shape = read_shape(pipeline_class("CogVideoXImageToVideoPipeline"))
+    assert "image" in shape.required
+
+
+@pytest.mark.parametrize("class_name, message", [
+    ("HunyuanVideo15Pipeline", "takes neither callback_on_step_end nor callback"),  # no hook: no steps, no cancel
+    ("NoSuchPipeline", "'NoSuchPipeline' is not a diffusers"),
+])
+def test_a_pipeline_without_a_step_hook_or_unknown_to_diffusers_is_refused_by_name(tmp_path, class_name, message):
+    with pytest.raises(CheckpointError, match=message):
+        registry.resolve_card(_folder(tmp_path, class_name, {}))
+
+
+def test_request_fields_the_pipeline_does_not_take_are_refused_naming_them(tmp_path):
+    card = registry.resolve_card(_folder(tmp_path, "CogVideoXPipeline", COGVIDEOX))
+    for field, value in (("flow_shift", 3.0), ("sampler", "unipc"), ("step_cache_threshold", 0.1)):
+        with pytest.raises(InvalidRequest) as excinfo:
+            resolve_request(GenerationRequest(prompt="x", **{field: value}), card)
+        assert excinfo.value.field == field and "does not take" in str(excinfo.value)
+    # The card's own default is no choice at all: the server fills it on every call.
+    resolved = resolve_request(GenerationRequest(prompt="x", sampler="pipeline", num_frames=49), card)
+    assert resolved.num_frames == 49
+
+
+def test_every_runtime_feature_is_refused_at_load_with_the_adapter_reason(tmp_path):
+    card = registry.resolve_card(_folder(tmp_path, "CogVideoXPipeline", COGVIDEOX))
+    for deploy in (DeployConfig(compile=True), DeployConfig(step_cache="teacache"), DeployConfig(fp8_weights=True),
+                   DeployConfig(cfg_mode="batched"), DeployConfig(offload_text_encoder=True)):
+        with pytest.raises(DeployError, match=REASON):
+            registry.check_deploy(card, deploy)
+    registry.check_deploy(card, DeployConfig(attention_backend="flash"))  # diffusers' own switch (load.py)
+
+
+def test_native_recipes_keep_their_classes():
+    assert "Flux2KleinPipeline" in registry.PIPELINES and "CogVideoXPipeline" not in registry.PIPELINES
