@@ -39,11 +39,11 @@ def build_cogvideox() -> Any:
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
         text_embed_dim=T5_HIDDEN, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        temporal_compression_ratio=4, max_text_seq_length=226)
+        temporal_compression_ratio=2, max_text_seq_length=226)
     vae = AutoencoderKLCogVideoX(
         down_block_types=("CogVideoXDownBlock3D",) * 2, up_block_types=("CogVideoXUpBlock3D",) * 2,
         block_out_channels=(8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=2,
-        temporal_compression_ratio=4)
+        temporal_compression_ratio=2)  # two levels: the VAE halves time once
     return CogVideoXPipeline(tokenizer=tokenizer, text_encoder=_t5_encoder(len(tokenizer)), vae=vae,
                              transformer=transformer, scheduler=CogVideoXDDIMScheduler())
 

@@ -108,3 +108,9 @@ def test_every_runtime_feature_is_refused_at_load_with_the_adapter_reason(tmp_pa
 
 def test_native_recipes_keep_their_classes():
     assert "Flux2KleinPipeline" in registry.PIPELINES and "CogVideoXPipeline" not in registry.PIPELINES
+
+
+def test_the_demo_card_states_cogvideox_as_the_signature_reads_it():
+    from vidloom.recipes.diffusers_adapter.demo import DEMO_SHAPE
+
+    assert read_shape(pipeline_class("CogVideoXPipeline")) == DEMO_SHAPE

@@ -49,7 +49,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 
 
 def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dict[str, Any], vae: dict[str, Any],
-                 components: list[str]) -> ModelCard:
+                 components: list[str], precision: str = "bfloat16", notes: tuple[str, ...] = ()) -> ModelCard:
     """The card of a pipeline of `shape` whose denoiser and VAE have these configs."""
     kind = shape.output
     visual = kind != "audio"
@@ -73,14 +73,14 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         components={name: ComponentSpec() for name in components},
         loops={LOOP: LoopSpec(samplers=(SAMPLER,))},
         tasks=_tasks(shape),
-        precision="bfloat16",
+        precision=precision,
         sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
         recipe=RecipeSpec(method="pretrained", loop=LOOP),
         program=PROGRAM,
         source=source,
         description=f"{shape.class_name} ({kind}) from {source}, run by diffusers through the adapter",
-        notes=(f"adapted diffusers pipeline {shape.class_name}: runtime accelerations do not apply",),
+        notes=(f"adapted diffusers pipeline {shape.class_name}: runtime accelerations do not apply", *notes),
         inputs=inputs,
         required_inputs=frozenset(f for f in inputs if f in shape.required),
         max_reference_images=1 if "image" in inputs and kind == "image" else 0,
