@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import time
 from pathlib import Path
 
@@ -82,6 +83,10 @@ def test_cogvideox_video_equals_the_pipeline_and_streams_one_progress_event_per_
     assert events[-1][0] == "completed"
     steps = [(d["phase"], d["step"], d["total"]) for n, d in events if n == "progress" and d.get("phase")]
     assert steps == [("pipeline", 1, 3), ("pipeline", 2, 3), ("pipeline", 3, 3), ("decode", 1, 1)]
+    with httpx.Client(base_url=server.url, timeout=30) as http:  # the same metrics as native families
+        metrics = http.get("/metrics").text
+    assert re.search(r'vidloom_step_seconds_count\{phase="pipeline"\} ([0-9.]+)', metrics)
+    assert float(re.search(r'vidloom_requests_total\{kind="video",status="completed"\} ([0-9.]+)', metrics)[1]) >= 2
 
 
 def test_cancel_mid_run_stops_the_pipeline_at_the_next_step(cogvideox):
@@ -110,6 +115,7 @@ def test_cancel_mid_run_stops_the_pipeline_at_the_next_step(cogvideox):
     ("flow_shift", 5.0, "flow_shift"), ("sampler", "unipc", "sampler"), ("step_cache_threshold", 0.1,
                                                                         "step_cache_threshold"),
     ("size", "18x16", "size"), ("num_frames", 6, "num_frames"),
+    ("num_inference_steps", 5000, "num_inference_steps"),  # over the server's max_steps (20x the card's 50)
 ])
 def test_fields_the_pipeline_does_not_take_are_400_naming_them(cogvideox, field, value, param):
     _, server = cogvideox
