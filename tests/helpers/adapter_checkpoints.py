@@ -1,6 +1,6 @@
 """Tiny random diffusers pipelines that no native recipe claims, saved with `save_pretrained` (adapter tests).
 
-Four shapes: CogVideoX and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text) and
+Four shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text) and
 AudioLDM (text-to-audio, CLAP text, HiFi-GAN vocoder; it has only the old `callback`/`callback_steps` hook).
 Each runs in well under a second on a CPU at the sizes the tests use. Tokenizers are trained offline.
 """
@@ -46,6 +46,19 @@ def build_cogvideox() -> Any:
         temporal_compression_ratio=2)  # two levels: the VAE halves time once
     return CogVideoXPipeline(tokenizer=tokenizer, text_encoder=_t5_encoder(len(tokenizer)), vae=vae,
                              transformer=transformer, scheduler=CogVideoXDDIMScheduler())
+
+
+def build_cogvideox_i2v() -> Any:
+    """CogVideoX image-to-video: the text-to-video parts, with a transformer that also reads the image latents."""
+    from diffusers import CogVideoXImageToVideoPipeline, CogVideoXTransformer3DModel
+
+    t2v = build_cogvideox()
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=8, out_channels=4, time_embed_dim=8,
+        text_embed_dim=T5_HIDDEN, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+        temporal_compression_ratio=2, max_text_seq_length=226)
+    return CogVideoXImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                         transformer=transformer, scheduler=t2v.scheduler)
 
 
 def build_mochi() -> Any:
@@ -128,6 +141,7 @@ _CORPUS = [
 
 BUILDERS: dict[str, Callable[[], Any]] = {
     "cogvideox": build_cogvideox,
+    "cogvideox-i2v": build_cogvideox_i2v,
     "mochi": build_mochi,
     "qwen-image": build_qwen_image,
     "audioldm": build_audioldm,

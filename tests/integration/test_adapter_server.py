@@ -210,3 +210,24 @@ def test_interleaved_requests_on_one_pipeline_keep_their_own_state(cogvideox, tm
             assert np.array_equal(server.seen.written[job.id].frames, expected), prompt
     finally:
         server.stop()
+
+
+def test_cogvideox_image_to_video_takes_the_uploaded_first_frame(tmp_path_factory):
+    folder, server = _serve("cogvideox-i2v", tmp_path_factory)
+    try:
+        rng = np.random.default_rng(0)
+        image = Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
+        png = io.BytesIO()
+        image.save(png, "PNG")
+        extra = {"num_frames": 5, "num_inference_steps": 2, "seed": 8}
+        video_id, job = _video_job(server, {"prompt": PROMPT, "size": "16x16",
+                                            "input_reference": ("first.png", png.getvalue(), "image/png")}, extra)
+        assert job["status"] == "completed", job
+        expected = reference_output(folder, PROMPT, 8, image=image, height=16, width=16, num_frames=5,
+                                    num_inference_steps=2)
+        assert np.array_equal(server.seen.written[video_id].frames, expected)
+        with httpx.Client(base_url=server.url, timeout=30) as http:  # the pipeline cannot run without its image
+            response = http.post("/v1/videos", json={"prompt": PROMPT, "size": "16x16", **extra})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "input_reference"
+    finally:
+        server.stop()
