@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.adapter_checkpoints import write_tiny_pipeline
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
@@ -59,6 +60,8 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "ltx2": lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0], upsampler=True),
     "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
     "cosmos3-chat-only": _chat_only,
+    # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
+    "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
 }
 # A small request each kind runs (guidance on, so CFG has two branches); its size is also the warmup shape.
 REQUESTS: dict[str, dict[str, Any]] = {
