@@ -144,3 +144,14 @@ def test_louder_than_full_scale_is_clipped_in_mp4(tmp_path: Path):
     decoded = read_audio_stream(path).samples[:, 2048:24000]
     assert np.abs(decoded).max() < 1.2  # clipped to [-1, 1] before AAC (its ringing stays small)
     assert _snr_db(np.clip(loud, -1, 1)[:, 2048:24000], decoded) >= 20  # clipped square-ish waves: harder to code
+
+
+def test_an_audio_only_output_is_written_whole_as_wav_and_refused_as_video(tmp_path: Path):
+    """An audio model's output has no frames (the diffusers adapter's audio pipelines): the WAV is its whole
+    waveform, and a frame format names the problem instead of encoding an empty video."""
+    audio = _tones(3000)
+    no_frames = np.zeros((0, 1, 1, 3), dtype=np.uint8)
+    [path] = write_output(no_frames, 1, tmp_path / "a.wav", audio=audio, sample_rate=RATE)
+    assert read_wav(path).samples.shape == audio.shape
+    with pytest.raises(InvalidRequest, match="audio only"):
+        write_output(no_frames, 1, tmp_path / "a.mp4", audio=audio, sample_rate=RATE)
