@@ -231,3 +231,25 @@ def test_cogvideox_image_to_video_takes_the_uploaded_first_frame(tmp_path_factor
         assert response.status_code == 400 and response.json()["error"]["param"] == "input_reference"
     finally:
         server.stop()
+
+
+def test_offload_text_encoder_sends_it_back_after_encoding_and_changes_no_output(cogvideox):
+    """accelerate's hook keeps the encoder in host memory; the loop offloads it at the request's first step
+    boundary (after it encoded, before the first denoise step reports). On CPU the bytes cannot differ."""
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.generator import VideoGenerator
+
+    folder, _ = cogvideox
+    gen = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(offload_text_encoder=True))
+    encoder = gen.engine.instance["pipeline"].text_encoder
+    assert hasattr(encoder, "_hf_hook")
+    log: list[str] = []
+    encoder.register_forward_hook(lambda *_: log.append("encode"))
+    for hook in gen.engine.instance["text_encoder_hooks"]:
+        real = hook.offload
+        hook.offload = lambda real=real: (log.append("offload"), real())
+    out = gen.generate(PROMPT, height=16, width=16, num_frames=5, num_inference_steps=2, seed=3,
+                       on_event=lambda e: log.append(getattr(e, "phase", "event")))
+    assert log.index("encode") < log.index("offload") < log.index("pipeline") and log.count("offload") == 1
+    expected = reference_output(folder, PROMPT, 3, height=16, width=16, num_frames=5, num_inference_steps=2)
+    assert np.array_equal(out.frames, expected)

@@ -100,10 +100,11 @@ def test_request_fields_the_pipeline_does_not_take_are_refused_naming_them(tmp_p
 def test_every_runtime_feature_is_refused_at_load_with_the_adapter_reason(tmp_path):
     card = registry.resolve_card(_folder(tmp_path, "CogVideoXPipeline", COGVIDEOX))
     for deploy in (DeployConfig(compile=True), DeployConfig(step_cache="teacache"), DeployConfig(fp8_weights=True),
-                   DeployConfig(cfg_mode="batched"), DeployConfig(offload_text_encoder=True)):
+                   DeployConfig(cfg_mode="batched"), DeployConfig(prompt_cache_size=4)):
         with pytest.raises(DeployError, match=REASON):
             registry.check_deploy(card, deploy)
-    registry.check_deploy(card, DeployConfig(attention_backend="flash"))  # diffusers' own switch (load.py)
+    # diffusers' own switches (load.py): its attention dispatcher, accelerate's offload hooks on the text encoders
+    registry.check_deploy(card, DeployConfig(attention_backend="flash", offload_text_encoder=True))
 
 
 def test_native_recipes_keep_their_classes():

@@ -3,7 +3,7 @@
 The card comes from `model_index.json` (the class) and the class's `__call__` signature (the fields it takes and
 their defaults); sizes follow the VAE and denoiser configs. None of the runtime's accelerations reach inside a
 pipeline we do not own, so every deploy feature is refused by name; only diffusers' own attention backend switch
-is offered (see load.py).
+and text-encoder offload are offered (see load.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ PROGRAM = "vidloom.recipes.diffusers_adapter.program:build_program"
 LOOP = "pipeline"
 SAMPLER = "pipeline"  # the pipeline's own scheduler, as saved in its folder
 REASON = "adapted diffusers pipeline: the runtime does not reach inside its step"
-# diffusers' attention dispatcher (ModelMixin.set_attention_backend) is applied by load.py to the denoiser.
-SUPPORTED = frozenset({"attention_backend"})
+# Applied by load.py through diffusers' own machinery: its attention dispatcher (ModelMixin.set_attention_backend)
+# on the denoiser; accelerate's offload hooks on the text encoders, sent back to the host after encoding (loop.py).
+SUPPORTED = frozenset({"attention_backend", "offload_text_encoder"})
 CAPABILITIES = Capabilities(SUPPORTED, {name: REASON for name in FEATURES if name not in SUPPORTED})
 CAPABILITY_ROWS = {"adapted diffusers pipeline": CAPABILITIES}  # `vidloom models --capabilities`
 

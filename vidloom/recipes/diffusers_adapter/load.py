@@ -17,6 +17,7 @@ from vidloom.recipes.diffusers_adapter.signature import pipeline_class, read_sha
 # Our --attention-backend names -> diffusers' attention dispatcher backends (diffusers.models.attention_dispatch).
 DIFFUSERS_ATTENTION = {"sdpa": "native", "flash": "flash", "sage": "sage"}
 DENOISERS = ("transformer", "unet")
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def load_instance(
@@ -35,7 +36,9 @@ def load_instance(
     pipe.set_progress_bar_config(disable=True)  # progress goes through the runtime's events
     if deploy.attention_backend != DeployConfig().attention_backend:
         set_attention_backend(pipe, deploy.attention_backend)
-    components: dict[str, Any] = {"pipeline": pipe, "shape": shape}
+    components: dict[str, Any] = {"pipeline": pipe, "shape": shape,
+                                  "text_encoder_hooks": offload_text_encoders(pipe, device) if deploy.offload_text_encoder
+                                  else ()}
     if shape.output == "audio":
         components["sample_rate"] = audio_sample_rate(pipe, ckpt.root)
     return ModelInstance(card=card, components=components, device=device, dtype=compute,
@@ -54,6 +57,25 @@ def set_attention_backend(pipe: Any, name: str) -> None:
         denoiser.set_attention_backend(DIFFUSERS_ATTENTION[name])
     except (ValueError, RuntimeError, ImportError) as exc:  # the kernel's package is missing, or no CUDA
         raise DeployError(f"attention_backend (--attention-backend) {name!r}: diffusers refused it ({exc})") from None
+
+
+def offload_text_encoders(pipe: Any, device: torch.device) -> tuple[Any, ...]:
+    """Keep the pipeline's text encoders in host memory: accelerate's offload hook moves each to `device` when the
+    pipeline calls it, and the loop sends it back once encoding is done (its first step; see loop.py)."""
+    try:
+        from accelerate import cpu_offload_with_hook
+    except ImportError:
+        raise DeployError("offload_text_encoder (--offload-text-encoder) on an adapted pipeline needs accelerate: "
+                          "pip install 'vidloom[diffusers]'") from None
+    hooks = []
+    for name in TEXT_ENCODERS:
+        module = getattr(pipe, name, None)
+        if isinstance(module, torch.nn.Module):
+            module.to("cpu")
+            hooks.append(cpu_offload_with_hook(module, execution_device=device)[1])
+    if not hooks:
+        raise DeployError(f"offload_text_encoder (--offload-text-encoder): {type(pipe).__name__} has no text encoder")
+    return tuple(hooks)
 
 
 def audio_sample_rate(pipe: Any, root: Path) -> int:

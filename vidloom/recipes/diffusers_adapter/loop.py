@@ -107,10 +107,14 @@ class PipelineLoop:
 
     name = LOOP_NAME
 
-    def __init__(self, pipe: Any, hook: str, kwargs_for: Callable[[GenerationRequest], dict[str, Any]]) -> None:
+    def __init__(self, pipe: Any, hook: str, kwargs_for: Callable[[GenerationRequest], dict[str, Any]],
+                 encoded: Callable[[], None] | None = None) -> None:
+        """`encoded`: run once a request's text encoding is over (at its first step boundary), e.g. to send
+        offloaded text encoders back to host memory."""
         self._pipe = pipe
         self._hook = hook
         self._kwargs_for = kwargs_for
+        self._encoded = encoded
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> PipelineCall:
         request: GenerationRequest = slots["request"]
@@ -132,6 +136,8 @@ class PipelineLoop:
             state.output, state.finished = value, True
             return state
         state.steps += 1
+        if state.steps == 1 and self._encoded is not None:  # the pipeline thread is paused: nothing else runs
+            self._encoded()
         # The pipeline may run more or fewer steps than asked (a schedule that drops or repeats timesteps);
         # its own count, once it has one, is the total the runtime reports.
         counted = getattr(state.pipe, "_num_timesteps", None)

@@ -31,7 +31,13 @@ def build_program(instance: ModelInstance) -> Program:
         return written
 
     outputs = ("video", "audio", "sample_rate") if shape.output == "audio" else ("video",)
-    loop = PipelineLoop(instance["pipeline"], shape.hook, kwargs_for)
+    hooks = instance.components.get("text_encoder_hooks", ())
+
+    def encoded() -> None:
+        for hook in hooks:
+            hook.offload()
+
+    loop = PipelineLoop(instance["pipeline"], shape.hook, kwargs_for, encoded if hooks else None)
     return Program(
         nodes=(
             Node("pipeline", reads=("request",), writes=("pipeline_output",), loop=loop),
