@@ -116,6 +116,7 @@ def test_cancel_mid_run_stops_the_pipeline_at_the_next_step(cogvideox):
                                                                         "step_cache_threshold"),
     ("size", "18x16", "size"), ("num_frames", 6, "num_frames"),
     ("num_inference_steps", 5000, "num_inference_steps"),  # over the server's max_steps (20x the card's 50)
+    ("prompt", "a dog " * 700, "prompt"),  # past 16 characters per token of the pipeline's max_sequence_length
 ])
 def test_fields_the_pipeline_does_not_take_are_400_naming_them(cogvideox, field, value, param):
     _, server = cogvideox

@@ -49,6 +49,7 @@ def test_cogvideox_card_takes_what_its_signature_takes_with_its_defaults(tmp_pat
     assert card.request_fields == {"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps",
                                    "guidance_scale"}
     assert "runtime accelerations do not apply" in card.notes[0]
+    assert card.max_prompt_tokens == 226  # the signature's max_sequence_length: prompts are bounded by it
 
 
 def test_mochi_card_uses_its_vae_expansions_and_signature_frames(tmp_path):

@@ -82,6 +82,7 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         source=source,
         description=f"{shape.class_name} ({kind}) from {source}, run by diffusers through the adapter",
         notes=(f"adapted diffusers pipeline {shape.class_name}: runtime accelerations do not apply", *notes),
+        max_prompt_tokens=shape.text_tokens,  # bounds prompt length (core.limits); None: the default bound
         inputs=inputs,
         required_inputs=frozenset(f for f in inputs if f in shape.required),
         max_reference_images=1 if "image" in inputs and kind == "image" else 0,

@@ -43,7 +43,7 @@ DEMO_SHAPE = PipelineShape(
                                   "guidance_scale")},
     defaults={"negative_prompt": None, "height": None, "width": None, "num_frames": None, "num_inference_steps": 50,
               "guidance_scale": 6},
-    required=frozenset(), hook="callback_on_step_end", output="video", takes_output_type=True,
+    required=frozenset(), hook="callback_on_step_end", output="video", takes_output_type=True, text_tokens=226,
 )
 
 

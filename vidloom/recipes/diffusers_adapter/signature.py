@@ -46,6 +46,7 @@ class PipelineShape:
     hook: str  # "callback_on_step_end" (diffusers' current step hook) or "callback" (the older one)
     output: str  # one of OUTPUT_KINDS
     takes_output_type: bool  # whether `output_type="np"` can be asked for
+    text_tokens: int | None = None  # the signature's max_sequence_length default: prompt tokens the encoder reads
 
 
 def pipeline_class(name: str) -> type:
@@ -86,8 +87,10 @@ def read_shape(cls: type) -> PipelineShape:
             required.add(field)
             default = None
         defaults[field] = default
+    tokens = params["max_sequence_length"].default if "max_sequence_length" in params else None
     return PipelineShape(class_name=cls.__name__, args=args, defaults=defaults, required=frozenset(required),
-                         hook=hook, output=output_kind(cls, params), takes_output_type="output_type" in params)
+                         hook=hook, output=output_kind(cls, params), takes_output_type="output_type" in params,
+                         text_tokens=tokens if isinstance(tokens, int) and tokens > 0 else None)
 
 
 def output_kind(cls: type, params: Mapping[str, inspect.Parameter]) -> str:
