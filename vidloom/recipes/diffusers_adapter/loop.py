@@ -40,10 +40,12 @@ class PipelineCall:
     steps: int = 0
     output: Any = None
     finished: bool = False
-    _go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    _events: queue.Queue = field(default_factory=queue.Queue)
-    _thread: threading.Thread | None = None
-    _stop: bool = False
+    # The handshake: the runtime releases `_go` to let the paused pipeline thread run on; the thread answers on
+    # `_events` each time it pauses, ends or fails.
+    _go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0), init=False, repr=False)
+    _events: queue.Queue = field(default_factory=queue.Queue, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _stop: bool = field(default=False, init=False, repr=False)
 
     def resume(self) -> tuple[str, Any]:
         if self._thread is None:
