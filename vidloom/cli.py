@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=registry.DEFAULT_MODEL,
                      help=f"registered id, diffusers checkpoint dir or Hugging Face repo id "
                           f"(default: {registry.DEFAULT_MODEL}, random weights)")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", required=True, help="what to generate")
     gen.add_argument("--negative-prompt", default=None, help="card default (Wan: its long negative prompt)")
     gen.add_argument("-o", "--output", default=None,
                      help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
@@ -63,10 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="input video: video-to-video (Wan, with --strength) or a clip to continue (AnyFlow-FAR)")
     gen.add_argument("--steps", type=int, default=None, help="denoise steps (card default)")
     gen.add_argument("--seed", type=int, default=None, help="noise seed (random if unset; printed)")
-    gen.add_argument("--height", type=int, default=None)
-    gen.add_argument("--width", type=int, default=None)
+    gen.add_argument("--height", type=int, default=None, help="pixels (card default; Wan: a multiple of 16)")
+    gen.add_argument("--width", type=int, default=None, help="pixels (card default; Wan: a multiple of 16)")
     gen.add_argument("--frames", type=int, default=None, help="frame count; Wan needs 4k+1")
-    gen.add_argument("--fps", type=int, default=None)
+    gen.add_argument("--fps", type=int, default=None, help="frames per second of the output (card default)")
     gen.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 turns CFG off")
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")

@@ -14,7 +14,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--fp8", action="store_true", help="FP8 (e4m3) weights for the DiT block linears")
     group.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks")
     group.add_argument("--cuda-graphs", action="store_true", help="capture and replay each denoise step as a CUDA graph")
-    group.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS)
+    group.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
+                       help="torch.compile backend (with --compile); aot_eager / eager trace without kernels")
     group.add_argument("--warmup", action="append", default=[], metavar="HxWxF", type=_shape,
                        help="run a short request at this size at load (repeatable), e.g. 480x832x81")
     group.add_argument("--offload-text-encoder", action="store_true",

@@ -190,6 +190,29 @@ def test_unknown_model_is_404(api: Api):
         assert _error(http.get("/v1/models/sora-2"), 404, "model_not_found")
 
 
+def test_the_playground_and_each_models_capabilities_are_served(api: Api):
+    """The web playground at / (on for a loopback bind) and what it builds its form from: GET /v1/models/{id}
+    with `capabilities`, which on the fleet comes from a replica of that model."""
+    page = httpx.get(f"{api.urls['t2v']}/")  # the page holds no data: no key needed, it asks for one
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"], page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    script = httpx.get(f"{api.urls['t2v']}/ui/app.js")
+    assert script.status_code == 200 and "/v1/models" in script.text
+    with api.client() as http:
+        assert http.get("/v1/models").status_code == 200
+    for kind, expected in (("t2v", {"videos": True, "chat": False}), ("images", {"images": True, "videos": False}),
+                           ("chat", {"chat": True})):
+        with api.client(kind) as http:
+            details = http.get(f"/v1/models/{api.models[kind]}")
+        assert details.status_code == 200, details.text
+        body = details.json()
+        assert body["id"] == api.models[kind]
+        caps = body["capabilities"]
+        assert {key: caps[key] for key in expected} == expected, (kind, caps)
+        assert caps["limits"]["max_steps"] == BLOCKING_STEPS  # this server's (the replica's) limits
+    assert httpx.get(f"{api.urls['t2v']}/v1/models/{api.models['t2v']}").status_code == 401  # the API needs it
+
+
 def test_too_large_body_is_413_and_missing_key_is_401(api: Api):
     with api.client() as http:
         big = http.post("/v1/videos", json={"prompt": "x" * (5 << 20)})

@@ -1,4 +1,5 @@
-"""The README's openai example runs as written against a real server; --served-model-name is what clients see."""
+"""The docs' openai example (docs/serving.md) runs as written against a real server; --served-model-name is what
+clients see."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_openai_snippet() -> str:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    page = (ROOT / "docs" / "serving.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     [snippet] = [b for b in blocks if "from openai import OpenAI" in b]
     return snippet
 

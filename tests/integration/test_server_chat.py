@@ -312,8 +312,8 @@ def test_guards_apply_to_chat(cosmos3_engine, tmp_path):
 
 
 def _readme_block(language: str, marker: str) -> str:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    [block] = [b for b in re.findall(rf"```{language}\n(.*?)```", readme, flags=re.S) if marker in b]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "chat.md").read_text()
+    [block] = [b for b in re.findall(rf"```{language}\n(.*?)```", page, flags=re.S) if marker in b]
     return block
 
 

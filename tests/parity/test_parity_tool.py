@@ -93,8 +93,8 @@ def test_an_option_the_reference_cannot_take_is_refused_by_name(tiny_wan_dir):
 
 
 def test_readme_python_example_runs_as_written(tiny_wan_dir, capsys):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "vidloom.parity" in b]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "correctness.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "vidloom.parity" in b]
     assert '"path/to/folder"' in snippet
     exec(snippet.replace('"path/to/folder"', repr(str(tiny_wan_dir))), {})
     assert capsys.readouterr().out.startswith("parity: no divergence over")

@@ -1,4 +1,5 @@
-"""`vidloom models --capabilities`: the matrix comes from the cards and the README's table is its output."""
+"""`vidloom models --capabilities`: the matrix comes from the cards and the README's table is its output (the docs
+site's acceleration page includes that table from the README)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vidloom.serving.chat_routes import ChatState
 from vidloom.serving.chat_routes import router as chat_router
+from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import install_error_handlers
 from vidloom.serving.image_routes import router as image_router
@@ -51,7 +52,17 @@ def replica_app(manager: JobManager, config: ServeConfig) -> FastAPI:
     app.include_router(video_router)
     app.include_router(image_router)
     app.include_router(chat_router)
+    app.add_api_route("/v1/models/{model_id:path}", replica_model, methods=["GET"])
     return app
+
+
+async def replica_model(request: Request, model_id: str) -> ModelDetails:
+    """GET /v1/models/{id} with the `capabilities` extension (the playground builds its form from it): the
+    ingress has already resolved `model_id` to this replica's model, which it may name by a path or hub id
+    rather than the card's id, so the answer keeps the fleet's name."""
+    manager: JobManager = request.app.state.jobs
+    return ModelDetails(id=model_id, created=request.app.state.started_at,
+                        capabilities=capabilities(manager.card, getattr(manager, "limits", None)))
 
 
 async def run_forwarded(app: ASGIApp, request: Forwarded, loop: asyncio.AbstractEventLoop) -> AsyncIterator[Message]:

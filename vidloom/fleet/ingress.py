@@ -33,6 +33,7 @@ from vidloom.serving.jobs import JobUpdate, Subscription
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.protocol import ModelList, ModelObject
 from vidloom.serving.request_body import BodyLimit
+from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import router as video_router
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ def create_fleet_app(config: ServeConfig, jobs: FleetJobs) -> FastAPI:
     # After the forwarding routes above: the shared routers' GETs and DELETEs read the store.
     app.include_router(video_router)
     app.include_router(image_router)
+    if config.ui_enabled:  # the web playground, as on `vidloom serve` (a client of the API above)
+        app.include_router(ui_router())
     return app
 
 
@@ -186,11 +189,12 @@ def _add_fleet_routes(app: FastAPI) -> None:
         return ModelList(data=[ModelObject(id=m, created=request.app.state.started_at) for m in jobs.replicas])
 
     @app.get("/v1/models/{model_id:path}")
-    async def retrieve_model(request: Request, model_id: str) -> ModelObject:
+    async def retrieve_model(request: Request, model_id: str) -> Response:
+        """The model object with its `capabilities` (extension), which only a replica's card can tell."""
         jobs: FleetJobs = request.app.state.jobs
         if model_id not in jobs.replicas:
             raise _unknown_model(model_id, jobs)
-        return ModelObject(id=model_id, created=request.app.state.started_at)
+        return await _run_on_replica(request, model_id, await forwarded_request(request))
 
 
 async def forward(request: Request) -> Response:
@@ -200,6 +204,11 @@ async def forward(request: Request) -> Response:
     model = await requested_model(request, payload["body"]) or next(iter(jobs.replicas))
     if model not in jobs.replicas:
         raise _unknown_model(model, jobs)
+    return await _run_on_replica(request, model, payload)
+
+
+async def _run_on_replica(request: Request, model: str, payload: dict[str, Any]) -> Response:
+    jobs: FleetJobs = request.app.state.jobs
     stream = jobs.replicas[model].options(stream=True).http.remote(payload)
     try:
         start = await unless_disconnected(request, _first(stream))

@@ -77,7 +77,10 @@ async function start() {
   let details;
   try {
     const models = await json("/v1/models");
-    details = await json(`/v1/models/${encodeURIComponent(models.data[0].id)}`);
+    // ?model=ID picks one of several served models (a fleet); the first one otherwise.
+    const asked = new URLSearchParams(location.search).get("model");
+    const id = models.data.some((m) => m.id === asked) ? asked : models.data[0].id;
+    details = await json(`/v1/models/${encodeURIComponent(id)}`);
   } catch (error) {
     if (!(error instanceof NeedKey)) showStatus(`cannot reach the server: ${error.message}`);
     return;
