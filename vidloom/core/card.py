@@ -65,6 +65,18 @@ class Geometry:
 
 
 @dataclass(frozen=True)
+class BlockSpec:
+    """A typed request block a card reads (core.request.REQUEST_BLOCKS): who checks it, against what.
+
+    resolver: "module:function" (request, limits, spatial_multiple) -> the request fields it sets, raising
+    InvalidRequest naming the field; limits: the checkpoint's sizes the resolver checks against.
+    """
+
+    resolver: str
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """Describes a checkpoint; validated when built."""
 
@@ -101,6 +113,9 @@ class ModelCard:
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
     # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
     capabilities: Capabilities = Capabilities(frozenset())
+    # Typed request blocks this checkpoint reads (name in core.request.REQUEST_BLOCKS -> BlockSpec); a request
+    # with a block its card does not declare is refused naming it.
+    request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
@@ -108,6 +123,7 @@ class ModelCard:
         object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
         object.__setattr__(self, "inputs", frozenset(self.inputs))
         object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
+        object.__setattr__(self, "request_blocks", MappingProxyType(dict(self.request_blocks)))
         self._validate()
 
     @property
