@@ -76,6 +76,12 @@ class ResolvedAction:
     def predicts_actions(self) -> bool:
         return self.mode != "forward_dynamics"
 
+    def params(self) -> dict[str, Any]:
+        """The block as a job stores it (JSON: no media, the given actions as lists)."""
+        return {"mode": self.mode, "domain_name": self.domain_name, "chunk_size": self.chunk_size,
+                "view_point": self.view_point, "canvas": list(self.canvas),
+                "raw_actions": None if self.raw_actions is None else self.raw_actions.tolist()}
+
 
 def canvas_for(height: int, width: int, tier: int) -> tuple[int, int]:
     """The tier's canvas whose height/width ratio is closest to the frames' (the first on a tie)."""
@@ -93,6 +99,8 @@ def resolve_action(request: Any, limits: Mapping[str, int], spatial: int) -> dic
     """The request fields an action block sets (the block resolved, the frame count and output size);
     InvalidRequest naming `action.<field>` (or image / video) for anything the model cannot run."""
     block = request.action
+    if isinstance(block, ResolvedAction):  # resolved already (the server plans, then the engine resolves)
+        return {}
     if not isinstance(block, ActionInput):
         raise InvalidRequest("action", f"must be an ActionInput, got {type(block).__name__}")
     if block.mode not in ACTION_MODES:
