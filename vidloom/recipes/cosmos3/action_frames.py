@@ -59,10 +59,21 @@ def conditioning_clip(action: ResolvedAction) -> Tensor:
 
 
 def encode_clip(vae: Any, action: ResolvedAction, device: torch.device) -> Tensor:
-    """The clip's normalized latent means [C, T, h, w] (float32), cropped to the content's latent grid."""
+    """The clip's normalized latent means [C, T, h, w] (float32), cropped to the content's latent grid.
+
+    Only inverse dynamics keeps more than latent frame 0 clean. The VAE is causal in time (latent frame 0
+    is the first pixel frame's alone), so the other modes encode that frame only: the latent the reference
+    gets from the whole repeated clip, for a fraction of the work. The other frames' latents are zeros
+    (noise replaces them).
+    """
     clip = conditioning_clip(action).to(device)
+    frames = (action.num_frames - 1) // vae.config.temporal_factor + 1
+    if action.mode != "inverse_dynamics":
+        clip = clip[:, :, :1]
     vae_dtype = next(vae.parameters()).dtype
     latents = vae.normalize_latents(vae.encode(clip.to(vae_dtype)).mean)[0].float()
     factor = vae.config.spatial_factor
     h, w = (max(side // factor, 1) for side in action.content)
-    return latents[:, :, :h, :w].contiguous()
+    out = latents.new_zeros(latents.shape[0], frames, h, w)
+    out[:, : latents.shape[1]] = latents[:, :, :h, :w]
+    return out
