@@ -147,10 +147,11 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         return _report_cancelled(guard, _cancelled_line(bars))
     guard.check()
     paths = _write_files(video, output, audio_out)
+    actions = []  # --actions-out: a world model's predicted actions
     if args.actions_out is not None and video.actions is not None:
-        paths.append(write_actions(Path(args.actions_out), video.actions, video.metadata))
+        actions.append(write_actions(Path(args.actions_out), video.actions, video.metadata))
     if guard.settle():  # a Ctrl-C that came while the files were written: they go
-        for path in paths:
+        for path in paths + actions:
             path.unlink(missing_ok=True)
         return _report_cancelled(guard, "cancelled while writing the output (nothing kept)")
     track = track_of(video.audio, video.sample_rate)
@@ -165,10 +166,10 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     )
     if audio_out is not None:
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
-    if args.actions_out is not None and video.actions is not None:
-        print(f"wrote {Path(args.actions_out).resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]})")
     elif track is not None and output.suffix.lower() not in SOUND_FORMATS:
         print(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it", file=sys.stderr)
+    for path in actions:
+        print(f"wrote {path.resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]} float32)")
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
 
