@@ -191,6 +191,17 @@ class VideoGenerator:
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
+    def open_session(self, prompt: str, *, image: Any, action: Any, **fields: Any) -> Any:
+        """World models (a card whose action block has a session: Cosmos3 with an action pathway): a session
+        stepped chunk by chunk, `session.step(actions)` -> the chunk's frames (and actions in policy mode), each
+        chunk continuing from the last frame of the one before. `fields`: generate's (negative_prompt,
+        num_inference_steps, guidance_scale, seed, fps). Close it (or use `with`) to free its resident state.
+        """
+        spec = self.card.request_blocks.get("action")
+        if spec is None or spec.session is None:
+            raise InvalidRequest("action", f"{self.card.model_id} has no action pathway to open a session on")
+        return registry.import_target(spec.session)(self, prompt, image=image, action=action, **fields)
+
     def release_session(self, source: Any) -> bool:
         """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,
         instead of at its idle TTL; it can still be extended (the KV is then rebuilt). False if none was held."""

@@ -69,11 +69,13 @@ class BlockSpec:
     """A typed request block a card reads (core.request.REQUEST_BLOCKS): who checks it, against what.
 
     resolver: "module:function" (request, limits, spatial_multiple) -> the request fields it sets, raising
-    InvalidRequest naming the field; limits: the checkpoint's sizes the resolver checks against.
+    InvalidRequest naming the field; limits: the checkpoint's sizes the resolver checks against;
+    session: "module:Class" (generator, prompt, **fields) of the block's interactive session, if it has one.
     """
 
     resolver: str
     limits: Mapping[str, int] = field(default_factory=dict)
+    session: str | None = None
 
 
 @dataclass(frozen=True)

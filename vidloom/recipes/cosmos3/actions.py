@@ -67,6 +67,7 @@ class ResolvedAction:
     source_size: tuple[int, int]  # (height, width) of the frames, floored to the VAE's 16
     canvas: tuple[int, int]  # (height, width) the frames are padded into
     content: tuple[int, int]  # (height, width) of the frames inside the canvas
+    session_id: str | None = None  # an action session's chunk: its prefix K/V may stay resident under this id
 
     @property
     def num_frames(self) -> int:

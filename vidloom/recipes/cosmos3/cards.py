@@ -21,6 +21,7 @@ PIPELINE_CLASS = "Cosmos3OmniPipeline"
 PROGRAM = "vidloom.recipes.cosmos3.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.recipes.cosmos3.memory:request_estimator"
 ACTION_RESOLVER = "vidloom.recipes.cosmos3.actions:resolve_action"
+ACTION_SESSION = "vidloom.recipes.cosmos3.action_session:ActionSession"
 AR_LOOP = "ar_decode"
 DENOISE_LOOP = "denoise"
 SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
@@ -58,7 +59,12 @@ CAPABILITIES = Capabilities(
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm"})
-CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
+# With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
+# (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
+ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
+                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
+                   "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -122,8 +128,8 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         description=description,
         notes=notes,
         context_window=CONTEXT_WINDOW,
-        capabilities=CAPABILITIES if generates else CHAT_ONLY_CAPABILITIES,
-        request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions)} if actions else {},
+        capabilities=(ACTION_CAPABILITIES if actions else CAPABILITIES) if generates else CHAT_ONLY_CAPABILITIES,
+        request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions, ACTION_SESSION)} if actions else {},
     )
 
 

@@ -29,6 +29,16 @@ from vidloom.models.cosmos3.transformer import Cosmos3Transformer
 PREFILL, DENOISE = "prefix_prefill", "denoise"
 
 
+@dataclass
+class ResidentPrefix:
+    """An action session's prefilled prefixes, kept in the cache manager between its chunks: every chunk of a
+    session has the same caption (same canvas, length and fps), so the same prompt ids and prefix K/V."""
+
+    ids: tuple[tuple[int, ...], ...]
+    prefixes: list[Tensor]
+    complete: bool = False  # set once every branch is prefilled (a run cancelled mid-prefill leaves it False)
+
+
 @dataclass(frozen=True)
 class Branch:
     """One CFG branch: its prompt ids and the layout of its generated tokens (positions follow the prompt)."""
@@ -82,6 +92,7 @@ class Cosmos3DenoiseState:
     domain: int = 0
     action_width: int = 0  # the embodiment's unpadded width
     prefixes: list[Tensor] = field(default_factory=list)
+    resident: ResidentPrefix | None = None  # kept for the next chunk of an action session
     filled: int = 0  # branches prefilled so far
     index: int = 0
     pending: str = ""
@@ -113,12 +124,37 @@ class Cosmos3DenoiseLoop:
             state.domain, state.action_width = request.action.domain_id, request.action.raw_width
         if self.cache_prefix:
             ctx.hold(state.prefixes.clear)  # drop the references too, not only the accounting
+            session = getattr(request.action, "session_id", None)
+            if session is not None and self._resume(state, ctx, session):
+                return state
             device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()
             for branch in branches:
                 shape = self.generator.prefix_shape(len(branch.ids))
                 state.prefixes.append(ctx.allocate(torch.Size(shape).numel() * element,
                                                    lambda s=shape: torch.empty(s, dtype=self.dtype, device=device)))
+            if session is not None:
+                self._keep(state, ctx)
         return state
+
+    @staticmethod
+    def _ids(state: Cosmos3DenoiseState) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(branch.ids.tolist()) for branch in state.branches)
+
+    def _resume(self, state: Cosmos3DenoiseState, ctx: LoopContext, session: str) -> bool:
+        """Reuse the session's resident prefixes (pinned for this run) when they were made for these ids."""
+        resident = ctx.session(session)
+        if not isinstance(resident, ResidentPrefix) or not resident.complete or resident.ids != self._ids(state):
+            return False
+        state.prefixes.extend(resident.prefixes)
+        state.filled = len(state.branches)
+        return True
+
+    def _keep(self, state: Cosmos3DenoiseState, ctx: LoopContext) -> None:
+        """Keep this chunk's prefixes resident for the session's next chunk (when the deployment keeps sessions)."""
+        nbytes = sum(p.numel() * p.element_size() for p in state.prefixes)
+        resident = ResidentPrefix(self._ids(state), list(state.prefixes))
+        if ctx.keep_session(nbytes, lambda: resident):
+            state.resident = resident
 
     def next(self, state: Cosmos3DenoiseState) -> StepPlan | Done:
         if self.cache_prefix and state.filled < len(state.branches):
@@ -144,6 +180,8 @@ class Cosmos3DenoiseLoop:
     def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:
         if state.pending == PREFILL:
             state.filled += 1
+            if state.resident is not None and state.filled == len(state.branches):
+                state.resident.complete = True
             return state
         vision, audio, acts = result
         i = state.index
