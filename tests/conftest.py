@@ -79,6 +79,23 @@ def cosmos3_dir(tmp_path_factory) -> Path:
     from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 
     return write_tiny_cosmos3(tmp_path_factory.mktemp("cosmos3") / "tiny-cosmos3", COSMOS3_A)
+
+
+@pytest.fixture(scope="session", params=["cosmos3-action-a", "cosmos3-action-b"])
+def tiny_cosmos3_action_dir(request, tmp_path_factory) -> Path:
+    """A Cosmos3OmniPipeline folder whose transformer has the action pathway, for each tiny action config."""
+    from tests.helpers.cosmos3_action_checkpoints import COSMOS3_ACTION_CONFIGS, write_tiny_cosmos3_action
+
+    spec = next(s for s in COSMOS3_ACTION_CONFIGS if s.name == request.param)
+    return write_tiny_cosmos3_action(tmp_path_factory.mktemp(spec.name), spec)
+
+
+@pytest.fixture(scope="session")
+def cosmos3_action_dir(tmp_path_factory) -> Path:
+    """One tiny Cosmos3 folder with the action pathway (config A), for validation and serving tests."""
+    from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
+
+    return write_tiny_cosmos3_action(tmp_path_factory.mktemp("cosmos3-action") / "tiny-cosmos3-action")
 @pytest.fixture(scope="session", params=LTX2_CONFIGS, ids=lambda spec: spec.name)
 def tiny_ltx2_dir(request, tmp_path_factory) -> Path:
     """A diffusers-written LTX2Pipeline folder (with a latent_upsampler/ folder) for each tiny config."""

@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vidloom.core.action import ActionInput
     from vidloom.core.errors import Cancelled, CheckpointError, InvalidRequest, UnknownModel, WorkerFailed
     from vidloom.core.output import VideoOutput
     from vidloom.core.parallel import ParallelPlan
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 # public name -> the module defining it
 _EXPORTS = {
+    "ActionInput": "vidloom.core.action",
     "Cancelled": "vidloom.core.errors",
     "CancellationToken": "vidloom.runtime.engine",
     "CheckpointError": "vidloom.core.errors",

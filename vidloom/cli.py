@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
     from vidloom.cli_chat import add_chat_parser
     from vidloom.cli_parity import add_parity_parser
+    from vidloom.cli_actions import add_action_arguments
     from vidloom.deploy_args import add_deploy_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
+    add_action_arguments(gen)
     add_deploy_arguments(gen)
 
     add_chat_parser(sub, DTYPES)

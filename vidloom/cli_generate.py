@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vidloom import registry
+from vidloom.cli_actions import ACTION_FLAGS, action_block, write_actions
 from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
@@ -29,7 +30,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
-    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
+    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", **ACTION_FLAGS,
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -53,12 +54,13 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
     audio_out = check_audio_paths(card, output, wav)
     loras = lora_flags(card, args.lora or [])
+    action = action_block(args)
     request = resolve_request(build_request(
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
-        guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
+        guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound, action=action,
         loras={name: scale for name, (_, scale) in loras.items()},
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
@@ -145,8 +147,11 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         return _report_cancelled(guard, _cancelled_line(bars))
     guard.check()
     paths = _write_files(video, output, audio_out)
+    actions = []  # --actions-out: a world model's predicted actions
+    if args.actions_out is not None and video.actions is not None:
+        actions.append(write_actions(Path(args.actions_out), video.actions, video.metadata))
     if guard.settle():  # a Ctrl-C that came while the files were written: they go
-        for path in paths:
+        for path in paths + actions:
             path.unlink(missing_ok=True)
         return _report_cancelled(guard, "cancelled while writing the output (nothing kept)")
     track = track_of(video.audio, video.sample_rate)
@@ -163,6 +168,8 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
     elif track is not None and output.suffix.lower() not in SOUND_FORMATS:
         print(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it", file=sys.stderr)
+    for path in actions:
+        print(f"wrote {path.resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]} float32)")
     print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
 

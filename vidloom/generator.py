@@ -156,6 +156,7 @@ class VideoGenerator:
         extend_from: Any = None,
         reason: bool = False,
         sound: bool = False,
+        action: Any = None,
         loras: Mapping[str, float] | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
@@ -177,15 +178,29 @@ class VideoGenerator:
         the rollout continues after its frames under `prompt`, and the output is the source's frames
         followed by the new ones (num_frames counts both; size and fps are the source's).
         loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
+        action (world models with an action pathway: Cosmos3): a vidloom.ActionInput; the conditioning
+        frame is `image` (or `video`, which inverse_dynamics needs), the size and frame count come from them
+        and the block, and policy / inverse_dynamics return the predicted actions in `output.actions`.
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound, loras=loras,
+            reason=reason, sound=sound, action=action, loras=loras,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
+
+    def open_session(self, prompt: str, *, image: Any, action: Any, **fields: Any) -> Any:
+        """World models (a card whose action block has a session: Cosmos3 with an action pathway): a session
+        stepped chunk by chunk, `session.step(actions)` -> the chunk's frames (and actions in policy mode), each
+        chunk continuing from the last frame of the one before. `fields`: generate's (negative_prompt,
+        num_inference_steps, guidance_scale, seed, fps). Close it (or use `with`) to free its resident state.
+        """
+        spec = self.card.request_blocks.get("action")
+        if spec is None or spec.session is None:
+            raise InvalidRequest("action", f"{self.card.model_id} has no action pathway to open a session on")
+        return registry.import_target(spec.session)(self, prompt, image=image, action=action, **fields)
 
     def release_session(self, source: Any) -> bool:
         """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,

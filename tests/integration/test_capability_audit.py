@@ -27,6 +27,7 @@ from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_l
 from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
+from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
 from vidloom import registry
 from vidloom.cli_capabilities import capability_rows
 from vidloom.core.capabilities import FEATURES
@@ -59,6 +60,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "flux2-distilled": lambda d: write_tiny_flux2(d, TINY_DISTILLED),
     "ltx2": lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0], upsampler=True),
     "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
+    "cosmos3-actions": lambda d: write_tiny_cosmos3_action(d),  # kv_session_ttl_s acts: test_cosmos3_action_session
     "cosmos3-chat-only": _chat_only,
     # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),

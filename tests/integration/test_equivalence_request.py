@@ -86,6 +86,8 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "loras": Exempt("needs adapters loaded on the model; HTTP vs the Python API is compared in test_lora_server.py, "
                     "the CLI's --lora in test_lora_api.py, the Python API vs diffusers in test_lora_generation.py"),
     "sound": Exempt("needs a Cosmos3 card with an audio tokenizer: the three paths are compared in test_equivalence_cosmos3.py"),
+    "action": Exempt("needs a Cosmos3 card with an action pathway: HTTP vs the Python API in test_server_actions.py, "
+                     "the CLI vs the Python API in test_cli_actions.py"),
 }
 
 

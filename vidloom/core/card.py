@@ -65,6 +65,20 @@ class Geometry:
 
 
 @dataclass(frozen=True)
+class BlockSpec:
+    """A typed request block a card reads (core.request.REQUEST_BLOCKS): who checks it, against what.
+
+    resolver: "module:function" (request, limits, spatial_multiple) -> the request fields it sets, raising
+    InvalidRequest naming the field; limits: the checkpoint's sizes the resolver checks against;
+    session: "module:Class" (generator, prompt, **fields) of the block's interactive session, if it has one.
+    """
+
+    resolver: str
+    limits: Mapping[str, int] = field(default_factory=dict)
+    session: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """Describes a checkpoint; validated when built."""
 
@@ -104,6 +118,9 @@ class ModelCard:
     # The optional GenerationRequest fields (core.request.OPTIONAL_FIELDS) this checkpoint's program reads; a
     # request that sets any other one is refused naming it. None: all of them (native families).
     request_fields: frozenset[str] | None = None
+    # Typed request blocks this checkpoint reads (name in core.request.REQUEST_BLOCKS -> BlockSpec); a request
+    # with a block its card does not declare is refused naming it.
+    request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
@@ -113,6 +130,7 @@ class ModelCard:
         object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
         if self.request_fields is not None:
             object.__setattr__(self, "request_fields", frozenset(self.request_fields))
+        object.__setattr__(self, "request_blocks", MappingProxyType(dict(self.request_blocks)))
         self._validate()
 
     @property

@@ -32,6 +32,9 @@ class VideoOutput:
     sample_rate: int | None = None
     session: VideoSession | None = field(default=None, repr=False)
     """Causal models: what `generate(extend_from=this output)` continues from (None on other models)."""
+    actions: np.ndarray | None = field(default=None, repr=False)
+    """World models (an `action` block in policy or inverse_dynamics mode): the predicted actions, float32
+    [chunk_size, D] at the embodiment's width; None otherwise."""
 
     def __post_init__(self) -> None:
         f = self.frames

@@ -74,6 +74,9 @@ class GenerationRequest:
     # model write a detailed prompt with its AR loop before generating from it; `sound` adds a soundtrack.
     reason: bool = False
     sound: bool = False
+    # Per-family typed blocks (core.action.ActionInput for world models), each accepted only by cards that
+    # declare it in ModelCard.request_blocks, whose resolver checks it (and replaces it with its resolved form).
+    action: Any = field(default=None, compare=False, repr=False)
     # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
     # the engine (vidloom.lora.registry), which resolves them when the run starts.
     loras: tuple[tuple[str, float], ...] = ()
@@ -91,6 +94,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
 
     _refuse_unread(request, card)
     request = dataclasses.replace(request, **extension_fields(request, card))  # before the card's defaults
+    request = dataclasses.replace(request, **_resolve_blocks(request, card))  # blocks may set size and frames
     defaults = card.sampling_defaults
     filled = {
         f.name: getattr(defaults, f.name)
@@ -125,6 +129,27 @@ def _refuse_unread(r: GenerationRequest, card: ModelCard) -> None:
         if value is not None and value != getattr(card.sampling_defaults, name, None) and name not in card.request_fields:
             taken = ", ".join(f for f in OPTIONAL_FIELDS if f in card.request_fields) or "none"
             raise InvalidRequest(name, f"{card.model_id} does not take {name} (fields it takes: {taken})")
+
+
+REQUEST_BLOCKS = ("action",)
+"""Typed per-family request blocks; a card reads one only if it declares a resolver for it."""
+
+
+def _resolve_blocks(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
+    """The fields each given block's resolver sets (the block itself replaced by its checked form)."""
+    import importlib
+
+    out: dict[str, Any] = {}
+    for name in REQUEST_BLOCKS:
+        if getattr(r, name) is None:
+            continue
+        spec = card.request_blocks.get(name)
+        if spec is None:
+            raise InvalidRequest(name, f"{card.model_id} does not accept an {name} block (no {name} pathway)")
+        module, function = spec.resolver.split(":")
+        out.update(getattr(importlib.import_module(module), function)(r, spec.limits,
+                                                                      card.geometry.spatial_multiple))
+    return out
 
 
 MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
@@ -183,7 +208,8 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         out["task"] = Task.V2V if r.video is not None else Task.I2V
     task = out.get("task", r.task)
     for name, needs in (("image", Task.I2V), ("video", Task.V2V)):
-        if task == needs and task in card.tasks and getattr(r, name) is None and r.extend_from is None:
+        if (task == needs and task in card.tasks and getattr(r, name) is None and r.extend_from is None
+                and r.action is None):  # an action block carries its own frames
             raise InvalidRequest(name, f"task {needs.value} needs a conditioning {name}")
     if "image" in out:
         _check_images(out["image"], card, task)

@@ -36,6 +36,9 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
     }
     if outputs.get("reasoned_prompt") is not None:  # the prompt the model wrote and generated from (reason)
         metadata["reasoned_prompt"] = outputs["reasoned_prompt"]
+    if r.action is not None:  # the resolved action block (recipes say what it holds)
+        metadata["action"] = {"mode": r.action.mode, "domain_name": r.action.domain_name,
+                              "chunk_size": r.action.chunk_size}
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
     session = None
@@ -45,7 +48,7 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
             metadata["extension"] = {"extend_from": session_source(r), "kv": outputs["session"]["resumed"]}
     audio, sample_rate = output_audio(outputs)
     return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata, audio=audio,
-                       sample_rate=sample_rate, session=session)
+                       sample_rate=sample_rate, session=session, actions=outputs.get("actions"))
 
 
 def video_session(card: ModelCard, r: GenerationRequest, rollout: dict[str, Any]) -> VideoSession:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import re
 from contextlib import contextmanager
@@ -80,8 +81,10 @@ def error_response(
 def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     """The first problem, as a 400 naming the parameter (FastAPI would answer 422)."""
     first = exc.errors()[0]
-    names = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-    param = names[0][:ECHO_CHARS] if names else None
+    names = [part for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    # A nested block's field by its dotted name (action.mode); a list item by the list's name (loras).
+    leading = [str(part) for part in itertools.takewhile(lambda part: isinstance(part, str), names)]
+    param = ".".join(leading)[:ECHO_CHARS] if leading else (str(names[0])[:ECHO_CHARS] if names else None)
     if first.get("type") == "json_invalid":
         return APIError(400, "request body is not valid JSON", code="invalid_json")
     message = first.get("msg", "invalid value")

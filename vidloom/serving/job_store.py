@@ -165,6 +165,7 @@ class JobStore(Protocol):
     def thumbnail_path(self, job_id: str) -> Path: ...
     def stream_path(self, job_id: str) -> Path: """A completed job's fragmented MP4 (models that stream chunks)."""
     def latents_path(self, job_id: str) -> Path: """A causal job's final latents (extend_from rebuilds from them)."""
+    def actions_path(self, job_id: str) -> Path: """A world-model job's predicted actions (float32 .npy)."""
     def image_path(self, name: str) -> Path: """An images call's file (response_format=url)."""
     def save_image(self, name: str, data: bytes) -> None: """Write an image file atomically."""
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""

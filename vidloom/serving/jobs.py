@@ -33,6 +33,7 @@ from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.engine import Engine
+from vidloom.serving.action_results import save_actions
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
@@ -472,6 +473,8 @@ class JobManager:
                     audio=track_of(output.audio, output.sample_rate))
         if output.session is not None:  # a causal video: what extend_from continues from
             save_session(self.store, job_id, output.session)
+        if output.actions is not None:  # a world model's predicted actions (variant=actions / actions_npy)
+            save_actions(self.store.actions_path(job_id), output.actions)
 
     def _chunk(self, live: _LiveJob, event: ChunkEvent) -> None:
         """A decoded chunk: time to the first one, the job's stream file, a `chunk` update."""
@@ -565,6 +568,8 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
     params.update({name: True for name in media if getattr(request, name) is not None})
     if isinstance(request.extend_from, VideoSession):
         params["extend_from"] = request.extend_from.session_id  # the source video's id
+    if request.action is not None:  # the family's resolved block says how it is stored (no media)
+        params["action"] = request.action.params()
     return params
 
 

@@ -59,6 +59,8 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     """
     check_model(body.model, card)
     media = _media(body, max_frames)
+    if body.action is not None:
+        return _plan_action(body, card, media)
     width, height = parse_size(body.size, card)
     fps = body.fps if body.fps is not None else card.sampling_defaults.fps
     frames = choose_frames(body, card, fps)
@@ -73,6 +75,26 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
         request_id=new_video_id(), **sampling_fields(body), **media,
     )
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
+
+
+def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object]) -> PlannedVideo:
+    """An action run: its frames and size follow from the block and the conditioning frame (resolved here, so
+    the job reports them); size, seconds and num_frames are the block's to decide."""
+    from vidloom.core.action import ActionInput
+    from vidloom.core.request import resolve_request
+
+    for name in ("size", "seconds", "num_frames"):
+        if getattr(body, name) is not None:
+            raise InvalidRequest(name, "is set by the action block (chunk_size + 1 frames, the input's size)")
+    block = body.action
+    action = ActionInput(mode=block.mode, domain_name=block.domain_name, raw_actions=block.raw_actions,
+                         chunk_size=block.chunk_size, view_point=block.view_point,
+                         resolution_tier=block.resolution_tier)
+    fps = body.fps if body.fps is not None else card.sampling_defaults.fps
+    request = GenerationRequest(prompt=body.prompt, task=Task.T2V, fps=fps, request_id=new_video_id(),
+                                action=action, **sampling_fields(body), **media)
+    resolved = resolve_request(request, card)
+    return PlannedVideo(resolved, f"{resolved.width}x{resolved.height}", format_seconds(resolved.num_frames, fps))
 
 
 def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:

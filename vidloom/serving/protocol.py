@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -24,6 +25,16 @@ def _strict_bool(value: object) -> object:
     if isinstance(value, str) and value in _FORM_BOOLS:
         return _FORM_BOOLS[value]
     raise ValueError("must be true or false")
+
+
+def _json_text(value: object) -> object:
+    # A multipart form carries a nested block as one text field holding its JSON.
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ValueError("must be a JSON object (in a form: the block's JSON as text)") from None
+    return value
 
 
 _FORM_BOOLS = {"true": True, "false": False}
@@ -71,6 +82,23 @@ class LoraLoadBody(BaseModel):
     path: str
 
 
+class ActionBlock(BaseModel):
+    """vidloom extension (world models with an action pathway): the `action` block of POST /v1/videos.
+
+    The conditioning frame is `input_reference` (or `video`, which inverse_dynamics needs); the video's size
+    and length follow from them and `chunk_size`. In a multipart form, send the block as one JSON text field.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str
+    domain_name: str
+    raw_actions: list[list[ApiFloat]] | None = None  # forward_dynamics: [T, D]
+    chunk_size: ApiInt = 16
+    view_point: str = "ego_view"
+    resolution_tier: ApiInt = 480
+
+
 class SamplingExtensions(BaseModel):
     """vidloom extensions shared by videos and images; None takes the model card's default."""
 
@@ -104,6 +132,7 @@ class VideoCreateBody(SamplingExtensions):
     extend_from: str | None = None  # causal models: the id of a completed video to continue (new prompt)
     reason: ApiBool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
     sound: ApiBool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
+    action: Annotated[ActionBlock | None, BeforeValidator(_json_text)] = None  # world models: an action-conditioned run (see ActionBlock)
 
 
 class ImageGenerationBody(SamplingExtensions):

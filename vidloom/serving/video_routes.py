@@ -7,6 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from vidloom.serving.action_results import ACTION_VARIANTS, actions_response
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, echo, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
@@ -76,19 +77,22 @@ async def download_content(
 ) -> Response:
     """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed.
     variant=stream (extension): a fragmented MP4 that grows while the job runs (see stream_route.py).
+    variant=actions / actions_npy (extension): a world model's predicted actions (see action_results.py).
 
     The file is opened here and served from that handle, so a DELETE racing the download either
     comes first (404) or lets the whole file through; never a half-served file or a 500.
     """
     record = _find(request, video_id)
-    if variant not in ("video", "thumbnail", "stream"):
-        raise APIError(400, f"variant: {echo(variant)} is not available; use 'video', 'thumbnail' or 'stream'",
-                       param="variant", code="invalid_parameter")
+    if variant not in ("video", "thumbnail", "stream", *ACTION_VARIANTS):
+        raise APIError(400, f"variant: {echo(variant)} is not available; use 'video', 'thumbnail', 'stream', "
+                            "'actions' or 'actions_npy'", param="variant", code="invalid_parameter")
     if variant == "stream":
         return stream_response(request, jobs_of(request), record)
     if record.status != "completed":
         raise APIError(409, _not_ready(record), code="video_not_ready")
     store = jobs_of(request).store
+    if variant in ACTION_VARIANTS:
+        return actions_response(store.actions_path(video_id), variant, video_id, record.metadata)
     if variant == "thumbnail":
         path, media_type = store.thumbnail_path(video_id), "image/png"
     else:

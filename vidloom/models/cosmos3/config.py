@@ -21,8 +21,7 @@ GENERATION_KEYS = frozenset({
     "latent_channel", "latent_patch_size", "patch_latent_dim", "timestep_scale", "base_fps", "enable_fps_modulation",
     "unified_3d_mrope_temporal_modality_margin", "unified_3d_mrope_reset_spatial_ids", "use_und_k_norm_for_gen",
     "sound_gen", "sound_dim", "sound_latent_fps",
-    # The action pathway's switch and sizes: its weights are left unread (generation.ACTION_PREFIXES) and
-    # requests carry no actions, so video generation from such a checkpoint is the pipeline's without them.
+    # The action pathway's switch and sizes (gen_config.py): requests with an `action` block run it.
     "action_gen", "action_dim", "num_embodiment_domains",
 })
 # Read and deliberately without effect: dropout is a training setting (inference runs without it), and

@@ -25,6 +25,8 @@ class Cosmos3GenConfig:
     use_und_k_norm_for_gen: bool  # a separate k norm for text keys read by the generation pathway
     sound_dim: int | None  # sound latent channels; None: no sound pathway
     sound_latent_fps: float
+    action_dim: int | None = None  # padded action width of the action pathway; None: no action pathway
+    action_domains: int = 0  # embodiment domains the action projections hold a weight for
 
     def __post_init__(self) -> None:
         if self.patch_latent_dim != self.latent_channel * self.latent_patch_size ** 2:
@@ -36,6 +38,10 @@ class Cosmos3GenConfig:
     def und_k_norm_for_gen(self) -> bool:
         """Whether the checkpoint has `k_norm_und_for_gen` (diffusers builds it only without text q/k norms)."""
         return self.use_und_k_norm_for_gen and not self.text.qk_norm
+
+    @property
+    def actions(self) -> bool:
+        return self.action_dim is not None
 
     @property
     def sound(self) -> bool:
@@ -59,6 +65,8 @@ class Cosmos3GenConfig:
                 use_und_k_norm_for_gen=bool(raw.get("use_und_k_norm_for_gen", False)),
                 sound_dim=int(raw["sound_dim"]) if sound_gen and raw.get("sound_dim") is not None else None,
                 sound_latent_fps=float(raw.get("sound_latent_fps", 25.0)),
+                action_dim=int(raw["action_dim"]) if raw.get("action_gen") else None,
+                action_domains=int(raw.get("num_embodiment_domains", 32)) if raw.get("action_gen") else 0,
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"transformer/config.json: {exc}") from None

@@ -1,4 +1,4 @@
-"""Cosmos3 Omni's generation pathways: vision (and sound) tokens attending to a cached text prefix.
+"""Cosmos3 Omni's generation pathways: vision (sound, action) tokens attending to a cached text prefix.
 
 Cosmos3OmniTransformer is a mixture of transformers: every layer has the text (understanding)
 projections, which `Cosmos3Transformer` holds, and a second set for the generated tokens. Text
@@ -10,11 +10,15 @@ and `forward` runs only the generated tokens against them, every step.
 A generation layer has the same shape as a text layer (RMSNorm, GQA attention with per-head q/k
 norms and interleaved mrope, RMSNorm, MLP), so it is a `TextBlock` holding the `*_moe_gen` /
 `add_*` weights, whose attention reads the prefix through `PrefixAttention`.
+
+Checkpoints trained with `action_gen` add an action pathway: one token per action step, projected in and
+out by per-embodiment weights (`DomainLinear`), joining the vision tokens in the same joint attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -55,9 +59,37 @@ TIME_FEATURES = 256  # diffusers Timesteps(num_channels=256, flip_sin_to_cos=Tru
 ACTION_PREFIXES = ("action_proj_in.", "action_proj_out.", "action_modality_embed")
 
 
-def is_vision_sound_key(key: str) -> bool:
-    """A checkpoint key this module loads: generation weights other than the (unsupported) action heads."""
-    return is_generation_key(key) and not key.startswith(ACTION_PREFIXES)
+def is_loaded_key(config: Cosmos3GenConfig):
+    """Which checkpoint keys this module loads: the generation weights (the action heads when it has them)."""
+    def wanted(key: str) -> bool:
+        return is_generation_key(key) and (config.action_dim is not None or not key.startswith(ACTION_PREFIXES))
+    return wanted
+
+
+class DomainLinear(nn.Module):
+    """A linear layer with one weight [in, out] and bias per embodiment domain, stored as embedding rows.
+
+    The storage (`fc` rows of in*out, `bias` rows of out) is the checkpoint's (diffusers DomainAwareLinear);
+    a request uses one domain, so its weight is a row lookup and one matmul.
+    """
+
+    def __init__(self, in_features: int, out_features: int, domains: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.fc = nn.Embedding(domains, in_features * out_features)
+        self.bias = nn.Embedding(domains, out_features)
+
+    def forward(self, x: Tensor, domain: int) -> Tensor:
+        weight = self.fc.weight[domain].view(self.in_features, self.out_features)
+        return x @ weight + self.bias.weight[domain]
+
+
+@dataclass(frozen=True)
+class ActionTokens:
+    """One request's action stream for a forward: [T, action_dim] values and the embodiment's domain id."""
+
+    values: Tensor
+    domain: int
 
 
 class CapturePrefix:
@@ -117,6 +149,10 @@ class Cosmos3Generator(nn.Module):
             self.audio_proj_in = nn.Linear(config.sound_dim, text.hidden_size)
             self.audio_proj_out = nn.Linear(text.hidden_size, config.sound_dim)
             self.audio_modality_embed = nn.Parameter(torch.zeros(text.hidden_size))
+        if config.action_dim is not None:
+            self.action_proj_in = DomainLinear(config.action_dim, text.hidden_size, config.action_domains)
+            self.action_proj_out = DomainLinear(text.hidden_size, config.action_dim, config.action_domains)
+            self.action_modality_embed = nn.Parameter(torch.zeros(text.hidden_size))
 
     def prefix_shape(self, length: int) -> tuple[int, ...]:
         t = self.config.text
@@ -139,11 +175,14 @@ class Cosmos3Generator(nn.Module):
 
     @torch.no_grad()
     def forward(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
-                timestep: Tensor, sound: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                timestep: Tensor, sound: Tensor | None = None,
+                action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One velocity prediction for the generated tokens against the cached `prefix`.
 
-        latents [C, T, h, w] (all frames; clean conditioning frames included), sound [C_s, T_s] or None.
-        Returns the velocity [C, T, h, w] (zero at clean frames) and the sound velocity or None.
+        latents [C, T, h, w] (all frames; clean conditioning frames included), sound [C_s, T_s] or None,
+        action: the action stream (clean conditioning steps included) or None.
+        Returns the velocity [C, T, h, w] (zero at clean frames), the sound velocity or None, and the
+        action velocity [T_a, action_dim] (zero at clean steps) or None.
         """
         dtype = prefix.dtype
         c = self.config
@@ -155,13 +194,18 @@ class Cosmos3Generator(nn.Module):
         parts = [vision]
         if sound is not None:
             parts.append(self.audio_proj_in(sound.to(dtype).T) + self.audio_modality_embed + emb)
+        if action is not None:
+            tokens = self.action_proj_in(action.values.to(dtype), action.domain) + self.action_modality_embed
+            noisy_steps = list(layout.action_noisy)
+            tokens[noisy_steps] = tokens[noisy_steps] + emb
+            parts.append(tokens)
         x = torch.cat(parts)
         rope = backbone.rotary(layout.positions.to(x.device), dtype)
         attention = PrefixAttention(prefix, backbone.attention_scale)
         for layer, block in enumerate(self.blocks):
             x = block(x, rope, attention, layer)
         x = self.norm(x)
-        return self._vision_out(x, layout, noisy), self._sound_out(x, layout)
+        return self._vision_out(x, layout, noisy), self._sound_out(x, layout), self._action_out(x, layout, action)
 
     def _vision_out(self, x: Tensor, layout: GenLayout, noisy: Tensor) -> Tensor:
         tokens = x[: layout.vision_tokens].view(layout.grid[0], layout.frame_tokens, -1)[noisy]
@@ -174,4 +218,13 @@ class Cosmos3Generator(nn.Module):
     def _sound_out(self, x: Tensor, layout: GenLayout) -> Tensor | None:
         if not layout.sound_len:
             return None
-        return self.audio_proj_out(x[layout.vision_tokens:]).T
+        return self.audio_proj_out(x[layout.vision_tokens: layout.vision_tokens + layout.sound_len]).T
+
+    def _action_out(self, x: Tensor, layout: GenLayout, action: ActionTokens | None) -> Tensor | None:
+        if action is None:
+            return None
+        out = x.new_zeros(layout.action_len, self.config.action_dim)
+        if layout.action_noisy:
+            rows = x[layout.vision_tokens + layout.sound_len:][list(layout.action_noisy)]
+            out[list(layout.action_noisy)] = self.action_proj_out(rows, action.domain)
+        return out

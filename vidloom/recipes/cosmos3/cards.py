@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -20,6 +20,8 @@ FAMILY = "cosmos3"
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
 PROGRAM = "vidloom.recipes.cosmos3.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.recipes.cosmos3.memory:request_estimator"
+ACTION_RESOLVER = "vidloom.recipes.cosmos3.actions:resolve_action"
+ACTION_SESSION = "vidloom.recipes.cosmos3.action_session:ActionSession"
 AR_LOOP = "ar_decode"
 DENOISE_LOOP = "denoise"
 SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
@@ -57,7 +59,12 @@ CAPABILITIES = Capabilities(
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm"})
-CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
+# With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
+# (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
+ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
+                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
+                   "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -71,15 +78,29 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         (ckpt.root / "sound_tokenizer").is_dir()
     return cosmos3_card(
         ckpt.root.name, str(ckpt.root), generates=generates, sound=sound,
+        actions=action_limits(ckpt.component_config("transformer")) if generates else None,
         defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
         description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
         notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
     )
 
 
+def action_limits(transformer_config: dict) -> dict[str, int] | None:
+    """The action pathway's padded width and domain count (the action block's limits); None without one."""
+    if not transformer_config.get("action_gen"):
+        return None
+    try:
+        return {"action_dim": int(transformer_config["action_dim"]),
+                "domains": int(transformer_config.get("num_embodiment_domains", 32))}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"transformer/config.json: action_gen needs an integer action_dim ({exc})") from None
+
+
 def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, defaults: SamplingDefaults,
-                 description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
-    """The card of a folder that generates (a VAE and a scheduler) or not, with a sound pathway or not."""
+                 description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16",
+                 actions: dict[str, int] | None = None) -> ModelCard:
+    """The card of a folder that generates (a VAE and a scheduler) or not, with a sound pathway or not,
+    with an action pathway (`actions`: its limits) or not."""
     components = {"transformer": ComponentSpec(precision), "text_tokenizer": ComponentSpec()}
     loops = {AR_LOOP: LoopSpec()}
     inputs = {"image", "reason"}
@@ -107,7 +128,8 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         description=description,
         notes=notes,
         context_window=CONTEXT_WINDOW,
-        capabilities=CAPABILITIES if generates else CHAT_ONLY_CAPABILITIES,
+        capabilities=(ACTION_CAPABILITIES if actions else CAPABILITIES) if generates else CHAT_ONLY_CAPABILITIES,
+        request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions, ACTION_SESSION)} if actions else {},
     )
 
 

@@ -110,7 +110,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE)
     tokenizer.save_pretrained(str(folder / "text_tokenizer"))
     transformer_config = {**DEMO_TRANSFORMER, "vocab_size": len(tokenizer) + VOCAB_PAD}
-    _write_transformer(folder / "transformer", transformer_config)
+    write_transformer(folder / "transformer", transformer_config)
 
     g = torch.Generator().manual_seed(DEMO_SEED + 1)
     z_dim = DEMO_VAE["z_dim"]
@@ -126,14 +126,17 @@ def write_demo_checkpoint(folder: Path) -> None:
     write_json(folder / "model_index.json", MODEL_INDEX)
 
 
-def _write_transformer(folder: Path, config: dict) -> None:
+def write_transformer(folder: Path, config: dict, seed: int = DEMO_SEED) -> None:
     """Both pathways of Cosmos3OmniTransformer in one file, as the released checkpoints hold them."""
-    torch.manual_seed(DEMO_SEED)
+    torch.manual_seed(seed)
     text = Cosmos3Transformer(Cosmos3TextConfig.from_transformer_config(config))
     generator = Cosmos3Generator(Cosmos3GenConfig.from_transformer_config(config))
     with torch.no_grad():
         # Unit-scale embeddings: random chat answers vary token by token instead of repeating one id.
         text.embed.weight.normal_(0.0, 1.0)
+        if generator.config.actions:  # per-domain weights as unit-gain linears, not N(0, 1) embedding rows
+            for head in (generator.action_proj_in, generator.action_proj_out):
+                head.fc.weight.div_(head.in_features ** 0.5)
     for module in (text, generator):
         fill_zeros(module)
     save_merged(folder, ((text, TEXT_NAME_MAP), (generator, GEN_NAME_MAP)))

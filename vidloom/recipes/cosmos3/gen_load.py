@@ -23,7 +23,7 @@ from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.models.cosmos3.generation import (
     GEN_NAME_MAP,
     Cosmos3Generator,
-    is_vision_sound_key,
+    is_loaded_key,
 )
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
@@ -36,11 +36,12 @@ KEEP_FP32 = frozenset({"time_in", "time_out"})
 
 
 def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Generator:
-    """The vision (and sound) pathways of a diffusers `transformer/` folder."""
+    """The vision (sound, action) pathways of a diffusers `transformer/` folder."""
     raw = DiffusersDir.open(folder.parent).component_config(folder.name)
     config = Cosmos3GenConfig.from_transformer_config(raw)
     model = materialize(lambda: Cosmos3Generator(config), device, dtype, KEEP_FP32)
-    load_weights(model, folder, GEN_NAME_MAP, skip=lambda key: not is_vision_sound_key(key))
+    wanted = is_loaded_key(config)
+    load_weights(model, folder, GEN_NAME_MAP, skip=lambda key: not wanted(key))
     return model.eval()
 
 

@@ -2,6 +2,8 @@
 
 An image is a one-frame request with the image templates (system prompt, "This image is of ..."),
 exactly as the reference treats `num_frames == 1`; a video may be anchored on a first frame (I2V).
+An action run (request.action, resolved by recipes/cosmos3/actions.py) captions the prompt as the action
+model's JSON, conditions on its clip's latents and adds the action stream to the joint denoise.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
+from vidloom.recipes.cosmos3.action_frames import encode_clip
+from vidloom.recipes.cosmos3.actions import ResolvedAction, action_caption
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
 from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
-from vidloom.recipes.cosmos3.prompts import Shape, generation_ids
+from vidloom.recipes.cosmos3.prompts import Shape, chat_ids, generation_ids
 from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS, ReasonLoop
 
 
@@ -88,6 +92,11 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         shape = shape_of(request)
         prompt = slots["reasoned_prompt"] or request.prompt  # a reasoner that wrote nothing: the user's prompt
         system = pipeline.use_system_prompt
+        if request.action is not None:  # the JSON caption; the negative prompt goes in as written
+            ids = [chat_ids(tokenizer, action_caption(prompt, request.action, float(request.fps)), False, system)]
+            if uses_guidance(request):
+                ids.append(chat_ids(tokenizer, request.negative_prompt or "", False, system))
+            return {"prompt_ids": ids}
         ids = [generation_ids(tokenizer, prompt, shape, system_prompt=system)]
         if uses_guidance(request):
             ids.append(generation_ids(tokenizer, request.negative_prompt or "", shape, negative=True,
@@ -96,6 +105,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
+        if request.action is not None:
+            return prepare_action(request, request.action, slots["prompt_ids"])
         latent_shape = (vae.config.z_dim, (request.num_frames - 1) // temporal + 1,
                         request.height // vae.config.spatial_factor, request.width // vae.config.spatial_factor)
         first = encode_first_frame(request) if request.image else None
@@ -115,7 +126,36 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
                      GenLayout.build(generator.config, latent_shape, len(ids), float(request.fps), temporal,
                                      cond_frames, sound_len))
                     for ids in slots["prompt_ids"]]
-        return {"latents": latents, "sound_latents": sound, "branches": branches}
+        return {"latents": latents, "sound_latents": sound, "branches": branches, "action_latents": None}
+
+    def prepare_action(request: GenerationRequest, action: ResolvedAction, prompt_ids: list) -> dict[str, Any]:
+        """Clip latents with the clean frames in place, then the action stream: the given actions (clean)
+        for forward dynamics, noise otherwise; channels past the embodiment's width stay zero."""
+        clean = encode_clip(vae, action, device)
+        rng = torch.Generator("cpu").manual_seed(request.seed)  # vision noise first, then actions (the reference)
+        latents = torch.randn((1, *clean.shape), generator=rng, dtype=torch.float32)[0].to(device)
+        frames = clean.shape[1]
+        cond_frames = tuple(range(frames)) if action.mode == "inverse_dynamics" else (0,)
+        latents[:, list(cond_frames)] = clean[:, list(cond_frames)]
+        width = generator.config.action_dim
+        actions = torch.randn((action.chunk_size, width), generator=rng, dtype=torch.float32).to(device)
+        action_cond: tuple[int, ...] = ()
+        if action.raw_actions is not None:
+            actions.zero_()[:, : action.raw_width] = torch.from_numpy(action.raw_actions).to(device)
+            action_cond = tuple(range(action.chunk_size))
+        actions[:, action.raw_width:] = 0
+        branches = [(torch.tensor(ids, device=device),
+                     GenLayout.build(generator.config, tuple(clean.shape), len(ids), float(request.fps), temporal,
+                                     cond_frames, 0, action.chunk_size, action_cond))
+                    for ids in prompt_ids]
+        return {"latents": latents, "sound_latents": None, "branches": branches, "action_latents": actions}
+
+    def actions_out(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """Predicted actions [chunk_size, D] float32 at the embodiment's width (None unless predicted)."""
+        action = slots["request"].action
+        if action is None or not action.predicts_actions:
+            return {"actions": None}
+        return {"actions": slots["action_latents"][:, : action.raw_width].float().cpu().numpy()}
 
     def encode_first_frame(request: GenerationRequest) -> Tensor:
         """The anchored frame repeated over the whole clip and encoded as a video, as the reference does."""
@@ -149,10 +189,11 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),
         Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.reason),
         Node("tokenize", reads=("request", "reasoned_prompt"), writes=("prompt_ids",), run=tokenize),
-        Node("prepare_latents", reads=("request", "prompt_ids"), writes=("latents", "sound_latents", "branches"),
-             run=prepare_latents),
-        Node("denoise", reads=("request", "latents", "sound_latents", "branches"),
-             writes=("latents", "sound_latents"), loop=loop),
+        Node("prepare_latents", reads=("request", "prompt_ids"),
+             writes=("latents", "sound_latents", "branches", "action_latents"), run=prepare_latents),
+        Node("denoise", reads=("request", "latents", "sound_latents", "branches", "action_latents"),
+             writes=("latents", "sound_latents", "action_latents"), loop=loop),
+        Node("actions_out", reads=("request", "action_latents"), writes=("actions",), run=actions_out),
         Node("decode", reads=("latents",), writes=("video",), run=decode),
         Node("decode_sound", reads=("sound_latents",), writes=("audio", "sample_rate"), run=decode_sound,
              when=lambda r: r.sound),

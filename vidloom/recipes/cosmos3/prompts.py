@@ -58,9 +58,14 @@ def generation_ids(tokenizer: Any, text: str, shape: Shape, negative: bool = Fal
 
     `system_prompt` is the checkpoint's model_index.json `default_use_system_prompt`.
     """
-    system = SYSTEM_IMAGE if shape.is_image else SYSTEM_VIDEO
+    return chat_ids(tokenizer, describe(text, shape, negative), shape.is_image, system_prompt)
+
+
+def chat_ids(tokenizer: Any, content: str, is_image: bool, system_prompt: bool = True) -> list[int]:
+    """Token ids of a prefix whose user turn is `content` as given (an action run's JSON caption, say)."""
+    system = SYSTEM_IMAGE if is_image else SYSTEM_VIDEO
     messages = [{"role": "system", "content": system}] if system_prompt else []
-    messages.append({"role": "user", "content": describe(text, shape, negative)})
+    messages.append({"role": "user", "content": content})
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                         add_vision_id=False, return_dict=True)["input_ids"]
     return [*ids, tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(VISION_START)]
