@@ -1,0 +1,50 @@
+"""Load a Qwen2.5-Omni transformers checkpoint folder onto our modules through explicit name maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidloom.core.errors import CheckpointError
+from vidloom.loading.diffusers_dir import read_json
+from vidloom.loading.precision import materialize
+from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.qwen_omni.config import OmniConfig
+from vidloom.models.qwen_omni.decoder import (TALKER_KEYS, TALKER_NAME_MAP, THINKER_KEYS, THINKER_NAME_MAP,
+                                              OmniDecoder)
+
+WEIGHTS_STEM = "model"  # transformers' model.safetensors (or its sharded index)
+
+
+def read_config(folder: Path) -> OmniConfig:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    return OmniConfig.from_raw(read_json(path), str(path))
+
+
+def _only(prefixes: tuple[str, ...]):
+    return lambda key: not key.startswith(prefixes)
+
+
+def load_thinker(folder: Path, config: OmniConfig, device: torch.device, dtype: torch.dtype) -> OmniDecoder:
+    """The thinker's text decoder (its audio and vision towers are not read: text input only)."""
+    model = materialize(lambda: OmniDecoder(config.thinker), device, dtype)
+    load_weights(model, Path(folder), THINKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(THINKER_KEYS))
+    return model.eval()
+
+
+def load_talker(folder: Path, config: OmniConfig, device: torch.device, dtype: torch.dtype) -> OmniDecoder:
+    if config.talker is None:
+        raise CheckpointError(f"{folder}: the checkpoint has no talker (enable_audio_output is false)")
+    model = materialize(lambda: OmniDecoder(config.talker, projects_input=True), device, dtype)
+    load_weights(model, Path(folder), TALKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(TALKER_KEYS))
+    return model.eval()
+
+
+def load_tokenizer(folder: Path) -> Any:
+    from vidloom.recipes.cosmos3.load import load_tokenizer as load
+
+    return load(Path(folder))
