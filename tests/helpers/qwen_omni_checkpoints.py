@@ -129,6 +129,13 @@ def build_model(spec: TinyOmni, seed: int = 0, enable_audio_output: bool = True)
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if name.startswith("token2wav"):
+                # Snake alpha/beta start at 0 and biases near it: perturb them so a misplaced one shows.
+                if p.ndim == 1:
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+                elif name.endswith("conv_post.weight"):
+                    p.mul_(30.0)  # a random vocoder whispers (std ~1e-3): make the waveform span [-1, 1]
+                continue
             if not name.startswith(("thinker.model", "thinker.lm_head", "talker")):
                 continue
             if "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed

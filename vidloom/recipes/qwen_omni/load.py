@@ -48,3 +48,17 @@ def load_tokenizer(folder: Path) -> Any:
     from vidloom.recipes.cosmos3.load import load_tokenizer as load
 
     return load(Path(folder))
+
+
+def load_token2wav(folder: Path, config: OmniConfig, device: torch.device) -> tuple[Any, Any]:
+    """token2wav's DiT and BigVGAN vocoder, always float32 (the reference runs them in float32 only)."""
+    from vidloom.models.qwen_omni.dit import DIT_KEYS, DIT_NAME_MAP, CodeToMelDiT
+    from vidloom.models.qwen_omni.vocoder import VOCODER_KEYS, VOCODER_NAME_MAP, BigVGAN
+
+    if config.dit is None or config.vocoder is None:
+        raise CheckpointError(f"{folder}: the checkpoint has no token2wav (enable_audio_output is false)")
+    dit = materialize(lambda: CodeToMelDiT(config.dit), device, torch.float32)
+    load_weights(dit, Path(folder), DIT_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(DIT_KEYS))
+    vocoder = materialize(lambda: BigVGAN(config.vocoder), device, torch.float32)
+    load_weights(vocoder, Path(folder), VOCODER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(VOCODER_KEYS))
+    return dit.eval(), vocoder.eval()
