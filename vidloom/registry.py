@@ -48,6 +48,10 @@ PIPELINES: dict[str, str] = {
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
 }
+# transformers checkpoints (config.json "architectures", no model_index.json) -> builder of a card for that folder.
+ARCHITECTURES: dict[str, str] = {
+    "Qwen2_5OmniForConditionalGeneration": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
+}
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
@@ -56,6 +60,7 @@ LOADERS: dict[str, str] = {
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
+    "qwen-omni": "vidloom.recipes.qwen_omni.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -79,6 +84,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.qwen_omni.cards:CAPABILITY_ROWS",
 )
 
 
@@ -121,12 +127,25 @@ def resolve_card(model: str | Path) -> ModelCard:
 
 
 def _card_from_dir(path: Path) -> ModelCard:
+    if not (path / "model_index.json").is_file() and (path / "config.json").is_file():
+        return _card_from_transformers_dir(path)
     ckpt = DiffusersDir.open(path)
     if ckpt.pipeline_class not in PIPELINES:
         raise CheckpointError(
             f"{path}: pipeline class {ckpt.pipeline_class!r} is not supported; supported: {', '.join(PIPELINES)}"
         )
     return import_target(PIPELINES[ckpt.pipeline_class])(path)
+
+
+def _card_from_transformers_dir(path: Path) -> ModelCard:
+    from vidloom.loading.diffusers_dir import read_json
+
+    architectures = read_json(path / "config.json").get("architectures") or []
+    for name in architectures:
+        if name in ARCHITECTURES:
+            return import_target(ARCHITECTURES[name])(path)
+    raise CheckpointError(f"{path}: config.json architectures {architectures!r} are not supported; supported: "
+                          f"{', '.join(ARCHITECTURES)} (or a diffusers folder with model_index.json)")
 
 
 def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:

@@ -101,6 +101,9 @@ class ModelCard:
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
     # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
     capabilities: Capabilities = Capabilities(frozenset())
+    # "module:function" (engine, SpeechRequest, on_event) -> the RequestRun that speaks it (thinker -> talker ->
+    # vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
+    speech: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

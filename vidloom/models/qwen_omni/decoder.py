@@ -140,7 +140,9 @@ class OmniDecoder(nn.Module):
         return self.norm(x)
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,
-                logits_at: Tensor | None = None) -> Tensor:
-        """Token ids [T] -> logits [T or len(logits_at), vocab] (the runtime's paged decode contract)."""
+                logits_at: Tensor | None = None, return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Token ids [T] -> logits [T or len(logits_at), vocab] (the runtime's paged decode contract); with
+        `return_hidden`, also every token's final hidden state [T, hidden] (what a talker reads)."""
         x = self.hidden(self.embed(input_ids), positions, kv)
-        return self.head(x if logits_at is None else x[logits_at])
+        logits = self.head(x if logits_at is None else x[logits_at])
+        return (logits, x) if return_hidden else logits

@@ -62,3 +62,28 @@ def load_token2wav(folder: Path, config: OmniConfig, device: torch.device) -> tu
     vocoder = materialize(lambda: BigVGAN(config.vocoder), device, torch.float32)
     load_weights(vocoder, Path(folder), VOCODER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(VOCODER_KEYS))
     return dit.eval(), vocoder.eval()
+
+
+def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
+                  deploy: Any) -> Any:
+    """Read a Qwen2.5-Omni folder: thinker and tokenizer always; talker, token2wav and voices when the card speaks.
+    CPU computes in float32; token2wav always does (as the reference)."""
+    from vidloom.core.instance import ModelInstance
+    from vidloom.models.qwen_omni.speakers import load_voices
+
+    folder = Path(checkpoint)
+    config = read_config(folder)
+    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    tokenizer = load_tokenizer(folder)
+    thinker = load_thinker(folder, config, device, compute)
+    if len(tokenizer) > config.thinker.vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "
+                              f"vocab_size {config.thinker.vocab_size}")
+    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer}
+    if card.speech is not None:
+        components.update({
+            "talker": load_talker(folder, config, device, compute), "talker_tokens": config.talker_tokens,
+            "token2wav": load_token2wav(folder, config, device), "speakers": load_voices(folder),
+        })
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(folder), deploy=deploy)
