@@ -133,6 +133,8 @@ def build_model(spec: TinyOmni, seed: int = 0, enable_audio_output: bool = True)
                 # Snake alpha/beta start at 0 and biases near it: perturb them so a misplaced one shows.
                 if p.ndim == 1:
                     p.add_(0.1 * torch.randn(p.shape, generator=g))
+                elif name.endswith("input_embed.proj.weight"):
+                    p.mul_(6.0)  # louder conditioning: a wrong voice or code path moves the mel visibly
                 elif name.endswith("conv_post.weight"):
                     p.mul_(30.0)  # a random vocoder whispers (std ~1e-3): make the waveform span [-1, 1]
                 continue
@@ -155,8 +157,8 @@ def speakers(spec: TinyOmni, tokenizer, seed: int = 0) -> dict[str, dict[str, An
     mel_dim, enc_emb = spec.dit["mel_dim"], spec.dit["enc_emb_dim"]
     bos = [tokenizer.convert_tokens_to_ids("<tts_text_bos_single>"),
            tokenizer.convert_tokens_to_ids("<tts_text_bos_single_2>")]
-    return {voice: {"bos_token": bos[i], "cond": torch.randn(1, enc_emb, generator=g),
-                    "ref_mel": torch.randn(1, 24 + 6 * i, mel_dim, generator=g)} for i, voice in enumerate(VOICES)}
+    return {voice: {"bos_token": bos[i], "cond": 3 * torch.randn(1, enc_emb, generator=g),
+                    "ref_mel": 3 * torch.randn(1, 24 + 6 * i, mel_dim, generator=g) - 4} for i, voice in enumerate(VOICES)}
 
 
 def write_tiny_omni(folder: Path, spec: TinyOmni = OMNI_A, seed: int = 0, enable_audio_output: bool = True) -> Path:

@@ -3,8 +3,9 @@
 Follows transformers' `Qwen2_5OmniForConditionalGeneration.generate` (5.24) step by step, because
 the talker was trained on exactly this layout:
 - prefill, one row per prompt token: thinker hidden state + thinker token embedding; then the voice's
-  text-start token embedding; then the first reply token's state + embedding. The last two rows also
-  get the codec pad and codec start embeddings.
+  text-start token embedding; then the first reply token's state + embedding. (The talker's forward
+  would also add the codec pad/start embeddings to the last two rows, but only when it receives an
+  attention mask, and 5.24's generate() never passes it one; we follow the reference as it runs.)
 - each decode step reads the codec embedding of the code it just chose plus the next row of the text
   stream: the remaining reply tokens' state + embedding, then the text-end embedding, then text-pad
   (repeated once the stream runs out).
@@ -51,8 +52,6 @@ def talker_inputs(thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerToken
         return torch.tensor(values, device=device)
 
     prefill = torch.cat([rows[:p], embed(ids(voice_bos)), rows[p:p + 1]])
-    codec = talker.embed(ids(tokens.codec_pad, tokens.codec_start))
-    prefill = torch.cat([prefill[:-2], prefill[-2:] + codec])
     stream = torch.cat([rows[p + 1:], embed(ids(tokens.text_end, tokens.text_pad))])
     prompt_codes = [tokens.codec_mask] * p + [tokens.codec_pad, tokens.codec_start]
     return TalkerInputs(prefill, stream, prompt_codes)

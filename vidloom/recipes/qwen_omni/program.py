@@ -14,7 +14,7 @@ from vidloom.recipes.qwen_omni.talker_loop import TalkerLoop
 from vidloom.recipes.qwen_omni.thinker_loop import ThinkerLoop
 from vidloom.recipes.qwen_omni.token2wav_loop import VOCODER, Token2WavLoop, vocoder_node
 
-SPEECH_OUTPUTS = ("thinker", "codes", "audio", "sample_rate")
+SPEECH_OUTPUTS = ("thinker", "codes", "mel", "audio", "sample_rate")
 
 
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
