@@ -269,6 +269,26 @@ class VideoGenerator:
             raise no_chat(self.card.model_id)
         yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image, **sampling))
 
+    def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,
+              seed: int | None = None, max_audio_tokens: int | None = None, greedy: bool = False,
+              on_event: EventCallback | None = None, cancel: CancellationToken | None = None) -> Any:
+        """Say `text` in `voice` (the checkpoint's speaker table; None: its first voice): a SpeechResult with
+        `.audio` (float32 samples in [-1, 1]) and `.sample_rate`.
+
+        The reply is forced (the thinker reads the text, it does not write one). `greedy` picks the talker's
+        most likely codes instead of sampling them (seeded by `seed`, which also seeds token2wav's noise).
+        Raises InvalidRequest naming the field (`voice` lists the available ones), InvalidRequest("model") on a
+        model without a talker, CacheBudgetExceeded when the KV pool cannot hold the text.
+        """
+        from vidloom.core.chat import SamplingParams
+        from vidloom.core.speech import TALKER_SAMPLING, SpeechRequest
+        from vidloom.runtime.speech_run import speak_alone
+
+        request = SpeechRequest(text=text, voice=voice, instructions=instructions, seed=seed,
+                                max_audio_tokens=max_audio_tokens,
+                                talker_sampling=SamplingParams(temperature=0.0) if greedy else TALKER_SAMPLING)
+        return speak_alone(self.engine, request, on_event, cancel)
+
 
 def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:
     """The request `generate` runs (`fields`: GenerationRequest's, as generate takes them), for the card's

@@ -24,6 +24,7 @@ CARDS: dict[str, str] = {
     "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:demo_card",
     "far-demo": "vidloom.recipes.wan_causal.demo:demo_card",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
+    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:demo_card",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
@@ -73,6 +74,7 @@ DEMOS: dict[str, str] = {
     "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:ensure_demo_checkpoint",
     "far-demo": "vidloom.recipes.wan_causal.demo:ensure_demo_checkpoint",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
+    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:ensure_demo_checkpoint",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
 }

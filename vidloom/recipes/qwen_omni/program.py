@@ -14,7 +14,7 @@ from vidloom.recipes.qwen_omni.talker_loop import TalkerLoop
 from vidloom.recipes.qwen_omni.thinker_loop import ThinkerLoop
 from vidloom.recipes.qwen_omni.token2wav_loop import VOCODER, Token2WavLoop, vocoder_node
 
-SPEECH_OUTPUTS = ("thinker", "codes", "mel", "audio", "sample_rate")
+SPEECH_OUTPUTS = ("thinker", "codes", "mel", "audio", "sample_rate", "voice")
 
 
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
@@ -59,6 +59,6 @@ def build_program(instance: ModelInstance) -> Program:
         Node("talker", reads=("speech", "thinker"), writes=("codes",),
              loop=TalkerLoop(thinker, instance["talker"], instance["talker_tokens"])),
         Node("token2wav", reads=("speech", "codes"), writes=("mel",), loop=Token2WavLoop(dit)),
-        Node(VOCODER, reads=("mel",), writes=("audio", "sample_rate"), run=vocoder_node(vocoder)),
+        Node(VOCODER, reads=("speech", "mel"), writes=("audio", "sample_rate", "voice"), run=vocoder_node(vocoder)),
     )
     return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat)

@@ -73,12 +73,12 @@ def vocoder_node(vocoder: BigVGAN):
     def run(reads: Mapping[str, Any], ctx: NodeContext) -> Mapping[str, Any]:
         import numpy as np
 
-        mel = reads["mel"]
+        mel, voice = reads["mel"], reads["speech"].voice.name
         if mel is None:
-            return {"audio": np.zeros(0, dtype=np.float32), "sample_rate": SAMPLE_RATE}
+            return {"audio": np.zeros(0, dtype=np.float32), "sample_rate": SAMPLE_RATE, "voice": voice}
         with torch.inference_mode():
             wave = vocoder(mel)[0].float().cpu().numpy()
         ctx.progress(VOCODER, 1, 1)
-        return {"audio": wave, "sample_rate": SAMPLE_RATE}
+        return {"audio": wave, "sample_rate": SAMPLE_RATE, "voice": voice}
 
     return run
