@@ -1,0 +1,105 @@
+"""/v1/audio/speech on a tiny Qwen2.5-Omni checkpoint, as clients use it: uvicorn on 127.0.0.1, the official openai
+package (plain and with_streaming_response), httpx for raw SSE and error bodies."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+
+import av
+import httpx
+import pytest
+import torch
+
+from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from tests.helpers.servers import ThreadServer
+from vidloom.serving.config import ServeConfig
+
+
+@pytest.fixture(scope="module")
+def speech_server(tmp_path_factory):
+    from vidloom.generator import VideoGenerator
+
+    torch.set_num_threads(1)
+    folder = write_tiny_omni(tmp_path_factory.mktemp("omni") / "omni-tiny", OMNI_A)
+    engine = VideoGenerator.from_pretrained(str(folder), device="cpu").engine
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("speech-data"), queue_size=8, graceful_shutdown_s=2)
+    with ThreadServer(engine, config) as running:
+        yield running
+
+
+@pytest.fixture
+def oc(speech_server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{speech_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def model_id(server) -> str:
+    return server.app.state.jobs.card.model_id
+
+
+def test_speech_wav_with_the_openai_client(speech_server, oc):
+    audio = oc.audio.speech.create(model=model_id(speech_server), voice="Chelsie", input="the kite rose",
+                                   response_format="wav")
+    with wave.open(io.BytesIO(audio.content)) as w:
+        assert w.getframerate() == 24000 and w.getnchannels() == 1 and w.getnframes() > 0
+    pool = speech_server.app.state.jobs.engine.chat_stats()
+    assert pool["kv_blocks_in_use"] == 0  # the thinker's sequence returned its blocks
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_compressed_formats_decode(speech_server, oc, fmt):
+    audio = oc.audio.speech.create(model=model_id(speech_server), voice="Ethan", input="hello world",
+                                   response_format=fmt)
+    with av.open(io.BytesIO(audio.content)) as container:
+        frames = sum(f.samples for f in container.decode(container.streams.audio[0]))
+    assert frames > 0
+
+
+def test_streaming_response_audio(speech_server, oc, tmp_path):
+    with oc.audio.speech.with_streaming_response.create(
+            model=model_id(speech_server), voice="Ethan", input="the kite rose over the dunes",
+            response_format="pcm", stream_format="audio") as response:
+        data = b"".join(response.iter_bytes())
+    assert len(data) > 0 and len(data) % 2 == 0  # 16-bit samples
+
+
+def test_sse_events(speech_server):
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello world", "response_format": "pcm",
+            "stream_format": "sse"}
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and len(events) >= 2
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    # 16-bit samples: each code is `repeats` (2) mel frames of the vocoder's hop (4 x 2 in OMNI_A) samples
+    assert len(pcm) == 2 * 2 * 8 * events[-1]["usage"]["output_tokens"]
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("input", "", "non-empty"),
+    ("input", "x" * 4097, "4096"),
+    ("voice", "Alloy", "Chelsie, Ethan"),
+    ("response_format", "ogg", "mp3, opus, aac, flac, wav, pcm"),
+    ("speed", 1.5, "speed 1.0"),
+    ("stream_format", "chunks", ""),
+])
+def test_bad_input_is_a_400_naming_the_field(speech_server, field, value, says):
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello", field: value}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field or field in error["message"]
+    assert says in error["message"]
+
+
+def test_unknown_model_name_is_refused(speech_server):
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "Chelsie", "input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
