@@ -290,7 +290,8 @@ def _models() -> int:
 
     rows = [("ID", "FAMILY", "TASKS", "WHAT IT IS")]
     for card in registry.list_cards():
-        tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else [])
+        tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else []) + (
+            ["speech"] if card.speech is not None else [])
         rows.append((card.model_id, card.family, ",".join(tasks), card.description))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
