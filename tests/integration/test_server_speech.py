@@ -103,3 +103,47 @@ def test_unknown_model_name_is_refused(speech_server):
     with httpx.Client(base_url=speech_server.url, timeout=60) as client:
         r = client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "Chelsie", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_chat_completion_answers_aloud(speech_server, oc):
+    r = oc.chat.completions.create(model=model_id(speech_server), modalities=["text", "audio"],
+                                   audio={"voice": "Ethan", "format": "wav"}, max_tokens=8, temperature=0,
+                                   messages=[{"role": "user", "content": "Tell me about kites in one sentence."}])
+    message = r.choices[0].message
+    assert message.content is None and message.audio.id and message.audio.expires_at > 0
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 0
+    plain = oc.chat.completions.create(model=model_id(speech_server), max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Tell me about kites in one sentence."}])
+    assert message.audio.transcript == plain.choices[0].message.content  # the spoken text is the greedy reply
+    assert r.usage.completion_tokens > plain.usage.completion_tokens  # text tokens plus speech codes
+
+
+def test_chat_completion_streams_transcript_then_audio(speech_server, oc):
+    stream = oc.chat.completions.create(model=model_id(speech_server), modalities=["text", "audio"],
+                                        audio={"voice": "Chelsie", "format": "pcm16"}, max_tokens=8, temperature=0,
+                                        stream=True, messages=[{"role": "user", "content": "what is a kite?"}])
+    pieces = [getattr(chunk.choices[0].delta, "audio", None) for chunk in stream if chunk.choices]
+    pieces = [p for p in pieces if p]
+    # The client parses each delta.audio into its ChoiceDeltaAudio (id, transcript, data, expires_at).
+    transcript = "".join(p.transcript or "" for p in pieces)
+    data = b"".join(base64.b64decode(p.data) for p in pieces if p.data)
+    kinds = [next(k for k in ("transcript", "data", "expires_at") if getattr(p, k, None)) for p in pieces]
+    assert kinds.index("data") > kinds.index("transcript") and kinds[-1] == "expires_at"
+    assert transcript and len(data) > 0 and len(data) % 2 == 0
+    assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"modalities": ["text", "audio"]}, "audio"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "aiff"}}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "Bob", "format": "wav"}}, "voice"),
+    ({"modalities": ["audio"], "audio": {"voice": "Chelsie", "format": "wav"}}, "modalities"),
+    ({"audio": {"voice": "Chelsie", "format": "wav"}}, "audio"),
+])
+def test_bad_audio_chat_is_a_400_naming_the_field(speech_server, extra, param):
+    body = {"model": model_id(speech_server), "messages": [{"role": "user", "content": "hi"}], **extra}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
