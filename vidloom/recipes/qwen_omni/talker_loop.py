@@ -72,7 +72,7 @@ def talker_step(talker: OmniDecoder, embeds: Tensor, positions: Tensor, kv: Slab
 @dataclass
 class TalkerState:
     inputs: TalkerInputs
-    kv: SlabKV
+    kv: SlabKV | None  # None: nothing to say
     max_codes: int
     params: SamplingParams
     generator: torch.Generator | None
@@ -102,21 +102,21 @@ class TalkerLoop:
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> TalkerState:
         prompt: SpeechPrompt = slots["speech"]
         out: ThinkerOutput = slots["thinker"]
-        inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
-                               out.fed_ids, out.hidden) if len(out.fed_ids) or out.reply_ids else None
-        max_codes = audio_token_budget(prompt, len(out.reply_ids))
         c = self.talker.config
         param = next(self.talker.parameters())
-        capacity = (inputs.prefill.shape[0] if inputs is not None else 0) + max_codes
-        nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)
-        kv = ctx.allocate(nbytes, lambda: SlabKV(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim,
-                                                 self.talker.attention_scale, param.device, param.dtype))
         sampling = prompt.request.talker_sampling
         if prompt.request.seed is not None and not sampling.greedy:
             sampling = dataclasses.replace(sampling, seed=prompt.request.seed)
-        if inputs is None:  # an empty reply: nothing to say
-            return TalkerState(TalkerInputs(param.new_zeros(0), param.new_zeros(0), []), kv, 0, sampling, None, ctx,
-                               param.new_zeros(0), done=True)
+        if len(out.fed_ids) == 0:  # the reply ended at once (its first token was the end): nothing to say
+            return TalkerState(TalkerInputs(param.new_zeros(0), param.new_zeros(0), []), None, 0, sampling, None,
+                               ctx, param.new_zeros(0), done=True)
+        inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
+                               out.fed_ids, out.hidden)
+        max_codes = audio_token_budget(prompt, len(out.reply_ids))
+        capacity = inputs.prefill.shape[0] + max_codes
+        nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)
+        kv = ctx.allocate(nbytes, lambda: SlabKV(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim,
+                                                 self.talker.attention_scale, param.device, param.dtype))
         return TalkerState(inputs, kv, max_codes, sampling, make_generator(sampling), ctx, inputs.prefill,
                            seen=set(inputs.prompt_codes))
 
