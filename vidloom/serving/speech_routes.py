@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 from typing import Any, AsyncIterator, Literal
 
@@ -19,12 +20,12 @@ from pydantic import BaseModel, ConfigDict
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.speech import SpeechRequest, SpeechResult
-from vidloom.media.speech_audio import MEDIA_TYPES, check_format, encode_speech
+from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
 from vidloom.runtime.speech_run import no_speech, speech_result, start_speech
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import engine_errors
 from vidloom.serving.params import check_model
-from vidloom.serving.protocol import ApiFloat, body_doc
+from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
 from vidloom.serving.video_routes import jobs_of
 
@@ -34,7 +35,7 @@ SSE_SAMPLES = 12_000  # samples per speech.audio.delta event (0.5 s at 24 kHz)
 
 
 class SpeechBody(BaseModel):
-    """OpenAI's speech request. `speed` other than 1 is refused (no pitch-preserving time stretch yet)."""
+    """OpenAI's speech request. `speed` (0.25 to 4) stretches time without changing the pitch (ffmpeg's atempo)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +46,7 @@ class SpeechBody(BaseModel):
     response_format: str = "mp3"
     speed: ApiFloat = 1.0
     stream_format: Literal["audio", "sse"] | None = None
+    seed: ApiInt | None = None  # vidloom extension (as chat's): the same seed speaks the same audio
 
 
 def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
@@ -58,10 +60,8 @@ def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
     if voice is not None and not isinstance(voice, str):
         raise InvalidRequest("voice", "must be a voice name")
     check_format(body.response_format)
-    if body.speed != 1.0:
-        raise InvalidRequest("speed", f"{body.speed} is not supported: this server speaks at speed 1.0 only "
-                                      "(no pitch-preserving time stretch yet)")
-    request = SpeechRequest(text=body.input, voice=voice, instructions=body.instructions)
+    check_speed(body.speed)
+    request = SpeechRequest(text=body.input, voice=voice, instructions=body.instructions, seed=body.seed)
     request.validate()
     return request
 
@@ -86,6 +86,9 @@ async def create_speech(request: Request) -> Response:
         if not finished:  # the client left, the run failed, or the server stops: its KV returns now
             engine.cancel(speech.request_id)
     fmt = body.response_format
+    if body.speed != 1.0:
+        audio = await manager.media.run(time_stretch, result.audio, result.sample_rate, body.speed)
+        result = dataclasses.replace(result, audio=audio)
     if body.stream_format == "sse":
         return StreamingResponse(_sse(result, fmt), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
