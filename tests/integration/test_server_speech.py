@@ -160,3 +160,25 @@ def test_bad_audio_chat_is_a_400_naming_the_field(speech_server, extra, param):
         r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speech_server, monkeypatch):
+    """A long utterance (its talker runs thousands of steps), abandoned while it speaks: the pool and the cache
+    manager return to where they were."""
+    import time
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # it speaks until its cap (thousands of codes)
+    before = engine.engine.caches.bytes_in_use
+    long_text = "the kite rose over the dunes and the wind sang " * 60  # ~2800 characters
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": long_text, "response_format": "pcm"}
+    with httpx.Client(base_url=speech_server.url, timeout=httpx.Timeout(60, read=1.0)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/audio/speech", json=body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (engine.chat_stats()["kv_blocks_in_use"] or
+                                           engine.engine.caches.bytes_in_use != before):
+        time.sleep(0.05)
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0
+    assert engine.engine.caches.bytes_in_use == before
