@@ -243,13 +243,17 @@ class VideoGenerator:
         finally:
             run.close()
 
-    def chat(self, messages: Any, **sampling: Any) -> ChatResult:
+    def chat(self, messages: Any, audio: Mapping[str, Any] | None = None, **sampling: Any) -> Any:
         """Answer a conversation: `messages` as OpenAI-style dicts ({"role", "content"}) or ChatMessages.
 
         sampling: max_tokens, temperature (0: greedy), top_p, top_k, seed, stop (a string or a list).
-        Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat, or
-        CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
+        `audio` ({"voice": ..., optional "max_audio_tokens"}) answers aloud too, on a model that speaks: the
+        result is then a SpeechResult (`text` the reply, `audio` and `sample_rate` its speech).
+        Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat (or, with
+        `audio`, without a talker), or CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
         """
+        if audio is not None:
+            return self._chat_aloud(messages, audio, sampling)
         result = None
         for item in self.chat_stream(messages, **sampling):
             result = item
@@ -268,6 +272,18 @@ class VideoGenerator:
         if getattr(self.engine, "decoder", None) is None:
             raise no_chat(self.card.model_id)
         yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image, **sampling))
+
+    def _chat_aloud(self, messages: Any, audio: Mapping[str, Any], sampling: dict[str, Any]) -> Any:
+        from vidloom.core.speech import SpeechRequest
+        from vidloom.media.image import load_image
+        from vidloom.runtime.speech_run import speak_alone
+
+        if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens"}:
+            raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens)")
+        chat = build_chat_request(messages, load_image=load_image, **sampling)
+        request = SpeechRequest(chat=chat, voice=audio.get("voice"), max_audio_tokens=audio.get("max_audio_tokens"),
+                                seed=chat.sampling.seed)
+        return speak_alone(self.engine, request)
 
     def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,
               seed: int | None = None, max_audio_tokens: int | None = None, greedy: bool = False,
