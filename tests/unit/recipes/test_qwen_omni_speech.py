@@ -3,6 +3,7 @@ thinker blocks and talker slab go back (no parity here: tests/parity/test_qwen_o
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,3 +101,46 @@ def test_a_checkpoint_without_talker_chats_but_does_not_speak(tmp_path):
     with pytest.raises(InvalidRequest) as info:
         gen.speak("hello")
     assert info.value.field == "model"
+
+
+def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
+    """Speech thinker steps batched with chat steps in one paged forward (hidden states split per sequence) give
+    what each gives alone."""
+    import asyncio
+
+    from vidloom.core.chat import build_chat_request
+    from vidloom.runtime.async_engine import AsyncEngine
+    from vidloom.runtime.speech_run import speech_result
+
+    _, gen = omni
+    chat_q = ChatRequest((ChatMessage("user", (ChatPart("text", "what is a kite?"),)),),
+                         SamplingParams(temperature=0.0, max_tokens=8))
+
+    def speech_request() -> SpeechRequest:
+        return SpeechRequest(chat=chat_q, voice="Ethan", talker_sampling=SamplingParams(temperature=0.0), seed=2,
+                             max_audio_tokens=12)
+
+    alone_speech = gen.chat(chat_q.messages, audio={"voice": "Ethan", "max_audio_tokens": 12},
+                            temperature=0, max_tokens=8, seed=2)
+    alone_chat = gen.chat([{"role": "user", "content": "hello world"}], temperature=0, max_tokens=12)
+    rounds = []
+    engine = AsyncEngine(gen.engine, slots=2)
+    real_run = gen.engine.decoder.run
+    gen.engine.decoder.run = lambda plans: rounds.append(len(plans)) or real_run(plans)
+    try:
+        async def both():
+            speech = engine.submit_run(start_speech(gen.engine, speech_request()), None, speech_result)
+            request = build_chat_request([{"role": "user", "content": "hello world"}], temperature=0, max_tokens=12)
+            items = [item async for item in engine.chat(request)]
+            return await speech.result(), items[-1]
+
+        spoken, chat = asyncio.run(both())
+    finally:
+        gen.engine.decoder.run = real_run
+        engine.close()
+    assert max(rounds) == 2  # at least one forward held the speech's thinker step and the chat's step
+    assert chat.token_ids == alone_chat.token_ids and spoken.text == alone_speech.text
+    assert spoken.audio_tokens == alone_speech.audio_tokens
+    # The batched forward pads and packs differently (float32 summation order): the same codes, waveforms equal
+    # to ~1e-6; a hidden state handed to the wrong sequence would change the codes or move the wave by >1e-2.
+    np.testing.assert_allclose(spoken.audio, alone_speech.audio, atol=1e-4, rtol=0)
