@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard, RecipeSpec
-from vidloom.models.qwen_omni.config import DecoderConfig, DiTConfig, OmniConfig, VocoderConfig
+from vidloom.models.qwen_omni.config import OmniConfig
 from vidloom.models.qwen_omni.decoder import TALKER_NAME_MAP, THINKER_NAME_MAP, OmniDecoder
 from vidloom.models.qwen_omni.dit import DIT_NAME_MAP, CodeToMelDiT
 from vidloom.models.qwen_omni.speakers import SPEAKER_FILE
