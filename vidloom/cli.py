@@ -36,6 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
     from vidloom.cli_chat import add_chat_parser
+    from vidloom.cli_speak import add_speak_parser
     from vidloom.cli_parity import add_parity_parser
     from vidloom.cli_actions import add_action_arguments
     from vidloom.deploy_args import add_deploy_arguments
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_arguments(gen)
 
     add_chat_parser(sub, DTYPES)
+    add_speak_parser(sub, DTYPES)
     models = sub.add_parser("models", help="list registered model cards")
     models.add_argument("--capabilities", action="store_true",
                         help="print which deploy features each kind of checkpoint supports (from the cards)")
@@ -242,6 +244,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
         from vidloom.cli_chat import chat_command
 
         return chat_command(args)
+    if args.command == "speak":
+        from vidloom.cli_speak import speak_command
+
+        return speak_command(args)
     if args.command == "parity":
         from vidloom.cli_parity import parity_command
 
@@ -286,7 +292,8 @@ def _models() -> int:
 
     rows = [("ID", "FAMILY", "TASKS", "WHAT IT IS")]
     for card in registry.list_cards():
-        tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else [])
+        tasks = [t.value for t in sorted(card.tasks)] + (["chat"] if "ar_decode" in card.loops else []) + (
+            ["speech"] if card.speech is not None else [])
         rows.append((card.model_id, card.family, ",".join(tasks), card.description))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:

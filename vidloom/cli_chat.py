@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from vidloom.core.chat import ChatResult, TokenDelta
@@ -24,6 +25,10 @@ def add_chat_parser(sub: argparse._SubParsersAction, dtypes: tuple[str, ...]) ->
     chat.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens (0: off)")
     chat.add_argument("--seed", type=int, default=None, help="seed for reproducible replies")
     chat.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
+    chat.add_argument("--voice", default=None, help="also speak each answer in this voice (a model with a talker), "
+                                                    "written to --audio-dir")
+    chat.add_argument("--audio-dir", default="chat-audio", metavar="DIR",
+                      help="where --voice writes each answer's speech, reply-001.wav, ... (default: chat-audio)")
     chat.add_argument("--kv-pool-tokens", type=int, default=None, metavar="N",
                       help="tokens of paged KV cache (default 16384)")
     chat.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
@@ -49,8 +54,13 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
         raise no_chat(generator.card.model_id)
     for note in generator.card.notes:  # a demo says its replies are noise, as `generate` does
         print(f"note: {note}", file=sys.stderr)
+    if args.voice is not None and generator.card.speech is None:
+        from vidloom.runtime.speech_run import no_speech
+
+        raise no_speech(generator.card.model_id)
     interactive = stdin.isatty()
     history = _opening(args.system)
+    turn = 0
     while True:
         if interactive:
             stdout.write("> ")
@@ -65,12 +75,33 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
+        if args.voice is not None:
+            turn += 1
+            reply = _spoken_reply(generator, history, sampling, args.voice, Path(args.audio_dir) / f"reply-{turn:03d}.wav",
+                                  stdout)
+            history.append({"role": "assistant", "content": reply.text})
+            continue
         reply = _reply(generator, history, sampling, stdout)
         history.append({"role": "assistant", "content": reply.text})
         if not reply.text.strip():
             print(f"[{_why_empty(reply)}]", file=sys.stderr)
         if reply.finish_reason == "length":
             print(f"[reply cut at {counted(reply.completion_tokens, 'token')}: --max-tokens]", file=sys.stderr)
+
+
+def _spoken_reply(generator: Any, history: list[dict[str, Any]], sampling: dict[str, Any], voice: str, path: Path,
+                  stdout: TextIO) -> Any:
+    """The answer, written by the thinker and spoken by the talker in one request; its speech saved as WAV."""
+    from vidloom.media.speech_audio import encode_speech
+    from vidloom.media.video import atomic_path
+
+    result = generator.chat(history, audio={"voice": voice}, **sampling)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(encode_speech(result.audio, result.sample_rate, "wav"))
+    stdout.write(f"{result.text}\n")
+    stdout.flush()
+    print(f"[spoken: {path} ({result.duration_s:.2f} s, voice {result.voice})]", file=sys.stderr)
+    return result
 
 
 def _why_empty(reply: ChatResult) -> str:

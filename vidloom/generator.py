@@ -258,13 +258,17 @@ class VideoGenerator:
         finally:
             run.close()
 
-    def chat(self, messages: Any, **sampling: Any) -> ChatResult:
+    def chat(self, messages: Any, audio: Mapping[str, Any] | None = None, **sampling: Any) -> Any:
         """Answer a conversation: `messages` as OpenAI-style dicts ({"role", "content"}) or ChatMessages.
 
         sampling: max_tokens, temperature (0: greedy), top_p, top_k, seed, stop (a string or a list).
-        Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat, or
-        CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
+        `audio` ({"voice": ..., optional "max_audio_tokens"}) answers aloud too, on a model that speaks: the
+        result is then a SpeechResult (`text` the reply, `audio` and `sample_rate` its speech).
+        Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat (or, with
+        `audio`, without a talker), or CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
         """
+        if audio is not None:
+            return self._chat_aloud(messages, audio, sampling)
         result = None
         for item in self.chat_stream(messages, **sampling):
             result = item
@@ -283,6 +287,38 @@ class VideoGenerator:
         if getattr(self.engine, "decoder", None) is None:
             raise no_chat(self.card.model_id)
         yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image, **sampling))
+
+    def _chat_aloud(self, messages: Any, audio: Mapping[str, Any], sampling: dict[str, Any]) -> Any:
+        from vidloom.core.speech import SpeechRequest
+        from vidloom.media.image import load_image
+        from vidloom.runtime.speech_run import speak_alone
+
+        if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens"}:
+            raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens)")
+        chat = build_chat_request(messages, load_image=load_image, **sampling)
+        request = SpeechRequest(chat=chat, voice=audio.get("voice"), max_audio_tokens=audio.get("max_audio_tokens"),
+                                seed=chat.sampling.seed)
+        return speak_alone(self.engine, request)
+
+    def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,
+              seed: int | None = None, max_audio_tokens: int | None = None, greedy: bool = False,
+              on_event: EventCallback | None = None, cancel: CancellationToken | None = None) -> Any:
+        """Say `text` in `voice` (the checkpoint's speaker table; None: its first voice): a SpeechResult with
+        `.audio` (float32 samples in [-1, 1]) and `.sample_rate`.
+
+        The reply is forced (the thinker reads the text, it does not write one). `greedy` picks the talker's
+        most likely codes instead of sampling them (seeded by `seed`, which also seeds token2wav's noise).
+        Raises InvalidRequest naming the field (`voice` lists the available ones), InvalidRequest("model") on a
+        model without a talker, CacheBudgetExceeded when the KV pool cannot hold the text.
+        """
+        from vidloom.core.chat import SamplingParams
+        from vidloom.core.speech import TALKER_SAMPLING, SpeechRequest
+        from vidloom.runtime.speech_run import speak_alone
+
+        request = SpeechRequest(text=text, voice=voice, instructions=instructions, seed=seed,
+                                max_audio_tokens=max_audio_tokens,
+                                talker_sampling=SamplingParams(temperature=0.0) if greedy else TALKER_SAMPLING)
+        return speak_alone(self.engine, request, on_event, cancel)
 
 
 def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:

@@ -25,6 +25,7 @@ CARDS: dict[str, str] = {
     "far-demo": "vidloom.recipes.wan_causal.demo:demo_card",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
     "cosmos3-action-demo": "vidloom.recipes.cosmos3.action_demo:demo_card",
+    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:demo_card",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:demo_card",
@@ -52,6 +53,10 @@ PIPELINES: dict[str, str] = {
 }
 # Any other diffusers pipeline class: run by diffusers itself as one loop (recipes/diffusers_adapter).
 ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
+# transformers checkpoints (config.json "architectures", no model_index.json) -> builder of a card for that folder.
+ARCHITECTURES: dict[str, str] = {
+    "Qwen2_5OmniForConditionalGeneration": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
+}
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
     "wan2.1": "vidloom.recipes.wan.load:load_instance",
@@ -61,6 +66,7 @@ LOADERS: dict[str, str] = {
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
     "diffusers-adapter": "vidloom.recipes.diffusers_adapter.load:load_instance",
+    "qwen-omni": "vidloom.recipes.qwen_omni.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -74,6 +80,7 @@ DEMOS: dict[str, str] = {
     "far-demo": "vidloom.recipes.wan_causal.demo:ensure_demo_checkpoint",
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
     "cosmos3-action-demo": "vidloom.recipes.cosmos3.action_demo:ensure_demo_checkpoint",
+    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:ensure_demo_checkpoint",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:ensure_demo_checkpoint",
@@ -87,6 +94,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
     "vidloom.recipes.diffusers_adapter.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.qwen_omni.cards:CAPABILITY_ROWS",
 )
 
 
@@ -131,10 +139,23 @@ def resolve_card(model: str | Path) -> ModelCard:
 def _card_from_dir(path: Path) -> ModelCard:
     """The native recipe of the folder's pipeline class, else the diffusers adapter (which refuses, naming why, a
     class diffusers does not ship or one it cannot step)."""
+    if not (path / "model_index.json").is_file() and (path / "config.json").is_file():
+        return _card_from_transformers_dir(path)
     ckpt = DiffusersDir.open(path)
     if not ckpt.pipeline_class:
         raise CheckpointError(f"{path}/model_index.json names no pipeline class (_class_name)")
     return import_target(PIPELINES.get(ckpt.pipeline_class, ADAPTER))(path)
+
+
+def _card_from_transformers_dir(path: Path) -> ModelCard:
+    from vidloom.loading.diffusers_dir import read_json
+
+    architectures = read_json(path / "config.json").get("architectures") or []
+    for name in architectures:
+        if name in ARCHITECTURES:
+            return import_target(ARCHITECTURES[name])(path)
+    raise CheckpointError(f"{path}: config.json architectures {architectures!r} are not supported; supported: "
+                          f"{', '.join(ARCHITECTURES)} (or a diffusers folder with model_index.json)")
 
 
 def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:

@@ -121,6 +121,9 @@ class ModelCard:
     # Typed request blocks this checkpoint reads (name in core.request.REQUEST_BLOCKS -> BlockSpec); a request
     # with a block its card does not declare is refused naming it.
     request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
+    # "module:function" (engine, SpeechRequest, on_event) -> the RequestRun that speaks it (thinker -> talker ->
+    # vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
+    speech: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

@@ -33,14 +33,16 @@ def noise_note(demo: str, family: str, example: str = "") -> str:
     return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "")
 
 
-def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None]) -> Path:
-    """`cache_dir/name`, written by `write(folder)` first if this cache has none.
+def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None],
+                   marker: str = "model_index.json") -> Path:
+    """`cache_dir/name`, written by `write(folder)` first if this cache has none (`marker`: a file every
+    complete folder has; a transformers checkpoint's is config.json).
 
     The folder appears with all its files or not at all (staged, then renamed), so a reader never
     sees a half-written demo and two processes writing at once both end with the same folder.
     """
     target = cache_dir / name
-    if (target / "model_index.json").is_file():
+    if (target / marker).is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
@@ -49,7 +51,7 @@ def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None]) ->
         try:
             os.rename(staging, target)
         except OSError:
-            if not (target / "model_index.json").is_file():  # not a concurrent writer's win
+            if not (target / marker).is_file():  # not a concurrent writer's win
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -142,6 +142,12 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
         """Enqueue a chat's run (Engine.start_chat, started with `on_event`); it resolves to `result(outputs)`."""
         return self._enqueue(WorkEntry(run, _guarded(on_event), result, decoder=True))
 
+    def submit_run(self, run: RequestRun, on_event: EventCallback | None,
+                   result: Callable[[dict[str, Any]], Any]) -> JobHandle:
+        """Enqueue a prepared run of any program (a speech request's): it takes a generation slot and its paged
+        decode steps join every round's decode batch; it resolves to `result(outputs)`."""
+        return self._enqueue(WorkEntry(run, _guarded(on_event) if on_event is not None else None, result))
+
     def _enqueue(self, entry: WorkEntry) -> JobHandle:
         with self._cond:
             if self._closing:

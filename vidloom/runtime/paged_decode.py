@@ -28,6 +28,10 @@ from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.paged_kv import BLOCK_SIZE, KVLayout, PagedKVPool
 
 DEFAULT_KV_POOL_TOKENS = 16384  # --kv-pool-tokens default: 1024 blocks of 16
+WANT_HIDDEN = "want_hidden"
+"""A paged decode plan input: True asks for the final hidden states of the plan's tokens too (a speech model's
+thinker feeds its talker with them); the plan's result is then (logits [vocab], hidden [tokens, hidden]) and the
+network must accept `return_hidden=True`."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
 
 
@@ -98,11 +102,21 @@ class PagedDecoder:
         last = torch.tensor(sizes, device=tokens.device).cumsum(0) - 1
         kv = self.pool.batch([(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)],
                              network.attention_scale)
+        hidden = None
         with torch.inference_mode():
-            logits = network(tokens, positions, kv=kv, logits_at=last).float().cpu()
+            if any(p.inputs.get(WANT_HIDDEN) for p in plans):
+                logits, hidden = network(tokens, positions, kv=kv, logits_at=last, return_hidden=True)
+            else:
+                logits = network(tokens, positions, kv=kv, logits_at=last)
+            logits = logits.float().cpu()
         with self._lock:
             self.tokens_generated_total += sum(p.loop == AR_DECODE for p in plans)
-        return list(logits.unbind(0))
+        rows: list[Any] = list(logits.unbind(0))
+        if hidden is not None:  # each asking plan also gets its own tokens' final hidden states [n, hidden]
+            for i, (plan, part) in enumerate(zip(plans, hidden.split(sizes))):
+                if plan.inputs.get(WANT_HIDDEN):
+                    rows[i] = (rows[i], part)
+        return rows
 
 
 def build_decoder(instance: ModelInstance, program: Program, caches: CacheManager) -> PagedDecoder | None:

@@ -25,6 +25,7 @@ from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject
 from vidloom.serving.request_body import BodyLimit
+from vidloom.serving.speech_routes import router as speech_router
 from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import jobs_of
 from vidloom.serving.video_routes import router as video_router
@@ -67,6 +68,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(video_router)
     app.include_router(image_router)
     app.include_router(chat_router)
+    app.include_router(speech_router)
     app.include_router(lora_router)
     app.include_router(router)
     if config.ui_enabled:

@@ -30,6 +30,7 @@ class PlannedChat:
     request: ChatRequest
     stream: bool
     include_usage: bool  # streaming: one more chunk with the usage counts before [DONE]
+    audio: tuple[str | None, str] | None = None  # (voice, format) when the answer is spoken too
 
 
 def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | None = None) -> PlannedChat:
@@ -62,7 +63,33 @@ def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | No
     request = ChatRequest(messages=messages, sampling=sampling)
     request.validate(limits)
     include_usage = stream and body.stream_options is not None and body.stream_options.include_usage
-    return PlannedChat(request, stream, include_usage)
+    return PlannedChat(request, stream, include_usage, _audio(body, card))
+
+
+CHAT_AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "pcm16")  # OpenAI's audio.format values
+
+
+def _audio(body: ChatCompletionBody, card: ModelCard) -> tuple[str | None, str] | None:
+    """(voice, format) of a spoken answer, or None; InvalidRequest naming `modalities` or `audio.*`."""
+    modalities = body.modalities if body.modalities is not None else ["text"]
+    if not isinstance(modalities, list) or any(m not in ("text", "audio") for m in modalities) or \
+            "text" not in modalities:
+        raise InvalidRequest("modalities", f"must be [\"text\"] or [\"text\", \"audio\"], got {modalities!r}")
+    if "audio" not in modalities:
+        if body.audio is not None:
+            raise InvalidRequest("audio", "is only allowed with modalities [\"text\", \"audio\"]")
+        return None
+    if card.speech is None:
+        raise InvalidRequest("modalities", f"{card.model_id} cannot answer with audio (its card has no talker)")
+    if body.audio is None:
+        raise InvalidRequest("audio", "is required with modalities [\"text\", \"audio\"] ({voice, format})")
+    if body.audio.format not in CHAT_AUDIO_FORMATS:
+        raise InvalidRequest("audio.format", f"unsupported format {body.audio.format!r}; supported: "
+                                             f"{', '.join(CHAT_AUDIO_FORMATS)}")
+    voice = body.audio.voice.get("id") if isinstance(body.audio.voice, dict) else body.audio.voice
+    if voice is not None and not isinstance(voice, str):
+        raise InvalidRequest("audio.voice", "must be a voice name")
+    return voice, body.audio.format
 
 
 def has_image_parts(body: ChatCompletionBody) -> bool:

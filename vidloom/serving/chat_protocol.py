@@ -19,6 +19,15 @@ class StreamOptions(BaseModel):
     include_usage: ApiBool = False  # one more chunk before [DONE], with empty choices and the usage counts
 
 
+class AudioParams(BaseModel):
+    """`audio` of a chat completion that answers aloud (modalities ["text", "audio"])."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: Any = None
+    format: Any = None
+
+
 class ChatCompletionBody(BaseModel):
     """POST /v1/chat/completions. `top_k` is a vidloom (and vLLM) extension; fields OpenAI defines that we do
     not implement are accepted only at their no-op value (chat_params refuses others by name)."""
@@ -37,6 +46,8 @@ class ChatCompletionBody(BaseModel):
     n: ApiInt | None = None
     stream: ApiBool | None = None
     stream_options: StreamOptions | None = None
+    modalities: list[str] | None = None  # ["text"] (default) or ["text", "audio"] on a model that speaks
+    audio: AudioParams | None = None  # voice and format of the spoken answer
     user: str | None = None  # accepted and ignored, as OpenAI uses it only for abuse tracking
     # No-op values accepted so clients that send their defaults work; anything else is refused by name.
     frequency_penalty: ApiFloat | None = None
@@ -50,9 +61,19 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class AudioAnswer(BaseModel):
+    """`message.audio` of a spoken answer: the encoded audio (base64), its transcript, and when its id expires."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    audio: AudioAnswer | None = None
 
 
 class Choice(BaseModel):
@@ -76,6 +97,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    audio: dict[str, Any] | None = None  # a spoken answer's pieces: {id, transcript}, {id, data}, {id, expires_at}
 
 
 class ChunkChoice(BaseModel):

@@ -80,6 +80,10 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
             planned = await manager.media.run(plan_chat, body, manager.card)
         else:
             planned = plan_chat(body, manager.card)
+        if planned.audio is not None:  # a spoken answer: one speech request (thinker -> talker -> vocoder)
+            from vidloom.serving.chat_audio import audio_chat
+
+            return await audio_chat(request, manager, planned)
         items = _observed(manager.engine.chat(planned.request), manager.metrics, request.app.state.chat, received)
     try:
         with engine_errors(rename), _admission_errors():

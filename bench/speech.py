@@ -1,0 +1,160 @@
+"""Speech: time to first audio and real-time factor (audio seconds per wall second) with 1 and 8 concurrent
+requests through the AsyncEngine (thinker steps batched with every running sequence on the paged KV pool,
+talker and token2wav steps scheduled per request) vs transformers' `generate(generation_mode="audio")` on the
+same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
+
+    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100]
+
+Greedy thinker and talker everywhere, the same caps on both sides. The first audio leaves when a request's
+vocoder has run (no chunked synthesis yet), so time to first audio is each request's completion time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from report import environment, print_table, write_json  # noqa: E402
+from tests.helpers.qwen_omni_checkpoints import OMNI_A, TinyOmni, write_tiny_omni  # noqa: E402
+
+CACHE = ROOT / "bench" / ".cache"
+ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 8, 8]}
+SIZES = {
+    "tiny": OMNI_A,
+    # Mid-size: a 256-wide 4-layer thinker, 192-wide talker, 128-wide DiT, and the released vocoder's rates
+    # (240 samples per mel frame at 24 kHz) at 64 channels.
+    "mid": TinyOmni(
+        name="omni-mid",
+        thinker=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, rope_parameters=ROPE),
+        talker=dict(hidden_size=192, intermediate_size=576, num_hidden_layers=4, num_attention_heads=3,
+                    num_key_value_heads=1, head_dim=64, rope_parameters=ROPE),
+        dit=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, head_dim=32, ff_mult=2, emb_dim=64,
+                 block_size=24, look_ahead_layers=[2], look_backward_layers=[0, 3], repeats=2, mel_dim=80,
+                 enc_emb_dim=64, enc_dim=64, enc_channels=[64, 64, 64, 64, 192], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                 enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=32, enc_res2net_scale=2, enc_se_channels=32),
+        bigvgan=dict(mel_dim=80, upsample_initial_channel=64, resblock_kernel_sizes=[3, 7],
+                     resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5]], upsample_rates=[5, 3, 2, 2, 2, 2],
+                     upsample_kernel_sizes=[11, 7, 4, 4, 4, 4]),
+    ),
+}
+CONCURRENCY = (1, 8)
+QUESTIONS = ["what is a kite?", "tell me about kites in one sentence please", "hello world"]
+
+
+def _checkpoint(size: str) -> Path:
+    spec = SIZES[size]
+    folder = CACHE / spec.name
+    if not (folder / "spk_dict.pt").exists():
+        write_tiny_omni(folder, spec)
+    return folder
+
+
+def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, dict[str, float]]:
+    from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
+    from vidloom.core.speech import SpeechRequest
+    from vidloom.generator import VideoGenerator
+    from vidloom.runtime.async_engine import AsyncEngine
+    from vidloom.runtime.speech_run import speech_result, start_speech
+
+    engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
+
+    async def one(i: int, started: float):
+        chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTIONS[i % len(QUESTIONS)]),)),),
+                           SamplingParams(temperature=0.0, max_tokens=thinker_tokens))
+        request = SpeechRequest(chat=chat, talker_sampling=SamplingParams(temperature=0.0), seed=i,
+                                max_audio_tokens=audio_tokens)
+        result = await engine.submit_run(start_speech(engine.engine, request), None, speech_result).result()
+        return result, time.perf_counter() - started
+
+    async def many(n: int):
+        started = time.perf_counter()
+        return await asyncio.gather(*(one(i, started) for i in range(n)))
+
+    out = {}
+    try:
+        asyncio.run(many(1))  # warm-up
+        for n in CONCURRENCY:
+            started = time.perf_counter()
+            results = asyncio.run(many(n))
+            wall = time.perf_counter() - started
+            audio_s = sum(r.duration_s for r, _ in results)
+            out[n] = {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
+                      "first_audio_mean_s": statistics.mean(t for _, t in results),
+                      "first_audio_min_s": min(t for _, t in results)}
+    finally:
+        engine.close()
+    return out
+
+
+@torch.inference_mode()
+def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, dict[str, float]]:
+    from transformers import AutoTokenizer
+
+    from tests.helpers.qwen_omni_checkpoints import load_reference
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = load_reference(folder)
+    talker = model.config.talker_config
+
+    def one(i: int) -> float:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        torch.manual_seed(i)
+        try:
+            _, wave = model.generate(ids["input_ids"], generation_mode="audio", speaker="Chelsie",
+                                     thinker_do_sample=False, talker_do_sample=False,
+                                     thinker_max_new_tokens=thinker_tokens, talker_max_new_tokens=audio_tokens,
+                                     thinker_eos_token_id=[tokenizer.eos_token_id],
+                                     talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id])
+        except RuntimeError:  # its token2wav fails on zero codes (a random talker that ends at once): no audio
+            return 0.0
+        return wave.numel() / 24000
+
+    one(0)  # warm-up
+    out = {}
+    for n in CONCURRENCY:
+        started, firsts, audio_s = time.perf_counter(), [], 0.0
+        for i in range(n):
+            audio_s += one(i)
+            firsts.append(time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        out[n] = {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
+                  "first_audio_mean_s": statistics.mean(firsts), "first_audio_min_s": min(firsts)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="mid", choices=sorted(SIZES))
+    parser.add_argument("--thinker-tokens", type=int, default=16)
+    parser.add_argument("--audio-tokens", type=int, default=100)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    folder = _checkpoint(args.size)
+    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens)
+    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens)
+    rows = [[str(n), f"{ours[n]['rtf']:.2f}", f"{theirs[n]['rtf']:.2f}", f"{ours[n]['first_audio_min_s']:.2f}",
+             f"{theirs[n]['first_audio_min_s']:.2f}", f"{ours[n]['first_audio_mean_s']:.2f}",
+             f"{theirs[n]['first_audio_mean_s']:.2f}"] for n in CONCURRENCY]
+    print_table(["concurrent", "vidloom RTF", "transformers RTF", "vidloom first audio s (min)",
+                 "transformers (min)", "vidloom (mean)", "transformers (mean)"], rows)
+    write_json(args.out or f"speech-{args.size}-cpu.json", {
+        "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
+        "audio_tokens": args.audio_tokens, "vidloom": ours, "transformers_generate": theirs,
+    })
+
+
+if __name__ == "__main__":
+    main()

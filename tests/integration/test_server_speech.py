@@ -1,0 +1,184 @@
+"""/v1/audio/speech on a tiny Qwen2.5-Omni checkpoint, as clients use it: uvicorn on 127.0.0.1, the official openai
+package (plain and with_streaming_response), httpx for raw SSE and error bodies."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+
+import av
+import httpx
+import pytest
+import torch
+
+from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from tests.helpers.servers import ThreadServer
+from vidloom.serving.config import ServeConfig
+
+
+@pytest.fixture(scope="module")
+def speech_server(tmp_path_factory):
+    from vidloom.generator import VideoGenerator
+
+    torch.set_num_threads(1)
+    folder = write_tiny_omni(tmp_path_factory.mktemp("omni") / "omni-tiny", OMNI_A)
+    engine = VideoGenerator.from_pretrained(str(folder), device="cpu").engine
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("speech-data"), queue_size=8, graceful_shutdown_s=2)
+    with ThreadServer(engine, config) as running:
+        yield running
+
+
+@pytest.fixture
+def oc(speech_server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{speech_server.url}/v1", api_key="unused", max_retries=0)
+
+
+SEEDED = {"extra_body": {"seed": 3}}  # vidloom's extension: a random talker's sampled length is then fixed
+
+
+def model_id(server) -> str:
+    return server.app.state.jobs.card.model_id
+
+
+def test_speech_wav_with_the_openai_client(speech_server, oc):
+    audio = oc.audio.speech.create(model=model_id(speech_server), voice="Chelsie", input="the kite rose",
+                                   response_format="wav", **SEEDED)
+    with wave.open(io.BytesIO(audio.content)) as w:
+        assert w.getframerate() == 24000 and w.getnchannels() == 1 and w.getnframes() > 0
+    pool = speech_server.app.state.jobs.engine.chat_stats()
+    assert pool["kv_blocks_in_use"] == 0  # the thinker's sequence returned its blocks
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_compressed_formats_decode(speech_server, oc, fmt):
+    audio = oc.audio.speech.create(model=model_id(speech_server), voice="Ethan", input="hello world",
+                                   response_format=fmt, **SEEDED)
+    with av.open(io.BytesIO(audio.content)) as container:
+        frames = sum(f.samples for f in container.decode(container.streams.audio[0]))
+    assert frames > 0
+
+
+def test_streaming_response_audio(speech_server, oc, tmp_path):
+    with oc.audio.speech.with_streaming_response.create(
+            model=model_id(speech_server), voice="Ethan", input="the kite rose over the dunes",
+            response_format="pcm", stream_format="audio", **SEEDED) as response:
+        data = b"".join(response.iter_bytes())
+    assert len(data) > 0 and len(data) % 2 == 0  # 16-bit samples
+
+
+def test_speed_stretches_time(speech_server, oc):
+    common = dict(model=model_id(speech_server), voice="Chelsie", input="the kite rose over the dunes",
+                  response_format="pcm")
+    normal = oc.audio.speech.create(**common, **SEEDED).content
+    fast = oc.audio.speech.create(**common, speed=2.0, **SEEDED).content
+    assert len(normal) > 0 and len(fast) == 2 * round(len(normal) / 2 / 2)  # half the 16-bit samples
+
+
+def test_sse_events(speech_server):
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello world", "response_format": "pcm",
+            "stream_format": "sse", "seed": 3}
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and len(events) >= 2
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    # 16-bit samples: each code is `repeats` (2) mel frames of the vocoder's hop (4 x 2 in OMNI_A) samples
+    assert len(pcm) == 2 * 2 * 8 * events[-1]["usage"]["output_tokens"]
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("input", "", "non-empty"),
+    ("input", "x" * 4097, "4096"),
+    ("voice", "Alloy", "Chelsie, Ethan"),
+    ("response_format", "ogg", "mp3, opus, aac, flac, wav, pcm"),
+    ("speed", 5.0, "0.25 to 4.0"),
+    ("speed", 0.1, "0.25 to 4.0"),
+    ("stream_format", "chunks", ""),
+    ("seed", -1, ">= 0"),
+])
+def test_bad_input_is_a_400_naming_the_field(speech_server, field, value, says):
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello", field: value}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field or field in error["message"]
+    assert says in error["message"]
+
+
+def test_unknown_model_name_is_refused(speech_server):
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "Chelsie", "input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_chat_completion_answers_aloud(speech_server, oc):
+    r = oc.chat.completions.create(model=model_id(speech_server), modalities=["text", "audio"],
+                                   audio={"voice": "Ethan", "format": "wav"}, max_tokens=8, temperature=0,
+                                   messages=[{"role": "user", "content": "Tell me about kites in one sentence."}])
+    message = r.choices[0].message
+    assert message.content is None and message.audio.id and message.audio.expires_at > 0
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 0
+    plain = oc.chat.completions.create(model=model_id(speech_server), max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Tell me about kites in one sentence."}])
+    assert message.audio.transcript == plain.choices[0].message.content  # the spoken text is the greedy reply
+    assert r.usage.completion_tokens > plain.usage.completion_tokens  # text tokens plus speech codes
+
+
+def test_chat_completion_streams_transcript_then_audio(speech_server, oc):
+    stream = oc.chat.completions.create(model=model_id(speech_server), modalities=["text", "audio"],
+                                        audio={"voice": "Chelsie", "format": "pcm16"}, max_tokens=8, temperature=0,
+                                        stream=True, messages=[{"role": "user", "content": "what is a kite?"}])
+    pieces = [getattr(chunk.choices[0].delta, "audio", None) for chunk in stream if chunk.choices]
+    pieces = [p for p in pieces if p]
+    # The client parses each delta.audio into its ChoiceDeltaAudio (id, transcript, data, expires_at).
+    transcript = "".join(p.transcript or "" for p in pieces)
+    data = b"".join(base64.b64decode(p.data) for p in pieces if p.data)
+    kinds = [next(k for k in ("transcript", "data", "expires_at") if getattr(p, k, None)) for p in pieces]
+    assert kinds.index("data") > kinds.index("transcript") and kinds[-1] == "expires_at"
+    assert transcript and len(data) > 0 and len(data) % 2 == 0
+    assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"modalities": ["text", "audio"]}, "audio"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "aiff"}}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "Bob", "format": "wav"}}, "voice"),
+    ({"modalities": ["audio"], "audio": {"voice": "Chelsie", "format": "wav"}}, "modalities"),
+    ({"audio": {"voice": "Chelsie", "format": "wav"}}, "audio"),
+])
+def test_bad_audio_chat_is_a_400_naming_the_field(speech_server, extra, param):
+    body = {"model": model_id(speech_server), "messages": [{"role": "user", "content": "hi"}], **extra}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speech_server, monkeypatch):
+    """A long utterance (its talker runs thousands of steps), abandoned while it speaks: the pool and the cache
+    manager return to where they were."""
+    import time
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # it speaks until its cap (thousands of codes)
+    before = engine.engine.caches.bytes_in_use
+    long_text = "the kite rose over the dunes and the wind sang " * 60  # ~2800 characters
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": long_text, "response_format": "pcm"}
+    with httpx.Client(base_url=speech_server.url, timeout=httpx.Timeout(60, read=1.0)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/audio/speech", json=body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (engine.chat_stats()["kv_blocks_in_use"] or
+                                           engine.engine.caches.bytes_in_use != before):
+        time.sleep(0.05)
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0
+    assert engine.engine.caches.bytes_in_use == before

@@ -1,0 +1,68 @@
+"""Admission of a speech request: validate, pick the voice, build the thinker prompt, start its run.
+
+Forced text (speak this): the prompt is the system prompt and a user turn (the request's
+`instructions`, or a plain "say this"), and the text is the assistant's turn, prefilled rather than
+generated. A chat to answer aloud: its messages through the chat template, the reply generated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.output import EventCallback
+from vidloom.core.speech import SpeechRequest
+from vidloom.models.qwen_omni.speakers import pick_voice
+from vidloom.recipes.qwen_omni.program import chat_messages
+from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
+from vidloom.runtime.request_run import CancellationToken, RequestRun
+
+# Qwen2.5-Omni's model card: the system prompt the model was trained to speak under.
+SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+                 "auditory and visual inputs, as well as generating text and speech.")
+SAY_THIS = "Say the following text exactly as written."
+
+
+def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechPrompt:
+    """Validate and tokenize `request` (InvalidRequest naming the field, before anything is held)."""
+    request.validate()
+    voice = pick_voice(instance["speakers"], request.voice)
+    tokenizer = instance["tokenizer"]
+    if request.text is not None:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": request.instructions or SAY_THIS}]
+        prompt = _template(tokenizer, messages)
+        forced = tuple(tokenizer.encode(request.text, add_special_tokens=False))
+        if not forced:
+            raise InvalidRequest("input", "has no tokens to speak")
+        _check_window(len(prompt) + len(forced), limits.context_window, "input")
+        return SpeechPrompt(request, voice, tuple(prompt), forced, len(forced))
+    chat = request.chat
+    assert chat is not None
+    chat.validate(limits)
+    if request.instructions is not None:
+        raise InvalidRequest("instructions", "applies to speaking a given text; put it in the chat's messages")
+    prompt = _template(tokenizer, chat_messages(chat))
+    budget = chat.sampling.completion_budget(len(prompt), limits)
+    return SpeechPrompt(request, voice, tuple(prompt), None, budget)
+
+
+def _template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
+    return list(ids["input_ids"])
+
+
+def _check_window(tokens: int, window: int, field: str) -> None:
+    if tokens >= window:
+        raise LimitExceeded(field, f"the prompt and text are {tokens} tokens, more than the context window of "
+                                   f"{window}", "context_window")
+
+
+def start_speech(engine: Any, request: SpeechRequest, on_event: EventCallback | None = None,
+                 cancel: CancellationToken | None = None) -> RequestRun:
+    """The run that speaks `request` on `engine` (its thinker KV from the engine's paged pool)."""
+    if engine.decoder is None:
+        raise InvalidRequest("model", f"{engine.instance.card.model_id} runs no thinker decode on this engine")
+    slots = {"speech": speech_prompt(engine.instance, engine.decoder.limits, request)}
+    return RequestRun(engine.instance, engine.program, request, on_event, cancel, caches=engine.caches,  # type: ignore[arg-type]
+                      decoder=engine.decoder, slots=slots)

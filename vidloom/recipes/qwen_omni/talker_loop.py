@@ -1,0 +1,143 @@
+"""The talker stage of speech: codec codes from the thinker's states, one runtime step per code.
+
+Its KV lives in a slab from the runtime's cache manager (accounted against the deployment's cache
+budget, released when the loop ends, whatever ends it): the engine's paged pool is laid out for one
+network (the thinker's layers, heads and head size), and the talker's differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.chat import SamplingParams
+from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.speech import MAX_AUDIO_TOKENS
+from vidloom.decoding.sampling import make_generator, next_token
+from vidloom.models.cosmos3.transformer import grouped_attention
+from vidloom.models.qwen_omni.config import TalkerTokens
+from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
+from vidloom.models.qwen_omni.talker_inputs import TalkerInputs, shape_logits, step_input, talker_inputs
+from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt, ThinkerOutput
+
+TALKER = "talker"
+CODES_PER_TEXT_TOKEN = 16  # ~0.3 s of speech (50 codes/s) per text token: a cap for talkers that never stop
+MIN_AUDIO_TOKENS = 64
+
+
+class SlabKV:
+    """One sequence's K/V [layers, capacity, kv_heads, head_dim], filled in order (the KVAttention protocol)."""
+
+    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, scale: float,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.k = torch.zeros(layers, capacity, kv_heads, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.scale, self.length, self._start = scale, 0, 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @staticmethod
+    def bytes_for(layers: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * layers * capacity * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def begin(self, tokens: int) -> SlabKV:
+        """Start a forward over `tokens` new tokens (after `length` cached)."""
+        if self.length + tokens > self.k.shape[1]:
+            raise ValueError(f"talker sequence outgrew its {self.k.shape[1]}-token KV slab")
+        self._start = self.length
+        self.length += tokens
+        return self
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        start, end = self._start, self.length
+        self.k[layer, start:end] = k.to(self.k.dtype)
+        self.v[layer, start:end] = v.to(self.v.dtype)
+        keys, values = self.k[layer, :end].to(q.dtype), self.v[layer, :end].to(q.dtype)
+        mask = torch.arange(end, device=q.device)[None] <= torch.arange(start, end, device=q.device)[:, None]
+        return grouped_attention(q, keys, values, self.scale, mask=mask)
+
+
+def talker_step(talker: OmniDecoder, embeds: Tensor, positions: Tensor, kv: SlabKV) -> Tensor:
+    """One talker forward over new input rows: the last row's codec logits [vocab] (float32, host)."""
+    hidden = talker.hidden(embeds, positions, kv.begin(embeds.shape[0]))
+    return talker.head(hidden[-1]).float().cpu()
+
+
+@dataclass
+class TalkerState:
+    inputs: TalkerInputs
+    kv: SlabKV | None  # None: nothing to say
+    max_codes: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    ctx: LoopContext
+    x: Tensor
+    position: int = 0
+    seen: set[int] = field(default_factory=set)
+    codes: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+def audio_token_budget(prompt: SpeechPrompt, reply_tokens: int) -> int:
+    """The request's max_audio_tokens, else a cap from the reply's length (a talker that never emits its end
+    token, such as a random one, stops there)."""
+    if prompt.request.max_audio_tokens is not None:
+        return prompt.request.max_audio_tokens
+    return min(MAX_AUDIO_TOKENS, max(MIN_AUDIO_TOKENS, CODES_PER_TEXT_TOKEN * reply_tokens))
+
+
+class TalkerLoop:
+    name = TALKER
+
+    def __init__(self, thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerTokens) -> None:
+        self.thinker, self.talker, self.tokens = thinker, talker, tokens
+        self.end_ids = frozenset({tokens.codec_pad, tokens.codec_end})  # generate()'s talker_eos_token_id
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> TalkerState:
+        prompt: SpeechPrompt = slots["speech"]
+        out: ThinkerOutput = slots["thinker"]
+        c = self.talker.config
+        param = next(self.talker.parameters())
+        sampling = prompt.request.talker_sampling
+        if prompt.request.seed is not None and not sampling.greedy:
+            sampling = dataclasses.replace(sampling, seed=prompt.request.seed)
+        if len(out.fed_ids) == 0:  # the reply ended at once (its first token was the end): nothing to say
+            return TalkerState(TalkerInputs(param.new_zeros(0), param.new_zeros(0), []), None, 0, sampling, None,
+                               ctx, param.new_zeros(0), done=True)
+        inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
+                               out.fed_ids, out.hidden)
+        max_codes = audio_token_budget(prompt, len(out.reply_ids))
+        capacity = inputs.prefill.shape[0] + max_codes
+        nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)
+        kv = ctx.allocate(nbytes, lambda: SlabKV(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim,
+                                                 self.talker.attention_scale, param.device, param.dtype))
+        return TalkerState(inputs, kv, max_codes, sampling, make_generator(sampling), ctx, inputs.prefill,
+                           seen=set(inputs.prompt_codes))
+
+    def next(self, state: TalkerState) -> StepPlan | Done:
+        if state.done:
+            return DONE
+        return StepPlan(loop=TALKER, index=len(state.codes), total=state.max_codes, call=talker_step,
+                        inputs={"talker": self.talker, "embeds": state.x, "kv": state.kv,
+                                "positions": text_positions(state.position, state.x.shape[0], state.x.device)})
+
+    def advance(self, state: TalkerState, logits: Tensor) -> TalkerState:
+        state.position += state.x.shape[0]
+        code = next_token(shape_logits(logits, state.seen, self.tokens), state.params, state.generator)
+        if code in self.end_ids:
+            state.done = True
+            return state
+        state.codes.append(code)
+        state.seen.add(code)
+        state.done = len(state.codes) >= state.max_codes
+        state.x = step_input(self.talker, state.inputs, len(state.codes), code)
+        return state
+
+    def finalize(self, state: TalkerState) -> dict[str, Any]:
+        return {"codes": torch.tensor(state.codes, dtype=torch.long)}

@@ -1,0 +1,122 @@
+"""POST /v1/audio/speech (OpenAI's shape): speak `input` in `voice`, as a file, a chunked stream or SSE events.
+
+The request is one run of the model's speech program (thinker -> talker -> token2wav -> vocoder)
+submitted to the same engine as every other request; refused input is a 400 naming the field before
+anything runs. A client that leaves cancels the run, which returns its KV (pool blocks and talker
+slab) at the next step. The waveform is encoded on the media pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+from typing import Any, AsyncIterator, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.speech import SpeechRequest, SpeechResult
+from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
+from vidloom.runtime.speech_run import no_speech, speech_result, start_speech
+from vidloom.serving.disconnect import unless_disconnected
+from vidloom.serving.errors import engine_errors
+from vidloom.serving.params import check_model
+from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
+from vidloom.serving.request_body import read_body
+from vidloom.serving.video_routes import jobs_of
+
+router = APIRouter(prefix="/v1/audio")
+CHUNK_BYTES = 32 * 1024  # chunked transfer piece of stream_format "audio"
+SSE_SAMPLES = 12_000  # samples per speech.audio.delta event (0.5 s at 24 kHz)
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's speech request. `speed` (0.25 to 4) stretches time without changing the pitch (ffmpeg's atempo)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: Any = None
+    model: str | None = None
+    voice: Any = None
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: ApiFloat = 1.0
+    stream_format: Literal["audio", "sse"] | None = None
+    seed: ApiInt | None = None  # vidloom extension (as chat's): the same seed speaks the same audio
+
+
+def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
+    """The engine's request from the body; InvalidRequest naming the field."""
+    check_model(body.model, card)
+    if card.speech is None:
+        raise no_speech(card.model_id)
+    if not isinstance(body.input, str):
+        raise InvalidRequest("input", "must be a string")
+    voice = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
+    if voice is not None and not isinstance(voice, str):
+        raise InvalidRequest("voice", "must be a voice name")
+    check_format(body.response_format)
+    check_speed(body.speed)
+    request = SpeechRequest(text=body.input, voice=voice, instructions=body.instructions, seed=body.seed)
+    request.validate()
+    return request
+
+
+@router.post("/speech", response_model=None, openapi_extra=body_doc(SpeechBody))
+async def create_speech(request: Request) -> Response:
+    manager = jobs_of(request)
+    body = await read_body(request, SpeechBody)
+    engine = manager.engine  # the AsyncEngine
+    with engine_errors():
+        speech = plan_speech(body, manager.card)
+        if getattr(engine.engine, "decoder", None) is None:
+            raise no_speech(manager.card.model_id)
+        run = start_speech(engine.engine, speech)
+        handle = engine.submit_run(run, None, speech_result)
+    finished = False
+    try:
+        with engine_errors():
+            result: SpeechResult = await unless_disconnected(request, handle.result())
+        finished = True
+    finally:
+        if not finished:  # the client left, the run failed, or the server stops: its KV returns now
+            engine.cancel(speech.request_id)
+    fmt = body.response_format
+    if body.speed != 1.0:
+        audio = await manager.media.run(time_stretch, result.audio, result.sample_rate, body.speed)
+        result = dataclasses.replace(result, audio=audio)
+    if body.stream_format == "sse":
+        return StreamingResponse(_sse(result, fmt), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    data = await manager.media.run(encode_speech, result.audio, result.sample_rate, fmt)
+    headers = {"X-Request-Id": speech.request_id}
+    if body.stream_format == "audio":
+        return StreamingResponse(_pieces(data), media_type=MEDIA_TYPES[fmt], headers=headers)
+    return Response(data, media_type=MEDIA_TYPES[fmt], headers=headers)
+
+
+async def _pieces(data: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), CHUNK_BYTES):
+        yield data[start:start + CHUNK_BYTES]
+
+
+async def _sse(result: SpeechResult, fmt: str) -> AsyncIterator[bytes]:
+    """speech.audio.delta events (base64 audio, in order), then speech.audio.done with the usage."""
+    audio = result.audio
+    step = SSE_SAMPLES if fmt in ("pcm",) else max(1, len(audio))  # raw PCM splits anywhere; a file is one piece
+    for start in range(0, max(1, len(audio)), step):
+        piece = audio[start:start + step]
+        data = await asyncio.to_thread(encode_speech, piece, result.sample_rate, fmt)
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    usage = {"input_tokens": result.text_tokens, "output_tokens": result.audio_tokens,
+             "total_tokens": result.text_tokens + result.audio_tokens}
+    yield _event({"type": "speech.audio.done", "usage": usage})
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
