@@ -157,6 +157,9 @@ class VideoGenerator:
         reason: bool = False,
         sound: bool = False,
         loras: Mapping[str, float] | None = None,
+        camera: str | None = None,
+        c2w: Any = None,
+        intrinsics: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -177,13 +180,16 @@ class VideoGenerator:
         the rollout continues after its frames under `prompt`, and the output is the source's frames
         followed by the new ones (num_frames counts both; size and fps are the source's).
         loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
+        camera / c2w / intrinsics (camera-controlled world models: SANA-WM): a WASD/IJKL action string such as
+        "w-80,jw-40" or [F, 4, 4] camera-to-world poses (exactly one), and [fx, fy, cx, cy] (or a 3x3 K, or
+        per frame) in the first image's pixels; see docs/world-models-sana.md.
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound, loras=loras,
+            reason=reason, sound=sound, loras=loras, camera=camera, c2w=c2w, intrinsics=intrinsics,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

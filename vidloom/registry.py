@@ -26,6 +26,7 @@ CARDS: dict[str, str] = {
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
+    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
     "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
@@ -47,6 +48,7 @@ PIPELINES: dict[str, str] = {
     "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
+    "SanaWMPipeline": "vidloom.recipes.sana_wm.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
@@ -56,6 +58,7 @@ LOADERS: dict[str, str] = {
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
+    "sana-wm": "vidloom.recipes.sana_wm.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -70,6 +73,7 @@ DEMOS: dict[str, str] = {
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
+    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 # Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
@@ -79,6 +83,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.sana_wm.cards:CAPABILITY_ROWS",
 )
 
 

@@ -121,6 +121,7 @@ def build_transformer(spec: TinySanaWM, seed: int = 0):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     _scale(model, ("out_proj_cam", "plucker_proj"), 3.0)
     _scale(model, ("t_block", "scale_shift_table", "y_embedder"), 2.0)
+    _scale(model, ("cross_attn.proj",), 6.0)  # the prompt must move the video, not vanish in the residual
     return model
 
 
