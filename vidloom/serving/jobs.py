@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+import numpy as np
+
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent,
@@ -565,6 +567,11 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
     params.update({name: True for name in media if getattr(request, name) is not None})
     if isinstance(request.extend_from, VideoSession):
         params["extend_from"] = request.extend_from.session_id  # the source video's id
+    # Camera blocks (SANA-WM) as JSON: the action string (the validated block keeps it) and plain lists.
+    params["camera"] = getattr(request.camera, "action", request.camera)
+    for name in ("c2w", "intrinsics"):
+        if params[name] is not None:
+            params[name] = np.asarray(params[name], dtype=float).tolist()
     return params
 
 
