@@ -113,3 +113,17 @@ def test_bad_camera_fields_are_refused_before_running(generator, kw, field, fold
     with pytest.raises(InvalidRequest) as err:
         generator.generate(PROMPT, image=IMAGE, **{"intrinsics": INTRINSICS, **kw}, **BASE)
     assert err.value.field == field
+
+
+def test_demo_folder_runs_the_same_in_diffusers(tmp_path):
+    # sana-wm-demo is written by our own modules; diffusers' pipeline reading it gives our frames.
+    from diffusers import SanaWMPipeline
+
+    from vidloom.recipes.sana_wm.demo import ensure_demo_checkpoint
+
+    folder = ensure_demo_checkpoint(tmp_path)
+    pipe = SanaWMPipeline.from_pretrained(str(folder), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    frames = _reference(pipe, 1.0, action="jw-16")
+    ours = _ours(VideoGenerator.from_pretrained(folder, device="cpu"), camera="jw-16", guidance_scale=1.0)
+    assert np.abs(ours - frames).max() < FRAME_TOLERANCE

@@ -25,7 +25,7 @@ from vidloom.recipes.sana_wm.cards import DEFAULTS, sana_wm_card
 from vidloom.recipes.sana_wm.text import CHI_PROMPT
 
 DEMO_ID = "sana-wm-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
 DEMO_NOTE = noise_note(DEMO_ID, "SANA-WM", "Efficient-Large-Model/SANA-WM_bidirectional-diffusers")
 TEXT_HIDDEN = 16
@@ -76,6 +76,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     dit = SanaWMTransformer(SanaWMConfig.from_diffusers(DEMO_TRANSFORMER))
     fill_zeros(dit, std=0.2)  # zero-initialised short convs and tables would leave the camera path inert
     save_weights(dit, folder / "transformer", SANA_WM_NAME_MAP)
+    _add_unused_camera_embedder(folder / "transformer", DEMO_TRANSFORMER["hidden_size"])
     write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
     vae = LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(DEMO_VAE))
     fill_zeros(vae)
@@ -90,6 +91,19 @@ def write_demo_checkpoint(folder: Path) -> None:
     _write_text_encoder(folder / "text_encoder", len(tokenizer) + 3)
     write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
     write_json(folder / "model_index.json", MODEL_INDEX)
+
+
+def _add_unused_camera_embedder(folder: Path, hidden: int) -> None:
+    """The released layout also holds the absolute-map camera embedder, which our loader skips (its path is off
+    in this configuration); written so diffusers reads the folder with no missing weight."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "diffusion_pytorch_model.safetensors"
+    state = load_file(str(path))
+    g = torch.Generator().manual_seed(DEMO_SEED + 3)
+    state["raymap_embedder.proj.weight"] = 0.02 * torch.randn(hidden, 3, 1, 1, 1, generator=g)
+    state["raymap_embedder.proj.bias"] = torch.zeros(hidden)
+    save_file(state, str(path))
 
 
 def _train_tokenizer() -> Any:
