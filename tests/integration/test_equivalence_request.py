@@ -86,6 +86,11 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "loras": Exempt("needs adapters loaded on the model; HTTP vs the Python API is compared in test_lora_server.py, "
                     "the CLI's --lora in test_lora_api.py, the Python API vs diffusers in test_lora_generation.py"),
     "sound": Exempt("needs a Cosmos3 card with an audio tokenizer: the three paths are compared in test_equivalence_cosmos3.py"),
+    # Camera-controlled world models (SANA-WM) need their card and a multipart first frame: the Python API is
+    # compared with diffusers in test_sana_wm_generation.py, the CLI with the server in test_sana_wm_cli_server.py.
+    "camera": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
+    "c2w": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
+    "intrinsics": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
 }
 
 

@@ -102,3 +102,16 @@ def test_bad_camera_fields_are_400_naming_the_field(server, first_frame, fields,
         response = client.post("/v1/videos", **_form(first_frame, **fields))
     assert response.status_code == 400, response.text
     assert field in response.text
+
+
+def test_cli_and_server_make_the_same_video(server, sana_dir, first_frame, tmp_path):
+    cli_out = tmp_path / "cli.mp4"
+    assert _generate(sana_dir, first_frame, cli_out, "--camera", "jw-8,w-8", "--intrinsics", "60,60,40,24") == 0
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        form = _form(first_frame, camera="jw-8,w-8", intrinsics="[60, 60, 40, 24]", seed="1")
+        video_id = client.post("/v1/videos", **form).json()["id"]
+        assert wait_for_status(client, video_id, {"completed"})["status"] == "completed"
+        job = client.get(f"/v1/videos/{video_id}").json()
+        (tmp_path / "http.mp4").write_bytes(client.get(f"/v1/videos/{video_id}/content").content)
+    assert np.array_equal(read_video(cli_out)[0], read_video(tmp_path / "http.mp4")[0])
+    assert job["parameters"]["camera"] == "jw-8,w-8" and job["parameters"]["intrinsics"] == [60, 60, 40, 24]
