@@ -34,7 +34,8 @@ FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=40,
 SMALL_LIMITS = dict(max_steps=2, max_frames=5, max_pixels=48 * 32, queue_size=64, graceful_shutdown_s=1)
 VIDEO_FIELDS = ("prompt", "model", "seconds", "size", "num_frames", "fps", "num_inference_steps", "guidance_scale",
                 "flow_shift", "sampler", "seed", "negative_prompt", "step_cache_threshold", "strength",
-                "guidance_scale_2", "extend_from", "reason", "sound", "input_reference", "last_image", "video")
+                "guidance_scale_2", "extend_from", "reason", "sound", "input_reference", "last_image", "video", "camera",
+                "c2w", "intrinsics")
 IMAGE_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_format", "user", "num_inference_steps",
                 "guidance_scale", "flow_shift", "sampler", "seed", "negative_prompt", "mask", "image", "image[]")
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",

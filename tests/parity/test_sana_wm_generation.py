@@ -127,3 +127,18 @@ def test_demo_folder_runs_the_same_in_diffusers(tmp_path):
     frames = _reference(pipe, 1.0, action="jw-16")
     ours = _ours(VideoGenerator.from_pretrained(folder, device="cpu"), camera="jw-16", guidance_scale=1.0)
     assert np.abs(ours - frames).max() < FRAME_TOLERANCE
+
+
+def test_request_flow_shift_replaces_the_schedulers(reference, generator, folder):
+    _first_config_only(folder)
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    default = reference.scheduler
+    reference.scheduler = FlowMatchEulerDiscreteScheduler.from_config(default.config, shift=6.0)
+    try:
+        frames = _reference(reference, 1.0, action="w-16")
+    finally:
+        reference.scheduler = default
+    ours = _ours(generator, camera="w-16", guidance_scale=1.0, flow_shift=6.0)
+    assert np.abs(ours - frames).max() < FRAME_TOLERANCE
+    assert np.abs(ours - _ours(generator, camera="w-16", guidance_scale=1.0)).max() > 1e-3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
@@ -17,7 +18,8 @@ PIPELINE_CLASS = "SanaWMPipeline"
 PROGRAM = "vidloom.recipes.sana_wm.program:build_program"
 REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
 # SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
-# frame rate (stage 1 does not read it). flow_shift is not read: the scheduler's config shift is.
+# frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
+# (card_from_checkpoint); a request's flow_shift replaces it.
 DEFAULTS = SamplingDefaults(height=704, width=1280, num_frames=161, fps=16, num_inference_steps=60,
                             guidance_scale=5.0, flow_shift=1.0, sampler="euler", negative_prompt="")
 CAPABILITIES = Capabilities(
@@ -48,8 +50,9 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     check_pipeline(ckpt)
     vae = read_video_vae_config(ckpt.component_dir("vae"))
     patch = ckpt.component_config("transformer").get("patch_size", [1, 1, 1])
+    shift = float(ckpt.component_config("scheduler", "scheduler_config.json").get("shift", 1.0))
     return sana_wm_card(ckpt.root.name, str(ckpt.root), multiple=vae.spatial_compression_ratio * int(patch[-1]),
-                        temporal=vae.temporal_compression_ratio, defaults=DEFAULTS,
+                        temporal=vae.temporal_compression_ratio, defaults=replace(DEFAULTS, flow_shift=shift),
                         description=f"SANA-WM camera-controlled image-to-video from {ckpt.root}")
 
 

@@ -57,7 +57,8 @@ MODEL_INDEX = {
     "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
 }
 # Two latent cells by three, 17 frames (3 latent frames), a few steps: seconds on a CPU.
-DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, num_inference_steps=4)
+DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, num_inference_steps=4,
+                                    flow_shift=DEMO_SCHEDULER["shift"])
 
 
 def demo_card() -> ModelCard:

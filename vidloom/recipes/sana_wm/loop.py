@@ -77,9 +77,13 @@ class SanaWMDenoiseLoop:
         request: GenerationRequest = slots["request"]
         cfg = request.uses_cfg
         return SanaWMDenoiseState(
-            latents=slots["latents"], schedule=self.sampler.schedule(request.num_inference_steps),
+            latents=slots["latents"], schedule=self._sampler(request).schedule(request.num_inference_steps),
             network=SanaWMNetwork(self.transformer, slots["camera"], self.dtype), text=slots["text"],
             guidance_scale=float(request.guidance_scale) if cfg else None)
+
+    def _sampler(self, request: GenerationRequest) -> FlowEulerSampler:
+        """The checkpoint's scheduler with the request's flow shift (the card's default is the scheduler's)."""
+        return FlowEulerSampler(self.sampler.config.with_shift(float(request.flow_shift)))
 
     def next(self, state: SanaWMDenoiseState) -> StepPlan | Done:
         total = state.schedule.num_steps
