@@ -105,6 +105,10 @@ def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> No
                 p.mul_(factor)
 
 
+# The GDN blocks' temporal short convolutions, zero at init (main and camera branches).
+SHORT_CONVS = tuple(f"conv_{x}{cam}.weight" for x in "qkv" for cam in ("", "_cam"))
+
+
 def build_transformer(spec: TinySanaWM, seed: int = 0):
     from diffusers import SanaWMTransformer3DModel
 
@@ -116,8 +120,7 @@ def build_transformer(spec: TinySanaWM, seed: int = 0):
         for p in (model.plucker_embedder.proj.weight, model.plucker_embedder.proj.bias):
             p.copy_(0.5 * torch.randn(p.shape, generator=gen))
         for name, p in model.named_parameters():
-            if name.endswith("conv_k.weight") or name.endswith("conv_q.weight") or name.endswith("conv_v.weight") \
-                    or "_cam.weight" in name and p.ndim == 3:
+            if name.endswith(SHORT_CONVS):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     _scale(model, ("out_proj_cam", "plucker_proj"), 3.0)
     _scale(model, ("t_block", "scale_shift_table", "y_embedder"), 2.0)

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from vidloom.core.errors import InvalidRequest
 
