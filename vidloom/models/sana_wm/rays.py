@@ -80,11 +80,20 @@ def ray_transforms(camera: Tensor, grid: tuple[int, int, int], patch: tuple[int,
                          rope=camera_rope(rope, head_dim))
 
 
+def _token_focal(focal: Tensor, pixels: int, tokens: int) -> Tensor:
+    """A focal length in latent pixels -> in tokens, through the field of view as the reference does it
+    (focal -> FoV in degrees -> focal, UCM with xi = 0); in bfloat16 the round trip itself rounds."""
+    a = 2.0 * focal / pixels
+    fov = torch.rad2deg(2.0 * (torch.asin(torch.zeros_like(a).clamp(-1.0, 1.0)) + torch.atan(1.0 / a)))
+    theta = torch.deg2rad(0.5 * fov)
+    return (tokens * 0.5) * torch.cos(theta) / torch.sin(theta).clamp_min(torch.finfo(focal.dtype).eps)
+
+
 def _pixel_rays(camera: Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int]) -> Tensor:
     """Unit camera-frame rays [B, F, H, W, 3] through each token centre (pinhole: the UCM with xi = 0)."""
     b, f = camera.shape[:2]
     _, h, w = grid
-    fx, fy = camera[..., 16] / patch[2], camera[..., 17] / patch[1]
+    fx, fy = _token_focal(camera[..., 16], w * patch[2], w), _token_focal(camera[..., 17], h * patch[1], h)
     cx, cy = camera[..., 18] / patch[2], camera[..., 19] / patch[1]
     v, u = torch.meshgrid(torch.linspace(0, h - 1, h, dtype=camera.dtype, device=camera.device),
                           torch.linspace(0, w - 1, w, dtype=camera.dtype, device=camera.device), indexing="ij")
