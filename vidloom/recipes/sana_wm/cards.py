@@ -16,6 +16,7 @@ from vidloom.recipes.sana_wm.text import MAX_TEXT_TOKENS
 FAMILY = "sana-wm"
 PIPELINE_CLASS = "SanaWMPipeline"
 PROGRAM = "vidloom.recipes.sana_wm.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.sana_wm.memory:request_estimator"
 REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
 # SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
 # frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
@@ -81,6 +82,7 @@ def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, de
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
         recipe=RecipeSpec(method="pretrained", loop="stage1"),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
         notes=notes,
