@@ -24,8 +24,9 @@ REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
 DEFAULTS = SamplingDefaults(height=704, width=1280, num_frames=161, fps=16, num_inference_steps=60,
                             guidance_scale=5.0, flow_shift=1.0, sampler="euler", negative_prompt="")
 CAPABILITIES = Capabilities(
-    frozenset({"attention_backend"}),
-    {"fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
+    frozenset(),
+    {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
+     "fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
      "compile": "SANA-WM's blocks are not compiled yet",
      "warmup_shapes": "no compiled shapes to warm up",
      "offload_text_encoder": "the Gemma-2 encoder is not offloadable here yet",
