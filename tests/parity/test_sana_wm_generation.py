@@ -3,7 +3,8 @@
 Same checkpoint folder (written by diffusers, read back by both), same seed, fp32 on CPU. Observed frame
 differences are <= 5e-5 in [0, 1] on config A and <= 1e-6 on config B: the softmax blocks run the
 reference's bf16 SDPA, which we mirror, and an ulp-level difference upstream can flip a bf16 rounding (it
-does on A). The bound is 1e-4, well under one uint8 level (3.9e-3). A broken camera or prompt path moves frames by > 1e-2 (test_outputs_follow_camera_seed_and_prompt).
+does on A). The bound is 1e-4, well under one uint8 level (3.9e-3). A broken camera or prompt path moves
+frames by > 1e-2 (test_outputs_follow_camera_seed_and_prompt).
 """
 
 from __future__ import annotations
