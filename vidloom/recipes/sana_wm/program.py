@@ -6,6 +6,7 @@ the encoded first image), camera (CameraTensors), video (frames in [0, 1]).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
@@ -38,8 +39,8 @@ def build_program(instance: ModelInstance) -> Program:
         traj = trajectory(camera, request.num_frames, t_stride)
         image, intrinsics = crop_first_frame(request.image[0].convert("RGB"), traj.intrinsics, request.height,
                                              request.width)
-        raymap, plucker = camera_tensors(type(traj)(traj.c2w, intrinsics), (request.height, request.width),
-                                         t_stride, s_stride)
+        raymap, plucker = camera_tensors(dataclasses.replace(traj, intrinsics=intrinsics),
+                                         (request.height, request.width), t_stride, s_stride)
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0) * 2.0 - 1.0
         pixels = pixels.permute(2, 0, 1)[None, :, None].to(device)  # [1, 3, 1, H, W] in [-1, 1]
         first = vae.normalize_latents(vae.encode(pixels)).cpu()
