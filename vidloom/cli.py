@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sound", action="store_true",
                      help="unified models with an audio tokenizer (Cosmos3): a soundtrack in the video and as a .wav "
                           "next to it (unless --audio-out)")
+    gen.add_argument("--camera", default=None, metavar="ACTIONS",
+                     help="camera-controlled world models (SANA-WM): a WASD/IJKL action string such as 'w-80,jw-40'")
+    gen.add_argument("--c2w", default=None, metavar="FILE",
+                     help="camera-controlled world models: [F, 4, 4] camera-to-world poses (.npy or .json), "
+                          "instead of --camera")
+    gen.add_argument("--intrinsics", default=None, metavar="FX,FY,CX,CY|FILE",
+                     help="camera-controlled world models: pinhole intrinsics in the first image's pixels "
+                          "(or a .npy/.json 3x3 K / per-frame values)")
     gen.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
                      help="a LoRA adapter file (diffusers/PEFT safetensors) applied at SCALE (default 1.0); repeat "
                           "to mix several (Wan2.1, Flux2)")

@@ -19,6 +19,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.cli_camera import camera_fields
 from vidloom.deploy_args import deploy_config
 
 # GenerationRequest / setting field -> the flag a CLI user typed, so errors name what they can change.
@@ -31,6 +32,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", **ACTION_FLAGS,
+    "camera": "--camera", "c2w": "--c2w", "intrinsics": "--intrinsics",
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -62,6 +64,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound, action=action,
         loras={name: scale for name, (_, scale) in loras.items()},
+        **camera_fields(args.camera, args.c2w, args.intrinsics),
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)

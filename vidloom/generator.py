@@ -158,6 +158,9 @@ class VideoGenerator:
         sound: bool = False,
         action: Any = None,
         loras: Mapping[str, float] | None = None,
+        camera: str | None = None,
+        c2w: Any = None,
+        intrinsics: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -181,13 +184,16 @@ class VideoGenerator:
         action (world models with an action pathway: Cosmos3): a vidloom.ActionInput; the conditioning
         frame is `image` (or `video`, which inverse_dynamics needs), the size and frame count come from them
         and the block, and policy / inverse_dynamics return the predicted actions in `output.actions`.
+        camera / c2w / intrinsics (camera-controlled world models: SANA-WM): a WASD/IJKL action string such as
+        "w-80,jw-40" or [F, 4, 4] camera-to-world poses (exactly one), and [fx, fy, cx, cy] (or a 3x3 K, or
+        per frame) in the first image's pixels; see docs/world-models-sana.md.
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound, action=action, loras=loras,
+            reason=reason, sound=sound, action=action, loras=loras, camera=camera, c2w=c2w, intrinsics=intrinsics,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

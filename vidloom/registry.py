@@ -29,6 +29,7 @@ CARDS: dict[str, str] = {
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:demo_card",
+    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
     "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
@@ -50,6 +51,7 @@ PIPELINES: dict[str, str] = {
     "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
+    "SanaWMPipeline": "vidloom.recipes.sana_wm.cards:card_from_checkpoint",
 }
 # Any other diffusers pipeline class: run by diffusers itself as one loop (recipes/diffusers_adapter).
 ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
@@ -67,6 +69,7 @@ LOADERS: dict[str, str] = {
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
     "diffusers-adapter": "vidloom.recipes.diffusers_adapter.load:load_instance",
     "qwen-omni": "vidloom.recipes.qwen_omni.load:load_instance",
+    "sana-wm": "vidloom.recipes.sana_wm.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -84,6 +87,7 @@ DEMOS: dict[str, str] = {
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:ensure_demo_checkpoint",
+    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 # Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
@@ -95,6 +99,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
     "vidloom.recipes.diffusers_adapter.cards:CAPABILITY_ROWS",
     "vidloom.recipes.qwen_omni.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.sana_wm.cards:CAPABILITY_ROWS",
 )
 
 

@@ -35,7 +35,7 @@ SMALL_LIMITS = dict(max_steps=2, max_frames=5, max_pixels=48 * 32, queue_size=64
 VIDEO_FIELDS = ("prompt", "model", "seconds", "size", "num_frames", "fps", "num_inference_steps", "guidance_scale",
                 "flow_shift", "sampler", "seed", "negative_prompt", "step_cache_threshold", "strength",
                 "guidance_scale_2", "extend_from", "reason", "sound", "action", "input_reference", "last_image",
-                "video")
+                "video", "camera", "c2w", "intrinsics")
 IMAGE_FIELDS = ("prompt", "model", "n", "size", "response_format", "output_format", "user", "num_inference_steps",
                 "guidance_scale", "flow_shift", "sampler", "seed", "negative_prompt", "mask", "image", "image[]")
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",

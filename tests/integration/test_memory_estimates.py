@@ -64,6 +64,7 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "ltx2": {"model": str(ltx2)},
         "ltx2-two-stage": {"model": str(ltx2), "deploy": {"two_stage": True}},
         "cosmos3-sound": {"model": str(write_tiny_cosmos3_sound(root / "cosmos3"))},
+        "sana-wm": {"model": "sana-wm-demo", "cache_dir": str(demo_cache), "image": str(image)},
     }
 
 
@@ -85,6 +86,10 @@ CASES = {
                        {"height": 256, "width": 256, "num_frames": 17, "num_inference_steps": 2}),
     "cosmos3-sound": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1, "sound": True},
                       {"height": 256, "width": 256, "num_frames": 17, "num_inference_steps": 1, "sound": True}),
+    "sana-wm": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 1, "camera": "w-8",
+                 "intrinsics": [100, 100, 64, 64]},
+                {"height": 256, "width": 384, "num_frames": 33, "num_inference_steps": 1, "camera": "w-16,jw-16",
+                 "intrinsics": [100, 100, 64, 64]}),
 }
 
 

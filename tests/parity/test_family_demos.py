@@ -11,7 +11,8 @@ import torch
 
 from vidloom import registry
 
-DEMOS = ("wan2.2-demo", "far-demo", "cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "flux2-klein-demo")
+DEMOS = ("wan2.2-demo", "far-demo", "cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "flux2-klein-demo",
+         "sana-wm-demo")
 # Our LTX-2 audio VAE is its decoder (generation never encodes sound), so the demo ships no encoder weights.
 ENCODER_ONLY = {"audio_vae": "encoder."}
 

@@ -102,6 +102,9 @@ class ModelCard:
     # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
     inputs: frozenset[str] = frozenset()
     required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
+    # "module:function" (resolved request) -> {field: validated value}: the family's typed request blocks
+    # (e.g. SANA-WM's camera), checked when the request is resolved; raises InvalidRequest naming the field.
+    request_options: str | None = None
     # Without height/width a request with an input image or video takes its size (floored to the size
     # multiple), as the reference pipeline does (AnyFlow-FAR, Flux2 edits); False: the card's default size.
     size_from_inputs: bool = False

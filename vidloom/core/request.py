@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import secrets
 import uuid
@@ -80,6 +81,12 @@ class GenerationRequest:
     # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
     # the engine (vidloom.lora.registry), which resolves them when the run starts.
     loras: tuple[tuple[str, float], ...] = ()
+    # Camera-controlled world models (SANA-WM), accepted only by cards listing them in ModelCard.inputs: a
+    # WASD/IJKL action string ("w-80,jw-40") or [F, 4, 4] camera-to-world poses, and pinhole intrinsics. The
+    # card's request_options hook validates them (InvalidRequest naming the field) into its typed block.
+    camera: Any = field(default=None, compare=False, repr=False)
+    c2w: Any = field(default=None, compare=False, repr=False)
+    intrinsics: Any = field(default=None, compare=False, repr=False)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -109,6 +116,9 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
         filled.update(_size_from_image(frames if hasattr(frames, "size") else frames[0], request, card))
     resolved = dataclasses.replace(request, **filled)
+    if card.request_options is not None:  # the family's typed request blocks, checked at the boundary
+        module, _, name = card.request_options.partition(":")
+        resolved = dataclasses.replace(resolved, **getattr(importlib.import_module(module), name)(resolved))
     _validate(resolved, card)
     check_extension_guidance(resolved)
     return resolved
@@ -152,7 +162,7 @@ def _resolve_blocks(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     return out
 
 
-MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
+MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2", "camera", "c2w", "intrinsics")
 """Request fields a card must list in ModelCard.inputs to accept."""
 FLAG_INPUTS = ("reason", "sound")
 """Boolean request fields a card must list in ModelCard.inputs to accept when they are on."""

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+import numpy as np
+
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent,
@@ -570,6 +572,11 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
         params["extend_from"] = request.extend_from.session_id  # the source video's id
     if request.action is not None:  # the family's resolved block says how it is stored (no media)
         params["action"] = request.action.params()
+    # Camera blocks (SANA-WM) as JSON: the action string (the validated block keeps it) and plain lists.
+    params["camera"] = getattr(request.camera, "action", request.camera)
+    for name in ("c2w", "intrinsics"):
+        if params[name] is not None:
+            params[name] = np.asarray(params[name], dtype=float).tolist()
     return params
 
 

@@ -9,6 +9,7 @@ actual duration back as `seconds` = num_frames / fps.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
@@ -105,7 +106,8 @@ def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
     from vidloom.media.uploads import open_video
 
     out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2,
-                              "reason": body.reason, "sound": body.sound}
+                              "reason": body.reason, "sound": body.sound, "camera": body.camera,
+                              "c2w": _json_field("c2w", body.c2w), "intrinsics": _json_field("intrinsics", body.intrinsics)}
     for api_name, name in (("input_reference", "image"), ("last_image", "last_image")):
         value = getattr(body, api_name)
         if value is not None:
@@ -117,6 +119,18 @@ def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
             raise InvalidRequest("video", "must be an uploaded video file (multipart/form-data)")
         out["video"] = open_video(body.video, "video", max_frames=max_frames)  # counts frames without decoding
     return out
+
+
+def _json_field(name: str, value: object) -> object:
+    """A JSON array as sent in a JSON body, or as text in a multipart form; shapes are checked with the request."""
+    if isinstance(value, (bytes, bytearray)):
+        raise InvalidRequest(name, "must be a JSON array, not a file")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise InvalidRequest(name, f"must be a JSON array, got {value[:40]!r}") from None
+    return value
 
 
 MAX_IMAGES_PER_CALL = 10  # OpenAI Images API bound on `n`

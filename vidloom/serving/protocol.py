@@ -133,6 +133,12 @@ class VideoCreateBody(SamplingExtensions):
     reason: ApiBool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
     sound: ApiBool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
     action: Annotated[ActionBlock | None, BeforeValidator(_json_text)] = None  # world models: an action-conditioned run (see ActionBlock)
+    # camera-controlled world models (SANA-WM): an action string ("w-80,jw-40") or [F, 4, 4] poses, and the
+    # pinhole intrinsics [fx, fy, cx, cy] (or a 3x3 K / per-frame) in the first frame's pixels. In a form,
+    # c2w and intrinsics are JSON text.
+    camera: str | None = None
+    c2w: Any = None
+    intrinsics: Any = None
 
 
 class ImageGenerationBody(SamplingExtensions):

@@ -1,0 +1,155 @@
+"""Tiny SANA-WM pipeline folders written by diffusers + transformers (random weights, offline tokenizer).
+
+`SanaWMPipeline.save_pretrained` writes them (tokenizer, Gemma-2 text_encoder, LTX-2 vae, transformer,
+scheduler), so loading them also tests our checkpoint reader. Two configs differ where our code branches:
+GDN/softmax block mix, K-only vs Q/K/V short convolutions, head counts and the chunk-plucker blocks.
+
+Random init leaves the camera paths inert (the plucker embedder is zero-initialised, the camera-branch
+output projection is small), so `_scale` makes them loud: a wrong camera path then moves the output clearly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tests.helpers.ltx2_vae_fixtures import VAE_A, TinyVideoVAE, build_video_vae
+
+# The chi prompt is in the corpus so the offline BPE keeps the pipeline's default prefix short in tokens.
+CHI_PROMPT = (
+    'Given a user prompt, generate an "Enhanced prompt" that provides detailed visual descriptions suitable '
+    "for image generation. Evaluate the level of detail in the user prompt:"
+)
+CORPUS = [
+    "a car driving across a vast desert plain at golden hour",
+    "a quiet forest path with morning fog and tall pine trees",
+    "a city street at night with neon signs and rain",
+    "waves crash on a rocky beach at sunset",
+    "User Prompt: Enhanced: Please generate only the enhanced description for the prompt below",
+    "If the prompt is simple, focus on adding specifics about colors, shapes, sizes, textures, and spatial "
+    "relationships to create vivid and concrete scenes. If the prompt is already detailed, refine and enhance "
+    "the existing details slightly without overcomplicating. Here are examples of how to transform or refine "
+    "prompts: A cat sleeping A small, fluffy white cat curled up in a round shape, sleeping peacefully on a "
+    "warm sunny windowsill, surrounded by pots of blooming red flowers. A busy city street A bustling city "
+    "street scene at dusk, featuring glowing street lamps, a diverse crowd of people in colorful clothing, and "
+    "a double-decker bus passing by towering glass skyscrapers. avoid including any additional commentary or "
+    "evaluations",
+    CHI_PROMPT,
+]
+
+
+@dataclass(frozen=True)
+class TinySanaWM:
+    """One tiny SanaWMTransformer3DModel configuration plus the VAE and text encoder sizes it pairs with."""
+
+    name: str
+    transformer: dict
+    vae: TinyVideoVAE = VAE_A
+    text_hidden: int = 16
+    text_layers: int = 2
+
+
+SANA_WM_A = TinySanaWM(
+    name="sana-wm-a",
+    transformer=dict(
+        in_channels=8, num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32,
+        softmax_every_n=2, mlp_ratio=2.0, chunk_plucker_channels=48, chunk_plucker_post_attn_blocks=20,
+        conv_kernel_size=4, k_conv_only=True, t_kernel_size=3, caption_channels=16,
+    ),
+)
+SANA_WM_B = TinySanaWM(
+    name="sana-wm-b",
+    transformer=dict(
+        in_channels=8, num_layers=3, hidden_size=48, num_attention_heads=4, linear_head_dim=24,
+        softmax_every_n=3, mlp_ratio=1.5, chunk_plucker_channels=48, chunk_plucker_post_attn_blocks=2,
+        conv_kernel_size=3, k_conv_only=False, t_kernel_size=3, caption_channels=24,
+    ),
+    text_hidden=24,
+)
+CONFIGS = (SANA_WM_A, SANA_WM_B)
+
+
+def train_gemma_tokenizer():
+    """A BPE trained offline on CORPUS, saved as a Gemma tokenizer (bos/eos/pad like Gemma's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GemmaTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                              unk_token="<unk>", padding_side="left", model_max_length=4096)
+
+
+def tiny_gemma2(vocab: int, hidden: int, layers: int):
+    from transformers import Gemma2Config, Gemma2Model
+
+    config = Gemma2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                          max_position_embeddings=4096, sliding_window=64)
+    return Gemma2Model(config).eval()
+
+
+def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if any(n in name for n in names):
+                p.mul_(factor)
+
+
+# The GDN blocks' temporal short convolutions, zero at init (main and camera branches).
+SHORT_CONVS = tuple(f"conv_{x}{cam}.weight" for x in "qkv" for cam in ("", "_cam"))
+
+
+def build_transformer(spec: TinySanaWM, seed: int = 0):
+    from diffusers import SanaWMTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = SanaWMTransformer3DModel(**spec.transformer).eval()
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        # Zero-initialised or near-inert camera paths get real values (see the module docstring).
+        for p in (model.plucker_embedder.proj.weight, model.plucker_embedder.proj.bias):
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+        for name, p in model.named_parameters():
+            if name.endswith(SHORT_CONVS):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    _scale(model, ("out_proj_cam", "plucker_proj"), 3.0)
+    _scale(model, ("t_block", "scale_shift_table", "y_embedder"), 2.0)
+    _scale(model, ("cross_attn.proj",), 6.0)  # the prompt must move the video, not vanish in the residual
+    return model
+
+
+def build_components(spec: TinySanaWM, seed: int = 0) -> dict:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    tokenizer = train_gemma_tokenizer()
+    torch.manual_seed(seed)
+    text_encoder = tiny_gemma2(len(tokenizer) + 3, spec.text_hidden, spec.text_layers)
+    _scale(text_encoder, ("embed_tokens",), 5.0)
+    return dict(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=build_video_vae(spec.vae, seed + 2),
+        transformer=build_transformer(spec, seed + 1),
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0),
+    )
+
+
+def build_tiny_pipeline(spec: TinySanaWM, seed: int = 0):
+    from diffusers import SanaWMPipeline
+
+    pipe = SanaWMPipeline(**build_components(spec, seed))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def write_tiny_sana_wm(folder: Path, spec: TinySanaWM, seed: int = 0) -> Path:
+    build_tiny_pipeline(spec, seed).save_pretrained(str(folder))
+    return folder

@@ -1,0 +1,96 @@
+"""Cards for SANA-WM diffusers folders (SanaWMPipeline): camera-controlled image-to-video."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from vidloom.core.capabilities import Capabilities
+from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.errors import CheckpointError
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.models.ltx2.checkpoint import read_video_vae_config
+from vidloom.recipes.sana_wm.text import MAX_TEXT_TOKENS
+
+FAMILY = "sana-wm"
+PIPELINE_CLASS = "SanaWMPipeline"
+PROGRAM = "vidloom.recipes.sana_wm.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.sana_wm.memory:request_estimator"
+REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
+# SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
+# frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
+# (card_from_checkpoint); a request's flow_shift replaces it.
+DEFAULTS = SamplingDefaults(height=704, width=1280, num_frames=161, fps=16, num_inference_steps=60,
+                            guidance_scale=5.0, flow_shift=1.0, sampler="euler", negative_prompt="")
+CAPABILITIES = Capabilities(
+    frozenset(),
+    {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
+     "fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
+     "compile": "SANA-WM's blocks are not compiled yet",
+     "warmup_shapes": "no compiled shapes to warm up",
+     "offload_text_encoder": "the Gemma-2 encoder is not offloadable here yet",
+     "prompt_cache_size": "SANA-WM's prompt path has no embedding cache yet",
+     "vae_tile": "tiled decode exists for the Wan VAE only",
+     "cfg_mode": "SANA-WM runs its CFG branches as one batch of two, as the reference does",
+     "step_cache": "step caches read Wan's block list; SANA-WM's denoiser is not declared to them",
+     "cuda_graphs": "the SANA-WM step body is not captured yet",
+     "kv_cache_budget_bytes": "the stage-1 denoiser is bidirectional and keeps no KV cache",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "the LTX-2 refiner (stage 2) is a separate pipeline not wired here yet",
+     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
+INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "transformer", "scheduler")
+CAMERA_INPUTS = frozenset({"image", "camera", "c2w", "intrinsics"})
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    ckpt = DiffusersDir.open(path)
+    check_pipeline(ckpt)
+    vae = read_video_vae_config(ckpt.component_dir("vae"))
+    patch = ckpt.component_config("transformer").get("patch_size", [1, 1, 1])
+    shift = float(ckpt.component_config("scheduler", "scheduler_config.json").get("shift", 1.0))
+    return sana_wm_card(ckpt.root.name, str(ckpt.root), multiple=vae.spatial_compression_ratio * int(patch[-1]),
+                        temporal=vae.temporal_compression_ratio, defaults=replace(DEFAULTS, flow_shift=shift),
+                        description=f"SANA-WM camera-controlled image-to-video from {ckpt.root}")
+
+
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.check_index(INDEX_COMPONENTS)
+
+
+def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
+                 description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
+    return ModelCard(
+        model_id=model_id,
+        family=FAMILY,
+        components={
+            "transformer": ComponentSpec(precision),
+            "text_encoder": ComponentSpec(precision),
+            "tokenizer": ComponentSpec(),
+            "vae": ComponentSpec("float32"),
+            "scheduler": ComponentSpec(),
+        },
+        loops={"stage1": LoopSpec(samplers=("euler",))},
+        tasks=frozenset({Task.I2V}),
+        precision=precision,
+        sampling_defaults=defaults,
+        geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
+        recipe=RecipeSpec(method="pretrained", loop="stage1"),
+        program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
+        source=source,
+        description=description,
+        notes=notes,
+        max_prompt_tokens=MAX_TEXT_TOKENS,
+        inputs=CAMERA_INPUTS,
+        required_inputs=frozenset({"image", "intrinsics"}),
+        request_options=REQUEST_OPTIONS,
+        min_image_side=1,
+        capabilities=CAPABILITIES,
+    )
