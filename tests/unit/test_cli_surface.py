@@ -65,14 +65,14 @@ def test_readme_synopsis_lists_every_short_flag(command):
 
 def _readme_commands() -> list[str]:
     """Every `vidloom ...` command in the bash blocks of the README and docs/, up to a comment, pipe, redirect,
-    `&&` or a trailing `&`."""
+    `&&`, `||` or a trailing `&`."""
     commands = []
     blocks = [b for page in DOC_PAGES for b in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)]
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             for part in line.split("&&"):
                 words = shlex.split(part, comments=True)
-                for stop in ("|", ">", "2>", "&"):
+                for stop in ("||", "|", ">", "2>", "&"):
                     words = words[:words.index(stop)] if stop in words else words
                 if words and words[0].split("/")[-1] == "vidloom":
                     commands.append(shlex.join(words[1:]))
