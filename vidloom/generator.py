@@ -157,6 +157,8 @@ class VideoGenerator:
         reason: bool = False,
         sound: bool = False,
         loras: Mapping[str, float] | None = None,
+        seconds: float | None = None,
+        seconds_start: float | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -177,13 +179,15 @@ class VideoGenerator:
         the rollout continues after its frames under `prompt`, and the output is the source's frames
         followed by the new ones (num_frames counts both; size and fps are the source's).
         loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
+        seconds / seconds_start (text-to-audio models: Stable Audio): the clip's length and its start in the
+        model's timeline; the output then has audio and sample_rate and no frames (docs/audio.md).
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound, loras=loras,
+            reason=reason, sound=sound, loras=loras, seconds=seconds, seconds_start=seconds_start,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 
@@ -287,6 +291,8 @@ def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequ
 def _default_task(card: ModelCard) -> Task:
     """Text-to-image on image models; text-to-video elsewhere (resolve_request makes it image- or
     video-to-video when media are given, and names the missing input on I2V-only cards)."""
+    if Task.T2A in card.tasks:
+        return Task.T2A
     return Task.T2I if Task.T2I in card.tasks else Task.T2V
 
 

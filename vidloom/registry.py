@@ -47,6 +47,7 @@ PIPELINES: dict[str, str] = {
     "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
+    "StableAudioPipeline": "vidloom.recipes.stable_audio.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
@@ -56,6 +57,7 @@ LOADERS: dict[str, str] = {
     "wan2.2": "vidloom.recipes.wan.load:load_instance",
     "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
     "ltx2": "vidloom.recipes.ltx2.load:load_instance",
+    "stable-audio": "vidloom.recipes.stable_audio.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -79,6 +81,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
     "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.stable_audio.cards:CAPABILITY_ROWS",
 )
 
 

@@ -37,6 +37,7 @@ class Task(str, Enum):
     I2V = "i2v"  # image (+ text) -> video
     T2I = "t2i"  # text -> image
     V2V = "v2v"  # video (+ text) -> video
+    T2A = "t2a"  # text -> audio (audio-only cards: ModelCard.audio)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class GenerationRequest:
     # model write a detailed prompt with its AR loop before generating from it; `sound` adds a soundtrack.
     reason: bool = False
     sound: bool = False
+    # Audio-only cards (ModelCard.audio): the clip's length and where it starts in the model's timeline, in
+    # seconds (Stable Audio's audio_end_in_s is seconds_start + seconds); other cards refuse them by name.
+    seconds: float | None = None
+    seconds_start: float | None = None
     # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
     # the engine (vidloom.lora.registry), which resolves them when the run starts.
     loras: tuple[tuple[str, float], ...] = ()
@@ -98,6 +103,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
+    filled.update(_resolve_audio(request, card))
     filled["loras"] = _checked_loras(request.loras)
     frames = filled.get("video") or filled.get("image")
     if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
@@ -175,6 +181,34 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if r.guidance_scale_2 is not None:
         _check_float("guidance_scale_2", r.guidance_scale_2, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
     return out
+
+
+AUDIO_FIELDS = ("seconds", "seconds_start")
+"""Request fields only audio-only cards (ModelCard.audio) accept."""
+FRAME_FIELDS = ("height", "width", "num_frames", "fps")
+"""Request fields audio-only cards refuse: they make no frames."""
+
+
+def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
+    """Audio-only cards: refuse frame fields, fill and check seconds; other cards refuse the seconds fields."""
+    spec = card.audio
+    if spec is None:
+        for name in AUDIO_FIELDS:
+            if getattr(r, name) is not None:
+                raise InvalidRequest(name, f"{card.model_id} makes no audio-only clips; {name} applies to "
+                                           "text-to-audio models")
+        return {}
+    for name in FRAME_FIELDS:
+        if getattr(r, name) is not None:
+            raise InvalidRequest(name, f"{card.model_id} makes audio only (no frames or size); give seconds instead")
+    start = spec.min_start if r.seconds_start is None else r.seconds_start
+    _check_float("seconds_start", start, minimum=spec.min_start, maximum=spec.max_end, open_min=False)
+    seconds = min(spec.default_seconds, spec.max_end - start) if r.seconds is None else r.seconds
+    _check_float("seconds", seconds, minimum=0.0, maximum=spec.max_seconds, open_min=True)
+    if start + seconds > spec.max_end:
+        raise InvalidRequest("seconds", f"seconds_start {start:g} + seconds {seconds:g} ends past "
+                                        f"{spec.max_end:g} s, the latest end {card.model_id} is conditioned on")
+    return {"seconds": float(seconds), "seconds_start": float(start), "task": Task.T2A}
 
 
 def _check_images(images: tuple[Any, ...], card: ModelCard, task: Task) -> None:
