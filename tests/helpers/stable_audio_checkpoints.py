@@ -80,8 +80,9 @@ def build_pipeline(spec: TinyStableAudio, seed: int = 0):
         for conditioner in (projection.start_number_conditioner, projection.end_number_conditioner):
             conditioner.time_positional_embedding[0].weights.mul_(3.0)
             conditioner.time_positional_embedding[1].weight.mul_(4.0)
-        for proj in (transformer.global_proj, transformer.cross_attention_proj):
+        for proj in (transformer.global_proj, transformer.cross_attention_proj, transformer.timestep_proj):
             proj[0].weight.mul_(3.0)
+        transformer.time_proj.weight.mul_(4.0)
         for snake in [m for m in vae.modules() if type(m).__name__ == "Snake1d"]:
             snake.alpha.add_(torch.randn(snake.alpha.shape, generator=g) * 0.3)
             snake.beta.add_(torch.randn(snake.beta.shape, generator=g) * 0.3)

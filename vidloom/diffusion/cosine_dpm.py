@@ -1,7 +1,7 @@
 """The cosine DPM-Solver++ SDE sampler of Stable Audio Open (EDM preconditioning, v-prediction).
 
 Matches diffusers' `CosineDPMSolverMultistepScheduler` step for step: sigmas on an exponential or Karras ramp
-from sigma_max down to sigma_min then 0 (or sigma_min); the network sees x * c_in(sigma) and the noise level
+from sigma_max down to sigma_min then 0; the network sees x * c_in(sigma) and the noise level
 atan(sigma) * 2 / pi; its output becomes a data prediction through the EDM skip/out scalings; first- or
 second-order (midpoint or Heun) multistep SDE updates add Brownian-tree noise. The noise is a torchsde
 BrownianInterval seeded with the request seed, built exactly as the reference builds it, so the same seed gives
@@ -50,7 +50,9 @@ class CosineDPMConfig:
     solver_type: str = "midpoint"  # or "heun"
     lower_order_final: bool = True
     euler_at_final: bool = False
-    final_sigmas_type: str = "zero"  # or "sigma_min"
+    # "sigma_min" is refused: the ramp already ends at sigma_min, so the last step would not move and its
+    # zero-length Brownian interval cannot be sampled (the reference recurses without end there).
+    final_sigmas_type: str = "zero"
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> CosineDPMConfig:
@@ -73,7 +75,7 @@ class CosineDPMConfig:
         )
         checks = (("sigma_schedule", ("exponential", "karras")), ("solver_order", (1, 2)),
                   ("prediction_type", ("v_prediction", "epsilon")), ("solver_type", ("midpoint", "heun")),
-                  ("final_sigmas_type", ("zero", "sigma_min")))
+                  ("final_sigmas_type", ("zero",)))
         for key, allowed in checks:
             if getattr(config, key) not in allowed:
                 raise ValueError(f"scheduler: {key}={getattr(config, key)!r} is not supported; expected one of "
@@ -95,8 +97,7 @@ class CosineDPMConfig:
             sigmas = (hi + ramp * (lo - hi)) ** self.rho
         else:
             sigmas = torch.linspace(math.log(self.sigma_min), math.log(self.sigma_max), steps).exp().flip(0)
-        last = self.sigma_min if self.final_sigmas_type == "sigma_min" else 0
-        return torch.cat([sigmas.to(torch.float32), torch.tensor([last], dtype=torch.float32)])
+        return torch.cat([sigmas.to(torch.float32), torch.zeros(1, dtype=torch.float32)])
 
     @staticmethod
     def noise_level(sigma: Tensor) -> Tensor:
