@@ -30,6 +30,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
+    "seconds": "--seconds", "seconds_start": "--seconds-start",
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -46,8 +47,15 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     from vidloom.media.output import check_output_frames, check_output_path
 
     card = registry.resolve_card(args.model)
-    output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
-    check_output_path(output)
+    output = Path(args.output or _default_output(card))
+    if card.audio is not None:  # audio only: the file is the waveform
+        from vidloom.media.audio_files import AUDIO_FILE_FORMATS
+
+        check_output_path(output, formats=AUDIO_FILE_FORMATS)
+        if args.audio_out is not None:
+            raise InvalidRequest("audio_out", f"{card.model_id} makes audio only; --output is the audio file")
+    else:
+        check_output_path(output)
     wav = args.audio_out
     if args.sound and wav is None and output.suffix.lower() in (".mp4", ".webm"):
         wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
@@ -59,7 +67,8 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
-        loras={name: scale for name, (_, scale) in loras.items()},
+        loras={name: scale for name, (_, scale) in loras.items()}, seconds=args.seconds,
+        seconds_start=args.seconds_start,
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)
@@ -67,6 +76,12 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
     return _load_and_run(args, deploy, request, output, guard, audio_out, loras)
+
+
+def _default_output(card: ModelCard) -> str:
+    if card.audio is not None:
+        return "out.wav"
+    return "out.mp4" if Task.T2I not in card.tasks else "out.png"
 
 
 def lora_flags(card: ModelCard, flags: list[str]) -> dict[str, tuple[Path, float]]:
@@ -105,6 +120,8 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
     before anything loads. Returns the --audio-out path, if any."""
     from vidloom.media.output import AUDIO_ONLY_FORMATS, check_output_path
 
+    if card.audio is not None:
+        return None  # audio only: --output is the waveform (checked by the caller)
     silent = f"{card.model_id} makes no sound (its outputs have no audio)"
     if output.suffix.lower() == ".wav" and not card.produces_audio:
         raise InvalidRequest("output", f"{output.name}: {silent}; write the video as .mp4")
@@ -154,11 +171,15 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     videos = paths[1:] if audio_out is not None else paths
     shown = str(videos[0].resolve()) if len(videos) == 1 else f"{videos[0].resolve()} .. {videos[-1].name}"
     sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
-    frames = counted(meta["num_frames"], "frame")
-    print(
-        f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
-        f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
-    )
+    if "seconds" in meta:  # audio only
+        print(f"wrote {shown}  ({video.duration_s:.3f}s{sound}, seed {meta['seed']}, "
+              f"{meta['sampler']} x{meta['num_inference_steps']})")
+    else:
+        frames = counted(meta["num_frames"], "frame")
+        print(
+            f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
+            f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
+        )
     if audio_out is not None:
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
     elif track is not None and output.suffix.lower() not in SOUND_FORMATS:

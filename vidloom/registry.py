@@ -26,6 +26,7 @@ CARDS: dict[str, str] = {
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
+    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
     "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
@@ -72,6 +73,7 @@ DEMOS: dict[str, str] = {
     "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
     "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
+    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 # Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).

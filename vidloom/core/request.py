@@ -198,8 +198,8 @@ def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
                 raise InvalidRequest(name, f"{card.model_id} makes no audio-only clips; {name} applies to "
                                            "text-to-audio models")
         return {}
-    for name in FRAME_FIELDS:
-        if getattr(r, name) is not None:
+    for name in FRAME_FIELDS:  # the card's defaults stand for "no frames" (so a resolved request resolves again)
+        if getattr(r, name) not in (None, getattr(card.sampling_defaults, name)):
             raise InvalidRequest(name, f"{card.model_id} makes audio only (no frames or size); give seconds instead")
     start = spec.min_start if r.seconds_start is None else r.seconds_start
     _check_float("seconds_start", start, minimum=spec.min_start, maximum=spec.max_end, open_min=False)
