@@ -208,7 +208,7 @@ def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if start + seconds > spec.max_end:
         raise InvalidRequest("seconds", f"seconds_start {start:g} + seconds {seconds:g} ends past "
                                         f"{spec.max_end:g} s, the latest end {card.model_id} is conditioned on")
-    return {"seconds": float(seconds), "seconds_start": float(start), "task": Task.T2A}
+    return {"seconds": float(seconds), "seconds_start": float(start)}
 
 
 def _check_images(images: tuple[Any, ...], card: ModelCard, task: Task) -> None:

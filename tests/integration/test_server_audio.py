@@ -1,0 +1,83 @@
+"""POST /v1/audio/generations on stable-audio-demo, as a client uses it: uvicorn on 127.0.0.1 and httpx."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers.servers import ThreadServer
+from vidloom.serving.config import ServeConfig
+
+pytest.importorskip("torchsde")
+
+SMALL = {"seconds": 0.25, "num_inference_steps": 2, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory):
+    from vidloom.generator import VideoGenerator
+
+    return VideoGenerator.from_pretrained("stable-audio-demo", device="cpu",
+                                          cache_dir=tmp_path_factory.mktemp("stable-audio-server-cache"))
+
+
+@pytest.fixture(scope="module")
+def server(generator, tmp_path_factory):
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("audio-data"), queue_size=8, graceful_shutdown_s=2)
+    with ThreadServer(generator.engine, config) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def _wav(data: bytes) -> tuple[int, int, np.ndarray]:
+    with wave.open(io.BytesIO(data)) as w:
+        raw = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        return w.getframerate(), w.getnchannels(), raw.reshape(-1, w.getnchannels()).T
+
+
+def test_generation_answers_a_wav_equal_to_the_python_api(client, generator):
+    reply = client.post("/v1/audio/generations", json={"prompt": "a dog barks", "negative_prompt": "hiss", **SMALL})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["output_format"] == "wav" and body["sample_rate"] == 16000 and body["seconds"] == 0.25
+    assert body["seed"] == 3
+    rate, channels, samples = _wav(base64.b64decode(body["data"][0]["b64_json"]))
+    assert (rate, channels, samples.shape[1]) == (16000, 2, 4000)
+    direct = generator.generate("a dog barks", negative_prompt="hiss", **SMALL)
+    expected = np.round(np.clip(direct.audio, -1, 1) * 32767).astype(np.int16)
+    assert np.array_equal(samples, expected)
+
+
+def test_other_formats(client):
+    reply = client.post("/v1/audio/generations", json={"prompt": "rain", "output_format": "flac", **SMALL})
+    assert reply.status_code == 200, reply.text
+    assert base64.b64decode(reply.json()["data"][0]["b64_json"])[:4] == b"fLaC"
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"seconds": 9.0}, "seconds"), ({"seconds_start": -2}, "seconds_start"), ({"output_format": "mp4"}, "output_format"),
+    ({"response_format": "url"}, "response_format"), ({"seconds": True}, "seconds"), ({"size": "64x64"}, "size"),
+    ({"num_inference_steps": 0}, "num_inference_steps"),
+])
+def test_bad_fields_are_400_naming_them(client, fields, param):
+    reply = client.post("/v1/audio/generations", json={"prompt": "rain", **fields})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_video_and_image_routes_refuse_an_audio_model(client):
+    images = client.post("/v1/images/generations", json={"prompt": "rain"})
+    assert images.status_code == 400 and images.json()["error"]["param"] == "model"
+    videos = client.post("/v1/videos", json={"prompt": "rain"})
+    assert videos.status_code == 400, videos.text
+    assert "t2a" in videos.json()["error"]["message"]
