@@ -77,6 +77,19 @@ def test_seconds_refused_on_a_video_model(demo_cache):
     assert info.value.field == "seconds"
 
 
+def test_memory_estimate_counts_the_window_and_batched_cfg(cache):
+    from vidloom.core.request import resolve_request
+    from vidloom.generator import build_request
+    from vidloom.runtime.memory import load_estimator
+
+    with VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache,
+                                        deploy=DeployConfig(cfg_mode="batched")) as g:
+        estimate = load_estimator(g.engine.instance)
+        cfg = resolve_request(build_request(g.card, "x", guidance_scale=7.0), g.card)
+        plain = resolve_request(build_request(g.card, "x", guidance_scale=1.0), g.card)
+        assert estimate(cfg) >= estimate(plain) > 128 << 20  # the fixed overhead plus the activations
+
+
 def test_card_from_the_demo_folder_matches_the_demo_card(cache):
     card = card_from_checkpoint(ensure_demo_checkpoint(cache))
     assert card.audio == DEMO_AUDIO and card.family == "stable-audio"

@@ -16,6 +16,7 @@ from vidloom.models.stable_audio.vae import OobleckDecoderConfig
 FAMILY = "stable-audio"
 PIPELINE_CLASS = "StableAudioPipeline"
 PROGRAM = "vidloom.recipes.stable_audio.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.recipes.stable_audio.memory:request_estimator"
 SAMPLERS = ("cosine-dpmsolver++",)
 # StableAudioPipeline's __call__ defaults: 100 steps, guidance 7.0, no negative prompt; a clip of the model's
 # whole window (47.55 s for stabilityai/stable-audio-open-1.0) unless seconds is given.
@@ -98,5 +99,6 @@ def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, descripti
         notes=notes,
         produces_audio=True,
         audio=audio,
+        memory_estimator=MEMORY_ESTIMATOR,
         capabilities=CAPABILITIES,
     )
