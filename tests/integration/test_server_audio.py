@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers.servers import ThreadServer
+from tests.helpers.servers import ThreadServer, parse_sse
 from vidloom.serving.config import ServeConfig
 
 pytest.importorskip("torchsde")
@@ -81,3 +81,29 @@ def test_video_and_image_routes_refuse_an_audio_model(client):
     videos = client.post("/v1/videos", json={"prompt": "rain"})
     assert videos.status_code == 400, videos.text
     assert "t2a" in videos.json()["error"]["message"]
+
+
+def test_background_job_with_progress_events_and_audio_content(client):
+    steps = 12  # long enough that the stream usually joins while it runs (a finished job sends only `completed`)
+    reply = client.post("/v1/audio/generations",
+                        json={"prompt": "rain", "background": True, **SMALL, "num_inference_steps": steps})
+    assert reply.status_code == 200, reply.text
+    job = reply.json()
+    assert job["status"] in ("queued", "in_progress") and job["size"] == "0x0" and job["seconds"] == "0.25"
+    with client.stream("GET", f"/v1/videos/{job['id']}/events") as stream:
+        assert stream.status_code == 200
+        events = parse_sse(list(stream.iter_lines()))
+    assert events[-1][0] == "completed", events
+    done = [d["step"] for n, d in events if n == "progress" and d.get("phase") == "denoise"]
+    assert done == sorted(done) and (not done or done[-1] == steps), events
+    record = client.get(f"/v1/videos/{job['id']}").json()
+    assert record["status"] == "completed" and record["progress"] == 100
+    content = client.get(f"/v1/videos/{job['id']}/content", params={"variant": "audio"})
+    assert content.status_code == 200 and content.headers["content-type"] == "audio/wav"
+    rate, channels, samples = _wav(content.content)
+    assert (rate, channels, samples.shape[1]) == (16000, 2, 4000)
+    as_video = client.get(f"/v1/videos/{job['id']}/content")
+    assert as_video.status_code == 400 and as_video.json()["error"]["param"] == "variant"
+    flac = client.post("/v1/audio/generations", json={"prompt": "rain", "background": True, "output_format": "flac"})
+    assert flac.status_code == 400 and flac.json()["error"]["param"] == "output_format"
+    assert client.delete(f"/v1/videos/{job['id']}").status_code == 200

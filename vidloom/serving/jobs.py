@@ -27,7 +27,7 @@ from vidloom.core.output import (
     VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
-from vidloom.media.audio import track_of
+from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.core.session import VideoSession
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
@@ -467,6 +467,9 @@ class JobManager:
         self._finish(live, "completed", metadata=metadata)
 
     def _write_files(self, job_id: str, output: VideoOutput) -> None:
+        if output.num_frames == 0:  # audio only (text-to-audio models): the waveform, whole, as WAV
+            write_wav(AudioTrack(output.audio, output.sample_rate), self.store.audio_path(job_id))
+            return
         write_png(output.frames[0], self.store.thumbnail_path(job_id))
         write_video(output.frames, output.fps, self.store.video_path(job_id),  # sound (if any) as AAC beside it
                     audio=track_of(output.audio, output.sample_rate))
