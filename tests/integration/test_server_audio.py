@@ -107,3 +107,16 @@ def test_background_job_with_progress_events_and_audio_content(client):
     flac = client.post("/v1/audio/generations", json={"prompt": "rain", "background": True, "output_format": "flac"})
     assert flac.status_code == 400 and flac.json()["error"]["param"] == "output_format"
     assert client.delete(f"/v1/videos/{job['id']}").status_code == 200
+
+
+def test_background_job_cancels_at_a_step(client):
+    reply = client.post("/v1/audio/generations",
+                        json={"prompt": "rain", "background": True, **SMALL, "num_inference_steps": 150})
+    assert reply.status_code == 200, reply.text
+    job = reply.json()
+    assert client.post(f"/v1/videos/{job['id']}/cancel").status_code == 200
+    with client.stream("GET", f"/v1/videos/{job['id']}/events") as stream:
+        events = parse_sse(list(stream.iter_lines()))
+    assert events[-1][0] == "cancelled"
+    content = client.get(f"/v1/videos/{job['id']}/content", params={"variant": "audio"})
+    assert content.status_code == 409
