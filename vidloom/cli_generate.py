@@ -30,7 +30,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
-    "seconds": "--seconds", "seconds_start": "--seconds-start",
+    "seconds": "--seconds", "seconds_start": "--seconds-start", "init_audio": "--init-audio",
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -68,7 +68,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound,
         loras={name: scale for name, (_, scale) in loras.items()}, seconds=args.seconds,
-        seconds_start=args.seconds_start,
+        seconds_start=args.seconds_start, init_audio=args.init_audio,
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)

@@ -159,6 +159,7 @@ class VideoGenerator:
         loras: Mapping[str, float] | None = None,
         seconds: float | None = None,
         seconds_start: float | None = None,
+        init_audio: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -180,7 +181,8 @@ class VideoGenerator:
         followed by the new ones (num_frames counts both; size and fps are the source's).
         loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
         seconds / seconds_start (text-to-audio models: Stable Audio): the clip's length and its start in the
-        model's timeline; the output then has audio and sample_rate and no frames (docs/audio.md).
+        model's timeline; the output then has audio and sample_rate and no frames (docs/audio.md). init_audio:
+        a waveform ([samples] or [channels, samples] at the model's rate, or an audio file) the clip starts from.
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
@@ -188,6 +190,7 @@ class VideoGenerator:
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
             reason=reason, sound=sound, loras=loras, seconds=seconds, seconds_start=seconds_start,
+            init_audio=init_audio,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

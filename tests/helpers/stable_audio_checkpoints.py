@@ -45,7 +45,7 @@ TINY_STEREO = TinyStableAudio(
     transformer=dict(sample_size=32, in_channels=8, num_layers=2, attention_head_dim=8, num_attention_heads=4,
                      num_key_value_attention_heads=2, out_channels=8, cross_attention_dim=16, time_proj_dim=16,
                      global_states_input_dim=48, cross_attention_input_dim=24),
-    vae=dict(encoder_hidden_size=4, downsampling_ratios=[2, 4], channel_multiples=[1, 2], decoder_channels=4,
+    vae=dict(encoder_hidden_size=16, downsampling_ratios=[2, 4], channel_multiples=[1, 2], decoder_channels=4,
              decoder_input_channels=8, audio_channels=2, sampling_rate=256),
     projection=dict(text_encoder_dim=32, conditioning_dim=24, min_value=0, max_value=4),
 )
@@ -54,7 +54,7 @@ TINY_MONO = TinyStableAudio(
     transformer=dict(sample_size=24, in_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
                      num_key_value_attention_heads=1, out_channels=4, cross_attention_dim=32, time_proj_dim=32,
                      global_states_input_dim=64, cross_attention_input_dim=32),
-    vae=dict(encoder_hidden_size=4, downsampling_ratios=[2, 2, 2], channel_multiples=[1, 2, 2], decoder_channels=4,
+    vae=dict(encoder_hidden_size=8, downsampling_ratios=[2, 2, 2], channel_multiples=[1, 2, 2], decoder_channels=4,
              decoder_input_channels=4, audio_channels=1, sampling_rate=160),
     projection=dict(text_encoder_dim=32, conditioning_dim=32, min_value=0, max_value=3),
     scheduler=dict(sigma_schedule="karras", solver_type="heun", sigma_max=200.0),

@@ -67,7 +67,7 @@ def test_other_formats(client):
 @pytest.mark.parametrize("fields,param", [
     ({"seconds": 9.0}, "seconds"), ({"seconds_start": -2}, "seconds_start"), ({"output_format": "mp4"}, "output_format"),
     ({"response_format": "url"}, "response_format"), ({"seconds": True}, "seconds"), ({"size": "64x64"}, "size"),
-    ({"num_inference_steps": 0}, "num_inference_steps"),
+    ({"num_inference_steps": 0}, "num_inference_steps"), ({"init_audio": [0.1, 0.2]}, "init_audio"),
 ])
 def test_bad_fields_are_400_naming_them(client, fields, param):
     reply = client.post("/v1/audio/generations", json={"prompt": "rain", **fields})

@@ -70,11 +70,31 @@ def test_bad_fields_are_named(gen, fields, name):
     assert info.value.field == name
 
 
+def test_initial_waveform_from_an_array_or_a_file(gen, tmp_path):
+    from vidloom.media.audio import AudioTrack, write_wav
+
+    wave = (np.random.default_rng(0).standard_normal(6000) * 0.2).astype(np.float32)  # mono on a stereo model
+    from_array = gen.generate("rain", seconds=0.5, num_inference_steps=3, seed=5, init_audio=wave)
+    wav = write_wav(AudioTrack(np.stack([wave, wave]), 16000), tmp_path / "init.wav")
+    from_file = gen.generate("rain", seconds=0.5, num_inference_steps=3, seed=5, init_audio=wav)
+    # The file holds 16-bit samples: the same waveform up to quantisation, through a 500-sigma start.
+    assert float(np.abs(from_array.audio - from_file.audio).max()) < 1e-2 * float(np.abs(from_array.audio).max())
+    wrong_rate = write_wav(AudioTrack(np.stack([wave]), 8000), tmp_path / "slow.wav")
+    for bad in (wrong_rate, tmp_path / "missing.wav", np.zeros((3, 10), np.float32), np.array([np.nan], np.float32),
+                np.zeros(10, np.int16), "not a path"):
+        with pytest.raises(InvalidRequest) as info:
+            gen.generate("rain", seconds=0.5, init_audio=bad)
+        assert info.value.field == "init_audio", bad
+
+
 def test_seconds_refused_on_a_video_model(demo_cache):
     with VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache) as wan:
         with pytest.raises(InvalidRequest) as info:
             wan.generate("a cat", seconds=1.0)
-    assert info.value.field == "seconds"
+        assert info.value.field == "seconds"
+        with pytest.raises(InvalidRequest) as info:
+            wan.generate("a cat", init_audio=np.zeros(16, np.float32))
+        assert info.value.field == "init_audio"
 
 
 def test_memory_estimate_counts_the_window_and_batched_cfg(cache):

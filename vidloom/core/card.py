@@ -72,6 +72,7 @@ class AudioSpec:
     default_seconds: float  # a request without seconds
     min_start: float  # seconds_start's lower bound (the duration conditioner's min_value)
     max_end: float  # seconds_start + seconds upper bound (its max_value)
+    sample_rate: int  # of the waveforms it makes, and of an initial waveform (init_audio) it takes
 
 
 @dataclass(frozen=True)

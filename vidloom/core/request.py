@@ -78,6 +78,10 @@ class GenerationRequest:
     # seconds (Stable Audio's audio_end_in_s is seconds_start + seconds); other cards refuse them by name.
     seconds: float | None = None
     seconds_start: float | None = None
+    # Audio-only cards listing it in ModelCard.inputs: a waveform the clip starts from (Stable Audio's
+    # initial_audio_waveforms): a float array [samples] or [channels, samples] at the model's rate, or an audio
+    # file path; resolve_request turns it into float32 [channels, samples].
+    init_audio: Any = field(default=None, compare=False, repr=False)
     # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
     # the engine (vidloom.lora.registry), which resolves them when the run starts.
     loras: tuple[tuple[str, float], ...] = ()
@@ -114,7 +118,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     return resolved
 
 
-MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2")
+MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2", "init_audio")
 """Request fields a card must list in ModelCard.inputs to accept."""
 FLAG_INPUTS = ("reason", "sound")
 """Boolean request fields a card must list in ModelCard.inputs to accept when they are on."""
@@ -149,6 +153,10 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         raise InvalidRequest("video", "give either image or video, not both")
     if r.strength is not None and r.video is None:
         raise InvalidRequest("strength", "applies only to video-to-video (give video)")
+    if r.init_audio is not None:
+        from vidloom.media.audio_files import open_audio
+
+        out["init_audio"] = open_audio(r.init_audio, "init_audio", card.audio.sample_rate if card.audio else 0)
     if r.image is not None:
         out["image"] = open_images(r.image, "image")
     if r.last_image is not None:

@@ -14,7 +14,7 @@ import av
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.media.audio import LAYOUTS, AudioTrack, write_wav
+from vidloom.media.audio import LAYOUTS, AudioTrack, read_audio_stream, read_wav, write_wav
 from vidloom.media.video import atomic_path
 
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -32,6 +32,37 @@ AUDIO_FILE_FORMATS: dict[str, str] = {
     ".ogg": "Ogg Opus audio, 128 kb/s",
 }
 """What an audio-only output (no frames) can be saved as."""
+
+
+def open_audio(value: object, field: str, sample_rate: int) -> np.ndarray:
+    """A request's input waveform as float32 [channels, samples] (mono or stereo) at `sample_rate`.
+
+    An array (numpy or torch, [samples] or [channels, samples]) is taken to be at that rate already; a path is
+    decoded (WAV, FLAC, MP3, Ogg...) and must have that rate. Anything else is InvalidRequest(field).
+    """
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        value = value.detach().float().cpu().numpy()
+    if isinstance(value, (str, Path)):
+        path = Path(value)
+        if not path.is_file():
+            raise InvalidRequest(field, f"{path}: no such audio file")
+        try:
+            track = read_wav(path) if path.suffix.lower() == ".wav" else read_audio_stream(path)
+        except (ValueError, OSError, av.error.FFmpegError) as exc:
+            raise InvalidRequest(field, f"{path.name}: not a readable audio file ({exc})") from None
+        if track.sample_rate != sample_rate:
+            raise InvalidRequest(field, f"{path.name} is {track.sample_rate} Hz; this model takes {sample_rate} Hz "
+                                        "(resample it first)")
+        value = track.samples
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        raise InvalidRequest(field, f"must be a float waveform array or an audio file path, got {type(value).__name__}")
+    samples = value[None] if value.ndim == 1 else value
+    if samples.ndim != 2 or samples.shape[0] not in LAYOUTS or samples.shape[1] < 1:
+        raise InvalidRequest(field, f"must be [samples] or [channels, samples] with 1 or 2 channels, got shape "
+                                    f"{tuple(value.shape)}")
+    if not np.isfinite(samples).all():
+        raise InvalidRequest(field, "holds NaN or infinite samples")
+    return np.ascontiguousarray(samples, dtype=np.float32)
 
 
 def encoder_rate(rate: int, allowed: tuple[int, ...] | None) -> int:

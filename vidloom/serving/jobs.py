@@ -559,7 +559,7 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    media = ("image", "last_image", "video", "extend_from")  # not stored; noted as given (extend_from: its id)
+    media = ("image", "last_image", "video", "extend_from", "init_audio")  # not stored; noted as given
     params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
     params.pop("request_id")
     params.pop("image", None)  # input images are not stored with a job (video jobs take none)

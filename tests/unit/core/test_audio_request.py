@@ -12,7 +12,7 @@ from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.recipes.stable_audio.cards import stable_audio_card
 from vidloom.recipes.wan.demo import demo_card as wan_demo_card
 
-SPEC = AudioSpec(max_seconds=2.0, default_seconds=2.0, min_start=0.0, max_end=3.0)
+SPEC = AudioSpec(max_seconds=2.0, default_seconds=2.0, min_start=0.0, max_end=3.0, sample_rate=100)
 CARD = stable_audio_card("audio-test", "/nowhere", SPEC, description="test", precision="float32")
 
 

@@ -62,6 +62,15 @@ def test_vae_decoder_matches_diffusers(pair):
 
 
 @torch.no_grad()
+def test_vae_encoder_matches_diffusers(pair):
+    pipe, ours, spec = pair
+    audio = torch.randn(1, spec.vae["audio_channels"], 64, generator=torch.Generator().manual_seed(4)) * 0.3
+    theirs = pipe.vae.encode(audio).latent_dist.sample(torch.Generator().manual_seed(8))
+    mine = ours["vae"].encode_sample(audio, torch.Generator().manual_seed(8))
+    assert _close(mine, theirs) < TOLERANCE
+
+
+@torch.no_grad()
 def test_projection_and_text_match_pipeline(pair):
     pipe, ours, spec = pair
     for start, end in ((0.0, 0.5), (0.25, 1.75), (-1.0, 99.0)):  # the last is clamped on both sides

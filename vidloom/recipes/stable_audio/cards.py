@@ -63,7 +63,7 @@ def audio_spec(ckpt: DiffusersDir) -> AudioSpec:
     projection = ckpt.parse_component("projection_model", ProjectionConfig.from_diffusers)
     window = dit.sample_size * vae.hop_length / vae.sampling_rate
     return AudioSpec(max_seconds=window, default_seconds=window, min_start=projection.min_value,
-                     max_end=projection.max_value)
+                     max_end=projection.max_value, sample_rate=vae.sampling_rate)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -100,5 +100,6 @@ def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, descripti
         produces_audio=True,
         audio=audio,
         memory_estimator=MEMORY_ESTIMATOR,
+        inputs=frozenset({"init_audio"}),  # a waveform the clip starts from (the pipeline's initial_audio_waveforms)
         capabilities=CAPABILITIES,
     )

@@ -25,7 +25,7 @@ from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, w
 from vidloom.recipes.stable_audio.cards import DEFAULTS, stable_audio_card
 
 DEMO_ID = "stable-audio-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
 DEMO_NOTE = noise_note(DEMO_ID, "Stable Audio Open", "stabilityai/stable-audio-open-1.0")
 TEXT_TOKENS = 32  # the tokenizer's model_max_length (the real checkpoint's is 128)
@@ -37,7 +37,7 @@ DEMO_TRANSFORMER = {
 }
 # hop 2*4*4*4 = 128 samples per latent step: 128 steps are 16384 samples, 1.024 s at 16 kHz.
 DEMO_VAE = {
-    "_class_name": "AutoencoderOobleck", "encoder_hidden_size": 8, "downsampling_ratios": [2, 4, 4, 4],
+    "_class_name": "AutoencoderOobleck", "encoder_hidden_size": 16, "downsampling_ratios": [2, 4, 4, 4],
     "channel_multiples": [1, 2, 2, 4], "decoder_channels": 4, "decoder_input_channels": 8, "audio_channels": 2,
     "sampling_rate": 16000,
 }
@@ -63,7 +63,8 @@ MODEL_INDEX = {
     "vae": ["diffusers", "AutoencoderOobleck"],
 }
 DEMO_WINDOW = 128 * 128 / 16000
-DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=10.0)
+DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=10.0,
+                       sample_rate=16000)
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, num_inference_steps=8)
 
 
@@ -81,7 +82,7 @@ def ensure_demo_checkpoint(cache_dir: Path) -> Path:
 
 
 def write_demo_checkpoint(folder: Path) -> None:
-    """A StableAudioPipeline folder from our own modules (the VAE without its encoder: nothing encodes)."""
+    """A StableAudioPipeline folder from our own modules (diffusers can load it too)."""
     from transformers import T5Config, T5EncoderModel
 
     from vidloom.recipes.wan.demo import train_tokenizer

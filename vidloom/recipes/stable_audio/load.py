@@ -15,7 +15,7 @@ from vidloom.diffusion.cosine_dpm import CosineDPMConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
-from vidloom.loading.safetensors_io import load_weights, skip_prefixes
+from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.stable_audio.projection import (
     STABLE_AUDIO_PROJECTION_NAME_MAP, ProjectionConfig, StableAudioProjection,
 )
@@ -50,7 +50,10 @@ def load_instance(
     transformer = materialize(lambda: StableAudioDiT(dit_config), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), STABLE_AUDIO_DIT_NAME_MAP)
     vae = OobleckVAE(vae_config)
-    load_weights(vae, ckpt.component_dir("vae"), NameMap(()), skip=skip_prefixes(("encoder",)))
+    if vae_config.encoder_channels != 2 * vae_config.latent_channels:
+        raise CheckpointError(f"{ckpt.root}/vae/config.json: encoder_hidden_size {vae_config.encoder_channels} must be "
+                              f"twice decoder_input_channels {vae_config.latent_channels} (the posterior's mean and scale)")
+    load_weights(vae, ckpt.component_dir("vae"), NameMap(()))
     projection = StableAudioProjection(projection_config)
     load_weights(projection, ckpt.component_dir("projection_model"), STABLE_AUDIO_PROJECTION_NAME_MAP)
     projection = projection.to(device).eval()

@@ -1,4 +1,5 @@
-"""The Stable Audio program: encode text and seconds -> draw noise -> denoise -> decode and cut the clip.
+"""The Stable Audio program: encode text and seconds -> draw noise (plus an initial waveform's latents) -> denoise
+-> decode and cut the clip.
 
 The model always denoises its whole latent window (transformer sample_size); the clip is the decoded waveform
 from seconds_start to seconds_start + seconds, as StableAudioPipeline cuts it (int(seconds x sample rate)).
@@ -41,8 +42,13 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
         config = transformer.config
-        noise, _ = initial_noise((1, config.in_channels, config.sample_size), request.seed)
-        return {"latents": (noise * sampler.init_noise_sigma).to(device)}
+        noise, generator = initial_noise((1, config.in_channels, config.sample_size), request.seed)
+        latents = (noise * sampler.init_noise_sigma).to(device)
+        if request.init_audio is not None:  # its posterior sample, drawn next from the same generator, is added
+            window = initial_window(request.init_audio, vae.config.audio_channels,
+                                    config.sample_size * vae.config.hop_length)
+            latents = vae.encode_sample(window.to(device), generator).float() + latents
+        return {"latents": latents}
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -66,6 +72,20 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         inputs=frozenset({"request"}),
         outputs=("video", "audio", "sample_rate"),
     )
+
+
+def initial_window(audio: np.ndarray, channels: int, length: int) -> Tensor:
+    """[1, channels, length]: the initial waveform in the model's channel layout (mono repeated, stereo
+    averaged), cut or padded with silence to the model's window (StableAudioPipeline.prepare_latents)."""
+    wave = torch.from_numpy(audio)[None]
+    if wave.shape[1] == 1 and channels == 2:
+        wave = wave.repeat(1, 2, 1)
+    elif wave.shape[1] == 2 and channels == 1:
+        wave = wave.mean(1, keepdim=True)
+    window = wave.new_zeros((1, channels, length))
+    keep = min(wave.shape[-1], length)
+    window[:, :, :keep] = wave[:, :, :keep]
+    return window
 
 
 def clip_samples(request: GenerationRequest, sample_rate: int) -> tuple[int, int]:
