@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=int, default=None, help="pixels (card default; Wan: a multiple of 16)")
     gen.add_argument("--frames", type=int, default=None, help="frame count; Wan needs 4k+1")
     gen.add_argument("--fps", type=int, default=None, help="frames per second of the output (card default)")
+    gen.add_argument("--seconds", type=float, default=None,
+                     help="text-to-audio models (Stable Audio): the clip's length in seconds (default: the model's window)")
+    gen.add_argument("--seconds-start", type=float, default=None,
+                     help="text-to-audio models: where the clip starts in the model's timeline, in seconds (default 0)")
+    gen.add_argument("--init-audio", default=None, metavar="PATH",
+                     help="text-to-audio models: an audio file (at the model's sample rate) the clip starts from")
     gen.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 turns CFG off")
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")

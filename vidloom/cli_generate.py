@@ -33,6 +33,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "reason": "--reason", "sound": "--sound",
     "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", **ACTION_FLAGS,
     "camera": "--camera", "c2w": "--c2w", "intrinsics": "--intrinsics",
+    "seconds": "--seconds", "seconds_start": "--seconds-start", "init_audio": "--init-audio",
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -49,8 +50,15 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     from vidloom.media.output import check_output_frames, check_output_path
 
     card = registry.resolve_card(args.model)
-    output = Path(args.output or ("out.mp4" if Task.T2I not in card.tasks else "out.png"))
-    check_output_path(output)
+    output = Path(args.output or _default_output(card))
+    if card.audio is not None:  # audio only: the file is the waveform
+        from vidloom.media.audio_files import AUDIO_FILE_FORMATS
+
+        check_output_path(output, formats=AUDIO_FILE_FORMATS)
+        if args.audio_out is not None:
+            raise InvalidRequest("audio_out", f"{card.model_id} makes audio only; --output is the audio file")
+    else:
+        check_output_path(output)
     wav = args.audio_out
     if args.sound and wav is None and output.suffix.lower() in (".mp4", ".webm"):
         wav = str(output.with_suffix(".wav"))  # --sound: the soundtrack also as a wav next to the video
@@ -65,6 +73,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound, action=action,
         loras={name: scale for name, (_, scale) in loras.items()},
         **camera_fields(args.camera, args.c2w, args.intrinsics),
+        seconds=args.seconds, seconds_start=args.seconds_start, init_audio=args.init_audio,
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)
@@ -72,6 +81,12 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     for note in card.notes:
         print(f"note: {note}", file=sys.stderr)
     return _load_and_run(args, deploy, request, output, guard, audio_out, loras)
+
+
+def _default_output(card: ModelCard) -> str:
+    if card.audio is not None:
+        return "out.wav"
+    return "out.mp4" if Task.T2I not in card.tasks else "out.png"
 
 
 def lora_flags(card: ModelCard, flags: list[str]) -> dict[str, tuple[Path, float]]:
@@ -110,6 +125,8 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
     before anything loads. Returns the --audio-out path, if any."""
     from vidloom.media.output import AUDIO_ONLY_FORMATS, check_output_path
 
+    if card.audio is not None:
+        return None  # audio only: --output is the waveform (checked by the caller)
     silent = f"{card.model_id} makes no sound (its outputs have no audio)"
     if output.suffix.lower() == ".wav" and not card.produces_audio:
         raise InvalidRequest("output", f"{output.name}: {silent}; write the video as .mp4")
@@ -162,11 +179,15 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     videos = paths[1:] if audio_out is not None else paths
     shown = str(videos[0].resolve()) if len(videos) == 1 else f"{videos[0].resolve()} .. {videos[-1].name}"
     sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
-    frames = counted(meta["num_frames"], "frame")
-    print(
-        f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
-        f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
-    )
+    if "seconds" in meta:  # audio only
+        print(f"wrote {shown}  ({video.duration_s:.3f}s{sound}, seed {meta['seed']}, "
+              f"{meta['sampler']} x{meta['num_inference_steps']})")
+    else:
+        frames = counted(meta["num_frames"], "frame")
+        print(
+            f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
+            f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
+        )
     if audio_out is not None:
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
     elif track is not None and output.suffix.lower() not in SOUND_FORMATS:

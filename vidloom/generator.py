@@ -161,6 +161,9 @@ class VideoGenerator:
         camera: str | None = None,
         c2w: Any = None,
         intrinsics: Any = None,
+        seconds: float | None = None,
+        seconds_start: float | None = None,
+        init_audio: Any = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
@@ -187,6 +190,9 @@ class VideoGenerator:
         camera / c2w / intrinsics (camera-controlled world models: SANA-WM): a WASD/IJKL action string such as
         "w-80,jw-40" or [F, 4, 4] camera-to-world poses (exactly one), and [fx, fy, cx, cy] (or a 3x3 K, or
         per frame) in the first image's pixels; see docs/world-models-sana.md.
+        seconds / seconds_start (text-to-audio models: Stable Audio): the clip's length and its start in the
+        model's timeline; the output then has audio and sample_rate and no frames (docs/audio.md). init_audio:
+        a waveform ([samples] or [channels, samples] at the model's rate, or an audio file) the clip starts from.
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
@@ -194,6 +200,7 @@ class VideoGenerator:
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
             video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
             reason=reason, sound=sound, action=action, loras=loras, camera=camera, c2w=c2w, intrinsics=intrinsics,
+            seconds=seconds, seconds_start=seconds_start, init_audio=init_audio,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
 

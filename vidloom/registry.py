@@ -30,6 +30,7 @@ CARDS: dict[str, str] = {
     "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:demo_card",
     "sana-wm-demo": "vidloom.recipes.sana_wm.demo:demo_card",
+    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:demo_card",
     "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
     "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
     "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
@@ -52,6 +53,7 @@ PIPELINES: dict[str, str] = {
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "SanaWMPipeline": "vidloom.recipes.sana_wm.cards:card_from_checkpoint",
+    "StableAudioPipeline": "vidloom.recipes.stable_audio.cards:card_from_checkpoint",
 }
 # Any other diffusers pipeline class: run by diffusers itself as one loop (recipes/diffusers_adapter).
 ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
@@ -70,6 +72,7 @@ LOADERS: dict[str, str] = {
     "diffusers-adapter": "vidloom.recipes.diffusers_adapter.load:load_instance",
     "qwen-omni": "vidloom.recipes.qwen_omni.load:load_instance",
     "sana-wm": "vidloom.recipes.sana_wm.load:load_instance",
+    "stable-audio": "vidloom.recipes.stable_audio.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
@@ -88,6 +91,7 @@ DEMOS: dict[str, str] = {
     "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
     "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:ensure_demo_checkpoint",
     "sana-wm-demo": "vidloom.recipes.sana_wm.demo:ensure_demo_checkpoint",
+    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 # Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
@@ -100,6 +104,7 @@ CAPABILITY_ROWS: tuple[str, ...] = (
     "vidloom.recipes.diffusers_adapter.cards:CAPABILITY_ROWS",
     "vidloom.recipes.qwen_omni.cards:CAPABILITY_ROWS",
     "vidloom.recipes.sana_wm.cards:CAPABILITY_ROWS",
+    "vidloom.recipes.stable_audio.cards:CAPABILITY_ROWS",
 )
 
 

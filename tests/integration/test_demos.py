@@ -51,6 +51,7 @@ def test_models_prints_a_header_then_every_demo_and_known_id(tmp_path):
     assert rows["cosmos3-demo"][1:3] == ["cosmos3", "i2v,t2v,chat"]
     assert rows["flux2-klein-demo"][1:3] == ["flux2", "t2i"]
     assert rows["far-demo"][1] == "anyflow-far" and rows["ltx2-demo"][1] == "ltx2"
+    assert rows["stable-audio-demo"][1:3] == ["stable-audio", "t2a"]
     assert not (tmp_path / "cache").exists()  # listing writes no demo
 
 

@@ -79,6 +79,17 @@ class BlockSpec:
 
 
 @dataclass(frozen=True)
+class AudioSpec:
+    """An audio-only card's duration rules: requests give seconds (and seconds_start), never frames or size."""
+
+    max_seconds: float  # the longest clip: the model's latent window times the VAE hop, over the sample rate
+    default_seconds: float  # a request without seconds
+    min_start: float  # seconds_start's lower bound (the duration conditioner's min_value)
+    max_end: float  # seconds_start + seconds upper bound (its max_value)
+    sample_rate: int  # of the waveforms it makes, and of an initial waveform (init_audio) it takes
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """Describes a checkpoint; validated when built."""
 
@@ -113,6 +124,8 @@ class ModelCard:
     # Its outputs carry sound (VideoOutput.audio + sample_rate, from the program's "audio"/"sample_rate" slots);
     # `vidloom generate --audio-out` and a .wav --output are refused before loading a card without it.
     produces_audio: bool = False
+    # Audio-only cards (text to audio): the seconds rules; their outputs carry audio and no frames.
+    audio: AudioSpec | None = None
     # Cards with an "ar_decode" loop (chat): prompt + completion tokens one sequence may hold (max_model_len).
     context_window: int | None = None
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
@@ -160,6 +173,10 @@ class ModelCard:
                 raise InvalidCard(f"{where}: component {name!r} dtype {spec.dtype!r} not in {PRECISIONS}")
         if self.recipe.loop not in self.loops:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
+        if self.audio is not None and not (self.produces_audio and self.tasks == {Task.T2A}):
+            raise InvalidCard(f"{where}: an audio spec needs produces_audio and tasks == {{t2a}}")
+        if self.audio is not None and not 0 < self.audio.default_seconds <= self.audio.max_seconds:
+            raise InvalidCard(f"{where}: default_seconds must be in (0, max_seconds]")
         if self.tasks:  # the generation defaults below describe generation requests
             self._validate_generation(where)
         if self.memory_estimator is not None and ":" not in self.memory_estimator:

@@ -53,14 +53,18 @@ class VideoOutput:
 
     @property
     def duration_s(self) -> float:
-        """The video's length in seconds; written audio is fitted to it (media/audio.py)."""
+        """The video's length in seconds; written audio is fitted to it (media/audio.py). An audio-only
+        output (no frames) lasts as long as its waveform."""
+        if self.num_frames == 0 and self.audio is not None and self.sample_rate:
+            return self.audio.shape[1] / self.sample_rate
         return self.num_frames / self.fps
 
     def save(self, path: str | Path) -> Path:
         """Write by extension: .mp4 (H.264, plus AAC sound when the output has audio), .webm (VP9, Opus sound),
         .gif, .png (one frame, else out_0000.png ...), .jpg / .webp (one frame: image models), .wav (the
         audio alone, 16-bit PCM). Written audio lasts exactly as long as the video (trimmed or padded with
-        silence); gif/png/jpg/webp carry no sound.
+        silence); gif/png/jpg/webp carry no sound. An audio-only output (no frames: text-to-audio models) is
+        written whole as .wav, .flac, .mp3 or .ogg (Opus).
 
         Returns the path written (the first file of a PNG sequence); another extension, .wav for an
         output without audio, or a directory that does not exist raises InvalidRequest("output") before

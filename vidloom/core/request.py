@@ -38,7 +38,7 @@ class Task(str, Enum):
     I2V = "i2v"  # image (+ text) -> video
     T2I = "t2i"  # text -> image
     V2V = "v2v"  # video (+ text) -> video
-    T2A = "t2a"  # text -> audio (no frames)
+    T2A = "t2a"  # text -> audio, no frames (audio-only cards: ModelCard.audio)
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,14 @@ class GenerationRequest:
     # Per-family typed blocks (core.action.ActionInput for world models), each accepted only by cards that
     # declare it in ModelCard.request_blocks, whose resolver checks it (and replaces it with its resolved form).
     action: Any = field(default=None, compare=False, repr=False)
+    # Audio-only cards (ModelCard.audio): the clip's length and where it starts in the model's timeline, in
+    # seconds (Stable Audio's audio_end_in_s is seconds_start + seconds); other cards refuse them by name.
+    seconds: float | None = None
+    seconds_start: float | None = None
+    # Audio-only cards listing it in ModelCard.inputs: a waveform the clip starts from (Stable Audio's
+    # initial_audio_waveforms): a float array [samples] or [channels, samples] at the model's rate, or an audio
+    # file path; resolve_request turns it into float32 [channels, samples].
+    init_audio: Any = field(default=None, compare=False, repr=False)
     # LoRA adapters this request runs with, as ((name, scale), ...) in mixing order; each name must be loaded on
     # the engine (vidloom.lora.registry), which resolves them when the run starts.
     loras: tuple[tuple[str, float], ...] = ()
@@ -111,6 +119,7 @@ def resolve_request(request: GenerationRequest, card: ModelCard) -> GenerationRe
     if request.seed is None:
         filled["seed"] = secrets.randbelow(2**31)
     filled.update(_resolve_media(request, card))
+    filled.update(_resolve_audio(request, card))
     filled["loras"] = _checked_loras(request.loras)
     frames = filled.get("video") or filled.get("image")
     if frames and card.size_from_inputs:  # an EncodedVideo has its frames' size; a list or tuple, the first's
@@ -162,7 +171,8 @@ def _resolve_blocks(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     return out
 
 
-MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2", "camera", "c2w", "intrinsics")
+MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2", "camera", "c2w", "intrinsics",
+                "init_audio")
 """Request fields a card must list in ModelCard.inputs to accept."""
 FLAG_INPUTS = ("reason", "sound")
 """Boolean request fields a card must list in ModelCard.inputs to accept when they are on."""
@@ -197,6 +207,10 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
         raise InvalidRequest("video", "give either image or video, not both")
     if r.strength is not None and r.video is None:
         raise InvalidRequest("strength", "applies only to video-to-video (give video)")
+    if r.init_audio is not None:
+        from vidloom.media.audio_files import open_audio
+
+        out["init_audio"] = open_audio(r.init_audio, "init_audio", card.audio.sample_rate if card.audio else 0)
     if r.image is not None:
         out["image"] = open_images(r.image, "image")
     if r.last_image is not None:
@@ -230,6 +244,34 @@ def _resolve_media(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if r.guidance_scale_2 is not None:
         _check_float("guidance_scale_2", r.guidance_scale_2, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
     return out
+
+
+AUDIO_FIELDS = ("seconds", "seconds_start")
+"""Request fields only audio-only cards (ModelCard.audio) accept."""
+FRAME_FIELDS = ("height", "width", "num_frames", "fps")
+"""Request fields audio-only cards refuse: they make no frames."""
+
+
+def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
+    """Audio-only cards: refuse frame fields, fill and check seconds; other cards refuse the seconds fields."""
+    spec = card.audio
+    if spec is None:
+        for name in AUDIO_FIELDS:
+            if getattr(r, name) is not None:
+                raise InvalidRequest(name, f"{card.model_id} makes no audio-only clips; {name} applies to "
+                                           "text-to-audio models")
+        return {}
+    for name in FRAME_FIELDS:  # the card's defaults stand for "no frames" (so a resolved request resolves again)
+        if getattr(r, name) not in (None, getattr(card.sampling_defaults, name)):
+            raise InvalidRequest(name, f"{card.model_id} makes audio only (no frames or size); give seconds instead")
+    start = spec.min_start if r.seconds_start is None else r.seconds_start
+    _check_float("seconds_start", start, minimum=spec.min_start, maximum=spec.max_end, open_min=False)
+    seconds = min(spec.default_seconds, spec.max_end - start) if r.seconds is None else r.seconds
+    _check_float("seconds", seconds, minimum=0.0, maximum=spec.max_seconds, open_min=True)
+    if start + seconds > spec.max_end:
+        raise InvalidRequest("seconds", f"seconds_start {start:g} + seconds {seconds:g} ends past "
+                                        f"{spec.max_end:g} s, the latest end {card.model_id} is conditioned on")
+    return {"seconds": float(seconds), "seconds_start": float(start)}
 
 
 def _check_images(images: tuple[Any, ...], card: ModelCard, task: Task) -> None:

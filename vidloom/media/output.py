@@ -71,7 +71,13 @@ def check_output_frames(path: Path, num_frames: int, field: str = "output") -> N
 def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | None = None,
                  sample_rate: int | None = None) -> list[Path]:
     """Write uint8 frames [F, H, W, 3] (and, in .mp4 / .webm, the audio [channels, samples] at `sample_rate`)
-    in the format `path`'s extension names; .wav writes the audio alone. Returns the files written."""
+    in the format `path`'s extension names; .wav writes the audio alone. An output without frames (a
+    text-to-audio model's) is audio only: .wav, .flac, .mp3 or .ogg, whole. Returns the files written."""
+    if len(frames) == 0:
+        from vidloom.media.audio_files import AUDIO_FILE_FORMATS, write_audio_only
+
+        check_output_path(path, formats=AUDIO_FILE_FORMATS)
+        return [write_audio_only(track_of(audio, sample_rate), path)]
     check_output_path(path)
     suffix = path.suffix.lower()
     track = track_of(audio, sample_rate)

@@ -34,6 +34,10 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
         "seed": r.seed,
         "elapsed_s": round(outputs["elapsed_s"], 3),
     }
+    if r.seconds is not None:  # an audio-only card: the clip's timeline instead of frames and size
+        for name in ("height", "width", "num_frames", "fps"):
+            metadata.pop(name)
+        metadata.update(seconds=r.seconds, seconds_start=r.seconds_start)
     if outputs.get("reasoned_prompt") is not None:  # the prompt the model wrote and generated from (reason)
         metadata["reasoned_prompt"] = outputs["reasoned_prompt"]
     if r.action is not None:  # the resolved action block (recipes say what it holds)

@@ -19,6 +19,7 @@ from vidloom.serving.guard import HostGuard, RequestGuard
 from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
+from vidloom.serving.audio_routes import router as audio_router
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.lora_routes import adapter_list, served_instance
 from vidloom.serving.lora_routes import router as lora_router
@@ -67,6 +68,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.add_middleware(HostGuard, config=config)
     app.include_router(video_router)
     app.include_router(image_router)
+    app.include_router(audio_router)
     app.include_router(chat_router)
     app.include_router(speech_router)
     app.include_router(lora_router)

@@ -17,6 +17,7 @@ from vidloom.serving.protocol import ModelObject
 VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
 # The API field each card input arrives in (params._media maps them back).
 API_FIELDS = {"image": "input_reference", "last_image": "last_image", "video": "video"}
+HTTP_UNSUPPORTED = ("init_audio",)  # card inputs the HTTP API does not take yet (Python and CLI only)
 
 
 class ModelCapabilities(BaseModel):
@@ -25,6 +26,7 @@ class ModelCapabilities(BaseModel):
     tasks: list[str]  # t2v | i2v | v2v | t2i
     videos: bool  # POST /v1/videos works
     images: bool  # POST /v1/images/generations works
+    audio: bool  # POST /v1/audio/generations works (audio-only models: no frames)
     chat: bool  # POST /v1/chat/completions works (the card has an ar_decode loop)
     streams_chunks: bool  # a causal model: variant=stream grows while the job runs
     produces_audio: bool  # the mp4 carries a soundtrack
@@ -54,11 +56,17 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         defaults = {"size": f"{d.width}x{d.height}", "num_frames": d.num_frames, "fps": d.fps,
                     "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
                     "flow_shift": d.flow_shift, "sampler": d.sampler, "negative_prompt": d.negative_prompt}
-    known = (*MEDIA_INPUTS, *FLAG_INPUTS)
+    if card.audio is not None:  # no frames or size: the clip's seconds instead
+        defaults = {"seconds": card.audio.default_seconds, "seconds_start": card.audio.min_start,
+                    "max_seconds": card.audio.max_seconds, "sample_rate": card.audio.sample_rate,
+                    "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
+                    "sampler": d.sampler, "negative_prompt": d.negative_prompt}
+    known = tuple(n for n in (*MEDIA_INPUTS, *FLAG_INPUTS) if n not in HTTP_UNSUPPORTED)
     return ModelCapabilities(
         tasks=sorted(t.value for t in card.tasks),
         videos=any(t in card.tasks for t in VIDEO_TASKS),
         images=Task.T2I in card.tasks,
+        audio=card.audio is not None,
         chat="ar_decode" in card.loops,
         streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
         produces_audio=card.produces_audio,

@@ -4,7 +4,7 @@ A job is one row in a database (SQLite, embedded, the default; or PostgreSQL, sh
 servers) plus result files under the data dir: `<data_dir>/videos/<id>.mp4` / `<id>.png`; for a
 model that streams chunks `<id>.fmp4` (the fragmented MP4 served as `variant=stream`; while the job
 runs it grows as `.<id>.growing.fmp4`, see serving/chunk_stream.py); for causal models `<id>.latents`
-(what an extension continues from).
+(what an extension continues from); for audio-only jobs (text-to-audio models) `<id>.wav` alone.
 A row turns `completed` only after its files were renamed into place, so a completed
 job always has whole files; finished rows never change again except by `delete`.
 Files the table cannot account for are never deleted: recovery moves them to `<data_dir>/orphans/`.
@@ -166,6 +166,7 @@ class JobStore(Protocol):
     def stream_path(self, job_id: str) -> Path: """A completed job's fragmented MP4 (models that stream chunks)."""
     def latents_path(self, job_id: str) -> Path: """A causal job's final latents (extend_from rebuilds from them)."""
     def actions_path(self, job_id: str) -> Path: """A world-model job's predicted actions (float32 .npy)."""
+    def audio_path(self, job_id: str) -> Path: """An audio-only job's result (text-to-audio models): a WAV file."""
     def image_path(self, name: str) -> Path: """An images call's file (response_format=url)."""
     def save_image(self, name: str, data: bytes) -> None: """Write an image file atomically."""
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""

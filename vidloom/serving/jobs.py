@@ -29,7 +29,7 @@ from vidloom.core.output import (
     VideoOutput,
 )
 from vidloom.core.request import GenerationRequest, Task, resolve_request
-from vidloom.media.audio import track_of
+from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.core.session import VideoSession
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
@@ -470,6 +470,9 @@ class JobManager:
         self._finish(live, "completed", metadata=metadata)
 
     def _write_files(self, job_id: str, output: VideoOutput) -> None:
+        if output.num_frames == 0:  # audio only (text-to-audio models): the waveform, whole, as WAV
+            write_wav(AudioTrack(output.audio, output.sample_rate), self.store.audio_path(job_id))
+            return
         write_png(output.frames[0], self.store.thumbnail_path(job_id))
         write_video(output.frames, output.fps, self.store.video_path(job_id),  # sound (if any) as AAC beside it
                     audio=track_of(output.audio, output.sample_rate))
@@ -561,7 +564,7 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    media = ("image", "last_image", "video", "extend_from")  # not stored; noted as given (extend_from: its id)
+    media = ("image", "last_image", "video", "extend_from", "init_audio")  # not stored; noted as given
     params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
     params.pop("request_id")
     params.pop("image", None)  # input images are not stored with a job (video jobs take none)

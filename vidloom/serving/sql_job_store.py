@@ -123,9 +123,13 @@ class SqlJobStore:
         assert is_job_id(job_id), job_id
         return self.videos_dir / f"{job_id}.npy"
 
+    def audio_path(self, job_id: str) -> Path:
+        assert is_job_id(job_id), job_id
+        return self.videos_dir / f"{job_id}.wav"
+
     def _files(self, job_id: str) -> tuple[Path, ...]:
         return (self.video_path(job_id), self.thumbnail_path(job_id), self.stream_path(job_id),
-                self.latents_path(job_id), self.actions_path(job_id))
+                self.latents_path(job_id), self.actions_path(job_id), self.audio_path(job_id))
 
     def add(self, record: JobRecord) -> None:
         with self._lock:

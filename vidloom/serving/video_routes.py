@@ -21,6 +21,7 @@ from vidloom.serving.stream_route import stream_response
 from vidloom.serving.video_sessions import plan_extension
 
 router = APIRouter(prefix="/v1/videos")
+AUDIO_JOB_SIZE = "0x0"  # an audio-only job's `size` (it has no frames): its content is variant=audio
 
 
 def jobs_of(request: Request) -> JobManager:
@@ -78,14 +79,19 @@ async def download_content(
     """The mp4 (or a PNG of its first frame for variant=thumbnail); 409 until the job is completed.
     variant=stream (extension): a fragmented MP4 that grows while the job runs (see stream_route.py).
     variant=actions / actions_npy (extension): a world model's predicted actions (see action_results.py).
+    variant=audio (extension): an audio-only job's WAV (POST /v1/audio/generations with background=true).
 
     The file is opened here and served from that handle, so a DELETE racing the download either
     comes first (404) or lets the whole file through; never a half-served file or a 500.
     """
     record = _find(request, video_id)
-    if variant not in ("video", "thumbnail", "stream", *ACTION_VARIANTS):
+    if variant not in ("video", "thumbnail", "stream", "audio", *ACTION_VARIANTS):
         raise APIError(400, f"variant: {echo(variant)} is not available; use 'video', 'thumbnail', 'stream', "
-                            "'actions' or 'actions_npy'", param="variant", code="invalid_parameter")
+                            "'audio', 'actions' or 'actions_npy'", param="variant", code="invalid_parameter")
+    audio_only = record.size == AUDIO_JOB_SIZE
+    if audio_only != (variant == "audio"):
+        why = "this job is audio only: use variant=audio" if audio_only else "only audio-only jobs have variant=audio"
+        raise APIError(400, f"variant: {why}", param="variant", code="invalid_parameter")
     if variant == "stream":
         return stream_response(request, jobs_of(request), record)
     if record.status != "completed":
@@ -95,6 +101,8 @@ async def download_content(
         return actions_response(store.actions_path(video_id), variant, video_id, record.metadata)
     if variant == "thumbnail":
         path, media_type = store.thumbnail_path(video_id), "image/png"
+    elif variant == "audio":
+        path, media_type = store.audio_path(video_id), "audio/wav"
     else:
         path, media_type = store.video_path(video_id), "video/mp4"
     try:
