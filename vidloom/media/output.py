@@ -81,10 +81,8 @@ def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | N
     check_output_path(path)
     suffix = path.suffix.lower()
     track = track_of(audio, sample_rate)
-    if suffix == ".wav":  # fitted to the video; an audio model's output (no frames) is written whole
-        return [write_audio_file(track, len(frames) / fps if len(frames) else None, path)]
-    if not len(frames):
-        raise InvalidRequest("output", f"{path.name}: this output is audio only (no frames); write it as .wav")
+    if suffix == ".wav":  # fitted to the video
+        return [write_audio_file(track, len(frames) / fps, path)]
     if suffix == ".mp4":
         return [write_video(frames, fps, path, container_format="mp4", audio=track)]
     if suffix == ".webm":

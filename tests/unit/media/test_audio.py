@@ -153,5 +153,5 @@ def test_an_audio_only_output_is_written_whole_as_wav_and_refused_as_video(tmp_p
     no_frames = np.zeros((0, 1, 1, 3), dtype=np.uint8)
     [path] = write_output(no_frames, 1, tmp_path / "a.wav", audio=audio, sample_rate=RATE)
     assert read_wav(path).samples.shape == audio.shape
-    with pytest.raises(InvalidRequest, match="audio only"):
+    with pytest.raises(InvalidRequest, match="unsupported extension '.mp4'; use one of .wav"):
         write_output(no_frames, 1, tmp_path / "a.mp4", audio=audio, sample_rate=RATE)
