@@ -155,6 +155,7 @@ def test_a_disconnect_mid_chunk_frees_the_session(served):
     server, generator = served
     caches = generator.engine.caches
     baseline = caches.bytes_in_use
+    cancelled = _cancelled_chunks(server)
     session = _open(server).json()
     with _ws(server, session["id"]) as ws:
         ws.recv(timeout=10)
@@ -162,6 +163,14 @@ def test_a_disconnect_mid_chunk_frees_the_session(served):
     sessions = server.app.state.sessions
     assert _settled(lambda: len(sessions) == 0 and caches.bytes_in_use == baseline and not caches.session_ids())
     assert httpx.get(f"{server.url}/health").json()["in_flight"] == 0
+    assert _cancelled_chunks(server) == cancelled + 1  # the chunk was stopped, not run to its end
+
+
+def _cancelled_chunks(server: ThreadServer) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith('vidloom_requests_total{kind="session_chunk",status="cancelled"}'):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def test_delete_and_idle_expiry_close_the_session(served):

@@ -214,9 +214,10 @@ async def _error(websocket: WebSocket, field: str, message: str) -> None:
 
 
 async def _closed(websocket: WebSocket, reason: str) -> None:
+    """The session ended under the socket (expired, deleted, the server stops): say why, then close."""
     try:
         await websocket.send_json({"type": "closed", "reason": reason})
-        await websocket.close(code=CLOSE_EXPIRED)
+        await websocket.close(code=CLOSE_EXPIRED if reason == "expired" else 1000)
     except (WebSocketDisconnect, RuntimeError):
         pass
 
