@@ -20,7 +20,7 @@ from vidloom.serving.errors import echo, error_response
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)  # answer without a key: load balancers and liveness probes carry none
-UI_PATHS = ("/", "/ui/app.js", "/ui/app.css")  # ui_routes.UI_FILES
+UI_PATHS = ("/", "/ui/app.js", "/ui/app.css", "/ui/world.js")  # ui_routes.UI_FILES
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 BODY_TYPES = ("application/json", "multipart/form-data")
 _UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
