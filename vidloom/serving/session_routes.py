@@ -23,6 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 from vidloom.core.errors import Cancelled, InvalidRequest, VidloomError
 from vidloom.serving.action_sessions import SessionCreateBody, SessionManager
 from vidloom.serving.errors import APIError, engine_errors, redact_paths
+from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
 
 router = APIRouter(prefix="/v1/sessions")
@@ -43,7 +44,7 @@ def _session_fields(field: str) -> str:
             "action.resolution_tier": "resolution_tier", "action": "model"}.get(field, field)
 
 
-@router.post("")
+@router.post("", openapi_extra=body_doc(SessionCreateBody, "application/json", "multipart/form-data"))
 async def open_session(request: Request) -> dict[str, Any]:
     """JSON (the first frame as a data URL) or multipart (as a file); answers with the session object."""
     body = await read_body(request, SessionCreateBody)
