@@ -178,8 +178,11 @@ def test_delete_and_idle_expiry_close_the_session(served):
     caches = generator.engine.caches
     baseline = caches.bytes_in_use
     session = _open(server).json()
-    gone = httpx.delete(f"{server.url}/v1/sessions/{session['id']}", headers=AUTH)
-    assert gone.status_code == 200 and gone.json()["deleted"]
+    with _ws(server, session["id"]) as ws:
+        ws.recv(timeout=10)
+        gone = httpx.delete(f"{server.url}/v1/sessions/{session['id']}", headers=AUTH)
+        assert gone.status_code == 200 and gone.json()["deleted"]
+        assert json.loads(ws.recv(timeout=10)) == {"type": "closed", "reason": "deleted"}
     assert httpx.delete(f"{server.url}/v1/sessions/{session['id']}", headers=AUTH).status_code == 404
     sessions = server.app.state.sessions
     ttl = sessions.ttl_s

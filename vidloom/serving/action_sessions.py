@@ -142,8 +142,7 @@ class SessionManager:
         async with session.lock:
             session.last_used = time.monotonic()
             request = session.rollout.request(actions)
-            self.jobs.limits.check(request, getattr(self.jobs, "_estimator", None))
-            try:
+            try:  # generate_image checks the server's limits and queues it like any request
                 output = await self.jobs.generate_image(request, kind="session_chunk")
             finally:
                 session.last_used = time.monotonic()
