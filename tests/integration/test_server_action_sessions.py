@@ -199,6 +199,8 @@ def test_delete_and_idle_expiry_close_the_session(served):
     finally:
         sessions.ttl_s = ttl
     assert _settled(lambda: caches.bytes_in_use == baseline and not caches.session_ids() and len(sessions) == 0)
+    scraped = httpx.get(f"{server.url}/metrics").text
+    assert "vidloom_world_sessions 0.0" in scraped and "vidloom_world_sessions_expired_total 1.0" in scraped
 
 
 @pytest.mark.parametrize("fields, param", [

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter, Gauge
 from pydantic import ConfigDict
 
 from vidloom import registry
@@ -94,6 +95,10 @@ class SessionManager:
         self._model = _ServedModel(jobs.card, engine)
         self._sessions: dict[str, ServedSession] = {}
         self._expirer: asyncio.Task[None] | None = None
+        Gauge("vidloom_world_sessions", "Open world-model sessions (POST /v1/sessions)",
+              registry=jobs.metrics.registry).set_function(lambda: len(self._sessions))
+        self._expired = Counter("vidloom_world_sessions_expired", "World-model sessions closed after their idle TTL",
+                                registry=jobs.metrics.registry)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -164,6 +169,7 @@ class SessionManager:
         idle = [s.id for s in self._sessions.values() if not s.lock.locked() and now - s.last_used > self.ttl_s]
         for session_id in idle:
             self.close(session_id, "expired")
+        self._expired.inc(len(idle))
         return idle
 
     async def close_all(self) -> None:
