@@ -253,3 +253,18 @@ def test_the_socket_checks_key_origin_and_host(served):
             session_id = _open(server).json()["id"]
     finally:
         httpx.delete(f"{server.url}/v1/sessions/{session_id}", headers=AUTH)
+
+
+def test_a_full_server_refuses_more_sessions(served):
+    server, _ = served
+    sessions = server.app.state.sessions
+    limit = sessions.max_sessions
+    sessions.max_sessions = 1
+    first = _open(server).json()
+    try:
+        refused = _open(server)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_sessions"
+        assert "Retry-After" in refused.headers and len(sessions) == 1
+    finally:
+        sessions.max_sessions = limit
+        httpx.delete(f"{server.url}/v1/sessions/{first['id']}", headers=AUTH)

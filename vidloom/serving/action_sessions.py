@@ -25,7 +25,7 @@ from vidloom.core.action import ActionInput
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
 from vidloom.runtime.engine import Engine
-from vidloom.serving.errors import APIError
+from vidloom.serving.errors import APIError, echo
 from vidloom.serving.params import check_model, sampling_fields
 from vidloom.serving.protocol import ApiInt, SamplingExtensions
 
@@ -83,7 +83,7 @@ class ServedSession:
 
 
 class SessionManager:
-    """The open sessions of one server, at most `max_sessions`; expires idle ones every `period` seconds."""
+    """The open sessions of one server, at most `max_sessions`; idle ones close after `ttl_s`."""
 
     def __init__(self, jobs: Any, max_sessions: int) -> None:
         self.jobs = jobs  # the JobManager: card, limits, media pool, and the engine the chunks run on
@@ -113,11 +113,9 @@ class SessionManager:
         if body.input_reference is None:
             raise InvalidRequest("input_reference", "a session starts from a first frame: upload one or send a "
                                                     "data URL (data:image/png;base64,...)")
-        if len(self._sessions) >= self.max_sessions:
-            raise APIError(429, f"{len(self._sessions)} sessions are open, this server's limit; close one "
-                           "(DELETE /v1/sessions/{id}) or wait for an idle one to expire", code="too_many_sessions",
-                           headers={"Retry-After": str(int(self.ttl_s))})
+        self._check_room()
         image = await self.jobs.media.run(first_frame, body.input_reference)
+        self._check_room()  # again: other opens may have landed while the frame was checked
         block = ActionInput(mode=body.mode, domain_name=body.domain_name, chunk_size=body.chunk_size,
                             view_point=body.view_point, resolution_tier=body.resolution_tier)
         fields = {k: v for k, v in sampling_fields(body).items() if v is not None and v != ()}
@@ -125,12 +123,22 @@ class SessionManager:
             fields["fps"] = body.fps
         opener = registry.import_target(spec.session)
         rollout = opener(self._model, body.prompt, image=image, action=block, **fields)
-        self.jobs.limits.check(rollout.sample_request(), getattr(self.jobs, "_estimator", None))
+        try:
+            self.jobs.limits.check(rollout.sample_request(), getattr(self.jobs, "_estimator", None))
+        except BaseException:
+            rollout.close()
+            raise
         session = ServedSession(rollout, int(time.time()), time.monotonic())
         self._sessions[session.id] = session
         if self._expirer is None:
             self._expirer = asyncio.get_running_loop().create_task(self._expire_loop())
         return session
+
+    def _check_room(self) -> None:
+        if len(self._sessions) >= self.max_sessions:
+            raise APIError(429, f"{len(self._sessions)} sessions are open, this server's limit; close one "
+                           "(DELETE /v1/sessions/{id}) or wait for an idle one to expire", code="too_many_sessions",
+                           headers={"Retry-After": str(int(self.ttl_s))})
 
     def find(self, session_id: str) -> ServedSession | None:
         return self._sessions.get(session_id)
@@ -138,7 +146,7 @@ class SessionManager:
     def get(self, session_id: str) -> ServedSession:
         session = self._sessions.get(session_id)
         if session is None:
-            raise APIError(404, f"no open session {session_id!r} (closed, expired or never opened)",
+            raise APIError(404, f"no open session {echo(session_id)} (closed, expired or never opened)",
                            param="session_id", code="session_not_found")
         return session
 
