@@ -27,6 +27,8 @@ from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject
 from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.speech_routes import router as speech_router
+from vidloom.serving.action_sessions import SessionManager
+from vidloom.serving.session_routes import router as session_router
 from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import jobs_of
 from vidloom.serving.video_routes import router as video_router
@@ -46,10 +48,12 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
         app.state.jobs = JobManager(engine, config, asyncio.get_running_loop(), store)
         app.state.jobs.start()
         app.state.chat = ChatState(app.state.jobs)
+        app.state.sessions = SessionManager(app.state.jobs, max_sessions=config.slots + config.queue_size)
         app.state.started_at = int(time.time())
         try:
             yield
         finally:
+            await app.state.sessions.close_all()
             await app.state.jobs.close()
 
     docs = config.enable_docs
@@ -72,6 +76,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(chat_router)
     app.include_router(speech_router)
     app.include_router(lora_router)
+    app.include_router(session_router)
     app.include_router(router)
     if config.ui_enabled:
         app.include_router(ui_router())

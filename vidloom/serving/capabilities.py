@@ -29,6 +29,7 @@ class ModelCapabilities(BaseModel):
     audio: bool  # POST /v1/audio/generations works (audio-only models: no frames)
     chat: bool  # POST /v1/chat/completions works (the card has an ar_decode loop)
     streams_chunks: bool  # a causal model: variant=stream grows while the job runs
+    sessions: bool  # a world model: POST /v1/sessions opens an interactive session (its WebSocket drives it)
     produces_audio: bool  # the mp4 carries a soundtrack
     inputs: list[str]  # optional request fields the card reads, under their API names (input_reference, sound...)
     required_inputs: list[str]  # of those, the ones every request must give
@@ -69,6 +70,7 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         audio=card.audio is not None,
         chat="ar_decode" in card.loops,
         streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
+        sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
         inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs],
         required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs],

@@ -2,14 +2,15 @@
 
 Two ASGI middlewares around the app, outermost first:
 `HostGuard` -> (Starlette's CORSMiddleware, only with --cors-origin) -> `RequestGuard` -> BodyLimit -> routes.
-Each refusal is answered here, in the OpenAI error shape, before the request body is read.
+Each refusal is answered here, in the OpenAI error shape, before the request body is read; a refused
+WebSocket handshake is closed before it is accepted (HTTP 403).
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,7 +20,7 @@ from vidloom.serving.errors import echo, error_response
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)  # answer without a key: load balancers and liveness probes carry none
-UI_PATHS = ("/", "/ui/app.js", "/ui/app.css")  # ui_routes.UI_FILES
+UI_PATHS = ("/", "/ui/app.js", "/ui/app.css", "/ui/world.js")  # ui_routes.UI_FILES
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 BODY_TYPES = ("application/json", "multipart/form-data")
 _UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
@@ -63,10 +64,13 @@ class HostGuard:
         return name in self.names or _is_ip(name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         header = _header(scope, b"host")
+        if scope["type"] == "websocket":
+            await (self.app(scope, receive, send) if self.allows(header) else _refuse_websocket(receive, send))
+            return
         if self.allows(header):
             await self.app(scope, receive, send)
             return
@@ -93,6 +97,9 @@ class RequestGuard:
         self.origins = set(config.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await (self.app(scope, receive, send) if self.admits_websocket(scope) else _refuse_websocket(receive, send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -117,8 +124,25 @@ class RequestGuard:
             return _content_type_refusal(scope)
         return None
 
+    def admits_websocket(self, scope: Scope) -> bool:
+        """A WebSocket handshake is a GET that CORS never checks (cross-site WebSocket hijacking): its Origin must
+        be allowed whatever the method, and its key may come as the header, `?api_key=` or the subprotocol
+        `bearer.<key>` (a browser's WebSocket cannot send headers)."""
+        if not self._origin_allowed(scope):
+            return False
+        if self.key is None or self._authorized(scope):
+            return True
+        offered = [f"Bearer {token.removeprefix('bearer.')}" for token in scope.get("subprotocols") or ()
+                   if token.startswith("bearer.")]
+        offered += [f"Bearer {value}" for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+                    if name == "api_key"]
+        return any(self._token_matches(value) for value in offered)
+
     def _authorized(self, scope: Scope) -> bool:
-        scheme, _, token = (_header(scope, b"authorization") or "").strip().partition(" ")
+        return self._token_matches(_header(scope, b"authorization") or "")
+
+    def _token_matches(self, header: str) -> bool:
+        scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != "bearer" or self.key is None:
             return False
         # Constant time: the comparison must not tell an attacker how many leading bytes were right.
@@ -132,6 +156,13 @@ class RequestGuard:
             return True
         host = _header(scope, b"host")
         return host is not None and urlsplit(origin).netloc.lower() == host.strip().lower()  # same origin
+
+
+async def _refuse_websocket(receive: Receive, send: Send) -> None:
+    """Close the handshake before accepting it: the client sees HTTP 403 and no session is touched."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
 
 
 def _content_type_refusal(scope: Scope) -> tuple[int, str, str] | None:

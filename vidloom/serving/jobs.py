@@ -245,8 +245,9 @@ class JobManager:
         self.streams.open(record.id)
         return record
 
-    async def generate_image(self, request: GenerationRequest) -> VideoOutput:
-        """Run a request to completion (not stored: images answer in the same HTTP call)."""
+    async def generate_image(self, request: GenerationRequest, kind: str = "image") -> VideoOutput:
+        """Run a request to completion (not stored: images answer in the same HTTP call; `kind` "session_chunk":
+        a world-model session's chunk, answered on its WebSocket)."""
         handle = self._submit(request)
         started, status = time.perf_counter(), "failed"
         self._images.add(request.request_id)
@@ -263,7 +264,7 @@ class JobManager:
             raise
         finally:
             self._images.discard(request.request_id)
-            self.metrics.finished("image", status, time.perf_counter() - started)
+            self.metrics.finished(kind, status, time.perf_counter() - started)
 
     async def generate_images(self, requests: tuple[GenerationRequest, ...]) -> list[VideoOutput]:
         """Run an images call's `n` requests side by side (a batching policy may share their steps).

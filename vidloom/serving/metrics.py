@@ -46,7 +46,7 @@ class ServerMetrics:
             buckets=JOB_BUCKETS, registry=self.registry,
         )
         self._finished = Counter(
-            "vidloom_requests", "Requests by kind (video | image) and final status", ["kind", "status"],
+            "vidloom_requests", "Requests by kind (video | image | session_chunk) and final status", ["kind", "status"],
             registry=self.registry,
         )
         self._rejected = Counter(

@@ -16,6 +16,7 @@ UI_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/ui/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/ui/world.js": ("world.js", "text/javascript; charset=utf-8"),
 }
 # Everything from this server only: no inline script, no third-party origin. blob: carries media the page
 # fetched with the API key (a <video src> cannot send an Authorization header); data: the images API's b64_json.

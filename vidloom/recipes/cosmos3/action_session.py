@@ -64,24 +64,36 @@ class ActionSession:
             from vidloom.recipes.cosmos3.actions import RAW_WIDTHS
 
             probe = np.zeros((1, RAW_WIDTHS.get(action.domain_name, 1)), dtype=np.float32)
+        self._probe = probe
         self._check(raw_actions=probe)  # the block, the frame and the fields, before any work
+
+    def sample_request(self) -> Any:
+        """A request like the next chunk's (placeholder actions in forward_dynamics), for a server's limits."""
+        return self.request(self._probe)
 
     def request(self, actions: Any = None) -> Any:
         """The resolved request of the next chunk (what `step` runs); InvalidRequest naming the field."""
+        if not self._release.alive:
+            raise InvalidRequest("session", f"{self.session_id} is closed")
         request = self._check(raw_actions=actions)
         return dataclasses.replace(request, action=dataclasses.replace(request.action, session_id=self.session_id))
 
     def step(self, actions: Any = None) -> ActionChunk:
         """Run the next chunk: `actions` [T, D] for forward_dynamics, None for policy."""
-        if not self._release.alive:
-            raise InvalidRequest("session", f"{self.session_id} is closed")
-        output = self._generator.run(self.request(actions))
+        return self.advance(self._generator.run(self.request(actions)))
+
+    def advance(self, output: Any) -> ActionChunk:
+        """Take the output of `request(...)` run elsewhere (the server runs it on its engine) as the next chunk."""
         from PIL import Image
 
         chunk = ActionChunk(self.index, output.frames, output.actions, output.metadata)
         self._frame = Image.fromarray(output.frames[-1])  # the next chunk continues from the last frame
         self.index += 1
         return chunk
+
+    @property
+    def closed(self) -> bool:
+        return not self._release.alive
 
     def close(self) -> None:
         """Free the session's resident prefixes now (idempotent)."""

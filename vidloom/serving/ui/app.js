@@ -94,6 +94,7 @@ async function start() {
   $("#model-about").textContent = state.caps.description;
   buildForm(state.caps);
   $("#chat").hidden = !state.caps.chat;
+  startWorld(state.caps);  // world.js: the keyboard view of world-model sessions
   if (state.caps.videos) {
     await loadJobs();
     setInterval(() => loadJobs().catch(reportError), JOBS_POLL_MS);
