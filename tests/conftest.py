@@ -34,6 +34,20 @@ def _isolated_cache(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _float32_on_cpu(request, monkeypatch):
+    # Every comparison in this suite (parity with diffusers/transformers, equivalence between our own paths,
+    # golden values) means float32 on CPU, the dtype the references run in; on a CPU with native bf16 the
+    # runtime's default is bfloat16 (vidloom.loading.precision), so the suite pins float32 for the process and
+    # its subprocesses. Tests of the fast path itself opt out with @pytest.mark.cpu_fast_path.
+    from vidloom.loading.precision import CPU_DTYPE_ENV
+
+    if request.node.get_closest_marker("cpu_fast_path") is None:
+        monkeypatch.setenv(CPU_DTYPE_ENV, "float32")
+    else:
+        monkeypatch.delenv(CPU_DTYPE_ENV, raising=False)
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server for the session (.ci/run installs the Debian packages; sets VIDLOOM_REQUIRE_POSTGRES)."""
