@@ -38,7 +38,7 @@ def load_instance(
     dit_config = ckpt.parse_component("transformer", LTX2TransformerConfig.from_diffusers)
     connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", LTX2Schedule.from_diffusers, "scheduler_config.json")
-    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=True)  # see its docstring
     transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)
