@@ -32,7 +32,7 @@ for path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, path)
 
 from gpu_plan import (  # noqa: E402
-    BUDGET_S, CONFIGS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
+    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
     module_available, plan_lines, step_flops,
 )
 
@@ -116,10 +116,13 @@ def _peak_flops(env: dict[str, Any]) -> tuple[float | None, str]:
     return None, "unknown GPU: no datasheet peak, MFU not computed"
 
 
-def _spawn(name: str, checkpoint: Path, latents: Path, timeout_s: float = WORKER_TIMEOUT_S) -> dict[str, Any]:
-    """Run one row in its own process for at most `timeout_s` (capped by the caller at the budget left)."""
-    command = [sys.executable, str(Path(__file__)), "--worker", name, "--checkpoint", str(checkpoint),
-               "--latents", str(latents)]
+def _spawn(name: str, checkpoint: Path | None, latents: Path | None,
+           timeout_s: float = WORKER_TIMEOUT_S) -> dict[str, Any]:
+    """Run one row in its own process for at most `timeout_s` (capped by the caller at the budget left);
+    a DiT row (no checkpoint) times its denoiser alone."""
+    command = [sys.executable, str(Path(__file__)), "--worker", name]
+    if checkpoint is not None and latents is not None:
+        command += ["--checkpoint", str(checkpoint), "--latents", str(latents)]
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environ)
@@ -224,6 +227,20 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
         except Exception as exc:  # noqa: BLE001 - a scoring bug must not cost the measurements
             report["scoring_error"] = f"{type(exc).__name__}: {exc}"
         _write(out, report, started)  # after every row: a cut-short slot still leaves results
+    peak, _ = _peak_flops(env)
+    for dit in DIT_ROWS:
+        elapsed, estimate = time.time() - started, dit.estimate_s()
+        left = BUDGET_S - elapsed
+        if estimate > left or left < MIN_WORKER_S:
+            skipped[dit.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+            continue
+        row = _spawn(dit.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
+        row["estimate_s"] = round(estimate, 1)
+        if "s_per_step" in row and peak:
+            row["mfu"] = round(dit.step_flops() / row["s_per_step"] / peak, 3)
+        rows[dit.name] = row
+        print(f"  {dit.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
+        _write(out, report, started)
     return any("error" in r for r in rows.values())
 
 
@@ -244,9 +261,13 @@ def main() -> int:
     parser.add_argument("--latents", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        from gpu_workers import print_result, run_worker
+        from gpu_workers import print_result, run_dit_worker, run_worker
 
-        print_result(run_worker(args.worker, args.checkpoint, args.latents))
+        dits = {row.name: row for row in DIT_ROWS}
+        if args.worker in dits:
+            print_result(run_dit_worker(dits[args.worker]))
+        else:
+            print_result(run_worker(args.worker, args.checkpoint, args.latents))
         return 0
     if args.dry_run:
         return dry_run(args.out)
