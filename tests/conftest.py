@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,18 +35,23 @@ def _isolated_cache(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))
 
 
-@pytest.fixture(autouse=True)
-def _float32_on_cpu(request, monkeypatch):
+def pytest_configure(config):
     # Every comparison in this suite (parity with diffusers/transformers, equivalence between our own paths,
     # golden values) means float32 on CPU, the dtype the references run in; on a CPU with native bf16 the
-    # runtime's default is bfloat16 (vidloom.loading.precision), so the suite pins float32 for the process and
-    # its subprocesses. Tests of the fast path itself opt out with @pytest.mark.cpu_fast_path.
+    # runtime's default is bfloat16 (vidloom.loading.precision). So the whole session, its module- and
+    # session-scoped fixtures and its subprocesses included, pins float32; tests of the fast path itself opt
+    # out with @pytest.mark.cpu_fast_path (below).
     from vidloom.loading.precision import CPU_DTYPE_ENV
 
-    if request.node.get_closest_marker("cpu_fast_path") is None:
-        monkeypatch.setenv(CPU_DTYPE_ENV, "float32")
-    else:
-        monkeypatch.delenv(CPU_DTYPE_ENV, raising=False)
+    os.environ[CPU_DTYPE_ENV] = "float32"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_fast_path_opt_out(request, monkeypatch):
+    if request.node.get_closest_marker("cpu_fast_path") is not None:
+        from vidloom.loading.precision import CPU_DTYPE_ENV
+
+        monkeypatch.delenv(CPU_DTYPE_ENV, raising=False)  # the runtime's own default for this test only
 
 
 @pytest.fixture(scope="session")
