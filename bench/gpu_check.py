@@ -32,12 +32,14 @@ for path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, path)
 
 from gpu_plan import (  # noqa: E402
-    BUDGET_S, CONFIGS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
+    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
     module_available, plan_lines, step_flops,
 )
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu"
-WORKER_TIMEOUT_S = 300.0  # one configuration; compile is the slow one
+WORKER_TIMEOUT_S = 300.0  # one configuration at most; compile is the slow one
+MIN_WORKER_S = 20.0  # a row with less budget left than this is skipped, not started
+STDERR_LINES = 40  # of a failed row's output, kept in the JSON (a CUDA traceback is long)
 
 
 def environment() -> dict[str, Any]:
@@ -71,7 +73,8 @@ def problems(env: dict[str, Any]) -> list[str]:
     elif not env.get("cuda"):
         found.append(f"torch {env['torch']} sees no CUDA device (a CPU build, or no GPU)")
     if env.get("diffusers") is None or env.get("transformers") is None:
-        found.append("diffusers and transformers are needed (pip install -e .)")
+        found.append("diffusers and transformers are needed (pip install -e .; on the lent GPU image, "
+                     "`bench/gpu_check.sh --prepare` here first and carry .whl)")
     if env.get("disk_free_gib", 0) < 10:
         found.append(f"{env.get('disk_free_gib')} GiB free in {tempfile.gettempdir()}; the checkpoint needs ~4 GiB")
     return found
@@ -113,19 +116,29 @@ def _peak_flops(env: dict[str, Any]) -> tuple[float | None, str]:
     return None, "unknown GPU: no datasheet peak, MFU not computed"
 
 
-def _spawn(name: str, checkpoint: Path, latents: Path) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__)), "--worker", name, "--checkpoint", str(checkpoint),
-               "--latents", str(latents)]
+def _spawn(name: str, checkpoint: Path | None, latents: Path | None,
+           timeout_s: float = WORKER_TIMEOUT_S) -> dict[str, Any]:
+    """Run one row in its own process for at most `timeout_s` (capped by the caller at the budget left);
+    a DiT row (no checkpoint) times its denoiser alone."""
+    command = [sys.executable, str(Path(__file__)), "--worker", name]
+    if checkpoint is not None and latents is not None:
+        command += ["--checkpoint", str(checkpoint), "--latents", str(latents)]
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env=environ)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {WORKER_TIMEOUT_S:.0f} s"}
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environ)
+    except subprocess.TimeoutExpired as exc:
+        return {"error": f"timed out after {timeout_s:.0f} s", "output_tail": _tail(exc.stderr or exc.stdout)}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        tail = _tail(proc.stderr or proc.stdout)
+        return {"error": f"exit {proc.returncode}: " + (tail[-1] if tail else "no output"), "output_tail": tail}
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def _tail(text: str | bytes | None) -> list[str]:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "").strip().splitlines()[-STDERR_LINES:]
 
 
 def _score(rows: dict[str, dict[str, Any]], latents: dict[str, Path], env: dict[str, Any]) -> dict[str, Any]:
@@ -165,34 +178,70 @@ def real_run(out: Path, started: float, tests_rc: int | None) -> int:
         "text_encoder": "small random UMT5 (2 layers, width 4096) over an offline-trained tokenizer",
         "estimates_for": ESTIMATE_GPU, "configs": rows, "skipped": skipped,
     }
-    with tempfile.TemporaryDirectory(prefix="vidloom-gpu-check-") as tmp:
-        t0 = time.time()
-        checkpoint = write_checkpoint(Path(tmp) / "wan2.1-1.3b-random")
-        report["checkpoint_write_s"] = round(time.time() - t0, 1)
-        print(f"checkpoint written in {report['checkpoint_write_s']} s", flush=True)
-        latents: dict[str, Path] = {}
-        for config in CONFIGS:
-            if config.name in skipped:
-                continue
-            elapsed, estimate = time.time() - started, config.estimate_s()
-            if elapsed + estimate > BUDGET_S:
-                skipped[config.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
-                continue
-            path = Path(tmp) / f"{config.name.replace(' ', '_')}.pt"
-            row = _spawn(config.name, checkpoint, path)
-            row["estimate_s"] = round(estimate, 1)
-            rows[config.name] = row
-            if "error" not in row:
-                latents[config.name] = path
-            print(f"  {config.name}: {row.get('s_per_step', row.get('error'))} s/step "
-                  f"({row.get('worker_s', '?')} s in all)", flush=True)
+    _write(out, report, started)  # from here on a JSON exists, whatever fails next
+    failed = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="vidloom-gpu-check-") as tmp:
+            t0 = time.time()
+            try:
+                checkpoint = write_checkpoint(Path(tmp) / "wan2.1-1.3b-random")
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; no row can run without it
+                report["checkpoint_error"] = f"{type(exc).__name__}: {exc}"
+                print(f"checkpoint write failed: {report['checkpoint_error']}", flush=True)
+                return 1
+            report["checkpoint_write_s"] = round(time.time() - t0, 1)
+            print(f"checkpoint written in {report['checkpoint_write_s']} s", flush=True)
+            _write(out, report, started)
+            failed = _run_rows(rows, skipped, checkpoint, Path(tmp), env, report, out, started)
+    finally:
+        for name, why in skipped.items():
+            print(f"skipped {name}: {why}")
+        _write(out, report, started)
+        print(f"wrote {out / 'gpu_check.json'} after {report['total_s']} s")
+    return 1 if failed else 0
+
+
+def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoint: Path, tmp: Path,
+              env: dict[str, Any], report: dict[str, Any], out: Path, started: float) -> bool:
+    """Every row in its own process, within the budget; the JSON rewritten after each. True if one failed."""
+    latents: dict[str, Path] = {}
+    for config in CONFIGS:
+        if config.name in skipped:
+            continue
+        elapsed, estimate = time.time() - started, config.estimate_s()
+        left = BUDGET_S - elapsed
+        if estimate > left or left < MIN_WORKER_S:
+            skipped[config.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+            continue
+        path = tmp / f"{config.name.replace(' ', '_')}.pt"
+        # A slow row is stopped when the budget runs out, so the script ends within the device's command limit.
+        row = _spawn(config.name, checkpoint, path, timeout_s=min(WORKER_TIMEOUT_S, left))
+        row["estimate_s"] = round(estimate, 1)
+        rows[config.name] = row
+        if "error" not in row:
+            latents[config.name] = path
+        print(f"  {config.name}: {row.get('s_per_step', row.get('error'))} s/step "
+              f"({row.get('worker_s', '?')} s in all)", flush=True)
+        try:
             report["mfu_peak"] = _score(rows, latents, env)
-            _write(out, report, started)  # after every row: a cut-short slot still leaves results
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
-    _write(out, report, started)
-    print(f"wrote {out / 'gpu_check.json'} after {report['total_s']} s")
-    return 0 if all("error" not in r for r in rows.values()) else 1
+        except Exception as exc:  # noqa: BLE001 - a scoring bug must not cost the measurements
+            report["scoring_error"] = f"{type(exc).__name__}: {exc}"
+        _write(out, report, started)  # after every row: a cut-short slot still leaves results
+    peak, _ = _peak_flops(env)
+    for dit in DIT_ROWS:
+        elapsed, estimate = time.time() - started, dit.estimate_s()
+        left = BUDGET_S - elapsed
+        if estimate > left or left < MIN_WORKER_S:
+            skipped[dit.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+            continue
+        row = _spawn(dit.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
+        row["estimate_s"] = round(estimate, 1)
+        if "s_per_step" in row and peak:
+            row["mfu"] = round(dit.step_flops() / row["s_per_step"] / peak, 3)
+        rows[dit.name] = row
+        print(f"  {dit.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
+        _write(out, report, started)
+    return any("error" in r for r in rows.values())
 
 
 def _write(out: Path, report: dict[str, Any], started: float) -> None:
@@ -212,9 +261,13 @@ def main() -> int:
     parser.add_argument("--latents", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        from gpu_workers import print_result, run_worker
+        from gpu_workers import print_result, run_dit_worker, run_worker
 
-        print_result(run_worker(args.worker, args.checkpoint, args.latents))
+        dits = {row.name: row for row in DIT_ROWS}
+        if args.worker in dits:
+            print_result(run_dit_worker(dits[args.worker]))
+        else:
+            print_result(run_worker(args.worker, args.checkpoint, args.latents))
         return 0
     if args.dry_run:
         return dry_run(args.out)

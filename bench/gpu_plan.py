@@ -41,14 +41,15 @@ LOAD_S = 10.0  # 2.7 GB checkpoint from page cache to the GPU
 COMPILE_S = 90.0  # inductor compile of one WanBlock shape (dynamic=False), cold cache
 
 
-def tokens(height: int = HEIGHT, width: int = WIDTH, num_frames: int = NUM_FRAMES) -> int:
+def tokens(height: int = HEIGHT, width: int = WIDTH, num_frames: int = NUM_FRAMES, config: dict[str, Any] = WAN_1_3B,
+           vae_temporal: int = VAE_TEMPORAL, vae_spatial: int = VAE_SPATIAL) -> int:
     """Video tokens after the VAE and 1x2x2 patchify: 21 x 30 x 52 = 32,760 at 480x832x81."""
-    p_t, p_h, p_w = WAN_1_3B["patch_size"]
-    latent_frames = (num_frames - 1) // VAE_TEMPORAL + 1
-    return (latent_frames // p_t) * (height // VAE_SPATIAL // p_h) * (width // VAE_SPATIAL // p_w)
+    p_t, p_h, p_w = config["patch_size"]
+    latent_frames = (num_frames - 1) // vae_temporal + 1
+    return (latent_frames // p_t) * (height // vae_spatial // p_h) * (width // vae_spatial // p_w)
 
 
-def forward_flops(seq: int | None = None, text: int = TEXT_TOKENS) -> float:
+def forward_flops(seq: int | None = None, text: int = TEXT_TOKENS, config: dict[str, Any] = WAN_1_3B) -> float:
     """Matmul FLOPs of one DiT forward (2 per multiply-add; elementwise work not counted).
 
     Per block, with S video tokens, T text tokens, width D, FFN width F:
@@ -57,12 +58,12 @@ def forward_flops(seq: int | None = None, text: int = TEXT_TOKENS) -> float:
       feed-forward    up and down         2 * 2*S*D*F
     plus, once: patch embedding 2*S*(C*p)*D, text embedding 2*T*(4096*D + D*D), output head 2*S*D*(C*p).
     """
-    s = seq if seq is not None else tokens()
-    d = WAN_1_3B["num_attention_heads"] * WAN_1_3B["attention_head_dim"]
-    f, t, layers = WAN_1_3B["ffn_dim"], text, WAN_1_3B["num_layers"]
-    patch = WAN_1_3B["in_channels"] * 4
+    s = seq if seq is not None else tokens(config=config)
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    f, t, layers = config["ffn_dim"], text, config["num_layers"]
+    patch = config["in_channels"] * 4
     block = 8 * s * d * d + 4 * s * s * d + 4 * s * d * d + 4 * t * d * d + 4 * s * t * d + 4 * s * d * f
-    once = 2 * s * patch * d + 2 * t * (WAN_1_3B["text_dim"] * d + d * d) + 2 * s * d * patch
+    once = 2 * s * patch * d + 2 * t * (config["text_dim"] * d + d * d) + 2 * s * d * patch
     return float(layers * block + once)
 
 
@@ -112,6 +113,46 @@ CONFIGS: tuple[GpuConfig, ...] = (
 REFERENCE = "diffusers"
 
 
+# -- other families: their denoiser alone at its published size, random weights --------------------------
+# No checkpoint is written (minutes each at these sizes): the DiT is built on the GPU from its published
+# configuration and timed forward by forward, a CFG pair per step as one batch of 2.
+
+# Wan-AI/Wan2.2-TI2V-5B (the Wan team's config: dim 3072 = 24 heads x 128, FFN 14336, 30 layers, 48 latent
+# channels, VAE stride 4x16x16), at its native 704x1280, 121 frames.
+WAN22_TI2V_5B: dict[str, Any] = dict(WAN_1_3B, num_attention_heads=24, attention_head_dim=128, in_channels=48,
+                                     out_channels=48, ffn_dim=14336)
+
+
+@dataclass(frozen=True)
+class DitRow:
+    """One family's denoiser timed alone: s/step (CFG pair batched), peak memory, MFU."""
+
+    name: str
+    transformer: dict[str, Any]
+    """The published diffusers transformer config."""
+    height: int
+    width: int
+    num_frames: int
+    vae_temporal: int
+    vae_spatial: int
+    mfu: float = 0.40
+
+    def tokens(self) -> int:
+        return tokens(self.height, self.width, self.num_frames, self.transformer, self.vae_temporal, self.vae_spatial)
+
+    def step_flops(self) -> float:
+        return 2 * forward_flops(self.tokens(), config=self.transformer)
+
+    def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
+        build_s = 5.0  # random init of a few billion parameters on the GPU
+        return PROCESS_START_S + build_s + (WARMUP_STEPS + TIMED_STEPS) * self.step_flops() / (peak * self.mfu)
+
+
+DIT_ROWS: tuple[DitRow, ...] = (
+    DitRow("wan2.2-ti2v-5b dit", WAN22_TI2V_5B, 704, 1280, 121, vae_temporal=4, vae_spatial=16),
+)
+
+
 def module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -138,5 +179,13 @@ def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
         seconds = config.estimate_s(peak)
         step_s = step / (peak * config.mfu)
         lines.append(f"  {config.name:<26} MFU {config.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s")
+        total += seconds
+    for row in DIT_ROWS:
+        if row.name in skipped:
+            lines.append(f"  {row.name:<26} skipped: {skipped[row.name]}")
+            continue
+        seconds, step_s = row.estimate_s(peak), row.step_flops() / (peak * row.mfu)
+        lines.append(f"  {row.name:<26} MFU {row.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
+                     f"({row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, DiT alone)")
         total += seconds
     return lines, total

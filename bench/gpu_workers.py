@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpu_plan import CONFIGS, GUIDANCE, HEIGHT, NUM_FRAMES, TIMED_STEPS, WAN_1_3B, WARMUP_STEPS, WIDTH, GpuConfig
+from gpu_plan import (
+    CONFIGS, GUIDANCE, HEIGHT, NUM_FRAMES, TIMED_STEPS, WAN_1_3B, WARMUP_STEPS, WIDTH, DitRow, GpuConfig,
+)
 
 PROMPT = "a red fox runs through fresh snow in a pine forest, morning light"
 NEGATIVE = "blurry, low quality, distorted"
@@ -201,3 +203,40 @@ def _run_diffusers(config: GpuConfig, checkpoint: Path, work: Workload) -> tuple
 
 def print_result(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_dit_worker(row: DitRow, device: str = "cuda", dtype: str = "bfloat16") -> dict[str, Any]:
+    """Time `row`'s denoiser alone: built at its published size with random weights, a CFG pair per step.
+
+    Same casting as a load (KEEP_FP32 islands in float32), SDPA attention, inputs of the row's token grid.
+    """
+    import torch
+
+    from vidloom.layers.attention import resolve_attention
+    from vidloom.loading.precision import cast_module
+    from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+
+    torch.manual_seed(SEED)
+    compute, where = getattr(torch, dtype), torch.device(device)
+    config = WanTransformerConfig.from_diffusers(row.transformer)
+    t0 = _sync_clock()
+    with torch.device(where):
+        model = WanTransformer(config, resolve_attention("sdpa", where, compute))
+    cast_module(model, compute, WanTransformer.KEEP_FP32).eval()
+    frames = (row.num_frames - 1) // row.vae_temporal + 1
+    latents = torch.randn(2, config.in_channels, frames, row.height // row.vae_spatial,
+                          row.width // row.vae_spatial, device=where, dtype=compute)
+    text = torch.randn(2, 512, config.text_dim, device=where, dtype=compute)
+    timestep = torch.full((2,), 500.0, device=where)
+    t1 = _sync_clock()
+    with torch.inference_mode():
+        for _ in range(WARMUP_STEPS):
+            model(latents, timestep, text)
+        _reset_peak()
+        ends = [_sync_clock()]
+        for _ in range(TIMED_STEPS):
+            out = model(latents, timestep, text)
+            ends.append(_sync_clock())
+    step = _step_summary(ends)
+    return {**step, "build_s": round(t1 - t0, 2), "peak_memory_gib": _peak_gib(), "tokens": row.tokens(),
+            "flops_per_step": row.step_flops(), "finite": bool(torch.isfinite(out).all())}

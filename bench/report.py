@@ -1,4 +1,10 @@
-"""What every benchmark prints and saves: a plain-text table, a JSON file, and the machine it ran on."""
+"""What every benchmark prints and saves: a plain-text table, a JSON file, and the machine it ran on.
+
+Run as a command, it writes the side-by-side table (bench/side_by_side.py): per family, vidloom default and
+float32 beside the reference at its default dtype and at bfloat16: wall, CPU seconds, peak RSS, PSNR.
+
+    python bench/report.py [--families wan2.1-demo,flux2-klein-demo] [--runs 2]
+"""
 
 from __future__ import annotations
 
@@ -99,3 +105,10 @@ def run_worker(script: str, args: list[str], max_wait_s: float) -> dict[str, Any
     busy = wait_for_quiet(max_wait_s)
     out = subprocess.run([sys.executable, script, "--worker", *args], capture_output=True, text=True, check=True)
     return {"busy_at_start": busy, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from side_by_side import main
+
+    sys.exit(main())

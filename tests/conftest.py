@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,25 @@ def demo_cache(tmp_path_factory) -> Path:
 def _isolated_cache(monkeypatch, tmp_path_factory):
     # Never write into the developer's real ~/.cache from tests.
     monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))
+
+
+def pytest_configure(config):
+    # Every comparison in this suite (parity with diffusers/transformers, equivalence between our own paths,
+    # golden values) means float32 on CPU, the dtype the references run in; on a CPU with native bf16 the
+    # runtime's default is bfloat16 (vidloom.loading.precision). So the whole session, its module- and
+    # session-scoped fixtures and its subprocesses included, pins float32; tests of the fast path itself opt
+    # out with @pytest.mark.cpu_fast_path (below).
+    from vidloom.loading.precision import CPU_DTYPE_ENV
+
+    os.environ[CPU_DTYPE_ENV] = "float32"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_fast_path_opt_out(request, monkeypatch):
+    if request.node.get_closest_marker("cpu_fast_path") is not None:
+        from vidloom.loading.precision import CPU_DTYPE_ENV
+
+        monkeypatch.delenv(CPU_DTYPE_ENV, raising=False)  # the runtime's own default for this test only
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "to mix several (Wan2.1, Flux2)")
     gen.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     gen.add_argument("--dtype", default=None, choices=DTYPES,
-                     help="float32 | bfloat16 | float16 (default: card's on CUDA, float32 on CPU)")
+                     help="float32 | bfloat16 | float16 (default: card's on CUDA; on CPU bfloat16 where it "
+                          "multiplies bf16 natively (AMX, AVX512-BF16), else float32; float32 for exact parity)")
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
     add_action_arguments(gen)
     add_deploy_arguments(gen)

@@ -56,7 +56,8 @@ class VideoGenerator:
         downloaded with progress when online, read from the local cache when
         HF_HUB_OFFLINE=1. device: defaults to CUDA when available, else CPU; one that
         does not exist here raises DeployError. dtype: float32 | bfloat16 | float16,
-        defaults to the card's precision on CUDA and float32 on CPU. deploy:
+        defaults to the card's precision on CUDA; on CPU to bfloat16 where the CPU multiplies it natively
+        (AMX, AVX512-BF16; docs/performance-cpu.md), else float32: pass "float32" for exact parity. deploy:
         performance and memory options (default: the plain reference path).
 
         devices / parallel: run on several devices, one worker process each (they

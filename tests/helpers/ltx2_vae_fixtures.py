@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from diffusers import AutoencoderKLLTX2Video
-from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+if TYPE_CHECKING:  # diffusers loads where a fixture is built: tests/conftest.py imports this module, and
+    # tests/gpu must collect on the GPU image, which has no diffusers
+    from diffusers import AutoencoderKLLTX2Video
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -114,10 +117,14 @@ def _build(cls: type[M], config: dict[str, Any], seed: int) -> M:
 
 
 def build_video_vae(spec: TinyVideoVAE, seed: int = 0) -> AutoencoderKLLTX2Video:
+    from diffusers import AutoencoderKLLTX2Video
+
     return _build(AutoencoderKLLTX2Video, spec.config, seed)
 
 
 def build_upsampler(spec: TinyUpsampler, seed: int = 0) -> LTX2LatentUpsamplerModel:
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
     return _build(LTX2LatentUpsamplerModel, spec.config, seed)
 
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_plan import BUDGET_S, CONFIGS, forward_flops, tokens  # noqa: E402
+from gpu_plan import BUDGET_S, CONFIGS, DIT_ROWS, forward_flops, tokens  # noqa: E402
 
 
 def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
@@ -26,7 +26,7 @@ def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
     assert match, lines[-1]
     assert 0 < int(match.group(1)) <= BUDGET_S
     assert lines[0].startswith("environment: ")
-    for config in CONFIGS:  # every row is planned or skipped with a reason
+    for config in (*CONFIGS, *DIT_ROWS):  # every row is planned or skipped with a reason
         assert any(line.strip().startswith(config.name) for line in lines), config.name
     assert not (tmp_path / "gpu").exists(), "a dry run writes nothing"
 
@@ -71,3 +71,21 @@ def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_pa
     assert (torch.load(latents["vidloom sdpa"]) - reference).abs().max() <= 1e-4
     fp8_diff = (torch.load(latents["vidloom fp8"]) - reference).abs().max()
     assert 0 < fp8_diff < 0.5 * reference.abs().max()  # quantized weights: close, not equal
+
+
+def test_dit_rows_plan_every_family_row_and_time_a_tiny_denoiser_on_cpu():
+    # The same DiT-alone worker the H200 runs for the other families, on a tiny config on CPU in float32.
+    import dataclasses
+
+    from gpu_plan import DIT_ROWS, WAN22_TI2V_5B, forward_flops, tokens
+    from gpu_workers import run_dit_worker
+
+    assert tokens(704, 1280, 121, WAN22_TI2V_5B, 4, 16) == 31 * 22 * 40
+    assert 500e12 < forward_flops(31 * 22 * 40, config=WAN22_TI2V_5B) < 530e12
+    tiny = dataclasses.replace(
+        DIT_ROWS[0], transformer=dict(WAN22_TI2V_5B, num_attention_heads=2, attention_head_dim=16, ffn_dim=32,
+                                      num_layers=2, text_dim=32, freq_dim=16),
+        height=64, width=64, num_frames=5)
+    row = run_dit_worker(tiny, device="cpu", dtype="float32")
+    assert row["finite"] and row["s_per_step"] > 0 and len(row["step_intervals_s"]) == 4, row  # 4 timed forwards
+    assert row["tokens"] == 2 * 2 * 2

@@ -86,25 +86,33 @@ class AttentionBackend:
     """The kernel only runs on CUDA devices."""
     dtypes: frozenset[torch.dtype] | None = None
     """Compute dtypes the kernel accepts (None: any)."""
+    takes_mask: bool = True
+    """The kernel takes an attention mask (flash-attn's and SageAttention's dense calls do not)."""
 
 
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "sdpa": AttentionBackend(kernel=None, package="torch", adapt=None),
-    "flash": AttentionBackend("flash_attn:flash_attn_func", "flash-attn", _flash, needs_cuda=True, dtypes=_HALF),
-    "sage": AttentionBackend("sageattention:sageattn", "sageattention", _sage, needs_cuda=True, dtypes=_HALF),
+    "flash": AttentionBackend("flash_attn:flash_attn_func", "flash-attn", _flash, needs_cuda=True, dtypes=_HALF,
+                              takes_mask=False),
+    "sage": AttentionBackend("sageattention:sageattn", "sageattention", _sage, needs_cuda=True, dtypes=_HALF,
+                             takes_mask=False),
 }
 """Backend name (DeployConfig.attention_backend, --attention-backend) -> entry."""
 
 
-def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> AttentionFn:
+def resolve_attention(name: str, device: torch.device, dtype: torch.dtype, masked: bool = False) -> AttentionFn:
     """The attention function for backend `name`, or DeployError saying why it cannot run here.
 
     Called at load, so a missing package or a CUDA-only kernel on CPU fails before any
-    request, and never falls back to another backend silently.
+    request, and never falls back to another backend silently. `masked`: the model passes
+    an attention mask on every call (LTX-2's padded text), so a kernel without masks is refused.
     """
     backend = ATTENTION_BACKENDS.get(name)
     if backend is None:
         raise DeployError(f"unknown attention backend {name!r}; known: {', '.join(ATTENTION_BACKENDS)}")
+    if masked and not backend.takes_mask:
+        raise DeployError(f"attention_backend {name!r} takes no attention mask, and this model masks every "
+                          "attention call; use attention_backend='sdpa'")
     if backend.kernel is None or backend.adapt is None:
         return attention
     if backend.needs_cuda and device.type != "cuda":

@@ -29,7 +29,7 @@ def quiet_loading() -> Iterator[None]:
         for name, variable in LIBRARIES.items():
             if os.environ.get(variable):
                 continue
-            if name == "transformers" or name in sys.modules:  # never import diffusers just to quiet it
+            if name == "transformers" or sys.modules.get(name) is not None:  # never import diffusers to quiet it
                 stack.enter_context(_quiet(name))
         yield
 

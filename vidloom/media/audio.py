@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
@@ -111,6 +110,7 @@ class AudioStreamWriter:
 
     def mux_until(self, seconds: float) -> None:
         """Encode the samples that play before `seconds` (call after each video frame, and with the end)."""
+        import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
         stop = min(self._samples.shape[1], round(seconds * self._rate))
         if stop <= self._done:
             return
@@ -133,6 +133,7 @@ class AudioStreamWriter:
 def read_audio_stream(path: Path) -> AudioTrack:
     """Decode the first audio stream of a media file to float32 [channels, samples] (encoder priming removed
     where the container records it)."""
+    import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
     with av.open(str(path)) as container:
         if not container.streams.audio:
             raise ValueError(f"{path}: no audio stream")

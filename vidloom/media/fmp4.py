@@ -17,12 +17,14 @@ from __future__ import annotations
 import io
 import struct
 from fractions import Fraction
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
-import av
 import numpy as np
 
 from vidloom.media.color import rgb_to_yuv420p
+
+if TYPE_CHECKING:
+    import av
 
 MOVFLAGS = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
 # libx264 at the finished mp4's quality; zerolatency: every frame's packet leaves the encoder at once,
@@ -40,6 +42,7 @@ class FragmentedMp4Writer:
     """
 
     def __init__(self, file: BinaryIO, fps: int, width: int, height: int) -> None:
+        import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
         if fps < 1:
             raise ValueError(f"fps must be >= 1, got {fps}")
         if width % 2 or height % 2:
@@ -61,6 +64,7 @@ class FragmentedMp4Writer:
 
     def write(self, frames: np.ndarray) -> int:
         """Encode `frames` as the next fragments (the first starts on a keyframe); returns the file size."""
+        import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (self.height, self.width, 3):
             raise ValueError(f"frames must be uint8 [F, {self.height}, {self.width}, 3], got {frames.dtype} "
                              f"{frames.shape}")
@@ -90,6 +94,7 @@ class FragmentedMp4Writer:
 
     def _mux(self, packets: list[av.Packet], first_frame: int) -> tuple[bytes, int]:
         """The packets as a standalone fragmented MP4, and the decode time of `first_frame` in its timescale."""
+        import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
         buffer = io.BytesIO()
         with av.open(buffer, mode="w", format="mp4", options={"movflags": MOVFLAGS, "fflags": "+bitexact"}) as mux:
             stream = mux.add_stream_from_template(self._encoder, opaque=True)

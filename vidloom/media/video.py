@@ -14,7 +14,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-import av
 import numpy as np
 import torch
 
@@ -25,6 +24,8 @@ PARTIAL = ".partial"
 from vidloom.media.color import rgb_to_palette_indices, rgb_to_yuv420p, web_palette
 
 if TYPE_CHECKING:
+    import av
+
     from vidloom.media.audio import AudioTrack
 
 
@@ -120,6 +121,7 @@ def write_video(frames: np.ndarray, fps: int, path: Path, crf: int = 18, contain
                 audio: AudioTrack | None = None) -> Path:
     """Write uint8 frames [F, H, W, 3] as H.264 MP4 or VP9 WebM (yuv420p, so H and W must be even), with
     `audio` muxed beside them (AAC / Opus, lasting as long as the video: see media/audio.py)."""
+    import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
     from vidloom.media.audio import AudioStreamWriter, check_muxable  # audio.py imports this module
 
     _check_frames(frames)
@@ -160,6 +162,7 @@ def write_gif(frames: np.ndarray, fps: int, path: Path) -> Path:
     delays alternate (13, 12, 13, ... at 8 fps), every frame ends within 5 ms of its exact time
     and the whole GIF lasts F * 1000/fps ms to the nearest 10 ms.
     """
+    import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
     _check_frames(frames)
     palette = web_palette()
     centisecond = Fraction(1, 100)
@@ -202,6 +205,7 @@ def write_png(frame: np.ndarray, path: Path) -> Path:
 
 def encode_png(frame: np.ndarray) -> bytes:
     """One uint8 [H, W, 3] frame as PNG bytes, in memory (for HTTP answers that never touch disk)."""
+    import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
     codec = av.CodecContext.create("png", "w")
     codec.width, codec.height = frame.shape[1], frame.shape[0]
     codec.pix_fmt = "rgb24"
@@ -211,6 +215,7 @@ def encode_png(frame: np.ndarray) -> bytes:
 
 def read_video(path: Path) -> tuple[np.ndarray, float]:
     """Decode a video file back to uint8 frames [F, H, W, 3] and its frame rate."""
+    import av  # on first use: `import vidloom` works without PyAV (the GPU image lacks it)
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]

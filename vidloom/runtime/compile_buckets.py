@@ -54,6 +54,12 @@ class CompileBuckets:
         self.misses = 0
 
     @property
+    def compiled_shapes(self) -> int:
+        """Shapes compiled (or declared for compiling at load) so far: the recompiles this engine caused."""
+        with self._lock:
+            return len(self._compiled)
+
+    @property
     def capacity(self) -> int:
         """Most shapes that will ever be compiled (what dynamo's recompile limit must allow)."""
         return len(self._compiled) if self._closed else LAZY_SHAPES

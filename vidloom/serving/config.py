@@ -38,7 +38,7 @@ class ServeConfig:
     max_requeues: int = 1
     recovery_interval_s: float = 5.0  # how often a server on a shared store looks for jobs of dead servers
     device: str | None = None  # cuda | cpu; None = cuda when available
-    dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, float32 on CPU
+    dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, cpu_default_dtype() on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
     # LoRA adapters loaded at start, "NAME=PATH" each (--lora); more load at run time through POST /v1/loras.
     loras: tuple[str, ...] = ()

@@ -106,3 +106,20 @@ def test_transformer_calls_the_function_it_was_built_with():
         assert torch.equal(counted(latents, t, text), plain(latents, t, text))
     # self- then cross-attention in each of the 3 blocks: keys are 8 video tokens, then 5 text tokens
     assert calls == [(1, 8, 2, 8), (1, 5, 2, 8)] * 3
+
+
+@pytest.mark.parametrize("name", ["flash", "sage"])
+def test_a_maskless_kernel_is_refused_at_load_for_a_model_that_masks_every_call(name):
+    # LTX-2 passes its padded-text mask on every attention call: refused at load, not on every request.
+    with pytest.raises(DeployError, match=f"attention_backend '{name}' takes no attention mask.*'sdpa'"):
+        resolve_attention(name, CUDA, torch.bfloat16, masked=True)
+    assert resolve_attention("sdpa", CUDA, torch.bfloat16, masked=True) is not None
+
+
+def test_ltx2_refuses_flash_attention_at_load(tmp_path):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.generator import VideoGenerator
+
+    with pytest.raises(DeployError, match="takes no attention mask"):
+        VideoGenerator.from_pretrained("ltx2-demo", device="cpu", cache_dir=tmp_path,
+                                       deploy=DeployConfig(attention_backend="flash"))

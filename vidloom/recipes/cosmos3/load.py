@@ -12,7 +12,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.cosmos3.config import Cosmos3TextConfig
 from vidloom.models.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transformer, is_generation_key
@@ -45,13 +45,13 @@ def load_tokenizer(folder: Path) -> Any:
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
-    """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in float32."""
+    """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in `cpu_default_dtype()`."""
     ckpt = DiffusersDir.open(checkpoint)
     if ckpt.pipeline_class != PIPELINE_CLASS:
         raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
     pipeline = read_pipeline_config(ckpt)
     ckpt.require(card.components)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     model = load_text_model(ckpt.component_dir("transformer"), device, compute)
     tokenizer = load_tokenizer(ckpt.component_dir("text_tokenizer"))
     if len(tokenizer) > model.config.vocab_size:

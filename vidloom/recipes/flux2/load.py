@@ -12,7 +12,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
@@ -24,11 +24,11 @@ from vidloom.recipes.flux2.text import Flux2TextEncoder
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
-    """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in float32."""
+    """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in `cpu_default_dtype()` (VAE in float32)."""
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", Flux2TransformerConfig.from_diffusers)
     vae_config = ckpt.parse_component("vae", Flux2VAEConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", Flux2Schedule.from_diffusers, "scheduler_config.json")

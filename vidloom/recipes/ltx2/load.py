@@ -12,7 +12,7 @@ from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.audio_loading import load_audio_vae, load_vocoder
 from vidloom.models.ltx2.checkpoint import load_latent_upsampler, load_video_vae
@@ -30,15 +30,15 @@ UPSAMPLER_FOLDER = "latent_upsampler"  # in Lightricks/LTX-2 and in LTX2LatentUp
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
-    """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in float32."""
+    """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in `cpu_default_dtype()` (VAEs in float32)."""
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", LTX2TransformerConfig.from_diffusers)
     connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", LTX2Schedule.from_diffusers, "scheduler_config.json")
-    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=True)  # see its docstring
     transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)

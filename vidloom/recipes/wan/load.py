@@ -16,7 +16,7 @@ from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
@@ -50,7 +50,8 @@ def load_instance(
     """Read `checkpoint` (a diffusers WanPipeline folder) and build the resident instance.
 
     `dtype` overrides the card's precision for the DiT and text encoder; by default
-    CUDA runs the card's precision and CPU runs float32. The VAE keeps its card dtype.
+    CUDA runs the card's precision and CPU runs `cpu_default_dtype()` (bfloat16 where the CPU
+    multiplies it natively). The VAE keeps its card dtype on CUDA and float32 on CPU.
     """
     if card.recipe.quantization == "fp8" and not deploy.fp8_weights:
         deploy = dataclasses.replace(deploy, fp8_weights=True)  # QAD-trained weights are meant to run in FP8
@@ -61,7 +62,7 @@ def load_instance(
         )
     ckpt.check_index(WAN_INDEX_KEYS[ckpt.pipeline_class or "WanImageToVideoPipeline"])
     ckpt.require(card.components)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
     if deploy.fp8_weights:
         check_fp8_compute(device, compute)  # before any weight reaches the device
