@@ -71,6 +71,8 @@ def _readme_commands() -> list[str]:
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             for part in line.split("&&"):
+                if part.split()[:1] != ["vidloom"] and not part.lstrip().startswith(("/", "./", ".venv/")):
+                    continue  # not a vidloom command (a curl body may span lines: shlex cannot read those alone)
                 words = shlex.split(part, comments=True)
                 for stop in ("||", "|", ">", "2>", "&"):
                     words = words[:words.index(stop)] if stop in words else words
