@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from vidloom.core.capabilities import Capabilities
+from vidloom.core.denoiser import TeaCacheRescale
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
 
@@ -101,6 +102,9 @@ class ModelCard:
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
     # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
     capabilities: Capabilities = Capabilities(frozenset())
+    # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
+    # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).
+    teacache: TeaCacheRescale | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

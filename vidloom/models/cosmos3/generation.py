@@ -96,6 +96,16 @@ class PrefixAttention:
         return grouped_attention(q, keys, values, self.scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class GenConditioning:
+    """What the generation blocks and the head read in one call (Cosmos3Generator.embed)."""
+
+    rope: tuple[Tensor, Tensor]
+    attention: PrefixAttention  # over this branch's cached prefix
+    layout: GenLayout
+    noisy: Tensor  # indices of the frames being generated
+
+
 class Cosmos3Generator(nn.Module):
     """The vision/sound pathways; the text backbone is passed in, never copied or owned."""
 
@@ -145,6 +155,23 @@ class Cosmos3Generator(nn.Module):
         latents [C, T, h, w] (all frames; clean conditioning frames included), sound [C_s, T_s] or None.
         Returns the velocity [C, T, h, w] (zero at clean frames) and the sound velocity or None.
         """
+        x, cond = self.embed(backbone, prefix, layout, latents, timestep, sound)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the generated tokens as a batch of one, [1, S, hidden].
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The generation blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
+              timestep: Tensor, sound: Tensor | None = None) -> tuple[Tensor, GenConditioning]:
+        """The generated tokens (time-embedded where noisy) and what the blocks and the head read."""
         dtype = prefix.dtype
         c = self.config
         emb = self._time_embedding(timestep, dtype)  # one timestep for every noisy token
@@ -157,11 +184,24 @@ class Cosmos3Generator(nn.Module):
             parts.append(self.audio_proj_in(sound.to(dtype).T) + self.audio_modality_embed + emb)
         x = torch.cat(parts)
         rope = backbone.rotary(layout.positions.to(x.device), dtype)
-        attention = PrefixAttention(prefix, backbone.attention_scale)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, attention, layer)
-        x = self.norm(x)
-        return self._vision_out(x, layout, noisy), self._sound_out(x, layout)
+        return x[None], GenConditioning(rope, PrefixAttention(prefix, backbone.attention_scale), layout, noisy)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the tokens [1, S, hidden]."""
+        h = x[0]
+        for layer in range(start, self.num_blocks if end is None else end):
+            h = self.blocks[layer](h, cond.rope, cond.attention, layer)
+        return h[None]
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        """The normed tokens block `index` feeds to attention (TeaCache's indicator; the time embedding is
+        in the tokens themselves)."""
+        return self.blocks[index].attn_norm(x)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None]:
+        """Tokens after the last block -> (vision velocity, sound velocity or None)."""
+        h = self.norm(x[0])
+        return self._vision_out(h, cond.layout, cond.noisy), self._sound_out(h, cond.layout)
 
     def _vision_out(self, x: Tensor, layout: GenLayout, noisy: Tensor) -> Tensor:
         tokens = x[: layout.vision_tokens].view(layout.grid[0], layout.frame_tokens, -1)[noisy]

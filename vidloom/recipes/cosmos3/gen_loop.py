@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
-from vidloom.models.cosmos3.generation import Cosmos3Generator
+from vidloom.models.cosmos3.generation import Cosmos3Generator, GenConditioning
 from vidloom.models.cosmos3.layout import GenLayout, text_prefix_positions
 from vidloom.models.cosmos3.transformer import Cosmos3Transformer
 
@@ -40,17 +40,52 @@ def prefill(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branch: B
     return generator.prefill(backbone, branch.ids, positions, out)
 
 
-def denoise_step(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branches: tuple[Branch, ...],
-                 prefixes: tuple[Tensor, ...] | None, latents: Tensor, sound: Tensor | None, timestep: Tensor,
-                 guidance_scale: float) -> tuple[Tensor, Tensor | None]:
-    """Guided velocities (vision [C, T, h, w], sound [C_s, T_s] or None) in float32, as the reference combines them."""
+class Cosmos3Network:
+    """The network a denoise step calls once per CFG branch: (prefix, layout, latents, timestep, sound) ->
+    (vision, sound) velocities; the shared backbone is bound here, never copied."""
+
+    def __init__(self, generator: Cosmos3Generator, backbone: Cosmos3Transformer) -> None:
+        self.generator, self.backbone = generator, backbone
+
+    def __call__(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor,
+                 sound: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        x, cond = self.embed(prefix, layout, latents, timestep, sound)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.generator.num_blocks
+
+    def embed(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor,
+              sound: Tensor | None) -> tuple[Tensor, GenConditioning]:
+        return self.generator.embed(self.backbone, prefix, layout, latents, timestep, sound)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.generator.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        return self.generator.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None]:
+        return self.generator.head(x, cond)
+
+
+def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone: Cosmos3Transformer,
+                 branches: tuple[Branch, ...], prefixes: tuple[Tensor, ...] | None, latents: Tensor,
+                 sound: Tensor | None, timestep: Tensor, guidance_scale: float) -> tuple[Tensor, Tensor | None]:
+    """Guided velocities (vision [C, T, h, w], sound [C_s, T_s] or None) in float32, as the reference combines them.
+
+    `network` runs the generated tokens (a step cache may stand in for it); `generator` and `backbone`
+    recompute the prefixes when they are not cached."""
     outs = []
     for k, branch in enumerate(branches):
         if prefixes is None:  # recompute: the prefix again, this step
             prefix = prefill(generator, backbone, branch, latents.new_empty(generator.prefix_shape(len(branch.ids))))
         else:
             prefix = prefixes[k]
-        vision, audio = generator(backbone, prefix, branch.layout, latents, timestep, sound)
+        vision, audio = network(prefix, branch.layout, latents, timestep, sound)
         outs.append((vision.float(), None if audio is None else audio.float()))
     (cond_v, cond_s), *rest = outs
     if not rest:
@@ -88,6 +123,7 @@ class Cosmos3DenoiseLoop:
                  dtype: torch.dtype, cache_prefix: bool = True) -> None:
         self.backbone, self.generator = backbone, generator
         self.sampler_config, self.dtype, self.cache_prefix = sampler_config, dtype, cache_prefix
+        self.network = Cosmos3Network(generator, backbone)  # holds no per-request state: shared by requests
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Cosmos3DenoiseState:
         request: GenerationRequest = slots["request"]
@@ -121,7 +157,8 @@ class Cosmos3DenoiseLoop:
         state.pending = DENOISE
         return StepPlan(
             loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step,
-            inputs={"generator": self.generator, "backbone": self.backbone, "branches": state.branches,
+            inputs={NETWORK: self.network, "generator": self.generator, "backbone": self.backbone,
+                    "branches": state.branches,
                     "prefixes": tuple(state.prefixes) if self.cache_prefix else None,
                     "latents": state.latents.to(self.dtype),
                     "sound": None if state.sound is None else state.sound.to(self.dtype),

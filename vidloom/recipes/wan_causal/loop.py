@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, SessionContext, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, extension_partition, latents_to_cpu
@@ -36,7 +36,7 @@ from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_stream import StreamingDecode
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.models.wan_causal.transformer import FarText, FarTransformer
+from vidloom.models.wan_causal.transformer import FarConditioning, FarText, FarTransformer
 from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
 
 CHUNK_PHASE = "chunks"
@@ -83,18 +83,50 @@ def rebuild_session_kv(
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
-def far_step(
-    transformer: FarTransformer, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout,
-    cache: FarKVCache | None, guidance_scale: float,
-) -> Tensor:
+class FarNetwork:
+    """The network one rollout step runs: (latents, t, r, text) -> the chunk's mean velocity.
+
+    Built per step (it binds the chunk's layout and the request's KV slab, or none to recompute), so
+    nothing per request lands on the shared transformer. Its cache scope is the chunk: a step cache
+    never reuses one chunk's residual for the next chunk's tokens.
+    """
+
+    def __init__(self, transformer: FarTransformer, layout: ChunkLayout, cache: FarKVCache | None,
+                 chunk: int) -> None:
+        self.transformer, self.layout, self.cache = transformer, layout, cache
+        self.cache_scope = chunk
+
+    def __call__(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> Tensor:
+        x, cond = self.embed(latents, t, r, text)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> tuple[Tensor, FarConditioning]:
+        if self.cache is None:
+            return self.transformer.embed_recompute(latents, t, r, text, self.layout)
+        return self.transformer.embed_step(latents, t, r, text, self.layout, self.cache)
+
+    def run_blocks(self, x: Tensor, cond: FarConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: FarConditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: FarConditioning) -> Tensor:
+        return self.transformer.head(x, cond)
+
+
+def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
+             guidance_scale: float) -> Tensor:
     """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference."""
     branches = text.batch
     x = latents.expand(branches, *latents.shape[1:])
-    tt, rr = t.expand(branches), r.expand(branches)
-    if cache is None:
-        out = transformer.recompute(x, tt, rr, text, layout)
-    else:
-        out = transformer.step(x, tt, rr, text, layout, cache)
+    out = network(x, t.expand(branches), r.expand(branches), text)
     if branches == 1:
         return out
     uncond, cond = out.chunk(2)
@@ -293,9 +325,8 @@ class FarRolloutLoop:
         total = (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
         return StepPlan(
             loop=STEP, index=state.done_steps, total=total, call=far_step,
-            inputs={"transformer": self.transformer, "latents": latents, "t": t.reshape(1), "r": r.reshape(1),
-                    "text": state.text, "layout": layout, "cache": state.cache,
-                    "guidance_scale": state.guidance_scale},
+            inputs={NETWORK: FarNetwork(self.transformer, layout, state.cache, state.chunk), "latents": latents,
+                    "t": t.reshape(1), "r": r.reshape(1), "text": state.text, "guidance_scale": state.guidance_scale},
         )
 
     # -- results ----------------------------------------------------------------------
