@@ -105,6 +105,9 @@ class ModelCard:
     # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
     # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).
     teacache: TeaCacheRescale | None = None
+    # Program output slots a run reports in its output's metadata under their own names, when set (not None):
+    # family results the runtime passes on without knowing them (Cosmos3: the prompt its reasoner wrote).
+    metadata_slots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

@@ -34,8 +34,9 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
         "seed": r.seed,
         "elapsed_s": round(outputs["elapsed_s"], 3),
     }
-    if outputs.get("reasoned_prompt") is not None:  # the prompt the model wrote and generated from (reason)
-        metadata["reasoned_prompt"] = outputs["reasoned_prompt"]
+    for slot in card.metadata_slots:  # what the family reports of its own (e.g. a reasoned prompt)
+        if outputs.get(slot) is not None:
+            metadata[slot] = outputs[slot]
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
     session = None

@@ -108,6 +108,7 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         notes=notes,
         context_window=CONTEXT_WINDOW,
         capabilities=CAPABILITIES if generates else CHAT_ONLY_CAPABILITIES,
+        metadata_slots=("reasoned_prompt",) if generates else (),  # the prompt the model wrote (reason=True)
     )
 
 
