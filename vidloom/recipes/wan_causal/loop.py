@@ -29,14 +29,15 @@ from vidloom.core.errors import InvalidRequest, NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
-from vidloom.core.session import VideoSession, extension_partition, latents_to_cpu
+from vidloom.core.session import VideoSession, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_stream import StreamingDecode
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.models.wan_causal.transformer import FarConditioning, FarText, FarTransformer
+from vidloom.models.wan_causal.transformer import FarText, FarTransformer
+from vidloom.recipes.wan_causal.network import FarNetwork
 from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
 
 CHUNK_PHASE = "chunks"
@@ -61,6 +62,16 @@ def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, 
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
 
 
+def extension_partition(source: tuple[int, ...], latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
+    """An extension's chunks (FAR's rhythm, so the recipe's rule): the source's chunks, then the new latent
+    frames in chunks of the checkpoint's largest size (the last one shorter)."""
+    rest = latent_frames - sum(source)
+    if rest <= 0:
+        raise InvalidRequest("num_frames", f"{latent_frames} latent frames leave none after the source's {sum(source)}")
+    size = max(default[1:], default=default[0])
+    return (*source, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
+
+
 def rollout_partition(request: GenerationRequest, latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
     """Chunks of `request`'s rollout: an extension keeps its source's chunks and appends new ones."""
     if isinstance(request.extend_from, VideoSession):
@@ -81,44 +92,6 @@ def rebuild_session_kv(
     embeds = branch_embeds(*encode(session.prompt, session.negative_prompt, session.uses_cfg)).to(dtype)
     context = session.latents[:, :, : layout.context_frames].to(cache.keys.device).to(dtype)
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
-
-
-class FarNetwork:
-    """The network one rollout step runs: (latents, t, r, text) -> the chunk's mean velocity.
-
-    Built per step (it binds the chunk's layout and the request's KV slab, or none to recompute), so
-    nothing per request lands on the shared transformer. Its cache scope is the chunk: a step cache
-    never reuses one chunk's residual for the next chunk's tokens.
-    """
-
-    def __init__(self, transformer: FarTransformer, layout: ChunkLayout, cache: FarKVCache | None,
-                 chunk: int) -> None:
-        self.transformer, self.layout, self.cache = transformer, layout, cache
-        self.cache_scope = chunk
-
-    def __call__(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> Tensor:
-        x, cond = self.embed(latents, t, r, text)
-        return self.head(self.run_blocks(x, cond), cond)
-
-    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition.
-
-    @property
-    def num_blocks(self) -> int:
-        return self.transformer.num_blocks
-
-    def embed(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> tuple[Tensor, FarConditioning]:
-        if self.cache is None:
-            return self.transformer.embed_recompute(latents, t, r, text, self.layout)
-        return self.transformer.embed_step(latents, t, r, text, self.layout, self.cache)
-
-    def run_blocks(self, x: Tensor, cond: FarConditioning, start: int = 0, end: int | None = None) -> Tensor:
-        return self.transformer.run_blocks(x, cond, start, end)
-
-    def block_input(self, x: Tensor, cond: FarConditioning, index: int = 0) -> Tensor:
-        return self.transformer.block_input(x, cond, index)
-
-    def head(self, x: Tensor, cond: FarConditioning) -> Tensor:
-        return self.transformer.head(x, cond)
 
 
 def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
