@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.grouped_attention import grouped_attention
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.models.cosmos3.layout import GenLayout, patchify, unpatchify
@@ -28,7 +29,6 @@ from vidloom.models.cosmos3.transformer import (
     RMSNorm,
     TextBlock,
     apply_rotary,
-    grouped_attention,
     is_generation_key,
 )
 from vidloom.models.wan.transformer import timestep_features
