@@ -16,7 +16,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.lora.registry import LORA_SLOT, attach_registry
+from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -83,7 +83,7 @@ class VideoGenerator:
                 engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
             else:
                 instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
-                engine = Engine(instance, registry.import_target(card.program)(instance))
+                engine = Engine(instance, registry.import_target(card.program)(instance), adapters=LORA_ADAPTERS)
                 if max_loras is not None:
                     attach_registry(instance, max_loras)  # InvalidRequest("lora") on a family without adapters
         try:

@@ -17,9 +17,9 @@ def far_dir(tmp_path_factory):
     return write_tiny_far(tmp_path_factory.mktemp("far-deploy"), FAR_A)
 
 
-def test_step_cache_is_refused_at_load(far_dir):
-    with pytest.raises(DeployError, match=r"\(anyflow-far\) does not support step_cache \(--step-cache.*KV cache"):
-        VideoGenerator.from_pretrained(far_dir, device="cpu", deploy=DeployConfig(step_cache="teacache"))
+def test_cfg_mode_is_refused_at_load_with_the_cards_reason(far_dir):
+    with pytest.raises(DeployError, match=r"\(anyflow-far\) does not support cfg_mode \(--cfg-mode.*one batch"):
+        VideoGenerator.from_pretrained(far_dir, device="cpu", deploy=DeployConfig(cfg_mode="batched"))
 
 
 def test_fp8_with_float16_on_cuda_is_refused_before_touching_the_device(far_dir, monkeypatch):

@@ -70,8 +70,8 @@ def test_unsupported_transformer_key_names_key_and_folder(ltx2_dir, tmp_path):
 
 
 def test_deploy_options_not_wired_for_ltx2_are_refused(ltx2_dir):
-    with pytest.raises(DeployError, match="step_cache"):
-        VideoGenerator.from_pretrained(ltx2_dir, device="cpu", deploy=DeployConfig(step_cache="fbcache"))
+    with pytest.raises(DeployError, match="cfg_mode"):
+        VideoGenerator.from_pretrained(ltx2_dir, device="cpu", deploy=DeployConfig(cfg_mode="batched"))
 
 
 def test_one_step_cannot_reach_the_terminal_sigma(gen):

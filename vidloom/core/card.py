@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from vidloom.core.capabilities import Capabilities
+from vidloom.core.denoiser import TeaCacheRescale
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
 
@@ -140,6 +141,12 @@ class ModelCard:
     # "module:function" (engine, SpeechRequest, on_event) -> the RequestRun that speaks it (thinker -> talker ->
     # vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
     speech: str | None = None
+    # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
+    # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).
+    teacache: TeaCacheRescale | None = None
+    # Program output slots a run reports in its output's metadata under their own names, when set (not None):
+    # family results the runtime passes on without knowing them (Cosmos3: the prompt its reasoner wrote).
+    metadata_slots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "components", MappingProxyType(dict(self.components)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.output import VideoChunk
 
 S = TypeVar("S")
@@ -45,6 +46,9 @@ class StepPlan:
     call: Callable[..., Any]
     inputs: Mapping[str, Any] = field(default_factory=dict)
     expert: str | None = None  # which of a model's networks runs this step, when it has several (Wan2.2 A14B)
+    # A denoise step's declaration of its inputs (per sample / guidance scales / shared), which lets the
+    # runtime stack it with other requests' steps (runtime.batching); None: the step always runs alone.
+    denoiser: DenoiseInputs | None = None
 
 
 NETWORK = "network"

@@ -126,14 +126,5 @@ def check_extension_guidance(request: GenerationRequest) -> None:
                                                "an extension keeps the source's choice")
 
 
-def extension_partition(source: tuple[int, ...], latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
-    """The source's chunks, then the new latent frames in chunks of the checkpoint's largest size (last shorter)."""
-    rest = latent_frames - sum(source)
-    if rest <= 0:
-        raise InvalidRequest("num_frames", f"{latent_frames} latent frames leave none after the source's {sum(source)}")
-    size = max(default[1:], default=default[0])
-    return (*source, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
-
-
 def latents_to_cpu(latents: Tensor) -> Tensor:
     return latents.detach().to("cpu", torch.float32).contiguous()

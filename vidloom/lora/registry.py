@@ -6,6 +6,7 @@ Which components take adapters, and how their diffusers module names map onto ou
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from vidloom.core.errors import CheckpointError, InvalidRequest
-from vidloom.lora.apply import ActiveLoRAs, LoRALinear, wrap_linears
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_scope, wrap_linears
 from vidloom.lora.files import LoRALayer, read_lora_file
 from vidloom.registry import import_target
 
@@ -186,3 +187,17 @@ def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     if registry is None:
         raise InvalidRequest("loras[0].name", f"no LoRA adapter {loras[0][0]!r} is loaded (loaded: none)")
     return registry.resolve(dict(loras))
+
+
+class LoRAStepAdapters:
+    """The runtime's view of LoRA (core.adapters.StepAdapters): the engine's builder injects it."""
+
+    def resolve(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> ActiveLoRAs | None:
+        return resolve_request_loras(instance, loras)
+
+    def scope(self, active: ActiveLoRAs | None) -> contextlib.AbstractContextManager[None]:
+        return lora_scope(active)
+
+
+LORA_ADAPTERS = LoRAStepAdapters()
+"""What VideoGenerator hands its Engine so requests can name loaded LoRA adapters."""

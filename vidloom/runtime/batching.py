@@ -1,16 +1,17 @@
 """Cross-request batching of denoise steps: which planned steps may share one forward, and running them.
 
-A denoise StepPlan calls a guidance policy with (network, latents, timestep, prompt_embeds,
-negative_embeds, guidance_scale). Plans of different requests are compatible when the same
-policy would run the same network on inputs that stack along the batch: same latent shape and
-dtype, same text shape, CFG on for all or for none. Timesteps and guidance scales are passed
-per sample, so requests at different steps (or with different step counts) still batch.
+A family declares, on each denoise StepPlan (`plan.denoiser`, core.denoiser.DenoiseInputs), which of
+its inputs are per sample (stacked along the batch: latents, per-sample timesteps, conditional and
+unconditional embeddings) and which are per-request guidance scales; every other input must be the
+same for all plans of a batch. So any family that declares its step batches, whatever its inputs are
+called: plans are compatible when they run the same call on the same network with per-sample inputs
+that stack (same trailing shapes, dtypes, devices, None where the others are None) and equal shared
+inputs. Timesteps and scales are per sample, so requests at different steps still batch.
 
-A network may take part in batching in two ways: it is a shared module (Wan's transformer:
-equal by identity), or it is a per-request view that declares `batch_key()` and
-`stack(views)`: the family's own rule for which of its requests share a forward (Flux2's network
-carries position ids and reference tokens, Wan image-to-video's its CLIP tokens, an offloaded
-Wan2.2 expert its placement; views with equal keys stack what they carry).
+The network takes part in two ways: a shared module (Wan's transformer: equal by identity), or a
+per-request view that declares `batch_key()` and `stack(views)`: the family's own rule for which of its
+requests share a forward (Flux2's position ids and reference tokens, Wan image-to-video's CLIP tokens,
+an offloaded Wan2.2 expert's placement). A per-sample value that is not a tensor stacks the same way.
 """
 
 from __future__ import annotations
@@ -20,29 +21,49 @@ from typing import Any, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.loop import NETWORK, StepPlan
-
-_STACKED = ("latents", "timestep", "prompt_embeds", "negative_embeds")
-_EXPECTED = frozenset((NETWORK, *_STACKED, "guidance_scale"))
 
 
 def batch_key(plan: StepPlan) -> Hashable | None:
-    """Equal keys may run in one forward; None: this plan runs alone."""
-    inputs = plan.inputs
-    if set(inputs) != _EXPECTED or not isinstance(inputs["latents"], Tensor):
-        return None  # not a guided denoise step we know how to stack
-    network = inputs[NETWORK]
-    key_fn = getattr(network, "batch_key", None)
-    net_key = key_fn() if callable(key_fn) else ("module", id(network))
-    if net_key is None:
+    """Equal keys may run in one forward; None: this plan runs alone (it declares no denoiser inputs, or
+    one of them cannot stack)."""
+    spec, inputs = plan.denoiser, plan.inputs
+    if spec is None or NETWORK not in inputs or not spec.per_sample:
         return None
-    latents, text, negative = inputs["latents"], inputs["prompt_embeds"], inputs["negative_embeds"]
-    return (
-        plan.loop, id(plan.call), net_key,
-        tuple(latents.shape[1:]), latents.dtype, latents.device,
-        tuple(text.shape[1:]), text.dtype,
-        None if negative is None else tuple(negative.shape[1:]),
-    )
+    if not set(spec.per_sample) | set(spec.scales) <= set(inputs) or not isinstance(inputs[spec.per_sample[0]], Tensor):
+        return None
+    parts = [_stack_key(inputs[NETWORK], network=True)]
+    parts += [_stack_key(inputs[name]) for name in spec.per_sample]
+    if any(part is _UNSTACKABLE for part in parts):
+        return None
+    declared = {NETWORK, *spec.per_sample, *spec.scales}
+    shared = tuple((name, _shared_key(inputs[name])) for name in sorted(set(inputs) - declared))
+    return (plan.loop, id(plan.call), spec, tuple(parts), shared)
+
+
+_UNSTACKABLE = object()
+
+
+def _stack_key(value: Any, network: bool = False) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        return ("tensor", tuple(value.shape[1:]), value.dtype, value.device)
+    key_fn = getattr(value, "batch_key", None)
+    if callable(key_fn):
+        key = key_fn()
+        return _UNSTACKABLE if key is None else ("view", key)
+    return ("module", id(value)) if network else _UNSTACKABLE
+
+
+def _shared_key(value: Any) -> Hashable:
+    """Plans batch only when their other inputs are equal: by value when hashable, else by identity."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return ("value", type(value), value)
 
 
 def run_batched(plans: Sequence[StepPlan]) -> list[Any]:
@@ -50,33 +71,47 @@ def run_batched(plans: Sequence[StepPlan]) -> list[Any]:
     if len(plans) == 1:
         return [plans[0].call(**plans[0].inputs)]
     first = plans[0]
-    inputs: dict[str, Any] = {NETWORK: _stack_networks([p.inputs[NETWORK] for p in plans])}
-    for name in _STACKED:
-        values = [p.inputs[name] for p in plans]
-        inputs[name] = None if values[0] is None else torch.cat(values, dim=0)
-    inputs["guidance_scale"] = _stack_scales(plans, inputs["latents"])
-    out: Tensor = first.call(**inputs)
-    sizes = [p.inputs["latents"].shape[0] for p in plans]
+    spec: DenoiseInputs = first.denoiser  # type: ignore[assignment]
+    inputs: dict[str, Any] = dict(first.inputs)
+    inputs[NETWORK] = _stack_values([p.inputs[NETWORK] for p in plans], fallback_first=True)
+    for name in spec.per_sample:
+        inputs[name] = _stack_values([p.inputs[name] for p in plans])
+    lead = spec.per_sample[0]
+    for name in spec.scales:
+        inputs[name] = _stack_scales(plans, name, lead, inputs[lead])
+    out = first.call(**inputs)
+    sizes = [p.inputs[lead].shape[0] for p in plans]
+    if isinstance(out, tuple):
+        pieces = [part.split(sizes, dim=0) if part is not None else (None,) * len(plans) for part in out]
+        return [tuple(piece[i] for piece in pieces) for i in range(len(plans))]
     return list(out.split(sizes, dim=0))
 
 
-def _stack_networks(networks: list[Any]) -> Any:
-    stack = getattr(networks[0], "stack", None)
-    return stack(networks) if callable(stack) else networks[0]
+def _stack_values(values: list[Any], fallback_first: bool = False) -> Any:
+    if values[0] is None:
+        return None
+    if isinstance(values[0], Tensor):
+        return torch.cat(values, dim=0)
+    stack = getattr(values[0], "stack", None)
+    if callable(stack):
+        return stack(values)
+    if fallback_first:  # a shared module: equal by identity (the key checked it)
+        return values[0]
+    raise AssertionError(f"{type(values[0]).__name__} has no stack(); batch_key should have refused it")
 
 
-def _stack_scales(plans: Sequence[StepPlan], latents: Tensor) -> float | Tensor:
+def _stack_scales(plans: Sequence[StepPlan], name: str, lead: str, stacked: Tensor) -> float | Tensor:
     """One float when every request guides alike (the unbatched arithmetic exactly), else a
     float32 [B, 1, ...] tensor broadcasting over each sample."""
-    scales = [p.inputs["guidance_scale"] for p in plans]
+    scales = [p.inputs[name] for p in plans]
     if all(isinstance(s, (int, float)) for s in scales) and len(set(scales)) == 1:
         return float(scales[0])
     per_sample = []
     for plan, scale in zip(plans, scales):
         value = scale.float().reshape(()) if isinstance(scale, Tensor) else torch.tensor(float(scale))
-        per_sample.append(value.expand(plan.inputs["latents"].shape[0]))
-    shape = (-1,) + (1,) * (latents.dim() - 1)
-    return torch.cat(per_sample).to(latents.device).reshape(shape)
+        per_sample.append(value.expand(plan.inputs[lead].shape[0]))
+    shape = (-1,) + (1,) * (stacked.dim() - 1)
+    return torch.cat(per_sample).to(stacked.device).reshape(shape)
 
 
 class BatchStats:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any, Mapping
 
+from vidloom.core.denoiser import CompileUnits
+from vidloom.core.errors import DeployError
 from vidloom.core.request import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -79,3 +82,16 @@ class CompileBuckets:
         log.warning("request %s (%s) is outside the compiled shape buckets; it runs eagerly "
                     "(declare the shape with --warmup HxWxF to compile it at load)", request.request_id, key)
         return False
+
+
+def compile_denoisers(components: Mapping[str, Any], backend: str, model_id: str) -> int:
+    """`torch.compile` every resident denoiser's units (core.denoiser.CompileUnits), each on its own
+    (dynamic=False: one graph per shape bucket; identical blocks share it). Written once for every family:
+    a card that declares `compile` must hold such a component. Returns the number of units wrapped."""
+    units = [unit for component in components.values() if isinstance(component, CompileUnits)
+             for unit in component.compile_units()]
+    if not units:
+        raise DeployError(f"compile (--compile): {model_id} loaded no component that declares compile units")
+    for unit in units:
+        unit.compile(backend=backend, dynamic=False)
+    return len(units)

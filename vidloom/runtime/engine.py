@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.chat import ChatRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
@@ -12,7 +13,7 @@ from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest, Task, resolve_request
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
-from vidloom.runtime.compile_buckets import CompileBuckets
+from vidloom.runtime.compile_buckets import CompileBuckets, compile_denoisers
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget
 from vidloom.runtime.paged_decode import PagedDecoder, build_decoder, no_chat
@@ -74,9 +75,11 @@ class EngineDriver:
 class Engine(EngineDriver):
     """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
 
-    def __init__(self, instance: ModelInstance, program: Program) -> None:
+    def __init__(self, instance: ModelInstance, program: Program, adapters: StepAdapters = NO_ADAPTERS) -> None:
+        """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's)."""
         step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
         self.instance = instance
+        self.adapters = adapters
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
@@ -130,7 +133,7 @@ class Engine(EngineDriver):
         nbytes = self.estimator(resolved) if self.estimator is not None else 0
         return RequestRun(
             self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
-            self.admission, nbytes, self.decoder, watch=watch,
+            self.admission, nbytes, self.decoder, watch=watch, adapters=self.adapters,
         )
 
     def start_chat(
@@ -147,10 +150,11 @@ class Engine(EngineDriver):
 
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:
+    compile_denoisers(instance.components, instance.deploy.compile_backend, instance.card.model_id)
     buckets = CompileBuckets(instance.deploy.warmup_shapes, cfg_batched=instance.deploy.cfg_mode == "batched")
     import torch._dynamo
 
-    # dynamo keeps this many graphs per code object (all blocks share WanBlock.forward's) and
+    # dynamo keeps this many graphs per code object (all blocks share their class's forward) and
     # silently runs eagerly past it: make room for every bucket. A process-wide setting, only raised.
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, buckets.capacity + 1)

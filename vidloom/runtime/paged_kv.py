@@ -6,7 +6,7 @@ sequence admitted never fails mid-decode for want of cache; they return to the f
 finishes, fails or is cancelled. The pool's bytes are one allocation in the engine's CacheManager.
 
 `BlockAllocator` is pure bookkeeping (no torch); `PagedKVPool` holds the tensors and builds a
-`PagedBatch` per forward, which is the model's KV store (models.cosmos3.transformer.KVAttention).
+`PagedBatch` per forward, which is the model's KV store (a KVAttention: `attend(layer, q, k, v)`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import CacheBudgetExceeded
-from vidloom.models.cosmos3.transformer import grouped_attention
+from vidloom.layers.grouped_attention import grouped_attention
 
 BLOCK_SIZE = 16  # tokens per block (vLLM's default on GPU)
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Generator, Mapping, Protocol, TypeVar
 
 import torch
 
+from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
@@ -23,8 +24,6 @@ from vidloom.core.output import (
 )
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.lora.apply import ActiveLoRAs, lora_scope
-from vidloom.lora.registry import resolve_request_loras
 from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
@@ -96,9 +95,11 @@ class RequestRun:
         decoder: PagedDecoder | None = None,
         slots: Mapping[str, Any] | None = None,
         watch: RunObserver | None = None,
+        adapters: StepAdapters = NO_ADAPTERS,
     ) -> None:
         """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
-        pool and decode forward, for loops that reserve KV (chat, a reasoner)."""
+        pool and decode forward, for loops that reserve KV (chat, a reasoner); `adapters`: how the request's
+        LoRA adapters are resolved and applied (injected by the engine's builder)."""
         self.request = request
         # The request's estimated peak, held in `admission` while it is resident (see admit).
         self._admission = admission
@@ -119,11 +120,12 @@ class RequestRun:
         generating = isinstance(request, GenerationRequest)  # a chat request has no step cache and no adapters
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = (
-            make_step_cache(instance.deploy, request, instance.card.model_id) if generating else None)
+            make_step_cache(instance.deploy, request, instance.card.teacache) if generating else None)
         # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
         # They are in force for everything this run executes (steps, and the loop code between them that calls
         # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
-        self._loras: ActiveLoRAs | None = resolve_request_loras(instance, request.loras) if generating else None
+        self._adapters = adapters
+        self._loras: Any | None = adapters.resolve(instance, request.loras) if generating else None
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -152,7 +154,7 @@ class RequestRun:
         assert plan is not None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
                 result = self.execute(plan)
         finally:
             self._elapsed += time.perf_counter() - started
@@ -183,7 +185,7 @@ class RequestRun:
             self._admitted = True
         started = self._mark = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
                 self._plan = next(self._units)
         except StopIteration:
             self._plan = None
@@ -198,7 +200,7 @@ class RequestRun:
         self._plan = None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), lora_scope(self._loras):
+            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
                 self._units.send(result)
         except StopIteration:
             pass
@@ -249,7 +251,7 @@ class RequestRun:
         if is_decode_step(plan):
             assert self.decoder is not None, "a paged decode step without a decoder (reserve_kv refuses that)"
             return self.decoder.run([plan])[0]
-        with lora_scope(self._loras):
+        with self._adapters.scope(self._loras):
             if self._interceptor is not None:
                 return self._interceptor.execute(plan)
             # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.

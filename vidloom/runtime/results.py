@@ -38,11 +38,9 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
         for name in ("height", "width", "num_frames", "fps"):
             metadata.pop(name)
         metadata.update(seconds=r.seconds, seconds_start=r.seconds_start)
-    if outputs.get("reasoned_prompt") is not None:  # the prompt the model wrote and generated from (reason)
-        metadata["reasoned_prompt"] = outputs["reasoned_prompt"]
-    if r.action is not None:  # the resolved action block (recipes say what it holds)
-        metadata["action"] = {"mode": r.action.mode, "domain_name": r.action.domain_name,
-                              "chunk_size": r.action.chunk_size}
+    for slot in card.metadata_slots:  # what the family reports of its own (e.g. a reasoned prompt)
+        if outputs.get(slot) is not None:
+            metadata[slot] = outputs[slot]
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
     session = None

@@ -17,108 +17,91 @@ never mix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Hashable, Protocol
 
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import StagedDenoiser, Stream, TeaCacheRescale, cache_scope
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.request import GenerationRequest
 
 
-@runtime_checkable
-class StagedNetwork(Protocol):
-    """A denoiser split into the stages a step cache calls; `forward` must equal their composition."""
-
-    num_blocks: int
-
-    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, Any]:
-        """Tokens [B, S, D] for the first block, and the conditioning every block reads."""
-        ...
-
-    def run_blocks(self, x: Tensor, cond: Any, start: int = 0, end: int | None = None) -> Tensor:
-        """blocks[start:end] over x."""
-        ...
-
-    def block_input(self, x: Tensor, cond: Any, index: int = 0) -> Tensor:
-        """The timestep-modulated tokens block `index` feeds to self-attention."""
-        ...
-
-    def head(self, x: Tensor, cond: Any) -> Tensor:
-        """Tokens after the last block -> the prediction."""
-        ...
+StagedNetwork = StagedDenoiser
+"""The denoiser contract step caches call (core.denoiser.StagedDenoiser; the old name, kept for importers)."""
 
 
 @dataclass
 class BranchState:
-    """What one CFG branch of one request remembers between steps (rows of batch 1)."""
+    """What one CFG branch of one request remembers between steps (row r of each stream tensor)."""
 
-    probe: Tensor | None = None
+    probe: Stream | None = None
     """The policy's change indicator at the step it was last measured."""
-    residual: Tensor | None = None
+    residual: Stream | None = None
     """What the skipped blocks added to their input at the last computed step."""
     accumulated: float = 0.0
     """TeaCache's summed relative change since the last computed step."""
 
 
-def relative_l1(current: Tensor, previous: Tensor) -> float:
-    """mean|current - previous| / mean|previous|, the change measure both references use."""
-    return ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()
+# -- the residual stream: one tensor or a tuple of them, rows are samples ---------------------------
+
+
+def _map(fn: Any, *streams: Stream) -> Stream:
+    if isinstance(streams[0], tuple):
+        return tuple(fn(*parts) for parts in zip(*streams))
+    return fn(*streams)
+
+
+def _sub(a: Stream, b: Stream) -> Stream:
+    return _map(torch.sub, a, b)
+
+
+def _add(a: Stream, b: Stream) -> Stream:
+    return _map(torch.add, a, b)
+
+
+def _row(x: Stream, row: int) -> Stream:
+    return _map(lambda t: t[row : row + 1], x)
+
+
+def _rows(x: Stream) -> int:
+    return (x[0] if isinstance(x, tuple) else x).shape[0]
+
+
+def _stack_rows(parts: list[Stream]) -> Stream:
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(group) for group in zip(*parts))  # type: ignore[arg-type]
+    return torch.cat(parts)  # type: ignore[arg-type]
+
+
+def _same_shape(a: Stream | None, b: Stream) -> bool:
+    """Whether a remembered residual still fits this call's stream (a new token count never reuses one)."""
+    if a is None or isinstance(a, tuple) != isinstance(b, tuple):
+        return False
+    pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
+    return all(x.shape == y.shape for x, y in pairs)  # type: ignore[union-attr]
+
+
+def relative_l1(current: Stream, previous: Stream) -> float:
+    """mean|current - previous| / mean|previous| (over every stream), the change measure both references use."""
+    if isinstance(current, tuple):
+        diff = sum((c - p).abs().sum() for c, p in zip(current, previous))  # type: ignore[arg-type]
+        base = sum(p.abs().sum() for p in previous)  # type: ignore[union-attr]
+        return (diff / torch.as_tensor(base).clamp_min(1e-12)).item()  # type: ignore[operator]
+    return ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()  # type: ignore[operator]
 
 
 class StepCachePolicy(Protocol):
-    """Runs the blocks of one network call, or reuses residuals; returns (tokens, blocks skipped)."""
+    """Runs the blocks of one network call, or reuses residuals; returns (stream, blocks skipped)."""
 
     name: str
     default_threshold: float
 
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int
-    ) -> tuple[Tensor, int]: ...
-
-
-@dataclass(frozen=True)
-class TeaCacheRescale:
-    """TeaCache's calibrated indicator for one checkpoint: which tensor it measures, the polynomial
-    that maps its raw relative L1 change onto the change of the model output, and the steps that
-    always compute (the published `ret_steps` warm-up)."""
-
-    coefficients: tuple[float, ...]
-    """Polynomial coefficients, highest degree first (numpy.poly1d order, as published)."""
-    indicator: Callable[[StagedNetwork, Tensor, Any], Tensor]
-    """(net, tokens, cond) -> the tensor whose consecutive-step change is measured."""
-    warmup_steps: int = 0
-    """The first steps always compute and leave the accumulator at 0."""
-
-    def __call__(self, distance: float) -> float:
-        value = 0.0
-        for c in self.coefficients:  # Horner, highest degree first
-            value = value * distance + c
-        return value
-
-
-def _wan_time_modulation(net: StagedNetwork, x: Tensor, cond: Any) -> Tensor:
-    # Wan's `e0`: the shared per-block modulation [B, 6, D] (diffusers' condition_embedder.time_proj
-    # output), the input TeaCache4Wan2.1 measures with use_ret_steps=True.
-    return cond.time_mod
-
-
-# TeaCache's published Wan2.1 T2V rescale polynomials, use_ret_steps=True variant (the one whose
-# indicator is e0, with the first 5 steps always computed): ali-vilab/TeaCache,
-# TeaCache4Wan2.1/teacache_generate.py (also in DiffSynth-Studio's Wan pipeline). They were fitted
-# on the real weights, so they apply only to those checkpoints; random-weight demos and unknown
-# folders fall back to raw relative L1 of block 0's modulated input.
-WAN21_TEACACHE: dict[str, TeaCacheRescale] = {
-    "wan2.1-t2v-1.3b": TeaCacheRescale(
-        (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02), _wan_time_modulation, 5
-    ),
-    "wan2.1-t2v-14b": TeaCacheRescale(
-        (-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01), _wan_time_modulation, 5
-    ),
-}
-"""model_id -> TeaCache's calibrated indicator; models not listed use raw relative L1 (see TeaCache)."""
+        self, net: StagedNetwork, x: Stream, cond: Any, branches: list[BranchState], threshold: float, step: int
+    ) -> tuple[Stream, int]: ...
 
 
 class TeaCache:
@@ -130,7 +113,7 @@ class TeaCache:
     and the previous step's (computed or skipped) to the accumulator; below the threshold, reuse
     the residual; at or above it, compute the blocks and reset the accumulator to 0.
 
-    Two threshold scales: with `rescale` (a real Wan2.1 checkpoint, WAN21_TEACACHE) thresholds are
+    Two threshold scales: with `rescale` (a calibrated checkpoint: its card's `teacache`) thresholds are
     TeaCache's published ones (0.05-0.3 for Wan); without it the indicator is block 0's modulated
     input and the distance is raw relative L1, a different scale (README, Acceleration).
     """
@@ -146,26 +129,26 @@ class TeaCache:
         return self.rescale(raw) if self.rescale is not None else raw
 
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
-    ) -> tuple[Tensor, int]:
+        self, net: StagedNetwork, x: Stream, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
+    ) -> tuple[Stream, int]:
         rescale = self.rescale
         probe = rescale.indicator(net, x, cond) if rescale is not None else net.block_input(x, cond, 0)
         warm = rescale is not None and step < rescale.warmup_steps
         compute = warm
         for row, branch in enumerate(branches):
             current = probe[row : row + 1]
-            if branch.residual is None:  # first call of this branch (the probe is set whenever the residual is)
+            if not _same_shape(branch.residual, _row(x, row)):  # first call of this branch, or a new shape
                 compute = True
             elif not warm:
                 branch.accumulated += self.distance(current, branch.probe)  # type: ignore[arg-type]
                 compute = compute or branch.accumulated >= threshold
             branch.probe = current  # TeaCache compares consecutive steps, computed or not
         if not compute:
-            return x + torch.cat([b.residual for b in branches]), net.num_blocks  # type: ignore[misc]
+            return _add(x, _stack_rows([b.residual for b in branches])), net.num_blocks  # type: ignore[misc]
         out = net.run_blocks(x, cond)
-        residual = out - x
+        residual = _sub(out, x)
         for row, branch in enumerate(branches):
-            branch.residual, branch.accumulated = residual[row : row + 1], 0.0
+            branch.residual, branch.accumulated = _row(residual, row), 0.0
         return out, 0
 
 
@@ -178,21 +161,22 @@ class FirstBlockCache:
     default_threshold: ClassVar[float] = 0.1
 
     def run_blocks(
-        self, net: StagedNetwork, x: Tensor, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
-    ) -> tuple[Tensor, int]:
+        self, net: StagedNetwork, x: Stream, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
+    ) -> tuple[Stream, int]:
         first = net.run_blocks(x, cond, 0, 1)
-        probe = first - x
+        probe = _sub(first, x)
         reuse = all(
-            b.residual is not None and b.probe is not None and relative_l1(probe[row : row + 1], b.probe) < threshold
+            _same_shape(b.residual, _row(first, row)) and b.probe is not None
+            and relative_l1(_row(probe, row), b.probe) < threshold
             for row, b in enumerate(branches)
         )
         if reuse:
-            return first + torch.cat([b.residual for b in branches]), net.num_blocks - 1  # type: ignore[misc]
+            return _add(first, _stack_rows([b.residual for b in branches])), net.num_blocks - 1  # type: ignore[misc]
         out = net.run_blocks(first, cond, 1)
-        residual = out - first
+        residual = _sub(out, first)
         for row, branch in enumerate(branches):
             # The reference point moves only when the blocks run, so small drifts add up.
-            branch.probe, branch.residual = probe[row : row + 1], residual[row : row + 1]
+            branch.probe, branch.residual = _row(probe, row), _row(residual, row)
         return out, 0
 
 
@@ -214,15 +198,15 @@ def step_cache_policy(name: str) -> StepCachePolicy | None:
 
 
 def make_step_cache(
-    deploy: DeployConfig, request: GenerationRequest, model_id: str | None = None
+    deploy: DeployConfig, request: GenerationRequest, rescale: TeaCacheRescale | None = None
 ) -> StepCache | None:
     """The request's own step cache, or None when the deployment has none (plain steps).
 
-    `model_id` picks TeaCache's published calibration where the checkpoint has one (WAN21_TEACACHE).
+    `rescale`: TeaCache's calibrated indicator for this checkpoint (its card's `teacache`), if it has one.
     """
     policy = step_cache_policy(deploy.step_cache)
-    if isinstance(policy, TeaCache) and model_id in WAN21_TEACACHE:
-        policy = TeaCache(WAN21_TEACACHE[model_id])
+    if isinstance(policy, TeaCache) and rescale is not None:
+        policy = TeaCache(rescale)
     if policy is None:
         if request.step_cache_threshold is not None:
             raise InvalidRequest(
@@ -249,13 +233,14 @@ class StepCache:
     """One request's step cache: the StepInterceptor RequestRun hands each loop step to.
 
     A CFG branch is identified by position: the k-th network call of a step, row r of
-    its batch (sequential CFG: call 0 = cond, call 1 = uncond; batched: rows 0 and 1).
+    its batch (sequential CFG: call 0 = cond, call 1 = uncond; batched: rows 0 and 1), within
+    the network's cache scope (core.denoiser.cache_scope: a causal rollout's chunk).
     """
 
     def __init__(self, policy: StepCachePolicy, threshold: float) -> None:
         self.policy = policy
         self.threshold = threshold
-        self._branches: dict[tuple[str, int, int], BranchState] = {}
+        self._branches: dict[tuple[str, Hashable, int, int], BranchState] = {}
         self._counts = _Counts()
 
     def execute(self, plan: StepPlan) -> Any:
@@ -271,7 +256,7 @@ class StepCache:
         self._counts.skipped_steps += int(view.calls > 0 and view.reused_calls == view.calls)
         return result
 
-    def branch(self, key: tuple[str, int, int]) -> BranchState:
+    def branch(self, key: tuple[str, Hashable, int, int]) -> BranchState:
         return self._branches.setdefault(key, BranchState())
 
     def count_blocks(self, total: int, skipped: int) -> None:
@@ -306,10 +291,11 @@ class _CachedNetwork:
     calls: int = 0
     reused_calls: int = 0
 
-    def __call__(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> Tensor:
-        x, cond = self.net.embed(latents, timestep, text_embeds)
-        rows = x.shape[0]
-        branches = [self.cache.branch((self.loop, self.calls, row)) for row in range(rows)]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        x, cond = self.net.embed(*args, **kwargs)
+        rows = _rows(x)
+        scope = cache_scope(self.net)
+        branches = [self.cache.branch((self.loop, scope, self.calls, row)) for row in range(rows)]
         self.calls += 1
         x, skipped = self.cache.policy.run_blocks(self.net, x, cond, branches, self.cache.threshold, self.step)
         self.reused_calls += int(skipped > 0)

@@ -13,24 +13,19 @@ and written once the store accepts writes again; a create that cannot be stored 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import dataclasses
 import logging
+import os
+import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-import numpy as np
-
-from vidloom.core.errors import Cancelled
 from vidloom.core.output import (
     CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent,
     VideoOutput,
 )
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.media.audio import AudioTrack, track_of, write_wav
-from vidloom.core.session import VideoSession
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.cache_manager import CacheManager
@@ -39,9 +34,13 @@ from vidloom.serving.action_results import save_actions
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import redact_paths
-from vidloom.serving.job_store import (
-    STORE_ERRORS, JobRecord, JobStore, Page, StoreError, full_disk_error, open_job_store,
+from vidloom.serving.image_jobs import ImageRequests
+from vidloom.serving.job_control import CONTROL_POLL_S, SharedStoreControl  # noqa: F401  (re-exported)
+from vidloom.serving.job_recovery import (  # noqa: F401  (re-exported: callers import them from here)
+    SERVER_RESTART, now, open_store, recover_lost_jobs, request_params,
 )
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, JobStore, Page
+from vidloom.serving.job_updates import JobUpdate, LiveJob, Subscription  # noqa: F401  (re-exported)
 from vidloom.serving.kv_metrics import register_kv_metrics
 from vidloom.serving.media_pool import MediaPool
 from vidloom.serving.metrics import ServerMetrics
@@ -52,68 +51,10 @@ from vidloom.serving.video_sessions import expire_sessions, release_session, sav
 
 log = logging.getLogger(__name__)
 
-# Jobs unfinished when a server stops (gracefully, or found at the next start after a crash).
-CONTROL_POLL_S = 0.25  # how soon a cancel or delete sent to another server reaches the job's own server
-SERVER_RESTART = ("server_restart", "the server stopped before this job finished; submit it again")
 
-
-def open_store(config: ServeConfig) -> JobStore:
-    """Open the job store and recover it after dead servers (raises StoreError on a bad or unreachable database)."""
-    store = open_job_store(config.store, config.data_dir)
-    try:
-        recover_lost_jobs(store, config, tidy=True)
-    except (*STORE_ERRORS, OSError) as exc:  # the first writes of a start: a full disk shows here too
-        store.close()
-        error = full_disk_error(f"job store in {config.data_dir}", config.data_dir, exc)
-        raise error or StoreError(f"job store in {config.data_dir}: recovery after the last run failed "
-                                  f"({exc})") from None
-    return store
-
-
-def recover_lost_jobs(store: JobStore, config: ServeConfig, *, tidy: bool = False) -> None:
-    """Fail or re-queue (config.lost_jobs) the active jobs of servers that died."""
-    done = store.recover(_now(), *SERVER_RESTART, requeue=config.lost_jobs == "requeue",
-                         max_requeues=config.max_requeues, tidy=tidy)
-    if done.failed:
-        log.warning("marked %d job(s) left unfinished by a server that stopped as failed (server_restart)",
-                    done.failed)
-    if done.requeued:
-        log.warning("re-queued %d job(s) left unfinished by a server that stopped", done.requeued)
-
-
-@dataclass(frozen=True)
-class JobUpdate:
-    """What event subscribers receive: a progress tick, a decoded chunk, or the job's final state."""
-
-    event: str  # progress | chunk | completed | failed | cancelled
-    record: JobRecord
-    phase: str | None = None
-    step: int = 0  # steps done in `phase`
-    total: int = 0  # steps in `phase`
-    chunk: ChunkInfo | None = None  # for "chunk"
-    missed_chunks: int = 0  # chunk updates this subscriber's queue dropped before this one (see UpdateQueue)
-    text: str = ""  # a `reasoning` update: the text decoded since the last one
-
-
-@dataclass(frozen=True)
-class Subscription:
-    """The job's state at subscription time, then (while it runs) a queue of further updates."""
-
-    first: JobUpdate
-    updates: UpdateQueue | None  # None: the job had already finished
-
-
-@dataclass
-class _LiveJob:
-    record: JobRecord  # mirrors the stored row (every change is written through)
-    tracker: ProgressTracker
-    submitted: float  # perf_counter at submission, for the job latency metric
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    subscribers: set[UpdateQueue] = field(default_factory=set)
-
-
-class JobManager:
-    """Owns the AsyncEngine, the job store and the metrics of one server."""
+class JobManager(ImageRequests, SharedStoreControl):
+    """Owns the AsyncEngine, the job store and the metrics of one server (images: image_jobs.py; other servers:
+    job_control.py; persistence across restarts: job_recovery.py)."""
 
     def __init__(
         self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop, store: JobStore | None = None,
@@ -134,7 +75,7 @@ class JobManager:
         self._caches: CacheManager | None = getattr(engine, "caches", None)  # KV slabs and resident sessions
         if self._caches is not None:
             register_kv_metrics(self.metrics.registry, self._caches)
-        self._live: dict[str, _LiveJob] = {}
+        self._live: dict[str, LiveJob] = {}
         # Upload checks and decodes, off the event loop; a queued job holds its files compressed (media.uploads).
         self.media = MediaPool(config.media_workers, config.media_queue)
         self.streams = StreamFiles(self.store.videos_dir)  # the growing fMP4 of each running job
@@ -154,60 +95,6 @@ class JobManager:
             self._sweeper = self._loop.create_task(self._sweep())
         if self._caches is not None and self._caches.session_ttl_s > 0:
             self._expirer = self._loop.create_task(expire_sessions(self._caches))
-
-    async def _sweep(self) -> None:
-        """Shared store: act on other servers' cancels and deletes, recover dead servers' jobs, publish metrics."""
-        last_recovery = 0.0
-        while not self._draining:
-            await asyncio.sleep(CONTROL_POLL_S)
-            try:
-                await self._apply_control()
-                if self._loop.time() - last_recovery >= self._config.recovery_interval_s:
-                    last_recovery = self._loop.time()
-                    await asyncio.to_thread(recover_lost_jobs, self.store, self._config)
-                    self.adopt_requeued()
-                    await asyncio.to_thread(self.store.publish_server, self.server_name, self.card.model_id,
-                                            self.metrics.exposition().decode(), _now())
-            except STORE_ERRORS as exc:
-                log.error("job store control poll failed (%s); retrying", exc)
-
-    async def _apply_control(self) -> None:
-        cancel, gone = await asyncio.to_thread(self.store.control, set(self._live))
-        for job_id in cancel:
-            self._engine.cancel(job_id)  # the CancelledEvent finishes it as usual
-        for job_id in gone:  # deleted through another server, or failed by one that thought we were dead
-            live = self._live.pop(job_id, None)
-            if live is None:
-                continue
-            self._engine.cancel(job_id)
-            self.streams.abort(job_id)
-            live.finished.set()
-            if await asyncio.to_thread(self.store.get, job_id) is None:
-                await asyncio.to_thread(self.store.remove_files, job_id)
-            log.info("stopped %s: its row was deleted or taken over by another server", job_id)
-
-    def adopt_requeued(self) -> int:
-        """Claim re-queued jobs and put them on this engine; a job that no longer fits here fails."""
-        adopted = 0
-        for record in self.store.claim_requeued():
-            params = dict(record.params)
-            params["task"] = Task(params["task"])
-            try:
-                if isinstance(params.get("extend_from"), str):  # its source's stored latents
-                    params["extend_from"] = VideoSession.load(self.store.latents_path(params["extend_from"]))
-                request = GenerationRequest(prompt=record.prompt, request_id=record.id, **params)
-                resolved = self._submit(request).request
-            except Exception as exc:  # InvalidRequest (new limits), EngineBusy, EngineClosed
-                live = _LiveJob(record, ProgressTracker(1), time.perf_counter())
-                self._finish(live, "failed", error=("requeue_failed", f"could not run this job again: {exc}"))
-                continue
-            tracker = ProgressTracker(expected_units(resolved, self.card))
-            self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
-            self.streams.open(record.id)
-            adopted += 1
-        if adopted:
-            log.info("running %d re-queued job(s) of a server that stopped", adopted)
-        return adopted
 
     @property
     def engine(self) -> AsyncEngine:
@@ -229,7 +116,7 @@ class JobManager:
         self._flush_unsaved()
         resolved = self._submit(planned.request).request
         record = JobRecord(
-            id=resolved.request_id, model=self.card.model_id, status="queued", progress=0, created_at=_now(),
+            id=resolved.request_id, model=self.card.model_id, status="queued", progress=0, created_at=now(),
             completed_at=None, size=planned.size, seconds=planned.seconds, prompt=resolved.prompt,
             params=request_params(resolved),
         )
@@ -241,51 +128,9 @@ class JobManager:
                 self.metrics.rejected("storage_error")
             raise
         tracker = ProgressTracker(expected_units(resolved, self.card))
-        self._live[record.id] = _LiveJob(record, tracker, time.perf_counter())
+        self._live[record.id] = LiveJob(record, tracker, time.perf_counter())
         self.streams.open(record.id)
         return record
-
-    async def generate_image(self, request: GenerationRequest, kind: str = "image") -> VideoOutput:
-        """Run a request to completion (not stored: images answer in the same HTTP call; `kind` "session_chunk":
-        a world-model session's chunk, answered on its WebSocket)."""
-        handle = self._submit(request)
-        started, status = time.perf_counter(), "failed"
-        self._images.add(request.request_id)
-        try:
-            output = await handle.result()
-            status = "completed"
-            return output
-        except Cancelled:
-            status = "cancelled"
-            raise
-        except asyncio.CancelledError:  # the client went away: free the slot
-            self._engine.cancel(request.request_id)
-            status = "cancelled"
-            raise
-        finally:
-            self._images.discard(request.request_id)
-            self.metrics.finished(kind, status, time.perf_counter() - started)
-
-    async def generate_images(self, requests: tuple[GenerationRequest, ...]) -> list[VideoOutput]:
-        """Run an images call's `n` requests side by side (a batching policy may share their steps).
-
-        All are validated before any is queued; if one fails, is refused (queue full) or the client
-        leaves, the others are cancelled and the first error is raised.
-        """
-        for request in requests:
-            self.limits.check(resolve_request(request, self.card), self._estimator)
-        tasks: list[asyncio.Task[VideoOutput]] = []
-        try:
-            for request in requests:
-                tasks.append(asyncio.ensure_future(self.generate_image(request)))
-                await asyncio.sleep(0)  # submit now, in order, so a full queue refuses the later ones
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
 
     def get(self, job_id: str) -> JobRecord | None:
         live = self._live.get(job_id)
@@ -314,16 +159,6 @@ class JobManager:
         except TimeoutError:
             pass  # still mid-step: it becomes cancelled at the boundary; the caller sees in_progress
         return live.record
-
-    async def _cancel_elsewhere(self, job_id: str) -> JobRecord | None:
-        """A job another server runs (shared store): flag its row and wait up to cancel_wait_s for its owner."""
-        self.store.request_cancel(job_id)
-        deadline = self._loop.time() + self._config.cancel_wait_s
-        record = self.store.get(job_id)
-        while record is not None and not record.finished and self._loop.time() < deadline:
-            await asyncio.sleep(CONTROL_POLL_S / 2)
-            record = await asyncio.to_thread(self.store.get, job_id)
-        return record
 
     def delete(self, job_id: str) -> bool:
         """Cancel the job if active, then drop its row and files (both or neither: raises OSError/STORE_ERRORS).
@@ -449,7 +284,7 @@ class JobManager:
         elif isinstance(event, CancelledEvent):
             self._finish(live, "cancelled")
 
-    async def _save(self, live: _LiveJob, output: VideoOutput) -> None:
+    async def _save(self, live: LiveJob, output: VideoOutput) -> None:
         """Write mp4 + thumbnail atomically off the loop; only then is the job completed."""
         job_id = live.record.id
         try:
@@ -482,7 +317,7 @@ class JobManager:
         if output.actions is not None:  # a world model's predicted actions (variant=actions / actions_npy)
             save_actions(self.store.actions_path(job_id), output.actions)
 
-    def _chunk(self, live: _LiveJob, event: ChunkEvent) -> None:
+    def _chunk(self, live: LiveJob, event: ChunkEvent) -> None:
         """A decoded chunk: time to the first one, the job's stream file, a `chunk` update."""
         if live.record.time_to_first_chunk_s is None:
             seconds = round(time.perf_counter() - live.submitted, 3)
@@ -493,7 +328,7 @@ class JobManager:
         self.streams.feed(event)
         self._publish(live, JobUpdate("chunk", live.record, chunk=ChunkInfo.of(event)))
 
-    def _write(self, live: _LiveJob, *, status: str | None = None, progress: int | None = None,
+    def _write(self, live: LiveJob, *, status: str | None = None, progress: int | None = None,
                first_chunk_s: float | None = None) -> None:
         """Write a running job's change through; a store that refuses it fails the job rather than strand it."""
         try:
@@ -513,14 +348,14 @@ class JobManager:
                 "storage_error", f"the server could not record this job's progress ({exc}); submit it again"))
 
     def _finish(
-        self, live: _LiveJob, status: str, *, metadata: Mapping[str, Any] | None = None,
+        self, live: LiveJob, status: str, *, metadata: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> None:
         code, message = error if error else (None, None)
         if message is not None:
             message = redact_paths(message, str(self.store.data_dir.resolve()))
         # OpenAI's completed_at is "when the job completed, if finished": a cancelled job never did, so None.
-        completed_at = None if status == "cancelled" else _now()
+        completed_at = None if status == "cancelled" else now()
         final = dataclasses.replace(
             live.record, status=status, completed_at=completed_at, metadata=metadata, error_code=code,
             error_message=message, progress=100 if status == "completed" else live.record.progress,
@@ -546,7 +381,7 @@ class JobManager:
             if final.id in self._unsaved:
                 return
 
-    def _end(self, live: _LiveJob, final: JobRecord) -> None:
+    def _end(self, live: LiveJob, final: JobRecord) -> None:
         """Forget the live job and tell its subscribers how it ended."""
         live.record = final
         self._live.pop(final.id, None)
@@ -555,34 +390,6 @@ class JobManager:
         self._publish(live, JobUpdate(final.status, final))
         live.finished.set()
 
-    def _publish(self, live: _LiveJob, update: JobUpdate) -> None:
+    def _publish(self, live: LiveJob, update: JobUpdate) -> None:
         for queue in live.subscribers:
             queue.put_nowait(update)  # a slow reader's full queue drops a progress tick, else a chunk notice
-
-
-def request_params(request: GenerationRequest) -> dict[str, Any]:
-    """The resolved request as stored with the job: with the job's prompt, enough to run it again, seed included.
-
-    The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
-    """
-    media = ("image", "last_image", "video", "extend_from", "init_audio")  # not stored; noted as given
-    params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
-    params.pop("request_id")
-    params.pop("image", None)  # input images are not stored with a job (video jobs take none)
-    params.pop("prompt")
-    params["task"] = request.task.value
-    params.update({name: True for name in media if getattr(request, name) is not None})
-    if isinstance(request.extend_from, VideoSession):
-        params["extend_from"] = request.extend_from.session_id  # the source video's id
-    if request.action is not None:  # the family's resolved block says how it is stored (no media)
-        params["action"] = request.action.params()
-    # Camera blocks (SANA-WM) as JSON: the action string (the validated block keeps it) and plain lists.
-    params["camera"] = getattr(request.camera, "action", request.camera)
-    for name in ("c2w", "intrinsics"):
-        if params[name] is not None:
-            params[name] = np.asarray(params[name], dtype=float).tolist()
-    return params
-
-
-def _now() -> int:
-    return int(time.time())

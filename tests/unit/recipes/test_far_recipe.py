@@ -45,7 +45,7 @@ def test_registry_detects_far_folders_by_pipeline_class(tmp_path):
     assert list(card.loops) == ["rollout"]
 
 
-@pytest.mark.parametrize(("field", "value"), [("step_cache", "fbcache"), ("cuda_graphs", True), ("compile", True)])
+@pytest.mark.parametrize(("field", "value"), [("cuda_graphs", True), ("cfg_mode", "batched")])
 def test_unsupported_deploy_options_fail_at_load(tmp_path, field, value):
     _folder(tmp_path)
     card = registry.resolve_card(tmp_path)

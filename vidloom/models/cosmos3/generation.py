@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.grouped_attention import grouped_attention
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.models.cosmos3.layout import GenLayout, patchify, unpatchify
@@ -32,7 +33,6 @@ from vidloom.models.cosmos3.transformer import (
     RMSNorm,
     TextBlock,
     apply_rotary,
-    grouped_attention,
     is_generation_key,
 )
 from vidloom.models.wan.transformer import timestep_features
@@ -128,8 +128,19 @@ class PrefixAttention:
         return grouped_attention(q, keys, values, self.scale)
 
 
+@dataclass(frozen=True)
+class GenConditioning:
+    """What the generation blocks and the head read in one call (Cosmos3Generator.embed)."""
+
+    rope: tuple[Tensor, Tensor]
+    attention: PrefixAttention  # over this branch's cached prefix
+    layout: GenLayout
+    noisy: Tensor  # indices of the frames being generated
+    action: ActionTokens | None = None  # the action stream; its domain picks the head's projection
+
+
 class Cosmos3Generator(nn.Module):
-    """The vision/sound pathways; the text backbone is passed in, never copied or owned."""
+    """The vision/sound/action pathways; the text backbone is passed in, never copied or owned."""
 
     def __init__(self, config: Cosmos3GenConfig) -> None:
         super().__init__()
@@ -184,6 +195,24 @@ class Cosmos3Generator(nn.Module):
         Returns the velocity [C, T, h, w] (zero at clean frames), the sound velocity or None, and the
         action velocity [T_a, action_dim] (zero at clean steps) or None.
         """
+        x, cond = self.embed(backbone, prefix, layout, latents, timestep, sound, action)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the generated tokens as a batch of one, [1, S, hidden].
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The generation blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
+              timestep: Tensor, sound: Tensor | None = None,
+              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
+        """The generated tokens (time-embedded where noisy) and what the blocks and the head read."""
         dtype = prefix.dtype
         c = self.config
         emb = self._time_embedding(timestep, dtype)  # one timestep for every noisy token
@@ -202,10 +231,25 @@ class Cosmos3Generator(nn.Module):
         x = torch.cat(parts)
         rope = backbone.rotary(layout.positions.to(x.device), dtype)
         attention = PrefixAttention(prefix, backbone.attention_scale)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, attention, layer)
-        x = self.norm(x)
-        return self._vision_out(x, layout, noisy), self._sound_out(x, layout), self._action_out(x, layout, action)
+        return x[None], GenConditioning(rope, attention, layout, noisy, action)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the tokens [1, S, hidden]."""
+        h = x[0]
+        for layer in range(start, self.num_blocks if end is None else end):
+            h = self.blocks[layer](h, cond.rope, cond.attention, layer)
+        return h[None]
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        """The normed tokens block `index` feeds to attention (TeaCache's indicator; the time embedding is
+        in the tokens themselves)."""
+        return self.blocks[index].attn_norm(x)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Tokens after the last block -> (vision velocity, sound velocity or None, action velocity or None)."""
+        h = self.norm(x[0])
+        return (self._vision_out(h, cond.layout, cond.noisy), self._sound_out(h, cond.layout),
+                self._action_out(h, cond.layout, cond.action))
 
     def _vision_out(self, x: Tensor, layout: GenLayout, noisy: Tensor) -> Tensor:
         tokens = x[: layout.vision_tokens].view(layout.grid[0], layout.frame_tokens, -1)[noisy]

@@ -294,6 +294,10 @@ class Flux2Transformer(nn.Module):
         """Double-stream blocks then single-stream blocks, indexed in that order (run_blocks)."""
         return len(self.double_blocks) + len(self.single_blocks)
 
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple((*self.double_blocks, *self.single_blocks))
+
     def forward(
         self,
         img: Tensor,

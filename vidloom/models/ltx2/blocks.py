@@ -89,6 +89,11 @@ class JointBlock(nn.Module):
         a = a + self.audio_ff(self.audio_norm_ff(a) * (1 + ap[4]) + ap[3]) * ap[5]
         return x, a
 
+    def self_attention_input(self, x: Tensor, vc: StreamConditioning) -> Tensor:
+        """The modulated video tokens this block's self-attention reads (a step cache's change indicator)."""
+        vp = modulation(self.video_table, vc.mod, x.shape[0])
+        return self.video_norm_self(x) * (1 + vp[1]) + vp[0]
+
     @staticmethod
     def _text(h: Tensor, text: Tensor, mask: Tensor | None, attn: Attention, q_mod: tuple[Tensor, ...] | None) -> Tensor:
         if q_mod is not None:

@@ -183,6 +183,22 @@ class LTX2Positions:
     audio: Tensor  # [B, 1, Na, 2]
 
 
+@dataclass(frozen=True)
+class LTX2Conditioning:
+    """What every block and the head read for one call (LTX2Transformer.embed builds it)."""
+
+    video_text: Tensor
+    audio_text: Tensor
+    mask: Tensor | None  # additive text mask [B, 1, 1, L]
+    video: StreamConditioning
+    audio: StreamConditioning
+    ropes: tuple[Any, Any, Any, Any]  # video, audio, video cross, audio cross rotary tables
+    video_emb: Tensor  # the output modulation's embedded timestep
+    audio_emb: Tensor
+    cross: bool  # audio<->video attention on (off: modalities isolated, a guidance pass)
+    skip: frozenset[int]  # blocks whose self-attention is perturbed (STG)
+
+
 def _caption(in_dim: int, dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
 
@@ -231,6 +247,31 @@ class LTX2Transformer(nn.Module):
         sigma [B]: the step's scaled sigma, which LTX-2.3 conditions text and cross-modal attention on.
         text_mask [B, L]: 1 keeps a text token. `skip_self_attention`: blocks whose self-attention is
         perturbed (spatio-temporal guidance; only on checkpoints built with `perturbed_attn`)."""
+        stream, cond = self.embed(
+            video, audio, video_text, audio_text, text_mask, timestep, audio_timestep, sigma, positions,
+            use_cross_timestep=use_cross_timestep, isolate_modalities=isolate_modalities,
+            skip_self_attention=skip_self_attention,
+        )
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the pair (video tokens [B, N, D], audio tokens [B, Na, Da]).
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The joint blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed(
+        self, video: Tensor, audio: Tensor, video_text: Tensor, audio_text: Tensor, text_mask: Tensor | None,
+        timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, positions: LTX2Positions, *,
+        use_cross_timestep: bool = False,
+        isolate_modalities: bool = False, skip_self_attention: frozenset[int] = frozenset(),
+    ) -> tuple[tuple[Tensor, Tensor], LTX2Conditioning]:
+        """Inputs (as forward) -> the (video, audio) token streams and what every block and the head read."""
         c, batch = self.config, video.shape[0]
         # 1. Rotary tables from patch bounds.
         cross_max = (float(max(c.pos_embed_max_pos, c.audio_pos_embed_max_pos)),)
@@ -248,17 +289,37 @@ class LTX2Transformer(nn.Module):
         mask = None
         if text_mask is not None:  # additive, broadcast over heads and queries
             mask = ((1 - text_mask.to(video.dtype)) * -10000.0)[:, None, None, :]
+        cond = LTX2Conditioning(
+            video_text, audio_text, mask, video_cond, audio_cond,
+            (video_rope, audio_rope, video_cross_rope, audio_cross_rope), video_emb, audio_emb,
+            cross=not isolate_modalities,
+            skip=frozenset(skip_self_attention) if c.perturbed_attn else frozenset(),
+        )
+        return (self.video_in(video), self.audio_in(audio)), cond
+
+    def run_blocks(
+        self, stream: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0, end: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Blocks [start, end) over the (video, audio) streams."""
         # 4. Blocks.
-        x, a = self.video_in(video), self.audio_in(audio)
-        for i, block in enumerate(self.blocks):
-            x, a = block(
-                x, a, video_text, audio_text, mask, video_cond, audio_cond,
-                (video_rope, audio_rope, video_cross_rope, audio_cross_rope),
-                cross=not isolate_modalities, skip_self=c.perturbed_attn and i in skip_self_attention,
+        x, a = stream
+        for i in range(start, self.num_blocks if end is None else end):
+            x, a = self.blocks[i](
+                x, a, cond.video_text, cond.audio_text, cond.mask, cond.video, cond.audio, cond.ropes,
+                cross=cond.cross, skip_self=i in cond.skip,
             )
+        return x, a
+
+    def block_input(self, stream: tuple[Tensor, Tensor], cond: LTX2Conditioning, index: int = 0) -> Tensor:
+        """The modulated video tokens block `index` feeds to self-attention (TeaCache's indicator)."""
+        return self.blocks[index].self_attention_input(stream[0], cond.video)
+
+    def head(self, stream: tuple[Tensor, Tensor], cond: LTX2Conditioning) -> tuple[Tensor, Tensor]:
+        """The streams after the last block -> (video velocity [B, N, C], audio velocity [B, Na, Ca])."""
         # 5. Output modulation and projection.
-        return self._out(x, video_emb, self.video_out_table, self.video_out), \
-            self._out(a, audio_emb, self.audio_out_table, self.audio_out)
+        x, a = stream
+        return self._out(x, cond.video_emb, self.video_out_table, self.video_out), \
+            self._out(a, cond.audio_emb, self.audio_out_table, self.audio_out)
 
     def _conditioning(
         self, timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, batch: int, dtype: torch.dtype,

@@ -558,6 +558,10 @@ class WanTransformer(nn.Module):
     def num_blocks(self) -> int:
         return len(self.blocks)
 
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
     def self_attentions(self) -> Iterator[WanAttention]:
         """The self-attention layers, in block order (each attends over the whole token sequence)."""
         return (block.self_attn for block in self.blocks)

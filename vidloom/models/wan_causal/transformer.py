@@ -128,6 +128,18 @@ class FarBlock(nn.Module):
 
 
 @dataclass(frozen=True)
+class FarConditioning:
+    """What every block and the head read in one step (FarTransformer.embed_step / embed_recompute)."""
+
+    time_mod: Tensor  # [B, S, 6, D]
+    temb: Tensor  # [B, S, D]
+    text: FarText
+    attend: SelfAttend  # the step's self-attention (cached or block-causal over the whole sequence)
+    head_from: int  # first token the head predicts (the generated chunk's)
+    shape: tuple[int, ...]  # the prediction's shape [B, C, F_gen, H, W]
+
+
+@dataclass(frozen=True)
 class _Tokens:
     """One forward's token stream and what every block reads with it."""
 
@@ -201,6 +213,31 @@ class FarTransformer(nn.Module):
 
     def step(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
         """Mean velocity [B, C, F_gen, H, W] of the generated chunk at (t, r) [B], given the prefilled cache."""
+        x, cond = self.embed_step(latents, t, r, text, layout, cache)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout) -> Tensor:
+        """Same as prefill + step, without a cache: latents [B, C, F_total, H, W] are context then chunk."""
+        x, cond = self.embed_recompute(latents, t, r, text, layout)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # -- the staged denoiser contract (core.denoiser.StagedDenoiser) -------------
+    # step() and recompute() are exactly embed_* -> run_blocks -> head. A cached step writes the
+    # generated chunk's own K/V into the slab at every block, but only that step reads them back (the
+    # next chunk's prefill rewrites the context from clean latents), so a step cache may skip blocks.
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed_step(
+        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache,
+    ) -> tuple[Tensor, FarConditioning]:
+        """The generated chunk's tokens and a self-attention that extends the prefilled cache."""
         if cache.context_tokens != layout.context_tokens:
             raise ValueError(
                 f"KV cache holds {cache.context_tokens} context tokens; this chunk needs {layout.context_tokens} "
@@ -216,11 +253,12 @@ class FarTransformer(nn.Module):
             keys, values = cache.read(index, layout.null_keys, end)
             return attn.out(self.attention_fn(q, keys, values).flatten(-2))
 
-        x = self._run_blocks(tokens, text, attend)
-        return self._head(x, tokens.temb, latents.shape)
+        return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, 0, tuple(latents.shape))
 
-    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout) -> Tensor:
-        """Same as prefill + step, without a cache: latents [B, C, F_total, H, W] are context then chunk."""
+    def embed_recompute(
+        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout,
+    ) -> tuple[Tensor, FarConditioning]:
+        """Context then chunk tokens, attending block-causally; the head keeps the chunk's."""
         if latents.shape[2] != layout.total_frames:
             raise ValueError(f"latents have {latents.shape[2]} frames, layout expects {layout.total_frames}")
         batch = latents.shape[0]
@@ -237,9 +275,24 @@ class FarTransformer(nn.Module):
             out = block_causal_attention(self.attention_fn, q, k, v, ends, layout.null_keys)
             return attn.out(out.flatten(-2))
 
-        x = self._run_blocks(tokens, text, attend)[:, layout.context_tokens :]
         chunk_shape = (*latents.shape[:2], layout.generated_frames, *latents.shape[3:])
-        return self._head(x, tokens.temb[:, layout.context_tokens :], chunk_shape)
+        return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, layout.context_tokens,
+                                         chunk_shape)
+
+    def run_blocks(self, x: Tensor, cond: FarConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the token stream."""
+        for index in range(start, self.num_blocks if end is None else end):
+            x = self.blocks[index](index, x, cond.text, cond.time_mod, cond.attend)
+        return x
+
+    def block_input(self, x: Tensor, cond: FarConditioning, index: int = 0) -> Tensor:
+        """The modulated tokens block `index` feeds to self-attention (TeaCache's indicator)."""
+        shift, scale = (self.blocks[index].modulation.float() + cond.time_mod.float()).unbind(2)[:2]
+        return modulate(x, shift, scale, self.config.wan.eps)
+
+    def head(self, x: Tensor, cond: FarConditioning) -> Tensor:
+        """Tokens after the last block -> the generated chunk's prediction [B, C_out, F, H, W]."""
+        return self._head(x[:, cond.head_from :], cond.temb[:, cond.head_from :], cond.shape)
 
     # -- stages -------------------------------------------------------------------
 

@@ -40,17 +40,15 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
 # CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
 CAPABILITIES = Capabilities(
-    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens"}),
+    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile"}),
     {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
                              "there is no separate text encoder to offload",
      "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
                           "embedding a cache could keep",
      "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
      "fp8_weights": "FP8 linears are not applied to the Cosmos3 backbone yet",
-     "compile": "the Cosmos3 blocks are not compiled yet",
      "attention_backend": "the Cosmos3 backbone's masked attention has no backend dispatch yet",
      "vae_tile": "tiled decode is not wired into the Cosmos3 program yet",
-     "step_cache": "step caches read Wan's block list; Cosmos3's denoiser is not declared to them yet",
      "cuda_graphs": "the Cosmos3 step body is not captured yet",
      "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
      "offload_idle_expert": "one expert: there is no idle expert",
@@ -58,7 +56,9 @@ CAPABILITIES = Capabilities(
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
-CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm"})
+CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",
+                                               "step_cache": "chat only: no denoiser to cache",
+                                               "compile": "chat only: no denoiser blocks to compile"})
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
@@ -130,6 +130,9 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         context_window=CONTEXT_WINDOW,
         capabilities=(ACTION_CAPABILITIES if actions else CAPABILITIES) if generates else CHAT_ONLY_CAPABILITIES,
         request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions, ACTION_SESSION)} if actions else {},
+        # Program slots reported in the output's metadata: the prompt the model wrote (reason=True) and the
+        # resolved action block's summary (gen_program's actions_out).
+        metadata_slots=(("reasoned_prompt", "action") if actions else ("reasoned_prompt",)) if generates else (),
     )
 
 

@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
-from vidloom.models.cosmos3.generation import ActionTokens, Cosmos3Generator
+from vidloom.models.cosmos3.generation import ActionTokens, Cosmos3Generator, GenConditioning
 from vidloom.models.cosmos3.layout import GenLayout, text_prefix_positions
 from vidloom.models.cosmos3.transformer import Cosmos3Transformer
 
@@ -52,19 +52,55 @@ def prefill(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branch: B
     return generator.prefill(backbone, branch.ids, positions, out)
 
 
-def denoise_step(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branches: tuple[Branch, ...],
-                 prefixes: tuple[Tensor, ...] | None, latents: Tensor, sound: Tensor | None, timestep: Tensor,
-                 guidance_scale: float, action: ActionTokens | None = None,
+class Cosmos3Network:
+    """The network a denoise step calls once per CFG branch: (prefix, layout, latents, timestep, sound, action)
+    -> (vision, sound, action) velocities; the shared backbone is bound here, never copied."""
+
+    def __init__(self, generator: Cosmos3Generator, backbone: Cosmos3Transformer) -> None:
+        self.generator, self.backbone = generator, backbone
+
+    def __call__(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
+                 action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        x, cond = self.embed(prefix, layout, latents, timestep, sound, action)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition. The action
+    # tokens are part of the residual stream (after vision and sound), so a step cache reuses them too.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.generator.num_blocks
+
+    def embed(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
+              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
+        return self.generator.embed(self.backbone, prefix, layout, latents, timestep, sound, action)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.generator.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        return self.generator.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        return self.generator.head(x, cond)
+
+
+def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone: Cosmos3Transformer,
+                 branches: tuple[Branch, ...], prefixes: tuple[Tensor, ...] | None, latents: Tensor,
+                 sound: Tensor | None, timestep: Tensor, guidance_scale: float, action: ActionTokens | None = None,
                  action_width: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Guided velocities (vision [C, T, h, w], sound [C_s, T_s], action [T_a, D]; None where absent) in float32,
-    as the reference combines them; action channels past `action_width` (the embodiment's) are zero."""
+    as the reference combines them; action channels past `action_width` (the embodiment's) are zero.
+
+    `network` runs the generated tokens (a step cache may stand in for it); `generator` and `backbone`
+    recompute the prefixes when they are not cached."""
     outs = []
     for k, branch in enumerate(branches):
         if prefixes is None:  # recompute: the prefix again, this step
             prefix = prefill(generator, backbone, branch, latents.new_empty(generator.prefix_shape(len(branch.ids))))
         else:
             prefix = prefixes[k]
-        vision, audio, acts = generator(backbone, prefix, branch.layout, latents, timestep, sound, action)
+        vision, audio, acts = network(prefix, branch.layout, latents, timestep, sound, action)
         if acts is not None:
             acts = acts.float()
             acts[:, action_width:] = 0
@@ -107,6 +143,7 @@ class Cosmos3DenoiseLoop:
                  dtype: torch.dtype, cache_prefix: bool = True) -> None:
         self.backbone, self.generator = backbone, generator
         self.sampler_config, self.dtype, self.cache_prefix = sampler_config, dtype, cache_prefix
+        self.network = Cosmos3Network(generator, backbone)  # holds no per-request state: shared by requests
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Cosmos3DenoiseState:
         request: GenerationRequest = slots["request"]
@@ -168,7 +205,8 @@ class Cosmos3DenoiseLoop:
         state.pending = DENOISE
         return StepPlan(
             loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step,
-            inputs={"generator": self.generator, "backbone": self.backbone, "branches": state.branches,
+            inputs={NETWORK: self.network, "generator": self.generator, "backbone": self.backbone,
+                    "branches": state.branches,
                     "prefixes": tuple(state.prefixes) if self.cache_prefix else None,
                     "latents": state.latents.to(self.dtype),
                     "sound": None if state.sound is None else state.sound.to(self.dtype),

@@ -151,11 +151,15 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         return {"latents": latents, "sound_latents": None, "branches": branches, "action_latents": actions}
 
     def actions_out(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        """Predicted actions [chunk_size, D] float32 at the embodiment's width (None unless predicted)."""
+        """Predicted actions [chunk_size, D] float32 at the embodiment's width (None unless predicted), and
+        the resolved block's summary the output's metadata reports (the card's metadata_slots)."""
         action = slots["request"].action
-        if action is None or not action.predicts_actions:
-            return {"actions": None}
-        return {"actions": slots["action_latents"][:, : action.raw_width].float().cpu().numpy()}
+        if action is None:
+            return {"actions": None, "action": None}
+        summary = {"mode": action.mode, "domain_name": action.domain_name, "chunk_size": action.chunk_size}
+        if not action.predicts_actions:
+            return {"actions": None, "action": summary}
+        return {"actions": slots["action_latents"][:, : action.raw_width].float().cpu().numpy(), "action": summary}
 
     def encode_first_frame(request: GenerationRequest) -> Tensor:
         """The anchored frame repeated over the whole clip and encoded as a video, as the reference does."""
@@ -193,7 +197,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
              writes=("latents", "sound_latents", "branches", "action_latents"), run=prepare_latents),
         Node("denoise", reads=("request", "latents", "sound_latents", "branches", "action_latents"),
              writes=("latents", "sound_latents", "action_latents"), loop=loop),
-        Node("actions_out", reads=("request", "action_latents"), writes=("actions",), run=actions_out),
+        Node("actions_out", reads=("request", "action_latents"), writes=("actions", "action"), run=actions_out),
         Node("decode", reads=("latents",), writes=("video",), run=decode),
         Node("decode_sound", reads=("sound_latents",), writes=("audio", "sample_rate"), run=decode_sound,
              when=lambda r: r.sound),

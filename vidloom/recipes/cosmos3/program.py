@@ -41,4 +41,4 @@ def build_program(instance: ModelInstance) -> Program:
     from vidloom.recipes.cosmos3.gen_program import generation_nodes
 
     return Program(nodes=generation_nodes(instance, loop), inputs=frozenset({"request"}),
-                   outputs=("video", "reasoned_prompt", "audio", "sample_rate", "actions"), chat_loop=loop)
+                   outputs=("video", "reasoned_prompt", "audio", "sample_rate", "actions", "action"), chat_loop=loop)

@@ -46,9 +46,6 @@ def load_instance(
             f"{ckpt.root}: text encoder gives {text.width}-wide embeddings ({len(text.layers)} layers x hidden), "
             f"transformer joint_attention_dim is {dit_config.text_dim}"
         )
-    if deploy.compile:
-        for block in (*transformer.double_blocks, *transformer.single_blocks):
-            block.compile(backend=deploy.compile_backend, dynamic=False)
     return ModelInstance(
         card=card,
         components={

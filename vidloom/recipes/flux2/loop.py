@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import GUIDANCE_INPUTS
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
@@ -133,6 +134,7 @@ class Flux2DenoiseLoop:
             index=state.index,
             total=total,
             call=self.guidance,
+            denoiser=GUIDANCE_INPUTS,
             inputs={
                 NETWORK: state.network,
                 "latents": state.latents.to(self.dtype),

@@ -24,12 +24,11 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
-    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend", "two_stage"}),
+    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend", "two_stage",
+               "step_cache", "compile"}),
     {"fp8_weights": "FP8 linears are not applied to LTX-2's blocks yet",
-     "compile": "LTX-2's audio-video blocks are not compiled yet",
      "vae_tile": "tiled decode exists for the Wan VAE only",
      "cfg_mode": "LTX-2's loop runs its CFG branches sequentially; batched CFG is not wired into it",
-     "step_cache": "step caches read Wan's block list; LTX-2's denoiser is not declared to them yet",
      "cuda_graphs": "the LTX-2 step body is not captured yet",
      "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",

@@ -16,7 +16,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
-from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer
+from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2Transformer
 from vidloom.recipes.ltx2.text import LTX2Text
 
 
@@ -47,15 +47,39 @@ class LTX2Network:
         self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
         isolate: bool = False, skip: frozenset[int] = frozenset(),
     ) -> tuple[Tensor, Tensor]:
+        stream, cond = self.embed(video, audio, text, timestep, audio_timestep, isolate=isolate, skip=skip)
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is their composition, the
+    # residual stream the (video, audio) token pair. Guidance passes (isolate, skip) travel in `cond`.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(
+        self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
+        isolate: bool = False, skip: frozenset[int] = frozenset(),
+    ) -> tuple[tuple[Tensor, Tensor], LTX2Conditioning]:
         batch = video.shape[0]
         pos = LTX2Positions(self.positions.video.repeat(batch, 1, 1, 1), self.positions.audio.repeat(batch, 1, 1, 1))
         text = text.to(self.dtype)
         # Both pipelines condition LTX-2.3's text and cross-modal modulation on the scalar step timestep.
-        return self.transformer(
+        return self.transformer.embed(
             video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep, audio_timestep,
             audio_timestep, pos, use_cross_timestep=self.use_cross_timestep, isolate_modalities=isolate,
             skip_self_attention=skip,
         )
+
+    def run_blocks(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0,
+                   end: int | None = None) -> tuple[Tensor, Tensor]:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning) -> tuple[Tensor, Tensor]:
+        return self.transformer.head(x, cond)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, Reci
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.wan.vae import WanVAEConfig
+from vidloom.recipes.wan.teacache import WAN21_TEACACHE
 
 FAMILY = "wan2.1"
 PROGRAM = "vidloom.recipes.wan.program:build_program"
@@ -126,6 +127,7 @@ def wan_t2v_card(
         max_prompt_tokens=TEXT_TOKENS,
         memory_estimator=MEMORY_ESTIMATOR,
         capabilities=wan_capabilities(two_experts, clip_image),
+        teacache=WAN21_TEACACHE.get(model_id),
     )
 
 

@@ -135,14 +135,11 @@ def _load_transformer(
 
 
 def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
-    """Performance options applied from outside the model, in order: quantize, then compile."""
+    """Performance options applied from outside the model at load: quantize (the runtime compiles the
+    blocks afterwards, through WanTransformer.compile_units)."""
     if deploy.fp8_weights:
         # Block linears hold ~all DiT weights; embeddings and the head stay in full precision.
         quantize_linears(transformer.blocks)
-    if deploy.compile:
-        # Blocks are identical in structure, so one compiled graph serves all of them per shape.
-        for block in transformer.blocks:
-            block.compile(backend=deploy.compile_backend, dynamic=False)
 
 
 def load_vae_and_text(

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
+from vidloom.core.denoiser import GUIDANCE_INPUTS
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
@@ -133,6 +134,7 @@ class WanDenoiseLoop:
             index=state.index - state.start,  # steps of this run (V2V runs only the tail of the schedule)
             total=total - state.start,
             call=self.guidance,
+            denoiser=GUIDANCE_INPUTS,
             inputs={
                 NETWORK: state.networks[expert],
                 "latents": latents,

@@ -27,10 +27,8 @@ DEFAULTS = SamplingDefaults(
 # Options whose mechanism assumes Wan's bidirectional denoiser are refused with the reason the rollout gives.
 CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "kv_cache_budget_bytes", "kv_session_ttl_s"}),
-    {"step_cache": "step caches skip Wan DiT blocks and know nothing of the KV cache",
-     "cuda_graphs": "a rollout step writes the request's KV cache in place",
-     "compile": "not wired for FAR blocks yet",
+               "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile"}),
+    {"cuda_graphs": "a rollout step writes the request's KV cache in place",
      "vae_tile": "chunks are decoded as they finish, whole frames at a time",
      "cfg_mode": "the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",

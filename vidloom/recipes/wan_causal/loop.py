@@ -26,10 +26,10 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
-from vidloom.core.loop import DONE, Done, LoopContext, SessionContext, StepPlan
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
-from vidloom.core.session import VideoSession, extension_partition, latents_to_cpu
+from vidloom.core.session import VideoSession, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.vae import WanVAE
@@ -37,6 +37,7 @@ from vidloom.models.wan.vae_stream import StreamingDecode
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 from vidloom.models.wan_causal.transformer import FarText, FarTransformer
+from vidloom.recipes.wan_causal.network import FarNetwork
 from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
 
 CHUNK_PHASE = "chunks"
@@ -61,6 +62,16 @@ def chunk_partition(latent_frames: int, default: tuple[int, ...]) -> tuple[int, 
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
 
 
+def extension_partition(source: tuple[int, ...], latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
+    """An extension's chunks (FAR's rhythm, so the recipe's rule): the source's chunks, then the new latent
+    frames in chunks of the checkpoint's largest size (the last one shorter)."""
+    rest = latent_frames - sum(source)
+    if rest <= 0:
+        raise InvalidRequest("num_frames", f"{latent_frames} latent frames leave none after the source's {sum(source)}")
+    size = max(default[1:], default=default[0])
+    return (*source, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
+
+
 def rollout_partition(request: GenerationRequest, latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
     """Chunks of `request`'s rollout: an extension keeps its source's chunks and appends new ones."""
     if isinstance(request.extend_from, VideoSession):
@@ -83,18 +94,12 @@ def rebuild_session_kv(
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
-def far_step(
-    transformer: FarTransformer, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout,
-    cache: FarKVCache | None, guidance_scale: float,
-) -> Tensor:
+def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
+             guidance_scale: float) -> Tensor:
     """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference."""
     branches = text.batch
     x = latents.expand(branches, *latents.shape[1:])
-    tt, rr = t.expand(branches), r.expand(branches)
-    if cache is None:
-        out = transformer.recompute(x, tt, rr, text, layout)
-    else:
-        out = transformer.step(x, tt, rr, text, layout, cache)
+    out = network(x, t.expand(branches), r.expand(branches), text)
     if branches == 1:
         return out
     uncond, cond = out.chunk(2)
@@ -293,9 +298,8 @@ class FarRolloutLoop:
         total = (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
         return StepPlan(
             loop=STEP, index=state.done_steps, total=total, call=far_step,
-            inputs={"transformer": self.transformer, "latents": latents, "t": t.reshape(1), "r": r.reshape(1),
-                    "text": state.text, "layout": layout, "cache": state.cache,
-                    "guidance_scale": state.guidance_scale},
+            inputs={NETWORK: FarNetwork(self.transformer, layout, state.cache, state.chunk), "latents": latents,
+                    "t": t.reshape(1), "r": r.reshape(1), "text": state.text, "guidance_scale": state.guidance_scale},
         )
 
     # -- results ----------------------------------------------------------------------
