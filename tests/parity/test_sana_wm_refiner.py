@@ -42,7 +42,9 @@ def test_windowed_forwards_match_diffusers(spec: TinySanaWM, tmp_path):
     text = torch.randn(1, 5, ref.config.caption_channels, generator=g)
     mask = torch.tensor([[0, 1, 1, 1, 1]])  # left padding, as the Gemma-3 prompt path pads
     layers = len(ref.transformer_blocks)
-    cache, window = SanaWMRefinerKVCache(layers), RefinerWindow.empty(layers, H * W)
+    cache = SanaWMRefinerKVCache(layers)
+    window = RefinerWindow(layers, 1, ours.config.dim, SINK * H * W, (KV_MAX - SINK) * H * W, H * W,
+                           torch.device("cpu"), torch.float32)
     compared = 0
     with torch.no_grad():
         _reference_step(ref, _pack(z[:, :, :SINK]), text, mask, 0.0, [0], cache, "capture_pre_rope")
@@ -76,10 +78,10 @@ def test_windowed_forwards_match_diffusers(spec: TinySanaWM, tmp_path):
                 keep = (KV_MAX - SINK) * H * W
                 cache.get(i).store_history(k[:, -keep:], v[:, -keep:])
             history = min(history + len(frames), KV_MAX - SINK)
-            window.append_history(len(frames), KV_MAX - SINK)
+            window.append_history()
             assert window.history_frames == history
             for i in range(layers):
-                torch.testing.assert_close(window.layers[i].history_k, cache.get(i).history_k, atol=TOLERANCE, rtol=0)
+                torch.testing.assert_close(window.layer_kv(i)[2], cache.get(i).history_k, atol=TOLERANCE, rtol=0)
     assert compared == 6
 
 

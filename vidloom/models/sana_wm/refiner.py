@@ -12,7 +12,6 @@ window bookkeeping (`RefinerWindow`) is ours and is held per request by the runt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -32,61 +31,68 @@ class WindowMode(Enum):
     CAPTURE_HISTORY = "capture_history"  # a refined chunk at sigma 0: attend, keep its post-rotary K/V
 
 
-@dataclass
-class LayerKV:
-    """One block's window: sink K/V (pre-rotary) and the recent history K/V (post-rotary), [B, N, inner]."""
-
-    sink_k: Tensor | None = None
-    sink_v: Tensor | None = None
-    history_k: Tensor | None = None
-    history_v: Tensor | None = None
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.sink_k, self.sink_v, self.history_k, self.history_v)
-                   if t is not None)
-
-
-@dataclass
 class RefinerWindow:
-    """The sliding KV window of one refiner rollout: per-layer K/V plus the sink's rotary tables for the
-    current chunk. `history_frames` counts the latent frames the history holds."""
+    """The sink + sliding-window KV of one refiner rollout, preallocated (its bytes are fixed at admission).
 
-    layers: list[LayerKV]
-    tokens_per_frame: int
-    sink_rope: RopeTables | None = None
-    history_frames: int = 0
-    captured: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    `sink` [layers, 2, B, sink tokens, inner] holds pre-rotary K/V; `history` [layers, 2, B, capacity, inner]
+    holds the newest post-rotary K/V, `filled` tokens of it, oldest first. Appending past the capacity
+    keeps the newest `capacity` tokens, which is what concatenating and trimming (the reference) keeps.
+    `sink_rope`: the sink's rotary tables for the chunk being refined; `captured`: the K/V per layer of
+    the last capturing forward, until stored.
+    """
 
-    @classmethod
-    def empty(cls, num_layers: int, tokens_per_frame: int) -> RefinerWindow:
-        return cls([LayerKV() for _ in range(num_layers)], tokens_per_frame)
+    def __init__(self, layers: int, batch: int, inner: int, sink_tokens: int, capacity_tokens: int,
+                 tokens_per_frame: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.sink = torch.zeros(layers, 2, batch, sink_tokens, inner, device=device, dtype=dtype)
+        self.history = torch.zeros(layers, 2, batch, capacity_tokens, inner, device=device, dtype=dtype)
+        self.tokens_per_frame = tokens_per_frame
+        self.filled = 0
+        self.has_sink = False
+        self.sink_rope: RopeTables | None = None
+        self.captured: list[tuple[Tensor, Tensor]] = []
 
+    @staticmethod
+    def nbytes_for(layers: int, batch: int, inner: int, sink_tokens: int, capacity_tokens: int,
+                   dtype: torch.dtype) -> int:
+        return 2 * layers * batch * inner * (sink_tokens + capacity_tokens) * dtype.itemsize
+
+    @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes() for layer in self.layers)
+        return (self.sink.numel() + self.history.numel()) * self.sink.element_size()
+
+    @property
+    def history_frames(self) -> int:
+        return self.filled // self.tokens_per_frame
+
+    def layer_kv(self, layer: int) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """(sink k, sink v, history k, history v) of one block; None where empty."""
+        sink = (self.sink[layer, 0], self.sink[layer, 1]) if self.has_sink and self.sink.shape[3] else (None, None)
+        hist = self.history[layer, :, :, : self.filled]
+        history = (hist[0], hist[1]) if self.filled else (None, None)
+        return (*sink, *history)
 
     def store_sink(self) -> None:
         """The last CAPTURE_SINK forward's K/V become the sink."""
-        for layer, (k, v) in zip(self.layers, self._take()):
-            layer.sink_k, layer.sink_v = k, v
+        for layer, (k, v) in enumerate(self._take()):
+            self.sink[layer, 0].copy_(k)
+            self.sink[layer, 1].copy_(v)
+        self.has_sink = True
 
-    def append_history(self, frames: int, max_frames: int) -> None:
-        """The last CAPTURE_HISTORY forward's K/V join the history, trimmed to the newest `max_frames`
-        frames (no trim when `max_frames` <= 0, as the reference)."""
-        self.history_frames += frames
-        keep = max_frames * self.tokens_per_frame if 0 < max_frames < self.history_frames else None
-        for layer, (k, v) in zip(self.layers, self._take()):
-            if layer.history_k is not None:
-                k, v = torch.cat([layer.history_k, k], dim=1), torch.cat([layer.history_v, v], dim=1)
-            layer.history_k, layer.history_v = (k[:, -keep:], v[:, -keep:]) if keep else (k, v)
-        if keep:
-            self.history_frames = max_frames
-
-    def clear(self) -> None:
-        self.layers = [LayerKV() for _ in self.layers]
-        self.sink_rope, self.history_frames, self.captured = None, 0, []
+    def append_history(self) -> None:
+        """The last CAPTURE_HISTORY forward's K/V join the history; past capacity the oldest tokens go."""
+        captured = self._take()
+        n, cap = captured[0][0].shape[1], self.history.shape[3]
+        new = min(n, cap)
+        keep_old = min(self.filled, cap - new)  # the newest tokens already held that still fit
+        if 0 < keep_old < self.filled:  # slide the survivors to the front
+            self.history[:, :, :, :keep_old] = self.history[:, :, :, self.filled - keep_old: self.filled].clone()
+        for layer, (k, v) in enumerate(captured):
+            self.history[layer, 0, :, keep_old: keep_old + new] = k[:, n - new:]
+            self.history[layer, 1, :, keep_old: keep_old + new] = v[:, n - new:]
+        self.filled = keep_old + new
 
     def _take(self) -> list[tuple[Tensor, Tensor]]:
-        if len(self.captured) != len(self.layers):
+        if len(self.captured) != self.sink.shape[0]:
             raise RuntimeError("no K/V captured by the last refiner forward")
         captured, self.captured = self.captured, []
         return captured
@@ -124,10 +130,13 @@ def refiner_velocity(dit: LTX2Transformer, tokens: Tensor, text: Tensor, text_ma
     # 2. Video-only blocks over the window.
     x = dit.video_in(tokens)
     window.captured = []
-    for block, layer in zip(dit.blocks, window.layers):
-        x = _block(block, x, text, mask, mod, rope, layer, window, mode)
+    for i, block in enumerate(dit.blocks):
+        x = _block(block, x, text, mask, mod, rope, window.layer_kv(i), window, mode)
     # 3. Output modulation and projection.
     return dit._out(x, embedded, dit.video_out_table, dit.video_out)
+
+
+LayerKV = tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 
 
 def _block(block: JointBlock, x: Tensor, text: Tensor, mask: Tensor | None, mod: Tensor, rope: RopeTables,
@@ -150,14 +159,15 @@ def _window_attention(attn: Attention, h: Tensor, rope: RopeTables, layer: Layer
         window.captured.append((k.detach().clone(), v.detach().clone()))
     if mode is not WindowMode.CAPTURE_SINK:
         keys, values = [], []
-        if layer.sink_k is not None and layer.sink_k.shape[1] > 0:
+        sink_k, sink_v, history_k, history_v = layer
+        if sink_k is not None and sink_v is not None:
             if window.sink_rope is None:
                 raise RuntimeError("the refiner window has a sink but no sink rotary tables")
-            keys.append(apply_rope(layer.sink_k.to(k.dtype), window.sink_rope, attn.rope_layout))
-            values.append(layer.sink_v.to(v.dtype))
-        if layer.history_k is not None and layer.history_k.shape[1] > 0:
-            keys.append(layer.history_k.to(k.dtype))
-            values.append(layer.history_v.to(v.dtype))
+            keys.append(apply_rope(sink_k.to(k.dtype), window.sink_rope, attn.rope_layout))
+            values.append(sink_v.to(v.dtype))
+        if history_k is not None and history_v is not None:
+            keys.append(history_k.to(k.dtype))
+            values.append(history_v.to(v.dtype))
         if keys:
             k, v = torch.cat([*keys, k], dim=1), torch.cat([*values, v], dim=1)
     split = lambda t: t.unflatten(2, (attn.heads, -1))  # noqa: E731
