@@ -62,11 +62,15 @@ def build_program(instance: ModelInstance) -> Program:
         Node("prepare_latents", reads=("request",), writes=("latents", "camera"), run=prepare),
         Node("stage1", reads=("request", "latents", "camera", "text"), writes=("latents",), loop=loop),
     )
+    drop = 0
     if "refiner" in instance.components:
-        nodes += refine_nodes(instance)
+        # A causal decoder decodes a prefix to the whole video's first frames: the refiner streams its chunks
+        # and writes the video itself. Otherwise the refined latents are decoded once, below.
+        streams = bool(vae.config.decoder_causal)
+        nodes += refine_nodes(instance, streams)
+        if streams:
+            return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
         drop = instance["refiner_settings"].sink_size
-    else:
-        drop = 0
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         latents = slots["latents"].to(torch.float32)
@@ -80,15 +84,17 @@ def build_program(instance: ModelInstance) -> Program:
     return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
 
 
-def refine_nodes(instance: ModelInstance) -> tuple[Node, ...]:
+def refine_nodes(instance: ModelInstance, streams: bool) -> tuple[Node, ...]:
     """Stage 2: the refiner's prompt encoding and its chunk-causal rollout over stage 1's latents."""
     refiner_text = instance["refiner_text"]
 
     def encode_refiner_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return {"refiner_text": refiner_text.encode([slots["request"].prompt])}
 
-    loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"])
+    loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"],
+                            vae=instance["vae"] if streams else None)
     return (
         Node("encode_refiner_text", reads=("request",), writes=("refiner_text",), run=encode_refiner_text),
-        Node("refine", reads=("request", "latents", "refiner_text"), writes=("latents",), loop=loop),
+        Node("refine", reads=("request", "latents", "refiner_text"),
+             writes=("latents", "video") if streams else ("latents",), loop=loop),
     )

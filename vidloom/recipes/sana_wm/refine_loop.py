@@ -2,8 +2,9 @@
 
 Plans, in order: one forward that captures the sink (the first `sink_size` stage-1 frames, clean, at
 sigma 0); then for each chunk of `block_size` latent frames, one plan per refiner sigma (a few-step
-Euler from sigma_max, the chunk's stage-1 latents noised once), and one forward of the refined chunk
-at sigma 0 whose K/V join the sliding history (the newest `kv_max_frames - sink_size` frames). The
+Euler from sigma_max, the chunk's stage-1 latents noised once), one forward of the refined chunk
+at sigma 0 whose K/V join the sliding history (the newest `kv_max_frames - sink_size` frames), and
+(with a causal-decoder VAE) the decode of the refined prefix, whose new frames go to the caller. The
 sink's rotary positions slide so it sits right before the history. The window is a slab from the
 runtime's cache manager (allocated at init, released with the loop however it ends). The per-chunk
 noise and Euler update follow diffusers' `SanaWMLTX2Refiner.__call__` step by step (same draws, same
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.models.ltx2.transformer import LTX2Transformer
 from vidloom.models.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
@@ -28,7 +30,7 @@ from vidloom.recipes.ltx2.text import LTX2Text
 # SanaWMLTX2Refiner.__call__ defaults (the public release's distilled 3-step refiner and its window).
 DISTILLED_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)
 SINK_SIZE, BLOCK_SIZE, KV_MAX_FRAMES = 1, 3, 11
-SINK, STEP, CAPTURE = "refine_sink", "refine", "refine_kv"
+SINK, STEP, CAPTURE, DECODE = "refine_sink", "refine", "refine_kv", "refine_decode"
 """Plan kinds (also their loop names in progress events)."""
 CHUNK_PHASE = "refine_chunks"
 """Progress phase reported once per refined chunk."""
@@ -75,6 +77,7 @@ class RefineState:
     chunk: int = 0
     step: int = -1  # -1: the sink capture is next; 0..S-1: a denoise step; S: the history capture
     block: Tensor | None = None  # the chunk being refined, in the compute dtype
+    emitted: list[Tensor] = field(default_factory=list)  # streamed frames [F, H, W, 3] in [0, 1], in order
     sigmas: Tensor = field(default_factory=lambda: torch.tensor(DISTILLED_SIGMAS, dtype=torch.float32))
 
 
@@ -84,8 +87,10 @@ class SanaWMRefineLoop:
     name = STEP
 
     def __init__(self, transformer: LTX2Transformer, dtype: torch.dtype,
-                 settings: RefinerSettings = RefinerSettings()) -> None:
-        self.transformer, self.dtype, self.settings = transformer, dtype, settings
+                 settings: RefinerSettings = RefinerSettings(), vae: Any = None) -> None:
+        """`vae` (a causal-decoder LTX-2 VAE): decode and emit each refined chunk as it finishes, and write
+        "video" (the chunks in order); None: latents only (the program decodes once at the end)."""
+        self.transformer, self.dtype, self.settings, self.vae = transformer, dtype, settings, vae
         self.steps = len(settings.sigmas) - 1
 
     def num_chunks(self, frames: int) -> int:
@@ -137,7 +142,12 @@ class SanaWMRefineLoop:
             sigma = float(state.sigmas[state.step].item())
             return self._plan(state, STEP, state.chunk * self.steps + state.step, total * self.steps, state.block,
                               start, sigma, WindowMode.ATTEND)
-        return self._plan(state, CAPTURE, state.chunk, total, state.block, start, 0.0, WindowMode.CAPTURE_HISTORY)
+        if state.step == self.steps:
+            return self._plan(state, CAPTURE, state.chunk, total, state.block, start, 0.0,
+                              WindowMode.CAPTURE_HISTORY)
+        _, end = self._frames(state)
+        return StepPlan(loop=DECODE, index=state.chunk, total=total, call=decode_prefix,
+                        inputs={"vae": self.vae, "latents": state.out[:, :, :end]})
 
     def _begin_chunk(self, state: RefineState) -> None:
         """The chunk's stage-1 latents noised to sigma_max (one draw per chunk) and the sink's slid rotary."""
@@ -170,13 +180,30 @@ class SanaWMRefineLoop:
         elif state.step < self.steps:
             state.block = self._euler(state, result)
             state.step += 1
-        else:
+        elif state.step == self.steps:
             state.window.append_history()
             start, end = self._frames(state)
             state.out[:, :, start:end] = state.block.float()
-            state.chunk, state.step, state.block = state.chunk + 1, 0, None
-            state.ctx.progress(CHUNK_PHASE, state.chunk, self.num_chunks(state.source.shape[2]))
+            state.step += 1
+            if self.vae is None:
+                self._finish_chunk(state)
+        else:
+            self._emit(state, result)
+            self._finish_chunk(state)
         return state
+
+    def _finish_chunk(self, state: RefineState) -> None:
+        state.chunk, state.step, state.block = state.chunk + 1, 0, None
+        state.ctx.progress(CHUNK_PHASE, state.chunk, self.num_chunks(state.source.shape[2]))
+
+    def _emit(self, state: RefineState, frames: Tensor) -> None:
+        """The prefix decode's new frames go out; the first `sink_size` pixel frames never do (the
+        reference drops them after its decode)."""
+        done = sum(int(f.shape[0]) for f in state.emitted)
+        new = frames[self.settings.sink_size + done:]
+        state.emitted.append(new)
+        state.ctx.emit(VideoChunk(index=state.chunk, total=self.num_chunks(state.source.shape[2]), start_frame=done,
+                                  frames=new.numpy()))
 
     def _euler(self, state: RefineState, velocity: Tensor) -> Tensor:
         """x0 = x - sigma * v, the velocity back from x0, then the scheduler's Euler step (float32)."""
@@ -195,4 +222,13 @@ class SanaWMRefineLoop:
     def finalize(self, state: RefineState) -> dict[str, Any]:
         if not torch.isfinite(state.out).all():
             raise NonFiniteOutput.of("refining", self.dtype)
-        return {"latents": state.out}
+        if self.vae is None:
+            return {"latents": state.out}
+        return {"latents": state.out, "video": torch.cat(state.emitted).numpy()}
+
+
+def decode_prefix(vae: Any, latents: Tensor) -> Tensor:
+    """Refined latents [1, C, F, h, w] so far -> their frames [1 + (F - 1) * t, H, W, 3] in [0, 1] on the CPU.
+    With a causal decoder a prefix decodes to the first frames of the whole video's decode."""
+    video = vae.decode(vae.denormalize_latents(latents.to(torch.float32)))
+    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
