@@ -32,6 +32,12 @@ def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_ch
     if ckpt.pipeline_class != REFINER_PIPELINE:
         raise CheckpointError(f"{folder}: model_index.json says {ckpt.pipeline_class!r}, expected {REFINER_PIPELINE!r}")
     ckpt.require(REFINER_COMPONENTS)
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    if float(scheduler.get("shift", 1.0)) != 1.0 or scheduler.get("use_dynamic_shifting", False):
+        # The refiner feeds its distilled sigmas through this scheduler: a shift would move them.
+        raise CheckpointError(f"{folder}/scheduler: shift={scheduler.get('shift')} / use_dynamic_shifting="
+                              f"{scheduler.get('use_dynamic_shifting')} are not supported (the refiner's "
+                              "distilled sigmas run unshifted)")
     transformer = load_refiner_transformer(ckpt.component_dir("transformer"), device, dtype)
     if transformer.config.in_channels != latent_channels:
         raise CheckpointError(f"{folder}/transformer: in_channels {transformer.config.in_channels} != the VAE's "
