@@ -14,7 +14,6 @@ from PIL import Image
 
 from tests.helpers.sana_wm_checkpoints import CONFIGS, write_tiny_refiner, write_tiny_sana_wm
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import DeployError
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 

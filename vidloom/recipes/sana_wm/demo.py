@@ -2,7 +2,8 @@
 
 The camera-controlled bidirectional DiT (GDN and softmax blocks, UCPE camera branch, Plucker rays), the
 LTX-2 video VAE (32x space, 8x time), a tiny Gemma-2 text encoder built by transformers and a BPE
-tokenizer trained offline, plus the stage-2 LTX-2 refiner in refiner/ (demo_refiner.py). Written once into the user's cache as a SanaWMPipeline folder from our own
+tokenizer trained offline, plus the stage-2 LTX-2 refiner in refiner/
+(demo_refiner.py). Written once into the user's cache as a SanaWMPipeline folder from our own
 modules and loaded through the same loader as real checkpoints. Its weights are random: the video is
 noise by design, but it follows the camera, the seed and the prompt like the real model's code path.
 """
