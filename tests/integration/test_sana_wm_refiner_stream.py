@@ -108,3 +108,14 @@ def test_two_stage_needs_the_refiner_folder_and_refuses_the_upsampler(tmp_path, 
         VideoGenerator.from_pretrained(bare, device="cpu", deploy=DeployConfig(two_stage=True))
     with pytest.raises(DeployError, match="upsampler"):
         VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(upsampler=str(folder)))
+
+
+def test_memory_estimate_counts_the_refiner_window(gen, folder):
+    from vidloom.core.request import GenerationRequest, resolve_request
+    from vidloom.recipes.sana_wm.memory import footprint
+
+    request = resolve_request(GenerationRequest(prompt="a car", image=[IMAGE], **BASE), gen.card)
+    one_stage = VideoGenerator.from_pretrained(folder, device="cpu").engine.instance
+    two, one = footprint(gen.engine.instance, request), footprint(one_stage, request)
+    window = SanaWMRefineLoop(gen.engine.instance["refiner"], torch.float32).window_bytes(1, 6, 2, 3)
+    assert two.persistent - one.persistent >= window > 0
