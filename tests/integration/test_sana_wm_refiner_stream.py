@@ -4,8 +4,10 @@ cache manager and freed on completion and on cancel, and a deployment that canno
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -86,6 +88,10 @@ def test_server_sends_chunk_events_then_the_whole_video(gen, tmp_path, first_fra
         with client.stream("GET", f"/v1/videos/{video_id}/events") as response:
             events = parse_sse(list(response.iter_lines()))
         assert wait_for_status(client, video_id, {"completed"})["status"] == "completed"
+        stream = client.get(f"/v1/videos/{video_id}/content", params={"variant": "stream"})
+    assert stream.status_code == 200
+    with av.open(io.BytesIO(stream.content)) as container:  # the fragmented MP4 the chunks grew
+        assert sum(1 for _ in container.decode(video=0)) == 40
     names = [name for name, _ in events]
     assert names[-1] == "completed"
     chunks = [d for n, d in events if n == "chunk"]
@@ -95,8 +101,6 @@ def test_server_sends_chunk_events_then_the_whole_video(gen, tmp_path, first_fra
 
 @pytest.fixture(scope="module")
 def first_frame_png() -> bytes:
-    import io
-
     buffer = io.BytesIO()
     IMAGE.save(buffer, format="PNG")
     return buffer.getvalue()
