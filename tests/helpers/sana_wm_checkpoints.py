@@ -49,6 +49,18 @@ class TinySanaWM:
     vae: TinyVideoVAE = VAE_A
     text_hidden: int = 16
     text_layers: int = 2
+    refiner: dict | None = None  # SanaWMLTX2RefinerTransformer3DModel kwargs (an LTX-2 DiT), or no refiner
+
+
+# The stage-2 refiner's LTX-2 DiT: video in/out channels match the VAE latent (8); it must project the
+# caption (use_prompt_embeddings) and has no LTX-2.3 cross-attention AdaLN (the refiner forward skips it).
+REFINER_CONNECTORS = dict(
+    video_connector_num_attention_heads=2, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+    video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=2,
+    audio_connector_attention_head_dim=8, audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+    connector_rope_base_seq_len=32, rope_double_precision=False, rope_type="split",
+)
+REFINER_TEXT_TOKENS = 32  # SanaWMLTX2Refiner's text_max_sequence_length (the real one pads to 1024)
 
 
 SANA_WM_A = TinySanaWM(
@@ -57,6 +69,12 @@ SANA_WM_A = TinySanaWM(
         in_channels=8, num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32,
         softmax_every_n=2, mlp_ratio=2.0, chunk_plucker_channels=48, chunk_plucker_post_attn_blocks=20,
         conv_kernel_size=4, k_conv_only=True, t_kernel_size=3, caption_channels=16,
+    ),
+    refiner=dict(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=4,
+        audio_cross_attention_dim=8, num_layers=2, rope_double_precision=False, rope_type="split",
+        vae_scale_factors=(8, 32, 32), pos_embed_max_pos=20,
     ),
 )
 SANA_WM_B = TinySanaWM(
@@ -67,6 +85,12 @@ SANA_WM_B = TinySanaWM(
         conv_kernel_size=3, k_conv_only=False, t_kernel_size=3, caption_channels=24,
     ),
     text_hidden=24,
+    refiner=dict(
+        in_channels=8, out_channels=8, num_attention_heads=3, attention_head_dim=8, cross_attention_dim=24,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=6,
+        audio_cross_attention_dim=12, num_layers=3, rope_double_precision=True, rope_type="interleaved",
+        gated_attn=True, vae_scale_factors=(8, 32, 32), pos_embed_max_pos=16,
+    ),
 )
 CONFIGS = (SANA_WM_A, SANA_WM_B)
 
@@ -153,3 +177,40 @@ def build_tiny_pipeline(spec: TinySanaWM, seed: int = 0):
 def write_tiny_sana_wm(folder: Path, spec: TinySanaWM, seed: int = 0) -> Path:
     build_tiny_pipeline(spec, seed).save_pretrained(str(folder))
     return folder
+
+
+def build_refiner(spec: TinySanaWM, vae=None, seed: int = 0):
+    """SanaWMLTX2Refiner (stage 2): LTX-2 refiner DiT, LTX-2 text connectors, a Gemma-3 encoder, Euler scheduler."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SanaWMLTX2Refiner, SanaWMLTX2RefinerTransformer3DModel
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+
+    from tests.helpers.ltx2_checkpoints import tiny_gemma3
+
+    if spec.refiner is None:
+        raise ValueError(f"{spec.name} has no refiner config")
+    tokenizer = train_gemma_tokenizer()
+    text_hidden, text_layers = 16, 2
+    torch.manual_seed(seed + 11)
+    text_encoder = tiny_gemma3(len(tokenizer) + 3, text_hidden, text_layers)
+    _scale(text_encoder, ("embed_tokens",), 5.0)
+    torch.manual_seed(seed + 12)
+    transformer = SanaWMLTX2RefinerTransformer3DModel(caption_channels=text_hidden, **spec.refiner).eval()
+    # Louder timestep/prompt conditioning: a wrong sigma or prompt path then moves the refined latents clearly.
+    _scale(transformer, ("time_embed", "scale_shift_table"), 3.0)
+    _scale(transformer, ("caption_projection", "attn2.to_out"), 4.0)
+    torch.manual_seed(seed + 13)
+    connectors = LTX2TextConnectors(caption_channels=text_hidden, text_proj_in_factor=text_layers + 1,
+                                    **REFINER_CONNECTORS).eval()
+    refiner = SanaWMLTX2Refiner(
+        transformer=transformer, connectors=connectors, tokenizer=tokenizer, text_encoder=text_encoder,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0), vae=vae,
+        text_max_sequence_length=REFINER_TEXT_TOKENS,
+    )
+    refiner.set_progress_bar_config(disable=True)
+    return refiner
+
+
+def write_tiny_refiner(folder: Path, spec: TinySanaWM, seed: int = 0) -> Path:
+    """The refiner beside stage 1, in `<folder>/refiner/` (a SanaWMLTX2Refiner folder without its own VAE)."""
+    build_refiner(spec, None, seed).save_pretrained(str(folder / "refiner"))
+    return folder / "refiner"

@@ -38,12 +38,13 @@ class RopeSpec:
 
 def video_positions(
     batch: int, frames: int, height: int, width: int, *, patch_t: int, patch: int,
-    scale: tuple[int, int, int], causal_offset: int, fps: float, device: torch.device,
+    scale: tuple[int, int, int], causal_offset: int, fps: float, device: torch.device, first_frame: int = 0,
 ) -> Tensor:
-    """[B, 3, F*H*W, 2] patch bounds: time in seconds, height/width in pixels."""
+    """[B, 3, F*H*W, 2] patch bounds: time in seconds, height/width in pixels. `first_frame`: the latent
+    index of the first frame (a chunk-causal window keeps each frame's absolute index in the video)."""
     axes = [
-        torch.arange(0, n, step, dtype=torch.float32, device=device)
-        for n, step in ((frames, patch_t), (height, patch), (width, patch))
+        torch.arange(start, start + n, step, dtype=torch.float32, device=device)
+        for start, n, step in ((first_frame, frames, patch_t), (0, height, patch), (0, width, patch))
     ]
     start = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=0)  # [3, F, H, W]
     size = torch.tensor((patch_t, patch, patch), dtype=torch.float32, device=device).view(3, 1, 1, 1)

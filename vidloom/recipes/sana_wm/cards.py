@@ -24,7 +24,7 @@ REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
 DEFAULTS = SamplingDefaults(height=704, width=1280, num_frames=161, fps=16, num_inference_steps=60,
                             guidance_scale=5.0, flow_shift=1.0, sampler="euler", negative_prompt="")
 CAPABILITIES = Capabilities(
-    frozenset(),
+    frozenset({"two_stage"}),  # --two-stage: the LTX-2 refiner in <checkpoint>/refiner/ (refine_loop.py)
     {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
      "fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
      "compile": "SANA-WM's blocks are not compiled yet",
@@ -39,7 +39,6 @@ CAPABILITIES = Capabilities(
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",
      "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "the LTX-2 refiner (stage 2) is a separate pipeline not wired here yet",
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}

@@ -2,7 +2,8 @@
 
 The camera-controlled bidirectional DiT (GDN and softmax blocks, UCPE camera branch, Plucker rays), the
 LTX-2 video VAE (32x space, 8x time), a tiny Gemma-2 text encoder built by transformers and a BPE
-tokenizer trained offline. Written once into the user's cache as a SanaWMPipeline folder from our own
+tokenizer trained offline, plus the stage-2 LTX-2 refiner in refiner/
+(demo_refiner.py). Written once into the user's cache as a SanaWMPipeline folder from our own
 modules and loaded through the same loader as real checkpoints. Its weights are random: the video is
 noise by design, but it follows the camera, the seed and the prompt like the real model's code path.
 """
@@ -22,10 +23,11 @@ from vidloom.models.sana_wm.config import SanaWMConfig
 from vidloom.models.sana_wm.transformer import SANA_WM_NAME_MAP, SanaWMTransformer
 from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, write_json
 from vidloom.recipes.sana_wm.cards import DEFAULTS, sana_wm_card
+from vidloom.recipes.sana_wm.demo_refiner import write_demo_refiner
 from vidloom.recipes.sana_wm.text import CHI_PROMPT
 
 DEMO_ID = "sana-wm-demo"
-DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_VERSION = 3  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
 DEMO_NOTE = noise_note(DEMO_ID, "SANA-WM", "Efficient-Large-Model/SANA-WM_bidirectional-diffusers")
 TEXT_HIDDEN = 16
@@ -92,6 +94,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     _write_text_encoder(folder / "text_encoder", len(tokenizer) + 3)
     write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
     write_json(folder / "model_index.json", MODEL_INDEX)
+    write_demo_refiner(folder / "refiner")  # stage 2, run with --two-stage
 
 
 def _add_unused_camera_embedder(folder: Path, hidden: int) -> None:

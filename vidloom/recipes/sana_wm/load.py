@@ -8,7 +8,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError
+from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig
@@ -16,6 +16,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import load_video_vae
 from vidloom.models.sana_wm.checkpoint import load_transformer
 from vidloom.recipes.sana_wm.cards import check_pipeline
+from vidloom.recipes.sana_wm.refiner_load import REFINER_FOLDER, load_refiner
 from vidloom.recipes.sana_wm.text import SanaWMTextEncoder
 
 
@@ -42,5 +43,10 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
                               f"transformer's in_channels {transformer.config.in_channels}")
     components = {"transformer": transformer, "text_encoder": text, "vae": vae,
                   "sampler": FlowEulerSampler(scheduler)}
+    if deploy.upsampler is not None:
+        raise DeployError("upsampler (--upsampler) is LTX-2's latent upsampler; SANA-WM's stage 2 is the "
+                          f"refiner in {ckpt.root}/{REFINER_FOLDER}/ (--two-stage)")
+    if deploy.two_stage:
+        components.update(load_refiner(ckpt.root, device, compute, vae.config.latent_channels))
     return ModelInstance(card=card, components=components, device=device, dtype=compute,
                          checkpoint_dir=str(ckpt.root), deploy=deploy)

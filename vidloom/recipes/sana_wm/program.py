@@ -1,4 +1,7 @@
-"""The SANA-WM program: text -> first frame + camera -> stage-1 denoise -> LTX-2 VAE decode.
+"""The SANA-WM program: text -> first frame + camera -> stage-1 denoise [-> refiner] -> LTX-2 VAE decode.
+
+With the refiner loaded (--two-stage), its own prompt encoding (Gemma-3 + LTX-2 connectors) and its
+chunk-causal rollout run between stage 1 and the decode, as SanaWMLTX2Refiner does after SanaWMPipeline.
 
 Slots: text (SanaWMText; [negative, positive] when CFG runs), latents (float32 [1, C, F, h, w], frame 0
 the encoded first image), camera (CameraTensors), video (frames in [0, 1]).
@@ -18,6 +21,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.media.video import frames_to_uint8
 from vidloom.recipes.sana_wm.camera import CameraInput
 from vidloom.recipes.sana_wm.loop import CameraTensors, SanaWMDenoiseLoop
+from vidloom.recipes.sana_wm.refine_loop import SanaWMRefineLoop
 from vidloom.recipes.sana_wm.trajectory import camera_tensors, crop_first_frame, trajectory
 
 
@@ -52,18 +56,45 @@ def build_program(instance: ModelInstance) -> Program:
         return {"latents": latents.to(device),
                 "camera": CameraTensors(raymap[None].to(device), plucker[None].to(device))}
 
-    def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        latents = slots["latents"].to(torch.float32)
-        video = vae.decode(vae.denormalize_latents(latents))
-        frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
-        ctx.progress("decode", 1, 1)
-        return {"video": frames_to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
-
     loop = SanaWMDenoiseLoop(transformer, instance["sampler"], dtype)
-    nodes = (
+    nodes: tuple[Node, ...] = (
         Node("encode_text", reads=("request",), writes=("text",), run=encode_text),
         Node("prepare_latents", reads=("request",), writes=("latents", "camera"), run=prepare),
         Node("stage1", reads=("request", "latents", "camera", "text"), writes=("latents",), loop=loop),
-        Node("decode", reads=("latents",), writes=("video",), run=decode),
     )
+    drop = 0
+    if "refiner" in instance.components:
+        # A causal decoder decodes a prefix to the whole video's first frames: the refiner streams its chunks
+        # and writes the video itself. Otherwise the refined latents are decoded once, below.
+        streams = bool(vae.config.decoder_causal)
+        nodes += refine_nodes(instance, streams)
+        if streams:
+            return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
+        drop = instance["refiner_settings"].sink_size
+
+    def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        latents = slots["latents"].to(torch.float32)
+        video = vae.decode(vae.denormalize_latents(latents))
+        # After the refiner, the reference drops `sink_size` decoded frames (the unrefined anchor).
+        frames = (video[0, :, drop:].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
+        ctx.progress("decode", 1, 1)
+        return {"video": frames_to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
+
+    nodes += (Node("decode", reads=("latents",), writes=("video",), run=decode),)
     return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
+
+
+def refine_nodes(instance: ModelInstance, streams: bool) -> tuple[Node, ...]:
+    """Stage 2: the refiner's prompt encoding and its chunk-causal rollout over stage 1's latents."""
+    refiner_text = instance["refiner_text"]
+
+    def encode_refiner_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"refiner_text": refiner_text.encode([slots["request"].prompt])}
+
+    loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"],
+                            vae=instance["vae"] if streams else None)
+    return (
+        Node("encode_refiner_text", reads=("request",), writes=("refiner_text",), run=encode_refiner_text),
+        Node("refine", reads=("request", "latents", "refiner_text"),
+             writes=("latents", "video") if streams else ("latents",), loop=loop),
+    )
