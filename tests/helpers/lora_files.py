@@ -33,7 +33,8 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
     pipeline_cls = getattr(diffusers, pipeline)
     transformer_cls = {"WanPipeline": diffusers.WanTransformer3DModel,
                        "Flux2KleinPipeline": diffusers.Flux2Transformer2DModel,
-                       "AnyFlowFARPipeline": diffusers.AnyFlowFARTransformer3DModel}[pipeline]
+                       "AnyFlowFARPipeline": diffusers.AnyFlowFARTransformer3DModel,
+                       "LTX2Pipeline": diffusers.LTX2VideoTransformer3DModel}[pipeline]
     transformer = transformer_cls.from_pretrained(str(checkpoint / "transformer"), torch_dtype=torch.float32)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets),
                         alpha_pattern=dict(spec.alpha_pattern), init_lora_weights=True)
@@ -50,3 +51,27 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
         transformer_lora_adapter_metadata=config.to_dict() if with_metadata else None,
     )
     return out / weight_name
+
+
+# diffusers LTX-2 module names -> Lightricks' (ltx-core) names, the inverse of diffusers'
+# _convert_non_diffusers_ltx2_lora_to_diffusers for the modules a LoRA can target.
+_LTX2_ORIGINAL_TOP = {"proj_in": "patchify_proj", "audio_proj_in": "audio_patchify_proj",
+                      "time_embed": "adaln_single", "audio_time_embed": "audio_adaln_single",
+                      "av_cross_attn_video_scale_shift": "av_ca_video_scale_shift_adaln_single",
+                      "av_cross_attn_video_a2v_gate": "av_ca_a2v_gate_adaln_single",
+                      "av_cross_attn_audio_scale_shift": "av_ca_audio_scale_shift_adaln_single",
+                      "av_cross_attn_audio_v2a_gate": "av_ca_v2a_gate_adaln_single",
+                      "prompt_adaln": "prompt_adaln_single", "audio_prompt_adaln": "audio_prompt_adaln_single"}
+
+
+def rewrite_ltx2_original(peft_file: Path, out: Path) -> Path:
+    """The same adapter as Lightricks' LoRAs name it: `diffusion_model.<ltx-core module>.lora_A.weight`, no metadata
+    (so write the PEFT file with alpha = rank for the two to be the same adapter)."""
+    from safetensors.torch import load_file, save_file
+
+    renamed = {}
+    for key, tensor in load_file(str(peft_file)).items():
+        head, _, rest = key.removeprefix("transformer.").partition(".")
+        renamed["diffusion_model." + ".".join((_LTX2_ORIGINAL_TOP.get(head, head), rest))] = tensor
+    save_file(renamed, str(out))
+    return out

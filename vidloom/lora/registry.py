@@ -18,7 +18,7 @@ from torch import nn
 
 from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.lora.apply import ActiveLoRAs, LoRALinear, wrap_linears
-from vidloom.lora.files import LoRALayer, read_lora_file
+from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_file
 from vidloom.registry import import_target
 
 DEFAULT_MAX_LORAS = 4
@@ -33,6 +33,13 @@ LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
     "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
+    # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
+    # connectors; the connectors are refused by name (vidloom.lora.formats.ltx2_keys says why).
+    "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),),
+}
+# family -> its community-format key converter (vidloom.lora.formats); families not listed read PEFT keys only.
+LORA_FORMATS: dict[str, str] = {
+    "ltx2": "vidloom.lora.formats:ltx2_keys",
 }
 
 
@@ -66,7 +73,8 @@ class LoRARegistry:
                  max_loras: int = DEFAULT_MAX_LORAS) -> None:
         if max_loras < 1:
             raise InvalidRequest("max_loras", f"must be >= 1, got {max_loras}")
-        self._targets = check_family(family, "lora")
+        check_family(family, "lora")
+        self._family = family
         self._components = components
         self._device, self._dtype = device, dtype
         self.max_loras = max_loras
@@ -90,16 +98,10 @@ class LoRARegistry:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
         self._check_room(name)  # before reading: a full registry refuses at once
         # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
-        layers: dict[str, LoRALayer] = {}
-        for component, map_target in self._targets:
-            layers.update(self._place(Path(path), component, self._components[component], import_target(map_target)))
-        adapter = LoadedLoRA(name, Path(path), layers)
+        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype)
         with self._lock:
             self._check_room(name)
-            for component, _ in self._targets:
-                prefix = component + ":"
-                names = [key[len(prefix):] for key in layers if key.startswith(prefix)]
-                wrap_linears(self._components[component], component, names)
+            wrap_adapter(adapter, self._components, self._family)
             self._loaded[name] = adapter
         return adapter
 
@@ -132,29 +134,50 @@ class LoRARegistry:
                 merged.setdefault(key, []).append((layer, scale))
         return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
 
-    def _place(self, path: Path, component: str, module: nn.Module, name_map: Any) -> dict[str, LoRALayer]:
-        """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
-        placed: dict[str, LoRALayer] = {}
-        for ckpt_name, layer in read_lora_file(path, component).layers.items():
-            ours = name_map.to_module(ckpt_name)
-            try:
-                target = module.get_submodule(ours)
-            except AttributeError:
-                target = None
-            if isinstance(target, LoRALinear):
-                target = target.base
-            if target is None or not hasattr(target, "in_features"):
-                raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
-                                      f"the {component} ({ours!r})")
-            if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
-                raise CheckpointError(
-                    f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
-                    f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
-                )
-            cast = {"device": self._device, "dtype": self._dtype}
-            placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
-        return placed
+def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], family: str, device: torch.device,
+                 dtype: torch.dtype) -> LoadedLoRA:
+    """Read the adapter file `path` for `family`'s LoRA targets among `components`, cast to device/dtype; the
+    modules are not touched (`wrap_adapter` does that)."""
+    convert = import_target(LORA_FORMATS[family]) if family in LORA_FORMATS else None
+    layers: dict[str, LoRALayer] = {}
+    for component, map_target in check_family(family, "lora"):
+        file = read_lora_file(Path(path), component, convert)
+        layers.update(_place(file, component, components[component], import_target(map_target), device, dtype))
+    return LoadedLoRA(name, Path(path), layers)
 
+
+def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any], family: str) -> None:
+    """Wrap every linear `adapter` targets in a LoRALinear (once; the base weights stay as they are)."""
+    for component, _ in check_family(family, "lora"):
+        prefix = component + ":"
+        names = [key[len(prefix):] for key in adapter.layers if key.startswith(prefix)]
+        wrap_linears(components[component], component, names)
+
+
+def _place(file: LoRAFile, component: str, module: nn.Module, name_map: Any, device: torch.device,
+           dtype: torch.dtype) -> dict[str, LoRALayer]:
+    """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
+    path = file.path
+    placed: dict[str, LoRALayer] = {}
+    for ckpt_name, layer in file.layers.items():
+        ours = name_map.to_module(ckpt_name)
+        try:
+            target = module.get_submodule(ours)
+        except AttributeError:
+            target = None
+        if isinstance(target, LoRALinear):
+            target = target.base
+        if target is None or not hasattr(target, "in_features"):
+            raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
+                                  f"the {component} ({ours!r})")
+        if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
+            raise CheckpointError(
+                f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
+                f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
+            )
+        cast = {"device": device, "dtype": dtype}
+        placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
+    return placed
 
 
 LORA_SLOT = "lora_adapters"
