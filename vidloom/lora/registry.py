@@ -25,9 +25,7 @@ DEFAULT_MAX_LORAS = 4
 """Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only)."""
 
 # family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
-# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we. (Wan2.2 is left out: on its
-# two-expert checkpoints diffusers loads into the high-noise expert alone unless told otherwise, a choice
-# to expose as an option rather than guess.)
+# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
 LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan2.1": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
     "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
@@ -36,6 +34,15 @@ LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
     # connectors; the connectors are refused by name (vidloom.lora.formats.ltx2_keys says why).
     "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),),
+    # Wan2.2 (TI2V-5B, A14B): diffusers loads into the high-noise expert `transformer` unless told otherwise
+    # (`into="transformer_2"` here, LORA_INTO).
+    "wan2.2": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
+}
+# family -> {instance component: the file prefix it reads}: components an adapter may be loaded into instead of
+# the default targets, as diffusers' WanLoraLoaderMixin.load_lora_weights(load_into_transformer_2=True) puts a
+# file's `transformer.` keys into a Wan2.2 A14B pipeline's low-noise expert.
+LORA_INTO: dict[str, dict[str, str]] = {
+    "wan2.2": {"transformer_2": "transformer"},
 }
 # family -> its community-format key converter (vidloom.lora.formats); families not listed read PEFT keys only.
 LORA_FORMATS: dict[str, str] = {
@@ -92,13 +99,14 @@ class LoRARegistry:
     def adapters(self) -> list[LoadedLoRA]:
         return list(self._loaded.values())
 
-    def load(self, name: str, path: str | Path) -> LoadedLoRA:
-        """Read `path` and make it selectable as `name` (replacing an adapter of that name)."""
+    def load(self, name: str, path: str | Path, into: str | None = None) -> LoadedLoRA:
+        """Read `path` and make it selectable as `name` (replacing an adapter of that name); `into`: the
+        component to load it into instead of the family's default (LORA_INTO)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
         self._check_room(name)  # before reading: a full registry refuses at once
         # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
-        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype)
+        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into)
         with self._lock:
             self._check_room(name)
             wrap_adapter(adapter, self._components, self._family)
@@ -135,22 +143,37 @@ class LoRARegistry:
         return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
 
 def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], family: str, device: torch.device,
-                 dtype: torch.dtype) -> LoadedLoRA:
-    """Read the adapter file `path` for `family`'s LoRA targets among `components`, cast to device/dtype; the
-    modules are not touched (`wrap_adapter` does that)."""
+                 dtype: torch.dtype, into: str | None = None) -> LoadedLoRA:
+    """Read the adapter file `path` for `family`'s LoRA targets among `components` (or into component `into`),
+    cast to device/dtype; the modules are not touched (`wrap_adapter` does that)."""
     convert = import_target(LORA_FORMATS[family]) if family in LORA_FORMATS else None
     layers: dict[str, LoRALayer] = {}
-    for component, map_target in check_family(family, "lora"):
-        file = read_lora_file(Path(path), component, convert)
+    for component, prefix, map_target in _targets(family, components, into):
+        file = read_lora_file(Path(path), prefix, convert)
         layers.update(_place(file, component, components[component], import_target(map_target), device, dtype))
     return LoadedLoRA(name, Path(path), layers)
 
 
+def _targets(family: str, components: Mapping[str, Any], into: str | None) -> list[tuple[str, str, str]]:
+    """(instance component, file prefix, NameMap target) for each component the adapter goes into."""
+    targets = check_family(family, "lora")
+    if into is None:
+        return [(component, component, map_target) for component, map_target in targets]
+    choices = {c for c, _ in targets} | {c for c in LORA_INTO.get(family, {}) if c in components}
+    if into not in choices:
+        raise InvalidRequest("into", f"this {family} model takes adapters into {', '.join(sorted(choices))}, "
+                             f"not {into!r}")
+    prefix = LORA_INTO.get(family, {}).get(into, into)
+    return [(into, prefix, dict(targets)[prefix])]
+
+
 def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any], family: str) -> None:
     """Wrap every linear `adapter` targets in a LoRALinear (once; the base weights stay as they are)."""
-    for component, _ in check_family(family, "lora"):
-        prefix = component + ":"
-        names = [key[len(prefix):] for key in adapter.layers if key.startswith(prefix)]
+    by_component: dict[str, list[str]] = {}
+    for key in adapter.layers:
+        component, _, module = key.partition(":")
+        by_component.setdefault(component, []).append(module)
+    for component, names in by_component.items():
         wrap_linears(components[component], component, names)
 
 
