@@ -47,6 +47,10 @@ LORA_INTO: dict[str, dict[str, str]] = {
 # family -> its community-format key converter (vidloom.lora.formats); families not listed read PEFT keys only.
 LORA_FORMATS: dict[str, str] = {
     "ltx2": "vidloom.lora.formats:ltx2_keys",
+    "wan2.1": "vidloom.lora.formats:wan_keys",
+    "wan2.2": "vidloom.lora.formats:wan_keys",
+    "anyflow-far": "vidloom.lora.formats:wan_keys",  # AnyFlowFARPipeline loads through WanLoraLoaderMixin
+    "flux2": "vidloom.lora.formats:flux2_keys",
 }
 
 
