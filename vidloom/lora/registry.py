@@ -113,7 +113,7 @@ class LoRARegistry:
         adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into)
         with self._lock:
             self._check_room(name)
-            wrap_adapter(adapter, self._components, self._family)
+            wrap_adapter(adapter, self._components)
             self._loaded[name] = adapter
         return adapter
 
@@ -171,7 +171,7 @@ def _targets(family: str, components: Mapping[str, Any], into: str | None) -> li
     return [(into, prefix, dict(targets)[prefix])]
 
 
-def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any], family: str) -> None:
+def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any]) -> None:
     """Wrap every linear `adapter` targets in a LoRALinear (once; the base weights stay as they are)."""
     by_component: dict[str, list[str]] = {}
     for key in adapter.layers:

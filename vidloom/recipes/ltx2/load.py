@@ -70,7 +70,7 @@ def _stage2_lora(flag: str, components: dict, family: str, device: torch.device,
     it is in force only inside stage 2's network (LTX2Network), so stage 1 and the requests never see it."""
     path, scale = split_scale(flag, "stage2_lora")
     adapter = read_adapter("stage2", path, components, family, device, dtype)
-    wrap_adapter(adapter, components, family)
+    wrap_adapter(adapter, components)
     return StageLoRA(adapter.layers, scale)
 
 
