@@ -78,10 +78,10 @@ def test_files_that_do_not_fit_the_model_name_file_and_key(gen, wan, tmp_path):
 
 
 def test_family_without_adapters_refuses_them_by_name():
-    with pytest.raises(InvalidRequest, match="lora.*'ltx2' family"):
-        LoRARegistry({}, "ltx2", torch.device("cpu"), torch.float32)
-    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="ltx2"), components={})
-    with pytest.raises(InvalidRequest, match="loras.*'ltx2' family"):
+    with pytest.raises(InvalidRequest, match="lora.*'cosmos3' family"):
+        LoRARegistry({}, "cosmos3", torch.device("cpu"), torch.float32)
+    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="cosmos3"), components={})
+    with pytest.raises(InvalidRequest, match="loras.*'cosmos3' family"):
         resolve_request_loras(instance, (("x", 1.0),))
 
 
