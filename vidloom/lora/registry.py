@@ -7,7 +7,7 @@ Which components take adapters, and how their diffusers module names map onto ou
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,8 @@ from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_file
 from vidloom.registry import import_target
 
 DEFAULT_MAX_LORAS = 4
-"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only)."""
+"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only); loading
+one more evicts the least recently used adapter no running request holds."""
 
 # family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
 # Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
@@ -74,7 +75,7 @@ def check_family(family: str, field: str = "loras") -> tuple[tuple[str, str], ..
 
 
 class LoRARegistry:
-    """Adapters resident on one model instance, at most `max_loras` of them.
+    """Adapters resident on one model instance, at most `max_loras` of them (LRU eviction of idle ones past that).
 
     A running request resolves its adapters once (`resolve`) and keeps references to their tensors, so
     unloading an adapter never pulls weights from under a step in flight; its memory goes when that run ends.
@@ -89,7 +90,8 @@ class LoRARegistry:
         self._components = components
         self._device, self._dtype = device, dtype
         self.max_loras = max_loras
-        self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()
+        self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()  # least recently used first
+        self._in_use: Counter[str] = Counter()  # name -> runs holding it (resolved, not yet released)
         # A server loads and unloads on worker threads while requests resolve on others; module wrapping and
         # the table change under it (a forward sees a linear either wrapped or not: both are the base weights
         # for a run that does not name the new adapter).
@@ -108,21 +110,38 @@ class LoRARegistry:
         component to load it into instead of the family's default (LORA_INTO)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
-        self._check_room(name)  # before reading: a full registry refuses at once
+        with self._lock:
+            self._victim(name)  # before reading: a registry full of adapters in use refuses at once
         # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
         adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into)
         with self._lock:
-            self._check_room(name)
+            victim = self._victim(name)
+            if victim is not None:
+                del self._loaded[victim]
             wrap_adapter(adapter, self._components)
             self._loaded[name] = adapter
         return adapter
 
-    def _check_room(self, name: str) -> None:
-        if name not in self._loaded and len(self._loaded) >= self.max_loras:
+    def _victim(self, name: str) -> str | None:
+        """The adapter loading `name` evicts: the least recently used one no running request holds (None when
+        there is room); InvalidRequest("name") when every resident adapter is in use. Caller holds the lock."""
+        if name in self._loaded or len(self._loaded) < self.max_loras:
+            return None
+        idle = next((n for n in self._loaded if not self._in_use[n]), None)  # _loaded is kept in LRU order
+        if idle is None:
             raise InvalidRequest(
                 "name", f"cannot load {name!r}: {len(self._loaded)} adapters are resident, the limit max_loras is "
-                f"{self.max_loras} ({', '.join(self._loaded)}); unload one first",
+                f"{self.max_loras}, and running requests use all of them ({', '.join(self._loaded)})",
             )
+        return idle
+
+    def release(self, names: list[str]) -> None:
+        """A run that resolved `names` has ended: they may be evicted again."""
+        with self._lock:
+            for name in names:
+                self._in_use[name] -= 1
+                if self._in_use[name] <= 0:
+                    del self._in_use[name]
 
     def unload(self, name: str) -> None:
         with self._lock:
@@ -137,11 +156,15 @@ class LoRARegistry:
         merged: dict[str, list[tuple[LoRALayer, float]]] = {}
         with self._lock:
             chosen = [(i, name, scale, self._loaded.get(name)) for i, (name, scale) in enumerate(loras.items())]
+            for i, name, _, adapter in chosen:
+                if adapter is None:
+                    raise InvalidRequest(
+                        f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {list(self._loaded) or 'none'})"
+                    )
+            for _, name, _, _ in chosen:  # most recently used last; held until the run releases them
+                self._loaded.move_to_end(name)
+                self._in_use[name] += 1
         for i, name, scale, adapter in chosen:
-            if adapter is None:
-                raise InvalidRequest(
-                    f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})"
-                )
             for key, layer in adapter.layers.items():
                 merged.setdefault(key, []).append((layer, scale))
         return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
@@ -236,3 +259,10 @@ def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     if registry is None:
         raise InvalidRequest("loras[0].name", f"no LoRA adapter {loras[0][0]!r} is loaded (loaded: none)")
     return registry.resolve(dict(loras))
+
+
+def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
+    """The run that resolved `loras` (resolve_request_loras) has ended: its adapters may be evicted again."""
+    registry = instance.components.get(LORA_SLOT)
+    if loras and registry is not None:
+        registry.release([name for name, _ in loras])

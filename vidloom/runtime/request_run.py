@@ -24,7 +24,7 @@ from vidloom.core.output import (
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.lora.apply import ActiveLoRAs, lora_scope
-from vidloom.lora.registry import resolve_request_loras
+from vidloom.lora.registry import release_request_loras, resolve_request_loras
 from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
@@ -225,6 +225,9 @@ class RequestRun:
             self._admission.release(self)
         if self._interceptor is not None:
             self._interceptor.close()
+        if self._loras is not None:
+            self._loras = None  # once: close may run again after a failure
+            release_request_loras(self.instance, self.request.loras)
         if under_pressure(self.instance.device):
             release_cached_memory(self.instance.device)
 
