@@ -101,3 +101,26 @@ def test_serve_flags_and_card_load_adapters_at_start(flux2_distilled_dir, tmp_pa
         assert styled.status_code == 200, styled.text
     finally:
         server.terminate()
+
+
+def test_multipart_image_edits_take_loras_as_json_text(served):
+    gen, lora, client, _ = served
+    picture = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(picture, "PNG")
+    files = {"image": ("ref.png", picture.getvalue(), "image/png")}
+    form = {key: str(value) for key, value in BODY.items()}
+
+    def edit(**extra):
+        return client.post("/v1/images/edits", data={**form, **extra}, files=files)
+
+    client.post("/v1/loras", json={"name": "boat", "path": str(lora)}).raise_for_status()
+    try:
+        base = _image(edit())
+        styled = _image(edit(loras='[{"name": "boat", "scale": 0.8}]'))
+        assert np.abs(styled.astype(int) - base).max() > 10, "the edit's adapters changed nothing"
+        unknown = edit(loras='[{"name": "nope"}]')
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "loras[0].name"
+        garbled = edit(loras="boat:0.8")
+        assert garbled.status_code == 400 and garbled.json()["error"]["param"] == "loras"
+    finally:
+        client.delete("/v1/loras/boat")
