@@ -122,5 +122,8 @@ def test_multipart_image_edits_take_loras_as_json_text(served):
         assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "loras[0].name"
         garbled = edit(loras="boat:0.8")
         assert garbled.status_code == 400 and garbled.json()["error"]["param"] == "loras"
+        # `into` reaches the registry: a one-transformer Flux2 has no other component to load into.
+        elsewhere = client.post("/v1/loras", json={"name": "x", "path": str(lora), "into": "transformer_2"})
+        assert elsewhere.status_code == 400 and elsewhere.json()["error"]["param"] == "into"
     finally:
         client.delete("/v1/loras/boat")
