@@ -47,6 +47,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     stages.add_argument("--upsampler", default=None, metavar="DIR",
                         help="latent upsampler folder (LTX2LatentUpsamplerModel or LTX2LatentUpsamplePipeline); "
                              "implies --two-stage")
+    stages.add_argument("--stage2-lora", default=None, metavar="PATH[:SCALE]",
+                        help="LoRA applied in the second stage only (LTX-2's distilled refinement LoRA); "
+                             "needs --two-stage or --upsampler")
     multi = parser.add_argument_group("several devices (one process each; see README 'Multiple devices')")
     multi.add_argument("--devices", type=int, default=None, metavar="N",
                        help="processes, one per device (default: --sp x cfg degree, or torchrun's world size)")
@@ -80,6 +83,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         step_cache_threshold=args.step_cache_threshold,
         two_stage=args.two_stage,
         upsampler=args.upsampler,
+        stage2_lora=args.stage2_lora,
         devices=devices,
         parallel=plan,
     )

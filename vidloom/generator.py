@@ -110,12 +110,15 @@ class VideoGenerator:
     def card(self) -> ModelCard:
         return self.engine.instance.card
 
-    def load_lora(self, name: str, path: str | Path) -> None:
-        """Make the LoRA file `path` (diffusers/PEFT safetensors, as `save_lora_weights` writes it) selectable
-        as `name` in `generate(loras={name: scale})`; the base weights stay as loaded. Loading a name again
-        replaces it. CheckpointError names the file and key for a file that does not fit this model;
-        InvalidRequest("name") past max_loras resident adapters."""
-        attach_registry(self._single_instance("load_lora")).load(name, path)
+    def load_lora(self, name: str, path: str | Path, into: str | None = None) -> None:
+        """Make the LoRA file `path` (diffusers/PEFT safetensors, as `save_lora_weights` writes it, or a community
+        format, docs/lora-formats.md) selectable as `name` in `generate(loras={name: scale})`; the base weights
+        stay as loaded. Loading a name again replaces it. `into="transformer_2"` loads it into a Wan2.2 A14B
+        checkpoint's low-noise expert (diffusers' load_into_transformer_2=True); the default is the high-noise one.
+        CheckpointError names the file and key for a file that does not fit this model. Past max_loras resident
+        adapters the least recently used one no running request holds is evicted (InvalidRequest("name") when
+        running requests hold them all)."""
+        attach_registry(self._single_instance("load_lora")).load(name, path, into)
 
     def unload_lora(self, name: str) -> None:
         """Forget adapter `name` (a run already using it finishes with it); InvalidRequest("name") if not loaded."""

@@ -50,14 +50,33 @@ def test_unknown_name_bad_scale_and_too_many_adapters_are_refused_by_name(gen, w
     gen.load_lora("b", wan[1])
     gen.load_lora("b", wan[1])  # replacing a resident name needs no free slot
     try:
-        with pytest.raises(InvalidRequest, match="name.*max_loras is 2"):
-            gen.load_lora("c", wan[1])
-        assert gen.loras == ["a", "b"]
         with pytest.raises(InvalidRequest, match=r"loras\[1\].name.*'c'"):
             _frames(gen, {"a": 1.0, "c": 1.0})
     finally:
         gen.unload_lora("a")
         gen.unload_lora("b")
+
+
+def test_past_max_loras_the_least_recently_used_idle_adapter_is_evicted(gen, wan):
+    gen.load_lora("a", wan[1])
+    gen.load_lora("b", wan[1])
+    _frames(gen, {"a": 1.0})  # a is now the most recently used
+    gen.load_lora("c", wan[1])
+    assert gen.loras == ["a", "c"], "b, the least recently used, goes"
+    held = gen.engine.start(build_request(gen.card, "a kite", loras={"c": 1.0}, **KW))  # a run holds c
+    try:
+        gen.load_lora("d", wan[1])
+        assert gen.loras == ["c", "d"], "a is evicted although c is older in use: a running request holds c"
+        second = gen.engine.start(build_request(gen.card, "a kite", loras={"d": 1.0}, **KW))
+        with pytest.raises(InvalidRequest, match="name.*max_loras is 2.*running requests use all"):
+            gen.load_lora("e", wan[1])
+        second.close()
+    finally:
+        held.close()
+    gen.load_lora("e", wan[1])  # released by close: c (least recently used) goes now
+    assert gen.loras == ["d", "e"]
+    gen.unload_lora("d")
+    gen.unload_lora("e")
     with pytest.raises(InvalidRequest, match="name.*no LoRA adapter 'a'"):
         gen.unload_lora("a")
 
@@ -78,10 +97,10 @@ def test_files_that_do_not_fit_the_model_name_file_and_key(gen, wan, tmp_path):
 
 
 def test_family_without_adapters_refuses_them_by_name():
-    with pytest.raises(InvalidRequest, match="lora.*'ltx2' family"):
-        LoRARegistry({}, "ltx2", torch.device("cpu"), torch.float32)
-    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="ltx2"), components={})
-    with pytest.raises(InvalidRequest, match="loras.*'ltx2' family"):
+    with pytest.raises(InvalidRequest, match="lora.*'cosmos3' family"):
+        LoRARegistry({}, "cosmos3", torch.device("cpu"), torch.float32)
+    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="cosmos3"), components={})
+    with pytest.raises(InvalidRequest, match="loras.*'cosmos3' family"):
         resolve_request_loras(instance, (("x", 1.0),))
 
 

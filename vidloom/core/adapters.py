@@ -24,6 +24,10 @@ class StepAdapters(Protocol):
         """A context in which `active` (from resolve) is applied; None: base weights only."""
         ...
 
+    def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
+        """The run that resolved `loras` has ended: its adapters are no longer held (they may be evicted)."""
+        ...
+
 
 class NoAdapters:
     """An engine built without adapters: a request that names one is refused, naming the field."""
@@ -35,6 +39,9 @@ class NoAdapters:
 
     def scope(self, active: Any | None) -> ContextManager[None]:
         return contextlib.nullcontext()
+
+    def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
+        return None
 
 
 NO_ADAPTERS = NoAdapters()

@@ -40,7 +40,7 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "kv_pool_tokens": Feature(("kv_pool_tokens",), ("--kv-pool-tokens",)),
     "kv_session_ttl_s": Feature(("kv_session_ttl_s",), ("--kv-session-ttl",)),
     "offload_idle_expert": Feature(("offload_idle_expert",), ("--offload-idle-expert",)),
-    "two_stage": Feature(("two_stage", "upsampler"), ("--two-stage", "--upsampler")),
+    "two_stage": Feature(("two_stage", "upsampler", "stage2_lora"), ("--two-stage", "--upsampler", "--stage2-lora")),
     "devices": Feature(("devices", "parallel"), ("--devices", "--sp", "--cfg-parallel")),
 })
 

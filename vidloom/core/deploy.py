@@ -63,6 +63,9 @@ class DeployConfig:
     from `upsampler` or the checkpoint's own latent_upsampler/ folder."""
     upsampler: str | None = None
     """A latent upsampler folder (LTX2LatentUpsamplerModel, or an LTX2LatentUpsamplePipeline folder); implies two_stage."""
+    stage2_lora: str | None = None
+    """A LoRA file applied in the second stage only (--stage2-lora PATH[:SCALE], scale 1.0 by default), on top of
+    a request's own adapters: LTX-2's distilled refinement LoRA. Needs two_stage (or upsampler)."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()
@@ -102,6 +105,9 @@ class DeployConfig:
         if self.compile_backend != "inductor" and not self.compile:
             raise DeployError(f"compile_backend={self.compile_backend!r} (--compile-backend) tunes compile; "
                               "it needs compile (--compile)")
+        if self.stage2_lora is not None and not (self.two_stage or self.upsampler):
+            raise DeployError("stage2_lora (--stage2-lora) is applied in the second stage; it needs two_stage "
+                              "(--two-stage) or upsampler (--upsampler)")
         if self.step_cache_threshold is not None and self.step_cache == "none":
             raise DeployError("step_cache_threshold (--step-cache-threshold) needs a step cache (--step-cache)")
 

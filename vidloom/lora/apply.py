@@ -46,6 +46,20 @@ def lora_scope(active: ActiveLoRAs | None) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def current_loras() -> ActiveLoRAs | None:
+    """The adapters of the scope the caller runs in (None: base weights)."""
+    return _ACTIVE.get()
+
+
+def with_adapter(active: ActiveLoRAs | None, adapter: Mapping[str, LoRALayer], scale: float = 1.0) -> ActiveLoRAs:
+    """`active` plus one more adapter's layers at `scale`, applied after the ones already there (a program
+    stage that always runs with a fixed adapter, on top of what the request chose)."""
+    merged = {key: list(entries) for key, entries in (active.layers.items() if active is not None else ())}
+    for key, layer in adapter.items():
+        merged.setdefault(key, []).append((layer, scale))
+    return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
+
+
 class LoRALinear(nn.Module):
     """base(x) plus the active adapters' low-rank updates for this layer (none outside a scope)."""
 

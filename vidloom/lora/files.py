@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from vidloom.core.errors import CheckpointError
+from vidloom.core.errors import CheckpointError, InvalidRequest
 
 METADATA_KEY = "lora_adapter_metadata"  # diffusers.loaders.lora_base.LORA_ADAPTER_METADATA_KEY
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".alpha")
@@ -48,8 +48,14 @@ class LoRAFile:
     layers: Mapping[str, LoRALayer]
 
 
-def read_lora_file(path: str | Path, component: str) -> LoRAFile:
-    """Read `path`; CheckpointError names the file and the first key not understood."""
+KeyConverter = Callable[[Path, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""A family's community-format reader: (file, its tensors) -> the same tensors under diffusers/PEFT keys
+(unchanged when the file already uses them); CheckpointError naming the file and the first key not understood."""
+
+
+def read_lora_file(path: str | Path, component: str, convert: KeyConverter | None = None) -> LoRAFile:
+    """Read `path` (in a community format `convert` understands, or diffusers/PEFT keys); CheckpointError names
+    the file and the first key not understood."""
     path = Path(path)
     try:
         exists = path.is_file()
@@ -63,6 +69,8 @@ def read_lora_file(path: str | Path, component: str) -> LoRAFile:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 -- safe_open is no dict
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors LoRA file ({exc})") from None
+    if convert is not None:
+        tensors = convert(path, tensors)
     config = _component_config(path, metadata, component)
     grouped = _group(path, tensors, component)
     if not grouped:
@@ -128,3 +136,20 @@ def _pattern_value(patterns: Mapping[str, Any] | None, module: str, default: Any
         if re.match(rf"(.*\.)?({key})$", module):
             return value
     return default
+
+
+def split_scale(text: str, field: str) -> tuple[Path, float]:
+    """"PATH[:SCALE]" -> (path, scale); a colon followed by no number is part of the path. InvalidRequest(field)
+    for a scale that is not finite."""
+    path_text, scale = text, 1.0
+    head, sep, tail = text.rpartition(":")
+    if sep:
+        try:
+            scale = float(tail)
+        except ValueError:
+            pass  # no scale: the colon is part of the path
+        else:
+            path_text = head
+    if not math.isfinite(scale):
+        raise InvalidRequest(field, f"{text!r}: the scale must be a finite number")
+    return Path(path_text), scale

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,21 +19,40 @@ from torch import nn
 
 from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_scope, wrap_linears
-from vidloom.lora.files import LoRALayer, read_lora_file
+from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_file
 from vidloom.registry import import_target
 
 DEFAULT_MAX_LORAS = 4
-"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only)."""
+"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only); loading
+one more evicts the least recently used adapter no running request holds."""
 
 # family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
-# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we. (Wan2.2 is left out: on its
-# two-expert checkpoints diffusers loads into the high-noise expert alone unless told otherwise, a choice
-# to expose as an option rather than guess.)
+# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
 LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan2.1": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
     "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
     "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
+    # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
+    # connectors; the connectors are refused by name (vidloom.lora.formats.ltx2_keys says why).
+    "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),),
+    # Wan2.2 (TI2V-5B, A14B): diffusers loads into the high-noise expert `transformer` unless told otherwise
+    # (`into="transformer_2"` here, LORA_INTO).
+    "wan2.2": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
+}
+# family -> {instance component: the file prefix it reads}: components an adapter may be loaded into instead of
+# the default targets, as diffusers' WanLoraLoaderMixin.load_lora_weights(load_into_transformer_2=True) puts a
+# file's `transformer.` keys into a Wan2.2 A14B pipeline's low-noise expert.
+LORA_INTO: dict[str, dict[str, str]] = {
+    "wan2.2": {"transformer_2": "transformer"},
+}
+# family -> its community-format key converter (vidloom.lora.formats); families not listed read PEFT keys only.
+LORA_FORMATS: dict[str, str] = {
+    "ltx2": "vidloom.lora.formats:ltx2_keys",
+    "wan2.1": "vidloom.lora.formats:wan_keys",
+    "wan2.2": "vidloom.lora.formats:wan_keys",
+    "anyflow-far": "vidloom.lora.formats:wan_keys",  # AnyFlowFARPipeline loads through WanLoraLoaderMixin
+    "flux2": "vidloom.lora.formats:flux2_keys",
 }
 
 
@@ -57,7 +76,7 @@ def check_family(family: str, field: str = "loras") -> tuple[tuple[str, str], ..
 
 
 class LoRARegistry:
-    """Adapters resident on one model instance, at most `max_loras` of them.
+    """Adapters resident on one model instance, at most `max_loras` of them (LRU eviction of idle ones past that).
 
     A running request resolves its adapters once (`resolve`) and keeps references to their tensors, so
     unloading an adapter never pulls weights from under a step in flight; its memory goes when that run ends.
@@ -67,11 +86,13 @@ class LoRARegistry:
                  max_loras: int = DEFAULT_MAX_LORAS) -> None:
         if max_loras < 1:
             raise InvalidRequest("max_loras", f"must be >= 1, got {max_loras}")
-        self._targets = check_family(family, "lora")
+        check_family(family, "lora")
+        self._family = family
         self._components = components
         self._device, self._dtype = device, dtype
         self.max_loras = max_loras
-        self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()
+        self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()  # least recently used first
+        self._in_use: Counter[str] = Counter()  # name -> runs holding it (resolved, not yet released)
         # A server loads and unloads on worker threads while requests resolve on others; module wrapping and
         # the table change under it (a forward sees a linear either wrapped or not: both are the base weights
         # for a run that does not name the new adapter).
@@ -85,31 +106,43 @@ class LoRARegistry:
     def adapters(self) -> list[LoadedLoRA]:
         return list(self._loaded.values())
 
-    def load(self, name: str, path: str | Path) -> LoadedLoRA:
-        """Read `path` and make it selectable as `name` (replacing an adapter of that name)."""
+    def load(self, name: str, path: str | Path, into: str | None = None) -> LoadedLoRA:
+        """Read `path` and make it selectable as `name` (replacing an adapter of that name); `into`: the
+        component to load it into instead of the family's default (LORA_INTO)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
-        self._check_room(name)  # before reading: a full registry refuses at once
-        # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
-        layers: dict[str, LoRALayer] = {}
-        for component, map_target in self._targets:
-            layers.update(self._place(Path(path), component, self._components[component], import_target(map_target)))
-        adapter = LoadedLoRA(name, Path(path), layers)
         with self._lock:
-            self._check_room(name)
-            for component, _ in self._targets:
-                prefix = component + ":"
-                names = [key[len(prefix):] for key in layers if key.startswith(prefix)]
-                wrap_linears(self._components[component], component, names)
+            self._victim(name)  # before reading: a registry full of adapters in use refuses at once
+        # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
+        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into)
+        with self._lock:
+            victim = self._victim(name)
+            if victim is not None:
+                del self._loaded[victim]
+            wrap_adapter(adapter, self._components)
             self._loaded[name] = adapter
         return adapter
 
-    def _check_room(self, name: str) -> None:
-        if name not in self._loaded and len(self._loaded) >= self.max_loras:
+    def _victim(self, name: str) -> str | None:
+        """The adapter loading `name` evicts: the least recently used one no running request holds (None when
+        there is room); InvalidRequest("name") when every resident adapter is in use. Caller holds the lock."""
+        if name in self._loaded or len(self._loaded) < self.max_loras:
+            return None
+        idle = next((n for n in self._loaded if not self._in_use[n]), None)  # _loaded is kept in LRU order
+        if idle is None:
             raise InvalidRequest(
                 "name", f"cannot load {name!r}: {len(self._loaded)} adapters are resident, the limit max_loras is "
-                f"{self.max_loras} ({', '.join(self._loaded)}); unload one first",
+                f"{self.max_loras}, and running requests use all of them ({', '.join(self._loaded)})",
             )
+        return idle
+
+    def release(self, names: list[str]) -> None:
+        """A run that resolved `names` has ended: they may be evicted again."""
+        with self._lock:
+            for name in names:
+                self._in_use[name] -= 1
+                if self._in_use[name] <= 0:
+                    del self._in_use[name]
 
     def unload(self, name: str) -> None:
         with self._lock:
@@ -124,38 +157,78 @@ class LoRARegistry:
         merged: dict[str, list[tuple[LoRALayer, float]]] = {}
         with self._lock:
             chosen = [(i, name, scale, self._loaded.get(name)) for i, (name, scale) in enumerate(loras.items())]
+            for i, name, _, adapter in chosen:
+                if adapter is None:
+                    raise InvalidRequest(
+                        f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {list(self._loaded) or 'none'})"
+                    )
+            for _, name, _, _ in chosen:  # most recently used last; held until the run releases them
+                self._loaded.move_to_end(name)
+                self._in_use[name] += 1
         for i, name, scale, adapter in chosen:
-            if adapter is None:
-                raise InvalidRequest(
-                    f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})"
-                )
             for key, layer in adapter.layers.items():
                 merged.setdefault(key, []).append((layer, scale))
         return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
 
-    def _place(self, path: Path, component: str, module: nn.Module, name_map: Any) -> dict[str, LoRALayer]:
-        """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
-        placed: dict[str, LoRALayer] = {}
-        for ckpt_name, layer in read_lora_file(path, component).layers.items():
-            ours = name_map.to_module(ckpt_name)
-            try:
-                target = module.get_submodule(ours)
-            except AttributeError:
-                target = None
-            if isinstance(target, LoRALinear):
-                target = target.base
-            if target is None or not hasattr(target, "in_features"):
-                raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
-                                      f"the {component} ({ours!r})")
-            if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
-                raise CheckpointError(
-                    f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
-                    f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
-                )
-            cast = {"device": self._device, "dtype": self._dtype}
-            placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
-        return placed
+def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], family: str, device: torch.device,
+                 dtype: torch.dtype, into: str | None = None) -> LoadedLoRA:
+    """Read the adapter file `path` for `family`'s LoRA targets among `components` (or into component `into`),
+    cast to device/dtype; the modules are not touched (`wrap_adapter` does that)."""
+    convert = import_target(LORA_FORMATS[family]) if family in LORA_FORMATS else None
+    layers: dict[str, LoRALayer] = {}
+    for component, prefix, map_target in _targets(family, components, into):
+        file = read_lora_file(Path(path), prefix, convert)
+        layers.update(_place(file, component, components[component], import_target(map_target), device, dtype))
+    return LoadedLoRA(name, Path(path), layers)
 
+
+def _targets(family: str, components: Mapping[str, Any], into: str | None) -> list[tuple[str, str, str]]:
+    """(instance component, file prefix, NameMap target) for each component the adapter goes into."""
+    targets = check_family(family, "lora")
+    if into is None:
+        return [(component, component, map_target) for component, map_target in targets]
+    choices = {c for c, _ in targets} | {c for c in LORA_INTO.get(family, {}) if c in components}
+    if into not in choices:
+        raise InvalidRequest("into", f"this {family} model takes adapters into {', '.join(sorted(choices))}, "
+                             f"not {into!r}")
+    prefix = LORA_INTO.get(family, {}).get(into, into)
+    return [(into, prefix, dict(targets)[prefix])]
+
+
+def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any]) -> None:
+    """Wrap every linear `adapter` targets in a LoRALinear (once; the base weights stay as they are)."""
+    by_component: dict[str, list[str]] = {}
+    for key in adapter.layers:
+        component, _, module = key.partition(":")
+        by_component.setdefault(component, []).append(module)
+    for component, names in by_component.items():
+        wrap_linears(components[component], component, names)
+
+
+def _place(file: LoRAFile, component: str, module: nn.Module, name_map: Any, device: torch.device,
+           dtype: torch.dtype) -> dict[str, LoRALayer]:
+    """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
+    path = file.path
+    placed: dict[str, LoRALayer] = {}
+    for ckpt_name, layer in file.layers.items():
+        ours = name_map.to_module(ckpt_name)
+        try:
+            target = module.get_submodule(ours)
+        except AttributeError:
+            target = None
+        if isinstance(target, LoRALinear):
+            target = target.base
+        if target is None or not hasattr(target, "in_features"):
+            raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
+                                  f"the {component} ({ours!r})")
+        if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
+            raise CheckpointError(
+                f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
+                f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
+            )
+        cast = {"device": device, "dtype": dtype}
+        placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
+    return placed
 
 
 LORA_SLOT = "lora_adapters"
@@ -189,6 +262,13 @@ def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     return registry.resolve(dict(loras))
 
 
+def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
+    """The run that resolved `loras` (resolve_request_loras) has ended: its adapters may be evicted again."""
+    registry = instance.components.get(LORA_SLOT)
+    if loras and registry is not None:
+        registry.release([name for name, _ in loras])
+
+
 class LoRAStepAdapters:
     """The runtime's view of LoRA (core.adapters.StepAdapters): the engine's builder injects it."""
 
@@ -197,6 +277,9 @@ class LoRAStepAdapters:
 
     def scope(self, active: ActiveLoRAs | None) -> contextlib.AbstractContextManager[None]:
         return lora_scope(active)
+
+    def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
+        release_request_loras(instance, loras)
 
 
 LORA_ADAPTERS = LoRAStepAdapters()

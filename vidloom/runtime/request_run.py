@@ -227,6 +227,9 @@ class RequestRun:
             self._admission.release(self)
         if self._interceptor is not None:
             self._interceptor.close()
+        if self._loras is not None:
+            self._loras = None  # once: close may run again after a failure
+            self._adapters.release(self.instance, self.request.loras)
         if under_pressure(self.instance.device):
             release_cached_memory(self.instance.device)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 import uuid
 from typing import Any
@@ -90,6 +91,18 @@ async def _answer(request: Request, output: VideoOutput, planned: PlannedImages)
     return ImageData(url=f"{str(request.base_url).rstrip('/')}/v1/images/files/{name}")
 
 
+# Form fields whose value is JSON text (a list of objects has no flat form encoding): `loras`, as in the JSON body.
+JSON_FORM_FIELDS = frozenset({"loras"})
+
+
+def _json_field(key: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise APIError(400, f"{key}: a form field holding JSON text, e.g. "
+                       '[{"name": "watercolor", "scale": 0.8}]', param=key, code="invalid_parameter") from None
+
+
 async def _edit_form(request: Request, max_images: int) -> tuple[dict[str, Any], list[bytes]]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "multipart/form-data":
@@ -109,6 +122,8 @@ async def _edit_form(request: Request, max_images: int) -> tuple[dict[str, Any],
                 files.append(await value.read())
         elif key in IMAGE_FILE_FIELDS:
             raise APIError(400, "image: must be a file part", param="image", code="invalid_parameter")
+        elif key in JSON_FORM_FIELDS:
+            fields[key] = _json_field(key, value)
         else:
             fields[key] = value
     if max_images and len(files) > max_images:

@@ -60,7 +60,7 @@ async def load_lora(request: Request) -> dict[str, Any]:
     with engine_errors(lambda field: field):
         registry = attach_registry(instance)
         try:
-            adapter = await asyncio.to_thread(registry.load, body.name, body.path)
+            adapter = await asyncio.to_thread(registry.load, body.name, body.path, body.into)
         except CheckpointError as exc:
             raise APIError(400, f"path: {exc}", param="path", code="invalid_lora") from None
     return {"name": adapter.name, "file": adapter.path.name, "layers": len(adapter.layers)}

@@ -80,6 +80,7 @@ class LoraLoadBody(BaseModel):
 
     name: str
     path: str
+    into: str | None = None  # a component instead of the default, e.g. a Wan2.2 A14B's "transformer_2" expert
 
 
 class ActionBlock(BaseModel):

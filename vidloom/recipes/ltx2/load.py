@@ -14,12 +14,15 @@ from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.lora.files import split_scale
+from vidloom.lora.registry import read_adapter, wrap_adapter
 from vidloom.models.ltx2.audio_loading import load_audio_vae, load_vocoder
 from vidloom.models.ltx2.checkpoint import load_latent_upsampler, load_video_vae
 from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
 from vidloom.models.ltx2.transformer import LTX2_TRANSFORMER_NAME_MAP, LTX2Transformer, LTX2TransformerConfig
 from vidloom.models.ltx2.upsampler import LTX2LatentUpsampler, check_upsampler_matches
 from vidloom.recipes.ltx2.cards import check_pipeline
+from vidloom.recipes.ltx2.loop import STAGE2_LORA, StageLoRA
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
 from vidloom.recipes.ltx2.settings import LTX2Settings
 from vidloom.recipes.ltx2.text import LTX2TextEncoder
@@ -56,8 +59,19 @@ def load_instance(
     }
     if deploy.two_stage or deploy.upsampler:
         components["upsampler"] = _upsampler(ckpt.root, deploy.upsampler, vae, device)
+    if deploy.stage2_lora is not None:
+        components[STAGE2_LORA] = _stage2_lora(deploy.stage2_lora, components, card.family, device, compute)
     return ModelInstance(card=card, components=components, device=device, dtype=compute,
                          checkpoint_dir=str(ckpt.root), deploy=deploy)
+
+
+def _stage2_lora(flag: str, components: dict, family: str, device: torch.device, dtype: torch.dtype) -> StageLoRA:
+    """The deployment's stage-2 adapter, read like any LoRA file and wrapped onto the one resident transformer;
+    it is in force only inside stage 2's network (LTX2Network), so stage 1 and the requests never see it."""
+    path, scale = split_scale(flag, "stage2_lora")
+    adapter = read_adapter("stage2", path, components, family, device, dtype)
+    wrap_adapter(adapter, components)
+    return StageLoRA(adapter.layers, scale)
 
 
 def _upsampler(root: Path, given: str | None, vae: object, device: torch.device) -> LTX2LatentUpsampler:

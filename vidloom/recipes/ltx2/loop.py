@@ -6,6 +6,7 @@ upsampled, re-noised latents) over the one resident transformer; they differ in 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -16,8 +17,22 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+from vidloom.lora.apply import current_loras, lora_scope, with_adapter
+from vidloom.lora.files import LoRALayer
 from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2Transformer
 from vidloom.recipes.ltx2.text import LTX2Text
+
+
+@dataclass(frozen=True)
+class StageLoRA:
+    """An adapter one pass of the program always runs with (the deployment's stage-2 LoRA), at `scale`."""
+
+    layers: Mapping[str, LoRALayer]  # LoRALinear key -> layer, as vidloom.lora.registry.read_adapter places them
+    scale: float = 1.0
+
+
+STAGE2_LORA = "stage2_lora"
+"""The instance component holding the deployment's StageLoRA for stage 2 (absent: none)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +54,10 @@ class LTX2Network:
     """
 
     def __init__(self, transformer: LTX2Transformer, positions: LTX2Positions, dtype: torch.dtype,
-                 use_cross_timestep: bool) -> None:
+                 use_cross_timestep: bool, stage_lora: StageLoRA | None = None) -> None:
         self.transformer, self.positions, self.dtype = transformer, positions, dtype
         self.use_cross_timestep = use_cross_timestep
+        self.stage_lora = stage_lora
 
     def __call__(
         self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
@@ -65,21 +81,32 @@ class LTX2Network:
         pos = LTX2Positions(self.positions.video.repeat(batch, 1, 1, 1), self.positions.audio.repeat(batch, 1, 1, 1))
         text = text.to(self.dtype)
         # Both pipelines condition LTX-2.3's text and cross-modal modulation on the scalar step timestep.
-        return self.transformer.embed(
-            video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep, audio_timestep,
-            audio_timestep, pos, use_cross_timestep=self.use_cross_timestep, isolate_modalities=isolate,
-            skip_self_attention=skip,
-        )
+        with self._stage_scope():
+            return self.transformer.embed(
+                video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep,
+                audio_timestep, audio_timestep, pos, use_cross_timestep=self.use_cross_timestep,
+                isolate_modalities=isolate, skip_self_attention=skip,
+            )
 
     def run_blocks(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0,
                    end: int | None = None) -> tuple[Tensor, Tensor]:
-        return self.transformer.run_blocks(x, cond, start, end)
+        with self._stage_scope():
+            return self.transformer.run_blocks(x, cond, start, end)
 
     def block_input(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, index: int = 0) -> Tensor:
-        return self.transformer.block_input(x, cond, index)
+        with self._stage_scope():
+            return self.transformer.block_input(x, cond, index)
 
     def head(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning) -> tuple[Tensor, Tensor]:
-        return self.transformer.head(x, cond)
+        with self._stage_scope():
+            return self.transformer.head(x, cond)
+
+    def _stage_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """The stage's own adapter (the distilled stage-2 LoRA) on top of the request's, for this pass only: every
+        stage of the forward runs inside it (adapted linears sit in the embedding, the blocks and the head)."""
+        if self.stage_lora is None:
+            return contextlib.nullcontext()
+        return lora_scope(with_adapter(current_loras(), self.stage_lora.layers, self.stage_lora.scale))
 
 
 @dataclass
@@ -108,8 +135,10 @@ class LTX2DenoiseLoop:
     def __init__(
         self, name: str, transformer: LTX2Transformer, dtype: torch.dtype, sigmas: SigmaFn, scales: ScalesFn,
         use_cross_timestep: bool, num_train_timesteps: int = 1000, guidance: AudioVideoGuidance | None = None,
+        stage_lora: StageLoRA | None = None,
     ) -> None:
         self.name = name
+        self.stage_lora = stage_lora
         self.transformer, self.dtype = transformer, dtype
         self.sigma_fn, self.scales_fn = sigmas, scales
         self.use_cross_timestep = use_cross_timestep
@@ -126,7 +155,8 @@ class LTX2DenoiseLoop:
             raise AssertionError("the program encodes a negative prompt whenever a pass uses CFG")
         return LTX2DenoiseState(
             video=video, audio=slots["audio_latents"], sigmas=self.sigma_fn(request, video.shape[1]),
-            network=LTX2Network(self.transformer, layout.positions, self.dtype, self.use_cross_timestep),
+            network=LTX2Network(self.transformer, layout.positions, self.dtype, self.use_cross_timestep,
+                                self.stage_lora),
             prompt=slots["prompt_text"], negative=negative, scales=scales, frozen=layout.frozen,
         )
 

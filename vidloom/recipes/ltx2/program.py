@@ -20,7 +20,7 @@ from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
 from vidloom.recipes.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, recompress, unpack_audio
-from vidloom.recipes.ltx2.loop import LTX2DenoiseLoop
+from vidloom.recipes.ltx2.loop import STAGE2_LORA, LTX2DenoiseLoop
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
 from vidloom.recipes.ltx2.settings import LTX2Settings
 
@@ -125,7 +125,8 @@ def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None =
         settings.use_cross_timestep, schedule.num_train_timesteps, guidance)
     stage2 = LTX2DenoiseLoop(
         "stage2", transformer, dtype, lambda r, n: stage2_schedule.sigmas(0, n, list(settings.stage2_sigmas)),
-        lambda r: settings.stage2, settings.use_cross_timestep, schedule.num_train_timesteps, guidance)
+        lambda r: settings.stage2, settings.use_cross_timestep, schedule.num_train_timesteps, guidance,
+        stage_lora=instance.components.get(STAGE2_LORA))
     latents = ("video_latents", "audio_latents")
     loop_reads = ("request", *latents, "layout", "prompt_text", "negative_text")
     nodes = [

@@ -1,0 +1,223 @@
+"""Community LoRA key formats, rewritten to the diffusers/PEFT keys `files.read_lora_file` reads.
+
+One converter per family, each accepting what diffusers' loader for that family accepts (the
+`lora_state_dict` of its LoraLoaderMixin and the converters it calls in lora_conversion_utils): the
+original repos' module names (LTX-2's `diffusion_model.` checkpoints), and more as families are added.
+A file already in diffusers/PEFT keys passes through unchanged. A key no rule understands is refused
+naming the file and the key, never dropped: an adapter that silently lost layers would run and look fine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from vidloom.core.errors import CheckpointError
+
+Tensors = dict[str, torch.Tensor]
+
+# LTX-2: Lightricks' checkpoints name the DiT's modules as their own repo does (ltx-core); the diffusers model
+# renames some. Renames are whole dotted segments (the names below never occur inside another segment except as
+# diffusers' substring rules also rename them: "audio_patchify_proj" -> "audio_proj_in").
+_LTX2_SEGMENTS = {
+    "patchify_proj": "proj_in",
+    "audio_patchify_proj": "audio_proj_in",
+    "av_ca_video_scale_shift_adaln_single": "av_cross_attn_video_scale_shift",
+    "av_ca_a2v_gate_adaln_single": "av_cross_attn_video_a2v_gate",
+    "av_ca_audio_scale_shift_adaln_single": "av_cross_attn_audio_scale_shift",
+    "av_ca_v2a_gate_adaln_single": "av_cross_attn_audio_v2a_gate",
+    "scale_shift_table_a2v_ca_video": "video_a2v_cross_attn_scale_shift_table",
+    "scale_shift_table_a2v_ca_audio": "audio_a2v_cross_attn_scale_shift_table",
+    "q_norm": "norm_q",
+    "k_norm": "norm_k",
+    "audio_prompt_adaln_single": "audio_prompt_adaln",  # LTX-2.3
+    "prompt_adaln_single": "prompt_adaln",
+}
+# Only as the first segment (the top-level timestep embedders).
+_LTX2_HEADS = {"adaln_single": "time_embed", "audio_adaln_single": "audio_time_embed"}
+_ORIGINAL = "diffusion_model."  # Lightricks, Wan, ai-toolkit: the original repo names under this prefix
+_LTX2_CONNECTORS = "text_embedding_projection."
+
+
+def ltx2_keys(path: Path, tensors: Tensors) -> Tensors:
+    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>`) -> `transformer.<diffusers name>`.
+
+    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` key is read as an original-format
+    file. Adapters on the text connectors (`text_embedding_projection.`) are refused by name: our connectors run
+    inside the prompt cache, so a per-request adapter there would need a cache keyed by adapter set.
+    """
+    for key in tensors:
+        if key.startswith(_LTX2_CONNECTORS) or key.startswith("connectors."):
+            raise CheckpointError(
+                f"{path}: key {key!r} targets LTX-2's text connectors; adapters on the connectors are not "
+                "supported yet (only the transformer's)"
+            )
+    if not any(key.startswith(_ORIGINAL) for key in tensors):
+        return tensors
+    converted: Tensors = {}
+    for key, tensor in tensors.items():
+        if not key.startswith(_ORIGINAL):
+            raise CheckpointError(
+                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' key (the file's other keys are)"
+            )
+        segments = [_LTX2_SEGMENTS.get(s, s) for s in key[len(_ORIGINAL):].split(".")]
+        segments[0] = _LTX2_HEADS.get(segments[0], segments[0])
+        converted["transformer." + ".".join(segments)] = tensor
+    return converted
+
+
+# -- shared pieces of the community formats --------------------------------------------------------------------
+
+# The factor suffixes community trainers write -> PEFT's. `.alpha` stays: files.py reads it as PEFT's lora_alpha
+# (scaling alpha / r), the same update diffusers gets by folding alpha / r into the two factors.
+_FACTORS = {"lora_down.weight": "lora_A.weight", "lora_A.weight": "lora_A.weight",
+            "lora_up.weight": "lora_B.weight", "lora_B.weight": "lora_B.weight", "alpha": "alpha"}
+
+
+def _split_factor(key: str) -> tuple[str, str] | None:
+    """"<module>.<factor>" -> (module, PEFT factor suffix); None when the key ends in no LoRA factor."""
+    for suffix, peft in _FACTORS.items():
+        if key.endswith("." + suffix):
+            return key[: -len(suffix) - 1], peft
+    return None
+
+
+def _not_understood(path: Path, key: str, fmt: str) -> CheckpointError:
+    return CheckpointError(f"{path}: key {key!r} is not understood as a {fmt} LoRA key (no rule maps it to a "
+                           "diffusers module)")
+
+
+def _drop_zero_norm_diff(path: Path, key: str, tensor: torch.Tensor) -> bool:
+    """Full-weight `.diff` / `.diff_b` keys are no low-rank update. diffusers drops the norm ones (trainers write
+    zeros there); so do we when they are zero. Any other is refused: it would change the model if applied."""
+    if not key.endswith((".diff", ".diff_b")):
+        return False
+    if "norm" in key and not bool(tensor.any()):
+        return True
+    raise CheckpointError(f"{path}: key {key!r} is a full-weight difference (.diff / .diff_b), not a low-rank "
+                          "factor; such adapters are not supported")
+
+
+# -- Wan (Wan2.1, Wan2.2, AnyFlow-FAR: diffusers' WanLoraLoaderMixin) ------------------------------------------
+
+# Wan's original repo module names (blocks.N.self_attn.q ...) -> diffusers', as diffusers'
+# _convert_non_diffusers_wan_lora_to_diffusers maps them.
+_WAN_ATTENTION = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj", "v_img": "add_v_proj"}
+_WAN_TOP = {"time_projection.1": "condition_embedder.time_proj", "head.head": "proj_out",
+            "text_embedding.0": "condition_embedder.text_embedder.linear_1",
+            "text_embedding.2": "condition_embedder.text_embedder.linear_2",
+            "time_embedding.0": "condition_embedder.time_embedder.linear_1",
+            "time_embedding.2": "condition_embedder.time_embedder.linear_2",
+            "img_emb.proj.1": "condition_embedder.image_embedder.ff.net.0.proj",
+            "img_emb.proj.3": "condition_embedder.image_embedder.ff.net.2"}
+_WAN_BLOCK = re.compile(r"blocks\.(\d+)\.(self_attn|cross_attn|ffn)\.(q|k|v|o|k_img|v_img|0|2)")
+# musubi-tuner writes the same modules flattened with underscores after `lora_unet_`.
+_MUSUBI_BLOCK = re.compile(r"blocks_(\d+)_(self_attn|cross_attn|ffn)_(q|k|v|o|k_img|v_img|0|2)")
+_MUSUBI_TOP = {name.replace(".", "_"): diffusers for name, diffusers in _WAN_TOP.items()}
+
+
+def _wan_module(module: str, block: re.Pattern[str], top: dict[str, str]) -> str | None:
+    if module in top:
+        return top[module]
+    match = block.fullmatch(module)
+    if match is None:
+        return None
+    n, kind, part = match.groups()
+    if kind == "ffn":
+        return {"0": f"blocks.{n}.ffn.net.0.proj", "2": f"blocks.{n}.ffn.net.2"}.get(part)
+    if part not in _WAN_ATTENTION or (kind == "self_attn" and part.endswith("_img")):
+        return None
+    return f"blocks.{n}.{'attn1' if kind == 'self_attn' else 'attn2'}.{_WAN_ATTENTION[part]}"
+
+
+def wan_keys(path: Path, tensors: Tensors) -> Tensors:
+    """Wan files from the original repo / ComfyUI (`diffusion_model.blocks.0.self_attn.q.lora_down.weight`, optional
+    `.alpha`) and musubi-tuner (`lora_unet_blocks_0_self_attn_q.lora_down.weight`) -> `transformer.<diffusers>`."""
+    if any(key.startswith(_ORIGINAL) for key in tensors):
+        prefix, fmt, block, top = _ORIGINAL, "Wan original-repo", _WAN_BLOCK, _WAN_TOP
+    elif any(key.startswith("lora_unet_") for key in tensors):
+        prefix, fmt, block, top = "lora_unet_", "musubi-tuner Wan", _MUSUBI_BLOCK, _MUSUBI_TOP
+    else:
+        return tensors
+    converted: Tensors = {}
+    for key, tensor in tensors.items():
+        if _drop_zero_norm_diff(path, key, tensor):
+            continue
+        split = _split_factor(key[len(prefix):]) if key.startswith(prefix) else None
+        module = _wan_module(split[0], block, top) if split is not None else None
+        if module is None:
+            raise _not_understood(path, key, fmt)
+        converted[f"transformer.{module}.{split[1]}"] = tensor
+    return converted
+
+
+# -- Flux2 (diffusers' Flux2LoraLoaderMixin) --------------------------------------------------------------------
+
+# BFL's module names as ai-toolkit writes them -> diffusers' (_convert_non_diffusers_flux2_lora_to_diffusers).
+_FLUX2_TOP = {"img_in": "x_embedder", "txt_in": "context_embedder",
+              "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+              "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
+              "guidance_in.in_layer": "time_guidance_embed.guidance_embedder.linear_1",
+              "guidance_in.out_layer": "time_guidance_embed.guidance_embedder.linear_2",
+              "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
+              "single_stream_modulation.lin": "single_stream_modulation.linear",
+              "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
+              "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear"}
+_FLUX2_DOUBLE = {"img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
+                 "img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
+                 "txt_mlp.0": "ff_context.linear_in", "txt_mlp.2": "ff_context.linear_out"}
+# A fused qkv LoRA becomes three: the same down factor, the up factor's rows split in three.
+_FLUX2_QKV = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+              "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
+_FLUX2_SINGLE = {"linear1": "attn.to_qkv_mlp_proj", "linear2": "attn.to_out"}
+# Some exports already use diffusers' block names (and one an alias for them).
+_FLUX2_EXPANDED = {"single_transformer_blocks.": "single_transformer_blocks.",
+                   "transformer_blocks.": "transformer_blocks.", "sformer_blocks.": "transformer_blocks."}
+_FLUX2_BLOCK = re.compile(r"(double_blocks|single_blocks)\.(\d+)\.(.+)")
+
+
+def _flux2_modules(module: str) -> tuple[str, ...] | None:
+    """The diffusers module(s) one ai-toolkit module feeds (three for a fused qkv); None: no rule."""
+    if module in _FLUX2_TOP:
+        return (_FLUX2_TOP[module],)
+    for source, target in _FLUX2_EXPANDED.items():
+        if module.startswith(source):
+            return (target + module[len(source):],)
+    match = _FLUX2_BLOCK.fullmatch(module)
+    if match is None:
+        return None
+    kind, n, rest = match.groups()
+    if kind == "single_blocks":
+        return (f"single_transformer_blocks.{n}.{_FLUX2_SINGLE[rest]}",) if rest in _FLUX2_SINGLE else None
+    if rest in _FLUX2_QKV:
+        return tuple(f"transformer_blocks.{n}.{name}" for name in _FLUX2_QKV[rest])
+    return (f"transformer_blocks.{n}.{_FLUX2_DOUBLE[rest]}",) if rest in _FLUX2_DOUBLE else None
+
+
+def flux2_keys(path: Path, tensors: Tensors) -> Tensors:
+    """Flux2 files from ai-toolkit / BFL's repo (`diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight`, or
+    lora_down / lora_up) -> `transformer.<diffusers>`. Kohya's `lora_unet_` files are refused by name."""
+    if any(key.startswith("lora_unet_") for key in tensors):
+        key = next(key for key in tensors if key.startswith("lora_unet_"))
+        raise CheckpointError(f"{path}: key {key!r} is a Kohya (sd-scripts) Flux2 key; that format is not "
+                              "supported yet (ai-toolkit 'diffusion_model.' and diffusers/PEFT files are)")
+    if not any(key.startswith(_ORIGINAL) for key in tensors):
+        return tensors
+    converted: Tensors = {}
+    for key, tensor in tensors.items():
+        split = _split_factor(key[len(_ORIGINAL):]) if key.startswith(_ORIGINAL) else None
+        modules = _flux2_modules(split[0]) if split is not None else None
+        if modules is None:
+            raise _not_understood(path, key, "ai-toolkit Flux2")
+        module, factor = split
+        if len(modules) == 3 and factor == "lora_B.weight":
+            if tensor.shape[0] % 3:
+                raise CheckpointError(f"{path}: {key!r} has {tensor.shape[0]} rows, not a fused q/k/v (3 x d)")
+            parts: tuple[torch.Tensor, ...] = tuple(torch.chunk(tensor, 3, dim=0))
+        else:
+            parts = (tensor,) * len(modules)
+        for name, part in zip(modules, parts):
+            converted[f"transformer.{name}.{factor}"] = part.contiguous()
+    return converted
