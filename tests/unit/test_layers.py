@@ -27,6 +27,8 @@ KNOWN: dict[tuple[str, str], str] = {
         "resolve_request checks input images from their headers (function-local); needs media injected",
     ("core/request.py", "vidloom.media.uploads"):
         "resolve_request checks input videos from their headers (function-local); needs media injected",
+    ("core/request.py", "vidloom.media.audio_files"):
+        "resolve_request reads an init_audio file (Stable Audio, function-local); needs media injected",
 }
 
 
