@@ -26,6 +26,7 @@ from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tin
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
+from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
 from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
@@ -68,6 +69,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),
     "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
+    "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
 }
 # A small request each kind runs (guidance on, so CFG has two branches); its size is also the warmup shape.
 REQUESTS: dict[str, dict[str, Any]] = {
