@@ -71,7 +71,8 @@ async def generate_audio(request: Request) -> AudioResponse | VideoObject:
             if output_format != "wav":
                 raise InvalidRequest("output_format", "a background job stores WAV; convert it, or answer directly")
             resolved = resolve_request(planned, manager.card)
-            record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, f"{resolved.seconds:g}"))
+            seconds = "" if resolved.seconds is None else f"{resolved.seconds:g}"  # None: a fixed-length model
+            record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds))
             return VideoObject.from_record(record)
         outputs = await unless_disconnected(request, manager.generate_images((planned,)))
     output = outputs[0]
@@ -84,7 +85,7 @@ async def generate_audio(request: Request) -> AudioResponse | VideoObject:
 def plan_audio(body: AudioGenerationBody, card) -> tuple[GenerationRequest, str]:
     """The request and file format of one call; InvalidRequest names the field."""
     check_model(body.model, card)
-    if card.audio is None:
+    if Task.T2A not in card.tasks:
         raise InvalidRequest("model", f"{card.model_id} does not make audio clips (it serves "
                                       f"{', '.join(sorted(t.value for t in card.tasks)) or 'chat'})")
     if body.response_format not in (None, "b64_json"):
