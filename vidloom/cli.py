@@ -191,6 +191,8 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
                           "after loading, shared by the running requests)")
     lim.add_argument("--max-body-mb", type=float, default=1.0,
                      help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
+    lim.add_argument("--max-init-audio-seconds", type=float, default=None,
+                     help="longest init_audio upload to /v1/audio/generations, seconds (default: the model's window)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
     lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
     lim.add_argument("--max-connections", type=int, default=256,

@@ -125,7 +125,62 @@ def test_background_job_cancels_at_a_step(client):
 def test_model_details_describe_an_audio_model(client):
     caps = client.get("/v1/models/stable-audio-demo").json()["capabilities"]
     assert caps["audio"] and not caps["videos"] and not caps["images"] and caps["tasks"] == ["t2a"]
-    assert caps["produces_audio"] and caps["inputs"] == []  # init_audio is not an HTTP field yet
+    assert caps["produces_audio"] and caps["inputs"] == ["init_audio"]  # a multipart file part
     defaults = caps["defaults"]
     assert defaults["sample_rate"] == 16000 and defaults["seconds"] == defaults["max_seconds"] == 1.024
     assert "size" not in defaults and "num_frames" not in defaults
+
+
+def _wav_file(samples: np.ndarray, rate: int) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(samples.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.round(np.clip(samples, -1, 1) * 32767).astype("<i2").T.tobytes())
+    return buffer.getvalue()
+
+
+INIT = (np.random.default_rng(1).standard_normal((2, 6000)) * 0.3).astype(np.float32)
+
+
+def test_init_audio_upload_equals_the_python_api_with_the_same_file(client, generator, tmp_path):
+    """A multipart file part, as images/edits and videos take uploads: the WAV the Python API reads from a path."""
+    data = _wav_file(INIT, 16000)
+    (tmp_path / "init.wav").write_bytes(data)
+    form = {"prompt": "a dog barks", "seconds": "0.5", "num_inference_steps": "3", "seed": "5"}
+    reply = client.post("/v1/audio/generations", data=form, files={"init_audio": ("init.wav", data, "audio/wav")})
+    assert reply.status_code == 200, reply.text
+    _, _, samples = _wav(base64.b64decode(reply.json()["data"][0]["b64_json"]))
+    direct = generator.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=5,
+                                init_audio=tmp_path / "init.wav")
+    without = generator.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=5)
+    assert np.array_equal(samples, np.round(np.clip(direct.audio, -1, 1) * 32767).astype(np.int16))
+    assert not np.array_equal(direct.audio, without.audio)  # the upload reached the sampler
+    # Another container, decoded by FFmpeg, as a background job: equal to the Python API reading that file.
+    from tests.helpers.servers import wait_for_status
+    from vidloom.media.audio import AudioTrack
+    from vidloom.media.audio_files import write_audio_only
+
+    flac = write_audio_only(AudioTrack(INIT, 16000), tmp_path / "init.flac")
+    job = client.post("/v1/audio/generations", data={**form, "background": "true"},
+                      files={"init_audio": ("init.flac", flac.read_bytes(), "audio/flac")})
+    assert job.status_code == 200, job.text
+    assert wait_for_status(client, job.json()["id"], {"completed", "failed"})["status"] == "completed"
+    content = client.get(f"/v1/videos/{job.json()['id']}/content", params={"variant": "audio"})
+    direct = generator.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=5, init_audio=flac)
+    assert np.array_equal(_wav(content.content)[2], np.round(np.clip(direct.audio, -1, 1) * 32767).astype(np.int16))
+
+
+@pytest.mark.parametrize("upload, why", [
+    (_wav_file(INIT, 8000), "8000 Hz"),  # another rate: resample first
+    (_wav_file(np.zeros((2, 17000), np.float32), 16000), "max_init_audio_seconds"),  # past the 1.024 s window
+    (b"RIFF\x00\x00not audio at all", "not a readable audio file"),
+    (b"", "empty"),
+])
+def test_bad_init_audio_uploads_are_400_naming_init_audio(client, upload, why):
+    reply = client.post("/v1/audio/generations", data={"prompt": "rain", "seconds": "0.25"},
+                        files={"init_audio": ("in.wav", upload, "audio/wav")})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "init_audio" and why in error["message"], error

@@ -88,6 +88,8 @@ class AudioSpec:
     min_start: float  # seconds_start's lower bound (the duration conditioner's min_value)
     max_end: float  # seconds_start + seconds upper bound (its max_value)
     sample_rate: int  # of the waveforms it makes, and of an initial waveform (init_audio) it takes
+    min_seconds: float = 0.0  # the shortest clip (0: any length above zero), e.g. one mel frame of a vocoder
+    takes_start: bool = True  # False: every clip starts at min_start and a request's seconds_start is refused
 
 
 @dataclass(frozen=True)

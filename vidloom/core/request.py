@@ -258,16 +258,22 @@ def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if spec is None:
         for name in AUDIO_FIELDS:
             if getattr(r, name) is not None:
+                if Task.T2A in card.tasks:  # a sound model whose clips have one fixed length
+                    raise InvalidRequest(name, f"{card.model_id} makes clips of a fixed length; it takes no {name}")
                 raise InvalidRequest(name, f"{card.model_id} makes no audio-only clips; {name} applies to "
                                            "text-to-audio models")
         return {}
     for name in FRAME_FIELDS:  # the card's defaults stand for "no frames" (so a resolved request resolves again)
         if getattr(r, name) not in (None, getattr(card.sampling_defaults, name)):
             raise InvalidRequest(name, f"{card.model_id} makes audio only (no frames or size); give seconds instead")
+    if not spec.takes_start and r.seconds_start not in (None, spec.min_start):
+        raise InvalidRequest("seconds_start", f"{card.model_id} takes no seconds_start: its clips start at "
+                                              f"{spec.min_start:g} s")
     start = spec.min_start if r.seconds_start is None else r.seconds_start
     _check_float("seconds_start", start, minimum=spec.min_start, maximum=spec.max_end, open_min=False)
     seconds = min(spec.default_seconds, spec.max_end - start) if r.seconds is None else r.seconds
-    _check_float("seconds", seconds, minimum=0.0, maximum=spec.max_seconds, open_min=True)
+    _check_float("seconds", seconds, minimum=spec.min_seconds, maximum=spec.max_seconds,
+                 open_min=spec.min_seconds == 0.0)
     if start + seconds > spec.max_end:
         raise InvalidRequest("seconds", f"seconds_start {start:g} + seconds {seconds:g} ends past "
                                         f"{spec.max_end:g} s, the latest end {card.model_id} is conditioned on")

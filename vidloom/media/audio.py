@@ -144,4 +144,16 @@ def read_audio_stream(path: Path) -> AudioTrack:
         channels = stream.codec_context.channels
     samples = np.concatenate(chunks, axis=1) if planar else np.concatenate(
         [c.reshape(-1, channels).T for c in chunks], axis=1)
-    return AudioTrack(samples.astype(np.float32), rate)
+    return AudioTrack(_full_scale(samples), rate)
+
+
+def _full_scale(samples: np.ndarray) -> np.ndarray:
+    """Decoded samples as float32 in [-1, 1]: lossless codecs (FLAC, PCM) decode to integers (s16, s32, u8),
+    scaled by their largest value as read_wav scales 16-bit PCM (x / 32767), so a FLAC and a WAV of one
+    waveform read back equal."""
+    if samples.dtype.kind == "i":
+        return samples.astype(np.float32) / np.float32(np.iinfo(samples.dtype).max)
+    if samples.dtype.kind == "u":  # unsigned PCM is offset by half its range
+        half = np.iinfo(samples.dtype).max // 2 + 1
+        return (samples.astype(np.float32) - half) / np.float32(half - 1)
+    return samples.astype(np.float32)

@@ -17,7 +17,6 @@ from vidloom.serving.protocol import ModelObject
 VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
 # The API field each card input arrives in (params._media maps them back).
 API_FIELDS = {"image": "input_reference", "last_image": "last_image", "video": "video"}
-HTTP_UNSUPPORTED = ("init_audio",)  # card inputs the HTTP API does not take yet (Python and CLI only)
 
 
 class ModelCapabilities(BaseModel):
@@ -62,12 +61,12 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
                     "max_seconds": card.audio.max_seconds, "sample_rate": card.audio.sample_rate,
                     "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
                     "sampler": d.sampler, "negative_prompt": d.negative_prompt}
-    known = tuple(n for n in (*MEDIA_INPUTS, *FLAG_INPUTS) if n not in HTTP_UNSUPPORTED)
+    known = (*MEDIA_INPUTS, *FLAG_INPUTS)  # init_audio: a file part of POST /v1/audio/generations
     return ModelCapabilities(
         tasks=sorted(t.value for t in card.tasks),
         videos=any(t in card.tasks for t in VIDEO_TASKS),
         images=Task.T2I in card.tasks,
-        audio=card.audio is not None,
+        audio=Task.T2A in card.tasks,
         chat="ar_decode" in card.loops,
         streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),

@@ -58,6 +58,9 @@ class ServeConfig:
     # Estimated peak per request; unset, the runtime's device budget alone applies (90% of what was free after
     # loading, shared by the resident requests: one waits in the queue until the others leave it room).
     max_request_memory_bytes: int | None = None
+    # POST /v1/audio/generations' uploaded init_audio: the longest file it decodes, in seconds (None: the model's
+    # window, the most of it the model reads). Its bytes are bounded by max_body_bytes.
+    max_init_audio_seconds: float | None = None
     # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
     body_timeout_s: float = 30.0  # and its body within this long after the headers
@@ -109,6 +112,8 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.max_init_audio_seconds is not None and not self.max_init_audio_seconds > 0:
+            raise ValueError(f"max_init_audio_seconds: must be > 0, got {self.max_init_audio_seconds}")
         if self.media_queue < 0:
             raise ValueError(f"media_queue: must be >= 0, got {self.media_queue}")
         object.__setattr__(self, "loras", tuple(self.loras))

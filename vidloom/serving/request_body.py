@@ -16,7 +16,8 @@ from vidloom.serving.form_body import read_form
 
 M = TypeVar("M", bound=BaseModel)
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit so the client sees our 413, not a reset
-FILE_FIELDS = frozenset({"input_reference", "last_image", "video"})  # form fields that may be file parts (bytes)
+# Form fields that may be file parts (bytes); init_audio: POST /v1/audio/generations' initial waveform.
+FILE_FIELDS = frozenset({"input_reference", "last_image", "video", "init_audio"})
 
 
 class BodyLimit:

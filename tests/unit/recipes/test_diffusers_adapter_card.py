@@ -116,3 +116,54 @@ def test_the_demo_card_states_cogvideox_as_the_signature_reads_it():
     from vidloom.recipes.diffusers_adapter.demo import DEMO_SHAPE
 
     assert read_shape(pipeline_class("CogVideoXPipeline")) == DEMO_SHAPE
+
+
+AUDIOLDM = {  # audioldm-s-full-v2's configs, as far as the card reads them
+    "unet": {"_class_name": "UNet2DConditionModel", "sample_size": 128},
+    "vae": {"_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 384, 640]},
+    "vocoder": {"_class_name": "SpeechT5HifiGan", "sampling_rate": 16000, "upsample_rates": [5, 4, 2, 2, 2]},
+}
+
+
+def test_audioldm_seconds_is_its_audio_length_with_the_pipelines_own_default(tmp_path):
+    from vidloom.recipes.diffusers_adapter.audio import MAX_WINDOWS, length_kwargs
+
+    card = registry.resolve_card(_folder(tmp_path, "AudioLDMPipeline", AUDIOLDM))
+    spec = card.audio
+    assert card.tasks == {Task.T2A} and spec is not None
+    # The pipeline's default: unet sample_size x VAE 8x x 160 samples per mel frame / 16 kHz.
+    assert spec.default_seconds == 128 * 8 * (160 / 16000) and spec.max_seconds == MAX_WINDOWS * spec.default_seconds
+    assert (spec.sample_rate, spec.min_seconds, spec.takes_start) == (16000, 0.01, False)
+    request = resolve_request(GenerationRequest(prompt="rain", task=Task.T2A, seconds=5.0), card)
+    assert length_kwargs(read_shape(pipeline_class("AudioLDMPipeline")), request) == {"audio_length_in_s": 5.0}
+    for fields, param in (({"seconds_start": 1.0}, "seconds_start"), ({"seconds": 0.005}, "seconds"),
+                          ({"seconds": 50.0}, "seconds"), ({"height": 64}, "height")):
+        with pytest.raises(InvalidRequest) as err:
+            resolve_request(GenerationRequest(prompt="rain", task=Task.T2A, **fields), card)
+        assert err.value.field == param
+
+
+def test_stable_audio_through_the_adapter_ends_its_clip_at_start_plus_seconds(tmp_path):
+    from vidloom.recipes.diffusers_adapter.audio import length_kwargs
+    from vidloom.recipes.diffusers_adapter.cards import adapted_card
+
+    shape = read_shape(pipeline_class("StableAudioPipeline"))
+    card = adapted_card("sa", "sa", shape, {"sample_size": 1024}, {"sampling_rate": 44100,
+                                                                   "downsampling_ratios": [2, 4, 4, 8, 8]}, ["vae"])
+    assert card.audio.max_seconds == card.audio.default_seconds == 1024 * 2048 / 44100 and card.audio.takes_start
+    request = resolve_request(GenerationRequest(prompt="rain", task=Task.T2A, seconds=2.0, seconds_start=1.5), card)
+    assert length_kwargs(shape, request) == {"audio_end_in_s": 3.5, "audio_start_in_s": 1.5}
+
+
+def test_an_audio_pipeline_without_a_length_argument_refuses_seconds_by_name():
+    import dataclasses
+
+    from vidloom.recipes.diffusers_adapter.cards import adapted_card
+
+    shape = read_shape(pipeline_class("AudioLDMPipeline"))
+    fixed = dataclasses.replace(shape, args={k: v for k, v in shape.args.items() if k != "seconds"})
+    card = adapted_card("fixed", "fixed", fixed, {"sample_size": 8}, {}, ["unet"])
+    assert card.audio is None and card.tasks == {Task.T2A}
+    with pytest.raises(InvalidRequest, match="fixed length; it takes no seconds") as err:
+        resolve_request(GenerationRequest(prompt="rain", task=Task.T2A, seconds=1.0), card)
+    assert err.value.field == "seconds"

@@ -17,6 +17,7 @@ from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, Reci
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import OPTIONAL_FIELDS, Task
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.recipes.diffusers_adapter.audio import audio_spec
 from vidloom.recipes.diffusers_adapter.signature import PipelineShape, pipeline_class, read_shape
 
 FAMILY = "diffusers-adapter"
@@ -45,13 +46,16 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     shape = read_shape(cls)
     denoiser = next((ckpt.component_config(n) for n in DENOISERS if (ckpt.root / n / "config.json").is_file()), {})
     vae = ckpt.component_config("vae") if (ckpt.root / "vae" / "config.json").is_file() else {}
+    vocoder = ckpt.component_config("vocoder") if (ckpt.root / "vocoder" / "config.json").is_file() else {}
     return adapted_card(ckpt.root.name, str(ckpt.root), shape, denoiser, vae,
-                        components=[k for k, v in ckpt.index.items() if not k.startswith("_") and v and v[0]])
+                        components=[k for k, v in ckpt.index.items() if not k.startswith("_") and v and v[0]],
+                        vocoder=vocoder)
 
 
 def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dict[str, Any], vae: dict[str, Any],
-                 components: list[str], precision: str = "bfloat16", notes: tuple[str, ...] = ()) -> ModelCard:
-    """The card of a pipeline of `shape` whose denoiser and VAE have these configs."""
+                 components: list[str], precision: str = "bfloat16", notes: tuple[str, ...] = (),
+                 vocoder: dict[str, Any] | None = None) -> ModelCard:
+    """The card of a pipeline of `shape` whose denoiser, VAE (and vocoder, for audio) have these configs."""
     kind = shape.output
     visual = kind != "audio"
     multiple = _vae_scale(vae) * _patch(denoiser) if visual else 1
@@ -87,6 +91,7 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         required_inputs=frozenset(f for f in inputs if f in shape.required),
         max_reference_images=1 if "image" in inputs and kind == "image" else 0,
         produces_audio=kind == "audio",
+        audio=audio_spec(shape, denoiser, vae, vocoder or {}),  # seconds -> the pipeline's length argument
         capabilities=CAPABILITIES,
         request_fields=frozenset(taken),
     )

@@ -11,6 +11,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.recipes.diffusers_adapter.audio import length_kwargs
 from vidloom.recipes.diffusers_adapter.loop import PipelineLoop
 from vidloom.recipes.diffusers_adapter.signature import PipelineShape
 
@@ -67,6 +68,7 @@ def pipeline_kwargs(shape: PipelineShape, request: GenerationRequest) -> dict[st
         kwargs[shape.args["image"]] = request.image[0]
     if "video" in shape.args and request.video is not None:
         kwargs[shape.args["video"]] = list(request.video)
+    kwargs.update(length_kwargs(shape, request))
     return kwargs
 
 

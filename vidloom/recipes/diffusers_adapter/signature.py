@@ -29,6 +29,10 @@ FIELD_ARGS: Mapping[str, tuple[str, ...]] = {
     "guidance_scale": ("true_cfg_scale", "guidance_scale"),
     "image": ("image",),
     "video": ("video",),
+    # Audio pipelines' clip length: AudioLDM/AudioLDM2/MusicLDM take its length, Stable Audio where it ends
+    # (audio_end_in_s, after audio_start_in_s), Stable Audio 3 its duration.
+    "seconds": ("audio_length_in_s", "audio_end_in_s", "duration"),
+    "seconds_start": ("audio_start_in_s",),
 }
 OUTPUT_KINDS = ("video", "image", "audio")
 # The output dataclass field that holds each kind (diffusers' *PipelineOutput classes).
