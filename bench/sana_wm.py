@@ -85,14 +85,17 @@ class Vidloom:
         self.generator = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(two_stage=True))
 
     def run(self, size: tuple[int, int, int, int], steps: int | None = None) -> dict[str, Any]:
-        from vidloom.core.output import ChunkEvent
+        from vidloom.core.output import ChunkEvent, ProgressEvent
 
         height, width, frames, default_steps = size
         wall0, cpu0 = _clock()
         firsts: list[tuple[float, float]] = []
         chunks: list[int] = []
+        phases: dict[str, float] = {}
 
         def on_event(event: Any) -> None:
+            if isinstance(event, ProgressEvent):  # where the time goes: summed wall seconds per phase
+                phases[event.phase] = phases.get(event.phase, 0.0) + event.seconds
             if isinstance(event, ChunkEvent):
                 if not firsts:
                     wall, cpu = _clock()
@@ -105,7 +108,8 @@ class Vidloom:
                                       fps=FPS, negative_prompt="", on_event=on_event)
         wall1, cpu1 = _clock()
         return {"total_s": wall1 - wall0, "total_cpu_s": cpu1 - cpu0, "first_chunk_s": firsts[0][0],
-                "first_chunk_cpu_s": firsts[0][1], "chunk_frames": chunks, "frames": out.frames}
+                "first_chunk_cpu_s": firsts[0][1], "chunk_frames": chunks,
+                "phases_s": {k: round(v, 3) for k, v in phases.items()}, "frames": out.frames}
 
 
 class Reference:
@@ -128,12 +132,15 @@ class Reference:
                             action=CAMERA, height=height, width=width, num_frames=frames,
                             num_inference_steps=steps or default_steps, guidance_scale=GUIDANCE,
                             generator=torch.Generator().manual_seed(SEED), output_type="latent").frames
+        stage1 = time.perf_counter()
         video = self.refiner(latents, PROMPT, fps=float(FPS), generator=torch.Generator().manual_seed(SEED),
                              output_type="np")
         wall1, cpu1 = _clock()
         uint8 = (np.clip(np.asarray(video), 0, 1) * 255).round().astype(np.uint8)
         return {"total_s": wall1 - wall0, "total_cpu_s": cpu1 - cpu0, "first_chunk_s": wall1 - wall0,
-                "first_chunk_cpu_s": cpu1 - cpu0, "frames": uint8.reshape(-1, *uint8.shape[-3:])}
+                "first_chunk_cpu_s": cpu1 - cpu0,
+                "phases_s": {"stage1": round(stage1 - wall0, 3), "refiner_and_decode": round(wall1 - stage1, 3)},
+                "frames": uint8.reshape(-1, *uint8.shape[-3:])}
 
 
 def measure(folder: Path, size: tuple[int, int, int, int], rounds: int, max_wait: float) -> dict[str, Any]:
@@ -165,6 +172,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("first_chunk_s", "total_s", "first_chunk_cpu_s", "total_cpu_s")
     med = {name: {k: round(statistics.median(r[k] for r in rows if r["engine"] == name), 4) for k in keys}
            for name in ENGINES}
+    for name in ENGINES:  # stage 1 (text encode + bidirectional denoise), where both engines' work is the same
+        med[name]["stage1_s"] = round(statistics.median(r["phases_s"].get("stage1", 0.0) for r in rows
+                                                        if r["engine"] == name), 4)
     ref, ours = med["reference"], med["vidloom"]
     return {
         "median": med,

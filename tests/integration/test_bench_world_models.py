@@ -17,7 +17,7 @@ def _bench(script: str, tmp_path: Path, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--tiny", "--cache",
                            str(tmp_path / "cache"), "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+                          check=False, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
