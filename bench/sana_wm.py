@@ -144,9 +144,6 @@ class Reference:
 
 
 def measure(folder: Path, size: tuple[int, int, int, int], rounds: int, max_wait: float) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(1)
     engines = {"vidloom": Vidloom(folder), "reference": Reference(folder)}
     for engine in engines.values():
         engine.run(size, steps=1)  # warm-up: first-call allocations and lazy imports, not timed
@@ -172,7 +169,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("first_chunk_s", "total_s", "first_chunk_cpu_s", "total_cpu_s")
     med = {name: {k: round(statistics.median(r[k] for r in rows if r["engine"] == name), 4) for k in keys}
            for name in ENGINES}
-    for name in ENGINES:  # stage 1 (text encode + bidirectional denoise), where both engines' work is the same
+    # Stage 1, approximately: vidloom's stage-1 denoise steps (its progress events), the reference's whole
+    # SanaWMPipeline call (text and image encode too); the rest of each total is the refiner and the decode.
+    for name in ENGINES:
         med[name]["stage1_s"] = round(statistics.median(r["phases_s"].get("stage1", 0.0) for r in rows
                                                         if r["engine"] == name), 4)
     ref, ours = med["reference"], med["vidloom"]
@@ -188,6 +187,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="timed runs per engine (median kept)")
     parser.add_argument("--frames", type=int, default=None, help="video frames (default: 81 mid, 41 tiny)")
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     size = (height, width, args.frames or frames, steps)
     max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.tiny else 5.0)
     folder = _checkpoint(args.tiny, args.cache)
+    torch.set_num_threads(1)  # one thread: on a shared machine 2 threads spin-wait on a busy neighbour
     started, env = time.perf_counter(), environment()
     result = measure(folder, size, args.rounds, max_wait)
     summary = summarize(result["rows"])

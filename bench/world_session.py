@@ -163,14 +163,11 @@ class PipelinePath:
 
 
 def run(folder: Path, chunks: int, steps: int, size: tuple[int, int], chunk: int, max_wait: float) -> dict[str, Any]:
-    import torch
-
     from tests.helpers.servers import ThreadServer
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
     from vidloom.serving.config import ServeConfig
 
-    torch.set_num_threads(1)
     generator = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(kv_session_ttl_s=600))
     image, drives = _first(size), _drives(chunks, chunk)
     with tempfile.TemporaryDirectory() as data, ThreadServer(generator.engine, ServeConfig(
@@ -232,6 +229,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=5, help="chunks per path (the first pays the prefill)")
     parser.add_argument("--steps", type=int, default=4, help="denoise steps per chunk")
@@ -251,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.environ[CPU_DTYPE_ENV] = "float32"
     size, chunk = SIZES[scale]
     folder = _checkpoint(args.tiny, args.cache)
+    torch.set_num_threads(1)  # one thread: on a shared machine 2 threads spin-wait on a busy neighbour
     started = time.perf_counter()
     env = environment()
     max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.tiny else 3.0)
