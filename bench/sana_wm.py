@@ -13,6 +13,10 @@ a prompt, a WASD/IJKL camera string and intrinsics, fp32 on CPU.
 Each round runs both (the order alternating, after a 1-step warm-up of each), recording the 1-minute load
 average and the busy fraction of the CPUs before each run; the summary keeps the median of the rounds. The
 frames of the two are compared (the parity tests bound them at 1e-4; here reported, not asserted).
+Where the time goes (`phases_s` per run): vidloom's progress-event seconds summed per phase (`stage1`: the
+stage-1 denoise steps; `refine_sink`, `refine`, `refine_kv`: the refiner DiT's passes; `refine_chunks`: each
+chunk's whole time, its decode included; `refine_decode` reports no seconds of its own), the reference's
+`SanaWMPipeline` call (`stage1`, text and image encode included) and the refiner call after it.
 
     OMP_NUM_THREADS=1 python bench/sana_wm.py [--rounds 3] [--frames 81] [--tiny]
 """
