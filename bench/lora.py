@@ -1,15 +1,21 @@
-"""LoRA cost on a random Flux2 Klein: denoise step time with 0, 1 and 4 run-time adapters (rank 16 on every
-block linear), and throughput of 8 concurrent requests (AsyncEngine policy "batch") with no adapters vs spread
-over 4 adapters (runs with adapters step alone: grouped, not merged into one forward).
+"""LoRA cost on a random Flux2 Klein: denoise step time with 0, 1 and 4 adapters (rank 16 on every block linear),
+run-time (per-request LoRALinear) vs fused into the weights at load (`fuse_loras`); throughput of 8 concurrent
+requests (AsyncEngine policy "batch") with no adapters vs spread over 4 adapters (runs with adapters step alone:
+grouped, not merged into one forward); and the step gap running jobs see while adapters load beside them (the
+loads run on another thread, as POST /v1/loras does: does loading stall other jobs' steps?).
 
     OMP_NUM_THREADS=1 python bench/lora.py [--size tiny|mid] [--device cpu]
+
+The JSON notes the machine's load average: on a shared CI box the absolute times move, the ratios less.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,12 +37,17 @@ TARGETS = (r".*(transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_
            r"single_transformer_blocks\.\d+\.attn\.(to_qkv_mlp_proj|to_out))")
 
 
-def _adapters(folder: Path, count: int) -> list[Path]:
-    out = CACHE / f"loras-{folder.name}"
+# The adapters loaded beside running jobs in the step-gap measure: a large rank, so that one load takes long
+# enough that a step waiting for it would show as a gap of at least that length.
+GAP_RANK = 128
+
+
+def _adapters(folder: Path, count: int, rank: int = RANK) -> list[Path]:
+    out = CACHE / f"loras-{folder.name}-r{rank}"
     paths = [out / f"Flux2KleinPipeline-{seed}.safetensors" for seed in range(count)]
     for seed, path in enumerate(paths):
         if not path.exists():
-            write_lora(folder, "Flux2KleinPipeline", LoRASpec(rank=RANK, alpha=RANK, targets=TARGETS, seed=seed,
+            write_lora(folder, "Flux2KleinPipeline", LoRASpec(rank=rank, alpha=rank, targets=TARGETS, seed=seed,
                                                               std=0.02), out)
     return paths
 
@@ -73,11 +84,74 @@ def _throughput(engine, requests) -> float:
         async_engine.close()
 
 
+def _gaps(events: list[tuple[str, str, float]]) -> list[float]:
+    """Seconds between consecutive denoise steps of the same job (its progress events, decode excluded)."""
+    last: dict[tuple[str, str], float] = {}
+    gaps = []
+    for request_id, phase, at in events:
+        if phase != "decode":
+            if (request_id, phase) in last:
+                gaps.append(at - last[(request_id, phase)])
+            last[(request_id, phase)] = at
+    return gaps
+
+
+def _step_gap(engine, requests, load=None) -> dict:
+    """Run `requests` back to back (policy fifo, one resident: a job's steps follow each other) and measure the
+    gaps between each job's consecutive steps; `load`, when given, runs on a thread meanwhile and returns the
+    seconds of each adapter load it did."""
+    from vidloom.core.output import ProgressEvent
+    from vidloom.runtime.async_engine import AsyncEngine
+
+    events: list[tuple[str, str, float]] = []
+
+    def record(event) -> None:
+        if isinstance(event, ProgressEvent):
+            events.append((event.request_id, event.phase, time.perf_counter()))
+
+    async_engine = AsyncEngine(engine, policy="fifo", slots=1, queue_size=len(requests))
+    loads: list[float] = []
+    stop = threading.Event()
+    loader = threading.Thread(target=lambda: loads.extend(load(stop)), daemon=True) if load else None
+    try:
+        handles = [async_engine.submit(r, record) for r in requests]
+        if loader is not None:
+            loader.start()
+        for handle in handles:
+            handle.wait(600)
+    finally:
+        stop.set()
+        if loader is not None:
+            loader.join()
+        async_engine.close()
+    gaps = _gaps(events)
+    out = {"step_gap_ms_median": round(1000 * statistics.median(gaps), 2),
+           "step_gap_ms_max": round(1000 * max(gaps), 2), "steps": len(gaps)}
+    if loader is not None:
+        out.update(adapter_loads=len(loads), load_ms_median=round(1000 * statistics.median(loads), 2) if loads else None)
+    return out
+
+
+def _loader(gen, paths):
+    """Load the adapter files over and over (one name per file, replacing itself) until told to stop: the worst
+    case of an admin loading adapters while jobs run (a stall would show as a gap >= one load's time)."""
+    def run(stop: threading.Event) -> list[float]:
+        times = []
+        while not stop.is_set():
+            for i, path in enumerate(paths):
+                started = time.perf_counter()
+                gen.load_lora(f"bg{i}", path)
+                times.append(time.perf_counter() - started)
+        return times
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="mid")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gap-jobs", type=int, default=4, help="jobs run for the step-gap measurement")
     args = parser.parse_args()
     from dataclasses import replace
 
@@ -85,28 +159,52 @@ def main() -> None:
 
     folder = _checkpoint(args.size)
     _, height, width = SIZES[args.size]
-    gen = VideoGenerator.from_pretrained(folder, device=args.device)
+    gen = VideoGenerator.from_pretrained(folder, device=args.device, max_loras=8)
     names = []
     for i, path in enumerate(_adapters(folder, 4)):
         gen.load_lora(f"a{i}", path)
         names.append(f"a{i}")
-    rows, payload = [], {"environment": environment(), "size": args.size, "rank": RANK, "steps": STEPS}
+    rows, payload = [], {"environment": environment(), "size": args.size, "rank": RANK, "steps": STEPS,
+                         "load_note": f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start "
+                                      "(a CI run of the whole test suite shares this machine)"}
     base_ms = None
+
+    def median_step_ms(engine, loras) -> float:
+        _step_times(engine, replace(_request(0, height, width), loras=loras))  # warm
+        times = [t for _ in range(args.repeats)
+                 for t in _step_times(engine, replace(_request(0, height, width), loras=loras))]
+        return 1000 * statistics.median(times)
+
+    paths = _adapters(folder, 4)
     for count in (0, 1, 4):
         loras = tuple((name, 0.5) for name in names[:count])
-        _step_times(gen.engine, replace(_request(0, height, width), loras=loras))  # warm
-        times = [t for _ in range(args.repeats)
-                 for t in _step_times(gen.engine, replace(_request(0, height, width), loras=loras))]
-        ms = 1000 * statistics.median(times)
+        ms = median_step_ms(gen.engine, loras)
         base_ms = base_ms or ms
         payload[f"step_ms_{count}_adapters"] = round(ms, 2)
-        rows.append([f"step, {count} adapter(s)", f"{ms:.1f} ms", f"{ms / base_ms:.2f}x"])
+        rows.append([f"step, {count} adapter(s), run-time", f"{ms:.1f} ms", f"{ms / base_ms:.2f}x"])
+        if count:
+            fused = VideoGenerator.from_pretrained(folder, device=args.device,
+                                                   fuse_loras={f"a{i}": (paths[i], 0.5) for i in range(count)})
+            ms = median_step_ms(fused.engine, ())
+            del fused
+            payload[f"step_ms_{count}_adapters_fused"] = round(ms, 2)
+            rows.append([f"step, {count} adapter(s), fused", f"{ms:.1f} ms", f"{ms / base_ms:.2f}x"])
     plain = [_request(i, height, width) for i in range(8)]
     mixed = [replace(r, loras=((names[i % 4], 0.5),)) for i, r in enumerate(plain)]
     for label, requests in (("8 requests, no adapters (batched)", plain), ("8 requests over 4 adapters (grouped)", mixed)):
         rate = _throughput(gen.engine, requests)
         payload[label] = round(rate, 3)
         rows.append([label, f"{rate:.2f} img/s", ""])
+    gap_requests = [_request(100 + i, height, width) for i in range(args.gap_jobs)]
+    quiet = _step_gap(gen.engine, gap_requests)
+    loading = _step_gap(gen.engine, gap_requests, _loader(gen, _adapters(folder, 2, GAP_RANK)))
+    payload["step_gap_no_loading"], payload["step_gap_while_loading"] = quiet, loading
+    payload["step_gap_loaded_rank"] = GAP_RANK
+    rows.append(["step gap, no adapter loading", f"{quiet['step_gap_ms_median']:.1f} ms median, "
+                 f"{quiet['step_gap_ms_max']:.1f} max", ""])
+    rows.append([f"step gap, {loading['adapter_loads']} adapter loads beside", f"{loading['step_gap_ms_median']:.1f} "
+                 f"ms median, {loading['step_gap_ms_max']:.1f} max (load {loading['load_ms_median']} ms)",
+                 f"{loading['step_gap_ms_median'] / quiet['step_gap_ms_median']:.2f}x median"])
     print_table(["what", "value", "vs 0 adapters"], rows)
     write_json(f"lora-{args.size}-{args.device}.json", payload)
 
