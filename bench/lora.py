@@ -96,10 +96,9 @@ def _gaps(events: list[tuple[str, str, float]]) -> list[float]:
     return gaps
 
 
-def _step_gap(engine, requests, load=None) -> dict:
-    """Run `requests` back to back (policy fifo, one resident: a job's steps follow each other) and measure the
-    gaps between each job's consecutive steps; `load`, when given, runs on a thread meanwhile and returns the
-    seconds of each adapter load it did."""
+def _step_gap(engine, requests, load=None) -> tuple[list[float], list[float]]:
+    """Run `requests` back to back (policy fifo, one resident: a job's steps follow each other); the gaps between
+    each job's consecutive steps, and the seconds of each adapter load `load` did on a thread meanwhile."""
     from vidloom.core.output import ProgressEvent
     from vidloom.runtime.async_engine import AsyncEngine
 
@@ -124,17 +123,13 @@ def _step_gap(engine, requests, load=None) -> dict:
         if loader is not None:
             loader.join()
         async_engine.close()
-    gaps = _gaps(events)
-    out = {"step_gap_ms_median": round(1000 * statistics.median(gaps), 2),
-           "step_gap_ms_max": round(1000 * max(gaps), 2), "steps": len(gaps)}
-    if loader is not None:
-        out.update(adapter_loads=len(loads), load_ms_median=round(1000 * statistics.median(loads), 2) if loads else None)
-    return out
+    return _gaps(events), loads
 
 
-def _loader(gen, paths):
-    """Load the adapter files over and over (one name per file, replacing itself) until told to stop: the worst
-    case of an admin loading adapters while jobs run (a stall would show as a gap >= one load's time)."""
+def _loader(gen, paths, pause_s: float):
+    """Load the adapter files over and over (one name per file, replacing itself), `pause_s` between loads, until
+    told to stop. pause 0 is the worst case (an admin loading adapters back to back while jobs run); a stall
+    (a step waiting for a load) would show as a gap of at least one load's time over the step."""
     def run(stop: threading.Event) -> list[float]:
         times = []
         while not stop.is_set():
@@ -142,16 +137,23 @@ def _loader(gen, paths):
                 started = time.perf_counter()
                 gen.load_lora(f"bg{i}", path)
                 times.append(time.perf_counter() - started)
+                stop.wait(pause_s)
         return times
     return run
+
+
+def _summary(values: list[float]) -> dict:
+    ms = sorted(1000 * v for v in values)
+    return {"median_ms": round(statistics.median(ms), 2), "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 2),
+            "max_ms": round(ms[-1], 2), "count": len(ms)} if ms else {"count": 0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="mid")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gap-jobs", type=int, default=4, help="jobs run for the step-gap measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (every setting once per round)")
+    parser.add_argument("--gap-jobs", type=int, default=3, help="jobs per step-gap round")
     args = parser.parse_args()
     from dataclasses import replace
 
@@ -160,52 +162,62 @@ def main() -> None:
     folder = _checkpoint(args.size)
     _, height, width = SIZES[args.size]
     gen = VideoGenerator.from_pretrained(folder, device=args.device, max_loras=8)
+    paths = _adapters(folder, 4)
     names = []
-    for i, path in enumerate(_adapters(folder, 4)):
+    for i, path in enumerate(paths):
         gen.load_lora(f"a{i}", path)
         names.append(f"a{i}")
-    rows, payload = [], {"environment": environment(), "size": args.size, "rank": RANK, "steps": STEPS,
-                         "load_note": f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start "
-                                      "(a CI run of the whole test suite shares this machine)"}
-    base_ms = None
-
-    def median_step_ms(engine, loras) -> float:
-        _step_times(engine, replace(_request(0, height, width), loras=loras))  # warm
-        times = [t for _ in range(args.repeats)
-                 for t in _step_times(engine, replace(_request(0, height, width), loras=loras))]
-        return 1000 * statistics.median(times)
-
-    paths = _adapters(folder, 4)
-    for count in (0, 1, 4):
-        loras = tuple((name, 0.5) for name in names[:count])
-        ms = median_step_ms(gen.engine, loras)
-        base_ms = base_ms or ms
-        payload[f"step_ms_{count}_adapters"] = round(ms, 2)
-        rows.append([f"step, {count} adapter(s), run-time", f"{ms:.1f} ms", f"{ms / base_ms:.2f}x"])
-        if count:
-            fused = VideoGenerator.from_pretrained(folder, device=args.device,
-                                                   fuse_loras={f"a{i}": (paths[i], 0.5) for i in range(count)})
-            ms = median_step_ms(fused.engine, ())
-            del fused
-            payload[f"step_ms_{count}_adapters_fused"] = round(ms, 2)
-            rows.append([f"step, {count} adapter(s), fused", f"{ms:.1f} ms", f"{ms / base_ms:.2f}x"])
+    payload = {"environment": environment(), "size": args.size, "rank": RANK, "steps": STEPS,
+               "load_note": f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start (a CI run of "
+                            "the whole test suite shares this machine); settings are measured interleaved, round "
+                            "by round, so the load drifts over all of them alike; min is the least disturbed"}
+    # (label, engine, the request's loras): the fused engines hold their adapters in the weights.
+    settings = [("0 adapters", gen.engine, ())]
+    for count in (1, 4):
+        fused = VideoGenerator.from_pretrained(folder, device=args.device,
+                                               fuse_loras={f"a{i}": (paths[i], 0.5) for i in range(count)})
+        settings += [(f"{count} run-time", gen.engine, tuple((n, 0.5) for n in names[:count])),
+                     (f"{count} fused", fused.engine, ())]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in settings}
+    for round_ in range(args.repeats + 1):
+        for label, engine, loras in settings:
+            measured = _step_times(engine, replace(_request(0, height, width), loras=loras))
+            if round_:  # round 0 warms every setting up
+                times[label] += measured
+    rows = []
+    base = min(times["0 adapters"])
+    for label, measured in times.items():
+        payload[f"step_ms_{label.replace(' ', '_')}"] = {"median": round(1000 * statistics.median(measured), 2),
+                                                         "min": round(1000 * min(measured), 2)}
+        rows.append([f"step, {label}", f"{1000 * statistics.median(measured):.1f} ms median, "
+                     f"{1000 * min(measured):.1f} min", f"{min(measured) / base:.2f}x (min)"])
     plain = [_request(i, height, width) for i in range(8)]
     mixed = [replace(r, loras=((names[i % 4], 0.5),)) for i, r in enumerate(plain)]
     for label, requests in (("8 requests, no adapters (batched)", plain), ("8 requests over 4 adapters (grouped)", mixed)):
         rate = _throughput(gen.engine, requests)
         payload[label] = round(rate, 3)
         rows.append([label, f"{rate:.2f} img/s", ""])
-    gap_requests = [_request(100 + i, height, width) for i in range(args.gap_jobs)]
-    quiet = _step_gap(gen.engine, gap_requests)
-    loading = _step_gap(gen.engine, gap_requests, _loader(gen, _adapters(folder, 2, GAP_RANK)))
-    payload["step_gap_no_loading"], payload["step_gap_while_loading"] = quiet, loading
-    payload["step_gap_loaded_rank"] = GAP_RANK
-    rows.append(["step gap, no adapter loading", f"{quiet['step_gap_ms_median']:.1f} ms median, "
-                 f"{quiet['step_gap_ms_max']:.1f} max", ""])
-    rows.append([f"step gap, {loading['adapter_loads']} adapter loads beside", f"{loading['step_gap_ms_median']:.1f} "
-                 f"ms median, {loading['step_gap_ms_max']:.1f} max (load {loading['load_ms_median']} ms)",
-                 f"{loading['step_gap_ms_median'] / quiet['step_gap_ms_median']:.2f}x median"])
-    print_table(["what", "value", "vs 0 adapters"], rows)
+
+    big = _adapters(folder, 2, GAP_RANK)
+    modes = {"no loading": None, "loads back to back": _loader(gen, big, 0.0), "a load every 0.5 s": _loader(gen, big, 0.5)}
+    gaps: dict[str, list[float]] = {mode: [] for mode in modes}
+    loads: dict[str, list[float]] = {mode: [] for mode in modes}
+    for round_ in range(2):  # interleaved, as above
+        for mode, load in modes.items():
+            requests = [_request(100 + i, height, width) for i in range(args.gap_jobs)]
+            measured, loaded = _step_gap(gen.engine, requests, load)
+            gaps[mode] += measured
+            loads[mode] += loaded
+    payload["step_gap"] = {"adapter_rank_loaded": GAP_RANK, **{
+        mode: {"gap": _summary(gaps[mode]), "loads": _summary(loads[mode])} for mode in modes}}
+    quiet = statistics.median(gaps["no loading"])
+    for mode in modes:
+        gap, load = _summary(gaps[mode]), _summary(loads[mode])
+        what = f"{gap['median_ms']:.0f} ms median, {gap['p90_ms']:.0f} p90, {gap['max_ms']:.0f} max"
+        if load["count"]:
+            what += f"; {load['count']} loads of {load['median_ms']:.0f} ms median"
+        rows.append([f"step gap, {mode}", what, f"{statistics.median(gaps[mode]) / quiet:.2f}x median"])
+    print_table(["what", "value", "vs 0 adapters / no loading"], rows)
     write_json(f"lora-{args.size}-{args.device}.json", payload)
 
 
