@@ -13,6 +13,7 @@ start can be fused, before the engine warms up or compiles anything, so every gr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,9 @@ def fuse_adapters(instance: Any, adapters: Mapping[str, tuple[str | Path, float]
                           "only for the adapters given at start")
     components = instance.components
     # Read in float32 whatever the model's dtype: the sum is rounded once, into the weight's dtype, at the end.
+    scales = {name: _scale(name, scale) for name, (_, scale) in adapters.items()}  # before reading any file
     read = [(name, read_adapter(name, path, components, instance.card.family, instance.device, torch.float32),
-             _scale(name, scale)) for name, (path, scale) in adapters.items()]
+             scales[name]) for name, (path, _) in adapters.items()]
     deltas: dict[str, torch.Tensor] = {}
     for _, adapter, scale in read:
         for key, layer in adapter.layers.items():
@@ -75,8 +77,6 @@ def fused_of(instance: Any) -> tuple[FusedAdapter, ...]:
 
 
 def _scale(name: str, scale: float) -> float:
-    import math
-
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
         raise InvalidRequest("loras", f"{name!r}: the scale must be a finite number, got {scale!r}")
     return float(scale)
