@@ -168,6 +168,7 @@ def main() -> None:
         gen.load_lora(f"a{i}", path)
         names.append(f"a{i}")
     payload = {"environment": environment(), "size": args.size, "rank": RANK, "steps": STEPS,
+               "dtype": str(gen.engine.instance.dtype).removeprefix("torch."),
                "load_note": f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start (a CI run of "
                             "the whole test suite shares this machine); settings are measured interleaved, round "
                             "by round, so the load drifts over all of them alike; min is the least disturbed"}
