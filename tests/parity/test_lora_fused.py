@@ -110,3 +110,26 @@ def test_bad_fuse_requests_are_refused_by_name(family, tmp_path):
 
     with pytest.raises(CheckpointError, match="no such LoRA file"):
         VideoGenerator.from_pretrained(folder, device="cpu", fuse_loras={name: tmp_path / "none.safetensors"})
+
+
+def test_fp8_layers_are_refused_before_any_weight_changes(family):
+    from vidloom.layers.fp8 import FP8Linear
+    from vidloom.lora.fuse import fuse_adapters
+    from vidloom.lora.registry import read_adapter
+
+    folder, _, files, fused, _, kw = family
+    gen = VideoGenerator.from_pretrained(folder, device="cpu")
+    instance = gen.engine.instance
+    name, path = next(iter(files.items()))
+    key = sorted(read_adapter(name, path, instance.components, instance.card.family, instance.device,
+                              torch.float32).layers)[-1]  # the last one: the others would be changed first if unchecked
+    component, _, module = key.partition(":")
+    parent, _, attr = module.rpartition(".")
+    owner = instance.components[component].get_submodule(parent)
+    setattr(owner, attr, FP8Linear.from_linear(getattr(owner, attr)))
+    before = {k: v.clone() for k, v in instance.components[component].state_dict().items()}
+    with pytest.raises(DeployError, match=rf"fuse_loras: {component}\.{module} is a FP8Linear"):
+        fuse_adapters(instance, fused)
+    after = instance.components[component].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "a refused fuse must leave the weights as they were"
+    assert instance.components[LORA_SLOT].fused == ()
