@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.parity.test_lora_generation import FAMILIES, MIN_EFFECT, PROMPT
 from tests.helpers.lora_files import write_lora
+from tests.parity.test_lora_generation import FAMILIES, MIN_EFFECT, PROMPT
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.lora.apply import LoRALinear
@@ -117,12 +117,13 @@ def test_fp8_layers_are_refused_before_any_weight_changes(family):
     from vidloom.lora.fuse import fuse_adapters
     from vidloom.lora.registry import read_adapter
 
-    folder, _, files, fused, _, kw = family
+    folder, _, files, fused, _, _ = family
     gen = VideoGenerator.from_pretrained(folder, device="cpu")
     instance = gen.engine.instance
     name, path = next(iter(files.items()))
-    key = sorted(read_adapter(name, path, instance.components, instance.card.family, instance.device,
-                              torch.float32).layers)[-1]  # the last one: the others would be changed first if unchecked
+    # The file's last layer: the others would be changed first if the check did not come before any change.
+    key = list(read_adapter(name, path, instance.components, instance.card.family, instance.device,
+                            torch.float32).layers)[-1]
     component, _, module = key.partition(":")
     parent, _, attr = module.rpartition(".")
     owner = instance.components[component].get_submodule(parent)
