@@ -134,7 +134,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--served-model-name", default=None, metavar="NAME",
                      help="model name clients send and see in /v1/models (default: the card's id)")
     srv.add_argument("--lora", action="append", default=None, metavar="NAME=PATH",
-                     help="a LoRA adapter to load at start, chosen per request by its name (repeatable)")
+                     help="a LoRA adapter to load at start, chosen per request by its name (repeatable); "
+                          "NAME=PATH[:SCALE] with --fuse-loras")
+    srv.add_argument("--fuse-loras", action="store_true",
+                     help="add the --lora adapters into the base weights at load (faster steps; requests may "
+                          "name no other adapters, runtime load/unload refused)")
     srv.add_argument("--max-loras", type=int, default=None, metavar="N",
                      help="LoRA adapters resident at once (default: 4)")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")

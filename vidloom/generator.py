@@ -49,6 +49,7 @@ class VideoGenerator:
         parallel: ParallelPlan | None = None,
         pool_options: PoolOptions | None = None,
         max_loras: int | None = None,
+        fuse_loras: Mapping[str, str | Path | tuple[str | Path, float]] | None = None,
     ) -> "VideoGenerator":
         """Load a registered model id, a diffusers checkpoint directory or a Hugging Face repo id.
 
@@ -65,6 +66,9 @@ class VideoGenerator:
         sp x cfg). An invalid plan raises DeployError before any process starts.
         pool_options: the pool's timeouts and debug checks (default: PoolOptions.from_env()).
         max_loras: how many LoRA adapters may be resident at once (default 4; see load_lora).
+        fuse_loras: {name: path or (path, scale)} of LoRA adapters added into the base weights at load, before any
+        warmup or compile (docs/lora.md, "Fused mode"): faster steps, but requests may then name no other
+        adapters and load_lora / unload_lora refuse.
 
         Loading is as quiet as the CLI: transformers' logs and loading bars are off while it runs and
         restored after (`TRANSFORMERS_VERBOSITY=warning` shows them; Hub download bars always show).
@@ -78,14 +82,20 @@ class VideoGenerator:
             if deploy.devices > 1:
                 from vidloom.runtime.parallel.launch import launch_engine
 
-                if max_loras is not None:
-                    raise DeployError("max_loras: LoRA adapters are not supported on multi-device engines yet")
+                if max_loras is not None or fuse_loras:
+                    field = "max_loras" if max_loras is not None else "fuse_loras"
+                    raise DeployError(f"{field}: LoRA adapters are not supported on multi-device engines yet")
                 engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
             else:
                 instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
                 engine = Engine(instance, registry.import_target(card.program)(instance), adapters=LORA_ADAPTERS)
                 if max_loras is not None:
                     attach_registry(instance, max_loras)  # InvalidRequest("lora") on a family without adapters
+                if fuse_loras:
+                    from vidloom.lora.fuse import fuse_adapters
+
+                    fuse_adapters(instance, {name: value if isinstance(value, tuple) else (value, 1.0)
+                                             for name, value in fuse_loras.items()})
         try:
             engine.warmup(deploy.warmup_shapes)
         except BaseException:

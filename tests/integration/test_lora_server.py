@@ -95,7 +95,7 @@ def test_serve_flags_and_card_load_adapters_at_start(flux2_distilled_dir, tmp_pa
                            str(flux2_distilled_dir), "--device", "cpu", "--lora", f"ink={lora}")
     try:
         assert httpx.get(f"{server.url}/v1/loras").json() == {"object": "list", "data": [{"name": "ink",
-                                                              "file": lora.name}], "max_loras": 4}
+                                                              "file": lora.name}], "fused": [], "max_loras": 4}
         styled = httpx.post(f"{server.url}/v1/images/generations", timeout=120,
                             json={**BODY, "loras": [{"name": "ink", "scale": 0.5}]})
         assert styled.status_code == 200, styled.text

@@ -93,6 +93,7 @@ class LoRARegistry:
         self.max_loras = max_loras
         self._loaded: OrderedDict[str, LoadedLoRA] = OrderedDict()  # least recently used first
         self._in_use: Counter[str] = Counter()  # name -> runs holding it (resolved, not yet released)
+        self.fused: tuple[Any, ...] = ()  # lora.fuse.FusedAdapter of adapters added into the weights at load
         # A server loads and unloads on worker threads while requests resolve on others; module wrapping and
         # the table change under it (a forward sees a linear either wrapped or not: both are the base weights
         # for a run that does not name the new adapter).
@@ -111,6 +112,7 @@ class LoRARegistry:
         component to load it into instead of the family's default (LORA_INTO)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
+        self._refuse_if_fused("load")
         with self._lock:
             self._victim(name)  # before reading: a registry full of adapters in use refuses at once
         # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
@@ -144,7 +146,13 @@ class LoRARegistry:
                 if self._in_use[name] <= 0:
                     del self._in_use[name]
 
+    def _refuse_if_fused(self, what: str) -> None:
+        if self.fused:
+            raise InvalidRequest("fuse_loras", f"cannot {what} adapters: this deployment fused "
+                                 f"{', '.join(f.name for f in self.fused)} into its weights at load (fuse_loras)")
+
     def unload(self, name: str) -> None:
+        self._refuse_if_fused("unload")
         with self._lock:
             if name not in self._loaded:
                 raise InvalidRequest("name", f"no LoRA adapter {name!r} is loaded (loaded: {self.names or 'none'})")
@@ -259,13 +267,20 @@ def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     registry = instance.components.get(LORA_SLOT)
     if registry is None:
         raise InvalidRequest("loras[0].name", f"no LoRA adapter {loras[0][0]!r} is loaded (loaded: none)")
+    if registry.fused:
+        # The fused set is in the weights: a request naming exactly it (same scales) runs them; any other is refused.
+        if dict(loras) != {f.name: f.scale for f in registry.fused}:
+            fused = ", ".join(f"{f.name}:{f.scale:g}" for f in registry.fused)
+            raise InvalidRequest("loras", f"this deployment fused {fused} into its weights at load (fuse_loras): "
+                                 "requests run with that set and may not name other adapters or scales")
+        return None
     return registry.resolve(dict(loras))
 
 
 def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
     """The run that resolved `loras` (resolve_request_loras) has ended: its adapters may be evicted again."""
     registry = instance.components.get(LORA_SLOT)
-    if loras and registry is not None:
+    if loras and registry is not None and not registry.fused:
         registry.release([name for name, _ in loras])
 
 

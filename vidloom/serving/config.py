@@ -41,7 +41,10 @@ class ServeConfig:
     dtype: str | None = None  # float32 | bfloat16 | float16; None = card's on CUDA, cpu_default_dtype() on CPU
     deploy: DeployConfig = DeployConfig()  # load-time performance and memory options
     # LoRA adapters loaded at start, "NAME=PATH" each (--lora); more load at run time through POST /v1/loras.
+    # With fuse_loras (--fuse-loras) they are added into the base weights at load instead, "NAME=PATH[:SCALE]"
+    # each: faster steps, but requests may name no other adapters and the load/unload routes answer 409.
     loras: tuple[str, ...] = ()
+    fuse_loras: bool = False
     max_loras: int | None = None  # adapters resident at once (--max-loras); None: 4 (vidloom.lora.registry)
     max_body_bytes: int = 1 << 20  # larger request bodies get 413 before any parsing
     # Uploads (images, videos) are checked from their headers and decoded on a pool off the event loop:
@@ -90,13 +93,29 @@ class ServeConfig:
     @property
     def lora_files(self) -> list[tuple[str, str]]:
         """`loras` as (name, path) pairs; ValueError naming the entry that is not NAME=PATH."""
-        pairs = []
+        return [(name, path) for name, path, _ in self.lora_entries]
+
+    @property
+    def lora_entries(self) -> list[tuple[str, str, float]]:
+        """`loras` as (name, path, scale); a `:SCALE` suffix only with fuse_loras (run-time adapters take their
+        scale from each request). ValueError naming the entry that is not NAME=PATH[:SCALE]."""
+        from vidloom.core.errors import InvalidRequest
+        from vidloom.lora.files import split_scale
+
+        entries = []
         for entry in self.loras:
             name, sep, path = str(entry).partition("=")
             if not sep or not name.strip() or not path.strip():
                 raise ValueError(f"loras: {entry!r} is not NAME=PATH (e.g. watercolor=./watercolor.safetensors)")
-            pairs.append((name.strip(), path.strip()))
-        return pairs
+            path, scale = path.strip(), 1.0
+            if self.fuse_loras:
+                try:
+                    file, scale = split_scale(path, "loras")
+                except InvalidRequest as exc:
+                    raise ValueError(f"loras: {exc.message}") from None
+                path = str(file)
+            entries.append((name.strip(), path, scale))
+        return entries
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -118,6 +137,8 @@ class ServeConfig:
             raise ValueError(f"media_queue: must be >= 0, got {self.media_queue}")
         object.__setattr__(self, "loras", tuple(self.loras))
         self.lora_files  # noqa: B018 -- raises for an entry that is not NAME=PATH
+        if self.fuse_loras and not self.loras:
+            raise ValueError("fuse_loras: needs adapters given at start (loras / --lora NAME=PATH[:SCALE])")
         if self.max_loras is not None and self.max_loras < max(1, len(self.loras)):
             raise ValueError(f"max_loras: must be >= 1 and >= the {len(self.loras)} adapters in loras, "
                              f"got {self.max_loras}")

@@ -2,6 +2,8 @@
 
 Loading reads the file and copies its low-rank weights on a worker thread, so the event loop keeps answering
 and the device worker keeps stepping; running requests keep the adapters they started with (see lora.registry).
+A deployment that fused its adapters into the weights at load (fuse_loras) lists them under `fused` and answers
+409 to loading and unloading: the weights hold a fixed set, nothing can join or leave it at run time.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ def _instance(request: Request) -> Any:
     return instance
 
 
+def _refuse_if_fused(instance: Any, what: str) -> None:
+    registry = instance.components.get(LORA_SLOT)
+    if registry is not None and registry.fused:
+        names = ", ".join(f.name for f in registry.fused)
+        raise APIError(409, f"fuse_loras: this deployment fused {names} into its weights at load; adapters cannot "
+                       f"be {what} at run time (restart without --fuse-loras for run-time adapters)",
+                       param="fuse_loras", code="loras_fused")
+
+
 def adapter_list(instance: Any) -> list[dict[str, Any]]:
     """The resident adapters in load order: name and file name (the server's paths stay private, as in errors)."""
     registry = instance.components.get(LORA_SLOT)
@@ -49,14 +60,17 @@ def adapter_list(instance: Any) -> list[dict[str, Any]]:
 async def list_loras(request: Request) -> dict[str, Any]:
     instance = _instance(request)
     registry = instance.components.get(LORA_SLOT)
-    return {"object": "list", "data": adapter_list(instance),
-            "max_loras": registry.max_loras if registry is not None else None}
+    fused = [] if registry is None else [{"name": f.name, "file": f.path.name, "scale": f.scale}
+                                         for f in registry.fused]
+    return {"object": "list", "data": adapter_list(instance), "fused": fused,
+            "max_loras": registry.max_loras if registry is not None and not fused else None}
 
 
 @router.post("/v1/loras", openapi_extra=body_doc(LoraLoadBody))
 async def load_lora(request: Request) -> dict[str, Any]:
     body = await read_body(request, LoraLoadBody)
     instance = _instance(request)
+    _refuse_if_fused(instance, "loaded")
     with engine_errors(lambda field: field):
         registry = attach_registry(instance)
         try:
@@ -69,6 +83,7 @@ async def load_lora(request: Request) -> dict[str, Any]:
 @router.delete("/v1/loras/{name}")
 async def unload_lora(request: Request, name: str) -> dict[str, Any]:
     instance = _instance(request)
+    _refuse_if_fused(instance, "unloaded")
     registry = instance.components.get(LORA_SLOT)
     if registry is None or name not in registry.names:
         raise APIError(404, f"no LoRA adapter {name!r} is loaded", param="name", code="lora_not_found")

@@ -124,11 +124,16 @@ def serve(config: ServeConfig) -> None:
     max_loras = config.max_loras
     if max_loras is None and lora_files:
         max_loras = max(DEFAULT_MAX_LORAS, len(lora_files))
-    generator = VideoGenerator.from_pretrained(
-        config.model, device=config.device, dtype=config.dtype, deploy=config.deploy, max_loras=max_loras,
-    )
-    for name, path in lora_files:
-        generator.load_lora(name, path)
+    if config.fuse_loras:  # added into the weights at load: no run-time registry bound to set
+        fused = {name: (path, scale) for name, path, scale in config.lora_entries}
+        generator = VideoGenerator.from_pretrained(config.model, device=config.device, dtype=config.dtype,
+                                                   deploy=config.deploy, fuse_loras=fused)
+    else:
+        generator = VideoGenerator.from_pretrained(
+            config.model, device=config.device, dtype=config.dtype, deploy=config.deploy, max_loras=max_loras,
+        )
+        for name, path in lora_files:
+            generator.load_lora(name, path)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     _warn_if_open(config, host)
