@@ -39,6 +39,7 @@ class AudioPiece:
     start_code: int
     stop_code: int
     samples: np.ndarray  # float32 [samples]
+    mel: torch.Tensor  # [1, mel_dim, frames] of these codes (what the vocoder read, for tests and tools)
 
 
 @dataclass
@@ -89,15 +90,17 @@ def open_stream(dit: Any, vocoder: Any, voice: Voice, max_codes: int, chunk_code
 
 
 def decode_window(dit: Any, vocoder: Any, voice: Voice, codes: torch.Tensor, noise: torch.Tensor,
-                  ode_steps: int) -> np.ndarray:
-    """codes [N] with their initial noise [1, N * repeats, mel] -> float32 samples [N * repeats * hop]."""
+                  ode_steps: int) -> tuple[torch.Tensor, np.ndarray]:
+    """codes [N] with their initial noise [1, N * repeats, mel] -> (mel [1, mel_dim, N * repeats], float32
+    samples [N * repeats * hop (+ the vocoder's tail)])."""
     param = next(dit.parameters())
     sampler = MelSampler(dit, num_steps=ode_steps)
     state = sampler.start(codes.to(param.device), voice.cond.to(param.device, param.dtype),
                           voice.ref_mel.to(param.device, param.dtype), None, noise=noise)
     while state.step < state.total:
         state = sampler.step(state)
-    return vocoder(MelSampler.mel(state))[0].float().cpu().numpy()
+    mel = MelSampler.mel(state)
+    return mel, vocoder(mel)[0].float().cpu().numpy()
 
 
 def decode_chunk(stream: AudioStream, codes: list[int], start: int, stop: int, last: bool) -> AudioPiece:
@@ -111,6 +114,7 @@ def decode_chunk(stream: AudioStream, codes: list[int], start: int, stop: int, l
     window = torch.tensor(codes[first:end], dtype=torch.long)
     noise = stream.noise[:, first * c.repeats:end * c.repeats]
     with torch.inference_mode():
-        samples = decode_window(stream.dit, stream.vocoder, stream.voice, window, noise, stream.ode_steps)
+        mel, samples = decode_window(stream.dit, stream.vocoder, stream.voice, window, noise, stream.ode_steps)
     keep = samples[(start - first) * hop:None if last else (stop - first) * hop]
-    return AudioPiece(len(stream.pieces), start, stop, keep.copy())
+    frames = mel[:, :, (start - first) * c.repeats:(stop - first) * c.repeats]
+    return AudioPiece(len(stream.pieces), start, stop, keep.copy(), frames.clone())
