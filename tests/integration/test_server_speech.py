@@ -182,3 +182,40 @@ def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speec
         time.sleep(0.05)
     assert engine.chat_stats()["kv_blocks_in_use"] == 0
     assert engine.engine.caches.bytes_in_use == before
+
+
+def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatch):
+    """Ordering, not timing: the talker's next-to-last step waits until the client holds audio; if audio left only
+    after the talker, that wait would time out. The streamed WAV (unknown sizes) then decodes whole."""
+    import threading
+
+    from vidloom.recipes.qwen_omni.stream_audio import AudioPiece
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # it speaks to its cap (>= 64 codes)
+    first_audio, waited = threading.Event(), []
+    advance = talker.advance
+
+    def gated(state, result):
+        state = advance(state, result)
+        if not isinstance(result, AudioPiece) and len(state.codes) == state.max_codes - 1:
+            waited.append(first_audio.wait(60))
+        return state
+
+    monkeypatch.setattr(talker, "advance", gated)
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello world", "response_format": "wav",
+            "stream_format": "sse"}
+    audio = b""
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"speech.audio.delta"' in line:
+                    audio += base64.b64decode(json.loads(line[6:])["audio"])
+                    first_audio.set()
+    assert waited == [True]
+    with av.open(io.BytesIO(audio)) as container:
+        samples = sum(f.samples for f in container.decode(container.streams.audio[0]))
+    assert samples == (len(audio) - 44) // 2 and samples % (2 * 8) == 0  # whole codes: 2 mel frames x hop 8
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0
