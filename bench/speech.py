@@ -3,7 +3,7 @@ requests through the AsyncEngine (thinker steps batched with every running seque
 talker and token2wav steps scheduled per request) vs transformers' `generate(generation_mode="audio")` on the
 same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
 
-    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100]
+    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
 
 Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (token2wav and
 the vocoder once on every code, transformers' path: time to first audio is the completion time) and
@@ -63,7 +63,8 @@ def _checkpoint(size: str) -> Path:
     return folder
 
 
-def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | None) -> dict[int, dict[str, float]]:
+def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | None,
+             to_cap: bool) -> dict[int, dict[str, float]]:
     from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
     from vidloom.core.output import AudioChunkEvent
     from vidloom.core.speech import SpeechRequest
@@ -72,6 +73,9 @@ def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | 
     from vidloom.runtime.speech_run import speech_result, start_speech
 
     engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
+    if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
+        [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+        talker.end_ids = frozenset()
 
     async def one(i: int, started: float):
         chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTIONS[i % len(QUESTIONS)]),)),),
@@ -109,7 +113,7 @@ def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | 
 
 
 @torch.inference_mode()
-def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, dict[str, float]]:
+def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> dict[int, dict[str, float]]:
     from transformers import AutoTokenizer
 
     from tests.helpers.qwen_omni_checkpoints import load_reference
@@ -117,6 +121,8 @@ def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = load_reference(folder)
     talker = model.config.talker_config
+    # --to-cap: an end id the talker never samples (its vocabulary is smaller), so it speaks to its cap
+    ends = [talker.vocab_size + 1] if to_cap else [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]
 
     def one(i: int) -> float:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
@@ -127,7 +133,7 @@ def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[
                                      thinker_do_sample=False, talker_do_sample=False,
                                      thinker_max_new_tokens=thinker_tokens, talker_max_new_tokens=audio_tokens,
                                      thinker_eos_token_id=[tokenizer.eos_token_id],
-                                     talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id])
+                                     talker_eos_token_id=ends)
         except RuntimeError:  # its token2wav fails on zero codes (a random talker that ends at once): no audio
             return 0.0
         return wave.numel() / 24000
@@ -150,21 +156,22 @@ def main() -> None:
     parser.add_argument("--size", default="mid", choices=sorted(SIZES))
     parser.add_argument("--thinker-tokens", type=int, default=16)
     parser.add_argument("--audio-tokens", type=int, default=100)
+    parser.add_argument("--to-cap", action="store_true", help="every utterance is --audio-tokens codes long")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = _checkpoint(args.size)
-    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens, None)
-    streamed = _vidloom(folder, args.thinker_tokens, args.audio_tokens, STREAM_CHUNK_CODES)
-    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens)
+    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens, None, args.to_cap)
+    streamed = _vidloom(folder, args.thinker_tokens, args.audio_tokens, STREAM_CHUNK_CODES, args.to_cap)
+    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens, args.to_cap)
     rows = [[str(n), f"{ours[n]['rtf']:.2f}", f"{streamed[n]['rtf']:.2f}", f"{theirs[n]['rtf']:.2f}",
              f"{ours[n]['first_audio_mean_s']:.2f}", f"{streamed[n]['first_audio_mean_s']:.2f}",
              f"{theirs[n]['first_audio_mean_s']:.2f}"] for n in CONCURRENCY]
     print_table(["concurrent", "vidloom RTF (whole)", "(streamed)", "transformers RTF",
                  "first audio mean s (whole)", "(streamed)", "(transformers)"], rows)
-    write_json(args.out or f"speech-{args.size}-cpu.json", {
+    write_json(args.out or f"speech-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
         "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
-        "audio_tokens": args.audio_tokens, "stream_chunk_codes": STREAM_CHUNK_CODES, "vidloom": ours,
+        "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES, "vidloom": ours,
         "vidloom_streamed": streamed, "transformers_generate": theirs,
     })
 

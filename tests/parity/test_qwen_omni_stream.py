@@ -25,10 +25,12 @@ CODES, CHUNK, SEED = 24, 4, 7
 TEXT = "the kite rose over the dunes"
 EXACT_ATOL = 1e-5  # the same frames and noise through differently sized windows: summation order only
 # Measured on both tiny configs (random weights, 9 RK4 intervals, chunks of 2, 4 and 8 codes): with the
-# default context (2 DiT blocks back and ahead) the chunked mel is within 7e-8 of the whole mel's full scale
-# (|mel| <= ~3.8), the waveform within 1.2e-5; a 1-block context leaves 1.3e-4 of full scale on the mel.
-MEL_ATOL = 1e-5  # of the whole mel's largest magnitude
-WAVE_ATOL = 1e-4
+# default context (2 DiT blocks back, 1 ahead, as the Qwen2.5-Omni report's sliding window) the chunked mel
+# is within 3.4e-5 of the whole mel's full scale (|mel| <= ~3.8) on omni-b and 7e-8 on omni-a; the waveform
+# within 4.2e-4 (omni-a, full scale 0.64): the vocoder's convolutions read a few mel frames past a window's
+# one-block look-ahead, which the window cannot give it.
+MEL_ATOL = 1e-4  # of the whole mel's largest magnitude
+WAVE_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module", params=OMNI_CONFIGS, ids=lambda spec: spec.name)

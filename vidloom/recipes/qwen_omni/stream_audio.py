@@ -27,8 +27,9 @@ from vidloom.models.qwen_omni.dit import MelSampler
 from vidloom.models.qwen_omni.speakers import Voice
 
 STREAM = "token2wav_stream"
+# The Qwen2.5-Omni report's sliding-window DiT: a receptive field of 4 blocks, 2 back and 1 ahead.
 LOOK_BACK_BLOCKS = 2  # DiT blocks of already spoken codes each chunk's window holds
-LOOK_AHEAD_BLOCKS = 2  # DiT blocks of codes after the chunk a window waits for (the latency it adds)
+LOOK_AHEAD_BLOCKS = 1  # DiT blocks of codes after the chunk a window waits for (the latency it adds)
 
 
 @dataclass(frozen=True)
