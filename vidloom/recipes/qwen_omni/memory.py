@@ -14,8 +14,10 @@ what a stage hands on stays to the end:
 - vocoder: its widest activation (channels x samples at each upsampling stage) and the waveform.
 
 The budget of codes is the talker's cap (recipes.qwen_omni.talker_loop.audio_token_budget), which the run
-never exceeds. A streamed request decodes windows of that sequence, never more than the whole.
-Copy counts: core.footprint.
+never exceeds. A streamed request (recipes.qwen_omni.stream_audio) is held to the same estimate plus its
+noise buffer: its DiT reads one window at a time, but its peak over a long run was measured, not modelled
+apart. Copy counts: core.footprint; checked against peak RSS on CPU (float32, bench's mid config: 1000
+codes measured 163-181 MiB vs an estimate of 427, 2000 codes 398-447 vs 1220, 2000 streamed 156 vs 1222).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
 SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
 TALKER_EXTRA_ROWS = 4  # talker prefill rows beyond the prompt: the voice's bos, the first reply row, codec bos/pad
 ODE_COPIES = 6  # x, RK4's four velocities and the stage input, [frames, mel_dim] each per branch
+SCORE_COPIES = 2  # attention scores and their softmax, [heads, frames, frames] per CFG branch
 WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
 
 
@@ -56,7 +59,8 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
     talker_pass = block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
     mel_pass, mel_state = _token2wav(dit, codes)
     samples = codes * dit.repeats * vocoder.hop
-    return Footprint(caches=talker_kv + hidden_states, denoise=max(thinker_pass, talker_pass, mel_pass),
+    noise = codes * dit.repeats * dit.mel_dim * 4 if prompt.request.audio_chunk_codes is not None else 0
+    return Footprint(caches=talker_kv + hidden_states + noise, denoise=max(thinker_pass, talker_pass, mel_pass),
                      decode=_vocoder(instance, vocoder, codes * dit.repeats),
                      persistent=mel_state + WAVE_COPIES * samples * 4)
 
@@ -67,7 +71,8 @@ def _token2wav(dit: Any, codes: int) -> tuple[int, int]:
     frames = codes * dit.repeats
     inner = dit.num_attention_heads * dit.head_dim
     block = block_bytes(2, frames, max(inner, dit.hidden_size), dit.hidden_size * dit.ff_mult, 4)
-    scores = 2 * dit.num_attention_heads * frames * frames * 4 + frames * frames  # scores + the bool mask
+    # the scores and their softmax per head and branch (CPU attention with a mask materialises them), the mask
+    scores = 2 * SCORE_COPIES * dit.num_attention_heads * frames * frames * 4 + frames * frames
     conditioning = 2 * frames * (dit.emb_dim + dit.enc_emb_dim + dit.hidden_size) * 4
     state = 2 * ODE_COPIES * frames * dit.mel_dim * 4 + conditioning
     return block + scores, state
