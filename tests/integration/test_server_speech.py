@@ -219,3 +219,17 @@ def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatc
         samples = sum(f.samples for f in container.decode(container.streams.audio[0]))
     assert samples == (len(audio) - 44) // 2 and samples % (2 * 8) == 0  # whole codes: 2 mel frames x hop 8
     assert engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def test_speech_over_the_memory_budget_is_a_400_naming_input(speech_server, monkeypatch):
+    import dataclasses
+
+    engine = speech_server.app.state.jobs.engine.engine
+    monkeypatch.setattr(engine, "limits", dataclasses.replace(engine.limits, max_memory_bytes=1 << 20))
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello", "stream_format": "sse",
+            "response_format": "pcm"}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input" and "max_request_memory" in r.json()["error"]["message"]
+    assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
