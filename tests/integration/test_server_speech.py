@@ -233,3 +233,23 @@ def test_speech_over_the_memory_budget_is_a_400_naming_input(speech_server, monk
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "input" and "max_request_memory" in r.json()["error"]["message"]
     assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def test_a_streamed_client_that_leaves_after_the_first_chunk_frees_everything(speech_server, monkeypatch):
+    import time
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # thousands of codes: it is still speaking when we leave
+    before = engine.engine.caches.bytes_in_use
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "the kite rose over the dunes " * 40,
+            "response_format": "pcm", "stream_format": "audio"}
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            assert r.status_code == 200 and len(next(r.iter_bytes())) > 0  # the first chunk, then gone
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (engine.chat_stats()["kv_blocks_in_use"] or
+                                           engine.engine.caches.bytes_in_use != before):
+        time.sleep(0.05)
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0 and engine.engine.caches.bytes_in_use == before
+    assert engine.engine.admission.resident == 0
