@@ -3,10 +3,12 @@ requests through the AsyncEngine (thinker steps batched with every running seque
 talker and token2wav steps scheduled per request) vs transformers' `generate(generation_mode="audio")` on the
 same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
 
-    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100]
+    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
 
-Greedy thinker and talker everywhere, the same caps on both sides. The first audio leaves when a request's
-vocoder has run (no chunked synthesis yet), so time to first audio is each request's completion time.
+Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (token2wav and
+the vocoder once on every code, transformers' path: time to first audio is the completion time) and
+"streamed" (audio_chunk_codes=25, the server's setting for pcm/wav streams: time to first audio is when the
+first AudioChunkEvent leaves the run, while the talker still decodes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch  # noqa: E402
 
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, TinyOmni, write_tiny_omni  # noqa: E402
+from vidloom.serving.speech_stream import STREAM_CHUNK_CODES  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"
 ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 8, 8]}
@@ -60,22 +63,34 @@ def _checkpoint(size: str) -> Path:
     return folder
 
 
-def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, dict[str, float]]:
+def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | None,
+             to_cap: bool) -> dict[int, dict[str, float]]:
     from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
+    from vidloom.core.output import AudioChunkEvent
     from vidloom.core.speech import SpeechRequest
     from vidloom.generator import VideoGenerator
     from vidloom.runtime.async_engine import AsyncEngine
     from vidloom.runtime.speech_run import speech_result, start_speech
 
     engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
+    if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
+        [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+        talker.end_ids = frozenset()
 
     async def one(i: int, started: float):
         chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTIONS[i % len(QUESTIONS)]),)),),
                            SamplingParams(temperature=0.0, max_tokens=thinker_tokens))
         request = SpeechRequest(chat=chat, talker_sampling=SamplingParams(temperature=0.0), seed=i,
-                                max_audio_tokens=audio_tokens)
-        result = await engine.submit_run(start_speech(engine.engine, request), None, speech_result).result()
-        return result, time.perf_counter() - started
+                                max_audio_tokens=audio_tokens, audio_chunk_codes=chunk)
+        first: list[float] = []
+
+        def on_event(event) -> None:
+            if isinstance(event, AudioChunkEvent) and not first:
+                first.append(time.perf_counter())
+
+        result = await engine.submit_run(start_speech(engine.engine, request, on_event), None, speech_result).result()
+        done = time.perf_counter()
+        return result, (first[0] if first else done) - started
 
     async def many(n: int):
         started = time.perf_counter()
@@ -98,7 +113,7 @@ def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, 
 
 
 @torch.inference_mode()
-def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[int, dict[str, float]]:
+def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> dict[int, dict[str, float]]:
     from transformers import AutoTokenizer
 
     from tests.helpers.qwen_omni_checkpoints import load_reference
@@ -106,6 +121,8 @@ def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = load_reference(folder)
     talker = model.config.talker_config
+    # --to-cap: an end id the talker never samples (its vocabulary is smaller), so it speaks to its cap
+    ends = [talker.vocab_size + 1] if to_cap else [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]
 
     def one(i: int) -> float:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
@@ -116,7 +133,7 @@ def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int) -> dict[
                                      thinker_do_sample=False, talker_do_sample=False,
                                      thinker_max_new_tokens=thinker_tokens, talker_max_new_tokens=audio_tokens,
                                      thinker_eos_token_id=[tokenizer.eos_token_id],
-                                     talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id])
+                                     talker_eos_token_id=ends)
         except RuntimeError:  # its token2wav fails on zero codes (a random talker that ends at once): no audio
             return 0.0
         return wave.numel() / 24000
@@ -139,20 +156,23 @@ def main() -> None:
     parser.add_argument("--size", default="mid", choices=sorted(SIZES))
     parser.add_argument("--thinker-tokens", type=int, default=16)
     parser.add_argument("--audio-tokens", type=int, default=100)
+    parser.add_argument("--to-cap", action="store_true", help="every utterance is --audio-tokens codes long")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = _checkpoint(args.size)
-    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens)
-    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens)
-    rows = [[str(n), f"{ours[n]['rtf']:.2f}", f"{theirs[n]['rtf']:.2f}", f"{ours[n]['first_audio_min_s']:.2f}",
-             f"{theirs[n]['first_audio_min_s']:.2f}", f"{ours[n]['first_audio_mean_s']:.2f}",
+    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens, None, args.to_cap)
+    streamed = _vidloom(folder, args.thinker_tokens, args.audio_tokens, STREAM_CHUNK_CODES, args.to_cap)
+    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens, args.to_cap)
+    rows = [[str(n), f"{ours[n]['rtf']:.2f}", f"{streamed[n]['rtf']:.2f}", f"{theirs[n]['rtf']:.2f}",
+             f"{ours[n]['first_audio_mean_s']:.2f}", f"{streamed[n]['first_audio_mean_s']:.2f}",
              f"{theirs[n]['first_audio_mean_s']:.2f}"] for n in CONCURRENCY]
-    print_table(["concurrent", "vidloom RTF", "transformers RTF", "vidloom first audio s (min)",
-                 "transformers (min)", "vidloom (mean)", "transformers (mean)"], rows)
-    write_json(args.out or f"speech-{args.size}-cpu.json", {
+    print_table(["concurrent", "vidloom RTF (whole)", "(streamed)", "transformers RTF",
+                 "first audio mean s (whole)", "(streamed)", "(transformers)"], rows)
+    write_json(args.out or f"speech-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
         "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
-        "audio_tokens": args.audio_tokens, "vidloom": ours, "transformers_generate": theirs,
+        "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES, "vidloom": ours,
+        "vidloom_streamed": streamed, "transformers_generate": theirs,
     })
 
 

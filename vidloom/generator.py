@@ -329,21 +329,24 @@ class VideoGenerator:
 
     def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,
               seed: int | None = None, max_audio_tokens: int | None = None, greedy: bool = False,
-              on_event: EventCallback | None = None, cancel: CancellationToken | None = None) -> Any:
+              audio_chunk_codes: int | None = None, on_event: EventCallback | None = None,
+              cancel: CancellationToken | None = None) -> Any:
         """Say `text` in `voice` (the checkpoint's speaker table; None: its first voice): a SpeechResult with
         `.audio` (float32 samples in [-1, 1]) and `.sample_rate`.
 
         The reply is forced (the thinker reads the text, it does not write one). `greedy` picks the talker's
         most likely codes instead of sampling them (seeded by `seed`, which also seeds token2wav's noise).
         Raises InvalidRequest naming the field (`voice` lists the available ones), InvalidRequest("model") on a
-        model without a talker, CacheBudgetExceeded when the KV pool cannot hold the text.
+        model without a talker, CacheBudgetExceeded when the KV pool cannot hold the text. `audio_chunk_codes`
+        streams: token2wav and the vocoder run on chunks of that many codes while the talker decodes, each
+        reaching `on_event` as an AudioChunkEvent (the result's audio is their concatenation).
         """
         from vidloom.core.chat import SamplingParams
         from vidloom.core.speech import TALKER_SAMPLING, SpeechRequest
         from vidloom.runtime.speech_run import speak_alone
 
         request = SpeechRequest(text=text, voice=voice, instructions=instructions, seed=seed,
-                                max_audio_tokens=max_audio_tokens,
+                                max_audio_tokens=max_audio_tokens, audio_chunk_codes=audio_chunk_codes,
                                 talker_sampling=SamplingParams(temperature=0.0) if greedy else TALKER_SAMPLING)
         return speak_alone(self.engine, request, on_event, cancel)
 

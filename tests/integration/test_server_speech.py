@@ -182,3 +182,74 @@ def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speec
         time.sleep(0.05)
     assert engine.chat_stats()["kv_blocks_in_use"] == 0
     assert engine.engine.caches.bytes_in_use == before
+
+
+def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatch):
+    """Ordering, not timing: the talker's next-to-last step waits until the client holds audio; if audio left only
+    after the talker, that wait would time out. The streamed WAV (unknown sizes) then decodes whole."""
+    import threading
+
+    from vidloom.recipes.qwen_omni.stream_audio import AudioPiece
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # it speaks to its cap (>= 64 codes)
+    first_audio, waited = threading.Event(), []
+    advance = talker.advance
+
+    def gated(state, result):
+        state = advance(state, result)
+        if not isinstance(result, AudioPiece) and len(state.codes) == state.max_codes - 1:
+            waited.append(first_audio.wait(60))
+        return state
+
+    monkeypatch.setattr(talker, "advance", gated)
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello world", "response_format": "wav",
+            "stream_format": "sse"}
+    audio = b""
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"speech.audio.delta"' in line:
+                    audio += base64.b64decode(json.loads(line[6:])["audio"])
+                    first_audio.set()
+    assert waited == [True]
+    with av.open(io.BytesIO(audio)) as container:
+        samples = sum(f.samples for f in container.decode(container.streams.audio[0]))
+    assert samples == (len(audio) - 44) // 2 and samples % (2 * 8) == 0  # whole codes: 2 mel frames x hop 8
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def test_speech_over_the_memory_budget_is_a_400_naming_input(speech_server, monkeypatch):
+    import dataclasses
+
+    engine = speech_server.app.state.jobs.engine.engine
+    monkeypatch.setattr(engine, "limits", dataclasses.replace(engine.limits, max_memory_bytes=1 << 20))
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello", "stream_format": "sse",
+            "response_format": "pcm"}
+    with httpx.Client(base_url=speech_server.url, timeout=60) as client:
+        r = client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input" and "max_request_memory" in r.json()["error"]["message"]
+    assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def test_a_streamed_client_that_leaves_after_the_first_chunk_frees_everything(speech_server, monkeypatch):
+    import time
+
+    engine = speech_server.app.state.jobs.engine
+    [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
+    monkeypatch.setattr(talker, "end_ids", frozenset())  # thousands of codes: it is still speaking when we leave
+    before = engine.engine.caches.bytes_in_use
+    body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "the kite rose over the dunes " * 40,
+            "response_format": "pcm", "stream_format": "audio"}
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            assert r.status_code == 200 and len(next(r.iter_bytes())) > 0  # the first chunk, then gone
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (engine.chat_stats()["kv_blocks_in_use"] or
+                                           engine.engine.caches.bytes_in_use != before):
+        time.sleep(0.05)
+    assert engine.chat_stats()["kv_blocks_in_use"] == 0 and engine.engine.caches.bytes_in_use == before
+    assert engine.engine.admission.resident == 0

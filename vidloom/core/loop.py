@@ -101,6 +101,10 @@ class LoopContext(Protocol):
         """Hand a finished piece of the output to the caller now (it reaches them as a ChunkEvent)."""
         ...
 
+    def emit_audio(self, index: int, start_sample: int, audio: Any, sample_rate: int) -> None:
+        """Hand finished speech samples to the caller now (they reach them as an AudioChunkEvent)."""
+        ...
+
     def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
         """Hand decoded text (and the token ids it came from) to the caller now (it reaches them as a TextEvent)."""
         ...

@@ -150,6 +150,18 @@ class TextEvent:
 
 
 @dataclass(frozen=True)
+class AudioChunkEvent:
+    """Speech samples ready before the request completes (a streamed speech request's); the chunks of a
+    request, in order, are its waveform."""
+
+    request_id: str
+    index: int  # 0-based chunk index
+    start_sample: int  # index of `audio[0]` in the whole waveform
+    audio: np.ndarray  # float32 [samples] in [-1, 1]
+    sample_rate: int
+
+
+@dataclass(frozen=True)
 class StartedEvent:
     """The request left the queue and holds a slot."""
 
@@ -174,5 +186,5 @@ class CancelledEvent:
     request_id: str
 
 
-Event = StartedEvent | ProgressEvent | ChunkEvent | TextEvent | CompletedEvent | FailedEvent | CancelledEvent
+Event = StartedEvent | ProgressEvent | ChunkEvent | AudioChunkEvent | TextEvent | CompletedEvent | FailedEvent | CancelledEvent
 EventCallback = Callable[[Event], None]

@@ -34,6 +34,9 @@ class SpeechRequest:
     talker_sampling: SamplingParams = TALKER_SAMPLING  # temperature 0: greedy codes
     seed: int | None = None  # the talker's sampling and token2wav's initial noise
     ode_steps: int = 10  # token2wav's time grid points (transformers' num_steps default)
+    # Stream the audio: token2wav and the vocoder run on chunks of this many codes while the talker decodes
+    # (AudioChunkEvents); None: once, on every code, after the talker (transformers' exact path).
+    audio_chunk_codes: int | None = None
     request_id: str = field(default_factory=lambda: f"speech-{uuid.uuid4().hex}")
 
     def validate(self) -> None:
@@ -57,6 +60,8 @@ class SpeechRequest:
         if self.max_audio_tokens is not None:
             _check_int("max_audio_tokens", self.max_audio_tokens, 1, MAX_AUDIO_TOKENS)
         _check_int("ode_steps", self.ode_steps, 2, MAX_ODE_STEPS)
+        if self.audio_chunk_codes is not None:
+            _check_int("audio_chunk_codes", self.audio_chunk_codes, 1, MAX_AUDIO_TOKENS)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED)
         self.talker_sampling.validate()

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Iterator
 
 from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
 from vidloom.core.errors import Cancelled
-from vidloom.core.output import CancelledEvent, CompletedEvent, Event, FailedEvent, TextEvent
+from vidloom.core.output import AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent, TextEvent
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.paged_decode import no_chat
 
@@ -92,10 +92,11 @@ async def stream_submitted(handle: Any, queue: asyncio.Queue[Event], run: Reques
 
 
 def event_queue(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event], request_id: str):
-    """A worker-thread event callback that hands a chat's text and its end to `queue` on `loop`."""
+    """A worker-thread event callback that hands a chat's text, a streamed speech request's audio chunks and
+    their end to `queue` on `loop`."""
 
     def sink(event: Event) -> None:
-        if not isinstance(event, (TextEvent, CompletedEvent, FailedEvent, CancelledEvent)):
+        if not isinstance(event, (TextEvent, AudioChunkEvent, CompletedEvent, FailedEvent, CancelledEvent)):
             return  # progress and "started": nothing a chat stream shows, and each hand-off wakes the event loop
         try:
             loop.call_soon_threadsafe(queue.put_nowait, event)

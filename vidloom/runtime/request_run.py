@@ -16,6 +16,7 @@ from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import (
+    AudioChunkEvent,
     ChunkEvent,
     EventCallback,
     ProgressEvent,
@@ -271,6 +272,11 @@ class RequestRun:
         if self._on_event is not None:
             frames = dataclasses.replace(chunk, frames=to_uint8(chunk.frames))
             self._on_event(ChunkEvent(self.request.request_id, frames, int(self.request.fps or 0)))
+
+    def emit_audio(self, index: int, start_sample: int, audio: Any, sample_rate: int) -> None:
+        """Pass streamed speech samples (float32) to the caller as they are decoded."""
+        if self._on_event is not None:
+            self._on_event(AudioChunkEvent(self.request.request_id, index, start_sample, audio, sample_rate))
 
     def emit_text(self, phase: str, text: str, token_ids: tuple[int, ...] = ()) -> None:
         """Pass decoded text (a chat's, a reasoning loop's) and its tokens to the caller as they are written."""

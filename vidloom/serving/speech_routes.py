@@ -21,12 +21,14 @@ from pydantic import BaseModel, ConfigDict
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
+from vidloom.runtime.chat_stream import event_queue
 from vidloom.runtime.speech_run import no_speech, speech_result, start_speech
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import engine_errors
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
+from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes, streams_progressively
 from vidloom.serving.video_routes import jobs_of
 
 router = APIRouter(prefix="/v1/audio")
@@ -75,6 +77,8 @@ async def create_speech(request: Request) -> Response:
         speech = plan_speech(body, manager.card)
         if getattr(engine.engine, "decoder", None) is None:
             raise no_speech(manager.card.model_id)
+        if body.stream_format is not None and streams_progressively(body.response_format, body.speed):
+            return _progressive(manager, speech, body)
         run = start_speech(engine.engine, speech)
         handle = engine.submit_run(run, None, speech_result)
     finished = False
@@ -99,6 +103,47 @@ async def create_speech(request: Request) -> Response:
     return Response(data, media_type=MEDIA_TYPES[fmt], headers=headers)
 
 
+def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> StreamingResponse:
+    """pcm or wav while the talker decodes: each decoded chunk leaves at once (chunked transfer, or one
+    speech.audio.delta event per chunk); the run is cancelled if the client leaves."""
+    engine, fmt = manager.engine, body.response_format
+    speech = stream_speech_request(speech, fmt)
+    queue: asyncio.Queue = asyncio.Queue()
+    sink = event_queue(asyncio.get_running_loop(), queue, speech.request_id)
+    handle = engine.submit_run(start_speech(engine.engine, speech, sink), sink, speech_result)
+    sse = body.stream_format == "sse"
+
+    async def pieces() -> AsyncIterator[bytes]:
+        ended = False
+        try:
+            async for data in streamed_bytes(queue, fmt):
+                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
+            ended = True
+            with engine_errors():
+                result: SpeechResult = await handle.result()
+            if sse:
+                yield _event({"type": "speech.audio.done", "usage": _usage(result)})
+        except Exception as exc:
+            if not sse:
+                raise  # headers are sent: the connection is cut, the client sees a truncated body
+            from vidloom.serving.chat_routes import _error_json
+
+            yield f"data: {_error_json(exc)}\n\n".encode()
+        finally:
+            if not ended:  # the client left (or the run failed): its KV returns at the next step
+                engine.cancel(speech.request_id)
+
+    if sse:
+        return StreamingResponse(pieces(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(pieces(), media_type=MEDIA_TYPES[fmt], headers={"X-Request-Id": speech.request_id})
+
+
+def _usage(result: SpeechResult) -> dict[str, int]:
+    return {"input_tokens": result.text_tokens, "output_tokens": result.audio_tokens,
+            "total_tokens": result.text_tokens + result.audio_tokens}
+
+
 async def _pieces(data: bytes) -> AsyncIterator[bytes]:
     for start in range(0, len(data), CHUNK_BYTES):
         yield data[start:start + CHUNK_BYTES]
@@ -112,9 +157,7 @@ async def _sse(result: SpeechResult, fmt: str) -> AsyncIterator[bytes]:
         piece = audio[start:start + step]
         data = await asyncio.to_thread(encode_speech, piece, result.sample_rate, fmt)
         yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-    usage = {"input_tokens": result.text_tokens, "output_tokens": result.audio_tokens,
-             "total_tokens": result.text_tokens + result.audio_tokens}
-    yield _event({"type": "speech.audio.done", "usage": usage})
+    yield _event({"type": "speech.audio.done", "usage": _usage(result)})
 
 
 def _event(data: dict[str, Any]) -> bytes:

@@ -155,12 +155,16 @@ class MelSampler:
         self.dit, self.num_steps = dit, num_steps
         self.guidance_scale, self.sway = guidance_scale, sway_coefficient
 
-    def start(self, codes: Tensor, cond: Tensor, ref_mel: Tensor, generator: torch.Generator | None) -> MelState:
-        """codes [N] (no end token), cond [1, enc_emb_dim], ref_mel [1, frames, mel_dim] -> the state at t=0."""
+    def start(self, codes: Tensor, cond: Tensor, ref_mel: Tensor, generator: torch.Generator | None,
+              noise: Tensor | None = None) -> MelState:
+        """codes [N] (no end token), cond [1, enc_emb_dim], ref_mel [1, frames, mel_dim] -> the state at t=0.
+        `noise` [1, frames, mel_dim]: the initial mel (a window of a streamed utterance's); None: drawn here."""
         c = self.dit.config
         frames = codes.shape[0] * c.repeats
         device, dtype = cond.device, cond.dtype
-        x = torch.randn((1, frames, c.mel_dim), generator=generator, dtype=dtype, device="cpu").to(device)
+        if noise is None:
+            noise = torch.randn((1, frames, c.mel_dim), generator=generator, dtype=dtype, device="cpu")
+        x = noise.to(device, dtype)
         times = torch.linspace(0, 1, self.num_steps, device=device, dtype=dtype)
         if self.sway is not None:
             times = times + self.sway * (torch.cos(torch.pi / 2 * times) - 1 + times)

@@ -19,6 +19,7 @@ FAMILY = "qwen-omni"
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 PROGRAM = "vidloom.recipes.qwen_omni.program:build_program"
 SPEECH = "vidloom.recipes.qwen_omni.speech:start_speech"
+MEMORY_ESTIMATOR = "vidloom.recipes.qwen_omni.memory:request_estimator"  # speech requests (SpeechPrompt)
 AR_LOOP = "ar_decode"
 SPEECH_LOOPS = ("thinker", "talker", "token2wav")
 # Served context per sequence (Qwen2.5-Omni's thinker is trained to 32768 positions).
@@ -79,5 +80,5 @@ def omni_card(model_id: str, source: str, *, speaks: bool, description: str, not
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM, source=source,
         description=description, notes=notes + (() if speaks else ("text only: no talker or speaker table",)),
         context_window=CONTEXT_WINDOW, capabilities=CAPABILITIES,
-        speech=SPEECH if speaks else None,
+        speech=SPEECH if speaks else None, memory_estimator=MEMORY_ESTIMATOR if speaks else None,
     )

@@ -12,7 +12,7 @@ from vidloom.decoding.loop import ARDecodeLoop
 from vidloom.models.qwen_omni.decoder import text_positions
 from vidloom.recipes.qwen_omni.talker_loop import TalkerLoop
 from vidloom.recipes.qwen_omni.thinker_loop import ThinkerLoop
-from vidloom.recipes.qwen_omni.token2wav_loop import VOCODER, Token2WavLoop, vocoder_node
+from vidloom.recipes.qwen_omni.token2wav_loop import SAMPLE_RATE, VOCODER, Token2WavLoop, vocoder_node
 
 SPEECH_OUTPUTS = ("thinker", "codes", "mel", "audio", "sample_rate", "voice")
 
@@ -56,9 +56,9 @@ def build_program(instance: ModelInstance) -> Program:
     dit, vocoder = instance["token2wav"]
     nodes = (
         Node("thinker", reads=("speech",), writes=("thinker",), loop=ThinkerLoop(thinker, tokenizer, eos_ids(tokenizer))),
-        Node("talker", reads=("speech", "thinker"), writes=("codes",),
-             loop=TalkerLoop(thinker, instance["talker"], instance["talker_tokens"])),
+        Node("talker", reads=("speech", "thinker"), writes=("codes", "streamed"),
+             loop=TalkerLoop(thinker, instance["talker"], instance["talker_tokens"], (dit, vocoder), SAMPLE_RATE)),
         Node("token2wav", reads=("speech", "codes"), writes=("mel",), loop=Token2WavLoop(dit)),
-        Node(VOCODER, reads=("speech", "mel"), writes=("audio", "sample_rate", "voice"), run=vocoder_node(vocoder)),
+        Node(VOCODER, reads=("speech", "mel", "streamed"), writes=("audio", "sample_rate", "voice"), run=vocoder_node(vocoder)),
     )
     return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat)

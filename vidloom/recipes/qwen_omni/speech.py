@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.limits import format_bytes
 from vidloom.core.output import EventCallback
 from vidloom.core.speech import SpeechRequest
 from vidloom.models.qwen_omni.speakers import pick_voice
@@ -60,9 +61,28 @@ def _check_window(tokens: int, window: int, field: str) -> None:
 
 def start_speech(engine: Any, request: SpeechRequest, on_event: EventCallback | None = None,
                  cancel: CancellationToken | None = None) -> RequestRun:
-    """The run that speaks `request` on `engine` (its thinker KV from the engine's paged pool)."""
+    """The run that speaks `request` on `engine` (its thinker KV from the engine's paged pool), its estimated
+    memory held in the engine's admission while it is resident; LimitExceeded naming the field that sizes it
+    when it could not fit even alone."""
     if engine.decoder is None:
         raise InvalidRequest("model", f"{engine.instance.card.model_id} runs no thinker decode on this engine")
-    slots = {"speech": speech_prompt(engine.instance, engine.decoder.limits, request)}
+    prompt = speech_prompt(engine.instance, engine.decoder.limits, request)
+    nbytes = engine.estimator(prompt) if engine.estimator is not None else 0
+    check_memory(prompt, nbytes, engine.limits.max_memory_bytes)
     return RequestRun(engine.instance, engine.program, request, on_event, cancel, caches=engine.caches,  # type: ignore[arg-type]
-                      decoder=engine.decoder, slots=slots)
+                      admission=engine.admission, memory_bytes=nbytes, decoder=engine.decoder,
+                      slots={"speech": prompt})
+
+
+def check_memory(prompt: SpeechPrompt, needed: int, limit: int | None) -> None:
+    """Refuse a request whose estimate exceeds what the device holds for one request, naming what sizes it:
+    max_audio_tokens when given, else the text to speak (input) or the reply's budget (max_tokens)."""
+    if limit is None or needed <= limit:
+        return
+    request = prompt.request
+    field = ("max_audio_tokens" if request.max_audio_tokens is not None
+             else "input" if request.text is not None else "max_tokens")
+    raise LimitExceeded(field, f"speaking {len(prompt.prompt_ids)} prompt and up to {prompt.max_tokens} reply "
+                               f"tokens needs an estimated {format_bytes(needed)}, more than the per-request memory "
+                               f"limit of {format_bytes(limit)} (max_request_memory); ask for less speech",
+                        "max_request_memory")

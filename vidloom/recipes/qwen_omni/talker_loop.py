@@ -22,6 +22,7 @@ from vidloom.models.cosmos3.transformer import grouped_attention
 from vidloom.models.qwen_omni.config import TalkerTokens
 from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
 from vidloom.models.qwen_omni.talker_inputs import TalkerInputs, shape_logits, step_input, talker_inputs
+from vidloom.recipes.qwen_omni.stream_audio import STREAM, AudioPiece, AudioStream, decode_chunk, open_stream
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt, ThinkerOutput
 
 TALKER = "talker"
@@ -82,6 +83,8 @@ class TalkerState:
     seen: set[int] = field(default_factory=set)
     codes: list[int] = field(default_factory=list)
     done: bool = False
+    stream: AudioStream | None = None  # a streamed request's chunked token2wav + vocoder
+    sample_rate: int = 0
 
 
 def audio_token_budget(prompt: SpeechPrompt, reply_tokens: int) -> int:
@@ -93,10 +96,15 @@ def audio_token_budget(prompt: SpeechPrompt, reply_tokens: int) -> int:
 
 
 class TalkerLoop:
+    """Codes one step at a time; for a streamed request (`audio_chunk_codes`), a chunk-decode step between
+    them whenever a chunk's look-ahead has arrived (recipes.qwen_omni.stream_audio), and the rest at the end."""
+
     name = TALKER
 
-    def __init__(self, thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerTokens) -> None:
+    def __init__(self, thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerTokens,
+                 token2wav: tuple[Any, Any] | None = None, sample_rate: int = 24000) -> None:
         self.thinker, self.talker, self.tokens = thinker, talker, tokens
+        self.token2wav, self.sample_rate = token2wav, sample_rate
         self.end_ids = frozenset({tokens.codec_pad, tokens.codec_end})  # generate()'s talker_eos_token_id
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> TalkerState:
@@ -117,17 +125,31 @@ class TalkerLoop:
         nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)
         kv = ctx.allocate(nbytes, lambda: SlabKV(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim,
                                                  self.talker.attention_scale, param.device, param.dtype))
+        stream = None
+        if prompt.request.audio_chunk_codes is not None and self.token2wav is not None:
+            stream = open_stream(*self.token2wav, prompt.voice, max_codes, prompt.request.audio_chunk_codes,
+                                 prompt.request.ode_steps, prompt.request.seed)
         return TalkerState(inputs, kv, max_codes, sampling, make_generator(sampling), ctx, inputs.prefill,
-                           seen=set(inputs.prompt_codes))
+                           seen=set(inputs.prompt_codes), stream=stream, sample_rate=self.sample_rate)
 
     def next(self, state: TalkerState) -> StepPlan | Done:
+        stream = state.stream
+        if stream is not None and stream.ready(len(state.codes), state.done):
+            return StepPlan(loop=STREAM, index=len(stream.pieces), total=-(-state.max_codes // stream.chunk_codes), call=decode_chunk,
+                            inputs=stream.plan_inputs(state.codes, state.done))
         if state.done:
             return DONE
         return StepPlan(loop=TALKER, index=len(state.codes), total=state.max_codes, call=talker_step,
                         inputs={"talker": self.talker, "embeds": state.x, "kv": state.kv,
                                 "positions": text_positions(state.position, state.x.shape[0], state.x.device)})
 
-    def advance(self, state: TalkerState, logits: Tensor) -> TalkerState:
+    def advance(self, state: TalkerState, logits: Tensor | AudioPiece) -> TalkerState:
+        if isinstance(logits, AudioPiece):
+            assert state.stream is not None
+            start = sum(len(p) for p in state.stream.pieces)
+            state.stream.add(logits)
+            state.ctx.emit_audio(logits.index, start, logits.samples, state.sample_rate)
+            return state
         state.position += state.x.shape[0]
         code = next_token(shape_logits(logits, state.seen, self.tokens), state.params, state.generator)
         if code in self.end_ids:
@@ -140,4 +162,5 @@ class TalkerLoop:
         return state
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:
-        return {"codes": torch.tensor(state.codes, dtype=torch.long)}
+        streamed = None if state.stream is None else state.stream.audio()
+        return {"codes": torch.tensor(state.codes, dtype=torch.long), "streamed": streamed}

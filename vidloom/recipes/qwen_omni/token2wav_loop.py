@@ -41,7 +41,7 @@ class Token2WavLoop:
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> MelRun | None:
         prompt: SpeechPrompt = slots["speech"]
         codes: torch.Tensor = slots["codes"]
-        if codes.numel() == 0:
+        if codes.numel() == 0 or prompt.request.audio_chunk_codes is not None:  # none, or streamed by the talker
             return None
         voice, device = prompt.voice, next(self.dit.parameters()).device
         # The initial noise comes from the request's seed (transformers draws it from the global RNG:
@@ -74,6 +74,8 @@ def vocoder_node(vocoder: BigVGAN):
         import numpy as np
 
         mel, voice = reads["mel"], reads["speech"].voice.name
+        if reads.get("streamed") is not None:  # the talker's chunks, already sent: the whole is their sum
+            return {"audio": reads["streamed"], "sample_rate": SAMPLE_RATE, "voice": voice}
         if mel is None:
             return {"audio": np.zeros(0, dtype=np.float32), "sample_rate": SAMPLE_RATE, "voice": voice}
         with torch.inference_mode():

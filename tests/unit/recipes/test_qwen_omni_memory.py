@@ -1,0 +1,90 @@
+"""Memory admission of speech requests: the card's estimate (thinker prefill, talker KV slab, token2wav and
+vocoder activations) refuses a request that cannot fit by the field that sizes it, before anything runs, and
+keeps a second request queued while the first holds the budget."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from vidloom.core.chat import SamplingParams
+from vidloom.core.errors import CacheBudgetExceeded, LimitExceeded
+from vidloom.core.speech import SpeechRequest
+from vidloom.generator import VideoGenerator
+from vidloom.recipes.qwen_omni.memory import footprint
+from vidloom.recipes.qwen_omni.speech import speech_prompt
+from vidloom.recipes.qwen_omni.talker_loop import SlabKV
+from vidloom.runtime.admission import MemoryAdmission
+from vidloom.runtime.speech_run import start_speech
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    torch.set_num_threads(1)
+    return VideoGenerator.from_pretrained(str(write_tiny_omni(tmp_path_factory.mktemp("omni"), OMNI_A)))
+
+
+def speech(codes: int) -> SpeechRequest:
+    return SpeechRequest(text="the kite rose over the dunes", voice="Chelsie", talker_sampling=GREEDY, seed=1,
+                         max_audio_tokens=codes)
+
+
+def estimate(gen: VideoGenerator, request: SpeechRequest) -> int:
+    engine = gen.engine
+    return engine.estimator(speech_prompt(engine.instance, engine.decoder.limits, request))
+
+
+def test_the_card_estimates_speech(gen):
+    engine = gen.engine
+    assert engine.estimator is not None and engine.limits.max_memory_bytes is not None
+    small, large = estimate(gen, speech(16)), estimate(gen, speech(4000))
+    assert 0 < small < large  # more codes: a larger talker slab, DiT pass and waveform
+    prompt = speech_prompt(engine.instance, engine.decoder.limits, speech(100))
+    parts = footprint(engine.instance, prompt)
+    talker = engine.instance["talker"].config
+    slab = SlabKV.bytes_for(talker.num_hidden_layers, len(prompt.prompt_ids) + 100, talker.num_key_value_heads,
+                            talker.head_dim, engine.instance.dtype)
+    assert parts.caches >= slab  # at least the slab the talker allocates for its prefill and codes
+    assert parts.denoise > 0 and parts.decode > 0 and parts.persistent >= 3 * 100 * 2 * 8 * 4
+
+
+def test_a_request_over_the_budget_is_refused_by_name_before_it_runs(gen, monkeypatch):
+    engine = gen.engine
+    needed = estimate(gen, speech(4000))
+    monkeypatch.setattr(engine, "limits", dataclasses.replace(engine.limits, max_memory_bytes=needed - 1))
+    before, events = engine.caches.bytes_in_use, []
+    with pytest.raises(LimitExceeded) as info:
+        start_speech(engine, speech(4000), events.append)
+    assert info.value.field == "max_audio_tokens" and "max_request_memory" in info.value.message
+    assert events == [] and engine.caches.bytes_in_use == before
+    assert engine.decoder.stats()["kv_blocks_in_use"] == 0 and engine.admission.resident == 0
+    with pytest.raises(LimitExceeded) as info:  # no max_audio_tokens: the text sizes the codes
+        start_speech(engine, dataclasses.replace(speech(4000), max_audio_tokens=None,
+                                                 text="the kite " * 400))
+    assert info.value.field == "input"
+    assert gen.speak("the kite", voice="Chelsie", max_audio_tokens=8) is not None  # a small one still runs
+
+
+def test_resident_requests_share_the_budget(gen, monkeypatch):
+    engine = gen.engine
+    needed = estimate(gen, speech(64))
+    monkeypatch.setattr(engine, "admission", MemoryAdmission(needed + needed // 2))
+    first, second = start_speech(engine, speech(64)), start_speech(engine, speech(64))
+    try:
+        assert first.admit() and not second.admit()  # the queue keeps the second waiting
+        with pytest.raises(CacheBudgetExceeded):  # stepped without a queue: refused before any work
+            second.step()
+        while not first.step():
+            pass
+    finally:
+        first.close()
+    try:
+        assert second.admit()  # room again once the first is done
+    finally:
+        second.close()
+    assert engine.admission.resident == 0 and engine.decoder.stats()["kv_blocks_in_use"] == 0

@@ -1,0 +1,88 @@
+"""Estimated peak memory of one speech request beyond the resident weights (ModelCard.memory_estimator).
+
+A speech request runs four stages one after another, so its transient peak is the largest stage's, while
+what a stage hands on stays to the end:
+
+- thinker: its K/V lives in the engine's paged pool, sized at load and resident like the weights (the
+  pool's allocator admits each sequence, runtime.paged_kv), so it is not counted again; the prefill's
+  activations over the prompt and forced text are, and the per-token hidden states the talker reads;
+- talker: its K/V slab (prompt rows + the code budget, SlabKV.bytes_for, the size the loop allocates) for the
+  whole run, and one block's activations over its prefill;
+- token2wav: the DiT over every mel frame of the code budget in two CFG branches (one block's activations,
+  the [frames, frames] attention scores per head, the block mask), the ODE state with RK4's four velocities
+  and the conditioning (code and voice embeddings per frame);
+- vocoder: its widest activation (channels x samples at each upsampling stage) and the waveform.
+
+The budget of codes is the talker's cap (recipes.qwen_omni.talker_loop.audio_token_budget), which the run
+never exceeds. A streamed request (recipes.qwen_omni.stream_audio) is held to the same estimate plus its
+noise buffer: its DiT reads one window at a time, but its peak over a long run was measured, not modelled
+apart. Copy counts: core.footprint; checked against peak RSS on CPU (float32, bench's mid config: 1000
+codes measured 163-181 MiB vs an estimate of 427, 2000 codes 398-447 vs 1220, 2000 streamed 156 vs 1222).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_bytes, element_size
+from vidloom.core.instance import ModelInstance
+from vidloom.core.limits import MemoryEstimate
+from vidloom.recipes.qwen_omni.talker_loop import SlabKV, audio_token_budget
+from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
+
+SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
+TALKER_EXTRA_ROWS = 4  # talker prefill rows beyond the prompt: the voice's bos, the first reply row, codec bos/pad
+ODE_COPIES = 6  # x, RK4's four velocities and the stage input, [frames, mel_dim] each per branch
+SCORE_COPIES = 2  # attention scores and their softmax, [heads, frames, frames] per CFG branch
+WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
+
+
+def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
+    """The estimator for `instance`; None for a chat-only checkpoint (no talker)."""
+    if "talker" not in instance.components:
+        return None
+    return lambda prompt: footprint(instance, prompt).total  # type: ignore[arg-type,return-value]
+
+
+def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
+    """`prompt` (a validated speech request) on `instance`, part by part."""
+    thinker, talker = instance["thinker"].config, instance["talker"].config
+    dit, vocoder = (module.config for module in instance["token2wav"])
+    act = element_size(instance.dtype)
+    tokens = len(prompt.prompt_ids) + prompt.max_tokens
+    codes = audio_token_budget(prompt, prompt.max_tokens)
+    talker_rows = len(prompt.prompt_ids) + TALKER_EXTRA_ROWS
+    talker_kv = SlabKV.bytes_for(talker.num_hidden_layers, talker_rows + codes, talker.num_key_value_heads,
+                                 talker.head_dim, instance.dtype)
+    hidden_states = 2 * tokens * thinker.hidden_size * act  # final states + input embeddings, per token
+    thinker_pass = block_bytes(1, tokens, thinker.hidden_size, SWIGLU_FACTOR * thinker.intermediate_size, act)
+    talker_pass = block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
+    mel_pass, mel_state = _token2wav(dit, codes)
+    samples = codes * dit.repeats * vocoder.hop
+    noise = codes * dit.repeats * dit.mel_dim * 4 if prompt.request.audio_chunk_codes is not None else 0
+    return Footprint(caches=talker_kv + hidden_states + noise, denoise=max(thinker_pass, talker_pass, mel_pass),
+                     decode=_vocoder(instance, vocoder, codes * dit.repeats),
+                     persistent=mel_state + WAVE_COPIES * samples * 4)
+
+
+def _token2wav(dit: Any, codes: int) -> tuple[int, int]:
+    """(one DiT block's live bytes over the utterance's frames in both CFG branches, the ODE state's bytes);
+    token2wav runs in float32."""
+    frames = codes * dit.repeats
+    inner = dit.num_attention_heads * dit.head_dim
+    block = block_bytes(2, frames, max(inner, dit.hidden_size), dit.hidden_size * dit.ff_mult, 4)
+    # the scores and their softmax per head and branch (CPU attention with a mask materialises them), the mask
+    scores = 2 * SCORE_COPIES * dit.num_attention_heads * frames * frames * 4 + frames * frames
+    conditioning = 2 * frames * (dit.emb_dim + dit.enc_emb_dim + dit.hidden_size) * 4
+    state = 2 * ODE_COPIES * frames * dit.mel_dim * 4 + conditioning
+    return block + scores, state
+
+
+def _vocoder(instance: ModelInstance, vocoder: Any, frames: int) -> int:
+    """The widest stage of the BigVGAN (its channels halve as its length multiplies), at the deployment's copies."""
+    copies = VAE_COPIES.get(instance.device.type, VAE_COPIES["cpu"])
+    length, channels, widest = frames, vocoder.upsample_initial_channel, vocoder.upsample_initial_channel * frames
+    for rate in vocoder.upsample_rates:
+        length, channels = length * rate, max(1, channels // 2)
+        widest = max(widest, channels * length)
+    return copies * widest * 4 + FFN_COPIES * vocoder.mel_dim * frames * 4

@@ -1,0 +1,121 @@
+"""Audio while the talker decodes: token2wav and the vocoder on chunks of codes as they arrive.
+
+Qwen2.5-Omni's DiT attends within neighbouring blocks of `block_size` mel frames (one block back on
+its look-back layers, one ahead on its look-ahead layers), which is what lets the original model
+stream: each chunk of codes is decoded on a window holding some codes before it (look-back) and
+after it (look-ahead), with the slice of the utterance's initial noise for those frames, and only
+the chunk's own frames and samples are kept. The window starts on a block boundary, so its block
+partition is the whole utterance's and every attention mask inside it is the whole utterance's.
+
+Not exact: the ODE runs its velocity network `4 * (ode_steps - 1)` times, so a frame's final value
+depends on codes further away than one window (the receptive field grows each call). With a window
+covering the whole utterance it is the whole-utterance decode, bit for bit in float32 up to
+summation order; tests/parity/test_qwen_omni_stream.py states the tolerance of the default context.
+The utterance's noise is drawn up front for the talker's code budget (it cannot know the length
+yet), so a streamed request's audio is not the non-streamed one's for the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vidloom.models.qwen_omni.dit import MelSampler
+from vidloom.models.qwen_omni.speakers import Voice
+
+STREAM = "token2wav_stream"
+# The Qwen2.5-Omni report's sliding-window DiT: a receptive field of 4 blocks, 2 back and 1 ahead.
+LOOK_BACK_BLOCKS = 2  # DiT blocks of already spoken codes each chunk's window holds
+LOOK_AHEAD_BLOCKS = 1  # DiT blocks of codes after the chunk a window waits for (the latency it adds)
+
+
+@dataclass(frozen=True)
+class AudioPiece:
+    """A decoded chunk: samples of codes [start_code, stop_code)."""
+
+    index: int
+    start_code: int
+    stop_code: int
+    samples: np.ndarray  # float32 [samples]
+    mel: torch.Tensor  # [1, mel_dim, frames] of these codes (what the vocoder read, for tests and tools)
+
+
+@dataclass
+class AudioStream:
+    """One request's streamed decode: its noise for every frame it may speak, and how far it has spoken."""
+
+    dit: Any
+    vocoder: Any
+    voice: Voice
+    noise: torch.Tensor  # [1, max_codes * repeats, mel_dim]
+    chunk_codes: int
+    ode_steps: int
+    back_codes: int
+    ahead_codes: int
+    emitted: int = 0  # codes whose samples have left
+    pieces: list[np.ndarray] = field(default_factory=list)
+
+    def ready(self, available: int, finished: bool) -> bool:
+        """Whether the next chunk can be decoded now (its look-ahead has arrived, or no more codes will)."""
+        if self.emitted >= available:
+            return False
+        return finished or available >= self.emitted + self.chunk_codes + self.ahead_codes
+
+    def plan_inputs(self, codes: list[int], finished: bool) -> dict[str, Any]:
+        start = self.emitted
+        stop = len(codes) if finished else start + self.chunk_codes
+        stop = min(stop, start + self.chunk_codes)
+        return {"stream": self, "codes": codes[:min(len(codes), stop + self.ahead_codes)], "start": start,
+                "stop": stop, "last": finished and stop == len(codes)}
+
+    def add(self, piece: AudioPiece) -> None:
+        self.pieces.append(piece.samples)
+        self.emitted = piece.stop_code
+
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
+
+
+def open_stream(dit: Any, vocoder: Any, voice: Voice, max_codes: int, chunk_codes: int, ode_steps: int,
+                seed: int | None) -> AudioStream:
+    """A stream whose windows reach LOOK_BACK/LOOK_AHEAD DiT blocks around each chunk."""
+    c = dit.config
+    block_codes = max(1, c.block_size // c.repeats)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    noise = torch.randn((1, max_codes * c.repeats, c.mel_dim), generator=generator, dtype=torch.float32)
+    return AudioStream(dit, vocoder, voice, noise, chunk_codes, ode_steps, LOOK_BACK_BLOCKS * block_codes,
+                       LOOK_AHEAD_BLOCKS * block_codes)
+
+
+def decode_window(dit: Any, vocoder: Any, voice: Voice, codes: torch.Tensor, noise: torch.Tensor,
+                  ode_steps: int) -> tuple[torch.Tensor, np.ndarray]:
+    """codes [N] with their initial noise [1, N * repeats, mel] -> (mel [1, mel_dim, N * repeats], float32
+    samples [N * repeats * hop (+ the vocoder's tail)])."""
+    param = next(dit.parameters())
+    sampler = MelSampler(dit, num_steps=ode_steps)
+    state = sampler.start(codes.to(param.device), voice.cond.to(param.device, param.dtype),
+                          voice.ref_mel.to(param.device, param.dtype), None, noise=noise)
+    while state.step < state.total:
+        state = sampler.step(state)
+    mel = MelSampler.mel(state)
+    return mel, vocoder(mel)[0].float().cpu().numpy()
+
+
+def decode_chunk(stream: AudioStream, codes: list[int], start: int, stop: int, last: bool) -> AudioPiece:
+    """Samples of codes [start, stop), decoded on a block-aligned window with look-back and look-ahead; the
+    `last` chunk keeps the vocoder's tail too (its transposed convolutions may add a few samples)."""
+    c = stream.dit.config
+    block_codes = max(1, c.block_size // c.repeats)
+    first = max(0, start - stream.back_codes) // block_codes * block_codes
+    end = len(codes)
+    hop = stream.vocoder.config.hop * c.repeats  # samples per code
+    window = torch.tensor(codes[first:end], dtype=torch.long)
+    noise = stream.noise[:, first * c.repeats:end * c.repeats]
+    with torch.inference_mode():
+        mel, samples = decode_window(stream.dit, stream.vocoder, stream.voice, window, noise, stream.ode_steps)
+    keep = samples[(start - first) * hop:None if last else (stop - first) * hop]
+    frames = mel[:, :, (start - first) * c.repeats:(stop - first) * c.repeats]
+    return AudioPiece(len(stream.pieces), start, stop, keep.copy(), frames.clone())
