@@ -58,6 +58,8 @@ FLAGS: dict[str, FlagRow] = {
     # The demo (Wan) has one stage: refused at load, naming both fields and flags.
     "two_stage": FlagRow(("--two-stage",), {"two_stage": True}, REFUSED),
     "upsampler": FlagRow(("--upsampler", "/no/such/upsampler"), {"upsampler": "/no/such/upsampler"}, REFUSED),
+    "stage2_lora": FlagRow(("--two-stage", "--stage2-lora", "/no/such/stage2.safetensors"),
+                           {"two_stage": True, "stage2_lora": "/no/such/stage2.safetensors"}, REFUSED),
     "devices": FlagRow(("--devices", "2", "--cfg-parallel"), {"devices": 2, "parallel": ParallelPlan(cfg=2)}, CONFIG),
     "parallel": FlagRow(("--sp", "2"), {"devices": 2, "parallel": ParallelPlan(sp=2)}, CONFIG),
 }

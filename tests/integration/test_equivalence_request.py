@@ -93,6 +93,11 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "camera": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
     "c2w": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
     "intrinsics": Exempt("needs a SANA-WM card and a first frame (see the comment above)"),
+    # Audio-only cards (Stable Audio): HTTP vs the Python API in test_server_audio.py, the CLI in
+    # test_stable_audio_api.py (the same waveform on each path).
+    "seconds": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
+    "seconds_start": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
+    "init_audio": Exempt("needs an audio-only card and a multipart audio upload (see the comment above)"),
 }
 
 

@@ -21,6 +21,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
+from vidloom.lora.registry import LORA_ADAPTERS
 from vidloom.recipes.ltx2.program import build_program
 from vidloom.recipes.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
@@ -55,7 +56,7 @@ def setup(tiny_ltx2_dir, tmp_path_factory):
 def _engine(gen: VideoGenerator, settings: LTX2Settings) -> Engine:
     instance = dataclasses.replace(gen.engine.instance, components={**gen.engine.instance.components,
                                                                     "settings": settings})
-    return Engine(instance, build_program(instance))
+    return Engine(instance, build_program(instance), adapters=LORA_ADAPTERS)
 
 
 def _ours(engine: Engine, loras: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
