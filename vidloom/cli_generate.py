@@ -91,26 +91,14 @@ def _default_output(card: ModelCard) -> str:
 
 def lora_flags(card: ModelCard, flags: list[str]) -> dict[str, tuple[Path, float]]:
     """--lora PATH[:SCALE] values as {adapter name (the file's stem): (path, scale)}, checked before any load."""
-    import math
-
+    from vidloom.lora.files import split_scale
     from vidloom.lora.registry import check_family
 
     if flags:
         check_family(card.family, "lora")
     loras: dict[str, tuple[Path, float]] = {}
     for flag in flags:
-        path_text, scale = flag, 1.0
-        head, sep, tail = flag.rpartition(":")
-        if sep:
-            try:
-                scale = float(tail)
-            except ValueError:
-                pass  # no scale: the colon is part of the path
-            else:
-                path_text = head
-        if not math.isfinite(scale):
-            raise InvalidRequest("lora", f"{flag!r}: the scale must be a finite number")
-        path = Path(path_text)
+        path, scale = split_scale(flag, "lora")
         if not path.is_file():
             raise InvalidRequest("lora", f"{path}: no such LoRA file")
         name = path.stem
