@@ -134,11 +134,15 @@ class ResidualUnit(nn.Module):
 
 
 class UpBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+    """Snake, a strided transposed conv, three dilated residual units: the Oobleck decoder block (shared with
+    models/stable_audio, whose decoder pads no output: `output_padding=0`)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, output_padding: int | None = None) -> None:
         super().__init__()
         self.snake1 = Snake(c_in)
         self.conv_t1 = NormedConv(c_in, c_out, 2 * stride, stride=stride, padding=math.ceil(stride / 2),
-                                  output_padding=stride % 2, transposed=True)
+                                  output_padding=stride % 2 if output_padding is None else output_padding,
+                                  transposed=True)
         self.res_unit1 = ResidualUnit(c_out, 1)
         self.res_unit2 = ResidualUnit(c_out, 3)
         self.res_unit3 = ResidualUnit(c_out, 9)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key, refuse_unknown_keys
-from vidloom.models.cosmos3.audio import NormedConv, ResidualUnit, Snake
+from vidloom.models.cosmos3.audio import NormedConv, ResidualUnit, Snake, UpBlock
 
 DIFFUSERS_CLASS_NAME = "AutoencoderOobleck"
 # Every AutoencoderOobleck argument (diffusers 0.42).
@@ -98,21 +98,6 @@ class OobleckEncoder(nn.Module):
         return self.conv2(self.snake1(x))
 
 
-class DecoderBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.snake1 = Snake(c_in)
-        self.conv_t1 = NormedConv(c_in, c_out, 2 * stride, stride=stride, padding=math.ceil(stride / 2),
-                                  transposed=True)
-        self.res_unit1 = ResidualUnit(c_out, 1)
-        self.res_unit2 = ResidualUnit(c_out, 3)
-        self.res_unit3 = ResidualUnit(c_out, 9)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.conv_t1(self.snake1(x))
-        return self.res_unit3(self.res_unit2(self.res_unit1(x)))
-
-
 class OobleckDecoder(nn.Module):
     """Parameter names are the checkpoint's `decoder.*` keys with that prefix (see load: skip the encoder)."""
 
@@ -124,7 +109,7 @@ class OobleckDecoder(nn.Module):
         n = len(strides)
         self.conv1 = NormedConv(config.latent_channels, config.channels * mults[-1], 7, padding=3)
         self.block = nn.ModuleList(
-            DecoderBlock(config.channels * mults[n - i], config.channels * mults[n - i - 1], stride)
+            UpBlock(config.channels * mults[n - i], config.channels * mults[n - i - 1], stride, output_padding=0)
             for i, stride in enumerate(strides))
         self.snake1 = Snake(config.channels)
         self.conv2 = NormedConv(config.channels, config.audio_channels, 7, padding=3, bias=False)
