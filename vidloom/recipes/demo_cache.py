@@ -107,3 +107,21 @@ def train_chat_tokenizer(corpus: Iterable[str], specials: tuple[str, ...], chat_
                                    unk_token=None, bos_token=None)
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def train_gemma_tokenizer(corpus: Iterable[str], vocab_size: int, model_max_length: int) -> Any:
+    """A byte-level BPE trained offline on `corpus`, as a Gemma tokenizer (<pad>/<eos>/<bos>/<unk> like Gemma's,
+    <bos> prepended, left padding): the text encoders of LTX-2 (Gemma3) and SANA-WM (Gemma-2)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GemmaTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(corpus), trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                      special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
+    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                              unk_token="<unk>", padding_side="left", model_max_length=model_max_length)

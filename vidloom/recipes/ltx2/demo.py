@@ -25,7 +25,7 @@ from vidloom.models.ltx2.transformer import LTX2_TRANSFORMER_NAME_MAP, LTX2Trans
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
 from vidloom.models.ltx2.vocoder import LTX2Vocoder, LTX2VocoderConfig
-from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, train_gemma_tokenizer, write_json
 from vidloom.recipes.ltx2.cards import DEFAULTS, ltx2_card
 
 DEMO_ID = "ltx2-demo"
@@ -158,20 +158,7 @@ def _save(module: torch.nn.Module, folder: Path, name_map: Any, config: dict[str
 
 
 def _train_tokenizer() -> Any:
-    """A BPE trained offline on CORPUS, as a Gemma tokenizer (bos/eos/pad like Gemma's, left padding)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GemmaTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
-                                                      special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=1024)
+    return train_gemma_tokenizer(CORPUS, vocab_size=200, model_max_length=1024)
 
 
 def _write_text_encoder(folder: Path, vocab: int) -> None:

@@ -21,7 +21,7 @@ from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
 from vidloom.models.sana_wm.config import SanaWMConfig
 from vidloom.models.sana_wm.transformer import SANA_WM_NAME_MAP, SanaWMTransformer
-from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, train_gemma_tokenizer, write_json
 from vidloom.recipes.sana_wm.cards import DEFAULTS, sana_wm_card
 from vidloom.recipes.sana_wm.demo_refiner import write_demo_refiner
 from vidloom.recipes.sana_wm.text import CHI_PROMPT
@@ -111,19 +111,7 @@ def _add_unused_camera_embedder(folder: Path, hidden: int) -> None:
 
 
 def _train_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GemmaTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
-                                                      special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=4096)
+    return train_gemma_tokenizer(CORPUS, vocab_size=600, model_max_length=4096)
 
 
 def _write_text_encoder(folder: Path, vocab: int) -> None:
