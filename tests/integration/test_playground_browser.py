@@ -5,6 +5,7 @@ Set VIDLOOM_UI_SCREENSHOTS=docs/img to refresh the README's screenshots from the
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -136,6 +137,9 @@ def test_chat_streams_an_answer(browser, page, cosmos3_engine, tmp_path, api_key
         page.evaluate("""() => { window.growth = []; new MutationObserver(() => window.growth.push(
           document.querySelector('.bubble.assistant .content')?.textContent.length || 0)).observe(
           document.querySelector('#chat-log'), {subtree: true, childList: true, characterData: true}); }""")
+        # Greedy decoding: the tiny random model then answers 15 tokens every time; sampled, it may stop after one
+        page.route("**/v1/chat/completions", lambda route: route.continue_(
+            post_data=json.dumps({**json.loads(route.request.post_data), "temperature": 0})))
         page.fill("#chat-input", "tell me a story about robots")
         page.click("#chat-send")
         page.wait_for_selector(".bubble.user")
