@@ -38,7 +38,8 @@ SEED = 42
 
 def _request(demo: str, steps: int) -> Any:
     from vidloom import registry
-    from vidloom.core.request import GenerationRequest, Task, resolve_request
+    from vidloom.core.request import GenerationRequest, Task
+    from vidloom.media.request_inputs import resolve_request
 
     card = registry.resolve_card(demo)
     task = Task.T2V if Task.T2V in card.tasks else Task.T2I  # image models generate from text

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 from vidloom import __version__
 from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.errors import InvalidRequest, VidloomError
+from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS
 
 if TYPE_CHECKING:
     from vidloom.core.deploy import DeployConfig
@@ -145,6 +146,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
     srv.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more get 429 (default: 16)")
+    srv.add_argument("--decode-slots", type=int, default=DEFAULT_DECODE_SLOTS, metavar="N",
+                     help="chats (AR sequences) decoding in one batched step at most; more wait in the queue "
+                          f"(default: {DEFAULT_DECODE_SLOTS})")
     srv.add_argument("--policy", default="fifo",
                      help="fifo | interleave | batch (compatible steps of resident requests share a forward) (default: fifo)")
     srv.add_argument("--max-batch", type=int, default=None, help="batch policy: requests per forward (default: --slots)")

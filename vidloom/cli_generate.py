@@ -18,7 +18,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.cli_camera import camera_fields
 from vidloom.deploy_args import deploy_config
 
@@ -239,7 +240,7 @@ def _cancelled_line(bars: ProgressBars) -> str:
 
 def check_device(device: str | None) -> None:
     """A device string torch understands and that exists here, before any weights load."""
-    from vidloom.generator import resolve_device
+    from vidloom.placement import resolve_device
 
     resolve_device(device)
 

@@ -17,6 +17,7 @@ from vidloom.core.errors import DeployError
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
+from vidloom.placement import resolve_model
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.results import video_output
 
@@ -78,7 +79,7 @@ class VideoGenerator:
         deploy = _with_parallel(deploy or DeployConfig(), devices, parallel)
         engine: Engine | ParallelEngine
         with quiet_loading():
-            card, checkpoint, device, dtype = _resolve(model, device, dtype, cache_dir)
+            card, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
             if deploy.devices > 1:
                 from vidloom.runtime.parallel.launch import launch_engine
 
@@ -393,47 +394,5 @@ def follow_torchrun(
     then follow rank 0's commands until it shuts down. True after a clean shutdown."""
     from vidloom.runtime.parallel.launch import follow_torchrun as follow
 
-    _, checkpoint, device, dtype = _resolve(model, device, dtype, cache_dir)
+    _, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
     return follow(str(model), checkpoint, device, dtype, deploy, pool_options)
-
-
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """None -> CUDA when available, else CPU; a device that does not exist here raises DeployError."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise DeployError(f"device: {device!r} is not a device ({exc}); use cuda, cuda:N or cpu") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeployError(f"device: {device!r} asked for CUDA, but this PyTorch sees no CUDA device; use cpu")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise DeployError(f"device: {device!r} does not exist; {torch.cuda.device_count()} CUDA device(s) here")
-    elif resolved.type != "cpu":
-        raise DeployError(f"device: {device!r} is not supported; use cuda, cuda:N or cpu")
-    return resolved
-
-
-def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None:
-        return None
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise DeployError(f"dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-        return DTYPES[dtype]
-    if dtype not in DTYPES.values():
-        raise DeployError(f"dtype: {dtype} is not supported; use one of {', '.join(DTYPES)}")
-    return dtype
-
-
-def _resolve(
-    model: str | Path, device: str | torch.device | None, dtype: torch.dtype | str | None, cache_dir: str | Path | None
-) -> tuple[ModelCard, Path, torch.device, torch.dtype | None]:
-    resolved_device, resolved_dtype = resolve_device(device), resolve_dtype(dtype)
-    card = registry.resolve_card(model)
-    checkpoint = registry.resolve_checkpoint(card, Path(cache_dir) if cache_dir else None)
-    return card, checkpoint, resolved_device, resolved_dtype

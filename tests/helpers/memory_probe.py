@@ -29,7 +29,8 @@ def _status(key: str) -> int:
 
 def measure(spec: dict) -> dict[str, int]:
     from vidloom.core.deploy import DeployConfig
-    from vidloom.core.request import GenerationRequest, Task, resolve_request
+    from vidloom.core.request import GenerationRequest, Task
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.generator import VideoGenerator
 
     torch.set_num_threads(1)  # one intra-op pool: fewer per-thread buffers, the same peak every run

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
-from vidloom import generator
+from vidloom import placement
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.generator import VideoGenerator
@@ -25,6 +25,6 @@ def test_cfg_mode_is_refused_at_load_with_the_cards_reason(far_dir):
 def test_fp8_with_float16_on_cuda_is_refused_before_touching_the_device(far_dir, monkeypatch):
     # No CUDA here: let the device check pass so the load reaches the FP8 dtype check, which must
     # refuse before any weight is moved (moving one would fail on this machine).
-    monkeypatch.setattr(generator, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(placement, "resolve_device", lambda device: torch.device("cuda"))
     with pytest.raises(DeployError, match="--fp8.*bfloat16"):
         VideoGenerator.from_pretrained(far_dir, device="cuda", dtype="float16", deploy=DeployConfig(fp8_weights=True))

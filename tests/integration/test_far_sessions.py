@@ -136,7 +136,7 @@ def test_budget_pressure_evicts_sessions_instead_of_refusing(far_dir):
 
 
 def _peak_slab_bytes(gen: VideoGenerator, source: Any) -> int:
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.recipes.wan_causal.memory import kv_cache_bytes
 
     request = resolve_request(GenerationRequest(prompt="x", extend_from=source, **EXTEND), gen.card)
@@ -232,7 +232,7 @@ def test_non_causal_models_refuse_extend_from(demo_cache):
 
 
 def test_memory_estimate_counts_the_session_copy_exactly(far, far_dir):
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.recipes.wan_causal.memory import session_bytes
 
     source = far.generate("a red fox", **SOURCE)

@@ -110,7 +110,8 @@ def test_estimate_bounds_the_measured_peak_within_the_factor(models, case):
 
 
 def _resolved(generator, **fields):
-    from vidloom.core.request import GenerationRequest, Task, resolve_request
+    from vidloom.core.request import GenerationRequest, Task
+    from vidloom.media.request_inputs import resolve_request
 
     card = generator.engine.instance.card
     return resolve_request(GenerationRequest("a red fox", task=Task.T2V, seed=0, **fields), card)

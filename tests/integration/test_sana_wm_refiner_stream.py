@@ -115,7 +115,8 @@ def test_two_stage_needs_the_refiner_folder_and_refuses_the_upsampler(tmp_path, 
 
 
 def test_memory_estimate_counts_the_refiner_window(gen, folder):
-    from vidloom.core.request import GenerationRequest, resolve_request
+    from vidloom.core.request import GenerationRequest
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.recipes.sana_wm.memory import footprint
 
     request = resolve_request(GenerationRequest(prompt="a car", image=[IMAGE], **BASE), gen.card)

@@ -419,3 +419,28 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
         client.post(f"/v1/videos/{video_id}/cancel")
     wait_for_status(client, video_id, {"cancelled", "completed"})
     _wait_pool_full(client)
+
+
+def test_decode_slots_bound_the_chats_decoding_together_and_a_third_waits_in_the_queue(cosmos3_engine, long_chat,
+                                                                                        tmp_path):
+    """--decode-slots 2: two chats decode in the batched step, a third waits in the queue (vidloom_queue_depth) and
+    starts when a place frees."""
+    config = ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2, decode_slots=2)
+    body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
+    replies: list[httpx.Response] = []
+    with ThreadServer(cosmos3_engine, config) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as first, \
+                client.stream("POST", "/v1/chat/completions", json=body) as second:
+            for response in (first, second):
+                assert next(response.iter_lines()).startswith("data: {")
+            third = threading.Thread(target=lambda: replies.append(client.post(
+                "/v1/chat/completions", json={"messages": HELLO, "max_tokens": 8})))
+            third.start()
+            deadline = time.monotonic() + 20
+            while _metric(client, "vidloom_queue_depth") < 1:
+                assert time.monotonic() < deadline, "the third chat never showed in the queue depth"
+                time.sleep(0.01)
+            assert _metric(client, "vidloom_in_flight") == 2 and client.get("/health").json()["in_flight"] == 2
+        third.join(60)  # closing the first two streams cancelled them: the third took a decode slot
+        assert replies and replies[0].status_code == 200, replies
+        assert _metric(client, "vidloom_queue_depth") == 0

@@ -98,7 +98,7 @@ def test_seconds_refused_on_a_video_model(demo_cache):
 
 
 def test_memory_estimate_counts_the_window_and_batched_cfg(cache):
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.generator import build_request
     from vidloom.runtime.memory import load_estimator
 

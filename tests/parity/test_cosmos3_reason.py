@@ -14,7 +14,8 @@ from vidloom import registry
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import TextEvent
 from vidloom.core.program import Program
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.cosmos3.gen_program import generation_nodes
 from vidloom.recipes.cosmos3.load import load_tokenizer

@@ -359,7 +359,7 @@ def test_stopping_a_stream_early_releases_its_kv_cache(far_dirs):
 
 
 def test_memory_estimate_counts_the_exact_kv_slab(far_dirs):
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.recipes.wan_causal.memory import estimate_request_bytes, kv_cache_bytes
 
     spec, kw = CASES["b_tall_cfg"]

@@ -78,7 +78,7 @@ def test_initial_waveform_matches_pipeline(pair, channels, length):
     assert float(np.abs(out.audio - theirs).max()) < TOLERANCE
     # At sigma_max (hundreds) the encoded waveform is a small offset of the initial latents, so it barely moves
     # the output; check that it reaches them: the latents differ by exactly the posterior sample.
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
     from vidloom.generator import build_request
     from vidloom.recipes.stable_audio.program import build_program, initial_window
 

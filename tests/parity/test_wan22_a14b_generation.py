@@ -130,7 +130,7 @@ def test_step_cache_keeps_residuals_per_expert(a14b_dir):
 
 def test_step_plans_name_the_expert_and_run_the_resident_modules(a14b_dir):
     from vidloom.core.loop import NETWORK, Done
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
 
     gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu")
     loop = next(node.loop for node in gen.engine.program.nodes if node.loop is not None)

@@ -21,14 +21,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # Known upward imports still to remove, each with its reason; the test fails on any other one, and on an
 # entry here that no longer exists (so the list only shrinks).
 KNOWN: dict[tuple[str, str], str] = {
-    ("core/output.py", "vidloom.media.output"):
-        "VideoOutput.save writes through media (function-local); needs the writer injected by the runtime",
-    ("core/request.py", "vidloom.media.image"):
-        "resolve_request checks input images from their headers (function-local); needs media injected",
-    ("core/request.py", "vidloom.media.uploads"):
-        "resolve_request checks input videos from their headers (function-local); needs media injected",
-    ("core/request.py", "vidloom.media.audio_files"):
-        "resolve_request reads an init_audio file (Stable Audio, function-local); needs media injected",
 }
 
 

@@ -10,6 +10,7 @@ from vidloom.core.capabilities import Capabilities
 from vidloom.core.denoiser import TeaCacheRescale
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
+from vidloom.core.request_blocks import REQUEST_BLOCKS
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 
@@ -67,16 +68,21 @@ class Geometry:
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """A typed request block a card reads (core.request.REQUEST_BLOCKS): who checks it, against what.
+    """A typed request block a card reads (core.request_blocks.REQUEST_BLOCKS): who checks it, against what.
 
-    resolver: "module:function" (request, limits, spatial_multiple) -> the request fields it sets, raising
-    InvalidRequest naming the field; limits: the checkpoint's sizes the resolver checks against;
-    session: "module:Class" (generator, prompt, **fields) of the block's interactive session, if it has one.
+    resolver: "module:function" (request, card) -> the request fields it sets (the block replaced by its typed
+    form, and any size or frames it fixes), raising InvalidRequest naming the field; it must accept its own
+    output (a resolved request resolves again unchanged). limits: the checkpoint's sizes the resolver checks
+    against. session: "module:Class" (generator, prompt, **fields) of the block's interactive session, if any.
+    required: the block's fields every request must give (the first is named when the block is left out).
+    check: "module:function" (resolved request, card) -> None, for rules that read the filled request.
     """
 
     resolver: str
     limits: Mapping[str, int] = field(default_factory=dict)
     session: str | None = None
+    required: tuple[str, ...] = ()
+    check: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,9 +122,6 @@ class ModelCard:
     # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
     inputs: frozenset[str] = frozenset()
     required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
-    # "module:function" (resolved request) -> {field: validated value}: the family's typed request blocks
-    # (e.g. SANA-WM's camera), checked when the request is resolved; raises InvalidRequest naming the field.
-    request_options: str | None = None
     # Without height/width a request with an input image or video takes its size (floored to the size
     # multiple), as the reference pipeline does (AnyFlow-FAR, Flux2 edits); False: the card's default size.
     size_from_inputs: bool = False
@@ -134,11 +137,14 @@ class ModelCard:
     # The runtime features (deploy options) this checkpoint's loader, program and runtime honour; the load
     # refuses any other one a deployment turns on, naming it (core.capabilities). Declares nothing: supports nothing.
     capabilities: Capabilities = Capabilities(frozenset())
-    # The optional GenerationRequest fields (core.request.OPTIONAL_FIELDS) this checkpoint's program reads; a
-    # request that sets any other one is refused naming it. None: all of them (native families).
-    request_fields: frozenset[str] | None = None
-    # Typed request blocks this checkpoint reads (name in core.request.REQUEST_BLOCKS -> BlockSpec); a request
-    # with a block its card does not declare is refused naming it.
+    # The common GenerationRequest fields (core.request_blocks.OPTIONAL_FIELDS: size, steps, guidance...) this
+    # checkpoint's program reads; a request that sets any other one is refused naming it. None: all of them
+    # (native families). Not a request block: it adds no option and has nothing to resolve, it narrows the common
+    # fields for a program that cannot read them all (an adapted pipeline whose __call__ lacks some).
+    optional_fields: frozenset[str] | None = None
+    # Typed per-family request blocks this checkpoint reads (name in core.request_blocks.REQUEST_BLOCKS ->
+    # BlockSpec: an action, a camera, a video to extend); a request with a block its card does not declare is
+    # refused naming the field.
     request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
     # "module:function" (engine, SpeechRequest, on_event) -> the RequestRun that speaks it (thinker -> talker ->
     # vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
@@ -156,8 +162,8 @@ class ModelCard:
         object.__setattr__(self, "tasks", frozenset(Task(t) for t in self.tasks))
         object.__setattr__(self, "inputs", frozenset(self.inputs))
         object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
-        if self.request_fields is not None:
-            object.__setattr__(self, "request_fields", frozenset(self.request_fields))
+        if self.optional_fields is not None:
+            object.__setattr__(self, "optional_fields", frozenset(self.optional_fields))
         object.__setattr__(self, "request_blocks", MappingProxyType(dict(self.request_blocks)))
         self._validate()
 
@@ -190,6 +196,11 @@ class ModelCard:
             self._validate_generation(where)
         if self.memory_estimator is not None and ":" not in self.memory_estimator:
             raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
+        for name, spec in self.request_blocks.items():
+            if name not in REQUEST_BLOCKS:
+                raise InvalidCard(f"{where}: request block {name!r} unknown; known: {', '.join(REQUEST_BLOCKS)}")
+            if ":" not in spec.resolver or (spec.check is not None and ":" not in spec.check):
+                raise InvalidCard(f"{where}: request block {name!r} hooks must be 'module:function'")
         if ":" not in self.program:
             raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
-from vidloom.core.request import MAX_SEED, _check_float, _check_int  # the same number rules as generation requests
+from vidloom.core.request_checks import MAX_SEED  # the same number rules as generation requests
+from vidloom.core.request_checks import check_float as _check_float
+from vidloom.core.request_checks import check_int as _check_int
 
 if TYPE_CHECKING:
     from PIL import Image

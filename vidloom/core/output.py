@@ -35,6 +35,9 @@ class VideoOutput:
     actions: np.ndarray | None = field(default=None, repr=False)
     """World models (an `action` block in policy or inverse_dynamics mode): the predicted actions, float32
     [chunk_size, D] at the embodiment's width; None otherwise."""
+    writer: Callable[[VideoOutput, Path], Path] | None = field(default=None, repr=False, compare=False)
+    """What `save` encodes with: injected by whoever builds the output (the runtime: media.output.save_output),
+    because encoding lives in `media`, a layer above core."""
 
     def __post_init__(self) -> None:
         f = self.frames
@@ -68,11 +71,12 @@ class VideoOutput:
 
         Returns the path written (the first file of a PNG sequence); another extension, .wav for an
         output without audio, or a directory that does not exist raises InvalidRequest("output") before
-        anything is encoded.
+        anything is encoded. The encoding is the `writer` the runtime attached (vidloom.media.output.save_output);
+        an output built without one says so.
         """
-        from vidloom.media.output import write_output
-
-        return write_output(self.frames, self.fps, Path(path), audio=self.audio, sample_rate=self.sample_rate)[0]
+        if self.writer is None:
+            raise RuntimeError("this VideoOutput has no writer; write it with vidloom.media.output.save_output")
+        return self.writer(self, Path(path))
 
 
 def checked_sample_rate(rate: Any) -> int:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from vidloom.core.chat import ChatRequest, SamplingParams
 from vidloom.core.errors import InvalidRequest, LimitExceeded
-from vidloom.core.request import MAX_SEED, _check_int
+from vidloom.core.request_checks import MAX_SEED
+from vidloom.core.request_checks import check_int as _check_int
 
 MAX_INPUT_CHARS = 4096  # OpenAI's /v1/audio/speech limit on `input`
 MAX_INSTRUCTIONS_CHARS = 4096

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.core.output import VideoOutput
 from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.media.video import atomic_path, encode_png, write_gif, write_video
 
@@ -66,6 +67,11 @@ def check_output_frames(path: Path, num_frames: int, field: str = "output") -> N
     if fmt is not None and num_frames != 1:
         raise InvalidRequest(field, f"{path.name}: {fmt} holds one image, this request makes {num_frames} frames; "
                                     "use .mp4, .webm, .gif or .png, or ask for 1 frame")
+
+
+def save_output(output: VideoOutput, path: Path) -> Path:
+    """VideoOutput's writer (see VideoOutput.save): its frames and sound by `path`'s extension; the first file."""
+    return write_output(output.frames, output.fps, Path(path), audio=output.audio, sample_rate=output.sample_rate)[0]
 
 
 def write_output(frames: np.ndarray, fps: int, path: Path, audio: np.ndarray | None = None,

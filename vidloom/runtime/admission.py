@@ -10,6 +10,11 @@ server answer alike:
   requests stays within the budget. The AsyncEngine keeps it queued until room frees (a full queue
   is the server's 429); a caller stepping runs itself (the sync Engine) gets CacheBudgetExceeded.
 
+Chats are on the same ledger (one ledger for every request kind): a chat holds its decode working set
+(PagedDecoder.memory_bytes) while it is resident, so a video admitted next to running chats sees what they
+hold, and a chat queued behind a large video waits for it. Their KV blocks are not counted here: the paged
+pool holding them was allocated at load, before the budget was measured, so the budget already excludes it.
+
 Pure bookkeeping, no torch import: unit-tested with plain numbers.
 """
 
@@ -22,6 +27,11 @@ from vidloom.core.errors import CacheBudgetExceeded
 from vidloom.core.limits import format_bytes
 
 
+BUDGET_NAME = "request memory budget"
+"""The named limit: what the device had free after loading (runtime.memory.request_budget), shared by every
+resident request of every kind."""
+
+
 class MemoryAdmission:
     """Bytes reserved by resident requests against `budget_bytes` (None: not checked). Thread-safe."""
 
@@ -31,6 +41,7 @@ class MemoryAdmission:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
         self._held: dict[Hashable, int] = {}
+        self._kinds: dict[Hashable, str] = {}  # owner -> what it is ("chat", "request"), for messages
 
     @property
     def in_use(self) -> int:
@@ -38,13 +49,19 @@ class MemoryAdmission:
         with self._lock:
             return sum(self._held.values())
 
+    def held_by(self, kind: str) -> int:
+        """Bytes the resident owners of one kind hold (e.g. "chat")."""
+        with self._lock:
+            return sum(n for owner, n in self._held.items() if self._kinds.get(owner) == kind)
+
     @property
     def resident(self) -> int:
         with self._lock:
             return len(self._held)
 
-    def try_reserve(self, owner: Hashable, nbytes: int) -> bool:
-        """Reserve `nbytes` for `owner` if the sum stays within the budget; True when held (also if already).
+    def try_reserve(self, owner: Hashable, nbytes: int, kind: str = "request") -> bool:
+        """Reserve `nbytes` for `owner` (a `kind` of work: "request", "chat") if the sum stays within the budget;
+        True when held (also if already).
 
         An owner alone larger than the whole budget is still admitted on an idle engine: the alone check
         refuses such requests at submission, so one reaching here met a budget that has since shrunk.
@@ -58,20 +75,28 @@ class MemoryAdmission:
             if self.budget_bytes is not None and self._held and used + nbytes > self.budget_bytes:
                 return False
             self._held[owner] = nbytes
+            self._kinds[owner] = kind
             return True
 
-    def reserve(self, owner: Hashable, nbytes: int) -> None:
+    def reserve(self, owner: Hashable, nbytes: int, kind: str = "request") -> None:
         """`try_reserve`, or CacheBudgetExceeded with the numbers when the resident requests leave no room."""
-        if self.try_reserve(owner, nbytes):
+        if self.try_reserve(owner, nbytes, kind):
             return
         used = self.in_use
         budget = self.budget_bytes or 0
         raise CacheBudgetExceeded(nbytes, used, budget, reason=(
-            f"the request needs an estimated {format_bytes(nbytes)} but only {format_bytes(max(0, budget - used))} "
-            f"of the {format_bytes(budget)} request memory budget are free ({format_bytes(used)} held by "
-            f"{self.resident} running request(s)); retry when one finishes, or ask for fewer frames or pixels"))
+            f"the {kind} needs an estimated {format_bytes(nbytes)} but only {format_bytes(max(0, budget - used))} "
+            f"of the {format_bytes(budget)} {BUDGET_NAME} are free ({format_bytes(used)} held by "
+            f"{self._holders()}); retry when one finishes, or ask for fewer frames, pixels or tokens"))
+
+    def _holders(self) -> str:
+        with self._lock:
+            kinds = list(self._kinds.values())
+        counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+        return ", ".join(f"{n} running {kind}(s)" for kind, n in counts.items()) or "nothing"
 
     def release(self, owner: Hashable) -> None:
         """Give back `owner`'s bytes (no-op if it holds none): on finish, failure and cancel alike."""
         with self._lock:
             self._held.pop(owner, None)
+            self._kinds.pop(owner, None)

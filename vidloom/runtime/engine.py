@@ -10,7 +10,8 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.output import EventCallback
 from vidloom.core.program import Program
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_buckets import CompileBuckets, compile_denoisers
@@ -94,7 +95,10 @@ class Engine(EngineDriver):
         # What the device had free once the weights (and the KV pool, above) were allocated: one request
         # alone over it fails with LimitExceeded before it allocates anything; the resident requests'
         # estimates together stay within it (MemoryAdmission). Every caller goes through both checks.
-        budget = request_budget(instance.device) if self.estimator is not None else None
+        # Chats hold their decode working set on the same ledger (PagedDecoder.memory_bytes), so an engine that
+        # chats checks it even when its card estimates no generation request.
+        measured = self.estimator is not None or self.decoder is not None
+        budget = request_budget(instance.device) if measured else None
         self.limits = RequestLimits(max_memory_bytes=budget)
         self.admission = MemoryAdmission(budget)
 
@@ -141,11 +145,13 @@ class Engine(EngineDriver):
     ) -> RequestRun:
         """Validate and tokenize a chat request (InvalidRequest before any work) and prepare its run: the chat
         loop as a program of its own, stepped like any other request. Its text arrives as TextEvents; its
-        KV blocks are reserved when the loop starts (CacheBudgetExceeded then) and return when it ends."""
+        KV blocks are reserved when the loop starts (CacheBudgetExceeded then) and return when it ends; its decode
+        working set is held on the engine's admission ledger while it is resident, like a generation's estimate."""
         if self.decoder is None:
             raise no_chat(self.instance.card.model_id)
         slots = self.decoder.chat_slots(request)
         return RequestRun(self.instance, self.decoder.program, request, on_event, cancel, caches=self.caches,
+                          admission=self.admission, memory_bytes=self.decoder.memory_bytes(slots["chat"]),
                           decoder=self.decoder, slots=slots)
 
 

@@ -74,6 +74,24 @@ class PagedDecoder:
         budget = request.sampling.completion_budget(len(prompt), self.limits)
         return {"chat": ChatPrompt(request, tuple(prompt), budget)}
 
+    def memory_bytes(self, prompt: ChatPrompt) -> int:
+        """A chat's decode working set beyond the weights and the pool, for the engine's admission ledger
+        (runtime.admission): its prefill forward, the largest step, over all its prompt tokens at once.
+
+        Per layer (PyTorch frees one layer's intermediates before the next): the residual stream, its norm,
+        q/k/v and the attention output (~6 x hidden per token), the MLP's gate, up and product (3 x intermediate),
+        and the attention scores (heads x tokens x context, float32 when a math kernel materialises them); then
+        the last token's float32 logits. The KV blocks live in the pool, allocated at load (not counted here).
+        """
+        config = self.loop.network.config
+        tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
+        hidden = int(getattr(config, "hidden_size", 0))
+        inner = int(getattr(config, "intermediate_size", 4 * hidden))
+        heads = int(getattr(config, "num_attention_heads", 1))
+        element = torch.empty((), dtype=self.instance.dtype).element_size()
+        per_layer = tokens * (6 * hidden + 3 * inner) * element + heads * tokens * context * 4
+        return per_layer + int(getattr(config, "vocab_size", 0)) * 4
+
     def reserve(self, owner: str, tokens: int) -> str:
         """Blocks for one sequence of `owner` (a request id); its id. CacheBudgetExceeded if they do not fit."""
         seq_id = f"{owner}#{next(self._ids)}"

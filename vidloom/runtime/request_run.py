@@ -138,11 +138,16 @@ class RequestRun:
     def done(self) -> bool:
         return self._outputs is not None
 
+    @property
+    def kind(self) -> str:
+        """What the admission ledger calls this run: "chat", or "request" (a generation, a speech request...)."""
+        return "chat" if isinstance(self.request, ChatRequest) else "request"
+
     def admit(self) -> bool:
         """Hold this request's estimated memory among the engine's resident requests; False: no room now
         (a queue keeps it waiting). Released by `close`."""
         if not self._admitted and self._admission is not None:
-            self._admitted = self._admission.try_reserve(self, self.memory_bytes)
+            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind)
         return self._admitted
 
     def step(self) -> bool:
@@ -182,7 +187,7 @@ class RequestRun:
             return self._plan is not None
         if not self._admitted:  # stepped without a queue: no room is an error, before any work
             assert self._admission is not None
-            self._admission.reserve(self, self.memory_bytes)
+            self._admission.reserve(self, self.memory_bytes, self.kind)
             self._admitted = True
         started = self._mark = time.perf_counter()
         try:

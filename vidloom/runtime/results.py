@@ -11,6 +11,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.output import VideoOutput
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, model_key
+from vidloom.media.output import save_output
 from vidloom.media.video import to_uint8
 
 
@@ -50,7 +51,7 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
             metadata["extension"] = {"extend_from": session_source(r), "kv": outputs["session"]["resumed"]}
     audio, sample_rate = output_audio(outputs)
     return VideoOutput(frames=to_uint8(outputs["video"]), fps=r.fps, metadata=metadata, audio=audio,
-                       sample_rate=sample_rate, session=session, actions=outputs.get("actions"))
+                       sample_rate=sample_rate, session=session, actions=outputs.get("actions"), writer=save_output)
 
 
 def video_session(card: ModelCard, r: GenerationRequest, rollout: dict[str, Any]) -> VideoSession:

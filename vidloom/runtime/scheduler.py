@@ -97,20 +97,20 @@ class Scheduler(Generic[T]):
     def admit(self, fits: Callable[[T], bool] | None = None) -> list[T]:
         """Move waiting items into free places of their kind, oldest first; returns the newly resident ones.
 
-        `fits(item)` (when given) also asks for a generation request's room in what residents leave (memory
-        admission; it reserves what it approves). A generation request that does not fit holds back the
-        generation requests behind it (letting smaller ones overtake could hold a large request back forever);
-        AR sequences take their KV from the paged pool, which admits them itself.
+        `fits(item)` (when given) also asks for the item's room in what residents leave (memory admission, one
+        ledger for every kind: a chat's decode working set counts as a video's estimate does; it reserves what
+        it approves). An item that does not fit holds back the items of its kind behind it (letting smaller ones
+        overtake could hold a large request back forever); the other kind is not blocked by it.
         """
         free = {False: self.slots - self.resident_of(False), True: self.decode_slots - self.resident_of(True)}
+        blocked = {False: False, True: False}
         admitted = []
-        blocked = False
         for item in list(self._waiting):
             decoder = is_decoder(item)
             if free[decoder] <= 0:
                 continue
-            if not decoder and (blocked or (fits is not None and not fits(item))):
-                blocked = True
+            if blocked[decoder] or (fits is not None and not fits(item)):
+                blocked[decoder] = True
                 continue
             free[decoder] -= 1
             self._waiting.remove(item)

@@ -30,7 +30,8 @@ from pydantic import BaseModel
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import VideoOutput
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.media.audio import AudioTrack
 from vidloom.media.audio_files import AUDIO_FILE_FORMATS, write_audio_only
 from vidloom.media.audio_upload import open_audio_upload

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from vidloom.core.card import ModelCard
 from vidloom.core.limits import RequestLimits
 from vidloom.core.request import FLAG_INPUTS, MEDIA_INPUTS, Task
+from vidloom.core.request_blocks import REQUEST_BLOCKS
 from vidloom.serving.protocol import ModelObject
 
 VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
@@ -62,6 +63,8 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
                     "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
                     "sampler": d.sampler, "negative_prompt": d.negative_prompt}
     known = (*MEDIA_INPUTS, *FLAG_INPUTS)  # init_audio: a file part of POST /v1/audio/generations
+    block_fields = [f for name in card.request_blocks for f in REQUEST_BLOCKS[name].fields]  # camera, action...
+    block_required = [f for spec in card.request_blocks.values() for f in spec.required]
     return ModelCapabilities(
         tasks=sorted(t.value for t in card.tasks),
         videos=any(t in card.tasks for t in VIDEO_TASKS),
@@ -71,8 +74,8 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
-        inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs],
-        required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs],
+        inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs] + block_fields,
+        required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs] + block_required,
         samplers=list(card.samplers),
         defaults=defaults,
         size_multiple=card.geometry.spatial_multiple,

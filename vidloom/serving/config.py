@@ -10,7 +10,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.limits import RequestLimits
 from vidloom.registry import DEFAULT_MODEL
 from vidloom.serving.job_store import LOST_JOBS, redact_url
-from vidloom.runtime.scheduler import POLICIES
+from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, POLICIES
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
 
@@ -25,6 +25,9 @@ class ServeConfig:
     port: int = 8000  # 0 picks a free port (printed at startup)
     slots: int = 1  # requests resident on the device at once
     queue_size: int = 16  # requests that may wait for a slot; more get 429
+    # AR sequences (chats) decoding in one batched step at most (--decode-slots): each decode forward carries
+    # every resident one; more wait in the same queue (runtime.scheduler, vLLM's max_num_seqs)
+    decode_slots: int = DEFAULT_DECODE_SLOTS
     policy: str = "fifo"  # fifo | interleave (step-level round robin between slots) | batch (shared forwards)
     max_batch: int | None = None  # batch policy: request-steps per forward (default: slots)
     batch_wait_s: float = 0.0  # batch policy: wait this long for more requests before a step with room
@@ -123,7 +126,7 @@ class ServeConfig:
             raise ValueError("served_model_name: must be a non-empty name")
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
-        for name in ("slots", "queue_size", "max_body_bytes", "max_connections", "probe_connections",
+        for name in ("slots", "decode_slots", "queue_size", "max_body_bytes", "max_connections", "probe_connections",
                      "sse_queue_size", "media_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

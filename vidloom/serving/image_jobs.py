@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import VideoOutput
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 
 if TYPE_CHECKING:
     from vidloom.serving.jobs import JobManager

@@ -24,7 +24,8 @@ from vidloom.core.output import (
     CancelledEvent, ChunkEvent, CompletedEvent, Event, FailedEvent, ProgressEvent, StartedEvent, TextEvent,
     VideoOutput,
 )
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
@@ -65,7 +66,8 @@ class JobManager(ImageRequests, SharedStoreControl):
         self._loop = loop
         self.store = store if store is not None else open_store(config)
         self._engine = AsyncEngine(engine, policy=config.policy, slots=config.slots, queue_size=config.queue_size,
-                                   max_batch=config.max_batch, batch_wait_s=config.batch_wait_s)
+                                   max_batch=config.max_batch, batch_wait_s=config.batch_wait_s,
+                                   decode_slots=config.decode_slots)
         # The device's memory budget (one request alone, and the sum over resident ones) is the runtime's
         # (Engine.admission); here only an explicit max_request_memory_bytes, a server limit like max_pixels.
         self._estimator = getattr(engine, "estimator", None)

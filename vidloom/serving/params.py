@@ -19,7 +19,7 @@ from typing import Any
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest, LimitExceeded, UnknownModel
 from vidloom.core.request import MAX_FPS, GenerationRequest, Task
-from vidloom.core.request import _check_int as check_int
+from vidloom.core.request_checks import check_int
 from vidloom.media.image import IMAGE_FORMATS
 from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
 
@@ -82,7 +82,7 @@ def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object
     """An action run: its frames and size follow from the block and the conditioning frame (resolved here, so
     the job reports them); size, seconds and num_frames are the block's to decide."""
     from vidloom.core.action import ActionInput
-    from vidloom.core.request import resolve_request
+    from vidloom.media.request_inputs import resolve_request
 
     for name in ("size", "seconds", "num_frames"):
         if getattr(body, name) is not None:

@@ -13,7 +13,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
+from vidloom.core.request_blocks import REQUEST_BLOCKS
 from vidloom.core.session import EXTEND_FROM, VideoSession
 from vidloom.media.video import atomic_path
 from vidloom.runtime.cache_manager import CacheManager
@@ -54,9 +56,9 @@ def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:
     """The extension's request, its source's session loaded; raises APIError / InvalidRequest naming extend_from."""
     card = manager.card
     check_model(body.model, card)
-    if EXTEND_FROM not in card.inputs:
-        raise InvalidRequest(EXTEND_FROM, f"{card.model_id} is not a causal video model; only those (AnyFlow-FAR) "
-                                          "can extend a video")
+    if EXTEND_FROM not in card.request_blocks:  # before the source is looked up: say why the model cannot
+        raise InvalidRequest(EXTEND_FROM, f"{card.model_id} does not accept {EXTEND_FROM}: "
+                                          f"{REQUEST_BLOCKS[EXTEND_FROM].refusal}")
     for name in _MEDIA:
         if getattr(body, name) is not None:
             raise InvalidRequest(name, "cannot be combined with extend_from (the source video is the context)")

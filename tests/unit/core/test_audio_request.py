@@ -8,7 +8,8 @@ import pytest
 
 from vidloom.core.card import AudioSpec
 from vidloom.core.errors import InvalidCard, InvalidRequest
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.recipes.stable_audio.cards import stable_audio_card
 from vidloom.recipes.wan.demo import demo_card as wan_demo_card
 

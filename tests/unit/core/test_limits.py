@@ -12,7 +12,8 @@ import torch
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.limits import RequestLimits
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 from vidloom.models.wan.transformer import WanTransformerConfig
 from vidloom.models.wan.vae import WanVAEConfig
 from vidloom.recipes.wan.cards import wan21_t2v_1_3b

@@ -12,6 +12,7 @@ import torch
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import VideoOutput
 from vidloom.media.audio import read_wav
+from vidloom.media.output import save_output
 from vidloom.runtime.results import output_audio
 
 FRAMES = np.zeros((5, 16, 16, 3), dtype=np.uint8)
@@ -54,7 +55,7 @@ def test_bad_audio_is_refused_naming_the_problem(audio, rate, message):
 
 
 def test_save_muxes_sound_into_mp4_and_writes_wav(tmp_path: Path):
-    out = VideoOutput(FRAMES, 24, audio=_audio(), sample_rate=24000)
+    out = VideoOutput(FRAMES, 24, audio=_audio(), sample_rate=24000, writer=save_output)
     with av.open(str(out.save(tmp_path / "x.mp4"))) as container:
         assert len(container.streams.video) == 1 and container.streams.audio[0].codec_context.name == "aac"
     wav = read_wav(out.save(tmp_path / "x.wav"))
@@ -63,7 +64,7 @@ def test_save_muxes_sound_into_mp4_and_writes_wav(tmp_path: Path):
 
 def test_save_wav_without_audio_is_refused(tmp_path: Path):
     with pytest.raises(InvalidRequest, match="no audio"):
-        VideoOutput(FRAMES, 24).save(tmp_path / "x.wav")
+        VideoOutput(FRAMES, 24, writer=save_output).save(tmp_path / "x.wav")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -84,3 +85,9 @@ def test_cli_progress_keeps_the_denoise_step_through_decode_and_audio_phases():
         for phase, step, total in [("denoise", 3, 4), ("decode", 1, 2), ("audio", 1, 1)]:
             bars(ProgressEvent("r", phase, step, total))
     assert bars.last_denoise == (3, 4)  # what "cancelled at step k/n" reports
+
+
+def test_an_output_without_a_writer_says_how_to_write_it(tmp_path: Path):
+    with pytest.raises(RuntimeError, match="save_output"):
+        VideoOutput(FRAMES, 24).save(tmp_path / "x.mp4")
+    assert save_output(VideoOutput(FRAMES, 24), tmp_path / "x.mp4").stat().st_size > 0

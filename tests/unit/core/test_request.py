@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.recipes.wan.demo import demo_card
 
 

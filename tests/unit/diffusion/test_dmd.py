@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler
 from vidloom.recipes.wan.registered import FASTWAN_TIMESTEPS, fastwan21_t2v_1_3b, fastwan21_t2v_1_3b_fp8
 

@@ -51,13 +51,13 @@ def test_fp8_on_cuda_needs_bfloat16_compute(dtype):
 
 
 def test_fp8_with_float16_on_cuda_is_refused_before_touching_the_device(demo_cache, monkeypatch):
-    from vidloom import generator
+    from vidloom import placement
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
     # This machine has no CUDA: let the device check pass so the load reaches the FP8 dtype check,
     # which must refuse before any weight is moved (moving one would fail here).
-    monkeypatch.setattr(generator, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(placement, "resolve_device", lambda device: torch.device("cuda"))
     with pytest.raises(DeployError, match="--fp8.*bfloat16"):
         VideoGenerator.from_pretrained("wan2.1-demo", device="cuda", dtype="float16", cache_dir=demo_cache,
                                        deploy=DeployConfig(fp8_weights=True))

@@ -14,7 +14,7 @@ from PIL import Image
 
 from vidloom import ActionInput
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import resolve_request
+from vidloom.media.request_inputs import resolve_request
 from vidloom.generator import build_request
 from vidloom.recipes.cosmos3.cards import GENERATION_DEFAULTS, cosmos3_card
 

@@ -10,7 +10,8 @@ import pytest
 from vidloom import registry
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest
-from vidloom.core.request import GenerationRequest, Task, resolve_request
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.media.request_inputs import resolve_request
 from vidloom.recipes.diffusers_adapter.cards import FAMILY, REASON
 from vidloom.recipes.diffusers_adapter.signature import pipeline_class, read_shape
 
@@ -46,7 +47,7 @@ def test_cogvideox_card_takes_what_its_signature_takes_with_its_defaults(tmp_pat
     d = card.sampling_defaults
     assert (d.height, d.width, d.num_frames, d.num_inference_steps, d.guidance_scale) == (480, 720, 49, 50, 6.0)
     assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 4
-    assert card.request_fields == {"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps",
+    assert card.optional_fields == {"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps",
                                    "guidance_scale"}
     assert "runtime accelerations do not apply" in card.notes[0]
     assert card.max_prompt_tokens == 226  # the signature's max_sequence_length: prompts are bounded by it

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+
+from vidloom.media.request_inputs import resolve_request
 from vidloom.recipes.wan.demo import demo_card
 from vidloom.runtime.compile_buckets import LAZY_SHAPES, CompileBuckets, shape_key
 

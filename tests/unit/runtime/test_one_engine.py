@@ -105,3 +105,41 @@ def test_a_reasoning_request_and_three_chats_decode_in_one_forward(generator, mo
     alone = generator.engine.run(request)["reasoned_prompt"]
     assert output.metadata["reasoned_prompt"] == alone and alone
     assert decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_a_video_sees_the_memory_running_chats_hold_on_the_one_admission_ledger(generator, monkeypatch):
+    """One ledger: a budget that holds the chat or the video but not both keeps the video queued while the chat
+    decodes (the sync path is refused naming the budget), and admits it once the chat leaves."""
+    from vidloom.core.errors import CacheBudgetExceeded
+    from vidloom.media.request_inputs import resolve_request
+    from vidloom.runtime.admission import MemoryAdmission
+
+    core = generator.engine
+    chat = _chat("hello world", 400)
+    request = GenerationRequest(prompt="a fox", num_inference_steps=2, **VIDEO)
+    chat_bytes = core.decoder.memory_bytes(core.decoder.chat_slots(chat)["chat"])
+    video_bytes = core.estimator(resolve_request(request, core.instance.card))
+    assert chat_bytes > 0 and video_bytes > 0
+    ledger = MemoryAdmission(chat_bytes + video_bytes - 1)
+    monkeypatch.setattr(core, "admission", ledger)
+    engine = AsyncEngine(core, slots=1, queue_size=4)
+    try:
+        async def main():
+            running = engine.chat(chat)
+            assert isinstance(await running.__anext__(), TokenDelta)
+            assert ledger.held_by("chat") == chat_bytes
+            video = engine.submit(request)
+            await asyncio.sleep(0.2)  # rounds pass: the video stays queued, its slot free but its memory not
+            assert (engine.in_flight, engine.chats_in_flight, engine.queue_depth) == (1, 1, 1)
+            alone = core.start(request)  # stepped without a queue: refused, naming the limit and the holder
+            with pytest.raises(CacheBudgetExceeded, match="request memory budget.*1 running chat"):
+                alone.step()
+            alone.close()
+            assert engine.cancel(chat.request_id)
+            await _rest(running)
+            output = await video.result()  # the chat's bytes went back: the video ran
+            assert output.num_frames == VIDEO["num_frames"] and ledger.in_use == 0
+
+        asyncio.run(main())
+    finally:
+        engine.close()

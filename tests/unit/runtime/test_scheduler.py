@@ -148,3 +148,27 @@ def test_a_round_decodes_every_sequence_together_and_gives_the_turn_to_a_request
     decode, picked = s.round()
     assert [i.key for i in decode] == ["chat"] and picked is not None
     assert picked is reasoning if policy == "fifo" else picked in (reasoning, video)
+
+
+def test_chats_and_videos_are_admitted_against_one_memory_ledger():
+    """A chat holds its working set on the same ledger as a video: what one holds, the other cannot take; an
+    item that does not fit holds back its own kind only."""
+    from vidloom.runtime.admission import MemoryAdmission
+
+    ledger = MemoryAdmission(100)
+    sizes = {"chat": 40, "video": 70, "chat2": 30, "small": 10}
+
+    def fits(item) -> bool:
+        return ledger.try_reserve(item.key, sizes[item.key], "chat" if getattr(item, "decoder", False) else "request")
+
+    s = Scheduler("fifo", slots=2, queue_size=8, decode_slots=4)
+    s.enqueue(Chat("chat"))
+    assert [i.key for i in s.admit(fits)] == ["chat"] and ledger.held_by("chat") == 40
+    s.enqueue(Job("video", 1))
+    s.enqueue(Job("small", 1))  # fits, but waits behind the video it would overtake
+    s.enqueue(Chat("chat2"))  # another kind: not held back by the video
+    assert [i.key for i in s.admit(fits)] == ["chat2"] and s.waiting == 2  # 40 + 30 held: 70 does not fit
+    ledger.release("chat")
+    s.remove("chat")
+    assert [i.key for i in s.admit(fits)] == ["video"]  # 30 + 70 = 100, exactly the budget
+    assert s.waiting == 1 and ledger.in_use == 100

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 
 from vidloom.core.errors import InvalidRequest, UnknownModel
-from vidloom.core.request import resolve_request
+from vidloom.media.request_inputs import resolve_request
 from vidloom.recipes.wan.demo import demo_card
 from vidloom.serving.chat_params import plan_chat
 from vidloom.serving.chat_protocol import ChatCompletionBody

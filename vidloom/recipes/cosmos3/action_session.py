@@ -22,7 +22,7 @@ import numpy as np
 
 from vidloom.core.action import ActionInput
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import resolve_request
+from vidloom.media.request_inputs import resolve_request
 
 SESSION_MODES = ("forward_dynamics", "policy")  # a rollout from a frame; inverse_dynamics reads a whole video
 

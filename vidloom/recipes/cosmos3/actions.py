@@ -96,9 +96,11 @@ def content_size(height: int, width: int, canvas: tuple[int, int]) -> tuple[int,
     return max(1, int(scale * height + 0.5)), max(1, int(scale * width + 0.5))
 
 
-def resolve_action(request: Any, limits: Mapping[str, int], spatial: int) -> dict[str, Any]:
-    """The request fields an action block sets (the block resolved, the frame count and output size);
-    InvalidRequest naming `action.<field>` (or image / video) for anything the model cannot run."""
+def resolve_action(request: Any, card: Any) -> dict[str, Any]:
+    """The action block's resolver (ModelCard.request_blocks["action"]): the request fields it sets (the block
+    resolved, the frame count and output size); InvalidRequest naming `action.<field>` (or image / video) for
+    anything the model cannot run."""
+    limits, spatial = card.request_blocks["action"].limits, card.geometry.spatial_multiple
     block = request.action
     if isinstance(block, ResolvedAction):  # resolved already (the server plans, then the engine resolves)
         return {}

@@ -93,7 +93,7 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         produces_audio=kind == "audio",
         audio=audio_spec(shape, denoiser, vae, vocoder or {}),  # seconds -> the pipeline's length argument
         capabilities=CAPABILITIES,
-        request_fields=frozenset(taken),
+        optional_fields=frozenset(taken),
     )
 
 

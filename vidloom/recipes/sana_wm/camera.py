@@ -155,9 +155,9 @@ def parse_action(action: str) -> np.ndarray:
     return np.stack(poses).astype(np.float32)
 
 
-def camera_options(request) -> dict:
-    """ModelCard.request_options hook: the request's camera fields -> a validated CameraInput in `camera`
-    (the raw c2w / intrinsics stay, so resolving again is a no-op)."""
+def resolve_camera(request, card) -> dict:
+    """The camera block's resolver (ModelCard.request_blocks["camera"]): the request's camera fields -> a
+    validated CameraInput in `camera` (the raw c2w / intrinsics stay, so resolving again is a no-op)."""
     if isinstance(request.camera, CameraInput):
         return {}
     return {"camera": CameraInput.build(action=request.camera, c2w=request.c2w, intrinsics=request.intrinsics)}

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -17,7 +17,8 @@ FAMILY = "sana-wm"
 PIPELINE_CLASS = "SanaWMPipeline"
 PROGRAM = "vidloom.recipes.sana_wm.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.recipes.sana_wm.memory:request_estimator"
-REQUEST_OPTIONS = "vidloom.recipes.sana_wm.camera:camera_options"
+# The camera block (core.request_blocks: fields camera / c2w / intrinsics): every request gives intrinsics.
+CAMERA_BLOCK = BlockSpec("vidloom.recipes.sana_wm.camera:resolve_camera", required=("intrinsics",))
 # SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
 # frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
 # (card_from_checkpoint); a request's flow_shift replaces it.
@@ -43,7 +44,6 @@ CAPABILITIES = Capabilities(
 )
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "transformer", "scheduler")
-CAMERA_INPUTS = frozenset({"image", "camera", "c2w", "intrinsics"})
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -87,9 +87,9 @@ def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, de
         description=description,
         notes=notes,
         max_prompt_tokens=MAX_TEXT_TOKENS,
-        inputs=CAMERA_INPUTS,
-        required_inputs=frozenset({"image", "intrinsics"}),
-        request_options=REQUEST_OPTIONS,
+        inputs=frozenset({"image"}),
+        required_inputs=frozenset({"image"}),
+        request_blocks={"camera": CAMERA_BLOCK},
         min_image_side=1,
         capabilities=CAPABILITIES,
     )

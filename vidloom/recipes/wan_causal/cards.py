@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.request import Task
+from vidloom.core.session import EXTEND_FROM
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.recipes.wan_causal import extension
 
 FAMILY = "anyflow-far"
 PIPELINE_CLASS = "AnyFlowFARPipeline"
@@ -53,7 +55,8 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         loops={"rollout": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
         # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.
-        inputs=frozenset({"image", "video", "extend_from"}),
+        inputs=frozenset({"image", "video"}),
+        request_blocks={EXTEND_FROM: BlockSpec(extension.RESOLVER, check=extension.CHECK)},
         size_from_inputs=True,
         precision="bfloat16",
         sampling_defaults=defaults,

@@ -23,7 +23,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import WorkerFailed
 from vidloom.core.output import EventCallback
 from vidloom.core.parallel import SequenceGeometry
-from vidloom.core.request import GenerationRequest, resolve_request
+from vidloom.core.request import GenerationRequest
+from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.engine import CancellationToken, EngineDriver
 from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply
 from vidloom.runtime.parallel.plan import check_request

@@ -110,7 +110,7 @@ def test_from_pretrained_refuses_before_any_process_starts(tiny_b):
         VideoGenerator.from_pretrained(tiny_b, device="cpu", parallel=ParallelPlan(sp=2))
     with pytest.raises(DeployError, match=r"devices \(--devices\) is 3"):
         VideoGenerator.from_pretrained(tiny_b, device="cpu", devices=3, parallel=ParallelPlan(cfg=2))
-    # without CUDA the device check (generator.resolve_device) refuses first; with CUDA, the plan's
+    # without CUDA the device check (placement.resolve_device) refuses first; with CUDA, the plan's
     with pytest.raises(DeployError, match="pass device='cuda'|sees no CUDA device"):
         VideoGenerator.from_pretrained(tiny_b, device="cuda:1", parallel=ParallelPlan(cfg=2))
     assert set(multiprocessing.active_children()) <= before
