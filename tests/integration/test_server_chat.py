@@ -424,23 +424,40 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
 def test_decode_slots_bound_the_chats_decoding_together_and_a_third_waits_in_the_queue(cosmos3_engine, long_chat,
                                                                                         tmp_path):
     """--decode-slots 2: two chats decode in the batched step, a third waits in the queue (vidloom_queue_depth) and
-    starts when a place frees."""
+    starts when a place frees. A video renders meanwhile, so each round (a decode step, then a denoise step) is
+    slow enough for the chats to hold their places while the gauges are read."""
+    from tests.helpers.servers import wait_for_status
+
     config = ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2, decode_slots=2)
     body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
     replies: list[httpx.Response] = []
     with ThreadServer(cosmos3_engine, config) as server, httpx.Client(base_url=server.url, timeout=60) as client:
-        with client.stream("POST", "/v1/chat/completions", json=body) as first, \
-                client.stream("POST", "/v1/chat/completions", json=body) as second:
-            for response in (first, second):
-                assert next(response.iter_lines()).startswith("data: {")
-            third = threading.Thread(target=lambda: replies.append(client.post(
-                "/v1/chat/completions", json={"messages": HELLO, "max_tokens": 8})))
-            third.start()
-            deadline = time.monotonic() + 20
-            while _metric(client, "vidloom_queue_depth") < 1:
-                assert time.monotonic() < deadline, "the third chat never showed in the queue depth"
-                time.sleep(0.01)
-            assert _metric(client, "vidloom_in_flight") == 2 and client.get("/health").json()["in_flight"] == 2
+        video_id = client.post("/v1/videos", json={"prompt": "a fox", "size": "64x64", "num_frames": 5,
+                                                   "num_inference_steps": 700, "seed": 1}).json()["id"]
+        wait_for_status(client, video_id, {"in_progress"})
+        third = threading.Thread(target=lambda: replies.append(client.post(
+            "/v1/chat/completions", json={"messages": HELLO, "max_tokens": 8})))
+        try:
+            with client.stream("POST", "/v1/chat/completions", json=body) as first, \
+                    client.stream("POST", "/v1/chat/completions", json=body) as second:
+                for response in (first, second):
+                    assert next(response.iter_lines()).startswith("data: {")
+                third.start()
+                deadline = time.monotonic() + 20
+                while (scrape := _scrape(client))["vidloom_queue_depth"] < 1:  # both gauges from one scrape
+                    assert time.monotonic() < deadline, "the third chat never showed in the queue depth"
+                    time.sleep(0.01)
+                assert scrape["vidloom_in_flight"] == 3, scrape  # the video and two chats
+        finally:
+            client.post(f"/v1/videos/{video_id}/cancel")
         third.join(60)  # closing the first two streams cancelled them: the third took a decode slot
         assert replies and replies[0].status_code == 200, replies
-        assert _metric(client, "vidloom_queue_depth") == 0
+        assert _scrape(client)["vidloom_queue_depth"] == 0
+        wait_for_status(client, video_id, {"cancelled", "completed"})
+
+
+def _scrape(client: httpx.Client) -> dict[str, float]:
+    """The unlabelled samples of one /metrics response."""
+    samples = (line.partition(" ") for line in client.get("/metrics").text.splitlines() if not line.startswith("#"))
+    return {name: float(value) for name, _, value in samples if "{" not in name and value}
+

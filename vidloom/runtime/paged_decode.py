@@ -80,16 +80,20 @@ class PagedDecoder:
 
         Per layer (PyTorch frees one layer's intermediates before the next): the residual stream, its norm,
         q/k/v and the attention output (~6 x hidden per token), the MLP's gate, up and product (3 x intermediate),
-        and the attention scores (heads x tokens x context, float32 when a math kernel materialises them); then
-        the last token's float32 logits. The KV blocks live in the pool, allocated at load (not counted here).
+        the keys and values gathered from the pool (PagedBatch.attend), the boolean mask and the attention scores
+        (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
+        logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
+        context (prompt + max_tokens), the widest any of its steps attends over.
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
         hidden = int(getattr(config, "hidden_size", 0))
         inner = int(getattr(config, "intermediate_size", 4 * hidden))
         heads = int(getattr(config, "num_attention_heads", 1))
+        kv_width = int(config.num_key_value_heads) * int(config.head_dim)  # the pool's layout reads the same
         element = torch.empty((), dtype=self.instance.dtype).element_size()
-        per_layer = tokens * (6 * hidden + 3 * inner) * element + heads * tokens * context * 4
+        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * context * kv_width * element
+                     + tokens * context * (1 + 4 * heads))
         return per_layer + int(getattr(config, "vocab_size", 0)) * 4
 
     def reserve(self, owner: str, tokens: int) -> str:

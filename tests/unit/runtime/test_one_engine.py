@@ -107,6 +107,18 @@ def test_a_reasoning_request_and_three_chats_decode_in_one_forward(generator, mo
     assert decoder.stats()["kv_blocks_in_use"] == 0
 
 
+def _slow_decoding(decoder, monkeypatch, seconds: float = 0.01) -> None:
+    """Each decode forward takes at least `seconds`: the tiny model decodes a 400-token chat faster than a test
+    reads the engine's state, and these tests need the chats to hold their places meanwhile."""
+    run = decoder.run
+
+    def slowed(plans):
+        time.sleep(seconds)
+        return run(plans)
+
+    monkeypatch.setattr(decoder, "run", slowed)
+
+
 def test_a_video_sees_the_memory_running_chats_hold_on_the_one_admission_ledger(generator, monkeypatch):
     """One ledger: a budget that holds the chat or the video but not both keeps the video queued while the chat
     decodes (the sync path is refused naming the budget), and admits it once the chat leaves."""
@@ -115,6 +127,7 @@ def test_a_video_sees_the_memory_running_chats_hold_on_the_one_admission_ledger(
     from vidloom.runtime.admission import MemoryAdmission
 
     core = generator.engine
+    _slow_decoding(core.decoder, monkeypatch)
     chat = _chat("hello world", 400)
     request = GenerationRequest(prompt="a fox", num_inference_steps=2, **VIDEO)
     chat_bytes = core.decoder.memory_bytes(core.decoder.chat_slots(chat)["chat"])
@@ -139,6 +152,30 @@ def test_a_video_sees_the_memory_running_chats_hold_on_the_one_admission_ledger(
             await _rest(running)
             output = await video.result()  # the chat's bytes went back: the video ran
             assert output.num_frames == VIDEO["num_frames"] and ledger.in_use == 0
+
+        asyncio.run(main())
+    finally:
+        engine.close()
+
+
+def test_with_two_decode_slots_a_third_chat_waits_in_the_queue(generator, monkeypatch):
+    _slow_decoding(generator.engine.decoder, monkeypatch)
+    engine = AsyncEngine(generator.engine, slots=1, queue_size=4, decode_slots=2)
+    try:
+        async def main():
+            chats = [_chat(text, 400) for text in ("hello world", "tell me a story", "1 2 3")]
+            first, second = engine.chat(chats[0]), engine.chat(chats[1])
+            for stream in (first, second):
+                assert isinstance(await stream.__anext__(), TokenDelta)  # both decode in the batched step
+            third = engine.chat(chats[2])
+            assert (engine.in_flight, engine.chats_in_flight, engine.queue_depth) == (2, 2, 1)
+            assert engine.cancel(chats[0].request_id)
+            await _rest(first)
+            assert isinstance(await third.__anext__(), TokenDelta)  # it took the freed decode slot
+            assert engine.queue_depth == 0 and engine.chats_in_flight == 2
+            for chat in chats[1:]:
+                engine.cancel(chat.request_id)
+            await asyncio.gather(_rest(second), _rest(third))
 
         asyncio.run(main())
     finally:
