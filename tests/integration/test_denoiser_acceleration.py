@@ -1,4 +1,4 @@
-"""Step caches and compile through the denoiser contract on LTX-2, FAR, Cosmos3, SANA-WM and Stable Audio vs the plain path.
+"""Step caches and compile via the denoiser contract (LTX-2, FAR, Cosmos3, SANA-WM, Stable Audio) vs the plain path.
 
 Each family only declares its staged denoiser (embed -> blocks -> head) and its compile units; the
 runtime's one step cache and one compile path act on them. Measured on these tiny random checkpoints

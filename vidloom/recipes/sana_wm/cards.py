@@ -27,10 +27,10 @@ CAPABILITIES = Capabilities(
     # --two-stage: the LTX-2 refiner in <checkpoint>/refiner/ (refine_loop.py). step_cache and compile act on the
     # stage-1 DiT (loop.SanaWMNetwork declares the staged denoiser). The refiner's windowed forward writes K/V that
     # later chunks read, so it is not staged (its steps run plainly under a step cache), and it calls its blocks'
-    # layers directly (models/sana_wm/refiner.py), so it runs eagerly under --compile.
-    frozenset({"two_stage", "step_cache", "compile"}),
+    # layers directly (models/sana_wm/refiner.py), so it runs eagerly under --compile. --fp8 swaps the block linears
+    # of both DiTs (runtime.fp8_denoisers).
+    frozenset({"two_stage", "step_cache", "compile", "fp8_weights"}),
     {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
-     "fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
      "warmup_shapes": "a warmup request is text-only; every SANA-WM request needs a first image and a camera",
      "offload_text_encoder": "the Gemma-2 encoder is not offloadable here yet",
      "prompt_cache_size": "SANA-WM's prompt path has no embedding cache yet",

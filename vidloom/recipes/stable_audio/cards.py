@@ -28,11 +28,10 @@ DEFAULTS = SamplingDefaults(
 NO_FRAMES = Geometry(spatial_multiple=1, temporal_factor=1)
 
 CAPABILITIES = Capabilities(
-    # step_cache, compile: the DiT declares the staged denoiser and its blocks (loop.StableAudioNetwork); every
-    # request runs the model's whole window, so one compiled shape serves all (per CFG batch size).
-    frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile"}),
-    {"fp8_weights": "FP8 linears are not applied to the Stable Audio DiT yet",
-     "warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
+    # step_cache, compile, fp8_weights: the DiT declares the staged denoiser and its blocks (loop.StableAudioNetwork);
+    # every request runs the model's whole window, so one compiled shape serves all (per CFG batch size).
+    frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights"}),
+    {"warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
      "offload_text_encoder": "the T5 encoder is small and stays resident",
      "attention_backend": "the DiT attends through PyTorch SDPA only",
      "cuda_graphs": "the step body is not captured yet",
