@@ -48,7 +48,9 @@ CAPABILITIES = Capabilities(
                           "embedding a cache could keep",
      "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
      "attention_backend": "the Cosmos3 backbone's masked attention has no backend dispatch yet",
-     "cuda_graphs": "the Cosmos3 step body is not captured yet",
+     "cuda_graphs": "the denoise step reads the request's own prefilled prompt K/V and branch layouts (per-request "
+                    "objects) and returns up to three tensors (vision, sound, action); the graph runner "
+                    "(runtime/cudagraph.py) captures one-tensor steps whose other inputs are fixed objects",
      "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
      "offload_idle_expert": "one expert: there is no idle expert",
      "two_stage": "one stage; multi-stage families: ltx2",
