@@ -1,8 +1,8 @@
 """Cross-request batching of LTX-2 steps: the plan declares its per-sample inputs (runtime.batching), and the
 network's batch key is the request's token positions (video and audio coordinates follow size, frames and fps).
 
-Batched and single forwards differ only by matmul blocking over the batch: observed <= 1e-6 relative on the step
-velocities and the decoded waveform here; the bound is 1e-5 of the magnitude (uint8 frames: one level).
+Batched and single forwards differ only by matmul blocking over the batch, so the bound is 1e-5 of the magnitude
+on the step velocities and the decoded waveform (as for Wan and Flux2 in test_batching.py; uint8 frames: one level).
 """
 
 from __future__ import annotations
