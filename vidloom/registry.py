@@ -17,6 +17,7 @@ from vidloom.core.errors import CheckpointError, DeployError, UnknownModel
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.runtime.fp8_denoisers import quantize_denoisers
 
 # Registered model ids -> "module:function" returning their ModelCard.
 CARDS: dict[str, str] = {
@@ -185,7 +186,10 @@ def load_instance(
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
     check_deploy(card, deploy)
-    return import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+    instance = import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+    if instance.deploy.fp8_weights:  # a card may turn it on itself (a QAD-trained FP8 checkpoint)
+        quantize_denoisers(instance.components, instance.device, instance.dtype, card.model_id)
+    return instance
 
 
 def check_deploy(card: ModelCard, deploy: DeployConfig) -> None:

@@ -81,7 +81,8 @@ class AudioVideoGuidance:
         self, network: AudioVideoNetwork, video: Tensor, audio: Tensor, timestep: Tensor, audio_timestep: Tensor,
         sigma: Tensor, prompt: TextBatch, negative: TextBatch | None, scales: AudioVideoScales,
     ) -> tuple[Tensor, Tensor]:
-        """`video`/`audio` are the float32 samples; `sigma` the step's 0-dim float32 sigma."""
+        """`video`/`audio` are the float32 samples; `sigma` the step's float32 sigma, 0-dim or one per sample
+        ([B, 1, 1]: requests at different steps batched together)."""
         def x0(sample: Tensor, velocity: Tensor) -> Tensor:
             return sample - velocity.float() * sigma
 

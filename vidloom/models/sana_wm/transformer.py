@@ -8,6 +8,8 @@ plucker embedding after attention, text cross-attention, gated conv FFN), the mo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +76,7 @@ class SanaWMBlock(nn.Module):
         """x [B, N, C]; mod [B, T, 6*C] (per-frame timestep modulation)."""
         b, n, c = x.shape
         frames = mod.shape[1]
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (
-            self.scale_shift_table[None, None] + mod.reshape(b, frames, 6, c)).chunk(6, dim=-2)
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self._modulation(mod, b, c)
         per_frame = lambda t: t.reshape(b, frames, -1, c)  # noqa: E731
         h = (per_frame(F.layer_norm(x, (c,), eps=1e-6)) * (1 + scale_a) + shift_a).reshape(b, n, c)
         x = x + (gate_a * per_frame(self.self_attn(h, grid, rope, rays))).reshape(b, n, c)
@@ -84,6 +85,30 @@ class SanaWMBlock(nn.Module):
         x = x + self.cross_attn(x, text, text_mask)
         h = (per_frame(F.layer_norm(x, (c,), eps=1e-6)) * (1 + scale_f) + shift_f).reshape(b, n, c)
         return x + (gate_f * per_frame(self.ffn(h, grid))).reshape(b, n, c)
+
+    def self_attention_input(self, x: Tensor, mod: Tensor) -> Tensor:
+        """The per-frame modulated tokens [B, N, C] self-attention reads (forward's first `h`)."""
+        b, n, c = x.shape
+        shift_a, scale_a = self._modulation(mod, b, c)[:2]
+        return (F.layer_norm(x, (c,), eps=1e-6).reshape(b, mod.shape[1], -1, c) * (1 + scale_a) + shift_a) \
+            .reshape(b, n, c)
+
+    def _modulation(self, mod: Tensor, b: int, c: int) -> tuple[Tensor, ...]:
+        return (self.scale_shift_table[None, None] + mod.reshape(b, mod.shape[1], 6, c)).chunk(6, dim=-2)
+
+
+@dataclass(frozen=True)
+class SanaWMConditioning:
+    """What every block and the head read for one call (SanaWMTransformer.embed builds it)."""
+
+    text: Tensor  # projected caption [B, L, C]
+    text_mask: Tensor  # [B, L]
+    mod: Tensor  # per-frame block modulation [B, T, 6*C]
+    emb: Tensor  # per-frame embedded timestep [B, T, C] (the output modulation's)
+    grid: tuple[int, int, int]  # token grid (frames, height, width)
+    rope: Tensor | None
+    rays: Any  # the camera's per-token ray transforms, or None
+    plucker: Tensor | None  # plucker tokens [B, N, C]
 
 
 class SanaWMTransformer(nn.Module):
@@ -113,6 +138,23 @@ class SanaWMTransformer(nn.Module):
         """latents [B, C, F, H, W]; timestep [B, F] (0..1000, truncated to integers as the reference does);
         text [B, L, D_text] with mask [B, L]; camera [B, F, 20] (flattened first-frame-relative c2w + fx, fy,
         cx, cy in latent pixels) or None; plucker [B, 6*t_stride, F, H, W] or None."""
+        stream, cond = self.embed(latents, timestep, text, text_mask, camera, plucker)
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the token sequence [B, N, C].
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The DiT blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, camera: Tensor | None,
+              plucker: Tensor | None) -> tuple[Tensor, SanaWMConditioning]:
+        """Inputs (as forward) -> the token stream and what every block and the head read."""
         cfg = self.config
         b = latents.shape[0]
         pf, ph, pw = cfg.patch_size
@@ -136,10 +178,22 @@ class SanaWMTransformer(nn.Module):
         y = self.caption_proj(text.to(self.dtype))
         if self.caption_norm is not None:
             y = self.caption_norm(y)
-        for block in self.blocks:
-            x = block(x, y, text_mask, mod, grid, rope, rays, plucker_tokens)
+        return x, SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens)
 
-        shift, scale = (self.out_scale_shift[None, None] + emb[:, :, None]).chunk(2, dim=-2)
+    def run_blocks(self, x: Tensor, cond: SanaWMConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the token stream."""
+        for block in self.blocks[start:end]:
+            x = block(x, cond.text, cond.text_mask, cond.mod, cond.grid, cond.rope, cond.rays, cond.plucker)
+        return x
+
+    def block_input(self, x: Tensor, cond: SanaWMConditioning, index: int = 0) -> Tensor:
+        """The per-frame modulated tokens block `index` feeds to self-attention (TeaCache's indicator)."""
+        return self.blocks[index].self_attention_input(x, cond.mod)
+
+    def head(self, x: Tensor, cond: SanaWMConditioning) -> Tensor:
+        """Tokens after the last block -> the prediction [B, C, F, H, W]."""
+        b, grid = x.shape[0], cond.grid
+        shift, scale = (self.out_scale_shift[None, None] + cond.emb[:, :, None]).chunk(2, dim=-2)
         c = x.shape[-1]
         x = (F.layer_norm(x, (c,), eps=1e-6).reshape(b, grid[0], -1, c) * (1 + scale) + shift).reshape(b, -1, c)
         return self._unpatchify(self.proj_out(x), grid)

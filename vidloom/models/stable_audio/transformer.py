@@ -147,6 +147,14 @@ class DiTBlock(nn.Module):
         return self.ff_out(value * F.silu(gate)) + x
 
 
+@dataclass(frozen=True)
+class StableAudioConditioning:
+    """What every block reads for one call (StableAudioDiT.embed builds it)."""
+
+    context: Tensor  # projected text tokens [B, L, cross_attention_dim]
+    rope: tuple[Tensor, Tensor]  # self-attention rotary cos, sin [1 + T, rotary_dim]
+
+
 def _mlp(d_in: int, d_out: int, bias: bool) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, d_out, bias=bias), nn.SiLU(), nn.Linear(d_out, d_out, bias=bias))
 
@@ -177,6 +185,23 @@ class StableAudioDiT(nn.Module):
     def forward(self, latents: Tensor, timestep: Tensor, text: Tensor, global_states: Tensor) -> Tensor:
         """latents [B, C, T], timestep [1] or [B], text [B, L, cross_attention_input_dim],
         global_states [B, 1, global_states_input_dim] -> [B, out_channels, T]."""
+        stream, cond = self.embed(latents, timestep, text, global_states)
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the token sequence [B, 1 + T, dim] (the global token first).
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """The DiT blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
+        return tuple(self.blocks)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor,
+              global_states: Tensor) -> tuple[Tensor, StableAudioConditioning]:
+        """Inputs (as forward) -> the token stream and what every block and the head read."""
         # 1. Conditioning: text for cross-attention; duration + noise level as one leading token.
         context = self.cross_attention_proj(text)
         glob = self.global_proj(global_states) + self.time_embedding(timestep).unsqueeze(1)  # [B, 1, dim]
@@ -184,9 +209,22 @@ class StableAudioDiT(nn.Module):
         x = self.preprocess_conv(latents) + latents
         x = torch.cat([glob, self.proj_in(x.transpose(1, 2))], dim=1)  # [B, 1 + T, dim]
         rope = rotary_tables(x.shape[1], self.config.rotary_dim, x.device)
+        return x, StableAudioConditioning(context, rope)
+
+    def run_blocks(self, x: Tensor, cond: StableAudioConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the token stream."""
         # 3. Blocks.
-        for block in self.blocks:
-            x = block(x, context, rope)
+        for block in self.blocks[start:end]:
+            x = block(x, cond.context, cond.rope)
+        return x
+
+    def block_input(self, x: Tensor, cond: StableAudioConditioning, index: int = 0) -> Tensor:
+        """The normed tokens block `index` feeds to self-attention (TeaCache's generic indicator). The noise
+        level reaches them through the global token, the DiT's only timestep conditioning."""
+        return self.blocks[index].norm1(x)
+
+    def head(self, x: Tensor, cond: StableAudioConditioning) -> Tensor:
+        """Tokens after the last block -> [B, out_channels, T]."""
         # 4. Back to channels, without the global token.
         x = self.proj_out(x).transpose(1, 2)[:, :, 1:]
         return self.postprocess_conv(x) + x

@@ -341,15 +341,24 @@ class WanVAE(nn.Module):
                 f"latents must be [B, {self.config.z_dim}, T, h, w]; got shape {tuple(latents.shape)}"
             )
         x = self.post_quant_conv(latents)
+        patch = self.config.patch_size or 1
         if tiling is None:
-            return self._decode_frames(x, progress, 0, x.shape[2]).clamp(-1.0, 1.0)
-        return decode_tiled(x, lambda tile, done, total: self._decode_frames(tile, progress, done, total),
-                            tiling, self.config.spatial_factor).clamp(-1.0, 1.0)
+            return unpatchify(self._decode_frames(x, progress, 0, x.shape[2]), patch).clamp(-1.0, 1.0)
+        # Wan2.2 (patch 2): tiles decode to the patched grid and blend there, unpatched once at the end, as
+        # diffusers' AutoencoderKLWan.tiled_decode does (its tile sizes divided by the patch).
+        if tiling.tile % self.config.spatial_factor or tiling.stride % self.config.spatial_factor:
+            raise ValueError(f"tile ({tiling.tile}) and stride ({tiling.stride}) must be multiples of "
+                             f"{self.config.spatial_factor}")
+        patched = SpatialTiling(tile=tiling.tile // patch, stride=tiling.stride // patch)
+        tiled = decode_tiled(x, lambda tile, done, total: self._decode_frames(tile, progress, done, total),
+                             patched, self.config.spatial_factor // patch)
+        return unpatchify(tiled, patch).clamp(-1.0, 1.0)
 
     def _decode_frames(
         self, x: Tensor, progress: Callable[[int, int], None] | None, done: int, total: int
     ) -> Tensor:
-        """Causal decode of post-quant latents [B, z, T, h, w]; unclamped."""
+        """Causal decode of post-quant latents [B, z, T, h, w] to the patched pixel grid (Wan2.2: 3 * patch^2
+        channels at 1/patch the size); unclamped."""
         cache = CausalCache()
         frames = []
         # One latent frame at a time bounds activation memory by a single chunk.
@@ -358,7 +367,7 @@ class WanVAE(nn.Module):
             frames.append(self.decoder(x[:, :, index : index + 1], cache))
             if progress is not None:
                 progress(done + index + 1, total)
-        return unpatchify(torch.cat(frames, dim=2), self.config.patch_size or 1)
+        return torch.cat(frames, dim=2)
 
     def normalize_latents(self, raw: Tensor) -> Tensor:
         """Encoder latents -> the standardised latents the transformer works in."""

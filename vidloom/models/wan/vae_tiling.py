@@ -2,7 +2,9 @@
 
 Same tiling and blending rule as diffusers' AutoencoderKLWan.tiled_decode (tiles in
 raster order, each blended with the already-blended tile above and to the left), so
-the two agree when configured alike.
+the two agree when configured alike; diffusers' LTX-2 video VAE tiles by the same rule
+(models/ltx2/video_vae.py decodes through this too). `deploy_tiling` turns the deployment's
+`vae_tile` options into a SpatialTiling for any family whose VAE decodes this way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError
 
 # decode(tile_latents, frames_done_before, frames_total) -> unclamped pixels
 TileDecoder = Callable[[Tensor, int, int], Tensor]
@@ -29,6 +34,17 @@ class SpatialTiling:
     def __post_init__(self) -> None:
         if not 0 < self.stride <= self.tile:
             raise ValueError(f"tiling needs 0 < stride <= tile, got stride={self.stride}, tile={self.tile}")
+
+
+def deploy_tiling(deploy: DeployConfig, factor: int) -> SpatialTiling | None:
+    """The deployment's tiles (None: untiled); checked at load, so a bad tile size never fails a request at
+    decode time. `factor`: the VAE's pixels per latent cell; the default stride is 3/4 of the tile."""
+    if deploy.vae_tile is None:
+        return None
+    stride = deploy.vae_tile_stride or max(factor, deploy.vae_tile * 3 // 4 // factor * factor)
+    if deploy.vae_tile % factor or stride % factor:
+        raise DeployError(f"vae_tile ({deploy.vae_tile}) and vae_tile_stride ({stride}) must be multiples of {factor}")
+    return SpatialTiling(tile=deploy.vae_tile, stride=stride)
 
 
 def decode_tiled(latents: Tensor, decode: TileDecoder, tiling: SpatialTiling, factor: int) -> Tensor:

@@ -40,16 +40,17 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
 # CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
 CAPABILITIES = Capabilities(
-    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile"}),
+    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
+               "vae_tile"}),
     {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
                              "there is no separate text encoder to offload",
      "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
                           "embedding a cache could keep",
      "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
-     "fp8_weights": "FP8 linears are not applied to the Cosmos3 backbone yet",
      "attention_backend": "the Cosmos3 backbone's masked attention has no backend dispatch yet",
-     "vae_tile": "tiled decode is not wired into the Cosmos3 program yet",
-     "cuda_graphs": "the Cosmos3 step body is not captured yet",
+     "cuda_graphs": "the denoise step reads the request's own prefilled prompt K/V and branch layouts (per-request "
+                    "objects) and returns up to three tensors (vision, sound, action); the graph runner "
+                    "(runtime/cudagraph.py) captures one-tensor steps whose other inputs are fixed objects",
      "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
      "offload_idle_expert": "one expert: there is no idle expert",
      "two_stage": "one stage; multi-stage families: ltx2",
@@ -58,7 +59,10 @@ CAPABILITIES = Capabilities(
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",
                                                "step_cache": "chat only: no denoiser to cache",
-                                               "compile": "chat only: no denoiser blocks to compile"})
+                                               "compile": "chat only: no denoiser blocks to compile",
+                                               "fp8_weights": "chat only: FP8 applies to the generation blocks, "
+                                                              "which this folder does not load",
+                                               "vae_tile": "chat only: no VAE to decode with"})
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},

@@ -26,6 +26,7 @@ from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan.vae_tiling import deploy_tiling
 from vidloom.recipes.cosmos3.action_frames import encode_clip
 from vidloom.recipes.cosmos3.actions import ResolvedAction, action_caption
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop
@@ -68,6 +69,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     tokenizer = instance["tokenizer"]
     generator: Cosmos3Generator = instance["generator"]
     vae: WanVAE = instance["vae"]
+    tiling = deploy_tiling(instance.deploy, vae.config.spatial_factor)  # vae_tile: the Wan VAE's tiled decode
     sound_decoder: SoundDecoder | None = instance.components.get("sound_decoder")
     pipeline: Cosmos3PipelineConfig = instance["pipeline_config"]
     sampler_config: SamplerConfig = instance["sampler_config"]
@@ -171,7 +173,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae_dtype = next(vae.parameters()).dtype
         raw = vae.denormalize_latents(slots["latents"][None].to(vae_dtype))
-        video = vae.decode(raw, progress=lambda done, total: ctx.progress("decode", done, total))
+        video = vae.decode(raw, progress=lambda done, total: ctx.progress("decode", done, total), tiling=tiling)
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         return {"video": frames.cpu().numpy()}
 

@@ -24,12 +24,15 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
-    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile"}),
+    frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
+               "fp8_weights", "vae_tile"}),
     {"attention_backend": "LTX-2 masks every attention call and the flash/sage kernels take no mask (SDPA only)",
-     "fp8_weights": "FP8 linears are not applied to LTX-2's blocks yet",
-     "vae_tile": "tiled decode exists for the Wan VAE only",
      "cfg_mode": "LTX-2's loop runs its CFG branches sequentially; batched CFG is not wired into it",
-     "cuda_graphs": "the LTX-2 step body is not captured yet",
+     # runtime/cudagraph.py captures a step body that returns one tensor and whose non-tensor inputs are fixed
+     # objects (keyed by identity); LTX-2's returns (video, audio) and reads per-request objects.
+     "cuda_graphs": "the LTX-2 step returns two tensors (video, audio) and reads per-request objects (the network "
+                    "view holding the token positions, the encoded prompts); the graph runner captures one-tensor "
+                    "steps whose other inputs are fixed objects, so every request would capture a graph of its own",
      "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",

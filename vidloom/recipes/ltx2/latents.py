@@ -75,7 +75,7 @@ class LTX2Geometry:
         audio = audio_positions(1, audio_frames, patch_t=c.audio_patch_size_t, scale=c.audio_scale_factor,
                                 causal_offset=c.causal_offset, hop_length=c.audio_hop_length,
                                 sample_rate=c.audio_sampling_rate, device=cpu)
-        return LTX2Layout(f, h, w, audio_frames, LTX2Positions(video, audio), frozen)
+        return LTX2Layout(f, h, w, audio_frames, LTX2Positions(video, audio), float(fps), frozen)
 
     def video_noise(self, layout: LTX2Layout, generator: torch.Generator) -> Tensor:
         shape = (1, self.video_channels, layout.frames, layout.height, layout.width)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
@@ -44,7 +45,13 @@ class LTX2Layout:
     width: int  # latent width
     audio_frames: int  # audio latent frames
     positions: LTX2Positions  # batch 1
+    fps: float  # the video's frame rate: video positions are in seconds
     frozen: Tensor | None = None  # I2V: [1, N] 1 on the conditioning first frame's tokens (kept clean)
+
+    @property
+    def position_key(self) -> tuple[int, int, int, int, float]:
+        """What `positions` are a function of (with the transformer's config): equal keys, equal positions."""
+        return (self.frames, self.height, self.width, self.audio_frames, self.fps)
 
 
 class LTX2Network:
@@ -54,10 +61,26 @@ class LTX2Network:
     """
 
     def __init__(self, transformer: LTX2Transformer, positions: LTX2Positions, dtype: torch.dtype,
-                 use_cross_timestep: bool, stage_lora: StageLoRA | None = None) -> None:
+                 use_cross_timestep: bool, stage_lora: StageLoRA | None = None,
+                 position_key: Hashable = None) -> None:
         self.transformer, self.positions, self.dtype = transformer, positions, dtype
         self.use_cross_timestep = use_cross_timestep
         self.stage_lora = stage_lora
+        self.position_key = position_key
+
+    def batch_key(self) -> Hashable:
+        """Views with equal keys stack (runtime.batching): same transformer, pass and token positions (the
+        layout's position_key: sizes, frames and fps set the video and audio coordinates). None (no key given):
+        this request's steps run alone."""
+        if self.position_key is None:
+            return None
+        return (id(self.transformer), self.dtype, self.use_cross_timestep, id(self.stage_lora), self.position_key)
+
+    @staticmethod
+    def stack(views: list[LTX2Network]) -> LTX2Network:
+        """One network for requests stacked along the batch: equal keys mean equal positions, which embed
+        repeats to the stacked batch."""
+        return views[0]
 
     def __call__(
         self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
@@ -124,6 +147,10 @@ class LTX2DenoiseState:
     index: int = 0
 
 
+LTX2_DENOISE_INPUTS = DenoiseInputs(("video", "audio", "timestep", "audio_timestep", "sigma", "prompt", "negative"))
+"""Cross-request batching of an LTX-2 step (runtime.batching): latents, timesteps, sigma and both prompts stack per
+sample; `scales` (every stream's guidance) is shared, so only requests guided alike share a forward."""
+
 SigmaFn = Callable[[GenerationRequest, int], Tensor]
 """(request, video tokens) -> float32 sigmas ending at 0."""
 ScalesFn = Callable[[GenerationRequest], AudioVideoScales]
@@ -156,7 +183,7 @@ class LTX2DenoiseLoop:
         return LTX2DenoiseState(
             video=video, audio=slots["audio_latents"], sigmas=self.sigma_fn(request, video.shape[1]),
             network=LTX2Network(self.transformer, layout.positions, self.dtype, self.use_cross_timestep,
-                                self.stage_lora),
+                                self.stage_lora, layout.position_key),
             prompt=slots["prompt_text"], negative=negative, scales=scales, frozen=layout.frozen,
         )
 
@@ -168,11 +195,13 @@ class LTX2DenoiseLoop:
         # The reference's timesteps are sigmas * num_train_timesteps (float32), not rounded.
         t = (state.sigmas[:-1] * self.num_train_timesteps)[state.index].to(state.video.device).reshape(1)
         video_t = t if state.frozen is None else t.unsqueeze(-1) * (1 - state.frozen)  # I2V: frame 0 at t = 0
+        # sigma is per sample ([1, 1, 1], broadcast over tokens and channels) so requests at different steps batch;
+        # the guidance's arithmetic is the same as with a 0-dim sigma.
         return StepPlan(
-            loop=self.name, index=state.index, total=total, call=self.guidance,
+            loop=self.name, index=state.index, total=total, call=self.guidance, denoiser=LTX2_DENOISE_INPUTS,
             inputs={
                 NETWORK: state.network, "video": state.video, "audio": state.audio, "timestep": video_t,
-                "audio_timestep": t, "sigma": sigma.to(state.video.device), "prompt": state.prompt,
+                "audio_timestep": t, "sigma": sigma.to(state.video.device).reshape(1, 1, 1), "prompt": state.prompt,
                 "negative": state.negative, "scales": state.scales,
             },
         )

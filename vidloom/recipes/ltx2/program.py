@@ -19,6 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
+from vidloom.models.wan.vae_tiling import deploy_tiling
 from vidloom.recipes.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, recompress, unpack_audio
 from vidloom.recipes.ltx2.loop import STAGE2_LORA, LTX2DenoiseLoop
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
@@ -28,6 +29,7 @@ from vidloom.recipes.ltx2.settings import LTX2Settings
 def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None = None) -> Program:
     settings: LTX2Settings = instance["settings"]
     transformer, vae, audio_vae = instance["transformer"], instance["vae"], instance["audio_vae"]
+    tiling = deploy_tiling(instance.deploy, vae.spatial_compression_ratio)  # vae_tile: diffusers' enable_tiling rule
     geometry = LTX2Geometry.of(transformer.config, vae, audio_vae)
     schedule: LTX2Schedule = instance["schedule"]
     upsampler = instance.components.get("upsampler")
@@ -104,7 +106,7 @@ def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None =
 
     def decode_video(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         latents = geometry.unpack(slots["video_latents"], slots["layout"]).to(torch.float32)
-        video = vae.decode_normalized(latents, settings.decode_timestep, None, slots["generator"])
+        video = vae.decode_normalized(latents, settings.decode_timestep, None, slots["generator"], tiling)
         frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         ctx.progress("decode", 1, 1)
         return {"video": frames_to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}

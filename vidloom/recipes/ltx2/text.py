@@ -36,6 +36,14 @@ class LTX2Text:
         return LTX2Text(torch.cat([self.video, other.video]), torch.cat([self.audio, other.audio]),
                         torch.cat([self.mask, other.mask]))
 
+    def batch_key(self) -> tuple[Any, ...]:
+        """Prompts stack across requests (runtime.batching) when their padded shapes and dtypes agree."""
+        return tuple((tuple(t.shape[1:]), t.dtype, t.device) for t in (self.video, self.audio, self.mask))
+
+    def stack(self, batches: list[LTX2Text]) -> LTX2Text:
+        """The batches' rows in order (cross-request batching)."""
+        return LTX2Text(*(torch.cat([getattr(b, name) for b in batches]) for name in ("video", "audio", "mask")))
+
     def to(self, dtype: torch.dtype) -> LTX2Text:
         return LTX2Text(self.video.to(dtype), self.audio.to(dtype), self.mask)
 

@@ -25,16 +25,18 @@ CAMERA_BLOCK = BlockSpec("vidloom.recipes.sana_wm.camera:resolve_camera", requir
 DEFAULTS = SamplingDefaults(height=704, width=1280, num_frames=161, fps=16, num_inference_steps=60,
                             guidance_scale=5.0, flow_shift=1.0, sampler="euler", negative_prompt="")
 CAPABILITIES = Capabilities(
-    frozenset({"two_stage"}),  # --two-stage: the LTX-2 refiner in <checkpoint>/refiner/ (refine_loop.py)
+    # --two-stage: the LTX-2 refiner in <checkpoint>/refiner/ (refine_loop.py). step_cache and compile act on the
+    # stage-1 DiT (loop.SanaWMNetwork declares the staged denoiser). The refiner's windowed forward writes K/V that
+    # later chunks read, so it is not staged (its steps run plainly under a step cache), and it calls its blocks'
+    # layers directly (models/sana_wm/refiner.py), so it runs eagerly under --compile. --fp8 swaps the block linears
+    # of both DiTs (runtime.fp8_denoisers).
+    frozenset({"two_stage", "step_cache", "compile", "fp8_weights"}),
     {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
-     "fp8_weights": "FP8 linears are not applied to SANA-WM's blocks yet",
-     "compile": "SANA-WM's blocks are not compiled yet",
-     "warmup_shapes": "no compiled shapes to warm up",
+     "warmup_shapes": "a warmup request is text-only; every SANA-WM request needs a first image and a camera",
      "offload_text_encoder": "the Gemma-2 encoder is not offloadable here yet",
      "prompt_cache_size": "SANA-WM's prompt path has no embedding cache yet",
      "vae_tile": "tiled decode exists for the Wan VAE only",
      "cfg_mode": "SANA-WM runs its CFG branches as one batch of two, as the reference does",
-     "step_cache": "step caches read Wan's block list; SANA-WM's denoiser is not declared to them",
      "cuda_graphs": "the SANA-WM step body is not captured yet",
      "kv_cache_budget_bytes": "the stage-1 denoiser is bidirectional and keeps no KV cache",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",

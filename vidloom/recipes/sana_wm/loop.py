@@ -19,7 +19,7 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import Schedule
-from vidloom.models.sana_wm.transformer import SanaWMTransformer
+from vidloom.models.sana_wm.transformer import SanaWMConditioning, SanaWMTransformer
 from vidloom.recipes.sana_wm.text import SanaWMText
 
 
@@ -38,11 +38,32 @@ class SanaWMNetwork:
         self.transformer, self.camera, self.dtype = transformer, camera, dtype
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: SanaWMText) -> Tensor:
+        stream, cond = self.embed(latents, timestep, text)
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is exactly their composition, so step
+    # caches and compiled blocks reach stage 1. The stage-2 refiner is not staged: its forward writes the sink and
+    # history K/V that later chunks read (refiner.RefinerWindow), which a skipped block would leave stale.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: SanaWMText) -> tuple[Tensor, SanaWMConditioning]:
         b = latents.shape[0]
         raymap = self.camera.raymap.repeat(b, 1, 1).to(self.dtype)
         plucker = self.camera.plucker.repeat(b, 1, 1, 1, 1).to(self.dtype)
-        return self.transformer(latents.to(self.dtype), timestep, text.embeds.to(self.dtype), text.mask, raymap,
-                                plucker)
+        return self.transformer.embed(latents.to(self.dtype), timestep, text.embeds.to(self.dtype), text.mask,
+                                      raymap, plucker)
+
+    def run_blocks(self, x: Tensor, cond: SanaWMConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: SanaWMConditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: SanaWMConditioning) -> Tensor:
+        return self.transformer.head(x, cond)
 
 
 def guided_prediction(network: SanaWMNetwork, latents: Tensor, timestep: Tensor, text: SanaWMText,

@@ -28,13 +28,12 @@ DEFAULTS = SamplingDefaults(
 NO_FRAMES = Geometry(spatial_multiple=1, temporal_factor=1)
 
 CAPABILITIES = Capabilities(
-    frozenset({"prompt_cache_size", "cfg_mode"}),
-    {"fp8_weights": "FP8 linears are not applied to the Stable Audio DiT yet",
-     "compile": "the Stable Audio DiT is not compiled with shape buckets yet",
-     "warmup_shapes": "no compiled shapes to warm up",
+    # step_cache, compile, fp8_weights: the DiT declares the staged denoiser and its blocks (loop.StableAudioNetwork);
+    # every request runs the model's whole window, so one compiled shape serves all (per CFG batch size).
+    frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights"}),
+    {"warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
      "offload_text_encoder": "the T5 encoder is small and stays resident",
      "attention_backend": "the DiT attends through PyTorch SDPA only",
-     "step_cache": "the Stable Audio DiT does not declare the staged denoiser contract yet",
      "cuda_graphs": "the step body is not captured yet",
      "vae_tile": "tiled decode exists for the Wan VAE only",
      "kv_cache_budget_bytes": "an audio denoiser keeps no KV cache to budget",

@@ -14,7 +14,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion import cosine_dpm
 from vidloom.diffusion.cosine_dpm import CosineDPMConfig, CosineDPMState
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
-from vidloom.models.stable_audio.transformer import StableAudioDiT
+from vidloom.models.stable_audio.transformer import StableAudioConditioning, StableAudioDiT
 
 
 class StableAudioNetwork:
@@ -32,8 +32,28 @@ class StableAudioNetwork:
         return None
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
+        stream, cond = self.embed(latents, timestep, text)
+        return self.head(self.run_blocks(stream, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is exactly their composition, so
+    # step caches and compiled blocks act on Stable Audio as on every other family.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, StableAudioConditioning]:
         glob = self.global_states.expand(latents.shape[0], -1, -1)
-        return self.transformer(latents, timestep, text, glob)
+        return self.transformer.embed(latents, timestep, text, glob)
+
+    def run_blocks(self, x: Tensor, cond: StableAudioConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: StableAudioConditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: StableAudioConditioning) -> Tensor:
+        return self.transformer.head(x, cond)
 
 
 @dataclass

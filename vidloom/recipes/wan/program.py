@@ -8,13 +8,11 @@ from typing import Any, Mapping
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import DeployError
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.wan.vae import WanVAE
-from vidloom.models.wan.vae_tiling import SpatialTiling
+from vidloom.models.wan.vae_tiling import deploy_tiling
 from vidloom.recipes.wan.conditioning import (
     WanPipelineConfig,
     encode_video,
@@ -32,7 +30,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     transformer = instance["transformer"]
     pipeline: WanPipelineConfig = instance.components.get("wan_pipeline", WanPipelineConfig())
     image_encoder = instance.components.get("image_encoder")  # Wan2.1 I2V checkpoints only
-    tiling = _vae_tiling(instance.deploy, vae.config.spatial_factor)
+    tiling = deploy_tiling(instance.deploy, vae.config.spatial_factor)
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return encode_request_prompts(text, slots["request"])
@@ -112,13 +110,3 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         inputs=frozenset({"request"}),
         outputs=("video",),
     )
-
-
-def _vae_tiling(deploy: DeployConfig, factor: int) -> SpatialTiling | None:
-    """Checked here, at load, so a bad tile size never fails a request at decode time."""
-    if deploy.vae_tile is None:
-        return None
-    stride = deploy.vae_tile_stride or max(factor, deploy.vae_tile * 3 // 4 // factor * factor)
-    if deploy.vae_tile % factor or stride % factor:
-        raise DeployError(f"vae_tile ({deploy.vae_tile}) and vae_tile_stride ({stride}) must be multiples of {factor}")
-    return SpatialTiling(tile=deploy.vae_tile, stride=stride)
