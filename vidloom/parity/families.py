@@ -18,8 +18,10 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.parity.taps import BlockList
 
-ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]], np.ndarray]
-"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout."""
+ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]],
+                         "np.ndarray | Mapping[str, np.ndarray]"]
+"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout,
+or our stage tap names -> outputs (the frames under FamilyParity.output, say a waveform beside them)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,11 @@ class FamilyParity:
     """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
     same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
     loop: str = "denoise"
-    """Our loop the reference's denoise steps line up with."""
+    """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
+    state_latents: str = "latents"
+    """Our loop state's attribute holding the latents the reference's callback reports as `latents`."""
+    their_latents: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """The reference's callback latents -> our layout (None: the same layout)."""
     untapped: frozenset[str] = frozenset()
     """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
     refused: tuple[str, ...] = field(default=())
@@ -105,6 +111,17 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
     return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
 
 
+def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+               callback: dict[str, Any]) -> dict[str, np.ndarray]:
+    # The pipeline's own guidance defaults are our card's (recipes/ltx2/settings.py); the request sets video CFG.
+    out = pipe(
+        prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, frame_rate=float(request.fps), num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, generator=_generator(request), output_type="np", **callback,
+    )
+    return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
+
+
 _WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
 _WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
 
@@ -146,7 +163,26 @@ FLUX2_KLEIN = FamilyParity(
     refused=("negative_prompt", "video", "sampler", "flow_shift"),
 )
 
-FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN)}
-"""Pipeline class -> its parity map. Not mapped yet: LTX-2, Cosmos3, AnyFlow-FAR."""
+LTX2_T2V = FamilyParity(
+    pipeline="LTX2Pipeline",
+    # Our guidance passes run the transformer's stages (embed -> blocks -> head), never its forward, so its
+    # arguments and velocities are not seen; each pass (the CFG pair batched, STG, modality isolation, in the
+    # pipeline's order) is a call from its first block on.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks", ("video", "audio")),
+                       BlockList("transformer_blocks", ("video", "audio")))},
+    call=_call_ltx2,
+    output="decode_video.video",
+    loop="stage1",
+    state_latents="video",  # packed video tokens [1, N, C], as the pipeline's callback `latents`
+    untapped=frozenset({"input", "output"}),
+    # Image-to-video is LTX2ImageToVideoPipeline; the two-stage chain is three pipelines: no map yet.
+    refused=("image", "last_image", "video", "sampler", "flow_shift"),
+)
+
+FAMILIES: dict[str, FamilyParity] = {
+    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V)
+}
+"""Pipeline class -> its parity map. Not mapped yet: Cosmos3, AnyFlow-FAR."""
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

@@ -73,7 +73,8 @@ class Reference:
             nonlocal steps_done
             if not recorder.in_step:  # a step with no network call (none in these pipelines) still gets its latents
                 recorder.begin_step(family.loop, steps_done)
-            recorder.record("latents", "latents", kwargs["latents"])
+            latents = kwargs["latents"]
+            recorder.record("latents", "latents", family.their_latents(latents) if family.their_latents else latents)
             recorder.end_step()
             steps_done += 1
             return {}
@@ -90,12 +91,15 @@ class Reference:
         callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
         try:
             with torch.inference_mode():
-                frames = family.call(self.pipe, self.scheduler_config, request, callback)
+                outputs = family.call(self.pipe, self.scheduler_config, request, callback)
         finally:
             for tap in taps:
                 tap.close()
             for opener in openers:
                 opener.remove()
             recorder.end_step()
-        recorder.record("stage", family.output, frames)
-        return frames
+        if not isinstance(outputs, Mapping):
+            outputs = {family.output: outputs}
+        for name, value in outputs.items():
+            recorder.record("stage", name, value)
+        return outputs[family.output]

@@ -210,17 +210,26 @@ class ModuleTaps:
 
 
 class RuntimeTaps:
-    """Our side: the RunObserver an Engine run reports to (runtime.engine.RunObserver)."""
+    """Our side: the RunObserver an Engine run reports to (runtime.engine.RunObserver).
 
-    def __init__(self, recorder: TapRecorder) -> None:
+    `loops`: the loops whose steps are tapped (None: every loop); steps of others (a prefix prefill the
+    reference has no step for) record nothing. `latents`: the loop state's attribute holding the latents.
+    """
+
+    def __init__(self, recorder: TapRecorder, loops: frozenset[str] | None = None, latents: str = "latents") -> None:
         self.recorder = recorder
+        self.loops = loops
+        self.latents = latents
 
     def step_started(self, plan: Any) -> None:
-        self.recorder.begin_step(plan.loop, plan.index)
+        if self.loops is None or plan.loop in self.loops:
+            self.recorder.begin_step(plan.loop, plan.index)
 
     def step_finished(self, plan: Any, result: Any, state: Any) -> None:
+        if not self.recorder.in_step:
+            return
         # Every denoise loop's state holds its latents; a loop whose state does not gets no latents tap.
-        self.recorder.record("latents", "latents", getattr(state, "latents", None))
+        self.recorder.record("latents", "latents", getattr(state, self.latents, None))
         self.recorder.end_step()
 
     def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
