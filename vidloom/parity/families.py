@@ -41,6 +41,10 @@ class FamilyParity:
     denoisers: tuple[str, ...] = ("transformer",)
     """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
     same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
+    reference_denoisers: tuple[str, ...] | None = None
+    """The pipeline's attributes holding the denoiser when they differ from our component names."""
+    load_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the pipeline's from_pretrained."""
     loop: str = "denoise"
     """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
     state_latents: str = "latents"
@@ -55,7 +59,7 @@ class FamilyParity:
     def check(self, request: GenerationRequest) -> None:
         for name in self.refused:
             value = getattr(request, name)
-            if value not in (None, "", ()):
+            if value not in (None, "", (), False):  # False: a flag left off
                 raise InvalidRequest(name, f"the reference pipeline {self.pipeline} cannot take it; leave it unset")
 
 
@@ -122,6 +126,17 @@ def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReque
     return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
 
 
+def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                  callback: dict[str, Any]) -> np.ndarray:
+    out = pipe(
+        request.prompt, negative_prompt=request.negative_prompt, image=request.image[0] if request.image else None,
+        num_frames=request.num_frames, height=request.height, width=request.width, fps=request.fps,
+        num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
+        generator=_generator(request), output_type="np", enable_safety_check=False, **callback,
+    )
+    return np.asarray(out.video)  # [F, H, W, 3]
+
+
 _WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
 _WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
 
@@ -180,9 +195,25 @@ LTX2_T2V = FamilyParity(
     refused=("image", "last_image", "video", "sampler", "flow_shift"),
 )
 
+COSMOS3 = FamilyParity(  # text-to-image/video and image-to-video through the generation pathway
+    pipeline="Cosmos3OmniPipeline",
+    # Our steps run only the generated tokens against the cached text prefix (the reference re-runs the
+    # prefix each step), through the generator's stages, never a forward: no input / prediction taps. The
+    # reference's mixture-of-transformers layers return (text, generated) streams; the generated one is ours.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks", ("gen",)), BlockList("layers", ("", "gen")))},
+    call=_call_cosmos3,
+    denoisers=("generator",),
+    reference_denoisers=("transformer",),
+    their_latents=lambda latents: latents[0],  # the pipeline steps a leading batch axis of one
+    load_kwargs={"enable_safety_checker": False},
+    untapped=frozenset({"input", "output"}),
+    refused=("last_image", "video", "reason", "sound", "action", "sampler", "flow_shift"),
+)
+
 FAMILIES: dict[str, FamilyParity] = {
-    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V)
+    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, COSMOS3)
 }
-"""Pipeline class -> its parity map. Not mapped yet: Cosmos3, AnyFlow-FAR."""
+"""Pipeline class -> its parity map. Not mapped yet: AnyFlow-FAR."""
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

@@ -55,7 +55,8 @@ class Reference:
         import diffusers
 
         family = family or family_for(checkpoint)
-        pipe = getattr(diffusers, family.pipeline).from_pretrained(str(checkpoint), dtype=torch.float32).to(device)
+        pipe = getattr(diffusers, family.pipeline).from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                               **family.load_kwargs).to(device)
         pipe.set_progress_bar_config(disable=True)
         return cls.wrap(pipe, family)
 
@@ -83,7 +84,8 @@ class Reference:
             if not recorder.in_step:
                 recorder.begin_step(family.loop, steps_done)
 
-        denoisers = [d for name in family.denoisers if (d := getattr(self.pipe, name, None)) is not None]
+        names = family.reference_denoisers or family.denoisers
+        denoisers = [d for name in names if (d := getattr(self.pipe, name, None)) is not None]
         # The openers go first: a denoiser's hooks run in the order they were registered.
         openers = [denoiser.register_forward_pre_hook(open_step) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}

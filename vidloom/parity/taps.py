@@ -137,7 +137,9 @@ class BlockList:
 
     attr: str
     outputs: tuple[str, ...] = ()
-    """Names of the tensors a block returns, in its order (empty: it returns one tensor)."""
+    """Names of the tensors a block returns, in its order (empty: it returns one tensor, recorded under the
+    block's name; one name for a block returning one tensor: recorded under `<block>.<name>`). An empty name
+    skips that output (a stream the other side's blocks do not carry)."""
 
 
 class ModuleTaps:
@@ -203,8 +205,9 @@ class ModuleTaps:
             if not outputs:
                 self.recorder.record("block", name, _first_tensor(output))
                 return
-            for part, value in zip(outputs, output):
-                self.recorder.record("block", f"{name}.{part}", value)
+            for part, value in zip(outputs, (output,) if isinstance(output, Tensor) else output):
+                if part:
+                    self.recorder.record("block", f"{name}.{part}", value)
 
         return hook
 
