@@ -47,8 +47,12 @@ class FamilyParity:
     """Extra keyword arguments of the pipeline's from_pretrained."""
     loop: str = "denoise"
     """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
-    state_latents: str = "latents"
-    """Our loop state's attribute holding the latents the reference's callback reports as `latents`."""
+    state_latents: str | Callable[[Any], Any] = "latents"
+    """Our loop state's attribute holding the latents the reference's callback reports as `latents` (or a
+    function of the state giving them)."""
+    step_call: Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether a reference denoiser call (its keyword arguments) belongs to a step (None: every call does); the
+    others (a KV-cache fill between steps, which our runtime runs as a loop of its own) are not tapped."""
     their_latents: Callable[[torch.Tensor], torch.Tensor] | None = None
     """The reference's callback latents -> our layout (None: the same layout)."""
     untapped: frozenset[str] = frozenset()
@@ -137,6 +141,30 @@ def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
     return np.asarray(out.video)  # [F, H, W, 3]
 
 
+def _call_far(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+              callback: dict[str, Any]) -> np.ndarray:
+    from vidloom.recipes.wan_causal.loop import chunk_partition
+
+    latent_frames = (int(request.num_frames) - 1) // pipe.vae_scale_factor_temporal + 1  # type: ignore[arg-type]
+    partition = chunk_partition(latent_frames, tuple(pipe.transformer.config.chunk_partition))
+    out = pipe(
+        prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, chunk_partition=list(partition), generator=_generator(request),
+        output_type="np", use_kv_cache=True, **callback,
+    )
+    return out.frames[0]
+
+
+def _far_chunk_latents(state: Any) -> Any:
+    """The chunk being generated; after its last step our loop has moved it into the video (and the next
+    chunk's noise into `chunk_latents`), so it is read back from there."""
+    if state.step > 0:
+        return state.chunk_latents
+    k = state.chunk - 1
+    return state.latents[:, :, state.frame_starts[k]:state.frame_starts[k + 1]]
+
+
 _WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
 _WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
 
@@ -211,9 +239,25 @@ COSMOS3 = FamilyParity(  # text-to-image/video and image-to-video through the ge
     refused=("last_image", "video", "reason", "sound", "action", "sampler", "flow_shift"),
 )
 
+ANYFLOW_FAR = FamilyParity(  # causal chunk rollout with the KV cache (use_kv_cache=True), text-to-video
+    pipeline="AnyFlowFARPipeline",
+    # Both sides batch the CFG branches as [uncond, cond] in one call per step; our step runs the network's
+    # stages, not the transformer's forward: no input / prediction taps. Steps count across chunks.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks"), BlockList("blocks"))},
+    call=_call_far,
+    output="rollout.video",  # the rollout decodes chunk by chunk as it goes
+    loop="rollout",
+    state_latents=_far_chunk_latents,
+    their_latents=lambda latents: latents.permute(0, 2, 1, 3, 4),  # [B, F, C, h, w] -> ours [B, C, F, h, w]
+    step_call=lambda kwargs: not kwargs.get("kv_cache_flag", {}).get("is_cache_step", False),
+    untapped=frozenset({"input", "output"}),
+    refused=("image", "last_image", "video", "extend_from", "sampler", "flow_shift"),
+)
+
 FAMILIES: dict[str, FamilyParity] = {
-    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, COSMOS3)
+    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, COSMOS3, ANYFLOW_FAR)
 }
-"""Pipeline class -> its parity map. Not mapped yet: AnyFlow-FAR."""
+"""Pipeline class -> its parity map."""
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

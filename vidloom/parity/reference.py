@@ -80,14 +80,14 @@ class Reference:
             steps_done += 1
             return {}
 
-        def open_step(module: torch.nn.Module, args: Any) -> None:
-            if not recorder.in_step:
+        def open_step(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            if not recorder.in_step and (family.step_call is None or family.step_call(kwargs)):
                 recorder.begin_step(family.loop, steps_done)
 
         names = family.reference_denoisers or family.denoisers
         denoisers = [d for name in names if (d := getattr(self.pipe, name, None)) is not None]
         # The openers go first: a denoiser's hooks run in the order they were registered.
-        openers = [denoiser.register_forward_pre_hook(open_step) for denoiser in denoisers]
+        openers = [denoiser.register_forward_pre_hook(open_step, with_kwargs=True) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
         taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks) for denoiser in denoisers]
         callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -219,7 +219,8 @@ class RuntimeTaps:
     reference has no step for) record nothing. `latents`: the loop state's attribute holding the latents.
     """
 
-    def __init__(self, recorder: TapRecorder, loops: frozenset[str] | None = None, latents: str = "latents") -> None:
+    def __init__(self, recorder: TapRecorder, loops: frozenset[str] | None = None,
+                 latents: str | Callable[[Any], Any] = "latents") -> None:
         self.recorder = recorder
         self.loops = loops
         self.latents = latents
@@ -232,7 +233,8 @@ class RuntimeTaps:
         if not self.recorder.in_step:
             return
         # Every denoise loop's state holds its latents; a loop whose state does not gets no latents tap.
-        self.recorder.record("latents", "latents", getattr(state, self.latents, None))
+        value = self.latents(state) if callable(self.latents) else getattr(state, self.latents, None)
+        self.recorder.record("latents", "latents", value)
         self.recorder.end_step()
 
     def node_finished(self, node: str, written: Mapping[str, Any]) -> None:
