@@ -16,6 +16,7 @@ from PIL import Image
 from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
+from vidloom.parity import TapKey, run_parity
 from vidloom.recipes.cosmos3.gen_program import generation_nodes
 from vidloom.recipes.cosmos3.program import build_program
 from vidloom.runtime.engine import Engine
@@ -36,18 +37,6 @@ def _image() -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
 
 
-def _reference(folder: Path, kw: dict) -> np.ndarray:
-    from diffusers import Cosmos3OmniPipeline
-
-    pipe = Cosmos3OmniPipeline.from_pretrained(folder, enable_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
-    out = pipe(PROMPT, negative_prompt=NEGATIVE, image=_image() if kw["image"] else None,
-               num_frames=kw["num_frames"], height=kw["height"], width=kw["width"], fps=kw["fps"],
-               num_inference_steps=kw["steps"], guidance_scale=kw["guidance"],
-               generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np", enable_safety_check=False)
-    return np.asarray(out.video)
-
-
 def _request(kw: dict) -> GenerationRequest:
     return GenerationRequest(
         prompt=PROMPT, negative_prompt=NEGATIVE, task=Task.I2V if kw["image"] else Task.T2V,
@@ -58,17 +47,42 @@ def _request(kw: dict) -> GenerationRequest:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_generation_matches_cosmos3_pipeline(tiny_cosmos3_dir: Path, case: str):
+    """Through the parity tool: every step's latents and every layer's generated tokens, per CFG branch, as
+    well as the frames, within 1e-4 (the report names the first layer that is not)."""
     kw = CASES[case]
     generator = VideoGenerator.from_pretrained(tiny_cosmos3_dir, device="cpu")
     baseline = generator.engine.caches.bytes_in_use  # the chat side's KV pool
-    got = generator.engine.run(_request(kw))["video"]
-    expected = _reference(tiny_cosmos3_dir, kw)
+    result = run_parity(tiny_cosmos3_dir, _request(kw), generator=generator)
+    got, expected, report = result.ours, result.theirs, result.report.format()
     assert got.shape == expected.shape == (kw["num_frames"], kw["height"], kw["width"], 3)
     assert expected.std() > 1e-2, "reference frames are flat; the test would prove nothing"
     diff = float(np.abs(got - expected).max())
     print(f"{tiny_cosmos3_dir.name} {case}: max |frame diff| {diff:.2e}")
-    assert diff <= FRAMES_TOL
+    assert diff <= FRAMES_TOL, report
+    assert result.report.ok, report
+    assert sum(d.key.kind == "latents" for d in result.report.diffs) == kw["steps"], report
+    branches = 2 if kw["guidance"] > 1 else 1
+    assert {d.key.call for d in result.report.diffs if d.key.kind == "block"} == set(range(branches)), report
     assert generator.engine.caches.bytes_in_use == baseline  # the prefix buffers went back with the request
+
+
+def test_parity_tool_names_a_perturbed_layer(cosmos3_dir: Path):
+    """1e-2 added to layer 1's generated tokens in step 1's conditional pass: that tap is the first divergence."""
+    generator = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu")
+    seen = [0]
+
+    def bump(module, args, output):
+        seen[0] += 1
+        return output + 1e-2 if seen[0] == 3 else output  # two branches a step: the third call is step 1's first
+
+    handle = generator.engine.instance["generator"].blocks[1].register_forward_hook(bump)
+    try:
+        report = run_parity(cosmos3_dir, _request({**CASES["t2v"], "guidance": 3.0}), generator=generator).report
+    finally:
+        handle.remove()
+    first = report.first_divergence
+    assert first is not None and first.key == TapKey("block", "blocks.1.gen", "denoise", 1, 0), report.format()
+    assert first.max_abs == pytest.approx(1e-2, rel=1e-2)
 
 
 def _latents(instance, cache_prefix: bool, request: GenerationRequest) -> tuple[torch.Tensor, list[int]]:

@@ -17,6 +17,7 @@ from vidloom.core.output import ChunkEvent, ProgressEvent
 from vidloom.media.video import to_uint8
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
+from vidloom.parity import TapKey, run_parity
 from vidloom.recipes.wan_causal.loop import CHUNK_PHASE, chunk_partition
 from vidloom.recipes.wan_causal.program import build_program
 from vidloom.runtime.engine import CancellationToken, Engine
@@ -70,6 +71,44 @@ def _reference(
         generator=torch.Generator("cpu").manual_seed(kw["seed"]), output_type="np", use_kv_cache=True,
     )
     return out.frames[0]
+
+
+@pytest.mark.parametrize("case", ["b_tall_cfg", "a_derived_partition"])
+def test_parity_tool_finds_every_tap_within_tolerance(far_dirs, case):
+    """Every step of every chunk (steps count across chunks): each block's output for the [uncond, cond] batch
+    and the chunk's latents, then the frames; the reference's KV-cache fills between chunks are not steps."""
+    spec, kw = CASES[case]
+    result = run_parity(far_dirs[spec.name], _request(kw))
+    report = result.report
+    assert report.ok, report.format()
+    latent_frames = (kw["num_frames"] - 1) // 4 + 1
+    chunks = len(chunk_partition(latent_frames, spec.transformer["chunk_partition"]))
+    assert sum(d.key.kind == "latents" for d in report.diffs) == chunks * kw["steps"], report.format()
+    assert {d.key.call for d in report.diffs if d.key.kind == "block"} == {0}, report.format()  # one batched call
+    assert any(d.key.name == "rollout.video" for d in report.diffs), report.format()
+
+
+def test_parity_tool_names_a_perturbed_block(far_dirs):
+    """1e-2 added to block 1 at the second chunk's first step: that tap is the first divergence."""
+    spec, kw = CASES["a_wide_no_cfg"]
+    kw = {**kw, "steps": 2}
+    folder = far_dirs[spec.name]
+    generator = VideoGenerator.from_pretrained(folder, device="cpu")
+    block = generator.engine.instance["transformer"].blocks[1]
+    seen = [0]
+
+    def bump(module, args, output):
+        seen[0] += 1
+        return output + 1e-2 if seen[0] == 4 else output  # steps 0, 1 of chunk 0, chunk 1's KV prefill, step 2
+
+    handle = block.register_forward_hook(bump)
+    try:
+        report = run_parity(folder, _request(kw), generator=generator).report
+    finally:
+        handle.remove()
+    first = report.first_divergence
+    assert first is not None and first.key == TapKey("block", "blocks.1", "rollout", 2, 0), report.format()
+    assert first.max_abs == pytest.approx(1e-2, rel=1e-2)
 
 
 def _latents_engine(generator: VideoGenerator, kv_cache: bool) -> Engine:

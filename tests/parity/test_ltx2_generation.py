@@ -18,6 +18,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
+from vidloom.parity import Reference, TapKey, run_parity
+from vidloom.parity.families import LTX2_T2V
 from vidloom.recipes.ltx2.program import build_program
 from vidloom.recipes.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
@@ -138,6 +140,42 @@ def test_two_stage_matches_chained_pipelines(reference, tiny_ltx2_dir):
     assert ours["video"].shape == (9, 128, 128, 3)  # twice the requested size
     _assert_close(ours, frames[0], waveform[0].float().numpy())
     assert list(dict.fromkeys(p for p in phases if p)) == ["stage1", "upsample", "stage2", "decode", "audio"]
+
+
+def _parity(reference, generator, folder):
+    request = GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, guidance_scale=3.0, **BASE)
+    return run_parity(folder, request, generator=generator, reference=Reference.wrap(reference, LTX2_T2V))
+
+
+def test_parity_tool_finds_every_tap_within_tolerance(reference, generator, tiny_ltx2_dir):
+    """Card defaults on both sides (STG on block 28, absent here: the pass runs and perturbs nothing, as in
+    diffusers): every block of every guidance pass, the step latents, frames and waveform within 1e-4."""
+    report = _parity(reference, generator, tiny_ltx2_dir).report
+    text = report.format()
+    assert report.ok, text
+    calls = {key.call for key in (d.key for d in report.diffs) if key.kind == "block"}
+    assert calls == {0, 1, 2}, text  # the CFG pair (batched), STG, modality isolation
+    assert {d.key.name for d in report.diffs if d.key.kind == "stage"} == {"decode_video.video",
+                                                                         "decode_audio.audio"}
+    assert sum(d.key.kind == "latents" for d in report.diffs) == BASE["num_inference_steps"]
+
+
+def test_parity_tool_names_a_perturbed_block(reference, generator, tiny_ltx2_dir):
+    """1e-2 added to block 1's video stream on its fourth pass (step 1, the CFG pair): that tap is the first."""
+    seen = [0]
+
+    def bump(module, args, output):
+        seen[0] += 1
+        return (output[0] + 1e-2, output[1]) if seen[0] == 4 else output
+
+    handle = generator.engine.instance["transformer"].blocks[1].register_forward_hook(bump)
+    try:
+        report = _parity(reference, generator, tiny_ltx2_dir).report
+    finally:
+        handle.remove()
+    first = report.first_divergence
+    assert first is not None and first.key == TapKey("block", "blocks.1.video", "stage1", 1, 0), report.format()
+    assert first.max_abs == pytest.approx(1e-2, rel=1e-2)
 
 
 def test_outputs_follow_seed_and_prompt(generator):

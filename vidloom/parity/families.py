@@ -18,8 +18,10 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.parity.taps import BlockList
 
-ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]], np.ndarray]
-"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout."""
+ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]],
+                         "np.ndarray | Mapping[str, np.ndarray]"]
+"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout,
+or our stage tap names -> outputs (the frames under FamilyParity.output, say a waveform beside them)."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,20 @@ class FamilyParity:
     denoisers: tuple[str, ...] = ("transformer",)
     """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
     same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
+    reference_denoisers: tuple[str, ...] | None = None
+    """The pipeline's attributes holding the denoiser when they differ from our component names."""
+    load_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the pipeline's from_pretrained."""
     loop: str = "denoise"
-    """Our loop the reference's denoise steps line up with."""
+    """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
+    state_latents: str | Callable[[Any], Any] = "latents"
+    """Our loop state's attribute holding the latents the reference's callback reports as `latents` (or a
+    function of the state giving them)."""
+    step_call: Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether a reference denoiser call (its keyword arguments) belongs to a step (None: every call does); the
+    others (a KV-cache fill between steps, which our runtime runs as a loop of its own) are not tapped."""
+    their_latents: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """The reference's callback latents -> our layout (None: the same layout)."""
     untapped: frozenset[str] = frozenset()
     """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
     refused: tuple[str, ...] = field(default=())
@@ -49,7 +63,7 @@ class FamilyParity:
     def check(self, request: GenerationRequest) -> None:
         for name in self.refused:
             value = getattr(request, name)
-            if value not in (None, "", ()):
+            if value not in (None, "", (), False):  # False: a flag left off
                 raise InvalidRequest(name, f"the reference pipeline {self.pipeline} cannot take it; leave it unset")
 
 
@@ -105,6 +119,52 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
     return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
 
 
+def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+               callback: dict[str, Any]) -> dict[str, np.ndarray]:
+    # The pipeline's own guidance defaults are our card's (recipes/ltx2/settings.py); the request sets video CFG.
+    out = pipe(
+        prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, frame_rate=float(request.fps), num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, generator=_generator(request), output_type="np", **callback,
+    )
+    return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
+
+
+def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                  callback: dict[str, Any]) -> np.ndarray:
+    out = pipe(
+        request.prompt, negative_prompt=request.negative_prompt, image=request.image[0] if request.image else None,
+        num_frames=request.num_frames, height=request.height, width=request.width, fps=request.fps,
+        num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
+        generator=_generator(request), output_type="np", enable_safety_check=False, **callback,
+    )
+    return np.asarray(out.video)  # [F, H, W, 3]
+
+
+def _call_far(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+              callback: dict[str, Any]) -> np.ndarray:
+    from vidloom.recipes.wan_causal.loop import chunk_partition
+
+    latent_frames = (int(request.num_frames) - 1) // pipe.vae_scale_factor_temporal + 1  # type: ignore[arg-type]
+    partition = chunk_partition(latent_frames, tuple(pipe.transformer.config.chunk_partition))
+    out = pipe(
+        prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, chunk_partition=list(partition), generator=_generator(request),
+        output_type="np", use_kv_cache=True, **callback,
+    )
+    return out.frames[0]
+
+
+def _far_chunk_latents(state: Any) -> Any:
+    """The chunk being generated; after its last step our loop has moved it into the video (and the next
+    chunk's noise into `chunk_latents`), so it is read back from there."""
+    if state.step > 0:
+        return state.chunk_latents
+    k = state.chunk - 1
+    return state.latents[:, :, state.frame_starts[k]:state.frame_starts[k + 1]]
+
+
 _WAN_OURS = {"latents": "latents", "timestep": "timestep", "text_embeds": "text_embeds"}
 _WAN_THEIRS = {"hidden_states": "latents", "timestep": "timestep", "encoder_hidden_states": "text_embeds"}
 
@@ -146,7 +206,58 @@ FLUX2_KLEIN = FamilyParity(
     refused=("negative_prompt", "video", "sampler", "flow_shift"),
 )
 
-FAMILIES: dict[str, FamilyParity] = {spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN)}
-"""Pipeline class -> its parity map. Not mapped yet: LTX-2, Cosmos3, AnyFlow-FAR."""
+LTX2_T2V = FamilyParity(
+    pipeline="LTX2Pipeline",
+    # Our guidance passes run the transformer's stages (embed -> blocks -> head), never its forward, so its
+    # arguments and velocities are not seen; each pass (the CFG pair batched, STG, modality isolation, in the
+    # pipeline's order) is a call from its first block on.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks", ("video", "audio")),
+                       BlockList("transformer_blocks", ("video", "audio")))},
+    call=_call_ltx2,
+    output="decode_video.video",
+    loop="stage1",
+    state_latents="video",  # packed video tokens [1, N, C], as the pipeline's callback `latents`
+    untapped=frozenset({"input", "output"}),
+    # Image-to-video is LTX2ImageToVideoPipeline; the two-stage chain is three pipelines: no map yet.
+    refused=("image", "last_image", "video", "sampler", "flow_shift"),
+)
+
+COSMOS3 = FamilyParity(  # text-to-image/video and image-to-video through the generation pathway
+    pipeline="Cosmos3OmniPipeline",
+    # Our steps run only the generated tokens against the cached text prefix (the reference re-runs the
+    # prefix each step), through the generator's stages, never a forward: no input / prediction taps. The
+    # reference's mixture-of-transformers layers return (text, generated) streams; the generated one is ours.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks", ("gen",)), BlockList("layers", ("", "gen")))},
+    call=_call_cosmos3,
+    denoisers=("generator",),
+    reference_denoisers=("transformer",),
+    their_latents=lambda latents: latents[0],  # the pipeline steps a leading batch axis of one
+    load_kwargs={"enable_safety_checker": False},
+    untapped=frozenset({"input", "output"}),
+    refused=("last_image", "video", "reason", "sound", "action", "sampler", "flow_shift"),
+)
+
+ANYFLOW_FAR = FamilyParity(  # causal chunk rollout with the KV cache (use_kv_cache=True), text-to-video
+    pipeline="AnyFlowFARPipeline",
+    # Both sides batch the CFG branches as [uncond, cond] in one call per step; our step runs the network's
+    # stages, not the transformer's forward: no input / prediction taps. Steps count across chunks.
+    our_inputs={}, their_inputs={},
+    blocks={"blocks": (BlockList("blocks"), BlockList("blocks"))},
+    call=_call_far,
+    output="rollout.video",  # the rollout decodes chunk by chunk as it goes
+    loop="rollout",
+    state_latents=_far_chunk_latents,
+    their_latents=lambda latents: latents.permute(0, 2, 1, 3, 4),  # [B, F, C, h, w] -> ours [B, C, F, h, w]
+    step_call=lambda kwargs: not kwargs.get("kv_cache_flag", {}).get("is_cache_step", False),
+    untapped=frozenset({"input", "output"}),
+    refused=("image", "last_image", "video", "extend_from", "sampler", "flow_shift"),
+)
+
+FAMILIES: dict[str, FamilyParity] = {
+    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, COSMOS3, ANYFLOW_FAR)
+}
+"""Pipeline class -> its parity map."""
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""

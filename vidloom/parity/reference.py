@@ -55,7 +55,8 @@ class Reference:
         import diffusers
 
         family = family or family_for(checkpoint)
-        pipe = getattr(diffusers, family.pipeline).from_pretrained(str(checkpoint), dtype=torch.float32).to(device)
+        pipe = getattr(diffusers, family.pipeline).from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                               **family.load_kwargs).to(device)
         pipe.set_progress_bar_config(disable=True)
         return cls.wrap(pipe, family)
 
@@ -73,29 +74,34 @@ class Reference:
             nonlocal steps_done
             if not recorder.in_step:  # a step with no network call (none in these pipelines) still gets its latents
                 recorder.begin_step(family.loop, steps_done)
-            recorder.record("latents", "latents", kwargs["latents"])
+            latents = kwargs["latents"]
+            recorder.record("latents", "latents", family.their_latents(latents) if family.their_latents else latents)
             recorder.end_step()
             steps_done += 1
             return {}
 
-        def open_step(module: torch.nn.Module, args: Any) -> None:
-            if not recorder.in_step:
+        def open_step(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            if not recorder.in_step and (family.step_call is None or family.step_call(kwargs)):
                 recorder.begin_step(family.loop, steps_done)
 
-        denoisers = [d for name in family.denoisers if (d := getattr(self.pipe, name, None)) is not None]
+        names = family.reference_denoisers or family.denoisers
+        denoisers = [d for name in names if (d := getattr(self.pipe, name, None)) is not None]
         # The openers go first: a denoiser's hooks run in the order they were registered.
-        openers = [denoiser.register_forward_pre_hook(open_step) for denoiser in denoisers]
+        openers = [denoiser.register_forward_pre_hook(open_step, with_kwargs=True) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
         taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks) for denoiser in denoisers]
         callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
         try:
             with torch.inference_mode():
-                frames = family.call(self.pipe, self.scheduler_config, request, callback)
+                outputs = family.call(self.pipe, self.scheduler_config, request, callback)
         finally:
             for tap in taps:
                 tap.close()
             for opener in openers:
                 opener.remove()
             recorder.end_step()
-        recorder.record("stage", family.output, frames)
-        return frames
+        if not isinstance(outputs, Mapping):
+            outputs = {family.output: outputs}
+        for name, value in outputs.items():
+            recorder.record("stage", name, value)
+        return outputs[family.output]

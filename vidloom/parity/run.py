@@ -88,7 +88,7 @@ def _run_ours(
     components = engine.instance.components
     taps = [ModuleTaps(recorder, components[name], family.our_inputs, blocks)
             for name in family.denoisers if components.get(name) is not None]
-    run = engine.start(request, watch=RuntimeTaps(recorder))
+    run = engine.start(request, watch=RuntimeTaps(recorder, frozenset({family.loop}), family.state_latents))
     try:
         while not run.step():
             pass

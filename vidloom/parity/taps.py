@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -137,7 +137,9 @@ class BlockList:
 
     attr: str
     outputs: tuple[str, ...] = ()
-    """Names of the tensors a block returns, in its order (empty: it returns one tensor)."""
+    """Names of the tensors a block returns, in its order (empty: it returns one tensor, recorded under the
+    block's name; one name for a block returning one tensor: recorded under `<block>.<name>`). An empty name
+    skips that output (a stream the other side's blocks do not carry)."""
 
 
 class ModuleTaps:
@@ -203,24 +205,36 @@ class ModuleTaps:
             if not outputs:
                 self.recorder.record("block", name, _first_tensor(output))
                 return
-            for part, value in zip(outputs, output):
-                self.recorder.record("block", f"{name}.{part}", value)
+            for part, value in zip(outputs, (output,) if isinstance(output, Tensor) else output):
+                if part:
+                    self.recorder.record("block", f"{name}.{part}", value)
 
         return hook
 
 
 class RuntimeTaps:
-    """Our side: the RunObserver an Engine run reports to (runtime.engine.RunObserver)."""
+    """Our side: the RunObserver an Engine run reports to (runtime.engine.RunObserver).
 
-    def __init__(self, recorder: TapRecorder) -> None:
+    `loops`: the loops whose steps are tapped (None: every loop); steps of others (a prefix prefill the
+    reference has no step for) record nothing. `latents`: the loop state's attribute holding the latents.
+    """
+
+    def __init__(self, recorder: TapRecorder, loops: frozenset[str] | None = None,
+                 latents: str | Callable[[Any], Any] = "latents") -> None:
         self.recorder = recorder
+        self.loops = loops
+        self.latents = latents
 
     def step_started(self, plan: Any) -> None:
-        self.recorder.begin_step(plan.loop, plan.index)
+        if self.loops is None or plan.loop in self.loops:
+            self.recorder.begin_step(plan.loop, plan.index)
 
     def step_finished(self, plan: Any, result: Any, state: Any) -> None:
+        if not self.recorder.in_step:
+            return
         # Every denoise loop's state holds its latents; a loop whose state does not gets no latents tap.
-        self.recorder.record("latents", "latents", getattr(state, "latents", None))
+        value = self.latents(state) if callable(self.latents) else getattr(state, self.latents, None)
+        self.recorder.record("latents", "latents", value)
         self.recorder.end_step()
 
     def node_finished(self, node: str, written: Mapping[str, Any]) -> None:

@@ -139,3 +139,46 @@ def test_runtime_taps_record_state_latents_after_each_step_and_node_slots():
     watch.step_finished(Plan(), None, State())
     assert not rec.in_step
     assert list(rec.taps) == [TapKey("stage", "prepare.latents"), TapKey("latents", "latents", "denoise", 4)]
+
+
+def test_block_output_names_pick_and_skip_streams():
+    """One name on a one-tensor block suffixes it; an empty name skips a stream the other side lacks."""
+
+    class Single(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Identity()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.blocks[0](x)
+
+    single, pair, rec = Single(), Net(), TapRecorder()
+    taps = [ModuleTaps(rec, single, {}, {"layers": BlockList("blocks", ("gen",))}),
+            ModuleTaps(rec, pair, {}, {"other": BlockList("blocks", ("", "b"))})]
+    rec.begin_step("denoise", 0)
+    single(torch.ones(2, 3))
+    pair(torch.ones(2), 1.0, torch.ones(2))
+    rec.end_step()
+    for tap in taps:
+        tap.close()
+    assert [k.name for k in rec.taps if k.kind == "block"] == ["layers.0.gen", "other.0.b", "other.1.b"]
+    assert rec.taps[TapKey("block", "layers.0.gen", "denoise", 0, 0)].shape == (2, 3)
+
+
+def test_runtime_taps_skip_other_loops_and_read_latents_through_a_function():
+    class State:
+        video = torch.full((2,), 7.0)
+
+    class Plan:
+        def __init__(self, loop: str) -> None:
+            self.loop, self.index = loop, 0
+
+    rec = TapRecorder()
+    watch = RuntimeTaps(rec, frozenset({"stage1"}), lambda state: state.video * 2)
+    watch.step_started(Plan("prefix_prefill"))  # not the family's loop: nothing recorded
+    assert not rec.in_step
+    watch.step_finished(Plan("prefix_prefill"), None, State())
+    watch.step_started(Plan("stage1"))
+    watch.step_finished(Plan("stage1"), None, State())
+    assert list(rec.taps) == [TapKey("latents", "latents", "stage1", 0)]
+    assert torch.equal(rec.taps[TapKey("latents", "latents", "stage1", 0)], torch.full((2,), 14.0))
