@@ -27,7 +27,8 @@ CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
                "fp8_weights", "vae_tile"}),
     {"attention_backend": "LTX-2 masks every attention call and the flash/sage kernels take no mask (SDPA only)",
-     "cfg_mode": "LTX-2's loop runs its CFG branches sequentially; batched CFG is not wired into it",
+     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
+                 "is written",
      # runtime/cudagraph.py captures a step body that returns one tensor and whose non-tensor inputs are fixed
      # objects (keyed by identity); LTX-2's returns (video, audio) and reads per-request objects.
      "cuda_graphs": "the LTX-2 step returns two tensors (video, audio) and reads per-request objects (the network "
