@@ -165,3 +165,33 @@ def tie_and_rewrite_flux2_aitoolkit(peft_file: Path, tied: Path, out: Path) -> t
     save_file(tied_state, str(tied))
     save_file(written, str(out))
     return tied, out
+
+
+def rewrite_flux2_kohya(peft_file: Path, out: Path) -> Path:
+    """The same adapter as Kohya's sd-scripts names it (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`,
+    `.alpha` per module): each q/k/v triple becomes one fused qkv LoRA of rank 3r, its down factors stacked and its
+    up factor block-diagonal (the split-qkv layout diffusers' converter detects as "sparse"), alpha scaled by 3 so
+    alpha / rank is unchanged. The inverse of diffusers' _convert_kohya_flux2_lora_to_diffusers."""
+    from safetensors.torch import save_file
+
+    modules, alphas = _peft_modules(peft_file)
+    written = {}
+    for fused, (q, k, v) in _FLUX2_FUSED.items():
+        for module in [m for m in modules if m.endswith("." + q)]:
+            block = module[: -len(q) - 1]
+            group = [modules.pop(f"{block}.{name}") for name in (q, k, v)]
+            alpha = alphas.get(module, group[0]["A"].shape[0])
+            name = "lora_unet_" + (block.replace("transformer_blocks.", "double_blocks.") + "." + fused).replace(".", "_")
+            written[f"{name}.lora_down.weight"] = torch.cat([f["A"] for f in group])
+            written[f"{name}.lora_up.weight"] = torch.block_diag(*[f["B"] for f in group])
+            written[f"{name}.alpha"] = torch.tensor(3.0 * alpha)
+    for module, factors in modules.items():
+        name = module
+        for ours, theirs in _FLUX2_AITOOLKIT:
+            name = name.replace(ours, theirs)
+        name = "lora_unet_" + name.replace(".", "_")
+        written[f"{name}.lora_down.weight"] = factors["A"]
+        written[f"{name}.lora_up.weight"] = factors["B"]
+        written[f"{name}.alpha"] = torch.tensor(float(alphas.get(module, factors["A"].shape[0])))
+    save_file(written, str(out))
+    return out
