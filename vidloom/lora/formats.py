@@ -42,25 +42,24 @@ _LTX2_CONNECTORS = "text_embedding_projection."
 
 
 def ltx2_keys(path: Path, tensors: Tensors) -> Tensors:
-    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>`) -> `transformer.<diffusers name>`.
+    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>` -> `transformer.<diffusers name>`,
+    `text_embedding_projection.<name>` -> `connectors.<name>`, its `aggregate_embed` renamed `text_proj_in`).
 
-    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` key is read as an original-format
-    file. Adapters on the text connectors (`text_embedding_projection.`) are refused by name: our connectors run
-    inside the prompt cache, so a per-request adapter there would need a cache keyed by adapter set.
+    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` or `text_embedding_projection.` key
+    is read as an original-format file; diffusers/PEFT files (`transformer.` / `connectors.`) pass unchanged.
     """
-    for key in tensors:
-        if key.startswith(_LTX2_CONNECTORS) or key.startswith("connectors."):
-            raise CheckpointError(
-                f"{path}: key {key!r} targets LTX-2's text connectors; adapters on the connectors are not "
-                "supported yet (only the transformer's)"
-            )
-    if not any(key.startswith(_ORIGINAL) for key in tensors):
+    if not any(key.startswith((_ORIGINAL, _LTX2_CONNECTORS)) for key in tensors):
         return tensors
     converted: Tensors = {}
     for key, tensor in tensors.items():
+        if key.startswith(_LTX2_CONNECTORS):
+            segments = ["text_proj_in" if s == "aggregate_embed" else s for s in key[len(_LTX2_CONNECTORS):].split(".")]
+            converted["connectors." + ".".join(segments)] = tensor
+            continue
         if not key.startswith(_ORIGINAL):
             raise CheckpointError(
-                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' key (the file's other keys are)"
+                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' or '{_LTX2_CONNECTORS}<module>' key "
+                "(the file's other keys are)"
             )
         segments = [_LTX2_SEGMENTS.get(s, s) for s in key[len(_ORIGINAL):].split(".")]
         segments[0] = _LTX2_HEADS.get(segments[0], segments[0])

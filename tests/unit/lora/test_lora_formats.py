@@ -152,7 +152,7 @@ def test_zero_norm_diffs_are_dropped_like_diffusers_nonzero_refused(wan, tmp_pat
         gen.load_lora("ones", tmp_path / "ones.safetensors")
 
 
-def test_ltx2_original_keys_are_renamed_and_connectors_refused(tmp_path):
+def test_ltx2_original_keys_are_renamed_connectors_included(tmp_path):
     t = torch.zeros(1)
     out = ltx2_keys(tmp_path, {"diffusion_model.adaln_single.linear.lora_A.weight": t,
                                "diffusion_model.audio_patchify_proj.lora_B.weight": t,
@@ -164,8 +164,12 @@ def test_ltx2_original_keys_are_renamed_and_connectors_refused(tmp_path):
                            "transformer.transformer_blocks.0.attn1.to_q.lora_A.weight"]
     peft = {"transformer.proj_in.lora_A.weight": t}
     assert ltx2_keys(tmp_path, peft) is peft
-    with pytest.raises(CheckpointError, match="text_embedding_projection.aggregate_embed"):
-        ltx2_keys(tmp_path, {"text_embedding_projection.aggregate_embed.lora_A.weight": t})
+    # The text connectors: diffusers' converter renames aggregate_embed (LTX-2.0's projection) to text_proj_in.
+    assert sorted(ltx2_keys(tmp_path, {"text_embedding_projection.aggregate_embed.lora_A.weight": t,
+                                       "diffusion_model.proj_out.lora_A.weight": t})) == [
+        "connectors.text_proj_in.lora_A.weight", "transformer.proj_out.lora_A.weight"]
+    with pytest.raises(CheckpointError, match="'transformer.x.lora_A.weight' is not an LTX-2"):
+        ltx2_keys(tmp_path, {"diffusion_model.proj_out.lora_A.weight": t, "transformer.x.lora_A.weight": t})
 
 
 def test_stage2_lora_needs_the_two_stage_program():
