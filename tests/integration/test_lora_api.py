@@ -203,6 +203,38 @@ def test_concurrent_requests_with_different_adapters_each_equal_their_single_run
     assert np.abs(alone[0].astype(int) - alone[2]).max() > 10 and np.abs(alone[0].astype(int) - alone[1]).max() > 10
 
 
+@pytest.mark.parametrize("lora_batching", ["mixed", "grouped"])
+def test_two_requests_with_different_adapters_share_a_forward_and_equal_their_single_runs(gen, wan, tmp_path,
+                                                                                          lora_batching):
+    from vidloom.runtime.async_engine import AsyncEngine
+
+    other = write_lora(wan[0], "WanPipeline", LoRASpec(rank=2, alpha=4, targets=("to_k", "to_out.0"), seed=12),
+                       tmp_path)
+    gen.load_lora("a", wan[1])
+    gen.load_lora("b", other)
+    requests = [build_request(gen.card, "a kite", loras={"a": 0.9}, **KW),
+                build_request(gen.card, "a boat", loras={"b": 0.6}, **KW)]
+    try:
+        alone = [gen.engine.run(r)["video"] for r in requests]
+        engine = AsyncEngine(gen.engine, policy="batch", slots=2, queue_size=4, lora_batching=lora_batching)
+        try:
+            # Both admitted before the worker's first round: their steps are resident together.
+            handles = [engine.submit_run(gen.engine.start(r), None, lambda out: out["video"]) for r in requests]
+            together = [h.wait(120) for h in handles]
+            stats = engine.batch_stats
+        finally:
+            engine.close()
+    finally:
+        gen.unload_lora("a")
+        gen.unload_lora("b")
+    # mixed: one forward of both (each adapter on its own rows); grouped: each set alone.
+    assert stats["largest_batch"] == (2 if lora_batching == "mixed" else 1), stats
+    for a, t in zip(alone, together):
+        # fp32; a batch of 2 changes the matmul blocking only (~1e-6, test_batching), not what each row computes.
+        assert np.abs(np.asarray(a, dtype=np.float64) - np.asarray(t, dtype=np.float64)).max() < 1e-5
+    assert np.abs(np.asarray(alone[0], dtype=np.float64) - np.asarray(together[1], dtype=np.float64)).max() > 1e-2
+
+
 def test_far_extension_never_reuses_kv_made_under_other_adapters(tmp_path):
     from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 
