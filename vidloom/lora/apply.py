@@ -134,11 +134,14 @@ class LoRALinear(nn.Module):
         if rest or not repeats:
             raise RuntimeError(f"{self.key}: a batch of {x.shape[0]} rows is not a repeat of the {active.total} "
                                "stacked rows the adapters were laid out for")
+        spans = [(part.layers.get(self.key, ()) if part is not None else (), start, stop)
+                 for part, start, stop in active.parts]
+        if not any(entries for entries, _, _ in spans):
+            return y  # no run in this batch adapts this layer
         pieces = []
         for r in range(repeats):
-            for part, start, stop in active.parts:
+            for entries, start, stop in spans:
                 lo, hi = r * active.total + start, r * active.total + stop
-                entries = part.layers.get(self.key, ()) if part is not None else ()
                 pieces.append(_add_updates(x[lo:hi], y[lo:hi], entries) if entries else y[lo:hi])
         return torch.cat(pieces)
 
