@@ -104,13 +104,15 @@ def test_family_without_adapters_refuses_them_by_name():
         resolve_request_loras(instance, (("x", 1.0),))
 
 
-def test_runs_with_adapters_step_alone(gen, wan):
+def test_runs_with_adapters_batch_with_their_adapter_set(gen, wan):
     gen.load_lora("a", wan[1])
     try:
         plain = gen.engine.start(build_request(gen.card, "a kite", **KW))
         adapted = gen.engine.start(build_request(gen.card, "a kite", loras={"a": 1.0}, **KW))
-        # A batched forward would apply one run's adapters to every row: the batching driver keeps them apart.
-        assert not plain.intercepted and adapted.intercepted
+        # Both may share a batched forward: each run's adapters go to its own rows (rows_scope); the set is what
+        # lora_batching="grouped" keys by.
+        assert not plain.intercepted and not adapted.intercepted
+        assert plain.adapter_set == () and adapted.adapter_set == (("a", 1.0),)
         plain.close()
         adapted.close()
     finally:
