@@ -32,8 +32,8 @@ for path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, path)
 
 from gpu_plan import (  # noqa: E402
-    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FULL_STEPS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS, forward_flops,
-    module_available, plan_lines, step_flops,
+    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FULL_STEPS, LORA_ROWS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS,
+    forward_flops, module_available, plan_lines, step_flops,
 )
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu"
@@ -228,7 +228,7 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
             report["scoring_error"] = f"{type(exc).__name__}: {exc}"
         _write(out, report, started)  # after every row: a cut-short slot still leaves results
     peak, _ = _peak_flops(env)
-    for dit in DIT_ROWS:
+    for dit in (*DIT_ROWS, *LORA_ROWS):
         elapsed, estimate = time.time() - started, dit.estimate_s()
         left = BUDGET_S - elapsed
         if estimate > left or left < MIN_WORKER_S:
@@ -264,7 +264,12 @@ def main() -> int:
         from gpu_workers import print_result, run_dit_worker, run_worker
 
         dits = {row.name: row for row in DIT_ROWS}
-        if args.worker in dits:
+        loras = {row.name: row for row in LORA_ROWS}
+        if args.worker in loras:
+            from gpu_lora_worker import run_lora_worker
+
+            print_result(run_lora_worker(loras[args.worker]))
+        elif args.worker in dits:
             print_result(run_dit_worker(dits[args.worker]))
         else:
             print_result(run_worker(args.worker, args.checkpoint, args.latents))

@@ -153,6 +153,33 @@ DIT_ROWS: tuple[DitRow, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class LoraRow(DitRow):
+    """A denoiser timed with LoRA adapters (random, on every attention and FFN linear of every block): per step,
+    0 adapters, then each count in `counts` fused and applied at run time (vidloom.lora.apply.LoRALinear)."""
+
+    rank: int = 16
+    counts: tuple[int, ...] = (1, 4)
+    timed: int = 2
+    """Timed forwards per setting, after one warm one."""
+
+    def settings(self) -> list[tuple[str, int]]:
+        # Fused first: the run-time settings wrap the linears, and a fused step should not pay for the wrapper.
+        return [("base", 0)] + [(mode, n) for mode in ("fused", "run-time") for n in self.counts]
+
+    def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
+        build_s, fuse_s = 5.0, 2.0 * len(self.counts)
+        forwards = len(self.settings()) * (1 + self.timed)
+        return PROCESS_START_S + build_s + fuse_s + forwards * self.step_flops() / (peak * self.mfu)
+
+
+# LoRA: Wan2.1-1.3B at its published config and workload; rank-16 adapters (the common size for style LoRAs).
+LORA_ROWS: tuple[LoraRow, ...] = (
+    LoraRow("wan2.1-1.3b lora 0/1/4", WAN_1_3B, HEIGHT, WIDTH, NUM_FRAMES, vae_temporal=VAE_TEMPORAL,
+            vae_spatial=VAE_SPATIAL),
+)
+
+
 def module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -180,12 +207,14 @@ def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
         step_s = step / (peak * config.mfu)
         lines.append(f"  {config.name:<26} MFU {config.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s")
         total += seconds
-    for row in DIT_ROWS:
+    for row in (*DIT_ROWS, *LORA_ROWS):
         if row.name in skipped:
             lines.append(f"  {row.name:<26} skipped: {skipped[row.name]}")
             continue
         seconds, step_s = row.estimate_s(peak), row.step_flops() / (peak * row.mfu)
+        what = (f"DiT alone; {', '.join(f'{m} {n}' for m, n in row.settings())} rank-{row.rank} adapters"
+                if isinstance(row, LoraRow) else "DiT alone")
         lines.append(f"  {row.name:<26} MFU {row.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
-                     f"({row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, DiT alone)")
+                     f"({row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, {what})")
         total += seconds
     return lines, total

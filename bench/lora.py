@@ -1,10 +1,11 @@
 """LoRA cost on a random Flux2 Klein: denoise step time with 0, 1 and 4 adapters (rank 16 on every block linear),
 run-time (per-request LoRALinear) vs fused into the weights at load (`fuse_loras`); throughput of 8 concurrent
-requests (AsyncEngine policy "batch") with no adapters vs spread over 4 adapters (runs with adapters step alone:
-grouped, not merged into one forward); and the step gap running jobs see while adapters load beside them (the
-loads run on another thread, as POST /v1/loras does: does loading stall other jobs' steps?).
+requests (AsyncEngine policy "batch") with no adapters vs spread over 4 adapters, "mixed" (one forward, each
+adapter applied to its own rows) vs "grouped" (one forward per adapter set); and the step gap running jobs see
+while adapters load beside them (the loads run on another thread, as POST /v1/loras does: does loading stall
+other jobs' steps?).
 
-    OMP_NUM_THREADS=1 python bench/lora.py [--size tiny|mid] [--device cpu]
+    OMP_NUM_THREADS=1 python bench/lora.py [--size tiny|mid] [--device cpu] [--only batching]
 
 The JSON notes the machine's load average: on a shared CI box the absolute times move, the ratios less.
 """
@@ -71,17 +72,47 @@ def _step_times(engine, request) -> list[float]:
     return times
 
 
-def _throughput(engine, requests) -> float:
+def _throughput(engine, requests, lora_batching: str = "mixed") -> tuple[float, dict]:
+    """Images per second for `requests` submitted at once (policy batch), and the batch stats."""
     from vidloom.runtime.async_engine import AsyncEngine
 
-    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=len(requests))
+    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=len(requests),
+                               lora_batching=lora_batching)
     try:
         started = time.perf_counter()
         for handle in [async_engine.submit(r) for r in requests]:
             handle.wait(600)
-        return len(requests) / (time.perf_counter() - started)
+        return len(requests) / (time.perf_counter() - started), async_engine.batch_stats
     finally:
         async_engine.close()
+
+
+def _batching(gen, names: list[str], height: int, width: int, repeats: int) -> tuple[dict, list[list[str]]]:
+    """8 concurrent requests over 4 adapters, "mixed" (one forward, each adapter on its rows) vs "grouped" (one
+    forward per adapter set), and the same 8 without adapters; interleaved round by round (round 0 warms up)."""
+    from dataclasses import replace
+
+    plain = [_request(i, height, width) for i in range(8)]
+    mixed = [replace(r, loras=((names[i % 4], 0.5),)) for i, r in enumerate(plain)]
+    settings = {"no adapters": (plain, "mixed"), "4 adapters, mixed": (mixed, "mixed"),
+                "4 adapters, grouped": (mixed, "grouped")}
+    rates: dict[str, list[float]] = {label: [] for label in settings}
+    stats: dict[str, dict] = {}
+    loads = []
+    for round_ in range(repeats + 1):
+        for label, (requests, mode) in settings.items():
+            loads.append(os.getloadavg()[0])
+            rate, stats[label] = _throughput(gen.engine, requests, mode)
+            if round_:
+                rates[label].append(rate)
+    payload = {label: {"img_per_s_median": round(statistics.median(r), 3), "img_per_s_max": round(max(r), 3),
+                       "rounds": [round(x, 3) for x in r], "batch_stats": stats[label]} for label, r in rates.items()}
+    grouped = statistics.median(rates["4 adapters, grouped"])
+    payload["mixed_vs_grouped"] = round(statistics.median(rates["4 adapters, mixed"]) / grouped, 3)
+    payload["loadavg_per_run"] = [round(x, 2) for x in loads]
+    rows = [[f"8 requests, {label}", f"{statistics.median(r):.2f} img/s median ({max(r):.2f} max)",
+             f"{statistics.median(r) / grouped:.2f}x grouped"] for label, r in rates.items()]
+    return payload, rows
 
 
 def _gaps(events: list[tuple[str, str, float]]) -> list[float]:
@@ -154,6 +185,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (every setting once per round)")
     parser.add_argument("--gap-jobs", type=int, default=3, help="jobs per step-gap round")
+    parser.add_argument("--only", choices=["batching"], default=None,
+                        help="run one part: batching (8 requests over 4 adapters, mixed vs grouped)")
     args = parser.parse_args()
     from dataclasses import replace
 
@@ -172,6 +205,11 @@ def main() -> None:
                "load_note": f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start (a CI run of "
                             "the whole test suite shares this machine); settings are measured interleaved, round "
                             "by round, so the load drifts over all of them alike; min is the least disturbed"}
+    if args.only == "batching":
+        payload["batching"], rows = _batching(gen, names, height, width, args.repeats)
+        print_table(["what", "value", "vs grouped"], rows)
+        write_json(f"lora-batching-{args.size}-{args.device}.json", payload)
+        return
     # (label, engine, the request's loras): the fused engines hold their adapters in the weights.
     settings = [("0 adapters", gen.engine, ())]
     for count in (1, 4):
@@ -192,12 +230,8 @@ def main() -> None:
                                                          "min": round(1000 * min(measured), 2)}
         value = f"{1000 * statistics.median(measured):.1f} ms median, {1000 * min(measured):.1f} min"
         rows.append([f"step, {label}", value, f"{min(measured) / base:.2f}x (min)"])
-    plain = [_request(i, height, width) for i in range(8)]
-    mixed = [replace(r, loras=((names[i % 4], 0.5),)) for i, r in enumerate(plain)]
-    for label, requests in (("8 requests, no adapters (batched)", plain), ("8 requests over 4 adapters (grouped)", mixed)):
-        rate = _throughput(gen.engine, requests)
-        payload[label] = round(rate, 3)
-        rows.append([label, f"{rate:.2f} img/s", ""])
+    payload["batching"], batching_rows = _batching(gen, names, height, width, args.repeats)
+    rows += batching_rows
 
     big = _adapters(folder, 2, GAP_RANK)
     modes = {"no loading": None, "loads back to back": _loader(gen, big, 0.0), "a load every 0.5 s": _loader(gen, big, 0.5)}

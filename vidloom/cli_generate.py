@@ -32,7 +32,7 @@ FLAG_OF_FIELD: dict[str, str] = {
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
     "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
     "reason": "--reason", "sound": "--sound",
-    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", **ACTION_FLAGS,
+    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", "fuse_loras": "--fuse-loras", **ACTION_FLAGS,
     "camera": "--camera", "c2w": "--c2w", "intrinsics": "--intrinsics",
     "seconds": "--seconds", "seconds_start": "--seconds-start", "init_audio": "--init-audio",
 }
@@ -140,9 +140,14 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
 
     started = time.perf_counter()
     loras = loras or {}
+    fuse = bool(getattr(args, "fuse_loras", False))
+    if fuse and not loras:
+        raise InvalidRequest("fuse_loras", "--fuse-loras needs the adapters to fuse (--lora PATH[:SCALE])")
+    # Fused: the adapters go into the weights at load; the request still names them (the fused set at its scales).
     with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy,
-                                        max_loras=len(loras) or None) as generator:
-        for name, (path, _) in loras.items():
+                                        max_loras=None if fuse else len(loras) or None,
+                                        fuse_loras=dict(loras) if fuse else None) as generator:
+        for name, (path, _) in loras.items() if not fuse else ():
             generator.load_lora(name, path)
         guard.check()
         bars = ProgressBars()

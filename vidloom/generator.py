@@ -84,8 +84,10 @@ class VideoGenerator:
                 from vidloom.runtime.parallel.launch import launch_engine
 
                 if max_loras is not None or fuse_loras:
+                    from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
+
                     field = "max_loras" if max_loras is not None else "fuse_loras"
-                    raise DeployError(f"{field}: LoRA adapters are not supported on multi-device engines yet")
+                    raise DeployError(f"{field}: {ADAPTERS_REFUSED}")
                 engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
             else:
                 instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
@@ -145,7 +147,9 @@ class VideoGenerator:
         from vidloom.runtime.parallel.engine import ParallelEngine
 
         if isinstance(self.engine, ParallelEngine):
-            raise DeployError(f"{what}: LoRA adapters are not supported on multi-device engines yet")
+            from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
+
+            raise DeployError(f"{what}: {ADAPTERS_REFUSED}")
         return self.engine.instance
 
     def generate(

@@ -165,3 +165,63 @@ def tie_and_rewrite_flux2_aitoolkit(peft_file: Path, tied: Path, out: Path) -> t
     save_file(tied_state, str(tied))
     save_file(written, str(out))
     return tied, out
+
+
+def rewrite_flux2_kohya(peft_file: Path, out: Path) -> Path:
+    """The same adapter as Kohya's sd-scripts names it (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`,
+    `.alpha` per module): each q/k/v triple becomes one fused qkv LoRA of rank 3r, its down factors stacked and its
+    up factor block-diagonal (the split-qkv layout diffusers' converter detects as "sparse"), alpha scaled by 3 so
+    alpha / rank is unchanged. The inverse of diffusers' _convert_kohya_flux2_lora_to_diffusers."""
+    from safetensors.torch import save_file
+
+    modules, alphas = _peft_modules(peft_file)
+    written = {}
+    for fused, (q, k, v) in _FLUX2_FUSED.items():
+        for module in [m for m in modules if m.endswith("." + q)]:
+            block = module[: -len(q) - 1]
+            group = [modules.pop(f"{block}.{name}") for name in (q, k, v)]
+            alpha = alphas.get(module, group[0]["A"].shape[0])
+            name = "lora_unet_" + (block.replace("transformer_blocks.", "double_blocks.") + "." + fused).replace(".", "_")
+            written[f"{name}.lora_down.weight"] = torch.cat([f["A"] for f in group])
+            written[f"{name}.lora_up.weight"] = torch.block_diag(*[f["B"] for f in group])
+            written[f"{name}.alpha"] = torch.tensor(3.0 * alpha)
+    for module, factors in modules.items():
+        name = module
+        for ours, theirs in _FLUX2_AITOOLKIT:
+            name = name.replace(ours, theirs)
+        name = "lora_unet_" + name.replace(".", "_")
+        written[f"{name}.lora_down.weight"] = factors["A"]
+        written[f"{name}.lora_up.weight"] = factors["B"]
+        written[f"{name}.alpha"] = torch.tensor(float(alphas.get(module, factors["A"].shape[0])))
+    save_file(written, str(out))
+    return out
+
+
+def write_ltx2_lora_with_connectors(checkpoint: Path, transformer_spec: LoRASpec, connectors_spec: LoRASpec,
+                                    out: Path) -> Path:
+    """One LTX-2 adapter file on the transformer and the text connectors (`connectors.` keys), each with its own
+    LoraConfig in the metadata, as diffusers' LTX2LoraLoaderMixin reads it (save_lora_weights writes only the
+    transformer, so the two parts go through the pipeline's own _save_lora_weights)."""
+    import diffusers
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    layers, metadata = {}, {}
+    for name, cls, spec in (("transformer", diffusers.LTX2VideoTransformer3DModel, transformer_spec),
+                            ("connectors", LTX2TextConnectors, connectors_spec)):
+        model = cls.from_pretrained(str(checkpoint / name), torch_dtype=torch.float32)
+        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, init_lora_weights=True,
+                            target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets))
+        model.add_adapter(config, adapter_name="default")
+        g = torch.Generator().manual_seed(spec.seed)
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if ".lora_A." in key or ".lora_B." in key:
+                    param.copy_(torch.randn(param.shape, generator=g) * spec.std)
+        layers[name] = get_peft_model_state_dict(model, adapter_name="default")
+        metadata[name] = config.to_dict()
+    weight_name = f"LTX2Pipeline-connectors-{connectors_spec.seed}.safetensors"
+    diffusers.LTX2Pipeline._save_lora_weights(save_directory=str(out), lora_layers=layers, lora_metadata=metadata,
+                                              weight_name=weight_name)
+    return out / weight_name

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_plan import BUDGET_S, CONFIGS, DIT_ROWS, forward_flops, tokens  # noqa: E402
+from gpu_plan import BUDGET_S, CONFIGS, DIT_ROWS, LORA_ROWS, forward_flops, tokens  # noqa: E402
 
 
 def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
@@ -26,7 +26,7 @@ def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
     assert match, lines[-1]
     assert 0 < int(match.group(1)) <= BUDGET_S
     assert lines[0].startswith("environment: ")
-    for config in (*CONFIGS, *DIT_ROWS):  # every row is planned or skipped with a reason
+    for config in (*CONFIGS, *DIT_ROWS, *LORA_ROWS):  # every row is planned or skipped with a reason
         assert any(line.strip().startswith(config.name) for line in lines), config.name
     assert not (tmp_path / "gpu").exists(), "a dry run writes nothing"
 
@@ -89,3 +89,21 @@ def test_dit_rows_plan_every_family_row_and_time_a_tiny_denoiser_on_cpu():
     row = run_dit_worker(tiny, device="cpu", dtype="float32")
     assert row["finite"] and row["s_per_step"] > 0 and len(row["step_intervals_s"]) == 4, row  # 4 timed forwards
     assert row["tokens"] == 2 * 2 * 2
+
+
+def test_lora_row_times_every_adapter_setting_of_a_tiny_denoiser_on_cpu():
+    # The LoRA row the H200 runs (Wan2.1-1.3B, rank 16, 0/1/4 adapters run-time vs fused) on a tiny config.
+    import dataclasses
+
+    from gpu_lora_worker import run_lora_worker
+    from gpu_plan import WAN_1_3B
+
+    tiny = dataclasses.replace(
+        LORA_ROWS[0], transformer=dict(WAN_1_3B, num_attention_heads=2, attention_head_dim=16, ffn_dim=32,
+                                       num_layers=2, text_dim=32, freq_dim=16), height=64, width=64, num_frames=5,
+        rank=4)
+    row = run_lora_worker(tiny, device="cpu", dtype="float32")
+    assert set(row["settings"]) == {"base 0", "fused 1", "fused 4", "run-time 1", "run-time 4"}, row
+    for name, setting in row["settings"].items():
+        assert setting["finite"] and setting["s_per_step"] > 0 and len(setting["step_intervals_s"]) == 2, name
+    assert row["settings"]["fused 4"]["fuse_s"] >= 0 and row["vs_base"]["base 0"] == 1.0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.lora_files import LoRASpec, rewrite_ltx2_original, write_lora
+from tests.helpers.lora_files import LoRASpec, rewrite_ltx2_original, write_lora, write_ltx2_lora_with_connectors
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
@@ -112,6 +112,44 @@ def test_adapters_on_video_and_audio_branches_match_pipeline(setup, tiny_ltx2_di
     gen.unload_lora("audio")
     after = _ours(engine)
     assert np.array_equal(after[0], base[0]) and np.array_equal(after[1], base[1])
+
+
+# The connectors' projection(s) and every linear of their 1D transformer blocks (both streams), at alpha != rank.
+CONNECTORS_SPEC = LoRASpec(rank=4, alpha=6, seed=13, std=0.6,
+                           targets=r".*(text_proj_in|to_q|to_k|to_v|to_out\.0|ff\.net\.0\.proj|ff\.net\.2)")
+
+
+def test_adapters_on_the_text_connectors_match_pipeline_and_key_the_prompt_cache(setup, tiny_ltx2_dir, tmp_path):
+    pipe, files = setup
+    path = write_ltx2_lora_with_connectors(tiny_ltx2_dir, LORAS["video"], CONNECTORS_SPEC, tmp_path)
+    gen = VideoGenerator.from_pretrained(tiny_ltx2_dir, device="cpu", deploy=DeployConfig(prompt_cache_size=8))
+    gen.load_lora("both", path)
+    gen.load_lora("video", files["video"])
+    assert any(key.startswith("connectors:") for key in gen.engine.instance.components["lora_adapters"]
+               .adapters[0].layers)
+    pipe.load_lora_weights(str(path), adapter_name="both")
+    engine = _engine(gen, SETTINGS)
+    try:
+        base = _ours(engine)  # fills the prompt cache without adapters
+        pipe.set_adapters(["both"], adapter_weights=[0.8])
+        one = _ours(engine, {"both": 0.8})
+        _close(one, _reference(pipe))
+        # The connectors part alone moves the output: same transformer adapter, with and without the connectors'.
+        assert _moved(one, _ours(engine, {"video": 0.8}))[0] > MIN_VIDEO_EFFECT
+        pipe.set_adapters(["both"], adapter_weights=[-0.5])
+        _close(_ours(engine, {"both": -0.5}), _reference(pipe))  # another scale: another cache key
+        assert np.array_equal(_ours(engine, {"both": 0.8})[0], one[0])  # a cache hit under the same adapters
+    finally:
+        pipe.unload_lora_weights()
+    gen.unload_lora("both")
+    gen.unload_lora("video")
+    after = _ours(engine)
+    assert np.array_equal(after[0], base[0]) and np.array_equal(after[1], base[1])
+    text = gen.engine.instance.components["text_encoder"]
+    assert text.cache.hits >= 2, "the base prompt and the repeated adapter run should both hit the cache"
+    # Fused mode folds the connectors' update into their weights too (fp32: within the same 1e-4).
+    fused = VideoGenerator.from_pretrained(tiny_ltx2_dir, device="cpu", fuse_loras={"both": (path, 0.8)})
+    _close(_ours(_engine(fused, SETTINGS), {"both": 0.8}), one)
 
 
 def test_original_ltx2_keys_load_as_the_peft_file(tiny_ltx2_dir, tmp_path):

@@ -7,7 +7,7 @@ it one (vidloom.lora.LORA_ADAPTERS), so runtime code stays free of family and ad
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Protocol
+from typing import Any, ContextManager, Protocol, Sequence
 
 from vidloom.core.errors import InvalidRequest
 
@@ -28,6 +28,11 @@ class StepAdapters(Protocol):
         """The run that resolved `loras` has ended: its adapters are no longer held (they may be evicted)."""
         ...
 
+    def rows_scope(self, parts: Sequence[tuple[Any | None, int]]) -> ContextManager[None]:
+        """A context for one forward over several runs' stacked rows: part i is (what run i resolved, or None;
+        its number of rows), in stacking order; each run's adapters apply to its rows only."""
+        ...
+
 
 class NoAdapters:
     """An engine built without adapters: a request that names one is refused, naming the field."""
@@ -42,6 +47,9 @@ class NoAdapters:
 
     def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
         return None
+
+    def rows_scope(self, parts: Sequence[tuple[Any | None, int]]) -> ContextManager[None]:
+        return contextlib.nullcontext()
 
 
 NO_ADAPTERS = NoAdapters()

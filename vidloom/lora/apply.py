@@ -9,17 +9,19 @@ work (`RequestRun`: a step, or the loop code between steps, which may call the t
 when the unit returns; the device worker runs one unit at a time on its thread, so a unit of another request
 (interleaved at unit boundaries, never inside one) always runs under its own scope, and a ContextVar is private
 to its thread, so nothing leaks between workers either.
-Steps of runs with adapters are never merged into another run's batched forward (they run alone), so the
-scope always describes every row of the forward it covers.
+A batched forward over several runs (runtime.batching, policy "batch") runs under a rows scope instead
+(`lora_rows_scope`): each run's adapters are applied to its own rows of the stacked batch, the way
+multi-LoRA LLM servers batch requests with different adapters.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -33,7 +35,32 @@ class ActiveLoRAs:
     layers: Mapping[str, tuple[tuple[LoRALayer, float], ...]]
 
 
-_ACTIVE: ContextVar[ActiveLoRAs | None] = ContextVar("vidloom_active_loras", default=None)
+@dataclass(frozen=True)
+class RowLoRAs:
+    """Several runs' adapters in one batched forward: parts[i] = (its adapters or None, first row, end row) of
+    the stacked batch of `total` rows. A forward whose batch is k x total (CFG passes stacked as [cond; uncond])
+    repeats the layout k times."""
+
+    parts: tuple[tuple[ActiveLoRAs | None, int, int], ...]
+    total: int
+
+
+_ACTIVE: ContextVar[ActiveLoRAs | RowLoRAs | None] = ContextVar("vidloom_active_loras", default=None)
+
+
+@contextlib.contextmanager
+def lora_rows_scope(parts: Sequence[tuple[ActiveLoRAs | None, int]]) -> Iterator[None]:
+    """Run the body (one batched forward) with each part's adapters applied to its rows (runtime.batching stacks
+    the runs' samples in this order)."""
+    spans, start = [], 0
+    for active, rows in parts:
+        spans.append((active, start, start + rows))
+        start += rows
+    token = _ACTIVE.set(RowLoRAs(tuple(spans), start) if any(a is not None for a, _, _ in spans) else None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager
@@ -47,8 +74,10 @@ def lora_scope(active: ActiveLoRAs | None) -> Iterator[None]:
 
 
 def current_loras() -> ActiveLoRAs | None:
-    """The adapters of the scope the caller runs in (None: base weights)."""
-    return _ACTIVE.get()
+    """The adapters of the one-run scope the caller runs in (None: base weights; never a batched forward's rows,
+    which only LoRALinear reads)."""
+    active = _ACTIVE.get()
+    return active if isinstance(active, ActiveLoRAs) else None
 
 
 def with_adapter(active: ActiveLoRAs | None, adapter: Mapping[str, LoRALayer], scale: float = 1.0) -> ActiveLoRAs:
@@ -58,6 +87,21 @@ def with_adapter(active: ActiveLoRAs | None, adapter: Mapping[str, LoRALayer], s
     for key, layer in adapter.items():
         merged.setdefault(key, []).append((layer, scale))
     return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
+
+
+def component_loras(active: ActiveLoRAs | None, component: str) -> tuple[tuple[str, tuple[tuple[LoRALayer, float], ...]], ...]:
+    """The entries of `active` on `component`'s linears, sorted by key (empty: none there). What a cache of that
+    component's outputs must key by (vidloom.recipes.ltx2.text: the prompt cache and the text connectors)."""
+    if active is None:
+        return ()
+    prefix = component + ":"
+    return tuple(sorted((key, entries) for key, entries in active.layers.items() if key.startswith(prefix)))
+
+
+def loras_signature(entries: tuple[tuple[str, tuple[tuple[LoRALayer, float], ...]], ...]) -> str:
+    """A cache-key part for `entries` (component_loras): each layer's identity and scale. Identities are only
+    unique among live objects, so a cache keyed by this must keep `entries` alive as long as the key."""
+    return ";".join(f"{key}=" + ",".join(f"{id(layer):x}*{scale!r}" for layer, scale in pairs) for key, pairs in entries)
 
 
 class LoRALinear(nn.Module):
@@ -80,14 +124,37 @@ class LoRALinear(nn.Module):
         active = _ACTIVE.get()
         if active is None:
             return y
-        # Same order as PEFT's Linear.forward (base, then each adapter's B(A x) * scaling in turn), so
-        # mixing matches diffusers' set_adapters to rounding.
-        for layer, scale in active.layers.get(self.key, ()):
-            y = y + F.linear(F.linear(x.to(layer.down.dtype), layer.down), layer.up) * (layer.scaling * scale)
-        return y
+        if isinstance(active, RowLoRAs):
+            return self._rows(x, y, active)
+        return _add_updates(x, y, active.layers.get(self.key, ()))
+
+    def _rows(self, x: Tensor, y: Tensor, active: RowLoRAs) -> Tensor:
+        """Each part's updates on its rows only (in every repeat of the stacked layout)."""
+        repeats, rest = divmod(x.shape[0], active.total)
+        if rest or not repeats:
+            raise RuntimeError(f"{self.key}: a batch of {x.shape[0]} rows is not a repeat of the {active.total} "
+                               "stacked rows the adapters were laid out for")
+        spans = [(part.layers.get(self.key, ()) if part is not None else (), start, stop)
+                 for part, start, stop in active.parts]
+        if not any(entries for entries, _, _ in spans):
+            return y  # no run in this batch adapts this layer
+        pieces = []
+        for r in range(repeats):
+            for entries, start, stop in spans:
+                lo, hi = r * active.total + start, r * active.total + stop
+                pieces.append(_add_updates(x[lo:hi], y[lo:hi], entries) if entries else y[lo:hi])
+        return torch.cat(pieces)
 
     def extra_repr(self) -> str:
         return f"key={self.key!r}"
+
+
+def _add_updates(x: Tensor, y: Tensor, entries: tuple[tuple[LoRALayer, float], ...]) -> Tensor:
+    # Same order as PEFT's Linear.forward (base, then each adapter's B(A x) * scaling in turn), so
+    # mixing matches diffusers' set_adapters to rounding.
+    for layer, scale in entries:
+        y = y + F.linear(F.linear(x.to(layer.down.dtype), layer.down), layer.up) * (layer.scaling * scale)
+    return y
 
 
 def wrap_linears(module: nn.Module, component: str, names: list[str]) -> int:

@@ -56,6 +56,14 @@ KeyConverter = Callable[[Path, dict[str, torch.Tensor]], dict[str, torch.Tensor]
 def read_lora_file(path: str | Path, component: str, convert: KeyConverter | None = None) -> LoRAFile:
     """Read `path` (in a community format `convert` understands, or diffusers/PEFT keys); CheckpointError names
     the file and the first key not understood."""
+    return read_lora_components(path, (component,), convert)[component]
+
+
+def read_lora_components(path: str | Path, components: tuple[str, ...],
+                         convert: KeyConverter | None = None) -> dict[str, LoRAFile]:
+    """Read `path` for each of `components` (a family's LoRA prefixes, such as LTX-2's transformer and
+    connectors); a file need not touch every one, but each key must belong to one of them. {component: its
+    layers} for the components the file has weights for."""
     path = Path(path)
     try:
         exists = path.is_file()
@@ -71,11 +79,22 @@ def read_lora_file(path: str | Path, component: str, convert: KeyConverter | Non
         raise CheckpointError(f"{path}: not a readable safetensors LoRA file ({exc})") from None
     if convert is not None:
         tensors = convert(path, tensors)
-    config = _component_config(path, metadata, component)
-    grouped = _group(path, tensors, component)
-    if not grouped:
-        raise CheckpointError(f"{path}: no LoRA weights for the {component!r} component")
-    return LoRAFile(path, {name: _layer(path, name, parts, config) for name, parts in grouped.items()})
+    prefixes = tuple(c + "." for c in components)
+    for key in tensors:
+        if not key.startswith(prefixes):
+            expected = " or ".join(f"'{p}<module>.lora_A.weight'" for p in prefixes)
+            raise CheckpointError(f"{path}: key {key!r} is not a diffusers/PEFT LoRA key for the "
+                                  f"{' / '.join(map(repr, components))} component (expected {expected})")
+    files = {}
+    for component in components:
+        grouped = _group(path, {k: v for k, v in tensors.items() if k.startswith(component + ".")}, component)
+        if grouped:
+            config = _component_config(path, metadata, component)
+            files[component] = LoRAFile(path, {name: _layer(path, name, parts, config)
+                                               for name, parts in grouped.items()})
+    if not files:
+        raise CheckpointError(f"{path}: no LoRA weights for the {' / '.join(map(repr, components))} component")
+    return files
 
 
 def _component_config(path: Path, metadata: Mapping[str, str], component: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 One converter per family, each accepting what diffusers' loader for that family accepts (the
 `lora_state_dict` of its LoraLoaderMixin and the converters it calls in lora_conversion_utils): the
-original repos' module names (LTX-2's `diffusion_model.` checkpoints), and more as families are added.
+original repos' module names (`diffusion_model.`), musubi-tuner's and Kohya sd-scripts' `lora_unet_` names.
 A file already in diffusers/PEFT keys passes through unchanged. A key no rule understands is refused
 naming the file and the key, never dropped: an adapter that silently lost layers would run and look fine.
 """
@@ -42,25 +42,24 @@ _LTX2_CONNECTORS = "text_embedding_projection."
 
 
 def ltx2_keys(path: Path, tensors: Tensors) -> Tensors:
-    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>`) -> `transformer.<diffusers name>`.
+    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>` -> `transformer.<diffusers name>`,
+    `text_embedding_projection.<name>` -> `connectors.<name>`, its `aggregate_embed` renamed `text_proj_in`).
 
-    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` key is read as an original-format
-    file. Adapters on the text connectors (`text_embedding_projection.`) are refused by name: our connectors run
-    inside the prompt cache, so a per-request adapter there would need a cache keyed by adapter set.
+    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` or `text_embedding_projection.` key
+    is read as an original-format file; diffusers/PEFT files (`transformer.` / `connectors.`) pass unchanged.
     """
-    for key in tensors:
-        if key.startswith(_LTX2_CONNECTORS) or key.startswith("connectors."):
-            raise CheckpointError(
-                f"{path}: key {key!r} targets LTX-2's text connectors; adapters on the connectors are not "
-                "supported yet (only the transformer's)"
-            )
-    if not any(key.startswith(_ORIGINAL) for key in tensors):
+    if not any(key.startswith((_ORIGINAL, _LTX2_CONNECTORS)) for key in tensors):
         return tensors
     converted: Tensors = {}
     for key, tensor in tensors.items():
+        if key.startswith(_LTX2_CONNECTORS):
+            segments = ["text_proj_in" if s == "aggregate_embed" else s for s in key[len(_LTX2_CONNECTORS):].split(".")]
+            converted["connectors." + ".".join(segments)] = tensor
+            continue
         if not key.startswith(_ORIGINAL):
             raise CheckpointError(
-                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' key (the file's other keys are)"
+                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' or '{_LTX2_CONNECTORS}<module>' key "
+                "(the file's other keys are)"
             )
         segments = [_LTX2_SEGMENTS.get(s, s) for s in key[len(_ORIGINAL):].split(".")]
         segments[0] = _LTX2_HEADS.get(segments[0], segments[0])
@@ -198,11 +197,10 @@ def _flux2_modules(module: str) -> tuple[str, ...] | None:
 
 def flux2_keys(path: Path, tensors: Tensors) -> Tensors:
     """Flux2 files from ai-toolkit / BFL's repo (`diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight`, or
-    lora_down / lora_up) -> `transformer.<diffusers>`. Kohya's `lora_unet_` files are refused by name."""
-    if any(key.startswith("lora_unet_") for key in tensors):
-        key = next(key for key in tensors if key.startswith("lora_unet_"))
-        raise CheckpointError(f"{path}: key {key!r} is a Kohya (sd-scripts) Flux2 key; that format is not "
-                              "supported yet (ai-toolkit 'diffusion_model.' and diffusers/PEFT files are)")
+    lora_down / lora_up) and Kohya's sd-scripts (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, with
+    `.alpha`) -> `transformer.<diffusers>`."""
+    if any(key.startswith(_KOHYA) for key in tensors):
+        return _flux2_kohya_keys(path, tensors)
     if not any(key.startswith(_ORIGINAL) for key in tensors):
         return tensors
     converted: Tensors = {}
@@ -221,3 +219,80 @@ def flux2_keys(path: Path, tensors: Tensors) -> Tensors:
         for name, part in zip(modules, parts):
             converted[f"transformer.{name}.{factor}"] = part.contiguous()
     return converted
+
+
+# -- Flux2 as Kohya's sd-scripts writes it (diffusers' _convert_kohya_flux2_lora_to_diffusers) -------------------
+
+_KOHYA = "lora_unet_"
+# Kohya flattens BFL's module names with underscores; these are the ones diffusers' Kohya Flux2 converter maps
+# (others, such as the modulation linears, it drops with a warning; we refuse them).
+_KOHYA_FLUX2_TOP = {"img_in": "img_in", "txt_in": "txt_in", "time_in_in_layer": "time_in.in_layer",
+                    "time_in_out_layer": "time_in.out_layer", "final_layer_linear": "final_layer.linear"}
+_KOHYA_FLUX2_DOUBLE = ("img_attn_proj", "img_attn_qkv", "txt_attn_proj", "txt_attn_qkv", "img_mlp_0", "img_mlp_2",
+                       "txt_mlp_0", "txt_mlp_2")
+_KOHYA_FLUX2_BLOCK = re.compile(r"(double_blocks|single_blocks)_(\d+)_(.+)")
+
+
+def _kohya_flux2_module(name: str) -> str | None:
+    """`double_blocks_0_img_attn_qkv` -> `double_blocks.0.img_attn.qkv` (the ai-toolkit name); None: no rule."""
+    if name in _KOHYA_FLUX2_TOP:
+        return _KOHYA_FLUX2_TOP[name]
+    match = _KOHYA_FLUX2_BLOCK.fullmatch(name)
+    if match is None:
+        return None
+    kind, n, rest = match.groups()
+    if kind == "single_blocks":
+        return f"single_blocks.{n}.{rest}" if rest in ("linear1", "linear2") else None
+    if rest not in _KOHYA_FLUX2_DOUBLE:
+        return None
+    head, _, last = rest.rpartition("_")  # img_attn_qkv -> img_attn.qkv, txt_mlp_0 -> txt_mlp.0
+    return f"double_blocks.{n}.{head}.{last}"
+
+
+def _flux2_kohya_keys(path: Path, tensors: Tensors) -> Tensors:
+    """Kohya's factors keep their `.alpha` (files.py reads it as PEFT's lora_alpha: scaling alpha / r, the update
+    diffusers gets by folding alpha / r into the factors). A fused qkv becomes three adapters: when its up factor
+    is block-diagonal (rank 3r, each projection trained with its own r rows, as sd-scripts' split-qkv option writes
+    it) each projection keeps its own r-row slice of the down factor, as diffusers' "sparse" case; else the one
+    down factor is shared and the up factor's rows are split in three."""
+    modules: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        split = _split_factor(key[len(_KOHYA):]) if key.startswith(_KOHYA) else None
+        module = _kohya_flux2_module(split[0]) if split is not None else None
+        if module is None or split is None or split[1] not in ("lora_A.weight", "lora_B.weight", "alpha"):
+            raise _not_understood(path, key, "Kohya Flux2")
+        modules.setdefault(module, {})[split[1]] = tensor
+    converted: Tensors = {}
+    for module, factors in modules.items():
+        targets = _flux2_modules(module)
+        assert targets is not None  # every name _kohya_flux2_module returns has an ai-toolkit rule
+        down, up = factors.get("lora_A.weight"), factors.get("lora_B.weight")
+        if down is None or up is None:
+            key = next(k for k in tensors if _kohya_flux2_module(k[len(_KOHYA):].partition(".")[0]) == module)
+            raise CheckpointError(f"{path}: key {key!r} has no {'lora_up' if up is None else 'lora_down'} partner "
+                                  "(each Kohya layer needs lora_down and lora_up)")
+        alpha = factors.get("alpha")
+        pieces = _split_qkv(path, module, down, up) if len(targets) == 3 else [(down, up)]
+        for name, (piece_down, piece_up) in zip(targets, pieces):
+            prefix = f"transformer.{name}"
+            converted[f"{prefix}.lora_A.weight"] = piece_down.contiguous()
+            converted[f"{prefix}.lora_B.weight"] = piece_up.contiguous()
+            if alpha is not None:  # alpha is per rank: a 3r-row slice of r rows keeps alpha / 3r as its scaling
+                rank_share = piece_down.shape[0] / down.shape[0]
+                converted[f"{prefix}.alpha"] = alpha.float() * rank_share
+    return converted
+
+
+def _split_qkv(path: Path, module: str, down: torch.Tensor, up: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if up.shape[0] % 3 or up.shape[1] != down.shape[0]:
+        raise CheckpointError(f"{path}: {module} lora_up {tuple(up.shape)} is not a fused q/k/v (3 x d rows) "
+                              f"over lora_down {tuple(down.shape)}")
+    rows, rank = up.shape[0] // 3, down.shape[0]
+    if rank % 3 == 0:
+        r = rank // 3
+        blocks = [up[i * rows:(i + 1) * rows] for i in range(3)]
+        off_diagonal_zero = all(not bool(blocks[i][:, j * r:(j + 1) * r].any())
+                                for i in range(3) for j in range(3) if i != j)
+        if off_diagonal_zero:
+            return [(down[i * r:(i + 1) * r], blocks[i][:, i * r:(i + 1) * r]) for i in range(3)]
+    return [(down, part) for part in torch.chunk(up, 3, dim=0)]

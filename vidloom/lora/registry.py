@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from vidloom.core.errors import CheckpointError, InvalidRequest
-from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_scope, wrap_linears
-from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_file
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope, wrap_linears
+from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_components
 from vidloom.registry import import_target
 
 DEFAULT_MAX_LORAS = 4
@@ -34,8 +34,9 @@ LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
     "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
     # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
-    # connectors; the connectors are refused by name (vidloom.lora.formats.ltx2_keys says why).
-    "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),),
+    # connectors (applied while the prompt is encoded; the prompt cache keys by the connector adapters in force).
+    "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),
+             ("connectors", "vidloom.models.ltx2.connectors:LTX2_CONNECTORS_NAME_MAP")),
     # Wan2.2 (TI2V-5B, A14B): diffusers loads into the high-noise expert `transformer` unless told otherwise
     # (`into="transformer_2"` here, LORA_INTO).
     "wan2.2": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
@@ -183,10 +184,13 @@ def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], fam
     """Read the adapter file `path` for `family`'s LoRA targets among `components` (or into component `into`),
     cast to device/dtype; the modules are not touched (`wrap_adapter` does that)."""
     convert = import_target(LORA_FORMATS[family]) if family in LORA_FORMATS else None
+    targets = _targets(family, components, into)
+    files = read_lora_components(Path(path), tuple(prefix for _, prefix, _ in targets), convert)
     layers: dict[str, LoRALayer] = {}
-    for component, prefix, map_target in _targets(family, components, into):
-        file = read_lora_file(Path(path), prefix, convert)
-        layers.update(_place(file, component, components[component], import_target(map_target), device, dtype))
+    for component, prefix, map_target in targets:
+        if prefix in files:
+            layers.update(_place(files[prefix], component, components[component], import_target(map_target),
+                                 device, dtype))
     return LoadedLoRA(name, Path(path), layers)
 
 
@@ -295,6 +299,9 @@ class LoRAStepAdapters:
 
     def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
         release_request_loras(instance, loras)
+
+    def rows_scope(self, parts: Sequence[tuple[ActiveLoRAs | None, int]]) -> contextlib.AbstractContextManager[None]:
+        return lora_rows_scope(parts)
 
 
 LORA_ADAPTERS = LoRAStepAdapters()

@@ -25,7 +25,7 @@ from vidloom.runtime.chat_stream import ChatFrontend
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.results import video_output
 from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, QueueFull, Scheduler
-from vidloom.runtime.worker_rounds import WorkEntry, WorkerRounds
+from vidloom.runtime.worker_rounds import DEFAULT_LORA_BATCHING, LORA_BATCHING, WorkEntry, WorkerRounds
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,12 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
         max_batch: int | None = None,
         batch_wait_s: float = 0.0,
         decode_slots: int = DEFAULT_DECODE_SLOTS,
+        lora_batching: str = DEFAULT_LORA_BATCHING,
     ) -> None:
         """policy "batch" runs compatible denoise steps of up to `max_batch` (default: `slots`) resident
         requests in one forward; before a step with room in its batch it waits up to `batch_wait_s`
-        for more requests to arrive (0: never waits). `decode_slots`: chats decoding at once at most."""
+        for more requests to arrive (0: never waits). `decode_slots`: chats decoding at once at most.
+        `lora_batching`: which runs with LoRA adapters share a forward (worker_rounds.LORA_BATCHING)."""
         if policy == "batch" and not isinstance(engine, Engine):
             raise ValueError(f"policy 'batch' needs a one-device engine, got {type(engine).__name__}")
         self.engine = engine
@@ -91,6 +93,9 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
         if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
             raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
         self.batch_wait_s = batch_wait_s
+        if lora_batching not in LORA_BATCHING:
+            raise ValueError(f"lora_batching must be one of {', '.join(LORA_BATCHING)}, got {lora_batching!r}")
+        self.lora_batching = lora_batching
         self._batches = BatchStats()
         self._decodes = BatchStats()  # paged decode forwards and how many sequences each carried
         self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for

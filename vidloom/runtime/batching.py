@@ -66,6 +66,12 @@ def _shared_key(value: Any) -> Hashable:
     return ("value", type(value), value)
 
 
+def plan_rows(plan: StepPlan) -> int:
+    """How many samples `plan` contributes to a batched forward (its lead per-sample input's batch)."""
+    spec: DenoiseInputs = plan.denoiser  # type: ignore[assignment]
+    return int(plan.inputs[spec.per_sample[0]].shape[0])
+
+
 def run_batched(plans: Sequence[StepPlan]) -> list[Any]:
     """Execute compatible plans (equal batch_key) as one call; returns each plan's own result."""
     if len(plans) == 1:

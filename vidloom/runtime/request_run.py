@@ -176,9 +176,20 @@ class RequestRun:
 
     @property
     def intercepted(self) -> bool:
-        """Steps go through a per-request interceptor (step cache) or apply LoRA adapters: they must run alone
-        (a batched forward would apply one request's adapters to every row; runs are grouped instead)."""
-        return self._interceptor is not None or self._graphs is not None or self._loras is not None
+        """Steps go through a per-request interceptor (step cache) or CUDA graphs, or apply LoRA adapters on
+        compiled blocks (which run them eagerly, under a stance set per run): they must run alone. Other runs
+        with adapters batch: the batched forward applies each run's adapters to its own rows (`rows_scope`)."""
+        adapters_on_compiled = self._loras is not None and self.instance.deploy.compile
+        return self._interceptor is not None or self._graphs is not None or adapters_on_compiled
+
+    @property
+    def adapter_set(self) -> tuple[tuple[str, float], ...]:
+        """The request's adapters (name, scale) as resolved at its start; () for none."""
+        return self.request.loras if self._loras is not None else ()
+
+    def rows_scope(self, runs: list[RequestRun], rows: list[int]) -> contextlib.AbstractContextManager[None]:
+        """The adapter context of one batched forward over `runs` (this one among them), `rows` samples each."""
+        return self._adapters.rows_scope([(run._loras, n) for run, n in zip(runs, rows)])
 
     def prepare(self) -> bool:
         """Move to the next pause: True when a loop step is planned (nothing ran yet), False when a

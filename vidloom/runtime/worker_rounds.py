@@ -19,11 +19,17 @@ import torch
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.loop import is_decode_step
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent
-from vidloom.runtime.batching import BatchStats, batch_key, run_batched
+from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched
 from vidloom.runtime.engine import RequestRun
 from vidloom.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+LORA_BATCHING = ("mixed", "grouped")
+"""How policy "batch" batches runs with LoRA adapters: "mixed" (runs with different adapter sets share a forward,
+each set applied to its own rows) or "grouped" (only runs with the same adapter set, names and scales, share one).
+The default is the one bench/lora.py measured faster (docs/lora.md, "Batching")."""
+DEFAULT_LORA_BATCHING = "mixed"
 
 
 @dataclass
@@ -50,6 +56,7 @@ class WorkerRounds:
     engine: Any
     max_batch: int
     batch_wait_s: float
+    lora_batching: str
     _scheduler: Scheduler[WorkEntry]
     _entries: dict[str, WorkEntry]
     _cond: threading.Condition
@@ -120,12 +127,21 @@ class WorkerRounds:
         with self._cond:
             residents = [e for e in self._scheduler.residents()
                          if not e.decoder and not e.decoding and e.run.pending_plan is not None]
-            keys = {e.key: None if e.run.intercepted else batch_key(e.run.pending_plan) for e in residents}
+            keys = {e.key: self._batch_key(e) for e in residents}
             group = self._scheduler.group(first, keys, self.max_batch)
             if self._should_wait(first, plan.index, len(group)):
                 self._cond.wait(self.batch_wait_s)  # a submit notifies: the next round admits it
                 return
         self._run_group(group)
+
+    def _batch_key(self, entry: WorkEntry) -> Any:
+        """Equal keys share a forward; None: alone. "grouped" adds the run's adapter set to the key."""
+        if entry.run.intercepted:
+            return None
+        key = batch_key(entry.run.pending_plan)  # type: ignore[arg-type]
+        if key is None or self.lora_batching == "mixed":
+            return key
+        return (key, entry.run.adapter_set)
 
     def _should_wait(self, first: WorkEntry, index: int, size: int) -> bool:
         """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
@@ -145,9 +161,10 @@ class WorkerRounds:
             self._step(group[0])
             return
         plans = [e.run.pending_plan for e in group]
+        runs = [e.run for e in group]
         started = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), runs[0].rows_scope(runs, [plan_rows(p) for p in plans]):  # type: ignore[arg-type]
                 results = run_batched(plans)  # type: ignore[arg-type]
         except Exception:
             # Failure isolation: rerun each alone, so only a request whose own step fails fails.

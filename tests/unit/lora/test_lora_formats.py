@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.helpers.flux2_checkpoints import TINY_DISTILLED, write_tiny_flux2
-from tests.helpers.lora_files import LoRASpec, rewrite_wan_community, tie_and_rewrite_flux2_aitoolkit, write_lora
+from tests.helpers.lora_files import (LoRASpec, rewrite_flux2_kohya, rewrite_wan_community,
+                                      tie_and_rewrite_flux2_aitoolkit, write_lora)
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
@@ -85,12 +86,46 @@ def test_flux2_ai_toolkit_file_loads_as_the_peft_adapter(flux2, tmp_path):
         gen.unload_lora("aitoolkit")
 
 
+def test_flux2_kohya_file_loads_as_the_peft_adapter(flux2, tmp_path):
+    folder, gen = flux2
+    spec = LoRASpec(rank=4, alpha=6, seed=33, targets=FLUX2_SPEC.targets)  # alpha != rank: the .alpha keys matter
+    peft = write_lora(folder, "Flux2KleinPipeline", spec, tmp_path)
+    kohya = rewrite_flux2_kohya(peft, tmp_path / "kohya.safetensors")
+    gen.load_lora("peft", peft)
+    gen.load_lora("kohya", kohya)
+    try:
+        _assert_same_adapter(gen, "peft", "kohya")  # every layer's scaling * B @ A within 1e-6
+        kw = dict(height=32, width=32, num_inference_steps=2, seed=5)
+        via_peft = gen.generate("a fox", loras={"peft": 0.8}, **kw).frames.astype(int)
+        assert np.abs(gen.generate("a fox", loras={"kohya": 0.8}, **kw).frames - via_peft).max() <= 1
+        assert np.abs(gen.generate("a fox", **kw).frames - via_peft).max() > 10
+    finally:
+        gen.unload_lora("peft")
+        gen.unload_lora("kohya")
+
+
+def test_flux2_kohya_dense_qkv_shares_its_down_factor(tmp_path):
+    from vidloom.lora.formats import flux2_keys
+
+    g = torch.Generator().manual_seed(0)
+    down, up = torch.randn(6, 8, generator=g), torch.randn(12, 6, generator=g)  # not block-diagonal
+    out = flux2_keys(tmp_path, {"lora_unet_double_blocks_1_txt_attn_qkv.lora_down.weight": down,
+                                "lora_unet_double_blocks_1_txt_attn_qkv.lora_up.weight": up,
+                                "lora_unet_double_blocks_1_txt_attn_qkv.alpha": torch.tensor(3.0)})
+    for i, name in enumerate(("add_q_proj", "add_k_proj", "add_v_proj")):
+        prefix = f"transformer.transformer_blocks.1.attn.{name}"
+        assert torch.equal(out[f"{prefix}.lora_A.weight"], down)
+        assert torch.equal(out[f"{prefix}.lora_B.weight"], up[4 * i:4 * (i + 1)])
+        assert float(out[f"{prefix}.alpha"]) == 3.0
+
+
 @pytest.mark.parametrize("key,family", [
     ("diffusion_model.blocks.0.self_attn.norm_q.lora_down.weight", "wan"),
     ("diffusion_model.blocks.0.self_attn.q.diff_b", "wan"),
     ("lora_unet_blocks_0_self_attn_q.lora_mid.weight", "wan"),
     ("diffusion_model.double_blocks.0.img_mod.lin.lora_A.weight", "flux2"),
-    ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "flux2"),
+    ("lora_unet_double_blocks_0_img_mod_lin.lora_down.weight", "flux2"),
+    ("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "flux2"),  # no lora_up partner
 ])
 def test_keys_no_rule_understands_are_refused_naming_file_and_key(wan, flux2, tmp_path, key, family):
     gen = (wan if family == "wan" else flux2)[1]
@@ -117,7 +152,7 @@ def test_zero_norm_diffs_are_dropped_like_diffusers_nonzero_refused(wan, tmp_pat
         gen.load_lora("ones", tmp_path / "ones.safetensors")
 
 
-def test_ltx2_original_keys_are_renamed_and_connectors_refused(tmp_path):
+def test_ltx2_original_keys_are_renamed_connectors_included(tmp_path):
     t = torch.zeros(1)
     out = ltx2_keys(tmp_path, {"diffusion_model.adaln_single.linear.lora_A.weight": t,
                                "diffusion_model.audio_patchify_proj.lora_B.weight": t,
@@ -129,8 +164,12 @@ def test_ltx2_original_keys_are_renamed_and_connectors_refused(tmp_path):
                            "transformer.transformer_blocks.0.attn1.to_q.lora_A.weight"]
     peft = {"transformer.proj_in.lora_A.weight": t}
     assert ltx2_keys(tmp_path, peft) is peft
-    with pytest.raises(CheckpointError, match="text_embedding_projection.aggregate_embed"):
-        ltx2_keys(tmp_path, {"text_embedding_projection.aggregate_embed.lora_A.weight": t})
+    # The text connectors: diffusers' converter renames aggregate_embed (LTX-2.0's projection) to text_proj_in.
+    assert sorted(ltx2_keys(tmp_path, {"text_embedding_projection.aggregate_embed.lora_A.weight": t,
+                                       "diffusion_model.proj_out.lora_A.weight": t})) == [
+        "connectors.text_proj_in.lora_A.weight", "transformer.proj_out.lora_A.weight"]
+    with pytest.raises(CheckpointError, match="'transformer.x.lora_A.weight' is not an LTX-2"):
+        ltx2_keys(tmp_path, {"diffusion_model.proj_out.lora_A.weight": t, "transformer.x.lora_A.weight": t})
 
 
 def test_stage2_lora_needs_the_two_stage_program():

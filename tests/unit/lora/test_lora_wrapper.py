@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vidloom.core.errors import CheckpointError
-from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_scope, wrap_linears
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope, wrap_linears
 from vidloom.lora.files import METADATA_KEY, LoRALayer, read_lora_file
 
 
@@ -107,3 +107,26 @@ def test_missing_and_corrupt_files(tmp_path):
     corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(CheckpointError, match="corrupt.safetensors: not a readable safetensors"):
         read_lora_file(corrupt, "transformer")
+
+
+def test_rows_scope_applies_each_runs_adapters_to_its_own_rows_in_every_cfg_repeat():
+    model = nn.Sequential(nn.Linear(6, 5))
+    wrap_linears(model, "transformer", ["0"])
+    a, b = _layer(2, 6, 5, 2.0, 0), _layer(3, 6, 5, 0.5, 1)
+    first, second = ActiveLoRAs({"transformer:0": ((a, 0.8),)}), ActiveLoRAs({"transformer:0": ((b, -1.0),)})
+    runs = [(first, 2), (None, 1), (second, 3)]  # 6 stacked rows: run 1 has no adapters
+    x = torch.randn(12, 6)  # two CFG passes stacked: [cond of all runs; uncond of all runs]
+    with lora_rows_scope(runs):
+        got = model(x)
+    expected = []
+    for half in (x[:6], x[6:]):
+        start = 0
+        for active, rows in runs:
+            with lora_scope(active):
+                expected.append(model(half[start:start + rows]))
+            start += rows
+    torch.testing.assert_close(got, torch.cat(expected))
+    with lora_rows_scope(runs), pytest.raises(RuntimeError, match="not a repeat of the 6 stacked rows"):
+        model(torch.randn(7, 6))
+    with lora_rows_scope([(None, 2), (None, 3)]):
+        assert torch.equal(model(x[:5]), model[0].base(x[:5]))

@@ -25,7 +25,7 @@ from vidloom.recipes.ltx2.cards import check_pipeline
 from vidloom.recipes.ltx2.loop import STAGE2_LORA, StageLoRA
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
 from vidloom.recipes.ltx2.settings import LTX2Settings
-from vidloom.recipes.ltx2.text import LTX2TextEncoder
+from vidloom.recipes.ltx2.text import CONNECTORS, LTX2TextEncoder
 
 UPSAMPLER_FOLDER = "latent_upsampler"  # in Lightricks/LTX-2 and in LTX2LatentUpsamplePipeline folders
 
@@ -52,7 +52,8 @@ def load_instance(
     _check_text(ckpt.root, text, connectors_config, dit_config)
     vae = load_video_vae(ckpt.component_dir("vae"), device)
     components = {
-        "transformer": transformer.eval(), "text_encoder": text, "vae": vae,
+        # The connectors are also the text encoder's: listed here so LoRA adapters can target them (by reference).
+        "transformer": transformer.eval(), CONNECTORS: text.connectors, "text_encoder": text, "vae": vae,
         "audio_vae": load_audio_vae(ckpt.component_dir("audio_vae"), device),
         "vocoder": load_vocoder(ckpt.component_dir("vocoder"), device), "schedule": schedule,
         "settings": LTX2Settings(),
@@ -70,6 +71,10 @@ def _stage2_lora(flag: str, components: dict, family: str, device: torch.device,
     it is in force only inside stage 2's network (LTX2Network), so stage 1 and the requests never see it."""
     path, scale = split_scale(flag, "stage2_lora")
     adapter = read_adapter("stage2", path, components, family, device, dtype)
+    touched = sorted(key for key in adapter.layers if key.startswith(CONNECTORS + ":"))
+    if touched:  # the prompt is encoded once, before stage 1: a stage-2-only connector update could never apply
+        raise CheckpointError(f"{path}: the stage-2 LoRA targets the text connectors ({touched[0]} ...); the prompt "
+                              "is encoded before stage 1, so a stage-2 adapter may target the transformer only")
     wrap_adapter(adapter, components)
     return StageLoRA(adapter.layers, scale)
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from vidloom.core.errors import CheckpointError
+from vidloom.lora.apply import component_loras, current_loras, loras_signature
 from vidloom.models.ltx2.connectors import LTX2TextConnectors
 from vidloom.recipes.wan.text import EmbeddingCache, OffloadedWeights
 
@@ -46,6 +47,18 @@ class LTX2Text:
 
     def to(self, dtype: torch.dtype) -> LTX2Text:
         return LTX2Text(self.video.to(dtype), self.audio.to(dtype), self.mask)
+
+
+CONNECTORS = "connectors"
+"""The instance component (and LoRA prefix) of the text connectors: the same module as LTX2TextEncoder.connectors."""
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """A prompt-cache entry: the embeddings and the connector adapters they were made under (kept alive)."""
+
+    text: LTX2Text
+    adapters: tuple[Any, ...]
 
 
 class LTX2TextEncoder:
@@ -102,13 +115,19 @@ class LTX2TextEncoder:
 
     def encode(self, prompts: list[str]) -> LTX2Text:
         """Each prompt encoded alone (as the pipeline encodes prompt and negative prompt in two calls);
-        a prompt list seen recently (prompt cache) is not encoded again."""
+        a prompt list seen recently (prompt cache) under the same connector adapters is not encoded again."""
+        # The request's LoRA adapters on the connectors (vidloom.lora.apply, in force while this runs) change
+        # the embeddings, so they are part of the key; the entry keeps them alive, so their identities in the
+        # key cannot be reused by another adapter while it is cached.
+        adapters = component_loras(current_loras(), CONNECTORS)
         key = hashlib.sha256("\0".join(p.strip() for p in prompts).encode()).hexdigest()
+        if adapters:
+            key += "|" + loras_signature(adapters)
         cached = self.cache.get(key)
         if cached is not None:
-            return cached  # type: ignore[return-value]  # the cache holds LTX2Text values here
+            return cached.text  # type: ignore[union-attr]  # the cache holds _Cached values here
         text = self._encode(prompts)
-        self.cache.put(key, text)  # type: ignore[arg-type]
+        self.cache.put(key, _Cached(text, adapters))  # type: ignore[arg-type]
         return text
 
     @torch.inference_mode()
