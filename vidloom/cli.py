@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(or a .npy/.json 3x3 K / per-frame values)")
     gen.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
                      help="a LoRA adapter file (diffusers/PEFT safetensors) applied at SCALE (default 1.0); repeat "
-                          "to mix several (Wan2.1, Flux2)")
+                          "to mix several (Wan, AnyFlow-FAR, Flux2, LTX-2)")
     gen.add_argument("--fuse-loras", action="store_true",
                      help="add the --lora adapters into the base weights at load instead of applying them per step "
                           "(faster steps, the same picture within rounding)")
