@@ -125,6 +125,17 @@ def open_stream(dit: Any, vocoder: Any, voice: Voice, max_codes: int, chunk_code
                        LOOK_AHEAD_BLOCKS * block_codes, receptive_field(vocoder.config))
 
 
+def largest_window(dit: Any, vocoder: Any, chunk_codes: int, max_codes: int) -> tuple[int, int]:
+    """(mel frames of the largest DiT window, of the largest vocoder input) a stream of `max_codes` codes can run:
+    its largest chunk, a tail absorbed into it, the look-back from a block boundary and the look-ahead; the
+    vocoder's receptive field on both sides (for memory estimates)."""
+    block_codes = max(1, dit.block_size // dit.repeats)
+    back, ahead = LOOK_BACK_BLOCKS * block_codes, LOOK_AHEAD_BLOCKS * block_codes
+    chunk = min(max_codes, max(chunk_codes, MAX_CHUNK_CODES)) + ahead  # + a tail within the look-ahead
+    window = min(max_codes, chunk + back + block_codes - 1 + ahead)
+    return window * dit.repeats, min(max_codes * dit.repeats, (chunk + ahead) * dit.repeats + 2 * receptive_field(vocoder))
+
+
 def window_mel(dit: Any, voice: Voice, codes: torch.Tensor, noise: torch.Tensor, ode_steps: int) -> torch.Tensor:
     """codes [N] with their initial noise [1, N * repeats, mel] -> mel [1, mel_dim, N * repeats]."""
     param = next(dit.parameters())
