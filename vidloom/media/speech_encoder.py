@@ -7,8 +7,9 @@ they are muxed; Ogg pages hold OGG_PAGE_US each). Bytes that have left cannot be
 mp3's Xing frame holds the encoder delay but no frame count, and a streamed flac no total length: players
 read them to the end, as any live stream.
 
-`speed` != 1 runs ffmpeg's atempo chain over the pieces as they come (TimeStretch): atempo is a streaming
-filter, so the pieces' output is the whole waveform's stretch up to where it cuts its windows.
+`speed` != 1 runs ffmpeg's atempo chain over the pieces as they come (media.speech_audio.TimeStretch): atempo
+is a streaming filter, and the pieces' output equals the whole waveform's stretch bit for bit
+(tests/unit/media/test_speech_encoder.py).
 """
 
 from __future__ import annotations
