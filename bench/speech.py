@@ -4,17 +4,21 @@ talker and token2wav steps scheduled per request) vs transformers' `generate(gen
 same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
 
     OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
+                                             [--rounds 2]
 
 Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (token2wav and
 the vocoder once on every code, transformers' path: time to first audio is the completion time) and
-"streamed" (audio_chunk_codes=25, the server's setting for pcm/wav streams: time to first audio is when the
-first AudioChunkEvent leaves the run, while the talker still decodes).
+"streamed" (audio_chunk_codes=25, the server's first chunk for every streamed format, growing after: time to
+first audio is when the first AudioChunkEvent leaves the run, while the talker still decodes). The three
+settings alternate within each round (whole, streamed, transformers at 1 request, then at 8), each
+measurement recording the load average; the JSON keeps every run and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -63,92 +67,104 @@ def _checkpoint(size: str) -> Path:
     return folder
 
 
-def _vidloom(folder: Path, thinker_tokens: int, audio_tokens: int, chunk: int | None,
-             to_cap: bool) -> dict[int, dict[str, float]]:
-    from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
-    from vidloom.core.output import AudioChunkEvent
-    from vidloom.core.speech import SpeechRequest
-    from vidloom.generator import VideoGenerator
-    from vidloom.runtime.async_engine import AsyncEngine
-    from vidloom.runtime.speech_run import speech_result, start_speech
+class VidloomSpeech:
+    """One AsyncEngine over the checkpoint; `run(n, chunk)` speaks n replies at once (chunk None: whole)."""
 
-    engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
-    if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
-        [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
-        talker.end_ids = frozenset()
+    def __init__(self, folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> None:
+        from vidloom.generator import VideoGenerator
+        from vidloom.runtime.async_engine import AsyncEngine
 
-    async def one(i: int, started: float):
+        self.engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
+        self.thinker_tokens, self.audio_tokens = thinker_tokens, audio_tokens
+        if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
+            [talker] = [node.loop for node in self.engine.engine.program.nodes if node.name == "talker"]
+            talker.end_ids = frozenset()
+
+    async def _one(self, i: int, started: float, chunk: int | None):
+        from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
+        from vidloom.core.output import AudioChunkEvent
+        from vidloom.core.speech import SpeechRequest
+        from vidloom.runtime.speech_run import speech_result, start_speech
+
         chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTIONS[i % len(QUESTIONS)]),)),),
-                           SamplingParams(temperature=0.0, max_tokens=thinker_tokens))
+                           SamplingParams(temperature=0.0, max_tokens=self.thinker_tokens))
         request = SpeechRequest(chat=chat, talker_sampling=SamplingParams(temperature=0.0), seed=i,
-                                max_audio_tokens=audio_tokens, audio_chunk_codes=chunk)
+                                max_audio_tokens=self.audio_tokens, audio_chunk_codes=chunk)
         first: list[float] = []
 
         def on_event(event) -> None:
             if isinstance(event, AudioChunkEvent) and not first:
                 first.append(time.perf_counter())
 
-        result = await engine.submit_run(start_speech(engine.engine, request, on_event), None, speech_result).result()
+        run = start_speech(self.engine.engine, request, on_event)
+        result = await self.engine.submit_run(run, None, speech_result).result()
         done = time.perf_counter()
         return result, (first[0] if first else done) - started
 
-    async def many(n: int):
-        started = time.perf_counter()
-        return await asyncio.gather(*(one(i, started) for i in range(n)))
-
-    out = {}
-    try:
-        asyncio.run(many(1))  # warm-up
-        for n in CONCURRENCY:
+    def run(self, n: int, chunk: int | None) -> dict[str, float]:
+        async def many():
             started = time.perf_counter()
-            results = asyncio.run(many(n))
-            wall = time.perf_counter() - started
-            audio_s = sum(r.duration_s for r, _ in results)
-            out[n] = {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
-                      "first_audio_mean_s": statistics.mean(t for _, t in results),
-                      "first_audio_min_s": min(t for _, t in results)}
-    finally:
-        engine.close()
-    return out
+            return await asyncio.gather(*(self._one(i, started, chunk) for i in range(n)))
+
+        started = time.perf_counter()
+        results = asyncio.run(many())
+        wall = time.perf_counter() - started
+        audio_s = sum(r.duration_s for r, _ in results)
+        return {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
+                "first_audio_mean_s": statistics.mean(t for _, t in results),
+                "first_audio_min_s": min(t for _, t in results)}
+
+    def close(self) -> None:
+        self.engine.close()
 
 
-@torch.inference_mode()
-def _transformers(folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> dict[int, dict[str, float]]:
-    from transformers import AutoTokenizer
+class TransformersSpeech:
+    """transformers' generate(generation_mode="audio") on the same weights, one request after another."""
 
-    from tests.helpers.qwen_omni_checkpoints import load_reference
+    def __init__(self, folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> None:
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = load_reference(folder)
-    talker = model.config.talker_config
-    # --to-cap: an end id the talker never samples (its vocabulary is smaller), so it speaks to its cap
-    ends = [talker.vocab_size + 1] if to_cap else [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]
+        from tests.helpers.qwen_omni_checkpoints import load_reference
 
-    def one(i: int) -> float:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = load_reference(folder)
+        talker = self.model.config.talker_config
+        # --to-cap: an end id the talker never samples (its vocabulary is smaller), so it speaks to its cap
+        self.ends = [talker.vocab_size + 1] if to_cap else [talker.tts_codec_pad_token_id,
+                                                             talker.tts_codec_end_token_id]
+        self.thinker_tokens, self.audio_tokens = thinker_tokens, audio_tokens
+
+    @torch.inference_mode()
+    def _one(self, i: int) -> float:
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                                 add_generation_prompt=True, return_tensors="pt", return_dict=True)
         torch.manual_seed(i)
         try:
-            _, wave = model.generate(ids["input_ids"], generation_mode="audio", speaker="Chelsie",
-                                     thinker_do_sample=False, talker_do_sample=False,
-                                     thinker_max_new_tokens=thinker_tokens, talker_max_new_tokens=audio_tokens,
-                                     thinker_eos_token_id=[tokenizer.eos_token_id],
-                                     talker_eos_token_id=ends)
+            _, wave = self.model.generate(ids["input_ids"], generation_mode="audio", speaker="Chelsie",
+                                          thinker_do_sample=False, talker_do_sample=False,
+                                          thinker_max_new_tokens=self.thinker_tokens,
+                                          talker_max_new_tokens=self.audio_tokens,
+                                          thinker_eos_token_id=[self.tokenizer.eos_token_id],
+                                          talker_eos_token_id=self.ends)
         except RuntimeError:  # its token2wav fails on zero codes (a random talker that ends at once): no audio
             return 0.0
         return wave.numel() / 24000
 
-    one(0)  # warm-up
-    out = {}
-    for n in CONCURRENCY:
+    def run(self, n: int, chunk: None = None) -> dict[str, float]:
         started, firsts, audio_s = time.perf_counter(), [], 0.0
         for i in range(n):
-            audio_s += one(i)
+            audio_s += self._one(i)
             firsts.append(time.perf_counter() - started)
         wall = time.perf_counter() - started
-        out[n] = {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
-                  "first_audio_mean_s": statistics.mean(firsts), "first_audio_min_s": min(firsts)}
-    return out
+        return {"audio_s": audio_s, "wall_s": wall, "rtf": audio_s / wall,
+                "first_audio_mean_s": statistics.mean(firsts), "first_audio_min_s": min(firsts)}
+
+    def close(self) -> None:
+        pass
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def main() -> None:
@@ -157,22 +173,43 @@ def main() -> None:
     parser.add_argument("--thinker-tokens", type=int, default=16)
     parser.add_argument("--audio-tokens", type=int, default=100)
     parser.add_argument("--to-cap", action="store_true", help="every utterance is --audio-tokens codes long")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of the three settings")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = _checkpoint(args.size)
-    ours = _vidloom(folder, args.thinker_tokens, args.audio_tokens, None, args.to_cap)
-    streamed = _vidloom(folder, args.thinker_tokens, args.audio_tokens, STREAM_CHUNK_CODES, args.to_cap)
-    theirs = _transformers(folder, args.thinker_tokens, args.audio_tokens, args.to_cap)
-    rows = [[str(n), f"{ours[n]['rtf']:.2f}", f"{streamed[n]['rtf']:.2f}", f"{theirs[n]['rtf']:.2f}",
-             f"{ours[n]['first_audio_mean_s']:.2f}", f"{streamed[n]['first_audio_mean_s']:.2f}",
-             f"{theirs[n]['first_audio_mean_s']:.2f}"] for n in CONCURRENCY]
-    print_table(["concurrent", "vidloom RTF (whole)", "(streamed)", "transformers RTF",
-                 "first audio mean s (whole)", "(streamed)", "(transformers)"], rows)
+    sizes = (args.thinker_tokens, args.audio_tokens, args.to_cap)
+    ours, theirs = VidloomSpeech(folder, *sizes), TransformersSpeech(folder, *sizes)
+    settings = {"vidloom": (ours, None), "vidloom_streamed": (ours, STREAM_CHUNK_CODES),
+                "transformers_generate": (theirs, None)}
+    runs: dict[str, dict[int, list]] = {name: {n: [] for n in CONCURRENCY} for name in settings}
+    try:
+        for side, chunk in settings.values():
+            side.run(1, chunk)  # warm-up
+        for _ in range(args.rounds):
+            for n in CONCURRENCY:
+                for name, (side, chunk) in settings.items():
+                    load = os.getloadavg()[0]
+                    runs[name][n].append({**side.run(n, chunk), "loadavg_1m": load})
+    finally:
+        ours.close()
+    medians = {name: {n: _median(r) for n, r in by_n.items()} for name, by_n in runs.items()}
+    whole, streamed, theirs_ = (medians[k] for k in settings)
+    rows = [[str(n), f"{whole[n]['rtf']:.2f}", f"{streamed[n]['rtf']:.2f}", f"{theirs_[n]['rtf']:.2f}",
+             f"{whole[n]['first_audio_mean_s']:.2f}", f"{streamed[n]['first_audio_mean_s']:.2f}",
+             f"{theirs_[n]['first_audio_mean_s']:.2f}", f"{streamed[n]['first_audio_min_s']:.2f}"]
+            for n in CONCURRENCY]
+    print_table(["concurrent", "RTF whole", "RTF streamed", "RTF transformers", "first audio mean s (whole)",
+                 "(streamed)", "(transformers)", "first audio min (streamed)"], rows)
+    ratios = {n: {"streamed_vs_whole_wall": streamed[n]["wall_s"] / whole[n]["wall_s"],
+                  "streamed_vs_whole_first_audio_mean": streamed[n]["first_audio_mean_s"] / whole[n]["first_audio_mean_s"],
+                  "whole_vs_transformers_rtf": whole[n]["rtf"] / theirs_[n]["rtf"],
+                  "streamed_vs_transformers_first_audio_mean":
+                      streamed[n]["first_audio_mean_s"] / theirs_[n]["first_audio_mean_s"]} for n in CONCURRENCY}
     write_json(args.out or f"speech-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
         "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
-        "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES, "vidloom": ours,
-        "vidloom_streamed": streamed, "transformers_generate": theirs,
+        "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES,
+        "rounds": args.rounds, "interleaved": True, **medians, "ratios": ratios, "runs": runs,
     })
 
 

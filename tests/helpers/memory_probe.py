@@ -7,7 +7,9 @@ warm-up request first pays the one-time costs (lazy initialisation, allocator ar
 
     python -m tests.helpers.memory_probe '{"model": DIR, "cache_dir": ..., "deploy": {...}, "warm": {...},
                                           "request": {...}}'
-prints one JSON line: {"measured": bytes, "estimate": bytes}.
+prints one JSON line: {"measured": bytes, "estimate": bytes}. With "speech": true the requests are
+SpeechRequest fields (`gen.speak`), the talker speaking every code of its budget (its end codes disabled):
+the longest utterance a request may make, which is what its estimate is for.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def measure(spec: dict) -> dict[str, int]:
     torch.set_num_threads(1)  # one intra-op pool: fewer per-thread buffers, the same peak every run
     generator = VideoGenerator.from_pretrained(spec["model"], device="cpu", cache_dir=spec.get("cache_dir"),
                                                deploy=DeployConfig(**spec.get("deploy", {})))
+    if spec.get("speech"):
+        return _measure_speech(generator, spec)
     generator.generate("a red fox in the snow", seed=0, **spec["warm"])
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -46,6 +50,30 @@ def measure(spec: dict) -> dict[str, int]:
     task = Task.T2I if Task.T2I in card.tasks else Task.T2V  # what generate() asked for (its default task)
     request = GenerationRequest("a red fox in the snow", seed=0, task=task, **spec["request"])
     estimate = generator.engine.estimator(resolve_request(request, card))
+    return {"measured": measured, "estimate": estimate}
+
+
+def _measure_speech(generator, spec: dict) -> dict[str, int]:
+    from vidloom.core.chat import SamplingParams
+    from vidloom.core.speech import SpeechRequest
+    from vidloom.recipes.qwen_omni.speech import speech_prompt
+    from vidloom.runtime.speech_run import speak_alone
+
+    engine = generator.engine
+    [talker] = [node.loop for node in engine.program.nodes if node.name == "talker"]
+    talker.end_ids = frozenset()  # a random talker stops anywhere: speak the whole budget
+
+    def request(fields: dict) -> SpeechRequest:
+        return SpeechRequest(voice="Chelsie", talker_sampling=SamplingParams(temperature=0.0), seed=0, **fields)
+
+    speak_alone(engine, request(spec["warm"]))
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    result = speak_alone(engine, request(spec["request"]))
+    measured = _status("VmHWM") - before
+    assert result.audio_tokens == spec["request"]["max_audio_tokens"], result.audio_tokens
+    estimate = engine.estimator(speech_prompt(engine.instance, engine.decoder.limits, request(spec["request"])))
     return {"measured": measured, "estimate": estimate}
 
 

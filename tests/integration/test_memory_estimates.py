@@ -50,9 +50,11 @@ def _probe(spec: dict) -> dict[str, int]:
 def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
     """Probe specs by case name: where the model is and what to load it with."""
     from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
+    from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 
     root = tmp_path_factory.mktemp("memory-estimates")
     ltx2 = write_tiny_ltx2(root / "ltx2", LTX2_CONFIGS[0], upsampler=True)
+    omni = write_tiny_omni(root / "omni", OMNI_A)
     image = root / "first-frame.png"
     make_image(128, 128, seed=0).save(image)
     return {
@@ -65,6 +67,8 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "ltx2-two-stage": {"model": str(ltx2), "deploy": {"two_stage": True}},
         "cosmos3-sound": {"model": str(write_tiny_cosmos3_sound(root / "cosmos3"))},
         "sana-wm": {"model": "sana-wm-demo", "cache_dir": str(demo_cache), "image": str(image)},
+        "qwen-omni": {"model": str(omni), "speech": True},
+        "qwen-omni-streamed": {"model": str(omni), "speech": True},
     }
 
 
@@ -90,6 +94,11 @@ CASES = {
                  "intrinsics": [100, 100, 64, 64]},
                 {"height": 256, "width": 384, "num_frames": 33, "num_inference_steps": 1, "camera": "w-16,jw-16",
                  "intrinsics": [100, 100, 64, 64]}),
+    # speech (SpeechRequest fields; the talker speaks its whole budget): whole, then in streamed windows
+    "qwen-omni": ({"text": "hi there", "max_audio_tokens": 40},
+                  {"text": "the kite rose over the dunes", "max_audio_tokens": 1000}),
+    "qwen-omni-streamed": ({"text": "hi there", "max_audio_tokens": 40, "audio_chunk_codes": 25},
+                           {"text": "the kite rose over the dunes", "max_audio_tokens": 1000, "audio_chunk_codes": 25}),
 }
 
 

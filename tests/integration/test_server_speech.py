@@ -10,6 +10,7 @@ import wave
 
 import av
 import httpx
+import numpy as np
 import pytest
 import torch
 
@@ -132,9 +133,10 @@ def test_chat_completion_answers_aloud(speech_server, oc):
     assert r.usage.completion_tokens > plain.usage.completion_tokens  # text tokens plus speech codes
 
 
-def test_chat_completion_streams_transcript_then_audio(speech_server, oc):
+@pytest.mark.parametrize("fmt", ["pcm16", "mp3"])
+def test_chat_completion_streams_transcript_then_audio(speech_server, oc, fmt):
     stream = oc.chat.completions.create(model=model_id(speech_server), modalities=["text", "audio"],
-                                        audio={"voice": "Chelsie", "format": "pcm16"}, max_tokens=8, temperature=0,
+                                        audio={"voice": "Chelsie", "format": fmt}, max_tokens=8, temperature=0,
                                         stream=True, messages=[{"role": "user", "content": "what is a kite?"}])
     pieces = [getattr(chunk.choices[0].delta, "audio", None) for chunk in stream if chunk.choices]
     pieces = [p for p in pieces if p]
@@ -143,7 +145,8 @@ def test_chat_completion_streams_transcript_then_audio(speech_server, oc):
     data = b"".join(base64.b64decode(p.data) for p in pieces if p.data)
     kinds = [next(k for k in ("transcript", "data", "expires_at") if getattr(p, k, None)) for p in pieces]
     assert kinds.index("data") > kinds.index("transcript") and kinds[-1] == "expires_at"
-    assert transcript and len(data) > 0 and len(data) % 2 == 0
+    assert transcript and len(data) > 0
+    assert len(data) % 2 == 0 if fmt == "pcm16" else decoded_seconds(data) > 0  # the pieces make one mp3
     assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
 
 
@@ -184,9 +187,9 @@ def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speec
     assert engine.engine.caches.bytes_in_use == before
 
 
-def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatch):
-    """Ordering, not timing: the talker's next-to-last step waits until the client holds audio; if audio left only
-    after the talker, that wait would time out. The streamed WAV (unknown sizes) then decodes whole."""
+def hold_the_talker_until_audio_arrives(speech_server, monkeypatch):
+    """The talker speaks to its cap and its next-to-last step waits until the client holds audio: if audio left
+    only after the talker, that wait would time out. Returns (first_audio event, waits, the caps it ran to)."""
     import threading
 
     from vidloom.recipes.qwen_omni.stream_audio import AudioPiece
@@ -194,16 +197,31 @@ def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatc
     engine = speech_server.app.state.jobs.engine
     [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
     monkeypatch.setattr(talker, "end_ids", frozenset())  # it speaks to its cap (>= 64 codes)
-    first_audio, waited = threading.Event(), []
+    first_audio, waited, caps = threading.Event(), [], []
     advance = talker.advance
 
     def gated(state, result):
         state = advance(state, result)
         if not isinstance(result, AudioPiece) and len(state.codes) == state.max_codes - 1:
+            caps.append(state.max_codes)
             waited.append(first_audio.wait(60))
         return state
 
     monkeypatch.setattr(talker, "advance", gated)
+    return first_audio, waited, caps
+
+
+def decoded_seconds(data: bytes) -> float:
+    with av.open(io.BytesIO(data)) as container:
+        frames = list(container.decode(container.streams.audio[0]))
+    return sum(f.samples for f in frames) / frames[0].sample_rate
+
+
+def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatch):
+    """Ordering, not timing (the talker waits for the client's first audio). The streamed WAV (unknown sizes)
+    then decodes whole."""
+    engine = speech_server.app.state.jobs.engine
+    first_audio, waited, _ = hold_the_talker_until_audio_arrives(speech_server, monkeypatch)
     body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "hello world", "response_format": "wav",
             "stream_format": "sse"}
     audio = b""
@@ -219,6 +237,36 @@ def test_first_audio_leaves_before_the_talker_finishes(speech_server, monkeypatc
         samples = sum(f.samples for f in container.decode(container.streams.audio[0]))
     assert samples == (len(audio) - 44) // 2 and samples % (2 * 8) == 0  # whole codes: 2 mel frames x hop 8
     assert engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+# format, speed, one codec frame in seconds (mp3 1152 samples, Opus 20 ms, AAC 1024; flac and wav: exact)
+@pytest.mark.parametrize(("fmt", "speed", "frame_s"), [
+    ("mp3", 1.0, 1152 / 24000), ("opus", 1.0, 0.02), ("aac", 1.0, 1024 / 24000), ("flac", 1.0, 1 / 24000),
+    ("wav", 1.5, 1 / 24000), ("mp3", 0.8, 1152 / 24000),
+])
+def test_compressed_and_stretched_audio_streams_while_the_talker_decodes(speech_server, monkeypatch, fmt, speed,
+                                                                         frame_s):
+    """Bytes of every format (and speed) leave before the talker's last code; the streamed file decodes to the
+    duration of the same number of samples encoded whole, within one codec frame."""
+    from vidloom.media.speech_audio import encode_speech
+
+    first_audio, waited, caps = hold_the_talker_until_audio_arrives(speech_server, monkeypatch)
+    # ~24 text tokens: a cap of ~380 codes (16 per token), ~6k samples at the tiny vocoder's hop, so the codecs
+    # have whole frames to write long before the end
+    body = {"model": model_id(speech_server), "voice": "Ethan", "input": "the kite rose over the dunes " * 4,
+            "response_format": fmt, "speed": speed, "stream_format": "audio", "seed": 3}
+    pieces = []
+    with httpx.Client(base_url=speech_server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as r:
+            assert r.status_code == 200
+            for data in r.iter_bytes():
+                pieces.append(data)
+                first_audio.set()
+    assert waited == [True] and len(pieces) > 1
+    samples = round(caps[0] * 2 * 8 / speed)  # every code spoken: 2 mel frames x hop 8, stretched
+    whole = decoded_seconds(encode_speech(np.zeros(samples, np.float32), 24000, fmt))
+    assert abs(decoded_seconds(b"".join(pieces)) - whole) <= frame_s + 1e-9
+    assert speech_server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
 
 
 def test_speech_over_the_memory_budget_is_a_400_naming_input(speech_server, monkeypatch):

@@ -3,8 +3,8 @@ spoken by the talker in one speech request on the engine.
 
 Non-streamed: `message.audio` = {id, data (base64 of the encoded file), expires_at, transcript}, `content` null,
 as OpenAI answers. Streamed: `delta.audio.transcript` pieces while the thinker writes, then `delta.audio.data`
-pieces (base64): for pcm16 and wav one per decoded chunk while the talker decodes (serving.speech_stream),
-for compressed formats once the vocoder has run; then `delta.audio.expires_at`, the finish reason and [DONE]. A client
+pieces (base64), each piece of the encoded stream as soon as a decoded chunk has been encoded, while the
+talker decodes (serving.speech_stream); then `delta.audio.expires_at`, the finish reason and [DONE]. A client
 that leaves cancels the request (both KV sequences return at the next step).
 """
 
@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from vidloom.core.output import AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent, TextEvent
+from vidloom.core.output import Event
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import encode_speech
 from vidloom.runtime.chat_stream import event_queue
@@ -30,10 +30,9 @@ from vidloom.serving.chat_protocol import (
 )
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import engine_errors
-from vidloom.serving.speech_stream import pcm_bytes, stream_speech_request, streams_progressively, wav_stream_header
+from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 
 AUDIO_TTL_S = 3600  # expires_at: audio ids are not kept for multi-turn reuse here; the hour is OpenAI's
-DATA_PIECE_BYTES = 24_000  # bytes of encoded audio per streamed delta
 _SPEECH_FORMAT = {"pcm16": "pcm"}  # chat's format names -> /v1/audio/speech's
 
 
@@ -43,8 +42,8 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat) -> Ch
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
     speech = SpeechRequest(chat=planned.request, voice=voice, request_id=planned.request.request_id)
-    if planned.stream:  # pcm16 and wav leave chunk by chunk while the talker decodes
-        speech = stream_speech_request(speech, _SPEECH_FORMAT.get(fmt, fmt))
+    if planned.stream:  # the audio leaves chunk by chunk while the talker decodes
+        speech = stream_speech_request(speech)
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
         run = start_speech(engine.engine, speech, sink)
@@ -79,30 +78,17 @@ async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Q
                                    choices=[ChunkChoice(delta=delta, finish_reason=finish)])  # type: ignore[arg-type]
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n".encode()
 
-    ended, speech_fmt = False, _SPEECH_FORMAT.get(fmt, fmt)
-    progressive = streams_progressively(speech_fmt)
-    header = speech_fmt == "wav"
+    ended = False
     try:
         yield chunk(Delta(role="assistant"))
-        while True:
-            event = await queue.get()
-            if isinstance(event, TextEvent) and event.text:
-                yield chunk(Delta(audio={"id": audio_id, "transcript": event.text}))
-            elif isinstance(event, AudioChunkEvent) and progressive:
-                data = pcm_bytes(event.audio)
-                if header:
-                    data, header = wav_stream_header(event.sample_rate) + data, False
-                yield chunk(Delta(audio={"id": audio_id, "data": base64.b64encode(data).decode()}))
-            elif isinstance(event, (CompletedEvent, FailedEvent, CancelledEvent)):
-                break
+        async for piece in streamed_bytes(queue, _SPEECH_FORMAT.get(fmt, fmt), 1.0, manager.media.run):
+            if isinstance(piece, str):
+                yield chunk(Delta(audio={"id": audio_id, "transcript": piece}))
+            else:
+                yield chunk(Delta(audio={"id": audio_id, "data": base64.b64encode(piece).decode()}))
         ended = True
         with engine_errors():
             result: SpeechResult = await handle.result()
-        data = b"" if progressive else await manager.media.run(encode_speech, result.audio, result.sample_rate,
-                                                               speech_fmt)
-        for start in range(0, len(data), DATA_PIECE_BYTES):
-            piece = base64.b64encode(data[start:start + DATA_PIECE_BYTES]).decode()
-            yield chunk(Delta(audio={"id": audio_id, "data": piece}))
         yield chunk(Delta(audio={"id": audio_id, "expires_at": int(time.time()) + AUDIO_TTL_S}),
                     _finish(planned, result))
     except Exception as exc:  # headers are sent: the failure travels as an error event, then [DONE]

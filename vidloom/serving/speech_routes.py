@@ -28,12 +28,10 @@ from vidloom.serving.errors import engine_errors
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
-from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes, streams_progressively
+from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 from vidloom.serving.video_routes import jobs_of
 
 router = APIRouter(prefix="/v1/audio")
-CHUNK_BYTES = 32 * 1024  # chunked transfer piece of stream_format "audio"
-SSE_SAMPLES = 12_000  # samples per speech.audio.delta event (0.5 s at 24 kHz)
 
 
 class SpeechBody(BaseModel):
@@ -77,7 +75,7 @@ async def create_speech(request: Request) -> Response:
         speech = plan_speech(body, manager.card)
         if getattr(engine.engine, "decoder", None) is None:
             raise no_speech(manager.card.model_id)
-        if body.stream_format is not None and streams_progressively(body.response_format, body.speed):
+        if body.stream_format is not None:
             return _progressive(manager, speech, body)
         run = start_speech(engine.engine, speech)
         handle = engine.submit_run(run, None, speech_result)
@@ -93,21 +91,15 @@ async def create_speech(request: Request) -> Response:
     if body.speed != 1.0:
         audio = await manager.media.run(time_stretch, result.audio, result.sample_rate, body.speed)
         result = dataclasses.replace(result, audio=audio)
-    if body.stream_format == "sse":
-        return StreamingResponse(_sse(result, fmt), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     data = await manager.media.run(encode_speech, result.audio, result.sample_rate, fmt)
-    headers = {"X-Request-Id": speech.request_id}
-    if body.stream_format == "audio":
-        return StreamingResponse(_pieces(data), media_type=MEDIA_TYPES[fmt], headers=headers)
-    return Response(data, media_type=MEDIA_TYPES[fmt], headers=headers)
+    return Response(data, media_type=MEDIA_TYPES[fmt], headers={"X-Request-Id": speech.request_id})
 
 
 def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> StreamingResponse:
-    """pcm or wav while the talker decodes: each decoded chunk leaves at once (chunked transfer, or one
-    speech.audio.delta event per chunk); the run is cancelled if the client leaves."""
+    """The audio while the talker decodes: each decoded chunk's encoded bytes leave at once (chunked transfer,
+    or one speech.audio.delta event per piece); the run is cancelled if the client leaves."""
     engine, fmt = manager.engine, body.response_format
-    speech = stream_speech_request(speech, fmt)
+    speech = stream_speech_request(speech)
     queue: asyncio.Queue = asyncio.Queue()
     sink = event_queue(asyncio.get_running_loop(), queue, speech.request_id)
     handle = engine.submit_run(start_speech(engine.engine, speech, sink), sink, speech_result)
@@ -116,8 +108,9 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
     async def pieces() -> AsyncIterator[bytes]:
         ended = False
         try:
-            async for data in streamed_bytes(queue, fmt):
-                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
+            async for data in streamed_bytes(queue, fmt, body.speed, manager.media.run):
+                if isinstance(data, bytes):  # (the text is the input's)
+                    yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
             ended = True
             with engine_errors():
                 result: SpeechResult = await handle.result()
@@ -142,22 +135,6 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
 def _usage(result: SpeechResult) -> dict[str, int]:
     return {"input_tokens": result.text_tokens, "output_tokens": result.audio_tokens,
             "total_tokens": result.text_tokens + result.audio_tokens}
-
-
-async def _pieces(data: bytes) -> AsyncIterator[bytes]:
-    for start in range(0, len(data), CHUNK_BYTES):
-        yield data[start:start + CHUNK_BYTES]
-
-
-async def _sse(result: SpeechResult, fmt: str) -> AsyncIterator[bytes]:
-    """speech.audio.delta events (base64 audio, in order), then speech.audio.done with the usage."""
-    audio = result.audio
-    step = SSE_SAMPLES if fmt in ("pcm",) else max(1, len(audio))  # raw PCM splits anywhere; a file is one piece
-    for start in range(0, max(1, len(audio)), step):
-        piece = audio[start:start + step]
-        data = await asyncio.to_thread(encode_speech, piece, result.sample_rate, fmt)
-        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-    yield _event({"type": "speech.audio.done", "usage": _usage(result)})
 
 
 def _event(data: dict[str, Any]) -> bytes:

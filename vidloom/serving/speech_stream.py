@@ -1,62 +1,56 @@
 """Speech that streams while the talker decodes: audio chunks (AudioChunkEvents of a request with
-`audio_chunk_codes`) turned into bytes of a stream as they arrive.
+`audio_chunk_codes`) turned into bytes of the requested format as they arrive.
 
-Raw PCM and WAV can be written a piece at a time (a WAV stream's header gives its sizes as unknown,
-0xFFFFFFFF, as streamed WAV from OpenAI's API does); a compressed format, or a `speed` that
-stretches the whole waveform, is encoded once the request is done.
+Every format streams: pcm and wav a piece at a time (a WAV stream's header gives its sizes as unknown,
+0xFFFFFFFF, as streamed WAV from OpenAI's API does), mp3, opus, aac and flac through one encoder kept
+open for the utterance, and a `speed` other than 1 through one atempo chain fed chunk by chunk
+(media.speech_encoder). Encoding runs on the server's media threads, never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import struct
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-import numpy as np
+from vidloom.core.output import AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent, TextEvent
+from vidloom.media.speech_encoder import SpeechStreamEncoder
 
-from vidloom.core.output import AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent
-from vidloom.media.audio import to_pcm16
+STREAM_CHUNK_CODES = 25  # codes of the first streamed chunk: 0.5 s of speech at Qwen2.5-Omni's 50 codes/s
 
-STREAM_CHUNK_CODES = 25  # codes per streamed chunk: 0.5 s of speech at Qwen2.5-Omni's 50 codes/s
-PROGRESSIVE_FORMATS = ("pcm", "wav")
-UNKNOWN_SIZE = 0xFFFFFFFF
+RunOnMedia = Callable[..., Awaitable[Any]]  # the media pool's run(fn, *args)
 
 
-def streams_progressively(fmt: str, speed: float = 1.0) -> bool:
-    """Whether `fmt` audio can leave chunk by chunk (else it is encoded from the whole waveform)."""
-    return fmt in PROGRESSIVE_FORMATS and speed == 1.0
+async def streamed_bytes(queue: asyncio.Queue[Event], fmt: str, speed: float,
+                         run: RunOnMedia) -> AsyncIterator[bytes | str]:
+    """The request's audio as `fmt` bytes (at `speed`), each piece as soon as the encoder has written it, and
+    the text it writes (a str per TextEvent, in order), until its run ends (the caller then awaits the run's
+    result, which raises if it failed)."""
+    encoder: SpeechStreamEncoder | None = None
+    try:
+        while True:
+            event = await queue.get()
+            if isinstance(event, TextEvent) and event.text:
+                yield event.text
+            elif isinstance(event, AudioChunkEvent):
+                if encoder is None:
+                    encoder = await run(SpeechStreamEncoder, fmt, event.sample_rate, speed)
+                data = await run(encoder.feed, event.audio)
+                if data:
+                    yield data
+            elif isinstance(event, CompletedEvent):
+                if encoder is not None:
+                    data, encoder = await run(encoder.finish), None
+                    if data:
+                        yield data
+                return
+            elif isinstance(event, (FailedEvent, CancelledEvent)):
+                return
+    finally:
+        if encoder is not None:  # the client left or the run failed: the file stays unfinished
+            encoder.close()
 
 
-def wav_stream_header(sample_rate: int) -> bytes:
-    """A 16-bit mono WAV header whose RIFF and data sizes are unknown (the length is not known yet)."""
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (b"RIFF" + struct.pack("<I", UNKNOWN_SIZE) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
-            + b"data" + struct.pack("<I", UNKNOWN_SIZE))
-
-
-def pcm_bytes(samples: np.ndarray) -> bytes:
-    return to_pcm16(np.asarray(samples, dtype=np.float32)).astype("<i2").tobytes()
-
-
-async def streamed_bytes(queue: asyncio.Queue[Event], fmt: str) -> AsyncIterator[bytes]:
-    """The request's audio as `fmt` bytes, one piece per chunk as it is decoded, until its run ends (the
-    caller then awaits the run's result, which raises if it failed)."""
-    header = fmt == "wav"
-    while True:
-        event = await queue.get()
-        if isinstance(event, AudioChunkEvent):
-            data = pcm_bytes(event.audio)
-            if header:
-                data, header = wav_stream_header(event.sample_rate) + data, False
-            if data:
-                yield data
-        elif isinstance(event, (CompletedEvent, FailedEvent, CancelledEvent)):
-            return
-
-
-def stream_speech_request(speech: Any, fmt: str, speed: float = 1.0) -> Any:
-    """`speech` with chunked decoding when its audio can leave as it is decoded."""
-    if not streams_progressively(fmt, speed):
-        return speech
+def stream_speech_request(speech: Any) -> Any:
+    """`speech` with chunked decoding, so its audio leaves as it is decoded."""
     return dataclasses.replace(speech, audio_chunk_codes=STREAM_CHUNK_CODES)

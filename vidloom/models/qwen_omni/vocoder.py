@@ -96,6 +96,27 @@ class AMPBlock(nn.Module):
         return x
 
 
+def receptive_field(c: VocoderConfig) -> int:
+    """Mel frames on each side that one output sample can depend on (an upper bound, from the layer sizes):
+    running the vocoder on a span plus this margin gives that span's samples as the whole mel would.
+
+    Each layer's reach in samples at its own rate is divided by its upsampling from the mel rate; the
+    residual blocks of a stage run side by side (the widest counts), their convolutions in series (sum).
+    """
+    # AntiAliasedSnake: the 2x sinc upsampler reads 3 inputs back, the decimator 2.5 (taps 12): 5.5, rounded up.
+    snake = FILTER_TAPS // 2
+    reach, rate = 3.0, 1  # conv_pre: kernel 7
+    for up, kernel in zip(c.upsample_rates, c.upsample_kernel_sizes):
+        pad = (kernel - up) // 2  # a transposed conv's output reads inputs within max(k - 1 - pad, pad) / stride
+        reach += max(kernel - 1 - pad, pad) / up / rate
+        rate *= up
+        amp = max(sum(2 * snake + d * (k - 1) // 2 + (k - 1) // 2 for d in dilations)
+                  for k, dilations in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes))
+        reach += amp / rate
+    reach += (snake + 3) / rate  # post activation, conv_post (kernel 7)
+    return math.ceil(reach)
+
+
 class BigVGAN(nn.Module):
     def __init__(self, c: VocoderConfig) -> None:
         super().__init__()

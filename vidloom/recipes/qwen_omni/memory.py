@@ -14,10 +14,10 @@ what a stage hands on stays to the end:
 - vocoder: its widest activation (channels x samples at each upsampling stage) and the waveform.
 
 The budget of codes is the talker's cap (recipes.qwen_omni.talker_loop.audio_token_budget), which the run
-never exceeds. A streamed request (recipes.qwen_omni.stream_audio) is held to the same estimate plus its
-noise buffer: its DiT reads one window at a time, but its peak over a long run was measured, not modelled
-apart. Copy counts: core.footprint; checked against peak RSS on CPU (float32, bench's mid config: 1000
-codes measured 163-181 MiB vs an estimate of 427, 2000 codes 398-447 vs 1220, 2000 streamed 156 vs 1222).
+never exceeds. A streamed request (recipes.qwen_omni.stream_audio) runs the DiT and the vocoder on one
+window at a time: its token2wav and vocoder terms are those of its largest window
+(stream_audio.largest_window), plus the utterance's noise buffer and its whole waveform. Copy counts:
+core.footprint; checked against peak RSS on CPU by tests/integration/test_memory_estimates.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_bytes, element_size
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
+from vidloom.recipes.qwen_omni.stream_audio import largest_window
 from vidloom.recipes.qwen_omni.talker_loop import SlabKV, audio_token_budget
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
 
@@ -57,18 +58,21 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
     hidden_states = 2 * tokens * thinker.hidden_size * act  # final states + input embeddings, per token
     thinker_pass = block_bytes(1, tokens, thinker.hidden_size, SWIGLU_FACTOR * thinker.intermediate_size, act)
     talker_pass = block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
-    mel_pass, mel_state = _token2wav(dit, codes)
+    dit_frames = vocoder_frames = codes * dit.repeats
+    noise = 0
+    if prompt.request.audio_chunk_codes is not None:
+        dit_frames, vocoder_frames = largest_window(dit, vocoder, prompt.request.audio_chunk_codes, codes)
+        noise = codes * dit.repeats * dit.mel_dim * 4
+    mel_pass, mel_state = _token2wav(dit, dit_frames)
     samples = codes * dit.repeats * vocoder.hop
-    noise = codes * dit.repeats * dit.mel_dim * 4 if prompt.request.audio_chunk_codes is not None else 0
     return Footprint(caches=talker_kv + hidden_states + noise, denoise=max(thinker_pass, talker_pass, mel_pass),
-                     decode=_vocoder(instance, vocoder, codes * dit.repeats),
+                     decode=_vocoder(instance, vocoder, vocoder_frames),
                      persistent=mel_state + WAVE_COPIES * samples * 4)
 
 
-def _token2wav(dit: Any, codes: int) -> tuple[int, int]:
-    """(one DiT block's live bytes over the utterance's frames in both CFG branches, the ODE state's bytes);
+def _token2wav(dit: Any, frames: int) -> tuple[int, int]:
+    """(one DiT block's live bytes over `frames` mel frames in both CFG branches, the ODE state's bytes);
     token2wav runs in float32."""
-    frames = codes * dit.repeats
     inner = dit.num_attention_heads * dit.head_dim
     block = block_bytes(2, frames, max(inner, dit.hidden_size), dit.hidden_size * dit.ff_mult, 4)
     # the scores and their softmax per head and branch (CPU attention with a mask materialises them), the mask

@@ -135,8 +135,8 @@ class TalkerLoop:
     def next(self, state: TalkerState) -> StepPlan | Done:
         stream = state.stream
         if stream is not None and stream.ready(len(state.codes), state.done):
-            return StepPlan(loop=STREAM, index=len(stream.pieces), total=-(-state.max_codes // stream.chunk_codes), call=decode_chunk,
-                            inputs=stream.plan_inputs(state.codes, state.done))
+            return StepPlan(loop=STREAM, index=len(stream.pieces), total=stream.chunk_count(state.max_codes),
+                            call=decode_chunk, inputs=stream.plan_inputs(state.codes, state.done))
         if state.done:
             return DONE
         return StepPlan(loop=TALKER, index=len(state.codes), total=state.max_codes, call=talker_step,
