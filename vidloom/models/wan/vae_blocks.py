@@ -67,7 +67,11 @@ def stream_tail(past: Tensor | None, x: Tensor) -> Tensor:
 
 
 class CausalConv3d(nn.Conv3d):
-    """3D conv whose output frame t depends only on input frames <= t."""
+    """3D conv whose output frame t depends only on input frames <= t.
+
+    Height and width are zero-padded inside the conv kernel (no padded copy of the input); only
+    the time padding, which comes from the previous chunk's frames, is concatenated in front.
+    """
 
     def __init__(
         self,
@@ -76,19 +80,21 @@ class CausalConv3d(nn.Conv3d):
         kernel_size: int | tuple[int, int, int],
         padding: int | tuple[int, int, int] = 0,
     ) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, padding=0)
         pad_t, pad_h, pad_w = (padding,) * 3 if isinstance(padding, int) else padding
+        super().__init__(in_channels, out_channels, kernel_size, padding=(0, pad_h, pad_w))
         # All the time padding goes before the first frame (twice the symmetric amount)
         # so the receptive field never reaches forward in time.
-        self._pad = (pad_w, pad_w, pad_h, pad_h, 2 * pad_t, 0)
+        self._time_pad = 2 * pad_t
 
     def forward(self, x: Tensor, past: Tensor | None = None) -> Tensor:
         """Convolve `x`, taking the frames before it from `past` instead of zeros."""
-        pad = self._pad
-        if past is not None and pad[4] > 0:
+        missing = self._time_pad
+        if past is not None and missing > 0:
             x = torch.cat([past, x], dim=2)
-            pad = (*pad[:4], pad[4] - past.shape[2], 0)
-        return super().forward(F.pad(x, pad))
+            missing -= past.shape[2]
+        if missing > 0:
+            x = F.pad(x, (0, 0, 0, 0, missing, 0))
+        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
