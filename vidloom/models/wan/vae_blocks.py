@@ -107,9 +107,11 @@ class RMSNorm(nn.Module):
         self.scale = dim**0.5
 
     def forward(self, x: Tensor) -> Tensor:
-        # x * (sqrt(dim) / max(|x|, eps)) * gamma: one pass fewer than normalise-then-scale, and the sum of
-        # squares accumulates in float32 whatever x's dtype (bf16 would lose it) without a float32 copy of x.
-        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
+        # x * (sqrt(dim) / max(|x|, eps)) * gamma: one pass fewer than normalise-then-scale. CPU and CUDA
+        # reductions accumulate bfloat16 in float32, so bf16 needs no float32 copy of x; float16 would
+        # overflow the sum of squares and is widened.
+        wide = torch.float32 if x.dtype == torch.float16 else None
+        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=wide)
         inv = (self.scale / norm.clamp_min(NORM_EPS)).to(x.dtype)
         return (x * inv).mul_(self.gamma)
 
@@ -228,5 +230,8 @@ class Upsample(nn.Module):
 
 
 def _nearest_2x(frames: Tensor) -> Tensor:
-    # nearest-exact interpolation lacks half-precision kernels on some backends.
-    return F.interpolate(frames.float(), scale_factor=2.0, mode="nearest-exact").to(frames.dtype)
+    # nearest-exact interpolation lacks float16 kernels on some backends; it only copies values, so
+    # widening changes nothing but the time. bfloat16 and float32 run natively.
+    if frames.dtype == torch.float16:
+        return F.interpolate(frames.float(), scale_factor=2.0, mode="nearest-exact").to(frames.dtype)
+    return F.interpolate(frames, scale_factor=2.0, mode="nearest-exact")
