@@ -104,3 +104,13 @@ def default_compute_dtype(card_precision: str, device: torch.device, requested: 
     if device.type == "cuda":
         return getattr(torch, card_precision)
     return cpu_default_dtype()
+
+
+def vae_dtype(card_vae_dtype: str | None, device: torch.device, compute: torch.dtype) -> torch.dtype:
+    """A VAE whose bfloat16 decode was measured within the quality gate: the card's dtype on CUDA (float32 when
+    it names none); on CPU bfloat16 when generation computes in bfloat16 (the fast path: channels-last bf16
+    convolutions run ~5x float32's on AMX), else float32, so `dtype="float32"` keeps the whole run exact.
+    """
+    if device.type == "cuda":
+        return getattr(torch, card_vae_dtype or "float32")
+    return torch.bfloat16 if compute == torch.bfloat16 else torch.float32

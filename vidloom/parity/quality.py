@@ -25,3 +25,19 @@ def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
     diff = ours.astype(np.float64) - reference.astype(np.float64)
     mse = float(np.mean(diff * diff))
     return float("inf") if mse == 0 else float(10.0 * np.log10(peak * peak / mse))
+
+
+def waveform_snr(ours: np.ndarray, reference: np.ndarray) -> float:
+    """Signal-to-noise ratio in dB of a waveform against the reference one (the audio side of `psnr`); inf if equal.
+
+    Audio has no fixed peak, so the reference's own energy is the signal; the same gate (35 dB) applies.
+    """
+    if ours.shape != reference.shape:
+        raise ValueError(f"waveform_snr: shapes differ, {ours.shape} vs {reference.shape}")
+    if ours.size == 0:
+        raise ValueError("waveform_snr: empty arrays")
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    noise = float(np.sum((ours.astype(np.float64) - reference.astype(np.float64)) ** 2))
+    if noise == 0:
+        return float("inf")
+    return float(10.0 * np.log10(signal / noise)) if signal > 0 else float("-inf")

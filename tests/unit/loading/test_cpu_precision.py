@@ -8,6 +8,7 @@ import torch
 from vidloom.core.errors import DeployError
 from vidloom.loading import precision
 from vidloom.loading.precision import (
+    vae_dtype,
     CPU_DTYPE_ENV, cpu_default_dtype, cpu_flags, cpu_has_native_bf16, default_compute_dtype,
 )
 
@@ -70,3 +71,12 @@ def test_cuda_keeps_the_card_precision_whatever_the_cpu(monkeypatch):
 def test_the_suite_pins_float32_for_comparisons():
     # tests/conftest.py: parity and equivalence tests compare float32 against float32 references.
     assert cpu_default_dtype() is torch.float32
+
+
+def test_a_gated_vae_follows_the_compute_dtype_on_cpu_and_keeps_the_card_dtype_on_cuda():
+    cpu = torch.device("cpu")
+    assert vae_dtype("float32", cpu, torch.bfloat16) is torch.bfloat16  # the fast path
+    assert vae_dtype("float32", cpu, torch.float32) is torch.float32  # --dtype float32: exact parity
+    assert vae_dtype("float32", CUDA, torch.bfloat16) is torch.float32
+    assert vae_dtype(None, CUDA, torch.bfloat16) is torch.float32
+    assert vae_dtype("bfloat16", CUDA, torch.float32) is torch.bfloat16

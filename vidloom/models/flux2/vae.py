@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
+from vidloom.layers.memory_format import channels_last, use_channels_last
 from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 
@@ -219,6 +220,10 @@ class Flux2VAE(nn.Module):
         self.register_buffer("latent_mean", torch.zeros(patched))
         self.register_buffer("latent_var", torch.ones(patched))
         self.register_buffer("latent_count", torch.zeros((), dtype=torch.long))
+        use_channels_last(self)
+
+    def _dtype(self) -> torch.dtype:
+        return self.decoder.conv_in.weight.dtype
 
     def _stats(self, like: Tensor) -> tuple[Tensor, Tensor]:
         mean = self.latent_mean.view(1, -1, 1, 1).to(like.device, like.dtype)
@@ -227,17 +232,18 @@ class Flux2VAE(nn.Module):
 
     def encode(self, image: Tensor) -> Tensor:
         """[B, 3, H, W] in [-1, 1] -> normalized patchified latents (posterior mean)."""
-        moments = self.encoder(image)
+        moments = self.encoder(channels_last(image.to(self._dtype())))
         if self.quant_conv is not None:
             moments = self.quant_conv(moments)
-        latents = patchify(moments[:, : self.config.latent_channels])
+        # The statistics apply in float32 whatever the weights' dtype (bfloat16 on the CPU fast path).
+        latents = patchify(moments[:, : self.config.latent_channels].float())
         mean, std = self._stats(latents)
         return (latents - mean) / std
 
     def decode(self, latents: Tensor) -> Tensor:
         """Normalized patchified latents -> [B, 3, H, W] in about [-1, 1]."""
         mean, std = self._stats(latents)
-        z = unpatchify(latents * std + mean)
+        z = channels_last(unpatchify(latents * std + mean)).to(self._dtype())
         if self.post_quant_conv is not None:
             z = self.post_quant_conv(z)
         return self.decoder(z)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
+from vidloom.layers.memory_format import channels_last, use_channels_last
 from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
@@ -300,6 +301,7 @@ class WanVAE(nn.Module):
         self.quant_conv = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
         self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
         self.decoder = Decoder(config)
+        use_channels_last(self)
 
     @torch.no_grad()
     def encode(self, video: Tensor) -> LatentDistribution:
@@ -315,7 +317,7 @@ class WanVAE(nn.Module):
         chunks = [video[:, :, :1]]
         if frames > 1:  # split() of an empty time axis would still yield one empty chunk
             chunks += video[:, :, 1:].split(step, dim=2)
-        chunks = [patchify(chunk, self.config.patch_size or 1) for chunk in chunks]
+        chunks = [channels_last(patchify(chunk, self.config.patch_size or 1)) for chunk in chunks]
         cache = CausalCache()
         moments = []
         for chunk in chunks:
@@ -340,7 +342,7 @@ class WanVAE(nn.Module):
             raise ValueError(
                 f"latents must be [B, {self.config.z_dim}, T, h, w]; got shape {tuple(latents.shape)}"
             )
-        x = self.post_quant_conv(latents)
+        x = self.post_quant_conv(channels_last(latents))
         patch = self.config.patch_size or 1
         if tiling is None:
             return unpatchify(self._decode_frames(x, progress, 0, x.shape[2]), patch).clamp(-1.0, 1.0)

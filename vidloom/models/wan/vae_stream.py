@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vidloom.layers.memory_format import channels_last
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.vae_blocks import CausalCache
 
@@ -32,7 +33,7 @@ class StreamingDecode:
         z_dim = self.vae.config.z_dim
         if latents.ndim != 5 or latents.shape[1] != z_dim:
             raise ValueError(f"latents must be [B, {z_dim}, T, h, w]; got shape {tuple(latents.shape)}")
-        x = self.vae.post_quant_conv(latents)  # 1x1x1: no state across frames
+        x = self.vae.post_quant_conv(channels_last(latents))  # 1x1x1: no state across frames
         frames = []
         for index in range(x.shape[2]):
             self._cache.begin_chunk()

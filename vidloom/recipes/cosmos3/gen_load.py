@@ -16,7 +16,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.loading.config_keys import refuse_unknown_keys
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.name_map import NameMap
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import materialize, vae_dtype
 from vidloom.loading.safetensors_io import load_weights, skip_prefixes
 from vidloom.models.cosmos3.audio import SoundDecoder, SoundDecoderConfig
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
@@ -47,13 +47,14 @@ def load_generator(folder: Path, device: torch.device, dtype: torch.dtype) -> Co
 
 def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype,
                     pipeline: Cosmos3PipelineConfig) -> dict[str, Any]:
-    """The components generation adds to the chat ones: generator, VAE (float32, on `device`), sampler config."""
+    """The components generation adds to the chat ones: generator, VAE (float32; bfloat16 on the CPU fast path),
+    sampler config."""
     generator = load_generator(ckpt.component_dir("transformer"), device, compute)
     vae = WanVAE(read_vae_config(ckpt.component_config("vae"), f"{ckpt.root}/vae/config.json"))
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     # The pipeline, not the scheduler, decides where the flow sigmas start (use_native_flow_schedule).
     sampler = dataclasses.replace(load_sampler_config(ckpt), native_flow_schedule=pipeline.native_flow_schedule)
-    components = {"generator": generator, "vae": vae.to(device).eval(), "sampler_config": sampler}
+    components = {"generator": generator, "vae": vae.to(device, vae_dtype("float32", device, compute)).eval(), "sampler_config": sampler}
     if has_sound(ckpt):
         components["sound_decoder"] = load_sound_decoder(ckpt, generator.config.sound_dim)
     return components

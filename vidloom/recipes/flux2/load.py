@@ -12,7 +12,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.loading.precision import default_compute_dtype, materialize
+from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
@@ -24,7 +24,8 @@ from vidloom.recipes.flux2.text import Flux2TextEncoder
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
-    """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in `cpu_default_dtype()` (VAE in float32)."""
+    """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in `cpu_default_dtype()`
+    (the VAE too: `vae_dtype`)."""
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
@@ -50,7 +51,7 @@ def load_instance(
         card=card,
         components={
             "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=torch.float32).eval(),
+            "vae": vae.to(device=device, dtype=vae_dtype(card.components["vae"].dtype, device, compute)).eval(),
             "text_encoder": text,
             "schedule": schedule,
             "distilled": is_distilled(ckpt.root),

@@ -9,7 +9,7 @@ import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
-from vidloom.loading.precision import materialize
+from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.qwen_omni.config import OmniConfig
 from vidloom.models.qwen_omni.decoder import (TALKER_KEYS, TALKER_NAME_MAP, THINKER_KEYS, THINKER_NAME_MAP,
@@ -67,13 +67,13 @@ def load_token2wav(folder: Path, config: OmniConfig, device: torch.device) -> tu
 def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
                   deploy: Any) -> Any:
     """Read a Qwen2.5-Omni folder: thinker and tokenizer always; talker, token2wav and voices when the card speaks.
-    CPU computes in float32; token2wav always does (as the reference)."""
+    CPU computes in `cpu_default_dtype()`; token2wav always in float32 (as the reference)."""
     from vidloom.core.instance import ModelInstance
     from vidloom.models.qwen_omni.speakers import load_voices
 
     folder = Path(checkpoint)
     config = read_config(folder)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     tokenizer = load_tokenizer(folder)
     thinker = load_thinker(folder, config, device, compute)
     if len(tokenizer) > config.thinker.vocab_size:

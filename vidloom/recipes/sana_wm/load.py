@@ -13,6 +13,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.precision import default_compute_dtype
 from vidloom.models.ltx2.checkpoint import load_video_vae
 from vidloom.models.sana_wm.checkpoint import load_transformer
 from vidloom.recipes.sana_wm.cards import check_pipeline
@@ -22,11 +23,11 @@ from vidloom.recipes.sana_wm.text import SanaWMTextEncoder
 
 def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
                   deploy: DeployConfig) -> ModelInstance:
-    """Read `checkpoint` (a diffusers SanaWMPipeline folder); CPU computes in float32."""
+    """Read `checkpoint` (a diffusers SanaWMPipeline folder); CPU computes in `cpu_default_dtype()` (VAE in float32)."""
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
-    compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
+    compute = default_compute_dtype(card.precision, device, dtype)
     scheduler = ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")
     transformer = load_transformer(ckpt.component_dir("transformer"), device, compute)
     text = SanaWMTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device,

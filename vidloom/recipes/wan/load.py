@@ -17,6 +17,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import default_compute_dtype, materialize
+from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
@@ -51,7 +52,8 @@ def load_instance(
 
     `dtype` overrides the card's precision for the DiT and text encoder; by default
     CUDA runs the card's precision and CPU runs `cpu_default_dtype()` (bfloat16 where the CPU
-    multiplies it natively). The VAE keeps its card dtype on CUDA and float32 on CPU.
+    multiplies it natively). The VAE keeps its card dtype on CUDA and follows the compute dtype on CPU
+    (`vae_dtype`: bfloat16 on the fast path, float32 otherwise).
     """
     if card.recipe.quantization == "fp8" and not deploy.fp8_weights:
         deploy = dataclasses.replace(deploy, fp8_weights=True)  # QAD-trained weights are meant to run in FP8
@@ -63,7 +65,7 @@ def load_instance(
     ckpt.check_index(WAN_INDEX_KEYS[ckpt.pipeline_class or "WanImageToVideoPipeline"])
     ckpt.require(card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
-    vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+    vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
     if deploy.fp8_weights:
         check_fp8_compute(device, compute)  # before any weight reaches the device
 

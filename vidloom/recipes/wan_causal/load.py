@@ -14,6 +14,7 @@ from vidloom.layers.attention import resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize
+from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.models.wan_causal.transformer import FarTransformer
@@ -34,7 +35,7 @@ def load_instance(
     ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
     ckpt.require(card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
-    vae_dtype = getattr(torch, card.components["vae"].dtype or "float32") if device.type == "cuda" else torch.float32
+    vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
     if deploy.fp8_weights:
         check_fp8_compute(device, compute)  # before any weight reaches the device, as for Wan
 
