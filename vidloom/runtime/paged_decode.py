@@ -35,7 +35,8 @@ network must accept `return_hidden=True`."""
 EMBEDS_AT = "embeds_at"
 """A paged decode plan input: (index [K] into the plan's tokens, rows [K, width]) whose rows replace those
 tokens' input embeddings (a multimodal prompt's placeholders take their encoder's output); the network must
-accept `embeds_at=(index, rows)` over the packed batch."""
+accept `embeds_at=(index, rows)` over the packed batch. `rows` may be a callable that makes them: it runs in
+the step, on the device's thread (a prompt's encoders run with its prefill, so a chat's steps stay decode steps)."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
 
 
@@ -108,9 +109,9 @@ class PagedDecoder:
                              network.attention_scale)
         hidden = None
         extra: dict[str, Any] = {}
-        if any(p.inputs.get(EMBEDS_AT) is not None for p in plans):
-            extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
         with torch.inference_mode():
+            if any(p.inputs.get(EMBEDS_AT) is not None for p in plans):
+                extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
             if any(p.inputs.get(WANT_HIDDEN) for p in plans):
                 logits, hidden = network(tokens, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
             else:
@@ -133,7 +134,7 @@ def _packed_embeds(plans: Sequence[StepPlan], sizes: list[int]) -> tuple[Tensor,
         given = plan.inputs.get(EMBEDS_AT)
         if given is not None:
             indices.append(given[0] + offset)
-            rows.append(given[1])
+            rows.append(given[1]() if callable(given[1]) else given[1])
         offset += size
     return torch.cat(indices), torch.cat(rows)
 

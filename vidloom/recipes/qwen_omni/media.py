@@ -185,9 +185,6 @@ def _dtype(module: Any) -> torch.dtype:
     return next(module.parameters()).dtype
 
 
-ENCODE = "encode"  # the plan phase of the towers' step
-
-
 class MediaPrompter:
     """A checkpoint's template, processors and towers: chat messages -> (prompt ids, PromptMedia or None)."""
 
@@ -202,12 +199,11 @@ class MediaPrompter:
             return ids, None
         return prepare_media(ids, messages, self.tokenizer, self.processors, self.encoders, self.merge_size)
 
-    def encode_plan(self, media: PromptMedia, dtype: torch.dtype) -> Any:
-        """The towers as one loop step (progress, cancel), run on the device's thread."""
-        from vidloom.core.loop import StepPlan
-
-        return StepPlan(loop=ENCODE, index=0, total=1, call=encode_media,
-                        inputs={"encoders": self.encoders, "pieces": media.pieces, "dtype": dtype})
+    def prefill_embeds(self, media: PromptMedia, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Any]:
+        """The prefill's EMBEDS_AT input: the placeholders' indices and the towers, run inside that step."""
+        encoders = self.encoders
+        assert encoders is not None
+        return media.at.to(device), lambda: encode_media(encoders, media.pieces, dtype)
 
 
 def thinker_positions(media: PromptMedia | None, cached: int, count: int, device: torch.device) -> Tensor:

@@ -64,7 +64,6 @@ class ThinkerState:
     reply: list[int] = field(default_factory=list)
     hidden: list[Tensor] = field(default_factory=list)
     done: bool = False
-    rows: Tensor | None = None  # the towers' output for the prompt's placeholders, once encoded
 
 
 class ThinkerLoop:
@@ -91,20 +90,16 @@ class ThinkerLoop:
         if state.done:
             return DONE
         media = state.prompt.media
-        if media is not None and state.rows is None:
-            assert self.prompter is not None
-            return self.prompter.encode_plan(media, next(self.network.parameters()).dtype)
         inputs = {"tokens": torch.tensor(state.feed, device=state.device),
                   "positions": thinker_positions(media, state.cached, len(state.feed), state.device),
                   KV_SEQUENCE: state.seq_id, "start": state.cached, WANT_HIDDEN: True}
-        if media is not None and state.cached == 0:
-            inputs[EMBEDS_AT] = (media.at.to(state.device), state.rows)
+        if media is not None and state.cached == 0:  # the towers run inside the prefill step
+            assert self.prompter is not None
+            inputs[EMBEDS_AT] = self.prompter.prefill_embeds(media, next(self.network.parameters()).dtype,
+                                                             state.device)
         return StepPlan(loop=THINKER, index=len(state.reply), total=None, call=self.network, inputs=inputs)
 
-    def advance(self, state: ThinkerState, result: Any) -> ThinkerState:
-        if state.prompt.media is not None and state.rows is None:  # the towers' step
-            state.rows = result
-            return state
+    def advance(self, state: ThinkerState, result: tuple[Tensor, Tensor]) -> ThinkerState:
         logits, hidden = result
         state.hidden.append(hidden)
         state.cached += len(state.feed)
