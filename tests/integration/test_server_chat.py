@@ -175,6 +175,9 @@ def test_seeded_sampling_repeats(oc, client):
      "messages[0].content[1]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": BOMB_URL}}]}]},
      "messages[0].content[0].image_url"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]},
+     "messages[0].content[0].input_audio"),
 ])
 def test_bad_input_is_400_naming_the_field(client, body, param):
     response = client.post("/v1/chat/completions", json=body)
