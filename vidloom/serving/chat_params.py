@@ -92,7 +92,7 @@ def _audio(body: ChatCompletionBody, card: ModelCard) -> tuple[str | None, str] 
     return voice, body.audio.format
 
 
-def has_image_parts(body: ChatCompletionBody) -> bool:
+def has_media_parts(body: ChatCompletionBody) -> bool:
     """Whether any message has an image_url or input_audio part (planning then decodes them: a job for the media
     pool)."""
     messages = body.messages if isinstance(body.messages, list) else ()

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
 from vidloom.serving.chat_metrics import ChatMetrics
-from vidloom.serving.chat_params import PlannedChat, has_image_parts, plan_chat
+from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
@@ -76,7 +76,7 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     body = await read_body(request, ChatCompletionBody)
     rename = _renamer(body)
     with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
-        if has_image_parts(body):  # decoding them is work for the media pool, not the event loop
+        if has_media_parts(body):  # decoding them is work for the media pool, not the event loop
             planned = await manager.media.run(plan_chat, body, manager.card)
         else:
             planned = plan_chat(body, manager.card)

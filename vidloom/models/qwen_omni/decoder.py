@@ -30,7 +30,8 @@ _LAYER_RULES = (
     ("layers.{n}.mlp.up_proj", "blocks.{n}.mlp.up"),
     ("layers.{n}.mlp.down_proj", "blocks.{n}.mlp.down"),
 )
-# transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are not read).
+# transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are
+# transformers' modules, loaded apart: models.qwen_omni.encoders).
 THINKER_NAME_MAP = NameMap((("thinker.model.embed_tokens", "embed"),
                             *((f"thinker.model.{a}", b) for a, b in _LAYER_RULES),
                             ("thinker.model.norm", "norm"), ("thinker.lm_head", "head")))

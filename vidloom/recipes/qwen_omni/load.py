@@ -30,7 +30,7 @@ def _only(prefixes: tuple[str, ...]):
 
 
 def load_thinker(folder: Path, config: OmniConfig, device: torch.device, dtype: torch.dtype) -> OmniDecoder:
-    """The thinker's text decoder (its audio and vision towers are not read: text input only)."""
+    """The thinker's text decoder (its audio and vision towers load apart: load_encoders)."""
     model = materialize(lambda: OmniDecoder(config.thinker), device, dtype)
     load_weights(model, Path(folder), THINKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(THINKER_KEYS))
     return model.eval()
