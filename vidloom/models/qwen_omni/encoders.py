@@ -56,7 +56,7 @@ def _load_tower(folder: Path, stem: str, prefix: str, cls: Any, config: Any, dev
     # reference picks), without random init: the checkpoint fills every tensor next. Their derived buffers
     # (sinusoid tables, rotary frequencies) are computed at construction, so the module is not built on meta.
     with no_init_weights():
-        holder = nn.ModuleDict({_TOWER: cls._from_config(config, torch_dtype=dtype)})
+        holder = nn.ModuleDict({_TOWER: cls._from_config(config, dtype=dtype)})
     load_weights(holder, folder, NameMap(((prefix, _TOWER),)), stem=stem,
                  skip=lambda key: not key.startswith(prefix + "."))
     return holder[_TOWER].to(device).eval()
