@@ -125,3 +125,30 @@ def test_multimodal_positions_equal_get_rope_index():
     positions, delta = multimodal_positions(len(ids), pieces, merge_size=2)
     expected, expected_delta = _reference_rope_index(ids_t, grids, torch.tensor([13]))
     assert torch.equal(positions, expected[:, 0]) and delta == int(expected_delta)
+
+
+def test_two_media_prompts_prefill_in_one_forward_as_they_do_alone(omni):
+    from tests.parity.test_qwen_omni_inputs import conversation
+    from vidloom.core.chat import build_chat_request
+    from vidloom.media.image import load_image
+
+    engine = omni.engine
+    convs = [conversation(seed)[0] for seed in (1, 2)]
+    alone = [omni.chat(messages, max_tokens=5, temperature=0.0).token_ids for messages in convs]
+    runs = [engine.start_chat(build_chat_request(m, load_image=load_image, load_audio=load_input_audio,
+                                                 max_tokens=5, temperature=0.0)) for m in convs]
+    try:
+        for run in runs:
+            assert run.prepare()
+        rows = engine.decoder.run([run.pending_plan for run in runs])  # both prefills, towers included
+        for run, row in zip(runs, rows):
+            run.complete(row)
+        for run in runs:
+            while not run.step():
+                pass
+        batched = [run.outputs()["completion"].token_ids for run in runs]
+    finally:
+        for run in runs:
+            run.close()
+    assert batched == alone and alone[0] != alone[1]
+    assert engine.decoder.stats()["kv_blocks_in_use"] == 0
