@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 import wave
 
 import httpx
@@ -84,3 +85,27 @@ def test_audio_parts_stream(served, oc):
                                         stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == gen.chat(messages, max_tokens=5, temperature=0.0).text
+
+
+def test_media_features_are_prepared_on_the_media_pool(served, oc, monkeypatch):
+    """Whisper features and image patches of a served chat, spoken or not, are made on the media pool's threads,
+    never on the event loop's."""
+    from vidloom.recipes.qwen_omni import media
+
+    server, _ = served
+    threads: list[str] = []
+    prepare = media._prepare_part
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(media, "_prepare_part", recorded)
+    messages, _, _ = conversation(3)
+    oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0)
+    oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0,
+                               modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"})
+    stream = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0,
+                                        stream=True)
+    assert [c for c in stream]
+    assert len(threads) >= 3 and all(name.startswith("vidloom-media") for name in threads), threads

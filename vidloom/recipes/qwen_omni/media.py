@@ -5,7 +5,8 @@ A chat's messages go through the checkpoint's chat template with each audio part
 released template's rendering); each single placeholder is then widened to as many tokens as its tower
 makes, as transformers' Qwen2_5OmniProcessor does. Audio features come from the checkpoint's Whisper
 feature extractor, images from its Qwen2-VL image processor (both read from preprocessor_config.json).
-The towers run later, as the thinker loop's first step, on the device's thread.
+A server prepares this on its media pool's threads; the towers run later, inside the thinker's prefill step,
+on the device's thread.
 """
 
 from __future__ import annotations
