@@ -182,7 +182,8 @@ def test_qwen_omni_demo_hears_audio_and_sees_images(tmp_path):
     gen = VideoGenerator.from_pretrained("qwen-omni-demo", device="cpu", cache_dir=tmp_path / "cache")
     png = io.BytesIO()
     Image.new("RGB", (96, 64), (200, 120, 40)).save(png, "PNG")
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()}}
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    image = {"type": "image_url", "image_url": {"url": url}}
     question = {"type": "text", "text": "what is it?"}
 
     def ask(*parts: dict, **kw):

@@ -22,7 +22,8 @@ from vidloom.models.qwen_omni.speakers import SPEAKER_FILE
 from vidloom.models.qwen_omni.vocoder import VOCODER_NAME_MAP, BigVGAN
 from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json
 from vidloom.recipes.qwen_omni.cards import AR_LOOP, ARCHITECTURE, omni_card
-from vidloom.recipes.qwen_omni.demo_encoders import MEDIA_SPECIALS, thinker_media_config, tower_parts, write_processors
+from vidloom.recipes.qwen_omni.demo_encoders import (MEDIA_SPECIALS, thinker_media_config, tower_parts,
+                                                     write_processors)
 from vidloom.recipes.qwen_omni.load import WEIGHTS_STEM
 
 DEMO_ID = "qwen-omni-demo"
