@@ -119,23 +119,24 @@ class ChatFrontend:
         Raises at once: InvalidRequest("model") on a model without a chat loop, InvalidRequest naming the field,
         EngineBusy (queue full), EngineClosed. CacheBudgetExceeded (KV pool full) raises before the first item.
         """
+        self._check_chat()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         sink = event_queue(loop, queue, request.request_id)
-        return self._submitted(self._start(request, sink), sink, queue)
+        return self._submitted(self.engine.start_chat(request, sink), sink, queue)
 
     async def chat_prepared_by(self, request: ChatRequest, offload: Offload) -> AsyncIterator[ChatItem]:
         """As `chat`, with the request's preparation (its prompt, a model's audio features and image patches) run
         by `offload(fn, *args)` (a thread pool's run), so a chat with media does no such work on the event loop."""
+        self._check_chat()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         sink = event_queue(loop, queue, request.request_id)
-        return self._submitted(await offload(self._start, request, sink), sink, queue)
+        return self._submitted(await offload(self.engine.start_chat, request, sink), sink, queue)
 
-    def _start(self, request: ChatRequest, sink: EventCallback) -> RequestRun:
+    def _check_chat(self) -> None:
         if getattr(self.engine, "decoder", None) is None:
             raise no_chat(self.engine.instance.card.model_id)
-        return self.engine.start_chat(request, sink)
 
     def _submitted(self, run: RequestRun, sink: EventCallback, queue: asyncio.Queue[Event]) -> AsyncIterator[ChatItem]:
         handle = self.submit_chat(run, sink, chat_result)  # type: ignore[attr-defined]
