@@ -312,22 +312,25 @@ class VideoGenerator:
 
         Stopping the iteration early cancels the sequence and frees its KV blocks.
         """
+        from vidloom.media.audio_upload import load_input_audio
         from vidloom.media.image import load_image
         from vidloom.runtime.chat_stream import stream_alone
         from vidloom.runtime.paged_decode import no_chat
 
         if getattr(self.engine, "decoder", None) is None:
             raise no_chat(self.card.model_id)
-        yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image, **sampling))
+        yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image,
+                                                                load_audio=load_input_audio, **sampling))
 
     def _chat_aloud(self, messages: Any, audio: Mapping[str, Any], sampling: dict[str, Any]) -> Any:
         from vidloom.core.speech import SpeechRequest
+        from vidloom.media.audio_upload import load_input_audio
         from vidloom.media.image import load_image
         from vidloom.runtime.speech_run import speak_alone
 
         if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens"}:
             raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens)")
-        chat = build_chat_request(messages, load_image=load_image, **sampling)
+        chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, **sampling)
         request = SpeechRequest(chat=chat, voice=audio.get("voice"), max_audio_tokens=audio.get("max_audio_tokens"),
                                 seed=chat.sampling.seed)
         return speak_alone(self.engine, request)

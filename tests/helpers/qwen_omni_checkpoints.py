@@ -9,16 +9,20 @@ sizes. Weights are rescaled so that greedy ids change from step to step and the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+# Renders audio and image parts with their placeholders as the released Qwen2.5-Omni template does.
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
     "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+    "{% elif p.type == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif p.type == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -33,6 +37,9 @@ CORPUS = [
     "Qwen speaks with the voices of Chelsie and Ethan",
 ]
 VOICES = ("Chelsie", "Ethan")  # the released checkpoint's spk_dict.pt voices
+AUDIO_MEL_BINS = 16  # the audio tower's num_mel_bins = the feature extractor's feature_size
+AUDIO_CHUNK_S = 4  # the feature extractor's chunk_length: the longest clip it takes, seconds
+TOWER_GAIN = 8.0  # the towers' convolution weights, in units of 1/sqrt(fan_in)
 TALKER_VOCAB = 48  # codec ids; the last four are pad, start, end, mask (8292..8296 in the real 8448-entry table)
 
 
@@ -95,7 +102,7 @@ def omni_config(spec: TinyOmni, tokenizer, enable_audio_output: bool = True):
     special = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
     thinker = dict(
         text_config=dict(vocab_size=vocab, **spec.thinker),
-        audio_config=dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+        audio_config=dict(num_mel_bins=AUDIO_MEL_BINS, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
                           d_model=16, output_dim=spec.thinker["hidden_size"], n_window=4, max_source_positions=64),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=spec.thinker[
             "hidden_size"], fullatt_block_indexes=[0], window_size=28, patch_size=14),
@@ -148,6 +155,12 @@ def build_model(spec: TinyOmni, seed: int = 0, enable_audio_output: bool = True)
                 p.mul_(0).add_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
             else:
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
+        # The towers' convolutions (audio conv1/conv2, the vision patch embedding) loud: at init the towers'
+        # outputs barely depend on their input (a sinusoid table and biases dominate). A generator of their own keeps every other tensor as before.
+        towers = torch.Generator().manual_seed(seed + 13)
+        for name, p in model.named_parameters():
+            if ("audio_tower" in name or "visual" in name) and p.ndim >= 3:
+                p.copy_(TOWER_GAIN * torch.randn(p.shape, generator=towers) / p[0].numel() ** 0.5)
     return model, tokenizer
 
 
@@ -161,15 +174,48 @@ def speakers(spec: TinyOmni, tokenizer, seed: int = 0) -> dict[str, dict[str, An
                     "ref_mel": 3 * torch.randn(1, 24 + 6 * i, mel_dim, generator=g) - 4} for i, voice in enumerate(VOICES)}
 
 
-def write_tiny_omni(folder: Path, spec: TinyOmni = OMNI_A, seed: int = 0, enable_audio_output: bool = True) -> Path:
-    """Save a tiny Qwen2.5-Omni folder: config.json, model.safetensors, tokenizer files, spk_dict.pt."""
+def processors():
+    """The checkpoint's feature extractor (Whisper log-mel at 16 kHz, the audio tower's mel bins) and Qwen2-VL
+    image processor, at small sizes: a short chunk_length and few pixels per image."""
+    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+
+    features = WhisperFeatureExtractor(feature_size=AUDIO_MEL_BINS, sampling_rate=16000, hop_length=160,
+                                       chunk_length=AUDIO_CHUNK_S, n_fft=400)
+    images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14,
+                                      temporal_patch_size=2, merge_size=2)
+    return features, images
+
+
+def write_processors(folder: Path) -> None:
+    """One preprocessor_config.json holding both processors' settings, as the released checkpoint has it."""
+    features, images = processors()
+    raw = {**features.to_dict(), **images.to_dict(), "processor_class": "Qwen2_5OmniProcessor"}
+    raw.pop("mel_filters", None)  # derived from the settings
+    (Path(folder) / "preprocessor_config.json").write_text(json.dumps(raw, indent=2))
+
+
+def write_tiny_omni(folder: Path, spec: TinyOmni = OMNI_A, seed: int = 0, enable_audio_output: bool = True,
+                    encoders: bool = True) -> Path:
+    """Save a tiny Qwen2.5-Omni folder: config.json, model.safetensors, tokenizer files, spk_dict.pt and
+    preprocessor_config.json. `encoders` False drops the audio and vision towers' tensors (a text-only export)."""
     model, tokenizer = build_model(spec, seed, enable_audio_output)
     folder = Path(folder)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    write_processors(folder)
+    if not encoders:
+        _drop_towers(folder / "model.safetensors")
     if enable_audio_output:
         torch.save(speakers(spec, tokenizer, seed), folder / "spk_dict.pt")
     return folder
+
+
+def _drop_towers(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    kept = {k: v for k, v in tensors.items() if not k.startswith(("thinker.audio_tower.", "thinker.visual."))}
+    save_file(kept, path, metadata={"format": "pt"})
 
 
 def load_reference(folder: Path):

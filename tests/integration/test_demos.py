@@ -156,3 +156,43 @@ def test_wan22_demo_runs_text_and_image_to_video_with_per_token_timesteps(tmp_pa
     assert text.frames.shape == image.frames.shape == (5, 32, 32, 3)
     # The first latent frame is the image's (expand_timesteps), so the first frame moves towards it.
     assert np.abs(image.frames[0].astype(int) - 200).mean() < np.abs(text.frames[0].astype(int) - 200).mean()
+
+
+def _sine_wav_part(hz: float, seconds: float) -> dict:
+    import wave
+
+    rate = 16000
+    tone = (0.3 * np.sin(2 * np.pi * hz * np.arange(int(rate * seconds)) / rate) * 32767).astype(np.int16)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(tone.tobytes())
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}}
+
+
+def test_qwen_omni_demo_hears_audio_and_sees_images(tmp_path):
+    """The demo's towers are real: a clip and an image widen the prompt by their tokens, and what they hold moves
+    the thinker's greedy answer; a spoken answer carries the same transcript."""
+    from PIL import Image
+
+    from vidloom.models.qwen_omni.encoders import audio_output_length
+
+    gen = VideoGenerator.from_pretrained("qwen-omni-demo", device="cpu", cache_dir=tmp_path / "cache")
+    png = io.BytesIO()
+    Image.new("RGB", (96, 64), (200, 120, 40)).save(png, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    image = {"type": "image_url", "image_url": {"url": url}}
+    question = {"type": "text", "text": "what is it?"}
+
+    def ask(*parts: dict, **kw):
+        return gen.chat([{"role": "user", "content": [*parts, question]}], max_tokens=6, temperature=0.0, **kw)
+
+    text = ask()
+    low, high = ask(_sine_wav_part(220, 1.0), image), ask(_sine_wav_part(880, 1.0), image)
+    # 1 s = 100 mel frames -> 25 audio tokens; 96x64 px, resized to 84x56, is 6x4 patches of 14 px -> 6 merged; plus
+    # the two pairs of bos/eos markers around them.
+    assert low.prompt_tokens == text.prompt_tokens + audio_output_length(100) + 6 + 4
+    assert low.text != high.text  # the tone reaches the answer
+    assert ask(_sine_wav_part(220, 1.0), image, audio={"voice": "Chelsie"}).text == low.text

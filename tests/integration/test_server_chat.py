@@ -175,6 +175,9 @@ def test_seeded_sampling_repeats(oc, client):
      "messages[0].content[1]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": BOMB_URL}}]}]},
      "messages[0].content[0].image_url"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]},
+     "messages[0].content[0].input_audio"),
 ])
 def test_bad_input_is_400_naming_the_field(client, body, param):
     response = client.post("/v1/chat/completions", json=body)
@@ -390,7 +393,37 @@ def test_a_chat_open_at_shutdown_ends_with_an_error_event_after_the_grace_period
     assert cosmos3_engine.decoder.stats()["kv_blocks_in_use"] == 0
 
 
-def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_client(client, long_chat):
+def _hold_chat_after_its_first_token(monkeypatch, chat_server, cosmos3_engine) -> threading.Event:
+    """Hold the device worker before the chat's second decode step until its cancellation has been asked for.
+
+    Without the hold, a loaded machine may deschedule the test's client while the worker decodes the whole
+    reply: the chat then ends on its own before its client leaves, and nothing is left to cancel. Returns
+    the event set when the cancellation arrived (the hold gives up after a minute rather than hang the suite).
+    """
+    decoder, engine = cosmos3_engine.decoder, chat_server.app.state.jobs.engine
+    run, cancel = decoder.run, engine.cancel
+    cancelled, steps = threading.Event(), []
+
+    def held_run(plans):
+        if any(p.loop == "ar_decode" for p in plans):
+            steps.append(len(plans))
+            if len(steps) > 1:
+                cancelled.wait(60)
+        return run(plans)
+
+    def cancel_then_release(request_id):
+        try:
+            return cancel(request_id)
+        finally:
+            cancelled.set()
+
+    monkeypatch.setattr(decoder, "run", held_run)
+    monkeypatch.setattr(engine, "cancel", cancel_then_release)
+    return cancelled
+
+
+def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_client(
+        client, long_chat, chat_server, cosmos3_engine, monkeypatch):
     """One engine: the chat holds a place next to the rendering video (`/health`, `vidloom_in_flight`) until its
     client leaves, which cancels it through the jobs' path while the video keeps rendering."""
     from tests.helpers.servers import wait_for_status
@@ -402,20 +435,24 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
     wait_for_status(client, video_id, {"in_progress"})
     cancelled = 'vidloom_requests_total{kind="chat",status="cancelled"}'
     before = _metric(client, cancelled)
+    released = _hold_chat_after_its_first_token(monkeypatch, chat_server, cosmos3_engine)
     try:
         assert client.get("/health").json()["in_flight"] == 1
         body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert next(response.iter_lines()).startswith("data: {")
-            assert client.get("/health").json()["in_flight"] == 2
+            health = client.get("/health").json()  # the video's status says whether it ended first
+            assert health["in_flight"] == 2, (health, client.get(f"/v1/videos/{video_id}").json()["status"])
             assert _metric(client, "vidloom_in_flight") == 2
-        deadline = time.monotonic() + 10
+        assert released.wait(60), "the chat was not cancelled when its client left"
+        deadline = time.monotonic() + 60  # generous: a loaded machine takes its time, a kept place stays forever
         while _metric(client, cancelled) == before or _metric(client, "vidloom_in_flight") > 1:
             assert time.monotonic() < deadline, "the chat kept its place after its client left"
             time.sleep(0.02)
         # The video did not share the chat's fate (it may have finished meanwhile on a slow machine).
         assert client.get(f"/v1/videos/{video_id}").json()["status"] in ("in_progress", "completed")
     finally:
+        released.set()
         client.post(f"/v1/videos/{video_id}/cancel")
     wait_for_status(client, video_id, {"cancelled", "completed"})
     _wait_pool_full(client)

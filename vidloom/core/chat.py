@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
 ROLES = ("system", "user", "assistant")
-PART_TYPES = ("text", "image")
+PART_TYPES = ("text", "image", "audio")
 MAX_TEMPERATURE = 2.0  # OpenAI's range; past it sampling is near-uniform noise
 # Temperatures below this decode greedily (vLLM's _SAMPLING_EPS): dividing logits by 5e-324 (0 in float32)
 # gives inf/NaN probabilities, and anything this small already puts all the mass on the top token.
@@ -53,9 +53,11 @@ class ChatLimits:
 class ChatPart:
     """One piece of a message's content."""
 
-    type: str  # "text" | "image"
+    type: str  # "text" | "image" | "audio"
     text: str = ""
     image: Image.Image | None = None  # RGB, loaded at the boundary (media.image.load_image)
+    audio: Any = None  # float32 mono samples [n], decoded at the boundary (media.audio_upload.load_input_audio)
+    sample_rate: int = 0  # the audio's
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,16 @@ def _check_part(part: object, where: str, role: str) -> int:
         raise InvalidRequest(where, f"must be a ChatPart, got {type(part).__name__}")
     if part.type not in PART_TYPES:
         raise InvalidRequest(f"{where}.type", f"unknown part type {part.type!r}; known: {', '.join(PART_TYPES)}")
+    if part.type == "audio":
+        samples = part.audio
+        if getattr(samples, "ndim", None) != 1 or getattr(samples, "dtype", None) is None or \
+                samples.dtype.kind != "f" or samples.shape[0] < 1:
+            raise InvalidRequest(f"{where}.audio", "an audio part needs float samples [n] (mono)")
+        if not isinstance(part.sample_rate, int) or part.sample_rate < 1:
+            raise InvalidRequest(f"{where}.sample_rate", f"must be a positive integer, got {part.sample_rate!r}")
+        if role != "user":
+            raise InvalidRequest(f"{where}.type", f"audio is accepted in user messages only, not {role!r}")
+        return 0
     if part.type == "image":
         if part.image is None:
             raise InvalidRequest(f"{where}.image", "an image part needs an image")
@@ -211,13 +223,18 @@ def _check_part(part: object, where: str, role: str) -> int:
 
 ImageLoader = Callable[[Any, str], "Image.Image"]
 """(value, field) -> RGB image; media.image.load_image (raises InvalidRequest naming the field)."""
+AudioLoader = Callable[[bytes, str, str], Any]
+"""(file bytes, format, field) -> float32 mono samples at INPUT_AUDIO_RATE; media.audio_upload.load_input_audio."""
+INPUT_AUDIO_RATE = 16000  # the rate AudioLoader decodes to (media.audio_upload.INPUT_AUDIO_RATE)
 
 
-def messages_from_openai(messages: object, load_image: ImageLoader | None = None) -> tuple[ChatMessage, ...]:
+def messages_from_openai(messages: object, load_image: ImageLoader | None = None,
+                         load_audio: AudioLoader | None = None) -> tuple[ChatMessage, ...]:
     """ChatMessages from OpenAI-style dicts ({"role", "content": str | [parts]}) or ChatMessages.
 
     Image parts ({"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}) are decoded with
-    `load_image`; remote URLs are refused (the server fetches nothing on a caller's behalf).
+    `load_image`; remote URLs are refused (the server fetches nothing on a caller's behalf). Audio parts
+    ({"type": "input_audio", "input_audio": {"data": base64, "format": "wav" | "mp3"}}) with `load_audio`.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequest("messages", "must be a non-empty list of messages")
@@ -232,11 +249,13 @@ def messages_from_openai(messages: object, load_image: ImageLoader | None = None
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"{where}.role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
-        out.append(ChatMessage(role, _content_from_openai(m.get("content"), f"{where}.content", load_image)))
+        out.append(ChatMessage(role, _content_from_openai(m.get("content"), f"{where}.content", load_image,
+                                                          load_audio)))
     return tuple(out)
 
 
-def _content_from_openai(content: object, where: str, load_image: ImageLoader | None) -> tuple[ChatPart, ...]:
+def _content_from_openai(content: object, where: str, load_image: ImageLoader | None,
+                         load_audio: AudioLoader | None = None) -> tuple[ChatPart, ...]:
     if isinstance(content, str):
         return (ChatPart("text", text=content),)
     if not isinstance(content, (list, tuple)):
@@ -249,9 +268,27 @@ def _content_from_openai(content: object, where: str, load_image: ImageLoader | 
             parts.append(ChatPart("text", text=part["text"]))
         elif kind == "image_url":
             parts.append(ChatPart("image", image=_image_from_openai(part.get("image_url"), at, load_image)))
+        elif kind == "input_audio":
+            samples = _audio_from_openai(part.get("input_audio"), at, load_audio)
+            parts.append(ChatPart("audio", audio=samples, sample_rate=INPUT_AUDIO_RATE))
         else:
-            raise InvalidRequest(at, "must be {'type': 'text', 'text': str} or {'type': 'image_url', ...}")
+            raise InvalidRequest(at, "must be {'type': 'text', 'text': str}, {'type': 'image_url', ...} or "
+                                     "{'type': 'input_audio', ...}")
     return tuple(parts)
+
+
+def _audio_from_openai(spec: object, where: str, load_audio: AudioLoader | None) -> Any:
+    field = f"{where}.input_audio"
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("data"), str) or \
+            not isinstance(spec.get("format"), str):
+        raise InvalidRequest(field, "must be {'data': base64 str, 'format': 'wav' | 'mp3'}")
+    if load_audio is None:
+        raise InvalidRequest(where, "this model does not accept audio")
+    try:
+        raw = base64.b64decode(spec["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"{field}.data", "is not valid base64") from None
+    return load_audio(raw, spec["format"], field)
 
 
 def _image_from_openai(spec: object, where: str, load_image: ImageLoader | None) -> Image.Image:
@@ -283,11 +320,12 @@ def stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     raise InvalidRequest("stop", f"must be a string or a list of strings, got {type(stop).__name__}")
 
 
-def build_chat_request(messages: object, *, load_image: ImageLoader | None = None, request_id: str | None = None,
+def build_chat_request(messages: object, *, load_image: ImageLoader | None = None,
+                       load_audio: AudioLoader | None = None, request_id: str | None = None,
                        max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                        seed: int | None = None, stop: str | Sequence[str] | None = None) -> ChatRequest:
     """A ChatRequest from OpenAI-style messages (dicts or ChatMessages) and sampling keywords (not yet validated)."""
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                               stop=stop_tuple(stop))
-    converted = messages_from_openai(messages, load_image)
+    converted = messages_from_openai(messages, load_image, load_audio)
     return ChatRequest(converted, sampling) if request_id is None else ChatRequest(converted, sampling, request_id)

@@ -36,6 +36,7 @@ class ChatPrompt:
     prompt_ids: tuple[int, ...]
     max_tokens: int
     phase: str = AR_DECODE  # what its streamed text reports as (TextEvent.phase): a reasoner's is "reason"
+    media: Any = None  # a model's non-text prompt inputs (its loop's `prefill` reads them); None: text only
 
 
 @dataclass
@@ -66,6 +67,10 @@ class ARDecodeLoop:
         self.network, self.tokenizer = network, tokenizer
         self.prompt, self.positions = prompt, positions
         self.eos_ids = frozenset(eos_ids)
+
+    def prepare(self, request: ChatRequest) -> tuple[list[int], Any]:
+        """The request's prompt ids and its non-text inputs (None here: a text model's prompt is its ids)."""
+        return self.prompt(request), None
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> DecodeState:
         chat: ChatPrompt = slots["chat"]

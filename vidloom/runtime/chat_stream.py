@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
 from vidloom.core.errors import Cancelled
-from vidloom.core.output import AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent, TextEvent
+from vidloom.core.output import (AudioChunkEvent, CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent,
+                                 TextEvent)
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.paged_decode import no_chat
 
 log = logging.getLogger(__name__)
 ChatItem = TokenDelta | ChatResult
+Offload = Callable[..., Awaitable[Any]]  # runs fn(*args) on another thread: a media pool's `run`
 
 
 def delta_of(event: Event) -> TokenDelta | None:
@@ -117,12 +119,26 @@ class ChatFrontend:
         Raises at once: InvalidRequest("model") on a model without a chat loop, InvalidRequest naming the field,
         EngineBusy (queue full), EngineClosed. CacheBudgetExceeded (KV pool full) raises before the first item.
         """
-        if getattr(self.engine, "decoder", None) is None:
-            raise no_chat(self.engine.instance.card.model_id)
+        self._check_chat()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         sink = event_queue(loop, queue, request.request_id)
-        run = self.engine.start_chat(request, sink)
+        return self._submitted(self.engine.start_chat(request, sink), sink, queue)
+
+    async def chat_prepared_by(self, request: ChatRequest, offload: Offload) -> AsyncIterator[ChatItem]:
+        """As `chat`, with the request's preparation (its prompt, a model's audio features and image patches) run
+        by `offload(fn, *args)` (a thread pool's run), so a chat with media does no such work on the event loop."""
+        self._check_chat()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        sink = event_queue(loop, queue, request.request_id)
+        return self._submitted(await offload(self.engine.start_chat, request, sink), sink, queue)
+
+    def _check_chat(self) -> None:
+        if getattr(self.engine, "decoder", None) is None:
+            raise no_chat(self.engine.instance.card.model_id)
+
+    def _submitted(self, run: RequestRun, sink: EventCallback, queue: asyncio.Queue[Event]) -> AsyncIterator[ChatItem]:
         handle = self.submit_chat(run, sink, chat_result)  # type: ignore[attr-defined]
         return stream_submitted(handle, queue, run, self.cancel)  # type: ignore[attr-defined]
 

@@ -32,6 +32,11 @@ WANT_HIDDEN = "want_hidden"
 """A paged decode plan input: True asks for the final hidden states of the plan's tokens too (a speech model's
 thinker feeds its talker with them); the plan's result is then (logits [vocab], hidden [tokens, hidden]) and the
 network must accept `return_hidden=True`."""
+EMBEDS_AT = "embeds_at"
+"""A paged decode plan input: (index [K] into the plan's tokens, rows [K, width]) whose rows replace those
+tokens' input embeddings (a multimodal prompt's placeholders take their encoder's output); the network must
+accept `embeds_at=(index, rows)` over the packed batch. `rows` may be a callable that makes them: it runs in
+the step, on the device's thread (a prompt's encoders run with its prefill, so a chat's steps stay decode steps)."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
 
 
@@ -70,9 +75,9 @@ class PagedDecoder:
         Raises InvalidRequest naming the field before anything is held.
         """
         request.validate(self.limits)
-        prompt = self.loop.prompt(request)
+        prompt, media = self.loop.prepare(request)
         budget = request.sampling.completion_budget(len(prompt), self.limits)
-        return {"chat": ChatPrompt(request, tuple(prompt), budget)}
+        return {"chat": ChatPrompt(request, tuple(prompt), budget, media=media)}
 
     def memory_bytes(self, prompt: ChatPrompt) -> int:
         """A chat's decode working set beyond the weights and the pool, for the engine's admission ledger
@@ -125,11 +130,14 @@ class PagedDecoder:
         kv = self.pool.batch([(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)],
                              network.attention_scale)
         hidden = None
+        extra: dict[str, Any] = {}
         with torch.inference_mode():
+            if any(p.inputs.get(EMBEDS_AT) is not None for p in plans):
+                extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
             if any(p.inputs.get(WANT_HIDDEN) for p in plans):
-                logits, hidden = network(tokens, positions, kv=kv, logits_at=last, return_hidden=True)
+                logits, hidden = network(tokens, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
             else:
-                logits = network(tokens, positions, kv=kv, logits_at=last)
+                logits = network(tokens, positions, kv=kv, logits_at=last, **extra)
             logits = logits.float().cpu()
         with self._lock:
             self.tokens_generated_total += sum(p.loop == AR_DECODE for p in plans)
@@ -139,6 +147,18 @@ class PagedDecoder:
                 if plan.inputs.get(WANT_HIDDEN):
                     rows[i] = (rows[i], part)
         return rows
+
+
+def _packed_embeds(plans: Sequence[StepPlan], sizes: list[int]) -> tuple[Tensor, Tensor]:
+    """The plans' EMBEDS_AT inputs over the packed batch: their indices shifted by where each plan's tokens start."""
+    indices, rows, offset = [], [], 0
+    for plan, size in zip(plans, sizes):
+        given = plan.inputs.get(EMBEDS_AT)
+        if given is not None:
+            indices.append(given[0] + offset)
+            rows.append(given[1]() if callable(given[1]) else given[1])
+        offset += size
+    return torch.cat(indices), torch.cat(rows)
 
 
 def build_decoder(instance: ModelInstance, program: Program, caches: CacheManager) -> PagedDecoder | None:

@@ -36,7 +36,10 @@ AUDIO_TTL_S = 3600  # expires_at: audio ids are not kept for multi-turn reuse he
 _SPEECH_FORMAT = {"pcm16": "pcm"}  # chat's format names -> /v1/audio/speech's
 
 
-async def audio_chat(request: Request, manager: Any, planned: PlannedChat) -> ChatCompletion | StreamingResponse:
+async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
+                     media: bool = False) -> ChatCompletion | StreamingResponse:
+    """Answer `planned` aloud; `media`: its messages have audio or image parts, whose features are prepared on the
+    media pool."""
     voice, fmt = planned.audio  # type: ignore[misc]
     engine = manager.engine
     loop = asyncio.get_running_loop()
@@ -46,7 +49,8 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat) -> Ch
         speech = stream_speech_request(speech)
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
-        run = start_speech(engine.engine, speech, sink)
+        run = (await manager.media.run(start_speech, engine.engine, speech, sink) if media
+               else start_speech(engine.engine, speech, sink))
         handle = engine.submit_run(run, sink, speech_result)
     audio_id = f"audio_{uuid.uuid4().hex}"
     if planned.stream:

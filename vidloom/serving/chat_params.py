@@ -51,7 +51,7 @@ def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | No
     if body.stream_options is not None and not stream:
         raise InvalidRequest("stream_options", "is only allowed with stream=true")
     # Images are decoded here; whether the model takes them is the engine's call (it names the part).
-    messages = messages_from_openai(_aliased_roles(body.messages), _load_image)
+    messages = messages_from_openai(_aliased_roles(body.messages), _load_image, _load_audio)
     sampling = SamplingParams(
         max_tokens=_max_tokens(body),
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -92,11 +92,12 @@ def _audio(body: ChatCompletionBody, card: ModelCard) -> tuple[str | None, str] 
     return voice, body.audio.format
 
 
-def has_image_parts(body: ChatCompletionBody) -> bool:
-    """Whether any message has an image_url part (planning then decodes images: a job for the media pool)."""
+def has_media_parts(body: ChatCompletionBody) -> bool:
+    """Whether any message has an image_url or input_audio part (planning then decodes them: a job for the media
+    pool)."""
     messages = body.messages if isinstance(body.messages, list) else ()
     return any(
-        isinstance(part, Mapping) and part.get("type") == "image_url"
+        isinstance(part, Mapping) and part.get("type") in ("image_url", "input_audio")
         for message in messages if isinstance(message, Mapping) and isinstance(message.get("content"), list)
         for part in message["content"]
     )
@@ -138,6 +139,12 @@ def _aliased(message: Any) -> bool:
     # A role may be any JSON value here (a list is unhashable): only a string is looked up; messages_from_openai
     # names whatever else it is.
     return isinstance(message, Mapping) and isinstance(message.get("role"), str) and message["role"] in _ROLE_ALIASES
+
+
+def _load_audio(raw: bytes, fmt: str, field: str) -> Any:
+    from vidloom.media.audio_upload import load_input_audio  # PyAV only when audio arrives
+
+    return load_input_audio(raw, fmt, field)
 
 
 def _load_image(raw: Any, field: str) -> Any:

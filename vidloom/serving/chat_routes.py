@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
 from vidloom.serving.chat_metrics import ChatMetrics
-from vidloom.serving.chat_params import PlannedChat, has_image_parts, plan_chat
+from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
@@ -76,15 +76,20 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     body = await read_body(request, ChatCompletionBody)
     rename = _renamer(body)
     with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
-        if has_image_parts(body):  # decoding them is work for the media pool, not the event loop
+        # Decoding media parts, then their features (Whisper mels, image patches), is work for the media pool,
+        # never the event loop.
+        media = has_media_parts(body)
+        if media:
             planned = await manager.media.run(plan_chat, body, manager.card)
         else:
             planned = plan_chat(body, manager.card)
         if planned.audio is not None:  # a spoken answer: one speech request (thinker -> talker -> vocoder)
             from vidloom.serving.chat_audio import audio_chat
 
-            return await audio_chat(request, manager, planned)
-        items = _observed(manager.engine.chat(planned.request), manager.metrics, request.app.state.chat, received)
+            return await audio_chat(request, manager, planned, media)
+        chat = (await manager.engine.chat_prepared_by(planned.request, manager.media.run) if media
+                else manager.engine.chat(planned.request))
+        items = _observed(chat, manager.metrics, request.app.state.chat, received)
     try:
         with engine_errors(rename), _admission_errors():
             first = await unless_disconnected(request, anext(items))

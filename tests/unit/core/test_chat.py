@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -81,7 +82,11 @@ def test_completion_budget() -> None:
     ((ChatMessage("tool", (ChatPart("text", text="x"),)),), "messages[0].role"),
     ((_user(), ChatMessage("robot", ())), "messages[1].role"),
     ((ChatMessage("user", [ChatPart("text", text="x")]),), "messages[0].content"),
-    ((ChatMessage("user", (ChatPart("audio"),)),), "messages[0].content[0].type"),
+    ((ChatMessage("user", (ChatPart("video"),)),), "messages[0].content[0].type"),
+    ((ChatMessage("user", (ChatPart("audio"),)),), "messages[0].content[0].audio"),
+    ((ChatMessage("user", (ChatPart("audio", audio=np.zeros(4, np.float32)),)),), "messages[0].content[0].sample_rate"),
+    ((ChatMessage("assistant", (ChatPart("audio", audio=np.zeros(4, np.float32), sample_rate=16000),)),),
+     "messages[0].content[0].type"),
     ((ChatMessage("user", (ChatPart("image"),)),), "messages[0].content[0].image"),
     ((ChatMessage("system", (ChatPart("image", image=Image.new("RGB", (4, 4))),)),), "messages[0].content[0].type"),
     ((ChatMessage("user", (ChatPart("text", text=5),)),), "messages[0].content[0].text"),

@@ -88,3 +88,20 @@ def test_resident_requests_share_the_budget(gen, monkeypatch):
     finally:
         second.close()
     assert engine.admission.resident == 0 and engine.decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_audio_and_image_parts_add_their_towers_to_the_estimate(gen):
+    from tests.parity.test_qwen_omni_inputs import conversation
+    from vidloom.core.chat import build_chat_request
+    from vidloom.media.audio_upload import load_input_audio
+    from vidloom.media.image import load_image
+
+    messages, _, _ = conversation(1)
+    chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, max_tokens=4)
+    instance = gen.engine.instance
+    prompt = speech_prompt(instance, gen.engine.decoder.limits,
+                           SpeechRequest(chat=chat, voice="Chelsie", max_audio_tokens=8))
+    towers = footprint(instance, prompt).total - footprint(instance, dataclasses.replace(prompt, media=None)).total
+    rows = int(prompt.media.at.shape[0]) * instance["thinker"].config.hidden_size * 4
+    patches = prompt.media.pieces[1].inputs.numel() * 4  # the image's patches, float32
+    assert towers > rows + patches  # the rows, the widest part's inputs and its block's activations

@@ -38,20 +38,6 @@ def test_empty_input_is_refused(omni, text):
     assert info.value.field == "input"
 
 
-def test_image_parts_are_refused_by_name(omni):
-    _, gen = omni
-    from PIL import Image
-
-    image = ChatPart("image", image=Image.new("RGB", (8, 8)))
-    chat = ChatRequest((ChatMessage("user", (image, ChatPart("text", "what is this?"))),))
-    with pytest.raises(InvalidRequest) as info:
-        start_speech(gen.engine, SpeechRequest(chat=chat))
-    assert info.value.field == "messages[0].content[0]"
-    with pytest.raises(InvalidRequest) as info:
-        gen.chat([ChatMessage("user", (image,))])
-    assert info.value.field == "messages[0].content[0]" and "image" in info.value.message
-
-
 def test_speak_returns_audio_and_rate(omni):
     _, gen = omni
     result = gen.speak("the kite rose", voice="Ethan", seed=1, max_audio_tokens=6)

@@ -117,15 +117,17 @@ def test_model_name_and_capability():
     assert excinfo.value.field == "model" and "does not support chat" in excinfo.value.message
 
 
-def test_image_parts_are_found_so_their_decoding_goes_to_the_media_pool():
-    from vidloom.serving.chat_params import has_image_parts
+def test_media_parts_are_found_so_their_decoding_goes_to_the_media_pool():
+    from vidloom.serving.chat_params import has_media_parts
 
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     text = {"type": "text", "text": "hi"}
-    assert has_image_parts(ChatCompletionBody(messages=[{"role": "user", "content": [text, image]}]))
-    assert not has_image_parts(ChatCompletionBody(messages=[{"role": "user", "content": [text]}]))
-    assert not has_image_parts(ChatCompletionBody(messages=[{"role": "user", "content": "hi"}]))
-    assert not has_image_parts(ChatCompletionBody(messages="not a list"))  # plan_chat names that problem
+    assert has_media_parts(ChatCompletionBody(messages=[{"role": "user", "content": [text, image]}]))
+    assert not has_media_parts(ChatCompletionBody(messages=[{"role": "user", "content": [text]}]))
+    assert not has_media_parts(ChatCompletionBody(messages=[{"role": "user", "content": "hi"}]))
+    assert not has_media_parts(ChatCompletionBody(messages="not a list"))  # plan_chat names that problem
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    assert has_media_parts(ChatCompletionBody(messages=[{"role": "user", "content": [audio]}]))
 
 
 @pytest.mark.parametrize("value", ["yes", "on", 1, 0, "True", "1"])

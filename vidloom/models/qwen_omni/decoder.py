@@ -30,7 +30,8 @@ _LAYER_RULES = (
     ("layers.{n}.mlp.up_proj", "blocks.{n}.mlp.up"),
     ("layers.{n}.mlp.down_proj", "blocks.{n}.mlp.down"),
 )
-# transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are not read).
+# transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are
+# transformers' modules, loaded apart: models.qwen_omni.encoders).
 THINKER_NAME_MAP = NameMap((("thinker.model.embed_tokens", "embed"),
                             *((f"thinker.model.{a}", b) for a, b in _LAYER_RULES),
                             ("thinker.model.norm", "norm"), ("thinker.lm_head", "head")))
@@ -140,9 +141,16 @@ class OmniDecoder(nn.Module):
         return self.norm(x)
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,
-                logits_at: Tensor | None = None, return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                logits_at: Tensor | None = None, return_hidden: bool = False,
+                embeds_at: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Token ids [T] -> logits [T or len(logits_at), vocab] (the runtime's paged decode contract); with
-        `return_hidden`, also every token's final hidden state [T, hidden] (what a talker reads)."""
-        x = self.hidden(self.embed(input_ids), positions, kv)
+        `return_hidden`, also every token's final hidden state [T, hidden] (what a talker reads).
+        `embeds_at` (index [K], rows [K, embedding_size]) replaces those tokens' embeddings (audio and image
+        placeholders take their encoder's rows, as transformers' masked_scatter does)."""
+        embeds = self.embed(input_ids)
+        if embeds_at is not None:
+            index, rows = embeds_at
+            embeds = embeds.index_copy(0, index, rows.to(embeds.dtype))
+        x = self.hidden(embeds, positions, kv)
         logits = self.head(x if logits_at is None else x[logits_at])
         return (logits, x) if return_hidden else logits

@@ -36,16 +36,20 @@ class TalkerInputs:
 
 
 def talker_inputs(thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerTokens, voice_bos: int,
-                  prompt_ids: Tensor, fed_ids: Tensor, hidden: Tensor) -> TalkerInputs:
+                  prompt_ids: Tensor, fed_ids: Tensor, hidden: Tensor, media_at: Tensor | None = None) -> TalkerInputs:
     """Build the talker's inputs from one thinker sequence.
 
     prompt_ids [P]: the thinker prompt; fed_ids [R]: the reply tokens the thinker read after it (every
     reply token but the last one it chose, or a forced text); hidden [P + R, hidden]: the thinker's final
-    normed states at those positions. R must be >= 1.
+    normed states at those positions. R must be >= 1. `media_at`: prompt indices of audio/image placeholders,
+    whose rows carry the hidden state alone (generate() zeroes their embeddings before the talker reads them).
     """
     embed = thinker.embed
     p = prompt_ids.shape[0]
-    rows = hidden + embed(torch.cat([prompt_ids, fed_ids]))  # [P + R, H]
+    embeds = embed(torch.cat([prompt_ids, fed_ids]))
+    if media_at is not None:
+        embeds = embeds.index_fill(0, media_at, 0.0)
+    rows = hidden + embeds  # [P + R, H]
     device = hidden.device
 
     def ids(*values: int) -> Tensor:

@@ -22,8 +22,9 @@ def chat_prompt_fn(tokenizer: Any):
                 if part.type != "text":
                     # The diffusers checkpoint carries no vision tower (its generation pathway reads VAE
                     # latents), so the understanding pathway has nothing to encode an input image with.
-                    raise InvalidRequest(f"messages[{i}].content[{j}]", "this model does not accept image inputs "
-                                         "(the checkpoint has no vision encoder for the reasoning pathway)")
+                    raise InvalidRequest(f"messages[{i}].content[{j}]", f"this model does not accept {part.type} "
+                                         "inputs (the checkpoint has no vision or audio encoder for the reasoning "
+                                         "pathway)")
             messages.append({"role": message.role, "content": message.text})
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
         return list(ids["input_ids"])

@@ -1,8 +1,9 @@
 """Cards for Qwen2.5-Omni transformers checkpoints (config.json architectures Qwen2_5OmniForConditionalGeneration).
 
 Chat (the thinker's "ar_decode" loop, text in, text out) always; speech (thinker -> talker ->
-token2wav -> vocoder) when the checkpoint has a talker and a speaker table. Text input only: the
-thinker's audio and vision towers are not run, and requests that carry images are refused by name.
+token2wav -> vocoder) when the checkpoint has a talker and a speaker table. Audio and image parts of a chat
+reach the thinker through its towers when the checkpoint has them (recipes.qwen_omni.media); without them
+such parts are refused by name.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """qwen-omni-demo: the Qwen2.5-Omni architecture at a tiny size with seeded random weights and the real voices.
 
 One transformers-layout folder (config.json, model.safetensors, tokenizer files, spk_dict.pt with the
-released checkpoint's voice names Chelsie and Ethan), written once into the user's cache from our own
-modules and loaded through the same loader as real checkpoints. Chat and speech run offline in
-seconds; the weights are random, so the words and the sound are noise by design.
+released checkpoint's voice names Chelsie and Ethan, preprocessor_config.json for the audio and vision
+towers: demo_encoders), written once into the user's cache from our own
+modules and loaded through the same loader as real checkpoints. Chat (with audio and image parts too)
+and speech run offline in seconds; the weights are random, so the words and the sound are noise by design.
 """
 
 from __future__ import annotations
@@ -21,22 +22,26 @@ from vidloom.models.qwen_omni.speakers import SPEAKER_FILE
 from vidloom.models.qwen_omni.vocoder import VOCODER_NAME_MAP, BigVGAN
 from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json
 from vidloom.recipes.qwen_omni.cards import AR_LOOP, ARCHITECTURE, omni_card
+from vidloom.recipes.qwen_omni.demo_encoders import (MEDIA_SPECIALS, thinker_media_config, tower_parts,
+                                                     write_processors)
 from vidloom.recipes.qwen_omni.load import WEIGHTS_STEM
 
 DEMO_ID = "qwen-omni-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20260325
 DEMO_NOTE = noise_note(DEMO_ID, "Qwen2.5-Omni")
 VOICES = ("Chelsie", "Ethan")  # the released checkpoint's spk_dict.pt voices
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
     "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+    "{% elif p.type == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif p.type == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
-            "<tts_text_bos_single>", "<tts_text_bos_single_2>")
+            "<tts_text_bos_single>", "<tts_text_bos_single_2>") + MEDIA_SPECIALS
 CORPUS = ("the kite rose over the dunes and the wind sang", "tell me about kites in one sentence please",
           "hello world! the quick brown fox jumps over the lazy dog", "you are a helpful assistant who speaks",
           "Qwen speaks with the voices of Chelsie and Ethan")
@@ -60,7 +65,7 @@ BIGVGAN = dict(mel_dim=80, upsample_initial_channel=64, resblock_kernel_sizes=[3
 
 def demo_card() -> ModelCard:
     card = omni_card(DEMO_ID, f"demo:{DEMO_ID}", speaks=True, precision="float32",
-                     description="Qwen2.5-Omni (chat and speech, voices Chelsie and Ethan) at a tiny size, "
+                     description="Qwen2.5-Omni (chat with audio and images, speech; voices Chelsie, Ethan), tiny, "
                                  "random weights", notes=(DEMO_NOTE,))
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
 
@@ -75,7 +80,8 @@ def write_demo_checkpoint(folder: Path) -> None:
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
     raw = {
         "architectures": [ARCHITECTURE], "model_type": "qwen2_5_omni", "enable_audio_output": True,
-        "thinker_config": {"text_config": {**THINKER, "vocab_size": len(tokenizer)}},
+        "thinker_config": {"text_config": {**THINKER, "vocab_size": len(tokenizer)},
+                           **thinker_media_config(THINKER["hidden_size"], ids)},
         "talker_config": {**TALKER, "tts_codec_pad_token_id": CODEC_VOCAB - 4,
                           "tts_codec_start_token_id": CODEC_VOCAB - 3, "tts_codec_end_token_id": CODEC_VOCAB - 2,
                           "tts_codec_mask_token_id": CODEC_VOCAB - 1, "tts_text_start_token_id": ids["<tts_text_bos>"],
@@ -94,8 +100,10 @@ def write_demo_checkpoint(folder: Path) -> None:
         vocoder.conv_post.weight.mul_(30.0)  # a random vocoder whispers: make the noise audible
     for module in (thinker, talker, dit, vocoder):
         fill_zeros(module, std=0.1)
+    towers = tower_parts(raw["thinker_config"], DEMO_SEED + 2)
     save_merged(folder, ((thinker, THINKER_NAME_MAP), (talker, TALKER_NAME_MAP), (dit, DIT_NAME_MAP),
-                         (vocoder, VOCODER_NAME_MAP)), stem=WEIGHTS_STEM)
+                         (vocoder, VOCODER_NAME_MAP), *towers), stem=WEIGHTS_STEM)
+    write_processors(folder)
     g = torch.Generator().manual_seed(DEMO_SEED + 1)
     speakers = {voice: {"bos_token": ids[f"<tts_text_bos_single{'' if i == 0 else '_2'}>"],
                         "cond": 3 * torch.randn(1, DIT["enc_emb_dim"], generator=g),

@@ -30,7 +30,7 @@ def _only(prefixes: tuple[str, ...]):
 
 
 def load_thinker(folder: Path, config: OmniConfig, device: torch.device, dtype: torch.dtype) -> OmniDecoder:
-    """The thinker's text decoder (its audio and vision towers are not read: text input only)."""
+    """The thinker's text decoder (its audio and vision towers load apart: load_encoders)."""
     model = materialize(lambda: OmniDecoder(config.thinker), device, dtype)
     load_weights(model, Path(folder), THINKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(THINKER_KEYS))
     return model.eval()
@@ -48,6 +48,30 @@ def load_tokenizer(folder: Path) -> Any:
     from vidloom.recipes.cosmos3.load import load_tokenizer as load
 
     return load(Path(folder))
+
+
+PROCESSOR_FILE = "preprocessor_config.json"  # the released checkpoint's feature extractor + image processor settings
+
+
+def load_processors(folder: Path) -> tuple[Any, Any] | None:
+    """The checkpoint's Whisper feature extractor and Qwen2-VL image processor (None without their file)."""
+    if not (Path(folder) / PROCESSOR_FILE).is_file():
+        return None
+    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+
+    try:
+        return (WhisperFeatureExtractor.from_pretrained(str(folder)),
+                Qwen2VLImageProcessorPil.from_pretrained(str(folder)))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{folder}/{PROCESSOR_FILE}: not a readable processor config ({exc})") from None
+
+
+def load_encoders(folder: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    """The thinker's audio and vision towers whose tensors the checkpoint holds (transformers' modules)."""
+    from vidloom.models.qwen_omni.encoders import load_encoders as load
+
+    raw = read_json(Path(folder) / "config.json").get("thinker_config") or {}
+    return load(Path(folder), raw, device, dtype, WEIGHTS_STEM)
 
 
 def load_token2wav(folder: Path, config: OmniConfig, device: torch.device) -> tuple[Any, Any]:
@@ -79,7 +103,8 @@ def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torc
     if len(tokenizer) > config.thinker.vocab_size:
         raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "
                               f"vocab_size {config.thinker.vocab_size}")
-    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer}
+    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer, "processors": load_processors(folder),
+                                  "encoders": load_encoders(folder, device, compute)}
     if card.speech is not None:
         components.update({
             "talker": load_talker(folder, config, device, compute), "talker_tokens": config.talker_tokens,

@@ -6,6 +6,9 @@ what a stage hands on stays to the end:
 - thinker: its K/V lives in the engine's paged pool, sized at load and resident like the weights (the
   pool's allocator admits each sequence, runtime.paged_kv), so it is not counted again; the prefill's
   activations over the prompt and forced text are, and the per-token hidden states the talker reads;
+- the audio and vision towers (a chat with such parts, recipes.qwen_omni.media): one block's activations over
+  each part's rows (audio: its mel frames after the stride-2 conv; image: its patches), run inside the
+  prefill step, and their output rows, held through it (an estimate by the same block rule, not measured);
 - talker: its K/V slab (prompt rows + the code budget, SlabKV.bytes_for, the size the loop allocates) for the
   whole run, and one block's activations over its prefill;
 - token2wav: the DiT over every mel frame of the code budget in two CFG branches (one block's activations,
@@ -65,9 +68,30 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
         noise = codes * dit.repeats * dit.mel_dim * 4
     mel_pass, mel_state = _token2wav(dit, dit_frames)
     samples = codes * dit.repeats * vocoder.hop
-    return Footprint(caches=talker_kv + hidden_states + noise, denoise=max(thinker_pass, talker_pass, mel_pass),
+    towers = _towers(instance, prompt, act)
+    return Footprint(caches=talker_kv + hidden_states + noise,
+                     denoise=max(thinker_pass + towers, talker_pass, mel_pass),
                      decode=_vocoder(instance, vocoder, vocoder_frames),
                      persistent=mel_state + WAVE_COPIES * samples * 4)
+
+
+def _towers(instance: ModelInstance, prompt: SpeechPrompt, act: int) -> int:
+    """The largest tower pass over one part plus every part's output rows; 0 for a text-only prompt."""
+    media = prompt.media
+    if media is None:
+        return 0
+    encoders = instance["encoders"]
+    hidden = instance["thinker"].config.hidden_size
+    widest = 0
+    for piece in media.pieces:
+        if piece.kind == "audio":
+            c = encoders.audio.config
+            rows, width, ffn = piece.inputs.shape[1] // 2 + 1, c.d_model, c.encoder_ffn_dim
+        else:
+            c = encoders.vision.config
+            rows, width, ffn = piece.inputs.shape[0], c.hidden_size, c.intermediate_size
+        widest = max(widest, block_bytes(1, rows, width, ffn, act) + piece.inputs.numel() * 4)
+    return widest + int(media.at.shape[0]) * hidden * act
 
 
 def _token2wav(dit: Any, frames: int) -> tuple[int, int]:

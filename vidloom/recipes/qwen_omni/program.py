@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidloom.core.chat import ChatRequest
-from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, Program
-from vidloom.decoding.loop import ARDecodeLoop
-from vidloom.models.qwen_omni.decoder import text_positions
+from vidloom.recipes.qwen_omni.chat_loop import OmniChatLoop
+from vidloom.recipes.qwen_omni.media import MediaPrompter
 from vidloom.recipes.qwen_omni.talker_loop import TalkerLoop
 from vidloom.recipes.qwen_omni.thinker_loop import ThinkerLoop
 from vidloom.recipes.qwen_omni.token2wav_loop import SAMPLE_RATE, VOCODER, Token2WavLoop, vocoder_node
@@ -17,26 +15,11 @@ from vidloom.recipes.qwen_omni.token2wav_loop import SAMPLE_RATE, VOCODER, Token
 SPEECH_OUTPUTS = ("thinker", "codes", "mel", "audio", "sample_rate", "voice")
 
 
-def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
-    """The request's messages for the chat template; InvalidRequest naming any part the thinker cannot read."""
-    messages = []
-    for i, message in enumerate(request.messages):
-        for j, part in enumerate(message.content):
-            if part.type != "text":
-                raise InvalidRequest(f"messages[{i}].content[{j}]", f"{part.type} inputs are not supported by "
-                                     "this model yet (the thinker's audio and vision encoders are not run): "
-                                     "send text")
-        messages.append({"role": message.role, "content": message.text})
-    return messages
-
-
-def chat_prompt_fn(tokenizer: Any):
-    def prompt(request: ChatRequest) -> list[int]:
-        ids = tokenizer.apply_chat_template(chat_messages(request), tokenize=True, add_generation_prompt=True,
-                                            return_dict=True)
-        return list(ids["input_ids"])
-
-    return prompt
+def media_prompter(instance: ModelInstance) -> MediaPrompter:
+    """The instance's template, processors and towers (the towers and processors may be absent: text only)."""
+    encoders = instance.components.get("encoders")
+    return MediaPrompter(instance["tokenizer"], instance.components.get("processors"), encoders,
+                         encoders.merge_size if encoders is not None else 2)
 
 
 def eos_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -50,12 +33,13 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
 
 def build_program(instance: ModelInstance) -> Program:
     tokenizer, thinker = instance["tokenizer"], instance["thinker"]
-    chat = ARDecodeLoop(thinker, tokenizer, chat_prompt_fn(tokenizer), text_positions, eos_ids=eos_ids(tokenizer))
+    prompter = media_prompter(instance)
+    chat = OmniChatLoop(thinker, tokenizer, prompter, eos_ids=eos_ids(tokenizer))
     if "talker" not in instance.components:
         return Program(nodes=(), inputs=frozenset({"speech"}), outputs=(), chat_loop=chat)
     dit, vocoder = instance["token2wav"]
     nodes = (
-        Node("thinker", reads=("speech",), writes=("thinker",), loop=ThinkerLoop(thinker, tokenizer, eos_ids(tokenizer))),
+        Node("thinker", reads=("speech",), writes=("thinker",), loop=ThinkerLoop(thinker, tokenizer, eos_ids(tokenizer), prompter)),
         Node("talker", reads=("speech", "thinker"), writes=("codes", "streamed"),
              loop=TalkerLoop(thinker, instance["talker"], instance["talker_tokens"], (dit, vocoder), SAMPLE_RATE)),
         Node("token2wav", reads=("speech", "codes"), writes=("mel",), loop=Token2WavLoop(dit)),

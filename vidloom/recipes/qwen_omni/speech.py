@@ -14,7 +14,7 @@ from vidloom.core.limits import format_bytes
 from vidloom.core.output import EventCallback
 from vidloom.core.speech import SpeechRequest
 from vidloom.models.qwen_omni.speakers import pick_voice
-from vidloom.recipes.qwen_omni.program import chat_messages
+from vidloom.recipes.qwen_omni.program import media_prompter
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
 from vidloom.runtime.request_run import CancellationToken, RequestRun
 
@@ -43,9 +43,9 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
     chat.validate(limits)
     if request.instructions is not None:
         raise InvalidRequest("instructions", "applies to speaking a given text; put it in the chat's messages")
-    prompt = _template(tokenizer, chat_messages(chat))
+    prompt, media = media_prompter(instance).prompt(chat.messages)
     budget = chat.sampling.completion_budget(len(prompt), limits)
-    return SpeechPrompt(request, voice, tuple(prompt), None, budget)
+    return SpeechPrompt(request, voice, tuple(prompt), None, budget, media)
 
 
 def _template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

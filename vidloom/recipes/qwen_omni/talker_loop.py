@@ -119,7 +119,7 @@ class TalkerLoop:
             return TalkerState(TalkerInputs(param.new_zeros(0), param.new_zeros(0), []), None, 0, sampling, None,
                                ctx, param.new_zeros(0), done=True)
         inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
-                               out.fed_ids, out.hidden)
+                               out.fed_ids, out.hidden, out.media_at)
         max_codes = audio_token_budget(prompt, len(out.reply_ids))
         capacity = inputs.prefill.shape[0] + max_codes
         nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)

@@ -18,9 +18,10 @@ from vidloom.core.loop import DONE, KV_SEQUENCE, Done, LoopContext, StepPlan
 from vidloom.core.speech import SpeechRequest
 from vidloom.decoding.detokenize import Detokenizer
 from vidloom.decoding.sampling import make_generator, next_token
-from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
+from vidloom.models.qwen_omni.decoder import OmniDecoder
 from vidloom.models.qwen_omni.speakers import Voice
-from vidloom.runtime.paged_decode import WANT_HIDDEN
+from vidloom.recipes.qwen_omni.media import MediaPrompter, PromptMedia, thinker_positions
+from vidloom.runtime.paged_decode import EMBEDS_AT, WANT_HIDDEN
 
 THINKER = "thinker"
 TRANSCRIPT_PHASE = "transcript"  # TextEvent phase of the spoken reply's text
@@ -35,6 +36,7 @@ class SpeechPrompt:
     prompt_ids: tuple[int, ...]
     forced_ids: tuple[int, ...] | None
     max_tokens: int  # reply tokens at most (forced: the text's)
+    media: PromptMedia | None = None  # the prompt's audio and image parts (a chat's), None: text only
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class ThinkerOutput:
     hidden: Tensor  # [P + R, hidden]
     reply_ids: tuple[int, ...]
     text: str
+    media_at: Tensor | None = None  # prompt indices of audio/image placeholders (their token embedding is not read)
 
 
 @dataclass
@@ -68,8 +71,10 @@ class ThinkerLoop:
 
     name = THINKER
 
-    def __init__(self, network: OmniDecoder, tokenizer: Any, eos_ids: tuple[int, ...]) -> None:
+    def __init__(self, network: OmniDecoder, tokenizer: Any, eos_ids: tuple[int, ...],
+                 prompter: MediaPrompter | None = None) -> None:
         self.network, self.tokenizer, self.eos_ids = network, tokenizer, frozenset(eos_ids)
+        self.prompter = prompter
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> ThinkerState:
         prompt: SpeechPrompt = slots["speech"]
@@ -84,12 +89,15 @@ class ThinkerLoop:
     def next(self, state: ThinkerState) -> StepPlan | Done:
         if state.done:
             return DONE
-        return StepPlan(
-            loop=THINKER, index=len(state.reply), total=None, call=self.network,
-            inputs={"tokens": torch.tensor(state.feed, device=state.device),
-                    "positions": text_positions(state.cached, len(state.feed), state.device),
-                    KV_SEQUENCE: state.seq_id, "start": state.cached, WANT_HIDDEN: True},
-        )
+        media = state.prompt.media
+        inputs = {"tokens": torch.tensor(state.feed, device=state.device),
+                  "positions": thinker_positions(media, state.cached, len(state.feed), state.device),
+                  KV_SEQUENCE: state.seq_id, "start": state.cached, WANT_HIDDEN: True}
+        if media is not None and state.cached == 0:  # the towers run inside the prefill step
+            assert self.prompter is not None
+            inputs[EMBEDS_AT] = self.prompter.prefill_embeds(media, next(self.network.parameters()).dtype,
+                                                             state.device)
+        return StepPlan(loop=THINKER, index=len(state.reply), total=None, call=self.network, inputs=inputs)
 
     def advance(self, state: ThinkerState, result: tuple[Tensor, Tensor]) -> ThinkerState:
         logits, hidden = result
@@ -121,5 +129,7 @@ class ThinkerLoop:
         fed = list(forced) if forced is not None else state.reply[:-1]
         hidden = torch.cat(state.hidden)[: len(prompt) + len(fed)]
         text = state.prompt.request.text if forced is not None else state.detok.text
+        media = state.prompt.media
         return {"thinker": ThinkerOutput(prompt, torch.tensor(fed, dtype=torch.long, device=state.device), hidden,
-                                         tuple(state.reply), text or "")}
+                                         tuple(state.reply), text or "",
+                                         None if media is None else media.at.to(state.device))}

@@ -1,0 +1,111 @@
+"""Chat completions with audio and image parts on a tiny Qwen2.5-Omni checkpoint, through the official openai client:
+the answers equal the Python API's, and bad parts are 400s naming them."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import wave
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.qwen_omni_checkpoints import AUDIO_CHUNK_S, OMNI_A, write_tiny_omni
+from tests.helpers.servers import ThreadServer
+from tests.parity.test_qwen_omni_inputs import clip, conversation, wav_bytes
+from vidloom.serving.config import ServeConfig
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from vidloom.generator import VideoGenerator
+
+    torch.set_num_threads(1)
+    folder = write_tiny_omni(tmp_path_factory.mktemp("omni") / "omni-tiny", OMNI_A)
+    gen = VideoGenerator.from_pretrained(str(folder), device="cpu")
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("speech-inputs-data"), queue_size=8, graceful_shutdown_s=2)
+    with ThreadServer(gen.engine, config) as running:
+        yield running, gen
+
+
+@pytest.fixture
+def oc(served):
+    import openai
+
+    return openai.OpenAI(base_url=f"{served[0].url}/v1", api_key="unused", max_retries=0)
+
+
+def _model(server) -> str:
+    return server.app.state.jobs.card.model_id
+
+
+def test_audio_and_image_parts_answer_as_the_python_api(served, oc):
+    server, gen = served
+    messages, _, _ = conversation(3)
+    r = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=6, temperature=0)
+    local = gen.chat(messages, max_tokens=6, temperature=0.0)
+    assert r.choices[0].message.content == local.text and r.usage.prompt_tokens == local.prompt_tokens
+    spoken = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=6, temperature=0,
+                                        modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"})
+    assert spoken.choices[0].message.audio.transcript == local.text
+    with wave.open(io.BytesIO(base64.b64decode(spoken.choices[0].message.audio.data))) as w:
+        assert w.getframerate() == 24000
+    assert server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def _too_long() -> dict:
+    data = wav_bytes(np.zeros(16000 * (AUDIO_CHUNK_S + 1), np.float32))
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "input_audio", "input_audio": {"data": base64.b64encode(b"nope").decode(), "format": "mp3"}},
+     "messages[0].content[1].input_audio"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}, "messages[0].content[1].input_audio.format"),
+    ({"type": "image_url", "image_url": {"url": "https://example.com/kite.png"}}, "messages[0].content[1].image_url"),
+    (_too_long(), "messages[0].content[1]"),
+])
+def test_bad_parts_are_a_400_naming_the_part(served, part, param):
+    server, _ = served
+    body = {"model": _model(server), "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_audio_parts_stream(served, oc):
+    server, gen = served
+    part, _ = clip(4, 0.8)
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "what is it?"}]}]
+    stream = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=5, temperature=0,
+                                        stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == gen.chat(messages, max_tokens=5, temperature=0.0).text
+
+
+def test_media_features_are_prepared_on_the_media_pool(served, oc, monkeypatch):
+    """Whisper features and image patches of a served chat, spoken or not, are made on the media pool's threads,
+    never on the event loop's."""
+    from vidloom.recipes.qwen_omni import media
+
+    server, _ = served
+    threads: list[str] = []
+    prepare = media._prepare_part
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(media, "_prepare_part", recorded)
+    messages, _, _ = conversation(3)
+    oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0)
+    oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0,
+                               modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"})
+    stream = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=2, temperature=0,
+                                        stream=True)
+    assert [c for c in stream]
+    assert len(threads) >= 3 and all(name.startswith("vidloom-media") for name in threads), threads
