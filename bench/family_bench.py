@@ -53,6 +53,8 @@ class FamilyBench:
     """The denoiser's config, for the JSON."""
     folder: str = ""
     """Checkpoint folder name under bench/.cache/ (default: `name`); chat shares the generation checkpoint."""
+    warmup_steps: int = 1
+    """Steps of the untimed warm-up generation (LTX-2's schedule needs 2 to reach its shift_terminal)."""
 
     def checkpoint(self) -> Path:
         """The folder, written atomically on first use."""
@@ -187,7 +189,7 @@ FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
                 architecture={"dit": "Klein layout, 8 heads x 128, 4 double + 8 single blocks "
                                      "(bench/images_batch.py large)", "tokens": 16 * 16}),
     FamilyBench("ltx2-mid", _write_ltx2, "LTX2Pipeline",
-                dict(height=256, width=256, num_frames=25, fps=24, steps=6, guidance=3.0), _call_ltx2,
+                dict(height=256, width=256, num_frames=25, fps=24, steps=6, guidance=3.0), _call_ltx2, warmup_steps=2,
                 architecture={"dit": "LTX-2 audio+video, 8 heads x 32, 8 layers (bench/ltx2.py MID)"}),
     FamilyBench("cosmos3-mid", _write_cosmos3, "Cosmos3OmniPipeline",
                 dict(height=192, width=192, num_frames=17, fps=16, steps=6, guidance=4.0), _call_cosmos3,

@@ -50,7 +50,7 @@ def peak_rss_mib() -> float:
 
 
 def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str, Any]:
-    """One setting in this process: load, warm up with one step, time one whole generation."""
+    """One setting in this process: load, warm up with a short generation, time one whole generation."""
     import torch
 
     torch.set_num_threads(threads)
@@ -81,7 +81,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
             with torch.inference_mode():
                 return np.asarray(bench.reference_call(pipe, bench.request, n), dtype=np.float32)
     load_s = time.perf_counter() - t0
-    generate(1)
+    generate(bench.warmup_steps)
     wall0, cpu0 = time.perf_counter(), _cpu_s()
     frames = generate(steps)
     wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
@@ -111,14 +111,15 @@ def _spawn(name: str, setting: str, frames: Path, threads: int) -> dict[str, Any
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "loadavg_1m_at_start": load}
 
 
-def measure(families: tuple[str, ...], runs: int, threads: int, tmp: Path) -> dict[str, Any]:
-    """Every family's settings, `runs` times each, alternating the order; quality against vidloom float32."""
+def measure(families: tuple[str, ...], runs: int, threads: int, tmp: Path, flip: int = 0) -> dict[str, Any]:
+    """Every family's settings, `runs` times each, alternating the order (reversed on odd runs, and on even
+    ones when `flip` is odd, so one-run reports alternate from family to family); quality vs vidloom float32."""
     table: dict[str, Any] = {}
     for name in families:
         FAMILIES[name].checkpoint()  # written once here, outside every timed process
         samples: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
         for run in range(runs):
-            for setting in SETTINGS if run % 2 == 0 else SETTINGS[::-1]:
+            for setting in SETTINGS if (run + flip) % 2 == 0 else SETTINGS[::-1]:
                 frames = tmp / f"{name}-{setting.replace(' ', '_')}-{run}.npy"
                 row = _spawn(name, setting, frames, threads)
                 if "error" not in row:
@@ -234,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and previous.exists():  # keep the families this run does not measure
         table = {k: v for k, v in json.loads(previous.read_text())["families"].items() if k in FAMILIES}
     with tempfile.TemporaryDirectory(prefix="vidloom-side-by-side-") as tmp:
-        for name in families:  # the JSON is rewritten after each family: a cut-short run keeps what it measured
-            table.update(measure((name,), args.runs, args.threads, Path(tmp)))
+        for index, name in enumerate(families):  # the JSON is rewritten after each family
+            table.update(measure((name,), args.runs, args.threads, Path(tmp), flip=index))
             for row in table[name]["settings"].values():
                 row.pop("frames", None)
             table[name]["environment"] = {**env, "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
