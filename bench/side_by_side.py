@@ -205,6 +205,31 @@ def print_tables(table: dict[str, Any]) -> None:
                      "vs ref same dtype"], body)
 
 
+def markdown(table: dict[str, Any]) -> str:
+    """The docs' table (docs/performance-cpu.md) from a saved report's families."""
+    lines = ["| family | setting | dtype | wall s | CPU s | peak RSS MiB | quality vs vidloom fp32 | "
+             "vs ref default (wall / CPU) | vs ref same dtype (wall / CPU) | load at start |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, family in table.items():
+        for setting, row in family["settings"].items():
+            if "error" in row:
+                lines.append(f"| {name} | {setting} | error: {row['error'][-60:]} | | | | | | | |")
+                continue
+            if "token_match_vs_vidloom_float32" in row:
+                quality = f"{row['token_match_vs_vidloom_float32']:.0%} tokens"
+                wall = f"{row['tokens_per_s']:.0f} tok/s ({row['wall_s']:.2f} s)"
+            else:
+                db = row.get("psnr_vs_vidloom_float32_db")
+                quality = "exact" if db in ("inf", float("inf")) else "-" if db is None else f"{db} dB"
+                wall = f"{row['wall_s']:.2f}"
+            default = f"{row['wall_speedup_vs_reference_default']}x / {row['cpu_speedup_vs_reference_default']}x"
+            same = f"{row['wall_speedup_vs_reference_same_dtype']}x / {row['cpu_speedup_vs_reference_same_dtype']}x"
+            load = ", ".join(str(x) for x in row["loadavg_1m_at_start"])
+            lines.append(f"| {name} | {setting} | {row['dtype']} | {wall} | {row['cpu_s']:.2f} | "
+                         f"{row['peak_rss_mib']:.0f} | {quality} | {default} | {same} | {load} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -216,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     parser.add_argument("--frames", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--markdown", action="store_true", help="print the saved --out as the docs' table")
     args = parser.parse_args(argv)
+    if args.markdown:
+        from report import RESULTS
+
+        print(markdown(json.loads((RESULTS / args.out).read_text())["families"]))
+        return 0
     if args.worker:
         print(json.dumps(worker(args.worker, args.setting, args.frames, args.threads)), flush=True)
         return 0
