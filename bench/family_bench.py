@@ -2,10 +2,11 @@
 runs on it, and the same request spelled for the family's reference pipeline.
 
 Mid-size (hundreds of wide channels, hundreds to a few thousand tokens) rather than the tiny demos, where
-process start, text encoding and Python overhead hide the denoiser; sized so every family's four settings,
-twice, fit in about 25 minutes on 2 CPU cores. The architectures are the ones the per-family benchmarks use
-(bench/checkpoints.py, wan22.py, far_rollout.py, images_batch.py, ltx2.py, chat_decode.py); checkpoints are
-written once into bench/.cache/ under names of their own.
+process start, text encoding and Python overhead hide the denoiser; sized so the whole report takes tens
+of minutes on 2 CPU cores (one run per setting took about 40 minutes here under a load average of 12-20).
+The architectures are the ones the per-family benchmarks use (bench/checkpoints.py, wan22.py,
+far_rollout.py, images_batch.py, ltx2.py, chat_decode.py); checkpoints are written once into bench/.cache/
+under names of their own.
 """
 
 from __future__ import annotations

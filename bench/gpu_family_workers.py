@@ -9,7 +9,6 @@ Tests run the same code on tiny configs on CPU in float32.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from gpu_plan import FamilyRow
