@@ -34,7 +34,7 @@ def _flux2(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[str
     from vidloom.models.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
 
     config = Flux2TransformerConfig.from_diffusers(row.transformer)
-    model = _random_(materialize(lambda: Flux2Transformer(config), device, dtype), 0)
+    model = _random_(materialize(lambda: Flux2Transformer(config), device, dtype, Flux2Transformer.KEEP_FP32), 0)
     h, w, length = row.shape["height"] // 16, row.shape["width"] // 16, row.shape["text_tokens"]  # VAE 8x, 2x2
     img = torch.randn(1, h * w, config.in_channels, device=device, dtype=dtype)
     txt = torch.randn(1, length, config.text_dim, device=device, dtype=dtype)
