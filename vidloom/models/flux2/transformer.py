@@ -283,7 +283,7 @@ class Flux2Transformer(nn.Module):
     """Predicts the flow velocity of packed image tokens given text tokens and per-sample timesteps."""
 
     # float32 islands under a bf16 cast (loading.precision.cast_module): the timestep embedding and every
-    # modulation. A bf16 timestep (750 -> 752) alone cut one forward's SNR to 3 dB on the mid-size
+    # modulation. A bf16 timestep (750 -> 752) alone cut one forward's SNR to 2-3.5 dB on the mid-size
     # random checkpoint (bench/flux2_precision.py); the sinusoid, embedding and modulations stay float32.
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "guidance_embed", "mod_img", "mod_txt", "mod_single", "out_mod"}
