@@ -2,7 +2,7 @@
 with native bf16 (the probe is mocked, so the gate runs on any CPU), stays >= 35 dB PSNR against the float32
 render of the same request, and dtype="float32" still loads float32 for exact parity.
 
-Measured at these sizes: 48.3 (cosmos3) to 56.4 dB (flux2); docs/performance-cpu.md lists the demo defaults.
+Measured at these sizes: 48.3 (cosmos3) to 58.9 dB (flux2); docs/performance-cpu.md lists the demo defaults.
 """
 
 from __future__ import annotations
