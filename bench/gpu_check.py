@@ -6,8 +6,9 @@
 
 The real run writes the random-weight Wan2.1-1.3B checkpoint once, then runs every
 configuration of bench/gpu_plan.py in its own process, diffusers first (the reference
-latents), skipping rows whose package is missing or whose estimate no longer fits the
-budget, and writes everything to DIR/gpu_check.json.
+latents), then the Wan2.2 TI2V-5B DiT and the FAR, Flux2, LTX-2 and Cosmos3 denoisers alone at
+their published sizes (bench/gpu_family_workers.py), skipping rows whose package is missing or
+whose estimate no longer fits the budget, and writes everything to DIR/gpu_check.json after each row.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ for path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, path)
 
 from gpu_plan import (  # noqa: E402
-    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FULL_STEPS, LORA_ROWS, PEAK_BF16_FLOPS, REFERENCE, TIMED_STEPS,
+    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FAMILY_ROWS, FULL_STEPS, LORA_ROWS, PEAK_BF16_FLOPS, REFERENCE,
+    TIMED_STEPS,
     forward_flops, module_available, plan_lines, step_flops,
 )
 
@@ -86,6 +88,9 @@ def skipped_configs(env: dict[str, Any]) -> dict[str, str]:
     for config in CONFIGS:
         if config.needs and not module_available(config.needs):
             skipped[config.name] = f"{config.needs} is not installed"
+    if os.environ.get("GPU_CHECK_LORA") != "1":  # the default plan fills the budget without it
+        for row in LORA_ROWS:
+            skipped[row.name] = "opt-in (GPU_CHECK_LORA=1; then give it the time of another row)"
     return skipped
 
 
@@ -229,6 +234,8 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
         _write(out, report, started)  # after every row: a cut-short slot still leaves results
     peak, _ = _peak_flops(env)
     for dit in (*DIT_ROWS, *LORA_ROWS):
+        if dit.name in skipped:
+            continue
         elapsed, estimate = time.time() - started, dit.estimate_s()
         left = BUDGET_S - elapsed
         if estimate > left or left < MIN_WORKER_S:
@@ -241,7 +248,26 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
         rows[dit.name] = row
         print(f"  {dit.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
         _write(out, report, started)
+    _run_family_rows(rows, skipped, peak, report, out, started)
     return any("error" in r for r in rows.values())
+
+
+def _run_family_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], peak: float | None,
+                     report: dict[str, Any], out: Path, started: float) -> None:
+    """FAR, Flux2, LTX-2 and Cosmos3 denoisers alone, each in its own process, within what is left."""
+    for fam in FAMILY_ROWS:
+        elapsed, estimate = time.time() - started, fam.estimate_s()
+        left = BUDGET_S - elapsed
+        if estimate > left or left < MIN_WORKER_S:
+            skipped[fam.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+            continue
+        row = _spawn(fam.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
+        row["estimate_s"] = round(estimate, 1)
+        if "s_per_step" in row and row.get("flops_per_step") and peak:
+            row["mfu"] = round(row["flops_per_step"] / row["s_per_step"] / peak, 3)  # FLOPs counted in the run
+        rows[fam.name] = row
+        print(f"  {fam.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
+        _write(out, report, started)
 
 
 def _write(out: Path, report: dict[str, Any], started: float) -> None:
@@ -265,12 +291,17 @@ def main() -> int:
 
         dits = {row.name: row for row in DIT_ROWS}
         loras = {row.name: row for row in LORA_ROWS}
+        families = {row.name: row for row in FAMILY_ROWS}
         if args.worker in loras:
             from gpu_lora_worker import run_lora_worker
 
             print_result(run_lora_worker(loras[args.worker]))
         elif args.worker in dits:
             print_result(run_dit_worker(dits[args.worker]))
+        elif args.worker in families:
+            from gpu_family_workers import run_family_worker
+
+            print_result(run_family_worker(families[args.worker]))
         else:
             print_result(run_worker(args.worker, args.checkpoint, args.latents))
         return 0

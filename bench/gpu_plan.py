@@ -173,10 +173,91 @@ class LoraRow(DitRow):
         return PROCESS_START_S + build_s + fuse_s + forwards * self.step_flops() / (peak * self.mfu)
 
 
-# LoRA: Wan2.1-1.3B at its published config and workload; rank-16 adapters (the common size for style LoRAs).
+# LoRA: Wan2.1-1.3B at its published config, 33 frames (shrunk from 81 to fit the budget next to the other
+# families' rows); rank-16 adapters (the common size for style LoRAs), 4 of them fused and at run time.
 LORA_ROWS: tuple[LoraRow, ...] = (
-    LoraRow("wan2.1-1.3b lora 0/1/4", WAN_1_3B, HEIGHT, WIDTH, NUM_FRAMES, vae_temporal=VAE_TEMPORAL,
-            vae_spatial=VAE_SPATIAL),
+    LoraRow("wan2.1-1.3b lora 0/4", WAN_1_3B, HEIGHT, WIDTH, 33, vae_temporal=VAE_TEMPORAL,
+            vae_spatial=VAE_SPATIAL, counts=(4,), timed=1),
+)
+
+
+# The other families' denoisers alone at their published configurations (random weights). Each process
+# builds the model on the GPU, counts the FLOPs one forward executes (torch's FlopCounterMode: matmuls and
+# attention), then times forwards; MFU comes from that count. The plan's estimates use the dense
+# approximation below (2 x block parameters x tokens + 4 x layers x tokens x keys x width) per forward.
+# Sizes are shrunk (frames, resolution) so every row fits the 480 s budget; each row says what it runs.
+
+# Flux.2 [klein] 4B (black-forest-labs/FLUX.2-klein-4B transformer/config.json: 5 double + 20 single
+# blocks, 24 heads x 128, Qwen3-4B text (3 layers x 2560 = 7680), 128 latent channels; distilled: no CFG).
+FLUX2_KLEIN_4B: dict[str, Any] = dict(
+    patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=7680, timestep_guidance_channels=256, mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False,
+)
+# LTX-2 (19B; diffusers LTX2VideoTransformer3DModel's defaults are the released config: 48 layers, video
+# 32 heads x 128, audio 32 heads x 64, caption channels 3840). Empty: take those defaults.
+LTX2_19B: dict[str, Any] = {}
+# AnyFlow-FAR (diffusers AnyFlowFARTransformer3DModel's defaults: the Wan2.1-14B layout, 40 layers, 40 heads
+# x 128, FFN 13824, chunks (1, 3, 3, 3, 3, 3, 3, 2) of latent frames over 81 frames).
+FAR_14B: dict[str, Any] = {}
+# Cosmos3 Omni (diffusers Cosmos3OmniTransformer's defaults: hidden 4096, 36 layers, 32 query / 8 KV heads
+# x 128, FFN 12288, 48 latent channels, 2x2 latent patches).
+COSMOS3_OMNI: dict[str, Any] = {}
+
+
+def dense_forward_flops(params: float, tokens: int, keys: int, layers: int, width: int) -> float:
+    """Approximate matmul FLOPs of one forward: every block weight meets every token once, plus QK^T and PV."""
+    return 2 * params * tokens + 4 * layers * tokens * keys * width
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    """One more family's denoiser timed alone (bench/gpu_family_workers.py)."""
+
+    name: str
+    family: str
+    """far | flux2 | ltx2 | cosmos3: which builder runs it."""
+    transformer: dict[str, Any]
+    """Published config (diffusers keys; empty: the class defaults, which are the released model's)."""
+    shape: dict[str, Any]
+    """The workload the forward runs (pixels, frames, text tokens...), family-specific keys."""
+    forward_tflop: float
+    """Estimated TFLOP of one forward (dense_forward_flops) for the plan; the run counts the real ones."""
+    forwards_per_step: int = 2
+    """CFG pair (2, batched where the model takes a batch) or distilled (1)."""
+    mfu: float = 0.40
+    build_s: float = 10.0
+    """Random init of the published size on the GPU."""
+    timed: int = 3
+    """Timed forwards-per-step after one warm-up (and one counted) step."""
+
+    def step_tflop(self) -> float:
+        return self.forward_tflop * self.forwards_per_step
+
+    def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
+        step = self.step_tflop() * 1e12 / (peak * self.mfu)
+        return PROCESS_START_S + self.build_s + (WARMUP_STEPS + 1 + self.timed) * step
+
+
+FAMILY_ROWS: tuple[FamilyRow, ...] = (
+    # One 1024x1024 image: 64x64 = 4096 image tokens + 512 text; ~3.9B parameters in the blocks.
+    FamilyRow("flux2-klein-4b dit", "flux2", FLUX2_KLEIN_4B, dict(height=1024, width=1024, text_tokens=512),
+              dense_forward_flops(3.9e9, 4608, 4608, 25, 3072) / 1e12, forwards_per_step=1, build_s=5.0),
+    # 512x768, 49 frames (shrunk from 121 to fit): 7 x 16 x 24 = 2688 video tokens, ~50 audio tokens,
+    # 1024 text tokens; ~19B parameters, most in the video stream.
+    FamilyRow("ltx2-19b dit", "ltx2", LTX2_19B, dict(height=512, width=768, num_frames=49, fps=24.0,
+                                                   text_tokens=1024),
+              dense_forward_flops(19e9, 2688, 2688, 48, 4096) / 1e12, build_s=15.0),
+    # The last chunk (2 latent frames) of an 81-frame 480x832 rollout, its 19 latent frames of context
+    # prefilled in the KV cache (older chunks at the 4x4 compressed patch size, the newest at full size):
+    # one cached step, ~14B parameters.
+    FamilyRow("far-14b chunk step", "far", FAR_14B, dict(height=480, width=832, num_frames=81, text_tokens=512),
+              dense_forward_flops(14e9, 2 * 1560, 12 * 1560, 40, 5120) / 1e12, build_s=12.0),
+    # 480x832, 41 frames (shrunk from 81): Wan2.2 VAE 4x16x16, 2x2 patches -> 11 x 15 x 26 = 4290 tokens
+    # against a 512-token text prefix; ~7B generation-pathway parameters (the prefix is prefilled once).
+    FamilyRow("cosmos3-omni dit", "cosmos3", COSMOS3_OMNI, dict(height=480, width=832, num_frames=41, fps=24.0,
+                                                               text_tokens=512),
+              dense_forward_flops(7e9, 4290, 4802, 36, 4096) / 1e12, build_s=12.0),
 )
 
 
@@ -216,5 +297,14 @@ def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
                 if isinstance(row, LoraRow) else "DiT alone")
         lines.append(f"  {row.name:<26} MFU {row.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
                      f"({row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, {what})")
+        total += seconds
+    for fam in FAMILY_ROWS:
+        if fam.name in skipped:
+            lines.append(f"  {fam.name:<26} skipped: {skipped[fam.name]}")
+            continue
+        seconds = fam.estimate_s(peak)
+        step_s = fam.step_tflop() * 1e12 / (peak * fam.mfu)
+        lines.append(f"  {fam.name:<26} MFU {fam.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
+                     f"(~{fam.step_tflop():.0f} TFLOP/step, {fam.forwards_per_step} forward(s), DiT alone)")
         total += seconds
     return lines, total

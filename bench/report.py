@@ -1,9 +1,10 @@
 """What every benchmark prints and saves: a plain-text table, a JSON file, and the machine it ran on.
 
-Run as a command, it writes the side-by-side table (bench/side_by_side.py): per family, vidloom default and
-float32 beside the reference at its default dtype and at bfloat16: wall, CPU seconds, peak RSS, PSNR.
+Run as a command, it writes the side-by-side table (bench/side_by_side.py): per family (mid-size random
+checkpoints, bench/family_bench.py), vidloom default and float32 beside the reference at its default dtype and
+at bfloat16: wall, CPU seconds, peak RSS, PSNR (chat: tokens/s at 16 streams, greedy token agreement).
 
-    python bench/report.py [--families wan2.1-demo,flux2-klein-demo] [--runs 2]
+    python bench/report.py [--families wan2.1-mid,cosmos3-chat-mid] [--runs 2] [--threads 1]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with native bf16 (the probe is mocked, so the gate runs on any CPU), stays >= 35 dB PSNR against the float32
 render of the same request, and dtype="float32" still loads float32 for exact parity.
 
-Measured at these sizes: 48.3 (cosmos3) to 56.4 dB (flux2); docs/performance-cpu.md lists the demo defaults.
+Measured at these sizes: 48.3 (cosmos3) to 58.9 dB (flux2); docs/performance-cpu.md lists the demo defaults.
 The Wan-VAE families (Wan2.1, Wan2.2, FAR, Cosmos3) decode in bfloat16 on the fast path too. Qwen-Omni's
 speech (bfloat16 thinker and talker, float32 token2wav) is gated by waveform SNR, at the same 35 dB.
 """

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_plan import BUDGET_S, CONFIGS, DIT_ROWS, LORA_ROWS, forward_flops, tokens  # noqa: E402
+from gpu_plan import BUDGET_S, CONFIGS, DIT_ROWS, FAMILY_ROWS, LORA_ROWS, forward_flops, tokens  # noqa: E402
 
 
 def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
@@ -26,9 +26,13 @@ def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
     assert match, lines[-1]
     assert 0 < int(match.group(1)) <= BUDGET_S
     assert lines[0].startswith("environment: ")
-    for config in (*CONFIGS, *DIT_ROWS, *LORA_ROWS):  # every row is planned or skipped with a reason
+    for config in (*CONFIGS, *DIT_ROWS, *LORA_ROWS, *FAMILY_ROWS):  # every row is planned or skipped with a reason
         assert any(line.strip().startswith(config.name) for line in lines), config.name
     assert not (tmp_path / "gpu").exists(), "a dry run writes nothing"
+    # Every family has a row: Wan2.1 (the configurations), Wan2.2 TI2V, FAR, Flux2, LTX-2, Cosmos3.
+    planned = "\n".join(lines)
+    for family in ("wan2.2-ti2v", "far-", "flux2-", "ltx2-", "cosmos3-"):
+        assert f"  {family}" in planned, family
 
 
 def test_flop_count_of_the_real_workload():
@@ -92,7 +96,8 @@ def test_dit_rows_plan_every_family_row_and_time_a_tiny_denoiser_on_cpu():
 
 
 def test_lora_row_times_every_adapter_setting_of_a_tiny_denoiser_on_cpu():
-    # The LoRA row the H200 runs (Wan2.1-1.3B, rank 16, 0/1/4 adapters run-time vs fused) on a tiny config.
+    # The LoRA row the H200 runs (Wan2.1-1.3B, rank 16, 0/1/4 adapters run-time vs fused) on a tiny config;
+    # the plan's row runs 0/4 with one timed forward (opt-in: GPU_CHECK_LORA=1).
     import dataclasses
 
     from gpu_lora_worker import run_lora_worker
@@ -101,9 +106,43 @@ def test_lora_row_times_every_adapter_setting_of_a_tiny_denoiser_on_cpu():
     tiny = dataclasses.replace(
         LORA_ROWS[0], transformer=dict(WAN_1_3B, num_attention_heads=2, attention_head_dim=16, ffn_dim=32,
                                        num_layers=2, text_dim=32, freq_dim=16), height=64, width=64, num_frames=5,
-        rank=4)
+        rank=4, counts=(1, 4), timed=2)
     row = run_lora_worker(tiny, device="cpu", dtype="float32")
     assert set(row["settings"]) == {"base 0", "fused 1", "fused 4", "run-time 1", "run-time 4"}, row
     for name, setting in row["settings"].items():
         assert setting["finite"] and setting["s_per_step"] > 0 and len(setting["step_intervals_s"]) == 2, name
     assert row["settings"]["fused 4"]["fuse_s"] >= 0 and row["vs_base"]["base 0"] == 1.0
+# Tiny configs of each family's published layout: the same builders and timing the H200 runs, on CPU.
+TINY_FAMILIES = {
+    "flux2": (dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=32, mlp_ratio=3.0,
+                   axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False), dict(height=64, width=64, text_tokens=8)),
+    "ltx2": (dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                  audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
+                  audio_cross_attention_dim=16, num_layers=2, caption_channels=24),
+             dict(height=64, width=64, num_frames=9, fps=24.0, text_tokens=8)),
+    "far": (dict(patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=2, num_attention_heads=2,
+                 attention_head_dim=16, in_channels=4, out_channels=4, text_dim=24, freq_dim=16, ffn_dim=32,
+                 num_layers=2, cross_attn_norm=True, rope_max_seq_len=256, gate_value=0.25, deltatime_type="r",
+                 chunk_partition=(1, 2, 2, 2)), dict(height=64, width=64, num_frames=25, text_tokens=8)),
+    "cosmos3": (dict(hidden_size=32, head_dim=8, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                     num_hidden_layers=2, rope_theta=10000.0, rope_axes_dim=(2, 1, 1), latent_channel=4,
+                     patch_latent_dim=16, rms_norm_eps=1e-6, vocab_size=100),
+                dict(height=64, width=64, num_frames=9, fps=24.0, text_tokens=8)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_family_rows_time_a_tiny_denoiser_of_each_family_on_cpu(family):
+    import dataclasses
+
+    from gpu_family_workers import run_family_worker
+
+    (row,) = [r for r in FAMILY_ROWS if r.family == family]
+    config, shape = TINY_FAMILIES[family]
+    result = run_family_worker(dataclasses.replace(row, transformer=config, shape=shape), device="cpu",
+                               dtype="float32")
+    assert result["finite"] and result["s_per_step"] > 0 and len(result["step_intervals_s"]) == row.timed, result
+    assert result["flops_per_step"] > 0 and result["parameters"] > 0  # counted, so MFU can be computed
+    assert result["workload"]["tokens"] > 0
+    assert row.estimate_s() > 0 and row.step_tflop() > 0

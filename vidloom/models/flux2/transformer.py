@@ -7,7 +7,7 @@ Timesteps are per sample ([B]), so one forward can carry the steps of several re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +153,16 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     return (1 + scale) * x + shift
 
 
+def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """LayerNorm then (shift, scale) in float32 (the modulation island), back in x's dtype for the next linear."""
+    return modulate(F.layer_norm(x.float(), x.shape[-1:], eps=eps), shift, scale).to(x.dtype)
+
+
+def gated_add(x: Tensor, gate: Tensor, update: Tensor) -> Tensor:
+    """x + gate * update with the product in float32, the residual stream kept in x's dtype."""
+    return (x.float() + gate * update.float()).to(x.dtype)
+
+
 def swiglu(x: Tensor) -> Tensor:
     gate, value = x.chunk(2, dim=-1)
     return F.silu(gate) * value
@@ -166,7 +176,8 @@ class TimeEmbedding(nn.Module):
         self.down = nn.Linear(dim, dim, bias=False)
 
     def forward(self, t: Tensor) -> Tensor:
-        features = timestep_features(t, self.channels).to(t.dtype)
+        """t [B] (x1000, float32) -> [B, dim] in this module's dtype (float32 when kept as an island)."""
+        features = timestep_features(t, self.channels).to(self.up.weight.dtype)
         return self.down(F.silu(self.up(features)))
 
 
@@ -211,8 +222,8 @@ class DoubleStreamBlock(nn.Module):
         # mod_*: [B, 1, 6 * dim] = (shift, scale, gate) for attention, then for the MLP.
         i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img.chunk(6, dim=-1)
         t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt.chunk(6, dim=-1)
-        img_in = modulate(F.layer_norm(img, img.shape[-1:], eps=self.eps), i_shift, i_scale)
-        txt_in = modulate(F.layer_norm(txt, txt.shape[-1:], eps=self.eps), t_shift, t_scale)
+        img_in = norm_modulate(img, i_shift, i_scale, self.eps)
+        txt_in = norm_modulate(txt, t_shift, t_scale, self.eps)
         iq, ik, iv = self._qkv("img", img_in)
         tq, tk, tv = self._qkv("txt", txt_in)
         q, k, v = torch.cat([tq, iq], dim=1), torch.cat([tk, ik], dim=1), torch.cat([tv, iv], dim=1)
@@ -220,12 +231,10 @@ class DoubleStreamBlock(nn.Module):
         joint = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
         txt_attn, img_attn = joint.split([txt.shape[1], img.shape[1]], dim=1)
 
-        img = img + i_gate * self.img_out(img_attn)
-        img_mlp_in = modulate(F.layer_norm(img, img.shape[-1:], eps=self.eps), i_shift2, i_scale2)
-        img = img + i_gate2 * self.img_mlp(img_mlp_in)
-        txt = txt + t_gate * self.txt_out(txt_attn)
-        txt_mlp_in = modulate(F.layer_norm(txt, txt.shape[-1:], eps=self.eps), t_shift2, t_scale2)
-        txt = txt + t_gate2 * self.txt_mlp(txt_mlp_in)
+        img = gated_add(img, i_gate, self.img_out(img_attn))
+        img = gated_add(img, i_gate2, self.img_mlp(norm_modulate(img, i_shift2, i_scale2, self.eps)))
+        txt = gated_add(txt, t_gate, self.txt_out(txt_attn))
+        txt = gated_add(txt, t_gate2, self.txt_mlp(norm_modulate(txt, t_shift2, t_scale2, self.eps)))
         return img, txt
 
 
@@ -244,12 +253,12 @@ class SingleStreamBlock(nn.Module):
 
     def forward(self, x: Tensor, mod: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         shift, scale, gate = mod.chunk(3, dim=-1)
-        h = modulate(F.layer_norm(x, x.shape[-1:], eps=self.eps), shift, scale)
+        h = norm_modulate(x, shift, scale, self.eps)
         qkv, mlp = self.qkv_mlp(h).split([3 * self.dim, 2 * self.mlp_dim], dim=-1)
         q, k, v = (_heads(part, self.head_dim) for part in qkv.chunk(3, dim=-1))
         q, k = apply_rope(self.norm_q(q), *rope), apply_rope(self.norm_k(k), *rope)
         attn = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
-        return x + gate * self.out(torch.cat([attn, swiglu(mlp)], dim=-1))
+        return gated_add(x, gate, self.out(torch.cat([attn, swiglu(mlp)], dim=-1)))
 
 
 # ---------------------------------------------------------------------------
@@ -272,6 +281,13 @@ class Flux2Conditioning:
 
 class Flux2Transformer(nn.Module):
     """Predicts the flow velocity of packed image tokens given text tokens and per-sample timesteps."""
+
+    # float32 islands under a bf16 cast (loading.precision.cast_module): the timestep embedding and every
+    # modulation. A bf16 timestep (750 -> 752) alone cut one forward's SNR to 2-3.5 dB on the mid-size
+    # random checkpoint (bench/flux2_precision.py); the sinusoid, embedding and modulations stay float32.
+    KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
+        {"time_embed", "guidance_embed", "mod_img", "mod_txt", "mod_single", "out_mod"}
+    )
 
     def __init__(self, config: Flux2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
@@ -321,11 +337,13 @@ class Flux2Transformer(nn.Module):
         guidance: Tensor | None = None,
     ) -> tuple[Tensor, Flux2Conditioning]:
         """Tokens -> the joint stream [B, L + N, dim] and what every block reads."""
-        # 1. Conditioning: the timestep (x1000, like the reference) drives every modulation.
-        temb = self.time_embed(timestep.to(img.dtype) * 1000)
+        # 1. Conditioning: the timestep (x1000, like the reference) drives every modulation. Unlike the
+        # reference's bf16 path, the timestep is never rounded to the compute dtype (see KEEP_FP32).
+        temb = self.time_embed(timestep.float() * 1000)
         if guidance is not None and self.guidance_embed is not None:
-            temb = temb + self.guidance_embed(guidance.to(img.dtype) * 1000)
+            temb = temb + self.guidance_embed(guidance.float() * 1000)
         silu = F.silu(temb)[:, None, :]  # [B, 1, dim]
+        mod_dtype = self.mod_img.weight.dtype
 
         # 2. Embed tokens; rotary tables over (text, image) ids in attention order.
         x = self.img_in(img)
@@ -333,6 +351,7 @@ class Flux2Transformer(nn.Module):
         cos_t, sin_t = rope_tables(txt_ids, self.config.rope_axes, self.config.rope_theta)
         cos_i, sin_i = rope_tables(img_ids, self.config.rope_axes, self.config.rope_theta)
         rope = (torch.cat([cos_t, cos_i]), torch.cat([sin_t, sin_i]))
+        silu = silu.to(mod_dtype)
         cond = Flux2Conditioning(temb, self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu), rope, c.shape[1])
         return torch.cat([c, x], dim=1), cond
 
@@ -353,19 +372,18 @@ class Flux2Transformer(nn.Module):
     def block_input(self, h: Tensor, cond: Flux2Conditioning, index: int = 0) -> Tensor:
         """The modulated tokens block `index` normalizes before attention (TeaCache's change indicator)."""
         doubles = len(self.double_blocks)
-        normed = F.layer_norm(h, h.shape[-1:], eps=self.config.eps)
+        eps = self.config.eps
         if index >= doubles:
             shift, scale, _ = cond.mod_single.chunk(3, dim=-1)
-            return modulate(normed, shift, scale)
+            return norm_modulate(h, shift, scale, eps)
         t_shift, t_scale = cond.mod_txt.chunk(6, dim=-1)[:2]
         i_shift, i_scale = cond.mod_img.chunk(6, dim=-1)[:2]
-        text, image = normed[:, : cond.text_tokens], normed[:, cond.text_tokens :]
-        return torch.cat([modulate(text, t_shift, t_scale), modulate(image, i_shift, i_scale)], dim=1)
+        text, image = h[:, : cond.text_tokens], h[:, cond.text_tokens :]
+        return torch.cat([norm_modulate(text, t_shift, t_scale, eps), norm_modulate(image, i_shift, i_scale, eps)], dim=1)
 
     def head(self, h: Tensor, cond: Flux2Conditioning) -> Tensor:
         """The joint stream after the last block -> the image tokens' prediction [B, N, C_out]."""
         # 4. Output head: adaptive norm (scale first, then shift) and projection.
         h = h[:, cond.text_tokens :]
-        scale, shift = self.out_mod(F.silu(cond.temb).to(h.dtype)).chunk(2, dim=-1)
-        h = F.layer_norm(h, h.shape[-1:], eps=self.config.eps) * (1 + scale[:, None]) + shift[:, None]
-        return self.proj_out(h)
+        scale, shift = self.out_mod(F.silu(cond.temb).to(self.out_mod.weight.dtype)).chunk(2, dim=-1)
+        return self.proj_out(norm_modulate(h, shift[:, None], scale[:, None], self.config.eps))

@@ -34,7 +34,9 @@ def load_instance(
     vae_config = ckpt.parse_component("vae", Flux2VAEConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", Flux2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
-    transformer = materialize(lambda: Flux2Transformer(dit_config, attention_fn), device, compute)
+    transformer = materialize(
+        lambda: Flux2Transformer(dit_config, attention_fn), device, compute, Flux2Transformer.KEEP_FP32
+    )
     load_weights(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP)
     vae = Flux2VAE(vae_config)
     load_weights(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP)

@@ -1,0 +1,203 @@
+"""The side-by-side report's workloads: one mid-size random-weight checkpoint per family, the request vidloom
+runs on it, and the same request spelled for the family's reference pipeline.
+
+Mid-size (hundreds of wide channels, hundreds to a few thousand tokens) rather than the tiny demos, where
+process start, text encoding and Python overhead hide the denoiser; sized so the whole report takes tens
+of minutes on 2 CPU cores (one run per setting took about 40 minutes here under a load average of 12-20).
+The architectures are the ones the per-family benchmarks use (bench/checkpoints.py, wan22.py,
+far_rollout.py, images_batch.py, ltx2.py, chat_decode.py); checkpoints are written once into bench/.cache/
+under names of their own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "bench" / ".cache"
+for _path in (str(ROOT), str(ROOT / "bench")):  # run as `python bench/x.py` from anywhere
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+PROMPT = "a red fox jumps over a frozen river"
+NEGATIVE = "blurry, low quality"
+SEED = 42
+CHAT_STREAMS = 16
+"""Concurrent chat requests: vidloom's continuous batching vs one left-padded `generate` batch."""
+CHAT_TOKENS = 48
+"""Greedy tokens per chat request (random weights may stop earlier; produced tokens are counted)."""
+CHAT_PROMPTS = ("hello world", "tell me a story about robots", "what is in this picture?", "the quick brown fox",
+                "cosmos predicts the future of the physical world", "1 2 3 4 5 6 7 8 9 0")
+
+
+@dataclass(frozen=True)
+class FamilyBench:
+    """One family's row group: how to write its checkpoint and run one generation on either side."""
+
+    name: str
+    write: Callable[[Path], Any]
+    """Writes the random-weight checkpoint into an empty folder."""
+    pipeline: str
+    """The reference: a diffusers pipeline class name, or "generate" (transformers, chat)."""
+    request: dict[str, Any]
+    """height, width, num_frames, steps, guidance (and family extras); recorded in the JSON."""
+    reference_call: Callable[[Any, dict[str, Any], int], np.ndarray] | None = None
+    """(pipeline, request, steps) -> frames [F, H, W, 3] in [0, 1]."""
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra from_pretrained arguments of the reference pipeline."""
+    architecture: dict[str, Any] = field(default_factory=dict)
+    """The denoiser's config, for the JSON."""
+    folder: str = ""
+    """Checkpoint folder name under bench/.cache/ (default: `name`); chat shares the generation checkpoint."""
+    warmup_steps: int = 1
+    """Steps of the untimed warm-up generation (LTX-2's schedule needs 2 to reach its shift_terminal)."""
+
+    def checkpoint(self) -> Path:
+        """The folder, written atomically on first use."""
+        name = self.folder or self.name
+        folder = CACHE / name
+        if (folder / "model_index.json").exists():
+            return folder
+        partial = CACHE / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        self.write(partial)
+        partial.rename(folder)
+        return folder
+
+    def vidloom_request(self, steps: int) -> Any:
+        from vidloom.core.request import GenerationRequest, Task
+
+        r = self.request
+        extra = {"fps": r["fps"]} if "fps" in r else {}
+        return GenerationRequest(
+            PROMPT, task=Task.T2I if r["num_frames"] == 1 else Task.T2V,
+            negative_prompt=r.get("negative_prompt", NEGATIVE), height=r["height"], width=r["width"],
+            num_frames=r["num_frames"], num_inference_steps=steps, guidance_scale=r["guidance"], seed=SEED, **extra)
+
+
+def _generator() -> Any:
+    import torch
+
+    return torch.Generator("cpu").manual_seed(SEED)  # vidloom draws its noise the same way
+
+
+def _call_wan(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    return pipe(prompt=PROMPT, negative_prompt=r.get("negative_prompt", NEGATIVE), height=r["height"],
+                width=r["width"], num_frames=r["num_frames"], num_inference_steps=steps,
+                guidance_scale=r["guidance"], generator=_generator(), output_type="np").frames[0]
+
+
+def _call_far(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    from vidloom.recipes.wan_causal.loop import chunk_partition
+
+    # The partition vidloom derives for this length (the pipeline needs it spelled out).
+    partition = chunk_partition((r["num_frames"] - 1) // 4 + 1, tuple(pipe.transformer.config.chunk_partition))
+    return pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=r["height"], width=r["width"],
+                num_frames=r["num_frames"], num_inference_steps=steps, guidance_scale=r["guidance"],
+                chunk_partition=list(partition), generator=_generator(), output_type="np",
+                use_kv_cache=True).frames[0]
+
+
+def _call_flux2(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    out = pipe(prompt=PROMPT, height=r["height"], width=r["width"], num_inference_steps=steps,
+               guidance_scale=r["guidance"], generator=_generator(), output_type="np")
+    return np.asarray(out.images)  # [1, H, W, 3]: one frame, like vidloom's video slot
+
+
+def _call_ltx2(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    video, _audio = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=r["height"], width=r["width"],
+                         num_frames=r["num_frames"], frame_rate=float(r["fps"]), num_inference_steps=steps,
+                         guidance_scale=r["guidance"], generator=_generator(), output_type="np", return_dict=False)
+    return video[0]
+
+
+def _call_cosmos3(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    out = pipe(PROMPT, negative_prompt=NEGATIVE, num_frames=r["num_frames"], height=r["height"], width=r["width"],
+               fps=r["fps"], num_inference_steps=steps, guidance_scale=r["guidance"], generator=_generator(),
+               output_type="np", enable_safety_check=False)
+    return np.asarray(out.video)
+
+
+def _write_wan21(folder: Path) -> None:
+    from checkpoints import SIZES
+
+    from tests.helpers.wan_checkpoints import write_tiny_wan
+
+    write_tiny_wan(folder, SIZES["mid"].spec)
+
+
+def _write_ti2v(folder: Path) -> None:
+    from wan22 import TI2V_MID
+
+    from tests.helpers.wan22_checkpoints import write_tiny_ti2v
+
+    write_tiny_ti2v(folder, TI2V_MID)
+
+
+def _write_far(folder: Path) -> None:
+    from far_rollout import MID
+
+    from tests.helpers.far_checkpoints import write_tiny_far
+
+    write_tiny_far(folder, MID)
+
+
+def _write_flux2(folder: Path) -> None:
+    from images_batch import SIZES
+
+    from tests.helpers.flux2_checkpoints import write_tiny_flux2
+
+    write_tiny_flux2(folder, SIZES["large"][0])
+
+
+def _write_ltx2(folder: Path) -> None:
+    from ltx2 import MID
+
+    from tests.helpers.ltx2_checkpoints import write_tiny_ltx2
+
+    write_tiny_ltx2(folder, MID, upsampler=False)
+
+
+def _write_cosmos3(folder: Path) -> None:
+    from chat_decode import SIZES
+
+    from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3
+
+    write_tiny_cosmos3(folder, SIZES["mid"])
+
+
+_WAN21_DIT = "Wan2.1 layout, 8 heads x 64, FFN 1536, 14 layers (bench/checkpoints.py mid)"
+FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
+    FamilyBench("wan2.1-mid", _write_wan21, "WanPipeline",
+                dict(height=256, width=256, num_frames=9, steps=6, guidance=5.0), _call_wan,
+                architecture={"dit": _WAN21_DIT, "tokens": 3 * 16 * 16}),
+    FamilyBench("wan2.2-ti2v-mid", _write_ti2v, "WanPipeline",
+                dict(height=256, width=256, num_frames=9, steps=4, guidance=5.0, negative_prompt=""), _call_wan,
+                architecture={"dit": "TI2V layout (48 latent channels, 16x VAE), 8 heads x 64, 10 layers "
+                                     "(bench/wan22.py TI2V_MID)", "tokens": 3 * 8 * 8}),
+    FamilyBench("far-mid", _write_far, "AnyFlowFARPipeline",
+                dict(height=160, width=160, num_frames=29, steps=4, guidance=1.0), _call_far,
+                architecture={"dit": "AnyFlow-FAR, 8 heads x 64, FFN 1536, 4 layers (bench/far_rollout.py MID)",
+                              "tokens": 8 * 10 * 10}),
+    FamilyBench("flux2-klein-mid", _write_flux2, "Flux2KleinPipeline",
+                dict(height=256, width=256, num_frames=1, steps=4, guidance=1.0), _call_flux2,
+                architecture={"dit": "Klein layout, 8 heads x 128, 4 double + 8 single blocks "
+                                     "(bench/images_batch.py large)", "tokens": 16 * 16}),
+    FamilyBench("ltx2-mid", _write_ltx2, "LTX2Pipeline",
+                dict(height=256, width=256, num_frames=25, fps=24, steps=6, guidance=3.0), _call_ltx2, warmup_steps=2,
+                architecture={"dit": "LTX-2 audio+video, 8 heads x 32, 8 layers (bench/ltx2.py MID)"}),
+    FamilyBench("cosmos3-mid", _write_cosmos3, "Cosmos3OmniPipeline",
+                dict(height=192, width=192, num_frames=17, fps=16, steps=6, guidance=4.0), _call_cosmos3,
+                load_kwargs={"enable_safety_checker": False},
+                architecture={"dit": "Cosmos3 Omni, hidden 512, 6 layers, GQA 8/2 (bench/chat_decode.py mid)"}),
+    FamilyBench("cosmos3-chat-mid", _write_cosmos3, "generate",
+                dict(streams=CHAT_STREAMS, max_tokens=CHAT_TOKENS, greedy=True),
+                architecture={"dit": "the same Cosmos3 checkpoint's text backbone (bench/chat_decode.py mid)"},
+                folder="cosmos3-mid"),
+)}

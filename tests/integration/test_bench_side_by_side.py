@@ -1,0 +1,67 @@
+"""bench/report.py's side-by-side table: every family has a row group with a reference, and its arithmetic
+(speed-ups against the reference default and the same dtype, chat token agreement) is what the docs say."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from chat_streams import token_match  # noqa: E402
+from family_bench import FAMILIES  # noqa: E402
+from side_by_side import SETTINGS, _ratios, peak_rss_mib  # noqa: E402
+
+
+def test_every_family_has_a_mid_size_row_group_with_its_reference():
+    expected = {"wan2.1-mid": "WanPipeline", "wan2.2-ti2v-mid": "WanPipeline", "far-mid": "AnyFlowFARPipeline",
+                "flux2-klein-mid": "Flux2KleinPipeline", "ltx2-mid": "LTX2Pipeline",
+                "cosmos3-mid": "Cosmos3OmniPipeline", "cosmos3-chat-mid": "generate"}
+    assert {name: f.pipeline for name, f in FAMILIES.items()} == expected
+    for bench in FAMILIES.values():
+        assert bench.pipeline == "generate" or callable(bench.reference_call)
+        if bench.pipeline != "generate":
+            request = bench.vidloom_request(bench.request["steps"])
+            assert (request.height, request.width) == (bench.request["height"], bench.request["width"])
+    assert SETTINGS == ("vidloom default", "vidloom float32", "reference float32", "reference bfloat16")
+
+
+def test_speedups_against_the_reference_default_and_the_same_dtype():
+    rows = {
+        "vidloom default": dict(dtype="bfloat16", wall_s=2.0, cpu_s=1.0),
+        "vidloom float32": dict(dtype="float32", wall_s=4.0, cpu_s=4.0),
+        "reference float32": dict(dtype="float32", wall_s=8.0, cpu_s=6.0),
+        "reference bfloat16": dict(dtype="bfloat16", wall_s=3.0, cpu_s=1.5),
+        "broken": dict(error="exit 1"),
+    }
+    _ratios(rows)
+    ours = rows["vidloom default"]
+    assert (ours["wall_speedup_vs_reference_default"], ours["cpu_speedup_vs_reference_default"]) == (4.0, 6.0)
+    assert (ours["wall_speedup_vs_reference_same_dtype"], ours["cpu_speedup_vs_reference_same_dtype"]) == (1.5, 1.5)
+    assert rows["vidloom float32"]["wall_speedup_vs_reference_same_dtype"] == 2.0  # against reference float32
+    assert "wall_speedup_vs_reference_default" not in rows["broken"]
+
+
+def test_chat_speedups_are_tokens_per_second_and_cpu_per_token():
+    rows = {
+        "vidloom default": dict(dtype="bfloat16", wall_s=2.0, cpu_s=1.0, tokens=200, tokens_per_s=100.0),
+        "reference float32": dict(dtype="float32", wall_s=4.0, cpu_s=3.0, tokens=200, tokens_per_s=50.0),
+    }
+    _ratios(rows)
+    assert rows["vidloom default"]["wall_speedup_vs_reference_default"] == 2.0
+    assert rows["vidloom default"]["cpu_speedup_vs_reference_default"] == 3.0
+    assert rows["vidloom default"]["wall_speedup_vs_reference_same_dtype"] is None  # no bf16 reference row
+
+
+def test_token_match_counts_the_shared_greedy_prefix():
+    reference = np.array([[1, 2, 3, 4], [5, 6, -1, -1]])
+    assert token_match(reference, reference) == 1.0
+    ours = np.array([[1, 2, 9, 4], [5, 6, 7, -1]])  # first stream diverges after 2 of 4; second matches its 2
+    assert token_match(ours, reference) == 0.75
+
+
+def test_peak_rss_is_this_process_own():
+    assert 10 < peak_rss_mib() < 1 << 20
