@@ -29,6 +29,7 @@ from vidloom.media.uploads import decode_media
 from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.compile_stance import compile_stance
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
@@ -251,11 +252,12 @@ class RequestRun:
             release_cached_memory(self.instance.device)
 
     def _compile_stance(self) -> contextlib.AbstractContextManager[Any]:
-        # The stance is process-wide while set; steps of one engine run one at a time, so it
-        # covers exactly this request's step. Adapters run eagerly: the compiled blocks were traced without them.
+        # torch's stance is process-wide: held through runtime.compile_stance, so steps of engines on other
+        # threads that overlap this one cannot leave it set. Adapters run eagerly: the compiled blocks were
+        # traced without them.
         if self._loras is not None:
-            return torch.compiler.set_stance("force_eager")
-        return contextlib.nullcontext() if self._compiled else torch.compiler.set_stance("eager_on_recompile")
+            return compile_stance("force_eager")
+        return contextlib.nullcontext() if self._compiled else compile_stance("eager_on_recompile")
 
     # -- runtime services handed to nodes and loops --------------------------------
 
