@@ -48,6 +48,7 @@ def test_generate_watch_and_play_a_video(browser, page, demo_engine, tmp_path):
     config = ServeConfig(data_dir=tmp_path / "data", max_steps=BLOCKING_STEPS, graceful_shutdown_s=2)
     with ThreadServer(demo_engine, config) as server:
         page.goto(server.url)
+        page.wait_for_function("() => document.querySelector('#model-name').textContent !== ''")  # fetched after load
         assert page.locator("#model-name").inner_text() == "wan2.1-demo"
         assert page.locator("[data-input=video]").is_visible()  # the demo reads a video (v2v)
         assert not page.locator("[data-input=input_reference]").is_visible()  # and no image

@@ -10,9 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core import request as core_request
-from vidloom.media.audio_files import open_audio
-from vidloom.media.image import open_image, open_images
-from vidloom.media.uploads import open_video
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
@@ -20,18 +17,29 @@ if TYPE_CHECKING:
 
 
 class UploadReader:
-    """core.request_media.MediaReader over vidloom.media: PIL images, arrays, paths or upload bytes."""
+    """core.request_media.MediaReader over vidloom.media: PIL images, arrays, paths or upload bytes.
+
+    The readers are imported when a request carries media: PyAV and PIL stay out of the import path of the
+    runtime (the GPU check's image has no PyAV)."""
 
     def images(self, value: Any, field: str) -> tuple[Any, ...]:
+        from vidloom.media.image import open_images
+
         return open_images(value, field)
 
     def image(self, value: Any, field: str) -> Any:
+        from vidloom.media.image import open_image
+
         return open_image(value, field)
 
     def video(self, value: Any, field: str, min_frames: int) -> Any:
+        from vidloom.media.uploads import open_video
+
         return open_video(value, field, min_frames)
 
     def audio(self, value: Any, field: str, sample_rate: int) -> Any:
+        from vidloom.media.audio_files import open_audio
+
         return open_audio(value, field, sample_rate)
 
 
