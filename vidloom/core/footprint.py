@@ -12,6 +12,7 @@ and rounded up: an estimate refuses what cannot fit, it does not pack memory tig
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
@@ -56,9 +57,11 @@ def block_bytes(batch: int, tokens: int, inner_dim: int, ffn_dim: int, act: int)
     return batch * tokens * (HIDDEN_COPIES * inner_dim + FFN_COPIES * ffn_dim) * act
 
 
-def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames: int) -> int:
-    """One decode pass producing `frames` frames of `pixels` pixels through `channels` full-resolution channels."""
-    copies = VAE_COPIES.get(getattr(device, "type", "cpu"), VAE_COPIES["cpu"])
+def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames: int,
+                 copies: Mapping[str, int] = VAE_COPIES) -> int:
+    """One decode pass producing `frames` frames of `pixels` pixels through `channels` full-resolution channels;
+    `copies`: live full-resolution tensors per device type (a family's own count where it was measured)."""
+    copies = copies.get(getattr(device, "type", "cpu"), copies["cpu"])
     return copies * channels * pixels * frames * 4
 
 
