@@ -116,8 +116,8 @@ def test_card_from_the_demo_folder_matches_the_demo_card(cache):
 
 
 def test_unsupported_deploy_features_are_refused_at_load(cache):
-    with pytest.raises(DeployError, match="step_cache"):
-        VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache, deploy=DeployConfig(step_cache="teacache"))
+    with pytest.raises(DeployError, match="vae_tile"):
+        VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache, deploy=DeployConfig(vae_tile=256))
 
 
 def test_prompt_cache_and_batched_cfg_are_honoured(cache):
