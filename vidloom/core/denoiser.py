@@ -67,6 +67,9 @@ class CompileUnits(Protocol):
     """A resident denoiser module whose blocks `torch.compile` wraps one by one (dynamic=False).
 
     Units should be structurally identical (a DiT's blocks), so one graph per shape bucket serves all.
+    Optional attribute `compile_dynamic` (bool, default False): the units compile with a symbolic token axis
+    instead (an AR decoder's steps each pack a different number of tokens; a bucket per count would not bound
+    the recompiles). `--fp8` quantizes the same units' linears (runtime.fp8_denoisers).
     """
 
     def compile_units(self) -> Sequence[nn.Module]:

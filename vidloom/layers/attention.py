@@ -1,19 +1,26 @@
 """Attention backends behind one calling convention, chosen once at load from an explicit registry.
 
 Every backend takes q, k, v laid out [batch, seq, heads, head_dim] and returns that
-layout. `attention` (PyTorch SDPA) is the default and the reference; `flash`
-(flash-attn) and `sage` (SageAttention) are optional CUDA kernels. A model receives
-the chosen function at construction, so nothing here is global or mutable.
+layout. `attention` (PyTorch SDPA) is the default and the reference; `math` is SDPA held
+to PyTorch's math kernel (float32 accumulation everywhere: a reference when a fused kernel
+is in doubt); `flash` (flash-attn) and `sage` (SageAttention) are optional CUDA kernels.
+A model receives the chosen function at construction, so nothing here is global or mutable.
+
+Models that attend inside their KV stores (the AR decoders: causal, paged, always masked) take
+an `SDPAScope` instead (`resolve_sdpa_scope`): the SDPA kernels their calls may use, entered
+around their blocks. Kernels without masks are refused for them at load.
 """
 
 from __future__ import annotations
 
 import importlib
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vidloom.core.errors import DeployError
 
@@ -88,10 +95,13 @@ class AttentionBackend:
     """Compute dtypes the kernel accepts (None: any)."""
     takes_mask: bool = True
     """The kernel takes an attention mask (flash-attn's and SageAttention's dense calls do not)."""
+    sdpa_kernels: tuple[SDPBackend, ...] | None = None
+    """Built-in entries only: the PyTorch SDPA kernels allowed (None: PyTorch picks among all)."""
 
 
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     "sdpa": AttentionBackend(kernel=None, package="torch", adapt=None),
+    "math": AttentionBackend(kernel=None, package="torch", adapt=None, sdpa_kernels=(SDPBackend.MATH,)),
     "flash": AttentionBackend("flash_attn:flash_attn_func", "flash-attn", _flash, needs_cuda=True, dtypes=_HALF,
                               takes_mask=False),
     "sage": AttentionBackend("sageattention:sageattn", "sageattention", _sage, needs_cuda=True, dtypes=_HALF,
@@ -111,10 +121,11 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype, maske
     if backend is None:
         raise DeployError(f"unknown attention backend {name!r}; known: {', '.join(ATTENTION_BACKENDS)}")
     if masked and not backend.takes_mask:
+        takes = ", ".join(repr(n) for n, b in ATTENTION_BACKENDS.items() if b.takes_mask)
         raise DeployError(f"attention_backend {name!r} takes no attention mask, and this model masks every "
-                          "attention call; use attention_backend='sdpa'")
+                          f"attention call; use attention_backend {takes}")
     if backend.kernel is None or backend.adapt is None:
-        return attention
+        return attention if backend.sdpa_kernels is None else _held_to(backend.sdpa_kernels)
     if backend.needs_cuda and device.type != "cuda":
         raise DeployError(f"attention backend {name!r} needs a CUDA device; this model is loading on {device.type}")
     kernel = _import_kernel(name, backend)
@@ -125,6 +136,44 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype, maske
             f"{str(dtype).removeprefix('torch.')} (pass dtype='bfloat16')"
         )
     return backend.adapt(kernel)
+
+
+def _held_to(kernels: tuple[SDPBackend, ...]) -> AttentionFn:
+    scope = SDPAScope(kernels)
+
+    def held_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        with scope():
+            return attention(q, k, v, mask)
+
+    return held_attention
+
+
+@dataclass(frozen=True)
+class SDPAScope:
+    """The PyTorch SDPA kernels a model's attention calls may use; calling it gives the context to run them in.
+
+    `torch.nn.attention.sdpa_kernel` sets process-wide flags for the duration of the context: the runtime steps
+    one model at a time per device worker, so a scope is held for one forward and restored after it.
+    """
+
+    kernels: tuple[SDPBackend, ...] | None = None
+    """None: PyTorch picks among all its kernels (the `sdpa` backend)."""
+
+    def __call__(self) -> AbstractContextManager[Any]:
+        return nullcontext() if self.kernels is None else sdpa_kernel(list(self.kernels))
+
+
+DEFAULT_SDPA = SDPAScope()
+"""The `sdpa` backend's scope: no restriction."""
+
+
+def resolve_sdpa_scope(name: str, device: torch.device, dtype: torch.dtype) -> SDPAScope:
+    """The SDPA scope of backend `name` for a model whose attention runs inside its KV stores with a mask on every
+    call (causal and paged AR decode), or DeployError at load: flash/sage take no mask, so they are refused."""
+    resolve_attention(name, device, dtype, masked=True)  # unknown names, kernels without masks: refused here
+    return SDPAScope(ATTENTION_BACKENDS[name].sdpa_kernels)
 
 
 def _import_kernel(name: str, backend: AttentionBackend) -> Callable[..., Any]:

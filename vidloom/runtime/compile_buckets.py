@@ -85,13 +85,16 @@ class CompileBuckets:
 
 
 def compile_denoisers(components: Mapping[str, Any], backend: str, model_id: str) -> int:
-    """`torch.compile` every resident denoiser's units (core.denoiser.CompileUnits), each on its own
-    (dynamic=False: one graph per shape bucket; identical blocks share it). Written once for every family:
-    a card that declares `compile` must hold such a component. Returns the number of units wrapped."""
-    units = [unit for component in components.values() if isinstance(component, CompileUnits)
+    """`torch.compile` every resident component's units (core.denoiser.CompileUnits), each on its own:
+    dynamic=False (one graph per shape bucket; identical blocks share it), or a symbolic token axis where the
+    component declares `compile_dynamic` (an AR decoder: every step packs a different number of tokens).
+    Written once for every family: a card that declares `compile` must hold such a component. Returns the
+    number of units wrapped."""
+    units = [(unit, bool(getattr(component, "compile_dynamic", False)))
+             for component in components.values() if isinstance(component, CompileUnits)
              for unit in component.compile_units()]
     if not units:
         raise DeployError(f"compile (--compile): {model_id} loaded no component that declares compile units")
-    for unit in units:
-        unit.compile(backend=backend, dynamic=False)
+    for unit, dynamic in units:
+        unit.compile(backend=backend, dynamic=dynamic)
     return len(units)

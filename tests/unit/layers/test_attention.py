@@ -36,7 +36,7 @@ def test_sdpa_is_the_default_and_matches_written_out_attention():
 
 
 def test_unknown_backend_lists_the_known_ones():
-    with pytest.raises(DeployError, match="unknown attention backend 'xformers'; known: sdpa, flash, sage"):
+    with pytest.raises(DeployError, match="unknown attention backend 'xformers'; known: sdpa, math, flash, sage"):
         resolve_attention("xformers", torch.device("cpu"), torch.float32)
 
 

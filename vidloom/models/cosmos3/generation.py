@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.grouped_attention import grouped_attention
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
@@ -137,6 +138,7 @@ class GenConditioning:
     layout: GenLayout
     noisy: Tensor  # indices of the frames being generated
     action: ActionTokens | None = None  # the action stream; its domain picks the head's projection
+    sdpa: SDPAScope = DEFAULT_SDPA  # the backbone's SDPA kernels (attention_backend)
 
 
 class Cosmos3Generator(nn.Module):
@@ -231,13 +233,14 @@ class Cosmos3Generator(nn.Module):
         x = torch.cat(parts)
         rope = backbone.rotary(layout.positions.to(x.device), dtype)
         attention = PrefixAttention(prefix, backbone.attention_scale)
-        return x[None], GenConditioning(rope, attention, layout, noisy, action)
+        return x[None], GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa)
 
     def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the tokens [1, S, hidden]."""
         h = x[0]
-        for layer in range(start, self.num_blocks if end is None else end):
-            h = self.blocks[layer](h, cond.rope, cond.attention, layer)
+        with cond.sdpa():
+            for layer in range(start, self.num_blocks if end is None else end):
+                h = self.blocks[layer](h, cond.rope, cond.attention, layer)
         return h[None]
 
     def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.grouped_attention import grouped_attention  # noqa: F401  (re-exported: importers use this path)
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.config import Cosmos3TextConfig
@@ -175,9 +176,10 @@ class TextBlock(nn.Module):
 class Cosmos3Transformer(nn.Module):
     """The understanding pathway: packed token ids in, next-token logits out."""
 
-    def __init__(self, config: Cosmos3TextConfig) -> None:
+    def __init__(self, config: Cosmos3TextConfig, sdpa: SDPAScope = DEFAULT_SDPA) -> None:
         super().__init__()
         self.config = config
+        self.sdpa = sdpa  # the SDPA kernels attention_backend allows (chosen at load; the KV stores call SDPA)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.blocks = nn.ModuleList(TextBlock(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -199,9 +201,10 @@ class Cosmos3Transformer(nn.Module):
         # 1. embed
         x = self.embed(input_ids)  # [T, hidden]
         rope = self.rotary(positions, x.dtype)  # cos, sin [T, head_dim]
-        # 2. causal blocks (attention goes through the KV store)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, kv, layer)
+        # 2. causal blocks (attention goes through the KV store, on the SDPA kernels the backend allows)
+        with self.sdpa():
+            for layer, block in enumerate(self.blocks):
+                x = block(x, rope, kv, layer)
         # 3. head on the wanted rows
         if logits_at is not None:
             x = x[logits_at]

@@ -15,20 +15,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
+from vidloom.layers.fp8 import project
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.transformer import CausalAttention, KVAttention, RMSNorm, apply_rotary
 from vidloom.models.qwen_omni.config import DecoderConfig
 
 _LAYER_RULES = (
-    ("layers.{n}.self_attn.q_proj", "blocks.{n}.attn.q"),
-    ("layers.{n}.self_attn.k_proj", "blocks.{n}.attn.k"),
-    ("layers.{n}.self_attn.v_proj", "blocks.{n}.attn.v"),
-    ("layers.{n}.self_attn.o_proj", "blocks.{n}.attn.o"),
-    ("layers.{n}.input_layernorm", "blocks.{n}.attn_norm"),
-    ("layers.{n}.post_attention_layernorm", "blocks.{n}.mlp_norm"),
-    ("layers.{n}.mlp.gate_proj", "blocks.{n}.mlp.gate"),
-    ("layers.{n}.mlp.up_proj", "blocks.{n}.mlp.up"),
-    ("layers.{n}.mlp.down_proj", "blocks.{n}.mlp.down"),
+    ("layers.{n}.input_layernorm", "blocks.{n}.pre_attention.norm"),
+    ("layers.{n}.self_attn.q_proj", "blocks.{n}.pre_attention.q"),
+    ("layers.{n}.self_attn.k_proj", "blocks.{n}.pre_attention.k"),
+    ("layers.{n}.self_attn.v_proj", "blocks.{n}.pre_attention.v"),
+    ("layers.{n}.self_attn.o_proj", "blocks.{n}.post_attention.o"),
+    ("layers.{n}.post_attention_layernorm", "blocks.{n}.post_attention.norm"),
+    ("layers.{n}.mlp.gate_proj", "blocks.{n}.post_attention.gate"),
+    ("layers.{n}.mlp.up_proj", "blocks.{n}.post_attention.up"),
+    ("layers.{n}.mlp.down_proj", "blocks.{n}.post_attention.down"),
 )
 # transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are
 # transformers' modules, loaded apart: models.qwen_omni.encoders).
@@ -69,43 +71,57 @@ class SectionedRotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-class Attention(nn.Module):
+class PreAttention(nn.Module):
+    """A block's work before attention: RMSNorm, q/k/v projections, rotary. Reads only this forward's tokens,
+    so it compiles (a compile unit) while the KV store's attention stays outside the graph."""
+
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.q = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim)
         self.k = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim)
         self.v = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim)
-        self.o = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, hidden] -> q [T, H, D], k and v [T, KVH, D] (q and k rotated)."""
         t = x.shape[0]
-        q = apply_rotary(self.q(x).view(t, self.heads, self.head_dim), *rope)
-        k = apply_rotary(self.k(x).view(t, self.kv_heads, self.head_dim), *rope)
-        v = self.v(x).view(t, self.kv_heads, self.head_dim)
-        return self.o(kv.attend(layer, q, k, v).reshape(t, -1))
+        q, k, v = project(self.norm(x), self.q, self.k, self.v)  # FP8: one quantized activation for all three
+        q = apply_rotary(q.view(t, self.heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(t, self.kv_heads, self.head_dim), cos, sin)
+        return q, k, v.view(t, self.kv_heads, self.head_dim)
 
 
-class MLP(nn.Module):
+class PostAttention(nn.Module):
+    """A block's work after attention: output projection and residual, RMSNorm, gated SiLU MLP and residual
+    (a compile unit, like PreAttention)."""
+
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
+        self.o = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+    def forward(self, x: Tensor, attended: Tensor) -> Tensor:
+        """x [T, hidden] (the block's input), attended [T, H * D] -> the block's output [T, hidden]."""
+        x = x + self.o(attended)
+        gate, up = project(self.norm(x), self.gate, self.up)
+        return x + self.down(F.silu(gate) * up)
 
 
 class Block(nn.Module):
+    """One decoder layer, split around attention: only the KV store's attend (it reads and writes the cache of
+    this forward's sequences) sits between the two compile units."""
+
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
-        self.attn_norm, self.attn = RMSNorm(c.hidden_size, c.rms_norm_eps), Attention(c)
-        self.mlp_norm, self.mlp = RMSNorm(c.hidden_size, c.rms_norm_eps), MLP(c)
+        self.pre_attention, self.post_attention = PreAttention(c), PostAttention(c)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, kv, layer)
-        return x + self.mlp(self.mlp_norm(x))
+        q, k, v = self.pre_attention(x, *rope)
+        return self.post_attention(x, kv.attend(layer, q, k, v).reshape(x.shape[0], -1))
 
 
 class OmniDecoder(nn.Module):
@@ -115,9 +131,15 @@ class OmniDecoder(nn.Module):
     lm head or the talker's codec head.
     """
 
-    def __init__(self, config: DecoderConfig, projects_input: bool = False) -> None:
+    compile_dynamic = True
+    """The compile units see a different token count almost every call (prompt lengths, decode batches): one
+    graph with a symbolic token axis serves them all (core.denoiser.CompileUnits)."""
+
+    def __init__(self, config: DecoderConfig, projects_input: bool = False,
+                 sdpa: SDPAScope = DEFAULT_SDPA) -> None:
         super().__init__()
         self.config = config
+        self.sdpa = sdpa  # the SDPA kernels attention_backend allows (chosen at load; the KV stores call SDPA)
         self.embed = nn.Embedding(config.vocab_size, config.embedding_size)
         self.proj_in = nn.Linear(config.embedding_size, config.hidden_size) if projects_input else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
@@ -129,15 +151,21 @@ class OmniDecoder(nn.Module):
     def attention_scale(self) -> float:
         return self.config.head_dim ** -0.5
 
+    def compile_units(self) -> tuple[nn.Module, ...]:
+        """What `--compile` wraps and `--fp8` quantizes (core.denoiser.CompileUnits): every block's work before
+        and after attention; the embedding, input projection, final norm and head stay as loaded."""
+        return (*(b.pre_attention for b in self.blocks), *(b.post_attention for b in self.blocks))
+
     def hidden(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None = None) -> Tensor:
         """embeds [T, embedding_size] (packed), positions [3, T] -> final normed hidden states [T, hidden]."""
         kv = kv if kv is not None else CausalAttention(self.attention_scale)
         # 1. into the decoder's width (the talker projects thinker-space inputs)
         x = embeds if self.proj_in is None else self.proj_in(embeds)
         rope = self.rotary(positions, x.dtype)
-        # 2. causal blocks (attention through the KV store)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, kv, layer)
+        # 2. causal blocks (attention through the KV store, on the SDPA kernels the backend allows)
+        with self.sdpa():
+            for layer, block in enumerate(self.blocks):
+                x = block(x, rope, kv, layer)
         return self.norm(x)
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,

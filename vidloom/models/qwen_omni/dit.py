@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.loading.name_map import NameMap
 from vidloom.models.qwen_omni.config import DiTConfig
 from vidloom.models.qwen_omni.speaker_encoder import SpeakerEncoder
@@ -86,9 +87,10 @@ class DiTBlock(nn.Module):
 class CodeToMelDiT(nn.Module):
     """The velocity network v(x_t, t | codes, voice)."""
 
-    def __init__(self, config: DiTConfig) -> None:
+    def __init__(self, config: DiTConfig, sdpa: SDPAScope = DEFAULT_SDPA) -> None:
         super().__init__()
         c = self.config = config
+        self.sdpa = sdpa  # the SDPA kernels attention_backend allows (its attention is masked to nearby blocks)
         self.time_fc1, self.time_fc2 = nn.Linear(TIME_FREQ_DIM, c.hidden_size), nn.Linear(c.hidden_size, c.hidden_size)
         self.code_embed = nn.Embedding(c.num_embeds + 1, c.emb_dim)
         self.in_proj = nn.Linear(c.mel_dim + c.enc_dim + c.enc_emb_dim + c.emb_dim, c.hidden_size)
@@ -123,8 +125,9 @@ class CodeToMelDiT(nn.Module):
         rope = self.rope(frames, x.device, h.dtype)
         blocks = torch.arange(frames, device=x.device) // self.config.block_size
         block_diff = blocks[None, :] - blocks[:, None]
-        for block in self.blocks:
-            h = block(h, t_emb, rope, block_diff)
+        with self.sdpa():
+            for block in self.blocks:
+                h = block(h, t_emb, rope, block_diff)
         scale, shift = self.out_mod(F.silu(t_emb)).chunk(2, dim=1)
         return self.proj_out(_layer_norm(h) * (1 + scale[:, None]) + shift[:, None])
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import load_weights, weight_files
 
@@ -30,6 +31,7 @@ class ThinkerEncoders:
     audio: nn.Module | None
     vision: nn.Module | None
     merge_size: int = 2  # vision_config.spatial_merge_size: patches per merged token along each side
+    sdpa: SDPAScope = DEFAULT_SDPA  # the SDPA kernels attention_backend allows the towers' attention
 
     @property
     def dtype(self) -> torch.dtype:
@@ -63,7 +65,7 @@ def _load_tower(folder: Path, stem: str, prefix: str, cls: Any, config: Any, dev
 
 
 def load_encoders(folder: Path, thinker_raw: Mapping[str, Any], device: torch.device, dtype: torch.dtype,
-                  stem: str) -> ThinkerEncoders:
+                  stem: str, sdpa: SDPAScope = DEFAULT_SDPA) -> ThinkerEncoders:
     """The towers whose tensors the checkpoint holds, from `thinker_config`'s audio_config / vision_config."""
     from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as ref
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (Qwen2_5OmniAudioEncoderConfig,
@@ -78,7 +80,7 @@ def load_encoders(folder: Path, thinker_raw: Mapping[str, Any], device: torch.de
         config = Qwen2_5OmniVisionEncoderConfig(**dict(thinker_raw.get("vision_config") or {}))
         vision = _load_tower(folder, stem, VISION_PREFIX, ref.Qwen2_5OmniVisionEncoder, config, device, dtype)
     merge = int((thinker_raw.get("vision_config") or {}).get("spatial_merge_size", 2))
-    return ThinkerEncoders(audio, vision, merge)
+    return ThinkerEncoders(audio, vision, merge, sdpa)
 
 
 def encode_audio(tower: nn.Module, features: Tensor) -> Tensor:

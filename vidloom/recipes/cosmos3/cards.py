@@ -41,13 +41,12 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
-               "vae_tile"}),
+               "vae_tile", "attention_backend"}),
     {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
                              "there is no separate text encoder to offload",
      "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
                           "embedding a cache could keep",
      "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
-     "attention_backend": "the Cosmos3 backbone's masked attention has no backend dispatch yet",
      "cuda_graphs": "the denoise step reads the request's own prefilled prompt K/V and branch layouts (per-request "
                     "objects) and returns up to three tensors (vision, sound, action); the graph runner "
                     "(runtime/cudagraph.py) captures one-tensor steps whose other inputs are fixed objects",

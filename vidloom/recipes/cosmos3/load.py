@@ -11,6 +11,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope, resolve_sdpa_scope
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
@@ -19,10 +20,11 @@ from vidloom.models.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transformer
 from vidloom.recipes.cosmos3.cards import PIPELINE_CLASS, read_pipeline_config
 
 
-def load_text_model(folder: Path, device: torch.device, dtype: torch.dtype) -> Cosmos3Transformer:
+def load_text_model(folder: Path, device: torch.device, dtype: torch.dtype,
+                    sdpa: SDPAScope = DEFAULT_SDPA) -> Cosmos3Transformer:
     """The understanding pathway of a diffusers `transformer/` folder (generation weights left unread)."""
     config = Cosmos3TextConfig.from_transformer_config(DiffusersDir.open(folder.parent).component_config(folder.name))
-    model = materialize(lambda: Cosmos3Transformer(config), device, dtype)
+    model = materialize(lambda: Cosmos3Transformer(config, sdpa), device, dtype)
     load_weights(model, folder, TEXT_NAME_MAP, skip=is_generation_key)
     return model.eval()
 
@@ -52,7 +54,10 @@ def load_instance(
     pipeline = read_pipeline_config(ckpt)
     ckpt.require(card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
-    model = load_text_model(ckpt.component_dir("transformer"), device, compute)
+    # Chat, reasoning and the prompt prefill attend causally (masked) through the backbone's KV stores, and the
+    # generation pathways share its scope: flash/sage (no masks) are refused here, naming attention_backend.
+    sdpa = resolve_sdpa_scope(deploy.attention_backend, device, compute)
+    model = load_text_model(ckpt.component_dir("transformer"), device, compute, sdpa)
     tokenizer = load_tokenizer(ckpt.component_dir("text_tokenizer"))
     if len(tokenizer) > model.config.vocab_size:
         raise CheckpointError(f"{ckpt.root}: the tokenizer has {len(tokenizer)} tokens, more than the "

@@ -15,7 +15,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.recipes.diffusers_adapter.signature import pipeline_class, read_shape
 
 # Our --attention-backend names -> diffusers' attention dispatcher backends (diffusers.models.attention_dispatch).
-DIFFUSERS_ATTENTION = {"sdpa": "native", "flash": "flash", "sage": "sage"}
+DIFFUSERS_ATTENTION = {"sdpa": "native", "math": "_native_math", "flash": "flash", "sage": "sage"}
 DENOISERS = ("transformer", "unet")
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 

@@ -25,15 +25,14 @@ AR_LOOP = "ar_decode"
 SPEECH_LOOPS = ("thinker", "talker", "token2wav")
 # Served context per sequence (Qwen2.5-Omni's thinker is trained to 32768 positions).
 CONTEXT_WINDOW = 32768
+# fp8_weights and compile reach the thinker and talker through their compile units (each block's work before
+# and after attention; OmniDecoder.compile_units); attention_backend picks the SDPA kernels their KV stores call.
 CAPABILITIES = Capabilities(
-    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens"}),
+    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "fp8_weights", "compile", "attention_backend"}),
     {"warmup_shapes": "no denoise shapes: speech and chat only",
      "offload_text_encoder": "the thinker is the model: there is no separate text encoder",
      "prompt_cache_size": "prompts are prefilled into the paged KV per request",
      "cfg_mode": "token2wav's guidance runs its two branches in one batch already",
-     "fp8_weights": "FP8 linears are not applied to the Qwen2.5-Omni decoders yet",
-     "compile": "the Qwen2.5-Omni decoders are not compiled yet",
-     "attention_backend": "the decoders' paged attention has no backend dispatch yet",
      "vae_tile": "no VAE", "step_cache": "no denoiser declared to the step caches",
      "cuda_graphs": "the decode steps are not captured yet",
      "kv_session_ttl_s": "no causal video rollout whose KV could be kept",

@@ -163,7 +163,7 @@ def multimodal_positions(length: int, pieces: Sequence[MediaPiece], merge_size: 
 def encode_media(encoders: ThinkerEncoders, pieces: Sequence[MediaPiece], dtype: torch.dtype) -> Tensor:
     """Every piece through its tower: the rows [K, hidden] for the placeholders (PromptMedia.at), in order."""
     rows = []
-    with torch.inference_mode():
+    with torch.inference_mode(), encoders.sdpa():
         for piece in pieces:
             if piece.kind == AUDIO:
                 tower = encoders.audio
