@@ -33,7 +33,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
                        help="pixels between tile starts (default 3/4 of --vae-tile)")
     group.add_argument("--attention-backend", default="sdpa", metavar="NAME",
-                       help="DiT attention kernel: sdpa | flash (flash-attn) | sage (SageAttention); default sdpa")
+                       help="attention kernel: sdpa | math (SDPA's math kernel) | flash (flash-attn) | "
+                            "sage (SageAttention); default sdpa")
     group.add_argument("--cfg-mode", default="sequential", metavar="MODE",
                        help="sequential (two forwards per step) | batched (one forward of batch 2)")
     group.add_argument("--step-cache", default="none", metavar="POLICY",

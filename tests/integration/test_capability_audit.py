@@ -14,6 +14,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -91,7 +92,9 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     # LTX-2's VAE is 32x: tiles of 3 latent cells every 2 on a 4x4 latent (VAE_TILE_REQUESTS), no 1-cell edge tile.
     "vae_tile": lambda kind: dict(vae_tile=96, vae_tile_stride=64) if kind == "ltx2" else dict(vae_tile=32,
                                                                                                 vae_tile_stride=16),
-    "attention_backend": lambda kind: dict(attention_backend="flash"),
+    # Kinds that mask every attention call refuse flash/sage by that reason (test_decoder_acceleration.py): they
+    # take the math kernel, which runs here.
+    "attention_backend": lambda kind: dict(attention_backend="math" if kind in MASKED_ATTENTION else "flash"),
     "cfg_mode": lambda kind: dict(cfg_mode="batched"),
     "step_cache": lambda kind: dict(step_cache="fbcache", step_cache_threshold=1e9),
     "cuda_graphs": lambda kind: dict(cuda_graphs=True),
@@ -108,6 +111,7 @@ NOT_OBSERVABLE_HERE = {
     "devices": "starts worker processes: tests/integration/test_parallel.py runs it end to end",
 }
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
+MASKED_ATTENTION = frozenset({"cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni"})
 
 
 def _shape(kind: str) -> tuple[int, int, int]:
@@ -178,7 +182,7 @@ def test_a_declared_feature_loads_and_acts(kind, feature, folders, monkeypatch):
         assert feature == "kv_cache_budget_bytes" and "--kv-cache-budget-mb" in message, message
         return  # the budget bounded what the load allocated (the chat KV pool)
     monkeypatch.undo()
-    assert feature not in CUDA_ONLY, f"{feature} loaded on CPU"
+    assert feature not in CUDA_ONLY or kind in MASKED_ATTENTION, f"{feature} loaded on CPU"
     PROBES[feature](gen, kind, path, runs)
 
 
@@ -244,12 +248,30 @@ def _cfg_batched(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) ->
     assert set(plain) == {1} and set(batched) == {2}, (plain, batched)  # two forwards of 1 -> one forward of 2
 
 
+def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
+    """Every grouped (KV-store) attention call of a request ran with SDPA held to its math kernel."""
+    import vidloom.layers.grouped_attention as grouped
+
+    seen: list[bool] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen.append(not torch.backends.cuda.flash_sdp_enabled())
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouped, "F", SimpleNamespace(scaled_dot_product_attention=spy))
+        gen.engine.run(_request(kind))
+    assert seen and all(seen), seen
+
+
 PROBES: dict[str, Callable[[VideoGenerator, str, Path, list[int]], None]] = {
     "fp8_weights": lambda gen, *_: _assert(any(isinstance(m, FP8Linear) for m in _modules(gen))),
     "compile": lambda gen, *_: _assert(any(getattr(m, "_compiled_call_impl", None) for m in _modules(gen))),
     "warmup_shapes": lambda gen, kind, path, runs: _assert(len(runs) >= 1),
     "prompt_cache_size": lambda gen, *_: _assert(gen.engine.instance["text_encoder"].cache.capacity == 3),
     "vae_tile": _vae_tile,
+    "attention_backend": _math_attention,
     "cfg_mode": _cfg_batched,
     "step_cache": _step_cache,
     "kv_cache_budget_bytes": _kv_budget,

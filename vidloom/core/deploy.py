@@ -34,7 +34,8 @@ class DeployConfig:
     vae_tile_stride: int | None = None
     """Pixels between tile starts (default: 3/4 of vae_tile); the rest of each tile is blended."""
     attention_backend: str = "sdpa"
-    """Attention kernel of the DiT: "sdpa" (PyTorch), "flash" (flash-attn) or "sage" (SageAttention); checked at load."""
+    """Attention kernel: "sdpa" (PyTorch), "math" (SDPA held to its math kernel), "flash" (flash-attn) or "sage"
+    (SageAttention); checked at load (models that mask every call take sdpa or math only)."""
     cfg_mode: str = "sequential"
     """How CFG runs its two branches: "sequential" (two forwards, the reference) or "batched" (one forward of batch 2)."""
     step_cache: str = "none"

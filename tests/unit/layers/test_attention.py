@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vidloom.core.errors import DeployError
-from vidloom.layers.attention import ATTENTION_BACKENDS, attention, resolve_attention
+from vidloom.layers.attention import ATTENTION_BACKENDS, DEFAULT_SDPA, attention, resolve_attention, resolve_sdpa_scope
 from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
 
 CUDA = torch.device("cuda")  # a device object only: resolve_attention never allocates on it
@@ -123,3 +123,38 @@ def test_ltx2_refuses_flash_attention_at_load(tmp_path):
     with pytest.raises(DeployError, match="does not support attention_backend .*take no mask"):
         VideoGenerator.from_pretrained("ltx2-demo", device="cpu", cache_dir=tmp_path,
                                        deploy=DeployConfig(attention_backend="flash"))
+
+
+def test_math_holds_sdpa_to_its_math_kernel_and_matches_sdpa():
+    q, k, v = _qkv()
+    mask = torch.rand(1, 1, 7, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True  # every query keeps a key
+    flags: list[bool] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        flags.append(torch.backends.cuda.flash_sdp_enabled())
+        return real(*args, **kwargs)
+
+    fn = resolve_attention("math", torch.device("cpu"), torch.float32, masked=True)
+    assert fn is not attention
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        out = fn(q, k, v, mask)
+        plain = attention(q, k, v, mask)
+    assert flags == [False, True]  # held to math inside the call only, restored after it
+    # fp32 on CPU: the math kernel and the fused one order their sums differently; observed ~3e-7.
+    assert torch.allclose(out, plain, atol=1e-6)
+
+
+def test_sdpa_scopes_for_models_that_attend_through_kv_stores():
+    assert resolve_sdpa_scope("sdpa", torch.device("cpu"), torch.float32) == DEFAULT_SDPA
+    scope = resolve_sdpa_scope("math", torch.device("cpu"), torch.float32)
+    with scope():
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()
+    for name in ("flash", "sage"):  # no masks: refused before any package or device check
+        with pytest.raises(DeployError, match=f"attention_backend '{name}' takes no attention mask.*'sdpa', 'math'"):
+            resolve_sdpa_scope(name, CUDA, torch.bfloat16)
+    with pytest.raises(DeployError, match="unknown attention backend 'xformers'"):
+        resolve_sdpa_scope("xformers", torch.device("cpu"), torch.float32)
