@@ -1,9 +1,10 @@
 """FP8 weights for any family's denoiser, applied from outside the model through the denoiser contract.
 
-The units a resident denoiser declares for `compile` (core.denoiser.CompileUnits: its DiT blocks) hold almost
-all of its weights; their linears become FP8Linear (vidloom/layers/fp8.py: float8_e4m3fn with one fp32 scale per
-output channel), while embeddings, the head and everything outside the blocks stay in full precision. Written once
-for every family: a card that declares `fp8_weights` must hold such a component.
+The units a resident denoiser declares for `compile` (core.denoiser.CompileUnits: its DiT blocks, or an AR
+decoder's blocks split around attention) hold almost all of its weights; their linears become FP8Linear
+(vidloom/layers/fp8.py: float8_e4m3fn with one fp32 scale per output channel), while embeddings, the head and
+everything outside the blocks stay in full precision. Written once for every family: a card that declares
+`fp8_weights` must hold such a component.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ reads token ids and ends in an lm head; the talker reads thinker-space embedding
 token embedding of each thinker token, plus a codec-token embedding), projects them to its own width
 and ends in a codec head. Both expose the final normed hidden states: the thinker's feed the talker.
 Which sequence a packed token belongs to is the KV store's business (runtime paged pool, or a
-contiguous cache for one sequence).
+contiguous cache for one sequence). Each layer is split around that attention call (PreAttention,
+PostAttention): those parts are what the runtime compiles and stores in FP8 (`compile_units`).
 """
 
 from __future__ import annotations
