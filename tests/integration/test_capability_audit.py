@@ -111,7 +111,7 @@ NOT_OBSERVABLE_HERE = {
     "devices": "starts worker processes: tests/integration/test_parallel.py runs it end to end",
 }
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
-MASKED_ATTENTION = frozenset({"cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni"})
+MASKED_ATTENTION = frozenset({"ltx2", "cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni"})
 
 
 def _shape(kind: str) -> tuple[int, int, int]:
@@ -248,10 +248,17 @@ def _cfg_batched(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) ->
     assert set(plain) == {1} and set(batched) == {2}, (plain, batched)  # two forwards of 1 -> one forward of 2
 
 
-def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
-    """Every grouped (KV-store) attention call of a request ran with SDPA held to its math kernel."""
-    import vidloom.layers.grouped_attention as grouped
+# Where a masked kind's model attention calls SDPA (Cosmos3's Wan VAE calls layers.attention too: a VAE's
+# attention is not the backend's).
+ATTENTION_MODULE = {"ltx2": "vidloom.layers.attention"}
 
+
+def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
+    """Every attention call of the model (its blocks: dense attention, or grouped KV-store attention) ran with SDPA
+    held to its math kernel."""
+    import importlib
+
+    module = importlib.import_module(ATTENTION_MODULE.get(kind, "vidloom.layers.grouped_attention"))
     seen: list[bool] = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -260,7 +267,7 @@ def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int])
         return real(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grouped, "F", SimpleNamespace(scaled_dot_product_attention=spy))
+        patch.setattr(module, "F", SimpleNamespace(scaled_dot_product_attention=spy))
         gen.engine.run(_request(kind))
     assert seen and all(seen), seen
 

@@ -24,10 +24,11 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
+    # attention_backend: the transformer and the text connectors take sdpa or math; LTX-2 masks every attention
+    # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile"}),
-    {"attention_backend": "LTX-2 masks every attention call and the flash/sage kernels take no mask (SDPA only)",
-     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
+               "fp8_weights", "vae_tile", "attention_backend"}),
+    {     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                  "is written",
      # runtime/cudagraph.py captures a step body that returns one tensor and whose non-tensor inputs are fixed
      # objects (keyed by identity); LTX-2's returns (video, audio) and reads per-request objects.

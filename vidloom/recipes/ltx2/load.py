@@ -44,7 +44,7 @@ def load_instance(
     attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=True)  # see its docstring
     transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
     load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)
-    connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, compute)
+    connectors = materialize(lambda: LTX2TextConnectors(connectors_config, attention_fn), device, compute)
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
                                 device, compute, offload=deploy.offload_text_encoder,
