@@ -488,9 +488,9 @@ def test_a_chat_during_a_video_counts_in_health_and_metrics_and_leaves_with_its_
         assert client.get("/health").json()["in_flight"] == 1
         body = {"messages": long_chat, "max_tokens": LONG, "temperature": 0, "stream": True}
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            lines = _first_line_read(response)
-            # The first line (the role) may leave before the chat reaches the engine; once there, the hold keeps
-            # it in flight until its client leaves, so wait for it to be counted rather than read once.
+            lines = _first_line_read(response)  # held: the client stays until the `with` ends
+            # The server sends the role once the engine gave the first token, and the hold keeps the chat in flight
+            # until its client leaves; polled rather than read once, so a failure says how the video stood.
             deadline = time.monotonic() + 60
             while (health := client.get("/health").json())["in_flight"] != 2:
                 video_status = client.get(f"/v1/videos/{video_id}").json()["status"]
