@@ -15,6 +15,10 @@ The rules, whatever the moment:
   remove temp files) runs to its end.
 - Every Ctrl-C is counted even when library code swallows the KeyboardInterrupt: the command calls
   `check()` between its phases and `settle()` after writing, and an interrupted run never keeps a file.
+- The output is all or nothing, decided at one point: `settle()` runs inside the writer's clean-up scope,
+  right after the last file is renamed into place. A Ctrl-C before it marks the outcome (during an encode,
+  or just after the rename) removes the files and exits 130; one after it is ignored (exit 0, the file is
+  whole and reported). Exit 130 never leaves a file, exit 0 always does.
 - Once the command has settled its outcome (before it prints its last line), SIGINT is ignored for the
   rest of the process: after a success the file is written and reported; after an interruption the
   status stays 130. Python's shutdown puts its own handler back to the default action, which would

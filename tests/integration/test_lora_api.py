@@ -161,10 +161,6 @@ def test_cli_lora_flags(wan, tmp_path):
 
 
 def test_cli_fuse_loras_runs_the_adapters_fused(wan, tmp_path):
-    # After test_compiled_blocks_... in this process, a later plain (fused) run reproduced the base frames until
-    # dynamo's caches were reset: compiled code outliving its generator, a process-wide leak outside LoRA that a
-    # CLI run (one generator per process) never meets. Start clean so this test checks fusing only.
-    torch._dynamo.reset()
     folder, path, _ = wan
     size = ["--height", "32", "--width", "32", "--frames", "5", "--steps", "2", "--seed", "3", "--device", "cpu",
             "--dtype", "float32"]
