@@ -84,6 +84,8 @@ class GraphInputs(Protocol):
     prompts is built per request; a graph captured with one request's object would keep reading that
     object's tensors. Declaring this splits it into what fixes the graph and the tensors it reads: the runtime
     rebuilds the object once over static copies of those tensors and refills them before every replay.
+    A frozen dataclass needs no declaration: its tensor fields are split out the same way, its plain fields
+    (numbers, flags, layouts) fix the graph, and any other field (a shared module) is kept by identity.
     """
 
     def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:

@@ -4,10 +4,11 @@ A step's call (e.g. the DiT forwards plus the guidance combine) is captured the 
 given signature and replayed afterwards with fresh values copied into the static buffers. The signature is
 the structure of the inputs: each tensor's shape, dtype and device, which inputs are None, the fixed part of
 every per-request object that declares `core.denoiser.GraphInputs` (a network view binding the request's
-CLIP tokens, positions or camera; a text batch), plain values (ints, flags, frozen dataclasses of numbers
-such as LTX-2's guidance scales) by value, and any other object (a shared module) by identity. Inputs may
-nest (tuples, lists, dicts, GraphInputs); the step may return a tensor or a tuple/list/dict of tensors (and
-None), each handed out as a copy.
+CLIP tokens, positions or camera), plain values (ints, flags, frozen dataclasses of numbers such as LTX-2's
+guidance scales) by value, and any other object (a shared module) by identity. Inputs may nest (tuples,
+lists, dicts, GraphInputs, and frozen dataclasses holding tensors such as a text batch: their tensor fields
+are leaves, their plain fields part of the signature); the step may return a tensor or a tuple/list/dict of
+tensors (and None), each handed out as a copy.
 
 Python floats (guidance scale) become 0-dim float32 device tensors, filled before each replay, so one graph
 serves every value; `cfg_combine` multiplies such a tensor in float32 exactly as eager mode multiplies the
@@ -32,8 +33,9 @@ from typing import Any, Callable, Hashable, Mapping, NamedTuple, Protocol
 
 import torch
 
-from vidloom.core.denoiser import GraphInputs
+from vidloom.core.denoiser import GraphInputs, StagedDenoiser
 from vidloom.core.errors import DeployError
+from vidloom.core.loop import NETWORK, StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,14 @@ class GraphedStep:
         return captured
 
 
+def capturable(plan: StepPlan) -> bool:
+    """Whether a loop step may run from a captured graph: its network declares the staged denoiser contract,
+    whose steps are pure (outputs from inputs; no state written in place that later steps read, which a
+    replay would write into static copies instead). Other plans (a prefix prefill filling a request's K/V
+    buffer, a refiner window, a chunk decode) run eagerly."""
+    return isinstance(plan.inputs.get(NETWORK), StagedDenoiser)
+
+
 class StepGraphs:
     """One GraphedStep per step body (plan.call), created on first use."""
 
@@ -216,6 +226,9 @@ def _sig(value: Any, leaves: list[torch.Tensor | float]) -> Hashable:
         return (dict, tuple((k, _sig(v, leaves)) for k, v in value.items()))
     if _is_plain_value(value):
         return ("value", value)
+    if _splits(value):  # a frozen dataclass holding tensors (a text batch, positions): its fields, one by one
+        return ("fields", type(value), tuple((f, ("value", v) if _is_plain_value(v) else _sig(v, leaves))
+                                             for f, v in _fields(value)))
     return ("object", id(value))  # a fixed object (the network module): captured by identity
 
 
@@ -236,7 +249,20 @@ def _static(value: Any, buffers: list[torch.Tensor], device: torch.device) -> An
         return type(value)(_static(v, buffers, device) for v in value)
     if isinstance(value, dict):
         return {k: _static(v, buffers, device) for k, v in value.items()}
+    if not _is_plain_value(value) and _splits(value):
+        return dataclasses.replace(value, **{f: v if _is_plain_value(v) else _static(v, buffers, device)
+                                             for f, v in _fields(value)})
     return value
+
+
+def _splits(value: Any) -> bool:
+    """A frozen dataclass whose fields can all be set again (dataclasses.replace): split field by field."""
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen
+            and all(f.init for f in dataclasses.fields(value)))
+
+
+def _fields(value: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
 
 
 def _is_plain_value(value: Any) -> bool:
@@ -270,6 +296,9 @@ def _describe(key: Hashable) -> str:
         elif isinstance(sig, tuple) and sig and sig[0] == "bound":
             for i, part in enumerate(sig[3]):
                 walk(part, f"{path}.{i}")
+        elif isinstance(sig, tuple) and sig and sig[0] == "fields":
+            for name, part in sig[2]:
+                walk(part, f"{path}.{name}")
         elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] in (tuple, list, dict):
             for i, part in enumerate(sig[1]):
                 walk(part[1] if sig[0] is dict else part, f"{path}.{part[0] if sig[0] is dict else i}")

@@ -70,14 +70,22 @@ class _BoundNetwork:
 
 
 @dataclass(frozen=True)
+class _Text:
+    """A text batch: tensor fields are graph leaves, plain fields part of the signature."""
+
+    embeds: torch.Tensor
+    scale: float
+
+
+@dataclass(frozen=True)
 class _Scales:
     video: float
     audio: float
 
 
 def _two_streams(network: _BoundNetwork, video: torch.Tensor, audio: torch.Tensor | None,
-                 texts: tuple[torch.Tensor, ...], scales: _Scales, mode: str) -> dict[str, object]:
-    v = network(video) * scales.video + texts[0].mean()
+                 texts: tuple[torch.Tensor, ...], prompt: _Text, scales: _Scales, mode: str) -> dict[str, object]:
+    v = network(video) * scales.video + texts[0].mean() + prompt.embeds * prompt.scale
     a = None if audio is None else audio * scales.audio + texts[1].mean()
     return {"video": v, "pair": (v * 2, a), "mode": mode}
 
@@ -87,11 +95,13 @@ def test_structured_inputs_and_outputs_replay_per_request_tensors():
     capturer = RecordingCapturer()
     graphed = GraphedStep(_two_streams, CPU, capturer)
 
-    def inputs(seed: int, audio: bool = True, scales: _Scales = _Scales(2.0, 3.0), offset: int = 1):
+    def inputs(seed: int, audio: bool = True, scales: _Scales = _Scales(2.0, 3.0), offset: int = 1,
+               text_scale: float = 0.5):
         gen = torch.Generator().manual_seed(seed)
         return dict(network=_BoundNetwork(weight, torch.randn(3, 4, generator=gen), offset),
                     video=torch.randn(2, 4, generator=gen), audio=torch.randn(5, generator=gen) if audio else None,
-                    texts=(torch.randn(6, generator=gen), torch.randn(6, generator=gen)), scales=scales, mode="av")
+                    texts=(torch.randn(6, generator=gen), torch.randn(6, generator=gen)),
+                    prompt=_Text(torch.randn(4, generator=gen), text_scale), scales=scales, mode="av")
 
     def same(got, want) -> bool:
         return (torch.equal(got["video"], want["video"]) and torch.equal(got["pair"][0], want["pair"][0])
@@ -105,13 +115,14 @@ def test_structured_inputs_and_outputs_replay_per_request_tensors():
     first = graphed(**inputs(0))
     assert not first["video"].data_ptr() == graphed(**inputs(1))["video"].data_ptr(), "outputs are copies"
     # Each change of signature captures anew: a None input, a guidance value a step may branch on, a fixed field of
-    # a bound object, a shape.
-    for changed in (inputs(4, audio=False), inputs(4, scales=_Scales(2.0, 4.0)), inputs(4, offset=2)):
+    # a bound object, a plain field of a text batch, a shape.
+    for changed in (inputs(4, audio=False), inputs(4, scales=_Scales(2.0, 4.0)), inputs(4, offset=2),
+                    inputs(4, text_scale=0.25)):
         assert same(graphed(**changed), _two_streams(**changed))
     wide = inputs(5)
     wide["video"] = torch.randn(3, 4)
     assert same(graphed(**wide), _two_streams(**wide))
-    assert capturer.calls == graphed.captures == 5 and graphed.fallbacks == 0
+    assert capturer.calls == graphed.captures == 6 and graphed.fallbacks == 0
 
 
 class _Bf16Network:

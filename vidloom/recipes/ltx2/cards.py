@@ -24,16 +24,12 @@ DEFAULTS = SamplingDefaults(height=512, width=768, num_frames=121, fps=24, num_i
 # The pipelines refuse sizes that are not multiples of 32 (check_inputs), whatever the VAE's factor.
 PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
+    # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile"}),
+               "fp8_weights", "vae_tile", "cuda_graphs"}),
     {"attention_backend": "LTX-2 masks every attention call and the flash/sage kernels take no mask (SDPA only)",
      "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                  "is written",
-     # runtime/cudagraph.py captures a step body that returns one tensor and whose non-tensor inputs are fixed
-     # objects (keyed by identity); LTX-2's returns (video, audio) and reads per-request objects.
-     "cuda_graphs": "the LTX-2 step returns two tensors (video, audio) and reads per-request objects (the network "
-                    "view holding the token positions, the encoded prompts); the graph runner captures one-tensor "
-                    "steps whose other inputs are fixed objects, so every request would capture a graph of its own",
      "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",
