@@ -31,7 +31,6 @@ from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
 from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
-from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
 from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
 from vidloom import registry
 from vidloom.cli_capabilities import capability_rows
@@ -58,7 +57,6 @@ def _chat_only(folder: Path) -> Path:
 # Column label -> writer of a tiny checkpoint of that kind.
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "wan": lambda d: write_tiny_wan(d, TINY_A),
-    "wan-i2v-clip": lambda d: write_tiny_wan_i2v(d, TINY_A),
     "wan2.2-a14b": lambda d: write_tiny_a14b(d, TINY_A),
     "anyflow-far": lambda d: write_tiny_far(d, FAR_A),
     "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),

@@ -84,11 +84,3 @@ def test_i2v_card_refuses_text_only_and_video(i2v_dir):
             gen.generate(PROMPT, image=make_image(32, 32, 0), height=32, width=32, num_frames=5)
         assert err.value.field == "last_image"
 
-
-def test_cuda_graphs_are_refused_at_load_for_clip_conditioning(i2v_dir):
-    from vidloom.core.deploy import DeployConfig
-    from vidloom.core.errors import DeployError
-
-    folder, _ = i2v_dir
-    with pytest.raises(DeployError, match="image-to-video"):
-        VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(cuda_graphs=True))

@@ -40,9 +40,10 @@ def _cell(table: str, feature: str, column: str) -> str:
 def test_cells_follow_what_the_cards_declare():
     rows = capability_rows()
     assert rows["flux2-distilled"] == DISTILLED_CAPABILITIES
-    assert rows["wan-i2v-clip"] == wan_capabilities(two_experts=False, clip_image=True)
+    assert rows["wan2.2-a14b"] == wan_capabilities(two_experts=True)
     table = capability_table()
-    assert _cell(table, "cuda_graphs", "wan") == "yes" and _cell(table, "cuda_graphs", "wan-i2v-clip") == "-"
+    assert _cell(table, "offload_idle_expert", "wan2.2-a14b") == "yes" and _cell(table, "offload_idle_expert", "wan") == "-"
+    assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "anyflow-far") == "-"
     assert _cell(table, "cfg_mode", "flux2") == "yes" and _cell(table, "cfg_mode", "flux2-distilled") == "-"
     assert _cell(table, "kv_pool_tokens", "cosmos3") == "yes" and _cell(table, "kv_pool_tokens", "wan") == "-"
     assert len(table.splitlines()) == 2 + len(FEATURES)

@@ -13,6 +13,9 @@ and the plan declare here, never on which family it is:
   timesteps, conditional and unconditional embeddings: stacked along the batch) and which are
   per-request guidance scales, so cross-request batching (runtime.batching) stacks any family's steps.
 - `TeaCacheRescale` (the card, `ModelCard.teacache`): a checkpoint's calibrated TeaCache indicator.
+- `GraphInputs` (a per-request plan input: a network view, a text batch): which of its tensors a captured step
+  body reads, so CUDA graphs (runtime.cudagraph) copy them into static buffers instead of keeping the first
+  request's.
 
 Nothing here imports torch modules or a family: a recipe declares, the runtime acts.
 """
@@ -73,6 +76,29 @@ class CompileUnits(Protocol):
     """
 
     def compile_units(self) -> Sequence[nn.Module]:
+        ...
+
+
+@runtime_checkable
+class GraphInputs(Protocol):
+    """A per-request step input that a captured step body (runtime.cudagraph) may take.
+
+    A network view binding the request's tensors (CLIP tokens, positions, a camera) or a batch of encoded
+    prompts is built per request; a graph captured with one request's object would keep reading that
+    object's tensors. Declaring this splits it into what fixes the graph and the tensors it reads: the runtime
+    rebuilds the object once over static copies of those tensors and refills them before every replay.
+    A frozen dataclass needs no declaration: its tensor fields are split out the same way, its plain fields
+    (numbers, flags, layouts) fix the graph, and any other field (a shared module) is kept by identity.
+    """
+
+    def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:
+        """(fixed, parts): `fixed` is hashable and names everything the captured kernels bake in (the shared
+        module's identity, token layout, dtype, flags); `parts` are the tensors (None, or nested GraphInputs)
+        the step reads from this object, in a fixed order."""
+        ...
+
+    def graph_rebuild(self, parts: tuple[Any, ...]) -> Any:
+        """This object over other `parts` (same structure as graph_split's), its fixed part unchanged."""
         ...
 
 

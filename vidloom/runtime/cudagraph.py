@@ -1,11 +1,19 @@
 """CUDA-graph capture of a loop's step body: static input buffers, one graph per input signature.
 
-A step's call (e.g. the DiT forward plus CFG combine) is captured the first time
-it runs with a given signature (tensor shapes/dtypes, which inputs are None) and
-replayed afterwards with fresh values copied into the static buffers. Python
-floats (guidance scale) become 0-dim float32 device tensors, filled before each
-replay, so one graph serves every value; `cfg_combine` multiplies such a tensor in
-float32 exactly as eager mode multiplies the float.
+A step's call (e.g. the DiT forwards plus the guidance combine) is captured the first time it runs with a
+given signature and replayed afterwards with fresh values copied into the static buffers. The signature is
+the structure of the inputs: each tensor's shape, dtype and device, which inputs are None, the fixed part of
+every per-request object that declares `core.denoiser.GraphInputs` (a network view binding the request's
+CLIP tokens, positions or camera), plain values (ints, flags, frozen dataclasses of numbers such as LTX-2's
+guidance scales) by value, and any other object (a shared module) by identity. Inputs may nest (tuples,
+lists, dicts, GraphInputs, and frozen dataclasses holding tensors such as a text batch: their tensor fields
+are leaves, their plain fields part of the signature); the step may return a tensor or a tuple/list/dict of
+tensors (and None), each handed out as a copy.
+
+Python floats (guidance scale) become 0-dim float32 device tensors, filled before each replay, so one graph
+serves every value; `cfg_combine` multiplies such a tensor in float32 exactly as eager mode multiplies the
+float. Floats inside a plain value (a frozen dataclass) are part of the signature instead: a step may branch
+on them.
 
 Capture runs in thread-local error mode: only the capturing thread (the device worker)
 may not make unsafe CUDA calls; the runtime keeps every other device-touching chore
@@ -16,14 +24,18 @@ the rest of the process, with a warning, instead of failing every request of tha
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Protocol
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Protocol
 
 import torch
 
+from vidloom.core.denoiser import GraphInputs, StagedDenoiser
 from vidloom.core.errors import DeployError
+from vidloom.core.loop import NETWORK, StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +43,22 @@ WARMUP_RUNS = 2  # eager runs on a side stream before capture, as CUDA graph cap
 
 
 class Capture(Protocol):
-    """A recorded step: `replay()` recomputes `output` from whatever the static inputs now hold."""
+    """A recorded step: `replay()` recomputes `output` (a tensor, or a tuple/list/dict of tensors and None)
+    from whatever the static inputs now hold."""
 
-    output: torch.Tensor
+    output: Any
 
     def replay(self) -> None: ...
 
 
-Capturer = Callable[[Callable[..., torch.Tensor], Mapping[str, Any]], Capture]
+Capturer = Callable[[Callable[..., Any], Mapping[str, Any]], Capture]
 """Records `call(**static)` once; raises if the step cannot be captured."""
 
 
 @dataclass
 class _CudaCapture:
     graph: torch.cuda.CUDAGraph
-    output: torch.Tensor
+    output: Any
 
     def replay(self) -> None:
         self.graph.replay()
@@ -60,7 +73,7 @@ class CudaGraphCapturer:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
 
-    def __call__(self, call: Callable[..., torch.Tensor], static: Mapping[str, Any]) -> Capture:
+    def __call__(self, call: Callable[..., Any], static: Mapping[str, Any]) -> Capture:
         home = torch.cuda.current_stream(self.device)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(home)
@@ -86,23 +99,22 @@ class CudaGraphCapturer:
 @dataclass
 class _Captured:
     capture: Capture
-    inputs: dict[str, Any]  # static buffers (tensors, incl. 0-dim float32 for floats) or fixed values
+    inputs: dict[str, Any]  # the static inputs the capture read (buffers, rebuilt objects, fixed values)
+    buffers: list[torch.Tensor]  # the static leaves, in signature order: refilled before each replay
 
-    def output_clone(self) -> torch.Tensor:
-        # The graph's output buffer is overwritten by the next replay: hand out a copy.
-        return self.capture.output.clone()
+    def output_clone(self) -> Any:
+        # The graph's output buffers are overwritten by the next replay: hand out copies.
+        return _clone(self.capture.output)
 
 
 class GraphedStep:
-    """Wraps `call(**inputs) -> Tensor`; replays a captured graph for signatures seen before.
+    """Wraps `call(**inputs)`; replays a captured graph for signatures seen before.
 
     `capturer` defaults to CUDA graphs on `device`; tests pass a stand-in that records
     and replays on CPU with the same static-buffer semantics.
     """
 
-    def __init__(
-        self, call: Callable[..., torch.Tensor], device: torch.device, capturer: Capturer | None = None
-    ) -> None:
+    def __init__(self, call: Callable[..., Any], device: torch.device, capturer: Capturer | None = None) -> None:
         self.call = call
         self.device = device
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(device)
@@ -113,8 +125,9 @@ class GraphedStep:
         self.replays = 0
         self.fallbacks = 0
 
-    def __call__(self, **inputs: Any) -> torch.Tensor:
-        key = _signature(inputs)
+    def __call__(self, **inputs: Any) -> Any:
+        leaves: list[torch.Tensor | float] = []
+        key = _signature(inputs, leaves)
         with self._lock:  # one replay at a time: the static buffers are shared
             if key in self._eager:
                 return self.call(**inputs)
@@ -123,18 +136,18 @@ class GraphedStep:
                 captured = self._try_capture(key, inputs)
                 if captured is None:
                     return self.call(**inputs)
-            for name, value in inputs.items():
-                buffer = captured.inputs[name]
+            for buffer, value in zip(captured.buffers, leaves, strict=True):
                 if isinstance(value, torch.Tensor):
                     buffer.copy_(value)
-                elif isinstance(value, float):
+                else:
                     buffer.fill_(value)  # no host-to-device copy; rounds to float32 like eager's scalar
             captured.capture.replay()
             self.replays += 1
             return captured.output_clone()
 
     def _try_capture(self, key: Hashable, inputs: Mapping[str, Any]) -> _Captured | None:
-        static = {k: self._static(v) for k, v in inputs.items()}
+        buffers: list[torch.Tensor] = []
+        static = {name: _static(inputs[name], buffers, self.device) for name in sorted(inputs)}
         try:
             capture = self.capturer(self.call, static)
         except Exception as exc:  # noqa: BLE001 - any capture failure means "run this shape eagerly"
@@ -144,15 +157,16 @@ class GraphedStep:
                         _describe(key), type(exc).__name__, exc)
             return None
         self.captures += 1
-        captured = self._graphs[key] = _Captured(capture, static)
+        captured = self._graphs[key] = _Captured(capture, static, buffers)
         return captured
 
-    def _static(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.clone()
-        if isinstance(value, float):
-            return torch.tensor(value, dtype=torch.float32, device=self.device)
-        return value
+
+def capturable(plan: StepPlan) -> bool:
+    """Whether a loop step may run from a captured graph: its network declares the staged denoiser contract,
+    whose steps are pure (outputs from inputs; no state written in place that later steps read, which a
+    replay would write into static copies instead). Other plans (a prefix prefill filling a request's K/V
+    buffer, a refiner window, a chunk decode) run eagerly."""
+    return isinstance(plan.inputs.get(NETWORK), StagedDenoiser)
 
 
 class StepGraphs:
@@ -165,7 +179,7 @@ class StepGraphs:
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(device)
         self._steps: dict[int, GraphedStep] = {}
 
-    def get(self, call: Callable[..., torch.Tensor]) -> GraphedStep:
+    def get(self, call: Callable[..., Any]) -> GraphedStep:
         key = id(call)
         if key not in self._steps:
             self._steps[key] = GraphedStep(call, self.device, self.capturer)
@@ -177,21 +191,118 @@ class StepGraphs:
         return {name: sum(getattr(step, name) for step in steps) for name in ("captures", "replays", "fallbacks")}
 
 
-def _signature(inputs: Mapping[str, Any]) -> Hashable:
-    parts: list[Hashable] = []
-    for name in sorted(inputs):
-        value = inputs[name]
-        if isinstance(value, torch.Tensor):
-            parts.append((name, tuple(value.shape), value.dtype))
-        elif isinstance(value, float):
-            parts.append((name, "float"))  # a value that changes per call: a static 0-dim buffer
-        elif value is None:
-            parts.append((name, None))
-        else:  # a fixed object (the network module): captured by identity
-            parts.append((name, "object", id(value)))
-    return tuple(parts)
+# -- inputs: signature and per-call leaves; static copies. The two walks visit leaves in the same order. --------
+
+
+class _TensorSig(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+_FLOAT = "float"  # a value that changes per call: a static 0-dim float32 buffer
+
+
+def _signature(inputs: Mapping[str, Any], leaves: list[torch.Tensor | float]) -> Hashable:
+    """The graph key of a call's inputs; appends the values to copy into the static buffers to `leaves`."""
+    return tuple((name, _sig(inputs[name], leaves)) for name in sorted(inputs))
+
+
+def _sig(value: Any, leaves: list[torch.Tensor | float]) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        leaves.append(value)
+        return _TensorSig(tuple(value.shape), value.dtype, value.device)
+    if isinstance(value, float):
+        leaves.append(value)
+        return _FLOAT
+    if value is None:
+        return None
+    if isinstance(value, GraphInputs):
+        fixed, parts = value.graph_split()
+        return ("bound", type(value), fixed, tuple(_sig(part, leaves) for part in parts))
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_sig(v, leaves) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _sig(v, leaves)) for k, v in value.items()))
+    if _is_plain_value(value):
+        return ("value", value)
+    if _splits(value):  # a frozen dataclass holding tensors (a text batch, positions): its fields, one by one
+        return ("fields", type(value), tuple((f, ("value", v) if _is_plain_value(v) else _sig(v, leaves))
+                                             for f, v in _fields(value)))
+    return ("object", id(value))  # a fixed object (the network module): captured by identity
+
+
+def _static(value: Any, buffers: list[torch.Tensor], device: torch.device) -> Any:
+    """`value` with its leaves replaced by fresh static buffers (appended to `buffers` in `_sig`'s order)."""
+    if isinstance(value, torch.Tensor):
+        buffers.append(value.clone())
+        return buffers[-1]
+    if isinstance(value, float):
+        buffers.append(torch.tensor(value, dtype=torch.float32, device=device))
+        return buffers[-1]
+    if value is None:
+        return None
+    if isinstance(value, GraphInputs):
+        _, parts = value.graph_split()
+        return value.graph_rebuild(tuple(_static(part, buffers, device) for part in parts))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_static(v, buffers, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _static(v, buffers, device) for k, v in value.items()}
+    if not _is_plain_value(value) and _splits(value):
+        return dataclasses.replace(value, **{f: v if _is_plain_value(v) else _static(v, buffers, device)
+                                             for f, v in _fields(value)})
+    return value
+
+
+def _splits(value: Any) -> bool:
+    """A frozen dataclass whose fields can all be set again (dataclasses.replace): split field by field."""
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen
+            and all(f.init for f in dataclasses.fields(value)))
+
+
+def _fields(value: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+
+
+def _is_plain_value(value: Any) -> bool:
+    """Compared by value in the signature: numbers, strings, dtypes, and frozen dataclasses / tuples of them."""
+    if isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_is_plain_value(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:
+        return all(_is_plain_value(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def _clone(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_clone(v) for v in output)
+    if isinstance(output, dict):
+        return {k: _clone(v) for k, v in output.items()}
+    return output
 
 
 def _describe(key: Hashable) -> str:
-    """The tensor inputs' shapes, for the log line (`latents=(1, 16, 21, 60, 104)`)."""
-    return ", ".join(f"{part[0]}={part[1]}" for part in key if isinstance(part[1], tuple))  # type: ignore[union-attr]
+    """The tensor inputs' shapes, for the log line (`latents=(1, 16, 21, 60, 104), network.0=(1, 257, 1280)`)."""
+    found: list[str] = []
+
+    def walk(sig: Any, path: str) -> None:
+        if isinstance(sig, _TensorSig):
+            found.append(f"{path}={sig.shape}")
+        elif isinstance(sig, tuple) and sig and sig[0] == "bound":
+            for i, part in enumerate(sig[3]):
+                walk(part, f"{path}.{i}")
+        elif isinstance(sig, tuple) and sig and sig[0] == "fields":
+            for name, part in sig[2]:
+                walk(part, f"{path}.{name}")
+        elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] in (tuple, list, dict):
+            for i, part in enumerate(sig[1]):
+                walk(part[1] if sig[0] is dict else part, f"{path}.{part[0] if sig[0] is dict else i}")
+
+    for name, sig in key:  # type: ignore[union-attr]
+        walk(sig, name)
+    return ", ".join(found)

@@ -15,7 +15,7 @@ from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_buckets import CompileBuckets, compile_denoisers
-from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.cudagraph import Capturer, StepGraphs
 from vidloom.runtime.memory import load_estimator, release_cached_memory, request_budget
 from vidloom.runtime.paged_decode import PagedDecoder, build_decoder, no_chat
 from vidloom.runtime.request_run import (  # noqa: F401  (re-exported: callers import them from here)
@@ -76,14 +76,16 @@ class EngineDriver:
 class Engine(EngineDriver):
     """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
 
-    def __init__(self, instance: ModelInstance, program: Program, adapters: StepAdapters = NO_ADAPTERS) -> None:
-        """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's)."""
+    def __init__(self, instance: ModelInstance, program: Program, adapters: StepAdapters = NO_ADAPTERS,
+                 capturer: Capturer | None = None) -> None:
+        """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's);
+        `capturer`: what records step bodies under cuda_graphs (default: CUDA graphs; CPU tests pass a stand-in)."""
         step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
         self.instance = instance
         self.adapters = adapters
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
-        self._graphs = StepGraphs(instance.device) if instance.deploy.cuda_graphs else None
+        self._graphs = StepGraphs(instance.device, capturer) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
         self.caches = CacheManager(instance.deploy.kv_cache_budget_bytes, instance.deploy.kv_session_ttl_s)
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None

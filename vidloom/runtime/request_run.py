@@ -30,7 +30,7 @@ from vidloom.media.video import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_stance import compile_stance
-from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.cudagraph import StepGraphs, capturable
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.step_cache import make_step_cache
@@ -277,7 +277,7 @@ class RequestRun:
             if self._interceptor is not None:
                 return self._interceptor.execute(plan)
             # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.
-            if self._graphs is not None and self._loras is None:
+            if self._graphs is not None and self._loras is None and capturable(plan):
                 return self._graphs.get(plan.call)(**plan.inputs)
             return plan.call(**plan.inputs)
 

@@ -4,11 +4,12 @@ guidance-scale arithmetic identical between graph and eager (the CUDA run is in 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+from tests.helpers.graph_capturer import RecordingCapturer
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
@@ -16,29 +17,6 @@ from vidloom.diffusion.guidance import BatchedCFG, SequentialCFG
 from vidloom.runtime.cudagraph import GraphedStep, StepGraphs
 
 CPU = torch.device("cpu")
-
-
-class _Replay:
-    """A CUDA graph's contract on CPU: the output buffer is recomputed from the static inputs."""
-
-    def __init__(self, call: Callable[..., torch.Tensor], static: Mapping[str, Any]) -> None:
-        self.call, self.static = call, static
-        self.output = call(**static)
-
-    def replay(self) -> None:
-        self.output.copy_(self.call(**self.static))
-
-
-class RecordingCapturer:
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.calls = 0
-
-    def __call__(self, call: Callable[..., torch.Tensor], static: Mapping[str, Any]) -> _Replay:
-        self.calls += 1
-        if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return _Replay(call, static)
 
 
 def _step(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
@@ -73,6 +51,78 @@ def test_replay_copies_fresh_inputs_into_the_static_buffers():
         outputs.append(out)
     assert capturer.calls == 1 and graphed.replays == 3
     assert not torch.equal(outputs[0], outputs[2]), "each call returns its own copy, not the shared buffer"
+
+
+class _BoundNetwork:
+    """A per-request network view (like Flux2's or Wan I2V's): a shared weight plus the request's own tokens."""
+
+    def __init__(self, weight: torch.Tensor, tokens: torch.Tensor, offset: int) -> None:
+        self.weight, self.tokens, self.offset = weight, tokens, offset
+
+    def graph_split(self):
+        return (id(self.weight), self.offset), (self.tokens,)
+
+    def graph_rebuild(self, parts):
+        return _BoundNetwork(self.weight, parts[0], self.offset)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight + self.tokens.sum(0) + self.offset
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A text batch: tensor fields are graph leaves, plain fields part of the signature."""
+
+    embeds: torch.Tensor
+    scale: float
+
+
+@dataclass(frozen=True)
+class _Scales:
+    video: float
+    audio: float
+
+
+def _two_streams(network: _BoundNetwork, video: torch.Tensor, audio: torch.Tensor | None,
+                 texts: tuple[torch.Tensor, ...], prompt: _Text, scales: _Scales, mode: str) -> dict[str, object]:
+    v = network(video) * scales.video + texts[0].mean() + prompt.embeds * prompt.scale
+    a = None if audio is None else audio * scales.audio + texts[1].mean()
+    return {"video": v, "pair": (v * 2, a), "mode": mode}
+
+
+def test_structured_inputs_and_outputs_replay_per_request_tensors():
+    weight = torch.randn(4, 4)
+    capturer = RecordingCapturer()
+    graphed = GraphedStep(_two_streams, CPU, capturer)
+
+    def inputs(seed: int, audio: bool = True, scales: _Scales = _Scales(2.0, 3.0), offset: int = 1,
+               text_scale: float = 0.5):
+        gen = torch.Generator().manual_seed(seed)
+        return dict(network=_BoundNetwork(weight, torch.randn(3, 4, generator=gen), offset),
+                    video=torch.randn(2, 4, generator=gen), audio=torch.randn(5, generator=gen) if audio else None,
+                    texts=(torch.randn(6, generator=gen), torch.randn(6, generator=gen)),
+                    prompt=_Text(torch.randn(4, generator=gen), text_scale), scales=scales, mode="av")
+
+    def same(got, want) -> bool:
+        return (torch.equal(got["video"], want["video"]) and torch.equal(got["pair"][0], want["pair"][0])
+                and (got["pair"][1] is want["pair"][1] is None or torch.equal(got["pair"][1], want["pair"][1]))
+                and got["mode"] == want["mode"])
+
+    for seed in range(3):  # one capture; the later requests' own tokens, latents and texts are what the replay reads
+        request = inputs(seed)
+        assert same(graphed(**request), _two_streams(**request))
+    assert (capturer.calls, graphed.captures, graphed.replays) == (1, 1, 3)
+    first = graphed(**inputs(0))
+    assert not first["video"].data_ptr() == graphed(**inputs(1))["video"].data_ptr(), "outputs are copies"
+    # Each change of signature captures anew: a None input, a guidance value a step may branch on, a fixed field of
+    # a bound object, a plain field of a text batch, a shape.
+    for changed in (inputs(4, audio=False), inputs(4, scales=_Scales(2.0, 4.0)), inputs(4, offset=2),
+                    inputs(4, text_scale=0.25)):
+        assert same(graphed(**changed), _two_streams(**changed))
+    wide = inputs(5)
+    wide["video"] = torch.randn(3, 4)
+    assert same(graphed(**wide), _two_streams(**wide))
+    assert capturer.calls == graphed.captures == 6 and graphed.fallbacks == 0
 
 
 class _Bf16Network:

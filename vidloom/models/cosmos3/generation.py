@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
+from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.grouped_attention import grouped_attention
 from vidloom.loading.name_map import NameMap
 from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
@@ -141,7 +142,7 @@ class GenConditioning:
     sdpa: SDPAScope = DEFAULT_SDPA  # the backbone's SDPA kernels (attention_backend)
 
 
-class Cosmos3Generator(nn.Module):
+class Cosmos3Generator(BlockStack, nn.Module):
     """The vision/sound/action pathways; the text backbone is passed in, never copied or owned."""
 
     def __init__(self, config: Cosmos3GenConfig) -> None:
@@ -202,14 +203,6 @@ class Cosmos3Generator(nn.Module):
 
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the generated tokens as a batch of one, [1, S, hidden].
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The generation blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
               timestep: Tensor, sound: Tensor | None = None,

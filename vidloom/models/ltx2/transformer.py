@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning
 from vidloom.models.ltx2.layers import TimestepModulation
@@ -203,7 +204,7 @@ def _caption(in_dim: int, dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
 
 
-class LTX2Transformer(nn.Module):
+class LTX2Transformer(BlockStack, nn.Module):
     """Velocity for packed video tokens [B, N, C] and audio tokens [B, Na, Ca] at per-sample timesteps."""
 
     def __init__(self, config: LTX2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
@@ -256,14 +257,6 @@ class LTX2Transformer(nn.Module):
 
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the pair (video tokens [B, N, D], audio tokens [B, Na, Da]).
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The joint blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def embed(
         self, video: Tensor, audio: Tensor, video_text: Tensor, audio_text: Tensor, text_mask: Tensor | None,

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.name_map import NameMap
 from vidloom.models.sana_wm.attention import CameraSelfAttention, CrossAttention, RMSNorm
 from vidloom.models.sana_wm.config import SanaWMConfig
@@ -111,7 +112,7 @@ class SanaWMConditioning:
     plucker: Tensor | None  # plucker tokens [B, N, C]
 
 
-class SanaWMTransformer(nn.Module):
+class SanaWMTransformer(BlockStack, nn.Module):
     """Latents [B, C, F, H, W] + per-frame timesteps [B, F] + text + camera -> velocity-like prediction."""
 
     def __init__(self, config: SanaWMConfig) -> None:
@@ -143,14 +144,6 @@ class SanaWMTransformer(nn.Module):
 
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, N, C].
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The DiT blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, camera: Tensor | None,
               plucker: Tensor | None) -> tuple[Tensor, SanaWMConditioning]:

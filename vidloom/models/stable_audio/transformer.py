@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.config_keys import check_class_name, positive_int, read_key, refuse_unknown_keys
 from vidloom.loading.name_map import NameMap
 
@@ -159,7 +160,7 @@ def _mlp(d_in: int, d_out: int, bias: bool) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, d_out, bias=bias), nn.SiLU(), nn.Linear(d_out, d_out, bias=bias))
 
 
-class StableAudioDiT(nn.Module):
+class StableAudioDiT(BlockStack, nn.Module):
     def __init__(self, config: StableAudioDiTConfig, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
         self.config = config
@@ -190,14 +191,6 @@ class StableAudioDiT(nn.Module):
 
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, 1 + T, dim] (the global token first).
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The DiT blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor,
               global_states: Tensor) -> tuple[Tensor, StableAudioConditioning]:

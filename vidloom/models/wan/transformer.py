@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
@@ -506,7 +507,7 @@ class WanConditioning:
     """Projected CLIP image tokens [B, I, D] for cross-attention (I2V models), or None."""
 
 
-class WanTransformer(nn.Module):
+class WanTransformer(BlockStack, nn.Module):
     """Wan2.1 T2V DiT: predicts the flow-matching velocity of video latents from a timestep and text.
 
     Holds no per-call state, so one instance can serve concurrent requests. `forward`
@@ -553,14 +554,6 @@ class WanTransformer(nn.Module):
         # (shift, scale) applied after the final norm, offset by the raw time embedding.
         self.out_modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def self_attentions(self) -> Iterator[WanAttention]:
         """The self-attention layers, in block order (each attends over the whole token sequence)."""

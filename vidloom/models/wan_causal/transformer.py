@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
 from vidloom.models.wan.transformer import MLP, WanAttention, apply_rope, gated_residual, modulate, timestep_features
 from vidloom.models.wan_causal.config import FarTransformerConfig
@@ -149,7 +150,7 @@ class _Tokens:
     rope: Tensor  # (cos, sin) pairs [S, Dh/2, 2]
 
 
-class FarTransformer(nn.Module):
+class FarTransformer(BlockStack, nn.Module):
     """Causal Wan DiT predicting the flow-map mean velocity of one chunk from (t, r), text and earlier chunks.
 
     Holds no per-call state: the KV cache is an argument, owned by the caller's rollout.
@@ -225,14 +226,6 @@ class FarTransformer(nn.Module):
     # step() and recompute() are exactly embed_* -> run_blocks -> head. A cached step writes the
     # generated chunk's own K/V into the slab at every block, but only that step reads them back (the
     # next chunk's prefill rewrites the context from clean latents), so a step cache may skip blocks.
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    def compile_units(self) -> tuple[nn.Module, ...]:
-        """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
-        return tuple(self.blocks)
 
     def embed_step(
         self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache,

@@ -47,9 +47,13 @@ CAPABILITIES = Capabilities(
      "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
                           "embedding a cache could keep",
      "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
-     "cuda_graphs": "the denoise step reads the request's own prefilled prompt K/V and branch layouts (per-request "
-                    "objects) and returns up to three tensors (vision, sound, action); the graph runner "
-                    "(runtime/cudagraph.py) captures one-tensor steps whose other inputs are fixed objects",
+     # runtime/cudagraph.py takes the step's three outputs and its per-request prefixes, branches and layouts as
+     # static buffers; what it cannot fix is their shape, which follows each prompt's token count.
+     "cuda_graphs": "the denoise step's signature includes each CFG branch's prompt length (the prefilled prompt "
+                    "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
+                    "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
+                    "growing with each new length; padding prompts to one length would attend over masked padding, "
+                    "not the reference's computation",
      "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
      "offload_idle_expert": "one expert: there is no idle expert",
      "two_stage": "one stage; multi-stage families: ltx2",

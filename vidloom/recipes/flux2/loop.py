@@ -51,6 +51,17 @@ class Flux2Network:
         refs = None if first.references is None else torch.cat([v.tokens.references for v in views], dim=0)
         return Flux2Network(views[0].transformer, dataclasses.replace(first, references=refs))
 
+    def graph_split(self) -> tuple[Any, tuple[Tensor | None, ...]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the transformer and the token layout; it reads
+        the ids and this request's reference tokens."""
+        t = self.tokens
+        return (id(self.transformer), t.layout, t.num_target), (t.img_ids, t.txt_ids, t.references)
+
+    def graph_rebuild(self, parts: tuple[Tensor | None, ...]) -> Flux2Network:
+        img_ids, txt_ids, references = parts
+        return Flux2Network(self.transformer, dataclasses.replace(self.tokens, img_ids=img_ids, txt_ids=txt_ids,
+                                                                  references=references))
+
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
         out = self.transformer(self._tokens(latents), text, timestep, self.tokens.img_ids, self.tokens.txt_ids)
         return out[:, : self.tokens.num_target]

@@ -26,15 +26,11 @@ PIPELINE_SIZE_MULTIPLE = 32
 CAPABILITIES = Capabilities(
     # attention_backend: the transformer and the text connectors take sdpa or math; LTX-2 masks every attention
     # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
+    # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile", "attention_backend"}),
+               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs"}),
     {     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                  "is written",
-     # runtime/cudagraph.py captures a step body that returns one tensor and whose non-tensor inputs are fixed
-     # objects (keyed by identity); LTX-2's returns (video, audio) and reads per-request objects.
-     "cuda_graphs": "the LTX-2 step returns two tensors (video, audio) and reads per-request objects (the network "
-                    "view holding the token positions, the encoded prompts); the graph runner captures one-tensor "
-                    "steps whose other inputs are fixed objects, so every request would capture a graph of its own",
      "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",

@@ -76,6 +76,15 @@ class LTX2Network:
             return None
         return (id(self.transformer), self.dtype, self.use_cross_timestep, id(self.stage_lora), self.position_key)
 
+    def graph_split(self) -> tuple[Hashable, tuple[LTX2Positions]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the transformer, dtype, pass and stage adapter; it
+        reads this request's video and audio positions."""
+        return (id(self.transformer), self.dtype, self.use_cross_timestep, id(self.stage_lora)), (self.positions,)
+
+    def graph_rebuild(self, parts: tuple[LTX2Positions]) -> LTX2Network:
+        return LTX2Network(self.transformer, parts[0], self.dtype, self.use_cross_timestep, self.stage_lora,
+                           self.position_key)
+
     @staticmethod
     def stack(views: list[LTX2Network]) -> LTX2Network:
         """One network for requests stacked along the batch: equal keys mean equal positions, which embed

@@ -18,6 +18,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_euler import FlowEulerSampler
+from vidloom.diffusion.guidance import GuidanceScale, cfg_combine
 from vidloom.diffusion.sampler import Schedule
 from vidloom.models.sana_wm.transformer import SanaWMConditioning, SanaWMTransformer
 from vidloom.recipes.sana_wm.text import SanaWMText
@@ -36,6 +37,13 @@ class SanaWMNetwork:
 
     def __init__(self, transformer: SanaWMTransformer, camera: CameraTensors, dtype: torch.dtype) -> None:
         self.transformer, self.camera, self.dtype = transformer, camera, dtype
+
+    def graph_split(self) -> tuple[Any, tuple[CameraTensors]]:
+        """core.denoiser.GraphInputs: a captured step reads this request's camera tensors."""
+        return (id(self.transformer), self.dtype), (self.camera,)
+
+    def graph_rebuild(self, parts: tuple[CameraTensors]) -> SanaWMNetwork:
+        return SanaWMNetwork(self.transformer, parts[0], self.dtype)
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: SanaWMText) -> Tensor:
         stream, cond = self.embed(latents, timestep, text)
@@ -67,13 +75,14 @@ class SanaWMNetwork:
 
 
 def guided_prediction(network: SanaWMNetwork, latents: Tensor, timestep: Tensor, text: SanaWMText,
-                      guidance_scale: float | None) -> Tensor:
-    """One step body. With CFG `text` holds [negative, positive] and both run as one batch."""
+                      guidance_scale: GuidanceScale | None) -> Tensor:
+    """One step body. With CFG `text` holds [negative, positive] and both run as one batch; the scale is a float,
+    or its 0-dim float32 tensor when the step is replayed from a CUDA graph (cfg_combine: the same bits)."""
     if guidance_scale is None:
         return network(latents, timestep, text).float()
     both = network(latents.repeat(2, 1, 1, 1, 1), timestep.repeat(2, 1), text)
     uncond, cond = both.chunk(2)
-    return (uncond + guidance_scale * (cond - uncond)).float()
+    return cfg_combine(cond, uncond, guidance_scale).float()
 
 
 @dataclass

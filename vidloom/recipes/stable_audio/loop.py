@@ -31,6 +31,13 @@ class StableAudioNetwork:
         """Requests do not share a forward (each carries its own duration token)."""
         return None
 
+    def graph_split(self) -> tuple[Any, tuple[Tensor]]:
+        """core.denoiser.GraphInputs: a captured step reads this request's duration token."""
+        return id(self.transformer), (self.global_states,)
+
+    def graph_rebuild(self, parts: tuple[Tensor]) -> StableAudioNetwork:
+        return StableAudioNetwork(self.transformer, parts[0])
+
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
         stream, cond = self.embed(latents, timestep, text)
         return self.head(self.run_blocks(stream, cond), cond)

@@ -32,23 +32,18 @@ CAPABILITIES = Capabilities(
 )
 
 
-def wan_capabilities(two_experts: bool, clip_image: bool) -> Capabilities:
-    """CAPABILITIES narrowed to one checkpoint's denoiser."""
-    narrowed: dict[str, str] = {}
-    if not two_experts:
-        narrowed["offload_idle_expert"] = "one expert: there is no idle expert to keep in host memory"
-    if clip_image:
-        # Each request binds its CLIP tokens to a network object of its own, which a captured graph would keep
-        # reading (graphs key fixed objects by identity); until the tokens are a graph input, refused.
-        narrowed["cuda_graphs"] = "Wan2.1 image-to-video (CLIP-conditioned) checkpoints bind per-request CLIP tokens"
-    return CAPABILITIES.without(narrowed)
+def wan_capabilities(two_experts: bool) -> Capabilities:
+    """CAPABILITIES narrowed to one checkpoint's denoiser. (A CLIP-conditioned I2V DiT takes them all: its
+    per-request CLIP tokens are a CUDA-graph input, conditioning.ImageConditionedNetwork.)"""
+    if two_experts:
+        return CAPABILITIES
+    return CAPABILITIES.without({"offload_idle_expert": "one expert: there is no idle expert to keep in host memory"})
 
 
 # What each kind of Wan checkpoint declares (a row of `vidloom models --capabilities`).
 CAPABILITY_ROWS = {
-    "wan": wan_capabilities(two_experts=False, clip_image=False),
-    "wan-i2v-clip": wan_capabilities(two_experts=False, clip_image=True),
-    "wan2.2-a14b": wan_capabilities(two_experts=True, clip_image=False),
+    "wan": wan_capabilities(two_experts=False),
+    "wan2.2-a14b": wan_capabilities(two_experts=True),
 }
 
 
@@ -100,11 +95,9 @@ def wan_t2v_card(
     recipe_sampler: str | None = None,
     recipe_timesteps: tuple[int, ...] = (),
     quantization: str | None = None,
-    clip_image: bool = False,
 ) -> ModelCard:
     """A Wan card; the defaults describe a Wan2.1 T2V checkpoint, the keywords the other members.
-    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers;
-    `clip_image`: the DiT reads CLIP image tokens (Wan2.1 I2V / FLF2V)."""
+    A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
     # A second guidance scale is exactly what a two-expert (A14B) checkpoint reads (checkpoint_variant).
     two_experts = "guidance_scale_2" in inputs
     return ModelCard(
@@ -126,7 +119,7 @@ def wan_t2v_card(
         notes=notes,
         max_prompt_tokens=TEXT_TOKENS,
         memory_estimator=MEMORY_ESTIMATOR,
-        capabilities=wan_capabilities(two_experts, clip_image),
+        capabilities=wan_capabilities(two_experts),
         teacache=WAN21_TEACACHE.get(model_id),
     )
 
@@ -160,7 +153,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         ckpt.root.name, str(ckpt.root), defaults,
         description=f"{variant.description} from {ckpt.root}",
         tasks=variant.tasks, inputs=variant.inputs, required_inputs=variant.required,
-        family=variant.family, geometry=_geometry(ckpt, dit), clip_image=dit.get("image_dim") is not None,
+        family=variant.family, geometry=_geometry(ckpt, dit),
     )
 
 

@@ -20,7 +20,7 @@ def wan21_i2v_14b_480p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-i2v-14b-480p", "hf:Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", DEFAULTS_480P,
         description="Wan2.1 image-to-video, 14B DiT + CLIP, 480p",
-        tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}), clip_image=True,
+        tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}),
     )
 
 
@@ -28,7 +28,7 @@ def wan21_i2v_14b_720p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-i2v-14b-720p", "hf:Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", DEFAULTS_720P,
         description="Wan2.1 image-to-video, 14B DiT + CLIP, 720p",
-        tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}), clip_image=True,
+        tasks=I2V, inputs=FIRST_FRAME, required_inputs=frozenset({"image"}),
     )
 
 
@@ -36,7 +36,7 @@ def wan21_flf2v_14b_720p() -> ModelCard:
     return wan_t2v_card(
         "wan2.1-flf2v-14b-720p", "hf:Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", DEFAULTS_720P,
         description="Wan2.1 first-last-frame-to-video, 14B DiT + CLIP, 720p",
-        tasks=I2V, inputs=FIRST_FRAME, required_inputs=FIRST_FRAME, clip_image=True,
+        tasks=I2V, inputs=FIRST_FRAME, required_inputs=FIRST_FRAME,
     )
 
 

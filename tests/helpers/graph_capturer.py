@@ -1,0 +1,49 @@
+"""A CUDA graph's contract on CPU: a capture records the static inputs; a replay recomputes the output buffers
+from whatever they now hold. Drives runtime.cudagraph's plumbing (signatures, static buffers, rebuilt
+per-request objects) in CPU tests; the kernels themselves are captured in tests/gpu/."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+
+def copy_into(buffer: Any, value: Any) -> None:
+    """Write `value` into the output buffers of the same structure (tensors, tuples/lists/dicts, fixed values)."""
+    if isinstance(buffer, torch.Tensor):
+        buffer.copy_(value)
+    elif isinstance(buffer, (tuple, list)):
+        assert len(buffer) == len(value)
+        for b, v in zip(buffer, value):
+            copy_into(b, v)
+    elif isinstance(buffer, dict):
+        for k, b in buffer.items():
+            copy_into(b, value[k])
+    else:  # None, or a value fixed at capture (a real graph returns the capture's object every replay)
+        assert buffer is value or buffer == value, (buffer, value)
+
+
+class Replay:
+    """One recorded step: `output` is computed at capture; `replay()` recomputes it in place."""
+
+    def __init__(self, call: Callable[..., Any], static: Mapping[str, Any]) -> None:
+        self.call, self.static = call, static
+        self.output = call(**static)
+
+    def replay(self) -> None:
+        copy_into(self.output, self.call(**self.static))
+
+
+class RecordingCapturer:
+    """Counts capture attempts; `fail=True` raises like an uncapturable op would."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    def __call__(self, call: Callable[..., Any], static: Mapping[str, Any]) -> Replay:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return Replay(call, static)

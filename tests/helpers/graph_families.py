@@ -1,0 +1,74 @@
+"""The families whose step bodies CUDA graphs capture, with tiny checkpoints and three requests each: a first one,
+one of the same signature with other values (prompt, seed, conditioning), and one of a changed signature. Shared by
+tests/integration/test_cuda_graph_families.py (CPU stand-in capturer) and tests/gpu/test_cuda_graph_families.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
+from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
+from tests.helpers.stable_audio_checkpoints import CONFIGS as STABLE_AUDIO_CONFIGS, write_tiny_stable_audio
+from tests.helpers.wan_checkpoints import TINY_A
+from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
+from vidloom.generator import VideoGenerator
+
+WRITERS: dict[str, Callable[[Path], Path]] = {
+    "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),
+    "stable-audio": lambda d: write_tiny_stable_audio(d, STABLE_AUDIO_CONFIGS[0]),
+    "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
+    "ltx2": lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0]),
+    "wan-i2v-clip": lambda d: write_tiny_wan_i2v(d, TINY_A),
+}
+STEPS = 2
+
+
+def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(first, same signature with other values, changed signature) generate() keywords."""
+    base = dict(negative_prompt="blurry", num_inference_steps=STEPS)
+    if kind == "flux2":  # reference images: their tokens are per-request tensors of the network view
+        first = dict(prompt="make it purple", image=make_image(64, 64, 1), seed=1, guidance_scale=4.0)
+        second = dict(prompt="make it yellow", image=make_image(64, 64, 2), seed=2, guidance_scale=3.0)
+        changed = dict(prompt="make it purple", height=32, width=48, seed=1, guidance_scale=4.0)
+    elif kind == "stable-audio":  # every request runs the model's one window: CFG off changes the signature
+        first = dict(prompt="a red fox jumps", seed=1, guidance_scale=3.0, seconds=0.5)
+        second = dict(prompt="a blue cat naps", seed=2, guidance_scale=5.0, seconds=0.5, seconds_start=0.25)
+        changed = dict(prompt="a red fox jumps", seed=1, guidance_scale=1.0, seconds=0.5)
+    elif kind == "sana-wm":  # the camera (intrinsics) is a per-request tensor of the network view
+        shape = dict(height=64, width=96, num_frames=17, camera="jw-16")
+        first = dict(prompt="a red fox jumps", image=make_image(70, 40, 1), intrinsics=[50.0, 52.0, 35.0, 20.0],
+                     seed=1, guidance_scale=3.0, **shape)
+        second = dict(prompt="a blue cat naps", image=make_image(70, 40, 2), intrinsics=[44.0, 47.0, 30.0, 22.0],
+                      seed=2, guidance_scale=4.5, **shape)
+        changed = {**first, "width": 64}
+    elif kind == "ltx2":  # fps moves the video positions (seconds): a per-request tensor of the network view
+        first = dict(prompt="a red fox jumps", height=64, width=64, num_frames=9, fps=25, seed=1, guidance_scale=3.0)
+        second = dict(prompt="a blue cat naps", height=64, width=64, num_frames=9, fps=24, seed=2, guidance_scale=3.0)
+        changed = {**first, "width": 96}
+    else:  # wan-i2v-clip: the CLIP tokens of the image are per-request tensors of the network view
+        first = dict(prompt="a red fox jumps", image=make_image(60, 41, 1), height=32, width=48, num_frames=5,
+                     seed=1, guidance_scale=5.0)
+        second = dict(prompt="a blue cat naps", image=make_image(60, 41, 2), height=32, width=48, num_frames=5,
+                      seed=2, guidance_scale=4.0)
+        changed = {**first, "height": 48, "width": 16, "image": make_image(16, 48, 1)}
+    return tuple({**base, **r} for r in (first, second, changed))  # type: ignore[return-value]
+
+
+def outputs(gen: VideoGenerator, fields: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The output's uint8 frames (empty for sound only) and float32 waveform (None without sound)."""
+    fields = dict(fields)
+    out = gen.generate(fields.pop("prompt"), **fields)
+    return out.frames, out.audio
+
+
+def result(gen: VideoGenerator, fields: dict[str, Any]) -> np.ndarray:
+    """The output's frames and waveform (LTX-2 has both, Stable Audio only sound) as one float64 vector."""
+    frames, audio = outputs(gen, fields)
+    parts = [frames.astype(np.float64).ravel()] + ([] if audio is None else [audio.astype(np.float64).ravel()])
+    vector = np.concatenate(parts)
+    assert vector.size > 0
+    return vector
