@@ -12,7 +12,7 @@ import torch
 from vidloom.core.errors import VidloomError
 from vidloom.core.request import GenerationRequest
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.parity.families import FAMILIES, VIDEO_TO_VIDEO, FamilyParity
+from vidloom.parity.families import FAMILIES, IMAGE_TO_VIDEO, VIDEO_TO_VIDEO, FamilyParity
 from vidloom.parity.taps import ModuleTaps, TapRecorder
 
 
@@ -22,10 +22,12 @@ class ReferenceUnavailable(VidloomError):
 
 def family_for(checkpoint: Path, request: GenerationRequest | None = None) -> FamilyParity:
     """The parity map for the pipeline class `checkpoint`'s model_index.json names (its video-to-video
-    pipeline when `request` gives an input video)."""
+    pipeline when `request` gives an input video, its image-to-video one when it gives a first frame)."""
     name = DiffusersDir.open(checkpoint).pipeline_class
     if request is not None and request.video is not None:
         name = VIDEO_TO_VIDEO.get(name, name)
+    elif request is not None and request.image is not None:
+        name = IMAGE_TO_VIDEO.get(name, name)
     if name not in FAMILIES:
         raise ReferenceUnavailable(f"{checkpoint}: no parity map for pipeline {name!r}; known: {', '.join(FAMILIES)}")
     return FAMILIES[name]
@@ -89,7 +91,7 @@ class Reference:
         # The openers go first: a denoiser's hooks run in the order they were registered.
         openers = [denoiser.register_forward_pre_hook(open_step, with_kwargs=True) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
-        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks) for denoiser in denoisers]
+        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks, family.their_rows) for denoiser in denoisers]
         callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
         try:
             with torch.inference_mode():

@@ -97,4 +97,5 @@ def _run_ours(
         run.close()
         for tap in taps:
             tap.close()
-    return outputs["video"], run.request  # the node that wrote it recorded it as stage tap family.output
+    # The node that wrote the final output recorded it as stage tap family.output ("decode.audio": slot audio).
+    return outputs[family.output.rpartition(".")[2]], run.request
