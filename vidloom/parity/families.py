@@ -15,7 +15,8 @@ import numpy as np
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.parity.families_av import SANA_WM, STABLE_AUDIO
-from vidloom.parity.family import FamilyParity, ReferenceCall, generator_for
+from vidloom.parity.families_omni import QWEN_OMNI
+from vidloom.parity.family import FamilyParity, SequenceParity, generator_for
 from vidloom.parity.taps import BlockList
 
 def _wan_scheduler(base: Mapping[str, Any], request: GenerationRequest) -> Any:
@@ -229,3 +230,5 @@ VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""
 IMAGE_TO_VIDEO: dict[str, str] = {"LTX2Pipeline": "LTX2ImageToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs image-to-video with on the same folder's components."""
+SEQUENCE_FAMILIES: dict[str, SequenceParity] = {spec.architecture: spec for spec in (QWEN_OMNI,)}
+"""A transformers checkpoint's architecture (config.json) -> its autoregressive parity map."""

@@ -68,3 +68,29 @@ class FamilyParity:
 def generator_for(request: GenerationRequest) -> torch.Generator:
     # Our noise comes from a CPU generator seeded the same way (diffusion.noise.initial_noise).
     return torch.Generator("cpu").manual_seed(int(request.seed))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SequenceParity:
+    """How an autoregressive model lines up with its reference (a transformers model, not a pipeline).
+
+    Its decode loops choose ids (tokens, codec codes) rather than step latents, so there are no per-step
+    tensors to tap: each id sequence is recorded one `token` tap per position (loop = the sequence's name,
+    step = the position) and compared exactly, so the report names the first position where a loop chose
+    differently; the signal decoded from them (a waveform) is a stage tap compared within tolerance.
+    """
+
+    architecture: str
+    """The transformers class a checkpoint's config.json names (its `architectures`); also the reference."""
+    build_request: Callable[[str, int, int], Any]
+    """(prompt, seed, max reply tokens) -> the request both sides run (the CLI's)."""
+    run_ours: Callable[[Any, Any], Mapping[str, Any]]
+    """(our VideoGenerator, request) -> outputs by name: id sequences and signals."""
+    run_reference: Callable[[Any, Any], Mapping[str, Any]]
+    """(the loaded reference model, request) -> the same names."""
+    sequences: tuple[str, ...]
+    """The outputs that are id sequences, in decode order."""
+    output: str
+    """The final signal (compared as stage tap `output`)."""
+    describe: Callable[[Any], str] = repr
+    """A request -> one line for the CLI's report header."""

@@ -15,6 +15,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.parity.align import ParityReport, Tolerance, align
 from vidloom.parity.families import FamilyParity
 from vidloom.parity.reference import Reference, family_for, require_diffusers
+from vidloom.parity.sequences import SequenceReference, compare_sequences, sequence_family_for
 from vidloom.parity.taps import ModuleTaps, RuntimeTaps, TapFilter, TapRecorder
 from vidloom.runtime.engine import Engine
 
@@ -27,8 +28,8 @@ class ParityRun:
     report: ParityReport
     ours: Any
     theirs: Any
-    request: GenerationRequest
-    reference: Reference
+    request: Any  # a GenerationRequest; an autoregressive model's own request (SpeechRequest)
+    reference: Reference | SequenceReference
 
 
 def checkpoint_dir(model: str | Path) -> Path:
@@ -39,13 +40,13 @@ def checkpoint_dir(model: str | Path) -> Path:
 
 def run_parity(
     model: str | Path,
-    request: GenerationRequest,
+    request: Any,
     *,
     tolerance: Tolerance | None = None,
     taps: TapFilter | None = None,
     device: str = "cpu",
     generator: Any | None = None,
-    reference: Reference | None = None,
+    reference: Reference | SequenceReference | None = None,
 ) -> ParityRun:
     """Run `request` through vidloom and through `model`'s own diffusers pipeline (both float32 on
     `device`) with named taps, and align them: `report.first_divergence` names the first layer that
@@ -54,16 +55,29 @@ def run_parity(
     `generator` (a VideoGenerator) and `reference` (a Reference) reuse models loaded by the caller
     (tests do); otherwise both load from `model`'s folder. Raises ReferenceUnavailable without
     diffusers or for a pipeline with no parity map (vidloom.parity.families.FAMILIES).
+
+    A transformers autoregressive folder (vidloom.parity.families.SEQUENCE_FAMILIES: Qwen2.5-Omni) takes its
+    own request (a SpeechRequest) and compares the ids its loops chose and the decoded signal instead.
     """
-    require_diffusers()
     checkpoint = checkpoint_dir(model)
-    family = reference.family if reference is not None else family_for(checkpoint, request)
-    family.check(request)
-    taps = _without(taps or TapFilter(), family.untapped)
+    sequence = sequence_family_for(checkpoint) if reference is None else (
+        reference.family if isinstance(reference, SequenceReference) else None)
+    if sequence is None:
+        require_diffusers()
     if generator is None:
         from vidloom.generator import VideoGenerator
 
         generator = VideoGenerator.from_pretrained(checkpoint, device=device, dtype=torch.float32)
+    if sequence is not None:
+        keep = _without(taps or TapFilter(), frozenset({"input", "block", "output", "latents"}))
+        reference = reference or SequenceReference.load(checkpoint, device, sequence)
+        assert isinstance(reference, SequenceReference)
+        report, ours, theirs = compare_sequences(sequence, generator, reference, request, tolerance, keep)
+        return ParityRun(report, ours, theirs, request, reference)
+    assert not isinstance(reference, SequenceReference)
+    family = reference.family if reference is not None else family_for(checkpoint, request)
+    family.check(request)
+    taps = _without(taps or TapFilter(), family.untapped | {"token"})
     ours_rec = TapRecorder(taps)
     ours, resolved = _run_ours(generator.engine, family, request, ours_rec)
     reference = reference or Reference.load(checkpoint, device, family)
@@ -75,7 +89,7 @@ def run_parity(
 def _without(keep: TapFilter, untapped: frozenset[str]) -> TapFilter:
     kinds = keep.kinds - untapped
     if not kinds:
-        raise InvalidRequest("taps", f"this pipeline cannot record {', '.join(sorted(untapped))} taps; ask for others")
+        raise InvalidRequest("taps", f"this model cannot record {', '.join(sorted(untapped))} taps; ask for others")
     return dataclasses.replace(keep, kinds=kinds)
 
 

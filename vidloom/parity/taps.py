@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-TAP_KINDS = ("stage", "input", "block", "output", "latents")
+TAP_KINDS = ("stage", "input", "block", "output", "latents", "token")
 """stage: a slot a program node wrote; input / block / output: the denoiser's arguments, each block's
-output and its prediction, per call; latents: the loop state's latents after each step."""
+output and its prediction, per call; latents: the loop state's latents after each step; token: the id an
+autoregressive loop chose at a position (compared exactly)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class TapRecorder:
             key = TapKey(kind, name)
         else:
             call = self.call if call is None else call
-            key = TapKey(kind, name, self.loop, self.step, None if kind == "latents" else call)
+            key = TapKey(kind, name, self.loop, self.step, None if kind in ("latents", "token") else call)
         if key in self.taps or not self.keep.wants(key):
             return  # a repeated key keeps its first value (execution order decides)
         size = tensor.numel() * tensor.element_size()
