@@ -16,7 +16,7 @@ from PIL import Image
 
 from vidloom.cli import main
 from vidloom.generator import VideoGenerator, build_request
-from vidloom.parity import ParityRun, TapKey, run_parity
+from vidloom.parity import ParityRun, run_parity
 
 NUDGE = 5e-2  # the scale of random noise added to one linear weight: far beyond the tolerance at that block
 

@@ -67,9 +67,8 @@ def compare(key: TapKey, ours: Tensor, theirs: Tensor, tolerance: Tolerance) -> 
     max_abs = float((a - b).abs().max()) if a.numel() else 0.0
     # Ids (tokens, codes) are compared exactly: a relative bound on an id of 10^5 would pass a wrong one.
     exact = not (ours.is_floating_point() or theirs.is_floating_point())
-    return TapDiff(key, max_abs, scale, 0.0 if exact else tolerance.bound(scale), shapes,
-                   f"ours {ours.flatten().tolist()}, reference {theirs.flatten().tolist()}" if exact and ours.numel() <= 4
-                   else "")
+    values = f"ours {ours.flatten().tolist()}, reference {theirs.flatten().tolist()}" if exact and a.numel() <= 4 else ""
+    return TapDiff(key, max_abs, scale, 0.0 if exact else tolerance.bound(scale), shapes, values)
 
 
 @dataclass
@@ -125,10 +124,11 @@ class ParityReport:
                 break
             bad = [d for d in diffs if d.diverged]
             worst = bad[0] if bad else max(diffs, key=lambda d: d.relative)
+            name = worst.key.label()
             if worst.key.kind == "token":
                 name = f"position {worst.key.step}"
-            else:
-                name = worst.key.label().removeprefix(where).strip() if worst.key.step is not None else worst.key.label()
+            elif worst.key.step is not None:
+                name = name.removeprefix(where).strip()
             status = f"DIVERGED ({len(bad)})" if bad else "ok"
             numbers = f"{worst.max_abs:>11.3e}{worst.relative:>11.3e}"
             lines.append(f"{where:<22}{len(diffs):>6}  {name:<34}{numbers}  {status}")
