@@ -39,9 +39,10 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                      help=f"autoregressive models (Qwen2.5-Omni): reply tokens at most (default: {DEFAULT_MAX_TOKENS})")
     par.add_argument("--device", default="cpu", help="both sides run here, in float32 (default: cpu)")
-    par.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance per tap (default: 1e-4)")
-    par.add_argument("--rtol", type=float, default=1e-4,
-                     help="relative tolerance, times the reference tap's max |value| (default: 1e-4)")
+    par.add_argument("--atol", type=float, default=None,
+                     help="absolute tolerance per tap (default: the family's, else 1e-4)")
+    par.add_argument("--rtol", type=float, default=None,
+                     help="relative tolerance, times the reference tap's max |value| (default: the family's, else 1e-4)")
     par.add_argument("--taps", default=None, metavar="KIND,...",
                      help="tap kinds to record: stage, input, block, output, latents, token (default: all)")
     par.add_argument("--tap-steps", default=None, metavar="N,...", help="steps to record (default: all)")
@@ -67,7 +68,11 @@ def parity_command(args: argparse.Namespace) -> int:
     quiet_third_party(args.verbose)
     try:
         keep = TapFilter(**_filter_fields(args))
-        tolerance = Tolerance(args.atol, args.rtol)
+        tolerance = None  # the family's stated one
+        if args.atol is not None or args.rtol is not None:
+            default = Tolerance()
+            tolerance = Tolerance(default.atol if args.atol is None else args.atol,
+                                  default.rtol if args.rtol is None else args.rtol)
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
         raise InvalidRequest(_FLAGS.get(field, field), message) from None

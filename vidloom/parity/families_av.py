@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vidloom.core.request import GenerationRequest
+from vidloom.parity.align import Tolerance
 from vidloom.parity.family import FamilyParity, generator_for
 from vidloom.parity.taps import BlockList
 
@@ -71,6 +72,10 @@ SANA_WM = FamilyParity(  # stage 1 (the bidirectional DiT) and the LTX-2 VAE dec
     blocks={"blocks": (BlockList("blocks"), BlockList("blocks"))},
     call=_call_sana_wm,
     loop="stage1",
+    # The softmax blocks run bf16 SDPA on both sides; an ulp-level difference upstream can flip one bf16
+    # rounding (observed up to 5.5e-5 of a block output's scale on the first tiny config, 7e-6 on the second).
+    # 5e-4 stays ~8x under one bf16 ulp (3.9e-3) and far under a wrong op (> 1e-3, see the tests).
+    tolerance=Tolerance(atol=1e-4, rtol=5e-4),
     untapped=frozenset({"input", "output"}),
     refused=("last_image", "video", "sampler"),
 )

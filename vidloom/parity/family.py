@@ -10,6 +10,7 @@ import torch
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
+from vidloom.parity.align import Tolerance
 from vidloom.parity.taps import BlockList
 
 ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]],
@@ -53,6 +54,8 @@ class FamilyParity:
     """The reference batches the CFG branches in one call where we run them as separate calls: its batch row
     rows[i] is our call i (Stable Audio's [uncond, cond] against our cond-then-uncond: (1, 0)); empty: a
     reference call is one of ours."""
+    tolerance: Tolerance | None = None
+    """The family's stated tolerance, used when the caller gives none (None: Tolerance's defaults)."""
     untapped: frozenset[str] = frozenset()
     """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
     refused: tuple[str, ...] = field(default=())

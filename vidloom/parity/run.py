@@ -83,7 +83,7 @@ def run_parity(
     reference = reference or Reference.load(checkpoint, device, family)
     theirs_rec = TapRecorder(taps)
     theirs = reference.run(resolved, theirs_rec)
-    return ParityRun(align(ours_rec, theirs_rec, tolerance), ours, theirs, resolved, reference)
+    return ParityRun(align(ours_rec, theirs_rec, tolerance or family.tolerance), ours, theirs, resolved, reference)
 
 
 def _without(keep: TapFilter, untapped: frozenset[str]) -> TapFilter:
