@@ -82,6 +82,16 @@ def test_stable_audio_map_matches(stable_audio, guidance, calls):
     assert result.ours.shape == result.theirs.shape == (spec.vae["audio_channels"], result.ours.shape[1])
 
 
+def test_stable_audio_map_takes_an_initial_waveform(stable_audio):
+    folder, gen, spec = stable_audio
+    rate, channels = spec.vae["sampling_rate"], spec.vae["audio_channels"]
+    wave = (torch.randn(channels, int(0.5 * spec.max_seconds * rate), generator=torch.Generator().manual_seed(9))
+            * 0.3).numpy()
+    request = build_request(gen.card, "a dog barks", seconds=spec.max_seconds * 0.6, num_inference_steps=3,
+                            guidance_scale=3.0, seed=3, init_audio=wave)
+    _assert_ok(run_parity(folder, request, generator=gen), 3, {0, 1}, "decode.audio")
+
+
 def test_stable_audio_nudged_weight_is_named(stable_audio):
     folder, gen, spec = stable_audio
     with nudged(gen.engine.instance["transformer"].blocks[1]):
