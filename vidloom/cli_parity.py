@@ -36,6 +36,8 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--guidance", type=float, default=None, help="CFG scale (card default)")
     par.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     par.add_argument("--sampler", default=None, help="unipc | euler (card default)")
+    par.add_argument("--two-stage", action="store_true",
+                     help="multi-stage models (LTX-2): compare the two-stage chain (generate, upsample, refine)")
     par.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                      help=f"autoregressive models (Qwen2.5-Omni): reply tokens at most (default: {DEFAULT_MAX_TOKENS})")
     par.add_argument("--device", default="cpu", help="both sides run here, in float32 (default: cpu)")
@@ -77,7 +79,8 @@ def parity_command(args: argparse.Namespace) -> int:
         field, _, message = str(exc).partition(": ")
         raise InvalidRequest(_FLAGS.get(field, field), message) from None
     request = _request(args) if sequence is None else sequence.build_request(args.prompt, args.seed, args.max_tokens)
-    result = run_parity(args.model, request, tolerance=tolerance, taps=keep, device=args.device)
+    result = run_parity(args.model, request, tolerance=tolerance, taps=keep, device=args.device,
+                        two_stage=args.two_stage)
     if sequence is not None:
         print(sequence.describe(result.request))
     else:

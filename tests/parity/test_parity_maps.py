@@ -1,4 +1,5 @@
-"""The parity maps of Stable Audio, SANA-WM and LTX-2 image-to-video through `run_parity` on tiny folders.
+"""The parity maps of Stable Audio, SANA-WM, LTX-2 image-to-video and LTX-2 two-stage through `run_parity` on tiny
+folders.
 
 Each runs the folder's own diffusers pipeline (the map's reference) beside vidloom: every tap within the default
 tolerance (atol = rtol = 1e-4). Then one weight of our block 1 is nudged, and the report names that block at the
@@ -52,8 +53,8 @@ def _assert_names_block_1(result: ParityRun) -> None:
     key = first.key
     assert (key.kind, key.step, key.call) == ("block", 0, 0), report.format()
     assert key.name.split(".")[:2] == ["blocks", "1"], report.format()
-    before = [d for d in report.diffs if d.key.kind == "block" and d.key.step == 0 and d.key.call == 0
-              and d.key.name.startswith("blocks.0")]  # the block before it, same step and call
+    before = [d for d in report.diffs if d.key.kind == "block" and (d.key.loop, d.key.step, d.key.call)
+              == (key.loop, 0, 0) and d.key.name.startswith("blocks.0")]  # the block before it, same step and call
     assert before and not any(d.diverged for d in before), report.format()
 
 
@@ -145,7 +146,7 @@ LTX2_IMAGE = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 56, 
 def ltx2(tmp_path_factory):
     from tests.helpers.ltx2_checkpoints import CONFIGS, write_tiny_ltx2
 
-    folder = write_tiny_ltx2(tmp_path_factory.mktemp("parity-ltx2"), CONFIGS[0])
+    folder = write_tiny_ltx2(tmp_path_factory.mktemp("parity-ltx2"), CONFIGS[0], upsampler=True)
     return folder, VideoGenerator.from_pretrained(folder, device="cpu", dtype=torch.float32)
 
 
@@ -167,3 +168,36 @@ def test_ltx2_image_to_video_nudged_weight_is_named(ltx2):
     folder, gen = ltx2
     with nudged(gen.engine.instance["transformer"].blocks[1]):
         _assert_names_block_1(run_parity(folder, _ltx2_request(gen), generator=gen))
+
+
+# --- LTX-2 two-stage (generate, upsample 2x, refine) --------------------------------------------------------------
+
+def _two_stage_request(gen):
+    return build_request(gen.card, "a robot dancing in the rain", negative_prompt="blurry", height=64, width=64,
+                         num_frames=9, fps=25, num_inference_steps=2, guidance_scale=3.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def two_stage(ltx2):
+    from vidloom.core.deploy import DeployConfig
+
+    folder, _ = ltx2
+    return folder, VideoGenerator.from_pretrained(folder, device="cpu", dtype=torch.float32,
+                                                  deploy=DeployConfig(two_stage=True))
+
+
+def test_ltx2_two_stage_map_matches(two_stage):
+    """Both loops tapped: stage 1's steps, then the refinement's (the chain's second LTX2Pipeline call)."""
+    folder, gen = two_stage
+    result = run_parity(folder, _two_stage_request(gen), generator=gen)
+    report = result.report
+    assert report.ok, report.format()
+    assert result.ours.shape == result.theirs.shape == (9, 128, 128, 3)  # twice the requested size
+    steps = {(d.key.loop, d.key.step) for d in report.diffs if d.key.kind == "latents"}
+    assert steps == {("stage1", 0), ("stage1", 1), ("stage2", 0), ("stage2", 1), ("stage2", 2)}, report.format()
+
+
+def test_ltx2_two_stage_nudged_weight_is_named_in_stage_1(two_stage):
+    folder, gen = two_stage
+    with nudged(gen.engine.instance["transformer"].blocks[1]):
+        _assert_names_block_1(run_parity(folder, _two_stage_request(gen), generator=gen))

@@ -67,7 +67,9 @@ def compare(key: TapKey, ours: Tensor, theirs: Tensor, tolerance: Tolerance) -> 
     max_abs = float((a - b).abs().max()) if a.numel() else 0.0
     # Ids (tokens, codes) are compared exactly: a relative bound on an id of 10^5 would pass a wrong one.
     exact = not (ours.is_floating_point() or theirs.is_floating_point())
-    values = f"ours {ours.flatten().tolist()}, reference {theirs.flatten().tolist()}" if exact and a.numel() <= 4 else ""
+    values = ""
+    if exact and a.numel() <= 4:
+        values = f"ours {ours.flatten().tolist()}, reference {theirs.flatten().tolist()}"
     return TapDiff(key, max_abs, scale, 0.0 if exact else tolerance.bound(scale), shapes, values)
 
 

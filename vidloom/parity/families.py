@@ -91,6 +91,42 @@ def _call_ltx2_i2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationR
     return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
 
 
+def _call_ltx2_two_stage(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                         callback: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The chain diffusers documents: LTX2Pipeline (latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline again on
+    the upsampled latents at twice the size, the distilled sigmas and no CFG (our card's stage-2 defaults)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    from vidloom.recipes.ltx2.settings import LTX2Settings
+
+    next_stage = callback.pop("next_stage")
+    settings = LTX2Settings()
+    generator = generator_for(request)  # one generator through the chain, as the documented recipe
+    common = dict(prompt=request.prompt, negative_prompt=request.negative_prompt, num_frames=request.num_frames,
+                  frame_rate=float(request.fps), generator=generator, **callback)
+    video, audio = pipe(height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
+                        guidance_scale=request.guidance_scale, output_type="latent", return_dict=False, **common)
+    # The upsampler is the folder's latent_upsampler/ (what our two_stage deploy loads).
+    upsampler = LTX2LatentUpsamplerModel.from_pretrained(f"{pipe.config._name_or_path}/latent_upsampler")
+    upsampler = upsampler.to(pipe.device)
+    upsampled = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=upsampler)(
+        latents=video, output_type="latent", return_dict=False)[0]
+    saved = pipe.scheduler
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler, use_dynamic_shifting=False,
+                                                                 shift_terminal=None)
+    sigmas = list(settings.stage2_sigmas)
+    next_stage()
+    try:
+        frames, waveform = pipe(latents=upsampled, audio_latents=audio, height=2 * request.height,
+                                width=2 * request.width, num_inference_steps=len(sigmas), sigmas=sigmas,
+                                noise_scale=sigmas[0], guidance_scale=settings.stage2.video_cfg, output_type="np",
+                                return_dict=False, **common)
+    finally:
+        pipe.scheduler = saved
+    return {"decode_video.video": frames[0], "decode_audio.audio": waveform[0].float().numpy()}
+
+
 def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
                   callback: dict[str, Any]) -> np.ndarray:
     out = pipe(
@@ -184,6 +220,10 @@ LTX2_T2V = FamilyParity(
     refused=("image", "last_image", "video", "sampler", "flow_shift"),
 )
 
+LTX2_TWO_STAGE = dataclasses.replace(  # DeployConfig(two_stage=True): generate, upsample 2x, refine
+    LTX2_T2V, call=_call_ltx2_two_stage, stages=("stage1", "stage2"), deploy={"two_stage": True},
+)
+
 LTX2_I2V = dataclasses.replace(  # an LTX2Pipeline folder given a first frame: its components in the I2V pipeline
     LTX2_T2V, pipeline="LTX2ImageToVideoPipeline", call=_call_ltx2_i2v,
     refused=("last_image", "video", "sampler", "flow_shift"),
@@ -229,6 +269,8 @@ FAMILIES: dict[str, FamilyParity] = {
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""
 IMAGE_TO_VIDEO: dict[str, str] = {"LTX2Pipeline": "LTX2ImageToVideoPipeline"}
+TWO_STAGE: dict[str, FamilyParity] = {"LTX2Pipeline": LTX2_TWO_STAGE}
+"""A folder's pipeline -> the map of its two-stage chain (our DeployConfig two_stage), by the same pipeline class."""
 """A folder's pipeline -> the one diffusers runs image-to-video with on the same folder's components."""
 SEQUENCE_FAMILIES: dict[str, SequenceParity] = {spec.architecture: spec for spec in (QWEN_OMNI,)}
 """A transformers checkpoint's architecture (config.json) -> its autoregressive parity map."""

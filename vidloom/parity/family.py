@@ -42,6 +42,12 @@ class FamilyParity:
     """Extra keyword arguments of the pipeline's from_pretrained."""
     loop: str = "denoise"
     """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
+    stages: tuple[str, ...] = ()
+    """A reference that chains pipeline calls (LTX-2 two-stage): our loops its successive calls line up with.
+    Its `call` then finds `next_stage` in the callback kwargs, takes it out, and calls it before each call
+    after the first (steps count from 0 again under the next loop). Empty: one call, lined up with `loop`."""
+    deploy: Mapping[str, Any] = field(default_factory=dict)
+    """DeployConfig fields our side loads with when run_parity loads it (two_stage for the chain)."""
     state_latents: str | Callable[[Any], Any] = "latents"
     """Our loop state's attribute holding the latents the reference's callback reports as `latents` (or a
     function of the state giving them)."""

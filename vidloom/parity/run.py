@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from vidloom import registry
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.parity.align import ParityReport, Tolerance, align
@@ -47,6 +48,7 @@ def run_parity(
     device: str = "cpu",
     generator: Any | None = None,
     reference: Reference | SequenceReference | None = None,
+    two_stage: bool = False,
 ) -> ParityRun:
     """Run `request` through vidloom and through `model`'s own diffusers pipeline (both float32 on
     `device`) with named taps, and align them: `report.first_divergence` names the first layer that
@@ -58,7 +60,13 @@ def run_parity(
 
     A transformers autoregressive folder (vidloom.parity.families.SEQUENCE_FAMILIES: Qwen2.5-Omni) takes its
     own request (a SpeechRequest) and compares the ids its loops chose and the decoded signal instead.
+
+    `two_stage` (implied by a given generator deployed with two_stage) compares the multi-stage chain (LTX-2:
+    generate, upsample, refine) against the reference's chained pipeline calls.
     """
+    if generator is not None:
+        two_stage = two_stage or bool(getattr(getattr(generator.engine, "instance", None), "deploy", None)
+                                      and generator.engine.instance.deploy.two_stage)
     checkpoint = checkpoint_dir(model)
     sequence = sequence_family_for(checkpoint) if reference is None else (
         reference.family if isinstance(reference, SequenceReference) else None)
@@ -67,7 +75,9 @@ def run_parity(
     if generator is None:
         from vidloom.generator import VideoGenerator
 
-        generator = VideoGenerator.from_pretrained(checkpoint, device=device, dtype=torch.float32)
+        deploy = {} if sequence is not None else _family(checkpoint, request, reference, two_stage).deploy
+        generator = VideoGenerator.from_pretrained(checkpoint, device=device, dtype=torch.float32,
+                                                   **({"deploy": DeployConfig(**deploy)} if deploy else {}))
     if sequence is not None:
         keep = _without(taps or TapFilter(), frozenset({"input", "block", "output", "latents"}))
         reference = reference or SequenceReference.load(checkpoint, device, sequence)
@@ -75,7 +85,7 @@ def run_parity(
         report, ours, theirs = compare_sequences(sequence, generator, reference, request, tolerance, keep)
         return ParityRun(report, ours, theirs, request, reference)
     assert not isinstance(reference, SequenceReference)
-    family = reference.family if reference is not None else family_for(checkpoint, request)
+    family = _family(checkpoint, request, reference, two_stage)
     family.check(request)
     taps = _without(taps or TapFilter(), family.untapped | {"token"})
     ours_rec = TapRecorder(taps)
@@ -84,6 +94,13 @@ def run_parity(
     theirs_rec = TapRecorder(taps)
     theirs = reference.run(resolved, theirs_rec)
     return ParityRun(align(ours_rec, theirs_rec, tolerance or family.tolerance), ours, theirs, resolved, reference)
+
+
+def _family(checkpoint: Path, request: Any, reference: Reference | SequenceReference | None,
+            two_stage: bool) -> FamilyParity:
+    if isinstance(reference, Reference):
+        return reference.family
+    return family_for(checkpoint, request, two_stage)
 
 
 def _without(keep: TapFilter, untapped: frozenset[str]) -> TapFilter:
@@ -102,7 +119,8 @@ def _run_ours(
     components = engine.instance.components
     taps = [ModuleTaps(recorder, components[name], family.our_inputs, blocks)
             for name in family.denoisers if components.get(name) is not None]
-    run = engine.start(request, watch=RuntimeTaps(recorder, frozenset({family.loop}), family.state_latents))
+    loops = frozenset(family.stages or (family.loop,))
+    run = engine.start(request, watch=RuntimeTaps(recorder, loops, family.state_latents))
     try:
         while not run.step():
             pass
