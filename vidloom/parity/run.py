@@ -65,8 +65,8 @@ def run_parity(
     generate, upsample, refine) against the reference's chained pipeline calls.
     """
     if generator is not None:
-        two_stage = two_stage or bool(getattr(getattr(generator.engine, "instance", None), "deploy", None)
-                                      and generator.engine.instance.deploy.two_stage)
+        instance = getattr(getattr(generator, "engine", None), "instance", None)
+        two_stage = two_stage or bool(getattr(getattr(instance, "deploy", None), "two_stage", False))
     checkpoint = checkpoint_dir(model)
     sequence = sequence_family_for(checkpoint) if reference is None else (
         reference.family if isinstance(reference, SequenceReference) else None)
