@@ -24,7 +24,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -233,40 +233,32 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
             report["scoring_error"] = f"{type(exc).__name__}: {exc}"
         _write(out, report, started)  # after every row: a cut-short slot still leaves results
     peak, _ = _peak_flops(env)
-    for dit in (*DIT_ROWS, *LORA_ROWS):
-        if dit.name in skipped:
-            continue
-        elapsed, estimate = time.time() - started, dit.estimate_s()
-        left = BUDGET_S - elapsed
-        if estimate > left or left < MIN_WORKER_S:
-            skipped[dit.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
-            continue
-        row = _spawn(dit.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
-        row["estimate_s"] = round(estimate, 1)
-        if "s_per_step" in row and peak:
-            row["mfu"] = round(dit.step_flops() / row["s_per_step"] / peak, 3)
-        rows[dit.name] = row
-        print(f"  {dit.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
-        _write(out, report, started)
-    _run_family_rows(rows, skipped, peak, report, out, started)
+    # DiT and LoRA rows: FLOPs per step from the shape; FAR, Flux2, LTX-2 and Cosmos3 denoisers: counted in the run.
+    _run_alone((*DIT_ROWS, *LORA_ROWS), lambda dit, row: dit.step_flops(), rows, skipped, peak, report, out, started)
+    _run_alone(FAMILY_ROWS, lambda fam, row: row.get("flops_per_step"), rows, skipped, peak, report, out, started)
     return any("error" in r for r in rows.values())
 
 
-def _run_family_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], peak: float | None,
-                     report: dict[str, Any], out: Path, started: float) -> None:
-    """FAR, Flux2, LTX-2 and Cosmos3 denoisers alone, each in its own process, within what is left."""
-    for fam in FAMILY_ROWS:
-        elapsed, estimate = time.time() - started, fam.estimate_s()
+def _run_alone(specs: tuple[Any, ...], flops: Callable[[Any, dict[str, Any]], float | None],
+               rows: dict[str, dict[str, Any]], skipped: dict[str, str], peak: float | None,
+               report: dict[str, Any], out: Path, started: float) -> None:
+    """Rows that need no checkpoint, each in its own process within what is left of the budget; a row's MFU
+    from `flops(spec, row)` per step (None: not known) over the device's peak."""
+    for spec in specs:
+        if spec.name in skipped:
+            continue
+        elapsed, estimate = time.time() - started, spec.estimate_s()
         left = BUDGET_S - elapsed
         if estimate > left or left < MIN_WORKER_S:
-            skipped[fam.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+            skipped[spec.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
             continue
-        row = _spawn(fam.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
+        row = _spawn(spec.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
         row["estimate_s"] = round(estimate, 1)
-        if "s_per_step" in row and row.get("flops_per_step") and peak:
-            row["mfu"] = round(row["flops_per_step"] / row["s_per_step"] / peak, 3)  # FLOPs counted in the run
-        rows[fam.name] = row
-        print(f"  {fam.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
+        per_step = flops(spec, row) if "s_per_step" in row else None
+        if per_step and peak:
+            row["mfu"] = round(per_step / row["s_per_step"] / peak, 3)
+        rows[spec.name] = row
+        print(f"  {spec.name}: {row.get('s_per_step', row.get('error'))} s/step", flush=True)
         _write(out, report, started)
 
 

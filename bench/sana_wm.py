@@ -23,10 +23,8 @@ chunk's whole time, its decode included; `refine_decode` reports no seconds of i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,15 +33,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from report import environment, print_table, wait_for_quiet, write_json  # noqa: E402
+import world_bench as wb  # noqa: I001 (first: it puts the repository root on sys.path)
+from report import print_table  # noqa: E402
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_refiner, write_tiny_sana_wm  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 # SANA_WM_A's layout (GDN + softmax blocks, K-only short convs) widened and deepened; the refiner likewise.
 MID = dataclasses.replace(
     SANA_WM_A, name="sana-wm-mid",
@@ -64,21 +57,16 @@ ENGINES = ("vidloom", "reference")
 
 def _checkpoint(tiny: bool, cache: Path) -> Path:
     spec = SANA_WM_A if tiny else MID
-    folder = cache / spec.name
-    if not (folder / "refiner" / "model_index.json").exists():
+
+    def write(folder: Path) -> None:
         write_tiny_sana_wm(folder, spec)
         write_tiny_refiner(folder, spec)
-    return folder
+
+    return wb.cached_checkpoint(cache, spec.name, "refiner/model_index.json", write)
 
 
 def _image(height: int, width: int) -> Any:
-    from PIL import Image
-
-    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def _clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
+    return wb.first_frame(height, width, seed=0)
 
 
 class Vidloom:
@@ -92,7 +80,7 @@ class Vidloom:
         from vidloom.core.output import ChunkEvent, ProgressEvent
 
         height, width, frames, default_steps = size
-        wall0, cpu0 = _clock()
+        wall0, cpu0 = wb.clock()
         firsts: list[tuple[float, float]] = []
         chunks: list[int] = []
         phases: dict[str, float] = {}
@@ -102,7 +90,7 @@ class Vidloom:
                 phases[event.phase] = phases.get(event.phase, 0.0) + event.seconds
             if isinstance(event, ChunkEvent):
                 if not firsts:
-                    wall, cpu = _clock()
+                    wall, cpu = wb.clock()
                     firsts.append((wall - wall0, cpu - cpu0))
                 chunks.append(event.chunk.stop_frame - event.chunk.start_frame)
 
@@ -110,7 +98,7 @@ class Vidloom:
                                       height=height, width=width, num_frames=frames,
                                       num_inference_steps=steps or default_steps, guidance_scale=GUIDANCE, seed=SEED,
                                       fps=FPS, negative_prompt="", on_event=on_event)
-        wall1, cpu1 = _clock()
+        wall1, cpu1 = wb.clock()
         return {"total_s": wall1 - wall0, "total_cpu_s": cpu1 - cpu0, "first_chunk_s": firsts[0][0],
                 "first_chunk_cpu_s": firsts[0][1], "chunk_frames": chunks,
                 "phases_s": {k: round(v, 3) for k, v in phases.items()}, "frames": out.frames}
@@ -131,7 +119,7 @@ class Reference:
         import torch
 
         height, width, frames, default_steps = size
-        wall0, cpu0 = _clock()
+        wall0, cpu0 = wb.clock()
         latents = self.pipe(image=_image(height, width), prompt=PROMPT, negative_prompt="", intrinsics=INTRINSICS,
                             action=CAMERA, height=height, width=width, num_frames=frames,
                             num_inference_steps=steps or default_steps, guidance_scale=GUIDANCE,
@@ -139,7 +127,7 @@ class Reference:
         stage1 = time.perf_counter()
         video = self.refiner(latents, PROMPT, fps=float(FPS), generator=torch.Generator().manual_seed(SEED),
                              output_type="np")
-        wall1, cpu1 = _clock()
+        wall1, cpu1 = wb.clock()
         uint8 = (np.clip(np.asarray(video), 0, 1) * 255).round().astype(np.uint8)
         return {"total_s": wall1 - wall0, "total_cpu_s": cpu1 - cpu0, "first_chunk_s": wall1 - wall0,
                 "first_chunk_cpu_s": cpu1 - cpu0,
@@ -154,14 +142,13 @@ def measure(folder: Path, size: tuple[int, int, int, int], rounds: int, max_wait
     rows, last = [], {}
     for round_ in range(rounds):
         for name in ENGINES if round_ % 2 == 0 else ENGINES[::-1]:
-            busy = wait_for_quiet(max_wait)
-            load = os.getloadavg()[0]
+            machine = wb.before_run(max_wait)
             result = engines[name].run(size)
             last[name] = result.pop("frames")
-            rows.append({"round": round_, "engine": name, "loadavg_1m": round(load, 2), "busy_at_start": busy,
+            rows.append({"round": round_, "engine": name, **machine,
                          **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}})
             print(f"round {round_} {name:>9}: first chunk {result['first_chunk_s']:.2f} s, "
-                  f"total {result['total_s']:.2f} s (load {load:.2f})", file=sys.stderr, flush=True)
+                  f"total {result['total_s']:.2f} s (load {machine['loadavg_1m']:.2f})", file=sys.stderr, flush=True)
     ours, theirs = last["vidloom"], last["reference"]
     diff = np.abs(ours.astype(int) - theirs.astype(int)) if ours.shape == theirs.shape else None
     return {"rows": rows, "frames": {"shape": list(ours.shape), "reference_shape": list(theirs.shape),
@@ -191,28 +178,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import torch
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = wb.parser(__doc__, max_wait=5.0, per="run")
     parser.add_argument("--rounds", type=int, default=3, help="timed runs per engine (median kept)")
     parser.add_argument("--frames", type=int, default=None, help="video frames (default: 81 mid, 41 tiny)")
-    parser.add_argument("--tiny", action="store_true", help="the tests' tiny config (a smoke run, seconds)")
-    parser.add_argument("--max-wait", type=float, default=None,
-                        help="seconds to wait for a quiet machine per run (5; 0 with --tiny)")
-    parser.add_argument("--out", default=None, help="result file name under bench/results/")
-    parser.add_argument("--cache", type=Path, default=CACHE, help="where the random checkpoint is written")
     args = parser.parse_args(argv)
-    from vidloom.loading.precision import CPU_DTYPE_ENV
-
-    os.environ[CPU_DTYPE_ENV] = "float32"  # the reference's dtype: the frames compare (the card's is float32 too)
+    wb.one_thread(float32=True)  # the reference's dtype: the frames compare (the card's is float32 too)
     scale = "tiny" if args.tiny else "mid"
     height, width, frames, steps = SIZES[scale]
     size = (height, width, args.frames or frames, steps)
-    max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.tiny else 5.0)
     folder = _checkpoint(args.tiny, args.cache)
-    torch.set_num_threads(1)  # one thread: on a shared machine 2 threads spin-wait on a busy neighbour
-    started, env = time.perf_counter(), environment()
-    result = measure(folder, size, args.rounds, max_wait)
+    started, env = wb.start()
+    result = measure(folder, size, args.rounds, wb.max_wait_of(args, 5.0))
     summary = summarize(result["rows"])
     print_table(["engine", "first chunk s (CPU)", "total s (CPU)"],
                 [[n, f"{summary['median'][n]['first_chunk_s']:.2f} ({summary['median'][n]['first_chunk_cpu_s']:.2f})",
@@ -220,19 +196,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  for n in ENGINES])
     print(json.dumps({k: v for k, v in summary.items() if k != "median"}, indent=1))
     spec = SANA_WM_A if args.tiny else MID
-    payload = {
-        "what": "SANA-WM two-stage: vidloom time to first refined chunk and total vs SanaWMPipeline + "
-                "SanaWMLTX2Refiner end to end",
-        "config": {"scale": scale, "transformer": spec.transformer, "refiner": spec.refiner, "vae": spec.vae.name,
-                   "height": height, "width": width, "frames": size[2], "stage1_steps": steps,
-                   "refiner_settings": "the refiner's defaults (sink 1, 3-latent-frame chunks, 11-frame window, 3 steps)",
-                   "camera": CAMERA, "guidance": GUIDANCE, "dtype": "float32", "torch_threads": 1,
-                   "rounds": args.rounds},
-        "environment": env, "summary": summary, "frames": result["frames"], "rows": result["rows"],
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    write_json(args.out or f"sana_wm-{scale}-cpu.json", payload)
-    return payload
+    config = {"scale": scale, "transformer": spec.transformer, "refiner": spec.refiner, "vae": spec.vae.name,
+              "height": height, "width": width, "frames": size[2], "stage1_steps": steps,
+              "refiner_settings": "the refiner's defaults (sink 1, 3-latent-frame chunks, 11-frame window, 3 steps)",
+              "camera": CAMERA, "guidance": GUIDANCE, "dtype": "float32", "torch_threads": 1, "rounds": args.rounds}
+    return wb.save(args.out or f"sana_wm-{scale}-cpu.json",
+                   "SANA-WM two-stage: vidloom time to first refined chunk and total vs SanaWMPipeline + "
+                   "SanaWMLTX2Refiner end to end", config, env, summary, result, started)
 
 
 if __name__ == "__main__":

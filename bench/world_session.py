@@ -22,30 +22,22 @@ Frames: the WebSocket's JPEGs are compared with the Python session's, the pipeli
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import io
 import json
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from report import environment, print_table, wait_for_quiet, write_json  # noqa: E402
+import world_bench as wb  # noqa: I001 (first: it puts the repository root on sys.path)
+from report import print_table  # noqa: E402
 from tests.helpers.cosmos3_action_checkpoints import COSMOS3_ACTION_A, write_tiny_cosmos3_action  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 # cosmos3_prefix.py's mid-size transformer with the action pathway (pusht padded into action_dim 10).
 MID = dataclasses.replace(COSMOS3_ACTION_A, name="cosmos3-action-mid", transformer=dict(
     hidden_size=256, head_dim=32, num_attention_heads=8, num_key_value_heads=4, intermediate_size=768,
@@ -62,26 +54,18 @@ SIZES = {"mid": ((192, 256), 8), "tiny": ((48, 64), 4)}
 
 def _checkpoint(tiny: bool, cache: Path) -> Path:
     spec = COSMOS3_ACTION_A if tiny else MID
-    folder = cache / spec.name
-    if not (folder / "model_index.json").exists():
-        write_tiny_cosmos3_action(folder, spec)
-    return folder
+    return wb.cached_checkpoint(cache, spec.name, "model_index.json",
+                                lambda folder: write_tiny_cosmos3_action(folder, spec))
 
 
 def _first(size: tuple[int, int]) -> Any:
-    from PIL import Image
-
-    return Image.fromarray(np.random.default_rng(5).integers(0, 256, (*size, 3), dtype=np.uint8))
+    return wb.first_frame(*size, seed=5)
 
 
 def _drives(chunks: int, chunk: int) -> list[np.ndarray]:
     """A controller's pushes: a different [chunk, 2] action block every chunk."""
     rng = np.random.default_rng(3)
     return [rng.uniform(-1, 1, (chunk, WIDTH)).astype(np.float32) for _ in range(chunks)]
-
-
-def _clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
 
 
 class PythonPath:
@@ -184,15 +168,14 @@ def run(folder: Path, chunks: int, steps: int, size: tuple[int, int], chunk: int
         for k in range(chunks):
             order = PATHS[k % 3:] + PATHS[:k % 3]
             for name in order:
-                busy = wait_for_quiet(max_wait)
-                load = os.getloadavg()[0]
-                wall0, cpu0 = _clock()
+                machine = wb.before_run(max_wait)
+                wall0, cpu0 = wb.clock()
                 frames[name].append(paths[name].step(drives[k]))
-                wall1, cpu1 = _clock()
+                wall1, cpu1 = wb.clock()
                 rows.append({"chunk": k, "path": name, "wall_s": round(wall1 - wall0, 4),
-                             "cpu_s": round(cpu1 - cpu0, 4), "loadavg_1m": round(load, 2), "busy_at_start": busy})
-                print(f"chunk {k} {name:>9}: {rows[-1]['wall_s']:.3f} s (load {load:.2f})", file=sys.stderr,
-                      flush=True)
+                             "cpu_s": round(cpu1 - cpu0, 4), **machine})
+                print(f"chunk {k} {name:>9}: {rows[-1]['wall_s']:.3f} s (load {machine['loadavg_1m']:.2f})",
+                      file=sys.stderr, flush=True)
         for path in paths.values():
             path.close()
     return {"rows": rows, "frames": _frame_diffs(frames), "dtype": str(generator.engine.instance.dtype)}
@@ -229,49 +212,31 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import torch
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = wb.parser(__doc__, max_wait=3.0, per="chunk")
     parser.add_argument("--chunks", type=int, default=5, help="chunks per path (the first pays the prefill)")
     parser.add_argument("--steps", type=int, default=4, help="denoise steps per chunk")
-    parser.add_argument("--tiny", action="store_true", help="the tests' tiny config (a smoke run, seconds)")
-    parser.add_argument("--max-wait", type=float, default=None,
-                        help="seconds to wait for a quiet machine per chunk (3; 0 with --tiny)")
     parser.add_argument("--dtype", choices=("float32", "default"), default="float32",
                         help="vidloom's CPU dtype: float32 (the pipeline's, frames comparable) or the runtime's "
                              "default (bfloat16 on a CPU with native bf16)")
-    parser.add_argument("--out", default=None, help="result file name under bench/results/")
-    parser.add_argument("--cache", type=Path, default=CACHE, help="where the random checkpoint is written")
     args = parser.parse_args(argv)
     scale = "tiny" if args.tiny else "mid"
-    if args.dtype == "float32":
-        from vidloom.loading.precision import CPU_DTYPE_ENV
-
-        os.environ[CPU_DTYPE_ENV] = "float32"
+    wb.one_thread(float32=args.dtype == "float32")
     size, chunk = SIZES[scale]
     folder = _checkpoint(args.tiny, args.cache)
-    torch.set_num_threads(1)  # one thread: on a shared machine 2 threads spin-wait on a busy neighbour
-    started = time.perf_counter()
-    env = environment()
-    max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.tiny else 3.0)
-    result = run(folder, args.chunks, args.steps, size, chunk, max_wait)
+    started, env = wb.start()
+    result = run(folder, args.chunks, args.steps, size, chunk, wb.max_wait_of(args, 3.0))
     summary = summarize(result["rows"])
     print_table(["path", "chunk 0 s", "steady chunk s (median)", "steady CPU s"],
                 [[n, f"{summary[n]['first_chunk_s']:.3f}", f"{summary[n]['steady_chunk_s']:.3f}",
                   f"{summary[n]['steady_chunk_cpu_s']:.3f}"] for n in PATHS])
     print(json.dumps({k: v for k, v in summary.items() if k not in PATHS}, indent=1))
-    payload = {
-        "what": "Cosmos3 forward_dynamics chunks: Python session, WebSocket session, Cosmos3OmniPipeline per chunk",
-        "config": {"scale": scale, "model": (COSMOS3_ACTION_A if args.tiny else MID).transformer,
-                   "frame_size": list(size), "chunk_size": chunk, "chunks": args.chunks, "steps": args.steps,
-                   "guidance": GUIDANCE, "resolution_tier": TIER, "domain": DOMAIN, "torch_threads": 1,
-                   "vidloom_dtype": result["dtype"], "pipeline_dtype": "float32",
-                   "websocket_format": "jpeg"},
-        "environment": env, "summary": summary, "frames": result["frames"], "rows": result["rows"],
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    write_json(args.out or f"world_session-{scale}-cpu.json", payload)
-    return payload
+    config = {"scale": scale, "model": (COSMOS3_ACTION_A if args.tiny else MID).transformer,
+              "frame_size": list(size), "chunk_size": chunk, "chunks": args.chunks, "steps": args.steps,
+              "guidance": GUIDANCE, "resolution_tier": TIER, "domain": DOMAIN, "torch_threads": 1,
+              "vidloom_dtype": result["dtype"], "pipeline_dtype": "float32", "websocket_format": "jpeg"}
+    return wb.save(args.out or f"world_session-{scale}-cpu.json",
+                   "Cosmos3 forward_dynamics chunks: Python session, WebSocket session, Cosmos3OmniPipeline per chunk",
+                   config, env, summary, result, started)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 EXIT_DIVERGED = 1
 EXIT_USAGE = 2
+DEFAULT_MAX_TOKENS = 16  # an autoregressive model's reply: enough ids to show where two decoders part
 # The settings' names in TapFilter / Tolerance errors -> the flags that set them.
 _FLAGS = {"taps": "--taps", "tap_steps": "--tap-steps", "tap_budget": "--tap-budget-mb", "tolerance": "--atol/--rtol"}
 
@@ -35,12 +36,17 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:
     par.add_argument("--guidance", type=float, default=None, help="CFG scale (card default)")
     par.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     par.add_argument("--sampler", default=None, help="unipc | euler (card default)")
+    par.add_argument("--two-stage", action="store_true",
+                     help="multi-stage models (LTX-2): compare the two-stage chain (generate, upsample, refine)")
+    par.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                     help=f"autoregressive models (Qwen2.5-Omni): reply tokens at most (default: {DEFAULT_MAX_TOKENS})")
     par.add_argument("--device", default="cpu", help="both sides run here, in float32 (default: cpu)")
-    par.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance per tap (default: 1e-4)")
-    par.add_argument("--rtol", type=float, default=1e-4,
-                     help="relative tolerance, times the reference tap's max |value| (default: 1e-4)")
+    par.add_argument("--atol", type=float, default=None,
+                     help="absolute tolerance per tap (default: the family's, else 1e-4)")
+    par.add_argument("--rtol", type=float, default=None,
+                     help="relative tolerance, times the reference tap's max |value| (default: the family's, else 1e-4)")
     par.add_argument("--taps", default=None, metavar="KIND,...",
-                     help="tap kinds to record: stage, input, block, output, latents (default: all)")
+                     help="tap kinds to record: stage, input, block, output, latents, token (default: all)")
     par.add_argument("--tap-steps", default=None, metavar="N,...", help="steps to record (default: all)")
     par.add_argument("--tap-budget-mb", type=float, default=512.0,
                      help="memory the taps of one side may take; recording stops past it (default: 512)")
@@ -53,18 +59,33 @@ def parity_command(args: argparse.Namespace) -> int:
     from vidloom.cli_generate import quiet_third_party
     from vidloom.parity import TapFilter, Tolerance, run_parity
     from vidloom.parity.reference import require_diffusers
+    from vidloom.parity.run import checkpoint_dir
+    from vidloom.parity.sequences import sequence_family_for
 
-    require_diffusers()
+    sequence = sequence_family_for(checkpoint_dir(args.model))
+    if sequence is None:
+        require_diffusers()
+    elif args.max_tokens < 1:
+        raise InvalidRequest("--max-tokens", f"must be >= 1, got {args.max_tokens}")
     quiet_third_party(args.verbose)
     try:
         keep = TapFilter(**_filter_fields(args))
-        tolerance = Tolerance(args.atol, args.rtol)
+        tolerance = None  # the family's stated one
+        if args.atol is not None or args.rtol is not None:
+            default = Tolerance()
+            tolerance = Tolerance(default.atol if args.atol is None else args.atol,
+                                  default.rtol if args.rtol is None else args.rtol)
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
         raise InvalidRequest(_FLAGS.get(field, field), message) from None
-    result = run_parity(args.model, _request(args), tolerance=tolerance, taps=keep, device=args.device)
-    print(f"request: seed {result.request.seed}, {result.request.num_inference_steps} steps, "
-          f"{result.request.width}x{result.request.height}, guidance {result.request.guidance_scale}")
+    request = _request(args) if sequence is None else sequence.build_request(args.prompt, args.seed, args.max_tokens)
+    result = run_parity(args.model, request, tolerance=tolerance, taps=keep, device=args.device,
+                        two_stage=args.two_stage)
+    if sequence is not None:
+        print(sequence.describe(result.request))
+    else:
+        print(f"request: seed {result.request.seed}, {result.request.num_inference_steps} steps, "
+              f"{result.request.width}x{result.request.height}, guidance {result.request.guidance_scale}")
     print(result.report.format(rows=args.rows))
     sys.stdout.flush()
     return 0 if result.report.ok else EXIT_DIVERGED

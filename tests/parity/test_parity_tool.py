@@ -80,8 +80,8 @@ def test_bad_tap_options_are_refused_by_flag(tiny_wan_dir, capsys):
 
 
 def test_a_pipeline_without_a_parity_map_is_refused_with_the_known_ones(tmp_path):
-    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableAudioPipeline"}))
-    with pytest.raises(ReferenceUnavailable, match="no parity map for pipeline 'StableAudioPipeline'; known: WanPipeline"):
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    with pytest.raises(ReferenceUnavailable, match="no parity map for pipeline 'StableDiffusionPipeline'; known: WanPipeline"):
         family_for(tmp_path)
 
 

@@ -38,6 +38,8 @@ class TapDiff:
     scale: float  # max|theirs|
     bound: float
     shapes: tuple[tuple[int, ...], tuple[int, ...]]
+    values: str = ""
+    """Both sides' values, for a few exactly compared ids."""
 
     @property
     def relative(self) -> float:
@@ -50,6 +52,8 @@ class TapDiff:
     def describe(self) -> str:
         if self.shapes[0] != self.shapes[1]:
             return f"{self.key.label()}: shape {self.shapes[0]} vs reference {self.shapes[1]}"
+        if self.values:
+            return f"{self.key.label()}: {self.values}"
         return (f"{self.key.label()}: max abs diff {self.max_abs:.3e} > bound {self.bound:.3e} "
                 f"(relative {self.relative:.3e})")
 
@@ -61,7 +65,12 @@ def compare(key: TapKey, ours: Tensor, theirs: Tensor, tolerance: Tolerance) -> 
     a, b = ours.double(), theirs.double()
     scale = float(b.abs().max()) if b.numel() else 0.0
     max_abs = float((a - b).abs().max()) if a.numel() else 0.0
-    return TapDiff(key, max_abs, scale, tolerance.bound(scale), shapes)
+    # Ids (tokens, codes) are compared exactly: a relative bound on an id of 10^5 would pass a wrong one.
+    exact = not (ours.is_floating_point() or theirs.is_floating_point())
+    values = ""
+    if exact and a.numel() <= 4:
+        values = f"ours {ours.flatten().tolist()}, reference {theirs.flatten().tolist()}"
+    return TapDiff(key, max_abs, scale, 0.0 if exact else tolerance.bound(scale), shapes, values)
 
 
 @dataclass
@@ -90,6 +99,11 @@ class ParityReport:
 
     def summary(self) -> str:
         first = self.first_divergence
+        if first is None and self.unmatched and self.unmatched[0].kind == "token":
+            key = self.unmatched[0]
+            side = "vidloom" if key in self.only_ours else "the reference"
+            return (f"parity: every compared id matches, but {side} decoded more {key.loop} ids, from "
+                    f"{key.label()} on (the other side stopped there)")
         if first is None and self.unmatched:
             return (f"parity: {len(self.unmatched)} step taps were recorded on one side only, from "
                     f"{self.unmatched[0].label()} on: the parity map misses them (see the lists below)")
@@ -104,15 +118,19 @@ class ParityReport:
         header = f"{'where':<22}{'taps':>6}  {'worst tap':<34}{'max abs':>11}{'relative':>11}  status"
         lines = [self.summary(), "", header]
         groups: dict[str, list[TapDiff]] = {}
-        for diff in self.diffs:
-            groups.setdefault(diff.key.where, []).append(diff)
+        for diff in self.diffs:  # an autoregressive loop's ids are one row: "talker ids"
+            groups.setdefault(f"{diff.key.loop} ids" if diff.key.kind == "token" else diff.key.where, []).append(diff)
         for index, (where, diffs) in enumerate(groups.items()):
             if index == rows:
                 lines.append(f"... {len(groups) - rows} more steps")
                 break
             bad = [d for d in diffs if d.diverged]
             worst = bad[0] if bad else max(diffs, key=lambda d: d.relative)
-            name = worst.key.label().removeprefix(where).strip() if worst.key.step is not None else worst.key.label()
+            name = worst.key.label()
+            if worst.key.kind == "token":
+                name = f"position {worst.key.step}"
+            elif worst.key.step is not None:
+                name = name.removeprefix(where).strip()
             status = f"DIVERGED ({len(bad)})" if bad else "ok"
             numbers = f"{worst.max_abs:>11.3e}{worst.relative:>11.3e}"
             lines.append(f"{where:<22}{len(diffs):>6}  {name:<34}{numbers}  {status}")

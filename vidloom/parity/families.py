@@ -8,69 +8,16 @@ reference's block lists and forward arguments are recorded under them.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
+from vidloom.parity.families_av import SANA_WM, STABLE_AUDIO
+from vidloom.parity.families_omni import QWEN_OMNI
+from vidloom.parity.family import FamilyParity, SequenceParity, generator_for
 from vidloom.parity.taps import BlockList
-
-ReferenceCall = Callable[[Any, Mapping[str, Any], GenerationRequest, dict[str, Any]],
-                         "np.ndarray | Mapping[str, np.ndarray]"]
-"""(pipeline, its original scheduler config, resolved request, step-callback kwargs) -> frames in our layout,
-or our stage tap names -> outputs (the frames under FamilyParity.output, say a waveform beside them)."""
-
-
-@dataclass(frozen=True)
-class FamilyParity:
-    """How one reference pipeline lines up with our program."""
-
-    pipeline: str  # the diffusers class name
-    our_inputs: Mapping[str, str]
-    """Our denoiser's forward arguments that are compared -> tap names."""
-    their_inputs: Mapping[str, str]
-    """The reference denoiser's forward arguments -> the same tap names."""
-    blocks: Mapping[str, tuple[BlockList, BlockList]]
-    """Tap prefix -> (our block list, the reference's block list)."""
-    call: ReferenceCall
-    output: str = "decode.video"
-    """Our stage tap holding the final frames; the reference's output is recorded under it."""
-    denoisers: tuple[str, ...] = ("transformer",)
-    """Our components, and the pipeline's attributes, holding the denoiser; each present one is tapped the
-    same way (a two-expert mixture's experts run different steps, so their taps never share a key)."""
-    reference_denoisers: tuple[str, ...] | None = None
-    """The pipeline's attributes holding the denoiser when they differ from our component names."""
-    load_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments of the pipeline's from_pretrained."""
-    loop: str = "denoise"
-    """Our loop the reference's denoise steps line up with; steps of our other loops are not tapped."""
-    state_latents: str | Callable[[Any], Any] = "latents"
-    """Our loop state's attribute holding the latents the reference's callback reports as `latents` (or a
-    function of the state giving them)."""
-    step_call: Callable[[Mapping[str, Any]], bool] | None = None
-    """Whether a reference denoiser call (its keyword arguments) belongs to a step (None: every call does); the
-    others (a KV-cache fill between steps, which our runtime runs as a loop of its own) are not tapped."""
-    their_latents: Callable[[torch.Tensor], torch.Tensor] | None = None
-    """The reference's callback latents -> our layout (None: the same layout)."""
-    untapped: frozenset[str] = frozenset()
-    """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
-    refused: tuple[str, ...] = field(default=())
-    """Request fields the reference cannot take: a request setting them is refused by name."""
-
-    def check(self, request: GenerationRequest) -> None:
-        for name in self.refused:
-            value = getattr(request, name)
-            if value not in (None, "", (), False):  # False: a flag left off
-                raise InvalidRequest(name, f"the reference pipeline {self.pipeline} cannot take it; leave it unset")
-
-
-def _generator(request: GenerationRequest) -> torch.Generator:
-    # Our noise comes from a CPU generator seeded the same way (diffusion.noise.initial_noise).
-    return torch.Generator("cpu").manual_seed(int(request.seed))  # type: ignore[arg-type]
-
 
 def _wan_scheduler(base: Mapping[str, Any], request: GenerationRequest) -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
@@ -92,7 +39,7 @@ def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReques
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
         guidance_scale=request.guidance_scale, guidance_scale_2=request.guidance_scale_2,
-        generator=_generator(request), output_type="np", **media, **callback,
+        generator=generator_for(request), output_type="np", **media, **callback,
     )
     return out.frames[0]  # [F, H, W, 3] in [0, 1], our decode layout on CPU
 
@@ -103,7 +50,7 @@ def _call_wan_v2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
     out = pipe(  # the frame count is the input video's
         video=list(request.video), prompt=request.prompt, negative_prompt=request.negative_prompt,
         height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
-        strength=request.strength, guidance_scale=request.guidance_scale, generator=_generator(request),
+        strength=request.strength, guidance_scale=request.guidance_scale, generator=generator_for(request),
         output_type="np", **callback,
     )
     return out.frames[0]
@@ -114,7 +61,7 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
     out = pipe(
         prompt=request.prompt, image=list(request.image) if request.image else None, height=request.height,
         width=request.width, num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
-        generator=_generator(request), output_type="np", **callback,
+        generator=generator_for(request), output_type="np", **callback,
     )
     return np.asarray(out.images)  # [1, H, W, 3]: one frame, like our video slot
 
@@ -125,9 +72,59 @@ def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReque
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, frame_rate=float(request.fps), num_inference_steps=request.num_inference_steps,
-        guidance_scale=request.guidance_scale, generator=_generator(request), output_type="np", **callback,
+        guidance_scale=request.guidance_scale, generator=generator_for(request), output_type="np", **callback,
     )
     return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
+
+
+def _call_ltx2_i2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                   callback: dict[str, Any]) -> dict[str, np.ndarray]:
+    from vidloom.recipes.ltx2.settings import LTX2Settings
+
+    # The first frame is re-encoded at our card's CRF (the pipeline's own default depends on its text encoder).
+    out = pipe(
+        image=request.image[0], image_crf=LTX2Settings().image_crf, prompt=request.prompt,
+        negative_prompt=request.negative_prompt, height=request.height, width=request.width,
+        num_frames=request.num_frames, frame_rate=float(request.fps), num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale, generator=generator_for(request), output_type="np", **callback,
+    )
+    return {"decode_video.video": out.frames[0], "decode_audio.audio": out.audio[0].float().numpy()}
+
+
+def _call_ltx2_two_stage(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
+                         callback: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The chain diffusers documents: LTX2Pipeline (latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline again on
+    the upsampled latents at twice the size, the distilled sigmas and no CFG (our card's stage-2 defaults)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    from vidloom.recipes.ltx2.settings import LTX2Settings
+
+    next_stage = callback.pop("next_stage")
+    settings = LTX2Settings()
+    generator = generator_for(request)  # one generator through the chain, as the documented recipe
+    common = dict(prompt=request.prompt, negative_prompt=request.negative_prompt, num_frames=request.num_frames,
+                  frame_rate=float(request.fps), generator=generator, **callback)
+    video, audio = pipe(height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
+                        guidance_scale=request.guidance_scale, output_type="latent", return_dict=False, **common)
+    # The upsampler is the folder's latent_upsampler/ (what our two_stage deploy loads).
+    upsampler = LTX2LatentUpsamplerModel.from_pretrained(f"{pipe.config._name_or_path}/latent_upsampler")
+    upsampler = upsampler.to(pipe.device)
+    upsampled = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=upsampler)(
+        latents=video, output_type="latent", return_dict=False)[0]
+    saved = pipe.scheduler
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler, use_dynamic_shifting=False,
+                                                                 shift_terminal=None)
+    sigmas = list(settings.stage2_sigmas)
+    next_stage()
+    try:
+        frames, waveform = pipe(latents=upsampled, audio_latents=audio, height=2 * request.height,
+                                width=2 * request.width, num_inference_steps=len(sigmas), sigmas=sigmas,
+                                noise_scale=sigmas[0], guidance_scale=settings.stage2.video_cfg, output_type="np",
+                                return_dict=False, **common)
+    finally:
+        pipe.scheduler = saved
+    return {"decode_video.video": frames[0], "decode_audio.audio": waveform[0].float().numpy()}
 
 
 def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
@@ -136,7 +133,7 @@ def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
         request.prompt, negative_prompt=request.negative_prompt, image=request.image[0] if request.image else None,
         num_frames=request.num_frames, height=request.height, width=request.width, fps=request.fps,
         num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
-        generator=_generator(request), output_type="np", enable_safety_check=False, **callback,
+        generator=generator_for(request), output_type="np", enable_safety_check=False, **callback,
     )
     return np.asarray(out.video)  # [F, H, W, 3]
 
@@ -150,7 +147,7 @@ def _call_far(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReques
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
-        guidance_scale=request.guidance_scale, chunk_partition=list(partition), generator=_generator(request),
+        guidance_scale=request.guidance_scale, chunk_partition=list(partition), generator=generator_for(request),
         output_type="np", use_kv_cache=True, **callback,
     )
     return out.frames[0]
@@ -219,8 +216,17 @@ LTX2_T2V = FamilyParity(
     loop="stage1",
     state_latents="video",  # packed video tokens [1, N, C], as the pipeline's callback `latents`
     untapped=frozenset({"input", "output"}),
-    # Image-to-video is LTX2ImageToVideoPipeline; the two-stage chain is three pipelines: no map yet.
+    # Image-to-video is LTX2_I2V; the two-stage chain is three pipelines: no map yet.
     refused=("image", "last_image", "video", "sampler", "flow_shift"),
+)
+
+LTX2_TWO_STAGE = dataclasses.replace(  # DeployConfig(two_stage=True): generate, upsample 2x, refine
+    LTX2_T2V, call=_call_ltx2_two_stage, stages=("stage1", "stage2"), deploy={"two_stage": True},
+)
+
+LTX2_I2V = dataclasses.replace(  # an LTX2Pipeline folder given a first frame: its components in the I2V pipeline
+    LTX2_T2V, pipeline="LTX2ImageToVideoPipeline", call=_call_ltx2_i2v,
+    refused=("last_image", "video", "sampler", "flow_shift"),
 )
 
 COSMOS3 = FamilyParity(  # text-to-image/video and image-to-video through the generation pathway
@@ -256,8 +262,15 @@ ANYFLOW_FAR = FamilyParity(  # causal chunk rollout with the KV cache (use_kv_ca
 )
 
 FAMILIES: dict[str, FamilyParity] = {
-    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, COSMOS3, ANYFLOW_FAR)
+    spec.pipeline: spec for spec in (WAN_T2V, WAN_I2V, WAN_V2V, FLUX2_KLEIN, LTX2_T2V, LTX2_I2V, COSMOS3, ANYFLOW_FAR,
+                                     STABLE_AUDIO, SANA_WM)
 }
 """Pipeline class -> its parity map."""
 VIDEO_TO_VIDEO: dict[str, str] = {"WanPipeline": "WanVideoToVideoPipeline"}
 """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""
+IMAGE_TO_VIDEO: dict[str, str] = {"LTX2Pipeline": "LTX2ImageToVideoPipeline"}
+TWO_STAGE: dict[str, FamilyParity] = {"LTX2Pipeline": LTX2_TWO_STAGE}
+"""A folder's pipeline -> the map of its two-stage chain (our DeployConfig two_stage), by the same pipeline class."""
+"""A folder's pipeline -> the one diffusers runs image-to-video with on the same folder's components."""
+SEQUENCE_FAMILIES: dict[str, SequenceParity] = {spec.architecture: spec for spec in (QWEN_OMNI,)}
+"""A transformers checkpoint's architecture (config.json) -> its autoregressive parity map."""

@@ -12,7 +12,7 @@ import torch
 from vidloom.core.errors import VidloomError
 from vidloom.core.request import GenerationRequest
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.parity.families import FAMILIES, VIDEO_TO_VIDEO, FamilyParity
+from vidloom.parity.families import FAMILIES, IMAGE_TO_VIDEO, TWO_STAGE, VIDEO_TO_VIDEO, FamilyParity
 from vidloom.parity.taps import ModuleTaps, TapRecorder
 
 
@@ -20,12 +20,20 @@ class ReferenceUnavailable(VidloomError):
     """The reference cannot run here: diffusers is missing, or no parity map covers the pipeline."""
 
 
-def family_for(checkpoint: Path, request: GenerationRequest | None = None) -> FamilyParity:
+def family_for(checkpoint: Path, request: GenerationRequest | None = None, two_stage: bool = False) -> FamilyParity:
     """The parity map for the pipeline class `checkpoint`'s model_index.json names (its video-to-video
-    pipeline when `request` gives an input video)."""
+    pipeline when `request` gives an input video, its image-to-video one when it gives a first frame, its
+    two-stage chain when `two_stage`)."""
     name = DiffusersDir.open(checkpoint).pipeline_class
+    if two_stage:
+        if name not in TWO_STAGE:
+            raise ReferenceUnavailable(f"{checkpoint}: no two-stage parity map for pipeline {name!r}; known: "
+                                       f"{', '.join(TWO_STAGE)}")
+        return TWO_STAGE[name]
     if request is not None and request.video is not None:
         name = VIDEO_TO_VIDEO.get(name, name)
+    elif request is not None and request.image is not None:
+        name = IMAGE_TO_VIDEO.get(name, name)
     if name not in FAMILIES:
         raise ReferenceUnavailable(f"{checkpoint}: no parity map for pipeline {name!r}; known: {', '.join(FAMILIES)}")
     return FAMILIES[name]
@@ -69,11 +77,18 @@ class Reference:
         """Run the pipeline on the resolved `request`, recording into `recorder`; returns the final frames."""
         family = self.family
         steps_done = 0
+        loops = iter(family.stages or (family.loop,))
+        loop = next(loops)
+
+        def next_stage() -> None:
+            """The chain's next pipeline call begins: its steps are our next loop's, counted from 0."""
+            nonlocal loop, steps_done
+            loop, steps_done = next(loops), 0
 
         def on_step_end(pipe: Any, index: int, timestep: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
             nonlocal steps_done
             if not recorder.in_step:  # a step with no network call (none in these pipelines) still gets its latents
-                recorder.begin_step(family.loop, steps_done)
+                recorder.begin_step(loop, steps_done)
             latents = kwargs["latents"]
             recorder.record("latents", "latents", family.their_latents(latents) if family.their_latents else latents)
             recorder.end_step()
@@ -82,15 +97,19 @@ class Reference:
 
         def open_step(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
             if not recorder.in_step and (family.step_call is None or family.step_call(kwargs)):
-                recorder.begin_step(family.loop, steps_done)
+                recorder.begin_step(loop, steps_done)
 
         names = family.reference_denoisers or family.denoisers
         denoisers = [d for name in names if (d := getattr(self.pipe, name, None)) is not None]
         # The openers go first: a denoiser's hooks run in the order they were registered.
         openers = [denoiser.register_forward_pre_hook(open_step, with_kwargs=True) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
-        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks) for denoiser in denoisers]
-        callback = {"callback_on_step_end": on_step_end, "callback_on_step_end_tensor_inputs": ["latents"]}
+        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks, family.their_rows)
+                for denoiser in denoisers]
+        callback: dict[str, Any] = {"callback_on_step_end": on_step_end,
+                                    "callback_on_step_end_tensor_inputs": ["latents"]}
+        if family.stages:
+            callback["next_stage"] = next_stage  # the chain's call takes it out before calling a pipeline
         try:
             with torch.inference_mode():
                 outputs = family.call(self.pipe, self.scheduler_config, request, callback)

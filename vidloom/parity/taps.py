@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-TAP_KINDS = ("stage", "input", "block", "output", "latents")
+TAP_KINDS = ("stage", "input", "block", "output", "latents", "token")
 """stage: a slot a program node wrote; input / block / output: the denoiser's arguments, each block's
-output and its prediction, per call; latents: the loop state's latents after each step."""
+output and its prediction, per call; latents: the loop state's latents after each step; token: the id an
+autoregressive loop chose at a position (compared exactly)."""
 
 
 @dataclass(frozen=True)
@@ -78,30 +79,45 @@ class TapRecorder:
         self.first_dropped: TapKey | None = None
         self.loop: str | None = None
         self.step: int | None = None
-        self.call = -1
+        self.call = -1  # the current forward's (first) call
+        self._next_call = 0  # a forward holding several calls (CFG rows split) takes several numbers
 
     @property
     def in_step(self) -> bool:
         return self.step is not None
 
     def begin_step(self, loop: str, step: int) -> None:
-        self.loop, self.step, self.call = loop, step, -1
+        self.loop, self.step, self.call, self._next_call = loop, step, -1, 0
 
     def end_step(self) -> None:
-        self.loop, self.step, self.call = None, None, -1
+        self.loop, self.step, self.call, self._next_call = None, None, -1, 0
 
     def begin_call(self) -> None:
-        self.call += 1
+        self.call = self._next_call
+        self._next_call += 1
 
-    def record(self, kind: str, name: str, value: Any) -> None:
-        """Keep `value` (a tensor or array; anything else is skipped) under the current step and call."""
+    def record_rows(self, kind: str, name: str, value: Any, rows: tuple[int, ...]) -> None:
+        """A forward that batches several of the other side's calls: batch row rows[i] is recorded as the
+        current call + i (a value whose batch is not len(rows) is one call, recorded as `record` does)."""
+        tensor = _as_tensor(value)
+        if tensor is None or len(rows) < 2 or tensor.ndim == 0 or tensor.shape[0] != len(rows):
+            self.record(kind, name, value)
+            return
+        for offset, row in enumerate(rows):
+            self.record(kind, name, tensor[row:row + 1], call=self.call + offset)
+        self._next_call = max(self._next_call, self.call + len(rows))
+
+    def record(self, kind: str, name: str, value: Any, call: int | None = None) -> None:
+        """Keep `value` (a tensor or array; anything else is skipped) under the current step and call
+        (`call`, when given, instead of the current one)."""
         tensor = _as_tensor(value)
         if tensor is None:
             return
         if kind == "stage":
             key = TapKey(kind, name)
         else:
-            key = TapKey(kind, name, self.loop, self.step, None if kind == "latents" else self.call)
+            call = self.call if call is None else call
+            key = TapKey(kind, name, self.loop, self.step, None if kind in ("latents", "token") else call)
         if key in self.taps or not self.keep.wants(key):
             return  # a repeated key keeps its first value (execution order decides)
         size = tensor.numel() * tensor.element_size()
@@ -155,9 +171,12 @@ class ModuleTaps:
         denoiser: nn.Module,
         inputs: Mapping[str, str],
         blocks: Mapping[str, BlockList],
+        rows: tuple[int, ...] = (),
     ) -> None:
-        """`blocks`: tap name prefix (our attribute) -> this denoiser's block list holding those blocks."""
+        """`blocks`: tap name prefix (our attribute) -> this denoiser's block list holding those blocks.
+        `rows`: a forward batching the other side's calls (CFG branches) holds call i in batch row rows[i]."""
         self.recorder = recorder
+        self._rows = rows
         self._signature = inspect.signature(denoiser.forward)
         self._inputs = dict(inputs)
         self._opened = False  # forward began this call; the first block must not begin another
@@ -192,22 +211,22 @@ class ModuleTaps:
         bound = self._signature.bind_partial(*args, **kwargs).arguments
         for arg, name in self._inputs.items():
             if arg in bound:
-                self.recorder.record("input", name, bound[arg])
+                self.recorder.record_rows("input", name, bound[arg], self._rows)
 
     def _after_call(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.recorder.in_step:
-            self.recorder.record("output", "prediction", _first_tensor(output))
+            self.recorder.record_rows("output", "prediction", _first_tensor(output), self._rows)
 
     def _block_hook(self, name: str, outputs: tuple[str, ...]) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if not self.recorder.in_step:
                 return
             if not outputs:
-                self.recorder.record("block", name, _first_tensor(output))
+                self.recorder.record_rows("block", name, _first_tensor(output), self._rows)
                 return
             for part, value in zip(outputs, (output,) if isinstance(output, Tensor) else output):
                 if part:
-                    self.recorder.record("block", f"{name}.{part}", value)
+                    self.recorder.record_rows("block", f"{name}.{part}", value, self._rows)
 
         return hook
 

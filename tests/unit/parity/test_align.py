@@ -96,3 +96,34 @@ def test_budget_notes_reach_the_report():
 def test_tolerance_refuses_negative_bounds():
     with pytest.raises(ValueError, match="tolerance: atol and rtol must be >= 0"):
         Tolerance(atol=-1.0)
+
+
+def test_ids_are_compared_exactly_and_named_with_both_values():
+    """A relative bound would pass id 100001 for 100000; ids get none, and the report shows both."""
+    ours, theirs = TapRecorder(), TapRecorder()
+    for rec, ids in ((ours, [7, 100000, 3]), (theirs, [7, 100001])):
+        for position, value in enumerate(ids):
+            rec.begin_step("thinker", position)
+            rec.record("token", "id", torch.tensor([value]))
+            rec.end_step()
+    report = align(ours, theirs, Tolerance(atol=1e-4, rtol=1e-4))
+    first = report.first_divergence
+    assert first is not None and first.key == TapKey("token", "id", "thinker", 1)
+    assert first.bound == 0.0
+    assert report.summary() == "parity: first divergence at thinker step 1 token id: ours [100000], reference [100001]"
+    assert "thinker ids" in report.format() and not report.ok
+    same = align(theirs, theirs)
+    assert same.ok and "no divergence" in same.summary()
+
+
+def test_a_longer_id_sequence_on_one_side_is_said():
+    ours, theirs = TapRecorder(), TapRecorder()
+    for rec, ids in ((ours, [7, 8, 9]), (theirs, [7, 8])):
+        for position, value in enumerate(ids):
+            rec.begin_step("talker", position)
+            rec.record("token", "id", torch.tensor([value]))
+            rec.end_step()
+    report = align(ours, theirs)
+    assert not report.ok
+    assert report.summary().startswith("parity: every compared id matches, but vidloom decoded more talker ids, "
+                                       "from talker step 2 token id on")

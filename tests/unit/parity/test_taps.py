@@ -182,3 +182,28 @@ def test_runtime_taps_skip_other_loops_and_read_latents_through_a_function():
     watch.step_finished(Plan("stage1"), None, State())
     assert list(rec.taps) == [TapKey("latents", "latents", "stage1", 0)]
     assert torch.equal(rec.taps[TapKey("latents", "latents", "stage1", 0)], torch.full((2,), 14.0))
+
+
+def test_batched_calls_split_by_rows_into_the_other_sides_calls():
+    """A reference forward batching [uncond, cond] (rows (1, 0)) is recorded as our call 0 (cond) and call 1."""
+    rec = TapRecorder()
+    net = Net()
+    taps = ModuleTaps(rec, net, {"x": "x"}, {"blocks": BlockList("blocks", ("a", "b"))}, rows=(1, 0))
+    x = torch.stack([torch.zeros(3), torch.ones(3)])  # row 0 uncond, row 1 cond
+    rec.begin_step("denoise", 0)
+    net(x, 1.0, x.clone())
+    net(torch.full((1, 3), 5.0), 1.0, torch.zeros(1, 3))  # a later forward of one row: the next free call
+    rec.end_step()
+    taps.close()
+    assert torch.equal(rec.taps[TapKey("input", "x", "denoise", 0, 0)], torch.ones(1, 3))
+    assert torch.equal(rec.taps[TapKey("input", "x", "denoise", 0, 1)], torch.zeros(1, 3))
+    assert torch.equal(rec.taps[TapKey("block", "blocks.1.a", "denoise", 0, 0)], torch.full((1, 3), 3.0))
+    assert torch.equal(rec.taps[TapKey("input", "x", "denoise", 0, 2)], torch.full((1, 3), 5.0))
+
+
+def test_token_taps_have_no_call():
+    rec = TapRecorder()
+    rec.begin_step("talker", 4)
+    rec.record("token", "id", torch.tensor([812]))
+    rec.end_step()
+    assert list(rec.taps) == [TapKey("token", "id", "talker", 4, None)]
