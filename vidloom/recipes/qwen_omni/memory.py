@@ -3,14 +3,15 @@
 A speech request runs four stages one after another, so its transient peak is the largest stage's, while
 what a stage hands on stays to the end:
 
-- thinker: its K/V lives in the engine's paged pool, sized at load and resident like the weights (the
-  pool's allocator admits each sequence, runtime.paged_kv), so it is not counted again; the prefill's
-  activations over the prompt and forced text are, and the per-token hidden states the talker reads;
+- thinker and talker: their K/V lives in the engine's paged pools (one per network), sized at load and resident
+  like the weights (the pools' allocators admit each sequence, runtime.paged_kv), so it is not counted again;
+  the thinker prefill's activations over the prompt and forced text are, and the per-token hidden states the
+  talker reads;
 - the audio and vision towers (a chat with such parts, recipes.qwen_omni.media): one block's activations over
   each part's rows (audio: its mel frames after the stride-2 conv; image: its patches), run inside the
   prefill step, and their output rows, held through it (an estimate by the same block rule, not measured);
-- talker: its K/V slab (prompt rows + the code budget, SlabKV.bytes_for, the size the loop allocates) for the
-  whole run, and one block's activations over its prefill;
+- talker: one block's activations over its prefill, plus the keys and values its attention gathers from the
+  pool over its whole sequence (prompt rows + the code budget, PagedBatch.attend);
 - token2wav: the DiT over every mel frame of the code budget in two CFG branches (one block's activations,
   the [frames, frames] attention scores per head, the block mask), the ODE state with RK4's four velocities
   and the conditioning (code and voice embeddings per frame);
@@ -31,7 +32,7 @@ from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_byte
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.recipes.qwen_omni.stream_audio import largest_window
-from vidloom.recipes.qwen_omni.talker_loop import SlabKV, audio_token_budget
+from vidloom.recipes.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
 
 SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
@@ -56,11 +57,12 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
     tokens = len(prompt.prompt_ids) + prompt.max_tokens
     codes = audio_token_budget(prompt, prompt.max_tokens)
     talker_rows = len(prompt.prompt_ids) + TALKER_EXTRA_ROWS
-    talker_kv = SlabKV.bytes_for(talker.num_hidden_layers, talker_rows + codes, talker.num_key_value_heads,
-                                 talker.head_dim, instance.dtype)
+    # One layer's keys and values gathered from the pool over the whole sequence (the widest step attends to it).
+    talker_gather = 2 * talker_tokens(talker_rows, codes) * talker.num_key_value_heads * talker.head_dim * act
     hidden_states = 2 * tokens * thinker.hidden_size * act  # final states + input embeddings, per token
     thinker_pass = block_bytes(1, tokens, thinker.hidden_size, SWIGLU_FACTOR * thinker.intermediate_size, act)
-    talker_pass = block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
+    talker_pass = (block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
+                   + talker_gather)
     dit_frames = vocoder_frames = codes * dit.repeats
     noise = 0
     if prompt.request.audio_chunk_codes is not None:
@@ -69,7 +71,7 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
     mel_pass, mel_state = _token2wav(dit, dit_frames)
     samples = codes * dit.repeats * vocoder.hop
     towers = _towers(instance, prompt, act)
-    return Footprint(caches=talker_kv + hidden_states + noise,
+    return Footprint(caches=hidden_states + noise,
                      denoise=max(thinker_pass + towers, talker_pass, mel_pass),
                      decode=_vocoder(instance, vocoder, vocoder_frames),
                      persistent=mel_state + WAVE_COPIES * samples * 4)
