@@ -91,7 +91,8 @@ class PagedDecoder:
         the keys and values gathered from the pool (PagedBatch.attend), the boolean mask and the attention scores
         (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
         logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
-        context (prompt + max_tokens), the widest any of its steps attends over.
+        context (prompt + max_tokens), the widest any of its steps attends over. A prompt with media (audio,
+        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`).
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
@@ -102,7 +103,8 @@ class PagedDecoder:
         element = torch.empty((), dtype=self.instance.dtype).element_size()
         per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * context * kv_width * element
                      + tokens * context * (1 + 4 * heads))
-        return per_layer + int(getattr(config, "vocab_size", 0)) * 4
+        media = 0 if prompt.media is None else self.loop.media_bytes(prompt.media)
+        return per_layer + int(getattr(config, "vocab_size", 0)) * 4 + media
 
     def pool_of(self, network: Any = None) -> PagedKVPool:
         """The pool of `network` (None: the chat loop's); ValueError for a network the program did not name."""
