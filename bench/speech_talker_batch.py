@@ -34,7 +34,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     sys.path.insert(1, str(ROOT / "bench"))
-    from speech import VidloomSpeech, _checkpoint  # noqa: PLC0415 (after the path is set)
+    from speech import VidloomSpeech, _checkpoint  # after the path is set
 
     torch.set_num_threads(1)
     side = VidloomSpeech(_checkpoint(args.size), args.thinker_tokens, args.audio_tokens, to_cap=True,
