@@ -44,8 +44,8 @@ SCORE_COPIES = 2  # attention scores and their softmax, [heads, frames, frames] 
 WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
 # The processors' float copies of one part (CPU): Whisper's STFT holds the framed clip, its windowed copy and the
 # spectrum, float64 [frames, n_fft] each; the Qwen2-VL processor the decoded image as float arrays through resize,
-# rescale and normalize, then its patches. Measured on the tiny checkpoint (tests/integration/
-# test_memory_estimates.py, "qwen-omni-chat-media"): ~2.5x and ~3.8x these units.
+# rescale and normalize, then its patches (a 560x560 image's processing measured ~3.8 patch-sized float32 copies
+# of peak RSS on the tiny checkpoint; tests/integration/test_memory_estimates.py, "qwen-omni-chat-media").
 AUDIO_PREP_COPIES = 3
 IMAGE_PREP_COPIES = 4
 

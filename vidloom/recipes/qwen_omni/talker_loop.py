@@ -57,7 +57,8 @@ def audio_token_budget(prompt: SpeechPrompt, reply_tokens: int) -> int:
 
 
 def talker_tokens(prefill_rows: int, max_codes: int) -> int:
-    """The talker sequence's KV tokens: its prefill rows, then one row per code but the last (never fed back)."""
+    """The talker sequence's KV tokens: its prefill rows and a row per code (the last code's is never fed back:
+    one spare, as the slab it replaced had)."""
     return prefill_rows + max_codes
 
 
