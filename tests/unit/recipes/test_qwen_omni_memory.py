@@ -104,3 +104,35 @@ def test_audio_and_image_parts_add_their_towers_to_the_estimate(gen):
     rows = int(prompt.media.at.shape[0]) * instance["thinker"].config.hidden_size * 4
     patches = prompt.media.pieces[1].inputs.numel() * 4  # the image's patches, float32
     assert towers > rows + patches  # the rows, the widest part's inputs and its block's activations
+
+
+def test_a_text_answer_with_media_holds_its_towers_on_the_admission_ledger(gen):
+    """A chat answered in text is admitted on its decode working set (PagedDecoder.memory_bytes): with audio and
+    image parts, that includes the towers' pass (OmniChatLoop.media_bytes), which runs inside its prefill step."""
+    from tests.parity.test_qwen_omni_inputs import conversation
+    from vidloom.core.chat import build_chat_request
+    from vidloom.media.audio_upload import load_input_audio
+    from vidloom.media.image import load_image
+    from vidloom.recipes.qwen_omni.memory import SCORE_COPIES
+
+    messages, _, _ = conversation(1)
+    decoder = gen.engine.decoder
+    prompt = decoder.chat_slots(build_chat_request(messages, load_image=load_image, load_audio=load_input_audio,
+                                                   max_tokens=4))["chat"]
+    towers = decoder.memory_bytes(prompt) - decoder.memory_bytes(dataclasses.replace(prompt, media=None))
+    image = prompt.media.pieces[1]
+    vision = gen.engine.instance["encoders"].vision.config
+    scores = SCORE_COPIES * vision.num_heads * image.inputs.shape[0] ** 2 * 4  # every patch sees every patch
+    assert towers > scores + image.inputs.numel() * 4
+
+
+def test_speech_longer_than_the_talker_pool_is_refused_by_name_before_it_runs(tmp_path):
+    from vidloom.core.deploy import DeployConfig
+
+    folder = write_tiny_omni(tmp_path / "omni", OMNI_A)
+    small = VideoGenerator.from_pretrained(str(folder), deploy=DeployConfig(kv_pool_tokens=256))
+    with pytest.raises(LimitExceeded) as info:
+        start_speech(small.engine, speech(1000))  # ~20 prompt rows + 1000 codes: never fits 256 tokens
+    assert info.value.field == "max_audio_tokens" and info.value.limit == "kv_pool_tokens"
+    assert "256" in info.value.message and small.engine.decoder.stats()["kv_blocks_in_use"] == 0
+    assert small.speak("the kite", voice="Chelsie", max_audio_tokens=32) is not None  # one that fits still runs
