@@ -4,7 +4,7 @@ talker and token2wav steps scheduled per request) vs transformers' `generate(gen
 same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
 
     OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
-                                             [--rounds 2]
+                                             [--rounds 2] [--policy interleave]
 
 Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (token2wav and
 the vocoder once on every code, transformers' path: time to first audio is the completion time) and
@@ -70,11 +70,15 @@ def _checkpoint(size: str) -> Path:
 class VidloomSpeech:
     """One AsyncEngine over the checkpoint; `run(n, chunk)` speaks n replies at once (chunk None: whole)."""
 
-    def __init__(self, folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> None:
+    def __init__(self, folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool,
+                 policy: str = "interleave") -> None:
         from vidloom.generator import VideoGenerator
         from vidloom.runtime.async_engine import AsyncEngine
 
-        self.engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8)
+        # fifo would run concurrent speech requests one after another; interleave gives each a turn per round
+        # and (since the talker moved onto the paged pool) steps every talker in one forward.
+        self.engine = AsyncEngine(VideoGenerator.from_pretrained(folder, device="cpu").engine, slots=8,
+                                  policy=policy)
         self.thinker_tokens, self.audio_tokens = thinker_tokens, audio_tokens
         if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
             [talker] = [node.loop for node in self.engine.engine.program.nodes if node.name == "talker"]
@@ -174,12 +178,13 @@ def main() -> None:
     parser.add_argument("--audio-tokens", type=int, default=100)
     parser.add_argument("--to-cap", action="store_true", help="every utterance is --audio-tokens codes long")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the three settings")
+    parser.add_argument("--policy", default="interleave", help="the AsyncEngine's scheduling policy")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = _checkpoint(args.size)
     sizes = (args.thinker_tokens, args.audio_tokens, args.to_cap)
-    ours, theirs = VidloomSpeech(folder, *sizes), TransformersSpeech(folder, *sizes)
+    ours, theirs = VidloomSpeech(folder, *sizes, policy=args.policy), TransformersSpeech(folder, *sizes)
     settings = {"vidloom": (ours, None), "vidloom_streamed": (ours, STREAM_CHUNK_CODES),
                 "transformers_generate": (theirs, None)}
     runs: dict[str, dict[int, list]] = {name: {n: [] for n in CONCURRENCY} for name in settings}
@@ -209,7 +214,7 @@ def main() -> None:
     write_json(args.out or f"speech-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
         "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
         "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES,
-        "rounds": args.rounds, "interleaved": True, **medians, "ratios": ratios, "runs": runs,
+        "rounds": args.rounds, "interleaved": True, "policy": args.policy, **medians, "ratios": ratios, "runs": runs,
     })
 
 

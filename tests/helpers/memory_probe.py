@@ -9,7 +9,9 @@ warm-up request first pays the one-time costs (lazy initialisation, allocator ar
                                           "request": {...}}'
 prints one JSON line: {"measured": bytes, "estimate": bytes}. With "speech": true the requests are
 SpeechRequest fields (`gen.speak`), the talker speaking every code of its budget (its end codes disabled):
-the longest utterance a request may make, which is what its estimate is for.
+the longest utterance a request may make, which is what its estimate is for. With "chat": true they are a
+text-answer chat's: {"image": [width, height], "audio_s": seconds, "max_tokens": n} (a seeded PNG and wav in one
+user turn, run through the towers; `gen.chat`), against the engine's chat estimate (PagedDecoder.memory_bytes).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def measure(spec: dict) -> dict[str, int]:
                                                deploy=DeployConfig(**spec.get("deploy", {})))
     if spec.get("speech"):
         return _measure_speech(generator, spec)
+    if spec.get("chat"):
+        return _measure_chat(generator, spec)
     generator.generate("a red fox in the snow", seed=0, **spec["warm"])
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -74,6 +78,60 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
     measured = _status("VmHWM") - before
     assert result.audio_tokens == spec["request"]["max_audio_tokens"], result.audio_tokens
     estimate = engine.estimator(speech_prompt(engine.instance, engine.decoder.limits, request(spec["request"])))
+    return {"measured": measured, "estimate": estimate}
+
+
+def _chat_messages(fields: dict) -> list[dict]:
+    """One user turn: a seeded noise PNG of `image` [width, height] and `audio_s` seconds of tones, then a question."""
+    import base64
+    import io
+    import wave
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    content: list[dict] = []
+    if fields.get("image"):
+        width, height = fields["image"]
+        png = io.BytesIO()
+        Image.fromarray((rng.rand(height, width, 3) * 255).astype(np.uint8)).save(png, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+        content.append({"type": "image_url", "image_url": {"url": url}})
+    if fields.get("audio_s"):
+        t = np.arange(int(16000 * fields["audio_s"])) / 16000
+        pcm = (0.2 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
+        out = io.BytesIO()
+        with wave.open(out, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(pcm.tobytes())
+        data = base64.b64encode(out.getvalue()).decode()
+        content.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+    content.append({"type": "text", "text": "what is in this?"})
+    return [{"role": "user", "content": content}]
+
+
+def _measure_chat(generator, spec: dict) -> dict[str, int]:
+    from vidloom.core.chat import build_chat_request
+    from vidloom.media.audio_upload import load_input_audio
+    from vidloom.media.image import load_image
+
+    engine = generator.engine
+
+    def chat(fields: dict):
+        return generator.chat(_chat_messages(fields), temperature=0.0, max_tokens=fields["max_tokens"])
+
+    chat(spec["warm"])
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    chat(spec["request"])
+    measured = _status("VmHWM") - before
+    request = build_chat_request(_chat_messages(spec["request"]), load_image=load_image, load_audio=load_input_audio,
+                                 temperature=0.0, max_tokens=spec["request"]["max_tokens"])
+    estimate = engine.decoder.memory_bytes(engine.decoder.chat_slots(request)["chat"])
     return {"measured": measured, "estimate": estimate}
 
 

@@ -55,6 +55,7 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("memory-estimates")
     ltx2 = write_tiny_ltx2(root / "ltx2", LTX2_CONFIGS[0], upsampler=True)
     omni = write_tiny_omni(root / "omni", OMNI_A)
+    omni_media = _wide_processors(write_tiny_omni(root / "omni-media", OMNI_A))
     image = root / "first-frame.png"
     make_image(128, 128, seed=0).save(image)
     return {
@@ -69,7 +70,19 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "sana-wm": {"model": "sana-wm-demo", "cache_dir": str(demo_cache), "image": str(image)},
         "qwen-omni": {"model": str(omni), "speech": True},
         "qwen-omni-streamed": {"model": str(omni), "speech": True},
+        "qwen-omni-chat-media": {"model": str(omni_media), "chat": True},
     }
+
+
+def _wide_processors(folder: Path) -> Path:
+    """The tiny checkpoint with the released processors' reach (30 s clips, large images): parts whose towers'
+    pass and processing are tens of MiB."""
+    path = folder / "preprocessor_config.json"
+    raw = json.loads(path.read_text())
+    raw["size"]["longest_edge"] = 560 * 560
+    raw.update(chunk_length=30, n_samples=30 * raw["sampling_rate"], nb_max_frames=3000)
+    path.write_text(json.dumps(raw))
+    return folder
 
 
 # case -> (warm-up request, measured request)
@@ -99,6 +112,9 @@ CASES = {
                   {"text": "the kite rose over the dunes", "max_audio_tokens": 1000}),
     "qwen-omni-streamed": ({"text": "hi there", "max_audio_tokens": 40, "audio_chunk_codes": 25},
                            {"text": "the kite rose over the dunes", "max_audio_tokens": 1000, "audio_chunk_codes": 25}),
+    # a text answer to a chat with a 560x560 image and a 30 s clip: the towers' pass and the processors' work
+    "qwen-omni-chat-media": ({"image": [64, 64], "audio_s": 1, "max_tokens": 2},
+                             {"image": [560, 560], "audio_s": 30, "max_tokens": 4}),
 }
 
 

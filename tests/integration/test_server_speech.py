@@ -165,7 +165,7 @@ def test_bad_audio_chat_is_a_400_naming_the_field(speech_server, extra, param):
     assert r.json()["error"]["param"] == param
 
 
-def test_a_client_that_leaves_frees_the_thinker_blocks_and_the_talker_slab(speech_server, monkeypatch):
+def test_a_client_that_leaves_frees_the_thinker_and_talker_blocks(speech_server, monkeypatch):
     """A long utterance (its talker runs thousands of steps), abandoned while it speaks: the pool and the cache
     manager return to where they were."""
     import time
@@ -295,6 +295,8 @@ def test_a_streamed_client_that_leaves_after_the_first_chunk_frees_everything(sp
     with httpx.Client(base_url=speech_server.url, timeout=120) as client:
         with client.stream("POST", "/v1/audio/speech", json=body) as r:
             assert r.status_code == 200 and len(next(r.iter_bytes())) > 0  # the first chunk, then gone
+            talker_pool = engine.engine.decoder.pool_of(engine.engine.instance["talker"])
+            assert talker_pool.allocator.blocks_in_use > 0  # left mid-stream: the talker's sequence is in its pool
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (engine.chat_stats()["kv_blocks_in_use"] or
                                            engine.engine.caches.bytes_in_use != before):

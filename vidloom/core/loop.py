@@ -58,7 +58,8 @@ KV_SEQUENCE = "seq"
 """The StepPlan input key naming the paged KV sequence (LoopContext.reserve_kv) a decode step extends.
 
 Such a plan is `network(tokens, positions, kv=..., logits_at=...)` over `inputs["tokens"]` new tokens
-after `inputs["start"]` cached ones; the runtime supplies `kv` and returns the last token's logits."""
+after `inputs["start"]` cached ones (or `network(None, ..., inputs_embeds=...)` over `inputs["embeds"]` rows,
+for a network fed embeddings, such as a talker); the runtime supplies `kv` and returns the last token's logits."""
 
 
 def is_decode_step(plan: StepPlan | None) -> bool:
@@ -109,13 +110,14 @@ class LoopContext(Protocol):
         """Hand decoded text (and the token ids it came from) to the caller now (it reaches them as a TextEvent)."""
         ...
 
-    def reserve_kv(self, tokens: int) -> str:
+    def reserve_kv(self, tokens: int, network: Any = None) -> str:
         """Reserve paged KV for one sequence of up to `tokens` tokens; returns its sequence id.
 
-        The blocks come from the runtime's one paged pool (CacheBudgetExceeded, before any work, when
-        it cannot hold them) and return to it when the loop ends. A plan that names the id in
-        `inputs[KV_SEQUENCE]` is a paged decode step: the runtime runs it in one forward with the
-        decode steps of every other running sequence (chats, a reasoner's), whichever request owns them.
+        The blocks come from the runtime's paged pool for `network` (None: the chat loop's; another must be
+        one of the program's `paged_networks`), CacheBudgetExceeded, before any work, when it cannot hold
+        them, and return to it when the loop ends. A plan that names the id in `inputs[KV_SEQUENCE]` is a
+        paged decode step: the runtime runs it in one forward with the decode steps of every other running
+        sequence of the same network (chats, a reasoner's, other requests' talkers), whichever request owns them.
         """
         ...
 

@@ -47,12 +47,15 @@ class Program:
 
     `chat_loop`, when set, answers chat requests: the runtime runs it as a program of its own (a
     ChatPrompt in slot `chat`, a ChatResult out as `completion`), scheduled beside generation requests.
+    `paged_networks`: other AR networks whose decode steps run on paged KV (a speech model's talker); each gets
+    a pool of its own layout beside the chat loop's (LoopContext.reserve_kv's `network`).
     """
 
     nodes: tuple[Node, ...]
     inputs: frozenset[str]
     outputs: tuple[str, ...]
     chat_loop: Loop[Any] | None = None
+    paged_networks: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         available = set(self.inputs)

@@ -72,6 +72,11 @@ class ARDecodeLoop:
         """The request's prompt ids and its non-text inputs (None here: a text model's prompt is its ids)."""
         return self.prompt(request), None
 
+    def media_bytes(self, media: Any) -> int:
+        """Working set of the encoders that turn `media` (what `prepare` returned) into prompt rows inside the
+        prefill step, beyond the weights, for memory admission; a loop whose `prepare` returns media says."""
+        raise NotImplementedError(f"{type(self).__name__} prepares media but does not estimate its encoders")
+
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> DecodeState:
         chat: ChatPrompt = slots["chat"]
         seq_id = ctx.reserve_kv(len(chat.prompt_ids) + chat.max_tokens)

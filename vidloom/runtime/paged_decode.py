@@ -7,6 +7,10 @@ alone) hands those plans to `PagedDecoder.run`: their new tokens are packed alon
 prompt for a sequence that just joined, else its last token), the pool resolves what each token
 attends to, and the lm head runs on each sequence's last token only. Sequences join and leave
 between steps, whichever request owns them, so a reasoning request's steps share the chat batch.
+
+A program may name other AR networks (`Program.paged_networks`, a speech model's talker): each gets a pool
+of its own layout (layers, KV heads, head size), sized by the same kv_pool_tokens, and the decode steps of
+all its sequences run as one forward too (one forward per network per round).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ EMBEDS_AT = "embeds_at"
 tokens' input embeddings (a multimodal prompt's placeholders take their encoder's output); the network must
 accept `embeds_at=(index, rows)` over the packed batch. `rows` may be a callable that makes them: it runs in
 the step, on the device's thread (a prompt's encoders run with its prefill, so a chat's steps stay decode steps)."""
+INPUT_EMBEDS = "embeds"
+"""A paged decode plan input in place of "tokens": input rows [n, width] of a network fed embeddings (a talker's
+thinker-space rows); the network must accept `inputs_embeds=` (with None for the ids)."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
 
 
@@ -44,20 +51,16 @@ class PagedDecoder:
     """The paged KV pool of one loaded instance, the chat limits it implies, and the batched decode forward."""
 
     def __init__(self, instance: ModelInstance, loop: Any, caches: CacheManager,
-                 pool_tokens: int | None = None) -> None:
+                 pool_tokens: int | None = None, networks: Sequence[Any] = ()) -> None:
         self.instance, self.loop = instance, loop
-        config = loop.network.config
         tokens = pool_tokens if pool_tokens is not None else DEFAULT_KV_POOL_TOKENS
-        layout = KVLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                          num_blocks=max(1, tokens // BLOCK_SIZE))
-        try:
-            self._handle, self.pool = caches.allocate(
-                "kv-pool:" + instance.card.model_id, layout.nbytes(instance.dtype),
-                lambda: PagedKVPool(layout, instance.device, instance.dtype))
-        except CacheBudgetExceeded as exc:
-            raise DeployError(f"the chat KV pool (kv_pool_tokens={tokens}, --kv-pool-tokens) needs "
-                              f"{exc.needed} bytes, more than kv_cache_budget_bytes (--kv-cache-budget-mb) has "
-                              f"free ({exc.budget - exc.in_use}); lower one or raise the other") from None
+        self.pool = _allocate_pool(instance, caches, loop.network, tokens, instance.dtype, "")
+        # The pool of each AR network by identity: the chat loop's, then the program's others (in their dtype).
+        self._pools: dict[int, PagedKVPool] = {id(loop.network): self.pool}
+        for i, network in enumerate(networks):
+            dtype = next(network.parameters()).dtype
+            self._pools[id(network)] = _allocate_pool(instance, caches, network, tokens, dtype, f":{i + 1}")
+        layout = self.pool.layout
         window = min(instance.card.context_window or 2, layout.num_blocks * layout.block_size)
         self.limits = ChatLimits(context_window=window, max_tokens=max(1, window - 1),
                                  default_max_tokens=min(DEFAULT_MAX_TOKENS, max(1, window - 1)))
@@ -88,7 +91,8 @@ class PagedDecoder:
         the keys and values gathered from the pool (PagedBatch.attend), the boolean mask and the attention scores
         (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
         logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
-        context (prompt + max_tokens), the widest any of its steps attends over.
+        context (prompt + max_tokens), the widest any of its steps attends over. A prompt with media (audio,
+        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`).
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
@@ -99,45 +103,77 @@ class PagedDecoder:
         element = torch.empty((), dtype=self.instance.dtype).element_size()
         per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * context * kv_width * element
                      + tokens * context * (1 + 4 * heads))
-        return per_layer + int(getattr(config, "vocab_size", 0)) * 4
+        media = 0 if prompt.media is None else self.loop.media_bytes(prompt.media)
+        return per_layer + int(getattr(config, "vocab_size", 0)) * 4 + media
 
-    def reserve(self, owner: str, tokens: int) -> str:
-        """Blocks for one sequence of `owner` (a request id); its id. CacheBudgetExceeded if they do not fit."""
+    def pool_of(self, network: Any = None) -> PagedKVPool:
+        """The pool of `network` (None: the chat loop's); ValueError for a network the program did not name."""
+        pool = self._pools.get(id(network if network is not None else self.loop.network))
+        if pool is None:
+            raise ValueError(f"{type(network).__name__} has no paged KV pool: name it in Program.paged_networks")
+        return pool
+
+    def reserve(self, owner: str, tokens: int, network: Any = None) -> str:
+        """Blocks in `network`'s pool for one sequence of `owner` (a request id); its id (unique across pools).
+        CacheBudgetExceeded if they do not fit."""
+        pool = self.pool_of(network)
         seq_id = f"{owner}#{next(self._ids)}"
-        self.pool.allocator.reserve(seq_id, tokens)
+        pool.allocator.reserve(seq_id, tokens)
         return seq_id
 
     def release(self, seq_id: str) -> None:
-        self.pool.allocator.release(seq_id)
+        for pool in self._pools.values():  # ids are unique across pools: only its own pool holds it
+            pool.allocator.release(seq_id)
 
     def stats(self) -> dict[str, int]:
-        allocator = self.pool.allocator
-        return {"tokens_generated_total": self.tokens_generated_total, "kv_blocks_in_use": allocator.blocks_in_use,
-                "kv_blocks_total": allocator.num_blocks}
+        """Tokens the chats generated, and blocks in use and in all, summed over every pool."""
+        allocators = [pool.allocator for pool in self._pools.values()]
+        return {"tokens_generated_total": self.tokens_generated_total,
+                "kv_blocks_in_use": sum(a.blocks_in_use for a in allocators),
+                "kv_blocks_total": sum(a.num_blocks for a in allocators)}
 
     # -- the device's thread -------------------------------------------------------------
 
-    def run(self, plans: Sequence[StepPlan]) -> list[Tensor]:
-        """Execute paged decode plans (same network) in one forward; each plan's last-token logits [vocab], on the
-        host as float32 (one device->host copy per step; sampling runs per sequence on the host)."""
+    @staticmethod
+    def groups(plans: Sequence[StepPlan]) -> list[list[int]]:
+        """Indices of `plans` by network, in first-seen order: each group is one forward."""
+        by_network: dict[int, list[int]] = {}
+        for i, plan in enumerate(plans):
+            by_network.setdefault(id(plan.call), []).append(i)
+        return list(by_network.values())
+
+    def run(self, plans: Sequence[StepPlan]) -> list[Any]:
+        """Execute paged decode plans: one forward per network (`groups`); each plan's last-token logits [vocab],
+        on the host as float32 (one device->host copy per forward; sampling runs per sequence on the host)."""
+        rows: list[Any] = [None] * len(plans)
+        for group in self.groups(plans):
+            for i, row in zip(group, self._forward([plans[i] for i in group])):
+                rows[i] = row
+        return rows
+
+    def _forward(self, plans: Sequence[StepPlan]) -> list[Any]:
+        """One forward of `plans` (one network) over their packed new tokens or input rows."""
         network = plans[0].call
-        if any(p.call is not network for p in plans):
-            raise ValueError("paged decode plans of one batch must share their network")
-        tokens = torch.cat([p.inputs["tokens"] for p in plans])
+        embedded = INPUT_EMBEDS in plans[0].inputs
+        if any((INPUT_EMBEDS in p.inputs) != embedded for p in plans):
+            raise ValueError("paged decode plans of one network must all give tokens or all give embeds")
+        key = INPUT_EMBEDS if embedded else "tokens"
+        packed = torch.cat([p.inputs[key] for p in plans])
         positions = torch.cat([p.inputs["positions"] for p in plans], dim=1)
-        sizes = [int(p.inputs["tokens"].shape[0]) for p in plans]
-        last = torch.tensor(sizes, device=tokens.device).cumsum(0) - 1
-        kv = self.pool.batch([(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)],
-                             network.attention_scale)
+        sizes = [int(p.inputs[key].shape[0]) for p in plans]
+        last = torch.tensor(sizes, device=packed.device).cumsum(0) - 1
+        kv = self.pool_of(network).batch(
+            [(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)], network.attention_scale)
         hidden = None
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"inputs_embeds": packed} if embedded else {}
+        ids = None if embedded else packed
         with torch.inference_mode():
             if any(p.inputs.get(EMBEDS_AT) is not None for p in plans):
                 extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
             if any(p.inputs.get(WANT_HIDDEN) for p in plans):
-                logits, hidden = network(tokens, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
+                logits, hidden = network(ids, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
             else:
-                logits = network(tokens, positions, kv=kv, logits_at=last, **extra)
+                logits = network(ids, positions, kv=kv, logits_at=last, **extra)
             logits = logits.float().cpu()
         with self._lock:
             self.tokens_generated_total += sum(p.loop == AR_DECODE for p in plans)
@@ -147,6 +183,22 @@ class PagedDecoder:
                 if plan.inputs.get(WANT_HIDDEN):
                     rows[i] = (rows[i], part)
         return rows
+
+
+def _allocate_pool(instance: ModelInstance, caches: CacheManager, network: Any, tokens: int, dtype: torch.dtype,
+                   suffix: str) -> PagedKVPool:
+    """A pool of `tokens` tokens laid out for `network`, from the engine's cache budget (DeployError: no room)."""
+    config = network.config
+    layout = KVLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                      num_blocks=max(1, tokens // BLOCK_SIZE))
+    try:
+        _, pool = caches.allocate("kv-pool:" + instance.card.model_id + suffix, layout.nbytes(dtype),
+                                  lambda: PagedKVPool(layout, instance.device, dtype))
+    except CacheBudgetExceeded as exc:
+        raise DeployError(f"the paged KV pools (kv_pool_tokens={tokens}, --kv-pool-tokens) need "
+                          f"{exc.needed} more bytes than kv_cache_budget_bytes (--kv-cache-budget-mb) has "
+                          f"free ({exc.budget - exc.in_use}); lower one or raise the other") from None
+    return pool
 
 
 def _packed_embeds(plans: Sequence[StepPlan], sizes: list[int]) -> tuple[Tensor, Tensor]:
@@ -166,7 +218,7 @@ def build_decoder(instance: ModelInstance, program: Program, caches: CacheManage
     loop: Loop[Any] | None = program.chat_loop
     if loop is None:
         return None
-    return PagedDecoder(instance, loop, caches, instance.deploy.kv_pool_tokens)
+    return PagedDecoder(instance, loop, caches, instance.deploy.kv_pool_tokens, program.paged_networks)
 
 
 def no_chat(model_id: str) -> InvalidRequest:

@@ -301,11 +301,12 @@ class RequestRun:
         if self._on_event is not None and (text or token_ids):
             self._on_event(TextEvent(self.request.request_id, phase, text, token_ids))
 
-    def reserve_kv(self, tokens: int) -> str:
-        """Blocks of the engine's paged pool for one sequence, returned to it when the loop ends."""
+    def reserve_kv(self, tokens: int, network: Any = None) -> str:
+        """Blocks of the engine's paged pool for `network` (None: the chat loop's) for one sequence, returned to
+        it when the loop ends."""
         if self.decoder is None:
             raise RuntimeError("this engine has no paged KV pool (its program declares no chat_loop)")
-        seq_id = self.decoder.reserve(self.request.request_id, tokens)
+        seq_id = self.decoder.reserve(self.request.request_id, tokens, network)
         decoder = self.decoder
         self.hold(lambda: decoder.release(seq_id))
         return seq_id

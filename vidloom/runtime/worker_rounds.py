@@ -88,9 +88,10 @@ class WorkerRounds:
 
     def _run_decode(self, group: list[WorkEntry]) -> None:
         decoder = self.engine_decoder
+        plans = [e.run.pending_plan for e in group]
         started = time.perf_counter()
         try:
-            rows = decoder.run([e.run.pending_plan for e in group])
+            rows = decoder.run(plans)
         except Exception as exc:
             if len(group) == 1:
                 self._fail(group[0], exc)
@@ -100,7 +101,8 @@ class WorkerRounds:
             for entry in group:
                 self._run_decode([entry])
             return
-        self._decodes.add(len(group))
+        for forward in decoder.groups(plans):  # one forward per network (chats and thinkers; talkers)
+            self._decodes.add(len(forward))
         share = (time.perf_counter() - started) / len(group)
         for entry, row in zip(group, rows):
             if not self._guarded(entry, lambda: entry.run.complete(row, share)):

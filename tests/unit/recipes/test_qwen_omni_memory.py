@@ -1,5 +1,5 @@
-"""Memory admission of speech requests: the card's estimate (thinker prefill, talker KV slab, token2wav and
-vocoder activations) refuses a request that cannot fit by the field that sizes it, before anything runs, and
+"""Memory admission of speech requests: the card's estimate (thinker prefill, talker pass, token2wav and
+vocoder activations; both KV sequences live in the engine's paged pools) refuses a request that cannot fit by the field that sizes it, before anything runs, and
 keeps a second request queued while the first holds the budget."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.recipes.qwen_omni.memory import footprint
 from vidloom.recipes.qwen_omni.speech import speech_prompt
-from vidloom.recipes.qwen_omni.talker_loop import SlabKV
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.speech_run import start_speech
 
@@ -43,13 +42,13 @@ def test_the_card_estimates_speech(gen):
     engine = gen.engine
     assert engine.estimator is not None and engine.limits.max_memory_bytes is not None
     small, large = estimate(gen, speech(16)), estimate(gen, speech(4000))
-    assert 0 < small < large  # more codes: a larger talker slab, DiT pass and waveform
+    assert 0 < small < large  # more codes: a longer talker sequence, DiT pass and waveform
     prompt = speech_prompt(engine.instance, engine.decoder.limits, speech(100))
     parts = footprint(engine.instance, prompt)
     talker = engine.instance["talker"].config
-    slab = SlabKV.bytes_for(talker.num_hidden_layers, len(prompt.prompt_ids) + 100, talker.num_key_value_heads,
-                            talker.head_dim, engine.instance.dtype)
-    assert parts.caches >= slab  # at least the slab the talker allocates for its prefill and codes
+    gathered = 2 * (len(prompt.prompt_ids) + 100) * talker.num_key_value_heads * talker.head_dim * 4
+    assert parts.denoise >= gathered  # a talker step's keys and values gathered from its pool, one layer
+    assert parts.caches > 0  # the thinker's hidden states the talker reads
     assert parts.denoise > 0 and parts.decode > 0 and parts.persistent >= 3 * 100 * 2 * 8 * 4
 
 
@@ -105,3 +104,35 @@ def test_audio_and_image_parts_add_their_towers_to_the_estimate(gen):
     rows = int(prompt.media.at.shape[0]) * instance["thinker"].config.hidden_size * 4
     patches = prompt.media.pieces[1].inputs.numel() * 4  # the image's patches, float32
     assert towers > rows + patches  # the rows, the widest part's inputs and its block's activations
+
+
+def test_a_text_answer_with_media_holds_its_towers_on_the_admission_ledger(gen):
+    """A chat answered in text is admitted on its decode working set (PagedDecoder.memory_bytes): with audio and
+    image parts, that includes the towers' pass (OmniChatLoop.media_bytes), which runs inside its prefill step."""
+    from tests.parity.test_qwen_omni_inputs import conversation
+    from vidloom.core.chat import build_chat_request
+    from vidloom.media.audio_upload import load_input_audio
+    from vidloom.media.image import load_image
+    from vidloom.recipes.qwen_omni.memory import SCORE_COPIES
+
+    messages, _, _ = conversation(1)
+    decoder = gen.engine.decoder
+    prompt = decoder.chat_slots(build_chat_request(messages, load_image=load_image, load_audio=load_input_audio,
+                                                   max_tokens=4))["chat"]
+    towers = decoder.memory_bytes(prompt) - decoder.memory_bytes(dataclasses.replace(prompt, media=None))
+    image = prompt.media.pieces[1]
+    vision = gen.engine.instance["encoders"].vision.config
+    scores = SCORE_COPIES * vision.num_heads * image.inputs.shape[0] ** 2 * 4  # every patch sees every patch
+    assert towers > scores + image.inputs.numel() * 4
+
+
+def test_speech_longer_than_the_talker_pool_is_refused_by_name_before_it_runs(tmp_path):
+    from vidloom.core.deploy import DeployConfig
+
+    folder = write_tiny_omni(tmp_path / "omni", OMNI_A)
+    small = VideoGenerator.from_pretrained(str(folder), deploy=DeployConfig(kv_pool_tokens=256))
+    with pytest.raises(LimitExceeded) as info:
+        start_speech(small.engine, speech(1000))  # ~20 prompt rows + 1000 codes: never fits 256 tokens
+    assert info.value.field == "max_audio_tokens" and info.value.limit == "kv_pool_tokens"
+    assert "256" in info.value.message and small.engine.decoder.stats()["kv_blocks_in_use"] == 0
+    assert small.speak("the kite", voice="Chelsie", max_audio_tokens=32) is not None  # one that fits still runs

@@ -1,5 +1,5 @@
 """Qwen2.5-Omni speech requests at the runtime boundary: refusals name the field, and however a run ends its
-thinker blocks and talker slab go back (no parity here: tests/parity/test_qwen_omni_speech.py)."""
+thinker and talker blocks go back (no parity here: tests/parity/test_qwen_omni_speech.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_speak_returns_audio_and_rate(omni):
     assert result.audio.dtype.name == "float32"
 
 
-def test_cancel_in_the_talker_frees_thinker_blocks_and_talker_slab(omni):
+def test_cancel_in_the_talker_frees_thinker_and_talker_blocks(omni):
     _, gen = omni
     engine = gen.engine
     before = engine.caches.bytes_in_use
@@ -56,7 +56,8 @@ def test_cancel_in_the_talker_frees_thinker_blocks_and_talker_slab(omni):
     try:
         while not any(isinstance(e, ProgressEvent) and e.phase == "talker" for e in events):
             assert not run.step()
-        assert engine.caches.bytes_in_use > before  # the talker's slab is held
+        talker_pool = engine.decoder.pool_of(engine.instance["talker"])
+        assert talker_pool.allocator.blocks_in_use > 0  # the talker's sequence holds blocks of its own pool
         run.cancel.cancel()
         with pytest.raises(Cancelled):
             while not run.step():
@@ -130,3 +131,51 @@ def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
     # The batched forward pads and packs differently (float32 summation order): the same codes, waveforms equal
     # to ~1e-6; a hidden state handed to the wrong sequence would change the codes or move the wave by >1e-2.
     np.testing.assert_allclose(spoken.audio, alone_speech.audio, atol=1e-4, rtol=0)
+
+
+def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alone(omni):
+    """Three speech requests at once: their talker steps share paged forwards (counted on the talker's forward),
+    and each gives the codes and waveform it gives alone."""
+    import asyncio
+
+    from vidloom.runtime.async_engine import AsyncEngine
+
+    _, gen = omni
+    texts = ["the kite rose over the dunes", "a red kite", "kites fly high above the sea at noon"]
+
+    def request(text: str) -> SpeechRequest:
+        return SpeechRequest(text=text, voice="Chelsie", talker_sampling=SamplingParams(temperature=0.0), seed=3,
+                             max_audio_tokens=16)
+
+    def alone(text: str) -> dict:
+        run = start_speech(gen.engine, request(text))
+        try:
+            while not run.step():
+                pass
+            return run.outputs()
+        finally:
+            run.close()
+
+    solo = [alone(text) for text in texts]
+    batches: list[int] = []  # sequences per talker forward
+    talker = gen.engine.instance["talker"]
+    hook = talker.register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(int(kwargs["kv"].key_slots.shape[0])), with_kwargs=True)
+    engine = AsyncEngine(gen.engine, slots=3, policy="interleave")  # fifo would run them one after another
+    try:
+        async def together():
+            handles = [engine.submit_run(start_speech(gen.engine, request(text)), None, lambda out: out)
+                       for text in texts]
+            return [await handle.result() for handle in handles]
+
+        outs = asyncio.run(together())
+    finally:
+        hook.remove()
+        engine.close()
+    steps = sum(int(out["codes"].numel()) + 1 for out in solo)  # a step per code, and the one that ends
+    assert max(batches) == 3 and len(batches) < steps  # talker steps of the three requests in one forward
+    for out, ref in zip(outs, solo):
+        assert out["codes"].tolist() == ref["codes"].tolist() and out["codes"].numel() > 3
+        # Batched: keys padded to the longest sequence (float32 summation order); 1e-4 as the test above.
+        np.testing.assert_allclose(out["audio"], ref["audio"], atol=1e-4, rtol=0)
+    assert gen.engine.decoder.stats()["kv_blocks_in_use"] == 0

@@ -169,14 +169,16 @@ class OmniDecoder(nn.Module):
                 x = block(x, rope, kv, layer)
         return self.norm(x)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,
+    def forward(self, input_ids: Tensor | None, positions: Tensor, kv: KVAttention | None = None,
                 logits_at: Tensor | None = None, return_hidden: bool = False,
-                embeds_at: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                embeds_at: tuple[Tensor, Tensor] | None = None,
+                inputs_embeds: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Token ids [T] -> logits [T or len(logits_at), vocab] (the runtime's paged decode contract); with
         `return_hidden`, also every token's final hidden state [T, hidden] (what a talker reads).
         `embeds_at` (index [K], rows [K, embedding_size]) replaces those tokens' embeddings (audio and image
-        placeholders take their encoder's rows, as transformers' masked_scatter does)."""
-        embeds = self.embed(input_ids)
+        placeholders take their encoder's rows, as transformers' masked_scatter does). `inputs_embeds`
+        [T, embedding_size] in place of ids: the talker's input rows."""
+        embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         if embeds_at is not None:
             index, rows = embeds_at
             embeds = embeds.index_copy(0, index, rows.to(embeds.dtype))

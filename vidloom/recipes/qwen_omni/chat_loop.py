@@ -15,6 +15,7 @@ from vidloom.core.loop import Done, StepPlan
 from vidloom.decoding.loop import ARDecodeLoop, DecodeState
 from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
 from vidloom.recipes.qwen_omni.media import MediaPrompter, thinker_positions
+from vidloom.recipes.qwen_omni.memory import towers_bytes
 from vidloom.runtime.paged_decode import EMBEDS_AT
 
 
@@ -28,6 +29,12 @@ class OmniChatLoop(ARDecodeLoop):
 
     def prepare(self, request: ChatRequest) -> tuple[list[int], Any]:
         return self.prompter.prompt(request.messages)
+
+    def media_bytes(self, media: Any) -> int:
+        """The towers' pass over the prompt's audio and images (recipes.qwen_omni.memory.towers_bytes)."""
+        param = next(self.network.parameters())
+        return towers_bytes(self.prompter.encoders, self.prompter.processors, media, self.network.config.hidden_size,
+                            param.element_size(), param.device.type == "cpu")
 
     def next(self, state: DecodeState) -> StepPlan | Done:
         media = state.prompt.media

@@ -45,4 +45,6 @@ def build_program(instance: ModelInstance) -> Program:
         Node("token2wav", reads=("speech", "codes"), writes=("mel",), loop=Token2WavLoop(dit)),
         Node(VOCODER, reads=("speech", "mel", "streamed"), writes=("audio", "sample_rate", "voice"), run=vocoder_node(vocoder)),
     )
-    return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat)
+    # The talker's decode steps run on a paged pool of its own layout, batched across requests.
+    return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat,
+                   paged_networks=(instance["talker"],))

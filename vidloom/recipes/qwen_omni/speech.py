@@ -14,7 +14,9 @@ from vidloom.core.limits import format_bytes
 from vidloom.core.output import EventCallback
 from vidloom.core.speech import SpeechRequest
 from vidloom.models.qwen_omni.speakers import pick_voice
+from vidloom.recipes.qwen_omni.memory import TALKER_EXTRA_ROWS
 from vidloom.recipes.qwen_omni.program import media_prompter
+from vidloom.recipes.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt
 from vidloom.runtime.request_run import CancellationToken, RequestRun
 
@@ -69,9 +71,30 @@ def start_speech(engine: Any, request: SpeechRequest, on_event: EventCallback | 
     prompt = speech_prompt(engine.instance, engine.decoder.limits, request)
     nbytes = engine.estimator(prompt) if engine.estimator is not None else 0
     check_memory(prompt, nbytes, engine.limits.max_memory_bytes)
+    check_talker_pool(prompt, engine.decoder.pool_of(engine.instance["talker"]).layout)
     return RequestRun(engine.instance, engine.program, request, on_event, cancel, caches=engine.caches,  # type: ignore[arg-type]
                       admission=engine.admission, memory_bytes=nbytes, decoder=engine.decoder,
                       slots={"speech": prompt})
+
+
+def _sizing_field(prompt: SpeechPrompt) -> str:
+    """The request field that sizes its speech: max_audio_tokens when given, else the text or the reply budget."""
+    request = prompt.request
+    return ("max_audio_tokens" if request.max_audio_tokens is not None
+            else "input" if request.text is not None else "max_tokens")
+
+
+def check_talker_pool(prompt: SpeechPrompt, layout: Any) -> None:
+    """Refuse a request whose talker sequence (prompt rows + its code budget) could never fit the talker's paged
+    pool, even empty, before anything runs (a fitting one that finds the pool busy waits in no queue: it fails
+    with CacheBudgetExceeded when its talker starts)."""
+    tokens = talker_tokens(len(prompt.prompt_ids) + TALKER_EXTRA_ROWS, audio_token_budget(prompt, prompt.max_tokens))
+    capacity = layout.num_blocks * layout.block_size
+    if tokens > capacity:
+        raise LimitExceeded(_sizing_field(prompt), f"the talker needs up to {tokens} tokens of KV (prompt and "
+                                                   f"speech codes), more than its pool's {capacity} "
+                                                   "(kv_pool_tokens, --kv-pool-tokens); ask for less speech",
+                            "kv_pool_tokens")
 
 
 def check_memory(prompt: SpeechPrompt, needed: int, limit: int | None) -> None:
@@ -79,10 +102,8 @@ def check_memory(prompt: SpeechPrompt, needed: int, limit: int | None) -> None:
     max_audio_tokens when given, else the text to speak (input) or the reply's budget (max_tokens)."""
     if limit is None or needed <= limit:
         return
-    request = prompt.request
-    field = ("max_audio_tokens" if request.max_audio_tokens is not None
-             else "input" if request.text is not None else "max_tokens")
-    raise LimitExceeded(field, f"speaking {len(prompt.prompt_ids)} prompt and up to {prompt.max_tokens} reply "
-                               f"tokens needs an estimated {format_bytes(needed)}, more than the per-request memory "
-                               f"limit of {format_bytes(limit)} (max_request_memory); ask for less speech",
+    raise LimitExceeded(_sizing_field(prompt), f"speaking {len(prompt.prompt_ids)} prompt and up to "
+                                               f"{prompt.max_tokens} reply tokens needs an estimated "
+                                               f"{format_bytes(needed)}, more than the per-request memory limit of "
+                                               f"{format_bytes(limit)} (max_request_memory); ask for less speech",
                         "max_request_memory")

@@ -1,8 +1,9 @@
 """The talker stage of speech: codec codes from the thinker's states, one runtime step per code.
 
-Its KV lives in a slab from the runtime's cache manager (accounted against the deployment's cache
-budget, released when the loop ends, whatever ends it): the engine's paged pool is laid out for one
-network (the thinker's layers, heads and head size), and the talker's differ.
+Its KV is a sequence of the engine's paged pool for the talker (its own layout: the talker's layers, heads
+and head size; the program names the talker in `paged_networks`), reserved at init and returned when the
+loop ends, whatever ends it. Its steps are paged decode plans fed input rows (`INPUT_EMBEDS`), so the talker
+steps of concurrent speech requests run as one batched forward, as chats do.
 """
 
 from __future__ import annotations
@@ -15,65 +16,25 @@ import torch
 from torch import Tensor
 
 from vidloom.core.chat import SamplingParams
-from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
+from vidloom.core.loop import DONE, KV_SEQUENCE, Done, LoopContext, StepPlan
 from vidloom.core.speech import MAX_AUDIO_TOKENS
 from vidloom.decoding.sampling import make_generator, next_token
-from vidloom.models.cosmos3.transformer import grouped_attention
 from vidloom.models.qwen_omni.config import TalkerTokens
 from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
 from vidloom.models.qwen_omni.talker_inputs import TalkerInputs, shape_logits, step_input, talker_inputs
 from vidloom.recipes.qwen_omni.stream_audio import STREAM, AudioPiece, AudioStream, decode_chunk, open_stream
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt, ThinkerOutput
+from vidloom.runtime.paged_decode import INPUT_EMBEDS
 
 TALKER = "talker"
 CODES_PER_TEXT_TOKEN = 16  # ~0.3 s of speech (50 codes/s) per text token: a cap for talkers that never stop
 MIN_AUDIO_TOKENS = 64
 
 
-class SlabKV:
-    """One sequence's K/V [layers, capacity, kv_heads, head_dim], filled in order (the KVAttention protocol)."""
-
-    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, scale: float,
-                 device: torch.device, dtype: torch.dtype) -> None:
-        self.k = torch.zeros(layers, capacity, kv_heads, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.scale, self.length, self._start = scale, 0, 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    @staticmethod
-    def bytes_for(layers: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * layers * capacity * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
-    def begin(self, tokens: int) -> SlabKV:
-        """Start a forward over `tokens` new tokens (after `length` cached)."""
-        if self.length + tokens > self.k.shape[1]:
-            raise ValueError(f"talker sequence outgrew its {self.k.shape[1]}-token KV slab")
-        self._start = self.length
-        self.length += tokens
-        return self
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        start, end = self._start, self.length
-        self.k[layer, start:end] = k.to(self.k.dtype)
-        self.v[layer, start:end] = v.to(self.v.dtype)
-        keys, values = self.k[layer, :end].to(q.dtype), self.v[layer, :end].to(q.dtype)
-        mask = torch.arange(end, device=q.device)[None] <= torch.arange(start, end, device=q.device)[:, None]
-        return grouped_attention(q, keys, values, self.scale, mask=mask)
-
-
-def talker_step(talker: OmniDecoder, embeds: Tensor, positions: Tensor, kv: SlabKV) -> Tensor:
-    """One talker forward over new input rows: the last row's codec logits [vocab] (float32, host)."""
-    hidden = talker.hidden(embeds, positions, kv.begin(embeds.shape[0]))
-    return talker.head(hidden[-1]).float().cpu()
-
-
 @dataclass
 class TalkerState:
     inputs: TalkerInputs
-    kv: SlabKV | None  # None: nothing to say
+    seq_id: str | None  # its paged KV sequence; None: nothing to say
     max_codes: int
     params: SamplingParams
     generator: torch.Generator | None
@@ -95,6 +56,12 @@ def audio_token_budget(prompt: SpeechPrompt, reply_tokens: int) -> int:
     return min(MAX_AUDIO_TOKENS, max(MIN_AUDIO_TOKENS, CODES_PER_TEXT_TOKEN * reply_tokens))
 
 
+def talker_tokens(prefill_rows: int, max_codes: int) -> int:
+    """The talker sequence's KV tokens: its prefill rows and a row per code (the last code's is never fed back:
+    one spare, as the slab it replaced had)."""
+    return prefill_rows + max_codes
+
+
 class TalkerLoop:
     """Codes one step at a time; for a streamed request (`audio_chunk_codes`), a chunk-decode step between
     them whenever a chunk's look-ahead has arrived (recipes.qwen_omni.stream_audio), and the rest at the end."""
@@ -110,7 +77,6 @@ class TalkerLoop:
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> TalkerState:
         prompt: SpeechPrompt = slots["speech"]
         out: ThinkerOutput = slots["thinker"]
-        c = self.talker.config
         param = next(self.talker.parameters())
         sampling = prompt.request.talker_sampling
         if prompt.request.seed is not None and not sampling.greedy:
@@ -121,15 +87,12 @@ class TalkerLoop:
         inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
                                out.fed_ids, out.hidden, out.media_at)
         max_codes = audio_token_budget(prompt, len(out.reply_ids))
-        capacity = inputs.prefill.shape[0] + max_codes
-        nbytes = SlabKV.bytes_for(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, param.dtype)
-        kv = ctx.allocate(nbytes, lambda: SlabKV(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim,
-                                                 self.talker.attention_scale, param.device, param.dtype))
+        seq_id = ctx.reserve_kv(talker_tokens(inputs.prefill.shape[0], max_codes), network=self.talker)
         stream = None
         if prompt.request.audio_chunk_codes is not None and self.token2wav is not None:
             stream = open_stream(*self.token2wav, prompt.voice, max_codes, prompt.request.audio_chunk_codes,
                                  prompt.request.ode_steps, prompt.request.seed)
-        return TalkerState(inputs, kv, max_codes, sampling, make_generator(sampling), ctx, inputs.prefill,
+        return TalkerState(inputs, seq_id, max_codes, sampling, make_generator(sampling), ctx, inputs.prefill,
                            seen=set(inputs.prompt_codes), stream=stream, sample_rate=self.sample_rate)
 
     def next(self, state: TalkerState) -> StepPlan | Done:
@@ -139,8 +102,8 @@ class TalkerLoop:
                             call=decode_chunk, inputs=stream.plan_inputs(state.codes, state.done))
         if state.done:
             return DONE
-        return StepPlan(loop=TALKER, index=len(state.codes), total=state.max_codes, call=talker_step,
-                        inputs={"talker": self.talker, "embeds": state.x, "kv": state.kv,
+        return StepPlan(loop=TALKER, index=len(state.codes), total=state.max_codes, call=self.talker,
+                        inputs={INPUT_EMBEDS: state.x, KV_SEQUENCE: state.seq_id, "start": state.position,
                                 "positions": text_positions(state.position, state.x.shape[0], state.x.device)})
 
     def advance(self, state: TalkerState, logits: Tensor | AudioPiece) -> TalkerState:
