@@ -58,11 +58,13 @@ class PhaseClock:
         self.calls = dict.fromkeys(PHASES, 0)
 
 
-def vidloom_side(name: str, clock: PhaseClock, dtype: str | None) -> Callable[[int], np.ndarray]:
+def vidloom_side(name: str, clock: PhaseClock, dtype: str | None, **deploy: Any) -> Callable[[int], np.ndarray]:
+    from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
     bench = FAMILIES[name]
-    generator = VideoGenerator.from_pretrained(bench.checkpoint(), device="cpu", dtype=dtype)
+    generator = VideoGenerator.from_pretrained(bench.checkpoint(), device="cpu", dtype=dtype,
+                                               deploy=DeployConfig(**deploy))
     instance = generator.engine.instance
     clock.wrap(instance["text_encoder"], "encode", "text")
     if name.startswith("far"):  # the rollout runs the staged network and decodes chunk by chunk
@@ -99,6 +101,8 @@ def reference_side(name: str, clock: PhaseClock, dtype: str) -> Callable[[int], 
 SIDES = {
     "vidloom default": lambda name, clock: vidloom_side(name, clock, None),
     "vidloom float32": lambda name, clock: vidloom_side(name, clock, "float32"),
+    # The fast path with CFG as two forwards per step (the default before cfg_mode "auto" batched it).
+    "vidloom sequential CFG": lambda name, clock: vidloom_side(name, clock, None, cfg_mode="sequential"),
     "reference bfloat16": lambda name, clock: reference_side(name, clock, "bfloat16"),
     "reference float32": lambda name, clock: reference_side(name, clock, "float32"),
 }

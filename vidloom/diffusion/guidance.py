@@ -157,8 +157,8 @@ AUTO_CFG_MODE = "auto"
 
 def resolve_cfg_mode(mode: str, device: torch.device | None, dtype: torch.dtype | None) -> str:
     """`mode` itself, or for "auto": "batched" on the CPU fast path (bfloat16 on CPU, where one forward of
-    batch 2 measured 7-17% less CPU per step than two of batch 1 on Wan's mid-size checkpoints:
-    bench/results/cfg_batch.json), else "sequential" (the reference's order, exact in float32)."""
+    batch 2 measured less CPU per step than two of batch 1 on Wan's mid-size checkpoints:
+    bench/results/phase_split.json), else "sequential" (the reference's order, exact in float32)."""
     if mode != AUTO_CFG_MODE:
         return mode
     on_cpu_fast_path = device is not None and device.type == "cpu" and dtype == torch.bfloat16
