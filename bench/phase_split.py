@@ -73,8 +73,9 @@ def vidloom_side(name: str, clock: PhaseClock, dtype: str | None, **deploy: Any)
         for stage in ("embed_step", "embed_recompute", "run_blocks", "head", "prefill"):
             clock.wrap(instance["transformer"], stage, "denoise")
         clock.wrap(far_loop, "decode_chunk", "decode")
-    else:
-        clock.wrap(instance["transformer"], "forward", "denoise")
+    else:  # LTX-2's network runs the transformer stage by stage; its audio decode counts as "other"
+        for stage in ("embed", "run_blocks", "head") if name.startswith("ltx2") else ("forward",):
+            clock.wrap(instance["transformer"], stage, "denoise")
         clock.wrap(instance["vae"], "decode", "decode")
     return lambda steps: np.asarray(generator.engine.run(bench.vidloom_request(steps))["video"], dtype=np.float32)
 
