@@ -3,7 +3,8 @@
 For each family: load vidloom's default (the fast path), capture one step's conditional and unconditional
 transformer inputs from a real generation, then time both forms alternately (A, B, B, A, ...) in CPU seconds
 with one torch thread, recording the load average; the max abs difference of the two forms' outputs is kept.
-This is what cfg_mode "auto" (vidloom/diffusion/guidance.py) rests on.
+Measured here (bench/results/cfg_batch.json): 1.11x on wan2.2-ti2v-mid (192 tokens) but 0.81x on wan2.1-mid
+(768 tokens) under a rising load, so the fast path keeps the reference's sequential default.
 
     python bench/cfg_batch.py [--families wan2.2-ti2v-mid,wan2.1-mid] [--rounds 5]
 """

@@ -34,9 +34,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pixels between tile starts (default 3/4 of --vae-tile)")
     group.add_argument("--attention-backend", default="sdpa", metavar="NAME",
                        help="DiT attention kernel: sdpa | flash (flash-attn) | sage (SageAttention); default sdpa")
-    group.add_argument("--cfg-mode", default="auto", metavar="MODE",
-                       help="auto (batched on the CPU bf16 fast path, else sequential) | sequential (two forwards "
-                            "per step) | batched (one forward of batch 2)")
+    group.add_argument("--cfg-mode", default="sequential", metavar="MODE",
+                       help="sequential (two forwards per step) | batched (one forward of batch 2)")
     group.add_argument("--step-cache", default="none", metavar="POLICY",
                        help="none | teacache | fbcache: reuse DiT block residuals on steps that barely change")
     group.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",

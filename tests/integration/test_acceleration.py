@@ -91,7 +91,7 @@ def test_threshold_without_a_deployed_cache_is_refused(tiny_wan_dir):
         (dict(attention_backend="flash"), "'flash' needs a CUDA device"),
         (dict(attention_backend="sage"), "'sage' needs a CUDA device"),
         (dict(attention_backend="xformers"), "known: sdpa, flash, sage"),
-        (dict(cfg_mode="parallel"), "known: auto, sequential, batched"),
+        (dict(cfg_mode="parallel"), "known: sequential, batched"),
         (dict(step_cache="tea"), "known: none, teacache, fbcache"),
     ],
 )

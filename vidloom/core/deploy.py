@@ -35,9 +35,8 @@ class DeployConfig:
     """Pixels between tile starts (default: 3/4 of vae_tile); the rest of each tile is blended."""
     attention_backend: str = "sdpa"
     """Attention kernel of the DiT: "sdpa" (PyTorch), "flash" (flash-attn) or "sage" (SageAttention); checked at load."""
-    cfg_mode: str = "auto"
-    """How CFG runs its two branches: "sequential" (two forwards, the reference), "batched" (one forward of batch 2)
-    or "auto" (batched on the CPU bfloat16 fast path, where it is faster; sequential elsewhere)."""
+    cfg_mode: str = "sequential"
+    """How CFG runs its two branches: "sequential" (two forwards, the reference) or "batched" (one forward of batch 2)."""
     step_cache: str = "none"
     """Step cache policy: "none", "teacache" or "fbcache" (first-block cache); skips DiT blocks on steps that barely change."""
     step_cache_threshold: float | None = None
@@ -122,10 +121,10 @@ class DeployConfig:
                 f"sp x cfg = {plan.world_size} processes; choose --sp and --cfg-parallel so that they multiply to "
                 f"--devices"
             )
-        if plan.cfg > 1 and self.cfg_mode not in ("sequential", "auto"):  # auto: the parallel policy decides
+        if plan.cfg > 1 and self.cfg_mode != "sequential":
             raise DeployError(
                 f"cfg_mode={self.cfg_mode!r} and CFG-parallel both decide how the two CFG branches run; "
-                "with --cfg-parallel leave cfg_mode at 'auto' or 'sequential'"
+                "with --cfg-parallel leave cfg_mode at 'sequential'"
             )
         if plan.world_size > 1 and self.step_cache != "none":
             # With sp each rank would take the skip decision on its own token shard and the

@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import DeployError
-from vidloom.core.instance import ModelInstance
 
 Network = Callable[[Tensor, Tensor, Tensor], Tensor]
 """(latents [B, C, F, H, W], timestep [B], text_embeds [B, L, D]) -> prediction like latents."""
@@ -151,29 +150,9 @@ CFG_MODES: dict[str, GuidancePolicy] = {
 rank pair, so the parallel worker builds it (DeployConfig.parallel.cfg = 2)."""
 
 
-AUTO_CFG_MODE = "auto"
-"""DeployConfig.cfg_mode's default: the mode `resolve_cfg_mode` picks for the device and compute dtype."""
-
-
-def resolve_cfg_mode(mode: str, device: torch.device | None, dtype: torch.dtype | None) -> str:
-    """`mode` itself, or for "auto": "batched" on the CPU fast path (bfloat16 on CPU, where one forward of
-    batch 2 measured less CPU per step than two of batch 1 on Wan's mid-size checkpoints:
-    bench/results/phase_split.json), else "sequential" (the reference's order, exact in float32)."""
-    if mode != AUTO_CFG_MODE:
-        return mode
-    on_cpu_fast_path = device is not None and device.type == "cpu" and dtype == torch.bfloat16
-    return "batched" if on_cpu_fast_path else "sequential"
-
-
-def cfg_batched(instance: ModelInstance) -> bool:
-    """Whether `instance`'s deployment runs CFG as one forward of batch 2 (memory estimates, compile buckets)."""
-    return resolve_cfg_mode(instance.deploy.cfg_mode, instance.device, instance.dtype) == "batched"
-
-
-def make_guidance(mode: str, device: torch.device | None = None, dtype: torch.dtype | None = None) -> GuidancePolicy:
-    """The policy registered as `mode` ("auto" resolved for `device` and `dtype`); unknown modes raise
-    DeployError listing the known ones."""
-    policy = CFG_MODES.get(resolve_cfg_mode(mode, device, dtype))
+def make_guidance(mode: str) -> GuidancePolicy:
+    """The policy registered as `mode`; unknown modes raise DeployError listing the known ones."""
+    policy = CFG_MODES.get(mode)
     if policy is None:
-        raise DeployError(f"unknown cfg_mode {mode!r}; known: {AUTO_CFG_MODE}, {', '.join(CFG_MODES)}")
+        raise DeployError(f"unknown cfg_mode {mode!r}; known: {', '.join(CFG_MODES)}")
     return policy

@@ -11,7 +11,6 @@ from vidloom.core.limits import RequestLimits
 from vidloom.core.output import EventCallback
 from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.diffusion.guidance import cfg_batched
 from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
@@ -158,7 +157,7 @@ class Engine(EngineDriver):
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:
     compile_denoisers(instance.components, instance.deploy.compile_backend, instance.card.model_id)
-    buckets = CompileBuckets(instance.deploy.warmup_shapes, cfg_batched=cfg_batched(instance))
+    buckets = CompileBuckets(instance.deploy.warmup_shapes, cfg_batched=instance.deploy.cfg_mode == "batched")
     import torch._dynamo
 
     # dynamo keeps this many graphs per code object (all blocks share their class's forward) and

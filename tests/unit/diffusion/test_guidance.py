@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.diffusion.guidance import BatchedCFG, ParallelCFG, SequentialCFG, cfg_combine, make_guidance
@@ -22,21 +21,8 @@ def test_combine_rule():
 
 
 def test_unknown_mode_lists_the_known_ones():
-    with pytest.raises(DeployError, match="unknown cfg_mode 'parallel'; known: auto, sequential, batched"):
+    with pytest.raises(DeployError, match="unknown cfg_mode 'parallel'; known: sequential, batched"):
         make_guidance("parallel")
-
-
-@pytest.mark.parametrize(("device", "dtype", "expected"), [
-    ("cpu", torch.bfloat16, BatchedCFG),  # the CPU fast path: one batch-2 forward is cheaper
-    ("cpu", torch.float32, SequentialCFG),  # exact parity with the reference's two forwards
-    ("cuda", torch.bfloat16, SequentialCFG),
-])
-def test_auto_batches_cfg_on_the_cpu_fast_path_only(device, dtype, expected):
-    assert DeployConfig().cfg_mode == "auto"
-    assert type(make_guidance("auto", torch.device(device), dtype)) is expected
-    # An explicit mode is kept whatever the device.
-    assert type(make_guidance("sequential", torch.device("cpu"), torch.bfloat16)) is SequentialCFG
-    assert type(make_guidance("batched", torch.device("cpu"), torch.float32)) is BatchedCFG
 
 
 def _step_inputs(transformer) -> dict:

@@ -7,7 +7,6 @@ full resolution through its widest full-resolution channels. Copy counts: core.f
 
 from __future__ import annotations
 
-from vidloom.diffusion.guidance import cfg_batched
 from vidloom.core.footprint import (
     VAE_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes, video_bytes,
 )
@@ -43,7 +42,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     references = sum(_reference_pixels(image) // (multiple * multiple) for image in request.image or ())
     distilled = bool(instance.components.get("distilled"))
     cfg = request.uses_cfg and not distilled
-    batch = 2 if cfg and cfg_batched(instance) else 1
+    batch = 2 if cfg and instance.deploy.cfg_mode == "batched" else 1
     tokens = cells + references + FLUX2_TEXT_TOKENS
     denoise = block_bytes(batch, tokens, dit.dim, SWIGLU_FACTOR * dit.mlp_dim, element_size(instance.dtype))
     vae = instance["vae"].config

@@ -76,7 +76,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
             return {"video": frames_to_uint8(frames).cpu().numpy()}
         return {"video": frames.cpu().numpy()}
 
-    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode, instance.device, instance.dtype)
+    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     loop = Flux2DenoiseLoop(transformer, instance["schedule"], instance.dtype, guidance)
     return Program(
         nodes=(

@@ -8,7 +8,6 @@ tests/integration/test_memory_estimates.py.
 
 from __future__ import annotations
 
-from vidloom.diffusion.guidance import cfg_batched
 from vidloom.core.footprint import FFN_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -27,7 +26,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     dit = instance["transformer"].config
     vae = instance["vae"].config
     text_tokens = instance["text_encoder"].max_length + 2  # the start and end tokens join the text
-    batch = 2 if request.uses_cfg and cfg_batched(instance) else 1
+    batch = 2 if request.uses_cfg and instance.deploy.cfg_mode == "batched" else 1
     tokens = dit.sample_size + 1 + text_tokens
     # SwiGLU: the FFN's projection is twice its width ([tokens, 2 * inner]) beside the gated product.
     denoise = block_bytes(batch, tokens, dit.dim, (FF_MULT * dit.dim * 3) // FFN_COPIES, element_size(instance.dtype))

@@ -58,7 +58,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         ctx.progress("decode", 1, 1)
         return {"audio": waveform.float().cpu(), "sample_rate": rate, "video": NO_FRAMES}
 
-    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode, instance.device, instance.dtype)
+    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     loop = StableAudioDenoiseLoop(transformer, sampler, instance.dtype, guidance)
     return Program(
         nodes=(

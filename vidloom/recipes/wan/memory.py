@@ -14,7 +14,6 @@ from functools import partial
 
 import torch
 
-from vidloom.diffusion.guidance import cfg_batched
 from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -40,7 +39,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     latent_h, latent_w = request.height // vae.spatial_factor, request.width // vae.spatial_factor
     _, p_h, p_w = dit.patch_size
     tokens = latent_frames * (latent_h // p_h) * (latent_w // p_w)
-    batch = 2 if request.uses_cfg and cfg_batched(instance) else 1
+    batch = 2 if request.uses_cfg and instance.deploy.cfg_mode == "batched" else 1
     denoise = batch * tokens * (HIDDEN_COPIES * dit.inner_dim + FFN_COPIES * dit.ffn_dim) * act
     pipeline = instance.components.get("wan_pipeline")
     if getattr(pipeline, "expand_timesteps", False):

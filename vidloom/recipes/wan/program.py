@@ -82,7 +82,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         return {"video": frames.cpu().numpy()}
 
     # At load: an unknown mode fails before any request.
-    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode, instance.device, instance.dtype)
+    guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     sampler_config = instance["sampler_config"]
     if instance.card.recipe.timesteps:  # a distilled checkpoint samples at the steps its recipe lists
         sampler_config = dataclasses.replace(sampler_config, dmd_timesteps=instance.card.recipe.timesteps)
