@@ -24,8 +24,10 @@ from report import RESULTS, environment  # noqa: E402
 
 # Latent shapes per size: small fits a shared 2-core CPU; mid is 480x832 x 17 frames (Wan) / 1024^2 (Flux2).
 SIZES = {
-    "small": {"wan2.1": (1, 16, 2, 16, 24), "wan2.2": (1, 48, 2, 8, 12), "flux2": (1, 128, 16, 16)},
-    "mid": {"wan2.1": (1, 16, 5, 60, 104), "wan2.2": (1, 48, 5, 30, 52), "flux2": (1, 128, 64, 64)},
+    "small": {"wan2.1": (1, 16, 2, 16, 24), "wan2.2": (1, 48, 2, 8, 12), "flux2": (1, 128, 16, 16),
+              "ltx2": (1, 32, 4, 8, 8)},
+    "mid": {"wan2.1": (1, 16, 5, 60, 104), "wan2.2": (1, 48, 5, 30, 52), "flux2": (1, 128, 64, 64),
+            "ltx2": (1, 32, 4, 16, 16)},
 }
 Decode = Callable[[torch.Tensor], torch.Tensor]
 
@@ -75,12 +77,39 @@ def _flux2() -> tuple[Callable[[torch.dtype], Decode], Decode]:
     return ours, reference
 
 
+def _ltx2() -> tuple[Callable[[torch.dtype], Decode], Decode]:
+    """LTX-2's video VAE as bench/family_bench.py's ltx2-mid checkpoint has it (its latents: 25 frames of 256^2)."""
+    from diffusers import AutoencoderKLLTX2Video
+    from family_bench import FAMILIES as CHECKPOINTS
+
+    from vidloom.layers.memory_format import use_channels_last
+    from vidloom.models.ltx2.checkpoint import load_video_vae
+
+    folder = CHECKPOINTS["ltx2-mid"].checkpoint() / "vae"
+    ref = AutoencoderKLLTX2Video.from_pretrained(str(folder)).eval()
+    timestep = torch.tensor([0.05]) if ref.config.timestep_conditioning else None
+
+    def ours(dtype: torch.dtype) -> Decode:
+        vae = load_video_vae(folder, dtype=dtype)
+        if dtype == torch.bfloat16:
+            use_channels_last(vae)  # as the fast path loads it (vidloom/recipes/ltx2/load.py)
+        step = None if timestep is None else timestep.to(dtype)
+        return lambda z: (torch.manual_seed(0), vae.decode(z.to(dtype), step))[1].float().clamp(-1, 1)
+
+    def reference(z: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(0)  # the decoder's noise injection, where the config enables it
+        return ref.decode(z, timestep).sample.clamp(-1, 1)
+
+    return ours, reference
+
+
 FAMILIES: dict[str, Callable[[], tuple[Callable[[torch.dtype], Decode], Decode]]] = {
     "wan2.1": lambda: _wan({}),
     "wan2.2": lambda: _wan(dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4),
                                 num_res_blocks=2, is_residual=True, patch_size=2, in_channels=12, out_channels=12,
                                 latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48)),
     "flux2": _flux2,
+    "ltx2": _ltx2,
 }
 
 

@@ -128,7 +128,7 @@ class LTX2VideoVAE(nn.Module):
     def encode(self, video: Tensor, sample: bool = False, generator: torch.Generator | None = None) -> Tensor:
         """[B, 3, 1+t*k, H, W] in [-1, 1] -> raw latents [B, latent, 1+k, H/s, W/s]: the mode, or a sample."""
         self.check_video(video)
-        moments = self.encoder(video)
+        moments = self.encoder(video.to(self.latents_mean.dtype)).float()  # a bf16 VAE's latents, widened
         mean = moments[:, : self.config.latent_channels]
         if not sample:
             return mean

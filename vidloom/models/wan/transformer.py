@@ -21,6 +21,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
@@ -360,11 +361,11 @@ class WanAttention(nn.Module):
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
-        self.norm_q = nn.RMSNorm(dim, eps=eps)
-        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.norm_q = RMSNorm(dim, eps=eps)
+        self.norm_k = RMSNorm(dim, eps=eps)
         self.image_k = nn.Linear(image_dim, dim) if image_dim is not None else None
         self.image_v = nn.Linear(image_dim, dim) if image_dim is not None else None
-        self.image_norm_k = nn.RMSNorm(dim, eps=eps) if image_dim is not None else None
+        self.image_norm_k = RMSNorm(dim, eps=eps) if image_dim is not None else None
 
     def forward(self, x: Tensor, context: Tensor, rope: Tensor | None = None, image: Tensor | None = None) -> Tensor:
         # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention).
