@@ -1,11 +1,12 @@
 """Tiled decoding shared by every VAE: the tile grid, the linear cross-fade at seams, and the deploy rule.
 
-A latent is cut into overlapping tiles (`tile` cells every `stride` cells) along its last one (audio: time) or
-two (images, video: height and width) axes; each tile is decoded alone and the decoded tiles are put back in
-raster order, each cross-faded over the `tile - stride` overlap with the already-blended tile before it (above
-and to the left), then cut to `stride`. This is the rule of diffusers' `tiled_decode` (AutoencoderKL, Wan,
-LTX-2), so a family whose reference tiles this way agrees with it when configured alike. Peak activation
-memory then follows the tile, not the whole latent.
+Images and video (`decode_tiles_2d`): the latent is cut into overlapping tiles (`tile` cells every `stride`
+cells) over its last two axes; each tile is decoded alone and the decoded tiles are put back in raster order,
+each cross-faded over the `tile - stride` overlap with the already-blended tile above and to the left, then cut
+to `stride`: the rule of diffusers' `tiled_decode` (AutoencoderKL, Flux2, Wan, LTX-2). Audio
+(`decode_windows_1d`): windows over time whose overlapping context is decoded and cut away, diffusers' Oobleck
+rule. A family whose reference tiles this way agrees with it when configured alike. Peak activation memory
+then follows the tile, not the whole latent.
 """
 
 from __future__ import annotations
@@ -75,15 +76,24 @@ def decode_tiles_2d(latents: Tensor, decode: Decode, tiling: SpatialTiling, fact
     return out[..., : height * factor, : width * factor]
 
 
-def decode_tiles_1d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:
-    """Decode [..., t] in overlapping tiles over its last axis; returns [..., t*factor]."""
+def decode_windows_1d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:
+    """Decode [..., t] over its last axis in windows: each `stride`-cell core is decoded with up to
+    `(tile - stride) / 2` cells of context on each side, and the context's output is cut away again, so tiles
+    abut without a blend. This is diffusers' AutoencoderOobleck._tiled_decode (chunk = tile, overlap per side =
+    (tile - stride) / 2); an odd difference puts the extra cell on the right. Returns [..., t*factor]."""
     tile, stride = tiling.in_cells(factor)
     length = latents.shape[-1]
-    pieces = [decode(latents[..., i : i + tile]) for i in range(0, length, stride)]
-    extent = tiling.tile - tiling.stride
-    for k in range(1, len(pieces)):
-        pieces[k] = blend(pieces[k - 1], pieces[k], extent, dim=-1)
-    return torch.cat([p[..., : tiling.stride] for p in pieces], dim=-1)[..., : length * factor]
+    if length <= tile:
+        return decode(latents)  # as the reference: no tiles for a latent within one tile
+    left = (tile - stride) // 2
+    right = tile - stride - left
+    pieces = []
+    for core in range(0, length, stride):
+        start, stop = max(0, core - left), min(length, core + stride + right)
+        out = decode(latents[..., start:stop])
+        head, tail = (core - start) * factor, (stop - min(core + stride, length)) * factor
+        pieces.append(out[..., head : out.shape[-1] - tail])
+    return torch.cat(pieces, dim=-1)
 
 
 def blend(before: Tensor, tile: Tensor, extent: int, dim: int) -> Tensor:
