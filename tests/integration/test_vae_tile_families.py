@@ -2,9 +2,11 @@
 tiling are tests/parity/test_ltx2_video_vae.py, test_cosmos3_vae_tiling.py, test_flux2_modules.py and
 test_stable_audio_vae_tiling.py), and a tile that covers the whole output is the plain decode exactly.
 
-Tiled vs untiled output on these tiny random VAEs (measured on CPU; bounds ~3 dB lower): LTX-2 29.9 dB (tile 96,
-stride 64, 128x128), Cosmos3 21.8 dB (48/32, 64x64); the figures for Flux2, AnyFlow-FAR, SANA-WM and Stable
-Audio are in CASES (printed with -s as "<kind> vae_tile ...: <dB> dB, max abs <diff>").
+Tiled vs untiled output on these tiny random VAEs (measured on CPU, uint8 frames; bounds ~3 dB lower), max abs diff
+in brackets: LTX-2 29.9 dB [65] (tile 96, stride 64, 128x128), Cosmos3 21.8 dB [142] (48/32, 64x64), Flux2 23.7 dB
+[95] (32/24, 64x64), AnyFlow-FAR 17.6 dB [223] (48/32, 64x64, chunked decode), SANA-WM 18.7 dB [172] (96/64,
+128x128), Stable Audio 23.0 dB against the waveform's peak [0.12] (64/32 samples). Random decoders saturate, so a
+seam pixel may flip far; the VAE-level parity tests above are the exactness checks.
 """
 
 from __future__ import annotations
