@@ -82,12 +82,18 @@ TILES: dict[str, tuple[int, int]] = {
 }
 
 
+# A fixed mmap threshold: glibc otherwise raises it after the first large free, and later tensors then come from
+# a fragmenting heap whose high-water mark varied 2x between identical runs; above it every tensor is its own
+# mapping, returned when freed, so VmHWM follows the live tensors.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
 def probe(family: str, tile: int, stride: int) -> dict[str, Any]:
     """`measure` in a fresh interpreter, with the load average when it started and its wall time."""
     load = os.getloadavg()
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "tests.helpers.decode_peak", family, str(tile), str(stride)],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **MALLOC}, capture_output=True, text=True,
                          check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     return {**row, "wall_s": round(time.perf_counter() - start, 2), "loadavg": load}
