@@ -29,9 +29,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="chat models: tokens of paged KV cache shared by running chats (default 16384)")
     group.add_argument("--kv-session-ttl", type=float, default=0.0, metavar="SECONDS",
                        help="keep a finished causal video's KV resident this long for extend_from (default 0: off)")
-    group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in spatial tiles")
+    group.add_argument("--vae-tile", type=int, default=None, metavar="PIXELS", help="decode in tiles of this many pixels (audio VAEs: waveform samples)")
     group.add_argument("--vae-tile-stride", type=int, default=None, metavar="PIXELS",
-                       help="pixels between tile starts (default 3/4 of --vae-tile)")
+                       help="pixels (audio: samples) between tile starts (default 3/4 of --vae-tile)")
     group.add_argument("--attention-backend", default="sdpa", metavar="NAME",
                        help="attention kernel: sdpa | math (SDPA's math kernel) | flash (flash-attn) | "
                             "sage (SageAttention); default sdpa")

@@ -115,3 +115,13 @@ def test_cli_and_server_make_the_same_video(server, sana_dir, first_frame, tmp_p
         (tmp_path / "http.mp4").write_bytes(client.get(f"/v1/videos/{video_id}/content").content)
     assert np.array_equal(read_video(cli_out)[0], read_video(tmp_path / "http.mp4")[0])
     assert job["parameters"]["camera"] == "jw-8,w-8" and job["parameters"]["intrinsics"] == [60, 60, 40, 24]
+
+
+def test_cli_runs_with_the_shared_decode_and_prompt_options(sana_dir, first_frame, tmp_path):
+    # --vae-tile, --prompt-cache and --offload-text-encoder load and run for SANA-WM (no refusal); 96-pixel tiles
+    # every 64 on 128x128 (a 4x4 latent of the 32x VAE).
+    out = tmp_path / "tiled.mp4"
+    assert _generate(sana_dir, first_frame, out, "--camera", "w-8", "--intrinsics", "60,60,40,24", "--height", "128",
+                     "--width", "128", "--vae-tile", "96", "--vae-tile-stride", "64", "--prompt-cache", "2",
+                     "--offload-text-encoder") == 0
+    assert read_video(out)[0].shape == (9, 128, 128, 3)

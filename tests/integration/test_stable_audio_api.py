@@ -116,8 +116,15 @@ def test_card_from_the_demo_folder_matches_the_demo_card(cache):
 
 
 def test_unsupported_deploy_features_are_refused_at_load(cache):
-    with pytest.raises(DeployError, match="vae_tile"):
-        VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache, deploy=DeployConfig(vae_tile=256))
+    with pytest.raises(DeployError, match="offload_text_encoder"):
+        VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache,
+                                       deploy=DeployConfig(offload_text_encoder=True))
+
+
+def test_a_vae_tile_off_the_hop_fails_at_load_naming_the_unit(cache):
+    # vae_tile is in waveform samples for an audio VAE; the demo's hop is 128 samples per latent step.
+    with pytest.raises(DeployError, match=r"vae_tile \(200\).*multiples of 128 \(samples per latent cell"):
+        VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache, deploy=DeployConfig(vae_tile=200))
 
 
 def test_prompt_cache_and_batched_cfg_are_honoured(cache):

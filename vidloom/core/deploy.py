@@ -30,9 +30,9 @@ class DeployConfig:
     prompt_cache_size: int = 0
     """How many recent prompt embeddings to keep; repeated prompts skip the encoder."""
     vae_tile: int | None = None
-    """Decode in spatial tiles of this many pixels (None: whole frames) to bound peak memory."""
+    """Decode in tiles of this many pixels (audio VAEs: waveform samples; None: whole) to bound peak memory."""
     vae_tile_stride: int | None = None
-    """Pixels between tile starts (default: 3/4 of vae_tile); the rest of each tile is blended."""
+    """Pixels (audio: samples) between tile starts (default: 3/4 of vae_tile); the overlap is blended (audio: cut)."""
     attention_backend: str = "sdpa"
     """Attention kernel: "sdpa" (PyTorch), "math" (SDPA held to its math kernel), "flash" (flash-attn) or "sage"
     (SageAttention); checked at load (models that mask every call take sdpa or math only)."""

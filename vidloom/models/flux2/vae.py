@@ -1,7 +1,8 @@
 """The Flux2 image VAE: a 2D conv encoder/decoder with batch-norm statistics over patchified latents.
 
 Loads diffusers `AutoencoderKLFlux2` checkpoints through FLUX2_VAE_NAME_MAP. Encoding returns the
-posterior mean (what the Klein pipeline uses for reference images); decoding returns [-1, 1] pixels.
+posterior mean (what the Klein pipeline uses for reference images); decoding returns [-1, 1] pixels,
+whole or (`tiling`) in overlapping spatial tiles blended at the seams, diffusers' `tiled_decode` rule.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
 from vidloom.layers.memory_format import channels_last, use_channels_last
+from vidloom.layers.tiling import SpatialTiling, decode_tiles_2d
 from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
 
@@ -23,7 +25,7 @@ GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupno
 
 DIFFUSERS_CLASS_NAME = "AutoencoderKLFlux2"
 # Every AutoencoderKLFlux2.__init__ argument (diffusers 0.42). The block types and act_fn are checked (one value
-# each); sample_size only sizes diffusers' optional tiles (we do not tile) and batch_norm_momentum only moves
+# each); sample_size only sizes diffusers' default tiles (ours come from the deployment's vae_tile) and batch_norm_momentum only moves
 # the latent statistics in training, so both are accepted and unused here; the rest are read.
 CONFIG_KEYS = frozenset({
     "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
@@ -240,10 +242,20 @@ class Flux2VAE(nn.Module):
         mean, std = self._stats(latents)
         return (latents - mean) / std
 
-    def decode(self, latents: Tensor) -> Tensor:
-        """Normalized patchified latents -> [B, 3, H, W] in about [-1, 1]."""
+    def decode(self, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
+        """Normalized patchified latents -> [B, 3, H, W] in about [-1, 1].
+
+        With `tiling` (pixels; multiples of `config.spatial_factor`), the unpatchified latent is decoded in
+        overlapping tiles blended at the seams, as diffusers' AutoencoderKLFlux2.tiled_decode does (its
+        `tile_sample_min_size` T and overlap 0.25 are tile=T, stride=3T/4 here): peak memory follows the tile.
+        """
         mean, std = self._stats(latents)
         z = channels_last(unpatchify(latents * std + mean)).to(self._dtype())
+        if tiling is None:
+            return self._decode_raw(z)
+        return decode_tiles_2d(z, self._decode_raw, tiling, self.config.spatial_factor)
+
+    def _decode_raw(self, z: Tensor) -> Tensor:
         if self.post_quant_conv is not None:
             z = self.post_quant_conv(z)
         return self.decoder(z)

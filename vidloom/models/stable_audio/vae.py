@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.tiling import SpatialTiling, decode_windows_1d
 from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key, refuse_unknown_keys
 from vidloom.models.cosmos3.audio import NormedConv, ResidualUnit, Snake, UpBlock
 
@@ -131,8 +132,13 @@ class OobleckVAE(nn.Module):
         self.encoder = OobleckEncoder(config)
         self.decoder = OobleckDecoder(config)
 
-    def decode(self, latents: Tensor) -> Tensor:
-        return self.decoder(latents)
+    def decode(self, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
+        """Latents [B, C, T] -> waveform [B, audio_channels, T * hop]. With `tiling` (in waveform samples,
+        multiples of the hop), windows over time decode with overlapping context cut away again, as
+        diffusers' AutoencoderOobleck does with `enable_tiling`: peak memory follows the window."""
+        if tiling is None:
+            return self.decoder(latents)
+        return decode_windows_1d(latents, self.decoder, tiling, self.config.hop_length)
 
     @torch.no_grad()
     def encode_sample(self, audio: Tensor, generator: torch.Generator) -> Tensor:

@@ -26,7 +26,7 @@ from vidloom.models.cosmos3.audio import SoundDecoder
 from vidloom.models.cosmos3.generation import Cosmos3Generator
 from vidloom.models.cosmos3.layout import GenLayout
 from vidloom.models.wan.vae import WanVAE
-from vidloom.models.wan.vae_tiling import deploy_tiling
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.recipes.cosmos3.action_frames import encode_clip
 from vidloom.recipes.cosmos3.actions import ResolvedAction, action_caption
 from vidloom.recipes.cosmos3.gen_loop import Cosmos3DenoiseLoop

@@ -15,6 +15,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.flux2.vae import Flux2VAE
 from vidloom.recipes.flux2.loop import Flux2DenoiseLoop, Flux2Tokens
@@ -34,6 +35,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     multiple = instance.card.geometry.spatial_multiple
     distilled = bool(instance["distilled"])
     device = instance.device
+    tiling = deploy_tiling(instance.deploy, vae.config.spatial_factor)  # vae_tile: the shared 2D tiling rule
 
     def uses_cfg(request: GenerationRequest) -> bool:
         return request.uses_cfg and not distilled  # step-distilled Klein ignores guidance
@@ -69,7 +71,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         h, w = request.height // multiple, request.width // multiple
         latents: Tensor = slots["latents"]
         grid = latents.transpose(1, 2).reshape(latents.shape[0], -1, h, w).float()
-        image = vae.decode(grid)
+        image = vae.decode(grid, tiling)
         frames = (image.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)  # [1, H, W, 3]
         ctx.progress("decode", 1, 1)
         if frames.is_cuda:

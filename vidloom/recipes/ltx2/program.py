@@ -19,7 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
-from vidloom.models.wan.vae_tiling import deploy_tiling
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.recipes.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, recompress, unpack_audio
 from vidloom.recipes.ltx2.loop import STAGE2_LORA, LTX2DenoiseLoop
 from vidloom.recipes.ltx2.schedule import LTX2Schedule

@@ -31,12 +31,12 @@ CAPABILITIES = Capabilities(
     # layers directly (models/sana_wm/refiner.py), so it runs eagerly under --compile. --fp8 swaps the block linears
     # of both DiTs (runtime.fp8_denoisers). --cuda-graphs captures the stage-1 step (the request's camera is a graph
     # input); the refiner's steps write their window's K/V in place, so they run eagerly (runtime.cudagraph.capturable).
-    frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs"}),
+    # --vae-tile: the LTX-2 video VAE's tiled decode, stage 1's and the refiner's streamed prefixes alike.
+    # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
+    frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
+               "prompt_cache_size"}),
     {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
      "warmup_shapes": "a warmup request is text-only; every SANA-WM request needs a first image and a camera",
-     "offload_text_encoder": "the Gemma-2 encoder is not offloadable here yet",
-     "prompt_cache_size": "SANA-WM's prompt path has no embedding cache yet",
-     "vae_tile": "tiled decode exists for the Wan VAE only",
      "cfg_mode": "SANA-WM runs its CFG branches as one batch of two, as the reference does",
      "kv_cache_budget_bytes": "the stage-1 denoiser is bidirectional and keeps no KV cache",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",

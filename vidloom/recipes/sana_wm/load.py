@@ -31,7 +31,8 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     scheduler = ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")
     transformer = load_transformer(ckpt.component_dir("transformer"), device, compute)
     text = SanaWMTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device,
-                                  compute, card.max_prompt_tokens or 300)
+                                  compute, card.max_prompt_tokens or 300, offload=deploy.offload_text_encoder,
+                                  cache_size=deploy.prompt_cache_size)
     if text.hidden_size != transformer.config.caption_channels:
         raise CheckpointError(f"{ckpt.root}: the text encoder's width {text.hidden_size} != the transformer's "
                               f"caption_channels {transformer.config.caption_channels}")
@@ -48,6 +49,7 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
         raise DeployError("upsampler (--upsampler) is LTX-2's latent upsampler; SANA-WM's stage 2 is the "
                           f"refiner in {ckpt.root}/{REFINER_FOLDER}/ (--two-stage)")
     if deploy.two_stage:
-        components.update(load_refiner(ckpt.root, device, compute, vae.config.latent_channels))
+        components.update(load_refiner(ckpt.root, device, compute, vae.config.latent_channels,
+                                       deploy.offload_text_encoder, deploy.prompt_cache_size))
     return ModelInstance(card=card, components=components, device=device, dtype=compute,
                          checkpoint_dir=str(ckpt.root), deploy=deploy)

@@ -18,6 +18,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.layers.tiling import SpatialTiling, deploy_tiling
 from vidloom.media.video import frames_to_uint8
 from vidloom.recipes.sana_wm.camera import CameraInput
 from vidloom.recipes.sana_wm.loop import CameraTensors, SanaWMDenoiseLoop
@@ -29,6 +30,7 @@ def build_program(instance: ModelInstance) -> Program:
     transformer, vae, text_encoder = instance["transformer"], instance["vae"], instance["text_encoder"]
     device, dtype = instance.device, instance.dtype
     t_stride, s_stride = vae.temporal_compression_ratio, vae.spatial_compression_ratio
+    tiling = deploy_tiling(instance.deploy, s_stride)  # vae_tile: the LTX-2 video VAE's tiled decode
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -67,14 +69,14 @@ def build_program(instance: ModelInstance) -> Program:
         # A causal decoder decodes a prefix to the whole video's first frames: the refiner streams its chunks
         # and writes the video itself. Otherwise the refined latents are decoded once, below.
         streams = bool(vae.config.decoder_causal)
-        nodes += refine_nodes(instance, streams)
+        nodes += refine_nodes(instance, streams, tiling)
         if streams:
             return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
         drop = instance["refiner_settings"].sink_size
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         latents = slots["latents"].to(torch.float32)
-        video = vae.decode(vae.denormalize_latents(latents))
+        video = vae.decode(vae.denormalize_latents(latents), tiling=tiling)
         # After the refiner, the reference drops `sink_size` decoded frames (the unrefined anchor).
         frames = (video[0, :, drop:].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         ctx.progress("decode", 1, 1)
@@ -84,7 +86,7 @@ def build_program(instance: ModelInstance) -> Program:
     return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))
 
 
-def refine_nodes(instance: ModelInstance, streams: bool) -> tuple[Node, ...]:
+def refine_nodes(instance: ModelInstance, streams: bool, tiling: SpatialTiling | None = None) -> tuple[Node, ...]:
     """Stage 2: the refiner's prompt encoding and its chunk-causal rollout over stage 1's latents."""
     refiner_text = instance["refiner_text"]
 
@@ -92,7 +94,7 @@ def refine_nodes(instance: ModelInstance, streams: bool) -> tuple[Node, ...]:
         return {"refiner_text": refiner_text.encode([slots["request"].prompt])}
 
     loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"],
-                            vae=instance["vae"] if streams else None)
+                            vae=instance["vae"] if streams else None, tiling=tiling)
     return (
         Node("encode_refiner_text", reads=("request",), writes=("refiner_text",), run=encode_refiner_text),
         Node("refine", reads=("request", "latents", "refiner_text"),

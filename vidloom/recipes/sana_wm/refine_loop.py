@@ -23,6 +23,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
+from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.ltx2.transformer import LTX2Transformer
 from vidloom.models.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
 from vidloom.recipes.ltx2.text import LTX2Text
@@ -87,10 +88,13 @@ class SanaWMRefineLoop:
     name = STEP
 
     def __init__(self, transformer: LTX2Transformer, dtype: torch.dtype,
-                 settings: RefinerSettings = RefinerSettings(), vae: Any = None) -> None:
+                 settings: RefinerSettings = RefinerSettings(), vae: Any = None,
+                 tiling: SpatialTiling | None = None) -> None:
         """`vae` (a causal-decoder LTX-2 VAE): decode and emit each refined chunk as it finishes, and write
-        "video" (the chunks in order); None: latents only (the program decodes once at the end)."""
+        "video" (the chunks in order); None: latents only (the program decodes once at the end). `tiling`:
+        the deployment's vae_tile, spatial only, so a tiled prefix still decodes to the tiled video's first frames."""
         self.transformer, self.dtype, self.settings, self.vae = transformer, dtype, settings, vae
+        self.tiling = tiling
         self.steps = len(settings.sigmas) - 1
 
     def num_chunks(self, frames: int) -> int:
@@ -147,7 +151,7 @@ class SanaWMRefineLoop:
                               WindowMode.CAPTURE_HISTORY)
         _, end = self._frames(state)
         return StepPlan(loop=DECODE, index=state.chunk, total=total, call=decode_prefix,
-                        inputs={"vae": self.vae, "latents": state.out[:, :, :end]})
+                        inputs={"vae": self.vae, "latents": state.out[:, :, :end], "tiling": self.tiling})
 
     def _begin_chunk(self, state: RefineState) -> None:
         """The chunk's stage-1 latents noised to sigma_max (one draw per chunk) and the sink's slid rotary."""
@@ -227,8 +231,8 @@ class SanaWMRefineLoop:
         return {"latents": state.out, "video": torch.cat(state.emitted).numpy()}
 
 
-def decode_prefix(vae: Any, latents: Tensor) -> Tensor:
+def decode_prefix(vae: Any, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
     """Refined latents [1, C, F, h, w] so far -> their frames [1 + (F - 1) * t, H, W, 3] in [0, 1] on the CPU.
     With a causal decoder a prefix decodes to the first frames of the whole video's decode."""
-    video = vae.decode(vae.denormalize_latents(latents.to(torch.float32)))
+    video = vae.decode(vae.denormalize_latents(latents.to(torch.float32)), tiling=tiling)
     return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()

@@ -22,8 +22,10 @@ REFINER_PIPELINE = "SanaWMLTX2Refiner"
 REFINER_COMPONENTS = ("transformer", "connectors", "tokenizer", "text_encoder", "scheduler")
 
 
-def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_channels: int) -> dict[str, Any]:
-    """Components `refiner`, `refiner_text` and `refiner_settings`; errors name the folder and what is wrong."""
+def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_channels: int,
+                 offload_text: bool = False, prompt_cache_size: int = 0) -> dict[str, Any]:
+    """Components `refiner`, `refiner_text` and `refiner_settings`; errors name the folder and what is wrong.
+    `offload_text` / `prompt_cache_size`: the deployment's, for the refiner's Gemma-3 encoder too."""
     folder = root / REFINER_FOLDER
     if not (folder / "model_index.json").is_file():
         raise DeployError(f"two_stage (--two-stage) needs SANA-WM's refiner: {root} has no "
@@ -47,7 +49,8 @@ def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_ch
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     max_length = int(ckpt.index.get("text_max_sequence_length", LTX2_TEXT_TOKENS))
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
-                                device, dtype, max_length=max_length)
+                                device, dtype, max_length=max_length, offload=offload_text,
+                                cache_size=prompt_cache_size)
     c = connectors_config
     if text.hidden_states != c.text_proj_in_factor or text.hidden_size != c.caption_channels:
         raise CheckpointError(f"{folder}: the text encoder gives {text.hidden_states} hidden states of width "

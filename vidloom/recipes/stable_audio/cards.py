@@ -31,11 +31,11 @@ CAPABILITIES = Capabilities(
     # step_cache, compile, fp8_weights: the DiT declares the staged denoiser and its blocks (loop.StableAudioNetwork);
     # every request runs the model's whole window, so one compiled shape serves all (per CFG batch size).
     # cuda_graphs: the per-request duration token is a graph input (loop.StableAudioNetwork.graph_split).
-    frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights", "cuda_graphs"}),
+    # vae_tile: the Oobleck decoder in windows over time (tiling.decode_windows_1d; sizes in waveform samples).
+    frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile"}),
     {"warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
      "offload_text_encoder": "the T5 encoder is small and stays resident",
      "attention_backend": "the DiT attends through PyTorch SDPA only",
-     "vae_tile": "tiled decode exists for the Wan VAE only",
      "kv_cache_budget_bytes": "an audio denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",

@@ -19,6 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.cosine_dpm import CosineDPMConfig
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.models.stable_audio.projection import StableAudioProjection
 from vidloom.models.stable_audio.vae import OobleckVAE
 from vidloom.recipes.stable_audio.loop import StableAudioDenoiseLoop
@@ -34,6 +35,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     sampler: CosineDPMConfig = instance["scheduler"]
     transformer = instance["transformer"]
     device = instance.device
+    # vae_tile: windows over time in waveform samples (a multiple of the hop), the shared 1D rule.
+    tiling = deploy_tiling(instance.deploy, vae.config.hop_length, unit="samples")
 
     def encode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -54,7 +57,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         request: GenerationRequest = slots["request"]
         rate = vae.config.sampling_rate
         first, last = clip_samples(request, rate)
-        waveform = vae.decode(slots["latents"].float())[0, :, first:last]
+        waveform = vae.decode(slots["latents"].float(), tiling)[0, :, first:last]
         ctx.progress("decode", 1, 1)
         return {"audio": waveform.float().cpu(), "sample_rate": rate, "video": NO_FRAMES}
 

@@ -12,7 +12,7 @@ from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
 from vidloom.media.video import frames_to_uint8
 from vidloom.models.wan.vae import WanVAE
-from vidloom.models.wan.vae_tiling import deploy_tiling
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.recipes.wan.conditioning import (
     WanPipelineConfig,
     encode_video,

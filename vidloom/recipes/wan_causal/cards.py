@@ -29,10 +29,10 @@ DEFAULTS = SamplingDefaults(
 # Options whose mechanism assumes Wan's bidirectional denoiser are refused with the reason the rollout gives.
 CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile"}),
+               "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile",
+               # chunks decode as they finish, in tiles each with its own causal state across chunks (decode.py)
+               "vae_tile"}),
     {"cuda_graphs": "a rollout step writes the request's KV cache in place",
-     "vae_tile": "chunks decode as they finish through one causal cache that spans the rollout "
-                 "(models/wan/vae_stream.py); tiles would each need their own across chunks, which is not written",
      "cfg_mode": "the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "offload_idle_expert": "one expert: there is no idle expert",

@@ -32,13 +32,13 @@ from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
+from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.vae import WanVAE
-from vidloom.models.wan.vae_stream import StreamingDecode
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout
 from vidloom.models.wan_causal.transformer import FarText, FarTransformer
 from vidloom.recipes.wan_causal.network import FarNetwork
-from vidloom.recipes.wan_causal.decode import decode_chunk, video_frame_range
+from vidloom.recipes.wan_causal.decode import ChunkDecoder, decode_chunk, new_stream, video_frame_range
 
 CHUNK_PHASE = "chunks"
 """Progress phase reported once per finished chunk (plan steps report under their loop names)."""
@@ -128,7 +128,7 @@ class FarRolloutState:
     chunk_latents: Tensor
     sampler_state: Any = None
     cache: FarKVCache | None = None
-    stream: StreamingDecode | None = None
+    stream: ChunkDecoder | None = None
     step: int = 0
     prefilled: bool = False
     done_steps: int = 0
@@ -148,9 +148,12 @@ class FarRolloutLoop:
     name = STEP
 
     def __init__(self, transformer: FarTransformer, sampler_config: SamplerConfig, dtype: torch.dtype,
-                 kv_cache: bool = True, vae: WanVAE | None = None, text_encode: TextEncode | None = None) -> None:
+                 kv_cache: bool = True, vae: WanVAE | None = None, text_encode: TextEncode | None = None,
+                 tiling: SpatialTiling | None = None) -> None:
         """`vae`: decode and emit each chunk as it finishes (and write "video"); None: latents only.
-        `text_encode`: rebuilds an evicted session's KV (extensions need it)."""
+        `text_encode`: rebuilds an evicted session's KV (extensions need it). `tiling`: the deployment's
+        vae_tile (each chunk decodes in spatial tiles, each tile's causal state carried across chunks)."""
+        self.tiling = tiling
         self.text_encode = text_encode
         self.transformer = transformer
         self.sampler_config = sampler_config
@@ -180,7 +183,7 @@ class FarRolloutLoop:
             partition=partition, session=request.extend_from,
         )
         if self.vae is not None:
-            state.stream, state.frames = StreamingDecode(self.vae), []
+            state.stream, state.frames = new_stream(self.vae, self.tiling), []
         if self.kv_cache:
             ctx.hold(lambda: _release(state))
             state.cache = ctx.allocate(self._cache_bytes(layouts, state.text.batch),

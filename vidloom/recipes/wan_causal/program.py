@@ -13,6 +13,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession
 from vidloom.diffusion.noise import initial_noise
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.image import fit_image
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan_causal.transformer import FarTransformer
@@ -58,7 +59,8 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
 
     # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
     loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
-                          vae=vae if decode else None, text_encode=partial(encode_prompt_pair, text))
+                          vae=vae if decode else None, text_encode=partial(encode_prompt_pair, text),
+                          tiling=deploy_tiling(instance.deploy, vae.config.spatial_factor))
     outputs = ("video", "session") if decode else ("latents",)
     return Program(
         nodes=(
