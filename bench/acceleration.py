@@ -1,6 +1,7 @@
 """Per family, the plain path against each acceleration its card declares, on mid-size random checkpoints (CPU).
 
     OMP_NUM_THREADS=1 python bench/acceleration.py [--families wan,flux2,ltx2,far,cosmos3] [--rounds 2]
+    python bench/acceleration.py --markdown    # the docs' table from the saved JSON
 
 Settings: plain; fbcache and teacache (at a threshold that skips some steps of these random weights);
 compile (backend aot_eager: inductor would build C++ kernels for minutes here); cfg batched (one forward of
@@ -227,13 +228,55 @@ def _print(result: dict[str, Any]) -> None:
     print_table(["setting", "s / request", "vs plain", "PSNR dB", "skipped steps"], rows)
 
 
+def _describe(request: dict[str, Any], checkpoint: str) -> str:
+    shape = f"{request['height']}x{request['width']}" + (f"x{request['num_frames']}" if "num_frames" in request else "")
+    return f"{checkpoint}, {shape}, {request['num_inference_steps']} steps"
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The docs' table (docs/acceleration.md) from a saved run: per setting, the fastest round against plain's
+    fastest, the median against plain's median, PSNR against plain and the steps a step cache skipped."""
+    lines = ["| family (request) | plain (fastest / median) | " + " | ".join(SETTINGS[1:]) + " | load |",
+             "| --- " * (len(SETTINGS) + 2) + "|"]
+    for result in results:
+        rows, cells = result["settings"], []
+        for setting in SETTINGS[1:]:
+            if setting in result["refused"]:
+                cells.append("refused")
+                continue
+            row = rows[setting]
+            db = row["psnr_vs_plain_db"]
+            notes = ["exact" if db in ("inf", float("inf")) else f"{db:.1f} dB"]
+            cache = row.get("step_cache") or {}
+            if cache:
+                total = cache.get("skipped_steps", 0) + cache.get("computed_steps", 0)
+                notes.append(f"{cache.get('skipped_steps')}/{total} skipped @ {result['thresholds'][setting]}")
+            if setting == "policy_batch" and row.get("batch_stats"):
+                notes.append(f"mean batch {row['batch_stats'].get('mean_batch', 0):.1f}")
+            cells.append(f"{row['speedup_fastest_vs_plain']:.2f}x / {row['speedup_vs_plain']:.2f}x "
+                         f"({', '.join(notes)})")
+        plain = rows["plain"]
+        lines.append(f"| {result['family']} ({_describe(result['request'], result['checkpoint'])}) | "
+                     f"{plain['fastest_s']:.2f} / {plain['median_s']:.2f} s | {' | '.join(cells)} | "
+                     f"{result['loadavg_before']:.0f}-{result['loadavg_after']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of {', '.join(FAMILIES)}")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per setting (after one warm-up)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default="acceleration-mid-cpu.json")
+    parser.add_argument("--markdown", action="store_true", help="print the saved --out as the docs' table")
     args = parser.parse_args()
+    if args.markdown:
+        import json
+
+        from report import RESULTS
+
+        print(markdown(json.loads((RESULTS / args.out).read_text())["families"]))
+        return
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
