@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -269,10 +270,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default="acceleration-mid-cpu.json")
     parser.add_argument("--markdown", action="store_true", help="print the saved --out as the docs' table")
+    parser.add_argument("--merge", action="store_true", help="keep the other families' results of an existing --out")
     args = parser.parse_args()
     if args.markdown:
-        import json
-
         from report import RESULTS
 
         print(markdown(json.loads((RESULTS / args.out).read_text())["families"]))
@@ -282,11 +282,17 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--families: unknown {unknown}; known: {', '.join(FAMILIES)}")
     torch.set_num_threads(args.threads)
-    results = []
+    from report import RESULTS
+
+    previous = RESULTS / args.out
+    kept = [r for r in json.loads(previous.read_text())["families"] if r["family"] not in names] \
+        if args.merge and previous.exists() else []
+    results: list[dict[str, Any]] = []
     for name in names:
-        results.append(measure(name, args.rounds))
+        results.append({**measure(name, args.rounds), "rounds": args.rounds, "environment": environment()})
         _print(results[-1])
-        write_json(args.out, {"environment": environment(), "args": vars(args), "families": results})
+        ordered = sorted([*kept, *results], key=lambda r: list(FAMILIES).index(r["family"]))
+        write_json(args.out, {"environment": environment(), "args": vars(args), "families": ordered})
 
 
 if __name__ == "__main__":
