@@ -285,8 +285,11 @@ def main() -> None:
     from report import RESULTS
 
     previous = RESULTS / args.out
-    kept = [r for r in json.loads(previous.read_text())["families"] if r["family"] not in names] \
-        if args.merge and previous.exists() else []
+    kept = []
+    if args.merge and previous.exists():
+        saved = json.loads(previous.read_text())
+        # A family saved before results carried their own rounds ran with the file's.
+        kept = [{"rounds": saved["args"]["rounds"], **r} for r in saved["families"] if r["family"] not in names]
     results: list[dict[str, Any]] = []
     for name in names:
         results.append({**measure(name, args.rounds), "rounds": args.rounds, "environment": environment()})
