@@ -9,8 +9,8 @@ is `other`: total minus the phases. A component that is not an nn.Module (vidloo
 contributes the modules among its attributes. Cosmos3 has no text encoder: its text prefix runs in the
 transformer, on both sides, so it is part of its denoise.
 
-The hooks cost a Python call per module call (`hook_calls` in the result; a few thousand per generation at
-mid size, well under 1% of it). Phases are process CPU time (torch's intra-op threads included), opened and
+The hooks cost a Python call per module call (`hook_calls` in the result; about 3.7 us of CPU each, measured
+here on a chain of Identity modules). Phases are process CPU time (torch's intra-op threads included), opened and
 closed per thread; `threads` > 1 says phases ran on several threads and may overlap.
 """
 
