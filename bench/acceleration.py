@@ -1,6 +1,7 @@
 """Per family, the plain path against each acceleration its card declares, on mid-size random checkpoints (CPU).
 
     OMP_NUM_THREADS=1 python bench/acceleration.py [--families wan,flux2,ltx2,far,cosmos3] [--rounds 2]
+    python bench/acceleration.py --markdown    # the docs' table from the saved JSON
 
 Settings: plain; fbcache and teacache (at a threshold that skips some steps of these random weights);
 compile (backend aot_eager: inductor would build C++ kernels for minutes here); cfg batched (one forward of
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -227,23 +229,73 @@ def _print(result: dict[str, Any]) -> None:
     print_table(["setting", "s / request", "vs plain", "PSNR dB", "skipped steps"], rows)
 
 
+def _describe(request: dict[str, Any], checkpoint: str) -> str:
+    shape = f"{request['height']}x{request['width']}" + (f"x{request['num_frames']}" if "num_frames" in request else "")
+    return f"{checkpoint}, {shape}, {request['num_inference_steps']} steps"
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The docs' table (docs/acceleration.md) from a saved run: per setting, the fastest round against plain's
+    fastest, the median against plain's median, PSNR against plain and the steps a step cache skipped."""
+    lines = ["| family (request) | plain (fastest / median) | " + " | ".join(SETTINGS[1:]) + " | load |",
+             "| --- " * (len(SETTINGS) + 2) + "|"]
+    for result in results:
+        rows, cells = result["settings"], []
+        for setting in SETTINGS[1:]:
+            if setting in result["refused"]:
+                cells.append("refused")
+                continue
+            row = rows[setting]
+            db = row["psnr_vs_plain_db"]
+            notes = ["exact" if db in ("inf", float("inf")) else f"{db:.1f} dB"]
+            cache = row.get("step_cache") or {}
+            if cache:
+                total = cache.get("skipped_steps", 0) + cache.get("computed_steps", 0)
+                notes.append(f"{cache.get('skipped_steps')}/{total} skipped @ {result['thresholds'][setting]}")
+            if setting == "policy_batch" and row.get("batch_stats"):
+                notes.append(f"mean batch {row['batch_stats'].get('mean_batch', 0):.1f}")
+            cells.append(f"{row['speedup_fastest_vs_plain']:.2f}x / {row['speedup_vs_plain']:.2f}x "
+                         f"({', '.join(notes)})")
+        plain = rows["plain"]
+        lines.append(f"| {result['family']} ({_describe(result['request'], result['checkpoint'])}) | "
+                     f"{plain['fastest_s']:.2f} / {plain['median_s']:.2f} s | {' | '.join(cells)} | "
+                     f"{result['loadavg_before']:.0f}-{result['loadavg_after']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of {', '.join(FAMILIES)}")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per setting (after one warm-up)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default="acceleration-mid-cpu.json")
+    parser.add_argument("--markdown", action="store_true", help="print the saved --out as the docs' table")
+    parser.add_argument("--merge", action="store_true", help="keep the other families' results of an existing --out")
     args = parser.parse_args()
+    if args.markdown:
+        from report import RESULTS
+
+        print(markdown(json.loads((RESULTS / args.out).read_text())["families"]))
+        return
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise SystemExit(f"--families: unknown {unknown}; known: {', '.join(FAMILIES)}")
     torch.set_num_threads(args.threads)
-    results = []
+    from report import RESULTS
+
+    previous = RESULTS / args.out
+    kept = []
+    if args.merge and previous.exists():
+        saved = json.loads(previous.read_text())
+        # A family saved before results carried their own rounds ran with the file's.
+        kept = [{"rounds": saved["args"]["rounds"], **r} for r in saved["families"] if r["family"] not in names]
+    results: list[dict[str, Any]] = []
     for name in names:
-        results.append(measure(name, args.rounds))
+        results.append({**measure(name, args.rounds), "rounds": args.rounds, "environment": environment()})
         _print(results[-1])
-        write_json(args.out, {"environment": environment(), "args": vars(args), "families": results})
+        ordered = sorted([*kept, *results], key=lambda r: list(FAMILIES).index(r["family"]))
+        write_json(args.out, {"environment": environment(), "args": vars(args), "families": ordered})
 
 
 if __name__ == "__main__":

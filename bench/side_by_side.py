@@ -5,7 +5,8 @@ Cosmos3 chat at 16 concurrent greedy streams vs transformers' `generate` (bench/
 
 Every (family, setting) runs in a fresh process (comparable peak RSS, no shared warm caches) with --threads
 torch threads, that loads the model, runs a 1-step warm-up, then times one whole generation (text encoding,
-denoising, decode). Each family's settings run back to back and reverse their order on the next run
+denoising, decode), split per phase (bench/phase_split.py: CPU and wall seconds inside the text encoder, the
+denoiser and the VAE, and the rest). Each family's settings run back to back and reverse their order on the next run
 (A B C D, D C B A), and the machine's load average is recorded at each start. PSNR is against vidloom float32
 (the parity setting), the quality gate of every fast-path setting (>= 35 dB for the default); for chat, the
 share of vidloom float32's greedy tokens each setting reproduces.
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from family_bench import FAMILIES, PROMPT, SEED
+from phase_split import PHASES, timed_phases
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("vidloom default", "vidloom float32", "reference float32", "reference bfloat16")
@@ -68,6 +70,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
         dtype = None if setting == "vidloom default" else "float32"
         generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype=dtype)
         used = str(generator.engine.instance.dtype).removeprefix("torch.")
+        components = generator.engine.instance.components
         generate = lambda n: generator.engine.run(bench.vidloom_request(n))["video"]  # noqa: E731
     else:
         import diffusers
@@ -76,6 +79,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
         pipe = getattr(diffusers, bench.pipeline).from_pretrained(str(folder), dtype=dtype, **bench.load_kwargs)
         pipe.set_progress_bar_config(disable=True)
         used = str(dtype).removeprefix("torch.")
+        components = pipe.components
 
         def generate(n: int) -> np.ndarray:
             with torch.inference_mode():
@@ -83,12 +87,12 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
     load_s = time.perf_counter() - t0
     generate(bench.warmup_steps)
     wall0, cpu0 = time.perf_counter(), _cpu_s()
-    frames = generate(steps)
+    frames, phases = timed_phases(components, lambda: generate(steps))
     wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
     frames = frames.astype(np.float32) / 255.0 if frames.dtype == np.uint8 else frames.astype(np.float32)
     np.save(frames_path, frames)
     return {"dtype": used, "load_s": round(load_s, 2), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-            "peak_rss_mib": peak_rss_mib(), "steps": steps}
+            "peak_rss_mib": peak_rss_mib(), "steps": steps, "phases": phases}
 
 
 WORKER_TIMEOUT_S = 900.0
@@ -154,6 +158,9 @@ def _summarise(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         row: dict[str, Any] = {key: statistics.median(r[key] for r in good) for key in keys}
         row.update(dtype=good[0]["dtype"], runs=len(good), wall_s_all=[r["wall_s"] for r in good],
                    loadavg_1m_at_start=[r["loadavg_1m_at_start"] for r in runs])
+        if all("phases" in r for r in good):  # the per-phase split (bench/phase_split.py), medians
+            row["phases"] = {phase: {key: statistics.median(r["phases"][phase][key] for r in good)
+                                     for key in ("cpu_s", "wall_s")} for phase in (*PHASES, "other")}
         if reference is not None:
             row.update(_quality(np.load(good[0]["frames"]), np.load(reference)))
         rows[setting] = row
@@ -230,6 +237,26 @@ def markdown(table: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def phase_markdown(table: dict[str, Any]) -> str:
+    """The docs' per-phase table: CPU seconds of text encode, denoise, decode and the rest, and each phase's
+    speed-up over the reference at the row's own dtype (above 1: vidloom faster)."""
+    lines = ["| family | setting | dtype | text encode CPU s | denoise CPU s | decode CPU s | other CPU s | "
+             "vs ref same dtype: text / denoise / decode |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, family in table.items():
+        rows = family["settings"]
+        for setting, row in rows.items():
+            if "phases" not in row:
+                continue
+            same = rows.get("reference bfloat16" if row["dtype"] == "bfloat16" else "reference float32", {})
+            ratios = []
+            for phase in PHASES:
+                ours, theirs = row["phases"][phase]["cpu_s"], same.get("phases", {}).get(phase, {}).get("cpu_s")
+                ratios.append(f"{theirs / ours:.2f}x" if theirs and ours > 0.005 else "-")
+            cells = [f"{row['phases'][p]['cpu_s']:.2f}" for p in (*PHASES, "other")]
+            lines.append(f"| {name} | {setting} | {row['dtype']} | {' | '.join(cells)} | {' / '.join(ratios)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default=",".join(FAMILIES))
@@ -246,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         from report import RESULTS
 
-        print(markdown(json.loads((RESULTS / args.out).read_text())["families"]))
+        families = json.loads((RESULTS / args.out).read_text())["families"]
+        print(markdown(families))
+        if any("phases" in row for family in families.values() for row in family["settings"].values()):
+            print("\n" + phase_markdown(families))
         return 0
     if args.worker:
         print(json.dumps(worker(args.worker, args.setting, args.frames, args.threads)), flush=True)

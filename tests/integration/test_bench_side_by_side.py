@@ -65,3 +65,68 @@ def test_token_match_counts_the_shared_greedy_prefix():
 
 def test_peak_rss_is_this_process_own():
     assert 10 < peak_rss_mib() < 1 << 20
+
+
+def _spin(cpu_s: float) -> None:
+    """Burns `cpu_s` of this process's CPU time (load on the machine does not change it)."""
+    import time
+
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
+def test_phase_split_attributes_cpu_time_to_the_outermost_component_call():
+    import torch
+
+    from phase_split import timed_phases
+
+    class Work(torch.nn.Module):
+        def __init__(self, cpu_s: float, inner: torch.nn.Module | None = None) -> None:
+            super().__init__()
+            self.cpu_s, self.inner = cpu_s, inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            _spin(self.cpu_s)
+            return self.inner(x) if self.inner is not None else x
+
+    class TextWrapper:  # like vidloom's text encoders: not a Module, holds one
+        def __init__(self) -> None:
+            self.model = Work(0.05)
+
+    vae = Work(0.04, inner=Work(0.04))  # nested: counted once, 0.08 in all
+    components = {"text_encoder": TextWrapper(), "transformer": Work(0.03), "vae": vae, "scheduler": object()}
+
+    def generate() -> str:
+        components["text_encoder"].model(torch.zeros(1))
+        for _ in range(4):
+            components["transformer"](torch.zeros(1))
+            _spin(0.01)  # a scheduler step: other
+        vae(torch.zeros(1))
+        Work(0.05)(torch.zeros(1))  # a module of no component: other
+        return "frames"
+
+    result, split = timed_phases(components, generate)
+    assert result == "frames"
+    expected = {"text_encode": 0.05, "denoise": 0.12, "decode": 0.08, "other": 0.09}
+    for phase, cpu_s in expected.items():
+        assert abs(split[phase]["cpu_s"] - cpu_s) < 0.02, (phase, split)
+    assert split["threads"] == 1 and split["hook_calls"] == 8
+    # Hooks are removed afterwards: another call is not counted.
+    components["transformer"](torch.zeros(1))
+    assert timed_phases({}, lambda: None)[1]["hook_calls"] == 0
+
+
+def test_per_phase_table_gives_each_phase_speedup_at_the_same_dtype():
+    from side_by_side import phase_markdown
+
+    def row(dtype: str, text: float, denoise: float, decode: float) -> dict:
+        phases = {"text_encode": text, "denoise": denoise, "decode": decode, "other": 0.1}
+        return {"dtype": dtype, "phases": {k: {"cpu_s": v, "wall_s": v} for k, v in phases.items()}}
+
+    table = {"wan2.1-mid": {"settings": {
+        "vidloom default": row("bfloat16", 0.5, 4.0, 2.0), "reference float32": row("float32", 1.0, 8.0, 6.0),
+        "reference bfloat16": row("bfloat16", 0.5, 6.0, 1.0), "broken": {"error": "exit 1"}}}}
+    lines = phase_markdown(table).splitlines()
+    assert len(lines) == 2 + 3
+    assert lines[2] == "| wan2.1-mid | vidloom default | bfloat16 | 0.50 | 4.00 | 2.00 | 0.10 | 1.00x / 1.50x / 0.50x |"
