@@ -239,6 +239,7 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
                     self._batch_round(entry)
                 else:
                     self._step(entry)
+            self._idle_wait(decode, entry)
 
     @property
     def batch_stats(self) -> dict[str, float]:

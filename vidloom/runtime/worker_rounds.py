@@ -30,6 +30,10 @@ LORA_BATCHING = ("mixed", "grouped")
 each set applied to its own rows) or "grouped" (only runs with the same adapter set, names and scales, share one).
 The default is the one bench/lora.py measured faster (docs/lora.md, "Batching")."""
 DEFAULT_LORA_BATCHING = "mixed"
+KV_WAIT_POLL_S = 0.01
+"""A round in which nothing ran but requests waiting for paged KV blocks is followed by this pause (a submit ends
+it early): blocks held outside the worker's runs (a run stepped on another thread) free at their own pace, and
+retrying at once would only spin."""
 
 
 @dataclass
@@ -91,6 +95,13 @@ class WorkerRounds:
         group = [e for e in residents if e.key in self._entries and is_decode_step(e.run.pending_plan)]
         if group:
             self._run_decode(group)
+
+    def _idle_wait(self, decode: list[WorkEntry], picked: WorkEntry | None) -> None:
+        """After a round: pause `KV_WAIT_POLL_S` when its only work was waiting requests retrying their KV."""
+        with self._cond:
+            live = [e for e in decode if e.key in self._entries]
+            if picked is None and live and all(e.waiting for e in live):
+                self._cond.wait(KV_WAIT_POLL_S)
 
     def _run_decode(self, group: list[WorkEntry]) -> None:
         decoder = self.engine_decoder

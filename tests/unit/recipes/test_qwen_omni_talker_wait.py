@@ -109,6 +109,48 @@ def test_a_request_cancelled_while_waiting_for_the_talker_pool_frees_everything(
     assert gen.engine.admission.resident == 0  # its memory estimate was released too
 
 
+def test_a_request_waiting_on_blocks_held_elsewhere_polls_without_spinning_and_starts_once_they_free(small_pool):
+    """Blocks held outside the worker's runs (here: reserved by hand, as a run on another thread would): the
+    waiting request retries once per KV_WAIT_POLL_S, not in a tight loop, and runs as it does alone after."""
+    from vidloom.runtime.worker_rounds import KV_WAIT_POLL_S
+
+    gen = small_pool
+    speech = request(TEXTS[1])
+    ref = alone(gen, speech)
+    talker_pool = gen.engine.decoder.pool_of(gen.engine.instance["talker"])
+    talker_pool.allocator.reserve("other#1", POOL_TOKENS)
+    engine = AsyncEngine(gen.engine, slots=1)
+    try:
+        run = start_speech(gen.engine, speech)
+        tries = 0
+        prepare = run.prepare
+
+        def counted() -> bool:
+            nonlocal tries
+            tries += run.waiting_for_kv
+            return prepare()
+
+        run.prepare = counted  # type: ignore[method-assign]
+        handle = engine.submit_run(run, None, lambda o: o)
+        deadline = time.monotonic() + 120
+        while not run.waiting_for_kv:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        tries, started = 0, time.monotonic()
+        time.sleep(0.3)
+        waited = time.monotonic() - started
+        assert 0 < tries <= waited / KV_WAIT_POLL_S + 5  # a try per poll, not a spin
+        assert engine.in_flight == 1 and not handle._entry.future.done()
+        talker_pool.allocator.release("other#1")
+        out = handle.wait(120)
+    finally:
+        talker_pool.allocator.release("other#1")
+        engine.close()
+    assert out["codes"].tolist() == ref["codes"].tolist()
+    np.testing.assert_allclose(out["audio"], ref["audio"], atol=1e-4, rtol=0)
+    assert pools_empty(gen)
+
+
 def test_a_run_stepped_alone_still_fails_on_a_busy_pool(small_pool):
     """Nothing steps another run meanwhile, so nothing would free the blocks: the sync path raises at once."""
     gen = small_pool
