@@ -67,6 +67,11 @@ class CacheBudgetExceeded(VidloomError):
         return (type(self), (self.needed, self.in_use, self.budget, self.reason))
 
 
+class KVPoolBusy(CacheBudgetExceeded):
+    """A paged KV sequence that fits its empty pool but not the blocks free now (other sequences hold them): a
+    transient condition, which a run stepped among others waits out (RequestRun.kv_wait)."""
+
+
 class NonFiniteOutput(VidloomError):
     """The model produced NaN or inf values (bad weights, overflow in low precision)."""
 

@@ -150,7 +150,9 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
     def submit_run(self, run: RequestRun, on_event: EventCallback | None,
                    result: Callable[[dict[str, Any]], Any]) -> JobHandle:
         """Enqueue a prepared run of any program (a speech request's): it takes a generation slot and its paged
-        decode steps join every round's decode batch; it resolves to `result(outputs)`."""
+        decode steps join every round's decode batch; it resolves to `result(outputs)`. A loop of it that finds
+        its paged KV pool busy waits, retried each round, rather than failing (RequestRun.kv_wait)."""
+        run.kv_wait = True
         return self._enqueue(WorkEntry(run, _guarded(on_event) if on_event is not None else None, result))
 
     def _enqueue(self, entry: WorkEntry) -> JobHandle:
@@ -237,6 +239,7 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
                     self._batch_round(entry)
                 else:
                     self._step(entry)
+            self._idle_wait(decode, entry)
 
     @property
     def batch_stats(self) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.core.errors import CacheBudgetExceeded, KVPoolBusy
 from vidloom.layers.grouped_attention import grouped_attention
 
 BLOCK_SIZE = 16  # tokens per block (vLLM's default on GPU)
@@ -40,14 +40,16 @@ class BlockAllocator:
         self._lock = threading.Lock()
 
     def reserve(self, seq_id: str, tokens: int) -> list[int]:
-        """Blocks for `tokens` tokens of a new sequence; CacheBudgetExceeded (with the numbers) if they do not fit."""
+        """Blocks for `tokens` tokens of a new sequence. CacheBudgetExceeded (with the numbers) if they do not fit:
+        KVPoolBusy, its subclass, when they would fit the empty pool (other sequences hold the blocks now)."""
         need = blocks_for(tokens, self.block_size)
         with self._lock:
             if seq_id in self._tables:
                 raise ValueError(f"sequence {seq_id} already holds blocks")
             if need > len(self._free):
                 in_use = self.num_blocks - len(self._free)
-                raise CacheBudgetExceeded(need, in_use, self.num_blocks, reason=(
+                error = KVPoolBusy if need <= self.num_blocks else CacheBudgetExceeded
+                raise error(need, in_use, self.num_blocks, reason=(
                     f"the request needs {tokens} tokens of KV cache (prompt + max_tokens, {need} blocks of "
                     f"{self.block_size}) but only {len(self._free)} of kv_pool_tokens="
                     f"{self.num_blocks * self.block_size} tokens' {self.num_blocks} blocks are free ({in_use} held "

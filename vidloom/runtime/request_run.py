@@ -12,7 +12,7 @@ import torch
 
 from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.chat import ChatRequest
-from vidloom.core.errors import CacheBudgetExceeded, Cancelled
+from vidloom.core.errors import CacheBudgetExceeded, Cancelled, KVPoolBusy
 from vidloom.core.instance import ModelInstance
 from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import (
@@ -134,6 +134,11 @@ class RequestRun:
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
         self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
+        # Set by a driver that steps this run among others every round (AsyncEngine.submit_run): a loop whose
+        # reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit, instead
+        # of failing; `waiting_for_kv` is True meanwhile. Stepped alone nothing would free the blocks: it fails.
+        self.kv_wait = False
+        self.waiting_for_kv = False
 
     @property
     def done(self) -> bool:
@@ -391,7 +396,7 @@ class RequestRun:
         loop = node.loop
         held = len(self._releases)
         try:
-            state = loop.init(reads, self)
+            state = yield from self._init_loop(loop, reads, held)
             while not isinstance(plan := loop.next(state), Done):
                 self.check_cancelled()
                 if self._watch is not None:
@@ -406,3 +411,20 @@ class RequestRun:
         finally:
             # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
             self._release_held(held)
+
+    def _init_loop(self, loop: Any, reads: Mapping[str, Any], held: int) -> Generator[None, Any, Any]:
+        """`loop.init`, retried at each later unit (`yield None`: not ready this round) while its KV reservation
+        finds the pool busy and this run may wait (`kv_wait`); cancellation is honoured between tries."""
+        while True:
+            try:
+                state = loop.init(reads, self)
+            except KVPoolBusy:
+                if not self.kv_wait:
+                    raise
+                self._release_held(held)  # whatever the failed init took before its reservation
+                self.waiting_for_kv = True
+                yield None
+                self.check_cancelled()
+                continue
+            self.waiting_for_kv = False
+            return state

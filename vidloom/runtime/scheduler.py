@@ -38,6 +38,12 @@ def is_decoding(item: object) -> bool:
     return bool(getattr(item, "decoding", False))
 
 
+def is_waiting(item: object) -> bool:
+    """A resident request whose next loop waits for paged KV blocks that running sequences hold (a talker finding
+    its pool busy): it retries in every round's decode pass, and takes no policy turn meanwhile."""
+    return bool(getattr(item, "waiting", False))
+
+
 class Scheduler(Generic[T]):
     """One bounded waiting queue for every request kind, two kinds of resident places, and a policy.
 
@@ -120,15 +126,16 @@ class Scheduler(Generic[T]):
 
     def round(self) -> tuple[list[T], T | None]:
         """One round of work (see the class docstring): the residents whose decode steps run together in this
-        round's forward (decoders, and generation requests that are `decoding`), oldest first, then the
-        generation request that runs one unit after it (`pick`)."""
-        decode = [item for item in self._resident if is_decoder(item) or is_decoding(item)]
+        round's forward (decoders, and generation requests that are `decoding`; those `waiting` for KV blocks
+        retry there), oldest first, then the generation request that runs one unit after it (`pick`)."""
+        decode = [item for item in self._resident if is_decoder(item) or is_decoding(item) or is_waiting(item)]
         return decode, self.pick()
 
     def pick(self) -> T | None:
         """The resident generation request that should run its next unit, or None (AR sequences and requests
         that are `decoding` take no turn: every round steps them together)."""
-        generating = [item for item in self._resident if not is_decoder(item)]
+        # A waiting item takes no turn (under fifo, the next oldest runs: it may hold the blocks awaited).
+        generating = [item for item in self._resident if not is_decoder(item) and not is_waiting(item)]
         if not generating:
             return None
         if self.policy == "fifo":  # the oldest runs to its end; while it decodes, its decode steps are its turns

@@ -30,6 +30,10 @@ LORA_BATCHING = ("mixed", "grouped")
 each set applied to its own rows) or "grouped" (only runs with the same adapter set, names and scales, share one).
 The default is the one bench/lora.py measured faster (docs/lora.md, "Batching")."""
 DEFAULT_LORA_BATCHING = "mixed"
+KV_WAIT_POLL_S = 0.01
+"""A round in which nothing ran but requests waiting for paged KV blocks is followed by this pause (a submit ends
+it early): blocks held outside the worker's runs (a run stepped on another thread) free at their own pace, and
+retrying at once would only spin."""
 
 
 @dataclass
@@ -48,6 +52,11 @@ class WorkEntry:
     @property
     def key(self) -> str:
         return self.run.request.request_id
+
+    @property
+    def waiting(self) -> bool:
+        """Its next loop waits for paged KV blocks that running sequences hold (RequestRun.kv_wait)."""
+        return bool(getattr(self.run, "waiting_for_kv", False))
 
 
 class WorkerRounds:
@@ -74,17 +83,25 @@ class WorkerRounds:
 
     def _decode_round(self, residents: list[WorkEntry]) -> None:
         """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
-        in one forward; a sequence that just joined prefills in it."""
+        in one forward; a sequence that just joined prefills in it. A request waiting for KV blocks retries its
+        reservation here, once a round: one that gets them decodes at once."""
         for entry in residents:
             if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
                 continue
             if entry.run.done:
                 self._finish_completed(entry)
-            elif not is_decode_step(entry.run.pending_plan):
-                entry.decoding = False  # its decode loop ended: back to the policy's turns
+            else:  # False: its decode loop ended, back to the policy's turns
+                entry.decoding = is_decode_step(entry.run.pending_plan)
         group = [e for e in residents if e.key in self._entries and is_decode_step(e.run.pending_plan)]
         if group:
             self._run_decode(group)
+
+    def _idle_wait(self, decode: list[WorkEntry], picked: WorkEntry | None) -> None:
+        """After a round: pause `KV_WAIT_POLL_S` when its only work was waiting requests retrying their KV."""
+        with self._cond:
+            live = [e for e in decode if e.key in self._entries]
+            if picked is None and live and all(e.waiting for e in live):
+                self._cond.wait(KV_WAIT_POLL_S)
 
     def _run_decode(self, group: list[WorkEntry]) -> None:
         decoder = self.engine_decoder
@@ -116,8 +133,8 @@ class WorkerRounds:
         """Bring every resident generation request to its next loop step (running its component nodes), then
         run `first`'s step together with the compatible steps of others, oldest first."""
         with self._cond:
-            residents = [e for e in self._scheduler.residents() if not e.decoder]
-        for entry in residents:
+            residents = [e for e in self._scheduler.residents() if not e.decoder and not e.waiting]
+        for entry in residents:  # (a waiting one retries in the decode round)
             if entry.run.pending_plan is None and not self._guarded(entry, entry.run.prepare):
                 continue
             if entry.run.done:

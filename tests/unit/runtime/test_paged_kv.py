@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.core.errors import CacheBudgetExceeded, KVPoolBusy
 from vidloom.models.cosmos3.config import Cosmos3TextConfig
 from vidloom.models.cosmos3.transformer import Cosmos3Transformer, text_positions
 from vidloom.runtime.paged_kv import BlockAllocator, ContiguousKV, KVLayout, PagedKVPool
@@ -35,6 +35,18 @@ def test_admission_refuses_with_the_reason_and_holds_nothing():
     assert (exc.value.needed, exc.value.in_use, exc.value.budget) == (2, 3, 4)
     assert alloc.blocks_in_use == 3
     alloc.reserve("b", 16)  # exactly what is free still fits
+
+
+def test_a_sequence_that_fits_the_empty_pool_finds_it_busy_one_that_never_fits_does_not():
+    alloc = BlockAllocator(num_blocks=4, block_size=16)
+    alloc.reserve("a", 40)  # 3 blocks held
+    with pytest.raises(KVPoolBusy):  # 2 blocks: fits once "a" leaves (a run stepped among others waits)
+        alloc.reserve("b", 17)
+    with pytest.raises(CacheBudgetExceeded) as exc:  # 5 blocks: more than the whole pool, never fits
+        alloc.reserve("c", 65)
+    assert not isinstance(exc.value, KVPoolBusy)
+    alloc.release("a")
+    assert len(alloc.reserve("b", 17)) == 2 and alloc.blocks_in_use == 2
 
 
 def _model() -> Cosmos3Transformer:

@@ -172,3 +172,23 @@ def test_chats_and_videos_are_admitted_against_one_memory_ledger():
     s.remove("chat")
     assert [i.key for i in s.admit(fits)] == ["video"]  # 30 + 70 = 100, exactly the budget
     assert s.waiting == 1 and ledger.in_use == 100
+
+
+@dataclass
+class Talker:
+    key: str
+    waiting: bool = True  # its talker found the paged KV pool busy: it retries in the decode pass
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_request_waiting_for_kv_retries_in_every_decode_pass_and_takes_no_turn(policy):
+    s = Scheduler(policy, slots=2, queue_size=4)
+    waiter, holder = Talker("waiter"), Job("holder", 9)  # under fifo too: the younger one may hold the blocks
+    for item in (waiter, holder):
+        s.enqueue(item)
+    s.admit()
+    decode, picked = s.round()
+    assert decode == [waiter] and picked is holder
+    waiter.waiting = False  # it got its blocks
+    decode, picked = s.round()
+    assert decode == [] and picked is (waiter if policy == "fifo" else holder)

@@ -35,6 +35,9 @@ class TalkerInputs:
     prompt_codes: list[int]
 
 
+PREFILL_EXTRA_ROWS = 2  # talker prefill rows beyond the thinker prompt's: the voice's bos and the first reply row
+
+
 def talker_inputs(thinker: OmniDecoder, talker: OmniDecoder, tokens: TalkerTokens, voice_bos: int,
                   prompt_ids: Tensor, fed_ids: Tensor, hidden: Tensor, media_at: Tensor | None = None) -> TalkerInputs:
     """Build the talker's inputs from one thinker sequence.

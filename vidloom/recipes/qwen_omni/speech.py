@@ -86,8 +86,8 @@ def _sizing_field(prompt: SpeechPrompt) -> str:
 
 def check_talker_pool(prompt: SpeechPrompt, layout: Any) -> None:
     """Refuse a request whose talker sequence (prompt rows + its code budget) could never fit the talker's paged
-    pool, even empty, before anything runs (a fitting one that finds the pool busy waits in no queue: it fails
-    with CacheBudgetExceeded when its talker starts)."""
+    pool, even empty, before anything runs (a fitting one that finds the pool busy when its talker starts waits
+    for the blocks on the AsyncEngine, RequestRun.kv_wait; stepped alone it fails with KVPoolBusy)."""
     tokens = talker_tokens(len(prompt.prompt_ids) + TALKER_EXTRA_ROWS, audio_token_budget(prompt, prompt.max_tokens))
     capacity = layout.num_blocks * layout.block_size
     if tokens > capacity:

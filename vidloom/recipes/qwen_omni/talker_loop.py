@@ -2,7 +2,7 @@
 
 Its KV is a sequence of the engine's paged pool for the talker (its own layout: the talker's layers, heads
 and head size; the program names the talker in `paged_networks`), reserved at init and returned when the
-loop ends, whatever ends it. Its steps are paged decode plans fed input rows (`INPUT_EMBEDS`), so the talker
+loop ends, whatever ends it; when other talkers hold the blocks, the runtime retries init on a later round. Its steps are paged decode plans fed input rows (`INPUT_EMBEDS`), so the talker
 steps of concurrent speech requests run as one batched forward, as chats do.
 """
 
@@ -21,7 +21,13 @@ from vidloom.core.speech import MAX_AUDIO_TOKENS
 from vidloom.decoding.sampling import make_generator, next_token
 from vidloom.models.qwen_omni.config import TalkerTokens
 from vidloom.models.qwen_omni.decoder import OmniDecoder, text_positions
-from vidloom.models.qwen_omni.talker_inputs import TalkerInputs, shape_logits, step_input, talker_inputs
+from vidloom.models.qwen_omni.talker_inputs import (
+    PREFILL_EXTRA_ROWS,
+    TalkerInputs,
+    shape_logits,
+    step_input,
+    talker_inputs,
+)
 from vidloom.recipes.qwen_omni.stream_audio import STREAM, AudioPiece, AudioStream, decode_chunk, open_stream
 from vidloom.recipes.qwen_omni.thinker_loop import SpeechPrompt, ThinkerOutput
 from vidloom.runtime.paged_decode import INPUT_EMBEDS
@@ -84,10 +90,13 @@ class TalkerLoop:
         if len(out.fed_ids) == 0:  # the reply ended at once (its first token was the end): nothing to say
             return TalkerState(TalkerInputs(param.new_zeros(0), param.new_zeros(0), []), None, 0, sampling, None,
                                ctx, param.new_zeros(0), done=True)
+        # Reserved first: a busy pool (KVPoolBusy) makes the runtime retry init later, so a try costs nothing else.
+        max_codes = audio_token_budget(prompt, len(out.reply_ids))
+        prefill_rows = len(out.prompt_ids) + PREFILL_EXTRA_ROWS
+        seq_id = ctx.reserve_kv(talker_tokens(prefill_rows, max_codes), network=self.talker)
         inputs = talker_inputs(self.thinker, self.talker, self.tokens, prompt.voice.bos_token, out.prompt_ids,
                                out.fed_ids, out.hidden, out.media_at)
-        max_codes = audio_token_budget(prompt, len(out.reply_ids))
-        seq_id = ctx.reserve_kv(talker_tokens(inputs.prefill.shape[0], max_codes), network=self.talker)
+        assert inputs.prefill.shape[0] == prefill_rows, "talker prefill rows differ from what was reserved"
         stream = None
         if prompt.request.audio_chunk_codes is not None and self.token2wav is not None:
             stream = open_stream(*self.token2wav, prompt.voice, max_codes, prompt.request.audio_chunk_codes,
