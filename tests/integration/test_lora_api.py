@@ -175,9 +175,10 @@ def test_cli_fuse_loras_runs_the_adapters_fused(wan, tmp_path):
     assert applied > 5
     # The CLI fuses the adapter: its frames are the run-time ones, not the base's. Fused weights differ from the
     # run-time update by ~1e-6 in fp32 (frames within 1e-4: tests/parity/test_lora_generation.py); through this
-    # tiny random model and an mp4 round trip that usually stays within one uint8 level, but in some process
-    # states (CI's test order) it measured up to 31 levels on a few pixels (mean 2.0 against 13.6 for the
-    # adapter itself), cause not found; so this test bounds the mean, not the max.
+    # tiny random model and an mp4 round trip that usually stays within one uint8 level, but the checkpoint this
+    # file's fixture writes is not the same from process to process (base frames of three fresh writes differed
+    # by up to 42 levels; a reused folder gives identical frames), and on some draws the model amplifies the
+    # 1e-6 to 31 levels on a few pixels (mean 2.0 against 13.6 for the adapter itself); so this bounds the mean.
     assert np.abs(outputs["fused"] - outputs["run-time"]).mean() < 0.25 * applied
     assert cli.main(["generate", "--model", str(folder), "--prompt", "x", "--output", str(tmp_path / "x.mp4"),
                      *size, "--fuse-loras"]) != 0
