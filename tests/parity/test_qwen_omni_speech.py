@@ -35,13 +35,7 @@ def omni(request, tmp_path_factory):
 
 
 def run_speech(gen: VideoGenerator, request: SpeechRequest) -> dict:
-    run = start_speech(gen.engine, request)
-    try:
-        while not run.step():
-            pass
-        return run.outputs()
-    finally:
-        run.close()
+    return start_speech(gen.engine, request).finish()
 
 
 def capture_codes(model):

@@ -44,13 +44,7 @@ def speak(gen: VideoGenerator, chunk: int | None) -> tuple[dict, list]:
     events: list = []
     request = SpeechRequest(text=TEXT, voice="Chelsie", talker_sampling=GREEDY, seed=SEED, max_audio_tokens=CODES,
                             audio_chunk_codes=chunk)
-    run = start_speech(gen.engine, request, events.append)
-    try:
-        while not run.step():
-            pass
-        return run.outputs(), events
-    finally:
-        run.close()
+    return start_speech(gen.engine, request, events.append).finish(), events
 
 
 def open_stream(gen: VideoGenerator) -> stream_audio.AudioStream:

@@ -47,13 +47,7 @@ def _check(request: Any) -> SpeechRequest:
 def _run_ours(generator: Any, request: Any) -> Mapping[str, Any]:
     from vidloom.recipes.qwen_omni.speech import start_speech
 
-    run = start_speech(generator.engine, _check(request))
-    try:
-        while not run.step():
-            pass
-        out = run.outputs()
-    finally:
-        run.close()
+    out = start_speech(generator.engine, _check(request)).finish()
     return {"thinker": list(out["thinker"].reply_ids), "talker": out["codes"].tolist(),
             "vocoder.audio": np.asarray(out["audio"], dtype=np.float32)}
 

@@ -64,13 +64,7 @@ class EngineDriver:
         cancel: CancellationToken | None = None,
     ) -> dict[str, Any]:
         """Run every active node; return the program's output slots. Raises Cancelled at a boundary."""
-        run = self.start(request, on_event, cancel)
-        try:
-            while not run.step():
-                pass
-            return run.outputs()
-        finally:
-            run.close()
+        return self.start(request, on_event, cancel).finish()
 
 
 class Engine(EngineDriver):

@@ -236,6 +236,15 @@ class RequestRun:
         extra = self._interceptor.report() if self._interceptor is not None else {}
         return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
 
+    def finish(self) -> dict[str, Any]:
+        """Step to the end in this thread and return `outputs()`; `close()` runs however it ends."""
+        try:
+            while not self.step():
+                pass
+            return self.outputs()
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Drop every intermediate (latents, embeddings), also after failure or cancel.
 

@@ -42,11 +42,5 @@ def speech_result(outputs: dict[str, Any]) -> SpeechResult:
 
 def speak_alone(engine: Any, request: SpeechRequest, on_event: EventCallback | None = None,
                 cancel: CancellationToken | None = None) -> SpeechResult:
-    """Run `request` to the end in this thread; its KV (pool blocks, talker slab) is returned however it ends."""
-    run = start_speech(engine, request, on_event, cancel)
-    try:
-        while not run.step():
-            pass
-        return speech_result(run.outputs())
-    finally:
-        run.close()
+    """Run `request` to the end in this thread; its KV (thinker and talker pool blocks) is returned however it ends."""
+    return speech_result(start_speech(engine, request, on_event, cancel).finish())

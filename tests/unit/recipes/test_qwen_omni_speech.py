@@ -148,13 +148,7 @@ def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alon
                              max_audio_tokens=16)
 
     def alone(text: str) -> dict:
-        run = start_speech(gen.engine, request(text))
-        try:
-            while not run.step():
-                pass
-            return run.outputs()
-        finally:
-            run.close()
+        return start_speech(gen.engine, request(text)).finish()
 
     solo = [alone(text) for text in texts]
     batches: list[int] = []  # sequences per talker forward

@@ -40,13 +40,7 @@ def request(text: str, codes: int = 16, chunk: int | None = None) -> SpeechReque
 
 
 def alone(gen: VideoGenerator, speech: SpeechRequest) -> dict:
-    run = start_speech(gen.engine, speech)
-    try:
-        while not run.step():
-            pass
-        return run.outputs()
-    finally:
-        run.close()
+    return start_speech(gen.engine, speech).finish()
 
 
 def pools_empty(gen: VideoGenerator) -> bool:
