@@ -33,6 +33,7 @@ from vidloom.runtime.compile_stance import compile_stance
 from vidloom.runtime.cudagraph import StepGraphs, capturable
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
+from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.step_cache import make_step_cache
 
 T = TypeVar("T")
@@ -72,7 +73,7 @@ class CancellationToken:
         return self._event.is_set()
 
 
-class RequestRun:
+class RequestRun(RunHandle):
     """One validated request (a generation or a chat) moving through a program.
 
     `step()` runs one unit of work (a component node, or one loop step) and returns
@@ -235,15 +236,6 @@ class RequestRun:
         assert self._outputs is not None, "run has not finished"
         extra = self._interceptor.report() if self._interceptor is not None else {}
         return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
-
-    def finish(self) -> dict[str, Any]:
-        """Step to the end in this thread and return `outputs()`; `close()` runs however it ends."""
-        try:
-            while not self.step():
-                pass
-            return self.outputs()
-        finally:
-            self.close()
 
     def close(self) -> None:
         """Drop every intermediate (latents, embeddings), also after failure or cancel.

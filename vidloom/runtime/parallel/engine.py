@@ -28,6 +28,7 @@ from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.engine import CancellationToken, EngineDriver
 from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply
 from vidloom.runtime.parallel.plan import check_request
+from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.step_cache import make_step_cache
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ class PoolInstance:
     """Checkpoint the ranks loaded."""
 
 
-class ParallelRun:
-    """One request on the pool. Same surface as RequestRun: step / outputs / close / cancel / request / done."""
+class ParallelRun(RunHandle):
+    """One request on the pool. Same surface as RequestRun: step / outputs / close / finish / cancel / request / done."""
 
     def __init__(
         self,

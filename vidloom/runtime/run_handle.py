@@ -1,0 +1,34 @@
+"""What every started request offers its driver: step it, read its outputs, close it.
+
+`RequestRun` (one process) and `ParallelRun` (a pool of ranks) both implement it, so
+`Engine.run` and the parallel engine's `run` finish either the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RunHandle:
+    """Base of a started request; subclasses define `step`, `outputs` and `close`."""
+
+    def step(self) -> bool:
+        """Run the next unit of work; True once the request is done."""
+        raise NotImplementedError
+
+    def outputs(self) -> dict[str, Any]:
+        """The finished request's output slots."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop whatever the request still holds; safe to call more than once."""
+        raise NotImplementedError
+
+    def finish(self) -> dict[str, Any]:
+        """Step to the end in this thread and return `outputs()`; `close()` runs however it ends."""
+        try:
+            while not self.step():
+                pass
+            return self.outputs()
+        finally:
+            self.close()
