@@ -289,6 +289,13 @@ def test_a_streamed_client_that_leaves_after_the_first_chunk_frees_everything(sp
     engine = speech_server.app.state.jobs.engine
     [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]
     monkeypatch.setattr(talker, "end_ids", frozenset())  # thousands of codes: it is still speaking when we leave
+    advance = talker.advance
+
+    def slow_advance(state, logits):  # >= 20 s for its 4096 codes: a starved event loop cannot see it finish first
+        time.sleep(0.005)
+        return advance(state, logits)
+
+    monkeypatch.setattr(talker, "advance", slow_advance)
     before = engine.engine.caches.bytes_in_use
     body = {"model": model_id(speech_server), "voice": "Chelsie", "input": "the kite rose over the dunes " * 40,
             "response_format": "pcm", "stream_format": "audio"}
