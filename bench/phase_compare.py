@@ -1,11 +1,11 @@
 """Where a generation's CPU time goes, vidloom's default vs the reference pipeline at bfloat16, per phase.
 
 One process, one torch thread, both sides loaded on the same mid-size checkpoint (bench/family_bench.py),
-then generations alternating A, B, A, B... (after one warm-up each). Each phase is timed in CPU seconds
-(`time.process_time`) by wrapping its entry point on both sides: text encoding (vidloom's
-`WanTextEncoder.encode` / the pipeline's `encode_prompt`), the denoiser (every transformer forward; per step
-is the total over the steps), the VAE decode, and the rest of the generation (scheduler, noise, casts,
-Python). The load average is recorded before each generation.
+then generations alternating A, B, B, A... (after one warm-up each). Each phase is timed in CPU seconds by
+bench/phase_split.py's module hooks, the same split bench/side_by_side.py reports: time inside the text
+encoder's modules (and LTX-2's connectors), the denoiser's (every transformer call; per step is the total over
+the steps), the decode's (VAE, LTX-2's audio VAE and vocoder), and the rest of the generation (tokenizing, the
+scheduler, noise, casts, Python). The load average is recorded before each generation.
 
     python bench/phase_compare.py --families wan2.2-ti2v-mid,wan2.1-mid,far-mid [--rounds 2] [--out NAME]
 """
@@ -18,69 +18,34 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_bench import FAMILIES  # noqa: E402
+from phase_split import PhaseTimer  # noqa: E402
 
-PHASES = ("text", "denoise", "decode")
+KEY_OF = {"text_encode": "text", "denoise": "denoise", "decode": "decode"}
+"""phase_split's phase -> this file's row key prefix (`text_cpu_s`...), kept from its earlier results."""
 
-
-class PhaseClock:
-    """CPU seconds per phase, accumulated by wrapped callables (outermost call counts once)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self.calls: dict[str, int] = dict.fromkeys(PHASES, 0)
-        self._depth = 0
-
-    def wrap(self, owner: Any, attr: str, phase: str) -> None:
-        inner: Callable[..., Any] = getattr(owner, attr)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:
-                return inner(*args, **kwargs)
-            self._depth += 1
-            start = time.process_time()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                self.seconds[phase] += time.process_time() - start
-                self.calls[phase] += 1
-
-        setattr(owner, attr, timed)
-
-    def reset(self) -> None:
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.calls = dict.fromkeys(PHASES, 0)
+Side = tuple[Mapping[str, Any], Callable[[int], np.ndarray]]
+"""A loaded side: its components (what the phases are timed inside) and a generation of n steps."""
 
 
-def vidloom_side(name: str, clock: PhaseClock, dtype: str | None, **deploy: Any) -> Callable[[int], np.ndarray]:
+def vidloom_side(name: str, dtype: str | None, **deploy: Any) -> Side:
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
     bench = FAMILIES[name]
     generator = VideoGenerator.from_pretrained(bench.checkpoint(), device="cpu", dtype=dtype,
                                                deploy=DeployConfig(**deploy))
-    instance = generator.engine.instance
-    clock.wrap(instance["text_encoder"], "encode", "text")
-    if name.startswith("far"):  # the rollout runs the staged network and decodes chunk by chunk
-        import vidloom.recipes.wan_causal.loop as far_loop
-
-        for stage in ("embed_step", "embed_recompute", "run_blocks", "head", "prefill"):
-            clock.wrap(instance["transformer"], stage, "denoise")
-        clock.wrap(far_loop, "decode_chunk", "decode")
-    else:  # LTX-2's network runs the transformer stage by stage; its audio decode counts as "other"
-        for stage in ("embed", "run_blocks", "head") if name.startswith("ltx2") else ("forward",):
-            clock.wrap(instance["transformer"], stage, "denoise")
-        clock.wrap(instance["vae"], "decode", "decode")
-    return lambda steps: np.asarray(generator.engine.run(bench.vidloom_request(steps))["video"], dtype=np.float32)
+    run = lambda steps: np.asarray(generator.engine.run(bench.vidloom_request(steps))["video"],  # noqa: E731
+                                   dtype=np.float32)
+    return generator.engine.instance.components, run
 
 
-def reference_side(name: str, clock: PhaseClock, dtype: str) -> Callable[[int], np.ndarray]:
+def reference_side(name: str, dtype: str) -> Side:
     import diffusers
     import torch
 
@@ -88,25 +53,41 @@ def reference_side(name: str, clock: PhaseClock, dtype: str) -> Callable[[int], 
     pipe = getattr(diffusers, bench.pipeline).from_pretrained(
         str(bench.checkpoint()), dtype=getattr(torch, dtype), **bench.load_kwargs)
     pipe.set_progress_bar_config(disable=True)
-    clock.wrap(pipe, "encode_prompt", "text")
-    clock.wrap(pipe.transformer, "forward", "denoise")
-    clock.wrap(pipe.vae, "decode", "decode")
 
     def run(steps: int) -> np.ndarray:
         with torch.inference_mode():
             return np.asarray(bench.reference_call(pipe, bench.request, steps), dtype=np.float32)
 
-    return run
+    return pipe.components, run
 
 
-SIDES = {
-    "vidloom default": lambda name, clock: vidloom_side(name, clock, None),
-    "vidloom float32": lambda name, clock: vidloom_side(name, clock, "float32"),
+SIDES: dict[str, Callable[[str], Side]] = {
+    "vidloom default": lambda name: vidloom_side(name, None),
+    "vidloom float32": lambda name: vidloom_side(name, "float32"),
     # The fast path with CFG as one forward of batch 2 (cfg_mode "batched"; the default runs two).
-    "vidloom batched CFG": lambda name, clock: vidloom_side(name, clock, None, cfg_mode="batched"),
-    "reference bfloat16": lambda name, clock: reference_side(name, clock, "bfloat16"),
-    "reference float32": lambda name, clock: reference_side(name, clock, "float32"),
+    "vidloom batched CFG": lambda name: vidloom_side(name, None, cfg_mode="batched"),
+    "reference bfloat16": lambda name: reference_side(name, "bfloat16"),
+    "reference float32": lambda name: reference_side(name, "float32"),
 }
+
+
+def timed_row(side: Side, steps: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """One generation of `steps` under a PhaseTimer: its frames and its row of CPU seconds per phase."""
+    components, run = side
+    load = round(os.getloadavg()[0], 2)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    with PhaseTimer(components) as timer:
+        frames = run(steps)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    split = timer.split()
+    row = {f"{KEY_OF[p]}_cpu_s": split[p]["cpu_s"] for p in KEY_OF}
+    row["denoise_per_step_cpu_s"] = round(split["denoise"]["cpu_s"] / steps, 4)  # FAR: per step of all chunks
+    row["other_cpu_s"] = split["other"]["cpu_s"]
+    # transformer_calls: outermost entries into the denoiser's modules: one per forward, but a staged network
+    # (FAR's, LTX-2's) is entered once per submodule its stage methods call.
+    row.update(total_cpu_s=round(cpu, 3), wall_s=round(wall, 3), loadavg_1m=load,
+               transformer_calls=timer.calls["denoise"], hook_calls=timer.hook_calls)
+    return frames, row
 
 
 def measure(name: str, sides: tuple[str, ...], rounds: int) -> dict[str, Any]:
@@ -115,25 +96,14 @@ def measure(name: str, sides: tuple[str, ...], rounds: int) -> dict[str, Any]:
 
     bench = FAMILIES[name]
     steps = bench.request["steps"]
-    clocks = {side: PhaseClock() for side in sides}
-    runners = {side: SIDES[side](name, clocks[side]) for side in sides}
+    loaded = {side: SIDES[side](name) for side in sides}
     for side in sides:
-        runners[side](bench.warmup_steps)
+        loaded[side][1](bench.warmup_steps)
     samples: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     frames: dict[str, np.ndarray] = {}
     for index in range(rounds):
         for side in sides if index % 2 == 0 else sides[::-1]:
-            clock = clocks[side]
-            clock.reset()
-            load = round(os.getloadavg()[0], 2)
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            frames[side] = runners[side](steps)
-            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-            row = {f"{p}_cpu_s": round(clock.seconds[p], 3) for p in PHASES}
-            row["denoise_per_step_cpu_s"] = round(clock.seconds["denoise"] / steps, 4)  # FAR: per step of all chunks
-            row["other_cpu_s"] = round(cpu - sum(clock.seconds.values()), 3)
-            row.update(total_cpu_s=round(cpu, 3), wall_s=round(wall, 3), loadavg_1m=load,
-                       transformer_calls=clock.calls["denoise"])
+            frames[side], row = timed_row(loaded[side], steps)
             samples[side].append(row)
             print(f"  {name} {side} round {index}: {row}", flush=True)
     out: dict[str, Any] = {"request": bench.request, "steps": steps, "sides": {}}

@@ -59,6 +59,7 @@ class PhaseTimer:
         self._wall = dict.fromkeys(PHASES, 0.0)
         self._threads: set[int] = set()
         self.hook_calls = 0
+        self.calls = dict.fromkeys(PHASES, 0)  # outermost entries into each phase's modules
         self._handles: list[Any] = []
 
     def _enter(self, module: torch.nn.Module, *_: Any) -> None:
@@ -71,6 +72,7 @@ class PhaseTimer:
         if depth == 0:
             local.phase, local.cpu0, local.wall0 = phase, time.process_time(), time.perf_counter()
             self._threads.add(threading.get_ident())
+            self.calls[phase] += 1
         local.depth = depth + 1
 
     def _exit(self, module: torch.nn.Module, *_: Any) -> None:

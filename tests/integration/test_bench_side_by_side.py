@@ -117,6 +117,30 @@ def test_phase_split_attributes_cpu_time_to_the_outermost_component_call():
     assert timed_phases({}, lambda: None)[1]["hook_calls"] == 0
 
 
+def test_phase_compare_times_its_rows_with_the_same_hooks():
+    import torch
+
+    from phase_compare import timed_row
+
+    transformer = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    components = {"transformer": transformer, "vae": torch.nn.Identity(), "scheduler": object()}
+
+    def run(steps: int) -> np.ndarray:
+        x = torch.zeros(1, 4)
+        with torch.no_grad():
+            for _ in range(steps):
+                x = transformer(x)  # its two children are nested: one outermost call per step
+            _spin(0.05)  # a scheduler's work: other
+            return components["vae"](x).numpy()
+
+    frames, row = timed_row((components, run), 3)
+    assert frames.shape == (1, 4)
+    assert set(row) == {"text_cpu_s", "denoise_cpu_s", "decode_cpu_s", "denoise_per_step_cpu_s", "other_cpu_s",
+                        "total_cpu_s", "wall_s", "loadavg_1m", "transformer_calls", "hook_calls"}
+    assert row["transformer_calls"] == 3 and row["hook_calls"] == 3 * 3 + 1
+    assert row["other_cpu_s"] >= 0.04 and row["total_cpu_s"] >= row["other_cpu_s"] + row["denoise_cpu_s"] - 0.01
+
+
 def test_per_phase_table_gives_each_phase_speedup_at_the_same_dtype():
     from side_by_side import phase_markdown
 

@@ -6,13 +6,13 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Generator, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generator, Mapping, Protocol
 
 import torch
 
 from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.chat import ChatRequest
-from vidloom.core.errors import CacheBudgetExceeded, Cancelled, KVPoolBusy
+from vidloom.core.errors import CacheBudgetExceeded, Cancelled
 from vidloom.core.instance import ModelInstance
 from vidloom.core.loop import Done, StepInterceptor, StepPlan, is_decode_step
 from vidloom.core.output import (
@@ -33,10 +33,8 @@ from vidloom.runtime.compile_stance import compile_stance
 from vidloom.runtime.cudagraph import StepGraphs, capturable
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
-from vidloom.runtime.run_handle import RunHandle
+from vidloom.runtime.run_reservations import ReservingRun
 from vidloom.runtime.step_cache import make_step_cache
-
-T = TypeVar("T")
 
 PlanObserver = Callable[[StepPlan], None]
 """Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
@@ -73,13 +71,14 @@ class CancellationToken:
         return self._event.is_set()
 
 
-class RequestRun(RunHandle):
+class RequestRun(ReservingRun):
     """One validated request (a generation or a chat) moving through a program.
 
     `step()` runs one unit of work (a component node, or one loop step) and returns
     True once the program is done; the caller decides when to call it, which is
     how the async engine interleaves requests at step boundaries. Per-request state
-    (slots, loop state, the step interceptor's caches) lives here and is dropped by `close()`.
+    (slots, loop state, the step interceptor's caches) lives here and is dropped by `close()`; what it
+    reserves (its admission, KV blocks, cache buffers) and the KV wait are ReservingRun's (run_reservations.py).
     """
 
     def __init__(
@@ -104,12 +103,7 @@ class RequestRun(RunHandle):
         pool and decode forward, for loops that reserve KV (chat, a reasoner); `adapters`: how the request's
         LoRA adapters are resolved and applied (injected by the engine's builder)."""
         self.request = request
-        # The request's estimated peak, held in `admission` while it is resident (see admit).
-        self._admission = admission
-        self.memory_bytes = memory_bytes
-        self._admitted = admission is None
-        self.decoder = decoder
-        self.caches = caches or CacheManager()
+        super().__init__(admission, memory_bytes, decoder, caches)
         self._graphs = graphs
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
         self.instance = instance
@@ -134,28 +128,10 @@ class RequestRun(RunHandle):
         self._outputs: dict[str, Any] | None = None
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
-        self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
-        # Set by a driver that steps this run among others every round (AsyncEngine.submit_run): a loop whose
-        # reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit, instead
-        # of failing; `waiting_for_kv` is True meanwhile. Stepped alone nothing would free the blocks: it fails.
-        self.kv_wait = False
-        self.waiting_for_kv = False
 
     @property
     def done(self) -> bool:
         return self._outputs is not None
-
-    @property
-    def kind(self) -> str:
-        """What the admission ledger calls this run: "chat", or "request" (a generation, a speech request...)."""
-        return "chat" if isinstance(self.request, ChatRequest) else "request"
-
-    def admit(self) -> bool:
-        """Hold this request's estimated memory among the engine's resident requests; False: no room now
-        (a queue keeps it waiting). Released by `close`."""
-        if not self._admitted and self._admission is not None:
-            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind)
-        return self._admitted
 
     def step(self) -> bool:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
@@ -203,10 +179,7 @@ class RequestRun(RunHandle):
         component node ran instead (a whole unit) or the program ended."""
         if self._outputs is not None or self._plan is not None:
             return self._plan is not None
-        if not self._admitted:  # stepped without a queue: no room is an error, before any work
-            assert self._admission is not None
-            self._admission.reserve(self, self.memory_bytes, self.kind)
-            self._admitted = True
+        self._admit_or_fail()
         started = self._mark = time.perf_counter()
         try:
             with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
@@ -247,8 +220,7 @@ class RequestRun(RunHandle):
         self._units.close()  # runs the open loop's release path (see _run_node)
         self._release_held(0)
         self._slots.clear()
-        if self._admission is not None:
-            self._admission.release(self)
+        self._leave_admission()
         if self._interceptor is not None:
             self._interceptor.close()
         if self._loras is not None:
@@ -287,10 +259,6 @@ class RequestRun(RunHandle):
                 return self._graphs.get(plan.call)(**plan.inputs)
             return plan.call(**plan.inputs)
 
-    def hold(self, release: Callable[[], None]) -> None:
-        """Call `release` when the current loop ends (finish, failure or cancel)."""
-        self._releases.append(release)
-
     def emit(self, chunk: VideoChunk) -> None:
         """Pass a finished chunk to the caller as uint8 frames, the same conversion the final video gets."""
         if self._on_event is not None:
@@ -306,22 +274,6 @@ class RequestRun(RunHandle):
         """Pass decoded text (a chat's, a reasoning loop's) and its tokens to the caller as they are written."""
         if self._on_event is not None and (text or token_ids):
             self._on_event(TextEvent(self.request.request_id, phase, text, token_ids))
-
-    def reserve_kv(self, tokens: int, network: Any = None) -> str:
-        """Blocks of the engine's paged pool for `network` (None: the chat loop's) for one sequence, returned to
-        it when the loop ends."""
-        if self.decoder is None:
-            raise RuntimeError("this engine has no paged KV pool (its program declares no chat_loop)")
-        seq_id = self.decoder.reserve(self.request.request_id, tokens, network)
-        decoder = self.decoder
-        self.hold(lambda: decoder.release(seq_id))
-        return seq_id
-
-    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
-        """A cache buffer accounted to this request, released with the loop that asked for it."""
-        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
-        self.hold(lambda: self.caches.release(handle))
-        return buffer
 
     @property
     def keeps_sessions(self) -> bool:
@@ -348,10 +300,6 @@ class RequestRun(RunHandle):
         if buffer is not None:
             self.hold(lambda: self.caches.checkin_session(session_id))
         return buffer
-
-    def _release_held(self, keep: int) -> None:
-        while len(self._releases) > keep:
-            self._releases.pop()()
 
     def progress(self, phase: str, done: int, total: int) -> None:
         now = time.perf_counter()
@@ -412,20 +360,3 @@ class RequestRun(RunHandle):
         finally:
             # Also reached when the run is closed mid-loop (cancel, failure elsewhere).
             self._release_held(held)
-
-    def _init_loop(self, loop: Any, reads: Mapping[str, Any], held: int) -> Generator[None, Any, Any]:
-        """`loop.init`, retried at each later unit (`yield None`: not ready this round) while its KV reservation
-        finds the pool busy and this run may wait (`kv_wait`); cancellation is honoured between tries."""
-        while True:
-            try:
-                state = loop.init(reads, self)
-            except KVPoolBusy:
-                if not self.kv_wait:
-                    raise
-                self._release_held(held)  # whatever the failed init took before its reservation
-                self.waiting_for_kv = True
-                yield None
-                self.check_cancelled()
-                continue
-            self.waiting_for_kv = False
-            return state
