@@ -161,25 +161,26 @@ def test_cli_lora_flags(wan, tmp_path):
 
 
 def test_cli_fuse_loras_runs_the_adapters_fused(wan, tmp_path):
+    from PIL import Image
+
+    from vidloom.media.output import png_sequence_paths
+
     folder, path, _ = wan
     size = ["--height", "32", "--width", "32", "--frames", "5", "--steps", "2", "--seed", "3", "--device", "cpu",
             "--dtype", "float32"]
     outputs = {}
     for label, flags in {"base": [], "run-time": ["--lora", f"{path}:0.9"],
                          "fused": ["--lora", f"{path}:0.9", "--fuse-loras"]}.items():
-        out = tmp_path / f"{label}.mp4"
+        out = tmp_path / f"{label}.png"  # lossless frames: the fused-vs-run-time bound is the model's, not H.264's
         assert cli.main(["generate", "--model", str(folder), "--prompt", "a kite", "--output", str(out),
                          *size, *flags]) == 0
-        outputs[label] = read_video(out)[0].astype(int)
-    applied = np.abs(outputs["run-time"] - outputs["base"]).mean()
-    assert applied > 5
-    # The CLI fuses the adapter: its frames are the run-time ones, not the base's. Fused weights differ from the
-    # run-time update by ~1e-6 in fp32 (frames within 1e-4: tests/parity/test_lora_generation.py); through this
-    # tiny random model and an mp4 round trip that usually stays within one uint8 level, but the checkpoint this
-    # file's fixture writes is not the same from process to process (base frames of three fresh writes differed
-    # by up to 42 levels; a reused folder gives identical frames), and on some draws the model amplifies the
-    # 1e-6 to 31 levels on a few pixels (mean 2.0 against 13.6 for the adapter itself); so this bounds the mean.
-    assert np.abs(outputs["fused"] - outputs["run-time"]).mean() < 0.25 * applied
+        outputs[label] = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in png_sequence_paths(out, 5)])
+        outputs[label] = outputs[label].astype(int)
+    assert np.abs(outputs["run-time"] - outputs["base"]).mean() > 5
+    # fp32: fused weights differ from the run-time update by ~1e-6, the frames by ~1e-6 of the [0, 1] range
+    # (measured 2.4e-6), so a uint8 value moves by at most one level where it sits at a rounding boundary.
+    # (Through mp4 such a one-level change can grow to several levels on a few pixels: H.264 is lossy.)
+    assert np.abs(outputs["fused"] - outputs["run-time"]).max() <= 1
     assert cli.main(["generate", "--model", str(folder), "--prompt", "x", "--output", str(tmp_path / "x.mp4"),
                      *size, "--fuse-loras"]) != 0
 

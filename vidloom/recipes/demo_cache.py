@@ -8,6 +8,7 @@ through the same reader as a real checkpoint. These helpers are what every famil
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -125,3 +126,29 @@ def train_gemma_tokenizer(corpus: Iterable[str], vocab_size: int, model_max_leng
                                                       special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
     return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
                               unk_token="<unk>", padding_side="left", model_max_length=model_max_length)
+
+
+def unigram_vocab(words: Iterable[str], size: int, max_piece_len: int = 6, min_count: int = 2) -> list[tuple[str, float]]:
+    """A Unigram vocabulary counted from pre-tokenized `words`: every character, then the substrings of up
+    to `max_piece_len` characters seen at least `min_count` times (most characters covered first), each
+    scored log(count / total), highest first, ties by text. At most `size` pieces.
+
+    Counted, not trained: the `tokenizers` UnigramTrainer gives a different vocabulary on every run
+    (hash-map order decides which dropped character gets which penalty score and which of two tied pieces
+    gets the lower id, and its EM sums differ in the last digits), so checkpoints written from it differ
+    between fresh writes. These are SentencePiece's seed-vocabulary scores, without its EM pruning.
+    """
+    counts: dict[str, int] = {}
+    for word in words:
+        for start in range(len(word)):
+            for end in range(start + 1, min(len(word), start + max_piece_len) + 1):
+                counts[word[start:end]] = counts.get(word[start:end], 0) + 1
+    chars = sorted(piece for piece in counts if len(piece) == 1)
+    if len(chars) > size:
+        raise ValueError(f"unigram_vocab: the corpus has {len(chars)} characters, more than size={size}")
+    longer = sorted((piece for piece, n in counts.items() if len(piece) > 1 and n >= min_count),
+                    key=lambda piece: (-counts[piece] * len(piece), piece))
+    pieces = chars + longer[:size - len(chars)]
+    total = sum(counts[piece] for piece in pieces)
+    scored = [(piece, math.log(counts[piece] / total)) for piece in pieces]
+    return sorted(scored, key=lambda item: (-item[1], item[0]))

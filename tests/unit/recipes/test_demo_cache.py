@@ -8,7 +8,8 @@ from safetensors import safe_open
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
-from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, save_merged
+from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, save_merged, unigram_vocab
+from vidloom.recipes.wan.demo import train_tokenizer
 
 
 def _writer(calls: list[str]):
@@ -64,3 +65,28 @@ def test_save_merged_writes_two_modules_in_checkpoint_names_and_refuses_a_clash(
 def test_noise_note_says_random_weights_and_noise_by_design():
     note = noise_note("x-demo", "Family", "org/real")
     assert "RANDOM weights" in note and "noise by design" in note and "org/real" in note
+
+
+def test_unigram_vocab_covers_every_character_and_orders_by_score():
+    vocab = unigram_vocab(["▁a", "▁cat", "▁cats", "▁at", "▁bat"], size=12, max_piece_len=3)
+    pieces = [piece for piece, _ in vocab]
+    assert len(vocab) == 12 and len(set(pieces)) == 12
+    assert {"▁", "a", "b", "c", "s", "t"} <= set(pieces)  # every character, so no corpus word maps to <unk>
+    assert "at" in pieces and "▁ca" in pieces  # seen 4 and 2 times
+    assert "▁ba" not in pieces  # seen once: below min_count
+    assert vocab == sorted(vocab, key=lambda item: (-item[1], item[0]))
+    assert all(score < 0 for _, score in vocab)
+
+
+def test_unigram_vocab_refuses_a_size_below_the_character_count():
+    with pytest.raises(ValueError, match="size=3"):
+        unigram_vocab(["▁abc"], size=3)
+
+
+def test_demo_tokenizer_is_the_same_on_every_call():
+    # The tokenizers UnigramTrainer it replaced gave a different vocabulary on each call, even in one process.
+    first, second = train_tokenizer(), train_tokenizer()
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+    ids = first("a red fox jumps over a frozen river").input_ids
+    assert first.unk_token_id not in ids and ids[-1] == first.eos_token_id
+    assert first.decode(ids, skip_special_tokens=True) == "a red fox jumps over a frozen river"

@@ -18,7 +18,7 @@ from vidloom.recipes.diffusers_adapter.cards import adapted_card
 from vidloom.recipes.diffusers_adapter.signature import PipelineShape
 
 DEMO_ID = "diffusers-adapter-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
 DEMO_NOTE = noise_note(DEMO_ID, "CogVideoX (through the diffusers adapter)", "THUDM/CogVideoX-2b")
 TEXT_HIDDEN = 16

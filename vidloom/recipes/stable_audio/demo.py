@@ -25,7 +25,7 @@ from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, w
 from vidloom.recipes.stable_audio.cards import DEFAULTS, stable_audio_card
 
 DEMO_ID = "stable-audio-demo"
-DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_VERSION = 3  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
 DEMO_NOTE = noise_note(DEMO_ID, "Stable Audio Open", "stabilityai/stable-audio-open-1.0")
 TEXT_TOKENS = 32  # the tokenizer's model_max_length (the real checkpoint's is 128)

@@ -15,11 +15,11 @@ from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
 from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.recipes.demo_cache import ensure_written, fill_zeros, write_json
+from vidloom.recipes.demo_cache import ensure_written, fill_zeros, unigram_vocab, write_json
 from vidloom.recipes.wan.cards import wan_t2v_card
 
 DEMO_ID = "wan2.1-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20250225
 
 DEMO_NOTE = (
@@ -70,7 +70,7 @@ DEMO_DEFAULTS = SamplingDefaults(
     height=128, width=192, num_frames=17, fps=8, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=3.0, sampler="unipc", negative_prompt="",
 )
-# Sentences the demo tokenizer is trained on (offline, with the `tokenizers` library).
+# Sentences the demo tokenizer's vocabulary is counted from (offline; see train_tokenizer).
 TOKENIZER_CORPUS = (
     "a cat walks along the beach at sunset", "a red fox jumps over a frozen river",
     "the camera pans slowly across snowy mountains", "two dogs play in a green park",
@@ -79,6 +79,7 @@ TOKENIZER_CORPUS = (
     "close up of a flower opening in the morning light", "a train crosses a bridge in autumn",
     "children fly kites on a windy hill", "a drone shot of a forest and a lake",
 )
+TOKENIZER_VOCAB = 256  # at most this many tokens, specials included
 
 
 def demo_card() -> ModelCard:
@@ -115,17 +116,22 @@ def write_demo_checkpoint(folder: Path) -> None:
 
 
 def train_tokenizer():
-    """A small Unigram tokenizer trained offline on TOKENIZER_CORPUS, saved in T5 form."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    """A small Unigram tokenizer counted offline from TOKENIZER_CORPUS (see unigram_vocab), saved in T5 form.
+
+    The same on every call, so every fresh write of a checkpoint that holds it gives the same files."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import T5TokenizerFast
 
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    specials = ["<pad>", "</s>", "<unk>"]
+    normalizer, pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
+    words = [word for line in TOKENIZER_CORPUS
+             for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line))]
+    vocab = [(token, 0.0) for token in specials] + unigram_vocab(words, TOKENIZER_VOCAB - len(specials))
+    tok = Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>"), byte_fallback=False))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=256, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
-                                      show_progress=False)  # its bar goes to stdout, past our quiet switches
-    tok.train_from_iterator(TOKENIZER_CORPUS, trainer)
+    tok.add_special_tokens(specials)
     eos = tok.token_to_id("</s>")
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]

@@ -22,7 +22,7 @@ from vidloom.recipes.wan.demo import DEMO_SEED, train_tokenizer
 from vidloom.recipes.wan_causal.cards import DEFAULTS, far_card
 
 DEMO_ID = "far-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_NOTE = noise_note(DEMO_ID, "AnyFlow-FAR", "nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers")
 
 # Full-resolution patches 2x2, far-context patches 4x4, two chunks kept at full resolution: a 17-frame
