@@ -32,6 +32,12 @@ def rope_freqs(ids: Tensor, axes: tuple[int, ...], theta: float) -> Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def _writes_in_place() -> bool:
+    """Whether `out=` may be used: autograd refuses it (the runtime runs under inference_mode; a caller with
+    grad enabled gets the same values through copies)."""
+    return not torch.is_grad_enabled()
+
+
 def _pairs(x: Tensor) -> Tensor:
     """A float32 [..., D] tensor seen as complex64 [..., D // 2] (channels 2j, 2j + 1 -> one number)."""
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
@@ -53,7 +59,7 @@ def qk_norm_rope(x: Tensor, norm: nn.RMSNorm, freqs: Tensor, out: Tensor) -> Ten
     if norm.weight is not None:
         y.mul_(norm.weight)
     rotation = freqs[:, None, :]  # [S, 1, D // 2] against [B, S, H, D // 2]
-    if out.dtype == torch.float32:
+    if out.dtype == torch.float32 and _writes_in_place():
         torch.mul(_pairs(y), rotation, out=_pairs(out))
     else:
         out.copy_(torch.view_as_real(_pairs(y).mul_(rotation)).flatten(-2))
@@ -76,6 +82,8 @@ def gated_add(x: Tensor, gate: Tensor, update: Tensor, out: Tensor | None = None
     update = update.float()  # CPU kernels would cast a mixed-dtype operand anyway; once, here
     if out is None:
         return torch.addcmul(x, gate, update)
+    if not _writes_in_place():
+        return out.copy_(torch.addcmul(x, gate, update))
     return torch.addcmul(x, gate, update, out=out)
 
 
@@ -85,4 +93,6 @@ def swiglu(x: Tensor, out: Tensor | None = None) -> Tensor:
     F.silu(gate, inplace=True)
     if out is None:
         return gate * value
+    if not _writes_in_place():
+        return out.copy_(gate * value)
     return torch.mul(gate, value, out=out)
