@@ -88,11 +88,13 @@ def gated_add(x: Tensor, gate: Tensor, update: Tensor, out: Tensor | None = None
 
 
 def swiglu(x: Tensor, out: Tensor | None = None) -> Tensor:
-    """silu(gate) * value of x = [gate, value] (last dim). Overwrites x's gate half: x must be a temporary."""
+    """silu(gate) * value of x = [gate, value] (last dim), into `out` when given. Under no-grad the silu
+    overwrites x's gate half: x must be a temporary."""
     gate, value = x.chunk(2, dim=-1)
+    if not _writes_in_place():
+        result = F.silu(gate) * value
+        return result if out is None else out.copy_(result)
     F.silu(gate, inplace=True)
     if out is None:
         return gate * value
-    if not _writes_in_place():
-        return out.copy_(gate * value)
     return torch.mul(gate, value, out=out)
