@@ -85,3 +85,11 @@ def test_forward_with_grad_enabled_gives_the_inference_values():
         want = model(*args)
     got = model(*args)
     assert got.requires_grad and torch.equal(got.detach(), want)
+
+
+def test_norm_modulate_broadcasts_one_modulation_over_the_batch():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4, 8, generator=g)
+    shift, scale = torch.randn(1, 1, 8, generator=g), torch.randn(1, 1, 8, generator=g)
+    want = (1 + scale) * torch.nn.functional.layer_norm(x, (8,), eps=1e-6) + shift
+    assert (norm_modulate(x, shift, scale, 1e-6, torch.float32) - want).abs().max() <= TOLERANCE

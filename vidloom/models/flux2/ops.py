@@ -69,10 +69,13 @@ def qk_norm_rope(x: Tensor, norm: nn.RMSNorm, freqs: Tensor, out: Tensor) -> Ten
 def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
     """LayerNorm of the float32 stream x [B, S, dim], then (1 + scale) * . + shift in float32, in `dtype`.
 
-    shift/scale [B, 1, dim]: the modulation is the norm's own affine (one fused pass), one sample at a time.
+    shift/scale [B, 1, dim] (or [1, 1, dim] for every sample): the modulation is the norm's own affine (one
+    fused pass), one sample at a time.
     """
     weight, bias = 1 + scale, shift
-    rows = [F.layer_norm(x[i], x.shape[-1:], weight[i, 0], bias[i, 0], eps) for i in range(x.shape[0])]
+    per_sample = weight.shape[0] > 1
+    rows = [F.layer_norm(x[i], x.shape[-1:], weight[i if per_sample else 0, 0], bias[i if per_sample else 0, 0], eps)
+            for i in range(x.shape[0])]
     out = rows[0][None] if len(rows) == 1 else torch.stack(rows)
     return out.to(dtype)
 

@@ -148,10 +148,6 @@ class Flux2Conditioning:
     text_tokens: int  # L: the joint stream is [text (L), image (N)]
     dtype: torch.dtype  # what the linears and attention compute in; the joint stream itself is float32
 
-    @property
-    def temb(self) -> Tensor:
-        return self.timing.temb
-
 
 class Flux2Transformer(nn.Module):
     """Predicts the flow velocity of packed image tokens given text tokens and per-sample timesteps."""
