@@ -1,12 +1,12 @@
 """Flux2's per-token math in as few passes over memory as eager PyTorch allows.
 
-A bf16 forward on CPU spends as long in these elementwise passes as in its matmuls, so each
-function here fuses what the textbook form splits: RoPE as one complex multiply, the q/k RMSNorm
-without its float copy and intermediate squares, modulation and gated residual adds as one
-`addcmul` each. The residual stream they read and write is float32 whatever the compute dtype
-(the float32 islands: normalize, modulate, add residuals); linears and attention get the compute
-dtype. In float32 they compute what diffusers' Flux2 blocks compute; single fused roundings
-(addcmul, the complex multiply) move the result by about one float32 ulp.
+A bf16 forward on CPU spends almost as long in these elementwise passes as in its matmuls, so each
+function here fuses what the textbook form splits: RoPE as one complex multiply after a q/k RMSNorm
+on one float32 working copy, modulation as the LayerNorm's own affine, each gated residual add as one
+`addcmul`. The residual stream they read and write is float32 whatever the compute dtype (the float32
+islands: normalize, modulate, add residuals); linears and attention get the compute dtype. In float32
+they compute what diffusers' Flux2 blocks compute; the fused roundings (addcmul, the LayerNorm affine,
+vector_norm) move the result by about one float32 ulp.
 """
 
 from __future__ import annotations
