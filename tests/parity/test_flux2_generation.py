@@ -108,17 +108,19 @@ def test_negative_prompt_drives_cfg_on_the_base_model(pair):
 
 
 def test_parity_report_names_a_perturbed_text_stream(pair):
-    # Guards the Flux2 tap map: the reference's double blocks return (text, image), ours (image, text);
-    # a bug in our text stream of double block 0 at step 1 must be named as exactly that tap.
+    # Guards the Flux2 tap map: the reference's double blocks return (text, image), ours the joint
+    # [text, image] stream; a bug in our text stream of double block 0 at step 1 must be named as exactly that tap.
     _, gen, _ = pair
     calls = [0]
 
     def add_to_text(module, args, output):
         calls[0] += 1
-        img, txt = output
+        if calls[0] != 2:  # guidance 1: one call per step, so the second call is step 1
+            return output
+        text_tokens = args[1]
+        txt = output[:, :text_tokens]
         # 1% of the stream's scale (~1e2 here), far past the tap bound atol + rtol * scale.
-        # Guidance 1: one call per step, so the second call is step 1.
-        return (img, txt + 1e-2 * txt.abs().max()) if calls[0] == 2 else output
+        return torch.cat([txt + 1e-2 * txt.abs().max(), output[:, text_tokens:]], dim=1)
 
     handle = gen.engine.instance["transformer"].double_blocks[0].register_forward_hook(add_to_text)
     try:

@@ -194,8 +194,9 @@ FLUX2_KLEIN = FamilyParity(
     our_inputs={"img": "img", "txt": "txt", "timestep": "timestep"},
     their_inputs={"hidden_states": "img", "encoder_hidden_states": "txt", "timestep": "timestep"},
     blocks={
-        # The reference's double blocks return (text, image); ours (image, text).
-        "double_blocks": (BlockList("double_blocks", ("img", "txt")), BlockList("transformer_blocks", ("txt", "img"))),
+        # The reference's double blocks return (text, image); ours the joint [text, image] stream, split here.
+        "double_blocks": (BlockList("double_blocks", ("txt", "img"), split_by="text_tokens"),
+                          BlockList("transformer_blocks", ("txt", "img"))),
         "single_blocks": (BlockList("single_blocks"), BlockList("single_transformer_blocks")),
     },
     call=_call_flux2_klein,

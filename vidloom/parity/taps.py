@@ -156,6 +156,10 @@ class BlockList:
     """Names of the tensors a block returns, in its order (empty: it returns one tensor, recorded under the
     block's name; one name for a block returning one tensor: recorded under `<block>.<name>`). An empty name
     skips that output (a stream the other side's blocks do not carry)."""
+    split_by: str = ""
+    """A block returning one joint stream of two token streams (ours: [text, image]): the name of its argument
+    holding the first stream's token count. The output is split along dim 1 and recorded as `outputs`'s two
+    names, as a block returning the two apart would be."""
 
 
 class ModuleTaps:
@@ -188,6 +192,10 @@ class ModuleTaps:
             for index, block in enumerate(getattr(denoiser, spec.attr)):
                 if list_index == 0 and index == 0:
                     self._handles.append(block.register_forward_pre_hook(self._first_block))
+                if spec.split_by:
+                    hook = self._split_hook(f"{prefix}.{index}", spec.outputs, block, spec.split_by)
+                    self._handles.append(block.register_forward_hook(hook, with_kwargs=True))
+                    continue
                 hook = self._block_hook(f"{prefix}.{index}", spec.outputs)
                 self._handles.append(block.register_forward_hook(hook))
 
@@ -216,6 +224,19 @@ class ModuleTaps:
     def _after_call(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.recorder.in_step:
             self.recorder.record_rows("output", "prediction", _first_tensor(output), self._rows)
+
+    def _split_hook(self, name: str, outputs: tuple[str, ...], block: nn.Module, split_by: str) -> Any:
+        signature = inspect.signature(block.forward)
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor) -> None:
+            if not self.recorder.in_step:
+                return
+            first = int(signature.bind_partial(*args, **kwargs).arguments[split_by])
+            for part, value in zip(outputs, (output[:, :first], output[:, first:])):
+                if part:
+                    self.recorder.record_rows("block", f"{name}.{part}", value, self._rows)
+
+        return hook
 
     def _block_hook(self, name: str, outputs: tuple[str, ...]) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -124,6 +124,30 @@ def test_a_call_through_the_stages_not_forward_still_counts_at_its_first_block()
     assert {k.call for k in rec.taps if k.kind == "input"} == {0, 3}
 
 
+def test_a_joint_stream_block_is_split_into_named_streams_by_its_length_argument():
+    class Joint(nn.Module):
+        def forward(self, h: torch.Tensor, first: int) -> torch.Tensor:
+            return torch.cat([h[:, :first] + 1, h[:, first:] * 2], dim=1)
+
+    class JointNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([Joint()])
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.blocks[0](h, first=2)  # by keyword: bound by name like a positional one
+
+    net, rec = JointNet(), TapRecorder()
+    taps = ModuleTaps(rec, net, {}, {"double": BlockList("blocks", ("txt", "img"), split_by="first")})
+    h = torch.ones(1, 5, 3)
+    rec.begin_step("denoise", 0)
+    net(h)
+    rec.end_step()
+    taps.close()
+    assert torch.equal(rec.taps[TapKey("block", "double.0.txt", "denoise", 0, 0)], torch.full((1, 2, 3), 2.0))
+    assert torch.equal(rec.taps[TapKey("block", "double.0.img", "denoise", 0, 0)], torch.full((1, 3, 3), 2.0))
+
+
 def test_runtime_taps_record_state_latents_after_each_step_and_node_slots():
     class State:
         latents = torch.full((2,), 5.0)

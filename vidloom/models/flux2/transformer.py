@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
 from vidloom.loading.name_map import NameMap
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.models.flux2.blocks import DoubleStreamBlock, SingleStreamBlock, TimeEmbedding
+from vidloom.models.flux2.ops import norm_modulate, rope_freqs
 
 
 DIFFUSERS_CLASS_NAME = "Flux2Transformer2DModel"
@@ -121,162 +122,31 @@ FLUX2_TRANSFORMER_NAME_MAP = NameMap(
 
 
 # ---------------------------------------------------------------------------
-# Building blocks
-# ---------------------------------------------------------------------------
-
-
-def rope_tables(ids: Tensor, axes: tuple[int, ...], theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [S, head_dim] for integer position ids [S, len(axes)], pairs interleaved.
-
-    Follows diffusers' get_1d_rotary_pos_embed (float64 frequencies, then float32) step by
-    step: parity at 1e-5 needs the same rounding.
-    """
-    pos = ids.float()
-    cos, sin = [], []
-    for axis, dim in enumerate(axes):
-        freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=ids.device)[: dim // 2] / dim))
-        angles = torch.outer(pos[:, axis], freqs)
-        cos.append(angles.cos().repeat_interleave(2, dim=1).float())
-        sin.append(angles.sin().repeat_interleave(2, dim=1).float())
-    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved (real, imag) pairs of x [B, S, H, D] by tables [S, D]."""
-    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    rotated = torch.stack([-imag, real], dim=-1).flatten(3)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
-def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    return (1 + scale) * x + shift
-
-
-def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float) -> Tensor:
-    """LayerNorm then (shift, scale) in float32 (the modulation island), back in x's dtype for the next linear."""
-    return modulate(F.layer_norm(x.float(), x.shape[-1:], eps=eps), shift, scale).to(x.dtype)
-
-
-def gated_add(x: Tensor, gate: Tensor, update: Tensor) -> Tensor:
-    """x + gate * update with the product in float32, the residual stream kept in x's dtype."""
-    return (x.float() + gate * update.float()).to(x.dtype)
-
-
-def swiglu(x: Tensor) -> Tensor:
-    gate, value = x.chunk(2, dim=-1)
-    return F.silu(gate) * value
-
-
-class TimeEmbedding(nn.Module):
-    def __init__(self, channels: int, dim: int) -> None:
-        super().__init__()
-        self.channels = channels
-        self.up = nn.Linear(channels, dim, bias=False)
-        self.down = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, t: Tensor) -> Tensor:
-        """t [B] (x1000, float32) -> [B, dim] in this module's dtype (float32 when kept as an island)."""
-        features = timestep_features(t, self.channels).to(self.up.weight.dtype)
-        return self.down(F.silu(self.up(features)))
-
-
-class GatedMLP(nn.Module):
-    """SwiGLU feed-forward whose gate and value share the input projection."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(dim, hidden * 2, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(swiglu(self.up(x)))
-
-
-def _heads(x: Tensor, head_dim: int) -> Tensor:
-    return x.unflatten(-1, (-1, head_dim))
-
-
-class DoubleStreamBlock(nn.Module):
-    """Image and text tokens with their own weights, attending jointly (text first)."""
-
-    def __init__(self, cfg: Flux2TransformerConfig, attention_fn: AttentionFn) -> None:
-        super().__init__()
-        dim, hd, eps = cfg.dim, cfg.head_dim, cfg.eps
-        self.head_dim, self.eps, self.attention_fn = hd, eps, attention_fn
-        for side in ("img", "txt"):
-            for name in ("q", "k", "v", "out"):
-                setattr(self, f"{side}_{name}", nn.Linear(dim, dim, bias=False))
-            setattr(self, f"{side}_norm_q", nn.RMSNorm(hd, eps=eps))
-            setattr(self, f"{side}_norm_k", nn.RMSNorm(hd, eps=eps))
-            setattr(self, f"{side}_mlp", GatedMLP(dim, cfg.mlp_dim))
-
-    def _qkv(self, side: str, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = getattr(self, f"{side}_norm_q")(_heads(getattr(self, f"{side}_q")(x), self.head_dim))
-        k = getattr(self, f"{side}_norm_k")(_heads(getattr(self, f"{side}_k")(x), self.head_dim))
-        return q, k, _heads(getattr(self, f"{side}_v")(x), self.head_dim)
-
-    def forward(
-        self, img: Tensor, txt: Tensor, mod_img: Tensor, mod_txt: Tensor, rope: tuple[Tensor, Tensor]
-    ) -> tuple[Tensor, Tensor]:
-        # mod_*: [B, 1, 6 * dim] = (shift, scale, gate) for attention, then for the MLP.
-        i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img.chunk(6, dim=-1)
-        t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt.chunk(6, dim=-1)
-        img_in = norm_modulate(img, i_shift, i_scale, self.eps)
-        txt_in = norm_modulate(txt, t_shift, t_scale, self.eps)
-        iq, ik, iv = self._qkv("img", img_in)
-        tq, tk, tv = self._qkv("txt", txt_in)
-        q, k, v = torch.cat([tq, iq], dim=1), torch.cat([tk, ik], dim=1), torch.cat([tv, iv], dim=1)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        joint = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
-        txt_attn, img_attn = joint.split([txt.shape[1], img.shape[1]], dim=1)
-
-        img = gated_add(img, i_gate, self.img_out(img_attn))
-        img = gated_add(img, i_gate2, self.img_mlp(norm_modulate(img, i_shift2, i_scale2, self.eps)))
-        txt = gated_add(txt, t_gate, self.txt_out(txt_attn))
-        txt = gated_add(txt, t_gate2, self.txt_mlp(norm_modulate(txt, t_shift2, t_scale2, self.eps)))
-        return img, txt
-
-
-class SingleStreamBlock(nn.Module):
-    """One token stream; attention and MLP run in parallel off one fused input projection."""
-
-    def __init__(self, cfg: Flux2TransformerConfig, attention_fn: AttentionFn) -> None:
-        super().__init__()
-        dim, hd = cfg.dim, cfg.head_dim
-        self.head_dim, self.eps, self.attention_fn = hd, cfg.eps, attention_fn
-        self.dim, self.mlp_dim = dim, cfg.mlp_dim
-        self.qkv_mlp = nn.Linear(dim, 3 * dim + 2 * cfg.mlp_dim, bias=False)
-        self.norm_q = nn.RMSNorm(hd, eps=cfg.eps)
-        self.norm_k = nn.RMSNorm(hd, eps=cfg.eps)
-        self.out = nn.Linear(dim + cfg.mlp_dim, dim, bias=False)
-
-    def forward(self, x: Tensor, mod: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        shift, scale, gate = mod.chunk(3, dim=-1)
-        h = norm_modulate(x, shift, scale, self.eps)
-        qkv, mlp = self.qkv_mlp(h).split([3 * self.dim, 2 * self.mlp_dim], dim=-1)
-        q, k, v = (_heads(part, self.head_dim) for part in qkv.chunk(3, dim=-1))
-        q, k = apply_rope(self.norm_q(q), *rope), apply_rope(self.norm_k(k), *rope)
-        attn = self.attention_fn(q, k, v).flatten(2, 3).to(q.dtype)
-        return gated_add(x, gate, self.out(torch.cat([attn, swiglu(mlp)], dim=-1)))
-
-
-# ---------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Flux2Conditioning:
-    """What every block of one forward reads: timestep embedding, modulations, rotary tables."""
+class Flux2Timing:
+    """Everything one timestep (per sample) conditions: the embedding and every modulation, float32 under
+    the bf16 cast. Equal timesteps give equal timings, so CFG branches of one step can share one."""
 
     temb: Tensor  # [B, dim]
-    mod_img: Tensor  # [B, 1, 6 * dim]
+    mod_img: Tensor  # [B, 1, 6 * dim]: (shift, scale, gate) for attention, then for the MLP
     mod_txt: Tensor  # [B, 1, 6 * dim]
     mod_single: Tensor  # [B, 1, 3 * dim]
-    rope: tuple[Tensor, Tensor]
-    text_tokens: int  # L: the joint stream is [text (L), image (N)]
+    out_shift: Tensor  # [B, 1, dim]: the output head's adaptive norm
+    out_scale: Tensor  # [B, 1, dim]
 
+
+@dataclass(frozen=True)
+class Flux2Conditioning:
+    """What every block of one forward reads: timing, rotary frequencies, the text length, the compute dtype."""
+
+    timing: Flux2Timing
+    freqs: Tensor  # [L + N, head_dim // 2] complex64 (Flux2Transformer.rope)
+    text_tokens: int  # L: the joint stream is [text (L), image (N)]
+    dtype: torch.dtype  # what the linears and attention compute in; the joint stream itself is float32
 
 
 class Flux2Transformer(nn.Module):
@@ -285,6 +155,7 @@ class Flux2Transformer(nn.Module):
     # float32 islands under a bf16 cast (loading.precision.cast_module): the timestep embedding and every
     # modulation. A bf16 timestep (750 -> 752) alone cut one forward's SNR to 2-3.5 dB on the mid-size
     # random checkpoint (bench/flux2_precision.py); the sinusoid, embedding and modulations stay float32.
+    # The blocks also keep the residual stream float32 and normalize, modulate and add in float32 (ops.py).
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "guidance_embed", "mod_img", "mod_txt", "mod_single", "out_mod"}
     )
@@ -300,8 +171,9 @@ class Flux2Transformer(nn.Module):
         self.mod_single = nn.Linear(dim, 3 * dim, bias=False)
         self.img_in = nn.Linear(config.in_channels, dim, bias=False)
         self.txt_in = nn.Linear(config.text_dim, dim, bias=False)
-        self.double_blocks = nn.ModuleList(DoubleStreamBlock(config, attention_fn) for _ in range(config.num_double_layers))
-        self.single_blocks = nn.ModuleList(SingleStreamBlock(config, attention_fn) for _ in range(config.num_single_layers))
+        block = (dim, config.head_dim, config.mlp_dim, config.eps, attention_fn)
+        self.double_blocks = nn.ModuleList(DoubleStreamBlock(*block) for _ in range(config.num_double_layers))
+        self.single_blocks = nn.ModuleList(SingleStreamBlock(*block) for _ in range(config.num_single_layers))
         self.out_mod = nn.Linear(dim, 2 * dim, bias=False)
         self.proj_out = nn.Linear(dim, config.out_channels, bias=False)
 
@@ -330,60 +202,69 @@ class Flux2Transformer(nn.Module):
 
     # The stages below are the denoiser contract step caches call (runtime.step_cache.StagedNetwork);
     # forward() is exactly their composition. The residual stream is the joint [text, image] token
-    # sequence throughout: the double-stream blocks split it and join it again (exact copies).
+    # sequence throughout, in float32: the double-stream blocks read their two sides as views of it.
 
-    def embed(
-        self, img: Tensor, txt: Tensor, timestep: Tensor, img_ids: Tensor, txt_ids: Tensor,
-        guidance: Tensor | None = None,
-    ) -> tuple[Tensor, Flux2Conditioning]:
-        """Tokens -> the joint stream [B, L + N, dim] and what every block reads."""
-        # 1. Conditioning: the timestep (x1000, like the reference) drives every modulation. Unlike the
-        # reference's bf16 path, the timestep is never rounded to the compute dtype (see KEEP_FP32).
+    def timing(self, timestep: Tensor, guidance: Tensor | None = None) -> Flux2Timing:
+        """The timestep embedding and every modulation of timesteps [B] in [0, 1] (guidance [B] too, if any)."""
+        # The timestep (x1000, like the reference) drives every modulation. Unlike the reference's bf16
+        # path, the timestep is never rounded to the compute dtype (see KEEP_FP32).
         temb = self.time_embed(timestep.float() * 1000)
         if guidance is not None and self.guidance_embed is not None:
             temb = temb + self.guidance_embed(guidance.float() * 1000)
-        silu = F.silu(temb)[:, None, :]  # [B, 1, dim]
-        mod_dtype = self.mod_img.weight.dtype
+        silu = F.silu(temb)[:, None, :].to(self.mod_img.weight.dtype)  # [B, 1, dim]
+        out_scale, out_shift = self.out_mod(F.silu(temb).to(self.out_mod.weight.dtype)).chunk(2, dim=-1)
+        return Flux2Timing(temb, self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu),
+                           out_shift[:, None], out_scale[:, None])
 
-        # 2. Embed tokens; rotary tables over (text, image) ids in attention order.
+    def rope(self, img_ids: Tensor, txt_ids: Tensor) -> Tensor:
+        """Rotary frequencies [L + N, head_dim // 2] over (text, image) ids, in attention order."""
+        axes, theta = self.config.rope_axes, self.config.rope_theta
+        return torch.cat([rope_freqs(txt_ids, axes, theta), rope_freqs(img_ids, axes, theta)])
+
+    def embed(
+        self, img: Tensor, txt: Tensor, timestep: Tensor, img_ids: Tensor, txt_ids: Tensor,
+        guidance: Tensor | None = None, timing: Flux2Timing | None = None, freqs: Tensor | None = None,
+    ) -> tuple[Tensor, Flux2Conditioning]:
+        """Tokens -> the joint stream [B, L + N, dim] (float32) and what every block reads.
+
+        `timing` / `freqs`: this timestep's and these ids' own, already computed (a CFG branch's twin, a
+        request's earlier step); None computes them.
+        """
+        timing = self.timing(timestep, guidance) if timing is None else timing
+        freqs = self.rope(img_ids, txt_ids) if freqs is None else freqs
         x = self.img_in(img)
         c = self.txt_in(txt)
-        cos_t, sin_t = rope_tables(txt_ids, self.config.rope_axes, self.config.rope_theta)
-        cos_i, sin_i = rope_tables(img_ids, self.config.rope_axes, self.config.rope_theta)
-        rope = (torch.cat([cos_t, cos_i]), torch.cat([sin_t, sin_i]))
-        silu = silu.to(mod_dtype)
-        cond = Flux2Conditioning(temb, self.mod_img(silu), self.mod_txt(silu), self.mod_single(silu), rope, c.shape[1])
-        return torch.cat([c, x], dim=1), cond
+        cond = Flux2Conditioning(timing, freqs, c.shape[1], x.dtype)
+        return torch.cat([c, x], dim=1).float(), cond
 
     def run_blocks(self, h: Tensor, cond: Flux2Conditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream: double-stream ones first, then single-stream ones."""
-        # 3. Double-stream blocks on (image, text) apart, then one joint stream [B, L + N, dim].
         end = self.num_blocks if end is None else end
         doubles = len(self.double_blocks)
+        t = cond.timing
         for index in range(start, end):
             if index < doubles:
-                c, x = h[:, : cond.text_tokens], h[:, cond.text_tokens :]
-                x, c = self.double_blocks[index](x, c, cond.mod_img, cond.mod_txt, cond.rope)
-                h = torch.cat([c, x], dim=1)
+                h = self.double_blocks[index](h, cond.text_tokens, t.mod_img, t.mod_txt, cond.freqs, cond.dtype)
             else:
-                h = self.single_blocks[index - doubles](h, cond.mod_single, cond.rope)
+                h = self.single_blocks[index - doubles](h, t.mod_single, cond.freqs, cond.dtype)
         return h
 
     def block_input(self, h: Tensor, cond: Flux2Conditioning, index: int = 0) -> Tensor:
         """The modulated tokens block `index` normalizes before attention (TeaCache's change indicator)."""
         doubles = len(self.double_blocks)
-        eps = self.config.eps
+        eps, t = self.config.eps, cond.timing
         if index >= doubles:
-            shift, scale, _ = cond.mod_single.chunk(3, dim=-1)
-            return norm_modulate(h, shift, scale, eps)
-        t_shift, t_scale = cond.mod_txt.chunk(6, dim=-1)[:2]
-        i_shift, i_scale = cond.mod_img.chunk(6, dim=-1)[:2]
+            shift, scale, _ = t.mod_single.chunk(3, dim=-1)
+            return norm_modulate(h, shift, scale, eps, cond.dtype)
+        t_shift, t_scale = t.mod_txt.chunk(6, dim=-1)[:2]
+        i_shift, i_scale = t.mod_img.chunk(6, dim=-1)[:2]
         text, image = h[:, : cond.text_tokens], h[:, cond.text_tokens :]
-        return torch.cat([norm_modulate(text, t_shift, t_scale, eps), norm_modulate(image, i_shift, i_scale, eps)], dim=1)
+        return torch.cat([norm_modulate(text, t_shift, t_scale, eps, cond.dtype),
+                          norm_modulate(image, i_shift, i_scale, eps, cond.dtype)], dim=1)
 
     def head(self, h: Tensor, cond: Flux2Conditioning) -> Tensor:
         """The joint stream after the last block -> the image tokens' prediction [B, N, C_out]."""
-        # 4. Output head: adaptive norm (scale first, then shift) and projection.
-        h = h[:, cond.text_tokens :]
-        scale, shift = self.out_mod(F.silu(cond.temb).to(self.out_mod.weight.dtype)).chunk(2, dim=-1)
-        return self.proj_out(norm_modulate(h, shift[:, None], scale[:, None], self.config.eps))
+        # Adaptive norm (the reference's AdaLayerNormContinuous: scale first, then shift) and projection.
+        t = cond.timing
+        return self.proj_out(norm_modulate(h[:, cond.text_tokens :], t.out_shift, t.out_scale, self.config.eps,
+                                           cond.dtype))
