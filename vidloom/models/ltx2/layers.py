@@ -67,17 +67,29 @@ class Attention(nn.Module):
         self.out = nn.Linear(inner, query_dim, bias=out_bias)
         self.gate = nn.Linear(query_dim, heads, bias=True) if gated else None
 
+    def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys (RMS-normed) and values of `context` [B, L, kv_dim]: what forward's `kv` takes, so a context
+        that does not change between calls (the text of a request) is projected once."""
+        return self.norm_k(self.to_k(context)), self.to_v(context)
+
     def forward(
         self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
         q_rope: RopeTables | None = None, k_rope: RopeTables | None = None, skip: bool = False,
+        kv: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """`skip`: spatio-temporal guidance's perturbation, the values pass through unattended."""
-        context = x if context is None else context
-        v = self.to_v(context)
+        """`skip`: spatio-temporal guidance's perturbation, the values pass through unattended.
+        `kv`: context_kv(context) computed earlier (context is then not read)."""
+        if kv is None:
+            context = x if context is None else context
+            k, v = None, self.to_v(context)
+        else:
+            k, v = kv
         if skip:
             out = v
         else:
-            q, k = self.norm_q(self.to_q(x)), self.norm_k(self.to_k(context))
+            q = self.norm_q(self.to_q(x))
+            if k is None:
+                k = self.norm_k(self.to_k(context))
             if q_rope is not None:
                 q = apply_rope(q, q_rope, self.rope_layout)
                 k = apply_rope(k, k_rope if k_rope is not None else q_rope, self.rope_layout)
