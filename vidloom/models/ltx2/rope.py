@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-RopeTables = tuple[Tensor, Tensor]
-"""(cos, sin): interleaved [B, S, dim // 2] (one angle per channel pair); split [B, heads, S, dim // heads // 2]."""
+RopeTables = tuple[Tensor, ...]
+"""Interleaved: (rotations,) [B, S, dim // 2, 2], the (cos, sin) of each channel pair (a complex64 view gives the
+unit rotations); split: (cos, sin) [B, heads, S, dim // heads // 2]."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def _tables(fractions: Tensor, spec: RopeSpec) -> RopeTables:
         cos = torch.cat([torch.ones_like(cos[..., :pad]), cos], dim=-1)
         sin = torch.cat([torch.zeros_like(sin[..., :pad]), sin], dim=-1)
     if spec.layout == "interleaved":
-        return cos, sin
+        return (torch.stack([cos, sin], dim=-1),)
     b, n = cos.shape[:2]
     return (cos.reshape(b, n, spec.heads, -1).swapaxes(1, 2), sin.reshape(b, n, spec.heads, -1).swapaxes(1, 2))
 
@@ -112,16 +113,17 @@ def text_rope_tables(batch: int, length: int, base_length: int, spec: RopeSpec, 
 
 def apply_rope(x: Tensor, tables: RopeTables, layout: str) -> Tensor:
     """Rotate x [B, S, C] by `tables` (built with the same layout)."""
-    cos, sin = tables
     if layout == "interleaved":
+        (rotations,) = tables
         pairs = x.float().unflatten(2, (-1, 2))
         if torch.compiler.is_compiling():  # real arithmetic, which inductor fuses (it has no complex dtypes)
-            even, odd = pairs.unbind(-1)
+            (even, odd), (cos, sin) = pairs.unbind(-1), rotations.unbind(-1)
             return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(2).to(x.dtype)
         # One complex product instead of the reference's six real ops and a stack: (even + i odd)(cos + i sin)
         # gives even*cos - odd*sin and even*sin + odd*cos, the same float32 values (as in models/wan).
-        rotated = torch.view_as_complex(pairs.contiguous()) * torch.complex(cos, sin)
+        rotated = torch.view_as_complex(pairs.contiguous()) * torch.view_as_complex(rotations)
         return torch.view_as_real(rotated).flatten(2).to(x.dtype)
+    cos, sin = tables
     b, h, s, _ = cos.shape
     halves = x.reshape(b, s, h, 2, -1).swapaxes(1, 2).float()  # [B, H, S, 2, r]
     first, second = halves[..., :1, :], halves[..., 1:, :]
