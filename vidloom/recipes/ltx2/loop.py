@@ -56,9 +56,9 @@ class LTX2Layout:
         return (self.frames, self.height, self.width, self.audio_frames, self.fps)
 
 
-PREPARED_TEXTS = 3
-"""Prepared text batches one network keeps: CFG's (negative, prompt) pair and the prompt alone (the guidance
-passes), plus one for a cross-request batch; the least recently used goes first."""
+PREPARED_TEXTS = 2
+"""Prepared text batches one network keeps (the least recently used goes first): CFG's (negative, prompt) pair,
+whose rows also serve the prompt alone (the other guidance passes), and one for a cross-request batch."""
 
 
 class LTX2Network:
@@ -152,6 +152,10 @@ class LTX2Network:
             return None
         key = tuple(id(source) for source in text.sources)
         entry = self._texts.get(key)
+        if entry is None and len(key) == 1:
+            rows = self._rows_of(text.sources[0])  # a text stacked in a kept batch: its rows, no copy
+            if rows is not None:
+                return rows
         if entry is None:
             typed = text.to(self.dtype)
             entry = (text.sources, self.transformer.prepare_text(typed.video, typed.audio, typed.mask, self.dtype))
@@ -160,6 +164,19 @@ class LTX2Network:
                 self._texts.popitem(last=False)
         self._texts.move_to_end(key)
         return entry[1]
+
+    def _rows_of(self, source: LTX2Text) -> LTX2PreparedText | None:
+        """`source`'s rows of a kept batch that stacks it (views), or None."""
+        for sources, prepared in self._texts.values():
+            start = 0
+            for other in sources:
+                rows = other.video.shape[0]
+                if other is source:
+                    pick = slice(start, start + rows)
+                    return LTX2PreparedText(tuple(tuple(t[pick] for t in kv) for kv in prepared.kv),
+                                            None if prepared.mask is None else prepared.mask[pick])
+                start += rows
+        return None
 
     def run_blocks(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0,
                    end: int | None = None) -> tuple[Tensor, Tensor]:
