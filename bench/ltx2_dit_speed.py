@@ -112,7 +112,6 @@ def _vidloom_step(package: str, folder: Path, dtype: torch.dtype, cpu: torch.dev
 def _diffusers_step(folder: Path, dtype: torch.dtype, cpu: torch.device) -> dict[str, Callable[[], Any]]:
     """LTX2Pipeline's three transformer calls of a step (its __call__ defaults), and the CFG pair's alone."""
     from diffusers import LTX2VideoTransformer3DModel
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline  # noqa: F401  (the calls below follow it)
 
     dit = LTX2VideoTransformer3DModel.from_pretrained(str(folder), torch_dtype=dtype).eval()
     c, (f, h, w) = dit.config, VIDEO

@@ -281,7 +281,7 @@ class LTX2Transformer(BlockStack, nn.Module):
         """Inputs (as forward) -> the (video, audio) token streams and what every block and the head read.
         `ropes`: rope_tables(positions), computed earlier; `text`: prepare_text(...) of this call's prompts
         (video_text, audio_text and text_mask are then not read)."""
-        c, batch = self.config, video.shape[0]
+        batch = video.shape[0]
         # 1. Rotary tables from patch bounds.
         ropes = self.rope_tables(positions) if ropes is None else ropes
         # 2. Timestep conditioning of both streams.
