@@ -102,3 +102,41 @@ def test_mis_shaped_checkpoint_is_a_checkpoint_error(tmp_path):
     wrong = LTX2Transformer(LTX2TransformerConfig.from_diffusers({**dict(ref.config), "num_layers": 1}))
     with pytest.raises(CheckpointError, match="transformer_blocks.1"):
         load_weights(wrong, tmp_path, LTX2_TRANSFORMER_NAME_MAP)
+
+
+@pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: s.name)
+def test_prepared_text_and_ropes_match_diffusers(spec, tmp_path):
+    """A request's text keys/values and rotary tables computed once (LTX2Network reuses them across steps) give
+    the reference's output; a mask that keeps every token is elided. A checkpoint with prompt AdaLN refuses."""
+    ref, ours = _pair(spec, tmp_path)
+    video, aud, text, atext, mask, t, vpos, apos = _inputs(ours)
+    positions = LTX2Positions(vpos, apos)
+    if not ours.static_text:
+        with pytest.raises(ValueError, match="prompt AdaLN"):
+            ours.prepare_text(text, atext, mask, torch.float32)
+        return
+    with torch.no_grad():
+        for text_mask in (mask, torch.ones_like(mask)):
+            prepared = ours.prepare_text(text, atext, text_mask, torch.float32)
+            assert (prepared.mask is None) == bool(text_mask.all())
+            assert len(prepared.kv) == ours.num_blocks
+            rv, ra = ref(hidden_states=video, audio_hidden_states=aud, encoder_hidden_states=text,
+                         audio_encoder_hidden_states=atext, timestep=t, sigma=t, encoder_attention_mask=text_mask,
+                         audio_encoder_attention_mask=text_mask, video_coords=vpos, audio_coords=apos,
+                         return_dict=False)
+            stream, cond = ours.embed(video, aud, text, atext, text_mask, t, t, t, positions,
+                                      ropes=ours.rope_tables(positions), text=prepared)
+            ov, oa = ours.head(ours.run_blocks(stream, cond), cond)
+            assert (ov - rv).abs().max() < TOLERANCE
+            assert (oa - ra).abs().max() < TOLERANCE
+
+
+def test_only_perturbed_blocks_count():
+    """STG perturbs a block only on a perturbed_attn checkpoint and only if the block exists (diffusers' rule)."""
+    plain = LTX2Transformer(LTX2TransformerConfig(num_layers=2, num_attention_heads=1, attention_head_dim=8,
+                                                  audio_num_attention_heads=1, audio_attention_head_dim=8,
+                                                  audio_cross_attention_dim=8, cross_attention_dim=8,
+                                                  caption_channels=8, in_channels=4, audio_in_channels=4))
+    assert plain.perturbed_blocks({0, 1, 28}) == frozenset()
+    perturbed = LTX2Transformer(LTX2TransformerConfig(**{**plain.config.__dict__, "perturbed_attn": True}))
+    assert perturbed.perturbed_blocks({1, 28, -1}) == {1}

@@ -161,7 +161,7 @@ def test_ltx2_image_to_video_map_matches(ltx2):
     folder, gen = ltx2
     result = run_parity(folder, _ltx2_request(gen), generator=gen)
     assert result.reference.family.pipeline == "LTX2ImageToVideoPipeline"
-    _assert_ok(result, 2, {0, 1, 2}, "decode_video.video")  # CFG pair, STG, modality
+    _assert_ok(result, 2, {0, 1}, "decode_video.video")  # CFG pair, modality (the STG pass perturbs no block here)
 
 
 def test_ltx2_image_to_video_nudged_weight_is_named(ltx2):

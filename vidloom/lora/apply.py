@@ -80,6 +80,12 @@ def current_loras() -> ActiveLoRAs | None:
     return active if isinstance(active, ActiveLoRAs) else None
 
 
+def adapters_active() -> bool:
+    """Whether the caller runs under any adapter (a run's scope, or a batched forward's rows that adapt some row):
+    a cache of a module's outputs that does not key by the adapters may serve only callers where this is False."""
+    return _ACTIVE.get() is not None
+
+
 def with_adapter(active: ActiveLoRAs | None, adapter: Mapping[str, LoRALayer], scale: float = 1.0) -> ActiveLoRAs:
     """`active` plus one more adapter's layers at `scale`, applied after the ones already there (a program
     stage that always runs with a fixed adapter, on top of what the request chose)."""

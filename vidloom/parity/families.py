@@ -204,11 +204,21 @@ FLUX2_KLEIN = FamilyParity(
     refused=("negative_prompt", "video", "sampler", "flow_shift"),
 )
 
+def _ltx2_idle_stg(transformer: Any, kwargs: Mapping[str, Any]) -> bool:
+    """The pipeline's STG pass where it perturbs no block (a checkpoint without perturbed_attn, or block indices past
+    the last): equal to its conditional pass, so our loop does not run it (recipes.ltx2.loop)."""
+    blocks = kwargs.get("spatio_temporal_guidance_blocks") or ()
+    if not blocks or kwargs.get("isolate_modalities"):
+        return False
+    layers = len(transformer.transformer_blocks)
+    return not (transformer.config.perturbed_attn and any(0 <= b < layers for b in blocks))
+
+
 LTX2_T2V = FamilyParity(
     pipeline="LTX2Pipeline",
     # Our guidance passes run the transformer's stages (embed -> blocks -> head), never its forward, so its
-    # arguments and velocities are not seen; each pass (the CFG pair batched, STG, modality isolation, in the
-    # pipeline's order) is a call from its first block on.
+    # arguments and velocities are not seen; each pass (the CFG pair batched, STG where it perturbs a block,
+    # modality isolation, in the pipeline's order) is a call from its first block on.
     our_inputs={}, their_inputs={},
     blocks={"blocks": (BlockList("blocks", ("video", "audio")),
                        BlockList("transformer_blocks", ("video", "audio")))},
@@ -217,6 +227,7 @@ LTX2_T2V = FamilyParity(
     loop="stage1",
     state_latents="video",  # packed video tokens [1, N, C], as the pipeline's callback `latents`
     untapped=frozenset({"input", "output"}),
+    their_skipped=_ltx2_idle_stg,
     # Image-to-video is LTX2_I2V; the two-stage chain is three pipelines: no map yet.
     refused=("image", "last_image", "video", "sampler", "flow_shift"),
 )

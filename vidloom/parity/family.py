@@ -60,6 +60,9 @@ class FamilyParity:
     """The reference batches the CFG branches in one call where we run them as separate calls: its batch row
     rows[i] is our call i (Stable Audio's [uncond, cond] against our cond-then-uncond: (1, 0)); empty: a
     reference call is one of ours."""
+    their_skipped: Callable[[torch.nn.Module, Mapping[str, Any]], bool] | None = None
+    """(reference denoiser, a call's keyword arguments) -> True for a call our side does not make because it cannot
+    change the result (LTX-2's STG pass where no named block is perturbed): not tapped, not counted as a call."""
     tolerance: Tolerance | None = None
     """The family's stated tolerance, used when the caller gives none (None: Tolerance's defaults)."""
     untapped: frozenset[str] = frozenset()

@@ -104,7 +104,8 @@ class Reference:
         # The openers go first: a denoiser's hooks run in the order they were registered.
         openers = [denoiser.register_forward_pre_hook(open_step, with_kwargs=True) for denoiser in denoisers]
         blocks = {prefix: theirs for prefix, (_, theirs) in family.blocks.items()}
-        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks, family.their_rows)
+        taps = [ModuleTaps(recorder, denoiser, family.their_inputs, blocks, family.their_rows,
+                           skipped=family.their_skipped)
                 for denoiser in denoisers]
         callback: dict[str, Any] = {"callback_on_step_end": on_step_end,
                                     "callback_on_step_end_tensor_inputs": ["latents"]}

@@ -176,11 +176,15 @@ class ModuleTaps:
         inputs: Mapping[str, str],
         blocks: Mapping[str, BlockList],
         rows: tuple[int, ...] = (),
+        skipped: Callable[[nn.Module, Mapping[str, Any]], bool] | None = None,
     ) -> None:
         """`blocks`: tap name prefix (our attribute) -> this denoiser's block list holding those blocks.
-        `rows`: a forward batching the other side's calls (CFG branches) holds call i in batch row rows[i]."""
+        `rows`: a forward batching the other side's calls (CFG branches) holds call i in batch row rows[i].
+        `skipped`: (denoiser, forward kwargs) -> True for a call the other side does not make (not recorded)."""
         self.recorder = recorder
         self._rows = rows
+        self._skipped = skipped
+        self._skipping = False  # inside a forward `skipped` picked out
         self._signature = inspect.signature(denoiser.forward)
         self._inputs = dict(inputs)
         self._opened = False  # forward began this call; the first block must not begin another
@@ -205,6 +209,8 @@ class ModuleTaps:
         self._handles.clear()
 
     def _first_block(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self._skipping:
+            return
         # A network call that runs the denoiser's stages (embed -> blocks -> head) rather than its forward,
         # as step caches and per-request views do, still begins a call: at its first block.
         if self.recorder.in_step and not self._opened:
@@ -214,6 +220,9 @@ class ModuleTaps:
     def _before_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self.recorder.in_step:
             return
+        if self._skipped is not None and self._skipped(module, kwargs):
+            self._skipping = True
+            return
         self.recorder.begin_call()
         self._opened = True
         bound = self._signature.bind_partial(*args, **kwargs).arguments
@@ -222,6 +231,9 @@ class ModuleTaps:
                 self.recorder.record_rows("input", name, bound[arg], self._rows)
 
     def _after_call(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._skipping:
+            self._skipping = False
+            return
         if self.recorder.in_step:
             self.recorder.record_rows("output", "prediction", _first_tensor(output), self._rows)
 
@@ -240,7 +252,7 @@ class ModuleTaps:
 
     def _block_hook(self, name: str, outputs: tuple[str, ...]) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if not self.recorder.in_step:
+            if not self.recorder.in_step or self._skipping:
                 return
             if not outputs:
                 self.recorder.record_rows("block", name, _first_tensor(output), self._rows)

@@ -30,6 +30,10 @@ class StreamConditioning:
     cross_gate: Tensor  # 1: the gate of the cross-modal attention this stream receives
 
 
+TextKV = tuple[Tensor, Tensor, Tensor, Tensor]
+"""One block's text keys and values: video k, video v, audio k, audio v (JointBlock.text_kv)."""
+
+
 class JointBlock(nn.Module):
     def __init__(self, c: LTX2TransformerConfig, attention_fn: AttentionFn) -> None:
         super().__init__()
@@ -56,8 +60,8 @@ class JointBlock(nn.Module):
         self.audio_text_q = c.audio_cross_attn_mod
         self.video_table = nn.Parameter(torch.zeros(9 if c.cross_attn_mod else 6, dim))
         self.audio_table = nn.Parameter(torch.zeros(9 if c.audio_cross_attn_mod else 6, adim))
-        self.text_kv = c.prompt_modulation
-        if self.text_kv:
+        self.text_kv_modulated = c.prompt_modulation
+        if self.text_kv_modulated:
             self.video_text_table = nn.Parameter(torch.zeros(2, dim))
             self.audio_text_table = nn.Parameter(torch.zeros(2, adim))
         self.video_cross_table = nn.Parameter(torch.zeros(5, dim))
@@ -67,7 +71,10 @@ class JointBlock(nn.Module):
         self, x: Tensor, a: Tensor, video_text: Tensor, audio_text: Tensor, mask: Tensor | None,
         vc: StreamConditioning, ac: StreamConditioning,
         ropes: tuple[RopeTables, RopeTables, RopeTables, RopeTables], *, cross: bool, skip_self: bool,
+        text_kv: TextKV | None = None,
     ) -> tuple[Tensor, Tensor]:
+        """`text_kv`: this block's text_kv(...) of the same text, computed once for the request (then video_text
+        and audio_text are not read)."""
         batch = x.shape[0]
         video_rope, audio_rope, video_cross_rope, audio_cross_rope = ropes
         vp = modulation(self.video_table, vc.mod, batch)
@@ -78,9 +85,13 @@ class JointBlock(nn.Module):
         h = self.audio_norm_self(a) * (1 + ap[1]) + ap[0]
         a = a + self.audio_self(h, q_rope=audio_rope, skip=skip_self) * ap[2]
         # 2. Text cross-attention (LTX-2.3 also modulates the query and the text keys/values).
-        video_text, audio_text = self._modulated_text(video_text, audio_text, vc, ac, batch, x)
-        x = x + self._text(self.video_norm_text(x), video_text, mask, self.video_text, vp if self.video_text_q else None)
-        a = a + self._text(self.audio_norm_text(a), audio_text, mask, self.audio_text, ap if self.audio_text_q else None)
+        if text_kv is None:
+            video_text, audio_text = self._modulated_text(video_text, audio_text, vc.text_mod, ac.text_mod, batch)
+            text_kv = (*self.video_text.context_kv(video_text), *self.audio_text.context_kv(audio_text))
+        x = x + self._text(self.video_norm_text(x), text_kv[:2], mask, self.video_text,
+                           vp if self.video_text_q else None)
+        a = a + self._text(self.audio_norm_text(a), text_kv[2:], mask, self.audio_text,
+                           ap if self.audio_text_q else None)
         # 3. Audio<->video cross-attention, both from the same normed inputs.
         if cross:
             x, a = self._cross(x, a, vc, ac, batch, video_cross_rope, audio_cross_rope)
@@ -94,26 +105,32 @@ class JointBlock(nn.Module):
         vp = modulation(self.video_table, vc.mod, x.shape[0])
         return self.video_norm_self(x) * (1 + vp[1]) + vp[0]
 
+    def text_kv(self, video_text: Tensor, audio_text: Tensor) -> TextKV:
+        """The text keys and values of a block whose text modulation does not change with the timestep (no
+        prompt AdaLN: the static table alone, or none), for forward's `text_kv`."""
+        video_text, audio_text = self._modulated_text(video_text, audio_text, None, None, video_text.shape[0])
+        return (*self.video_text.context_kv(video_text), *self.audio_text.context_kv(audio_text))
+
     @staticmethod
-    def _text(h: Tensor, text: Tensor, mask: Tensor | None, attn: Attention, q_mod: tuple[Tensor, ...] | None) -> Tensor:
+    def _text(h: Tensor, kv: tuple[Tensor, ...], mask: Tensor | None, attn: Attention,
+              q_mod: tuple[Tensor, ...] | None) -> Tensor:
         if q_mod is not None:
             h = h * (1 + q_mod[7]) + q_mod[6]
-        out = attn(h, text, mask)
+        out = attn(h, None, mask, kv=(kv[0], kv[1]))
         return out * q_mod[8] if q_mod is not None else out
 
     def _modulated_text(
-        self, video_text: Tensor, audio_text: Tensor, vc: StreamConditioning, ac: StreamConditioning, batch: int,
-        x: Tensor,
+        self, video_text: Tensor, audio_text: Tensor, video_mod: Tensor | None, audio_mod: Tensor | None, batch: int,
     ) -> tuple[Tensor, Tensor]:
-        if not self.text_kv:
+        if not self.text_kv_modulated:
             return video_text, audio_text
         out = []
-        for text, table, mod in ((video_text, self.video_text_table, vc.text_mod),
-                                 (audio_text, self.audio_text_table, ac.text_mod)):
+        for text, table, mod in ((video_text, self.video_text_table, video_mod),
+                                 (audio_text, self.audio_text_table, audio_mod)):
             if mod is not None:
                 shift, scale = modulation(table, mod, batch)
             else:  # use_prompt_adaln_single=False: the static table alone (cacheable text K/V)
-                shift, scale = table[None, None].to(device=x.device, dtype=x.dtype).unbind(dim=2)
+                shift, scale = table[None, None].to(device=text.device, dtype=text.dtype).unbind(dim=2)
             out.append(text * (1 + scale) + shift)
         return out[0], out[1]
 

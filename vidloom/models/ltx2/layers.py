@@ -15,6 +15,8 @@ TIMESTEP_CHANNELS = 256  # sinusoidal features before the timestep MLP (PixArt-a
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
     """RMS norm computed in float32, back in x's dtype (diffusers' RMSNorm order of operations)."""
+    if weight is None:  # torch's fused kernel: float32 inside, one rounding to x's dtype, as the steps below
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     variance = x.float().pow(2).mean(-1, keepdim=True)
     out = x * torch.rsqrt(variance + eps)
     if weight is not None:
@@ -67,22 +69,38 @@ class Attention(nn.Module):
         self.out = nn.Linear(inner, query_dim, bias=out_bias)
         self.gate = nn.Linear(query_dim, heads, bias=True) if gated else None
 
+    def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys (RMS-normed) and values of `context` [B, L, kv_dim], split into heads [B, L, H, D] and laid
+        out [B, H, L, D] in memory (SDPA's own layout, so it reads them without a stride per head): what
+        forward's `kv` takes, so a context that does not change between calls (a request's text) is projected
+        once."""
+        heads = lambda t: t.unflatten(2, (self.heads, -1)).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+        return heads(self.norm_k(self.to_k(context))), heads(self.to_v(context))
+
     def forward(
         self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
         q_rope: RopeTables | None = None, k_rope: RopeTables | None = None, skip: bool = False,
+        kv: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """`skip`: spatio-temporal guidance's perturbation, the values pass through unattended."""
-        context = x if context is None else context
-        v = self.to_v(context)
-        if skip:
-            out = v
+        """`skip`: spatio-temporal guidance's perturbation, the values pass through unattended.
+        `kv`: context_kv(context) computed earlier (context is then not read; not with rotary tables)."""
+        split = lambda t: t.unflatten(2, (self.heads, -1))  # noqa: E731
+        if kv is not None:
+            if q_rope is not None or skip:
+                raise ValueError("precomputed keys/values are for unrotated, unperturbed attention (text)")
+            q = self.norm_q(self.to_q(x))
+            out = self.attention_fn(split(q), kv[0], kv[1], mask).flatten(2, 3).to(q.dtype)
         else:
-            q, k = self.norm_q(self.to_q(x)), self.norm_k(self.to_k(context))
-            if q_rope is not None:
-                q = apply_rope(q, q_rope, self.rope_layout)
-                k = apply_rope(k, k_rope if k_rope is not None else q_rope, self.rope_layout)
-            split = lambda t: t.unflatten(2, (self.heads, -1))  # noqa: E731
-            out = self.attention_fn(split(q), split(k), split(v), mask).flatten(2, 3).to(q.dtype)
+            context = x if context is None else context
+            v = self.to_v(context)
+            if skip:
+                out = v
+            else:
+                q, k = self.norm_q(self.to_q(x)), self.norm_k(self.to_k(context))
+                if q_rope is not None:
+                    q = apply_rope(q, q_rope, self.rope_layout)
+                    k = apply_rope(k, k_rope if k_rope is not None else q_rope, self.rope_layout)
+                out = self.attention_fn(split(q), split(k), split(v), mask).flatten(2, 3).to(q.dtype)
         if self.gate is not None:
             gates = 2.0 * torch.sigmoid(self.gate(x))  # [B, S, H]; zero logits leave the output as is
             out = (out.unflatten(2, (self.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)

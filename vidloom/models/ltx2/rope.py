@@ -6,7 +6,8 @@ angle of an axis is (2 * midpoint / max_position - 1) * theta^linspace(0, 1) * p
 layouts exist: "interleaved" rotates (even, odd) channel pairs, "split" rotates the first half of
 each head against its second half. The frequency tables and both rotations follow diffusers'
 LTX2AudioVideoRotaryPosEmbed / apply_*_rotary_emb step by step (parity at 1e-5 needs the same
-rounding); the function layout is ours.
+rounding; the interleaved rotation is one complex product giving the same float32 values); the function
+layout is ours.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-RopeTables = tuple[Tensor, Tensor]
-"""(cos, sin): interleaved [B, S, dim]; split [B, heads, S, dim // heads // 2]."""
+RopeTables = tuple[Tensor, ...]
+"""Interleaved: (rotations,) [B, S, dim // 2, 2], the (cos, sin) of each channel pair (a complex64 view gives the
+unit rotations); split: (cos, sin) [B, heads, S, dim // heads // 2]."""
 
 
 @dataclass(frozen=True)
@@ -90,18 +92,15 @@ def _tables(fractions: Tensor, spec: RopeSpec) -> RopeTables:
     freqs = (ladder * math.pi / 2.0).to(torch.float32)
     angles = (fractions.unsqueeze(-1) * 2 - 1) * freqs  # [B, N, axes, dim // elems]
     angles = angles.transpose(-1, -2).flatten(2)  # [B, N, axes * (dim // elems)], axis fastest
-    if spec.layout == "interleaved":
-        cos, sin = angles.cos().repeat_interleave(2, dim=-1), angles.sin().repeat_interleave(2, dim=-1)
-        pad = spec.dim % elems
-        if pad:  # channels no axis covers are not rotated (cos 1, sin 0), at the front
-            cos = torch.cat([torch.ones_like(cos[..., :pad]), cos], dim=-1)
-            sin = torch.cat([torch.zeros_like(sin[..., :pad]), sin], dim=-1)
-        return cos, sin
+    # Channel pairs no axis covers are not rotated (cos 1, sin 0), at the front. The reference's interleaved
+    # tables repeat each angle for both channels of a pair; ours keep one per pair (the same rotation).
     pad = spec.dim // 2 - angles.shape[-1]
     cos, sin = angles.cos(), angles.sin()
     if pad:
         cos = torch.cat([torch.ones_like(cos[..., :pad]), cos], dim=-1)
         sin = torch.cat([torch.zeros_like(sin[..., :pad]), sin], dim=-1)
+    if spec.layout == "interleaved":
+        return (torch.stack([cos, sin], dim=-1),)
     b, n = cos.shape[:2]
     return (cos.reshape(b, n, spec.heads, -1).swapaxes(1, 2), sin.reshape(b, n, spec.heads, -1).swapaxes(1, 2))
 
@@ -114,11 +113,17 @@ def text_rope_tables(batch: int, length: int, base_length: int, spec: RopeSpec, 
 
 def apply_rope(x: Tensor, tables: RopeTables, layout: str) -> Tensor:
     """Rotate x [B, S, C] by `tables` (built with the same layout)."""
-    cos, sin = tables
     if layout == "interleaved":
-        real, imag = x.unflatten(2, (-1, 2)).unbind(-1)
-        rotated = torch.stack([-imag, real], dim=-1).flatten(2)
-        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+        (rotations,) = tables
+        pairs = x.float().unflatten(2, (-1, 2))
+        if torch.compiler.is_compiling():  # real arithmetic, which inductor fuses (it has no complex dtypes)
+            (even, odd), (cos, sin) = pairs.unbind(-1), rotations.unbind(-1)
+            return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(2).to(x.dtype)
+        # One complex product instead of the reference's six real ops and a stack: (even + i odd)(cos + i sin)
+        # gives even*cos - odd*sin and even*sin + odd*cos, the same float32 values (as in models/wan).
+        rotated = torch.view_as_complex(pairs.contiguous()) * torch.view_as_complex(rotations)
+        return torch.view_as_real(rotated).flatten(2).to(x.dtype)
+    cos, sin = tables
     b, h, s, _ = cos.shape
     halves = x.reshape(b, s, h, 2, -1).swapaxes(1, 2).float()  # [B, H, S, 2, r]
     first, second = halves[..., :1, :], halves[..., 1:, :]

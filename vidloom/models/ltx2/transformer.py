@@ -10,7 +10,7 @@ follow diffusers' order of operations (parity at 1e-5), the module layout is our
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.name_map import NameMap
-from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning
+from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
 from vidloom.models.ltx2.layers import TimestepModulation
-from vidloom.models.ltx2.rope import RopeSpec, rope_tables
+from vidloom.models.ltx2.rope import RopeSpec, RopeTables, rope_tables
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,18 @@ class LTX2Positions:
     audio: Tensor  # [B, 1, Na, 2]
 
 
+LTX2Ropes = tuple[RopeTables, RopeTables, RopeTables, RopeTables]
+"""Rotary tables of one call: video, audio, video cross, audio cross (LTX2Transformer.rope_tables)."""
+
+
+@dataclass(frozen=True)
+class LTX2PreparedText:
+    """Encoded prompts as every block reads them, computed once for a request (LTX2Transformer.prepare_text)."""
+
+    kv: tuple[TextKV, ...]  # per block: video k, video v, audio k, audio v
+    mask: Tensor | None  # additive [B, 1, 1, L]; None when every text token is attended
+
+
 @dataclass(frozen=True)
 class LTX2Conditioning:
     """What every block and the head read for one call (LTX2Transformer.embed builds it)."""
@@ -193,11 +205,12 @@ class LTX2Conditioning:
     mask: Tensor | None  # additive text mask [B, 1, 1, L]
     video: StreamConditioning
     audio: StreamConditioning
-    ropes: tuple[Any, Any, Any, Any]  # video, audio, video cross, audio cross rotary tables
+    ropes: LTX2Ropes
     video_emb: Tensor  # the output modulation's embedded timestep
     audio_emb: Tensor
     cross: bool  # audio<->video attention on (off: modalities isolated, a guidance pass)
     skip: frozenset[int]  # blocks whose self-attention is perturbed (STG)
+    text_kv: tuple[TextKV, ...] | None = None  # prepared text keys/values per block (else from video/audio_text)
 
 
 def _caption(in_dim: int, dim: int) -> nn.Sequential:
@@ -263,32 +276,78 @@ class LTX2Transformer(BlockStack, nn.Module):
         timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, positions: LTX2Positions, *,
         use_cross_timestep: bool = False,
         isolate_modalities: bool = False, skip_self_attention: frozenset[int] = frozenset(),
+        ropes: LTX2Ropes | None = None, text: LTX2PreparedText | None = None,
     ) -> tuple[tuple[Tensor, Tensor], LTX2Conditioning]:
-        """Inputs (as forward) -> the (video, audio) token streams and what every block and the head read."""
-        c, batch = self.config, video.shape[0]
+        """Inputs (as forward) -> the (video, audio) token streams and what every block and the head read.
+        `ropes`: rope_tables(positions), computed earlier; `text`: prepare_text(...) of this call's prompts
+        (video_text, audio_text and text_mask are then not read)."""
+        batch = video.shape[0]
         # 1. Rotary tables from patch bounds.
-        cross_max = (float(max(c.pos_embed_max_pos, c.audio_pos_embed_max_pos)),)
-        video_rope = rope_tables(positions.video, (c.pos_embed_max_pos, c.base_height, c.base_width), self.video_rope)
-        audio_rope = rope_tables(positions.audio, (c.audio_pos_embed_max_pos,), self.audio_rope)
-        video_cross_rope = rope_tables(positions.video[:, 0:1], cross_max, self.video_cross_rope)
-        audio_cross_rope = rope_tables(positions.audio[:, 0:1], cross_max, self.audio_cross_rope)
+        ropes = self.rope_tables(positions) if ropes is None else ropes
         # 2. Timestep conditioning of both streams.
         video_cond, video_emb, audio_cond, audio_emb = self._conditioning(
             timestep, audio_timestep, sigma, batch, video.dtype, use_cross_timestep)
         # 3. Text embeddings (LTX-2.0 projects the caption here; LTX-2.3's connectors already did).
+        text_kv = None
+        if text is not None:
+            mask, text_kv = text.mask, text.kv
+        else:
+            video_text, audio_text = self._project_text(video_text, audio_text)
+            mask = self._text_mask(text_mask, video.dtype)
+        cond = LTX2Conditioning(
+            video_text, audio_text, mask, video_cond, audio_cond, ropes, video_emb, audio_emb,
+            cross=not isolate_modalities, skip=self.perturbed_blocks(skip_self_attention), text_kv=text_kv,
+        )
+        return (self.video_in(video), self.audio_in(audio)), cond
+
+    def rope_tables(self, positions: LTX2Positions) -> LTX2Ropes:
+        """The rotary tables of `positions` (a function of the positions alone: reusable across steps)."""
+        c = self.config
+        cross_max = (float(max(c.pos_embed_max_pos, c.audio_pos_embed_max_pos)),)
+        return (
+            rope_tables(positions.video, (c.pos_embed_max_pos, c.base_height, c.base_width), self.video_rope),
+            rope_tables(positions.audio, (c.audio_pos_embed_max_pos,), self.audio_rope),
+            rope_tables(positions.video[:, 0:1], cross_max, self.video_cross_rope),
+            rope_tables(positions.audio[:, 0:1], cross_max, self.audio_cross_rope),
+        )
+
+    @property
+    def static_text(self) -> bool:
+        """The blocks' text keys and values do not depend on the timestep (no prompt AdaLN), so prepare_text's
+        result holds for every step of a request."""
+        return not (self.config.prompt_modulation and self.config.use_prompt_adaln_single)
+
+    def prepare_text(self, video_text: Tensor, audio_text: Tensor, text_mask: Tensor | None,
+                     dtype: torch.dtype) -> LTX2PreparedText:
+        """What embed's `text` takes: every block's text keys/values, and the additive mask (None when it keeps
+        every token, which adds nothing). Only for a static_text checkpoint."""
+        if not self.static_text:
+            raise ValueError("this checkpoint modulates the text by the timestep (prompt AdaLN): its text keys "
+                             "and values change every step")
+        video_text, audio_text = self._project_text(video_text, audio_text)
+        kv = tuple(block.text_kv(video_text, audio_text) for block in self.blocks)
+        keep_all = text_mask is None or bool(text_mask.bool().all())
+        return LTX2PreparedText(kv, None if keep_all else self._text_mask(text_mask, dtype))
+
+    def perturbed_blocks(self, blocks: Iterable[int]) -> frozenset[int]:
+        """The blocks of `blocks` whose self-attention STG perturbs: none unless the checkpoint was built with
+        `perturbed_attn`, and an index past the last block perturbs nothing (as in diffusers)."""
+        if not self.config.perturbed_attn:
+            return frozenset()
+        return frozenset(b for b in blocks if 0 <= b < self.num_blocks)
+
+    def _project_text(self, video_text: Tensor, audio_text: Tensor) -> tuple[Tensor, Tensor]:
+        c, batch = self.config, video_text.shape[0]
         if c.use_prompt_embeddings:
             video_text = self.video_caption(video_text).view(batch, -1, c.dim)
             audio_text = self.audio_caption(audio_text).view(batch, -1, c.audio_dim)
-        mask = None
-        if text_mask is not None:  # additive, broadcast over heads and queries
-            mask = ((1 - text_mask.to(video.dtype)) * -10000.0)[:, None, None, :]
-        cond = LTX2Conditioning(
-            video_text, audio_text, mask, video_cond, audio_cond,
-            (video_rope, audio_rope, video_cross_rope, audio_cross_rope), video_emb, audio_emb,
-            cross=not isolate_modalities,
-            skip=frozenset(skip_self_attention) if c.perturbed_attn else frozenset(),
-        )
-        return (self.video_in(video), self.audio_in(audio)), cond
+        return video_text, audio_text
+
+    @staticmethod
+    def _text_mask(text_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        if text_mask is None:
+            return None
+        return ((1 - text_mask.to(dtype)) * -10000.0)[:, None, None, :]  # additive, over heads and queries
 
     def run_blocks(
         self, stream: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0, end: int | None = None,
@@ -299,7 +358,7 @@ class LTX2Transformer(BlockStack, nn.Module):
         for i in range(start, self.num_blocks if end is None else end):
             x, a = self.blocks[i](
                 x, a, cond.video_text, cond.audio_text, cond.mask, cond.video, cond.audio, cond.ropes,
-                cross=cond.cross, skip_self=i in cond.skip,
+                cross=cond.cross, skip_self=i in cond.skip, text_kv=None if cond.text_kv is None else cond.text_kv[i],
             )
         return x, a
 

@@ -7,7 +7,8 @@ upsampled, re-noised latents) over the one resident transformer; they differ in 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
@@ -18,9 +19,10 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
-from vidloom.lora.apply import current_loras, lora_scope, with_adapter
+from vidloom.lora.apply import adapters_active, current_loras, lora_scope, with_adapter
 from vidloom.lora.files import LoRALayer
-from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2Transformer
+from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2PreparedText, LTX2Ropes, \
+    LTX2Transformer
 from vidloom.recipes.ltx2.text import LTX2Text
 
 
@@ -54,19 +56,30 @@ class LTX2Layout:
         return (self.frames, self.height, self.width, self.audio_frames, self.fps)
 
 
+PREPARED_TEXTS = 2
+"""Prepared text batches one network keeps (the least recently used goes first): CFG's (negative, prompt) pair,
+whose rows also serve the prompt alone (the other guidance passes), and one for a cross-request batch."""
+
+
 class LTX2Network:
     """The network a guidance policy calls for one request: (video, audio, text, timesteps) -> velocities.
 
-    Built per request, so positions never live on the shared transformer.
+    Built per request, so positions never live on the shared transformer. What does not change between the
+    request's steps is computed once and kept here (`reuse`): the rotary tables (per batch size) and, on
+    checkpoints whose text modulation is static, every block's text keys and values with the text mask.
     """
 
     def __init__(self, transformer: LTX2Transformer, positions: LTX2Positions, dtype: torch.dtype,
                  use_cross_timestep: bool, stage_lora: StageLoRA | None = None,
-                 position_key: Hashable = None) -> None:
+                 position_key: Hashable = None, reuse: bool = True) -> None:
         self.transformer, self.positions, self.dtype = transformer, positions, dtype
         self.use_cross_timestep = use_cross_timestep
         self.stage_lora = stage_lora
         self.position_key = position_key
+        # A captured graph (graph_rebuild) replays its kernels on new static inputs: nothing may be reused there.
+        self.reuse = reuse
+        self._ropes: dict[int, LTX2Ropes] = {}
+        self._texts: OrderedDict[tuple[int, ...], tuple[tuple[LTX2Text, ...], LTX2PreparedText]] = OrderedDict()
 
     def batch_key(self) -> Hashable:
         """Views with equal keys stack (runtime.batching): same transformer, pass and token positions (the
@@ -83,7 +96,7 @@ class LTX2Network:
 
     def graph_rebuild(self, parts: tuple[LTX2Positions]) -> LTX2Network:
         return LTX2Network(self.transformer, parts[0], self.dtype, self.use_cross_timestep, self.stage_lora,
-                           self.position_key)
+                           self.position_key, reuse=False)
 
     @staticmethod
     def stack(views: list[LTX2Network]) -> LTX2Network:
@@ -111,14 +124,59 @@ class LTX2Network:
     ) -> tuple[tuple[Tensor, Tensor], LTX2Conditioning]:
         batch = video.shape[0]
         pos = LTX2Positions(self.positions.video.repeat(batch, 1, 1, 1), self.positions.audio.repeat(batch, 1, 1, 1))
-        text = text.to(self.dtype)
         # Both pipelines condition LTX-2.3's text and cross-modal modulation on the scalar step timestep.
         with self._stage_scope():
+            prepared = self._prepared_text(text)
+            if prepared is None:
+                text = text.to(self.dtype)
             return self.transformer.embed(
                 video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep,
                 audio_timestep, audio_timestep, pos, use_cross_timestep=self.use_cross_timestep,
-                isolate_modalities=isolate, skip_self_attention=skip,
+                isolate_modalities=isolate, skip_self_attention=skip, ropes=self._rope_tables(pos),
+                text=prepared,
             )
+
+    def _rope_tables(self, positions: LTX2Positions) -> LTX2Ropes | None:
+        """The tables of this request's positions at this batch size (None: the transformer builds them)."""
+        if not self.reuse:
+            return None
+        batch = positions.video.shape[0]
+        if batch not in self._ropes:
+            self._ropes[batch] = self.transformer.rope_tables(positions)
+        return self._ropes[batch]
+
+    def _prepared_text(self, text: LTX2Text) -> LTX2PreparedText | None:
+        """`text` as the blocks read it, prepared once per text batch (None: the blocks project it every call).
+        Not under an adapter: the cache keys by the texts alone."""
+        if not (self.reuse and self.transformer.static_text) or adapters_active():
+            return None
+        key = tuple(id(source) for source in text.sources)
+        entry = self._texts.get(key)
+        if entry is None and len(key) == 1:
+            rows = self._rows_of(text.sources[0])  # a text stacked in a kept batch: its rows, no copy
+            if rows is not None:
+                return rows
+        if entry is None:
+            typed = text.to(self.dtype)
+            entry = (text.sources, self.transformer.prepare_text(typed.video, typed.audio, typed.mask, self.dtype))
+            self._texts[key] = entry  # holds the sources, so their identities stay theirs while the key lives
+            while len(self._texts) > PREPARED_TEXTS:
+                self._texts.popitem(last=False)
+        self._texts.move_to_end(key)
+        return entry[1]
+
+    def _rows_of(self, source: LTX2Text) -> LTX2PreparedText | None:
+        """`source`'s rows of a kept batch that stacks it (views), or None."""
+        for sources, prepared in self._texts.values():
+            start = 0
+            for other in sources:
+                rows = other.video.shape[0]
+                if other is source:
+                    pick = slice(start, start + rows)
+                    return LTX2PreparedText(tuple(tuple(t[pick] for t in kv) for kv in prepared.kv),
+                                            None if prepared.mask is None else prepared.mask[pick])
+                start += rows
+        return None
 
     def run_blocks(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0,
                    end: int | None = None) -> tuple[Tensor, Tensor]:
@@ -186,6 +244,11 @@ class LTX2DenoiseLoop:
         layout: LTX2Layout = slots["layout"]
         video: Tensor = slots["video_latents"]
         scales = self.scales_fn(request)
+        if scales.stg and not self.transformer.perturbed_blocks(scales.stg_blocks):
+            # No named block's self-attention is perturbed on this checkpoint (LTX-2.0 is not built with
+            # perturbed_attn; an index past the last block perturbs nothing): the STG pass would repeat the
+            # conditional one and its term is zero, so it is not run (diffusers runs it and adds that zero).
+            scales = replace(scales, video_stg=0.0, audio_stg=0.0)
         negative = slots["negative_text"] if scales.cfg else None
         if scales.cfg and negative is None:
             raise AssertionError("the program encodes a negative prompt whenever a pass uses CFG")

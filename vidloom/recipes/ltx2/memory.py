@@ -20,6 +20,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.recipes.ltx2.settings import LTX2Settings
+from vidloom.recipes.ltx2.text import LTX2_TEXT_TOKENS
 
 FFN_MULT = 4  # models.ltx2.layers.FeedForward: Linear -> GELU -> Linear, 4x wide
 
@@ -52,8 +53,14 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
         stages.append((int(video_tokens * scale * scale), 2 if settings.stage2.cfg else 1))
     video_dim = dit.num_attention_heads * dit.attention_head_dim
     audio_dim = dit.audio_num_attention_heads * dit.audio_attention_head_dim
+    # The loop's network keeps every block's text keys and values for the prompts a pass reads (recipes.ltx2.loop:
+    # one row per prompt of the CFG batch) when the text modulation is static.
+    text_kv = 0
+    if not (dit.prompt_modulation and dit.use_prompt_adaln_single):
+        text_kv = dit.num_layers * LTX2_TEXT_TOKENS * 2 * (video_dim + audio_dim) * act
     denoise = max(block_bytes(batch, tokens, video_dim, FFN_MULT * video_dim, act)
-                  + block_bytes(batch, audio_tokens, audio_dim, FFN_MULT * audio_dim, act) for tokens, batch in stages)
+                  + block_bytes(batch, audio_tokens, audio_dim, FFN_MULT * audio_dim, act) + batch * text_kv
+                  for tokens, batch in stages)
     out_h, out_w = request.height, request.width
     if upsampler is not None:
         out_h, out_w = (int(side * upsampler.config.spatial_scale) for side in (request.height, request.width))
