@@ -98,14 +98,19 @@ def test_tolerance_refuses_negative_bounds():
         Tolerance(atol=-1.0)
 
 
+def _record_ids(rec: TapRecorder, loop: str, ids: list[int]) -> None:
+    """One decoded id per step of `loop`, as a decode loop's taps record them."""
+    for position, value in enumerate(ids):
+        rec.begin_step(loop, position)
+        rec.record("token", "id", torch.tensor([value]))
+        rec.end_step()
+
+
 def test_ids_are_compared_exactly_and_named_with_both_values():
     """A relative bound would pass id 100001 for 100000; ids get none, and the report shows both."""
     ours, theirs = TapRecorder(), TapRecorder()
     for rec, ids in ((ours, [7, 100000, 3]), (theirs, [7, 100001])):
-        for position, value in enumerate(ids):
-            rec.begin_step("thinker", position)
-            rec.record("token", "id", torch.tensor([value]))
-            rec.end_step()
+        _record_ids(rec, "thinker", ids)
     report = align(ours, theirs, Tolerance(atol=1e-4, rtol=1e-4))
     first = report.first_divergence
     assert first is not None and first.key == TapKey("token", "id", "thinker", 1)
@@ -119,10 +124,7 @@ def test_ids_are_compared_exactly_and_named_with_both_values():
 def test_a_longer_id_sequence_on_one_side_is_said():
     ours, theirs = TapRecorder(), TapRecorder()
     for rec, ids in ((ours, [7, 8, 9]), (theirs, [7, 8])):
-        for position, value in enumerate(ids):
-            rec.begin_step("talker", position)
-            rec.record("token", "id", torch.tensor([value]))
-            rec.end_step()
+        _record_ids(rec, "talker", ids)
     report = align(ours, theirs)
     assert not report.ok
     assert report.summary().startswith("parity: every compared id matches, but vidloom decoded more talker ids, "

@@ -136,9 +136,7 @@ def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
 def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alone(omni):
     """Three speech requests at once: their talker steps share paged forwards (counted on the talker's forward),
     and each gives the codes and waveform it gives alone."""
-    import asyncio
-
-    from vidloom.runtime.async_engine import AsyncEngine
+    from tests.helpers.speech_runs import speak_together
 
     _, gen = omni
     texts = ["the kite rose over the dunes", "a red kite", "kites fly high above the sea at noon"]
@@ -151,21 +149,7 @@ def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alon
         return start_speech(gen.engine, request(text)).finish()
 
     solo = [alone(text) for text in texts]
-    batches: list[int] = []  # sequences per talker forward
-    talker = gen.engine.instance["talker"]
-    hook = talker.register_forward_pre_hook(
-        lambda module, args, kwargs: batches.append(int(kwargs["kv"].key_slots.shape[0])), with_kwargs=True)
-    engine = AsyncEngine(gen.engine, slots=3, policy="interleave")  # fifo would run them one after another
-    try:
-        async def together():
-            handles = [engine.submit_run(start_speech(gen.engine, request(text)), None, lambda out: out)
-                       for text in texts]
-            return [await handle.result() for handle in handles]
-
-        outs = asyncio.run(together())
-    finally:
-        hook.remove()
-        engine.close()
+    outs, batches = speak_together(gen, [request(text) for text in texts], "interleave")  # fifo: one by one
     steps = sum(int(out["codes"].numel()) + 1 for out in solo)  # a step per code, and the one that ends
     assert max(batches) == 3 and len(batches) < steps  # talker steps of the three requests in one forward
     for out, ref in zip(outs, solo):

@@ -4,7 +4,6 @@ while it waits leaves every block free."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from tests.helpers.speech_runs import speak_together
 from vidloom.core.chat import SamplingParams
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import Cancelled, KVPoolBusy
@@ -56,20 +56,7 @@ def test_talkers_that_find_the_pool_busy_wait_and_match_running_alone(small_pool
     pool = gen.engine.decoder.pool_of(talker)
     assert 2 * blocks_for(211) > pool.layout.num_blocks  # two talkers never fit together
     solo = [alone(gen, request(text, chunk=chunk)) for text in TEXTS]
-    batches: list[int] = []  # sequences per talker forward
-    hook = talker.register_forward_pre_hook(
-        lambda module, args, kwargs: batches.append(int(kwargs["kv"].key_slots.shape[0])), with_kwargs=True)
-    engine = AsyncEngine(gen.engine, slots=3, policy=policy)
-    try:
-        async def together():
-            handles = [engine.submit_run(start_speech(gen.engine, request(text, chunk=chunk)), None, lambda o: o)
-                       for text in TEXTS]
-            return [await handle.result() for handle in handles]
-
-        outs = asyncio.run(together())
-    finally:
-        hook.remove()
-        engine.close()
+    outs, batches = speak_together(gen, [request(text, chunk=chunk) for text in TEXTS], policy)
     assert batches and max(batches) == 1  # the talkers ran one after another: the others waited
     for out, ref in zip(outs, solo):
         assert out["codes"].tolist() == ref["codes"].tolist() and out["codes"].numel() > 3

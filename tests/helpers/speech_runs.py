@@ -1,0 +1,31 @@
+"""Speech requests run together on one AsyncEngine, counting the sequences of each talker forward."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from vidloom.core.speech import SpeechRequest
+from vidloom.generator import VideoGenerator
+from vidloom.runtime.async_engine import AsyncEngine
+from vidloom.runtime.speech_run import start_speech
+
+
+def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest],
+                   policy: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """Submit every request at once (3 slots, `policy`); return their outputs in order and, per talker
+    forward, how many sequences it ran."""
+    talker = gen.engine.instance["talker"]
+    batches: list[int] = []
+    hook = talker.register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(int(kwargs["kv"].key_slots.shape[0])), with_kwargs=True)
+    engine = AsyncEngine(gen.engine, slots=3, policy=policy)
+    try:
+        async def together() -> list[dict[str, Any]]:
+            handles = [engine.submit_run(start_speech(gen.engine, r), None, lambda out: out) for r in requests]
+            return [await handle.result() for handle in handles]
+
+        return asyncio.run(together()), batches
+    finally:
+        hook.remove()
+        engine.close()
