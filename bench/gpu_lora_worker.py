@@ -14,7 +14,7 @@ from gpu_plan import LoraRow
 from gpu_workers import SEED, _peak_gib, _reset_peak, _step_summary, _sync_clock
 
 # The linears a style LoRA usually trains on a Wan block (diffusers' attn1/attn2 q,k,v,out and the FFN), by our
-# module names (vidloom.models.wan.transformer.WAN_TRANSFORMER_NAME_MAP).
+# module names (vidloom.models.wan.transformer_config.WAN_TRANSFORMER_NAME_MAP).
 TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.out", "cross_attn.q", "cross_attn.k",
            "cross_attn.v", "cross_attn.out", "ffn.up", "ffn.down")
 
@@ -27,7 +27,8 @@ def run_lora_worker(row: LoraRow, device: str = "cuda", dtype: str = "bfloat16")
     from vidloom.loading.precision import cast_module
     from vidloom.lora.apply import ActiveLoRAs, lora_scope, wrap_linears
     from vidloom.lora.files import LoRALayer
-    from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+    from vidloom.models.wan.transformer import WanTransformer
+    from vidloom.models.wan.transformer_config import WanTransformerConfig
 
     torch.manual_seed(SEED)
     compute, where = getattr(torch, dtype), torch.device(device)

@@ -214,7 +214,8 @@ def run_dit_worker(row: DitRow, device: str = "cuda", dtype: str = "bfloat16") -
 
     from vidloom.layers.attention import resolve_attention
     from vidloom.loading.precision import cast_module
-    from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+    from vidloom.models.wan.transformer import WanTransformer
+    from vidloom.models.wan.transformer_config import WanTransformerConfig
 
     torch.manual_seed(SEED)
     compute, where = getattr(torch, dtype), torch.device(device)

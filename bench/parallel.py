@@ -35,7 +35,7 @@ from vidloom.core.output import ProgressEvent
 from vidloom.core.parallel import ParallelPlan, SequenceGeometry
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
-from vidloom.models.wan.transformer import WanTransformerConfig
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.recipes.wan.parallel import sequence_geometry
 
 PLANS = {

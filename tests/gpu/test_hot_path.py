@@ -38,7 +38,8 @@ def test_complex_rope_on_cuda_matches_the_real_form():
 
 def test_dit_on_cuda_matches_diffusers_in_fp32():
     diffusers = pytest.importorskip("diffusers")
-    from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
+    from vidloom.models.wan.transformer import WanTransformer
+    from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 
     torch.manual_seed(0)
     kwargs = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,

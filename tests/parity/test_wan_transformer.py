@@ -7,11 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from vidloom.models.wan.transformer import (
-    WAN_TRANSFORMER_NAME_MAP,
-    WanTransformer,
-    WanTransformerConfig,
-)
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 
 diffusers = pytest.importorskip("diffusers")
 

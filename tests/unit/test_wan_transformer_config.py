@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vidloom.core.errors import CheckpointError
-from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 
 # transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers, as published.
 WAN21_T2V_1_3B = {

@@ -29,7 +29,7 @@ one more evicts the least recently used adapter no running request holds."""
 # family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
 # Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
 LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
-    "wan2.1": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
+    "wan2.1": (("transformer", "vidloom.models.wan.transformer_config:WAN_TRANSFORMER_NAME_MAP"),),
     "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
     "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
@@ -39,7 +39,7 @@ LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
              ("connectors", "vidloom.models.ltx2.connectors:LTX2_CONNECTORS_NAME_MAP")),
     # Wan2.2 (TI2V-5B, A14B): diffusers loads into the high-noise expert `transformer` unless told otherwise
     # (`into="transformer_2"` here, LORA_INTO).
-    "wan2.2": (("transformer", "vidloom.models.wan.transformer:WAN_TRANSFORMER_NAME_MAP"),),
+    "wan2.2": (("transformer", "vidloom.models.wan.transformer_config:WAN_TRANSFORMER_NAME_MAP"),),
 }
 # family -> {instance component: the file prefix it reads}: components an adapter may be loaded into instead of
 # the default targets, as diffusers' WanLoraLoaderMixin.load_lora_weights(load_into_transformer_2=True) puts a

@@ -14,7 +14,7 @@ from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.limits import RequestLimits
 from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
-from vidloom.models.wan.transformer import WanTransformerConfig
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.models.wan.vae import WanVAEConfig
 from vidloom.recipes.wan.cards import wan21_t2v_1_3b
 from vidloom.recipes.wan.demo import demo_card

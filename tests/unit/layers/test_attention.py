@@ -11,7 +11,8 @@ import torch
 
 from vidloom.core.errors import DeployError
 from vidloom.layers.attention import ATTENTION_BACKENDS, DEFAULT_SDPA, attention, resolve_attention, resolve_sdpa_scope
-from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 
 CUDA = torch.device("cuda")  # a device object only: resolve_attention never allocates on it
 

@@ -17,7 +17,7 @@ diffusers = pytest.importorskip("diffusers")
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
-from vidloom.models.wan import transformer as wan_transformer, vae as wan_vae  # noqa: E402
+from vidloom.models.wan import transformer_config as wan_transformer, vae as wan_vae  # noqa: E402
 from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
 from vidloom.recipes.wan.load import WAN_INDEX_KEYS  # noqa: E402
 from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402

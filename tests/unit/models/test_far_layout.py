@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vidloom.layers.attention import attention
-from vidloom.models.wan.transformer import WanTransformerConfig
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.models.wan_causal.config import FarTransformerConfig
 from vidloom.models.wan_causal.kv_cache import FarKVCache
 from vidloom.models.wan_causal.layout import ChunkLayout

@@ -121,7 +121,8 @@ def test_real_wan_checkpoints_get_the_published_rescale_and_others_raw_rel_l1():
 
 
 def test_wan_indicator_is_the_time_modulation():
-    from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+    from vidloom.models.wan.transformer import WanTransformer
+    from vidloom.models.wan.transformer_config import WanTransformerConfig
 
     torch.manual_seed(0)
     cfg = WanTransformerConfig(

@@ -8,7 +8,7 @@ from typing import Any
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
-from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
+from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 
 DIFFUSERS_CLASS_NAME = "AnyFlowFARTransformer3DModel"
 DELTA_TIME_TYPES = ("r", "t-r")

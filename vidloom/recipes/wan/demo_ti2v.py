@@ -16,7 +16,8 @@ import torch
 from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.core.request import Task
 from vidloom.loading.safetensors_io import save_weights
-from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.demo_cache import ensure_written, fill_zeros, noise_note, write_json
 from vidloom.recipes.wan.cards import wan_t2v_card

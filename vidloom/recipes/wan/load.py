@@ -19,7 +19,8 @@ from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.safetensors_io import load_weights
-from vidloom.models.wan.transformer import WAN_TRANSFORMER_NAME_MAP, WanTransformer, WanTransformerConfig
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.conditioning import WanPipelineConfig
 from vidloom.recipes.wan.experts import ExpertPlacement

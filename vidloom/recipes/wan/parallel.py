@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.models.wan.transformer import WanTransformerConfig
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.models.wan.vae import WanVAEConfig
 
 

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.core.errors import DeployError
 from vidloom.layers.attention import attention
-from vidloom.models.wan.transformer import WanTransformer, WanTransformerConfig
+from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.runtime.parallel.comm import GroupComm
 from vidloom.runtime.parallel.ulysses import TokenShards, UlyssesAttention, apply_sp, heads_to_seq, seq_to_heads
 
