@@ -48,7 +48,8 @@ class AcceptedKey:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.where}: accepted {self.key}={self.value!r} without effect ({self.reason})"
+        """`key=value in where: reason` (the key first: a summary lists the names before the first "=")."""
+        return f"{self.key}={self.value!r} in {self.where}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class KeyPolicy:
     read: frozenset[str]
     harmless: Mapping[str, str] = field(default_factory=dict)
     refused: Mapping[str, Refusal] = field(default_factory=dict)
-    # Bookkeeping keys the file's writer adds (diffusers' _class_name..., transformers' model_type...).
+    # Bookkeeping the file's writer adds to every config (diffusers' _class_name..., transformers' model_type and
+    # PreTrainedConfig defaults): accepted without a record, since every file of that writer has them.
     meta: frozenset[str] = DIFFUSERS_META_KEYS
 
     def __post_init__(self) -> None:

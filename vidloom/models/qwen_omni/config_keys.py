@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
-# Written by transformers' save_pretrained next to the sizes; they say nothing about the weights.
-TRANSFORMERS_META = frozenset({"_name_or_path", "architectures", "model_type", "transformers_version",
-                               "_attn_implementation_autoset"})
+_WRITER = "written by transformers' save_pretrained next to the sizes; it says nothing about the weights"
 
 _GENERATION = ("a generation default transformers 4.x wrote into every nested config; sampling settings come "
                "from the request and generation_config.json")
 _BOOKKEEPING = ("transformers bookkeeping (outputs, training, labels, export); it sets no size and selects no "
                 "layer in these classes")
 _SPECIAL_ID = "a special token id the tokenizer's vocabulary also gives; the chat template and loops use the tokenizer's"
-# PreTrainedConfig's own attributes (transformers 4.52 to_dict of every part; 5.x keeps a few).
-PRETRAINED_HARMLESS: dict[str, str] = {
+# PreTrainedConfig's own attributes (transformers 4.52 to_dict of every part; 5.x keeps a few), with why each
+# is bookkeeping here. Every file transformers writes has them, so they are the policies' `meta`: accepted
+# without a record (docs/reference/config-keys.md lists them with these reasons).
+PRETRAINED_BOOKKEEPING: dict[str, str] = {
+    **dict.fromkeys(("_name_or_path", "architectures", "model_type", "transformers_version",
+                     "_attn_implementation_autoset"), _WRITER),
     **dict.fromkeys((
         "bad_words_ids", "begin_suppress_tokens", "diversity_penalty", "do_sample", "early_stopping",
         "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "forced_bos_token_id",
@@ -36,6 +38,9 @@ PRETRAINED_HARMLESS: dict[str, str] = {
     **dict.fromkeys(("bos_token_id", "eos_token_id", "sep_token_id", "pad_token_id"), _SPECIAL_ID),
     "torch_dtype": "transformers' load-time precision hint (dtype since 5.0); the runtime's precision decides ours",
     "dtype": "transformers' load-time precision hint (torch_dtype before 5.0); the runtime's precision decides ours",
+}
+TRANSFORMERS_META = frozenset(PRETRAINED_BOOKKEEPING)
+PRETRAINED_HARMLESS = {
     "tie_word_embeddings": "we load the head from its own tensor: a tied checkpoint saves none, and the weight "
                            "loader then names the missing tensor",
 }
