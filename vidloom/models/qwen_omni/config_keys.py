@@ -40,16 +40,16 @@ PRETRAINED_BOOKKEEPING: dict[str, str] = {
     "dtype": "transformers' load-time precision hint (torch_dtype before 5.0); the runtime's precision decides ours",
 }
 TRANSFORMERS_META = frozenset(PRETRAINED_BOOKKEEPING)
-PRETRAINED_HARMLESS = {
-    "tie_word_embeddings": "we load the head from its own tensor: a tied checkpoint saves none, and the weight "
-                           "loader then names the missing tensor",
-}
+_TIED_HEAD = ("we load the head from its own tensor: a tied checkpoint saves none, and the weight loader then "
+              "names the missing tensor")
+_NO_HEAD = "this part has no output head to tie to its embeddings"
 PRETRAINED_REFUSED = {"pruned_heads": Refusal(({},), "pruned attention heads change the layer shapes we build")}
 
 
-def _policy(read: set[str], harmless: dict[str, str] | None = None,
-            refused: dict[str, Refusal] | None = None) -> KeyPolicy:
-    return KeyPolicy(frozenset(read), {**PRETRAINED_HARMLESS, **(harmless or {})},
+def _policy(read: set[str], harmless: dict[str, str] | None = None, refused: dict[str, Refusal] | None = None,
+            head: bool = False) -> KeyPolicy:
+    """A part's policy; `head`: the part is a decoder with an output head (tie_word_embeddings means something)."""
+    return KeyPolicy(frozenset(read), {"tie_word_embeddings": _TIED_HEAD if head else _NO_HEAD, **(harmless or {})},
                      {**PRETRAINED_REFUSED, **(refused or {})}, meta=TRANSFORMERS_META)
 
 
@@ -76,7 +76,7 @@ _DECODER_HARMLESS = {
     "max_window_layers": "used only with use_sliding_window, which must be false",
     "layer_types": "transformers derives it from use_sliding_window (false: every layer full attention)",
 }
-TEXT = _policy(_DECODER_READ, _DECODER_HARMLESS)
+TEXT = _policy(_DECODER_READ, _DECODER_HARMLESS, head=True)
 TALKER = _policy(_DECODER_READ | {"embedding_size", "tts_codec_pad_token_id", "tts_codec_start_token_id",
                                   "tts_codec_end_token_id", "tts_codec_mask_token_id", "tts_text_end_token_id",
                                   "tts_text_pad_token_id"}, {
@@ -85,7 +85,7 @@ TALKER = _policy(_DECODER_READ | {"embedding_size", "tts_codec_pad_token_id", "t
                     "a copy of the thinker's media setting; the talker reads the thinker's states, not media"),
     "tts_text_start_token_id": "transformers starts the talker's text with the chosen voice's own bos id "
                                "(spk_dict.pt), as we do",
-})
+}, head=True)
 TOKEN2WAV = _policy({"dit_config", "bigvgan_config"})
 DIT = _policy({"hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "ff_mult", "emb_dim",
                "block_size", "look_ahead_layers", "look_backward_layers", "repeats", "num_embeds", "mel_dim",
