@@ -131,7 +131,7 @@ def test_accepted_keys_reach_the_instance_the_generator_and_the_cli_notes(flux2_
     vae.write_text(json.dumps({**json.loads(vae.read_text()), "force_upcast": True}))
     generator = VideoGenerator.from_pretrained(folder, device="cpu")
     force_upcast = [line for line in generator.accepted_config_keys if line.startswith("force_upcast=")]
-    assert force_upcast == ["force_upcast=True in VAE config: a float16 precision hint for diffusers' pipelines; "
+    assert force_upcast == [f"force_upcast=True in {vae}: a float16 precision hint for diffusers' pipelines; "
                             "the card's VAE dtype sets ours"]
     assert generator.notes[-1].startswith("config key(s) accepted without effect: ")
     assert "force_upcast" in generator.notes[-1]
