@@ -272,6 +272,9 @@ silently ignored.
   has `K`. The file is from a newer release (update vidloom) or was edited by hand.
 - `...: K=V is not supported: WHY (this runtime runs K=OK)`: the file asks for behaviour we do not implement;
   the tables below say which keys and why.
+- `model_index.json: a FastVideo-native layout (...)`: FastVideo's converters (its Stable Audio repos, for one)
+  write their own component classes and tensor names under a diffusers pipeline name; load the diffusers repo
+  the folder was converted from.
 - `note: config key(s) accepted without effect: K, ...`: the load met harmless keys. `vidloom generate
   --verbose` prints each with its file, value and reason; so do `VideoGenerator.accepted_config_keys` and
   `GET /v1/models/{id}` (`accepted_config_keys`), and the server log.

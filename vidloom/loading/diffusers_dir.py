@@ -61,10 +61,22 @@ class DiffusersDir:
         component (name -> why) is refused when the index lists it with a class. Errors name key and file."""
         unsupported = unsupported or {}
         where = f"{self.root}/model_index.json"
+        self._refuse_fastvideo_layout(where)
         KeyPolicy(frozenset((*components, *settings, *unsupported))).check(self.index, where)
         for name, why in unsupported.items():
             if self.has(name):
                 raise CheckpointError(f"{where}: component {name!r} is not supported ({why})")
+
+    def _refuse_fastvideo_layout(self, where: str) -> None:
+        """FastVideo's converters write folders with a diffusers-looking model_index.json whose components are
+        FastVideo's own classes and tensor names (e.g. its Stable Audio repos: ["fastvideo.models.dits...",
+        "StableAudioDiT"]); name that instead of the first key our readers do not know."""
+        own = [f"{name}: {entry[0]}.{entry[1]}" for name, entry in self.index.items()
+               if isinstance(entry, list) and len(entry) == 2 and str(entry[0]).startswith("fastvideo")]
+        if own or "_fastvideo_converted_from" in self.index:
+            shown = ", ".join(own) or "_fastvideo_converted_from"
+            raise CheckpointError(f"{where}: a FastVideo-native layout ({shown}), not a diffusers folder; load the "
+                                  f"diffusers repo it was converted from")
 
     def component_config(self, name: str, filename: str = "config.json") -> dict[str, Any]:
         return read_json(self.component_dir(name) / filename)

@@ -135,3 +135,16 @@ def test_accepted_keys_reach_the_instance_the_generator_and_the_cli_notes(flux2_
                             "the card's VAE dtype sets ours"]
     assert generator.notes[-1].startswith("config key(s) accepted without effect: ")
     assert "force_upcast" in generator.notes[-1]
+
+
+def test_a_fastvideo_native_folder_is_named_as_such(tmp_path):
+    from vidloom.loading.diffusers_dir import DiffusersDir
+
+    # FastVideo's stable_audio_to_diffusers.py writes FastVideo's own component classes under a diffusers name.
+    index = {"_class_name": "StableAudioPipeline", "_fastvideo_converted_from": "stabilityai/stable-audio-open-1.0",
+             "transformer": ["fastvideo.models.dits.stable_audio", "StableAudioDiT"],
+             "scheduler": ["diffusers", "CosineDPMSolverMultistepScheduler"]}
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"a FastVideo-native layout \(transformer: fastvideo.models.dits."
+                                              r"stable_audio.StableAudioDiT\), not a diffusers folder"):
+        DiffusersDir.open(tmp_path).check_index(("transformer", "scheduler"))

@@ -16,7 +16,8 @@ _GENERATION = ("a generation default transformers 4.x wrote into every nested co
                "from the request and generation_config.json")
 _BOOKKEEPING = ("transformers bookkeeping (outputs, training, labels, export); it sets no size and selects no "
                 "layer in these classes")
-_SPECIAL_ID = "a special token id the tokenizer's vocabulary also gives; the chat template and loops use the tokenizer's"
+_SPECIAL_ID = ("a special token id the tokenizer's vocabulary also gives; the chat template and loops use the "
+               "tokenizer's")
 # PreTrainedConfig's own attributes (transformers 4.52 to_dict of every part; 5.x keeps a few), with why each
 # is bookkeeping here. Every file transformers writes has them, so they are the policies' `meta`: accepted
 # without a record (docs/reference/config-keys.md lists them with these reasons).
