@@ -297,7 +297,8 @@ def config_keys_page() -> str:
     out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | recipe |\n| --- | --- |\n"]
     out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in PIPELINES.items()]
     out.append("\n## Keys accepted without effect, and keys refused by value\n\n"
-               "Classes not listed read every key they have.\n")
+               "A class not listed has no such keys: its reader reads every key, and refuses a value it cannot "
+               "run by naming the key and the values it takes.\n")
     for (cls, where), target in KEY_POLICIES.items():
         policy = key_policy(target)
         out.append(f"\n### `{cls}`: {where}\n\n")

@@ -5,6 +5,7 @@ the shared published configs) parsed by our readers."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -148,3 +149,20 @@ def test_a_fastvideo_native_folder_is_named_as_such(tmp_path):
     with pytest.raises(CheckpointError, match=r"a FastVideo-native layout \(transformer: fastvideo.models.dits."
                                               r"stable_audio.StableAudioDiT\), not a diffusers folder"):
         DiffusersDir.open(tmp_path).check_index(("transformer", "scheduler"))
+
+
+def _policies() -> list[tuple[str, KeyPolicy]]:
+    from vidloom.loading.key_policies import KEY_POLICIES, key_policy
+
+    return [(f"{cls} ({where})", key_policy(target)) for (cls, where), target in KEY_POLICIES.items()]
+
+
+@pytest.mark.parametrize(("name", "policy"), _policies(), ids=[name for name, _ in _policies()])
+def test_every_refusal_names_key_value_and_reason_and_every_harmless_key_is_reported(name, policy):
+    for key, refusal in policy.refused.items():
+        message = rf"where: {key}='__other__' is not supported: {re.escape(refusal.why)}"
+        with pytest.raises(CheckpointError, match=message):
+            policy.check({key: "__other__"}, "where")
+        assert policy.check({key: refusal.accepts[0]}, "where") == ()
+    for key in policy.harmless:
+        assert policy.check({key: 1}, "where") == (key,)
