@@ -166,3 +166,22 @@ def test_every_refusal_names_key_value_and_reason_and_every_harmless_key_is_repo
         assert policy.check({key: refusal.accepts[0]}, "where") == ()
     for key in policy.harmless:
         assert policy.check({key: 1}, "where") == (key,)
+
+
+# Keys a class had in diffusers' history but not in the installed release, or that an official converter writes:
+# found by walking every commit of each class's file in huggingface/diffusers (main of 2026-08-23) and reading
+# its __init__ arguments; every other historical key of the classes we read is still an argument today (and so
+# checked by the test_config_keys_* files against the installed classes).
+HISTORICAL = {
+    "vidloom.models.wan.vae:WAN_VAE_POLICY": {"clip_output"},  # #12004..#12041, 2025-07-28..31
+    "vidloom.models.flux2.vae:FLUX2_VAE_POLICY": {"force_upcast"},  # 0.36.0 (#12711) .. after 2026-08
+    # NVIDIA's convert_model_to_diffusers writes these into the Cosmos3-Edge transformer/config.json.
+    "vidloom.models.cosmos3.config:TRANSFORMER_POLICY": {"backbone_type", "temporal_compression_factor"},
+}
+
+
+@pytest.mark.parametrize("target", sorted(HISTORICAL))
+def test_historical_and_converter_keys_are_classified(target):
+    from vidloom.loading.key_policies import key_policy
+
+    assert HISTORICAL[target] <= key_policy(target).known
