@@ -292,10 +292,13 @@ too. Any other diffusers pipeline class runs through the diffusers adapter.
 def config_keys_page() -> str:
     from vidloom.loading.key_policies import KEY_POLICIES, key_policy
     from vidloom.models.qwen_omni.config_keys import PRETRAINED_BOOKKEEPING
-    from vidloom.registry import PIPELINES
+    from vidloom.registry import ARCHITECTURES, PIPELINES
 
     out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | recipe |\n| --- | --- |\n"]
     out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in PIPELINES.items()]
+    out.append("\nA transformers folder (a `config.json`, no `model_index.json`) is read by its `architectures`:\n\n"
+               "| `architectures` | recipe |\n| --- | --- |\n")
+    out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in ARCHITECTURES.items()]
     out.append("\n## Keys accepted without effect, and keys refused by value\n\n"
                "A class not listed has no such keys: its reader reads every key, and refuses a value it cannot "
                "run by naming the key and the values it takes.\n")
