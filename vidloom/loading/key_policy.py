@@ -76,12 +76,6 @@ class KeyPolicy:
         """Every key this policy classifies (the reference-class comparison in the tests reads it)."""
         return self.read | frozenset(self.harmless) | frozenset(self.refused)
 
-    def extended(self, read: frozenset[str] = frozenset(), harmless: Mapping[str, str] | None = None,
-                 refused: Mapping[str, Refusal] | None = None) -> KeyPolicy:
-        """This policy plus more keys (a subclass's config, a variant's extra settings)."""
-        return KeyPolicy(self.read | read, {**self.harmless, **(harmless or {})},
-                         {**self.refused, **(refused or {})}, self.meta)
-
     def check(self, cfg: Mapping[str, Any], where: str) -> tuple[str, ...]:
         """The harmless keys `cfg` holds (recorded for the running load); CheckpointError on an unknown key or
         a refused value, naming the key, and for a refusal its value and why."""
