@@ -44,7 +44,13 @@ SIZES: dict[str, dict[str, Any]] = {
                                     axes_dims_rope=[4, 4, 4, 4]),
     "AutoencoderKLFlux2": dict(block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4),
     "Qwen3ForCausalLM": dict(_QWEN3, layer_types=["full_attention"] * _QWEN3["num_hidden_layers"]),
+    # rope_axes_dim sums to head_dim / 2; the published rope_scaling holds only mrope_section (= rope_axes_dim).
+    "Cosmos3OmniTransformer": dict(hidden_size=32, head_dim=8, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, num_hidden_layers=2, rope_axes_dim=[2, 1, 1],
+                                   rope_scaling={"mrope_section": [2, 1, 1]}),
 }
+# Rows a transformer keeps past the tokenizer's vocabulary (the released Cosmos3 checkpoints pad theirs).
+VOCAB_PAD = 37
 
 
 def _wan_tokenizer():
@@ -59,10 +65,17 @@ def _qwen_tokenizer():
     return train_qwen_tokenizer()
 
 
+def _cosmos3_tokenizer():
+    from tests.helpers.cosmos3_checkpoints import train_tokenizer
+
+    return train_tokenizer()
+
+
 # model_index.json tokenizer class -> the tiny offline tokenizer written in its place.
 TOKENIZERS: dict[str, Callable[[], Any]] = {
     "T5TokenizerFast": _wan_tokenizer,
     "Qwen2TokenizerFast": _qwen_tokenizer,
+    "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
 }
 
 
@@ -128,7 +141,9 @@ def _component(src: Path, dst: Path, name: str, library: str, class_name: str, v
     if files[0] == "preprocessor_config.json":
         write_json(dst / name / files[0], scaled(published, published.get("image_processor_type", key)))
         return
-    config = scaled(published, key, vocab if library == "transformers" else None)
+    if vocab is not None and library == "diffusers":
+        vocab += VOCAB_PAD
+    config = scaled(published, key, vocab)
     if library == "diffusers":
         _diffusers_model(class_name, config, dst / name, seed)
     else:
@@ -141,17 +156,17 @@ def build_scaled(repo: str, dst: Path, seed: int = 0) -> Path:
     src = CORPUS / repo
     index = read_json(src / "model_index.json")
     dst.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src / "model_index.json", dst / "model_index.json")
+    for top in src.glob("*.json"):  # model_index.json and any other top-level file, as published
+        shutil.copyfile(top, dst / top.name)
+    components = {name: entry for name, entry in sorted(index.items())
+                  if not name.startswith("_") and isinstance(entry, list) and entry[0] is not None}
     vocab = None
-    tokenizer_class = (index.get("tokenizer") or [None, None])[1]
-    if tokenizer_class is not None:
-        tokenizer = TOKENIZERS[tokenizer_class]()
-        tokenizer.save_pretrained(str(dst / "tokenizer"))
+    for name in [n for n in components if "tokenizer" in n]:
+        tokenizer = TOKENIZERS[components.pop(name)[1]]()
+        tokenizer.save_pretrained(str(dst / name))
         vocab = len(tokenizer)
-    for i, (name, entry) in enumerate(sorted(index.items())):
-        if name.startswith("_") or name == "tokenizer" or not isinstance(entry, list) or entry[0] is None:
-            continue
-        _component(src, dst, name, entry[0], entry[1], vocab, seed + i)
+    for i, (name, (library, class_name)) in enumerate(components.items()):
+        _component(src, dst, name, library, class_name, vocab, seed + i)
     return dst
 
 
