@@ -8,20 +8,19 @@ config key the loaders refuse fails here with the loader's own error, naming the
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers.published import build_scaled, corpus_repos, hub_cache
+from tests.helpers.published import build_scaled, corpus_repos, hub_cache, read_json
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom import registry
 from vidloom.core.card import ModelCard
 from vidloom.generator import VideoGenerator
 
 REPOS = corpus_repos()
-MIN_SIDE = 32  # the smallest output side the tiny CLIP and VAE paths take comfortably
+MIN_SIDE = 32  # the smallest output side the tiny CLIP path takes comfortably
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +37,20 @@ def scaled_dir(tmp_path_factory):
     return get
 
 
-def one_step_request(card: ModelCard) -> dict:
-    """The smallest request `card` accepts: one step (or the distilled step count), the smallest size and frames."""
-    side = card.geometry.spatial_multiple * math.ceil(MIN_SIDE / card.geometry.spatial_multiple)
-    fields: dict = dict(height=side, width=side, seed=0, num_inference_steps=len(card.recipe.timesteps) or 1)
+def min_steps(folder: Path, card: ModelCard) -> int:
+    """One step, except where the checkpoint allows no fewer: a distilled card's step list, or 2 when the
+    scheduler has a shift_terminal (one step cannot stretch the schedule to it; the runtime refuses it)."""
+    if card.recipe.timesteps:
+        return len(card.recipe.timesteps)
+    scheduler = folder / "scheduler" / "scheduler_config.json"
+    return 2 if scheduler.is_file() and read_json(scheduler).get("shift_terminal") else 1
+
+
+def one_step_request(card: ModelCard, folder: Path) -> dict:
+    """The smallest request `card` accepts: the fewest steps, the smallest size and frame count."""
+    # Two latent patches a side: some VAEs (LTX-2's) decode no fewer than 2x2 latents.
+    side = max(2 * card.geometry.spatial_multiple, MIN_SIDE)
+    fields: dict = dict(height=side, width=side, seed=0, num_inference_steps=min_steps(folder, card))
     if "t2i" not in {task.value for task in card.tasks}:
         fields["num_frames"] = card.geometry.temporal_factor + 1
     for i, name in enumerate(("image", "last_image")):
@@ -51,8 +60,8 @@ def one_step_request(card: ModelCard) -> dict:
     return fields
 
 
-def _runs_one_step(generator: VideoGenerator) -> None:
-    out = generator.generate("a red fox in the snow", **one_step_request(generator.card))
+def _runs_one_step(generator: VideoGenerator, folder: Path) -> None:
+    out = generator.generate("a red fox in the snow", **one_step_request(generator.card, folder))
     assert out.frames.ndim == 4 and out.frames.shape[-1] == 3
     assert np.isfinite(out.frames.astype(np.float64)).all()
 
@@ -67,9 +76,10 @@ def test_the_corpus_lists_every_registered_source_repo():
 
 @pytest.mark.parametrize("repo", REPOS)
 def test_published_folder_loads_and_runs_one_step(repo, scaled_dir):
-    generator = VideoGenerator.from_pretrained(scaled_dir(repo), device="cpu", dtype="float32")
+    folder = scaled_dir(repo)
+    generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32")
     try:
-        _runs_one_step(generator)
+        _runs_one_step(generator, folder)
     finally:
         generator.close()
 
@@ -84,7 +94,7 @@ def test_registered_card_loads_its_source_repo_offline(card_id, scaled_dir, tmp_
 
     repo = registry.resolve_card(card_id).source.removeprefix("hf:")
     cache = tmp_path / "hub"
-    hub_cache(repo, scaled_dir(repo), cache)
+    folder = hub_cache(repo, scaled_dir(repo), cache)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     # huggingface_hub reads HF_HUB_CACHE when it is first imported; snapshot_download reads this at call time.
@@ -92,6 +102,6 @@ def test_registered_card_loads_its_source_repo_offline(card_id, scaled_dir, tmp_
     generator = VideoGenerator.from_pretrained(card_id, device="cpu", dtype="float32")
     try:
         assert generator.card.model_id == card_id
-        _runs_one_step(generator)
+        _runs_one_step(generator, folder)
     finally:
         generator.close()
