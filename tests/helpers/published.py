@@ -137,6 +137,9 @@ def build_scaled(repo: str, dst: Path, seed: int = 0) -> Path:
     vocab = None
     for name in [n for n in components if "tokenizer" in n]:
         tokenizer = TOKENIZERS[components.pop(name)[1]]()
+        published = src / name / "tokenizer_config.json"
+        if published.is_file():  # the padding length is a setting of the checkpoint, not of the vocabulary
+            tokenizer.model_max_length = read_json(published)["model_max_length"]
         tokenizer.save_pretrained(str(dst / name))
         vocab = len(tokenizer)
     for i, (name, (library, class_name)) in enumerate(components.items()):

@@ -87,6 +87,15 @@ SIZES: dict[str, dict[str, Any]] = {
         vision_config=dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
                            image_size=16, patch_size=8),
         mm_tokens_per_image=4, image_token_index=Vocab(2), boi_token_index=Vocab(1), eoi_token_index=Vocab(0)),
+    # --- Stable Audio Open: DiT inner 4 x 8, projected text width 24, global = start + total seconds (2 x 24);
+    # 4 latent channels, so the VAE encoder's output (mean and scale) is 8 wide ---
+    "StableAudioDiTModel": dict(in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+                                num_key_value_attention_heads=2, cross_attention_dim=16, time_proj_dim=16,
+                                global_states_input_dim=48, cross_attention_input_dim=24),
+    "StableAudioProjectionModel": dict(text_encoder_dim=32, conditioning_dim=24),
+    "AutoencoderOobleck": dict(encoder_hidden_size=8, decoder_input_channels=4, decoder_channels=4),
+    "T5EncoderModel": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=Vocab(),
+                           relative_attention_num_buckets=8, relative_attention_max_distance=32),
 }
 
 

@@ -47,10 +47,13 @@ def min_steps(folder: Path, card: ModelCard) -> int:
 
 
 def one_step_request(card: ModelCard, folder: Path) -> dict:
-    """The smallest request `card` accepts: the fewest steps, the smallest size and frame count."""
+    """The smallest request `card` accepts: the fewest steps, the smallest size and frame count (or seconds)."""
+    steps = min_steps(folder, card)
+    if card.audio is not None:  # audio-only: a short clip, no size or frames
+        return dict(seconds=max(card.audio.min_seconds, 0.5), num_inference_steps=steps, seed=0)
     # Two latent patches a side: some VAEs (LTX-2's) decode no fewer than 2x2 latents.
     side = max(2 * card.geometry.spatial_multiple, MIN_SIDE)
-    fields: dict = dict(height=side, width=side, seed=0, num_inference_steps=min_steps(folder, card))
+    fields: dict = dict(height=side, width=side, seed=0, num_inference_steps=steps)
     if "t2i" not in {task.value for task in card.tasks}:
         fields["num_frames"] = card.geometry.temporal_factor + 1
     for i, name in enumerate(("image", "last_image")):
@@ -62,8 +65,11 @@ def one_step_request(card: ModelCard, folder: Path) -> dict:
 
 def _runs_one_step(generator: VideoGenerator, folder: Path) -> None:
     out = generator.generate("a red fox in the snow", **one_step_request(generator.card, folder))
-    assert out.frames.ndim == 4 and out.frames.shape[-1] == 3
-    assert np.isfinite(out.frames.astype(np.float64)).all()
+    if generator.card.audio is not None:
+        assert out.audio is not None and out.audio.size > 0 and np.isfinite(out.audio).all()
+    else:
+        assert out.frames.ndim == 4 and out.frames.shape[-1] == 3
+        assert np.isfinite(out.frames.astype(np.float64)).all()
 
 
 def test_the_corpus_lists_every_registered_source_repo():
