@@ -41,14 +41,22 @@ def _gemma_tokenizer():
     return train_gemma_tokenizer()
 
 
+def _sana_wm_tokenizer():
+    from tests.helpers.sana_wm_checkpoints import train_gemma_tokenizer  # its corpus holds SANA-WM's chi prompt
+
+    return train_gemma_tokenizer()
+
+
 def _cosmos3_tokenizer():
     from tests.helpers.cosmos3_checkpoints import train_tokenizer
 
     return train_tokenizer()
 
 
-# model_index.json tokenizer class -> the tiny offline tokenizer written in its place.
+# model_index.json tokenizer class (or "<pipeline class>/<tokenizer class>" where one pipeline needs its own)
+# -> the tiny offline tokenizer written in its place.
 TOKENIZERS: dict[str, Callable[[], Any]] = {
+    "SanaWMPipeline/GemmaTokenizerFast": _sana_wm_tokenizer,
     "T5TokenizerFast": _wan_tokenizer,
     "Qwen2TokenizerFast": _qwen_tokenizer,
     "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
@@ -136,13 +144,19 @@ def build_scaled(repo: str, dst: Path, seed: int = 0) -> Path:
                   if not name.startswith("_") and isinstance(entry, list) and entry[0] is not None}
     vocab = None
     for name in [n for n in components if "tokenizer" in n]:
-        tokenizer = TOKENIZERS[components.pop(name)[1]]()
+        tokenizer_class = components.pop(name)[1]
+        tokenizer = TOKENIZERS.get(f"{index['_class_name']}/{tokenizer_class}", TOKENIZERS[tokenizer_class])()
         published = src / name / "tokenizer_config.json"
         if published.is_file():  # the padding length is a setting of the checkpoint, not of the vocabulary
             tokenizer.model_max_length = read_json(published)["model_max_length"]
         tokenizer.save_pretrained(str(dst / name))
         vocab = len(tokenizer)
     for i, (name, (library, class_name)) in enumerate(components.items()):
+        if (src / name / "model_index.json").is_file():
+            # A pipeline inside the pipeline (SANA-WM's stage-2 refiner): read only when a deployment turns it on
+            # (--two-stage), so it is kept as published, without weights.
+            shutil.copytree(src / name, dst / name)
+            continue
         _component(src, dst, name, library, class_name, vocab, seed + i)
     return dst
 

@@ -89,6 +89,12 @@ SIZES: dict[str, dict[str, Any]] = {
         vision_config=dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
                            image_size=16, patch_size=8),
         mm_tokens_per_image=4, image_token_index=Vocab(2), boi_token_index=Vocab(1), eoi_token_index=Vocab(0)),
+    # --- SANA-WM stage 1: hidden 2 x 32 (linear_head_dim), Gemma-2 hidden 16 (= caption channels) ---
+    "SanaWMTransformer3DModel": dict(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32,
+                                     softmax_every_n=2, caption_channels=TEXT),
+    "Gemma2ForCausalLM": dict(hidden_size=TEXT, intermediate_size=2 * TEXT, num_hidden_layers=_GEMMA_LAYERS,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+                              sliding_window=64, layer_types=_first(_GEMMA_LAYERS), vocab_size=Vocab(3)),
     # --- Stable Audio Open: DiT inner 4 x 8, projected text width 24, global = start + total seconds (2 x 24);
     # 4 latent channels, so the VAE encoder's output (mean and scale) is 8 wide ---
     "StableAudioDiTModel": dict(in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
