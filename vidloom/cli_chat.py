@@ -52,7 +52,7 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
         from vidloom.runtime.paged_decode import no_chat
 
         raise no_chat(generator.card.model_id)
-    for note in generator.card.notes:  # a demo says its replies are noise, as `generate` does
+    for note in generator.notes:  # a demo says its replies are noise, as `generate` does
         print(f"note: {note}", file=sys.stderr)
     if args.voice is not None and generator.card.speech is None:
         from vidloom.runtime.speech_run import no_speech

@@ -147,6 +147,8 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy,
                                         max_loras=None if fuse else len(loras) or None,
                                         fuse_loras=dict(loras) if fuse else None) as generator:
+        for line in generator.accepted_config_keys:  # the card's own notes were printed before the load
+            print(f"note: {line}", file=sys.stderr)
         for name, (path, _) in loras.items() if not fuse else ():
             generator.load_lora(name, path)
         guard.check()

@@ -52,7 +52,7 @@ def speak_command(args: argparse.Namespace) -> int:
     quiet_third_party(args.verbose)
     check_device(args.device)
     generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype)
-    for note in generator.card.notes:
+    for note in generator.notes:
         print(f"note: {note}", file=sys.stderr)
 
     def show(event: object) -> None:

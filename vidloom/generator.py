@@ -14,6 +14,7 @@ from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
+from vidloom.core.instance import ModelInstance
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
@@ -122,6 +123,18 @@ class VideoGenerator:
     @property
     def card(self) -> ModelCard:
         return self.engine.instance.card
+
+    @property
+    def accepted_config_keys(self) -> tuple[str, ...]:
+        """Config keys the load accepted without effect, one line each (file, key, value, why; see
+        docs/reference/config-keys.md). A multi-device pool's ranks log theirs instead."""
+        instance = self.engine.instance
+        return instance.accepted_config_keys if isinstance(instance, ModelInstance) else ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What a user should read before the outputs: the card's notes, then the accepted config keys."""
+        return (*self.card.notes, *self.accepted_config_keys)
 
     def load_lora(self, name: str, path: str | Path, into: str | None = None) -> None:
         """Make the LoRA file `path` (diffusers/PEFT safetensors, as `save_lora_weights` writes it, or a community

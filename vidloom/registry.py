@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -17,7 +18,10 @@ from vidloom.core.errors import CheckpointError, DeployError, UnknownModel
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.key_policy import recording_accepted_keys
 from vidloom.runtime.fp8_denoisers import quantize_denoisers
+
+log = logging.getLogger(__name__)
 
 # Registered model ids -> "module:function" returning their ModelCard.
 CARDS: dict[str, str] = {
@@ -50,6 +54,8 @@ PIPELINES: dict[str, str] = {
     "AnyFlowFARPipeline": "vidloom.recipes.wan_causal.cards:card_from_checkpoint",
     "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
     "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
+    # FastVideo's name for its DMD-distilled FastWan repos (fastvideo/registry.py): the FastWan recipe.
+    "WanDMDPipeline": "vidloom.recipes.wan.registered:fastwan_card_from_checkpoint",
     "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
     "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
     "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
@@ -186,7 +192,11 @@ def load_instance(
     if card.family not in LOADERS:
         raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
     check_deploy(card, deploy)
-    instance = import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+    with recording_accepted_keys() as accepted:
+        instance = import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+    instance.accepted_config_keys = tuple(str(key) for key in accepted)
+    for line in instance.accepted_config_keys:
+        log.info("%s", line)
     if instance.deploy.fp8_weights:  # a card may turn it on itself (a QAD-trained FP8 checkpoint)
         quantize_denoisers(instance.components, instance.device, instance.dtype, card.model_id)
     return instance

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from vidloom.loading.key_policy import KeyPolicy
+
 # An argument no diffusers class has: a loader that refuses unknown keys must name it.
 FUTURE_KEY = "zz_key_from_a_future_release"
 
@@ -33,6 +35,17 @@ def assert_keys_classified(cls: type, known: Iterable[str], extra_ok: Iterable[s
                               f"refuses: decide for each (read it, or refuse values we do not implement)")
     stale = sorted(ours - theirs - frozenset(extra_ok))
     assert not stale, f"our loader lists key(s) {stale} that {cls.__name__} no longer has"
+
+
+def assert_policy_classified(cls: type, policy: KeyPolicy, extra_read: Iterable[str] = ()) -> None:
+    """Today's reference keys are all classified by `policy`; each key it reads is a reference key (or in
+    `extra_read`), while harmless and refused keys may be historical (the class had them once) or written by a
+    converter: those carry their reason, which must say something."""
+    assert_keys_classified(cls, policy.known, extra_ok=(*policy.harmless, *policy.refused, *extra_read))
+    for key, reason in policy.harmless.items():
+        assert len(reason) > 20, f"harmless key {key!r} of {cls.__name__}: the reason must say why ({reason!r})"
+    for key, refusal in policy.refused.items():
+        assert refusal.accepts and len(refusal.why) > 20, f"refused key {key!r} of {cls.__name__}: say why"
 
 
 def assert_refuses_unknown(read: Callable[[dict[str, Any]], Any], base: dict[str, Any] | None = None,

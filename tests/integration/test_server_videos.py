@@ -155,7 +155,8 @@ def test_models_and_health(server, client: httpx.Client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["wan2.1-demo"]
     assert models["data"][0]["object"] == "model"
-    assert client.get("/v1/models/wan2.1-demo").json()["id"] == "wan2.1-demo"
+    details = client.get("/v1/models/wan2.1-demo").json()
+    assert details["id"] == "wan2.1-demo" and details["accepted_config_keys"] == []  # the demo has no stale keys
     assert client.get("/v1/models/sora-2").status_code == 404
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model"] == "wan2.1-demo"

@@ -21,6 +21,9 @@ class ModelInstance:
     dtype: torch.dtype  # compute dtype of the denoiser
     checkpoint_dir: str
     deploy: DeployConfig = field(default_factory=DeployConfig)
+    # Config keys the load accepted without effect, one line each (file, key, value, why): registry.load_instance
+    # fills it; `vidloom generate` prints them as notes and GET /v1/models/{id} lists them.
+    accepted_config_keys: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Any:
         try:

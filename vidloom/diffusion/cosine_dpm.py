@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 DIFFUSERS_CLASS_NAME = "CosineDPMSolverMultistepScheduler"
 CONFIG_KEYS = frozenset({"sigma_min", "sigma_max", "sigma_data", "sigma_schedule", "num_train_timesteps",
@@ -59,7 +59,7 @@ class CosineDPMConfig:
         name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if name != DIFFUSERS_CLASS_NAME:
             raise ValueError(f"scheduler {name!r} is not supported (expected {DIFFUSERS_CLASS_NAME})")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "scheduler config")
+        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
         d = cls()
         solver_type = cfg.get("solver_type", d.solver_type)
         if solver_type in ("logrho", "bh1", "bh2"):  # the reference maps these to midpoint

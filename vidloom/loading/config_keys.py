@@ -1,4 +1,5 @@
-"""Reading a diffusers component config.json strictly: a key we do not understand is an error, not a default."""
+"""Reading a diffusers component config.json strictly: values checked key by key (which keys a file may hold at
+all is each reader's KeyPolicy, loading/key_policy.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from vidloom.core.errors import CheckpointError
 
-# Written by diffusers' save_pretrained next to the architecture keys; they say nothing about the weights.
-DIFFUSERS_META_KEYS = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "_use_default_values"})
-
 T = TypeVar("T")
-
-
-def refuse_unknown_keys(cfg: Mapping[str, Any], known: Iterable[str], where: str) -> None:
-    """CheckpointError naming every key of `cfg` that is neither in `known` nor diffusers bookkeeping."""
-    unknown = sorted(set(cfg) - set(known) - DIFFUSERS_META_KEYS)
-    if unknown:
-        raise CheckpointError(f"{where}: unsupported config key(s) {', '.join(unknown)}; "
-                              f"this runtime reads {', '.join(sorted(known))}")
 
 
 def check_class_name(cfg: Mapping[str, Any], expected: tuple[str, ...], where: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class DiffusersDir:
         component (name -> why) is refused when the index lists it with a class. Errors name key and file."""
         unsupported = unsupported or {}
         where = f"{self.root}/model_index.json"
-        refuse_unknown_keys(self.index, (*components, *settings, *unsupported), where)
+        KeyPolicy(frozenset((*components, *settings, *unsupported))).check(self.index, where)
         for name, why in unsupported.items():
             if self.has(name):
                 raise CheckpointError(f"{where}: component {name!r} is not supported ({why})")

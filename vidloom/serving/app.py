@@ -121,7 +121,9 @@ async def retrieve_model(request: Request, model_id: str) -> ModelDetails:
         raise APIError(404, f"model {model_id!r} is not served here; this server serves {model.id!r}",
                        param="model", code="model_not_found")
     manager = jobs_of(request)
-    return ModelDetails(**model.model_dump(), capabilities=capabilities(manager.card, getattr(manager, "limits", None)))
+    instance = served_instance(request)
+    return ModelDetails(**model.model_dump(), capabilities=capabilities(manager.card, getattr(manager, "limits", None)),
+                        accepted_config_keys=list(instance.accepted_config_keys) if instance is not None else [])
 
 
 def _model(request: Request) -> ModelObject:

@@ -47,6 +47,8 @@ class ModelDetails(ModelObject):
     """ModelObject plus the `capabilities` extension (clients reading only the OpenAI fields ignore it)."""
 
     capabilities: ModelCapabilities
+    # Config keys the served load accepted without effect (file, key, value, why); docs/reference/config-keys.md.
+    accepted_config_keys: list[str] = []
 
 
 def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabilities:

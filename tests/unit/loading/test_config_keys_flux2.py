@@ -14,7 +14,10 @@ from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.models.flux2 import transformer as flux2_transformer, vae as flux2_vae  # noqa: E402
 from vidloom.recipes.flux2 import schedule as flux2_schedule  # noqa: E402
 from vidloom.recipes.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
-from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
+from vidloom.loading.key_policy import KeyPolicy  # noqa: E402
+from tests.helpers.config_keys import (  # noqa: E402
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+)
 
 
 def test_model_index_keys_are_classified():
@@ -24,11 +27,14 @@ def test_model_index_keys_are_classified():
 @pytest.mark.parametrize(("reference", "ours", "read"), [
     (diffusers.Flux2Transformer2DModel, flux2_transformer.CONFIG_KEYS,
      flux2_transformer.Flux2TransformerConfig.from_diffusers),
-    (diffusers.AutoencoderKLFlux2, flux2_vae.CONFIG_KEYS, flux2_vae.Flux2VAEConfig.from_diffusers),
+    (diffusers.AutoencoderKLFlux2, flux2_vae.FLUX2_VAE_POLICY, flux2_vae.Flux2VAEConfig.from_diffusers),
     (diffusers.FlowMatchEulerDiscreteScheduler, flux2_schedule.CONFIG_KEYS, flux2_schedule.Flux2Schedule.from_diffusers),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_component_keys_are_classified(reference, ours, read):
-    assert_keys_classified(reference, ours)
+    if isinstance(ours, KeyPolicy):
+        assert_policy_classified(reference, ours)
+    else:
+        assert_keys_classified(reference, ours)
     assert_refuses_unknown(read, {"use_dynamic_shifting": True}, errors=(CheckpointError,))
 
 

@@ -20,11 +20,20 @@ from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer_config as wan_transformer, vae as wan_vae  # noqa: E402
 from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
 from vidloom.recipes.wan.load import WAN_INDEX_KEYS  # noqa: E402
-from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
+from vidloom.recipes.wan.registered import FASTWAN_PIPELINE  # noqa: E402
+from tests.helpers.config_keys import (  # noqa: E402
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+)
 
-@pytest.mark.parametrize("name", sorted(WAN_INDEX_KEYS))
+@pytest.mark.parametrize("name", sorted(set(WAN_INDEX_KEYS) - {FASTWAN_PIPELINE}))
 def test_model_index_keys_are_classified(name):
     assert_keys_classified(getattr(diffusers, name), WAN_INDEX_KEYS[name])
+
+
+def test_fastvideo_dmd_pipeline_holds_wan_pipeline_keys():
+    # FastVideo's WanDMDPipeline is no diffusers class: its folders are written with WanPipeline's keys.
+    assert not hasattr(diffusers, FASTWAN_PIPELINE)
+    assert WAN_INDEX_KEYS[FASTWAN_PIPELINE] == WAN_INDEX_KEYS["WanPipeline"]
 
 
 def test_transformer_keys_are_classified():
@@ -33,7 +42,7 @@ def test_transformer_keys_are_classified():
 
 
 def test_vae_keys_are_classified():
-    assert_keys_classified(diffusers.AutoencoderKLWan, wan_vae.CONFIG_KEYS)
+    assert_policy_classified(diffusers.AutoencoderKLWan, wan_vae.WAN_VAE_POLICY)
     assert_refuses_unknown(wan_vae.WanVAEConfig.from_diffusers, errors=(CheckpointError,))
 
 

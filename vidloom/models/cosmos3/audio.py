@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 # Cosmos3AVAEAudioTokenizer's config.json, key by key. Read: the decoder's sizes (below).
 DECODER_KEYS = frozenset({"sampling_rate", "vocoder_input_dim", "dec_dim", "dec_c_mults", "dec_strides",
@@ -41,7 +41,7 @@ SOUND_TOKENIZER_KEYS = DECODER_KEYS | FIXED_KEYS.keys() | ENCODER_KEYS
 def check_sound_tokenizer_keys(raw: Mapping[str, Any]) -> None:
     """CheckpointError naming a key we do not read or a value the shipped AVAE does not have."""
     where = "sound_tokenizer/config.json"
-    refuse_unknown_keys(raw, SOUND_TOKENIZER_KEYS, where)
+    KeyPolicy(SOUND_TOKENIZER_KEYS).check(raw, where)
     for key, expected in FIXED_KEYS.items():
         value = raw.get(key, expected)
         if value != expected or type(value) is not type(expected):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 HIDDEN_ACTS = ("silu", "relu2")  # Qwen3 backbone (gated SiLU MLP) or Nemotron backbone (squared ReLU)
 # Cosmos3OmniTransformer's default mrope split of head_dim/2 frequencies over (t, h, w).
@@ -24,16 +24,22 @@ GENERATION_KEYS = frozenset({
     # The action pathway's switch and sizes (gen_config.py): requests with an `action` block run it.
     "action_gen", "action_dim", "num_embodiment_domains",
 })
-# Read and deliberately without effect: dropout is a training setting (inference runs without it), and
-# `dtype` is diffusers' load-time precision hint (its class keeps it out of config.json); the runtime's
-# precision setting decides ours.
-INERT_KEYS = frozenset({"attention_dropout", "dtype"})
-TRANSFORMER_KEYS = TEXT_KEYS | GENERATION_KEYS | INERT_KEYS
+TRANSFORMER_POLICY = KeyPolicy(TEXT_KEYS | GENERATION_KEYS, harmless={
+    "attention_dropout": "a training setting: inference runs without dropout",
+    "dtype": "diffusers' load-time precision hint (its class keeps it out of config.json); the runtime's precision "
+             "setting decides ours",
+    # NVIDIA's convert_model_to_diffusers writes these two after save_pretrained (Cosmos3-Edge); no diffusers
+    # Cosmos3OmniTransformer release has them as arguments.
+    "backbone_type": "the converter's name for the backbone (e.g. cosmos3_edge_nemotron_dense); hidden_act and "
+                     "qk_norm_for_text, which we read, say what it computes",
+    "temporal_compression_factor": "restates the VAE's frames per latent frame, which we read from vae/config.json",
+})
+TRANSFORMER_KEYS = TRANSFORMER_POLICY.known
 
 
 def check_transformer_keys(raw: Mapping[str, Any]) -> None:
-    """CheckpointError naming any key we do not read."""
-    refuse_unknown_keys(raw, TRANSFORMER_KEYS, "transformer/config.json")
+    """CheckpointError naming any key we neither read nor know to be harmless."""
+    TRANSFORMER_POLICY.check(raw, "transformer/config.json")
 
 
 @dataclass(frozen=True)

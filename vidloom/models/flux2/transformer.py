@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
-from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
+from vidloom.loading.config_keys import check_class_name, read_key, strict_bool
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 from vidloom.models.flux2.blocks import DoubleStreamBlock, SingleStreamBlock, TimeEmbedding
 from vidloom.models.flux2.ops import norm_modulate, rope_freqs
@@ -62,7 +63,7 @@ class Flux2TransformerConfig:
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2TransformerConfig:
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), "transformer config")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "transformer config")
+        KeyPolicy(CONFIG_KEYS).check(cfg, "transformer config")
         if cfg.get("patch_size", 1) != 1:
             raise ValueError(f"patch_size {cfg['patch_size']} is not supported (Flux2 patchifies in the pipeline)")
         in_channels = int(cfg.get("in_channels", 128))

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from vidloom.layers.attention import attention
 from vidloom.layers.memory_format import channels_last, use_channels_last
 from vidloom.layers.tiling import SpatialTiling, decode_tiles_2d
-from vidloom.loading.config_keys import check_class_name, read_key, refuse_unknown_keys, strict_bool
+from vidloom.loading.config_keys import check_class_name, read_key, strict_bool
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 
 GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupnorm eps
@@ -32,6 +33,11 @@ CONFIG_KEYS = frozenset({
     "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size",
     "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention", "batch_norm_eps", "batch_norm_momentum",
     "patch_size",
+})
+FLUX2_VAE_POLICY = KeyPolicy(CONFIG_KEYS, harmless={
+    # diffusers 0.36.0 (#12711, 2025-11-25) until after 2026-08, not in 0.42.1; the published FLUX.2-klein-4B/9B
+    # vae/config.json carry it. diffusers' pipelines upcast a float16 VAE to float32 when it is true.
+    "force_upcast": "a float16 precision hint for diffusers' pipelines; the card's VAE dtype sets ours",
 })
 
 
@@ -59,7 +65,7 @@ class Flux2VAEConfig:
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2VAEConfig:
         where = "VAE config"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        refuse_unknown_keys(cfg, CONFIG_KEYS, where)
+        FLUX2_VAE_POLICY.check(cfg, where)
         for key, allowed in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
             kinds = set(cfg.get(key, [allowed]))
             if kinds != {allowed}:

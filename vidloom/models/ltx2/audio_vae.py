@@ -17,8 +17,9 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.config_keys import (
-    check_choice, check_class_name, positive_int, positive_ints, read_key, refuse_unknown_keys, strict_bool,
+    check_choice, check_class_name, positive_int, positive_ints, read_key, strict_bool,
 )
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "AutoencoderKLLTX2Audio"
@@ -92,7 +93,7 @@ class LTX2AudioVAEConfig:
         CheckpointError naming it."""
         where = "audio VAE config"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        refuse_unknown_keys(cfg, cls.config_keys(), where)
+        KeyPolicy(cls.config_keys()).check(cfg, where)
         values: dict[str, Any] = {key: read_key(cfg, key, getattr(cls, key), positive_int, where) for key in _INT_KEYS}
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)

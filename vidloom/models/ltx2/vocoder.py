@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.config_keys import (
-    check_choice, check_class_name, positive_int, positive_ints, read_key, refuse_unknown_keys, strict_bool,
+    check_choice, check_class_name, positive_int, positive_ints, read_key, strict_bool,
 )
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.vocoder_layers import Generator, GeneratorConfig, UpSample1d
 
@@ -72,7 +73,7 @@ class LTX2VocoderConfig:
         honour is a CheckpointError naming it."""
         where = "vocoder config"
         class_name = check_class_name(cfg, (PLAIN_CLASS, BWE_CLASS), where)
-        refuse_unknown_keys(cfg, cls.config_keys(class_name), where)
+        KeyPolicy(cls.config_keys(class_name)).check(cfg, where)
         generator = _generator_config(cfg, "", where)
         rate = read_key(cfg, "output_sampling_rate", 48000 if class_name == BWE_CLASS else 24000, positive_int, where)
         if class_name == PLAIN_CLASS:

@@ -16,7 +16,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from vidloom.loading.config_keys import check_class_name, positive_int, read_key, refuse_unknown_keys
+from vidloom.loading.config_keys import check_class_name, positive_int, read_key
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "StableAudioProjectionModel"
@@ -34,7 +35,7 @@ class ProjectionConfig:
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> ProjectionConfig:
         where = "projection_model/config.json"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        refuse_unknown_keys(cfg, ("text_encoder_dim", "conditioning_dim", "min_value", "max_value"), where)
+        KeyPolicy(frozenset({"text_encoder_dim", "conditioning_dim", "min_value", "max_value"})).check(cfg, where)
         d = cls()
         config = cls(
             text_dim=read_key(cfg, "text_encoder_dim", d.text_dim, positive_int, where),

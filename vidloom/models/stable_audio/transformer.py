@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
-from vidloom.loading.config_keys import check_class_name, positive_int, read_key, refuse_unknown_keys
+from vidloom.loading.config_keys import check_class_name, positive_int, read_key
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "StableAudioDiTModel"
@@ -73,7 +74,7 @@ class StableAudioDiTConfig:
                 "cross_attention_dim": "cross_attention_dim", "time_proj_dim": "time_proj_dim",
                 "global_states_input_dim": "global_states_input_dim",
                 "cross_attention_input_dim": "cross_attention_input_dim"}
-        refuse_unknown_keys(cfg, keys, where)
+        KeyPolicy(frozenset(keys)).check(cfg, where)
         defaults = cls()
         values = {ours: read_key(cfg, theirs, getattr(defaults, ours), positive_int, where)
                   for theirs, ours in keys.items()}

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.tiling import SpatialTiling, decode_windows_1d
-from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key, refuse_unknown_keys
+from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.models.cosmos3.audio import NormedConv, ResidualUnit, Snake, UpBlock
 
 DIFFUSERS_CLASS_NAME = "AutoencoderOobleck"
@@ -50,7 +51,7 @@ class OobleckDecoderConfig:
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> OobleckDecoderConfig:
         where = "vae/config.json"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        refuse_unknown_keys(cfg, CONFIG_KEYS, where)
+        KeyPolicy(CONFIG_KEYS).check(cfg, where)
         d = cls()
         config = cls(
             downsampling_ratios=read_key(cfg, "downsampling_ratios", d.downsampling_ratios, positive_ints, where),

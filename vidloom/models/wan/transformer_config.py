@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
+from vidloom.loading.config_keys import read_key, strict_bool
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
@@ -104,7 +105,7 @@ class WanTransformerConfig:
                 f"transformer config qk_norm={qk_norm!r} (only {SUPPORTED_QK_NORM!r} is implemented): "
                 f"this is not a Wan checkpoint vidloom can run"
             )
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "transformer config")
+        KeyPolicy(CONFIG_KEYS).check(cfg, "transformer config")
         defaults = cls()
         in_channels = int(cfg.get("in_channels", defaults.in_channels))
         try:

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError
 from vidloom.layers.memory_format import channels_last, use_channels_last
-from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
+from vidloom.loading.config_keys import read_key, strict_bool
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 from vidloom.models.wan.vae_residual import ResidualDownStage, ResidualUpStage, patchify, unpatchify
@@ -34,6 +35,13 @@ CONFIG_KEYS = frozenset({
     "base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks", "attn_scales", "temperal_downsample",
     "dropout", "latents_mean", "latents_std", "is_residual", "in_channels", "out_channels", "patch_size",
     "scale_factor_temporal", "scale_factor_spatial",
+})
+# Keys AutoencoderKLWan had only for a while (public Wan2.2 TI2V-5B vae/config.json copies carry them).
+WAN_VAE_POLICY = KeyPolicy(CONFIG_KEYS, refused={
+    # diffusers between #12004 (2025-07-28) and #12041 (2025-07-31), before 0.35.0: true clamped decoded
+    # frames to [-1, 1]; since then diffusers always clamps, and so do we (WanVAE.decode).
+    "clip_output": Refusal((True,), "false leaves decoded frames unclamped; this runtime always clamps them to "
+                                    "[-1, 1], as diffusers does since 0.35.0"),
 })
 
 # The statistics Wan2.1 was trained with; diffusers uses them when a config omits them.
@@ -116,7 +124,7 @@ class WanVAEConfig:
         class_name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if class_name != DIFFUSERS_CLASS_NAME:
             raise CheckpointError(f"VAE config: _class_name is {class_name!r}, expected {DIFFUSERS_CLASS_NAME!r}")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "VAE config")
+        WAN_VAE_POLICY.check(cfg, "VAE config")
         base_dim = int(cfg.get("base_dim", cls.base_dim))
         decoder_base_dim = cfg.get("decoder_base_dim")
         patch_size = cfg.get("patch_size")

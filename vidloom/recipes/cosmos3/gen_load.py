@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import refuse_unknown_keys
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize, vae_dtype
@@ -25,12 +24,12 @@ from vidloom.models.cosmos3.generation import (
     Cosmos3Generator,
     is_loaded_key,
 )
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WAN_VAE_POLICY, WanVAE, WanVAEConfig
 from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 from vidloom.recipes.wan.load import load_sampler_config
 
-# Every AutoencoderKLWan key WanVAEConfig reads (what it writes back); any other in vae/config.json is refused.
-VAE_KEYS = frozenset(WanVAEConfig().to_diffusers())
+# Every AutoencoderKLWan key the Wan VAE reader classifies; any other in vae/config.json is refused.
+VAE_KEYS = WAN_VAE_POLICY.known
 # diffusers keeps the timestep MLP in float32 (`_keep_in_fp32_modules`); so do we, so bf16 runs match it.
 KEEP_FP32 = frozenset({"time_in", "time_out"})
 
@@ -61,9 +60,11 @@ def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dty
 
 
 def read_vae_config(raw: dict[str, Any], where: str) -> WanVAEConfig:
-    """The Wan2.2 VAE's config; a key WanVAEConfig does not read is a CheckpointError naming it."""
-    refuse_unknown_keys(raw, VAE_KEYS, where)
-    return WanVAEConfig.from_diffusers(raw)
+    """The Wan2.2 VAE's config; a key the Wan VAE policy does not know is a CheckpointError naming it."""
+    try:
+        return WanVAEConfig.from_diffusers(raw)
+    except (CheckpointError, ValueError) as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
 
 
 def has_sound(ckpt: DiffusersDir) -> bool:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.config_keys import read_key, refuse_unknown_keys, strict_bool
+from vidloom.loading.config_keys import read_key, strict_bool
+from vidloom.loading.key_policy import KeyPolicy
 
 # component -> the [library, class] entries we load it as; None: the component may be absent ([null, null]).
 COMPONENT_CLASSES: dict[str, tuple[tuple[str, str] | None, ...]] = {
@@ -46,7 +47,7 @@ class Cosmos3PipelineConfig:
     @classmethod
     def from_index(cls, index: Mapping[str, Any], where: str) -> Cosmos3PipelineConfig:
         """Read `index` (model_index.json); an unknown key or an unexpected component class names itself."""
-        refuse_unknown_keys(index, INDEX_KEYS, where)
+        KeyPolicy(INDEX_KEYS).check(index, where)
         for name, accepted in COMPONENT_CLASSES.items():
             _check_component(index, name, accepted, where)
         tokenizer = index.get("text_tokenizer")

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 # Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
 _UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
@@ -45,7 +45,7 @@ class Flux2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "scheduler config")
+        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
         if not cfg.get("use_dynamic_shifting", False):
             raise ValueError("scheduler: use_dynamic_shifting must be true for Flux2 Klein")
         for key in _UNSUPPORTED:

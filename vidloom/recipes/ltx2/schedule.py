@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.loading.config_keys import refuse_unknown_keys
+from vidloom.loading.key_policy import KeyPolicy
 
 # Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
 _UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
@@ -45,7 +45,7 @@ class LTX2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
-        refuse_unknown_keys(cfg, CONFIG_KEYS, "scheduler config")
+        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
         for key in _UNSUPPORTED:
             if cfg.get(key):
                 raise ValueError(f"scheduler: {key}={cfg[key]!r} is not supported")

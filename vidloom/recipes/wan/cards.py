@@ -153,7 +153,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         ckpt.root.name, str(ckpt.root), defaults,
         description=f"{variant.description} from {ckpt.root}",
         tasks=variant.tasks, inputs=variant.inputs, required_inputs=variant.required,
-        family=variant.family, geometry=_geometry(ckpt, dit),
+        family=variant.family, geometry=checkpoint_geometry(ckpt, dit),
     )
 
 
@@ -188,7 +188,8 @@ def checkpoint_variant(index: Mapping[str, Any], dit: Mapping[str, Any]) -> WanV
                       "Wan text-to-video (and video-to-video)")
 
 
-def _geometry(ckpt: DiffusersDir, dit: Mapping[str, Any]) -> Geometry:
+def checkpoint_geometry(ckpt: DiffusersDir, dit: Mapping[str, Any]) -> Geometry:
+    """Pixel multiples of a folder: its VAE's factors times the DiT's patch."""
     vae = ckpt.parse_component("vae", WanVAEConfig.from_diffusers)
     patch = tuple(dit.get("patch_size", (1, 2, 2)))
     return Geometry(spatial_multiple=vae.spatial_factor * int(max(patch[1], patch[2])),

@@ -27,8 +27,10 @@ from vidloom.recipes.wan.experts import ExpertPlacement
 from vidloom.recipes.wan.image_encoder import WanImageEncoder
 from vidloom.recipes.wan.text import WanTextEncoder
 
-# model_index.json pipeline classes whose folders this loader reads.
-WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline")
+# model_index.json pipeline classes whose folders this loader reads. FastVideo's WanDMDPipeline is not a
+# diffusers class: FastVideo's registry finds its DMD-distilled FastWan repos by that name; their folders are
+# Wan diffusers folders (registered.FASTWAN_PIPELINE).
+WAN_PIPELINES = ("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanDMDPipeline")
 # Each one's __init__ arguments (diffusers 0.42): its components and pipeline settings, the only keys its
 # model_index.json may hold. A folder without _class_name is read as the widest (the I2V pipeline's). The
 # image pair is loaded only when the transformer takes CLIP tokens (Wan2.1 I2V / FLF2V).
@@ -39,6 +41,8 @@ WAN_INDEX_KEYS = {
     "WanImageToVideoPipeline": (*_T2V_KEYS, "image_processor", "image_encoder"),
     # diffusers' video-to-video pipeline runs one expert with one timestep per sample: no settings at all.
     "WanVideoToVideoPipeline": ("tokenizer", "text_encoder", "transformer", "vae", "scheduler"),
+    # FastWan2.1 folders hold WanPipeline's keys; FastWan2.2-TI2V-5B adds Wan2.2's expand_timesteps.
+    "WanDMDPipeline": _T2V_KEYS,
 }
 
 

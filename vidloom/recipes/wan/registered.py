@@ -6,9 +6,15 @@ flow shifts, guidance scales, and for the A14B experts the second expert's guida
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from vidloom.core.card import Geometry, ModelCard, SamplingDefaults
 from vidloom.core.request import Task
-from vidloom.recipes.wan.cards import DEFAULTS_480P, DEFAULTS_720P, WAN_NEGATIVE_PROMPT, wan_t2v_card
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.recipes.wan.cards import (
+    DEFAULTS_480P, DEFAULTS_720P, WAN_NEGATIVE_PROMPT, checkpoint_geometry, wan_t2v_card,
+)
 
 I2V = frozenset({Task.I2V})
 FIRST_FRAME = frozenset({"image", "last_image"})
@@ -118,4 +124,23 @@ def fastwan22_ti2v_5b() -> ModelCard:
         description="FastWan2.2 text/image-to-video, 5B, 3-step DMD", notes=(FASTWAN_NOTE,),
         tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), family="wan2.2",
         geometry=WAN22_5B_GEOMETRY, recipe_sampler="dmd", recipe_timesteps=FASTWAN_TIMESTEPS,
+    )
+
+
+# FastVideo's pipeline class for its DMD-distilled Wan repos: fastvideo/registry.py finds FastWan2.1 by it,
+# and FastWan2.2-TI2V-5B writes it with Wan2.2's expand_timesteps. Not a diffusers class; the folder is a Wan
+# diffusers folder whose weights want the FastWan recipe, whatever its scheduler_config.json says (FastVideo
+# builds its own scheduler from the recipe's shift as well).
+FASTWAN_PIPELINE = "WanDMDPipeline"
+
+
+def fastwan_card_from_checkpoint(path: str | Path) -> ModelCard:
+    """The registered FastWan card of the folder's kind (TI2V-5B when model_index.json expands timesteps, else
+    the Wan2.1 T2V one), with the folder as its source and the folder's pixel multiples."""
+    ckpt = DiffusersDir.open(path)
+    base = fastwan22_ti2v_5b() if ckpt.index.get("expand_timesteps") else fastwan21_t2v_1_3b()
+    return dataclasses.replace(
+        base, model_id=ckpt.root.name, source=str(ckpt.root), teacache=None,
+        description=f"FastWan ({FASTWAN_PIPELINE}, 3-step DMD) from {ckpt.root}",
+        geometry=checkpoint_geometry(ckpt, ckpt.component_config("transformer")),
     )
