@@ -57,9 +57,11 @@ def one_step_request(card: ModelCard, folder: Path) -> dict:
     if "t2i" not in {task.value for task in card.tasks}:
         fields["num_frames"] = card.geometry.temporal_factor + 1
     for i, name in enumerate(("image", "last_image")):
-        if name in card.required_inputs or (name == "image" and "t2v" not in {t.value for t in card.tasks}
-                                            and name in card.inputs):
+        if name in card.required_inputs:
             fields[name] = make_image(side, side, seed=i)
+    if "camera" in card.request_blocks:  # camera-controlled (SANA-WM): walk forward, pinhole at the centre
+        fields.update(camera=f"w-{fields['num_frames'] - 1}", intrinsics=[side, side, side / 2, side / 2],
+                      image=make_image(side, side, seed=0))
     return fields
 
 
