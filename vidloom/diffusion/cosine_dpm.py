@@ -23,9 +23,13 @@ from torch import Tensor
 from vidloom.loading.key_policy import KeyPolicy
 
 DIFFUSERS_CLASS_NAME = "CosineDPMSolverMultistepScheduler"
-CONFIG_KEYS = frozenset({"sigma_min", "sigma_max", "sigma_data", "sigma_schedule", "num_train_timesteps",
-                         "solver_order", "prediction_type", "rho", "solver_type", "lower_order_final",
-                         "euler_at_final", "final_sigmas_type"})
+# Every CosineDPMSolverMultistepScheduler.__init__ argument since its first release (diffusers 0.30, 2024-07).
+SCHEDULER_POLICY = KeyPolicy(
+    frozenset({"sigma_min", "sigma_max", "sigma_data", "sigma_schedule", "solver_order", "prediction_type", "rho",
+               "solver_type", "lower_order_final", "euler_at_final", "final_sigmas_type"}),
+    harmless={"num_train_timesteps": "sizes the reference's training timestep table; sampling reads sigmas only"},
+)
+CONFIG_KEYS = SCHEDULER_POLICY.known
 # The reference's Brownian interval settings (diffusers BatchedBrownianTree): changing them changes the noise.
 BROWNIAN_TOL = 1e-6
 BROWNIAN_POOL = 24
@@ -59,7 +63,7 @@ class CosineDPMConfig:
         name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if name != DIFFUSERS_CLASS_NAME:
             raise ValueError(f"scheduler {name!r} is not supported (expected {DIFFUSERS_CLASS_NAME})")
-        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
+        SCHEDULER_POLICY.check(cfg, "scheduler config")
         d = cls()
         solver_type = cfg.get("solver_type", d.solver_type)
         if solver_type in ("logrho", "bh1", "bh2"):  # the reference maps these to midpoint

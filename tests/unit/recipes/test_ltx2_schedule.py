@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.ltx2_checkpoints import SCHEDULER
+from vidloom.core.errors import CheckpointError
 from vidloom.recipes.ltx2.schedule import LTX2Schedule
 from vidloom.recipes.ltx2.settings import STAGE_2_SIGMAS
 
@@ -44,5 +45,5 @@ def test_stage2_sigmas_are_used_as_given():
 
 
 def test_unsupported_scheduler_setting_is_named():
-    with pytest.raises(ValueError, match="use_karras_sigmas"):
+    with pytest.raises(CheckpointError, match="use_karras_sigmas=True is not supported: a sigma spacing"):
         LTX2Schedule.from_diffusers({**SCHEDULER, "use_karras_sigmas": True})

@@ -2,7 +2,8 @@
 
 The file nests one config per part (`thinker_config.text_config`, `talker_config`,
 `token2wav_config.dit_config` / `bigvgan_config`); each dataclass here reads the keys its module
-uses, with transformers' class defaults (5.24, `configuration_qwen2_5_omni.py`) where a key is absent.
+uses, with transformers' class defaults (5.25, `configuration_qwen2_5_omni.py`) where a key is absent; the
+keys each part may hold at all are config_keys.py's policies.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
+from vidloom.models.qwen_omni import config_keys as keys
+from vidloom.loading.key_policy import KeyPolicy
 
 
 def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, tuple[int, ...]]:
@@ -39,7 +42,11 @@ class DecoderConfig:
     embedding_size: int  # input width: the thinker's hidden size for both (the talker reads thinker states)
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any], where: str) -> DecoderConfig:
+    def from_raw(cls, raw: Mapping[str, Any], where: str, talker: bool = False) -> DecoderConfig:
+        """The thinker's text_config, or (`talker`) the talker_config; absent keys take the transformers class's
+        defaults, which differ for head_dim: the talker's class says 128, the text class has no such field and
+        its attention falls back to hidden_size // num_attention_heads."""
+        (keys.TALKER if talker else keys.TEXT).check(raw, where)
         if raw.get("use_sliding_window"):
             raise CheckpointError(f"{where}: use_sliding_window is not supported")
         if raw.get("hidden_act", "silu") != "silu":
@@ -47,12 +54,20 @@ class DecoderConfig:
         heads = int(raw.get("num_attention_heads", 28))
         hidden = int(raw.get("hidden_size", 3584))
         theta, section = _rope(raw, where)
+        head_dim = raw.get("head_dim", 128 if talker else hidden // heads)
+        # Both classes default num_key_value_heads to 4; the text class turns an explicit null into
+        # num_attention_heads, the talker class refuses it (an int field), as it refuses a null head_dim.
+        kv_heads = raw.get("num_key_value_heads", 4)
+        for key, value in (("head_dim", head_dim), ("num_key_value_heads", kv_heads if talker else 0)):
+            if value is None:
+                raise CheckpointError(f"{where}: {key} is null; transformers needs an integer here")
         return cls(
-            vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+            vocab_size=int(raw.get("vocab_size", 8448 if talker else 152064)), hidden_size=hidden,
             intermediate_size=int(raw.get("intermediate_size", 18944)),
             num_hidden_layers=int(raw.get("num_hidden_layers", 28)), num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            num_key_value_heads=heads if kv_heads is None else int(kv_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=theta, mrope_section=section, embedding_size=int(raw.get("embedding_size", hidden)),
         )
 
@@ -102,8 +117,11 @@ class DiTConfig:
     enc_se_channels: int
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> DiTConfig:
-        theta, _ = _rope({"rope_parameters": raw.get("rope_parameters") or {"rope_theta": 10000.0}}, "dit_config")
+    def from_raw(cls, raw: Mapping[str, Any], where: str = "dit_config") -> DiTConfig:
+        keys.DIT.check(raw, where)
+        # transformers 4.x wrote rope_theta, 5.x rope_parameters; the class default is 10000 either way.
+        params = raw.get("rope_parameters") or {"rope_theta": raw.get("rope_theta", 10000.0)}
+        theta, _ = _rope({"rope_parameters": params}, where)
         get = raw.get
         return cls(
             int(get("hidden_size", 1024)), int(get("num_hidden_layers", 22)), int(get("num_attention_heads", 16)),
@@ -128,7 +146,8 @@ class VocoderConfig:
     upsample_kernel_sizes: tuple[int, ...]
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> VocoderConfig:
+    def from_raw(cls, raw: Mapping[str, Any], where: str = "bigvgan_config") -> VocoderConfig:
+        keys.BIGVGAN.check(raw, where)
         get = raw.get
         return cls(int(get("mel_dim", 80)), int(get("upsample_initial_channel", 1536)),
                    tuple(get("resblock_kernel_sizes", (3, 7, 11))),
@@ -156,15 +175,31 @@ class OmniConfig:
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], where: str = "config.json") -> OmniConfig:
+        """Every part's keys checked against its policy (the towers' too: they are built from the same file)."""
+        keys.ROOT.check(raw, where)
         try:
             text = raw["thinker_config"]["text_config"]
         except (KeyError, TypeError):
             raise CheckpointError(f"{where}: no thinker_config.text_config (not a Qwen2.5-Omni checkpoint)") from None
+        thinker_raw = raw["thinker_config"]
+        _check_parts(thinker_raw, f"{where}: thinker_config", keys.THINKER,
+                     {"audio_config": keys.AUDIO, "vision_config": keys.VISION})
         thinker = DecoderConfig.from_raw(text, f"{where}: thinker_config.text_config")
         if not raw.get("enable_audio_output", True) or "talker_config" not in raw:
             return cls(thinker, None, None, None, None)
         talker_raw = raw["talker_config"]
         token2wav = raw.get("token2wav_config") or {}
-        return cls(thinker, DecoderConfig.from_raw(talker_raw, f"{where}: talker_config"),
-                   TalkerTokens.from_raw(talker_raw), DiTConfig.from_raw(token2wav.get("dit_config") or {}),
-                   VocoderConfig.from_raw(token2wav.get("bigvgan_config") or {}))
+        _check_parts(token2wav, f"{where}: token2wav_config", keys.TOKEN2WAV, {})
+        return cls(thinker, DecoderConfig.from_raw(talker_raw, f"{where}: talker_config", talker=True),
+                   TalkerTokens.from_raw(talker_raw),
+                   DiTConfig.from_raw(token2wav.get("dit_config") or {}, f"{where}: token2wav_config.dit_config"),
+                   VocoderConfig.from_raw(token2wav.get("bigvgan_config") or {},
+                                          f"{where}: token2wav_config.bigvgan_config"))
+
+
+def _check_parts(raw: Mapping[str, Any], where: str, policy: KeyPolicy, parts: Mapping[str, KeyPolicy]) -> None:
+    """`raw`'s own keys, then each nested part's (the ones no dataclass here reads, such as the towers')."""
+    policy.check(raw, where)
+    for name, part in parts.items():
+        if isinstance(raw.get(name), Mapping):
+            part.check(raw[name], f"{where}.{name}")

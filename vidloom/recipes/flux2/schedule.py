@@ -9,16 +9,24 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from vidloom.loading.key_policy import KeyPolicy
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 
-# Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
-_UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                "stochastic_sampling", "shift_terminal")
-# Read by nothing once use_dynamic_shifting is on: the Klein pipeline passes its own empirical mu to
-# set_timesteps, so neither the static shift nor the resolution-based mu line (base/max shift) is used.
-_INERT = ("shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len")
-# Every FlowMatchEulerDiscreteScheduler.__init__ argument (diffusers 0.42) is one of these.
-CONFIG_KEYS = frozenset({"num_train_timesteps", "use_dynamic_shifting", "time_shift_type", *_UNSUPPORTED, *_INERT})
+# Every FlowMatchEulerDiscreteScheduler.__init__ argument since the class's first release (diffusers 0.29,
+# 2024-06) is one of these.
+SCHEDULER_POLICY = KeyPolicy(
+    frozenset({"num_train_timesteps", "use_dynamic_shifting", "time_shift_type"}),
+    # Read by nothing once use_dynamic_shifting is on (required below): the Klein pipeline passes its own
+    # empirical mu to set_timesteps, so neither the static shift nor the resolution-based mu line is used.
+    harmless=dict.fromkeys(("shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len"),
+                           "the Klein pipeline passes its own empirical mu with use_dynamic_shifting, so the static "
+                           "shift and the resolution-based mu line are unused"),
+    refused={**{key: Refusal((False, None), "a sigma spacing other than the flow-matching linspace, not implemented")
+                for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")},
+             "invert_sigmas": Refusal((False, None), "reversed sigmas (an editing schedule), not implemented"),
+             "stochastic_sampling": Refusal((False, None), "re-noising Euler steps, not implemented"),
+             "shift_terminal": Refusal((None, 0.0), "a stretched last sigma, not implemented for Klein")},
+)
+CONFIG_KEYS = SCHEDULER_POLICY.known
 
 
 def empirical_mu(image_seq_len: int, num_steps: int) -> float:
@@ -45,12 +53,9 @@ class Flux2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
-        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
+        SCHEDULER_POLICY.check(cfg, "scheduler config")
         if not cfg.get("use_dynamic_shifting", False):
             raise ValueError("scheduler: use_dynamic_shifting must be true for Flux2 Klein")
-        for key in _UNSUPPORTED:
-            if cfg.get(key):
-                raise ValueError(f"scheduler: {key}={cfg[key]!r} is not supported")
         kind = cfg.get("time_shift_type", "exponential")
         if kind not in ("exponential", "linear"):
             raise ValueError(f"scheduler: time_shift_type {kind!r} is not supported")

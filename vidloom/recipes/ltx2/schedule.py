@@ -10,16 +10,19 @@ import numpy as np
 import torch
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.loading.key_policy import KeyPolicy
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 
-# Settings of FlowMatchEulerDiscreteScheduler that would change the schedule and that we do not implement.
-_UNSUPPORTED = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                "stochastic_sampling")
-# Every FlowMatchEulerDiscreteScheduler.__init__ argument (diffusers 0.42): refused above when set, else read.
-CONFIG_KEYS = frozenset({
-    "num_train_timesteps", "shift", "use_dynamic_shifting", "base_shift", "max_shift", "base_image_seq_len",
-    "max_image_seq_len", "shift_terminal", "time_shift_type", *_UNSUPPORTED,
-})
+# Every FlowMatchEulerDiscreteScheduler.__init__ argument since its first release (diffusers 0.29, 2024-06):
+# read, or refused when set to a schedule we do not implement.
+SCHEDULER_POLICY = KeyPolicy(
+    frozenset({"num_train_timesteps", "shift", "use_dynamic_shifting", "base_shift", "max_shift",
+               "base_image_seq_len", "max_image_seq_len", "shift_terminal", "time_shift_type"}),
+    refused={**{key: Refusal((False, None), "a sigma spacing other than the flow-matching linspace, not implemented")
+                for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")},
+             "invert_sigmas": Refusal((False, None), "reversed sigmas (an editing schedule), not implemented"),
+             "stochastic_sampling": Refusal((False, None), "re-noising Euler steps, not implemented")},
+)
+CONFIG_KEYS = SCHEDULER_POLICY.known
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,7 @@ class LTX2Schedule:
         name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
         if name != "FlowMatchEulerDiscreteScheduler":
             raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
-        KeyPolicy(CONFIG_KEYS).check(cfg, "scheduler config")
-        for key in _UNSUPPORTED:
-            if cfg.get(key):
-                raise ValueError(f"scheduler: {key}={cfg[key]!r} is not supported")
+        SCHEDULER_POLICY.check(cfg, "scheduler config")
         kind = cfg.get("time_shift_type", "exponential")
         if kind not in ("exponential", "linear"):
             raise ValueError(f"scheduler: time_shift_type {kind!r} is not supported")
