@@ -57,6 +57,7 @@ def _cosmos3_tokenizer():
 # -> the tiny offline tokenizer written in its place.
 TOKENIZERS: dict[str, Callable[[], Any]] = {
     "SanaWMPipeline/GemmaTokenizerFast": _sana_wm_tokenizer,
+    "Cosmos3OmniPipeline/Qwen2TokenizerFast": _cosmos3_tokenizer,
     "T5TokenizerFast": _wan_tokenizer,
     "Qwen2TokenizerFast": _qwen_tokenizer,
     "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
