@@ -67,6 +67,8 @@ ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
 # transformers checkpoints (config.json "architectures", no model_index.json) -> builder of a card for that folder.
 ARCHITECTURES: dict[str, str] = {
     "Qwen2_5OmniForConditionalGeneration": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
+    # The name the released Qwen/Qwen2.5-Omni-3B and -7B config.json files give (transformers' preview name).
+    "Qwen2_5OmniModel": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {

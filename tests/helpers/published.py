@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tests.helpers.published_sizes import scaled
+from tests.helpers.published_sizes import OMNI_MEL_BINS, SIZES, scaled
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 CONFIG_FILES = ("config.json", "scheduler_config.json", "preprocessor_config.json")
@@ -113,7 +113,7 @@ def _transformers_model(class_name: str, config: dict[str, Any], folder: Path, s
     cls(cls.config_class.from_dict(config)).eval().save_pretrained(str(folder))
 
 
-def _component(src: Path, dst: Path, name: str, library: str, class_name: str, vocab: int | None, seed: int) -> None:
+def _component(src: Path, dst: Path, name: str, library: str, class_name: str, tokenizer: Any, seed: int) -> None:
     """Write component `name` of the scaled folder `dst` from its published files in `src`."""
     files = [f for f in CONFIG_FILES if (src / name / f).is_file()]
     if not files:
@@ -126,7 +126,7 @@ def _component(src: Path, dst: Path, name: str, library: str, class_name: str, v
     if files[0] == "preprocessor_config.json":
         write_json(dst / name / files[0], scaled(published, published.get("image_processor_type", key)))
         return
-    config = scaled(published, key, vocab)
+    config = scaled(published, key, tokenizer)
     if library == "transformers":
         _transformers_model(key, config, dst / name, seed)
     else:
@@ -134,31 +134,76 @@ def _component(src: Path, dst: Path, name: str, library: str, class_name: str, v
     write_json(dst / name / "config.json", config)  # as published (scaled), old keys included
 
 
+def _tokenizer(name: str, pipeline_class: str, tokenizer_class: str, src: Path, dst: Path) -> Any:
+    tokenizer = TOKENIZERS.get(f"{pipeline_class}/{tokenizer_class}", TOKENIZERS[tokenizer_class])()
+    published = src / name / "tokenizer_config.json"
+    if published.is_file():  # the padding length is a setting of the checkpoint, not of the vocabulary
+        tokenizer.model_max_length = read_json(published)["model_max_length"]
+    tokenizer.save_pretrained(str(dst / name))
+    return tokenizer
+
+
 def build_scaled(repo: str, dst: Path, seed: int = 0) -> Path:
     """A loadable tiny checkpoint folder at `dst` from the corpus folder of `repo` ("org/name")."""
     src = CORPUS / repo
-    index = read_json(src / "model_index.json")
     dst.mkdir(parents=True, exist_ok=True)
+    if not (src / "model_index.json").is_file():
+        return _build_transformers(src, dst, seed)
+    index = read_json(src / "model_index.json")
     for top in src.glob("*.json"):  # model_index.json and any other top-level file, as published
         shutil.copyfile(top, dst / top.name)
     components = {name: entry for name, entry in sorted(index.items())
                   if not name.startswith("_") and isinstance(entry, list) and entry[0] is not None}
-    vocab = None
+    tokenizer = None
     for name in [n for n in components if "tokenizer" in n]:
-        tokenizer_class = components.pop(name)[1]
-        tokenizer = TOKENIZERS.get(f"{index['_class_name']}/{tokenizer_class}", TOKENIZERS[tokenizer_class])()
-        published = src / name / "tokenizer_config.json"
-        if published.is_file():  # the padding length is a setting of the checkpoint, not of the vocabulary
-            tokenizer.model_max_length = read_json(published)["model_max_length"]
-        tokenizer.save_pretrained(str(dst / name))
-        vocab = len(tokenizer)
+        tokenizer = _tokenizer(name, index["_class_name"], components.pop(name)[1], src, dst)
     for i, (name, (library, class_name)) in enumerate(components.items()):
         if (src / name / "model_index.json").is_file():
             # A pipeline inside the pipeline (SANA-WM's stage-2 refiner): read only when a deployment turns it on
             # (--two-stage), so it is kept as published, without weights.
             shutil.copytree(src / name, dst / name)
             continue
-        _component(src, dst, name, library, class_name, vocab, seed + i)
+        _component(src, dst, name, library, class_name, tokenizer, seed + i)
+    return dst
+
+
+def _qwen_omni_files(folder: Path, tokenizer: Any) -> None:
+    """The speaker table and the processors' preprocessor_config.json the released folders hold beside the weights."""
+    from tests.helpers.qwen_omni_checkpoints import AUDIO_MEL_BINS, OMNI_A, speakers, write_processors
+
+    dit = SIZES["Qwen2_5OmniModel"]["token2wav_config"]["dit_config"]
+    assert (OMNI_A.dit["mel_dim"], OMNI_A.dit["enc_emb_dim"], AUDIO_MEL_BINS) == (dit["mel_dim"], dit["enc_emb_dim"],
+                                                                                 OMNI_MEL_BINS)
+    torch.save(speakers(OMNI_A, tokenizer), folder / "spk_dict.pt")
+    write_processors(folder)
+
+
+def _qwen_omni_tokenizer():
+    from tests.helpers.qwen_omni_checkpoints import train_tokenizer
+
+    return train_tokenizer()
+
+
+# A transformers folder's config.json `architectures` name -> (the transformers class that builds it, its tiny
+# tokenizer, the files written beside the weights). Qwen2.5-Omni's released files name "Qwen2_5OmniModel".
+ARCHITECTURES: dict[str, tuple[str, Callable[[], Any], Callable[[Path, Any], None]]] = {
+    "Qwen2_5OmniModel": ("Qwen2_5OmniForConditionalGeneration", _qwen_omni_tokenizer, _qwen_omni_files),
+    "Qwen2_5OmniForConditionalGeneration": ("Qwen2_5OmniForConditionalGeneration", _qwen_omni_tokenizer,
+                                            _qwen_omni_files),
+}
+
+
+def _build_transformers(src: Path, dst: Path, seed: int) -> Path:
+    """A transformers checkpoint (config.json, weights, tokenizer, the architecture's extra files)."""
+    published = read_json(src / "config.json")
+    architecture = published["architectures"][0]
+    class_name, make_tokenizer, extra_files = ARCHITECTURES[architecture]
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(str(dst))
+    config = scaled(published, architecture, tokenizer)
+    _transformers_model(class_name, config, dst, seed)
+    write_json(dst / "config.json", config)
+    extra_files(dst, tokenizer)
     return dst
 
 

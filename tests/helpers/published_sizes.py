@@ -20,6 +20,13 @@ class Vocab:
     extra: int = 0
 
 
+@dataclass(frozen=True)
+class Token:
+    """The tiny tokenizer's id of a token (the published id is the real tokenizer's)."""
+
+    text: str
+
+
 def _first(n: int):
     return lambda value, config: value[:n]  # the published per-layer pattern, cut to the tiny layer count
 
@@ -36,6 +43,32 @@ CLIP_SIDE = 32  # tiny CLIP input side; patch 8 -> 16 patches + CLS = 17 tokens
 TEXT = 16  # hidden size of the tiny decoder-only text encoders (Qwen3, Gemma)
 _QWEN3_LAYERS = 28  # FLUX.2-klein reads Qwen3 hidden states 9, 18 and 27
 _GEMMA_LAYERS = 2
+
+# --- Qwen2.5-Omni (a transformers folder): thinker 32 wide (4 heads of 8), talker 24 (2 heads of 12), towers 16;
+# special-token ids become the tiny tokenizer's, the talker's codec ids the last four of a 48-entry table ---
+OMNI_CODECS = 48
+OMNI_MEL_BINS = 16  # the audio tower's mel bins = the tiny feature extractor's feature_size
+_OMNI_IDS = dict(audio_token_index=Token("<|AUDIO|>"), image_token_index=Token("<|IMAGE|>"),
+                 video_token_index=Token("<|VIDEO|>"), audio_start_token_id=Token("<|audio_bos|>"),
+                 audio_end_token_id=Token("<|audio_eos|>"), vision_start_token_id=Token("<|vision_bos|>"),
+                 vision_end_token_id=Token("<|vision_eos|>"), user_token_id=Token("user"))
+_OMNI_THINKER = dict(
+    _OMNI_IDS,
+    text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_window_layers=2, layer_types=_first(2), vocab_size=Vocab(),
+                     rope_parameters=dict(mrope_section=[2, 1, 1])),
+    audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                      num_mel_bins=OMNI_MEL_BINS, output_dim=32, n_window=4, max_source_positions=64),
+    vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                       fullatt_block_indexes=[0], window_size=28))
+_OMNI_TALKER = dict(
+    _OMNI_IDS, hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=12, max_window_layers=2, layer_types=_first(2), embedding_size=32,
+    vocab_size=OMNI_CODECS, rope_parameters=dict(mrope_section=[2, 2, 2]),
+    tts_text_start_token_id=Token("<tts_text_bos>"), tts_text_end_token_id=Token("<tts_text_eod>"),
+    tts_text_pad_token_id=Token("<tts_pad>"), tts_codec_pad_token_id=OMNI_CODECS - 4,
+    tts_codec_start_token_id=OMNI_CODECS - 3, tts_codec_end_token_id=OMNI_CODECS - 2,
+    tts_codec_mask_token_id=OMNI_CODECS - 1)
 
 SIZES: dict[str, dict[str, Any]] = {
     # --- Wan2.1 / 2.2 / FastWan ---
@@ -104,22 +137,32 @@ SIZES: dict[str, dict[str, Any]] = {
     "AutoencoderOobleck": dict(encoder_hidden_size=8, decoder_input_channels=4, decoder_channels=4),
     "T5EncoderModel": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=Vocab(),
                            relative_attention_num_buckets=8, relative_attention_max_distance=32),
+    "Qwen2_5OmniModel": dict(thinker_config=_OMNI_THINKER, talker_config=_OMNI_TALKER, token2wav_config=dict(
+        dit_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16, emb_dim=16,
+                        block_size=4, look_ahead_layers=[1], look_backward_layers=[0], mel_dim=16, enc_emb_dim=16,
+                        enc_dim=16, enc_channels=[16, 16, 16, 16, 48], enc_attention_channels=8, enc_se_channels=8,
+                        num_embeds=OMNI_CODECS),
+        # Upsampling stage s has upsample_initial_channel / 2**(s+1) channels: 64 keeps the six stages at >= 1.
+        bigvgan_config=dict(mel_dim=16, upsample_initial_channel=64))),
 }
 
 
-def scaled(config: dict[str, Any], class_name: str, vocab: int | None = None,
+def scaled(config: dict[str, Any], class_name: str, tokenizer: Any = None,
            sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     """`config` with the size keys of `class_name` (or the nested table `sizes`) replaced."""
     table = SIZES.get(class_name, {}) if sizes is None else sizes
-    return {key: _tiny(value, table[key], config, vocab) if key in table and value is not None else value
+    return {key: _tiny(value, table[key], config, tokenizer) if key in table and value is not None else value
             for key, value in config.items()}
 
 
-def _tiny(value: Any, rule: Any, config: dict[str, Any], vocab: int | None) -> Any:
+def _tiny(value: Any, rule: Any, config: dict[str, Any], tokenizer: Any) -> Any:
+    if isinstance(rule, (Vocab, Token)) and tokenizer is None:
+        raise ValueError("a vocabulary or token rule needs the repo's tokenizer")
     if isinstance(rule, Vocab):
-        if vocab is None:
-            raise ValueError("a vocabulary size rule needs the repo's tokenizer")
-        return vocab + rule.extra
+        return len(tokenizer) + rule.extra
+    if isinstance(rule, Token):  # a special token, else the first piece of the word (Qwen's "user")
+        token_id = tokenizer.convert_tokens_to_ids(rule.text)
+        return token_id if token_id is not None else tokenizer.encode(rule.text, add_special_tokens=False)[0]
     if isinstance(rule, dict) and isinstance(value, dict):
-        return scaled(value, "", vocab, rule)
+        return scaled(value, "", tokenizer, rule)
     return rule(value, config) if callable(rule) else rule
