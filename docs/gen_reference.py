@@ -1,6 +1,6 @@
 """Write the reference pages of the docs site from the code, so they cannot drift from it.
 
-    python docs/gen_reference.py          # rewrite docs/reference/{cli,request-fields,deploy-card}.md
+    python docs/gen_reference.py          # rewrite docs/reference/{cli,request-fields,deploy-card,config-keys}.md
     python docs/gen_reference.py --check  # exit 1 naming the pages that differ (tests/unit/test_docs_reference.py)
 
 The sources are the ones the runtime reads: the argparse parsers of `vidloom` (vidloom/cli*.py, fleet/cli.py),
@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import inspect
 import io
+import json
 import sys
 import textwrap
 import tokenize
@@ -258,7 +259,59 @@ def deploy_card_page() -> str:
     return "".join(out)
 
 
-PAGES = {"cli.md": cli_page, "request-fields.md": request_page, "deploy-card.md": deploy_card_page}
+CONFIG_KEYS_INTRO = """\
+A checkpoint's config files are read strictly: every key is one its reader reads, one it accepts as harmless,
+or one it refuses unless the value is what this runtime implements. The tables come from each family's history:
+every argument its diffusers / transformers class has had since the family's first public checkpoint, and the
+keys the official converters write. Any other key is refused, so a setting a newer release adds is never
+silently ignored.
+
+## Reading the errors and notes
+
+- `vae/config.json: VAE config: unsupported config key(s) K; this runtime reads ...`: no release we know of
+  has `K`. The file is from a newer release (update vidloom) or was edited by hand.
+- `...: K=V is not supported: WHY (this runtime runs K=OK)`: the file asks for behaviour we do not implement;
+  the tables below say which keys and why.
+- `note: config key(s) accepted without effect: K, ...`: the load met harmless keys. `vidloom generate
+  --verbose` prints each with its file, value and reason; so do `VideoGenerator.accepted_config_keys` and
+  `GET /v1/models/{id}` (`accepted_config_keys`), and the server log.
+
+## Pipeline classes
+
+A folder's `model_index.json` `_class_name` picks its recipe. `WanDMDPipeline` is FastVideo's name for its
+DMD-distilled FastWan repos (not a diffusers class): such a folder gets the FastWan recipe of the registered
+`fastwan2.1-t2v-1.3b` card, or `fastwan2.2-ti2v-5b`'s when the index sets `expand_timesteps`; those cards load it
+too. Any other diffusers pipeline class runs through the diffusers adapter.
+
+"""
+
+
+def config_keys_page() -> str:
+    from vidloom.loading.key_policies import KEY_POLICIES, key_policy
+    from vidloom.models.qwen_omni.config_keys import PRETRAINED_BOOKKEEPING
+    from vidloom.registry import PIPELINES
+
+    out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | recipe |\n| --- | --- |\n"]
+    out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in PIPELINES.items()]
+    out.append("\n## Keys accepted without effect, and keys refused by value\n\n"
+               "Classes not listed read every key they have.\n")
+    for (cls, where), target in KEY_POLICIES.items():
+        policy = key_policy(target)
+        out.append(f"\n### `{cls}`: {where}\n\n")
+        rows = [(f"`{k}`", "harmless", why) for k, why in policy.harmless.items()]
+        rows += [(f"`{k}`", "refused unless " + " or ".join(f"`{json.dumps(v)}`" for v in r.accepts), r.why)
+                 for k, r in policy.refused.items()]
+        out.append("| key | class | why |\n| --- | --- | --- |\n" if rows else "Every key is read.\n")
+        out += [f"| {key} | {kind} | {_cell(why)} |\n" for key, kind, why in rows]
+    out.append("\n## transformers bookkeeping (Qwen2.5-Omni)\n\nEvery part of a transformers config.json may hold "
+               "these `PreTrainedConfig` attributes (4.x wrote them all); they are accepted without a record.\n\n"
+               "| key | why |\n| --- | --- |\n")
+    out += [f"| `{key}` | {_cell(why)} |\n" for key, why in PRETRAINED_BOOKKEEPING.items()]
+    return "".join(out)
+
+
+PAGES = {"cli.md": cli_page, "request-fields.md": request_page, "deploy-card.md": deploy_card_page,
+         "config-keys.md": config_keys_page}
 
 
 def generate() -> dict[Path, str]:

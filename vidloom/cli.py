@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default=None, choices=DTYPES,
                      help="float32 | bfloat16 | float16 (default: card's on CUDA; on CPU bfloat16 where it "
                           "multiplies bf16 natively (AMX, AVX512-BF16), else float32; float32 for exact parity)")
-    gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs")
+    gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs, and each "
+                     "config key the load accepted without effect, with its reason")
     add_action_arguments(gen)
     add_deploy_arguments(gen)
 

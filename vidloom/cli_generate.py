@@ -133,7 +133,7 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
 def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path,
                   guard: InterruptGuard, audio_out: Path | None = None,
                   loras: dict[str, tuple[Path, float]] | None = None) -> int:
-    from vidloom.generator import VideoGenerator
+    from vidloom.generator import VideoGenerator, accepted_keys_note
     from vidloom.media.audio import track_of
     from vidloom.media.output import SOUND_FORMATS
     from vidloom.runtime.engine import CancellationToken
@@ -147,7 +147,8 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy,
                                         max_loras=None if fuse else len(loras) or None,
                                         fuse_loras=dict(loras) if fuse else None) as generator:
-        for line in generator.accepted_config_keys:  # the card's own notes were printed before the load
+        accepted = generator.accepted_config_keys  # the card's own notes were printed before the load
+        for line in accepted if args.verbose else accepted_keys_note(accepted):
             print(f"note: {line}", file=sys.stderr)
         for name, (path, _) in loras.items() if not fuse else ():
             generator.load_lora(name, path)

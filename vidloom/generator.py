@@ -133,8 +133,9 @@ class VideoGenerator:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What a user should read before the outputs: the card's notes, then the accepted config keys."""
-        return (*self.card.notes, *self.accepted_config_keys)
+        """What a user should read before the outputs: the card's notes, then one line naming the config keys
+        the load accepted without effect (accepted_config_keys gives each with its reason)."""
+        return (*self.card.notes, *accepted_keys_note(self.accepted_config_keys))
 
     def load_lora(self, name: str, path: str | Path, into: str | None = None) -> None:
         """Make the LoRA file `path` (diffusers/PEFT safetensors, as `save_lora_weights` writes it, or a community
@@ -416,3 +417,12 @@ def follow_torchrun(
 
     _, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
     return follow(str(model), checkpoint, device, dtype, deploy, pool_options)
+
+
+def accepted_keys_note(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """One note naming the keys of `lines` (ModelInstance.accepted_config_keys), or none."""
+    if not lines:
+        return ()
+    names = ", ".join(dict.fromkeys(line.split("=", 1)[0] for line in lines))
+    return (f"config key(s) accepted without effect: {names} (each with its reason: --verbose, "
+            f"VideoGenerator.accepted_config_keys, GET /v1/models/{{id}}; docs/reference/config-keys.md)",)

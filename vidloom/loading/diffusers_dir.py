@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from vidloom.core.errors import CheckpointError
-from vidloom.loading.key_policy import KeyPolicy
+from vidloom.loading.key_policy import KeyPolicy, reading_file
 
 T = TypeVar("T")
 
@@ -74,7 +74,8 @@ class DiffusersDir:
         path = self.component_dir(name) / filename
         cfg = read_json(path)
         try:
-            return parse(cfg)
+            with reading_file(path):
+                return parse(cfg)
         except (CheckpointError, ValueError) as exc:
             raise CheckpointError(f"{path}: {exc}") from None
 

@@ -48,7 +48,8 @@ class AcceptedKey:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.where}: accepted {self.key}={self.value!r} without effect ({self.reason})"
+        """`key=value in where: reason` (the key first: a summary lists the names before the first "=")."""
+        return f"{self.key}={self.value!r} in {self.where}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class KeyPolicy:
     read: frozenset[str]
     harmless: Mapping[str, str] = field(default_factory=dict)
     refused: Mapping[str, Refusal] = field(default_factory=dict)
-    # Bookkeeping keys the file's writer adds (diffusers' _class_name..., transformers' model_type...).
+    # Bookkeeping the file's writer adds to every config (diffusers' _class_name..., transformers' model_type and
+    # PreTrainedConfig defaults): accepted without a record, since every file of that writer has them.
     meta: frozenset[str] = DIFFUSERS_META_KEYS
 
     def __post_init__(self) -> None:
@@ -93,9 +95,9 @@ class KeyPolicy:
                 raise CheckpointError(f"{where}: {key}={cfg[key]!r} is not supported: {refusal.why} "
                                       f"(this runtime runs {key}={shown})")
         present = tuple(key for key in self.harmless if key in cfg)
-        record = _RECORD.get()
+        record, path = _RECORD.get(), _FILE.get()
         for key in present if record is not None else ():
-            met = AcceptedKey(where, key, cfg[key], self.harmless[key])
+            met = AcceptedKey(path or where, key, cfg[key], self.harmless[key])
             if met not in record:  # a card builder and the loader may both read one file
                 record.append(met)
         return present
@@ -112,6 +114,18 @@ def _same(value: Any, accepted: Any) -> bool:
 # called from card builders and loaders alike; the load (registry.load_instance) opens a record around them
 # and puts what they met on its ModelInstance, instead of every config dataclass carrying a field for it.
 _RECORD: ContextVar[list[AcceptedKey] | None] = ContextVar("vidloom_accepted_keys", default=None)
+# The file a caller is parsing (DiffusersDir.parse_component), so a record names it rather than the reader's label.
+_FILE: ContextVar[str | None] = ContextVar("vidloom_config_file", default=None)
+
+
+@contextmanager
+def reading_file(path: object) -> Iterator[None]:
+    """Inside the block, accepted keys are recorded as coming from `path`."""
+    token = _FILE.set(str(path))
+    try:
+        yield
+    finally:
+        _FILE.reset(token)
 
 
 @contextmanager

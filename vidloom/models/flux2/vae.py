@@ -25,16 +25,16 @@ GROUP_NORM_EPS = 1e-6  # diffusers' Encoder/Decoder ResNet and attention groupno
 
 
 DIFFUSERS_CLASS_NAME = "AutoencoderKLFlux2"
-# Every AutoencoderKLFlux2.__init__ argument (diffusers 0.42). The block types and act_fn are checked (one value
-# each); sample_size only sizes diffusers' default tiles (ours come from the deployment's vae_tile) and batch_norm_momentum only moves
-# the latent statistics in training, so both are accepted and unused here; the rest are read.
+# Every AutoencoderKLFlux2.__init__ argument since its first release (diffusers 0.36.0, 2025-11-25). The block
+# types and act_fn are read and checked (one value each).
 CONFIG_KEYS = frozenset({
     "in_channels", "out_channels", "down_block_types", "up_block_types", "block_out_channels",
-    "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups", "sample_size",
-    "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention", "batch_norm_eps", "batch_norm_momentum",
-    "patch_size",
+    "decoder_block_out_channels", "layers_per_block", "act_fn", "latent_channels", "norm_num_groups",
+    "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention", "batch_norm_eps", "patch_size",
 })
 FLUX2_VAE_POLICY = KeyPolicy(CONFIG_KEYS, harmless={
+    "sample_size": "sizes only diffusers' default decode tiles; ours come from the deployment's vae_tile",
+    "batch_norm_momentum": "moves the latent statistics only while training",
     # diffusers 0.36.0 (#12711, 2025-11-25) until after 2026-08, not in 0.42.1; the published FLUX.2-klein-4B/9B
     # vae/config.json carry it. diffusers' pipelines upcast a float16 VAE to float32 when it is true.
     "force_upcast": "a float16 precision hint for diffusers' pipelines; the card's VAE dtype sets ours",

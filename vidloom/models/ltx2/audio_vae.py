@@ -25,7 +25,11 @@ from vidloom.loading.name_map import NameMap
 DIFFUSERS_CLASS_NAME = "AutoencoderKLLTX2Audio"
 _INT_KEYS = ("base_channels", "output_channels", "num_res_blocks", "resolution", "latent_channels", "sample_rate",
              "mel_hop_length")
-_ENCODER_ONLY_KEYS = ("in_channels", "double_z", "dropout", "is_causal")  # accepted: decoding reads none of them
+_ENCODER_ONLY_KEYS = ("in_channels", "double_z", "dropout", "is_causal")
+_READ_KEYS = frozenset((*_INT_KEYS, "ch_mult", "attn_resolutions", "norm_type", "causality_axis",
+                        "mid_block_add_attention", "mel_bins"))
+AUDIO_VAE_POLICY = KeyPolicy(_READ_KEYS, harmless=dict.fromkeys(
+    _ENCODER_ONLY_KEYS, "sizes only the encoder; this module decodes (generation never encodes audio)"))
 LATENT_DOWNSAMPLE = 4
 """Mel frames (and mel bins) per latent frame (bin); fixed in the reference, not a config key."""
 CAUSALITY_AXES = ("none", "width", "height", "width-compatibility")
@@ -82,10 +86,8 @@ class LTX2AudioVAEConfig:
 
     @classmethod
     def config_keys(cls) -> frozenset[str]:
-        """The config.json keys from_diffusers reads (the encoder-only ones are accepted and unused:
-        this module decodes); any other is refused."""
-        return frozenset((*_INT_KEYS, *_ENCODER_ONLY_KEYS, "ch_mult", "attn_resolutions", "norm_type",
-                          "causality_axis", "mid_block_add_attention", "mel_bins"))
+        """Every config.json key from_diffusers classifies (AUDIO_VAE_POLICY); any other is refused."""
+        return AUDIO_VAE_POLICY.known
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2AudioVAEConfig:
@@ -93,7 +95,7 @@ class LTX2AudioVAEConfig:
         CheckpointError naming it."""
         where = "audio VAE config"
         check_class_name(cfg, (DIFFUSERS_CLASS_NAME,), where)
-        KeyPolicy(cls.config_keys()).check(cfg, where)
+        AUDIO_VAE_POLICY.check(cfg, where)
         values: dict[str, Any] = {key: read_key(cfg, key, getattr(cls, key), positive_int, where) for key in _INT_KEYS}
         values["ch_mult"] = read_key(cfg, "ch_mult", cls.ch_mult, positive_ints, where)
         values["attn_resolutions"] = read_key(cfg, "attn_resolutions", (), positive_ints, where)

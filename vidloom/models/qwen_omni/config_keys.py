@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
-# Written by transformers' save_pretrained next to the sizes; they say nothing about the weights.
-TRANSFORMERS_META = frozenset({"_name_or_path", "architectures", "model_type", "transformers_version",
-                               "_attn_implementation_autoset"})
+_WRITER = "written by transformers' save_pretrained next to the sizes; it says nothing about the weights"
 
 _GENERATION = ("a generation default transformers 4.x wrote into every nested config; sampling settings come "
                "from the request and generation_config.json")
 _BOOKKEEPING = ("transformers bookkeeping (outputs, training, labels, export); it sets no size and selects no "
                 "layer in these classes")
 _SPECIAL_ID = "a special token id the tokenizer's vocabulary also gives; the chat template and loops use the tokenizer's"
-# PreTrainedConfig's own attributes (transformers 4.52 to_dict of every part; 5.x keeps a few).
-PRETRAINED_HARMLESS: dict[str, str] = {
+# PreTrainedConfig's own attributes (transformers 4.52 to_dict of every part; 5.x keeps a few), with why each
+# is bookkeeping here. Every file transformers writes has them, so they are the policies' `meta`: accepted
+# without a record (docs/reference/config-keys.md lists them with these reasons).
+PRETRAINED_BOOKKEEPING: dict[str, str] = {
+    **dict.fromkeys(("_name_or_path", "architectures", "model_type", "transformers_version",
+                     "_attn_implementation_autoset"), _WRITER),
     **dict.fromkeys((
         "bad_words_ids", "begin_suppress_tokens", "diversity_penalty", "do_sample", "early_stopping",
         "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "forced_bos_token_id",
@@ -36,15 +38,18 @@ PRETRAINED_HARMLESS: dict[str, str] = {
     **dict.fromkeys(("bos_token_id", "eos_token_id", "sep_token_id", "pad_token_id"), _SPECIAL_ID),
     "torch_dtype": "transformers' load-time precision hint (dtype since 5.0); the runtime's precision decides ours",
     "dtype": "transformers' load-time precision hint (torch_dtype before 5.0); the runtime's precision decides ours",
-    "tie_word_embeddings": "we load the head from its own tensor: a tied checkpoint saves none, and the weight "
-                           "loader then names the missing tensor",
 }
+TRANSFORMERS_META = frozenset(PRETRAINED_BOOKKEEPING)
+_TIED_HEAD = ("we load the head from its own tensor: a tied checkpoint saves none, and the weight loader then "
+              "names the missing tensor")
+_NO_HEAD = "this part has no output head to tie to its embeddings"
 PRETRAINED_REFUSED = {"pruned_heads": Refusal(({},), "pruned attention heads change the layer shapes we build")}
 
 
-def _policy(read: set[str], harmless: dict[str, str] | None = None,
-            refused: dict[str, Refusal] | None = None) -> KeyPolicy:
-    return KeyPolicy(frozenset(read), {**PRETRAINED_HARMLESS, **(harmless or {})},
+def _policy(read: set[str], harmless: dict[str, str] | None = None, refused: dict[str, Refusal] | None = None,
+            head: bool = False) -> KeyPolicy:
+    """A part's policy; `head`: the part is a decoder with an output head (tie_word_embeddings means something)."""
+    return KeyPolicy(frozenset(read), {"tie_word_embeddings": _TIED_HEAD if head else _NO_HEAD, **(harmless or {})},
                      {**PRETRAINED_REFUSED, **(refused or {})}, meta=TRANSFORMERS_META)
 
 
@@ -71,7 +76,7 @@ _DECODER_HARMLESS = {
     "max_window_layers": "used only with use_sliding_window, which must be false",
     "layer_types": "transformers derives it from use_sliding_window (false: every layer full attention)",
 }
-TEXT = _policy(_DECODER_READ, _DECODER_HARMLESS)
+TEXT = _policy(_DECODER_READ, _DECODER_HARMLESS, head=True)
 TALKER = _policy(_DECODER_READ | {"embedding_size", "tts_codec_pad_token_id", "tts_codec_start_token_id",
                                   "tts_codec_end_token_id", "tts_codec_mask_token_id", "tts_text_end_token_id",
                                   "tts_text_pad_token_id"}, {
@@ -80,7 +85,7 @@ TALKER = _policy(_DECODER_READ | {"embedding_size", "tts_codec_pad_token_id", "t
                     "a copy of the thinker's media setting; the talker reads the thinker's states, not media"),
     "tts_text_start_token_id": "transformers starts the talker's text with the chosen voice's own bos id "
                                "(spk_dict.pt), as we do",
-})
+}, head=True)
 TOKEN2WAV = _policy({"dit_config", "bigvgan_config"})
 DIT = _policy({"hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "ff_mult", "emb_dim",
                "block_size", "look_ahead_layers", "look_backward_layers", "repeats", "num_embeds", "mel_dim",

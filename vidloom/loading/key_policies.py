@@ -1,0 +1,43 @@
+"""Every reader's KeyPolicy that accepts or refuses more than it reads, by the config class it reads (lazy
+"module:attribute" strings). docs/reference/config-keys.md is written from this table (docs/gen_reference.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+from vidloom.loading.key_policy import KeyPolicy
+
+# (config class, where its config lives) -> the policy of our reader.
+KEY_POLICIES: dict[tuple[str, str], str] = {
+    ("AutoencoderKLWan", "vae/config.json (Wan, Cosmos3, AnyFlow-FAR)"): "vidloom.models.wan.vae:WAN_VAE_POLICY",
+    ("AutoencoderKLFlux2", "vae/config.json (FLUX.2-klein)"): "vidloom.models.flux2.vae:FLUX2_VAE_POLICY",
+    ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (FLUX.2-klein)"):
+        "vidloom.recipes.flux2.schedule:SCHEDULER_POLICY",
+    ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (LTX-2)"):
+        "vidloom.recipes.ltx2.schedule:SCHEDULER_POLICY",
+    ("AutoencoderKLLTX2Audio", "audio_vae/config.json (LTX-2)"): "vidloom.models.ltx2.audio_vae:AUDIO_VAE_POLICY",
+    ("Cosmos3OmniTransformer", "transformer/config.json (Cosmos3)"):
+        "vidloom.models.cosmos3.config:TRANSFORMER_POLICY",
+    ("CosineDPMSolverMultistepScheduler", "scheduler/scheduler_config.json (Stable Audio Open)"):
+        "vidloom.diffusion.cosine_dpm:SCHEDULER_POLICY",
+    ("Qwen2_5OmniConfig", "config.json (Qwen2.5-Omni)"): "vidloom.models.qwen_omni.config_keys:ROOT",
+    ("Qwen2_5OmniThinkerConfig", "config.json thinker_config"): "vidloom.models.qwen_omni.config_keys:THINKER",
+    ("Qwen2_5OmniTextConfig", "config.json thinker_config.text_config"): "vidloom.models.qwen_omni.config_keys:TEXT",
+    ("Qwen2_5OmniAudioEncoderConfig", "config.json thinker_config.audio_config"):
+        "vidloom.models.qwen_omni.config_keys:AUDIO",
+    ("Qwen2_5OmniVisionEncoderConfig", "config.json thinker_config.vision_config"):
+        "vidloom.models.qwen_omni.config_keys:VISION",
+    ("Qwen2_5OmniTalkerConfig", "config.json talker_config"): "vidloom.models.qwen_omni.config_keys:TALKER",
+    ("Qwen2_5OmniToken2WavConfig", "config.json token2wav_config"): "vidloom.models.qwen_omni.config_keys:TOKEN2WAV",
+    ("Qwen2_5OmniDiTConfig", "config.json token2wav_config.dit_config"): "vidloom.models.qwen_omni.config_keys:DIT",
+    ("Qwen2_5OmniBigVGANConfig", "config.json token2wav_config.bigvgan_config"):
+        "vidloom.models.qwen_omni.config_keys:BIGVGAN",
+}
+
+
+def key_policy(target: str) -> KeyPolicy:
+    """The KeyPolicy a "module:attribute" string of KEY_POLICIES names."""
+    module, _, name = target.partition(":")
+    policy = getattr(importlib.import_module(module), name)
+    assert isinstance(policy, KeyPolicy), f"{target} is not a KeyPolicy"
+    return policy
