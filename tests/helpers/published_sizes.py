@@ -111,9 +111,12 @@ SIZES: dict[str, dict[str, Any]] = {
                                    layers_per_block=_ones, decoder_layers_per_block=_ones),
     # base_channels stays: the latent statistics have base_channels entries = latent_channels x mel_bins / 4.
     "AutoencoderKLLTX2Audio": dict(num_res_blocks=1),
-    # Upsampling stage s has hidden_channels / 2**(s+1) channels: 64 keeps 2.3's six stages at >= 1.
-    "LTX2Vocoder": dict(hidden_channels=64),
-    "LTX2VocoderWithBWE": dict(hidden_channels=64, bwe_hidden_channels=32),
+    # Upsampling stage s has hidden_channels / 2**(s+1) channels: 64 keeps 2.3's six stages at >= 1. One
+    # residual stack per stage instead of three (the kernel-size and dilation lists run in parallel).
+    "LTX2Vocoder": dict(hidden_channels=64, resnet_kernel_sizes=_first(1), resnet_dilations=_first(1)),
+    "LTX2VocoderWithBWE": dict(hidden_channels=64, bwe_hidden_channels=32, resnet_kernel_sizes=_first(1),
+                               resnet_dilations=_first(1), bwe_resnet_kernel_sizes=_first(1),
+                               bwe_resnet_dilations=_first(1)),
     # Gemma's tokenizer ids: text rows = tokenizer + image, begin- and end-of-image tokens.
     "Gemma3ForConditionalGeneration": dict(
         text_config=dict(hidden_size=TEXT, intermediate_size=2 * TEXT, num_hidden_layers=_GEMMA_LAYERS,
@@ -130,7 +133,8 @@ SIZES: dict[str, dict[str, Any]] = {
                               sliding_window=64, layer_types=_first(_GEMMA_LAYERS), vocab_size=Vocab(3)),
     # --- Stable Audio Open: DiT inner 4 x 8, projected text width 24, global = start + total seconds (2 x 24);
     # 4 latent channels, so the VAE encoder's output (mean and scale) is 8 wide ---
-    "StableAudioDiTModel": dict(in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+    # sample_size is the latent window every clip is generated in (then cut): 32 latents = 1.49 s at 44.1 kHz.
+    "StableAudioDiTModel": dict(sample_size=32, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
                                 num_key_value_attention_heads=2, cross_attention_dim=16, time_proj_dim=16,
                                 global_states_input_dim=48, cross_attention_input_dim=24),
     "StableAudioProjectionModel": dict(text_encoder_dim=32, conditioning_dim=24),
