@@ -118,3 +118,13 @@ def test_a_null_the_talker_class_refuses_is_refused():
     with pytest.raises(Exception):  # transformers' strict int field
         cfgs.Qwen2_5OmniTalkerConfig(num_key_value_heads=None)
 
+
+
+@pytest.mark.parametrize("architecture", ["Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration"])
+def test_the_released_and_todays_architecture_names_resolve_to_the_omni_card(tmp_path, architecture):
+    import json
+
+    from vidloom import registry
+
+    (tmp_path / "config.json").write_text(json.dumps({**_reference_dict(), "architectures": [architecture]}))
+    assert registry.resolve_card(tmp_path).family == "qwen-omni"

@@ -18,6 +18,10 @@ from vidloom.models.qwen_omni.speakers import SPEAKER_FILE
 
 FAMILY = "qwen-omni"
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
+# config.json "architectures" names of this checkpoint layout: the released Qwen/Qwen2.5-Omni-3B and -7B files
+# say Qwen2_5OmniModel (their preview-era class name; vLLM's registry maps it the same way), transformers'
+# save_pretrained of today's class writes ARCHITECTURE.
+ARCHITECTURES = (ARCHITECTURE, "Qwen2_5OmniModel")
 PROGRAM = "vidloom.recipes.qwen_omni.program:build_program"
 SPEECH = "vidloom.recipes.qwen_omni.speech:start_speech"
 MEMORY_ESTIMATOR = "vidloom.recipes.qwen_omni.memory:request_estimator"  # speech requests (SpeechPrompt)
@@ -51,7 +55,7 @@ def is_omni_checkpoint(path: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        return ARCHITECTURE in (read_json(config).get("architectures") or ())
+        return bool(set(ARCHITECTURES) & set(read_json(config).get("architectures") or ()))
     except CheckpointError:
         return False
 
@@ -59,8 +63,9 @@ def is_omni_checkpoint(path: Path) -> bool:
 def card_from_checkpoint(path: str | Path) -> ModelCard:
     root = Path(path).expanduser()
     raw = read_json(root / "config.json")
-    if ARCHITECTURE not in (raw.get("architectures") or ()):
-        raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, expected {ARCHITECTURE}")
+    if not set(ARCHITECTURES) & set(raw.get("architectures") or ()):
+        raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, expected one of "
+                              f"{', '.join(ARCHITECTURES)}")
     speaks = bool(raw.get("enable_audio_output", True)) and (root / SPEAKER_FILE).is_file()
     return omni_card(root.name, str(root), speaks=speaks,
                      description=f"Qwen2.5-Omni (chat{', speech' if speaks else ''}) from {root}")
