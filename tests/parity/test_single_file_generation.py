@@ -1,5 +1,5 @@
-"""Single-file transformers in an original layout (Wan-AI, BFL, Lightricks): vidloom with the file as a component
-override vs diffusers' pipeline with `from_single_file` on the same file, same seed, through vidloom.parity.
+"""Single-file transformers (Wan-AI, BFL, Lightricks) and the Wan2.1 VAE in their original layouts: vidloom with
+the file as a component override vs diffusers' pipeline with `from_single_file` on the same file, same seed, through vidloom.parity.
 
 The file holds weights moved away from the folder's (tests.helpers.single_files.random_state), so a loader that
 ignored the override, or converted a tensor wrongly, would fail the comparison; diffusers' converter is the reference
@@ -26,8 +26,8 @@ from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same
 # weights from another file layout must not move frames more than loading them from the folder does. Observed here:
-# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7; with the override ignored (the folder's
-# weights) the frames differ by 0.63-0.73, so the bound sees a wrong or skipped tensor.
+# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7, the Wan2.1 VAE 1.7e-6; with the override
+# ignored (the folder's weights) the frames differ by 0.63-1.0, so the bound sees a wrong or skipped tensor.
 TOLERANCE = 1e-4
 # The official LTX-2 file holds the whole model: a transformer override must skip the text connectors (diffusers'
 # own component), the VAEs and the vocoder, as diffusers' converter does. A few stand-ins of those keys:
@@ -43,18 +43,26 @@ LTX2_OTHERS = {
 @dataclass(frozen=True)
 class Case:
     write: Callable[[Path], Path]  # the diffusers folder
-    transformer: str  # the diffusers class whose from_single_file is the reference
+    model_class: str  # the diffusers class whose from_single_file is the reference
     family: FamilyParity
-    layout: Callable[[], KeyLayout]
+    layout: Callable[[Path], KeyLayout]  # of the folder's component
     prefix: str  # what the file's keys carry in front (ComfyUI / the LTX-2 single file: model.diffusion_model.)
     request: GenerationRequest
     others: dict[str, torch.Tensor] | None = None  # other components' tensors stored in the same file
+    component: str = "transformer"
 
 
 def _wan(folder: Path) -> Path:
     from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 
     return write_tiny_wan(folder, TINY_A)
+
+
+def _wan_b(folder: Path) -> Path:
+    """TINY_B: its VAE has Wan2.1's stage layout (2 resnets per encoder stage), the one diffusers' converter fixes."""
+    from tests.helpers.wan_checkpoints import TINY_B, write_tiny_wan
+
+    return write_tiny_wan(folder, TINY_B)
 
 
 def _flux2(folder: Path) -> Path:
@@ -69,19 +77,28 @@ def _ltx2(folder: Path) -> Path:
     return write_tiny_ltx2(folder, TINY_SPLIT)
 
 
-def _wan_layout() -> KeyLayout:
+def _wan_vae_layout(folder: Path) -> KeyLayout:
+    from vidloom.loading.diffusers_dir import read_json
+    from vidloom.models.wan.original_layout import wan_vae_layouts
+    from vidloom.models.wan.vae import WanVAEConfig
+
+    (layout,) = wan_vae_layouts(WanVAEConfig.from_diffusers(read_json(folder / "vae" / "config.json")))
+    return layout
+
+
+def _wan_layout(folder: Path) -> KeyLayout:
     from vidloom.models.wan.original_layout import WAN_ORIGINAL
 
     return WAN_ORIGINAL
 
 
-def _flux2_layout() -> KeyLayout:
+def _flux2_layout(folder: Path) -> KeyLayout:
     from vidloom.models.flux2.original_layout import FLUX2_BFL
 
     return FLUX2_BFL
 
 
-def _ltx2_layout() -> KeyLayout:
+def _ltx2_layout(folder: Path) -> KeyLayout:
     from vidloom.models.ltx2.original_layout import LTX2_ORIGINAL
 
     return LTX2_ORIGINAL
@@ -101,24 +118,27 @@ CASES = {
                              GenerationRequest(prompt="a robot dancing", negative_prompt="blurry", height=64, width=64,
                                                num_frames=9, fps=25, num_inference_steps=2, guidance_scale=3.0,
                                                seed=3), LTX2_OTHERS),
+    "wan2.1-vae-original": Case(_wan_b, "AutoencoderKLWan", WAN_T2V, _wan_vae_layout, "", GenerationRequest(
+        prompt="a red fox", height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=5),
+        component="vae"),
 }
 
 
 def _original_file(case: Case, folder: Path, out: Path) -> Path:
     import diffusers
 
-    reference = getattr(diffusers, case.transformer).from_pretrained(str(folder / "transformer"))
-    state = to_original(case.layout(), random_state(reference, seed=7), case.prefix)
+    reference = getattr(diffusers, case.model_class).from_pretrained(str(folder / case.component))
+    state = to_original(case.layout(folder), random_state(reference, seed=7), case.prefix)
     return save({**state, **(case.others or {})}, out)
 
 
 def _reference(case: Case, folder: Path, file: Path) -> Any:
     import diffusers
 
-    transformer = getattr(diffusers, case.transformer).from_single_file(
-        str(file), config=str(folder), subfolder="transformer", torch_dtype=torch.float32)
+    component = getattr(diffusers, case.model_class).from_single_file(
+        str(file), config=str(folder), subfolder=case.component, torch_dtype=torch.float32)
     pipe = getattr(diffusers, case.family.pipeline).from_pretrained(
-        str(folder), transformer=transformer, dtype=torch.float32, **case.family.load_kwargs)
+        str(folder), dtype=torch.float32, **{case.component: component, **case.family.load_kwargs})
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -127,9 +147,9 @@ def _reference(case: Case, folder: Path, file: Path) -> Any:
 def test_original_layout_file_matches_diffusers_from_single_file(name, tmp_path):
     case = CASES[name]
     folder = case.write(tmp_path / "folder")
-    file = _original_file(case, folder, tmp_path / "transformer.safetensors")
+    file = _original_file(case, folder, tmp_path / f"{case.component}.safetensors")
     generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32",
-                                               components={"transformer": file})
+                                               components={case.component: file})
     result = run_parity(folder, case.request, generator=generator,
                         reference=Reference.wrap(_reference(case, folder, file), case.family))
     report = result.report.format()
