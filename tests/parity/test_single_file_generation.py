@@ -26,8 +26,9 @@ from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same
 # weights from another file layout must not move frames more than loading them from the folder does. Observed here:
-# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7, the Wan2.1 VAE 1.7e-6; with the override
-# ignored (the folder's weights) the frames differ by 0.63-1.0, so the bound sees a wrong or skipped tensor.
+# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7, the Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second
+# expert 1.7e-6; with the override ignored (the folder's weights) the frames differ by 0.63-1.0, so the bound sees a
+# wrong or skipped tensor.
 TOLERANCE = 1e-4
 # The official LTX-2 file holds the whole model: a transformer override must skip the text connectors (diffusers'
 # own component), the VAEs and the vocoder, as diffusers' converter does. A few stand-ins of those keys:
@@ -63,6 +64,13 @@ def _wan_b(folder: Path) -> Path:
     from tests.helpers.wan_checkpoints import TINY_B, write_tiny_wan
 
     return write_tiny_wan(folder, TINY_B)
+
+
+def _a14b(folder: Path) -> Path:
+    from tests.helpers.wan22_checkpoints import write_tiny_a14b
+    from tests.helpers.wan_checkpoints import TINY_A
+
+    return write_tiny_a14b(folder, TINY_A)
 
 
 def _flux2(folder: Path) -> Path:
@@ -121,6 +129,10 @@ CASES = {
     "wan2.1-vae-original": Case(_wan_b, "AutoencoderKLWan", WAN_T2V, _wan_vae_layout, "", GenerationRequest(
         prompt="a red fox", height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=5),
         component="vae"),
+    # Wan2.2 A14B's low-noise expert from a file, the high-noise one from the folder; 6 steps at shift 5 run both.
+    "wan2.2-a14b-transformer_2": Case(_a14b, "WanTransformer3DModel", WAN_T2V, _wan_layout, "", GenerationRequest(
+        prompt="a red fox", negative_prompt="blurred", height=32, width=48, num_frames=5, num_inference_steps=6,
+        guidance_scale=5.0, guidance_scale_2=2.5, flow_shift=5.0, seed=42), component="transformer_2"),
 }
 
 
