@@ -21,13 +21,13 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.parity import Reference, run_parity
-from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_T2V
+from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_I2V, WAN_T2V
 from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same
 # weights from another file layout must not move frames more than loading them from the folder does. Observed here:
-# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7 (with its VAE from the same file 1.8e-6), the
-# Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second expert 1.7e-6; with the override ignored (the folder's weights) the frames differ by 0.63-1.0, so the bound sees a
+# Wan 4.6e-6 / I2V 2.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7 (with its VAE from the same file 1.8e-6), the
+# Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second expert 1.7e-6; with the override ignored (the folder's weights) the frames differ by 0.45-1.0, so the bound sees a
 # wrong or skipped tensor.
 TOLERANCE = 1e-4
 # The official LTX-2 file holds the whole model: a transformer override must skip the text connectors (diffusers'
@@ -78,6 +78,12 @@ def _a14b(folder: Path) -> Path:
     return write_tiny_a14b(folder, TINY_A)
 
 
+def _wan_i2v(folder: Path) -> Path:
+    from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
+
+    return write_tiny_wan_i2v(folder)
+
+
 def _flux2(folder: Path) -> Path:
     from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
 
@@ -125,10 +131,19 @@ def _ltx2_vae_layout(folder: Path) -> KeyLayout:
     return layout
 
 
+def _image(width: int, height: int) -> Any:
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    return make_image(width, height, seed=0)
+
+
 CASES = {
     "wan2.1-original": Case(_wan, "WanTransformer3DModel", WAN_T2V, _wan_layout, "", GenerationRequest(
         prompt="a red fox", negative_prompt="blurred", height=32, width=48, num_frames=5, num_inference_steps=3,
         guidance_scale=5.0, flow_shift=3.0, sampler="unipc", seed=42)),
+    "wan2.1-i2v-original": Case(_wan_i2v, "WanTransformer3DModel", WAN_I2V, _wan_layout, "", GenerationRequest(
+        prompt="the fox runs", image=_image(32, 32), height=32, width=32, num_frames=5, num_inference_steps=2,
+        guidance_scale=5.0, flow_shift=3.0, seed=9)),
     "wan2.1-comfyui": Case(_wan, "WanTransformer3DModel", WAN_T2V, _wan_layout, "model.diffusion_model.",
                            GenerationRequest(prompt="a red fox", height=32, width=32, num_frames=5,
                                              num_inference_steps=2, guidance_scale=4.0, seed=3)),

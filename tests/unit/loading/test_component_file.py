@@ -57,6 +57,22 @@ def test_an_original_layout_file_loads_the_same_weights(tmp_path, prefix):
     _assert_loaded(_load(path), state)
 
 
+def test_flf2v_image_positions_load_from_the_original_layout(tmp_path):
+    """Wan2.1 FLF2V's `img_emb.emb_pos` (diffusers' converter has no rule for it; ours maps it to pos_embed)."""
+    from diffusers import WanTransformer3DModel
+
+    from tests.helpers.wan_i2v_checkpoints import i2v_transformer_kwargs
+
+    kwargs = i2v_transformer_kwargs(TINY_A, first_last=True)
+    state = random_state(WanTransformer3DModel(**kwargs), seed=4)
+    original = to_original(WAN_ORIGINAL, state)
+    assert "img_emb.emb_pos" in original and "img_emb.proj.1.weight" in original
+    config = WanTransformerConfig.from_diffusers({"_class_name": "WanTransformer3DModel", **kwargs})
+    module = WanTransformer(config, resolve_attention("sdpa", torch.device("cpu"), torch.float32))
+    load_component_file(module, save(original, tmp_path / "flf2v.safetensors"), WAN_TRANSFORMER_NAME_MAP, LAYOUTS)
+    _assert_loaded(module.state_dict(), state)
+
+
 def test_fp8_with_scales_loads_as_its_dequantized_weights(tmp_path):
     """ComfyUI's scaled FP8: weight.float() * scale_weight, then the compute dtype (bit-exact vs the float32 file
     of the same dequantized values, in float32 and bfloat16)."""
