@@ -25,10 +25,10 @@ from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_I2V, WAN_T2V
 from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same
-# weights from another file layout must not move frames more than loading them from the folder does. Observed here:
-# Wan 4.6e-6 / I2V 2.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7 (with its VAE from the same file 1.8e-6), the
-# Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second expert 1.7e-6; with the override ignored (the folder's weights) the frames differ by 0.45-1.0, so the bound sees a
-# wrong or skipped tensor.
+# weights from another file layout must not move frames more than loading them from the folder does. Observed
+# here: Wan 4.6e-6 / I2V 2.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7 (with its VAE from the same
+# file 1.8e-6), the Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second expert 1.7e-6; with the override ignored (the folder's
+# weights) the frames differ by 0.45-1.0, so the bound sees a wrong or skipped tensor.
 TOLERANCE = 1e-4
 # The official LTX-2 file holds the whole model: a transformer override must skip the text connectors (diffusers'
 # own component), the VAEs and the vocoder, as diffusers' converter does. A few stand-ins of those keys:
