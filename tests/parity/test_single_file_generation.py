@@ -1,5 +1,6 @@
-"""Single-file transformers (Wan-AI, BFL, Lightricks) and VAEs (Wan2.1, LTX-2) in their original layouts: vidloom with
-the file as a component override vs diffusers' pipeline with `from_single_file` on the same file, same seed, through vidloom.parity.
+"""Single-file transformers (Wan-AI, BFL, Lightricks) and VAEs (Wan2.1, LTX-2) in their original layouts: vidloom
+with the file as a component override vs diffusers' pipeline with `from_single_file` on the same file, same seed,
+through vidloom.parity.
 
 The file holds weights moved away from the folder's (tests.helpers.single_files.random_state), so a loader that
 ignored the override, or converted a tensor wrongly, would fail the comparison; diffusers' converter is the reference
