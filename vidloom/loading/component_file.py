@@ -36,7 +36,7 @@ def component_files(overrides: Sequence[tuple[str, str]], readable: Iterable[str
                               f"it takes one for: {', '.join(known)}")
         path = Path(given).expanduser()
         if not path.is_file():
-            raise CheckpointError(f"{path}: the file given for component {name!r} does not exist")
+            raise CheckpointError(f"components (--component {name}=...): {path} does not exist")
         files[name] = path
     return files
 
