@@ -60,6 +60,10 @@ FLAGS: dict[str, FlagRow] = {
     "upsampler": FlagRow(("--upsampler", "/no/such/upsampler"), {"upsampler": "/no/such/upsampler"}, REFUSED),
     "stage2_lora": FlagRow(("--two-stage", "--stage2-lora", "/no/such/stage2.safetensors"),
                            {"two_stage": True, "stage2_lora": "/no/such/stage2.safetensors"}, REFUSED),
+    # A file that is not there: refused at load, naming the option, on all three paths (the demo's own transformer
+    # file loading through --component and components= runs in docs/loading-checkpoints.md's examples).
+    "components": FlagRow(("--component", "transformer=/no/such/transformer.safetensors"),
+                          {"components": (("transformer", "/no/such/transformer.safetensors"),)}, REFUSED),
     "devices": FlagRow(("--devices", "2", "--cfg-parallel"), {"devices": 2, "parallel": ParallelPlan(cfg=2)}, CONFIG),
     "parallel": FlagRow(("--sp", "2"), {"devices": 2, "parallel": ParallelPlan(sp=2)}, CONFIG),
 }
