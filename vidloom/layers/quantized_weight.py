@@ -67,6 +67,11 @@ class QuantizedWeight:
     def to(self, device: torch.device | str) -> QuantizedWeight:
         return QuantizedWeight(self.data.to(device), self.qtype, self.shape)
 
+    @classmethod
+    def cat_rows(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """The module function `cat_rows`, reachable from the type (key_layout's row ops are duck-typed)."""
+        return cat_rows(parts)
+
 
 def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     """Concatenate along dim 0; every part must share the format and the trailing shape."""

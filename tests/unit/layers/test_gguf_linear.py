@@ -95,3 +95,18 @@ def test_compiles_without_graph_breaks() -> None:
     x = torch.randn(2, 256)
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+def test_fp8_and_fused_adapters_refuse_gguf_linears() -> None:
+    from vidloom.core.errors import DeployError
+    from vidloom.layers.fp8 import quantize_linears
+    from vidloom.lora.fuse import _plain_linear
+
+    model = Tiny()
+    install_quantized(model, "proj.weight", _weight(), torch.float32)
+    with pytest.raises(DeployError, match=r"fp8_weights \(--fp8\) cannot apply to weights loaded from a GGUF file "
+                                          r"\(1 linears such as 'proj'"):
+        quantize_linears(model)
+    assert isinstance(model.head, nn.Linear)  # refused before anything was swapped
+    with pytest.raises(DeployError, match=r"transformer\.proj is a GGUFLinear .*a GGUF file with fuse_loras"):
+        _plain_linear({"transformer": model}, "transformer:proj")
