@@ -15,6 +15,8 @@ from torch import Tensor
 
 from vidloom.layers.ggml_blocks import BLOCK_FORMATS, dequantize_blocks
 
+DEQUANT_CHUNK = 1 << 22  # values dequantized at a time (16 MiB of float32)
+
 
 def packed_row_bytes(qtype: str, width: int) -> int:
     """Bytes a row of `width` values takes in `qtype`; ValueError when `width` is not whole blocks."""
@@ -52,10 +54,19 @@ class QuantizedWeight:
         return math.prod(self.shape)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """The tensor in `dtype` (computed in float32, rounded once), on the bytes' device."""
-        _, type_size, _ = BLOCK_FORMATS[self.qtype]
-        values = dequantize_blocks(self.qtype, self.data.reshape(-1, type_size))
-        return values.reshape(self.shape).to(dtype)
+        """The tensor in `dtype` (computed in float32, rounded once), on the bytes' device.
+
+        Large tensors go DEQUANT_CHUNK values at a time into the output: the float32 values and the unpacking
+        temporaries (several times the float32 size) then exist for one chunk only, not for the whole weight."""
+        block_size, type_size, _ = BLOCK_FORMATS[self.qtype]
+        blocks = self.data.reshape(-1, type_size)
+        step = max(1, DEQUANT_CHUNK // block_size)
+        if blocks.shape[0] <= step:
+            return dequantize_blocks(self.qtype, blocks).reshape(self.shape).to(dtype)
+        out = torch.empty((blocks.shape[0], block_size), dtype=dtype, device=blocks.device)
+        for start in range(0, blocks.shape[0], step):
+            out[start:start + step] = dequantize_blocks(self.qtype, blocks[start:start + step])
+        return out.reshape(self.shape)
 
     def split_rows(self, sizes: list[int]) -> list[QuantizedWeight]:
         """Split along dim 0 into pieces of `sizes` rows (they must sum to shape[0])."""

@@ -43,6 +43,16 @@ def quantize_on_meta(tensors: GGUFTensors, name_map: NameMap) -> Callable[[nn.Mo
     return prepare
 
 
+def place_quantized(module: nn.Module, name: str, value: QuantizedWeight, target: torch.Tensor) -> None:
+    """Put one quantized tensor onto `module`'s `name` (`target` its current tensor): a Linear's weight stays
+    quantized (the Linear becomes a GGUFLinear computing in `target`'s dtype); anything else is dequantized."""
+    if _linear_weight(module, name):
+        install_quantized(module, name, value, target.dtype)
+        return
+    with torch.no_grad():
+        target.copy_(value.dequantize(torch.float32))
+
+
 def fill_from_gguf(module: nn.Module, tensors: GGUFTensors, name_map: NameMap, path: Path) -> None:
     """Copy every tensor of the file at `path` (already read, keys in checkpoint naming) into `module`.
 

@@ -53,3 +53,12 @@ def test_bad_shapes_are_refused() -> None:
     q8 = QuantizedWeight(torch.zeros(2, 34, dtype=torch.uint8), "Q8_0", (2, 32))
     with pytest.raises(ValueError, match="cannot concatenate"):
         cat_rows([q8, QuantizedWeight(torch.zeros(2, 40, dtype=torch.uint8), "Q4_1", (2, 64))])
+
+
+def test_chunked_dequantization_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vidloom.layers.quantized_weight as qw
+
+    weight = QuantizedWeight(torch.from_numpy(random_blocks("Q5_K", 12, seed=4)).reshape(3, 704), "Q5_K", (3, 1024))
+    whole = weight.dequantize(torch.bfloat16)
+    monkeypatch.setattr(qw, "DEQUANT_CHUNK", 512)  # two blocks a chunk, the last chunk whole
+    torch.testing.assert_close(weight.dequantize(torch.bfloat16), whole, rtol=0, atol=0)
