@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from vidloom.core.deploy import COMPILE_BACKENDS, DeployConfig
 from vidloom.core.parallel import ParallelPlan
@@ -41,6 +42,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="none | teacache | fbcache: reuse DiT block residuals on steps that barely change")
     group.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
                        help="step-cache threshold (policy default 0.1; 0 never skips, higher skips more)")
+    group.add_argument("--component", action="append", default=[], metavar="NAME=FILE", type=_component,
+                       help="load component NAME (transformer, transformer_2, vae) from one .safetensors or .gguf "
+                            "file instead of the checkpoint folder (repeatable; docs/loading-checkpoints.md)")
     stages = parser.add_argument_group("multi-stage models (LTX-2)")
     stages.add_argument("--two-stage", action="store_true",
                         help="generate, upsample the latents 2x, refine (upsampler: --upsampler or the "
@@ -85,6 +89,7 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         two_stage=args.two_stage,
         upsampler=args.upsampler,
         stage2_lora=args.stage2_lora,
+        components=tuple(args.component),
         devices=devices,
         parallel=plan,
     )
@@ -96,3 +101,10 @@ def _shape(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTHxFRAMES like 480x832x81, got {text!r}")
     height, width, frames = (int(g) for g in match.groups())
     return height, width, frames
+
+
+def _component(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE like transformer=wan2.1_t2v_1.3B.safetensors, got {text!r}")
+    return name, str(Path(path).expanduser().absolute())

@@ -51,6 +51,7 @@ class VideoGenerator:
         pool_options: PoolOptions | None = None,
         max_loras: int | None = None,
         fuse_loras: Mapping[str, str | Path | tuple[str | Path, float]] | None = None,
+        components: Mapping[str, str | Path] | None = None,
     ) -> "VideoGenerator":
         """Load a registered model id, a diffusers checkpoint directory or a Hugging Face repo id.
 
@@ -70,13 +71,17 @@ class VideoGenerator:
         fuse_loras: {name: path or (path, scale)} of LoRA adapters added into the base weights at load, before any
         warmup or compile (docs/lora.md, "Fused mode"): faster steps, but requests may then name no other
         adapters and load_lora / unload_lora refuse.
+        components: {component: file} overrides ("transformer", "transformer_2", "vae"): that component's weights
+        come from one .safetensors (diffusers, original or ComfyUI layout, FP8 with scales) or .gguf file, the
+        folder gives the configs and the rest (docs/loading-checkpoints.md); they replace deploy.components' entries
+        of the same name.
 
         Loading is as quiet as the CLI: transformers' logs and loading bars are off while it runs and
         restored after (`TRANSFORMERS_VERBOSITY=warning` shows them; Hub download bars always show).
         """
         from vidloom.loading.quiet import quiet_loading
 
-        deploy = _with_parallel(deploy or DeployConfig(), devices, parallel)
+        deploy = _with_components(_with_parallel(deploy or DeployConfig(), devices, parallel), components)
         engine: Engine | ParallelEngine
         with quiet_loading():
             card, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
@@ -386,6 +391,17 @@ def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: Parallel
         return deploy
     plan = parallel if parallel is not None else deploy.parallel
     return dataclasses.replace(deploy, parallel=plan, devices=devices if devices is not None else plan.world_size)
+
+
+def _with_components(deploy: DeployConfig, components: Mapping[str, str | Path] | None) -> DeployConfig:
+    if not components:
+        return deploy
+    if not isinstance(components, Mapping):
+        raise DeployError(f"components must map component names to files, got {type(components).__name__}")
+    merged = dict(deploy.components)
+    # Absolute, so worker processes started elsewhere read the same files.
+    merged.update({str(name): str(Path(path).expanduser().absolute()) for name, path in components.items()})
+    return dataclasses.replace(deploy, components=tuple(merged.items()))
 
 
 def follow_torchrun(

@@ -42,6 +42,7 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "offload_idle_expert": Feature(("offload_idle_expert",), ("--offload-idle-expert",)),
     "two_stage": Feature(("two_stage", "upsampler", "stage2_lora"), ("--two-stage", "--upsampler", "--stage2-lora")),
     "devices": Feature(("devices", "parallel"), ("--devices", "--sp", "--cfg-parallel")),
+    "components": Feature(("components",), ("--component",)),
 })
 
 

@@ -8,6 +8,8 @@ from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+# Single-file formats a component override may be (docs/loading-checkpoints.md).
+COMPONENT_FILE_SUFFIXES = (".safetensors", ".gguf")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class DeployConfig:
     stage2_lora: str | None = None
     """A LoRA file applied in the second stage only (--stage2-lora PATH[:SCALE], scale 1.0 by default), on top of
     a request's own adapters: LTX-2's distilled refinement LoRA. Needs two_stage (or upsampler)."""
+    components: tuple[tuple[str, str], ...] = ()
+    """(component, file) overrides (--component NAME=FILE; `components:` in a card): the component's weights come
+    from one .safetensors (diffusers, original or ComfyUI layout, FP8 with scales) or .gguf file instead of the
+    checkpoint folder, which still gives every config and every other component (docs/loading-checkpoints.md)."""
     devices: int = 1
     """Processes, one per device (--devices); more than 1 runs a worker pool split by `parallel`."""
     parallel: ParallelPlan = ParallelPlan()
@@ -99,6 +105,7 @@ class DeployConfig:
         if self.vae_tile_stride is not None and self.vae_tile is None:
             raise DeployError("vae_tile_stride needs vae_tile")
         self._check_dependents()
+        self._check_components()
         self._check_parallel()
 
     def _check_dependents(self) -> None:
@@ -111,6 +118,20 @@ class DeployConfig:
                               "(--two-stage) or upsampler (--upsampler)")
         if self.step_cache_threshold is not None and self.step_cache == "none":
             raise DeployError("step_cache_threshold (--step-cache-threshold) needs a step cache (--step-cache)")
+
+    def _check_components(self) -> None:
+        """The shape of each override; whether the card reads that component, and the file, are checked at load."""
+        seen: set[str] = set()
+        for pair in self.components:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) and p for p in pair)):
+                raise DeployError(f"components (--component) entries are (name, file) strings, got {pair!r}")
+            name, path = pair
+            if name in seen:
+                raise DeployError(f"components (--component): {name!r} is given twice")
+            seen.add(name)
+            if not path.lower().endswith(COMPONENT_FILE_SUFFIXES):
+                raise DeployError(f"components (--component) {name}={path}: unsupported file type; a component "
+                                  f"file is one of {', '.join(COMPONENT_FILE_SUFFIXES)}")
 
     def _check_parallel(self) -> None:
         plan = self.parallel

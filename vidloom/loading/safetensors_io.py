@@ -21,7 +21,7 @@ def weight_files(folder: Path, stem: str = DIFFUSERS_WEIGHTS) -> dict[str, Path]
     single = folder / f"{stem}.safetensors"
     index = folder / f"{stem}.safetensors.index.json"
     if single.is_file():
-        with _open_safetensors(single) as f:
+        with open_safetensors(single) as f:
             return {key: single for key in f.keys()}
     if index.is_file():
         try:
@@ -64,14 +64,14 @@ def load_weights(
         by_file.setdefault(path, []).append(key)
     loaded: set[str] = set()
     for path, keys in sorted(by_file.items()):
-        with _open_safetensors(path) as f:
+        with open_safetensors(path) as f:
             for key in keys:
                 if skip is not None and skip(key):
                     continue
                 name = name_map.to_module(key)
                 if name not in targets:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")
-                tensor = _read_tensor(f, path, key)
+                tensor = read_tensor(f, path, key)
                 target = targets[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise CheckpointError(
@@ -119,7 +119,7 @@ def save_weights(
     (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _open_safetensors(path: Path) -> Any:
+def open_safetensors(path: Path) -> Any:
     """safe_open, with a truncated or corrupt file reported as CheckpointError naming it."""
     try:
         return safe_open(str(path), framework="pt")
@@ -127,7 +127,7 @@ def _open_safetensors(path: Path) -> Any:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc}); download it again") from None
 
 
-def _read_tensor(handle: Any, path: Path, key: str) -> torch.Tensor:
+def read_tensor(handle: Any, path: Path, key: str) -> torch.Tensor:
     try:
         return handle.get_tensor(key)
     except (SafetensorError, OSError) as exc:

@@ -214,6 +214,8 @@ def _convert(value: Any, hint: Any, path: KeyPath, where: Callable[[KeyPath], st
 def _convert_tuple(value: Any, args: tuple, path: KeyPath, where: Callable[[KeyPath], str],
                    bad: Callable[[str], DeployCardError]) -> tuple:
     if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a list
+        if _is_pairs(args[0]) and isinstance(value, Mapping):  # (name, value) pairs, written as a mapping
+            value = [[key, item] for key, item in value.items()]
         if not isinstance(value, list):
             raise bad("a list")
         return tuple(_convert(item, args[0], path + (str(i),), where) for i, item in enumerate(value))
@@ -224,6 +226,11 @@ def _convert_tuple(value: Any, args: tuple, path: KeyPath, where: Callable[[KeyP
         shape = " or 'HxWxF'" if len(args) == 3 and all(a is int for a in args) else ""
         raise bad(f"a list of {len(args)} values{shape}")
     return tuple(_convert(item, a, path, where) for item, a in zip(value, args))
+
+
+def _is_pairs(hint: Any) -> bool:
+    """tuple[str, str]: one (name, value) entry of a setting a card writes as a mapping (deploy.components)."""
+    return typing.get_origin(hint) is tuple and typing.get_args(hint) == (str, str)
 
 
 # -- printing the effective card -------------------------------------------------------------------
@@ -250,6 +257,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, str):
         return _PASSWORD_IN_URL.sub(r"\1:***@", value)
     if isinstance(value, tuple):
+        if value and all(isinstance(v, tuple) and len(v) == 2 and all(isinstance(p, str) for p in v) for v in value):
+            return {name: _plain(item) for name, item in value}  # (name, value) pairs, as _convert reads them
         if len(value) == 3 and all(isinstance(v, int) for v in value):
             return "x".join(str(v) for v in value)
         return [_plain(v) for v in value]

@@ -43,6 +43,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "kv_session_ttl": (("deploy", "kv_session_ttl_s"), float),
     "sp": (("deploy", "parallel", "sp"), int),
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
+    "component": (("deploy", "components"), dict),  # NAME=FILE pairs, written as the card's mapping
 }
 _DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",
                 "offload_idle_expert", "kv_pool_tokens",

@@ -23,7 +23,8 @@ _CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "
            "allowed_hosts": ("example.com",), "cors_origins": ("https://app.example.com",),
            "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b",
            "store": "postgresql://vidloom@db.internal/jobs", "lost_jobs": "requeue",
-           "kv_pool_tokens": 4096, "cuda_graphs": False, "loras": ("style=/loras/style.safetensors",)}  # offload_idle_expert (flipped on) refuses cuda_graphs
+           "kv_pool_tokens": 4096, "cuda_graphs": False, "loras": ("style=/loras/style.safetensors",),
+           "components": (("transformer", "/models/wan2.1_t2v_1.3B.safetensors"), ("vae", "/models/wan_vae.gguf"))}  # offload_idle_expert (flipped on) refuses cuda_graphs
 
 
 def _sample(name: str, hint: Any, default: Any) -> Any:

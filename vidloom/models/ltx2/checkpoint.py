@@ -11,6 +11,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
+from vidloom.loading.component_file import load_component
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
@@ -30,10 +31,13 @@ def read_upsampler_config(folder: Path) -> LTX2LatentUpsamplerConfig:
 
 
 def load_video_vae(folder: str | Path, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> LTX2VideoVAE:
-    """An `AutoencoderKLLTX2Video` folder onto our LTX2VideoVAE, in eval mode on `device` in `dtype`."""
+                   dtype: torch.dtype = torch.float32, file: Path | None = None) -> LTX2VideoVAE:
+    """An `AutoencoderKLLTX2Video` folder onto our LTX2VideoVAE, in eval mode on `device` in `dtype`; the weights
+    come from `file` (a component override) when given, the config from the folder."""
     config = read_video_vae_config(Path(folder))
-    return _load(lambda: LTX2VideoVAE(config), Path(folder), LTX2_VIDEO_VAE_NAME_MAP, device, dtype)
+    module = materialize(lambda: LTX2VideoVAE(config), torch.device(device), dtype)
+    load_component(module, Path(folder), LTX2_VIDEO_VAE_NAME_MAP, file)
+    return module.eval()
 
 
 def load_latent_upsampler(folder: str | Path, device: torch.device | str = "cpu",

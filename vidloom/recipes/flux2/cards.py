@@ -33,7 +33,7 @@ BASE_DEFAULTS = SamplingDefaults(
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights"}),
+               "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components"}),
     {"kv_cache_budget_bytes": "an image denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept",

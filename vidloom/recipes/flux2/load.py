@@ -13,7 +13,8 @@ from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
-from vidloom.loading.safetensors_io import load_weights
+from vidloom.loading.component_file import component_files, load_component
+from vidloom.models.flux2.original_layout import FLUX2_TRANSFORMER_LAYOUTS
 from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
 from vidloom.recipes.flux2.cards import check_pipeline, is_distilled
@@ -29,6 +30,7 @@ def load_instance(
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
+    files = component_files(deploy.components, ("transformer", "vae"), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", Flux2TransformerConfig.from_diffusers)
     vae_config = ckpt.parse_component("vae", Flux2VAEConfig.from_diffusers)
@@ -37,9 +39,10 @@ def load_instance(
     transformer = materialize(
         lambda: Flux2Transformer(dit_config, attention_fn), device, compute, Flux2Transformer.KEEP_FP32
     )
-    load_weights(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP)
+    load_component(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP,
+                   files.get("transformer"), FLUX2_TRANSFORMER_LAYOUTS)
     vae = Flux2VAE(vae_config)
-    load_weights(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP)
+    load_component(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP, files.get("vae"))
     text = Flux2TextEncoder.load(
         ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
         offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,

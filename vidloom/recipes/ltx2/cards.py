@@ -28,7 +28,7 @@ CAPABILITIES = Capabilities(
     # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs"}),
+               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components"}),
     {     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                  "is written",
      "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",

@@ -14,12 +14,14 @@ from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.memory_format import use_channels_last
 from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
+from vidloom.loading.component_file import component_files, load_component
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.lora.files import split_scale
 from vidloom.lora.registry import read_adapter, wrap_adapter
 from vidloom.models.ltx2.audio_loading import load_audio_vae, load_vocoder
 from vidloom.models.ltx2.checkpoint import load_latent_upsampler, load_video_vae
 from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
+from vidloom.models.ltx2.original_layout import LTX2_TRANSFORMER_LAYOUTS
 from vidloom.models.ltx2.transformer import LTX2_TRANSFORMER_NAME_MAP, LTX2Transformer, LTX2TransformerConfig
 from vidloom.models.ltx2.upsampler import LTX2LatentUpsampler, check_upsampler_matches
 from vidloom.recipes.ltx2.cards import check_pipeline
@@ -43,20 +45,23 @@ def load_instance(
     ckpt = DiffusersDir.open(checkpoint)
     check_pipeline(ckpt)
     ckpt.require(card.components)
+    files = component_files(deploy.components, ("transformer", "vae"), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", LTX2TransformerConfig.from_diffusers)
     connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", LTX2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=True)  # see its docstring
     transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn), device, compute)
-    load_weights(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP)
+    load_component(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP,
+                   files.get("transformer"), LTX2_TRANSFORMER_LAYOUTS)
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config, attention_fn), device, compute)
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
                                 device, compute, offload=deploy.offload_text_encoder,
                                 cache_size=deploy.prompt_cache_size)
     _check_text(ckpt.root, text, connectors_config, dit_config)
-    vae = load_video_vae(ckpt.component_dir("vae"), device, vae_dtype(card.components["vae"].dtype, device, compute))
+    vae = load_video_vae(ckpt.component_dir("vae"), device, vae_dtype(card.components["vae"].dtype, device, compute),
+                         files.get("vae"))
     if vae.latents_mean.dtype == torch.bfloat16 and device.type == "cpu":
         use_channels_last(vae)  # oneDNN's bf16 convolutions: 0.27 -> 0.22 s per decode on ltx2-mid
     components = {

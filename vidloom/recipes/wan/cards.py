@@ -24,7 +24,8 @@ GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
 # Every runtime feature is written against Wan's denoiser; what is left has nothing to act on in a Wan checkpoint.
 CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "vae_tile",
-               "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices"}),
+               "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices",
+               "components"}),
     {"kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
      "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
      "kv_session_ttl_s": "no causal rollout whose KV could be kept for an extension",

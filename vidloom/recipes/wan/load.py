@@ -18,8 +18,9 @@ from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
-from vidloom.loading.safetensors_io import load_weights
+from vidloom.loading.component_file import component_files, load_component
 from vidloom.models.wan.transformer import WanTransformer
+from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.conditioning import WanPipelineConfig
@@ -65,6 +66,8 @@ def load_instance(
         )
     ckpt.check_index(WAN_INDEX_KEYS[ckpt.pipeline_class or "WanImageToVideoPipeline"])
     ckpt.require(card.components)
+    files = component_files(deploy.components, [n for n in ("transformer", "transformer_2", "vae") if ckpt.has(n)],
+                            str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
     vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
     if deploy.fp8_weights:
@@ -72,7 +75,7 @@ def load_instance(
 
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)  # fails here, not mid-request
     experts = {
-        name: _load_transformer(ckpt, name, device, compute, attention_fn, deploy)
+        name: _load_transformer(ckpt, name, device, compute, attention_fn, deploy, files.get(name))
         for name in ("transformer", "transformer_2")
         if ckpt.has(name)
     }
@@ -83,7 +86,7 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json"
         )
-    vae, text = load_vae_and_text(ckpt, device, compute, deploy)
+    vae, text = load_vae_and_text(ckpt, device, compute, deploy, files.get("vae"))
     sampler_config = load_sampler_config(ckpt)
 
     components: dict = {
@@ -128,11 +131,11 @@ def pipeline_config(ckpt: DiffusersDir) -> WanPipelineConfig:
 
 def _load_transformer(
     ckpt: DiffusersDir, name: str, device: torch.device, compute: torch.dtype, attention_fn: AttentionFn,
-    deploy: DeployConfig,
+    deploy: DeployConfig, file: Path | None = None,
 ) -> WanTransformer:
     config = ckpt.parse_component(name, WanTransformerConfig.from_diffusers)
     transformer = materialize(lambda: WanTransformer(config, attention_fn), device, compute, WanTransformer.KEEP_FP32)
-    load_weights(transformer, ckpt.component_dir(name), WAN_TRANSFORMER_NAME_MAP)
+    load_component(transformer, ckpt.component_dir(name), WAN_TRANSFORMER_NAME_MAP, file, WAN_TRANSFORMER_LAYOUTS)
     _apply_deploy(transformer, deploy)
     return transformer.eval()
 
@@ -146,11 +149,12 @@ def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
 
 
 def load_vae_and_text(
-    ckpt: DiffusersDir, device: torch.device, compute: torch.dtype, deploy: DeployConfig
+    ckpt: DiffusersDir, device: torch.device, compute: torch.dtype, deploy: DeployConfig, vae_file: Path | None = None
 ) -> tuple[WanVAE, WanTextEncoder]:
-    """The Wan VAE (weights loaded, still on the CPU in float32) and the UMT5 text encoder on `device`."""
+    """The Wan VAE (weights loaded, from `vae_file` when given, still on the CPU in float32) and the UMT5 text
+    encoder on `device`."""
     vae = WanVAE(ckpt.parse_component("vae", WanVAEConfig.from_diffusers))
-    load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
+    load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP, vae_file)
     text = WanTextEncoder.load(
         ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
         offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
