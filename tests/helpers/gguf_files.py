@@ -12,8 +12,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
+from tests.helpers.single_files import to_original
 from vidloom.layers.ggml_blocks import BLOCK_FORMATS
+from vidloom.loading.key_layout import KeyLayout
 
 # Byte offsets of each format's float16 scale fields inside a block (ggml-common.h's block_* structs).
 F16_FIELDS: dict[str, tuple[int, ...]] = {
@@ -53,14 +56,17 @@ def quantize_like_file(tensor: torch.Tensor, qtype: str, seed: int) -> np.ndarra
     return blocks.reshape(*data.shape[:-1], data.shape[-1] // block_size * type_size)
 
 
-def write_gguf(path: Path, tensors: dict[str, torch.Tensor], qtype: str, keep: set[str] | None = None,
+def write_gguf(path: Path, tensors: dict[str, torch.Tensor], qtype: str, quantize_also: tuple[str, ...] = (),
                arch: str = "wan", seed: int = 0) -> Path:
-    """Write `tensors` to a GGUF file: 2-D+ weights whose last dim fits `qtype` quantized, others (and keys in
-    `keep`) as float32 or float16 the way real converters keep norms and biases precise."""
+    """Write `tensors` to a GGUF file as real converters do (city96's ComfyUI-GGUF tools): 2-D `*.weight`
+    tensors whose rows are whole `qtype` blocks quantized (the linears: ~all the bytes), the rest - norms,
+    biases, modulation tables, convolutions - as float32 (1-D) or float16. `quantize_also` names other
+    tensors to quantize (a loader must dequantize those)."""
     writer = gguf.GGUFWriter(str(path), arch)
     block_size = BLOCK_FORMATS[qtype][0]
     for i, (key, tensor) in enumerate(tensors.items()):
-        quantize = tensor.dim() >= 2 and tensor.shape[-1] % block_size == 0 and key not in (keep or set())
+        linear = key.endswith(".weight") and tensor.dim() == 2
+        quantize = (linear or key in quantize_also) and tensor.shape[-1] % block_size == 0
         if quantize:
             data = quantize_like_file(tensor, qtype, seed + i)
             writer.add_tensor(key, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[qtype])
@@ -73,3 +79,10 @@ def write_gguf(path: Path, tensors: dict[str, torch.Tensor], qtype: str, keep: s
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def transformer_gguf(folder: Path, layout: KeyLayout, qtype: str, prefix: str = "") -> Path:
+    """`folder`'s transformer weights as a GGUF file in `layout`'s original key names (the layout real GGUF
+    transformers use: city96's Wan/FLUX files keep the release's names), `qtype` for the linears."""
+    state = load_file(str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
+    return write_gguf(folder / f"transformer-{qtype}.gguf", to_original(layout, state, prefix), qtype)

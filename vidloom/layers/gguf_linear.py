@@ -73,6 +73,18 @@ def install_quantized(module: nn.Module, param_name: str, weight: QuantizedWeigh
     return replacement
 
 
+def place_quantized(module: nn.Module, name: str, weight: QuantizedWeight, target: Tensor) -> None:
+    """Put a file's quantized tensor onto `module`'s parameter `name` (`target`, its current tensor): a Linear's
+    weight stays quantized (install_quantized, computing in `target`'s dtype); anything else - norms, embeddings,
+    convolutions, modulation tables - is dequantized into `target` once, at load (small, and read as tensors)."""
+    owner_name, _, leaf = name.rpartition(".")
+    if leaf == "weight" and isinstance(module.get_submodule(owner_name), nn.Linear):
+        install_quantized(module, name, weight, target.dtype)
+        return
+    with torch.no_grad():
+        target.copy_(weight.dequantize(torch.float32))
+
+
 def quantized_linears(module: nn.Module) -> list[str]:
     """Names of the GGUFLinear modules under `module` (empty: a plain model)."""
     return [name for name, child in module.named_modules() if isinstance(child, GGUFLinear)]

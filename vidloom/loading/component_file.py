@@ -92,10 +92,10 @@ def _install(module: torch.nn.Module, target: torch.Tensor, name: str, tensor: A
     if tuple(tensor.shape) != tuple(target.shape):
         raise CheckpointError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, "
                               f"{type(module).__name__}.{name} expects {tuple(target.shape)}")
-    if not isinstance(tensor, torch.Tensor):  # a quantized weight: it stays quantized on its linear
-        from vidloom.layers.gguf_linear import install_quantized
+    if not isinstance(tensor, torch.Tensor):  # GGUF: a Linear's weight stays quantized, anything else is dequantized
+        from vidloom.layers.gguf_linear import place_quantized
 
-        install_quantized(module, name, tensor, target.dtype)
+        place_quantized(module, name, tensor, target)
         return
     with torch.no_grad():
         target.copy_(tensor)

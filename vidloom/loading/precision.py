@@ -29,15 +29,12 @@ def materialize(
     device: torch.device,
     dtype: torch.dtype,
     keep_fp32: frozenset[str] = frozenset(),
-    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> torch.nn.Module:
     """Build a module on the meta device, cast it, then allocate it (uninitialised) on `device`.
 
     Skips random init and any full-precision copy: the checkpoint fills every tensor
     next. Modules with non-persistent buffers can't be built this way (nothing would
-    fill them), so they are refused. `prepare` runs on the cast meta module just before
-    allocation (a GGUF load swaps in its quantized linears there, so full-size weights are
-    never allocated).
+    fill them), so they are refused.
     """
     with torch.device("meta"):
         module = build()
@@ -45,10 +42,7 @@ def materialize(
     derived = [name for name, _ in module.named_buffers() if name not in persistent]
     if derived:
         raise TypeError(f"{type(module).__name__} has non-persistent buffers {derived[:3]}; build it eagerly")
-    cast_module(module, dtype, keep_fp32)
-    if prepare is not None:
-        prepare(module)
-    return module.to_empty(device=device)
+    return cast_module(module, dtype, keep_fp32).to_empty(device=device)
 
 
 # The CPU fast path. On CPUs whose matmul units take bfloat16 natively (Intel AMX, AVX512-BF16,

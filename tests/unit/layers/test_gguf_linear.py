@@ -14,7 +14,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.layers.gguf_linear import GGUFLinear, install_quantized
 from vidloom.layers.quantized_weight import QuantizedWeight
 from vidloom.loading.gguf_file import read_gguf
-from vidloom.loading.gguf_load import fill_from_gguf, quantize_on_meta
+from vidloom.loading.component_file import load_component_file
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
 from vidloom.lora.apply import ActiveLoRAs, lora_scope, wrap_linears
@@ -58,23 +58,22 @@ def test_install_swaps_the_owning_linear_and_refuses_the_rest() -> None:
         install_quantized(model, "missing.weight", _weight(), torch.float32)
 
 
-def test_loader_keeps_linears_quantized_and_never_allocates_them(tmp_path: Path) -> None:
+def test_component_file_keeps_linears_quantized_and_dequantizes_the_rest(tmp_path: Path) -> None:
     reference = Tiny()
     with torch.no_grad():
         reference.norm.weight.normal_()
-    path = write_gguf(tmp_path / "tiny.gguf", reference.state_dict(), "Q8_0")
+    state = {**reference.state_dict(), "table": torch.randn(2, 64)}  # a quantized non-Linear tensor
+    path = write_gguf(tmp_path / "tiny.gguf", state, "Q8_0", quantize_also=("table",))
     tensors = read_gguf(path)
-    identity = NameMap(())
-    model = materialize(Tiny, torch.device("cpu"), torch.float32, prepare=quantize_on_meta(tensors, identity))
-    assert isinstance(model.proj, GGUFLinear) and isinstance(model.head, nn.Linear)  # 8 values a row: stays F16
-    fill_from_gguf(model, tensors, identity, path)
+    model = materialize(Tiny, torch.device("cpu"), torch.float32)
+    model.register_parameter("table", nn.Parameter(torch.empty(2, 64)))
+    load_component_file(model, path, NameMap(()))
+    assert isinstance(model.proj, GGUFLinear) and isinstance(model.head, nn.Linear)  # 8 values a row: kept F16
     expected = F.linear(torch.ones(1, 256), tensors["proj.weight"].dequantize(), reference.proj.bias)
     torch.testing.assert_close(model.proj(torch.ones(1, 256)), expected, rtol=0, atol=0)
     torch.testing.assert_close(model.norm.weight, reference.norm.weight, rtol=0, atol=0)
+    torch.testing.assert_close(model.table, tensors["table"].dequantize(), rtol=0, atol=0)
     assert model.proj.packed.nbytes == 8 * 34 * 8  # 8 rows of 8 Q8_0 blocks
-    del tensors["norm.bias"]
-    with pytest.raises(CheckpointError, match=r"tiny\.gguf: missing tensors 'norm\.bias' for Tiny"):
-        fill_from_gguf(materialize(Tiny, torch.device("cpu"), torch.float32), tensors, identity, path)
 
 
 def test_lora_wraps_a_quantized_linear() -> None:
