@@ -62,3 +62,19 @@ def test_chunked_dequantization_equals_whole(monkeypatch: pytest.MonkeyPatch) ->
     whole = weight.dequantize(torch.bfloat16)
     monkeypatch.setattr(qw, "DEQUANT_CHUNK", 512)  # two blocks a chunk, the last chunk whole
     torch.testing.assert_close(weight.dequantize(torch.bfloat16), whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", sorted(BLOCK_FORMATS))
+def test_diffusers_dequantizers_agree_at_float32_and_round_at_float16(qtype: str) -> None:
+    # The second reference (diffusers' GGUF support): exact when asked for float32; its default (no dtype, as
+    # its GGUFLinear calls it) computes in float16, off by float16 rounding: up to ~8e-4 of the values' range.
+    from diffusers.quantizers.gguf.utils import dequantize_functions
+
+    block_size, type_size, _ = BLOCK_FORMATS[qtype]
+    blocks = torch.from_numpy(random_blocks(qtype, 64, seed=5))
+    fn = dequantize_functions[gguf.GGMLQuantizationType[qtype]]
+    ours = dequantize_blocks(qtype, blocks)
+    torch.testing.assert_close(fn(blocks, block_size, type_size, dtype=torch.float32), ours, rtol=0, atol=0)
+    shipped = fn(blocks, block_size, type_size)
+    assert shipped.dtype == torch.float16
+    assert (shipped.float() - ours).abs().max() <= 2e-3 * ours.abs().max()
