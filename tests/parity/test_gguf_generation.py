@@ -28,7 +28,7 @@ from tests.helpers.gguf_files import transformer_gguf
 from tests.helpers.ltx2_checkpoints import TINY_SPLIT, write_tiny_ltx2
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.generator import VideoGenerator
+from vidloom.generator import VideoGenerator, build_request
 from vidloom.layers.gguf_linear import GGUFLinear, quantized_linears
 from vidloom.models.flux2.original_layout import FLUX2_BFL
 from vidloom.models.ltx2.original_layout import LTX2_ORIGINAL
@@ -130,3 +130,48 @@ def test_gguf_transformer_matches_diffusers(family_dir, qtype, monkeypatch):
     diff = float(np.abs(exact.ours - exact.theirs).max())
     assert diff <= TOLERANCE, f"{qtype}: max abs diff {diff:.3e}\n{report}"
     assert exact.report.ok, report
+
+
+@pytest.fixture(scope="module")
+def wan_dir(tmp_path_factory) -> Path:
+    return write_tiny_wan(tmp_path_factory.mktemp("wan-gguf-lora"), WAN)
+
+
+def test_runtime_lora_on_a_gguf_transformer_matches_diffusers(wan_dir, tmp_path, monkeypatch):
+    """A LoRA on quantized linears: LoRALinear wraps the GGUFLinear (base dequantized per layer, adapter in
+    float32), diffusers' PEFT layer wraps its GGUFLinear the same way."""
+    from tests.helpers.lora_files import LoRASpec, write_lora
+
+    file = transformer_gguf(wan_dir, WAN_ORIGINAL, "Q4_K")
+    lora = write_lora(wan_dir, "WanPipeline", LoRASpec(rank=4, alpha=8, targets=("to_q", "to_v", "ffn.net.0.proj"),
+                                                       seed=1), tmp_path)
+    _float32_dequant(monkeypatch)
+    pipe = _reference(FAMILIES["wan2.1"], wan_dir, file).pipe
+    pipe.load_lora_weights(str(lora), adapter_name="style")
+    pipe.set_adapters(["style"], adapter_weights=[0.8])
+    request = {**FAMILIES["wan2.1"].request, "sampler": "unipc"}  # the pipeline's scheduler
+    theirs = pipe(prompt=request["prompt"], negative_prompt=request["negative_prompt"], height=32, width=32,
+                  num_frames=5, num_inference_steps=2, guidance_scale=5.0,
+                  generator=torch.Generator().manual_seed(3), output_type="np").frames[0]
+    generator = VideoGenerator.from_pretrained(wan_dir, device="cpu", dtype=torch.float32,
+                                               components={"transformer": file})
+    generator.load_lora("style", lora)
+    base = generator.engine.run(build_request(generator.card, **request))["video"]
+    ours = generator.engine.run(build_request(generator.card, loras={"style": 0.8}, **request))["video"]
+    diff = float(np.abs(ours - theirs).max())
+    assert diff <= TOLERANCE, f"max abs diff {diff:.3e}"
+    assert np.abs(ours - base).max() > 10 / 255, "the adapter barely moves the frames: the test would prove nothing"
+
+
+def test_gguf_refusals_name_the_file_and_tensor(wan_dir, tmp_path):
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.core.errors import CheckpointError, DeployError
+
+    file = transformer_gguf(wan_dir, WAN_ORIGINAL, "Q8_0")
+    with pytest.raises(DeployError, match=r"fp8_weights \(--fp8\) cannot apply to weights loaded from a GGUF file"):
+        VideoGenerator.from_pretrained(wan_dir, device="cpu", components={"transformer": file},
+                                       deploy=DeployConfig(fp8_weights=True))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(file.read_bytes()[: file.stat().st_size * 2 // 3])
+    with pytest.raises(CheckpointError, match=r"cut\.gguf: tensor '[\w.]+' cannot be read .*truncated"):
+        VideoGenerator.from_pretrained(wan_dir, device="cpu", components={"transformer": cut})
