@@ -1,14 +1,17 @@
-"""The Wan-AI original key layout of the Wan2.1 / Wan2.2 transformer (and ComfyUI's prefixed copy), as data.
+"""The Wan-AI original key layouts of the Wan2.1 / Wan2.2 transformer and the Wan2.1 VAE (and ComfyUI's prefixed
+copies), as data.
 
-The original release names (`blocks.0.self_attn.q.weight`, `head.modulation`, ...) were read off diffusers 0.42.1's
-`convert_wan_transformer_to_diffusers` (loaders/single_file_utils.py), the reference our parity test loads the same
-file with; the table is ours (credited in NOTICE).
+The original release names (`blocks.0.self_attn.q.weight`, `head.modulation`, `decoder.upsamples.4.residual.0.gamma`,
+...) were read off diffusers 0.42.1's `convert_wan_transformer_to_diffusers` and `convert_wan_vae_to_diffusers`
+(loaders/single_file_utils.py), the references our parity tests load the same files with; the tables are ours
+(credited in NOTICE).
 """
 
 from __future__ import annotations
 
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
+from vidloom.models.wan.vae import WanVAEConfig
 
 WAN_ORIGINAL = KeyLayout(
     name="Wan-AI original layout",
@@ -39,3 +42,37 @@ WAN_ORIGINAL = KeyLayout(
               ("v_img", "add_v_proj"), ("norm_k_img", "norm_added_k")),
 )
 WAN_TRANSFORMER_LAYOUTS = (WAN_ORIGINAL,)
+
+# A residual block's layers: the original keeps them in one Sequential (RMS norm, SiLU, conv, RMS norm, SiLU, dropout,
+# conv) plus a 1x1 shortcut where the channels change.
+_RESIDUAL = (("residual.0", "norm1"), ("residual.2", "conv1"), ("residual.3", "norm2"), ("residual.6", "conv2"),
+             ("shortcut", "conv_shortcut"))
+
+
+def wan_vae_layouts(config: WanVAEConfig) -> tuple[KeyLayout, ...]:
+    """The original layout of a Wan2.1 VAE of this shape (Wan2.2's residual VAE is read in the diffusers layout only).
+
+    The original decoder is one flat list per stage: its resnets, then an upsampler on every stage but the last;
+    diffusers nests them (up_blocks.{stage}.resnets.{i} / .upsamplers.0), so the flat index comes from the config.
+    """
+    if config.is_residual:
+        return ()
+    rules: list[tuple[str, str]] = [("conv1", "quant_conv"), ("conv2", "post_quant_conv")]
+    for side in ("encoder", "decoder"):
+        rules += [(f"{side}.conv1", f"{side}.conv_in"), (f"{side}.head.0", f"{side}.norm_out"),
+                  (f"{side}.head.2", f"{side}.conv_out"), (f"{side}.middle.1", f"{side}.mid_block.attentions.0")]
+        for index, resnet in ((0, 0), (2, 1)):
+            rules += [(f"{side}.middle.{index}.{a}", f"{side}.mid_block.resnets.{resnet}.{b}") for a, b in _RESIDUAL]
+    # The encoder's downsamples stay one flat list in diffusers too.
+    rules += [(f"encoder.downsamples.{{n}}.{a}", f"encoder.down_blocks.{{n}}.{b}") for a, b in _RESIDUAL]
+    rules.append(("encoder.downsamples.{n}", "encoder.down_blocks.{n}"))
+    per_stage = config.num_res_blocks + 2  # the decoder's resnets per stage (one more than the encoder's) + upsampler
+    for stage in range(len(config.dim_mult)):
+        for resnet in range(config.num_res_blocks + 1):
+            flat = f"decoder.upsamples.{stage * per_stage + resnet}"
+            rules += [(f"{flat}.{a}", f"decoder.up_blocks.{stage}.resnets.{resnet}.{b}") for a, b in _RESIDUAL]
+        if stage < len(config.dim_mult) - 1:
+            rules.append((f"decoder.upsamples.{stage * per_stage + per_stage - 1}",
+                          f"decoder.up_blocks.{stage}.upsamplers.0"))
+    return (KeyLayout(name="Wan-AI original VAE layout", markers=("encoder.conv1.weight", "decoder.conv1.weight"),
+                      renames=NameMap(tuple(rules))),)

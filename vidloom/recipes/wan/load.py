@@ -20,7 +20,7 @@ from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.component_file import component_files, load_component, staging_device
 from vidloom.models.wan.transformer import WanTransformer
-from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS
+from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS, wan_vae_layouts
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.recipes.wan.conditioning import WanPipelineConfig
@@ -155,8 +155,9 @@ def load_vae_and_text(
 ) -> tuple[WanVAE, WanTextEncoder]:
     """The Wan VAE (weights loaded, from `vae_file` when given, still on the CPU in float32) and the UMT5 text
     encoder on `device`."""
-    vae = WanVAE(ckpt.parse_component("vae", WanVAEConfig.from_diffusers))
-    load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP, vae_file)
+    vae_config = ckpt.parse_component("vae", WanVAEConfig.from_diffusers)
+    vae = WanVAE(vae_config)
+    load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP, vae_file, wan_vae_layouts(vae_config))
     text = WanTextEncoder.load(
         ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
         offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
