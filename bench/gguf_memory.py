@@ -8,7 +8,7 @@ on the values). Each measurement is a fresh process that loads the transformer t
 bfloat16. It reports the bytes held by parameters and buffers, the RSS before loading (Python + torch), VmHWM
 after the load and after the forward. Results: bench/results/gguf_memory.json (with the load average).
 
-    python bench/gguf_memory.py [--layers 4] [--types Q8_0,Q6_K,Q5_K,Q4_K,Q4_0]
+    python bench/gguf_memory.py [--layers 4] [--types Q8_0,Q6_K,Q5_K,Q4_K,Q4_0,Q3_K,Q2_K]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bench.report import environment  # noqa: E402
 MID = dict(patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
            text_dim=4096, freq_dim=256, ffn_dim=8960, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
            eps=1e-6, rope_max_seq_len=1024)
-TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0")
+TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q3_K", "Q2_K")
 
 
 def _status_kib(field: str) -> int:

@@ -70,7 +70,8 @@ FAMILIES = {
     "flux2-klein": Family(write_tiny_flux2, FLUX2, FLUX2_BFL, "", "Flux2KleinPipeline", "Flux2Transformer2DModel",
                           dict(prompt="a cat holding a sign", task=Task.T2I, height=32, width=48,
                                num_inference_steps=2, guidance_scale=1.0, seed=11)),
-    "ltx2": Family(write_tiny_ltx2, LTX2, LTX2_ORIGINAL, "model.diffusion_model.", "LTX2Pipeline",
+    # A transformer-only file without the `model.diffusion_model.` wrapper, as LTX-2 GGUFs are published.
+    "ltx2": Family(write_tiny_ltx2, LTX2, LTX2_ORIGINAL, "", "LTX2Pipeline",
                    "LTX2VideoTransformer3DModel",
                    dict(prompt="a robot dancing", negative_prompt="blurry", height=64, width=64, num_frames=9,
                         fps=25, num_inference_steps=2, guidance_scale=3.0, seed=3)),

@@ -8,6 +8,8 @@ reference our parity test loads the same file with; the table is ours (credited 
 
 from __future__ import annotations
 
+import dataclasses
+
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
 
@@ -34,4 +36,8 @@ LTX2_ORIGINAL = KeyLayout(
     )),
     segments=(("q_norm", "norm_q"), ("k_norm", "norm_k")),
 )
-LTX2_TRANSFORMER_LAYOUTS = (LTX2_ORIGINAL,)
+# The transformer alone with the wrapper stripped: how GGUF quantizations of it are published (ComfyUI-GGUF's
+# converter drops `model.diffusion_model.`; diffusers' converter reads both spellings).
+LTX2_ORIGINAL_BARE = dataclasses.replace(LTX2_ORIGINAL, name="Lightricks original layout (transformer only)",
+                                         prefixes=(), only_prefixed=False)
+LTX2_TRANSFORMER_LAYOUTS = (LTX2_ORIGINAL, LTX2_ORIGINAL_BARE)
