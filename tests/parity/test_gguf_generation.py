@@ -176,3 +176,28 @@ def test_gguf_refusals_name_the_file_and_tensor(wan_dir, tmp_path):
     cut.write_bytes(file.read_bytes()[: file.stat().st_size * 2 // 3])
     with pytest.raises(CheckpointError, match=r"cut\.gguf: tensor '[\w.]+' cannot be read .*truncated"):
         VideoGenerator.from_pretrained(wan_dir, device="cpu", components={"transformer": cut})
+
+
+def test_step_cache_runs_the_same_on_quantized_and_dequantized_weights(wan_dir, tmp_path):
+    """fbcache (a step cache keyed on the first block's output) decides and reuses the same way whether the
+    linears hold GGUF blocks or the same values dequantized into a plain file."""
+    from safetensors.torch import save_file
+
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.loading.gguf_file import read_gguf
+
+    file = transformer_gguf(wan_dir, WAN_ORIGINAL, "Q6_K")
+    plain = tmp_path / "dequantized.safetensors"
+    save_file({k: (v.dequantize() if hasattr(v, "dequantize") else v.float()).contiguous()
+               for k, v in read_gguf(file).items()}, str(plain))
+    deploy = DeployConfig(step_cache="fbcache", step_cache_threshold=1e9)  # reuse whenever the cache may
+    request = {**FAMILIES["wan2.1"].request, "num_inference_steps": 4}
+    frames = {}
+    for name, path in (("gguf", file), ("plain", plain)):
+        gen = VideoGenerator.from_pretrained(wan_dir, device="cpu", dtype=torch.float32,
+                                             components={"transformer": path}, deploy=deploy)
+        frames[name] = gen.engine.run(build_request(gen.card, **request))["video"]
+    assert np.abs(frames["gguf"] - frames["plain"]).max() <= 1e-5
+    gen = VideoGenerator.from_pretrained(wan_dir, device="cpu", dtype=torch.float32, components={"transformer": file})
+    uncached = gen.engine.run(build_request(gen.card, **request))["video"]
+    assert np.abs(frames["gguf"] - uncached).max() > 1e-3, "the cache reused nothing: the test would prove nothing"
