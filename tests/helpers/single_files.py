@@ -56,21 +56,33 @@ def _segments_back(layout: KeyLayout, key: str) -> str:
     return key
 
 
-def to_scaled_fp8(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """ComfyUI's scaled FP8 of `state` (2-D+ weights as float8_e4m3fn with a per-tensor `scale_weight` and the
-    `scaled_fp8` marker), and the float32 state it dequantizes to exactly (what a loader must reproduce)."""
-    fp8: dict[str, torch.Tensor] = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+def to_scaled_fp8(state: dict[str, torch.Tensor], style: str = "scaled_fp8",
+                  per_row: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`state` as ComfyUI writes FP8 (2-D+ weights as float8_e4m3fn with their scales), and the float32 state it
+    dequantizes to exactly (what a loader must reproduce). style "scaled_fp8": `scale_weight`, `scale_input` and
+    the `scaled_fp8` marker; "mixed": `weight_scale`, `input_scale` and a `comfy_quant` entry per layer. per_row:
+    one scale per output row instead of one per tensor."""
+    legacy = style == "scaled_fp8"
+    scale_name, input_name = ("scale_weight", "scale_input") if legacy else ("weight_scale", "input_scale")
+    fp8: dict[str, torch.Tensor] = {}
+    if legacy:
+        fp8["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
     exact: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
-        if key.endswith(".weight") and tensor.dim() >= 2:
-            scale = tensor.abs().max().clamp(min=1e-12) / 448.0  # e4m3fn's largest finite value
-            quantized = (tensor / scale).to(torch.float8_e4m3fn)
-            fp8[key] = quantized
-            fp8[key[: -len("weight")] + "scale_weight"] = scale.reshape(1).float()
-            exact[key] = quantized.float() * scale
-        else:
-            fp8[key] = tensor
-            exact[key] = tensor
+        if not (key.endswith(".weight") and tensor.dim() >= 2):
+            fp8[key] = exact[key] = tensor
+            continue
+        layer = key[: -len(".weight")]
+        amax = tensor.abs().flatten(1).amax(1) if per_row else tensor.abs().max().reshape(1)
+        scale = amax.clamp(min=1e-12) / 448.0  # e4m3fn's largest finite value
+        shaped = scale.reshape(-1, *([1] * (tensor.dim() - 1)))
+        quantized = (tensor / shaped).to(torch.float8_e4m3fn)
+        fp8[key] = quantized
+        fp8[f"{layer}.{scale_name}"] = scale.float()
+        fp8[f"{layer}.{input_name}"] = torch.ones(1)
+        if style == "mixed":
+            fp8[f"{layer}.comfy_quant"] = torch.tensor(list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
+        exact[key] = quantized.float() * shaped
     return fp8, exact
 
 

@@ -1,5 +1,6 @@
-"""Single-file transformers (Wan-AI, BFL, Lightricks) and the Wan2.1 VAE in their original layouts: vidloom with
-the file as a component override vs diffusers' pipeline with `from_single_file` on the same file, same seed, through vidloom.parity.
+"""Single-file transformers (Wan-AI, BFL, Lightricks) and VAEs (Wan2.1, LTX-2) in their original layouts: vidloom
+with the file as a component override vs diffusers' pipeline with `from_single_file` on the same file, same seed,
+through vidloom.parity.
 
 The file holds weights moved away from the folder's (tests.helpers.single_files.random_state), so a loader that
 ignored the override, or converted a tensor wrongly, would fail the comparison; diffusers' converter is the reference
@@ -21,14 +22,14 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.parity import Reference, run_parity
-from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_T2V
+from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_I2V, WAN_T2V
 from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same
-# weights from another file layout must not move frames more than loading them from the folder does. Observed here:
-# Wan 4.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7, the Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second
-# expert 1.7e-6; with the override ignored (the folder's weights) the frames differ by 0.63-1.0, so the bound sees a
-# wrong or skipped tensor.
+# weights from another file layout must not move frames more than loading them from the folder does. Observed
+# here: Wan 4.6e-6 / I2V 2.6e-6 / ComfyUI-prefixed 1.8e-6, FLUX.2 2.1e-6, LTX-2 8.9e-7 (with its VAE from the same
+# file 1.8e-6), the Wan2.1 VAE 1.7e-6, Wan2.2 A14B's second expert 1.7e-6; with the override ignored (the folder's
+# weights) the frames differ by 0.45-1.0, so the bound sees a wrong or skipped tensor.
 TOLERANCE = 1e-4
 # The official LTX-2 file holds the whole model: a transformer override must skip the text connectors (diffusers'
 # own component), the VAEs and the vocoder, as diffusers' converter does. A few stand-ins of those keys:
@@ -51,6 +52,11 @@ class Case:
     request: GenerationRequest
     others: dict[str, torch.Tensor] | None = None  # other components' tensors stored in the same file
     component: str = "transformer"
+    # Further (component, diffusers class, layout, prefix) parts written into the same file and overridden from it.
+    more: tuple[tuple[str, str, Callable[[Path], KeyLayout], str], ...] = ()
+
+    def parts(self) -> tuple[tuple[str, str, Callable[[Path], KeyLayout], str], ...]:
+        return ((self.component, self.model_class, self.layout, self.prefix), *self.more)
 
 
 def _wan(folder: Path) -> Path:
@@ -71,6 +77,12 @@ def _a14b(folder: Path) -> Path:
     from tests.helpers.wan_checkpoints import TINY_A
 
     return write_tiny_a14b(folder, TINY_A)
+
+
+def _wan_i2v(folder: Path) -> Path:
+    from tests.helpers.wan_i2v_checkpoints import write_tiny_wan_i2v
+
+    return write_tiny_wan_i2v(folder)
 
 
 def _flux2(folder: Path) -> Path:
@@ -112,10 +124,27 @@ def _ltx2_layout(folder: Path) -> KeyLayout:
     return LTX2_ORIGINAL
 
 
+def _ltx2_vae_layout(folder: Path) -> KeyLayout:
+    from vidloom.models.ltx2.checkpoint import read_video_vae_config
+    from vidloom.models.ltx2.original_layout import ltx2_vae_layouts
+
+    (layout,) = ltx2_vae_layouts(read_video_vae_config(folder / "vae"))
+    return layout
+
+
+def _image(width: int, height: int) -> Any:
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    return make_image(width, height, seed=0)
+
+
 CASES = {
     "wan2.1-original": Case(_wan, "WanTransformer3DModel", WAN_T2V, _wan_layout, "", GenerationRequest(
         prompt="a red fox", negative_prompt="blurred", height=32, width=48, num_frames=5, num_inference_steps=3,
         guidance_scale=5.0, flow_shift=3.0, sampler="unipc", seed=42)),
+    "wan2.1-i2v-original": Case(_wan_i2v, "WanTransformer3DModel", WAN_I2V, _wan_layout, "", GenerationRequest(
+        prompt="the fox runs", image=_image(32, 32), height=32, width=32, num_frames=5, num_inference_steps=2,
+        guidance_scale=5.0, flow_shift=3.0, seed=9)),
     "wan2.1-comfyui": Case(_wan, "WanTransformer3DModel", WAN_T2V, _wan_layout, "model.diffusion_model.",
                            GenerationRequest(prompt="a red fox", height=32, width=32, num_frames=5,
                                              num_inference_steps=2, guidance_scale=4.0, seed=3)),
@@ -126,6 +155,13 @@ CASES = {
                              GenerationRequest(prompt="a robot dancing", negative_prompt="blurry", height=64, width=64,
                                                num_frames=9, fps=25, num_inference_steps=2, guidance_scale=3.0,
                                                seed=3), LTX2_OTHERS),
+    # The whole official file: the transformer and the video VAE both from it (the VAE behind `vae.`).
+    "ltx2-single-file-with-vae": Case(
+        _ltx2, "LTX2VideoTransformer3DModel", LTX2_T2V, _ltx2_layout, "model.diffusion_model.",
+        GenerationRequest(prompt="a robot dancing", height=64, width=64, num_frames=9, fps=25, num_inference_steps=2,
+                          guidance_scale=3.0, seed=4),
+        {k: v for k, v in LTX2_OTHERS.items() if not k.startswith("vae.")},
+        more=(("vae", "AutoencoderKLLTX2Video", _ltx2_vae_layout, "vae."),)),
     "wan2.1-vae-original": Case(_wan_b, "AutoencoderKLWan", WAN_T2V, _wan_vae_layout, "", GenerationRequest(
         prompt="a red fox", height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=5),
         component="vae"),
@@ -139,18 +175,21 @@ CASES = {
 def _original_file(case: Case, folder: Path, out: Path) -> Path:
     import diffusers
 
-    reference = getattr(diffusers, case.model_class).from_pretrained(str(folder / case.component))
-    state = to_original(case.layout(folder), random_state(reference, seed=7), case.prefix)
-    return save({**state, **(case.others or {})}, out)
+    state = dict(case.others or {})
+    for seed, (component, model_class, layout, prefix) in enumerate(case.parts(), start=7):
+        reference = getattr(diffusers, model_class).from_pretrained(str(folder / component))
+        state.update(to_original(layout(folder), random_state(reference, seed=seed), prefix))
+    return save(state, out)
 
 
 def _reference(case: Case, folder: Path, file: Path) -> Any:
     import diffusers
 
-    component = getattr(diffusers, case.model_class).from_single_file(
-        str(file), config=str(folder), subfolder=case.component, torch_dtype=torch.float32)
+    components = {component: getattr(diffusers, model_class).from_single_file(
+        str(file), config=str(folder), subfolder=component, torch_dtype=torch.float32)
+        for component, model_class, _, _ in case.parts()}
     pipe = getattr(diffusers, case.family.pipeline).from_pretrained(
-        str(folder), dtype=torch.float32, **{case.component: component, **case.family.load_kwargs})
+        str(folder), dtype=torch.float32, **{**components, **case.family.load_kwargs})
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -161,7 +200,7 @@ def test_original_layout_file_matches_diffusers_from_single_file(name, tmp_path)
     folder = case.write(tmp_path / "folder")
     file = _original_file(case, folder, tmp_path / f"{case.component}.safetensors")
     generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32",
-                                               components={case.component: file})
+                                               components={part[0]: file for part in case.parts()})
     result = run_parity(folder, case.request, generator=generator,
                         reference=Reference.wrap(_reference(case, folder, file), case.family))
     report = result.report.format()

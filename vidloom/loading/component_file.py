@@ -2,9 +2,8 @@
 
 The checkpoint folder still gives every config and every other component; the file replaces only the weights.
 Its key layout is detected: diffusers keys (read through the component's NameMap as from a folder) or one of the
-original layouts the family declares (key_layout.KeyLayout). FP8 single files (float8_e4m3fn weights, ComfyUI's
-per-tensor `<name>.scale_weight`) are dequantized to the compute dtype as they are copied in:
-`weight.float() * scale_weight`, then cast. GGUF weights stay quantized (vidloom.layers.gguf_linear).
+original layouts the family declares (key_layout.KeyLayout). FP8 single files are dequantized to the compute dtype
+as they are copied in (loading.scaled_fp8 states the rule). GGUF weights stay quantized (vidloom.layers.gguf_linear).
 """
 
 from __future__ import annotations
@@ -20,12 +19,7 @@ from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import load_weights, open_safetensors, read_tensor
-
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-SCALE_SUFFIX = "scale_weight"  # ComfyUI: `x.scale_weight` scales `x.weight`
-# ComfyUI bookkeeping with no weight behind it: the scaled-FP8 marker and the activation scales its FP8 matmul
-# reads (we compute in the compute dtype, so they have nothing to scale).
-_BOOKKEEPING = ("scaled_fp8", "scale_input")
+from vidloom.loading.scaled_fp8 import FP8_DTYPES, dequantize, scale_key, weight_keys
 
 
 def component_files(overrides: Sequence[tuple[str, str]], readable: Iterable[str], where: str) -> dict[str, Path]:
@@ -92,6 +86,7 @@ def load_component_file(module: torch.nn.Module, path: Path, name_map: NameMap,
                 if name not in targets:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} for {owner} (read in the {described}; "
                                           f"no parameter {name!r}): is this file for another model or component?")
+                _check_storage(tensor, targets[name], path, key)
                 _install(module, targets[name], name, tensor, path, key)
                 loaded.add(name)
     missing = [name_map.to_checkpoint(name) for name in targets if name not in loaded]
@@ -113,6 +108,14 @@ def _install(module: torch.nn.Module, target: torch.Tensor, name: str, tensor: A
         target.copy_(tensor)
 
 
+def _check_storage(tensor: Any, target: torch.Tensor, path: Path, key: str) -> None:
+    """Integer storage for a float parameter is a quantization format we do not read (int8 block-wise, NVFP4
+    packed in uint8, ...): copying it would cast the codes as if they were values."""
+    if isinstance(tensor, torch.Tensor) and target.is_floating_point() and not tensor.is_floating_point():
+        raise CheckpointError(f"{path}: tensor {key!r} is stored as {tensor.dtype} (a quantized format vidloom does "
+                              f"not read); use a float, FP8-with-scales or GGUF file")
+
+
 def _diffusers_layout(layouts: tuple[KeyLayout, ...]) -> str:
     if not layouts:
         return "diffusers layout"
@@ -124,7 +127,7 @@ class _Tensors:
 
     def __init__(self, keys: Iterable[str], read: Callable[[str], Any]) -> None:
         self._present = set(keys)
-        self.keys = [k for k in keys if k.rsplit(".", 1)[-1] not in (SCALE_SUFFIX, *_BOOKKEEPING)]
+        self.keys = weight_keys(keys)
         self._read = read
 
     def __iter__(self) -> Iterator[str]:
@@ -133,10 +136,8 @@ class _Tensors:
     def __getitem__(self, key: str) -> Any:
         tensor = self._read(key)
         if isinstance(tensor, torch.Tensor) and tensor.dtype in FP8_DTYPES:
-            scale_key = key[: -len("weight")] + SCALE_SUFFIX if key.endswith("weight") else None
-            tensor = tensor.float()
-            if scale_key in self._present:
-                tensor = tensor * self._read(scale_key).float()
+            scale = scale_key(key, self._present)
+            return dequantize(key, tensor, lambda: None if scale is None else self._read(scale))
         return tensor
 
 

@@ -57,16 +57,49 @@ def test_an_original_layout_file_loads_the_same_weights(tmp_path, prefix):
     _assert_loaded(_load(path), state)
 
 
-def test_fp8_with_scales_loads_as_its_dequantized_weights(tmp_path):
-    """ComfyUI's scaled FP8: weight.float() * scale_weight, then the compute dtype (bit-exact vs the float32 file
-    of the same dequantized values, in float32 and bfloat16)."""
-    fp8, exact = to_scaled_fp8(to_original(WAN_ORIGINAL, _reference_state(), "model.diffusion_model."))
+def test_flf2v_image_positions_load_from_the_original_layout(tmp_path):
+    """Wan2.1 FLF2V's `img_emb.emb_pos` (diffusers' converter has no rule for it; ours maps it to pos_embed)."""
+    from diffusers import WanTransformer3DModel
+
+    from tests.helpers.wan_i2v_checkpoints import i2v_transformer_kwargs
+
+    kwargs = i2v_transformer_kwargs(TINY_A, first_last=True)
+    state = random_state(WanTransformer3DModel(**kwargs), seed=4)
+    original = to_original(WAN_ORIGINAL, state)
+    assert "img_emb.emb_pos" in original and "img_emb.proj.1.weight" in original
+    config = WanTransformerConfig.from_diffusers({"_class_name": "WanTransformer3DModel", **kwargs})
+    module = WanTransformer(config, resolve_attention("sdpa", torch.device("cpu"), torch.float32))
+    load_component_file(module, save(original, tmp_path / "flf2v.safetensors"), WAN_TRANSFORMER_NAME_MAP, LAYOUTS)
+    _assert_loaded(module.state_dict(), state)
+
+
+@pytest.mark.parametrize("style,per_row", [("scaled_fp8", False), ("mixed", False), ("mixed", True)])
+def test_fp8_with_scales_loads_as_its_dequantized_weights(tmp_path, style, per_row):
+    """ComfyUI's FP8 files (scaled_fp8 and mixed-precision spellings; per-tensor and per-row scales): weight.float()
+    * scale, then the compute dtype; bit-exact vs the float32 file of the same dequantized values, in float32 and
+    bfloat16."""
+    original = to_original(WAN_ORIGINAL, _reference_state(), "model.diffusion_model.")
+    fp8, exact = to_scaled_fp8(original, style, per_row)
     assert any(t.dtype == torch.float8_e4m3fn for t in fp8.values())
     for dtype in (torch.float32, torch.bfloat16):
         got = _load(save(fp8, tmp_path / "fp8.safetensors"), dtype)
         want = _load(save(exact, tmp_path / "exact.safetensors"), dtype)
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=key)
+    # The dequantization is real: the FP8 file's weights are not the float32 ones it was made from.
+    assert any(not torch.equal(exact[k], original[k]) for k in original)
+
+
+def test_integer_storage_and_block_scales_are_refused_by_name(tmp_path):
+    state = to_original(WAN_ORIGINAL, _reference_state())
+    state["blocks.0.self_attn.q.weight"] = torch.zeros(state["blocks.0.self_attn.q.weight"].shape, dtype=torch.int8)
+    with pytest.raises(CheckpointError, match=r"int8\.safetensors: tensor 'blocks\.0\.self_attn\.q\.weight' is "
+                                              r"stored as torch\.int8"):
+        _load(save(state, tmp_path / "int8.safetensors"))
+    fp8, _ = to_scaled_fp8(to_original(WAN_ORIGINAL, _reference_state()), "mixed")
+    fp8["blocks.0.ffn.0.weight_scale"] = torch.ones(2, 2)
+    with pytest.raises(CheckpointError, match=r"blocks\.0\.ffn\.0\.weight': its scale has shape \(2, 2\)"):
+        _load(save(fp8, tmp_path / "blocks.safetensors"))
 
 
 def test_another_familys_file_names_the_file_and_its_first_tensor(tmp_path):

@@ -13,6 +13,7 @@ from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
 from vidloom.loading.component_file import load_component
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.ltx2.original_layout import ltx2_vae_layouts
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
 
@@ -36,7 +37,7 @@ def load_video_vae(folder: str | Path, device: torch.device | str = "cpu",
     come from `file` (a component override) when given, the config from the folder."""
     config = read_video_vae_config(Path(folder))
     module = materialize(lambda: LTX2VideoVAE(config), torch.device(device), dtype)
-    load_component(module, Path(folder), LTX2_VIDEO_VAE_NAME_MAP, file)
+    load_component(module, Path(folder), LTX2_VIDEO_VAE_NAME_MAP, file, ltx2_vae_layouts(config))
     return module.eval()
 
 

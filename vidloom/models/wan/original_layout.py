@@ -27,6 +27,9 @@ WAN_ORIGINAL = KeyLayout(
         ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj"),
         ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2"),
         ("img_emb.proj.4", "condition_embedder.image_embedder.norm2"),
+        # FLF2V's learned positions of the two frames' CLIP tokens (Wan's MLPProj.emb_pos); diffusers 0.42.1's
+        # converter has no rule for it, so `from_single_file` cannot load an FLF2V file and this one is ours.
+        ("img_emb.emb_pos", "condition_embedder.image_embedder.pos_embed"),
         ("head.modulation", "scale_shift_table"),
         ("head.head", "proj_out"),
         ("blocks.{n}.self_attn", "blocks.{n}.attn1"),
