@@ -72,3 +72,11 @@ def test_unsupported_quantization_and_garbage_are_refused(tmp_path: Path) -> Non
     junk.write_bytes(b"not a gguf file at all" * 10)
     with pytest.raises(CheckpointError, match=r"junk\.gguf: not a readable GGUF file"):
         read_gguf(junk)
+
+
+def test_missing_gguf_package_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    with pytest.raises(CheckpointError, match=r"needs the 'gguf' package: pip install 'vidloom\[gguf\]'"):
+        read_gguf(tmp_path / "any.gguf")
