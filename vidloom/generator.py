@@ -399,8 +399,10 @@ def _with_components(deploy: DeployConfig, components: Mapping[str, str | Path] 
     if not isinstance(components, Mapping):
         raise DeployError(f"components must map component names to files, got {type(components).__name__}")
     merged = dict(deploy.components)
-    # Absolute, so worker processes started elsewhere read the same files.
-    merged.update({str(name): str(Path(path).expanduser().absolute()) for name, path in components.items()})
+    for name, path in components.items():
+        if not isinstance(path, (str, Path)):
+            raise DeployError(f"components[{name!r}]: expected a file path, got {type(path).__name__}")
+        merged[str(name)] = str(Path(path).expanduser().absolute())  # absolute: workers elsewhere read the same
     return dataclasses.replace(deploy, components=tuple(merged.items()))
 
 

@@ -59,6 +59,14 @@ def test_bad_overrides_are_deploy_errors(components, message):
         DeployConfig(components=components)
 
 
+def test_python_callers_may_give_a_mapping_or_paths():
+    config = DeployConfig(components={"transformer": Path("/m/t.safetensors"), "vae": "/m/v.gguf"})
+    assert config.components == (("transformer", "/m/t.safetensors"), ("vae", "/m/v.gguf"))
+    assert hash(config) == hash(DeployConfig(components=(("transformer", "/m/t.safetensors"), ("vae", "/m/v.gguf"))))
+    with pytest.raises(DeployError, match=r"maps component names to files"):
+        DeployConfig(components=["transformer"])
+
+
 def test_from_pretrained_refuses_a_component_the_checkpoint_has_no_file_for(tmp_path):
     from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
     from vidloom.generator import VideoGenerator

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
@@ -120,7 +122,15 @@ class DeployConfig:
             raise DeployError("step_cache_threshold (--step-cache-threshold) needs a step cache (--step-cache)")
 
     def _check_components(self) -> None:
-        """The shape of each override; whether the card reads that component, and the file, are checked at load."""
+        """The shape of each override; whether the card reads that component, and the file, are checked at load.
+        A mapping or a list of pairs is accepted and kept as a tuple of pairs (hashable, picklable to workers)."""
+        given = self.components
+        pairs = given.items() if isinstance(given, Mapping) else given
+        try:
+            normal = tuple((name, str(path) if isinstance(path, PurePath) else path) for name, path in pairs)
+        except (TypeError, ValueError):
+            raise DeployError(f"components (--component) maps component names to files, got {given!r}") from None
+        object.__setattr__(self, "components", normal)
         seen: set[str] = set()
         for pair in self.components:
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) and p for p in pair)):
