@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import DeployError
+from vidloom.layers.gguf_linear import quantized_linears
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448 for e4m3fn (OCP FP8 spec)
@@ -143,7 +144,15 @@ def project(x: Tensor, *linears: nn.Module) -> tuple[Tensor, ...]:
 
 
 def quantize_linears(module: nn.Module, include: Callable[[str], bool] = lambda name: True) -> int:
-    """Replace every nn.Linear under `module` whose qualified name passes `include`; returns the count."""
+    """Replace every nn.Linear under `module` whose qualified name passes `include`; returns the count.
+
+    A module whose weights came from a GGUF file is refused: its linears are already block-quantized, and
+    quantizing only the rest would silently mix two schemes."""
+    gguf = quantized_linears(module)
+    if gguf:
+        raise DeployError(f"fp8_weights (--fp8) cannot apply to weights loaded from a GGUF file ({len(gguf)} "
+                          f"linears such as {gguf[0]!r} are already quantized); drop --fp8 or load a "
+                          ".safetensors file")
     targets = [(name, child) for name, child in module.named_modules() if isinstance(child, nn.Linear) and include(name)]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")

@@ -41,6 +41,18 @@ def component_files(overrides: Sequence[tuple[str, str]], readable: Iterable[str
     return files
 
 
+def staging_device(file: Path | None, device: torch.device) -> torch.device:
+    """Where to build a component before filling it: the CPU for a GGUF file, else `device`.
+
+    A module is allocated full size before its weights are read; on the CPU those untouched pages never become
+    resident, and the linears a GGUF file swaps for quantized ones free theirs, so only the quantized bytes and
+    the small plain tensors reach `device` when the caller moves the filled module there. Built on CUDA, the
+    full-size weights would be allocated first - the very memory GGUF is used to avoid."""
+    if file is not None and file.suffix.lower() == ".gguf":
+        return torch.device("cpu")
+    return device
+
+
 def load_component(module: torch.nn.Module, folder: Path, name_map: NameMap, file: Path | None = None,
                    layouts: tuple[KeyLayout, ...] = ()) -> None:
     """Fill `module` from its checkpoint `folder`, or from `file` when the deployment overrides it."""
@@ -87,10 +99,10 @@ def _install(module: torch.nn.Module, target: torch.Tensor, name: str, tensor: A
     if tuple(tensor.shape) != tuple(target.shape):
         raise CheckpointError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, "
                               f"{type(module).__name__}.{name} expects {tuple(target.shape)}")
-    if not isinstance(tensor, torch.Tensor):  # a quantized weight: it stays quantized on its linear
-        from vidloom.layers.gguf_linear import install_quantized
+    if not isinstance(tensor, torch.Tensor):  # GGUF: a Linear's weight stays quantized, anything else is dequantized
+        from vidloom.layers.gguf_linear import place_quantized
 
-        install_quantized(module, name, tensor, target.dtype)
+        place_quantized(module, name, tensor, target)
         return
     with torch.no_grad():
         target.copy_(tensor)

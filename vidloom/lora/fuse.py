@@ -92,5 +92,5 @@ def _plain_linear(components: Mapping[str, Any], key: str) -> nn.Linear:
             or weight.element_size() < 2:
         raise DeployError(f"fuse_loras: {component}.{module} is a {type(target).__name__} "
                           f"({getattr(weight, 'dtype', None)}); only plain float linears can take a fused adapter "
-                          "(fp8_weights with fuse_loras is not supported: use run-time adapters)")
+                          "(fp8_weights or a GGUF file with fuse_loras is not supported: use run-time adapters)")
     return target

@@ -10,6 +10,8 @@ load the same file with; the tables are ours (credited in NOTICE).
 
 from __future__ import annotations
 
+import dataclasses
+
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae import LTX2VideoVAEConfig
@@ -37,7 +39,11 @@ LTX2_ORIGINAL = KeyLayout(
     )),
     segments=(("q_norm", "norm_q"), ("k_norm", "norm_k")),
 )
-LTX2_TRANSFORMER_LAYOUTS = (LTX2_ORIGINAL,)
+# The transformer alone with the wrapper stripped: how GGUF quantizations of it are published (ComfyUI-GGUF's
+# converter drops `model.diffusion_model.`; diffusers' converter reads both spellings).
+LTX2_ORIGINAL_BARE = dataclasses.replace(LTX2_ORIGINAL, name="Lightricks original layout (transformer only)",
+                                         prefixes=(), only_prefixed=False)
+LTX2_TRANSFORMER_LAYOUTS = (LTX2_ORIGINAL, LTX2_ORIGINAL_BARE)
 
 
 def ltx2_vae_layouts(config: LTX2VideoVAEConfig) -> tuple[KeyLayout, ...]:
