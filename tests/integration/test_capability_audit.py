@@ -102,7 +102,13 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     "offload_idle_expert": lambda kind: dict(offload_idle_expert=True),
     "two_stage": lambda kind: dict(two_stage=True),
     "devices": lambda kind: dict(devices=2, parallel=ParallelPlan(sp=2)),
+    # The folder's transformer with its weights scaled (written by the `folders` fixture); a kind that refuses the
+    # feature never reaches the file.
+    "components": lambda kind: dict(
+        components={"transformer": str(COMPONENT_FILES.get(kind, "transformer.safetensors"))}),
 }
+# kind -> a transformer file for `components`, next to that kind's tiny folder.
+COMPONENT_FILES: dict[str, Path] = {}
 # Honoured, but nothing on this machine can observe it; where it is tested instead.
 NOT_OBSERVABLE_HERE = {
     "offload_text_encoder": "on CPU the encoder already lives in host memory (tests/gpu move it to the device)",
@@ -124,6 +130,7 @@ def folders(tmp_path_factory) -> Callable[[str], Path]:
     def folder(kind: str) -> Path:
         if kind not in written:
             written[kind] = WRITERS[kind](tmp_path_factory.mktemp(kind) / kind)
+            COMPONENT_FILES[kind] = _scaled_transformer(written[kind])
         return written[kind]
 
     return folder
@@ -182,6 +189,23 @@ def test_a_declared_feature_loads_and_acts(kind, feature, folders, monkeypatch):
     monkeypatch.undo()
     assert feature not in CUDA_ONLY or kind in MASKED_ATTENTION, f"{feature} loaded on CPU"
     PROBES[feature](gen, kind, path, runs)
+
+
+def _scaled_transformer(folder: Path) -> Path:
+    """The folder's transformer weights times 0.9 as one diffusers-layout file beside the folder."""
+    from safetensors.torch import load_file, save_file
+
+    source = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    if not source.is_file():  # a sharded or transformer-less folder: its kinds do not declare `components`
+        return folder.parent / "transformer.safetensors"
+    scaled = {key: t * 0.9 if t.is_floating_point() else t for key, t in load_file(str(source)).items()}
+    save_file(scaled, str(folder.parent / "transformer.safetensors"))
+    return folder.parent / "transformer.safetensors"
+
+
+def _components(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
+    plain = VideoGenerator.from_pretrained(path, device="cpu").engine.run(_request(kind))["video"]
+    assert not np.array_equal(gen.engine.run(_request(kind))["video"], plain), "the override file was not read"
 
 
 def _request(kind: str) -> GenerationRequest:
@@ -284,6 +308,7 @@ PROBES: dict[str, Callable[[VideoGenerator, str, Path, list[int]], None]] = {
     "kv_session_ttl_s": _kv_session,
     "offload_idle_expert": lambda gen, *_: _assert("expert_placement" in gen.engine.instance.components),
     "two_stage": lambda gen, *_: _assert("upsampler" in gen.engine.instance.components),
+    "components": _components,
 }
 
 
