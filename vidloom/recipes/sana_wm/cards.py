@@ -45,7 +45,9 @@ CAPABILITIES = Capabilities(
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
-INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "transformer", "scheduler")
+# "refiner": NVIDIA's convert_sana_wm_to_diffusers.py lists its stage-2 SanaWMLTX2Refiner in model_index.json;
+# it is read from refiner/ only under --two-stage (refiner_load.py).
+INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "transformer", "scheduler", "refiner")
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
