@@ -98,9 +98,12 @@ class KeyPolicy:
 
 
 def _same(value: Any, accepted: Any) -> bool:
-    """JSON equality that keeps true apart from 1 (Python's True == 1)."""
+    """JSON equality that keeps true apart from 1 (Python's True == 1) and takes a tuple for a JSON array (an
+    in-memory diffusers config holds tuples where its config.json has lists)."""
     if isinstance(value, bool) or isinstance(accepted, bool):
         return value is accepted
+    if isinstance(value, (list, tuple)) and isinstance(accepted, (list, tuple)):
+        return len(value) == len(accepted) and all(_same(v, a) for v, a in zip(value, accepted))
     return bool(value == accepted)
 
 
