@@ -10,6 +10,12 @@ from vidloom.loading.key_policy import KeyPolicy
 # (config class, where its config lives) -> the policy of our reader.
 KEY_POLICIES: dict[tuple[str, str], str] = {
     ("AutoencoderKLWan", "vae/config.json (Wan, Cosmos3, AnyFlow-FAR)"): "vidloom.models.wan.vae:WAN_VAE_POLICY",
+    ("UniPCMultistepScheduler", "scheduler/scheduler_config.json (Wan, Cosmos3)"):
+        "vidloom.diffusion.scheduler_keys:UNIPC_POLICY",
+    ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (Wan, SANA-WM)"):
+        "vidloom.diffusion.scheduler_keys:EULER_POLICY",
+    ("FlowMapEulerDiscreteScheduler", "scheduler/scheduler_config.json (AnyFlow-FAR)"):
+        "vidloom.diffusion.scheduler_keys:FLOW_MAP_POLICY",
     ("AutoencoderKLFlux2", "vae/config.json (FLUX.2-klein)"): "vidloom.models.flux2.vae:FLUX2_VAE_POLICY",
     ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (FLUX.2-klein)"):
         "vidloom.recipes.flux2.schedule:SCHEDULER_POLICY",
