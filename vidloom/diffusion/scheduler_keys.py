@@ -43,6 +43,13 @@ class SchedulerKeys:
                                       f"which is not supported: {refusal.why}")
 
 
+# Refused alike by both classes that have them (absent: diffusers' off).
+_SHARED_REFUSED: dict[str, tuple[Any, Refusal]] = {
+    "use_exponential_sigmas": (False, Refusal((False,), _SPACING)),
+    "use_beta_sigmas": (False, Refusal((False,), _SPACING)),
+    "use_dynamic_shifting": (False, Refusal((False,), _DYNAMIC)),
+    "shift_terminal": (None, Refusal((None,), _TERMINAL)),
+}
 _UNIPC_REFUSED: dict[str, tuple[Any, Refusal]] = {
     "prediction_type": ("epsilon", Refusal(("flow_prediction",), "the flow-sigma UniPC we run predicts velocity")),
     "use_flow_sigmas": (False, Refusal((True,), "only the flow-matching sigma path is implemented")),
@@ -53,22 +60,15 @@ _UNIPC_REFUSED: dict[str, tuple[Any, Refusal]] = {
                                                  "size and returns inf")),
     "final_sigmas_type": ("zero", Refusal(("zero",), "the schedule we run ends at sigma 0")),
     "thresholding": (False, Refusal((False,), "dynamic thresholding is a pixel-space DDPM tool, not implemented")),
-    "use_exponential_sigmas": (False, Refusal((False,), _SPACING)),
-    "use_beta_sigmas": (False, Refusal((False,), _SPACING)),
-    "use_dynamic_shifting": (False, Refusal((False,), _DYNAMIC)),
-    "shift_terminal": (None, Refusal((None,), _TERMINAL)),
     "solver_p": (None, Refusal((None,), "a separate predictor solver, not implemented")),
+    **_SHARED_REFUSED,
 }
 _EULER_REFUSED: dict[str, tuple[Any, Refusal]] = {
-    "use_dynamic_shifting": (False, Refusal((False,), _DYNAMIC)),
     "invert_sigmas": (False, Refusal((False,), "reversed sigmas (an editing schedule), not implemented")),
-    "shift_terminal": (None, Refusal((None,), _TERMINAL)),
     "use_karras_sigmas": (False, Refusal((False,), _SPACING)),
-    "use_exponential_sigmas": (False, Refusal((False,), _SPACING)),
-    "use_beta_sigmas": (False, Refusal((False,), _SPACING)),
     "stochastic_sampling": (False, Refusal((False,), "re-noising Euler steps, not implemented")),
+    **_SHARED_REFUSED,
 }
-
 
 def _keys(read: set[str], harmless: Mapping[str, str], refused: Mapping[str, tuple[Any, Refusal]]) -> SchedulerKeys:
     return SchedulerKeys(KeyPolicy(frozenset(read), harmless, {k: r for k, (_, r) in refused.items()}),
