@@ -33,7 +33,8 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
         "vidloom.models.ltx2.connectors:CONNECTORS_POLICY",
     ("LTX2LatentUpsamplerModel", "latent_upsampler/config.json (LTX-2)"):
         "vidloom.models.ltx2.upsampler:UPSAMPLER_POLICY",
-    ("SanaWMTransformer3DModel", "transformer/config.json (SANA-WM)"): "vidloom.models.sana_wm.config:TRANSFORMER_POLICY",
+    ("SanaWMTransformer3DModel", "transformer/config.json (SANA-WM)"):
+        "vidloom.models.sana_wm.config:TRANSFORMER_POLICY",
     ("AnyFlowFARTransformer3DModel", "transformer/config.json (AnyFlow-FAR)"):
         "vidloom.models.wan_causal.config:TRANSFORMER_POLICY",
     ("Qwen2_5OmniConfig", "config.json (Qwen2.5-Omni)"): "vidloom.models.qwen_omni.config_keys:ROOT",
