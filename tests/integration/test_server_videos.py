@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.servers import SMALL, BlockingJob, create_video, wait_for_status
+from vidloom.diffusion.scheduler_keys import UNIPC_POLICY
 from vidloom.media.video import read_video
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai marks the Sora API deprecated
@@ -156,7 +157,12 @@ def test_models_and_health(server, client: httpx.Client):
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["wan2.1-demo"]
     assert models["data"][0]["object"] == "model"
     details = client.get("/v1/models/wan2.1-demo").json()
-    assert details["id"] == "wan2.1-demo" and details["accepted_config_keys"] == []  # the demo has no stale keys
+    assert details["id"] == "wan2.1-demo"
+    # Only what diffusers writes into every UniPC scheduler_config.json for its DDPM path, which flow sigmas skip.
+    accepted = {line.partition("=")[0] for line in details["accepted_config_keys"]}
+    assert accepted == {"beta_start", "beta_end", "beta_schedule", "timestep_spacing", "steps_offset",
+                        "rescale_betas_zero_snr", "sample_max_value", "dynamic_thresholding_ratio"}
+    assert accepted <= set(UNIPC_POLICY.harmless)
     assert client.get("/v1/models/sora-2").status_code == 404
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model"] == "wan2.1-demo"

@@ -7,6 +7,7 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
+from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 
@@ -71,5 +72,5 @@ def test_config_reads_flow_map_scheduler_json() -> None:
     sched = diffusers.FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0)
     config = SamplerConfig.from_diffusers(dict(sched.config))
     assert config == SamplerConfig(num_train_timesteps=1000, shift=5.0)
-    with pytest.raises(ValueError, match="stochastic"):
+    with pytest.raises(CheckpointError, match="stochastic"):
         SamplerConfig.from_diffusers({**sched.config, "stochastic": True})

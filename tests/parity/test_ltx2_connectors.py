@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.ltx2_checkpoints import CONFIGS, TinyLTX2
+from vidloom.core.errors import CheckpointError
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
 
@@ -48,5 +49,5 @@ def test_connectors_match_diffusers(spec, per_modality, tmp_path):
 
 
 def test_unknown_connectors_key_is_named():
-    with pytest.raises(ValueError, match="'mystery'"):
+    with pytest.raises(CheckpointError, match="unsupported config key\\(s\\) mystery"):
         LTX2ConnectorsConfig.from_diffusers({"mystery": 1})

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from vidloom.core.errors import CheckpointError
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import SAMPLERS, Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.diffusion.unipc import UniPCSampler
@@ -138,14 +139,14 @@ def test_from_diffusers_reads_unipc_and_euler() -> None:
     ],
 )
 def test_from_diffusers_rejects_unipc(patch: dict[str, object], field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(CheckpointError, match=field):
         SamplerConfig.from_diffusers({**WAN_UNIPC, **patch})
 
 
 def test_from_diffusers_rejects_absent_flow_settings() -> None:
     # diffusers' UniPC defaults are epsilon prediction without flow sigmas: absent means unsupported.
     partial = {k: v for k, v in WAN_UNIPC.items() if k != "prediction_type"}
-    with pytest.raises(ValueError, match="prediction_type"):
+    with pytest.raises(CheckpointError, match="prediction_type is missing"):
         SamplerConfig.from_diffusers(partial)
 
 
@@ -160,7 +161,7 @@ def test_from_diffusers_rejects_absent_flow_settings() -> None:
 )
 def test_from_diffusers_rejects_euler(patch: dict[str, object], field: str) -> None:
     base = {"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0}
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(CheckpointError, match=field):
         SamplerConfig.from_diffusers({**base, **patch})
 
 

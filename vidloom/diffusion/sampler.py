@@ -10,63 +10,10 @@ from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
 import numpy as np
 import torch
 
-_UNIPC_CLASS = "UniPCMultistepScheduler"
-_EULER_CLASS = "FlowMatchEulerDiscreteScheduler"
-_FLOW_MAP_CLASS = "FlowMapEulerDiscreteScheduler"
+from vidloom.core.errors import CheckpointError
+from vidloom.diffusion.scheduler_keys import EULER_CLASS, FLOW_MAP_CLASS, SCHEDULER_KEYS, UNIPC_CLASS
 
-# Settings that would change the numbers on the flow-sigma path, as
-# key -> (diffusers default when the key is absent, values we reproduce).
-# Anything else is refused rather than silently sampled differently.
-_UNIPC_FIXED: dict[str, tuple[Any, tuple[Any, ...]]] = {
-    "prediction_type": ("epsilon", ("flow_prediction",)),
-    "use_flow_sigmas": (False, (True,)),
-    "predict_x0": (True, (True,)),
-    # diffusers silently maps the legacy names to bh2
-    "solver_type": ("bh2", ("bh2", "midpoint", "heun", "logrho")),
-    # without it the last order-2 step divides by an infinite h and returns inf
-    "lower_order_final": (True, (True,)),
-    "final_sigmas_type": ("zero", ("zero",)),
-    "thresholding": (False, (False,)),
-    # Karras sigmas over flow sigmas (Cosmos3's schedulers): the range comes from sigma_min / sigma_max.
-    "use_karras_sigmas": (False, (False, True)),
-    "use_exponential_sigmas": (False, (False,)),
-    "use_beta_sigmas": (False, (False,)),
-    "use_dynamic_shifting": (False, (False,)),
-    "shift_terminal": (None, (None,)),
-    "solver_p": (None, (None,)),
-}
-# Only the discrete-DDPM path of UniPC reads these; flow sigmas never do. sigma_min / sigma_max
-# are read (by _karras_range) only with use_karras_sigmas.
-_UNIPC_INERT = frozenset(
-    {
-        "beta_start",
-        "beta_end",
-        "beta_schedule",
-        "trained_betas",
-        "dynamic_thresholding_ratio",
-        "sample_max_value",
-        "timestep_spacing",
-        "steps_offset",
-        "rescale_betas_zero_snr",
-        "time_shift_type",
-        "sigma_min",
-        "sigma_max",
-    }
-)
-_EULER_FIXED: dict[str, tuple[Any, tuple[Any, ...]]] = {
-    "use_dynamic_shifting": (False, (False,)),
-    "invert_sigmas": (False, (False,)),
-    "shift_terminal": (None, (None,)),
-    "use_karras_sigmas": (False, (False,)),
-    "use_exponential_sigmas": (False, (False,)),
-    "use_beta_sigmas": (False, (False,)),
-    "stochastic_sampling": (False, (False,)),
-}
-# Read only when dynamic (resolution-dependent) shifting is on, which we refuse.
-_EULER_INERT = frozenset(
-    {"base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len", "time_shift_type"}
-)
-# diffusers key -> SamplerConfig field.
+# diffusers key -> SamplerConfig field, per scheduler class (scheduler_keys.py classifies every other key).
 _UNIPC_FIELDS = {
     "num_train_timesteps": "num_train_timesteps",
     "flow_shift": "shift",
@@ -74,20 +21,15 @@ _UNIPC_FIELDS = {
     "disable_corrector": "disable_corrector",
 }
 _EULER_FIELDS = {"num_train_timesteps": "num_train_timesteps", "shift": "shift"}
-_RULES = {
-    _UNIPC_CLASS: (_UNIPC_FIXED, _UNIPC_INERT, _UNIPC_FIELDS),
-    _EULER_CLASS: (_EULER_FIXED, _EULER_INERT, _EULER_FIELDS),
-    # AnyFlow's flow-map scheduler has no settings beyond these two.
-    _FLOW_MAP_CLASS: ({}, frozenset(), _EULER_FIELDS),
-}
+_FIELDS = {UNIPC_CLASS: _UNIPC_FIELDS, EULER_CLASS: _EULER_FIELDS, FLOW_MAP_CLASS: _EULER_FIELDS}
 # Keys whose presence means a UniPC config when `_class_name` is missing.
 _UNIPC_ONLY_KEYS = frozenset({"flow_shift", "use_flow_sigmas", "prediction_type", "solver_order"})
 
 
 def known_scheduler_keys(class_name: str) -> frozenset[str]:
-    """The scheduler_config.json keys SamplerConfig.from_diffusers reads for `class_name` (others are refused)."""
-    fixed, inert, mapped = _RULES[class_name]
-    return frozenset(fixed.keys() | inert | mapped.keys())
+    """Every scheduler_config.json key SamplerConfig.from_diffusers classifies for `class_name` (others are
+    refused)."""
+    return SCHEDULER_KEYS[class_name].policy.known
 
 
 def _is_int(value: object) -> bool:
@@ -104,7 +46,7 @@ def _karras_range(cfg: Mapping[str, Any]) -> tuple[float, float]:
     for key in ("sigma_min", "sigma_max"):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key}: {value!r}; use_karras_sigmas needs sigma_min and sigma_max as numbers "
+            raise CheckpointError(f"{key}: {value!r}; use_karras_sigmas needs sigma_min and sigma_max as numbers "
                              "(the range from DDPM betas is not supported)")
         bounds.append(float(value))
     return bounds[0], bounds[1]
@@ -153,37 +95,23 @@ class SamplerConfig:
 
     @staticmethod
     def config_keys(class_name: str) -> frozenset[str]:
-        """The scheduler_config.json keys from_diffusers reads, checks or knows to be inert for `class_name`."""
-        fixed, inert, mapped = _RULES[class_name]
-        return frozenset(fixed.keys() | inert | mapped.keys())
+        """Every scheduler_config.json key from_diffusers classifies for `class_name` (scheduler_keys.py)."""
+        return known_scheduler_keys(class_name)
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> SamplerConfig:
-        """Read a diffusers UniPC, FlowMatchEuler or FlowMapEuler scheduler config."""
+        """Read a diffusers UniPC, FlowMatchEuler or FlowMapEuler scheduler config; CheckpointError for a key
+        or value (a missing key's diffusers default included) we do not run."""
         class_name = cfg.get("_class_name")
         if class_name is None:
-            class_name = _UNIPC_CLASS if _UNIPC_ONLY_KEYS & cfg.keys() else _EULER_CLASS
-        if class_name not in _RULES:
-            raise ValueError(
-                f"_class_name: {class_name!r} is not supported (expected one of {', '.join(_RULES)})"
-            )
-        fixed, inert, mapped = _RULES[class_name]
-
-        for key, (default, accepted) in fixed.items():
-            value = cfg.get(key, default)
-            if not any(value is ok or (type(value) is type(ok) and value == ok) for ok in accepted):
-                raise ValueError(
-                    f"{key}: {value!r} is not supported for {class_name} (supported: "
-                    f"{', '.join(repr(v) for v in accepted)})"
-                )
-        known = cls.config_keys(class_name)
-        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in known)
-        if unknown:
-            raise ValueError(
-                f"{unknown[0]}: unknown {class_name} setting (all unknown: {', '.join(unknown)})"
-            )
+            class_name = UNIPC_CLASS if _UNIPC_ONLY_KEYS & cfg.keys() else EULER_CLASS
+        if class_name not in SCHEDULER_KEYS:
+            raise CheckpointError(f"_class_name: {class_name!r} is not supported (expected one of "
+                                  f"{', '.join(SCHEDULER_KEYS)})")
+        SCHEDULER_KEYS[class_name].check(cfg, class_name)
+        mapped = _FIELDS[class_name]
         fields = {ours: cfg[theirs] for theirs, ours in mapped.items() if theirs in cfg}
-        if class_name == _UNIPC_CLASS and cfg.get("use_karras_sigmas") is True:
+        if class_name == UNIPC_CLASS and cfg.get("use_karras_sigmas") is True:
             fields["karras_sigmas"] = _karras_range(cfg)
         return cls(**fields)
 

@@ -10,6 +10,12 @@ from vidloom.loading.key_policy import KeyPolicy
 # (config class, where its config lives) -> the policy of our reader.
 KEY_POLICIES: dict[tuple[str, str], str] = {
     ("AutoencoderKLWan", "vae/config.json (Wan, Cosmos3, AnyFlow-FAR)"): "vidloom.models.wan.vae:WAN_VAE_POLICY",
+    ("UniPCMultistepScheduler", "scheduler/scheduler_config.json (Wan, Cosmos3)"):
+        "vidloom.diffusion.scheduler_keys:UNIPC_POLICY",
+    ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (Wan, SANA-WM)"):
+        "vidloom.diffusion.scheduler_keys:EULER_POLICY",
+    ("FlowMapEulerDiscreteScheduler", "scheduler/scheduler_config.json (AnyFlow-FAR)"):
+        "vidloom.diffusion.scheduler_keys:FLOW_MAP_POLICY",
     ("AutoencoderKLFlux2", "vae/config.json (FLUX.2-klein)"): "vidloom.models.flux2.vae:FLUX2_VAE_POLICY",
     ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (FLUX.2-klein)"):
         "vidloom.recipes.flux2.schedule:SCHEDULER_POLICY",
@@ -20,6 +26,17 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
         "vidloom.models.cosmos3.config:TRANSFORMER_POLICY",
     ("CosineDPMSolverMultistepScheduler", "scheduler/scheduler_config.json (Stable Audio Open)"):
         "vidloom.diffusion.cosine_dpm:SCHEDULER_POLICY",
+    ("LTX2VideoTransformer3DModel", "transformer/config.json (LTX-2)"):
+        "vidloom.models.ltx2.transformer:TRANSFORMER_POLICY",
+    ("AutoencoderKLLTX2Video", "vae/config.json (LTX-2, SANA-WM)"): "vidloom.models.ltx2.video_vae:VIDEO_VAE_POLICY",
+    ("LTX2TextConnectors", "connectors/config.json (LTX-2, SANA-WM refiner)"):
+        "vidloom.models.ltx2.connectors:CONNECTORS_POLICY",
+    ("LTX2LatentUpsamplerModel", "latent_upsampler/config.json (LTX-2)"):
+        "vidloom.models.ltx2.upsampler:UPSAMPLER_POLICY",
+    ("SanaWMTransformer3DModel", "transformer/config.json (SANA-WM)"):
+        "vidloom.models.sana_wm.config:TRANSFORMER_POLICY",
+    ("AnyFlowFARTransformer3DModel", "transformer/config.json (AnyFlow-FAR)"):
+        "vidloom.models.wan_causal.config:TRANSFORMER_POLICY",
     ("Qwen2_5OmniConfig", "config.json (Qwen2.5-Omni)"): "vidloom.models.qwen_omni.config_keys:ROOT",
     ("Qwen2_5OmniThinkerConfig", "config.json thinker_config"): "vidloom.models.qwen_omni.config_keys:THINKER",
     ("Qwen2_5OmniTextConfig", "config.json thinker_config.text_config"): "vidloom.models.qwen_omni.config_keys:TEXT",

@@ -76,6 +76,10 @@ class KeyPolicy:
         """Every key this policy classifies (the reference-class comparison in the tests reads it)."""
         return self.read | frozenset(self.harmless) | frozenset(self.refused)
 
+    def accepts(self, key: str, value: Any) -> bool:
+        """Whether refused key `key` may hold `value` (JSON equality, true kept apart from 1)."""
+        return any(_same(value, ok) for ok in self.refused[key].accepts)
+
     def check(self, cfg: Mapping[str, Any], where: str) -> tuple[str, ...]:
         """The harmless keys `cfg` holds (recorded for the running load); CheckpointError on an unknown key or
         a refused value, naming the key, and for a refusal its value and why."""
@@ -84,7 +88,7 @@ class KeyPolicy:
             raise CheckpointError(f"{where}: unsupported config key(s) {', '.join(unknown)}; this runtime reads "
                                   f"{', '.join(sorted(self.read))} (every key it knows: {DOCS})")
         for key, refusal in self.refused.items():
-            if key in cfg and not any(_same(cfg[key], ok) for ok in refusal.accepts):
+            if key in cfg and not self.accepts(key, cfg[key]):
                 shown = " or ".join("null" if ok is None else repr(ok) for ok in refusal.accepts)
                 raise CheckpointError(f"{where}: {key}={cfg[key]!r} is not supported: {refusal.why} "
                                       f"(this runtime runs {key}={shown})")
@@ -98,9 +102,12 @@ class KeyPolicy:
 
 
 def _same(value: Any, accepted: Any) -> bool:
-    """JSON equality that keeps true apart from 1 (Python's True == 1)."""
+    """JSON equality that keeps true apart from 1 (Python's True == 1) and takes a tuple for a JSON array (an
+    in-memory diffusers config holds tuples where its config.json has lists)."""
     if isinstance(value, bool) or isinstance(accepted, bool):
         return value is accepted
+    if isinstance(value, (list, tuple)) and isinstance(accepted, (list, tuple)):
+        return len(value) == len(accepted) and all(_same(v, a) for v, a in zip(value, accepted))
     return bool(value == accepted)
 
 

@@ -11,9 +11,12 @@ diffusers = pytest.importorskip("diffusers")
 
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig  # noqa: E402
-from vidloom.models.wan_causal.config import CONFIG_KEYS, FarTransformerConfig  # noqa: E402
+from vidloom.diffusion.scheduler_keys import FLOW_MAP_POLICY  # noqa: E402
+from vidloom.models.wan_causal.config import TRANSFORMER_POLICY, FarTransformerConfig  # noqa: E402
 from vidloom.recipes.wan_causal.load import FAR_INDEX_COMPONENTS  # noqa: E402
-from tests.helpers.config_keys import FUTURE_KEY, assert_keys_classified, assert_refuses_unknown  # noqa: E402
+from tests.helpers.config_keys import (  # noqa: E402
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+)
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far  # noqa: E402
 
 
@@ -22,14 +25,14 @@ def test_model_index_keys_are_classified():
 
 
 def test_transformer_keys_are_classified():
-    assert_keys_classified(diffusers.AnyFlowFARTransformer3DModel, CONFIG_KEYS)
+    assert_policy_classified(diffusers.AnyFlowFARTransformer3DModel, TRANSFORMER_POLICY)
     assert_refuses_unknown(FarTransformerConfig.from_diffusers, errors=(CheckpointError,))
 
 
 def test_scheduler_keys_are_classified():
     name = "FlowMapEulerDiscreteScheduler"
-    assert_keys_classified(diffusers.FlowMapEulerDiscreteScheduler, SamplerConfig.config_keys(name))
-    assert_refuses_unknown(SamplerConfig.from_diffusers, {"_class_name": name}, errors=(ValueError,))
+    assert_policy_classified(diffusers.FlowMapEulerDiscreteScheduler, FLOW_MAP_POLICY)
+    assert_refuses_unknown(SamplerConfig.from_diffusers, {"_class_name": name}, errors=(CheckpointError,))
 
 
 def test_unknown_model_index_key_is_refused_at_load(tmp_path):

@@ -16,6 +16,7 @@ diffusers = pytest.importorskip("diffusers")
 
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
+from vidloom.diffusion.scheduler_keys import SCHEDULER_KEYS  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer_config as wan_transformer, vae as wan_vae  # noqa: E402
 from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
@@ -48,10 +49,10 @@ def test_vae_keys_are_classified():
 
 @pytest.mark.parametrize("name", ["UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"])
 def test_scheduler_keys_are_classified(name):
-    assert_keys_classified(getattr(diffusers, name), SamplerConfig.config_keys(name))
+    assert_policy_classified(getattr(diffusers, name), SCHEDULER_KEYS[name].policy)
     base = {"_class_name": name, **({"use_flow_sigmas": True, "prediction_type": "flow_prediction"}
                                     if name.startswith("UniPC") else {})}
-    assert_refuses_unknown(SamplerConfig.from_diffusers, base, errors=(ValueError,))
+    assert_refuses_unknown(SamplerConfig.from_diffusers, base, errors=(CheckpointError,))
 
 
 # Wan2.1-T2V-1.3B-Diffusers ships UniPC with flow_shift 3.0 (480p); 5.0 is the 720p / TI2V value and 12.0 the

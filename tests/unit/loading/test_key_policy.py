@@ -1,6 +1,6 @@
 """KeyPolicy: unknown keys refused by name, refused values named with their reason, harmless keys accepted and
-recorded on the load; and the published files the old policy turned away (tests/fixtures/config_keys, copies of
-the shared published configs) parsed by our readers."""
+recorded on the load; and the published files the old policy turned away (from the published-config corpus,
+tests/fixtures/published/<org>/<repo>) parsed by our readers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.key_policy import DOCS, KeyPolicy, Refusal, recording_accepted_keys
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "fixtures" / "config_keys"
+PUBLISHED = Path(__file__).resolve().parents[2] / "fixtures" / "published"
 POLICY = KeyPolicy(frozenset({"width"}), harmless={"upcast": "a float16 hint that our dtype setting replaces"},
                    refused={"clip": Refusal((True,), "false leaves outputs unclamped; we always clamp")})
 
@@ -57,7 +57,7 @@ def test_flux2_klein_vae_with_force_upcast_parses():
     from vidloom.models.flux2.vae import Flux2VAEConfig
 
     with recording_accepted_keys() as accepted:
-        config = Flux2VAEConfig.from_diffusers(_published("FLUX.2-klein-4B/vae/config.json"))
+        config = Flux2VAEConfig.from_diffusers(_published("black-forest-labs/FLUX.2-klein-4B/vae/config.json"))
     assert config.latent_channels == 32
     assert [a.key for a in accepted] == ["sample_size", "batch_norm_momentum", "force_upcast"]  # the table's order
 
@@ -67,13 +67,13 @@ def test_cosmos3_edge_transformer_and_index_parse():
     from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
     from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
 
-    raw = _published("Cosmos3-Edge/transformer/config.json")
+    raw = _published("nvidia/Cosmos3-Edge/transformer/config.json")
     with recording_accepted_keys() as accepted:
         text = Cosmos3TextConfig.from_transformer_config(raw)
         Cosmos3GenConfig.from_transformer_config(raw)
     assert (text.hidden_act, text.qk_norm, text.rope_axes_dim) == ("relu2", False, (24, 20, 20))
     assert {a.key for a in accepted} == {"attention_dropout", "backbone_type", "temporal_compression_factor"}
-    pipeline = Cosmos3PipelineConfig.from_index(_published("Cosmos3-Edge/model_index.json"), "model_index.json")
+    pipeline = Cosmos3PipelineConfig.from_index(_published("nvidia/Cosmos3-Edge/model_index.json"), "model_index.json")
     assert (pipeline.use_system_prompt, pipeline.native_flow_schedule, pipeline.safety_checker) == (False, True, False)
 
 
@@ -81,7 +81,7 @@ def test_cosmos3_edge_transformer_and_index_parse():
 def test_wan22_vae_clip_output_true_is_what_we_run_and_false_is_refused(value):
     from vidloom.models.wan.vae import WanVAEConfig
 
-    raw = {**_published("Wan2.2-TI2V-5B-Diffusers/vae/config.json"), "clip_output": value}
+    raw = {**_published("Wan-AI/Wan2.2-TI2V-5B-Diffusers/vae/config.json"), "clip_output": value}
     if value:
         assert WanVAEConfig.from_diffusers(raw).z_dim == 48
     else:
@@ -95,7 +95,7 @@ def _dmd_folder(tmp_path: Path, **index: object) -> Path:
     folder = write_tiny_wan(tmp_path / "src", TINY_A)
     dst = tmp_path / "FastWan-tiny"
     shutil.copytree(folder, dst)
-    published = _published("FastWan2.1-T2V-1.3B-Diffusers/model_index.json")
+    published = _published("FastVideo/FastWan2.1-T2V-1.3B-Diffusers/model_index.json")
     path = dst / "model_index.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "_class_name": published["_class_name"], **index}))
     return dst

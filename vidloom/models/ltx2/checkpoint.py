@@ -9,6 +9,7 @@ import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
+from vidloom.loading.key_policy import reading_file
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
 from vidloom.loading.component_file import load_component
@@ -62,6 +63,7 @@ def _read_config(folder: Path, expected_class: str, parse: Callable[[dict], C]) 
     if found != expected_class:
         raise CheckpointError(f"{folder}/config.json: _class_name is {found!r}, expected {expected_class!r}")
     try:
-        return parse(cfg)
+        with reading_file(folder / "config.json"):
+            return parse(cfg)
     except CheckpointError as exc:
         raise CheckpointError(f"{folder}: {exc}") from None

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.layers import Attention, FeedForward, rms_norm
 from vidloom.models.ltx2.rope import RopeSpec, text_rope_tables
@@ -44,7 +45,6 @@ class LTX2ConnectorsConfig:
     connector_rope_base_seq_len: int = 4096
     rope_theta: float = 10000.0
     rope_double_precision: bool = True
-    causal_temporal_positioning: bool = False  # read by nothing in the reference either
     rope_type: str = "interleaved"
     per_modality_projections: bool = False
     video_hidden_dim: int = 4096
@@ -53,18 +53,25 @@ class LTX2ConnectorsConfig:
 
     @classmethod
     def config_keys(cls) -> frozenset[str]:
-        """The config.json keys from_diffusers reads (the fields); any other is refused."""
-        return frozenset(f.name for f in fields(cls))
+        """Every config.json key from_diffusers classifies (CONNECTORS_POLICY); any other is refused."""
+        return CONNECTORS_POLICY.known
 
     @classmethod
-    def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2ConnectorsConfig:
-        known = cls.config_keys()
-        unknown = [k for k in cfg if not k.startswith("_") and k not in known]
-        if unknown:
-            raise ValueError(f"connectors config key {unknown[0]!r} is not supported")
+    def from_diffusers(cls, cfg: Mapping[str, Any], where: str = "connectors/config.json") -> LTX2ConnectorsConfig:
+        """Read an `LTX2TextConnectors` config.json; an unknown key or a refused value is a CheckpointError."""
+        CONNECTORS_POLICY.check(cfg, where)
+        known = CONNECTORS_POLICY.read
         config = cls(**{k: v for k, v in cfg.items() if k in known})
         RopeSpec(1, 1, 1.0, True, config.rope_type)
         return config
+
+
+# LTX2TextConnectors has had these __init__ keys since LTX-2's first diffusers release (2026-01); the converter
+# writes exactly them.
+CONNECTORS_POLICY = KeyPolicy(frozenset(f.name for f in fields(LTX2ConnectorsConfig)), harmless={
+    "causal_temporal_positioning": "diffusers stores it on the connectors' rotary embedding, but no forward reads "
+                                   "it (the positions are the same either way)",
+})
 
 
 class _Block(nn.Module):

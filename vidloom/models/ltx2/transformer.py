@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
 from vidloom.models.ltx2.layers import TimestepModulation
@@ -71,10 +72,6 @@ class LTX2TransformerConfig:
     audio_ff_bias: bool = True
     use_prompt_adaln_single: bool = True
 
-    # Keys with one supported value (the others change the network in ways we do not implement).
-    _FIXED = {"activation_fn": "gelu-approximate", "qk_norm": "rms_norm_across_heads",
-              "use_keyframes_abs_pos_embedding": False}
-
     @property
     def dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
@@ -90,24 +87,15 @@ class LTX2TransformerConfig:
 
     @classmethod
     def config_keys(cls) -> frozenset[str]:
-        """The config.json keys from_diffusers reads (the fields) or checks (_FIXED); any other is refused."""
-        return frozenset({f.name for f in fields(cls)} | cls._FIXED.keys())
+        """Every config.json key from_diffusers classifies (TRANSFORMER_POLICY); any other is refused."""
+        return TRANSFORMER_POLICY.known
 
     @classmethod
-    def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2TransformerConfig:
-        """Every key is read or refused: an unknown or unsupported key raises ValueError naming it."""
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in cfg.items():
-            if key.startswith("_"):  # diffusers bookkeeping (_class_name, _diffusers_version, ...)
-                continue
-            if key in cls._FIXED:
-                if value != cls._FIXED[key]:
-                    raise ValueError(f"transformer config {key}={value!r} is not supported (only {cls._FIXED[key]!r})")
-                continue
-            if key not in known:
-                raise ValueError(f"transformer config key {key!r} is not supported")
-            values[key] = tuple(value) if isinstance(value, list) else value
+    def from_diffusers(cls, cfg: Mapping[str, Any], where: str = "transformer/config.json") -> LTX2TransformerConfig:
+        """Every key is read or refused (TRANSFORMER_POLICY): an unknown or unsupported key is a CheckpointError."""
+        TRANSFORMER_POLICY.check(cfg, where)
+        values = {f.name: tuple(cfg[f.name]) if isinstance(cfg[f.name], list) else cfg[f.name]
+                  for f in fields(cls) if f.name in cfg}
         values["out_channels"] = values.get("out_channels") or values.get("in_channels", cls.in_channels)
         values["audio_out_channels"] = values.get("audio_out_channels") or values.get(
             "audio_in_channels", cls.audio_in_channels)
@@ -117,6 +105,17 @@ class LTX2TransformerConfig:
             raise ValueError(f"audio_cross_attention_dim {config.audio_cross_attention_dim} must equal the audio "
                              f"width {config.audio_dim} (the audio<->video rotary tables cover it)")
         return config
+
+
+# diffusers' LTX2VideoTransformer3DModel has had the same __init__ keys since LTX-2's first release (diffusers
+# 2026-01, "Add LTX 2.0 Video Pipelines"); convert_ltx2_to_diffusers.py writes only those. Three select layers we
+# implement one way only.
+TRANSFORMER_POLICY = KeyPolicy(frozenset(f.name for f in fields(LTX2TransformerConfig)), refused={
+    "activation_fn": Refusal(("gelu-approximate",), "the feed-forward is built with tanh-approximated GELU"),
+    "qk_norm": Refusal(("rms_norm_across_heads",), "query/key RMS norm spans all heads, as every release has it"),
+    "use_keyframes_abs_pos_embedding": Refusal((False,), "absolute keyframe position embeddings are not "
+                                                         "implemented (no released checkpoint enables them)"),
+})
 
 
 def _attention_rules(ckpt: str, ours: str) -> tuple[tuple[str, str], ...]:

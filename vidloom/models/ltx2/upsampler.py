@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.core.errors import CheckpointError, InvalidRequest
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae import LTX2VideoVAE, LTX2VideoVAEConfig
 from vidloom.models.ltx2.video_vae_config import read_scalar
@@ -54,16 +55,14 @@ class LTX2LatentUpsamplerConfig:
 
     @classmethod
     def config_keys(cls) -> frozenset[str]:
-        """The config.json keys from_diffusers reads (the fields); any other is refused."""
-        return frozenset(cls.__dataclass_fields__)
+        """The config.json keys from_diffusers reads (UPSAMPLER_POLICY); any other is refused."""
+        return UPSAMPLER_POLICY.known
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2LatentUpsamplerConfig:
         """Read an `LTX2LatentUpsamplerModel` config.json; unknown keys or unsupported values -> CheckpointError."""
+        UPSAMPLER_POLICY.check(cfg, SOURCE)
         fields = cls.__dataclass_fields__
-        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in fields)
-        if unknown:
-            raise CheckpointError(f"{SOURCE}: unsupported key {unknown[0]!r} (known: {', '.join(fields)})")
         defaults = cls()
         config = cls(**{name: read_scalar(cfg, name, type(getattr(defaults, name)), getattr(defaults, name), SOURCE)
                         for name in fields})
@@ -83,6 +82,11 @@ class LTX2LatentUpsamplerConfig:
 
 # Only the Sequential's conv is renamed; everything else keeps diffusers' names.
 LTX2_UPSAMPLER_NAME_MAP = NameMap((("upsampler.0", "upsampler.conv"),))
+
+
+# LTX2LatentUpsamplerModel has had these __init__ keys since LTX-2's first diffusers release (2026-01); every one
+# is read (the values that we cannot run are refused by from_diffusers' checks).
+UPSAMPLER_POLICY = KeyPolicy(frozenset(LTX2LatentUpsamplerConfig.__dataclass_fields__))
 
 
 def _conv(dims: int, cin: int, cout: int) -> nn.Module:

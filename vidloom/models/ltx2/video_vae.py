@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.video_vae_coders import DOWN_STRIDES, Decoder, Encoder
-from vidloom.models.ltx2.video_vae_config import CHECKED_KEYS, read_diffusers_config
+from vidloom.models.ltx2.video_vae_config import read_diffusers_config, video_vae_policy
 from vidloom.models.wan.vae_tiling import SpatialTiling, decode_tiled
 
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers DiagonalGaussianDistribution clamp
@@ -66,9 +67,14 @@ class LTX2VideoVAEConfig:
         )
 
     @classmethod
+    def policy(cls) -> KeyPolicy:
+        """How from_diffusers classifies each config.json key (fields, checked keys, patch_size_t refused)."""
+        return VIDEO_VAE_POLICY
+
+    @classmethod
     def config_keys(cls) -> frozenset[str]:
-        """The config.json keys from_diffusers reads (the fields) or only checks; any other is refused."""
-        return frozenset(cls.__dataclass_fields__) | frozenset(CHECKED_KEYS)
+        """Every config.json key from_diffusers classifies; any other is refused."""
+        return cls.policy().known
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2VideoVAEConfig:
@@ -95,6 +101,9 @@ LTX2_VIDEO_VAE_NAME_MAP = NameMap(
         ("decoder.time_embedder.timestep_embedder", "decoder.time_embedder"),
     )
 )
+
+
+VIDEO_VAE_POLICY = video_vae_policy(frozenset(LTX2VideoVAEConfig.__dataclass_fields__))
 
 
 class LTX2VideoVAE(nn.Module):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.models.ltx2.video_vae_coders import DOWN_STRIDES, UP_STRIDES
 
 if TYPE_CHECKING:
@@ -16,15 +17,20 @@ if TYPE_CHECKING:
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 SOURCE = "video VAE config.json"
-# Keys read only to be checked (they carry no state of their own).
-CHECKED_KEYS = ("down_block_types", "patch_size_t", "spatial_compression_ratio", "temporal_compression_ratio")
+# Keys read only to be checked against the fields (they carry no state of their own).
+CHECKED_KEYS = ("down_block_types", "spatial_compression_ratio", "temporal_compression_ratio")
+# diffusers' encoder runs only patch_size_t=1 (its patchify reshapes time by 1).
+PATCH_SIZE_T = Refusal((1,), "diffusers' encoder only runs patch_size_t=1")
+
+
+def video_vae_policy(fields: frozenset[str]) -> KeyPolicy:
+    """AutoencoderKLLTX2Video has had the same __init__ keys since LTX-2's first diffusers release (2026-01), and
+    convert_ltx2_to_diffusers.py writes only those: each is a field, a checked key or patch_size_t."""
+    return KeyPolicy(fields | frozenset(CHECKED_KEYS), refused={"patch_size_t": PATCH_SIZE_T})
 
 
 def read_diffusers_config(cls: type[LTX2VideoVAEConfig], cfg: Mapping[str, Any]) -> LTX2VideoVAEConfig:
-    fields = set(cls.__dataclass_fields__)
-    unknown = sorted(k for k in cfg if not k.startswith("_") and k not in fields and k not in CHECKED_KEYS)
-    if unknown:
-        raise CheckpointError(f"{SOURCE}: unsupported key {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+    cls.policy().check(cfg, SOURCE)
     defaults = cls()
     encoder_blocks = len(_ints(cfg, "block_out_channels", defaults.block_out_channels))
     decoder_blocks = len(_ints(cfg, "decoder_block_out_channels", defaults.decoder_block_out_channels))
@@ -59,9 +65,6 @@ def read_diffusers_config(cls: type[LTX2VideoVAEConfig], cfg: Mapping[str, Any])
                                                  defaults.decoder_spatial_padding_mode),
     }
     _check_block_types(cfg, encoder_blocks)
-    if cfg.get("patch_size_t", 1) != 1:
-        raise CheckpointError(f"{SOURCE}: patch_size_t={cfg['patch_size_t']} is not supported (diffusers' encoder "
-                              f"only runs patch_size_t=1)")
     config = cls(**values)
     _check_compression(config, cfg)
     _check_decoder(config)

@@ -49,7 +49,7 @@ def load_refiner_transformer(folder: str | Path, device: torch.device | str = "c
     cfg = read_json(folder / "config.json")
     check_class_name(cfg, (REFINER_CLASS,), where)
     try:
-        config = LTX2TransformerConfig.from_diffusers(cfg)
+        config = LTX2TransformerConfig.from_diffusers(cfg, where)  # a refused key: CheckpointError naming where
         check_refiner_config(config)
     except ValueError as exc:
         raise CheckpointError(f"{where}: {exc}") from None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,6 @@ class SanaWMConfig:
     caption_channels: int = 2304
     mlp_ratio: float = 3.0
 
-    # Keys the released config.json carries that select behaviour we implement one way only.
-    _FIXED = {
-        "pos_embed_type": "wan_rope", "cam_attn_compress": 1, "use_chunk_plucker_post_attn": True,
-        "learn_sigma": False, "pred_sigma": False, "mlp_acts": ["silu", "silu", None],
-    }
-    # Keys that change nothing in the forward (the reference documents them as unused).
-    _INERT = frozenset({"init_cam_from_base", "fp32_attention", "image_size", "mixed_precision"})
-
     @property
     def head_dim(self) -> int:
         return self.linear_head_dim
@@ -57,19 +50,10 @@ class SanaWMConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any], where: str = "transformer/config.json") -> SanaWMConfig:
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in cfg.items():
-            if key.startswith("_") or key in cls._INERT:
-                continue
-            if key in cls._FIXED:
-                fixed = cls._FIXED[key]
-                if (list(value) if isinstance(value, (list, tuple)) else value) != fixed:
-                    raise CheckpointError(f"{where}: {key}={value!r} is not supported (only {fixed!r})")
-                continue
-            if key not in known:
-                raise CheckpointError(f"{where}: unsupported config key {key!r}")
-            values[key] = tuple(value) if isinstance(value, list) else value
+        """Read a SanaWMTransformer3DModel config.json (TRANSFORMER_POLICY); CheckpointError for what we cannot run."""
+        TRANSFORMER_POLICY.check(cfg, where)
+        values = {f.name: tuple(cfg[f.name]) if isinstance(cfg[f.name], list) else cfg[f.name]
+                  for f in fields(cls) if f.name in cfg}
         config = cls(**values)
         config.validate(where)
         return config
@@ -85,3 +69,22 @@ class SanaWMConfig:
                                   "in half of each head)")
         if self.hidden_size % self.num_attention_heads:
             raise CheckpointError(f"{where}: num_attention_heads={self.num_attention_heads} must divide hidden_size")
+
+
+_CONSTANT = "as every released SANA-WM model sets it; the only layout we implement"
+# SanaWMTransformer3DModel's __init__ keys (diffusers 0.42.1, where SANA-WM first appears; NVIDIA's converter saves
+# the class's defaults). The stage-1 DiT is built one way for six of them; four the reference itself never reads.
+TRANSFORMER_POLICY = KeyPolicy(frozenset(f.name for f in fields(SanaWMConfig)), harmless={
+    "init_cam_from_base": "the reference ignores it: the camera branch always comes from the checkpoint",
+    "fp32_attention": "the reference ignores it: attention runs its fixed precision path either way",
+    "image_size": "a nominal training size; the request's height and width set the grid",
+    "mixed_precision": "the training precision; the load's dtype decides ours",
+}, refused={
+    "pos_embed_type": Refusal(("wan_rope",), f"positions are Wan-style 3-D RoPE ({_CONSTANT})"),
+    "cam_attn_compress": Refusal((1,), f"camera attention is uncompressed ({_CONSTANT})"),
+    "use_chunk_plucker_post_attn": Refusal((True,), f"the Plucker camera embedding is added after attention "
+                                                    f"({_CONSTANT})"),
+    "learn_sigma": Refusal((False,), "a learned-variance output doubles the output channels; the flow model has none"),
+    "pred_sigma": Refusal((False,), "a predicted-variance output doubles the output channels; the flow model has none"),
+    "mlp_acts": Refusal((["silu", "silu", None],), f"the GLUMBConv feed-forward activations ({_CONSTANT})"),
+})

@@ -7,20 +7,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from vidloom.core.errors import CheckpointError
+from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 
 DIFFUSERS_CLASS_NAME = "AnyFlowFARTransformer3DModel"
 DELTA_TIME_TYPES = ("r", "t-r")
-# Every argument of diffusers' AnyFlowFARTransformer3DModel.__init__ (0.42). A key outside this
-# set is a setting we do not know the meaning of; refusing it beats running a checkpoint wrong.
+# Every argument of diffusers' AnyFlowFARTransformer3DModel.__init__: unchanged since its first release (diffusers
+# 2026-05, "Add AnyFlow ... Pipelines"); convert_anyflow_to_diffusers.py loads the Wan base config into this class,
+# so what it saves is exactly these keys.
 _WAN_KEYS = frozenset({
     "patch_size", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim",
     "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm", "eps", "rope_max_seq_len",
 })
 _FAR_KEYS = frozenset({"compressed_patch_size", "full_chunk_limit", "gate_value", "deltatime_type", "chunk_partition"})
-CONFIG_KEYS = _WAN_KEYS | _FAR_KEYS | {"image_dim"}
-
+TRANSFORMER_POLICY = KeyPolicy(_WAN_KEYS | _FAR_KEYS, refused={
+    "image_dim": Refusal((None,), "CLIP image conditioning is not implemented for FAR (its I2V conditions on "
+                                  "context frames instead)"),
+})
+CONFIG_KEYS = TRANSFORMER_POLICY.known
 
 @dataclass(frozen=True)
 class FarTransformerConfig:
@@ -69,22 +74,12 @@ class FarTransformerConfig:
         )
 
     @classmethod
-    def from_diffusers(cls, cfg: Mapping[str, Any]) -> FarTransformerConfig:
+    def from_diffusers(cls, cfg: Mapping[str, Any], where: str = "transformer config") -> FarTransformerConfig:
         """Read an AnyFlowFARTransformer3DModel `config.json`; CheckpointError for what we cannot run."""
         class_name = cfg.get("_class_name", DIFFUSERS_CLASS_NAME)
         if class_name != DIFFUSERS_CLASS_NAME:
             raise CheckpointError(f"transformer config _class_name={class_name!r}: expected {DIFFUSERS_CLASS_NAME!r}")
-        if cfg.get("image_dim") is not None:
-            raise CheckpointError(
-                f"transformer config image_dim={cfg['image_dim']!r}: CLIP image conditioning is not "
-                "implemented for FAR (its I2V conditions on context frames instead)"
-            )
-        unknown = sorted(k for k in cfg if not k.startswith("_") and k not in CONFIG_KEYS)
-        if unknown:
-            raise CheckpointError(
-                f"transformer config {unknown[0]}={cfg[unknown[0]]!r}: not a {DIFFUSERS_CLASS_NAME} setting "
-                f"vidloom knows (all unknown: {', '.join(unknown)})"
-            )
+        TRANSFORMER_POLICY.check(cfg, where)
         wan_cfg = {k: v for k, v in cfg.items() if k in _WAN_KEYS}
         defaults = cls(wan=WanTransformerConfig())
         try:

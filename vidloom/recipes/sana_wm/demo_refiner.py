@@ -15,6 +15,7 @@ from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2Connect
 from vidloom.models.ltx2.transformer import LTX2_TRANSFORMER_NAME_MAP, LTX2Transformer, LTX2TransformerConfig
 from vidloom.recipes.demo_cache import write_json
 from vidloom.recipes.ltx2 import demo as ltx2_demo
+from vidloom.recipes.sana_wm.refiner_load import REFINER_CLASSES, REFINER_PIPELINE
 
 REFINER_SEED = 20261202
 # An LTX-2 DiT whose video channels are the demo VAE's 8 latent channels (the refiner reads stage 1's latents).
@@ -24,12 +25,8 @@ DEMO_REFINER = {
 }
 DEMO_REFINER_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 1.0}
 REFINER_INDEX = {
-    "_class_name": "SanaWMLTX2Refiner",
-    "connectors": ["ltx2", "LTX2TextConnectors"],
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Gemma3ForConditionalGeneration"],
-    "tokenizer": ["transformers", "GemmaTokenizer"],
-    "transformer": ["diffusers", "SanaWMLTX2RefinerTransformer3DModel"],
+    "_class_name": REFINER_PIPELINE,
+    **REFINER_CLASSES,
     "vae": [None, None],
     "text_max_sequence_length": 64,
 }

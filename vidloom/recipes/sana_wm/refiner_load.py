@@ -19,7 +19,29 @@ from vidloom.recipes.sana_wm.refine_loop import RefinerSettings
 
 REFINER_FOLDER = "refiner"
 REFINER_PIPELINE = "SanaWMLTX2Refiner"
-REFINER_COMPONENTS = ("transformer", "connectors", "tokenizer", "text_encoder", "scheduler")
+# SanaWMLTX2Refiner's components with the classes its __init__ takes (what its save_pretrained lists).
+REFINER_CLASSES = {
+    "transformer": ["diffusers", "SanaWMLTX2RefinerTransformer3DModel"], "connectors": ["ltx2", "LTX2TextConnectors"],
+    "tokenizer": ["transformers", "GemmaTokenizer"], "text_encoder": ["transformers", "Gemma3ForConditionalGeneration"],
+    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+}
+REFINER_COMPONENTS = tuple(REFINER_CLASSES)
+
+
+def open_refiner(folder: Path) -> DiffusersDir:
+    """The refiner folder, its index checked. NVIDIA's convert_sana_wm_to_diffusers.py writes refiner/model_index.json
+    as only {"text_max_sequence_length": 1024} (no _class_name, no components) and copies transformer/, connectors/
+    and text_encoder/: diffusers' SanaWMLTX2Refiner.from_pretrained takes its class and its component names from its
+    own signature, so such an index means this pipeline, and the folders say where the components are."""
+    ckpt = DiffusersDir.open(folder)
+    if ckpt.pipeline_class not in ("", REFINER_PIPELINE):
+        raise CheckpointError(f"{folder}: model_index.json says {ckpt.pipeline_class!r}, expected {REFINER_PIPELINE!r}")
+    ckpt.check_index(REFINER_COMPONENTS, settings=("text_max_sequence_length",), unsupported={
+        "vae": "the refiner decodes with stage 1's VAE"})
+    ckpt.require(REFINER_COMPONENTS)  # names each folder the converter did not write (tokenizer, scheduler)
+    if not ckpt.pipeline_class:  # read as the folder diffusers would have saved: the signature's components
+        ckpt = DiffusersDir(folder, {**REFINER_CLASSES, **ckpt.index, "_class_name": REFINER_PIPELINE})
+    return ckpt
 
 
 def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_channels: int,
@@ -30,10 +52,7 @@ def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_ch
     if not (folder / "model_index.json").is_file():
         raise DeployError(f"two_stage (--two-stage) needs SANA-WM's refiner: {root} has no "
                           f"{REFINER_FOLDER}/model_index.json (a {REFINER_PIPELINE} folder)")
-    ckpt = DiffusersDir.open(folder)
-    if ckpt.pipeline_class != REFINER_PIPELINE:
-        raise CheckpointError(f"{folder}: model_index.json says {ckpt.pipeline_class!r}, expected {REFINER_PIPELINE!r}")
-    ckpt.require(REFINER_COMPONENTS)
+    ckpt = open_refiner(folder)
     scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
     if float(scheduler.get("shift", 1.0)) != 1.0 or scheduler.get("use_dynamic_shifting", False):
         # The refiner feeds its distilled sigmas through this scheduler: a shift would move them.
