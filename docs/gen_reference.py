@@ -277,7 +277,9 @@ silently ignored.
   the folder was converted from.
 - `note: config key(s) accepted without effect: K, ...`: the load met harmless keys. `vidloom generate
   --verbose` prints each with its file, value and reason; so do `VideoGenerator.accepted_config_keys` and
-  `GET /v1/models/{id}` (`accepted_config_keys`), and the server log.
+  `GET /v1/models/{id}` (`accepted_config_keys`), and the server log. Harmless keys that today's class itself
+  writes into every file (a scheduler's settings for a path it does not take) are accepted without a note; the
+  tables list them as harmless all the same.
 
 ## Pipeline classes
 

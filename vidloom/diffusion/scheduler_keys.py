@@ -70,8 +70,11 @@ _EULER_REFUSED: dict[str, tuple[Any, Refusal]] = {
     **_SHARED_REFUSED,
 }
 
+
 def _keys(read: set[str], harmless: Mapping[str, str], refused: Mapping[str, tuple[Any, Refusal]]) -> SchedulerKeys:
-    return SchedulerKeys(KeyPolicy(frozenset(read), harmless, {k: r for k, (_, r) in refused.items()}),
+    # Every harmless key here is an argument of today's class, so every saved config has it: quiet (not recorded).
+    return SchedulerKeys(KeyPolicy(frozenset(read), harmless, {k: r for k, (_, r) in refused.items()},
+                                   quiet=frozenset(harmless)),
                          {k: d for k, (d, _) in refused.items()})
 
 

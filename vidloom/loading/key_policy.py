@@ -62,9 +62,15 @@ class KeyPolicy:
     # Bookkeeping the file's writer adds to every config (diffusers' _class_name..., transformers' model_type and
     # PreTrainedConfig defaults): accepted without a record, since every file of that writer has them.
     meta: frozenset[str] = DIFFUSERS_META_KEYS
+    # Harmless keys today's class itself writes into every file (a scheduler's settings for a path the loader
+    # refuses): listed with their reasons, but not recorded, so a load's notes name only what sets its files
+    # apart from a fresh save (old keys, converter extras).
+    quiet: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", frozenset(self.read))
+        object.__setattr__(self, "quiet", frozenset(self.quiet))
+        assert self.quiet <= set(self.harmless), f"quiet keys must be harmless: {sorted(self.quiet)}"
         object.__setattr__(self, "harmless", MappingProxyType(dict(self.harmless)))
         object.__setattr__(self, "refused", MappingProxyType(dict(self.refused)))
         overlap = (self.read & set(self.harmless)) | (self.read & set(self.refused)) | (
@@ -95,6 +101,8 @@ class KeyPolicy:
         present = tuple(key for key in self.harmless if key in cfg)
         record, path = _RECORD.get(), _FILE.get()
         for key in present if record is not None else ():
+            if key in self.quiet:
+                continue
             met = AcceptedKey(path or where, key, cfg[key], self.harmless[key])
             if met not in record:  # a card builder and the loader may both read one file
                 record.append(met)

@@ -48,6 +48,18 @@ def test_harmless_keys_are_returned_and_recorded_once_per_file_during_a_load():
         "upcast=True in vae/config.json: a float16 hint that our dtype setting replaces"]
 
 
+def test_quiet_harmless_keys_are_accepted_but_not_recorded():
+    """What today's class writes into every file (a UniPC config's DDPM keys) would make every load's notes
+    noise; quiet keys pass like any harmless key and leave the record to keys that set a file apart."""
+    policy = KeyPolicy(frozenset(), harmless={"upcast": "an old fp16 hint", "beta_start": "the DDPM path only"},
+                       quiet=frozenset({"beta_start"}))
+    with recording_accepted_keys() as accepted:
+        assert policy.check({"upcast": True, "beta_start": 0.1}, "cfg") == ("upcast", "beta_start")
+    assert [a.key for a in accepted] == ["upcast"]
+    with pytest.raises(AssertionError, match="quiet keys must be harmless"):
+        KeyPolicy(frozenset({"a"}), quiet=frozenset({"a"}))
+
+
 def test_a_key_in_two_classes_is_a_mistake_in_the_table():
     with pytest.raises(AssertionError, match="two classes"):
         KeyPolicy(frozenset({"a"}), harmless={"a": "a reason long enough to say why"})

@@ -20,6 +20,7 @@ SCHEDULER_POLICY = KeyPolicy(
     harmless=dict.fromkeys(("shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len"),
                            "the Klein pipeline passes its own empirical mu with use_dynamic_shifting, so the static "
                            "shift and the resolution-based mu line are unused"),
+    quiet=frozenset({"shift", "base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len"}),
     refused={**{key: Refusal((False, None), "a sigma spacing other than the flow-matching linspace, not implemented")
                 for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")},
              "invert_sigmas": Refusal((False, None), "reversed sigmas (an editing schedule), not implemented"),
