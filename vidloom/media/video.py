@@ -40,11 +40,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent, path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.{os.getpid()}.", suffix=f"{PARTIAL}{path.suffix}", dir=path.parent)
+    # One cleanup from the moment the file exists: a Ctrl-C landing while its mode is set (the instant a watcher
+    # first sees the file) must remove it too, not only one landing in the caller's block.
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-    finally:
-        os.close(fd)
-    try:
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())
+        finally:
+            os.close(fd)
         yield Path(tmp)
         os.replace(tmp, path)
     finally:
