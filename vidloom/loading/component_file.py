@@ -18,6 +18,7 @@ from vidloom.core.deploy import COMPONENT_FILE_SUFFIXES
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
+from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights, open_safetensors, read_tensor
 from vidloom.loading.scaled_fp8 import FP8_DTYPES, dequantize, scale_key, weight_keys
 
@@ -41,16 +42,20 @@ def component_files(overrides: Sequence[tuple[str, str]], readable: Iterable[str
     return files
 
 
-def staging_device(file: Path | None, device: torch.device) -> torch.device:
-    """Where to build a component before filling it: the CPU for a GGUF file, else `device`.
+def build_component(build: Callable[[], torch.nn.Module], folder: Path, name_map: NameMap, file: Path | None,
+                    layouts: tuple[KeyLayout, ...], device: torch.device, dtype: torch.dtype,
+                    keep_fp32: frozenset[str] = frozenset()) -> torch.nn.Module:
+    """`build()` materialized in `dtype` (precision.materialize), filled from its `folder` or the override `file`
+    (load_component), on `device`.
 
-    A module is allocated full size before its weights are read; on the CPU those untouched pages never become
-    resident, and the linears a GGUF file swaps for quantized ones free theirs, so only the quantized bytes and
-    the small plain tensors reach `device` when the caller moves the filled module there. Built on CUDA, the
-    full-size weights would be allocated first - the very memory GGUF is used to avoid."""
-    if file is not None and file.suffix.lower() == ".gguf":
-        return torch.device("cpu")
-    return device
+    A GGUF file's module is built on the CPU and moved after filling: a module is allocated full size before its
+    weights are read; on the CPU those untouched pages never become resident, and the linears the file swaps for
+    quantized ones free theirs, so only the quantized bytes and the small plain tensors reach `device`. Built on
+    CUDA, the full-size weights would be allocated first - the very memory GGUF is used to avoid."""
+    staged = torch.device("cpu") if file is not None and file.suffix.lower() == ".gguf" else device
+    module = materialize(build, staged, dtype, keep_fp32)
+    load_component(module, folder, name_map, file, layouts)
+    return module.to(device)
 
 
 def load_component(module: torch.nn.Module, folder: Path, name_map: NameMap, file: Path | None = None,

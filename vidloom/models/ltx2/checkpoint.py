@@ -12,7 +12,7 @@ from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.key_policy import reading_file
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
-from vidloom.loading.component_file import load_component
+from vidloom.loading.component_file import build_component
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.original_layout import ltx2_vae_layouts
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
@@ -37,9 +37,8 @@ def load_video_vae(folder: str | Path, device: torch.device | str = "cpu",
     """An `AutoencoderKLLTX2Video` folder onto our LTX2VideoVAE, in eval mode on `device` in `dtype`; the weights
     come from `file` (a component override) when given, the config from the folder."""
     config = read_video_vae_config(Path(folder))
-    module = materialize(lambda: LTX2VideoVAE(config), torch.device(device), dtype)
-    load_component(module, Path(folder), LTX2_VIDEO_VAE_NAME_MAP, file, ltx2_vae_layouts(config))
-    return module.eval()
+    return build_component(lambda: LTX2VideoVAE(config), Path(folder), LTX2_VIDEO_VAE_NAME_MAP, file,
+                           ltx2_vae_layouts(config), torch.device(device), dtype).eval()
 
 
 def load_latent_upsampler(folder: str | Path, device: torch.device | str = "cpu",

@@ -12,8 +12,8 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
-from vidloom.loading.component_file import component_files, load_component, staging_device
+from vidloom.loading.precision import default_compute_dtype, vae_dtype
+from vidloom.loading.component_file import build_component, component_files, load_component
 from vidloom.models.flux2.original_layout import FLUX2_TRANSFORMER_LAYOUTS
 from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
@@ -36,11 +36,9 @@ def load_instance(
     vae_config = ckpt.parse_component("vae", Flux2VAEConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", Flux2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
-    transformer = materialize(lambda: Flux2Transformer(dit_config, attention_fn),
-                              staging_device(files.get("transformer"), device), compute, Flux2Transformer.KEEP_FP32)
-    load_component(transformer, ckpt.component_dir("transformer"), FLUX2_TRANSFORMER_NAME_MAP,
-                   files.get("transformer"), FLUX2_TRANSFORMER_LAYOUTS)
-    transformer = transformer.to(device)
+    transformer = build_component(lambda: Flux2Transformer(dit_config, attention_fn), ckpt.component_dir("transformer"),
+                                  FLUX2_TRANSFORMER_NAME_MAP, files.get("transformer"), FLUX2_TRANSFORMER_LAYOUTS,
+                                  device, compute, Flux2Transformer.KEEP_FP32)
     vae = Flux2VAE(vae_config)
     load_component(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP, files.get("vae"))
     text = Flux2TextEncoder.load(

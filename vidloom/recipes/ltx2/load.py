@@ -14,7 +14,7 @@ from vidloom.layers.attention import resolve_attention
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.memory_format import use_channels_last
 from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
-from vidloom.loading.component_file import component_files, load_component, staging_device
+from vidloom.loading.component_file import build_component, component_files
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.lora.files import split_scale
 from vidloom.lora.registry import read_adapter, wrap_adapter
@@ -51,11 +51,9 @@ def load_instance(
     connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", LTX2Schedule.from_diffusers, "scheduler_config.json")
     attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=True)  # see its docstring
-    transformer = materialize(lambda: LTX2Transformer(dit_config, attention_fn),
-                              staging_device(files.get("transformer"), device), compute)
-    load_component(transformer, ckpt.component_dir("transformer"), LTX2_TRANSFORMER_NAME_MAP,
-                   files.get("transformer"), LTX2_TRANSFORMER_LAYOUTS)
-    transformer = transformer.to(device)
+    transformer = build_component(lambda: LTX2Transformer(dit_config, attention_fn), ckpt.component_dir("transformer"),
+                                  LTX2_TRANSFORMER_NAME_MAP, files.get("transformer"), LTX2_TRANSFORMER_LAYOUTS,
+                                  device, compute)
     connectors = materialize(lambda: LTX2TextConnectors(connectors_config, attention_fn), device, compute)
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
     text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,

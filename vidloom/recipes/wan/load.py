@@ -16,9 +16,9 @@ from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
-from vidloom.loading.precision import default_compute_dtype, materialize
+from vidloom.loading.precision import default_compute_dtype
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
-from vidloom.loading.component_file import component_files, load_component, staging_device
+from vidloom.loading.component_file import build_component, component_files, load_component
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS, wan_vae_layouts
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
@@ -138,10 +138,9 @@ def _load_transformer(
     deploy: DeployConfig, file: Path | None = None,
 ) -> WanTransformer:
     config = ckpt.parse_component(name, WanTransformerConfig.from_diffusers)
-    transformer = materialize(lambda: WanTransformer(config, attention_fn), staging_device(file, device), compute,
-                              WanTransformer.KEEP_FP32)
-    load_component(transformer, ckpt.component_dir(name), WAN_TRANSFORMER_NAME_MAP, file, WAN_TRANSFORMER_LAYOUTS)
-    transformer = transformer.to(device)
+    transformer = build_component(lambda: WanTransformer(config, attention_fn), ckpt.component_dir(name),
+                                  WAN_TRANSFORMER_NAME_MAP, file, WAN_TRANSFORMER_LAYOUTS, device, compute,
+                                  WanTransformer.KEEP_FP32)
     _apply_deploy(transformer, deploy)
     return transformer.eval()
 
