@@ -58,8 +58,8 @@ def _run_vidloom(folder: Path, prompt: str, steps: int, cache_prefix: bool) -> d
     from vidloom.core.program import Program
     from vidloom.core.request import GenerationRequest
     from vidloom.generator import VideoGenerator
-    from vidloom.recipes.cosmos3.gen_program import generation_nodes
-    from vidloom.recipes.cosmos3.program import build_program
+    from vidloom.families.cosmos3.gen_program import generation_nodes
+    from vidloom.families.cosmos3.program import build_program
     from vidloom.runtime.engine import Engine
 
     instance = VideoGenerator.from_pretrained(folder, device="cpu").engine.instance

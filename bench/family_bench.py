@@ -94,7 +94,7 @@ def _call_wan(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
 
 
 def _call_far(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     # The partition vidloom derives for this length (the pipeline needs it spelled out).
     partition = chunk_partition((r["num_frames"] - 1) // 4 + 1, tuple(pipe.transformer.config.chunk_partition))

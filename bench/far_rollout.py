@@ -99,7 +99,7 @@ def _request(size: int, frames: int, steps: int) -> Any:
 
 def sweep(chunk_counts: list[int], steps: int, repeats: int, threads: int) -> list[dict[str, Any]]:
     """Best rollout wall time with the KV cache and with recompute, per chunk count, runs alternating."""
-    from vidloom.recipes.wan_causal.program import build_program
+    from vidloom.families.wan_causal.program import build_program
     from vidloom.runtime.engine import Engine
 
     instance = _load(threads)
@@ -148,9 +148,9 @@ def _token_passes(frames: int, steps: int, kv_cache: bool) -> int:
     recompute: `steps` passes of context plus chunk. Attention adds a term growing with
     context x chunk on both paths (the chunk's queries see the whole context either way).
     """
-    from vidloom.models.wan_causal.config import FarTransformerConfig
-    from vidloom.models.wan_causal.layout import ChunkLayout
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.config import FarTransformerConfig
+    from vidloom.families.wan_causal.layout import ChunkLayout
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     config = FarTransformerConfig.from_diffusers(MID.transformer)
     partition = chunk_partition((frames - 1) // 4 + 1, config.chunk_partition)
@@ -166,7 +166,7 @@ def _token_passes(frames: int, steps: int, kv_cache: bool) -> int:
 
 def _engine_vidloom(frames: int, steps: int, threads: int) -> dict[str, float]:
     from vidloom.core.output import ChunkEvent
-    from vidloom.recipes.wan_causal.program import build_program
+    from vidloom.families.wan_causal.program import build_program
     from vidloom.runtime.engine import Engine
 
     instance = _load(threads)
@@ -193,7 +193,7 @@ def _engine_diffusers(frames: int, steps: int, threads: int) -> dict[str, float]
     import torch
     from diffusers import AnyFlowFARPipeline
 
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     torch.set_num_threads(threads)
     pipe = AnyFlowFARPipeline.from_pretrained(str(_checkpoint()), dtype=torch.float32)
@@ -255,7 +255,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _chunks(frames: int) -> int:
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     return len(chunk_partition((frames - 1) // 4 + 1, MID.transformer["chunk_partition"]))
 

@@ -42,14 +42,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def transformer_module(revision: str | None) -> types.ModuleType:
     """vidloom's Flux2 transformer module today (None) or at `revision` (its file as committed then)."""
     if revision is None:
-        from vidloom.models.flux2 import transformer
+        from vidloom.families.flux2 import transformer
 
         return transformer
-    source = subprocess.run(["git", "show", f"{revision}:vidloom/models/flux2/transformer.py"], cwd=ROOT,
+    source = subprocess.run(["git", "show", f"{revision}:vidloom/families/flux2/transformer.py"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     module = types.ModuleType(f"flux2_transformer_{revision}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
-    exec(compile(source, f"{revision}:vidloom/models/flux2/transformer.py", "exec"), module.__dict__)
+    exec(compile(source, f"{revision}:vidloom/families/flux2/transformer.py", "exec"), module.__dict__)
     return module
 
 

@@ -24,7 +24,7 @@ from report import environment, write_json  # noqa: E402
 from vidloom.loading.diffusers_dir import DiffusersDir  # noqa: E402
 from vidloom.loading.precision import cast_module  # noqa: E402
 from vidloom.loading.safetensors_io import load_weights  # noqa: E402
-from vidloom.models.flux2.transformer import (  # noqa: E402
+from vidloom.families.flux2.transformer import (  # noqa: E402
     FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig,
 )
 

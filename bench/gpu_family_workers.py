@@ -31,7 +31,7 @@ def _flux2(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[str
     import torch
 
     from vidloom.loading.precision import materialize
-    from vidloom.models.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+    from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
 
     config = Flux2TransformerConfig.from_diffusers(row.transformer)
     model = _random_(materialize(lambda: Flux2Transformer(config), device, dtype, Flux2Transformer.KEEP_FP32), 0)
@@ -78,10 +78,10 @@ def _far(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[str, 
     import torch
 
     from vidloom.loading.precision import materialize
-    from vidloom.models.wan_causal.config import FarTransformerConfig
-    from vidloom.models.wan_causal.layout import ChunkLayout
-    from vidloom.models.wan_causal.transformer import FarTransformer
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.config import FarTransformerConfig
+    from vidloom.families.wan_causal.layout import ChunkLayout
+    from vidloom.families.wan_causal.transformer import FarTransformer
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     config = FarTransformerConfig.from_diffusers(row.transformer)
     model = _random_(materialize(lambda: FarTransformer(config), device, dtype, FarTransformer.KEEP_FP32), 0)
@@ -109,12 +109,12 @@ def _cosmos3(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[s
     import torch
 
     from vidloom.loading.precision import materialize
-    from vidloom.models.cosmos3.config import Cosmos3TextConfig
-    from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
-    from vidloom.models.cosmos3.generation import Cosmos3Generator
-    from vidloom.models.cosmos3.layout import GenLayout, text_prefix_positions
-    from vidloom.models.cosmos3.transformer import Cosmos3Transformer
-    from vidloom.recipes.cosmos3.gen_load import KEEP_FP32
+    from vidloom.families.cosmos3.config import Cosmos3TextConfig
+    from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
+    from vidloom.families.cosmos3.generation import Cosmos3Generator
+    from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
+    from vidloom.families.cosmos3.transformer import Cosmos3Transformer
+    from vidloom.families.cosmos3.gen_load import KEEP_FP32
 
     config = Cosmos3GenConfig.from_transformer_config(row.transformer)
     text_config = Cosmos3TextConfig.from_transformer_config(row.transformer)

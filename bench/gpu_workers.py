@@ -58,7 +58,7 @@ def write_checkpoint(folder: Path, work: Workload = REAL, seed: int = 0) -> Path
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from vidloom.recipes.wan.demo import WAN21_SCHEDULER, train_tokenizer
+    from vidloom.families.wan.demo import WAN21_SCHEDULER, train_tokenizer
 
     torch.manual_seed(seed)
     dtype = getattr(torch, work.dtype)

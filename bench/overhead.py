@@ -29,7 +29,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import SequentialCFG, cfg_combine
 from vidloom.diffusion.sampler import make_sampler
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.wan.loop import WanDenoiseLoop
+from vidloom.families.wan.loop import WanDenoiseLoop
 from vidloom.runtime.engine import Engine
 
 Network = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -36,7 +36,7 @@ from vidloom.core.parallel import ParallelPlan, SequenceGeometry
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.models.wan.transformer_config import WanTransformerConfig
-from vidloom.recipes.wan.parallel import sequence_geometry
+from vidloom.families.wan.parallel import sequence_geometry
 
 PLANS = {
     "1": ParallelPlan(), "1t1": ParallelPlan(), "sp2": ParallelPlan(sp=2), "cfg2": ParallelPlan(cfg=2),

@@ -54,7 +54,7 @@ def _wan(config_kwargs: dict[str, Any]) -> tuple[Callable[[torch.dtype], Decode]
 def _flux2() -> tuple[Callable[[torch.dtype], Decode], Decode]:
     from diffusers import AutoencoderKLFlux2
 
-    from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
+    from vidloom.families.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
 
     torch.manual_seed(0)
     ref = AutoencoderKLFlux2().eval()  # the published FLUX.2 VAE config is the class default
@@ -70,7 +70,7 @@ def _flux2() -> tuple[Callable[[torch.dtype], Decode], Decode]:
         return lambda z: vae.decode(z.to(dtype)).float().clamp(-1, 1)
 
     def reference(z: torch.Tensor) -> torch.Tensor:
-        from vidloom.models.flux2.vae import unpatchify
+        from vidloom.families.flux2.vae import unpatchify
 
         return ref.decode(unpatchify(z * std + mean)).sample.clamp(-1, 1)
 
@@ -92,7 +92,7 @@ def _ltx2() -> tuple[Callable[[torch.dtype], Decode], Decode]:
     def ours(dtype: torch.dtype) -> Decode:
         vae = load_video_vae(folder, dtype=dtype)
         if dtype == torch.bfloat16:
-            use_channels_last(vae)  # as the fast path loads it (vidloom/recipes/ltx2/load.py)
+            use_channels_last(vae)  # as the fast path loads it (vidloom/families/ltx2/load.py)
         step = None if timestep is None else timestep.to(dtype)
         return lambda z: (torch.manual_seed(0), vae.decode(z.to(dtype), step))[1].float().clamp(-1, 1)
 

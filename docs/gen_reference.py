@@ -293,7 +293,7 @@ too. Any other diffusers pipeline class runs through the diffusers adapter.
 
 def config_keys_page() -> str:
     from vidloom.loading.key_policies import KEY_POLICIES, key_policy
-    from vidloom.models.qwen_omni.config_keys import PRETRAINED_BOOKKEEPING
+    from vidloom.families.qwen_omni.config_keys import PRETRAINED_BOOKKEEPING
     from vidloom.registry import ARCHITECTURES, PIPELINES
 
     out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | recipe |\n| --- | --- |\n"]

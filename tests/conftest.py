@@ -22,7 +22,7 @@ def tiny_wan_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory) -> Path:
     """A cache dir holding the built-in demo checkpoint (written once per session)."""
-    from vidloom.recipes.wan.demo import ensure_demo_checkpoint
+    from vidloom.families.wan.demo import ensure_demo_checkpoint
 
     cache = tmp_path_factory.mktemp("vidloom-cache")
     ensure_demo_checkpoint(cache)

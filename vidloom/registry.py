@@ -25,95 +25,95 @@ log = logging.getLogger(__name__)
 
 # Registered model ids -> "module:function" returning their ModelCard.
 CARDS: dict[str, str] = {
-    "wan2.1-demo": "vidloom.recipes.wan.demo:demo_card",
-    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:demo_card",
-    "far-demo": "vidloom.recipes.wan_causal.demo:demo_card",
-    "cosmos3-demo": "vidloom.recipes.cosmos3.demo:demo_card",
-    "cosmos3-action-demo": "vidloom.recipes.cosmos3.action_demo:demo_card",
-    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:demo_card",
-    "flux2-klein-demo": "vidloom.recipes.flux2.demo:demo_card",
-    "ltx2-demo": "vidloom.recipes.ltx2.demo:demo_card",
-    "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:demo_card",
-    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:demo_card",
-    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:demo_card",
-    "wan2.1-t2v-1.3b": "vidloom.recipes.wan.cards:wan21_t2v_1_3b",
-    "wan2.1-t2v-14b": "vidloom.recipes.wan.cards:wan21_t2v_14b",
-    "wan2.1-i2v-14b-480p": "vidloom.recipes.wan.registered:wan21_i2v_14b_480p",
-    "wan2.1-i2v-14b-720p": "vidloom.recipes.wan.registered:wan21_i2v_14b_720p",
-    "wan2.1-flf2v-14b-720p": "vidloom.recipes.wan.registered:wan21_flf2v_14b_720p",
-    "wan2.2-ti2v-5b": "vidloom.recipes.wan.registered:wan22_ti2v_5b",
-    "wan2.2-t2v-a14b": "vidloom.recipes.wan.registered:wan22_t2v_a14b",
-    "wan2.2-i2v-a14b": "vidloom.recipes.wan.registered:wan22_i2v_a14b",
-    "fastwan2.1-t2v-1.3b": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b",
-    "fastwan2.1-t2v-1.3b-fp8": "vidloom.recipes.wan.registered:fastwan21_t2v_1_3b_fp8",
-    "fastwan2.2-ti2v-5b": "vidloom.recipes.wan.registered:fastwan22_ti2v_5b",
+    "wan2.1-demo": "vidloom.families.wan.demo:demo_card",
+    "wan2.2-demo": "vidloom.families.wan.demo_ti2v:demo_card",
+    "far-demo": "vidloom.families.wan_causal.demo:demo_card",
+    "cosmos3-demo": "vidloom.families.cosmos3.demo:demo_card",
+    "cosmos3-action-demo": "vidloom.families.cosmos3.action_demo:demo_card",
+    "qwen-omni-demo": "vidloom.families.qwen_omni.demo:demo_card",
+    "flux2-klein-demo": "vidloom.families.flux2.demo:demo_card",
+    "ltx2-demo": "vidloom.families.ltx2.demo:demo_card",
+    "diffusers-adapter-demo": "vidloom.families.diffusers_adapter.demo:demo_card",
+    "sana-wm-demo": "vidloom.families.sana_wm.demo:demo_card",
+    "stable-audio-demo": "vidloom.families.stable_audio.demo:demo_card",
+    "wan2.1-t2v-1.3b": "vidloom.families.wan.cards:wan21_t2v_1_3b",
+    "wan2.1-t2v-14b": "vidloom.families.wan.cards:wan21_t2v_14b",
+    "wan2.1-i2v-14b-480p": "vidloom.families.wan.registered:wan21_i2v_14b_480p",
+    "wan2.1-i2v-14b-720p": "vidloom.families.wan.registered:wan21_i2v_14b_720p",
+    "wan2.1-flf2v-14b-720p": "vidloom.families.wan.registered:wan21_flf2v_14b_720p",
+    "wan2.2-ti2v-5b": "vidloom.families.wan.registered:wan22_ti2v_5b",
+    "wan2.2-t2v-a14b": "vidloom.families.wan.registered:wan22_t2v_a14b",
+    "wan2.2-i2v-a14b": "vidloom.families.wan.registered:wan22_i2v_a14b",
+    "fastwan2.1-t2v-1.3b": "vidloom.families.wan.registered:fastwan21_t2v_1_3b",
+    "fastwan2.1-t2v-1.3b-fp8": "vidloom.families.wan.registered:fastwan21_t2v_1_3b_fp8",
+    "fastwan2.2-ti2v-5b": "vidloom.families.wan.registered:fastwan22_ti2v_5b",
 }
 # model_index.json "_class_name" -> builder of a card for that folder.
 PIPELINES: dict[str, str] = {
-    "WanPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
-    "AnyFlowFARPipeline": "vidloom.recipes.wan_causal.cards:card_from_checkpoint",
-    "Flux2KleinPipeline": "vidloom.recipes.flux2.cards:card_from_checkpoint",
-    "WanImageToVideoPipeline": "vidloom.recipes.wan.cards:card_from_checkpoint",
+    "WanPipeline": "vidloom.families.wan.cards:card_from_checkpoint",
+    "AnyFlowFARPipeline": "vidloom.families.wan_causal.cards:card_from_checkpoint",
+    "Flux2KleinPipeline": "vidloom.families.flux2.cards:card_from_checkpoint",
+    "WanImageToVideoPipeline": "vidloom.families.wan.cards:card_from_checkpoint",
     # FastVideo's name for its DMD-distilled FastWan repos (fastvideo/registry.py): the FastWan recipe.
-    "WanDMDPipeline": "vidloom.recipes.wan.registered:fastwan_card_from_checkpoint",
-    "Cosmos3OmniPipeline": "vidloom.recipes.cosmos3.cards:card_from_checkpoint",
-    "LTX2Pipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
-    "LTX2ImageToVideoPipeline": "vidloom.recipes.ltx2.cards:card_from_checkpoint",
-    "SanaWMPipeline": "vidloom.recipes.sana_wm.cards:card_from_checkpoint",
-    "StableAudioPipeline": "vidloom.recipes.stable_audio.cards:card_from_checkpoint",
+    "WanDMDPipeline": "vidloom.families.wan.registered:fastwan_card_from_checkpoint",
+    "Cosmos3OmniPipeline": "vidloom.families.cosmos3.cards:card_from_checkpoint",
+    "LTX2Pipeline": "vidloom.families.ltx2.cards:card_from_checkpoint",
+    "LTX2ImageToVideoPipeline": "vidloom.families.ltx2.cards:card_from_checkpoint",
+    "SanaWMPipeline": "vidloom.families.sana_wm.cards:card_from_checkpoint",
+    "StableAudioPipeline": "vidloom.families.stable_audio.cards:card_from_checkpoint",
 }
-# Any other diffusers pipeline class: run by diffusers itself as one loop (recipes/diffusers_adapter).
-ADAPTER = "vidloom.recipes.diffusers_adapter.cards:card_from_checkpoint"
+# Any other diffusers pipeline class: run by diffusers itself as one loop (families/diffusers_adapter).
+ADAPTER = "vidloom.families.diffusers_adapter.cards:card_from_checkpoint"
 # transformers checkpoints (config.json "architectures", no model_index.json) -> builder of a card for that folder.
 ARCHITECTURES: dict[str, str] = {
-    "Qwen2_5OmniForConditionalGeneration": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
+    "Qwen2_5OmniForConditionalGeneration": "vidloom.families.qwen_omni.cards:card_from_checkpoint",
     # The name the released Qwen/Qwen2.5-Omni-3B and -7B config.json files give (transformers' preview name).
-    "Qwen2_5OmniModel": "vidloom.recipes.qwen_omni.cards:card_from_checkpoint",
+    "Qwen2_5OmniModel": "vidloom.families.qwen_omni.cards:card_from_checkpoint",
 }
 # Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
 LOADERS: dict[str, str] = {
-    "wan2.1": "vidloom.recipes.wan.load:load_instance",
-    "anyflow-far": "vidloom.recipes.wan_causal.load:load_instance",
-    "flux2": "vidloom.recipes.flux2.load:load_instance",
-    "wan2.2": "vidloom.recipes.wan.load:load_instance",
-    "cosmos3": "vidloom.recipes.cosmos3.load:load_instance",
-    "ltx2": "vidloom.recipes.ltx2.load:load_instance",
-    "diffusers-adapter": "vidloom.recipes.diffusers_adapter.load:load_instance",
-    "qwen-omni": "vidloom.recipes.qwen_omni.load:load_instance",
-    "sana-wm": "vidloom.recipes.sana_wm.load:load_instance",
-    "stable-audio": "vidloom.recipes.stable_audio.load:load_instance",
+    "wan2.1": "vidloom.families.wan.load:load_instance",
+    "anyflow-far": "vidloom.families.wan_causal.load:load_instance",
+    "flux2": "vidloom.families.flux2.load:load_instance",
+    "wan2.2": "vidloom.families.wan.load:load_instance",
+    "cosmos3": "vidloom.families.cosmos3.load:load_instance",
+    "ltx2": "vidloom.families.ltx2.load:load_instance",
+    "diffusers-adapter": "vidloom.families.diffusers_adapter.load:load_instance",
+    "qwen-omni": "vidloom.families.qwen_omni.load:load_instance",
+    "sana-wm": "vidloom.families.sana_wm.load:load_instance",
+    "stable-audio": "vidloom.families.stable_audio.load:load_instance",
 }
 # Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
 SEQUENCE_GEOMETRY: dict[str, str] = {
-    "wan2.1": "vidloom.recipes.wan.parallel:sequence_geometry",
-    "wan2.2": "vidloom.recipes.wan.parallel:sequence_geometry",
+    "wan2.1": "vidloom.families.wan.parallel:sequence_geometry",
+    "wan2.2": "vidloom.families.wan.parallel:sequence_geometry",
 }
 # "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
 DEMOS: dict[str, str] = {
-    "wan2.1-demo": "vidloom.recipes.wan.demo:ensure_demo_checkpoint",
-    "wan2.2-demo": "vidloom.recipes.wan.demo_ti2v:ensure_demo_checkpoint",
-    "far-demo": "vidloom.recipes.wan_causal.demo:ensure_demo_checkpoint",
-    "cosmos3-demo": "vidloom.recipes.cosmos3.demo:ensure_demo_checkpoint",
-    "cosmos3-action-demo": "vidloom.recipes.cosmos3.action_demo:ensure_demo_checkpoint",
-    "qwen-omni-demo": "vidloom.recipes.qwen_omni.demo:ensure_demo_checkpoint",
-    "flux2-klein-demo": "vidloom.recipes.flux2.demo:ensure_demo_checkpoint",
-    "ltx2-demo": "vidloom.recipes.ltx2.demo:ensure_demo_checkpoint",
-    "diffusers-adapter-demo": "vidloom.recipes.diffusers_adapter.demo:ensure_demo_checkpoint",
-    "sana-wm-demo": "vidloom.recipes.sana_wm.demo:ensure_demo_checkpoint",
-    "stable-audio-demo": "vidloom.recipes.stable_audio.demo:ensure_demo_checkpoint",
+    "wan2.1-demo": "vidloom.families.wan.demo:ensure_demo_checkpoint",
+    "wan2.2-demo": "vidloom.families.wan.demo_ti2v:ensure_demo_checkpoint",
+    "far-demo": "vidloom.families.wan_causal.demo:ensure_demo_checkpoint",
+    "cosmos3-demo": "vidloom.families.cosmos3.demo:ensure_demo_checkpoint",
+    "cosmos3-action-demo": "vidloom.families.cosmos3.action_demo:ensure_demo_checkpoint",
+    "qwen-omni-demo": "vidloom.families.qwen_omni.demo:ensure_demo_checkpoint",
+    "flux2-klein-demo": "vidloom.families.flux2.demo:ensure_demo_checkpoint",
+    "ltx2-demo": "vidloom.families.ltx2.demo:ensure_demo_checkpoint",
+    "diffusers-adapter-demo": "vidloom.families.diffusers_adapter.demo:ensure_demo_checkpoint",
+    "sana-wm-demo": "vidloom.families.sana_wm.demo:ensure_demo_checkpoint",
+    "stable-audio-demo": "vidloom.families.stable_audio.demo:ensure_demo_checkpoint",
 }
 DEFAULT_MODEL = "wan2.1-demo"
 # Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
 CAPABILITY_ROWS: tuple[str, ...] = (
-    "vidloom.recipes.wan.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.wan_causal.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.flux2.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.ltx2.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.cosmos3.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.diffusers_adapter.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.qwen_omni.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.sana_wm.cards:CAPABILITY_ROWS",
-    "vidloom.recipes.stable_audio.cards:CAPABILITY_ROWS",
+    "vidloom.families.wan.cards:CAPABILITY_ROWS",
+    "vidloom.families.wan_causal.cards:CAPABILITY_ROWS",
+    "vidloom.families.flux2.cards:CAPABILITY_ROWS",
+    "vidloom.families.ltx2.cards:CAPABILITY_ROWS",
+    "vidloom.families.cosmos3.cards:CAPABILITY_ROWS",
+    "vidloom.families.diffusers_adapter.cards:CAPABILITY_ROWS",
+    "vidloom.families.qwen_omni.cards:CAPABILITY_ROWS",
+    "vidloom.families.sana_wm.cards:CAPABILITY_ROWS",
+    "vidloom.families.stable_audio.cards:CAPABILITY_ROWS",
 )
 
 

@@ -38,7 +38,7 @@ def _wan() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
 
 def _far() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
     from vidloom.models.wan.vae import WanVAE, WanVAEConfig
-    from vidloom.recipes.wan_causal.decode import new_stream
+    from vidloom.families.wan_causal.decode import new_stream
 
     vae = WanVAE(WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1, latents_mean=(0.0,) * 4,
                                 latents_std=(1.0,) * 4)).eval()
@@ -51,7 +51,7 @@ def _far() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
 
 
 def _flux2() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
-    from vidloom.models.flux2.vae import Flux2VAE, Flux2VAEConfig
+    from vidloom.families.flux2.vae import Flux2VAE, Flux2VAEConfig
 
     vae = Flux2VAE(Flux2VAEConfig(block_out_channels=(8, 16, 16, 16), latent_channels=4, norm_num_groups=4)).eval()
     return lambda z, tiling: vae.decode(z, tiling), torch.randn(1, 16, 48, 48)  # 768x768
@@ -59,14 +59,14 @@ def _flux2() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]
 
 def _ltx2() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
     from vidloom.models.ltx2.video_vae import LTX2VideoVAE, LTX2VideoVAEConfig
-    from vidloom.recipes.sana_wm.demo import DEMO_VAE
+    from vidloom.families.sana_wm.demo import DEMO_VAE
 
     vae = LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(DEMO_VAE)).eval()
     return lambda z, tiling: vae.decode(z, tiling=tiling), torch.randn(1, 8, 2, 12, 12)  # 9 frames of 384x384
 
 
 def _oobleck() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
-    from vidloom.models.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
+    from vidloom.families.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
 
     config = OobleckDecoderConfig(downsampling_ratios=(2, 4, 4, 4), channel_multiples=(1, 2, 2, 4), encoder_channels=16,
                                   channels=16, latent_channels=8)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tests.helpers.wan_checkpoints import _latent_stats
-from vidloom.recipes.wan.demo import train_tokenizer
+from vidloom.families.wan.demo import train_tokenizer
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def measure(spec: dict) -> dict[str, int]:
 def _measure_speech(generator, spec: dict) -> dict[str, int]:
     from vidloom.core.chat import SamplingParams
     from vidloom.core.speech import SpeechRequest
-    from vidloom.recipes.qwen_omni.speech import speech_prompt
+    from vidloom.families.qwen_omni.speech import speech_prompt
     from vidloom.runtime.speech_run import speak_alone
 
     engine = generator.engine

@@ -24,7 +24,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 CONFIG_FILES = ("config.json", "scheduler_config.json", "preprocessor_config.json")
 
 def _wan_tokenizer():
-    from vidloom.recipes.wan.demo import train_tokenizer
+    from vidloom.families.wan.demo import train_tokenizer
 
     return train_tokenizer()
 

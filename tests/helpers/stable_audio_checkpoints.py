@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vidloom.recipes.wan.demo import train_tokenizer
+from vidloom.families.wan.demo import train_tokenizer
 
 TEXT_TOKENS = 16  # the tokenizer's model_max_length: prompts are padded to it
 

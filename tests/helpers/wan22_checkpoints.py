@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.wan_checkpoints import TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.recipes.wan.demo import train_tokenizer
+from vidloom.families.wan.demo import train_tokenizer
 
 # The TI2V-5B VAE layout at a tiny width: residual stages, 2x2 patching, a wider decoder.
 TI2V_VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from vidloom.recipes.wan.demo import WAN21_SCHEDULER, train_tokenizer
+from vidloom.families.wan.demo import WAN21_SCHEDULER, train_tokenizer
 
 
 @dataclass(frozen=True)

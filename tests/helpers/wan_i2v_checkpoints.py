@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from tests.helpers.wan_checkpoints import TINY_A, TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.recipes.wan.demo import train_tokenizer
+from vidloom.families.wan.demo import train_tokenizer
 
 CLIP_SIZE = 32  # processor output side; with patch 8 -> 16 patches + CLS = 17 tokens
 CLIP = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,

@@ -177,7 +177,7 @@ def test_qwen_omni_demo_hears_audio_and_sees_images(tmp_path):
     the thinker's greedy answer; a spoken answer carries the same transcript."""
     from PIL import Image
 
-    from vidloom.models.qwen_omni.encoders import audio_output_length
+    from vidloom.families.qwen_omni.encoders import audio_output_length
 
     gen = VideoGenerator.from_pretrained("qwen-omni-demo", device="cpu", cache_dir=tmp_path / "cache")
     png = io.BytesIO()

@@ -14,7 +14,7 @@ skipping costs more dB than on real checkpoints):
 | Stable Audio | 8   | (0.7) 1 step, 46.2 dB             | (0.7) 1 step, 42.3 dB              |
 
 Stable Audio's figure is the waveform's PSNR against the plain run's peak amplitude. SANA-WM's step cache
-and compile act on stage 1 (its refiner's windowed forward is not staged: see recipes/sana_wm/cards.py).
+and compile act on stage 1 (its refiner's windowed forward is not staged: see families/sana_wm/cards.py).
 
 compile runs with backend aot_eager (inductor would generate C++ kernels for minutes on this CPU): it
 traces the same aten ops as eager, so the outputs equal the plain path within float32 noise.

@@ -85,7 +85,7 @@ def test_fp8_on_cuda_needs_bfloat16_compute():
 
 
 def test_chat_only_cosmos3_refuses_fp8():
-    from vidloom.recipes.cosmos3.cards import CHAT_ONLY_CAPABILITIES
+    from vidloom.families.cosmos3.cards import CHAT_ONLY_CAPABILITIES
 
     with pytest.raises(DeployError, match="fp8_weights.*chat only"):
         CHAT_ONLY_CAPABILITIES.refuse_unsupported(DeployConfig(fp8_weights=True), "m", "cosmos3")

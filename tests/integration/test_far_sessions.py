@@ -18,9 +18,9 @@ from vidloom.core.output import ProgressEvent
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession
 from vidloom.generator import VideoGenerator
-from vidloom.models.wan_causal.kv_cache import FarKVCache
-from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.recipes.wan_causal.loop import SESSION, rebuild_session_kv
+from vidloom.families.wan_causal.kv_cache import FarKVCache
+from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.loop import SESSION, rebuild_session_kv
 from vidloom.runtime.engine import CancellationToken
 
 SIZE = dict(height=32, width=48)
@@ -137,7 +137,7 @@ def test_budget_pressure_evicts_sessions_instead_of_refusing(far_dir):
 
 def _peak_slab_bytes(gen: VideoGenerator, source: Any) -> int:
     from vidloom.media.request_inputs import resolve_request
-    from vidloom.recipes.wan_causal.memory import kv_cache_bytes
+    from vidloom.families.wan_causal.memory import kv_cache_bytes
 
     request = resolve_request(GenerationRequest(prompt="x", extend_from=source, **EXTEND), gen.card)
     return kv_cache_bytes(gen.engine.instance, request)
@@ -233,7 +233,7 @@ def test_non_causal_models_refuse_extend_from(demo_cache):
 
 def test_memory_estimate_counts_the_session_copy_exactly(far, far_dir):
     from vidloom.media.request_inputs import resolve_request
-    from vidloom.recipes.wan_causal.memory import session_bytes
+    from vidloom.families.wan_causal.memory import session_bytes
 
     source = far.generate("a red fox", **SOURCE)
     kept = far.engine.caches.session_stats()["session_bytes"]

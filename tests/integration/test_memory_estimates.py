@@ -144,8 +144,8 @@ def _resolved(generator, **fields):
 
 def test_cosmos3_parts_follow_sound_reasoning_and_guidance(models):
     from vidloom.generator import VideoGenerator
-    from vidloom.recipes.cosmos3.memory import footprint, kv_bytes
-    from vidloom.recipes.cosmos3.reason import REASON_MAX_TOKENS
+    from vidloom.families.cosmos3.memory import footprint, kv_bytes
+    from vidloom.families.cosmos3.reason import REASON_MAX_TOKENS
 
     generator = VideoGenerator.from_pretrained(models["cosmos3-sound"]["model"], device="cpu")
     instance = generator.engine.instance
@@ -164,7 +164,7 @@ def test_cosmos3_parts_follow_sound_reasoning_and_guidance(models):
 def test_ltx2_second_stage_raises_the_estimate(models):
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
-    from vidloom.recipes.ltx2.memory import footprint
+    from vidloom.families.ltx2.memory import footprint
 
     folder = models["ltx2"]["model"]
     one = VideoGenerator.from_pretrained(folder, device="cpu")

@@ -170,7 +170,7 @@ def test_a_causal_video_plays_while_it_streams(browser, page, tmp_path, monkeypa
     require_chromium()
     from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
     from vidloom.generator import VideoGenerator
-    from vidloom.recipes.wan_causal import loop as far_loop
+    from vidloom.families.wan_causal import loop as far_loop
 
     engine = VideoGenerator.from_pretrained(write_tiny_far(tmp_path / "far", FAR_A), device="cpu").engine
     held = HeldDecode(far_loop.decode_chunk, index=2)  # 17 frames: chunks [0, 1), [1, 9), then held at [9, 17)

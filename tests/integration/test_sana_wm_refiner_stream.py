@@ -20,7 +20,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import Cancelled, DeployError
 from vidloom.core.output import ChunkEvent, ProgressEvent
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.sana_wm.refine_loop import SanaWMRefineLoop
+from vidloom.families.sana_wm.refine_loop import SanaWMRefineLoop
 from vidloom.runtime.engine import CancellationToken
 from vidloom.serving.config import ServeConfig
 
@@ -117,7 +117,7 @@ def test_two_stage_needs_the_refiner_folder_and_refuses_the_upsampler(tmp_path, 
 def test_memory_estimate_counts_the_refiner_window(gen, folder):
     from vidloom.core.request import GenerationRequest
     from vidloom.media.request_inputs import resolve_request
-    from vidloom.recipes.sana_wm.memory import footprint
+    from vidloom.families.sana_wm.memory import footprint
 
     request = resolve_request(GenerationRequest(prompt="a car", image=[IMAGE], **BASE), gen.card)
     one_stage = VideoGenerator.from_pretrained(folder, device="cpu").engine.instance

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.servers import ThreadServer, parse_sse, wait_for_status
-from vidloom.recipes.wan_causal import loop as far_loop
+from vidloom.families.wan_causal import loop as far_loop
 from vidloom.serving.config import ServeConfig
 
 # 17 frames = 5 latent frames: chunks of 1, 2 and 2 latent frames, i.e. video frames [0, 1), [1, 9), [9, 17).

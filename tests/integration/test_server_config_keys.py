@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from tests.helpers.servers import ProcessServer
-from vidloom.models.flux2.vae import FLUX2_VAE_POLICY
+from vidloom.families.flux2.vae import FLUX2_VAE_POLICY
 
 
 def test_served_model_lists_the_harmless_keys_its_load_accepted(flux2_distilled_dir: Path, tmp_path: Path):

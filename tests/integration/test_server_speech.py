@@ -192,7 +192,7 @@ def hold_the_talker_until_audio_arrives(speech_server, monkeypatch):
     only after the talker, that wait would time out. Returns (first_audio event, waits, the caps it ran to)."""
     import threading
 
-    from vidloom.recipes.qwen_omni.stream_audio import AudioPiece
+    from vidloom.families.qwen_omni.stream_audio import AudioPiece
 
     engine = speech_server.app.state.jobs.engine
     [talker] = [node.loop for node in engine.engine.program.nodes if node.name == "talker"]

@@ -15,8 +15,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.generator import VideoGenerator
 from vidloom.media.audio import read_audio_stream, read_wav
-from vidloom.recipes.stable_audio.demo import DEMO_AUDIO, DEMO_ID, ensure_demo_checkpoint
-from vidloom.recipes.stable_audio.cards import card_from_checkpoint
+from vidloom.families.stable_audio.demo import DEMO_AUDIO, DEMO_ID, ensure_demo_checkpoint
+from vidloom.families.stable_audio.cards import card_from_checkpoint
 
 pytest.importorskip("torchsde")
 

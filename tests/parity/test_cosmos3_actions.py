@@ -51,7 +51,7 @@ def _mode(case: str) -> str:
 
 
 def _setup(folder: Path, case: str):
-    from vidloom.recipes.cosmos3.actions import RAW_WIDTHS
+    from vidloom.families.cosmos3.actions import RAW_WIDTHS
 
     kw = CASES[case]
     domain = kw["domains"][0 if "action-a" in folder.name else 1]
@@ -103,7 +103,7 @@ def test_action_run_matches_cosmos3_pipeline(tiny_cosmos3_action_dir: Path, case
     if mode == "forward_dynamics":
         assert want_actions is None and got["actions"] is None
     else:
-        from vidloom.recipes.cosmos3.actions import RAW_WIDTHS
+        from vidloom.families.cosmos3.actions import RAW_WIDTHS
 
         assert want_actions.shape == got["actions"].shape == (kw["chunk"], RAW_WIDTHS[domain])
         assert got["actions"].dtype == np.float32

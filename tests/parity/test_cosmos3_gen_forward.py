@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.helpers.cosmos3_checkpoints import TinyCosmos3, write_tiny_cosmos3
-from vidloom.models.cosmos3.layout import GenLayout, text_prefix_positions
-from vidloom.recipes.cosmos3.gen_load import load_generator
-from vidloom.recipes.cosmos3.load import load_text_model
+from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
+from vidloom.families.cosmos3.gen_load import load_generator
+from vidloom.families.cosmos3.load import load_text_model
 
 FORWARD_TOL = 1e-5  # fp32, the same math in another order (issue #13's bound)
 

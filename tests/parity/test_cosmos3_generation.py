@@ -17,8 +17,8 @@ from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.parity import TapKey, run_parity
-from vidloom.recipes.cosmos3.gen_program import generation_nodes
-from vidloom.recipes.cosmos3.program import build_program
+from vidloom.families.cosmos3.gen_program import generation_nodes
+from vidloom.families.cosmos3.program import build_program
 from vidloom.runtime.engine import Engine
 
 FRAMES_TOL = 1e-4  # frames in [0, 1], fp32 (issue #13's bound)

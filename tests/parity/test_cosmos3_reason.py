@@ -17,10 +17,10 @@ from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.cosmos3.gen_program import generation_nodes
-from vidloom.recipes.cosmos3.load import load_tokenizer
-from vidloom.recipes.cosmos3.program import build_program
-from vidloom.recipes.cosmos3.reason import reasoner_request
+from vidloom.families.cosmos3.gen_program import generation_nodes
+from vidloom.families.cosmos3.load import load_tokenizer
+from vidloom.families.cosmos3.program import build_program
+from vidloom.families.cosmos3.reason import reasoner_request
 from vidloom.runtime.engine import Engine
 
 MAX_TOKENS = 12  # the reasoner's budget here (random weights rarely emit EOS)

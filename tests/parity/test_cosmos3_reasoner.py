@@ -15,8 +15,8 @@ import torch
 
 from tests.helpers.cosmos3_checkpoints import build_reasoner
 from vidloom.generator import VideoGenerator
-from vidloom.models.cosmos3.transformer import text_positions
-from vidloom.recipes.cosmos3.load import load_text_model, load_tokenizer
+from vidloom.families.cosmos3.transformer import text_positions
+from vidloom.families.cosmos3.load import load_text_model, load_tokenizer
 
 # fp32 on CPU: the same math in a different order (packed vs batched layout, our own RMSNorm/rotary)
 # leaves ~1e-5 on logits of magnitude ~25; 1e-4 is the bound.

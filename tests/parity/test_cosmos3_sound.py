@@ -13,7 +13,7 @@ from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.recipes.cosmos3.gen_load import load_sound_decoder
+from vidloom.families.cosmos3.gen_load import load_sound_decoder
 
 TOL = 1e-4  # frames in [0, 1] and waveform in [-1, 1], fp32 (issue #13's bound)
 KW = dict(prompt="a dog barks at the sea", negative_prompt="silence", num_frames=9, height=32, width=32, fps=24,

@@ -11,7 +11,7 @@ from tests.helpers.cosmos3_checkpoints import COSMOS3_CONFIGS, write_tiny_cosmos
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE
 from vidloom.models.wan.vae_tiling import SpatialTiling
-from vidloom.recipes.cosmos3.gen_load import read_vae_config
+from vidloom.families.cosmos3.gen_load import read_vae_config
 
 ATOL = 1e-4
 

@@ -7,7 +7,7 @@ import torch
 
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.wan.demo import DEMO_ID, DEMO_VERSION, ensure_demo_checkpoint
+from vidloom.families.wan.demo import DEMO_ID, DEMO_VERSION, ensure_demo_checkpoint
 
 
 def test_demo_written_once_and_reused(demo_cache):

@@ -18,8 +18,8 @@ from vidloom.media.video import to_uint8
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.parity import TapKey, run_parity
-from vidloom.recipes.wan_causal.loop import CHUNK_PHASE, chunk_partition
-from vidloom.recipes.wan_causal.program import build_program
+from vidloom.families.wan_causal.loop import CHUNK_PHASE, chunk_partition
+from vidloom.families.wan_causal.program import build_program
 from vidloom.runtime.engine import CancellationToken, Engine
 
 pytest.importorskip("diffusers")
@@ -399,7 +399,7 @@ def test_stopping_a_stream_early_releases_its_kv_cache(far_dirs):
 
 def test_memory_estimate_counts_the_exact_kv_slab(far_dirs):
     from vidloom.media.request_inputs import resolve_request
-    from vidloom.recipes.wan_causal.memory import estimate_request_bytes, kv_cache_bytes
+    from vidloom.families.wan_causal.memory import estimate_request_bytes, kv_cache_bytes
 
     spec, kw = CASES["b_tall_cfg"]
     generator = VideoGenerator.from_pretrained(far_dirs[spec.name], device="cpu")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, reference_far_transformer, reference_populated_step
-from vidloom.models.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
-from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.models.wan_causal.transformer import FarTransformer
+from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
+from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.transformer import FarTransformer
 
 pytest.importorskip("diffusers")
 

@@ -8,8 +8,8 @@ from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
 
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.safetensors_io import load_weights
-from vidloom.models.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
-from vidloom.models.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig, patchify
+from vidloom.families.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig, patchify
 
 TOLERANCE = 1e-5  # the same fp32 products; a few fused roundings (ops.py) differ by ulps: observed <= 7e-7
 

@@ -30,7 +30,7 @@ from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.layers.gguf_linear import GGUFLinear, quantized_linears
-from vidloom.models.flux2.original_layout import FLUX2_BFL
+from vidloom.families.flux2.original_layout import FLUX2_BFL
 from vidloom.models.ltx2.original_layout import LTX2_ORIGINAL
 from vidloom.models.wan.original_layout import WAN_ORIGINAL
 from vidloom.parity import Reference, run_parity

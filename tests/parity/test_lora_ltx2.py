@@ -22,8 +22,8 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
 from vidloom.lora.registry import LORA_ADAPTERS
-from vidloom.recipes.ltx2.program import build_program
-from vidloom.recipes.ltx2.settings import LTX2Settings
+from vidloom.families.ltx2.program import build_program
+from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
 
 TOLERANCE = 1e-4

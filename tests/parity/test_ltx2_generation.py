@@ -20,8 +20,8 @@ from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
 from vidloom.parity import Reference, TapKey, run_parity
 from vidloom.parity.families import LTX2_T2V
-from vidloom.recipes.ltx2.program import build_program
-from vidloom.recipes.ltx2.settings import LTX2Settings
+from vidloom.families.ltx2.program import build_program
+from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
 
 FRAME_TOLERANCE = 1e-4
@@ -149,7 +149,7 @@ def _parity(reference, generator, folder):
 
 def test_parity_tool_finds_every_tap_within_tolerance(reference, generator, tiny_ltx2_dir):
     """Card defaults on both sides (STG on block 28, absent here: diffusers' pass perturbs nothing and ours is not
-    run, see recipes.ltx2.loop): every block of every guidance pass, the step latents, frames and waveform within
+    run, see families.ltx2.loop): every block of every guidance pass, the step latents, frames and waveform within
     1e-4."""
     report = _parity(reference, generator, tiny_ltx2_dir).report
     text = report.format()

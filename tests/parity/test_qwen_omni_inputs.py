@@ -20,7 +20,7 @@ import torch
 from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, processors, write_tiny_omni
 from vidloom.core.chat import SamplingParams
 from vidloom.generator import VideoGenerator
-from vidloom.models.qwen_omni.encoders import audio_output_length
+from vidloom.families.qwen_omni.encoders import audio_output_length
 
 THINKER_TOKENS, TALKER_TOKENS, SEED = 8, 16, 5
 WAVE_ATOL = 1e-4  # as test_qwen_omni_speech: summation-order noise through the DiT and the vocoder

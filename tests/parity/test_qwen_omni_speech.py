@@ -16,7 +16,7 @@ from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, wr
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.qwen_omni.speech import start_speech
+from vidloom.families.qwen_omni.speech import start_speech
 
 # Same modules, same op order, float32: differences are summation-order noise through ~9 RK4 intervals of
 # the DiT and the vocoder. 1e-4 of full scale (the waveform spans about [-0.2, 0.2] here) is far below

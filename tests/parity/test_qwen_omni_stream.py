@@ -1,7 +1,7 @@
 """Streamed speech (audio_chunk_codes): audio leaves while the talker decodes, and matches the whole utterance.
 
 The talker's codes are the non-streamed run's (the chunk decodes do not touch its state). Each chunk
-is token2wav + vocoder on a block-aligned window around it (recipes.qwen_omni.stream_audio); against
+is token2wav + vocoder on a block-aligned window around it (families.qwen_omni.stream_audio); against
 the whole-utterance decode of the same codes from the same noise: equal (float32, up to summation
 order) when the window spans the utterance, and within STREAM_ATOL with the default context.
 """
@@ -17,8 +17,8 @@ from vidloom.core.chat import SamplingParams
 from vidloom.core.output import AudioChunkEvent, ProgressEvent
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.qwen_omni import stream_audio
-from vidloom.recipes.qwen_omni.speech import start_speech
+from vidloom.families.qwen_omni import stream_audio
+from vidloom.families.qwen_omni.speech import start_speech
 
 GREEDY = SamplingParams(temperature=0.0)
 CODES, CHUNK, SEED = 24, 4, 7

@@ -120,7 +120,7 @@ def test_demo_folder_runs_the_same_in_diffusers(tmp_path):
     # sana-wm-demo is written by our own modules; diffusers' pipeline reading it gives our frames.
     from diffusers import SanaWMPipeline
 
-    from vidloom.recipes.sana_wm.demo import ensure_demo_checkpoint
+    from vidloom.families.sana_wm.demo import ensure_demo_checkpoint
 
     folder = ensure_demo_checkpoint(tmp_path)
     pipe = SanaWMPipeline.from_pretrained(str(folder), dtype=torch.float32)

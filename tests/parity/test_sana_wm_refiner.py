@@ -1,4 +1,4 @@
-"""SANA-WM refiner DiT parity: our LTX-2 transformer run through models/sana_wm/refiner.py vs diffusers'
+"""SANA-WM refiner DiT parity: our LTX-2 transformer run through families/sana_wm/refiner.py vs diffusers'
 SanaWMLTX2RefinerTransformer3DModel, forward by forward over a chunk-causal window (sink capture, denoise
 steps that attend to the sink and history, history capture, a trimmed history with a slid sink rotary)."""
 
@@ -9,8 +9,8 @@ import torch
 
 from tests.helpers.sana_wm_checkpoints import CONFIGS, TinySanaWM, build_refiner
 from vidloom.core.errors import CheckpointError
-from vidloom.models.sana_wm.checkpoint import load_refiner_transformer
-from vidloom.models.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
+from vidloom.families.sana_wm.checkpoint import load_refiner_transformer
+from vidloom.families.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
 
 # Same op order as the reference in float32; observed differences are ~1e-6 on outputs of ~1-10.
 TOLERANCE = 1e-4

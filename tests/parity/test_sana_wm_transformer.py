@@ -9,8 +9,8 @@ from safetensors.torch import load_file, save_file
 
 from tests.helpers.sana_wm_checkpoints import CONFIGS, TinySanaWM, build_transformer
 from vidloom.core.errors import CheckpointError
-from vidloom.models.sana_wm.checkpoint import load_transformer
-from vidloom.models.sana_wm.config import SanaWMConfig
+from vidloom.families.sana_wm.checkpoint import load_transformer
+from vidloom.families.sana_wm.config import SanaWMConfig
 
 # The reference runs its float32 softmax attention through bfloat16 SDPA (so do we, to match); an
 # ulp-level difference upstream can then flip a bf16 rounding, observed <= 7e-5 on outputs of ~2.

@@ -113,7 +113,7 @@ def _wan_layout(folder: Path) -> KeyLayout:
 
 
 def _flux2_layout(folder: Path) -> KeyLayout:
-    from vidloom.models.flux2.original_layout import FLUX2_BFL
+    from vidloom.families.flux2.original_layout import FLUX2_BFL
 
     return FLUX2_BFL
 

@@ -80,7 +80,7 @@ def test_initial_waveform_matches_pipeline(pair, channels, length):
     # the output; check that it reaches them: the latents differ by exactly the posterior sample.
     from vidloom.media.request_inputs import resolve_request
     from vidloom.generator import build_request
-    from vidloom.recipes.stable_audio.program import build_program, initial_window
+    from vidloom.families.stable_audio.program import build_program, initial_window
 
     instance = gen.engine.instance
     node = next(n for n in build_program(instance).nodes if n.name == "prepare_latents")

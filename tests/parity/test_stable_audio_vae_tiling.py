@@ -13,7 +13,7 @@ from tests.helpers.stable_audio_checkpoints import CONFIGS
 from vidloom.layers.tiling import SpatialTiling
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import load_weights
-from vidloom.models.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
+from vidloom.families.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
 
 ATOL = 1e-5
 

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vidloom"
 # Package -> module prefixes it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "core": ("vidloom.",),  # anything of ours outside core (checked below: vidloom.core.* is allowed)
-    "runtime": ("vidloom.models", "vidloom.recipes", "vidloom.lora", "vidloom.serving"),
+    "runtime": ("vidloom.models", "vidloom.families", "vidloom.lora", "vidloom.serving"),
 }
 
 # Known upward imports still to remove, each with its reason; the test fails on any other one, and on an
@@ -50,7 +50,7 @@ def upward_imports() -> set[tuple[str, str]]:
 
 def test_no_layer_imports_upward():
     new = sorted(upward_imports() - set(KNOWN))
-    assert not new, "upward imports (core must import only core; runtime no models/recipes/lora/serving):\n" + \
+    assert not new, "upward imports (core must import only core; runtime no models/families/lora/serving):\n" + \
         "\n".join(f"  {path}: {module}" for path, module in new)
 
 
@@ -61,7 +61,7 @@ def test_the_known_list_only_shrinks():
 
 @pytest.mark.parametrize("source, bad", [
     ("from vidloom.models.wan.transformer import WanTransformer\n", True),
-    ("def f():\n    import vidloom.recipes.wan.loop\n", True),
+    ("def f():\n    import vidloom.families.wan.loop\n", True),
     ("from vidloom.core.loop import StepPlan\nimport torch\n", False),
 ])
 def test_the_check_sees_module_and_function_level_imports(tmp_path, source, bad):

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 EXTEND_FROM = "extend_from"
 """The request field (and ModelCard.request_blocks entry) of an extension; its rules live in the causal
-family's recipe (recipes/wan_causal/extension.py)."""
+family's recipe (families/wan_causal/extension.py)."""
 
 
 @dataclass(frozen=True)

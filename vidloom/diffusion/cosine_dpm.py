@@ -129,7 +129,7 @@ class BrownianNoise:
     def __init__(self, like: Tensor, sigma_min: float, sigma_max: float, seed: int) -> None:
         try:
             import torchsde
-        except ImportError:  # checked at load (recipes.stable_audio.load); this guards direct use
+        except ImportError:  # checked at load (families.stable_audio.load); this guards direct use
             raise RuntimeError("the cosine DPM-solver needs torchsde: pip install 'vidloom[audio]'") from None
         self.tree = torchsde.BrownianInterval(
             t0=torch.as_tensor(sigma_min), t1=torch.as_tensor(sigma_max), size=like.shape, dtype=like.dtype,

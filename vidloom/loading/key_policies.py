@@ -16,14 +16,14 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
         "vidloom.diffusion.scheduler_keys:EULER_POLICY",
     ("FlowMapEulerDiscreteScheduler", "scheduler/scheduler_config.json (AnyFlow-FAR)"):
         "vidloom.diffusion.scheduler_keys:FLOW_MAP_POLICY",
-    ("AutoencoderKLFlux2", "vae/config.json (FLUX.2-klein)"): "vidloom.models.flux2.vae:FLUX2_VAE_POLICY",
+    ("AutoencoderKLFlux2", "vae/config.json (FLUX.2-klein)"): "vidloom.families.flux2.vae:FLUX2_VAE_POLICY",
     ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (FLUX.2-klein)"):
-        "vidloom.recipes.flux2.schedule:SCHEDULER_POLICY",
+        "vidloom.families.flux2.schedule:SCHEDULER_POLICY",
     ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (LTX-2)"):
-        "vidloom.recipes.ltx2.schedule:SCHEDULER_POLICY",
+        "vidloom.families.ltx2.schedule:SCHEDULER_POLICY",
     ("AutoencoderKLLTX2Audio", "audio_vae/config.json (LTX-2)"): "vidloom.models.ltx2.audio_vae:AUDIO_VAE_POLICY",
     ("Cosmos3OmniTransformer", "transformer/config.json (Cosmos3)"):
-        "vidloom.models.cosmos3.config:TRANSFORMER_POLICY",
+        "vidloom.families.cosmos3.config:TRANSFORMER_POLICY",
     ("CosineDPMSolverMultistepScheduler", "scheduler/scheduler_config.json (Stable Audio Open)"):
         "vidloom.diffusion.cosine_dpm:SCHEDULER_POLICY",
     ("LTX2VideoTransformer3DModel", "transformer/config.json (LTX-2)"):
@@ -34,21 +34,21 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
     ("LTX2LatentUpsamplerModel", "latent_upsampler/config.json (LTX-2)"):
         "vidloom.models.ltx2.upsampler:UPSAMPLER_POLICY",
     ("SanaWMTransformer3DModel", "transformer/config.json (SANA-WM)"):
-        "vidloom.models.sana_wm.config:TRANSFORMER_POLICY",
+        "vidloom.families.sana_wm.config:TRANSFORMER_POLICY",
     ("AnyFlowFARTransformer3DModel", "transformer/config.json (AnyFlow-FAR)"):
-        "vidloom.models.wan_causal.config:TRANSFORMER_POLICY",
-    ("Qwen2_5OmniConfig", "config.json (Qwen2.5-Omni)"): "vidloom.models.qwen_omni.config_keys:ROOT",
-    ("Qwen2_5OmniThinkerConfig", "config.json thinker_config"): "vidloom.models.qwen_omni.config_keys:THINKER",
-    ("Qwen2_5OmniTextConfig", "config.json thinker_config.text_config"): "vidloom.models.qwen_omni.config_keys:TEXT",
+        "vidloom.families.wan_causal.config:TRANSFORMER_POLICY",
+    ("Qwen2_5OmniConfig", "config.json (Qwen2.5-Omni)"): "vidloom.families.qwen_omni.config_keys:ROOT",
+    ("Qwen2_5OmniThinkerConfig", "config.json thinker_config"): "vidloom.families.qwen_omni.config_keys:THINKER",
+    ("Qwen2_5OmniTextConfig", "config.json thinker_config.text_config"): "vidloom.families.qwen_omni.config_keys:TEXT",
     ("Qwen2_5OmniAudioEncoderConfig", "config.json thinker_config.audio_config"):
-        "vidloom.models.qwen_omni.config_keys:AUDIO",
+        "vidloom.families.qwen_omni.config_keys:AUDIO",
     ("Qwen2_5OmniVisionEncoderConfig", "config.json thinker_config.vision_config"):
-        "vidloom.models.qwen_omni.config_keys:VISION",
-    ("Qwen2_5OmniTalkerConfig", "config.json talker_config"): "vidloom.models.qwen_omni.config_keys:TALKER",
-    ("Qwen2_5OmniToken2WavConfig", "config.json token2wav_config"): "vidloom.models.qwen_omni.config_keys:TOKEN2WAV",
-    ("Qwen2_5OmniDiTConfig", "config.json token2wav_config.dit_config"): "vidloom.models.qwen_omni.config_keys:DIT",
+        "vidloom.families.qwen_omni.config_keys:VISION",
+    ("Qwen2_5OmniTalkerConfig", "config.json talker_config"): "vidloom.families.qwen_omni.config_keys:TALKER",
+    ("Qwen2_5OmniToken2WavConfig", "config.json token2wav_config"): "vidloom.families.qwen_omni.config_keys:TOKEN2WAV",
+    ("Qwen2_5OmniDiTConfig", "config.json token2wav_config.dit_config"): "vidloom.families.qwen_omni.config_keys:DIT",
     ("Qwen2_5OmniBigVGANConfig", "config.json token2wav_config.bigvgan_config"):
-        "vidloom.models.qwen_omni.config_keys:BIGVGAN",
+        "vidloom.families.qwen_omni.config_keys:BIGVGAN",
 }
 
 

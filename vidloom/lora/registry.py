@@ -30,9 +30,9 @@ one more evicts the least recently used adapter no running request holds."""
 # Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
 LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
     "wan2.1": (("transformer", "vidloom.models.wan.transformer_config:WAN_TRANSFORMER_NAME_MAP"),),
-    "flux2": (("transformer", "vidloom.models.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
+    "flux2": (("transformer", "vidloom.families.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
-    "anyflow-far": (("transformer", "vidloom.models.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
+    "anyflow-far": (("transformer", "vidloom.families.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
     # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
     # connectors (applied while the prompt is encoded; the prompt cache keys by the connector adapters in force).
     "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),

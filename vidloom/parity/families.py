@@ -68,7 +68,7 @@ def _call_flux2_klein(pipe: Any, scheduler: Mapping[str, Any], request: Generati
 
 def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
                callback: dict[str, Any]) -> dict[str, np.ndarray]:
-    # The pipeline's own guidance defaults are our card's (recipes/ltx2/settings.py); the request sets video CFG.
+    # The pipeline's own guidance defaults are our card's (families/ltx2/settings.py); the request sets video CFG.
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, frame_rate=float(request.fps), num_inference_steps=request.num_inference_steps,
@@ -79,7 +79,7 @@ def _call_ltx2(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReque
 
 def _call_ltx2_i2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
                    callback: dict[str, Any]) -> dict[str, np.ndarray]:
-    from vidloom.recipes.ltx2.settings import LTX2Settings
+    from vidloom.families.ltx2.settings import LTX2Settings
 
     # The first frame is re-encoded at our card's CRF (the pipeline's own default depends on its text encoder).
     out = pipe(
@@ -98,7 +98,7 @@ def _call_ltx2_two_stage(pipe: Any, scheduler: Mapping[str, Any], request: Gener
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
 
-    from vidloom.recipes.ltx2.settings import LTX2Settings
+    from vidloom.families.ltx2.settings import LTX2Settings
 
     next_stage = callback.pop("next_stage")
     settings = LTX2Settings()
@@ -140,7 +140,7 @@ def _call_cosmos3(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
 
 def _call_far(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRequest,
               callback: dict[str, Any]) -> np.ndarray:
-    from vidloom.recipes.wan_causal.loop import chunk_partition
+    from vidloom.families.wan_causal.loop import chunk_partition
 
     latent_frames = (int(request.num_frames) - 1) // pipe.vae_scale_factor_temporal + 1  # type: ignore[arg-type]
     partition = chunk_partition(latent_frames, tuple(pipe.transformer.config.chunk_partition))
@@ -206,7 +206,7 @@ FLUX2_KLEIN = FamilyParity(
 
 def _ltx2_idle_stg(transformer: Any, kwargs: Mapping[str, Any]) -> bool:
     """The pipeline's STG pass where it perturbs no block (a checkpoint without perturbed_attn, or block indices past
-    the last): equal to its conditional pass, so our loop does not run it (recipes.ltx2.loop)."""
+    the last): equal to its conditional pass, so our loop does not run it (families.ltx2.loop)."""
     blocks = kwargs.get("spatio_temporal_guidance_blocks") or ()
     if not blocks or kwargs.get("isolate_modalities"):
         return False

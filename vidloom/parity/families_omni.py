@@ -45,7 +45,7 @@ def _check(request: Any) -> SpeechRequest:
 
 
 def _run_ours(generator: Any, request: Any) -> Mapping[str, Any]:
-    from vidloom.recipes.qwen_omni.speech import start_speech
+    from vidloom.families.qwen_omni.speech import start_speech
 
     out = start_speech(generator.engine, _check(request)).finish()
     return {"thinker": list(out["thinker"].reply_ids), "talker": out["codes"].tolist(),

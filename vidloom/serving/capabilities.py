@@ -73,7 +73,7 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         images=Task.T2I in card.tasks,
         audio=Task.T2A in card.tasks,
         chat="ar_decode" in card.loops,
-        streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (recipes/wan_causal)
+        streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (families/wan_causal)
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
         inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs] + block_fields,

@@ -10,8 +10,8 @@ from vidloom.core.card import AudioSpec
 from vidloom.core.errors import InvalidCard, InvalidRequest
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
-from vidloom.recipes.stable_audio.cards import stable_audio_card
-from vidloom.recipes.wan.demo import demo_card as wan_demo_card
+from vidloom.families.stable_audio.cards import stable_audio_card
+from vidloom.families.wan.demo import demo_card as wan_demo_card
 
 SPEC = AudioSpec(max_seconds=2.0, default_seconds=2.0, min_start=0.0, max_end=3.0, sample_rate=100)
 CARD = stable_audio_card("audio-test", "/nowhere", SPEC, description="test", precision="float32")

@@ -7,7 +7,7 @@ import pytest
 from vidloom.core.card import LoopSpec, ModelCard
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 
 
 def _fields(card: ModelCard, **changes) -> dict:

@@ -16,9 +16,9 @@ from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.models.wan.vae import WanVAEConfig
-from vidloom.recipes.wan.cards import wan21_t2v_1_3b
-from vidloom.recipes.wan.demo import demo_card
-from vidloom.recipes.wan.memory import estimate_request_bytes, request_estimator
+from vidloom.families.wan.cards import wan21_t2v_1_3b
+from vidloom.families.wan.demo import demo_card
+from vidloom.families.wan.memory import estimate_request_bytes, request_estimator
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_vae_tiling_lowers_the_estimate():
 
 
 def test_per_token_timesteps_raise_the_estimate():
-    from vidloom.recipes.wan.conditioning import WanPipelineConfig
+    from vidloom.families.wan.conditioning import WanPipelineConfig
 
     wan = wan21_t2v_1_3b()
     request = resolve_request(GenerationRequest("a cat", seed=1), wan)

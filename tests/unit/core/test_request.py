@@ -7,7 +7,7 @@ import pytest
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_cfg_only_when_guidance_amplifies():
 
 
 def _i2v_card():
-    from vidloom.recipes.wan_causal.cards import far_card
+    from vidloom.families.wan_causal.cards import far_card
 
     return far_card("far-test", "/nonexistent")
 

@@ -13,7 +13,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler
-from vidloom.recipes.wan.registered import FASTWAN_TIMESTEPS, fastwan21_t2v_1_3b, fastwan21_t2v_1_3b_fp8
+from vidloom.families.wan.registered import FASTWAN_TIMESTEPS, fastwan21_t2v_1_3b, fastwan21_t2v_1_3b_fp8
 
 
 def _sampler(steps=FASTWAN_TIMESTEPS):

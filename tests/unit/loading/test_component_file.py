@@ -13,7 +13,7 @@ from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.component_file import component_files, load_component_file
 from vidloom.loading.key_layout import KeyLayout, RowSplit, swap_halves
-from vidloom.models.flux2.original_layout import FLUX2_BFL
+from vidloom.families.flux2.original_layout import FLUX2_BFL
 from vidloom.models.wan.original_layout import WAN_ORIGINAL
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig

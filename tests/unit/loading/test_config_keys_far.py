@@ -12,8 +12,8 @@ diffusers = pytest.importorskip("diffusers")
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig  # noqa: E402
 from vidloom.diffusion.scheduler_keys import FLOW_MAP_POLICY  # noqa: E402
-from vidloom.models.wan_causal.config import TRANSFORMER_POLICY, FarTransformerConfig  # noqa: E402
-from vidloom.recipes.wan_causal.load import FAR_INDEX_COMPONENTS  # noqa: E402
+from vidloom.families.wan_causal.config import TRANSFORMER_POLICY, FarTransformerConfig  # noqa: E402
+from vidloom.families.wan_causal.load import FAR_INDEX_COMPONENTS  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
     FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
 )

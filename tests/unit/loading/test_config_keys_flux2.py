@@ -11,9 +11,9 @@ import pytest
 diffusers = pytest.importorskip("diffusers")
 
 from vidloom.core.errors import CheckpointError  # noqa: E402
-from vidloom.models.flux2 import transformer as flux2_transformer, vae as flux2_vae  # noqa: E402
-from vidloom.recipes.flux2 import schedule as flux2_schedule  # noqa: E402
-from vidloom.recipes.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
+from vidloom.families.flux2 import transformer as flux2_transformer, vae as flux2_vae  # noqa: E402
+from vidloom.families.flux2 import schedule as flux2_schedule  # noqa: E402
+from vidloom.families.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
 from vidloom.loading.key_policy import KeyPolicy  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
     FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,

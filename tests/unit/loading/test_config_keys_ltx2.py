@@ -20,8 +20,8 @@ from vidloom.models.ltx2.transformer import TRANSFORMER_POLICY, LTX2TransformerC
 from vidloom.models.ltx2.upsampler import UPSAMPLER_POLICY, LTX2LatentUpsamplerConfig  # noqa: E402
 from vidloom.models.ltx2.video_vae import VIDEO_VAE_POLICY, LTX2VideoVAEConfig  # noqa: E402
 from vidloom.models.ltx2.vocoder import BWE_CLASS, PLAIN_CLASS, LTX2VocoderConfig  # noqa: E402
-from vidloom.recipes.ltx2.cards import INDEX_COMPONENTS, INDEX_UNSUPPORTED  # noqa: E402
-from vidloom.recipes.ltx2.schedule import SCHEDULER_POLICY, LTX2Schedule  # noqa: E402
+from vidloom.families.ltx2.cards import INDEX_COMPONENTS, INDEX_UNSUPPORTED  # noqa: E402
+from vidloom.families.ltx2.schedule import SCHEDULER_POLICY, LTX2Schedule  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
     FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
 )
@@ -78,7 +78,7 @@ def test_duration_head_is_refused_by_name(ltx2_dir, tmp_path):
 
 def test_absent_optional_components_load(ltx2_dir, tmp_path):
     # diffusers writes [null, null] for optional components a pipeline was saved without.
-    from vidloom.recipes.ltx2.cards import check_pipeline
+    from vidloom.families.ltx2.cards import check_pipeline
     from vidloom.loading.diffusers_dir import DiffusersDir
 
     folder = _copy_with_index(ltx2_dir, tmp_path / "optional", duration_head=[None, None], processor=[None, None],

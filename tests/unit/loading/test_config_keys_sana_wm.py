@@ -9,8 +9,8 @@ diffusers = pytest.importorskip("diffusers")
 
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.loading.key_policy import recording_accepted_keys  # noqa: E402
-from vidloom.models.sana_wm.config import TRANSFORMER_POLICY, SanaWMConfig  # noqa: E402
-from vidloom.recipes.sana_wm.demo import DEMO_TRANSFORMER  # noqa: E402
+from vidloom.families.sana_wm.config import TRANSFORMER_POLICY, SanaWMConfig  # noqa: E402
+from vidloom.families.sana_wm.demo import DEMO_TRANSFORMER  # noqa: E402
 from tests.helpers.config_keys import assert_policy_classified, assert_refuses_unknown  # noqa: E402
 
 

@@ -19,9 +19,9 @@ from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 from vidloom.diffusion.scheduler_keys import SCHEDULER_KEYS  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer_config as wan_transformer, vae as wan_vae  # noqa: E402
-from vidloom.recipes.wan.demo import WAN21_SCHEDULER  # noqa: E402
-from vidloom.recipes.wan.load import WAN_INDEX_KEYS  # noqa: E402
-from vidloom.recipes.wan.registered import FASTWAN_PIPELINE  # noqa: E402
+from vidloom.families.wan.demo import WAN21_SCHEDULER  # noqa: E402
+from vidloom.families.wan.load import WAN_INDEX_KEYS  # noqa: E402
+from vidloom.families.wan.registered import FASTWAN_PIPELINE  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
     FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
 )

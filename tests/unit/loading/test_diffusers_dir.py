@@ -6,7 +6,7 @@ import pytest
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 
 
 def test_missing_component_folders_are_all_named(tmp_path):

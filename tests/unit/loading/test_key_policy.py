@@ -66,7 +66,7 @@ def test_a_key_in_two_classes_is_a_mistake_in_the_table():
 
 
 def test_flux2_klein_vae_with_force_upcast_parses():
-    from vidloom.models.flux2.vae import Flux2VAEConfig
+    from vidloom.families.flux2.vae import Flux2VAEConfig
 
     with recording_accepted_keys() as accepted:
         config = Flux2VAEConfig.from_diffusers(_published("black-forest-labs/FLUX.2-klein-4B/vae/config.json"))
@@ -75,9 +75,9 @@ def test_flux2_klein_vae_with_force_upcast_parses():
 
 
 def test_cosmos3_edge_transformer_and_index_parse():
-    from vidloom.models.cosmos3.config import Cosmos3TextConfig
-    from vidloom.models.cosmos3.gen_config import Cosmos3GenConfig
-    from vidloom.recipes.cosmos3.pipeline_config import Cosmos3PipelineConfig
+    from vidloom.families.cosmos3.config import Cosmos3TextConfig
+    from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
+    from vidloom.families.cosmos3.pipeline_config import Cosmos3PipelineConfig
 
     raw = _published("nvidia/Cosmos3-Edge/transformer/config.json")
     with recording_accepted_keys() as accepted:
@@ -186,9 +186,9 @@ def test_every_refusal_names_key_value_and_reason_and_every_harmless_key_is_repo
 # checked by the test_config_keys_* files against the installed classes).
 HISTORICAL = {
     "vidloom.models.wan.vae:WAN_VAE_POLICY": {"clip_output"},  # #12004..#12041, 2025-07-28..31
-    "vidloom.models.flux2.vae:FLUX2_VAE_POLICY": {"force_upcast"},  # 0.36.0 (#12711) .. after 2026-08
+    "vidloom.families.flux2.vae:FLUX2_VAE_POLICY": {"force_upcast"},  # 0.36.0 (#12711) .. after 2026-08
     # NVIDIA's convert_model_to_diffusers writes these into the Cosmos3-Edge transformer/config.json.
-    "vidloom.models.cosmos3.config:TRANSFORMER_POLICY": {"backbone_type", "temporal_compression_factor"},
+    "vidloom.families.cosmos3.config:TRANSFORMER_POLICY": {"backbone_type", "temporal_compression_factor"},
 }
 
 

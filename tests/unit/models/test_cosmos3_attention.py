@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidloom.models.cosmos3.transformer import grouped_attention
+from vidloom.families.cosmos3.transformer import grouped_attention
 
 
 def _reference(q, k, v, scale, mask):

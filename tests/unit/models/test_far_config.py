@@ -10,8 +10,8 @@ import torch
 
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, InvalidRequest
-from vidloom.models.wan_causal.config import CONFIG_KEYS, FarTransformerConfig
-from vidloom.models.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.config import CONFIG_KEYS, FarTransformerConfig
+from vidloom.families.wan_causal.layout import ChunkLayout
 
 TINY = {"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4, "text_dim": 32,
         "freq_dim": 16, "ffn_dim": 32, "num_layers": 2, "rope_max_seq_len": 16, "chunk_partition": [1, 2, 2]}
@@ -61,8 +61,8 @@ def test_requests_past_the_rope_range_are_refused(field, partition, latent_hw):
 
 
 def test_transformer_and_vae_widths_must_agree(tmp_path):
-    from vidloom.recipes.wan_causal.cards import far_card
-    from vidloom.recipes.wan_causal.load import load_instance
+    from vidloom.families.wan_causal.cards import far_card
+    from vidloom.families.wan_causal.load import load_instance
 
     index = {"_class_name": "AnyFlowFARPipeline", **{c: ["diffusers", "X"] for c in
              ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}}

@@ -7,10 +7,10 @@ import torch
 
 from vidloom.layers.attention import attention
 from vidloom.models.wan.transformer_config import WanTransformerConfig
-from vidloom.models.wan_causal.config import FarTransformerConfig
-from vidloom.models.wan_causal.kv_cache import FarKVCache
-from vidloom.models.wan_causal.layout import ChunkLayout
-from vidloom.models.wan_causal.transformer import block_causal_attention
+from vidloom.families.wan_causal.config import FarTransformerConfig
+from vidloom.families.wan_causal.kv_cache import FarKVCache
+from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.transformer import block_causal_attention
 
 CONFIG = FarTransformerConfig(wan=WanTransformerConfig(num_attention_heads=2, attention_head_dim=12), full_chunk_limit=3)
 PARTITION = (1, 3, 3, 3, 2)

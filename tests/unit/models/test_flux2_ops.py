@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from vidloom.loading.precision import cast_module
-from vidloom.models.flux2.ops import gated_add, norm_modulate, qk_norm_rope, rope_freqs
-from vidloom.models.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.flux2.ops import gated_add, norm_modulate, qk_norm_rope, rope_freqs
+from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
 
 AXES = (4, 4, 4, 4)
 # One fused rounding (vector_norm, the complex multiply, addcmul) against the textbook's separate ones.

@@ -7,7 +7,7 @@ import math
 import torch
 
 from vidloom.loading.precision import cast_module
-from vidloom.models.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
 
 # The real model's 256 timestep channels: their high frequencies are what a bf16 timestep (750 -> 752) breaks.
 CONFIG = Flux2TransformerConfig(in_channels=16, out_channels=16, num_double_layers=1, num_single_layers=1,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from vidloom.core.errors import CheckpointError
-from vidloom.models.qwen_omni import config_keys as keys
-from vidloom.models.qwen_omni.config import DecoderConfig, OmniConfig
+from vidloom.families.qwen_omni import config_keys as keys
+from vidloom.families.qwen_omni.config import DecoderConfig, OmniConfig
 
 cfgs = pytest.importorskip("transformers.models.qwen2_5_omni.configuration_qwen2_5_omni")
 modeling = pytest.importorskip("transformers.models.qwen2_5_omni.modeling_qwen2_5_omni")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidloom.models.sana_wm.refiner import RefinerWindow
+from vidloom.families.sana_wm.refiner import RefinerWindow
 
 
 @pytest.mark.parametrize("capacity,chunks", [(6, (2, 2, 2, 2, 1)), (4, (3, 3, 3)), (3, (5, 1, 2)), (10, (2, 3))])

@@ -18,7 +18,7 @@ from vidloom.core.loop import DONE, StepPlan
 from vidloom.core.output import StartedEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.engine import Engine

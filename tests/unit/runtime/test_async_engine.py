@@ -16,7 +16,7 @@ from vidloom.core.loop import DONE, StepPlan
 from vidloom.core.output import CancelledEvent, CompletedEvent, FailedEvent, ProgressEvent, StartedEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.async_engine import AsyncEngine, EngineBusy, EngineClosed
 from vidloom.runtime.engine import Engine
 

@@ -7,7 +7,7 @@ import logging
 from vidloom.core.request import GenerationRequest
 
 from vidloom.media.request_inputs import resolve_request
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.compile_buckets import LAZY_SHAPES, CompileBuckets, shape_key
 
 

@@ -15,7 +15,7 @@ from vidloom.core.loop import DONE, StepPlan
 from vidloom.core.output import ProgressEvent
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.engine import CancellationToken, Engine
 
 

@@ -15,7 +15,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.core.denoiser import TeaCacheRescale
-from vidloom.recipes.wan.teacache import WAN21_TEACACHE
+from vidloom.families.wan.teacache import WAN21_TEACACHE
 from vidloom.runtime.step_cache import StepCache, TeaCache, make_step_cache
 
 
@@ -111,8 +111,8 @@ def test_published_wan_coefficients_evaluate_like_numpy_poly1d():
 
 def test_real_wan_checkpoints_get_the_published_rescale_and_others_raw_rel_l1():
     deploy, request = DeployConfig(step_cache="teacache"), GenerationRequest("p")
-    from vidloom.recipes.wan.cards import wan21_t2v_14b
-    from vidloom.recipes.wan.demo import demo_card
+    from vidloom.families.wan.cards import wan21_t2v_14b
+    from vidloom.families.wan.demo import demo_card
 
     real = make_step_cache(deploy, request, wan21_t2v_14b().teacache)
     assert real.policy.rescale is WAN21_TEACACHE["wan2.1-t2v-14b"]

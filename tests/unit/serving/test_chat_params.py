@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from vidloom.core.card import LoopSpec
 from vidloom.core.chat import ChatLimits
 from vidloom.core.errors import InvalidRequest, UnknownModel
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.serving.chat_params import plan_chat
 from vidloom.serving.chat_protocol import ChatCompletionBody
 

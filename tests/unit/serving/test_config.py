@@ -32,7 +32,7 @@ def test_bad_limits_name_themselves(setting, value):
 
 def test_request_limits_derive_from_the_card_unless_set():
     from vidloom.core.limits import RequestLimits
-    from vidloom.recipes.wan.demo import demo_card
+    from vidloom.families.wan.demo import demo_card
 
     card = demo_card()
     derived = ServeConfig().request_limits(card, memory_budget=1 << 30)

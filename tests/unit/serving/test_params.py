@@ -6,7 +6,7 @@ import pytest
 
 from vidloom.core.errors import InvalidRequest, UnknownModel
 from vidloom.core.request import Task
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.serving.params import api_field, choose_frames, format_seconds, parse_size, plan_images, plan_video
 from vidloom.serving.protocol import ImageGenerationBody, VideoCreateBody
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.serving.params import parse_size, plan_video
 from vidloom.serving.protocol import VideoCreateBody
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vidloom.core.request import GenerationRequest
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.serving.job_store import JobRecord
 from vidloom.serving.jobs import JobUpdate
 from vidloom.serving.progress import ProgressTracker, expected_units

@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from vidloom.core.errors import InvalidRequest, UnknownModel
 from vidloom.media.request_inputs import resolve_request
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.serving.chat_params import plan_chat
 from vidloom.serving.chat_protocol import ChatCompletionBody
 from vidloom.serving.errors import APIError

@@ -16,7 +16,7 @@ from vidloom.core.parallel import ParallelPlan, SequenceGeometry
 from vidloom.core.request import GenerationRequest
 from vidloom.deploy_args import deploy_config
 from vidloom.generator import VideoGenerator
-from vidloom.recipes.wan.demo import demo_card
+from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance
 from vidloom.runtime.parallel.plan import check_model, check_request, check_warmup
 

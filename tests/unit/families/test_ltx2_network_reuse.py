@@ -1,0 +1,113 @@
+"""LTX2Network's per-request reuse (rotary tables, prepared text K/V) and the loop's idle-STG rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+from vidloom.lora.apply import ActiveLoRAs, lora_scope
+from vidloom.models.ltx2.rope import audio_positions, video_positions
+from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer, LTX2TransformerConfig
+from vidloom.families.ltx2.loop import LTX2DenoiseLoop, LTX2Layout, LTX2Network
+from vidloom.families.ltx2.text import LTX2Text
+
+# A tiny LTX-2.0-style transformer (static text modulation, learnable-register text: every token attended).
+CONFIG = LTX2TransformerConfig(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+    audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+    audio_cross_attention_dim=8, num_layers=2, caption_channels=8)
+FRAMES, HEIGHT, WIDTH, AUDIO, TEXT = 2, 2, 3, 5, 6
+
+
+def _transformer(config: LTX2TransformerConfig = CONFIG) -> LTX2Transformer:
+    torch.manual_seed(0)
+    dit = LTX2Transformer(config).eval()
+    with torch.no_grad():
+        for name, p in dit.named_parameters():
+            if "table" in name:
+                p.normal_(0, 0.5)
+    return dit
+
+
+def _layout(c: LTX2TransformerConfig) -> LTX2Layout:
+    cpu = torch.device("cpu")
+    positions = LTX2Positions(
+        video_positions(1, FRAMES, HEIGHT, WIDTH, patch_t=1, patch=1, scale=c.vae_scale_factors,
+                        causal_offset=c.causal_offset, fps=24.0, device=cpu),
+        audio_positions(1, AUDIO, patch_t=1, scale=c.audio_scale_factor, causal_offset=c.causal_offset,
+                        hop_length=c.audio_hop_length, sample_rate=c.audio_sampling_rate, device=cpu))
+    return LTX2Layout(FRAMES, HEIGHT, WIDTH, AUDIO, positions, 24.0)
+
+
+def _text(seed: int, keep: int = TEXT) -> LTX2Text:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(1, TEXT, dtype=torch.int64)
+    mask[:, TEXT - keep:] = 1
+    return LTX2Text(torch.randn(1, TEXT, CONFIG.caption_channels, generator=g),
+                    torch.randn(1, TEXT, CONFIG.caption_channels, generator=g), mask)
+
+
+def _inputs(batch: int):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(batch, FRAMES * HEIGHT * WIDTH, 4, generator=g), torch.randn(batch, AUDIO, 4, generator=g),
+            torch.full((batch,), 700.0), torch.full((batch,), 700.0))
+
+
+@pytest.mark.parametrize("keep", [TEXT, 4])
+def test_reused_text_and_tables_give_the_plain_forward(keep):
+    """The pair's prepared K/V, its rows for the prompt alone, and the cached tables match a forward that builds
+    everything itself (reuse off: what a captured graph runs), bit for bit; a partial mask is kept."""
+    dit = _transformer()
+    layout = _layout(CONFIG)
+    prompt, negative = _text(2, keep), _text(3, keep)
+    reusing = LTX2Network(dit, layout.positions, torch.float32, True)
+    plain = reusing.graph_rebuild((layout.positions,))
+    assert not plain.reuse
+    video, audio, t, at = _inputs(2)
+    with torch.no_grad():
+        for _ in range(2):  # the second call finds what the first prepared
+            got = reusing(video, audio, negative.cat(prompt), t, at)
+            want = plain(video, audio, negative.cat(prompt), t, at)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            alone = reusing(video[1:], audio[1:], prompt, t[1:], at[1:], isolate=True)
+            want = plain(video[1:], audio[1:], prompt, t[1:], at[1:], isolate=True)
+            assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(alone, want))
+    assert len(reusing._texts) == 1  # the prompt alone was served from the pair's rows
+    (prepared,) = (entry[1] for entry in reusing._texts.values())
+    assert (prepared.mask is None) == (keep == TEXT)
+    assert set(reusing._ropes) == {1, 2}
+
+
+def test_nothing_is_reused_under_an_adapter_or_with_prompt_adaln():
+    dit = _transformer()
+    layout = _layout(CONFIG)
+    net = LTX2Network(dit, layout.positions, torch.float32, True)
+    video, audio, t, at = _inputs(1)
+    with torch.no_grad(), lora_scope(ActiveLoRAs({})):
+        net(video, audio, _text(2), t, at)
+    assert not net._texts
+    modulated = _transformer(dataclasses.replace(CONFIG, cross_attn_mod=True))
+    assert not modulated.static_text
+    net = LTX2Network(modulated, layout.positions, torch.float32, True)
+    with torch.no_grad():
+        net(video, audio, _text(2), t, at)
+    assert not net._texts
+
+
+@pytest.mark.parametrize(("perturbed", "blocks", "runs_stg"), [(False, (1,), False), (True, (28,), False),
+                                                              (True, (1,), True)])
+def test_the_stg_pass_runs_only_where_it_perturbs_a_block(perturbed, blocks, runs_stg):
+    """An STG pass that perturbs nothing equals the conditional pass: the loop drops its (zero) term."""
+    config = dataclasses.replace(CONFIG, perturbed_attn=perturbed)
+    dit = _transformer(config)
+    loop = LTX2DenoiseLoop("stage1", dit, torch.float32, lambda r, n: torch.linspace(1.0, 0.0, 3),
+                           lambda r: AudioVideoScales(stg_blocks=blocks), use_cross_timestep=True,
+                           guidance=AudioVideoGuidance())
+    video, audio, _, _ = _inputs(1)
+    state = loop.init({"request": None, "layout": _layout(config), "video_latents": video, "audio_latents": audio,
+                       "prompt_text": _text(2), "negative_text": _text(3)}, None)
+    assert state.scales.stg == runs_stg
+    assert state.scales.video_modality == 3.0 and state.scales.video_cfg == 3.0  # the other passes are kept

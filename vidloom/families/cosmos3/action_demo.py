@@ -1,0 +1,67 @@
+"""cosmos3-action-demo: the Cosmos3 Omni architecture with the action pathway, tiny, seeded random weights.
+
+Everything cosmos3-demo has but sound, plus `action_gen`: per-embodiment action projections for every
+domain with a fixed width (action_dim 30 covers all but hand_pose's 57), so forward dynamics, policy and
+inverse dynamics can be tried offline. A separate demo, not a new version of cosmos3-demo, whose files
+are kept byte for byte. Its weights are random: its videos and actions are noise by design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard, RecipeSpec
+from vidloom.loading.safetensors_io import save_weights
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.families.cosmos3 import demo
+from vidloom.families.cosmos3.cards import AR_LOOP, action_limits, cosmos3_card
+from vidloom.demo.cache import ensure_written, noise_note, train_chat_tokenizer, write_json
+
+DEMO_ID = "cosmos3-action-demo"
+DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_SEED = 20260401
+DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni with actions")
+ACTION_DIM = 30  # the widest fixed-width embodiment (galbot); narrower ones are zero-padded to it
+DOMAINS = 21  # domain ids 0..20 (fractal is 20)
+DEMO_TRANSFORMER = {
+    **{k: v for k, v in demo.DEMO_TRANSFORMER.items() if k not in ("sound_gen", "sound_dim")},
+    "action_gen": True, "action_dim": ACTION_DIM, "num_embodiment_domains": DOMAINS,
+}
+MODEL_INDEX = {k: v for k, v in demo.MODEL_INDEX.items() if k != "sound_tokenizer"}
+
+
+def demo_card() -> ModelCard:
+    card = cosmos3_card(
+        DEMO_ID, f"demo:{DEMO_ID}", generates=True, sound=False, defaults=demo.DEMO_DEFAULTS, precision="float32",
+        description="Cosmos3 Omni with actions (forward/inverse dynamics, policy; chat, text to video) at a tiny "
+                    "size, random weights",
+        notes=(DEMO_NOTE,), actions=action_limits(DEMO_TRANSFORMER),
+    )
+    return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
+
+
+def ensure_demo_checkpoint(cache_dir: Path) -> Path:
+    """The demo's folder in `cache_dir`, written first if absent."""
+    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
+
+
+def write_demo_checkpoint(folder: Path) -> None:
+    """A Cosmos3OmniPipeline folder (action pathway, no sound) from our own modules; diffusers loads it too."""
+    tokenizer = train_chat_tokenizer(demo.CORPUS, demo.SPECIALS, demo.CHAT_TEMPLATE)
+    tokenizer.save_pretrained(str(folder / "text_tokenizer"))
+    transformer_config = {**DEMO_TRANSFORMER, "vocab_size": len(tokenizer) + demo.VOCAB_PAD}
+    demo.write_transformer(folder / "transformer", transformer_config, DEMO_SEED)
+
+    g = torch.Generator().manual_seed(DEMO_SEED + 1)
+    z_dim = demo.DEMO_VAE["z_dim"]
+    stats = {"latents_mean": (torch.randn(z_dim, generator=g) * 0.5).tolist(),
+             "latents_std": (torch.rand(z_dim, generator=g) * 2 + 0.5).tolist()}
+    torch.manual_seed(DEMO_SEED + 2)
+    vae = WanVAE(WanVAEConfig.from_diffusers({**demo.DEMO_VAE, **stats}))
+    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
+    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
+    write_json(folder / "scheduler" / "scheduler_config.json", demo.DEMO_SCHEDULER)
+    write_json(folder / "model_index.json", MODEL_INDEX)

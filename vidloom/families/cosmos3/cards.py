@@ -1,0 +1,157 @@
+"""Cards for Cosmos3 Omni diffusers folders (Cosmos3OmniPipeline): chat and generation on one instance.
+
+The "ar_decode" loop makes the model answer chat through the understanding pathway; with a VAE and a
+scheduler in the folder the card also declares the "denoise" loop and the generation tasks (text to
+image/video, image to video), run by the generation pathways over the same resident backbone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.capabilities import Capabilities
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.errors import CheckpointError
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.families.cosmos3.pipeline_config import Cosmos3PipelineConfig
+
+FAMILY = "cosmos3"
+PIPELINE_CLASS = "Cosmos3OmniPipeline"
+PROGRAM = "vidloom.families.cosmos3.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.families.cosmos3.memory:request_estimator"
+ACTION_RESOLVER = "vidloom.families.cosmos3.actions:resolve_action"
+ACTION_SESSION = "vidloom.families.cosmos3.action_session:ActionSession"
+AR_LOOP = "ar_decode"
+DENOISE_LOOP = "denoise"
+SAMPLERS = ("unipc",)  # the checkpoint's scheduler; parity-tested against UniPCMultistepScheduler
+GENERATION_COMPONENTS = ("vae", "scheduler")
+CHAT_ONLY_NOTE = "chat only: the folder has no vae/ and scheduler/ to generate with"
+# Served context (prompt + completion tokens per sequence). Qwen3-VL backbones are trained far longer;
+# this bounds what one request may reserve in the paged KV pool, which bounds it again.
+CONTEXT_WINDOW = 32768
+# Cosmos3OmniPipeline.__call__ / tokenize_prompt defaults (diffusers 0.42): 720x1280, 189 frames at 24 fps,
+# 35 UniPC steps, guidance 6; sizes are multiples of 16 (VAE 16x), frames 4k+1.
+GENERATION_DEFAULTS = SamplingDefaults(
+    height=720, width=1280, num_frames=189, fps=24, num_inference_steps=35,
+    guidance_scale=6.0, flow_shift=5.0, sampler="unipc",
+)
+
+# The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
+# CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
+CAPABILITIES = Capabilities(
+    frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
+               "vae_tile", "attention_backend"}),
+    {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
+                             "there is no separate text encoder to offload",
+     "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
+                          "embedding a cache could keep",
+     "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
+     # runtime/cudagraph.py takes the step's three outputs and its per-request prefixes, branches and layouts as
+     # static buffers; what it cannot fix is their shape, which follows each prompt's token count.
+     "cuda_graphs": "the denoise step's signature includes each CFG branch's prompt length (the prefilled prompt "
+                    "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
+                    "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
+                    "growing with each new length; padding prompts to one length would attend over masked padding, "
+                    "not the reference's computation",
+     "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "one stage; multi-stage families: ltx2",
+     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+)
+# Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
+CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",
+                                               "step_cache": "chat only: no denoiser to cache",
+                                               "compile": "chat only: no denoiser blocks to compile",
+                                               "fp8_weights": "chat only: FP8 applies to the generation blocks, "
+                                                              "which this folder does not load",
+                                               "vae_tile": "chat only: no VAE to decode with"})
+# With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
+# (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
+ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
+                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"})
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
+                   "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A chat card for a Cosmos3OmniPipeline folder."""
+    ckpt = DiffusersDir.open(path)
+    if ckpt.pipeline_class != PIPELINE_CLASS:
+        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    pipeline = read_pipeline_config(ckpt)
+    generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
+    sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \
+        (ckpt.root / "sound_tokenizer").is_dir()
+    return cosmos3_card(
+        ckpt.root.name, str(ckpt.root), generates=generates, sound=sound,
+        actions=action_limits(ckpt.component_config("transformer")) if generates else None,
+        defaults=_defaults(ckpt) if generates else GENERATION_DEFAULTS,
+        description=f"Cosmos3 Omni (chat, and image/video generation when the folder has a VAE) from {ckpt.root}",
+        notes=pipeline.notes + (() if generates else (CHAT_ONLY_NOTE,)),
+    )
+
+
+def action_limits(transformer_config: dict) -> dict[str, int] | None:
+    """The action pathway's padded width and domain count (the action block's limits); None without one."""
+    if not transformer_config.get("action_gen"):
+        return None
+    try:
+        return {"action_dim": int(transformer_config["action_dim"]),
+                "domains": int(transformer_config.get("num_embodiment_domains", 32))}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"transformer/config.json: action_gen needs an integer action_dim ({exc})") from None
+
+
+def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, defaults: SamplingDefaults,
+                 description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16",
+                 actions: dict[str, int] | None = None) -> ModelCard:
+    """The card of a folder that generates (a VAE and a scheduler) or not, with a sound pathway or not,
+    with an action pathway (`actions`: its limits) or not."""
+    components = {"transformer": ComponentSpec(precision), "text_tokenizer": ComponentSpec()}
+    loops = {AR_LOOP: LoopSpec()}
+    inputs = {"image", "reason"}
+    if generates:
+        components.update({"vae": ComponentSpec("float32"), "scheduler": ComponentSpec()})
+        loops[DENOISE_LOOP] = LoopSpec(samplers=SAMPLERS)
+    if sound:
+        components["sound_tokenizer"] = ComponentSpec("float32")
+        inputs.add("sound")
+    return ModelCard(
+        model_id=model_id,
+        family=FAMILY,
+        components=components,
+        loops=loops,
+        tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
+        inputs=frozenset(inputs) if generates else frozenset(),
+        produces_audio=sound,
+        precision=precision,
+        sampling_defaults=defaults,
+        geometry=Geometry(spatial_multiple=16, temporal_factor=4),
+        recipe=RecipeSpec(method="pretrained", loop=AR_LOOP),
+        program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR if generates else None,
+        source=source,
+        description=description,
+        notes=notes,
+        context_window=CONTEXT_WINDOW,
+        capabilities=(ACTION_CAPABILITIES if actions else CAPABILITIES) if generates else CHAT_ONLY_CAPABILITIES,
+        request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions, ACTION_SESSION)} if actions else {},
+        # Program slots reported in the output's metadata: the prompt the model wrote (reason=True) and the
+        # resolved action block's summary (gen_program's actions_out).
+        metadata_slots=(("reasoned_prompt", "action") if actions else ("reasoned_prompt",)) if generates else (),
+    )
+
+
+def read_pipeline_config(ckpt: DiffusersDir) -> Cosmos3PipelineConfig:
+    """The pipeline's own settings in model_index.json (every key read or refused by name)."""
+    return Cosmos3PipelineConfig.from_index(ckpt.index, f"{ckpt.root}/model_index.json")
+
+
+def _defaults(ckpt: DiffusersDir) -> SamplingDefaults:
+    """The pipeline's defaults, with the flow shift the checkpoint's scheduler was saved with."""
+    import dataclasses
+
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    shift = scheduler.get("flow_shift", GENERATION_DEFAULTS.flow_shift)
+    return dataclasses.replace(GENERATION_DEFAULTS, flow_shift=float(shift))

@@ -1,0 +1,240 @@
+"""Cosmos3's denoise loop: prefill each CFG branch's text prefix once, then denoise only the generated tokens.
+
+Plans, in order: one "prefix_prefill" per branch (conditional, then unconditional when guidance
+is on), each writing its prefix's per-layer K/V into a buffer allocated from the runtime's cache
+manager (released when the loop ends, however it ends); then one "denoise" plan per sampler step,
+running the vision (sound, action) tokens of both branches against their cached prefixes. The action
+stream has its own sampler state (the reference steps a copy of the scheduler for it) and is stepped only
+when some of its steps are noisy (not in forward dynamics, where the actions are given). With
+`cache_prefix=False` every step re-runs the prefixes first, as the reference pipeline does (same
+numbers, more work): the cached-vs-recompute test and the benchmark use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
+from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator, GenConditioning
+from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
+from vidloom.families.cosmos3.transformer import Cosmos3Transformer
+
+PREFILL, DENOISE = "prefix_prefill", "denoise"
+
+
+@dataclass
+class ResidentPrefix:
+    """An action session's prefilled prefixes, kept in the cache manager between its chunks: every chunk of a
+    session has the same caption (same canvas, length and fps), so the same prompt ids and prefix K/V."""
+
+    ids: tuple[tuple[int, ...], ...]
+    prefixes: list[Tensor]
+    complete: bool = False  # set once every branch is prefilled (a run cancelled mid-prefill leaves it False)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One CFG branch: its prompt ids and the layout of its generated tokens (positions follow the prompt)."""
+
+    ids: Tensor  # [L] long
+    layout: GenLayout
+
+
+def prefill(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branch: Branch, out: Tensor) -> Tensor:
+    positions = text_prefix_positions(len(branch.ids), generator.config)
+    return generator.prefill(backbone, branch.ids, positions, out)
+
+
+class Cosmos3Network:
+    """The network a denoise step calls once per CFG branch: (prefix, layout, latents, timestep, sound, action)
+    -> (vision, sound, action) velocities; the shared backbone is bound here, never copied."""
+
+    def __init__(self, generator: Cosmos3Generator, backbone: Cosmos3Transformer) -> None:
+        self.generator, self.backbone = generator, backbone
+
+    def __call__(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
+                 action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        x, cond = self.embed(prefix, layout, latents, timestep, sound, action)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition. The action
+    # tokens are part of the residual stream (after vision and sound), so a step cache reuses them too.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.generator.num_blocks
+
+    def embed(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
+              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
+        return self.generator.embed(self.backbone, prefix, layout, latents, timestep, sound, action)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.generator.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        return self.generator.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        return self.generator.head(x, cond)
+
+
+def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone: Cosmos3Transformer,
+                 branches: tuple[Branch, ...], prefixes: tuple[Tensor, ...] | None, latents: Tensor,
+                 sound: Tensor | None, timestep: Tensor, guidance_scale: float, action: ActionTokens | None = None,
+                 action_width: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Guided velocities (vision [C, T, h, w], sound [C_s, T_s], action [T_a, D]; None where absent) in float32,
+    as the reference combines them; action channels past `action_width` (the embodiment's) are zero.
+
+    `network` runs the generated tokens (a step cache may stand in for it); `generator` and `backbone`
+    recompute the prefixes when they are not cached."""
+    outs = []
+    for k, branch in enumerate(branches):
+        if prefixes is None:  # recompute: the prefix again, this step
+            prefix = prefill(generator, backbone, branch, latents.new_empty(generator.prefix_shape(len(branch.ids))))
+        else:
+            prefix = prefixes[k]
+        vision, audio, acts = network(prefix, branch.layout, latents, timestep, sound, action)
+        if acts is not None:
+            acts = acts.float()
+            acts[:, action_width:] = 0
+        outs.append(tuple(None if v is None else v.float() for v in (vision, audio, acts)))
+    cond, *rest = outs
+    if not rest:
+        return cond
+    return tuple(None if c is None else u + guidance_scale * (c - u) for c, u in zip(cond, rest[0]))
+
+
+@dataclass
+class Cosmos3DenoiseState:
+    """One request's denoising; the prefix buffers are this request's, from the cache manager."""
+
+    branches: tuple[Branch, ...]
+    latents: Tensor  # [C, T, h, w] float32 (clean conditioning frames in place)
+    sound: Tensor | None  # [C_s, T_s] float32
+    sampler: Sampler
+    schedule: Schedule
+    sampler_state: Any
+    sound_state: Any
+    guidance_scale: float
+    actions: Tensor | None = None  # [T_a, action_dim] float32 (clean conditioning steps in place)
+    action_state: Any = None
+    domain: int = 0
+    action_width: int = 0  # the embodiment's unpadded width
+    prefixes: list[Tensor] = field(default_factory=list)
+    resident: ResidentPrefix | None = None  # kept for the next chunk of an action session
+    filled: int = 0  # branches prefilled so far
+    index: int = 0
+    pending: str = ""
+
+
+class Cosmos3DenoiseLoop:
+    """UniPC over the generation pathways of one resident backbone + generator."""
+
+    name = DENOISE
+
+    def __init__(self, backbone: Cosmos3Transformer, generator: Cosmos3Generator, sampler_config: SamplerConfig,
+                 dtype: torch.dtype, cache_prefix: bool = True) -> None:
+        self.backbone, self.generator = backbone, generator
+        self.sampler_config, self.dtype, self.cache_prefix = sampler_config, dtype, cache_prefix
+        self.network = Cosmos3Network(generator, backbone)  # holds no per-request state: shared by requests
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Cosmos3DenoiseState:
+        request: GenerationRequest = slots["request"]
+        sampler = make_sampler(request.sampler, self.sampler_config.with_shift(request.flow_shift))
+        schedule = sampler.schedule(request.num_inference_steps)
+        branches = tuple(Branch(ids, layout) for ids, layout in slots["branches"])
+        state = Cosmos3DenoiseState(
+            branches=branches, latents=slots["latents"], sound=slots["sound_latents"], sampler=sampler,
+            schedule=schedule, sampler_state=sampler.init_state(schedule),
+            sound_state=sampler.init_state(schedule) if slots["sound_latents"] is not None else None,
+            guidance_scale=float(request.guidance_scale),
+        )
+        if slots["action_latents"] is not None:
+            state.actions, state.action_state = slots["action_latents"], sampler.init_state(schedule)
+            state.domain, state.action_width = request.action.domain_id, request.action.raw_width
+        if self.cache_prefix:
+            ctx.hold(state.prefixes.clear)  # drop the references too, not only the accounting
+            session = getattr(request.action, "session_id", None)
+            if session is not None and self._resume(state, ctx, session):
+                return state
+            device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()
+            for branch in branches:
+                shape = self.generator.prefix_shape(len(branch.ids))
+                state.prefixes.append(ctx.allocate(torch.Size(shape).numel() * element,
+                                                   lambda s=shape: torch.empty(s, dtype=self.dtype, device=device)))
+            if session is not None:
+                self._keep(state, ctx)
+        return state
+
+    @staticmethod
+    def _ids(state: Cosmos3DenoiseState) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(branch.ids.tolist()) for branch in state.branches)
+
+    def _resume(self, state: Cosmos3DenoiseState, ctx: LoopContext, session: str) -> bool:
+        """Reuse the session's resident prefixes (pinned for this run) when they were made for these ids."""
+        resident = ctx.session(session)
+        if not isinstance(resident, ResidentPrefix) or not resident.complete or resident.ids != self._ids(state):
+            return False
+        state.prefixes.extend(resident.prefixes)
+        state.filled = len(state.branches)
+        return True
+
+    def _keep(self, state: Cosmos3DenoiseState, ctx: LoopContext) -> None:
+        """Keep this chunk's prefixes resident for the session's next chunk (when the deployment keeps sessions)."""
+        nbytes = sum(p.numel() * p.element_size() for p in state.prefixes)
+        resident = ResidentPrefix(self._ids(state), list(state.prefixes))
+        if ctx.keep_session(nbytes, lambda: resident):
+            state.resident = resident
+
+    def next(self, state: Cosmos3DenoiseState) -> StepPlan | Done:
+        if self.cache_prefix and state.filled < len(state.branches):
+            k = state.filled
+            state.pending = PREFILL
+            return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill,
+                            inputs={"generator": self.generator, "backbone": self.backbone,
+                                    "branch": state.branches[k], "out": state.prefixes[k]})
+        if state.index >= state.schedule.num_steps:
+            return DONE
+        state.pending = DENOISE
+        return StepPlan(
+            loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step,
+            inputs={NETWORK: self.network, "generator": self.generator, "backbone": self.backbone,
+                    "branches": state.branches,
+                    "prefixes": tuple(state.prefixes) if self.cache_prefix else None,
+                    "latents": state.latents.to(self.dtype),
+                    "sound": None if state.sound is None else state.sound.to(self.dtype),
+                    "timestep": state.schedule.timesteps[state.index], "guidance_scale": state.guidance_scale,
+                    "action": None if state.actions is None else ActionTokens(state.actions.to(self.dtype), state.domain),
+                    "action_width": state.action_width},
+        )
+
+    def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:
+        if state.pending == PREFILL:
+            state.filled += 1
+            if state.resident is not None and state.filled == len(state.branches):
+                state.resident.complete = True
+            return state
+        vision, audio, acts = result
+        i = state.index
+        # The reference steps a leading batch axis of one; the sampler is shape-agnostic.
+        state.latents = state.sampler.step(state.sampler_state, i, vision[None], state.latents[None])[0]
+        if state.sound is not None:
+            state.sound = state.sampler.step(state.sound_state, i, audio[None], state.sound[None])[0]
+        if state.actions is not None and state.branches[0].layout.action_noisy:
+            state.actions = state.sampler.step(state.action_state, i, acts[None], state.actions[None])[0]
+            state.actions[:, state.action_width:] = 0
+        state.index += 1
+        return state
+
+    def finalize(self, state: Cosmos3DenoiseState) -> dict[str, Any]:
+        state.prefixes.clear()
+        if not torch.isfinite(state.latents).all():
+            raise NonFiniteOutput.of(DENOISE, self.dtype)
+        return {"latents": state.latents, "sound_latents": state.sound, "action_latents": state.actions}

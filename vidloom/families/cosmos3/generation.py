@@ -1,0 +1,270 @@
+"""Cosmos3 Omni's generation pathways: vision (sound, action) tokens attending to a cached text prefix.
+
+Cosmos3OmniTransformer is a mixture of transformers: every layer has the text (understanding)
+projections, which `Cosmos3Transformer` holds, and a second set for the generated tokens. Text
+tokens attend causally to text only; generated tokens attend to all text keys/values plus each
+other. So the text prefix's per-layer K/V never depend on the generated tokens nor on the step:
+`prefill` computes them once per request (through the shared backbone, one copy of its weights)
+and `forward` runs only the generated tokens against them, every step.
+
+A generation layer has the same shape as a text layer (RMSNorm, GQA attention with per-head q/k
+norms and interleaved mrope, RMSNorm, MLP), so it is a `TextBlock` holding the `*_moe_gen` /
+`add_*` weights, whose attention reads the prefix through `PrefixAttention`.
+
+Checkpoints trained with `action_gen` add an action pathway: one token per action step, projected in and
+out by per-embodiment weights (`DomainLinear`), joining the vision tokens in the same joint attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
+from vidloom.layers.block_stack import BlockStack
+from vidloom.layers.grouped_attention import grouped_attention
+from vidloom.loading.name_map import NameMap
+from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
+from vidloom.families.cosmos3.layout import GenLayout, patchify, unpatchify
+from vidloom.families.cosmos3.transformer import (
+    Cosmos3Transformer,
+    RMSNorm,
+    TextBlock,
+    apply_rotary,
+    is_generation_key,
+)
+from vidloom.models.wan.transformer import timestep_features
+
+# diffusers Cosmos3OmniTransformer key prefix -> our parameter prefix (generation pathways).
+GEN_NAME_MAP = NameMap((
+    ("layers.{n}.self_attn.add_q_proj", "blocks.{n}.attn.q"),
+    ("layers.{n}.self_attn.add_k_proj", "blocks.{n}.attn.k"),
+    ("layers.{n}.self_attn.add_v_proj", "blocks.{n}.attn.v"),
+    ("layers.{n}.self_attn.to_add_out", "blocks.{n}.attn.o"),
+    ("layers.{n}.self_attn.norm_added_q", "blocks.{n}.attn.q_norm"),
+    ("layers.{n}.self_attn.norm_added_k", "blocks.{n}.attn.k_norm"),
+    ("layers.{n}.self_attn.k_norm_und_for_gen", "und_k_norms.{n}"),
+    ("layers.{n}.input_layernorm_moe_gen", "blocks.{n}.attn_norm"),
+    ("layers.{n}.post_attention_layernorm_moe_gen", "blocks.{n}.mlp_norm"),
+    ("layers.{n}.mlp_moe_gen.gate_proj", "blocks.{n}.mlp.gate"),
+    ("layers.{n}.mlp_moe_gen.up_proj", "blocks.{n}.mlp.up"),
+    ("layers.{n}.mlp_moe_gen.down_proj", "blocks.{n}.mlp.down"),
+    ("norm_moe_gen", "norm"),
+    ("time_embedder.linear_1", "time_in"),
+    ("time_embedder.linear_2", "time_out"),
+))
+TIME_FEATURES = 256  # diffusers Timesteps(num_channels=256, flip_sin_to_cos=True, downscale_freq_shift=0)
+ACTION_PREFIXES = ("action_proj_in.", "action_proj_out.", "action_modality_embed")
+
+
+def is_loaded_key(config: Cosmos3GenConfig):
+    """Which checkpoint keys this module loads: the generation weights (the action heads when it has them)."""
+    def wanted(key: str) -> bool:
+        return is_generation_key(key) and (config.action_dim is not None or not key.startswith(ACTION_PREFIXES))
+    return wanted
+
+
+class DomainLinear(nn.Module):
+    """A linear layer with one weight [in, out] and bias per embodiment domain, stored as embedding rows.
+
+    The storage (`fc` rows of in*out, `bias` rows of out) is the checkpoint's (diffusers DomainAwareLinear);
+    a request uses one domain, so its weight is a row lookup and one matmul.
+    """
+
+    def __init__(self, in_features: int, out_features: int, domains: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.fc = nn.Embedding(domains, in_features * out_features)
+        self.bias = nn.Embedding(domains, out_features)
+
+    def forward(self, x: Tensor, domain: int) -> Tensor:
+        weight = self.fc.weight[domain].view(self.in_features, self.out_features)
+        return x @ weight + self.bias.weight[domain]
+
+
+@dataclass(frozen=True)
+class ActionTokens:
+    """One request's action stream for a forward: [T, action_dim] values and the embodiment's domain id."""
+
+    values: Tensor
+    domain: int
+
+
+class CapturePrefix:
+    """KVAttention for the prefix prefill: causal text attention, writing each layer's K/V into `buffer`.
+
+    `buffer` [layers, 2, L, kv_heads, head_dim] holds, per layer, the keys the generation pathway
+    reads (after the optional `und_k_norms`) and the values.
+    """
+
+    def __init__(self, buffer: Tensor, scale: float, rope: tuple[Tensor, Tensor],
+                 und_k_norms: nn.ModuleList | None) -> None:
+        self.buffer, self.scale, self.rope, self.und_k_norms = buffer, scale, rope, und_k_norms
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k_gen = k
+        if self.und_k_norms is not None:
+            # This only exists without text q/k norms, so k is the raw projection rotated: undo the
+            # rotation (a rotation by -angle), normalise, rotate again, as the reference orders it.
+            cos, sin = self.rope
+            raw = apply_rotary(k, cos, -sin)
+            k_gen = apply_rotary(self.und_k_norms[layer](raw), cos, sin)
+        self.buffer[layer, 0].copy_(k_gen)
+        self.buffer[layer, 1].copy_(v)
+        return grouped_attention(q, k, v, self.scale, causal=True)
+
+
+class PrefixAttention:
+    """KVAttention for generated tokens: full attention over the cached prefix K/V plus their own."""
+
+    def __init__(self, prefix: Tensor, scale: float) -> None:
+        self.prefix, self.scale = prefix, scale
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        keys = torch.cat([self.prefix[layer, 0], k])
+        values = torch.cat([self.prefix[layer, 1], v])
+        return grouped_attention(q, keys, values, self.scale)
+
+
+@dataclass(frozen=True)
+class GenConditioning:
+    """What the generation blocks and the head read in one call (Cosmos3Generator.embed)."""
+
+    rope: tuple[Tensor, Tensor]
+    attention: PrefixAttention  # over this branch's cached prefix
+    layout: GenLayout
+    noisy: Tensor  # indices of the frames being generated
+    action: ActionTokens | None = None  # the action stream; its domain picks the head's projection
+    sdpa: SDPAScope = DEFAULT_SDPA  # the backbone's SDPA kernels (attention_backend)
+
+
+class Cosmos3Generator(BlockStack, nn.Module):
+    """The vision/sound/action pathways; the text backbone is passed in, never copied or owned."""
+
+    def __init__(self, config: Cosmos3GenConfig) -> None:
+        super().__init__()
+        self.config = config
+        text = config.text
+        gen_layer = dataclasses.replace(text, qk_norm=True)  # generation q/k norms always exist
+        self.blocks = nn.ModuleList(TextBlock(gen_layer) for _ in range(text.num_hidden_layers))
+        self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
+        self.proj_in = nn.Linear(config.patch_latent_dim, text.hidden_size)
+        self.proj_out = nn.Linear(text.hidden_size, config.patch_latent_dim)
+        self.time_in = nn.Linear(TIME_FEATURES, text.hidden_size)
+        self.time_out = nn.Linear(text.hidden_size, text.hidden_size)
+        self.und_k_norms = (nn.ModuleList(RMSNorm(text.head_dim, text.rms_norm_eps)
+                                          for _ in range(text.num_hidden_layers))
+                            if config.und_k_norm_for_gen else None)
+        if config.sound_dim is not None:
+            self.audio_proj_in = nn.Linear(config.sound_dim, text.hidden_size)
+            self.audio_proj_out = nn.Linear(text.hidden_size, config.sound_dim)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(text.hidden_size))
+        if config.action_dim is not None:
+            self.action_proj_in = DomainLinear(config.action_dim, text.hidden_size, config.action_domains)
+            self.action_proj_out = DomainLinear(text.hidden_size, config.action_dim, config.action_domains)
+            self.action_modality_embed = nn.Parameter(torch.zeros(text.hidden_size))
+
+    def prefix_shape(self, length: int) -> tuple[int, ...]:
+        t = self.config.text
+        return (t.num_hidden_layers, 2, length, t.num_key_value_heads, t.head_dim)
+
+    @torch.no_grad()
+    def prefill(self, backbone: Cosmos3Transformer, input_ids: Tensor, positions: Tensor, out: Tensor) -> Tensor:
+        """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it."""
+        positions = positions.to(input_ids.device)
+        rope = backbone.rotary(positions, out.dtype)
+        capture = CapturePrefix(out, backbone.attention_scale, rope, self.und_k_norms)
+        # No row needs logits: the head runs on zero rows.
+        backbone(input_ids, positions, kv=capture, logits_at=input_ids.new_zeros(0))
+        return out
+
+    def _time_embedding(self, timestep: Tensor, dtype: torch.dtype) -> Tensor:
+        features = timestep_features((timestep.float() * self.config.timestep_scale).reshape(1), TIME_FEATURES)
+        weight_dtype = self.time_in.weight.dtype
+        return self.time_out(F.silu(self.time_in(features.to(weight_dtype)))).to(dtype)
+
+    @torch.no_grad()
+    def forward(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
+                timestep: Tensor, sound: Tensor | None = None,
+                action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One velocity prediction for the generated tokens against the cached `prefix`.
+
+        latents [C, T, h, w] (all frames; clean conditioning frames included), sound [C_s, T_s] or None,
+        action: the action stream (clean conditioning steps included) or None.
+        Returns the velocity [C, T, h, w] (zero at clean frames), the sound velocity or None, and the
+        action velocity [T_a, action_dim] (zero at clean steps) or None.
+        """
+        x, cond = self.embed(backbone, prefix, layout, latents, timestep, sound, action)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
+    # composition. The residual stream is the generated tokens as a batch of one, [1, S, hidden].
+
+    def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
+              timestep: Tensor, sound: Tensor | None = None,
+              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
+        """The generated tokens (time-embedded where noisy) and what the blocks and the head read."""
+        dtype = prefix.dtype
+        c = self.config
+        emb = self._time_embedding(timestep, dtype)  # one timestep for every noisy token
+        vision = self.proj_in(patchify(latents.to(dtype), c.latent_patch_size))
+        per_frame = vision.view(layout.grid[0], layout.frame_tokens, -1)
+        noisy = torch.tensor(layout.noisy_frames, dtype=torch.long, device=vision.device)
+        per_frame[noisy] = per_frame[noisy] + emb
+        parts = [vision]
+        if sound is not None:
+            parts.append(self.audio_proj_in(sound.to(dtype).T) + self.audio_modality_embed + emb)
+        if action is not None:
+            tokens = self.action_proj_in(action.values.to(dtype), action.domain) + self.action_modality_embed
+            noisy_steps = list(layout.action_noisy)
+            tokens[noisy_steps] = tokens[noisy_steps] + emb
+            parts.append(tokens)
+        x = torch.cat(parts)
+        rope = backbone.rotary(layout.positions.to(x.device), dtype)
+        attention = PrefixAttention(prefix, backbone.attention_scale)
+        return x[None], GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa)
+
+    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        """Blocks [start, end) over the tokens [1, S, hidden]."""
+        h = x[0]
+        with cond.sdpa():
+            for layer in range(start, self.num_blocks if end is None else end):
+                h = self.blocks[layer](h, cond.rope, cond.attention, layer)
+        return h[None]
+
+    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
+        """The normed tokens block `index` feeds to attention (TeaCache's indicator; the time embedding is
+        in the tokens themselves)."""
+        return self.blocks[index].attn_norm(x)
+
+    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Tokens after the last block -> (vision velocity, sound velocity or None, action velocity or None)."""
+        h = self.norm(x[0])
+        return (self._vision_out(h, cond.layout, cond.noisy), self._sound_out(h, cond.layout),
+                self._action_out(h, cond.layout, cond.action))
+
+    def _vision_out(self, x: Tensor, layout: GenLayout, noisy: Tensor) -> Tensor:
+        tokens = x[: layout.vision_tokens].view(layout.grid[0], layout.frame_tokens, -1)[noisy]
+        pred = self.proj_out(tokens.reshape(-1, tokens.shape[-1]))
+        out = pred.new_zeros(layout.latent_shape)
+        if len(layout.noisy_frames):
+            out[:, noisy] = unpatchify(pred, len(layout.noisy_frames), layout.latent_shape, layout.patch)
+        return out
+
+    def _sound_out(self, x: Tensor, layout: GenLayout) -> Tensor | None:
+        if not layout.sound_len:
+            return None
+        return self.audio_proj_out(x[layout.vision_tokens: layout.vision_tokens + layout.sound_len]).T
+
+    def _action_out(self, x: Tensor, layout: GenLayout, action: ActionTokens | None) -> Tensor | None:
+        if action is None:
+            return None
+        out = x.new_zeros(layout.action_len, self.config.action_dim)
+        if layout.action_noisy:
+            rows = x[layout.vision_tokens + layout.sound_len:][list(layout.action_noisy)]
+            out[list(layout.action_noisy)] = self.action_proj_out(rows, action.domain)
+        return out

@@ -1,0 +1,146 @@
+"""Estimated peak memory of one speech request beyond the resident weights (ModelCard.memory_estimator).
+
+A speech request runs four stages one after another, so its transient peak is the largest stage's, while
+what a stage hands on stays to the end:
+
+- thinker and talker: their K/V lives in the engine's paged pools (one per network), sized at load and resident
+  like the weights (the pools' allocators admit each sequence, runtime.paged_kv), so it is not counted again;
+  the thinker prefill's activations over the prompt and forced text are, and the per-token hidden states the
+  talker reads;
+- the audio and vision towers (a chat with such parts, families.qwen_omni.media; `towers_bytes`, also what a
+  text-answer chat adds to its decode working set through OmniChatLoop.media_bytes): one block's activations
+  and attention scores over each part's rows (audio: its mel frames after the stride-2 conv; image: its
+  patches), run inside the prefill step, at least the processors' copies on CPU, and their inputs and output
+  rows, held through it;
+- talker: one block's activations over its prefill, plus the keys and values its attention gathers from the
+  pool over its whole sequence (prompt rows + the code budget, PagedBatch.attend);
+- token2wav: the DiT over every mel frame of the code budget in two CFG branches (one block's activations,
+  the [frames, frames] attention scores per head, the block mask), the ODE state with RK4's four velocities
+  and the conditioning (code and voice embeddings per frame);
+- vocoder: its widest activation (channels x samples at each upsampling stage) and the waveform.
+
+The budget of codes is the talker's cap (families.qwen_omni.talker_loop.audio_token_budget), which the run
+never exceeds. A streamed request (families.qwen_omni.stream_audio) runs the DiT and the vocoder on one
+window at a time: its token2wav and vocoder terms are those of its largest window
+(stream_audio.largest_window), plus the utterance's noise buffer and its whole waveform. Copy counts:
+core.footprint; checked against peak RSS on CPU by tests/integration/test_memory_estimates.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_bytes, element_size
+from vidloom.core.instance import ModelInstance
+from vidloom.core.limits import MemoryEstimate
+from vidloom.families.qwen_omni.stream_audio import largest_window
+from vidloom.families.qwen_omni.talker_loop import audio_token_budget, talker_tokens
+from vidloom.families.qwen_omni.thinker_loop import SpeechPrompt
+
+SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
+TALKER_EXTRA_ROWS = 4  # talker prefill rows beyond the prompt: the voice's bos, the first reply row, codec bos/pad
+ODE_COPIES = 6  # x, RK4's four velocities and the stage input, [frames, mel_dim] each per branch
+SCORE_COPIES = 2  # attention scores and their softmax, [heads, frames, frames] per CFG branch
+WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
+# The processors' float copies of one part (CPU): Whisper's STFT holds the framed clip, its windowed copy and the
+# spectrum, float64 [frames, n_fft] each; the Qwen2-VL processor the decoded image as float arrays through resize,
+# rescale and normalize, then its patches (a 560x560 image's processing measured ~3.8 patch-sized float32 copies
+# of peak RSS on the tiny checkpoint; tests/integration/test_memory_estimates.py, "qwen-omni-chat-media").
+AUDIO_PREP_COPIES = 3
+IMAGE_PREP_COPIES = 4
+
+
+def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
+    """The estimator for `instance`; None for a chat-only checkpoint (no talker)."""
+    if "talker" not in instance.components:
+        return None
+    return lambda prompt: footprint(instance, prompt).total  # type: ignore[arg-type,return-value]
+
+
+def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
+    """`prompt` (a validated speech request) on `instance`, part by part."""
+    thinker, talker = instance["thinker"].config, instance["talker"].config
+    dit, vocoder = (module.config for module in instance["token2wav"])
+    act = element_size(instance.dtype)
+    tokens = len(prompt.prompt_ids) + prompt.max_tokens
+    codes = audio_token_budget(prompt, prompt.max_tokens)
+    talker_rows = len(prompt.prompt_ids) + TALKER_EXTRA_ROWS
+    # One layer's keys and values gathered from the pool over the whole sequence (the widest step attends to it).
+    talker_gather = 2 * talker_tokens(talker_rows, codes) * talker.num_key_value_heads * talker.head_dim * act
+    hidden_states = 2 * tokens * thinker.hidden_size * act  # final states + input embeddings, per token
+    thinker_pass = block_bytes(1, tokens, thinker.hidden_size, SWIGLU_FACTOR * thinker.intermediate_size, act)
+    talker_pass = (block_bytes(1, talker_rows, talker.hidden_size, SWIGLU_FACTOR * talker.intermediate_size, act)
+                   + talker_gather)
+    dit_frames = vocoder_frames = codes * dit.repeats
+    noise = 0
+    if prompt.request.audio_chunk_codes is not None:
+        dit_frames, vocoder_frames = largest_window(dit, vocoder, prompt.request.audio_chunk_codes, codes)
+        noise = codes * dit.repeats * dit.mel_dim * 4
+    mel_pass, mel_state = _token2wav(dit, dit_frames)
+    samples = codes * dit.repeats * vocoder.hop
+    towers = _towers(instance, prompt, act)
+    return Footprint(caches=hidden_states + noise,
+                     denoise=max(thinker_pass + towers, talker_pass, mel_pass),
+                     decode=_vocoder(instance, vocoder, vocoder_frames),
+                     persistent=mel_state + WAVE_COPIES * samples * 4)
+
+
+def towers_bytes(encoders: Any, processors: Any, media: Any, hidden: int, act: int, on_cpu: bool) -> int:
+    """The audio and vision towers' working set for a prompt's media (families.qwen_omni.media.PromptMedia): the
+    largest part's pass, every part's tower inputs and output rows [placeholders, hidden]; 0 for None (text).
+
+    One part's pass is its tower's block (hidden, FFN) over its rows plus the attention scores and their softmax
+    (float32, per head: a math kernel materialises them) over what one attention sees: an image's every patch
+    (the released vision tower has full-attention blocks), an audio clip's window of 2 x n_window frames
+    (transformers' audio tower attends within windows). On CPU the processors' work (at admission, just before)
+    shares the device's memory, and glibc keeps its freed blocks in its arenas: it is counted beside the pass
+    (PREP_COPIES), not under it."""
+    if media is None:
+        return 0
+    widest = held = 0
+    for piece in media.pieces:
+        if piece.kind == "audio":
+            c = encoders.audio.config
+            rows, width, ffn = piece.inputs.shape[1] // 2 + 1, c.d_model, c.encoder_ffn_dim
+            heads = c.encoder_attention_heads
+            seen = min(rows, 2 * int(c.n_window))
+            prep = AUDIO_PREP_COPIES * piece.inputs.shape[1] * int(processors[0].n_fft) * 8
+        else:
+            c = encoders.vision.config
+            rows, width, ffn, heads = piece.inputs.shape[0], c.hidden_size, c.intermediate_size, c.num_heads
+            seen = rows
+            prep = IMAGE_PREP_COPIES * piece.inputs.numel() * 4
+        scores = SCORE_COPIES * heads * rows * seen * 4
+        widest = max(widest, block_bytes(1, rows, width, ffn, act) + scores + (prep if on_cpu else 0))
+        held += piece.inputs.numel() * 4
+    return widest + held + int(media.at.shape[0]) * hidden * act
+
+
+def _towers(instance: ModelInstance, prompt: SpeechPrompt, act: int) -> int:
+    """towers_bytes for a speech request's prompt (a chat answered aloud may carry audio and images)."""
+    if prompt.media is None:
+        return 0
+    return towers_bytes(instance["encoders"], instance.components.get("processors"), prompt.media,
+                        instance["thinker"].config.hidden_size, act, instance.device.type == "cpu")
+
+
+def _token2wav(dit: Any, frames: int) -> tuple[int, int]:
+    """(one DiT block's live bytes over `frames` mel frames in both CFG branches, the ODE state's bytes);
+    token2wav runs in float32."""
+    inner = dit.num_attention_heads * dit.head_dim
+    block = block_bytes(2, frames, max(inner, dit.hidden_size), dit.hidden_size * dit.ff_mult, 4)
+    # the scores and their softmax per head and branch (CPU attention with a mask materialises them), the mask
+    scores = 2 * SCORE_COPIES * dit.num_attention_heads * frames * frames * 4 + frames * frames
+    conditioning = 2 * frames * (dit.emb_dim + dit.enc_emb_dim + dit.hidden_size) * 4
+    state = 2 * ODE_COPIES * frames * dit.mel_dim * 4 + conditioning
+    return block + scores, state
+
+
+def _vocoder(instance: ModelInstance, vocoder: Any, frames: int) -> int:
+    """The widest stage of the BigVGAN (its channels halve as its length multiplies), at the deployment's copies."""
+    copies = VAE_COPIES.get(instance.device.type, VAE_COPIES["cpu"])
+    length, channels, widest = frames, vocoder.upsample_initial_channel, vocoder.upsample_initial_channel * frames
+    for rate in vocoder.upsample_rates:
+        length, channels = length * rate, max(1, channels // 2)
+        widest = max(widest, channels * length)
+    return copies * widest * 4 + FFN_COPIES * vocoder.mel_dim * frames * 4

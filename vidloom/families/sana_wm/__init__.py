@@ -1,0 +1,1 @@
+"""SANA-WM: the camera-controlled bidirectional SANA DiT, its camera input, refiner, cards, program and loop."""

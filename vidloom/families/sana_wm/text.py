@@ -1,0 +1,123 @@
+"""SANA-WM's prompt path: Gemma-2 (through transformers), last hidden state, with SANA's instruction prefix.
+
+The prompt is prefixed with the instruction ("chi") prompt SANA-WM was trained with, right-padded, and
+the BOS token plus the last `max_tokens - 1` positions are kept (SanaWMPipeline.encode_prompt); the
+negative prompt is encoded without the prefix. `offload` and `cache_size` (DeployConfig.offload_text_encoder,
+prompt_cache_size) work as for every family's encoder (families/wan/text.py: OffloadedWeights, EmbeddingCache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from torch import Tensor
+from transformers import AutoModel, AutoTokenizer
+
+from vidloom.core.errors import CheckpointError
+from vidloom.families.wan.text import EmbeddingCache, OffloadedWeights
+
+# SanaWMPipeline's DEFAULT_CHI_PROMPT (diffusers 0.42, from SANA's training recipe): the model was trained
+# on prompts carrying this prefix, so it is part of the conditioning, not a style choice.
+CHI_PROMPT = "\n".join([
+    'Given a user prompt, generate an "Enhanced prompt" that provides detailed visual descriptions suitable for '
+    "image generation. Evaluate the level of detail in the user prompt:",
+    "- If the prompt is simple, focus on adding specifics about colors, shapes, sizes, textures, and spatial "
+    "relationships to create vivid and concrete scenes.",
+    "- If the prompt is already detailed, refine and enhance the existing details slightly without "
+    "overcomplicating.",
+    "Here are examples of how to transform or refine prompts:",
+    "- User Prompt: A cat sleeping -> Enhanced: A small, fluffy white cat curled up in a round shape, sleeping "
+    "peacefully on a warm sunny windowsill, surrounded by pots of blooming red flowers.",
+    "- User Prompt: A busy city street -> Enhanced: A bustling city street scene at dusk, featuring glowing "
+    "street lamps, a diverse crowd of people in colorful clothing, and a double-decker bus passing by towering "
+    "glass skyscrapers.",
+    "Please generate only the enhanced description for the prompt below and avoid including any additional "
+    "commentary or evaluations:",
+    "User Prompt: ",
+])
+MAX_TEXT_TOKENS = 300  # SanaWMPipeline's max_sequence_length default
+
+
+@dataclass(frozen=True)
+class SanaWMText:
+    embeds: Tensor  # [B, L, D] Gemma-2 last hidden states
+    mask: Tensor  # [B, L] 1 = attend
+
+    def cat(self, other: SanaWMText) -> SanaWMText:
+        return SanaWMText(torch.cat([self.embeds, other.embeds]), torch.cat([self.mask, other.mask]))
+
+
+class SanaWMTextEncoder:
+    """Shared by every request; the encoder call is serialised. With `offload` (on an accelerator) the weights
+    stay in host memory and are uploaded per encode; `cache_size` recent prompts are not encoded again."""
+
+    def __init__(self, tokenizer: Any, model: Any, device: torch.device, max_tokens: int = MAX_TEXT_TOKENS, *,
+                 offload: bool = False, cache_size: int = 0) -> None:
+        self.tokenizer, self.device, self.max_tokens = tokenizer, device, max_tokens
+        self.offload = offload and device.type != "cpu"
+        self.model = model.eval().to("cpu" if self.offload else device)
+        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self.cache = EmbeddingCache(cache_size)
+        self._prefix_tokens = len(tokenizer.encode(CHI_PROMPT))
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype,
+             max_tokens: int = MAX_TEXT_TOKENS, **options: Any) -> SanaWMTextEncoder:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
+        try:
+            model = AutoModel.from_pretrained(str(encoder_dir), dtype=dtype)
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise CheckpointError(f"{encoder_dir}: cannot load the Gemma-2 text encoder ({exc})") from None
+        return cls(tokenizer, model, device, max_tokens, **options)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def encode_prompt(self, prompt: str) -> SanaWMText:
+        return self._cached("prompt", prompt, self._encode_prompt)
+
+    def encode_negative(self, prompt: str) -> SanaWMText:
+        return self._cached("negative", prompt, self._encode_negative)
+
+    def _cached(self, kind: str, prompt: str, encode: Any) -> SanaWMText:
+        # The prompt and the negative prompt are encoded differently (prefix, length): the kind is in the key.
+        key = kind + ":" + hashlib.sha256(prompt.encode()).hexdigest()
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]  # the cache holds SanaWMText values here
+        text = encode(prompt)
+        self.cache.put(key, text)  # type: ignore[arg-type]
+        return text
+
+    def _encode_prompt(self, prompt: str) -> SanaWMText:
+        hidden, mask = self._hidden(CHI_PROMPT + prompt, self._prefix_tokens + self.max_tokens - 2)
+        keep = [0, *range(-self.max_tokens + 1, 0)]  # BOS + the tail: the prompt after the prefix
+        return SanaWMText(hidden[:, keep], mask[:, keep])
+
+    def _encode_negative(self, prompt: str) -> SanaWMText:
+        hidden, mask = self._hidden(prompt, self.max_tokens)
+        return SanaWMText(hidden, mask)
+
+    @torch.inference_mode()
+    def _hidden(self, text: str, length: int) -> tuple[Tensor, Tensor]:
+        batch = self.tokenizer([text], max_length=length, padding="max_length", padding_side="right",
+                               truncation=True, return_tensors="pt")
+        with self._lock, self._on_device():
+            ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+            out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, return_dict=True)
+        return out.hidden_states[-1], mask
+
+    def _on_device(self) -> contextlib.AbstractContextManager[None]:
+        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()

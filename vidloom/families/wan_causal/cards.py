@@ -1,0 +1,80 @@
+"""AnyFlow-FAR model cards, built from a diffusers AnyFlowFARPipeline folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.capabilities import Capabilities
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.request import Task
+from vidloom.core.session import EXTEND_FROM
+from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.families.wan_causal import extension
+
+FAMILY = "anyflow-far"
+PIPELINE_CLASS = "AnyFlowFARPipeline"
+PROGRAM = "vidloom.families.wan_causal.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.families.wan_causal.memory:request_estimator"
+SAMPLERS = ("flow_map_euler",)
+# Same VAE (8x space, 4x time) and full-resolution patch (2x2) as Wan2.1.
+GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
+
+# AnyFlow-FAR release (nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers model card and the diffusers
+# example): 480x832, 81 frames at 16 fps, 4 flow-map steps, no CFG (the model is distilled).
+DEFAULTS = SamplingDefaults(
+    height=480, width=832, num_frames=81, fps=16, num_inference_steps=4,
+    guidance_scale=1.0, flow_shift=5.0, sampler="flow_map_euler", negative_prompt="",
+)
+
+# Options whose mechanism assumes Wan's bidirectional denoiser are refused with the reason the rollout gives.
+CAPABILITIES = Capabilities(
+    frozenset({"fp8_weights", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
+               "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile",
+               # chunks decode as they finish, in tiles each with its own causal state across chunks (decode.py)
+               "vae_tile"}),
+    {"cuda_graphs": "a rollout step writes the request's KV cache in place",
+     "cfg_mode": "the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
+     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+     "offload_idle_expert": "one expert: there is no idle expert",
+     "two_stage": "one stage; multi-stage families: ltx2",
+     "devices": "sequence and CFG parallelism are written for Wan's bidirectional DiT only"},
+)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
+
+
+def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "") -> ModelCard:
+    return ModelCard(
+        model_id=model_id,
+        family=FAMILY,
+        components={
+            "transformer": ComponentSpec("bfloat16"),
+            "vae": ComponentSpec("float32"),
+            "text_encoder": ComponentSpec("bfloat16"),
+            "tokenizer": ComponentSpec(),
+            "scheduler": ComponentSpec(),
+        },
+        loops={"rollout": LoopSpec(samplers=SAMPLERS)},
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
+        # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.
+        inputs=frozenset({"image", "video"}),
+        request_blocks={EXTEND_FROM: BlockSpec(extension.RESOLVER, check=extension.CHECK)},
+        size_from_inputs=True,
+        precision="bfloat16",
+        sampling_defaults=defaults,
+        geometry=GEOMETRY,
+        recipe=RecipeSpec(method="distilled", loop="rollout"),
+        program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
+        source=source,
+        description=description,
+        capabilities=CAPABILITIES,
+    )
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A card for an AnyFlowFARPipeline folder; the flow shift comes from its scheduler config."""
+    ckpt = DiffusersDir.open(path)
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    shift = float(scheduler.get("shift", DEFAULTS.flow_shift))
+    defaults = SamplingDefaults(**{**DEFAULTS.__dict__, "flow_shift": shift})
+    return far_card(ckpt.root.name, str(ckpt.root), defaults, f"AnyFlow-FAR causal text-to-video from {ckpt.root}")

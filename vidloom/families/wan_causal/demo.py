@@ -1,0 +1,99 @@
+"""far-demo: the AnyFlow-FAR causal architecture at a tiny size with seeded random weights.
+
+Written once into the user's cache as an AnyFlowFARPipeline folder and loaded through the same loader as
+real FAR checkpoints, so chunked causal rollout (KV cache, far-context compression) and extension run
+offline in seconds. Its weights are random: the video is noise by design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from vidloom.core.card import ModelCard
+from vidloom.loading.safetensors_io import save_weights
+from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
+from vidloom.families.wan_causal.transformer import FarTransformer
+from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.families.wan.demo import DEMO_SEED, train_tokenizer
+from vidloom.families.wan_causal.cards import DEFAULTS, far_card
+
+DEMO_ID = "far-demo"
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_NOTE = noise_note(DEMO_ID, "AnyFlow-FAR", "nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers")
+
+# Full-resolution patches 2x2, far-context patches 4x4, two chunks kept at full resolution: a 17-frame
+# video (5 latent frames) is three chunks, and extending it pushes the oldest into compressed context.
+DEMO_TRANSFORMER = {
+    "_class_name": "AnyFlowFARTransformer3DModel",
+    "patch_size": [1, 2, 2], "compressed_patch_size": [1, 4, 4], "full_chunk_limit": 2,
+    "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": 4, "out_channels": 4, "text_dim": 32,
+    "freq_dim": 32, "ffn_dim": 64, "num_layers": 2, "cross_attn_norm": True, "eps": 1e-6,
+    "rope_max_seq_len": 256, "gate_value": 0.25, "deltatime_type": "r", "chunk_partition": [1, 2, 2],
+}
+DEMO_VAE = {
+    "_class_name": "AutoencoderKLWan",
+    "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
+    "temperal_downsample": [False, True, True], "dropout": 0.0,
+}
+DEMO_TEXT_ENCODER = {
+    "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 32,
+    "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0,
+}
+# FlowMapEulerDiscreteScheduler as the AnyFlow-FAR release saves it (shift 5).
+DEMO_SCHEDULER = {"_class_name": "FlowMapEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 5.0}
+MODEL_INDEX = {
+    "_class_name": "AnyFlowFARPipeline",
+    "scheduler": ["diffusers", "FlowMapEulerDiscreteScheduler"],
+    "text_encoder": ["transformers", "UMT5EncoderModel"],
+    "tokenizer": ["transformers", "T5TokenizerFast"],
+    "transformer": ["diffusers", "AnyFlowFARTransformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
+DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, fps=8)
+
+
+def demo_card() -> ModelCard:
+    card = far_card(DEMO_ID, f"demo:{DEMO_ID}", DEMO_DEFAULTS,
+                    "AnyFlow-FAR causal streaming video (chunked rollout, extension) at a tiny size, random weights")
+    return dataclasses.replace(card, precision="float32", notes=(DEMO_NOTE,))
+
+
+def ensure_demo_checkpoint(cache_dir: Path) -> Path:
+    """The demo's folder in `cache_dir`, written first if absent."""
+    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
+
+
+def write_demo_checkpoint(folder: Path) -> None:
+    """An AnyFlowFARPipeline folder from our own modules (diffusers can load it too)."""
+    torch.manual_seed(DEMO_SEED)
+    transformer = FarTransformer(FarTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
+    fill_zeros(transformer)
+    save_weights(transformer, folder / "transformer", FAR_TRANSFORMER_NAME_MAP)
+    write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
+
+    g = torch.Generator().manual_seed(DEMO_SEED + 1)
+    z_dim = DEMO_VAE["z_dim"]
+    # Non-trivial latent statistics, so the demo's (de)normalisation is exercised as a real one is.
+    stats = {"latents_mean": (torch.randn(z_dim, generator=g) * 0.5).tolist(),
+             "latents_std": (torch.rand(z_dim, generator=g) * 2 + 0.5).tolist()}
+    vae = WanVAE(WanVAEConfig.from_diffusers({**DEMO_VAE, **stats}))
+    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
+    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
+
+    tokenizer = train_tokenizer()
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    _write_text_encoder(folder / "text_encoder", len(tokenizer))
+    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
+    write_json(folder / "model_index.json", MODEL_INDEX)
+
+
+def _write_text_encoder(folder: Path, vocab_size: int) -> None:
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(DEMO_SEED + 2)
+    UMT5EncoderModel(UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)).save_pretrained(str(folder))

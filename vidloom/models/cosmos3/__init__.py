@@ -1,1 +1,0 @@
-"""Cosmos3 Omni: the mixture-of-transformers backbone (understanding pathway now; generation pathways in #13)."""

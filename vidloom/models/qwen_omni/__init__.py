@@ -1,1 +1,0 @@
-"""Qwen2.5-Omni: thinker and talker decoders, token2wav (flow-matching DiT and BigVGAN vocoder)."""

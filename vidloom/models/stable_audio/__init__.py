@@ -1,1 +1,0 @@
-"""Stable Audio Open: DiT, Oobleck decoder and conditioning projection (T5 runs through transformers)."""

@@ -1,1 +1,0 @@
-"""Cosmos3 Omni recipes: the card, loading, and the AR decode (chat) loop over the understanding pathway."""

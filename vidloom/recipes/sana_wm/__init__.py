@@ -1,1 +1,0 @@
-"""SANA-WM: camera-controlled image-to-video world model (card, camera input, program, loop)."""
