@@ -3,7 +3,7 @@
     python docs/gen_reference.py          # rewrite docs/reference/{cli,request-fields,deploy-card,config-keys}.md
     python docs/gen_reference.py --check  # exit 1 naming the pages that differ (tests/unit/test_docs_reference.py)
 
-The sources are the ones the runtime reads: the argparse parsers of `vidloom` (vidloom/cli*.py, fleet/cli.py),
+The sources are the ones the runtime reads: the argparse parsers of `vidloom` (vidloom/cli/*.py, fleet/cli.py),
 the request types (core.request.GenerationRequest; the HTTP bodies in serving/protocol.py and
 serving/chat_protocol.py) and the deployment-card dataclasses (ServeConfig, DeployConfig, ParallelPlan, and the
 fleet's FleetConfig / FleetModel), whose keys serving/deploy_card.py accepts. A field's description is its
@@ -132,8 +132,8 @@ def cli_page() -> str:
 
     parser = build_parser()
     out = ["# CLI flags\n\n", HEADER,
-           "Every flag of every `vidloom` command, from the argparse parsers (`vidloom/cli*.py`, "
-           "`vidloom/deploy_args.py`, `vidloom/fleet/cli.py`). See [CLI](../cli.md) for how they behave.\n"]
+           "Every flag of every `vidloom` command, from the argparse parsers (`vidloom/cli/*.py`, "
+           "`vidloom/cli/deploy_args.py`, `vidloom/fleet/cli.py`). See [CLI](../cli.md) for how they behave.\n"]
     for name, sub in _subcommands(parser, "vidloom"):
         actions = [a for a in sub._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
         out.append(f"\n## `{name}`\n\n")
@@ -151,7 +151,7 @@ def cli_page() -> str:
 
 def flags_by_field(command: str, extra: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
     """Field name -> (flag, its help) for one `vidloom` command: the flag whose argparse dest is the field, or
-    the one `extra` (e.g. cli_generate.FLAG_OF_FIELD) names."""
+    the one `extra` (e.g. cli.generate.FLAG_OF_FIELD) names."""
     from vidloom.cli import build_parser
 
     parser = dict(_subcommands(build_parser(), "vidloom"))[f"vidloom {command}"]
@@ -195,7 +195,7 @@ def _pydantic_table(model: type, fallback: dict[str, str]) -> str:
 
 
 def request_page() -> str:
-    from vidloom.cli_generate import FLAG_OF_FIELD
+    from vidloom.cli.generate import FLAG_OF_FIELD
     from vidloom.core.request import GenerationRequest
     from vidloom.serving.chat_protocol import ChatCompletionBody, StreamOptions
     from vidloom.serving.protocol import ImageEditBody, ImageGenerationBody, LoraLoadBody, LoraRef, VideoCreateBody

@@ -40,11 +40,11 @@ TARGETS: dict[str, tuple[str, ...]] = {
     ),
     "vidloom/serving/params.py": ("tests/unit/serving/test_params.py", "tests/unit/serving/test_params_limits.py",
                                   "tests/integration/test_equivalence_request.py"),
-    "vidloom/deploy_args.py": ("tests/integration/test_cli.py::test_deploy_flags_build_the_deploy_config",
+    "vidloom/cli/deploy_args.py": ("tests/integration/test_cli.py::test_deploy_flags_build_the_deploy_config",
                                "tests/integration/test_equivalence_deploy.py"),
     "vidloom/media/video.py": ("tests/unit/media", "tests/integration/test_generator.py::test_save_writes_a_playable_mp4"),
     "vidloom/core/request.py": ("tests/unit/core/test_request.py", "tests/unit/serving/test_params.py"),
-    "vidloom/cli.py": ("tests/integration/test_equivalence_request.py", "tests/integration/test_equivalence_deploy.py",
+    "vidloom/cli/commands.py": ("tests/integration/test_equivalence_request.py", "tests/integration/test_equivalence_deploy.py",
                        "tests/integration/test_cli.py"),
 }
 # Keyword arguments whose loss only changes text a person reads (help, progress bars): not mutated.

@@ -1,7 +1,7 @@
 """vidloom: a model-native inference runtime for video generation.
 
 The public names load on first use (PEP 562), so `import vidloom.cli` stays light: the `vidloom` command
-takes Ctrl-C before torch is imported (see cli_interrupt.py).
+takes Ctrl-C before torch is imported (see cli/interrupt.py).
 """
 
 from __future__ import annotations

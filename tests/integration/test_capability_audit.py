@@ -33,7 +33,7 @@ from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
 from vidloom import registry
-from vidloom.cli_capabilities import capability_rows
+from vidloom.cli.capabilities import capability_rows
 from vidloom.core.capabilities import FEATURES
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CacheBudgetExceeded, DeployError

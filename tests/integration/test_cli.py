@@ -49,7 +49,7 @@ def test_unknown_model_exits_2(demo_cache):
 
 def test_deploy_flags_build_the_deploy_config():
     from vidloom.cli import build_parser
-    from vidloom.deploy_args import deploy_config
+    from vidloom.cli.deploy_args import deploy_config
 
     args = build_parser().parse_args([
         "generate", "--prompt", "x", "--fp8", "--compile", "--compile-backend", "aot_eager",

@@ -148,7 +148,7 @@ def test_ctrl_c_at_the_end_of_writing_keeps_nothing_and_exits_130(demo_cache, tm
     from vidloom.cli import main
 
     if moment == "at_settle":
-        from vidloom.cli_interrupt import InterruptGuard
+        from vidloom.cli.interrupt import InterruptGuard
 
         real_settle, calls = InterruptGuard.settle, []
 

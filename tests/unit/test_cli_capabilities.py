@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from vidloom import cli
-from vidloom.cli_capabilities import capability_rows, capability_table
+from vidloom.cli.capabilities import capability_rows, capability_table
 from vidloom.core.capabilities import FEATURES
 from vidloom.families.flux2.cards import DISTILLED_CAPABILITIES
 from vidloom.families.wan.cards import wan_capabilities

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from vidloom.cli_interrupt import InterruptGuard
+from vidloom.cli.interrupt import InterruptGuard
 from vidloom.runtime.engine import CancellationToken
 
 

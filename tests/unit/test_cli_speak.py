@@ -45,7 +45,7 @@ def test_chat_with_a_voice_writes_each_answer(omni_dir, tmp_path, capsys):
     import wave
 
     from vidloom.cli import build_parser
-    from vidloom.cli_chat import chat_command
+    from vidloom.cli.chat import chat_command
 
     args = build_parser().parse_args(["chat", "--model", str(omni_dir), "--voice", "Ethan", "--temperature", "0",
                                       "--max-tokens", "6", "--audio-dir", str(tmp_path / "audio")])

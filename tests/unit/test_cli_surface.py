@@ -37,7 +37,7 @@ def test_quiet_mode_hides_library_bars_but_keeps_hub_downloads():
 
     import warnings
 
-    from vidloom.cli_generate import quiet_third_party
+    from vidloom.cli.generate import quiet_third_party
 
     shown = warnings.showwarning
     try:

@@ -10,7 +10,7 @@ import pytest
 from vidloom.cli import build_parser
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
-from vidloom.deploy_args import deploy_config
+from vidloom.cli.deploy_args import deploy_config
 from vidloom.serving.deploy_card import dump_card, load_card, build
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.serve_flags import effective_config, typed_flags

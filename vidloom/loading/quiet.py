@@ -1,6 +1,6 @@
 """Quiet loads: transformers' info logs, warnings and loading bars stay off while vidloom loads a model.
 
-The CLI silences them for its whole process (`cli_generate.quiet_third_party`). A Python program owns
+The CLI silences them for its whole process (`cli.generate.quiet_third_party`). A Python program owns
 its process's logging, so the Python API silences them only around its own loads and then puts back
 what the program had.
 """

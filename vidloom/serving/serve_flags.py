@@ -35,7 +35,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "model_arg": (("model",), str),  # `vidloom serve MODEL`, the same setting as --model
     "batch_wait_ms": (("batch_wait_s",), lambda ms: float(ms) / 1000.0),
     "max_body_mb": (("max_body_bytes",), lambda mb: max(1, int(mb * 2**20))),
-    # deploy_args.py's flags
+    # cli/deploy_args.py's flags
     "fp8": (("deploy", "fp8_weights"), bool),
     "warmup": (("deploy", "warmup_shapes"), lambda shapes: [list(s) for s in shapes]),
     "prompt_cache": (("deploy", "prompt_cache_size"), int),

@@ -14,7 +14,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.parallel import ParallelPlan, SequenceGeometry
 from vidloom.core.request import GenerationRequest
-from vidloom.deploy_args import deploy_config
+from vidloom.cli.deploy_args import deploy_config
 from vidloom.generator import VideoGenerator
 from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance

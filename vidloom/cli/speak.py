@@ -41,7 +41,7 @@ def output_format(path: Path) -> str:
 
 
 def speak_command(args: argparse.Namespace) -> int:
-    from vidloom.cli_generate import check_device, quiet_third_party
+    from vidloom.cli.generate import check_device, quiet_third_party
     from vidloom.core.output import ProgressEvent
     from vidloom.generator import VideoGenerator
     from vidloom.media.speech_audio import encode_speech

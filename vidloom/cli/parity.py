@@ -56,7 +56,7 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:
 
 def parity_command(args: argparse.Namespace) -> int:
     """Raises InvalidRequest / VidloomError for the CLI's one-line error path."""
-    from vidloom.cli_generate import quiet_third_party
+    from vidloom.cli.generate import quiet_third_party
     from vidloom.parity import TapFilter, Tolerance, run_parity
     from vidloom.parity.reference import require_diffusers
     from vidloom.parity.run import checkpoint_dir

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vidloom import registry
-from vidloom.cli_actions import ACTION_FLAGS, action_block, write_actions
-from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
+from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
+from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
-from vidloom.cli_camera import camera_fields
-from vidloom.deploy_args import deploy_config
+from vidloom.cli.camera import camera_fields
+from vidloom.cli.deploy_args import deploy_config
 
 # GenerationRequest / setting field -> the flag a CLI user typed, so errors name what they can change.
 FLAG_OF_FIELD: dict[str, str] = {
@@ -41,7 +41,7 @@ AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step
 
 def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any],
                      follow: Callable[[str, argparse.Namespace, DeployConfig], int], guard: InterruptGuard) -> int:
-    """Check, load, generate, write; every phase boundary honours a Ctrl-C (see cli_interrupt.py)."""
+    """Check, load, generate, write; every phase boundary honours a Ctrl-C (see cli/interrupt.py)."""
     quiet_third_party(args.verbose)
     place = torchrun_place()
     deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts

@@ -2,7 +2,7 @@
 
 Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
 checked before the model loads wherever possible; Ctrl-C at any moment is one `cancelled` line and
-exit status 130 (cli_interrupt.py). This module imports only light modules at its top, so `main`
+exit status 130 (cli/interrupt.py). This module imports only light modules at its top, so `main`
 takes SIGINT before torch loads; the commands import what they need when they run.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from vidloom import __version__
-from vidloom.cli_interrupt import EXIT_INTERRUPTED, InterruptGuard
+from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.core.errors import InvalidRequest, VidloomError
 from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS
 
@@ -36,11 +36,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
-    from vidloom.cli_chat import add_chat_parser
-    from vidloom.cli_speak import add_speak_parser
-    from vidloom.cli_parity import add_parity_parser
-    from vidloom.cli_actions import add_action_arguments
-    from vidloom.deploy_args import add_deploy_arguments
+    from vidloom.cli.chat import add_chat_parser
+    from vidloom.cli.speak import add_speak_parser
+    from vidloom.cli.parity import add_parity_parser
+    from vidloom.cli.actions import add_action_arguments
+    from vidloom.cli.deploy_args import add_deploy_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
     parser.add_argument("--version", action="version", version=f"vidloom {__version__}")
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from vidloom import registry
-    from vidloom.deploy_args import add_deploy_arguments
+    from vidloom.cli.deploy_args import add_deploy_arguments
 
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     srv.add_argument("--config", default=None, metavar="CARD.yaml",
@@ -258,7 +258,7 @@ def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
 
 def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: InterruptGuard) -> int:
     if args.command == "models" and args.capabilities:
-        from vidloom.cli_capabilities import print_capabilities
+        from vidloom.cli.capabilities import print_capabilities
 
         return print_capabilities()
     if args.command == "models":
@@ -270,24 +270,24 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
     if args.command == "serve":
         return _serve(args, sys.argv[1:] if argv is None else argv)
     if args.command == "chat":
-        from vidloom.cli_chat import chat_command
+        from vidloom.cli.chat import chat_command
 
         return chat_command(args)
     if args.command == "speak":
-        from vidloom.cli_speak import speak_command
+        from vidloom.cli.speak import speak_command
 
         return speak_command(args)
     if args.command == "parity":
-        from vidloom.cli_parity import parity_command
+        from vidloom.cli.parity import parity_command
 
         return parity_command(args)
-    from vidloom.cli_generate import generate_command
+    from vidloom.cli.generate import generate_command
 
     return generate_command(args, _torchrun_place, _follow, guard)
 
 
 def _error_line(exc: VidloomError) -> str:
-    from vidloom.cli_generate import FLAG_OF_FIELD
+    from vidloom.cli.generate import FLAG_OF_FIELD
 
     if isinstance(exc, InvalidRequest):
         return f"error: {FLAG_OF_FIELD.get(exc.field, exc.field)}: {_one_line(exc.message)}"
@@ -301,7 +301,7 @@ def _one_line(text: str) -> str:
 def _flagged(text: str) -> str:
     """"slots: must be >= 1" -> "--slots: must be >= 1": name the flag the user typed, when the
     message starts with a setting's field name and that field has a flag."""
-    from vidloom.cli_generate import FLAG_OF_FIELD
+    from vidloom.cli.generate import FLAG_OF_FIELD
 
     field, sep, rest = text.partition(": ")
     if not sep or not field.isidentifier():
@@ -332,7 +332,7 @@ def _models() -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     from vidloom import registry
-    from vidloom.cli_generate import check_device, quiet_third_party
+    from vidloom.cli.generate import check_device, quiet_third_party
     from vidloom.serving.deploy_card import dump_card
     from vidloom.serving.serve_flags import effective_config, typed_flags
     from vidloom.serving.server import BindError, serve
@@ -387,7 +387,3 @@ def _follow(model: str, args: argparse.Namespace, deploy: DeployConfig) -> int:
     from vidloom.generator import follow_torchrun
 
     return 0 if follow_torchrun(model, device=args.device, dtype=args.dtype, deploy=deploy) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

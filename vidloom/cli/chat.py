@@ -37,7 +37,7 @@ def add_chat_parser(sub: argparse._SubParsersAction, dtypes: tuple[str, ...]) ->
 
 
 def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    from vidloom.cli_generate import check_device, quiet_third_party
+    from vidloom.cli.generate import check_device, quiet_third_party
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
