@@ -93,7 +93,7 @@ def _spoken_reply(generator: Any, history: list[dict[str, Any]], sampling: dict[
                   stdout: TextIO) -> Any:
     """The answer, written by the thinker and spoken by the talker in one request; its speech saved as WAV."""
     from vidloom.media.speech_audio import encode_speech
-    from vidloom.media.video import atomic_path
+    from vidloom.media.atomic import atomic_path
 
     result = generator.chat(history, audio={"voice": voice}, **sampling)
     with atomic_path(path) as tmp:

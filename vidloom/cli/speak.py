@@ -45,7 +45,7 @@ def speak_command(args: argparse.Namespace) -> int:
     from vidloom.core.output import ProgressEvent
     from vidloom.generator import VideoGenerator
     from vidloom.media.speech_audio import encode_speech
-    from vidloom.media.video import atomic_path
+    from vidloom.media.atomic import atomic_path
 
     output = Path(args.output)
     fmt = output_format(output)  # before loading anything

@@ -10,7 +10,6 @@ import dataclasses
 import secrets
 import uuid
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest
@@ -18,6 +17,7 @@ from vidloom.core.request_blocks import OPTIONAL_FIELDS, REQUEST_BLOCKS, check_b
 from vidloom.core.request_checks import (MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEP_CACHE_THRESHOLD,
                                          MIN_FLOW_SHIFT, check_float, checked_loras, validate)
 from vidloom.core.request_media import FLAG_INPUTS, MEDIA_INPUTS, MediaReader, resolve_media, size_from_image
+from vidloom.core.task import Task
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
@@ -25,16 +25,6 @@ if TYPE_CHECKING:
 __all__ = ["FLAG_INPUTS", "MAX_FLOW_SHIFT", "MAX_FPS", "MAX_GUIDANCE", "MAX_SEED", "MAX_STEP_CACHE_THRESHOLD",
            "MEDIA_INPUTS", "MIN_FLOW_SHIFT", "OPTIONAL_FIELDS", "REQUEST_BLOCKS", "GenerationRequest", "MediaReader",
            "Task", "resolve_request"]
-
-
-class Task(str, Enum):
-    """What a request asks the model to produce (and from what)."""
-
-    T2V = "t2v"  # text -> video
-    I2V = "i2v"  # image (+ text) -> video
-    T2I = "t2i"  # text -> image
-    V2V = "v2v"  # video (+ text) -> video
-    T2A = "t2a"  # text -> audio, no frames (audio-only cards: ModelCard.audio)
 
 
 @dataclass(frozen=True)

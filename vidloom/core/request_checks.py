@@ -9,6 +9,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.limits import RequestLimits
+from vidloom.core.task import Task
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
@@ -31,9 +33,6 @@ MAX_STEP_CACHE_THRESHOLD = 1e9
 
 def validate(r: GenerationRequest, card: ModelCard) -> None:
     """Every filled field of `r` against the hard bounds and `card`; InvalidRequest naming the first bad one."""
-    from vidloom.core.limits import RequestLimits  # limits imports the request module
-    from vidloom.core.request import Task
-
     max_chars = RequestLimits.prompt_chars(card)
     check_text("prompt", r.prompt, max_chars)
     if not r.prompt.strip():

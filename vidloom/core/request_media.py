@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.request_checks import MAX_GUIDANCE, check_float
+from vidloom.core.task import Task
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
@@ -41,8 +42,6 @@ class MediaReader(Protocol):
 
 def resolve_media(r: GenerationRequest, card: ModelCard, media: MediaReader | None) -> dict[str, Any]:
     """Check the media fields against the card, open them, infer the task from them."""
-    from vidloom.core.request import Task  # request imports this module
-
     _refuse_inputs(r, card)
     given = [name for name in OPENED_FIELDS if getattr(r, name) is not None]
     if given and media is None:  # a caller bug, not the user's: say which entry point opens media

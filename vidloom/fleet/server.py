@@ -33,7 +33,7 @@ class FleetServer:
         self._thread: threading.Thread | None = None
 
     def start(self, replicas: Mapping[str, Any], log_level: str = "info", timeout_s: float = 30.0) -> None:
-        from vidloom.serving.job_store import open_job_store
+        from vidloom.serving.job_backends import open_job_store
 
         # Reads and flags only: recovery is the replicas' job (they know who is alive).
         self.jobs = FleetJobs(open_job_store(self.config.store, self.config.data_dir), self.config, replicas)

@@ -1,5 +1,5 @@
 """Audio tracks: WAV files (16-bit PCM, stdlib `wave`) and a sound stream muxed beside the video in MP4 (AAC)
-and WebM (Opus) via PyAV. Every file write is atomic (media.video.atomic_path).
+and WebM (Opus) via PyAV. Every file write is atomic (media.atomic.atomic_path).
 
 Duration rule: a written track lasts exactly as long as the video (num_frames / fps, rounded to the nearest
 sample): a longer waveform is trimmed, a shorter one padded with silence at the end. In MP4/WebM the codec
@@ -18,7 +18,7 @@ import numpy as np
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import checked_audio, checked_sample_rate
-from vidloom.media.video import atomic_path
+from vidloom.media.atomic import atomic_path
 
 # container format -> (codec, bit rate, sample rates the codec takes). Constant bit rate, one thread: the
 # same samples give the same bytes.

@@ -14,8 +14,8 @@ import av
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.media.atomic import atomic_path
 from vidloom.media.audio import LAYOUTS, AudioTrack, read_audio_stream, read_wav, write_wav
-from vidloom.media.video import atomic_path
 
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)

@@ -14,13 +14,13 @@ import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from vidloom.core.errors import InvalidRequest, counted
+from vidloom.core.errors import InvalidRequest
 
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
 # would need a scaling choice the caller should make.
@@ -112,36 +112,6 @@ def _check_header(image: Image.Image, field: str) -> None:
     if image.size[0] * image.size[1] > MAX_MEDIA_PIXELS:
         raise InvalidRequest(field, f"{image.size[0]}x{image.size[1]} is more than {MAX_MEDIA_PIXELS} pixels "
                                     "(MAX_MEDIA_PIXELS)")
-
-
-def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | None = None) -> list[Image.Image]:
-    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes.
-    A file is decoded only up to `max_frames` (default MAX_VIDEO_FRAMES); more is an error."""
-    from vidloom.media.uploads import EncodedVideo, open_video  # (uploads imports this module)
-
-    limit = MAX_VIDEO_FRAMES if max_frames is None else max_frames
-    if isinstance(value, (str, Path, bytes, bytearray)):
-        value = open_video(value, field, min_frames, limit)  # checked from its container first
-    if isinstance(value, EncodedVideo):
-        frames: Sequence[Any] = value.decode()
-    elif isinstance(value, np.ndarray):
-        if value.ndim != 4:
-            raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
-        frames = list(value)
-    elif isinstance(value, (list, tuple)):
-        frames = value
-    else:
-        raise InvalidRequest(
-            field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}"
-        )
-    if len(frames) > limit:
-        raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
-    if len(frames) < min_frames:
-        raise InvalidRequest(field, f"has {counted(len(frames), 'frame')}; at least {min_frames} are needed")
-    images = [load_image(frame, f"{field}[{i}]") for i, frame in enumerate(frames)]
-    if len({im.size for im in images}) > 1:
-        raise InvalidRequest(field, "frames differ in size")
-    return images
 
 
 def fit_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:

@@ -11,8 +11,9 @@ import numpy as np
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import VideoOutput
+from vidloom.media.atomic import atomic_path
 from vidloom.media.audio import AudioTrack, track_of, write_wav
-from vidloom.media.video import atomic_path, encode_png, write_gif, write_video
+from vidloom.media.video import encode_png, write_gif, write_video
 
 # Extension -> what gets written. Anything else is refused before generation.
 OUTPUT_FORMATS: dict[str, str] = {

@@ -16,12 +16,13 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 from PIL import Image
 
 from vidloom.core.errors import InvalidRequest, counted
-from vidloom.media.image import MAX_MEDIA_PIXELS, MAX_VIDEO_FRAMES, EncodedImage, fit_image
+from vidloom.media.image import MAX_MEDIA_PIXELS, MAX_VIDEO_FRAMES, EncodedImage, fit_image, load_image
 
 # Decoded pixels of a whole file (frames x width x height): bounds the decode work one job may ask for.
 # 1025 frames at 1280x720, past every video length and resolution a served model takes.
@@ -51,8 +52,6 @@ class EncodedVideo:
 
 def open_video(value: Any, field: str, min_frames: int = 1, max_frames: int | None = None) -> Any:
     """A file (path or bytes) checked from its container as an EncodedVideo; frames or arrays as load_video."""
-    from vidloom.media.image import load_video
-
     limit = MAX_VIDEO_FRAMES if max_frames is None else max_frames
     if isinstance(value, (str, Path, bytes, bytearray)):
         value = probe_video(value, field, limit)
@@ -63,6 +62,34 @@ def open_video(value: Any, field: str, min_frames: int = 1, max_frames: int | No
     if value.frames < min_frames:
         raise InvalidRequest(field, f"has {counted(value.frames, 'frame')}; at least {min_frames} are needed")
     return value
+
+
+def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | None = None) -> list[Image.Image]:
+    """RGB frames from a list of images/arrays, an [F, H, W, 3] array, a video file path or its bytes.
+    A file is decoded only up to `max_frames` (default MAX_VIDEO_FRAMES); more is an error."""
+    limit = MAX_VIDEO_FRAMES if max_frames is None else max_frames
+    if isinstance(value, (str, Path, bytes, bytearray)):
+        value = open_video(value, field, min_frames, limit)  # checked from its container first
+    if isinstance(value, EncodedVideo):
+        frames: Sequence[Any] = value.decode()
+    elif isinstance(value, np.ndarray):
+        if value.ndim != 4:
+            raise InvalidRequest(field, f"a video array must be [frames, height, width, channels], got {value.shape}")
+        frames = list(value)
+    elif isinstance(value, (list, tuple)):
+        frames = value
+    else:
+        raise InvalidRequest(
+            field, f"must be a list of frames, an array or a video file path, got {type(value).__name__}"
+        )
+    if len(frames) > limit:
+        raise InvalidRequest(field, f"has more than {limit} frames (max_frames)")
+    if len(frames) < min_frames:
+        raise InvalidRequest(field, f"has {counted(len(frames), 'frame')}; at least {min_frames} are needed")
+    images = [load_image(frame, f"{field}[{i}]") for i, frame in enumerate(frames)]
+    if len({im.size for im in images}) > 1:
+        raise InvalidRequest(field, "frames differ in size")
+    return images
 
 
 def probe_video(value: str | Path | bytes | bytearray, field: str, limit: int) -> EncodedVideo:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from fastapi.responses import JSONResponse, Response
 
-from vidloom.media.video import atomic_path
+from vidloom.media.atomic import atomic_path
 from vidloom.serving.errors import APIError
 
 ACTION_VARIANTS = ("actions", "actions_npy")

@@ -13,7 +13,8 @@ import numpy as np
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession
 from vidloom.serving.config import ServeConfig
-from vidloom.serving.job_store import STORE_ERRORS, JobStore, StoreError, full_disk_error, open_job_store
+from vidloom.serving.job_backends import open_job_store
+from vidloom.serving.job_store import STORE_ERRORS, JobStore, StoreError, full_disk_error
 
 log = logging.getLogger("vidloom.serving.jobs")
 

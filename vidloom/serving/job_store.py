@@ -1,4 +1,4 @@
-"""Durable video jobs: the JobStore contract, its records, and the choice of backend.
+"""Durable video jobs: the JobStore contract and its records (the backends: serving/job_backends.py).
 
 A job is one row in a database (SQLite, embedded, the default; or PostgreSQL, shared by several
 servers) plus result files under the data dir: `<data_dir>/videos/<id>.mp4` / `<id>.png`; for a
@@ -191,19 +191,6 @@ class JobStore(Protocol):
     def publish_server(self, name: str, model: str, metrics: str, now: int) -> None: ...
     def live_servers(self) -> list[tuple[str, str, str]]: """(name, model, metrics) of live servers."""
     def close(self) -> None: ...
-
-
-def open_job_store(url: str | None, data_dir: Path) -> JobStore:
-    """`url` None or "sqlite": `<data_dir>/jobs.sqlite3`; "postgresql://...": that database (files still in data_dir)."""
-    if url is None or url == "sqlite":
-        from vidloom.serving.sql_job_store import SqliteJobStore
-
-        return SqliteJobStore(data_dir)
-    if url.startswith(("postgresql://", "postgres://")):
-        from vidloom.serving.postgres_job_store import PostgresJobStore
-
-        return PostgresJobStore(url, data_dir)
-    raise StoreError(f"store: {redact_url(url)!r} is not a job store; use sqlite (the default) or postgresql://...")
 
 
 def redact_url(url: str) -> str:

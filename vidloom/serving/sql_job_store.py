@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from vidloom.media.video import atomic_path
+from vidloom.media.atomic import atomic_path
 from vidloom.serving.job_store import (
     FINAL, JobRecord, Page, Recovered, StoreError, UnknownCursor, full_disk_error, is_image_file, is_job_id,
 )

@@ -17,7 +17,7 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
 from vidloom.core.request_blocks import REQUEST_BLOCKS
 from vidloom.core.session import EXTEND_FROM, VideoSession
-from vidloom.media.video import atomic_path
+from vidloom.media.atomic import atomic_path
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.serving.errors import APIError, echo
 from vidloom.serving.job_store import JobStore, is_job_id

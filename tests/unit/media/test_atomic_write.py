@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from vidloom.media import video
-from vidloom.media.video import atomic_path, read_video, remove_stale_temps, write_png, write_video
+from vidloom.media.atomic import atomic_path, remove_stale_temps
+from vidloom.media.video import read_video, write_png, write_video
 from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
 
 REPO = Path(__file__).resolve().parents[3]

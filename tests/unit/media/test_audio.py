@@ -12,7 +12,8 @@ import pytest
 from vidloom.core.errors import InvalidRequest
 from vidloom.media.audio import AudioTrack, read_audio_stream, read_wav, to_pcm16, write_wav
 from vidloom.media.output import write_output
-from vidloom.media.video import PARTIAL, read_video
+from vidloom.media.atomic import PARTIAL
+from vidloom.media.video import read_video
 
 FPS, FRAMES, RATE = 24, 25, 24000
 AAC_FRAME = 1024  # samples per AAC frame: the unit the MP4 track's length is rounded to

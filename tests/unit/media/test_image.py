@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.media.image import image_to_tensor, load_image, load_video
+from vidloom.media.image import image_to_tensor, load_image
+from vidloom.media.uploads import load_video
 
 
 def _png_bytes(mode: str = "RGB") -> bytes:

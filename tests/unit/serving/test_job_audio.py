@@ -10,7 +10,7 @@ import numpy as np
 
 from vidloom.core.output import VideoOutput
 from vidloom.media.audio import read_audio_stream
-from vidloom.serving.job_store import open_job_store
+from vidloom.serving.job_backends import open_job_store
 from vidloom.serving.jobs import JobManager
 
 JOB = "video_" + "0" * 31 + "1"

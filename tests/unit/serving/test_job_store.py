@@ -10,7 +10,8 @@ from typing import Callable
 
 import pytest
 
-from vidloom.serving.job_store import STORE_ERRORS, JobRecord, Recovered, StoreError, UnknownCursor, is_job_id, open_job_store
+from vidloom.serving.job_backends import open_job_store
+from vidloom.serving.job_store import STORE_ERRORS, JobRecord, Recovered, StoreError, UnknownCursor, is_job_id
 from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
 
 
