@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vidloom.media.video import frames_to_uint8, to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.models.wan.transformer import apply_rope, apply_rope_reference, gated_residual, modulate, rope_freqs
 
 
@@ -58,7 +58,7 @@ def test_dit_on_cuda_matches_diffusers_in_fp32():
 
 def test_frames_convert_to_uint8_on_the_device_with_the_host_rounding():
     frames = torch.rand(5, 32, 48, 3, device="cuda") * 1.1 - 0.05
-    assert np.array_equal(frames_to_uint8(frames).cpu().numpy(), to_uint8(frames.cpu().numpy()))
+    assert np.array_equal(to_uint8(frames).cpu().numpy(), to_uint8(frames.cpu().numpy()))
 
 
 def test_offloaded_text_encoder_uses_pinned_memory_and_frees_the_gpu_copy(demo_cache):

@@ -26,7 +26,8 @@ from vidloom.core.output import ProgressEvent
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
-from vidloom.media.video import read_video, to_uint8
+from vidloom.media.frames import to_uint8
+from vidloom.media.video import read_video
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.engine import CancellationToken
 from vidloom.runtime.parallel.worker import PoolOptions

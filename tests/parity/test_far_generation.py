@@ -14,7 +14,7 @@ import torch
 from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, write_tiny_far
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import ChunkEvent, ProgressEvent
-from vidloom.media.video import to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.parity import TapKey, run_parity

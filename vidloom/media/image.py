@@ -21,6 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.media.frames import to_uint8
 
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
 # would need a scaling choice the caller should make.
@@ -176,5 +177,5 @@ def _from_array(array: np.ndarray, field: str) -> Image.Image:
             raise InvalidRequest(field, f"an image array must be uint8 or float in [0, 1], got {array.dtype}")
         if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
             raise InvalidRequest(field, "a float image array must hold finite values in [0, 1]")
-        array = np.round(array * 255.0).astype(np.uint8)
+        array = to_uint8(array)
     return Image.fromarray(np.ascontiguousarray(array))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from vidloom.media.atomic import atomic_path
 from vidloom.media.audio import AudioStreamWriter, AudioTrack, check_muxable
@@ -19,19 +18,6 @@ from vidloom.media.color import rgb_to_palette_indices, rgb_to_yuv420p, web_pale
 
 if TYPE_CHECKING:
     import av
-
-
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """Float frames in [0, 1] -> uint8, rounding to nearest (half to even); uint8 frames pass through."""
-    if frames.dtype == np.uint8:
-        return frames
-    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
-
-
-def frames_to_uint8(frames: torch.Tensor) -> torch.Tensor:
-    """`to_uint8` on a float32 tensor where it lives (e.g. on the GPU, before a 4x smaller host copy):
-    the same float32 clamp, scale and half-to-even rounding, so the same bytes."""
-    return (frames.float().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).contiguous()
 
 
 # container format -> (codec, codec options). Constant-quality rate control, one encoder thread.

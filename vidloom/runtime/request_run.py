@@ -26,7 +26,7 @@ from vidloom.core.output import (
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.media.uploads import decode_media
-from vidloom.media.video import to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.compile_stance import compile_stance

@@ -12,7 +12,7 @@ from vidloom.core.output import VideoOutput
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, model_key
 from vidloom.media.output import save_output
-from vidloom.media.video import to_uint8
+from vidloom.media.frames import to_uint8
 
 
 def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:

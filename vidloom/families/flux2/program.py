@@ -16,7 +16,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
 from vidloom.layers.tiling import deploy_tiling
-from vidloom.media.video import frames_to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.families.flux2.vae import Flux2VAE
 from vidloom.families.flux2.loop import Flux2DenoiseLoop, Flux2Tokens
 from vidloom.families.flux2.text import Flux2TextEncoder
@@ -75,7 +75,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         frames = (image.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)  # [1, H, W, 3]
         ctx.progress("decode", 1, 1)
         if frames.is_cuda:
-            return {"video": frames_to_uint8(frames).cpu().numpy()}
+            return {"video": to_uint8(frames).cpu().numpy()}
         return {"video": frames.cpu().numpy()}
 
     guidance = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)

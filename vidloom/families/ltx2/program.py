@@ -17,7 +17,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
-from vidloom.media.video import frames_to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
 from vidloom.layers.tiling import deploy_tiling
 from vidloom.families.ltx2.latents import LTX2Geometry, image_pixels, noised, pack_audio, recompress, unpack_audio
@@ -109,7 +109,7 @@ def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None =
         video = vae.decode_normalized(latents, settings.decode_timestep, None, slots["generator"], tiling)
         frames = (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         ctx.progress("decode", 1, 1)
-        return {"video": frames_to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
+        return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
     def decode_audio(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         packed = audio_vae.denormalize(slots["audio_latents"].float())

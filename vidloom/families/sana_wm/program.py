@@ -19,7 +19,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.layers.tiling import SpatialTiling, deploy_tiling
-from vidloom.media.video import frames_to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.families.sana_wm.camera import CameraInput
 from vidloom.families.sana_wm.loop import CameraTensors, SanaWMDenoiseLoop
 from vidloom.families.sana_wm.refine_loop import SanaWMRefineLoop
@@ -80,7 +80,7 @@ def build_program(instance: ModelInstance) -> Program:
         # After the refiner, the reference drops `sink_size` decoded frames (the unrefined anchor).
         frames = (video[0, :, drop:].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         ctx.progress("decode", 1, 1)
-        return {"video": frames_to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
+        return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
     nodes += (Node("decode", reads=("latents",), writes=("video",), run=decode),)
     return Program(nodes=nodes, inputs=frozenset({"request"}), outputs=("video",))

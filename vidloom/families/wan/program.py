@@ -10,7 +10,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
-from vidloom.media.video import frames_to_uint8
+from vidloom.media.frames import to_uint8
 from vidloom.models.wan.vae import WanVAE
 from vidloom.layers.tiling import deploy_tiling
 from vidloom.families.wan.conditioning import (
@@ -78,7 +78,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         if frames.is_cuda:
             # uint8 on the device: a quarter of the bytes over PCIe and no CPU pass over the frames.
             # CPU keeps the float frames, which the parity tests compare with diffusers' output.
-            return {"video": frames_to_uint8(frames).cpu().numpy()}
+            return {"video": to_uint8(frames).cpu().numpy()}
         return {"video": frames.cpu().numpy()}
 
     # At load: an unknown mode fails before any request.
