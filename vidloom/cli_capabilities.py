@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.capabilities import FEATURES, Capabilities
 
 
@@ -16,7 +17,7 @@ def capability_rows() -> dict[str, Capabilities]:
     """Every checkpoint kind's declared capabilities, in registry order (labels are unique)."""
     rows: dict[str, Capabilities] = {}
     for target in registry.CAPABILITY_ROWS:
-        declared: Mapping[str, Capabilities] = registry.import_target(target)
+        declared: Mapping[str, Capabilities] = plugin.resolve(target)
         for label, capabilities in declared.items():
             if label in rows:
                 raise ValueError(f"{target}: capability row {label!r} is declared twice")
