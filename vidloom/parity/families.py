@@ -2,38 +2,53 @@
 
 Keyed by the diffusers pipeline class a checkpoint folder names (model_index.json), since that pipeline is the
 reference for the folder. Our tap names are the canonical ones: the reference's block lists and forward
-arguments are recorded under them.
+arguments are recorded under them. The tables are built on first use (a family's parity module imports this
+package, so building them at import would be a cycle).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from vidloom import registry
-from vidloom.parity.family import FamilyParity, ParityMaps, SequenceParity
+from vidloom.core.family import Family
+from vidloom.parity.family import ParityMaps
+
+TABLES = {
+    "FAMILIES": "pipelines",  # pipeline class -> its FamilyParity
+    "VIDEO_TO_VIDEO": "video_to_video",  # a folder's pipeline -> the one diffusers runs video-to-video with
+    "IMAGE_TO_VIDEO": "image_to_video",  # a folder's pipeline -> the one it runs image-to-video with
+    "TWO_STAGE": "two_stage",  # a folder's pipeline -> the FamilyParity of its two-stage chain
+    "SEQUENCE_FAMILIES": "sequences",  # a transformers architecture (config.json) -> its SequenceParity
+}
 
 
-def _merged(name: str) -> dict:
-    tables: dict = {}
-    for family in registry.families():
+def __getattr__(name: str) -> Any:
+    if name in TABLES:
+        return merged(TABLES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def merged(field: str) -> dict[str, Any]:
+    """ParityMaps.`field` of every family, as one table (ValueError on a key two families declare)."""
+    return _merged(registry.families(), field)
+
+
+@functools.cache
+def _merged(families: tuple[Family, ...], field: str) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for family in families:
         if family.parity is None:
             continue
         maps: ParityMaps = family.resolve(family.parity)
-        table = getattr(maps, name)
-        entries = {spec.pipeline if name == "pipelines" else spec.architecture: spec for spec in table} \
-            if isinstance(table, tuple) else dict(table)
+        entries = getattr(maps, field)
+        if field == "pipelines":
+            entries = {spec.pipeline: spec for spec in entries}
+        elif field == "sequences":
+            entries = {spec.architecture: spec for spec in entries}
         for key, value in entries.items():
-            if key in tables:
-                raise ValueError(f"parity map {name}[{key!r}] is declared twice (again by family {family.name!r})")
-            tables[key] = value
-    return tables
-
-
-FAMILIES: dict[str, FamilyParity] = _merged("pipelines")
-"""Pipeline class -> its parity map."""
-VIDEO_TO_VIDEO: dict[str, str] = _merged("video_to_video")
-"""A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""
-IMAGE_TO_VIDEO: dict[str, str] = _merged("image_to_video")
-"""A folder's pipeline -> the one diffusers runs image-to-video with on the same folder's components."""
-TWO_STAGE: dict[str, FamilyParity] = _merged("two_stage")
-"""A folder's pipeline -> the map of its two-stage chain (our DeployConfig two_stage), by the same pipeline class."""
-SEQUENCE_FAMILIES: dict[str, SequenceParity] = _merged("sequences")
-"""A transformers checkpoint's architecture (config.json) -> its autoregressive parity map."""
+            if key in table:
+                raise ValueError(f"parity map {field}[{key!r}] is declared twice (again by family {family.name!r})")
+            table[key] = value
+    return table
