@@ -1,4 +1,5 @@
-"""`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what each family declares (Family.capability_rows).
+"""`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what each family declares
+(Family.capability_rows).
 
 The output is a Markdown table; the README's table under "Acceleration" is this output, verbatim
 (tests/unit/test_cli_capabilities.py fails when they differ).

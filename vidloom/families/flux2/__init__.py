@@ -14,6 +14,7 @@ FAMILY = Family(
     pipelines={"Flux2KleinPipeline": ".cards:card_from_checkpoint"},
     capability_rows=".cards:CAPABILITY_ROWS",
     # diffusers' Flux2LoraLoaderMixin loads into the pipeline's `transformer` only; so do we.
-    lora=LoRASupport(targets=(("transformer", ".transformer:FLUX2_TRANSFORMER_NAME_MAP"),), converter=".lora:flux2_keys"),
+    lora=LoRASupport(targets=(("transformer", ".transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
+                     converter=".lora:flux2_keys"),
     parity=".parity:PARITY",
 )

@@ -11,7 +11,8 @@ FAMILY = Family(
     loader=".load:load_instance",
     cards={"ltx2-demo": ".demo:demo_card"},
     demos={"ltx2-demo": ".demo:ensure_demo_checkpoint"},
-    pipelines={"LTX2Pipeline": ".cards:card_from_checkpoint", "LTX2ImageToVideoPipeline": ".cards:card_from_checkpoint"},
+    pipelines={"LTX2Pipeline": ".cards:card_from_checkpoint",
+               "LTX2ImageToVideoPipeline": ".cards:card_from_checkpoint"},
     capability_rows=".cards:CAPABILITY_ROWS",
     # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
     # connectors (applied while the prompt is encoded; the prompt cache keys by the connector adapters in force).
