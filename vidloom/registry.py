@@ -11,7 +11,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,7 +76,7 @@ _TABLES = {"CARDS": "cards", "DEMOS": "demos", "PIPELINES": "pipelines", "ARCHIT
            "ADAPTER": "adapter"}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Views:
     """Every table derived from the families (targets absolute), checked for duplicates once."""
 

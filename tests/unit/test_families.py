@@ -125,6 +125,10 @@ def test_every_card_builder_returns_the_card_it_is_registered_as():
 def test_a_malformed_plug_or_an_orphan_demo_is_refused_at_declaration():
     with pytest.raises(plugin.PlugError, match="loader"):
         Family(name="bad", package="bad", card_families=("bad",), loader="bad.load.load_instance")
+    with pytest.raises(plugin.PlugError, match="relative"):
+        Family(name="bad", package="bad", card_families=("bad",), loader="bad.load:load_instance")
+    with pytest.raises(plugin.PlugError, match="family package"):
+        Family(name="bad", package="bad", card_families=("bad",), loader="vidloom.families.wan.load:load_instance")
     with pytest.raises(ValueError, match="no card"):
         Family(name="bad", package="bad", card_families=("bad",), loader=".load:load_instance",
                demos={"bad-demo": ".demo:ensure_demo_checkpoint"})

@@ -2,8 +2,9 @@
 it, as lazy plug strings (core.plugin) so listing families imports no network.
 
 Each family folder exposes `FAMILY = Family(...)` in its `__init__.py` (which imports only vidloom.core). Plugs
-are written relative to the family's package (".cards:demo_card"); a plug into a shared package (a NameMap of
-vidloom.models) is written absolute. The registry (vidloom.registry) derives every table from these.
+into the family's own modules are written relative to its package (".cards:demo_card"), and only those: a plug
+into a shared package (a NameMap of vidloom.models) is written absolute, and one into a family package is refused.
+The registry (vidloom.registry) derives every table from these.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class Family:
                 plugin.check(target)
             except plugin.PlugError as exc:
                 raise plugin.PlugError(f"family {self.name!r} {what}: {exc}") from None
+            # One spelling for its own modules, and no plug into another family.
+            if target.startswith((self.package + ".", "vidloom.families.")):
+                raise plugin.PlugError(f"family {self.name!r} {what}: {target!r} points into a family package; "
+                                       "write its own modules relative (\".module:attribute\")")
         if stray := sorted(set(self.demos) - set(self.cards)):
             raise ValueError(f"family {self.name!r}: demos {stray} have no card in `cards`")
 
