@@ -141,3 +141,16 @@ def test_plugin_resolves_absolute_and_relative_targets():
         plugin.resolve(".plugin:resolve")
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         plugin.resolve("vidloom.core.plugin:nothing")
+
+
+def test_a_family_declaration_imports_only_core():
+    """`vidloom models` and the registry read every declaration: a family's __init__.py imports no network."""
+    import ast
+
+    folders = sorted((Path(registry.__file__).parent / "families").glob("*/__init__.py"))
+    assert {path.parent.name for path in folders} == {f.package.rsplit(".", 1)[1] for f in registry.families()}
+    for path in folders:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                assert node.module.startswith("vidloom.core"), f"{path}: imports {node.module}"
+            assert not isinstance(node, ast.Import), f"{path}: imports a module"
