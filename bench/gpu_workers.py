@@ -125,6 +125,7 @@ def _run_vidloom(config: GpuConfig, checkpoint: Path, work: Workload) -> tuple[d
     import torch
 
     from vidloom import registry
+    from vidloom.core import plugin
     from vidloom.core.deploy import DeployConfig
     from vidloom.core.output import ProgressEvent
     from vidloom.core.program import Program
@@ -138,7 +139,7 @@ def _run_vidloom(config: GpuConfig, checkpoint: Path, work: Workload) -> tuple[d
     t0 = _sync_clock()
     card = registry.resolve_card(checkpoint)
     instance = registry.load_instance(card, checkpoint, torch.device(work.device), getattr(torch, work.dtype), deploy)
-    full = registry.import_target(card.program)(instance)
+    full = plugin.resolve(card.program)(instance)
     # The check times denoising and compares latents: the same program without the VAE decode.
     program = Program(nodes=tuple(n for n in full.nodes if n.name != "decode"), inputs=full.inputs,
                       outputs=("latents",))

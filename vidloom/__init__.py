@@ -6,8 +6,9 @@ takes Ctrl-C before torch is imported (see cli/interrupt.py).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from vidloom.core import plugin
 
 if TYPE_CHECKING:
     from vidloom.core.action import ActionInput
@@ -41,7 +42,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'vidloom' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = plugin.resolve(f"{module}:{name}")
     globals()[name] = value  # once: later lookups do not come back here
     return value
 

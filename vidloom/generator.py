@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import torch
 
 from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
 from vidloom.core.errors import InvalidRequest
@@ -97,7 +98,7 @@ class VideoGenerator:
                 engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
             else:
                 instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
-                engine = Engine(instance, registry.import_target(card.program)(instance), adapters=LORA_ADAPTERS)
+                engine = Engine(instance, plugin.resolve(card.program)(instance), adapters=LORA_ADAPTERS)
                 if max_loras is not None:
                     attach_registry(instance, max_loras)  # InvalidRequest("lora") on a family without adapters
                 if fuse_loras:
@@ -251,7 +252,7 @@ class VideoGenerator:
         spec = self.card.request_blocks.get("action")
         if spec is None or spec.session is None:
             raise InvalidRequest("action", f"{self.card.model_id} has no action pathway to open a session on")
-        return registry.import_target(spec.session)(self, prompt, image=image, action=action, **fields)
+        return plugin.resolve(spec.session)(self, prompt, image=image, action=action, **fields)
 
     def release_session(self, source: Any) -> bool:
         """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,

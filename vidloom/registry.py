@@ -1,20 +1,25 @@
-"""Explicit tables from model ids / pipeline classes to card builders and loaders (lazy imports)."""
+"""The family registry: one lazy list of family packages (plus installed `vidloom.families` entry points), and the
+tables derived from their declarations (model ids, pipeline classes, architectures -> card builders; card
+families -> loaders); the functions that resolve a model name to a card, a checkpoint and a loaded instance."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
+import importlib.metadata
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError, UnknownModel
+from vidloom.core.errors import CheckpointError, DeployError, UnknownModel, VidloomError
+from vidloom.core.family import Family
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -23,103 +28,131 @@ from vidloom.runtime.fp8_denoisers import quantize_denoisers
 
 log = logging.getLogger(__name__)
 
-# Registered model ids -> "module:function" returning their ModelCard.
-CARDS: dict[str, str] = {
-    "wan2.1-demo": "vidloom.families.wan.demo:demo_card",
-    "wan2.2-demo": "vidloom.families.wan.demo_ti2v:demo_card",
-    "far-demo": "vidloom.families.wan_causal.demo:demo_card",
-    "cosmos3-demo": "vidloom.families.cosmos3.demo:demo_card",
-    "cosmos3-action-demo": "vidloom.families.cosmos3.action_demo:demo_card",
-    "qwen-omni-demo": "vidloom.families.qwen_omni.demo:demo_card",
-    "flux2-klein-demo": "vidloom.families.flux2.demo:demo_card",
-    "ltx2-demo": "vidloom.families.ltx2.demo:demo_card",
-    "diffusers-adapter-demo": "vidloom.families.diffusers_adapter.demo:demo_card",
-    "sana-wm-demo": "vidloom.families.sana_wm.demo:demo_card",
-    "stable-audio-demo": "vidloom.families.stable_audio.demo:demo_card",
-    "wan2.1-t2v-1.3b": "vidloom.families.wan.cards:wan21_t2v_1_3b",
-    "wan2.1-t2v-14b": "vidloom.families.wan.cards:wan21_t2v_14b",
-    "wan2.1-i2v-14b-480p": "vidloom.families.wan.registered:wan21_i2v_14b_480p",
-    "wan2.1-i2v-14b-720p": "vidloom.families.wan.registered:wan21_i2v_14b_720p",
-    "wan2.1-flf2v-14b-720p": "vidloom.families.wan.registered:wan21_flf2v_14b_720p",
-    "wan2.2-ti2v-5b": "vidloom.families.wan.registered:wan22_ti2v_5b",
-    "wan2.2-t2v-a14b": "vidloom.families.wan.registered:wan22_t2v_a14b",
-    "wan2.2-i2v-a14b": "vidloom.families.wan.registered:wan22_i2v_a14b",
-    "fastwan2.1-t2v-1.3b": "vidloom.families.wan.registered:fastwan21_t2v_1_3b",
-    "fastwan2.1-t2v-1.3b-fp8": "vidloom.families.wan.registered:fastwan21_t2v_1_3b_fp8",
-    "fastwan2.2-ti2v-5b": "vidloom.families.wan.registered:fastwan22_ti2v_5b",
-}
-# model_index.json "_class_name" -> builder of a card for that folder.
-PIPELINES: dict[str, str] = {
-    "WanPipeline": "vidloom.families.wan.cards:card_from_checkpoint",
-    "AnyFlowFARPipeline": "vidloom.families.wan_causal.cards:card_from_checkpoint",
-    "Flux2KleinPipeline": "vidloom.families.flux2.cards:card_from_checkpoint",
-    "WanImageToVideoPipeline": "vidloom.families.wan.cards:card_from_checkpoint",
-    # FastVideo's name for its DMD-distilled FastWan repos (fastvideo/registry.py): the FastWan recipe.
-    "WanDMDPipeline": "vidloom.families.wan.registered:fastwan_card_from_checkpoint",
-    "Cosmos3OmniPipeline": "vidloom.families.cosmos3.cards:card_from_checkpoint",
-    "LTX2Pipeline": "vidloom.families.ltx2.cards:card_from_checkpoint",
-    "LTX2ImageToVideoPipeline": "vidloom.families.ltx2.cards:card_from_checkpoint",
-    "SanaWMPipeline": "vidloom.families.sana_wm.cards:card_from_checkpoint",
-    "StableAudioPipeline": "vidloom.families.stable_audio.cards:card_from_checkpoint",
-}
-# Any other diffusers pipeline class: run by diffusers itself as one loop (families/diffusers_adapter).
-ADAPTER = "vidloom.families.diffusers_adapter.cards:card_from_checkpoint"
-# transformers checkpoints (config.json "architectures", no model_index.json) -> builder of a card for that folder.
-ARCHITECTURES: dict[str, str] = {
-    "Qwen2_5OmniForConditionalGeneration": "vidloom.families.qwen_omni.cards:card_from_checkpoint",
-    # The name the released Qwen/Qwen2.5-Omni-3B and -7B config.json files give (transformers' preview name).
-    "Qwen2_5OmniModel": "vidloom.families.qwen_omni.cards:card_from_checkpoint",
-}
-# Card family -> loader(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance.
-LOADERS: dict[str, str] = {
-    "wan2.1": "vidloom.families.wan.load:load_instance",
-    "anyflow-far": "vidloom.families.wan_causal.load:load_instance",
-    "flux2": "vidloom.families.flux2.load:load_instance",
-    "wan2.2": "vidloom.families.wan.load:load_instance",
-    "cosmos3": "vidloom.families.cosmos3.load:load_instance",
-    "ltx2": "vidloom.families.ltx2.load:load_instance",
-    "diffusers-adapter": "vidloom.families.diffusers_adapter.load:load_instance",
-    "qwen-omni": "vidloom.families.qwen_omni.load:load_instance",
-    "sana-wm": "vidloom.families.sana_wm.load:load_instance",
-    "stable-audio": "vidloom.families.stable_audio.load:load_instance",
-}
-# Card family -> function(checkpoint_dir) -> SequenceGeometry, read before parallel workers start.
-SEQUENCE_GEOMETRY: dict[str, str] = {
-    "wan2.1": "vidloom.families.wan.parallel:sequence_geometry",
-    "wan2.2": "vidloom.families.wan.parallel:sequence_geometry",
-}
-# "demo:<id>" sources -> function(cache_dir) that writes (once) and returns the checkpoint dir.
-DEMOS: dict[str, str] = {
-    "wan2.1-demo": "vidloom.families.wan.demo:ensure_demo_checkpoint",
-    "wan2.2-demo": "vidloom.families.wan.demo_ti2v:ensure_demo_checkpoint",
-    "far-demo": "vidloom.families.wan_causal.demo:ensure_demo_checkpoint",
-    "cosmos3-demo": "vidloom.families.cosmos3.demo:ensure_demo_checkpoint",
-    "cosmos3-action-demo": "vidloom.families.cosmos3.action_demo:ensure_demo_checkpoint",
-    "qwen-omni-demo": "vidloom.families.qwen_omni.demo:ensure_demo_checkpoint",
-    "flux2-klein-demo": "vidloom.families.flux2.demo:ensure_demo_checkpoint",
-    "ltx2-demo": "vidloom.families.ltx2.demo:ensure_demo_checkpoint",
-    "diffusers-adapter-demo": "vidloom.families.diffusers_adapter.demo:ensure_demo_checkpoint",
-    "sana-wm-demo": "vidloom.families.sana_wm.demo:ensure_demo_checkpoint",
-    "stable-audio-demo": "vidloom.families.stable_audio.demo:ensure_demo_checkpoint",
-}
-DEFAULT_MODEL = "wan2.1-demo"
-# Recipes' declared capabilities, {row label: Capabilities} per recipe (`vidloom models --capabilities`).
-CAPABILITY_ROWS: tuple[str, ...] = (
-    "vidloom.families.wan.cards:CAPABILITY_ROWS",
-    "vidloom.families.wan_causal.cards:CAPABILITY_ROWS",
-    "vidloom.families.flux2.cards:CAPABILITY_ROWS",
-    "vidloom.families.ltx2.cards:CAPABILITY_ROWS",
-    "vidloom.families.cosmos3.cards:CAPABILITY_ROWS",
-    "vidloom.families.diffusers_adapter.cards:CAPABILITY_ROWS",
-    "vidloom.families.qwen_omni.cards:CAPABILITY_ROWS",
-    "vidloom.families.sana_wm.cards:CAPABILITY_ROWS",
-    "vidloom.families.stable_audio.cards:CAPABILITY_ROWS",
+
+class RegistryError(VidloomError):
+    """The family declarations contradict each other (an id, pipeline class or card family claimed twice)."""
+
+
+FAMILIES: tuple[str, ...] = (
+    "vidloom.families.wan",
+    "vidloom.families.wan_causal",
+    "vidloom.families.flux2",
+    "vidloom.families.ltx2",
+    "vidloom.families.cosmos3",
+    "vidloom.families.diffusers_adapter",
+    "vidloom.families.qwen_omni",
+    "vidloom.families.sana_wm",
+    "vidloom.families.stable_audio",
 )
+"""The built-in families, one package each exposing `FAMILY` (core.family.Family); their order is the order of
+`vidloom models` and of the capability table."""
+ENTRY_POINT_GROUP = "vidloom.families"
+"""Third-party families: each entry point in this group names a module exposing FAMILY, or the Family itself."""
+DEFAULT_MODEL = "wan2.1-demo"
 
 
-def import_target(target: str) -> Callable[..., Any]:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+def families() -> tuple[Family, ...]:
+    """The built-in families, then the installed third-party ones (read once per process)."""
+    return _views().families
+
+
+def family_of(card_family: str) -> Family:
+    """The family whose cards carry ModelCard.family `card_family` (UnknownModel listing the known ones)."""
+    family = _views().by_card_family.get(card_family)
+    if family is None:
+        raise UnknownModel(f"no loader for family {card_family!r}; known: {', '.join(_views().by_card_family)}")
+    return family
+
+
+def __getattr__(name: str) -> Any:
+    """The derived tables, under the names earlier code and tests read (built on first use)."""
+    if name in _TABLES:
+        return getattr(_views(), _TABLES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_TABLES = {"CARDS": "cards", "DEMOS": "demos", "PIPELINES": "pipelines", "ARCHITECTURES": "architectures",
+           "LOADERS": "loaders", "SEQUENCE_GEOMETRY": "sequence_geometry", "CAPABILITY_ROWS": "capability_rows",
+           "ADAPTER": "adapter"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Views:
+    """Every table derived from the families (targets absolute), checked for duplicates once."""
+
+    families: tuple[Family, ...]
+    cards: dict[str, str]
+    demos: dict[str, str]
+    pipelines: dict[str, str]
+    architectures: dict[str, str]
+    loaders: dict[str, str]
+    by_card_family: dict[str, Family]
+    sequence_geometry: dict[str, str]
+    capability_rows: tuple[str, ...]
+    adapter: str | None
+
+
+@functools.cache
+def _views() -> _Views:
+    loaded = tuple(_load(package) for package in FAMILIES) + _entry_point_families()
+    owners: dict[tuple[str, str], Family] = {}
+
+    def claim(table: str, key: str, family: Family) -> None:
+        other = owners.setdefault((table, key), family)
+        if other is not family:
+            raise RegistryError(f"{table} {key!r} is declared by two families: {other.name!r} ({other.package}) "
+                                f"and {family.name!r} ({family.package})")
+
+    tables: dict[str, dict[str, str]] = {"cards": {}, "demos": {}, "pipelines": {}, "architectures": {}}
+    loaders: dict[str, str] = {}
+    by_card_family: dict[str, Family] = {}
+    geometry: dict[str, str] = {}
+    adapters: list[Family] = []
+    for family in loaded:
+        claim("family", family.name, family)
+        for table, rows in tables.items():
+            for key, target in getattr(family, table).items():
+                claim(table, key, family)
+                rows[key] = family.target(target)
+        for card_family in family.card_families:
+            claim("card family", card_family, family)
+            by_card_family[card_family] = family
+            loaders[card_family] = family.target(family.loader)
+            if family.sequence_geometry is not None:
+                geometry[card_family] = family.target(family.sequence_geometry)
+        if family.catch_all is not None:
+            adapters.append(family)
+    if len(adapters) > 1:
+        raise RegistryError(f"catch_all is declared by two families: {adapters[0].name!r} and {adapters[1].name!r}")
+    return _Views(
+        families=loaded, **tables, loaders=loaders, by_card_family=by_card_family, sequence_geometry=geometry,
+        capability_rows=tuple(f.target(f.capability_rows) for f in loaded if f.capability_rows is not None),
+        adapter=adapters[0].target(adapters[0].catch_all) if adapters else None,  # type: ignore[arg-type]
+    )
+
+
+def reload_families() -> None:
+    """Forget the derived tables: the next lookup reads FAMILIES and the installed entry points again."""
+    _views.cache_clear()
+
+
+def _load(package: str) -> Family:
+    family = plugin.resolve(f"{package}:FAMILY")
+    if not isinstance(family, Family):
+        raise RegistryError(f"{package}.FAMILY is a {type(family).__name__}, not a vidloom.core.family.Family")
+    return family
+
+
+def _entry_point_families() -> tuple[Family, ...]:
+    found = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        target = entry.value if ":" in entry.value else f"{entry.value}:FAMILY"
+        family = plugin.resolve(target)
+        if not isinstance(family, Family):
+            raise RegistryError(f"entry point {entry.name!r} ({ENTRY_POINT_GROUP}) names {target}, a "
+                                f"{type(family).__name__}, not a vidloom.core.family.Family")
+        found.append(family)
+    return tuple(found)
 
 
 def default_cache_dir() -> Path:
@@ -131,7 +164,7 @@ def default_cache_dir() -> Path:
 
 
 def list_cards() -> list[ModelCard]:
-    return [import_target(target)() for target in CARDS.values()]
+    return [plugin.resolve(target)() for target in _views().cards.values()]
 
 
 # A Hugging Face repo id: "org/name" (letters, digits, "-", "_", "."), as huggingface_hub accepts.
@@ -141,8 +174,9 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 def resolve_card(model: str | Path) -> ModelCard:
     """A registered id, a diffusers checkpoint directory whose pipeline class we know, or a hub repo id."""
     key = str(model)
-    if key in CARDS:
-        return import_target(CARDS[key])()
+    cards = _views().cards
+    if key in cards:
+        return plugin.resolve(cards[key])()
     path = Path(key).expanduser()
     if path.is_dir():
         return _card_from_dir(path)
@@ -150,7 +184,7 @@ def resolve_card(model: str | Path) -> ModelCard:
         card = _card_from_dir(hub_snapshot(key))
         return dataclasses.replace(card, model_id=key, description=f"{card.description} ({key})")
     raise UnknownModel(
-        f"unknown model {key!r}: not a registered id ({', '.join(CARDS)}), not a checkpoint directory "
+        f"unknown model {key!r}: not a registered id ({', '.join(cards)}), not a checkpoint directory "
         "and not a Hugging Face repo id (org/name)"
     )
 
@@ -163,25 +197,30 @@ def _card_from_dir(path: Path) -> ModelCard:
     ckpt = DiffusersDir.open(path)
     if not ckpt.pipeline_class:
         raise CheckpointError(f"{path}/model_index.json names no pipeline class (_class_name)")
-    return import_target(PIPELINES.get(ckpt.pipeline_class, ADAPTER))(path)
+    builder = _views().pipelines.get(ckpt.pipeline_class, _views().adapter)
+    if builder is None:
+        raise CheckpointError(f"{path}: no family runs pipeline {ckpt.pipeline_class!r}; known: "
+                              f"{', '.join(_views().pipelines)}")
+    return plugin.resolve(builder)(path)
 
 
 def _card_from_transformers_dir(path: Path) -> ModelCard:
     from vidloom.loading.diffusers_dir import read_json
 
     architectures = read_json(path / "config.json").get("architectures") or []
+    known = _views().architectures
     for name in architectures:
-        if name in ARCHITECTURES:
-            return import_target(ARCHITECTURES[name])(path)
+        if name in known:
+            return plugin.resolve(known[name])(path)
     raise CheckpointError(f"{path}: config.json architectures {architectures!r} are not supported; supported: "
-                          f"{', '.join(ARCHITECTURES)} (or a diffusers folder with model_index.json)")
+                          f"{', '.join(known)} (or a diffusers folder with model_index.json)")
 
 
 def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:
     """The checkpoint directory behind `card.source` (hub sources download when online, see hub_snapshot)."""
     kind, _, name = card.source.partition(":")
     if kind == "demo":
-        return import_target(DEMOS[name])(cache_dir or default_cache_dir())
+        return plugin.resolve(_views().demos[name])(cache_dir or default_cache_dir())
     if kind == "hf":
         return _from_hub_cache(card, name)
     return Path(card.source)
@@ -191,11 +230,10 @@ def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Every load goes through here: the deploy options the card does not declare are refused first."""
-    if card.family not in LOADERS:
-        raise UnknownModel(f"no loader for family {card.family!r}; known: {', '.join(LOADERS)}")
+    family = family_of(card.family)
     check_deploy(card, deploy)
     with recording_accepted_keys() as accepted:
-        instance = import_target(LOADERS[card.family])(card, checkpoint, device, dtype, deploy)
+        instance = family.resolve(family.loader)(card, checkpoint, device, dtype, deploy)
     instance.accepted_config_keys = tuple(str(key) for key in accepted)
     for line in instance.accepted_config_keys:
         log.info("%s", line)
@@ -211,12 +249,12 @@ def check_deploy(card: ModelCard, deploy: DeployConfig) -> None:
 
 def sequence_geometry(card: ModelCard, checkpoint: Path) -> SequenceGeometry:
     """What a parallel plan must divide for this checkpoint (config files only, no weights)."""
-    if card.family not in SEQUENCE_GEOMETRY:
+    geometry = _views().sequence_geometry
+    if card.family not in geometry:
         raise DeployError(
-            f"{card.model_id}: family {card.family!r} has no multi-device support; "
-            f"supported: {', '.join(SEQUENCE_GEOMETRY)}"
+            f"{card.model_id}: family {card.family!r} has no multi-device support; supported: {', '.join(geometry)}"
         )
-    return import_target(SEQUENCE_GEOMETRY[card.family])(checkpoint)
+    return plugin.resolve(geometry[card.family])(checkpoint)
 
 
 def _from_hub_cache(card: ModelCard, repo_id: str) -> Path:

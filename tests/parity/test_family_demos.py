@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vidloom import registry
+from vidloom.core import plugin
 
 DEMOS = ("wan2.2-demo", "far-demo", "cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "flux2-klein-demo",
          "sana-wm-demo", "stable-audio-demo")
@@ -20,7 +21,7 @@ ENCODER_ONLY = {("ltx2-demo", "audio_vae"): "encoder."}
 @pytest.fixture(scope="module")
 def demo_dirs(tmp_path_factory) -> dict[str, Path]:
     cache = tmp_path_factory.mktemp("family-demos")
-    return {demo: registry.import_target(registry.DEMOS[demo])(cache) for demo in DEMOS}
+    return {demo: plugin.resolve(registry.DEMOS[demo])(cache) for demo in DEMOS}
 
 
 def _diffusers_components(folder: Path) -> list[tuple[str, str]]:
@@ -55,7 +56,7 @@ def test_diffusers_reads_every_weight_of_the_demo(demo_dirs, demo):
 def test_demo_is_written_the_same_every_time(demo_dirs, tmp_path, demo):
     from safetensors.torch import load_file
 
-    again = registry.import_target(registry.DEMOS[demo])(tmp_path)
+    again = plugin.resolve(registry.DEMOS[demo])(tmp_path)
     for weights in sorted(demo_dirs[demo].glob("*/diffusion_pytorch_model.safetensors")):
         a, b = load_file(str(weights)), load_file(str(again / weights.parent.name / weights.name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), weights.parent.name

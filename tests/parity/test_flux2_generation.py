@@ -10,7 +10,7 @@ from PIL import Image
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.parity import ParityRun, Reference, run_parity
-from vidloom.parity.families import FLUX2_KLEIN
+from vidloom.families.flux2.parity import FLUX2_KLEIN
 
 # fp32 on CPU: observed max diffs are 1e-6..3e-6 (batched vs separate text encoding); the
 # issue's bound is 1e-4. A wrong conditioning path moves pixels by > 1e-2 (see the sensitivity test).

@@ -19,7 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
 from vidloom.parity import Reference, TapKey, run_parity
-from vidloom.parity.families import LTX2_T2V
+from vidloom.families.ltx2.parity import LTX2_T2V
 from vidloom.families.ltx2.program import build_program
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine

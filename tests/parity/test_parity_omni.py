@@ -17,7 +17,7 @@ from vidloom.cli import main
 from vidloom.core.errors import InvalidRequest
 from vidloom.generator import VideoGenerator
 from vidloom.parity import Tolerance, run_parity
-from vidloom.parity.families_omni import QWEN_OMNI as OMNI
+from vidloom.families.qwen_omni.parity import QWEN_OMNI as OMNI
 from vidloom.parity.sequences import SequenceReference
 
 WAVE = Tolerance(atol=1e-4, rtol=0.0)

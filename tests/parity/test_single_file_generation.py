@@ -22,7 +22,9 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.parity import Reference, run_parity
-from vidloom.parity.families import FLUX2_KLEIN, LTX2_T2V, WAN_I2V, WAN_T2V
+from vidloom.families.flux2.parity import FLUX2_KLEIN
+from vidloom.families.ltx2.parity import LTX2_T2V
+from vidloom.families.wan.parity import WAN_I2V, WAN_T2V
 from vidloom.parity.family import FamilyParity
 
 # float32 on CPU, the bound of the families' folder parity tests (observed there: 1e-6..3e-6): loading the same

@@ -12,7 +12,7 @@ from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.parity import ParityRun, Reference, run_parity
-from vidloom.parity.families import WAN_I2V, WAN_T2V
+from vidloom.families.wan.parity import WAN_I2V, WAN_T2V
 
 TOLERANCE = 1e-4  # as the Wan2.1 parity tests (fp32 CPU)
 PROMPT = "a red fox jumps over a frozen river"

@@ -6,6 +6,7 @@ Read from the source with `ast`, so function-local imports count too (they are s
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,32 @@ def test_the_check_sees_module_and_function_level_imports(tmp_path, source, bad)
     path.write_text(source)
     hit = any(m.startswith(FORBIDDEN["runtime"]) for m in _imports(path))
     assert hit is bad
+
+
+def test_every_plug_point_resolves_within_its_family():
+    """Plug strings are imports the `import` check cannot see: each one a family declares (Family.plugs), and
+    every "vidloom.x:attr" literal in a family's folder, resolves into that family or a shared package, never
+    another family; `core` and `runtime` hold none into a family."""
+    from vidloom import registry
+    from vidloom.core import plugin
+
+    plug = re.compile(r"vidloom(\.\w+)+:\w+")
+    families = {family.package: family for family in registry.families() if family.package.startswith("vidloom.")}
+    found: list[tuple[str, str, str]] = []  # (where, owning package or "", absolute target)
+    for package, family in families.items():
+        found += [(f"{package} FAMILY {where}", package, family.target(target)) for where, target in family.plugs()]
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = "vidloom." + path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
+        owner = next((p for p in families if module == p or module.startswith(p + ".")), None)
+        if owner is None and not module.startswith(("vidloom.core.", "vidloom.runtime.")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and plug.fullmatch(node.value):
+                found.append((f"{path.relative_to(PACKAGE)}:{node.lineno}", owner or "", node.value))
+    assert len(found) > 100  # the declarations and the cards' program/estimator/session plugs
+    crossing = [f"  {where}: {target}" for where, owner, target in found
+                if target.startswith("vidloom.families.") and not (owner and target.startswith(owner + "."))]
+    assert not crossing, "plug points into another family (or from core/runtime into a family):\n" + \
+        "\n".join(crossing)
+    for where, _, target in found:
+        assert plugin.resolve(target) is not None, f"{where}: {target} resolves to None"

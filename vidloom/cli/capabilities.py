@@ -1,4 +1,5 @@
-"""`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what the recipes' cards declare.
+"""`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what each family declares
+(Family.capability_rows).
 
 The output is a Markdown table; the README's table under "Acceleration" is this output, verbatim
 (tests/unit/test_cli_capabilities.py fails when they differ).
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.capabilities import FEATURES, Capabilities
 
 
@@ -16,7 +18,7 @@ def capability_rows() -> dict[str, Capabilities]:
     """Every checkpoint kind's declared capabilities, in registry order (labels are unique)."""
     rows: dict[str, Capabilities] = {}
     for target in registry.CAPABILITY_ROWS:
-        declared: Mapping[str, Capabilities] = registry.import_target(target)
+        declared: Mapping[str, Capabilities] = plugin.resolve(target)
         for label, capabilities in declared.items():
             if label in rows:
                 raise ValueError(f"{target}: capability row {label!r} is declared twice")

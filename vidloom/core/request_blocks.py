@@ -8,11 +8,11 @@ checks the block at the boundary and replaces it with its typed form. Everything
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
+from vidloom.core import plugin
 from vidloom.core.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def check_blocks(resolved: GenerationRequest, card: ModelCard) -> None:
 
 
 def _target(ref: str) -> Any:
-    module, _, function = ref.partition(":")
-    return getattr(importlib.import_module(module), function)
+    return plugin.resolve(ref)
 
 
 OPTIONAL_FIELDS = ("negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale",

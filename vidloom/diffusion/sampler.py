@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
 
+from vidloom.core import plugin
 from vidloom.core.errors import CheckpointError
 from vidloom.diffusion.scheduler_keys import EULER_CLASS, FLOW_MAP_CLASS, SCHEDULER_KEYS, UNIPC_CLASS
 
@@ -223,8 +223,7 @@ def make_sampler(name: str, config: SamplerConfig) -> Sampler:
     target = SAMPLERS.get(name)
     if target is None:
         raise ValueError(f"unknown sampler {name!r}; known samplers: {', '.join(sorted(SAMPLERS))}")
-    module_name, _, class_name = target.partition(":")
-    sampler = getattr(importlib.import_module(module_name), class_name)(config)
+    sampler = plugin.resolve(target)(config)
     if not isinstance(sampler, Sampler):
         raise TypeError(f"{target} does not implement the Sampler protocol")
     return sampler

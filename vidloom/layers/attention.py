@@ -13,7 +13,6 @@ around their blocks. Kernels without masks are refused for them at load.
 
 from __future__ import annotations
 
-import importlib
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vidloom.core import plugin
 from vidloom.core.errors import DeployError
 
 
@@ -178,9 +178,8 @@ def resolve_sdpa_scope(name: str, device: torch.device, dtype: torch.dtype) -> S
 
 def _import_kernel(name: str, backend: AttentionBackend) -> Callable[..., Any]:
     assert backend.kernel is not None
-    module_name, _, attr = backend.kernel.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        return plugin.resolve(backend.kernel)
     except (ImportError, AttributeError) as exc:
         raise DeployError(
             f"attention backend {name!r} needs the {backend.package!r} package, which is not importable here "

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import importlib
 
+from vidloom.core import plugin
 from vidloom.loading.key_policy import KeyPolicy
 
 # (config class, where its config lives) -> the policy of our reader.
@@ -54,7 +54,6 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
 
 def key_policy(target: str) -> KeyPolicy:
     """The KeyPolicy a "module:attribute" string of KEY_POLICIES names."""
-    module, _, name = target.partition(":")
-    policy = getattr(importlib.import_module(module), name)
+    policy = plugin.resolve(target)
     assert isinstance(policy, KeyPolicy), f"{target} is not a KeyPolicy"
     return policy

@@ -1,10 +1,12 @@
-"""Community LoRA key formats, rewritten to the diffusers/PEFT keys `files.read_lora_file` reads.
+"""Community LoRA key formats, rewritten to the diffusers/PEFT keys `files.read_lora_file` reads: the shared pieces,
+and Wan's converter (Wan2.1, Wan2.2 and AnyFlow-FAR all read it). A family's own converter lives in its folder
+(families/<name>/lora.py) and is named by its declaration (Family.lora.converter).
 
-One converter per family, each accepting what diffusers' loader for that family accepts (the
-`lora_state_dict` of its LoraLoaderMixin and the converters it calls in lora_conversion_utils): the
-original repos' module names (`diffusion_model.`), musubi-tuner's and Kohya sd-scripts' `lora_unet_` names.
-A file already in diffusers/PEFT keys passes through unchanged. A key no rule understands is refused
-naming the file and the key, never dropped: an adapter that silently lost layers would run and look fine.
+Each converter accepts what diffusers' loader for that family accepts (the `lora_state_dict` of its
+LoraLoaderMixin and the converters it calls in lora_conversion_utils): the original repos' module names
+(`diffusion_model.`), musubi-tuner's and Kohya sd-scripts' `lora_unet_` names. A file already in diffusers/PEFT
+keys passes through unchanged. A key no rule understands is refused naming the file and the key, never dropped:
+an adapter that silently lost layers would run and look fine.
 """
 
 from __future__ import annotations
@@ -17,54 +19,7 @@ import torch
 from vidloom.core.errors import CheckpointError
 
 Tensors = dict[str, torch.Tensor]
-
-# LTX-2: Lightricks' checkpoints name the DiT's modules as their own repo does (ltx-core); the diffusers model
-# renames some. Renames are whole dotted segments (the names below never occur inside another segment except as
-# diffusers' substring rules also rename them: "audio_patchify_proj" -> "audio_proj_in").
-_LTX2_SEGMENTS = {
-    "patchify_proj": "proj_in",
-    "audio_patchify_proj": "audio_proj_in",
-    "av_ca_video_scale_shift_adaln_single": "av_cross_attn_video_scale_shift",
-    "av_ca_a2v_gate_adaln_single": "av_cross_attn_video_a2v_gate",
-    "av_ca_audio_scale_shift_adaln_single": "av_cross_attn_audio_scale_shift",
-    "av_ca_v2a_gate_adaln_single": "av_cross_attn_audio_v2a_gate",
-    "scale_shift_table_a2v_ca_video": "video_a2v_cross_attn_scale_shift_table",
-    "scale_shift_table_a2v_ca_audio": "audio_a2v_cross_attn_scale_shift_table",
-    "q_norm": "norm_q",
-    "k_norm": "norm_k",
-    "audio_prompt_adaln_single": "audio_prompt_adaln",  # LTX-2.3
-    "prompt_adaln_single": "prompt_adaln",
-}
-# Only as the first segment (the top-level timestep embedders).
-_LTX2_HEADS = {"adaln_single": "time_embed", "audio_adaln_single": "audio_time_embed"}
-_ORIGINAL = "diffusion_model."  # Lightricks, Wan, ai-toolkit: the original repo names under this prefix
-_LTX2_CONNECTORS = "text_embedding_projection."
-
-
-def ltx2_keys(path: Path, tensors: Tensors) -> Tensors:
-    """LTX-2 files as Lightricks writes them (`diffusion_model.<ltx-core name>` -> `transformer.<diffusers name>`,
-    `text_embedding_projection.<name>` -> `connectors.<name>`, its `aggregate_embed` renamed `text_proj_in`).
-
-    Like diffusers' LTX2LoraLoaderMixin, a file with any `diffusion_model.` or `text_embedding_projection.` key
-    is read as an original-format file; diffusers/PEFT files (`transformer.` / `connectors.`) pass unchanged.
-    """
-    if not any(key.startswith((_ORIGINAL, _LTX2_CONNECTORS)) for key in tensors):
-        return tensors
-    converted: Tensors = {}
-    for key, tensor in tensors.items():
-        if key.startswith(_LTX2_CONNECTORS):
-            segments = ["text_proj_in" if s == "aggregate_embed" else s for s in key[len(_LTX2_CONNECTORS):].split(".")]
-            converted["connectors." + ".".join(segments)] = tensor
-            continue
-        if not key.startswith(_ORIGINAL):
-            raise CheckpointError(
-                f"{path}: key {key!r} is not an LTX-2 '{_ORIGINAL}<module>' or '{_LTX2_CONNECTORS}<module>' key "
-                "(the file's other keys are)"
-            )
-        segments = [_LTX2_SEGMENTS.get(s, s) for s in key[len(_ORIGINAL):].split(".")]
-        segments[0] = _LTX2_HEADS.get(segments[0], segments[0])
-        converted["transformer." + ".".join(segments)] = tensor
-    return converted
+ORIGINAL_PREFIX = "diffusion_model."  # Lightricks, Wan, ai-toolkit: the original repo names under this prefix
 
 
 # -- shared pieces of the community formats --------------------------------------------------------------------
@@ -75,7 +30,7 @@ _FACTORS = {"lora_down.weight": "lora_A.weight", "lora_A.weight": "lora_A.weight
             "lora_up.weight": "lora_B.weight", "lora_B.weight": "lora_B.weight", "alpha": "alpha"}
 
 
-def _split_factor(key: str) -> tuple[str, str] | None:
+def split_factor(key: str) -> tuple[str, str] | None:
     """"<module>.<factor>" -> (module, PEFT factor suffix); None when the key ends in no LoRA factor."""
     for suffix, peft in _FACTORS.items():
         if key.endswith("." + suffix):
@@ -83,12 +38,12 @@ def _split_factor(key: str) -> tuple[str, str] | None:
     return None
 
 
-def _not_understood(path: Path, key: str, fmt: str) -> CheckpointError:
+def not_understood(path: Path, key: str, fmt: str) -> CheckpointError:
     return CheckpointError(f"{path}: key {key!r} is not understood as a {fmt} LoRA key (no rule maps it to a "
                            "diffusers module)")
 
 
-def _drop_zero_norm_diff(path: Path, key: str, tensor: torch.Tensor) -> bool:
+def drop_zero_norm_diff(path: Path, key: str, tensor: torch.Tensor) -> bool:
     """Full-weight `.diff` / `.diff_b` keys are no low-rank update. diffusers drops the norm ones (trainers write
     zeros there); so do we when they are zero. Any other is refused: it would change the model if applied."""
     if not key.endswith((".diff", ".diff_b")):
@@ -134,165 +89,19 @@ def _wan_module(module: str, block: re.Pattern[str], top: dict[str, str]) -> str
 def wan_keys(path: Path, tensors: Tensors) -> Tensors:
     """Wan files from the original repo / ComfyUI (`diffusion_model.blocks.0.self_attn.q.lora_down.weight`, optional
     `.alpha`) and musubi-tuner (`lora_unet_blocks_0_self_attn_q.lora_down.weight`) -> `transformer.<diffusers>`."""
-    if any(key.startswith(_ORIGINAL) for key in tensors):
-        prefix, fmt, block, top = _ORIGINAL, "Wan original-repo", _WAN_BLOCK, _WAN_TOP
+    if any(key.startswith(ORIGINAL_PREFIX) for key in tensors):
+        prefix, fmt, block, top = ORIGINAL_PREFIX, "Wan original-repo", _WAN_BLOCK, _WAN_TOP
     elif any(key.startswith("lora_unet_") for key in tensors):
         prefix, fmt, block, top = "lora_unet_", "musubi-tuner Wan", _MUSUBI_BLOCK, _MUSUBI_TOP
     else:
         return tensors
     converted: Tensors = {}
     for key, tensor in tensors.items():
-        if _drop_zero_norm_diff(path, key, tensor):
+        if drop_zero_norm_diff(path, key, tensor):
             continue
-        split = _split_factor(key[len(prefix):]) if key.startswith(prefix) else None
+        split = split_factor(key[len(prefix):]) if key.startswith(prefix) else None
         module = _wan_module(split[0], block, top) if split is not None else None
         if module is None:
-            raise _not_understood(path, key, fmt)
+            raise not_understood(path, key, fmt)
         converted[f"transformer.{module}.{split[1]}"] = tensor
     return converted
-
-
-# -- Flux2 (diffusers' Flux2LoraLoaderMixin) --------------------------------------------------------------------
-
-# BFL's module names as ai-toolkit writes them -> diffusers' (_convert_non_diffusers_flux2_lora_to_diffusers).
-_FLUX2_TOP = {"img_in": "x_embedder", "txt_in": "context_embedder",
-              "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
-              "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
-              "guidance_in.in_layer": "time_guidance_embed.guidance_embedder.linear_1",
-              "guidance_in.out_layer": "time_guidance_embed.guidance_embedder.linear_2",
-              "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
-              "single_stream_modulation.lin": "single_stream_modulation.linear",
-              "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
-              "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear"}
-_FLUX2_DOUBLE = {"img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
-                 "img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
-                 "txt_mlp.0": "ff_context.linear_in", "txt_mlp.2": "ff_context.linear_out"}
-# A fused qkv LoRA becomes three: the same down factor, the up factor's rows split in three.
-_FLUX2_QKV = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
-              "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
-_FLUX2_SINGLE = {"linear1": "attn.to_qkv_mlp_proj", "linear2": "attn.to_out"}
-# Some exports already use diffusers' block names (and one an alias for them).
-_FLUX2_EXPANDED = {"single_transformer_blocks.": "single_transformer_blocks.",
-                   "transformer_blocks.": "transformer_blocks.", "sformer_blocks.": "transformer_blocks."}
-_FLUX2_BLOCK = re.compile(r"(double_blocks|single_blocks)\.(\d+)\.(.+)")
-
-
-def _flux2_modules(module: str) -> tuple[str, ...] | None:
-    """The diffusers module(s) one ai-toolkit module feeds (three for a fused qkv); None: no rule."""
-    if module in _FLUX2_TOP:
-        return (_FLUX2_TOP[module],)
-    for source, target in _FLUX2_EXPANDED.items():
-        if module.startswith(source):
-            return (target + module[len(source):],)
-    match = _FLUX2_BLOCK.fullmatch(module)
-    if match is None:
-        return None
-    kind, n, rest = match.groups()
-    if kind == "single_blocks":
-        return (f"single_transformer_blocks.{n}.{_FLUX2_SINGLE[rest]}",) if rest in _FLUX2_SINGLE else None
-    if rest in _FLUX2_QKV:
-        return tuple(f"transformer_blocks.{n}.{name}" for name in _FLUX2_QKV[rest])
-    return (f"transformer_blocks.{n}.{_FLUX2_DOUBLE[rest]}",) if rest in _FLUX2_DOUBLE else None
-
-
-def flux2_keys(path: Path, tensors: Tensors) -> Tensors:
-    """Flux2 files from ai-toolkit / BFL's repo (`diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight`, or
-    lora_down / lora_up) and Kohya's sd-scripts (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, with
-    `.alpha`) -> `transformer.<diffusers>`."""
-    if any(key.startswith(_KOHYA) for key in tensors):
-        return _flux2_kohya_keys(path, tensors)
-    if not any(key.startswith(_ORIGINAL) for key in tensors):
-        return tensors
-    converted: Tensors = {}
-    for key, tensor in tensors.items():
-        split = _split_factor(key[len(_ORIGINAL):]) if key.startswith(_ORIGINAL) else None
-        modules = _flux2_modules(split[0]) if split is not None else None
-        if modules is None:
-            raise _not_understood(path, key, "ai-toolkit Flux2")
-        module, factor = split
-        if len(modules) == 3 and factor == "lora_B.weight":
-            if tensor.shape[0] % 3:
-                raise CheckpointError(f"{path}: {key!r} has {tensor.shape[0]} rows, not a fused q/k/v (3 x d)")
-            parts: tuple[torch.Tensor, ...] = tuple(torch.chunk(tensor, 3, dim=0))
-        else:
-            parts = (tensor,) * len(modules)
-        for name, part in zip(modules, parts):
-            converted[f"transformer.{name}.{factor}"] = part.contiguous()
-    return converted
-
-
-# -- Flux2 as Kohya's sd-scripts writes it (diffusers' _convert_kohya_flux2_lora_to_diffusers) -------------------
-
-_KOHYA = "lora_unet_"
-# Kohya flattens BFL's module names with underscores; these are the ones diffusers' Kohya Flux2 converter maps
-# (others, such as the modulation linears, it drops with a warning; we refuse them).
-_KOHYA_FLUX2_TOP = {"img_in": "img_in", "txt_in": "txt_in", "time_in_in_layer": "time_in.in_layer",
-                    "time_in_out_layer": "time_in.out_layer", "final_layer_linear": "final_layer.linear"}
-_KOHYA_FLUX2_DOUBLE = ("img_attn_proj", "img_attn_qkv", "txt_attn_proj", "txt_attn_qkv", "img_mlp_0", "img_mlp_2",
-                       "txt_mlp_0", "txt_mlp_2")
-_KOHYA_FLUX2_BLOCK = re.compile(r"(double_blocks|single_blocks)_(\d+)_(.+)")
-
-
-def _kohya_flux2_module(name: str) -> str | None:
-    """`double_blocks_0_img_attn_qkv` -> `double_blocks.0.img_attn.qkv` (the ai-toolkit name); None: no rule."""
-    if name in _KOHYA_FLUX2_TOP:
-        return _KOHYA_FLUX2_TOP[name]
-    match = _KOHYA_FLUX2_BLOCK.fullmatch(name)
-    if match is None:
-        return None
-    kind, n, rest = match.groups()
-    if kind == "single_blocks":
-        return f"single_blocks.{n}.{rest}" if rest in ("linear1", "linear2") else None
-    if rest not in _KOHYA_FLUX2_DOUBLE:
-        return None
-    head, _, last = rest.rpartition("_")  # img_attn_qkv -> img_attn.qkv, txt_mlp_0 -> txt_mlp.0
-    return f"double_blocks.{n}.{head}.{last}"
-
-
-def _flux2_kohya_keys(path: Path, tensors: Tensors) -> Tensors:
-    """Kohya's factors keep their `.alpha` (files.py reads it as PEFT's lora_alpha: scaling alpha / r, the update
-    diffusers gets by folding alpha / r into the factors). A fused qkv becomes three adapters: when its up factor
-    is block-diagonal (rank 3r, each projection trained with its own r rows, as sd-scripts' split-qkv option writes
-    it) each projection keeps its own r-row slice of the down factor, as diffusers' "sparse" case; else the one
-    down factor is shared and the up factor's rows are split in three."""
-    modules: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        split = _split_factor(key[len(_KOHYA):]) if key.startswith(_KOHYA) else None
-        module = _kohya_flux2_module(split[0]) if split is not None else None
-        if module is None or split is None or split[1] not in ("lora_A.weight", "lora_B.weight", "alpha"):
-            raise _not_understood(path, key, "Kohya Flux2")
-        modules.setdefault(module, {})[split[1]] = tensor
-    converted: Tensors = {}
-    for module, factors in modules.items():
-        targets = _flux2_modules(module)
-        assert targets is not None  # every name _kohya_flux2_module returns has an ai-toolkit rule
-        down, up = factors.get("lora_A.weight"), factors.get("lora_B.weight")
-        if down is None or up is None:
-            key = next(k for k in tensors if _kohya_flux2_module(k[len(_KOHYA):].partition(".")[0]) == module)
-            raise CheckpointError(f"{path}: key {key!r} has no {'lora_up' if up is None else 'lora_down'} partner "
-                                  "(each Kohya layer needs lora_down and lora_up)")
-        alpha = factors.get("alpha")
-        pieces = _split_qkv(path, module, down, up) if len(targets) == 3 else [(down, up)]
-        for name, (piece_down, piece_up) in zip(targets, pieces):
-            prefix = f"transformer.{name}"
-            converted[f"{prefix}.lora_A.weight"] = piece_down.contiguous()
-            converted[f"{prefix}.lora_B.weight"] = piece_up.contiguous()
-            if alpha is not None:  # alpha is per rank: a 3r-row slice of r rows keeps alpha / 3r as its scaling
-                rank_share = piece_down.shape[0] / down.shape[0]
-                converted[f"{prefix}.alpha"] = alpha.float() * rank_share
-    return converted
-
-
-def _split_qkv(path: Path, module: str, down: torch.Tensor, up: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if up.shape[0] % 3 or up.shape[1] != down.shape[0]:
-        raise CheckpointError(f"{path}: {module} lora_up {tuple(up.shape)} is not a fused q/k/v (3 x d rows) "
-                              f"over lora_down {tuple(down.shape)}")
-    rows, rank = up.shape[0] // 3, down.shape[0]
-    if rank % 3 == 0:
-        r = rank // 3
-        blocks = [up[i * rows:(i + 1) * rows] for i in range(3)]
-        off_diagonal_zero = all(not bool(blocks[i][:, j * r:(j + 1) * r].any())
-                                for i in range(3) for j in range(3) if i != j)
-        if off_diagonal_zero:
-            return [(down[i * r:(i + 1) * r], blocks[i][:, i * r:(i + 1) * r]) for i in range(3)]
-    return [(down, part) for part in torch.chunk(up, 3, dim=0)]

@@ -1,7 +1,8 @@
 """The resident adapters of one loaded model: load, unload, and resolve a request's `loras` to weights.
 
-Which components take adapters, and how their diffusers module names map onto ours, is a table per family
-(the same NameMaps the base weights load through). A family not in it refuses adapters by name.
+Which components take adapters, and how their diffusers module names map onto ours, each family declares
+(Family.lora: the same NameMaps the base weights load through, and its community-format converter). A family
+that declares none refuses adapters by name.
 """
 
 from __future__ import annotations
@@ -20,42 +21,12 @@ from torch import nn
 from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope, wrap_linears
 from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_components
-from vidloom.registry import import_target
+from vidloom.registry import families
+from vidloom.core.family import Family, LoRASupport
 
 DEFAULT_MAX_LORAS = 4
 """Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only); loading
 one more evicts the least recently used adapter no running request holds."""
-
-# family -> ((instance component, its NameMap as "module:attr"), ...). diffusers' WanLoraLoaderMixin and
-# Flux2LoraLoaderMixin load into the pipeline's `transformer` only; so do we.
-LORA_TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
-    "wan2.1": (("transformer", "vidloom.models.wan.transformer_config:WAN_TRANSFORMER_NAME_MAP"),),
-    "flux2": (("transformer", "vidloom.families.flux2.transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
-    # AnyFlowFARPipeline loads through WanLoraLoaderMixin: the same keys, plus the FAR-only modules.
-    "anyflow-far": (("transformer", "vidloom.families.wan_causal.config:FAR_TRANSFORMER_NAME_MAP"),),
-    # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
-    # connectors (applied while the prompt is encoded; the prompt cache keys by the connector adapters in force).
-    "ltx2": (("transformer", "vidloom.models.ltx2.transformer:LTX2_TRANSFORMER_NAME_MAP"),
-             ("connectors", "vidloom.models.ltx2.connectors:LTX2_CONNECTORS_NAME_MAP")),
-    # Wan2.2 (TI2V-5B, A14B): diffusers loads into the high-noise expert `transformer` unless told otherwise
-    # (`into="transformer_2"` here, LORA_INTO).
-    "wan2.2": (("transformer", "vidloom.models.wan.transformer_config:WAN_TRANSFORMER_NAME_MAP"),),
-}
-# family -> {instance component: the file prefix it reads}: components an adapter may be loaded into instead of
-# the default targets, as diffusers' WanLoraLoaderMixin.load_lora_weights(load_into_transformer_2=True) puts a
-# file's `transformer.` keys into a Wan2.2 A14B pipeline's low-noise expert.
-LORA_INTO: dict[str, dict[str, str]] = {
-    "wan2.2": {"transformer_2": "transformer"},
-}
-# family -> its community-format key converter (vidloom.lora.formats); families not listed read PEFT keys only.
-LORA_FORMATS: dict[str, str] = {
-    "ltx2": "vidloom.lora.formats:ltx2_keys",
-    "wan2.1": "vidloom.lora.formats:wan_keys",
-    "wan2.2": "vidloom.lora.formats:wan_keys",
-    "anyflow-far": "vidloom.lora.formats:wan_keys",  # AnyFlowFARPipeline loads through WanLoraLoaderMixin
-    "flux2": "vidloom.lora.formats:flux2_keys",
-}
-
 
 @dataclass(frozen=True)
 class LoadedLoRA:
@@ -66,14 +37,16 @@ class LoadedLoRA:
     layers: Mapping[str, LoRALayer]
 
 
-def check_family(family: str, field: str = "loras") -> tuple[tuple[str, str], ...]:
-    """The family's LoRA targets; InvalidRequest naming `field` for a family without adapter support."""
-    if family not in LORA_TARGETS:
+def check_family(family: str, field: str = "loras") -> tuple[Family, LoRASupport]:
+    """The declaring family and its LoRA support for card family `family`; InvalidRequest naming `field` for a
+    family without adapter support."""
+    owner = next((f for f in families() if family in f.card_families), None)
+    if owner is None or owner.lora is None:
+        supported = sorted(name for f in families() if f.lora is not None for name in f.card_families)
         raise InvalidRequest(
-            field, f"LoRA adapters are not supported for the {family!r} family yet "
-            f"(supported: {', '.join(sorted(LORA_TARGETS))})",
+            field, f"LoRA adapters are not supported for the {family!r} family yet (supported: {', '.join(supported)})",
         )
-    return LORA_TARGETS[family]
+    return owner, owner.lora
 
 
 class LoRARegistry:
@@ -110,7 +83,7 @@ class LoRARegistry:
 
     def load(self, name: str, path: str | Path, into: str | None = None) -> LoadedLoRA:
         """Read `path` and make it selectable as `name` (replacing an adapter of that name); `into`: the
-        component to load it into instead of the family's default (LORA_INTO)."""
+        component to load it into instead of the family's default (Family.lora.into)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
         self._refuse_if_fused("load")
@@ -183,28 +156,29 @@ def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], fam
                  dtype: torch.dtype, into: str | None = None) -> LoadedLoRA:
     """Read the adapter file `path` for `family`'s LoRA targets among `components` (or into component `into`),
     cast to device/dtype; the modules are not touched (`wrap_adapter` does that)."""
-    convert = import_target(LORA_FORMATS[family]) if family in LORA_FORMATS else None
-    targets = _targets(family, components, into)
+    owner, lora = check_family(family, "lora")
+    convert = owner.resolve(lora.converter) if lora.converter is not None else None
+    targets = _targets(family, lora, components, into)
     files = read_lora_components(Path(path), tuple(prefix for _, prefix, _ in targets), convert)
     layers: dict[str, LoRALayer] = {}
     for component, prefix, map_target in targets:
         if prefix in files:
-            layers.update(_place(files[prefix], component, components[component], import_target(map_target),
+            layers.update(_place(files[prefix], component, components[component], owner.resolve(map_target),
                                  device, dtype))
     return LoadedLoRA(name, Path(path), layers)
 
 
-def _targets(family: str, components: Mapping[str, Any], into: str | None) -> list[tuple[str, str, str]]:
-    """(instance component, file prefix, NameMap target) for each component the adapter goes into."""
-    targets = check_family(family, "lora")
+def _targets(family: str, lora: LoRASupport, components: Mapping[str, Any],
+             into: str | None) -> list[tuple[str, str, str]]:
+    """(instance component, file prefix, NameMap plug) for each component the adapter goes into."""
     if into is None:
-        return [(component, component, map_target) for component, map_target in targets]
-    choices = {c for c, _ in targets} | {c for c in LORA_INTO.get(family, {}) if c in components}
+        return [(component, component, map_target) for component, map_target in lora.targets]
+    choices = {c for c, _ in lora.targets} | {c for c in lora.into if c in components}
     if into not in choices:
         raise InvalidRequest("into", f"this {family} model takes adapters into {', '.join(sorted(choices))}, "
                              f"not {into!r}")
-    prefix = LORA_INTO.get(family, {}).get(into, into)
-    return [(into, prefix, dict(targets)[prefix])]
+    prefix = lora.into.get(into, into)
+    return [(into, prefix, dict(lora.targets)[prefix])]
 
 
 def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any]) -> None:

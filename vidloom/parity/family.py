@@ -106,3 +106,20 @@ class SequenceParity:
     """The final signal (compared as stage tap `output`)."""
     describe: Callable[[Any], str] = repr
     """A request -> one line for the CLI's report header."""
+
+
+@dataclass(frozen=True)
+class ParityMaps:
+    """One family's parity maps, as its declaration names them (Family.parity); vidloom.parity.families merges
+    every family's into the lookup tables."""
+
+    pipelines: tuple[FamilyParity, ...] = ()
+    """A map per diffusers pipeline class the family is compared against (keyed by FamilyParity.pipeline)."""
+    video_to_video: Mapping[str, str] = field(default_factory=dict)
+    """A folder's pipeline -> the one diffusers runs video-to-video with on the same folder."""
+    image_to_video: Mapping[str, str] = field(default_factory=dict)
+    """A folder's pipeline -> the one diffusers runs image-to-video with on the same folder's components."""
+    two_stage: Mapping[str, FamilyParity] = field(default_factory=dict)
+    """A folder's pipeline -> the map of its two-stage chain (our DeployConfig two_stage)."""
+    sequences: tuple[SequenceParity, ...] = ()
+    """Autoregressive maps, keyed by the transformers architecture (SequenceParity.architecture)."""

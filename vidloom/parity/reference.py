@@ -12,7 +12,8 @@ import torch
 from vidloom.core.errors import VidloomError
 from vidloom.core.request import GenerationRequest
 from vidloom.loading.diffusers_dir import DiffusersDir
-from vidloom.parity.families import FAMILIES, IMAGE_TO_VIDEO, TWO_STAGE, VIDEO_TO_VIDEO, FamilyParity
+from vidloom.parity.families import merged
+from vidloom.parity.family import FamilyParity
 from vidloom.parity.taps import ModuleTaps, TapRecorder
 
 
@@ -25,18 +26,19 @@ def family_for(checkpoint: Path, request: GenerationRequest | None = None, two_s
     pipeline when `request` gives an input video, its image-to-video one when it gives a first frame, its
     two-stage chain when `two_stage`)."""
     name = DiffusersDir.open(checkpoint).pipeline_class
+    maps, two_stages = merged("pipelines"), merged("two_stage")
     if two_stage:
-        if name not in TWO_STAGE:
+        if name not in two_stages:
             raise ReferenceUnavailable(f"{checkpoint}: no two-stage parity map for pipeline {name!r}; known: "
-                                       f"{', '.join(TWO_STAGE)}")
-        return TWO_STAGE[name]
+                                       f"{', '.join(two_stages)}")
+        return two_stages[name]
     if request is not None and request.video is not None:
-        name = VIDEO_TO_VIDEO.get(name, name)
+        name = merged("video_to_video").get(name, name)
     elif request is not None and request.image is not None:
-        name = IMAGE_TO_VIDEO.get(name, name)
-    if name not in FAMILIES:
-        raise ReferenceUnavailable(f"{checkpoint}: no parity map for pipeline {name!r}; known: {', '.join(FAMILIES)}")
-    return FAMILIES[name]
+        name = merged("image_to_video").get(name, name)
+    if name not in maps:
+        raise ReferenceUnavailable(f"{checkpoint}: no parity map for pipeline {name!r}; known: {', '.join(maps)}")
+    return maps[name]
 
 
 def require_diffusers() -> None:

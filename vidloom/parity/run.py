@@ -14,7 +14,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.parity.align import ParityReport, Tolerance, align
-from vidloom.parity.families import FamilyParity
+from vidloom.parity.family import FamilyParity
 from vidloom.parity.reference import Reference, family_for, require_diffusers
 from vidloom.parity.sequences import SequenceReference, compare_sequences, sequence_family_for
 from vidloom.parity.taps import ModuleTaps, RuntimeTaps, TapFilter, TapRecorder

@@ -9,11 +9,11 @@ next one. Both run only on the device worker thread, never while another thread 
 from __future__ import annotations
 
 import gc
-import importlib
 from pathlib import Path
 
 import torch
 
+from vidloom.core import plugin
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 
@@ -27,8 +27,7 @@ def load_estimator(instance: ModelInstance) -> MemoryEstimate | None:
     target = instance.card.memory_estimator
     if target is None:
         return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)(instance)
+    return plugin.resolve(target)(instance)
 
 
 def free_bytes(device: torch.device) -> int | None:

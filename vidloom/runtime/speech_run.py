@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import EventCallback
 from vidloom.core.speech import SpeechRequest, SpeechResult
@@ -28,7 +28,7 @@ def start_speech(engine: Any, request: SpeechRequest, on_event: EventCallback | 
     card = engine.instance.card
     if card.speech is None or getattr(engine, "decoder", None) is None:
         raise no_speech(card.model_id)
-    return registry.import_target(card.speech)(engine, request, on_event, cancel)
+    return plugin.resolve(card.speech)(engine, request, on_event, cancel)
 
 
 def speech_result(outputs: dict[str, Any]) -> SpeechResult:

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 from pydantic import ConfigDict
 
-from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.action import ActionInput
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
@@ -121,7 +121,7 @@ class SessionManager:
         fields = {k: v for k, v in sampling_fields(body).items() if v is not None and v != ()}
         if body.fps is not None:
             fields["fps"] = body.fps
-        opener = registry.import_target(spec.session)
+        opener = plugin.resolve(spec.session)
         rollout = opener(self._model, body.prompt, image=image, action=block, **fields)
         try:
             self.jobs.limits.check(rollout.sample_request(), getattr(self.jobs, "_estimator", None))

@@ -82,12 +82,13 @@ def _tiny_fastwan(folder, fp8: bool):
 
 def _run(folder, fp8: bool, seed: int) -> np.ndarray:
     from vidloom import registry
+    from vidloom.core import plugin
     from vidloom.core.deploy import DeployConfig
     from vidloom.runtime.engine import Engine
 
     card = _tiny_fastwan(folder, fp8)
     instance = registry.load_instance(card, folder, torch.device("cpu"), None, DeployConfig())
-    engine = Engine(instance, registry.import_target(card.program)(instance))
+    engine = Engine(instance, plugin.resolve(card.program)(instance))
     request = GenerationRequest(prompt="a red fox", height=32, width=32, num_frames=5, seed=seed)
     return engine.run(request)["video"], instance
 

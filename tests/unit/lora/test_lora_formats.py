@@ -20,7 +20,7 @@ from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.generator import VideoGenerator
-from vidloom.lora.formats import ltx2_keys
+from vidloom.families.ltx2.lora import ltx2_keys
 from vidloom.lora.registry import attach_registry
 
 WAN_SPEC = LoRASpec(rank=4, alpha=8, seed=31, targets=("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
@@ -105,7 +105,7 @@ def test_flux2_kohya_file_loads_as_the_peft_adapter(flux2, tmp_path):
 
 
 def test_flux2_kohya_dense_qkv_shares_its_down_factor(tmp_path):
-    from vidloom.lora.formats import flux2_keys
+    from vidloom.families.flux2.lora import flux2_keys
 
     g = torch.Generator().manual_seed(0)
     down, up = torch.randn(6, 8, generator=g), torch.randn(12, 6, generator=g)  # not block-diagonal

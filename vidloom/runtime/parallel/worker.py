@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import torch
 
 from vidloom import registry
+from vidloom.core import plugin
 from vidloom.core.deploy import DeployConfig
 from vidloom.diffusion.guidance import ParallelCFG
 from vidloom.runtime.engine import Engine
@@ -112,7 +113,7 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     if groups.sp is not None:
         apply_sp(instance["transformer"], groups.sp)
     guidance = ParallelCFG(groups.cfg) if groups.cfg is not None else None
-    program = registry.import_target(card.program)(instance, guidance=guidance)
+    program = plugin.resolve(card.program)(instance, guidance=guidance)
     return RankRuntime(Engine(instance, program), control, options.check_lockstep)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
 from vidloom.core.speech import SpeechRequest
-from vidloom.parity.family import SequenceParity
+from vidloom.parity.family import ParityMaps, SequenceParity
 
 CODES_PER_TOKEN = 4
 """Talker codes allowed per reply token (the request's max_audio_tokens = this x its max tokens)."""
@@ -100,3 +100,5 @@ QWEN_OMNI = SequenceParity(
     output="vocoder.audio",
     describe=_describe,
 )
+
+PARITY = ParityMaps(sequences=(QWEN_OMNI,))
