@@ -29,7 +29,7 @@ from vidloom.serving.chat_protocol import (
     AssistantMessage, AudioAnswer, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import engine_errors
+from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 
 AUDIO_TTL_S = 3600  # expires_at: audio ids are not kept for multi-turn reuse here; the hour is OpenAI's
@@ -96,9 +96,7 @@ async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Q
         yield chunk(Delta(audio={"id": audio_id, "expires_at": int(time.time()) + AUDIO_TTL_S}),
                     _finish(planned, result))
     except Exception as exc:  # headers are sent: the failure travels as an error event, then [DONE]
-        from vidloom.serving.chat_routes import _error_json
-
-        yield f"data: {_error_json(exc)}\n\n".encode()
+        yield f"data: {error_json(exc)}\n\n".encode()
     finally:
         if not ended:  # the client left: cancel, which frees the thinker's blocks and the talker's slab
             manager.engine.cancel(request_id)

@@ -24,7 +24,7 @@ from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, e
 from vidloom.runtime.chat_stream import event_queue
 from vidloom.runtime.speech_run import no_speech, speech_result, start_speech
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import engine_errors
+from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
@@ -119,9 +119,7 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
         except Exception as exc:
             if not sse:
                 raise  # headers are sent: the connection is cut, the client sees a truncated body
-            from vidloom.serving.chat_routes import _error_json
-
-            yield f"data: {_error_json(exc)}\n\n".encode()
+            yield f"data: {error_json(exc)}\n\n".encode()
         finally:
             if not ended:  # the client left (or the run failed): its KV returns at the next step
                 engine.cancel(speech.request_id)
