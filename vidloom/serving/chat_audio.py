@@ -23,7 +23,6 @@ from vidloom.core.output import Event
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import encode_speech
 from vidloom.runtime.chat_stream import event_queue
-from vidloom.runtime.speech_run import speech_result, start_speech
 from vidloom.serving.chat_params import PlannedChat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, AudioAnswer, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
@@ -49,9 +48,8 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
         speech = stream_speech_request(speech)
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
-        run = (await manager.media.run(start_speech, engine.engine, speech, sink) if media
-               else start_speech(engine.engine, speech, sink))
-        handle = engine.submit_run(run, sink, speech_result)
+        handle = (await engine.submit_prepared_by(speech, manager.media.run, sink) if media
+                  else engine.submit(speech, sink))
     audio_id = f"audio_{uuid.uuid4().hex}"
     if planned.stream:
         return StreamingResponse(_sse(manager, planned, handle, queue, audio_id, fmt),
@@ -70,7 +68,7 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
                          transcript=result.text)
     choice = Choice(message=AssistantMessage(content=None, audio=answer), finish_reason=_finish(planned, result))
     return ChatCompletion(id=speech.request_id, created=int(time.time()), model=manager.card.model_id,
-                          choices=[choice], usage=_usage(run, result))
+                          choices=[choice], usage=_usage(handle.run, result))
 
 
 async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Queue[Event], audio_id: str,

@@ -26,7 +26,7 @@ from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import APIError, engine_errors, error_json, error_response, generation_error
+from vidloom.serving.errors import APIError, engine_errors, error_json, generation_error
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.protocol import body_doc
@@ -63,8 +63,7 @@ async def drain_chats(app: Any, grace_s: float) -> None:
     if not state.open:
         return
     log.warning("shutdown grace period of %.1fs over: stopping %d chat request(s)", grace_s, state.open)
-    cancel_chats = getattr(app.state.jobs.engine, "cancel_chats", None)  # an AsyncEngine's (the one-device path)
-    if cancel_chats is not None and cancel_chats():
+    if app.state.jobs.engine.cancel_chats():
         stop_by = loop.time() + CHAT_STOP_WAIT_S
         while state.open and loop.time() < stop_by:
             await asyncio.sleep(0.02)
