@@ -148,7 +148,8 @@ class ModelCard:
     # refused naming the field.
     request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
     # "module:function" (engine, validated SpeechRequest) -> (run slots, estimated bytes) of the engine's run of
-    # the program that speaks it (thinker -> talker -> vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
+    # the program that speaks it (thinker -> talker -> vocoder); None: the model has no voice (`speak` and
+    # /v1/audio/speech refuse it, naming `model`).
     speech: str | None = None
     # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
     # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).

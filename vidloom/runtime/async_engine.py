@@ -141,15 +141,17 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
             return self._scheduler.resident_of(True)
 
     def submit(self, work: Any, on_event: EventCallback | None = None,
-               result: Callable[[dict[str, Any]], Any] | None = None) -> JobHandle:
+               result: Callable[[dict[str, Any]], Any] | None = None, resolved: bool = False) -> JobHandle:
         """Validate and enqueue a request of any kind (GenerationRequest, ChatRequest, SpeechRequest). Raises
         InvalidRequest, EngineBusy (queue full) or EngineClosed at once; its handle resolves to its result
-        (runtime.results.result_of; `result`: another reading of the finished run's output slots).
+        (runtime.results.result_of; `result`: another reading of the finished run's output slots). `resolved`:
+        a generation request the caller resolved against this model's card already (the server's boundary).
 
         `on_event` is called from the worker thread: keep it quick and thread-safe.
         """
         callback = _guarded(on_event) if on_event is not None else None
-        return self._enqueue_run(work, self.engine.submit(work, callback), callback, result)
+        run = self.engine.submit(work, callback, resolved=True) if resolved else self.engine.submit(work, callback)
+        return self._enqueue_run(work, run, callback, result)
 
     async def submit_prepared_by(self, work: Any, offload: Offload, on_event: EventCallback | None = None) -> JobHandle:
         """As `submit`, with the request's preparation (a chat's prompt, a model's audio features and image

@@ -1,4 +1,4 @@
-"""Sync Engine: runs requests of every kind (RequestRun, in request_run.py) in the caller's thread; warmup, admission."""
+"""Sync Engine: runs every request kind (RequestRun, request_run.py) in the caller's thread; warmup, admission."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ class EngineDriver:
                **watch: Any) -> Any:
         """Validate `work` (a GenerationRequest, ChatRequest or SpeechRequest; InvalidRequest naming the field
         before any work) and return its started run, stepped by the caller (`step`, or `finish()`). `watch`: a
-        generation's observers (observer: PlanObserver, watch: RunObserver)."""
+        generation's observers (observer: PlanObserver, watch: RunObserver) and `resolved=True` for a request the
+        caller resolved against this card already (so it is resolved once on the way in)."""
         if isinstance(work, ChatRequest):
             run = self._start_chat(work, on_event, cancel)
         elif isinstance(work, SpeechRequest):  # speech_inputs: can this model speak here, is the request valid
@@ -179,9 +180,11 @@ class Engine(EngineDriver):
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
         watch: RunObserver | None = None,
+        resolved: bool = False,
     ) -> RequestRun:
-        """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside."""
-        resolved = resolve_request(request, self.instance.card)
+        """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside.
+        `resolved`: the caller resolved it against this model's card already (a server, at its boundary)."""
+        resolved = request if resolved else resolve_request(request, self.instance.card)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
         nbytes = self.estimator(resolved) if self.estimator is not None else 0

@@ -20,7 +20,7 @@ from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, Vidl
 from vidloom.core.loop import is_decode_step
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent
 from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched
-from vidloom.runtime.engine import RequestRun
+from vidloom.runtime.request_run import RequestRun
 from vidloom.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ retrying at once would only spin."""
 class WorkEntry:
     """A submitted request of any kind, as the worker and the scheduler see it."""
 
-    run: RequestRun
+    run: RequestRun  # (a ParallelRun on a pool: it only steps as a whole unit, RunHandle's defaults for the rest)
     on_event: EventCallback | None
     result: Callable[[dict[str, Any]], Any]  # the finished run's outputs -> what its future resolves to
     decoder: bool = False  # an AR sequence (a chat): holds a decode slot, steps in every round's decode batch
@@ -56,7 +56,7 @@ class WorkEntry:
     @property
     def waiting(self) -> bool:
         """Its next loop waits for paged KV blocks that running sequences hold (RequestRun.kv_wait)."""
-        return bool(getattr(self.run, "waiting_for_kv", False))
+        return self.run.waiting_for_kv
 
 
 class WorkerRounds:
@@ -305,8 +305,7 @@ class WorkerRounds:
 
 def _fits_in_memory(entry: WorkEntry) -> bool:
     """The runtime's memory admission (RequestRun.admit): resident estimates stay within the device budget."""
-    admit = getattr(entry.run, "admit", None)  # a worker pool's run: the ranks hold the memory, not this process
-    return admit() if admit is not None else True
+    return entry.run.admit()  # (a worker pool's run: the ranks hold the memory, always admitted here)
 
 
 def _run_chore(chore: Callable[[], None]) -> None:

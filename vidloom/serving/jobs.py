@@ -239,12 +239,13 @@ class JobManager(ImageRequests, SharedStoreControl):
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
-        """Resolve, check this server's limits, enqueue (rejections are counted by the error handler)."""
+        """Resolve (once: the engine takes it as resolved), check this server's limits, enqueue (rejections are
+        counted by the error handler)."""
         if self._draining:
             raise EngineClosed("no new work is accepted")
         resolved = resolve_request(request, self.card)
         self.limits.check(resolved, self._estimator)
-        return self._engine.submit(resolved, self._bridge)
+        return self._engine.submit(resolved, self._bridge, resolved=True)
 
     # -- engine events ----------------------------------------------------------------
 

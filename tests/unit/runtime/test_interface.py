@@ -37,7 +37,8 @@ class NoWorkers:
 def _pool() -> ParallelEngine:
     deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2))
     geometry = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
-    return ParallelEngine(NoWorkers(), PoolInstance(demo_card(), deploy, torch.device("cpu"), "unused"), geometry)  # type: ignore[arg-type]
+    instance = PoolInstance(demo_card(), deploy, torch.device("cpu"), "unused")
+    return ParallelEngine(NoWorkers(), instance, geometry)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -87,3 +88,18 @@ def test_a_sync_engine_cancels_a_started_run_by_its_id(engines):
         run = engines["Engine"].submit(GenerationRequest("p", num_inference_steps=3, seed=1))
         engines["Engine"].cancel(run.request.request_id)
         run.finish()
+
+
+def test_a_request_the_caller_resolved_is_resolved_once(engines, monkeypatch):
+    """The server resolves a request at its boundary (its limits read the resolved fields): the engine takes it
+    as resolved instead of resolving it again; a plain submit resolves it in the engine."""
+    import vidloom.runtime.engine as engine_module
+
+    resolve, calls = engine_module.resolve_request, []
+    monkeypatch.setattr(engine_module, "resolve_request",
+                        lambda r, card: calls.append(r.request_id) or resolve(r, card))
+    front, card = engines["AsyncEngine(Engine)"], engines["Engine"].card
+    resolved = resolve(GenerationRequest("p", num_inference_steps=2, seed=1), card)
+    assert front.submit(resolved, result=lambda out: out["video"], resolved=True).wait(30) == 12.0 and calls == []
+    plain = GenerationRequest("p", num_inference_steps=2, seed=1)
+    assert front.submit(plain, result=lambda out: out["video"]).wait(30) == 12.0 and calls == [plain.request_id]

@@ -149,9 +149,11 @@ class ParallelEngine(EngineDriver):
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
+        resolved: bool = False,
     ) -> ParallelRun:
-        """Validate `request` here (InvalidRequest naming the field) and prepare its run; no worker is contacted."""
-        resolved = resolve_request(request, self.instance.card)
+        """Validate `request` here (InvalidRequest naming the field) and prepare its run; no worker is contacted.
+        `resolved`: the caller resolved it against this model's card already."""
+        resolved = request if resolved else resolve_request(request, self.instance.card)
         check_request(self.instance.deploy.parallel, self.geometry, resolved)
         make_step_cache(self.instance.deploy, resolved)  # the same threshold checks as one device
         return ParallelRun(self.transport, resolved, on_event, cancel or CancellationToken())
