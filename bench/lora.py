@@ -54,7 +54,7 @@ def _adapters(folder: Path, count: int, rank: int = RANK) -> list[Path]:
 
 
 def _step_times(engine, request) -> list[float]:
-    run = engine.start(request)
+    run = engine.submit(request)
     times = []
     try:
         while not run.done:

@@ -38,7 +38,7 @@ Network = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 def _inputs(gen: VideoGenerator, request: GenerationRequest) -> dict[str, Any]:
     """Slots the denoise loop reads, computed once so both loops start from the same tensors."""
     engine = gen.engine
-    run = engine.start(request)
+    run = engine.submit(request)
     slots: dict[str, Any] = {"request": run.request}
     for node in engine.program.nodes:
         if node.loop is not None:

@@ -88,7 +88,6 @@ class VidloomSpeech:
         from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
         from vidloom.core.output import AudioChunkEvent
         from vidloom.core.speech import SpeechRequest
-        from vidloom.runtime.speech_run import speech_result, start_speech
 
         chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTIONS[i % len(QUESTIONS)]),)),),
                            SamplingParams(temperature=0.0, max_tokens=self.thinker_tokens))
@@ -100,8 +99,7 @@ class VidloomSpeech:
             if isinstance(event, AudioChunkEvent) and not first:
                 first.append(time.perf_counter())
 
-        run = start_speech(self.engine.engine, request, on_event)
-        result = await self.engine.submit_run(run, None, speech_result).result()
+        result = await self.engine.submit(request, on_event).result()
         done = time.perf_counter()
         return result, (first[0] if first else done) - started
 

@@ -21,7 +21,8 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
 from vidloom.placement import resolve_model
 from vidloom.runtime.engine import CancellationToken, Engine
-from vidloom.runtime.results import video_output
+from vidloom.runtime.interface import SessionHost
+from vidloom.runtime.results import result_of, video_output
 
 if TYPE_CHECKING:
     from vidloom.core.parallel import ParallelPlan
@@ -115,10 +116,7 @@ class VideoGenerator:
 
     def close(self) -> None:
         """Stop the worker processes of a multi-device engine (nothing to do on one device)."""
-        from vidloom.runtime.parallel.engine import ParallelEngine
-
-        if isinstance(self.engine, ParallelEngine):
-            self.engine.close()
+        self.engine.close()
 
     def __enter__(self) -> "VideoGenerator":
         return self
@@ -128,7 +126,7 @@ class VideoGenerator:
 
     @property
     def card(self) -> ModelCard:
-        return self.engine.instance.card
+        return self.engine.card
 
     @property
     def accepted_config_keys(self) -> tuple[str, ...]:
@@ -160,17 +158,17 @@ class VideoGenerator:
     @property
     def loras(self) -> list[str]:
         """Names of the resident LoRA adapters, in load order."""
-        adapters = getattr(self.engine, "instance", None) and self.engine.instance.components.get(LORA_SLOT)
+        instance = self.engine.instance
+        adapters = instance.components.get(LORA_SLOT) if isinstance(instance, ModelInstance) else None
         return adapters.names if adapters else []
 
-    def _single_instance(self, what: str) -> Any:
-        from vidloom.runtime.parallel.engine import ParallelEngine
-
-        if isinstance(self.engine, ParallelEngine):
+    def _single_instance(self, what: str) -> ModelInstance:
+        instance = self.engine.instance
+        if not isinstance(instance, ModelInstance):  # a pool's ranks hold the weights
             from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
 
             raise DeployError(f"{what}: {ADAPTERS_REFUSED}")
-        return self.engine.instance
+        return instance
 
     def generate(
         self,
@@ -252,13 +250,14 @@ class VideoGenerator:
         spec = self.card.request_blocks.get("action")
         if spec is None or spec.session is None:
             raise InvalidRequest("action", f"{self.card.model_id} has no action pathway to open a session on")
-        return plugin.resolve(spec.session)(self, prompt, image=image, action=action, **fields)
+        host = SessionHost(self.card, self.engine.caches, self.run)
+        return plugin.resolve(spec.session)(host, prompt, image=image, action=action, **fields)
 
     def release_session(self, source: Any) -> bool:
         """Free the resident KV of a finished causal video (its output, VideoSession or session id) now,
         instead of at its idle TTL; it can still be extended (the KV is then rebuilt). False if none was held."""
         session_id = getattr(getattr(source, "session", source), "session_id", source)
-        caches = getattr(self.engine, "caches", None)
+        caches = self.engine.caches
         return caches is not None and isinstance(session_id, str) and caches.release_session(session_id)
 
     def run(
@@ -268,7 +267,7 @@ class VideoGenerator:
         cancel: CancellationToken | None = None,
     ) -> VideoOutput:
         """Run a prepared request (InvalidRequest before any work; Cancelled at a step boundary)."""
-        return video_output(self.card, self.engine.run(request, on_event=on_event, cancel=cancel))
+        return self._finish(request, on_event, cancel)
 
     def generate_stream(
         self,
@@ -294,7 +293,7 @@ class VideoGenerator:
             if on_event is not None:
                 on_event(event)
 
-        run = self.engine.start(request, collect, cancel)
+        run = self.engine.submit(request, collect, cancel)
         streamed = False
         try:
             while not run.step():
@@ -335,10 +334,7 @@ class VideoGenerator:
         from vidloom.media.audio_upload import load_input_audio
         from vidloom.media.image import load_image
         from vidloom.runtime.chat_stream import stream_alone
-        from vidloom.runtime.paged_decode import no_chat
 
-        if getattr(self.engine, "decoder", None) is None:
-            raise no_chat(self.card.model_id)
         yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image,
                                                                 load_audio=load_input_audio, **sampling))
 
@@ -346,14 +342,12 @@ class VideoGenerator:
         from vidloom.core.speech import SpeechRequest
         from vidloom.media.audio_upload import load_input_audio
         from vidloom.media.image import load_image
-        from vidloom.runtime.speech_run import speak_alone
-
         if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens"}:
             raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens)")
         chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, **sampling)
         request = SpeechRequest(chat=chat, voice=audio.get("voice"), max_audio_tokens=audio.get("max_audio_tokens"),
                                 seed=chat.sampling.seed)
-        return speak_alone(self.engine, request)
+        return self._finish(request)
 
     def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,
               seed: int | None = None, max_audio_tokens: int | None = None, greedy: bool = False,
@@ -371,12 +365,17 @@ class VideoGenerator:
         """
         from vidloom.core.chat import SamplingParams
         from vidloom.core.speech import TALKER_SAMPLING, SpeechRequest
-        from vidloom.runtime.speech_run import speak_alone
 
         request = SpeechRequest(text=text, voice=voice, instructions=instructions, seed=seed,
                                 max_audio_tokens=max_audio_tokens, audio_chunk_codes=audio_chunk_codes,
                                 talker_sampling=SamplingParams(temperature=0.0) if greedy else TALKER_SAMPLING)
-        return speak_alone(self.engine, request, on_event, cancel)
+        return self._finish(request, on_event, cancel)
+
+    def _finish(self, work: Any, on_event: EventCallback | None = None,
+                cancel: CancellationToken | None = None) -> Any:
+        """Run `work` (any request kind) to the end in this thread: its result (runtime.results.result_of). Its
+        KV and memory are returned however it ends."""
+        return result_of(self.card, work)(self.engine.submit(work, on_event, cancel).finish())
 
 
 def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequest:

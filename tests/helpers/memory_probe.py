@@ -61,7 +61,7 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
     from vidloom.core.chat import SamplingParams
     from vidloom.core.speech import SpeechRequest
     from vidloom.families.qwen_omni.speech import speech_prompt
-    from vidloom.runtime.speech_run import speak_alone
+    from vidloom.runtime.results import speech_result
 
     engine = generator.engine
     [talker] = [node.loop for node in engine.program.nodes if node.name == "talker"]
@@ -70,11 +70,11 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
     def request(fields: dict) -> SpeechRequest:
         return SpeechRequest(voice="Chelsie", talker_sampling=SamplingParams(temperature=0.0), seed=0, **fields)
 
-    speak_alone(engine, request(spec["warm"]))
+    engine.run(request(spec["warm"]))
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     before = _status("VmRSS")
-    result = speak_alone(engine, request(spec["request"]))
+    result = speech_result(engine.run(request(spec["request"])))
     measured = _status("VmHWM") - before
     assert result.audio_tokens == spec["request"]["max_audio_tokens"], result.audio_tokens
     estimate = engine.estimator(speech_prompt(engine.instance, engine.decoder.limits, request(spec["request"])))

@@ -8,7 +8,6 @@ from typing import Any, Sequence
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
-from vidloom.runtime.speech_run import start_speech
 
 
 def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest],
@@ -22,7 +21,7 @@ def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest],
     engine = AsyncEngine(gen.engine, slots=3, policy=policy)
     try:
         async def together() -> list[dict[str, Any]]:
-            handles = [engine.submit_run(start_speech(gen.engine, r), None, lambda out: out) for r in requests]
+            handles = [engine.submit(r, result=lambda out: out) for r in requests]
             return [await handle.result() for handle in handles]
 
         return asyncio.run(together()), batches

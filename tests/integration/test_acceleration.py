@@ -66,7 +66,7 @@ def test_interleaved_requests_keep_their_own_cache_state(tiny_wan_dir):
     a = GenerationRequest(**REQUEST)
     b = GenerationRequest(**{**REQUEST, "prompt": "a blue whale", "seed": 5})
     alone = [engine.run(r) for r in (a, b)]
-    runs = [engine.start(a), engine.start(b)]
+    runs = [engine.submit(a), engine.submit(b)]
     while not all(run.done for run in runs):
         for run in runs:
             run.step()
@@ -79,9 +79,9 @@ def test_interleaved_requests_keep_their_own_cache_state(tiny_wan_dir):
 
 def test_threshold_without_a_deployed_cache_is_refused(tiny_wan_dir):
     with pytest.raises(InvalidRequest, match="step_cache_threshold"):
-        _generator(tiny_wan_dir).engine.start(GenerationRequest(**REQUEST, step_cache_threshold=0.1))
+        _generator(tiny_wan_dir).engine.submit(GenerationRequest(**REQUEST, step_cache_threshold=0.1))
     with pytest.raises(InvalidRequest, match="step_cache_threshold: must be a number >= 0"):
-        _generator(tiny_wan_dir, step_cache="teacache").engine.start(
+        _generator(tiny_wan_dir, step_cache="teacache").engine.submit(
             GenerationRequest(**REQUEST, step_cache_threshold=-1))
 
 

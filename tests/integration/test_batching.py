@@ -101,7 +101,7 @@ def test_a_cancelled_member_leaves_the_others_untouched(klein):
 
 def test_batched_step_equals_single_steps_with_per_sample_guidance(klein_base):
     # Direct check at the step level, on both tiny configs, CFG on with different scales per request.
-    runs = [klein_base.start(GenerationRequest(prompt=p, task=Task.T2I, height=32, width=48, num_inference_steps=n,
+    runs = [klein_base.submit(GenerationRequest(prompt=p, task=Task.T2I, height=32, width=48, num_inference_steps=n,
                                                seed=s, guidance_scale=g))
             for p, n, s, g in (("a fox", 2, 1, 3.0), ("a cat", 3, 2, 5.0), ("rain", 2, 3, 1.0))]
     try:

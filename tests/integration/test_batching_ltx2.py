@@ -38,7 +38,7 @@ def _requests() -> list[GenerationRequest]:
 
 
 def _first_plans(engine, requests):
-    runs = [engine.start(r) for r in requests]
+    runs = [engine.submit(r) for r in requests]
     plans = []
     for run in runs:
         while not run.prepare():

@@ -219,7 +219,7 @@ def test_extend_from_is_validated_at_the_boundary(far, far_dir, tmp_path):
         other.generate("a cat", extend_from=source, num_inference_steps=1)
     assert err.value.field == "extend_from"
     # A default-length extension adds a default video's worth of frames after the source's.
-    resolved = far.engine.start(GenerationRequest(prompt="a cat", extend_from=source)).request
+    resolved = far.engine.submit(GenerationRequest(prompt="a cat", extend_from=source)).request
     assert resolved.num_frames == 9 + far.card.sampling_defaults.num_frames - 1 and resolved.height == 32
     far.engine.caches.release_session(source.session.session_id)
 

@@ -63,11 +63,11 @@ def test_past_max_loras_the_least_recently_used_idle_adapter_is_evicted(gen, wan
     _frames(gen, {"a": 1.0})  # a is now the most recently used
     gen.load_lora("c", wan[1])
     assert gen.loras == ["a", "c"], "b, the least recently used, goes"
-    held = gen.engine.start(build_request(gen.card, "a kite", loras={"c": 1.0}, **KW))  # a run holds c
+    held = gen.engine.submit(build_request(gen.card, "a kite", loras={"c": 1.0}, **KW))  # a run holds c
     try:
         gen.load_lora("d", wan[1])
         assert gen.loras == ["c", "d"], "a is evicted although c is older in use: a running request holds c"
-        second = gen.engine.start(build_request(gen.card, "a kite", loras={"d": 1.0}, **KW))
+        second = gen.engine.submit(build_request(gen.card, "a kite", loras={"d": 1.0}, **KW))
         with pytest.raises(InvalidRequest, match="name.*max_loras is 2.*running requests use all"):
             gen.load_lora("e", wan[1])
         second.close()
@@ -107,8 +107,8 @@ def test_family_without_adapters_refuses_them_by_name():
 def test_runs_with_adapters_batch_with_their_adapter_set(gen, wan):
     gen.load_lora("a", wan[1])
     try:
-        plain = gen.engine.start(build_request(gen.card, "a kite", **KW))
-        adapted = gen.engine.start(build_request(gen.card, "a kite", loras={"a": 1.0}, **KW))
+        plain = gen.engine.submit(build_request(gen.card, "a kite", **KW))
+        adapted = gen.engine.submit(build_request(gen.card, "a kite", loras={"a": 1.0}, **KW))
         # Both may share a batched forward: each run's adapters go to its own rows (rows_scope); the set is what
         # lora_batching="grouped" keys by.
         assert not plain.intercepted and not adapted.intercepted
@@ -122,7 +122,7 @@ def test_runs_with_adapters_batch_with_their_adapter_set(gen, wan):
 def test_unloading_mid_run_does_not_change_the_running_request(gen, wan):
     gen.load_lora("a", wan[1])
     expected = _frames(gen, {"a": 1.0})
-    run = gen.engine.start(build_request(gen.card, "a kite", loras={"a": 1.0}, **KW))
+    run = gen.engine.submit(build_request(gen.card, "a kite", loras={"a": 1.0}, **KW))
     run.step()
     gen.unload_lora("a")  # the run resolved its adapters at start and keeps them
     while not run.step():
@@ -228,7 +228,7 @@ def test_two_requests_with_different_adapters_share_a_forward_and_equal_their_si
         engine = AsyncEngine(gen.engine, policy="batch", slots=2, queue_size=4, lora_batching=lora_batching)
         try:
             # Both admitted before the worker's first round: their steps are resident together.
-            handles = [engine.submit_run(gen.engine.start(r), None, lambda out: out["video"]) for r in requests]
+            handles = [engine.submit(r, result=lambda out: out["video"]) for r in requests]
             together = [h.wait(120) for h in handles]
             stats = engine.batch_stats
         finally:

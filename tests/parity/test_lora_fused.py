@@ -88,7 +88,7 @@ def test_fused_runs_take_the_compiled_and_batched_paths(family):
     eager = VideoGenerator.from_pretrained(folder, device="cpu", fuse_loras=fused)
     compiled = VideoGenerator.from_pretrained(folder, device="cpu", fuse_loras=fused,
                                               deploy=DeployConfig(compile=True, compile_backend="eager"))
-    run = compiled.engine.start(build_request(compiled.card, PROMPT, **kw))
+    run = compiled.engine.submit(build_request(compiled.card, PROMPT, **kw))
     try:
         # No per-request adapters: the run is not forced eager, nor kept out of batched forwards.
         assert run._loras is None and not run.intercepted

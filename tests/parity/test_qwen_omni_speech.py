@@ -16,7 +16,6 @@ from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, wr
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
-from vidloom.families.qwen_omni.speech import start_speech
 
 # Same modules, same op order, float32: differences are summation-order noise through ~9 RK4 intervals of
 # the DiT and the vocoder. 1e-4 of full scale (the waveform spans about [-0.2, 0.2] here) is far below
@@ -35,7 +34,7 @@ def omni(request, tmp_path_factory):
 
 
 def run_speech(gen: VideoGenerator, request: SpeechRequest) -> dict:
-    return start_speech(gen.engine, request).finish()
+    return gen.engine.submit(request).finish()
 
 
 def capture_codes(model):

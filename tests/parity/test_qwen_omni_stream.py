@@ -18,7 +18,6 @@ from vidloom.core.output import AudioChunkEvent, ProgressEvent
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.families.qwen_omni import stream_audio
-from vidloom.families.qwen_omni.speech import start_speech
 
 GREEDY = SamplingParams(temperature=0.0)
 CODES, CHUNK, SEED = 24, 4, 7
@@ -44,7 +43,7 @@ def speak(gen: VideoGenerator, chunk: int | None) -> tuple[dict, list]:
     events: list = []
     request = SpeechRequest(text=TEXT, voice="Chelsie", talker_sampling=GREEDY, seed=SEED, max_audio_tokens=CODES,
                             audio_chunk_codes=chunk)
-    return start_speech(gen.engine, request, events.append).finish(), events
+    return gen.engine.submit(request, events.append).finish(), events
 
 
 def open_stream(gen: VideoGenerator) -> stream_audio.AudioStream:

@@ -48,7 +48,7 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
                     seed=args.seed, stop=args.stop)
     deploy = DeployConfig(kv_pool_tokens=args.kv_pool_tokens)
     generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy)
-    if getattr(generator.engine, "decoder", None) is None:
+    if generator.engine.decoder is None:
         from vidloom.runtime.paged_decode import no_chat
 
         raise no_chat(generator.card.model_id)

@@ -73,7 +73,8 @@ class BlockSpec:
     resolver: "module:function" (request, card) -> the request fields it sets (the block replaced by its typed
     form, and any size or frames it fixes), raising InvalidRequest naming the field; it must accept its own
     output (a resolved request resolves again unchanged). limits: the checkpoint's sizes the resolver checks
-    against. session: "module:Class" (generator, prompt, **fields) of the block's interactive session, if any.
+    against. session: "module:Class" (runtime.interface.SessionHost, prompt, **fields) of the block's interactive
+    session, if any.
     required: the block's fields every request must give (the first is named when the block is left out).
     check: "module:function" (resolved request, card) -> None, for rules that read the filled request.
     """
@@ -146,8 +147,9 @@ class ModelCard:
     # BlockSpec: an action, a camera, a video to extend); a request with a block its card does not declare is
     # refused naming the field.
     request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
-    # "module:function" (engine, SpeechRequest, on_event) -> the RequestRun that speaks it (thinker -> talker ->
-    # vocoder); None: the model has no voice (`speak` and /v1/audio/speech refuse it, naming `model`).
+    # "module:function" (engine, validated SpeechRequest) -> (run slots, estimated bytes) of the engine's run of
+    # the program that speaks it (thinker -> talker -> vocoder); None: the model has no voice (`speak` and
+    # /v1/audio/speech refuse it, naming `model`).
     speech: str | None = None
     # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
     # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).

@@ -120,7 +120,7 @@ def _run_ours(
     taps = [ModuleTaps(recorder, components[name], family.our_inputs, blocks)
             for name in family.denoisers if components.get(name) is not None]
     loops = frozenset(family.stages or (family.loop,))
-    run = engine.start(request, watch=RuntimeTaps(recorder, loops, family.state_latents))
+    run = engine.submit(request, watch=RuntimeTaps(recorder, loops, family.state_latents))
     try:
         while not run.step():
             pass

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator
 
 from vidloom.core.chat import ChatRequest, ChatResult, TokenDelta
 from vidloom.core.errors import Cancelled
-from vidloom.core.output import (AudioChunkEvent, CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent,
+from vidloom.core.output import (AudioChunkEvent, CancelledEvent, CompletedEvent, Event, FailedEvent,
                                  TextEvent)
-from vidloom.runtime.engine import Engine, RequestRun
+from vidloom.runtime.engine import EngineDriver
+from vidloom.runtime.request_run import RequestRun
 from vidloom.runtime.paged_decode import no_chat
+from vidloom.runtime.results import chat_result
+
+if TYPE_CHECKING:
+    from vidloom.runtime.async_engine import AsyncEngine, JobHandle
 
 log = logging.getLogger(__name__)
 ChatItem = TokenDelta | ChatResult
@@ -32,11 +37,6 @@ def delta_of(event: Event) -> TokenDelta | None:
     return None
 
 
-def chat_result(outputs: dict[str, Any]) -> ChatResult:
-    """A finished chat run's result (its program's `completion` slot)."""
-    return outputs["completion"]
-
-
 def cancelled_result(run: RequestRun, deltas: list[TokenDelta]) -> ChatResult:
     """What a stopped chat had written, marked "cancelled" (never sent to a client as a success)."""
     tokens = tuple(t for d in deltas for t in d.token_ids)
@@ -45,14 +45,14 @@ def cancelled_result(run: RequestRun, deltas: list[TokenDelta]) -> ChatResult:
                       len(tokens), 0.0, tokens)
 
 
-def stream_alone(engine: Engine, request: ChatRequest) -> Iterator[ChatItem]:
+def stream_alone(engine: EngineDriver, request: ChatRequest) -> Iterator[ChatItem]:
     """Run `request` to the end in this thread: its deltas, then its ChatResult.
 
     For the sync API, where nothing else steps the engine. InvalidRequest / CacheBudgetExceeded raise
     before the first item; closing the iterator early ends the run and returns its blocks at once.
     """
     events: list[Event] = []
-    run = engine.start_chat(request, events.append)
+    run = engine.submit(request, events.append)
     try:
         while True:
             done = run.step()
@@ -68,8 +68,8 @@ def stream_alone(engine: Engine, request: ChatRequest) -> Iterator[ChatItem]:
         run.close()
 
 
-async def stream_submitted(handle: Any, queue: asyncio.Queue[Event], run: RequestRun,
-                           cancel: Any) -> AsyncIterator[ChatItem]:
+async def stream_submitted(handle: JobHandle, queue: asyncio.Queue[Event],
+                           cancel: Callable[[str], bool]) -> AsyncIterator[ChatItem]:
     """The items of a submitted chat (`handle`: its JobHandle; `queue`: its events, fed from the worker)."""
     seen: list[TokenDelta] = []
     ended = False
@@ -86,11 +86,11 @@ async def stream_submitted(handle: Any, queue: asyncio.Queue[Event], run: Reques
         try:
             result = await handle.result()
         except Cancelled:  # stopped by the engine (shutdown): the caller learns how far it got
-            result = cancelled_result(run, seen)
+            result = cancelled_result(handle.run, seen)
         yield result
     finally:
         if not ended:  # the caller left (aclose, a client that went away): one cancellation path for every job
-            cancel(run.request.request_id)
+            cancel(handle.request_id)
 
 
 def event_queue(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event], request_id: str):
@@ -109,43 +109,34 @@ def event_queue(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Event], re
 
 
 class ChatFrontend:
-    """AsyncEngine's chat side. Mixed into AsyncEngine, whose `engine`, `submit_chat` and `cancel` it uses."""
+    """AsyncEngine's chat side: a chat is submitted like any request (`submit`), its events streamed."""
 
-    engine: Any
-
-    def chat(self, request: ChatRequest) -> AsyncIterator[ChatItem]:
+    def chat(self: AsyncEngine, request: ChatRequest) -> AsyncIterator[ChatItem]:
         """Stream `request`'s TokenDeltas, then its ChatResult (finish_reason "cancelled" if the engine stopped it).
 
         Raises at once: InvalidRequest("model") on a model without a chat loop, InvalidRequest naming the field,
         EngineBusy (queue full), EngineClosed. CacheBudgetExceeded (KV pool full) raises before the first item.
         """
         self._check_chat()
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        sink = event_queue(loop, queue, request.request_id)
-        return self._submitted(self.engine.start_chat(request, sink), sink, queue)
+        handle = self.submit(request, event_queue(asyncio.get_running_loop(), queue, request.request_id))
+        return stream_submitted(handle, queue, self.cancel)
 
-    async def chat_prepared_by(self, request: ChatRequest, offload: Offload) -> AsyncIterator[ChatItem]:
+    async def chat_prepared_by(self: AsyncEngine, request: ChatRequest, offload: Offload) -> AsyncIterator[ChatItem]:
         """As `chat`, with the request's preparation (its prompt, a model's audio features and image patches) run
         by `offload(fn, *args)` (a thread pool's run), so a chat with media does no such work on the event loop."""
         self._check_chat()
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        sink = event_queue(loop, queue, request.request_id)
-        return self._submitted(await offload(self.engine.start_chat, request, sink), sink, queue)
+        sink = event_queue(asyncio.get_running_loop(), queue, request.request_id)
+        return stream_submitted(await self.submit_prepared_by(request, offload, sink), queue, self.cancel)
 
-    def _check_chat(self) -> None:
-        if getattr(self.engine, "decoder", None) is None:
-            raise no_chat(self.engine.instance.card.model_id)
+    def _check_chat(self: AsyncEngine) -> None:
+        """A model without a chat loop is refused at once (before an event loop or an offload is involved)."""
+        if self.decoder is None:
+            raise no_chat(self.card.model_id)
 
-    def _submitted(self, run: RequestRun, sink: EventCallback, queue: asyncio.Queue[Event]) -> AsyncIterator[ChatItem]:
-        handle = self.submit_chat(run, sink, chat_result)  # type: ignore[attr-defined]
-        return stream_submitted(handle, queue, run, self.cancel)  # type: ignore[attr-defined]
-
-    def chat_stats(self) -> dict[str, int]:
+    def chat_stats(self: AsyncEngine) -> dict[str, int]:
         """tokens_generated_total, kv_blocks_in_use, kv_blocks_total (zeros on a model without chat)."""
-        decoder = getattr(self.engine, "decoder", None)
-        if decoder is None:
+        if self.decoder is None:
             return {"tokens_generated_total": 0, "kv_blocks_in_use": 0, "kv_blocks_total": 0}
-        return decoder.stats()
-
+        return self.decoder.stats()

@@ -1,16 +1,19 @@
-"""Sync Engine: runs requests (RequestRun, in request_run.py) in the caller's thread; warmup and admission."""
+"""Sync Engine: runs every request kind (RequestRun, request_run.py) in the caller's thread; warmup, admission."""
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
+from vidloom.core.card import ModelCard
 from vidloom.core.chat import ChatRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.output import EventCallback
 from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.core.speech import SpeechRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
@@ -24,19 +27,74 @@ from vidloom.runtime.request_run import (  # noqa: F401  (re-exported: callers i
     RequestRun,
     RunObserver,
 )
+from vidloom.runtime.run_handle import RunHandle
+from vidloom.runtime.speech_run import speech_inputs
 from vidloom.runtime.step_cache import step_cache_policy
 
 
 class EngineDriver:
-    """`run` and `warmup` for any engine whose `start(request, on_event, cancel)` returns a steppable run."""
+    """What every sync engine shares (EngineAPI): `submit` of any request kind, cancel by id, `run` and `warmup`.
 
-    def start(
-        self,
-        request: GenerationRequest,
-        on_event: EventCallback | None = None,
-        cancel: CancellationToken | None = None,
-    ) -> Any:
+    Subclasses start a generation (`_start_generation`) and, where they can, a chat or a speech request; the
+    defaults here are those of an engine without a paged decoder, caches or estimator (a pool of ranks).
+    """
+
+    decoder: PagedDecoder | None = None
+    caches: CacheManager | None = None
+    estimator: Callable[[Any], int] | None = None
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+        self._runs: weakref.WeakValueDictionary[str, RunHandle] = weakref.WeakValueDictionary()  # started, by id
+
+    @property
+    def card(self) -> ModelCard:
+        return self.instance.card
+
+    @property
+    def compile_misses(self) -> int:
+        return 0
+
+    def submit(self, work: Any, on_event: EventCallback | None = None, cancel: CancellationToken | None = None,
+               **watch: Any) -> Any:
+        """Validate `work` (a GenerationRequest, ChatRequest or SpeechRequest; InvalidRequest naming the field
+        before any work) and return its started run, stepped by the caller (`step`, or `finish()`). `watch`: a
+        generation's observers (observer: PlanObserver, watch: RunObserver) and `resolved=True` for a request the
+        caller resolved against this card already (so it is resolved once on the way in)."""
+        if isinstance(work, ChatRequest):
+            run = self._start_chat(work, on_event, cancel)
+        elif isinstance(work, SpeechRequest):  # speech_inputs: can this model speak here, is the request valid
+            run = self._start_speech(work, speech_inputs(self, work), on_event, cancel)
+        else:
+            run = self._start_generation(work, on_event, cancel, **watch)
+        self._runs[run.request.request_id] = run
+        return run
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a started run (from any thread): it stops at its next step boundary. False if unknown or done."""
+        run = self._runs.get(request_id)
+        if run is None or run.done:
+            return False
+        run.cancel.cancel()
+        return True
+
+    def _start_generation(self, request: GenerationRequest, on_event: EventCallback | None,
+                          cancel: CancellationToken | None, **watch: Any) -> Any:
         raise NotImplementedError
+
+    def _start_chat(self, request: ChatRequest, on_event: EventCallback | None,
+                    cancel: CancellationToken | None) -> Any:
+        raise no_chat(self.card.model_id)
+
+    def _start_speech(self, request: SpeechRequest, inputs: tuple[dict[str, Any], int],
+                      on_event: EventCallback | None, cancel: CancellationToken | None) -> Any:
+        raise NotImplementedError  # (not reached without a paged decoder: speech_inputs refuses first)
+
+    def release_memory(self) -> None:
+        """Nothing cached here to return (Engine returns its device's)."""
+
+    def close(self) -> None:
+        """Nothing to stop here (ParallelEngine stops its ranks)."""
 
     def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
         """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.
@@ -44,7 +102,7 @@ class EngineDriver:
         Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use;
         `warmup_guidances` adds guidance values that change the DiT's batch (batched CFG off).
         """
-        tasks = self.instance.card.tasks  # type: ignore[attr-defined]  # every engine holds its instance
+        tasks = self.card.tasks
         task = Task.T2V if Task.T2V in tasks else Task.T2I  # image models warm up text-to-image
         for height, width, num_frames in shapes:
             for guidance in self.warmup_guidances():
@@ -57,14 +115,11 @@ class EngineDriver:
         """Guidance scales to warm each shape with (None: the card's default)."""
         return (None,)
 
-    def run(
-        self,
-        request: GenerationRequest,
-        on_event: EventCallback | None = None,
-        cancel: CancellationToken | None = None,
-    ) -> dict[str, Any]:
-        """Run every active node; return the program's output slots. Raises Cancelled at a boundary."""
-        return self.start(request, on_event, cancel).finish()
+    def run(self, work: Any, on_event: EventCallback | None = None,
+            cancel: CancellationToken | None = None) -> dict[str, Any]:
+        """Run every active node of `work`'s run; return the program's output slots (runtime.results.result_of
+        turns them into the caller's result). Raises Cancelled at a boundary."""
+        return self.submit(work, on_event, cancel).finish()
 
 
 class Engine(EngineDriver):
@@ -75,7 +130,7 @@ class Engine(EngineDriver):
         """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's);
         `capturer`: what records step bodies under cuda_graphs (default: CUDA graphs; CPU tests pass a stand-in)."""
         step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
-        self.instance = instance
+        super().__init__(instance)
         self.adapters = adapters
         self.program = program
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
@@ -85,7 +140,7 @@ class Engine(EngineDriver):
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
         # The paged KV pool and batched decode forward of every AR loop (chat, a reasoner), over the same
         # resident modules, when the program declares a chat loop.
-        self.decoder: PagedDecoder | None = build_decoder(instance, program, self.caches)
+        self.decoder = build_decoder(instance, program, self.caches)
         # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
         self.estimator = load_estimator(instance)
         # What the device had free once the weights (and the KV pool, above) were allocated: one request
@@ -99,7 +154,7 @@ class Engine(EngineDriver):
         self.admission = MemoryAdmission(budget)
 
     @property
-    def compile_misses(self) -> int:
+    def compile_misses(self) -> int:  # type: ignore[override]
         """Requests that ran eagerly because their shape is outside the compiled buckets."""
         return self.compile_buckets.misses if self.compile_buckets is not None else 0
 
@@ -118,16 +173,18 @@ class Engine(EngineDriver):
         """Return cached device memory to the driver now (call from the thread that runs the steps)."""
         release_cached_memory(self.instance.device)
 
-    def start(
+    def _start_generation(
         self,
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
         observer: PlanObserver | None = None,
         watch: RunObserver | None = None,
+        resolved: bool = False,
     ) -> RequestRun:
-        """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside."""
-        resolved = resolve_request(request, self.instance.card)
+        """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside.
+        `resolved`: the caller resolved it against this model's card already (a server, at its boundary)."""
+        resolved = request if resolved else resolve_request(request, self.instance.card)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
         nbytes = self.estimator(resolved) if self.estimator is not None else 0
@@ -136,7 +193,7 @@ class Engine(EngineDriver):
             self.admission, nbytes, self.decoder, watch=watch, adapters=self.adapters,
         )
 
-    def start_chat(
+    def _start_chat(
         self, request: ChatRequest, on_event: EventCallback | None = None, cancel: CancellationToken | None = None,
     ) -> RequestRun:
         """Validate and tokenize a chat request (InvalidRequest before any work) and prepare its run: the chat
@@ -149,6 +206,14 @@ class Engine(EngineDriver):
         return RequestRun(self.instance, self.decoder.program, request, on_event, cancel, caches=self.caches,
                           admission=self.admission, memory_bytes=self.decoder.memory_bytes(slots["chat"]),
                           decoder=self.decoder, slots=slots)
+
+    def _start_speech(self, request: SpeechRequest, inputs: tuple[dict[str, Any], int],
+                      on_event: EventCallback | None, cancel: CancellationToken | None) -> RequestRun:
+        """The card's speech program as a run of `inputs` (speech_inputs' slots and estimated bytes): its thinker
+        KV from the paged pool, its estimated bytes held on the admission ledger while it is resident."""
+        slots, nbytes = inputs
+        return RequestRun(self.instance, self.program, request, on_event, cancel, caches=self.caches,
+                          admission=self.admission, memory_bytes=nbytes, decoder=self.decoder, slots=slots)
 
 
 def _compile_buckets(instance: ModelInstance) -> CompileBuckets:

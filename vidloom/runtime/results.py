@@ -1,18 +1,43 @@
-"""Turn a finished run's output slots into the user-facing VideoOutput."""
+"""Turn a finished run's output slots into what its caller reads: a VideoOutput, a ChatResult or a SpeechResult."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from vidloom.core.card import ModelCard
+from vidloom.core.chat import ChatRequest, ChatResult
 from vidloom.core.output import VideoOutput
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, model_key
+from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.output import save_output
 from vidloom.media.frames import to_uint8
+
+
+def result_of(card: ModelCard, work: Any) -> Callable[[dict[str, Any]], Any]:
+    """What a finished run of `work` (any request kind an engine takes) resolves to, from its output slots."""
+    if isinstance(work, ChatRequest):
+        return chat_result
+    if isinstance(work, SpeechRequest):
+        return speech_result
+    return lambda outputs: video_output(card, outputs)
+
+
+def chat_result(outputs: dict[str, Any]) -> ChatResult:
+    """A finished chat run's result (its program's `completion` slot)."""
+    return outputs["completion"]
+
+
+def speech_result(outputs: dict[str, Any]) -> SpeechResult:
+    """A finished speech run's result (its program's `thinker`, `codes`, `audio`, `sample_rate` slots)."""
+    request: SpeechRequest = outputs["request"]
+    thinker = outputs["thinker"]
+    return SpeechResult(request_id=request.request_id, audio=outputs["audio"], sample_rate=int(outputs["sample_rate"]),
+                        text=thinker.text, voice=outputs["voice"], audio_tokens=int(outputs["codes"].numel()),
+                        text_tokens=len(thinker.reply_ids), elapsed_s=float(outputs.get("elapsed_s", 0.0)))
 
 
 def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:

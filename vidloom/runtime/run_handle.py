@@ -12,6 +12,16 @@ from typing import Any
 class RunHandle:
     """Base of a started request; subclasses define `step`, `outputs` and `close`."""
 
+    kv_wait = False
+    """Set by a driver that steps this run among others: a loop that finds its paged KV pool busy waits."""
+    waiting_for_kv = False
+    """Its next loop waits for paged KV blocks (only a run with paged loops ever does)."""
+
+    def admit(self) -> bool:
+        """Hold this run's estimated memory on its engine's ledger; False: no room now. A run whose memory is held
+        elsewhere (a pool's ranks) is always admitted here."""
+        return True
+
     def step(self) -> bool:
         """Run the next unit of work; True once the request is done."""
         raise NotImplementedError

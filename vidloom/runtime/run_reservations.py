@@ -35,9 +35,10 @@ class ReservingRun(RunHandle):
         self.decoder = decoder
         self.caches = caches or CacheManager()
         self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
-        # Set by a driver that steps this run among others every round (AsyncEngine.submit_run): a loop whose
-        # reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit, instead
-        # of failing; `waiting_for_kv` is True meanwhile. Stepped alone nothing would free the blocks: it fails.
+        # Set by a driver that steps this run among others every round (AsyncEngine.submit, a speech request): a
+        # loop whose reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit,
+        # instead of failing; `waiting_for_kv` is True meanwhile. Stepped alone nothing would free the blocks: it
+        # fails.
         self.kv_wait = False
         self.waiting_for_kv = False
 

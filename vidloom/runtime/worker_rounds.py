@@ -1,8 +1,8 @@
-"""What the AsyncEngine's device worker runs each round: the decode step of every running sequence, then the
-generation unit the policy picked (alone, or batched with compatible steps of other requests).
+"""The AsyncEngine's device worker, its state and loop: each round, the decode step of every running sequence,
+then the generation unit the policy picked (alone, or batched with compatible steps of other requests).
 
-Mixed into AsyncEngine, whose scheduler, entries, condition and finish path these use; only the worker
-thread calls them. Scheduler's docstring states the policy.
+AsyncEngine (the front: submit, cancel, close) derives from it; only the worker thread runs the rounds.
+Scheduler's docstring states the policy.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.loop import is_decode_step
-from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent
+from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent
 from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched
-from vidloom.runtime.engine import RequestRun
+from vidloom.runtime.request_run import RequestRun
 from vidloom.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ retrying at once would only spin."""
 class WorkEntry:
     """A submitted request of any kind, as the worker and the scheduler see it."""
 
-    run: RequestRun
+    run: RequestRun  # (a ParallelRun on a pool: it only steps as a whole unit, RunHandle's defaults for the rest)
     on_event: EventCallback | None
     result: Callable[[dict[str, Any]], Any]  # the finished run's outputs -> what its future resolves to
     decoder: bool = False  # an AR sequence (a chat): holds a decode slot, steps in every round's decode batch
@@ -56,30 +56,91 @@ class WorkEntry:
     @property
     def waiting(self) -> bool:
         """Its next loop waits for paged KV blocks that running sequences hold (RequestRun.kv_wait)."""
-        return bool(getattr(self.run, "waiting_for_kv", False))
+        return self.run.waiting_for_kv
 
 
 class WorkerRounds:
-    """The worker's rounds (see the module docstring)."""
+    """The device worker's state, its loop and its rounds (see the module docstring); AsyncEngine is its front."""
 
-    engine: Any
-    max_batch: int
-    batch_wait_s: float
-    lora_batching: str
-    _scheduler: Scheduler[WorkEntry]
-    _entries: dict[str, WorkEntry]
-    _cond: threading.Condition
-    _closing: bool
-    _waited: tuple[str, int] | None
-    _batches: BatchStats
-    _decodes: BatchStats
-    _finish_locked: Callable[[WorkEntry, Event, object], None]  # AsyncEngine's finish path (takes the lock)
-    _observe: Callable[[float], None]  # AsyncEngine's job-time estimate (Retry-After)
+    def __init__(self, engine: Any, policy: str, slots: int, queue_size: int, max_batch: int | None,
+                 batch_wait_s: float, decode_slots: int, lora_batching: str) -> None:
+        self.engine = engine
+        self._scheduler: Scheduler[WorkEntry] = Scheduler(policy, slots, queue_size, decode_slots)
+        self.max_batch = slots if max_batch is None else max_batch
+        if self.max_batch < 1 or not 0.0 <= batch_wait_s < 60.0:
+            raise ValueError(f"max_batch must be >= 1 and batch_wait_s in [0, 60), got {max_batch} and {batch_wait_s}")
+        self.batch_wait_s = batch_wait_s
+        if lora_batching not in LORA_BATCHING:
+            raise ValueError(f"lora_batching must be one of {', '.join(LORA_BATCHING)}, got {lora_batching!r}")
+        self.lora_batching = lora_batching
+        self._batches = BatchStats()
+        self._decodes = BatchStats()  # paged decode forwards and how many sequences each carried
+        self._waited: tuple[str, int] | None = None  # (request, step) the batch wait last waited for
+        self._entries: dict[str, WorkEntry] = {}
+        self._cond = threading.Condition()
+        self._closing = False
+        # Running mean of completed jobs' wall time in a slot, for Retry-After; None until one completes.
+        self._job_seconds: float | None = None
+        # Device chores (a cancelled run's clean-up, releasing cached memory) that other threads
+        # hand to the worker: only the worker touches the device, so nothing frees or synchronises
+        # while it captures a CUDA graph.
+        self._chores: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
+        self._thread.start()
 
-    @property
-    def engine_decoder(self) -> Any:
-        """The engine's paged decoder (None: this engine runs no AR loop, e.g. a multi-device engine)."""
-        return getattr(self.engine, "decoder", None)
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._entries and not self._chores:
+                    self._cond.wait()
+                chores, self._chores = self._chores, []
+                if self._closing and not self._entries and not chores:
+                    return
+                for entry in self._scheduler.admit(_fits_in_memory):
+                    entry.started = True
+                    entry.admitted_at = time.perf_counter()
+                    self._emit(entry, StartedEvent(entry.key))
+                decode, entry = self._scheduler.round()
+            for chore in chores:
+                _run_chore(chore)
+            self._decode_round(decode)  # cheap and latency-bound: every round (see Scheduler)
+            if entry is not None and entry.key in self._entries:
+                if self._scheduler.policy == "batch":
+                    self._batch_round(entry)
+                else:
+                    self._step(entry)
+            self._idle_wait(decode, entry)
+
+    def _observe(self, seconds: float) -> None:
+        with self._cond:
+            mean = self._job_seconds
+            self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+
+    def _finish_locked(self, entry: WorkEntry, event: Event, outcome: object) -> None:
+        with self._cond:
+            self._finish(entry, event, outcome)
+
+    def _finish(self, entry: WorkEntry, event: Event, outcome: object) -> None:
+        """Release the request's slot and memory, report, resolve its future (lock held)."""
+        self._scheduler.remove(entry.key)
+        self._entries.pop(entry.key, None)
+        if threading.current_thread() is self._thread:
+            entry.run.close()
+        else:  # cancel/close from another thread: the worker cleans up between its steps
+            self._chores.append(entry.run.close)
+            self._cond.notify()
+        self._emit(entry, event)
+        try:
+            if isinstance(outcome, BaseException):
+                entry.future.set_exception(outcome)
+            else:
+                entry.future.set_result(outcome)
+        except concurrent.futures.InvalidStateError:
+            pass  # the awaiting task was cancelled (its client left), which cancels the future: nobody reads it
+
+    def _emit(self, entry: WorkEntry, event: Event) -> None:
+        if entry.on_event is not None:
+            entry.on_event(event)
 
     def _decode_round(self, residents: list[WorkEntry]) -> None:
         """One decode step of every running AR sequence (chats, generation requests in a paged decode loop),
@@ -104,7 +165,7 @@ class WorkerRounds:
                 self._cond.wait(KV_WAIT_POLL_S)
 
     def _run_decode(self, group: list[WorkEntry]) -> None:
-        decoder = self.engine_decoder
+        decoder = self.engine.decoder
         plans = [e.run.pending_plan for e in group]
         started = time.perf_counter()
         try:
@@ -228,7 +289,7 @@ class WorkerRounds:
         run = entry.run
 
         def unit() -> None:
-            if self.engine_decoder is None:  # no paged pool, so no decode step to leave for the decode round
+            if self.engine.decoder is None:  # no paged pool, so no decode step to leave for the decode round
                 run.step()  # (a multi-device engine's run steps only as a whole unit)
                 return
             if run.pending_plan is None and not run.prepare():
@@ -240,6 +301,18 @@ class WorkerRounds:
 
         if self._guarded(entry, unit) and run.done:
             self._finish_completed(entry)
+
+
+def _fits_in_memory(entry: WorkEntry) -> bool:
+    """The runtime's memory admission (RequestRun.admit): resident estimates stay within the device budget."""
+    return entry.run.admit()  # (a worker pool's run: the ranks hold the memory, always admitted here)
+
+
+def _run_chore(chore: Callable[[], None]) -> None:
+    try:
+        chore()
+    except Exception:  # a failed clean-up must not stop the worker
+        log.exception("device worker chore failed")
 
 
 def _code(exc: VidloomError) -> str:

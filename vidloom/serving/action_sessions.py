@@ -22,9 +22,8 @@ from pydantic import ConfigDict
 
 from vidloom.core import plugin
 from vidloom.core.action import ActionInput
-from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
-from vidloom.runtime.engine import Engine
+from vidloom.runtime.interface import SessionHost
 from vidloom.serving.errors import APIError, echo
 from vidloom.serving.params import check_model, sampling_fields
 from vidloom.serving.protocol import ApiInt, SamplingExtensions
@@ -47,15 +46,6 @@ class SessionCreateBody(SamplingExtensions):
     view_point: str = "ego_view"
     resolution_tier: ApiInt = 480
     fps: ApiInt | None = None
-
-
-@dataclass(frozen=True)
-class _ServedModel:
-    """What a model's session reads of its generator: the card and the engine's cache manager. Its chunks
-    never go through `run` here; the server submits them to its AsyncEngine instead."""
-
-    card: ModelCard
-    engine: Engine
 
 
 @dataclass
@@ -87,12 +77,12 @@ class SessionManager:
 
     def __init__(self, jobs: Any, max_sessions: int) -> None:
         self.jobs = jobs  # the JobManager: card, limits, media pool, and the engine the chunks run on
-        engine = jobs.engine.engine
-        self.caches = getattr(engine, "caches", None)
+        self.caches = jobs.engine.caches
         self.ttl_s = self.caches.session_ttl_s if self.caches is not None and self.caches.session_ttl_s > 0 \
             else IDLE_TTL_S
         self.max_sessions = max_sessions
-        self._model = _ServedModel(jobs.card, engine)
+        # The session's chunks are submitted to the engine by `step` (never run in the session's own thread).
+        self._host = SessionHost(jobs.card, self.caches)
         self._sessions: dict[str, ServedSession] = {}
         self._expirer: asyncio.Task[None] | None = None
         Gauge("vidloom_world_sessions", "Open world-model sessions (POST /v1/sessions)",
@@ -122,9 +112,9 @@ class SessionManager:
         if body.fps is not None:
             fields["fps"] = body.fps
         opener = plugin.resolve(spec.session)
-        rollout = opener(self._model, body.prompt, image=image, action=block, **fields)
+        rollout = opener(self._host, body.prompt, image=image, action=block, **fields)
         try:
-            self.jobs.limits.check(rollout.sample_request(), getattr(self.jobs, "_estimator", None))
+            self.jobs.limits.check(rollout.sample_request(), self.jobs.engine.estimator)
         except BaseException:
             rollout.close()
             raise

@@ -23,13 +23,12 @@ from vidloom.core.output import Event
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import encode_speech
 from vidloom.runtime.chat_stream import event_queue
-from vidloom.runtime.speech_run import speech_result, start_speech
 from vidloom.serving.chat_params import PlannedChat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, AudioAnswer, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import engine_errors
+from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 
 AUDIO_TTL_S = 3600  # expires_at: audio ids are not kept for multi-turn reuse here; the hour is OpenAI's
@@ -49,9 +48,8 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
         speech = stream_speech_request(speech)
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
-        run = (await manager.media.run(start_speech, engine.engine, speech, sink) if media
-               else start_speech(engine.engine, speech, sink))
-        handle = engine.submit_run(run, sink, speech_result)
+        handle = (await engine.submit_prepared_by(speech, manager.media.run, sink) if media
+                  else engine.submit(speech, sink))
     audio_id = f"audio_{uuid.uuid4().hex}"
     if planned.stream:
         return StreamingResponse(_sse(manager, planned, handle, queue, audio_id, fmt),
@@ -70,7 +68,7 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
                          transcript=result.text)
     choice = Choice(message=AssistantMessage(content=None, audio=answer), finish_reason=_finish(planned, result))
     return ChatCompletion(id=speech.request_id, created=int(time.time()), model=manager.card.model_id,
-                          choices=[choice], usage=_usage(run, result))
+                          choices=[choice], usage=_usage(handle.run, result))
 
 
 async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Queue[Event], audio_id: str,
@@ -96,9 +94,7 @@ async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Q
         yield chunk(Delta(audio={"id": audio_id, "expires_at": int(time.time()) + AUDIO_TTL_S}),
                     _finish(planned, result))
     except Exception as exc:  # headers are sent: the failure travels as an error event, then [DONE]
-        from vidloom.serving.chat_routes import _error_json
-
-        yield f"data: {_error_json(exc)}\n\n".encode()
+        yield f"data: {error_json(exc)}\n\n".encode()
     finally:
         if not ended:  # the client left: cancel, which frees the thinker's blocks and the talker's slab
             manager.engine.cancel(request_id)

@@ -19,13 +19,14 @@ from fastapi.responses import StreamingResponse
 
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
+from vidloom.serving.chat_audio import audio_chat
 from vidloom.serving.chat_metrics import ChatMetrics
 from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import APIError, engine_errors, error_response, redact_paths
+from vidloom.serving.errors import APIError, engine_errors, error_json, generation_error
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.protocol import body_doc
@@ -62,8 +63,7 @@ async def drain_chats(app: Any, grace_s: float) -> None:
     if not state.open:
         return
     log.warning("shutdown grace period of %.1fs over: stopping %d chat request(s)", grace_s, state.open)
-    cancel_chats = getattr(app.state.jobs.engine, "cancel_chats", None)  # an AsyncEngine's (the one-device path)
-    if cancel_chats is not None and cancel_chats():
+    if app.state.jobs.engine.cancel_chats():
         stop_by = loop.time() + CHAT_STOP_WAIT_S
         while state.open and loop.time() < stop_by:
             await asyncio.sleep(0.02)
@@ -84,8 +84,6 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
         else:
             planned = plan_chat(body, manager.card)
         if planned.audio is not None:  # a spoken answer: one speech request (thinker -> talker -> vocoder)
-            from vidloom.serving.chat_audio import audio_chat
-
             return await audio_chat(request, manager, planned, media)
         chat = (await manager.engine.chat_prepared_by(planned.request, manager.media.run) if media
                 else manager.engine.chat(planned.request))
@@ -103,7 +101,7 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
         raise
     except Exception as exc:  # a model step that raised (the engine passes its error through): the server's fault
         await _close(items)
-        raise _generation_error(exc) from None
+        raise generation_error(exc) from None
     except BaseException:
         await _close(items)
         raise
@@ -136,7 +134,7 @@ async def _sse(
             yield _event(usage.model_dump_json())
     except Exception as exc:
         # Headers are sent: the failure travels as an error event (as vLLM sends it), then [DONE].
-        yield _event(_error_json(exc))
+        yield _event(error_json(exc))
     finally:
         await _close(items)
     yield DONE
@@ -229,16 +227,3 @@ def _usage(result: ChatResult) -> Usage:
 
 def _event(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
-
-
-def _generation_error(exc: BaseException) -> APIError:
-    return APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error")
-
-
-def _error_json(exc: BaseException) -> str:
-    """An error event's body: the OpenAI error shape, as a refused request would have had it."""
-    if isinstance(exc, InvalidRequest):
-        exc = APIError(400, str(exc), param=exc.field, code="invalid_parameter")
-    elif not isinstance(exc, APIError):
-        exc = _generation_error(exc)
-    return error_response(exc.status, exc.message, param=exc.param, code=exc.code).body.decode()

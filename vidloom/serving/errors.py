@@ -175,3 +175,17 @@ def count_rejection(app: object, status: int, code: str | None) -> None:
     jobs = getattr(getattr(app, "state", None), "jobs", None)
     if jobs is not None:
         jobs.metrics.rejected(code or "invalid_request")
+
+
+def generation_error(exc: BaseException) -> APIError:
+    """A model step that raised: the server's fault (500), its message with paths redacted."""
+    return APIError(500, f"generation failed: {redact_paths(str(exc))}", code="generation_error")
+
+
+def error_json(exc: BaseException) -> str:
+    """An error event's body (a stream already under way): the OpenAI error shape a refused request would have had."""
+    if isinstance(exc, InvalidRequest):
+        exc = APIError(400, str(exc), param=exc.field, code="invalid_parameter")
+    elif not isinstance(exc, APIError):
+        exc = generation_error(exc)
+    return error_response(exc.status, exc.message, param=exc.param, code=exc.code).body.decode()

@@ -30,7 +30,7 @@ from vidloom.media.audio import AudioTrack, track_of, write_wav
 from vidloom.media.video import write_png, write_video
 from vidloom.runtime.async_engine import AsyncEngine, EngineClosed, JobHandle
 from vidloom.runtime.cache_manager import CacheManager
-from vidloom.runtime.engine import Engine
+from vidloom.runtime.engine import EngineDriver
 from vidloom.serving.action_results import save_actions
 from vidloom.serving.chunk_stream import ChunkInfo, StreamFiles
 from vidloom.serving.config import ServeConfig
@@ -58,9 +58,9 @@ class JobManager(ImageRequests, SharedStoreControl):
     job_control.py; persistence across restarts: job_recovery.py)."""
 
     def __init__(
-        self, engine: Engine, config: ServeConfig, loop: asyncio.AbstractEventLoop, store: JobStore | None = None,
+        self, engine: EngineDriver, config: ServeConfig, loop: asyncio.AbstractEventLoop, store: JobStore | None = None,
     ) -> None:
-        card = engine.instance.card  # the name the API shows (model fields, /v1/models) may be --served-model-name
+        card = engine.card  # the name the API shows (model fields, /v1/models) may be --served-model-name
         self.card = dataclasses.replace(card, model_id=config.served_model_name) if config.served_model_name else card
         self._config = config
         self._loop = loop
@@ -70,11 +70,11 @@ class JobManager(ImageRequests, SharedStoreControl):
                                    decode_slots=config.decode_slots)
         # The device's memory budget (one request alone, and the sum over resident ones) is the runtime's
         # (Engine.admission); here only an explicit max_request_memory_bytes, a server limit like max_pixels.
-        self._estimator = getattr(engine, "estimator", None)
+        self._estimator = engine.estimator
         self.limits = config.request_limits(self.card, None)
         self.metrics = ServerMetrics(lambda: self._engine.queue_depth, lambda: self._engine.in_flight,
                                      lambda: self._engine.compile_misses)
-        self._caches: CacheManager | None = getattr(engine, "caches", None)  # KV slabs and resident sessions
+        self._caches: CacheManager | None = engine.caches  # KV slabs and resident sessions
         if self._caches is not None:
             register_kv_metrics(self.metrics.registry, self._caches)
         self._live: dict[str, LiveJob] = {}
@@ -239,12 +239,13 @@ class JobManager(ImageRequests, SharedStoreControl):
         self.store.close()
 
     def _submit(self, request: GenerationRequest) -> JobHandle:
-        """Resolve, check this server's limits, enqueue (rejections are counted by the error handler)."""
+        """Resolve (once: the engine takes it as resolved), check this server's limits, enqueue (rejections are
+        counted by the error handler)."""
         if self._draining:
             raise EngineClosed("no new work is accepted")
         resolved = resolve_request(request, self.card)
         self.limits.check(resolved, self._estimator)
-        return self._engine.submit(resolved, self._bridge)
+        return self._engine.submit(resolved, self._bridge, resolved=True)
 
     # -- engine events ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from vidloom.core.errors import CheckpointError
+from vidloom.core.instance import ModelInstance
 from vidloom.lora.registry import LORA_SLOT, attach_registry
 from vidloom.serving.errors import APIError, engine_errors
 from vidloom.serving.protocol import LoraLoadBody, body_doc
@@ -25,13 +26,8 @@ router = APIRouter()
 
 def served_instance(request: Request) -> Any | None:
     """The single-device engine's model instance; None for engines without one here (a multi-device pool)."""
-    from vidloom.runtime.parallel.engine import ParallelEngine
-
-    engine = getattr(getattr(jobs_of(request), "engine", None), "engine", None)
-    if engine is None or isinstance(engine, ParallelEngine):
-        return None
-    instance = getattr(engine, "instance", None)
-    return instance if isinstance(getattr(instance, "components", None), dict) else None
+    instance = jobs_of(request).engine.instance
+    return instance if isinstance(instance, ModelInstance) else None
 
 
 def _instance(request: Request) -> Any:

@@ -22,9 +22,8 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
 from vidloom.runtime.chat_stream import event_queue
-from vidloom.runtime.speech_run import no_speech, speech_result, start_speech
 from vidloom.serving.disconnect import unless_disconnected
-from vidloom.serving.errors import engine_errors
+from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
@@ -50,10 +49,9 @@ class SpeechBody(BaseModel):
 
 
 def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
-    """The engine's request from the body; InvalidRequest naming the field."""
+    """The engine's request from the body; InvalidRequest naming the field (the engine validates the request
+    and checks that the model speaks when it is submitted)."""
     check_model(body.model, card)
-    if card.speech is None:
-        raise no_speech(card.model_id)
     if not isinstance(body.input, str):
         raise InvalidRequest("input", "must be a string")
     voice = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
@@ -61,24 +59,19 @@ def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
         raise InvalidRequest("voice", "must be a voice name")
     check_format(body.response_format)
     check_speed(body.speed)
-    request = SpeechRequest(text=body.input, voice=voice, instructions=body.instructions, seed=body.seed)
-    request.validate()
-    return request
+    return SpeechRequest(text=body.input, voice=voice, instructions=body.instructions, seed=body.seed)
 
 
 @router.post("/speech", response_model=None, openapi_extra=body_doc(SpeechBody))
 async def create_speech(request: Request) -> Response:
     manager = jobs_of(request)
     body = await read_body(request, SpeechBody)
-    engine = manager.engine  # the AsyncEngine
+    engine = manager.engine
     with engine_errors():
         speech = plan_speech(body, manager.card)
-        if getattr(engine.engine, "decoder", None) is None:
-            raise no_speech(manager.card.model_id)
         if body.stream_format is not None:
             return _progressive(manager, speech, body)
-        run = start_speech(engine.engine, speech)
-        handle = engine.submit_run(run, None, speech_result)
+        handle = engine.submit(speech)
     finished = False
     try:
         with engine_errors():
@@ -102,7 +95,7 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
     speech = stream_speech_request(speech)
     queue: asyncio.Queue = asyncio.Queue()
     sink = event_queue(asyncio.get_running_loop(), queue, speech.request_id)
-    handle = engine.submit_run(start_speech(engine.engine, speech, sink), sink, speech_result)
+    handle = engine.submit(speech, sink)
     sse = body.stream_format == "sse"
 
     async def pieces() -> AsyncIterator[bytes]:
@@ -119,9 +112,7 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
         except Exception as exc:
             if not sse:
                 raise  # headers are sent: the connection is cut, the client sees a truncated body
-            from vidloom.serving.chat_routes import _error_json
-
-            yield f"data: {_error_json(exc)}\n\n".encode()
+            yield f"data: {error_json(exc)}\n\n".encode()
         finally:
             if not ended:  # the client left (or the run failed): its KV returns at the next step
                 engine.cancel(speech.request_id)

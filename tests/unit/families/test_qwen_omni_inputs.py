@@ -19,7 +19,6 @@ from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.media.audio_upload import load_input_audio
 from vidloom.families.qwen_omni.media import IMAGE, MediaPiece, multimodal_positions
-from vidloom.runtime.speech_run import start_speech
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_a_checkpoint_without_towers_refuses_audio_and_images_by_part(text_only)
     assert info.value.field == "messages[0].content[0]" and "thinker.visual" in info.value.message
     chat = ChatRequest((ChatMessage("user", (ChatPart("image", image=image),)),))
     with pytest.raises(InvalidRequest) as info:
-        start_speech(text_only.engine, SpeechRequest(chat=chat))
+        text_only.engine.submit(SpeechRequest(chat=chat))
     assert info.value.field == "messages[0].content[0]"
     assert text_only.chat([{"role": "user", "content": "hello"}], max_tokens=2, temperature=0.0).completion_tokens == 2  # text still answers
 
@@ -135,7 +134,7 @@ def test_two_media_prompts_prefill_in_one_forward_as_they_do_alone(omni):
     engine = omni.engine
     convs = [conversation(seed)[0] for seed in (1, 2)]
     alone = [omni.chat(messages, max_tokens=5, temperature=0.0).token_ids for messages in convs]
-    runs = [engine.start_chat(build_chat_request(m, load_image=load_image, load_audio=load_input_audio,
+    runs = [engine.submit(build_chat_request(m, load_image=load_image, load_audio=load_input_audio,
                                                  max_tokens=5, temperature=0.0)) for m in convs]
     try:
         for run in runs:

@@ -17,7 +17,6 @@ from vidloom.generator import VideoGenerator
 from vidloom.families.qwen_omni.memory import footprint
 from vidloom.families.qwen_omni.speech import speech_prompt
 from vidloom.runtime.admission import MemoryAdmission
-from vidloom.runtime.speech_run import start_speech
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -58,12 +57,12 @@ def test_a_request_over_the_budget_is_refused_by_name_before_it_runs(gen, monkey
     monkeypatch.setattr(engine, "limits", dataclasses.replace(engine.limits, max_memory_bytes=needed - 1))
     before, events = engine.caches.bytes_in_use, []
     with pytest.raises(LimitExceeded) as info:
-        start_speech(engine, speech(4000), events.append)
+        engine.submit(speech(4000), events.append)
     assert info.value.field == "max_audio_tokens" and "max_request_memory" in info.value.message
     assert events == [] and engine.caches.bytes_in_use == before
     assert engine.decoder.stats()["kv_blocks_in_use"] == 0 and engine.admission.resident == 0
     with pytest.raises(LimitExceeded) as info:  # no max_audio_tokens: the text sizes the codes
-        start_speech(engine, dataclasses.replace(speech(4000), max_audio_tokens=None,
+        engine.submit(dataclasses.replace(speech(4000), max_audio_tokens=None,
                                                  text="the kite " * 400))
     assert info.value.field == "input"
     assert gen.speak("the kite", voice="Chelsie", max_audio_tokens=8) is not None  # a small one still runs
@@ -73,7 +72,7 @@ def test_resident_requests_share_the_budget(gen, monkeypatch):
     engine = gen.engine
     needed = estimate(gen, speech(64))
     monkeypatch.setattr(engine, "admission", MemoryAdmission(needed + needed // 2))
-    first, second = start_speech(engine, speech(64)), start_speech(engine, speech(64))
+    first, second = engine.submit(speech(64)), engine.submit(speech(64))
     try:
         assert first.admit() and not second.admit()  # the queue keeps the second waiting
         with pytest.raises(CacheBudgetExceeded):  # stepped without a queue: refused before any work
@@ -132,7 +131,7 @@ def test_speech_longer_than_the_talker_pool_is_refused_by_name_before_it_runs(tm
     folder = write_tiny_omni(tmp_path / "omni", OMNI_A)
     small = VideoGenerator.from_pretrained(str(folder), deploy=DeployConfig(kv_pool_tokens=256))
     with pytest.raises(LimitExceeded) as info:
-        start_speech(small.engine, speech(1000))  # ~20 prompt rows + 1000 codes: never fits 256 tokens
+        small.engine.submit(speech(1000))  # ~20 prompt rows + 1000 codes: never fits 256 tokens
     assert info.value.field == "max_audio_tokens" and info.value.limit == "kv_pool_tokens"
     assert "256" in info.value.message and small.engine.decoder.stats()["kv_blocks_in_use"] == 0
     assert small.speak("the kite", voice="Chelsie", max_audio_tokens=32) is not None  # one that fits still runs

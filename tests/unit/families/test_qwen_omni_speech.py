@@ -13,7 +13,6 @@ from vidloom.core.errors import Cancelled, InvalidRequest
 from vidloom.core.output import ProgressEvent
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
-from vidloom.runtime.speech_run import start_speech
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def test_cancel_in_the_talker_frees_thinker_and_talker_blocks(omni):
     engine = gen.engine
     before = engine.caches.bytes_in_use
     events: list = []
-    run = start_speech(engine, SpeechRequest(text="the kite rose over the dunes", seed=1, max_audio_tokens=64),
+    run = engine.submit(SpeechRequest(text="the kite rose over the dunes", seed=1, max_audio_tokens=64),
                        events.append)
     try:
         while not any(isinstance(e, ProgressEvent) and e.phase == "talker" for e in events):
@@ -97,7 +96,6 @@ def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
 
     from vidloom.core.chat import build_chat_request
     from vidloom.runtime.async_engine import AsyncEngine
-    from vidloom.runtime.speech_run import speech_result
 
     _, gen = omni
     chat_q = ChatRequest((ChatMessage("user", (ChatPart("text", "what is a kite?"),)),),
@@ -116,7 +114,7 @@ def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
     gen.engine.decoder.run = lambda plans: rounds.append(len(plans)) or real_run(plans)
     try:
         async def both():
-            speech = engine.submit_run(start_speech(gen.engine, speech_request()), None, speech_result)
+            speech = engine.submit(speech_request())
             request = build_chat_request([{"role": "user", "content": "hello world"}], temperature=0, max_tokens=12)
             items = [item async for item in engine.chat(request)]
             return await speech.result(), items[-1]
@@ -146,7 +144,7 @@ def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alon
                              max_audio_tokens=16)
 
     def alone(text: str) -> dict:
-        return start_speech(gen.engine, request(text)).finish()
+        return gen.engine.submit(request(text)).finish()
 
     solo = [alone(text) for text in texts]
     outs, batches = speak_together(gen, [request(text) for text in texts], "interleave")  # fifo: one by one

@@ -19,7 +19,6 @@ from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.paged_kv import blocks_for
-from vidloom.runtime.speech_run import start_speech
 
 # The demo's speech prompt is 193 thinker tokens: a talker of 16 codes needs 193 + 2 + 16 = 211 tokens (14 blocks),
 # so a 256-token pool (16 blocks) holds one talker (and one thinker) at a time.
@@ -40,7 +39,7 @@ def request(text: str, codes: int = 16, chunk: int | None = None) -> SpeechReque
 
 
 def alone(gen: VideoGenerator, speech: SpeechRequest) -> dict:
-    return start_speech(gen.engine, speech).finish()
+    return gen.engine.submit(speech).finish()
 
 
 def pools_empty(gen: VideoGenerator) -> bool:
@@ -71,9 +70,9 @@ def test_a_request_cancelled_while_waiting_for_the_talker_pool_frees_everything(
     ref = alone(gen, long_one)
     engine = AsyncEngine(gen.engine, slots=2, policy="interleave")
     try:
-        holder = engine.submit_run(start_speech(gen.engine, long_one), None, lambda o: o)
-        waiter_run = start_speech(gen.engine, request(TEXTS[1]))
-        waiter = engine.submit_run(waiter_run, None, lambda o: o)
+        holder = engine.submit(long_one, result=lambda o: o)
+        waiter = engine.submit(request(TEXTS[1]), result=lambda o: o)
+        waiter_run = waiter.run
         deadline = time.monotonic() + 120
         while not waiter_run.waiting_for_kv:  # its thinker ran; its talker waits for the holder's blocks
             assert time.monotonic() < deadline and not holder._entry.future.done(), "the waiter never waited"
@@ -102,7 +101,8 @@ def test_a_request_waiting_on_blocks_held_elsewhere_polls_without_spinning_and_s
     talker_pool.allocator.reserve("other#1", POOL_TOKENS)
     engine = AsyncEngine(gen.engine, slots=1)
     try:
-        run = start_speech(gen.engine, speech)
+        handle = engine.submit(speech, result=lambda o: o)
+        run = handle.run
         tries = 0
         prepare = run.prepare
 
@@ -111,8 +111,7 @@ def test_a_request_waiting_on_blocks_held_elsewhere_polls_without_spinning_and_s
             tries += run.waiting_for_kv
             return prepare()
 
-        run.prepare = counted  # type: ignore[method-assign]
-        handle = engine.submit_run(run, None, lambda o: o)
+        run.prepare = counted  # type: ignore[method-assign]  (the worker reads it each round)
         deadline = time.monotonic() + 120
         while not run.waiting_for_kv:
             assert time.monotonic() < deadline

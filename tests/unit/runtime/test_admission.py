@@ -113,9 +113,9 @@ def test_sync_engine_refuses_a_run_while_others_hold_the_memory():
     loop = GatedLoop()
     engine = _engine(loop, budget=100 * MiB)
     with pytest.raises(LimitExceeded) as info:  # over the whole budget: never fits, refused at start
-        engine.start(_req("big", 112))
+        engine.submit(_req("big", 112))
     assert info.value.field == "width" and "max_request_memory" in str(info.value)
-    first, second = engine.start(_req("a", 64)), engine.start(_req("b", 48))
+    first, second = engine.submit(_req("a", 64)), engine.submit(_req("b", 48))
     assert first.prepare() and engine.admission.in_use == 64 * MiB
     with pytest.raises(CacheBudgetExceeded, match="request memory budget"):
         second.prepare()  # 64 + 48 MiB > 100 MiB, before any of its work

@@ -14,7 +14,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CacheBudgetExceeded, Cancelled, InvalidRequest, LimitExceeded
 from vidloom.core.loop import is_decode_step
 from vidloom.generator import VideoGenerator
-from vidloom.runtime.chat_stream import chat_result, delta_of, stream_alone
+from vidloom.runtime.chat_stream import delta_of, stream_alone
+from vidloom.runtime.results import chat_result
 from vidloom.runtime.engine import Engine, RequestRun
 
 PROMPTS = ["hello world", "tell me a story about robots and the physical world", "1 2 3", "what is in this picture?"]
@@ -38,7 +39,7 @@ class Together:
 
     def admit(self, request) -> list:
         items: list = []
-        run = self.engine.start_chat(request, lambda e: items.append(d) if (d := delta_of(e)) else None)
+        run = self.engine.submit(request, lambda e: items.append(d) if (d := delta_of(e)) else None)
         self.runs[request.request_id] = (run, items)
         return items
 

@@ -133,8 +133,8 @@ def test_cancel_from_another_thread():
 def test_runs_can_be_stepped_alternately():
     loop = CountingLoop()
     engine = _engine(loop)
-    a = engine.start(GenerationRequest("p", num_inference_steps=3))
-    b = engine.start(GenerationRequest("p", num_inference_steps=5))
+    a = engine.submit(GenerationRequest("p", num_inference_steps=3))
+    b = engine.submit(GenerationRequest("p", num_inference_steps=5))
     order = []
     while not (a.done and b.done):
         for name, run in (("a", a), ("b", b)):
@@ -148,7 +148,7 @@ def test_runs_can_be_stepped_alternately():
 def test_observer_sees_every_plan_before_it_runs():
     loop = CountingLoop()
     seen: list[tuple[int, float, int]] = []
-    run = _engine(loop).start(
+    run = _engine(loop).submit(
         GenerationRequest("p", num_inference_steps=3, seed=1),
         observer=lambda plan: seen.append((plan.index, plan.inputs["x"], loop.calls)),
     )
@@ -177,7 +177,7 @@ class Watcher:
 def test_watch_sees_each_step_its_advanced_state_and_every_node_slot():
     loop = CountingLoop()
     watch = Watcher(loop)
-    run = _engine(loop).start(GenerationRequest("p", num_inference_steps=2, seed=1), watch=watch)
+    run = _engine(loop).submit(GenerationRequest("p", num_inference_steps=2, seed=1), watch=watch)
     while not run.step():
         pass
     assert watch.seen == [
@@ -226,7 +226,7 @@ def test_held_resources_are_released_on_finish_and_cancel():
 
 def test_held_resources_are_released_when_a_run_is_closed_mid_loop():
     loop = HoldingLoop()
-    run = _engine(loop).start(GenerationRequest("p", num_inference_steps=5, seed=1))
+    run = _engine(loop).submit(GenerationRequest("p", num_inference_steps=5, seed=1))
     run.step()  # the "start" node
     run.step()  # loop init + first step
     assert (loop.held, loop.released) == (1, 0)

@@ -144,7 +144,7 @@ def test_a_video_sees_the_memory_running_chats_hold_on_the_one_admission_ledger(
             video = engine.submit(request)
             await asyncio.sleep(0.2)  # rounds pass: the video stays queued, its slot free but its memory not
             assert (engine.in_flight, engine.chats_in_flight, engine.queue_depth) == (1, 1, 1)
-            alone = core.start(request)  # stepped without a queue: refused, naming the limit and the holder
+            alone = core.submit(request)  # stepped without a queue: refused, naming the limit and the holder
             with pytest.raises(CacheBudgetExceeded, match="request memory budget.*1 running chat"):
                 alone.step()
             alone.close()

@@ -57,7 +57,7 @@ class ActionSession:
         self.session_id = f"session_{uuid.uuid4().hex}"
         self._frame: Any = image
         self.index = 0
-        caches = generator.engine.caches
+        caches = generator.caches
         self._release = weakref.finalize(self, caches.release_session, self.session_id)
         probe = action.raw_actions
         if action.mode == "forward_dynamics" and probe is None:  # the actions come with each step

@@ -23,7 +23,7 @@ ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 # save_pretrained of today's class writes ARCHITECTURE.
 ARCHITECTURES = (ARCHITECTURE, "Qwen2_5OmniModel")
 PROGRAM = "vidloom.families.qwen_omni.program:build_program"
-SPEECH = "vidloom.families.qwen_omni.speech:start_speech"
+SPEECH = "vidloom.families.qwen_omni.speech:admit_speech"
 MEMORY_ESTIMATOR = "vidloom.families.qwen_omni.memory:request_estimator"  # speech requests (SpeechPrompt)
 AR_LOOP = "ar_decode"
 SPEECH_LOOPS = ("thinker", "talker", "token2wav")

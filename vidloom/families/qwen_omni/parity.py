@@ -45,9 +45,7 @@ def _check(request: Any) -> SpeechRequest:
 
 
 def _run_ours(generator: Any, request: Any) -> Mapping[str, Any]:
-    from vidloom.families.qwen_omni.speech import start_speech
-
-    out = start_speech(generator.engine, _check(request)).finish()
+    out = generator.engine.run(_check(request))
     return {"thinker": list(out["thinker"].reply_ids), "talker": out["codes"].tolist(),
             "vocoder.audio": np.asarray(out["audio"], dtype=np.float32)}
 

@@ -1,4 +1,4 @@
-"""Admission of a speech request: validate, pick the voice, build the thinker prompt, start its run.
+"""Admission of a speech request: pick the voice, build the thinker prompt, size it; the engine starts its run.
 
 Forced text (speak this): the prompt is the system prompt and a user turn (the request's
 `instructions`, or a plain "say this"), and the text is the assistant's turn, prefilled rather than
@@ -11,14 +11,12 @@ from typing import Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.limits import format_bytes
-from vidloom.core.output import EventCallback
 from vidloom.core.speech import SpeechRequest
 from vidloom.families.qwen_omni.speakers import pick_voice
 from vidloom.families.qwen_omni.memory import TALKER_EXTRA_ROWS
 from vidloom.families.qwen_omni.program import media_prompter
 from vidloom.families.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.families.qwen_omni.thinker_loop import SpeechPrompt
-from vidloom.runtime.request_run import CancellationToken, RequestRun
 
 # Qwen2.5-Omni's model card: the system prompt the model was trained to speak under.
 SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
@@ -27,8 +25,7 @@ SAY_THIS = "Say the following text exactly as written."
 
 
 def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechPrompt:
-    """Validate and tokenize `request` (InvalidRequest naming the field, before anything is held)."""
-    request.validate()
+    """Tokenize a validated `request` (InvalidRequest naming the field, before anything is held)."""
     voice = pick_voice(instance["speakers"], request.voice)
     tokenizer = instance["tokenizer"]
     if request.text is not None:
@@ -61,20 +58,15 @@ def _check_window(tokens: int, window: int, field: str) -> None:
                                    f"{window}", "context_window")
 
 
-def start_speech(engine: Any, request: SpeechRequest, on_event: EventCallback | None = None,
-                 cancel: CancellationToken | None = None) -> RequestRun:
-    """The run that speaks `request` on `engine` (its thinker KV from the engine's paged pool), its estimated
-    memory held in the engine's admission while it is resident; LimitExceeded naming the field that sizes it
-    when it could not fit even alone."""
-    if engine.decoder is None:
-        raise InvalidRequest("model", f"{engine.instance.card.model_id} runs no thinker decode on this engine")
+def admit_speech(engine: Any, request: SpeechRequest) -> tuple[dict[str, Any], int]:
+    """The run slots that speak a validated `request` on `engine` (an EngineAPI with a paged decoder: the thinker's
+    KV comes from its pool) and the estimated bytes the engine's admission holds while it is resident;
+    LimitExceeded naming the field that sizes it when it could not fit even alone."""
     prompt = speech_prompt(engine.instance, engine.decoder.limits, request)
     nbytes = engine.estimator(prompt) if engine.estimator is not None else 0
     check_memory(prompt, nbytes, engine.limits.max_memory_bytes)
     check_talker_pool(prompt, engine.decoder.pool_of(engine.instance["talker"]).layout)
-    return RequestRun(engine.instance, engine.program, request, on_event, cancel, caches=engine.caches,  # type: ignore[arg-type]
-                      admission=engine.admission, memory_bytes=nbytes, decoder=engine.decoder,
-                      slots={"speech": prompt})
+    return {"speech": prompt}, nbytes
 
 
 def _sizing_field(prompt: SpeechPrompt) -> str:

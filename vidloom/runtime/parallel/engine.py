@@ -1,6 +1,6 @@
-"""ParallelEngine: the Engine interface over a pool of ranks, so VideoGenerator and AsyncEngine drive it unchanged.
+"""ParallelEngine: the engine interface over a pool of ranks, so VideoGenerator and AsyncEngine drive it unchanged.
 
-`start` validates in the parent (InvalidRequest before any worker sees the request) and
+`submit` validates in the parent (InvalidRequest before any worker sees the request) and
 returns a ParallelRun; each `ParallelRun.step()` is one round trip in which every rank
 runs the same unit. Rank 0's progress events are relayed to the caller's `on_event`;
 rank 0's outputs (the decoded float video as numpy, metadata) come back at the end.
@@ -136,21 +136,24 @@ class ParallelRun(RunHandle):
 
 
 class ParallelEngine(EngineDriver):
-    """Runs requests over a pool of ranks with the Engine interface (start / run / warmup)."""
+    """Runs generation requests over a pool of ranks with the engine interface (EngineAPI; submit / run / warmup);
+    chat and speech need a paged decoder, which a pool has not (InvalidRequest("model"))."""
 
     def __init__(self, transport: Transport, instance: PoolInstance, geometry: SequenceGeometry) -> None:
+        super().__init__(instance)
         self.transport = transport
-        self.instance = instance
         self.geometry = geometry
 
-    def start(
+    def _start_generation(
         self,
         request: GenerationRequest,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
+        resolved: bool = False,
     ) -> ParallelRun:
-        """Validate `request` here (InvalidRequest naming the field) and prepare its run; no worker is contacted."""
-        resolved = resolve_request(request, self.instance.card)
+        """Validate `request` here (InvalidRequest naming the field) and prepare its run; no worker is contacted.
+        `resolved`: the caller resolved it against this model's card already."""
+        resolved = request if resolved else resolve_request(request, self.instance.card)
         check_request(self.instance.deploy.parallel, self.geometry, resolved)
         make_step_cache(self.instance.deploy, resolved)  # the same threshold checks as one device
         return ParallelRun(self.transport, resolved, on_event, cancel or CancellationToken())

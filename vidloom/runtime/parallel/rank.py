@@ -107,7 +107,7 @@ class RankRuntime:
         # Only rank 0 reports events: the parent relays them, and the others' would be duplicates.
         on_event = self._relay if self.rank == 0 else None
         observer = self._observe if self.check_lockstep else None
-        run = self.engine.start(command.request, on_event=on_event, observer=observer)
+        run = self.engine.submit(command.request, on_event=on_event, observer=observer)
         self._runs[command.request.request_id] = run
         return run
 

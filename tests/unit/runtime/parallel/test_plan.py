@@ -91,14 +91,14 @@ def test_requests_are_checked_at_submit_without_contacting_workers():
     deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2))
     engine = ParallelEngine(NoWorkers(), PoolInstance(demo_card(), deploy, torch.device("cpu"), "unused"), WAN4)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="num_frames"):
-        engine.start(GenerationRequest(prompt="x", height=48, width=48, num_frames=9))
+        engine.submit(GenerationRequest(prompt="x", height=48, width=48, num_frames=9))
     with pytest.raises(InvalidRequest, match="step_cache_threshold"):
-        engine.start(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, step_cache_threshold=0.1))
+        engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, step_cache_threshold=0.1))
     # Adapters: the declared multi-device refusal (runtime.parallel.plan.ADAPTERS_REFUSED), named at submit.
     with pytest.raises(InvalidRequest, match="multi-device engines: every rank holds its own copy") as err:
-        engine.start(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, loras=(("ink", 1.0),)))
+        engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, loras=(("ink", 1.0),)))
     assert err.value.field == "loras"
-    run = engine.start(GenerationRequest(prompt="x", height=32, width=48, num_frames=5))
+    run = engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5))
     assert run.request.seed is not None and not run.done  # resolved here, so every rank gets the same seed
 
 
