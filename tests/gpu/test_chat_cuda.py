@@ -8,7 +8,7 @@ import torch
 
 from vidloom.core.chat import build_chat_request
 from vidloom.generator import VideoGenerator
-from vidloom.families.cosmos3.transformer import text_positions
+from vidloom.layers.rotary import text_positions
 
 MESSAGES = [{"role": "user", "content": "hello world, tell me a story about robots"}]
 

@@ -63,7 +63,7 @@ def test_frames_convert_to_uint8_on_the_device_with_the_host_rounding():
 
 def test_offloaded_text_encoder_uses_pinned_memory_and_frees_the_gpu_copy(demo_cache):
     from vidloom.families.wan.demo import ensure_demo_checkpoint
-    from vidloom.families.wan.text import WanTextEncoder
+    from vidloom.models.wan.text import WanTextEncoder
 
     folder = ensure_demo_checkpoint(demo_cache)
     load = lambda **o: WanTextEncoder.load(folder / "tokenizer", folder / "text_encoder",  # noqa: E731

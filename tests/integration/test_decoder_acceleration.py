@@ -38,7 +38,7 @@ from vidloom.generator import VideoGenerator
 import vidloom.layers.grouped_attention as grouped_attention_module
 from vidloom.layers.attention import DEFAULT_SDPA
 from vidloom.layers.fp8 import FP8Linear
-from vidloom.families.qwen_omni.decoder import text_positions
+from vidloom.layers.rotary import text_positions
 from vidloom.families.qwen_omni.load import load_talker, load_thinker, read_config
 from vidloom.runtime.compile_buckets import compile_denoisers
 from vidloom.runtime.fp8_denoisers import quantize_denoisers

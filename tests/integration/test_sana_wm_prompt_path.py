@@ -1,5 +1,5 @@
 """SANA-WM's prompt path through the runtime's shared encoder options (DeployConfig.prompt_cache_size,
-offload_text_encoder; families/wan/text.py: EmbeddingCache, OffloadedWeights), as every other family has them."""
+offload_text_encoder; vidloom/text_encoders: EmbeddingCache, OffloadedWeights), as every other family has them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
-from vidloom.families.wan.text import OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import OffloadedWeights
 
 IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 70, 3), dtype=np.uint8))
 REQUEST = dict(prompt="a car driving across a vast desert plain", negative_prompt="blurry", height=64, width=96,

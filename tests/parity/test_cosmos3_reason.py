@@ -18,7 +18,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.generator import VideoGenerator
 from vidloom.families.cosmos3.gen_program import generation_nodes
-from vidloom.families.cosmos3.load import load_tokenizer
+from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.families.cosmos3.program import build_program
 from vidloom.families.cosmos3.reason import reasoner_request
 from vidloom.runtime.engine import Engine
@@ -56,7 +56,7 @@ def test_reason_then_generate_matches_reasoner_and_pipeline(tiny_cosmos3_dir: Pa
     first_denoise = next(i for i, e in enumerate(events) if getattr(e, "phase", None) == "denoise")
     assert texts and max(texts) < first_denoise
 
-    tokenizer = load_tokenizer(tiny_cosmos3_dir / "text_tokenizer")
+    tokenizer = load_chat_tokenizer(tiny_cosmos3_dir / "text_tokenizer")
     reasoner = build_reasoner(Cosmos3OmniTransformer.from_pretrained(tiny_cosmos3_dir / "transformer"), tokenizer)
     ids = build_program(generator.engine.instance).chat_loop.prompt(reasoner_request(request, MAX_TOKENS))
     want = reasoner.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(ids):]

@@ -15,8 +15,9 @@ import torch
 
 from tests.helpers.cosmos3_checkpoints import build_reasoner
 from vidloom.generator import VideoGenerator
-from vidloom.families.cosmos3.transformer import text_positions
-from vidloom.families.cosmos3.load import load_text_model, load_tokenizer
+from vidloom.layers.rotary import text_positions
+from vidloom.families.cosmos3.load import load_text_model
+from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 
 # fp32 on CPU: the same math in a different order (packed vs batched layout, our own RMSNorm/rotary)
 # leaves ~1e-5 on logits of magnitude ~25; 1e-4 is the issue's bound.
@@ -30,7 +31,7 @@ PROMPTS = ([{"role": "user", "content": "hello world, tell me a story about robo
 def _oracle(folder: Path):
     from diffusers import Cosmos3OmniTransformer
 
-    tokenizer = load_tokenizer(folder / "text_tokenizer")
+    tokenizer = load_chat_tokenizer(folder / "text_tokenizer")
     return build_reasoner(Cosmos3OmniTransformer.from_pretrained(folder / "transformer"), tokenizer), tokenizer
 
 

@@ -12,6 +12,7 @@ import torch
 from vidloom.core import plugin
 from vidloom.core.errors import CheckpointError
 from vidloom.diffusion.scheduler_keys import EULER_CLASS, FLOW_MAP_CLASS, SCHEDULER_KEYS, UNIPC_CLASS
+from vidloom.loading.diffusers_dir import DiffusersDir
 
 # diffusers key -> SamplerConfig field, per scheduler class (scheduler_keys.py classifies every other key).
 _UNIPC_FIELDS = {
@@ -125,6 +126,11 @@ class SamplerConfig:
             raise ValueError(f"flow_shift {shift} does not apply: this scheduler uses Karras sigmas "
                              f"(use_karras_sigmas), which take no shift")
         return dataclasses.replace(self, shift=shift)
+
+
+def load_sampler_config(ckpt: DiffusersDir) -> SamplerConfig:
+    """The checkpoint's scheduler settings; an unreadable scheduler_config.json is a CheckpointError."""
+    return ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
-"""Grouped-query attention over packed or paged keys: the primitive every GQA model and the paged KV store share."""
+"""Grouped-query attention over packed or paged keys: the primitive every GQA model and the paged KV store share,
+and the KV-store contract a causal decoder calls (`KVAttention`)."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,3 +36,24 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, causal: 
     mask = mask.unsqueeze(-3).expand(b, groups, s, mask.shape[-1]).reshape(b, 1, groups * s, mask.shape[-1])
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.view(b, kv_heads, groups, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, heads, d)
+
+
+class KVAttention(Protocol):
+    """Where a forward's keys/values go and what each packed token attends to."""
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q [T, H, D] and k/v [T, KVH, D] (after rotary) of this forward's T packed tokens -> [T, H, D].
+
+        Stores k/v for later steps and attends each token causally to its own sequence's earlier tokens.
+        """
+        ...
+
+
+class CausalAttention:
+    """One sequence, no cache: plain causal attention over the forward's own tokens (reference path)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return grouped_attention(q, k, v, self.scale, causal=True)

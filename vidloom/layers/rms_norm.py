@@ -1,4 +1,5 @@
-"""RMSNorm whose half-precision path is torch's own arithmetic in fewer passes (same bits, less CPU)."""
+"""RMSNorm whose half-precision path is torch's own arithmetic in fewer passes (same bits, less CPU), and Qwen's
+RMSNorm (the weight multiplies after the cast back)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,18 @@ class RMSNorm(nn.RMSNorm):
         wide = x.float()
         inverse = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return (wide * inverse * self.weight.float()).type_as(x)
+
+
+class QwenRMSNorm(nn.Module):
+    """RMSNorm computed in float32; the weight multiplies after casting back (the Qwen2 / Qwen3 decoders' order,
+    which their weights were trained with: one rounding more than `RMSNorm`)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)

@@ -97,7 +97,7 @@ def with_adapter(active: ActiveLoRAs | None, adapter: Mapping[str, LoRALayer], s
 
 def component_loras(active: ActiveLoRAs | None, component: str) -> tuple[tuple[str, tuple[tuple[LoRALayer, float], ...]], ...]:
     """The entries of `active` on `component`'s linears, sorted by key (empty: none there). What a cache of that
-    component's outputs must key by (vidloom.families.ltx2.text: the prompt cache and the text connectors)."""
+    component's outputs must key by (vidloom.models.ltx2.text: the prompt cache and the text connectors)."""
     if active is None:
         return ()
     prefix = component + ":"

@@ -12,7 +12,7 @@ from vidloom.lora.apply import ActiveLoRAs, lora_scope
 from vidloom.models.ltx2.rope import audio_positions, video_positions
 from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer, LTX2TransformerConfig
 from vidloom.families.ltx2.loop import LTX2DenoiseLoop, LTX2Layout, LTX2Network
-from vidloom.families.ltx2.text import LTX2Text
+from vidloom.models.ltx2.text import LTX2Text
 
 # A tiny LTX-2.0-style transformer (static text modulation, learnable-register text: every token attended).
 CONFIG = LTX2TransformerConfig(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vidloom.families.wan.demo import ensure_demo_checkpoint
-from vidloom.families.wan.text import WanTextEncoder, clean_prompt
+from vidloom.models.wan.text import WanTextEncoder, clean_prompt
 
 
 def _encoder(demo_cache, **options) -> WanTextEncoder:
@@ -59,7 +59,7 @@ def test_offload_keeps_weights_on_cpu_between_calls(demo_cache):
 def test_offloaded_weights_use_a_device_copy_and_drop_it_afterwards(demo_cache):
     # On CPU the "device" copy is a second CPU tensor: the swap itself is what is tested here
     # (tests/gpu/ checks pinned memory and that the GPU copy is freed).
-    from vidloom.families.wan.text import OffloadedWeights
+    from vidloom.text_encoders.offloaded_weights import OffloadedWeights
 
     enc = _encoder(demo_cache)
     reference = enc.encode(["a cat walks"])
@@ -77,7 +77,7 @@ def test_offloaded_weights_use_a_device_copy_and_drop_it_afterwards(demo_cache):
 def test_long_prompt_is_truncated_with_a_warning_giving_the_count(demo_cache):
     import warnings
 
-    from vidloom.families.wan.text import PromptTruncated
+    from vidloom.models.wan.text import PromptTruncated
 
     enc = _encoder(demo_cache)
     long_prompt = " ".join(["cat"] * 600)

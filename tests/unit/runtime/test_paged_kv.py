@@ -7,7 +7,8 @@ import torch
 
 from vidloom.core.errors import CacheBudgetExceeded, KVPoolBusy
 from vidloom.families.cosmos3.config import Cosmos3TextConfig
-from vidloom.families.cosmos3.transformer import Cosmos3Transformer, text_positions
+from vidloom.families.cosmos3.transformer import Cosmos3Transformer
+from vidloom.layers.rotary import text_positions
 from vidloom.runtime.paged_kv import BlockAllocator, ContiguousKV, KVLayout, PagedKVPool
 
 CONFIG = Cosmos3TextConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -26,7 +26,7 @@ from vidloom.families.cosmos3.generation import (
 )
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WAN_VAE_POLICY, WanVAE, WanVAEConfig
 from vidloom.families.cosmos3.pipeline_config import Cosmos3PipelineConfig
-from vidloom.families.wan.load import load_sampler_config
+from vidloom.diffusion.sampler import load_sampler_config
 
 # Every AutoencoderKLWan key the Wan VAE reader classifies; any other in vae/config.json is refused.
 VAE_KEYS = WAN_VAE_POLICY.known

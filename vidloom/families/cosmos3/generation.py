@@ -27,17 +27,13 @@ from torch import Tensor, nn
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.grouped_attention import grouped_attention
+from vidloom.layers.rms_norm import QwenRMSNorm
+from vidloom.layers.rotary import apply_rotary
 from vidloom.loading.name_map import NameMap
 from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.families.cosmos3.layout import GenLayout, patchify, unpatchify
-from vidloom.families.cosmos3.transformer import (
-    Cosmos3Transformer,
-    RMSNorm,
-    TextBlock,
-    apply_rotary,
-    is_generation_key,
-)
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.families.cosmos3.transformer import Cosmos3Transformer, TextBlock, is_generation_key
+from vidloom.layers.timestep import timestep_features
 
 # diffusers Cosmos3OmniTransformer key prefix -> our parameter prefix (generation pathways).
 GEN_NAME_MAP = NameMap((
@@ -151,12 +147,12 @@ class Cosmos3Generator(BlockStack, nn.Module):
         text = config.text
         gen_layer = dataclasses.replace(text, qk_norm=True)  # generation q/k norms always exist
         self.blocks = nn.ModuleList(TextBlock(gen_layer) for _ in range(text.num_hidden_layers))
-        self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
+        self.norm = QwenRMSNorm(text.hidden_size, text.rms_norm_eps)
         self.proj_in = nn.Linear(config.patch_latent_dim, text.hidden_size)
         self.proj_out = nn.Linear(text.hidden_size, config.patch_latent_dim)
         self.time_in = nn.Linear(TIME_FEATURES, text.hidden_size)
         self.time_out = nn.Linear(text.hidden_size, text.hidden_size)
-        self.und_k_norms = (nn.ModuleList(RMSNorm(text.head_dim, text.rms_norm_eps)
+        self.und_k_norms = (nn.ModuleList(QwenRMSNorm(text.head_dim, text.rms_norm_eps)
                                           for _ in range(text.num_hidden_layers))
                             if config.und_k_norm_for_gen else None)
         if config.sound_dim is not None:

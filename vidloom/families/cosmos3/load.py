@@ -12,6 +12,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope, resolve_sdpa_scope
+from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
@@ -29,21 +30,6 @@ def load_text_model(folder: Path, device: torch.device, dtype: torch.dtype,
     return model.eval()
 
 
-def load_tokenizer(folder: Path) -> Any:
-    """The checkpoint's own tokenizer and chat template, through transformers."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{folder}: cannot load the tokenizer ({exc})") from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise CheckpointError(f"{folder}: the tokenizer has no chat template (tokenizer_config.json chat_template)")
-    if tokenizer.eos_token_id is None:
-        raise CheckpointError(f"{folder}: the tokenizer names no eos_token")
-    return tokenizer
-
-
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
@@ -58,7 +44,7 @@ def load_instance(
     # generation pathways share its scope: flash/sage (no masks) are refused here, naming attention_backend.
     sdpa = resolve_sdpa_scope(deploy.attention_backend, device, compute)
     model = load_text_model(ckpt.component_dir("transformer"), device, compute, sdpa)
-    tokenizer = load_tokenizer(ckpt.component_dir("text_tokenizer"))
+    tokenizer = load_chat_tokenizer(ckpt.component_dir("text_tokenizer"))
     if len(tokenizer) > model.config.vocab_size:
         raise CheckpointError(f"{ckpt.root}: the tokenizer has {len(tokenizer)} tokens, more than the "
                               f"transformer's vocab_size {model.config.vocab_size}")

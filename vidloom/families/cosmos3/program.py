@@ -9,7 +9,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Program
 from vidloom.decoding.loop import ARDecodeLoop
-from vidloom.families.cosmos3.transformer import text_positions
+from vidloom.layers.rotary import text_positions
 
 
 def chat_prompt_fn(tokenizer: Any):

@@ -12,14 +12,14 @@ this module with their own projections next to the ones here, so one copy of the
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
-from vidloom.layers.grouped_attention import grouped_attention  # noqa: F401  (re-exported: importers use this path)
+from vidloom.layers.grouped_attention import CausalAttention, KVAttention
+from vidloom.layers.rms_norm import QwenRMSNorm
+from vidloom.layers.rotary import apply_rotary
 from vidloom.loading.name_map import NameMap
 from vidloom.families.cosmos3.config import Cosmos3TextConfig
 
@@ -53,46 +53,6 @@ def is_generation_key(key: str) -> bool:
     return key.startswith(GENERATION_KEY_PREFIXES) or any(part in key for part in GENERATION_KEY_PARTS)
 
 
-class KVAttention(Protocol):
-    """Where a forward's keys/values go and what each packed token attends to."""
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """q [T, H, D] and k/v [T, KVH, D] (after rotary) of this forward's T packed tokens -> [T, H, D].
-
-        Stores k/v for later steps and attends each token causally to its own sequence's earlier tokens.
-        """
-        ...
-
-
-class CausalAttention:
-    """One sequence, no cache: plain causal attention over the forward's own tokens (reference path)."""
-
-    def __init__(self, scale: float) -> None:
-        self.scale = scale
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return grouped_attention(q, k, v, self.scale, causal=True)
-
-
-def text_positions(start: int, count: int, device: torch.device | None = None) -> Tensor:
-    """mrope position ids [3, count] of text tokens: the same running index on the t, h and w axes."""
-    return torch.arange(start, start + count, device=device).unsqueeze(0).expand(3, -1)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32; the weight multiplies after casting back (Qwen3's order)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
 class MultimodalRotary(nn.Module):
     """Interleaved mrope: frequency i follows the t, h or w position by a fixed t,h,w,t,h,w... pattern.
 
@@ -118,13 +78,6 @@ class MultimodalRotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, heads, D] rotated by cos/sin [T, D] (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
-
-
 class TextAttention(nn.Module):
     def __init__(self, c: Cosmos3TextConfig) -> None:
         super().__init__()
@@ -133,8 +86,8 @@ class TextAttention(nn.Module):
         self.k = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.v = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.o = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
-        self.q_norm: nn.Module = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else nn.Identity()
-        self.k_norm: nn.Module = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else nn.Identity()
+        self.q_norm: nn.Module = QwenRMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else nn.Identity()
+        self.k_norm: nn.Module = QwenRMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else nn.Identity()
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
         t = x.shape[0]
@@ -163,9 +116,9 @@ class TextMLP(nn.Module):
 class TextBlock(nn.Module):
     def __init__(self, c: Cosmos3TextConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn_norm = QwenRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = TextAttention(c)
-        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp_norm = QwenRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = TextMLP(c)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
@@ -182,7 +135,7 @@ class Cosmos3Transformer(nn.Module):
         self.sdpa = sdpa  # the SDPA kernels attention_backend allows (chosen at load; the KV stores call SDPA)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.blocks = nn.ModuleList(TextBlock(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = QwenRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = MultimodalRotary(config.head_dim, config.rope_theta, config.rope_axes_dim)
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn
 from vidloom.families.flux2.ops import gated_add, norm_modulate, qk_norm_rope, swiglu
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.layers.timestep import timestep_features
 
 
 class TimeEmbedding(nn.Module):

@@ -13,7 +13,8 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 from vidloom.core.errors import CheckpointError
-from vidloom.families.wan.text import EmbeddingCache, OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # Flux2KleinPipeline's defaults: prompts are padded to 512 tokens and the embedding stacks the
 # hidden states after layers 9, 18 and 27 (so the transformer's text width is 3 x hidden size).

@@ -11,7 +11,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
-from vidloom.families.ltx2.text import LTX2_TEXT_TOKENS
+from vidloom.models.ltx2.text import LTX2_TEXT_TOKENS
 
 FAMILY = "ltx2"
 PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")

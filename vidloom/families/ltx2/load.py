@@ -28,7 +28,7 @@ from vidloom.families.ltx2.cards import check_pipeline
 from vidloom.families.ltx2.loop import STAGE2_LORA, StageLoRA
 from vidloom.families.ltx2.schedule import LTX2Schedule
 from vidloom.families.ltx2.settings import LTX2Settings
-from vidloom.families.ltx2.text import CONNECTORS, LTX2TextEncoder
+from vidloom.models.ltx2.text import CONNECTORS, LTX2TextEncoder
 
 UPSAMPLER_FOLDER = "latent_upsampler"  # in Lightricks/LTX-2 and in LTX2LatentUpsamplePipeline folders
 

@@ -23,7 +23,7 @@ from vidloom.lora.apply import adapters_active, current_loras, lora_scope, with_
 from vidloom.lora.files import LoRALayer
 from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2PreparedText, LTX2Ropes, \
     LTX2Transformer
-from vidloom.families.ltx2.text import LTX2Text
+from vidloom.models.ltx2.text import LTX2Text
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.families.ltx2.settings import LTX2Settings
-from vidloom.families.ltx2.text import LTX2_TEXT_TOKENS
+from vidloom.models.ltx2.text import LTX2_TEXT_TOKENS
 
 FFN_MULT = 4  # models.ltx2.layers.FeedForward: Linear -> GELU -> Linear, 4x wide
 

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from vidloom.core.chat import ChatRequest
 from vidloom.core.loop import Done, StepPlan
 from vidloom.decoding.loop import ARDecodeLoop, DecodeState
-from vidloom.families.qwen_omni.decoder import OmniDecoder, text_positions
+from vidloom.families.qwen_omni.decoder import OmniDecoder
+from vidloom.layers.rotary import text_positions
 from vidloom.families.qwen_omni.media import MediaPrompter, thinker_positions
 from vidloom.families.qwen_omni.memory import towers_bytes
 from vidloom.runtime.paged_decode import EMBEDS_AT

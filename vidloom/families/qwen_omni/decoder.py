@@ -18,8 +18,10 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.fp8 import project
+from vidloom.layers.grouped_attention import CausalAttention, KVAttention
+from vidloom.layers.rms_norm import QwenRMSNorm
+from vidloom.layers.rotary import apply_rotary
 from vidloom.loading.name_map import NameMap
-from vidloom.families.cosmos3.transformer import CausalAttention, KVAttention, RMSNorm, apply_rotary
 from vidloom.families.qwen_omni.config import DecoderConfig
 
 _LAYER_RULES = (
@@ -43,11 +45,6 @@ TALKER_NAME_MAP = NameMap((("talker.model.embed_tokens", "embed"), ("talker.thin
                            ("talker.model.norm", "norm"), ("talker.codec_head", "head")))
 THINKER_KEYS = ("thinker.model.", "thinker.lm_head.")
 TALKER_KEYS = ("talker.",)
-
-
-def text_positions(start: int, count: int, device: torch.device | None = None) -> Tensor:
-    """Position ids [3, count] of text tokens: the same running index on the t, h and w axes."""
-    return torch.arange(start, start + count, device=device).unsqueeze(0).expand(3, -1)
 
 
 class SectionedRotary(nn.Module):
@@ -79,7 +76,7 @@ class PreAttention(nn.Module):
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = QwenRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.q = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim)
         self.k = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim)
         self.v = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim)
@@ -100,7 +97,7 @@ class PostAttention(nn.Module):
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
         self.o = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = QwenRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
@@ -144,7 +141,7 @@ class OmniDecoder(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.embedding_size)
         self.proj_in = nn.Linear(config.embedding_size, config.hidden_size) if projects_input else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = QwenRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = SectionedRotary(config.head_dim, config.rope_theta, config.mrope_section)
 

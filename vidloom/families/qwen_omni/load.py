@@ -9,6 +9,7 @@ import torch
 
 from vidloom.core.errors import CheckpointError
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope, resolve_sdpa_scope
+from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
@@ -45,12 +46,6 @@ def load_talker(folder: Path, config: OmniConfig, device: torch.device, dtype: t
     model = materialize(lambda: OmniDecoder(config.talker, projects_input=True, sdpa=sdpa), device, dtype)
     load_weights(model, Path(folder), TALKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(TALKER_KEYS))
     return model.eval()
-
-
-def load_tokenizer(folder: Path) -> Any:
-    from vidloom.families.cosmos3.load import load_tokenizer as load
-
-    return load(Path(folder))
 
 
 PROCESSOR_FILE = "preprocessor_config.json"  # the released checkpoint's feature extractor + image processor settings
@@ -106,7 +101,7 @@ def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torc
     # Both decoders attend inside their KV stores with a causal mask, token2wav's DiT with a block mask: flash/sage
     # (no masks) are refused here, naming attention_backend; sdpa/math hold every attention call of the instance.
     sdpa = resolve_sdpa_scope(deploy.attention_backend, device, compute)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_chat_tokenizer(folder)
     thinker = load_thinker(folder, config, device, compute, sdpa)
     if len(tokenizer) > config.thinker.vocab_size:
         raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "

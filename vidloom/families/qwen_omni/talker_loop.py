@@ -20,7 +20,8 @@ from vidloom.core.loop import DONE, KV_SEQUENCE, Done, LoopContext, StepPlan
 from vidloom.core.speech import MAX_AUDIO_TOKENS
 from vidloom.decoding.sampling import make_generator, next_token
 from vidloom.families.qwen_omni.config import TalkerTokens
-from vidloom.families.qwen_omni.decoder import OmniDecoder, text_positions
+from vidloom.families.qwen_omni.decoder import OmniDecoder
+from vidloom.layers.rotary import text_positions
 from vidloom.families.qwen_omni.talker_inputs import (
     PREFILL_EXTRA_ROWS,
     TalkerInputs,

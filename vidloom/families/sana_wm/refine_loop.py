@@ -26,7 +26,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.ltx2.transformer import LTX2Transformer
 from vidloom.families.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
-from vidloom.families.ltx2.text import LTX2Text
+from vidloom.models.ltx2.text import LTX2Text
 
 # SanaWMLTX2Refiner.__call__ defaults (the public release's distilled 3-step refiner and its window).
 DISTILLED_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)

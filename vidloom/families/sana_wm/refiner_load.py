@@ -14,7 +14,7 @@ from vidloom.loading.precision import materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2ConnectorsConfig, LTX2TextConnectors
 from vidloom.families.sana_wm.checkpoint import load_refiner_transformer
-from vidloom.families.ltx2.text import LTX2_TEXT_TOKENS, LTX2TextEncoder
+from vidloom.models.ltx2.text import LTX2_TEXT_TOKENS, LTX2TextEncoder
 from vidloom.families.sana_wm.refine_loop import RefinerSettings
 
 REFINER_FOLDER = "refiner"

@@ -3,7 +3,7 @@
 The prompt is prefixed with the instruction ("chi") prompt SANA-WM was trained with, right-padded, and
 the BOS token plus the last `max_tokens - 1` positions are kept (SanaWMPipeline.encode_prompt); the
 negative prompt is encoded without the prefix. `offload` and `cache_size` (DeployConfig.offload_text_encoder,
-prompt_cache_size) work as for every family's encoder (families/wan/text.py: OffloadedWeights, EmbeddingCache).
+prompt_cache_size) work as for every family's encoder (vidloom/text_encoders: OffloadedWeights, EmbeddingCache).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
 from vidloom.core.errors import CheckpointError
-from vidloom.families.wan.text import EmbeddingCache, OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # SanaWMPipeline's DEFAULT_CHI_PROMPT (diffusers 0.42, from SANA's training recipe): the model was trained
 # on prompts carrying this prefix, so it is part of the conditioning, not a style choice.

@@ -20,7 +20,7 @@ from vidloom.loading.name_map import NameMap
 from vidloom.families.sana_wm.attention import CameraSelfAttention, CrossAttention, RMSNorm
 from vidloom.families.sana_wm.config import SanaWMConfig
 from vidloom.families.sana_wm.rays import ray_transforms, rope_table
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.layers.timestep import timestep_features
 
 TIMESTEP_CHANNELS = 256
 

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5EncoderModel
 
 from vidloom.core.errors import CheckpointError
 from vidloom.families.stable_audio.projection import StableAudioProjection
-from vidloom.families.wan.text import EmbeddingCache
+from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # A tokenizer saved without a length says model_max_length = 1e30; the real checkpoint's says 128.
 MAX_TEXT_TOKENS = 4096

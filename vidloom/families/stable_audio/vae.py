@@ -3,8 +3,8 @@
 Layout (diffusers `AutoencoderOobleck.decoder`): a 7-tap conv in, then per upsampling stride (the encoder's
 downsampling ratios reversed) a block [Snake -> transposed conv (x stride) -> residual units with dilation 1, 3,
 9], then Snake and a 7-tap conv out without bias; no clamp (the pipeline returns the raw waveform). The
-weight-normalised convolutions and the Snake activation are the same Oobleck pieces Cosmos3's sound decoder
-uses (vidloom.families.cosmos3.audio). The encoder (blocks of residual units then a strided conv, mirrored) only
+weight-normalised convolutions and the Snake activation are the Oobleck pieces Cosmos3's sound decoder
+uses too (vidloom.layers.oobleck). The encoder (blocks of residual units then a strided conv, mirrored) only
 runs for a request's initial waveform; its posterior is mean + (softplus(scale) + 1e-4) * noise, as
 diffusers' OobleckDiagonalGaussianDistribution samples it.
 """
@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.oobleck import NormedConv, ResidualUnit, Snake, UpBlock
 from vidloom.layers.tiling import SpatialTiling, decode_windows_1d
 from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key
 from vidloom.loading.key_policy import KeyPolicy
-from vidloom.families.cosmos3.audio import NormedConv, ResidualUnit, Snake, UpBlock
 
 DIFFUSERS_CLASS_NAME = "AutoencoderOobleck"
 # Every AutoencoderOobleck argument (diffusers 0.42).

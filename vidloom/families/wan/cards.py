@@ -16,7 +16,7 @@ from vidloom.families.wan.teacache import WAN21_TEACACHE
 FAMILY = "wan2.1"
 PROGRAM = "vidloom.families.wan.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.families.wan.memory:request_estimator"
-TEXT_TOKENS = 512  # Wan2.1's text length (families/wan/text.py WAN_TEXT_TOKENS); bounds prompt length
+TEXT_TOKENS = 512  # Wan2.1's text length (models/wan/text.py WAN_TEXT_TOKENS); bounds prompt length
 SAMPLERS = ("unipc", "euler")
 # Wan2.1's VAE downsamples 8x in space and 4x in time; the DiT patchifies 2x2 more.
 GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)

@@ -11,22 +11,21 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
-from vidloom.diffusion.sampler import SamplerConfig
+from vidloom.diffusion.sampler import load_sampler_config
 from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.precision import default_compute_dtype
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
-from vidloom.loading.component_file import build_component, component_files, load_component
+from vidloom.loading.component_file import build_component, component_files
 from vidloom.models.wan.transformer import WanTransformer
-from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS, wan_vae_layouts
+from vidloom.models.wan.loading import load_vae_and_text
+from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.wan.conditioning import WanPipelineConfig
 from vidloom.families.wan.experts import ExpertPlacement
 from vidloom.families.wan.image_encoder import WanImageEncoder
-from vidloom.families.wan.text import WanTextEncoder
 
 # model_index.json pipeline classes whose folders this loader reads. FastVideo's WanDMDPipeline is not a
 # diffusers class: FastVideo's registry finds its DMD-distilled FastWan repos by that name; their folders are
@@ -151,23 +150,3 @@ def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
     if deploy.fp8_weights:
         # Block linears hold ~all DiT weights; embeddings and the head stay in full precision.
         quantize_linears(transformer.blocks)
-
-
-def load_vae_and_text(
-    ckpt: DiffusersDir, device: torch.device, compute: torch.dtype, deploy: DeployConfig, vae_file: Path | None = None
-) -> tuple[WanVAE, WanTextEncoder]:
-    """The Wan VAE (weights loaded, from `vae_file` when given, still on the CPU in float32) and the UMT5 text
-    encoder on `device`."""
-    vae_config = ckpt.parse_component("vae", WanVAEConfig.from_diffusers)
-    vae = WanVAE(vae_config)
-    load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP, vae_file, wan_vae_layouts(vae_config))
-    text = WanTextEncoder.load(
-        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
-        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
-    )
-    return vae, text
-
-
-def load_sampler_config(ckpt: DiffusersDir) -> SamplerConfig:
-    """The checkpoint's scheduler settings; an unreadable scheduler_config.json is a CheckpointError."""
-    return ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")

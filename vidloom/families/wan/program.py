@@ -20,7 +20,7 @@ from vidloom.families.wan.conditioning import (
     wan21_condition,
 )
 from vidloom.families.wan.loop import WanDenoiseLoop
-from vidloom.families.wan.text import WanTextEncoder, encode_request_prompts
+from vidloom.models.wan.text import WanTextEncoder, encode_request_prompts
 
 
 def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:

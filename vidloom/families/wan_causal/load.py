@@ -18,7 +18,8 @@ from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.transformer import FarTransformer
-from vidloom.families.wan.load import load_sampler_config, load_vae_and_text
+from vidloom.diffusion.sampler import load_sampler_config
+from vidloom.models.wan.loading import load_vae_and_text
 from vidloom.families.wan_causal.cards import PIPELINE_CLASS
 
 # AnyFlowFARPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.

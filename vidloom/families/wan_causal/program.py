@@ -17,7 +17,7 @@ from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.image import fit_image
 from vidloom.models.wan.vae import WanVAE
 from vidloom.families.wan_causal.transformer import FarTransformer
-from vidloom.families.wan.text import WanTextEncoder, encode_prompt_pair, encode_request_prompts
+from vidloom.models.wan.text import WanTextEncoder, encode_prompt_pair, encode_request_prompts
 from vidloom.families.wan_causal.loop import FarRolloutLoop
 
 

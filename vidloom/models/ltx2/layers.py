@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.models.ltx2.rope import RopeTables, apply_rope
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.layers.timestep import timestep_features
 
 TIMESTEP_CHANNELS = 256  # sinusoidal features before the timestep MLP (PixArt-alpha's AdaLN-single)
 

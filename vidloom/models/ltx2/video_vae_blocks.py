@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vidloom.models.wan.transformer import timestep_features
+from vidloom.layers.timestep import timestep_features
 
 RMS_EPS = 1e-8  # diffusers PerChannelRMSNorm default, used by every LTX-2 VAE norm
 TIME_FEATURES = 256  # PixArt-alpha timestep embedder width, used by the LTX-2 decoder's conditioning

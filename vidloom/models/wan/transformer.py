@@ -22,6 +22,7 @@ from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
+from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 
 # diffusers' FP32LayerNorm default; the image embedder's norms use it (the blocks use config.eps).
@@ -31,20 +32,6 @@ IMAGE_NORM_EPS = 1e-5
 # ---------------------------------------------------------------------------
 # Building blocks
 # ---------------------------------------------------------------------------
-
-
-def timestep_features(timestep: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
-    """Sinusoidal features [B, dim] of (possibly fractional) timesteps, cosines first, in float32."""
-    half = dim // 2
-    # Same operation order as the reference: at t~1000 a one-ulp difference in a
-    # frequency moves the angle by ~1e-4 rad, which would show up in parity.
-    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=timestep.device)
-    freqs = torch.exp(exponent / half)
-    angles = timestep[:, None].float() * freqs[None, :]
-    features = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
-    if dim % 2:
-        features = F.pad(features, (0, 1))
-    return features
 
 
 def _layer_norm_fp32(x: Tensor, norm: nn.LayerNorm | None, eps: float) -> Tensor:

@@ -1,11 +1,12 @@
-"""grouped_attention (Cosmos3's GQA) against a naive float64 reference that repeats K/V per query head."""
+"""grouped_attention (the GQA of Cosmos3, Qwen-Omni and the paged KV store) against a naive float64 reference that
+repeats K/V per query head."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vidloom.families.cosmos3.transformer import grouped_attention
+from vidloom.layers.grouped_attention import grouped_attention
 
 
 def _reference(q, k, v, scale, mask):

@@ -1,4 +1,5 @@
-"""LTX-2's prompt path: Gemma3 (through transformers) read at every layer, then our text connectors."""
+"""LTX-2's prompt path: Gemma3 (through transformers) read at every layer, then our text connectors (LTX-2 and the
+SANA-WM refiner)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from vidloom.core.errors import CheckpointError
 from vidloom.lora.apply import component_loras, current_loras, loras_signature
 from vidloom.models.ltx2.connectors import LTX2TextConnectors
-from vidloom.families.wan.text import EmbeddingCache, OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # LTX2Pipeline's max_sequence_length default: prompts are left-padded (Gemma's chat-style side) to this.
 LTX2_TEXT_TOKENS = 1024

@@ -1,4 +1,4 @@
-"""Wan prompt encoding: UMT5 encoder (transformers) + the checkpoint's tokenizer.
+"""Wan prompt encoding: UMT5 encoder (transformers) + the checkpoint's tokenizer (Wan and AnyFlow-FAR).
 
 Matches diffusers' WanPipeline prompt handling: unescape HTML twice and collapse
 whitespace, pad/trim to `max_length` tokens, encode with the attention mask, then
@@ -13,9 +13,8 @@ import html
 import re
 import threading
 import warnings
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -23,6 +22,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderMode
 
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import GenerationRequest
+from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 WAN_TEXT_TOKENS = 512  # text length Wan2.1 was trained with (diffusers' default max_sequence_length)
 
@@ -130,7 +131,6 @@ class WanTextEncoder:
         past_end = torch.arange(hidden.shape[1], device=hidden.device)[None, :] >= mask.sum(dim=1)[:, None]
         return hidden.masked_fill(past_end[..., None], 0.0)
 
-
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
         return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
 
@@ -146,64 +146,5 @@ class WanTextEncoder:
                 ), stacklevel=2)
 
 
-class OffloadedWeights:
-    """A module whose weights live in CPU memory (pinned when the target is CUDA), uploaded per use.
-
-    `on_device()` points every parameter and buffer at a fresh device copy, uploaded
-    non-blocking from pinned memory (the encode kernels queue behind the copies on the same
-    stream), and afterwards points them back at the CPU tensors: the device copy is dropped,
-    never copied back, since the weights did not change.
-    """
-
-    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
-        self.device = device
-        pin = device.type == "cuda" and torch.cuda.is_available()
-        # remove_duplicate (the default) lists a tied weight (UMT5's shared embedding) once.
-        self._tensors = [t for _, t in (*module.named_parameters(), *module.named_buffers())]
-        self._host = [t.data.pin_memory() if pin else t.data for t in self._tensors]
-        for tensor, host in zip(self._tensors, self._host):
-            tensor.data = host
-
-    @contextlib.contextmanager
-    def on_device(self) -> Iterator[None]:
-        for tensor, host in zip(self._tensors, self._host):
-            tensor.data = host.to(self.device, non_blocking=True, copy=True)
-        try:
-            yield
-        finally:
-            for tensor, host in zip(self._tensors, self._host):
-                tensor.data = host
-
-
 class PromptTruncated(UserWarning):
     """A prompt longer than the text encoder's token limit was cut to the limit."""
-
-
-class EmbeddingCache:
-    """A thread-safe LRU of prompt embeddings; capacity 0 disables it."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.hits = 0
-        self.misses = 0
-        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> torch.Tensor | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return item
-
-    def put(self, key: str, value: torch.Tensor) -> None:
-        if self.capacity <= 0:
-            return
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
