@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
-from vidloom.families.wan.demo import train_tokenizer as train_t5_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 T5_HIDDEN = 16
 

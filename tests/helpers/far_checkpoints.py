@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tests.helpers.wan_checkpoints import _latent_stats
-from vidloom.families.wan.demo import train_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def write_tiny_far(folder: Path, spec: TinyFar, seed: int = 0, shift: float = 5.
     with torch.no_grad():
         for p in vae.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     torch.manual_seed(seed + 2)
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     scheduler = FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)

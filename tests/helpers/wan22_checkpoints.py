@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.wan_checkpoints import TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.families.wan.demo import train_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 # The TI2V-5B VAE layout at a tiny width: residual stages, 2x2 patching, a wider decoder.
 TI2V_VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
@@ -38,7 +38,7 @@ def _common(spec: TinyWan, seed: int):
     torch.manual_seed(seed + 1)
     vae = AutoencoderKLWan(**{**spec.vae, "latents_mean": mean, "latents_std": std}).eval()
     _perturb(vae, seed + 1)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     scheduler = UniPCMultistepScheduler(**{**_scheduler_kwargs(), "flow_shift": 5.0})
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from vidloom.families.wan.demo import WAN21_SCHEDULER, train_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.families.wan.demo import WAN21_SCHEDULER
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def write_tiny_wan(folder: Path, spec: TinyWan, seed: int = 0, flow_shift: float
     mean, std = _latent_stats(spec.vae["z_dim"], seed)
     vae = AutoencoderKLWan(**spec.vae, latents_mean=mean, latents_std=std).eval()
     _perturb(vae, seed + 1)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     scheduler = UniPCMultistepScheduler(**{**_scheduler_kwargs(), "flow_shift": flow_shift})
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)

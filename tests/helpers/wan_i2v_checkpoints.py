@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from tests.helpers.wan_checkpoints import TINY_A, TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.families.wan.demo import train_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 CLIP_SIZE = 32  # processor output side; with patch 8 -> 16 patches + CLS = 17 tokens
 CLIP = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
@@ -61,7 +61,7 @@ def write_tiny_wan_i2v(folder: Path, spec: TinyWan = TINY_A, first_last: bool = 
     mean, std = _latent_stats(spec.vae["z_dim"], seed)
     vae = AutoencoderKLWan(**spec.vae, latents_mean=mean, latents_std=std).eval()
     _perturb(vae, seed + 1)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     image_encoder, image_processor = _clip(seed + 2)
     pipe = WanImageToVideoPipeline(

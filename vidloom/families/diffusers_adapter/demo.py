@@ -14,6 +14,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.families.diffusers_adapter.cards import adapted_card
 from vidloom.families.diffusers_adapter.signature import PipelineShape
 
@@ -63,10 +64,8 @@ def write_demo_checkpoint(folder: Path) -> None:
     from diffusers import CogVideoXTransformer3DModel
     from transformers import T5Config, T5EncoderModel
 
-    from vidloom.families.wan.demo import train_tokenizer
-
     torch.manual_seed(DEMO_SEED)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=TEXT_HIDDEN, d_kv=8, d_ff=32,
                                            num_layers=1, num_heads=2, relative_attention_num_buckets=8))
     pipe = CogVideoXPipeline(

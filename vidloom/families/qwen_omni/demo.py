@@ -20,7 +20,8 @@ from vidloom.families.qwen_omni.decoder import TALKER_NAME_MAP, THINKER_NAME_MAP
 from vidloom.families.qwen_omni.dit import DIT_NAME_MAP, CodeToMelDiT
 from vidloom.families.qwen_omni.speakers import SPEAKER_FILE
 from vidloom.families.qwen_omni.vocoder import VOCODER_NAME_MAP, BigVGAN
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json
+from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged, write_json
+from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.qwen_omni.cards import AR_LOOP, ARCHITECTURE, omni_card
 from vidloom.families.qwen_omni.demo_encoders import (MEDIA_SPECIALS, thinker_media_config, tower_parts,
                                                      write_processors)

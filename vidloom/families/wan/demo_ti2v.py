@@ -15,13 +15,11 @@ import torch
 
 from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.core.request import Task
-from vidloom.loading.safetensors_io import save_weights
-from vidloom.models.wan.transformer import WanTransformer
-from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.demo.writer import latent_stats_config, write_parts, write_pipeline_files
 from vidloom.families.wan.cards import wan_t2v_card
-from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, train_tokenizer, write_text_encoder
+from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, demo_parts, write_text_encoder
 from vidloom.families.wan.registered import WAN22_5B_GEOMETRY
 
 DEMO_ID = "wan2.2-demo"
@@ -79,20 +77,8 @@ def ensure_demo_checkpoint(cache_dir: Path) -> Path:
 def write_demo_checkpoint(folder: Path) -> None:
     """A Wan2.2 TI2V WanPipeline folder from our own modules."""
     torch.manual_seed(DEMO_SEED)
-    transformer = WanTransformer(WanTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(transformer)
-    save_weights(transformer, folder / "transformer", WAN_TRANSFORMER_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
-
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    stats = {"latents_mean": (torch.randn(Z_DIM, generator=g) * 0.5).tolist(),
-             "latents_std": (torch.rand(Z_DIM, generator=g) * 2 + 0.5).tolist()}
-    vae = WanVAE(WanVAEConfig.from_diffusers({**DEMO_VAE, **stats}))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-
-    tokenizer = train_tokenizer()
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    vae = {**DEMO_VAE, **latent_stats_config(DEMO_SEED + 1, Z_DIM)}
+    write_parts(folder, demo_parts(DEMO_TRANSFORMER, vae, vae_fill=None))
+    tokenizer = train_t5_tokenizer()
     write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
-    write_json(folder / "scheduler" / "scheduler_config.json", {**WAN21_SCHEDULER, "flow_shift": 5.0})
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_pipeline_files(folder, {**WAN21_SCHEDULER, "flow_shift": 5.0}, MODEL_INDEX, tokenizer)
