@@ -59,15 +59,8 @@ class TwoBranchCFG:
     """The step every policy shares: no negative embeddings, one conditional forward; otherwise the two
     branches' predictions (the subclass's `branches`), combined by `cfg_combine`."""
 
-    def __call__(
-        self,
-        network: Network,
-        latents: Tensor,
-        timestep: Tensor,
-        prompt_embeds: Tensor,
-        negative_embeds: Tensor | None,
-        guidance_scale: GuidanceScale,
-    ) -> Tensor:
+    def __call__(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor | None, guidance_scale: GuidanceScale) -> Tensor:
         if negative_embeds is None:
             return self.unguided(network, latents, timestep, prompt_embeds)
         cond, uncond = self.branches(network, latents, timestep, prompt_embeds, negative_embeds)
