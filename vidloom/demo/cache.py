@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -32,6 +33,21 @@ NOISE_NOTE = (
 def noise_note(demo: str, family: str, example: str = "") -> str:
     """The card note every demo carries: its output is noise, and where real weights come from."""
     return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "")
+
+
+@dataclass(frozen=True)
+class DemoCheckpoint:
+    """A demo's entry in the cache: `<demo_id>-v<version>`, filled by `write` (bump the version when the
+    demo's architecture or files change, so caches holding the old folder write the new one)."""
+
+    demo_id: str
+    version: int
+    write: Callable[[Path], None]
+    marker: str = "model_index.json"  # a file every complete folder has
+
+    def ensure(self, cache_dir: Path) -> Path:
+        """The demo's folder in `cache_dir`, written first if absent."""
+        return ensure_written(cache_dir, f"{self.demo_id}-v{self.version}", self.write, self.marker)
 
 
 def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None],

@@ -85,3 +85,10 @@ def write_pipeline_files(folder: Path, scheduler: dict[str, Any], model_index: d
         tokenizer.save_pretrained(str(folder / tokenizer_folder))
     write_json(folder / "scheduler" / "scheduler_config.json", scheduler)
     write_json(folder / "model_index.json", model_index)
+
+
+def model_index(pipeline: str, **entries: Any) -> dict[str, Any]:
+    """A model_index.json: `_class_name` first, then the entries in order; a "library:Class" string is a
+    component ([library, Class]), any other value is written as it is (flags, [None, None] for an absent one)."""
+    return {"_class_name": pipeline,
+            **{key: value.split(":") if isinstance(value, str) else value for key, value in entries.items()}}

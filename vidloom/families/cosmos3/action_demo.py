@@ -14,7 +14,7 @@ from pathlib import Path
 from vidloom.core.card import ModelCard, RecipeSpec
 from vidloom.families.cosmos3 import demo
 from vidloom.families.cosmos3.cards import AR_LOOP, action_limits, cosmos3_card
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.writer import write_pipeline_files
 
 DEMO_ID = "cosmos3-action-demo"
@@ -29,6 +29,7 @@ DEMO_TRANSFORMER = {
 }
 MODEL_INDEX = {k: v for k, v in demo.MODEL_INDEX.items() if k != "sound_tokenizer"}
 
+
 def demo_card() -> ModelCard:
     card = cosmos3_card(
         DEMO_ID, f"demo:{DEMO_ID}", generates=True, sound=False, defaults=demo.DEMO_DEFAULTS, precision="float32",
@@ -38,11 +39,11 @@ def demo_card() -> ModelCard:
     )
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 def write_demo_checkpoint(folder: Path) -> None:
     """A Cosmos3OmniPipeline folder (action pathway, no sound) from our own modules; diffusers loads it too."""
     demo.write_backbone(folder, DEMO_TRANSFORMER, DEMO_SEED)
     write_pipeline_files(folder, demo.DEMO_SCHEDULER, MODEL_INDEX)
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

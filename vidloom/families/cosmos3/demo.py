@@ -24,9 +24,9 @@ from vidloom.families.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transform
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.cosmos3.cards import AR_LOOP, cosmos3_card
 from vidloom.families.cosmos3.prompts import VISION_START
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged, write_json
+from vidloom.demo.cache import DemoCheckpoint, fill_zeros, noise_note, save_merged, write_json
 from vidloom.demo.tokenizer import train_chat_tokenizer
-from vidloom.demo.writer import Part, latent_stats_config, write_part, write_pipeline_files
+from vidloom.demo.writer import Part, latent_stats_config, model_index, write_part, write_pipeline_files
 
 DEMO_ID = "cosmos3-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
@@ -74,16 +74,13 @@ DEMO_SCHEDULER = {
     "use_flow_sigmas": True, "use_karras_sigmas": True, "sigma_min": 0.147, "sigma_max": 200.0,
     "flow_shift": 1.0, "final_sigmas_type": "zero", "solver_order": 2, "solver_type": "bh2",
 }
-MODEL_INDEX = {
-    "_class_name": "Cosmos3OmniPipeline",
-    "transformer": ["diffusers", "Cosmos3OmniTransformer"],
-    "text_tokenizer": ["transformers", "Qwen2TokenizerFast"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"],
-    "safety_checker": [None, None],
-    "enable_safety_checker": False,  # the guardrail is not part of a random-weight demo
-}
+MODEL_INDEX = model_index(
+    "Cosmos3OmniPipeline",
+    transformer="diffusers:Cosmos3OmniTransformer", text_tokenizer="transformers:Qwen2TokenizerFast",
+    vae="diffusers:AutoencoderKLWan", scheduler="diffusers:UniPCMultistepScheduler",
+    sound_tokenizer="diffusers:Cosmos3AVAEAudioTokenizer", safety_checker=[None, None],
+    enable_safety_checker=False,  # the guardrail is not part of a random-weight demo
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=64, width=64, num_frames=9, fps=8, num_inference_steps=6,
     guidance_scale=6.0, flow_shift=1.0, sampler="unipc", negative_prompt="",
@@ -97,11 +94,6 @@ def demo_card() -> ModelCard:
         notes=(DEMO_NOTE,),
     )
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
-
-
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
@@ -145,3 +137,6 @@ def _sound_holder() -> torch.nn.Module:
     holder = torch.nn.Module()
     holder.decoder = SoundDecoder(SoundDecoderConfig.from_diffusers(DEMO_SOUND_TOKENIZER))
     return holder
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

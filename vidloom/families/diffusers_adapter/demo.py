@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.families.diffusers_adapter.cards import adapted_card
 from vidloom.families.diffusers_adapter.signature import PipelineShape
@@ -53,11 +53,6 @@ def demo_card() -> ModelCard:
                         precision="float32", notes=(DEMO_NOTE,))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A CogVideoXPipeline folder: T5 encoder (transformers), transformer and VAE (diffusers), random weights."""
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
@@ -73,3 +68,6 @@ def write_demo_checkpoint(folder: Path) -> None:
         transformer=CogVideoXTransformer3DModel(**DEMO_TRANSFORMER), scheduler=CogVideoXDDIMScheduler(),
     )
     pipe.save_pretrained(str(folder))
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -17,9 +17,9 @@ from vidloom.core.card import ModelCard
 from vidloom.layers.attention import attention
 from vidloom.families.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.families.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_chat_tokenizer
-from vidloom.demo.writer import Part, write_parts, write_pipeline_files
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files
 from vidloom.families.flux2.cards import DISTILLED_DEFAULTS, flux2_card
 from vidloom.families.flux2.text import FLUX2_TEXT_LAYERS
 
@@ -67,15 +67,12 @@ DEMO_SCHEDULER = {
     "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
     "max_image_seq_len": 4096, "time_shift_type": "exponential",
 }
-MODEL_INDEX = {
-    "_class_name": "Flux2KleinPipeline",
-    "is_distilled": True,
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen3ForCausalLM"],
-    "tokenizer": ["transformers", "Qwen2TokenizerFast"],
-    "transformer": ["diffusers", "Flux2Transformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLFlux2"],
-}
+MODEL_INDEX = model_index(
+    "Flux2KleinPipeline",
+    is_distilled=True, scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
+    text_encoder="transformers:Qwen3ForCausalLM", tokenizer="transformers:Qwen2TokenizerFast",
+    transformer="diffusers:Flux2Transformer2DModel", vae="diffusers:AutoencoderKLFlux2",
+)
 DEMO_DEFAULTS = dataclasses.replace(DISTILLED_DEFAULTS, height=64, width=64)
 
 
@@ -87,23 +84,21 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Flux2KleinPipeline folder from our own modules (diffusers can load it too)."""
     torch.manual_seed(DEMO_SEED)
     write_parts(folder, (
-        Part("transformer", lambda: Flux2Transformer(Flux2TransformerConfig.from_diffusers(DEMO_TRANSFORMER), attention),
-             FLUX2_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
+        Part("transformer", _transformer, FLUX2_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
         Part("vae", lambda: Flux2VAE(Flux2VAEConfig.from_diffusers(DEMO_VAE)), FLUX2_VAE_NAME_MAP, DEMO_VAE,
              latent_seed=DEMO_SEED + 1, latent_buffers=("latent_mean", "latent_var")),
     ))
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE, vocab_size=300)
     _write_text_encoder(folder / "text_encoder", len(tokenizer))
     write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
+
+
+def _transformer() -> Flux2Transformer:
+    return Flux2Transformer(Flux2TransformerConfig.from_diffusers(DEMO_TRANSFORMER), attention)
 
 
 def _write_text_encoder(folder: Path, vocab_size: int) -> None:
@@ -114,3 +109,6 @@ def _write_text_encoder(folder: Path, vocab_size: int) -> None:
     with torch.no_grad():  # loud embeddings: the prompt moves the image instead of vanishing in the norms
         model.model.embed_tokens.weight.mul_(20.0)
     model.save_pretrained(str(folder))
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -24,8 +24,8 @@ from vidloom.models.ltx2.demo_parts import DEMO_VIDEO_VAE as DEMO_VAE
 from vidloom.models.ltx2.upsampler import LTX2_UPSAMPLER_NAME_MAP, LTX2LatentUpsampler, LTX2LatentUpsamplerConfig
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
 from vidloom.models.ltx2.vocoder import LTX2Vocoder, LTX2VocoderConfig
-from vidloom.demo.cache import ensure_written, noise_note
-from vidloom.demo.writer import write_parts, write_pipeline_files
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.writer import model_index, write_parts, write_pipeline_files
 from vidloom.families.ltx2.cards import DEFAULTS, ltx2_card
 
 DEMO_ID = "ltx2-demo"
@@ -58,17 +58,13 @@ DEMO_SCHEDULER = {
     "use_dynamic_shifting": True, "base_shift": 0.95, "max_shift": 2.05, "base_image_seq_len": 1024,
     "max_image_seq_len": 4096, "shift_terminal": 0.1,
 }
-MODEL_INDEX = {
-    "_class_name": "LTX2Pipeline",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "vae": ["diffusers", "AutoencoderKLLTX2Video"],
-    "audio_vae": ["diffusers", "AutoencoderKLLTX2Audio"],
-    "text_encoder": ["transformers", "Gemma3ForConditionalGeneration"],
-    "tokenizer": ["transformers", "GemmaTokenizerFast"],
-    "connectors": ["ltx2", "LTX2TextConnectors"],
-    "transformer": ["diffusers", "LTX2VideoTransformer3DModel"],
-    "vocoder": ["ltx2", "LTX2Vocoder"],
-}
+MODEL_INDEX = model_index(
+    "LTX2Pipeline",
+    scheduler="diffusers:FlowMatchEulerDiscreteScheduler", vae="diffusers:AutoencoderKLLTX2Video",
+    audio_vae="diffusers:AutoencoderKLLTX2Audio", text_encoder="transformers:Gemma3ForConditionalGeneration",
+    tokenizer="transformers:GemmaTokenizerFast", connectors="ltx2:LTX2TextConnectors",
+    transformer="diffusers:LTX2VideoTransformer3DModel", vocoder="ltx2:LTX2Vocoder",
+)
 # Four 32-pixel latent cells a side; the two-stage program (--two-stage) adds the upsampler's 2x pass.
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=128, width=128, num_frames=9, num_inference_steps=4)
 SIZE_MULTIPLE, TEMPORAL_FACTOR = 32, 8
@@ -80,11 +76,6 @@ def demo_card() -> ModelCard:
         description="LTX-2 video with sound (audio VAE + vocoder, two-stage upsampler) at a tiny size, random weights",
         notes=(DEMO_NOTE,), precision="float32",
     )
-
-
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
@@ -114,3 +105,6 @@ def _upsampler_name_map() -> NameMap:
     # resampler's conv has diffusers' own name already, so writing it back through that map would be wrong.
     rational = LTX2LatentUpsamplerConfig.from_diffusers(DEMO_UPSAMPLER).uses_rational_resampler
     return NameMap(()) if rational else LTX2_UPSAMPLER_NAME_MAP
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -1,7 +1,8 @@
 """sana-wm-demo's stage-2 refiner: a SanaWMLTX2Refiner folder at a tiny size with seeded random weights.
 
 The LTX-2 refiner DiT, LTX-2 text connectors and a tiny Gemma-3 encoder with an offline BPE tokenizer,
-written from our own modules with ltx2-demo's parts (vidloom.models.ltx2.demo_parts), so `--two-stage` runs on the demo offline.
+written from our own modules with ltx2-demo's parts (vidloom.models.ltx2.demo_parts), so `--two-stage` runs
+on the demo offline.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from vidloom.families.stable_audio.projection import (
 )
 from vidloom.families.stable_audio.transformer import STABLE_AUDIO_DIT_NAME_MAP, StableAudioDiT, StableAudioDiTConfig
 from vidloom.families.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_t5_tokenizer
-from vidloom.demo.writer import Part, write_parts, write_pipeline_files, write_t5_encoder
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files, write_t5_encoder
 from vidloom.families.stable_audio.cards import DEFAULTS, stable_audio_card
 
 DEMO_ID = "stable-audio-demo"
@@ -54,15 +54,13 @@ DEMO_SCHEDULER = {
     "prediction_type": "v_prediction", "rho": 7.0, "solver_type": "midpoint", "lower_order_final": True,
     "euler_at_final": False, "final_sigmas_type": "zero",
 }
-MODEL_INDEX = {
-    "_class_name": "StableAudioPipeline",
-    "projection_model": ["stable_audio", "StableAudioProjectionModel"],
-    "scheduler": ["diffusers", "CosineDPMSolverMultistepScheduler"],
-    "text_encoder": ["transformers", "T5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "StableAudioDiTModel"],
-    "vae": ["diffusers", "AutoencoderOobleck"],
-}
+MODEL_INDEX = model_index(
+    "StableAudioPipeline",
+    projection_model="stable_audio:StableAudioProjectionModel",
+    scheduler="diffusers:CosineDPMSolverMultistepScheduler", text_encoder="transformers:T5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:StableAudioDiTModel",
+    vae="diffusers:AutoencoderOobleck",
+)
 DEMO_WINDOW = 128 * 128 / 16000
 DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=10.0,
                        sample_rate=16000)
@@ -75,11 +73,6 @@ def demo_card() -> ModelCard:
         description="Stable Audio Open (text to audio, ~1 s of 16 kHz stereo) at a tiny size, random weights",
         notes=(DEMO_NOTE,),
     )
-
-
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
@@ -106,3 +99,6 @@ def _quiet_vae() -> OobleckVAE:
     with torch.no_grad():
         vae.decoder.conv2.weight_g.fill_(0.01)
     return vae
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -15,9 +15,9 @@ from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.demo.cache import ensure_written
+from vidloom.demo.cache import DemoCheckpoint
 from vidloom.demo.tokenizer import train_t5_tokenizer
-from vidloom.demo.writer import Part, write_parts, write_pipeline_files, write_t5_encoder
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files, write_t5_encoder
 from vidloom.families.wan.cards import wan_t2v_card
 
 DEMO_ID = "wan2.1-demo"
@@ -60,14 +60,12 @@ WAN21_SCHEDULER = {
     "use_beta_sigmas": False, "rescale_betas_zero_snr": False, "solver_p": None,
     "sample_max_value": 1.0, "dynamic_thresholding_ratio": 0.995,
 }
-MODEL_INDEX = {
-    "_class_name": "WanPipeline",
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "WanTransformer3DModel"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-}
+MODEL_INDEX = model_index(
+    "WanPipeline",
+    scheduler="diffusers:UniPCMultistepScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:WanTransformer3DModel",
+    vae="diffusers:AutoencoderKLWan",
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=128, width=192, num_frames=17, fps=8, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=3.0, sampler="unipc", negative_prompt="",
@@ -82,11 +80,6 @@ def demo_card() -> ModelCard:
         description="Wan2.1 T2V architecture at a tiny size with seeded random weights (runs on CPU in seconds)",
         notes=(DEMO_NOTE,),
     )
-
-
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """Return the demo checkpoint folder, writing it first if this cache has none."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
@@ -110,3 +103,6 @@ def demo_parts(transformer: dict, vae: dict, vae_fill: float | None) -> tuple[Pa
 def write_text_encoder(folder: Path, vocab_size: int) -> None:
     """The demo's UMT5 text encoder (random weights, built by transformers from a config)."""
     write_t5_encoder(folder, vocab_size, DEMO_TEXT_ENCODER, DEMO_SEED + 1)
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

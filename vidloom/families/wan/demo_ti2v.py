@@ -15,9 +15,9 @@ import torch
 
 from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.core.request import Task
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_t5_tokenizer
-from vidloom.demo.writer import latent_stats_config, write_parts, write_pipeline_files
+from vidloom.demo.writer import latent_stats_config, model_index, write_parts, write_pipeline_files
 from vidloom.families.wan.cards import wan_t2v_card
 from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, demo_parts, write_text_encoder
 from vidloom.families.wan.registered import WAN22_5B_GEOMETRY
@@ -43,17 +43,12 @@ DEMO_VAE = {
     "patch_size": 2, "in_channels": 12, "out_channels": 12, "scale_factor_spatial": 16, "scale_factor_temporal": 4,
 }
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers: one transformer, per-token timesteps, no CLIP image encoder.
-MODEL_INDEX = {
-    "_class_name": "WanPipeline",
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "WanTransformer3DModel"],
-    "transformer_2": [None, None],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-    "boundary_ratio": None,
-    "expand_timesteps": True,
-}
+MODEL_INDEX = model_index(
+    "WanPipeline",
+    scheduler="diffusers:UniPCMultistepScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:WanTransformer3DModel",
+    transformer_2=[None, None], vae="diffusers:AutoencoderKLWan", boundary_ratio=None, expand_timesteps=True,
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=64, width=96, num_frames=9, fps=24, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=5.0, sampler="unipc", negative_prompt="",
@@ -69,11 +64,6 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Wan2.2 TI2V WanPipeline folder from our own modules."""
     torch.manual_seed(DEMO_SEED)
@@ -82,3 +72,6 @@ def write_demo_checkpoint(folder: Path) -> None:
     tokenizer = train_t5_tokenizer()
     write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
     write_pipeline_files(folder, {**WAN21_SCHEDULER, "flow_shift": 5.0}, MODEL_INDEX, tokenizer)
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -16,9 +16,11 @@ from vidloom.core.card import ModelCard
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.transformer import FarTransformer
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_t5_tokenizer
-from vidloom.demo.writer import Part, latent_stats_config, write_parts, write_pipeline_files, write_t5_encoder
+from vidloom.demo.writer import (
+    Part, latent_stats_config, model_index, write_parts, write_pipeline_files, write_t5_encoder,
+)
 from vidloom.families.wan_causal.cards import DEFAULTS, far_card
 
 DEMO_ID = "far-demo"
@@ -47,14 +49,12 @@ DEMO_TEXT_ENCODER = {
 }
 # FlowMapEulerDiscreteScheduler as the AnyFlow-FAR release saves it (shift 5).
 DEMO_SCHEDULER = {"_class_name": "FlowMapEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 5.0}
-MODEL_INDEX = {
-    "_class_name": "AnyFlowFARPipeline",
-    "scheduler": ["diffusers", "FlowMapEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "AnyFlowFARTransformer3DModel"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-}
+MODEL_INDEX = model_index(
+    "AnyFlowFARPipeline",
+    scheduler="diffusers:FlowMapEulerDiscreteScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:AnyFlowFARTransformer3DModel",
+    vae="diffusers:AutoencoderKLWan",
+)
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, fps=8)
 
 
@@ -62,11 +62,6 @@ def demo_card() -> ModelCard:
     card = far_card(DEMO_ID, f"demo:{DEMO_ID}", DEMO_DEFAULTS,
                     "AnyFlow-FAR causal streaming video (chunked rollout, extension) at a tiny size, random weights")
     return dataclasses.replace(card, precision="float32", notes=(DEMO_NOTE,))
-
-
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
 
 
 def write_demo_checkpoint(folder: Path) -> None:
@@ -82,3 +77,6 @@ def write_demo_checkpoint(folder: Path) -> None:
     tokenizer = train_t5_tokenizer()
     write_t5_encoder(folder / "text_encoder", len(tokenizer), DEMO_TEXT_ENCODER, DEMO_SEED + 2)
     write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure
