@@ -99,22 +99,9 @@ CONFIGS = (TINY_SPLIT, TINY_INTERLEAVED)
 
 def train_gemma_tokenizer():
     """A BPE trained offline on CORPUS, saved as a Gemma tokenizer (bos/eos/pad like Gemma's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GemmaTokenizerFast
+    from vidloom.demo.tokenizer import train_gemma_tokenizer as train
 
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    from tokenizers import processors
-
-    bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=1024)
+    return train(CORPUS, vocab_size=200, model_max_length=1024)
 
 
 def tiny_gemma3(vocab: int, hidden: int, layers: int):

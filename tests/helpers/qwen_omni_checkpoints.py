@@ -16,16 +16,8 @@ from typing import Any
 
 import torch
 
-# Renders audio and image parts with their placeholders as the released Qwen2.5-Omni template does.
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
-    "{% elif p.type == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
-    "{% elif p.type == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from vidloom.families.qwen_omni.demo import CHAT_TEMPLATE  # the demo's: the released template's rendering
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>",
             "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<tts_pad>", "<tts_text_bos>",
             "<tts_text_eod>", "<tts_text_bos_single>", "<tts_text_bos_single_2>"]
