@@ -12,20 +12,9 @@ from pathlib import Path
 
 import torch
 
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
-    "{% endif %}"
-)
-CORPUS = [
-    "a red fox jumps over the lazy dog in the snow",
-    "a cat holding a sign that says hello world",
-    "an astronaut riding a horse on the moon, photorealistic",
-    "a bowl of fruit on a wooden table, oil painting",
-    "make the sky purple and add a rainbow",
-    "user assistant system think",
-]
+from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.families.flux2.demo import CHAT_TEMPLATE, CORPUS, SPECIALS  # flux2-klein-demo's tokenizer
+
 SCHEDULER = dict(
     num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
     base_image_seq_len=256, max_image_seq_len=4096, time_shift_type="exponential",
@@ -62,23 +51,11 @@ TINY_BASE = TinyFlux2(
 CONFIGS = (TINY_DISTILLED, TINY_BASE)
 
 
-def train_qwen_tokenizer(specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
-                                                    "</think>"),
-                         corpus: list[str] | None = None, vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE):
-    """A byte-level BPE trained offline on `corpus` (default CORPUS), saved as a Qwen2 tokenizer with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS if corpus is None else corpus, trainer)
-    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   unk_token=None, bos_token=None)
-    tokenizer.chat_template = chat_template
-    return tokenizer
+def train_qwen_tokenizer(specials: tuple[str, ...] = SPECIALS, corpus: tuple[str, ...] | list[str] = CORPUS,
+                         vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE trained offline on `corpus`, saved as a Qwen2 tokenizer with a chat template
+    (flux2-klein-demo's by default)."""
+    return train_chat_tokenizer(corpus, specials, chat_template, vocab_size=vocab_size)
 
 
 def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:

@@ -17,14 +17,8 @@ from tests.helpers.ltx2_audio_fixtures import build_audio_vae, build_vocoder
 from tests.helpers.ltx2_vae_fixtures import (
     UPSAMPLER_A, UPSAMPLER_B, VAE_A, VAE_B, TinyUpsampler, TinyVideoVAE, build_upsampler, build_video_vae,
 )
+from vidloom.models.ltx2.demo_parts import CORPUS  # ltx2-demo's tokenizer corpus
 
-CORPUS = [
-    "a robot dancing in the rain",
-    "a red fox jumps over the lazy dog in the snow",
-    "a cat holding a sign that says hello world, with music playing",
-    "waves crash on a rocky beach at sunset",
-    "worst quality, inconsistent motion, blurry, jittery, distorted",
-]
 # The LTX-2 scheduler config (Lightricks/LTX-2 scheduler/scheduler_config.json keys the pipeline reads).
 SCHEDULER = dict(
     num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
