@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.lora_files import LoRASpec, rewrite_ltx2_original, write_lora, write_ltx2_lora_with_connectors
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
@@ -48,8 +49,7 @@ def setup(tiny_ltx2_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ltx2-loras")
     files = {name: write_lora(tiny_ltx2_dir, "LTX2Pipeline", spec, out) for name, spec in LORAS.items()}
-    pipe = LTX2Pipeline.from_pretrained(str(tiny_ltx2_dir), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(LTX2Pipeline, tiny_ltx2_dir)
     return pipe, files
 
 

@@ -23,6 +23,7 @@ from vidloom.parity.families import LTX2_T2V
 from vidloom.families.ltx2.program import build_program
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
+from tests.helpers.reference_pipelines import reference_pipeline
 
 FRAME_TOLERANCE = 1e-4
 AUDIO_TOLERANCE = 1e-4
@@ -48,8 +49,7 @@ def _pipeline_kwargs(settings: LTX2Settings, guidance: float) -> dict:
 def reference(tiny_ltx2_dir):
     from diffusers import LTX2Pipeline
 
-    pipe = LTX2Pipeline.from_pretrained(str(tiny_ltx2_dir), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(LTX2Pipeline, tiny_ltx2_dir)
     return pipe
 
 
