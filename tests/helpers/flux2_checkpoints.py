@@ -30,23 +30,34 @@ class TinyFlux2:
     text_hidden: int = 16
 
 
+def flux2_dit(in_channels: int, layers: int, single_layers: int, head_dim: int, heads: int, text_width: int,
+              time_channels: int, rope_axis: int) -> dict:
+    """Flux2Transformer2DModel keyword arguments: 1x1 patches, four equal RoPE axes, no guidance embedding (Klein)."""
+    return dict(patch_size=1, in_channels=in_channels, num_layers=layers, num_single_layers=single_layers,
+                attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_width,
+                timestep_guidance_channels=time_channels, axes_dims_rope=(rope_axis,) * 4, guidance_embeds=False)
+
+
+def flux2_vae(channels: tuple[int, ...], latent_channels: int, groups: int) -> dict:
+    """AutoencoderKLFlux2 keyword arguments: one level per entry of `channels`, one layer per block."""
+    return dict(block_out_channels=channels, layers_per_block=1, latent_channels=latent_channels,
+                norm_num_groups=groups, down_block_types=("DownEncoderBlock2D",) * len(channels),
+                up_block_types=("UpDecoderBlock2D",) * len(channels))
+
+
 TINY_DISTILLED = TinyFlux2(
     name="klein-distilled",
     distilled=True,
-    transformer=dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
-                     num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=32,
-                     axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False),
-    vae=dict(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2),
+    transformer=flux2_dit(in_channels=16, layers=1, single_layers=2, head_dim=16, heads=2, text_width=48,
+                          time_channels=32, rope_axis=4),
+    vae=flux2_vae(channels=(8, 16), latent_channels=4, groups=4),
 )
 TINY_BASE = TinyFlux2(
     name="klein-base",
     distilled=False,
-    transformer=dict(patch_size=1, in_channels=32, num_layers=2, num_single_layers=1, attention_head_dim=8,
-                     num_attention_heads=3, joint_attention_dim=48, timestep_guidance_channels=16,
-                     axes_dims_rope=(2, 2, 2, 2), guidance_embeds=False),
-    vae=dict(block_out_channels=(8, 8, 16), layers_per_block=1, latent_channels=8, norm_num_groups=4,
-             down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3),
+    transformer=flux2_dit(in_channels=32, layers=2, single_layers=1, head_dim=8, heads=3, text_width=48,
+                          time_channels=16, rope_axis=2),
+    vae=flux2_vae(channels=(8, 8, 16), latent_channels=8, groups=4),
 )
 CONFIGS = (TINY_DISTILLED, TINY_BASE)
 
