@@ -7,16 +7,17 @@ Checkpoints are written once into bench/.cache/ (git-ignored) and reused.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from tests.helpers.wan_checkpoints import TINY_A, TinyWan, wan_dit, wan_vae, write_tiny_wan  # noqa: E402
+from vidloom.demo.cache import ensure_written  # noqa: E402
 from vidloom.families.wan.demo import DEMO_TEXT_ENCODER  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"
@@ -78,15 +79,13 @@ SIZES: dict[str, BenchSize] = {
 }
 
 
+def cached(name: str, write: Callable[[Path], Any], marker: str = "model_index.json") -> Path:
+    """`CACHE/name`, written by `write(folder)` on first use: staged, then renamed, so a run cut short leaves no
+    half-written folder (every benchmark's checkpoints go through here)."""
+    return ensure_written(CACHE, name, write, marker)
+
+
 def ensure_checkpoint(size: str) -> Path:
-    """The checkpoint folder for `size`, written (atomically) on first use."""
+    """The checkpoint folder for `size`, written on first use."""
     spec = SIZES[size].spec
-    folder = CACHE / spec.name
-    if (folder / "model_index.json").exists():
-        return folder
-    partial = CACHE / f".{spec.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    write_tiny_wan(partial, spec)
-    partial.rename(folder)
-    return folder
+    return cached(spec.name, lambda folder: write_tiny_wan(folder, spec))

@@ -27,12 +27,12 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.flux2_checkpoints import (  # noqa: E402
     TINY_DISTILLED, TinyFlux2, flux2_dit, flux2_vae, write_tiny_flux2,
 )
 
-CACHE = ROOT / "bench" / ".cache"
 SIZES = {
     "tiny": (TINY_DISTILLED, 32, 48),
     # A mid-size Klein-shaped model: 256-wide DiT (2 double + 4 single blocks), 4-level VAE, 128x128 images.
@@ -60,10 +60,7 @@ STEPS = 4
 
 def _checkpoint(size: str) -> Path:
     spec = SIZES[size][0]
-    folder = CACHE / f"flux2-{spec.name}"
-    if not (folder / "model_index.json").exists():
-        write_tiny_flux2(folder, spec)
-    return folder
+    return cached(f"flux2-{spec.name}", lambda folder: write_tiny_flux2(folder, spec))
 
 
 def _load(folder: Path, device: str):
