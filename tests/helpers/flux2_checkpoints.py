@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers.weights import scale_params
 from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.flux2.demo import CHAT_TEMPLATE, CORPUS, SPECIALS  # flux2-klein-demo's tokenizer
 
@@ -69,24 +70,15 @@ def train_qwen_tokenizer(specials: tuple[str, ...] = SPECIALS, corpus: tuple[str
     return train_chat_tokenizer(corpus, specials, chat_template, vocab_size=vocab_size)
 
 
-def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
-    # Random init barely lets the output depend on text and timestep; louder conditioning makes
-    # a broken conditioning path move the image by many uint8 levels.
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if any(n in name for n in names):
-                p.mul_(factor)
-
-
 def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     transformer = Flux2Transformer2DModel(**spec.transformer).eval()
-    _scale(transformer, ("timestep_embedder", "modulation"), 4.0)
-    _scale(transformer, ("context_embedder", "add_q_proj", "add_k_proj", "add_v_proj"), 10.0)
-    _scale(transformer, ("proj_out",), 6.0)
+    scale_params(transformer, ("timestep_embedder", "modulation"), 4.0)
+    scale_params(transformer, ("context_embedder", "add_q_proj", "add_k_proj", "add_v_proj"), 10.0)
+    scale_params(transformer, ("proj_out",), 6.0)
     vae = AutoencoderKLFlux2(**spec.vae).eval()
     g = torch.Generator().manual_seed(seed + 1)
     vae.bn.running_mean.copy_(torch.randn(vae.bn.running_mean.shape, generator=g) * 0.3)
@@ -98,7 +90,7 @@ def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
         tie_word_embeddings=True,
     )).eval()
-    _scale(text_encoder, ("embed_tokens",), 20.0)
+    scale_params(text_encoder, ("embed_tokens",), 20.0)
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
     return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               transformer=transformer, is_distilled=spec.distilled)

@@ -17,6 +17,7 @@ from tests.helpers.ltx2_audio_fixtures import build_audio_vae, build_vocoder
 from tests.helpers.ltx2_vae_fixtures import (
     UPSAMPLER_A, UPSAMPLER_B, VAE_A, VAE_B, TinyUpsampler, TinyVideoVAE, build_upsampler, build_video_vae,
 )
+from tests.helpers.weights import scale_params
 from vidloom.models.ltx2.demo_parts import CORPUS  # ltx2-demo's tokenizer corpus
 
 # The LTX-2 scheduler config (Lightricks/LTX-2 scheduler/scheduler_config.json keys the pipeline reads).
@@ -111,15 +112,6 @@ def tiny_gemma3(vocab: int, hidden: int, layers: int):
     return Gemma3ForConditionalGeneration(config).eval()
 
 
-def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
-    # Random init barely lets the output depend on text and timestep; louder conditioning makes a
-    # broken conditioning path move the video by many levels.
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if any(n in name for n in names):
-                p.mul_(factor)
-
-
 def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     """The pipeline's components; the video VAE, audio VAE and vocoder come from the other LTX-2 fixtures."""
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2VideoTransformer3DModel
@@ -128,12 +120,12 @@ def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     tokenizer = train_gemma_tokenizer()
     torch.manual_seed(seed)
     text_encoder = tiny_gemma3(len(tokenizer) + 3, spec.text_hidden, spec.text_layers)
-    _scale(text_encoder, ("embed_tokens",), 5.0)
+    scale_params(text_encoder, ("embed_tokens",), 5.0)
     torch.manual_seed(seed)
     transformer = LTX2VideoTransformer3DModel(caption_channels=spec.text_hidden, **spec.transformer).eval()
-    _scale(transformer, ("time_embed", "scale_shift_table", "av_cross_attn"), 3.0)
-    _scale(transformer, ("caption_projection",), 4.0)
-    _scale(transformer, ("audio_attn2.to_out", "audio_proj_out"), 4.0)  # the prompt must move the sound too
+    scale_params(transformer, ("time_embed", "scale_shift_table", "av_cross_attn"), 3.0)
+    scale_params(transformer, ("caption_projection",), 4.0)
+    scale_params(transformer, ("audio_attn2.to_out", "audio_proj_out"), 4.0)  # the prompt must move the sound too
     torch.manual_seed(seed + 1)
     connectors = LTX2TextConnectors(
         caption_channels=spec.text_hidden, text_proj_in_factor=spec.text_layers + 1, **spec.connectors
