@@ -25,6 +25,12 @@ class LoRASpec:
     std: float = 0.3
 
 
+# The adapter and the small request the Wan LoRA serving tests share (per-request adapters, compile isolation).
+WAN_LORA = LoRASpec(rank=4, alpha=4, targets=("to_q", "to_v", "ffn.net.0.proj"), seed=9)
+WAN_LORA_REQUEST = dict(height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=3,
+                        negative_prompt="blurred")
+
+
 def add_random_adapter(model: torch.nn.Module, spec: LoRASpec) -> Any:
     """PEFT adapter "default" on `model` (rank, alpha, targets, per-module alpha from `spec`), its A and B factors
     drawn from N(0, spec.std) with spec.seed; returns its LoraConfig."""
