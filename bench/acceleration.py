@@ -33,9 +33,9 @@ for path in (str(ROOT), str(BENCH)):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, psnr, write_json  # noqa: E402
 
-CACHE = BENCH / ".cache"
 PROMPT, NEGATIVE = "a red fox jumps over a frozen river", "blurry"
 SETTINGS = ("plain", "fbcache", "teacache", "compile", "cfg_batched", "policy_batch")
 
@@ -47,13 +47,6 @@ class Family:
     write: Callable[[], Path]
     request: dict[str, Any]
     thresholds: dict[str, float]
-
-
-def _cached(name: str, writer: Callable[[Path], Any]) -> Path:
-    folder = CACHE / name
-    if not (folder / "model_index.json").exists():
-        writer(folder)
-    return folder
 
 
 def _wan() -> Path:
@@ -68,7 +61,7 @@ def _flux2() -> Path:
     from tests.helpers.flux2_checkpoints import write_tiny_flux2
 
     spec = dataclasses.replace(SIZES["mid"][0], name="klein-mid-cfg", distilled=False)  # a guided Klein
-    return _cached(spec.name, lambda d: write_tiny_flux2(d, spec))
+    return cached(spec.name, lambda d: write_tiny_flux2(d, spec))
 
 
 def _ltx2() -> Path:
@@ -82,7 +75,7 @@ def _far() -> Path:
 
     from tests.helpers.far_checkpoints import write_tiny_far
 
-    return _cached(MID.name, lambda d: write_tiny_far(d, MID))
+    return cached(MID.name, lambda d: write_tiny_far(d, MID))
 
 
 def _cosmos3() -> Path:
@@ -90,7 +83,7 @@ def _cosmos3() -> Path:
 
     from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3
 
-    return _cached(MID.name, lambda d: write_tiny_cosmos3(d, MID))
+    return cached(MID.name, lambda d: write_tiny_cosmos3(d, MID))
 
 
 FAMILIES: dict[str, Family] = {  # cheapest first: a run cut short still reports the first ones

@@ -24,10 +24,10 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, TinyCosmos3, build_reasoner, write_tiny_cosmos3  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 SIZES = {
     "tiny": COSMOS3_A,
     # A mid-size text backbone: 512 wide, 6 layers, GQA 8/2, head_dim 64 (~25M parameters with the padded vocab).
@@ -43,10 +43,7 @@ PROMPTS = ["hello world", "tell me a story about robots", "what is in this pictu
 
 def _checkpoint(size: str) -> Path:
     spec = SIZES[size]
-    folder = CACHE / spec.name
-    if not (folder / "model_index.json").exists():
-        write_tiny_cosmos3(folder, spec)
-    return folder
+    return cached(spec.name, lambda folder: write_tiny_cosmos3(folder, spec))
 
 
 def _messages(i: int) -> list[dict[str, str]]:

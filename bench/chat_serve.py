@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, wait_for_quiet, write_json  # noqa: E402
 from chat_decode import SIZES  # noqa: E402  (the same checkpoint as the engine benchmark)
 from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 SIZE = "mid"
 SYSTEMS = ("server", "engine", "transformers")
 PROMPTS = (
@@ -47,10 +47,7 @@ PROMPTS = (
 
 
 def _checkpoint() -> Path:
-    folder = CACHE / SIZES[SIZE].name
-    if not (folder / "model_index.json").exists():
-        write_tiny_cosmos3(folder, SIZES[SIZE])
-    return folder
+    return cached(SIZES[SIZE].name, lambda folder: write_tiny_cosmos3(folder, SIZES[SIZE]))
 
 
 def _messages(i: int) -> list[dict[str, str]]:

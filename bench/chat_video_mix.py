@@ -24,18 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # after PYTHONPATH: another checkout's vidloom wins when given
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 PROMPTS = ["hello world", "tell me a story about robots", "what is in this picture?", "the quick brown fox"]
 
 
 def _checkpoint() -> Path:
-    folder = CACHE / COSMOS3_A.name
-    if not (folder / "model_index.json").exists():
-        write_tiny_cosmos3(folder, COSMOS3_A)
-    return folder
+    return cached(COSMOS3_A.name, lambda folder: write_tiny_cosmos3(folder, COSMOS3_A))
 
 
 async def _chats(engine, count: int | None, tokens: int, until=None) -> list[float]:

@@ -7,21 +7,21 @@ Checkpoints are written once into bench/.cache/ (git-ignored) and reused.
 
 from __future__ import annotations
 
-import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tests.helpers.wan_checkpoints import TinyWan, write_tiny_wan  # noqa: E402
+from tests.helpers.wan_checkpoints import TINY_A, TinyWan, wan_dit, wan_vae, write_tiny_wan  # noqa: E402
+from vidloom.demo.cache import ensure_written  # noqa: E402
+from vidloom.families.wan.demo import DEMO_TEXT_ENCODER  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"
 
-_WAN_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-                temperal_downsample=[False, True, True], dropout=0.0)
 
 
 @dataclass(frozen=True)
@@ -48,27 +48,16 @@ class BenchSize:
 
 SIZES: dict[str, BenchSize] = {
     "tiny": BenchSize(
-        TinyWan(
-            name="tiny",
-            transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-                             out_channels=4, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2,
-                             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
-            vae=dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
-                     temperal_downsample=[False, True, True], dropout=0.0),
-        ),
+        replace(TINY_A, name="tiny"),
         height=32, width=48, num_frames=9, steps=10, thresholds={"teacache": 0.3, "fbcache": 0.15},
     ),
     "mid": BenchSize(
         TinyWan(
             name="mid",
-            transformer=dict(patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=64, in_channels=16,
-                             out_channels=16, text_dim=64, freq_dim=256, ffn_dim=1536, num_layers=14,
-                             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024),
-            vae=dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
-                     temperal_downsample=[False, True, True], dropout=0.0),
-            text_encoder={"d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4,
-                          "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-                          "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0},
+            transformer=wan_dit(heads=8, head_dim=64, channels=16, ffn_dim=1536, layers=14, freq_dim=256, text_dim=64,
+                                rope_max_seq_len=1024),
+            vae=wan_vae(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1),
+            text_encoder=DEMO_TEXT_ENCODER,  # wan2.1-demo's
         ),
         height=256, width=256, num_frames=17, steps=20, thresholds={"teacache": 0.6, "fbcache": 0.95},
     ),
@@ -78,10 +67,9 @@ SIZES: dict[str, BenchSize] = {
     "real-1.3b": BenchSize(
         TinyWan(
             name="real-1.3b",
-            transformer=dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-                             out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
-                             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024),
-            vae=_WAN_VAE,
+            transformer=wan_dit(heads=12, head_dim=128, channels=16, ffn_dim=8960, layers=30, freq_dim=256,
+                                text_dim=4096, rope_max_seq_len=1024),
+            vae=wan_vae(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2),
             text_encoder={"d_model": 4096, "d_kv": 64, "d_ff": 1024, "num_layers": 2, "num_heads": 64,
                           "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
                           "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0},
@@ -91,15 +79,13 @@ SIZES: dict[str, BenchSize] = {
 }
 
 
+def cached(name: str, write: Callable[[Path], Any], marker: str = "model_index.json") -> Path:
+    """`CACHE/name`, written by `write(folder)` on first use: staged, then renamed, so a run cut short leaves no
+    half-written folder (every benchmark's checkpoints go through here)."""
+    return ensure_written(CACHE, name, write, marker)
+
+
 def ensure_checkpoint(size: str) -> Path:
-    """The checkpoint folder for `size`, written (atomically) on first use."""
+    """The checkpoint folder for `size`, written on first use."""
     spec = SIZES[size].spec
-    folder = CACHE / spec.name
-    if (folder / "model_index.json").exists():
-        return folder
-    partial = CACHE / f".{spec.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    write_tiny_wan(partial, spec)
-    partial.rename(folder)
-    return folder
+    return cached(spec.name, lambda folder: write_tiny_wan(folder, spec))

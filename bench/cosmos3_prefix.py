@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from checkpoints import cached
 from report import environment, print_table, run_worker, write_json
 
 from tests.helpers.cosmos3_checkpoints import TinyCosmos3, write_tiny_cosmos3  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 MID = TinyCosmos3(
     name="cosmos3-mid",
     transformer=dict(hidden_size=256, head_dim=32, num_attention_heads=8, num_key_value_heads=4,
@@ -41,10 +41,7 @@ CONFIGS = ("vidloom", "vidloom-recompute", "diffusers")
 
 
 def _checkpoint() -> Path:
-    folder = CACHE / MID.name
-    if not (folder / "model_index.json").exists():
-        write_tiny_cosmos3(folder, MID)
-    return folder
+    return cached(MID.name, lambda folder: write_tiny_cosmos3(folder, MID))
 
 
 def _prompt(words: int) -> str:

@@ -26,13 +26,13 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from speech import SIZES  # noqa: E402
 from tests.helpers.qwen_omni_checkpoints import write_tiny_omni  # noqa: E402
 from vidloom.core.deploy import DeployConfig  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {}, "fp8": dict(fp8_weights=True), "compile aot_eager": dict(compile=True, compile_backend="aot_eager"),
     "math attention": dict(attention_backend="math"),
@@ -44,10 +44,7 @@ MESSAGES = [{"role": "user", "content": "tell me about kites in one sentence ple
 
 def _checkpoint() -> Path:
     spec = SIZES["mid"]
-    folder = CACHE / spec.name
-    if not (folder / "spk_dict.pt").exists():
-        write_tiny_omni(folder, spec)
-    return folder
+    return cached(spec.name, lambda folder: write_tiny_omni(folder, spec), marker="spk_dict.pt")
 
 
 def _chat(gen: VideoGenerator) -> tuple[float, tuple[int, ...]]:

@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 import torch._dynamo  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2  # noqa: E402
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio  # noqa: E402
@@ -30,18 +31,12 @@ from vidloom.core.request import GenerationRequest  # noqa: E402
 from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.runtime.async_engine import AsyncEngine  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 AUDIO_SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {}, "fbcache 0.7": dict(step_cache="fbcache", step_cache_threshold=0.7),
     "teacache 0.7": dict(step_cache="teacache", step_cache_threshold=0.7), "fp8": dict(fp8_weights=True),
     "compile aot_eager": dict(compile=True, compile_backend="aot_eager"),
 }
 LTX2_SIZE = dict(height=64, width=64, num_frames=9, fps=25, guidance_scale=3.0, num_inference_steps=4)
-
-
-def _folder(name: str, write: Callable[[Path], Path]) -> Path:
-    folder = CACHE / name
-    return folder if (folder / "model_index.json").exists() else write(folder)
 
 
 def _audio_time(gen: VideoGenerator) -> float:
@@ -68,7 +63,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     load_before = os.getloadavg()
-    audio = _folder("stable-audio-tiny", lambda d: write_tiny_stable_audio(d, TINY_STEREO))
+    audio = cached("stable-audio-tiny", lambda d: write_tiny_stable_audio(d, TINY_STEREO))
     gens = {name: VideoGenerator.from_pretrained(audio, device="cpu", deploy=DeployConfig(**deploy))
             for name, deploy in AUDIO_SETTINGS.items()}
     for gen in gens.values():  # first run: compile traces, caches warm
@@ -78,7 +73,7 @@ def main() -> None:
         for name, gen in gens.items():
             audio_times[name].append(_audio_time(gen))
     torch._dynamo.reset()
-    engine = VideoGenerator.from_pretrained(_folder("ltx2-tiny", lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0])),
+    engine = VideoGenerator.from_pretrained(cached("ltx2-tiny", lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0])),
                                             device="cpu").engine
     _ltx2_time(engine, "fifo")
     ltx2_times: dict[str, list[float]] = {"fifo": [], "batch": []}

@@ -11,7 +11,6 @@ under names of their own.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / ".cache"
 for _path in (str(ROOT), str(ROOT / "bench")):  # run as `python bench/x.py` from anywhere
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -59,16 +57,9 @@ class FamilyBench:
 
     def checkpoint(self) -> Path:
         """The folder, written atomically on first use."""
-        name = self.folder or self.name
-        folder = CACHE / name
-        if (folder / "model_index.json").exists():
-            return folder
-        partial = CACHE / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        self.write(partial)
-        partial.rename(folder)
-        return folder
+        from checkpoints import cached
+
+        return cached(self.folder or self.name, self.write)
 
     def vidloom_request(self, steps: int) -> Any:
         from vidloom.core.request import GenerationRequest, Task

@@ -43,10 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from checkpoints import cached  # noqa: E402
 from report import RESULTS, environment, print_table, wait_for_quiet, write_json  # noqa: E402
 from tests.helpers.far_checkpoints import TinyFar, write_tiny_far  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 PROMPT = "a red fox jumps over a frozen river"
 SEED = 42
 MID = TinyFar(
@@ -67,10 +67,7 @@ ENGINES = ("vidloom", "diffusers")
 
 
 def _checkpoint() -> Path:
-    folder = CACHE / MID.name
-    if not (folder / "model_index.json").exists():
-        write_tiny_far(folder, MID)
-    return folder
+    return cached(MID.name, lambda folder: write_tiny_far(folder, MID))
 
 
 def frames_for_chunks(chunks: int) -> int:

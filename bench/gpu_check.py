@@ -211,17 +211,13 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
     """Every row in its own process, within the budget; the JSON rewritten after each. True if one failed."""
     latents: dict[str, Path] = {}
     for config in CONFIGS:
-        if config.name in skipped:
-            continue
-        elapsed, estimate = time.time() - started, config.estimate_s()
-        left = BUDGET_S - elapsed
-        if estimate > left or left < MIN_WORKER_S:
-            skipped[config.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+        left = _time_left(config, skipped, started)
+        if left is None:
             continue
         path = tmp / f"{config.name.replace(' ', '_')}.pt"
         # A slow row is stopped when the budget runs out, so the script ends within the device's command limit.
         row = _spawn(config.name, checkpoint, path, timeout_s=min(WORKER_TIMEOUT_S, left))
-        row["estimate_s"] = round(estimate, 1)
+        row["estimate_s"] = round(config.estimate_s(), 1)
         rows[config.name] = row
         if "error" not in row:
             latents[config.name] = path
@@ -239,21 +235,30 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
     return any("error" in r for r in rows.values())
 
 
+def _time_left(spec: Any, skipped: dict[str, str], started: float) -> float | None:
+    """Seconds of the budget left for `spec`'s row; None when it is skipped (already, or now: its estimate
+    does not fit in what is left)."""
+    if spec.name in skipped:
+        return None
+    elapsed, estimate = time.time() - started, spec.estimate_s()
+    left = BUDGET_S - elapsed
+    if estimate > left or left < MIN_WORKER_S:
+        skipped[spec.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+        return None
+    return left
+
+
 def _run_alone(specs: tuple[Any, ...], flops: Callable[[Any, dict[str, Any]], float | None],
                rows: dict[str, dict[str, Any]], skipped: dict[str, str], peak: float | None,
                report: dict[str, Any], out: Path, started: float) -> None:
     """Rows that need no checkpoint, each in its own process within what is left of the budget; a row's MFU
     from `flops(spec, row)` per step (None: not known) over the device's peak."""
     for spec in specs:
-        if spec.name in skipped:
-            continue
-        elapsed, estimate = time.time() - started, spec.estimate_s()
-        left = BUDGET_S - elapsed
-        if estimate > left or left < MIN_WORKER_S:
-            skipped[spec.name] = f"budget: {elapsed:.0f} s used + {estimate:.0f} s estimated > {BUDGET_S:.0f} s"
+        left = _time_left(spec, skipped, started)
+        if left is None:
             continue
         row = _spawn(spec.name, None, None, timeout_s=min(WORKER_TIMEOUT_S, left))
-        row["estimate_s"] = round(estimate, 1)
+        row["estimate_s"] = round(spec.estimate_s(), 1)
         per_step = flops(spec, row) if "s_per_step" in row else None
         if per_step and peak:
             row["mfu"] = round(per_step / row["s_per_step"] / peak, 3)

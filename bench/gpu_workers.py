@@ -58,12 +58,13 @@ def write_checkpoint(folder: Path, work: Workload = REAL, seed: int = 0) -> Path
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from vidloom.families.wan.demo import WAN21_SCHEDULER, train_tokenizer
+    from vidloom.demo.tokenizer import train_t5_tokenizer
+    from vidloom.families.wan.demo import WAN21_SCHEDULER
 
     torch.manual_seed(seed)
     dtype = getattr(torch, work.dtype)
     z_dim = work.vae["z_dim"]
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     with torch.device(work.device):
         transformer = WanTransformer3DModel(**work.transformer)
         vae = AutoencoderKLWan(**work.vae, latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)

@@ -27,32 +27,30 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
-from tests.helpers.flux2_checkpoints import TINY_DISTILLED, TinyFlux2, write_tiny_flux2  # noqa: E402
+from tests.helpers.flux2_checkpoints import (  # noqa: E402
+    TINY_DISTILLED, TinyFlux2, flux2_dit, flux2_vae, write_tiny_flux2,
+)
 
-CACHE = ROOT / "bench" / ".cache"
 SIZES = {
     "tiny": (TINY_DISTILLED, 32, 48),
     # A mid-size Klein-shaped model: 256-wide DiT (2 double + 4 single blocks), 4-level VAE, 128x128 images.
     "mid": (TinyFlux2(
         name="klein-mid",
         distilled=True,
-        transformer=dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=64,
-                         num_attention_heads=4, joint_attention_dim=192, timestep_guidance_channels=256,
-                         axes_dims_rope=(16, 16, 16, 16), guidance_embeds=False),
-        vae=dict(block_out_channels=(32, 64, 64, 64), layers_per_block=1, latent_channels=16, norm_num_groups=16,
-                 down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
+        transformer=flux2_dit(in_channels=64, layers=2, single_layers=4, head_dim=64, heads=4, text_width=192,
+                              time_channels=256, rope_axis=16),
+        vae=flux2_vae(channels=(32, 64, 64, 64), latent_channels=16, groups=16),
         text_hidden=64,
     ), 128, 128),
     # Larger: what a GPU needs before batching has anything to share (1024-wide DiT, 256x256 images).
     "large": (TinyFlux2(
         name="klein-large",
         distilled=True,
-        transformer=dict(patch_size=1, in_channels=128, num_layers=4, num_single_layers=8, attention_head_dim=128,
-                         num_attention_heads=8, joint_attention_dim=768, timestep_guidance_channels=256,
-                         axes_dims_rope=(32, 32, 32, 32), guidance_embeds=False),
-        vae=dict(block_out_channels=(64, 128, 128, 128), layers_per_block=1, latent_channels=32, norm_num_groups=32,
-                 down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4),
+        transformer=flux2_dit(in_channels=128, layers=4, single_layers=8, head_dim=128, heads=8, text_width=768,
+                              time_channels=256, rope_axis=32),
+        vae=flux2_vae(channels=(64, 128, 128, 128), latent_channels=32, groups=32),
         text_hidden=256,
     ), 256, 256),
 }
@@ -62,10 +60,7 @@ STEPS = 4
 
 def _checkpoint(size: str) -> Path:
     spec = SIZES[size][0]
-    folder = CACHE / f"flux2-{spec.name}"
-    if not (folder / "model_index.json").exists():
-        write_tiny_flux2(folder, spec)
-    return folder
+    return cached(f"flux2-{spec.name}", lambda folder: write_tiny_flux2(folder, spec))
 
 
 def _load(folder: Path, device: str):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from checkpoints import CACHE
+from checkpoints import cached
 from report import environment, print_table, wait_for_quiet, write_json
 
 from tests.helpers.ltx2_checkpoints import TinyLTX2, write_tiny_ltx2
@@ -66,13 +65,7 @@ STAGE_2 = (0.909375, 0.725, 0.421875)  # diffusers' STAGE_2_DISTILLED_SIGMA_VALU
 
 
 def ensure() -> Path:
-    folder = CACHE / MID.name
-    if not (folder / "model_index.json").exists():
-        partial = CACHE / f".{MID.name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        write_tiny_ltx2(partial, MID, upsampler=True)
-        partial.rename(folder)
-    return folder
+    return cached(MID.name, lambda folder: write_tiny_ltx2(folder, MID, upsampler=True))
 
 
 def _diffusers(folder: Path, two_stage: bool) -> tuple[Any, Any, tuple[float, float]]:

@@ -30,11 +30,11 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, TinyOmni, write_tiny_omni  # noqa: E402
 from vidloom.serving.speech_stream import STREAM_CHUNK_CODES  # noqa: E402
 
-CACHE = ROOT / "bench" / ".cache"
 ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 8, 8]}
 SIZES = {
     "tiny": OMNI_A,
@@ -61,10 +61,7 @@ QUESTIONS = ["what is a kite?", "tell me about kites in one sentence please", "h
 
 def _checkpoint(size: str) -> Path:
     spec = SIZES[size]
-    folder = CACHE / spec.name
-    if not (folder / "spk_dict.pt").exists():
-        write_tiny_omni(folder, spec)
-    return folder
+    return cached(spec.name, lambda folder: write_tiny_omni(folder, spec), marker="spk_dict.pt")
 
 
 class VidloomSpeech:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from checkpoints import CACHE
+from checkpoints import cached
 from report import environment, print_table, write_json
 
 from tests.helpers.wan22_checkpoints import write_tiny_a14b, write_tiny_ti2v
@@ -60,17 +59,9 @@ REQUEST = dict(height=256, width=256, num_frames=9, steps=8, guidance=5.0, guida
 
 
 def ensure(name: str) -> Path:
-    folder = CACHE / name
-    if not (folder / "model_index.json").exists():
-        partial = CACHE / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        if name == "ti2v-mid":
-            write_tiny_ti2v(partial, TI2V_MID)
-        else:
-            write_tiny_a14b(partial, A14B_MID, boundary_ratio=0.875)
-        partial.rename(folder)
-    return folder
+    if name == "ti2v-mid":
+        return cached(name, lambda folder: write_tiny_ti2v(folder, TI2V_MID))
+    return cached(name, lambda folder: write_tiny_a14b(folder, A14B_MID, boundary_ratio=0.875))
 
 
 def run_one(folder: Path, engine: str, image: bool, out: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
-from vidloom.families.wan.demo import train_tokenizer as train_t5_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 T5_HIDDEN = 16
 
@@ -32,14 +32,17 @@ def _scale(module: torch.nn.Module, factor: float) -> None:
             p.mul_(factor)
 
 
+COGVIDEOX_DIT = dict(
+    num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
+    text_embed_dim=T5_HIDDEN, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+    temporal_compression_ratio=2, max_text_seq_length=226)
+
+
 def build_cogvideox() -> Any:
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
 
     tokenizer = train_t5_tokenizer()
-    transformer = CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
-        text_embed_dim=T5_HIDDEN, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        temporal_compression_ratio=2, max_text_seq_length=226)
+    transformer = CogVideoXTransformer3DModel(**COGVIDEOX_DIT)
     vae = AutoencoderKLCogVideoX(
         down_block_types=("CogVideoXDownBlock3D",) * 2, up_block_types=("CogVideoXUpBlock3D",) * 2,
         block_out_channels=(8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=2,
@@ -53,10 +56,7 @@ def build_cogvideox_i2v() -> Any:
     from diffusers import CogVideoXImageToVideoPipeline, CogVideoXTransformer3DModel
 
     t2v = build_cogvideox()
-    transformer = CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=8, out_channels=4, time_embed_dim=8,
-        text_embed_dim=T5_HIDDEN, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        temporal_compression_ratio=2, max_text_seq_length=226)
+    transformer = CogVideoXTransformer3DModel(**{**COGVIDEOX_DIT, "in_channels": 8})  # + the image's 4 channels
     return CogVideoXImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
                                          transformer=transformer, scheduler=t2v.scheduler)
 

@@ -9,7 +9,10 @@ in the reference but in none of our sets, and on any key of ours the reference n
 from __future__ import annotations
 
 import inspect
+import json
+import shutil
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,3 +76,15 @@ def unhandled_keys(cls: type, read: Iterable[str], load_with: Callable[[str], ob
 def stale_keys(cls: type, read: Iterable[str]) -> list[str]:
     """Keys our reader declares that `cls` does not have (a typo, or a key the reference dropped)."""
     return sorted(set(read) - reference_keys(cls))
+
+
+def merge_keys(path: Path, **keys: Any) -> None:
+    """Merge `keys` into the JSON config at `path` (a checkpoint file a test then loads)."""
+    path.write_text(json.dumps({**json.loads(path.read_text()), **keys}))
+
+
+def copy_with_keys(src: Path, folder: Path, file: str = "model_index.json", **keys: Any) -> Path:
+    """`folder`: a copy of the checkpoint folder `src` with `keys` merged into its `file`."""
+    shutil.copytree(src, folder)
+    merge_keys(folder / file, **keys)
+    return folder

@@ -16,13 +16,8 @@ from typing import Any
 
 import torch
 
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from vidloom.families.cosmos3.demo import CHAT_TEMPLATE  # the demo's: the released template's rendering
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
 # Cosmos3-Nano's scheduler/scheduler_config.json (Cosmos3-Edge's is identical): the published values the

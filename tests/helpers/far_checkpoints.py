@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from tests.helpers.wan_checkpoints import _latent_stats
-from vidloom.families.wan.demo import train_tokenizer
+from tests.helpers.wan_checkpoints import TINY_UMT5, reference_parts
 
 
 @dataclass(frozen=True)
@@ -33,11 +32,7 @@ class TinyFar:
         base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
         temperal_downsample=[False, True, True], dropout=0.0,
     ))
-    text_encoder: dict[str, Any] = field(default_factory=lambda: {
-        "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
-        "relative_attention_num_buckets": 8, "relative_attention_max_distance": 32,
-        "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0,
-    })
+    text_encoder: dict[str, Any] = field(default_factory=lambda: dict(TINY_UMT5))
 
 
 FAR_A = TinyFar(
@@ -129,22 +124,11 @@ def reference_populated_step(
 
 def write_tiny_far(folder: Path, spec: TinyFar, seed: int = 0, shift: float = 5.0) -> Path:
     """Save an AnyFlowFARPipeline folder for `spec` with diffusers' own save_pretrained."""
-    from diffusers import AnyFlowFARPipeline, AutoencoderKLWan, FlowMapEulerDiscreteScheduler
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import AnyFlowFARPipeline, FlowMapEulerDiscreteScheduler
 
     transformer = reference_far_transformer(spec, seed)
-    mean, std = _latent_stats(spec.vae["z_dim"], seed)
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKLWan(**spec.vae, latents_mean=mean, latents_std=std).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in vae.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    tokenizer = train_tokenizer()
-    torch.manual_seed(seed + 2)
-    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
+    parts = reference_parts(spec, seed, vae_seed=seed + 1, text_seed=seed + 2)
     scheduler = FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
-    pipe = AnyFlowFARPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer,
-                              vae=vae, scheduler=scheduler)
+    pipe = AnyFlowFARPipeline(**parts, transformer=transformer, scheduler=scheduler)
     pipe.save_pretrained(str(folder))
     return folder

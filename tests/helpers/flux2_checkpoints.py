@@ -12,20 +12,10 @@ from pathlib import Path
 
 import torch
 
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
-    "{% endif %}"
-)
-CORPUS = [
-    "a red fox jumps over the lazy dog in the snow",
-    "a cat holding a sign that says hello world",
-    "an astronaut riding a horse on the moon, photorealistic",
-    "a bowl of fruit on a wooden table, oil painting",
-    "make the sky purple and add a rainbow",
-    "user assistant system think",
-]
+from tests.helpers.weights import scale_params
+from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.families.flux2.demo import CHAT_TEMPLATE, CORPUS, SPECIALS  # flux2-klein-demo's tokenizer
+
 SCHEDULER = dict(
     num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
     base_image_seq_len=256, max_image_seq_len=4096, time_shift_type="exponential",
@@ -41,53 +31,43 @@ class TinyFlux2:
     text_hidden: int = 16
 
 
+def flux2_dit(in_channels: int, layers: int, single_layers: int, head_dim: int, heads: int, text_width: int,
+              time_channels: int, rope_axis: int) -> dict:
+    """Flux2Transformer2DModel keyword arguments: 1x1 patches, four equal RoPE axes, no guidance embedding (Klein)."""
+    return dict(patch_size=1, in_channels=in_channels, num_layers=layers, num_single_layers=single_layers,
+                attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=text_width,
+                timestep_guidance_channels=time_channels, axes_dims_rope=(rope_axis,) * 4, guidance_embeds=False)
+
+
+def flux2_vae(channels: tuple[int, ...], latent_channels: int, groups: int) -> dict:
+    """AutoencoderKLFlux2 keyword arguments: one level per entry of `channels`, one layer per block."""
+    return dict(block_out_channels=channels, layers_per_block=1, latent_channels=latent_channels,
+                norm_num_groups=groups, down_block_types=("DownEncoderBlock2D",) * len(channels),
+                up_block_types=("UpDecoderBlock2D",) * len(channels))
+
+
 TINY_DISTILLED = TinyFlux2(
     name="klein-distilled",
     distilled=True,
-    transformer=dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
-                     num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=32,
-                     axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False),
-    vae=dict(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2),
+    transformer=flux2_dit(in_channels=16, layers=1, single_layers=2, head_dim=16, heads=2, text_width=48,
+                          time_channels=32, rope_axis=4),
+    vae=flux2_vae(channels=(8, 16), latent_channels=4, groups=4),
 )
 TINY_BASE = TinyFlux2(
     name="klein-base",
     distilled=False,
-    transformer=dict(patch_size=1, in_channels=32, num_layers=2, num_single_layers=1, attention_head_dim=8,
-                     num_attention_heads=3, joint_attention_dim=48, timestep_guidance_channels=16,
-                     axes_dims_rope=(2, 2, 2, 2), guidance_embeds=False),
-    vae=dict(block_out_channels=(8, 8, 16), layers_per_block=1, latent_channels=8, norm_num_groups=4,
-             down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3),
+    transformer=flux2_dit(in_channels=32, layers=2, single_layers=1, head_dim=8, heads=3, text_width=48,
+                          time_channels=16, rope_axis=2),
+    vae=flux2_vae(channels=(8, 8, 16), latent_channels=8, groups=4),
 )
 CONFIGS = (TINY_DISTILLED, TINY_BASE)
 
 
-def train_qwen_tokenizer(specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
-                                                    "</think>"),
-                         corpus: list[str] | None = None, vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE):
-    """A byte-level BPE trained offline on `corpus` (default CORPUS), saved as a Qwen2 tokenizer with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS if corpus is None else corpus, trainer)
-    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   unk_token=None, bos_token=None)
-    tokenizer.chat_template = chat_template
-    return tokenizer
-
-
-def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
-    # Random init barely lets the output depend on text and timestep; louder conditioning makes
-    # a broken conditioning path move the image by many uint8 levels.
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if any(n in name for n in names):
-                p.mul_(factor)
+def train_qwen_tokenizer(specials: tuple[str, ...] = SPECIALS, corpus: tuple[str, ...] | list[str] = CORPUS,
+                         vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE trained offline on `corpus`, saved as a Qwen2 tokenizer with a chat template
+    (flux2-klein-demo's by default)."""
+    return train_chat_tokenizer(corpus, specials, chat_template, vocab_size=vocab_size)
 
 
 def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
@@ -96,9 +76,9 @@ def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
 
     torch.manual_seed(seed)
     transformer = Flux2Transformer2DModel(**spec.transformer).eval()
-    _scale(transformer, ("timestep_embedder", "modulation"), 4.0)
-    _scale(transformer, ("context_embedder", "add_q_proj", "add_k_proj", "add_v_proj"), 10.0)
-    _scale(transformer, ("proj_out",), 6.0)
+    scale_params(transformer, ("timestep_embedder", "modulation"), 4.0)
+    scale_params(transformer, ("context_embedder", "add_q_proj", "add_k_proj", "add_v_proj"), 10.0)
+    scale_params(transformer, ("proj_out",), 6.0)
     vae = AutoencoderKLFlux2(**spec.vae).eval()
     g = torch.Generator().manual_seed(seed + 1)
     vae.bn.running_mean.copy_(torch.randn(vae.bn.running_mean.shape, generator=g) * 0.3)
@@ -110,7 +90,7 @@ def build_tiny_pipeline(spec: TinyFlux2, seed: int = 0):
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
         tie_word_embeddings=True,
     )).eval()
-    _scale(text_encoder, ("embed_tokens",), 20.0)
+    scale_params(text_encoder, ("embed_tokens",), 20.0)
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER)
     return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               transformer=transformer, is_distilled=spec.distilled)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,10 +25,32 @@ class LoRASpec:
     std: float = 0.3
 
 
+# The adapter and the small request the Wan LoRA serving tests share (per-request adapters, compile isolation).
+WAN_LORA = LoRASpec(rank=4, alpha=4, targets=("to_q", "to_v", "ffn.net.0.proj"), seed=9)
+WAN_LORA_REQUEST = dict(height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=3,
+                        negative_prompt="blurred")
+
+
+def add_random_adapter(model: torch.nn.Module, spec: LoRASpec) -> Any:
+    """PEFT adapter "default" on `model` (rank, alpha, targets, per-module alpha from `spec`), its A and B factors
+    drawn from N(0, spec.std) with spec.seed; returns its LoraConfig."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,
+                        target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets),
+                        alpha_pattern=dict(spec.alpha_pattern), init_lora_weights=True)
+    model.add_adapter(config, adapter_name="default")
+    g = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=g) * spec.std)
+    return config
+
+
 def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_metadata: bool = True) -> Path:
     """Write `out/<pipeline>-<seed>.safetensors`: a random LoRA on `checkpoint`'s transformer."""
     import diffusers
-    from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
     pipeline_cls = getattr(diffusers, pipeline)
@@ -36,14 +59,7 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
                        "AnyFlowFARPipeline": diffusers.AnyFlowFARTransformer3DModel,
                        "LTX2Pipeline": diffusers.LTX2VideoTransformer3DModel}[pipeline]
     transformer = transformer_cls.from_pretrained(str(checkpoint / "transformer"), torch_dtype=torch.float32)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets),
-                        alpha_pattern=dict(spec.alpha_pattern), init_lora_weights=True)
-    transformer.add_adapter(config, adapter_name="default")
-    g = torch.Generator().manual_seed(spec.seed)
-    with torch.no_grad():
-        for name, param in transformer.named_parameters():
-            if ".lora_A." in name or ".lora_B." in name:
-                param.copy_(torch.randn(param.shape, generator=g) * spec.std)
+    config = add_random_adapter(transformer, spec)
     state = get_peft_model_state_dict(transformer, adapter_name="default")
     weight_name = f"{pipeline}-{spec.seed}.safetensors"
     pipeline_cls.save_lora_weights(
@@ -204,21 +220,13 @@ def write_ltx2_lora_with_connectors(checkpoint: Path, transformer_spec: LoRASpec
     transformer, so the two parts go through the pipeline's own _save_lora_weights)."""
     import diffusers
     from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-    from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
     layers, metadata = {}, {}
     for name, cls, spec in (("transformer", diffusers.LTX2VideoTransformer3DModel, transformer_spec),
                             ("connectors", LTX2TextConnectors, connectors_spec)):
         model = cls.from_pretrained(str(checkpoint / name), torch_dtype=torch.float32)
-        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, init_lora_weights=True,
-                            target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets))
-        model.add_adapter(config, adapter_name="default")
-        g = torch.Generator().manual_seed(spec.seed)
-        with torch.no_grad():
-            for key, param in model.named_parameters():
-                if ".lora_A." in key or ".lora_B." in key:
-                    param.copy_(torch.randn(param.shape, generator=g) * spec.std)
+        config = add_random_adapter(model, spec)
         layers[name] = get_peft_model_state_dict(model, adapter_name="default")
         metadata[name] = config.to_dict()
     weight_name = f"LTX2Pipeline-connectors-{connectors_spec.seed}.safetensors"

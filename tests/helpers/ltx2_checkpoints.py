@@ -17,14 +17,9 @@ from tests.helpers.ltx2_audio_fixtures import build_audio_vae, build_vocoder
 from tests.helpers.ltx2_vae_fixtures import (
     UPSAMPLER_A, UPSAMPLER_B, VAE_A, VAE_B, TinyUpsampler, TinyVideoVAE, build_upsampler, build_video_vae,
 )
+from tests.helpers.weights import scale_params
+from vidloom.models.ltx2.demo_parts import CORPUS  # ltx2-demo's tokenizer corpus
 
-CORPUS = [
-    "a robot dancing in the rain",
-    "a red fox jumps over the lazy dog in the snow",
-    "a cat holding a sign that says hello world, with music playing",
-    "waves crash on a rocky beach at sunset",
-    "worst quality, inconsistent motion, blurry, jittery, distorted",
-]
 # The LTX-2 scheduler config (Lightricks/LTX-2 scheduler/scheduler_config.json keys the pipeline reads).
 SCHEDULER = dict(
     num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
@@ -99,22 +94,9 @@ CONFIGS = (TINY_SPLIT, TINY_INTERLEAVED)
 
 def train_gemma_tokenizer():
     """A BPE trained offline on CORPUS, saved as a Gemma tokenizer (bos/eos/pad like Gemma's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GemmaTokenizerFast
+    from vidloom.demo.tokenizer import train_gemma_tokenizer as train
 
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    from tokenizers import processors
-
-    bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=1024)
+    return train(CORPUS, vocab_size=200, model_max_length=1024)
 
 
 def tiny_gemma3(vocab: int, hidden: int, layers: int):
@@ -130,15 +112,6 @@ def tiny_gemma3(vocab: int, hidden: int, layers: int):
     return Gemma3ForConditionalGeneration(config).eval()
 
 
-def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
-    # Random init barely lets the output depend on text and timestep; louder conditioning makes a
-    # broken conditioning path move the video by many levels.
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if any(n in name for n in names):
-                p.mul_(factor)
-
-
 def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     """The pipeline's components; the video VAE, audio VAE and vocoder come from the other LTX-2 fixtures."""
     from diffusers import FlowMatchEulerDiscreteScheduler, LTX2VideoTransformer3DModel
@@ -147,12 +120,12 @@ def build_components(spec: TinyLTX2, seed: int = 0) -> dict:
     tokenizer = train_gemma_tokenizer()
     torch.manual_seed(seed)
     text_encoder = tiny_gemma3(len(tokenizer) + 3, spec.text_hidden, spec.text_layers)
-    _scale(text_encoder, ("embed_tokens",), 5.0)
+    scale_params(text_encoder, ("embed_tokens",), 5.0)
     torch.manual_seed(seed)
     transformer = LTX2VideoTransformer3DModel(caption_channels=spec.text_hidden, **spec.transformer).eval()
-    _scale(transformer, ("time_embed", "scale_shift_table", "av_cross_attn"), 3.0)
-    _scale(transformer, ("caption_projection",), 4.0)
-    _scale(transformer, ("audio_attn2.to_out", "audio_proj_out"), 4.0)  # the prompt must move the sound too
+    scale_params(transformer, ("time_embed", "scale_shift_table", "av_cross_attn"), 3.0)
+    scale_params(transformer, ("caption_projection",), 4.0)
+    scale_params(transformer, ("audio_attn2.to_out", "audio_proj_out"), 4.0)  # the prompt must move the sound too
     torch.manual_seed(seed + 1)
     connectors = LTX2TextConnectors(
         caption_channels=spec.text_hidden, text_proj_in_factor=spec.text_layers + 1, **spec.connectors

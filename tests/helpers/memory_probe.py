@@ -85,10 +85,11 @@ def _chat_messages(fields: dict) -> list[dict]:
     """One user turn: a seeded noise PNG of `image` [width, height] and `audio_s` seconds of tones, then a question."""
     import base64
     import io
-    import wave
 
     import numpy as np
     from PIL import Image
+
+    from tests.helpers.wav import pcm16_wav
 
     rng = np.random.RandomState(0)
     content: list[dict] = []
@@ -101,13 +102,7 @@ def _chat_messages(fields: dict) -> list[dict]:
     if fields.get("audio_s"):
         t = np.arange(int(16000 * fields["audio_s"])) / 16000
         pcm = (0.2 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
-        out = io.BytesIO()
-        with wave.open(out, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16000)
-            w.writeframes(pcm.tobytes())
-        data = base64.b64encode(out.getvalue()).decode()
+        data = base64.b64encode(pcm16_wav(pcm, 16000)).decode()
         content.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
     content.append({"type": "text", "text": "what is in this?"})
     return [{"role": "user", "content": content}]

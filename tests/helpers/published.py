@@ -24,9 +24,9 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 CONFIG_FILES = ("config.json", "scheduler_config.json", "preprocessor_config.json")
 
 def _wan_tokenizer():
-    from vidloom.families.wan.demo import train_tokenizer
+    from vidloom.demo.tokenizer import train_t5_tokenizer
 
-    return train_tokenizer()
+    return train_t5_tokenizer()
 
 
 def _qwen_tokenizer():

@@ -16,16 +16,8 @@ from typing import Any
 
 import torch
 
-# Renders audio and image parts with their placeholders as the released Qwen2.5-Omni template does.
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
-    "{% elif p.type == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
-    "{% elif p.type == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from vidloom.families.qwen_omni.demo import CHAT_TEMPLATE  # the demo's: the released template's rendering
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>",
             "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<tts_pad>", "<tts_text_bos>",
             "<tts_text_eod>", "<tts_text_bos_single>", "<tts_text_bos_single_2>"]
@@ -54,33 +46,38 @@ class TinyOmni:
     bigvgan: dict[str, Any]
 
 
+# The DiT's speaker encoder (ECAPA-TDNN), the same tiny one in every config.
+SPEAKER_ENCODER = dict(enc_dim=16, enc_channels=[16, 16, 16, 16, 48], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                       enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8, enc_res2net_scale=2,
+                       enc_se_channels=8)
+
+
+def _mrope(theta: float, section: list[int]) -> dict[str, Any]:
+    """Qwen2.5-Omni's multimodal RoPE: `section` splits each head's rotary pairs among time, height and width."""
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": section}
+
+
 OMNI_A = TinyOmni(
     name="omni-a",
     thinker=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                         "mrope_section": [2, 1, 1]}),
+                 num_key_value_heads=2, rope_parameters=_mrope(10000.0, [2, 1, 1])),
     talker=dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=12, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                     "mrope_section": [2, 2, 2]}),
+                num_key_value_heads=1, head_dim=12, rope_parameters=_mrope(10000.0, [2, 2, 2])),
     dit=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16, ff_mult=2, emb_dim=16,
              block_size=4, look_ahead_layers=[1], look_backward_layers=[0], repeats=2, mel_dim=16,
-             enc_emb_dim=16, enc_dim=16, enc_channels=[16, 16, 16, 16, 48], enc_kernel_sizes=[5, 3, 3, 3, 1],
-             enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8, enc_res2net_scale=2, enc_se_channels=8),
+             enc_emb_dim=16, **SPEAKER_ENCODER),
     bigvgan=dict(mel_dim=16, upsample_initial_channel=32, resblock_kernel_sizes=[3, 7],
                  resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5]], upsample_rates=[4, 2], upsample_kernel_sizes=[8, 4]),
 )
 OMNI_B = TinyOmni(
     name="omni-b",
     thinker=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                 num_key_value_heads=3, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
-                                                         "mrope_section": [2, 1, 1]}),
+                 num_key_value_heads=3, rope_parameters=_mrope(1000000.0, [2, 1, 1])),
     talker=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                    "mrope_section": [2, 1, 1]}),
+                num_key_value_heads=2, head_dim=8, rope_parameters=_mrope(10000.0, [2, 1, 1])),
     dit=dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=3, head_dim=16, ff_mult=2, emb_dim=24,
              block_size=6, look_ahead_layers=[2], look_backward_layers=[0, 1], repeats=2, mel_dim=20,
-             enc_emb_dim=24, enc_dim=16, enc_channels=[16, 16, 16, 16, 48], enc_kernel_sizes=[5, 3, 3, 3, 1],
-             enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8, enc_res2net_scale=2, enc_se_channels=8),
+             enc_emb_dim=24, **SPEAKER_ENCODER),
     bigvgan=dict(mel_dim=20, upsample_initial_channel=24, resblock_kernel_sizes=[3, 5, 7],
                  resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5], [1, 3, 5]], upsample_rates=[3, 2, 2],
                  upsample_kernel_sizes=[6, 4, 4]),

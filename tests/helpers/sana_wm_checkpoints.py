@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.ltx2_vae_fixtures import VAE_A, TinyVideoVAE, build_video_vae
+from tests.helpers.weights import scale_params
 
 # The chi prompt is in the corpus so the offline BPE keeps the pipeline's default prefix short in tokens.
 CHI_PROMPT = (
@@ -97,20 +98,9 @@ CONFIGS = (SANA_WM_A, SANA_WM_B)
 
 def train_gemma_tokenizer():
     """A BPE trained offline on CORPUS, saved as a Gemma tokenizer (bos/eos/pad like Gemma's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GemmaTokenizerFast
+    from vidloom.demo.tokenizer import train_gemma_tokenizer as train
 
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=4096)
+    return train(CORPUS, vocab_size=600, model_max_length=4096)
 
 
 def tiny_gemma2(vocab: int, hidden: int, layers: int):
@@ -120,13 +110,6 @@ def tiny_gemma2(vocab: int, hidden: int, layers: int):
                           num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                           max_position_embeddings=4096, sliding_window=64)
     return Gemma2Model(config).eval()
-
-
-def _scale(module: torch.nn.Module, names: tuple[str, ...], factor: float) -> None:
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if any(n in name for n in names):
-                p.mul_(factor)
 
 
 # The GDN blocks' temporal short convolutions, zero at init (main and camera branches).
@@ -146,9 +129,9 @@ def build_transformer(spec: TinySanaWM, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith(SHORT_CONVS):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-    _scale(model, ("out_proj_cam", "plucker_proj"), 3.0)
-    _scale(model, ("t_block", "scale_shift_table", "y_embedder"), 2.0)
-    _scale(model, ("cross_attn.proj",), 6.0)  # the prompt must move the video, not vanish in the residual
+    scale_params(model, ("out_proj_cam", "plucker_proj"), 3.0)
+    scale_params(model, ("t_block", "scale_shift_table", "y_embedder"), 2.0)
+    scale_params(model, ("cross_attn.proj",), 6.0)  # the prompt must move the video, not vanish in the residual
     return model
 
 
@@ -158,7 +141,7 @@ def build_components(spec: TinySanaWM, seed: int = 0) -> dict:
     tokenizer = train_gemma_tokenizer()
     torch.manual_seed(seed)
     text_encoder = tiny_gemma2(len(tokenizer) + 3, spec.text_hidden, spec.text_layers)
-    _scale(text_encoder, ("embed_tokens",), 5.0)
+    scale_params(text_encoder, ("embed_tokens",), 5.0)
     return dict(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=build_video_vae(spec.vae, seed + 2),
         transformer=build_transformer(spec, seed + 1),
@@ -192,12 +175,12 @@ def build_refiner(spec: TinySanaWM, vae=None, seed: int = 0):
     text_hidden, text_layers = 16, 2
     torch.manual_seed(seed + 11)
     text_encoder = tiny_gemma3(len(tokenizer) + 3, text_hidden, text_layers)
-    _scale(text_encoder, ("embed_tokens",), 5.0)
+    scale_params(text_encoder, ("embed_tokens",), 5.0)
     torch.manual_seed(seed + 12)
     transformer = SanaWMLTX2RefinerTransformer3DModel(caption_channels=text_hidden, **spec.refiner).eval()
     # Louder timestep/prompt conditioning: a wrong sigma or prompt path then moves the refined latents clearly.
-    _scale(transformer, ("time_embed", "scale_shift_table"), 3.0)
-    _scale(transformer, ("caption_projection", "attn2.to_out"), 4.0)
+    scale_params(transformer, ("time_embed", "scale_shift_table"), 3.0)
+    scale_params(transformer, ("caption_projection", "attn2.to_out"), 4.0)
     torch.manual_seed(seed + 13)
     connectors = LTX2TextConnectors(caption_channels=text_hidden, text_proj_in_factor=text_layers + 1,
                                     **REFINER_CONNECTORS).eval()

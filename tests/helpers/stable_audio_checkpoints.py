@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vidloom.families.wan.demo import train_tokenizer
+from vidloom.demo.tokenizer import train_t5_tokenizer
 
 TEXT_TOKENS = 16  # the tokenizer's model_max_length: prompts are padded to it
 
@@ -72,7 +72,7 @@ def build_pipeline(spec: TinyStableAudio, seed: int = 0):
     transformer = StableAudioDiTModel(**spec.transformer).eval()
     vae = AutoencoderOobleck(**spec.vae).eval()
     projection = StableAudioProjectionModel(**spec.projection).eval()
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     tokenizer.model_max_length = TEXT_TOKENS
     text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     g = torch.Generator().manual_seed(seed + 1)

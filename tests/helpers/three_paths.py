@@ -30,6 +30,16 @@ from vidloom.serving.jobs import JobManager
 VOLATILE = ("request_id", "elapsed_s")  # differ between any two runs by design
 
 
+def request_forms(prompt: str, seed: int) -> tuple[dict[str, Any], list[str], dict[str, Any], dict[str, Any]]:
+    """One small request (48x32, 5 frames, 2 steps) as each way in spells it: VideoGenerator keywords, `vidloom
+    generate` flags, the OpenAI body's fields, and the extension fields the OpenAI body carries beside them."""
+    kwargs = {"prompt": prompt, "height": 32, "width": 48, "num_frames": 5, "num_inference_steps": 2, "seed": seed}
+    cli_args = ["--prompt", prompt, "--height", "32", "--width", "48", "--frames", "5", "--steps", "2",
+                "--seed", str(seed)]
+    openai_body = {"prompt": prompt, "size": "48x32"}
+    return kwargs, cli_args, openai_body, {"num_frames": 5, "num_inference_steps": 2, "seed": seed}
+
+
 @dataclass
 class Outcome:
     """What one path produced: the engine's deployment and the finished video (or the error it printed)."""

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.wan_checkpoints import TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.families.wan.demo import train_tokenizer
+from tests.helpers.wan_checkpoints import TinyWan, _scheduler_kwargs, reference_parts, reference_transformer, wan_dit
 
 # The TI2V-5B VAE layout at a tiny width: residual stages, 2x2 patching, a wider decoder.
 TI2V_VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
@@ -16,40 +15,25 @@ TI2V_VAE = dict(base_dim=8, decoder_base_dim=12, z_dim=6, dim_mult=[1, 2, 2, 2],
                 patch_size=2, in_channels=12, out_channels=12, scale_factor_spatial=16, scale_factor_temporal=4)
 TINY_TI2V = TinyWan(
     name="tiny-ti2v",
-    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=6,
-                     out_channels=6, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2,
-                     cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
+    transformer=wan_dit(heads=2, head_dim=12, channels=6, ffn_dim=32, layers=2, freq_dim=16),
     vae=TI2V_VAE,
 )
 TINY_TI2V_B = TinyWan(
     name="tiny-ti2v-b",
-    transformer=dict(patch_size=(1, 2, 2), num_attention_heads=3, attention_head_dim=8, in_channels=8,
-                     out_channels=8, text_dim=32, freq_dim=32, ffn_dim=40, num_layers=3,
-                     cross_attn_norm=False, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
+    transformer=wan_dit(heads=3, head_dim=8, channels=8, ffn_dim=40, layers=3, freq_dim=32, cross_attn_norm=False),
     vae=dict(TI2V_VAE, base_dim=8, decoder_base_dim=None, z_dim=8, dim_mult=[1, 2, 4, 4]),
 )
 
 
 def _common(spec: TinyWan, seed: int):
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import UniPCMultistepScheduler
 
-    mean, std = _latent_stats(spec.vae["z_dim"], seed)
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKLWan(**{**spec.vae, "latents_mean": mean, "latents_std": std}).eval()
-    _perturb(vae, seed + 1)
-    tokenizer = train_tokenizer()
-    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
     scheduler = UniPCMultistepScheduler(**{**_scheduler_kwargs(), "flow_shift": 5.0})
-    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
+    return dict(reference_parts(spec, seed, vae_seed=seed + 1), scheduler=scheduler)
 
 
 def _transformer(kwargs: dict, seed: int, time_scale: float = 1.0):
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    transformer = WanTransformer3DModel(**kwargs).eval()
-    _perturb(transformer, seed)
+    transformer = reference_transformer(kwargs, seed)
     if time_scale != 1.0:
         # Random init barely reacts to the timestep; amplify it so per-token timesteps matter.
         with torch.no_grad():

@@ -12,8 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tests.helpers.wan_checkpoints import TINY_A, TinyWan, _latent_stats, _perturb, _scheduler_kwargs
-from vidloom.families.wan.demo import train_tokenizer
+from tests.helpers.wan_checkpoints import TINY_A, TinyWan, _scheduler_kwargs, reference_parts, reference_transformer
 
 CLIP_SIZE = 32  # processor output side; with patch 8 -> 16 patches + CLS = 17 tokens
 CLIP = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
@@ -51,22 +50,14 @@ def _amplify_image_path(transformer: torch.nn.Module, factor: float = 4.0) -> No
 
 def write_tiny_wan_i2v(folder: Path, spec: TinyWan = TINY_A, first_last: bool = False, seed: int = 0) -> Path:
     """Save a WanImageToVideoPipeline folder (Wan2.1 layout: CLIP encoder + I2V DiT)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
 
-    torch.manual_seed(seed)
-    transformer = WanTransformer3DModel(**i2v_transformer_kwargs(spec, first_last)).eval()
-    _perturb(transformer, seed)
+    transformer = reference_transformer(i2v_transformer_kwargs(spec, first_last), seed)
     _amplify_image_path(transformer)
-    mean, std = _latent_stats(spec.vae["z_dim"], seed)
-    vae = AutoencoderKLWan(**spec.vae, latents_mean=mean, latents_std=std).eval()
-    _perturb(vae, seed + 1)
-    tokenizer = train_tokenizer()
-    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **spec.text_encoder)).eval()
+    parts = reference_parts(spec, seed)
     image_encoder, image_processor = _clip(seed + 2)
     pipe = WanImageToVideoPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
-        scheduler=UniPCMultistepScheduler(**_scheduler_kwargs()),
+        **parts, scheduler=UniPCMultistepScheduler(**_scheduler_kwargs()),
         image_processor=image_processor, image_encoder=image_encoder, transformer=transformer,
     )
     pipe.save_pretrained(str(folder))

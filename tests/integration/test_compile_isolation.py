@@ -14,15 +14,11 @@ import gc
 import numpy as np
 import pytest
 
-from tests.helpers.lora_files import LoRASpec, write_lora
+from tests.helpers.lora_files import WAN_LORA as SPEC, WAN_LORA_REQUEST as KW, write_lora
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.runtime.compile_stance import held_stances
-
-KW = dict(height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=3,
-          negative_prompt="blurred")
-SPEC = LoRASpec(rank=4, alpha=4, targets=("to_q", "to_v", "ffn.net.0.proj"), seed=9)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.servers import ProcessServer, wait_for_status
+from tests.helpers.wav import pcm16_wav
 from vidloom import registry
 from vidloom.generator import VideoGenerator
 from vidloom.media.video import read_video
@@ -159,17 +160,10 @@ def test_wan22_demo_runs_text_and_image_to_video_with_per_token_timesteps(tmp_pa
 
 
 def _sine_wav_part(hz: float, seconds: float) -> dict:
-    import wave
-
     rate = 16000
     tone = (0.3 * np.sin(2 * np.pi * hz * np.arange(int(rate * seconds)) / rate) * 32767).astype(np.int16)
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(tone.tobytes())
-    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}}
+    wav = pcm16_wav(tone, rate)
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
 
 
 def test_qwen_omni_demo_hears_audio_and_sees_images(tmp_path):

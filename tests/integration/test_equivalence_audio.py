@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers.three_paths import CliServer, assert_same_outcome, run_api, run_cli
+from tests.helpers.three_paths import CliServer, assert_same_outcome, request_forms, run_api, run_cli
 from vidloom import registry
 from vidloom.core.deploy import DeployConfig
 from vidloom.media.audio import read_audio_stream, read_wav, to_pcm16
@@ -28,12 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai 
 
 RATE = 24000
 AAC_MIN_SNR_DB = 30.0  # the codec tolerance measured in tests/unit/media/test_audio.py
-BASE = {"prompt": "a fox barks at the moon", "height": 32, "width": 48, "num_frames": 5,
-        "num_inference_steps": 2, "seed": 9}
-BASE_CLI = ["--prompt", BASE["prompt"], "--height", "32", "--width", "48", "--frames", "5", "--steps", "2",
-            "--seed", "9"]
-BASE_OPENAI = {"prompt": BASE["prompt"], "size": "48x32"}
-BASE_EXT = {"num_frames": 5, "num_inference_steps": 2, "seed": 9}
+BASE, BASE_CLI, BASE_OPENAI, BASE_EXT = request_forms("a fox barks at the moon", seed=9)
 
 
 def _program_audio(outputs: dict[str, Any]) -> tuple[np.ndarray, int]:

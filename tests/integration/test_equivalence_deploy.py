@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, run_api, run_cli
+from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, request_forms, run_api, run_cli
 from vidloom import cli
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.parallel import ParallelPlan
@@ -68,12 +68,7 @@ FLAGS: dict[str, FlagRow] = {
     "parallel": FlagRow(("--sp", "2"), {"devices": 2, "parallel": ParallelPlan(sp=2)}, CONFIG),
 }
 
-REQUEST = {"prompt": "a red fox jumps over a frozen river", "height": 32, "width": 48, "num_frames": 5,
-           "num_inference_steps": 2, "seed": 5}
-REQUEST_CLI = ["--prompt", REQUEST["prompt"], "--height", "32", "--width", "48", "--frames", "5", "--steps", "2",
-               "--seed", "5"]
-REQUEST_OPENAI = {"prompt": REQUEST["prompt"], "size": "48x32"}
-REQUEST_EXT = {"num_frames": 5, "num_inference_steps": 2, "seed": 5}
+REQUEST, REQUEST_CLI, REQUEST_OPENAI, REQUEST_EXT = request_forms("a red fox jumps over a frozen river", seed=5)
 
 
 def test_every_deploy_field_has_a_row():

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, run_api, run_cli
+from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, request_forms, run_api, run_cli
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 
@@ -45,12 +45,7 @@ def _ext(name: str, value: Any, cli: tuple[str, ...]) -> FieldPaths:
 
 # Base request (every path sets it explicitly): demo model, 2 steps, 48x32, 5 frames. A deployed
 # step cache at threshold 0 (computes every step) lets step_cache_threshold be overridden per request.
-BASE = {"prompt": "a red fox jumps over a frozen river", "height": 32, "width": 48, "num_frames": 5,
-        "num_inference_steps": 2, "seed": 7}
-BASE_CLI = ["--prompt", BASE["prompt"], "--height", "32", "--width", "48", "--frames", "5", "--steps", "2",
-            "--seed", "7"]
-BASE_OPENAI = {"prompt": BASE["prompt"], "size": "48x32"}
-BASE_EXT = {"num_frames": 5, "num_inference_steps": 2, "seed": 7}
+BASE, BASE_CLI, BASE_OPENAI, BASE_EXT = request_forms("a red fox jumps over a frozen river", seed=7)
 DEPLOY_FLAGS = ["--step-cache", "teacache", "--step-cache-threshold", "0"]
 DEPLOY = DeployConfig(step_cache="teacache", step_cache_threshold=0.0)
 

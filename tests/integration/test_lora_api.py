@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.lora_files import LoRASpec, write_lora
+from tests.helpers.lora_files import WAN_LORA as SPEC, WAN_LORA_REQUEST as KW, LoRASpec, write_lora
 from tests.helpers.wan_checkpoints import TINY_A, TINY_B, write_tiny_wan
 from vidloom import cli
 from vidloom.core.deploy import DeployConfig
@@ -17,10 +17,6 @@ from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.lora.registry import LoRARegistry, resolve_request_loras
 from vidloom.media.video import read_video
-
-KW = dict(height=32, width=32, num_frames=5, num_inference_steps=2, guidance_scale=4.0, seed=3,
-          negative_prompt="blurred")
-SPEC = LoRASpec(rank=4, alpha=4, targets=("to_q", "to_v", "ffn.net.0.proj"), seed=9)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.servers import ThreadServer, parse_sse
+from tests.helpers.wav import pcm16_wav
 from vidloom.serving.config import ServeConfig
 
 pytest.importorskip("torchsde")
@@ -132,13 +133,7 @@ def test_model_details_describe_an_audio_model(client):
 
 
 def _wav_file(samples: np.ndarray, rate: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as w:
-        w.setnchannels(samples.shape[0])
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(np.round(np.clip(samples, -1, 1) * 32767).astype("<i2").T.tobytes())
-    return buffer.getvalue()
+    return pcm16_wav(np.round(np.clip(samples, -1, 1) * 32767).astype("<i2").T, rate)
 
 
 INIT = (np.random.default_rng(1).standard_normal((2, 6000)) * 0.3).astype(np.float32)

@@ -63,16 +63,12 @@ def test_interleave_runs_two_jobs_at_once(start_server):
 def test_graceful_restart_keeps_results_and_fails_unfinished_jobs(start_server, tmp_path: Path):
     first = start_server(data_dir=tmp_path / "data")
     with httpx.Client(base_url=first.url, timeout=30) as client:
-        done = create_video(client)
-        wait_for_status(client, done["id"], {"completed"})
-        mp4 = client.get(f"/v1/videos/{done['id']}/content").content
-        running = BlockingJob(client).id
-        queued = create_video(client)["id"]
+        done_id, mp4, unfinished = _leave_jobs(client)
     first.stop()
 
     second = start_server(data_dir=tmp_path / "data")
     with httpx.Client(base_url=second.url, timeout=30) as client:
-        _assert_survived(client, done["id"], mp4, unfinished=(running, queued))
+        _assert_survived(client, done_id, mp4, unfinished)
 
 
 def test_kill_9_then_restart(demo_cache: Path, tmp_path: Path):
@@ -80,24 +76,30 @@ def test_kill_9_then_restart(demo_cache: Path, tmp_path: Path):
     first = ProcessServer(data, demo_cache, tmp_path / "first.log")
     try:
         with httpx.Client(base_url=first.url, timeout=30) as client:
-            done = create_video(client)
-            wait_for_status(client, done["id"], {"completed"})
-            mp4 = client.get(f"/v1/videos/{done['id']}/content").content
-            running = BlockingJob(client).id
-            queued = create_video(client)["id"]
+            done_id, mp4, unfinished = _leave_jobs(client)
     finally:
         first.kill()
 
     second = ProcessServer(data, demo_cache, tmp_path / "second.log")
     try:
         with httpx.Client(base_url=second.url, timeout=30) as client:
-            _assert_survived(client, done["id"], mp4, unfinished=(running, queued))
+            _assert_survived(client, done_id, mp4, unfinished)
             again = create_video(client)  # and it serves new work
             assert wait_for_status(client, again["id"], {"completed", "failed"})["status"] == "completed"
     finally:
         assert second.terminate() in (0, -15)
     log = (tmp_path / "second.log").read_text()
     assert "marked 2 job(s)" in log and "Application shutdown complete" in log  # SIGTERM shuts down cleanly
+
+
+def _leave_jobs(client: httpx.Client) -> tuple[str, bytes, tuple[str, str]]:
+    """What a restart must sort out: a finished job (its id and mp4), then a running one and a queued one."""
+    done = create_video(client)
+    wait_for_status(client, done["id"], {"completed"})
+    mp4 = client.get(f"/v1/videos/{done['id']}/content").content
+    running = BlockingJob(client).id
+    queued = create_video(client)["id"]
+    return done["id"], mp4, (running, queued)
 
 
 def _assert_survived(client: httpx.Client, done_id: str, mp4: bytes, unfinished: tuple[str, ...]) -> None:

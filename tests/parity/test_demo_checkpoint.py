@@ -8,6 +8,7 @@ import torch
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.families.wan.demo import DEMO_ID, DEMO_VERSION, ensure_demo_checkpoint
+from tests.helpers.reference_pipelines import reference_pipeline
 
 
 def test_demo_written_once_and_reused(demo_cache):
@@ -33,8 +34,7 @@ def test_demo_matches_diffusers_wan_pipeline(demo_cache):
     from diffusers import WanPipeline
 
     folder = ensure_demo_checkpoint(demo_cache)
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(WanPipeline, folder)
     kw = dict(height=32, width=48, num_frames=5, num_inference_steps=3, guidance_scale=5.0)
     expected = pipe(prompt="waves crash against the rocks", negative_prompt="", output_type="np",
                     generator=torch.Generator("cpu").manual_seed(11), **kw).frames[0]

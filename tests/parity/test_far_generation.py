@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, write_tiny_far
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import ChunkEvent, ProgressEvent
 from vidloom.media.frames import to_uint8
@@ -60,8 +61,7 @@ def _reference(
 ) -> np.ndarray:
     from diffusers import AnyFlowFARPipeline
 
-    pipe = AnyFlowFARPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(AnyFlowFARPipeline, folder)
     # I2V input as the pipeline documents it: a (1, 1, 3, H, W) float tensor in [0, 1].
     video = None if image is None else torch.from_numpy(image.astype(np.float32) / 255.0).permute(2, 0, 1)[None, None]
     out = pipe(
@@ -304,8 +304,7 @@ def test_v2v_continuation_matches_anyflow_far_pipeline(far_dirs, case):
     clip = np.stack([np.roll(_image(kw, seed=20), shift * 3, axis=1) for shift in range(5)])
     from diffusers import AnyFlowFARPipeline
 
-    pipe = AnyFlowFARPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(AnyFlowFARPipeline, folder)
     expected = pipe(
         prompt=PROMPT, negative_prompt=NEGATIVE, video=torch.from_numpy(clip.astype(np.float32) / 255).permute(0, 3, 1, 2)[None],
         height=kw["height"], width=kw["width"], num_frames=kw["num_frames"], num_inference_steps=kw["steps"],

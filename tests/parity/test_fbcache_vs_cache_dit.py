@@ -10,6 +10,7 @@ from tests.parity.test_wan_generation import NEGATIVE, PROMPT
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from tests.helpers.reference_pipelines import reference_pipeline
 
 cache_dit = pytest.importorskip("cache_dit")
 
@@ -22,8 +23,7 @@ TOLERANCE = 1e-4
 def _cache_dit(folder, threshold: float) -> tuple[np.ndarray, int]:
     from diffusers import WanPipeline
 
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(WanPipeline, folder)
     # max_warmup_steps=1: only step 1 is forced to compute, as in ours (nothing to reuse yet).
     config = cache_dit.DBCacheConfig(Fn_compute_blocks=1, Bn_compute_blocks=0,
                                      residual_diff_threshold=threshold, max_warmup_steps=1)

@@ -11,6 +11,7 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.parity import ParityRun, Reference, run_parity
 from vidloom.families.flux2.parity import FLUX2_KLEIN
+from tests.helpers.reference_pipelines import reference_pipeline
 
 # fp32 on CPU: observed max diffs are 1e-6..3e-6 (batched vs separate text encoding); the
 # issue's bound is 1e-4. A wrong conditioning path moves pixels by > 1e-2 (see the sensitivity test).
@@ -25,8 +26,7 @@ PROMPT = "a cat holding a sign that says hello world"
 def pair(tiny_flux2_dir):
     from diffusers import Flux2KleinPipeline
 
-    pipe = Flux2KleinPipeline.from_pretrained(str(tiny_flux2_dir), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(Flux2KleinPipeline, tiny_flux2_dir)
     return pipe, VideoGenerator.from_pretrained(tiny_flux2_dir, device="cpu"), tiny_flux2_dir
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers.lora_files import write_lora
+from tests.helpers.reference_pipelines import reference_pipeline
 from tests.parity.test_lora_generation import FAMILIES, MIN_EFFECT, PROMPT
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.generator import VideoGenerator, build_request
@@ -53,8 +54,7 @@ def test_fused_equals_run_time_and_diffusers_fuse_lora(family):
     out = _frames(gen, kw)
     assert np.abs(out - expected).max() < TOLERANCE
 
-    pipe = getattr(diffusers, pipeline).from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(getattr(diffusers, pipeline), folder)
     for name, path in files.items():
         pipe.load_lora_weights(str(path), adapter_name=name)
     pipe.set_adapters(list(files), adapter_weights=list(SCALES))

@@ -14,6 +14,7 @@ from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.lora_files import LoRASpec, write_lora
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.generator import VideoGenerator
 
 # fp32 on CPU: the base pipelines match to ~3e-6 (see test_wan_generation / test_flux2_generation); the adapters
@@ -80,8 +81,7 @@ def family(request, tmp_path_factory):
     write, pipeline, specs, reference, kw = FAMILIES[request.param]
     folder = write(tmp_path_factory.mktemp(request.param))
     files = {name: write_lora(folder, pipeline, spec, tmp_path_factory.mktemp("loras")) for name, spec in specs.items()}
-    pipe = getattr(diffusers, pipeline).from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(getattr(diffusers, pipeline), folder)
     gen = VideoGenerator.from_pretrained(folder, device="cpu")
     return pipe, gen, files, reference, kw
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.lora_files import LoRASpec, rewrite_ltx2_original, write_lora, write_ltx2_lora_with_connectors
+from tests.helpers.reference_pipelines import ltx2_two_stage, reference_pipeline
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
@@ -48,8 +49,7 @@ def setup(tiny_ltx2_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ltx2-loras")
     files = {name: write_lora(tiny_ltx2_dir, "LTX2Pipeline", spec, out) for name, spec in LORAS.items()}
-    pipe = LTX2Pipeline.from_pretrained(str(tiny_ltx2_dir), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(LTX2Pipeline, tiny_ltx2_dir)
     return pipe, files
 
 
@@ -169,31 +169,9 @@ def test_original_ltx2_keys_load_as_the_peft_file(tiny_ltx2_dir, tmp_path):
 def test_stage2_lora_applies_to_the_refinement_only(setup, tiny_ltx2_dir):
     """LTX2Pipeline (latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline refine with the adapter loaded, as the
     distilled two-stage recipe runs; vidloom: --two-stage --stage2-lora PATH:0.9 on the one transformer."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline, LTX2Pipeline
-    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
-    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES
-
     reference, files = setup
-    pipe = LTX2Pipeline(**reference.components)
-    pipe.set_progress_bar_config(disable=True)
-    g = torch.Generator().manual_seed(BASE["seed"])
-    common = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=9, frame_rate=25.0,
-                  spatio_temporal_guidance_blocks=[1])
-    video, audio = pipe(height=64, width=64, num_inference_steps=2, generator=g, output_type="latent",
-                        return_dict=False, **common)
-    upsampler = LTX2LatentUpsamplerModel.from_pretrained(str(tiny_ltx2_dir / "latent_upsampler"))
-    upsampled = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=upsampler)(
-        latents=video, output_type="latent", return_dict=False)[0]
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=False,
-                                                                 shift_terminal=None)
-    pipe.load_lora_weights(str(files["video"]), adapter_name="distilled")
-    try:
-        pipe.set_adapters(["distilled"], adapter_weights=[0.9])
-        frames, waveform = pipe(latents=upsampled, audio_latents=audio, height=128, width=128, num_inference_steps=3,
-                                noise_scale=STAGE_2_DISTILLED_SIGMA_VALUES[0], sigmas=STAGE_2_DISTILLED_SIGMA_VALUES,
-                                guidance_scale=1.0, generator=g, output_type="np", return_dict=False, **common)
-    finally:
-        pipe.unload_lora_weights()
+    frames, waveform = ltx2_two_stage(reference, tiny_ltx2_dir, PROMPT, NEGATIVE, BASE["seed"],
+                                      stage2_lora=(files["video"], 0.9))
 
     settings = LTX2Settings(stage1=AudioVideoScales(stg_blocks=(1,)),
                             stage2=AudioVideoScales(video_cfg=1.0, stg_blocks=(1,)))

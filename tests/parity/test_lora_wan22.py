@@ -16,6 +16,7 @@ import torch
 from tests.helpers.lora_files import LoRASpec, write_lora
 from tests.helpers.wan22_checkpoints import write_tiny_a14b, write_tiny_ti2v
 from tests.helpers.wan_checkpoints import TINY_A
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
@@ -35,8 +36,7 @@ def a14b(tmp_path_factory):
     folder = write_tiny_a14b(tmp_path_factory.mktemp("a14b-lora"), TINY_A)
     out = tmp_path_factory.mktemp("loras")
     files = {"high": write_lora(folder, "WanPipeline", HIGH, out), "low": write_lora(folder, "WanPipeline", LOW, out)}
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(WanPipeline, folder)
     return folder, files, pipe
 
 

@@ -23,6 +23,7 @@ from vidloom.families.ltx2.parity import LTX2_T2V
 from vidloom.families.ltx2.program import build_program
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
+from tests.helpers.reference_pipelines import ltx2_two_stage, reference_pipeline
 
 FRAME_TOLERANCE = 1e-4
 AUDIO_TOLERANCE = 1e-4
@@ -48,8 +49,7 @@ def _pipeline_kwargs(settings: LTX2Settings, guidance: float) -> dict:
 def reference(tiny_ltx2_dir):
     from diffusers import LTX2Pipeline
 
-    pipe = LTX2Pipeline.from_pretrained(str(tiny_ltx2_dir), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(LTX2Pipeline, tiny_ltx2_dir)
     return pipe
 
 
@@ -110,25 +110,7 @@ def test_image_to_video_matches_pipeline(reference, generator, crf):
 
 def test_two_stage_matches_chained_pipelines(reference, tiny_ltx2_dir):
     """LTX2Pipeline (latents) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline refine, as the diffusers docs chain them."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline, LTX2Pipeline
-    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
-    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES
-
-    pipe = LTX2Pipeline(**reference.components)
-    pipe.set_progress_bar_config(disable=True)
-    g = torch.Generator().manual_seed(BASE["seed"])
-    common = dict(prompt=PROMPT, negative_prompt=NEGATIVE, num_frames=9, frame_rate=25.0,
-                  spatio_temporal_guidance_blocks=[1])
-    video, audio = pipe(height=64, width=64, num_inference_steps=2, generator=g, output_type="latent",
-                        return_dict=False, **common)
-    upsampler = LTX2LatentUpsamplerModel.from_pretrained(str(tiny_ltx2_dir / "latent_upsampler"))
-    upsample = LTX2LatentUpsamplePipeline(vae=pipe.vae, latent_upsampler=upsampler)
-    upsampled = upsample(latents=video, output_type="latent", return_dict=False)[0]
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=False,
-                                                                 shift_terminal=None)
-    frames, waveform = pipe(latents=upsampled, audio_latents=audio, height=128, width=128, num_inference_steps=3,
-                            noise_scale=STAGE_2_DISTILLED_SIGMA_VALUES[0], sigmas=STAGE_2_DISTILLED_SIGMA_VALUES,
-                            guidance_scale=1.0, generator=g, output_type="np", return_dict=False, **common)
+    frames, waveform = ltx2_two_stage(reference, tiny_ltx2_dir, PROMPT, NEGATIVE, BASE["seed"])
 
     gen = VideoGenerator.from_pretrained(tiny_ltx2_dir, device="cpu", deploy=DeployConfig(two_stage=True))
     settings = LTX2Settings(stage1=AudioVideoScales(stg_blocks=(1,)),

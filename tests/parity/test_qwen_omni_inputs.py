@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import base64
 import io
-import wave
 
 import numpy as np
 import pytest
 import torch
 
 from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, processors, write_tiny_omni
+from tests.helpers.wav import pcm16_wav
 from vidloom.core.chat import SamplingParams
 from vidloom.generator import VideoGenerator
 from vidloom.families.qwen_omni.encoders import audio_output_length
@@ -28,14 +28,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def wav_bytes(samples: np.ndarray, rate: int = 16000) -> bytes:
-    pcm = np.clip(samples * 32768, -32768, 32767).astype(np.int16)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return out.getvalue()
+    return pcm16_wav(np.clip(samples * 32768, -32768, 32767).astype(np.int16), rate)
 
 
 def png_url(seed: int, size: tuple[int, int]) -> tuple[str, object]:

@@ -10,38 +10,14 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, make_sampler  # noqa: E402
+from vidloom.families.wan.demo import WAN21_SCHEDULER  # noqa: E402
 
 # Same float32 arithmetic on both sides; the order of operations may differ, which
 # could move a result by an ulp or so, far below this bound.
 TOL = 1e-6
 
-# Wan2.1's scheduler/scheduler_config.json, verbatim except the shift (3.0 for 480p, 5.0 for 720p).
-WAN_UNIPC_JSON: dict[str, Any] = {
-    "_class_name": "UniPCMultistepScheduler",
-    "num_train_timesteps": 1000,
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "flow_shift": 3.0,
-    "solver_order": 2,
-    "solver_type": "bh2",
-    "predict_x0": True,
-    "lower_order_final": True,
-    "disable_corrector": [],
-    "final_sigmas_type": "zero",
-    "timestep_spacing": "linspace",
-    "steps_offset": 0,
-    "thresholding": False,
-    "beta_schedule": "linear",
-    "beta_start": 0.0001,
-    "beta_end": 0.02,
-    "use_karras_sigmas": False,
-    "use_exponential_sigmas": False,
-    "use_beta_sigmas": False,
-    "rescale_betas_zero_snr": False,
-    "solver_p": None,
-    "sample_max_value": 1.0,
-    "dynamic_thresholding_ratio": 0.995,
-}
+# Wan2.1's scheduler/scheduler_config.json, verbatim (the demo's); tests change only the shift (3.0 for 480p, 5.0 for 720p).
+WAN_UNIPC_JSON: dict[str, Any] = WAN21_SCHEDULER
 
 STEPS = [1, 2, 4, 7, 20]
 SHIFTS = [1.0, 3.0, 5.0]

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from tests.helpers.sana_wm_checkpoints import CONFIGS, write_tiny_sana_wm
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
@@ -37,8 +38,7 @@ def folder(request, tmp_path_factory):
 def reference(folder):
     from diffusers import SanaWMPipeline
 
-    pipe = SanaWMPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(SanaWMPipeline, folder)
     return pipe
 
 
@@ -123,8 +123,7 @@ def test_demo_folder_runs_the_same_in_diffusers(tmp_path):
     from vidloom.families.sana_wm.demo import ensure_demo_checkpoint
 
     folder = ensure_demo_checkpoint(tmp_path)
-    pipe = SanaWMPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(SanaWMPipeline, folder)
     frames = _reference(pipe, 1.0, action="jw-16")
     ours = _ours(VideoGenerator.from_pretrained(folder, device="cpu"), camera="jw-16", guidance_scale=1.0)
     assert np.abs(ours - frames).max() < FRAME_TOLERANCE

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from tests.helpers.sana_wm_checkpoints import CONFIGS, write_tiny_refiner, write_tiny_sana_wm
+from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
@@ -36,8 +37,7 @@ def folder(request, tmp_path_factory):
 def reference(folder):
     from diffusers import SanaWMLTX2Refiner, SanaWMPipeline
 
-    pipe = SanaWMPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(SanaWMPipeline, folder)
     refiner = SanaWMLTX2Refiner.from_pretrained(str(folder / "refiner"), dtype=torch.float32, vae=pipe.vae)
     refiner.set_progress_bar_config(disable=True)
     return pipe, refiner

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
+from tests.helpers.reference_pipelines import reference_pipeline
 from tests.helpers.wan22_checkpoints import TINY_TI2V, TINY_TI2V_B, write_tiny_ti2v
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.core.request import GenerationRequest
@@ -32,8 +32,7 @@ def _reference(folder, image) -> Reference:
     """The folder's WanPipeline; with an image, WanImageToVideoPipeline(expand_timesteps=True) over its parts."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
-    pipe = WanPipeline.from_pretrained(str(folder), dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = reference_pipeline(WanPipeline, folder)
     if image is None:
         return Reference.wrap(pipe, WAN_T2V)
     pipe = WanImageToVideoPipeline(

@@ -13,6 +13,7 @@ import torch
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from tests.helpers.config_keys import copy_with_keys, merge_keys
 
 SMALL = dict(prompt="a train crosses a bridge", height=32, width=32, num_frames=5, num_inference_steps=2, seed=5)
 
@@ -58,19 +59,14 @@ def test_missing_tensor_is_named(tiny_wan_dir, tmp_path):
 def test_mis_shaped_config_is_caught(tiny_wan_dir, tmp_path):
     folder = _copy(tiny_wan_dir, tmp_path / "badcfg")
     config_file = folder / "transformer" / "config.json"
-    config = json.loads(config_file.read_text())
-    config["ffn_dim"] = config["ffn_dim"] * 2
-    config_file.write_text(json.dumps(config))
+    merge_keys(config_file, ffn_dim=json.loads(config_file.read_text())["ffn_dim"] * 2)
     with pytest.raises(CheckpointError, match=r"ffn.*has shape"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
 
 def test_unsupported_scheduler_is_named(tiny_wan_dir, tmp_path):
-    folder = _copy(tiny_wan_dir, tmp_path / "badsched")
-    file = folder / "scheduler" / "scheduler_config.json"
-    config = json.loads(file.read_text())
-    config["prediction_type"] = "epsilon"
-    file.write_text(json.dumps(config))
+    folder = copy_with_keys(tiny_wan_dir, tmp_path / "badsched", "scheduler/scheduler_config.json",
+                            prediction_type="epsilon")
     with pytest.raises(CheckpointError, match=r"scheduler_config\.json: UniPCMultistepScheduler: prediction_type='epsilon' is not supported"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 

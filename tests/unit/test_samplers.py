@@ -12,6 +12,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.sampler import SAMPLERS, Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.diffusion.unipc import UniPCSampler
+from vidloom.families.wan.demo import WAN21_SCHEDULER
 
 NAMES = sorted(n for n in SAMPLERS if n != "dmd")  # dmd runs only its recipe's steps: tests/unit/diffusion/test_dmd.py
 
@@ -93,21 +94,7 @@ def test_make_sampler_types() -> None:
         assert isinstance(sampler, Sampler)
 
 
-WAN_UNIPC = {
-    "_class_name": "UniPCMultistepScheduler",
-    "num_train_timesteps": 1000,
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "flow_shift": 5.0,
-    "solver_order": 2,
-    "solver_type": "bh2",
-    "predict_x0": True,
-    "lower_order_final": True,
-    "disable_corrector": [],
-    "final_sigmas_type": "zero",
-    "timestep_spacing": "linspace",
-    "beta_schedule": "linear",
-}
+WAN_UNIPC = {**WAN21_SCHEDULER, "flow_shift": 5.0}  # Wan2.1's published scheduler config at the 720p shift
 
 
 def test_from_diffusers_reads_unipc_and_euler() -> None:

@@ -2,16 +2,17 @@
 
 Every `*-demo` card is the real architecture at a tiny size. Its folder is written in the family's
 diffusers layout with our own modules (diffusers is a test dependency only), so loading it goes
-through the same reader as a real checkpoint. These helpers are what every family's writer shares.
+through the same reader as a real checkpoint. These helpers, writer.py's parts and
+tokenizer.py's tokenizers are what every family's writer shares.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -32,6 +33,21 @@ NOISE_NOTE = (
 def noise_note(demo: str, family: str, example: str = "") -> str:
     """The card note every demo carries: its output is noise, and where real weights come from."""
     return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "")
+
+
+@dataclass(frozen=True)
+class DemoCheckpoint:
+    """A demo's entry in the cache: `<demo_id>-v<version>`, filled by `write` (bump the version when the
+    demo's architecture or files change, so caches holding the old folder write the new one)."""
+
+    demo_id: str
+    version: int
+    write: Callable[[Path], None]
+    marker: str = "model_index.json"  # a file every complete folder has
+
+    def ensure(self, cache_dir: Path) -> Path:
+        """The demo's folder in `cache_dir`, written first if absent."""
+        return ensure_written(cache_dir, f"{self.demo_id}-v{self.version}", self.write, self.marker)
 
 
 def ensure_written(cache_dir: Path, name: str, write: Callable[[Path], None],
@@ -88,67 +104,3 @@ def save_merged(folder: Path, parts: Iterable[tuple[torch.nn.Module, NameMap]], 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def train_chat_tokenizer(corpus: Iterable[str], specials: tuple[str, ...], chat_template: str,
-                         eos: str = "<|im_end|>", vocab_size: int = 320) -> Any:
-    """A byte-level BPE trained offline on `corpus`, as a Qwen2 tokenizer (the Qwen families' kind) with
-    `specials` as single tokens and `chat_template` for apply_chat_template. The first special is the pad."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)  # its bar goes to stdout, past our quiet switches
-    tok.train_from_iterator(list(corpus), trainer)
-    tokenizer = Qwen2TokenizerFast(tokenizer_object=tok, pad_token=specials[0], eos_token=eos,
-                                   unk_token=None, bos_token=None)
-    tokenizer.chat_template = chat_template
-    return tokenizer
-
-
-def train_gemma_tokenizer(corpus: Iterable[str], vocab_size: int, model_max_length: int) -> Any:
-    """A byte-level BPE trained offline on `corpus`, as a Gemma tokenizer (<pad>/<eos>/<bos>/<unk> like Gemma's,
-    <bos> prepended, left padding): the text encoders of LTX-2 (Gemma3) and SANA-WM (Gemma-2)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GemmaTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(list(corpus), trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
-                                                      special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-    return GemmaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                              unk_token="<unk>", padding_side="left", model_max_length=model_max_length)
-
-
-def unigram_vocab(words: Iterable[str], size: int, max_piece_len: int = 6, min_count: int = 2) -> list[tuple[str, float]]:
-    """A Unigram vocabulary counted from pre-tokenized `words`: every character, then the substrings of up
-    to `max_piece_len` characters seen at least `min_count` times (most characters covered first), each
-    scored log(count / total), highest first, ties by text. At most `size` pieces.
-
-    Counted, not trained: the `tokenizers` UnigramTrainer gives a different vocabulary on every run
-    (hash-map order decides which dropped character gets which penalty score and which of two tied pieces
-    gets the lower id, and its EM sums differ in the last digits), so checkpoints written from it differ
-    between fresh writes. These are SentencePiece's seed-vocabulary scores, without its EM pruning.
-    """
-    counts: dict[str, int] = {}
-    for word in words:
-        for start in range(len(word)):
-            for end in range(start + 1, min(len(word), start + max_piece_len) + 1):
-                counts[word[start:end]] = counts.get(word[start:end], 0) + 1
-    chars = sorted(piece for piece in counts if len(piece) == 1)
-    if len(chars) > size:
-        raise ValueError(f"unigram_vocab: the corpus has {len(chars)} characters, more than size={size}")
-    longer = sorted((piece for piece, n in counts.items() if len(piece) > 1 and n >= min_count),
-                    key=lambda piece: (-counts[piece] * len(piece), piece))
-    pieces = chars + longer[:size - len(chars)]
-    total = sum(counts[piece] for piece in pieces)
-    scored = [(piece, math.log(counts[piece] / total)) for piece in pieces]
-    return sorted(scored, key=lambda item: (-item[1], item[0]))

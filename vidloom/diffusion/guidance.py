@@ -55,40 +55,39 @@ class GuidancePolicy(Protocol):
     ) -> Tensor: ...
 
 
-class SequentialCFG:
-    """Cond then uncond, one forward each: the reference order (diffusers' WanPipeline)."""
+class TwoBranchCFG:
+    """The step every policy shares: no negative embeddings, one conditional forward; otherwise the two
+    branches' predictions (the subclass's `branches`), combined by `cfg_combine`."""
 
-    def __call__(
-        self,
-        network: Network,
-        latents: Tensor,
-        timestep: Tensor,
-        prompt_embeds: Tensor,
-        negative_embeds: Tensor | None,
-        guidance_scale: GuidanceScale,
-    ) -> Tensor:
-        cond = network(latents, timestep, prompt_embeds)
+    def __call__(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor | None, guidance_scale: GuidanceScale) -> Tensor:
         if negative_embeds is None:
-            return cond
-        uncond = network(latents, timestep, negative_embeds)
+            return self.unguided(network, latents, timestep, prompt_embeds)
+        cond, uncond = self.branches(network, latents, timestep, prompt_embeds, negative_embeds)
         return cfg_combine(cond, uncond, guidance_scale)
 
+    def unguided(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor) -> Tensor:
+        return network(latents, timestep, prompt_embeds)
 
-class BatchedCFG:
+    def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class SequentialCFG(TwoBranchCFG):
+    """Cond then uncond, one forward each: the reference order (diffusers' WanPipeline)."""
+
+    def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
+        return network(latents, timestep, prompt_embeds), network(latents, timestep, negative_embeds)
+
+
+class BatchedCFG(TwoBranchCFG):
     """Cond and uncond stacked into one forward of twice the batch: half the kernel launches
     and weight reads per step, at the cost of twice the activation memory."""
 
-    def __call__(
-        self,
-        network: Network,
-        latents: Tensor,
-        timestep: Tensor,
-        prompt_embeds: Tensor,
-        negative_embeds: Tensor | None,
-        guidance_scale: GuidanceScale,
-    ) -> Tensor:
-        if negative_embeds is None:
-            return network(latents, timestep, prompt_embeds)
+    def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
         if negative_embeds.shape[1:] != prompt_embeds.shape[1:]:
             raise ValueError(
                 f"batched CFG needs equal-length embeddings, got {tuple(prompt_embeds.shape)} "
@@ -100,7 +99,7 @@ class BatchedCFG:
             torch.cat([prompt_embeds, negative_embeds]),
         )
         cond, uncond = both.chunk(2)
-        return cfg_combine(cond, uncond, guidance_scale)
+        return cond, uncond
 
 
 class BranchExchange(Protocol):
@@ -116,7 +115,7 @@ class BranchExchange(Protocol):
         ...
 
 
-class ParallelCFG:
+class ParallelCFG(TwoBranchCFG):
     """Cond on cfg-rank 0, uncond on cfg-rank 1, one forward of batch B each; predictions are exchanged
     and combined with the same formula on both ranks, so both samplers step on identical values."""
 
@@ -125,21 +124,15 @@ class ParallelCFG:
             raise ValueError(f"CFG-parallel needs a pair of ranks, got a group of {pair.size}")
         self.pair = pair
 
-    def __call__(
-        self,
-        network: Network,
-        latents: Tensor,
-        timestep: Tensor,
-        prompt_embeds: Tensor,
-        negative_embeds: Tensor | None,
-        guidance_scale: GuidanceScale,
-    ) -> Tensor:
-        if negative_embeds is None:
-            # Requests are checked at submit (guidance_scale > 1); this guards direct callers.
-            raise ValueError("CFG-parallel needs the unconditional branch: guidance_scale must be > 1")
+    def unguided(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor) -> Tensor:
+        # Requests are checked at submit (guidance_scale > 1); this guards direct callers.
+        raise ValueError("CFG-parallel needs the unconditional branch: guidance_scale must be > 1")
+
+    def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
+                 negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
         embeds = prompt_embeds if self.pair.rank == 0 else negative_embeds
         cond, uncond = self.pair.all_gather(network(latents, timestep, embeds)).unbind(0)
-        return cfg_combine(cond, uncond, guidance_scale)
+        return cond, uncond
 
 
 CFG_MODES: dict[str, GuidancePolicy] = {

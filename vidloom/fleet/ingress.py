@@ -20,19 +20,17 @@ from typing import Any, Literal, Mapping
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.middleware.cors import CORSMiddleware
 
 from vidloom.fleet.forward import ForwardedResponse, forwarded_request
 
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, echo, install_error_handlers
-from vidloom.serving.guard import HostGuard, RequestGuard
+from vidloom.serving.guard import install_guards
 from vidloom.serving.job_store import JobRecord, JobStore, Page
 from vidloom.serving.jobs import JobUpdate, Subscription
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.protocol import ModelList, ModelObject
-from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.ui_routes import ui_router
 from vidloom.serving.video_routes import router as video_router
 
@@ -150,15 +148,7 @@ def create_fleet_app(config: ServeConfig, jobs: FleetJobs) -> FastAPI:
     app.state.jobs = jobs
     app.state.started_at = int(time.time())
     install_error_handlers(app)
-    # The single server's middleware, in its order (serving/app.py): Host, CORS, key/origin/type, body size.
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
-    app.add_middleware(RequestGuard, config=config)
-    if config.cors_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"], max_age=600,
-        )
-    app.add_middleware(HostGuard, config=config)
+    install_guards(app, config)  # Host, CORS, key/origin/type, body size
     _add_fleet_routes(app)
     # After the forwarding routes above: the shared routers' GETs and DELETEs read the store.
     app.include_router(video_router)

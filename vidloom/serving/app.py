@@ -8,14 +8,13 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from starlette.middleware.cors import CORSMiddleware
 
 from vidloom.runtime.engine import Engine
 from vidloom.serving.chat_routes import ChatState, drain_chats
 from vidloom.serving.chat_routes import router as chat_router
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, install_error_handlers
-from vidloom.serving.guard import HostGuard, RequestGuard
+from vidloom.serving.guard import install_guards
 from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
@@ -25,7 +24,6 @@ from vidloom.serving.lora_routes import adapter_list, served_instance
 from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject
-from vidloom.serving.request_body import BodyLimit
 from vidloom.serving.speech_routes import router as speech_router
 from vidloom.serving.action_sessions import SessionManager
 from vidloom.serving.session_routes import router as session_router
@@ -61,15 +59,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
                   redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
     app.state.config = config
     install_error_handlers(app)
-    # add_middleware wraps: the last added runs first (Host check, CORS preflights, key/origin/type, body size).
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
-    app.add_middleware(RequestGuard, config=config)
-    if config.cors_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"], max_age=600,
-        )
-    app.add_middleware(HostGuard, config=config)
+    install_guards(app, config)  # Host, CORS, key/origin/type, body size
     app.include_router(video_router)
     app.include_router(image_router)
     app.include_router(audio_router)

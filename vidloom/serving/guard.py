@@ -12,10 +12,13 @@ import hmac
 import ipaddress
 from urllib.parse import parse_qsl, urlsplit
 
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import echo, error_response
+from vidloom.serving.request_body import BodyLimit
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
@@ -194,3 +197,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+def install_guards(app: FastAPI, config: ServeConfig) -> None:
+    """The middleware stack every server front runs (`vidloom serve` and the fleet ingress). add_middleware wraps:
+    the last added runs first, so a request meets the Host check, CORS preflights (only with --cors-origin),
+    key/origin/type, then the body size limit."""
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
+    app.add_middleware(RequestGuard, config=config)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"], max_age=600,
+        )
+    app.add_middleware(HostGuard, config=config)

@@ -8,8 +8,8 @@ from safetensors import safe_open
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged, unigram_vocab
-from vidloom.families.wan.demo import train_tokenizer
+from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged
+from vidloom.demo.tokenizer import train_t5_tokenizer, unigram_vocab
 
 
 def _writer(calls: list[str]):
@@ -85,7 +85,7 @@ def test_unigram_vocab_refuses_a_size_below_the_character_count():
 
 def test_demo_tokenizer_is_the_same_on_every_call():
     # The tokenizers UnigramTrainer it replaced gave a different vocabulary on each call, even in one process.
-    first, second = train_tokenizer(), train_tokenizer()
+    first, second = train_t5_tokenizer(), train_t5_tokenizer()
     assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
     ids = first("a red fox jumps over a frozen river").input_ids
     assert first.unk_token_id not in ids and ids[-1] == first.eos_token_id

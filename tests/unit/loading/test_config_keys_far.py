@@ -3,8 +3,6 @@ is read or refused (the VAE is Wan's AutoencoderKLWan, checked in test_config_ke
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 diffusers = pytest.importorskip("diffusers")
@@ -15,7 +13,7 @@ from vidloom.diffusion.scheduler_keys import FLOW_MAP_POLICY  # noqa: E402
 from vidloom.families.wan_causal.config import TRANSFORMER_POLICY, FarTransformerConfig  # noqa: E402
 from vidloom.families.wan_causal.load import FAR_INDEX_COMPONENTS  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, merge_keys,
 )
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far  # noqa: E402
 
@@ -39,7 +37,6 @@ def test_unknown_model_index_key_is_refused_at_load(tmp_path):
     from vidloom.generator import VideoGenerator
 
     folder = write_tiny_far(tmp_path / "far", FAR_A)
-    index = folder / "model_index.json"
-    index.write_text(json.dumps({**json.loads(index.read_text()), FUTURE_KEY: True}))
+    merge_keys(folder / "model_index.json", **{FUTURE_KEY: True})
     with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")

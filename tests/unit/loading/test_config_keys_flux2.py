@@ -3,9 +3,6 @@ and FlowMatchEulerDiscreteScheduler is read or refused."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 diffusers = pytest.importorskip("diffusers")
@@ -16,7 +13,7 @@ from vidloom.families.flux2 import schedule as flux2_schedule  # noqa: E402
 from vidloom.families.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
 from vidloom.loading.key_policy import KeyPolicy  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, copy_with_keys,
 )
 
 
@@ -38,17 +35,10 @@ def test_component_keys_are_classified(reference, ours, read):
     assert_refuses_unknown(read, {"use_dynamic_shifting": True}, errors=(CheckpointError,))
 
 
-def _copy_with_index(src, folder, **extra):
-    shutil.copytree(src, folder)
-    index = folder / "model_index.json"
-    index.write_text(json.dumps({**json.loads(index.read_text()), **extra}))
-    return folder
-
-
 def test_unknown_model_index_key_is_refused_at_load(flux2_distilled_dir, tmp_path):
     from vidloom.generator import VideoGenerator
 
-    folder = _copy_with_index(flux2_distilled_dir, tmp_path / "future", **{FUTURE_KEY: "x"})
+    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "future", **{FUTURE_KEY: "x"})
     with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
@@ -57,7 +47,7 @@ def test_is_distilled_must_be_a_bool(flux2_distilled_dir, tmp_path):
     # "false" as a string is truthy: CFG would be switched off on a base model.
     from vidloom.generator import VideoGenerator
 
-    folder = _copy_with_index(flux2_distilled_dir, tmp_path / "stringly", is_distilled="false")
+    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "stringly", is_distilled="false")
     with pytest.raises(CheckpointError, match=r"model_index.json: is_distilled='false' is not valid"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
@@ -65,10 +55,7 @@ def test_is_distilled_must_be_a_bool(flux2_distilled_dir, tmp_path):
 def test_unknown_transformer_key_names_key_and_file(flux2_distilled_dir, tmp_path):
     from vidloom.generator import VideoGenerator
 
-    folder = tmp_path / "dit"
-    shutil.copytree(flux2_distilled_dir, folder)
-    config = folder / "transformer" / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: 1}))
+    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "dit", "transformer/config.json", **{FUTURE_KEY: 1})
     with pytest.raises(CheckpointError, match=rf"{folder}/transformer/config.json: transformer config: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 diffusers = pytest.importorskip("diffusers")
@@ -23,7 +20,7 @@ from vidloom.models.ltx2.vocoder import BWE_CLASS, PLAIN_CLASS, LTX2VocoderConfi
 from vidloom.families.ltx2.cards import INDEX_COMPONENTS, INDEX_UNSUPPORTED  # noqa: E402
 from vidloom.families.ltx2.schedule import SCHEDULER_POLICY, LTX2Schedule  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, copy_with_keys,
 )
 
 
@@ -53,17 +50,10 @@ def test_vocoder_keys_are_classified(reference, class_name):
     assert_refuses_unknown(LTX2VocoderConfig.from_diffusers, {"_class_name": class_name}, errors=(CheckpointError,))
 
 
-def _copy_with_index(ltx2_dir, folder, **extra):
-    shutil.copytree(ltx2_dir, folder)
-    index = folder / "model_index.json"
-    index.write_text(json.dumps({**json.loads(index.read_text()), **extra}))
-    return folder
-
-
 def test_unknown_model_index_key_is_refused_at_load(ltx2_dir, tmp_path):
     from vidloom.generator import VideoGenerator
 
-    folder = _copy_with_index(ltx2_dir, tmp_path / "future", **{FUTURE_KEY: 2})
+    folder = copy_with_keys(ltx2_dir, tmp_path / "future", **{FUTURE_KEY: 2})
     with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
@@ -71,7 +61,7 @@ def test_unknown_model_index_key_is_refused_at_load(ltx2_dir, tmp_path):
 def test_duration_head_is_refused_by_name(ltx2_dir, tmp_path):
     from vidloom.generator import VideoGenerator
 
-    folder = _copy_with_index(ltx2_dir, tmp_path / "duration", duration_head=["ltx2", "LTX2DurationHead"])
+    folder = copy_with_keys(ltx2_dir, tmp_path / "duration", duration_head=["ltx2", "LTX2DurationHead"])
     with pytest.raises(CheckpointError, match=r"model_index.json: component 'duration_head' is not supported"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
@@ -81,17 +71,14 @@ def test_absent_optional_components_load(ltx2_dir, tmp_path):
     from vidloom.families.ltx2.cards import check_pipeline
     from vidloom.loading.diffusers_dir import DiffusersDir
 
-    folder = _copy_with_index(ltx2_dir, tmp_path / "optional", duration_head=[None, None], processor=[None, None],
-                              prompt_enhancer=[None, None])
+    folder = copy_with_keys(ltx2_dir, tmp_path / "optional", duration_head=[None, None], processor=[None, None],
+                            prompt_enhancer=[None, None])
     check_pipeline(DiffusersDir.open(folder))
 
 
 def test_unknown_scheduler_key_names_key_and_file(ltx2_dir, tmp_path):
     from vidloom.generator import VideoGenerator
 
-    folder = tmp_path / "sched"
-    shutil.copytree(ltx2_dir, folder)
-    file = folder / "scheduler" / "scheduler_config.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), FUTURE_KEY: 0.5}))
+    folder = copy_with_keys(ltx2_dir, tmp_path / "sched", "scheduler/scheduler_config.json", **{FUTURE_KEY: 0.5})
     with pytest.raises(CheckpointError, match=rf"{folder}/scheduler/scheduler_config.json: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")

@@ -6,9 +6,6 @@ WanTransformer3DModel, AutoencoderKLWan and the schedulers our sampler reads (Un
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 
@@ -23,7 +20,7 @@ from vidloom.families.wan.demo import WAN21_SCHEDULER  # noqa: E402
 from vidloom.families.wan.load import WAN_INDEX_KEYS  # noqa: E402
 from vidloom.families.wan.registered import FASTWAN_PIPELINE  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, copy_with_keys,
 )
 
 @pytest.mark.parametrize("name", sorted(set(WAN_INDEX_KEYS) - {FASTWAN_PIPELINE}))
@@ -68,38 +65,28 @@ def test_published_unipc_config_loads_whole_and_schedules_like_the_reference(shi
         assert torch.equal(schedule.timesteps, ref.timesteps) and torch.equal(schedule.sigmas, ref.sigmas)
 
 
-def _with_index(src, dst, **extra):
-    shutil.copytree(src, dst)
-    index = dst / "model_index.json"
-    index.write_text(json.dumps({**json.loads(index.read_text()), **extra}))
-    return dst
-
-
 def test_unknown_model_index_key_is_refused_at_load(tiny_wan_dir, tmp_path):
-    folder = _with_index(tiny_wan_dir, tmp_path / "future", **{FUTURE_KEY: 1.0})
+    folder = copy_with_keys(tiny_wan_dir, tmp_path / "future", **{FUTURE_KEY: 1.0})
     with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
 
 def test_expand_timesteps_must_be_a_bool(tiny_wan_dir, tmp_path):
     # "false" as a string would be truthy: the TI2V per-token path would run on a Wan2.1 checkpoint.
-    folder = _with_index(tiny_wan_dir, tmp_path / "stringly", expand_timesteps="false")
+    folder = copy_with_keys(tiny_wan_dir, tmp_path / "stringly", expand_timesteps="false")
     with pytest.raises(CheckpointError, match=r"model_index.json: expand_timesteps='false' is not valid"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
 
 def test_image_encoder_without_image_dim_is_refused(tiny_wan_dir, tmp_path):
-    folder = _with_index(tiny_wan_dir, tmp_path / "clip", _class_name="WanImageToVideoPipeline",
-                         image_encoder=["transformers", "CLIPVisionModel"], image_processor=[None, None])
+    folder = copy_with_keys(tiny_wan_dir, tmp_path / "clip", _class_name="WanImageToVideoPipeline",
+                            image_encoder=["transformers", "CLIPVisionModel"], image_processor=[None, None])
     with pytest.raises(CheckpointError, match=r"model_index.json: image_encoder is listed, but .* no image_dim"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 
 
 def test_unknown_component_config_key_names_key_and_file(tiny_wan_dir, tmp_path):
-    folder = tmp_path / "future_vae"
-    shutil.copytree(tiny_wan_dir, folder)
-    config = folder / "vae" / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), FUTURE_KEY: True}))
+    folder = copy_with_keys(tiny_wan_dir, tmp_path / "future_vae", "vae/config.json", **{FUTURE_KEY: True})
     with pytest.raises(CheckpointError, match=rf"{folder}/vae/config.json: VAE config: .*{FUTURE_KEY}"):
         VideoGenerator.from_pretrained(folder, device="cpu")
 

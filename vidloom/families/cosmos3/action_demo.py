@@ -11,14 +11,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import torch
-
 from vidloom.core.card import ModelCard, RecipeSpec
-from vidloom.loading.safetensors_io import save_weights
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.cosmos3 import demo
 from vidloom.families.cosmos3.cards import AR_LOOP, action_limits, cosmos3_card
-from vidloom.demo.cache import ensure_written, noise_note, train_chat_tokenizer, write_json
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.writer import write_pipeline_files
 
 DEMO_ID = "cosmos3-action-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
@@ -43,25 +40,10 @@ def demo_card() -> ModelCard:
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Cosmos3OmniPipeline folder (action pathway, no sound) from our own modules; diffusers loads it too."""
-    tokenizer = train_chat_tokenizer(demo.CORPUS, demo.SPECIALS, demo.CHAT_TEMPLATE)
-    tokenizer.save_pretrained(str(folder / "text_tokenizer"))
-    transformer_config = {**DEMO_TRANSFORMER, "vocab_size": len(tokenizer) + demo.VOCAB_PAD}
-    demo.write_transformer(folder / "transformer", transformer_config, DEMO_SEED)
+    demo.write_backbone(folder, DEMO_TRANSFORMER, DEMO_SEED)
+    write_pipeline_files(folder, demo.DEMO_SCHEDULER, MODEL_INDEX)
 
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    z_dim = demo.DEMO_VAE["z_dim"]
-    stats = {"latents_mean": (torch.randn(z_dim, generator=g) * 0.5).tolist(),
-             "latents_std": (torch.rand(z_dim, generator=g) * 2 + 0.5).tolist()}
-    torch.manual_seed(DEMO_SEED + 2)
-    vae = WanVAE(WanVAEConfig.from_diffusers({**demo.DEMO_VAE, **stats}))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-    write_json(folder / "scheduler" / "scheduler_config.json", demo.DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -16,7 +16,6 @@ import torch
 
 from vidloom.core.card import ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.loading.name_map import NameMap
-from vidloom.loading.safetensors_io import save_weights
 from vidloom.families.cosmos3.audio import SoundDecoder, SoundDecoderConfig
 from vidloom.families.cosmos3.config import Cosmos3TextConfig
 from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
@@ -25,9 +24,9 @@ from vidloom.families.cosmos3.transformer import TEXT_NAME_MAP, Cosmos3Transform
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.cosmos3.cards import AR_LOOP, cosmos3_card
 from vidloom.families.cosmos3.prompts import VISION_START
-from vidloom.demo.cache import (
-    ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json,
-)
+from vidloom.demo.cache import DemoCheckpoint, fill_zeros, noise_note, save_merged, write_json
+from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.demo.writer import Part, latent_stats_config, model_index, write_part, write_pipeline_files
 
 DEMO_ID = "cosmos3-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
@@ -75,16 +74,13 @@ DEMO_SCHEDULER = {
     "use_flow_sigmas": True, "use_karras_sigmas": True, "sigma_min": 0.147, "sigma_max": 200.0,
     "flow_shift": 1.0, "final_sigmas_type": "zero", "solver_order": 2, "solver_type": "bh2",
 }
-MODEL_INDEX = {
-    "_class_name": "Cosmos3OmniPipeline",
-    "transformer": ["diffusers", "Cosmos3OmniTransformer"],
-    "text_tokenizer": ["transformers", "Qwen2TokenizerFast"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"],
-    "safety_checker": [None, None],
-    "enable_safety_checker": False,  # the guardrail is not part of a random-weight demo
-}
+MODEL_INDEX = model_index(
+    "Cosmos3OmniPipeline",
+    transformer="diffusers:Cosmos3OmniTransformer", text_tokenizer="transformers:Qwen2TokenizerFast",
+    vae="diffusers:AutoencoderKLWan", scheduler="diffusers:UniPCMultistepScheduler",
+    sound_tokenizer="diffusers:Cosmos3AVAEAudioTokenizer", safety_checker=[None, None],
+    enable_safety_checker=False,  # the guardrail is not part of a random-weight demo
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=64, width=64, num_frames=9, fps=8, num_inference_steps=6,
     guidance_scale=6.0, flow_shift=1.0, sampler="unipc", negative_prompt="",
@@ -100,30 +96,22 @@ def demo_card() -> ModelCard:
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Cosmos3OmniPipeline folder from our own modules (diffusers can load it too)."""
+    write_backbone(folder, DEMO_TRANSFORMER, DEMO_SEED)
+    torch.manual_seed(DEMO_SEED + 3)
+    write_part(folder, Part("sound_tokenizer", _sound_holder, NameMap(()), DEMO_SOUND_TOKENIZER, fill_std=0.3))
+    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX)
+
+
+def write_backbone(folder: Path, transformer: dict, seed: int) -> None:
+    """The tokenizer, both transformer pathways and the VAE: what every Cosmos3 demo holds."""
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE)
     tokenizer.save_pretrained(str(folder / "text_tokenizer"))
-    transformer_config = {**DEMO_TRANSFORMER, "vocab_size": len(tokenizer) + VOCAB_PAD}
-    write_transformer(folder / "transformer", transformer_config)
-
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    z_dim = DEMO_VAE["z_dim"]
-    stats = {"latents_mean": (torch.randn(z_dim, generator=g) * 0.5).tolist(),
-             "latents_std": (torch.rand(z_dim, generator=g) * 2 + 0.5).tolist()}
-    torch.manual_seed(DEMO_SEED + 2)
-    vae = WanVAE(WanVAEConfig.from_diffusers({**DEMO_VAE, **stats}))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-
-    _write_sound_tokenizer(folder / "sound_tokenizer")
-    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_transformer(folder / "transformer", {**transformer, "vocab_size": len(tokenizer) + VOCAB_PAD}, seed)
+    vae = {**DEMO_VAE, **latent_stats_config(seed + 1, DEMO_VAE["z_dim"])}
+    torch.manual_seed(seed + 2)
+    write_part(folder, Part("vae", lambda: WanVAE(WanVAEConfig.from_diffusers(vae)), WAN_VAE_NAME_MAP, fill_std=None))
 
 
 def write_transformer(folder: Path, config: dict, seed: int = DEMO_SEED) -> None:
@@ -143,11 +131,12 @@ def write_transformer(folder: Path, config: dict, seed: int = DEMO_SEED) -> None
     write_json(folder / "config.json", {"_class_name": "Cosmos3OmniTransformer", **config})
 
 
-def _write_sound_tokenizer(folder: Path) -> None:
-    torch.manual_seed(DEMO_SEED + 3)
-    holder = torch.nn.Module()  # the checkpoint keys are decoder.*
+def _sound_holder() -> torch.nn.Module:
+    """The AVAE decoder under `decoder.*` (the checkpoint's keys); its convolutions start as zero weight-norm
+    directions (they exist to be loaded), which the part's fill of 0.3 turns into noise."""
+    holder = torch.nn.Module()
     holder.decoder = SoundDecoder(SoundDecoderConfig.from_diffusers(DEMO_SOUND_TOKENIZER))
-    # Its convolutions start as zero weight-norm directions (they exist to be loaded): give them noise.
-    fill_zeros(holder, std=0.3)
-    save_weights(holder, folder, NameMap(()))
-    write_json(folder / "config.json", DEMO_SOUND_TOKENIZER)
+    return holder
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

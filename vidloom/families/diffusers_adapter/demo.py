@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.demo.cache import ensure_written, noise_note
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.families.diffusers_adapter.cards import adapted_card
 from vidloom.families.diffusers_adapter.signature import PipelineShape
 
@@ -52,21 +53,14 @@ def demo_card() -> ModelCard:
                         precision="float32", notes=(DEMO_NOTE,))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A CogVideoXPipeline folder: T5 encoder (transformers), transformer and VAE (diffusers), random weights."""
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
     from diffusers import CogVideoXTransformer3DModel
     from transformers import T5Config, T5EncoderModel
 
-    from vidloom.families.wan.demo import train_tokenizer
-
     torch.manual_seed(DEMO_SEED)
-    tokenizer = train_tokenizer()
+    tokenizer = train_t5_tokenizer()
     text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=TEXT_HIDDEN, d_kv=8, d_ff=32,
                                            num_layers=1, num_heads=2, relative_attention_num_buckets=8))
     pipe = CogVideoXPipeline(
@@ -74,3 +68,6 @@ def write_demo_checkpoint(folder: Path) -> None:
         transformer=CogVideoXTransformer3DModel(**DEMO_TRANSFORMER), scheduler=CogVideoXDDIMScheduler(),
     )
     pipe.save_pretrained(str(folder))
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.config_keys import read_key, strict_bool
@@ -89,13 +90,7 @@ def flux2_card(model_id: str, source: str, *, distilled: bool, multiple: int, de
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components={
-            "transformer": ComponentSpec(precision),
-            "vae": ComponentSpec("float32"),
-            "text_encoder": ComponentSpec(precision),
-            "tokenizer": ComponentSpec(),
-            "scheduler": ComponentSpec(),
-        },
+        components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
         loops={"denoise": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2I}),
         precision=precision,

@@ -15,10 +15,11 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.layers.attention import attention
-from vidloom.loading.safetensors_io import save_weights
 from vidloom.families.flux2.transformer import FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig
 from vidloom.families.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAEConfig
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, train_chat_tokenizer, write_json
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files
 from vidloom.families.flux2.cards import DISTILLED_DEFAULTS, flux2_card
 from vidloom.families.flux2.text import FLUX2_TEXT_LAYERS
 
@@ -66,15 +67,12 @@ DEMO_SCHEDULER = {
     "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256,
     "max_image_seq_len": 4096, "time_shift_type": "exponential",
 }
-MODEL_INDEX = {
-    "_class_name": "Flux2KleinPipeline",
-    "is_distilled": True,
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen3ForCausalLM"],
-    "tokenizer": ["transformers", "Qwen2TokenizerFast"],
-    "transformer": ["diffusers", "Flux2Transformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLFlux2"],
-}
+MODEL_INDEX = model_index(
+    "Flux2KleinPipeline",
+    is_distilled=True, scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
+    text_encoder="transformers:Qwen3ForCausalLM", tokenizer="transformers:Qwen2TokenizerFast",
+    transformer="diffusers:Flux2Transformer2DModel", vae="diffusers:AutoencoderKLFlux2",
+)
 DEMO_DEFAULTS = dataclasses.replace(DISTILLED_DEFAULTS, height=64, width=64)
 
 
@@ -86,33 +84,21 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Flux2KleinPipeline folder from our own modules (diffusers can load it too)."""
     torch.manual_seed(DEMO_SEED)
-    transformer = Flux2Transformer(Flux2TransformerConfig.from_diffusers(DEMO_TRANSFORMER), attention)
-    fill_zeros(transformer)
-    save_weights(transformer, folder / "transformer", FLUX2_TRANSFORMER_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
-
-    vae = Flux2VAE(Flux2VAEConfig.from_diffusers(DEMO_VAE))
-    fill_zeros(vae)
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    with torch.no_grad():  # non-trivial latent statistics, so (de)normalisation is exercised as a real one is
-        vae.latent_mean.copy_(torch.randn(vae.latent_mean.shape, generator=g) * 0.3)
-        vae.latent_var.copy_(torch.rand(vae.latent_var.shape, generator=g) + 0.5)
-    save_weights(vae, folder / "vae", FLUX2_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", DEMO_VAE)
-
+    write_parts(folder, (
+        Part("transformer", _transformer, FLUX2_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
+        Part("vae", lambda: Flux2VAE(Flux2VAEConfig.from_diffusers(DEMO_VAE)), FLUX2_VAE_NAME_MAP, DEMO_VAE,
+             latent_seed=DEMO_SEED + 1, latent_buffers=("latent_mean", "latent_var")),
+    ))
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE, vocab_size=300)
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
     _write_text_encoder(folder / "text_encoder", len(tokenizer))
-    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
+
+
+def _transformer() -> Flux2Transformer:
+    return Flux2Transformer(Flux2TransformerConfig.from_diffusers(DEMO_TRANSFORMER), attention)
 
 
 def _write_text_encoder(folder: Path, vocab_size: int) -> None:
@@ -123,3 +109,6 @@ def _write_text_encoder(folder: Path, vocab_size: int) -> None:
     with torch.no_grad():  # loud embeddings: the prompt moves the image instead of vanishing in the norms
         model.model.embed_tokens.weight.mul_(20.0)
     model.save_pretrained(str(folder))
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -79,16 +80,8 @@ def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defau
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components={
-            "transformer": ComponentSpec(precision),
-            "connectors": ComponentSpec(precision),
-            "text_encoder": ComponentSpec(precision),
-            "tokenizer": ComponentSpec(),
-            "vae": ComponentSpec("float32"),
-            "audio_vae": ComponentSpec("float32"),
-            "vocoder": ComponentSpec("float32"),
-            "scheduler": ComponentSpec(),
-        },
+        components=component_table(precision, "transformer", "connectors", "text_encoder", "tokenizer", "vae",
+                                   "audio_vae", "vocoder", "scheduler", float32=("vae", "audio_vae", "vocoder")),
         loops={"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
         tasks=frozenset({Task.T2V, Task.I2V}),
         precision=precision,

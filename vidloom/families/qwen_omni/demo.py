@@ -20,7 +20,8 @@ from vidloom.families.qwen_omni.decoder import TALKER_NAME_MAP, THINKER_NAME_MAP
 from vidloom.families.qwen_omni.dit import DIT_NAME_MAP, CodeToMelDiT
 from vidloom.families.qwen_omni.speakers import SPEAKER_FILE
 from vidloom.families.qwen_omni.vocoder import VOCODER_NAME_MAP, BigVGAN
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged, train_chat_tokenizer, write_json
+from vidloom.demo.cache import DemoCheckpoint, fill_zeros, noise_note, save_merged, write_json
+from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.qwen_omni.cards import AR_LOOP, ARCHITECTURE, omni_card
 from vidloom.families.qwen_omni.demo_encoders import (MEDIA_SPECIALS, thinker_media_config, tower_parts,
                                                      write_processors)
@@ -70,10 +71,6 @@ def demo_card() -> ModelCard:
     return dataclasses.replace(card, recipe=RecipeSpec(method="random-init", loop=AR_LOOP))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint, marker="config.json")
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE)
     tokenizer.save_pretrained(str(folder))
@@ -111,3 +108,6 @@ def write_demo_checkpoint(folder: Path) -> None:
                 for i, voice in enumerate(VOICES)}
     torch.save(speakers, folder / SPEAKER_FILE)
     write_json(folder / "config.json", raw)  # last: the folder's completeness marker
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint, marker="config.json").ensure

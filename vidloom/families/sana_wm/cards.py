@@ -6,7 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -72,13 +73,7 @@ def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, de
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components={
-            "transformer": ComponentSpec(precision),
-            "text_encoder": ComponentSpec(precision),
-            "tokenizer": ComponentSpec(),
-            "vae": ComponentSpec("float32"),
-            "scheduler": ComponentSpec(),
-        },
+        components=component_table(precision, "transformer", "text_encoder", "tokenizer", "vae", "scheduler"),
         loops={"stage1": LoopSpec(samplers=("euler",))},
         tasks=frozenset({Task.I2V}),
         precision=precision,

@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.loading.safetensors_io import save_weights
+from vidloom.models.ltx2.demo_parts import DEMO_VIDEO_VAE as DEMO_VAE
 from vidloom.models.ltx2.video_vae import LTX2_VIDEO_VAE_NAME_MAP, LTX2VideoVAE, LTX2VideoVAEConfig
 from vidloom.families.sana_wm.config import SanaWMConfig
 from vidloom.families.sana_wm.transformer import SANA_WM_NAME_MAP, SanaWMTransformer
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, train_gemma_tokenizer, write_json
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_gemma_tokenizer
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files
 from vidloom.families.sana_wm.cards import DEFAULTS, sana_wm_card
 from vidloom.families.sana_wm.demo_refiner import write_demo_refiner
 from vidloom.families.sana_wm.text import CHI_PROMPT
@@ -42,22 +44,13 @@ DEMO_TRANSFORMER = {
     "conv_kernel_size": 4, "k_conv_only": True, "t_kernel_size": 3, "caption_channels": TEXT_HIDDEN,
     "patch_size": [1, 1, 1],
 }
-DEMO_VAE = {
-    "_class_name": "AutoencoderKLLTX2Video",
-    "latent_channels": 8, "block_out_channels": [8, 16, 32, 32], "layers_per_block": [1, 1, 1, 1, 1],
-    "decoder_block_out_channels": [16, 32, 64], "decoder_layers_per_block": [1, 1, 1, 1],
-    "decoder_inject_noise": [False, False, False, False], "timestep_conditioning": False,
-    "spatial_compression_ratio": 32, "temporal_compression_ratio": 8,
-}
 DEMO_SCHEDULER = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
-MODEL_INDEX = {
-    "_class_name": "SanaWMPipeline",
-    "tokenizer": ["transformers", "GemmaTokenizerFast"],
-    "text_encoder": ["transformers", "Gemma2Model"],
-    "vae": ["diffusers", "AutoencoderKLLTX2Video"],
-    "transformer": ["diffusers", "SanaWMTransformer3DModel"],
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-}
+MODEL_INDEX = model_index(
+    "SanaWMPipeline",
+    tokenizer="transformers:GemmaTokenizerFast", text_encoder="transformers:Gemma2Model",
+    vae="diffusers:AutoencoderKLLTX2Video", transformer="diffusers:SanaWMTransformer3DModel",
+    scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
+)
 # Two latent cells by three, 17 frames (3 latent frames), a few steps: seconds on a CPU.
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, num_inference_steps=4,
                                     flow_shift=DEMO_SCHEDULER["shift"])
@@ -69,31 +62,20 @@ def demo_card() -> ModelCard:
                         notes=(DEMO_NOTE,), precision="float32")
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A SanaWMPipeline folder from our own modules."""
     torch.manual_seed(DEMO_SEED)
-    dit = SanaWMTransformer(SanaWMConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(dit, std=0.2)  # zero-initialised short convs and tables would leave the camera path inert
-    save_weights(dit, folder / "transformer", SANA_WM_NAME_MAP)
+    write_parts(folder, (
+        # fill 0.2: zero-initialised short convs and tables would leave the camera path inert
+        Part("transformer", lambda: SanaWMTransformer(SanaWMConfig.from_diffusers(DEMO_TRANSFORMER)), SANA_WM_NAME_MAP,
+             DEMO_TRANSFORMER, fill_std=0.2),
+        Part("vae", lambda: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(DEMO_VAE)), LTX2_VIDEO_VAE_NAME_MAP,
+             DEMO_VAE, latent_seed=DEMO_SEED + 1),
+    ))
     _add_unused_camera_embedder(folder / "transformer", DEMO_TRANSFORMER["hidden_size"])
-    write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
-    vae = LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(DEMO_VAE))
-    fill_zeros(vae)
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    with torch.no_grad():  # non-trivial latent statistics, so (de)normalisation is exercised as a real one is
-        vae.latents_mean.copy_(0.3 * torch.randn(vae.latents_mean.shape, generator=g))
-        vae.latents_std.copy_(0.5 + torch.rand(vae.latents_std.shape, generator=g))
-    save_weights(vae, folder / "vae", LTX2_VIDEO_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", DEMO_VAE)
     tokenizer = _train_tokenizer()
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
     _write_text_encoder(folder / "text_encoder", len(tokenizer) + 3)
-    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
     write_demo_refiner(folder / "refiner")  # stage 2, run with --two-stage
 
 
@@ -125,3 +107,6 @@ def _write_text_encoder(folder: Path, vocab: int) -> None:
     with torch.no_grad():  # loud embeddings: the prompt moves the video instead of vanishing in the norms
         model.get_input_embeddings().weight.mul_(5.0)
     model.save_pretrained(str(folder))
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import AudioSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -78,14 +79,8 @@ def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, descripti
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components={
-            "transformer": ComponentSpec(precision),
-            "vae": ComponentSpec("float32"),
-            "text_encoder": ComponentSpec(precision),
-            "projection_model": ComponentSpec("float32"),
-            "tokenizer": ComponentSpec(),
-            "scheduler": ComponentSpec(),
-        },
+        components=component_table(precision, "transformer", "vae", "text_encoder", "projection_model", "tokenizer",
+                                   "scheduler", float32=("vae", "projection_model")),
         loops={"denoise": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2A}),
         precision=precision,

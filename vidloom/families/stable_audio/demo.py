@@ -15,13 +15,14 @@ import torch
 
 from vidloom.core.card import AudioSpec, ModelCard
 from vidloom.loading.name_map import NameMap
-from vidloom.loading.safetensors_io import save_weights
 from vidloom.families.stable_audio.projection import (
     STABLE_AUDIO_PROJECTION_NAME_MAP, ProjectionConfig, StableAudioProjection,
 )
 from vidloom.families.stable_audio.transformer import STABLE_AUDIO_DIT_NAME_MAP, StableAudioDiT, StableAudioDiTConfig
 from vidloom.families.stable_audio.vae import OobleckDecoderConfig, OobleckVAE
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files, write_t5_encoder
 from vidloom.families.stable_audio.cards import DEFAULTS, stable_audio_card
 
 DEMO_ID = "stable-audio-demo"
@@ -53,15 +54,13 @@ DEMO_SCHEDULER = {
     "prediction_type": "v_prediction", "rho": 7.0, "solver_type": "midpoint", "lower_order_final": True,
     "euler_at_final": False, "final_sigmas_type": "zero",
 }
-MODEL_INDEX = {
-    "_class_name": "StableAudioPipeline",
-    "projection_model": ["stable_audio", "StableAudioProjectionModel"],
-    "scheduler": ["diffusers", "CosineDPMSolverMultistepScheduler"],
-    "text_encoder": ["transformers", "T5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "StableAudioDiTModel"],
-    "vae": ["diffusers", "AutoencoderOobleck"],
-}
+MODEL_INDEX = model_index(
+    "StableAudioPipeline",
+    projection_model="stable_audio:StableAudioProjectionModel",
+    scheduler="diffusers:CosineDPMSolverMultistepScheduler", text_encoder="transformers:T5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:StableAudioDiTModel",
+    vae="diffusers:AutoencoderOobleck",
+)
 DEMO_WINDOW = 128 * 128 / 16000
 DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=10.0,
                        sample_rate=16000)
@@ -76,39 +75,30 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A StableAudioPipeline folder from our own modules (diffusers can load it too)."""
-    from transformers import T5Config, T5EncoderModel
-
-    from vidloom.families.wan.demo import train_tokenizer
-
     torch.manual_seed(DEMO_SEED)
-    transformer = StableAudioDiT(StableAudioDiTConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(transformer, std=1.0)  # the Fourier frequencies of the noise level: N(0, 1) as trained from
-    save_weights(transformer, folder / "transformer", STABLE_AUDIO_DIT_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
-
-    vae = OobleckVAE(OobleckDecoderConfig.from_diffusers(DEMO_VAE))
-    fill_zeros(vae)
-    with torch.no_grad():  # a quiet output layer: the random decoder's waveform then peaks near full scale
-        vae.decoder.conv2.weight_g.fill_(0.01)
-    save_weights(vae, folder / "vae", NameMap(()))
-    write_json(folder / "vae" / "config.json", DEMO_VAE)
-
-    projection = StableAudioProjection(ProjectionConfig.from_diffusers(DEMO_PROJECTION))
-    fill_zeros(projection, std=1.0)
-    save_weights(projection, folder / "projection_model", STABLE_AUDIO_PROJECTION_NAME_MAP)
-    write_json(folder / "projection_model" / "config.json", DEMO_PROJECTION)
-
-    tokenizer = train_tokenizer()
+    write_parts(folder, (
+        # fill 1.0: the Fourier frequencies of the noise level, N(0, 1) as trained from
+        Part("transformer", lambda: StableAudioDiT(StableAudioDiTConfig.from_diffusers(DEMO_TRANSFORMER)),
+             STABLE_AUDIO_DIT_NAME_MAP, DEMO_TRANSFORMER, fill_std=1.0),
+        Part("vae", _quiet_vae, NameMap(()), DEMO_VAE),
+        Part("projection_model", lambda: StableAudioProjection(ProjectionConfig.from_diffusers(DEMO_PROJECTION)),
+             STABLE_AUDIO_PROJECTION_NAME_MAP, DEMO_PROJECTION, fill_std=1.0),
+    ))
+    tokenizer = train_t5_tokenizer()
     tokenizer.model_max_length = TEXT_TOKENS
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
-    torch.manual_seed(DEMO_SEED + 1)
-    T5EncoderModel(T5Config(vocab_size=len(tokenizer), **DEMO_TEXT_ENCODER)).save_pretrained(str(folder / "text_encoder"))
-    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_t5_encoder(folder / "text_encoder", len(tokenizer), DEMO_TEXT_ENCODER, DEMO_SEED + 1, umt5=False)
+    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
+
+
+def _quiet_vae() -> OobleckVAE:
+    """The Oobleck VAE with a quiet output layer: the random decoder's waveform then peaks near full scale.
+    Set before the part's fill, which leaves nonzero weights as they are."""
+    vae = OobleckVAE(OobleckDecoderConfig.from_diffusers(DEMO_VAE))
+    with torch.no_grad():
+        vae.decoder.conv2.weight_g.fill_(0.01)
+    return vae
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

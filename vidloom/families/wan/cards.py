@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.wan.vae import WanVAEConfig
@@ -70,13 +71,7 @@ DEFAULTS_720P = SamplingDefaults(
 
 
 def _components(dit_dtype: str) -> dict[str, ComponentSpec]:
-    return {
-        "transformer": ComponentSpec(dit_dtype),
-        "vae": ComponentSpec("float32"),  # Wan's VAE is run in fp32 by its authors
-        "text_encoder": ComponentSpec(dit_dtype),
-        "tokenizer": ComponentSpec(),
-        "scheduler": ComponentSpec(),
-    }
+    return component_table(dit_dtype, "transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
 def wan_t2v_card(

@@ -12,11 +12,12 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard, SamplingDefaults
-from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.demo.cache import ensure_written, fill_zeros, unigram_vocab, write_json
+from vidloom.demo.cache import DemoCheckpoint
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.demo.writer import Part, model_index, write_parts, write_pipeline_files, write_t5_encoder
 from vidloom.families.wan.cards import wan_t2v_card
 
 DEMO_ID = "wan2.1-demo"
@@ -59,28 +60,17 @@ WAN21_SCHEDULER = {
     "use_beta_sigmas": False, "rescale_betas_zero_snr": False, "solver_p": None,
     "sample_max_value": 1.0, "dynamic_thresholding_ratio": 0.995,
 }
-MODEL_INDEX = {
-    "_class_name": "WanPipeline",
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "WanTransformer3DModel"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-}
+MODEL_INDEX = model_index(
+    "WanPipeline",
+    scheduler="diffusers:UniPCMultistepScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:WanTransformer3DModel",
+    vae="diffusers:AutoencoderKLWan",
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=128, width=192, num_frames=17, fps=8, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=3.0, sampler="unipc", negative_prompt="",
 )
-# Sentences the demo tokenizer's vocabulary is counted from (offline; see train_tokenizer).
-TOKENIZER_CORPUS = (
-    "a cat walks along the beach at sunset", "a red fox jumps over a frozen river",
-    "the camera pans slowly across snowy mountains", "two dogs play in a green park",
-    "a city street at night with neon lights and rain", "waves crash against the rocks",
-    "a astronaut floats inside a space station", "a timelapse of clouds over a desert",
-    "close up of a flower opening in the morning light", "a train crosses a bridge in autumn",
-    "children fly kites on a windy hill", "a drone shot of a forest and a lake",
-)
-TOKENIZER_VOCAB = 256  # at most this many tokens, specials included
+
 
 
 def demo_card() -> ModelCard:
@@ -92,58 +82,27 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """Return the demo checkpoint folder, writing it first if this cache has none."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """Write the demo as a diffusers WanPipeline folder (loadable by diffusers too)."""
     torch.manual_seed(DEMO_SEED)
-    transformer = WanTransformer(WanTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(transformer)
-    save_weights(transformer, folder / "transformer", WAN_TRANSFORMER_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
-
-    vae = WanVAE(WanVAEConfig.from_diffusers(DEMO_VAE))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-
-    tokenizer = train_tokenizer()
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    write_parts(folder, demo_parts(DEMO_TRANSFORMER, DEMO_VAE, vae_fill=None))
+    tokenizer = train_t5_tokenizer()
     write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
-    write_json(folder / "scheduler" / "scheduler_config.json", WAN21_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_pipeline_files(folder, WAN21_SCHEDULER, MODEL_INDEX, tokenizer)
 
 
-def train_tokenizer():
-    """A small Unigram tokenizer counted offline from TOKENIZER_CORPUS (see unigram_vocab), saved in T5 form.
-
-    The same on every call, so every fresh write of a checkpoint that holds it gives the same files."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import T5TokenizerFast
-
-    specials = ["<pad>", "</s>", "<unk>"]
-    normalizer, pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
-    words = [word for line in TOKENIZER_CORPUS
-             for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line))]
-    vocab = [(token, 0.0) for token in specials] + unigram_vocab(words, TOKENIZER_VOCAB - len(specials))
-    tok = Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>"), byte_fallback=False))
-    tok.normalizer = normalizer
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.Metaspace()
-    tok.add_special_tokens(specials)
-    eos = tok.token_to_id("</s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]
+def demo_parts(transformer: dict, vae: dict, vae_fill: float | None) -> tuple[Part, ...]:
+    """A Wan demo's transformer and VAE, each writing its own config back."""
+    return (
+        Part("transformer", lambda: WanTransformer(WanTransformerConfig.from_diffusers(transformer)),
+             WAN_TRANSFORMER_NAME_MAP),
+        Part("vae", lambda: WanVAE(WanVAEConfig.from_diffusers(vae)), WAN_VAE_NAME_MAP, fill_std=vae_fill),
     )
-    return T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
 
 
 def write_text_encoder(folder: Path, vocab_size: int) -> None:
     """The demo's UMT5 text encoder (random weights, built by transformers from a config)."""
-    from transformers import UMT5Config, UMT5EncoderModel
+    write_t5_encoder(folder, vocab_size, DEMO_TEXT_ENCODER, DEMO_SEED + 1)
 
-    config = UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)
-    torch.manual_seed(DEMO_SEED + 1)
-    UMT5EncoderModel(config).save_pretrained(str(folder))
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

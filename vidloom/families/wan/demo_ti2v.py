@@ -15,13 +15,11 @@ import torch
 
 from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.core.request import Task
-from vidloom.loading.safetensors_io import save_weights
-from vidloom.models.wan.transformer import WanTransformer
-from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, write_json
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.demo.writer import latent_stats_config, model_index, write_parts, write_pipeline_files
 from vidloom.families.wan.cards import wan_t2v_card
-from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, train_tokenizer, write_text_encoder
+from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, demo_parts, write_text_encoder
 from vidloom.families.wan.registered import WAN22_5B_GEOMETRY
 
 DEMO_ID = "wan2.2-demo"
@@ -45,17 +43,12 @@ DEMO_VAE = {
     "patch_size": 2, "in_channels": 12, "out_channels": 12, "scale_factor_spatial": 16, "scale_factor_temporal": 4,
 }
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers: one transformer, per-token timesteps, no CLIP image encoder.
-MODEL_INDEX = {
-    "_class_name": "WanPipeline",
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "WanTransformer3DModel"],
-    "transformer_2": [None, None],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-    "boundary_ratio": None,
-    "expand_timesteps": True,
-}
+MODEL_INDEX = model_index(
+    "WanPipeline",
+    scheduler="diffusers:UniPCMultistepScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:WanTransformer3DModel",
+    transformer_2=[None, None], vae="diffusers:AutoencoderKLWan", boundary_ratio=None, expand_timesteps=True,
+)
 DEMO_DEFAULTS = SamplingDefaults(
     height=64, width=96, num_frames=9, fps=24, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=5.0, sampler="unipc", negative_prompt="",
@@ -71,28 +64,14 @@ def demo_card() -> ModelCard:
     )
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """A Wan2.2 TI2V WanPipeline folder from our own modules."""
     torch.manual_seed(DEMO_SEED)
-    transformer = WanTransformer(WanTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(transformer)
-    save_weights(transformer, folder / "transformer", WAN_TRANSFORMER_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", transformer.config.to_diffusers())
-
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    stats = {"latents_mean": (torch.randn(Z_DIM, generator=g) * 0.5).tolist(),
-             "latents_std": (torch.rand(Z_DIM, generator=g) * 2 + 0.5).tolist()}
-    vae = WanVAE(WanVAEConfig.from_diffusers({**DEMO_VAE, **stats}))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-
-    tokenizer = train_tokenizer()
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    vae = {**DEMO_VAE, **latent_stats_config(DEMO_SEED + 1, Z_DIM)}
+    write_parts(folder, demo_parts(DEMO_TRANSFORMER, vae, vae_fill=None))
+    tokenizer = train_t5_tokenizer()
     write_text_encoder(folder / "text_encoder", vocab_size=len(tokenizer))
-    write_json(folder / "scheduler" / "scheduler_config.json", {**WAN21_SCHEDULER, "flow_shift": 5.0})
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    write_pipeline_files(folder, {**WAN21_SCHEDULER, "flow_shift": 5.0}, MODEL_INDEX, tokenizer)
+
+
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import component_table
 from vidloom.core.request import Task
 from vidloom.core.session import EXTEND_FROM
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -46,13 +47,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components={
-            "transformer": ComponentSpec("bfloat16"),
-            "vae": ComponentSpec("float32"),
-            "text_encoder": ComponentSpec("bfloat16"),
-            "tokenizer": ComponentSpec(),
-            "scheduler": ComponentSpec(),
-        },
+        components=component_table("bfloat16", "transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
         loops={"rollout": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
         # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.

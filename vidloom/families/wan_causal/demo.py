@@ -13,16 +13,19 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
-from vidloom.loading.safetensors_io import save_weights
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.transformer import FarTransformer
-from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, write_json
-from vidloom.families.wan.demo import DEMO_SEED, train_tokenizer
+from vidloom.demo.cache import DemoCheckpoint, noise_note
+from vidloom.demo.tokenizer import train_t5_tokenizer
+from vidloom.demo.writer import (
+    Part, latent_stats_config, model_index, write_parts, write_pipeline_files, write_t5_encoder,
+)
 from vidloom.families.wan_causal.cards import DEFAULTS, far_card
 
 DEMO_ID = "far-demo"
 DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_SEED = 20250225  # wan2.1-demo's, which far-demo's files were first written with
 DEMO_NOTE = noise_note(DEMO_ID, "AnyFlow-FAR", "nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers")
 
 # Full-resolution patches 2x2, far-context patches 4x4, two chunks kept at full resolution: a 17-frame
@@ -46,14 +49,12 @@ DEMO_TEXT_ENCODER = {
 }
 # FlowMapEulerDiscreteScheduler as the AnyFlow-FAR release saves it (shift 5).
 DEMO_SCHEDULER = {"_class_name": "FlowMapEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 5.0}
-MODEL_INDEX = {
-    "_class_name": "AnyFlowFARPipeline",
-    "scheduler": ["diffusers", "FlowMapEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"],
-    "transformer": ["diffusers", "AnyFlowFARTransformer3DModel"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-}
+MODEL_INDEX = model_index(
+    "AnyFlowFARPipeline",
+    scheduler="diffusers:FlowMapEulerDiscreteScheduler", text_encoder="transformers:UMT5EncoderModel",
+    tokenizer="transformers:T5TokenizerFast", transformer="diffusers:AnyFlowFARTransformer3DModel",
+    vae="diffusers:AutoencoderKLWan",
+)
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=17, fps=8)
 
 
@@ -63,37 +64,19 @@ def demo_card() -> ModelCard:
     return dataclasses.replace(card, precision="float32", notes=(DEMO_NOTE,))
 
 
-def ensure_demo_checkpoint(cache_dir: Path) -> Path:
-    """The demo's folder in `cache_dir`, written first if absent."""
-    return ensure_written(cache_dir, f"{DEMO_ID}-v{DEMO_VERSION}", write_demo_checkpoint)
-
-
 def write_demo_checkpoint(folder: Path) -> None:
     """An AnyFlowFARPipeline folder from our own modules (diffusers can load it too)."""
     torch.manual_seed(DEMO_SEED)
-    transformer = FarTransformer(FarTransformerConfig.from_diffusers(DEMO_TRANSFORMER))
-    fill_zeros(transformer)
-    save_weights(transformer, folder / "transformer", FAR_TRANSFORMER_NAME_MAP)
-    write_json(folder / "transformer" / "config.json", DEMO_TRANSFORMER)
-
-    g = torch.Generator().manual_seed(DEMO_SEED + 1)
-    z_dim = DEMO_VAE["z_dim"]
     # Non-trivial latent statistics, so the demo's (de)normalisation is exercised as a real one is.
-    stats = {"latents_mean": (torch.randn(z_dim, generator=g) * 0.5).tolist(),
-             "latents_std": (torch.rand(z_dim, generator=g) * 2 + 0.5).tolist()}
-    vae = WanVAE(WanVAEConfig.from_diffusers({**DEMO_VAE, **stats}))
-    save_weights(vae, folder / "vae", WAN_VAE_NAME_MAP)
-    write_json(folder / "vae" / "config.json", vae.config.to_diffusers())
-
-    tokenizer = train_tokenizer()
-    tokenizer.save_pretrained(str(folder / "tokenizer"))
-    _write_text_encoder(folder / "text_encoder", len(tokenizer))
-    write_json(folder / "scheduler" / "scheduler_config.json", DEMO_SCHEDULER)
-    write_json(folder / "model_index.json", MODEL_INDEX)
+    vae = {**DEMO_VAE, **latent_stats_config(DEMO_SEED + 1, DEMO_VAE["z_dim"])}
+    write_parts(folder, (
+        Part("transformer", lambda: FarTransformer(FarTransformerConfig.from_diffusers(DEMO_TRANSFORMER)),
+             FAR_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
+        Part("vae", lambda: WanVAE(WanVAEConfig.from_diffusers(vae)), WAN_VAE_NAME_MAP, fill_std=None),
+    ))
+    tokenizer = train_t5_tokenizer()
+    write_t5_encoder(folder / "text_encoder", len(tokenizer), DEMO_TEXT_ENCODER, DEMO_SEED + 2)
+    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
 
 
-def _write_text_encoder(folder: Path, vocab_size: int) -> None:
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    torch.manual_seed(DEMO_SEED + 2)
-    UMT5EncoderModel(UMT5Config(vocab_size=vocab_size, **DEMO_TEXT_ENCODER)).save_pretrained(str(folder))
+ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure
