@@ -17,18 +17,6 @@ FAMILY_PREFIX = "vidloom.families"
 # The packages families build on; none of them may import a family.
 SHARED = ("core", "runtime", "layers", "models", "diffusion", "loading", "text_encoders", "decoding")
 
-DEMO_REASON = "demo writers move to vidloom/demo (#34)"
-# Imports between families still to remove, each with its reason: only demo writers borrowing another family's demo
-# helpers. The test fails on any other import between families, and on an entry here that no longer exists (so the
-# list only shrinks).
-KNOWN_BETWEEN_FAMILIES: dict[tuple[str, str], str] = {
-    ("families/diffusers_adapter/demo.py", "vidloom.families.wan.demo"): DEMO_REASON,
-    ("families/sana_wm/demo_refiner.py", "vidloom.families.ltx2.demo"): DEMO_REASON,
-    ("families/stable_audio/demo.py", "vidloom.families.wan.demo"): DEMO_REASON,
-    ("families/wan_causal/demo.py", "vidloom.families.wan.demo"): DEMO_REASON,
-}
-# Shared modules that still import a family, each with its reason (same rules).
-KNOWN_IN_SHARED: dict[tuple[str, str], str] = {}
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -77,26 +65,19 @@ def family_imports_in_shared(package: Path) -> set[tuple[str, str]]:
     return found
 
 
-def _differences(found: set[tuple[str, str]], known: dict[tuple[str, str], str]) -> str:
-    new = "".join(f"\n  {path}: {module}" for path, module in sorted(found - set(known)))
-    gone = "".join(f"\n  {path}: {module}" for path, module in sorted(set(known) - found))
-    return (f"new imports (move what both use to a shared package):{new}" if new else "") + \
-        (f"\nfixed, so drop them from the known list:{gone}" if gone else "")
+def _listed(found: set[tuple[str, str]]) -> str:
+    return "".join(f"
+  {path}: {module}" for path, module in sorted(found))
 
 
 def test_no_family_imports_another():
     found = imports_between_families(PACKAGE / "families")
-    assert found == set(KNOWN_BETWEEN_FAMILIES), _differences(found, KNOWN_BETWEEN_FAMILIES)
-
-
-def test_the_known_imports_between_families_are_only_demo_writers():
-    for (path, module), reason in KNOWN_BETWEEN_FAMILIES.items():
-        assert Path(path).name.startswith("demo") and reason == DEMO_REASON, (path, module, reason)
+    assert not found, "imports between families (move what both use to a shared package):" + _listed(found)
 
 
 def test_no_shared_package_imports_a_family():
     found = family_imports_in_shared(PACKAGE)
-    assert found == set(KNOWN_IN_SHARED), _differences(found, KNOWN_IN_SHARED)
+    assert not found, "shared packages importing a family (families plug in through their FAMILY):" + _listed(found)
 
 
 @pytest.mark.parametrize("source, between_families, in_shared", [
