@@ -18,7 +18,6 @@ FAMILY_PREFIX = "vidloom.families"
 SHARED = ("core", "runtime", "layers", "models", "diffusion", "loading", "text_encoders", "decoding")
 
 
-
 def imported_modules(path: Path) -> list[str]:
     """Every module `path` imports, at any depth. `from a.b import c` names `a.b.c` when c is a module of ours
     (`from vidloom.families import wan`), else `a.b`."""
@@ -66,8 +65,7 @@ def family_imports_in_shared(package: Path) -> set[tuple[str, str]]:
 
 
 def _listed(found: set[tuple[str, str]]) -> str:
-    return "".join(f"
-  {path}: {module}" for path, module in sorted(found))
+    return "".join(f"\n  {path}: {module}" for path, module in sorted(found))
 
 
 def test_no_family_imports_another():
