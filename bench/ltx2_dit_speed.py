@@ -64,12 +64,22 @@ def _package_at(rev: str, into: Path) -> str:
     return "vidloom_before"
 
 
+def _first_module(package: str, *paths: str) -> Any:
+    """The first of `paths` (today's layout, then older ones: before #34 the family code sat in recipes/)."""
+    for path in paths[:-1]:
+        try:
+            return importlib.import_module(f"{package}.{path}")
+        except ModuleNotFoundError:
+            continue
+    return importlib.import_module(f"{package}.{paths[-1]}")
+
+
 def _vidloom_step(package: str, folder: Path, dtype: torch.dtype, cpu: torch.device) -> dict[str, Callable[[], Any]]:
     """The loop's step body and the CFG pair's forward of vidloom (`package`) at `folder`'s weights."""
     tmod = importlib.import_module(f"{package}.models.ltx2.transformer")
     rope = importlib.import_module(f"{package}.models.ltx2.rope")
-    loop_mod = importlib.import_module(f"{package}.recipes.ltx2.loop")
-    text_mod = importlib.import_module(f"{package}.recipes.ltx2.text")
+    loop_mod = _first_module(package, "families.ltx2.loop", "recipes.ltx2.loop")
+    text_mod = _first_module(package, "models.ltx2.text", "recipes.ltx2.text")
     scales_mod = importlib.import_module(f"{package}.diffusion.av_guidance")
     load_weights = importlib.import_module(f"{package}.loading.safetensors_io").load_weights
     config = tmod.LTX2TransformerConfig.from_diffusers(json.loads((folder / "config.json").read_text()))

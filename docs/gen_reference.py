@@ -283,8 +283,8 @@ silently ignored.
 
 ## Pipeline classes
 
-A folder's `model_index.json` `_class_name` picks its recipe. `WanDMDPipeline` is FastVideo's name for its
-DMD-distilled FastWan repos (not a diffusers class): such a folder gets the FastWan recipe of the registered
+A folder's `model_index.json` `_class_name` picks its family (`vidloom/families/<family>/`). `WanDMDPipeline` is FastVideo's name for its
+DMD-distilled FastWan repos (not a diffusers class): such a folder gets the FastWan card of the registered
 `fastwan2.1-t2v-1.3b` card, or `fastwan2.2-ti2v-5b`'s when the index sets `expand_timesteps`; those cards load it
 too. Any other diffusers pipeline class runs through the diffusers adapter.
 
@@ -296,10 +296,10 @@ def config_keys_page() -> str:
     from vidloom.families.qwen_omni.config_keys import PRETRAINED_BOOKKEEPING
     from vidloom.registry import ARCHITECTURES, PIPELINES
 
-    out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | recipe |\n| --- | --- |\n"]
+    out = ["# Config keys\n\n", HEADER, CONFIG_KEYS_INTRO, "| `_class_name` | family |\n| --- | --- |\n"]
     out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in PIPELINES.items()]
     out.append("\nA transformers folder (a `config.json`, no `model_index.json`) is read by its `architectures`:\n\n"
-               "| `architectures` | recipe |\n| --- | --- |\n")
+               "| `architectures` | family |\n| --- | --- |\n")
     out += [f"| `{name}` | `{target.split(':')[0].split('.')[2]}` |\n" for name, target in ARCHITECTURES.items()]
     out.append("\n## Keys accepted without effect, and keys refused by value\n\n"
                "A class not listed has no such keys: its reader reads every key, and refuses a value it cannot "

@@ -24,12 +24,14 @@ TINY_INIT = '''
 from vidloom.core.family import Family
 
 FAMILY = Family(
-    name="tiny",
     package=__name__,
     card_families=("tiny",),
+    name="tiny",
     loader=".cards:load_instance",
     cards={{{cards}}},
     pipelines={{"TinyPipeline": ".cards:card_from_checkpoint"}},
+    capability_rows=None,
+    parity=None,
 )
 '''
 TINY_CARDS = '''
@@ -122,16 +124,25 @@ def test_every_card_builder_returns_the_card_it_is_registered_as():
         assert registry.family_of(card.family) is next(f for f in registry.families() if card_id in f.cards)
 
 
-def test_a_malformed_plug_or_an_orphan_demo_is_refused_at_declaration():
+def test_a_malformed_plug_or_demo_is_refused_at_declaration():
     with pytest.raises(plugin.PlugError, match="loader"):
-        Family(name="bad", package="bad", card_families=("bad",), loader="bad.load.load_instance")
+        Family(package="bad", card_families=("bad",), loader="bad.load.load_instance")
     with pytest.raises(plugin.PlugError, match="relative"):
-        Family(name="bad", package="bad", card_families=("bad",), loader="bad.load:load_instance")
+        Family(package="bad", card_families=("bad",), loader="bad.load:load_instance")
     with pytest.raises(plugin.PlugError, match="family package"):
-        Family(name="bad", package="bad", card_families=("bad",), loader="vidloom.families.wan.load:load_instance")
-    with pytest.raises(ValueError, match="no card"):
-        Family(name="bad", package="bad", card_families=("bad",), loader=".load:load_instance",
-               demos={"bad-demo": ".demo:ensure_demo_checkpoint"})
+        Family(package="bad", card_families=("bad",), loader="vidloom.families.wan.load:load_instance")
+    with pytest.raises(plugin.PlugError, match="a demo is a module"):
+        Family(package="bad", card_families=("bad",), demos={"bad-demo": ".demo:ensure_demo_checkpoint"})
+    with pytest.raises(ValueError, match="both cards and demos"):
+        Family(package="bad", card_families=("bad",), cards={"bad-demo": ".demo:demo_card"}, demos={"bad-demo": ".demo"})
+
+
+def test_conventions_fill_what_a_declaration_leaves_out():
+    family = Family(package="vidloom_x.families.tiny", card_families=("tiny",), demos={"tiny-demo": ".demo"})
+    assert family.name == "tiny" and family.loader == ".load:load_instance"
+    assert family.cards == {"tiny-demo": ".demo:demo_card"}
+    assert family.demos == {"tiny-demo": ".demo:ensure_demo_checkpoint"}
+    assert (family.capability_rows, family.parity) == (".cards:CAPABILITY_ROWS", ".parity:PARITY")
 
 
 def test_plugin_resolves_absolute_and_relative_targets():

@@ -38,38 +38,53 @@ class LoRASupport:
 class Family:
     """Everything the runtime needs of one model family; the registry holds a list of these."""
 
-    name: str
-    """The family's name (its folder's name for built-in families)."""
     package: str
     """Its Python package: relative plugs resolve inside it, and the layering test keeps its plugs there."""
     card_families: tuple[str, ...]
     """The ModelCard.family values its cards carry (each loads through `loader`)."""
-    loader: str
+    name: str = ""
+    """The family's name; "" = its package's last part (the folder's name)."""
+    loader: str = ".load:load_instance"
     """Plug of `load_instance(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance`."""
     cards: Mapping[str, str] = field(default_factory=dict)
-    """Registered model id -> plug of `() -> ModelCard`."""
+    """Registered model id -> plug of `() -> ModelCard` (its demos are added from `demos`)."""
     demos: Mapping[str, str] = field(default_factory=dict)
-    """Demo card id (a `demo:<id>` source) -> plug of `(cache_dir) -> checkpoint dir`, written once."""
+    """Demo card id -> the module (".demo") whose `demo_card()` is its card and whose
+    `ensure_demo_checkpoint(cache_dir)` writes its checkpoint once (the `demo:<id>` source). Read back, the table
+    holds the writer plugs."""
     pipelines: Mapping[str, str] = field(default_factory=dict)
     """diffusers model_index.json `_class_name` -> plug of `(folder) -> ModelCard`."""
     architectures: Mapping[str, str] = field(default_factory=dict)
     """transformers config.json `architectures` entry -> plug of `(folder) -> ModelCard`."""
     catch_all: str | None = None
     """Plug of `(folder) -> ModelCard` for a diffusers pipeline no family names (one family at most declares it)."""
-    capability_rows: str | None = None
+    capability_rows: str | None = ".cards:CAPABILITY_ROWS"
     """Plug of `{row label: Capabilities}` (`vidloom models --capabilities`, the README table)."""
     lora: LoRASupport | None = None
     """LoRA adapter support; None refuses adapters naming the family."""
-    parity: str | None = None
-    """Plug of its vidloom.parity.family.ParityMaps (`vidloom parity` against the reference pipeline)."""
+    parity: str | None = ".parity:PARITY"
+    """Plug of its vidloom.parity.family.ParityMaps (`vidloom parity` against the reference pipeline); None: none."""
     sequence_geometry: str | None = None
     """Plug of `(checkpoint_dir) -> SequenceGeometry`; None: no multi-device support."""
 
     def __post_init__(self) -> None:
-        for name in ("cards", "demos", "pipelines", "architectures"):
+        if not self.package or not self.card_families:
+            raise ValueError(f"family {self.name or self.package!r}: package and card_families are required")
+        if not self.name:
+            object.__setattr__(self, "name", self.package.rpartition(".")[2])
+        for module in self.demos.values():
+            if ":" in module:
+                raise plugin.PlugError(f"family {self.name!r} demos: {module!r} names an attribute; a demo is a "
+                                       "module (\".demo\") with demo_card() and ensure_demo_checkpoint(cache_dir)")
+        if clash := sorted(set(self.demos) & set(self.cards)):
+            raise ValueError(f"family {self.name!r}: {clash} are in both cards and demos; a demo's card comes "
+                             "from its module's demo_card")
+        cards = {**{key: f"{module}:demo_card" for key, module in self.demos.items()}, **self.cards}
+        object.__setattr__(self, "cards", MappingProxyType(cards))
+        writers = {key: f"{module}:ensure_demo_checkpoint" for key, module in self.demos.items()}
+        object.__setattr__(self, "demos", MappingProxyType(writers))
+        for name in ("pipelines", "architectures"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
-        if not self.name or not self.package or not self.card_families:
-            raise ValueError(f"family {self.name!r}: name, package and card_families are required")
         for what, target in self.plugs():
             try:
                 plugin.check(target)
@@ -79,8 +94,6 @@ class Family:
             if target.startswith((self.package + ".", "vidloom.families.")):
                 raise plugin.PlugError(f"family {self.name!r} {what}: {target!r} points into a family package; "
                                        "write its own modules relative (\".module:attribute\")")
-        if stray := sorted(set(self.demos) - set(self.cards)):
-            raise ValueError(f"family {self.name!r}: demos {stray} have no card in `cards`")
 
     def plugs(self) -> Iterator[tuple[str, str]]:
         """(where, plug string) for every plug the declaration holds."""

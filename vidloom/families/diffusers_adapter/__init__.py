@@ -5,12 +5,9 @@ from __future__ import annotations
 from vidloom.core.family import Family
 
 FAMILY = Family(
-    name="diffusers_adapter",
     package=__name__,
     card_families=("diffusers-adapter",),
-    loader=".load:load_instance",
-    cards={"diffusers-adapter-demo": ".demo:demo_card"},
-    demos={"diffusers-adapter-demo": ".demo:ensure_demo_checkpoint"},
+    demos={"diffusers-adapter-demo": ".demo"},
     catch_all=".cards:card_from_checkpoint",  # any diffusers pipeline class no other family names
-    capability_rows=".cards:CAPABILITY_ROWS",
+    parity=None,  # diffusers runs it: there is nothing of ours to compare
 )

@@ -5,16 +5,11 @@ from __future__ import annotations
 from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
-    name="flux2",
     package=__name__,
     card_families=("flux2",),
-    loader=".load:load_instance",
-    cards={"flux2-klein-demo": ".demo:demo_card"},
-    demos={"flux2-klein-demo": ".demo:ensure_demo_checkpoint"},
+    demos={"flux2-klein-demo": ".demo"},
     pipelines={"Flux2KleinPipeline": ".cards:card_from_checkpoint"},
-    capability_rows=".cards:CAPABILITY_ROWS",
     # diffusers' Flux2LoraLoaderMixin loads into the pipeline's `transformer` only; so do we.
     lora=LoRASupport(targets=(("transformer", ".transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
                      converter=".lora:flux2_keys"),
-    parity=".parity:PARITY",
 )

@@ -5,15 +5,11 @@ from __future__ import annotations
 from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
-    name="ltx2",
     package=__name__,
     card_families=("ltx2",),
-    loader=".load:load_instance",
-    cards={"ltx2-demo": ".demo:demo_card"},
-    demos={"ltx2-demo": ".demo:ensure_demo_checkpoint"},
+    demos={"ltx2-demo": ".demo"},
     pipelines={"LTX2Pipeline": ".cards:card_from_checkpoint",
                "LTX2ImageToVideoPipeline": ".cards:card_from_checkpoint"},
-    capability_rows=".cards:CAPABILITY_ROWS",
     # LTX2LoraLoaderMixin: the transformer (video and audio branches, their cross-attention) and the text
     # connectors (applied while the prompt is encoded; the prompt cache keys by the connector adapters in force).
     lora=LoRASupport(
@@ -21,5 +17,4 @@ FAMILY = Family(
                  ("connectors", "vidloom.models.ltx2.connectors:LTX2_CONNECTORS_NAME_MAP")),
         converter=".lora:ltx2_keys",
     ),
-    parity=".parity:PARITY",
 )

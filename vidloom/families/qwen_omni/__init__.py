@@ -5,17 +5,12 @@ from __future__ import annotations
 from vidloom.core.family import Family
 
 FAMILY = Family(
-    name="qwen_omni",
     package=__name__,
     card_families=("qwen-omni",),
-    loader=".load:load_instance",
-    cards={"qwen-omni-demo": ".demo:demo_card"},
-    demos={"qwen-omni-demo": ".demo:ensure_demo_checkpoint"},
+    demos={"qwen-omni-demo": ".demo"},
     architectures={
         "Qwen2_5OmniForConditionalGeneration": ".cards:card_from_checkpoint",
         # The name the released Qwen/Qwen2.5-Omni-3B and -7B config.json files give (transformers' preview name).
         "Qwen2_5OmniModel": ".cards:card_from_checkpoint",
     },
-    capability_rows=".cards:CAPABILITY_ROWS",
-    parity=".parity:PARITY",
 )

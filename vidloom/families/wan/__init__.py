@@ -5,13 +5,9 @@ from __future__ import annotations
 from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
-    name="wan",
     package=__name__,
     card_families=("wan2.1", "wan2.2"),
-    loader=".load:load_instance",
     cards={
-        "wan2.1-demo": ".demo:demo_card",
-        "wan2.2-demo": ".demo_ti2v:demo_card",
         "wan2.1-t2v-1.3b": ".cards:wan21_t2v_1_3b",
         "wan2.1-t2v-14b": ".cards:wan21_t2v_14b",
         "wan2.1-i2v-14b-480p": ".registered:wan21_i2v_14b_480p",
@@ -24,14 +20,13 @@ FAMILY = Family(
         "fastwan2.1-t2v-1.3b-fp8": ".registered:fastwan21_t2v_1_3b_fp8",
         "fastwan2.2-ti2v-5b": ".registered:fastwan22_ti2v_5b",
     },
-    demos={"wan2.1-demo": ".demo:ensure_demo_checkpoint", "wan2.2-demo": ".demo_ti2v:ensure_demo_checkpoint"},
+    demos={"wan2.1-demo": ".demo", "wan2.2-demo": ".demo_ti2v"},
     pipelines={
         "WanPipeline": ".cards:card_from_checkpoint",
         "WanImageToVideoPipeline": ".cards:card_from_checkpoint",
         # FastVideo's name for its DMD-distilled FastWan repos (fastvideo/registry.py): the FastWan recipe.
         "WanDMDPipeline": ".registered:fastwan_card_from_checkpoint",
     },
-    capability_rows=".cards:CAPABILITY_ROWS",
     # diffusers' WanLoraLoaderMixin loads into the pipeline's `transformer` unless told otherwise; a Wan2.2 A14B
     # file may go into the low-noise expert instead (load_lora_weights(load_into_transformer_2=True)).
     lora=LoRASupport(
@@ -39,6 +34,5 @@ FAMILY = Family(
         into={"transformer_2": "transformer"},
         converter="vidloom.lora.formats:wan_keys",
     ),
-    parity=".parity:PARITY",
     sequence_geometry=".parallel:sequence_geometry",
 )

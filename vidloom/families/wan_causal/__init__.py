@@ -5,16 +5,11 @@ from __future__ import annotations
 from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
-    name="wan_causal",
     package=__name__,
     card_families=("anyflow-far",),
-    loader=".load:load_instance",
-    cards={"far-demo": ".demo:demo_card"},
-    demos={"far-demo": ".demo:ensure_demo_checkpoint"},
+    demos={"far-demo": ".demo"},
     pipelines={"AnyFlowFARPipeline": ".cards:card_from_checkpoint"},
-    capability_rows=".cards:CAPABILITY_ROWS",
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: Wan's keys, plus the FAR-only modules.
     lora=LoRASupport(targets=(("transformer", ".config:FAR_TRANSFORMER_NAME_MAP"),),
                      converter="vidloom.lora.formats:wan_keys"),
-    parity=".parity:PARITY",
 )
