@@ -88,3 +88,14 @@ def copy_with_keys(src: Path, folder: Path, file: str = "model_index.json", **ke
     shutil.copytree(src, folder)
     merge_keys(folder / file, **keys)
     return folder
+
+
+def assert_refused_at_load(src: Path, folder: Path, file: str = "model_index.json", *, match: str, **keys: Any) -> None:
+    """A copy of checkpoint `src` with `keys` merged into its `file` (at `folder`) fails to load: a CheckpointError
+    matching `match`."""
+    from vidloom.core.errors import CheckpointError
+    from vidloom.generator import VideoGenerator
+
+    copy_with_keys(src, folder, file, **keys)
+    with pytest.raises(CheckpointError, match=match):
+        VideoGenerator.from_pretrained(folder, device="cpu")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -139,6 +140,17 @@ class BlockingJob:
 
     def __exit__(self, *exc: object) -> None:
         self.client.delete(f"/v1/videos/{self.id}")
+
+
+def held_open(sock: socket.socket) -> bool:
+    """True while the server keeps `sock` open: a read that times out or gets a byte; False once it closed or reset."""
+    sock.settimeout(0.05)
+    try:
+        return sock.recv(1) != b""
+    except socket.timeout:
+        return True
+    except OSError:
+        return False
 
 
 def parse_sse(lines: list[str]) -> list[tuple[str, dict]]:

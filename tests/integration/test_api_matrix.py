@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers.servers import BLOCKING_STEPS, SMALL, ThreadServer, wait_for_status
+from tests.helpers.servers import BLOCKING_STEPS, SMALL, ThreadServer, held_open, wait_for_status
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.serving.config import ServeConfig
 
@@ -254,15 +254,7 @@ def test_idle_connections_are_capped_and_health_answers(api: Api):
             assert http.get("/health").status_code == 200
             assert http.get("/v1/videos").status_code == 200
         time.sleep(0.2)
-        still_open = 0
-        for sock in idle:
-            sock.settimeout(0.05)
-            try:
-                still_open += sock.recv(1) != b""
-            except socket.timeout:
-                still_open += 1
-            except OSError:
-                pass
+        still_open = sum(held_open(sock) for sock in idle)
         assert still_open <= MAX_CONNECTIONS, f"{still_open} idle connections held, max_connections={MAX_CONNECTIONS}"
     finally:
         for sock in idle:

@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.helpers.servers import SMALL, wait_for_status
+from tests.helpers.servers import SMALL, held_open, wait_for_status
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -200,15 +200,7 @@ def test_the_ingress_applies_the_connection_limits(fleet_server: tuple[object, s
     try:
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200  # type: ignore[attr-defined]
         time.sleep(0.2)
-        held = 0
-        for sock in idle:
-            sock.settimeout(0.05)
-            try:
-                held += sock.recv(1) != b""
-            except socket.timeout:
-                held += 1
-            except OSError:
-                pass
+        held = sum(held_open(sock) for sock in idle)
         assert held <= MAX_CONNECTIONS, f"{held} idle connections held"
     finally:
         for sock in idle:

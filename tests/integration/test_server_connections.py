@@ -7,6 +7,8 @@ import time
 
 import httpx
 
+from tests.helpers.servers import held_open
+
 PARTIAL_POST = (b"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                 b"content-length: 100\r\n\r\n{")  # a complete head, then a body that never finishes: busy
 
@@ -25,16 +27,6 @@ def _open(url: str, count: int, first: bytes = b"") -> list[socket.socket]:
     return socks
 
 
-def _closed_by_server(sock: socket.socket) -> bool:
-    sock.settimeout(0.05)
-    try:
-        return sock.recv(1) == b""
-    except socket.timeout:
-        return False
-    except OSError:
-        return True
-
-
 def test_idle_connections_past_the_cap_give_way_and_health_stays_up(start_server):
     server = start_server(max_connections=8, header_timeout_s=30.0)
     idle = _open(server.url, 40)  # five times the cap, none sending a byte
@@ -46,10 +38,10 @@ def test_idle_connections_past_the_cap_give_way_and_health_stays_up(start_server
             assert client.get("/v1/videos").status_code == 200  # the API too: the idlers gave way
         assert time.monotonic() - started < 2.0
         time.sleep(0.2)
-        still_open = sum(not _closed_by_server(s) for s in idle)
+        still_open = sum(held_open(s) for s in idle)
         assert still_open <= 8, f"{still_open} idle connections held past max_connections=8"
         # The ones idle longest went first: the newest 7 are still open (the client's own connection took one place).
-        assert all(not _closed_by_server(s) for s in idle[-7:]), "a newer idle connection went before an older one"
+        assert all(held_open(s) for s in idle[-7:]), "a newer idle connection went before an older one"
     finally:
         for sock in idle:
             sock.close()
@@ -66,7 +58,7 @@ def test_busy_connections_leave_a_reserve_for_probes(start_server):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_busy"
         assert "max_connections" in refused.json()["error"]["message"]
         assert refused.headers["retry-after"] == "1" and refused.headers["connection"] == "close"
-        assert all(not _closed_by_server(s) for s in busy)  # busy requests are never cut for a newcomer
+        assert all(held_open(s) for s in busy)  # busy requests are never cut for a newcomer
     finally:
         for sock in busy:
             sock.close()

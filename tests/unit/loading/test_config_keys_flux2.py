@@ -13,7 +13,7 @@ from vidloom.families.flux2 import schedule as flux2_schedule  # noqa: E402
 from vidloom.families.flux2.cards import INDEX_COMPONENTS, INDEX_SETTINGS  # noqa: E402
 from vidloom.loading.key_policy import KeyPolicy  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, copy_with_keys,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refused_at_load, assert_refuses_unknown,
 )
 
 
@@ -36,28 +36,21 @@ def test_component_keys_are_classified(reference, ours, read):
 
 
 def test_unknown_model_index_key_is_refused_at_load(flux2_distilled_dir, tmp_path):
-    from vidloom.generator import VideoGenerator
-
-    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "future", **{FUTURE_KEY: "x"})
-    with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    folder = tmp_path / "future"
+    assert_refused_at_load(flux2_distilled_dir, folder, **{FUTURE_KEY: "x"},
+                           match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}")
 
 
 def test_is_distilled_must_be_a_bool(flux2_distilled_dir, tmp_path):
     # "false" as a string is truthy: CFG would be switched off on a base model.
-    from vidloom.generator import VideoGenerator
-
-    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "stringly", is_distilled="false")
-    with pytest.raises(CheckpointError, match=r"model_index.json: is_distilled='false' is not valid"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    assert_refused_at_load(flux2_distilled_dir, tmp_path / "stringly", is_distilled="false",
+                           match=r"model_index.json: is_distilled='false' is not valid")
 
 
 def test_unknown_transformer_key_names_key_and_file(flux2_distilled_dir, tmp_path):
-    from vidloom.generator import VideoGenerator
-
-    folder = copy_with_keys(flux2_distilled_dir, tmp_path / "dit", "transformer/config.json", **{FUTURE_KEY: 1})
-    with pytest.raises(CheckpointError, match=rf"{folder}/transformer/config.json: transformer config: .*{FUTURE_KEY}"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    folder = tmp_path / "dit"
+    assert_refused_at_load(flux2_distilled_dir, folder, "transformer/config.json", **{FUTURE_KEY: 1},
+                           match=rf"{folder}/transformer/config.json: transformer config: .*{FUTURE_KEY}")
 
 
 @pytest.mark.parametrize(("read", "key"), [

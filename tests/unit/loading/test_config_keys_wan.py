@@ -14,13 +14,12 @@ diffusers = pytest.importorskip("diffusers")
 from vidloom.core.errors import CheckpointError  # noqa: E402
 from vidloom.diffusion.sampler import SamplerConfig, make_sampler  # noqa: E402
 from vidloom.diffusion.scheduler_keys import SCHEDULER_KEYS  # noqa: E402
-from vidloom.generator import VideoGenerator  # noqa: E402
 from vidloom.models.wan import transformer_config as wan_transformer, vae as wan_vae  # noqa: E402
 from vidloom.families.wan.demo import WAN21_SCHEDULER  # noqa: E402
 from vidloom.families.wan.load import WAN_INDEX_KEYS  # noqa: E402
 from vidloom.families.wan.registered import FASTWAN_PIPELINE  # noqa: E402
 from tests.helpers.config_keys import (  # noqa: E402
-    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refuses_unknown, copy_with_keys,
+    FUTURE_KEY, assert_keys_classified, assert_policy_classified, assert_refused_at_load, assert_refuses_unknown,
 )
 
 @pytest.mark.parametrize("name", sorted(set(WAN_INDEX_KEYS) - {FASTWAN_PIPELINE}))
@@ -66,29 +65,27 @@ def test_published_unipc_config_loads_whole_and_schedules_like_the_reference(shi
 
 
 def test_unknown_model_index_key_is_refused_at_load(tiny_wan_dir, tmp_path):
-    folder = copy_with_keys(tiny_wan_dir, tmp_path / "future", **{FUTURE_KEY: 1.0})
-    with pytest.raises(CheckpointError, match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    folder = tmp_path / "future"
+    assert_refused_at_load(tiny_wan_dir, folder, **{FUTURE_KEY: 1.0},
+                           match=rf"{folder}/model_index.json: unsupported config key\(s\) {FUTURE_KEY}")
 
 
 def test_expand_timesteps_must_be_a_bool(tiny_wan_dir, tmp_path):
     # "false" as a string would be truthy: the TI2V per-token path would run on a Wan2.1 checkpoint.
-    folder = copy_with_keys(tiny_wan_dir, tmp_path / "stringly", expand_timesteps="false")
-    with pytest.raises(CheckpointError, match=r"model_index.json: expand_timesteps='false' is not valid"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    assert_refused_at_load(tiny_wan_dir, tmp_path / "stringly", expand_timesteps="false",
+                           match=r"model_index.json: expand_timesteps='false' is not valid")
 
 
 def test_image_encoder_without_image_dim_is_refused(tiny_wan_dir, tmp_path):
-    folder = copy_with_keys(tiny_wan_dir, tmp_path / "clip", _class_name="WanImageToVideoPipeline",
-                            image_encoder=["transformers", "CLIPVisionModel"], image_processor=[None, None])
-    with pytest.raises(CheckpointError, match=r"model_index.json: image_encoder is listed, but .* no image_dim"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    assert_refused_at_load(tiny_wan_dir, tmp_path / "clip", _class_name="WanImageToVideoPipeline",
+                           image_encoder=["transformers", "CLIPVisionModel"], image_processor=[None, None],
+                           match=r"model_index.json: image_encoder is listed, but .* no image_dim")
 
 
 def test_unknown_component_config_key_names_key_and_file(tiny_wan_dir, tmp_path):
-    folder = copy_with_keys(tiny_wan_dir, tmp_path / "future_vae", "vae/config.json", **{FUTURE_KEY: True})
-    with pytest.raises(CheckpointError, match=rf"{folder}/vae/config.json: VAE config: .*{FUTURE_KEY}"):
-        VideoGenerator.from_pretrained(folder, device="cpu")
+    folder = tmp_path / "future_vae"
+    assert_refused_at_load(tiny_wan_dir, folder, "vae/config.json", **{FUTURE_KEY: True},
+                           match=rf"{folder}/vae/config.json: VAE config: .*{FUTURE_KEY}")
 
 
 @pytest.mark.parametrize(("read", "key"), [
