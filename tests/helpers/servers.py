@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -140,6 +142,21 @@ class BlockingJob:
 
     def __exit__(self, *exc: object) -> None:
         self.client.delete(f"/v1/videos/{self.id}")
+
+
+@contextmanager
+def open_connections(url: str, count: int, first: bytes = b"") -> Iterator[list[socket.socket]]:
+    """`count` raw connections to the server at `url`, each having sent `first` (nothing: idle); closed on exit."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            socks.append(socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5))
+            if first:
+                socks[-1].sendall(first)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def held_open(sock: socket.socket) -> bool:

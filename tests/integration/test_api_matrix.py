@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers.servers import BLOCKING_STEPS, SMALL, ThreadServer, held_open, wait_for_status
+from tests.helpers.servers import BLOCKING_STEPS, SMALL, ThreadServer, held_open, open_connections, wait_for_status
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.serving.config import ServeConfig
 
@@ -248,17 +248,13 @@ def test_slowloris_is_disconnected(api: Api):
 
 
 def test_idle_connections_are_capped_and_health_answers(api: Api):
-    idle = [socket.create_connection(_address(api.urls["t2v"]), timeout=5) for _ in range(5 * MAX_CONNECTIONS)]
-    try:
+    with open_connections(api.urls["t2v"], 5 * MAX_CONNECTIONS) as idle:
         with api.client() as http:
             assert http.get("/health").status_code == 200
             assert http.get("/v1/videos").status_code == 200
         time.sleep(0.2)
         still_open = sum(held_open(sock) for sock in idle)
         assert still_open <= MAX_CONNECTIONS, f"{still_open} idle connections held, max_connections={MAX_CONNECTIONS}"
-    finally:
-        for sock in idle:
-            sock.close()
 
 
 def test_health_port_answers_probes_only(api: Api):

@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.helpers.servers import SMALL, held_open, wait_for_status
+from tests.helpers.servers import SMALL, held_open, open_connections, wait_for_status
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -196,15 +196,11 @@ def test_the_ingress_applies_the_connection_limits(fleet_server: tuple[object, s
         slow.settimeout(3)
         started = time.monotonic()
         assert slow.recv(1024) == b"" and time.monotonic() - started < 2.5  # header_timeout_s: 1
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5 * MAX_CONNECTIONS)]
-    try:
+    with open_connections(server.url, 5 * MAX_CONNECTIONS) as idle:  # type: ignore[attr-defined]
         assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200  # type: ignore[attr-defined]
         time.sleep(0.2)
         held = sum(held_open(sock) for sock in idle)
         assert held <= MAX_CONNECTIONS, f"{held} idle connections held"
-    finally:
-        for sock in idle:
-            sock.close()
     assert httpx.get(f"{server.health_url}/health", timeout=5).status_code == 200  # type: ignore[attr-defined]
     from ray import serve
 

@@ -27,7 +27,7 @@ from vidloom.serving.chat_params import PlannedChat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, AudioAnswer, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
-from vidloom.serving.disconnect import unless_disconnected
+from vidloom.serving.disconnect import result_or_cancel
 from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 
@@ -55,14 +55,7 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
         return StreamingResponse(_sse(manager, planned, handle, queue, audio_id, fmt),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    finished = False
-    try:
-        with engine_errors():
-            result: SpeechResult = await unless_disconnected(request, handle.result())
-        finished = True
-    finally:
-        if not finished:
-            engine.cancel(speech.request_id)
+    result: SpeechResult = await result_or_cancel(request, engine, handle, speech.request_id)
     data = await manager.media.run(encode_speech, result.audio, result.sample_rate, _SPEECH_FORMAT.get(fmt, fmt))
     answer = AudioAnswer(id=audio_id, data=base64.b64encode(data).decode(), expires_at=int(time.time()) + AUDIO_TTL_S,
                          transcript=result.text)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Awaitable, TypeVar
+from typing import Any, Awaitable, TypeVar
 
 from fastapi import Request
 
-from vidloom.serving.errors import APIError
+from vidloom.runtime.async_engine import AsyncEngine, JobHandle
+from vidloom.serving.errors import APIError, engine_errors
 
 T = TypeVar("T")
 
@@ -40,6 +41,20 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():  # this handler itself was cancelled (server shutdown)
             task.cancel()
+
+
+async def result_or_cancel(request: Request, engine: AsyncEngine, handle: JobHandle, request_id: str) -> Any:
+    """The run's result (engine errors as API errors); if the client leaves, the run fails or the server stops
+    first, the run is cancelled on the engine, so that what it holds (a speech run's KV) returns now."""
+    finished = False
+    try:
+        with engine_errors():
+            result = await unless_disconnected(request, handle.result())
+        finished = True
+    finally:
+        if not finished:
+            engine.cancel(request_id)
+    return result
 
 
 async def _disconnected(request: Request) -> None:

@@ -22,7 +22,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.speech import SpeechRequest, SpeechResult
 from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
 from vidloom.runtime.chat_stream import event_queue
-from vidloom.serving.disconnect import unless_disconnected
+from vidloom.serving.disconnect import result_or_cancel
 from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
@@ -72,14 +72,7 @@ async def create_speech(request: Request) -> Response:
         if body.stream_format is not None:
             return _progressive(manager, speech, body)
         handle = engine.submit(speech)
-    finished = False
-    try:
-        with engine_errors():
-            result: SpeechResult = await unless_disconnected(request, handle.result())
-        finished = True
-    finally:
-        if not finished:  # the client left, the run failed, or the server stops: its KV returns now
-            engine.cancel(speech.request_id)
+    result: SpeechResult = await result_or_cancel(request, engine, handle, speech.request_id)
     fmt = body.response_format
     if body.speed != 1.0:
         audio = await manager.media.run(time_stretch, result.audio, result.sample_rate, body.speed)
