@@ -129,10 +129,6 @@ class RequestRun(ReservingRun):
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
 
-    @property
-    def done(self) -> bool:
-        return self._outputs is not None
-
     def step(self) -> bool:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
         if self._outputs is not None:

@@ -17,6 +17,13 @@ class RunHandle:
     waiting_for_kv = False
     """Its next loop waits for paged KV blocks (only a run with paged loops ever does)."""
 
+    _outputs: dict[str, Any] | None = None
+    """The finished request's output slots; None until it finished."""
+
+    @property
+    def done(self) -> bool:
+        return self._outputs is not None
+
     def admit(self) -> bool:
         """Hold this run's estimated memory on its engine's ledger; False: no room now. A run whose memory is held
         elsewhere (a pool's ranks) is always admitted here."""

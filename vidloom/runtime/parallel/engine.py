@@ -83,10 +83,6 @@ class ParallelRun(RunHandle):
         self._outputs: dict[str, Any] | None = None
         self._ended = False  # finished, failed or closed: the ranks hold nothing for it
 
-    @property
-    def done(self) -> bool:
-        return self._outputs is not None
-
     def step(self) -> bool:
         """Run the next unit on every rank; raises what the ranks raised, or WorkerFailed."""
         if self._outputs is not None:
