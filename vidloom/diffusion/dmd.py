@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps
+from vidloom.diffusion.sampler import ConfiguredSampler, Schedule, check_index
 
 
 @dataclass
@@ -27,15 +27,12 @@ class DMDState:
     generator: torch.Generator
 
 
-@dataclass(frozen=True)
-class DMDSampler:
+class DMDSampler(ConfiguredSampler):
     """The few-step sampler a distilled checkpoint's RecipeSpec names; its timesteps come from the recipe."""
 
-    config: SamplerConfig
     name: ClassVar[str] = "dmd"
 
-    def schedule(self, num_steps: int) -> Schedule:
-        check_num_steps(num_steps)
+    def _schedule(self, num_steps: int) -> Schedule:
         steps = self.config.dmd_timesteps
         if not steps:
             raise ValueError("the dmd sampler needs the checkpoint's distilled timesteps (RecipeSpec.timesteps)")

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, ScheduleState, check_index, check_num_steps, shift_sigmas
+from vidloom.diffusion.sampler import ConfiguredSampler, Schedule, ScheduleState, check_index, shift_sigmas
 
 
-@dataclass(frozen=True)
-class FlowEulerSampler:
+class FlowEulerSampler(ConfiguredSampler):
     """x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v, with v the model's velocity (Esser et al. 2024)."""
 
-    config: SamplerConfig
     name: ClassVar[str] = "euler"
 
-    def schedule(self, num_steps: int) -> Schedule:
-        check_num_steps(num_steps)
+    def _schedule(self, num_steps: int) -> Schedule:
         n_train = self.config.num_train_timesteps
         shift = self.config.shift
 

@@ -7,24 +7,20 @@ The model must therefore be told both ends of every step (see `target_timestep`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, ScheduleState, check_index, check_num_steps, shift_sigmas
+from vidloom.diffusion.sampler import ConfiguredSampler, Schedule, ScheduleState, check_index, shift_sigmas
 
 
-@dataclass(frozen=True)
-class FlowMapEulerSampler:
+class FlowMapEulerSampler(ConfiguredSampler):
     """Any-step Euler over a flow map (Gu et al. 2026, AnyFlow, arXiv:2605.13724)."""
 
-    config: SamplerConfig
     name: ClassVar[str] = "flow_map_euler"
 
-    def schedule(self, num_steps: int) -> Schedule:
+    def _schedule(self, num_steps: int) -> Schedule:
         """Shifted linspace(1, 0) noise levels; sigmas and timesteps stay float64, as the reference keeps them."""
-        check_num_steps(num_steps)
         sigmas = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)[:-1]
         if self.config.shift != 1.0:  # the reference skips the (exact) identity shift
             sigmas = shift_sigmas(sigmas, self.config.shift)

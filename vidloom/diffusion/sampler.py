@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -207,6 +207,22 @@ def shift_sigmas(sigmas: _Array, shift: float) -> _Array:
 def check_num_steps(num_steps: int) -> None:
     if not _is_int(num_steps) or num_steps < 1:
         raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+
+
+@dataclass(frozen=True)
+class ConfiguredSampler:
+    """Base of the registered samplers: built from the checkpoint's scheduler config; `schedule` checks the step
+    count, then the subclass's `_schedule` lays the steps out."""
+
+    config: SamplerConfig
+    name: ClassVar[str]
+
+    def schedule(self, num_steps: int) -> Schedule:
+        check_num_steps(num_steps)
+        return self._schedule(num_steps)
+
+    def _schedule(self, num_steps: int) -> Schedule:
+        raise NotImplementedError
 
 
 def check_index(schedule: Schedule, index: int) -> None:

@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from vidloom.diffusion.sampler import SamplerConfig, Schedule, check_index, check_num_steps, shift_sigmas
+from vidloom.diffusion.sampler import ConfiguredSampler, Schedule, check_index, shift_sigmas
 
 # UniPC: Zhao et al. 2023, "UniPC: A Unified Predictor-Corrector Framework for Fast
 # Sampling of Diffusion Models", arXiv:2302.04867. We implement the data-prediction
@@ -122,15 +122,12 @@ def _combine(rhos: torch.Tensor, d1s: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("k,bk...->b...", rhos, torch.stack(d1s, dim=1))
 
 
-@dataclass(frozen=True)
-class UniPCSampler:
+class UniPCSampler(ConfiguredSampler):
     """UniP-p predictor plus UniC corrector, order warm-up at the start and lowering at the end."""
 
-    config: SamplerConfig
     name: ClassVar[str] = "unipc"
 
-    def schedule(self, num_steps: int) -> Schedule:
-        check_num_steps(num_steps)
+    def _schedule(self, num_steps: int) -> Schedule:
         cfg = self.config
         n_train = cfg.num_train_timesteps
         # float64 numpy throughout, as diffusers computes flow sigmas for UniPC.
