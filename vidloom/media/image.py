@@ -14,7 +14,7 @@ import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -34,15 +34,22 @@ MAX_VIDEO_FRAMES = 1025
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
+T = TypeVar("T")
+
 
 def load_images(value: Any, field: str = "image") -> tuple[Image.Image, ...]:
     """One image or a list/tuple of them (anything load_image takes) as a tuple of RGB PIL images."""
+    return _each_image(value, field, load_image)
+
+
+def _each_image(value: Any, field: str, read: Callable[[Any, str], T]) -> tuple[T, ...]:
+    """`read` of one image, or of each in a list/tuple (named field[i] in errors when there are several)."""
     items = value if isinstance(value, (list, tuple)) else (value,)
     if not items:
         raise InvalidRequest(field, "must be one or more images")
     if len(items) == 1:
-        return (load_image(items[0], field),)
-    return tuple(load_image(item, f"{field}[{i}]") for i, item in enumerate(items))
+        return (read(items[0], field),)
+    return tuple(read(item, f"{field}[{i}]") for i, item in enumerate(items))
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,12 +70,7 @@ class EncodedImage:
 
 def open_images(value: Any, field: str = "image") -> tuple[Image.Image | EncodedImage, ...]:
     """load_images, but files are only checked from their headers (EncodedImage), not decoded."""
-    items = value if isinstance(value, (list, tuple)) else (value,)
-    if not items:
-        raise InvalidRequest(field, "must be one or more images")
-    if len(items) == 1:
-        return (open_image(items[0], field),)
-    return tuple(open_image(item, f"{field}[{i}]") for i, item in enumerate(items))
+    return _each_image(value, field, open_image)
 
 
 def open_image(value: Any, field: str = "image") -> Image.Image | EncodedImage:

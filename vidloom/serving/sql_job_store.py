@@ -92,9 +92,12 @@ class SqlJobStore:
         """Execute one statement (call with the lock held)."""
         return self._db.execute(sql.replace("?", self._PARAM) if self._PARAM != "?" else sql, args)
 
-    def video_path(self, job_id: str) -> Path:
+    def _job_file(self, job_id: str, suffix: str) -> Path:
         assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.mp4"
+        return self.videos_dir / f"{job_id}{suffix}"
+
+    def video_path(self, job_id: str) -> Path:
+        return self._job_file(job_id, ".mp4")
 
     def image_path(self, name: str) -> Path:
         """Where an images call with response_format=url keeps its file (served under /v1/images/files)."""
@@ -108,24 +111,19 @@ class SqlJobStore:
             tmp.write_bytes(data)
 
     def thumbnail_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.png"
+        return self._job_file(job_id, ".png")
 
     def stream_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.fmp4"
+        return self._job_file(job_id, ".fmp4")
 
     def latents_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.latents"  # one suffix: tidy finds the job id as its stem
+        return self._job_file(job_id, ".latents")  # one suffix: tidy finds the job id as its stem
 
     def actions_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.npy"
+        return self._job_file(job_id, ".npy")
 
     def audio_path(self, job_id: str) -> Path:
-        assert is_job_id(job_id), job_id
-        return self.videos_dir / f"{job_id}.wav"
+        return self._job_file(job_id, ".wav")
 
     def _files(self, job_id: str) -> tuple[Path, ...]:
         return (self.video_path(job_id), self.thumbnail_path(job_id), self.stream_path(job_id),
