@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
+from tests.helpers.polling import wait_until
 from tests.helpers.servers import ThreadServer, parse_sse, wait_for_status
 from vidloom.families.wan_causal import loop as far_loop
 from vidloom.serving.config import ServeConfig
@@ -208,7 +209,7 @@ def test_delete_while_streaming_ends_the_stream_and_removes_its_file(client, gat
     assert reader.frames() == 9  # what was committed, as whole fragments
     gate.release()
     assert client.get(f"/v1/videos/{video_id}").status_code == 404
-    _wait_until(lambda: not any((far_server.config.data_dir / "videos").iterdir()))
+    wait_until(lambda: not any((far_server.config.data_dir / "videos").iterdir()))
 
 
 def test_cancelled_job_stream_ends_and_is_gone(client, gate, far_server):
@@ -226,15 +227,8 @@ def test_cancelled_job_stream_ends_and_is_gone(client, gate, far_server):
     assert reader.frames() in (9, 17)  # the last chunk may have been decoded before the boundary
     later = client.get(f"/v1/videos/{video_id}/content", params={"variant": "stream"})
     assert later.status_code == 409 and "cancelled" in later.json()["error"]["message"]
-    _wait_until(lambda: stream_files(far_server.config.data_dir) == []
+    wait_until(lambda: stream_files(far_server.config.data_dir) == []
                 and not any(p.name.startswith(".") for p in (far_server.config.data_dir / "videos").iterdir()))
-
-
-def _wait_until(check, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.02)
 
 
 def test_a_model_without_chunks_streams_its_finished_mp4(start_server):
@@ -245,7 +239,7 @@ def test_a_model_without_chunks_streams_its_finished_mp4(start_server):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         blocker = BlockingJob(c)
         waiting = StreamReader(c, blocker.id)
-        _wait_until(lambda: waiting.status is not None)
+        wait_until(lambda: waiting.status is not None)
         assert waiting.status == 200 and not waiting.ended.wait(0.3)  # open, nothing to send yet
         job = create_video(c)  # queued behind the blocker
         streamed = StreamReader(c, job["id"])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.polling import wait_until
 from vidloom.core.errors import Cancelled, InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.loop import DONE, StepPlan
@@ -108,7 +109,7 @@ def test_queue_full_is_rejected_at_once_with_retry_after():
     loop = GatedLoop()
     engine = _engine(loop, queue_size=1)
     first = engine.submit(_req("a", 1))
-    _wait_until(lambda: engine.in_flight == 1)
+    wait_until(lambda: engine.in_flight == 1, poll=0.005)
     engine.submit(_req("b", 1))  # waits in the queue
     with pytest.raises(EngineBusy) as info:
         engine.submit(_req("c", 1))
@@ -125,7 +126,7 @@ def test_cancel_queued_is_immediate_and_running_stops_at_boundary():
     running_events, queued_events = [], []
     running = engine.submit(_req("run", 5), on_event=running_events.append)
     queued = engine.submit(_req("wait", 5), on_event=queued_events.append)
-    _wait_until(lambda: engine.in_flight == 1)
+    wait_until(lambda: engine.in_flight == 1, poll=0.005)
 
     assert engine.cancel(queued.request_id)
     with pytest.raises(Cancelled):
@@ -133,7 +134,7 @@ def test_cancel_queued_is_immediate_and_running_stops_at_boundary():
     assert [type(e) for e in queued_events] == [CancelledEvent]
 
     loop.gate.release()  # step 1 of "run"
-    _wait_until(lambda: any(isinstance(e, ProgressEvent) for e in running_events))
+    wait_until(lambda: any(isinstance(e, ProgressEvent) for e in running_events), poll=0.005)
     assert engine.cancel(running.request_id)
     loop.gate.release()  # step 2 runs, then the boundary check stops it
     with pytest.raises(Cancelled):
@@ -194,7 +195,7 @@ def test_close_cancels_everything_and_refuses_new_work():
     engine = _engine(loop)
     running = engine.submit(_req("a", 3))
     queued = engine.submit(_req("b", 3))
-    _wait_until(lambda: engine.in_flight == 1)
+    wait_until(lambda: engine.in_flight == 1, poll=0.005)
     loop.gate.release()
     engine.close()
     for h in (running, queued):
@@ -202,15 +203,6 @@ def test_close_cancels_everything_and_refuses_new_work():
             h.wait(10)
     with pytest.raises(EngineClosed):
         engine.submit(_req("c", 1))
-
-
-def _wait_until(predicate, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.005)
 
 
 def test_cleanup_of_a_request_cancelled_from_another_thread_runs_on_the_device_worker(monkeypatch):
