@@ -13,7 +13,9 @@ import io
 import json
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import httpx
 import numpy as np
@@ -71,6 +73,15 @@ def _ws(server: ThreadServer, session_id: str, query: str = "", host: str | None
         options["sock"] = socket.create_connection(("127.0.0.1", port))
         url = url.replace("127.0.0.1", host)
     return connect(url, open_timeout=10, **options)
+
+
+@contextmanager
+def _connected(server: ThreadServer) -> Iterator[tuple[dict, Any]]:
+    """A new session and its socket, past the socket's first message (the session's description)."""
+    session = _open(server).json()
+    with _ws(server, session["id"]) as ws:
+        ws.recv(timeout=10)
+        yield session, ws
 
 
 def _receive_chunk(ws) -> tuple[dict, list[bytes]]:
@@ -132,9 +143,7 @@ def test_bad_messages_name_the_field_and_the_session_stays_usable(served):
     server, generator = served
     caches = generator.engine.caches
     baseline = caches.bytes_in_use
-    session = _open(server).json()
-    with _ws(server, session["id"]) as ws:
-        ws.recv(timeout=10)
+    with _connected(server) as (session, ws):
         bad = [("not json", "message"), ('{"actions": [[0.1, 0.2, 0.3]]}', "actions"),
                ('{"actions": [[NaN, 0.0]]}', "message"), ('{"actions": [[1e999, 0.0]]}', "actions[0]"),
                ('{"actions": [[0.1, 0.2], [0.3]]}', "actions[1]"), ('{"actions": "left"}', "actions"),
@@ -156,9 +165,7 @@ def test_a_disconnect_mid_chunk_frees_the_session(served):
     caches = generator.engine.caches
     baseline = caches.bytes_in_use
     cancelled = _cancelled_chunks(server)
-    session = _open(server).json()
-    with _ws(server, session["id"]) as ws:
-        ws.recv(timeout=10)
+    with _connected(server) as (session, ws):
         ws.send(json.dumps({"actions": [[1.0, -1.0]] * 4}))
     sessions = server.app.state.sessions
     assert _settled(lambda: len(sessions) == 0 and caches.bytes_in_use == baseline and not caches.session_ids())
@@ -177,9 +184,7 @@ def test_delete_and_idle_expiry_close_the_session(served):
     server, generator = served
     caches = generator.engine.caches
     baseline = caches.bytes_in_use
-    session = _open(server).json()
-    with _ws(server, session["id"]) as ws:
-        ws.recv(timeout=10)
+    with _connected(server) as (session, ws):
         gone = httpx.delete(f"{server.url}/v1/sessions/{session['id']}", headers=AUTH)
         assert gone.status_code == 200 and gone.json()["deleted"]
         assert json.loads(ws.recv(timeout=10)) == {"type": "closed", "reason": "deleted"}
@@ -187,9 +192,7 @@ def test_delete_and_idle_expiry_close_the_session(served):
     sessions = server.app.state.sessions
     ttl = sessions.ttl_s
     try:
-        session = _open(server).json()
-        with _ws(server, session["id"]) as ws:
-            ws.recv(timeout=10)
+        with _connected(server) as (session, ws):
             ws.send(json.dumps({"actions": [[0.2, 0.1]]}))
             _receive_chunk(ws)
             assert caches.bytes_in_use > baseline
