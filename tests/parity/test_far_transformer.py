@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.far_checkpoints import FAR_A, FAR_B, TinyFar, reference_far_transformer, reference_populated_step
+from tests.helpers.mixed_precision import cast_mixed, fp32_islands
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.layout import ChunkLayout
 from vidloom.families.wan_causal.transformer import FarTransformer
@@ -122,25 +123,21 @@ def test_bf16_keeps_the_references_fp32_islands() -> None:
     spec = FAR_A
     ref = reference_far_transformer(spec)
     ours = _ours(ref)
-    keep = set(ref._keep_in_fp32_modules)
-    ref_fp32 = {k for k in ref.state_dict() if any(s in keep for s in k.split("."))}
-    our_fp32 = {k for k in ours.state_dict() if any(s in FarTransformer.KEEP_FP32 for s in k.split("."))}
-    assert {FAR_TRANSFORMER_NAME_MAP.to_module(k) for k in ref_fp32} == our_fp32
+    ref_fp32 = fp32_islands(ref, ref._keep_in_fp32_modules)
+    assert {FAR_TRANSFORMER_NAME_MAP.to_module(k) for k in ref_fp32} == fp32_islands(ours, FarTransformer.KEEP_FP32)
 
 
 @pytest.mark.parametrize("case", ["a_far_context", "b_two_compressed"])
 def test_bf16_step_is_as_close_to_fp32_as_the_references(case: str) -> None:
     # Not bitwise: the reference rotates in float64 and runs flex attention. Its own bf16 run
     # sits ~0.08-0.14 from fp32 here; ours must be no further (x1.25) and close to it.
-    from tests.parity.test_wan_transformer import _cast_mixed
-
     spec, partition, index, hw, t, r, text_len = CASES[case]
     ref = reference_far_transformer(spec)
     ours = _ours(ref)
     latents, text = _inputs(spec, partition, hw, text_len)
     fp32 = reference_populated_step(ref, latents, partition, index, t, r, text)
-    _cast_mixed(ref, set(ref._keep_in_fp32_modules))
-    _cast_mixed(ours, FarTransformer.KEEP_FP32)
+    cast_mixed(ref, ref._keep_in_fp32_modules)
+    cast_mixed(ours, FarTransformer.KEEP_FP32)
     ref_bf16 = reference_populated_step(ref, latents.bfloat16(), partition, index, t, r, text.bfloat16())
     got = _our_step(ours, latents.bfloat16(), partition, index, t, r, text.bfloat16())
     assert got.dtype == torch.bfloat16

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.mixed_precision import cast_mixed, fp32_islands
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 
@@ -107,21 +108,12 @@ def test_forward_matches_diffusers_fp32(case: str) -> None:
     assert diff <= FP32_TOL, f"{case}: max abs diff {diff:.3e}"
 
 
-def _cast_mixed(model: torch.nn.Module, keep_fp32: set[str] | frozenset[str]) -> None:
-    """bf16 everywhere except tensors with a name segment in keep_fp32 (diffusers' from_pretrained rule)."""
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        keep = any(segment in keep_fp32 for segment in name.split("."))
-        tensor.data = tensor.data.to(torch.float32 if keep else torch.bfloat16)
-
-
 def test_keep_fp32_matches_diffusers() -> None:
     kwargs, _, _ = CASES["h2_d12_l2"]
     ref = _reference(kwargs)
     ours = _ours(ref)
-    keep = set(ref._keep_in_fp32_modules)
-    ref_fp32 = {k for k in ref.state_dict() if any(s in keep for s in k.split("."))}
-    our_fp32 = {k for k in ours.state_dict() if any(s in WanTransformer.KEEP_FP32 for s in k.split("."))}
-    assert {WAN_TRANSFORMER_NAME_MAP.to_module(k) for k in ref_fp32} == our_fp32
+    ref_fp32 = fp32_islands(ref, ref._keep_in_fp32_modules)
+    assert {WAN_TRANSFORMER_NAME_MAP.to_module(k) for k in ref_fp32} == fp32_islands(ours, WanTransformer.KEEP_FP32)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -132,8 +124,8 @@ def test_forward_matches_diffusers_bf16(case: str) -> None:
     kwargs, fhw, text_len = CASES[case]
     ref = _reference(kwargs)
     ours = _ours(ref)
-    _cast_mixed(ref, set(ref._keep_in_fp32_modules))
-    _cast_mixed(ours, WanTransformer.KEEP_FP32)
+    cast_mixed(ref, ref._keep_in_fp32_modules)
+    cast_mixed(ours, WanTransformer.KEEP_FP32)
     latents, timestep, text = _inputs(kwargs, fhw, text_len)
     with torch.no_grad():
         expected = ref(latents.bfloat16(), timestep, text.bfloat16(), return_dict=False)[0]
