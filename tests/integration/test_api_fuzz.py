@@ -17,7 +17,7 @@ import io
 import itertools
 import json
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
@@ -193,27 +193,26 @@ def test_the_schema_documents_every_request_body():
     assert "$ref" not in str(chat) and "include_usage" in str(chat)  # nested models inlined, not dangling refs
 
 
-@pytest.mark.parametrize("operation", OPERATIONS, ids=[f"{op.method.upper()} {op.path}" for op in OPERATIONS])
-def test_schema_driven_requests_get_no_5xx(video_server: ThreadServer, operation: Any):
+def _fuzz(operation: Any, server: ThreadServer, timeout: float, what: Callable[[Any], str]) -> None:
+    """Every case hypothesis draws from `operation`'s schema gets an answer from `server`, never a 5xx."""
+
     @FUZZ
     @given(case=operation.as_strategy())
     def run(case: Any) -> None:
-        response = case.call(base_url=video_server.url, timeout=30)
-        _assert_answered(response, f"{case.method} {case.formatted_path} {case.query} {str(case.body)[:200]}")
+        _assert_answered(case.call(base_url=server.url, timeout=timeout), what(case))
 
     run()
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=[f"{op.method.upper()} {op.path}" for op in OPERATIONS])
+def test_schema_driven_requests_get_no_5xx(video_server: ThreadServer, operation: Any):
+    _fuzz(operation, video_server, 30,
+          lambda case: f"{case.method} {case.formatted_path} {case.query} {str(case.body)[:200]}")
 
 
 def test_schema_driven_chat_requests_get_no_5xx(chat_server: ThreadServer):
     [operation] = [op for op in OPERATIONS if op.path == "/v1/chat/completions"]
-
-    @FUZZ
-    @given(case=operation.as_strategy())
-    def run(case: Any) -> None:
-        response = case.call(base_url=chat_server.url, timeout=60)
-        _assert_answered(response, f"chat {str(case.body)[:300]}")
-
-    run()
+    _fuzz(operation, chat_server, 60, lambda case: f"chat {str(case.body)[:300]}")
 
 
 # -- hostile JSON and multipart bodies ------------------------------------------------------------------------------

@@ -86,6 +86,15 @@ def _moved(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -
     return float(np.abs(a[0] - b[0]).max()), float(np.abs(a[1] - b[1]).max())
 
 
+def _assert_unloaded_is_base(gen: VideoGenerator, engine: Engine, base: tuple[np.ndarray, np.ndarray],
+                             *names: str) -> None:
+    """Unloading the adapters `names` brings back the output without adapters, exactly."""
+    for name in names:
+        gen.unload_lora(name)
+    after = _ours(engine)
+    assert np.array_equal(after[0], base[0]) and np.array_equal(after[1], base[1])
+
+
 def test_adapters_on_video_and_audio_branches_match_pipeline(setup, tiny_ltx2_dir):
     pipe, files = setup
     gen = VideoGenerator.from_pretrained(tiny_ltx2_dir, device="cpu")
@@ -108,10 +117,7 @@ def test_adapters_on_video_and_audio_branches_match_pipeline(setup, tiny_ltx2_di
         assert video_effect > 0
     finally:
         pipe.unload_lora_weights()
-    gen.unload_lora("video")
-    gen.unload_lora("audio")
-    after = _ours(engine)
-    assert np.array_equal(after[0], base[0]) and np.array_equal(after[1], base[1])
+    _assert_unloaded_is_base(gen, engine, base, "video", "audio")
 
 
 # The connectors' projection(s) and every linear of their 1D transformer blocks (both streams), at alpha != rank.
@@ -141,10 +147,7 @@ def test_adapters_on_the_text_connectors_match_pipeline_and_key_the_prompt_cache
         assert np.array_equal(_ours(engine, {"both": 0.8})[0], one[0])  # a cache hit under the same adapters
     finally:
         pipe.unload_lora_weights()
-    gen.unload_lora("both")
-    gen.unload_lora("video")
-    after = _ours(engine)
-    assert np.array_equal(after[0], base[0]) and np.array_equal(after[1], base[1])
+    _assert_unloaded_is_base(gen, engine, base, "both", "video")
     text = gen.engine.instance.components["text_encoder"]
     assert text.cache.hits >= 2, "the base prompt and the repeated adapter run should both hit the cache"
     # Fused mode folds the connectors' update into their weights too (fp32: within the same 1e-4).
