@@ -246,12 +246,17 @@ def _image(kw: dict[str, Any], seed: int) -> np.ndarray:
     return np.clip((base * 0.8 + rng.random(base.shape) * 0.2) * 255, 0, 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("case", ["a_wide_no_cfg", "b_tall_cfg"])
-def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
+def _i2v_case(far_dirs: dict[str, Path], case: str,
+              seed: int) -> tuple[dict[str, Any], Path, VideoGenerator, np.ndarray]:
+    """A case's request settings, its checkpoint folder loaded, and a first frame drawn with `seed`."""
     spec, kw = CASES[case]
     folder = far_dirs[spec.name]
-    generator = VideoGenerator.from_pretrained(folder, device="cpu")
-    image = _image(kw, seed=11)
+    return kw, folder, VideoGenerator.from_pretrained(folder, device="cpu"), _image(kw, seed=seed)
+
+
+@pytest.mark.parametrize("case", ["a_wide_no_cfg", "b_tall_cfg"])
+def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
+    kw, folder, generator, image = _i2v_case(far_dirs, case, seed=11)
     partition = generator.engine.instance["transformer"].config.chunk_partition
     everything: list = []
     got = generator.generate(
@@ -278,10 +283,7 @@ def test_i2v_matches_anyflow_far_pipeline(far_dirs, case):
 
 @pytest.mark.parametrize("case", ["a_wide_no_cfg", "b_tall_cfg"])
 def test_i2v_float_frames_match_the_pipeline(far_dirs, case):
-    spec, kw = CASES[case]
-    folder = far_dirs[spec.name]
-    generator = VideoGenerator.from_pretrained(folder, device="cpu")
-    image = _image(kw, seed=12)
+    kw, folder, generator, image = _i2v_case(far_dirs, case, seed=12)
     request = dataclasses.replace(_request(kw), task=Task.I2V, image=image)
     got = generator.engine.run(request)["video"]
     expected = _reference(folder, generator.engine.instance["transformer"].config.chunk_partition, kw, image=image)

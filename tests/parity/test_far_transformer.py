@@ -63,6 +63,15 @@ def _our_step(model: FarTransformer, latents, partition, index, t, r, text, reco
     return out.permute(0, 2, 1, 3, 4)
 
 
+def _case(case: str) -> tuple[torch.nn.Module, FarTransformer, torch.Tensor, torch.Tensor, tuple]:
+    """A case's reference transformer, ours with its weights, the inputs, and where the step runs
+    (partition, chunk index, t, r): the arguments between the latents and the text of either step."""
+    spec, partition, index, hw, t, r, text_len = CASES[case]
+    ref = reference_far_transformer(spec)
+    latents, text = _inputs(spec, partition, hw, text_len)
+    return ref, _ours(ref), latents, text, (partition, index, t, r)
+
+
 def test_name_map_is_a_bijection() -> None:
     for spec in (FAR_A, FAR_B):
         ref = reference_far_transformer(spec)
@@ -77,12 +86,9 @@ def test_name_map_is_a_bijection() -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cached_step_matches_reference(case: str) -> None:
-    spec, partition, index, hw, t, r, text_len = CASES[case]
-    ref = reference_far_transformer(spec)
-    model = _ours(ref)
-    latents, text = _inputs(spec, partition, hw, text_len)
-    expected = reference_populated_step(ref, latents, partition, index, t, r, text)
-    got = _our_step(model, latents, partition, index, t, r, text)
+    ref, model, latents, text, at = _case(case)
+    expected = reference_populated_step(ref, latents, *at, text)
+    got = _our_step(model, latents, *at, text)
     assert got.shape == expected.shape
     assert expected.abs().max() > 0.1
     diff = (got - expected).abs().max().item()
@@ -131,15 +137,12 @@ def test_bf16_keeps_the_references_fp32_islands() -> None:
 def test_bf16_step_is_as_close_to_fp32_as_the_references(case: str) -> None:
     # Not bitwise: the reference rotates in float64 and runs flex attention. Its own bf16 run
     # sits ~0.08-0.14 from fp32 here; ours must be no further (x1.25) and close to it.
-    spec, partition, index, hw, t, r, text_len = CASES[case]
-    ref = reference_far_transformer(spec)
-    ours = _ours(ref)
-    latents, text = _inputs(spec, partition, hw, text_len)
-    fp32 = reference_populated_step(ref, latents, partition, index, t, r, text)
+    ref, ours, latents, text, at = _case(case)
+    fp32 = reference_populated_step(ref, latents, *at, text)
     cast_mixed(ref, ref._keep_in_fp32_modules)
     cast_mixed(ours, FarTransformer.KEEP_FP32)
-    ref_bf16 = reference_populated_step(ref, latents.bfloat16(), partition, index, t, r, text.bfloat16())
-    got = _our_step(ours, latents.bfloat16(), partition, index, t, r, text.bfloat16())
+    ref_bf16 = reference_populated_step(ref, latents.bfloat16(), *at, text.bfloat16())
+    got = _our_step(ours, latents.bfloat16(), *at, text.bfloat16())
     assert got.dtype == torch.bfloat16
     ref_err = (ref_bf16.float() - fp32).abs().max().item()
     our_err = (got.float() - fp32).abs().max().item()
