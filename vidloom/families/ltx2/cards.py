@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -38,6 +38,7 @@ CAPABILITIES = Capabilities(
      "offload_idle_expert": "one expert: there is no idle expert",
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
@@ -77,25 +78,12 @@ def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defau
               description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
     """The card of an LTX-2 folder whose sizes are multiples of `multiple` pixels and whose frames are
     `temporal` * k + 1."""
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
         components=component_table(precision, "transformer", "connectors", "text_encoder", "tokenizer", "vae",
                                    "audio_vae", "vocoder", "scheduler", float32=("vae", "audio_vae", "vocoder")),
-        loops={"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
-        tasks=frozenset({Task.T2V, Task.I2V}),
-        precision=precision,
-        sampling_defaults=defaults,
+        tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), min_image_side=1, produces_audio=True,
+        precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
-        recipe=RecipeSpec(method="pretrained", loop="stage1"),
-        program=PROGRAM,
-        memory_estimator=MEMORY_ESTIMATOR,
-        source=source,
-        description=description,
-        notes=notes,
-        max_prompt_tokens=LTX2_TEXT_TOKENS,
-        inputs=frozenset({"image"}),
-        min_image_side=1,
-        produces_audio=True,
-        capabilities=CAPABILITIES,
+        description=description, notes=notes, max_prompt_tokens=LTX2_TEXT_TOKENS,
     )

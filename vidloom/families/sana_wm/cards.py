@@ -6,8 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -45,6 +45,7 @@ CAPABILITIES = Capabilities(
      "offload_idle_expert": "one expert: there is no idle expert",
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # "refiner": NVIDIA's convert_sana_wm_to_diffusers.py lists its stage-2 SanaWMLTX2Refiner in model_index.json;
 # it is read from refiner/ only under --two-stage (refiner_load.py).
@@ -70,25 +71,12 @@ def check_pipeline(ckpt: DiffusersDir) -> None:
 
 def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
                  description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"stage1": LoopSpec(samplers=("euler",))},
         components=component_table(precision, "transformer", "text_encoder", "tokenizer", "vae", "scheduler"),
-        loops={"stage1": LoopSpec(samplers=("euler",))},
-        tasks=frozenset({Task.I2V}),
-        precision=precision,
-        sampling_defaults=defaults,
+        tasks=frozenset({Task.I2V}), inputs=frozenset({"image"}), required_inputs=frozenset({"image"}),
+        request_blocks={"camera": CAMERA_BLOCK}, min_image_side=1,
+        precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
-        recipe=RecipeSpec(method="pretrained", loop="stage1"),
-        program=PROGRAM,
-        memory_estimator=MEMORY_ESTIMATOR,
-        source=source,
-        description=description,
-        notes=notes,
-        max_prompt_tokens=MAX_TEXT_TOKENS,
-        inputs=frozenset({"image"}),
-        required_inputs=frozenset({"image"}),
-        request_blocks={"camera": CAMERA_BLOCK},
-        min_image_side=1,
-        capabilities=CAPABILITIES,
+        description=description, notes=notes, max_prompt_tokens=MAX_TEXT_TOKENS,
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -44,6 +44,7 @@ CAPABILITIES = Capabilities(
      "two_stage": "one stage; multi-stage families: ltx2",
      "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 # StableAudioPipeline.__init__ (diffusers 0.42): its components; model_index.json may hold nothing else.
@@ -76,24 +77,11 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, description: str,
                       defaults: SamplingDefaults = DEFAULTS, notes: tuple[str, ...] = (),
                       precision: str = "float16") -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
         components=component_table(precision, "transformer", "vae", "text_encoder", "projection_model", "tokenizer",
                                    "scheduler", float32=("vae", "projection_model")),
-        loops={"denoise": LoopSpec(samplers=SAMPLERS)},
-        tasks=frozenset({Task.T2A}),
-        precision=precision,
-        sampling_defaults=defaults,
-        geometry=NO_FRAMES,
-        recipe=RecipeSpec(method="pretrained", loop="denoise"),
-        program=PROGRAM,
-        source=source,
-        description=description,
-        notes=notes,
-        produces_audio=True,
-        audio=audio,
-        memory_estimator=MEMORY_ESTIMATOR,
+        tasks=frozenset({Task.T2A}), produces_audio=True, audio=audio,
         inputs=frozenset({"init_audio"}),  # a waveform the clip starts from (the pipeline's initial_audio_waveforms)
-        capabilities=CAPABILITIES,
+        precision=precision, sampling_defaults=defaults, geometry=NO_FRAMES, description=description, notes=notes,
     )
