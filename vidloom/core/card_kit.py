@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from vidloom.core.capabilities import Capabilities
@@ -12,6 +13,14 @@ from vidloom.core.card import ComponentSpec, LoopSpec, ModelCard, RecipeSpec
 
 NO_WEIGHTS = ("tokenizer", "scheduler")
 FULL_PRECISION = ("vae",)  # VAEs (and vocoders) are run in float32 by their authors
+# Why a family refuses a feature it has nothing to apply to, in the words every family uses.
+REFUSALS = MappingProxyType({
+    "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
+    "kv_session_ttl_s": "no causal rollout whose KV could be kept",
+    "offload_idle_expert": "one expert: there is no idle expert",
+    "two_stage": "one stage; multi-stage families: ltx2",
+    "devices": "sequence and CFG parallelism are written for Wan's DiT only",
+})
 
 
 def component_table(precision: str, *names: str, float32: tuple[str, ...] = FULL_PRECISION,
@@ -20,6 +29,11 @@ def component_table(precision: str, *names: str, float32: tuple[str, ...] = FULL
     the `float32` ones are held at float32, every other one at the card's `precision`."""
     return {name: ComponentSpec() if name in no_weights else ComponentSpec("float32" if name in float32 else precision)
             for name in names}
+
+
+def refusals(*common: str, **own: str) -> dict[str, str]:
+    """Capabilities.why_not: each of `common` refused for its REFUSALS reason, each of `own` for the family's."""
+    return {**{name: REFUSALS[name] for name in common}, **own}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
-from vidloom.core.card_kit import FamilyCards, component_table
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -30,13 +30,10 @@ CAPABILITIES = Capabilities(
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
                "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components"}),
-    {     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
-                 "is written",
-     "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+             cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
+                      "is written",
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`

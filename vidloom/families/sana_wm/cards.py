@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
-from vidloom.core.card_kit import FamilyCards, component_table
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -36,14 +36,11 @@ CAPABILITIES = Capabilities(
     # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
                "prompt_cache_size"}),
-    {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
-     "warmup_shapes": "a warmup request is text-only; every SANA-WM request needs a first image and a camera",
-     "cfg_mode": "SANA-WM runs its CFG branches as one batch of two, as the reference does",
-     "kv_cache_budget_bytes": "the stage-1 denoiser is bidirectional and keeps no KV cache",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+             attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
+             warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
+             cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",
+             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}

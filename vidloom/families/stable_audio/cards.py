@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
-from vidloom.core.card_kit import FamilyCards, component_table
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -34,15 +34,11 @@ CAPABILITIES = Capabilities(
     # cuda_graphs: the per-request duration token is a graph input (loop.StableAudioNetwork.graph_split).
     # vae_tile: the Oobleck decoder in windows over time (tiling.decode_windows_1d; sizes in waveform samples).
     frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile"}),
-    {"warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
-     "offload_text_encoder": "the T5 encoder is small and stays resident",
-     "attention_backend": "the DiT attends through PyTorch SDPA only",
-     "kv_cache_budget_bytes": "an audio denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices",
+             warmup_shapes="warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
+             offload_text_encoder="the T5 encoder is small and stays resident",
+             attention_backend="the DiT attends through PyTorch SDPA only",
+             kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`

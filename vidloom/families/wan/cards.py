@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import FamilyCards, component_table
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.wan.vae import WanVAEConfig
@@ -27,10 +27,9 @@ CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "vae_tile",
                "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices",
                "components"}),
-    {"kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept for an extension",
-     "two_stage": "one stage; multi-stage families: ltx2"},
+    refusals("kv_pool_tokens", "two_stage",
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget",
+             kv_session_ttl_s="no causal rollout whose KV could be kept for an extension"),
 )
 
 
