@@ -76,8 +76,7 @@ CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
 def card_from_checkpoint(path: str | Path) -> ModelCard:
     """A chat card for a Cosmos3OmniPipeline folder."""
     ckpt = DiffusersDir.open(path)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     pipeline = read_pipeline_config(ckpt)
     generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
     sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \

@@ -57,8 +57,7 @@ def is_distilled(path: str | Path) -> bool:
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
     """A Flux2KleinPipeline folder whose model_index.json holds only keys this loader reads."""
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS, INDEX_SETTINGS)
 
 

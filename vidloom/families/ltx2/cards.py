@@ -8,7 +8,6 @@ from pathlib import Path
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
-from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
@@ -52,9 +51,7 @@ INDEX_UNSUPPORTED = {
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
     """An LTX-2 pipeline folder whose model_index.json holds only keys this loader reads."""
-    if ckpt.pipeline_class not in PIPELINE_CLASSES:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of "
-                              f"{', '.join(PIPELINE_CLASSES)}")
+    ckpt.expect_pipeline(*PIPELINE_CLASSES)
     ckpt.check_index(INDEX_COMPONENTS, unsupported=INDEX_UNSUPPORTED)
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
-from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
@@ -61,8 +60,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS)
 
 

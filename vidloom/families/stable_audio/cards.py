@@ -7,7 +7,6 @@ from pathlib import Path
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
-from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.stable_audio.projection import ProjectionConfig
@@ -48,8 +47,7 @@ INDEX_COMPONENTS = ("vae", "text_encoder", "projection_model", "tokenizer", "tra
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS)
 
 

@@ -31,8 +31,7 @@ def load_instance(
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
     ckpt = DiffusersDir.open(checkpoint)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
     ckpt.require(card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
@@ -50,19 +49,14 @@ def load_instance(
         quantize_linears(transformer.blocks)
     vae, text = load_vae_and_text(ckpt, device, compute, deploy)
     sampler_config = load_sampler_config(ckpt)
-    return ModelInstance(
-        card=card,
-        components={
-            "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=vae_dtype).eval(),
-            "text_encoder": text,
-            "sampler_config": sampler_config,
-        },
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    components = {
+        "transformer": transformer.eval(),
+        "vae": vae.to(device=device, dtype=vae_dtype).eval(),
+        "text_encoder": text,
+        "sampler_config": sampler_config,
+    }
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
 
 
 def _check_channels(config: FarTransformerConfig, z_dim: int) -> None:
