@@ -26,14 +26,16 @@ from vidloom.families.wan_causal.cards import PIPELINE_CLASS
 FAR_INDEX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
 
 
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    ckpt.expect_pipeline(PIPELINE_CLASS)
+    ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
+
+
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
-    ckpt = DiffusersDir.open(checkpoint)
-    ckpt.expect_pipeline(PIPELINE_CLASS)
-    ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
     vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
     if deploy.fp8_weights:
