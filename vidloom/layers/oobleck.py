@@ -77,3 +77,29 @@ class UpBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv_t1(self.snake1(x))
         return self.res_unit3(self.res_unit2(self.res_unit1(x)))
+
+
+class OobleckDecoder(nn.Module):
+    """latents [B, latent, T] -> waveform [B, audio_channels, T * prod(strides)]: conv, one UpBlock per stride (the
+    encoder's, reversed) narrowing `channels` * `multiples`, Snake, a bias-free conv. Parameter names are the
+    checkpoints' `decoder.*` keys without that prefix."""
+
+    def __init__(self, latent_channels: int, channels: int, multiples: tuple[int, ...], strides: tuple[int, ...],
+                 audio_channels: int, output_padding: int | None = None) -> None:
+        super().__init__()
+        mults = (1, *multiples)
+        strides = tuple(reversed(strides))
+        n = len(strides)
+        self.conv1 = NormedConv(latent_channels, channels * mults[-1], 7, padding=3)
+        self.block = nn.ModuleList(
+            UpBlock(channels * mults[n - i], channels * mults[n - i - 1], stride, output_padding)
+            for i, stride in enumerate(strides))
+        self.snake1 = Snake(channels)
+        self.conv2 = NormedConv(channels, audio_channels, 7, padding=3, bias=False)
+
+    @torch.no_grad()
+    def forward(self, latents: Tensor) -> Tensor:
+        x = self.conv1(latents.to(self.conv1.weight_v.dtype))
+        for block in self.block:
+            x = block(x)
+        return self.conv2(self.snake1(x))

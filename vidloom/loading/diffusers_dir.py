@@ -30,9 +30,25 @@ class DiffusersDir:
             raise CheckpointError(f"{root} is not a diffusers checkpoint: model_index.json is missing")
         return cls(root, read_json(index_file))
 
+    @classmethod
+    def open_checked(cls, path: str | Path, check: Callable[["DiffusersDir"], None],
+                     components: Iterable[str]) -> "DiffusersDir":
+        """The folder at `path` once `check` (its family's pipeline and index check) passes and it holds a folder
+        for each of `components` (a card's)."""
+        ckpt = cls.open(path)
+        check(ckpt)
+        ckpt.require(components)
+        return ckpt
+
     @property
     def pipeline_class(self) -> str:
         return str(self.index.get("_class_name", ""))
+
+    def expect_pipeline(self, *classes: str) -> None:
+        """Refuse a folder whose model_index.json names a pipeline class other than `classes`."""
+        if self.pipeline_class not in classes:
+            expected = repr(classes[0]) if len(classes) == 1 else f"one of {', '.join(classes)}"
+            raise CheckpointError(f"{self.root}: model_index.json says {self.pipeline_class!r}, expected {expected}")
 
     def component_dir(self, name: str) -> Path:
         """Folder of component `name`; raises CheckpointError if absent."""

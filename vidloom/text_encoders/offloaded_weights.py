@@ -35,3 +35,17 @@ class OffloadedWeights:
         finally:
             for tensor, host in zip(self._tensors, self._host):
                 tensor.data = host
+
+
+def hold(model: torch.nn.Module, device: torch.device, offload: bool) -> tuple[torch.nn.Module, OffloadedWeights | None]:
+    """An encoder's `model` in eval mode where it is held: on `device`, or (`offload` on an accelerator) in CPU
+    memory with the OffloadedWeights that upload it per use."""
+    if offload and device.type != "cpu":
+        model = model.eval().to("cpu")
+        return model, OffloadedWeights(model, device)
+    return model.eval().to(device), None
+
+
+def uploaded(offloaded: OffloadedWeights | None) -> contextlib.AbstractContextManager[None]:
+    """The weights on the device for a `with` block: uploaded when `offloaded`, else already there."""
+    return offloaded.on_device() if offloaded is not None else contextlib.nullcontext()

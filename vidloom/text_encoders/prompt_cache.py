@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
+from typing import Callable, Iterable
 
 import torch
 
@@ -36,3 +38,16 @@ class EmbeddingCache:
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
+
+    def embed(self, prompts: list[str], run: Callable[[list[str]], Iterable[torch.Tensor]]) -> list[torch.Tensor]:
+        """The embedding of each prompt (keyed by its sha256): cached ones from here, the others from one `run`
+        over the distinct missing prompts (first-seen order), which are then cached."""
+        keys = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
+        found = {key: emb for key in keys if (emb := self.get(key)) is not None}
+        missing = list(dict.fromkeys(k for k in keys if k not in found))
+        if missing:
+            texts = dict(zip(keys, prompts))
+            for key, emb in zip(missing, run([texts[k] for k in missing])):
+                self.put(key, emb)
+                found[key] = emb
+        return [found[key] for key in keys]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vidloom.core.errors import CheckpointError
-from vidloom.layers.oobleck import NormedConv, Snake, UpBlock
+from vidloom.layers.oobleck import OobleckDecoder
 from vidloom.loading.key_policy import KeyPolicy
 
 # Cosmos3AVAEAudioTokenizer's config.json, key by key. Read: the decoder's sizes (below).
@@ -86,26 +86,15 @@ class SoundDecoderConfig:
         return (samples + self.hop_size - 1) // self.hop_size
 
 
-class SoundDecoder(nn.Module):
-    """Parameter names follow the checkpoint's `decoder.*` keys (loaded with the `decoder.` prefix stripped)."""
+class SoundDecoder(OobleckDecoder):
+    """The Oobleck decoder of the checkpoint's `decoder.*` keys (loaded with the `decoder.` prefix stripped)."""
 
     def __init__(self, config: SoundDecoderConfig) -> None:
-        super().__init__()
+        super().__init__(config.latent_dim, config.channels, config.channel_mults, config.strides,
+                         config.audio_channels)
         self.config = config
-        mults = (1, *config.channel_mults)
-        strides = tuple(reversed(config.strides))
-        n = len(strides)
-        self.conv1 = NormedConv(config.latent_dim, config.channels * mults[-1], 7, padding=3)
-        self.block = nn.ModuleList(
-            UpBlock(config.channels * mults[n - i], config.channels * mults[n - i - 1], stride)
-            for i, stride in enumerate(strides))
-        self.snake1 = Snake(config.channels)
-        self.conv2 = NormedConv(config.channels, config.audio_channels, 7, padding=3, bias=False)
 
     @torch.no_grad()
     def forward(self, latents: Tensor) -> Tensor:
         """latents [C, T] -> waveform [audio_channels, samples] in [-1, 1]."""
-        x = self.conv1(latents[None].to(self.conv1.weight_v.dtype))
-        for block in self.block:
-            x = block(x)
-        return self.conv2(self.snake1(x)).clamp(-1.0, 1.0)[0]
+        return super().forward(latents[None]).clamp(-1.0, 1.0)[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -42,22 +43,20 @@ GENERATION_DEFAULTS = SamplingDefaults(
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
                "vae_tile", "attention_backend"}),
-    {"offload_text_encoder": "the prompt is read by the unified backbone, which generation needs resident; "
-                             "there is no separate text encoder to offload",
-     "prompt_cache_size": "a prompt is prefilled into the backbone's KV per request, not encoded into an "
-                          "embedding a cache could keep",
-     "cfg_mode": "each CFG branch prefills its own prefix KV; running both in one batch is not wired",
-     # runtime/cudagraph.py takes the step's three outputs and its per-request prefixes, branches and layouts as
-     # static buffers; what it cannot fix is their shape, which follows each prompt's token count.
-     "cuda_graphs": "the denoise step's signature includes each CFG branch's prompt length (the prefilled prompt "
-                    "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
-                    "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
-                    "growing with each new length; padding prompts to one length would attend over masked padding, "
-                    "not the reference's computation",
-     "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("offload_idle_expert", "two_stage", "devices",
+             offload_text_encoder="the prompt is read by the unified backbone, which generation needs resident; "
+                                  "there is no separate text encoder to offload",
+             prompt_cache_size="a prompt is prefilled into the backbone's KV per request, not encoded into an "
+                               "embedding a cache could keep",
+             cfg_mode="each CFG branch prefills its own prefix KV; running both in one batch is not wired",
+             # runtime/cudagraph.py takes the step's three outputs and its per-request prefixes, branches and layouts as
+             # static buffers; what it cannot fix is their shape, which follows each prompt's token count.
+             cuda_graphs="the denoise step's signature includes each CFG branch's prompt length (the prefilled prompt "
+                         "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
+                         "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
+                         "growing with each new length; padding prompts to one length would attend over masked "
+                         "padding, not the reference's computation",
+             kv_session_ttl_s="no causal video rollout whose KV could be kept"),
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",
@@ -77,8 +76,7 @@ CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
 def card_from_checkpoint(path: str | Path) -> ModelCard:
     """A chat card for a Cosmos3OmniPipeline folder."""
     ckpt = DiffusersDir.open(path)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     pipeline = read_pipeline_config(ckpt)
     generates = all((ckpt.root / name).is_dir() for name in GENERATION_COMPONENTS)
     sound = generates and bool(ckpt.component_config("transformer").get("sound_gen")) and \

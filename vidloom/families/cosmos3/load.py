@@ -35,8 +35,7 @@ def load_instance(
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Cosmos3OmniPipeline folder); CPU computes in `cpu_default_dtype()`."""
     ckpt = DiffusersDir.open(checkpoint)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     pipeline = read_pipeline_config(ckpt)
     ckpt.require(card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
@@ -53,12 +52,6 @@ def load_instance(
         from vidloom.families.cosmos3.gen_load import load_generation
 
         components.update(load_generation(ckpt, device, compute, pipeline))
-    return ModelInstance(
-        card=card,
-        components=components,
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
 

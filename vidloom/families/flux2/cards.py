@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card_kit import component_table, refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
 from vidloom.loading.config_keys import read_key, strict_bool
@@ -35,12 +35,8 @@ BASE_DEFAULTS = SamplingDefaults(
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
                "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components"}),
-    {"kv_cache_budget_bytes": "an image denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices",
+             kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget"),
 )
 # The step-distilled checkpoint runs no CFG (the pipeline's is_distilled switch): nothing for cfg_mode to batch.
 DISTILLED_CAPABILITIES = CAPABILITIES.without({"cfg_mode": "step-distilled Klein runs without CFG"})
@@ -61,8 +57,7 @@ def is_distilled(path: str | Path) -> bool:
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
     """A Flux2KleinPipeline folder whose model_index.json holds only keys this loader reads."""
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS, INDEX_SETTINGS)
 
 

@@ -27,9 +27,7 @@ def load_instance(
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in `cpu_default_dtype()`
     (the VAE too: `vae_dtype`)."""
-    ckpt = DiffusersDir.open(checkpoint)
-    check_pipeline(ckpt)
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     files = component_files(deploy.components, ("transformer", "vae"), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", Flux2TransformerConfig.from_diffusers)
@@ -50,18 +48,13 @@ def load_instance(
             f"{ckpt.root}: text encoder gives {text.width}-wide embeddings ({len(text.layers)} layers x hidden), "
             f"transformer joint_attention_dim is {dit_config.text_dim}"
         )
-    return ModelInstance(
-        card=card,
-        components={
-            "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=vae_dtype(card.components["vae"].dtype, device, compute)).eval(),
-            "text_encoder": text,
-            "schedule": schedule,
-            "distilled": is_distilled(ckpt.root),
-        },
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    components = {
+        "transformer": transformer.eval(),
+        "vae": vae.to(device=device, dtype=vae_dtype(card.components["vae"].dtype, device, compute)).eval(),
+        "text_encoder": text,
+        "schedule": schedule,
+        "distilled": is_distilled(ckpt.root),
+    }
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
 

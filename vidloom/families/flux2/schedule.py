@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
 # Every FlowMatchEulerDiscreteScheduler.__init__ argument since the class's first release (diffusers 0.29,
@@ -51,9 +52,7 @@ class Flux2Schedule:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> Flux2Schedule:
-        name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
-        if name != "FlowMatchEulerDiscreteScheduler":
-            raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
+        check_class_name(cfg, ("FlowMatchEulerDiscreteScheduler",), "scheduler config")
         SCHEDULER_POLICY.check(cfg, "scheduler config")
         if not cfg.get("use_dynamic_shifting", False):
             raise ValueError("scheduler: use_dynamic_shifting must be true for Flux2 Klein")

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 from vidloom.core.errors import CheckpointError
-from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import hold, uploaded
+from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # Flux2KleinPipeline's defaults: prompts are padded to 512 tokens and the embedding stacks the
@@ -51,9 +50,7 @@ class Flux2TextEncoder:
         self.device = device
         self.layers = layers
         self.max_length = max_length
-        self.offload = offload and device.type != "cpu"
-        self.model = model.eval().to("cpu" if self.offload else device)
-        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self.model, self._offloaded = hold(model, device, offload)
         self.cache = EmbeddingCache(cache_size)
         self._encoder_lock = threading.Lock()
 
@@ -65,16 +62,10 @@ class Flux2TextEncoder:
     def load(
         cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype, **options: Any
     ) -> "Flux2TextEncoder":
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
+        tokenizer = load_tokenizer(tokenizer_dir)
         if not getattr(tokenizer, "chat_template", None):
             raise CheckpointError(f"{tokenizer_dir}: tokenizer has no chat template (Flux2 prompts need one)")
-        try:
-            model = Qwen3ForCausalLM.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError, SafetensorError) as exc:  # a truncated file is a SafetensorError, as for Wan
-            raise CheckpointError(f"{encoder_dir}: cannot load Qwen3 text encoder ({exc})") from None
+        model = load_pretrained(Qwen3ForCausalLM, encoder_dir, "Qwen3 text encoder", dtype=dtype)
         return cls(tokenizer, model, device, **options)
 
     def format(self, prompt: str) -> str:
@@ -86,16 +77,7 @@ class Flux2TextEncoder:
 
     def encode(self, prompts: list[str]) -> torch.Tensor:
         """[len(prompts), max_length, width] on `device`; cached prompts are not re-encoded."""
-        keys = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
-        found = {key: emb for key in keys if (emb := self.cache.get(key)) is not None}
-        missing = list(dict.fromkeys(k for k in keys if k not in found))
-        if missing:
-            texts = dict(zip(keys, prompts))
-            fresh = self._run_encoder([texts[k] for k in missing])
-            for key, emb in zip(missing, fresh):
-                self.cache.put(key, emb)
-                found[key] = emb
-        return torch.stack([found[key] for key in keys]).to(self.device)
+        return torch.stack(self.cache.embed(prompts, self._run_encoder)).to(self.device)
 
     @torch.inference_mode()
     def _run_encoder(self, prompts: list[str]) -> torch.Tensor:
@@ -112,4 +94,4 @@ class Flux2TextEncoder:
         return hidden.flatten(2)
 
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
-        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+        return uploaded(self._offloaded)

@@ -6,9 +6,8 @@ import math
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
-from vidloom.core.errors import CheckpointError
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
@@ -30,14 +29,12 @@ CAPABILITIES = Capabilities(
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
                "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components"}),
-    {     "cfg_mode": "LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
-                 "is written",
-     "kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+             cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
+                      "is written",
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget"),
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
@@ -54,9 +51,7 @@ INDEX_UNSUPPORTED = {
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
     """An LTX-2 pipeline folder whose model_index.json holds only keys this loader reads."""
-    if ckpt.pipeline_class not in PIPELINE_CLASSES:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected one of "
-                              f"{', '.join(PIPELINE_CLASSES)}")
+    ckpt.expect_pipeline(*PIPELINE_CLASSES)
     ckpt.check_index(INDEX_COMPONENTS, unsupported=INDEX_UNSUPPORTED)
 
 
@@ -77,25 +72,12 @@ def ltx2_card(model_id: str, source: str, *, multiple: int, temporal: int, defau
               description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
     """The card of an LTX-2 folder whose sizes are multiples of `multiple` pixels and whose frames are
     `temporal` * k + 1."""
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
         components=component_table(precision, "transformer", "connectors", "text_encoder", "tokenizer", "vae",
                                    "audio_vae", "vocoder", "scheduler", float32=("vae", "audio_vae", "vocoder")),
-        loops={"stage1": LoopSpec(samplers=("euler",)), "stage2": LoopSpec(samplers=("euler",))},
-        tasks=frozenset({Task.T2V, Task.I2V}),
-        precision=precision,
-        sampling_defaults=defaults,
+        tasks=frozenset({Task.T2V, Task.I2V}), inputs=frozenset({"image"}), min_image_side=1, produces_audio=True,
+        precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
-        recipe=RecipeSpec(method="pretrained", loop="stage1"),
-        program=PROGRAM,
-        memory_estimator=MEMORY_ESTIMATOR,
-        source=source,
-        description=description,
-        notes=notes,
-        max_prompt_tokens=LTX2_TEXT_TOKENS,
-        inputs=frozenset({"image"}),
-        min_image_side=1,
-        produces_audio=True,
-        capabilities=CAPABILITIES,
+        description=description, notes=notes, max_prompt_tokens=LTX2_TEXT_TOKENS,
     )

@@ -14,24 +14,11 @@ from PIL import Image
 from torch import Tensor
 
 from vidloom.models.ltx2.audio_vae import LTX2AudioVAE
+from vidloom.models.ltx2.patches import pack_video, unpack_video
 from vidloom.models.ltx2.rope import audio_positions, video_positions
 from vidloom.models.ltx2.transformer import LTX2Positions, LTX2TransformerConfig
 from vidloom.models.ltx2.video_vae import LTX2VideoVAE
 from vidloom.families.ltx2.loop import LTX2Layout
-
-
-def pack_video(latents: Tensor, p: int, pt: int) -> Tensor:
-    """[B, C, F, H, W] -> [B, F/pt * H/p * W/p, C * pt * p * p]."""
-    b, c, f, h, w = latents.shape
-    x = latents.reshape(b, c, f // pt, pt, h // p, p, w // p, p)
-    return x.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4, 7).flatten(1, 3)
-
-
-def unpack_video(tokens: Tensor, frames: int, height: int, width: int, p: int, pt: int) -> Tensor:
-    """Inverse of pack_video, with frames/height/width in patches."""
-    b = tokens.shape[0]
-    x = tokens.reshape(b, frames, height, width, -1, pt, p, p)
-    return x.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
 
 def pack_audio(latents: Tensor) -> Tensor:

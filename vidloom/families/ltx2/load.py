@@ -42,9 +42,7 @@ def load_instance(
     float32 on bench's ltx2-mid, 3x faster); the audio VAE and the vocoder stay float32 (bfloat16 measured no
     faster at these sizes, docs/performance-cpu.md).
     """
-    ckpt = DiffusersDir.open(checkpoint)
-    check_pipeline(ckpt)
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     files = component_files(deploy.components, ("transformer", "vae"), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", LTX2TransformerConfig.from_diffusers)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
 # Every FlowMatchEulerDiscreteScheduler.__init__ argument since its first release (diffusers 0.29, 2024-06):
@@ -45,9 +46,7 @@ class LTX2Schedule:
 
     @classmethod
     def from_diffusers(cls, cfg: Mapping[str, Any]) -> LTX2Schedule:
-        name = cfg.get("_class_name", "FlowMatchEulerDiscreteScheduler")
-        if name != "FlowMatchEulerDiscreteScheduler":
-            raise ValueError(f"scheduler {name!r} is not supported (expected FlowMatchEulerDiscreteScheduler)")
+        check_class_name(cfg, ("FlowMatchEulerDiscreteScheduler",), "scheduler config")
         SCHEDULER_POLICY.check(cfg, "scheduler config")
         kind = cfg.get("time_shift_type", "exponential")
         if kind not in ("exponential", "linear"):

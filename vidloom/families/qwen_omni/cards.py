@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.families.qwen_omni.speakers import SPEAKER_FILE
@@ -33,16 +34,14 @@ CONTEXT_WINDOW = 32768
 # and after attention; OmniDecoder.compile_units); attention_backend picks the SDPA kernels their KV stores call.
 CAPABILITIES = Capabilities(
     frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "fp8_weights", "compile", "attention_backend"}),
-    {"warmup_shapes": "no denoise shapes: speech and chat only",
-     "offload_text_encoder": "the thinker is the model: there is no separate text encoder",
-     "prompt_cache_size": "prompts are prefilled into the paged KV per request",
-     "cfg_mode": "token2wav's guidance runs its two branches in one batch already",
-     "vae_tile": "no VAE", "step_cache": "no denoiser declared to the step caches",
-     "cuda_graphs": "the decode steps are not captured yet",
-     "kv_session_ttl_s": "no causal video rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("offload_idle_expert", "two_stage", "devices",
+             warmup_shapes="no denoise shapes: speech and chat only",
+             offload_text_encoder="the thinker is the model: there is no separate text encoder",
+             prompt_cache_size="prompts are prefilled into the paged KV per request",
+             cfg_mode="token2wav's guidance runs its two branches in one batch already",
+             vae_tile="no VAE", step_cache="no denoiser declared to the step caches",
+             cuda_graphs="the decode steps are not captured yet",
+             kv_session_ttl_s="no causal video rollout whose KV could be kept"),
 )
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # The card generates no images or video (tasks is empty): these fill the contract and are never read.

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.kaiser import kaiser_grid
 from vidloom.loading.name_map import NameMap
 from vidloom.families.qwen_omni.config import VocoderConfig
 
@@ -34,16 +35,7 @@ MIN_DB, REF_DB = -115.0, 20.0  # mel normalisation constants of the reference vo
 
 def kaiser_sinc(cutoff: float, half_width: float, taps: int) -> Tensor:
     """A Kaiser-windowed sinc low-pass [1, 1, taps] summing to 1 (Kaiser's beta from the attenuation formula)."""
-    half = taps // 2
-    attenuation = 2.285 * (half - 1) * math.pi * 4 * half_width + 7.95
-    if attenuation > 50.0:
-        beta = 0.1102 * (attenuation - 8.7)
-    elif attenuation >= 21.0:
-        beta = 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
-    else:
-        beta = 0.0
-    window = torch.kaiser_window(taps, beta=beta, periodic=False, dtype=torch.float32)
-    times = torch.arange(-half, half) + 0.5 if taps % 2 == 0 else torch.arange(taps) - half
+    window, times = kaiser_grid(half_width, taps, torch.float32)
     taps_ = 2 * cutoff * window * torch.sinc(2 * cutoff * times)
     return (taps_ / taps_.sum()).view(1, 1, taps)
 

@@ -6,9 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
-from vidloom.core.errors import CheckpointError
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
@@ -36,15 +35,13 @@ CAPABILITIES = Capabilities(
     # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
                "prompt_cache_size"}),
-    {"attention_backend": "SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
-     "warmup_shapes": "a warmup request is text-only; every SANA-WM request needs a first image and a camera",
-     "cfg_mode": "SANA-WM runs its CFG branches as one batch of two, as the reference does",
-     "kv_cache_budget_bytes": "the stage-1 denoiser is bidirectional and keeps no KV cache",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+             attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
+             warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
+             cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",
+             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache"),
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # "refiner": NVIDIA's convert_sana_wm_to_diffusers.py lists its stage-2 SanaWMLTX2Refiner in model_index.json;
 # it is read from refiner/ only under --two-stage (refiner_load.py).
@@ -63,32 +60,18 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS)
 
 
 def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
                  description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"stage1": LoopSpec(samplers=("euler",))},
         components=component_table(precision, "transformer", "text_encoder", "tokenizer", "vae", "scheduler"),
-        loops={"stage1": LoopSpec(samplers=("euler",))},
-        tasks=frozenset({Task.I2V}),
-        precision=precision,
-        sampling_defaults=defaults,
+        tasks=frozenset({Task.I2V}), inputs=frozenset({"image"}), required_inputs=frozenset({"image"}),
+        request_blocks={"camera": CAMERA_BLOCK}, min_image_side=1,
+        precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
-        recipe=RecipeSpec(method="pretrained", loop="stage1"),
-        program=PROGRAM,
-        memory_estimator=MEMORY_ESTIMATOR,
-        source=source,
-        description=description,
-        notes=notes,
-        max_prompt_tokens=MAX_TEXT_TOKENS,
-        inputs=frozenset({"image"}),
-        required_inputs=frozenset({"image"}),
-        request_blocks={"camera": CAMERA_BLOCK},
-        min_image_side=1,
-        capabilities=CAPABILITIES,
+        description=description, notes=notes, max_prompt_tokens=MAX_TEXT_TOKENS,
     )

@@ -24,9 +24,7 @@ from vidloom.families.sana_wm.text import SanaWMTextEncoder
 def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
                   deploy: DeployConfig) -> ModelInstance:
     """Read `checkpoint` (a diffusers SanaWMPipeline folder); CPU computes in `cpu_default_dtype()` (VAE in float32)."""
-    ckpt = DiffusersDir.open(checkpoint)
-    check_pipeline(ckpt)
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
     scheduler = ckpt.parse_component("scheduler", SamplerConfig.from_diffusers, "scheduler_config.json")
     transformer = load_transformer(ckpt.component_dir("transformer"), device, compute)

@@ -24,6 +24,7 @@ from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.layers.tiling import SpatialTiling
+from vidloom.models.ltx2.patches import pack_video, unpack_video
 from vidloom.models.ltx2.transformer import LTX2Transformer
 from vidloom.families.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
 from vidloom.models.ltx2.text import LTX2Text
@@ -45,19 +46,6 @@ class RefinerSettings:
     sink_size: int = SINK_SIZE
     block_size: int = BLOCK_SIZE
     kv_max_frames: int = KV_MAX_FRAMES
-
-
-def pack(latents: Tensor, p: int, pt: int) -> Tensor:
-    """[B, C, F, H, W] -> [B, F/pt * H/p * W/p, C * pt * p * p] (LTX-2's patch order)."""
-    b, c, f, h, w = latents.shape
-    x = latents.reshape(b, c, f // pt, pt, h // p, p, w // p, p)
-    return x.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4, 7).flatten(1, 3)
-
-
-def unpack(tokens: Tensor, frames: int, height: int, width: int, p: int, pt: int) -> Tensor:
-    b = tokens.shape[0]
-    x = tokens.reshape(b, frames // pt, height // p, width // p, -1, pt, p, p)
-    return x.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
 
 def refine_forward(dit: LTX2Transformer, tokens: Tensor, text: Tensor, mask: Tensor, timestep: Tensor,
@@ -173,7 +161,7 @@ class SanaWMRefineLoop:
         timestep = torch.full((b,), sigma * float(c.timestep_scale_multiplier), dtype=torch.float32,
                               device=block.device)
         return StepPlan(loop=kind, index=index, total=total, call=refine_forward, inputs={
-            "dit": self.transformer, "tokens": pack(block.to(self.dtype), c.patch_size, c.patch_size_t),
+            "dit": self.transformer, "tokens": pack_video(block.to(self.dtype), c.patch_size, c.patch_size_t),
             "text": state.text.video, "mask": state.text.mask, "timestep": timestep, "rope": rope,
             "window": state.window, "mode": mode})
 
@@ -215,9 +203,11 @@ class SanaWMRefineLoop:
         i = state.step
         sigma_t, next_t = state.sigmas[i], state.sigmas[i + 1]
         sigma = float(sigma_t.item())
-        tokens = pack(block, c.patch_size, c.patch_size_t)
-        x0 = unpack((tokens.float() - velocity.float() * sigma_t.to(block.device)).to(self.dtype),
-                    block.shape[2], block.shape[3], block.shape[4], c.patch_size, c.patch_size_t)
+        tokens = pack_video(block, c.patch_size, c.patch_size_t)
+        _, _, frames, height, width = block.shape
+        x0 = unpack_video((tokens.float() - velocity.float() * sigma_t.to(block.device)).to(self.dtype),
+                          frames // c.patch_size_t, height // c.patch_size, width // c.patch_size, c.patch_size,
+                          c.patch_size_t)
         if sigma <= 1.0e-6:
             return x0.to(self.dtype)
         v = (block.float() - x0.float()) / sigma

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import Tensor
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 
-from vidloom.core.errors import CheckpointError
-from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import hold, uploaded
+from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # SanaWMPipeline's DEFAULT_CHI_PROMPT (diffusers 0.42, from SANA's training recipe): the model was trained
@@ -62,9 +61,7 @@ class SanaWMTextEncoder:
     def __init__(self, tokenizer: Any, model: Any, device: torch.device, max_tokens: int = MAX_TEXT_TOKENS, *,
                  offload: bool = False, cache_size: int = 0) -> None:
         self.tokenizer, self.device, self.max_tokens = tokenizer, device, max_tokens
-        self.offload = offload and device.type != "cpu"
-        self.model = model.eval().to("cpu" if self.offload else device)
-        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self.model, self._offloaded = hold(model, device, offload)
         self.cache = EmbeddingCache(cache_size)
         self._prefix_tokens = len(tokenizer.encode(CHI_PROMPT))
         self._lock = threading.Lock()
@@ -72,14 +69,8 @@ class SanaWMTextEncoder:
     @classmethod
     def load(cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype,
              max_tokens: int = MAX_TEXT_TOKENS, **options: Any) -> SanaWMTextEncoder:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
-        try:
-            model = AutoModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError, SafetensorError) as exc:
-            raise CheckpointError(f"{encoder_dir}: cannot load the Gemma-2 text encoder ({exc})") from None
+        tokenizer = load_tokenizer(tokenizer_dir)
+        model = load_pretrained(AutoModel, encoder_dir, "the Gemma-2 text encoder", dtype=dtype)
         return cls(tokenizer, model, device, max_tokens, **options)
 
     @property
@@ -121,4 +112,4 @@ class SanaWMTextEncoder:
         return out.hidden_states[-1], mask
 
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
-        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+        return uploaded(self._offloaded)

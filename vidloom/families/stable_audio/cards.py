@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
-from vidloom.core.errors import CheckpointError
+from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.stable_audio.projection import ProjectionConfig
@@ -34,16 +33,13 @@ CAPABILITIES = Capabilities(
     # cuda_graphs: the per-request duration token is a graph input (loop.StableAudioNetwork.graph_split).
     # vae_tile: the Oobleck decoder in windows over time (tiling.decode_windows_1d; sizes in waveform samples).
     frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile"}),
-    {"warmup_shapes": "warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
-     "offload_text_encoder": "the T5 encoder is small and stays resident",
-     "attention_backend": "the DiT attends through PyTorch SDPA only",
-     "kv_cache_budget_bytes": "an audio denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's DiT only"},
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices",
+             warmup_shapes="warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
+             offload_text_encoder="the T5 encoder is small and stays resident",
+             attention_backend="the DiT attends through PyTorch SDPA only",
+             kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget"),
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 # StableAudioPipeline.__init__ (diffusers 0.42): its components; model_index.json may hold nothing else.
@@ -51,8 +47,7 @@ INDEX_COMPONENTS = ("vae", "text_encoder", "projection_model", "tokenizer", "tra
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
+    ckpt.expect_pipeline(PIPELINE_CLASS)
     ckpt.check_index(INDEX_COMPONENTS)
 
 
@@ -76,24 +71,11 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, description: str,
                       defaults: SamplingDefaults = DEFAULTS, notes: tuple[str, ...] = (),
                       precision: str = "float16") -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
         components=component_table(precision, "transformer", "vae", "text_encoder", "projection_model", "tokenizer",
                                    "scheduler", float32=("vae", "projection_model")),
-        loops={"denoise": LoopSpec(samplers=SAMPLERS)},
-        tasks=frozenset({Task.T2A}),
-        precision=precision,
-        sampling_defaults=defaults,
-        geometry=NO_FRAMES,
-        recipe=RecipeSpec(method="pretrained", loop="denoise"),
-        program=PROGRAM,
-        source=source,
-        description=description,
-        notes=notes,
-        produces_audio=True,
-        audio=audio,
-        memory_estimator=MEMORY_ESTIMATOR,
+        tasks=frozenset({Task.T2A}), produces_audio=True, audio=audio,
         inputs=frozenset({"init_audio"}),  # a waveform the clip starts from (the pipeline's initial_audio_waveforms)
-        capabilities=CAPABILITIES,
+        precision=precision, sampling_defaults=defaults, geometry=NO_FRAMES, description=description, notes=notes,
     )

@@ -37,9 +37,7 @@ def load_instance(
     if importlib.util.find_spec("torchsde") is None:
         raise CheckpointError(f"{card.model_id}: its scheduler (CosineDPMSolverMultistepScheduler) draws "
                               "Brownian-tree noise with torchsde, which is not installed: pip install 'vidloom[audio]'")
-    ckpt = DiffusersDir.open(checkpoint)
-    check_pipeline(ckpt)
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     dit_config = ckpt.parse_component("transformer", StableAudioDiTConfig.from_diffusers)
     vae_config = ckpt.parse_component("vae", OobleckDecoderConfig.from_diffusers)
@@ -64,17 +62,12 @@ def load_instance(
     projection = projection.to(device).eval()
     text = StableAudioTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"),
                                        projection, device, compute, cache_size=deploy.prompt_cache_size)
-    return ModelInstance(
-        card=card,
-        components={
-            "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=torch.float32).eval(),
-            "text_encoder": text,
-            "projection_model": projection,
-            "scheduler": sampler,
-        },
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    components = {
+        "transformer": transformer.eval(),
+        "vae": vae.to(device=device, dtype=torch.float32).eval(),
+        "text_encoder": text,
+        "projection_model": projection,
+        "scheduler": sampler,
+    }
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)

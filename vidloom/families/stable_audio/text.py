@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5EncoderModel
+from transformers import PreTrainedTokenizerBase, T5EncoderModel
 
 from vidloom.core.errors import CheckpointError
 from vidloom.families.stable_audio.projection import StableAudioProjection
+from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # A tokenizer saved without a length says model_max_length = 1e30; the real checkpoint's says 128.
@@ -45,28 +44,15 @@ class StableAudioTextEncoder:
     @classmethod
     def load(cls, tokenizer_dir: Path, encoder_dir: Path, projection: StableAudioProjection, device: torch.device,
              dtype: torch.dtype, cache_size: int = 0) -> StableAudioTextEncoder:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
-        try:
-            model = T5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError, SafetensorError) as exc:
-            raise CheckpointError(f"{encoder_dir}: cannot load T5 text encoder ({exc})") from None
+        tokenizer = load_tokenizer(tokenizer_dir)
+        model = load_pretrained(T5EncoderModel, encoder_dir, "T5 text encoder", dtype=dtype)
         return cls(tokenizer, model, projection, device, cache_size)
 
     def encode(self, prompts: list[str]) -> torch.Tensor:
         """[len(prompts), max_length, conditioning_dim]; cached prompts are not re-encoded."""
-        keys = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
-        found = {key: emb for key in keys if (emb := self.cache.get(key)) is not None}
-        missing = list(dict.fromkeys(k for k in keys if k not in found))
-        if missing:
-            texts = dict(zip(keys, prompts))
-            for key in missing:  # one prompt per T5 call, as the pipeline encodes each branch
-                emb = self._run(texts[key])[0]
-                self.cache.put(key, emb)
-                found[key] = emb
-        return torch.stack([found[key] for key in keys]).to(self.device)
+        # One prompt per T5 call, as the pipeline encodes each branch.
+        embedded = self.cache.embed(prompts, lambda texts: [self._run(text)[0] for text in texts])
+        return torch.stack(embedded).to(self.device)
 
     @torch.inference_mode()
     def _run(self, prompt: str) -> torch.Tensor:

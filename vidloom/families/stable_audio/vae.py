@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vidloom.layers.oobleck import NormedConv, ResidualUnit, Snake, UpBlock
+from vidloom.layers.oobleck import NormedConv, OobleckDecoder, ResidualUnit, Snake
 from vidloom.layers.tiling import SpatialTiling, decode_windows_1d
 from vidloom.loading.config_keys import check_class_name, positive_int, positive_ints, read_key
 from vidloom.loading.key_policy import KeyPolicy
@@ -100,30 +100,6 @@ class OobleckEncoder(nn.Module):
         return self.conv2(self.snake1(x))
 
 
-class OobleckDecoder(nn.Module):
-    """Parameter names are the checkpoint's `decoder.*` keys with that prefix (see load: skip the encoder)."""
-
-    def __init__(self, config: OobleckDecoderConfig) -> None:
-        super().__init__()
-        self.config = config
-        mults = (1, *config.channel_multiples)
-        strides = tuple(reversed(config.downsampling_ratios))
-        n = len(strides)
-        self.conv1 = NormedConv(config.latent_channels, config.channels * mults[-1], 7, padding=3)
-        self.block = nn.ModuleList(
-            UpBlock(config.channels * mults[n - i], config.channels * mults[n - i - 1], stride, output_padding=0)
-            for i, stride in enumerate(strides))
-        self.snake1 = Snake(config.channels)
-        self.conv2 = NormedConv(config.channels, config.audio_channels, 7, padding=3, bias=False)
-
-    @torch.no_grad()
-    def forward(self, latents: Tensor) -> Tensor:
-        x = self.conv1(latents.to(self.conv1.weight_v.dtype))
-        for block in self.block:
-            x = block(x)
-        return self.conv2(self.snake1(x))
-
-
 class OobleckVAE(nn.Module):
     """Holds the encoder and decoder under `encoder.` / `decoder.` so the checkpoint's names load unchanged."""
 
@@ -131,7 +107,9 @@ class OobleckVAE(nn.Module):
         super().__init__()
         self.config = config
         self.encoder = OobleckEncoder(config)
-        self.decoder = OobleckDecoder(config)
+        # Stable Audio's decoder pads no output (UpBlock's output_padding).
+        self.decoder = OobleckDecoder(config.latent_channels, config.channels, config.channel_multiples,
+                                      config.downsampling_ratios, config.audio_channels, output_padding=0)
 
     def decode(self, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
         """Latents [B, C, T] -> waveform [B, audio_channels, T * hop]. With `tiling` (in waveform samples,

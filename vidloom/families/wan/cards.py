@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.wan.vae import WanVAEConfig
@@ -27,10 +27,9 @@ CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "vae_tile",
                "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices",
                "components"}),
-    {"kv_cache_budget_bytes": "a bidirectional denoiser keeps no KV cache to budget",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "kv_session_ttl_s": "no causal rollout whose KV could be kept for an extension",
-     "two_stage": "one stage; multi-stage families: ltx2"},
+    refusals("kv_pool_tokens", "two_stage",
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget",
+             kv_session_ttl_s="no causal rollout whose KV could be kept for an extension"),
 )
 
 
@@ -42,6 +41,7 @@ def wan_capabilities(two_experts: bool) -> Capabilities:
     return CAPABILITIES.without({"offload_idle_expert": "one expert: there is no idle expert to keep in host memory"})
 
 
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)  # each card narrows the capabilities
 # What each kind of Wan checkpoint declares (a row of `vidloom models --capabilities`).
 CAPABILITY_ROWS = {
     "wan": wan_capabilities(two_experts=False),
@@ -96,27 +96,14 @@ def wan_t2v_card(
     A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
     # A second guidance scale is exactly what a two-expert (A14B) checkpoint reads (checkpoint_variant).
     two_experts = "guidance_scale_2" in inputs
-    return ModelCard(
-        model_id=model_id,
-        family=family,
-        components=_components(precision),
-        loops={"denoise": LoopSpec(samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
-        tasks=tasks,
-        inputs=inputs,
-        required_inputs=required_inputs,
-        precision=precision,
-        sampling_defaults=defaults,
-        geometry=geometry,
+    return CARDS.card(
+        model_id, source, {"denoise": LoopSpec(samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
         recipe=RecipeSpec(method=method, loop="denoise", sampler=recipe_sampler, timesteps=recipe_timesteps,
                           quantization=quantization),
-        program=PROGRAM,
-        source=source,
-        description=description,
-        notes=notes,
-        max_prompt_tokens=TEXT_TOKENS,
-        memory_estimator=MEMORY_ESTIMATOR,
-        capabilities=wan_capabilities(two_experts),
-        teacache=WAN21_TEACACHE.get(model_id),
+        family=family, components=_components(precision), capabilities=wan_capabilities(two_experts),
+        tasks=tasks, inputs=inputs, required_inputs=required_inputs,
+        precision=precision, sampling_defaults=defaults, geometry=geometry,
+        description=description, notes=notes, max_prompt_tokens=TEXT_TOKENS, teacache=WAN21_TEACACHE.get(model_id),
     )
 
 

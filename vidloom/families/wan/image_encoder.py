@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessor, CLIPVisionModel
 
-from vidloom.core.errors import CheckpointError
+from vidloom.text_encoders.pretrained import load_pretrained
 
 
 class WanImageEncoder:
@@ -29,14 +29,10 @@ class WanImageEncoder:
     def load(
         cls, processor_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype
     ) -> "WanImageEncoder":
-        try:
-            processor = CLIPImageProcessor.from_pretrained(str(processor_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{processor_dir}: cannot load the CLIP image processor ({exc})") from None
-        try:
-            model = CLIPVisionModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{encoder_dir}: cannot load the CLIP vision encoder ({exc})") from None
+        processor = load_pretrained(CLIPImageProcessor, processor_dir, "the CLIP image processor",
+                                    errors=(OSError, ValueError))
+        model = load_pretrained(CLIPVisionModel, encoder_dir, "the CLIP vision encoder", errors=(OSError, ValueError),
+                                dtype=dtype)
         return cls(processor, model, device)
 
     @torch.inference_mode()

@@ -109,14 +109,8 @@ def load_instance(
         components["image_encoder"] = WanImageEncoder.load(
             ckpt.component_dir("image_processor"), ckpt.component_dir("image_encoder"), device, compute
         )
-    return ModelInstance(
-        card=card,
-        components=components,
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
 
 
 def pipeline_config(ckpt: DiffusersDir) -> WanPipelineConfig:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.core.session import EXTEND_FROM
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -33,36 +33,25 @@ CAPABILITIES = Capabilities(
                "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile",
                # chunks decode as they finish, in tiles each with its own causal state across chunks (decode.py)
                "vae_tile"}),
-    {"cuda_graphs": "a rollout step writes the request's KV cache in place",
-     "cfg_mode": "the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
-     "kv_pool_tokens": "no chat (ar_decode) loop to hold a paged KV pool",
-     "offload_idle_expert": "one expert: there is no idle expert",
-     "two_stage": "one stage; multi-stage families: ltx2",
-     "devices": "sequence and CFG parallelism are written for Wan's bidirectional DiT only"},
+    refusals("kv_pool_tokens", "offload_idle_expert", "two_stage",
+             cuda_graphs="a rollout step writes the request's KV cache in place",
+             cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
+             devices="sequence and CFG parallelism are written for Wan's bidirectional DiT only"),
 )
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "") -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
+    return CARDS.card(
+        model_id, source, {"rollout": LoopSpec(samplers=SAMPLERS)}, method="distilled",
         components=component_table("bfloat16", "transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
-        loops={"rollout": LoopSpec(samplers=SAMPLERS)},
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
         # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.
         inputs=frozenset({"image", "video"}),
         request_blocks={EXTEND_FROM: BlockSpec(extension.RESOLVER, check=extension.CHECK)},
         size_from_inputs=True,
-        precision="bfloat16",
-        sampling_defaults=defaults,
-        geometry=GEOMETRY,
-        recipe=RecipeSpec(method="distilled", loop="rollout"),
-        program=PROGRAM,
-        memory_estimator=MEMORY_ESTIMATOR,
-        source=source,
-        description=description,
-        capabilities=CAPABILITIES,
+        precision="bfloat16", sampling_defaults=defaults, geometry=GEOMETRY, description=description,
     )
 
 

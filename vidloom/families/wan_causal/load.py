@@ -26,15 +26,16 @@ from vidloom.families.wan_causal.cards import PIPELINE_CLASS
 FAR_INDEX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
 
 
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    ckpt.expect_pipeline(PIPELINE_CLASS)
+    ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
+
+
 def load_instance(
     card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
-    ckpt = DiffusersDir.open(checkpoint)
-    if ckpt.pipeline_class != PIPELINE_CLASS:
-        raise CheckpointError(f"{ckpt.root}: model_index.json says {ckpt.pipeline_class!r}, expected {PIPELINE_CLASS!r}")
-    ckpt.check_index(FAR_INDEX_COMPONENTS)  # AnyFlowFARPipeline has no pipeline-level settings
-    ckpt.require(card.components)
+    ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
     vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
     if deploy.fp8_weights:
@@ -50,19 +51,14 @@ def load_instance(
         quantize_linears(transformer.blocks)
     vae, text = load_vae_and_text(ckpt, device, compute, deploy)
     sampler_config = load_sampler_config(ckpt)
-    return ModelInstance(
-        card=card,
-        components={
-            "transformer": transformer.eval(),
-            "vae": vae.to(device=device, dtype=vae_dtype).eval(),
-            "text_encoder": text,
-            "sampler_config": sampler_config,
-        },
-        device=device,
-        dtype=compute,
-        checkpoint_dir=str(ckpt.root),
-        deploy=deploy,
-    )
+    components = {
+        "transformer": transformer.eval(),
+        "vae": vae.to(device=device, dtype=vae_dtype).eval(),
+        "text_encoder": text,
+        "sampler_config": sampler_config,
+    }
+    return ModelInstance(card=card, components=components, device=device, dtype=compute,
+                         checkpoint_dir=str(ckpt.root), deploy=deploy)
 
 
 def _check_channels(config: FarTransformerConfig, z_dim: int) -> None:

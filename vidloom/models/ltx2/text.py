@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from torch import Tensor
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedTokenizerBase
 
 from vidloom.core.errors import CheckpointError
 from vidloom.lora.apply import component_loras, current_loras, loras_signature
 from vidloom.models.ltx2.connectors import LTX2TextConnectors
-from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import hold, uploaded
+from vidloom.text_encoders.pretrained import load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 # LTX2Pipeline's max_sequence_length default: prompts are left-padded (Gemma's chat-style side) to this.
@@ -87,9 +88,7 @@ class LTX2TextEncoder:
         self.device = device
         self.max_length = max_length
         self.connectors = connectors.to(device).eval()
-        self.offload = offload and device.type != "cpu"
-        self.model = model.eval().to("cpu" if self.offload else device)
-        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self.model, self._offloaded = hold(model, device, offload)
         self._lock = threading.Lock()
         # Keyed by the whole prompt list (prompt, or negative + prompt): the connectors run over that batch,
         # so a hit returns exactly what encoding it again would (DeployConfig.prompt_cache_size).
@@ -108,10 +107,7 @@ class LTX2TextEncoder:
     @classmethod
     def load(cls, tokenizer_dir: Path, encoder_dir: Path, connectors: LTX2TextConnectors, device: torch.device,
              dtype: torch.dtype, **options: Any) -> LTX2TextEncoder:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
+        tokenizer = load_tokenizer(tokenizer_dir)
         try:
             from transformers import Gemma3ForConditionalGeneration
 
@@ -158,4 +154,4 @@ class LTX2TextEncoder:
         return hidden, mask
 
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
-        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+        return uploaded(self._offloaded)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vidloom.layers.kaiser import kaiser_grid
+
 
 @dataclass(frozen=True)
 class GeneratorConfig:
@@ -49,16 +51,7 @@ class GeneratorConfig:
 
 def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> Tensor:
     """Low-pass FIR: a sinc at `cutoff` (of the sample rate) under a Kaiser window, normalised to unit gain."""
-    half = kernel_size // 2
-    attenuation = 2.285 * (half - 1) * math.pi * (4 * half_width) + 7.95
-    if attenuation > 50.0:
-        beta = 0.1102 * (attenuation - 8.7)
-    elif attenuation >= 21.0:
-        beta = 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
-    else:
-        beta = 0.0
-    window = torch.kaiser_window(kernel_size, beta=beta, periodic=False)
-    t = torch.arange(-half, half) + 0.5 if kernel_size % 2 == 0 else torch.arange(kernel_size) - half
+    window, t = kaiser_grid(half_width, kernel_size)
     if cutoff == 0.0:
         return torch.zeros_like(t)
     t = 2 * cutoff * t

@@ -8,7 +8,6 @@ zero every position past each prompt's real length.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import html
 import re
 import threading
@@ -17,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, UMT5EncoderModel
+from transformers import PreTrainedTokenizerBase, UMT5EncoderModel
 
-from vidloom.core.errors import CheckpointError
 from vidloom.core.request import GenerationRequest
-from vidloom.text_encoders.offloaded_weights import OffloadedWeights
+from vidloom.text_encoders.offloaded_weights import hold, uploaded
+from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
 
 WAN_TEXT_TOKENS = 512  # text length Wan2.1 was trained with (diffusers' default max_sequence_length)
@@ -77,9 +75,7 @@ class WanTextEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.device = device
-        self.offload = offload and device.type != "cpu"
-        self.model = model.eval().to("cpu" if self.offload else device)
-        self._offloaded = OffloadedWeights(self.model, device) if self.offload else None
+        self.model, self._offloaded = hold(model, device, offload)
         self.max_length = max_length
         self.cache = EmbeddingCache(cache_size)
         self._encoder_lock = threading.Lock()  # offload moves weights: one encode at a time
@@ -88,29 +84,14 @@ class WanTextEncoder:
     def load(
         cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype, **options: Any
     ) -> "WanTextEncoder":
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{tokenizer_dir}: cannot load tokenizer ({exc})") from None
-        try:
-            model = UMT5EncoderModel.from_pretrained(str(encoder_dir), dtype=dtype)
-        except (OSError, ValueError, SafetensorError) as exc:  # a truncated file is a SafetensorError
-            raise CheckpointError(f"{encoder_dir}: cannot load UMT5 text encoder ({exc})") from None
+        tokenizer = load_tokenizer(tokenizer_dir)
+        model = load_pretrained(UMT5EncoderModel, encoder_dir, "UMT5 text encoder", dtype=dtype)
         return cls(tokenizer, model, device, **options)
 
     def encode(self, prompts: list[str]) -> torch.Tensor:
         """[len(prompts), max_length, dim] on `device`; cached prompts are not re-encoded."""
         cleaned = [clean_prompt(p) for p in prompts]
-        keys = [hashlib.sha256(text.encode()).hexdigest() for text in cleaned]
-        found = {key: emb for key in keys if (emb := self.cache.get(key)) is not None}
-        missing = list(dict.fromkeys(k for k in keys if k not in found))
-        if missing:
-            texts = {key: text for key, text in zip(keys, cleaned)}
-            fresh = self._run_encoder([texts[k] for k in missing])
-            for key, emb in zip(missing, fresh):
-                self.cache.put(key, emb)
-                found[key] = emb
-        return torch.stack([found[key] for key in keys]).to(self.device)
+        return torch.stack(self.cache.embed(cleaned, self._run_encoder)).to(self.device)
 
     @torch.inference_mode()
     def _run_encoder(self, texts: list[str]) -> torch.Tensor:
@@ -132,7 +113,7 @@ class WanTextEncoder:
         return hidden.masked_fill(past_end[..., None], 0.0)
 
     def _on_device(self) -> contextlib.AbstractContextManager[None]:
-        return self._offloaded.on_device() if self._offloaded is not None else contextlib.nullcontext()
+        return uploaded(self._offloaded)
 
     def _warn_if_truncated(self, texts: list[str]) -> None:
         """Wan reads max_length tokens, as diffusers does; say so when a prompt is longer instead of cutting silently."""
