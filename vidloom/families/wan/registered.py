@@ -60,14 +60,19 @@ def wan22_ti2v_5b() -> ModelCard:
     )
 
 
+def _a14b_defaults(guidance_scale: float, guidance_scale_2: float, flow_shift: float) -> SamplingDefaults:
+    """Wan2.2 A14B: 720p, 81 frames at 16 fps, 40 UniPC steps; the high-noise expert's guidance, then the
+    low-noise expert's."""
+    return SamplingDefaults(
+        height=720, width=1280, num_frames=81, fps=16, num_inference_steps=40, guidance_scale=guidance_scale,
+        flow_shift=flow_shift, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT, guidance_scale_2=guidance_scale_2,
+    )
+
+
 def wan22_t2v_a14b() -> ModelCard:
     # Wan2.2 A14B T2V: 40 steps, shift 12.0, guidance 3.0 (low noise) / 4.0 (high noise), boundary 0.875.
-    defaults = SamplingDefaults(
-        height=720, width=1280, num_frames=81, fps=16, num_inference_steps=40, guidance_scale=4.0,
-        flow_shift=12.0, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT, guidance_scale_2=3.0,
-    )
     return wan_t2v_card(
-        "wan2.2-t2v-a14b", "hf:Wan-AI/Wan2.2-T2V-A14B-Diffusers", defaults,
+        "wan2.2-t2v-a14b", "hf:Wan-AI/Wan2.2-T2V-A14B-Diffusers", _a14b_defaults(4.0, 3.0, flow_shift=12.0),
         description="Wan2.2 text-to-video, two 14B experts (high/low noise), 720p",
         tasks=frozenset({Task.T2V}), inputs=frozenset({"guidance_scale_2"}), family="wan2.2",
     )
@@ -75,12 +80,8 @@ def wan22_t2v_a14b() -> ModelCard:
 
 def wan22_i2v_a14b() -> ModelCard:
     # Wan2.2 A14B I2V: 40 steps, shift 5.0, guidance 3.5 for both experts, boundary 0.900.
-    defaults = SamplingDefaults(
-        height=720, width=1280, num_frames=81, fps=16, num_inference_steps=40, guidance_scale=3.5,
-        flow_shift=5.0, sampler="unipc", negative_prompt=WAN_NEGATIVE_PROMPT, guidance_scale_2=3.5,
-    )
     return wan_t2v_card(
-        "wan2.2-i2v-a14b", "hf:Wan-AI/Wan2.2-I2V-A14B-Diffusers", defaults,
+        "wan2.2-i2v-a14b", "hf:Wan-AI/Wan2.2-I2V-A14B-Diffusers", _a14b_defaults(3.5, 3.5, flow_shift=5.0),
         description="Wan2.2 image-to-video, two 14B experts (high/low noise), 720p",
         tasks=I2V, inputs=FIRST_FRAME | {"guidance_scale_2"}, required_inputs=frozenset({"image"}), family="wan2.2",
     )
