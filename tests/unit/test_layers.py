@@ -99,3 +99,42 @@ def test_every_plug_point_resolves_within_its_family():
         "\n".join(crossing)
     for where, _, target in found:
         assert plugin.resolve(target) is not None, f"{where}: {target} resolves to None"
+
+
+# Modules that import by name for a reason other than resolving a plug, each with its reason.
+NAMED_IMPORTS: dict[str, str] = {
+    "loading/quiet.py": "the logging module of an installed library (diffusers or transformers) to silence it",
+}
+
+
+def _imports_by_name(path: Path) -> bool:
+    """Whether `path` calls importlib.import_module / import_module / __import__."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in ("import_module", "__import__"):
+                return True
+    return False
+
+
+def test_plug_strings_have_one_resolver():
+    """core/plugin.py is the one place a "module:attribute" string becomes code (so test_every_plug_point_... above
+    sees every plug point); nothing else imports by name but the listed exceptions."""
+    found = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py") if _imports_by_name(path)}
+    assert found - {"core/plugin.py"} == set(NAMED_IMPORTS), (
+        f"imports by name outside core/plugin.py (resolve plugs with vidloom.core.plugin.resolve): "
+        f"{sorted(found - {'core/plugin.py'} - set(NAMED_IMPORTS))}; listed but gone: "
+        f"{sorted(set(NAMED_IMPORTS) - found)}")
+
+
+@pytest.mark.parametrize("source, named", [
+    ("import importlib\nm = importlib.import_module('x')\n", True),
+    ("from importlib import import_module\ndef f():\n    return import_module('x')\n", True),
+    ("m = __import__('x')\n", True),
+    ("import importlib.util\nok = importlib.util.find_spec('x')\n", False),
+])
+def test_the_resolver_check_sees_every_way_to_import_by_name(tmp_path, source, named):
+    path = tmp_path / "x.py"
+    path.write_text(source)
+    assert _imports_by_name(path) is named
