@@ -58,7 +58,6 @@ class EngineAPI(Protocol):
         ...
 
 
-
 @dataclass(frozen=True)
 class SessionHost:
     """What an interactive session (a card's BlockSpec.session, e.g. Cosmos3's ActionSession) is opened on."""
