@@ -203,7 +203,8 @@ def request_page() -> str:
     sections = [
         ("`GenerationRequest` (Python API)", GenerationRequest, "`VideoGenerator.generate(...)` keywords and "
          "`vidloom.core.request.GenerationRequest`; fields left `None` take the model card's defaults."),
-        ("`POST /v1/videos`", VideoCreateBody, "JSON body or multipart form (form values are text and are coerced)."),
+        ("`POST /v1/videos`", VideoCreateBody, "JSON body or multipart form (form values are text and are coerced), "
+         "plus the served model's [options](#options) (its `/openapi.json` lists them)."),
         ("`POST /v1/images/generations`", ImageGenerationBody, ""),
         ("`POST /v1/images/edits`", ImageEditBody, "Multipart: these text fields, and the `image` file parts."),
         ("`POST /v1/chat/completions`", ChatCompletionBody, "OpenAI fields this server does not implement are "
@@ -227,8 +228,27 @@ def request_page() -> str:
             out.append(intro + "\n\n")
         if dataclasses.is_dataclass(cls):
             out.append(_dataclass_table(cls, flags, skip=("request_id",)))
+            out.append(options_section())
         else:
             out.append(_pydantic_table(cls, fallback))
+    return "".join(out)
+
+
+def options_section() -> str:
+    """The option blocks the families declare (core.options): each option under every name it has."""
+    from vidloom import registry
+
+    out = ["\n## Options\n\n", "The option blocks a model's card declares, beyond the general fields above: Python "
+           "keywords of `generate(...)` (`GenerationRequest.options`), `vidloom generate` flags and HTTP fields of "
+           "`POST /v1/videos` (audio models: `POST /v1/audio/generations`) on a server of a model that declares "
+           "them. Another model refuses them by name, with the reason.\n"]
+    for block, families in registry.option_blocks().values():
+        out.append(f"\n### `{block.name}` ({', '.join(families)})\n\n{_cell(block.summary)}.\n\n"
+                   "| option | kind | flag | HTTP | what |\n| --- | --- | --- | --- | --- |\n")
+        for option in block.options:
+            flag = _code(option.cli_flag) if option.cli or option.flag else "(Python, HTTP only)" if option.http else ""
+            out.append(f"| `{option.name}` | {option.kind} | {flag} | {'yes' if option.http else 'no'} | "
+                       f"{_cell(option.help)} |\n")
     return "".join(out)
 
 

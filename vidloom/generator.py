@@ -16,6 +16,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.instance import ModelInstance
+from vidloom.core.options import Option
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
@@ -188,21 +189,11 @@ class VideoGenerator:
         image: Any = None,
         last_image: Any = None,
         video: Any = None,
-        strength: float | None = None,
-        guidance_scale_2: float | None = None,
-        extend_from: Any = None,
-        reason: bool = False,
-        sound: bool = False,
-        action: Any = None,
-        loras: Mapping[str, float] | None = None,
-        camera: str | None = None,
-        c2w: Any = None,
-        intrinsics: Any = None,
-        seconds: float | None = None,
-        seconds_start: float | None = None,
         init_audio: Any = None,
+        loras: Mapping[str, float] | None = None,
         on_event: EventCallback | None = None,
         cancel: CancellationToken | None = None,
+        **options: Any,
     ) -> VideoOutput:
         """Generate a video (or, on an image model, a one-frame output); None fields take the card's defaults.
 
@@ -210,36 +201,32 @@ class VideoGenerator:
         image: input images (PIL images, HxWx3 arrays, paths; one, or a list for reference images).
         On a model that serves image-to-video it is the first frame (last_image: the last one, on
         first-last-frame checkpoints); on an image model (Flux2) the reference images. video (a list
-        of frames, an array or a file) makes it video-to-video (Wan: with strength) or a continuation
-        of that clip (AnyFlow-FAR); guidance_scale_2 is the low-noise expert's guidance on two-expert
-        (Wan2.2 A14B) checkpoints. On a unified model (Cosmos3) reason=True has the model write a detailed
-        prompt first (returned in metadata["reasoned_prompt"]) and sound=True adds a soundtrack (audio,
-        sample_rate). The card says which of these it accepts (InvalidRequest names any
-        other). Inputs are resized to the output size (height/width, else the card's default).
-        One prompt per call: a list raises InvalidRequest("prompt").
-        extend_from (causal models: AnyFlow-FAR): a finished output of this model (or its `.session`);
-        the rollout continues after its frames under `prompt`, and the output is the source's frames
-        followed by the new ones (num_frames counts both; size and fps are the source's).
+        of frames, an array or a file) makes it video-to-video (Wan, with the strength option) or a continuation
+        of that clip (AnyFlow-FAR). init_audio (text-to-audio models): a waveform ([samples] or [channels,
+        samples] at the model's rate, or an audio file) the clip starts from. The card says which it accepts
+        (InvalidRequest names any other). Inputs are resized to the output size (height/width, else the card's
+        default). One prompt per call: a list raises InvalidRequest("prompt").
         loras: {name: scale} of adapters loaded with load_lora, mixed in this order (scale 1.0: as trained).
-        action (world models with an action pathway: Cosmos3): a vidloom.ActionInput; the conditioning
-        frame is `image` (or `video`, which inverse_dynamics needs), the size and frame count come from them
-        and the block, and policy / inverse_dynamics return the predicted actions in `output.actions`.
-        camera / c2w / intrinsics (camera-controlled world models: SANA-WM): a WASD/IJKL action string such as
-        "w-80,jw-40" or [F, 4, 4] camera-to-world poses (exactly one), and [fx, fy, cx, cy] (or a 3x3 K, or
-        per frame) in the first image's pixels; see docs/world-models-sana.md.
-        seconds / seconds_start (text-to-audio models: Stable Audio): the clip's length and its start in the
-        model's timeline; the output then has audio and sample_rate and no frames (docs/audio.md). init_audio:
-        a waveform ([samples] or [channels, samples] at the model's rate, or an audio file) the clip starts from.
+        options: the options of the card's blocks (`self.options()` lists them; docs/reference/request-fields.md),
+        such as guidance_scale_2 (two-expert Wan2.2 A14B), reason=True / sound=True (Cosmos3: the prompt it wrote
+        is metadata["reasoned_prompt"]; the soundtrack is audio, sample_rate), extend_from (AnyFlow-FAR: a
+        finished output of this model or its `.session`, continued under `prompt`; num_frames counts both),
+        action (Cosmos3 with an action pathway: a vidloom.ActionInput; policy / inverse_dynamics return
+        output.actions), camera / c2w / intrinsics (SANA-WM: an action string such as "w-80,jw-40" or [F, 4, 4]
+        poses, and [fx, fy, cx, cy] in the first image's pixels; docs/world-models-sana.md), seconds /
+        seconds_start (text-to-audio models: the clip's length and start; the output has audio and no frames).
         """
         request = build_request(
             self.card, prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
             fps=fps, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
             sampler=sampler, seed=seed, step_cache_threshold=step_cache_threshold, image=image, last_image=last_image,
-            video=video, strength=strength, guidance_scale_2=guidance_scale_2, extend_from=extend_from,
-            reason=reason, sound=sound, action=action, loras=loras, camera=camera, c2w=c2w, intrinsics=intrinsics,
-            seconds=seconds, seconds_start=seconds_start, init_audio=init_audio,
+            video=video, init_audio=init_audio, loras=loras, **options,
         )
         return self.run(request, on_event=on_event, cancel=cancel)
+
+    def options(self) -> dict[str, Option]:
+        """The options `generate` takes on this model beyond the general fields (its card's blocks), by name."""
+        return {option.name: option for spec in self.card.request_blocks.values() for option in spec.block.options}
 
     def open_session(self, prompt: str, *, image: Any, action: Any, **fields: Any) -> Any:
         """World models (a card whose action block has a session: Cosmos3 with an action pathway): a session
@@ -389,7 +376,9 @@ def build_request(card: ModelCard, prompt: str, **fields: Any) -> GenerationRequ
     loras = fields.pop("loras", None)
     if loras is not None and not isinstance(loras, Mapping):
         raise InvalidRequest("loras", f"must map adapter names to scales, got {type(loras).__name__}")
-    return GenerationRequest(prompt=prompt, task=_default_task(card), loras=tuple((loras or {}).items()), **fields)
+    request = GenerationRequest(prompt=prompt, task=_default_task(card), loras=tuple((loras or {}).items()), **fields)
+    registry.check_options(request.options, card)  # another model's option: refused with the reason
+    return request
 
 
 def _default_task(card: ModelCard) -> Task:

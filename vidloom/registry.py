@@ -11,16 +11,17 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError, DeployError, UnknownModel, VidloomError
+from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest, UnknownModel, VidloomError
 from vidloom.core.family import Family
 from vidloom.core.instance import ModelInstance
+from vidloom.core.options import OptionBlock, unique_blocks
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.key_policy import recording_accepted_keys
@@ -62,6 +63,36 @@ def family_of(card_family: str) -> Family:
     if family is None:
         raise UnknownModel(f"no loader for family {card_family!r}; known: {', '.join(_views().by_card_family)}")
     return family
+
+
+@functools.cache
+def option_blocks() -> dict[str, tuple[OptionBlock, tuple[str, ...]]]:
+    """Every option block the families declare: block name -> (the block, the families declaring it), in family
+    order; RegistryError when two families declare different blocks under one name, or one option twice."""
+    found: dict[str, tuple[OptionBlock, tuple[str, ...]]] = {}
+    for family in families():
+        for plug in family.options:
+            block = family.resolve(plug)
+            if not isinstance(block, OptionBlock):
+                raise RegistryError(f"family {family.name!r} options: {plug!r} is not an OptionBlock")
+            held, names = found.get(block.name, (block, ()))
+            found[block.name] = (held, (*names, family.name))
+            try:
+                unique_blocks([held, block, *(b for b, _ in found.values())])
+            except ValueError as exc:
+                raise RegistryError(f"family {family.name!r} options: {exc}") from None
+    return found
+
+
+def check_options(names: Iterable[str], card: ModelCard) -> None:
+    """InvalidRequest naming the first of `names` that is an option of a block `card` does not declare, with the
+    block's reason (a name no family declares is left to resolve_request, which lists the card's options)."""
+    own = set(card.option_names)
+    blocks = [block for block, _ in option_blocks().values()]
+    for name in names:
+        block = next((b for b in blocks if name in b.names), None)
+        if block is not None and name not in own:
+            raise InvalidRequest(name, f"{card.model_id} does not take {name}: {block.refusal}")
 
 
 def __getattr__(name: str) -> Any:
@@ -134,6 +165,7 @@ def _views() -> _Views:
 def reload_families() -> None:
     """Forget the derived tables: the next lookup reads FAMILIES and the installed entry points again."""
     _views.cache_clear()
+    option_blocks.cache_clear()
 
 
 def _load(package: str) -> Family:

@@ -57,5 +57,5 @@ def test_field_descriptions_come_from_the_source():
     assert docs(DeployConfig)["fp8_weights"].startswith("Store the denoiser's block linears")  # attribute docstring
     assert docs(ServeConfig)["slots"] == "requests resident on the device at once"  # trailing comment
     assert docs(ServeConfig)["store"].startswith("Job table: None = SQLite")  # the comment block above
-    assert "causal models" in docs(VideoCreateBody)["extend_from"]
+    assert "the first frame" in docs(VideoCreateBody)["input_reference"]
     assert docs(VideoCreateBody)["guidance_scale"] == ""  # inherited field without a comment: no invented text

@@ -14,6 +14,7 @@ from vidloom import registry
 from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.family import Family
+from vidloom.core.options import Option, OptionBlock
 from vidloom.loading.name_map import NameMap
 from vidloom.parity.family import ParityMaps
 
@@ -110,6 +111,7 @@ def test_every_family_plug_resolves_to_what_its_field_promises():
         "capability_rows": lambda rows: isinstance(rows, Mapping) and bool(rows),
         "parity": lambda maps: isinstance(maps, ParityMaps),
         "lora.targets": lambda name_map: isinstance(name_map, NameMap),
+        "options": lambda block: isinstance(block, OptionBlock),
     }
     for family in registry.families():
         for where, plug in family.plugs():
@@ -122,6 +124,26 @@ def test_every_card_builder_returns_the_card_it_is_registered_as():
         card = registry.resolve_card(card_id)
         assert card.model_id == card_id
         assert registry.family_of(card.family) is next(f for f in registry.families() if card_id in f.cards)
+        # The CLI offers a block's flags from the family's declaration, before any card is built: it lists them all.
+        declared = {block.name for block, families in registry.option_blocks().values()
+                    if registry.family_of(card.family).name in families}
+        assert set(card.request_blocks) <= declared, f"{card_id}: blocks {set(card.request_blocks) - declared} " \
+                                                     "are missing from its family's options"
+
+
+CLASHING_CAMERA = OptionBlock("camera", (Option("camera", "float", "a number"),), summary="s", refusal="r")
+
+
+def test_two_families_declaring_different_blocks_under_one_name_fail(monkeypatch):
+    clash = Family(package=__name__, card_families=("clash",), name="clash", parity=None, capability_rows=None,
+                   options=(f"{__name__}:CLASHING_CAMERA",))
+    monkeypatch.setattr(registry, "families", lambda: (*registry._views().families, clash))
+    registry.option_blocks.cache_clear()
+    try:
+        with pytest.raises(registry.RegistryError, match="camera"):
+            registry.option_blocks()
+    finally:
+        registry.option_blocks.cache_clear()
 
 
 def test_a_malformed_plug_or_demo_is_refused_at_declaration():

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom.cli.speak import add_speak_parser
     from vidloom.cli.parity import add_parity_parser
     from vidloom.cli.actions import add_action_arguments
+    from vidloom.cli.options import add_option_arguments
     from vidloom.cli.deploy_args import add_deploy_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
@@ -70,31 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--width", type=int, default=None, help="pixels (card default; Wan: a multiple of 16)")
     gen.add_argument("--frames", type=int, default=None, help="frame count; Wan needs 4k+1")
     gen.add_argument("--fps", type=int, default=None, help="frames per second of the output (card default)")
-    gen.add_argument("--seconds", type=float, default=None,
-                     help="text-to-audio models (Stable Audio): the clip's length in seconds (default: the model's window)")
-    gen.add_argument("--seconds-start", type=float, default=None,
-                     help="text-to-audio models: where the clip starts in the model's timeline, in seconds (default 0)")
     gen.add_argument("--init-audio", default=None, metavar="PATH",
                      help="text-to-audio models: an audio file (at the model's sample rate) the clip starts from")
     gen.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 turns CFG off")
     gen.add_argument("--shift", type=float, default=None, help="flow shift (card default)")
     gen.add_argument("--sampler", default=None, help="unipc | euler (card default)")
     gen.add_argument("--last-image", default=None, metavar="FILE", help="last frame too (first-last-frame cards)")
-    gen.add_argument("--strength", type=float, default=None, help="video-to-video: how much to change, in (0, 1]")
-    gen.add_argument("--guidance-2", type=float, default=None, help="two-expert models: low-noise expert's CFG scale")
-    gen.add_argument("--reason", action="store_true",
-                     help="unified models (Cosmos3): the model writes a detailed prompt first, then generates from it")
-    gen.add_argument("--sound", action="store_true",
-                     help="unified models with an audio tokenizer (Cosmos3): a soundtrack in the video and as a .wav "
-                          "next to it (unless --audio-out)")
-    gen.add_argument("--camera", default=None, metavar="ACTIONS",
-                     help="camera-controlled world models (SANA-WM): a WASD/IJKL action string such as 'w-80,jw-40'")
-    gen.add_argument("--c2w", default=None, metavar="FILE",
-                     help="camera-controlled world models: [F, 4, 4] camera-to-world poses (.npy or .json), "
-                          "instead of --camera")
-    gen.add_argument("--intrinsics", default=None, metavar="FX,FY,CX,CY|FILE",
-                     help="camera-controlled world models: pinhole intrinsics in the first image's pixels "
-                          "(or a .npy/.json 3x3 K / per-frame values)")
     gen.add_argument("--lora", action="append", default=None, metavar="PATH[:SCALE]",
                      help="a LoRA adapter file (diffusers/PEFT safetensors) applied at SCALE (default 1.0); repeat "
                           "to mix several (Wan, AnyFlow-FAR, Flux2, LTX-2)")
@@ -107,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "multiplies bf16 natively (AMX, AVX512-BF16), else float32; float32 for exact parity)")
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs, and each "
                      "config key the load accepted without effect, with its reason")
+    add_option_arguments(gen)
     add_action_arguments(gen)
     add_deploy_arguments(gen)
 

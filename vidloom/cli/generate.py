@@ -14,27 +14,25 @@ from typing import Any, Callable
 from vidloom import registry
 from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
 from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
+from vidloom.cli.options import option_values
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
-from vidloom.cli.camera import camera_fields
 from vidloom.cli.deploy_args import deploy_config
 
-# GenerationRequest / setting field -> the flag a CLI user typed, so errors name what they can change.
+# GenerationRequest / setting field -> the flag a CLI user typed, so errors name what they can change (the option
+# blocks' flags: cli/options.option_flags).
 FLAG_OF_FIELD: dict[str, str] = {
     "prompt": "--prompt", "negative_prompt": "--negative-prompt", "height": "--height", "width": "--width",
     "num_frames": "--frames", "fps": "--fps", "num_inference_steps": "--steps", "guidance_scale": "--guidance",
     "flow_shift": "--shift", "sampler": "--sampler", "seed": "--seed",
     "step_cache_threshold": "--step-cache-threshold", "output": "--output", "model": "--model",
     "device": "--device", "dtype": "--dtype", "data_dir": "--data-dir", "image": "--image", "video": "--video",
-    "last_image": "--last-image", "strength": "--strength", "guidance_scale_2": "--guidance-2",
-    "reason": "--reason", "sound": "--sound",
-    "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora", "fuse_loras": "--fuse-loras", **ACTION_FLAGS,
-    "camera": "--camera", "c2w": "--c2w", "intrinsics": "--intrinsics",
-    "seconds": "--seconds", "seconds_start": "--seconds-start", "init_audio": "--init-audio",
+    "last_image": "--last-image", "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
+    "fuse_loras": "--fuse-loras", "init_audio": "--init-audio", **ACTION_FLAGS,
 }
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
@@ -70,11 +68,8 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
         card, args.prompt, negative_prompt=args.negative_prompt, height=args.height,
         width=args.width, num_frames=args.frames, fps=args.fps, num_inference_steps=args.steps,
         guidance_scale=args.guidance, flow_shift=args.shift, sampler=args.sampler, seed=args.seed,
-        image=_one_or_list(args.image), last_image=args.last_image, video=args.video, strength=args.strength,
-        guidance_scale_2=args.guidance_2, reason=args.reason, sound=args.sound, action=action,
-        loras={name: scale for name, (_, scale) in loras.items()},
-        **camera_fields(args.camera, args.c2w, args.intrinsics),
-        seconds=args.seconds, seconds_start=args.seconds_start, init_audio=args.init_audio,
+        image=_one_or_list(args.image), last_image=args.last_image, video=args.video, init_audio=args.init_audio,
+        loras={name: scale for name, (_, scale) in loras.items()}, **option_values(args), action=action,
     ), card)
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)

@@ -10,7 +10,7 @@ from vidloom.core.capabilities import Capabilities
 from vidloom.core.denoiser import TeaCacheRescale
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
-from vidloom.core.request_blocks import REQUEST_BLOCKS
+from vidloom.core.options import OptionBlock, unique_blocks
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 
@@ -68,22 +68,27 @@ class Geometry:
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """A typed request block a card reads (core.request_blocks.REQUEST_BLOCKS): who checks it, against what.
+    """An option block (core.options) a card reads, and who checks it against what.
 
-    resolver: "module:function" (request, card) -> the request fields it sets (the block replaced by its typed
-    form, and any size or frames it fixes), raising InvalidRequest naming the field; it must accept its own
-    output (a resolved request resolves again unchanged). limits: the checkpoint's sizes the resolver checks
-    against. session: "module:Class" (runtime.interface.SessionHost, prompt, **fields) of the block's interactive
-    session, if any.
-    required: the block's fields every request must give (the first is named when the block is left out).
+    resolver: "module:function" (request, card) -> the request fields and options it sets (the block replaced
+    by its typed form, and any size or frames it fixes), raising InvalidRequest naming the option; it must
+    accept its own output (a resolved request resolves again unchanged). None: the options pass as given,
+    type-checked by kind. limits: the checkpoint's sizes the resolver checks against. session: "module:Class"
+    (runtime.interface.SessionHost, prompt, **fields) of the block's interactive session, if any.
+    required: the block's options every request must give (the first is named when the block is left out).
     check: "module:function" (resolved request, card) -> None, for rules that read the filled request.
     """
 
-    resolver: str
+    block: OptionBlock
+    resolver: str | None = None
     limits: Mapping[str, int] = field(default_factory=dict)
     session: str | None = None
     required: tuple[str, ...] = ()
     check: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.block.name
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,8 @@ class ModelCard:
     max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
     # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
     memory_estimator: str | None = None
-    # Optional request fields (core.request.MEDIA_INPUTS) this checkpoint reads: "image", "last_image",
-    # "video", "strength", "guidance_scale_2"; any other given is refused naming the field.
+    # Media request fields (core.request_media.MEDIA_INPUTS) this checkpoint reads: "image", "last_image",
+    # "video", "init_audio"; any other given is refused naming the field.
     inputs: frozenset[str] = frozenset()
     required_inputs: frozenset[str] = frozenset()  # of `inputs`, those every request must give
     # Without height/width a request with an input image or video takes its size (floored to the size
@@ -143,9 +148,9 @@ class ModelCard:
     # (native families). Not a request block: it adds no option and has nothing to resolve, it narrows the common
     # fields for a program that cannot read them all (an adapted pipeline whose __call__ lacks some).
     optional_fields: frozenset[str] | None = None
-    # Typed per-family request blocks this checkpoint reads (name in core.request_blocks.REQUEST_BLOCKS ->
-    # BlockSpec: an action, a camera, a video to extend); a request with a block its card does not declare is
-    # refused naming the field.
+    # The option blocks this checkpoint reads (core.options: a camera, an action, a video to extend, an audio
+    # length), given as BlockSpecs and kept by block name in the order given (the order they resolve in); a
+    # request with an option no block declares is refused naming it. Its CLI flags and HTTP fields come from here.
     request_blocks: Mapping[str, BlockSpec] = field(default_factory=dict)
     # "module:function" (engine, validated SpeechRequest) -> (run slots, estimated bytes) of the engine's run of
     # the program that speaks it (thinker -> talker -> vocoder); None: the model has no voice (`speak` and
@@ -166,8 +171,14 @@ class ModelCard:
         object.__setattr__(self, "required_inputs", frozenset(self.required_inputs))
         if self.optional_fields is not None:
             object.__setattr__(self, "optional_fields", frozenset(self.optional_fields))
-        object.__setattr__(self, "request_blocks", MappingProxyType(dict(self.request_blocks)))
+        specs = self.request_blocks.values() if isinstance(self.request_blocks, Mapping) else self.request_blocks
+        object.__setattr__(self, "request_blocks", MappingProxyType({spec.name: spec for spec in specs}))
         self._validate()
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """Every option this card's blocks declare."""
+        return tuple(name for spec in self.request_blocks.values() for name in spec.block.names)
 
     @property
     def samplers(self) -> tuple[str, ...]:
@@ -192,17 +203,23 @@ class ModelCard:
             raise InvalidCard(f"{where}: recipe assumes loop {self.recipe.loop!r}, not among {list(self.loops)}")
         if self.audio is not None and not (self.produces_audio and self.tasks == {Task.T2A}):
             raise InvalidCard(f"{where}: an audio spec needs produces_audio and tasks == {{t2a}}")
+        if self.audio is not None and "seconds" not in self.option_names:
+            raise InvalidCard(f"{where}: an audio spec needs the audio_length block (core.blocks.AUDIO_LENGTH)")
         if self.audio is not None and not 0 < self.audio.default_seconds <= self.audio.max_seconds:
             raise InvalidCard(f"{where}: default_seconds must be in (0, max_seconds]")
         if self.tasks:  # the generation defaults below describe generation requests
             self._validate_generation(where)
         if self.memory_estimator is not None and ":" not in self.memory_estimator:
             raise InvalidCard(f"{where}: memory_estimator must be 'module:function', got {self.memory_estimator!r}")
+        try:
+            unique_blocks(spec.block for spec in self.request_blocks.values())
+        except ValueError as exc:
+            raise InvalidCard(f"{where}: {exc}") from None
         for name, spec in self.request_blocks.items():
-            if name not in REQUEST_BLOCKS:
-                raise InvalidCard(f"{where}: request block {name!r} unknown; known: {', '.join(REQUEST_BLOCKS)}")
-            if ":" not in spec.resolver or (spec.check is not None and ":" not in spec.check):
+            if any(ref is not None and ":" not in ref for ref in (spec.resolver, spec.check, spec.session)):
                 raise InvalidCard(f"{where}: request block {name!r} hooks must be 'module:function'")
+            if not set(spec.required) <= set(spec.block.names):
+                raise InvalidCard(f"{where}: request block {name!r} requires options it does not declare")
         if ":" not in self.program:
             raise InvalidCard(f"{where}: program must be 'module:function', got {self.program!r}")
 
@@ -215,10 +232,8 @@ class ModelCard:
             raise InvalidCard(f"{where}: default size not divisible by {geo.spatial_multiple}")
         if (defaults.num_frames - 1) % geo.temporal_factor:
             raise InvalidCard(f"{where}: default num_frames is not {geo.temporal_factor}k+1")
-        if defaults.guidance_scale_2 is not None and "guidance_scale_2" not in self.inputs:
-            raise InvalidCard(f"{where}: a default guidance_scale_2 needs 'guidance_scale_2' in inputs")
-        if "reason" in self.inputs and "ar_decode" not in self.loops:
-            raise InvalidCard(f"{where}: input 'reason' needs an ar_decode loop to write the prompt")
+        if defaults.guidance_scale_2 is not None and "guidance_scale_2" not in self.option_names:
+            raise InvalidCard(f"{where}: a default guidance_scale_2 needs the two_experts block")
         if not self.required_inputs <= self.inputs:
             raise InvalidCard(f"{where}: required_inputs {sorted(self.required_inputs - self.inputs)} not in inputs")
 

@@ -66,6 +66,9 @@ class Family:
     """Plug of its vidloom.parity.family.ParityMaps (`vidloom parity` against the reference pipeline); None: none."""
     sequence_geometry: str | None = None
     """Plug of `(checkpoint_dir) -> SequenceGeometry`; None: no multi-device support."""
+    options: tuple[str, ...] = ()
+    """Plugs of the core.options.OptionBlocks its cards may declare (the family's own, ".options:CAMERA", or
+    shared ones, "vidloom.core.blocks:EXTENSION"): `vidloom generate` offers their flags before a card is built."""
 
     def __post_init__(self) -> None:
         if not self.package or not self.card_families:
@@ -104,6 +107,8 @@ class Family:
         for name in ("catch_all", "capability_rows", "parity", "sequence_geometry"):
             if getattr(self, name) is not None:
                 yield name, getattr(self, name)
+        for i, target in enumerate(self.options):
+            yield f"options[{i}]", target
         if self.lora is not None:
             for component, target in self.lora.targets:
                 yield f"lora.targets[{component!r}]", target

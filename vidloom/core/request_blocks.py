@@ -1,16 +1,16 @@
-"""What a card accepts beyond the common request fields: its typed per-family blocks, and which common fields.
+"""What a card accepts beyond the general request fields: its option blocks (core.options), and which common fields.
 
-A block (an action, a camera, a video to extend) is given through one or more GenerationRequest fields and
-read only by cards that declare it in `ModelCard.request_blocks`; the card's BlockSpec names the resolver that
-checks the block at the boundary and replaces it with its typed form. Everything family-specific about a block
-(its value rules, its limits, what it sets) lives in the family's recipe, behind that resolver.
+A request carries the options it gives under `GenerationRequest.options`; each must belong to a block the card
+declares in `ModelCard.request_blocks`, whose BlockSpec names the resolver that checks the block at the boundary
+and replaces it with its typed form. Everything family-specific about a block (its value rules, its limits,
+what it sets) lives in the family's folder, behind that resolver.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+import dataclasses
+import difflib
+from typing import TYPE_CHECKING, Any
 
 from vidloom.core import plugin
 from vidloom.core.errors import InvalidRequest
@@ -20,54 +20,50 @@ if TYPE_CHECKING:
     from vidloom.core.request import GenerationRequest
 
 
-@dataclass(frozen=True)
-class BlockFields:
-    """How a block arrives on a request: the fields it is given through (the first holds the resolved block)."""
-
-    fields: tuple[str, ...]
-    refusal: str  # why a card that does not declare the block refuses it (after "<model> does not accept <field>: ")
-
-
-REQUEST_BLOCKS: Mapping[str, BlockFields] = MappingProxyType({
-    # Resolved first: an extension takes its size and length from its source before anything else reads them.
-    "extend_from": BlockFields(("extend_from",), "it is not a causal video model; only those (AnyFlow-FAR) can "
-                                                 "extend a video"),
-    "action": BlockFields(("action",), "it has no action pathway"),
-    "camera": BlockFields(("camera", "c2w", "intrinsics"), "it is not a camera-controlled world model"),
-})
-"""Typed per-family request blocks, in the order they are resolved."""
-
-
-def given_fields(request: GenerationRequest, block: str) -> list[str]:
-    """The fields of `block` that `request` sets."""
-    return [name for name in REQUEST_BLOCKS[block].fields if getattr(request, name) is not None]
+def given_options(request: GenerationRequest, block: str, card: ModelCard) -> list[str]:
+    """The options of the card's block `block` that `request` gives."""
+    return [name for name in card.request_blocks[block].block.names if name in request.options]
 
 
 def resolve_blocks(request: GenerationRequest, card: ModelCard) -> GenerationRequest:
-    """Each block the request gives, checked by its card's resolver (which may also set size and frames);
-    InvalidRequest naming the field for a block the card does not declare, or a required one left out."""
-    import dataclasses
-
-    for name, block in REQUEST_BLOCKS.items():
-        given = given_fields(request, name)
-        spec = card.request_blocks.get(name)
-        if given and spec is None:
-            raise InvalidRequest(given[0], f"{card.model_id} does not accept {given[0]}: {block.refusal}")
-        if spec is None:
-            continue
+    """Each block the request gives, checked by its card's resolver (which may also set size and frames), in the
+    card's order; InvalidRequest naming the option for one no block of the card declares, one of the wrong
+    kind, or a required one left out."""
+    refuse_undeclared(request, card)
+    for name, spec in card.request_blocks.items():
+        given = given_options(request, name, card)
         if not given and spec.required:
             field = spec.required[0]
             raise InvalidRequest(field, f"{card.model_id} needs {field} (its {name} block; it serves "
                                         f"{', '.join(sorted(t.value for t in card.tasks))})")
-        if given:
+        if given and spec.resolver is not None:
             request = dataclasses.replace(request, **_target(spec.resolver)(request, card))
     return request
+
+
+def refuse_undeclared(request: GenerationRequest, card: ModelCard) -> None:
+    """InvalidRequest naming the first option the card's blocks do not declare, or one of the wrong kind."""
+    options = {option.name: option for spec in card.request_blocks.values() for option in spec.block.options}
+    for name, value in request.options.items():
+        option = options.get(name)
+        if option is None:
+            taken = ", ".join(options) or "none"
+            close = difflib.get_close_matches(name, [*options, *(f.name for f in dataclasses.fields(request))], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise InvalidRequest(name, f"{card.model_id} does not take {name} (its options: {taken}){hint}")
+        if not _resolved(value):
+            option.check_type(value)
+
+
+def _resolved(value: Any) -> bool:
+    """A resolver's typed form (a dataclass: CameraInput, ActionInput, VideoSession) is not re-checked by kind."""
+    return dataclasses.is_dataclass(value)
 
 
 def check_blocks(resolved: GenerationRequest, card: ModelCard) -> None:
     """The block rules that read the filled request (e.g. an extension keeps its source's CFG choice)."""
     for name, spec in card.request_blocks.items():
-        if spec.check is not None and given_fields(resolved, name):
+        if spec.check is not None and given_options(resolved, name, card):
             _target(spec.check)(resolved, card)
 
 
@@ -76,7 +72,7 @@ def _target(ref: str) -> Any:
 
 
 OPTIONAL_FIELDS = ("negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale",
-                   "flow_shift", "sampler", "step_cache_threshold", "extend_from")
+                   "flow_shift", "sampler", "step_cache_threshold")
 """Common request fields a card with `optional_fields` must list to accept (None means: the card's default)."""
 
 

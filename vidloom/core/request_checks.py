@@ -56,8 +56,9 @@ def validate(r: GenerationRequest, card: ModelCard) -> None:
     if r.step_cache_threshold is not None:
         check_float("step_cache_threshold", r.step_cache_threshold, minimum=0.0, maximum=MAX_STEP_CACHE_THRESHOLD,
                     open_min=False)
-    if r.video is not None and r.strength is not None and int(r.num_inference_steps * r.strength) < 1:
-        raise InvalidRequest("strength", f"{r.strength} of {r.num_inference_steps} steps is no denoising step; "
+    strength = r.option("strength")
+    if r.video is not None and strength is not None and int(r.num_inference_steps * strength) < 1:
+        raise InvalidRequest("strength", f"{strength} of {r.num_inference_steps} steps is no denoising step; "
                                          "raise strength or num_inference_steps")
     _validate_recipe(r, card)
 

@@ -17,12 +17,8 @@ if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
     from vidloom.core.request import GenerationRequest
 
-MEDIA_INPUTS = ("image", "last_image", "video", "strength", "guidance_scale_2", "init_audio")
-"""Request fields a card must list in ModelCard.inputs to accept."""
-FLAG_INPUTS = ("reason", "sound")
-"""Boolean request fields a card must list in ModelCard.inputs to accept when they are on."""
-OPENED_FIELDS = ("image", "last_image", "video", "init_audio")
-"""The media fields a MediaReader opens."""
+MEDIA_INPUTS = ("image", "last_image", "video", "init_audio")
+"""Media request fields a card must list in ModelCard.inputs to accept; a MediaReader opens them."""
 V2V_DEFAULT_STRENGTH = 0.8  # diffusers' WanVideoToVideoPipeline default
 MIN_VIDEO_FRAMES = 5  # V2V: the Wan VAE's smallest multi-frame input (1 + 4)
 
@@ -43,7 +39,7 @@ class MediaReader(Protocol):
 def resolve_media(r: GenerationRequest, card: ModelCard, media: MediaReader | None) -> dict[str, Any]:
     """Check the media fields against the card, open them, infer the task from them."""
     _refuse_inputs(r, card)
-    given = [name for name in OPENED_FIELDS if getattr(r, name) is not None]
+    given = [name for name in MEDIA_INPUTS if getattr(r, name) is not None]
     if given and media is None:  # a caller bug, not the user's: say which entry point opens media
         raise TypeError(f"{given[0]} needs a MediaReader: resolve through vidloom.media.request_inputs")
     out: dict[str, Any] = {}
@@ -51,7 +47,7 @@ def resolve_media(r: GenerationRequest, card: ModelCard, media: MediaReader | No
         raise InvalidRequest("last_image", "needs image (the first frame) as well")
     if r.image is not None and r.video is not None:
         raise InvalidRequest("video", "give either image or video, not both")
-    if r.strength is not None and r.video is None:
+    if r.option("strength") is not None and r.video is None:
         raise InvalidRequest("strength", "applies only to video-to-video (give video)")
     if r.init_audio is not None:
         out["init_audio"] = media.audio(r.init_audio, "init_audio", card.audio.sample_rate if card.audio else 0)
@@ -65,8 +61,8 @@ def resolve_media(r: GenerationRequest, card: ModelCard, media: MediaReader | No
         out["task"] = Task.V2V if r.video is not None else Task.I2V
     task = out.get("task", r.task)
     for name, needs in (("image", Task.I2V), ("video", Task.V2V)):
-        if (task == needs and task in card.tasks and getattr(r, name) is None and r.extend_from is None
-                and r.action is None):  # an action block carries its own frames
+        if (task == needs and task in card.tasks and getattr(r, name) is None and r.option("extend_from") is None
+                and r.option("action") is None):  # an action block carries its own frames
             raise InvalidRequest(name, f"task {needs.value} needs a conditioning {name}")
     if "image" in out:
         _check_images(out["image"], card, task == Task.I2V)
@@ -74,8 +70,9 @@ def resolve_media(r: GenerationRequest, card: ModelCard, media: MediaReader | No
     if missing:
         raise InvalidRequest(missing[0], f"{card.model_id} needs {missing[0]} (it serves "
                                          f"{', '.join(sorted(t.value for t in card.tasks))})")
-    if r.guidance_scale_2 is not None:
-        check_float("guidance_scale_2", r.guidance_scale_2, minimum=0.0, maximum=MAX_GUIDANCE, open_min=False)
+    if r.option("guidance_scale_2") is not None:
+        check_float("guidance_scale_2", r.option("guidance_scale_2"), minimum=0.0, maximum=MAX_GUIDANCE,
+                    open_min=False)
     return out
 
 
@@ -84,27 +81,21 @@ def _refuse_inputs(r: GenerationRequest, card: ModelCard) -> None:
         if getattr(r, name) is not None and name not in card.inputs:
             accepted = ", ".join(sorted(card.inputs)) or "none"
             raise InvalidRequest(name, f"{card.model_id} does not accept {name} (its extra inputs: {accepted})")
-    for name in FLAG_INPUTS:
-        value = getattr(r, name)
-        if not isinstance(value, bool):
-            raise InvalidRequest(name, f"must be true or false, got {value!r}")
-        if value and name not in card.inputs:
-            why = " (it has no ar_decode loop to write a prompt with)" if name == "reason" else ""
-            raise InvalidRequest(name, f"{card.model_id} does not accept {name}{why}")
 
 
 def _video(r: GenerationRequest, card: ModelCard, media: MediaReader) -> dict[str, Any]:
     """V2V (the card takes strength): the output is as long as the video; else a context clip the output
     continues (AnyFlow-FAR), whole latent frames of it."""
-    v2v = "strength" in card.inputs
+    v2v = "strength" in card.option_names
     video = media.video(r.video, "video", MIN_VIDEO_FRAMES if v2v else 1)
     out: dict[str, Any] = {"video": video}
     if v2v:
         if r.num_frames is not None and r.num_frames != len(video):
             raise InvalidRequest("num_frames", f"is {r.num_frames} but the video has {len(video)} frames")
         out["num_frames"] = len(video)
-        out["strength"] = V2V_DEFAULT_STRENGTH if r.strength is None else r.strength
-        check_float("strength", out["strength"], minimum=0.0, maximum=1.0, open_min=True)
+        strength = r.option("strength", V2V_DEFAULT_STRENGTH)
+        check_float("strength", strength, minimum=0.0, maximum=1.0, open_min=True)
+        out["options"] = {"strength": strength}
     elif (len(video) - 1) % (step := card.geometry.temporal_factor):
         raise InvalidRequest("video", f"has {len(video)} frames; the VAE needs {step}k+1 (e.g. 1, {step + 1})")
     return out

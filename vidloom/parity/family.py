@@ -68,12 +68,12 @@ class FamilyParity:
     untapped: frozenset[str] = frozenset()
     """Tap kinds one side cannot record here; recorded on neither (the map says why)."""
     refused: tuple[str, ...] = field(default=())
-    """Request fields the reference cannot take: a request setting them is refused by name."""
+    """Request fields and options the reference cannot take: a request setting them is refused by name."""
 
     def check(self, request: GenerationRequest) -> None:
         for name in self.refused:
-            value = getattr(request, name)
-            if value not in (None, "", (), False):  # False: a flag left off
+            value = getattr(request, name) if hasattr(request, name) else request.option(name)
+            if value is not None and value not in ("", (), False):  # False: a flag left off
                 raise InvalidRequest(name, f"the reference pipeline {self.pipeline} cannot take it; leave it unset")
 
 

@@ -60,10 +60,10 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
         "seed": r.seed,
         "elapsed_s": round(outputs["elapsed_s"], 3),
     }
-    if r.seconds is not None:  # an audio-only card: the clip's timeline instead of frames and size
+    if r.option("seconds") is not None:  # an audio-only card: the clip's timeline instead of frames and size
         for name in ("height", "width", "num_frames", "fps"):
             metadata.pop(name)
-        metadata.update(seconds=r.seconds, seconds_start=r.seconds_start)
+        metadata.update(seconds=r.option("seconds"), seconds_start=r.option("seconds_start"))
     for slot in card.metadata_slots:  # what the family reports of its own (e.g. a reasoned prompt)
         if outputs.get(slot) is not None:
             metadata[slot] = outputs[slot]
@@ -89,7 +89,7 @@ def video_session(card: ModelCard, r: GenerationRequest, rollout: dict[str, Any]
 
 
 def session_source(r: GenerationRequest) -> str | None:
-    return r.extend_from.session_id if isinstance(r.extend_from, VideoSession) else None
+    return r.option("extend_from").session_id if isinstance(r.option("extend_from"), VideoSession) else None
 
 
 def output_audio(outputs: dict[str, Any]) -> tuple[np.ndarray | None, int | None]:

@@ -18,12 +18,14 @@ from vidloom.serving.guard import install_guards
 from vidloom.serving.job_store import JobStore
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import CONTENT_TYPE
+from vidloom.serving.audio_routes import AudioGenerationBody
 from vidloom.serving.audio_routes import router as audio_router
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.lora_routes import adapter_list, served_instance
 from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
-from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject
+from vidloom.serving.option_bodies import serve_options
+from vidloom.serving.protocol import AdapterObject, ModelList, ModelObject, VideoCreateBody
 from vidloom.serving.speech_routes import router as speech_router
 from vidloom.serving.action_sessions import SessionManager
 from vidloom.serving.session_routes import router as session_router
@@ -70,6 +72,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(router)
     if config.ui_enabled:
         app.include_router(ui_router())
+    serve_options(app, engine.card, {"/v1/videos": VideoCreateBody, "/v1/audio/generations": AudioGenerationBody})
     return app
 
 

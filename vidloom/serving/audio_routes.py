@@ -38,8 +38,9 @@ from vidloom.media.audio_upload import open_audio_upload
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import engine_errors
 from vidloom.serving.params import PlannedVideo, check_model, new_video_id, sampling_fields
-from vidloom.serving.protocol import ApiBool, ApiFloat, SamplingExtensions, VideoObject, body_doc
-from vidloom.serving.request_body import read_body
+from vidloom.serving.protocol import ApiBool, SamplingExtensions, VideoObject, body_doc
+from vidloom.serving.option_bodies import read_options_body
+from vidloom.serving.option_fields import option_values
 from vidloom.serving.video_routes import AUDIO_JOB_SIZE, jobs_of
 
 router = APIRouter(prefix="/v1/audio")
@@ -51,8 +52,7 @@ class AudioGenerationBody(SamplingExtensions):
 
     prompt: str
     model: str | None = None
-    seconds: ApiFloat | None = None  # the clip's length (default: the model's window)
-    seconds_start: ApiFloat | None = None  # where it starts in the model's timeline (default 0)
+    # The served model's audio_length block adds seconds and seconds_start (serving.option_fields).
     response_format: str | None = None  # b64_json (the only one)
     output_format: str | None = None  # wav (default) | flac | mp3 | ogg
     background: ApiBool = False  # true: answer with a job (its content: variant=audio, a WAV)
@@ -76,7 +76,7 @@ class AudioResponse(BaseModel):
 async def generate_audio(request: Request) -> AudioResponse | VideoObject:
     """Text to audio; answers when the clip is ready (one clip per call), or at once with a job (background)."""
     manager = jobs_of(request)
-    body = await read_body(request, AudioGenerationBody)
+    body = await read_options_body(request, AudioGenerationBody)
     with engine_errors():
         planned, output_format = plan_audio(body, manager.card)
         if body.init_audio is not None and "init_audio" in manager.card.inputs:  # else resolving refuses it
@@ -86,7 +86,8 @@ async def generate_audio(request: Request) -> AudioResponse | VideoObject:
             if output_format != "wav":
                 raise InvalidRequest("output_format", "a background job stores WAV; convert it, or answer directly")
             resolved = resolve_request(planned, manager.card)
-            seconds = "" if resolved.seconds is None else f"{resolved.seconds:g}"  # None: a fixed-length model
+            length = resolved.option("seconds")
+            seconds = "" if length is None else f"{length:g}"  # None: a fixed-length model
             record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds))
             return VideoObject.from_record(record)
         outputs = await unless_disconnected(request, manager.generate_images((planned,)))
@@ -110,8 +111,8 @@ def plan_audio(body: AudioGenerationBody, card) -> tuple[GenerationRequest, str]
     output_format = body.output_format or "wav"
     if output_format not in OUTPUT_FORMATS:
         raise InvalidRequest("output_format", f"must be one of {', '.join(OUTPUT_FORMATS)}, got {body.output_format!r}")
-    request = GenerationRequest(prompt=body.prompt, task=Task.T2A, seconds=body.seconds,
-                                seconds_start=body.seconds_start, request_id=new_video_id(), **sampling_fields(body))
+    request = GenerationRequest(prompt=body.prompt, task=Task.T2A, request_id=new_video_id(),
+                                options=option_values(body, card), **sampling_fields(body))
     return request, output_format
 
 

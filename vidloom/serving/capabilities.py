@@ -11,13 +11,22 @@ from pydantic import BaseModel
 
 from vidloom.core.card import ModelCard
 from vidloom.core.limits import RequestLimits
-from vidloom.core.request import FLAG_INPUTS, MEDIA_INPUTS, Task
-from vidloom.core.request_blocks import REQUEST_BLOCKS
+from vidloom.core.request import MEDIA_INPUTS, Task
 from vidloom.serving.protocol import ModelObject
 
 VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
 # The API field each card input arrives in (params._media maps them back).
 API_FIELDS = {"image": "input_reference", "last_image": "last_image", "video": "video"}
+
+
+class OptionField(BaseModel):
+    """One option of the card's blocks (core.options) as a client sees it, to build a form field for it."""
+
+    name: str  # the HTTP field
+    block: str  # the block it belongs to (camera, audio_length, reasoning...)
+    kind: str  # float | int | bool | str | array | json
+    help: str
+    required: bool  # every request must give it
 
 
 class ModelCapabilities(BaseModel):
@@ -32,6 +41,7 @@ class ModelCapabilities(BaseModel):
     sessions: bool  # a world model: POST /v1/sessions opens an interactive session (its WebSocket drives it)
     produces_audio: bool  # the mp4 carries a soundtrack
     inputs: list[str]  # optional request fields the card reads, under their API names (input_reference, sound...)
+    options: list[OptionField]  # the card's options (also in `inputs`), with their kinds and help
     required_inputs: list[str]  # of those, the ones every request must give
     samplers: list[str]
     defaults: dict[str, Any]  # size, num_frames, fps, num_inference_steps, guidance_scale, flow_shift, ...
@@ -64,9 +74,12 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
                     "max_seconds": card.audio.max_seconds, "sample_rate": card.audio.sample_rate,
                     "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
                     "sampler": d.sampler, "negative_prompt": d.negative_prompt}
-    known = (*MEDIA_INPUTS, *FLAG_INPUTS)  # init_audio: a file part of POST /v1/audio/generations
-    block_fields = [f for name in card.request_blocks for f in REQUEST_BLOCKS[name].fields]  # camera, action...
-    block_required = [f for spec in card.request_blocks.values() for f in spec.required]
+    known = MEDIA_INPUTS  # init_audio: a file part of POST /v1/audio/generations
+    options = [OptionField(name=option.name, block=name, kind=option.kind, help=option.help,
+                           required=option.name in spec.required)
+               for name, spec in card.request_blocks.items() for option in spec.block.options if option.http]
+    block_fields = [option.name for option in options]  # camera, action...
+    block_required = [option.name for option in options if option.required]
     return ModelCapabilities(
         tasks=sorted(t.value for t in card.tasks),
         videos=any(t in card.tasks for t in VIDEO_TASKS),
@@ -77,6 +90,7 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
         inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs] + block_fields,
+        options=options,
         required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs] + block_required,
         samplers=list(card.samplers),
         defaults=defaults,

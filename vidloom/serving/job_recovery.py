@@ -51,22 +51,23 @@ def request_params(request: GenerationRequest) -> dict[str, Any]:
 
     The prompt is left out: the job stores it once, as its `prompt`, not a second time here.
     """
-    media = ("image", "last_image", "video", "extend_from", "init_audio")  # not stored; noted as given (extend_from: its id)
-    params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in media}
-    params.pop("request_id")
-    params.pop("image", None)  # input images are not stored with a job (video jobs take none)
-    params.pop("prompt")
+    media = ("image", "last_image", "video", "init_audio")  # not stored; noted as given
+    params = {f.name: getattr(request, f.name) for f in dataclasses.fields(request)
+              if f.name not in media and f.name not in ("request_id", "prompt", "options")}
     params["task"] = request.task.value
     params.update({name: True for name in media if getattr(request, name) is not None})
-    if isinstance(request.extend_from, VideoSession):
-        params["extend_from"] = request.extend_from.session_id  # the source video's id
-    if request.action is not None:  # the family's resolved block says how it is stored (no media)
-        params["action"] = request.action.params()
+    options = dict(request.options)
+    if isinstance(options.get("extend_from"), VideoSession):
+        options["extend_from"] = options["extend_from"].session_id  # the source video's id
+    if options.get("action") is not None:  # the family's resolved block says how it is stored (no media)
+        options["action"] = options["action"].params()
     # Camera blocks (SANA-WM) as JSON: the action string (the validated block keeps it) and plain lists.
-    params["camera"] = getattr(request.camera, "action", request.camera)
+    if options.get("camera") is not None:
+        options["camera"] = getattr(options["camera"], "action", options["camera"])
     for name in ("c2w", "intrinsics"):
-        if params[name] is not None:
-            params[name] = np.asarray(params[name], dtype=float).tolist()
+        if options.get(name) is not None:
+            options[name] = np.asarray(options[name], dtype=float).tolist()
+    params.update(options)
     return params
 
 

@@ -9,7 +9,6 @@ actual duration back as `seconds` = num_frames / fps.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import uuid
@@ -21,6 +20,7 @@ from vidloom.core.errors import InvalidRequest, LimitExceeded, UnknownModel
 from vidloom.core.request import MAX_FPS, GenerationRequest, Task
 from vidloom.core.request_checks import check_int
 from vidloom.media.image import IMAGE_FORMATS
+from vidloom.serving.option_fields import option_values
 from vidloom.serving.protocol import ImageGenerationBody, SamplingExtensions, VideoCreateBody
 
 # ASCII digits only ("６４x48" is not a size), no spaces, at most 6 digits a side.
@@ -60,8 +60,9 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     """
     check_model(body.model, card)
     media = _media(body, max_frames)
-    if body.action is not None:
-        return _plan_action(body, card, media)
+    options = option_values(body, card)
+    if "action" in options:
+        return _plan_action(body, card, media, options)
     width, height = parse_size(body.size, card)
     fps = body.fps if body.fps is not None else card.sampling_defaults.fps
     frames = choose_frames(body, card, fps)
@@ -73,12 +74,13 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
                             "max_frames")
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=fps,
-        request_id=new_video_id(), **sampling_fields(body), **media,
+        request_id=new_video_id(), **sampling_fields(body), **media, options=options,
     )
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
 
 
-def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object]) -> PlannedVideo:
+def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object],
+                 options: dict[str, object]) -> PlannedVideo:
     """An action run: its frames and size follow from the block and the conditioning frame (resolved here, so
     the job reports them); size, seconds and num_frames are the block's to decide."""
     from vidloom.core.action import ActionInput
@@ -87,13 +89,13 @@ def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object
     for name in ("size", "seconds", "num_frames"):
         if getattr(body, name) is not None:
             raise InvalidRequest(name, "is set by the action block (chunk_size + 1 frames, the input's size)")
-    block = body.action
+    block = body.action  # type: ignore[attr-defined]  # the action block's field (serving.option_fields)
     action = ActionInput(mode=block.mode, domain_name=block.domain_name, raw_actions=block.raw_actions,
                          chunk_size=block.chunk_size, view_point=block.view_point,
                          resolution_tier=block.resolution_tier)
     fps = body.fps if body.fps is not None else card.sampling_defaults.fps
     request = GenerationRequest(prompt=body.prompt, task=Task.T2V, fps=fps, request_id=new_video_id(),
-                                action=action, **sampling_fields(body), **media)
+                                **sampling_fields(body), **media, options={**options, "action": action})
     resolved = resolve_request(request, card)
     return PlannedVideo(resolved, f"{resolved.width}x{resolved.height}", format_seconds(resolved.num_frames, fps))
 
@@ -101,13 +103,12 @@ def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object
 def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
     """Uploaded files checked from their headers (a 400 naming the field when unreadable or over a limit) and
     kept compressed: the job decodes them when it runs. Which ones a model accepts is checked with the rest
-    of the request (resolve_request), under the API names mapped in _API_FIELDS."""
+    of the request (resolve_request), under the API names mapped in _API_FIELDS. The card's options are
+    read by serving.option_fields."""
     from vidloom.media.image import open_image  # PIL and PyAV only when media arrive
     from vidloom.media.uploads import open_video
 
-    out: dict[str, object] = {"strength": body.strength, "guidance_scale_2": body.guidance_scale_2,
-                              "reason": body.reason, "sound": body.sound, "camera": body.camera,
-                              "c2w": _json_field("c2w", body.c2w), "intrinsics": _json_field("intrinsics", body.intrinsics)}
+    out: dict[str, object] = {}
     for api_name, name in (("input_reference", "image"), ("last_image", "last_image")):
         value = getattr(body, api_name)
         if value is not None:
@@ -119,18 +120,6 @@ def _media(body: VideoCreateBody, max_frames: int | None) -> dict[str, object]:
             raise InvalidRequest("video", "must be an uploaded video file (multipart/form-data)")
         out["video"] = open_video(body.video, "video", max_frames=max_frames)  # counts frames without decoding
     return out
-
-
-def _json_field(name: str, value: object) -> object:
-    """A JSON array as sent in a JSON body, or as text in a multipart form; shapes are checked with the request."""
-    if isinstance(value, (bytes, bytearray)):
-        raise InvalidRequest(name, "must be a JSON array, not a file")
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            raise InvalidRequest(name, f"must be a JSON array, got {value[:40]!r}") from None
-    return value
 
 
 MAX_IMAGES_PER_CALL = 10  # OpenAI Images API bound on `n`

@@ -116,7 +116,8 @@ class SamplingExtensions(BaseModel):
 
 
 class VideoCreateBody(SamplingExtensions):
-    """POST /v1/videos (JSON or multipart form; form values arrive as strings and are coerced)."""
+    """POST /v1/videos (JSON or multipart form; form values arrive as strings and are coerced), plus the served
+    model's options."""
 
     prompt: str
     model: str | None = None
@@ -125,21 +126,11 @@ class VideoCreateBody(SamplingExtensions):
     input_reference: Any = None  # multipart file: the first frame (image-to-video), as OpenAI's Videos API
     num_frames: ApiInt | None = None
     fps: ApiInt | None = None
-    # vidloom extensions (multipart files / numbers), accepted where the model card lists them.
+    # vidloom extensions (multipart files), accepted where the model card lists them.
     last_image: Any = None
     video: Any = None
-    strength: ApiFloat | None = None
-    guidance_scale_2: ApiFloat | None = None
-    extend_from: str | None = None  # causal models: the id of a completed video to continue (new prompt)
-    reason: ApiBool = False  # unified models: the model writes the prompt first (metadata.reasoned_prompt)
-    sound: ApiBool = False  # unified models with an audio tokenizer: a soundtrack in the mp4
-    action: Annotated[ActionBlock | None, BeforeValidator(_json_text)] = None  # world models: an action-conditioned run (see ActionBlock)
-    # camera-controlled world models (SANA-WM): an action string ("w-80,jw-40") or [F, 4, 4] poses, and the
-    # pinhole intrinsics [fx, fy, cx, cy] (or a 3x3 K / per-frame) in the first frame's pixels. In a form,
-    # c2w and intrinsics are JSON text.
-    camera: str | None = None
-    c2w: Any = None
-    intrinsics: Any = None
+    # The served model's option blocks add their fields to this body (serving.option_fields): a camera, an
+    # action block, extend_from... In a form, array and JSON options are JSON text.
 
 
 class ImageGenerationBody(SamplingExtensions):

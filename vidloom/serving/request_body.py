@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -98,8 +98,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def read_body(request: Request, model: type[M]) -> M:
-    """Parse a JSON or multipart body into `model`; every failure is a 400 naming the field."""
+async def read_body(request: Request, model: type[M], before: Callable[[dict[str, Any]], None] | None = None) -> M:
+    """Parse a JSON or multipart body into `model`; every failure is a 400 naming the field. `before` sees the
+    parsed object first (and may refuse it)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "multipart/form-data":  # RequestGuard refuses urlencoded bodies (415) before this
         data = await _form(request)
@@ -115,6 +116,8 @@ async def read_body(request: Request, model: type[M]) -> M:
                        code="unsupported_content_type")
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    if before is not None:
+        before(data)
     return validate_fields(data, model)
 
 

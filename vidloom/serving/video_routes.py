@@ -7,6 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from vidloom.core.session import EXTEND_FROM
 from vidloom.serving.action_results import ACTION_VARIANTS, actions_response
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, echo, engine_errors, store_error
@@ -15,7 +16,7 @@ from vidloom.serving.job_store import STORE_ERRORS, JobRecord, UnknownCursor, is
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.params import plan_video
 from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject, body_doc
-from vidloom.serving.request_body import read_body
+from vidloom.serving.option_bodies import read_options_body
 from vidloom.serving.sse import job_events
 from vidloom.serving.stream_route import stream_response
 from vidloom.serving.video_sessions import plan_extension
@@ -36,9 +37,9 @@ def config_of(request: Request) -> ServeConfig:
 async def create_video(request: Request) -> VideoObject:
     """JSON or multipart (the openai client sends multipart); answers with the queued job."""
     manager = jobs_of(request)
-    body = await read_body(request, VideoCreateBody)
+    body = await read_options_body(request, VideoCreateBody)
     with engine_errors():
-        if body.extend_from is not None:
+        if getattr(body, EXTEND_FROM, None) is not None:  # the extension block's field (causal models)
             planned = plan_extension(body, manager)
         elif _has_uploads(body):  # checked from their headers on the media pool, never on the event loop
             planned = await manager.media.run(plan_video, body, manager.card, manager.limits.max_frames)

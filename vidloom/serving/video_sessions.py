@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
-from vidloom.core.request_blocks import REQUEST_BLOCKS
 from vidloom.core.session import EXTEND_FROM, VideoSession
 from vidloom.media.atomic import atomic_path
 from vidloom.runtime.cache_manager import CacheManager
@@ -56,19 +55,16 @@ def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:
     """The extension's request, its source's session loaded; raises APIError / InvalidRequest naming extend_from."""
     card = manager.card
     check_model(body.model, card)
-    if EXTEND_FROM not in card.request_blocks:  # before the source is looked up: say why the model cannot
-        raise InvalidRequest(EXTEND_FROM, f"{card.model_id} does not accept {EXTEND_FROM}: "
-                                          f"{REQUEST_BLOCKS[EXTEND_FROM].refusal}")
     for name in _MEDIA:
         if getattr(body, name) is not None:
             raise InvalidRequest(name, "cannot be combined with extend_from (the source video is the context)")
-    session = _source(manager, body.extend_from)
+    session = _source(manager, getattr(body, EXTEND_FROM))  # the served card's extension block adds the field
     width, height = parse_size(body.size, card) if body.size is not None else (None, None)
     fps = body.fps if body.fps is not None else session.fps
     frames = choose_frames(body, card, fps) if (body.num_frames, body.seconds) != (None, None) else None
     request = GenerationRequest(
         prompt=body.prompt, task=Task.T2V, height=height, width=width, num_frames=frames, fps=body.fps,
-        request_id=new_video_id(), extend_from=session, **sampling_fields(body),
+        request_id=new_video_id(), options={EXTEND_FROM: session}, **sampling_fields(body),
     )
     resolved = resolve_request(request, card)  # again at submit: here for the size and length the job shows
     assert resolved.num_frames and resolved.fps

@@ -23,10 +23,10 @@ def _resolve(**fields) -> GenerationRequest:
 
 def test_defaults_fill_the_window_and_resolving_twice_is_the_same():
     once = _resolve()
-    assert (once.seconds, once.seconds_start) == (2.0, 0.0)
+    assert (once.option("seconds"), once.option("seconds_start")) == (2.0, 0.0)
     assert resolve_request(once, CARD) == once
     late = _resolve(seconds_start=2.5)
-    assert late.seconds == 0.5  # the default is cut to the conditioner's range
+    assert late.option("seconds") == 0.5  # the default is cut to the conditioner's range
 
 
 @pytest.mark.parametrize("fields,name", [

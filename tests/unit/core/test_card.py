@@ -19,7 +19,7 @@ def _fields(card: ModelCard, **changes) -> dict:
 def test_registered_demo_card_is_valid():
     card = demo_card()
     assert card.tasks == frozenset({Task.T2V, Task.V2V})
-    assert card.inputs == {"video", "strength"}
+    assert card.inputs == {"video"} and card.option_names == ("strength",)
     assert card.samplers == ("unipc", "euler")
     assert card.notes and "RANDOM" in card.notes[0]
 

@@ -44,12 +44,13 @@ def _policy(**kw: Any) -> ActionInput:
 def test_a_valid_block_sets_frames_and_size_from_the_input():
     request = _resolve(image=IMAGE, action=_policy(chunk_size=8))
     assert (request.num_frames, request.height, request.width) == (9, 48, 64)
-    assert request.action.canvas == (256, 320) and request.action.raw_width == 2 and request.action.domain_id == 4
+    block = request.option("action")
+    assert block.canvas == (256, 320) and block.raw_width == 2 and block.domain_id == 4
     forward = _resolve(image=IMAGE, action=_policy(mode="forward_dynamics", raw_actions=[[0.1, 0.2]] * 2))
-    assert forward.action.raw_actions.shape == (4, 2)  # the last action repeated to the chunk
-    assert np.allclose(forward.action.raw_actions[-1], [0.1, 0.2])
+    assert forward.option("action").raw_actions.shape == (4, 2)  # the last action repeated to the chunk
+    assert np.allclose(forward.option("action").raw_actions[-1], [0.1, 0.2])
     big = _resolve(image=Image.new("RGB", (700, 500)), action=_policy())  # downscaled into the 256 tier's canvas
-    assert big.action.canvas == (256, 320) and (big.height, big.width) == (224, 320)
+    assert big.option("action").canvas == (256, 320) and (big.height, big.width) == (224, 320)
 
 
 def test_the_block_is_refused_by_a_card_without_an_action_pathway():
@@ -85,7 +86,7 @@ def test_mode_and_media_combinations():
     _refused("image", action=_policy())
     _refused("image", image=Image.new("RGB", (8, 64)), action=_policy())
     _refused("image", image=[IMAGE, IMAGE], action=_policy())
-    assert _resolve(video=VIDEO, action=_policy(mode="inverse_dynamics")).action.mode == "inverse_dynamics"
+    assert _resolve(video=VIDEO, action=_policy(mode="inverse_dynamics")).option("action").mode == "inverse_dynamics"
 
 
 def test_fields_the_block_decides_and_other_block_fields():

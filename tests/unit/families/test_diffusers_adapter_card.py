@@ -14,6 +14,7 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
 from vidloom.families.diffusers_adapter.cards import FAMILY, REASON
 from vidloom.families.diffusers_adapter.signature import pipeline_class, read_shape
+from vidloom.generator import build_request
 
 pytest.importorskip("diffusers")
 
@@ -165,6 +166,6 @@ def test_an_audio_pipeline_without_a_length_argument_refuses_seconds_by_name():
     fixed = dataclasses.replace(shape, args={k: v for k, v in shape.args.items() if k != "seconds"})
     card = adapted_card("fixed", "fixed", fixed, {"sample_size": 8}, {}, ["unet"])
     assert card.audio is None and card.tasks == {Task.T2A}
-    with pytest.raises(InvalidRequest, match="fixed length; it takes no seconds") as err:
-        resolve_request(GenerationRequest(prompt="rain", task=Task.T2A, seconds=1.0), card)
+    with pytest.raises(InvalidRequest, match="does not take seconds: its clips have no length to choose") as err:
+        build_request(card, "rain", seconds=1.0)
     assert err.value.field == "seconds"

@@ -9,4 +9,5 @@ FAMILY = Family(
     card_families=("cosmos3",),
     demos={"cosmos3-demo": ".demo", "cosmos3-action-demo": ".action_demo"},
     pipelines={"Cosmos3OmniPipeline": ".cards:card_from_checkpoint"},
+    options=(".options:REASONING", ".options:SOUND", "vidloom.core.blocks:ACTION"),
 )

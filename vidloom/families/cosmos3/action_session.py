@@ -76,7 +76,7 @@ class ActionSession:
         if not self._release.alive:
             raise InvalidRequest("session", f"{self.session_id} is closed")
         request = self._check(raw_actions=actions)
-        return dataclasses.replace(request, action=dataclasses.replace(request.action, session_id=self.session_id))
+        return dataclasses.replace(request, action=dataclasses.replace(request.option("action"), session_id=self.session_id))
 
     def step(self, actions: Any = None) -> ActionChunk:
         """Run the next chunk: `actions` [T, D] for forward_dynamics, None for policy."""

@@ -101,7 +101,7 @@ def resolve_action(request: Any, card: Any) -> dict[str, Any]:
     resolved, the frame count and output size); InvalidRequest naming `action.<field>` (or image / video) for
     anything the model cannot run."""
     limits, spatial = card.request_blocks["action"].limits, card.geometry.spatial_multiple
-    block = request.action
+    block = request.option("action")
     if isinstance(block, ResolvedAction):  # resolved already (the server plans, then the engine resolves)
         return {}
     if not isinstance(block, ActionInput):
@@ -121,11 +121,11 @@ def resolve_action(request: Any, card: Any) -> dict[str, Any]:
     if block.resolution_tier not in CANVASES:
         raise InvalidRequest("action.resolution_tier", f"must be one of {sorted(CANVASES)}, "
                                                        f"got {block.resolution_tier!r}")
-    for name in ("num_frames", "height", "width", "strength", "last_image", "extend_from"):
+    for name in ("num_frames", "height", "width", "last_image"):
         if getattr(request, name) is not None:
             raise InvalidRequest(name, "is set by the action block (chunk_size + 1 frames, the input's size)")
-    if request.reason or request.sound:
-        raise InvalidRequest("reason" if request.reason else "sound", "does not combine with an action block")
+    if request.option("reason") or request.option("sound"):
+        raise InvalidRequest("reason" if request.option("reason") else "sound", "does not combine with an action block")
     raw_width = RAW_WIDTHS[block.domain_name]
     raw = _raw_actions(block, raw_width)
     media, (src_h, src_w) = _media(request, block.mode)

@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
+from vidloom.core.blocks import ACTION
 from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.card_kit import refusals
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import Task
+from vidloom.families.cosmos3.options import REASONING, SOUND
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.cosmos3.pipeline_config import Cosmos3PipelineConfig
 
@@ -108,20 +110,22 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
     with an action pathway (`actions`: its limits) or not."""
     components = {"transformer": ComponentSpec(precision), "text_tokenizer": ComponentSpec()}
     loops = {AR_LOOP: LoopSpec()}
-    inputs = {"image", "reason"}
+    blocks = [BlockSpec(REASONING)]
     if generates:
         components.update({"vae": ComponentSpec("float32"), "scheduler": ComponentSpec()})
         loops[DENOISE_LOOP] = LoopSpec(samplers=SAMPLERS)
     if sound:
         components["sound_tokenizer"] = ComponentSpec("float32")
-        inputs.add("sound")
+        blocks.append(BlockSpec(SOUND))
+    if actions:
+        blocks.append(BlockSpec(ACTION, ACTION_RESOLVER, actions, ACTION_SESSION))
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
         components=components,
         loops=loops,
         tasks=frozenset({Task.T2V, Task.I2V}) if generates else frozenset(),
-        inputs=frozenset(inputs) if generates else frozenset(),
+        inputs=frozenset({"image"}) if generates else frozenset(),
         produces_audio=sound,
         precision=precision,
         sampling_defaults=defaults,
@@ -134,7 +138,7 @@ def cosmos3_card(model_id: str, source: str, *, generates: bool, sound: bool, de
         notes=notes,
         context_window=CONTEXT_WINDOW,
         capabilities=(ACTION_CAPABILITIES if actions else CAPABILITIES) if generates else CHAT_ONLY_CAPABILITIES,
-        request_blocks={"action": BlockSpec(ACTION_RESOLVER, actions, ACTION_SESSION)} if actions else {},
+        request_blocks=blocks if generates else (),
         # Program slots reported in the output's metadata: the prompt the model wrote (reason=True) and the
         # resolved action block's summary (gen_program's actions_out).
         metadata_slots=(("reasoned_prompt", "action") if actions else ("reasoned_prompt",)) if generates else (),

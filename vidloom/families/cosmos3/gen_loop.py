@@ -158,10 +158,10 @@ class Cosmos3DenoiseLoop:
         )
         if slots["action_latents"] is not None:
             state.actions, state.action_state = slots["action_latents"], sampler.init_state(schedule)
-            state.domain, state.action_width = request.action.domain_id, request.action.raw_width
+            state.domain, state.action_width = request.option("action").domain_id, request.option("action").raw_width
         if self.cache_prefix:
             ctx.hold(state.prefixes.clear)  # drop the references too, not only the accounting
-            session = getattr(request.action, "session_id", None)
+            session = getattr(request.option("action"), "session_id", None)
             if session is not None and self._resume(state, ctx, session):
                 return state
             device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()

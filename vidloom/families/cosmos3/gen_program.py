@@ -2,7 +2,7 @@
 
 An image is a one-frame request with the image templates (system prompt, "This image is of ..."),
 exactly as the reference treats `num_frames == 1`; a video may be anchored on a first frame (I2V).
-An action run (request.action, resolved by families/cosmos3/actions.py) captions the prompt as the action
+An action run (request.option("action"), resolved by families/cosmos3/actions.py) captions the prompt as the action
 model's JSON, conditions on its clip's latents and adds the action stream to the joint denoise.
 """
 
@@ -94,8 +94,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         shape = shape_of(request)
         prompt = slots["reasoned_prompt"] or request.prompt  # a reasoner that wrote nothing: the user's prompt
         system = pipeline.use_system_prompt
-        if request.action is not None:  # the JSON caption; the negative prompt goes in as written
-            ids = [chat_ids(tokenizer, action_caption(prompt, request.action, float(request.fps)), False, system)]
+        if request.option("action") is not None:  # the JSON caption; the negative prompt goes in as written
+            ids = [chat_ids(tokenizer, action_caption(prompt, request.option("action"), float(request.fps)), False, system)]
             if uses_guidance(request):
                 ids.append(chat_ids(tokenizer, request.negative_prompt or "", False, system))
             return {"prompt_ids": ids}
@@ -107,8 +107,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        if request.action is not None:
-            return prepare_action(request, request.action, slots["prompt_ids"])
+        if request.option("action") is not None:
+            return prepare_action(request, request.option("action"), slots["prompt_ids"])
         latent_shape = (vae.config.z_dim, (request.num_frames - 1) // temporal + 1,
                         request.height // vae.config.spatial_factor, request.width // vae.config.spatial_factor)
         first = encode_first_frame(request) if request.image else None
@@ -120,7 +120,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
             latents[:, 0] = first[:, 0].to(latents.dtype)
             cond_frames = (0,)
         sound, sound_len = None, 0
-        if request.sound:  # drawn after the vision noise from the same generator, as the reference does
+        if request.option("sound"):  # drawn after the vision noise from the same generator, as the reference does
             sound_len = sound_decoder.config.latent_steps(request.num_frames, float(request.fps))
             sound = torch.randn((generator.config.sound_dim, sound_len), generator=rng, dtype=torch.float32)
             sound = sound.to(device)
@@ -155,7 +155,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     def actions_out(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         """Predicted actions [chunk_size, D] float32 at the embodiment's width (None unless predicted), and
         the resolved block's summary the output's metadata reports (the card's metadata_slots)."""
-        action = slots["request"].action
+        action = slots["request"].option("action")
         if action is None:
             return {"actions": None, "action": None}
         summary = {"mode": action.mode, "domain_name": action.domain_name, "chunk_size": action.chunk_size}
@@ -192,8 +192,8 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
     reasoned = ("reasoned_prompt",)
     return (
         Node("check", reads=("request",), writes=(), run=check),
-        Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.reason),
-        Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.reason),
+        Node("reason", reads=("request",), writes=reasoned, loop=reasoner, when=lambda r: r.option("reason")),
+        Node("no_reasoning", reads=("request",), writes=reasoned, run=no_reasoning, when=lambda r: not r.option("reason")),
         Node("tokenize", reads=("request", "reasoned_prompt"), writes=("prompt_ids",), run=tokenize),
         Node("prepare_latents", reads=("request", "prompt_ids"),
              writes=("latents", "sound_latents", "branches", "action_latents"), run=prepare_latents),
@@ -202,6 +202,6 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         Node("actions_out", reads=("request", "action_latents"), writes=("actions", "action"), run=actions_out),
         Node("decode", reads=("latents",), writes=("video",), run=decode),
         Node("decode_sound", reads=("sound_latents",), writes=("audio", "sample_rate"), run=decode_sound,
-             when=lambda r: r.sound),
-        Node("silent", reads=("request",), writes=("audio", "sample_rate"), run=silent, when=lambda r: not r.sound),
+             when=lambda r: r.option("sound")),
+        Node("silent", reads=("request",), writes=("audio", "sample_rate"), run=silent, when=lambda r: not r.option("sound")),
     )

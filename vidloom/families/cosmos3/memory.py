@@ -45,11 +45,11 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     vae = instance["vae"].config
     guided = request.guidance_scale is not None and request.guidance_scale != 1.0  # gen_program.uses_guidance
     branches = 2 if guided else 1
-    prompt = len(request.prompt) + (REASON_MAX_TOKENS if request.reason else 0)
+    prompt = len(request.prompt) + (REASON_MAX_TOKENS if request.option("reason") else 0)
     negative = len(request.negative_prompt or "") if guided else 0
     prefixes = kv_bytes(instance, prompt + TEMPLATE_TOKENS) + (kv_bytes(instance, negative + TEMPLATE_TOKENS)
                                                                 if guided else 0)
-    reasoner = kv_bytes(instance, len(request.prompt) + TEMPLATE_TOKENS + REASON_MAX_TOKENS) if request.reason else 0
+    reasoner = kv_bytes(instance, len(request.prompt) + TEMPLATE_TOKENS + REASON_MAX_TOKENS) if request.option("reason") else 0
 
     latent_frames = vae.latent_frames(request.num_frames)
     h, w = request.height // vae.spatial_factor, request.width // vae.spatial_factor
@@ -71,7 +71,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
 def _sound(instance: ModelInstance, request: GenerationRequest) -> tuple[int, int]:
     """(sound latent steps, waveform samples) of a `sound` request; (0, 0) otherwise."""
     decoder = instance.components.get("sound_decoder")
-    if not request.sound or decoder is None:
+    if not request.option("sound") or decoder is None:
         return 0, 0
     steps = decoder.config.latent_steps(request.num_frames, float(request.fps))
     return steps, steps * decoder.config.hop_size

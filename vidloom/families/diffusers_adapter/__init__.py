@@ -10,4 +10,5 @@ FAMILY = Family(
     demos={"diffusers-adapter-demo": ".demo"},
     catch_all=".cards:card_from_checkpoint",  # any diffusers pipeline class no other family names
     parity=None,  # diffusers runs it: there is nothing of ours to compare
+    options=("vidloom.core.blocks:AUDIO_LENGTH",),  # audio pipelines with a length argument
 )

@@ -47,13 +47,13 @@ def audio_spec(shape: PipelineShape, denoiser: dict[str, Any], vae: dict[str, An
 
 def length_kwargs(shape: PipelineShape, request: GenerationRequest) -> dict[str, Any]:
     """The pipeline's length keyword arguments for a resolved request (none when its card has no AudioSpec)."""
-    if shape.output != "audio" or "seconds" not in shape.args or request.seconds is None:
+    if shape.output != "audio" or "seconds" not in shape.args or request.option("seconds") is None:
         return {}
     arg = shape.args["seconds"]
-    start = float(request.seconds_start or 0.0)
+    start = float(request.option("seconds_start") or 0.0)
     if arg != END_ARG:
-        return {arg: request.seconds}
-    kwargs: dict[str, Any] = {arg: start + request.seconds}
+        return {arg: request.option("seconds")}
+    kwargs: dict[str, Any] = {arg: start + request.option("seconds")}
     if "seconds_start" in shape.args:
         kwargs[shape.args["seconds_start"]] = start
     return kwargs

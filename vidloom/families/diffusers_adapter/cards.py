@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from vidloom.core.capabilities import FEATURES, Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.blocks import AUDIO_LENGTH
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.errors import CheckpointError
 from vidloom.core.request import OPTIONAL_FIELDS, Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -72,6 +73,7 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
     if kind == "video":
         taken.add("fps")  # the written video's frame rate, passed on when the pipeline takes one
     inputs = frozenset(f for f in ("image", "video") if f in shape.args)
+    audio = audio_spec(shape, denoiser, vae, vocoder or {})
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
@@ -91,7 +93,8 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         required_inputs=frozenset(f for f in inputs if f in shape.required),
         max_reference_images=1 if "image" in inputs and kind == "image" else 0,
         produces_audio=kind == "audio",
-        audio=audio_spec(shape, denoiser, vae, vocoder or {}),  # seconds -> the pipeline's length argument
+        audio=audio,  # seconds -> the pipeline's length argument
+        request_blocks=(BlockSpec(AUDIO_LENGTH),) if audio is not None else (),
         capabilities=CAPABILITIES,
         optional_fields=frozenset(taken),
     )

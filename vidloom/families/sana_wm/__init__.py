@@ -9,4 +9,5 @@ FAMILY = Family(
     card_families=("sana-wm",),
     demos={"sana-wm-demo": ".demo"},
     pipelines={"SanaWMPipeline": ".cards:card_from_checkpoint"},
+    options=(".options:CAMERA",),
 )

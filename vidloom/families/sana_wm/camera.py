@@ -158,6 +158,6 @@ def parse_action(action: str) -> np.ndarray:
 def resolve_camera(request, card) -> dict:
     """The camera block's resolver (ModelCard.request_blocks["camera"]): the request's camera fields -> a
     validated CameraInput in `camera` (the raw c2w / intrinsics stay, so resolving again is a no-op)."""
-    if isinstance(request.camera, CameraInput):
+    if isinstance(request.option("camera"), CameraInput):
         return {}
-    return {"camera": CameraInput.build(action=request.camera, c2w=request.c2w, intrinsics=request.intrinsics)}
+    return {"camera": CameraInput.build(action=request.option("camera"), c2w=request.option("c2w"), intrinsics=request.option("intrinsics"))}

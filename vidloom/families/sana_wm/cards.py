@@ -11,6 +11,7 @@ from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
+from vidloom.families.sana_wm.options import CAMERA
 from vidloom.families.sana_wm.text import MAX_TEXT_TOKENS
 
 FAMILY = "sana-wm"
@@ -18,7 +19,7 @@ PIPELINE_CLASS = "SanaWMPipeline"
 PROGRAM = "vidloom.families.sana_wm.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.families.sana_wm.memory:request_estimator"
 # The camera block (core.request_blocks: fields camera / c2w / intrinsics): every request gives intrinsics.
-CAMERA_BLOCK = BlockSpec("vidloom.families.sana_wm.camera:resolve_camera", required=("intrinsics",))
+CAMERA_BLOCK = BlockSpec(CAMERA, "vidloom.families.sana_wm.camera:resolve_camera", required=("intrinsics",))
 # SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
 # frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
 # (card_from_checkpoint); a request's flow_shift replaces it.
@@ -70,7 +71,7 @@ def sana_wm_card(model_id: str, source: str, *, multiple: int, temporal: int, de
         model_id, source, {"stage1": LoopSpec(samplers=("euler",))},
         components=component_table(precision, "transformer", "text_encoder", "tokenizer", "vae", "scheduler"),
         tasks=frozenset({Task.I2V}), inputs=frozenset({"image"}), required_inputs=frozenset({"image"}),
-        request_blocks={"camera": CAMERA_BLOCK}, min_image_side=1,
+        request_blocks=(CAMERA_BLOCK,), min_image_side=1,
         precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
         description=description, notes=notes, max_prompt_tokens=MAX_TEXT_TOKENS,

@@ -18,7 +18,7 @@ def _call_sana_wm(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
 
     # The request's flow shift replaces the scheduler's, as our stage 1 does (the card's default is the saved one).
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler, shift=float(request.flow_shift))
-    camera = request.camera  # resolved: families.sana_wm.camera.CameraInput
+    camera = request.option("camera")  # resolved: families.sana_wm.camera.CameraInput
     pose = {"action": camera.action} if camera.action is not None else {"c2w": camera.c2w}
     out = pipe(
         image=request.image[0], prompt=request.prompt, negative_prompt=request.negative_prompt,

@@ -41,7 +41,7 @@ def build_program(instance: ModelInstance) -> Program:
 
     def prepare(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        camera: CameraInput = request.camera
+        camera: CameraInput = request.option("camera")
         traj = trajectory(camera, request.num_frames, t_stride)
         image, intrinsics = crop_first_frame(request.image[0].convert("RGB"), traj.intrinsics, request.height,
                                              request.width)

@@ -9,4 +9,5 @@ FAMILY = Family(
     card_families=("stable-audio",),
     demos={"stable-audio-demo": ".demo"},
     pipelines={"StableAudioPipeline": ".cards:card_from_checkpoint"},
+    options=("vidloom.core.blocks:AUDIO_LENGTH",),
 )

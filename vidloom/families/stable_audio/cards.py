@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import AudioSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.blocks import AUDIO_LENGTH
+from vidloom.core.card import AudioSpec, BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -76,6 +77,7 @@ def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, descripti
         components=component_table(precision, "transformer", "vae", "text_encoder", "projection_model", "tokenizer",
                                    "scheduler", float32=("vae", "projection_model")),
         tasks=frozenset({Task.T2A}), produces_audio=True, audio=audio,
+        request_blocks=(BlockSpec(AUDIO_LENGTH),),
         inputs=frozenset({"init_audio"}),  # a waveform the clip starts from (the pipeline's initial_audio_waveforms)
         precision=precision, sampling_defaults=defaults, geometry=NO_FRAMES, description=description, notes=notes,
     )

@@ -20,10 +20,10 @@ def _call_stable_audio(pipe: Any, scheduler: Mapping[str, Any], request: Generat
     if request.init_audio is not None:  # our resolved request holds it as [channels, samples] at the VAE's rate
         media = {"initial_audio_waveforms": torch.from_numpy(np.asarray(request.init_audio))[None],
                  "initial_audio_sampling_rate": pipe.vae.sampling_rate}
-    start = float(request.seconds_start)
+    start = float(request.option("seconds_start"))
     out = pipe(
         request.prompt, negative_prompt=request.negative_prompt or None, audio_start_in_s=start,
-        audio_end_in_s=start + float(request.seconds), num_inference_steps=request.num_inference_steps,
+        audio_end_in_s=start + float(request.option("seconds")), num_inference_steps=request.num_inference_steps,
         guidance_scale=request.guidance_scale, generator=generator_for(request), **media,
         callback=lambda step, timestep, latents: on_step_end(pipe, step, timestep, {"latents": latents}),
     )

@@ -93,8 +93,8 @@ def initial_window(audio: np.ndarray, channels: int, length: int) -> Tensor:
 
 def clip_samples(request: GenerationRequest, sample_rate: int) -> tuple[int, int]:
     """The clip's first and end sample in the decoded window (the pipeline truncates both to integers)."""
-    start = float(request.seconds_start)
-    return int(start * sample_rate), int((start + float(request.seconds)) * sample_rate)
+    start = float(request.option("seconds_start"))
+    return int(start * sample_rate), int((start + float(request.option("seconds"))) * sample_rate)
 
 
 @torch.inference_mode()
@@ -105,8 +105,8 @@ def conditioning(text: StableAudioTextEncoder, projection: StableAudioProjection
     As StableAudioPipeline builds them: with a negative prompt its tokens carry the same seconds; without
     one (None or empty) the unconditional branch is all zeros. Both branches share the global token.
     """
-    start = float(request.seconds_start)
-    start_token, end_token = projection.seconds(start, start + float(request.seconds), device)
+    start = float(request.option("seconds_start"))
+    start_token, end_token = projection.seconds(start, start + float(request.option("seconds")), device)
     global_states = torch.cat([start_token, end_token], dim=2)  # [1, 1, 2 * dim]
     negative_prompt = request.negative_prompt or None
     cfg = request.uses_cfg

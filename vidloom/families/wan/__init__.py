@@ -35,4 +35,5 @@ FAMILY = Family(
         converter="vidloom.lora.formats:wan_keys",
     ),
     sequence_geometry=".parallel:sequence_geometry",
+    options=("vidloom.core.blocks:VIDEO_TO_VIDEO", "vidloom.core.blocks:TWO_EXPERTS"),
 )

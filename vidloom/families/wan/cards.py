@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.blocks import TWO_EXPERTS, VIDEO_TO_VIDEO
+from vidloom.core.card import BlockSpec, ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -96,12 +97,16 @@ def wan_t2v_card(
     A `recipe_sampler` (distilled checkpoints) is then the only sampler the card's loop offers."""
     # A second guidance scale is exactly what a two-expert (A14B) checkpoint reads (checkpoint_variant).
     two_experts = "guidance_scale_2" in inputs
+    # `inputs` names media and the options of Wan's two blocks alike; the card keeps them apart.
+    blocks = [BlockSpec(block) for block, option in ((VIDEO_TO_VIDEO, "strength"), (TWO_EXPERTS, "guidance_scale_2"))
+              if option in inputs]
     return CARDS.card(
         model_id, source, {"denoise": LoopSpec(samplers=(recipe_sampler,) if recipe_sampler else SAMPLERS)},
         recipe=RecipeSpec(method=method, loop="denoise", sampler=recipe_sampler, timesteps=recipe_timesteps,
                           quantization=quantization),
         family=family, components=_components(precision), capabilities=wan_capabilities(two_experts),
-        tasks=tasks, inputs=inputs, required_inputs=required_inputs,
+        tasks=tasks, inputs=inputs - {"strength", "guidance_scale_2"}, required_inputs=required_inputs,
+        request_blocks=blocks,
         precision=precision, sampling_defaults=defaults, geometry=geometry,
         description=description, notes=notes, max_prompt_tokens=TEXT_TOKENS, teacache=WAN21_TEACACHE.get(model_id),
     )

@@ -86,7 +86,7 @@ class WanDenoiseLoop:
         guidance = float(request.guidance_scale)
         latents, start = slots["latents"], 0
         if slots.get("video_latents") is not None:  # V2V: the input video, noised to the first step's sigma
-            start = v2v_start(request.num_inference_steps, float(request.strength))
+            start = v2v_start(request.num_inference_steps, float(request.option("strength")))
             latents = noise_to(slots["video_latents"], latents, schedule.sigmas[start])
         return WanDenoiseState(
             latents=latents,
@@ -98,7 +98,7 @@ class WanDenoiseLoop:
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=guidance,
-            guidance_scale_2=guidance if request.guidance_scale_2 is None else float(request.guidance_scale_2),
+            guidance_scale_2=guidance if request.option("guidance_scale_2") is None else float(request.option("guidance_scale_2")),
             networks=self._networks(slots.get("image_embeds")),
             condition=slots.get("condition"),
             frame_mask=slots.get("frame_mask"),

@@ -32,7 +32,7 @@ def _call_wan(pipe: Any, scheduler: Mapping[str, Any], request: GenerationReques
     out = pipe(
         prompt=request.prompt, negative_prompt=request.negative_prompt, height=request.height, width=request.width,
         num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
-        guidance_scale=request.guidance_scale, guidance_scale_2=request.guidance_scale_2,
+        guidance_scale=request.guidance_scale, guidance_scale_2=request.option("guidance_scale_2"),
         generator=generator_for(request), output_type="np", **media, **callback,
     )
     return out.frames[0]  # [F, H, W, 3] in [0, 1], our decode layout on CPU
@@ -44,7 +44,7 @@ def _call_wan_v2v(pipe: Any, scheduler: Mapping[str, Any], request: GenerationRe
     out = pipe(  # the frame count is the input video's
         video=list(request.video), prompt=request.prompt, negative_prompt=request.negative_prompt,
         height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
-        strength=request.strength, guidance_scale=request.guidance_scale, generator=generator_for(request),
+        strength=request.option("strength"), guidance_scale=request.guidance_scale, generator=generator_for(request),
         output_type="np", **callback,
     )
     return out.frames[0]

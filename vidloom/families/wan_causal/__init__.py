@@ -12,4 +12,5 @@ FAMILY = Family(
     # AnyFlowFARPipeline loads through WanLoraLoaderMixin: Wan's keys, plus the FAR-only modules.
     lora=LoRASupport(targets=(("transformer", ".config:FAR_TRANSFORMER_NAME_MAP"),),
                      converter="vidloom.lora.formats:wan_keys"),
+    options=("vidloom.core.blocks:EXTENSION",),
 )

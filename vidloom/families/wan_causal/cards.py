@@ -8,7 +8,7 @@ from vidloom.core.capabilities import Capabilities
 from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
-from vidloom.core.session import EXTEND_FROM
+from vidloom.core.blocks import EXTENSION
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.wan_causal import extension
 
@@ -49,7 +49,7 @@ def far_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, 
         tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}),
         # A first frame (I2V), a context clip to continue (V2V), or a finished video of this model to extend.
         inputs=frozenset({"image", "video"}),
-        request_blocks={EXTEND_FROM: BlockSpec(extension.RESOLVER, check=extension.CHECK)},
+        request_blocks=(BlockSpec(EXTENSION, extension.RESOLVER, check=extension.CHECK),),
         size_from_inputs=True,
         precision="bfloat16", sampling_defaults=defaults, geometry=GEOMETRY, description=description,
     )

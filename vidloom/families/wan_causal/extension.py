@@ -23,7 +23,7 @@ def resolve_extension(request: GenerationRequest, card: ModelCard) -> dict[str, 
     The extension's video is the source's followed by new frames: num_frames counts both and
     defaults to the source's plus as many new frames as a default video has after its first.
     """
-    source = request.extend_from
+    source = request.option("extend_from")
     if source is None:
         return {}
     session = getattr(source, "session", source)  # a VideoOutput carries its session
@@ -56,7 +56,7 @@ def resolve_extension(request: GenerationRequest, card: ModelCard) -> dict[str, 
 
 def check_extension_guidance(request: GenerationRequest, card: ModelCard) -> None:
     """The extension's first chunk attends to KV made under the source's CFG branches: the count must match."""
-    session = request.extend_from
+    session = request.option("extend_from")
     if isinstance(session, VideoSession) and session.uses_cfg != request.uses_cfg:
         raise InvalidRequest("guidance_scale", f"{request.guidance_scale} and the source video's "
                                                f"{session.guidance_scale} differ in whether CFG runs (> 1); "

@@ -74,8 +74,8 @@ def extension_partition(source: tuple[int, ...], latent_frames: int, default: tu
 
 def rollout_partition(request: GenerationRequest, latent_frames: int, default: tuple[int, ...]) -> tuple[int, ...]:
     """Chunks of `request`'s rollout: an extension keeps its source's chunks and appends new ones."""
-    if isinstance(request.extend_from, VideoSession):
-        return extension_partition(request.extend_from.partition, latent_frames, default)
+    if isinstance(request.option("extend_from"), VideoSession):
+        return extension_partition(request.option("extend_from").partition, latent_frames, default)
     return chunk_partition(latent_frames, default)
 
 
@@ -180,7 +180,7 @@ class FarRolloutLoop:
             guidance_scale=float(request.guidance_scale), sampler=sampler, schedule=schedule, ctx=ctx,
             frame_starts=starts, context_chunks=first, chunk=first, reported=first,
             chunk_latents=noise[:, :, starts[first] : starts[first + 1]], sampler_state=sampler.init_state(schedule),
-            partition=partition, session=request.extend_from,
+            partition=partition, session=request.option("extend_from"),
         )
         if self.vae is not None:
             state.stream, state.frames = new_stream(self.vae, self.tiling), []

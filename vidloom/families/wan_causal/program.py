@@ -44,8 +44,8 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     def encode_context(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         """I2V frame / V2V clip -> normalised latents [1, C, T, h, w] the rollout continues from (None: T2V)."""
         request: GenerationRequest = slots["request"]
-        if isinstance(request.extend_from, VideoSession):  # the source's own latents: no VAE round trip
-            return {"context_latents": request.extend_from.latents.to(instance.device)}
+        if isinstance(request.option("extend_from"), VideoSession):  # the source's own latents: no VAE round trip
+            return {"context_latents": request.option("extend_from").latents.to(instance.device)}
         images = request.video if request.video is not None else request.image  # RGB PIL images
         if images is None:
             return {"context_latents": None}
