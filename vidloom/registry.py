@@ -141,8 +141,10 @@ def _views() -> _Views:
     adapters: list[Family] = []
     for family in loaded:
         claim("family", family.name, family)
+        declared = {"cards": family.card_builders, "demos": family.demo_writers, "pipelines": family.pipelines,
+                    "architectures": family.architectures}
         for table, rows in tables.items():
-            for key, target in getattr(family, table).items():
+            for key, target in declared[table].items():
                 claim(table, key, family)
                 rows[key] = family.target(target)
         for card_family in family.card_families:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -123,7 +124,7 @@ def test_every_card_builder_returns_the_card_it_is_registered_as():
     for card_id in registry.CARDS:
         card = registry.resolve_card(card_id)
         assert card.model_id == card_id
-        assert registry.family_of(card.family) is next(f for f in registry.families() if card_id in f.cards)
+        assert registry.family_of(card.family) is next(f for f in registry.families() if card_id in f.card_builders)
         # The CLI offers a block's flags from the family's declaration, before any card is built: it lists them all.
         declared = {block.name for block, families in registry.option_blocks().values()
                     if registry.family_of(card.family).name in families}
@@ -162,8 +163,9 @@ def test_a_malformed_plug_or_demo_is_refused_at_declaration():
 def test_conventions_fill_what_a_declaration_leaves_out():
     family = Family(package="vidloom_x.families.tiny", card_families=("tiny",), demos={"tiny-demo": ".demo"})
     assert family.name == "tiny" and family.loader == ".load:load_instance"
-    assert family.cards == {"tiny-demo": ".demo:demo_card"}
-    assert family.demos == {"tiny-demo": ".demo:ensure_demo_checkpoint"}
+    assert family.card_builders == {"tiny-demo": ".demo:demo_card"}
+    assert family.demo_writers == {"tiny-demo": ".demo:ensure_demo_checkpoint"}
+    assert dataclasses.replace(family, name="tiny2").demos == family.demos  # the declaration is kept as written
     assert (family.capability_rows, family.parity) == (".cards:CAPABILITY_ROWS", ".parity:PARITY")
 
 

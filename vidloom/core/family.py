@@ -47,11 +47,10 @@ class Family:
     loader: str = ".load:load_instance"
     """Plug of `load_instance(card, checkpoint_dir, device, dtype, deploy) -> ModelInstance`."""
     cards: Mapping[str, str] = field(default_factory=dict)
-    """Registered model id -> plug of `() -> ModelCard` (its demos are added from `demos`)."""
+    """Registered model id -> plug of `() -> ModelCard` (its demos: `card_builders`)."""
     demos: Mapping[str, str] = field(default_factory=dict)
     """Demo card id -> the module (".demo") whose `demo_card()` is its card and whose
-    `ensure_demo_checkpoint(cache_dir)` writes its checkpoint once (the `demo:<id>` source). Read back, the table
-    holds the writer plugs."""
+    `ensure_demo_checkpoint(cache_dir)` writes its checkpoint once (the `demo:<id>` source; `demo_writers`)."""
     pipelines: Mapping[str, str] = field(default_factory=dict)
     """diffusers model_index.json `_class_name` -> plug of `(folder) -> ModelCard`."""
     architectures: Mapping[str, str] = field(default_factory=dict)
@@ -82,11 +81,7 @@ class Family:
         if clash := sorted(set(self.demos) & set(self.cards)):
             raise ValueError(f"family {self.name!r}: {clash} are in both cards and demos; a demo's card comes "
                              "from its module's demo_card")
-        cards = {**{key: f"{module}:demo_card" for key, module in self.demos.items()}, **self.cards}
-        object.__setattr__(self, "cards", MappingProxyType(cards))
-        writers = {key: f"{module}:ensure_demo_checkpoint" for key, module in self.demos.items()}
-        object.__setattr__(self, "demos", MappingProxyType(writers))
-        for name in ("pipelines", "architectures"):
+        for name in ("cards", "demos", "pipelines", "architectures"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         for what, target in self.plugs():
             try:
@@ -98,11 +93,23 @@ class Family:
                 raise plugin.PlugError(f"family {self.name!r} {what}: {target!r} points into a family package; "
                                        "write its own modules relative (\".module:attribute\")")
 
+    @property
+    def card_builders(self) -> Mapping[str, str]:
+        """Every model id it registers -> plug of `() -> ModelCard`: its demos' `demo_card`, then `cards`."""
+        return {**{key: f"{module}:demo_card" for key, module in self.demos.items()}, **self.cards}
+
+    @property
+    def demo_writers(self) -> Mapping[str, str]:
+        """Demo card id -> plug of its `ensure_demo_checkpoint(cache_dir)`."""
+        return {key: f"{module}:ensure_demo_checkpoint" for key, module in self.demos.items()}
+
     def plugs(self) -> Iterator[tuple[str, str]]:
         """(where, plug string) for every plug the declaration holds."""
         yield "loader", self.loader
-        for table in ("cards", "demos", "pipelines", "architectures"):
-            for key, target in getattr(self, table).items():
+        tables = {"cards": self.card_builders, "demos": self.demo_writers, "pipelines": self.pipelines,
+                  "architectures": self.architectures}
+        for table, rows in tables.items():
+            for key, target in rows.items():
                 yield f"{table}[{key!r}]", target
         for name in ("catch_all", "capability_rows", "parity", "sequence_geometry"):
             if getattr(self, name) is not None:
