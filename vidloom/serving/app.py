@@ -72,7 +72,8 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(router)
     if config.ui_enabled:
         app.include_router(ui_router())
-    serve_options(app, engine.card, {"/v1/videos": VideoCreateBody, "/v1/audio/generations": AudioGenerationBody})
+    card = engine.card if engine is not None else None  # None: a schema-only app (tests)
+    serve_options(app, card, {"/v1/videos": VideoCreateBody, "/v1/audio/generations": AudioGenerationBody})
     return app
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from vidloom import registry
@@ -20,15 +19,23 @@ from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
 
 
-def serve_options(app: FastAPI, card: ModelCard, routes: dict[str, type[BaseModel]]) -> None:
+def serve_options(app: FastAPI, card: ModelCard | None, routes: dict[str, type[BaseModel]]) -> None:
     """Each POST route path in `routes` reads its base body plus the card's options (read_options_body), and
-    documents that body in /openapi.json."""
-    bodies = {base: body_model(base, card) for base in routes.values()}
+    /openapi.json documents that body (card None: the base bodies)."""
+    bodies = {base: base if card is None else body_model(base, card) for base in routes.values()}
     app.state.option_bodies = bodies
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path in routes and "POST" in route.methods:
-            media = tuple(route.openapi_extra["requestBody"]["content"]) if route.openapi_extra else ()
-            route.openapi_extra = body_doc(bodies[routes[route.path]], *media)
+    generate = app.openapi  # the routers are shared by every app: this app's schema is patched, not the routes
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path, base in routes.items():
+                post = schema["paths"].get(path, {}).get("post", {})
+                if "requestBody" in post:
+                    post.update(body_doc(bodies[base], *post["requestBody"]["content"]))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def read_options_body(request: Request, base: type[BaseModel]) -> Any:
