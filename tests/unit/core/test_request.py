@@ -177,3 +177,22 @@ def test_huge_int_error_names_its_size_not_its_digits(card):
     request = GenerationRequest(prompt="a cat", seed=10**5000)  # repr() of it raises ValueError
     with pytest.raises(InvalidRequest, match="seed: must be at most .* an integer of 16610 bits"):
         resolve_request(request, card)
+
+
+def test_options_arrive_as_keywords_and_survive_replace(card):
+    request = GenerationRequest(prompt="p", strength=0.5, reason=False, camera=None)  # False / None: not given
+    assert dict(request.options) == {"strength": 0.5} and request.option("camera") is None
+    moved = dataclasses.replace(request, seed=3, strength=0.25)
+    assert (moved.seed, moved.option("strength")) == (3, 0.25)
+    assert request.with_options(strength=None).options == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.options = {}  # type: ignore[misc]
+
+
+def test_an_option_is_checked_by_kind_and_an_unknown_one_suggests_a_name(card):
+    with pytest.raises(InvalidRequest) as bad:
+        resolve_request(GenerationRequest(prompt="p", strength="half"), card)
+    assert bad.value.field == "strength" and "must be a number" in bad.value.message
+    with pytest.raises(InvalidRequest) as typo:
+        resolve_request(GenerationRequest(prompt="p", num_frame=9), card)
+    assert typo.value.field == "num_frame" and "did you mean num_frames?" in typo.value.message
