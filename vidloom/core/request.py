@@ -68,6 +68,16 @@ class GenerationRequest:
     options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a parallel rank) without the resolved mark, options as a plain dict."""
+        state = {name: value for name, value in vars(self).items() if name != _RESOLVED}
+        state["options"] = dict(self.options)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, MappingProxyType(value) if name == "options" else value)
+
     def option(self, name: str, default: Any = None) -> Any:
         """The value of option `name`, or `default` when the request does not give it."""
         return self.options.get(name, default)
@@ -101,10 +111,15 @@ def resolve_request(request: GenerationRequest, card: ModelCard, media: MediaRea
     """Fill defaults from `card` and validate; raises InvalidRequest naming the field.
 
     `media` opens the image / video / audio fields; callers above core use vidloom.media.request_inputs'
-    resolve_request, which passes the reader (a request without media needs none).
+    resolve_request, which passes the reader (a request without media needs none). A request this returned is
+    marked resolved against `card` and comes back as it is; any change (replace, with_options) makes a new,
+    unmarked request, resolved again.
     """
+    if getattr(request, _RESOLVED, None) is card:
+        return request
     refuse_unread(request, card)
-    request = resolve_blocks(request, card)  # refuses options no block of the card declares  # blocks may set size and frames, so before the card's defaults
+    # Blocks may set size and frames, so before the card's defaults; refuses options no block of the card declares.
+    request = resolve_blocks(request, card)
     defaults = card.sampling_defaults
     filled = {
         f.name: getattr(defaults, f.name)
@@ -129,7 +144,11 @@ def resolve_request(request: GenerationRequest, card: ModelCard, media: MediaRea
     resolved = dataclasses.replace(request, **filled)
     validate(resolved, card)
     check_blocks(resolved, card)
+    object.__setattr__(resolved, _RESOLVED, card)  # not a field: replace() does not copy it
     return resolved
+
+
+_RESOLVED = "_resolved_for"
 
 
 FRAME_FIELDS = ("height", "width", "num_frames", "fps")

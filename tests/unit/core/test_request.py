@@ -196,3 +196,27 @@ def test_an_option_is_checked_by_kind_and_an_unknown_one_suggests_a_name(card):
     with pytest.raises(InvalidRequest) as typo:
         resolve_request(GenerationRequest(prompt="p", num_frame=9), card)
     assert typo.value.field == "num_frame" and "did you mean num_frames?" in typo.value.message
+
+
+def test_a_resolved_request_is_resolved_once_and_a_changed_one_again(card, monkeypatch):
+    import vidloom.core.request as core_request
+
+    resolved = resolve_request(GenerationRequest(prompt="p"), card)
+    calls = []
+    monkeypatch.setattr(core_request, "validate", lambda r, c: calls.append(r))
+    assert resolve_request(resolved, card) is resolved and not calls
+    changed = dataclasses.replace(resolved, seed=5)
+    assert resolve_request(changed, card).seed == 5 and len(calls) == 1
+    other = dataclasses.replace(card, model_id="other-card")
+    resolve_request(resolved, other)
+    assert len(calls) == 2  # another card checks it again
+
+
+def test_a_request_pickles_with_its_options_and_without_its_mark(card):
+    import pickle
+
+    resolved = resolve_request(GenerationRequest(prompt="p", seed=4), card)
+    marked = dataclasses.replace(resolved, strength=0.5)  # options need not be valid to travel
+    back = pickle.loads(pickle.dumps(marked))
+    assert back == marked and dict(back.options) == {"strength": 0.5}
+    assert not hasattr(pickle.loads(pickle.dumps(resolved)), "_resolved_for")
