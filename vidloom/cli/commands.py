@@ -270,10 +270,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
 
 
 def _error_line(exc: VidloomError) -> str:
-    from vidloom.cli.generate import FLAG_OF_FIELD
+    from vidloom.cli.generate import flag_of
 
     if isinstance(exc, InvalidRequest):
-        return f"error: {FLAG_OF_FIELD.get(exc.field, exc.field)}: {_one_line(exc.message)}"
+        return f"error: {flag_of(exc.field) or exc.field}: {_one_line(exc.message)}"
     return f"error: {_flagged(_one_line(str(exc)))}"
 
 
@@ -284,12 +284,12 @@ def _one_line(text: str) -> str:
 def _flagged(text: str) -> str:
     """"slots: must be >= 1" -> "--slots: must be >= 1": name the flag the user typed, when the
     message starts with a setting's field name and that field has a flag."""
-    from vidloom.cli.generate import FLAG_OF_FIELD
+    from vidloom.cli.generate import flag_of
 
     field, sep, rest = text.partition(": ")
     if not sep or not field.isidentifier():
         return text
-    flag = FLAG_OF_FIELD.get(field) or f"--{field.replace('_', '-')}"
+    flag = flag_of(field) or f"--{field.replace('_', '-')}"
     options = {opt for parser in _subparsers(build_parser()) for action in parser._actions for opt in action.option_strings}
     return f"{flag}: {rest}" if flag in options else text
 

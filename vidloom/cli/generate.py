@@ -34,6 +34,15 @@ FLAG_OF_FIELD: dict[str, str] = {
     "last_image": "--last-image", "audio_out": "--audio-out", "lora": "--lora", "loras": "--lora",
     "fuse_loras": "--fuse-loras", "init_audio": "--init-audio", **ACTION_FLAGS,
 }
+
+
+def flag_of(field: str) -> str | None:
+    """The flag a CLI user typed for a request or setting field (an option's from its block), if any."""
+    from vidloom.cli.options import option_flags
+
+    return FLAG_OF_FIELD.get(field) or option_flags().get(field)
+
+
 AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
 

@@ -25,6 +25,8 @@ from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import install_error_handlers
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.jobs import JobManager
+from vidloom.serving.option_bodies import serve_options
+from vidloom.serving.protocol import VideoCreateBody
 from vidloom.serving.video_routes import router as video_router
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ def replica_app(manager: JobManager, config: ServeConfig) -> FastAPI:
     app.include_router(image_router)
     app.include_router(chat_router)
     app.add_api_route("/v1/models/{model_id:path}", replica_model, methods=["GET"])
+    serve_options(app, manager.card, {"/v1/videos": VideoCreateBody})  # the bodies read the replica's options
     return app
 
 
