@@ -40,6 +40,7 @@ from vidloom.serving.errors import engine_errors
 from vidloom.serving.params import PlannedVideo, check_model, new_video_id, sampling_fields
 from vidloom.serving.protocol import ApiBool, ApiFloat, SamplingExtensions, VideoObject, body_doc
 from vidloom.serving.request_body import read_body
+from vidloom.serving.api_keys import caller_of
 from vidloom.serving.video_routes import AUDIO_JOB_SIZE, jobs_of
 
 router = APIRouter(prefix="/v1/audio")
@@ -87,7 +88,8 @@ async def generate_audio(request: Request) -> AudioResponse | VideoObject:
                 raise InvalidRequest("output_format", "a background job stores WAV; convert it, or answer directly")
             resolved = resolve_request(planned, manager.card)
             seconds = "" if resolved.seconds is None else f"{resolved.seconds:g}"  # None: a fixed-length model
-            record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds))
+            job = PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds)
+            record = manager.submit_video(job, caller_of(request.scope).owner)
             return VideoObject.from_record(record)
         outputs = await unless_disconnected(request, manager.generate_images((planned,)))
     output = outputs[0]
