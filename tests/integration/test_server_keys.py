@@ -3,6 +3,7 @@ answer 404 like missing ones), cannot touch adapters; an admin key sees every jo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -84,3 +85,59 @@ def test_the_single_api_key_stays_an_admin(start_server, tmp_path: Path):
         own = create_video(root)
         _not_found(alice.get(f"/v1/videos/{own['id']}"))
         wait_for_status(root, own["id"], {"completed"})
+
+
+@pytest.fixture(scope="module")
+def session_server(cosmos3_action_dir: Path, tmp_path_factory):
+    from tests.helpers.servers import ThreadServer
+    from vidloom.generator import VideoGenerator
+    from vidloom.serving.config import ServeConfig
+
+    generator = VideoGenerator.from_pretrained(cosmos3_action_dir, device="cpu")
+    keys = (ApiKey(ALICE, "user", "alice"), ApiKey(BOB, "user", "bob"), ApiKey(ROOT, "admin", "ops"))
+    config = ServeConfig(data_dir=tmp_path_factory.mktemp("keyed-sessions"), graceful_shutdown_s=2, api_keys=keys)
+    with ThreadServer(generator.engine, config) as server:
+        yield server
+
+
+def _socket_answer(server, session_id: str, key: str) -> tuple[dict, int]:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http://", "ws://") + f"/v1/sessions/{session_id}/ws"
+    with connect(url, open_timeout=10, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+        first = json.loads(ws.recv(timeout=10))
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+        return first, ws.close_code
+
+
+def test_a_user_key_cannot_see_drive_or_close_another_owners_session(session_server):
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture = io.BytesIO()
+    Image.fromarray(np.zeros((48, 64, 3), dtype=np.uint8)).save(picture, format="PNG")
+    body = {"prompt": SECRET_PROMPT, "domain_name": "pusht", "chunk_size": 4, "resolution_tier": 256,
+            "num_inference_steps": 2, "input_reference": "data:image/png;base64,"
+            + base64.b64encode(picture.getvalue()).decode()}
+    server = session_server
+    with _client(server.url, ALICE) as alice, _client(server.url, BOB) as bob, _client(server.url, ROOT) as root:
+        opened = alice.post("/v1/sessions", json=body)
+        assert opened.status_code == 200, opened.text
+        session_id, missing = opened.json()["id"], "sess_" + "0" * 32
+        try:
+            for probe in (bob.get(f"/v1/sessions/{session_id}"), bob.delete(f"/v1/sessions/{session_id}")):
+                _not_found(probe, "session_not_found")
+                assert probe.json()["error"]["message"] == bob.get(f"/v1/sessions/{missing}").json()["error"][
+                    "message"].replace(missing, session_id)
+            refused, code = _socket_answer(server, session_id, BOB)
+            assert code == 4404 and refused == _socket_answer(server, missing, BOB)[0]
+            assert server.app.state.sessions.find(session_id) is not None, "bob's socket closed alice's session"
+            assert alice.get(f"/v1/sessions/{session_id}").json()["prompt"] == SECRET_PROMPT
+            assert root.get(f"/v1/sessions/{session_id}").status_code == 200  # an admin sees every session
+        finally:
+            assert alice.delete(f"/v1/sessions/{session_id}").status_code == 200
