@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from vidloom.core.card import ModelCard
@@ -91,7 +91,7 @@ class ServeConfig:
     graceful_shutdown_s: float = 5.0
 
     # -- security (who may call, from where) --------------------------------------------------
-    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health; an admin
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health (an admin key)
     # Several keys, each with a role (admin | user) and an owner whose jobs and sessions it alone sees
     # (serving/api_keys.py): the card's list and a file of `KEY ROLE OWNER` lines or JSON (--api-keys-file).
     api_keys: tuple[ApiKey, ...] = ()
@@ -102,7 +102,6 @@ class ServeConfig:
     enable_docs: bool = False  # serve /docs, /redoc and /openapi.json
     # The web playground at / (vidloom/serving/ui): None = on when bound to loopback, off on other addresses.
     ui: bool | None = None
-    _file_keys: tuple[ApiKey, ...] = field(default=(), init=False, repr=False, compare=False)
 
     @property
     def lora_files(self) -> list[tuple[str, str]]:
@@ -195,8 +194,7 @@ class ServeConfig:
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
         if self.api_keys_file is not None:
             object.__setattr__(self, "api_keys_file", Path(self.api_keys_file))
-            object.__setattr__(self, "_file_keys", read_keys_file(self.api_keys_file))
-        check_unique(self.all_keys)
+        check_unique(self.all_keys)  # reads the keys file: a bad one stops the start
         object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))
         object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/") for o in self.cors_origins))
         for host in self.allowed_hosts:
@@ -208,9 +206,10 @@ class ServeConfig:
 
     @property
     def all_keys(self) -> tuple[ApiKey, ...]:
-        """Every key of the server: --api-key (an admin), the card's api_keys, the keys file's."""
+        """Every key of the server: --api-key (an admin), the card's api_keys, the keys file's (read now)."""
         single = (ApiKey(self.api_key, "admin", SINGLE_KEY_OWNER),) if self.api_key is not None else ()
-        return (*single, *self.api_keys, *self._file_keys)
+        from_file = read_keys_file(self.api_keys_file) if self.api_keys_file is not None else ()
+        return (*single, *self.api_keys, *from_file)
 
     @property
     def key_ring(self) -> KeyRing:
