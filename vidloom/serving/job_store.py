@@ -8,9 +8,10 @@ runs it grows as `.<id>.growing.fmp4`, see serving/chunk_stream.py); for causal 
 A row turns `completed` only after its files were renamed into place, so a completed
 job always has whole files; finished rows never change again except by `delete`.
 Files the table cannot account for are never deleted: recovery moves them to `<data_dir>/orphans/`.
-Each row also names the owner of the API key that created it (`key_owner`): a key lists and finds only its
-owner's jobs (serving/api_keys.py). Each row names the process that owns it while it is active; recovery ends (or re-queues) only
+Each row names the process that owns it while it is active; recovery ends (or re-queues) only
 the jobs of owners that are gone, so servers sharing a database never fail each other's jobs.
+Each row also names the owner of the API key that created it (`key_owner`): a key lists and finds
+only its owner's jobs (serving/api_keys.py).
 """
 
 from __future__ import annotations
