@@ -129,6 +129,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                           "name no other adapters, runtime load/unload refused)")
     srv.add_argument("--max-loras", type=int, default=None, metavar="N",
                      help="LoRA adapters resident at once (default: 4)")
+    srv.add_argument("--lora-dir", action="append", default=None, metavar="DIR",
+                     help="a folder POST /v1/loras may load adapter files from (repeatable; none: run-time "
+                          "loading is off)")
+    srv.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                     help="largest adapter rank POST /v1/loras accepts (default: 1024)")
+    srv.add_argument("--max-lora-mb", type=float, default=None, metavar="MB",
+                     help="largest adapter file POST /v1/loras reads (default: 4096)")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
     srv.add_argument("--slots", type=int, default=1, help="requests resident on the device at once (default: 1)")
@@ -161,6 +168,9 @@ def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--api-key", default=None, metavar="KEY",
                      help=f"require 'Authorization: Bearer KEY' on every route but /health "
                           f"(default: ${API_KEY_ENV}; unset = no authentication)")
+    srv.add_argument("--api-keys-file", default=None, metavar="FILE",
+                     help="several API keys, one 'KEY ROLE OWNER' a line (ROLE: admin | user) or a JSON list of "
+                          "{key, role, owner}; each key sees only its owner's jobs and sessions")
     srv.add_argument("--metrics-need-key", action="store_true", help="require the API key on /metrics too")
     srv.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                      help="accept this Host name besides the bind address, localhost and IP literals; "

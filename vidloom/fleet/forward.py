@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vidloom.serving.api_keys import CALLER_SCOPE_KEY, OPEN, caller_of
 from vidloom.serving.chat_routes import ChatState
 from vidloom.serving.chat_routes import router as chat_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
@@ -30,7 +31,8 @@ from vidloom.serving.protocol import VideoCreateBody
 from vidloom.serving.video_routes import router as video_router
 
 log = logging.getLogger(__name__)
-Forwarded = dict[str, Any]  # method, path, query_string, headers, body, client, server, scheme (picklable)
+# method, path, query_string, headers, body, client, server, scheme, caller (api_keys.Caller) (picklable)
+Forwarded = dict[str, Any]
 
 
 async def forwarded_request(request: Request) -> Forwarded:
@@ -40,7 +42,8 @@ async def forwarded_request(request: Request) -> Forwarded:
     headers = [(k, v) for k, v in scope["headers"] if k not in (b"authorization", b"cookie")]
     return {"method": scope["method"], "path": scope["path"], "query_string": scope.get("query_string", b""),
             "headers": headers, "body": await request.body(), "client": scope.get("client"),
-            "server": scope.get("server"), "scheme": scope.get("scheme", "http")}
+            "server": scope.get("server"), "scheme": scope.get("scheme", "http"),
+            "caller": caller_of(scope)}  # whose job a create makes, whose jobs a replica may show
 
 
 def replica_app(manager: JobManager, config: ServeConfig) -> FastAPI:
@@ -97,6 +100,7 @@ async def _run(app: ASGIApp, request: Forwarded, put: Any, gone: asyncio.Event) 
         "raw_path": request["path"].encode(), "root_path": "", "query_string": request["query_string"],
         "headers": [(bytes(k), bytes(v)) for k, v in request["headers"]],
         "client": request["client"], "server": request["server"], "state": {},
+        CALLER_SCOPE_KEY: request.get("caller", OPEN),
     }
     body_sent = False
     started = False

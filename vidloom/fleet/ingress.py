@@ -68,8 +68,9 @@ class FleetJobs:
     def get(self, job_id: str) -> JobRecord | None:
         return self.store.get(job_id)
 
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        return self.store.page(after, limit, order)
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
+             only_owner: str | None = None) -> Page:
+        return self.store.page(after, limit, order, only_owner)
 
     async def cancel(self, job_id: str) -> JobRecord | None:
         """Flag the row; the owning replica cancels at its next poll and step boundary. Waits up to cancel_wait_s."""

@@ -8,6 +8,7 @@ that declares none refuses adapters by name.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,22 @@ from vidloom.core.family import Family, LoRASupport
 DEFAULT_MAX_LORAS = 4
 """Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only); loading
 one more evicts the least recently used adapter no running request holds."""
+MAX_LORA_NAME_CHARS = 64
+"""The longest adapter name: a name is a short identifier requests repeat, and a path segment of its DELETE route."""
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""What an adapter name may hold: letters, digits, `.`, `_`, `-` (no `/`: DELETE /v1/loras/{name} must reach it)."""
+
+
+def check_lora_name(name: object, field: str = "name") -> str:
+    """`name` when it is a valid adapter name; InvalidRequest(field) saying what a name may hold. Checked where
+    names come from a server's clients and its config; a local `generate --lora PATH` names an adapter after
+    its file's stem, whatever that holds."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_LORA_NAME_CHARS or not LORA_NAME.fullmatch(name):
+        shown = repr(name[:40]) + ("..." if len(name) > 40 else "") if isinstance(name, str) else repr(name)
+        raise InvalidRequest(field, f"{shown} is not an adapter name: 1 to {MAX_LORA_NAME_CHARS} letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit")
+    return name
+
 
 @dataclass(frozen=True)
 class LoadedLoRA:
@@ -81,16 +98,17 @@ class LoRARegistry:
     def adapters(self) -> list[LoadedLoRA]:
         return list(self._loaded.values())
 
-    def load(self, name: str, path: str | Path, into: str | None = None) -> LoadedLoRA:
+    def load(self, name: str, path: str | Path, into: str | None = None, max_rank: int | None = None) -> LoadedLoRA:
         """Read `path` and make it selectable as `name` (replacing an adapter of that name); `into`: the
-        component to load it into instead of the family's default (Family.lora.into)."""
+        component to load it into instead of the family's default (Family.lora.into); `max_rank`: the largest
+        rank accepted (None: any)."""
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name", f"must be a non-empty string, got {name!r}")
         self._refuse_if_fused("load")
         with self._lock:
             self._victim(name)  # before reading: a registry full of adapters in use refuses at once
         # Read and cast outside the lock: a large file must not hold up requests resolving their adapters.
-        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into)
+        adapter = read_adapter(name, path, self._components, self._family, self._device, self._dtype, into, max_rank)
         with self._lock:
             victim = self._victim(name)
             if victim is not None:
@@ -153,13 +171,13 @@ class LoRARegistry:
         return ActiveLoRAs({key: tuple(entries) for key, entries in merged.items()})
 
 def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], family: str, device: torch.device,
-                 dtype: torch.dtype, into: str | None = None) -> LoadedLoRA:
+                 dtype: torch.dtype, into: str | None = None, max_rank: int | None = None) -> LoadedLoRA:
     """Read the adapter file `path` for `family`'s LoRA targets among `components` (or into component `into`),
     cast to device/dtype; the modules are not touched (`wrap_adapter` does that)."""
     owner, lora = check_family(family, "lora")
     convert = owner.resolve(lora.converter) if lora.converter is not None else None
     targets = _targets(family, lora, components, into)
-    files = read_lora_components(Path(path), tuple(prefix for _, prefix, _ in targets), convert)
+    files = read_lora_components(Path(path), tuple(prefix for _, prefix, _ in targets), convert, max_rank)
     layers: dict[str, LoRALayer] = {}
     for component, prefix, map_target in targets:
         if prefix in files:

@@ -24,6 +24,7 @@ from vidloom.core import plugin
 from vidloom.core.action import ActionInput
 from vidloom.core.errors import InvalidRequest
 from vidloom.runtime.interface import SessionHost
+from vidloom.serving.api_keys import OPEN, Caller
 from vidloom.serving.errors import APIError, echo
 from vidloom.serving.params import check_model, sampling_fields
 from vidloom.serving.protocol import ApiInt, SamplingExtensions
@@ -59,6 +60,7 @@ class ServedSession:
     connected: bool = False  # a WebSocket is attached (one at a time)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # set when closed or expired
     end_reason: str = "closed"  # deleted | expired | closed (its WebSocket went away, or the server stops)
+    key_owner: str | None = None  # the owner of the API key that opened it: only its keys (and admins) see it
 
     @property
     def id(self) -> str:
@@ -93,8 +95,9 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    async def open(self, body: SessionCreateBody) -> ServedSession:
-        """Check and open a session (400 naming the field, 429 when at max_sessions); runs no chunk yet."""
+    async def open(self, body: SessionCreateBody, key_owner: str | None = None) -> ServedSession:
+        """Check and open a session of `key_owner` (400 naming the field, 429 when at max_sessions); runs no
+        chunk yet."""
         card = self.jobs.card
         check_model(body.model, card)
         spec = card.request_blocks.get("action")
@@ -118,7 +121,7 @@ class SessionManager:
         except BaseException:
             rollout.close()
             raise
-        session = ServedSession(rollout, int(time.time()), time.monotonic())
+        session = ServedSession(rollout, int(time.time()), time.monotonic(), key_owner=key_owner)
         self._sessions[session.id] = session
         if self._expirer is None:
             self._expirer = asyncio.get_running_loop().create_task(self._expire_loop())
@@ -130,11 +133,13 @@ class SessionManager:
                            "(DELETE /v1/sessions/{id}) or wait for an idle one to expire", code="too_many_sessions",
                            headers={"Retry-After": str(int(self.ttl_s))})
 
-    def find(self, session_id: str) -> ServedSession | None:
-        return self._sessions.get(session_id)
-
-    def get(self, session_id: str) -> ServedSession:
+    def find(self, session_id: str, caller: Caller = OPEN) -> ServedSession | None:
+        """The open session `session_id` if `caller` may see it (another owner's is as unknown as a missing one)."""
         session = self._sessions.get(session_id)
+        return session if session is not None and caller.sees(session.key_owner) else None
+
+    def get(self, session_id: str, caller: Caller = OPEN) -> ServedSession:
+        session = self.find(session_id, caller)
         if session is None:
             raise APIError(404, f"no open session {echo(session_id)} (closed, expired or never opened)",
                            param="session_id", code="session_not_found")

@@ -41,6 +41,7 @@ from vidloom.serving.params import PlannedVideo, check_model, new_video_id, samp
 from vidloom.serving.protocol import ApiBool, SamplingExtensions, VideoObject, body_doc
 from vidloom.serving.option_bodies import read_options_body
 from vidloom.serving.option_fields import option_values
+from vidloom.serving.api_keys import caller_of
 from vidloom.serving.video_routes import AUDIO_JOB_SIZE, jobs_of
 
 router = APIRouter(prefix="/v1/audio")
@@ -88,7 +89,7 @@ async def generate_audio(request: Request) -> AudioResponse | VideoObject:
             resolved = resolve_request(planned, manager.card)
             length = resolved.option("seconds")
             seconds = "" if length is None else f"{length:g}"  # None: a fixed-length model
-            record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds))
+            record = manager.submit_video(PlannedVideo(resolved, AUDIO_JOB_SIZE, seconds), caller_of(request.scope).owner)
             return VideoObject.from_record(record)
         outputs = await unless_disconnected(request, manager.generate_images((planned,)))
     output = outputs[0]

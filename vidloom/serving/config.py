@@ -9,6 +9,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.limits import RequestLimits
 from vidloom.registry import DEFAULT_MODEL
+from vidloom.serving.api_keys import SINGLE_KEY_OWNER, ApiKey, KeyRing, check_unique, read_keys_file
 from vidloom.serving.job_store import LOST_JOBS, redact_url
 from vidloom.runtime.scheduler import DEFAULT_DECODE_SLOTS, POLICIES
 
@@ -49,6 +50,11 @@ class ServeConfig:
     loras: tuple[str, ...] = ()
     fuse_loras: bool = False
     max_loras: int | None = None  # adapters resident at once (--max-loras); None: 4 (vidloom.lora.registry)
+    # POST /v1/loras reads files only inside these folders (--lora-dir, repeatable), after resolving symlinks;
+    # none: run-time loading is off. Adapters past these bounds are refused before they take memory.
+    lora_dirs: tuple[Path, ...] = ()
+    max_lora_rank: int = 1024  # the largest rank of any layer (community adapters: 4 to 256)
+    max_lora_file_bytes: int = 4 << 30  # the largest adapter file read (--max-lora-mb)
     max_body_bytes: int = 1 << 20  # larger request bodies get 413 before any parsing
     # Uploads (images, videos) are checked from their headers and decoded on a pool off the event loop:
     # this many threads, with this many more uploads waiting; past that a request gets 429.
@@ -85,7 +91,11 @@ class ServeConfig:
     graceful_shutdown_s: float = 5.0
 
     # -- security (who may call, from where) --------------------------------------------------
-    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but /health (an admin key)
+    # Several keys, each with a role (admin | user) and an owner whose jobs and sessions it alone sees
+    # (serving/api_keys.py): the card's list and a file of `KEY ROLE OWNER` lines or JSON (--api-keys-file).
+    api_keys: tuple[ApiKey, ...] = ()
+    api_keys_file: Path | None = None
     metrics_need_key: bool = False  # /metrics also requires the key (open by default, for scrapers)
     allowed_hosts: tuple[str, ...] = ()  # Host names beyond the bind address, localhost and IP literals; "*": any
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (no CORS headers otherwise)
@@ -104,12 +114,17 @@ class ServeConfig:
         scale from each request). ValueError naming the entry that is not NAME=PATH[:SCALE]."""
         from vidloom.core.errors import InvalidRequest
         from vidloom.lora.files import split_scale
+        from vidloom.lora.registry import check_lora_name
 
         entries = []
         for entry in self.loras:
             name, sep, path = str(entry).partition("=")
             if not sep or not name.strip() or not path.strip():
                 raise ValueError(f"loras: {entry!r} is not NAME=PATH (e.g. watercolor=./watercolor.safetensors)")
+            try:
+                check_lora_name(name.strip(), "loras")
+            except InvalidRequest as exc:
+                raise ValueError(f"loras: {exc.message}") from None
             path, scale = path.strip(), 1.0
             if self.fuse_loras:
                 try:
@@ -139,6 +154,10 @@ class ServeConfig:
         if self.media_queue < 0:
             raise ValueError(f"media_queue: must be >= 0, got {self.media_queue}")
         object.__setattr__(self, "loras", tuple(self.loras))
+        object.__setattr__(self, "lora_dirs", tuple(Path(d) for d in self.lora_dirs))
+        for name in ("max_lora_rank", "max_lora_file_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         self.lora_files  # noqa: B018 -- raises for an entry that is not NAME=PATH
         if self.fuse_loras and not self.loras:
             raise ValueError("fuse_loras: needs adapters given at start (loras / --lora NAME=PATH[:SCALE])")
@@ -172,6 +191,10 @@ class ServeConfig:
     def _check_security(self) -> None:
         if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isascii()):
             raise ValueError("api_key: must be a non-empty ASCII string (or unset for no authentication)")
+        object.__setattr__(self, "api_keys", tuple(self.api_keys))
+        if self.api_keys_file is not None:
+            object.__setattr__(self, "api_keys_file", Path(self.api_keys_file))
+        check_unique(self.all_keys)  # reads the keys file: a bad one stops the start
         object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts))
         object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/") for o in self.cors_origins))
         for host in self.allowed_hosts:
@@ -180,6 +203,17 @@ class ServeConfig:
         for origin in self.cors_origins:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise ValueError(f"cors_origins: {origin!r} must look like https://app.example.com (or be *)")
+
+    @property
+    def all_keys(self) -> tuple[ApiKey, ...]:
+        """Every key of the server: --api-key (an admin), the card's api_keys, the keys file's (read now)."""
+        single = (ApiKey(self.api_key, "admin", SINGLE_KEY_OWNER),) if self.api_key is not None else ()
+        from_file = read_keys_file(self.api_keys_file) if self.api_keys_file is not None else ()
+        return (*single, *self.api_keys, *from_file)
+
+    @property
+    def key_ring(self) -> KeyRing:
+        return KeyRing(self.all_keys)
 
     @property
     def ui_enabled(self) -> bool:

@@ -235,7 +235,7 @@ def _is_pairs(hint: Any) -> bool:
 
 # -- printing the effective card -------------------------------------------------------------------
 
-HIDDEN = ("api_key",)  # never printed: a card on screen or in a log must not leak the key
+HIDDEN = ("api_key", "api_keys")  # never printed: a card on screen or in a log must not leak a key
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@]+):[^@]*@")  # a store URL's password is printed as ***
 
 
@@ -267,7 +267,7 @@ def _plain(value: Any) -> Any:
 
 def dump_card(config: Any, header: str = "") -> str:
     text = yaml.safe_dump(card_values(config), sort_keys=False, default_flow_style=False)
-    hidden = [name for name in HIDDEN if getattr(config, name, None) is not None]
+    hidden = [name for name in HIDDEN if getattr(config, name, None)]
     notes = "".join(f"# {name}: set (not printed)\n" for name in hidden)
     return header + notes + text
 

@@ -8,7 +8,6 @@ WebSocket handshake is closed before it is accepted (HTTP 403).
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from urllib.parse import parse_qsl, urlsplit
 
@@ -16,6 +15,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from vidloom.serving.api_keys import ANONYMOUS, CALLER_SCOPE_KEY, OPEN, Caller
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import echo, error_response
 from vidloom.serving.request_body import BodyLimit
@@ -85,11 +85,12 @@ class HostGuard:
 
 
 class RequestGuard:
-    """API key, then the Origin of state-changing requests, then the body's content type."""
+    """API key, then the Origin of state-changing requests, then the body's content type. The caller the key
+    belongs to (api_keys.Caller) is left in the scope for the routes; without keys every caller is OPEN."""
 
     def __init__(self, app: ASGIApp, config: ServeConfig) -> None:
         self.app = app
-        self.key = config.api_key.encode() if config.api_key else None
+        self.keys = config.key_ring
         self.open_paths = set(OPEN_PATHS)
         if not config.metrics_need_key:
             self.open_paths.add("/metrics")
@@ -101,13 +102,19 @@ class RequestGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            await (self.app(scope, receive, send) if self.admits_websocket(scope) else _refuse_websocket(receive, send))
+            caller = self.websocket_caller(scope)
+            if caller is None:
+                await _refuse_websocket(receive, send)
+                return
+            scope[CALLER_SCOPE_KEY] = caller
+            await self.app(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         refusal = self.refusal(scope)
         if refusal is None:
+            scope[CALLER_SCOPE_KEY] = self._caller(scope) or ANONYMOUS  # an open path without a key
             await self.app(scope, receive, send)
             return
         status, message, code = refusal
@@ -117,7 +124,7 @@ class RequestGuard:
     def refusal(self, scope: Scope) -> tuple[int, str, str] | None:
         """(status, message, code) for a request that must not reach the app; None to let it through."""
         method = scope["method"]
-        if self.key is not None and scope["path"] not in self.open_paths and not self._authorized(scope):
+        if self.keys and scope["path"] not in self.open_paths and self._caller(scope) is None:
             return 401, _auth_message(_header(scope, b"authorization")), "invalid_api_key"
         if method in _UNSAFE_METHODS and not self._origin_allowed(scope):
             origin = _header(scope, b"origin")
@@ -127,29 +134,33 @@ class RequestGuard:
             return _content_type_refusal(scope)
         return None
 
-    def admits_websocket(self, scope: Scope) -> bool:
-        """A WebSocket handshake is a GET that CORS never checks (cross-site WebSocket hijacking): its Origin must
-        be allowed whatever the method, and its key may come as the header, `?api_key=` or the subprotocol
-        `bearer.<key>` (a browser's WebSocket cannot send headers)."""
+    def websocket_caller(self, scope: Scope) -> Caller | None:
+        """The caller of a WebSocket handshake; None to refuse it. A handshake is a GET that CORS never checks
+        (cross-site WebSocket hijacking): its Origin must be allowed whatever the method, and its key may come as
+        the header, `?api_key=` or the subprotocol `bearer.<key>` (a browser's WebSocket cannot send headers)."""
         if not self._origin_allowed(scope):
-            return False
-        if self.key is None or self._authorized(scope):
-            return True
-        offered = [f"Bearer {token.removeprefix('bearer.')}" for token in scope.get("subprotocols") or ()
-                   if token.startswith("bearer.")]
+            return None
+        if not self.keys:
+            return OPEN
+        offered = [_header(scope, b"authorization") or ""]
+        offered += [f"Bearer {token.removeprefix('bearer.')}" for token in scope.get("subprotocols") or ()
+                    if token.startswith("bearer.")]
         offered += [f"Bearer {value}" for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
                     if name == "api_key"]
-        return any(self._token_matches(value) for value in offered)
+        return next((caller for value in offered if (caller := self._token_caller(value)) is not None), None)
 
-    def _authorized(self, scope: Scope) -> bool:
-        return self._token_matches(_header(scope, b"authorization") or "")
+    def admits_websocket(self, scope: Scope) -> bool:
+        return self.websocket_caller(scope) is not None
 
-    def _token_matches(self, header: str) -> bool:
+    def _caller(self, scope: Scope) -> Caller | None:
+        """The caller of an HTTP request: OPEN without keys, else the owner of the key it sent (None: no key)."""
+        return self._token_caller(_header(scope, b"authorization") or "") if self.keys else OPEN
+
+    def _token_caller(self, header: str) -> Caller | None:
         scheme, _, token = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or self.key is None:
-            return False
-        # Constant time: the comparison must not tell an attacker how many leading bytes were right.
-        return hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), self.key)
+        if scheme.lower() != "bearer":
+            return None
+        return self.keys.caller(token.strip())
 
     def _origin_allowed(self, scope: Scope) -> bool:
         origin = _header(scope, b"origin")

@@ -10,6 +10,8 @@ job always has whole files; finished rows never change again except by `delete`.
 Files the table cannot account for are never deleted: recovery moves them to `<data_dir>/orphans/`.
 Each row names the process that owns it while it is active; recovery ends (or re-queues) only
 the jobs of owners that are gone, so servers sharing a database never fail each other's jobs.
+Each row also names the owner of the API key that created it (`key_owner`): a key lists and finds
+only its owner's jobs (serving/api_keys.py).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class JobRecord:
     error_code: str | None = None
     error_message: str | None = None
     time_to_first_chunk_s: float | None = None  # from creation to the first decoded chunk (streaming models)
+    key_owner: str | None = None  # the owner of the API key that created it (api_keys.py); None: no keys
 
     @property
     def finished(self) -> bool:
@@ -171,7 +174,10 @@ class JobStore(Protocol):
     def save_image(self, name: str, data: bytes) -> None: """Write an image file atomically."""
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""
     def get(self, job_id: str) -> JobRecord | None: ...
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page: ...
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
+             only_owner: str | None = None) -> Page:
+        """Jobs in creation order after `after`: every key owner's, or only `only_owner`'s; `after` naming a
+        job not among them raises UnknownCursor."""
     def set_status(self, job_id: str, status: str) -> None: ...
     def set_progress(self, job_id: str, progress: int) -> None: ...
     def set_first_chunk(self, job_id: str, seconds: float) -> None: """Record an active job's time to first chunk."""

@@ -113,14 +113,15 @@ class JobManager(ImageRequests, SharedStoreControl):
 
     # -- requests from the HTTP side (event loop thread) -----------------------------
 
-    def submit_video(self, planned: PlannedVideo) -> JobRecord:
-        """Validate, enqueue and store a job. Raises InvalidRequest or EngineBusy before storing anything."""
+    def submit_video(self, planned: PlannedVideo, key_owner: str | None = None) -> JobRecord:
+        """Validate, enqueue and store a job of `key_owner` (the caller's key's owner; None: a server without
+        keys). Raises InvalidRequest or EngineBusy before storing anything."""
         self._flush_unsaved()
         resolved = self._submit(planned.request).request
         record = JobRecord(
             id=resolved.request_id, model=self.card.model_id, status="queued", progress=0, created_at=now(),
             completed_at=None, size=planned.size, seconds=planned.seconds, prompt=resolved.prompt,
-            params=request_params(resolved),
+            params=request_params(resolved), key_owner=key_owner,
         )
         try:
             self.store.add(record)
@@ -140,9 +141,11 @@ class JobManager(ImageRequests, SharedStoreControl):
             return live.record
         return self._unsaved.get(job_id) or self.store.get(job_id)
 
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        """The store's page, with final states it has not accepted yet shown as they are."""
-        page = self.store.page(after, limit, order)
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
+             only_owner: str | None = None) -> Page:
+        """The store's page (every key owner's, or only `only_owner`'s), with final states it has not accepted
+        yet shown as they are."""
+        page = self.store.page(after, limit, order, only_owner)
         if not self._unsaved:
             return page
         return Page(tuple(self._unsaved.get(r.id, r) for r in page.records), page.has_more)

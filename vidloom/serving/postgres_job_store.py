@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vidloom.serving.job_store import StoreError, redact_url
-from vidloom.serving.sql_job_store import LATER_COLUMNS, SERVERS_SQL, SqlJobStore, table_sql
+from vidloom.serving.sql_job_store import LATER_COLUMNS, OWNER_INDEX_SQL, SERVERS_SQL, SqlJobStore, table_sql
 
 LOCK_SPACE = 0x766C  # first key of vidloom's advisory locks ("vl"); the second is the owner id
 CONNECT_TIMEOUT_S = 10
@@ -37,6 +37,7 @@ class PostgresJobStore(SqlJobStore):
                 for name, sql_type in LATER_COLUMNS:
                     self._db.execute(f"ALTER TABLE jobs ADD COLUMN IF NOT EXISTS {name} {sql_type}")
                 self._db.execute(SERVERS_SQL)
+                self._db.execute(OWNER_INDEX_SQL)
                 self._db.execute("CREATE INDEX IF NOT EXISTS jobs_active ON jobs (status) "
                                  "WHERE status IN ('queued', 'in_progress')")
             finally:

@@ -32,6 +32,8 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "cors_origin": (("cors_origins",), list),
     "data_dir": (("data_dir",), str),
     "lora": (("loras",), list),
+    "lora_dir": (("lora_dirs",), list),
+    "max_lora_mb": (("max_lora_file_bytes",), lambda mb: max(1, int(mb * 2**20))),
     "model_arg": (("model",), str),  # `vidloom serve MODEL`, the same setting as --model
     "batch_wait_ms": (("batch_wait_s",), lambda ms: float(ms) / 1000.0),
     "max_body_mb": (("max_body_bytes",), lambda mb: max(1, int(mb * 2**20))),

@@ -146,6 +146,6 @@ def serve(config: ServeConfig) -> None:
 
 
 def _warn_if_open(config: ServeConfig, host: str) -> None:
-    if config.api_key is None and host not in ("127.0.0.1", "::1", "localhost"):
+    if not config.all_keys and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("listening on %s without an API key: anyone who can reach it can use it "
-                    "(set VIDLOOM_API_KEY or --api-key)", host)
+                    "(set VIDLOOM_API_KEY, --api-key or --api-keys-file)", host)

@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from vidloom.core.errors import Cancelled, InvalidRequest, VidloomError
 from vidloom.serving.action_sessions import SessionCreateBody, SessionManager
+from vidloom.serving.api_keys import caller_of
 from vidloom.serving.errors import APIError, engine_errors, redact_paths
 from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
@@ -49,19 +50,19 @@ async def open_session(request: Request) -> dict[str, Any]:
     """JSON (the first frame as a data URL) or multipart (as a file); answers with the session object."""
     body = await read_body(request, SessionCreateBody)
     with engine_errors(_session_fields):
-        session = await sessions_of(request.app).open(body)
+        session = await sessions_of(request.app).open(body, caller_of(request.scope).owner)
     return session.describe()
 
 
 @router.get("/{session_id}")
 async def get_session(request: Request, session_id: str) -> dict[str, Any]:
-    return sessions_of(request.app).get(session_id).describe()
+    return sessions_of(request.app).get(session_id, caller_of(request.scope)).describe()
 
 
 @router.delete("/{session_id}")
 async def delete_session(request: Request, session_id: str) -> dict[str, Any]:
     manager = sessions_of(request.app)
-    session = manager.get(session_id)
+    session = manager.get(session_id, caller_of(request.scope))
     if session.lock.locked():  # a chunk is running: stop it at its next step boundary first
         manager.jobs.engine.cancel(session_id)
         async with session.lock:
@@ -75,7 +76,7 @@ async def drive_session(websocket: WebSocket, session_id: str, format: str = "jp
     manager = sessions_of(websocket.app)
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    session = manager.find(session_id)
+    session = manager.find(session_id, caller_of(websocket.scope))  # another owner's: as if never opened
     if format not in FRAME_FORMATS:
         await _refuse(websocket, "format", f"must be one of {', '.join(FRAME_FORMATS)}", CLOSE_BAD_FORMAT)
         return

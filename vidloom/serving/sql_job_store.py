@@ -24,11 +24,14 @@ log = logging.getLogger(__name__)
 _ACTIVE_SQL = "('queued', 'in_progress')"
 COLUMNS = (
     "id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata, "
-    "error_code, error_message, time_to_first_chunk_s"
+    "error_code, error_message, time_to_first_chunk_s, key_owner"
 )
 # Columns after the first release: (name, SQL type), added to older tables when they are opened.
 LATER_COLUMNS = (("owner", "BIGINT"), ("requeues", "INTEGER NOT NULL DEFAULT 0"),
-                 ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"), ("time_to_first_chunk_s", "DOUBLE PRECISION"))
+                 ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"), ("time_to_first_chunk_s", "DOUBLE PRECISION"),
+                 ("key_owner", "TEXT"))  # rows from before keys had owners: NULL, seen by admin keys only
+# One key owner's page of jobs (GET /v1/videos with a user key) without reading everyone's.
+OWNER_INDEX_SQL = "CREATE INDEX IF NOT EXISTS jobs_key_owner ON jobs (key_owner, seq)"
 # Servers sharing the table publish who they are and their metrics here (a fleet's /metrics reads it).
 SERVERS_SQL = """
 CREATE TABLE IF NOT EXISTS servers (
@@ -61,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner BIGINT,
     requeues INTEGER NOT NULL DEFAULT 0,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    time_to_first_chunk_s DOUBLE PRECISION
+    time_to_first_chunk_s DOUBLE PRECISION,
+    key_owner TEXT
 )
 """
 
@@ -132,11 +136,11 @@ class SqlJobStore:
     def add(self, record: JobRecord) -> None:
         with self._lock:
             self._run(
-                f"INSERT INTO jobs ({COLUMNS}, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO jobs ({COLUMNS}, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.id, record.model, record.status, record.progress, record.created_at, record.completed_at,
                  record.size, record.seconds, record.prompt, json.dumps(dict(record.params), default=str),
                  _dumps(record.metadata), record.error_code, record.error_message, record.time_to_first_chunk_s,
-                 self.owner),
+                 record.key_owner, self.owner),
             )
 
     def get(self, job_id: str) -> JobRecord | None:
@@ -144,16 +148,19 @@ class SqlJobStore:
             row = self._run(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _record(row) if row else None
 
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        """Up to `limit` jobs in creation order, starting after the job `after`."""
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
+             only_owner: str | None = None) -> Page:
+        """Up to `limit` jobs in creation order, starting after the job `after`; only those of key owner
+        `only_owner` when given (another owner's job as `after` is as unknown as a missing one)."""
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
+        mine, mine_args = ("", ()) if only_owner is None else (" AND key_owner = ?", (only_owner,))
         with self._lock:
-            where, args = "", ()
+            where, args = f"WHERE 1 = 1{mine}", mine_args
             if after is not None:
-                row = self._run("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                row = self._run(f"SELECT seq FROM jobs WHERE id = ?{mine}", (after, *mine_args)).fetchone()
                 if row is None:
                     raise UnknownCursor(after)
-                where, args = f"WHERE seq {op} ?", (row[0],)
+                where, args = f"{where} AND seq {op} ?", (*args, row[0])
             rows = self._run(
                 f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq {direction} LIMIT ?", (*args, limit + 1)
             ).fetchall()
@@ -364,6 +371,7 @@ def _open_sqlite(path: Path) -> sqlite3.Connection:
         for name, sql_type in LATER_COLUMNS:
             if name not in have:  # a data dir from an older vidloom
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {sql_type}")
+        db.execute(OWNER_INDEX_SQL)
     except sqlite3.DatabaseError as exc:
         db.close()
         raise _open_error(path, exc) from None
@@ -395,10 +403,10 @@ def _dumps(value: Mapping[str, Any] | None) -> str | None:
 
 def _record(row: tuple) -> JobRecord:
     (job_id, model, status, progress, created_at, completed_at, size, seconds, prompt, params, metadata,
-     error_code, error_message, first_chunk_s) = row
+     error_code, error_message, first_chunk_s, key_owner) = row
     return JobRecord(
         id=job_id, model=model, status=status, progress=progress, created_at=created_at,
         completed_at=completed_at, size=size, seconds=seconds, prompt=prompt, params=json.loads(params),
         metadata=json.loads(metadata) if metadata else None, error_code=error_code, error_message=error_message,
-        time_to_first_chunk_s=first_chunk_s,
+        time_to_first_chunk_s=first_chunk_s, key_owner=key_owner,
     )

@@ -1,4 +1,8 @@
-"""Routes under /v1/videos: create, retrieve, list, content, delete, cancel and events (SSE)."""
+"""Routes under /v1/videos: create, retrieve, list, content, delete, cancel and events (SSE).
+
+A job belongs to the owner of the key that created it: other owners' keys (all but admin keys) find it as
+they find a missing id (404), and list only their own (serving/api_keys.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from vidloom.core.session import EXTEND_FROM
 from vidloom.serving.action_results import ACTION_VARIANTS, actions_response
+from vidloom.serving.api_keys import caller_of
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import APIError, echo, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
@@ -40,12 +45,12 @@ async def create_video(request: Request) -> VideoObject:
     body = await read_options_body(request, VideoCreateBody)
     with engine_errors():
         if getattr(body, EXTEND_FROM, None) is not None:  # the extension block's field (causal models)
-            planned = plan_extension(body, manager)
+            planned = plan_extension(body, manager, caller_of(request.scope))
         elif _has_uploads(body):  # checked from their headers on the media pool, never on the event loop
             planned = await manager.media.run(plan_video, body, manager.card, manager.limits.max_frames)
         else:
             planned = plan_video(body, manager.card, manager.limits.max_frames)
-        record = manager.submit_video(planned)
+        record = manager.submit_video(planned, caller_of(request.scope).owner)
     return VideoObject.from_record(record)
 
 
@@ -56,8 +61,9 @@ async def list_videos(
     limit: int = Query(20, ge=1, le=100),
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoList:
+    caller = caller_of(request.scope)
     try:
-        page = jobs_of(request).page(after, limit, order)
+        page = jobs_of(request).page(after, limit, order, None if caller.admin else caller.owner)
     except UnknownCursor:
         raise APIError(400, f"after: no video with id {echo(after)}", param="after", code="invalid_parameter") from None
     data = [VideoObject.from_record(r) for r in page.records]
@@ -140,7 +146,8 @@ async def cancel_video(request: Request, video_id: str) -> VideoObject:
 async def video_events(request: Request, video_id: str) -> StreamingResponse:
     """Extension (SSE): current state, `progress` events, then one of completed / failed / cancelled."""
     manager = jobs_of(request)
-    subscription = manager.subscribe(video_id) if is_job_id(video_id) else None
+    _find(request, video_id)
+    subscription = manager.subscribe(video_id)
     if subscription is None:
         raise APIError(404, f"no video with id {echo(video_id)}", param="video_id", code="video_not_found")
     stream = job_events(manager, subscription, config_of(request).keepalive_s)
@@ -153,8 +160,9 @@ def _has_uploads(body: VideoCreateBody) -> bool:
 
 
 def _find(request: Request, video_id: str) -> JobRecord:
+    """The job `video_id` if the caller may see it; else the 404 of a missing id (no owner oracle)."""
     record = jobs_of(request).get(video_id) if is_job_id(video_id) else None
-    if record is None:
+    if record is None or not caller_of(request.scope).sees(record.key_owner):
         raise APIError(404, f"no video with id {echo(video_id)}", param="video_id", code="video_not_found")
     return record
 

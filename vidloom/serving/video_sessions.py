@@ -18,6 +18,7 @@ from vidloom.media.request_inputs import resolve_request
 from vidloom.core.session import EXTEND_FROM, VideoSession
 from vidloom.media.atomic import atomic_path
 from vidloom.runtime.cache_manager import CacheManager
+from vidloom.serving.api_keys import OPEN, Caller
 from vidloom.serving.errors import APIError, echo
 from vidloom.serving.job_store import JobStore, is_job_id
 from vidloom.serving.params import (
@@ -51,14 +52,15 @@ async def expire_sessions(caches: CacheManager) -> None:
         caches.expire()
 
 
-def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:
-    """The extension's request, its source's session loaded; raises APIError / InvalidRequest naming extend_from."""
+def plan_extension(body: VideoCreateBody, manager: JobManager, caller: Caller = OPEN) -> PlannedVideo:
+    """The extension's request, its source's session loaded; raises APIError / InvalidRequest naming extend_from.
+    A source `caller` may not see is as unknown as a missing one."""
     card = manager.card
     check_model(body.model, card)
     for name in _MEDIA:
         if getattr(body, name) is not None:
             raise InvalidRequest(name, "cannot be combined with extend_from (the source video is the context)")
-    session = _source(manager, getattr(body, EXTEND_FROM))  # the served card's extension block adds the field
+    session = _source(manager, getattr(body, EXTEND_FROM), caller)  # the served card's extension block's field
     width, height = parse_size(body.size, card) if body.size is not None else (None, None)
     fps = body.fps if body.fps is not None else session.fps
     frames = choose_frames(body, card, fps) if (body.num_frames, body.seconds) != (None, None) else None
@@ -71,9 +73,9 @@ def plan_extension(body: VideoCreateBody, manager: JobManager) -> PlannedVideo:
     return PlannedVideo(request, f"{resolved.width}x{resolved.height}", format_seconds(resolved.num_frames, resolved.fps))
 
 
-def _source(manager: JobManager, video_id: Any) -> VideoSession:
+def _source(manager: JobManager, video_id: Any, caller: Caller) -> VideoSession:
     record = manager.get(video_id) if isinstance(video_id, str) and is_job_id(video_id) else None
-    if record is None:
+    if record is None or not caller.sees(record.key_owner):
         raise APIError(404, f"extend_from: no video with id {echo(str(video_id))}", param=EXTEND_FROM,
                        code="video_not_found")
     if record.status != "completed":

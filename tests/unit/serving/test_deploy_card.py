@@ -15,6 +15,7 @@ from vidloom.serving.config import ServeConfig
 from vidloom.serving.deploy_card import (
     DeployCardError, build, card_keys, card_values, dump_card, load_card, parse_card,
 )
+from vidloom.serving.api_keys import ApiKey
 from vidloom.serving.serve_flags import NOT_SETTINGS, _serve_subparser, effective_config, flag_key, typed_flags
 
 # Non-default values per field that a valid config accepts together (anything not here is derived from its type).
@@ -23,6 +24,8 @@ _CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "
            "allowed_hosts": ("example.com",), "cors_origins": ("https://app.example.com",),
            "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b",
            "store": "postgresql://vidloom@db.internal/jobs", "lost_jobs": "requeue",
+           "lora_dirs": (Path("/loras"),), "api_keys": (ApiKey("sk-card-user", "user", "alice"),),
+           "api_keys_file": Path(__file__).with_name("sample_keys.txt"),
            "kv_pool_tokens": 4096, "cuda_graphs": False, "loras": ("style=/loras/style.safetensors",),
            "components": (("transformer", "/models/wan2.1_t2v_1.3B.safetensors"), ("vae", "/models/wan_vae.gguf"))}  # offload_idle_expert (flipped on) refuses cuda_graphs
 
@@ -62,8 +65,9 @@ def test_every_field_round_trips_through_a_printed_card(tmp_path: Path):
     path = tmp_path / "card.yaml"
     path.write_text(dump_card(config))
     again = build(ServeConfig, load_card(path))
-    assert dataclasses.replace(again, api_key=config.api_key) == config  # the key is never printed
+    assert dataclasses.replace(again, api_key=config.api_key, api_keys=config.api_keys) == config  # keys: never printed
     assert "api_key" not in card_values(config) and "# api_key: set" in dump_card(config)
+    assert "sk-card-user" not in dump_card(config) and "# api_keys: set" in dump_card(config)
 
 
 def test_a_store_password_is_never_printed():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vidloom.serving import guard
+from vidloom.serving import api_keys
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.guard import HostGuard, RequestGuard, host_name
 
@@ -46,7 +46,7 @@ def test_api_key_is_compared_in_constant_time(monkeypatch):
         calls.append((a, b))
         return a == b
 
-    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
+    monkeypatch.setattr(api_keys.hmac, "compare_digest", spy)  # every key is compared (api_keys.KeyRing)
     check = RequestGuard(None, ServeConfig(api_key="sekrit"))  # type: ignore[arg-type]
     assert check.refusal(_scope(authorization="Bearer sekrit")) is None
     assert check.refusal(_scope(authorization="bearer  sekrit ")) is None  # scheme is case-insensitive

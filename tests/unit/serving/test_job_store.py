@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import time
@@ -77,6 +78,22 @@ def test_pages_in_both_orders(store_at, tmp_path: Path):
     assert [r.id for r in last.records] == ids[2:] and not last.has_more
     with pytest.raises(UnknownCursor):
         store.page(_record(99).id, 2, "asc")
+
+
+def test_a_key_owners_page_holds_its_jobs_only(store_at, tmp_path: Path):
+    store = store_at(tmp_path)
+    owners = ["alice", "bob", "alice", None, "alice"]
+    for n, owner in enumerate(owners, 1):
+        store.add(dataclasses.replace(_record(n), key_owner=owner))
+    assert store.get(_record(1).id).key_owner == "alice"
+    first = store.page(None, 2, "asc", "alice")
+    assert [r.id for r in first.records] == [_record(1).id, _record(3).id] and first.has_more
+    rest = store.page(_record(3).id, 2, "asc", "alice")
+    assert [r.id for r in rest.records] == [_record(5).id] and not rest.has_more
+    assert [r.id for r in store.page(None, 10, "desc", "bob").records] == [_record(2).id]
+    with pytest.raises(UnknownCursor):  # another owner's job is no cursor for bob: as unknown as a missing one
+        store.page(_record(1).id, 2, "asc", "bob")
+    assert len(store.page(None, 10, "asc").records) == 5  # no owner given: every job (admin keys)
 
 
 def test_recover_fails_active_jobs_and_drops_stray_files(store_at, tmp_path: Path):
@@ -323,6 +340,8 @@ def test_an_older_database_gains_the_new_columns_and_keeps_its_rows(store_at, re
     try:
         assert store.get(old_row[0]).status == "completed"
         assert store.get(old_row[0]).time_to_first_chunk_s is None
+        assert store.get(old_row[0]).key_owner is None  # from before keys had owners: admin keys see it
+        assert store.page(None, 10, "asc", "alice").records == ()
         store.add(_record(1))
         store.set_first_chunk(_record(1).id, 0.5)
         assert store.get(_record(1).id).time_to_first_chunk_s == 0.5
