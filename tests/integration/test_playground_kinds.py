@@ -11,6 +11,7 @@ import json
 import wave
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -177,3 +178,36 @@ def test_long_reasoning_wraps_inside_the_page(browser, page, tmp_path):
         width, viewport = page.evaluate(PAGE_WIDTH)
         assert width <= viewport, f"the page is {width}px wide in a {viewport}px window"
         page.wait_for_function("() => !document.querySelector('#chat-send').disabled", timeout=120_000)
+
+
+def test_a_loaded_lora_adapter_is_a_choice_of_the_form(browser, page, flux2_distilled_dir, tmp_path):
+    from tests.helpers.lora_files import LoRASpec, write_lora
+    from vidloom.generator import VideoGenerator
+
+    require_chromium()
+    engine = VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", max_loras=1).engine
+    spec = LoRASpec(rank=4, alpha=8, targets=("to_q", "to_k", "to_v", "to_qkv_mlp_proj"), seed=21)
+    lora = write_lora(flux2_distilled_dir, "Flux2KleinPipeline", spec, tmp_path / "loras")
+    server = ThreadServer(engine, ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2))
+    with server, httpx.Client(base_url=server.url, timeout=60) as client:
+        page.goto(server.url)
+        page.wait_for_selector("#main:not([hidden])")
+        assert not page.locator("#gen-form [name=lora]").is_visible()  # nothing loaded: no choice
+        assert client.post("/v1/loras", json={"name": "boat", "path": str(lora)}).status_code == 200
+        page.reload()
+        page.wait_for_selector("#main:not([hidden])")
+        assert page.locator("#gen-form [name=lora] option").all_inner_texts() == ["none", "boat"]
+        sent = []
+        page.on("request", lambda r: sent.append(r.post_data) if "/v1/images/" in r.url else None)
+        fill(page, "a paper boat", {"size": "32x48", "num_inference_steps": "2", "seed": "4", "lora_scale": "0.8"})
+        page.select_option("#gen-form [name=lora]", "boat")
+        page.click("#snippet-box summary")
+        assert '"loras":[{"name":"boat","scale":0.8}]' in page.locator("#snippet").inner_text()
+        page.click("#submit")
+        page.wait_for_function("""() => document.querySelectorAll('#image-list img').length === 1 ||
+          document.querySelector('#form-error').textContent !== ''""", timeout=60_000)
+        _no_error(page, "#form-error")
+        assert json.loads(sent[0])["loras"] == [{"name": "boat", "scale": 0.8}]
+        result = page.locator("#image-list figure").first
+        assert result.locator("figcaption").inner_text() == "a paper boat · 32x48 · seed 4"
+        assert result.locator("a.download").get_attribute("download") == "vidloom-image.png"
