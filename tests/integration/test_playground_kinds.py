@@ -102,7 +102,7 @@ def test_speech_in_a_voice_of_the_model_plays_while_it_streams(browser, page, om
         assert speech.locator("figcaption").inner_text() == '"hello there" in Ethan · mp3'
         assert speech.locator("a.download").get_attribute("href").startswith("blob:")
         page.wait_for_function(AUDIO_LOADED, arg="#audio-list audio", timeout=30_000)
-        screenshot(page, "playground-speech", "#speech")
+        screenshot(page, "playground-speech", "main")
 
 
 def test_chat_hears_a_file_and_answers_aloud(browser, page, omni_engine, tmp_path):

@@ -109,6 +109,7 @@ function buildForm(caps) {
   $("#generate").hidden = !(caps.videos || caps.images);
   $("#jobs").hidden = !caps.videos;
   $("#generate-title").textContent = caps.videos ? "Generate a video" : "Generate an image";
+  for (const name of caps.inputs) if (!form.elements[name]) addInputField(form, name);
   for (const label of form.querySelectorAll("[data-input]")) label.hidden = !caps.inputs.includes(label.dataset.input);
   for (const part of form.querySelectorAll("[data-video]")) part.hidden = !caps.videos;
   for (const part of form.querySelectorAll("[data-image]")) part.hidden = caps.videos;
@@ -123,6 +124,21 @@ function buildForm(caps) {
   form.elements.negative_prompt.value = d.negative_prompt || "";
   form.elements.prompt.maxLength = caps.limits.max_prompt_chars || 100000;
   updateSnippet();
+}
+
+// An input of the card's that the page has no control of its own for (an option block's field: an action, a
+// strength...): a text field whose JSON value is sent as it is (or the text, when it is not JSON).
+function addInputField(form, name) {
+  const label = document.createElement("label");
+  label.className = "wide";
+  label.dataset.input = name;
+  label.textContent = `${name} (JSON)`;
+  const input = document.createElement("input");
+  input.name = name;
+  input.autocomplete = "off";
+  label.append(input);
+  form.querySelector(".actions").before(label);
+  JSON_TEXTS.push(name);
 }
 
 // LoRA adapters loaded on the server (GET /v1/models lists them beside their base model): one to mix in.
