@@ -307,10 +307,11 @@ async function showResult(item, video) {
   thumb.alt = "first frame";
   thumb.src = await mediaUrl(`${base}?variant=thumbnail`);
   item.querySelector(".thumb").replaceChildren(thumb);
+  const file = await mediaUrl(base);  // one fetch (with a key) for the player, the soundtrack and the download
   const player = item.querySelector("video") || addPlayer(item, "video");
-  if (!player.dataset.streaming) player.src = await mediaUrl(base);
-  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = await mediaUrl(base);
-  item.querySelector(".media").append(downloadLink(await mediaUrl(base), `${video.id}.mp4`));
+  if (!player.dataset.streaming) player.src = file;
+  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = file;
+  item.querySelector(".media").append(downloadLink(file, `${video.id}.mp4`));
 }
 
 function addPlayer(item, kind) {
