@@ -21,6 +21,7 @@ UI_FILES = {
     "/ui/audio.js": ("audio.js", "text/javascript; charset=utf-8"),
     "/ui/camera.js": ("camera.js", "text/javascript; charset=utf-8"),
     "/ui/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
+    "/ui/snippet.js": ("snippet.js", "text/javascript; charset=utf-8"),
 }
 # Everything from this server only: no inline script, no third-party origin. blob: carries media the page
 # fetched with the API key (a <video src> cannot send an Authorization header); data: the images API's b64_json.
