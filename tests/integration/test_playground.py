@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from vidloom.serving.ui_routes import UI_FILES
+
 KEY = "sk-test-0123456789"
 
 
@@ -16,12 +18,14 @@ def test_the_page_and_its_files_are_served_with_a_strict_csp(start_server):
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "http" not in csp
         assert page.headers["x-content-type-options"] == "nosniff"
         assert '<script src="/ui/app.js"' in page.text and "<script>" not in page.text  # nothing inline
-        assert anon.get("/ui/app.js").headers["content-type"].startswith("text/javascript")
-        assert anon.get("/ui/app.css").headers["content-type"].startswith("text/css")
-        for text in (page.text, anon.get("/ui/app.js").text, anon.get("/ui/app.css").text):
-            assert "https://" not in text and "//cdn" not in text  # works offline: nothing from elsewhere
+        for path, (_, media_type) in UI_FILES.items():  # every file the page loads, without the key
+            served = anon.get(path)
+            assert served.status_code == 200 and served.headers["content-type"] == media_type, path
+            assert "https://" not in served.text and "//cdn" not in served.text  # works offline
+            if path.endswith(".js"):
+                assert f'<script src="{path}"' in page.text, path
         assert anon.get("/v1/models/wan2.1-demo").status_code == 401  # the data stays behind the key
-        assert anon.get("/ui/other.js").status_code == 401  # only the three files are open
+        assert anon.get("/ui/other.js").status_code == 401  # only the page's own files are open
 
 
 def test_no_ui_serves_no_page(start_server):
@@ -40,6 +44,7 @@ def test_model_details_carry_the_cards_capabilities(start_server):
         assert details["id"] == "wan2.1-demo" and details["object"] == "model"
         assert caps["tasks"] == ["t2v", "v2v"] and caps["videos"] and not caps["images"] and not caps["chat"]
         assert not caps["streams_chunks"] and not caps["produces_audio"]
+        assert not caps["speech"] and caps["voices"] == [] and caps["chat_inputs"] == []  # no voice, no chat
         assert caps["inputs"] == ["video", "strength"] and caps["required_inputs"] == []
         assert caps["limits"]["max_frames"] == 64 and caps["limits"]["max_steps"] >= 1
         defaults = caps["defaults"]
@@ -52,6 +57,25 @@ def test_model_details_carry_the_cards_capabilities(start_server):
         assert accepted.status_code == 200, accepted.text
         missing = client.get("/v1/models/other-model")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_model_details_of_a_speaking_model_and_of_an_audio_model(tmp_path):
+    from tests.helpers.servers import ThreadServer
+    from vidloom.generator import VideoGenerator
+    from vidloom.serving.config import ServeConfig
+
+    for name in ("qwen-omni-demo", "stable-audio-demo"):
+        engine = VideoGenerator.from_pretrained(name, device="cpu").engine
+        with ThreadServer(engine, ServeConfig(data_dir=tmp_path / name, graceful_shutdown_s=2)) as server:
+            caps = httpx.get(f"{server.url}/v1/models/{name}", timeout=30).json()["capabilities"]
+        if name == "qwen-omni-demo":  # voices from the checkpoint's speaker table, inputs from its towers
+            assert caps["speech"] and caps["voices"] == ["Chelsie", "Ethan"] and "mp3" in caps["speech_formats"]
+            assert caps["chat"] and caps["chat_inputs"] == ["audio", "image", "text"] and not caps["audio"]
+        else:  # the clip's rules, for a form of seconds and formats
+            assert caps["audio"] and not caps["speech"] and caps["voices"] == []
+            defaults = caps["defaults"]
+            assert defaults["seconds"] == defaults["max_seconds"] == 1.024 and defaults["takes_start"]
+            assert "wav" in defaults["output_formats"] and caps["inputs"] == ["init_audio"]
 
 
 def test_vidloom_serve_shows_the_page_and_no_ui_hides_it(demo_cache, tmp_path):

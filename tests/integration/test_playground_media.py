@@ -49,13 +49,16 @@ def test_a_video_upload_goes_as_multipart(browser, page, demo_engine, tmp_path):
     with _server(demo_engine, tmp_path) as server:
         page.goto(server.url)
         page.wait_for_selector("#main:not([hidden])")
-        fill(page, "the clip, restyled", {"num_inference_steps": "2", "num_frames": "", "size": "48x32"})
+        # strength: an input of the card's with no control of its own on the page gets a generic field
+        fill(page, "the clip, restyled", {"num_inference_steps": "2", "num_frames": "", "size": "48x32",
+                                          "strength": "0.6"})
         page.set_input_files("#gen-form [name=video]", str(clip))
         page.click("#snippet-box summary")
         assert "-F 'video=@clip.mp4'" in page.locator("#snippet").inner_text()
         video_id = _completed(page)
         params = server.app.state.jobs.get(video_id).params
         assert params["num_frames"] == 5  # as many frames as the uploaded clip: the file reached the model
+        assert params["strength"] == 0.6
 
 
 def test_images_and_an_edit(browser, page, flux2_distilled_dir, tmp_path):

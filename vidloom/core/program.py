@@ -49,6 +49,8 @@ class Program:
     ChatPrompt in slot `chat`, a ChatResult out as `completion`), scheduled beside generation requests.
     `paged_networks`: other AR networks whose decode steps run on paged KV (a speech model's talker); each gets
     a pool of its own layout beside the chat loop's (LoopContext.reserve_kv's `network`).
+    `chat_inputs`: the message part kinds the chat loop reads (text, image, audio); `voices`: the voices its speech
+    nodes speak in, the first the default (clients such as the playground list them).
     """
 
     nodes: tuple[Node, ...]
@@ -56,6 +58,8 @@ class Program:
     outputs: tuple[str, ...]
     chat_loop: Loop[Any] | None = None
     paged_networks: tuple[Any, ...] = ()
+    chat_inputs: frozenset[str] = frozenset({"text"})
+    voices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         available = set(self.inputs)

@@ -68,7 +68,8 @@ async def replica_model(request: Request, model_id: str) -> ModelDetails:
     rather than the card's id, so the answer keeps the fleet's name."""
     manager: JobManager = request.app.state.jobs
     return ModelDetails(id=model_id, created=request.app.state.started_at,
-                        capabilities=capabilities(manager.card, getattr(manager, "limits", None)))
+                        capabilities=capabilities(manager.card, getattr(manager, "limits", None),
+                                                  manager.engine.program))
 
 
 async def run_forwarded(app: ASGIApp, request: Forwarded, loop: asyncio.AbstractEventLoop) -> AsyncIterator[Message]:

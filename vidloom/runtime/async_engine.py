@@ -108,6 +108,10 @@ class AsyncEngine(ChatFrontend, WorkerRounds):
         return self.engine.card
 
     @property
+    def program(self) -> Any:
+        return self.engine.program
+
+    @property
     def decoder(self) -> PagedDecoder | None:
         return self.engine.decoder
 

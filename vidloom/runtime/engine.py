@@ -42,6 +42,7 @@ class EngineDriver:
     decoder: PagedDecoder | None = None
     caches: CacheManager | None = None
     estimator: Callable[[Any], int] | None = None
+    program: Program | None = None
 
     def __init__(self, instance: Any) -> None:
         self.instance = instance

@@ -30,6 +30,8 @@ class EngineAPI(Protocol):
     """The CacheManager of resident KV and sessions; None where the caches live elsewhere (a pool's ranks)."""
     estimator: Callable[[Any], int] | None
     """Estimated peak bytes of a resolved request beyond the weights; None where the card gives none."""
+    program: Any
+    """The loaded Program (clients read its chat inputs and voices); None where it lives elsewhere (a pool's ranks)."""
 
     @property
     def card(self) -> ModelCard:

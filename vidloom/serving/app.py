@@ -116,7 +116,8 @@ async def retrieve_model(request: Request, model_id: str) -> ModelDetails:
                        param="model", code="model_not_found")
     manager = jobs_of(request)
     instance = served_instance(request)
-    return ModelDetails(**model.model_dump(), capabilities=capabilities(manager.card, getattr(manager, "limits", None)),
+    caps = capabilities(manager.card, getattr(manager, "limits", None), manager.engine.program)
+    return ModelDetails(**model.model_dump(), capabilities=caps,
                         accepted_config_keys=list(instance.accepted_config_keys) if instance is not None else [])
 
 

@@ -11,7 +11,10 @@ from pydantic import BaseModel
 
 from vidloom.core.card import ModelCard
 from vidloom.core.limits import RequestLimits
+from vidloom.core.program import Program
 from vidloom.core.request import MEDIA_INPUTS, Task
+from vidloom.media.speech_audio import SPEECH_FORMATS
+from vidloom.serving.audio_routes import OUTPUT_FORMATS
 from vidloom.serving.protocol import ModelObject
 
 VIDEO_TASKS = (Task.T2V, Task.I2V, Task.V2V)
@@ -40,6 +43,10 @@ class ModelCapabilities(BaseModel):
     streams_chunks: bool  # a causal model: variant=stream grows while the job runs
     sessions: bool  # a world model: POST /v1/sessions opens an interactive session (its WebSocket drives it)
     produces_audio: bool  # the mp4 carries a soundtrack
+    speech: bool  # POST /v1/audio/speech works, and chat answers aloud (modalities ["text", "audio"])
+    voices: list[str]  # the voices it speaks in, the first the default
+    speech_formats: list[str]  # response_format values of /v1/audio/speech
+    chat_inputs: list[str]  # the chat message part kinds it reads: text, image (image_url), audio (input_audio)
     inputs: list[str]  # optional request fields the card reads, under their API names (input_reference, sound...)
     options: list[OptionField]  # the card's options (also in `inputs`), with their kinds and help
     required_inputs: list[str]  # of those, the ones every request must give
@@ -61,7 +68,8 @@ class ModelDetails(ModelObject):
     accepted_config_keys: list[str] = []
 
 
-def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabilities:
+def capabilities(card: ModelCard, limits: RequestLimits | None, program: Program | None = None) -> ModelCapabilities:
+    """`program`: the loaded one (its chat inputs and voices come from the checkpoint); None: text chat, no voices."""
     d = card.sampling_defaults
     generates = bool(card.tasks)
     defaults: dict[str, Any] = {}
@@ -71,7 +79,9 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
                     "flow_shift": d.flow_shift, "sampler": d.sampler, "negative_prompt": d.negative_prompt}
     if card.audio is not None:  # no frames or size: the clip's seconds instead
         defaults = {"seconds": card.audio.default_seconds, "seconds_start": card.audio.min_start,
-                    "max_seconds": card.audio.max_seconds, "sample_rate": card.audio.sample_rate,
+                    "max_seconds": card.audio.max_seconds, "min_seconds": card.audio.min_seconds,
+                    "takes_start": card.audio.takes_start, "sample_rate": card.audio.sample_rate,
+                    "output_formats": list(OUTPUT_FORMATS),
                     "num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
                     "sampler": d.sampler, "negative_prompt": d.negative_prompt}
     known = MEDIA_INPUTS  # init_audio: a file part of POST /v1/audio/generations
@@ -89,6 +99,11 @@ def capabilities(card: ModelCard, limits: RequestLimits | None) -> ModelCapabili
         streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (families/wan_causal)
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
+        speech=card.speech is not None,
+        voices=list(program.voices) if program is not None and card.speech is not None else [],
+        speech_formats=list(SPEECH_FORMATS) if card.speech is not None else [],
+        chat_inputs=sorted(program.chat_inputs if program is not None and program.chat_loop is not None
+                           else {"text"}) if "ar_decode" in card.loops else [],
         inputs=[API_FIELDS.get(n, n) for n in known if n in card.inputs] + block_fields,
         options=options,
         required_inputs=[API_FIELDS.get(n, n) for n in known if n in card.required_inputs] + block_required,

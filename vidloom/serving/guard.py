@@ -19,11 +19,12 @@ from vidloom.serving.api_keys import ANONYMOUS, CALLER_SCOPE_KEY, OPEN, Caller
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.errors import echo, error_response
 from vidloom.serving.request_body import BodyLimit
+from vidloom.serving.ui_routes import UI_FILES
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)  # answer without a key: load balancers and liveness probes carry none
-UI_PATHS = ("/", "/ui/app.js", "/ui/app.css", "/ui/world.js")  # ui_routes.UI_FILES
+UI_PATHS = tuple(UI_FILES)  # the page and its files: open without the key (they hold no data)
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 BODY_TYPES = ("application/json", "multipart/form-data")
 _UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")

@@ -1,4 +1,5 @@
-"""The web playground: one HTML page, one script, one stylesheet, shipped in the package (no build step, no CDN).
+"""The web playground: one HTML page, its scripts (one per kind of work), one stylesheet, shipped in the package
+(no build step, no CDN).
 
 The page is a client of the public API and nothing more; it is served without the API key (it holds no data)
 and asks for the key itself when the server has one. Routes exist only when ServeConfig.ui_enabled.
@@ -17,6 +18,10 @@ UI_FILES = {
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/ui/app.css": ("app.css", "text/css; charset=utf-8"),
     "/ui/world.js": ("world.js", "text/javascript; charset=utf-8"),
+    "/ui/audio.js": ("audio.js", "text/javascript; charset=utf-8"),
+    "/ui/camera.js": ("camera.js", "text/javascript; charset=utf-8"),
+    "/ui/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
+    "/ui/snippet.js": ("snippet.js", "text/javascript; charset=utf-8"),
 }
 # Everything from this server only: no inline script, no third-party origin. blob: carries media the page
 # fetched with the API key (a <video src> cannot send an Authorization header); data: the images API's b64_json.
@@ -28,7 +33,7 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
 
 
 def ui_router() -> APIRouter:
-    """The three files, read once (a wheel install has them as package data)."""
+    """The files, read once (a wheel install has them as package data)."""
     router = APIRouter(include_in_schema=False)
     folder = resources.files("vidloom.serving") / "ui"
     for path, (name, media_type) in UI_FILES.items():

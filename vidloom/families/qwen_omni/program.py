@@ -31,12 +31,21 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
+def chat_inputs(towers: Any) -> frozenset[str]:
+    """The message parts chat reads: text, and audio and images where the checkpoint has their towers."""
+    if towers is None:
+        return frozenset({"text"})
+    return frozenset({"text"} | ({"audio"} if towers.audio is not None else set())
+                     | ({"image"} if towers.vision is not None else set()))
+
+
 def build_program(instance: ModelInstance) -> Program:
     tokenizer, thinker = instance["tokenizer"], instance["thinker"]
     prompter = media_prompter(instance)
     chat = OmniChatLoop(thinker, tokenizer, prompter, eos_ids=eos_ids(tokenizer))
+    reads = chat_inputs(prompter.encoders)
     if "talker" not in instance.components:
-        return Program(nodes=(), inputs=frozenset({"speech"}), outputs=(), chat_loop=chat)
+        return Program(nodes=(), inputs=frozenset({"speech"}), outputs=(), chat_loop=chat, chat_inputs=reads)
     dit, vocoder = instance["token2wav"]
     nodes = (
         Node("thinker", reads=("speech",), writes=("thinker",), loop=ThinkerLoop(thinker, tokenizer, eos_ids(tokenizer), prompter)),
@@ -47,4 +56,5 @@ def build_program(instance: ModelInstance) -> Program:
     )
     # The talker's decode steps run on a paged pool of its own layout, batched across requests.
     return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat,
-                   paged_networks=(instance["talker"],))
+                   paged_networks=(instance["talker"],), chat_inputs=reads,
+                   voices=tuple(instance["speakers"]))

@@ -74,9 +74,9 @@ function askKey(message) {
 }
 
 async function start() {
-  let details;
+  let details, models;
   try {
-    const models = await json("/v1/models");
+    models = await json("/v1/models");
     // ?model=ID picks one of several served models (a fleet); the first one otherwise.
     const asked = new URLSearchParams(location.search).get("model");
     const id = models.data.some((m) => m.id === asked) ? asked : models.data[0].id;
@@ -93,7 +93,10 @@ async function start() {
   $("#model-name").textContent = state.model;
   $("#model-about").textContent = state.caps.description;
   buildForm(state.caps);
-  $("#chat").hidden = !state.caps.chat;
+  showAdapters(models.data.filter((m) => m.parent === state.model));
+  startChat(state.caps);  // chat.js
+  startAudio(state.caps);  // audio.js: audio clips and speech
+  startCamera(state.caps);  // camera.js: a camera-controlled model's keys and intrinsics
   startWorld(state.caps);  // world.js: the keyboard view of world-model sessions
   if (state.caps.videos) {
     await loadJobs();
@@ -106,6 +109,7 @@ function buildForm(caps) {
   $("#generate").hidden = !(caps.videos || caps.images);
   $("#jobs").hidden = !caps.videos;
   $("#generate-title").textContent = caps.videos ? "Generate a video" : "Generate an image";
+  for (const name of caps.inputs) if (!form.elements[name]) addInputField(form, name);
   for (const label of form.querySelectorAll("[data-input]")) label.hidden = !caps.inputs.includes(label.dataset.input);
   for (const part of form.querySelectorAll("[data-video]")) part.hidden = !caps.videos;
   for (const part of form.querySelectorAll("[data-image]")) part.hidden = caps.videos;
@@ -122,10 +126,33 @@ function buildForm(caps) {
   updateSnippet();
 }
 
+// An input of the card's that the page has no control of its own for (an option block's field: an action, a
+// strength...): a text field whose JSON value is sent as it is (or the text, when it is not JSON).
+function addInputField(form, name) {
+  const label = document.createElement("label");
+  label.className = "wide";
+  label.dataset.input = name;
+  label.textContent = `${name} (JSON)`;
+  const input = document.createElement("input");
+  input.name = name;
+  input.autocomplete = "off";
+  label.append(input);
+  form.querySelector(".actions").before(label);
+  JSON_TEXTS.push(name);
+}
+
+// LoRA adapters loaded on the server (GET /v1/models lists them beside their base model): one to mix in.
+function showAdapters(adapters) {
+  const select = $("#gen-form").elements.lora;
+  for (const adapter of adapters) select.append(new Option(adapter.id, adapter.id));
+  for (const label of document.querySelectorAll("[data-lora]")) label.hidden = !adapters.length;
+}
+
 // -- generation -----------------------------------------------------------------------------
 
 const NUMBERS = ["num_frames", "num_inference_steps", "guidance_scale", "seed"];
-const TEXTS = ["prompt", "negative_prompt", "size"];
+const TEXTS = ["prompt", "negative_prompt", "size", "camera"];
+const JSON_TEXTS = ["intrinsics"];  // numbers as JSON text ([fx, fy, cx, cy]); a form part carries the text
 const FILES = ["input_reference", "last_image", "video"];
 const FLAGS = ["sound", "reason"];
 
@@ -137,12 +164,19 @@ function formRequest() {
   for (const input of shown(NUMBERS)) if (input.value !== "") fields[input.name] = Number(input.value);
   for (const input of shown(FLAGS)) if (input.checked) fields[input.name] = true;
   for (const input of shown(FILES)) if (input.files.length) files[input.name] = input.files[0];
+  for (const input of shown(JSON_TEXTS)) if (input.value.trim()) fields[input.name] = jsonValue(input);
+  const lora = form.elements.lora.value;
+  if (lora) fields.loras = [{ name: lora, scale: Number(form.elements.lora_scale.value || 1) }];
   if (!state.caps.videos) {
     delete fields.num_frames;
     fields.response_format = "b64_json";
     if (files.input_reference) return { fields, files: { image: files.input_reference } };  // an edit
   }
   return { fields, files };
+}
+
+function jsonValue(input) {
+  try { return JSON.parse(input.value); } catch (_) { return input.value.trim(); }  // the server names the field
 }
 
 // Where a request goes and the openai client call that sends it.
@@ -158,7 +192,9 @@ function requestBody(fields, files) {
     return { body: JSON.stringify(fields), headers: { "Content-Type": "application/json" } };
   }
   const body = new FormData();
-  for (const [name, value] of Object.entries({ ...fields, ...files })) body.append(name, value);
+  for (const [name, value] of Object.entries({ ...fields, ...files })) {
+    body.append(name, typeof value === "object" && !(value instanceof Blob) ? JSON.stringify(value) : value);
+  }
   return { body, headers: {} };
 }
 
@@ -186,12 +222,33 @@ async function submitVideo(fields, files) {
 async function submitImage(fields, files) {
   const result = await json(endpoint(files).path, { method: "POST", ...requestBody(fields, files) });
   $("#image-results").hidden = false;
+  const format = result.output_format || "png";
   for (const item of result.data) {
     const img = document.createElement("img");
-    img.src = item.url || `data:image/${result.output_format || "png"};base64,${item.b64_json}`;
+    img.src = item.url || `data:image/${format};base64,${item.b64_json}`;
     img.alt = fields.prompt;
-    $("#image-list").prepend(img);
+    const size = fields.size || state.caps.defaults.size || "";
+    const caption = [fields.prompt, size, fields.seed !== undefined ? `seed ${fields.seed}` : ""];
+    $("#image-list").prepend(figure(img, caption.filter(Boolean).join(" · "), img.src, `vidloom-image.${format}`));
   }
+}
+
+// A result with its caption and a download link (every kind of result: images, audio clips, speech, videos).
+function figure(media, caption, href, filename) {
+  const box = document.createElement("figure");
+  const text = document.createElement("figcaption");
+  text.textContent = caption;
+  box.append(media, text, downloadLink(href, filename));
+  return box;
+}
+
+function downloadLink(href, filename) {
+  const link = document.createElement("a");
+  link.className = "download";
+  link.href = href;
+  link.download = filename;
+  link.textContent = `Download ${filename.split(".").pop()}`;
+  return link;
 }
 
 // -- the jobs list ----------------------------------------------------------------------------
@@ -250,9 +307,11 @@ async function showResult(item, video) {
   thumb.alt = "first frame";
   thumb.src = await mediaUrl(`${base}?variant=thumbnail`);
   item.querySelector(".thumb").replaceChildren(thumb);
+  const file = await mediaUrl(base);  // one fetch (with a key) for the player, the soundtrack and the download
   const player = item.querySelector("video") || addPlayer(item, "video");
-  if (!player.dataset.streaming) player.src = await mediaUrl(base);
-  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = await mediaUrl(base);
+  if (!player.dataset.streaming) player.src = file;
+  if (video.parameters && video.parameters.sound) addPlayer(item, "audio").src = file;
+  item.querySelector(".media").append(downloadLink(file, `${video.id}.mp4`));
 }
 
 function addPlayer(item, kind) {
@@ -358,96 +417,6 @@ function reportError(error) {
   if (!(error instanceof NeedKey)) showStatus(error.message);
 }
 
-// -- chat -------------------------------------------------------------------------------------
-
-async function sendChat(event) {
-  event.preventDefault();
-  const text = $("#chat-input").value.trim();
-  if (!text) return;
-  $("#chat-input").value = "";
-  state.chat.push({ role: "user", content: text });
-  chatBubble("user").querySelector(".content").textContent = text;
-  const bubble = chatBubble("assistant"), content = bubble.querySelector(".content");
-  const reasoning = bubble.querySelector(".reasoning");
-  const abort = new AbortController();
-  $("#chat-stop").disabled = false;
-  $("#chat-stop").onclick = () => abort.abort();
-  $("#chat-send").disabled = true;
-  try {
-    const response = await api("/v1/chat/completions", {
-      method: "POST", signal: abort.signal, headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ model: state.model, messages: state.chat, stream: true }),
-    });
-    for await (const { data } of sseEvents(response)) {
-      if (data === "[DONE]") break;
-      const chunk = JSON.parse(data);
-      if (chunk.error) throw new Error(chunk.error.message);
-      const delta = (chunk.choices[0] || {}).delta || {};
-      const thought = delta.reasoning_content || delta.reasoning;  // reasoning models: shown apart
-      if (thought) { reasoning.hidden = false; reasoning.textContent += thought; }
-      if (delta.content) content.textContent += delta.content;
-    }
-  } catch (error) {
-    if (error.name !== "AbortError") bubble.querySelector(".error").textContent = error.message;
-  } finally {
-    state.chat.push({ role: "assistant", content: content.textContent });
-    $("#chat-stop").disabled = true;
-    $("#chat-send").disabled = false;
-  }
-}
-
-function chatBubble(role) {
-  const bubble = document.createElement("div");
-  bubble.className = `bubble ${role}`;
-  bubble.innerHTML = `<p class="reasoning" hidden></p><p class="content"></p><p class="error"></p>`;
-  $("#chat-log").append(bubble);
-  return bubble;
-}
-
-// -- the request as code ------------------------------------------------------------------------
-
-function updateSnippet() {
-  if (!state.caps) return;
-  const { fields, files } = formRequest();
-  const { path } = endpoint(files);
-  $("#snippet").textContent = state.tab === "curl" ? curlSnippet(path, fields, files) : pythonSnippet(fields, files);
-  for (const tab of document.querySelectorAll("[data-tab]")) tab.classList.toggle("on", tab.dataset.tab === state.tab);
-}
-
-const shellQuote = (text) => `'${String(text).replaceAll("'", "'\\''")}'`;
-
-function curlSnippet(path, fields, files) {
-  const lines = [`curl ${location.origin}${path}`];
-  if (state.key) lines.push(`-H "Authorization: Bearer $VIDLOOM_API_KEY"`);
-  if (Object.keys(files).length) {
-    for (const [name, value] of Object.entries(fields)) lines.push(`-F ${shellQuote(`${name}=${value}`)}`);
-    for (const [name, file] of Object.entries(files)) lines.push(`-F ${shellQuote(`${name}=@${file.name}`)}`);
-  } else {
-    lines.push(`-H "Content-Type: application/json"`, `-d ${shellQuote(JSON.stringify(fields))}`);
-  }
-  return lines.join(" \\\n  ");
-}
-
-const pyLiteral = (value) => (typeof value === "boolean" ? (value ? "True" : "False") : JSON.stringify(value));
-
-// The openai package: its own parameters as arguments, vidloom's extensions in extra_body.
-function pythonSnippet(fields, files) {
-  const own = ["model", "prompt", "size", state.caps.videos ? "seconds" : "response_format"];
-  const args = [], extra = {};
-  for (const [name, value] of Object.entries(fields)) {
-    if (own.includes(name)) args.push(`${name}=${pyLiteral(value)}`);
-    else extra[name] = value;
-  }
-  for (const [name, file] of Object.entries(files)) args.push(`${name}=open(${JSON.stringify(file.name)}, "rb")`);
-  const entries = Object.entries(extra).map(([name, value]) => `"${name}": ${pyLiteral(value)}`);
-  if (entries.length) args.push(`extra_body={${entries.join(", ")}}`);
-  const { call } = endpoint(files);
-  const key = state.key ? `os.environ["VIDLOOM_API_KEY"]` : `"unused"`;
-  return [`import os`, `from openai import OpenAI`, ``,
-    `client = OpenAI(base_url="${location.origin}/v1", api_key=${key})`,
-    `result = ${call}(\n    ${args.join(",\n    ")},\n)`, `print(result)`].join("\n");
-}
-
 // -- wiring ---------------------------------------------------------------------------------------
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -463,7 +432,6 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("#gen-form").addEventListener("submit", submit);
   $("#gen-form").addEventListener("input", updateSnippet);
-  $("#chat-form").addEventListener("submit", sendChat);
   for (const tab of document.querySelectorAll("[data-tab]")) {
     tab.addEventListener("click", () => { state.tab = tab.dataset.tab; updateSnippet(); });
   }
