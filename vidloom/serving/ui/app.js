@@ -109,7 +109,8 @@ function buildForm(caps) {
   $("#generate").hidden = !(caps.videos || caps.images);
   $("#jobs").hidden = !caps.videos;
   $("#generate-title").textContent = caps.videos ? "Generate a video" : "Generate an image";
-  for (const name of caps.inputs) if (!form.elements[name]) addInputField(form, name);
+  const options = Object.fromEntries((caps.options || []).map((option) => [option.name, option]));
+  for (const name of caps.inputs) if (!form.elements[name]) addInputField(form, name, options[name]);
   for (const label of form.querySelectorAll("[data-input]")) label.hidden = !caps.inputs.includes(label.dataset.input);
   for (const part of form.querySelectorAll("[data-video]")) part.hidden = !caps.videos;
   for (const part of form.querySelectorAll("[data-image]")) part.hidden = caps.videos;
@@ -127,18 +128,35 @@ function buildForm(caps) {
 }
 
 // An input of the card's that the page has no control of its own for (an option block's field: an action, a
-// strength...): a text field whose JSON value is sent as it is (or the text, when it is not JSON).
-function addInputField(form, name) {
+// strength...), built from the option's declaration (capabilities.options): a switch, a number, or a text field
+// whose JSON value is sent as it is (or the text, when it is not JSON).
+function addInputField(form, name, option) {
+  const kind = option ? option.kind : "json";
   const label = document.createElement("label");
-  label.className = "wide";
+  label.className = kind === "bool" ? "toggle" : "wide";
   label.dataset.input = name;
-  label.textContent = `${name} (JSON)`;
+  label.title = option ? option.help : "";
   const input = document.createElement("input");
   input.name = name;
   input.autocomplete = "off";
-  label.append(input);
+  if (kind === "bool") {
+    input.type = "checkbox";
+    label.append(input, ` ${name}`);
+    FLAGS.push(name);
+  } else {
+    if (kind === "float" || kind === "int") {
+      input.type = "number";
+      input.step = kind === "int" ? "1" : "any";
+      NUMBERS.push(name);
+    } else if (kind === "str") {
+      TEXTS.push(name);
+    } else {
+      JSON_TEXTS.push(name);
+    }
+    label.textContent = kind === "array" || kind === "json" ? `${name} (JSON)` : name;
+    label.append(input);
+  }
   form.querySelector(".actions").before(label);
-  JSON_TEXTS.push(name);
 }
 
 // LoRA adapters loaded on the server (GET /v1/models lists them beside their base model): one to mix in.
