@@ -130,6 +130,8 @@ def _json_field(name: str, value: object) -> object:
             return json.loads(value)
         except ValueError:
             raise InvalidRequest(name, f"must be a JSON array, got {value[:40]!r}") from None
+        except RecursionError:  # "[[[[..." nested deeper than the parser recurses, as read_body refuses a body
+            raise InvalidRequest(name, "is nested too deeply") from None
     return value
 
 
