@@ -69,6 +69,8 @@ def _too_long() -> dict:
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}, "messages[0].content[1].input_audio.format"),
     ({"type": "image_url", "image_url": {"url": "https://example.com/kite.png"}}, "messages[0].content[1].image_url"),
     (_too_long(), "messages[0].content[1]"),
+    ({"type": "input_audio", "input_audio": {**clip(4, 0.5)[0]["input_audio"], "sample_rate": 8000}},
+     "messages[0].content[1].input_audio"),  # an extra key was ignored
 ])
 def test_bad_parts_are_a_400_naming_the_part(served, part, param):
     server, _ = served
