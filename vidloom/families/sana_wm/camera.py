@@ -77,6 +77,7 @@ class CameraInput:
 
 
 def _float_array(field: str, value) -> np.ndarray:
+    _check_size(field, value)
     try:
         arr = np.asarray(value, dtype=np.float32)
     except (TypeError, ValueError):
@@ -86,6 +87,12 @@ def _float_array(field: str, value) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise InvalidRequest(field, "must be finite numbers")
     return arr
+
+
+def _check_size(field: str, value) -> None:
+    """At most MAX_CAMERA_FRAMES rows before numpy converts them (numpy refuses ragged or too-deep nesting itself)."""
+    if isinstance(value, (list, tuple)) and len(value) > MAX_CAMERA_FRAMES:
+        raise InvalidRequest(field, f"has {len(value)} rows, more than {MAX_CAMERA_FRAMES} (MAX_CAMERA_FRAMES)")
 
 
 def _check_poses(poses: np.ndarray) -> np.ndarray:
