@@ -50,7 +50,8 @@ def open_audio(value: object, field: str, sample_rate: int) -> np.ndarray:
         try:
             track = read_wav(path) if path.suffix.lower() == ".wav" else read_audio_stream(path)
         except (ValueError, OSError, av.error.FFmpegError) as exc:
-            raise InvalidRequest(field, f"{path.name}: not a readable audio file ({decode_reason(exc, path)})") from None
+            reason = decode_reason(exc, path)
+            raise InvalidRequest(field, f"{path.name}: not a readable audio file ({reason})") from None
         if track.sample_rate != sample_rate:
             raise InvalidRequest(field, f"{path.name} is {track.sample_rate} Hz; this model takes {sample_rate} Hz "
                                         "(resample it first)")

@@ -14,12 +14,13 @@ from vidloom.media.image import load_image
 from vidloom.media.uploads import open_video
 
 GARBAGE = b"not a media file " * 40
+PART = "messages[0].content[0].input_audio"
 BAD_WAV = b"RIFF\x00\x00\x00\x00WAVEfmt " + b"\x00" * 100
 
 
 @pytest.mark.parametrize("load, field", [
-    (lambda: load_input_audio(GARBAGE, "mp3", "messages[0].content[0].input_audio"), "messages[0].content[0].input_audio"),
-    (lambda: load_input_audio(BAD_WAV, "wav", "messages[0].content[0].input_audio"), "messages[0].content[0].input_audio"),
+    (lambda: load_input_audio(GARBAGE, "mp3", PART), PART),
+    (lambda: load_input_audio(BAD_WAV, "wav", PART), PART),
     (lambda: open_audio_upload(GARBAGE, "init_audio", 16000, 10.0), "init_audio"),
     (lambda: load_image(GARBAGE, "input_reference"), "input_reference"),
     (lambda: load_image(b"\x89PNG\r\n\x1a\n" + b"\x00" * 50, "input_reference"), "input_reference"),
