@@ -20,4 +20,9 @@ def decode_reason(exc: BaseException, path: Path | None = None) -> str:
     text = strerror if isinstance(strerror, str) and strerror else str(exc)
     if path is not None:
         text = text.replace(f"{path}: ", "").replace(str(path), path.name)
-    return _OBJECT_REPR.sub("", text).strip() or type(exc).__name__
+    return strip_object_reprs(text).strip() or type(exc).__name__
+
+
+def strip_object_reprs(text: str) -> str:
+    """`text` without default object reprs (`<_io.BytesIO object at 0x7f...>`): an address says nothing to a client."""
+    return _OBJECT_REPR.sub("", text)
