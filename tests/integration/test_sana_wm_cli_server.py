@@ -96,12 +96,21 @@ def test_video_job_with_a_camera_completes(server, first_frame, tmp_path):
     (dict(c2w="[[1, 0], [0, 1]]", intrinsics="[60, 60, 40, 24]"), "c2w"),
     (dict(camera="w-8", intrinsics="not json"), "intrinsics"),
     (dict(camera="w-8"), "intrinsics"),
+    (dict(camera="w-\u00b2", intrinsics="[60, 60, 40, 24]"), "camera"),
+    (dict(camera="w-" + "9" * 5000, intrinsics="[60, 60, 40, 24]"), "camera"),
+    (dict(camera="w-99999", intrinsics="[60, 60, 40, 24]"), "camera"),
+    (dict(c2w="[" * 10000 + "]" * 10000, intrinsics="[60, 60, 40, 24]"), "c2w"),
+    (dict(c2w=f"[[[1{'0' * 400}, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]]", intrinsics="[60, 60, 40, 24]"),
+     "c2w"),
+    (dict(c2w=json.dumps(np.zeros((9, 4, 4)).tolist()), intrinsics="[60, 60, 40, 24]"), "c2w"),
+    (dict(c2w=json.dumps(np.tile(np.eye(4) * 1e38, (9, 1, 1)).tolist()), intrinsics="[60, 60, 40, 24]"), "c2w"),
+    (dict(camera="w-8", intrinsics=json.dumps([[60, 60, 40, 24]] * 5)), "intrinsics"),
 ])
 def test_bad_camera_fields_are_400_naming_the_field(server, first_frame, fields, field):
     with httpx.Client(base_url=server.url, timeout=60) as client:
         response = client.post("/v1/videos", **_form(first_frame, **fields))
     assert response.status_code == 400, response.text
-    assert field in response.text
+    assert response.json()["error"]["param"] == field, response.text
 
 
 def test_cli_and_server_make_the_same_video(server, sana_dir, first_frame, tmp_path):

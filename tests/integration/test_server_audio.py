@@ -69,6 +69,9 @@ def test_other_formats(client):
     ({"seconds": 9.0}, "seconds"), ({"seconds_start": -2}, "seconds_start"), ({"output_format": "mp4"}, "output_format"),
     ({"response_format": "url"}, "response_format"), ({"seconds": True}, "seconds"), ({"size": "64x64"}, "size"),
     ({"num_inference_steps": 0}, "num_inference_steps"), ({"init_audio": [0.1, 0.2]}, "init_audio"),
+    # clips the window cannot hold: no sample at 16 kHz, a start at the window's end, one the window would cut short
+    ({"seconds": 0.00005}, "seconds"), ({"seconds_start": 1.024, "seconds": 0.5}, "seconds"),
+    ({"seconds_start": 1.0, "seconds": 0.5}, "seconds"), ({"flow_shift": 3.0}, "flow_shift"),
 ])
 def test_bad_fields_are_400_naming_them(client, fields, param):
     reply = client.post("/v1/audio/generations", json={"prompt": "rain", **fields})

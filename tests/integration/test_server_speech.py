@@ -97,6 +97,7 @@ def test_sse_events(speech_server):
     ("input", "", "non-empty"),
     ("input", "x" * 4097, "4096"),
     ("voice", "Alloy", "Chelsie, Ethan"),
+    ("voice", {"name": "Ethan"}, '{"id": voice name}'),  # spoke in the default voice before
     ("response_format", "ogg", "mp3, opus, aac, flac, wav, pcm"),
     ("speed", 5.0, "0.25 to 4.0"),
     ("speed", 0.1, "0.25 to 4.0"),

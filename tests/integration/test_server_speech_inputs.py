@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import io
+import re
+import tempfile
 import threading
 import wave
 
@@ -15,7 +17,7 @@ import torch
 
 from tests.helpers.qwen_omni_checkpoints import AUDIO_CHUNK_S, OMNI_A, write_tiny_omni
 from tests.helpers.servers import ThreadServer
-from tests.parity.test_qwen_omni_inputs import clip, conversation, wav_bytes
+from tests.parity.test_qwen_omni_inputs import clip, conversation, png_url, wav_bytes
 from vidloom.serving.config import ServeConfig
 
 
@@ -67,6 +69,8 @@ def _too_long() -> dict:
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}, "messages[0].content[1].input_audio.format"),
     ({"type": "image_url", "image_url": {"url": "https://example.com/kite.png"}}, "messages[0].content[1].image_url"),
     (_too_long(), "messages[0].content[1]"),
+    ({"type": "input_audio", "input_audio": {**clip(4, 0.5)[0]["input_audio"], "sample_rate": 8000}},
+     "messages[0].content[1].input_audio"),  # an extra key was ignored
 ])
 def test_bad_parts_are_a_400_naming_the_part(served, part, param):
     server, _ = served
@@ -75,6 +79,32 @@ def test_bad_parts_are_a_400_naming_the_part(served, part, param):
         r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+WIDE = {"type": "image_url", "image_url": {"url": png_url(5, (600, 2))[0]}}
+UNREADABLE = [
+    {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF\0\0\0\0WAVE" + b"\0" * 64).decode(),
+                                            "format": "wav"}},
+    {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"nope" * 64).decode(), "format": "mp3"}},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"nope" * 64).decode()}},
+]
+
+
+@pytest.mark.parametrize("extra", [{}, {"stream": True}, {"modalities": ["text", "audio"],
+                                                          "audio": {"voice": "Ethan", "format": "wav"}}])
+@pytest.mark.parametrize("part", [WIDE, *UNREADABLE])
+def test_unusable_parts_are_a_400_naming_the_part_without_server_paths(served, part, extra):
+    """An image past the processor's aspect ratio, plain, streamed and spoken; unreadable files name their field
+    and neither the server's temporary copy nor a Python object."""
+    server, _ = served
+    body = {"model": _model(server), "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}],
+            "max_tokens": 2, **extra}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("messages[0].content[1]")
+    assert tempfile.gettempdir() not in r.text and "vidloom-upload" not in r.text, r.text
+    assert re.search(r"0x[0-9a-fA-F]{4,}", r.text) is None, r.text  # an object's address
 
 
 def test_audio_parts_stream(served, oc):

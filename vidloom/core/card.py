@@ -98,10 +98,18 @@ class AudioSpec:
     max_seconds: float  # the longest clip: the model's latent window times the VAE hop, over the sample rate
     default_seconds: float  # a request without seconds
     min_start: float  # seconds_start's lower bound (the duration conditioner's min_value)
-    max_end: float  # seconds_start + seconds upper bound (its max_value)
+    max_end: float  # seconds_start + seconds upper bound (its max_value, and at most max_seconds: the window)
     sample_rate: int  # of the waveforms it makes, and of an initial waveform (init_audio) it takes
     min_seconds: float = 0.0  # the shortest clip (0: any length above zero), e.g. one mel frame of a vocoder
     takes_start: bool = True  # False: every clip starts at min_start and a request's seconds_start is refused
+
+    def clip_samples(self, start: float, seconds: float) -> tuple[int, int]:
+        return clip_samples(start, seconds, self.sample_rate)
+
+
+def clip_samples(start: float, seconds: float, sample_rate: int) -> tuple[int, int]:
+    """A clip's first and end sample in the decoded window (StableAudioPipeline truncates both to integers)."""
+    return int(start * sample_rate), int((start + seconds) * sample_rate)
 
 
 @dataclass(frozen=True)
@@ -207,6 +215,8 @@ class ModelCard:
             raise InvalidCard(f"{where}: an audio spec needs the audio_length block (core.blocks.AUDIO_LENGTH)")
         if self.audio is not None and not 0 < self.audio.default_seconds <= self.audio.max_seconds:
             raise InvalidCard(f"{where}: default_seconds must be in (0, max_seconds]")
+        if self.audio is not None and self.audio.max_end > self.audio.max_seconds:
+            raise InvalidCard(f"{where}: max_end must not pass max_seconds (a clip is cut from the model's window)")
         if self.tasks:  # the generation defaults below describe generation requests
             self._validate_generation(where)
         if self.memory_estimator is not None and ":" not in self.memory_estimator:

@@ -17,6 +17,7 @@ from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.request_checks import MAX_SEED  # the same number rules as generation requests
 from vidloom.core.request_checks import check_float as _check_float
 from vidloom.core.request_checks import check_int as _check_int
+from vidloom.core.request_checks import shown
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -260,6 +261,8 @@ def _content_from_openai(content: object, where: str, load_image: ImageLoader | 
         return (ChatPart("text", text=content),)
     if not isinstance(content, (list, tuple)):
         raise InvalidRequest(where, f"must be a string or a list of content parts, got {type(content).__name__}")
+    if not content:
+        raise InvalidRequest(where, "is an empty list; give at least one content part")
     parts = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
@@ -282,6 +285,9 @@ def _audio_from_openai(spec: object, where: str, load_audio: AudioLoader | None)
     if not isinstance(spec, Mapping) or not isinstance(spec.get("data"), str) or \
             not isinstance(spec.get("format"), str):
         raise InvalidRequest(field, "must be {'data': base64 str, 'format': 'wav' | 'mp3'}")
+    unknown = sorted(set(spec) - {"data", "format"}, key=str)
+    if unknown:
+        raise InvalidRequest(field, f"takes only data and format, not {shown(unknown[0])}")
     if load_audio is None:
         raise InvalidRequest(where, "this model does not accept audio")
     try:

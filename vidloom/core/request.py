@@ -175,4 +175,7 @@ def _resolve_audio(r: GenerationRequest, card: ModelCard) -> dict[str, Any]:
     if start + seconds > spec.max_end:
         raise InvalidRequest("seconds", f"seconds_start {start:g} + seconds {seconds:g} ends past "
                                         f"{spec.max_end:g} s, the latest end {card.model_id} is conditioned on")
+    first, end = spec.clip_samples(start, seconds)
+    if end <= first:
+        raise InvalidRequest("seconds", f"{seconds:g} s from {start:g} s holds no sample at {spec.sample_rate} Hz")
     return {"seconds": float(seconds), "seconds_start": float(start)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from vidloom.core.chat import ChatRequest, SamplingParams
 from vidloom.core.errors import InvalidRequest, LimitExceeded
@@ -21,6 +22,18 @@ MAX_AUDIO_TOKENS = 4096  # transformers' talker_max_new_tokens default (~80 s of
 MAX_ODE_STEPS = 64
 # The talker's samplers' defaults (transformers `Qwen2_5OmniForConditionalGeneration.generate`).
 TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=40, top_p=0.8)
+
+
+def voice_from_openai(value: object, field: str) -> str | None:
+    """OpenAI's `voice`: a name, or a custom voice's object {"id": name}; None (the first voice) when not given.
+    InvalidRequest(field) for anything else, an object without `id` or with other keys included."""
+    if isinstance(value, Mapping):
+        if set(value) != {"id"}:
+            raise InvalidRequest(field, 'a voice object must be exactly {"id": voice name}')
+        value = value["id"]
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(field, 'must be a voice name or {"id": voice name}')
+    return value
 
 
 @dataclass(frozen=True)

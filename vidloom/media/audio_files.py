@@ -16,6 +16,7 @@ import numpy as np
 from vidloom.core.errors import InvalidRequest
 from vidloom.media.atomic import atomic_path
 from vidloom.media.audio import LAYOUTS, AudioTrack, read_audio_stream, read_wav, write_wav
+from vidloom.media.decode_errors import decode_reason
 
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -49,7 +50,8 @@ def open_audio(value: object, field: str, sample_rate: int) -> np.ndarray:
         try:
             track = read_wav(path) if path.suffix.lower() == ".wav" else read_audio_stream(path)
         except (ValueError, OSError, av.error.FFmpegError) as exc:
-            raise InvalidRequest(field, f"{path.name}: not a readable audio file ({exc})") from None
+            reason = decode_reason(exc, path)
+            raise InvalidRequest(field, f"{path.name}: not a readable audio file ({reason})") from None
         if track.sample_rate != sample_rate:
             raise InvalidRequest(field, f"{path.name} is {track.sample_rate} Hz; this model takes {sample_rate} Hz "
                                         "(resample it first)")

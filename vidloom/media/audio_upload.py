@@ -16,6 +16,7 @@ import numpy as np
 
 from vidloom.core.errors import InvalidRequest
 from vidloom.media.audio_files import open_audio
+from vidloom.media.decode_errors import decode_reason
 
 LIMIT_NAME = "max_init_audio_seconds"  # the server setting (`vidloom serve --max-init-audio-seconds`)
 INPUT_AUDIO_FORMATS = ("wav", "mp3")  # OpenAI's input_audio.format values
@@ -71,7 +72,7 @@ def load_input_audio(data: bytes, fmt: str, field: str, rate: int = INPUT_AUDIO_
                 for out in resampler.resample(None):
                     pieces.append(out.to_ndarray().reshape(-1))
         except (av.error.FFmpegError, OSError, ValueError) as exc:
-            raise InvalidRequest(field, f"is not a readable {fmt} file ({exc})") from None
+            raise InvalidRequest(field, f"is not a readable {fmt} file ({decode_reason(exc)})") from None
     samples = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
     if samples.shape[0] == 0:
         raise InvalidRequest(field, "has no audio samples")

@@ -21,6 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from vidloom.core.errors import InvalidRequest
+from vidloom.media.decode_errors import decode_reason
 from vidloom.media.frames import to_uint8
 
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
@@ -154,7 +155,7 @@ def _opened(source: Path | io.BytesIO, field: str, what: str) -> Iterator[Image.
         raise InvalidRequest(field, f"{what} is an image of more than {MAX_MEDIA_PIXELS} pixels "
                                     "(MAX_MEDIA_PIXELS)") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise InvalidRequest(field, f"{what} is not a readable image ({exc})") from None
+        raise InvalidRequest(field, f"{what} is not a readable image ({decode_reason(exc)})") from None
     with image:
         _check_header(image, field)
         yield image
@@ -165,7 +166,7 @@ def _decode(source: Path | io.BytesIO, field: str, what: str) -> Image.Image:
         try:
             image.load()
         except (OSError, ValueError, SyntaxError, EOFError) as exc:
-            raise InvalidRequest(field, f"{what} is not a readable image ({exc})") from None
+            raise InvalidRequest(field, f"{what} is not a readable image ({decode_reason(exc)})") from None
         return image
 
 

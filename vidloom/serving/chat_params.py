@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from vidloom.core.card import ModelCard
 from vidloom.core.chat import ChatLimits, ChatRequest, SamplingParams, messages_from_openai, stop_tuple
 from vidloom.core.errors import InvalidRequest
+from vidloom.core.speech import voice_from_openai
 from vidloom.serving.chat_protocol import ChatCompletionBody
 from vidloom.serving.params import check_model
 
@@ -86,10 +87,7 @@ def _audio(body: ChatCompletionBody, card: ModelCard) -> tuple[str | None, str] 
     if body.audio.format not in CHAT_AUDIO_FORMATS:
         raise InvalidRequest("audio.format", f"unsupported format {body.audio.format!r}; supported: "
                                              f"{', '.join(CHAT_AUDIO_FORMATS)}")
-    voice = body.audio.voice.get("id") if isinstance(body.audio.voice, dict) else body.audio.voice
-    if voice is not None and not isinstance(voice, str):
-        raise InvalidRequest("audio.voice", "must be a voice name")
-    return voice, body.audio.format
+    return voice_from_openai(body.audio.voice, "audio.voice"), body.audio.format
 
 
 def has_media_parts(body: ChatCompletionBody) -> bool:

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vidloom.core.errors import (
     CacheBudgetExceeded, Cancelled, InvalidRequest, LimitExceeded, UnknownModel, VidloomError,
 )
+from vidloom.media.decode_errors import strip_object_reprs
 from vidloom.runtime.async_engine import EngineBusy, EngineClosed
 from vidloom.serving.job_store import STORE_ERRORS
 from vidloom.serving.params import api_field
@@ -60,10 +61,11 @@ def echo(value: object) -> str:
 
 
 def redact_paths(text: str, root: str | None = None) -> str:
-    """Error text without the server's absolute paths: names under `root` stay relative, others keep their last part."""
+    """Error text without the server's absolute paths (names under `root` stay relative, others keep their last
+    part) or object addresses (`<... at 0x...>`, decode_errors' rule)."""
     if root:
         text = text.replace(root.rstrip("/") + "/", "")
-    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text)
+    return strip_object_reprs(_ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text))
 
 
 def error_response(

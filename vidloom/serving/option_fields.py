@@ -62,6 +62,8 @@ def _json_value(option: Option, value: object) -> object:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except (ValueError, RecursionError):
+        except ValueError:
             raise InvalidRequest(option.name, f"must be {what}, got {value[:40]!r}") from None
+        except RecursionError:  # "[[[[..." nested deeper than the parser recurses, as read_body refuses a body
+            raise InvalidRequest(option.name, "is nested too deeply") from None
     return value

@@ -124,14 +124,20 @@ async def read_body(request: Request, model: type[M], before: Callable[[dict[str
 def validate_fields(data: dict[str, Any], model: type[M]) -> M:
     """The one validator of JSON objects and forms alike (a form's values are its text and file bytes):
     text checks, then `model` (whose number and boolean types read a form's "8" / "true" as JSON's 8 / true)."""
-    for key, value in data.items():
-        _check_text(key, value)
+    check_text_fields(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
     except RecursionError:
         raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+
+
+def check_text_fields(data: dict[str, Any]) -> None:
+    """APIError(400) naming the first field whose name or value holds a lone surrogate or a NUL (see _check_text);
+    shared by HTTP bodies and WebSocket messages."""
+    for key, value in data.items():
+        _check_text(key, value)
 
 
 def _check_text(key: object, value: object, depth: int = 0) -> None:

@@ -25,7 +25,7 @@ from vidloom.serving.action_sessions import SessionCreateBody, SessionManager
 from vidloom.serving.api_keys import caller_of
 from vidloom.serving.errors import APIError, engine_errors, redact_paths
 from vidloom.serving.protocol import body_doc
-from vidloom.serving.request_body import read_body
+from vidloom.serving.request_body import check_text_fields, read_body
 
 router = APIRouter(prefix="/v1/sessions")
 FRAME_FORMATS = {"jpeg": "JPEG", "png": "PNG"}
@@ -185,6 +185,11 @@ def parse_message(message: dict[str, Any]) -> Any:
         raise InvalidRequest("message", 'is not JSON; send {"actions": [[...], ...]}') from None
     if not isinstance(data, dict):
         raise InvalidRequest("message", 'must be a JSON object such as {"actions": [[0.1, 0.2], ...]}')
+    try:
+        check_text_fields(data)  # the HTTP bodies' text rules: no lone surrogate to echo back, no NUL
+    except APIError as exc:
+        field = exc.param if exc.param not in (None, "body") else "message"
+        raise InvalidRequest(field, exc.message.partition(": ")[2] or exc.message) from None
     unknown = sorted(set(data) - {"actions"})
     if unknown:
         raise InvalidRequest(unknown[0], "is not a session message field; send only actions")
@@ -198,9 +203,18 @@ def parse_message(message: dict[str, Any]) -> Any:
         if len(row) != width:
             raise InvalidRequest(f"actions[{i}]", f"has {len(row)} numbers; row 0 has {width}")
         for value in row:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
                 raise InvalidRequest(f"actions[{i}]", f"must hold finite numbers, got {str(value)[:20]!r}")
     return actions
+
+
+def _finite(value: int | float) -> bool:
+    """A JSON number a float holds finitely (HTTP's float fields refuse the rest alike); a 400-digit integer
+    overflows math.isfinite."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _no_constant(name: str) -> Any:

@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.speech import SpeechRequest, SpeechResult
+from vidloom.core.speech import SpeechRequest, SpeechResult, voice_from_openai
 from vidloom.media.speech_audio import MEDIA_TYPES, check_format, check_speed, encode_speech, time_stretch
 from vidloom.runtime.chat_stream import event_queue
 from vidloom.serving.disconnect import result_or_cancel
@@ -54,9 +54,7 @@ def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
     check_model(body.model, card)
     if not isinstance(body.input, str):
         raise InvalidRequest("input", "must be a string")
-    voice = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
-    if voice is not None and not isinstance(voice, str):
-        raise InvalidRequest("voice", "must be a voice name")
+    voice = voice_from_openai(body.voice, "voice")
     check_format(body.response_format)
     check_speed(body.speed)
     return SpeechRequest(text=body.input, voice=voice, instructions=body.instructions, seed=body.seed)

@@ -12,6 +12,7 @@ from PIL import Image
 from vidloom.core.chat import (ChatLimits, ChatMessage, ChatPart, ChatRequest, SamplingParams, messages_from_openai,
                                stop_tuple)
 from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.speech import voice_from_openai
 from vidloom.media.image import load_image
 
 LIMITS = ChatLimits(context_window=64, max_tokens=32, default_max_tokens=16, max_stop=2, max_stop_chars=5,
@@ -144,6 +145,10 @@ def test_messages_from_openai() -> None:
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
      "messages[0].content[0].image_url"),
     ([{"role": "user", "content": "x"}, 3], "messages[1]"),
+    ([{"role": "user", "content": []}], "messages[0].content"),  # accepted as nothing before
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav",
+                                                                           "sample_rate": 8000}}]}],
+     "messages[0].content[0].input_audio"),  # an extra key was ignored
 ])
 def test_messages_from_openai_errors_name_the_field(messages: object, field: str) -> None:
     with pytest.raises(InvalidRequest) as exc:
@@ -161,3 +166,15 @@ def test_stop_tuple() -> None:
     with pytest.raises(InvalidRequest) as exc:
         stop_tuple(3)  # type: ignore[arg-type]
     assert _field(exc) == "stop"
+
+
+@pytest.mark.parametrize("value, voice", [("Ethan", "Ethan"), ({"id": "Chelsie"}, "Chelsie"), (None, None)])
+def test_voices_are_a_name_or_an_id_object(value: object, voice: str | None) -> None:
+    assert voice_from_openai(value, "voice") == voice
+
+
+@pytest.mark.parametrize("value", [{}, {"name": "Ethan"}, {"id": "Ethan", "style": "calm"}, {"id": 3}, 3, ["Ethan"]])
+def test_other_voices_are_refused_not_replaced_by_the_default(value: object) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        voice_from_openai(value, "audio.voice")
+    assert exc.value.field == "audio.voice"

@@ -92,6 +92,23 @@ def test_remote_image_urls_and_assistant_audio_are_refused(omni):
     assert info.value.field == "messages[1].content[0].type"
 
 
+@pytest.mark.parametrize("size", [(600, 2), (2, 600), (201, 1)])
+def test_images_past_the_aspect_ratio_limit_name_the_part(omni, size):
+    url, _ = png_url(3, size)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"},
+                                             {"type": "image_url", "image_url": {"url": url}}]}]
+    for audio in (None, {"voice": "Ethan"}):  # written and spoken answers prepare the prompt alike
+        with pytest.raises(InvalidRequest) as info:
+            omni.chat(messages, max_tokens=2, audio=audio)
+        assert info.value.field == "messages[0].content[1]" and "MAX_IMAGE_ASPECT_RATIO" in info.value.message
+
+
+def test_an_image_at_the_aspect_ratio_limit_is_read(omni):
+    url, _ = png_url(3, (400, 2))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    assert omni.chat(messages, max_tokens=2, temperature=0.0).completion_tokens == 2
+
+
 def test_input_audio_is_resampled_to_mono_16k():
     t = np.arange(44100) / 44100
     samples = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)

@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.families.sana_wm.camera import CameraInput, parse_action
+from vidloom.families.sana_wm import camera as camera_module
+from vidloom.families.sana_wm.camera import MAX_CAMERA_FRAMES, CameraInput, parse_action
 from vidloom.families.sana_wm.trajectory import camera_tensors, crop_first_frame, snap_frames, trajectory
 
 cam_utils = pytest.importorskip("diffusers.pipelines.sana_wm.cam_utils")
@@ -51,11 +52,52 @@ def test_bad_camera_fields_name_the_field(kwargs, field):
     assert err.value.field == field
 
 
-def test_short_per_frame_intrinsics_name_the_field():
-    camera = CameraInput.build(action="w-16", intrinsics=np.ones((5, 4)))
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+RIGID = np.tile(np.eye(4), (3, 1, 1))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(action="w-\u00b2", intrinsics=[1, 1, 0, 0]), "camera"),  # "²".isdigit() holds, int() refuses it
+    (dict(action="w-" + "9" * 5000, intrinsics=[1, 1, 0, 0]), "camera"),  # past int()'s digit limit
+    (dict(action=f"w-{MAX_CAMERA_FRAMES + 1}", intrinsics=[1, 1, 0, 0]), "camera"),
+    (dict(action=f"w-{MAX_CAMERA_FRAMES // 2},a-{MAX_CAMERA_FRAMES // 2 + 1}", intrinsics=[1, 1, 0, 0]), "camera"),
+    (dict(c2w=_deep(10_000), intrinsics=[1, 1, 0, 0]), "c2w"),
+    (dict(c2w=[[[10**400, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]], intrinsics=[1, 1, 0, 0]), "c2w"),
+    (dict(c2w=np.zeros((3, 4, 4)), intrinsics=[1, 1, 0, 0]), "c2w"),  # no rotation
+    (dict(c2w=RIGID * 1e38, intrinsics=[1, 1, 0, 0]), "c2w"),  # finite in float32, inf in the rays
+    (dict(c2w=RIGID + np.pad(np.full((3, 3, 1), 2e4), ((0, 0), (0, 1), (3, 0))), intrinsics=[1, 1, 0, 0]), "c2w"),
+    (dict(c2w=RIGID * np.array([1, 1, -1, 1])[:, None], intrinsics=[1, 1, 0, 0]), "c2w"),  # a reflection
+    (dict(c2w=np.tile(np.eye(4), (MAX_CAMERA_FRAMES + 1, 1, 1)), intrinsics=[1, 1, 0, 0]), "c2w"),
+    (dict(action="w-16", intrinsics=np.ones((5, 4))), "intrinsics"),  # 17 poses
+    (dict(action="w-2", intrinsics=np.ones((4, 4))), "intrinsics"),
+    (dict(c2w=RIGID, intrinsics=np.tile(np.eye(3), (2, 1, 1))), "intrinsics"),
+    (dict(action="w-2", intrinsics=[1e38, 1, 0, 0]), "intrinsics"),
+])
+def test_unusable_cameras_are_refused_at_the_boundary(kwargs, field):
     with pytest.raises(InvalidRequest) as err:
-        trajectory(camera, 17, 8)
-    assert err.value.field == "intrinsics"
+        CameraInput.build(**kwargs)
+    assert err.value.field == field
+
+
+def test_checking_an_action_string_expands_no_pose(monkeypatch):
+    """Validation counts segments; the poses are made when the job runs (off the server's event loop)."""
+    def expand(action):
+        raise AssertionError("expanded while checking")
+
+    monkeypatch.setattr(camera_module, "parse_action", expand)
+    camera = CameraInput.build(action=f"w-{MAX_CAMERA_FRAMES - 1}", intrinsics=[1, 1, 0, 0])
+    assert camera.action == f"w-{MAX_CAMERA_FRAMES - 1}"
+
+
+def test_per_frame_intrinsics_give_one_row_per_pose():
+    camera = CameraInput.build(action="w-16", intrinsics=np.ones((17, 4)))
+    assert trajectory(camera, 17, 8).intrinsics.shape == (17, 4)
 
 
 @pytest.mark.parametrize("n, upper", [(1, 9), (5, 40), (12, 40), (13, 40), (40, 40), (161, 200), (30, 30)])
@@ -75,7 +117,7 @@ def _pipeline_trajectory(action, c2w, intrinsics, frames):
     ("ik-10", None, np.array([[50.0, 0, 30], [0, 55, 21], [0, 0, 1]]), 40),
     (None, cam_utils.action_string_to_c2w("l-30"), np.tile([40.0, 40.0, 30.0, 20.0], (31, 1)), 17),
     (None, cam_utils.action_string_to_c2w("dw-16"), np.tile(np.array([[40.0, 0, 30], [0, 40, 20], [0, 0, 1]]),
-                                                           (20, 1, 1)), 30),
+                                                           (17, 1, 1)), 30),
 ])
 def test_camera_tensors_equal_the_pipeline(action, c2w, intrinsics, frames):
     camera = CameraInput.build(action=action, c2w=c2w, intrinsics=intrinsics)

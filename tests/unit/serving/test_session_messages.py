@@ -24,6 +24,9 @@ def test_action_rows_parse_and_policy_takes_none():
     ({"text": '{"actions": []}'}, "actions"), ({"text": '{"actions": [[]]}'}, "actions"),
     ({"text": '{"actions": [1, 2]}'}, "actions"), ({"text": '{"act": [[1]]}'}, "act"),
     ({"text": "[" * 100000}, "message"), ({"text": " " * (2 << 20)}, "message"),
+    ({"text": '{"actions": [[1' + "0" * 400 + ', 1]]}'}, "actions[0]"),  # overflows a float
+    ({"text": '{"\\ud800": [[1]]}'}, "message"),  # a lone surrogate as a field name, never echoed
+    ({"text": '{"actions": [[1]], "\\u0000": 1}'}, "message"),
 ])
 def test_bad_messages_name_the_field(message: dict, field: str):
     with pytest.raises(InvalidRequest) as exc:

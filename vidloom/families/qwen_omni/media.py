@@ -27,6 +27,9 @@ PLACEHOLDERS = {AUDIO: ("<|audio_bos|>", "<|AUDIO|>"), IMAGE: ("<|vision_bos|>",
 TOWER_TENSORS = {AUDIO: "thinker.audio_tower.*", IMAGE: "thinker.visual.*"}
 # transformers' Qwen2.5-Omni thinker config default: temporal positions per second of a vision grid step.
 POSITION_ID_PER_SECONDS = 25
+# The longest side over the shortest an image may have: the Qwen2-VL image processor's smart_resize refuses a
+# wider one (transformers' image_processing_qwen2_vl: "absolute aspect ratio must be smaller than 200").
+MAX_IMAGE_ASPECT_RATIO = 200
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ def _prepare_part(where: str, part: Any, processors: Any, encoders: ThinkerEncod
                                     f"has none ({missing}); send text")
     if part.type == AUDIO:
         return _audio_features(where, part, processors[0])
+    width, height = part.image.size
+    if max(width, height) > MAX_IMAGE_ASPECT_RATIO * min(width, height):
+        raise InvalidRequest(where, f"is a {width}x{height} image; its longer side may be at most "
+                                    f"{MAX_IMAGE_ASPECT_RATIO} times its shorter (MAX_IMAGE_ASPECT_RATIO)")
     out = processors[1](images=[part.image], return_tensors="pt")
     grid = out["image_grid_thw"].long()
     return out["pixel_values"], grid, int(grid.prod()) // merge_size ** 2

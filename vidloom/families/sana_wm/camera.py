@@ -23,7 +23,12 @@ ACTION_KEYS = frozenset("wasdijkl")
 TRANSLATION_PER_FRAME = 0.05  # world units per frame a translation key is held (SANA-WM cam_utils)
 ROTATION_PER_FRAME_DEG = 1.2
 PITCH_LIMIT_DEG = 85.0
-MAX_ACTION_FRAMES = 100_000  # an action string expands to one pose per frame; this bounds the allocation
+# Poses one camera may describe (an action string's frames, c2w's rows): ten times a minute-long clip at the
+# card's 16 fps. An action string is counted segment by segment before it expands to one pose per frame.
+MAX_CAMERA_FRAMES = 10_000
+MAX_TRANSLATION = 1e4  # world units a c2w pose may sit from the origin (the action language moves 0.05 a frame)
+MAX_FOCAL_PIXELS = 1e6  # fx, fy, cx, cy bound, in pixels: past it the rays' float32 maths loses every digit
+ROTATION_TOLERANCE = 1e-3  # how far a c2w rotation block may be from orthonormal (float32 round trips stay within)
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,10 @@ class CameraInput:
         if action is not None:
             if not isinstance(action, str):
                 raise InvalidRequest("camera", f"must be an action string such as 'w-80,jw-40', got {type(action).__name__}")
-            parse_action(action)  # fails early, naming the segment
+            count = 1 + sum(frames for _, frames in _segments(action))  # fails early, naming the segment
         else:
-            poses = _float_array("c2w", c2w)
-            if poses.ndim != 3 or poses.shape[1:] != (4, 4) or poses.shape[0] < 1:
-                raise InvalidRequest("c2w", f"must be [F, 4, 4] camera-to-world poses, got shape {list(poses.shape)}")
+            poses = _check_poses(_float_array("c2w", c2w))
+            count = poses.shape[0]
         if intrinsics is None:
             raise InvalidRequest("intrinsics", "required with a camera: [fx, fy, cx, cy] in first-frame pixels")
         intr = _float_array("intrinsics", intrinsics)
@@ -61,6 +65,11 @@ class CameraInput:
         vec = _as_vec4(intr)
         if not np.all(vec[..., :2] > 0):
             raise InvalidRequest("intrinsics", "focal lengths fx, fy must be positive")
+        if not np.all(np.abs(vec) <= MAX_FOCAL_PIXELS):
+            raise InvalidRequest("intrinsics", f"must lie within +-{MAX_FOCAL_PIXELS:g} pixels (MAX_FOCAL_PIXELS)")
+        if vec.ndim == 2 and vec.shape[0] != count:
+            raise InvalidRequest("intrinsics", f"per-frame intrinsics give {vec.shape[0]} rows; the camera has "
+                                               f"{count} poses (one row per pose, or one [4] / [3, 3] for all)")
         return cls(action=action, c2w=poses, intrinsics=intr)
 
     def poses(self) -> np.ndarray:
@@ -68,13 +77,40 @@ class CameraInput:
 
 
 def _float_array(field: str, value) -> np.ndarray:
+    _check_size(field, value)
     try:
         arr = np.asarray(value, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequest(field, f"must be numbers ({exc})") from None
+    except (TypeError, ValueError):
+        raise InvalidRequest(field, "must be a nested list of numbers of one shape") from None
+    except OverflowError:  # an integer past float's range (a 400-digit number)
+        raise InvalidRequest(field, "must be finite numbers") from None
     if not np.all(np.isfinite(arr)):
         raise InvalidRequest(field, "must be finite numbers")
     return arr
+
+
+def _check_size(field: str, value) -> None:
+    """At most MAX_CAMERA_FRAMES rows before numpy converts them (numpy refuses ragged or too-deep nesting itself)."""
+    if isinstance(value, (list, tuple)) and len(value) > MAX_CAMERA_FRAMES:
+        raise InvalidRequest(field, f"has {len(value)} rows, more than {MAX_CAMERA_FRAMES} (MAX_CAMERA_FRAMES)")
+
+
+def _check_poses(poses: np.ndarray) -> np.ndarray:
+    """[F, 4, 4] rigid camera-to-world poses: a rotation, a translation within MAX_TRANSLATION, [0, 0, 0, 1] below."""
+    if poses.ndim != 3 or poses.shape[1:] != (4, 4) or poses.shape[0] < 1:
+        raise InvalidRequest("c2w", f"must be [F, 4, 4] camera-to-world poses, got shape {list(poses.shape)}")
+    if poses.shape[0] > MAX_CAMERA_FRAMES:
+        raise InvalidRequest("c2w", f"has {poses.shape[0]} poses, more than {MAX_CAMERA_FRAMES} (MAX_CAMERA_FRAMES)")
+    poses64 = poses.astype(np.float64)
+    if not np.all(np.abs(poses64[:, :3, 3]) <= MAX_TRANSLATION):
+        raise InvalidRequest("c2w", f"translations must lie within +-{MAX_TRANSLATION:g} (MAX_TRANSLATION)")
+    if np.abs(poses64[:, 3] - [0.0, 0.0, 0.0, 1.0]).max() > ROTATION_TOLERANCE:
+        raise InvalidRequest("c2w", "each pose's last row must be [0, 0, 0, 1]")
+    rotations = poses64[:, :3, :3]
+    drift = np.abs(rotations @ rotations.transpose(0, 2, 1) - np.eye(3)).max()
+    if drift > ROTATION_TOLERANCE or np.any(np.linalg.det(rotations) <= 0):
+        raise InvalidRequest("c2w", "each pose's upper-left 3x3 must be a rotation (orthonormal, determinant +1)")
+    return poses
 
 
 def _as_vec4(intr: np.ndarray) -> np.ndarray:
@@ -83,28 +119,40 @@ def _as_vec4(intr: np.ndarray) -> np.ndarray:
     return intr
 
 
-def _held_keys(action: str) -> list[frozenset[str]]:
-    """One set of held keys per frame; InvalidRequest('camera') names a malformed segment."""
+def _segments(action: str) -> list[tuple[frozenset[str], int]]:
+    """(held keys, frames) per segment, their total within MAX_CAMERA_FRAMES; InvalidRequest('camera') names a
+    malformed segment. Nothing expands here: a request's camera is checked in time linear in its length."""
     cleaned = "".join(action.replace("\uff0c", ",").split())
     if not cleaned:
         raise InvalidRequest("camera", "the action string is empty")
-    frames: list[frozenset[str]] = []
+    out: list[tuple[frozenset[str], int]] = []
+    total = 0
     for segment in cleaned.split(","):
         keys, sep, count = segment.rpartition("-")
+        shown = segment if len(segment) <= 40 else f"{segment[:40]}..."
         if not sep or not segment:
-            raise InvalidRequest("camera", f"segment {segment!r} must be '<keys>-<frames>', e.g. 'w-80'")
-        if not count.isdigit() or int(count) <= 0:
-            raise InvalidRequest("camera", f"segment {segment!r} needs a positive frame count, got {count!r}")
+            raise InvalidRequest("camera", f"segment {shown!r} must be '<keys>-<frames>', e.g. 'w-80'")
+        if not (count.isascii() and count.isdigit()):  # ASCII digits only: "²".isdigit() holds, int() refuses it
+            raise InvalidRequest("camera", f"segment {shown!r} needs a positive frame count")
+        digits = count.lstrip("0")  # int() reads no more digits than the cap has (5,000 nines would raise)
+        frames = int(digits or "0") if len(digits) <= _CAP_DIGITS else MAX_CAMERA_FRAMES + 1
+        if frames <= 0:
+            raise InvalidRequest("camera", f"segment {shown!r} needs a positive frame count")
         keys = keys.lower()
         held = frozenset() if keys == "none" else frozenset(keys)
         unknown = sorted(held - ACTION_KEYS)
         if unknown:
-            raise InvalidRequest("camera", f"segment {segment!r} has unknown keys {unknown}; use w a s d i j k l "
+            raise InvalidRequest("camera", f"segment {shown!r} has unknown keys {unknown}; use w a s d i j k l "
                                  "or 'none'")
-        if len(frames) + int(count) > MAX_ACTION_FRAMES:
-            raise InvalidRequest("camera", f"the action string spans more than {MAX_ACTION_FRAMES} frames")
-        frames.extend([held] * int(count))
-    return frames
+        total += frames
+        if total > MAX_CAMERA_FRAMES:
+            raise InvalidRequest("camera", f"the action string spans more than {MAX_CAMERA_FRAMES} frames "
+                                           "(MAX_CAMERA_FRAMES)")
+        out.append((held, frames))
+    return out
+
+
+_CAP_DIGITS = len(str(MAX_CAMERA_FRAMES))
 
 
 def _rot_x(a: float) -> np.ndarray:
@@ -134,7 +182,7 @@ def parse_action(action: str) -> np.ndarray:
     limit = math.radians(PITCH_LIMIT_DEG)
     pose, pitch = np.eye(4), 0.0
     poses = [pose.copy()]
-    for held in _held_keys(action):
+    for held in (keys for keys, frames in _segments(action) for _ in range(frames)):
         d_pitch = (step if "i" in held else 0.0) - (step if "k" in held else 0.0)
         if -limit <= pitch + d_pitch <= limit:
             pitch += d_pitch

@@ -40,6 +40,10 @@ CAPABILITIES = Capabilities(
              attention_backend="the DiT attends through PyTorch SDPA only",
              kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget"),
 )
+# The common request fields the program reads: the cosine DPM schedule has no shift, so flow_shift is refused
+# rather than ignored. Frame fields stay listed: core.request refuses them on every audio card with its reason.
+READS = frozenset({"negative_prompt", "num_inference_steps", "guidance_scale", "sampler", "step_cache_threshold",
+                   "height", "width", "num_frames", "fps"})
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
@@ -53,13 +57,17 @@ def check_pipeline(ckpt: DiffusersDir) -> None:
 
 
 def audio_spec(ckpt: DiffusersDir) -> AudioSpec:
-    """Seconds rules from the configs: the DiT window times the VAE hop, and the duration conditioner's range."""
+    """Seconds rules from the configs: the DiT window times the VAE hop, and the duration conditioner's range.
+
+    A clip is cut from the decoded window (program.clip_samples), so it ends within the window as well as within
+    the conditioner's range, and holds at least one sample."""
     dit = ckpt.parse_component("transformer", StableAudioDiTConfig.from_diffusers)
     vae = ckpt.parse_component("vae", OobleckDecoderConfig.from_diffusers)
     projection = ckpt.parse_component("projection_model", ProjectionConfig.from_diffusers)
     window = dit.sample_size * vae.hop_length / vae.sampling_rate
     return AudioSpec(max_seconds=window, default_seconds=window, min_start=projection.min_value,
-                     max_end=projection.max_value, sample_rate=vae.sampling_rate)
+                     max_end=min(projection.max_value, window), sample_rate=vae.sampling_rate,
+                     min_seconds=1.0 / vae.sampling_rate)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -79,5 +87,6 @@ def stable_audio_card(model_id: str, source: str, audio: AudioSpec, *, descripti
         tasks=frozenset({Task.T2A}), produces_audio=True, audio=audio,
         request_blocks=(BlockSpec(AUDIO_LENGTH),),
         inputs=frozenset({"init_audio"}),  # a waveform the clip starts from (the pipeline's initial_audio_waveforms)
+        optional_fields=READS,
         precision=precision, sampling_defaults=defaults, geometry=NO_FRAMES, description=description, notes=notes,
     )

@@ -62,8 +62,8 @@ MODEL_INDEX = model_index(
     vae="diffusers:AutoencoderOobleck",
 )
 DEMO_WINDOW = 128 * 128 / 16000
-DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=10.0,
-                       sample_rate=16000)
+DEMO_AUDIO = AudioSpec(max_seconds=DEMO_WINDOW, default_seconds=DEMO_WINDOW, min_start=0.0, max_end=DEMO_WINDOW,
+                       sample_rate=16000, min_seconds=1 / 16000)
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, num_inference_steps=8)
 
 

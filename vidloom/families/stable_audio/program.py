@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vidloom.core.card import clip_samples as audio_clip_samples
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
@@ -92,9 +93,8 @@ def initial_window(audio: np.ndarray, channels: int, length: int) -> Tensor:
 
 
 def clip_samples(request: GenerationRequest, sample_rate: int) -> tuple[int, int]:
-    """The clip's first and end sample in the decoded window (the pipeline truncates both to integers)."""
-    start = float(request.option("seconds_start"))
-    return int(start * sample_rate), int((start + float(request.option("seconds"))) * sample_rate)
+    """The clip's first and end sample in the decoded window (the rule the request was checked by)."""
+    return audio_clip_samples(float(request.option("seconds_start")), float(request.option("seconds")), sample_rate)
 
 
 @torch.inference_mode()
