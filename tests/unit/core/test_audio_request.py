@@ -58,7 +58,7 @@ def test_every_accepted_clip_holds_the_samples_it_asked_for():
     """The clip the program cuts from the window is as long as asked (to the truncated sample), never empty."""
     for start, seconds in ((0.0, 0.01), (0.5, 1.5), (1.99, 0.01), (0.123, 0.877)):
         r = _resolve(seconds_start=start, seconds=seconds)
-        first, end = SPEC.clip_samples(r.seconds_start, r.seconds)
+        first, end = SPEC.clip_samples(r.option("seconds_start"), r.option("seconds"))
         assert 0 <= first < end <= SPEC.max_seconds * SPEC.sample_rate
         assert abs((end - first) - seconds * SPEC.sample_rate) <= 1
 
