@@ -37,7 +37,7 @@ def open_audio_upload(data: bytes, field: str, sample_rate: int, max_seconds: fl
 
     if not data:
         raise InvalidRequest(field, "is an empty file")
-    fmt = sniffed_format(data, field, INIT_AUDIO, "an audio file")
+    fmt = sniffed_format(data, field, INIT_AUDIO, "audio file")
     with _opened(data, fmt, field) as (container, stream):
         _check_seconds(_header_seconds(container), field, max_seconds, header=True)
         try:

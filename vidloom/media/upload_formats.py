@@ -62,7 +62,8 @@ def sniffed_format(data: bytes, field: str, allowed: tuple[MediaFormat, ...], wh
         if fmt.matches(data[:16]):
             return fmt
     names = ", ".join(f.name for f in allowed)
-    raise InvalidRequest(field, f"is not {what} this server reads (its first bytes match none of: {names})")
+    raise InvalidRequest(field, f"is not a readable {what} (its first bytes are none of the {names} this server "
+                                "reads)")
 
 
 def check_codec(stream: Any, fmt: MediaFormat, field: str) -> None:
