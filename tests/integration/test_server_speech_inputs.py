@@ -109,3 +109,22 @@ def test_media_features_are_prepared_on_the_media_pool(served, oc, monkeypatch):
                                         stream=True)
     assert [c for c in stream]
     assert len(threads) >= 3 and all(name.startswith("vidloom-media") for name in threads), threads
+
+
+def _spoken_pcm(oc, server, messages, voice: str) -> np.ndarray:
+    r = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=6, temperature=0,
+                                   modalities=["text", "audio"], audio={"voice": voice, "format": "wav"},
+                                   extra_body={"seed": 3})
+    with wave.open(io.BytesIO(base64.b64decode(r.choices[0].message.audio.data))) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16)
+
+
+def test_the_chat_voice_is_the_one_asked_for(served, oc):
+    """Ethan and Chelsie answer the same request differently, each as the Python API's chat in that voice."""
+    server, gen = served
+    messages = [{"role": "user", "content": "Tell me about kites."}]
+    spoken = {voice: _spoken_pcm(oc, server, messages, voice) for voice in ("Ethan", "Chelsie")}
+    assert not np.array_equal(spoken["Ethan"], spoken["Chelsie"])
+    for voice, pcm in spoken.items():
+        local = gen.chat(messages, audio={"voice": voice}, max_tokens=6, temperature=0.0, seed=3)
+        assert np.array_equal(pcm, np.round(np.clip(local.audio, -1, 1) * 32767).astype(np.int16)), voice

@@ -43,7 +43,9 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
     engine = manager.engine
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
-    speech = SpeechRequest(chat=planned.request, voice=voice, request_id=planned.request.request_id)
+    # The chat's seed also seeds the talker and token2wav, as the Python API's chat(..., audio=...) does.
+    speech = SpeechRequest(chat=planned.request, voice=voice, request_id=planned.request.request_id,
+                           seed=planned.request.sampling.seed)
     if planned.stream:  # the audio leaves chunk by chunk while the talker decodes
         speech = stream_speech_request(speech)
     with engine_errors():
