@@ -19,8 +19,9 @@ ENCODINGS = {
 }
 
 
-def encoded_audio(name: str, seconds: float = 1.0, rate: int = 16000) -> bytes:
-    """A mono tone of `seconds` encoded as ENCODINGS[name] (Opus at 48 kHz, the rate it takes)."""
+def encoded_audio(name: str, seconds: float = 1.0, rate: int = 16000, bit_rate: int | None = None) -> bytes:
+    """A mono tone of `seconds` encoded as ENCODINGS[name] (Opus at 48 kHz, the rate it takes), at the codec's
+    default bit rate or `bit_rate`."""
     import av
 
     container_format, codec, video = ENCODINGS[name]
@@ -30,6 +31,8 @@ def encoded_audio(name: str, seconds: float = 1.0, rate: int = 16000) -> bytes:
     with av.open(buffer, "w", format=container_format) as container:
         picture = _video_stream(container) if video else None
         stream = container.add_stream(codec, rate=rate, layout="mono")
+        if bit_rate is not None:
+            stream.bit_rate = bit_rate
         sample_format = stream.codec_context.format.name
         for start in range(0, tone.shape[0], 1024):
             chunk = tone[None, start:start + 1024]
