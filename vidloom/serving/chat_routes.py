@@ -33,6 +33,7 @@ from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
+from vidloom.serving.request_budget import RequestBudget
 from vidloom.serving.video_routes import jobs_of
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class ChatState:
         self.metrics = ChatMetrics(manager.metrics.registry, manager.engine.chat_stats) if chats else None
         self.open = 0  # chat requests whose engine stream is open (from submission to their last item)
         self.media = ChatMediaAdmission(config.max_chat_media_bytes, config.chat_media_budget_bytes)
+        self.budget = RequestBudget(config.max_request_seconds)  # speech runs: spoken chats and /v1/audio/speech
 
 
 async def drain_chats(app: Any, grace_s: float) -> None:

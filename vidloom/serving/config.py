@@ -72,6 +72,9 @@ class ServeConfig:
     # hold at once (past it a 429 media_busy). 32 MiB is about 8.7 minutes of audio.
     max_chat_media_bytes: int = 32 << 20
     chat_media_budget_bytes: int = 128 << 20
+    # Wall time of one speech run (POST /v1/audio/speech, a chat answered aloud), seconds: refused up front when
+    # the server's measured pace says it cannot fit, stopped (504) when it runs past it (serving/request_budget.py).
+    max_request_seconds: float | None = 300.0
     # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
     body_timeout_s: float = 30.0  # and its body within this long after the headers
@@ -139,6 +142,8 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.max_request_seconds is not None and not self.max_request_seconds > 0:
+            raise ValueError(f"max_request_seconds: must be > 0, got {self.max_request_seconds}")
         if self.max_init_audio_seconds is not None and not self.max_init_audio_seconds > 0:
             raise ValueError(f"max_init_audio_seconds: must be > 0, got {self.max_init_audio_seconds}")
         if self.media_queue < 0:
