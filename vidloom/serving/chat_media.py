@@ -37,6 +37,8 @@ def chat_media_bytes(messages: object) -> int:
     total = 0
     for where, kind, spec in _media_parts(messages):
         if kind == "input_audio":
+            if not isinstance(spec, Mapping):
+                continue  # planning names the malformed part
             data = _base64(spec.get("data"), f"{where}.input_audio.data")
             fmt = spec.get("format")
             if data is None or not isinstance(fmt, str):

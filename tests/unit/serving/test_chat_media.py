@@ -47,6 +47,14 @@ def test_the_decoded_size_comes_from_the_headers(no_decoding):
     assert chat_media_bytes(messages) == 2 * 29 * 16000 * 4 + 40 * 30 * 3
 
 
+def test_malformed_parts_are_left_to_planning_to_name():
+    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": "not an object"},
+                                             {"type": "input_audio", "input_audio": {"data": 3, "format": "wav"}},
+                                             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                                             "text"]}, "not a message"]
+    assert chat_media_bytes(messages) == 0
+
+
 def test_a_part_in_another_format_is_named_before_anything_is_summed(no_decoding):
     messages = [{"role": "user", "content": [_audio(encoded_audio("flac"), "wav")]}]
     no_decoding()
