@@ -23,10 +23,10 @@ from vidloom.serving.chat_audio import audio_chat
 from vidloom.serving.chat_media import ChatMediaAdmission, chat_media_bytes
 from vidloom.serving.chat_metrics import ChatMetrics
 from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
-from vidloom.serving.config import ServeConfig
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
+from vidloom.serving.config import ServeConfig
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, error_json, generation_error
 from vidloom.serving.jobs import JobManager
@@ -45,7 +45,9 @@ ChatItems = AsyncIterator[TokenDelta | ChatResult]
 
 
 class ChatState:
-    """A server's chat side: its /metrics series (None for a model that does not chat) and its open requests."""
+    """A server's chat side: its /metrics series (None for a model that does not chat), its open requests, the
+    admission of chats' media (serving/chat_media.py) and the time budget of speech runs (serving/request_budget.py,
+    spoken chats and /v1/audio/speech alike)."""
 
     def __init__(self, manager: JobManager, config: ServeConfig) -> None:
         chats = "ar_decode" in manager.card.loops
