@@ -23,7 +23,7 @@ from PIL import Image
 
 from vidloom.core.errors import InvalidRequest, counted
 from vidloom.media.image import MAX_MEDIA_PIXELS, MAX_VIDEO_FRAMES, EncodedImage, fit_image, load_image
-from vidloom.media.upload_formats import VIDEO_UPLOAD, MediaFormat, check_codec, ffmpeg_reason, sniffed_format
+from vidloom.media.upload_formats import VIDEO_UPLOAD, MediaFormat, check_codec, sniffed_format
 
 # Decoded pixels of a whole file (frames x width x height): bounds the decode work one job may ask for.
 # 1025 frames at 1280x720, past every video length and resolution a served model takes.
@@ -122,7 +122,7 @@ def probe_video(value: str | Path | bytes | bytearray, field: str, limit: int) -
     except InvalidRequest:
         raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError) as exc:
-        raise InvalidRequest(field, f"is not a readable video ({ffmpeg_reason(exc)})") from None
+        raise InvalidRequest(field, f"is not a readable video ({exc})") from None
     if frames < 1:
         raise InvalidRequest(field, "has no frames")
     return EncodedVideo(source, (width, height), frames, field, demuxer)
@@ -198,7 +198,7 @@ def _decode(video: EncodedVideo, size: tuple[int, int] | None) -> list[Image.Ima
     except InvalidRequest:
         raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError) as exc:
-        raise InvalidRequest(video.field, f"is not a readable video ({ffmpeg_reason(exc)})") from None
+        raise InvalidRequest(video.field, f"is not a readable video ({exc})") from None
     if len(out) < video.frames:
         raise InvalidRequest(video.field, f"decoded to {len(out)} frames but its container holds {video.frames}")
     return out
