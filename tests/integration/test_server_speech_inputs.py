@@ -139,3 +139,41 @@ def test_media_features_are_prepared_on_the_media_pool(served, oc, monkeypatch):
                                         stream=True)
     assert [c for c in stream]
     assert len(threads) >= 3 and all(name.startswith("vidloom-media") for name in threads), threads
+
+
+def _spoken_pcm(oc, server, messages, voice: str) -> np.ndarray:
+    r = oc.chat.completions.create(model=_model(server), messages=messages, max_tokens=6, temperature=0,
+                                   modalities=["text", "audio"], audio={"voice": voice, "format": "wav"},
+                                   extra_body={"seed": 3})
+    with wave.open(io.BytesIO(base64.b64decode(r.choices[0].message.audio.data))) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16)
+
+
+def test_the_chat_voice_is_the_one_asked_for(served, oc):
+    """Ethan and Chelsie answer the same request differently, each as the Python API's chat in that voice."""
+    server, gen = served
+    messages = [{"role": "user", "content": "Tell me about kites."}]
+    spoken = {voice: _spoken_pcm(oc, server, messages, voice) for voice in ("Ethan", "Chelsie")}
+    assert not np.array_equal(spoken["Ethan"], spoken["Chelsie"])
+    for voice, pcm in spoken.items():
+        local = gen.chat(messages, audio={"voice": voice}, max_tokens=6, temperature=0.0, seed=3)
+        assert np.array_equal(pcm, np.round(np.clip(local.audio, -1, 1) * 32767).astype(np.int16)), voice
+
+
+def test_a_chat_whose_media_decode_past_the_limit_is_refused_before_decoding(served, monkeypatch):
+    """The issue's reproduction: twenty 29 s MP3 parts (a 780 KB body) decode to 580 s of audio, 37 MB; refused
+    from their headers (max_chat_media_bytes, 32 MiB), with decoding made to fail."""
+    import vidloom.media.audio_upload as audio_upload
+    from tests.helpers.audio_containers import encoded_audio
+
+    server, _ = served
+    mp3 = base64.b64encode(encoded_audio("mp3", seconds=29.0, rate=8000, bit_rate=8000)).decode()
+    part = {"type": "input_audio", "input_audio": {"data": mp3, "format": "mp3"}}
+    body = {"model": _model(server), "messages": [{"role": "user", "content": [part] * 20}], "max_tokens": 2}
+    monkeypatch.setattr(audio_upload, "_resampled", lambda *a, **k: pytest.fail("a part was decoded"))
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages" and "max_chat_media_bytes" in error["message"], error
+    assert server.app.state.chat.media.ledger.in_use == 0

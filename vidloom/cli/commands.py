@@ -198,6 +198,13 @@ def _add_limit_arguments(srv: argparse.ArgumentParser) -> None:
                      help="request body size in MiB, image uploads included; larger get 413 (default: 1)")
     lim.add_argument("--max-init-audio-seconds", type=float, default=None,
                      help="longest init_audio upload to /v1/audio/generations, seconds (default: the model's window)")
+    lim.add_argument("--max-request-seconds", type=float, default=300.0,
+                     help="wall time of one speech run (speech, chats answered aloud): refused up front at the "
+                          "measured pace, stopped with a 504 past it (default: 300)")
+    lim.add_argument("--max-chat-media-bytes", type=int, default=32 << 20,
+                     help="what one chat's audio and image parts decode to, from their headers (default: 32 MiB)")
+    lim.add_argument("--chat-media-budget-bytes", type=int, default=128 << 20,
+                     help="decoded media of the chats being prepared at once; past it a 429 (default: 128 MiB)")
     lim.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request head (default: 10)")
     lim.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive seconds (default: 5)")
     lim.add_argument("--max-connections", type=int, default=256,

@@ -51,7 +51,7 @@ def replica_app(manager: JobManager, config: ServeConfig) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.jobs = manager
-    app.state.chat = ChatState(manager)
+    app.state.chat = ChatState(manager, config)
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.include_router(video_router)

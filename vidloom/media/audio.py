@@ -137,11 +137,17 @@ def read_audio_stream(path: Path) -> AudioTrack:
     with av.open(str(path)) as container:
         if not container.streams.audio:
             raise ValueError(f"{path}: no audio stream")
-        stream = container.streams.audio[0]
-        chunks = [frame.to_ndarray() for frame in container.decode(stream)]
-        rate = stream.codec_context.sample_rate
-        planar = stream.codec_context.format.is_planar
-        channels = stream.codec_context.channels
+        return decode_audio_stream(container, container.streams.audio[0])
+
+
+def decode_audio_stream(container: Any, stream: Any) -> AudioTrack:
+    """Every sample of `stream` (an audio stream of the open PyAV `container`) as float32 [channels, samples]."""
+    chunks = [frame.to_ndarray() for frame in container.decode(stream)]
+    if not chunks:
+        raise ValueError("no audio samples")
+    rate = stream.codec_context.sample_rate
+    planar = stream.codec_context.format.is_planar
+    channels = stream.codec_context.channels
     samples = np.concatenate(chunks, axis=1) if planar else np.concatenate(
         [c.reshape(-1, channels).T for c in chunks], axis=1)
     return AudioTrack(_full_scale(samples), rate)

@@ -23,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 from vidloom.core.errors import InvalidRequest
 from vidloom.media.decode_errors import decode_reason
 from vidloom.media.frames import to_uint8
+from vidloom.media.upload_formats import IMAGE_UPLOAD
 
 # PIL modes that have an unambiguous RGB rendering; others (16-bit "I;16", float "F", 1-bit)
 # would need a scaling choice the caller should make.
@@ -142,13 +143,18 @@ def image_to_tensor(image: Image.Image, height: int, width: int) -> torch.Tensor
 
 @contextlib.contextmanager
 def _opened(source: Path | io.BytesIO, field: str, what: str) -> Iterator[Image.Image]:
-    """The file opened and checked from its header alone: Image.open reads no pixel data."""
+    """The file opened and checked from its header alone: Image.open reads no pixel data. An upload (bytes) opens
+    only as one of IMAGE_UPLOAD's formats: PIL never tries its other parsers on a client's bytes."""
+    upload = isinstance(source, io.BytesIO)
     try:
         with warnings.catch_warnings():
             # PIL's own bomb check (Image.MAX_IMAGE_PIXELS, ~89 Mpx: a warning, twice that: an error) is
             # looser than MAX_MEDIA_PIXELS; the error is turned into ours below, the warning is moot.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(source)
+            image = Image.open(source, formats=IMAGE_UPLOAD if upload else None)
+    except UnidentifiedImageError if upload else ():
+        raise InvalidRequest(field, f"{what} is not a readable image (this server reads "
+                                    f"{', '.join(IMAGE_UPLOAD)} uploads)") from None
     except FileNotFoundError:
         raise InvalidRequest(field, f"file {what} does not exist") from None
     except Image.DecompressionBombError:

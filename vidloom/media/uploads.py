@@ -24,6 +24,7 @@ from PIL import Image
 from vidloom.core.errors import InvalidRequest, counted
 from vidloom.media.decode_errors import decode_reason
 from vidloom.media.image import MAX_MEDIA_PIXELS, MAX_VIDEO_FRAMES, EncodedImage, fit_image, load_image
+from vidloom.media.upload_formats import VIDEO_UPLOAD, MediaFormat, check_codec, sniffed_format
 
 # Decoded pixels of a whole file (frames x width x height): bounds the decode work one job may ask for.
 # 1025 frames at 1280x720, past every video length and resolution a served model takes.
@@ -42,6 +43,7 @@ class EncodedVideo:
     size: tuple[int, int]
     frames: int
     field: str
+    demuxer: str | None = None  # the FFmpeg demuxer an upload is read with (media.upload_formats); None: probed
 
     def __len__(self) -> int:
         return self.frames
@@ -94,20 +96,26 @@ def load_video(value: Any, field: str, min_frames: int = 1, max_frames: int | No
 
 
 def probe_video(value: str | Path | bytes | bytearray, field: str, limit: int) -> EncodedVideo:
-    """Check a video file against the limits from its container alone; no frame is decoded."""
+    """Check a video file against the limits from its container alone; no frame is decoded. Bytes (an upload)
+    must be an MP4 or WebM of a VIDEO_UPLOAD codec, read with that container's demuxer alone."""
     import av  # PyAV is already the MP4 writer's dependency
 
+    fmt: MediaFormat | None = None
     if isinstance(value, (str, Path)):
         if not Path(value).is_file():
             raise InvalidRequest(field, f"file {str(value)!r} does not exist")
         source: bytes | str = str(value)
     else:
         source = bytes(value)
+        fmt = sniffed_format(source, field, VIDEO_UPLOAD, "video")
+    demuxer = None if fmt is None else fmt.demuxer
     try:
-        with av.open(source if isinstance(source, str) else io.BytesIO(source)) as container:
+        with av.open(source if isinstance(source, str) else io.BytesIO(source), format=demuxer) as container:
             if not container.streams.video:
                 raise InvalidRequest(field, "has no video stream")
             stream = container.streams.video[0]
+            if fmt is not None:
+                check_codec(stream, fmt, field)
             width, height = stream.codec_context.width, stream.codec_context.height
             _check_frame_size(field, width, height)
             _check_count(field, _declared_frames(stream), limit, width * height)
@@ -118,7 +126,7 @@ def probe_video(value: str | Path | bytes | bytearray, field: str, limit: int) -
         raise InvalidRequest(field, f"is not a readable video ({decode_reason(exc)})") from None
     if frames < 1:
         raise InvalidRequest(field, "has no frames")
-    return EncodedVideo(source, (width, height), frames, field)
+    return EncodedVideo(source, (width, height), frames, field, demuxer)
 
 
 def decode_media(request: Any) -> Any:
@@ -179,7 +187,7 @@ def _decode(video: EncodedVideo, size: tuple[int, int] | None) -> list[Image.Ima
     out: list[Image.Image] = []
     source = video.source if isinstance(video.source, str) else io.BytesIO(video.source)
     try:
-        with av.open(source) as container:
+        with av.open(source, format=video.demuxer) as container:
             for frame in container.decode(video=0):
                 if len(out) == video.frames:
                     break  # the running count stops at the count checked before the job was queued

@@ -47,7 +47,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.jobs = JobManager(engine, config, asyncio.get_running_loop(), store)
         app.state.jobs.start()
-        app.state.chat = ChatState(app.state.jobs)
+        app.state.chat = ChatState(app.state.jobs, config)
         app.state.sessions = SessionManager(app.state.jobs, max_sessions=config.slots + config.queue_size)
         app.state.started_at = int(time.time())
         try:

@@ -29,6 +29,7 @@ from vidloom.serving.chat_protocol import (
 )
 from vidloom.serving.disconnect import result_or_cancel
 from vidloom.serving.errors import engine_errors, error_json
+from vidloom.serving.request_budget import Deadline
 from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 
 AUDIO_TTL_S = 3600  # expires_at: audio ids are not kept for multi-turn reuse here; the hour is OpenAI's
@@ -43,19 +44,26 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
     engine = manager.engine
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
-    speech = SpeechRequest(chat=planned.request, voice=voice, request_id=planned.request.request_id)
+    # The chat's seed also seeds the talker and token2wav, as the Python API's chat(..., audio=...) does.
+    speech = SpeechRequest(chat=planned.request, voice=voice, request_id=planned.request.request_id,
+                           seed=planned.request.sampling.seed)
     if planned.stream:  # the audio leaves chunk by chunk while the talker decodes
         speech = stream_speech_request(speech)
+    budget, max_tokens = request.app.state.chat.budget, planned.request.sampling.max_tokens
+    if max_tokens is not None:
+        budget.check("audio_chat", max_tokens, "max_tokens", "tokens")
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
         handle = (await engine.submit_prepared_by(speech, manager.media.run, sink) if media
                   else engine.submit(speech, sink))
     audio_id = f"audio_{uuid.uuid4().hex}"
     if planned.stream:
-        return StreamingResponse(_sse(manager, planned, handle, queue, audio_id, fmt),
+        return StreamingResponse(_sse(manager, planned, handle, queue, audio_id, fmt, budget.deadline()),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    result: SpeechResult = await result_or_cancel(request, engine, handle, speech.request_id)
+    result: SpeechResult = await budget.run("audio_chat", lambda done: done.text_tokens,
+                                            result_or_cancel(request, engine, handle, speech.request_id),
+                                            lambda: engine.cancel(speech.request_id))
     data = await manager.media.run(encode_speech, result.audio, result.sample_rate, _SPEECH_FORMAT.get(fmt, fmt))
     answer = AudioAnswer(id=audio_id, data=base64.b64encode(data).decode(), expires_at=int(time.time()) + AUDIO_TTL_S,
                          transcript=result.text)
@@ -65,7 +73,7 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
 
 
 async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Queue[Event], audio_id: str,
-               fmt: str) -> AsyncIterator[bytes]:
+               fmt: str, deadline: Deadline) -> AsyncIterator[bytes]:
     request_id, created, model = planned.request.request_id, int(time.time()), manager.card.model_id
 
     def chunk(delta: Delta, finish: str | None = None) -> bytes:
@@ -77,6 +85,7 @@ async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Q
     try:
         yield chunk(Delta(role="assistant"))
         async for piece in streamed_bytes(queue, _SPEECH_FORMAT.get(fmt, fmt), 1.0, manager.media.run):
+            deadline.check(lambda: manager.engine.cancel(request_id))
             if isinstance(piece, str):
                 yield chunk(Delta(audio={"id": audio_id, "transcript": piece}))
             else:
@@ -84,6 +93,7 @@ async def _sse(manager: Any, planned: PlannedChat, handle: Any, queue: asyncio.Q
         ended = True
         with engine_errors():
             result: SpeechResult = await handle.result()
+        deadline.done("audio_chat", result.text_tokens)
         yield chunk(Delta(audio={"id": audio_id, "expires_at": int(time.time()) + AUDIO_TTL_S}),
                     _finish(planned, result))
     except Exception as exc:  # headers are sent: the failure travels as an error event, then [DONE]

@@ -20,17 +20,20 @@ from fastapi.responses import StreamingResponse
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomError
 from vidloom.serving.chat_audio import audio_chat
+from vidloom.serving.chat_media import ChatMediaAdmission, chat_media_bytes
 from vidloom.serving.chat_metrics import ChatMetrics
 from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
+from vidloom.serving.config import ServeConfig
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, error_json, generation_error
 from vidloom.serving.jobs import JobManager
 from vidloom.serving.metrics import ServerMetrics
 from vidloom.serving.protocol import body_doc
 from vidloom.serving.request_body import read_body
+from vidloom.serving.request_budget import RequestBudget
 from vidloom.serving.video_routes import jobs_of
 
 log = logging.getLogger(__name__)
@@ -42,12 +45,16 @@ ChatItems = AsyncIterator[TokenDelta | ChatResult]
 
 
 class ChatState:
-    """A server's chat side: its /metrics series (None for a model that does not chat) and its open requests."""
+    """A server's chat side: its /metrics series (None for a model that does not chat), its open requests, the
+    admission of chats' media (serving/chat_media.py) and the time budget of speech runs (serving/request_budget.py,
+    spoken chats and /v1/audio/speech alike)."""
 
-    def __init__(self, manager: JobManager) -> None:
+    def __init__(self, manager: JobManager, config: ServeConfig) -> None:
         chats = "ar_decode" in manager.card.loops
         self.metrics = ChatMetrics(manager.metrics.registry, manager.engine.chat_stats) if chats else None
         self.open = 0  # chat requests whose engine stream is open (from submission to their last item)
+        self.media = ChatMediaAdmission(config.max_chat_media_bytes, config.chat_media_budget_bytes)
+        self.budget = RequestBudget(config.max_request_seconds)  # speech runs: spoken chats and /v1/audio/speech
 
 
 async def drain_chats(app: Any, grace_s: float) -> None:
@@ -75,11 +82,13 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     manager = jobs_of(request)
     body = await read_body(request, ChatCompletionBody)
     rename = _renamer(body)
-    with engine_errors(rename):  # the engine checks the sampling limits (its KV pool bounds max_tokens)
-        # Decoding media parts, then their features (Whisper mels, image patches), is work for the media pool,
-        # never the event loop.
+    with engine_errors(rename), contextlib.ExitStack() as held:  # the engine checks the sampling limits (its KV
+        # pool bounds max_tokens). Decoding media parts, then their features (Whisper mels, image patches), is work
+        # for the media pool, never the event loop, admitted first from the parts' headers (serving/chat_media.py).
         media = has_media_parts(body)
         if media:
+            nbytes = await manager.media.run(chat_media_bytes, body.messages)
+            held.enter_context(request.app.state.chat.media.admitted(nbytes))
             planned = await manager.media.run(plan_chat, body, manager.card)
         else:
             planned = plan_chat(body, manager.card)

@@ -73,6 +73,14 @@ class ServeConfig:
     # POST /v1/audio/generations' uploaded init_audio: the longest file it decodes, in seconds (None: the model's
     # window, the most of it the model reads). Its bytes are bounded by max_body_bytes.
     max_init_audio_seconds: float | None = None
+    # Chat media parts, sized from their headers before any is decoded (serving/chat_media.py): what one chat's
+    # decode to (float32 16 kHz audio, RGB images; more is a 400), and what the chats being decoded and prepared
+    # hold at once (past it a 429 media_busy). 32 MiB is about 8.7 minutes of audio.
+    max_chat_media_bytes: int = 32 << 20
+    chat_media_budget_bytes: int = 128 << 20
+    # Wall time of one speech run (POST /v1/audio/speech, a chat answered aloud), seconds: refused up front when
+    # the server's measured pace says it cannot fit, stopped (504) when it runs past it (serving/request_budget.py).
+    max_request_seconds: float | None = 300.0
     # Connections (uvicorn): bounds on slow or idle clients so they cannot hold sockets forever.
     header_timeout_s: float = 10.0  # a request's headers must arrive within this long (slowloris)
     body_timeout_s: float = 30.0  # and its body within this long after the headers
@@ -142,13 +150,15 @@ class ServeConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown {self.policy!r}; known: {', '.join(POLICIES)}")
         for name in ("slots", "decode_slots", "queue_size", "max_body_bytes", "max_connections", "probe_connections",
-                     "sse_queue_size", "media_workers"):
+                     "sse_queue_size", "media_workers", "max_chat_media_bytes", "chat_media_budget_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("max_pixels", "max_frames", "max_steps", "max_prompt_chars", "max_request_memory_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
+        if self.max_request_seconds is not None and not self.max_request_seconds > 0:
+            raise ValueError(f"max_request_seconds: must be > 0, got {self.max_request_seconds}")
         if self.max_init_audio_seconds is not None and not self.max_init_audio_seconds > 0:
             raise ValueError(f"max_init_audio_seconds: must be > 0, got {self.max_init_audio_seconds}")
         if self.media_queue < 0:

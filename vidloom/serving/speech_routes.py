@@ -27,6 +27,7 @@ from vidloom.serving.errors import engine_errors, error_json
 from vidloom.serving.params import check_model
 from vidloom.serving.protocol import ApiFloat, ApiInt, body_doc
 from vidloom.serving.request_body import read_body
+from vidloom.serving.request_budget import RequestBudget
 from vidloom.serving.speech_stream import stream_speech_request, streamed_bytes
 from vidloom.serving.video_routes import jobs_of
 
@@ -64,13 +65,16 @@ def plan_speech(body: SpeechBody, card: Any) -> SpeechRequest:
 async def create_speech(request: Request) -> Response:
     manager = jobs_of(request)
     body = await read_body(request, SpeechBody)
-    engine = manager.engine
+    engine, budget = manager.engine, request.app.state.chat.budget
     with engine_errors():
         speech = plan_speech(body, manager.card)
+        budget.check("speech", len(body.input), "input", "characters")
         if body.stream_format is not None:
-            return _progressive(manager, speech, body)
+            return _progressive(manager, speech, body, budget)
         handle = engine.submit(speech)
-    result: SpeechResult = await result_or_cancel(request, engine, handle, speech.request_id)
+    result: SpeechResult = await budget.run("speech", lambda _: len(body.input),
+                                            result_or_cancel(request, engine, handle, speech.request_id),
+                                            lambda: engine.cancel(speech.request_id))
     fmt = body.response_format
     if body.speed != 1.0:
         audio = await manager.media.run(time_stretch, result.audio, result.sample_rate, body.speed)
@@ -79,7 +83,7 @@ async def create_speech(request: Request) -> Response:
     return Response(data, media_type=MEDIA_TYPES[fmt], headers={"X-Request-Id": speech.request_id})
 
 
-def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> StreamingResponse:
+def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody, budget: RequestBudget) -> StreamingResponse:
     """The audio while the talker decodes: each decoded chunk's encoded bytes leave at once (chunked transfer,
     or one speech.audio.delta event per piece); the run is cancelled if the client leaves."""
     engine, fmt = manager.engine, body.response_format
@@ -90,14 +94,16 @@ def _progressive(manager: Any, speech: SpeechRequest, body: SpeechBody) -> Strea
     sse = body.stream_format == "sse"
 
     async def pieces() -> AsyncIterator[bytes]:
-        ended = False
+        ended, deadline = False, budget.deadline()
         try:
             async for data in streamed_bytes(queue, fmt, body.speed, manager.media.run):
+                deadline.check(lambda: engine.cancel(speech.request_id))
                 if isinstance(data, bytes):  # (the text is the input's)
                     yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
             ended = True
             with engine_errors():
                 result: SpeechResult = await handle.result()
+            deadline.done("speech", len(speech.text or ""))
             if sse:
                 yield _event({"type": "speech.audio.done", "usage": _usage(result)})
         except Exception as exc:
