@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, request_forms, run_api, run_cli
 from vidloom.core.deploy import DeployConfig
+from vidloom import registry
 from vidloom.core.request import GenerationRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai marks the Sora API deprecated
@@ -93,13 +94,19 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "seconds": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
     "seconds_start": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
     "init_audio": Exempt("needs an audio-only card and a multipart audio upload (see the comment above)"),
+    "options": Exempt("each option of the families' blocks has its own row here"),
 }
 
 
+def _fields_and_options() -> list[str]:
+    options = [name for block, _ in registry.option_blocks().values() for name in block.names]
+    return [f.name for f in dataclasses.fields(GenerationRequest)] + options
+
+
 def test_every_request_field_has_a_row():
-    fields = [f.name for f in dataclasses.fields(GenerationRequest)]
+    fields = _fields_and_options()
     missing = [name for name in fields if name not in PATHS]
-    assert not missing, f"GenerationRequest fields with no CLI/API/server path in this table: {missing}"
+    assert not missing, f"GenerationRequest fields or options with no CLI/API/server path in this table: {missing}"
     assert set(PATHS) <= set(fields), f"rows for fields that no longer exist: {set(PATHS) - set(fields)}"
 
 
@@ -118,7 +125,7 @@ def _effective(outcome: Outcome, name: str) -> Any:
     return meta["step_cache"]["threshold"] if name == "step_cache_threshold" else meta[name]
 
 
-@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(GenerationRequest)])
+@pytest.mark.parametrize("name", _fields_and_options())
 def test_field_reaches_the_engine_the_same_way_from_every_entry_point(
     name: str, served: CliServer, demo_cache: Path, tmp_path: Path, capsys, monkeypatch
 ):

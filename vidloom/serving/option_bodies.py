@@ -47,7 +47,12 @@ async def read_options_body(request: Request, base: type[BaseModel]) -> Any:
 
 
 def refuse_foreign(data: dict[str, Any], base: type[BaseModel], card: ModelCard) -> None:
-    """A 400 naming the first body key that is another model's option (not a field of `base`), with the reason."""
+    """A 400 naming the first body key that is another model's option (not a field of `base`), with the reason;
+    one whose value means "not given" (null, false; a form's "false") is dropped instead."""
+    own = set(card.option_names)
+    for key in [key for key in data if key not in base.model_fields and key not in own]:
+        if data[key] is None or data[key] is False or data[key] == "false":
+            del data[key]
     try:
         registry.check_options([key for key in data if key not in base.model_fields], card)
     except InvalidRequest as exc:
