@@ -141,8 +141,9 @@ class JobManager(ImageRequests, SharedStoreControl):
         return self._unsaved.get(job_id) or self.store.get(job_id)
 
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        """The store's page, with final states it has not accepted yet shown as they are."""
-        page = self.store.page(after, limit, order)
+        """This model's page of the store (servers of other models may share it), with final states it has not
+        accepted yet shown as they are."""
+        page = self.store.page(after, limit, order, model=self.card.model_id)
         if not self._unsaved:
             return page
         return Page(tuple(self._unsaved.get(r.id, r) for r in page.records), page.has_more)

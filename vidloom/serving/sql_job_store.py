@@ -144,16 +144,21 @@ class SqlJobStore:
             row = self._run(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _record(row) if row else None
 
-    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"]) -> Page:
-        """Up to `limit` jobs in creation order, starting after the job `after`."""
+    def page(self, after: str | None, limit: int, order: Literal["asc", "desc"], model: str | None = None) -> Page:
+        """Up to `limit` jobs in creation order, starting after the job `after`; only `model`'s jobs if given."""
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
         with self._lock:
-            where, args = "", ()
+            conditions, args = [], []
             if after is not None:
                 row = self._run("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
                 if row is None:
                     raise UnknownCursor(after)
-                where, args = f"WHERE seq {op} ?", (row[0],)
+                conditions.append(f"seq {op} ?")
+                args.append(row[0])
+            if model is not None:
+                conditions.append("model = ?")
+                args.append(model)
+            where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
             rows = self._run(
                 f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq {direction} LIMIT ?", (*args, limit + 1)
             ).fetchall()
