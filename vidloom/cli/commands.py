@@ -33,6 +33,26 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        """argparse's, with "did you mean" for each unknown flag, from the options of the command given."""
+        from vidloom.cli.suggest import unrecognized
+
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(extras, _options(self, parsed)))
+        return parsed
+
+
+def _options(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> set[str]:
+    """The option strings of `parser` and of the subcommands `parsed` went through."""
+    options = {opt for action in parser._actions for opt in action.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest or "", None) or "")
+            if chosen is not None:
+                options |= _options(chosen, parsed)
+    return options
+
 
 def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
@@ -41,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom.cli.parity import add_parity_parser
     from vidloom.cli.actions import add_action_arguments
     from vidloom.cli.deploy_args import add_deploy_arguments
+    from vidloom.cli.prompt_args import add_prompt_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
     parser.add_argument("--version", action="version", version=f"vidloom {__version__}")
@@ -50,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=registry.DEFAULT_MODEL,
                      help=f"registered id, diffusers checkpoint dir or Hugging Face repo id "
                           f"(default: {registry.DEFAULT_MODEL}, random weights)")
-    gen.add_argument("--prompt", required=True, help="what to generate")
+    add_prompt_arguments(gen, "what to generate")
     gen.add_argument("--negative-prompt", default=None, help="card default (Wan: its long negative prompt)")
     gen.add_argument("-o", "--output", default=None,
                      help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
@@ -273,6 +294,10 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
         from vidloom.cli.chat import chat_command
 
         return chat_command(args)
+    if args.command in ("generate", "speak"):
+        from vidloom.cli.prompt_args import take_prompt
+
+        take_prompt(args)
     if args.command == "speak":
         from vidloom.cli.speak import speak_command
 
