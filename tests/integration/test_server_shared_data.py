@@ -1,4 +1,4 @@
-"""Two servers sharing one data folder: each lists only its own model's jobs (#39)."""
+"""Servers on one machine: two sharing a data folder list only their own jobs; Ctrl-C stops one quietly (#39)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,18 @@ def test_servers_sharing_a_folder_list_their_own_jobs(start_server, tmp_path):
         listed_b = b.get("/v1/videos").json()["data"]
     assert listed_a == [mine]
     assert [v["id"] for v in listed_b] == [theirs] and listed_b[0]["model"] == "other-demo"
+
+
+def test_ctrl_c_stops_an_idle_server_without_a_cancelled_line(demo_cache, tmp_path):
+    """Ctrl-C is how a running server stops: uvicorn's shutdown lines, exit 0, no stray `cancelled` (#39)."""
+    import signal
+
+    from tests.helpers.servers import ProcessServer
+
+    server = ProcessServer(tmp_path / "data", demo_cache, tmp_path / "serve.log")
+    server.proc.send_signal(signal.SIGINT)
+    code = server.proc.wait(60)
+    server._log.close()
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log
+    assert "Application shutdown complete" in log and "cancelled" not in log

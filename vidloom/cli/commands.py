@@ -289,7 +289,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
 
         return run_fleet(args)
     if args.command == "serve":
-        return _serve(args, sys.argv[1:] if argv is None else argv)
+        return _serve(args, sys.argv[1:] if argv is None else argv, guard)
     if args.command == "chat":
         from vidloom.cli.chat import chat_command
 
@@ -355,7 +355,7 @@ def _models() -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+def _serve(args: argparse.Namespace, argv: list[str], guard: InterruptGuard) -> int:
     from vidloom import registry
     from vidloom.cli.generate import check_device, quiet_third_party
     from vidloom.serving.deploy_card import dump_card
@@ -380,11 +380,17 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     check_device(config.device)
     for note in registry.resolve_card(config.model).notes:
         print(f"note: {note}", file=sys.stderr)
+    listening: list[bool] = []
     try:
-        serve(config)
+        serve(config, on_listening=lambda: listening.append(True))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # uvicorn drains, then raises the SIGINT it caught again
+        if not listening:
+            raise  # a Ctrl-C during the load: cancelled
+    if listening:
+        guard.forgive()  # Ctrl-C is how a running server stops: its shutdown log says so, no `cancelled`
     return 0
 
 
