@@ -25,7 +25,7 @@ from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS
 
 NOISE_NOTE = (
     "{demo} has RANDOM weights (the real {family} architecture at a tiny size{runner}): its output is noise by "
-    "design; it exists so every {family} feature runs offline in seconds. For real output pass real {family} "
+    "design; it exists so every {family} feature runs offline on a CPU. For real output pass real {family} "
     "weights with --model (a {layout} checkpoint directory or Hub repo id{example})."
 )
 
