@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 SKIP = re.compile(r"^<!--\s*skip-test:(.*?)-->\s*$")
 RUN_LANGUAGES = ("python", "bash")
-PAGE_TIMEOUT_S = 600  # the README's tour: ~90 CPU-seconds, several minutes of wall time at load 10
+PAGE_TIMEOUT_S = 1200  # the README's tour, one command per demo: ~150 CPU-seconds, over 10 minutes of wall time at load 10
 
 
 @dataclass(frozen=True)
