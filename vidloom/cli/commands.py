@@ -2,8 +2,9 @@
 
 Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
 checked before the model loads wherever possible; Ctrl-C at any moment is one `cancelled` line and
-exit status 130 (cli/interrupt.py), except that it is how a serving `vidloom serve` stops (status 0). This module imports only light modules at its top, so `main`
-takes SIGINT before torch loads; the commands import what they need when they run.
+exit status 130 (cli/interrupt.py), except that it is how a serving `vidloom serve` stops (status 0).
+This module imports only light modules at its top, so `main` takes SIGINT before torch loads; the
+commands import what they need when they run.
 """
 
 from __future__ import annotations

@@ -149,9 +149,9 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     from vidloom.media.output import SOUND_FORMATS
     from vidloom.runtime.engine import CancellationToken
 
+    started = time.perf_counter()
     loras = loras or {}
     fuse = bool(getattr(args, "fuse_loras", False))
-    started = time.perf_counter()
     if fuse and not loras:
         raise InvalidRequest("fuse_loras", "--fuse-loras needs the adapters to fuse (--lora PATH[:SCALE])")
     # Fused: the adapters go into the weights at load; the request still names them (the fused set at its scales).
