@@ -5,6 +5,7 @@ families -> loaders); the functions that resolve a model name to a card, a check
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib.metadata
 import logging
@@ -217,8 +218,10 @@ def resolve_card(model: str | Path) -> ModelCard:
     if _REPO_ID.fullmatch(key) and not path.exists():
         card = _card_from_dir(hub_snapshot(key))
         return dataclasses.replace(card, model_id=key, description=f"{card.description} ({key})")
+    close = difflib.get_close_matches(key, list(cards), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UnknownModel(
-        f"unknown model {key!r}: not a registered id ({', '.join(cards)}), not a checkpoint directory "
+        f"unknown model {key!r}{hint}: not a registered id ({', '.join(cards)}), not a checkpoint directory "
         "and not a Hugging Face repo id (org/name)"
     )
 

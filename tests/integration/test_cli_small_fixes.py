@@ -28,7 +28,7 @@ def test_dash_o_writes_the_output_and_one_frame_is_singular(demo_cache: Path, tm
     assert proc.returncode == 0, proc.stderr
     assert out.is_file()
     [wrote] = [line for line in proc.stdout.splitlines() if line.startswith("wrote ")]
-    assert f"wrote {out.resolve()}  (1 frame 48x32 @ " in wrote, wrote
+    assert f"wrote {out.resolve()}  (image 48x32, " in wrote, wrote  # one frame in an image file
 
 
 def test_dash_o_errors_name_the_flag(demo_cache: Path, tmp_path: Path):

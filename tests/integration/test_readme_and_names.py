@@ -21,15 +21,29 @@ def _readme_openai_snippet() -> str:
     return snippet
 
 
-def test_readme_openai_example_runs_as_written(start_server, tmp_path):
-    server = start_server()
+def _run_snippet(url: str, cwd: Path) -> None:
     snippet = _readme_openai_snippet()
     assert "http://127.0.0.1:8000/v1" in snippet
-    code = snippet.replace("http://127.0.0.1:8000", server.url)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    code = snippet.replace("http://127.0.0.1:8000", url)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "fox.mp4").stat().st_size > 0
+    assert (cwd / "fox.mp4").stat().st_size > 0
+
+
+def test_readme_openai_example_runs_as_written(start_server, tmp_path):
+    _run_snippet(start_server().url, tmp_path)
+
+
+def test_readme_openai_example_runs_on_the_server_the_readme_starts(demo_cache, tmp_path):
+    """The README's tour serves cosmos3-demo and then points at this example: its sizes fit that model (#39)."""
+    from tests.helpers.servers import ThreadServer
+    from vidloom.generator import VideoGenerator
+    from vidloom.serving.config import ServeConfig
+
+    with VideoGenerator.from_pretrained("cosmos3-demo", device="cpu", cache_dir=demo_cache) as generator:
+        with ThreadServer(generator.engine, ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2)) as server:
+            _run_snippet(server.url, tmp_path)
 
 
 def test_served_model_name_is_the_name_clients_see_and_send(start_server):

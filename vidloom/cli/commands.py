@@ -2,8 +2,9 @@
 
 Every failure a user can cause ends as one `error: ...` line on stderr and exit status 2,
 checked before the model loads wherever possible; Ctrl-C at any moment is one `cancelled` line and
-exit status 130 (cli/interrupt.py). This module imports only light modules at its top, so `main`
-takes SIGINT before torch loads; the commands import what they need when they run.
+exit status 130 (cli/interrupt.py), except that it is how a serving `vidloom serve` stops (status 0).
+This module imports only light modules at its top, so `main` takes SIGINT before torch loads; the
+commands import what they need when they run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,26 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        """argparse's, with "did you mean" for each unknown flag, from the options of the command given."""
+        from vidloom.cli.suggest import unrecognized
+
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(extras, _options(self, parsed)))
+        return parsed
+
+
+def _options(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> set[str]:
+    """The option strings of `parser` and of the subcommands `parsed` went through."""
+    options = {opt for action in parser._actions for opt in action.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest or "", None) or "")
+            if chosen is not None:
+                options |= _options(chosen, parsed)
+    return options
+
 
 def build_parser() -> argparse.ArgumentParser:
     from vidloom import registry
@@ -42,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vidloom.cli.actions import add_action_arguments
     from vidloom.cli.options import add_option_arguments
     from vidloom.cli.deploy_args import add_deploy_arguments
+    from vidloom.cli.prompt_args import add_prompt_arguments
 
     parser = _Parser(prog="vidloom", description="Video generation inference runtime")
     parser.add_argument("--version", action="version", version=f"vidloom {__version__}")
@@ -51,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=registry.DEFAULT_MODEL,
                      help=f"registered id, diffusers checkpoint dir or Hugging Face repo id "
                           f"(default: {registry.DEFAULT_MODEL}, random weights)")
-    gen.add_argument("--prompt", required=True, help="what to generate")
+    add_prompt_arguments(gen, "what to generate")
     gen.add_argument("--negative-prompt", default=None, help="card default (Wan: its long negative prompt)")
     gen.add_argument("-o", "--output", default=None,
                      help="file to write; the extension picks the format: .mp4 (H.264), .webm (VP9), .gif, "
@@ -268,11 +290,15 @@ def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: Interrupt
 
         return run_fleet(args)
     if args.command == "serve":
-        return _serve(args, sys.argv[1:] if argv is None else argv)
+        return _serve(args, sys.argv[1:] if argv is None else argv, guard)
     if args.command == "chat":
         from vidloom.cli.chat import chat_command
 
         return chat_command(args)
+    if args.command in ("generate", "speak"):
+        from vidloom.cli.prompt_args import take_prompt
+
+        take_prompt(args)
     if args.command == "speak":
         from vidloom.cli.speak import speak_command
 
@@ -330,7 +356,7 @@ def _models() -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+def _serve(args: argparse.Namespace, argv: list[str], guard: InterruptGuard) -> int:
     from vidloom import registry
     from vidloom.cli.generate import check_device, quiet_third_party
     from vidloom.serving.deploy_card import dump_card
@@ -355,11 +381,17 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     check_device(config.device)
     for note in registry.resolve_card(config.model).notes:
         print(f"note: {note}", file=sys.stderr)
+    listening: list[bool] = []
     try:
-        serve(config)
+        serve(config, on_listening=lambda: listening.append(True))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # uvicorn drains, then raises the SIGINT it caught again
+        if not listening:
+            raise  # a Ctrl-C during the load: cancelled
+    if listening:
+        guard.forgive()  # Ctrl-C is how a running server stops: its shutdown log says so, no `cancelled`
     return 0
 
 

@@ -15,6 +15,7 @@ from vidloom import registry
 from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
 from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.cli.options import option_values
+from vidloom.cli.uptime import process_seconds
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
@@ -83,9 +84,19 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     check_output_frames(output, request.num_frames)  # a .jpg of 81 frames fails now, not after making them
     check_device(args.device)
     guard.check()  # the imports above take seconds: a Ctrl-C there that something swallowed stops here
-    for note in card.notes:
+    for note in (*card.notes, *given_field_notes(card, args)):
         print(f"note: {note}", file=sys.stderr)
     return _load_and_run(args, deploy, request, output, guard, audio_out, loras)
+
+
+def given_field_notes(card: ModelCard, args: argparse.Namespace) -> list[str]:
+    """The card's caveats about request fields the command line sets ("--guidance: has no effect: ...")."""
+    notes = []
+    for name, caveat in card.field_notes:
+        flag = FLAG_OF_FIELD.get(name, f"--{name.replace('_', '-')}")
+        if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None:
+            notes.append(f"{flag}: {caveat}")
+    return notes
 
 
 def _default_output(card: ModelCard) -> str:
@@ -151,6 +162,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     with VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype, deploy=deploy,
                                         max_loras=None if fuse else len(loras) or None,
                                         fuse_loras=dict(loras) if fuse else None) as generator:
+        load_s = time.perf_counter() - started
         accepted = generator.accepted_config_keys  # the card's own notes were printed before the load
         for line in accepted if args.verbose else accepted_keys_note(accepted):
             print(f"note: {line}", file=sys.stderr)
@@ -181,23 +193,33 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     videos = paths[1:] if audio_out is not None else paths
     shown = str(videos[0].resolve()) if len(videos) == 1 else f"{videos[0].resolve()} .. {videos[-1].name}"
     sound = f", {track.samples.shape[0]}-channel audio @ {track.sample_rate} Hz" if track else ""
-    if "seconds" in meta:  # audio only
+    audio_only = "seconds" in meta
+    if audio_only:
         print(f"wrote {shown}  ({video.duration_s:.3f}s{sound}, seed {meta['seed']}, "
               f"{meta['sampler']} x{meta['num_inference_steps']})")
     else:
-        frames = counted(meta["num_frames"], "frame")
-        print(
-            f"wrote {shown}  ({frames} {meta['width']}x{meta['height']} @ {meta['fps']} fps{sound}, "
-            f"seed {meta['seed']}, {meta['sampler']} x{meta['num_inference_steps']})"
-        )
+        print(f"wrote {shown}  ({picture_summary(meta, output, len(video.frames))}{sound}, seed {meta['seed']}, "
+              f"{meta['sampler']} x{meta['num_inference_steps']})")
     if audio_out is not None:
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
-    elif track is not None and output.suffix.lower() not in SOUND_FORMATS:
+    elif track is not None and not audio_only and output.suffix.lower() not in SOUND_FORMATS:
         print(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it", file=sys.stderr)
     for path in actions:
         print(f"wrote {path.resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]} float32)")
-    print(f"wall time {time.perf_counter() - started:.1f}s (generation {meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
+    print(f"wall time {process_seconds():.1f}s from process start (load {load_s:.1f}s, generation "
+          f"{meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
     return 0
+
+
+def picture_summary(meta: dict[str, Any], output: Path, frames: int) -> str:
+    """"image 64x64" for one frame in an image file, else "17 frames 96x64 @ 16 fps". `frames`: those written,
+    which a program may have trimmed from the request's num_frames (SANA-WM's refiner drops its sink frame)."""
+    from vidloom.media.output import STILL_FORMATS
+
+    size = f"{meta['width']}x{meta['height']}"
+    if frames == 1 and output.suffix.lower() in (*STILL_FORMATS, ".png"):
+        return f"image {size}"
+    return f"{counted(frames, 'frame')} {size} @ {meta['fps']} fps"
 
 
 def _report_cancelled(guard: InterruptGuard, line: str) -> int:

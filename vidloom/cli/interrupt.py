@@ -99,6 +99,12 @@ class InterruptGuard:
         finally:
             self._token = None
 
+    def forgive(self) -> None:
+        """The Ctrl-Cs so far ended the command the way it is meant to end (they stopped a running server):
+        not an interruption, so no `cancelled` line and exit status 0."""
+        self.count = 0
+        self._raised = False
+
     def settle(self) -> bool:
         """Fix the outcome: True if the command was interrupted at any point. SIGINT is ignored from here on."""
         if self._settled is None:

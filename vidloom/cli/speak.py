@@ -1,4 +1,4 @@
-"""`vidloom speak --model DIR --voice V "text" -o out.wav`: say a text with a speech model's voice.
+"""`vidloom speak --model DIR --voice V --prompt TEXT -o out.wav`: say a text with a speech model's voice.
 
 The format follows the output's suffix (.wav, .flac, .mp3, .opus, .aac, .pcm). Progress of the
 thinker, talker and token2wav stages goes to stderr.
@@ -14,8 +14,10 @@ from vidloom.core.errors import InvalidRequest
 
 
 def add_speak_parser(sub: argparse._SubParsersAction, dtypes: tuple[str, ...]) -> None:
+    from vidloom.cli.prompt_args import add_prompt_arguments
+
     speak = sub.add_parser("speak", help="say a text with a speech model (Qwen2.5-Omni)")
-    speak.add_argument("text", help="what to say")
+    add_prompt_arguments(speak, "what to say")
     speak.add_argument("--model", required=True, help="checkpoint dir (a Qwen2.5-Omni folder) or registered id")
     speak.add_argument("--voice", default=None, help="a voice of the checkpoint's speaker table (default: its first)")
     speak.add_argument("-o", "--output", default="speech.wav",
@@ -59,7 +61,7 @@ def speak_command(args: argparse.Namespace) -> int:
         if isinstance(event, ProgressEvent) and event.total:
             print(f"\r{event.phase}: {event.step}/{event.total}", end="", file=sys.stderr, flush=True)
 
-    result = generator.speak(args.text, args.voice, instructions=args.instructions, seed=args.seed,
+    result = generator.speak(args.prompt, args.voice, instructions=args.instructions, seed=args.seed,
                              max_audio_tokens=args.max_audio_tokens, greedy=args.greedy, on_event=show)
     print(file=sys.stderr)
     with atomic_path(output) as tmp:

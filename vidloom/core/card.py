@@ -129,6 +129,8 @@ class ModelCard:
     source: str  # checkpoint directory, or a hub repo id resolved from the local cache
     description: str = ""
     notes: tuple[str, ...] = field(default=())  # user-facing caveats (e.g. random weights)
+    # (request field, caveat) pairs shown only when a request sets that field (a distilled model's guidance_scale)
+    field_notes: tuple[tuple[str, str], ...] = field(default=())
     max_prompt_tokens: int | None = None  # tokens the text encoder reads (bounds prompt length); None: no text
     # "module:function" (instance) -> a MemoryEstimate (core.limits) for that instance, or None; None: unknown
     memory_estimator: str | None = None

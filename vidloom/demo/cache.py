@@ -24,15 +24,17 @@ from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS
 
 NOISE_NOTE = (
-    "{demo} has RANDOM weights (the real {family} architecture at a tiny size): its output is noise by "
-    "design; it exists so every {family} feature runs offline in seconds. For real output pass real {family} "
-    "weights with --model (a Diffusers checkpoint directory or Hub repo id{example})."
+    "{demo} has RANDOM weights (the real {family} architecture at a tiny size{runner}): its output is noise by "
+    "design; it exists so every {family} feature runs offline on a CPU. For real output pass real {family} "
+    "weights with --model (a {layout} checkpoint directory or Hub repo id{example})."
 )
 
 
-def noise_note(demo: str, family: str, example: str = "") -> str:
-    """The card note every demo carries: its output is noise, and where real weights come from."""
-    return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "")
+def noise_note(demo: str, family: str, example: str = "", *, layout: str = "diffusers", runner: str = "") -> str:
+    """The card note every demo carries: its output is noise, and where real weights come from (`layout`: the
+    checkpoint format the family reads; `runner`: who runs it, where that is not vidloom's own modules)."""
+    return NOISE_NOTE.format(demo=demo, family=family, example=f", e.g. {example}" if example else "",
+                             layout=layout, runner=f", {runner}" if runner else "")
 
 
 @dataclass(frozen=True)

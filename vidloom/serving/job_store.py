@@ -175,9 +175,9 @@ class JobStore(Protocol):
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""
     def get(self, job_id: str) -> JobRecord | None: ...
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
-             only_owner: str | None = None) -> Page:
-        """Jobs in creation order after `after`: every key owner's, or only `only_owner`'s; `after` naming a
-        job not among them raises UnknownCursor."""
+             only_owner: str | None = None, model: str | None = None) -> Page:
+        """Jobs in creation order after `after`: every key owner's, or only `only_owner`'s; only `model`'s if given
+        (servers of several models may share a folder); `after` naming a job not among them raises UnknownCursor."""
     def set_status(self, job_id: str, status: str) -> None: ...
     def set_progress(self, job_id: str, progress: int) -> None: ...
     def set_first_chunk(self, job_id: str, seconds: float) -> None: """Record an active job's time to first chunk."""

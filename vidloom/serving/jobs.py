@@ -143,9 +143,9 @@ class JobManager(ImageRequests, SharedStoreControl):
 
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
              only_owner: str | None = None) -> Page:
-        """The store's page (every key owner's, or only `only_owner`'s), with final states it has not accepted
-        yet shown as they are."""
-        page = self.store.page(after, limit, order, only_owner)
+        """This model's page of the store (servers of other models may share it; every key owner's jobs, or only
+        `only_owner`'s), with final states it has not accepted yet shown as they are."""
+        page = self.store.page(after, limit, order, only_owner, model=self.card.model_id)
         if not self._unsaved:
             return page
         return Page(tuple(self._unsaved.get(r.id, r) for r in page.records), page.has_more)

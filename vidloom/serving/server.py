@@ -94,8 +94,9 @@ def bind_health(config: ServeConfig) -> socket.socket | None:
     return None if config.health_port is None else bind(config.host, config.health_port)
 
 
-def serve(config: ServeConfig) -> None:
-    """Blocks until SIGINT/SIGTERM, then drains (see ServeConfig.graceful_shutdown_s).
+def serve(config: ServeConfig, on_listening: Callable[[], None] | None = None) -> None:
+    """Blocks until SIGINT/SIGTERM, then drains (see ServeConfig.graceful_shutdown_s). `on_listening` is called
+    once the address is printed (the CLI tells a Ctrl-C that stops the server from one that cuts a start short).
 
     Raises BindError or StoreError (a corrupt database, a full disk, a -wal without its database) before
     the address is printed.
@@ -142,6 +143,8 @@ def serve(config: ServeConfig) -> None:
     if health_sock is not None:
         print(f"health and metrics also on http://{shown}:{health_sock.getsockname()[1]}", flush=True)
     sockets = [sock] if health_sock is None else [sock, health_sock]
+    if on_listening is not None:
+        on_listening()
     uvicorn_server(create_app(generator.engine, config, store), config, health_sock=health_sock).run(sockets=sockets)
 
 

@@ -149,11 +149,14 @@ class SqlJobStore:
         return _record(row) if row else None
 
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],
-             only_owner: str | None = None) -> Page:
+             only_owner: str | None = None, model: str | None = None) -> Page:
         """Up to `limit` jobs in creation order, starting after the job `after`; only those of key owner
-        `only_owner` when given (another owner's job as `after` is as unknown as a missing one)."""
+        `only_owner` and of `model` when given (another owner's or model's job as `after` is as unknown as a
+        missing one)."""
         op, direction = (">", "ASC") if order == "asc" else ("<", "DESC")
         mine, mine_args = ("", ()) if only_owner is None else (" AND key_owner = ?", (only_owner,))
+        if model is not None:
+            mine, mine_args = f"{mine} AND model = ?", (*mine_args, model)
         with self._lock:
             where, args = f"WHERE 1 = 1{mine}", mine_args
             if after is not None:

@@ -67,6 +67,18 @@ def test_noise_note_says_random_weights_and_noise_by_design():
     assert "RANDOM weights" in note and "noise by design" in note and "org/real" in note
 
 
+def test_each_demo_note_names_its_checkpoint_layout_and_a_hub_id():
+    """The adapter's note reads as English, Qwen-Omni's names a transformers folder, every one a Hub id (#39)."""
+    from vidloom import registry
+
+    notes = {card.model_id: " ".join(card.notes) for card in registry.list_cards() if card.model_id.endswith("-demo")}
+    assert "(the real CogVideoX architecture at a tiny size, run by diffusers through the adapter)" in notes[
+        "diffusers-adapter-demo"]
+    assert "a transformers checkpoint directory" in notes["qwen-omni-demo"]
+    assert "e.g. Qwen/Qwen2.5-Omni-3B" in notes["qwen-omni-demo"] and "e.g. nvidia/Cosmos3-Nano" in notes["cosmos3-demo"]
+    assert "a diffusers checkpoint directory" in notes["ltx2-demo"]
+
+
 def test_unigram_vocab_covers_every_character_and_orders_by_score():
     vocab = unigram_vocab(["▁a", "▁cat", "▁cats", "▁at", "▁bat"], size=12, max_piece_len=3)
     pieces = [piece for piece, _ in vocab]

@@ -96,6 +96,20 @@ def test_a_key_owners_page_holds_its_jobs_only(store_at, tmp_path: Path):
     assert len(store.page(None, 10, "asc").records) == 5  # no owner given: every job (admin keys)
 
 
+def test_pages_of_one_model(store_at, tmp_path: Path):
+    """Servers of two models sharing a data folder each list their own jobs (#39)."""
+    store = store_at(tmp_path)
+    for n in range(5):
+        store.add(dataclasses.replace(_record(n), model="a" if n % 2 == 0 else "b"))
+    ids = [_record(n).id for n in range(5)]
+    assert [r.id for r in store.page(None, 10, "asc", model="a").records] == ids[0::2]
+    first = store.page(None, 1, "desc", model="b")
+    assert [r.id for r in first.records] == [ids[3]] and first.has_more
+    assert [r.id for r in store.page(ids[3], 10, "desc", model="b").records] == [ids[1]]
+    assert not store.page(None, 10, "asc", model="c").records
+    assert len(store.page(None, 10, "asc").records) == 5  # no model: every job (a fleet's ingress)
+
+
 def test_recover_fails_active_jobs_and_drops_stray_files(store_at, tmp_path: Path):
     store = store_at(tmp_path)
     done, running, queued = _record(1), _record(2), _record(3)

@@ -31,7 +31,7 @@ from vidloom.demo.writer import Part, latent_stats_config, model_index, write_pa
 DEMO_ID = "cosmos3-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
 DEMO_SEED = 20260301
-DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni")
+DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni", "nvidia/Cosmos3-Nano")
 
 # ChatML, as Qwen3-VL-based Cosmos3 checkpoints ship it: string or list-of-parts content.
 CHAT_TEMPLATE = (

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard
+from vidloom.core.errors import CheckpointError
 from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.families.diffusers_adapter.cards import adapted_card
@@ -21,7 +22,7 @@ from vidloom.families.diffusers_adapter.signature import PipelineShape
 DEMO_ID = "diffusers-adapter-demo"
 DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20261201
-DEMO_NOTE = noise_note(DEMO_ID, "CogVideoX (through the diffusers adapter)", "THUDM/CogVideoX-2b")
+DEMO_NOTE = noise_note(DEMO_ID, "CogVideoX", "THUDM/CogVideoX-2b", runner="run by diffusers through the adapter")
 TEXT_HIDDEN = 16
 # Two VAE levels (2x in space and time) and 2x2 patches: sizes are multiples of 4; 16x16 latent cells by default
 # (32x32 pixels), 9 frames (5 latent frames). max_text_seq_length matches the pipeline's default max_sequence_length (226).
@@ -55,6 +56,11 @@ def demo_card() -> ModelCard:
 
 def write_demo_checkpoint(folder: Path) -> None:
     """A CogVideoXPipeline folder: T5 encoder (transformers), transformer and VAE (diffusers), random weights."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise CheckpointError(f"{DEMO_ID} runs CogVideoX through diffusers, which is not installed: "
+                              "pip install 'vidloom[diffusers]' (from a clone: pip install -e '.[demos]')") from None
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
     from diffusers import CogVideoXTransformer3DModel
     from transformers import T5Config, T5EncoderModel

@@ -97,7 +97,8 @@ def flux2_card(model_id: str, source: str, *, distilled: bool, multiple: int, de
         program=PROGRAM,
         source=source,
         description=description,
-        notes=(("guidance_scale is ignored (step-distilled)",) if distilled else ()) + notes,
+        notes=notes,
+        field_notes=(("guidance_scale", "has no effect: step-distilled Klein runs without CFG"),) if distilled else (),
         max_prompt_tokens=FLUX2_TEXT_TOKENS,
         inputs=frozenset({"image"}),  # reference images (editing)
         size_from_inputs=True,

@@ -30,7 +30,7 @@ from vidloom.families.qwen_omni.load import WEIGHTS_STEM
 DEMO_ID = "qwen-omni-demo"
 DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20260325
-DEMO_NOTE = noise_note(DEMO_ID, "Qwen2.5-Omni")
+DEMO_NOTE = noise_note(DEMO_ID, "Qwen2.5-Omni", "Qwen/Qwen2.5-Omni-3B", layout="transformers")
 VOICES = ("Chelsie", "Ethan")  # the released checkpoint's spk_dict.pt voices
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
