@@ -21,10 +21,11 @@ from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.demo.writer import (
     Part, latent_stats_config, model_index, write_parts, write_pipeline_files, write_t5_encoder,
 )
+from vidloom.families.wan.demo import CROSS_ATTENTION_SCALE
 from vidloom.families.wan_causal.cards import DEFAULTS, far_card
 
 DEMO_ID = "far-demo"
-DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_VERSION = 3  # bump when the demo's architecture or files change
 DEMO_SEED = 20250225  # wan2.1-demo's, which far-demo's files were first written with
 DEMO_NOTE = noise_note(DEMO_ID, "AnyFlow-FAR", "nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers")
 
@@ -71,7 +72,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     vae = {**DEMO_VAE, **latent_stats_config(DEMO_SEED + 1, DEMO_VAE["z_dim"])}
     write_parts(folder, (
         Part("transformer", lambda: FarTransformer(FarTransformerConfig.from_diffusers(DEMO_TRANSFORMER)),
-             FAR_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
+             FAR_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER, scale=CROSS_ATTENTION_SCALE),
         Part("vae", lambda: WanVAE(WanVAEConfig.from_diffusers(vae)), WAN_VAE_NAME_MAP, fill_std=None),
     ))
     tokenizer = train_t5_tokenizer()
