@@ -62,6 +62,7 @@ def frames_of():
 def test_each_knob_moves_the_frames(frames_of, demo, knob):
     base, changed = frames_of(demo, None), frames_of(demo, knob)
     moved = np.abs(changed - base)
+    print(f"{demo} {knob}: {moved.mean():.2f} levels on average, {moved.max()} at most")
     assert moved.mean() >= MEAN_MARGIN and moved.max() >= MAX_MARGIN, (
         f"{demo}: {knob} moved the frames by {moved.mean():.2f} levels on average, {moved.max()} at most "
         f"(want >= {MEAN_MARGIN} and >= {MAX_MARGIN})")
