@@ -62,7 +62,7 @@ def scale_parameters(module: torch.nn.Module, scale: tuple[tuple[str, float], ..
     attention over a padded text averages the prompt's few tokens with hundreds of identical padding ones: in a
     random demo the text then barely reaches the output. The demos scale up the layers that carry it (text
     projection, cross-attention logits and output) so a prompt, a negative prompt and the guidance visibly move
-    the frames, as they do in a trained model (tests/unit/demo/test_conditioning.py measures it).
+    the frames, as they do in a trained model (tests/integration/test_demo_conditioning.py measures it).
     """
     if not scale:
         return
