@@ -60,8 +60,8 @@ def scale_parameters(module: torch.nn.Module, scale: tuple[tuple[str, float], ..
 
     Default-initialised layers shrink what passes through them (a Linear's weights have std 1/sqrt(3*fan_in)), and
     attention over a padded text averages the prompt's few tokens with hundreds of identical padding ones: in a
-    random demo the text then barely reaches the output. The demos scale up the layers that carry it (text
-    projection, cross-attention logits and output) so a prompt, a negative prompt and the guidance visibly move
+    random demo the text then barely reaches the output. The demos scale up the layers that carry it (attention
+    logits to the text, text values, attention output) so a prompt, a negative prompt and the guidance visibly move
     the frames, as they do in a trained model (tests/integration/test_demo_conditioning.py measures it).
     """
     if not scale:
