@@ -31,8 +31,8 @@ from tests.integration.test_doc_examples import ROOT, blocks_of
 PAGES = ("README.md", "docs/quickstart.md")
 SNIPPET = re.compile(r'^--8<--\s+"([^":]+)(?::([\w-]+))?"\s*$', re.M)  # pymdownx.snippets, as mkdocs.yml uses it
 OUTPUT_FLAGS = ("-o", "--output", "--audio-out")
-INSTALL_TIMEOUT_S = 1200  # the venv, torch's wheel unpacked, the first video; ~2-4 minutes on a loaded 2-core box
-COMMAND_TIMEOUT_S = 300  # one demo command, its demo written first: seconds quiet, a minute or two at load 10
+INSTALL_TIMEOUT_S = 1200  # the venv, torch from its wheel, the first video: 681 s measured at load 10 on 2 cores
+COMMAND_TIMEOUT_S = 300  # one command, its demo written first: 50-110 s each measured at load 10 on 2 cores
 COPY_IGNORED = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "build",
                                       "dist", "site", "vidloom-data", "*.mp4")
 
