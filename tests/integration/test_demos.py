@@ -21,6 +21,7 @@ import pytest
 from tests.helpers.servers import ProcessServer, wait_for_status
 from tests.helpers.wav import pcm16_wav
 from vidloom import registry
+from vidloom.families.flux2.demo import DEMO_VERSION as FLUX2_DEMO_VERSION
 from vidloom.generator import VideoGenerator
 from vidloom.media.video import read_video
 
@@ -79,7 +80,8 @@ def test_flux2_demo_from_a_fresh_cache_through_the_cli_generates_and_edits(tmp_p
     assert edit.frames.shape == (1, 64, 64, 3)  # size from the reference image
     plain = klein.generate("make the sky purple", height=64, width=64, num_inference_steps=2, seed=3)
     assert not np.array_equal(edit.frames, plain.frames)  # the reference image conditions the edit
-    assert [p.name for p in cache.iterdir()] == ["flux2-klein-demo-v1"]  # written once, no staging left
+    written = [f"flux2-klein-demo-v{FLUX2_DEMO_VERSION}"]
+    assert [p.name for p in cache.iterdir()] == written  # written once, no staging left
 
 
 def test_far_demo_rolls_out_chunks_and_extends_its_own_video(tmp_path):

@@ -39,9 +39,10 @@ def doc_pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def blocks_of(path: Path) -> list[Block]:
-    """The fenced python and bash blocks of one page, each with the skip reason of the line before it."""
-    text = path.read_text()
+def blocks_of(path: Path, text: str | None = None) -> list[Block]:
+    """The fenced python and bash blocks of one page (`text`: its text, when not the file's), each with the skip
+    reason of the line before it."""
+    text = path.read_text() if text is None else text
     found = []
     for match in FENCE.finditer(text):
         language = match.group(1)

@@ -8,6 +8,8 @@ from the global seed keep the order the demo's files were first written in (the 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +33,7 @@ class Part:
     fill_std: float | None = 0.02  # zero-initialised weights get N(0, fill_std); None leaves them
     latent_seed: int | None = None  # draw the module's latents_mean/std buffers from this seed
     latent_buffers: tuple[str, str] = ("latents_mean", "latents_std")
+    scale: tuple[tuple[str, float], ...] = ()  # (parameter-name pattern, factor): see `scale_parameters`
 
 
 def write_parts(folder: Path, parts: tuple[Part, ...] | list[Part]) -> None:
@@ -43,12 +46,31 @@ def write_part(folder: Path, part: Part) -> torch.nn.Module:
     module = part.build()
     if part.fill_std is not None:
         fill_zeros(module, part.fill_std)
+    scale_parameters(module, part.scale)
     if part.latent_seed is not None:
         draw_latent_stats(module, torch.Generator().manual_seed(part.latent_seed), *part.latent_buffers)
     target = folder / part.folder
     save_weights(module, target, module.name_map if part.name_map is None else part.name_map)
     write_json(target / "config.json", module.config.to_diffusers() if part.config is None else part.config)
     return module
+
+
+def scale_parameters(module: torch.nn.Module, scale: tuple[tuple[str, float], ...]) -> None:
+    """Multiply each parameter whose name matches a pattern (fnmatch, our module's names) by its factor.
+
+    Default-initialised layers shrink what passes through them (a Linear's weights have std 1/sqrt(3*fan_in)), and
+    attention over a padded text averages the prompt's few tokens with hundreds of identical padding ones: in a
+    random demo the text then barely reaches the output. The demos scale up the layers that carry it (attention
+    logits to the text, text values, attention output) so a prompt, a negative prompt and the guidance visibly move
+    the frames, as they do in a trained model (tests/integration/test_demo_conditioning.py measures it).
+    """
+    if not scale:
+        return
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            factors = [factor for pattern, factor in scale if fnmatch.fnmatchcase(name, pattern)]
+            if factors:
+                param.mul_(math.prod(factors))
 
 
 def draw_latent_stats(module: torch.nn.Module, generator: torch.Generator, mean: str, std: str) -> None:

@@ -10,6 +10,7 @@ from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
 from vidloom.demo.cache import ensure_written, fill_zeros, noise_note, save_merged
 from vidloom.demo.tokenizer import train_t5_tokenizer, unigram_vocab
+from vidloom.demo.writer import scale_parameters
 
 
 def _writer(calls: list[str]):
@@ -102,3 +103,15 @@ def test_demo_tokenizer_is_the_same_on_every_call():
     ids = first("a red fox jumps over a frozen river").input_ids
     assert first.unk_token_id not in ids and ids[-1] == first.eos_token_id
     assert first.decode(ids, skip_special_tokens=True) == "a red fox jumps over a frozen river"
+
+
+def test_scale_parameters_multiplies_the_matching_parameters_only():
+    """Patterns are fnmatch over our names; factors of several matching patterns multiply."""
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"cross": torch.nn.Linear(2, 2), "self": torch.nn.Linear(2, 2)})
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    scale_parameters(module, (("*.weight", 2.0), ("cross.weight", 3.0)))
+    after = dict(module.named_parameters())
+    assert torch.equal(after["cross.weight"], before["cross.weight"] * 6.0)
+    assert torch.equal(after["self.weight"], before["self.weight"] * 2.0)
+    assert torch.equal(after["cross.bias"], before["cross.bias"]) and torch.equal(after["self.bias"], before["self.bias"])

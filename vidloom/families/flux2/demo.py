@@ -24,7 +24,7 @@ from vidloom.families.flux2.cards import DISTILLED_DEFAULTS, flux2_card
 from vidloom.families.flux2.text import FLUX2_TEXT_LAYERS
 
 DEMO_ID = "flux2-klein-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20260115
 DEMO_NOTE = noise_note(DEMO_ID, "Flux2 Klein", "black-forest-labs/FLUX.2-klein-4B")
 
@@ -54,6 +54,11 @@ DEMO_TRANSFORMER = {
     "num_attention_heads": 2, "joint_attention_dim": len(FLUX2_TEXT_LAYERS) * TEXT_HIDDEN,
     "timestep_guidance_channels": 32, "axes_dims_rope": [4, 4, 4, 4], "guidance_embeds": False,
 }
+# The text's path into the image, louder: text keys x4 (the prompt's ~20 tokens then outweigh the 512-token
+# padding they share the joint attention with), text values x8 and the image's attention output x6 (the text
+# reaches the image only through it). At default init the prompt moved the image by 1 level of 255.
+JOINT_ATTENTION_SCALE = (("double_blocks.*.txt_norm_k.weight", 4.0), ("double_blocks.*.txt_v.weight", 8.0),
+                         ("double_blocks.*.img_out.weight", 6.0))
 # Two levels (2x down) then Flux2's 2x2 patchify: 4 latent channels become the transformer's 16.
 DEMO_VAE = {
     "_class_name": "AutoencoderKLFlux2",
@@ -88,7 +93,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     """A Flux2KleinPipeline folder from our own modules (diffusers can load it too)."""
     torch.manual_seed(DEMO_SEED)
     write_parts(folder, (
-        Part("transformer", _transformer, FLUX2_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER),
+        Part("transformer", _transformer, FLUX2_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER, scale=JOINT_ATTENTION_SCALE),
         Part("vae", lambda: Flux2VAE(Flux2VAEConfig.from_diffusers(DEMO_VAE)), FLUX2_VAE_NAME_MAP, DEMO_VAE,
              latent_seed=DEMO_SEED + 1, latent_buffers=("latent_mean", "latent_var")),
     ))

@@ -29,7 +29,7 @@ from vidloom.demo.writer import model_index, write_parts, write_pipeline_files
 from vidloom.families.ltx2.cards import DEFAULTS, ltx2_card
 
 DEMO_ID = "ltx2-demo"
-DEMO_VERSION = 1  # bump when the demo's architecture or files change
+DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = LTX2_DEMO_SEED
 DEMO_NOTE = noise_note(DEMO_ID, "LTX-2", "Lightricks/LTX-2")
 
@@ -65,6 +65,9 @@ MODEL_INDEX = model_index(
     tokenizer="transformers:GemmaTokenizerFast", connectors="ltx2:LTX2TextConnectors",
     transformer="diffusers:LTX2VideoTransformer3DModel", vocoder="ltx2:LTX2Vocoder",
 )
+# The video's cross-attention to the prompt, louder: keys x2 (logits x2, so the prompt's tokens stand out from
+# the connectors' registers) and output x3. At default init a new prompt moved the video by 2 levels on average.
+TEXT_ATTENTION_SCALE = (("blocks.*.video_text.norm_k.weight", 2.0), ("blocks.*.video_text.out.weight", 3.0))
 # Four 32-pixel latent cells a side; the two-stage program (--two-stage) adds the upsampler's 2x pass.
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=128, width=128, num_frames=9, num_inference_steps=4)
 SIZE_MULTIPLE, TEMPORAL_FACTOR = 32, 8
@@ -82,7 +85,7 @@ def write_demo_checkpoint(folder: Path) -> None:
     """An LTX2Pipeline folder (plus latent_upsampler/) from our own modules."""
     torch.manual_seed(DEMO_SEED)
     write_parts(folder, (
-        transformer_part(DEMO_TRANSFORMER),
+        dataclasses.replace(transformer_part(DEMO_TRANSFORMER), scale=TEXT_ATTENTION_SCALE),
         connectors_part(),
         ltx2_part("vae", lambda: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(DEMO_VAE)), LTX2_VIDEO_VAE_NAME_MAP,
                   DEMO_VAE),

@@ -23,7 +23,7 @@ from vidloom.families.wan.demo import DEMO_TEXT_ENCODER, WAN21_SCHEDULER, demo_p
 from vidloom.families.wan.registered import WAN22_5B_GEOMETRY
 
 DEMO_ID = "wan2.2-demo"
-DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_VERSION = 3  # bump when the demo's architecture or files change
 DEMO_SEED = 20250728
 DEMO_NOTE = noise_note(DEMO_ID, "Wan2.2 TI2V-5B", "Wan-AI/Wan2.2-TI2V-5B-Diffusers")
 
