@@ -15,8 +15,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import TextEvent
 from vidloom.core.program import Program
 from vidloom.core.request import GenerationRequest
-from vidloom.media.request_inputs import resolve_request
-from vidloom.generator import VideoGenerator
+from vidloom.generator import VideoGenerator, build_request
 from vidloom.families.cosmos3.gen_program import generation_nodes
 from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.families.cosmos3.program import build_program
@@ -86,5 +85,5 @@ def test_reason_metadata_and_refusals(cosmos3_dir: Path, tiny_wan_dir: Path):
         generator.generate("a fox", reason="yes", num_frames=1, height=16, width=16)  # type: ignore[arg-type]
     assert exc.value.field == "reason"
     with pytest.raises(InvalidRequest) as exc:  # a card without an ar_decode loop
-        resolve_request(GenerationRequest(prompt="a fox", reason=True), registry.resolve_card(tiny_wan_dir))
+        build_request(registry.resolve_card(tiny_wan_dir), "a fox", reason=True)
     assert exc.value.field == "reason" and "ar_decode" in str(exc.value)
