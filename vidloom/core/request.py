@@ -45,11 +45,6 @@ class GenerationRequest:
     seed: int | None = None
     step_cache_threshold: float | None = None  # overrides the deployment's step-cache threshold; 0 never skips
     # Conditioning media (Wan I2V / first-last-frame / V2V, AnyFlow-FAR I2V / continuation, Flux2 reference
-    # images) and the two-expert guidance, each accepted only by cards listing it in ModelCard.inputs. Images:
-    # a PIL image, an HxW(x3) array, a path or file bytes (image: also a list of them); video: a list of frames,
-    # an [F, H, W, 3] array or a file. resolve_request turns image into a tuple of RGB PIL images (I2V: one,
-    # the first frame), last_image into one and video into a list of them.
-    # Conditioning media (Wan I2V / first-last-frame / V2V, AnyFlow-FAR I2V / continuation, Flux2 reference
     # images, Stable Audio's initial waveform), each accepted only by cards listing it in ModelCard.inputs.
     # Images: a PIL image, an HxW(x3) array, a path or file bytes (image: also a list of them); video: a list of
     # frames, an [F, H, W, 3] array or a file; init_audio: a float array [samples] or [channels, samples] at the
