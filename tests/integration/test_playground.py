@@ -75,7 +75,7 @@ def test_model_details_of_a_speaking_model_and_of_an_audio_model(tmp_path):
             assert caps["audio"] and not caps["speech"] and caps["voices"] == []
             defaults = caps["defaults"]
             assert defaults["seconds"] == defaults["max_seconds"] == 1.024 and defaults["takes_start"]
-            assert "wav" in defaults["output_formats"] and caps["inputs"] == ["init_audio"]
+            assert "wav" in defaults["output_formats"] and caps["inputs"] == ["init_audio", "seconds", "seconds_start"]
 
 
 def test_vidloom_serve_shows_the_page_and_no_ui_hides_it(demo_cache, tmp_path):

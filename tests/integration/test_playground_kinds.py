@@ -188,7 +188,8 @@ def test_a_loaded_lora_adapter_is_a_choice_of_the_form(browser, page, flux2_dist
     engine = VideoGenerator.from_pretrained(flux2_distilled_dir, device="cpu", max_loras=1).engine
     spec = LoRASpec(rank=4, alpha=8, targets=("to_q", "to_k", "to_v", "to_qkv_mlp_proj"), seed=21)
     lora = write_lora(flux2_distilled_dir, "Flux2KleinPipeline", spec, tmp_path / "loras")
-    server = ThreadServer(engine, ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2))
+    server = ThreadServer(engine, ServeConfig(data_dir=tmp_path / "data", graceful_shutdown_s=2,
+                                                lora_dirs=(tmp_path / "loras",)))
     with server, httpx.Client(base_url=server.url, timeout=60) as client:
         page.goto(server.url)
         page.wait_for_selector("#main:not([hidden])")

@@ -129,7 +129,7 @@ def test_background_job_cancels_at_a_step(client):
 def test_model_details_describe_an_audio_model(client):
     caps = client.get("/v1/models/stable-audio-demo").json()["capabilities"]
     assert caps["audio"] and not caps["videos"] and not caps["images"] and caps["tasks"] == ["t2a"]
-    assert caps["produces_audio"] and caps["inputs"] == ["init_audio"]  # a multipart file part
+    assert caps["produces_audio"] and caps["inputs"] == ["init_audio", "seconds", "seconds_start"]  # a file part, the length options
     defaults = caps["defaults"]
     assert defaults["sample_rate"] == 16000 and defaults["seconds"] == defaults["max_seconds"] == 1.024
     assert "size" not in defaults and "num_frames" not in defaults

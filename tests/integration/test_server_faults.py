@@ -189,7 +189,7 @@ def test_a_failing_store_read_is_503_not_500(start_server, monkeypatch):
     server = start_server()
     store = server.app.state.jobs.store
 
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(store, "page", broken)

@@ -60,7 +60,7 @@ def test_default_seconds_is_the_window(gen):
 
 @pytest.mark.parametrize("fields,name", [
     (dict(seconds=5.0), "seconds"), (dict(seconds=0.0), "seconds"), (dict(seconds=float("nan")), "seconds"),
-    (dict(seconds_start=-1.0), "seconds_start"), (dict(seconds_start=9.8, seconds=0.5), "seconds"),
+    (dict(seconds_start=-1.0), "seconds_start"), (dict(seconds_start=0.8, seconds=0.5), "seconds"), (dict(seconds_start=9.8), "seconds_start"),
     (dict(height=64), "height"), (dict(num_frames=9), "num_frames"), (dict(fps=24), "fps"),
     (dict(image=np.zeros((8, 8, 3), np.uint8)), "image"), (dict(seconds="1"), "seconds"),
 ])
