@@ -4,6 +4,7 @@ schema-driven loop over a served app's own /openapi.json."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 import httpx
@@ -48,3 +49,25 @@ def served_operations(server: ThreadServer, paths: tuple[str, ...]) -> list[Any]
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     operations = [result.ok() for result in schema.get_all_operations()]
     return [op for op in operations if op.path in paths]
+
+
+def all_videos(client: httpx.Client) -> list[dict[str, Any]]:
+    """Every job of the server, page by page."""
+    videos: list[dict[str, Any]] = []
+    while True:
+        params = {"limit": 100, **({"after": videos[-1]["id"]} if videos else {})}
+        page = client.get("/v1/videos", params=params).json()
+        videos += page["data"]
+        if not page["has_more"]:
+            return videos
+
+
+def settled_videos(client: httpx.Client, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Every job, once none is queued or running."""
+    deadline = time.monotonic() + timeout
+    videos = all_videos(client)
+    while any(v["status"] in ("queued", "in_progress") for v in videos):
+        assert time.monotonic() < deadline, f"accepted jobs did not finish within {timeout:g} s"
+        time.sleep(0.2)
+        videos = all_videos(client)
+    return videos

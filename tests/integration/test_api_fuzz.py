@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.helpers.api_fuzz import FUZZ, SMALL_LIMITS, assert_answered, fuzz_operation
+from tests.helpers.api_fuzz import FUZZ, SMALL_LIMITS, assert_answered, fuzz_operation, settled_videos
 from tests.helpers.servers import ThreadServer
 from vidloom.serving.config import ServeConfig
 
@@ -329,30 +329,13 @@ def test_every_numeric_field_at_its_extremes(video_server: ThreadServer, chat_se
             assert_answered(response, f"POST {path} {content[:200]!r}")
 
 
-def _all_videos(client: httpx.Client) -> list[dict[str, Any]]:
-    videos: list[dict[str, Any]] = []
-    while True:
-        params = {"limit": 100, **({"after": videos[-1]["id"]} if videos else {})}
-        page = client.get("/v1/videos", params=params).json()
-        videos += page["data"]
-        if not page["has_more"]:
-            return videos
-
-
 def test_every_job_the_fuzzing_got_accepted_completes(video_server: ThreadServer):
     """Accepted means it runs: a value that passes validation must not fail the job later (flow_shift 5e-324
     was accepted and ended non_finite_output). Runs after the fuzz tests above, on the same server."""
-    import time
-
     with httpx.Client(base_url=video_server.url, timeout=30) as client:
         # One job of our own, so the check has something to wait for when this test runs alone.
         assert client.post("/v1/videos", json={"prompt": "a cat", "size": "48x32", "num_frames": 1,
                                                "num_inference_steps": 1}).status_code == 200
-        deadline = time.monotonic() + 60
-        videos = _all_videos(client)
-        while any(v["status"] in ("queued", "in_progress") for v in videos):
-            assert time.monotonic() < deadline, "accepted jobs did not finish within 60 s"
-            time.sleep(0.2)
-            videos = _all_videos(client)
+        videos = settled_videos(client)
     failed = [(v["parameters"], v["error"]) for v in videos if v["status"] != "completed"]
     assert not failed, failed[:3]

@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.helpers.api_fuzz import FUZZ, SMALL_LIMITS, assert_answered, fuzz_operation, served_operations
+from tests.helpers.api_fuzz import (FUZZ, SMALL_LIMITS, assert_answered, fuzz_operation, served_operations,
+                                    settled_videos)
 from tests.helpers.servers import ThreadServer
 from vidloom.serving.config import ServeConfig
 
@@ -229,7 +230,15 @@ def _png(size: tuple[int, int]) -> bytes:
 def test_hostile_camera_fields_get_no_5xx(sana_server):
     base = {"prompt": "a road", "size": "64x64", "num_frames": 9, "num_inference_steps": 1,
             "intrinsics": [100.0, 100.0, 32.0, 32.0]}
-    _post_bodies(sana_server, "/v1/videos", base, CAMERA_FIELDS, form=_png((64, 64)))
+    sizes = st.fixed_dictionaries({}, optional={"size": _mostly(["64x64"], st.sampled_from(["64x32", "32x64"]))})
+    drawn = st.builds(lambda camera, size: {**camera, **size}, CAMERA_FIELDS, sizes)
+    known = st.sampled_from([{"camera": "w-8", "size": "64x32"}, {"camera": "w-8", "size": "32x64"}])  # once jobs
+    fields = st.one_of(drawn, drawn, drawn, known)  # that failed in the VAE after they were accepted
+    _post_bodies(sana_server, "/v1/videos", base, fields, form=_png((64, 64)))
+    with httpx.Client(base_url=sana_server.url, timeout=30) as client:  # accepted means it runs (64x32 did not)
+        videos = settled_videos(client)
+    failed = [(v["parameters"], v["error"]) for v in videos if v["status"] != "completed"]
+    assert videos and not failed, failed[:3]
 
 
 def test_hostile_audio_fields_get_no_5xx(audio_server):
