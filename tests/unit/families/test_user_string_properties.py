@@ -16,6 +16,7 @@ from vidloom import ActionInput
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.speech import voice_from_openai
 from vidloom.families.cosmos3.cards import GENERATION_DEFAULTS, cosmos3_card
+from vidloom.families.qwen_omni.speakers import pick_voice
 from vidloom.families.sana_wm.camera import CameraInput
 from vidloom.generator import build_request
 from vidloom.media.request_inputs import resolve_request
@@ -120,5 +121,9 @@ def test_any_action_block_resolves_or_names_its_field(mode, domain, chunk, view,
 @PROPERTY
 @given(voice=st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["id", "name", "\ud800"]), JSON_VALUES, max_size=2)))
 def test_any_voice_value_is_a_name_or_names_the_field(voice):
+    """OpenAI's `voice` field, then the speaker table's lookup of the name."""
     parsed = _named("voice", voice_from_openai, voice, "voice")
     assert parsed is None or isinstance(parsed, str)
+    if parsed is not None or voice is None:
+        picked = _named("voice", pick_voice, {"Chelsie": 0, "Ethan": 1}, parsed)
+        assert picked in (None, 0, 1)

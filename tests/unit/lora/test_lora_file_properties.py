@@ -14,8 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from vidloom.core.errors import CheckpointError
-from vidloom.lora.files import METADATA_KEY, read_lora_file
+from vidloom.core.errors import CheckpointError, InvalidRequest
+from vidloom.lora.files import METADATA_KEY, read_lora_file, split_scale
+from vidloom.lora.registry import check_lora_name
+from vidloom.serving.config import ServeConfig
+from vidloom.serving.errors import APIError
+from vidloom.serving.lora_routes import lora_file
 
 PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=150)
 
@@ -68,3 +72,51 @@ def test_any_file_loads_or_names_the_file(layers, alpha, metadata, prefix, max_r
             return
     for layer in adapter.layers.values():  # accepted: a finite scaling over finite factors
         assert math.isfinite(layer.scaling) and bool(torch.isfinite(layer.down).all() & torch.isfinite(layer.up).all())
+
+
+PATH_TEXT = st.one_of(TEXT, st.sampled_from(["a.safetensors:0.5", "a:nan", "a:inf", "a:1e400", "a:", ":", "a:b:2",
+                                             "../x.safetensors", "/etc/passwd", "x\x00y", "a" * 5000, "link",
+                                             "a.safetensors", "./a.safetensors", "nope/../a.safetensors"]))
+
+
+@PROPERTY
+@given(text=PATH_TEXT)
+def test_any_lora_flag_value_splits_or_names_the_field(text):
+    """--lora NAME=PATH[:SCALE]: a path and a finite scale, or InvalidRequest naming the flag."""
+    try:
+        path, scale = split_scale(text, "--lora")
+    except InvalidRequest as exc:
+        assert exc.field == "--lora"
+        return
+    assert math.isfinite(scale) and isinstance(path, Path)
+
+
+@PROPERTY
+@given(name=st.one_of(TEXT, JSON_VALUES))
+def test_any_adapter_name_is_checked_or_named(name):
+    try:
+        assert check_lora_name(name) == name
+    except InvalidRequest as exc:
+        assert exc.field == "name"
+
+
+def test_any_admin_path_is_a_file_inside_the_folders_or_one_answer(tmp_path):
+    """POST /v1/loras' path: a file inside --lora-dir, or the same 400 naming `path` whatever lies outside."""
+    folder, outside = tmp_path / "loras", tmp_path / "secret.safetensors"
+    folder.mkdir()
+    (folder / "a.safetensors").write_bytes(b"x")
+    outside.write_bytes(b"x")
+    (folder / "link").symlink_to(outside)
+    config = ServeConfig(data_dir=tmp_path / "data", lora_dirs=(folder,))
+
+    @PROPERTY
+    @given(text=PATH_TEXT)
+    def run(text: str) -> None:
+        try:
+            found = lora_file(text, config)
+        except APIError as exc:
+            assert exc.status == 400 and exc.param == "path" and str(tmp_path) not in exc.message, exc.message
+            return
+        assert found == (folder / "a.safetensors").resolve()
+
+    run()
