@@ -150,7 +150,8 @@ NUMBERS = st.one_of(st.integers(-3, 20), st.integers(), st.floats(),
 TEXT = st.one_of(st.text(max_size=10), st.sampled_from(["", "w-8", "w-²", "w-" + "9" * 5000, "w-99999", "jw-3,s-2",
                                                          "\ud800", "\x00", "none-3"]))
 VALUES = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
-                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=2), max_leaves=16)
+                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=2),
+                      max_leaves=16)
 POSE = np.eye(4).tolist()
 
 
@@ -177,7 +178,8 @@ AUDIO_FIELDS = st.fixed_dictionaries({}, optional={
 SPEECH_FIELDS = st.fixed_dictionaries({}, optional={
     "input": _mostly(["hi", "ok", "a b"], st.one_of(TEXT, VALUES)),
     "voice": _mostly(["Chelsie", "Ethan", {"id": "Ethan"}]), "speed": _mostly([0.25, 1.0, 4.0], NUMBERS),
-    "instructions": _mostly(["softly"], st.one_of(TEXT, VALUES)), "response_format": _mostly(["wav", "pcm", "flac"], TEXT),
+    "instructions": _mostly(["softly"], st.one_of(TEXT, VALUES)),
+    "response_format": _mostly(["wav", "pcm", "flac"], TEXT),
     "stream_format": _mostly(["audio", "sse"], TEXT), "seed": _mostly([1, 2], NUMBERS),
 })
 SESSION_FIELDS = st.fixed_dictionaries({}, optional={

@@ -48,7 +48,8 @@ NUMBERS = st.one_of(st.integers(-3, 3), st.integers(), st.floats(),
                     st.sampled_from([5e-324, 1e308, 2**64, 10**400, -(10**400), 0.5, -1.0]))
 TEXT = st.one_of(st.text(max_size=8), st.sampled_from(["", "\ud800", "\udfff", "\x00", "actions", "left", "nan"]))
 VALUES = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
-                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=12)
+                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
+                      max_leaves=12)
 ROWS = st.lists(st.one_of(st.lists(NUMBERS, min_size=2, max_size=2), st.lists(NUMBERS, max_size=4), VALUES),
                 min_size=1, max_size=6)
 OBJECTS = st.one_of(
@@ -83,7 +84,8 @@ def _reply(ws: Any, sent: str | bytes) -> dict[str, Any]:
             assert isinstance(ws.recv(timeout=30), bytes)
         return reply
     assert reply["type"] == "error" and isinstance(reply["field"], str), (sent[:200], reply)  # "" for a key ""
-    assert reply["message"].startswith(reply["field"] + ":") and " at 0x" not in reply["message"], reply  # no object repr
+    assert reply["message"].startswith(reply["field"] + ":"), reply
+    assert " at 0x" not in reply["message"], reply  # no object repr
     return reply
 
 

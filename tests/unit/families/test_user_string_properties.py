@@ -27,7 +27,8 @@ NUMBERS = st.one_of(st.integers(-5, 20), st.integers(), st.floats(),
                     st.sampled_from([5e-324, 1e-300, 1e38, 1e300, 10**400, 2**64, -0.0, math.nan, math.inf]))
 TEXT = st.one_of(st.text(max_size=10), st.sampled_from(["", "\x00", "\ud800", "nan", "1e400", "²", "٣", "9" * 400]))
 SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, TEXT)
-JSON_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
+JSON_VALUES = st.recursive(SCALARS,
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
                            max_leaves=12)
 
 
@@ -119,7 +120,8 @@ def test_any_action_block_resolves_or_names_its_field(mode, domain, chunk, view,
 # -- voices ---------------------------------------------------------------------------------------------------------
 
 @PROPERTY
-@given(voice=st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["id", "name", "\ud800"]), JSON_VALUES, max_size=2)))
+@given(voice=st.one_of(JSON_VALUES,
+                       st.dictionaries(st.sampled_from(["id", "name", "\ud800"]), JSON_VALUES, max_size=2)))
 def test_any_voice_value_is_a_name_or_names_the_field(voice):
     """OpenAI's `voice` field, then the speaker table's lookup of the name."""
     parsed = _named("voice", voice_from_openai, voice, "voice")
