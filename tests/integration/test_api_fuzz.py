@@ -17,21 +17,19 @@ import io
 import itertools
 import json
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from tests.helpers.api_fuzz import FUZZ, SMALL_LIMITS, assert_answered, fuzz_operation, settled_videos
 from tests.helpers.servers import ThreadServer
 from vidloom.serving.config import ServeConfig
 
-FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=40,
-                suppress_health_check=list(HealthCheck), print_blob=True)
-SMALL_LIMITS = dict(max_steps=2, max_frames=5, max_pixels=48 * 32, queue_size=64, graceful_shutdown_s=1)
 VIDEO_FIELDS = ("prompt", "model", "seconds", "size", "num_frames", "fps", "num_inference_steps", "guidance_scale",
                 "flow_shift", "sampler", "seed", "negative_prompt", "step_cache_threshold", "strength",
                 "guidance_scale_2", "extend_from", "reason", "sound", "action", "input_reference", "last_image",
@@ -148,15 +146,6 @@ def image_server(flux2_distilled_dir, tmp_path_factory) -> Iterator[ThreadServer
         yield running
 
 
-def _assert_answered(response: httpx.Response | Any, what: str) -> None:
-    """Not a server error; a refusal is in the OpenAI error shape."""
-    status = response.status_code
-    assert status < 500, f"{what} -> {status}: {response.text[:500]}"
-    if status >= 400:
-        error = json.loads(response.text)["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["code"], error
-
-
 def _post(client: httpx.Client, path: str, **kwargs: Any) -> httpx.Response:
     try:
         return client.post(path, **kwargs)
@@ -193,26 +182,15 @@ def test_the_schema_documents_every_request_body():
     assert "$ref" not in str(chat) and "include_usage" in str(chat)  # nested models inlined, not dangling refs
 
 
-def _fuzz(operation: Any, server: ThreadServer, timeout: float, what: Callable[[Any], str]) -> None:
-    """Every case hypothesis draws from `operation`'s schema gets an answer from `server`, never a 5xx."""
-
-    @FUZZ
-    @given(case=operation.as_strategy())
-    def run(case: Any) -> None:
-        _assert_answered(case.call(base_url=server.url, timeout=timeout), what(case))
-
-    run()
-
-
 @pytest.mark.parametrize("operation", OPERATIONS, ids=[f"{op.method.upper()} {op.path}" for op in OPERATIONS])
 def test_schema_driven_requests_get_no_5xx(video_server: ThreadServer, operation: Any):
-    _fuzz(operation, video_server, 30,
+    fuzz_operation(operation, video_server, 30,
           lambda case: f"{case.method} {case.formatted_path} {case.query} {str(case.body)[:200]}")
 
 
 def test_schema_driven_chat_requests_get_no_5xx(chat_server: ThreadServer):
     [operation] = [op for op in OPERATIONS if op.path == "/v1/chat/completions"]
-    _fuzz(operation, chat_server, 60, lambda case: f"chat {str(case.body)[:300]}")
+    fuzz_operation(operation, chat_server, 60, lambda case: f"chat {str(case.body)[:300]}")
 
 
 # -- hostile JSON and multipart bodies ------------------------------------------------------------------------------
@@ -258,7 +236,7 @@ def test_hostile_json_bodies_get_no_5xx(video_server: ThreadServer, chat_server:
         def run(body: dict[str, Any]) -> None:
             content = json.dumps(body, allow_nan=True).encode()  # NaN / Infinity literals too: Python reads them
             response = _post(client, path, content=content, headers={"content-type": "application/json"})
-            _assert_answered(response, f"POST {path} {content[:300]!r}")
+            assert_answered(response, f"POST {path} {content[:300]!r}")
 
         run()
 
@@ -292,7 +270,7 @@ def test_hostile_multipart_bodies_get_no_5xx(video_server: ThreadServer, chat_se
         @given(parts=_form_parts(fields))
         def run(parts: list[tuple[str, tuple[Any, ...]]]) -> None:
             response = _post(client, path, files=parts)
-            _assert_answered(response, f"POST {path} multipart {[(n, p[1][:40]) for n, p in parts]}")
+            assert_answered(response, f"POST {path} multipart {[(n, p[1][:40]) for n, p in parts]}")
 
         run()
 
@@ -306,7 +284,7 @@ def test_image_model_routes_get_no_5xx(image_server: ThreadServer, path: str):
         def run(parts: list[tuple[str, tuple[Any, ...]]], images: list[bytes]) -> None:
             parts = parts + [("image", ("i.png", raw, "image/png")) for raw in images]
             response = _post(client, path, files=parts)
-            _assert_answered(response, f"POST {path} multipart {[(n, p[1][:40]) for n, p in parts]}")
+            assert_answered(response, f"POST {path} multipart {[(n, p[1][:40]) for n, p in parts]}")
 
         run()
 
@@ -329,7 +307,7 @@ def test_raw_bytes_get_no_5xx(video_server: ThreadServer):
                path=st.sampled_from([*BODIES, "/v1/images/edits"]))
         def run(raw: bytes, content_type: str, path: str) -> None:
             response = _post(client, path, content=raw, headers={"content-type": content_type})
-            _assert_answered(response, f"{path} {content_type} {raw!r}")
+            assert_answered(response, f"{path} {content_type} {raw!r}")
 
         run()
         assert client.get("/health").status_code == 200
@@ -348,33 +326,16 @@ def test_every_numeric_field_at_its_extremes(video_server: ThreadServer, chat_se
             literal = json.dumps(float(value) if value in ("nan", "inf", "-inf") else value, allow_nan=True)
             content = json.dumps(body)[:-1].encode() + f', "{field}": {literal}}}'.encode()  # a later key wins
             response = _post(client, path, content=content, headers={"content-type": "application/json"})
-            _assert_answered(response, f"POST {path} {content[:200]!r}")
-
-
-def _all_videos(client: httpx.Client) -> list[dict[str, Any]]:
-    videos: list[dict[str, Any]] = []
-    while True:
-        params = {"limit": 100, **({"after": videos[-1]["id"]} if videos else {})}
-        page = client.get("/v1/videos", params=params).json()
-        videos += page["data"]
-        if not page["has_more"]:
-            return videos
+            assert_answered(response, f"POST {path} {content[:200]!r}")
 
 
 def test_every_job_the_fuzzing_got_accepted_completes(video_server: ThreadServer):
     """Accepted means it runs: a value that passes validation must not fail the job later (flow_shift 5e-324
     was accepted and ended non_finite_output). Runs after the fuzz tests above, on the same server."""
-    import time
-
     with httpx.Client(base_url=video_server.url, timeout=30) as client:
         # One job of our own, so the check has something to wait for when this test runs alone.
         assert client.post("/v1/videos", json={"prompt": "a cat", "size": "48x32", "num_frames": 1,
                                                "num_inference_steps": 1}).status_code == 200
-        deadline = time.monotonic() + 60
-        videos = _all_videos(client)
-        while any(v["status"] in ("queued", "in_progress") for v in videos):
-            assert time.monotonic() < deadline, "accepted jobs did not finish within 60 s"
-            time.sleep(0.2)
-            videos = _all_videos(client)
+        videos = settled_videos(client)
     failed = [(v["parameters"], v["error"]) for v in videos if v["status"] != "completed"]
     assert not failed, failed[:3]

@@ -79,6 +79,15 @@ def test_raw_actions():
     _refused("action.raw_actions", image=IMAGE, action=_policy(raw_actions=np.zeros((4, 2))))  # policy predicts
 
 
+@pytest.mark.parametrize("field, value", [("mode", []), ("domain_name", ["pusht"]), ("view_point", {}),
+                                          ("resolution_tier", [256]), ("mode", 10**400), ("chunk_size", 10**400)],
+                         ids=["mode-list", "domain-list", "view-dict", "tier-list", "mode-huge", "chunk-huge"])
+def test_unhashable_or_huge_block_values_are_refused_naming_the_field(field, value):
+    """A list was a TypeError (unhashable, in the `in` check) and 10**400 had no repr: both 500s."""
+    message = _refused(f"action.{field}", image=IMAGE, action=_policy(**{field: value}))
+    assert len(message) < 400
+
+
 def test_mode_and_media_combinations():
     _refused("action.mode", image=IMAGE, action=_policy(mode="teleport"))
     assert "video" in _refused("video", image=IMAGE, action=_policy(mode="inverse_dynamics"))

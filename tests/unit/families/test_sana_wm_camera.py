@@ -137,3 +137,19 @@ def test_camera_tensors_equal_the_pipeline(action, c2w, intrinsics, frames):
     ref = cam_utils.prepare_camera(ref_c2w, ref_intr, target_size=(64, 96), vae_stride=(8, 32, 32))
     torch.testing.assert_close(raymap, ref["raymap"], rtol=0, atol=0)
     torch.testing.assert_close(plucker, ref["chunk_plucker"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("height, width, field", [(32, 64, "height"), (64, 32, "width")])
+def test_a_size_under_two_latent_cells_is_refused_before_the_job(height, width, field):
+    """64x32 was accepted and every such job then failed in the VAE's decode (a 1-cell latent side)."""
+    from vidloom.families.sana_wm.cards import DEFAULTS, sana_wm_card
+    from vidloom.generator import build_request
+    from vidloom.media.request_inputs import resolve_request
+
+    card = sana_wm_card("tiny", "/nowhere", multiple=32, temporal=8, defaults=DEFAULTS, description="test")
+    fields = dict(image=Image.new("RGB", (64, 64)), camera="w-8", intrinsics=[100.0, 100.0, 32.0, 32.0],
+                  num_frames=9)
+    with pytest.raises(InvalidRequest) as err:
+        resolve_request(build_request(card, "a road", height=height, width=width, **fields), card)
+    assert err.value.field == field and "64" in err.value.message
+    assert resolve_request(build_request(card, "a road", height=64, width=64, **fields), card).height == 64

@@ -17,6 +17,7 @@ import numpy as np
 
 from vidloom.core.action import ACTION_MODES, ActionInput
 from vidloom.core.errors import InvalidRequest
+from vidloom.core.request_checks import shown
 
 # Embodiment -> the domain id selecting its action projections.
 DOMAIN_IDS = {
@@ -106,21 +107,21 @@ def resolve_action(request: Any, card: Any) -> dict[str, Any]:
         return {}
     if not isinstance(block, ActionInput):
         raise InvalidRequest("action", f"must be an ActionInput, got {type(block).__name__}")
-    if block.mode not in ACTION_MODES:
-        raise InvalidRequest("action.mode", f"unknown mode {block.mode!r}; known: {', '.join(ACTION_MODES)}")
+    if not isinstance(block.mode, str) or block.mode not in ACTION_MODES:  # a list is unhashable: no `in`
+        raise InvalidRequest("action.mode", f"unknown mode {shown(block.mode)}; known: {', '.join(ACTION_MODES)}")
     domain = _domain(block.domain_name, limits)
     chunk = block.chunk_size
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK:
-        raise InvalidRequest("action.chunk_size", f"must be an integer in 1..{MAX_CHUNK}, got {chunk!r}")
+        raise InvalidRequest("action.chunk_size", f"must be an integer in 1..{MAX_CHUNK}, got {shown(chunk)}")
     if chunk % 4:
         raise InvalidRequest("action.chunk_size", f"{chunk} steps make {chunk + 1} frames; the VAE needs 4k+1 "
                                                   "frames, so chunk_size must be a multiple of 4")
-    if block.view_point not in VIEWPOINTS:
-        raise InvalidRequest("action.view_point", f"unknown view point {block.view_point!r}; "
+    if not isinstance(block.view_point, str) or block.view_point not in VIEWPOINTS:
+        raise InvalidRequest("action.view_point", f"unknown view point {shown(block.view_point)}; "
                                                   f"known: {', '.join(VIEWPOINTS)}")
-    if block.resolution_tier not in CANVASES:
-        raise InvalidRequest("action.resolution_tier", f"must be one of {sorted(CANVASES)}, "
-                                                       f"got {block.resolution_tier!r}")
+    tier = block.resolution_tier
+    if isinstance(tier, bool) or not isinstance(tier, int) or tier not in CANVASES:
+        raise InvalidRequest("action.resolution_tier", f"must be one of {sorted(CANVASES)}, got {shown(tier)}")
     for name in ("num_frames", "height", "width", "last_image"):
         if getattr(request, name) is not None:
             raise InvalidRequest(name, "is set by the action block (chunk_size + 1 frames, the input's size)")
@@ -145,11 +146,11 @@ def resolve_action(request: Any, card: Any) -> dict[str, Any]:
 
 
 def _domain(name: Any, limits: Mapping[str, int]) -> int:
-    if name not in RAW_WIDTHS:
+    if not isinstance(name, str) or name not in RAW_WIDTHS:
         known = ", ".join(sorted(d for d in RAW_WIDTHS if RAW_WIDTHS[d] <= limits["action_dim"]
                                  and DOMAIN_IDS[d] < limits["domains"]))
-        why = " (it has no fixed action width)" if name in DOMAIN_IDS else ""
-        raise InvalidRequest("action.domain_name", f"unknown embodiment {name!r}{why}; known: {known}")
+        why = " (it has no fixed action width)" if isinstance(name, str) and name in DOMAIN_IDS else ""
+        raise InvalidRequest("action.domain_name", f"unknown embodiment {shown(name)}{why}; known: {known}")
     if RAW_WIDTHS[name] > limits["action_dim"]:
         raise InvalidRequest("action.domain_name", f"{name!r} actions are {RAW_WIDTHS[name]} wide; this checkpoint's "
                                                    f"action pathway holds {limits['action_dim']}")

@@ -209,3 +209,14 @@ def resolve_camera(request, card) -> dict:
     if isinstance(request.option("camera"), CameraInput):
         return {}
     return {"camera": CameraInput.build(action=request.option("camera"), c2w=request.option("c2w"), intrinsics=request.option("intrinsics"))}
+
+
+def check_size(request, card) -> None:
+    """The camera block's check (every SANA-WM request has a camera): the LTX-2 VAE's reflect-padded decoder
+    needs two latent cells a side, so a smaller size is refused here, not by the job after it queued."""
+    least = 2 * card.geometry.spatial_multiple
+    for name in ("height", "width"):
+        value = getattr(request, name)
+        if isinstance(value, int) and value < least:
+            raise InvalidRequest(name, f"{value} px is below {least}, the least this model's VAE decodes "
+                                       "(two latent cells)")

@@ -19,7 +19,8 @@ PIPELINE_CLASS = "SanaWMPipeline"
 PROGRAM = "vidloom.families.sana_wm.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.families.sana_wm.memory:request_estimator"
 # The camera block (core.request_blocks: fields camera / c2w / intrinsics): every request gives intrinsics.
-CAMERA_BLOCK = BlockSpec(CAMERA, "vidloom.families.sana_wm.camera:resolve_camera", required=("intrinsics",))
+CAMERA_BLOCK = BlockSpec(CAMERA, "vidloom.families.sana_wm.camera:resolve_camera", required=("intrinsics",),
+                         check="vidloom.families.sana_wm.camera:check_size")
 # SanaWMPipeline.__call__ defaults: 704x1280, 161 frames, 60 steps, CFG 5.0. fps is only the container's
 # frame rate (stage 1 does not read it). flow_shift defaults to the checkpoint scheduler's `shift`
 # (card_from_checkpoint); a request's flow_shift replaces it.
