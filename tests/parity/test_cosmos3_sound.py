@@ -42,7 +42,7 @@ def test_generation_with_sound_matches_pipeline(sound_dir: Path, tmp_path: Path)
     from diffusers import Cosmos3OmniPipeline
 
     generator = VideoGenerator.from_pretrained(sound_dir, device="cpu")
-    assert generator.card.produces_audio and "sound" in generator.card.inputs
+    assert generator.card.produces_audio and "sound" in generator.card.option_names
     out = generator.engine.run(GenerationRequest(sound=True, **KW))
     pipe = Cosmos3OmniPipeline.from_pretrained(sound_dir, enable_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)

@@ -54,7 +54,7 @@ def _compare(folder, gen, shift: float = 5.0, **kw) -> ParityRun:
 def test_two_experts_match_diffusers(a14b_dir, case):
     kw = CASES[case]
     gen = VideoGenerator.from_pretrained(a14b_dir, device="cpu")
-    assert "guidance_scale_2" in gen.card.inputs and gen.card.family == "wan2.2"
+    assert "guidance_scale_2" in gen.card.option_names and gen.card.family == "wan2.2"
     loop = next(node.loop for node in gen.engine.program.nodes if node.loop is not None)
     schedule = loop.sampler_config.with_shift(5.0)
     from vidloom.diffusion.sampler import make_sampler

@@ -57,7 +57,7 @@ def test_published_layout_is_what_we_load(a14b_i2v_dir):
     assert index["_class_name"] == "WanImageToVideoPipeline" and index["boundary_ratio"] == 0.9
     assert index["image_encoder"] == [None, None] and index["expand_timesteps"] is False
     gen = VideoGenerator.from_pretrained(a14b_i2v_dir, device="cpu")
-    assert gen.card.tasks == {"i2v"} and "guidance_scale_2" in gen.card.inputs and "image_encoder" not in gen.engine.instance.components
+    assert gen.card.tasks == {"i2v"} and "guidance_scale_2" in gen.card.option_names and "image_encoder" not in gen.engine.instance.components
 
 
 def test_two_i2v_experts_match_diffusers_with_a_step_on_the_boundary(a14b_i2v_dir):
