@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from vidloom.core.card import ModelCard, SamplingDefaults
+from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
@@ -70,11 +71,6 @@ DEMO_DEFAULTS = SamplingDefaults(
     height=128, width=192, num_frames=17, fps=8, num_inference_steps=8,
     guidance_scale=5.0, flow_shift=3.0, sampler="unipc", negative_prompt="",
 )
-
-# Cross-attention logits x4 (q and k norms x2): the prompt's ~10 tokens then outweigh Wan's ~500 identical
-# zero-padding tokens, which at default init take ~97% of the attention, so the text reaches the video.
-CROSS_ATTENTION_SCALE = (("blocks.*.cross_attn.norm_[qk].weight", 2.0),)
-
 
 def demo_card() -> ModelCard:
     return wan_t2v_card(

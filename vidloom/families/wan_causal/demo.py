@@ -14,6 +14,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.transformer import FarTransformer
 from vidloom.demo.cache import DemoCheckpoint, noise_note
@@ -21,7 +22,6 @@ from vidloom.demo.tokenizer import train_t5_tokenizer
 from vidloom.demo.writer import (
     Part, latent_stats_config, model_index, write_parts, write_pipeline_files, write_t5_encoder,
 )
-from vidloom.families.wan.demo import CROSS_ATTENTION_SCALE
 from vidloom.families.wan_causal.cards import DEFAULTS, far_card
 
 DEMO_ID = "far-demo"
