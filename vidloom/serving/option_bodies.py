@@ -49,10 +49,10 @@ async def read_options_body(request: Request, base: type[BaseModel]) -> Any:
 def refuse_foreign(data: dict[str, Any], base: type[BaseModel], card: ModelCard) -> None:
     """A 400 naming the first body key that is another model's option (not a field of `base`), with the reason;
     one whose value means "not given" (null, false; a form's "false") is dropped instead."""
-    own = set(card.option_names)
-    for key in [key for key in data if key not in base.model_fields and key not in own]:
+    foreign = {name for block, _ in registry.option_blocks().values() for name in block.names} - set(card.option_names)
+    for key in [key for key in data if key in foreign and key not in base.model_fields]:
         if data[key] is None or data[key] is False or data[key] == "false":
-            del data[key]
+            del data[key]  # an unknown key that is no option stays, for the body model to refuse
     try:
         registry.check_options([key for key in data if key not in base.model_fields], card)
     except InvalidRequest as exc:

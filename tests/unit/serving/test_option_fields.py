@@ -46,6 +46,11 @@ def test_another_models_option_is_refused_with_its_reason():
         refuse_foreign({"prompt": "p", "camera": "w-8"}, VideoCreateBody, card)
     assert refused.value.param == "camera" and "not a camera-controlled world model" in refused.value.message
     refuse_foreign({"prompt": "p", "strength": 0.5, "seconds": "4"}, VideoCreateBody, card)  # its own; base's seconds
+    data = {"prompt": "p", "reason": False, "camera": None, "colour": None}
+    refuse_foreign(data, VideoCreateBody, card)  # another model's option left off is "not given"...
+    assert data == {"prompt": "p", "colour": None}  # ...an unknown key stays, for the body model to refuse
+    with pytest.raises(ValueError, match="colour"):
+        body_model(VideoCreateBody, card).model_validate(data)
 
 
 def test_the_schema_shows_the_served_models_options():
