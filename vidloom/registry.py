@@ -71,17 +71,18 @@ def option_blocks() -> dict[str, tuple[OptionBlock, tuple[str, ...]]]:
     """Every option block the families declare: block name -> (the block, the families declaring it), in family
     order; RegistryError when two families declare different blocks under one name, or one option twice."""
     found: dict[str, tuple[OptionBlock, tuple[str, ...]]] = {}
+    declared: list[OptionBlock] = []
     for family in families():
         for plug in family.options:
             block = family.resolve(plug)
             if not isinstance(block, OptionBlock):
                 raise RegistryError(f"family {family.name!r} options: {plug!r} is not an OptionBlock")
-            held, names = found.get(block.name, (block, ()))
-            found[block.name] = (held, (*names, family.name))
+            declared.append(block)
             try:
-                unique_blocks([held, block, *(b for b, _ in found.values())])
+                unique_blocks(declared)
             except ValueError as exc:
                 raise RegistryError(f"family {family.name!r} options: {exc}") from None
+            found[block.name] = (block, (*found.get(block.name, (block, ()))[1], family.name))
     return found
 
 
