@@ -29,6 +29,14 @@ def demo_cache(tmp_path_factory) -> Path:
     return cache
 
 
+@pytest.fixture(scope="session")
+def wan_demo_checkpoint(demo_cache) -> Path:
+    """The Wan demo's folder in `demo_cache` (other tests add other demos' folders to that cache)."""
+    from vidloom.families.wan.demo import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint(demo_cache)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(monkeypatch, tmp_path_factory):
     # Never write into the developer's real ~/.cache from tests.

@@ -72,11 +72,11 @@ def test_generate_errors_are_one_line_exit_2_before_the_model_loads(demo_cache, 
     assert time.perf_counter() - started < 60
 
 
-def test_truncated_safetensors_names_the_file(demo_cache, tmp_path):
+def test_truncated_safetensors_names_the_file(demo_cache, wan_demo_checkpoint, tmp_path):
     import shutil
 
     ckpt = tmp_path / "ckpt"
-    shutil.copytree(next(p for p in demo_cache.iterdir() if (p / "model_index.json").exists()), ckpt)
+    shutil.copytree(wan_demo_checkpoint, ckpt)
     weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
@@ -196,14 +196,14 @@ def test_ctrl_c_cancels_at_a_step_leaves_no_file_and_exits_130(demo_cache, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_hub_repo_id_loads_from_an_offline_cache(demo_cache, tmp_path):
+def test_hub_repo_id_loads_from_an_offline_cache(demo_cache, wan_demo_checkpoint, tmp_path):
     """A fake HF cache (models--org--name/snapshots/<rev>/..., refs/main) holding the demo checkpoint."""
     import shutil
 
     hf_home = tmp_path / "hf"
     repo = hf_home / "hub" / "models--tiny-org--tiny-wan"
     revision = "0123456789abcdef0123456789abcdef01234567"
-    shutil.copytree(next(p for p in demo_cache.iterdir() if (p / "model_index.json").exists()),
+    shutil.copytree(wan_demo_checkpoint,
                     repo / "snapshots" / revision)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)

@@ -52,8 +52,8 @@ def fake_hub_cache(hf_home: Path, repo_id: str, checkpoint: Path) -> Path:
     return repo / "snapshots" / revision
 
 
-def test_from_pretrained_with_a_hub_repo_id_reads_the_offline_cache(demo_cache, tmp_path):
-    checkpoint = next(p for p in demo_cache.iterdir() if (p / "model_index.json").exists())
+def test_from_pretrained_with_a_hub_repo_id_reads_the_offline_cache(wan_demo_checkpoint, tmp_path):
+    checkpoint = wan_demo_checkpoint
     snapshot = fake_hub_cache(tmp_path / "hf", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", checkpoint)
     code = (
         "from vidloom import VideoGenerator\n"
