@@ -300,8 +300,9 @@ class VideoGenerator:
         """Answer a conversation: `messages` as OpenAI-style dicts ({"role", "content"}) or ChatMessages.
 
         sampling: max_tokens, temperature (0: greedy), top_p, top_k, seed, stop (a string or a list).
-        `audio` ({"voice": ..., optional "max_audio_tokens"}) answers aloud too, on a model that speaks: the
-        result is then a SpeechResult (`text` the reply, `audio` and `sample_rate` its speech).
+        `audio` ({"voice": ..., optional "max_audio_tokens", "greedy"}) answers aloud too, on a model that speaks:
+        the result is then a SpeechResult (`text` the reply, `audio` and `sample_rate` its speech). The speech codes
+        are sampled as the checkpoint's talker samples them (seeded by `seed`); `greedy` picks the most likely ones.
         Raises InvalidRequest naming the field, InvalidRequest("model") on a model without chat (or, with
         `audio`, without a talker), or CacheBudgetExceeded when the KV pool cannot hold the prompt plus max_tokens.
         """
@@ -329,11 +330,17 @@ class VideoGenerator:
         from vidloom.core.speech import SpeechRequest
         from vidloom.media.audio_upload import load_input_audio
         from vidloom.media.image import load_image
-        if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens"}:
-            raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens)")
+        from vidloom.core.chat import SamplingParams
+        from vidloom.core.speech import TALKER_SAMPLING
+        if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens", "greedy"}:
+            raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens, greedy)")
         chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, **sampling)
+        greedy = audio.get("greedy", False)
+        if not isinstance(greedy, bool):
+            raise InvalidRequest("audio.greedy", f"must be true or false, got {greedy!r}")
         request = SpeechRequest(chat=chat, voice=audio.get("voice"), max_audio_tokens=audio.get("max_audio_tokens"),
-                                seed=chat.sampling.seed)
+                                seed=chat.sampling.seed,
+                                talker_sampling=SamplingParams(temperature=0.0) if greedy else TALKER_SAMPLING)
         return self._finish(request)
 
     def speak(self, text: str, voice: str | None = None, *, instructions: str | None = None,

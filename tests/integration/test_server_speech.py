@@ -16,6 +16,7 @@ import torch
 
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from tests.helpers.servers import ThreadServer
+from vidloom.families.qwen_omni.cards import SPOKEN_SYSTEM_PROMPT
 from vidloom.serving.config import ServeConfig
 
 
@@ -128,9 +129,11 @@ def test_chat_completion_answers_aloud(speech_server, oc):
     assert message.content is None and message.audio.id and message.audio.expires_at > 0
     with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 0
+    # The spoken text is the greedy reply under the model card's documented system prompt (added when none is given).
     plain = oc.chat.completions.create(model=model_id(speech_server), max_tokens=8, temperature=0,
-                                       messages=[{"role": "user", "content": "Tell me about kites in one sentence."}])
-    assert message.audio.transcript == plain.choices[0].message.content  # the spoken text is the greedy reply
+                                       messages=[{"role": "system", "content": SPOKEN_SYSTEM_PROMPT},
+                                                 {"role": "user", "content": "Tell me about kites in one sentence."}])
+    assert message.audio.transcript == plain.choices[0].message.content
     assert r.usage.completion_tokens > plain.usage.completion_tokens  # text tokens plus speech codes
 
 

@@ -18,6 +18,7 @@ import torch
 
 from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, processors, write_tiny_omni
 from tests.helpers.wav import pcm16_wav
+from vidloom.families.qwen_omni.cards import SPOKEN_SYSTEM_PROMPT
 from vidloom.core.chat import SamplingParams
 from vidloom.generator import VideoGenerator
 from vidloom.families.qwen_omni.encoders import audio_output_length
@@ -70,7 +71,7 @@ def conversation(seed: int):
     return ours, pcm, image
 
 
-def reference_inputs(tokenizer, pcm: np.ndarray, image) -> dict:
+def reference_inputs(tokenizer, pcm: np.ndarray, image, system: str | None = None) -> dict:
     extractor, image_processor = processors()
     feats = extractor(pcm, sampling_rate=16000, padding="max_length", return_attention_mask=True, return_tensors="pt")
     pix = image_processor(images=[image], return_tensors="pt")
@@ -78,7 +79,8 @@ def reference_inputs(tokenizer, pcm: np.ndarray, image) -> dict:
     image_tokens = int(pix["image_grid_thw"].prod()) // 4
     # the processor's way: the template renders one placeholder per part, then each is widened
     parts = [{"type": "audio"}, {"type": "text", "text": "what is a kite?"}, {"type": "image"}]
-    text = tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False,
+    turns = [{"role": "system", "content": system}] if system is not None else []
+    text = tokenizer.apply_chat_template([*turns, {"role": "user", "content": parts}], tokenize=False,
                                          add_generation_prompt=True)
     text = text.replace("<|AUDIO|>", "<|AUDIO|>" * audio_tokens).replace("<|IMAGE|>", "<|IMAGE|>" * image_tokens)
     ids = tokenizer(text, return_tensors="pt")
@@ -109,9 +111,9 @@ def test_spoken_answer_matches_generate(omni):
     tokenizer = gen.engine.instance["tokenizer"]
     tokens = gen.engine.instance["talker_tokens"]
     messages, pcm, image = conversation(3)  # a conversation after which both tiny talkers speak a while
-    result = gen.chat(messages, audio={"voice": "Chelsie", "max_audio_tokens": TALKER_TOKENS},
+    result = gen.chat(messages, audio={"voice": "Chelsie", "max_audio_tokens": TALKER_TOKENS, "greedy": True},
                       max_tokens=THINKER_TOKENS, temperature=0.0, seed=SEED)
-    inputs = reference_inputs(tokenizer, pcm, image)
+    inputs = reference_inputs(tokenizer, pcm, image, SPOKEN_SYSTEM_PROMPT)  # ours adds it to a spoken chat
     seen: dict = {}
     forward = model.token2wav.forward
 

@@ -15,6 +15,7 @@ import torch
 from tests.helpers.qwen_omni_checkpoints import OMNI_CONFIGS, load_reference, write_tiny_omni
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
 from vidloom.core.speech import SpeechRequest
+from vidloom.families.qwen_omni.cards import SPOKEN_SYSTEM_PROMPT
 from vidloom.generator import VideoGenerator
 
 # Same modules, same op order, float32: differences are summation-order noise through ~9 RK4 intervals of
@@ -23,6 +24,7 @@ from vidloom.generator import VideoGenerator
 WAVE_ATOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0)
 THINKER_TOKENS, TALKER_TOKENS, SEED = 10, 24, 7
+OWN_SYSTEM = "Qwen speaks with the voices of Chelsie and Ethan"  # a system turn after which both tiny talkers speak
 QUESTION = "what is a kite?"  # a prompt after which both tiny talkers speak a while (random ones may stop at once)
 
 
@@ -50,16 +52,22 @@ def capture_codes(model):
     return seen
 
 
-def test_generated_reply_matches_generate(omni):
+@pytest.mark.parametrize("system", [None, OWN_SYSTEM], ids=["documented-system-prompt", "own-system-message"])
+def test_generated_reply_matches_generate(omni, system):
+    """A spoken chat without a system message answers under the model card's documented prompt (the reference is
+    given it explicitly, as the model card tells its users to); one with its own system message keeps it."""
     folder, model, gen = omni
     tokenizer = gen.engine.instance["tokenizer"]
     tokens = gen.engine.instance["talker_tokens"]
-    chat = ChatRequest((ChatMessage("user", (ChatPart("text", QUESTION),)),),
+    own = () if system is None else (ChatMessage("system", (ChatPart("text", system),)),)
+    chat = ChatRequest((*own, ChatMessage("user", (ChatPart("text", QUESTION),))),
                        SamplingParams(temperature=0.0, max_tokens=THINKER_TOKENS))
     out = run_speech(gen, SpeechRequest(chat=chat, voice="Ethan", talker_sampling=GREEDY, seed=SEED,
                                         max_audio_tokens=TALKER_TOKENS))
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert gen.card.spoken_system_prompt == SPOKEN_SYSTEM_PROMPT
+    messages = [{"role": "system", "content": system or SPOKEN_SYSTEM_PROMPT}, {"role": "user", "content": QUESTION}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
     seen = capture_codes(model)
     torch.manual_seed(SEED)
     sequences, wave = model.generate(

@@ -166,6 +166,10 @@ class ModelCard:
     # the program that speaks it (thinker -> talker -> vocoder); None: the model has no voice (`speak` and
     # /v1/audio/speech refuse it, naming `model`).
     speech: str | None = None
+    # The system turn a spoken reply is generated under when the conversation has no system message of its own
+    # (both Qwen-Omni model cards: audio output needs their documented prompt); a request's own system message
+    # replaces it. None: the chat template's default. Read by the family's `speech` plug.
+    spoken_system_prompt: str | None = None
     # TeaCache's calibrated indicator for this checkpoint (its family's recipe knows the published fits);
     # None: TeaCache measures block 0's modulated input with raw relative L1 (runtime.step_cache).
     teacache: TeaCacheRescale | None = None

@@ -105,7 +105,7 @@ def test_speech_and_chats_share_decode_rounds_and_match_running_alone(omni):
         return SpeechRequest(chat=chat_q, voice="Ethan", talker_sampling=SamplingParams(temperature=0.0), seed=2,
                              max_audio_tokens=12)
 
-    alone_speech = gen.chat(chat_q.messages, audio={"voice": "Ethan", "max_audio_tokens": 12},
+    alone_speech = gen.chat(chat_q.messages, audio={"voice": "Ethan", "max_audio_tokens": 12, "greedy": True},
                             temperature=0, max_tokens=8, seed=2)
     alone_chat = gen.chat([{"role": "user", "content": "hello world"}], temperature=0, max_tokens=12)
     rounds = []

@@ -28,6 +28,9 @@ SPEECH = "vidloom.families.qwen_omni.speech:admit_speech"
 MEMORY_ESTIMATOR = "vidloom.families.qwen_omni.memory:request_estimator"  # speech requests (SpeechPrompt)
 AR_LOOP = "ar_decode"
 SPEECH_LOOPS = ("thinker", "talker", "token2wav")
+# Qwen2.5-Omni's model card: the system prompt the model was trained to speak under (audio output needs it).
+SPOKEN_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+                        "perceiving auditory and visual inputs, as well as generating text and speech.")
 # Served context per sequence (Qwen2.5-Omni's thinker is trained to 32768 positions).
 CONTEXT_WINDOW = 32768
 # fp8_weights and compile reach the thinker and talker through their compile units (each block's work before
@@ -85,4 +88,5 @@ def omni_card(model_id: str, source: str, *, speaks: bool, description: str, not
         description=description, notes=notes + (() if speaks else ("text only: no talker or speaker table",)),
         context_window=CONTEXT_WINDOW, capabilities=CAPABILITIES,
         speech=SPEECH if speaks else None, memory_estimator=MEMORY_ESTIMATOR if speaks else None,
+        spoken_system_prompt=SPOKEN_SYSTEM_PROMPT if speaks else None,
     )

@@ -199,9 +199,13 @@ class MediaPrompter:
     def __init__(self, tokenizer: Any, processors: Any, encoders: ThinkerEncoders | None, merge_size: int) -> None:
         self.tokenizer, self.processors, self.encoders, self.merge_size = tokenizer, processors, encoders, merge_size
 
-    def prompt(self, messages: Sequence[ChatMessage]) -> tuple[list[int], PromptMedia | None]:
-        ids = self.tokenizer.apply_chat_template(template_messages(messages), tokenize=True,
-                                                 add_generation_prompt=True, return_dict=True)
+    def prompt(self, messages: Sequence[ChatMessage], system: str | None = None) -> tuple[list[int], PromptMedia | None]:
+        """Token ids of `messages` (led by a `system` turn when given; errors still name the parts by their index
+        in `messages`) and their media, prepared."""
+        turns = template_messages(messages)
+        if system is not None:
+            turns.insert(0, {"role": "system", "content": system})
+        ids = self.tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True, return_dict=True)
         ids = list(ids["input_ids"])
         if not has_media(messages):
             return ids, None

@@ -10,6 +10,7 @@ import torch
 
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
 from vidloom.core.speech import SpeechRequest
+from vidloom.families.qwen_omni.cards import SPOKEN_SYSTEM_PROMPT
 from vidloom.parity.family import ParityMaps, SequenceParity
 
 CODES_PER_TOKEN = 4
@@ -18,7 +19,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def _omni_request(prompt: str, seed: int, max_tokens: int) -> SpeechRequest:
-    chat = ChatRequest((ChatMessage("user", (ChatPart("text", prompt),)),),
+    # The documented system turn, given on both sides (ours would add it to a chat without one; the reference not).
+    chat = ChatRequest((ChatMessage("system", (ChatPart("text", SPOKEN_SYSTEM_PROMPT),)),
+                        ChatMessage("user", (ChatPart("text", prompt),))),
                        SamplingParams(temperature=0.0, max_tokens=max_tokens))
     return SpeechRequest(chat=chat, talker_sampling=GREEDY, seed=seed, max_audio_tokens=CODES_PER_TOKEN * max_tokens)
 

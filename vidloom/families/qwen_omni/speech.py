@@ -2,25 +2,25 @@
 
 Forced text (speak this): the prompt is the system prompt and a user turn (the request's
 `instructions`, or a plain "say this"), and the text is the assistant's turn, prefilled rather than
-generated. A chat to answer aloud: its messages through the chat template, the reply generated.
+generated. A chat to answer aloud: its messages through the chat template, the reply generated; without a system
+message of its own the card's `spoken_system_prompt` (the model card's documented prompt) leads it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vidloom.core.chat import ChatMessage
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.limits import format_bytes
 from vidloom.core.speech import SpeechRequest
+from vidloom.families.qwen_omni.cards import SPOKEN_SYSTEM_PROMPT
 from vidloom.families.qwen_omni.speakers import pick_voice
 from vidloom.families.qwen_omni.memory import TALKER_EXTRA_ROWS
 from vidloom.families.qwen_omni.program import media_prompter
 from vidloom.families.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.families.qwen_omni.thinker_loop import SpeechPrompt
 
-# Qwen2.5-Omni's model card: the system prompt the model was trained to speak under.
-SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
-                 "auditory and visual inputs, as well as generating text and speech.")
 SAY_THIS = "Say the following text exactly as written."
 
 
@@ -28,8 +28,9 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
     """Tokenize a validated `request` (InvalidRequest naming the field, before anything is held)."""
     voice = pick_voice(instance["speakers"], request.voice)
     tokenizer = instance["tokenizer"]
+    system = instance.card.spoken_system_prompt
     if request.text is not None:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
+        messages = [{"role": "system", "content": system if system is not None else SPOKEN_SYSTEM_PROMPT},
                     {"role": "user", "content": request.instructions or SAY_THIS}]
         prompt = _template(tokenizer, messages)
         forced = tuple(tokenizer.encode(request.text, add_special_tokens=False))
@@ -42,9 +43,15 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
     chat.validate(limits)
     if request.instructions is not None:
         raise InvalidRequest("instructions", "applies to speaking a given text; put it in the chat's messages")
-    prompt, media = media_prompter(instance).prompt(chat.messages)
+    prompt, media = media_prompter(instance).prompt(chat.messages, spoken_system(instance.card, chat.messages))
     budget = chat.sampling.completion_budget(len(prompt), limits)
     return SpeechPrompt(request, voice, tuple(prompt), None, budget, media)
+
+
+def spoken_system(card: Any, messages: tuple[ChatMessage, ...]) -> str | None:
+    """The system turn a spoken reply to `messages` is led by: the card's `spoken_system_prompt`, unless they have a
+    system message of their own (None: they do, or the card has none)."""
+    return None if any(m.role == "system" for m in messages) else card.spoken_system_prompt
 
 
 def _template(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
