@@ -14,6 +14,8 @@ Six kinds, each in its own thread, each counting what the server answered:
   last 4 run to the end when the abuse stops (the device worker decodes them frame by frame).
 - idle connections: sockets that connect and send nothing, and keep-alive connections left idle
   after one request, 16 of each at a time (the server must close them on its timeouts).
+The newer surfaces (speech, spoken chat with media, sessions over WebSocket, LoRA admin) have their own
+mixes and RSS budget in bench/serve_abuse_surfaces.py (other models than the video server's).
 """
 
 from __future__ import annotations

@@ -113,6 +113,38 @@ def test_bad_camera_fields_are_400_naming_the_field(server, first_frame, fields,
     assert response.json()["error"]["param"] == field, response.text
 
 
+def test_health_answers_while_camera_fields_are_parsed(server, first_frame, monkeypatch):
+    """Camera parsing (up to MAX_CAMERA_FRAMES poses: ~0.1 s each) runs off the event loop: with four parses held
+    mid-way, /health still answers."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vidloom.families.sana_wm.camera import MAX_CAMERA_FRAMES, CameraInput
+
+    parsing, release, real_build = threading.Semaphore(0), threading.Event(), CameraInput.build.__func__
+
+    def held_build(cls, *args, **kwargs):
+        parsing.release()
+        release.wait(30)
+        return real_build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(CameraInput, "build", classmethod(held_build))
+    widest = _form(first_frame, camera=",".join(["wasdijkl-1"] * MAX_CAMERA_FRAMES), intrinsics="[60, 60, 40, 24]")
+    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=server.url, timeout=60) as client:
+        try:
+            posts = [pool.submit(client.post, "/v1/videos", **widest) for _ in range(4)]
+            # Two at once on the media pool (media_workers=2); on the event loop the second could never start.
+            assert all(parsing.acquire(timeout=30) for _ in range(2)), "the camera parses did not run side by side"
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        finally:
+            release.set()
+        answers = [post.result() for post in posts]
+        for answer in answers:
+            assert answer.status_code in (200, 429), answer.text  # 429: the queue of 4 already held a job
+            if answer.status_code == 200:
+                client.post(f"/v1/videos/{answer.json()['id']}/cancel")
+
+
 def test_cli_and_server_make_the_same_video(server, sana_dir, first_frame, tmp_path):
     cli_out = tmp_path / "cli.mp4"
     assert _generate(sana_dir, first_frame, cli_out, "--camera", "jw-8,w-8", "--intrinsics", "60,60,40,24") == 0

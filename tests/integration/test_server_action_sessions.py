@@ -147,7 +147,7 @@ def test_bad_messages_name_the_field_and_the_session_stays_usable(served):
         bad = [("not json", "message"), ('{"actions": [[0.1, 0.2, 0.3]]}', "actions"),
                ('{"actions": [[NaN, 0.0]]}', "message"), ('{"actions": [[1e999, 0.0]]}', "actions[0]"),
                ('{"actions": [[0.1, 0.2], [0.3]]}', "actions[1]"), ('{"actions": "left"}', "actions"),
-               ('{"actions": [[0.1, 0.2]], "speed": 2}', "speed"), ("[1, 2]", "message"), ("{}", "actions"),
+               ('{"actions": [[0.1, 0.2]], "speed": 2}', "speed"), ("[1, 2]", "message"), ("{}", "actions"), ('{"": 1}', "message"),
                ('{"actions": [[1' + "0" * 400 + ', 0.0]]}', "actions[0]"), ('{"\\ud800": 1}', "message")]
         for text, field in bad:
             ws.send(text)

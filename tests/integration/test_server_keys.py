@@ -63,6 +63,19 @@ def test_a_user_key_cannot_see_stream_cancel_or_delete_another_owners_job(three_
     assert root.delete(f"/v1/videos/{mine['id']}").json()["deleted"] is True
 
 
+def test_a_user_key_cannot_download_another_owners_image_file(three_keys):
+    _, alice, bob, root = three_keys
+    made = alice.post("/v1/images/generations", json={"prompt": SECRET_PROMPT, "response_format": "url",
+                                                      "size": "32x32", "num_inference_steps": 1})
+    assert made.status_code == 200, made.text
+    path = "/v1/images/files/" + made.json()["data"][0]["url"].rsplit("/", 1)[1]
+    assert alice.get(path).status_code == 200
+    assert root.get(path).status_code == 200  # an admin sees every owner's files
+    missing = bob.get("/v1/images/files/img_" + "0" * 32 + ".png")
+    refused = bob.get(path)  # another owner's file answers exactly as a missing one
+    assert refused.status_code == 404 and refused.json() == missing.json()
+
+
 def test_only_an_admin_key_may_load_or_unload_adapters(three_keys, tmp_path: Path):
     _, alice, _, root = three_keys
     for response in (alice.post("/v1/loras", json={"name": "x", "path": "x.safetensors"}),

@@ -78,3 +78,33 @@ def test_input_that_cannot_fit_at_the_measured_pace_is_refused_before_it_runs(se
     error = r.json()["error"]
     assert error["param"] == "input" and error["code"] == "limit_exceeded"
     assert "200 characters would take about" in error["message"] and "max_request_seconds" in error["message"]
+
+
+def _wav(seconds: float) -> str:
+    import base64
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1), out.setsampwidth(2), out.setframerate(16000)
+        out.writeframes(b"\0\0" * int(16000 * seconds))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_a_spoken_chat_that_cannot_fit_is_refused_before_its_media_are_read(server, budget, monkeypatch):
+    import vidloom.serving.chat_routes as chat_routes
+
+    budget.observe("audio_chat", 10, 10.0)  # a measured 1 s per token: 100 tokens do not fit in 60 s
+    monkeypatch.setattr(chat_routes, "chat_media_bytes", lambda *a: pytest.fail("media headers read"))
+    model = server.app.state.jobs.card.model_id
+    content = [{"type": "input_audio", "input_audio": {"data": _wav(1.0), "format": "wav"}},
+               {"type": "text", "text": "what do you hear?"}]
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 100,
+            "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "wav"}}
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens" and error["code"] == "limit_exceeded"
+    assert "100 tokens would take about 100 s" in error["message"]

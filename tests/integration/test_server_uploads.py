@@ -51,13 +51,13 @@ def test_uploads_are_checked_on_the_media_pool(client: httpx.Client, server, mon
     import vidloom.serving.video_routes as routes
 
     seen: list[str] = []
-    plan = routes.plan_video
+    plan = routes.plan_resolved
 
     def spy(*args):
         seen.append(threading.current_thread().name)
         return plan(*args)
 
-    monkeypatch.setattr(routes, "plan_video", spy)
+    monkeypatch.setattr(routes, "plan_resolved", spy)
     _refused(client.post("/v1/videos", data=FORM, files={"input_reference": ("a.png", BIG_PNG)}),
              "input_reference", "MAX_MEDIA_PIXELS")
     assert seen and seen[0].startswith("vidloom-media")  # never the event loop's thread

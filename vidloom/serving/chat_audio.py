@@ -49,9 +49,7 @@ async def audio_chat(request: Request, manager: Any, planned: PlannedChat,
                            seed=planned.request.sampling.seed)
     if planned.stream:  # the audio leaves chunk by chunk while the talker decodes
         speech = stream_speech_request(speech)
-    budget, max_tokens = request.app.state.chat.budget, planned.request.sampling.max_tokens
-    if max_tokens is not None:
-        budget.check("audio_chat", max_tokens, "max_tokens", "tokens")
+    budget = request.app.state.chat.budget  # its up-front check ran before the media (chat_routes)
     with engine_errors():
         sink = event_queue(loop, queue, speech.request_id)
         handle = (await engine.submit_prepared_by(speech, manager.media.run, sink) if media

@@ -90,6 +90,15 @@ def _audio(body: ChatCompletionBody, card: ModelCard) -> tuple[str | None, str] 
     return voice_from_openai(body.audio.voice, "audio.voice"), body.audio.format
 
 
+def spoken_max_tokens(body: ChatCompletionBody) -> int | None:
+    """The max_tokens of a chat answered aloud, read before its media parts are (its time budget is checked
+    first); None for a text answer or no max_tokens. plan_chat names any problem with these fields."""
+    if not isinstance(body.modalities, list) or "audio" not in body.modalities:
+        return None
+    value = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def has_media_parts(body: ChatCompletionBody) -> bool:
     """Whether any message has an image_url or input_audio part (planning then decodes them: a job for the media
     pool)."""

@@ -22,7 +22,7 @@ from vidloom.core.errors import CacheBudgetExceeded, InvalidRequest, VidloomErro
 from vidloom.serving.chat_audio import audio_chat
 from vidloom.serving.chat_media import ChatMediaAdmission, chat_media_bytes
 from vidloom.serving.chat_metrics import ChatMetrics
-from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat
+from vidloom.serving.chat_params import PlannedChat, has_media_parts, plan_chat, spoken_max_tokens
 from vidloom.serving.chat_protocol import (
     AssistantMessage, ChatCompletion, ChatCompletionBody, ChatCompletionChunk, Choice, ChunkChoice, Delta, Usage,
 )
@@ -85,6 +85,9 @@ async def chat_completions(request: Request) -> ChatCompletion | StreamingRespon
     with engine_errors(rename), contextlib.ExitStack() as held:  # the engine checks the sampling limits (its KV
         # pool bounds max_tokens). Decoding media parts, then their features (Whisper mels, image patches), is work
         # for the media pool, never the event loop, admitted first from the parts' headers (serving/chat_media.py).
+        spoken = spoken_max_tokens(body)
+        if spoken is not None:  # a spoken answer's time budget (request_budget.py), before any media part is read
+            request.app.state.chat.budget.check("audio_chat", spoken, "max_tokens", "tokens")
         media = has_media_parts(body)
         if media:
             nbytes = await manager.media.run(chat_media_bytes, body.messages)

@@ -92,7 +92,8 @@ def validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     message = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
         message = "unknown parameter"
-    return APIError(400, f"{param}: {message}" if param else message, param=param, code="invalid_parameter")
+    shown = "(empty field name)" if param == "" else param  # JSON allows a field named ""
+    return APIError(400, f"{shown}: {message}" if shown else message, param=param, code="invalid_parameter")
 
 
 @contextmanager

@@ -7,6 +7,7 @@ import base64
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,11 +15,12 @@ from starlette.datastructures import UploadFile
 
 from vidloom.core.output import VideoOutput
 from vidloom.media.image import MEDIA_TYPES, encode_image, open_images
+from vidloom.serving.api_keys import Caller, caller_of
 from vidloom.serving.disconnect import unless_disconnected
 from vidloom.serving.errors import APIError, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.form_body import read_form
-from vidloom.serving.job_store import is_image_file
+from vidloom.serving.job_store import JobStore, is_image_file
 from vidloom.serving.params import PlannedImages, image_api_field, plan_images
 from vidloom.serving.protocol import ImageData, ImageEditBody, ImageGenerationBody, ImagesResponse, body_doc
 from vidloom.serving.request_body import read_body, validate_fields
@@ -58,15 +60,22 @@ async def edit_images(request: Request) -> ImagesResponse:
 
 @router.get("/files/{name}")
 async def image_file(request: Request, name: str) -> OpenFileResponse:
-    """A file written for a response_format=url answer."""
-    if not is_image_file(name):
-        raise APIError(404, "no such image file", param="name", code="image_not_found")
-    path = jobs_of(request).store.image_path(name)
-    try:
-        file = open(path, "rb")
-    except FileNotFoundError:
-        raise APIError(404, "no such image file", param="name", code="image_not_found") from None
-    return OpenFileResponse(file, path, media_type=MEDIA_TYPES[path.suffix[1:]], filename=name)
+    """A file written for a response_format=url answer; only its key's owner (and admins) may fetch it: another
+    owner's file answers exactly like a missing one."""
+    if is_image_file(name):
+        for path in _image_files(jobs_of(request).store, name, caller_of(request.scope)):
+            try:
+                file = open(path, "rb")
+            except FileNotFoundError:
+                continue
+            return OpenFileResponse(file, path, media_type=MEDIA_TYPES[path.suffix[1:]], filename=name)
+    raise APIError(404, "no such image file", param="name", code="image_not_found")
+
+
+def _image_files(store: JobStore, name: str, caller: Caller) -> list[Path]:
+    """Where `caller` may find the file `name`: its owner's folder; an admin's, also every other owner's."""
+    own = [store.image_path(name, caller.owner)] if caller.owner is not None else []
+    return own + store.image_paths(name) if caller.admin else own
 
 
 async def _render(request: Request, planned: PlannedImages) -> ImagesResponse:
@@ -85,7 +94,7 @@ async def _answer(request: Request, output: VideoOutput, planned: PlannedImages)
         return ImageData(b64_json=base64.b64encode(encoded).decode())
     name = f"img_{uuid.uuid4().hex}.{planned.output_format}"
     try:
-        await asyncio.to_thread(jobs_of(request).store.save_image, name, encoded)
+        await asyncio.to_thread(jobs_of(request).store.save_image, name, encoded, caller_of(request.scope).owner)
     except OSError as exc:
         raise store_error(exc, "the image cannot be stored") from None
     return ImageData(url=f"{str(request.base_url).rstrip('/')}/v1/images/files/{name}")

@@ -170,8 +170,10 @@ class JobStore(Protocol):
     def latents_path(self, job_id: str) -> Path: """A causal job's final latents (extend_from rebuilds from them)."""
     def actions_path(self, job_id: str) -> Path: """A world-model job's predicted actions (float32 .npy)."""
     def audio_path(self, job_id: str) -> Path: """An audio-only job's result (text-to-audio models): a WAV file."""
-    def image_path(self, name: str) -> Path: """An images call's file (response_format=url)."""
-    def save_image(self, name: str, data: bytes) -> None: """Write an image file atomically."""
+    def image_path(self, name: str, owner: str | None = None) -> Path:
+        """An images call's file (response_format=url) of `owner` (its key's owner; None: no keys)."""
+    def image_paths(self, name: str) -> list[Path]: """Every owner's existing file called `name` (for admins)."""
+    def save_image(self, name: str, data: bytes, owner: str | None = None) -> None: """Write one atomically."""
     def add(self, record: JobRecord) -> None: """Insert an active job owned by this process."""
     def get(self, job_id: str) -> JobRecord | None: ...
     def page(self, after: str | None, limit: int, order: Literal["asc", "desc"],

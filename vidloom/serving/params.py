@@ -79,6 +79,15 @@ def plan_video(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -
     return PlannedVideo(request, f"{width}x{height}", format_seconds(frames, fps))
 
 
+def plan_resolved(body: VideoCreateBody, card: ModelCard, max_frames: int | None) -> PlannedVideo:
+    """plan_video, then resolve_request (JobManager takes it as resolved): for the media pool, where uploads are
+    checked from their headers and option blocks' parsers (a camera's 10,000 poses) run off the event loop."""
+    from vidloom.media.request_inputs import resolve_request
+
+    planned = plan_video(body, card, max_frames)
+    return PlannedVideo(resolve_request(planned.request, card), planned.size, planned.seconds)
+
+
 def _plan_action(body: VideoCreateBody, card: ModelCard, media: dict[str, object],
                  options: dict[str, object]) -> PlannedVideo:
     """An action run: its frames and size follow from the block and the conditioning frame (resolved here, so

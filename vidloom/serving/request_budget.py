@@ -5,7 +5,8 @@ A speech run's time grows with what it says (a 4,096-character input took 112 s 
 - up front: the server measures its own pace from the runs it completes (wall seconds per unit of work: a
   character of `input` for speech, a token of `max_tokens` for a spoken chat; an exponential moving average
   per kind). Once a kind has a measured pace, a request whose units at that pace exceed the budget is a 400
-  naming the field that sizes it (`input`, `max_tokens`), before anything runs. Until then only the next check
+  naming the field that sizes it (`input`, `max_tokens`), before anything runs (a spoken chat's before its
+  media parts are read: chat_routes). Until then only the next check
   applies; a card declares no pace, as it depends on the device.
 - while running: a run still going when the budget is spent is cancelled on the engine (its KV returns at the
   next step) and answered 504 `deadline_exceeded`; a streamed answer ends with that error

@@ -191,6 +191,8 @@ def parse_message(message: dict[str, Any]) -> Any:
         field = exc.param if exc.param not in (None, "body") else "message"
         raise InvalidRequest(field, exc.message.partition(": ")[2] or exc.message) from None
     unknown = sorted(set(data) - {"actions"})
+    if unknown and unknown[0] == "":  # sorted first; named as such, not as a blank field
+        raise InvalidRequest("message", '(empty field name) "" is not a session message field; send only actions')
     if unknown:
         raise InvalidRequest(unknown[0], "is not a session message field; send only actions")
     actions = data.get("actions")

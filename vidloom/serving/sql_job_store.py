@@ -103,14 +103,21 @@ class SqlJobStore:
     def video_path(self, job_id: str) -> Path:
         return self._job_file(job_id, ".mp4")
 
-    def image_path(self, name: str) -> Path:
-        """Where an images call with response_format=url keeps its file (served under /v1/images/files)."""
+    def image_path(self, name: str, owner: str | None = None) -> Path:
+        """Where an images call with response_format=url keeps its file (served under /v1/images/files): in a
+        folder of its key's owner (api_keys.py: an owner is a safe folder name); at the top without keys."""
         assert is_image_file(name), name
-        return self.data_dir / "images" / name
+        return self.data_dir / "images" / (owner or "") / name
 
-    def save_image(self, name: str, data: bytes) -> None:
-        path = self.image_path(name)
-        path.parent.mkdir(exist_ok=True)
+    def image_paths(self, name: str) -> list[Path]:
+        """Every owner's file called `name` (an admin's lookup; names are random, so at most one)."""
+        assert is_image_file(name), name
+        images = self.data_dir / "images"
+        return [path for path in (images / name, *images.glob(f"*/{name}")) if path.is_file()]
+
+    def save_image(self, name: str, data: bytes, owner: str | None = None) -> None:
+        path = self.image_path(name, owner)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:  # a reader never sees half a file
             tmp.write_bytes(data)
 

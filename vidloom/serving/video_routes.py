@@ -19,9 +19,10 @@ from vidloom.serving.errors import APIError, echo, engine_errors, store_error
 from vidloom.serving.file_response import OpenFileResponse
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, UnknownCursor, is_job_id
 from vidloom.serving.jobs import JobManager
-from vidloom.serving.params import plan_video
+from vidloom.serving.params import plan_resolved, plan_video
 from vidloom.serving.protocol import VideoCreateBody, VideoDeleted, VideoList, VideoObject, body_doc
 from vidloom.serving.option_bodies import read_options_body
+from vidloom.serving.option_fields import http_options
 from vidloom.serving.sse import job_events
 from vidloom.serving.stream_route import stream_response
 from vidloom.serving.video_sessions import plan_extension
@@ -46,8 +47,8 @@ async def create_video(request: Request) -> VideoObject:
     with engine_errors():
         if getattr(body, EXTEND_FROM, None) is not None:  # the extension block's field (causal models)
             planned = plan_extension(body, manager, caller_of(request.scope))
-        elif _has_uploads(body):  # checked from their headers on the media pool, never on the event loop
-            planned = await manager.media.run(plan_video, body, manager.card, manager.limits.max_frames)
+        elif _has_uploads(body) or _has_options(body, manager):  # uploads' headers, option parsers (a camera)
+            planned = await manager.media.run(plan_resolved, body, manager.card, manager.limits.max_frames)
         else:
             planned = plan_video(body, manager.card, manager.limits.max_frames)
         record = manager.submit_video(planned, caller_of(request.scope).owner)
@@ -157,6 +158,11 @@ async def video_events(request: Request, video_id: str) -> StreamingResponse:
 
 def _has_uploads(body: VideoCreateBody) -> bool:
     return any(value is not None for value in (body.input_reference, body.last_image, body.video))
+
+
+def _has_options(body: VideoCreateBody, manager: JobManager) -> bool:
+    """Does the body set one of the card's option fields (their JSON text and parsers run on the media pool)?"""
+    return any(getattr(body, option.name, None) not in (None, False) for option in http_options(manager.card))
 
 
 def _find(request: Request, video_id: str) -> JobRecord:

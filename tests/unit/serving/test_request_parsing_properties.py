@@ -144,3 +144,9 @@ def test_form_field_count_is_the_named_limit():
     with pytest.raises(APIError, match="max_form_fields") as info:
         _parse(_multipart(parts + [(b"one_more", b"1")]))
     assert info.value.code == "limit_exceeded"
+
+
+def test_an_empty_field_name_is_named_as_such():
+    with pytest.raises(APIError) as exc:
+        validate_fields({"prompt": "x", "": 1}, VideoCreateBody)
+    assert exc.value.status == 400 and exc.value.message == "(empty field name): unknown parameter"

@@ -34,6 +34,12 @@ def test_bad_messages_name_the_field(message: dict, field: str):
     assert exc.value.field == field
 
 
+def test_an_empty_field_name_is_named_as_such():
+    with pytest.raises(InvalidRequest) as exc:
+        parse_message({"text": '{"actions": [[1]], "": 1}'})
+    assert exc.value.field == "message" and "(empty field name)" in exc.value.message
+
+
 def test_frames_encode_one_image_per_frame():
     frames = np.random.default_rng(0).integers(0, 256, (3, 8, 12, 3), dtype=np.uint8)
     jpegs, pngs = encode_frames(frames, "jpeg"), encode_frames(frames, "png")
