@@ -52,5 +52,5 @@ def test_cells_follow_what_the_cards_declare():
     assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "anyflow-far") == "-"
     assert _cell(table, "cfg_mode", "flux2") == "yes" and _cell(table, "cfg_mode", "flux2-distilled") == "-"
     assert _cell(table, "kv_pool_tokens", "cosmos3") == "yes" and _cell(table, "kv_pool_tokens", "wan") == "-"
-    assert _cell(table, "batching", "stable-audio") == "yes" and _cell(table, "batching", "sana-wm") == "-"
+    assert _cell(table, "batching", "stable-audio") == "yes" and _cell(table, "batching", "anyflow-far") == "-"
     assert len(table.splitlines()) == 2 + len(FEATURES)

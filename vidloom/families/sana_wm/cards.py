@@ -35,16 +35,15 @@ CAPABILITIES = Capabilities(
     # input); the refiner's steps write their window's K/V in place, so they run eagerly (runtime.cudagraph.capturable).
     # --vae-tile: the LTX-2 video VAE's tiled decode, stage 1's and the refiner's streamed prefixes alike.
     # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
+    # --policy batch: stage-1 steps of one shape stack (cameras and both CFG branches, loop.STAGE1_INPUTS); the
+    # refiner's steps write their own window K/V, so they run alone (the result's metadata says so).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
-               "prompt_cache_size"}),
+               "prompt_cache_size", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices", "components",
              attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
              warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
              cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",
-             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache",
-             batching="stage 1 runs each request's negative and positive prompts as one batch of two and the "
-                      "refiner writes its own window K/V: neither step is declared to the batcher, so each runs "
-                      "alone"),
+             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
