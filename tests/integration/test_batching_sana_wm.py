@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
+from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.generator import VideoGenerator, build_request
-from vidloom.runtime.async_engine import AsyncEngine
-from vidloom.runtime.batching import batch_key, run_batched
+from vidloom.runtime.batching import batch_key
 from vidloom.runtime.results import video_output
 
 RTOL = 1e-5
@@ -37,48 +36,23 @@ def _requests(engine, **override):
     return [build_request(engine.instance.card, **{**SHAPE, **k, **override}) for k in kinds]
 
 
-def _first_plans(engine, requests):
-    runs = [engine.submit(r) for r in requests]
-    for run in runs:
-        while not run.prepare():
-            pass
-    return runs, [run.pending_plan for run in runs]
-
-
 @pytest.mark.parametrize("guidance", [None, 1.0], ids=["cfg", "no-cfg"])
 def test_a_batched_step_equals_the_single_steps(engine, guidance):
     override = {} if guidance is None else {"guidance_scale": guidance}
-    runs, plans = _first_plans(engine, _requests(engine, **override))
-    try:
+    with first_plans(engine, _requests(engine, **override)) as plans:
         assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
-        with torch.inference_mode():
-            for plan, result in zip(plans, run_batched(plans)):
-                alone = plan.call(**plan.inputs)
-                assert result.shape == alone.shape
-                assert (result - alone).abs().max() <= RTOL * alone.abs().max()
-    finally:
-        for run in runs:
-            run.close()
+        assert_batched_equals_single(plans, RTOL)
 
 
 def test_guided_and_unguided_requests_do_not_share_a_forward(engine):
-    runs, plans = _first_plans(engine, [_requests(engine)[0], _requests(engine, guidance_scale=1.0)[1]])
-    try:
+    with first_plans(engine, [_requests(engine)[0], _requests(engine, guidance_scale=1.0)[1]]) as plans:
         assert batch_key(plans[0]) != batch_key(plans[1])  # one text row against a CFG pair
-    finally:
-        for run in runs:
-            run.close()
 
 
 def test_concurrent_requests_equal_their_single_runs(engine):
     requests = _requests(engine)
     expected = [video_output(engine.instance.card, engine.run(r)).frames for r in requests]
-    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=8)
-    try:
-        got = [h.wait(120) for h in [async_engine.submit(r) for r in requests]]
-        stats = async_engine.batch_stats
-    finally:
-        async_engine.close()
+    got, stats = serve_batched(engine, requests)
     assert stats["largest_batch"] == 2  # stage-1 steps really were shared
     for out, alone in zip(got, expected):
         assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= UINT8_TOLERANCE

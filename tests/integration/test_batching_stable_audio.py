@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from vidloom.core.request import GenerationRequest
+from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
 from vidloom.families.stable_audio.demo import DEMO_ID, ensure_demo_checkpoint
 from vidloom.generator import VideoGenerator, build_request
-from vidloom.runtime.async_engine import AsyncEngine
-from vidloom.runtime.batching import batch_key, run_batched
+from vidloom.runtime.batching import batch_key
 from vidloom.runtime.results import video_output
 
 pytest.importorskip("torchsde")
@@ -33,7 +31,7 @@ def engine(tmp_path_factory):
     return VideoGenerator.from_pretrained(DEMO_ID, device="cpu", cache_dir=cache).engine
 
 
-def _requests(engine, **cfg) -> list[GenerationRequest]:
+def _requests(engine, **cfg) -> list:
     kinds = [dict(prompt="a dog barks", seed=1, num_inference_steps=3, guidance_scale=7.0, seconds=0.5),
              dict(prompt="rain on a roof", seed=2, num_inference_steps=4, guidance_scale=4.0, seconds=0.75,
                   seconds_start=0.25),
@@ -41,49 +39,22 @@ def _requests(engine, **cfg) -> list[GenerationRequest]:
     return [build_request(engine.instance.card, negative_prompt="hiss", **{**k, **cfg}) for k in kinds]
 
 
-def _first_plans(engine, requests):
-    runs = [engine.submit(r) for r in requests]
-    for run in runs:
-        while not run.prepare():
-            pass
-    return runs, [run.pending_plan for run in runs]
-
-
 def test_a_batched_step_equals_the_single_steps(engine):
-    runs, plans = _first_plans(engine, _requests(engine))
-    try:
+    with first_plans(engine, _requests(engine)) as plans:
         keys = [batch_key(p) for p in plans]
         assert keys[0] is not None and len(set(keys)) == 1  # other seconds: the duration token stacks
-        with torch.inference_mode():
-            together = run_batched(plans)
-            for plan, result in zip(plans, together):
-                alone = plan.call(**plan.inputs)
-                assert result.shape == alone.shape
-                assert (result - alone).abs().max() <= RTOL * alone.abs().max()
-    finally:
-        for run in runs:
-            run.close()
+        assert_batched_equals_single(plans, RTOL)
 
 
 def test_requests_with_and_without_cfg_do_not_share_a_forward(engine):
-    runs, plans = _first_plans(engine, [*_requests(engine)[:1], *_requests(engine, guidance_scale=1.0)[:1]])
-    try:
+    with first_plans(engine, [*_requests(engine)[:1], *_requests(engine, guidance_scale=1.0)[:1]]) as plans:
         assert batch_key(plans[0]) != batch_key(plans[1])  # one has a negative branch, the other none
-    finally:
-        for run in runs:
-            run.close()
 
 
 def test_concurrent_requests_equal_their_single_runs(engine):
     requests = _requests(engine)
     expected = [video_output(engine.instance.card, engine.run(r)).audio for r in requests]
-    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=8)
-    try:
-        handles = [async_engine.submit(r) for r in requests]
-        got = [h.wait(120) for h in handles]
-        stats = async_engine.batch_stats
-    finally:
-        async_engine.close()
+    got, stats = serve_batched(engine, requests)
     assert stats["largest_batch"] == 3 and stats["mean_batch"] > 1.5  # steps really were shared
     for out, alone in zip(got, expected):
         assert out.audio.shape == alone.shape

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.helpers.adapter_checkpoints import write_tiny_pipeline
+from tests.helpers.batched_runs import serve_batched
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
@@ -43,7 +44,6 @@ from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.layers.fp8 import FP8Linear
-from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.engine import EngineDriver
 
 
@@ -314,12 +314,7 @@ def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int])
 
 def _batching(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
     """Two concurrent requests under the batch policy share their denoise forwards, and neither ran alone."""
-    engine = AsyncEngine(gen.engine, policy="batch", slots=2, queue_size=4)
-    try:
-        outs = [handle.wait(300) for handle in [engine.submit(_request(kind, seed)) for seed in (3, 4)]]
-        stats = engine.batch_stats
-    finally:
-        engine.close()
+    outs, stats = serve_batched(gen.engine, [_request(kind, seed) for seed in (3, 4)])
     assert stats["largest_batch"] == 2, stats
     assert all("disabled" not in out.metadata for out in outs), [out.metadata.get("disabled") for out in outs]
 

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from tests.helpers.batched_runs import serve_batched
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.graph_capturer import RecordingCapturer
 from tests.helpers.lora_files import WAN_LORA as SPEC, WAN_LORA_REQUEST as KW, write_lora
@@ -16,7 +17,6 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.families.stable_audio.demo import DEMO_ID, ensure_demo_checkpoint
 from vidloom.generator import VideoGenerator, build_request
-from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.engine import Engine
 
 LOGGER = "vidloom.runtime.request_run"
@@ -62,13 +62,8 @@ def test_a_step_cache_under_the_batch_policy_runs_alone_and_says_so(audio, caplo
     gen = _redeployed(audio, step_cache="fbcache")
     requests = [build_request(gen.card, p, seconds=0.5, num_inference_steps=2, seed=s)
                 for p, s in (("a dog barks", 1), ("rain", 2))]
-    engine = AsyncEngine(gen.engine, policy="batch", slots=2, queue_size=4)
-    try:
-        with caplog.at_level(logging.INFO, logger=LOGGER):
-            outs = [h.wait(120) for h in [engine.submit(r) for r in requests]]
-        stats = engine.batch_stats
-    finally:
-        engine.close()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        outs, stats = serve_batched(gen.engine, requests)
     assert stats["largest_batch"] == 1
     for out in outs:
         assert out.metadata["disabled"] == {"batching": "step cache 'fbcache': each request decides for itself "
@@ -83,12 +78,8 @@ def test_a_family_without_batching_says_each_request_ran_alone(tmp_path_factory,
     why = gen.card.capabilities.why_not["batching"]
     requests = [GenerationRequest(prompt=p, height=32, width=48, num_frames=9, num_inference_steps=2, seed=s)
                 for p, s in (("a fox", 1), ("a cat", 2))]
-    engine = AsyncEngine(gen.engine, policy="batch", slots=2, queue_size=4)
-    try:
-        with caplog.at_level(logging.INFO, logger=LOGGER):
-            outs = [h.wait(120) for h in [engine.submit(r) for r in requests]]
-    finally:
-        engine.close()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        outs, _ = serve_batched(gen.engine, requests)
     assert [out.metadata["disabled"] for out in outs] == [{"batching": why}] * 2
     assert all(why in line for line in _disabled(caplog.records, "batching"))
 
