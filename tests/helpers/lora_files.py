@@ -36,10 +36,15 @@ def add_random_adapter(model: torch.nn.Module, spec: LoRASpec) -> Any:
     drawn from N(0, spec.std) with spec.seed; returns its LoraConfig."""
     from peft import LoraConfig
 
+    from peft import inject_adapter_in_model
+
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,
                         target_modules=spec.targets if isinstance(spec.targets, str) else list(spec.targets),
                         alpha_pattern=dict(spec.alpha_pattern), init_lora_weights=True)
-    model.add_adapter(config, adapter_name="default")
+    if hasattr(model, "add_adapter"):  # diffusers' PeftAdapterMixin
+        model.add_adapter(config, adapter_name="default")
+    else:  # a model diffusers gives no LoRA loader (Stable Audio's DiT): PEFT itself
+        inject_adapter_in_model(config, model, adapter_name="default")
     g = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -67,6 +72,23 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
         transformer_lora_adapter_metadata=config.to_dict() if with_metadata else None,
     )
     return out / weight_name
+
+
+def write_peft_lora(model: torch.nn.Module, spec: LoRASpec, out: Path, name: str) -> Path:
+    """`out/<name>.safetensors`: a random PEFT adapter on `model` (left injected, so it is the reference too), laid out
+    as diffusers' save_lora_weights lays a transformer LoRA out (`transformer.<module>.lora_A.weight`, the alpha
+    packed in `lora_adapter_metadata`), for a pipeline diffusers gives no LoRA loader."""
+    import json
+
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    config = add_random_adapter(model, spec)
+    state = {f"transformer.{key}": t.contiguous() for key, t in get_peft_model_state_dict(model, adapter_name="default").items()}
+    packed = {"transformer.r": config.r, "transformer.lora_alpha": config.lora_alpha,
+              "transformer.alpha_pattern": dict(config.alpha_pattern)}
+    save_file(state, str(out / f"{name}.safetensors"), metadata={"lora_adapter_metadata": json.dumps(packed)})
+    return out / f"{name}.safetensors"
 
 
 # diffusers LTX-2 module names -> Lightricks' (ltx-core) names, the inverse of diffusers'

@@ -2,7 +2,8 @@
 
 For each kind (a column of `vidloom models --capabilities`) a tiny checkpoint is written and its card built:
 - the card declares exactly that column (so the printed matrix is what loads see);
-- each feature it does not declare, switched on, fails at load with a DeployError naming feature and family;
+- each feature it does not declare, switched on, fails at load with a DeployError naming feature and family, and the
+  card gives its reason (a server policy, batching, is not refused at load: the run says it ran alone);
 - each feature it declares, switched on, loads (or fails only for this machine, naming CUDA) and leaves evidence
   that it acted: the path changed measurably. A card that claims a feature its load refuses fails here, and
   so does an option a load accepts and ignores.
@@ -22,12 +23,14 @@ import pytest
 import torch
 
 from tests.helpers.adapter_checkpoints import write_tiny_pipeline
+from tests.helpers.batched_runs import serve_batched
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
-from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
+from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_refiner, write_tiny_sana_wm
+from tests.helpers.wan_i2v_checkpoints import make_image
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
 from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
@@ -42,6 +45,11 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.layers.fp8 import FP8Linear
 from vidloom.runtime.engine import EngineDriver
+
+
+def _with_refiner(folder: Path) -> Path:
+    write_tiny_refiner(folder, SANA_WM_A)  # two_stage reads <folder>/refiner/
+    return folder
 
 
 def _chat_only(folder: Path) -> Path:
@@ -68,7 +76,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),
-    "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
+    "sana-wm": lambda d: _with_refiner(write_tiny_sana_wm(d, SANA_WM_A)),
     "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
 }
 # A small request each kind runs (guidance on, so CFG has two branches); its size is also the warmup shape.
@@ -79,6 +87,9 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "flux2": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),
+    "stable-audio": dict(task=Task.T2A, seconds=0.5, num_inference_steps=2, guidance_scale=7.0),
+    "sana-wm": dict(height=64, width=96, num_frames=17, camera="jw-16", image=make_image(70, 40, 1),
+                    intrinsics=[50.0, 52.0, 35.0, 20.0], num_inference_steps=2, guidance_scale=3.0),
 }
 # A non-default value per feature (one that runs on these tiny checkpoints).
 ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
@@ -87,9 +98,10 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     "warmup_shapes": lambda kind: dict(warmup_shapes=(_shape(kind),)),
     "offload_text_encoder": lambda kind: dict(offload_text_encoder=True),
     "prompt_cache_size": lambda kind: dict(prompt_cache_size=3),
-    # LTX-2's VAE is 32x: tiles of 3 latent cells every 2 on a 4x4 latent (VAE_TILE_REQUESTS), no 1-cell edge tile.
-    "vae_tile": lambda kind: dict(vae_tile=96, vae_tile_stride=64) if kind == "ltx2" else dict(vae_tile=32,
-                                                                                                vae_tile_stride=16),
+    # LTX-2's VAE is 32x (SANA-WM decodes with it): tiles of 3 latent cells every 2 on a 4x4 latent
+    # (VAE_TILE_REQUESTS), no 1-cell edge tile.
+    "vae_tile": lambda kind: dict(vae_tile=96, vae_tile_stride=64) if kind in LTX2_VAE else dict(vae_tile=32,
+                                                                                                 vae_tile_stride=16),
     # Kinds that mask every attention call refuse flash/sage by that reason (test_decoder_acceleration.py): they
     # take the math kernel, which runs here.
     "attention_backend": lambda kind: dict(attention_backend="math" if kind in MASKED_ATTENTION else "flash"),
@@ -106,6 +118,7 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     # feature never reaches the file.
     "components": lambda kind: dict(
         components={"transformer": str(COMPONENT_FILES.get(kind, "transformer.safetensors"))}),
+    "batching": lambda kind: {},  # a server policy (--policy batch), no deploy field: _batching serves two requests
 }
 # kind -> a transformer file for `components`, next to that kind's tiny folder.
 COMPONENT_FILES: dict[str, Path] = {}
@@ -115,11 +128,12 @@ NOT_OBSERVABLE_HERE = {
     "devices": "starts worker processes: tests/integration/test_parallel.py runs it end to end",
 }
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
+LTX2_VAE = frozenset({"ltx2", "sana-wm"})
 MASKED_ATTENTION = frozenset({"ltx2", "cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni"})
 
 
 def _shape(kind: str) -> tuple[int, int, int]:
-    request = REQUESTS.get(kind, REQUESTS["wan"])
+    request = REQUESTS[kind] if "height" in REQUESTS.get(kind, {}) else REQUESTS["wan"]  # audio kinds: no frames
     return request["height"], request["width"], request["num_frames"]
 
 
@@ -149,6 +163,9 @@ def test_the_card_declares_its_column_and_its_load_refuses_the_rest(kind, folder
     for feature in FEATURES:
         if feature in card.capabilities.supported:
             continue
+        assert feature in card.capabilities.why_not, f"{kind} refuses {feature} without a reason"
+        if not FEATURES[feature].fields:
+            continue  # nothing to refuse at load (tests/integration/test_turned_off_features.py: it runs alone)
         deploy = DeployConfig(**ENABLE[feature](kind))
         with pytest.raises(DeployError) as err:
             registry.load_instance(card, path, torch.device("cpu"), None, deploy)
@@ -208,8 +225,8 @@ def _components(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> 
     assert not np.array_equal(gen.engine.run(_request(kind))["video"], plain), "the override file was not read"
 
 
-def _request(kind: str) -> GenerationRequest:
-    return GenerationRequest(prompt="a red fox jumps", negative_prompt="blurry", seed=3, **REQUESTS[kind])
+def _request(kind: str, seed: int = 3) -> GenerationRequest:
+    return GenerationRequest(prompt="a red fox jumps", negative_prompt="blurry", seed=seed, **REQUESTS[kind])
 
 
 def _modules(gen: VideoGenerator) -> list[torch.nn.Module]:
@@ -255,13 +272,14 @@ def _step_cache(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> 
 
 
 # A frame larger than one tile, where the kind's usual request fits in one.
-VAE_TILE_REQUESTS: dict[str, dict[str, Any]] = {"ltx2": dict(height=128, width=128)}
+VAE_TILE_REQUESTS: dict[str, dict[str, Any]] = {kind: dict(height=128, width=128) for kind in LTX2_VAE}
 
 
 def _vae_tile(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
     request = dataclasses.replace(_request(kind), **VAE_TILE_REQUESTS.get(kind, {}))
-    plain = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)["video"]
-    assert not np.array_equal(gen.engine.run(request)["video"], plain)
+    slot = "audio" if request.task == Task.T2A else "video"  # an audio VAE decodes the waveform
+    plain = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)[slot]
+    assert not np.array_equal(np.asarray(gen.engine.run(request)[slot]), np.asarray(plain))
 
 
 def _cfg_batched(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
@@ -294,6 +312,13 @@ def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int])
     assert seen and all(seen), seen
 
 
+def _batching(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
+    """Two concurrent requests under the batch policy share their denoise forwards, and neither ran alone."""
+    outs, stats = serve_batched(gen.engine, [_request(kind, seed) for seed in (3, 4)])
+    assert stats["largest_batch"] == 2, stats
+    assert all("disabled" not in out.metadata for out in outs), [out.metadata.get("disabled") for out in outs]
+
+
 PROBES: dict[str, Callable[[VideoGenerator, str, Path, list[int]], None]] = {
     "fp8_weights": lambda gen, *_: _assert(any(isinstance(m, FP8Linear) for m in _modules(gen))),
     "compile": lambda gen, *_: _assert(any(getattr(m, "_compiled_call_impl", None) for m in _modules(gen))),
@@ -307,8 +332,10 @@ PROBES: dict[str, Callable[[VideoGenerator, str, Path, list[int]], None]] = {
     "kv_pool_tokens": _kv_pool,
     "kv_session_ttl_s": _kv_session,
     "offload_idle_expert": lambda gen, *_: _assert("expert_placement" in gen.engine.instance.components),
-    "two_stage": lambda gen, *_: _assert("upsampler" in gen.engine.instance.components),
+    # LTX-2's latent upsampler; SANA-WM's stage-2 refiner.
+    "two_stage": lambda gen, *_: _assert(bool({"upsampler", "refiner"} & set(gen.engine.instance.components))),
     "components": _components,
+    "batching": _batching,
 }
 
 

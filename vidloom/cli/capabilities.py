@@ -1,8 +1,8 @@
 """`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what each family declares
-(Family.capability_rows).
+(Family.capability_rows), then why each kind refuses what it refuses.
 
-The output is a Markdown table; the README's table under "Acceleration" is this output, verbatim
-(tests/unit/test_cli_capabilities.py fails when they differ).
+The table is Markdown; the README's table under "Acceleration" is it, verbatim (tests/unit/test_cli_capabilities.py
+fails when they differ).
 """
 
 from __future__ import annotations
@@ -40,6 +40,16 @@ def capability_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def refusal_reasons() -> str:
+    """One Markdown line per refused cell, by feature: the card's reason (the one its load error gives)."""
+    lines = ["Why not, per feature and kind:"]
+    for name in FEATURES:
+        for label, caps in capability_rows().items():
+            if name not in caps.supported:
+                lines.append(f"- `{name}` on {label}: {caps.why(name)}")
+    return "\n".join(lines) + "\n"
+
+
 def print_capabilities() -> int:
-    print(capability_table(), end="")
+    print(capability_table() + "\n" + refusal_reasons(), end="")
     return 0

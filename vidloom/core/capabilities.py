@@ -17,7 +17,8 @@ from vidloom.core.errors import DeployError, InvalidCard
 
 @dataclass(frozen=True)
 class Feature:
-    """A deploy feature: the DeployConfig fields it covers and the CLI flags that set them."""
+    """A deploy feature: the DeployConfig fields it covers and the CLI flags that set them. A feature of no fields is
+    a server policy (batching): never refused at load; a run of a family without it says it ran without it."""
 
     fields: tuple[str, ...]
     flags: tuple[str, ...]
@@ -43,6 +44,8 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "two_stage": Feature(("two_stage", "upsampler", "stage2_lora"), ("--two-stage", "--upsampler", "--stage2-lora")),
     "devices": Feature(("devices", "parallel"), ("--devices", "--sp", "--cfg-parallel")),
     "components": Feature(("components",), ("--component",)),
+    # Requests' denoise steps sharing one forward (runtime.batching); elsewhere each runs alone, reported per run.
+    "batching": Feature((), ("--policy batch",)),
 })
 
 
@@ -70,15 +73,16 @@ class Capabilities:
         """These capabilities less the features in `reasons` (feature -> why this checkpoint cannot take it)."""
         return Capabilities(self.supported - set(reasons), {**self.why_not, **reasons})
 
+    def why(self, name: str) -> str:
+        """Why feature `name` is refused: the card's reason, or that nothing declared it."""
+        return self.why_not.get(name, "not wired for this family")
+
     def refuse_unsupported(self, deploy: DeployConfig, model_id: str, family: str) -> None:
         """Fail naming every feature `deploy` turns on (a field off its default) that is not supported."""
         refused = [name for name in enabled_features(deploy) if name not in self.supported]
         if not refused:
             return
-        parts = []
-        for name in refused:
-            why = self.why_not.get(name, "not wired for this family")
-            parts.append(f"{name} ({', '.join(FEATURES[name].flags)}): {why}")
+        parts = [f"{name} ({', '.join(FEATURES[name].flags)}): {self.why(name)}" for name in refused]
         raise DeployError(f"{model_id} ({family}) does not support {'; '.join(parts)}; drop the option(s)")
 
 

@@ -20,6 +20,7 @@ REFUSALS = MappingProxyType({
     "offload_idle_expert": "one expert: there is no idle expert",
     "two_stage": "one stage; multi-stage families: ltx2",
     "devices": "sequence and CFG parallelism are written for Wan's DiT only",
+    "components": "component file overrides are read by the Wan, Flux2 and LTX-2 loaders only",
 })
 
 

@@ -106,10 +106,13 @@ def _stack_values(values: list[Any], fallback_first: bool = False) -> Any:
     raise AssertionError(f"{type(values[0]).__name__} has no stack(); batch_key should have refused it")
 
 
-def _stack_scales(plans: Sequence[StepPlan], name: str, lead: str, stacked: Tensor) -> float | Tensor:
+def _stack_scales(plans: Sequence[StepPlan], name: str, lead: str, stacked: Tensor) -> float | Tensor | None:
     """One float when every request guides alike (the unbatched arithmetic exactly), else a
-    float32 [B, 1, ...] tensor broadcasting over each sample."""
+    float32 [B, 1, ...] tensor broadcasting over each sample; None when none guides (a family whose per-sample
+    inputs then differ in shape from guided ones', so the key never mixes the two)."""
     scales = [p.inputs[name] for p in plans]
+    if all(s is None for s in scales):
+        return None
     if all(isinstance(s, (int, float)) for s in scales) and len(set(scales)) == 1:
         return float(scales[0])
     per_sample = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any, Callable, Generator, Mapping, Protocol
@@ -35,6 +36,9 @@ from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.run_reservations import ReservingRun
 from vidloom.runtime.step_cache import make_step_cache
+from vidloom.runtime.turned_off import alone_reason, conflicts
+
+log = logging.getLogger(__name__)
 
 PlanObserver = Callable[[StepPlan], None]
 """Sees every loop step's plan just before it runs (the parallel workers' lockstep check)."""
@@ -123,6 +127,12 @@ class RequestRun(ReservingRun):
         # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
         self._adapters = adapters
         self._loras: Any | None = adapters.resolve(instance, request.loras) if generating else None
+        uses = dict(step_cache=self._interceptor is not None, graphs=graphs is not None, adapters=self._loras is not None)
+        self.disabled: dict[str, str] = {}
+        """Deployed features this run runs without, and why (its result's metadata "disabled")."""
+        for feature, why in conflicts(instance.deploy, **uses).items():
+            self.turn_off(feature, why)
+        self._alone = alone_reason(instance.deploy, **uses)
         self._units = self._run_units()
         self._plan: StepPlan | None = None  # yielded by the loop, waiting for its result
         self._outputs: dict[str, Any] | None = None
@@ -154,12 +164,18 @@ class RequestRun(ReservingRun):
         return self._plan
 
     @property
-    def intercepted(self) -> bool:
-        """Steps go through a per-request interceptor (step cache) or CUDA graphs, or apply LoRA adapters on
-        compiled blocks (which run them eagerly, under a stance set per run): they must run alone. Other runs
-        with adapters batch: the batched forward applies each run's adapters to its own rows (`rows_scope`)."""
-        adapters_on_compiled = self._loras is not None and self.instance.deploy.compile
-        return self._interceptor is not None or self._graphs is not None or adapters_on_compiled
+    def intercepted(self) -> str | None:
+        """Why steps must run alone (None: they may batch): they go through a per-request interceptor (step cache)
+        or CUDA graphs, or apply LoRA adapters on compiled blocks (which run them eagerly, under a stance set per
+        run). Other runs with adapters batch: the batched forward applies each run's adapters to its own rows
+        (`rows_scope`)."""
+        return self._alone
+
+    def turn_off(self, feature: str, why: str) -> None:
+        """Record, and log once, that this run runs without deployed `feature` (runtime.turned_off)."""
+        if feature not in self.disabled:
+            self.disabled[feature] = why
+            log.info("request %s runs without %s: %s", self.request.request_id, feature, why)
 
     @property
     def adapter_set(self) -> tuple[tuple[str, float], ...]:
@@ -204,6 +220,8 @@ class RequestRun(ReservingRun):
         """The program's output slots plus the resolved request and compute time."""
         assert self._outputs is not None, "run has not finished"
         extra = self._interceptor.report() if self._interceptor is not None else {}
+        if self.disabled:
+            extra = {**extra, "disabled": dict(self.disabled)}
         return {**self._outputs, **extra, "request": self.request, "elapsed_s": self._elapsed}
 
     def close(self) -> None:

@@ -69,6 +69,8 @@ def video_output(card: ModelCard, outputs: dict[str, Any]) -> VideoOutput:
             metadata[slot] = outputs[slot]
     if "step_cache" in outputs:  # only when the deployment runs a step cache
         metadata["step_cache"] = outputs["step_cache"]
+    if "disabled" in outputs:  # deployed features this run ran without, and why (runtime.turned_off)
+        metadata["disabled"] = outputs["disabled"]
     session = None
     if "session" in outputs:  # a causal rollout: the video can be extended
         session = video_session(card, r, outputs["session"])

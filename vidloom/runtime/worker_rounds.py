@@ -215,13 +215,15 @@ class WorkerRounds:
         self._run_group(group)
 
     def _batch_key(self, entry: WorkEntry) -> Any:
-        """Equal keys share a forward; None: alone. "grouped" adds the run's adapter set to the key."""
-        if entry.run.intercepted:
+        """Equal keys share a forward; None: alone, recorded on the run with why. "grouped" adds the run's adapter
+        set to the key."""
+        run, plan = entry.run, entry.run.pending_plan
+        why = run.intercepted
+        key = None if why else batch_key(plan)  # type: ignore[arg-type]
+        if key is None:
+            run.turn_off("batching", why or _unbatched(run, plan))
             return None
-        key = batch_key(entry.run.pending_plan)  # type: ignore[arg-type]
-        if key is None or self.lora_batching == "mixed":
-            return key
-        return (key, entry.run.adapter_set)
+        return key if self.lora_batching == "mixed" else (key, run.adapter_set)
 
     def _should_wait(self, first: WorkEntry, index: int, size: int) -> bool:
         """Lock held. Wait once per step, only with room in the batch and in the slots, nothing queued."""
@@ -301,6 +303,14 @@ class WorkerRounds:
 
         if self._guarded(entry, unit) and run.done:
             self._finish_completed(entry)
+
+
+def _unbatched(run: RequestRun, plan: Any) -> str:
+    """Why `plan`'s step runs alone: its card's reason, else that the step declares nothing to stack."""
+    caps = run.instance.card.capabilities
+    if "batching" not in caps.supported:
+        return caps.why("batching")
+    return f"the {plan.loop!r} step declares no inputs that stack with other requests' (runtime.batching)"
 
 
 def _fits_in_memory(entry: WorkEntry) -> bool:

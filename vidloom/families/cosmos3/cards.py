@@ -45,7 +45,7 @@ GENERATION_DEFAULTS = SamplingDefaults(
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
                "vae_tile", "attention_backend"}),
-    refusals("offload_idle_expert", "two_stage", "devices",
+    refusals("offload_idle_expert", "two_stage", "devices", "components",
              offload_text_encoder="the prompt is read by the unified backbone, which generation needs resident; "
                                   "there is no separate text encoder to offload",
              prompt_cache_size="a prompt is prefilled into the backbone's KV per request, not encoded into an "
@@ -58,7 +58,9 @@ CAPABILITIES = Capabilities(
                          "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
                          "growing with each new length; padding prompts to one length would attend over masked "
                          "padding, not the reference's computation",
-             kv_session_ttl_s="no causal video rollout whose KV could be kept"),
+             kv_session_ttl_s="no causal video rollout whose KV could be kept",
+             batching="each denoise step attends its own request's prefilled prompt K/V, whose length follows the "
+                      "prompt; steps of different requests are not stacked yet, so each runs alone"),
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",
@@ -66,7 +68,9 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                "compile": "chat only: no denoiser blocks to compile",
                                                "fp8_weights": "chat only: FP8 applies to the generation blocks, "
                                                               "which this folder does not load",
-                                               "vae_tile": "chat only: no VAE to decode with"})
+                                               "vae_tile": "chat only: no VAE to decode with",
+                                               "batching": "chat only: no denoise step to batch (chats share "
+                                                           "paged decode forwards under every policy)"})
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},

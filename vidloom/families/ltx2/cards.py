@@ -28,7 +28,7 @@ CAPABILITIES = Capabilities(
     # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components"}),
+               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
              cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                       "is written",

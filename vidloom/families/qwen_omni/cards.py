@@ -37,14 +37,16 @@ CONTEXT_WINDOW = 32768
 # and after attention; OmniDecoder.compile_units); attention_backend picks the SDPA kernels their KV stores call.
 CAPABILITIES = Capabilities(
     frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "fp8_weights", "compile", "attention_backend"}),
-    refusals("offload_idle_expert", "two_stage", "devices",
+    refusals("offload_idle_expert", "two_stage", "devices", "components",
              warmup_shapes="no denoise shapes: speech and chat only",
              offload_text_encoder="the thinker is the model: there is no separate text encoder",
              prompt_cache_size="prompts are prefilled into the paged KV per request",
              cfg_mode="token2wav's guidance runs its two branches in one batch already",
              vae_tile="no VAE", step_cache="no denoiser declared to the step caches",
              cuda_graphs="the decode steps are not captured yet",
-             kv_session_ttl_s="no causal video rollout whose KV could be kept"),
+             kv_session_ttl_s="no causal video rollout whose KV could be kept",
+             batching="no denoise step declared to the batcher: chats and the thinker share paged decode forwards "
+                      "under every policy; talker and token2wav steps run per request"),
 )
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # The card generates no images or video (tasks is empty): these fill the contract and are never read.

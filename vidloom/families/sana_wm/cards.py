@@ -35,9 +35,11 @@ CAPABILITIES = Capabilities(
     # input); the refiner's steps write their window's K/V in place, so they run eagerly (runtime.cudagraph.capturable).
     # --vae-tile: the LTX-2 video VAE's tiled decode, stage 1's and the refiner's streamed prefixes alike.
     # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
+    # --policy batch: stage-1 steps of one shape stack (cameras and both CFG branches, loop.STAGE1_INPUTS); the
+    # refiner's steps write their own window K/V, so they run alone (the result's metadata says so).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
-               "prompt_cache_size"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+               "prompt_cache_size", "batching"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices", "components",
              attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
              warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
              cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
@@ -33,10 +34,20 @@ class CameraTensors:
 
 
 class SanaWMNetwork:
-    """(latents, per-frame timesteps, text) -> prediction, for one request's camera (repeated per batch row)."""
+    """(latents, per-frame timesteps, text) -> prediction, for one request's camera (or stacked requests' cameras),
+    repeated over the CFG branches."""
 
     def __init__(self, transformer: SanaWMTransformer, camera: CameraTensors, dtype: torch.dtype) -> None:
         self.transformer, self.camera, self.dtype = transformer, camera, dtype
+
+    def batch_key(self) -> tuple[Any, ...]:
+        """runtime.batching: networks of equal keys stack (same DiT and dtype, cameras of one shape)."""
+        return (id(self.transformer), self.dtype, tuple(self.camera.raymap.shape), tuple(self.camera.plucker.shape))
+
+    @staticmethod
+    def stack(views: list[SanaWMNetwork]) -> SanaWMNetwork:
+        camera = CameraTensors(torch.cat([v.camera.raymap for v in views]), torch.cat([v.camera.plucker for v in views]))
+        return SanaWMNetwork(views[0].transformer, camera, views[0].dtype)
 
     def graph_split(self) -> tuple[Any, tuple[CameraTensors]]:
         """core.denoiser.GraphInputs: a captured step reads this request's camera tensors."""
@@ -58,7 +69,7 @@ class SanaWMNetwork:
         return self.transformer.num_blocks
 
     def embed(self, latents: Tensor, timestep: Tensor, text: SanaWMText) -> tuple[Tensor, SanaWMConditioning]:
-        b = latents.shape[0]
+        b = latents.shape[0] // self.camera.raymap.shape[0]  # the CFG branches repeat the requests' rows
         raymap = self.camera.raymap.repeat(b, 1, 1).to(self.dtype)
         plucker = self.camera.plucker.repeat(b, 1, 1, 1, 1).to(self.dtype)
         return self.transformer.embed(latents.to(self.dtype), timestep, text.embeds.to(self.dtype), text.mask,
@@ -83,6 +94,10 @@ def guided_prediction(network: SanaWMNetwork, latents: Tensor, timestep: Tensor,
     both = network(latents.repeat(2, 1, 1, 1, 1), timestep.repeat(2, 1), text)
     uncond, cond = both.chunk(2)
     return cfg_combine(cond, uncond, guidance_scale).float()
+
+
+# Per sample: the latents, their per-frame timesteps, the text (both branches, SanaWMText.stack); the scale per request.
+STAGE1_INPUTS = DenoiseInputs(("latents", "timestep", "text"), ("guidance_scale",))
 
 
 @dataclass
@@ -123,9 +138,10 @@ class SanaWMDenoiseLoop:
         frames = state.latents.shape[2]
         timestep = t.expand(1, frames).clone()
         timestep[:, 0] = 0.0  # the conditioning frame is clean
-        return StepPlan(loop=self.name, index=state.index, total=total, call=guided_prediction, inputs={
-            NETWORK: state.network, "latents": state.latents, "timestep": timestep.to(state.latents.device),
-            "text": state.text, "guidance_scale": state.guidance_scale})
+        inputs = {NETWORK: state.network, "latents": state.latents, "timestep": timestep.to(state.latents.device),
+                  "text": state.text, "guidance_scale": state.guidance_scale}
+        return StepPlan(loop=self.name, index=state.index, total=total, call=guided_prediction, denoiser=STAGE1_INPUTS,
+                        inputs=inputs)
 
     def advance(self, state: SanaWMDenoiseState, result: Tensor) -> SanaWMDenoiseState:
         n_train = self.sampler.config.num_train_timesteps

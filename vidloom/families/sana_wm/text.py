@@ -53,6 +53,19 @@ class SanaWMText:
     def cat(self, other: SanaWMText) -> SanaWMText:
         return SanaWMText(torch.cat([self.embeds, other.embeds]), torch.cat([self.mask, other.mask]))
 
+    def batch_key(self) -> tuple[Any, ...]:
+        """runtime.batching: texts of equal keys stack (prompts are padded to one length, so with CFG on for all
+        or off for all they do)."""
+        return (tuple(self.embeds.shape), self.embeds.dtype, self.embeds.device, self.mask.dtype)
+
+    @staticmethod
+    def stack(texts: list[SanaWMText]) -> SanaWMText:
+        """Requests' texts as one batch, branch by branch: with CFG [negatives..., positives...], the order
+        loop.guided_prediction splits the stacked forward in."""
+        rows = range(texts[0].embeds.shape[0])
+        return SanaWMText(torch.cat([t.embeds[i:i + 1] for i in rows for t in texts]),
+                          torch.cat([t.mask[i:i + 1] for i in rows for t in texts]))
+
 
 class SanaWMTextEncoder:
     """Shared by every request; the encoder call is serialised. With `offload` (on an accelerator) the weights

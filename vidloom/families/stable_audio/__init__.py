@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vidloom.core.family import Family
+from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
     package=__name__,
@@ -10,4 +10,7 @@ FAMILY = Family(
     demos={"stable-audio-demo": ".demo"},
     pipelines={"StableAudioPipeline": ".cards:card_from_checkpoint"},
     options=("vidloom.core.blocks:AUDIO_LENGTH",),
+    # diffusers gives StableAudioPipeline no LoRA loader: PEFT adapters on its StableAudioDiTModel, in the layout
+    # save_lora_weights writes (`transformer.<module>.lora_A.weight`), reach our DiT through its weight name map.
+    lora=LoRASupport(targets=(("transformer", ".transformer:STABLE_AUDIO_DIT_NAME_MAP"),)),
 )

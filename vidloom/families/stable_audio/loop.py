@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import GUIDANCE_INPUTS
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
@@ -18,7 +19,7 @@ from vidloom.families.stable_audio.transformer import StableAudioConditioning, S
 
 
 class StableAudioNetwork:
-    """(scaled latents, noise level, text tokens) -> v-prediction, for one request.
+    """(scaled latents, noise level, text tokens) -> v-prediction, for one request (or requests stacked).
 
     Holds the request's global token (its start and end seconds), so it never lives on the shared DiT.
     """
@@ -27,9 +28,14 @@ class StableAudioNetwork:
         self.transformer = transformer
         self.global_states = global_states  # [1, 1, global_states_input_dim]
 
-    def batch_key(self) -> None:
-        """Requests do not share a forward (each carries its own duration token)."""
-        return None
+    def batch_key(self) -> tuple[Any, ...]:
+        """Networks with equal keys stack (runtime.batching): every request runs the model's one window, so the
+        shared DiT is the whole key; the duration tokens stack along the batch."""
+        return (id(self.transformer),)
+
+    @staticmethod
+    def stack(views: list[StableAudioNetwork]) -> StableAudioNetwork:
+        return StableAudioNetwork(views[0].transformer, torch.cat([v.global_states for v in views], dim=0))
 
     def graph_split(self) -> tuple[Any, tuple[Tensor]]:
         """core.denoiser.GraphInputs: a captured step reads this request's duration token."""
@@ -50,7 +56,8 @@ class StableAudioNetwork:
         return self.transformer.num_blocks
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, StableAudioConditioning]:
-        glob = self.global_states.expand(latents.shape[0], -1, -1)
+        # A stacked network's B tokens serve B latents; batched CFG repeats that batch ([cond rows, uncond rows]).
+        glob = self.global_states.repeat(latents.shape[0] // self.global_states.shape[0], 1, 1)
         return self.transformer.embed(latents, timestep, text, glob)
 
     def run_blocks(self, x: Tensor, cond: StableAudioConditioning, start: int = 0, end: int | None = None) -> Tensor:
@@ -108,6 +115,7 @@ class StableAudioDenoiseLoop:
             index=s.index,
             total=s.steps,
             call=self.guidance,
+            denoiser=GUIDANCE_INPUTS,
             inputs={
                 NETWORK: state.network,
                 "latents": self.sampler.scale_input(state.latents, sigma.to(device)).to(self.dtype),
