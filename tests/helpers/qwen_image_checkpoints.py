@@ -1,0 +1,49 @@
+"""A second tiny random QwenImagePipeline (the first: adapter_checkpoints.build_qwen_image), built by diffusers and
+transformers with other layer counts, heads, widths, VAE depth and Qwen-Image's real scheduler config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
+
+# Qwen/Qwen-Image's scheduler_config.json: dynamic exponential shift, stretched to a terminal sigma of 0.02.
+QWEN_IMAGE_SCHEDULER = dict(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256,
+                            max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential")
+
+
+def build_qwen_image_wide() -> Any:
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from diffusers import QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = train_qwen_tokenizer()
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=24, intermediate_size=32, num_hidden_layers=3, num_attention_heads=3,
+                         num_key_value_heads=1, vocab_size=len(tokenizer), rope_parameters={
+                             "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=24),
+        vocab_size=len(tokenizer), hidden_size=24)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():
+        text_encoder.get_input_embeddings().weight.mul_(10.0)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=24, out_channels=6, num_layers=3, attention_head_dim=8, num_attention_heads=3,
+        joint_attention_dim=24, guidance_embeds=False, axes_dims_rope=(2, 4, 2))
+    g = torch.Generator().manual_seed(7)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True],
+                                 latents_mean=(0.3 * torch.randn(6, generator=g)).tolist(),
+                                 latents_std=(torch.rand(6, generator=g) + 0.5).tolist())
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
+    return QwenImagePipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                             scheduler=scheduler)
+
+
+def write_qwen_image_wide(folder: Path, seed: int = 1) -> Path:
+    torch.manual_seed(seed)
+    build_qwen_image_wide().save_pretrained(str(folder))
+    return folder
