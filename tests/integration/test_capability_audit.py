@@ -26,6 +26,7 @@ from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
+from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
@@ -68,6 +69,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),
+    "qwen-image": write_qwen_image_wide,  # three blocks: a step cache has blocks to skip
     "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
     "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
 }
@@ -78,6 +80,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "anyflow-far": dict(height=32, width=48, num_frames=9, num_inference_steps=2, guidance_scale=3.0),
     "flux2": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2),
+    "qwen-image": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),
 }
 # A non-default value per feature (one that runs on these tiny checkpoints).

@@ -33,7 +33,7 @@ CAPABILITIES = Capabilities(
              cfg_mode="prompt and negative prompt are encoded unpadded, so their lengths differ and the two CFG "
                       "branches run one after the other, as the pipeline runs them"),
 )
-CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
+CAPABILITY_ROWS = {"qwen-image": CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
