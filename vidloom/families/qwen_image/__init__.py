@@ -3,7 +3,7 @@ loop and program (text to image with true CFG)."""
 
 from __future__ import annotations
 
-from vidloom.core.family import Family
+from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
     package=__name__,
@@ -11,4 +11,6 @@ FAMILY = Family(
     demos={"qwen-image-demo": ".demo"},
     pipelines={"QwenImagePipeline": ".cards:card_from_checkpoint"},
     parity=None,
+    # diffusers' QwenImageLoraLoaderMixin loads into the pipeline's `transformer` only (PEFT keys); so do we.
+    lora=LoRASupport(targets=(("transformer", ".transformer:QWEN_IMAGE_TRANSFORMER_NAME_MAP"),)),
 )
