@@ -47,3 +47,68 @@ def write_qwen_image_wide(folder: Path, seed: int = 1) -> Path:
     torch.manual_seed(seed)
     build_qwen_image_wide().save_pretrained(str(folder))
     return folder
+
+
+# The vision tokens the edit template and Qwen2-VL's processor use, beside the text specials.
+VISION_SPECIALS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def edit_processor(folder: Path) -> Any:
+    """Qwen2VLProcessor over the folder's tokenizer and a PIL image processor, for the reference pipeline.
+
+    transformers refuses to build it without a video processor, which needs torchvision (not installable beside
+    our torch); the check is skipped here only, and the processor runs as transformers wrote it."""
+    from unittest import mock
+
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    images = Qwen2VLImageProcessorPil.from_pretrained(str(folder / "processor"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, arg: None):
+        return Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None)
+
+
+def write_qwen_image_edit(folder: Path, seed: int = 2) -> Path:
+    """A tiny QwenImageEditPipeline folder: the T2I tiny shapes plus a vision tower and its processor config."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    from tests.helpers.flux2_checkpoints import SPECIALS
+    from vidloom.demo.cache import write_json
+    from vidloom.demo.writer import model_index
+
+    torch.manual_seed(seed)
+    tokenizer = train_qwen_tokenizer(specials=(*SPECIALS, *VISION_SPECIALS))
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), rope_parameters={
+                             "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
+        vocab_size=len(tokenizer), hidden_size=16, image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"))
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():
+        text_encoder.get_input_embeddings().weight.mul_(10.0)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+    # Three 2x downsamples: the ~1024^2 reference becomes 128^2 latents, 64^2 = 4096 tokens.
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.0, 0.3],
+                                 latents_std=[1.5, 0.8, 1.0, 1.2])
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
+    for name, module in (("transformer", transformer), ("vae", vae), ("text_encoder", text_encoder),
+                         ("scheduler", scheduler), ("tokenizer", tokenizer)):
+        module.save_pretrained(str(folder / name))
+    images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16, patch_size=14,
+                                      temporal_patch_size=2, merge_size=2)
+    images.save_pretrained(str(folder / "processor"))
+    write_json(folder / "model_index.json", model_index(
+        "QwenImageEditPipeline", scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
+        text_encoder="transformers:Qwen2_5_VLForConditionalGeneration", tokenizer="transformers:Qwen2TokenizerFast",
+        processor="transformers:Qwen2VLProcessor", transformer="diffusers:QwenImageTransformer2DModel",
+        vae="diffusers:AutoencoderKLQwenImage"))
+    return folder

@@ -9,7 +9,8 @@ FAMILY = Family(
     package=__name__,
     card_families=("qwen_image",),
     demos={"qwen-image-demo": ".demo"},
-    pipelines={"QwenImagePipeline": ".cards:card_from_checkpoint"},
+    pipelines={"QwenImagePipeline": ".cards:card_from_checkpoint",
+               "QwenImageEditPipeline": ".cards:card_from_checkpoint"},
     parity=None,
     # diffusers' QwenImageLoraLoaderMixin loads into the pipeline's `transformer` only (PEFT keys); so do we.
     lora=LoRASupport(targets=(("transformer", ".transformer:QWEN_IMAGE_TRANSFORMER_NAME_MAP"),)),

@@ -13,8 +13,10 @@ from vidloom.families.qwen_image.text import MAX_PROMPT_TOKENS
 
 FAMILY = "qwen_image"
 PIPELINE_CLASS = "QwenImagePipeline"
+EDIT_PIPELINE_CLASS = "QwenImageEditPipeline"
 PROGRAM = "vidloom.families.qwen_image.program:build_program"
 INDEX_COMPONENTS = ("scheduler", "vae", "text_encoder", "tokenizer", "transformer")  # QwenImagePipeline.__init__
+EDIT_COMPONENTS = (*INDEX_COMPONENTS, "processor")  # QwenImageEditPipeline.__init__: the VL model's processor
 # QwenImagePipeline.__call__'s defaults: 1024 px (default_sample_size 128 x the VAE's 8), 50 steps,
 # true_cfg_scale 4.0 (our guidance_scale), no negative prompt (so no CFG until one is given).
 DEFAULTS = SamplingDefaults(height=1024, width=1024, num_frames=1, fps=1, num_inference_steps=50,
@@ -37,29 +39,34 @@ CAPABILITY_ROWS = {"qwen-image": CAPABILITIES}  # `vidloom models --capabilities
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    """A QwenImagePipeline folder whose model_index.json holds only keys this loader reads."""
-    ckpt.expect_pipeline(PIPELINE_CLASS)
-    ckpt.check_index(INDEX_COMPONENTS)
+    """A QwenImagePipeline or QwenImageEditPipeline folder whose model_index.json holds only keys this loader
+    reads."""
+    ckpt.expect_pipeline(PIPELINE_CLASS, EDIT_PIPELINE_CLASS)
+    ckpt.check_index(EDIT_COMPONENTS if ckpt.pipeline_class == EDIT_PIPELINE_CLASS else INDEX_COMPONENTS)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
-    """A card for a QwenImagePipeline folder; the VAE depth sets the size multiple."""
+    """A card for a QwenImagePipeline (text to image) or QwenImageEditPipeline (edits) folder; the VAE depth sets
+    the size multiple."""
     ckpt = DiffusersDir.open(path)
     check_pipeline(ckpt)
     vae = ckpt.component_config("vae")
     patch = int(ckpt.component_config("transformer").get("patch_size", 2))
     multiple = 2 ** len(vae.get("temperal_downsample", (False, True, True))) * patch
-    return qwen_image_card(ckpt.root.name, str(ckpt.root), multiple=multiple, defaults=DEFAULTS,
-                           description=f"Qwen-Image text-to-image from {ckpt.root}")
+    edit = ckpt.pipeline_class == EDIT_PIPELINE_CLASS
+    return qwen_image_card(ckpt.root.name, str(ckpt.root), multiple=multiple, defaults=DEFAULTS, edit=edit,
+                           description=f"Qwen-Image {'editing' if edit else 'text-to-image'} from {ckpt.root}")
 
 
 def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: SamplingDefaults, description: str,
-                    notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
-    """The card of a Qwen-Image folder: sizes a multiple of `multiple` pixels (VAE factor x patch)."""
+                    notes: tuple[str, ...] = (), precision: str = "bfloat16", edit: bool = False) -> ModelCard:
+    """The card of a Qwen-Image folder: sizes a multiple of `multiple` pixels (VAE factor x patch); `edit`: an
+    edit checkpoint, whose requests each give one reference image."""
+    names = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", *(("processor",) if edit else ()))
     return ModelCard(
         model_id=model_id,
         family=FAMILY,
-        components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler"),
+        components=component_table(precision, *names, no_weights=("tokenizer", "scheduler", "processor")),
         loops={"denoise": LoopSpec(samplers=("euler",))},
         tasks=frozenset({Task.T2I}),
         precision=precision,
@@ -73,4 +80,7 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         max_prompt_tokens=MAX_PROMPT_TOKENS,
         optional_fields=READS,
         capabilities=CAPABILITIES,
+        inputs=frozenset({"image"}) if edit else frozenset(),
+        required_inputs=frozenset({"image"}) if edit else frozenset(),
+        max_reference_images=1 if edit else 0,
     )

@@ -57,8 +57,10 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     transformer = build_component(lambda: QwenImageTransformer(dit_config, attention_fn),
                                   ckpt.component_dir("transformer"), QWEN_IMAGE_TRANSFORMER_NAME_MAP,
                                   files.get("transformer"), (), device, compute, QwenImageTransformer.KEEP_FP32)
+    processor = ckpt.component_dir("processor") if "processor" in card.components else None
     text = QwenImageTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device,
-                                     compute, offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size)
+                                     compute, processor, offload=deploy.offload_text_encoder,
+                                     cache_size=deploy.prompt_cache_size)
     if text.width != dit_config.text_dim:
         raise CheckpointError(f"{ckpt.root}: text encoder hidden size {text.width}, transformer joint_attention_dim "
                               f"is {dit_config.text_dim}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -19,25 +20,51 @@ from vidloom.families.qwen_image.transformer import QwenImageConditioning, QwenI
 
 
 @dataclass(frozen=True)
+class QwenImageLayout:
+    """One request's token layout: the (h, w) token grids (target, then the reference) and the reference's
+    packed latents (None: text to image)."""
+
+    grids: tuple[tuple[int, int], ...]
+    references: Tensor | None = None
+
+
+@dataclass(frozen=True)
 class QwenImageNetwork:
     """The Network a guidance policy calls for one request: (latents, timestep, text) -> velocity.
 
-    Holds the request's token grids (target first), so nothing per request lives on the shared module. A frozen
-    dataclass of plain fields: CUDA graphs key on the grids; requests with equal grids stack (batch_key).
+    Holds the request's token grids (target first) and its reference image's packed latents (editing), so
+    nothing per request lives on the shared module. A frozen dataclass: CUDA graphs key on the grids and read
+    `references` as an input; requests with equal grids stack (batch_key).
     """
 
     transformer: QwenImageTransformer
-    grids: tuple[tuple[int, int], ...]  # (h, w) token grids: the target's, then any reference's
+    grids: tuple[tuple[int, int], ...]  # (h, w) token grids: the target's, then the reference's
+    references: Tensor | None = None  # [B, R, C * 4] packed reference latents, or None (text to image)
 
     def batch_key(self) -> tuple[Any, ...]:
         return (id(self.transformer), self.grids)
 
     @staticmethod
     def stack(views: list[QwenImageNetwork]) -> QwenImageNetwork:
-        return views[0]
+        first = views[0]
+        if first.references is None:
+            return first
+        return dataclasses.replace(first, references=torch.cat([v.references for v in views], dim=0))
+
+    @property
+    def num_target(self) -> int:
+        h, w = self.grids[0]
+        return h * w
+
+    def tokens(self, latents: Tensor) -> Tensor:
+        """The target's tokens, then the reference's (repeated when CFG branches stack the batch)."""
+        if self.references is None:
+            return latents
+        refs = self.references.to(latents.dtype)
+        return torch.cat([latents, refs.repeat(latents.shape[0] // refs.shape[0], 1, 1)], dim=1)
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
-        return self.transformer(latents, text, timestep, self.grids)
+        return self.transformer(self.tokens(latents), text, timestep, self.grids)[:, : self.num_target]
 
     # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is their composition.
 
@@ -46,7 +73,7 @@ class QwenImageNetwork:
         return self.transformer.num_blocks
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, QwenImageConditioning]:
-        return self.transformer.embed(latents, text, timestep, self.grids)
+        return self.transformer.embed(self.tokens(latents), text, timestep, self.grids)
 
     def run_blocks(self, x: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
         return self.transformer.run_blocks(x, cond, start, end)
@@ -55,7 +82,7 @@ class QwenImageNetwork:
         return self.transformer.block_input(x, cond, index)
 
     def head(self, x: Tensor, cond: QwenImageConditioning) -> Tensor:
-        return self.transformer.head(x, cond)
+        return self.transformer.head(x, cond)[:, : self.num_target]
 
 
 @dataclass
@@ -86,13 +113,14 @@ class QwenImageDenoiseLoop:
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> QwenImageDenoiseState:
         request: GenerationRequest = slots["request"]
         latents: Tensor = slots["latents"]
-        grids: tuple[tuple[int, int], ...] = slots["grids"]
+        layout: QwenImageLayout = slots["layout"]
+        grids = layout.grids
         negative = slots["negative_embeds"]
         h, w = grids[0]
         return QwenImageDenoiseState(
             latents=latents,
             sigmas=self.schedule.sigmas(request.num_inference_steps, h * w),  # mu counts target tokens only
-            network=QwenImageNetwork(self.transformer, grids),
+            network=QwenImageNetwork(self.transformer, grids, layout.references),
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=float(request.guidance_scale),
