@@ -67,6 +67,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     patch = transformer.config.patch_size
     channels = transformer.config.latent_channels
     factor = vae.config.spatial_factor
+    vae_dtype = next(vae.parameters()).dtype  # bfloat16 on the CPU fast path (loading.precision.vae_dtype)
     device = instance.device
     tiling = deploy_tiling(instance.deploy, factor)  # vae_tile: the shared 2D tiling rule
 
@@ -85,8 +86,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         image = reference_image(request.image[0])
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
         with torch.inference_mode():
-            raw = vae.encode(pixels[:, :, None].to(device)).mean  # the pipeline's "argmax": the mode
-        latents = vae.normalize_latents(raw)[:, :, 0]
+            raw = vae.encode(pixels[:, :, None].to(device, vae_dtype)).mean  # the pipeline's "argmax": the mode
+        latents = vae.normalize_latents(raw.float())[:, :, 0]
         ctx.progress("encode_image", 1, 1)
         return {"references": pack(latents, patch)}
 
@@ -105,7 +106,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         request: GenerationRequest = slots["request"]
         h, w = request.height // factor, request.width // factor
         latents = unpack(slots["latents"], h, w, patch)[:, :, None].float()  # [1, C, 1, h, w]
-        image = vae.decode(vae.denormalize_latents(latents), tiling=tiling)[:, :, 0]
+        image = vae.decode(vae.denormalize_latents(latents).to(vae_dtype), tiling=tiling)[:, :, 0]
         frames = (image.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 1)  # [1, H, W, 3]
         ctx.progress("decode", 1, 1)
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
