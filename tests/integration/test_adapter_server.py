@@ -140,6 +140,7 @@ def test_mochi_video_equals_the_pipeline(tmp_path_factory):
 
 
 def test_qwen_image_png_equals_the_pipeline(tmp_path_factory):
+    # Served by the native qwen_image family since #38 (no longer the adapter): still the pipeline's exact PNGs.
     folder, server = _serve("qwen-image", tmp_path_factory)
     try:
         client = _client(server)

@@ -84,6 +84,19 @@ def test_flux2_demo_from_a_fresh_cache_through_the_cli_generates_and_edits(tmp_p
     assert [p.name for p in cache.iterdir()] == written  # written once, no staging left
 
 
+def test_qwen_image_demo_through_the_cli_writes_a_png_and_its_negative_prompt_runs_true_cfg(tmp_path):
+    cache = tmp_path / "cache"
+    proc = _cli(["generate", "--model", "qwen-image-demo", "--seed", "3", "--output", str(tmp_path / "cat.png"),
+                 "a cat"], cache)
+    assert proc.returncode == 0, proc.stderr
+    assert "noise by design" in proc.stderr
+    assert _png_size((tmp_path / "cat.png").read_bytes()) == (64, 64)  # the card's default request
+    gen = VideoGenerator.from_pretrained("qwen-image-demo", device="cpu", cache_dir=cache)
+    plain = gen.generate("a cat", num_inference_steps=2, seed=3)
+    guided = gen.generate("a cat", negative_prompt="blurry", num_inference_steps=2, seed=3)
+    assert not np.array_equal(plain.frames, guided.frames)  # a negative prompt switches true CFG on
+
+
 def test_far_demo_rolls_out_chunks_and_extends_its_own_video(tmp_path):
     far = VideoGenerator.from_pretrained("far-demo", device="cpu", cache_dir=tmp_path / "cache")
     source = far.generate("a red fox runs over snow", height=32, width=32, num_frames=9, num_inference_steps=2,

@@ -1,6 +1,6 @@
 """LoRA parity: vidloom's per-request adapters vs diffusers' load_lora_weights + set_adapters, same seed.
 
-Wan2.1 T2V (WanPipeline), Flux2 Klein (Flux2KleinPipeline) and AnyFlow-FAR (AnyFlowFARPipeline, KV-cached rollout) on tiny random checkpoints with random adapters
+Wan2.1 T2V (WanPipeline), Flux2 Klein (Flux2KleinPipeline), Qwen-Image (QwenImagePipeline, true CFG) and AnyFlow-FAR (AnyFlowFARPipeline, KV-cached rollout) on tiny random checkpoints with random adapters
 (different ranks, alphas, an alpha_pattern and target sets): one adapter, two mixed at scales, then unloaded.
 """
 
@@ -12,6 +12,7 @@ import torch
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_DISTILLED, write_tiny_flux2
+from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.lora_files import LoRASpec, write_lora
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from tests.helpers.reference_pipelines import reference_pipeline
@@ -37,6 +38,10 @@ FLUX2_LORAS = {
                     # blocks' a ModuleList around one.
                     targets=r".*(to_out\.0|to_add_out|ff\.linear_in|single_transformer_blocks\.\d+\.attn\.to_out)"),
 }
+QWEN_IMAGE_LORAS = {
+    "style": LoRASpec(rank=4, alpha=8, targets=("to_q", "to_k", "to_v", "add_k_proj", "img_mlp.net.0.proj"), seed=7),
+    "ink": LoRASpec(rank=4, alpha=12, seed=8, targets=r".*(to_out\.0|to_add_out|txt_mlp\.net\.2|img_mod\.1)"),
+}
 FAR_LORAS = {
     "style": LoRASpec(rank=4, alpha=8, targets=("to_q", "to_k", "to_v", "ffn.net.0.proj"), seed=5),
     "motion": LoRASpec(rank=2, alpha=4, targets=("attn2.to_out.0", "ffn.net.2", "delta_embedder.linear_1"), seed=6),
@@ -55,6 +60,12 @@ def _flux2_reference(pipe, **kw) -> np.ndarray:
     return out.images[0][None]
 
 
+def _qwen_image_reference(pipe, **kw) -> np.ndarray:
+    out = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=4.0, height=32, width=48,
+               num_inference_steps=3, generator=torch.Generator("cpu").manual_seed(5), output_type="np")
+    return out.images[0][None]
+
+
 def _far_reference(pipe, **kw) -> np.ndarray:
     out = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=48, width=80, num_frames=17, num_inference_steps=2,
                guidance_scale=1.0, chunk_partition=[1, 2, 2], use_kv_cache=True,
@@ -68,6 +79,9 @@ FAMILIES = {
                  negative_prompt=NEGATIVE, sampler="unipc", flow_shift=3.0)),
     "flux2": (lambda d: write_tiny_flux2(d, TINY_DISTILLED), "Flux2KleinPipeline", FLUX2_LORAS, _flux2_reference,
               dict(height=32, width=48, num_inference_steps=3, guidance_scale=1.0, seed=5)),
+    "qwen-image": (write_qwen_image_wide, "QwenImagePipeline", QWEN_IMAGE_LORAS, _qwen_image_reference,
+                   dict(height=32, width=48, num_inference_steps=3, guidance_scale=4.0, seed=5,
+                        negative_prompt=NEGATIVE)),
     "far": (lambda d: write_tiny_far(d, FAR_A), "AnyFlowFARPipeline", FAR_LORAS, _far_reference,
             dict(height=48, width=80, num_frames=17, num_inference_steps=2, guidance_scale=1.0, seed=5,
                  negative_prompt=NEGATIVE)),

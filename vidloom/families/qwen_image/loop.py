@@ -1,0 +1,157 @@
+"""Qwen-Image's denoise loop: flow-match Euler over packed 2x2 latent patches; the step body is true CFG."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.denoiser import GUIDANCE_INPUTS
+from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
+from vidloom.families.qwen_image.guidance import NormRescaledCFG
+from vidloom.families.qwen_image.schedule import QwenImageSchedule
+from vidloom.families.qwen_image.transformer import QwenImageConditioning, QwenImageTransformer
+
+
+@dataclass(frozen=True)
+class QwenImageLayout:
+    """One request's token layout: the (h, w) token grids (target, then the reference) and the reference's
+    packed latents (None: text to image)."""
+
+    grids: tuple[tuple[int, int], ...]
+    references: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class QwenImageNetwork:
+    """The Network a guidance policy calls for one request: (latents, timestep, text) -> velocity.
+
+    Holds the request's token grids (target first) and its reference image's packed latents (editing), so
+    nothing per request lives on the shared module. A frozen dataclass: CUDA graphs key on the grids and read
+    `references` as an input; requests with equal grids stack (batch_key).
+    """
+
+    transformer: QwenImageTransformer
+    grids: tuple[tuple[int, int], ...]  # (h, w) token grids: the target's, then the reference's
+    references: Tensor | None = None  # [B, R, C * 4] packed reference latents, or None (text to image)
+
+    def batch_key(self) -> tuple[Any, ...]:
+        return (id(self.transformer), self.grids)
+
+    @staticmethod
+    def stack(views: list[QwenImageNetwork]) -> QwenImageNetwork:
+        first = views[0]
+        if first.references is None:
+            return first
+        return dataclasses.replace(first, references=torch.cat([v.references for v in views], dim=0))
+
+    @property
+    def num_target(self) -> int:
+        h, w = self.grids[0]
+        return h * w
+
+    def tokens(self, latents: Tensor) -> Tensor:
+        """The target's tokens, then the reference's (repeated when CFG branches stack the batch)."""
+        if self.references is None:
+            return latents
+        refs = self.references.to(latents.dtype)
+        return torch.cat([latents, refs.repeat(latents.shape[0] // refs.shape[0], 1, 1)], dim=1)
+
+    def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
+        return self.transformer(self.tokens(latents), text, timestep, self.grids)[:, : self.num_target]
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is their composition.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, QwenImageConditioning]:
+        return self.transformer.embed(self.tokens(latents), text, timestep, self.grids)
+
+    def run_blocks(self, x: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: QwenImageConditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: QwenImageConditioning) -> Tensor:
+        return self.transformer.head(x, cond)[:, : self.num_target]
+
+
+@dataclass
+class QwenImageDenoiseState:
+    """One request's denoising; owned by that request alone."""
+
+    latents: Tensor  # float32 [1, N, C * 4] packed patches
+    sigmas: Tensor  # float32 [steps + 1]
+    network: QwenImageNetwork
+    prompt_embeds: Tensor  # [1, L, text_dim]
+    negative_embeds: Tensor | None  # None: no true CFG
+    guidance_scale: float  # the pipeline's true_cfg_scale
+    index: int = 0
+
+
+class QwenImageDenoiseLoop:
+    """Flow-matching Euler loop over a shared QwenImageTransformer."""
+
+    name = "denoise"
+
+    def __init__(self, transformer: QwenImageTransformer, schedule: QwenImageSchedule, dtype: torch.dtype,
+                 guidance: GuidancePolicy | None = None) -> None:
+        self.transformer = transformer
+        self.schedule = schedule
+        self.dtype = dtype
+        self.guidance = guidance or NormRescaledCFG(SequentialCFG())
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> QwenImageDenoiseState:
+        request: GenerationRequest = slots["request"]
+        latents: Tensor = slots["latents"]
+        layout: QwenImageLayout = slots["layout"]
+        grids = layout.grids
+        negative = slots["negative_embeds"]
+        h, w = grids[0]
+        return QwenImageDenoiseState(
+            latents=latents,
+            sigmas=self.schedule.sigmas(request.num_inference_steps, h * w),  # mu counts target tokens only
+            network=QwenImageNetwork(self.transformer, grids, layout.references),
+            prompt_embeds=slots["prompt_embeds"].to(self.dtype),
+            negative_embeds=None if negative is None else negative.to(self.dtype),
+            guidance_scale=float(request.guidance_scale),
+        )
+
+    def next(self, state: QwenImageDenoiseState) -> StepPlan | Done:
+        total = len(state.sigmas) - 1
+        if state.index >= total:
+            return DONE
+        # The reference passes t = sigma * 1000, divided by 1000 again (float32 both ways).
+        t = state.sigmas[state.index] * self.schedule.num_train_timesteps
+        timestep = (t.expand(state.latents.shape[0]) / 1000).to(state.latents.device)
+        return StepPlan(
+            loop=self.name, index=state.index, total=total, call=self.guidance, denoiser=GUIDANCE_INPUTS,
+            inputs={
+                NETWORK: state.network,
+                "latents": state.latents.to(self.dtype),
+                "timestep": timestep,
+                "prompt_embeds": state.prompt_embeds,
+                "negative_embeds": state.negative_embeds,
+                "guidance_scale": state.guidance_scale,
+            },
+        )
+
+    def advance(self, state: QwenImageDenoiseState, result: Tensor) -> QwenImageDenoiseState:
+        dt = (state.sigmas[state.index + 1] - state.sigmas[state.index]).to(state.latents.device)
+        state.latents = state.latents + dt * result.float()
+        state.index += 1
+        return state
+
+    def finalize(self, state: QwenImageDenoiseState) -> dict[str, Any]:
+        if not torch.isfinite(state.latents).all():
+            raise NonFiniteOutput.of("denoising", self.dtype)
+        return {"latents": state.latents}
