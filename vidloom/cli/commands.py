@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "multiplies bf16 natively (AMX, AVX512-BF16), else float32; float32 for exact parity)")
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs, and each "
                      "config key the load accepted without effect, with its reason")
+    gen.add_argument("--timings", action="store_true",
+                     help="after the summary, print on stderr the seconds of each phase from process start "
+                          "(start-up, checks, checkpoint, weights, warmup, generation, write)")
     add_option_arguments(gen)
     add_action_arguments(gen)
     add_deploy_arguments(gen)
@@ -185,7 +189,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
     """Who may call the server, and how it stops (ServeConfig's security block, plus graceful_shutdown_s)."""
-    from vidloom.serving.serve_flags import API_KEY_ENV
+    from vidloom.serving.api_keys import API_KEY_ENV
 
     srv.add_argument("--api-key", default=None, metavar="KEY",
                      help=f"require 'Authorization: Bearer KEY' on every route but /health "
@@ -409,6 +413,8 @@ def check_data_dir(data_dir: Path) -> None:
 
 def _torchrun_place() -> RankPlace | None:
     """This process's rank and world size when a launcher (torchrun) started it; None otherwise."""
+    if "WORLD_SIZE" not in os.environ:  # no launcher (it sets this and more): spare importing torch.distributed
+        return None
     from vidloom.runtime.parallel.launch import torchrun_place
 
     return torchrun_place()
