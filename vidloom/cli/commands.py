@@ -251,21 +251,25 @@ def main(argv: list[str] | None = None) -> int:
     caller's handler on return.
     """
     guard = InterruptGuard.install()  # first: a Ctrl-C during the imports below must be ours too
+    ended: list[int] = []  # the status of a command done with everything it opened (_end_process)
     if argv is None:
+        atexit.register(_end_process, ended)  # registered first, runs last: after every library's handler
         atexit.register(guard.exit_if_interrupted)  # before torch's own exit handlers: runs after them
     try:
-        return _run_command(argv, guard)
+        return _run_command(argv, guard, ended)
     finally:
         if argv is not None:
             guard.restore()
 
 
-def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
+def _run_command(argv: list[str] | None, guard: InterruptGuard, ended: list[int]) -> int:
     """Run the command; the line its failure prints comes after the outcome is settled, so a Ctrl-C
-    cannot add a second one. A command that returns EXIT_INTERRUPTED has printed its own line."""
-    line = None
+    cannot add a second one. A command that returns EXIT_INTERRUPTED has printed its own line.
+    A command of ENDS_CLEAN that returned appends its status to `ended`."""
+    line, args = None, None
     try:
-        code = _dispatch(build_parser().parse_args(argv), argv, guard)
+        args = build_parser().parse_args(argv)
+        code = _dispatch(args, argv, guard)
     except KeyboardInterrupt:
         code, line = EXIT_INTERRUPTED, "cancelled"
     except Exception as exc:  # after a Ctrl-C, whatever an import or a load cut short raised is the interrupt
@@ -279,7 +283,24 @@ def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
         code, line = EXIT_INTERRUPTED, "cancelled"
     if line is not None:
         print(line, file=sys.stderr, flush=True)
+    if args is not None and args.command in ENDS_CLEAN:
+        ended.append(code)
     return code
+
+
+ENDS_CLEAN = ("generate", "speak", "models")
+"""Commands that have closed what they opened (files written and renamed, worker processes stopped) when they
+return: their process may skip the interpreter's teardown (bench/startup.py: 2-4 s after a generate, freeing
+torch's and transformers' modules one by one)."""
+
+
+def _end_process(ended: list[int]) -> None:
+    """The last atexit handler: a command of ENDS_CLEAN exits now with its status; the others (a server, a
+    chat, a failure that raised) get the interpreter's full teardown."""
+    if ended:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ended[0])
 
 
 def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: InterruptGuard) -> int:
