@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,12 +36,22 @@ TIMING = re.compile(r"^timing (.+?) ([\d.]+)s(?: ([\d.]+)s cpu)?$", re.MULTILINE
 IMPORT = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \| (\s*)(\S+)$", re.MULTILINE)
 
 
-def _vidloom(root: Path, args: list[str], env: dict[str, str], extra: tuple[str, ...] = ()) -> tuple[float, str, str]:
-    """Run `python [extra] -m vidloom.cli args` from `root`; (parent's wall seconds, stdout, stderr)."""
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _vidloom(root: Path, args: list[str], env: dict[str, str], extra: tuple[str, ...] = (),
+             cpu: list[float] | None = None) -> tuple[float, str, str]:
+    """Run `python [extra] -m vidloom.cli args` from `root`; (parent's wall seconds, stdout, stderr). `cpu` gets
+    the child's CPU seconds (user + system, all threads): under load they move much less than wall time."""
+    cpu_before = _children_cpu()
     started = time.monotonic()
     done = subprocess.run([sys.executable, *extra, "-m", "vidloom.cli", *args], capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(root)}, cwd=env["VIDLOOM_BENCH_DIR"], timeout=600)
     wall = time.monotonic() - started
+    if cpu is not None:
+        cpu.append(_children_cpu() - cpu_before)
     if done.returncode != 0:
         raise SystemExit(f"vidloom {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return wall, done.stdout, done.stderr
@@ -54,10 +65,12 @@ def _one_run(root: Path, model: str, timings: bool, env: dict[str, str]) -> dict
     row: dict[str, Any] = {"load_avg_1m": os.getloadavg()[0]}
     row["help_s"] = round(_vidloom(root, ["--help"], env)[0], 3)
     row["models_s"] = round(_vidloom(root, ["models"], env)[0], 3)
-    wall, out, err = _vidloom(root, _generate_args(model, timings), env)
+    cpu: list[float] = []
+    wall, out, err = _vidloom(root, _generate_args(model, timings), env, cpu=cpu)
     reported = WALL.search(out)
     assert reported is not None, out
     row["generate_s"] = round(wall, 3)
+    row["generate_cpu_s"] = round(cpu[0], 3)
     row["reported"] = dict(zip(("wall_s", "load_s", "generation_s"), (float(v) for v in reported.groups())))
     row["gap_s"] = round(wall - row["reported"]["generation_s"], 3)
     phases = {name: {"wall_s": float(w), **({"cpu_s": float(c)} if c else {})} for name, w, c in TIMING.findall(err)}
@@ -91,7 +104,7 @@ def main() -> None:
         runs = [_one_run(args.root, args.model, timings, env) for _ in range(args.runs)]
         result: dict[str, Any] = {"model": args.model, "root": str(args.root), "args": list(TINY),
                                   "cpu_count": os.cpu_count(), "runs": runs}
-        keys = ("load_avg_1m", "help_s", "models_s", "generate_s", "gap_s", "teardown_s")
+        keys = ("load_avg_1m", "help_s", "models_s", "generate_s", "generate_cpu_s", "gap_s", "teardown_s")
         result["median"] = {key: round(statistics.median(run[key] for run in runs), 3)
                             for key in keys if all(key in run for run in runs)}
         result["median"]["generation_s"] = statistics.median(run["reported"]["generation_s"] for run in runs)
