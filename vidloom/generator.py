@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -40,6 +41,8 @@ class VideoGenerator:
 
     def __init__(self, engine: Engine | ParallelEngine) -> None:
         self.engine = engine
+        self.load_seconds: dict[str, float] = {}
+        """from_pretrained's phases: "checkpoint" (resolve, write a demo), "weights" (load), "warmup"."""
 
     @classmethod
     def from_pretrained(
@@ -87,8 +90,10 @@ class VideoGenerator:
 
         deploy = _with_components(_with_parallel(deploy or DeployConfig(), devices, parallel), components)
         engine: Engine | ParallelEngine
+        started = time.perf_counter()
         with quiet_loading():
             card, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
+            resolved = time.perf_counter()
             if deploy.devices > 1:
                 from vidloom.runtime.parallel.launch import launch_engine
 
@@ -108,12 +113,16 @@ class VideoGenerator:
 
                     fuse_adapters(instance, {name: value if isinstance(value, tuple) else (value, 1.0)
                                              for name, value in fuse_loras.items()})
+        loaded = time.perf_counter()
         try:
             engine.warmup(deploy.warmup_shapes)
         except BaseException:
             cls(engine).close()
             raise
-        return cls(engine)
+        generator = cls(engine)
+        generator.load_seconds = {"checkpoint": resolved - started, "weights": loaded - resolved,
+                                  "warmup": time.perf_counter() - loaded}
+        return generator
 
     def close(self) -> None:
         """Stop the worker processes of a multi-device engine (nothing to do on one device)."""

@@ -12,21 +12,22 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable
 
 from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest, UnknownModel, VidloomError
 from vidloom.core.family import Family
-from vidloom.core.instance import ModelInstance
 from vidloom.core.options import OptionBlock, unique_blocks
 from vidloom.core.parallel import SequenceGeometry
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.key_policy import recording_accepted_keys
-from vidloom.runtime.fp8_denoisers import quantize_denoisers
+
+if TYPE_CHECKING:  # torch loads with the first model, not with `vidloom --help` (tests/unit/test_lazy_imports.py)
+    import torch
+
+    from vidloom.core.instance import ModelInstance
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +278,8 @@ def load_instance(
     for line in instance.accepted_config_keys:
         log.info("%s", line)
     if instance.deploy.fp8_weights:  # a card may turn it on itself (a QAD-trained FP8 checkpoint)
+        from vidloom.runtime.fp8_denoisers import quantize_denoisers
+
         quantize_denoisers(instance.components, instance.device, instance.dtype, card.model_id)
     return instance
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from vidloom.core.action import ACTION_MODES, ActionInput
 from vidloom.core.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ACTION_FLAGS = {"action": "--action-mode", "action.mode": "--action-mode", "action.domain_name": "--domain",
                 "action.raw_actions": "--actions", "actions": "--actions", "action.chunk_size": "--chunk-size",
@@ -65,6 +66,8 @@ def action_block(args: argparse.Namespace) -> ActionInput | None:
 
 def read_actions(path: Path) -> np.ndarray:
     """A [T, D] float32 array from .npy (no pickles) or .json (rows, or {"actions": rows})."""
+    import numpy as np
+
     if path.suffix.lower() not in ACTION_FILES:
         raise InvalidRequest("actions", f"{path.name}: give a .npy or .json file")
     if not path.is_file():
@@ -94,6 +97,8 @@ def check_actions_out(path: Path, mode: str) -> None:
 
 def write_actions(path: Path, actions: np.ndarray, metadata: dict[str, Any]) -> Path:
     """Write the predicted actions (.npy float32, or JSON with the block's mode and domain)."""
+    import numpy as np
+
     if path.suffix.lower() == ".npy":
         with open(path, "wb") as file:
             np.save(file, np.ascontiguousarray(actions, dtype=np.float32), allow_pickle=False)

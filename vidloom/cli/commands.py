@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "multiplies bf16 natively (AMX, AVX512-BF16), else float32; float32 for exact parity)")
     gen.add_argument("--verbose", action="store_true", help="show third-party loading bars and logs, and each "
                      "config key the load accepted without effect, with its reason")
+    gen.add_argument("--timings", action="store_true",
+                     help="after the summary, print on stderr the seconds of each phase from process start "
+                          "(start-up, checks, checkpoint, weights, warmup, generation, write)")
     add_option_arguments(gen)
     add_action_arguments(gen)
     add_deploy_arguments(gen)
@@ -185,7 +189,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_serve_security_arguments(srv: argparse.ArgumentParser) -> None:
     """Who may call the server, and how it stops (ServeConfig's security block, plus graceful_shutdown_s)."""
-    from vidloom.serving.serve_flags import API_KEY_ENV
+    from vidloom.serving.api_keys import API_KEY_ENV
 
     srv.add_argument("--api-key", default=None, metavar="KEY",
                      help=f"require 'Authorization: Bearer KEY' on every route but /health "
@@ -247,21 +251,25 @@ def main(argv: list[str] | None = None) -> int:
     caller's handler on return.
     """
     guard = InterruptGuard.install()  # first: a Ctrl-C during the imports below must be ours too
+    ended: list[int] = []  # the status of a command done with everything it opened (_end_process)
     if argv is None:
+        atexit.register(_end_process, ended)  # registered first, runs last: after every library's handler
         atexit.register(guard.exit_if_interrupted)  # before torch's own exit handlers: runs after them
     try:
-        return _run_command(argv, guard)
+        return _run_command(argv, guard, ended)
     finally:
         if argv is not None:
             guard.restore()
 
 
-def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
+def _run_command(argv: list[str] | None, guard: InterruptGuard, ended: list[int]) -> int:
     """Run the command; the line its failure prints comes after the outcome is settled, so a Ctrl-C
-    cannot add a second one. A command that returns EXIT_INTERRUPTED has printed its own line."""
-    line = None
+    cannot add a second one. A command that returns EXIT_INTERRUPTED has printed its own line.
+    A command of ENDS_CLEAN that returned appends its status to `ended`."""
+    line, args = None, None
     try:
-        code = _dispatch(build_parser().parse_args(argv), argv, guard)
+        args = build_parser().parse_args(argv)
+        code = _dispatch(args, argv, guard)
     except KeyboardInterrupt:
         code, line = EXIT_INTERRUPTED, "cancelled"
     except Exception as exc:  # after a Ctrl-C, whatever an import or a load cut short raised is the interrupt
@@ -275,7 +283,24 @@ def _run_command(argv: list[str] | None, guard: InterruptGuard) -> int:
         code, line = EXIT_INTERRUPTED, "cancelled"
     if line is not None:
         print(line, file=sys.stderr, flush=True)
+    if args is not None and args.command in ENDS_CLEAN:
+        ended.append(code)
     return code
+
+
+ENDS_CLEAN = ("generate", "speak", "models")
+"""Commands that have closed what they opened (files written and renamed, worker processes stopped) when they
+return: their process may skip the interpreter's teardown (bench/startup.py: 2-4 s after a generate, freeing
+torch's and transformers' modules one by one)."""
+
+
+def _end_process(ended: list[int]) -> None:
+    """The last atexit handler: a command of ENDS_CLEAN exits now with its status; the others (a server, a
+    chat, a failure that raised) get the interpreter's full teardown."""
+    if ended:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ended[0])
 
 
 def _dispatch(args: argparse.Namespace, argv: list[str] | None, guard: InterruptGuard) -> int:
@@ -409,6 +434,8 @@ def check_data_dir(data_dir: Path) -> None:
 
 def _torchrun_place() -> RankPlace | None:
     """This process's rank and world size when a launcher (torchrun) started it; None otherwise."""
+    if "WORLD_SIZE" not in os.environ:  # no launcher (it sets this and more): spare importing torch.distributed
+        return None
     from vidloom.runtime.parallel.launch import torchrun_place
 
     return torchrun_place()

@@ -15,6 +15,7 @@ from vidloom import registry
 from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
 from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
 from vidloom.cli.options import option_values
+from vidloom.cli.phases import PhaseClock
 from vidloom.cli.uptime import process_seconds
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
@@ -50,6 +51,7 @@ AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step
 def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any],
                      follow: Callable[[str, argparse.Namespace, DeployConfig], int], guard: InterruptGuard) -> int:
     """Check, load, generate, write; every phase boundary honours a Ctrl-C (see cli/interrupt.py)."""
+    clock = PhaseClock()
     quiet_third_party(args.verbose)
     place = torchrun_place()
     deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts
@@ -86,7 +88,8 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     guard.check()  # the imports above take seconds: a Ctrl-C there that something swallowed stops here
     for note in (*card.notes, *given_field_notes(card, args)):
         print(f"note: {note}", file=sys.stderr)
-    return _load_and_run(args, deploy, request, output, guard, audio_out, loras)
+    clock.mark("checks")
+    return _load_and_run(args, deploy, request, output, guard, clock, audio_out, loras)
 
 
 def given_field_notes(card: ModelCard, args: argparse.Namespace) -> list[str]:
@@ -146,7 +149,7 @@ def check_audio_paths(card: ModelCard, output: Path, audio_out: str | None) -> P
 
 
 def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: GenerationRequest, output: Path,
-                  guard: InterruptGuard, audio_out: Path | None = None,
+                  guard: InterruptGuard, clock: PhaseClock, audio_out: Path | None = None,
                   loras: dict[str, tuple[Path, float]] | None = None) -> int:
     from vidloom.generator import VideoGenerator, accepted_keys_note
     from vidloom.media.audio import track_of
@@ -163,6 +166,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
                                         max_loras=None if fuse else len(loras) or None,
                                         fuse_loras=dict(loras) if fuse else None) as generator:
         load_s = time.perf_counter() - started
+        clock.split("load", generator.load_seconds)
         accepted = generator.accepted_config_keys  # the card's own notes were printed before the load
         for line in accepted if args.verbose else accepted_keys_note(accepted):
             print(f"note: {line}", file=sys.stderr)
@@ -178,6 +182,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
             return _report_cancelled(guard, _cancelled_line(bars))
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
         return _report_cancelled(guard, _cancelled_line(bars))
+    clock.mark("generation")
     guard.check()
     # --actions-out: a world model's predicted actions
     actions_out = Path(args.actions_out) if args.actions_out is not None and video.actions is not None else None
@@ -187,6 +192,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         written = None
     if written is None:
         return _report_cancelled(guard, "cancelled while writing the output (nothing kept)")
+    clock.mark("write")
     paths, actions = (written[:-1], written[-1:]) if actions_out is not None else (written, [])
     track = track_of(video.audio, video.sample_rate)
     meta = video.metadata
@@ -208,6 +214,9 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         print(f"wrote {path.resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]} float32)")
     print(f"wall time {process_seconds():.1f}s from process start (load {load_s:.1f}s, generation "
           f"{meta['elapsed_s']:.1f}s), peak memory {_peak_memory()}")
+    if args.timings:
+        sys.stdout.flush()  # the table comes after the summary when both streams go to one terminal
+        clock.print()
     return 0
 
 
@@ -318,12 +327,13 @@ def quiet_third_party(verbose: bool) -> None:
     from huggingface_hub.utils import enable_progress_bars
 
     enable_progress_bars()  # transformers' switch also turned off the Hub's download bars: those stay
-    try:
+    # diffusers (seconds to import) only where a command already uses it; the adapter family's load, the one
+    # that imports it, quiets its bars itself (loading.quiet.quiet_loading)
+    if sys.modules.get("diffusers") is not None:
         from diffusers.utils import logging as diffusers_logging
-    except ImportError:  # diffusers is only a test dependency
-        return
-    diffusers_logging.disable_progress_bar()
-    diffusers_logging.set_verbosity_error()
+
+        diffusers_logging.disable_progress_bar()
+        diffusers_logging.set_verbosity_error()
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

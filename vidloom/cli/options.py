@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from vidloom import registry
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.options import Option
@@ -74,6 +72,8 @@ def _read_file(field: str, path: str) -> Any:
         raise InvalidRequest(field, f"no such file: {path}")
     try:
         if file.suffix.lower() == ".npy":
+            import numpy as np
+
             return np.load(file, allow_pickle=False)
         return json.loads(file.read_text())
     except (OSError, ValueError, RecursionError) as exc:

@@ -7,7 +7,10 @@ timeline (results), video-to-video strength and the second expert's guidance (re
 from __future__ import annotations
 
 from vidloom.core.options import Option, OptionBlock
-from vidloom.core.session import EXTEND_FROM
+
+EXTEND_FROM = "extend_from"
+"""The request field (and ModelCard.request_blocks entry) of an extension; its rules live in the causal
+family's recipe (families/wan_causal/extension.py). Here, not in core.session, which imports torch."""
 
 EXTENSION = OptionBlock(
     EXTEND_FROM,

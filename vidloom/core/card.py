@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.denoiser import TeaCacheRescale
 from vidloom.core.errors import InvalidCard
 from vidloom.core.request import Task
 from vidloom.core.options import OptionBlock, unique_blocks
+
+if TYPE_CHECKING:  # core.denoiser imports torch: a card is data, read by `vidloom models` without it
+    from vidloom.core.denoiser import TeaCacheRescale
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 

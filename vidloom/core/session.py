@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from vidloom.core.blocks import EXTEND_FROM  # noqa: F401 (its old home, still read from here)
+
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
 
-EXTEND_FROM = "extend_from"
-"""The request field (and ModelCard.request_blocks entry) of an extension; its rules live in the causal
-family's recipe (families/wan_causal/extension.py)."""
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,21 @@ from typing import Iterator
 # Libraries whose messages our loads trigger (transformers: text encoders, tokenizers, image processors,
 # the demo writers' save_pretrained), with the environment variable that sets each one's verbosity.
 LIBRARIES = {"transformers": "TRANSFORMERS_VERBOSITY", "diffusers": "DIFFUSERS_VERBOSITY"}
+LOUDER_THAN_ERRORS = ("debug", "info", "warning")  # those variables' values that mean "show me the messages"
 
 
 @contextmanager
 def quiet_loading() -> Iterator[None]:
     """Inside the block, transformers (and diffusers, if imported) log errors only and show no loading bars.
 
-    Left alone: a library whose verbosity the user set through its environment variable
+    Left alone: a library whose environment variable asks for more than errors
     (`TRANSFORMERS_VERBOSITY=warning` brings the messages back), and Hugging Face Hub download bars
-    (a multi-GB download without progress looks hung).
+    (a multi-GB download without progress looks hung). Entered again once a load has imported diffusers
+    (the adapter family), it quiets diffusers too.
     """
     with ExitStack() as stack:
         for name, variable in LIBRARIES.items():
-            if os.environ.get(variable):
+            if os.environ.get(variable, "").lower() in LOUDER_THAN_ERRORS:
                 continue
             if name == "transformers" or sys.modules.get(name) is not None:  # never import diffusers to quiet it
                 stack.enter_context(_quiet(name))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
 ROLES = ("admin", "user")
 SINGLE_KEY_OWNER = "admin"
 """The owner of the single --api-key (an admin key: it sees every job anyway)."""

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vidloom.core.parallel import ParallelPlan
+from vidloom.serving.api_keys import API_KEY_ENV
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.deploy_card import CardLayer, build, load_card, merge
 
-API_KEY_ENV = "VIDLOOM_API_KEY"  # the API key from the environment keeps it out of `ps` listings
 # Flags that are not settings: where to read the card, what to do with it.
 NOT_SETTINGS = ("config", "print_config", "command", "verbose")
 # Sections of a card that `vidloom serve` does not read (a fleet card's extra sections).

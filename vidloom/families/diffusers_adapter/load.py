@@ -12,6 +12,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.loading.diffusers_dir import DiffusersDir
+from vidloom.loading.quiet import quiet_loading
 from vidloom.families.diffusers_adapter.signature import pipeline_class, read_shape
 
 # Our --attention-backend names -> diffusers' attention dispatcher backends (diffusers.models.attention_dispatch).
@@ -29,7 +30,8 @@ def load_instance(
     shape = read_shape(cls)
     compute = dtype or (getattr(torch, card.precision) if device.type == "cuda" else torch.float32)
     try:
-        pipe = cls.from_pretrained(str(ckpt.root), dtype=compute)
+        with quiet_loading():  # diffusers was not imported when the caller's quiet block began
+            pipe = cls.from_pretrained(str(ckpt.root), dtype=compute)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{ckpt.root}: diffusers could not load it as {cls.__name__} ({exc})") from None
     pipe.to(device)

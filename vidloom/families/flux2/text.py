@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 from vidloom.core.errors import CheckpointError
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
+
+if TYPE_CHECKING:  # transformers' model classes load with the encoder: `vidloom models` reads this module's constants
+    from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 # Flux2KleinPipeline's defaults: prompts are padded to 512 tokens and the embedding stacks the
 # hidden states after layers 9, 18 and 27 (so the transformer's text width is 3 x hidden size).
@@ -65,6 +67,8 @@ class Flux2TextEncoder:
         tokenizer = load_tokenizer(tokenizer_dir)
         if not getattr(tokenizer, "chat_template", None):
             raise CheckpointError(f"{tokenizer_dir}: tokenizer has no chat template (Flux2 prompts need one)")
+        from transformers import Qwen3ForCausalLM
+
         model = load_pretrained(Qwen3ForCausalLM, encoder_dir, "Qwen3 text encoder", dtype=dtype)
         return cls(tokenizer, model, device, **options)
 

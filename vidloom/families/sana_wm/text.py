@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AutoModel
 
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
@@ -83,6 +82,8 @@ class SanaWMTextEncoder:
     def load(cls, tokenizer_dir: Path, encoder_dir: Path, device: torch.device, dtype: torch.dtype,
              max_tokens: int = MAX_TEXT_TOKENS, **options: Any) -> SanaWMTextEncoder:
         tokenizer = load_tokenizer(tokenizer_dir)
+        from transformers import AutoModel  # here: `vidloom models` reads this module's constants without it
+
         model = load_pretrained(AutoModel, encoder_dir, "the Gemma-2 text encoder", dtype=dtype)
         return cls(tokenizer, model, device, max_tokens, **options)
 

@@ -8,12 +8,11 @@ import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
 from torch import Tensor
-from transformers import AutoModel, PreTrainedTokenizerBase
 
 from vidloom.core.errors import CheckpointError
 from vidloom.lora.apply import component_loras, current_loras, loras_signature
@@ -21,6 +20,9 @@ from vidloom.models.ltx2.connectors import LTX2TextConnectors
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
+
+if TYPE_CHECKING:  # transformers' model classes load with the encoder: `vidloom models` reads this module's constants
+    from transformers import PreTrainedTokenizerBase
 
 # LTX2Pipeline's max_sequence_length default: prompts are left-padded (Gemma's chat-style side) to this.
 LTX2_TEXT_TOKENS = 1024
@@ -109,7 +111,7 @@ class LTX2TextEncoder:
              dtype: torch.dtype, **options: Any) -> LTX2TextEncoder:
         tokenizer = load_tokenizer(tokenizer_dir)
         try:
-            from transformers import Gemma3ForConditionalGeneration
+            from transformers import AutoModel, Gemma3ForConditionalGeneration
 
             model = Gemma3ForConditionalGeneration.from_pretrained(str(encoder_dir), dtype=dtype)
         except (OSError, ValueError, SafetensorError) as exc:
