@@ -6,15 +6,17 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from PIL import Image
-from transformers import PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
+
+if TYPE_CHECKING:  # transformers' model classes load with the encoder: `vidloom models` reads this module's constants
+    from PIL import Image
+    from transformers import PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 
 # QwenImagePipeline's prompt template and the number of its leading tokens dropped from the embedding (the
 # system turn and "<|im_start|>user\n"); prompts may hold up to 1024 tokens after them.
@@ -66,6 +68,8 @@ class QwenImageTextEncoder:
 
             options["image_processor"] = load_pretrained(Qwen2VLImageProcessorPil, processor_dir,
                                                          "Qwen2-VL image processor", errors=(OSError, ValueError, TypeError))
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
         model = load_pretrained(Qwen2_5_VLForConditionalGeneration, encoder_dir, "Qwen2.5-VL text encoder",
                                 dtype=dtype)
         return cls(tokenizer, model.eval(), device, **options)
