@@ -9,10 +9,9 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from vidloom.core.denoiser import GUIDANCE_INPUTS
-from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.loop import LoopContext
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guided_euler import GuidedEulerState, GuidedEulerSteps
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.families.flux2.transformer import Flux2Transformer
 from vidloom.families.flux2.schedule import Flux2Schedule
@@ -93,20 +92,7 @@ class Flux2Network:
         return self.transformer.head(x, cond)[:, : self.tokens.num_target]
 
 
-@dataclass
-class Flux2DenoiseState:
-    """One request's denoising; owned by that request alone."""
-
-    latents: Tensor  # float32 [B, N, C] packed tokens
-    sigmas: Tensor  # float32 [steps + 1]
-    network: Flux2Network
-    prompt_embeds: Tensor
-    negative_embeds: Tensor | None  # None when CFG is off
-    guidance_scale: float
-    index: int = 0
-
-
-class Flux2DenoiseLoop:
+class Flux2DenoiseLoop(GuidedEulerSteps):
     """Flow-matching Euler loop over a shared Flux2Transformer."""
 
     name = "denoise"
@@ -120,11 +106,11 @@ class Flux2DenoiseLoop:
         self.dtype = dtype
         self.guidance = guidance or SequentialCFG()
 
-    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Flux2DenoiseState:
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> GuidedEulerState:
         request: GenerationRequest = slots["request"]
         latents: Tensor = slots["latents"]
         negative = slots["negative_embeds"]
-        return Flux2DenoiseState(
+        return GuidedEulerState(
             latents=latents,
             sigmas=self.schedule.sigmas(request.num_inference_steps, latents.shape[1]),
             network=Flux2Network(self.transformer, slots["tokens"]),
@@ -132,37 +118,3 @@ class Flux2DenoiseLoop:
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=float(request.guidance_scale),
         )
-
-    def next(self, state: Flux2DenoiseState) -> StepPlan | Done:
-        total = len(state.sigmas) - 1
-        if state.index >= total:
-            return DONE
-        # The reference passes timestep t = sigma * 1000 divided by 1000 again (float32 both ways).
-        t = state.sigmas[state.index] * self.schedule.num_train_timesteps
-        timestep = (t.expand(state.latents.shape[0]).to(state.latents.dtype) / 1000).to(state.latents.device)
-        return StepPlan(
-            loop=self.name,
-            index=state.index,
-            total=total,
-            call=self.guidance,
-            denoiser=GUIDANCE_INPUTS,
-            inputs={
-                NETWORK: state.network,
-                "latents": state.latents.to(self.dtype),
-                "timestep": timestep,
-                "prompt_embeds": state.prompt_embeds,
-                "negative_embeds": state.negative_embeds,
-                "guidance_scale": state.guidance_scale,
-            },
-        )
-
-    def advance(self, state: Flux2DenoiseState, result: Tensor) -> Flux2DenoiseState:
-        dt = (state.sigmas[state.index + 1] - state.sigmas[state.index]).to(state.latents.device)
-        state.latents = state.latents + dt * result.float()
-        state.index += 1
-        return state
-
-    def finalize(self, state: Flux2DenoiseState) -> dict[str, Any]:
-        if not torch.isfinite(state.latents).all():
-            raise NonFiniteOutput.of("denoising", self.dtype)
-        return {"latents": state.latents}

@@ -9,10 +9,9 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from vidloom.core.denoiser import GUIDANCE_INPUTS
-from vidloom.core.errors import NonFiniteOutput
-from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.loop import LoopContext
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guided_euler import GuidedEulerState, GuidedEulerSteps
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.families.qwen_image.guidance import NormRescaledCFG
 from vidloom.families.qwen_image.schedule import QwenImageSchedule
@@ -85,20 +84,7 @@ class QwenImageNetwork:
         return self.transformer.head(x, cond)[:, : self.num_target]
 
 
-@dataclass
-class QwenImageDenoiseState:
-    """One request's denoising; owned by that request alone."""
-
-    latents: Tensor  # float32 [1, N, C * 4] packed patches
-    sigmas: Tensor  # float32 [steps + 1]
-    network: QwenImageNetwork
-    prompt_embeds: Tensor  # [1, L, text_dim]
-    negative_embeds: Tensor | None  # None: no true CFG
-    guidance_scale: float  # the pipeline's true_cfg_scale
-    index: int = 0
-
-
-class QwenImageDenoiseLoop:
+class QwenImageDenoiseLoop(GuidedEulerSteps):
     """Flow-matching Euler loop over a shared QwenImageTransformer."""
 
     name = "denoise"
@@ -110,14 +96,14 @@ class QwenImageDenoiseLoop:
         self.dtype = dtype
         self.guidance = guidance or NormRescaledCFG(SequentialCFG())
 
-    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> QwenImageDenoiseState:
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> GuidedEulerState:
         request: GenerationRequest = slots["request"]
         latents: Tensor = slots["latents"]
         layout: QwenImageLayout = slots["layout"]
         grids = layout.grids
         negative = slots["negative_embeds"]
         h, w = grids[0]
-        return QwenImageDenoiseState(
+        return GuidedEulerState(
             latents=latents,
             sigmas=self.schedule.sigmas(request.num_inference_steps, h * w),  # mu counts target tokens only
             network=QwenImageNetwork(self.transformer, grids, layout.references),
@@ -125,33 +111,3 @@ class QwenImageDenoiseLoop:
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=float(request.guidance_scale),
         )
-
-    def next(self, state: QwenImageDenoiseState) -> StepPlan | Done:
-        total = len(state.sigmas) - 1
-        if state.index >= total:
-            return DONE
-        # The reference passes t = sigma * 1000, divided by 1000 again (float32 both ways).
-        t = state.sigmas[state.index] * self.schedule.num_train_timesteps
-        timestep = (t.expand(state.latents.shape[0]) / 1000).to(state.latents.device)
-        return StepPlan(
-            loop=self.name, index=state.index, total=total, call=self.guidance, denoiser=GUIDANCE_INPUTS,
-            inputs={
-                NETWORK: state.network,
-                "latents": state.latents.to(self.dtype),
-                "timestep": timestep,
-                "prompt_embeds": state.prompt_embeds,
-                "negative_embeds": state.negative_embeds,
-                "guidance_scale": state.guidance_scale,
-            },
-        )
-
-    def advance(self, state: QwenImageDenoiseState, result: Tensor) -> QwenImageDenoiseState:
-        dt = (state.sigmas[state.index + 1] - state.sigmas[state.index]).to(state.latents.device)
-        state.latents = state.latents + dt * result.float()
-        state.index += 1
-        return state
-
-    def finalize(self, state: QwenImageDenoiseState) -> dict[str, Any]:
-        if not torch.isfinite(state.latents).all():
-            raise NonFiniteOutput.of("denoising", self.dtype)
-        return {"latents": state.latents}
