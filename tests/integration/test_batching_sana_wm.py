@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
-from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
+from tests.helpers.lora_files import LoRASpec, write_peft_lora
+from tests.helpers.sana_wm_checkpoints import SANA_WM_A, build_transformer, write_tiny_sana_wm
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.generator import VideoGenerator, build_request
+from vidloom.lora.registry import attach_registry
 from vidloom.runtime.batching import batch_key
 from vidloom.runtime.results import video_output
 
@@ -57,3 +59,21 @@ def test_concurrent_requests_equal_their_single_runs(engine):
     for out, alone in zip(got, expected):
         assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= UINT8_TOLERANCE
         assert "disabled" not in out.metadata
+
+
+def test_a_request_with_an_adapter_batches_with_one_without(engine, tmp_path):
+    """Each run's adapters reach only its own rows (lora_rows_scope) in SANA-WM's [runs; runs] CFG layout."""
+    spec = LoRASpec(rank=4, alpha=8, targets=r".*(attn\.qkv|cross_attn\.q_linear|out_proj_cam)", seed=5, std=0.1)
+    registry = attach_registry(engine.instance)
+    registry.load("a", write_peft_lora(build_transformer(SANA_WM_A), spec, tmp_path, "sana-wm-lora"))
+    try:
+        plain, adapted = _requests(engine)[0], _requests(engine, loras={"a": 1.0})[1]
+        expected = [video_output(engine.instance.card, engine.run(r)).frames for r in (plain, adapted)]
+        got, stats = serve_batched(engine, [plain, adapted])
+    finally:
+        registry.unload("a")
+    assert stats["largest_batch"] == 2
+    for out, alone in zip(got, expected):
+        assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= UINT8_TOLERANCE
+    unadapted = video_output(engine.instance.card, engine.run(_requests(engine)[1])).frames
+    assert np.abs(expected[1].astype(int) - unadapted.astype(int)).max() > 10  # the adapter acted
