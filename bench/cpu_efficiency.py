@@ -5,9 +5,11 @@ step's token count, best of --repeats, in GFLOP/s; the peak of a dtype is the be
 (b) Achieved: the matmul FLOPs of one transformer forward, counted analytically from the config (2*M*N*K per
 projection, QK^T and PV of every attention, the embeddings and the head; `wan_flops` / `flux2_flops`,
 checked against torch's FlopCounterMode by tests/integration/test_bench_cpu_efficiency.py), divided by the
-forward's best wall time through vidloom's own transformers (vidloom/models/wan, vidloom/families/flux2),
+forward's best CPU time (one thread by default) through vidloom's own transformers (vidloom/models/wan, vidloom/families/flux2),
 random weights (PyTorch's default init: activations O(1), far from float32 denormals), the published
 transformer configs (/work/shared/published-configs) at a reduced depth. Ratio = achieved / peak of the dtype.
+The SDPA attention's own rate at the step's self-attention length is reported beside the peak (at a real
+video's token count attention holds most of the FLOPs, so its kernel decides the ratio there).
 `--profile` adds one profiled step per model and dtype: self CPU time by category (GEMM, attention, norms,
 RoPE, elementwise, copies/casts). Writes bench/results/cpu_efficiency.json (load average at start and end).
 
@@ -113,26 +115,38 @@ def flux2_gemms(cfg: Flux2TransformerConfig, tokens: int) -> dict[str, tuple[int
 # ---------------------------------------------------------------------------
 
 
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """Best wall time of `repeats` calls after one warm-up (the least disturbed by other jobs)."""
+def best_seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Best CPU seconds and best wall seconds of `repeats` calls after one warm-up.
+
+    CPU seconds (this process, all its threads) are what the rates use: on a machine shared with other jobs
+    they leave out the time spent waiting for a core, which wall time counts."""
     fn()
-    times = []
+    cpu, wall = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start_cpu, start_wall = time.process_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        cpu.append(time.process_time() - start_cpu)
+        wall.append(time.perf_counter() - start_wall)
+    return min(cpu), min(wall)
 
 
 def matmul_rates(gemms: dict[str, tuple[int, int, int]], dtype: torch.dtype, repeats: int) -> dict[str, float]:
-    """GFLOP/s of `F.linear` (what nn.Linear runs) per (M, K, N) shape."""
+    """GFLOP per CPU second of `F.linear` (what nn.Linear runs) per (M, K, N) shape."""
     rates = {}
     gen = torch.Generator().manual_seed(0)
     for name, (m, k, n) in gemms.items():
         x = torch.randn(m, k, generator=gen).to(dtype)
         w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-        rates[name] = round(_mm(m, k, n) / best_seconds(lambda: F.linear(x, w), repeats) / 1e9, 2)
+        rates[name] = round(_mm(m, k, n) / best_seconds(lambda: F.linear(x, w), repeats)[0] / 1e9, 2)
     return rates
+
+
+def attention_rate(heads: int, head_dim: int, tokens: int, dtype: torch.dtype, repeats: int) -> float:
+    """GFLOP per CPU second (QK^T + PV) of vidloom's SDPA attention over `tokens` tokens (self-attention)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, tokens, heads, head_dim, generator=gen).to(dtype) for _ in range(3))
+    flops = 2 * _mm(tokens, tokens, heads * head_dim)
+    return round(flops / best_seconds(lambda: attention(q, k, v), repeats)[0] / 1e9, 2)
 
 
 @dataclasses.dataclass
@@ -145,6 +159,7 @@ class Case:
     keep_fp32: frozenset[str]
     flops: dict[str, int]
     gemms: dict[str, tuple[int, int, int]]
+    heads: tuple[int, int, int]  # (heads, head_dim, self-attention tokens)
     size: dict[str, Any]
 
 
@@ -162,6 +177,7 @@ def wan_case(layers: int, grid: tuple[int, int, int], text_tokens: int) -> Case:
 
     return Case("wan2.1-t2v-1.3b", lambda: WanTransformer(cfg, attention_fn=attention), inputs,
                 WanTransformer.KEEP_FP32, wan_flops(cfg, 1, grid, text_tokens), wan_gemms(cfg, tokens),
+                (cfg.num_attention_heads, cfg.attention_head_dim, tokens),
                 {"layers": f"{layers} of 30", "grid": grid, "video_tokens": tokens, "text_tokens": text_tokens})
 
 
@@ -181,7 +197,7 @@ def flux2_case(doubles: int, singles: int, side: int, text_tokens: int) -> Case:
 
     return Case("flux2-klein-4b", lambda: Flux2Transformer(cfg, attention_fn=attention), inputs,
                 Flux2Transformer.KEEP_FP32, flux2_flops(cfg, 1, side * side, text_tokens),
-                flux2_gemms(cfg, side * side + text_tokens),
+                flux2_gemms(cfg, side * side + text_tokens), (cfg.num_heads, cfg.head_dim, side * side + text_tokens),
                 {"double_blocks": f"{doubles} of 5", "single_blocks": f"{singles} of 20",
                  "image_tokens": side * side, "text_tokens": text_tokens})
 
@@ -202,7 +218,7 @@ def _labelled(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
 def labels() -> Iterator[None]:
     """Marks the per-token math of both models so the profile can attribute its ops (restored on exit)."""
     patches = [
-        (wan_transformer, "apply_rope", "rope"), (wan_transformer, "modulate", "norms"),
+        (wan_transformer, "apply_rope", "rope"), (wan_transformer, "rope_freqs", "rope tables"), (wan_transformer, "modulate", "norms"),
         (wan_transformer, "_layer_norm_fp32", "norms"), (wan_transformer, "gated_residual", "elementwise"),
         (flux2_blocks, "qk_norm_rope", "qk norm + rope"),
         (flux2_blocks, "norm_modulate", "norms"), (flux2_blocks, "gated_add", "elementwise"),
@@ -212,6 +228,7 @@ def labels() -> Iterator[None]:
         for module, name, label in patches:
             stack.enter_context(mock.patch.object(module, name, _labelled(getattr(module, name), label)))
         stack.enter_context(mock.patch.object(RMSNorm, "forward", _labelled(RMSNorm.forward, "norms")))
+        stack.enter_context(mock.patch.object(Flux2Transformer, "rope", _labelled(Flux2Transformer.rope, "rope tables")))
         yield
 
 
@@ -263,30 +280,32 @@ def measure(case: Case, repeats: int, profile: bool) -> dict[str, Any]:
         args = case.inputs(dtype)
         rates = matmul_rates(case.gemms, dtype, repeats)
         with torch.inference_mode():
-            seconds = best_seconds(lambda: model(*args), repeats)
+            seconds, wall = best_seconds(lambda: model(*args), repeats)
             profiled = None
             if profile:
                 with labels():
                     profiled = profile_step(lambda: model(*args))
         achieved = total / seconds / 1e9
         peak = max(rates.values())
-        out[dtype_name] = {"matmul_gflops": rates, "peak_gflops": peak, "step_s": round(seconds, 3),
+        out[dtype_name] = {"matmul_gflops": rates, "peak_gflops": peak,
+                           "sdpa_gflops": attention_rate(*case.heads, dtype, repeats), "step_cpu_s": round(seconds, 3),
+                           "step_wall_s": round(wall, 3),
                            "achieved_gflops": round(achieved, 2), "ratio": round(achieved / peak, 3),
                            "profile": profiled}
-        print(case.name, dtype_name, {k: out[dtype_name][k] for k in ("peak_gflops", "step_s", "achieved_gflops",
+        print(case.name, dtype_name, {k: out[dtype_name][k] for k in ("peak_gflops", "step_cpu_s", "achieved_gflops",
                                                                       "ratio")}, flush=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one: CPU seconds = core seconds)")
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--wan-layers", type=int, default=2)
-    parser.add_argument("--wan-grid", default="1,32,32", help="patch grid f,h,w (1,32,32: one 512x512 frame)")
+    parser.add_argument("--wan-grid", default="1,16,32", help="patch grid f,h,w (1,16,32: one 256x512 frame)")
     parser.add_argument("--flux2-blocks", default="1,1", help="double,single blocks")
-    parser.add_argument("--flux2-side", type=int, default=32, help="image tokens per side (32: 512x512)")
-    parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--flux2-side", type=int, default=16, help="image tokens per side (16: 256x256)")
+    parser.add_argument("--text-tokens", type=int, default=256)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output", default="cpu_efficiency.json")
     args = parser.parse_args(argv)
@@ -301,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary))
     write_json(args.output, {
         "what": "achieved matmul FLOP rate of one DiT forward / the best F.linear rate at the model's GEMM shapes "
-                "(best wall time of --repeats each); FLOPs counted analytically",
+                "(best CPU seconds of --repeats each); FLOPs counted analytically",
         "environment": environment(), "torch_threads": torch.get_num_threads(),
         "loadavg_start": [round(v, 2) for v in load_start], "loadavg_end": [round(v, 2) for v in os.getloadavg()],
         "ratios": summary, "models": results,
