@@ -1,13 +1,14 @@
 """How close one DiT step gets to this CPU's matmul rate: Wan2.1-1.3B and FLUX.2-klein-4B, float32 and bf16.
 
 (a) Peak: `F.linear` at each model's largest GEMM shapes (QKV/out projections, FFN up and down) at the
-step's token count, best of --repeats, in GFLOP/s; the peak of a dtype is the best shape's rate.
+step's token count, best of --repeats, in GFLOP per CPU second; the peak of a dtype is the best shape's rate.
 (b) Achieved: the matmul FLOPs of one transformer forward, counted analytically from the config (2*M*N*K per
 projection, QK^T and PV of every attention, the embeddings and the head; `wan_flops` / `flux2_flops`,
 checked against torch's FlopCounterMode by tests/integration/test_bench_cpu_efficiency.py), divided by the
-forward's best CPU time (one thread by default) through vidloom's own transformers (vidloom/models/wan, vidloom/families/flux2),
-random weights (PyTorch's default init: activations O(1), far from float32 denormals), the published
-transformer configs (/work/shared/published-configs) at a reduced depth. Ratio = achieved / peak of the dtype.
+forward's best CPU time (one thread by default) through vidloom's own transformers (vidloom/models/wan,
+vidloom/families/flux2), random weights (PyTorch's default init: activations O(1), far from float32
+denormals), the published transformer configs (/work/shared/published-configs) at a reduced depth.
+Ratio = achieved / peak of the dtype.
 The SDPA attention's own rate at the step's self-attention length is reported beside the peak (at a real
 video's token count attention holds most of the FLOPs, so its kernel decides the ratio there).
 `--profile` adds one profiled step per model and dtype: self CPU time by category (GEMM, attention, norms,
@@ -73,8 +74,9 @@ def wan_flops(cfg: WanTransformerConfig, batch: int, grid: tuple[int, int, int],
     per_layer_proj = _mm(s, d, d) * 4 + _mm(s, d, d) * 2 + _mm(lt, d, d) * 2  # self q,k,v,out; cross q,out; cross k,v
     per_layer_attn = 2 * _mm(s, grid[0] * grid[1] * grid[2], d) + 2 * _mm(s, text_tokens, d)  # QK^T + PV, self+cross
     patch = cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2]
-    embed_head = (_mm(s, cfg.in_channels * patch, d) + _mm(batch, cfg.freq_dim, d) + _mm(batch, d, d) + _mm(batch, d, 6 * d)
-                  + _mm(lt, cfg.text_dim, d) + _mm(lt, d, d) + _mm(s, d, cfg.out_channels * patch))
+    time = _mm(batch, cfg.freq_dim, d) + _mm(batch, d, d) + _mm(batch, d, 6 * d)  # embedding MLP, modulation
+    text = _mm(lt, cfg.text_dim, d) + _mm(lt, d, d)
+    embed_head = _mm(s, cfg.in_channels * patch, d) + time + text + _mm(s, d, cfg.out_channels * patch)
     return {"projections": cfg.num_layers * per_layer_proj, "attention": cfg.num_layers * per_layer_attn,
             "ffn": cfg.num_layers * (_mm(s, d, cfg.ffn_dim) + _mm(s, cfg.ffn_dim, d)), "embed_head": embed_head}
 
@@ -218,17 +220,16 @@ def _labelled(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
 def labels() -> Iterator[None]:
     """Marks the per-token math of both models so the profile can attribute its ops (restored on exit)."""
     patches = [
-        (wan_transformer, "apply_rope", "rope"), (wan_transformer, "rope_freqs", "rope tables"), (wan_transformer, "modulate", "norms"),
-        (wan_transformer, "_layer_norm_fp32", "norms"), (wan_transformer, "gated_residual", "elementwise"),
-        (flux2_blocks, "qk_norm_rope", "qk norm + rope"),
+        (wan_transformer, "apply_rope", "rope"), (wan_transformer, "rope_freqs", "rope tables"),
+        (wan_transformer, "modulate", "norms"), (wan_transformer, "_layer_norm_fp32", "norms"),
+        (wan_transformer, "gated_residual", "elementwise"), (flux2_blocks, "qk_norm_rope", "qk norm + rope"),
         (flux2_blocks, "norm_modulate", "norms"), (flux2_blocks, "gated_add", "elementwise"),
-        (flux2_blocks, "swiglu", "elementwise"),
+        (flux2_blocks, "swiglu", "elementwise"), (Flux2Transformer, "rope", "rope tables"),
     ]
     with contextlib.ExitStack() as stack:
         for module, name, label in patches:
             stack.enter_context(mock.patch.object(module, name, _labelled(getattr(module, name), label)))
         stack.enter_context(mock.patch.object(RMSNorm, "forward", _labelled(RMSNorm.forward, "norms")))
-        stack.enter_context(mock.patch.object(Flux2Transformer, "rope", _labelled(Flux2Transformer.rope, "rope tables")))
         yield
 
 
