@@ -1,5 +1,5 @@
 """`vidloom models --capabilities`: the feature x checkpoint-kind matrix, read from what each family declares
-(Family.capability_rows), then why each kind refuses what it refuses.
+(Family.capability_rows; the `lora` row from Family.lora), then why each kind refuses what it refuses.
 
 The table is Markdown; the README's table under "Acceleration" is it, verbatim (tests/unit/test_cli_capabilities.py
 fails when they differ).
@@ -12,17 +12,29 @@ from typing import Mapping
 from vidloom import registry
 from vidloom.core import plugin
 from vidloom.core.capabilities import FEATURES, Capabilities
+from vidloom.core.family import Family
+
+LORA_FLAGS = ("--lora", "loras")
+"""The `lora` row: adapters per request (`--lora`, a request's `loras`), where the family declares a LoRA name map."""
+NO_LORA = "its family declares no LoRA name map (Family.lora): adapters are refused naming the family"
 
 
 def capability_rows() -> dict[str, Capabilities]:
     """Every checkpoint kind's declared capabilities, in registry order (labels are unique)."""
-    rows: dict[str, Capabilities] = {}
-    for target in registry.CAPABILITY_ROWS:
+    return {label: caps for label, (caps, _) in _rows().items()}
+
+
+def _rows() -> dict[str, tuple[Capabilities, Family]]:
+    rows: dict[str, tuple[Capabilities, Family]] = {}
+    for family in registry.families():
+        if family.capability_rows is None:
+            continue
+        target = family.target(family.capability_rows)
         declared: Mapping[str, Capabilities] = plugin.resolve(target)
         for label, capabilities in declared.items():
             if label in rows:
                 raise ValueError(f"{target}: capability row {label!r} is declared twice")
-            rows[label] = capabilities
+            rows[label] = (capabilities, family)
     return rows
 
 
@@ -37,6 +49,8 @@ def capability_table() -> str:
         cells = ("yes" if name in caps.supported else "-" for caps in rows.values())
         flags = ", ".join(f"`{flag}`" for flag in feature.flags)
         lines.append(f"| `{name}` ({flags}) | " + " | ".join(cells) + " |")
+    lora = ("yes" if family.lora is not None else "-" for _, family in _rows().values())
+    lines.append(f"| `lora` ({', '.join(f'`{flag}`' for flag in LORA_FLAGS)}) | " + " | ".join(lora) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -47,6 +61,7 @@ def refusal_reasons() -> str:
         for label, caps in capability_rows().items():
             if name not in caps.supported:
                 lines.append(f"- `{name}` on {label}: {caps.why(name)}")
+    lines.extend(f"- `lora` on {label}: {NO_LORA}" for label, (_, family) in _rows().items() if family.lora is None)
     return "\n".join(lines) + "\n"
 
 
