@@ -136,7 +136,9 @@ class DBCache:
             return False
         if threshold <= 0.0 or not fits:
             return False
-        return threshold >= 1.0 or relative_l1(probe, b.probe) < threshold  # type: ignore[arg-type]
+        # cache-dit caches unmeasured at a threshold >= 1; here every threshold is a measure (random-weight models
+        # change by more than 1 per step, and fbcache's thresholds kept their meaning): 1e9 caches every step.
+        return relative_l1(probe, b.probe) < threshold  # type: ignore[arg-type]
 
     def _has_residual(self, b: BranchState, front: Stream) -> bool:
         held = b.history.terms[0] if b.history is not None else b.residual
