@@ -40,17 +40,21 @@ class DBCacheSettings:
     """Per step: 1 computes, 0 may cache; steps past its end follow the policy [steps_computation_mask]."""
     mask_static: bool = False
     """The mask's 0 steps cache without measuring the change [steps_computation_policy="static"]."""
-    fit: bool = True
-    """Fn/Bn came from a preset, not the user: shrink them to leave one middle block in small models."""
+    fixed: frozenset[str] = frozenset()
+    """Which of "fn", "bn" the user gave; the others came from a preset and shrink to leave one middle block in
+    small models."""
 
     def blocks(self, total: int) -> tuple[int, int]:
         """(Fn, Bn) for a network of `total` blocks; at least one middle block must remain."""
         fn, bn = self.fn, self.bn
         if fn + bn < total:
             return fn, bn
-        if self.fit and total >= 2:
-            bn = min(bn, total - 2)
-            return min(fn, total - bn - 1), bn
+        if "bn" not in self.fixed:
+            bn = min(bn, max(total - 1 - (fn if "fn" in self.fixed else 1), 0))
+        if "fn" not in self.fixed:
+            fn = max(1, min(fn, total - bn - 1))
+        if fn + bn < total:
+            return fn, bn
         raise DeployError(
             f"step_cache_fn + step_cache_bn (--step-cache-fn {fn}, --step-cache-bn {bn}) leave no middle block "
             f"to cache in this model's {total} blocks; choose Fn + Bn below {total}")

@@ -97,7 +97,7 @@ class TeaCache:
 STEP_CACHES: dict[str, StepCachePolicy] = {
     "teacache": TeaCache(),
     # ParaAttention's FBCache = cache-dit's DBCache F1B0; only a branch's first call computes unasked.
-    "fbcache": DBCache("fbcache", DBCacheSettings(fn=1, bn=0, warmup=1, fit=False), default_threshold=0.1),
+    "fbcache": DBCache("fbcache", DBCacheSettings(fn=1, bn=0, warmup=1), default_threshold=0.1),
     # cache-dit's DBCacheConfig defaults (F8B0, threshold 0.08, 8 warm-up steps, no limits).
     "dbcache": DBCache("dbcache", DBCacheSettings(), default_threshold=0.08),
     # Calibration-free presets (docs/acceleration.md): more front/back blocks, a lower threshold, a longer
@@ -136,8 +136,7 @@ def deployed_policy(deploy: DeployConfig) -> StepCachePolicy | None:
                                if getattr(deploy, flag) is not None}
     if deploy.step_cache_mask is not None:
         changes["mask"], changes["mask_static"] = parse_mask(deploy.step_cache_mask)
-    if "fn" in changes or "bn" in changes:
-        changes["fit"] = False  # blocks the user chose must fit as given
+    changes["fixed"] = frozenset(k for k in ("fn", "bn") if k in changes)  # blocks the user chose fit as given
     return policy.tuned(**changes) if changes else policy
 
 

@@ -110,9 +110,11 @@ def test_front_and_back_blocks_run_every_step_and_the_middle_is_reused():
 
 def test_blocks_that_leave_no_middle_fail_naming_the_flags_and_presets_shrink_to_fit():
     with pytest.raises(DeployError, match=r"--step-cache-fn 3, --step-cache-bn 1\) leave no middle block"):
-        _run(DBCache("dbcache", DBCacheSettings(fn=3, bn=1, fit=False), 0.1), STEADY)
+        _run(DBCache("dbcache", DBCacheSettings(fn=3, bn=1, fixed=frozenset({"fn", "bn"})), 0.1), STEADY)
     assert DBCacheSettings(fn=8, bn=1).blocks(2) == (1, 0)
     assert DBCacheSettings(fn=8, bn=1).blocks(4) == (2, 1)
+    assert DBCacheSettings(fn=8, bn=0, fixed=frozenset({"bn"})).blocks(2) == (1, 0)  # only the preset's Fn shrinks
+    assert DBCacheSettings(fn=2, bn=1, fixed=frozenset({"fn"})).blocks(3) == (2, 0)
 
 
 def test_taylorseer_extrapolates_the_residual_from_its_computed_steps():
@@ -144,7 +146,7 @@ def test_deploy_flags_tune_the_named_policy_and_are_checked():
                                           step_cache_mask="static:1101"))
     assert policy.name == "balanced"
     assert (policy.settings.fn, policy.settings.bn, policy.settings.taylorseer) == (2, 1, 2)
-    assert (policy.settings.mask, policy.settings.mask_static, policy.settings.fit) == ((1, 1, 0, 1), True, False)
+    assert (policy.settings.mask, policy.settings.mask_static, policy.settings.fixed) == ((1, 1, 0, 1), True, {"fn"})
     report = make_step_cache(DeployConfig(step_cache="fast"), GenerationRequest("p")).report()["step_cache"]
     assert report["policy"] == "fast" and report["threshold"] == 0.12 and report["settings"]["taylorseer"] == 1
     with pytest.raises(DeployError, match=r"step_cache_fn \(--step-cache-fn\) tunes DBCache; .* not 'teacache'"):
