@@ -34,6 +34,7 @@ for path in (str(ROOT), str(BENCH)):
 
 from gpu_plan import (  # noqa: E402
     BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FAMILY_ROWS, FULL_STEPS, LORA_ROWS, PEAK_BF16_FLOPS, REFERENCE,
+    STEP_CACHE_CONFIGS,
     TIMED_STEPS,
     forward_flops, module_available, plan_lines, step_flops,
 )
@@ -91,6 +92,9 @@ def skipped_configs(env: dict[str, Any]) -> dict[str, str]:
     if os.environ.get("GPU_CHECK_LORA") != "1":  # the default plan fills the budget without it
         for row in LORA_ROWS:
             skipped[row.name] = "opt-in (GPU_CHECK_LORA=1; then give it the time of another row)"
+    if os.environ.get("GPU_CHECK_STEP_CACHE") != "1":
+        for config in STEP_CACHE_CONFIGS:
+            skipped[config.name] = "opt-in (GPU_CHECK_STEP_CACHE=1; then give them the time of other rows)"
     return skipped
 
 

@@ -110,6 +110,21 @@ CONFIGS: tuple[GpuConfig, ...] = (
     GpuConfig("vidloom cuda-graphs", "vidloom", (("cuda_graphs", True),), mfu=0.41, setup_s=3 * 1.45),
     GpuConfig("vidloom compile", "vidloom", (("compile", True),), mfu=0.46, setup_s=COMPILE_S),
 )
+# Step caches (docs/acceleration.md): warm-up 1 and threshold 1e9 (always below it), so timed steps 2-4 are cached
+# and the median step is a cached step's cost (front/back blocks, TaylorSeer's forecast, the change measure's
+# host sync); the latents' difference from diffusers is what caching every step costs on random weights.
+# Opt-in (GPU_CHECK_STEP_CACHE=1): the default plan fills the budget without them.
+STEP_CACHE_CONFIGS: tuple[GpuConfig, ...] = (
+    GpuConfig("vidloom fbcache", "vidloom", (("step_cache", "fbcache"), ("step_cache_threshold", 1e9))),
+    GpuConfig("vidloom dbcache-f1b0-taylorseer2", "vidloom",
+              (("step_cache", "dbcache"), ("step_cache_fn", 1), ("step_cache_warmup", 1), ("step_cache_taylorseer", 2),
+               ("step_cache_threshold", 1e9))),
+    GpuConfig("vidloom balanced", "vidloom",
+              (("step_cache", "balanced"), ("step_cache_warmup", 1), ("step_cache_threshold", 1e9))),
+    GpuConfig("vidloom quality", "vidloom",
+              (("step_cache", "quality"), ("step_cache_warmup", 1), ("step_cache_threshold", 1e9))),
+)
+CONFIGS = (*CONFIGS, *STEP_CACHE_CONFIGS)
 REFERENCE = "diffusers"
 
 

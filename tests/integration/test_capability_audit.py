@@ -109,7 +109,8 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     # take the math kernel, which runs here.
     "attention_backend": lambda kind: dict(attention_backend="math" if kind in MASKED_ATTENTION else "flash"),
     "cfg_mode": lambda kind: dict(cfg_mode="batched"),
-    "step_cache": lambda kind: dict(step_cache="fbcache", step_cache_threshold=1e9),
+    # A DBCache preset with TaylorSeer (fbcache is its F1B0 case): every block past the first reused after step 0.
+    "step_cache": lambda kind: dict(step_cache="fast", step_cache_warmup=1, step_cache_threshold=1e9),
     "cuda_graphs": lambda kind: dict(cuda_graphs=True),
     "kv_cache_budget_bytes": lambda kind: dict(kv_cache_budget_bytes=1024),
     "kv_pool_tokens": lambda kind: dict(kv_pool_tokens=64),

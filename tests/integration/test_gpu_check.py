@@ -44,15 +44,10 @@ def test_flop_count_of_the_real_workload():
     assert 280e12 < forward_flops() < 290e12
 
 
-@pytest.mark.parametrize("names", [("diffusers", "vidloom sdpa", "vidloom fp8")])
-def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_path, names):
-    # The same worker code the H200 runs, on a tiny random checkpoint in float32 on CPU, so the
-    # program trimming, step timing and latent comparison are checked before the one-shot slot.
-    from gpu_workers import Workload, run_worker, write_checkpoint
+def _tiny_workload():
+    from gpu_workers import Workload
 
-    import torch
-
-    tiny = Workload(
+    return Workload(
         transformer=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
                          out_channels=4, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2,
                          cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=256),
@@ -62,6 +57,17 @@ def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_pa
                           relative_attention_max_distance=32, feed_forward_proj="gated-gelu", dropout_rate=0.0),
         height=32, width=48, num_frames=5, device="cpu", dtype="float32",
     )
+
+
+@pytest.mark.parametrize("names", [("diffusers", "vidloom sdpa", "vidloom fp8")])
+def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_path, names):
+    # The same worker code the H200 runs, on a tiny random checkpoint in float32 on CPU, so the
+    # program trimming, step timing and latent comparison are checked before the one-shot slot.
+    from gpu_workers import run_worker, write_checkpoint
+
+    import torch
+
+    tiny = _tiny_workload()
     checkpoint = write_checkpoint(tmp_path / "ckpt", tiny)
     results, latents = {}, {}
     for name in names:
@@ -75,6 +81,26 @@ def test_benchmark_workers_on_a_tiny_cpu_workload_give_comparable_latents(tmp_pa
     assert (torch.load(latents["vidloom sdpa"]) - reference).abs().max() <= 1e-4
     fp8_diff = (torch.load(latents["vidloom fp8"]) - reference).abs().max()
     assert 0 < fp8_diff < 0.5 * reference.abs().max()  # quantized weights: close, not equal
+
+
+def test_step_cache_rows_cache_the_timed_steps_on_a_tiny_cpu_workload(tmp_path):
+    # An opt-in step-cache row (a preset with TaylorSeer; the tiny Wan has 2 blocks, so it runs as F1B0): caching
+    # every step after the first moves the latents away from the plain path's. Every row's options are checked.
+    from gpu_plan import STEP_CACHE_CONFIGS
+    from gpu_workers import run_worker, write_checkpoint
+
+    import torch
+
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.runtime.step_cache import deployed_policy
+
+    assert all(deployed_policy(DeployConfig(**dict(config.deploy))) for config in STEP_CACHE_CONFIGS)
+    tiny = _tiny_workload()
+    checkpoint = write_checkpoint(tmp_path / "ckpt", tiny)
+    assert run_worker("vidloom sdpa", checkpoint, tmp_path / "plain.pt", tiny)["finite"]
+    row = run_worker("vidloom balanced", checkpoint, tmp_path / "cached.pt", tiny)
+    assert row["finite"] and len(row["step_intervals_s"]) == 3, row
+    assert not torch.equal(torch.load(tmp_path / "cached.pt"), torch.load(tmp_path / "plain.pt"))
 
 
 def test_dit_rows_plan_every_family_row_and_time_a_tiny_denoiser_on_cpu():

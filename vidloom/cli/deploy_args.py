@@ -39,9 +39,25 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cfg-mode", default="sequential", metavar="MODE",
                        help="sequential (two forwards per step) | batched (one forward of batch 2)")
     group.add_argument("--step-cache", default="none", metavar="POLICY",
-                       help="none | teacache | fbcache: reuse DiT block residuals on steps that barely change")
+                       help="none | teacache | fbcache | dbcache | fast | balanced | quality: reuse DiT block "
+                            "residuals on steps that barely change (docs/acceleration.md)")
     group.add_argument("--step-cache-threshold", type=float, default=None, metavar="T",
-                       help="step-cache threshold (policy default 0.1; 0 never skips, higher skips more)")
+                       help="step-cache threshold (the policy's default; 0 never skips, higher skips more)")
+    dbcache = parser.add_argument_group("DBCache step caches (dbcache, fbcache, fast, balanced, quality)")
+    dbcache.add_argument("--step-cache-fn", type=int, default=None, metavar="N",
+                         help="front blocks computed every step (their residual decides)")
+    dbcache.add_argument("--step-cache-bn", type=int, default=None, metavar="N", help="back blocks computed every step")
+    dbcache.add_argument("--step-cache-warmup", type=int, default=None, metavar="STEPS",
+                         help="first steps of each CFG branch that always compute")
+    dbcache.add_argument("--step-cache-max-cached", type=int, default=None, metavar="STEPS",
+                         help="most steps a branch may cache (-1: no limit)")
+    dbcache.add_argument("--step-cache-max-continuous", type=int, default=None, metavar="STEPS",
+                         help="most steps a branch may cache in a row (-1: no limit)")
+    dbcache.add_argument("--step-cache-taylorseer", type=int, default=None, metavar="ORDER",
+                         help="TaylorSeer order forecasting the reused residual: 0 (reuse as is), 1 or 2")
+    dbcache.add_argument("--step-cache-mask", default=None, metavar="[static:]BITS",
+                         help="one 1 (compute) or 0 (may cache) per step, e.g. 11110101011; static: caches the 0 "
+                              "steps unmeasured")
     group.add_argument("--component", action="append", default=[], metavar="NAME=FILE", type=_component,
                        help="load component NAME (transformer, transformer_2, vae) from one .safetensors or .gguf "
                             "file instead of the checkpoint folder (repeatable; docs/loading-checkpoints.md)")
@@ -86,6 +102,13 @@ def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -
         cfg_mode=args.cfg_mode,
         step_cache=args.step_cache,
         step_cache_threshold=args.step_cache_threshold,
+        step_cache_fn=args.step_cache_fn,
+        step_cache_bn=args.step_cache_bn,
+        step_cache_warmup=args.step_cache_warmup,
+        step_cache_max_cached=args.step_cache_max_cached,
+        step_cache_max_continuous=args.step_cache_max_continuous,
+        step_cache_taylorseer=args.step_cache_taylorseer,
+        step_cache_mask=args.step_cache_mask,
         two_stage=args.two_stage,
         upsampler=args.upsampler,
         stage2_lora=args.stage2_lora,

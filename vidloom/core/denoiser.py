@@ -6,7 +6,7 @@ and the plan declare here, never on which family it is:
 
 - `StagedDenoiser` (the network): its call split into embed -> blocks -> head over a residual stream
   (one tensor, or a tuple for multi-stream models such as LTX-2's video + audio). Step caches
-  (runtime.step_cache: first-block cache, TeaCache) run the blocks or reuse their residual.
+  (runtime.step_cache: DBCache and its first-block case, TeaCache) run the blocks or reuse their residual.
 - `CompileUnits` (a resident component): the blocks `torch.compile` wraps, one graph per shape bucket
   (runtime.compile_buckets.compile_denoisers applies it at engine start).
 - `DenoiseInputs` (the plan, `StepPlan.denoiser`): which inputs are per-sample (latents, per-sample

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -10,6 +11,8 @@ from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+MAX_TAYLORSEER_ORDER = 2  # runtime.taylorseer: orders 1 and 2 are the ones TaylorSeer and cache-dit recommend
+MAX_STEP_CACHE_STEPS = 10_000  # DBCache step counts and mask lengths (far above any sampler's steps)
 # Single-file formats a component override may be (docs/loading-checkpoints.md).
 COMPONENT_FILE_SUFFIXES = (".safetensors", ".gguf")
 
@@ -43,9 +46,25 @@ class DeployConfig:
     cfg_mode: str = "sequential"
     """How CFG runs its two branches: "sequential" (two forwards, the reference) or "batched" (one forward of batch 2)."""
     step_cache: str = "none"
-    """Step cache policy: "none", "teacache" or "fbcache" (first-block cache); skips DiT blocks on steps that barely change."""
+    """Step cache policy: "none", "teacache", "fbcache" (first-block cache), "dbcache" (cache-dit's DBCache) or a
+    DBCache preset "fast" | "balanced" | "quality"; skips DiT blocks on steps that barely change."""
     step_cache_threshold: float | None = None
     """Default step-cache threshold (None: the policy's own); requests may override it. 0 never skips."""
+    step_cache_fn: int | None = None
+    """DBCache: front blocks computed every step (--step-cache-fn; None: the policy's own)."""
+    step_cache_bn: int | None = None
+    """DBCache: back blocks computed every step (--step-cache-bn)."""
+    step_cache_warmup: int | None = None
+    """DBCache: steps each CFG branch always computes first (--step-cache-warmup)."""
+    step_cache_max_cached: int | None = None
+    """DBCache: most steps a branch may cache (--step-cache-max-cached; -1: no limit)."""
+    step_cache_max_continuous: int | None = None
+    """DBCache: most steps a branch may cache in a row (--step-cache-max-continuous; -1: no limit)."""
+    step_cache_taylorseer: int | None = None
+    """DBCache: TaylorSeer order forecasting the reused residual, 0 (reuse as is), 1 or 2 (--step-cache-taylorseer)."""
+    step_cache_mask: str | None = None
+    """DBCache: steps forced to compute (1) or allowed to cache (0), "[static:|dynamic:]1111011..." (--step-cache-mask);
+    static caches every 0 step unmeasured, dynamic (the default) lets the threshold decide."""
     cuda_graphs: bool = False
     """Capture each loop step body as a CUDA graph and replay it (CUDA only; steps a step cache
     intercepts run eagerly, since the cache changes which kernels run)."""
@@ -120,6 +139,34 @@ class DeployConfig:
                               "(--two-stage) or upsampler (--upsampler)")
         if self.step_cache_threshold is not None and self.step_cache == "none":
             raise DeployError("step_cache_threshold (--step-cache-threshold) needs a step cache (--step-cache)")
+        self._check_dbcache()
+
+    def _check_dbcache(self) -> None:
+        """DBCache's flags: ranges, and only with a DBCache policy (teacache has no front blocks or masks)."""
+        limits = {"step_cache_fn": (1, "--step-cache-fn"), "step_cache_bn": (0, "--step-cache-bn"),
+                  "step_cache_warmup": (0, "--step-cache-warmup"), "step_cache_max_cached": (-1, "--step-cache-max-cached"),
+                  "step_cache_max_continuous": (-1, "--step-cache-max-continuous"),
+                  "step_cache_taylorseer": (0, "--step-cache-taylorseer")}
+        for name, (low, flag) in limits.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            high = MAX_TAYLORSEER_ORDER if name == "step_cache_taylorseer" else MAX_STEP_CACHE_STEPS
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise DeployError(f"{name} ({flag}) must be an integer from {low} to {high}, got {value!r}")
+            self._needs_dbcache(name, flag)
+        mask = self.step_cache_mask
+        if mask is not None:
+            if not isinstance(mask, str) or not re.fullmatch(r"((static|dynamic):)?[01]{1,%d}" % MAX_STEP_CACHE_STEPS,
+                                                             mask):
+                raise DeployError(f"step_cache_mask (--step-cache-mask) is [static:|dynamic:] then one 1 (compute) or "
+                                  f"0 (may cache) per step, at most {MAX_STEP_CACHE_STEPS}, got {mask!r}")
+            self._needs_dbcache("step_cache_mask", "--step-cache-mask")
+
+    def _needs_dbcache(self, name: str, flag: str) -> None:
+        if self.step_cache in ("none", "teacache"):
+            raise DeployError(f"{name} ({flag}) tunes DBCache; it needs --step-cache dbcache, fbcache, fast, "
+                              f"balanced or quality, not {self.step_cache!r}")
 
     def _check_components(self) -> None:
         """The shape of each override; whether the card reads that component, and the file, are checked at load.

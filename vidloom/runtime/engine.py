@@ -29,7 +29,7 @@ from vidloom.runtime.request_run import (  # noqa: F401  (re-exported: callers i
 )
 from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.speech_run import speech_inputs
-from vidloom.runtime.step_cache import step_cache_policy
+from vidloom.runtime.step_cache import deployed_policy
 
 
 class EngineDriver:
@@ -130,7 +130,7 @@ class Engine(EngineDriver):
                  capturer: Capturer | None = None) -> None:
         """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's);
         `capturer`: what records step bodies under cuda_graphs (default: CUDA graphs; CPU tests pass a stand-in)."""
-        step_cache_policy(instance.deploy.step_cache)  # an unknown policy fails at load, not per request
+        deployed_policy(instance.deploy)  # an unknown policy fails at load, not per request
         super().__init__(instance)
         self.adapters = adapters
         self.program = program

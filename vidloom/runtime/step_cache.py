@@ -10,8 +10,9 @@ never mix.
 
 - teacache: Liu et al. 2024, "Timestep Embedding Tells: It's Time to Cache for Video
   Diffusion Model", arXiv:2411.19108.
-- fbcache: the first-block cache of ParaAttention (FBCache, github.com/chengzeyi/ParaAttention),
-  also cache-dit's DBCache with one front block and none behind (Fn=1, Bn=0).
+- dbcache and its presets (quality, balanced, fast), with TaylorSeer and step masks: cache-dit's
+  DBCache (runtime.dbcache); fbcache, the first-block cache of ParaAttention (FBCache,
+  github.com/chengzeyi/ParaAttention), is its F1B0 case.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Protocol
 
-import torch
 from torch import Tensor
 
 from vidloom.core.denoiser import StagedDenoiser, Stream, TeaCacheRescale, cache_scope
@@ -27,70 +27,12 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.runtime.cache_stream import BranchState, add, relative_l1, row, rows, same_shape, stack_rows, sub
+from vidloom.runtime.dbcache import DBCache, DBCacheSettings, parse_mask
 
 
 StagedNetwork = StagedDenoiser
 """The denoiser contract step caches call (core.denoiser.StagedDenoiser; the old name, kept for importers)."""
-
-
-@dataclass
-class BranchState:
-    """What one CFG branch of one request remembers between steps (row r of each stream tensor)."""
-
-    probe: Stream | None = None
-    """The policy's change indicator at the step it was last measured."""
-    residual: Stream | None = None
-    """What the skipped blocks added to their input at the last computed step."""
-    accumulated: float = 0.0
-    """TeaCache's summed relative change since the last computed step."""
-
-
-# -- the residual stream: one tensor or a tuple of them, rows are samples ---------------------------
-
-
-def _map(fn: Any, *streams: Stream) -> Stream:
-    if isinstance(streams[0], tuple):
-        return tuple(fn(*parts) for parts in zip(*streams))
-    return fn(*streams)
-
-
-def _sub(a: Stream, b: Stream) -> Stream:
-    return _map(torch.sub, a, b)
-
-
-def _add(a: Stream, b: Stream) -> Stream:
-    return _map(torch.add, a, b)
-
-
-def _row(x: Stream, row: int) -> Stream:
-    return _map(lambda t: t[row : row + 1], x)
-
-
-def _rows(x: Stream) -> int:
-    return (x[0] if isinstance(x, tuple) else x).shape[0]
-
-
-def _stack_rows(parts: list[Stream]) -> Stream:
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(group) for group in zip(*parts))  # type: ignore[arg-type]
-    return torch.cat(parts)  # type: ignore[arg-type]
-
-
-def _same_shape(a: Stream | None, b: Stream) -> bool:
-    """Whether a remembered residual still fits this call's stream (a new token count never reuses one)."""
-    if a is None or isinstance(a, tuple) != isinstance(b, tuple):
-        return False
-    pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
-    return all(x.shape == y.shape for x, y in pairs)  # type: ignore[union-attr]
-
-
-def relative_l1(current: Stream, previous: Stream) -> float:
-    """mean|current - previous| / mean|previous| (over every stream), the change measure both references use."""
-    if isinstance(current, tuple):
-        diff = sum((c - p).abs().sum() for c, p in zip(current, previous))  # type: ignore[arg-type]
-        base = sum(p.abs().sum() for p in previous)  # type: ignore[union-attr]
-        return (diff / torch.as_tensor(base).clamp_min(1e-12)).item()  # type: ignore[operator]
-    return ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()  # type: ignore[operator]
 
 
 class StepCachePolicy(Protocol):
@@ -135,54 +77,36 @@ class TeaCache:
         probe = rescale.indicator(net, x, cond) if rescale is not None else net.block_input(x, cond, 0)
         warm = rescale is not None and step < rescale.warmup_steps
         compute = warm
-        for row, branch in enumerate(branches):
-            current = probe[row : row + 1]
-            if not _same_shape(branch.residual, _row(x, row)):  # first call of this branch, or a new shape
+        for r, branch in enumerate(branches):
+            current = probe[r : r + 1]
+            if not same_shape(branch.residual, row(x, r)):  # first call of this branch, or a new shape
                 compute = True
             elif not warm:
                 branch.accumulated += self.distance(current, branch.probe)  # type: ignore[arg-type]
                 compute = compute or branch.accumulated >= threshold
             branch.probe = current  # TeaCache compares consecutive steps, computed or not
         if not compute:
-            return _add(x, _stack_rows([b.residual for b in branches])), net.num_blocks  # type: ignore[misc]
+            return add(x, stack_rows([b.residual for b in branches])), net.num_blocks  # type: ignore[misc]
         out = net.run_blocks(x, cond)
-        residual = _sub(out, x)
-        for row, branch in enumerate(branches):
-            branch.residual, branch.accumulated = _row(residual, row), 0.0
-        return out, 0
-
-
-class FirstBlockCache:
-    """Always run block 0; reuse the other blocks' residual while block 0's residual differs from
-    the one at the last computed step by less than the threshold (relative L1), as ParaAttention's
-    FBCache does. Block 0 is the probe, so the indicator sees the real input and weights."""
-
-    name: ClassVar[str] = "fbcache"
-    default_threshold: ClassVar[float] = 0.1
-
-    def run_blocks(
-        self, net: StagedNetwork, x: Stream, cond: Any, branches: list[BranchState], threshold: float, step: int = 0
-    ) -> tuple[Stream, int]:
-        first = net.run_blocks(x, cond, 0, 1)
-        probe = _sub(first, x)
-        reuse = all(
-            _same_shape(b.residual, _row(first, row)) and b.probe is not None
-            and relative_l1(_row(probe, row), b.probe) < threshold
-            for row, b in enumerate(branches)
-        )
-        if reuse:
-            return _add(first, _stack_rows([b.residual for b in branches])), net.num_blocks - 1  # type: ignore[misc]
-        out = net.run_blocks(first, cond, 1)
-        residual = _sub(out, first)
-        for row, branch in enumerate(branches):
-            # The reference point moves only when the blocks run, so small drifts add up.
-            branch.probe, branch.residual = _row(probe, row), _row(residual, row)
+        residual = sub(out, x)
+        for r, branch in enumerate(branches):
+            branch.residual, branch.accumulated = row(residual, r), 0.0
         return out, 0
 
 
 STEP_CACHES: dict[str, StepCachePolicy] = {
     "teacache": TeaCache(),
-    "fbcache": FirstBlockCache(),
+    # ParaAttention's FBCache = cache-dit's DBCache F1B0; only a branch's first call computes unasked.
+    "fbcache": DBCache("fbcache", DBCacheSettings(fn=1, bn=0, warmup=1), default_threshold=0.1),
+    # cache-dit's DBCacheConfig defaults (F8B0, threshold 0.08, 8 warm-up steps, no limits).
+    "dbcache": DBCache("dbcache", DBCacheSettings(), default_threshold=0.08),
+    # Calibration-free presets (docs/acceleration.md): more front/back blocks, a lower threshold, a longer
+    # warm-up and a shorter streak for quality; TaylorSeer forecasts where streaks are longer.
+    "quality": DBCache("quality", DBCacheSettings(fn=8, bn=1, warmup=8, max_continuous=2), default_threshold=0.06),
+    "balanced": DBCache("balanced", DBCacheSettings(fn=4, bn=1, warmup=6, max_continuous=3, taylorseer=1),
+                        default_threshold=0.08),
+    "fast": DBCache("fast", DBCacheSettings(fn=1, bn=0, warmup=4, max_continuous=4, taylorseer=1),
+                    default_threshold=0.12),
 }
 """DeployConfig.step_cache -> policy (stateless, shared); "none" turns caching off."""
 
@@ -197,6 +121,25 @@ def step_cache_policy(name: str) -> StepCachePolicy | None:
     return policy
 
 
+# DeployConfig field -> DBCacheSettings field: the deployment's flags over the named policy's settings.
+_DBCACHE_FLAGS = {"step_cache_fn": "fn", "step_cache_bn": "bn", "step_cache_warmup": "warmup",
+                  "step_cache_max_cached": "max_cached", "step_cache_max_continuous": "max_continuous",
+                  "step_cache_taylorseer": "taylorseer"}
+
+
+def deployed_policy(deploy: DeployConfig) -> StepCachePolicy | None:
+    """The deployment's policy with its DBCache flags applied (DeployError for an unknown name)."""
+    policy = step_cache_policy(deploy.step_cache)
+    if not isinstance(policy, DBCache):
+        return policy  # DeployConfig refuses DBCache flags on teacache and none
+    changes: dict[str, Any] = {key: getattr(deploy, flag) for flag, key in _DBCACHE_FLAGS.items()
+                               if getattr(deploy, flag) is not None}
+    if deploy.step_cache_mask is not None:
+        changes["mask"], changes["mask_static"] = parse_mask(deploy.step_cache_mask)
+    changes["fixed"] = frozenset(k for k in ("fn", "bn") if k in changes)  # blocks the user chose fit as given
+    return policy.tuned(**changes) if changes else policy
+
+
 def make_step_cache(
     deploy: DeployConfig, request: GenerationRequest, rescale: TeaCacheRescale | None = None
 ) -> StepCache | None:
@@ -204,7 +147,7 @@ def make_step_cache(
 
     `rescale`: TeaCache's calibrated indicator for this checkpoint (its card's `teacache`), if it has one.
     """
-    policy = step_cache_policy(deploy.step_cache)
+    policy = deployed_policy(deploy)
     if isinstance(policy, TeaCache) and rescale is not None:
         policy = TeaCache(rescale)
     if policy is None:
@@ -269,6 +212,7 @@ class StepCache:
             "step_cache": {
                 "policy": self.policy.name,
                 "threshold": self.threshold,
+                **({"settings": self.policy.describe()} if isinstance(self.policy, DBCache) else {}),
                 "skipped_steps": c.skipped_steps,
                 "computed_steps": c.steps - c.skipped_steps,
                 "skipped_blocks": c.skipped_blocks,
@@ -293,11 +237,11 @@ class _CachedNetwork:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x, cond = self.net.embed(*args, **kwargs)
-        rows = _rows(x)
+        count = rows(x)
         scope = cache_scope(self.net)
-        branches = [self.cache.branch((self.loop, scope, self.calls, row)) for row in range(rows)]
+        branches = [self.cache.branch((self.loop, scope, self.calls, r)) for r in range(count)]
         self.calls += 1
         x, skipped = self.cache.policy.run_blocks(self.net, x, cond, branches, self.cache.threshold, self.step)
         self.reused_calls += int(skipped > 0)
-        self.cache.count_blocks(self.net.num_blocks * rows, skipped * rows)
+        self.cache.count_blocks(self.net.num_blocks * count, skipped * count)
         return self.net.head(x, cond)

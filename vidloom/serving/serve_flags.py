@@ -50,7 +50,8 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
 _DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",
                 "offload_idle_expert", "kv_pool_tokens",
                 "attention_backend",
-                "cfg_mode", "step_cache", "step_cache_threshold", "two_stage", "upsampler", "stage2_lora", "devices")
+                "cfg_mode", "step_cache", "step_cache_threshold", "step_cache_fn", "step_cache_bn", "step_cache_warmup",
+                "step_cache_max_cached", "step_cache_max_continuous", "step_cache_taylorseer", "step_cache_mask", "two_stage", "upsampler", "stage2_lora", "devices")
 
 
 def flag_key(dest: str) -> tuple[tuple[str, ...], _Convert]:

@@ -35,7 +35,8 @@ def test_an_undeclared_feature_is_refused_naming_feature_flags_model_family_and_
         caps.refuse_unsupported(DeployConfig(step_cache="fbcache", prompt_cache_size=2), "m", "fam")
     message = str(err.value)
     assert "m (fam) does not support" in message
-    assert "step_cache (--step-cache, --step-cache-threshold): no block list" in message
+    assert "step_cache (--step-cache, --step-cache-threshold, --step-cache-fn, " in message
+    assert "--step-cache-mask): no block list" in message
     assert "prompt_cache_size (--prompt-cache): not wired for this family" in message
 
 

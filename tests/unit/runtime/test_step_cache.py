@@ -10,7 +10,9 @@ from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BatchedCFG, SequentialCFG
-from vidloom.runtime.step_cache import FirstBlockCache, StepCache, TeaCache, make_step_cache, step_cache_policy
+from vidloom.runtime.step_cache import StepCache, TeaCache, make_step_cache, step_cache_policy
+
+FBCACHE = step_cache_policy("fbcache")
 
 
 class FakeNet:
@@ -58,7 +60,7 @@ def _plans(net, guidance, steps: int, uncond_drift: float):
         )
 
 
-@pytest.mark.parametrize("policy", [TeaCache(), FirstBlockCache()])
+@pytest.mark.parametrize("policy", [TeaCache(), FBCACHE])
 def test_sequential_cfg_keeps_state_per_branch(policy):
     # cond never changes, so it reuses from step 2 on; uncond drifts a lot, so it always computes.
     # With one state shared by both branches, cond would be compared with uncond and never reuse.
@@ -94,7 +96,7 @@ def test_batched_cfg_skips_only_when_every_row_agrees():
 def test_fbcache_measures_block_0s_residual_not_its_output():
     # The tokens grow every step but block 0 adds the same residual: FBCache must reuse from step 2
     # (its output, or output + input, would change by ~1/step and force every step to compute).
-    net, cache = FakeNet(), StepCache(FirstBlockCache(), threshold=0.05)
+    net, cache = FakeNet(), StepCache(FBCACHE, threshold=0.05)
     for i in range(4):
         cache.execute(StepPlan("denoise", i, 4, call=lambda network, latents, timestep, text_embeds: network(
             latents, timestep, text_embeds), inputs={
@@ -104,7 +106,7 @@ def test_fbcache_measures_block_0s_residual_not_its_output():
 
 
 def test_threshold_zero_never_skips():
-    net, cache = FakeNet(), StepCache(FirstBlockCache(), threshold=0.0)
+    net, cache = FakeNet(), StepCache(FBCACHE, threshold=0.0)
     for plan in _plans(net, SequentialCFG(), steps=3, uncond_drift=0.0):
         cache.execute(plan)
     assert len(net.block_rows) == 6 and cache.report()["step_cache"]["skipped_blocks"] == 0
@@ -117,11 +119,11 @@ def test_plans_without_a_network_run_plainly():
 
 def test_registry_and_thresholds():
     assert step_cache_policy("none") is None
-    with pytest.raises(DeployError, match="unknown step_cache 'tea'; known: none, teacache, fbcache"):
+    with pytest.raises(DeployError, match="unknown step_cache 'tea'; known: none, teacache, fbcache, dbcache, quality, balanced, fast"):
         step_cache_policy("tea")
     request = GenerationRequest("p")
     assert make_step_cache(DeployConfig(), request) is None
-    assert make_step_cache(DeployConfig(step_cache="fbcache"), request).threshold == FirstBlockCache.default_threshold
+    assert make_step_cache(DeployConfig(step_cache="fbcache"), request).threshold == FBCACHE.default_threshold
     deployed = DeployConfig(step_cache="teacache", step_cache_threshold=0.2)
     assert make_step_cache(deployed, request).threshold == 0.2
     assert make_step_cache(deployed, GenerationRequest("p", step_cache_threshold=0.0)).threshold == 0.0

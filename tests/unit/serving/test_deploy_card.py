@@ -19,7 +19,8 @@ from vidloom.serving.api_keys import ApiKey
 from vidloom.serving.serve_flags import NOT_SETTINGS, _serve_subparser, effective_config, flag_key, typed_flags
 
 # Non-default values per field that a valid config accepts together (anything not here is derived from its type).
-_CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "batched", "step_cache": "teacache",
+_CHOSEN = {"policy": "interleave", "compile_backend": "aot_eager", "cfg_mode": "batched", "step_cache": "balanced",
+           "step_cache_taylorseer": 2, "step_cache_mask": "static:1101",
            "vae_tile": 256, "vae_tile_stride": 192, "dtype": "bfloat16", "device": "cpu", "port": 8123,
            "allowed_hosts": ("example.com",), "cors_origins": ("https://app.example.com",),
            "warmup_shapes": ((32, 48, 5),), "model": "/models/wan-1.3b",
