@@ -204,4 +204,9 @@ def test_qwen_omni_demo_hears_audio_and_sees_images(tmp_path):
     # the two pairs of bos/eos markers around them.
     assert low.prompt_tokens == text.prompt_tokens + audio_output_length(100) + 6 + 4
     assert low.text != high.text  # the tone reaches the answer
-    assert ask(_sine_wav_part(220, 1.0), image, audio={"voice": "Chelsie"}).text == low.text
+    # answered aloud, the chat is led by the card's spoken system prompt: the written answer under it is the same
+    spoken = ask(_sine_wav_part(220, 1.0), image, audio={"voice": "Chelsie"})
+    system = {"role": "system", "content": gen.card.spoken_system_prompt}
+    written = gen.chat([system, {"role": "user", "content": [_sine_wav_part(220, 1.0), image, question]}],
+                       max_tokens=6, temperature=0.0)
+    assert spoken.text == written.text
