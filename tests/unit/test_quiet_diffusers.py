@@ -3,6 +3,8 @@ import it, quiets its loading bars through quiet_loading even with the CLI's DIF
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -33,3 +35,18 @@ def test_a_louder_setting_leaves_diffusers_alone(monkeypatch):
     logging.enable_progress_bar()
     with quiet_loading():
         assert logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize(("before", "after"), [("error", "warning"), ("", "warning"), ("debug", "debug")])
+def test_verbose_shows_at_least_warnings_whatever_the_environment_said(monkeypatch, before, after):
+    """`--verbose` under an inherited TRANSFORMERS_VERBOSITY=error (a parent CLI's setting) still shows the loads;
+    a louder setting the user chose stays."""
+    import warnings
+
+    from vidloom.cli.generate import quiet_third_party
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # quiet_third_party replaces it
+    for variable in ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        monkeypatch.setenv(variable, before)
+    quiet_third_party(verbose=True)
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == after and os.environ["DIFFUSERS_VERBOSITY"] == after

@@ -22,6 +22,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
 from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task
+from vidloom.loading.quiet import LIBRARIES, LOUDER_THAN_ERRORS
 from vidloom.media.request_inputs import resolve_request
 from vidloom.cli.deploy_args import deploy_config
 
@@ -314,9 +315,10 @@ def quiet_third_party(verbose: bool) -> None:
     Hugging Face Hub download bars stay on: a multi-GB download without progress looks hung.
     """
     warnings.showwarning = _one_line_warning
-    if verbose:  # a verbosity the user chose: VideoGenerator's quiet_loading leaves the library alone
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
-        os.environ.setdefault("DIFFUSERS_VERBOSITY", "warning")
+    if verbose:  # at least warnings, whatever the environment said: VideoGenerator's quiet_loading backs off
+        for variable in LIBRARIES.values():
+            if os.environ.get(variable, "").lower() not in LOUDER_THAN_ERRORS:
+                os.environ[variable] = "warning"
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
