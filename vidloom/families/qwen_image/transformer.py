@@ -28,6 +28,9 @@ EPS = 1e-6  # every norm of the reference model
 TRANSFORMER_POLICY = KeyPolicy(
     frozenset({"patch_size", "in_channels", "out_channels", "num_layers", "attention_head_dim",
                "num_attention_heads", "joint_attention_dim", "axes_dims_rope"}),
+    # Qwen/Qwen-Image's transformer/config.json carries it; QwenImageTransformer2DModel takes no such argument
+    # (diffusers ignores it with a warning) and the model has no pooled projection.
+    harmless={"pooled_projection_dim": "the model has no pooled text projection; diffusers' class ignores the key"},
     refused={
         "guidance_embeds": Refusal((False,), "a guidance embedding (the reference pipeline cannot run it either)"),
         "zero_cond_t": Refusal((False,), "Qwen-Image-Edit-2511's zero-timestep reference modulation, not implemented"),
