@@ -1,7 +1,8 @@
 """Tiny random diffusers pipelines that no native recipe claims, saved with `save_pretrained` (adapter tests).
 
-Four shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text) and
-AudioLDM (text-to-audio, CLAP text, HiFi-GAN vocoder; it has only the old `callback`/`callback_steps` hook).
+Five shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text),
+AudioLDM (text-to-audio, CLAP text, HiFi-GAN vocoder; it has only the old `callback`/`callback_steps` hook) and
+Helios (base, pyramid and distilled pyramid: chunked video whose frame rule is the pipeline's own).
 Each runs in well under a second on a CPU at the sizes the tests use. Tokenizers are trained offline.
 """
 
@@ -99,6 +100,20 @@ def build_qwen_image() -> Any:
                              scheduler=scheduler)
 
 
+def _helios(pipeline: str, scheduler: str, **flags: Any) -> Any:
+    """Helios on Wan's tiny VAE and UMT5: a 2-block transformer, 2x2 patches. gamma 0.25: the schedulers' default
+    1/3 makes the pyramid's block-noise covariance singular (its Cholesky fails), so tiny pipelines use another."""
+    import diffusers
+    from tests.helpers.wan_checkpoints import TINY_A, reference_parts
+
+    transformer = diffusers.HeliosTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4))
+    stages = dict(stages=1, stage_range=[0, 1]) if pipeline == "HeliosPipeline" else dict(gamma=0.25)
+    return getattr(diffusers, pipeline)(**reference_parts(TINY_A, 0), transformer=transformer,
+                                        scheduler=getattr(diffusers, scheduler)(**stages), **flags)
+
+
 def build_audioldm() -> Any:
     from diffusers import AudioLDMPipeline, AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -145,6 +160,11 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "mochi": build_mochi,
     "qwen-image": build_qwen_image,
     "audioldm": build_audioldm,
+    "helios": lambda: _helios("HeliosPipeline", "HeliosScheduler"),
+    # The pyramid with CFG-Zero* (Helios-Mid's flags) and the distilled one (DMD scheduler; model_index.json
+    # then holds `is_distilled: true`, a config value beside the components).
+    "helios-pyramid": lambda: _helios("HeliosPyramidPipeline", "HeliosScheduler", is_cfg_zero_star=True),
+    "helios-distilled": lambda: _helios("HeliosPyramidPipeline", "HeliosDMDScheduler", is_distilled=True),
 }
 
 

@@ -60,6 +60,7 @@ class Program:
     paged_networks: tuple[Any, ...] = ()
     chat_inputs: frozenset[str] = frozenset({"text"})
     voices: tuple[str, ...] = ()
+    check: Callable[[GenerationRequest], None] | None = None
 
     def __post_init__(self) -> None:
         available = set(self.inputs)

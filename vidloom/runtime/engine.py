@@ -186,6 +186,8 @@ class Engine(EngineDriver):
         """Validate `request` (InvalidRequest before any work) and prepare its run; `watch` sees it from inside.
         `resolved`: the caller resolved it against this model's card already (a server, at its boundary)."""
         resolved = request if resolved else resolve_request(request, self.instance.card)
+        if self.program.check is not None:
+            self.program.check(resolved)
         self.limits.check(resolved, self.estimator)
         compiled = self.compile_buckets.admit(resolved) if self.compile_buckets is not None else True
         nbytes = self.estimator(resolved) if self.estimator is not None else 0

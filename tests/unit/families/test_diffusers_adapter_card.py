@@ -13,7 +13,7 @@ from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.media.request_inputs import resolve_request
 from vidloom.families.diffusers_adapter.cards import FAMILY, REASON
-from vidloom.families.diffusers_adapter.signature import pipeline_class, read_shape
+from vidloom.families.diffusers_adapter.signature import NO_HOOK, pipeline_class, read_shape
 from vidloom.generator import build_request
 
 pytest.importorskip("diffusers")
@@ -47,7 +47,7 @@ def test_cogvideox_card_takes_what_its_signature_takes_with_its_defaults(tmp_pat
     assert card.family == FAMILY and card.tasks == {Task.T2V}
     d = card.sampling_defaults
     assert (d.height, d.width, d.num_frames, d.num_inference_steps, d.guidance_scale) == (480, 720, 49, 50, 6.0)
-    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 4
+    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 1  # frames: the pipeline's rule
     assert card.optional_fields == {"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps",
                                    "guidance_scale"}
     assert "runtime accelerations do not apply" in card.notes[0]
@@ -56,7 +56,7 @@ def test_cogvideox_card_takes_what_its_signature_takes_with_its_defaults(tmp_pat
 
 def test_mochi_card_uses_its_vae_expansions_and_signature_frames(tmp_path):
     card = registry.resolve_card(_folder(tmp_path, "MochiPipeline", MOCHI))
-    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 6
+    assert card.geometry.spatial_multiple == 16 and card.geometry.temporal_factor == 1
     assert card.sampling_defaults.num_frames == 19 and card.sampling_defaults.num_inference_steps == 64
 
 
@@ -80,13 +80,14 @@ def test_image_to_video_pipelines_require_their_image():
     assert "image" in shape.required
 
 
-@pytest.mark.parametrize("class_name, message", [
-    ("HunyuanVideo15Pipeline", "takes neither callback_on_step_end nor callback"),  # no hook: no steps, no cancel
-    ("NoSuchPipeline", "'NoSuchPipeline' is not a diffusers"),
-])
-def test_a_pipeline_without_a_step_hook_or_unknown_to_diffusers_is_refused_by_name(tmp_path, class_name, message):
-    with pytest.raises(CheckpointError, match=message):
-        registry.resolve_card(_folder(tmp_path, class_name, {}))
+def test_a_pipeline_unknown_to_diffusers_is_refused_by_name(tmp_path):
+    with pytest.raises(CheckpointError, match="'NoSuchPipeline' is not a diffusers"):
+        registry.resolve_card(_folder(tmp_path, "NoSuchPipeline", {}))
+
+
+def test_a_pipeline_without_a_step_hook_is_one_opaque_step():
+    assert read_shape(pipeline_class("HunyuanVideo15Pipeline")).hook == NO_HOOK
+    assert read_shape(pipeline_class("CogVideoXPipeline")).hook == "callback_on_step_end"
 
 
 def test_request_fields_the_pipeline_does_not_take_are_refused_naming_them(tmp_path):

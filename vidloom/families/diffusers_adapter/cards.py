@@ -4,6 +4,10 @@ The card comes from `model_index.json` (the class) and the class's `__call__` si
 their defaults); sizes follow the VAE and denoiser configs. None of the runtime's accelerations reach inside a
 pipeline we do not own, so every deploy feature is refused by name; only diffusers' own attention backend switch
 and text-encoder offload are offered (see load.py).
+
+Sizes must be multiples of the VAE's factor times the patch (a pipeline resizes or refuses others); frame counts
+are the pipeline's to decide (Wan rounds them to 4k+1, Helios trims 66 to 65): its own input check runs at submit
+(preflight.py), and no rule of a VAE the adapter does not own is applied.
 """
 
 from __future__ import annotations
@@ -49,8 +53,14 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     vae = ckpt.component_config("vae") if (ckpt.root / "vae" / "config.json").is_file() else {}
     vocoder = ckpt.component_config("vocoder") if (ckpt.root / "vocoder" / "config.json").is_file() else {}
     return adapted_card(ckpt.root.name, str(ckpt.root), shape, denoiser, vae,
-                        components=[k for k, v in ckpt.index.items() if not k.startswith("_") and v and v[0]],
+                        components=pipeline_components(ckpt.index),
                         vocoder=vocoder)
+
+
+def pipeline_components(index: dict[str, Any]) -> list[str]:
+    """model_index.json's component names: the entries that name a (library, class); a pipeline's own config
+    values (Helios' `is_distilled: true`) and empty slots are not components."""
+    return [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0]]
 
 
 def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dict[str, Any], vae: dict[str, Any],
@@ -82,7 +92,7 @@ def adapted_card(model_id: str, source: str, shape: PipelineShape, denoiser: dic
         tasks=_tasks(shape),
         precision=precision,
         sampling_defaults=defaults,
-        geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
+        geometry=Geometry(spatial_multiple=multiple, temporal_factor=1),
         recipe=RecipeSpec(method="pretrained", loop=LOOP),
         program=PROGRAM,
         source=source,

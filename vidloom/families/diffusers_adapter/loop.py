@@ -4,21 +4,35 @@ The pipeline's step hook (`callback_on_step_end`, or the older `callback`) hands
 thread blocks there until the runtime executes the loop's next plan. Exactly one of the two threads runs at a
 time, so the runtime sees every step boundary (progress, cancellation, interleaving with other requests) and the
 pipeline's own code runs unchanged. Cancellation sets the pipeline's `_interrupt` flag and stops the call at the
-step it is paused on (raising out of the hook), so nothing is decoded for a cancelled request.
+step it is paused on (raising out of the hook), so nothing is decoded for a cancelled request. A pipeline without a
+step hook (signature.NO_HOOK) is one opaque step: the whole call runs inside it.
+
+Whatever the pipeline raises reaches the request as our own error: a ValueError before its first step is its input
+check refusing the request (InvalidRequest, naming our field where the message names its keyword); anything else is
+a PipelineFailed naming the class and the step, with the traceback in the log.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from vidloom.core.errors import InvalidRequest, VidloomError, counted
 from vidloom.core.loop import DONE, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.families.diffusers_adapter.signature import NO_HOOK
 
 LOOP_NAME = "pipeline"
+log = logging.getLogger(__name__)
+
+
+class PipelineFailed(VidloomError):
+    """An adapted pipeline raised while it ran (a bug or limit of the pipeline, not of the request)."""
 
 
 class _Stopped(Exception):
@@ -80,7 +94,7 @@ class PipelineCall:
     def _run(self) -> None:
         hooks: dict[str, Any] = (
             {"callback_on_step_end": self._on_step_end} if self.hook == "callback_on_step_end"
-            else {"callback": self._on_callback, "callback_steps": 1}
+            else {} if self.hook == NO_HOOK else {"callback": self._on_callback, "callback_steps": 1}
         )
         try:
             result = self.pipe(**self.kwargs, **hooks)
@@ -110,18 +124,21 @@ class PipelineLoop:
     name = LOOP_NAME
 
     def __init__(self, pipe: Any, hook: str, kwargs_for: Callable[[GenerationRequest], dict[str, Any]],
-                 encoded: Callable[[], None] | None = None) -> None:
+                 encoded: Callable[[], None] | None = None, fields: dict[str, str] | None = None) -> None:
         """`encoded`: run once a request's text encoding is over (at its first step boundary), e.g. to send
-        offloaded text encoders back to host memory."""
+        offloaded text encoders back to host memory. `fields`: the pipeline's keyword -> our request field, to
+        name the field when the pipeline refuses its inputs."""
         self._pipe = pipe
         self._hook = hook
         self._kwargs_for = kwargs_for
         self._encoded = encoded
+        self._fields = fields or {}
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> PipelineCall:
         request: GenerationRequest = slots["request"]
+        steps = 1 if self._hook == NO_HOOK else int(request.num_inference_steps)
         call = PipelineCall(pipe=request_view(self._pipe), kwargs=self._kwargs_for(request), hook=self._hook,
-                            total=int(request.num_inference_steps))
+                            total=steps)
         ctx.hold(call.stop)
         return call
 
@@ -133,7 +150,7 @@ class PipelineLoop:
     def advance(self, state: PipelineCall, result: tuple[str, Any]) -> PipelineCall:
         kind, value = result
         if kind == "error":
-            raise value
+            raise self._error(value, state)
         if kind == "done":
             state.output, state.finished = value, True
             return state
@@ -151,7 +168,28 @@ class PipelineLoop:
         while not state.finished:  # after the last step: decode (no more step hooks, or steps past the total)
             kind, value = state.resume()
             if kind == "error":
-                raise value
+                raise self._error(value, state)
             if kind == "done":
                 state.output, state.finished = value, True
         return {"pipeline_output": state.output}
+
+    def _error(self, exc: BaseException, state: PipelineCall) -> BaseException:
+        """`exc` from the pipeline thread as the request's error (see the module docstring)."""
+        if isinstance(exc, VidloomError) or not isinstance(exc, Exception):
+            return exc
+        name = type(state.pipe).__name__
+        if isinstance(exc, ValueError) and state.steps == 0 and self._hook != NO_HOOK:
+            return refusal(name, exc, self._fields)
+        log.warning("%s failed at step %d", name, state.steps, exc_info=exc)
+        return PipelineFailed(f"{name} failed after {counted(state.steps, 'completed step')}: "
+                              f"{type(exc).__name__}: {exc}")
+
+
+def refusal(pipeline: str, exc: Exception, fields: dict[str, str]) -> InvalidRequest:
+    """The pipeline's own input check refusing a request, under the field its message names first (its keyword
+    mapped to ours), else under "request"."""
+    message = str(exc)
+    named = [(m.start(), fields.get(word, word)) for word in {*fields, *fields.values()}
+             if (m := re.search(rf"\b{re.escape(word)}\b", message))]
+    field = min(named)[1] if named else "request"
+    return InvalidRequest(field, f"{pipeline} refused it: {message}")

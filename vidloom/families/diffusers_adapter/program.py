@@ -13,6 +13,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.families.diffusers_adapter.audio import length_kwargs
 from vidloom.families.diffusers_adapter.loop import PipelineLoop
+from vidloom.families.diffusers_adapter.preflight import check_inputs
 from vidloom.families.diffusers_adapter.signature import PipelineShape
 
 # Request fields passed through to the pipeline's keyword of the same meaning (signature.FIELD_ARGS).
@@ -38,7 +39,13 @@ def build_program(instance: ModelInstance) -> Program:
         for hook in hooks:
             hook.offload()
 
-    loop = PipelineLoop(instance["pipeline"], shape.hook, kwargs_for, encoded if hooks else None)
+    fields = {arg: field for field, arg in shape.args.items()}
+    pipe = instance["pipeline"]
+
+    def check(request: GenerationRequest) -> None:
+        check_inputs(pipe, kwargs_for(request), fields)
+
+    loop = PipelineLoop(pipe, shape.hook, kwargs_for, encoded if hooks else None, fields)
     return Program(
         nodes=(
             Node("pipeline", reads=("request",), writes=("pipeline_output",), loop=loop),
@@ -46,6 +53,7 @@ def build_program(instance: ModelInstance) -> Program:
         ),
         inputs=frozenset({"request"}),
         outputs=outputs,
+        check=check,
     )
 
 

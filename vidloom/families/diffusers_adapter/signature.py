@@ -35,6 +35,9 @@ FIELD_ARGS: Mapping[str, tuple[str, ...]] = {
     "seconds_start": ("audio_start_in_s",),
 }
 OUTPUT_KINDS = ("video", "image", "audio")
+# A pipeline whose call takes no step hook (HunyuanVideo-1.5) runs as one opaque step: progress at its start and
+# end, cancellation only before it starts.
+NO_HOOK = "none"
 # The output dataclass field that holds each kind (diffusers' *PipelineOutput classes).
 _OUTPUT_FIELDS = {"frames": "video", "videos": "video", "images": "image", "audios": "audio"}
 
@@ -47,7 +50,7 @@ class PipelineShape:
     args: Mapping[str, str]  # our request field -> the pipeline's keyword for it
     defaults: Mapping[str, Any]  # our request field -> the signature's default (None: the pipeline decides)
     required: frozenset[str]  # our request fields the pipeline cannot run without (no default)
-    hook: str  # "callback_on_step_end" (diffusers' current step hook) or "callback" (the older one)
+    hook: str  # "callback_on_step_end" (diffusers' current step hook), "callback" (the older one) or NO_HOOK
     output: str  # one of OUTPUT_KINDS
     takes_output_type: bool  # whether `output_type="np"` can be asked for
     text_tokens: int | None = None  # the signature's max_sequence_length default: prompt tokens the encoder reads
@@ -67,15 +70,14 @@ def pipeline_class(name: str) -> type:
 
 
 def read_shape(cls: type) -> PipelineShape:
-    """The shape of pipeline class `cls`; CheckpointError when it has no per-step hook the runtime can step."""
+    """The shape of pipeline class `cls`; CheckpointError when it is not a text-conditioned sampler."""
     params = inspect.signature(cls.__call__).parameters
     if "callback_on_step_end" in params:
         hook = "callback_on_step_end"
     elif "callback" in params and "callback_steps" in params:
         hook = "callback"
     else:
-        raise CheckpointError(f"{cls.__name__}.__call__ takes neither callback_on_step_end nor callback/callback_steps: "
-                              "the runtime could not report its steps or cancel it")
+        hook = NO_HOOK
     if "prompt" not in params or "generator" not in params:
         raise CheckpointError(f"{cls.__name__}.__call__ takes no prompt or no generator: not a text-conditioned sampler")
     args: dict[str, str] = {}

@@ -1,0 +1,62 @@
+"""Pipelines the adapter runs as they are, with the rules they keep for themselves: Helios trims a frame count the
+Wan VAE could not encode, the distilled pyramid's model_index.json holds config values beside its components, and
+an error inside a pipeline reaches the caller as ours while the model keeps serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers.adapter_checkpoints import reference_output, write_tiny_pipeline
+from vidloom.core.errors import InvalidRequest
+from vidloom.families.diffusers_adapter.loop import PipelineFailed
+from vidloom.families.diffusers_adapter.preflight import check_inputs
+from vidloom.generator import VideoGenerator
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+PROMPT = "a red fox runs through snow"
+SIZE = dict(height=32, width=32)
+PYRAMID = dict(height=64, width=64)  # three stages halve the latent twice before 2x2 patches
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return {kind: write_tiny_pipeline(tmp_path_factory.mktemp(kind), kind)
+            for kind in ("helios", "helios-pyramid", "helios-distilled")}
+
+
+def test_helios_takes_a_frame_count_the_wan_vae_rule_would_refuse_and_equals_the_pipeline(folders):
+    gen = VideoGenerator.from_pretrained(str(folders["helios"]))
+    result = gen.generate(PROMPT, num_frames=30, num_inference_steps=2, guidance_scale=1.0, seed=3, **SIZE)
+    expected = reference_output(folders["helios"], PROMPT, 3, num_frames=30, num_inference_steps=2,
+                                guidance_scale=1.0, **SIZE)
+    assert expected.shape[0] == 33 and result.frames.shape == expected.shape  # one whole 33-frame chunk
+    np.testing.assert_array_equal(result.frames, expected)
+
+
+def test_the_distilled_pyramid_folder_loads_beside_its_config_flags(folders):
+    from vidloom import registry
+
+    card = registry.resolve_card(folders["helios-distilled"])  # crashed on model_index.json's `is_distilled: true`
+    assert "is_distilled" not in card.components and {"transformer", "vae", "scheduler"} <= set(card.components)
+
+
+def test_an_error_inside_the_pipeline_fails_the_request_as_ours_and_the_model_keeps_serving(folders):
+    gen = VideoGenerator.from_pretrained(str(folders["helios-pyramid"]))
+    # diffusers' CFG-Zero* branch views a non-contiguous prediction: a RuntimeError inside the pipeline.
+    with pytest.raises(PipelineFailed, match=r"HeliosPyramidPipeline failed .*RuntimeError: view size"):
+        gen.generate(PROMPT, num_frames=33, guidance_scale=5.0, seed=1, **PYRAMID)
+    result = gen.generate(PROMPT, num_frames=33, guidance_scale=1.0, seed=1, **PYRAMID)  # no CFG: no such branch
+    expected = reference_output(folders["helios-pyramid"], PROMPT, 1, num_frames=33, guidance_scale=1.0, **PYRAMID)
+    np.testing.assert_array_equal(result.frames, expected)
+
+
+def test_the_pipelines_own_input_check_refuses_under_our_field_name(folders):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(str(folders["helios"]))
+    image = np.zeros((32, 32, 3), np.uint8)
+    with pytest.raises(InvalidRequest) as excinfo:
+        check_inputs(pipe, {"prompt": PROMPT, "image": image, "video": [image]}, {"image": "image", "video": "video"})
+    assert excinfo.value.field == "image" and "HeliosPipeline refused it" in str(excinfo.value)
+    check_inputs(pipe, {"prompt": PROMPT, "height": 32, "width": 32}, {})  # a valid call passes
