@@ -226,12 +226,12 @@ class Decoder(nn.Module):
         dims = config.block_out_channels[::-1]
         self.repeats = dims[0] // config.latent_channels
         self.conv_in = CausalConv3d(config.latent_channels, dims[0])
-        self.mid_block = MidBlock(dims[0])
         self.up_blocks = nn.ModuleList(
             Stage(p.in_dim, p.out_dim, config.layers_per_block + 1, "upsamplers",
                   None if p.resample_dim is None else Upsample(p.out_dim, p.resample_dim, p.temporal))
             for p in config.decoder_stages()
         )
+        self.mid_block = MidBlock(dims[0])
         self.norm_out = RMSNorm(dims[-1], spatial_dims=3)
         self.conv_out = CausalConv3d(dims[-1], config.out_channels)
 

@@ -48,7 +48,7 @@ def unpack_space(x: Tensor, time: int) -> Tensor:
 
 def group_mean(x: Tensor, channels: int) -> Tensor:
     """Average consecutive channel groups of [B, G*channels, ...] down to `channels`."""
-    return x.view(x.shape[0], channels, -1, *x.shape[2:]).mean(dim=2)
+    return x.view(x.shape[0], channels, x.shape[1] // channels, *x.shape[2:]).mean(dim=2)
 
 
 class Downsample(nn.Module):
@@ -144,8 +144,8 @@ class MidBlock(nn.Module):
 
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.resnets = nn.ModuleList([ResnetBlock(dim, dim), ResnetBlock(dim, dim)])
         self.attentions = nn.ModuleList([CausalAttention(dim)])
+        self.resnets = nn.ModuleList([ResnetBlock(dim, dim), ResnetBlock(dim, dim)])
 
     def forward(self, x: Tensor) -> Tensor:
         return self.resnets[1](self.attentions[0](self.resnets[0](x)))
