@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -51,10 +52,10 @@ class Pair:
     case: Case
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def pair(request: pytest.FixtureRequest) -> Pair:
-    case = CASES[request.param]
-    torch.manual_seed(sum(map(ord, request.param)))
+@functools.cache
+def _build(name: str) -> Pair:
+    case = CASES[name]
+    torch.manual_seed(sum(map(ord, name)))
     ref = AutoencoderKLHunyuanVideo15.from_config(case.config).eval()
     perturb_norm_gains(ref, seed=1)
     # diffusers 0.42's causal attention mask [B, N, N] does not broadcast over a batch of two or more (SDPA
@@ -63,6 +64,11 @@ def pair(request: pytest.FixtureRequest) -> Pair:
     ours = Hunyuan15VAE.from_config(case.config)
     ours.load_state_dict(ref.state_dict(), strict=True)
     return Pair(ours, ref, case)
+
+
+@pytest.fixture(params=sorted(CASES))
+def pair(request: pytest.FixtureRequest) -> Pair:
+    return _build(request.param)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -89,11 +95,10 @@ def test_decode_matches_diffusers(pair: Pair) -> None:
         assert 0.1 < got.std().item() < 10  # random weights neither vanish nor blow up: the comparison means something
 
 
-@pytest.mark.parametrize("which", [0, 1, 2])
-def test_encode_mode_and_sample_match_diffusers(pair: Pair, which: int) -> None:
-    if which >= len(pair.case.frames):
-        pytest.skip("this case has fewer frame counts")
-    frames, cfg = pair.case.frames[which], pair.ours.config
+@pytest.mark.parametrize("name, frames", [(name, frames) for name in sorted(CASES) for frames in CASES[name].frames])
+def test_encode_mode_and_sample_match_diffusers(name: str, frames: int) -> None:
+    pair = _build(name)
+    cfg = pair.ours.config
     video = torch.rand(1, 3, frames, *pair.case.size, generator=torch.Generator().manual_seed(frames)) * 2 - 1
     with torch.no_grad():
         dist = pair.ref.encode(video).latent_dist
@@ -109,20 +114,26 @@ def test_encode_mode_and_sample_match_diffusers(pair: Pair, which: int) -> None:
     assert torch.equal(torch.randn(4, generator=our_gen), torch.randn(4, generator=ref_gen))
 
 
-def test_tiled_decode_matches_diffusers_tiled_decode(pair: Pair) -> None:
-    factor = pair.ours.config.spatial_factor
+def test_tiled_decode_and_encode_match_diffusers_tiling(pair: Pair) -> None:
+    factor, cfg = pair.ours.config.spatial_factor, pair.ours.config
     tile = 4 * factor  # diffusers: 4 latent cells per tile, stride int(4 * 0.75) = 3, blend int(tile * 0.25)
+    tiling = SpatialTiling(tile=tile, stride=3 * factor)
     pair.ref.enable_tiling(tile_sample_min_height=tile, tile_sample_min_width=tile,
                            tile_latent_min_height=4, tile_latent_min_width=4, tile_overlap_factor=0.25)
     try:
-        for hw in ((5, 4), (3, 4)):  # the last fits one tile: decoded whole, as the reference does
-            latents = torch.randn(1, pair.ours.config.latent_channels, 2, *hw, generator=torch.Generator().manual_seed(3))
+        for hw in ((5, 4), (3, 4)):  # the last fits one tile: coded whole, as the reference does
+            latents = torch.randn(1, cfg.latent_channels, 2, *hw, generator=torch.Generator().manual_seed(3))
+            video = torch.rand(1, 3, 1 + cfg.temporal_factor, hw[0] * factor, hw[1] * factor) * 2 - 1
             with torch.no_grad():
                 expected = pair.ref.decode(latents).sample
-            got = pair.ours.decode(latents, tiling=SpatialTiling(tile=tile, stride=3 * factor))
+                expected_mode = pair.ref.encode(video).latent_dist.mode()
+            got = pair.ours.decode(latents, tiling=tiling)
+            got_mode = pair.ours.encode_mode(video, tiling=tiling)
             assert _max_diff(got, expected) <= ATOL
-            # Blended seams differ from a whole decode (the check is not vacuous); one tile is a whole decode.
+            assert _max_diff(got_mode, expected_mode) <= ATOL
+            # Blended seams differ from a whole pass (the check is not vacuous); one tile is a whole pass.
             assert (_max_diff(got, pair.ours.decode(latents)) == 0) == (max(hw) <= 4)
+            assert (_max_diff(got_mode, pair.ours.encode_mode(video)) == 0) == (max(hw) <= 4)
     finally:
         pair.ref.use_tiling = False
 
@@ -136,6 +147,12 @@ def test_bad_inputs_are_refused(pair: Pair) -> None:
         pair.ours.encode_mode(torch.zeros(1, 3, 1, h + cfg.spatial_factor // 2, w))
     with pytest.raises(ValueError, match="latents must be"):
         pair.ours.decode(torch.zeros(1, cfg.latent_channels + 1, 1, 2, 2))
+    # A tile off the latent grid is refused even where the input would fit one tile.
+    odd = SpatialTiling(tile=cfg.spatial_factor * 4 + 1, stride=cfg.spatial_factor)
+    with pytest.raises(ValueError, match=f"multiples of {cfg.spatial_factor}"):
+        pair.ours.decode(torch.zeros(1, cfg.latent_channels, 1, 1, 1), tiling=odd)
+    with pytest.raises(ValueError, match=f"multiples of {cfg.spatial_factor}"):
+        pair.ours.encode_mode(torch.zeros(1, 3, 1, cfg.spatial_factor, cfg.spatial_factor), tiling=odd)
 
 
 def test_config_reads_every_reference_key_and_refuses_unknown_ones() -> None:

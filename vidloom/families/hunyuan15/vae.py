@@ -259,9 +259,9 @@ class Hunyuan15VAE(nn.Module):
         return cls(Hunyuan15VAEConfig.from_diffusers(config))
 
     @torch.no_grad()
-    def encode_moments(self, video: Tensor) -> Tensor:
+    def encode_moments(self, video: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
         """Video [B, C, 1 + t*k, H, W] (H, W multiples of s) in [-1, 1] -> [B, 2z, 1 + k, H/s, W/s]: mean, then
-        log-variance."""
+        log-variance. `tiling`: as `decode`'s, in the same pixels (diffusers tiles encode and decode alike)."""
         cfg = self.config
         if video.ndim != 5 or video.shape[1] != cfg.in_channels:
             raise ValueError(f"video must be [B, {cfg.in_channels}, F, H, W]; got shape {tuple(video.shape)}")
@@ -270,15 +270,30 @@ class Hunyuan15VAE(nn.Module):
             raise ValueError(f"video has {frames} frames; the VAE needs 1 + {cfg.temporal_factor}*k frames")
         if height % cfg.spatial_factor or width % cfg.spatial_factor:
             raise ValueError(f"video is {height}x{width}; the VAE needs multiples of {cfg.spatial_factor}")
-        return self.encoder(video)
+        if tiling is None:
+            return self.encoder(video)
+        s = cfg.spatial_factor
+        tile, stride = tiling.in_cells(s)
+        if max(height, width) <= tiling.tile:  # as the reference: no tiles for a video within one tile
+            return self.encoder(video)
+        # Seen as [B, C, F, s, s, H/s, W/s] (s x s pixel blocks over the last two axes), the video tiles by the
+        # shared rule with one block per latent cell: tiles of tile/s blocks every stride/s, blended in latents.
+        blocks = video.unflatten(4, (-1, s)).unflatten(3, (-1, s)).permute(0, 1, 2, 4, 6, 3, 5)
+        return decode_tiles_2d(blocks, self._encode_blocks, SpatialTiling(tile, stride), 1)
 
-    def encode_mode(self, video: Tensor) -> Tensor:
+    def _encode_blocks(self, blocks: Tensor) -> Tensor:
+        b, c, f, s, _, h, w = blocks.shape
+        return self.encoder(blocks.permute(0, 1, 2, 5, 3, 6, 4).reshape(b, c, f, h * s, w * s))
+
+    def encode_mode(self, video: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
         """The latent distribution's mean (diffusers' `latent_dist.mode()`)."""
-        return LatentDistribution.from_moments(self.encode_moments(video)).mean
+        return LatentDistribution.from_moments(self.encode_moments(video, tiling)).mean
 
-    def encode_sample(self, video: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def encode_sample(
+        self, video: Tensor, generator: torch.Generator | None = None, tiling: SpatialTiling | None = None
+    ) -> Tensor:
         """A draw from the latent distribution; the same generator state gives diffusers' `latent_dist.sample`."""
-        return LatentDistribution.from_moments(self.encode_moments(video)).sample(generator)
+        return LatentDistribution.from_moments(self.encode_moments(video, tiling)).sample(generator)
 
     @torch.no_grad()
     def decode(self, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
@@ -286,7 +301,8 @@ class Hunyuan15VAE(nn.Module):
 
         With `tiling` (pixels, multiples of `spatial_factor`), a latent larger than one tile is decoded in
         overlapping spatial tiles blended at the seams: diffusers' `tiled_decode` with `tile_sample_min_*` =
-        tile, `tile_latent_min_*` = tile / s and a stride of (1 - `tile_overlap_factor`) tiles.
+        tile, `tile_latent_min_*` = tile / s and a stride of (1 - `tile_overlap_factor`) tiles; its
+        `enable_tiling()` defaults are SpatialTiling() (256 every 192) with the published 16x VAE.
         """
         z = self.config.latent_channels
         if latents.ndim != 5 or latents.shape[1] != z:
