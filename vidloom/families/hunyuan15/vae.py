@@ -77,7 +77,7 @@ class Hunyuan15VAEConfig:
             if len(self.block_out_channels) < needed:
                 raise ValueError(f"block_out_channels has {len(self.block_out_channels)} stages; spatial_compression_"
                                  f"ratio={self.spatial_compression_ratio} with {match}="
-                                 f"{str(getattr(self, match)).lower()} needs {needed}")
+                                 f"{str(getattr(self, match)).lower()} needs at least {needed}")
         if self.block_out_channels[-1] % (2 * self.latent_channels):
             raise ValueError(f"block_out_channels[-1]={self.block_out_channels[-1]} is not a multiple of "
                              f"2 * latent_channels={2 * self.latent_channels} (the encoder's output shortcut)")
@@ -127,7 +127,7 @@ class Hunyuan15VAEConfig:
             resample = None
             if i < self._spatial_steps:
                 resample = dims[i + 1] if self.upsample_match_channel else out_dim
-            plans.append(StagePlan(in_dim, out_dim, resample, i < temporal))
+            plans.append(StagePlan(in_dim, out_dim, resample, resample is not None and i < temporal))
             in_dim = out_dim if resample is None else resample
         return tuple(plans)
 
