@@ -1,0 +1,1 @@
+"""HunyuanVideo-1.5: text and image to video."""
