@@ -1,8 +1,9 @@
 """Tiny random diffusers pipelines that no native recipe claims, saved with `save_pretrained` (adapter tests).
 
-Five shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text),
+Six shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text),
 AudioLDM (text-to-audio, CLAP text, HiFi-GAN vocoder; it has only the old `callback`/`callback_steps` hook) and
-Helios (base, pyramid and distilled pyramid: chunked video whose frame rule is the pipeline's own).
+Helios (base, pyramid and distilled pyramid: chunked video whose frame rule is the pipeline's own); and
+LDMTextToImagePipeline, whose call takes no step hook.
 Each runs in well under a second on a CPU at the sizes the tests use. Tokenizers are trained offline.
 """
 
@@ -114,6 +115,23 @@ def _helios(pipeline: str, scheduler: str, **flags: Any) -> Any:
                                         scheduler=getattr(diffusers, scheduler)(**stages), **flags)
 
 
+def build_ldm_text_to_image() -> Any:
+    """LDMTextToImagePipeline: its call takes no step hook (the adapter runs it as one opaque step)."""
+    from diffusers import AutoencoderKL, DDIMScheduler, LDMTextToImagePipeline, UNet2DConditionModel
+    from diffusers.pipelines.latent_diffusion.pipeline_latent_diffusion import LDMBertConfig, LDMBertModel
+
+    tokenizer = train_t5_tokenizer()
+    bert = LDMBertModel(LDMBertConfig(vocab_size=len(tokenizer), max_position_embeddings=77, encoder_layers=1,
+                                      encoder_ffn_dim=16, encoder_attention_heads=2, head_dim=8, d_model=16))
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=16, norm_num_groups=4)
+    vae = AutoencoderKL(block_out_channels=(8, 16), latent_channels=4, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4)
+    return LDMTextToImagePipeline(vqvae=vae, bert=bert, tokenizer=tokenizer, unet=unet, scheduler=DDIMScheduler())
+
+
 def build_audioldm() -> Any:
     from diffusers import AudioLDMPipeline, AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -160,6 +178,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "mochi": build_mochi,
     "qwen-image": build_qwen_image,
     "audioldm": build_audioldm,
+    "ldm": build_ldm_text_to_image,
     "helios": lambda: _helios("HeliosPipeline", "HeliosScheduler"),
     # The pyramid with CFG-Zero* (Helios-Mid's flags) and the distilled one (DMD scheduler; model_index.json
     # then holds `is_distilled: true`, a config value beside the components).

@@ -1,6 +1,7 @@
 """Pipelines the adapter runs as they are, with the rules they keep for themselves: Helios trims a frame count the
 Wan VAE could not encode, the distilled pyramid's model_index.json holds config values beside its components, and
-an error inside a pipeline reaches the caller as ours while the model keeps serving."""
+an error inside a pipeline reaches the caller as ours while the model keeps serving; a pipeline without a step hook
+is one opaque step."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import numpy as np
 import pytest
 
 from tests.helpers.adapter_checkpoints import reference_output, write_tiny_pipeline
-from vidloom.core.errors import InvalidRequest
+from vidloom.core.errors import Cancelled, InvalidRequest
+from vidloom.core.output import ProgressEvent
 from vidloom.families.diffusers_adapter.loop import PipelineFailed
 from vidloom.families.diffusers_adapter.preflight import check_inputs
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.request_run import CancellationToken
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
 PROMPT = "a red fox runs through snow"
@@ -60,3 +63,18 @@ def test_the_pipelines_own_input_check_refuses_under_our_field_name(folders):
         check_inputs(pipe, {"prompt": PROMPT, "image": image, "video": [image]}, {"image": "image", "video": "video"})
     assert excinfo.value.field == "image" and "HeliosPipeline refused it" in str(excinfo.value)
     check_inputs(pipe, {"prompt": PROMPT, "height": 32, "width": 32}, {})  # a valid call passes
+
+
+def test_a_pipeline_without_a_step_hook_is_one_step_with_progress_and_cancel_before_it_starts(tmp_path):
+    folder = write_tiny_pipeline(tmp_path / "ldm", "ldm")
+    gen = VideoGenerator.from_pretrained(str(folder))
+    events: list = []
+    chunks = list(gen.generate_stream(PROMPT, num_inference_steps=3, seed=2, on_event=events.append, **SIZE))
+    expected = reference_output(folder, PROMPT, 2, num_inference_steps=3, **SIZE)
+    np.testing.assert_array_equal(chunks[0].chunk.frames, expected)
+    steps = [(e.step, e.total) for e in events if isinstance(e, ProgressEvent) and e.phase == "pipeline"]
+    assert steps == [(1, 1)]  # the whole call: one step (its 3 denoising steps inside it)
+    cancel = CancellationToken()
+    cancel.cancel()
+    with pytest.raises(Cancelled):
+        gen.generate(PROMPT, num_inference_steps=3, seed=2, cancel=cancel, **SIZE)
