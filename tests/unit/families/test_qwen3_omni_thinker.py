@@ -66,6 +66,11 @@ def test_config_reads_defaults_and_refuses_what_it_cannot_run():
     assert not config.sparse(0)
     with pytest.raises(CheckpointError, match="rope_type 'yarn'"):
         MoEDecoderConfig.from_raw(_text(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "text_config")
+    written = MoEDecoderConfig.from_raw(_text(use_qk_norm=True, use_sliding_window=False,
+                                              shared_expert_intermediate_size=0), "text_config")
+    assert written.shared_expert_intermediate_size == 0  # the converter's Qwen3-MoE keys, at what we run
+    with pytest.raises(CheckpointError, match="shared_expert_intermediate_size"):
+        MoEDecoderConfig.from_raw(_text(shared_expert_intermediate_size=64), "text_config")
     with pytest.raises(CheckpointError, match="moe_router_jitter"):
         MoEDecoderConfig.from_raw(_text(moe_router_jitter=0.1), "text_config")
     with pytest.raises(CheckpointError, match="mrope_section"):

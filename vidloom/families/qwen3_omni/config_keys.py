@@ -7,6 +7,7 @@ name (KeyPolicy).
 
 from __future__ import annotations
 
+from vidloom.loading.key_policy import Refusal
 from vidloom.loading.transformers_keys import SPECIAL_ID, transformers_policy
 
 _NOT_BUILT = "a part this runtime does not build yet; the card refuses what needs it (audio output, media inputs)"
@@ -34,4 +35,10 @@ TEXT = transformers_policy({
     "sliding_window": "transformers' Qwen3-Omni thinker attention never slides (it sets no window per layer)",
     "output_router_logits": "a training output (the router's auxiliary loss)",
     "router_aux_loss_coef": "a training loss weight",
+}, {
+    # Written by the released checkpoints' converter (Qwen3-MoE's config spelling); transformers' thinker has no
+    # switch for them: it always norms q and k, never slides, and builds no shared expert.
+    "use_qk_norm": Refusal((True,), "the thinker's attention always norms q and k per head"),
+    "use_sliding_window": Refusal((False,), "the thinker's attention never slides"),
+    "shared_expert_intermediate_size": Refusal((0,), "the thinker's MoE layers have no shared expert"),
 }, head=True)
