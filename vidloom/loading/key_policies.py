@@ -54,6 +54,10 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
         "vidloom.families.qwen3_omni.config_keys:THINKER",
     ("Qwen3OmniMoeTextConfig", "config.json thinker_config.text_config (Qwen3-Omni)"):
         "vidloom.families.qwen3_omni.config_keys:TEXT",
+    ("Qwen3OmniMoeTalkerConfig", "config.json talker_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:TALKER",
+    ("Qwen3OmniMoeTalkerTextConfig", "config.json talker_config.text_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:TALKER_TEXT",
 }
 
 

@@ -46,14 +46,16 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     root = Path(path).expanduser()
     raw = read_json(root / "config.json")
     if ARCHITECTURE not in (raw.get("architectures") or ()):
-        raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, expected {ARCHITECTURE}")
+        raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, "
+                              f"expected {ARCHITECTURE}")
     return qwen3_omni_card(root.name, str(root), description=f"Qwen3-Omni thinker (chat, text out) from {root}")
 
 
 def qwen3_omni_card(model_id: str, source: str, *, description: str, notes: tuple[str, ...] = (),
                     precision: str = "bfloat16") -> ModelCard:
     return ModelCard(
-        model_id=model_id, family=FAMILY, components={"thinker": ComponentSpec(precision), "tokenizer": ComponentSpec()},
+        model_id=model_id, family=FAMILY,
+        components={"thinker": ComponentSpec(precision), "tokenizer": ComponentSpec()},
         loops={AR_LOOP: LoopSpec()}, tasks=frozenset(), precision=precision, sampling_defaults=NO_GENERATION,
         geometry=Geometry(1, 1), recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM,
         source=source, description=description, notes=notes + (TEXT_ONLY,), context_window=CONTEXT_WINDOW,

@@ -46,17 +46,22 @@ class MoEDecoderConfig:
     decoder_sparse_step: int
     mlp_only_layers: tuple[int, ...]
     shared_expert_intermediate_size: int = 0  # 0: no shared expert (the thinker); the talker has one
+    every_layer_sparse: bool = False  # the talker: transformers builds its sparse block in every layer
 
     def sparse(self, layer: int) -> bool:
         """Whether `layer` routes through experts (transformers' rule for Qwen3-MoE decoders)."""
-        return (layer not in self.mlp_only_layers and self.num_experts > 0
-                and (layer + 1) % self.decoder_sparse_step == 0)
+        return self.every_layer_sparse or (layer not in self.mlp_only_layers and self.num_experts > 0
+                                           and (layer + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any], where: str) -> MoEDecoderConfig:
-        """The thinker's text_config, with `Qwen3OmniMoeTextConfig`'s defaults for absent keys; head_dim falls back
-        to hidden_size // num_attention_heads, as its attention does."""
-        keys.TEXT.check(raw, where)
+    def from_raw(cls, raw: Mapping[str, Any], where: str, talker: bool = False) -> MoEDecoderConfig:
+        """The thinker's text_config (or, `talker`, the talker's), with the transformers class's defaults for absent
+        keys; head_dim falls back to hidden_size // num_attention_heads, as its attention does."""
+        (keys.TALKER_TEXT if talker else keys.TEXT).check(raw, where)
+        if talker and "shared_expert_intermediate_size" not in raw:
+            raise CheckpointError(f"{where}: no shared_expert_intermediate_size (the talker's shared expert size)")
+        defaults = _TALKER_DEFAULTS if talker else _TEXT_DEFAULTS
+        raw = {**defaults, **raw}
         if raw.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
         heads = int(raw.get("num_attention_heads", 28))
@@ -70,13 +75,24 @@ class MoEDecoderConfig:
             num_hidden_layers=int(raw.get("num_hidden_layers", 28)), num_attention_heads=heads,
             num_key_value_heads=heads if kv_heads is None else int(kv_heads), head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, mrope_section=section,
-            attention_bias=bool(raw.get("attention_bias", False)), num_experts=int(raw.get("num_experts", 128)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            num_experts=int(raw.get("num_local_experts", raw.get("num_experts", 128))),
             num_experts_per_tok=int(raw.get("num_experts_per_tok", 8)),
             moe_intermediate_size=int(raw.get("moe_intermediate_size", 768)),
             norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
             decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
             mlp_only_layers=tuple(int(n) for n in raw.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0)),
+            every_layer_sparse=talker,
         )
+
+
+# transformers 5.25's class defaults where they differ between Qwen3OmniMoeTextConfig and
+# Qwen3OmniMoeTalkerTextConfig (the readers' own .get defaults are the text class's).
+_TEXT_DEFAULTS: dict[str, Any] = {}
+_TALKER_DEFAULTS: dict[str, Any] = {"vocab_size": 3072, "hidden_size": 1024, "intermediate_size": 2048,
+                                    "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                    "moe_intermediate_size": 384, "norm_topk_prob": False}
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ class Qwen3OmniConfig:
 
     thinker: MoEDecoderConfig
     speaks: bool  # enable_audio_output: the checkpoint has a talker and code2wav
+    talker: MoEDecoderConfig | None = None  # the talker's decoder (its inputs, code predictor and code2wav: not yet)
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], where: str = "config.json") -> Qwen3OmniConfig:
@@ -93,5 +110,11 @@ class Qwen3OmniConfig:
         if not isinstance(thinker, Mapping) or not isinstance(thinker.get("text_config"), Mapping):
             raise CheckpointError(f"{where}: no thinker_config.text_config (not a Qwen3-Omni checkpoint)")
         keys.THINKER.check(thinker, f"{where}: thinker_config")
-        return cls(MoEDecoderConfig.from_raw(thinker["text_config"], f"{where}: thinker_config.text_config"),
-                   bool(raw.get("enable_audio_output", True)))
+        text = MoEDecoderConfig.from_raw(thinker["text_config"], f"{where}: thinker_config.text_config")
+        speaks = bool(raw.get("enable_audio_output", True))
+        talker = raw.get("talker_config")
+        if not speaks or not isinstance(talker, Mapping):
+            return cls(text, speaks)
+        keys.TALKER.check(talker, f"{where}: talker_config")
+        return cls(text, speaks, MoEDecoderConfig.from_raw(talker.get("text_config") or {},
+                                                           f"{where}: talker_config.text_config", talker=True))

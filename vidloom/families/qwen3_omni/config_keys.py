@@ -12,8 +12,8 @@ from vidloom.loading.transformers_keys import SPECIAL_ID, transformers_policy
 
 _NOT_BUILT = "a part this runtime does not build yet; the card refuses what needs it (audio output, media inputs)"
 
-ROOT = transformers_policy({"thinker_config", "enable_audio_output"}, {
-    "talker_config": _NOT_BUILT, "code2wav_config": _NOT_BUILT,
+ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_output"}, {
+    "code2wav_config": _NOT_BUILT,
     **dict.fromkeys(("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id"), SPECIAL_ID),
 })
@@ -23,6 +23,15 @@ THINKER = transformers_policy({"text_config"}, {
     "audio_config": _NOT_BUILT, "vision_config": _NOT_BUILT, **dict.fromkeys(_MEDIA_IDS, SPECIAL_ID),
     "position_id_per_seconds": "places audio and video tokens in time; text-only prompts have none",
     "seconds_per_chunk": "interleaves a video's audio in chunks; text-only prompts have none",
+}, head=True)
+_TALKER_INPUTS = "builds the talker's inputs or reads its codes; only its decoder is built yet"
+TALKER = transformers_policy({"text_config"}, {
+    "code_predictor_config": _NOT_BUILT,
+    **dict.fromkeys(("num_code_groups", "thinker_hidden_size", "accept_hidden_layer", "speaker_id",
+                     "position_id_per_seconds", "spatial_merge_size", "codec_eos_token_id", "codec_nothink_id",
+                     "codec_think_bos_id", "codec_think_eos_id", "codec_pad_id", "codec_bos_id"), _TALKER_INPUTS),
+    **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
+                     "audio_start_token_id"), SPECIAL_ID),
 }, head=True)
 TEXT = transformers_policy({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -42,3 +51,12 @@ TEXT = transformers_policy({
     "use_sliding_window": Refusal((False,), "the thinker's attention never slides"),
     "shared_expert_intermediate_size": Refusal((0,), "the thinker's MoE layers have no shared expert"),
 }, head=True)
+# The talker's config class names num_experts num_local_experts (its attribute_map): files hold either spelling.
+_TALKER_READ = (TEXT.read - {"mlp_only_layers", "decoder_sparse_step"}) | {"shared_expert_intermediate_size",
+                                                                           "num_local_experts"}
+TALKER_TEXT = transformers_policy(_TALKER_READ, {
+    **TEXT.harmless,
+    "mlp_only_layers": "transformers' talker builds its sparse block in every layer whatever this says",
+    "decoder_sparse_step": "transformers' talker builds its sparse block in every layer whatever this says",
+}, {"use_qk_norm": TEXT.refused["use_qk_norm"], "use_sliding_window": TEXT.refused["use_sliding_window"]},
+    head=True)

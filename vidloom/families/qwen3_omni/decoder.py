@@ -1,4 +1,4 @@
-"""Qwen3-Omni's thinker text decoder (Qwen3-MoE) over packed tokens and a pluggable KV store.
+"""Qwen3-Omni's MoE decoders (the thinker's text model, the talker's) over packed tokens and a pluggable KV store.
 
 Per layer [RMSNorm -> GQA attention (q/k/v/o, biases when attention_bias) with a per-head RMSNorm on q and k
 before the interleaved multimodal rotary -> residual -> RMSNorm -> sparse MoE or dense MLP -> residual], final
@@ -15,7 +15,7 @@ from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.grouped_attention import CausalAttention, KVAttention
 from vidloom.layers.rms_norm import QwenRMSNorm
 from vidloom.layers.rotary import apply_rotary, axis_frequencies, rotary_tables
-from vidloom.loading.name_map import causal_lm_map
+from vidloom.loading.name_map import NameMap, causal_lm_map
 from vidloom.families.qwen3_omni.config import MoEDecoderConfig
 from vidloom.families.qwen3_omni.moe import GatedMLP, SparseMoE
 
@@ -45,6 +45,11 @@ _LAYER_RULES = (
 # transformers Qwen3OmniMoeForConditionalGeneration keys -> ours (the towers, talker and code2wav load apart).
 THINKER_NAME_MAP = causal_lm_map("thinker", _LAYER_RULES)
 THINKER_KEYS = ("thinker.model.", "thinker.lm_head.")
+# The talker's decoder: codec embedding in, codec head out (its input projections and code predictor: not yet).
+TALKER_NAME_MAP = NameMap((("talker.model.codec_embedding", "embed"),
+                           *((f"talker.model.{a}", b) for a, b in _LAYER_RULES),
+                           ("talker.model.norm", "norm"), ("talker.codec_head", "head")))
+TALKER_KEYS = ("talker.model.", "talker.codec_head.")
 
 
 class InterleavedRotary(nn.Module):
