@@ -64,6 +64,11 @@ def test_config_reads_defaults_and_refuses_what_it_cannot_run():
     config = MoEDecoderConfig.from_raw(_text(num_experts=4, mlp_only_layers=[0]), "text_config")
     assert (config.head_dim, config.num_experts_per_tok, config.norm_topk_prob) == (8, 8, True)
     assert not config.sparse(0)
+    # the memory estimate's MLP width: the wider of the dense MLP and the top-k experts together
+    assert config.intermediate_size == max(18944, 8 * 768)
+    routed = MoEDecoderConfig.from_raw(_text(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40,
+                                             intermediate_size=8), "text_config")
+    assert routed.intermediate_size == 80  # two experts' activations per token, wider than the dense MLP
     with pytest.raises(CheckpointError, match="rope_type 'yarn'"):
         MoEDecoderConfig.from_raw(_text(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "text_config")
     written = MoEDecoderConfig.from_raw(_text(use_qk_norm=True, use_sliding_window=False,

@@ -30,7 +30,7 @@ class MoEDecoderConfig:
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int  # dense layers (mlp_only_layers, or off the decoder_sparse_step grid)
+    dense_intermediate_size: int  # dense layers (mlp_only_layers, or off the decoder_sparse_step grid)
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -47,6 +47,13 @@ class MoEDecoderConfig:
     mlp_only_layers: tuple[int, ...]
     shared_expert_intermediate_size: int = 0  # 0: no shared expert (the thinker); the talker has one
     every_layer_sparse: bool = False  # the talker: transformers builds its sparse block in every layer
+
+    @property
+    def intermediate_size(self) -> int:
+        """The widest MLP activation per token: a dense layer's, or its top-k experts' and the shared expert's
+        together (the runtime's decode working-set estimate reads this; runtime.paged_decode.memory_bytes)."""
+        routed = self.num_experts_per_tok * self.moe_intermediate_size if self.num_experts else 0
+        return max(self.dense_intermediate_size, routed + self.shared_expert_intermediate_size)
 
     def sparse(self, layer: int) -> bool:
         """Whether `layer` routes through experts (transformers' rule for Qwen3-MoE decoders)."""
@@ -71,7 +78,7 @@ class MoEDecoderConfig:
         head_dim = int(raw.get("head_dim") or hidden // heads)
         return cls(
             vocab_size=int(raw.get("vocab_size", 3584)), hidden_size=hidden,
-            intermediate_size=int(raw.get("intermediate_size", 18944)),
+            dense_intermediate_size=int(raw.get("intermediate_size", 18944)),
             num_hidden_layers=int(raw.get("num_hidden_layers", 28)), num_attention_heads=heads,
             num_key_value_heads=heads if kv_heads is None else int(kv_heads), head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, mrope_section=section,

@@ -104,7 +104,7 @@ class PostAttention(nn.Module):
         self.norm = QwenRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp: nn.Module = (SparseMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
                                          c.norm_topk_prob, c.shared_expert_intermediate_size) if sparse
-                               else GatedMLP(c.hidden_size, c.intermediate_size))
+                               else GatedMLP(c.hidden_size, c.dense_intermediate_size))
 
     def forward(self, x: Tensor, attended: Tensor) -> Tensor:
         """x [T, hidden] (the block's input), attended [T, H * D] -> the block's output [T, hidden]."""
