@@ -9,5 +9,4 @@ FAMILY = Family(
     card_families=("qwen3-omni",),
     demos={"qwen3-omni-demo": ".demo"},
     architectures={"Qwen3OmniMoeForConditionalGeneration": ".cards:card_from_checkpoint"},
-    parity=None,
 )
