@@ -67,8 +67,7 @@ class MoEDecoderConfig:
         (keys.TALKER_TEXT if talker else keys.TEXT).check(raw, where)
         if talker and "shared_expert_intermediate_size" not in raw:
             raise CheckpointError(f"{where}: no shared_expert_intermediate_size (the talker's shared expert size)")
-        defaults = _TALKER_DEFAULTS if talker else _TEXT_DEFAULTS
-        raw = {**defaults, **raw}
+        raw = {**_TALKER_DEFAULTS, **raw} if talker else raw
         if raw.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
         heads = int(raw.get("num_attention_heads", 28))
@@ -94,9 +93,8 @@ class MoEDecoderConfig:
         )
 
 
-# transformers 5.25's class defaults where they differ between Qwen3OmniMoeTextConfig and
-# Qwen3OmniMoeTalkerTextConfig (the readers' own .get defaults are the text class's).
-_TEXT_DEFAULTS: dict[str, Any] = {}
+# transformers 5.25's Qwen3OmniMoeTalkerTextConfig defaults where they differ from Qwen3OmniMoeTextConfig's (the
+# reader's own .get defaults).
 _TALKER_DEFAULTS: dict[str, Any] = {"vocab_size": 3072, "hidden_size": 1024, "intermediate_size": 2048,
                                     "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 2,
                                     "moe_intermediate_size": 384, "norm_topk_prob": False}

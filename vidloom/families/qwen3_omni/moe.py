@@ -60,7 +60,7 @@ class SparseMoE(nn.Module):
         return out
 
     def experts(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
-        # 1. assignments sorted by expert: row i of `rows` is token `token[i]`'s input to its i-th expert
+        # 1. (token, expert) assignments sorted by expert: row i of `rows` is the input of token `token[i]`
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)
         token = order // self.top_k
