@@ -69,7 +69,7 @@ def load_weights(
                 if skip is not None and skip(key):
                     continue
                 name = name_map.to_module(key)
-                target = _target(targets, name)
+                target = _target(targets, name, name_map)
                 if target is None:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")
                 tensor = read_tensor(f, path, key)
@@ -101,13 +101,15 @@ def stacked_rows(name_map: NameMap, name: str, target: torch.Tensor) -> tuple[st
     return tuple(f"{name}.{i}" for i in range(target.shape[0]))
 
 
-def _target(targets: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
-    """The tensor `name` loads into: a parameter, or row i of a stacked one (`param.{i}`)."""
+def _target(targets: dict[str, torch.Tensor], name: str, name_map: NameMap) -> torch.Tensor | None:
+    """The tensor `name` loads into: a parameter, or row i of a stacked one (`param.{i}`, where a rule of
+    `name_map` gives the rows keys of their own: stacked_rows)."""
     if name in targets:
         return targets[name]
     base, _, index = name.rpartition(".")
     stacked = targets.get(base)
-    if index.isdigit() and stacked is not None and stacked.dim() >= 2 and int(index) < stacked.shape[0]:
+    if (index.isdigit() and stacked is not None and stacked_rows(name_map, base, stacked) is not None
+            and int(index) < stacked.shape[0]):
         return stacked[int(index)]
     return None
 

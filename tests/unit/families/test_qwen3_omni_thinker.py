@@ -95,3 +95,13 @@ def test_experts_load_row_by_row_and_a_missing_one_is_named(tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["thinker_config"]["text_config"]["mlp_only_layers"] == [2]  # the demo has a dense layer too
     assert "thinker.model.layers.2.mlp.gate_proj.weight" in tensors
+
+
+def test_a_row_key_without_a_stacking_rule_is_unexpected(tmp_path):
+    from vidloom.loading.name_map import NameMap
+    from vidloom.loading.safetensors_io import load_weights
+
+    module = torch.nn.Linear(4, 3, bias=False)
+    save_file({"weight.1": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="unexpected tensor 'weight.1'"):
+        load_weights(module, tmp_path, NameMap(()), stem="model")  # row 1 of a plain weight: not a stacked one
