@@ -19,7 +19,7 @@ from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.paged_kv import KVLayout, PagedKVPool
 
 # float32 on both sides; the expert sums and attention reductions run in another order than the reference's
-# (measured max |diff| 0 on moe-a, ~1e-5 on moe-b against logits of magnitude ~20-30).
+# (measured through the pool: max |diff| 7.7e-6 on moe-a, 9.5e-6 on moe-b, against logits up to 22 and 30).
 LOGITS = 1e-4
 MAX_TOKENS = 12
 PROMPTS = ("tell me about kites in one sentence please", "the quick brown fox", "hello world! 1 2 3")
