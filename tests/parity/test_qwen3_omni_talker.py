@@ -14,7 +14,8 @@ from vidloom.families.qwen3_omni.moe import SparseMoE
 from vidloom.layers.rotary import text_positions
 from vidloom.runtime.paged_kv import KVLayout, PagedKVPool
 
-# float32; expert sums run in another order than the reference's (measured through the pool: max |diff| 6.0e-6 on logits up to 21).
+# float32; expert sums run in another order than the reference's (measured through the pool: max |diff| 6.0e-6
+# on logits up to 21).
 LOGITS = 1e-4
 
 
