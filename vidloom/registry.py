@@ -44,6 +44,7 @@ FAMILIES: tuple[str, ...] = (
     "vidloom.families.cosmos3",
     "vidloom.families.diffusers_adapter",
     "vidloom.families.qwen_omni",
+    "vidloom.families.qwen3_omni",
     "vidloom.families.qwen_image",
     "vidloom.families.sana_wm",
     "vidloom.families.stable_audio",

@@ -30,6 +30,7 @@ from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tin
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from tests.helpers.qwen3_omni_checkpoints import THINKER_A, write_tiny_thinker
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_refiner, write_tiny_sana_wm
 from tests.helpers.wan_i2v_checkpoints import make_image
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
@@ -77,6 +78,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),
+    "qwen3-omni": lambda d: write_tiny_thinker(d, THINKER_A),
     "qwen-image": write_qwen_image_wide,  # three blocks: a step cache has blocks to skip
     "sana-wm": lambda d: _with_refiner(write_tiny_sana_wm(d, SANA_WM_A)),
     "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
@@ -133,7 +135,7 @@ NOT_OBSERVABLE_HERE = {
 }
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
 LTX2_VAE = frozenset({"ltx2", "sana-wm"})
-MASKED_ATTENTION = frozenset({"ltx2", "cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni"})
+MASKED_ATTENTION = frozenset({"ltx2", "cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni", "qwen3-omni"})
 
 
 def _shape(kind: str) -> tuple[int, int, int]:

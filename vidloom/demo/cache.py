@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from vidloom.core.errors import CheckpointError
 from vidloom.loading.name_map import NameMap
-from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS
+from vidloom.loading.safetensors_io import DIFFUSERS_WEIGHTS, checkpoint_state
 
 NOISE_NOTE = (
     "{demo} has RANDOM weights (the real {family} architecture at a tiny size{runner}): its output is noise by "
@@ -94,11 +94,10 @@ def save_merged(folder: Path, parts: Iterable[tuple[torch.nn.Module, NameMap]], 
     pathways share transformer/) as one safetensors file in checkpoint naming."""
     state: dict[str, torch.Tensor] = {}
     for module, name_map in parts:
-        for name, tensor in module.state_dict().items():
-            key = name_map.to_checkpoint(name)
+        for key, tensor in checkpoint_state(module, name_map).items():
             if key in state:
                 raise CheckpointError(f"{folder}: two modules write tensor {key!r}")
-            state[key] = tensor.detach().contiguous()
+            state[key] = tensor
     folder.mkdir(parents=True, exist_ok=True)
     save_file(state, str(folder / f"{stem}.safetensors"))
 

@@ -15,6 +15,15 @@ TOKENIZER_CORPUS = (
     "children fly kites on a windy hill", "a drone shot of a forest and a lake",
 )
 TOKENIZER_VOCAB = 256  # at most this many tokens, specials included
+# ChatML, as Qwen-family checkpoints ship it (Qwen3-VL-based Cosmos3, Qwen3-Omni): string or list-of-parts content,
+# text parts only.
+CHATML_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.content is string %}{{ m.content }}{% else %}"
+    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def train_t5_tokenizer() -> Any:

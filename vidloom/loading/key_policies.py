@@ -49,6 +49,15 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
     ("Qwen2_5OmniDiTConfig", "config.json token2wav_config.dit_config"): "vidloom.families.qwen_omni.config_keys:DIT",
     ("Qwen2_5OmniBigVGANConfig", "config.json token2wav_config.bigvgan_config"):
         "vidloom.families.qwen_omni.config_keys:BIGVGAN",
+    ("Qwen3OmniMoeConfig", "config.json (Qwen3-Omni)"): "vidloom.families.qwen3_omni.config_keys:ROOT",
+    ("Qwen3OmniMoeThinkerConfig", "config.json thinker_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:THINKER",
+    ("Qwen3OmniMoeTextConfig", "config.json thinker_config.text_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:TEXT",
+    ("Qwen3OmniMoeTalkerConfig", "config.json talker_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:TALKER",
+    ("Qwen3OmniMoeTalkerTextConfig", "config.json talker_config.text_config (Qwen3-Omni)"):
+        "vidloom.families.qwen3_omni.config_keys:TALKER_TEXT",
 }
 
 

@@ -56,3 +56,10 @@ class NameMap:
             if match:
                 return _fill(rule[side], match.groups()) + key[match.end():]
         return key
+
+
+def causal_lm_map(prefix: str, layer_rules: tuple[tuple[str, str], ...]) -> NameMap:
+    """A transformers causal LM's keys under `prefix` (its `model.embed_tokens`, `model.layers.*` through
+    `layer_rules`, `model.norm` and `lm_head`) -> a decoder's `embed`, blocks, `norm` and `head`."""
+    return NameMap(((f"{prefix}.model.embed_tokens", "embed"), *((f"{prefix}.model.{a}", b) for a, b in layer_rules),
+                    (f"{prefix}.model.norm", "norm"), (f"{prefix}.lm_head", "head")))

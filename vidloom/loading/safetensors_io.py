@@ -69,10 +69,10 @@ def load_weights(
                 if skip is not None and skip(key):
                     continue
                 name = name_map.to_module(key)
-                if name not in targets:
+                target = _target(targets, name, name_map)
+                if target is None:
                     raise CheckpointError(f"{path}: unexpected tensor {key!r} (no parameter {name!r} in {type(module).__name__})")
                 tensor = read_tensor(f, path, key)
-                target = targets[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise CheckpointError(
                         f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, "
@@ -81,11 +81,47 @@ def load_weights(
                 with torch.no_grad():
                     target.copy_(tensor)
                 loaded.add(name)
-    missing = [name_map.to_checkpoint(name) for name in targets if name not in loaded]
+    missing = [name_map.to_checkpoint(part) for name, target in targets.items() if name not in loaded
+               for part in (stacked_rows(name_map, name, target) or (name,)) if part not in loaded]
     if missing:
         shown = ", ".join(repr(k) for k in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{folder}: missing tensors {shown}{more} for {type(module).__name__}")
+
+
+def stacked_rows(name_map: NameMap, name: str, target: torch.Tensor) -> tuple[str, ...] | None:
+    """The row names `name.0`, `name.1`, ... of a stacked parameter (mixture-of-experts weights kept as one
+    [experts, ...] tensor), when a rule of `name_map` gives its rows checkpoint keys of their own (one tensor per
+    expert on disk); None for an ordinary parameter."""
+    if target.dim() < 2:
+        return None
+    row = f"{name}.0"
+    if name_map.to_checkpoint(row) == name_map.to_checkpoint(name) + ".0":
+        return None
+    return tuple(f"{name}.{i}" for i in range(target.shape[0]))
+
+
+def _target(targets: dict[str, torch.Tensor], name: str, name_map: NameMap) -> torch.Tensor | None:
+    """The tensor `name` loads into: a parameter, or row i of a stacked one (`param.{i}`, where a rule of
+    `name_map` gives the rows keys of their own: stacked_rows)."""
+    if name in targets:
+        return targets[name]
+    base, _, index = name.rpartition(".")
+    stacked = targets.get(base)
+    if (index.isdigit() and stacked is not None and stacked_rows(name_map, base, stacked) is not None
+            and int(index) < stacked.shape[0]):
+        return stacked[int(index)]
+    return None
+
+
+def checkpoint_state(module: torch.nn.Module, name_map: NameMap) -> dict[str, torch.Tensor]:
+    """`module`'s tensors in checkpoint naming; a stacked parameter is written one row per key (`stacked_rows`)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in module.state_dict().items():
+        rows = stacked_rows(name_map, name, tensor)
+        parts = zip(rows, tensor.unbind(0)) if rows is not None else ((name, tensor),)
+        state.update((name_map.to_checkpoint(part), value.detach().contiguous()) for part, value in parts)
+    return state
 
 
 def save_weights(
@@ -97,7 +133,7 @@ def save_weights(
 ) -> None:
     """Write `module`'s state in checkpoint naming; shard with an index past `max_shard_bytes`."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {name_map.to_checkpoint(k): v.detach().contiguous() for k, v in module.state_dict().items()}
+    state = checkpoint_state(module, name_map)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for key, tensor in state.items():

@@ -25,7 +25,7 @@ from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.cosmos3.cards import AR_LOOP, cosmos3_card
 from vidloom.families.cosmos3.prompts import VISION_START
 from vidloom.demo.cache import DemoCheckpoint, fill_zeros, noise_note, save_merged, write_json
-from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.demo.tokenizer import CHATML_TEMPLATE, train_chat_tokenizer
 from vidloom.demo.writer import Part, latent_stats_config, model_index, write_part, write_pipeline_files
 
 DEMO_ID = "cosmos3-demo"
@@ -33,14 +33,7 @@ DEMO_VERSION = 1  # bump when the demo's architecture or files change
 DEMO_SEED = 20260301
 DEMO_NOTE = noise_note(DEMO_ID, "Cosmos3 Omni", "nvidia/Cosmos3-Nano")
 
-# ChatML, as Qwen3-VL-based Cosmos3 checkpoints ship it: string or list-of-parts content.
-CHAT_TEMPLATE = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{%- if m.content is string %}{{ m.content }}{% else %}"
-    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = CHATML_TEMPLATE  # as Qwen3-VL-based Cosmos3 checkpoints ship it
 # The pad first (train_chat_tokenizer's rule); VISION_START opens the generated modalities.
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", VISION_START, "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>")

@@ -20,8 +20,8 @@ from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.fp8 import project
 from vidloom.layers.grouped_attention import CausalAttention, KVAttention
 from vidloom.layers.rms_norm import QwenRMSNorm
-from vidloom.layers.rotary import apply_rotary
-from vidloom.loading.name_map import NameMap
+from vidloom.layers.rotary import apply_rotary, axis_frequencies, rotary_tables
+from vidloom.loading.name_map import NameMap, causal_lm_map
 from vidloom.families.qwen_omni.config import DecoderConfig
 
 _LAYER_RULES = (
@@ -37,9 +37,7 @@ _LAYER_RULES = (
 )
 # transformers Qwen2_5OmniForConditionalGeneration keys -> ours (the thinker's audio and vision towers are
 # transformers' modules, loaded apart: families.qwen_omni.encoders).
-THINKER_NAME_MAP = NameMap((("thinker.model.embed_tokens", "embed"),
-                            *((f"thinker.model.{a}", b) for a, b in _LAYER_RULES),
-                            ("thinker.model.norm", "norm"), ("thinker.lm_head", "head")))
+THINKER_NAME_MAP = causal_lm_map("thinker", _LAYER_RULES)
 TALKER_NAME_MAP = NameMap((("talker.model.embed_tokens", "embed"), ("talker.thinker_to_talker_proj", "proj_in"),
                            *((f"talker.model.{a}", b) for a, b in _LAYER_RULES),
                            ("talker.model.norm", "norm"), ("talker.codec_head", "head")))
@@ -60,13 +58,9 @@ class SectionedRotary(nn.Module):
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, T] -> cos, sin [T, head_dim] in `dtype`."""
-        steps = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=positions.device)
-        inv_freq = 1.0 / (self.theta ** (steps / self.head_dim))
-        freqs = positions.float()[..., None] * inv_freq  # [3, T, head_dim/2]
+        freqs = axis_frequencies(positions, self.head_dim, self.theta)  # [3, T, head_dim/2]
         chunks = freqs.split(list(self.section), dim=-1) if sum(self.section) == freqs.shape[-1] else (freqs,)
-        mixed = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)
-        emb = torch.cat((mixed, mixed), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rotary_tables(torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1), dtype)
 
 
 class PreAttention(nn.Module):

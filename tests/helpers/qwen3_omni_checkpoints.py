@@ -1,0 +1,125 @@
+"""Tiny Qwen3-Omni checkpoints (random weights, offline tokenizer) for parity tests.
+
+Written by transformers' `Qwen3OmniMoeForConditionalGeneration.save_pretrained` (text-only: no talker or
+code2wav, enable_audio_output false; the towers are the smallest the config classes allow). Two thinker
+configurations differ in what the MoE decoder reads: experts and top-k, norm_topk_prob, an explicit head_dim
+against the derived one, attention biases, a dense layer (mlp_only_layers), rope theta and mrope sections.
+Weights are redrawn at unit scale (logits of order one, so greedy ids change from step to step and routers pick
+different experts per token) and never near float32 denormals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidloom.demo.tokenizer import train_chat_tokenizer
+from vidloom.families.qwen3_omni.demo import CHAT_TEMPLATE, CORPUS, SPECIALS
+
+
+@dataclass(frozen=True)
+class TinyThinker:
+    name: str
+    text: dict[str, Any]
+
+
+def _mrope(theta: float, section: list[int]) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": section, "interleaved": True}
+
+
+THINKER_A = TinyThinker("moe-a", dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+    rope_parameters=_mrope(1000000.0, [4, 2, 2])))
+THINKER_B = TinyThinker("moe-b", dict(
+    hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=3,
+    num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24, norm_topk_prob=False, attention_bias=True,
+    mlp_only_layers=[1], rope_parameters=_mrope(10000.0, [2, 1, 1])))
+THINKERS = (THINKER_A, THINKER_B)
+# The talker's decoder (every layer sparse, with a sigmoid-gated shared expert), its code predictor and code2wav,
+# tiny; only the decoder is compared (tests/parity/test_qwen3_omni_talker.py).
+TALKER_TEXT = dict(vocab_size=96, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=12, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8,
+                   shared_expert_intermediate_size=20, rope_parameters=_mrope(1000000.0, [2, 2, 2]))
+CODE_PREDICTOR = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=8, num_code_groups=4)
+CODE2WAV = dict(codebook_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=24, num_quantizers=4, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=16,
+                sliding_window=8)
+
+
+def train_tokenizer():
+    return train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE, vocab_size=300)
+
+
+def omni_config(spec: TinyThinker, tokenizer, talker: bool = False):
+    from transformers import Qwen3OmniMoeConfig
+
+    hidden = spec.text["hidden_size"]
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
+    thinker = dict(
+        text_config=dict(vocab_size=len(tokenizer), **spec.text),
+        audio_config=dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                          d_model=16, output_dim=hidden),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=hidden,
+                           deepstack_visual_indexes=[0]),
+        audio_token_id=ids["<|audio_pad|>"], image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        audio_start_token_id=ids["<|audio_start|>"], audio_end_token_id=ids["<|audio_end|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    if not talker:
+        return Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False,
+                                  im_start_token_id=ids["<|im_start|>"], im_end_token_id=ids["<|im_end|>"])
+    talker_config = dict(text_config=TALKER_TEXT, code_predictor_config=CODE_PREDICTOR, num_code_groups=4,
+                         thinker_hidden_size=hidden, codec_eos_token_id=90, codec_nothink_id=91,
+                         codec_think_bos_id=92, codec_think_eos_id=93, codec_pad_id=94, codec_bos_id=95,
+                         speaker_id={"ethan": 80, "chelsie": 81}, audio_token_id=ids["<|audio_pad|>"],
+                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                         vision_start_token_id=ids["<|vision_start|>"], audio_start_token_id=ids["<|audio_start|>"],
+                         spatial_merge_size=2)
+    return Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=talker_config, code2wav_config=CODE2WAV,
+                              enable_audio_output=True, im_start_token_id=ids["<|im_start|>"],
+                              im_end_token_id=ids["<|im_end|>"], tts_pad_token_id=ids["<tts_pad>"],
+                              tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"])
+
+
+def build_model(spec: TinyThinker, seed: int = 0, talker: bool = False):
+    """transformers' model, float32, with the thinker's (and the talker's) decoder redrawn at unit scale."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    tokenizer = train_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(omni_config(spec, tokenizer, talker)).eval().float()
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith(("thinker.model", "thinker.lm_head", "talker.model", "talker.codec_head")):
+                continue
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed
+                p.copy_(1.0 + 0.2 * noise)
+            elif "embed_tokens" in name or "lm_head" in name or "codec_embedding" in name or "codec_head" in name:
+                p.copy_(noise)  # unit-scale logits: greedy ids differ per step
+            elif p.ndim >= 2:  # projections, routers and stacked experts [E, out, in]: unit-variance outputs
+                p.copy_(noise / p.shape[-1] ** 0.5)
+            else:  # attention biases
+                p.copy_(0.1 * noise)
+    return model, tokenizer
+
+
+def write_tiny_thinker(folder: Path, spec: TinyThinker = THINKER_A, seed: int = 0, talker: bool = False) -> Path:
+    """Save a tiny Qwen3-Omni folder (config.json, model.safetensors, tokenizer files); `talker` adds the talker,
+    its code predictor and code2wav (enable_audio_output)."""
+    model, tokenizer = build_model(spec, seed, talker)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_reference(folder: Path):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()

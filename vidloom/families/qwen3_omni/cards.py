@@ -1,0 +1,63 @@
+"""Cards for Qwen3-Omni transformers checkpoints (config.json architectures Qwen3OmniMoeForConditionalGeneration).
+
+Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged KV pool. The talker, code
+predictor and code2wav (audio output) and the audio and vision towers (media inputs) are not built yet: a
+speech request and a chat with audio, image or video parts are refused by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.capabilities import Capabilities
+from vidloom.core.card import ComponentSpec, Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
+from vidloom.core.card_kit import refusals
+from vidloom.core.errors import CheckpointError
+from vidloom.loading.diffusers_dir import read_json
+
+FAMILY = "qwen3-omni"
+ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
+PROGRAM = "vidloom.families.qwen3_omni.program:build_program"
+AR_LOOP = "ar_decode"
+# Served context per sequence (Qwen3-Omni's thinker config: max_position_embeddings 65536).
+CONTEXT_WINDOW = 65536
+CAPABILITIES = Capabilities(
+    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "attention_backend"}),
+    refusals("offload_idle_expert", "two_stage", "devices", "components",
+             fp8_weights="the experts are stacked tensors, not the Linear layers FP8 quantizes",
+             compile="the expert dispatch sizes its groups on the host each layer (a graph break)",
+             warmup_shapes="no denoise shapes: chat only",
+             offload_text_encoder="the thinker is the model: there is no separate text encoder",
+             prompt_cache_size="prompts are prefilled into the paged KV per request",
+             cfg_mode="no guidance: chat only", vae_tile="no VAE", step_cache="no denoiser declared to the step caches",
+             cuda_graphs="the decode steps are not captured yet",
+             kv_session_ttl_s="no causal video rollout whose KV could be kept",
+             batching="no denoise step declared to the batcher: chats share paged decode forwards under every policy"),
+)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
+# The card generates no images or video (tasks is empty): these fill the contract and are never read.
+NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_inference_steps=1,
+                                 guidance_scale=1.0, flow_shift=1.0, sampler="none")
+TEXT_ONLY = ("chat with text parts, text out: the talker, code predictor and code2wav (audio output) and the "
+             "audio and vision towers (audio, image and video inputs) are not built yet")
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    root = Path(path).expanduser()
+    raw = read_json(root / "config.json")
+    if ARCHITECTURE not in (raw.get("architectures") or ()):
+        raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, "
+                              f"expected {ARCHITECTURE}")
+    return qwen3_omni_card(root.name, str(root), description=f"Qwen3-Omni thinker (chat, text out) from {root}")
+
+
+def qwen3_omni_card(model_id: str, source: str, *, description: str, notes: tuple[str, ...] = (),
+                    precision: str = "bfloat16") -> ModelCard:
+    return ModelCard(
+        model_id=model_id, family=FAMILY,
+        components={"thinker": ComponentSpec(precision), "tokenizer": ComponentSpec()},
+        loops={AR_LOOP: LoopSpec()}, tasks=frozenset(), precision=precision, sampling_defaults=NO_GENERATION,
+        geometry=Geometry(1, 1), recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM,
+        source=source, description=description, notes=notes + (TEXT_ONLY,), context_window=CONTEXT_WINDOW,
+        capabilities=CAPABILITIES,
+    )

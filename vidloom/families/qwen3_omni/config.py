@@ -1,0 +1,125 @@
+"""Sizes of Qwen3-Omni's thinker text decoder, read from the transformers checkpoint's config.json.
+
+The file nests the decoder under `thinker_config.text_config` (transformers 5.25 `Qwen3OmniMoeTextConfig`);
+absent keys take that class's defaults. The keys a part may hold at all are config_keys.py's policies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vidloom.core.errors import CheckpointError
+from vidloom.families.qwen3_omni import config_keys as keys
+
+
+def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, tuple[int, int, int]]:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise CheckpointError(f"{where}: rope_type {kind!r} is not supported (default only)")
+    section = tuple(int(s) for s in params.get("mrope_section", (24, 20, 20)))
+    if len(section) != 3:
+        raise CheckpointError(f"{where}: mrope_section {list(section)!r} needs three entries (t, h, w)")
+    return float(params.get("rope_theta", raw.get("rope_theta", 1000000.0))), section  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class MoEDecoderConfig:
+    """A Qwen3-MoE causal decoder: GQA attention with per-head q/k RMSNorm, sparse or dense MLP per layer."""
+
+    vocab_size: int
+    hidden_size: int
+    dense_intermediate_size: int  # dense layers (mlp_only_layers, or off the decoder_sparse_step grid)
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    mrope_section: tuple[int, int, int]  # rotary pairs per (t, h, w) axis, interleaved t h w t h w ... (Qwen3-VL)
+    attention_bias: bool
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool  # renormalise the top-k router probabilities to sum to one
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert (the thinker); the talker has one
+    every_layer_sparse: bool = False  # the talker: transformers builds its sparse block in every layer
+
+    @property
+    def intermediate_size(self) -> int:
+        """The widest MLP activation per token: a dense layer's, or its top-k experts' and the shared expert's
+        together (the runtime's decode working-set estimate reads this; runtime.paged_decode.memory_bytes)."""
+        routed = self.num_experts_per_tok * self.moe_intermediate_size if self.num_experts else 0
+        return max(self.dense_intermediate_size, routed + self.shared_expert_intermediate_size)
+
+    def sparse(self, layer: int) -> bool:
+        """Whether `layer` routes through experts (transformers' rule for Qwen3-MoE decoders)."""
+        return self.every_layer_sparse or (layer not in self.mlp_only_layers and self.num_experts > 0
+                                           and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], where: str, talker: bool = False) -> MoEDecoderConfig:
+        """The thinker's text_config (or, `talker`, the talker's), with the transformers class's defaults for absent
+        keys; head_dim falls back to hidden_size // num_attention_heads, as its attention does."""
+        (keys.TALKER_TEXT if talker else keys.TEXT).check(raw, where)
+        if talker and "shared_expert_intermediate_size" not in raw:
+            raise CheckpointError(f"{where}: no shared_expert_intermediate_size (the talker's shared expert size)")
+        raw = {**_TALKER_DEFAULTS, **raw} if talker else raw
+        if raw.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+        heads = int(raw.get("num_attention_heads", 28))
+        hidden = int(raw.get("hidden_size", 2048))
+        kv_heads = raw.get("num_key_value_heads", 4)
+        theta, section = _rope(raw, where)
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        return cls(
+            vocab_size=int(raw.get("vocab_size", 3584)), hidden_size=hidden,
+            dense_intermediate_size=int(raw.get("intermediate_size", 18944)),
+            num_hidden_layers=int(raw.get("num_hidden_layers", 28)), num_attention_heads=heads,
+            num_key_value_heads=heads if kv_heads is None else int(kv_heads), head_dim=head_dim,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, mrope_section=section,
+            attention_bias=bool(raw.get("attention_bias", False)),
+            num_experts=int(raw.get("num_local_experts", raw.get("num_experts", 128))),
+            num_experts_per_tok=int(raw.get("num_experts_per_tok", 8)),
+            moe_intermediate_size=int(raw.get("moe_intermediate_size", 768)),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(int(n) for n in raw.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0)),
+            every_layer_sparse=talker,
+        )
+
+
+# transformers 5.25's Qwen3OmniMoeTalkerTextConfig defaults where they differ from Qwen3OmniMoeTextConfig's (the
+# reader's own .get defaults).
+_TALKER_DEFAULTS: dict[str, Any] = {"vocab_size": 3072, "hidden_size": 1024, "intermediate_size": 2048,
+                                    "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                    "moe_intermediate_size": 384, "norm_topk_prob": False}
+
+
+@dataclass(frozen=True)
+class Qwen3OmniConfig:
+    """The parts this runtime builds: the thinker's text decoder (talker and code2wav are not built yet)."""
+
+    thinker: MoEDecoderConfig
+    speaks: bool  # enable_audio_output: the checkpoint has a talker and code2wav
+    talker: MoEDecoderConfig | None = None  # the talker's decoder (its inputs, code predictor and code2wav: not yet)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], where: str = "config.json") -> Qwen3OmniConfig:
+        keys.ROOT.check(raw, where)
+        thinker = raw.get("thinker_config")
+        if not isinstance(thinker, Mapping) or not isinstance(thinker.get("text_config"), Mapping):
+            raise CheckpointError(f"{where}: no thinker_config.text_config (not a Qwen3-Omni checkpoint)")
+        keys.THINKER.check(thinker, f"{where}: thinker_config")
+        text = MoEDecoderConfig.from_raw(thinker["text_config"], f"{where}: thinker_config.text_config")
+        speaks = bool(raw.get("enable_audio_output", True))
+        talker = raw.get("talker_config")
+        if not speaks or not isinstance(talker, Mapping):
+            return cls(text, speaks)
+        keys.TALKER.check(talker, f"{where}: talker_config")
+        return cls(text, speaks, MoEDecoderConfig.from_raw(talker.get("text_config") or {},
+                                                           f"{where}: talker_config.text_config", talker=True))

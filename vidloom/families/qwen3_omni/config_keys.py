@@ -1,0 +1,62 @@
+"""Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
+
+Keys config.py reads are `read`; the parts this runtime does not build yet (the towers, talker and code2wav)
+are accepted as harmless with the reason, and the card refuses what needs them; any other key is refused by
+name (KeyPolicy).
+"""
+
+from __future__ import annotations
+
+from vidloom.loading.key_policy import Refusal
+from vidloom.loading.transformers_keys import SPECIAL_ID, transformers_policy
+
+_NOT_BUILT = "a part this runtime does not build yet; the card refuses what needs it (audio output, media inputs)"
+
+ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_output"}, {
+    "code2wav_config": _NOT_BUILT,
+    **dict.fromkeys(("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
+                     "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id"), SPECIAL_ID),
+})
+_MEDIA_IDS = ("audio_token_id", "image_token_id", "video_token_id", "audio_start_token_id", "audio_end_token_id",
+              "vision_start_token_id", "vision_end_token_id", "user_token_id")
+THINKER = transformers_policy({"text_config"}, {
+    "audio_config": _NOT_BUILT, "vision_config": _NOT_BUILT, **dict.fromkeys(_MEDIA_IDS, SPECIAL_ID),
+    "position_id_per_seconds": "places audio and video tokens in time; text-only prompts have none",
+    "seconds_per_chunk": "interleaves a video's audio in chunks; text-only prompts have none",
+}, head=True)
+_TALKER_INPUTS = "builds the talker's inputs or reads its codes; only its decoder is built yet"
+TALKER = transformers_policy({"text_config"}, {
+    "code_predictor_config": _NOT_BUILT,
+    **dict.fromkeys(("num_code_groups", "thinker_hidden_size", "accept_hidden_layer", "speaker_id",
+                     "position_id_per_seconds", "spatial_merge_size", "codec_eos_token_id", "codec_nothink_id",
+                     "codec_think_bos_id", "codec_think_eos_id", "codec_pad_id", "codec_bos_id"), _TALKER_INPUTS),
+    **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
+                     "audio_start_token_id"), SPECIAL_ID),
+}, head=True)
+TEXT = transformers_policy({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters", "rope_scaling", "rope_theta", "hidden_act",
+    "attention_bias", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers"}, {
+    "attention_dropout": "a training setting: inference runs without dropout",
+    "max_position_embeddings": "the trained context length; rotary positions need no table and the runtime's "
+                               "token limits bound the context",
+    "sliding_window": "transformers' Qwen3-Omni thinker attention never slides (it sets no window per layer)",
+    "output_router_logits": "a training output (the router's auxiliary loss)",
+    "router_aux_loss_coef": "a training loss weight",
+}, {
+    # Written by the released checkpoints' converter (Qwen3-MoE's config spelling); transformers' thinker has no
+    # switch for them: it always norms q and k, never slides, and builds no shared expert.
+    "use_qk_norm": Refusal((True,), "the thinker's attention always norms q and k per head"),
+    "use_sliding_window": Refusal((False,), "the thinker's attention never slides"),
+    "shared_expert_intermediate_size": Refusal((0,), "the thinker's MoE layers have no shared expert"),
+}, head=True)
+# The talker's config class names num_experts num_local_experts (its attribute_map): files hold either spelling.
+_TALKER_READ = (TEXT.read - {"mlp_only_layers", "decoder_sparse_step"}) | {"shared_expert_intermediate_size",
+                                                                           "num_local_experts"}
+TALKER_TEXT = transformers_policy(_TALKER_READ, {
+    **TEXT.harmless,
+    "mlp_only_layers": "transformers' talker builds its sparse block in every layer whatever this says",
+    "decoder_sparse_step": "transformers' talker builds its sparse block in every layer whatever this says",
+}, {"use_qk_norm": TEXT.refused["use_qk_norm"], "use_sliding_window": TEXT.refused["use_sliding_window"]},
+    head=True)

@@ -1,0 +1,76 @@
+"""Qwen3-MoE feed-forward layers: the sparse block (top-k router over stacked experts, optional shared expert)
+and the dense gated SiLU MLP that layers off the sparse grid use.
+
+Experts are stacked tensors ([experts, out, in]), loaded row by row from the checkpoint's per-expert tensors
+(`experts.{e}.gate_proj.weight` -> row e of `gate`). A forward groups the (token, expert) assignments of every
+packed token by expert (one stable sort), runs each hit expert once over its gathered rows, and scatters the
+weighted results back with one index_add: the work is batched by expert across all sequences of the step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), no biases (a dense layer's MLP, and the talker's shared expert)."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, inner, bias=False)
+        self.up = nn.Linear(hidden, inner, bias=False)
+        self.down = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class SparseMoE(nn.Module):
+    """Softmax router, top-k experts per token (renormalised when `normalize`), weighted sum of their outputs;
+    plus a sigmoid-gated shared expert when `shared_inner` > 0 (Qwen3-Omni's talker)."""
+
+    def __init__(self, hidden: int, inner: int, experts: int, top_k: int, normalize: bool,
+                 shared_inner: int = 0) -> None:
+        super().__init__()
+        self.top_k, self.normalize = top_k, normalize
+        self.router = nn.Parameter(torch.zeros(experts, hidden))
+        self.gate = nn.Parameter(torch.zeros(experts, inner, hidden))
+        self.up = nn.Parameter(torch.zeros(experts, inner, hidden))
+        self.down = nn.Parameter(torch.zeros(experts, hidden, inner))
+        self.shared = GatedMLP(hidden, shared_inner) if shared_inner > 0 else None
+        self.shared_gate = nn.Linear(hidden, 1, bias=False) if shared_inner > 0 else None
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k]). The softmax and top-k run in float32
+        and the weights round once, as the checkpoint's reference router does."""
+        probs = F.linear(x, self.router).softmax(-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), chosen
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [T, hidden] (packed tokens of every sequence in the step) -> [T, hidden]."""
+        weights, chosen = self.route(x)
+        out = self.experts(x, weights, chosen)
+        if self.shared is not None and self.shared_gate is not None:
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return out
+
+    def experts(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        # 1. (token, expert) assignments sorted by expert: row i of `rows` is the input of token `token[i]`
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // self.top_k
+        rows, scale = x.index_select(0, token), weights.reshape(-1).index_select(0, order)
+        # 2. one gated MLP per hit expert over its contiguous rows (group sizes: one host read per layer)
+        counts = torch.bincount(flat, minlength=self.gate.shape[0]).tolist()
+        outs = []
+        for expert, part in enumerate(rows.split(counts)):
+            if part.shape[0]:
+                hidden = F.silu(F.linear(part, self.gate[expert])) * F.linear(part, self.up[expert])
+                outs.append(F.linear(hidden, self.down[expert]))
+        # 3. weighted, summed back onto the tokens
+        return torch.zeros_like(x).index_add_(0, token, torch.cat(outs) * scale[:, None])

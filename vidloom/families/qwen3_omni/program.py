@@ -1,0 +1,43 @@
+"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidloom.core.chat import ChatRequest
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.instance import ModelInstance
+from vidloom.core.program import Program
+from vidloom.decoding.loop import ARDecodeLoop, PromptFn
+from vidloom.layers.rotary import text_positions
+
+
+def text_prompt(tokenizer: Any) -> PromptFn:
+    """Request -> prompt ids through the checkpoint's chat template; a non-text part is refused by its index
+    (the audio and vision towers are not built yet)."""
+
+    def prompt(request: ChatRequest) -> list[int]:
+        for i, message in enumerate(request.messages):
+            kinds = [part.type for part in message.content]
+            if any(kind != "text" for kind in kinds):
+                j = next(n for n, kind in enumerate(kinds) if kind != "text")
+                raise InvalidRequest(f"messages[{i}].content[{j}]", f"Qwen3-Omni takes text parts only here: "
+                                     f"{kinds[j]} inputs need the thinker's towers, which this runtime does not "
+                                     "build yet")
+        turns = [{"role": message.role, "content": message.text} for message in request.messages]
+        return list(tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"])
+
+    return prompt
+
+
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """<|im_end|> (the tokenizer's eos) ends a turn; <|endoftext|> ends a document. Either stops the thinker."""
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    return tuple(sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id))
+
+
+def build_program(instance: ModelInstance) -> Program:
+    tokenizer = instance["tokenizer"]
+    chat = ARDecodeLoop(instance["thinker"], tokenizer, text_prompt(tokenizer), text_positions, eos_ids(tokenizer))
+    return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=chat)
