@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from vidloom.core.errors import InvalidRequest
 from vidloom.core.loop import Done
 from vidloom.core.request import GenerationRequest
-from vidloom.families.diffusers_adapter.loop import PipelineLoop
+from vidloom.families.diffusers_adapter.loop import PipelineFailed, PipelineLoop
 
 
 class CountingPipeline:
@@ -80,13 +81,20 @@ def test_each_plan_runs_exactly_one_step_and_stop_ends_the_call_where_it_paused(
     assert not [t for t in threading.enumerate() if t.name == "vidloom-diffusers-pipeline"]
 
 
-def test_a_pipeline_error_is_raised_on_the_runtime_thread():
+def test_a_pipeline_error_is_raised_on_the_runtime_thread_as_ours():
     loop, ctx = _loop(CountingPipeline(fail_at=1)), Holder()
     state = loop.init({"request": GenerationRequest(prompt="fox", num_inference_steps=3)}, ctx)
     _drive(loop, state, 1)
     plan = loop.next(state)
-    with pytest.raises(ValueError, match="step 1 failed"):
+    with pytest.raises(PipelineFailed, match="CountingPipeline failed after 1 completed step: ValueError: step 1"):
         loop.advance(state, plan.call())
+
+
+def test_a_value_error_before_the_first_step_is_the_pipeline_refusing_the_request():
+    loop, ctx = _loop(CountingPipeline(fail_at=0)), Holder()
+    state = loop.init({"request": GenerationRequest(prompt="fox", num_inference_steps=3)}, ctx)
+    with pytest.raises(InvalidRequest, match="CountingPipeline refused it: step 0 failed"):
+        loop.advance(state, loop.next(state).call())
 
 
 def test_requests_step_their_own_copy_of_the_pipeline():
