@@ -1,0 +1,47 @@
+"""Tiny HunyuanVideo-1.5 pieces for parity tests: transformer configs that differ in what an implementation could
+get wrong (patch sizes, heads, depth, meanflow), built with diffusers' own classes and saved like a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_TRANSFORMERS: dict[str, dict[str, Any]] = {
+    # one temporal x spatial patch of 1, two heads, rope axes of unequal widths
+    "p1": dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+               num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, text_embed_dim=24,
+               text_embed_2_dim=20, image_embed_dim=12, rope_axes_dim=(4, 6, 6), target_size=64, task_type="t2v"),
+    # spatial patch 2, temporal patch 2, three heads, three blocks, two refiner blocks, meanflow
+    "p2": dict(in_channels=7, out_channels=3, num_attention_heads=3, attention_head_dim=8, num_layers=3,
+               num_refiner_layers=2, mlp_ratio=2.0, patch_size=2, patch_size_t=2, text_embed_dim=16,
+               text_embed_2_dim=12, image_embed_dim=10, rope_axes_dim=(2, 2, 4), target_size=64, task_type="i2v",
+               use_meanflow=True),
+}
+
+
+def perturb(module: torch.nn.Module, seed: int) -> None:
+    """diffusers zero-initialises some projections; a small random offset keeps every path live while activations
+    stay far from float32 denormals."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def build_transformer(name: str, seed: int = 0):
+    """diffusers' HunyuanVideo15Transformer3DModel for TINY_TRANSFORMERS[name], every weight perturbed."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(seed)
+    model = HunyuanVideo15Transformer3DModel(**TINY_TRANSFORMERS[name]).eval()
+    perturb(model, seed + 1)
+    return model
+
+
+def save_transformer(name: str, folder: Path, seed: int = 0):
+    """The reference transformer, saved to `folder` (config.json + safetensors); returns it."""
+    model = build_transformer(name, seed)
+    model.save_pretrained(str(folder))
+    return model
