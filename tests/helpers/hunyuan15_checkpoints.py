@@ -45,3 +45,34 @@ def save_transformer(name: str, folder: Path, seed: int = 0):
     model = build_transformer(name, seed)
     model.save_pretrained(str(folder))
     return model
+
+
+def text_encoders(text_hidden: int, glyph_dim: int, seed: int = 0) -> dict[str, Any]:
+    """The four text components of a HunyuanVideo15Pipeline: an offline Qwen2 tokenizer with a chat template, a
+    random Qwen2.5-VL text model (loud embeddings, so the prompt moves the output), ByT5's byte tokenizer and a
+    random T5 encoder of width `glyph_dim`."""
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = train_qwen_tokenizer()
+    half = text_hidden // 4  # two heads: head_dim // 2 rotary pairs, split over (t, h, w)
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    model = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        hidden_size=text_hidden, intermediate_size=2 * text_hidden, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=len(tokenizer),
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope})).eval()
+    glyph_tokenizer = ByT5Tokenizer()
+    glyph = T5EncoderModel(T5Config(vocab_size=len(glyph_tokenizer), d_model=glyph_dim, d_kv=8, d_ff=2 * glyph_dim,
+                                    num_layers=2, num_heads=2, feed_forward_proj="gated-gelu")).eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(10.0)
+    return dict(tokenizer=tokenizer, text_encoder=model, tokenizer_2=glyph_tokenizer, text_encoder_2=glyph)
+
+
+def save_text_encoders(folder: Path, text_hidden: int, glyph_dim: int, seed: int = 0) -> dict[str, Any]:
+    parts = text_encoders(text_hidden, glyph_dim, seed)
+    for name, part in parts.items():
+        part.save_pretrained(str(folder / name))
+    return parts
