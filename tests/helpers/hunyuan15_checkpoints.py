@@ -76,3 +76,36 @@ def save_text_encoders(folder: Path, text_hidden: int, glyph_dim: int, seed: int
     for name, part in parts.items():
         part.save_pretrained(str(folder / name))
     return parts
+
+
+# Two tiny pipelines: transformer config, text widths, VAE latent layout, scheduler shift and guider settings.
+TINY_PIPELINES: dict[str, dict[str, Any]] = {
+    "p1": dict(transformer="p1", latent_channels=4, spatial=8, shift=5.0,
+               guider=dict(guidance_scale=6.0)),
+    "p2": dict(transformer="p2", latent_channels=3, spatial=8, shift=7.0,
+               guider=dict(guidance_scale=3.5, guidance_rescale=0.7, start=0.25)),
+}
+
+
+def build_pipeline(name: str, seed: int = 0):
+    """A tiny random HunyuanVideo15Pipeline (diffusers' own classes throughout)."""
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline,
+    )
+
+    spec = TINY_PIPELINES[name]
+    dit = TINY_TRANSFORMERS[spec["transformer"]]
+    transformer = build_transformer(spec["transformer"], seed)
+    blocks = {8: (8, 8, 8, 8), 16: (8, 8, 8, 8, 8)}[spec["spatial"]]
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=spec["latent_channels"], block_out_channels=blocks,
+                                      layers_per_block=1, spatial_compression_ratio=spec["spatial"]).eval()
+    texts = text_encoders(dit["text_embed_dim"], dit["text_embed_2_dim"], seed)
+    return HunyuanVideo15Pipeline(transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=spec["shift"]),
+                                  guider=ClassifierFreeGuidance(**spec["guider"]), **texts)
+
+
+def write_pipeline(folder: Path, name: str, seed: int = 0):
+    pipe = build_pipeline(name, seed)
+    pipe.save_pretrained(str(folder))
+    return pipe

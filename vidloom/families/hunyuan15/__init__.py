@@ -1,2 +1,13 @@
-"""HunyuanVideo-1.5: its dual-stream transformer (our own), the Qwen2.5-VL + ByT5 text path, cards, loading, loop
-and program (text to video, image to video)."""
+"""HunyuanVideo-1.5: its dual-stream transformer (our own), the Qwen2.5-VL + ByT5 text path, the saved guider,
+cards, loading, loop and program (text to video)."""
+
+from __future__ import annotations
+
+from vidloom.core.family import Family
+
+FAMILY = Family(
+    package=__name__,
+    card_families=("hunyuan15",),
+    pipelines={"HunyuanVideo15Pipeline": ".cards:card_from_checkpoint"},
+    parity=None,
+)
