@@ -14,7 +14,7 @@ TINY_TRANSFORMERS: dict[str, dict[str, Any]] = {
                num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, text_embed_dim=24,
                text_embed_2_dim=20, image_embed_dim=12, rope_axes_dim=(4, 6, 6), target_size=64, task_type="t2v"),
     # spatial patch 2, temporal patch 2, three heads, three blocks, two refiner blocks, meanflow
-    "p2": dict(in_channels=7, out_channels=3, num_attention_heads=3, attention_head_dim=8, num_layers=3,
+    "p2": dict(in_channels=5, out_channels=2, num_attention_heads=3, attention_head_dim=8, num_layers=3,
                num_refiner_layers=2, mlp_ratio=2.0, patch_size=2, patch_size_t=2, text_embed_dim=16,
                text_embed_2_dim=12, image_embed_dim=10, rope_axes_dim=(2, 2, 4), target_size=64, task_type="i2v",
                use_meanflow=True),
@@ -82,7 +82,7 @@ def save_text_encoders(folder: Path, text_hidden: int, glyph_dim: int, seed: int
 TINY_PIPELINES: dict[str, dict[str, Any]] = {
     "p1": dict(transformer="p1", latent_channels=4, spatial=8, shift=5.0,
                guider=dict(guidance_scale=6.0)),
-    "p2": dict(transformer="p2", latent_channels=3, spatial=8, shift=7.0,
+    "p2": dict(transformer="p2", latent_channels=2, spatial=8, shift=7.0,
                guider=dict(guidance_scale=3.5, guidance_rescale=0.7, start=0.25)),
 }
 
@@ -107,5 +107,67 @@ def build_pipeline(name: str, seed: int = 0):
 
 def write_pipeline(folder: Path, name: str, seed: int = 0):
     pipe = build_pipeline(name, seed)
+    pipe.save_pretrained(str(folder))
+    return pipe
+
+
+def run_until_latents(program, request) -> torch.Tensor:
+    """Every node of `program` that runs for `request` but decode, the loop driven step by step as the runtime
+    drives it (under inference mode, as the runtime runs nodes and steps): the final latents."""
+    from types import SimpleNamespace
+
+    from vidloom.core.loop import DONE
+
+    ctx = SimpleNamespace(progress=lambda *a: None)
+    slots: dict = {"request": request}
+    with torch.inference_mode():
+        _run_nodes(program, request, slots, ctx, DONE)
+    return slots["latents"]
+
+
+def _run_nodes(program, request, slots: dict, ctx, done) -> None:
+    for node in program.nodes:
+        if node.name == "decode" or (node.when is not None and not node.when(request)):
+            continue
+        if node.loop is None:
+            slots.update(node.run(slots, ctx))
+            continue
+        state = node.loop.init(slots, ctx)
+        while (plan := node.loop.next(state)) is not done:
+            state = node.loop.advance(state, plan.call(**plan.inputs))
+        slots.update(node.loop.finalize(state))
+
+
+class DiffusersVAEView(torch.nn.Module):
+    """diffusers' AutoencoderKLHunyuanVideo15 behind the encode_mode of our VAE interface (the first frame's
+    posterior mode), for programs tested before the native VAE joins them."""
+
+    def __init__(self, vae) -> None:
+        super().__init__()
+        self.vae = vae
+
+    def encode_mode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vae.encode(x).latent_dist.mode()
+
+
+def image_encoder(hidden: int, seed: int = 0) -> dict[str, Any]:
+    """A random SigLIP vision tower of width `hidden` (32 px, 8 px patches: 16 tokens) and its PIL processor."""
+    from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(seed)
+    model = SiglipVisionModel(SiglipVisionConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=32, patch_size=8)).eval()
+    return dict(image_encoder=model, feature_extractor=SiglipImageProcessorPil(size={"height": 32, "width": 32}))
+
+
+def write_i2v_pipeline(folder: Path, name: str, seed: int = 0):
+    """A tiny random HunyuanVideo15ImageToVideoPipeline: the T2V parts of TINY_PIPELINES[name] plus SigLIP."""
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+
+    t2v = build_pipeline(name, seed)
+    parts = {key: getattr(t2v, key) for key in ("transformer", "vae", "scheduler", "guider", "tokenizer",
+                                                "text_encoder", "tokenizer_2", "text_encoder_2")}
+    images = image_encoder(TINY_TRANSFORMERS[TINY_PIPELINES[name]["transformer"]]["image_embed_dim"], seed)
+    pipe = HunyuanVideo15ImageToVideoPipeline(**parts, **images)
     pipe.save_pretrained(str(folder))
     return pipe

@@ -3,15 +3,12 @@ HunyuanVideo15Pipeline(output_type="latent") on two tiny checkpoints saved by di
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from tests.helpers.hunyuan15_checkpoints import write_pipeline
+from tests.helpers.hunyuan15_checkpoints import run_until_latents, write_pipeline
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
-from vidloom.core.loop import DONE
 from vidloom.core.request import GenerationRequest
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.hunyuan15.cards import card_from_checkpoint
@@ -27,23 +24,6 @@ CASES = {
     "p2": dict(prompt="a red fox jumps over the lazy dog", negative_prompt='blurry "text"', height=32, width=64,
                num_frames=5, num_inference_steps=4, seed=5),
 }
-
-
-def run_until_latents(program, request: GenerationRequest) -> torch.Tensor:
-    """Every node but decode, the loop driven step by step as the runtime drives it."""
-    ctx = SimpleNamespace(progress=lambda *a: None)
-    slots: dict = {"request": request}
-    for node in program.nodes:
-        if node.name == "decode":
-            continue
-        if node.loop is None:
-            slots.update(node.run(slots, ctx))
-            continue
-        state = node.loop.init(slots, ctx)
-        while (plan := node.loop.next(state)) is not DONE:
-            state = node.loop.advance(state, plan.call(**plan.inputs))
-        slots.update(node.loop.finalize(state))
-    return slots["latents"]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

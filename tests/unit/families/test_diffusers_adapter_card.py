@@ -81,7 +81,7 @@ def test_image_to_video_pipelines_require_their_image():
 
 
 @pytest.mark.parametrize("class_name, message", [
-    ("HunyuanVideo15Pipeline", "takes neither callback_on_step_end nor callback"),  # no hook: no steps, no cancel
+    ("LTX2VideoDiffusionDecodePipeline", "takes neither callback_on_step_end nor callback"),  # no hook: no steps, no cancel
     ("NoSuchPipeline", "'NoSuchPipeline' is not a diffusers"),
 ])
 def test_a_pipeline_without_a_step_hook_or_unknown_to_diffusers_is_refused_by_name(tmp_path, class_name, message):

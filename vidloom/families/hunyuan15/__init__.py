@@ -1,5 +1,5 @@
 """HunyuanVideo-1.5: its dual-stream transformer (our own), the Qwen2.5-VL + ByT5 text path, the saved guider,
-cards, loading, loop and program (text to video)."""
+cards, loading, loop and program (text and image to video)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from vidloom.core.family import Family
 FAMILY = Family(
     package=__name__,
     card_families=("hunyuan15",),
-    pipelines={"HunyuanVideo15Pipeline": ".cards:card_from_checkpoint"},
+    pipelines={"HunyuanVideo15Pipeline": ".cards:card_from_checkpoint",
+               "HunyuanVideo15ImageToVideoPipeline": ".cards:card_from_checkpoint"},
     parity=None,
 )

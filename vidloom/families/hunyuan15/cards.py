@@ -1,4 +1,5 @@
-"""Cards for HunyuanVideo-1.5 diffusers folders (HunyuanVideo15Pipeline: text to video)."""
+"""Cards for HunyuanVideo-1.5 diffusers folders (HunyuanVideo15Pipeline: text to video;
+HunyuanVideo15ImageToVideoPipeline: image to video)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vidloom.core.capabilities import Capabilities
-from vidloom.core.card import Geometry, LoopSpec, ModelCard, RecipeSpec, SamplingDefaults
-from vidloom.core.card_kit import component_table, refusals
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.diffusers_dir import DiffusersDir
@@ -18,14 +19,17 @@ from vidloom.families.hunyuan15.text import MAX_PROMPT_TOKENS
 
 FAMILY = "hunyuan15"
 PIPELINE_CLASS = "HunyuanVideo15Pipeline"
+I2V_PIPELINE_CLASS = "HunyuanVideo15ImageToVideoPipeline"
 PROGRAM = "vidloom.families.hunyuan15.program:build_program"
 VAE_CLASS_NAME = "AutoencoderKLHunyuanVideo15"
 # HunyuanVideo15Pipeline.__init__'s components.
 INDEX_COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler", "text_encoder_2", "tokenizer_2",
                     "guider")
+I2V_COMPONENTS = (*INDEX_COMPONENTS, "image_encoder", "feature_extractor")  # + SigLIP and its processor
 # The common fields its program reads (guidance_scale: the guider's unless the request gives one).
 READS = frozenset({"negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                    "flow_shift"})
+I2V_READS = READS - {"height", "width"}  # image to video: the size is the first frame's aspect bucket
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
 
@@ -43,6 +47,7 @@ CAPABILITIES = Capabilities(
              vae_tile="the HunyuanVideo-1.5 VAE decodes untiled"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
+CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
 
 
 @dataclass(frozen=True)
@@ -65,14 +70,14 @@ class LatentGeometry:
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    """A HunyuanVideo15Pipeline folder whose model_index.json holds only keys this loader reads."""
-    ckpt.expect_pipeline(PIPELINE_CLASS)
-    ckpt.check_index(INDEX_COMPONENTS)
+    """A HunyuanVideo-1.5 pipeline folder whose model_index.json holds only keys this loader reads."""
+    ckpt.expect_pipeline(PIPELINE_CLASS, I2V_PIPELINE_CLASS)
+    ckpt.check_index(I2V_COMPONENTS if ckpt.pipeline_class == I2V_PIPELINE_CLASS else INDEX_COMPONENTS)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
-    """A card for a HunyuanVideo15Pipeline folder: the default size is the 16:9 bucket of the transformer's
-    target_size, the guidance scale the guider's, the shift the scheduler's."""
+    """A card for a HunyuanVideo-1.5 folder: the default size is the 16:9 bucket of the transformer's target_size
+    (image to video: the first frame's bucket), the guidance scale the guider's, the shift the scheduler's."""
     ckpt = DiffusersDir.open(path)
     check_pipeline(ckpt)
     dit = ckpt.component_config("transformer")
@@ -85,29 +90,24 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     defaults = SamplingDefaults(height=height, width=width, num_frames=121, fps=24, num_inference_steps=50,
                                 guidance_scale=guider.guidance_scale, flow_shift=schedule.shift, sampler="euler",
                                 negative_prompt="")
+    i2v = ckpt.pipeline_class == I2V_PIPELINE_CLASS
+    task = "image-to-video" if i2v else "text-to-video"
     return hunyuan15_card(ckpt.root.name, str(ckpt.root), multiple=multiple, temporal=latent.temporal,
-                          defaults=defaults, description=f"HunyuanVideo-1.5 text-to-video from {ckpt.root}")
+                          defaults=defaults, description=f"HunyuanVideo-1.5 {task} from {ckpt.root}", i2v=i2v)
 
 
 def hunyuan15_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
-                   description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
-    """The card of a HunyuanVideo-1.5 folder: sizes a multiple of `multiple` pixels, temporal x k + 1 frames."""
-    return ModelCard(
-        model_id=model_id,
-        family=FAMILY,
-        components=component_table(precision, *INDEX_COMPONENTS, no_weights=("tokenizer", "tokenizer_2", "scheduler",
-                                                                             "guider")),
-        loops={"denoise": LoopSpec(samplers=("euler",))},
-        tasks=frozenset({Task.T2V}),
-        precision=precision,
-        sampling_defaults=defaults,
-        geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal),
-        recipe=RecipeSpec(method="pretrained", loop="denoise"),
-        program=PROGRAM,
-        source=source,
-        description=description,
-        notes=(*notes, CFG_NOTE),
-        max_prompt_tokens=MAX_PROMPT_TOKENS,
-        optional_fields=READS,
-        capabilities=CAPABILITIES,
+                   description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16",
+                   i2v: bool = False) -> ModelCard:
+    """The card of a HunyuanVideo-1.5 folder: sizes a multiple of `multiple` pixels, temporal x k + 1 frames;
+    `i2v`: every request gives the first frame, which sets the size."""
+    weightless = ("tokenizer", "tokenizer_2", "scheduler", "guider", "feature_extractor")
+    image = frozenset({"image"}) if i2v else frozenset()
+    return CARDS.card(
+        model_id, source, {"denoise": LoopSpec(samplers=("euler",))},
+        components=component_table(precision, *(I2V_COMPONENTS if i2v else INDEX_COMPONENTS), no_weights=weightless),
+        tasks=frozenset({Task.I2V if i2v else Task.T2V}), precision=precision, sampling_defaults=defaults,
+        geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal), description=description,
+        notes=(*notes, CFG_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS, optional_fields=I2V_READS if i2v else READS,
+        inputs=image, required_inputs=image,
     )

@@ -16,6 +16,7 @@ from vidloom.loading.component_file import build_component, component_files
 from vidloom.loading.diffusers_dir import DiffusersDir, read_json
 from vidloom.loading.precision import default_compute_dtype, vae_dtype
 from vidloom.families.hunyuan15.cards import LatentGeometry, check_pipeline
+from vidloom.families.hunyuan15.image import Hunyuan15ImageEncoder
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
 from vidloom.families.hunyuan15.text import Hunyuan15TextEncoder
 from vidloom.families.hunyuan15.transformer import (
@@ -45,7 +46,8 @@ def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
 
 def load_denoiser(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype,
                   deploy: DeployConfig) -> dict[str, object]:
-    """Everything but the VAE: transformer, text encoders, schedule, guider and the latent layout."""
+    """Everything but the VAE: transformer, text (and image) encoders, schedule, guider and the latent layout."""
+    extra: dict[str, object] = {}
     files = component_files(deploy.components, (), str(ckpt.root))
     dit_config = ckpt.parse_component("transformer", Hunyuan15TransformerConfig.from_diffusers)
     latent = ckpt.parse_component("vae", LatentGeometry.from_diffusers)
@@ -61,7 +63,14 @@ def load_denoiser(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype
     if text.width != dit_config.text_dim or text.glyph_width != dit_config.glyph_dim:
         raise CheckpointError(f"{ckpt.root}: text encoder widths {text.width} / {text.glyph_width}, transformer reads "
                               f"text_embed_dim {dit_config.text_dim} / text_embed_2_dim {dit_config.glyph_dim}")
+    if ckpt.has("image_encoder"):
+        images = Hunyuan15ImageEncoder.load(ckpt.root, device, compute)
+        if images.width != dit_config.image_dim:
+            raise CheckpointError(f"{ckpt.root}: image encoder hidden size {images.width}, transformer reads "
+                                  f"image_embed_dim {dit_config.image_dim}")
+        extra["image_encoder"] = images
     return {
+        **extra,
         "transformer": transformer,
         "text_encoder": text,
         "schedule": ckpt.parse_component("scheduler", Hunyuan15Schedule.from_diffusers, "scheduler_config.json"),

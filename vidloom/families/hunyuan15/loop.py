@@ -3,15 +3,16 @@ latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
-from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guided_euler import GuidedEulerSteps
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
 from vidloom.families.hunyuan15.text import PromptEmbeds, stack_prompts
 from vidloom.families.hunyuan15.transformer import Hunyuan15Conditioning, Hunyuan15Transformer
@@ -20,12 +21,11 @@ from vidloom.families.hunyuan15.transformer import Hunyuan15Conditioning, Hunyua
 @dataclass(frozen=True)
 class Hunyuan15Inputs:
     """One request's fixed inputs beside the noisy latents: condition latents + mask channel [1, C + 1, F, H, W]
-    (zeros: text to video), the image tokens [1, Li, image_dim] (None: text to video) and the meanflow
-    timestep_r flag (image to video with a meanflow transformer)."""
+    (zeros: text to video) and the image tokens [1, Li, image_dim] (None: text to video)."""
 
     condition: Tensor
     image: Tensor | None = None
-    meanflow: bool = False
+    meanflow: bool = False  # image to video on a meanflow transformer: each step also reads the next step's t
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,16 @@ class Hunyuan15Network:
 
     transformer: Hunyuan15Transformer
     inputs: Hunyuan15Inputs
+    timestep_r: float | None = None  # meanflow: the step's target t (the next step's, 0 after the last)
 
     def _args(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> tuple[Any, ...]:
         text, text_mask, glyph, glyph_mask = stack_prompts([prompt] * latents.shape[0])
         x = torch.cat([latents, self.inputs.condition.to(latents.dtype).expand(latents.shape[0], -1, -1, -1, -1)], 1)
         image = self.inputs.image
         if image is not None:
-            image = image.expand(latents.shape[0], -1, -1)
-        # meanflow I2V: the reference passes timestep_r = the next step's t (0 after the last).
-        return x, timestep, text, text_mask, glyph, glyph_mask, image
+            image = image.to(latents.dtype).expand(latents.shape[0], -1, -1)
+        r = None if self.timestep_r is None else torch.full_like(timestep, self.timestep_r)
+        return x, timestep, text, text_mask, glyph, glyph_mask, image, r
 
     def __call__(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> Tensor:
         x, cond = self.embed(latents, timestep, prompt)
@@ -95,9 +96,9 @@ class GuiderStep:
         return self.guider.combine(cond, network(latents, timestep, negative), guidance_scale)
 
 
-class Hunyuan15DenoiseLoop:
-    """Flow-matching Euler loop over a shared Hunyuan15Transformer; each step runs alone (prompts are unpadded,
-    so two requests' condition tokens differ in number)."""
+class Hunyuan15DenoiseLoop(GuidedEulerSteps):
+    """Flow-matching Euler loop over a shared Hunyuan15Transformer (GuidedEulerSteps' Euler update and finish);
+    each step runs alone (prompts are unpadded, so two requests' condition tokens differ in number)."""
 
     name = "denoise"
 
@@ -123,21 +124,14 @@ class Hunyuan15DenoiseLoop:
             return DONE
         t = state.sigmas[state.index] * self.schedule.num_train_timesteps  # float32, as the scheduler's timesteps
         cfg = state.negative is not None and self.guider.cfg_at(state.index, total, state.guidance_scale)
+        network = state.network
+        if network.inputs.meanflow:  # float32 t of the next step, as the reference's timesteps[i + 1]
+            following = state.sigmas[state.index + 1] * self.schedule.num_train_timesteps
+            network = dataclasses.replace(network, timestep_r=float(following))
         return StepPlan(
             loop=self.name, index=state.index, total=total, call=self.step,
-            inputs={NETWORK: state.network, "latents": state.latents.to(self.dtype),
+            inputs={NETWORK: network, "latents": state.latents.to(self.dtype),
                     "timestep": t.expand(state.latents.shape[0]).to(state.latents.device, self.dtype),
                     "prompt": state.prompt, "negative": state.negative if cfg else None,
                     "guidance_scale": state.guidance_scale},
         )
-
-    def advance(self, state: Hunyuan15State, result: Tensor) -> Hunyuan15State:
-        dt = (state.sigmas[state.index + 1] - state.sigmas[state.index]).to(state.latents.device)
-        state.latents = state.latents + dt * result.float()
-        state.index += 1
-        return state
-
-    def finalize(self, state: Hunyuan15State) -> dict[str, Any]:
-        if not torch.isfinite(state.latents).all():
-            raise NonFiniteOutput.of("denoising", self.dtype)
-        return {"latents": state.latents}

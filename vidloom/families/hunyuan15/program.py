@@ -1,5 +1,6 @@
-"""The HunyuanVideo-1.5 text-to-video program: encode the prompt (and the negative one where the guider runs CFG)
--> draw noise -> denoise -> decode (HunyuanVideo15Pipeline's order)."""
+"""The HunyuanVideo-1.5 program: encode the first frame (image to video: cropped to its aspect bucket, SigLIP
+tokens, VAE mode) -> encode the prompt (and the negative one where the guider runs CFG) -> draw noise -> denoise
+-> decode (HunyuanVideo15Pipeline's and HunyuanVideo15ImageToVideoPipeline's order)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.noise import initial_noise
 from vidloom.media.frames import to_uint8
 from vidloom.families.hunyuan15.cards import LatentGeometry
+from vidloom.families.hunyuan15.image import crop_to, pixels
 from vidloom.families.hunyuan15.loop import Hunyuan15DenoiseLoop, Hunyuan15Inputs
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider
+from vidloom.families.hunyuan15.sizes import closest_bucket
 from vidloom.families.hunyuan15.text import Hunyuan15TextEncoder
 
 NEGATIVE_PROMPT = " "  # a missing negative prompt: the pipeline's "" written into the template as " "
@@ -33,6 +36,7 @@ def build_program(instance: ModelInstance) -> Program:
     latent: LatentGeometry = instance["latent_geometry"]
     spatial, temporal, channels, scaling = latent.spatial, latent.temporal, latent.channels, latent.scaling
     device = instance.device
+    target_size = transformer.config.target_size
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -43,14 +47,36 @@ def build_program(instance: ModelInstance) -> Program:
             (prompt,) = text.encode([request.prompt])
         return {"prompt_embeds": prompt, "negative_embeds": negative}
 
+    def encode_image(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        request: GenerationRequest = slots["request"]
+        source = request.image[0]
+        # The request's size is the image's bucket: the pipeline ignores height and width in image to video.
+        height, width = closest_bucket(source.height, source.width, target_size, spatial)
+        image = crop_to(source, height, width)
+        tokens = instance["image_encoder"].encode(image)
+        vae = instance["vae"]
+        with torch.inference_mode():
+            first = vae.encode_mode(pixels(image)[:, :, None].to(device, next(vae.parameters()).dtype))
+        ctx.progress("encode_image", 1, 1)
+        return {"first_frame": (first.float() * scaling, tokens)}
+
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        shape = (1, channels, (request.num_frames - 1) // temporal + 1, request.height // spatial,
-                 request.width // spatial)
+        first = slots.get("first_frame")
+        height, width = (request.height, request.width) if first is None else (
+            first[0].shape[-2] * spatial, first[0].shape[-1] * spatial)
+        shape = (1, channels, (request.num_frames - 1) // temporal + 1, height // spatial, width // spatial)
         noise, _ = initial_noise(shape, request.seed)
-        # Text to video: zero condition latents and a zero mask channel; no image tokens.
+        # Condition latents (the first frame's at frame 0, else zeros) and a mask channel (1 on frame 0 in image to
+        # video); text to video: both zero and no image tokens.
         condition = torch.zeros(1, channels + 1, *shape[2:], device=device)
-        return {"latents": noise.to(device), "inputs": Hunyuan15Inputs(condition)}
+        if first is None:
+            return {"latents": noise.to(device), "inputs": Hunyuan15Inputs(condition)}
+        latents, tokens = first
+        condition[:, :channels, :1] = latents.to(device)
+        condition[:, channels, 0] = 1.0
+        inputs = Hunyuan15Inputs(condition, tokens, meanflow=transformer.config.use_meanflow)
+        return {"latents": noise.to(device), "inputs": inputs}
 
     def decode(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         vae = instance["vae"]
@@ -64,8 +90,13 @@ def build_program(instance: ModelInstance) -> Program:
     loop = Hunyuan15DenoiseLoop(transformer, instance["schedule"], guider, instance.dtype)
     return Program(
         nodes=(
+            Node("encode_image", reads=("request",), writes=("first_frame",), run=encode_image,
+                 when=lambda r: bool(r.image)),
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
-            Node("prepare_latents", reads=("request",), writes=("latents", "inputs"), run=prepare_latents),
+            Node("prepare_latents_i2v", reads=("request", "first_frame"), writes=("latents", "inputs"),
+                 run=prepare_latents, when=lambda r: bool(r.image)),
+            Node("prepare_latents", reads=("request",), writes=("latents", "inputs"), run=prepare_latents,
+                 when=lambda r: not r.image),
             Node("denoise", reads=("request", "latents", "inputs", "prompt_embeds", "negative_embeds"),
                  writes=("latents",), loop=loop),
             Node("decode", reads=("request", "latents"), writes=("video",), run=decode),

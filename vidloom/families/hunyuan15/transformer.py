@@ -101,9 +101,14 @@ class Hunyuan15TransformerConfig:
 
 
 _REFINER = "context_embedder.token_refiner.refiner_blocks.{n}"
-_SIDES = (("video", "to_q", "to_k", "to_v", "to_out.0", "norm_q", "norm_k", "norm1", "ff"),
-          ("cond", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "norm_added_q", "norm_added_k",
-           "norm1_context", "ff_context"))
+# Per dual-stream block: our name under blocks.{n}.<side> <- diffusers' name under transformer_blocks.{n}.
+_BLOCK_PARTS = ("mod", "q", "k", "v", "out", "norm_q", "norm_k", "mlp.up", "mlp.down")
+_BLOCK_SIDES = {
+    "video": ("norm1.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.norm_q", "attn.norm_k",
+              "ff.net.0.proj", "ff.net.2"),
+    "cond": ("norm1_context.linear", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+             "attn.norm_added_q", "attn.norm_added_k", "ff_context.net.0.proj", "ff_context.net.2"),
+}
 HUNYUAN15_TRANSFORMER_NAME_MAP = NameMap((
     ("x_embedder.proj", "patch_embed"),
     ("image_embedder.linear_1", "image_in.up"),
@@ -132,17 +137,8 @@ HUNYUAN15_TRANSFORMER_NAME_MAP = NameMap((
     ("time_embed.timestep_embedder_r.linear_2", "time_embed_r.down"),
     ("cond_type_embed", "cond_type"),
     ("norm_out.linear", "out_mod"),
-    *(pair for side, q, k, v, out, nq, nk, mod, ff in _SIDES for pair in (
-        (f"transformer_blocks.{{n}}.{mod}.linear", f"blocks.{{n}}.{side}.mod"),
-        (f"transformer_blocks.{{n}}.attn.{q}", f"blocks.{{n}}.{side}.q"),
-        (f"transformer_blocks.{{n}}.attn.{k}", f"blocks.{{n}}.{side}.k"),
-        (f"transformer_blocks.{{n}}.attn.{v}", f"blocks.{{n}}.{side}.v"),
-        (f"transformer_blocks.{{n}}.attn.{out}", f"blocks.{{n}}.{side}.out"),
-        (f"transformer_blocks.{{n}}.attn.{nq}", f"blocks.{{n}}.{side}.norm_q"),
-        (f"transformer_blocks.{{n}}.attn.{nk}", f"blocks.{{n}}.{side}.norm_k"),
-        (f"transformer_blocks.{{n}}.{ff}.net.0.proj", f"blocks.{{n}}.{side}.mlp.up"),
-        (f"transformer_blocks.{{n}}.{ff}.net.2", f"blocks.{{n}}.{side}.mlp.down"),
-    )),
+    *((f"transformer_blocks.{{n}}.{theirs}", f"blocks.{{n}}.{side}.{ours}")
+      for side, names in _BLOCK_SIDES.items() for theirs, ours in zip(names, _BLOCK_PARTS)),
 ))
 
 
