@@ -15,7 +15,7 @@ from vidloom.families.hunyuan15.cards import card_from_checkpoint
 from vidloom.families.hunyuan15.load import load_denoiser
 from vidloom.families.hunyuan15.program import build_program
 
-TOLERANCE = 1e-4
+TOLERANCE = 2e-5  # measured <= 2.7e-6 on latents of ~3.5
 CASES = {
     # quoted text (glyph tokens), the default negative prompt, CFG on every step
     "p1": dict(prompt='a cat holding a sign that says "hello"', negative_prompt=None, height=32, width=48,

@@ -20,7 +20,7 @@ from vidloom.families.hunyuan15.cards import card_from_checkpoint
 from vidloom.families.hunyuan15.load import load_denoiser
 from vidloom.families.hunyuan15.program import build_program
 
-TOLERANCE = 1e-4
+TOLERANCE = 2e-5  # measured <= 2.7e-6 on latents of ~3.5
 CASES = {
     # landscape image -> the 48 x 80 bucket; quoted text; CFG on every step
     "p1": dict(size=(50, 30), prompt='a sign that says "open"', negative_prompt=None, num_frames=9, seed=3),

@@ -12,7 +12,7 @@ import torch
 from tests.helpers.hunyuan15_checkpoints import save_text_encoders
 from vidloom.families.hunyuan15.text import SYSTEM_MESSAGE, Hunyuan15TextEncoder, glyph_text
 
-TOLERANCE = 1e-5
+TOLERANCE = 1e-5  # measured <= 9e-7 (glyph), 1e-8 (text)
 PROMPTS = ("a red fox jumps over the lazy dog", 'a cat holding a sign that says "hello world" and \u201cmoon\u201d',
            "", 'a sign: "a", "b", "a"')
 

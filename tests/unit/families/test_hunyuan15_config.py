@@ -13,7 +13,7 @@ from vidloom.families.hunyuan15.sizes import closest_bucket
 from vidloom.families.hunyuan15.text import glyph_text
 from vidloom.families.hunyuan15.transformer import Hunyuan15Transformer, Hunyuan15TransformerConfig
 
-# hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v transformer/config.json (diffusers 0.36.0.dev0).
+# The 480p text-to-video transformer/config.json as published (written by diffusers 0.36.0.dev0).
 PUBLISHED_480P_T2V = {
     "_class_name": "HunyuanVideo15Transformer3DModel", "_diffusers_version": "0.36.0.dev0", "attention_head_dim": 128,
     "image_embed_dim": 1152, "in_channels": 65, "mlp_ratio": 4.0, "num_attention_heads": 16, "num_layers": 54,
