@@ -139,8 +139,8 @@ def _run_nodes(program, request, slots: dict, ctx, done) -> None:
 
 
 class DiffusersVAEView(torch.nn.Module):
-    """diffusers' AutoencoderKLHunyuanVideo15 behind the encode_mode of our VAE interface (the first frame's
-    posterior mode), for programs tested before the native VAE joins them."""
+    """diffusers' AutoencoderKLHunyuanVideo15 behind our VAE interface (encode_mode: the posterior mode; decode:
+    latents after the scaling factor -> video in [-1, 1]), for programs tested before the native VAE joins them."""
 
     def __init__(self, vae) -> None:
         super().__init__()
@@ -148,6 +148,16 @@ class DiffusersVAEView(torch.nn.Module):
 
     def encode_mode(self, x: torch.Tensor) -> torch.Tensor:
         return self.vae.encode(x).latent_dist.mode()
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(z).sample
+
+
+def load_diffusers_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> DiffusersVAEView:
+    """A stand-in for vidloom.families.hunyuan15.load.load_vae: diffusers' VAE from the `vae/` folder."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    return DiffusersVAEView(AutoencoderKLHunyuanVideo15.from_pretrained(str(folder))).to(device, dtype).eval()
 
 
 def image_encoder(hidden: int, seed: int = 0) -> dict[str, Any]:
@@ -171,3 +181,11 @@ def write_i2v_pipeline(folder: Path, name: str, seed: int = 0):
     pipe = HunyuanVideo15ImageToVideoPipeline(**parts, **images)
     pipe.save_pretrained(str(folder))
     return pipe
+
+
+def system_turn_tokens(tokenizer) -> int:
+    """The tiny tokenizer's count of the template's system turn and user header: the crop the pipeline hard-codes
+    as 108 (Qwen2.5-VL's count), to set on a reference pipeline built with the tiny tokenizer."""
+    from vidloom.families.hunyuan15.text import SYSTEM_MESSAGE
+
+    return len(tokenizer(f"<|im_start|>system\n{SYSTEM_MESSAGE}<|im_end|>\n<|im_start|>user\n")["input_ids"])

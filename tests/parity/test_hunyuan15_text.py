@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers.hunyuan15_checkpoints import save_text_encoders
+from tests.helpers.hunyuan15_checkpoints import save_text_encoders, system_turn_tokens
 from vidloom.families.hunyuan15.text import SYSTEM_MESSAGE, Hunyuan15TextEncoder, glyph_text
 
 TOLERANCE = 1e-5  # measured <= 9e-7 (glyph), 1e-8 (text)
@@ -30,12 +30,11 @@ def encoders(tmp_path_factory):
     ours = Hunyuan15TextEncoder.load(folder, torch.device("cpu"), torch.float32)
     # encode_prompt reads only the text components and these settings (its __init__ needs a VAE).
     # The pipeline crops a fixed 108 (Qwen2.5-VL's own count); the tiny tokenizer's system turn is shorter.
-    prefix = f"<|im_start|>system\n{SYSTEM_MESSAGE}<|im_end|>\n<|im_start|>user\n"
     ref = SimpleNamespace(
         **parts, _get_mllm_prompt_embeds=HunyuanVideo15Pipeline._get_mllm_prompt_embeds,
         _get_byt5_prompt_embeds=HunyuanVideo15Pipeline._get_byt5_prompt_embeds, tokenizer_max_length=1000,
         tokenizer_2_max_length=256, system_message=HUNYUAN_SYSTEM,
-        prompt_template_encode_start_idx=len(parts["tokenizer"](prefix)["input_ids"]))
+        prompt_template_encode_start_idx=system_turn_tokens(parts["tokenizer"]))
     ref.encode_prompt = lambda **kw: HunyuanVideo15Pipeline.encode_prompt(ref, **kw)
     return ours, ref
 
