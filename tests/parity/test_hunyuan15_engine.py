@@ -12,6 +12,7 @@ from PIL import Image
 from tests.helpers.hunyuan15_checkpoints import (
     load_diffusers_vae, system_turn_tokens, write_i2v_pipeline, write_pipeline,
 )
+from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator
 
 TOLERANCE = 0.51  # uint8 levels: the engine's frames are the float ones rounded (float parity: ~3e-6)
@@ -47,3 +48,18 @@ def test_image_to_video_frames_match_the_pipeline(tmp_path):
                         num_inference_steps=3, generator=torch.Generator().manual_seed(9), output_type="np").frames[0]
     assert got.shape == expected.shape == (5, 80, 48, 3)
     assert got.dtype == np.uint8 and np.abs(got.astype(np.float32) - expected * 255).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("policy", ["fbcache", "teacache"])
+def test_step_caches_run_the_staged_network(tmp_path, policy):
+    # Threshold 0 never reuses (the frames equal the uncached ones); a huge one reuses whenever it may.
+    write_pipeline(tmp_path, "p1")
+    request = dict(height=32, width=48, num_frames=9, num_inference_steps=4, seed=7)
+    plain = VideoGenerator.from_pretrained(tmp_path, device="cpu", dtype=torch.float32).generate("a cat", **request)
+    frames = {}
+    for threshold in (0.0, 1e9):
+        gen = VideoGenerator.from_pretrained(tmp_path, device="cpu", dtype=torch.float32,
+                                             deploy=DeployConfig(step_cache=policy, step_cache_threshold=threshold))
+        frames[threshold] = gen.generate("a cat", **request).frames
+    assert np.array_equal(frames[0.0], plain.frames)
+    assert np.abs(frames[1e9].astype(np.int16) - plain.frames).max() > 0, "the cache reused nothing"

@@ -28,20 +28,20 @@ INDEX_COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "schedule
 I2V_COMPONENTS = (*INDEX_COMPONENTS, "image_encoder", "feature_extractor")  # + SigLIP and its processor
 # The common fields its program reads (guidance_scale: the guider's unless the request gives one).
 READS = frozenset({"negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-                   "flow_shift"})
+                   "flow_shift", "step_cache_threshold"})
 I2V_READS = READS - {"height", "width"}  # image to video: the size is the first frame's aspect bucket
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
 
 CAPABILITIES = Capabilities(
-    frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights"}),
+    frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
+               "step_cache"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
                       "and the two CFG branches run one after the other, as the guider runs them",
              batching="each prompt is encoded unpadded, so two requests' condition tokens differ in number and "
                       "their steps run alone (no stacked forward yet)",
-             step_cache="the loop's steps carry per-prompt condition objects the step caches do not key on yet",
              cuda_graphs="condition token counts vary per prompt; graph capture is not wired for this loop",
              warmup_shapes="no warmup pass is wired for this family yet",
              vae_tile="the HunyuanVideo-1.5 VAE decodes untiled"),
