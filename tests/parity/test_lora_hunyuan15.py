@@ -4,7 +4,6 @@ per request through the engine vs the pipeline with the adapter injected by PEFT
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from tests.helpers.hunyuan15_checkpoints import load_diffusers_vae, system_turn_tokens, write_pipeline
