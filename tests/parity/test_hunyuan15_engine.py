@@ -13,6 +13,7 @@ from tests.helpers.hunyuan15_checkpoints import (
     load_diffusers_vae, system_turn_tokens, write_i2v_pipeline, write_pipeline,
 )
 from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import InvalidRequest
 from vidloom.generator import VideoGenerator
 
 TOLERANCE = 0.51  # uint8 levels: the engine's frames are the float ones rounded (float parity: ~3e-6)
@@ -48,6 +49,8 @@ def test_image_to_video_frames_match_the_pipeline(tmp_path):
                         num_inference_steps=3, generator=torch.Generator().manual_seed(9), output_type="np").frames[0]
     assert got.shape == expected.shape == (5, 80, 48, 3)
     assert got.dtype == np.uint8 and np.abs(got.astype(np.float32) - expected * 255).max() < TOLERANCE
+    with pytest.raises(InvalidRequest, match="height"):  # the image's bucket sets the size, as in the pipeline
+        gen.generate("a red fox in the snow", image=image, height=64, width=64, num_frames=5)
 
 
 @pytest.mark.parametrize("policy", ["fbcache", "teacache"])

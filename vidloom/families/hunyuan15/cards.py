@@ -26,8 +26,9 @@ VAE_CLASS_NAME = "AutoencoderKLHunyuanVideo15"
 INDEX_COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler", "text_encoder_2", "tokenizer_2",
                     "guider")
 I2V_COMPONENTS = (*INDEX_COMPONENTS, "image_encoder", "feature_extractor")  # + SigLIP and its processor
-# The common fields its program reads (guidance_scale: the guider's unless the request gives one).
-READS = frozenset({"negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+# The common fields its program reads (guidance_scale: the guider's unless the request gives one), and fps: the
+# written video's frame rate.
+READS = frozenset({"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale",
                    "flow_shift", "step_cache_threshold"})
 I2V_READS = READS - {"height", "width"}  # image to video: the size is the first frame's aspect bucket
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
