@@ -60,3 +60,13 @@ def test_prompt_embeddings_match_the_pipeline(encoders, prompt):
         assert got.glyph.shape[0] == 0 and not glyph.any()
     else:
         assert (got.glyph - valid_glyph).abs().max().item() < TOLERANCE
+
+
+def test_a_cached_prompt_skips_the_encoders(encoders):
+    ours, _ = encoders
+    cached = Hunyuan15TextEncoder(ours.tokenizer, ours.model, ours.glyph_tokenizer, ours.glyph_model,
+                                  torch.device("cpu"), cache_size=2)
+    first = cached.encode([PROMPTS[1]])[0]
+    again = cached.encode([PROMPTS[1]])[0]
+    assert (cached.cache.misses, cached.cache.hits) == (1, 1)
+    assert torch.equal(first.text, again.text) and torch.equal(first.glyph, again.glyph)
