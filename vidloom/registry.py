@@ -46,6 +46,7 @@ FAMILIES: tuple[str, ...] = (
     "vidloom.families.qwen_omni",
     "vidloom.families.qwen3_omni",
     "vidloom.families.qwen_image",
+    "vidloom.families.hunyuan15",
     "vidloom.families.sana_wm",
     "vidloom.families.stable_audio",
 )

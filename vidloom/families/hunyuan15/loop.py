@@ -1,0 +1,137 @@
+"""HunyuanVideo-1.5's denoise loop: flow-match Euler over the video latent, the transformer reading [noisy
+latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, CFG as the saved guider runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guided_euler import GuidedEulerSteps
+from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
+from vidloom.families.hunyuan15.text import PromptEmbeds, stack_prompts
+from vidloom.families.hunyuan15.transformer import Hunyuan15Conditioning, Hunyuan15Transformer
+
+
+@dataclass(frozen=True)
+class Hunyuan15Inputs:
+    """One request's fixed inputs beside the noisy latents: condition latents + mask channel [1, C + 1, F, H, W]
+    (zeros: text to video) and the image tokens [1, Li, image_dim] (None: text to video)."""
+
+    condition: Tensor
+    image: Tensor | None = None
+    meanflow: bool = False  # image to video on a meanflow transformer: each step also reads the next step's t
+
+
+@dataclass(frozen=True)
+class Hunyuan15Network:
+    """The network a guidance step calls: (latents, timestep, prompt) -> velocity, `prompt` a PromptEmbeds."""
+
+    transformer: Hunyuan15Transformer
+    inputs: Hunyuan15Inputs
+    timestep_r: float | None = None  # meanflow: the step's target t (the next step's, 0 after the last)
+
+    def _args(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> tuple[Any, ...]:
+        text, text_mask, glyph, glyph_mask = stack_prompts([prompt] * latents.shape[0])
+        x = torch.cat([latents, self.inputs.condition.to(latents.dtype).expand(latents.shape[0], -1, -1, -1, -1)], 1)
+        image = self.inputs.image
+        if image is not None:
+            image = image.to(latents.dtype).expand(latents.shape[0], -1, -1)
+        r = None if self.timestep_r is None else torch.full_like(timestep, self.timestep_r)
+        return x, timestep, text, text_mask, glyph, glyph_mask, image, r
+
+    def __call__(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> Tensor:
+        x, cond = self.embed(latents, timestep, prompt)
+        return self.head(self.run_blocks(x, cond), cond)
+
+    # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is their composition.
+
+    @property
+    def num_blocks(self) -> int:
+        return self.transformer.num_blocks
+
+    def embed(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> tuple[Tensor, Hunyuan15Conditioning]:
+        return self.transformer.embed(*self._args(latents, timestep, prompt))
+
+    def run_blocks(self, x: Tensor, cond: Hunyuan15Conditioning, start: int = 0, end: int | None = None) -> Tensor:
+        return self.transformer.run_blocks(x, cond, start, end)
+
+    def block_input(self, x: Tensor, cond: Hunyuan15Conditioning, index: int = 0) -> Tensor:
+        return self.transformer.block_input(x, cond, index)
+
+    def head(self, x: Tensor, cond: Hunyuan15Conditioning) -> Tensor:
+        return self.transformer.head(x, cond)
+
+
+@dataclass
+class Hunyuan15State:
+    """One request's denoising; owned by that request alone."""
+
+    latents: Tensor  # float32 [1, C, F, H, W]
+    sigmas: Tensor  # float32 [steps + 1]
+    network: Hunyuan15Network
+    prompt: PromptEmbeds
+    negative: PromptEmbeds | None  # None: no CFG at any step
+    guidance_scale: float
+    index: int = 0
+
+
+class GuiderStep:
+    """The step body: the conditional prediction, and the unconditional one where the guider runs CFG at this
+    step (cond first, then uncond, as the guider orders its batches)."""
+
+    def __init__(self, guider: Hunyuan15Guider) -> None:
+        self.guider = guider
+
+    def __call__(self, network: Hunyuan15Network, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds,
+                 negative: PromptEmbeds | None, guidance_scale: float) -> Tensor:
+        cond = network(latents, timestep, prompt)
+        if negative is None:
+            return cond
+        return self.guider.combine(cond, network(latents, timestep, negative), guidance_scale)
+
+
+class Hunyuan15DenoiseLoop(GuidedEulerSteps):
+    """Flow-matching Euler loop over a shared Hunyuan15Transformer (GuidedEulerSteps' Euler update and finish);
+    each step runs alone (prompts are unpadded, so two requests' condition tokens differ in number)."""
+
+    name = "denoise"
+
+    def __init__(self, transformer: Hunyuan15Transformer, schedule: Hunyuan15Schedule, guider: Hunyuan15Guider,
+                 dtype: torch.dtype) -> None:
+        self.transformer, self.schedule, self.guider, self.dtype = transformer, schedule, guider, dtype
+        self.step = GuiderStep(guider)
+
+    def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Hunyuan15State:
+        request: GenerationRequest = slots["request"]
+        return Hunyuan15State(
+            latents=slots["latents"],
+            sigmas=self.schedule.sigmas(request.num_inference_steps, request.flow_shift),
+            network=Hunyuan15Network(self.transformer, slots["inputs"]),
+            prompt=slots["prompt_embeds"],
+            negative=slots["negative_embeds"],
+            guidance_scale=float(request.guidance_scale),
+        )
+
+    def next(self, state: Hunyuan15State) -> StepPlan | Done:
+        total = len(state.sigmas) - 1
+        if state.index >= total:
+            return DONE
+        t = state.sigmas[state.index] * self.schedule.num_train_timesteps  # float32, as the scheduler's timesteps
+        cfg = state.negative is not None and self.guider.cfg_at(state.index, total, state.guidance_scale)
+        network = state.network
+        if network.inputs.meanflow:  # float32 t of the next step, as the reference's timesteps[i + 1]
+            following = state.sigmas[state.index + 1] * self.schedule.num_train_timesteps
+            network = dataclasses.replace(network, timestep_r=float(following))
+        return StepPlan(
+            loop=self.name, index=state.index, total=total, call=self.step,
+            inputs={NETWORK: network, "latents": state.latents.to(self.dtype),
+                    "timestep": t.expand(state.latents.shape[0]).to(state.latents.device, self.dtype),
+                    "prompt": state.prompt, "negative": state.negative if cfg else None,
+                    "guidance_scale": state.guidance_scale},
+        )
