@@ -110,10 +110,14 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
     instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
+    layout = registry.token_layout(card, Path(spec.checkpoint))
     if groups.sp is not None:
-        apply_sp(instance["transformer"], groups.sp)
-    guidance = ParallelCFG(groups.cfg) if groups.cfg is not None else None
-    program = plugin.resolve(card.program)(instance, guidance=guidance)
+        for name in layout.denoisers:
+            if name in instance.components:
+                apply_sp(instance[name], groups.sp)
+    # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
+    extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
+    program = plugin.resolve(card.program)(instance, **extra)
     return RankRuntime(Engine(instance, program), control, options.check_lockstep)
 
 
