@@ -1,7 +1,9 @@
-"""MMDiT families on several CPU processes (gloo): Flux2 and Qwen-Image under --sp 2 --cfg-parallel match one process.
+"""MMDiT families on several CPU processes (gloo): Flux2 and Qwen-Image under --sp 2 (and --cfg-parallel) match one
+process.
 
-One pool of four ranks per family (sp=2 x cfg=2), the most a CI machine with 2 cores should start; each rank
-gets one thread. The requests are sized so the joined [text, image] stream does not split evenly (padded).
+sp=2 runs in every suite (two ranks, one thread each on a 2-core machine); sp=2 x cfg=2 starts four ranks and is
+marked slow, like tests/integration/test_parallel.py's. The requests are sized so the joined [text, image] stream
+does not split evenly (it is padded), and Flux2's includes a reference image.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from vidloom.runtime.parallel.worker import PoolOptions
 # inside kernels changes (<= ~2e-7 on the DiT output in tests/unit/runtime/parallel/test_joint_sp.py).
 # 1e-5 on the decoded float image still catches one misplaced row or head.
 FP32_TOL = 1e-5
-PLAN = ParallelPlan(sp=2, cfg=2)
+PLANS = [pytest.param(ParallelPlan(sp=2), id="sp2"),
+         pytest.param(ParallelPlan(sp=2, cfg=2), id="sp2xcfg2", marks=pytest.mark.slow)]
 OPTIONS = PoolOptions(collective_timeout_s=60, check_lockstep=True)
 # Two heads (sp=2 divides them), base Klein (classic CFG).
 FLUX2_TWO_HEADS = dataclasses.replace(TINY_BASE, name="klein-base-2h", transformer=flux2_dit(
@@ -43,29 +46,36 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max())
 
 
-def _matches_one_process(folder: Path, requests: list[dict[str, Any]], refused: list[dict[str, Any]]) -> None:
-    """Each of `requests` equals one process's run; each change in `refused` is refused at submit, naming its field."""
-    single = VideoGenerator.from_pretrained(folder, device="cpu").engine
-    expected = [single.run(GenerationRequest(**r))["video"] for r in requests]
-    with VideoGenerator.from_pretrained(folder, device="cpu", parallel=PLAN, pool_options=OPTIONS) as gen:
-        for request, reference in zip(requests, expected):
-            assert _max_diff(gen.engine.run(GenerationRequest(**request))["video"], reference) <= FP32_TOL
-        for change in refused:
-            with pytest.raises(InvalidRequest) as err:
-                gen.engine.submit(GenerationRequest(**{**requests[0], **change}))
-            assert err.value.field in change
-
-
-def test_flux2_sp2_x_cfg2_matches_one_process_with_a_reference_image(tmp_path):
-    folder = write_tiny_flux2(tmp_path / "klein", FLUX2_TWO_HEADS)
+@pytest.fixture(scope="module")
+def flux2(tmp_path_factory) -> tuple[Path, list[dict[str, Any]], list[np.ndarray]]:
+    folder = write_tiny_flux2(tmp_path_factory.mktemp("klein"), FLUX2_TWO_HEADS)
     rng = np.random.default_rng(0)
     reference = Image.fromarray(rng.integers(0, 256, (64, 80, 3), dtype=np.uint8))
-    edit = {**FLUX2_REQUEST, "image": (reference,), "prompt": "make it purple"}
-    # Flux2's negative prompt may be empty (the pipeline's is ""): CFG still runs.
-    _matches_one_process(folder, [FLUX2_REQUEST, edit], [{"guidance_scale": 1.0}])
+    requests = [FLUX2_REQUEST, {**FLUX2_REQUEST, "image": (reference,), "prompt": "make it purple"}]
+    return folder, requests, _one_process(folder, requests)
 
 
-def test_qwen_image_sp2_x_cfg2_matches_one_process(tmp_path):
-    folder = write_qwen_image_wide(tmp_path / "qwen", heads=2, axes=(4, 4, 4))
-    # True CFG runs only with a negative prompt: --cfg-parallel needs one.
-    _matches_one_process(folder, [QWEN_REQUEST], [{"guidance_scale": 1.0}, {"negative_prompt": ""}])
+@pytest.fixture(scope="module")
+def qwen_image(tmp_path_factory) -> tuple[Path, list[dict[str, Any]], list[np.ndarray]]:
+    folder = write_qwen_image_wide(tmp_path_factory.mktemp("qwen"), heads=2, axes=(4, 4, 4))
+    return folder, [QWEN_REQUEST], _one_process(folder, [QWEN_REQUEST])
+
+
+def _one_process(folder: Path, requests: list[dict[str, Any]]) -> list[np.ndarray]:
+    engine = VideoGenerator.from_pretrained(folder, device="cpu").engine
+    return [engine.run(GenerationRequest(**r))["video"] for r in requests]
+
+
+@pytest.mark.parametrize("family", ["flux2", "qwen_image"])
+@pytest.mark.parametrize("plan", PLANS)
+def test_the_pool_matches_one_process(family, plan, request):
+    folder, requests, expected = request.getfixturevalue(family)
+    with VideoGenerator.from_pretrained(folder, device="cpu", parallel=plan, pool_options=OPTIONS) as gen:
+        for kwargs, reference in zip(requests, expected):
+            assert _max_diff(gen.engine.run(GenerationRequest(**kwargs))["video"], reference) <= FP32_TOL
+        if plan.cfg > 1:  # both need guidance; Qwen-Image's true CFG also a negative prompt (Flux2's may be "")
+            refused = [{"guidance_scale": 1.0}] + ([{"negative_prompt": ""}] if family == "qwen_image" else [])
+            for change in refused:
+                with pytest.raises(InvalidRequest) as err:
+                    gen.engine.submit(GenerationRequest(**{**requests[0], **change}))
+                assert err.value.field in change

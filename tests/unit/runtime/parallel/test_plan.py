@@ -76,6 +76,26 @@ def test_cfg_parallel_needs_guidance():
         check_request(ParallelPlan(cfg=2), WAN4, request)
 
 
+JOINT = TokenLayout(num_heads=4, streams=("text", "image"), split="pad", cfg_needs=("guidance_scale", "negative_prompt"))
+
+
+def test_a_padded_layout_runs_any_size_and_its_cfg_needs_are_checked_at_submit():
+    odd = dict(prompt="x", height=48, width=48, num_frames=1, guidance_scale=4.0)
+    check_request(ParallelPlan(sp=2), JOINT, GenerationRequest(**odd))  # 3x3 tokens and any text: padded
+    check_request(ParallelPlan(cfg=2), JOINT, GenerationRequest(**odd, negative_prompt="blurry"))
+    with pytest.raises(InvalidRequest, match="non-empty negative prompt.*--cfg-parallel") as err:
+        check_request(ParallelPlan(cfg=2), JOINT, GenerationRequest(**odd))
+    assert err.value.field == "negative_prompt"
+    check_warmup(DeployConfig(devices=2, parallel=ParallelPlan(sp=2), warmup_shapes=((48, 48, 1),)), JOINT)
+
+
+def test_a_layout_without_classic_cfg_refuses_cfg_parallel_with_its_reason():
+    distilled = TokenLayout(num_heads=4, streams=("text", "image"), split="pad", cfg_parallel="no CFG to split")
+    check_model(ParallelPlan(sp=2), distilled)
+    with pytest.raises(DeployError, match="--cfg-parallel: no CFG to split"):
+        check_model(ParallelPlan(cfg=2), distilled)
+
+
 def test_warmup_shapes_follow_the_request_rules():
     deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2), warmup_shapes=((48, 48, 9),))
     with pytest.raises(DeployError, match="warmup_shapes entry 48x48x9"):
