@@ -118,7 +118,9 @@ class SelfAttentionLayer(Protocol):
 
 
 class SequenceParallelModel(Protocol):
-    """The hooks a model exposes for apply_sp (vidloom.models.wan.transformer.WanTransformer has them)."""
+    """The hooks a model exposes for apply_sp (WanTransformer, Flux2Transformer and QwenImageTransformer have them):
+    `sequence` shards after embedding and gathers before the head; `self_attentions()` are the layers whose
+    attention must see every token."""
 
     sequence: SequenceLayout
 

@@ -76,7 +76,8 @@ def test_cfg_parallel_needs_guidance():
         check_request(ParallelPlan(cfg=2), WAN4, request)
 
 
-JOINT = TokenLayout(num_heads=4, streams=("text", "image"), split="pad", cfg_needs=("guidance_scale", "negative_prompt"))
+JOINT = TokenLayout(num_heads=4, streams=("text", "image"), split="pad",
+                    cfg_needs=("guidance_scale", "negative_prompt"))
 
 
 def test_a_padded_layout_runs_any_size_and_its_cfg_needs_are_checked_at_submit():
