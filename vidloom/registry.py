@@ -20,7 +20,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError, InvalidRequest, UnknownModel, VidloomError
 from vidloom.core.family import Family
 from vidloom.core.options import OptionBlock, unique_blocks
-from vidloom.core.parallel import SequenceGeometry
+from vidloom.core.parallel import TokenLayout
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.key_policy import recording_accepted_keys
 
@@ -109,7 +109,7 @@ def __getattr__(name: str) -> Any:
 
 
 _TABLES = {"CARDS": "cards", "DEMOS": "demos", "PIPELINES": "pipelines", "ARCHITECTURES": "architectures",
-           "LOADERS": "loaders", "SEQUENCE_GEOMETRY": "sequence_geometry", "CAPABILITY_ROWS": "capability_rows",
+           "LOADERS": "loaders", "TOKEN_LAYOUTS": "token_layouts", "CAPABILITY_ROWS": "capability_rows",
            "ADAPTER": "adapter"}
 
 
@@ -124,7 +124,7 @@ class _Views:
     architectures: dict[str, str]
     loaders: dict[str, str]
     by_card_family: dict[str, Family]
-    sequence_geometry: dict[str, str]
+    token_layouts: dict[str, str]
     capability_rows: tuple[str, ...]
     adapter: str | None
 
@@ -143,7 +143,7 @@ def _views() -> _Views:
     tables: dict[str, dict[str, str]] = {"cards": {}, "demos": {}, "pipelines": {}, "architectures": {}}
     loaders: dict[str, str] = {}
     by_card_family: dict[str, Family] = {}
-    geometry: dict[str, str] = {}
+    layouts: dict[str, str] = {}
     adapters: list[Family] = []
     for family in loaded:
         claim("family", family.name, family)
@@ -157,14 +157,14 @@ def _views() -> _Views:
             claim("card family", card_family, family)
             by_card_family[card_family] = family
             loaders[card_family] = family.target(family.loader)
-            if family.sequence_geometry is not None:
-                geometry[card_family] = family.target(family.sequence_geometry)
+            if family.token_layout is not None:
+                layouts[card_family] = family.target(family.token_layout)
         if family.catch_all is not None:
             adapters.append(family)
     if len(adapters) > 1:
         raise RegistryError(f"catch_all is declared by two families: {adapters[0].name!r} and {adapters[1].name!r}")
     return _Views(
-        families=loaded, **tables, loaders=loaders, by_card_family=by_card_family, sequence_geometry=geometry,
+        families=loaded, **tables, loaders=loaders, by_card_family=by_card_family, token_layouts=layouts,
         capability_rows=tuple(f.target(f.capability_rows) for f in loaded if f.capability_rows is not None),
         adapter=adapters[0].target(adapters[0].catch_all) if adapters else None,  # type: ignore[arg-type]
     )
@@ -291,14 +291,14 @@ def check_deploy(card: ModelCard, deploy: DeployConfig) -> None:
     card.capabilities.refuse_unsupported(deploy, card.model_id, card.family)
 
 
-def sequence_geometry(card: ModelCard, checkpoint: Path) -> SequenceGeometry:
-    """What a parallel plan must divide for this checkpoint (config files only, no weights)."""
-    geometry = _views().sequence_geometry
-    if card.family not in geometry:
+def token_layout(card: ModelCard, checkpoint: Path) -> TokenLayout:
+    """How this checkpoint's tokens shard under a parallel plan (config files only, no weights)."""
+    layouts = _views().token_layouts
+    if card.family not in layouts:
         raise DeployError(
-            f"{card.model_id}: family {card.family!r} has no multi-device support; supported: {', '.join(geometry)}"
+            f"{card.model_id}: family {card.family!r} has no multi-device support; supported: {', '.join(layouts)}"
         )
-    return plugin.resolve(geometry[card.family])(checkpoint)
+    return plugin.resolve(layouts[card.family])(checkpoint)
 
 
 def _from_hub_cache(card: ModelCard, repo_id: str) -> Path:

@@ -31,15 +31,16 @@ def text_encoder(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads
     return model
 
 
-def build_qwen_image_wide() -> Any:
+def build_qwen_image_wide(heads: int = 3, axes: tuple[int, int, int] = (2, 4, 2)) -> Any:
+    """Three blocks of width 24 in `heads` heads (rotary `axes` sum to the head width)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
     from diffusers import QwenImageTransformer2DModel
 
     tokenizer = train_qwen_tokenizer()
     encoder = text_encoder(len(tokenizer), 24, 3, 3, 1)
     transformer = QwenImageTransformer2DModel(
-        patch_size=2, in_channels=24, out_channels=6, num_layers=3, attention_head_dim=8, num_attention_heads=3,
-        joint_attention_dim=24, guidance_embeds=False, axes_dims_rope=(2, 4, 2))
+        patch_size=2, in_channels=24, out_channels=6, num_layers=3, attention_head_dim=24 // heads,
+        num_attention_heads=heads, joint_attention_dim=24, guidance_embeds=False, axes_dims_rope=axes)
     g = torch.Generator().manual_seed(7)
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=6, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                                  temperal_downsample=[False, True, True],
@@ -50,9 +51,10 @@ def build_qwen_image_wide() -> Any:
                              scheduler=scheduler)
 
 
-def write_qwen_image_wide(folder: Path, seed: int = 1) -> Path:
+def write_qwen_image_wide(folder: Path, seed: int = 1, heads: int = 3,
+                          axes: tuple[int, int, int] = (2, 4, 2)) -> Path:
     torch.manual_seed(seed)
-    build_qwen_image_wide().save_pretrained(str(folder))
+    build_qwen_image_wide(heads, axes).save_pretrained(str(folder))
     return folder
 
 

@@ -34,6 +34,7 @@ from tests.helpers.qwen3_omni_checkpoints import THINKER_A, write_tiny_thinker
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_refiner, write_tiny_sana_wm
 from tests.helpers.wan_i2v_checkpoints import make_image
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
+from tests.helpers.thread_comm import ThreadComm, run_ranks, thread_group
 from tests.helpers.wan22_checkpoints import write_tiny_a14b
 from tests.helpers.wan_checkpoints import TINY_A, write_tiny_wan
 from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
@@ -47,6 +48,9 @@ from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
 from vidloom.layers.fp8 import FP8Linear
 from vidloom.runtime.engine import EngineDriver
+from vidloom.runtime.parallel.comm import RankGroups
+from vidloom.runtime.parallel.plan import check_model, check_request
+from vidloom.runtime.parallel.worker import rank_engine
 
 
 def _with_refiner(folder: Path) -> Path:
@@ -119,7 +123,8 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     "kv_session_ttl_s": lambda kind: dict(kv_session_ttl_s=60.0),
     "offload_idle_expert": lambda kind: dict(offload_idle_expert=True),
     "two_stage": lambda kind: dict(two_stage=True),
-    "devices": lambda kind: dict(devices=2, parallel=ParallelPlan(sp=2)),
+    "devices": lambda kind: dict(devices=SP.get(kind, 2), parallel=ParallelPlan(sp=SP.get(kind, 2))),
+    "cfg_parallel": lambda kind: dict(devices=2, parallel=ParallelPlan(cfg=2)),
     # The folder's transformer with its weights scaled (written by the `folders` fixture); a kind that refuses the
     # feature never reaches the file.
     "components": lambda kind: dict(
@@ -131,8 +136,11 @@ COMPONENT_FILES: dict[str, Path] = {}
 # Honoured, but nothing on this machine can observe it; where it is tested instead.
 NOT_OBSERVABLE_HERE = {
     "offload_text_encoder": "on CPU the encoder already lives in host memory (tests/gpu move it to the device)",
-    "devices": "starts worker processes: tests/integration/test_parallel.py runs it end to end",
 }
+# A pool starts one process per rank; here its ranks are threads sharing a tensor exchange (tests/helpers/thread_comm),
+# each running rank_engine as a worker does (tests/integration/test_parallel*.py start real processes).
+IN_THREADS = ("devices", "cfg_parallel")
+SP = {"flux2": 3, "qwen-image": 3}  # sequence-parallel degree: the tiny checkpoints' head counts
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
 LTX2_VAE = frozenset({"ltx2", "sana-wm"})
 MASKED_ATTENTION = frozenset({"ltx2", "cosmos3", "cosmos3-actions", "cosmos3-chat-only", "qwen-omni", "qwen3-omni"})
@@ -175,7 +183,9 @@ def test_the_card_declares_its_column_and_its_load_refuses_the_rest(kind, folder
         deploy = DeployConfig(**ENABLE[feature](kind))
         with pytest.raises(DeployError) as err:
             registry.load_instance(card, path, torch.device("cpu"), None, deploy)
-        assert f"({card.family}) does not support {feature} (" in str(err.value), str(err.value)
+        # --cfg-parallel needs --devices 2, which a family refusing both names first.
+        assert f"({card.family}) does not support " in str(err.value), str(err.value)
+        assert f"{feature} ({', '.join(FEATURES[feature].flags)}): " in str(err.value), str(err.value)
 
 
 # (kind, feature) for every declared feature; the Wan variants only where they differ from "wan".
@@ -191,10 +201,10 @@ def test_a_declared_feature_loads_and_acts(kind, feature, folders, monkeypatch):
     path = folders(kind)
     deploy = DeployConfig(**ENABLE[feature](kind))
     if feature in NOT_OBSERVABLE_HERE:
-        if feature == "devices":
-            registry.check_deploy(registry.resolve_card(path), deploy)  # the card lets it through
-        else:
-            VideoGenerator.from_pretrained(path, device="cpu", deploy=deploy)
+        VideoGenerator.from_pretrained(path, device="cpu", deploy=deploy)
+        return
+    if feature in IN_THREADS:
+        _parallel_in_threads(kind, path, deploy)
         return
     runs: list[int] = []
     real_run = EngineDriver.run
@@ -343,6 +353,47 @@ PROBES: dict[str, Callable[[VideoGenerator, str, Path, list[int]], None]] = {
     "components": _components,
     "batching": _batching,
 }
+
+
+def _parallel_in_threads(kind: str, path: Path, deploy: DeployConfig) -> None:
+    """The plan's ranks as threads, each with its own copy of the model built as a worker builds it (rank_engine):
+    tensors crossed between ranks (sp: the Ulysses exchanges; cfg: the branch predictions) and rank 0's video equals
+    one device's."""
+    card = registry.resolve_card(path)
+    registry.check_deploy(card, deploy)  # the card lets it through
+    layout = registry.token_layout(card, path)
+    check_model(deploy.parallel, layout)
+    request = _request(kind)
+    check_request(deploy.parallel, layout, request)
+    single = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)["video"]
+    sp, cfg = deploy.parallel.sp, deploy.parallel.cfg
+    exchanges: list[str] = []
+    # Loaded one after another: model construction (meta-device init) is not thread-safe.
+    instances = [registry.load_instance(card, path, torch.device("cpu"), None, DeployConfig()) for _ in range(sp * cfg)]
+
+    def rank(comm: ThreadComm) -> np.ndarray:
+        counted = _Counted(comm, exchanges)
+        groups = RankGroups(sp=counted if sp > 1 else None, cfg=counted if cfg > 1 else None)
+        return rank_engine(instances[comm.rank], layout, groups).run(request)["video"]
+
+    videos = run_ranks(thread_group(sp * cfg), rank)
+    assert ("all_to_all" in exchanges) == (sp > 1) and "all_gather" in exchanges, set(exchanges)
+    assert float(np.abs(videos[0] - single).max()) <= 1e-5  # fp32; see tests/integration/test_parallel.py
+
+
+class _Counted:
+    """A Comm that records which collectives ran."""
+
+    def __init__(self, comm: ThreadComm, seen: list[str]) -> None:
+        self.comm, self.seen, self.rank, self.size = comm, seen, comm.rank, comm.size
+
+    def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append("all_to_all")
+        return self.comm.all_to_all(x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append("all_gather")
+        return self.comm.all_gather(x)
 
 
 def _assert(evidence: bool) -> None:

@@ -108,7 +108,7 @@ def test_two_families_claiming_one_card_id_fail_naming_both(install_family):
 def test_every_family_plug_resolves_to_what_its_field_promises():
     expected: dict[str, Callable[[object], bool]] = {
         "loader": callable, "cards": callable, "demos": callable, "pipelines": callable, "architectures": callable,
-        "catch_all": callable, "sequence_geometry": callable, "lora.converter": callable,
+        "catch_all": callable, "token_layout": callable, "lora.converter": callable,
         "capability_rows": lambda rows: isinstance(rows, Mapping) and bool(rows),
         "parity": lambda maps: isinstance(maps, ParityMaps),
         "lora.targets": lambda name_map: isinstance(name_map, NameMap),

@@ -47,7 +47,10 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "kv_session_ttl_s": Feature(("kv_session_ttl_s",), ("--kv-session-ttl",)),
     "offload_idle_expert": Feature(("offload_idle_expert",), ("--offload-idle-expert",)),
     "two_stage": Feature(("two_stage", "upsampler", "stage2_lora"), ("--two-stage", "--upsampler", "--stage2-lora")),
-    "devices": Feature(("devices", "parallel"), ("--devices", "--sp", "--cfg-parallel")),
+    # Several devices, one process each, with the tokens sharded over them (--sp); --cfg-parallel is its own feature
+    # (only families with classic CFG take it). A field "a.b" is field b of DeployConfig.a.
+    "devices": Feature(("devices", "parallel.sp"), ("--devices", "--sp")),
+    "cfg_parallel": Feature(("parallel.cfg",), ("--cfg-parallel",)),
     "components": Feature(("components",), ("--component",)),
     # Requests' denoise steps sharing one forward (runtime.batching); elsewhere each runs alone, reported per run.
     "batching": Feature((), ("--policy batch",)),
@@ -95,4 +98,12 @@ def enabled_features(deploy: DeployConfig) -> list[str]:
     """The features `deploy` turns on: those with any field away from DeployConfig's default."""
     default = DeployConfig()
     return [name for name, feature in FEATURES.items()
-            if any(getattr(deploy, f) != getattr(default, f) for f in feature.fields)]
+            if any(deploy_value(deploy, f) != deploy_value(default, f) for f in feature.fields)]
+
+
+def deploy_value(deploy: DeployConfig, field_path: str) -> object:
+    """The value of a Feature field: "cfg_mode" is deploy.cfg_mode, "parallel.cfg" deploy.parallel.cfg."""
+    value: object = deploy
+    for part in field_path.split("."):
+        value = getattr(value, part)
+    return value

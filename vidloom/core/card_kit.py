@@ -19,7 +19,10 @@ REFUSALS = MappingProxyType({
     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
     "offload_idle_expert": "one expert: there is no idle expert",
     "two_stage": "one stage; multi-stage families: ltx2",
-    "devices": "sequence and CFG parallelism are written for Wan's DiT only",
+    "devices": "sequence parallelism needs the family's token layout (Family.token_layout); declared by wan, flux2, "
+               "qwen_image",
+    "cfg_parallel": "CFG parallelism needs the family's token layout (Family.token_layout); declared by wan, flux2, "
+                    "qwen_image",
     "components": "component file overrides are read by the Wan, Flux2 and LTX-2 loaders only",
 })
 
@@ -33,8 +36,12 @@ def component_table(precision: str, *names: str, float32: tuple[str, ...] = FULL
 
 
 def refusals(*common: str, **own: str) -> dict[str, str]:
-    """Capabilities.why_not: each of `common` refused for its REFUSALS reason, each of `own` for the family's."""
-    return {**{name: REFUSALS[name] for name in common}, **own}
+    """Capabilities.why_not: each of `common` refused for its REFUSALS reason, each of `own` for the family's.
+    Refusing "devices" (no multi-device plan at all) refuses "cfg_parallel" too, for the same kind of reason."""
+    why = {**{name: REFUSALS[name] for name in common}, **own}
+    if "devices" in why:
+        why.setdefault("cfg_parallel", own.get("devices", REFUSALS["cfg_parallel"]))
+    return why
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,9 @@ class Family:
     """LoRA adapter support; None refuses adapters naming the family."""
     parity: str | None = ".parity:PARITY"
     """Plug of its vidloom.parity.family.ParityMaps (`vidloom parity` against the reference pipeline); None: none."""
-    sequence_geometry: str | None = None
-    """Plug of `(checkpoint_dir) -> SequenceGeometry`; None: no multi-device support."""
+    token_layout: str | None = None
+    """Plug of `(checkpoint_dir) -> core.parallel.TokenLayout`, read from config files in the parent process:
+    how its denoiser's tokens shard for --sp and whether its CFG splits for --cfg-parallel; None: one device."""
     options: tuple[str, ...] = ()
     """Plugs of the core.options.OptionBlocks its cards may declare (the family's own, ".options:CAMERA", or
     shared ones, "vidloom.core.blocks:EXTENSION"): `vidloom generate` offers their flags before a card is built."""
@@ -111,7 +112,7 @@ class Family:
         for table, rows in tables.items():
             for key, target in rows.items():
                 yield f"{table}[{key!r}]", target
-        for name in ("catch_all", "capability_rows", "parity", "sequence_geometry"):
+        for name in ("catch_all", "capability_rows", "parity", "token_layout"):
             if getattr(self, name) is not None:
                 yield name, getattr(self, name)
         for i, target in enumerate(self.options):

@@ -1,14 +1,14 @@
-"""Contracts of multi-device runs: the parallel plan, and the sequence geometry it must divide.
+"""Contracts of multi-device runs: the parallel plan, and the token layout a family declares for it.
 
-Pure data (no torch): the plan is part of DeployConfig, and the geometry is read from a
-checkpoint's config files in the parent process, so a plan that cannot run fails before
-any worker process starts.
+Pure data (no torch): the plan is part of DeployConfig, and the layout is read from a
+checkpoint's config files in the parent process (Family.token_layout), so a plan that cannot
+run fails before any worker process starts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vidloom.core.errors import DeployError
 
@@ -70,3 +70,44 @@ class SequenceGeometry:
     def token_count(self, height: int, width: int, num_frames: int) -> int:
         """Video tokens the DiT attends over for one request: f * h * w patches."""
         return math.prod(self.patch_grid(height, width, num_frames))
+
+
+SPLITS = ("even", "pad")
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """How a family's denoiser lays out its tokens, so the runtime can shard them (Family.token_layout).
+
+    The runtime (runtime.parallel.ulysses.apply_sp) takes each `denoisers` component, swaps its
+    `sequence` (vidloom.layers.sequence) for a sharded one and wraps the attention of every layer its
+    `self_attentions()` yields in a Ulysses all-to-all; the model shards right after embedding and
+    gathers right before its head, and its per-token tables (RoPE, modulation) follow the same rows.
+    """
+
+    num_heads: int
+    """Attention heads per sharded layer; Ulysses gives each rank heads/sp of them."""
+    streams: tuple[str, ...]
+    """The token streams the sharded sequence joins, in sequence order: ("video",) for Wan, whose text is
+    cross-attention context (whole on every rank); ("text", "image", "reference") for an MMDiT, whose text
+    tokens are joined in front of the image tokens and sharded with them."""
+    denoisers: tuple[str, ...] = ("transformer",)
+    """Instance components whose attention is sharded (each one present in the instance is)."""
+    split: str = "even"
+    """"even": the sequence must split evenly, checked at submit from `grid` (InvalidRequest naming the size
+    field); "pad": a sequence that does not split is padded at its end to a multiple of sp, the pad tokens
+    are no keys of any attention (the Ulysses wrapper drops them) and are cut off before the head."""
+    grid: SequenceGeometry | None = None
+    """The patch grid that decides the token count at submit (split "even")."""
+    cfg_parallel: str | None = None
+    """None: classic two-branch CFG whose branches the runtime may run on a rank pair (--cfg-parallel; the
+    program takes `guidance=`); else why this checkpoint refuses --cfg-parallel."""
+    cfg_needs: tuple[str, ...] = field(default=("guidance_scale",))
+    """Request fields that must turn CFG on for --cfg-parallel: guidance_scale (> 1), and negative_prompt
+    (non-empty) for a family whose CFG runs only with one (Qwen-Image's true CFG)."""
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"token layout split must be one of {SPLITS}, got {self.split!r}")
+        if self.split == "even" and self.grid is None:
+            raise ValueError("an even token layout needs the grid its requests are checked against")

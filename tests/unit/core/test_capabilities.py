@@ -17,7 +17,9 @@ def test_every_deploy_field_belongs_to_exactly_one_feature():
     for name, feature in FEATURES.items():
         for field in feature.fields:
             owners.setdefault(field, []).append(name)
-    fields = [f.name for f in dataclasses.fields(DeployConfig)]
+    # The parallel plan's degrees are features of their own ("parallel.sp", "parallel.cfg").
+    fields = [f.name for f in dataclasses.fields(DeployConfig) if f.name != "parallel"]
+    fields += [f"parallel.{f.name}" for f in dataclasses.fields(ParallelPlan)]
     assert sorted(owners) == sorted(fields), "a DeployConfig field without a feature would reach every family"
     assert all(len(names) == 1 for names in owners.values()), owners
 
@@ -26,6 +28,7 @@ def test_the_plain_deployment_turns_on_nothing():
     assert enabled_features(DeployConfig()) == []
     assert enabled_features(DeployConfig(vae_tile=64, vae_tile_stride=32)) == ["vae_tile"]
     assert enabled_features(DeployConfig(devices=2, parallel=ParallelPlan(sp=2))) == ["devices"]
+    assert enabled_features(DeployConfig(devices=2, parallel=ParallelPlan(cfg=2))) == ["devices", "cfg_parallel"]
 
 
 def test_an_undeclared_feature_is_refused_naming_feature_flags_model_family_and_reason():

@@ -10,7 +10,7 @@ from tests.unit.runtime.test_engine import CountingLoop, _engine
 from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import Cancelled, InvalidRequest
-from vidloom.core.parallel import ParallelPlan, SequenceGeometry
+from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 from vidloom.core.speech import SpeechRequest
 from vidloom.families.wan.demo import demo_card
@@ -36,9 +36,9 @@ class NoWorkers:
 
 def _pool() -> ParallelEngine:
     deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2))
-    geometry = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
+    grid = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
     instance = PoolInstance(demo_card(), deploy, torch.device("cpu"), "unused")
-    return ParallelEngine(NoWorkers(), instance, geometry)  # type: ignore[arg-type]
+    return ParallelEngine(NoWorkers(), instance, TokenLayout(4, ("video",), grid=grid))  # type: ignore[arg-type]
 
 
 @pytest.fixture

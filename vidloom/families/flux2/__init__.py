@@ -12,4 +12,5 @@ FAMILY = Family(
     # diffusers' Flux2LoraLoaderMixin loads into the pipeline's `transformer` only; so do we.
     lora=LoRASupport(targets=(("transformer", ".transformer:FLUX2_TRANSFORMER_NAME_MAP"),),
                      converter=".lora:flux2_keys"),
+    token_layout=".parallel:token_layout",
 )

@@ -50,6 +50,7 @@ class DoubleStreamBlock(nn.Module):
     def __init__(self, dim: int, head_dim: int, mlp_dim: int, eps: float, attention_fn: AttentionFn) -> None:
         super().__init__()
         self.head_dim, self.eps, self.attention_fn = head_dim, eps, attention_fn
+        self.num_heads = dim // head_dim
         for side in ("img", "txt"):
             for name in ("q", "k", "v", "out"):
                 setattr(self, f"{side}_{name}", nn.Linear(dim, dim, bias=False))
@@ -63,10 +64,11 @@ class DoubleStreamBlock(nn.Module):
         qk_norm_rope(_heads(getattr(self, f"{side}_k")(x), self.head_dim), getattr(self, f"{side}_norm_k"), freqs, k)
 
     def forward(
-        self, h: Tensor, text_tokens: int, mod_img: Tensor, mod_txt: Tensor, freqs: Tensor, dtype: torch.dtype
+        self, h: Tensor, text_tokens: int, mod_img: Tensor, mod_txt: Tensor, freqs: Tensor, dtype: torch.dtype,
+        key_mask: Tensor | None = None,
     ) -> Tensor:
         """h [B, L + N, dim] float32, mod_* [B, 1, 6 * dim] = (shift, scale, gate) for attention, then for
-        the MLP; freqs [L + N, head_dim // 2] -> the next h."""
+        the MLP; freqs [L + N, head_dim // 2]; key_mask: a padded shard's (layers.sequence.JointPart) -> the next h."""
         length, eps = text_tokens, self.eps
         txt, img = h[:, :length], h[:, length:]
         i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img.chunk(6, dim=-1)
@@ -80,7 +82,7 @@ class DoubleStreamBlock(nn.Module):
         self._qk("txt", txt_in, freqs[:length], q[:, :length], k[:, :length])
         self._qk("img", img_in, freqs[length:], q[:, length:], k[:, length:])
         v = _heads(torch.cat([self.txt_v(txt_in), self.img_v(img_in)], dim=1), self.head_dim)
-        joint = self.attention_fn(q, k, v).flatten(2, 3)
+        joint = self.attention_fn(q, k, v, key_mask).flatten(2, 3)
         txt_attn, img_attn = joint.split([length, h.shape[1] - length], dim=1)
 
         # Each side's last residual add lands in its rows of the next joint stream.
@@ -98,13 +100,14 @@ class SingleStreamBlock(nn.Module):
     def __init__(self, dim: int, head_dim: int, mlp_dim: int, eps: float, attention_fn: AttentionFn) -> None:
         super().__init__()
         self.head_dim, self.eps, self.attention_fn = head_dim, eps, attention_fn
-        self.dim, self.mlp_dim = dim, mlp_dim
+        self.dim, self.mlp_dim, self.num_heads = dim, mlp_dim, dim // head_dim
         self.qkv_mlp = nn.Linear(dim, 3 * dim + 2 * mlp_dim, bias=False)
         self.norm_q = nn.RMSNorm(head_dim, eps=eps)
         self.norm_k = nn.RMSNorm(head_dim, eps=eps)
         self.out = nn.Linear(dim + mlp_dim, dim, bias=False)
 
-    def forward(self, x: Tensor, mod: Tensor, freqs: Tensor, dtype: torch.dtype) -> Tensor:
+    def forward(self, x: Tensor, mod: Tensor, freqs: Tensor, dtype: torch.dtype,
+                key_mask: Tensor | None = None) -> Tensor:
         """x [B, S, dim] float32, mod [B, 1, 3 * dim] = (shift, scale, gate), freqs [S, head_dim // 2]."""
         shift, scale, gate = mod.chunk(3, dim=-1)
         qkv, mlp = self.qkv_mlp(norm_modulate(x, shift, scale, self.eps, dtype)).split(
@@ -114,6 +117,6 @@ class SingleStreamBlock(nn.Module):
         k = qk_norm_rope(k, self.norm_k, freqs, torch.empty(k.shape, dtype=dtype, device=x.device))
         # The out projection reads [attention, swiglu(mlp)]: both are written into one buffer (no concatenation).
         joined = torch.empty((*x.shape[:2], self.dim + self.mlp_dim), dtype=dtype, device=x.device)
-        joined[..., : self.dim].unflatten(-1, q.shape[-2:]).copy_(self.attention_fn(q, k, v))
+        joined[..., : self.dim].unflatten(-1, q.shape[-2:]).copy_(self.attention_fn(q, k, v, key_mask))
         swiglu(mlp, out=joined[..., self.dim :])
         return gated_add(x, gate, self.out(joined))

@@ -34,12 +34,17 @@ BASE_DEFAULTS = SamplingDefaults(
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "batching"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices",
+               "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "batching",
+               "devices", "cfg_parallel"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget"),
 )
 # The step-distilled checkpoint runs no CFG (the pipeline's is_distilled switch): nothing for cfg_mode to batch.
-DISTILLED_CAPABILITIES = CAPABILITIES.without({"cfg_mode": "step-distilled Klein runs without CFG"})
+NO_CFG = "step-distilled Klein runs without CFG"
+DISTILLED_CAPABILITIES = CAPABILITIES.without({
+    "cfg_mode": NO_CFG,
+    "cfg_parallel": f"{NO_CFG}: there is no unconditional branch to put on a second device",
+})
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "flux2-distilled": DISTILLED_CAPABILITIES}  # `vidloom models --capabilities`
 
 

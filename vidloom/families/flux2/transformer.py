@@ -7,13 +7,14 @@ Timesteps are per sample ([B]), so one forward can carry the steps of several re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name, read_key, strict_bool
 from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
@@ -142,12 +143,16 @@ class Flux2Timing:
 
 @dataclass(frozen=True)
 class Flux2Conditioning:
-    """What every block of one forward reads: timing, rotary frequencies, the text length, the compute dtype."""
+    """What every block of one forward reads: timing, rotary frequencies, the text length, the compute dtype;
+    under sequence parallel, this rank's rows of them (Flux2Transformer.sequence)."""
 
     timing: Flux2Timing
-    freqs: Tensor  # [L + N, head_dim // 2] complex64 (Flux2Transformer.rope)
-    text_tokens: int  # L: the joint stream is [text (L), image (N)]
+    freqs: Tensor  # [L + N, head_dim // 2] complex64 (Flux2Transformer.rope): this rank's rows
+    text_tokens: int  # the joint stream is [text (L), image (N)]: the text rows this rank holds (L on one device)
     dtype: torch.dtype  # what the linears and attention compute in; the joint stream itself is float32
+    text_total: int = 0  # L: the text rows of the whole stream (the head keeps what follows them)
+    length: int = 0  # L + N: the whole stream's rows before any padding
+    key_mask: Tensor | None = None  # the padded stream's key mask (layers.sequence.JointPart), None unpadded
 
 
 class Flux2Transformer(nn.Module):
@@ -160,6 +165,10 @@ class Flux2Transformer(nn.Module):
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "guidance_embed", "mod_img", "mod_txt", "mod_single", "out_mod"}
     )
+
+    # Which rows of the joint stream this device holds: all of them, unless sequence parallel swapped in a
+    # sharded layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
 
     def __init__(self, config: Flux2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
@@ -186,6 +195,11 @@ class Flux2Transformer(nn.Module):
     def compile_units(self) -> tuple[nn.Module, ...]:
         """The blocks `--compile` wraps, one graph per shape bucket (core.denoiser.CompileUnits)."""
         return tuple((*self.double_blocks, *self.single_blocks))
+
+    def self_attentions(self) -> Iterator[DoubleStreamBlock | SingleStreamBlock]:
+        """Every block: each attends over the whole joint stream (sequence parallel wraps their attention)."""
+        yield from self.double_blocks
+        yield from self.single_blocks
 
     def forward(
         self,
@@ -235,8 +249,9 @@ class Flux2Transformer(nn.Module):
         freqs = self.rope(img_ids, txt_ids) if freqs is None else freqs
         x = self.img_in(img)
         c = self.txt_in(txt)
-        cond = Flux2Conditioning(timing, freqs, c.shape[1], x.dtype)
-        return torch.cat([c, x], dim=1).float(), cond
+        part = self.sequence.shard_joint(torch.cat([c, x], dim=1).float(), (freqs,), c.shape[1])
+        cond = Flux2Conditioning(timing, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, part.key_mask)
+        return part.tokens, cond
 
     def run_blocks(self, h: Tensor, cond: Flux2Conditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream: double-stream ones first, then single-stream ones."""
@@ -245,9 +260,10 @@ class Flux2Transformer(nn.Module):
         t = cond.timing
         for index in range(start, end):
             if index < doubles:
-                h = self.double_blocks[index](h, cond.text_tokens, t.mod_img, t.mod_txt, cond.freqs, cond.dtype)
+                h = self.double_blocks[index](h, cond.text_tokens, t.mod_img, t.mod_txt, cond.freqs, cond.dtype,
+                                              cond.key_mask)
             else:
-                h = self.single_blocks[index - doubles](h, t.mod_single, cond.freqs, cond.dtype)
+                h = self.single_blocks[index - doubles](h, t.mod_single, cond.freqs, cond.dtype, cond.key_mask)
         return h
 
     def block_input(self, h: Tensor, cond: Flux2Conditioning, index: int = 0) -> Tensor:
@@ -267,5 +283,6 @@ class Flux2Transformer(nn.Module):
         """The joint stream after the last block -> the image tokens' prediction [B, N, C_out]."""
         # Adaptive norm (the reference's AdaLayerNormContinuous: scale first, then shift) and projection.
         t = cond.timing
-        return self.proj_out(norm_modulate(h[:, cond.text_tokens :], t.out_shift, t.out_scale, self.config.eps,
+        h = self.sequence.gather_joint(h, cond.length)
+        return self.proj_out(norm_modulate(h[:, cond.text_total :], t.out_shift, t.out_scale, self.config.eps,
                                            cond.dtype))

@@ -14,4 +14,5 @@ FAMILY = Family(
     parity=None,
     # diffusers' QwenImageLoraLoaderMixin loads into the pipeline's `transformer` only (PEFT keys); so do we.
     lora=LoRASupport(targets=(("transformer", ".transformer:QWEN_IMAGE_TRANSFORMER_NAME_MAP"),)),
+    token_layout=".parallel:token_layout",
 )

@@ -71,6 +71,7 @@ class DualStreamBlock(nn.Module):
     def __init__(self, dim: int, head_dim: int, eps: float, attention_fn: AttentionFn) -> None:
         super().__init__()
         self.head_dim, self.eps, self.attention_fn = head_dim, eps, attention_fn
+        self.num_heads = dim // head_dim
         self.img = StreamSide(dim, head_dim, eps)
         self.txt = StreamSide(dim, head_dim, eps)
 
@@ -86,8 +87,10 @@ class DualStreamBlock(nn.Module):
         return torch.cat([norm_modulate(h[:, :text_tokens], t_shift, t_scale, self.eps, dtype),
                           norm_modulate(h[:, text_tokens:], i_shift, i_scale, self.eps, dtype)], dim=1)
 
-    def forward(self, h: Tensor, text_tokens: int, silu_temb: Tensor, rotations: Tensor, dtype: torch.dtype) -> Tensor:
-        """h [B, L + N, dim] float32, silu_temb [B, dim], rotations [L + N, head_dim // 2] -> the next h."""
+    def forward(self, h: Tensor, text_tokens: int, silu_temb: Tensor, rotations: Tensor, dtype: torch.dtype,
+                key_mask: Tensor | None = None) -> Tensor:
+        """h [B, L + N, dim] float32, silu_temb [B, dim], rotations [L + N, head_dim // 2], key_mask: a padded
+        shard's (layers.sequence.JointPart) -> the next h."""
         length, eps = text_tokens, self.eps
         txt, img = h[:, :length], h[:, length:]
         mod_img, mod_txt = self.modulations(silu_temb)
@@ -97,7 +100,7 @@ class DualStreamBlock(nn.Module):
         # 1. Joint attention over [text, image]: each side projects, normalizes and rotates its own tokens.
         tq, tk, tv = self.txt.qkv(norm_modulate(txt, t_shift, t_scale, eps, dtype), rotations[:length], self.head_dim)
         iq, ik, iv = self.img.qkv(norm_modulate(img, i_shift, i_scale, eps, dtype), rotations[length:], self.head_dim)
-        joint = self.attention_fn(torch.cat([tq, iq], 1), torch.cat([tk, ik], 1), torch.cat([tv, iv], 1))
+        joint = self.attention_fn(torch.cat([tq, iq], 1), torch.cat([tk, ik], 1), torch.cat([tv, iv], 1), key_mask)
         txt_attn, img_attn = joint.flatten(2, 3).split([length, h.shape[1] - length], dim=1)
         img = img + i_gate * self.img.out(img_attn).float()
         txt = txt + t_gate * self.txt.out(txt_attn).float()

@@ -7,7 +7,7 @@ QWEN_IMAGE_TRANSFORMER_NAME_MAP. Timesteps are per sample ([B]), so one forward 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.rms_norm import RMSNorm
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
@@ -109,12 +110,16 @@ QWEN_IMAGE_TRANSFORMER_NAME_MAP = NameMap((
 
 @dataclass(frozen=True)
 class QwenImageConditioning:
-    """What every block of one forward reads: the timestep embedding, rotations, text length, compute dtype."""
+    """What every block of one forward reads: the timestep embedding, rotations, text length, compute dtype;
+    under sequence parallel, this rank's rows of them (QwenImageTransformer.sequence)."""
 
     silu_temb: Tensor  # [B, dim]: silu of the timestep embedding, in the modulation's dtype
-    rotations: Tensor  # [L + N, head_dim // 2] complex64, attention order
-    text_tokens: int  # L: the joint stream is [text (L), image (N)]
+    rotations: Tensor  # [L + N, head_dim // 2] complex64, attention order: this rank's rows
+    text_tokens: int  # the joint stream is [text (L), image (N)]: the text rows this rank holds (L on one device)
     dtype: torch.dtype  # what linears and attention compute in; the joint stream is float32
+    text_total: int = 0  # L: the text rows of the whole stream (the head keeps what follows them)
+    length: int = 0  # L + N: the whole stream's rows before any padding
+    key_mask: Tensor | None = None  # the padded stream's key mask (layers.sequence.JointPart), None unpadded
 
 
 class QwenImageTransformer(nn.Module):
@@ -123,6 +128,10 @@ class QwenImageTransformer(nn.Module):
     # float32 islands under a bf16 cast (loading.precision.cast_module): the timestep embedding and every
     # modulation, as Flux2 keeps them; a bf16-rounded timestep shifts every modulation of a step.
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset({"time_embed", "mod", "out_mod"})
+
+    # Which rows of the joint stream this device holds: all of them, unless sequence parallel swapped in a
+    # sharded layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
 
     def __init__(self, config: QwenImageTransformerConfig, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
@@ -144,6 +153,10 @@ class QwenImageTransformer(nn.Module):
     def compile_units(self) -> tuple[nn.Module, ...]:
         """The blocks `--compile` wraps (core.denoiser.CompileUnits)."""
         return tuple(self.blocks)
+
+    def self_attentions(self) -> Iterator[DualStreamBlock]:
+        """Every block: each attends over the whole joint stream (sequence parallel wraps their attention)."""
+        yield from self.blocks
 
     def forward(self, img: Tensor, txt: Tensor, timestep: Tensor, grids: tuple[tuple[int, int], ...]) -> Tensor:
         """img [B, N, in_channels] (each grid's tokens, row-major, target first), txt [B, L, text_dim],
@@ -167,13 +180,14 @@ class QwenImageTransformer(nn.Module):
         if rotations is None:
             rotations = self.rotations(grids, c.shape[1], img.device)
         silu = F.silu(temb).to(self.out_mod.weight.dtype)
-        cond = QwenImageConditioning(silu, rotations, c.shape[1], x.dtype)
-        return torch.cat([c, x], dim=1).float(), cond
+        part = self.sequence.shard_joint(torch.cat([c, x], dim=1).float(), (rotations,), c.shape[1])
+        cond = QwenImageConditioning(silu, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, part.key_mask)
+        return part.tokens, cond
 
     def run_blocks(self, h: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream."""
         for block in self.blocks[start:end]:
-            h = block(h, cond.text_tokens, cond.silu_temb, cond.rotations, cond.dtype)
+            h = block(h, cond.text_tokens, cond.silu_temb, cond.rotations, cond.dtype, cond.key_mask)
         return h
 
     def block_input(self, h: Tensor, cond: QwenImageConditioning, index: int = 0) -> Tensor:
@@ -184,4 +198,5 @@ class QwenImageTransformer(nn.Module):
         """The joint stream after the last block -> the image tokens' prediction [B, N, patch^2 * out_channels]."""
         # AdaLayerNormContinuous: the modulation chunks (scale, shift), the opposite of the blocks' order.
         scale, shift = self.out_mod(cond.silu_temb)[:, None].float().chunk(2, dim=-1)
-        return self.proj_out(norm_modulate(h[:, cond.text_tokens:], shift, scale, EPS, cond.dtype))
+        h = self.sequence.gather_joint(h, cond.length)
+        return self.proj_out(norm_modulate(h[:, cond.text_total:], shift, scale, EPS, cond.dtype))

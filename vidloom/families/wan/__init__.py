@@ -34,6 +34,6 @@ FAMILY = Family(
         into={"transformer_2": "transformer"},
         converter="vidloom.lora.formats:wan_keys",
     ),
-    sequence_geometry=".parallel:sequence_geometry",
+    token_layout=".parallel:token_layout",
     options=("vidloom.core.blocks:VIDEO_TO_VIDEO", "vidloom.core.blocks:TWO_EXPERTS"),
 )

@@ -1,10 +1,10 @@
-"""What a Wan2.1 checkpoint offers a parallel plan, read from its config files (no weights)."""
+"""How a Wan checkpoint's tokens shard under a parallel plan, read from its config files (no weights)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vidloom.core.parallel import SequenceGeometry
+from vidloom.core.parallel import SequenceGeometry, TokenLayout
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.models.wan.vae import WanVAEConfig
@@ -21,3 +21,11 @@ def sequence_geometry(checkpoint: Path) -> SequenceGeometry:
         vae_spatial=vae.spatial_factor,
         vae_temporal=vae.temporal_factor,
     )
+
+
+def token_layout(checkpoint: Path) -> TokenLayout:
+    """Wan's sequence is the video patch grid alone (text and CLIP image tokens are cross-attention context,
+    whole on every rank); it must split evenly. Both A14B experts shard alike."""
+    grid = sequence_geometry(checkpoint)
+    return TokenLayout(num_heads=grid.num_heads, streams=("video",), denoisers=("transformer", "transformer_2"),
+                       split="even", grid=grid)

@@ -22,7 +22,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import WorkerFailed
 from vidloom.core.output import EventCallback
-from vidloom.core.parallel import SequenceGeometry
+from vidloom.core.parallel import TokenLayout
 from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.engine import CancellationToken, EngineDriver
@@ -135,10 +135,10 @@ class ParallelEngine(EngineDriver):
     """Runs generation requests over a pool of ranks with the engine interface (EngineAPI; submit / run / warmup);
     chat and speech need a paged decoder, which a pool has not (InvalidRequest("model"))."""
 
-    def __init__(self, transport: Transport, instance: PoolInstance, geometry: SequenceGeometry) -> None:
+    def __init__(self, transport: Transport, instance: PoolInstance, layout: TokenLayout) -> None:
         super().__init__(instance)
         self.transport = transport
-        self.geometry = geometry
+        self.layout = layout
 
     def _start_generation(
         self,
@@ -150,7 +150,7 @@ class ParallelEngine(EngineDriver):
         """Validate `request` here (InvalidRequest naming the field) and prepare its run; no worker is contacted.
         `resolved`: the caller resolved it against this model's card already."""
         resolved = request if resolved else resolve_request(request, self.instance.card)
-        check_request(self.instance.deploy.parallel, self.geometry, resolved)
+        check_request(self.instance.deploy.parallel, self.layout, resolved)
         make_step_cache(self.instance.deploy, resolved)  # the same threshold checks as one device
         return ParallelRun(self.transport, resolved, on_event, cancel or CancellationToken())
 

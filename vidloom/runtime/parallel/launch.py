@@ -51,9 +51,9 @@ def launch_engine(
     """Check the plan against the checkpoint (DeployError before any process starts), then start the ranks."""
     spec = _spec(model, checkpoint, device, dtype, deploy, options)
     registry.check_deploy(card, deploy)  # each rank's load checks again; this fails before any process starts
-    geometry = registry.sequence_geometry(card, checkpoint)
-    check_model(deploy.parallel, geometry)
-    check_warmup(deploy, geometry)
+    layout = registry.token_layout(card, checkpoint)
+    check_model(deploy.parallel, layout)
+    check_warmup(deploy, layout)
     place = torchrun_place()
     transport: Transport
     if place is None:
@@ -63,7 +63,7 @@ def launch_engine(
     else:
         _check_torchrun(place, deploy)
         transport = InProcessRank0(start_rank(spec, place), spec.options.heartbeat_s)
-    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), geometry)
+    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), layout)
 
 
 def follow_torchrun(

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
-from vidloom.core.parallel import ParallelPlan, SequenceGeometry
+from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 
-__all__ = ["ADAPTERS_REFUSED", "ParallelPlan", "SequenceGeometry", "check_model", "check_request", "check_warmup"]
+__all__ = ["ADAPTERS_REFUSED", "ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "check_request",
+           "check_warmup"]
 
 ADAPTERS_REFUSED = (
     "LoRA adapters are not supported on multi-device engines: every rank holds its own copy of the model in its "
@@ -24,17 +25,20 @@ ADAPTERS_REFUSED = (
 reason, declared here and shown by every refusal."""
 
 
-def check_model(plan: ParallelPlan, geometry: SequenceGeometry) -> None:
-    """Ulysses gives each rank heads/sp whole heads inside self-attention, so sp must divide them."""
-    if geometry.num_heads % plan.sp:
+def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
+    """Ulysses gives each rank heads/sp whole heads inside self-attention, so sp must divide them; a layout
+    whose CFG does not split refuses --cfg-parallel with its reason."""
+    if layout.num_heads % plan.sp:
         raise DeployError(
-            f"sp={plan.sp} (--sp) does not divide this model's {geometry.num_heads} attention heads; "
+            f"sp={plan.sp} (--sp) does not divide this model's {layout.num_heads} attention heads; "
             f"Ulysses sequence parallel gives each rank heads/sp of them. Use an sp that divides "
-            f"{geometry.num_heads}: {', '.join(str(d) for d in _divisors(geometry.num_heads))}"
+            f"{layout.num_heads}: {', '.join(str(d) for d in _divisors(layout.num_heads))}"
         )
+    if plan.cfg > 1 and layout.cfg_parallel is not None:
+        raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
 
 
-def check_request(plan: ParallelPlan, geometry: SequenceGeometry, request: GenerationRequest) -> None:
+def check_request(plan: ParallelPlan, layout: TokenLayout, request: GenerationRequest) -> None:
     """Raise InvalidRequest naming the field when a resolved request cannot run under `plan`."""
     if request.loras:
         raise InvalidRequest("loras", ADAPTERS_REFUSED)
@@ -45,15 +49,26 @@ def check_request(plan: ParallelPlan, geometry: SequenceGeometry, request: Gener
             "the two guidance branches on two devices (--cfg-parallel); use guidance_scale > 1, or deploy without "
             "--cfg-parallel",
         )
-    problem = _token_problem(plan, geometry, request.height, request.width, request.num_frames)
+    if plan.cfg > 1 and "negative_prompt" in layout.cfg_needs and not request.negative_prompt:
+        raise InvalidRequest(
+            "negative_prompt",
+            "this model runs CFG only with a non-empty negative prompt, but this deployment runs the two guidance "
+            "branches on two devices (--cfg-parallel); give a negative_prompt (\" \" will do), or deploy without "
+            "--cfg-parallel",
+        )
+    if layout.grid is None:
+        return  # a padded layout runs any token count
+    problem = _token_problem(plan, layout.grid, request.height, request.width, request.num_frames)
     if problem is not None:
         raise InvalidRequest("num_frames" if request.num_frames > 1 else "height", problem)
 
 
-def check_warmup(deploy: DeployConfig, geometry: SequenceGeometry) -> None:
+def check_warmup(deploy: DeployConfig, layout: TokenLayout) -> None:
     """Warmup shapes run at load on every rank, so they follow the request rules too."""
+    if layout.grid is None:
+        return
     for height, width, num_frames in deploy.warmup_shapes:
-        problem = _token_problem(deploy.parallel, geometry, height, width, num_frames)
+        problem = _token_problem(deploy.parallel, layout.grid, height, width, num_frames)
         if problem is not None:
             raise DeployError(f"warmup_shapes entry {height}x{width}x{num_frames}: {problem}")
 
@@ -61,8 +76,8 @@ def check_warmup(deploy: DeployConfig, geometry: SequenceGeometry) -> None:
 def _token_problem(
     plan: ParallelPlan, geometry: SequenceGeometry, height: int, width: int, num_frames: int
 ) -> str | None:
-    # No padding: a padded token would attend and be attended to, changing every output,
-    # so the sequence must split evenly. Sizes are the caller's choice, and the message says how.
+    # An "even" layout (Wan) does not pad: its sequence must split evenly. Sizes are the caller's choice,
+    # and the message says how.
     f, h, w = geometry.patch_grid(height, width, num_frames)
     if (f * h * w) % plan.sp == 0:
         return None

@@ -8,6 +8,11 @@ configured attention backend runs on whole heads, and a second all-to-all turns 
 back. The exchanges move data without arithmetic, so the only numeric difference from one
 device is reduction order in kernels that see different shapes.
 
+An MMDiT (Flux2, Qwen-Image) joins its text tokens in front of the image tokens and shards the
+joined sequence the same way (`shard_joint`): a rank may hold text rows, image rows or both, and
+each side's weights run on its own rows. A joined sequence that does not split is padded at its
+end; the pad rows are dropped after the first all-to-all (no key, no query) and cut off before the head.
+
 Applied from outside the model, like gpt-fast's apply_tp: `apply_sp(model, comm)` swaps the
 model's token layout and wraps its self-attention functions.
 """
@@ -21,7 +26,7 @@ from torch import Tensor
 
 from vidloom.core.errors import DeployError
 from vidloom.layers.attention import AttentionFn
-from vidloom.layers.sequence import SequenceLayout
+from vidloom.layers.sequence import JointPart, SequenceLayout
 from vidloom.runtime.parallel.comm import Comm
 
 
@@ -51,15 +56,25 @@ class UlyssesAttention:
         self.comm = comm
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        # q, k, v: [B, S/P, H, Dh] -> [B, S/P, H, Dh]
-        if mask is not None:
-            raise ValueError("Ulysses attention does not take a mask (Wan self-attention has none)")
+        """q, k, v: [B, S/P, H, Dh] -> [B, S/P, H, Dh]. `mask`: None, or the key mask [S] (CPU bool) of a
+        sequence padded at its end to split (JointPart.key_mask); anything else is refused."""
         if q.shape[2] % self.comm.size:
             raise ValueError(f"{q.shape[2]} heads do not split over {self.comm.size} ranks")
         # One exchange for q, k and v together: a third of the collective launches.
         qkv = seq_to_heads(torch.stack((q, k, v)), self.comm)  # [3, B, S, H/P, Dh]
-        out = self.inner(qkv[0], qkv[1], qkv[2])  # [B, S, H/P, Dh]
+        padded = qkv.shape[2]
+        real = padded if mask is None else _real_tokens(mask, padded)
+        out = self.inner(qkv[0, :, :real], qkv[1, :, :real], qkv[2, :, :real])  # [B, real, H/P, Dh]
+        if real < padded:  # the pad rows' outputs: zeros, cut off before the head
+            out = torch.cat([out, out.new_zeros((out.shape[0], padded - real, *out.shape[2:]))], dim=1)
         return heads_to_seq(out, self.comm)
+
+
+def _real_tokens(mask: Tensor, padded: int) -> int:
+    if mask.dim() != 1 or mask.shape[0] != padded or mask.dtype != torch.bool or mask.device.type != "cpu":
+        raise ValueError(f"Ulysses attention takes only a padded sequence's key mask ([{padded}] bool on the CPU), "
+                         f"got {tuple(mask.shape)} {mask.dtype} on {mask.device}")
+    return int(mask.sum())
 
 
 class TokenShards:
@@ -81,6 +96,21 @@ class TokenShards:
         gathered = self.comm.all_gather(tokens)  # [P, B, S/P, D]
         return gathered.movedim(0, 1).flatten(1, 2)  # [B, S, D], rank order == token order
 
+    def shard_joint(self, tokens: Tensor, tables: tuple[Tensor, ...], prefix: int) -> JointPart:
+        length = tokens.shape[1]
+        pad = -length % self.comm.size
+        mask = None
+        if pad:  # zero rows at the end; attention drops them (UlyssesAttention) and the head never sees them
+            tokens = torch.cat([tokens, tokens.new_zeros((tokens.shape[0], pad, *tokens.shape[2:]))], dim=1)
+            tables = tuple(torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) for t in tables)
+            mask = torch.arange(length + pad) < length
+        start = self.comm.rank * (tokens.shape[1] // self.comm.size)
+        local, rows = self.shard(tokens, tables)
+        return JointPart(local, rows, min(max(prefix - start, 0), local.shape[1]), length, mask)
+
+    def gather_joint(self, tokens: Tensor, length: int) -> Tensor:
+        return self.gather(tokens)[:, :length]
+
 
 class SelfAttentionLayer(Protocol):
     num_heads: int
@@ -88,7 +118,9 @@ class SelfAttentionLayer(Protocol):
 
 
 class SequenceParallelModel(Protocol):
-    """The hooks a model exposes for apply_sp (vidloom.models.wan.transformer.WanTransformer has them)."""
+    """The hooks a model exposes for apply_sp (WanTransformer, Flux2Transformer and QwenImageTransformer have them):
+    `sequence` shards after embedding and gathers before the head; `self_attentions()` are the layers whose
+    attention must see every token."""
 
     sequence: SequenceLayout
 

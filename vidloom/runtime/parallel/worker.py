@@ -22,9 +22,11 @@ import torch
 from vidloom import registry
 from vidloom.core import plugin
 from vidloom.core.deploy import DeployConfig
+from vidloom.core.instance import ModelInstance
+from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
 from vidloom.runtime.engine import Engine
-from vidloom.runtime.parallel.comm import build_groups, init_distributed, shutdown_distributed
+from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
 from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
 from vidloom.runtime.parallel.rank import RankRuntime
 from vidloom.runtime.parallel.ulysses import apply_sp
@@ -110,11 +112,20 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
     instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
+    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups)
+    return RankRuntime(engine, control, options.check_lockstep)
+
+
+def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups) -> Engine:
+    """This rank's engine over its own copy of the model: every denoiser the layout names sharded over
+    groups.sp, the CFG branches split over groups.cfg."""
     if groups.sp is not None:
-        apply_sp(instance["transformer"], groups.sp)
-    guidance = ParallelCFG(groups.cfg) if groups.cfg is not None else None
-    program = plugin.resolve(card.program)(instance, guidance=guidance)
-    return RankRuntime(Engine(instance, program), control, options.check_lockstep)
+        for name in layout.denoisers:
+            if name in instance.components:
+                apply_sp(instance[name], groups.sp)
+    # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
+    extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
+    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra))
 
 
 def worker_main(

@@ -12,7 +12,7 @@ from tests.helpers.wan_checkpoints import TINY_B, write_tiny_wan
 from vidloom.cli import build_parser, main
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
-from vidloom.core.parallel import ParallelPlan, SequenceGeometry
+from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 from vidloom.cli.deploy_args import deploy_config
 from vidloom.generator import VideoGenerator
@@ -21,7 +21,8 @@ from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance
 from vidloom.runtime.parallel.plan import check_model, check_request, check_warmup
 
 # Wan2.1 geometry with 4 heads: 8x spatial / 4x temporal VAE, 1x2x2 patches.
-WAN4 = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
+GRID4 = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
+WAN4 = TokenLayout(num_heads=4, streams=("video",), grid=GRID4)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -57,7 +58,7 @@ def test_sp_must_divide_the_heads():
 def test_token_count_must_split_without_padding():
     plan = ParallelPlan(sp=2)
     ok = GenerationRequest(prompt="x", height=32, width=48, num_frames=5, guidance_scale=5.0)
-    assert WAN4.patch_grid(32, 48, 5) == (2, 2, 3)
+    assert GRID4.patch_grid(32, 48, 5) == (2, 2, 3)
     check_request(plan, WAN4, ok)
     odd_frames = GenerationRequest(prompt="x", height=48, width=48, num_frames=9, guidance_scale=5.0)  # 3x3x3
     with pytest.raises(InvalidRequest, match=r"num_frames: .*3x3x3 patch grid = 27 video tokens.*does not pad") as err:
@@ -73,6 +74,27 @@ def test_cfg_parallel_needs_guidance():
     request = GenerationRequest(prompt="x", height=32, width=48, num_frames=5, guidance_scale=1.0)
     with pytest.raises(InvalidRequest, match=r"guidance_scale: 1.0 turns classifier-free guidance off.*--cfg-parallel"):
         check_request(ParallelPlan(cfg=2), WAN4, request)
+
+
+JOINT = TokenLayout(num_heads=4, streams=("text", "image"), split="pad",
+                    cfg_needs=("guidance_scale", "negative_prompt"))
+
+
+def test_a_padded_layout_runs_any_size_and_its_cfg_needs_are_checked_at_submit():
+    odd = dict(prompt="x", height=48, width=48, num_frames=1, guidance_scale=4.0)
+    check_request(ParallelPlan(sp=2), JOINT, GenerationRequest(**odd))  # 3x3 tokens and any text: padded
+    check_request(ParallelPlan(cfg=2), JOINT, GenerationRequest(**odd, negative_prompt="blurry"))
+    with pytest.raises(InvalidRequest, match="non-empty negative prompt.*--cfg-parallel") as err:
+        check_request(ParallelPlan(cfg=2), JOINT, GenerationRequest(**odd))
+    assert err.value.field == "negative_prompt"
+    check_warmup(DeployConfig(devices=2, parallel=ParallelPlan(sp=2), warmup_shapes=((48, 48, 1),)), JOINT)
+
+
+def test_a_layout_without_classic_cfg_refuses_cfg_parallel_with_its_reason():
+    distilled = TokenLayout(num_heads=4, streams=("text", "image"), split="pad", cfg_parallel="no CFG to split")
+    check_model(ParallelPlan(sp=2), distilled)
+    with pytest.raises(DeployError, match="--cfg-parallel: no CFG to split"):
+        check_model(ParallelPlan(cfg=2), distilled)
 
 
 def test_warmup_shapes_follow_the_request_rules():

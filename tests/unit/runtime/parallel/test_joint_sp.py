@@ -1,0 +1,90 @@
+"""Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image), with ranks as threads (no processes).
+
+The joined stream is sharded as one sequence: a rank may hold text rows, image rows or both; a stream that
+does not split is padded at its end, the pad rows are no keys and never reach the head.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from tests.helpers.thread_comm import run_ranks, thread_group
+from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.qwen_image.transformer import QwenImageTransformer, QwenImageTransformerConfig
+from vidloom.runtime.parallel.ulysses import TokenShards, UlyssesAttention, apply_sp
+
+# fp32: the exchanges only move values; ranks see fewer rows per matmul and per-head attention, so only
+# summation order inside kernels may change. Observed <= ~2e-7 here; 1e-5 still catches one misplaced row
+# (text weights on an image row, a pad row as a key), which moves outputs by order 1.
+FP32_TOL = 1e-5
+FLUX2 = Flux2TransformerConfig(in_channels=8, out_channels=8, num_double_layers=2, num_single_layers=1, head_dim=8,
+                               num_heads=4, text_dim=12, timestep_channels=16, rope_axes=(2, 2, 2, 2))
+QWEN = QwenImageTransformerConfig(patch_size=2, in_channels=16, out_channels=4, num_layers=2, head_dim=8,
+                                  num_heads=4, text_dim=12, rope_axes=(2, 4, 2))
+
+
+def _flux2_inputs(text: int, image: int) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(1)
+    img_ids = torch.stack([torch.zeros(image), torch.arange(image) // 3, torch.arange(image) % 3,
+                           torch.zeros(image)], dim=-1).long()
+    txt_ids = torch.stack([torch.zeros(text), torch.zeros(text), torch.zeros(text), torch.arange(text)], -1).long()
+    return (torch.randn(1, image, 8, generator=g), torch.randn(1, text, 12, generator=g), torch.tensor([0.7]),
+            img_ids, txt_ids)
+
+
+def _qwen_inputs(text: int, grids: tuple[tuple[int, int], ...]) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(2)
+    image = sum(h * w for h, w in grids)
+    return torch.randn(1, image, 16, generator=g), torch.randn(1, text, 12, generator=g), torch.tensor([0.4]), grids
+
+
+CASES: dict[str, Callable[[int], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+    # 5 text + 12 image rows: 17 does not split over 2 or 4 (padded); rank 0 of 4 holds text rows only.
+    "flux2": lambda text: (Flux2Transformer(FLUX2), _flux2_inputs(text, 12)),
+    # a 2x3 target grid and a 2x2 reference grid (an edit): 10 image rows after `text` text rows.
+    "qwen_image": lambda text: (QwenImageTransformer(QWEN), _qwen_inputs(text, ((2, 3), (2, 2)))),
+}
+
+
+@pytest.mark.parametrize("family", list(CASES))
+@pytest.mark.parametrize(("size", "text"), [(2, 5), (4, 5), (2, 6)])
+def test_joint_stream_sp_matches_one_device(family, size, text):
+    torch.manual_seed(0)
+    model, inputs = CASES[family](text)
+    model.eval()
+    with torch.inference_mode():
+        reference = model(*inputs)
+    for out in run_ranks(thread_group(size), lambda comm: _one_rank(model, inputs, comm)):
+        assert out.shape == reference.shape
+        assert (out - reference).abs().max().item() <= FP32_TOL
+
+
+def _one_rank(model: torch.nn.Module, inputs: tuple[Any, ...], comm) -> torch.Tensor:
+    replica = copy.deepcopy(model)
+    apply_sp(replica, comm)
+    with torch.inference_mode():
+        return replica(*inputs)
+
+
+def test_shard_joint_pads_the_end_and_counts_each_rank_s_text_rows():
+    tokens = torch.arange(7.0).reshape(1, 7, 1)
+    table = torch.arange(7.0)[:, None]
+    parts = [TokenShards(comm).shard_joint(tokens, (table,), prefix=3) for comm in thread_group(4)]
+    assert [p.prefix for p in parts] == [2, 1, 0, 0]  # rows [0, 2), [2, 4), [4, 6), [6, 8): text is rows 0-2
+    assert [p.tokens.shape[1] for p in parts] == [2, 2, 2, 2] and all(p.length == 7 for p in parts)
+    assert parts[3].tokens[0, :, 0].tolist() == [6.0, 0.0] and parts[3].tables[0][:, 0].tolist() == [6.0, 0.0]
+    assert parts[0].key_mask is not None and parts[0].key_mask.tolist() == [True] * 7 + [False]
+    even = TokenShards(thread_group(2)[0]).shard_joint(tokens[:, :6], (table[:6],), prefix=3)
+    assert even.key_mask is None and even.prefix == 3
+
+
+def test_ulysses_refuses_any_mask_but_a_padded_sequence_s():
+    (comm,) = thread_group(1)
+    wrapped = UlyssesAttention(lambda q, k, v, mask=None: q, comm)
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"only a padded sequence's key mask \(\[4\] bool on the CPU\)"):
+        wrapped(q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
