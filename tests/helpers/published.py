@@ -35,6 +35,13 @@ def _qwen_tokenizer():
     return train_qwen_tokenizer()
 
 
+def _qwen_vl_tokenizer():
+    from tests.helpers.flux2_checkpoints import SPECIALS, train_qwen_tokenizer
+    from tests.helpers.qwen_image_checkpoints import VISION_SPECIALS
+
+    return train_qwen_tokenizer(specials=(*SPECIALS, *VISION_SPECIALS))  # Qwen2.5-VL's vision tokens too
+
+
 def _gemma_tokenizer():
     from tests.helpers.ltx2_checkpoints import train_gemma_tokenizer
 
@@ -60,6 +67,7 @@ TOKENIZERS: dict[str, Callable[[], Any]] = {
     "Cosmos3OmniPipeline/Qwen2TokenizerFast": _cosmos3_tokenizer,
     "T5TokenizerFast": _wan_tokenizer,
     "Qwen2TokenizerFast": _qwen_tokenizer,
+    "Qwen2Tokenizer": _qwen_vl_tokenizer,  # Qwen-Image's
     "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
     "GemmaTokenizer": _gemma_tokenizer,
     "GemmaTokenizerFast": _gemma_tokenizer,

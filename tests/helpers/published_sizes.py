@@ -141,6 +141,21 @@ SIZES: dict[str, dict[str, Any]] = {
     "AutoencoderOobleck": dict(encoder_hidden_size=8, decoder_input_channels=4, decoder_channels=4),
     "T5EncoderModel": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=Vocab(),
                            relative_attention_num_buckets=8, relative_attention_max_distance=32),
+    # --- Qwen-Image / -Edit: joint width 2 x 16 over Qwen2.5-VL's 16-wide text (4 heads of 8 -> mrope [2, 1, 1]);
+    # the 16-channel VAE stays (its latent statistics have 16 entries); the edit processor sees <= 16 x 28^2 px ---
+    "QwenImageTransformer2DModel": dict(num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                        joint_attention_dim=TEXT, axes_dims_rope=[8, 4, 4]),
+    "AutoencoderKLQwenImage": dict(base_dim=8, num_res_blocks=1),
+    "Qwen2_5_VLForConditionalGeneration": dict(
+        hidden_size=TEXT, intermediate_size=2 * TEXT, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_window_layers=2, vocab_size=Vocab(), rope_scaling=dict(mrope_section=[2, 1, 1]),
+        bos_token_id=Token("<|endoftext|>"), eos_token_id=Token("<|im_end|>"), image_token_id=Token("<|image_pad|>"),
+        video_token_id=Token("<|video_pad|>"), vision_start_token_id=Token("<|vision_start|>"),
+        vision_end_token_id=Token("<|vision_end|>"), vision_token_id=Token("<|image_pad|>"),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=TEXT,
+                           fullatt_block_indexes=[0])),
+    "Qwen2VLImageProcessorFast": dict(max_pixels=16 * 28 * 28, size={"longest_edge": 16 * 28 * 28,
+                                                                     "shortest_edge": 3136}),
     "Qwen2_5OmniModel": dict(thinker_config=_OMNI_THINKER, talker_config=_OMNI_TALKER, token2wav_config=dict(
         dit_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16, emb_dim=16,
                         block_size=4, look_ahead_layers=[1], look_backward_layers=[0], mel_dim=16, enc_emb_dim=16,
