@@ -1,0 +1,1 @@
+"""Helios: its transformer (our own), Wan's VAE and UMT5 text path."""
