@@ -45,6 +45,7 @@ FAMILIES: tuple[str, ...] = (
     "vidloom.families.diffusers_adapter",
     "vidloom.families.qwen_omni",
     "vidloom.families.qwen_image",
+    "vidloom.families.helios",
     "vidloom.families.sana_wm",
     "vidloom.families.stable_audio",
 )
