@@ -1,9 +1,11 @@
 """Helios' chunk loop (HeliosPipeline): autoregressive chunks, each a fresh bidirectional denoise over new noise
 that also sees compressed history latents and a first-frame prefix; each chunk is decoded alone and streamed.
 
-Plans, in order, for every chunk k: one plan per denoise step (the runtime runs each, so step caches, batching
-and cancellation apply per step), then the VAE decode of chunk k, whose frames go to the caller at once. No KV
-cache: the history is re-embedded at every step, as the reference does, so nothing outlives the request.
+Every plan is one denoise step of the current chunk (the runtime runs each, so step caches, batching across
+requests and cancellation apply per step). When a chunk's last step is folded in, the chunk is decoded and its
+frames go to the caller at once: the decode is part of that step's unit rather than a plan of its own, so that
+every plan stacks with other requests' (a plan that declares no denoiser inputs would run the request alone). No
+KV cache: the history is re-embedded at every step, as the reference does, so nothing outlives the request.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ HISTORY_SIZES = (16, 2, 1)
 CHUNK_LATENT_FRAMES = 9
 CHUNK_PHASE = "chunks"
 """Progress phase reported once per finished chunk (step plans report under their loop name)."""
-STEP, DECODE = "denoise", "decode"
+STEP = "denoise"
 
 
 def chunk_frames(temporal_factor: int) -> int:
@@ -83,9 +85,7 @@ class HeliosChunkState:
     prefix: Tensor | None = None  # [1, C, 1, h, w] the first frame's latents (None before the first chunk)
     chunk: int = 0
     step: int = 0
-    decoded: int = 0
-    frames: list[Tensor] = field(default_factory=list)
-    pending: str = ""
+    frames: list[Tensor] = field(default_factory=list)  # decoded chunks, [F, H, W, 3] each
 
 
 class HeliosChunkLoop:
@@ -128,17 +128,8 @@ class HeliosChunkLoop:
     # -- plans ------------------------------------------------------------------------
 
     def next(self, state: HeliosChunkState) -> StepPlan | Done:
-        if state.decoded < state.chunk:
-            plan = StepPlan(loop=DECODE, index=state.decoded, total=state.total_chunks, call=decode_chunk,
-                            inputs={"vae": self.vae, "latents": state.history[:, :, -CHUNK_LATENT_FRAMES:]})
-        elif state.chunk >= state.total_chunks:
+        if state.chunk >= state.total_chunks:
             return DONE
-        else:
-            plan = self._step_plan(state)
-        state.pending = plan.loop
-        return plan
-
-    def _step_plan(self, state: HeliosChunkState) -> StepPlan:
         steps = state.schedule.num_steps
         t = state.schedule.timesteps[state.step].reshape(1).to(self.device)
         return StepPlan(
@@ -160,9 +151,6 @@ class HeliosChunkLoop:
     # -- results ----------------------------------------------------------------------
 
     def advance(self, state: HeliosChunkState, result: Any) -> HeliosChunkState:
-        if state.pending == DECODE:
-            self._emit(state, result)
-            return state
         state.latents = state.sampler.step(state.sampler_state, state.step, result, state.latents)
         state.step += 1
         if state.step == state.schedule.num_steps:
@@ -176,19 +164,19 @@ class HeliosChunkLoop:
         if state.prefix is None:
             state.prefix = latents[:, :, :1]  # text to video: the first frame becomes every later chunk's prefix
         state.history = torch.cat([state.history, latents], dim=2)[:, :, -sum(HISTORY_SIZES):]
+        self._emit(state, decode_chunk(self.vae, latents))
         state.chunk, state.step = state.chunk + 1, 0
         if state.chunk < state.total_chunks:
             state.latents = self._noise(state.generator, state.history)
             state.sampler_state = state.sampler.init_state(state.schedule)
 
     def _emit(self, state: HeliosChunkState, frames: Tensor) -> None:
-        k = state.decoded
+        k = len(state.frames)
         start = sum(f.shape[0] for f in state.frames)
         frames = frames[: max(0, state.num_frames - start)]  # the last chunk is cut to the asked length
         state.frames.append(frames)
-        state.decoded += 1
         state.ctx.emit(VideoChunk(index=k, total=state.total_chunks, start_frame=start, frames=frames.numpy()))
-        state.ctx.progress(CHUNK_PHASE, state.decoded, state.total_chunks)
+        state.ctx.progress(CHUNK_PHASE, k + 1, state.total_chunks)
 
     def finalize(self, state: HeliosChunkState) -> dict[str, Any]:
         return {"video": np.ascontiguousarray(torch.cat(state.frames).numpy())}
