@@ -6,6 +6,7 @@ Read from a diffusers `transformer/config.json`; every HeliosTransformer3DModel 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,28 +34,19 @@ CONFIG_KEYS = frozenset({
 class HeliosTransformerConfig:
     """Architecture of one Helios transformer; defaults are diffusers' defaults (the 14B model)."""
 
+    # As in WanTransformerConfig: the chunk's patch (history patches are 2x and 4x it), heads, widths, depth,
+    # the affine LayerNorm before cross-attention and the norms' epsilon.
     patch_size: tuple[int, int, int] = SUPPORTED_PATCH
-    """Latent patch extent (frames, height, width) of the current chunk; history patches are 2x and 4x it."""
     num_attention_heads: int = 40
-    """Attention heads per layer."""
-    attention_head_dim: int = 128
-    """Channels per head; equals sum(rope_dim)."""
+    attention_head_dim: int = 128  # equals sum(rope_dim)
     in_channels: int = 16
-    """Latent channels fed in."""
     out_channels: int = 16
-    """Channels predicted per latent position."""
     text_dim: int = 4096
-    """Width of the text encoder's hidden states."""
     freq_dim: int = 256
-    """Width of the sinusoidal timestep features."""
     ffn_dim: int = 13824
-    """Hidden width of each block's feed-forward network."""
     num_layers: int = 40
-    """Number of transformer blocks."""
     cross_attn_norm: bool = True
-    """Whether an affine LayerNorm precedes each cross-attention."""
     eps: float = 1e-6
-    """Epsilon of every LayerNorm and RMSNorm."""
     rope_dim: tuple[int, int, int] = (44, 42, 42)
     """Head channels rotated by the (frame, row, column) position; even each, summing to attention_head_dim."""
     rope_theta: float = 10000.0
@@ -97,57 +89,31 @@ class HeliosTransformerConfig:
         mode = cfg.get("history_scale_mode", "per_head")
         check_choice(mode, "history_scale_mode", HISTORY_SCALE_MODES, WHERE)
         d = cls()
-        flag = lambda key, default: read_key(cfg, key, default, strict_bool, WHERE)  # noqa: E731
-        in_channels = int(cfg.get("in_channels", d.in_channels))
+        values: dict[str, Any] = {key: int(cfg.get(key, getattr(d, key))) for key in _INTS}
+        values.update({key: read_key(cfg, key, getattr(d, key), strict_bool, WHERE) for key in _FLAGS})
         try:
             return cls(
                 patch_size=patch,  # type: ignore[arg-type]
-                num_attention_heads=int(cfg.get("num_attention_heads", d.num_attention_heads)),
-                attention_head_dim=int(cfg.get("attention_head_dim", d.attention_head_dim)),
-                in_channels=in_channels,
-                out_channels=int(cfg.get("out_channels") or in_channels),  # null/0: same as in_channels
-                text_dim=int(cfg.get("text_dim", d.text_dim)),
-                freq_dim=int(cfg.get("freq_dim", d.freq_dim)),
-                ffn_dim=int(cfg.get("ffn_dim", d.ffn_dim)),
-                num_layers=int(cfg.get("num_layers", d.num_layers)),
-                cross_attn_norm=flag("cross_attn_norm", d.cross_attn_norm),
+                out_channels=int(cfg.get("out_channels") or values["in_channels"]),  # null/0: same as in_channels
                 eps=float(cfg.get("eps", d.eps)),
                 rope_dim=tuple(int(x) for x in cfg.get("rope_dim", d.rope_dim)),  # type: ignore[arg-type]
                 rope_theta=float(cfg.get("rope_theta", d.rope_theta)),
-                guidance_cross_attn=flag("guidance_cross_attn", d.guidance_cross_attn),
-                zero_history_timestep=flag("zero_history_timestep", d.zero_history_timestep),
-                has_multi_term_memory_patch=flag("has_multi_term_memory_patch", d.has_multi_term_memory_patch),
-                is_amplify_history=flag("is_amplify_history", d.is_amplify_history),
                 history_scale_mode=str(mode),
+                **values,
             )
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"{WHERE} is malformed: {err}") from err
 
     def to_diffusers(self) -> dict[str, Any]:
         """A `config.json` dict that diffusers' HeliosTransformer3DModel accepts and rebuilds this from."""
-        return {
-            "_class_name": DIFFUSERS_CLASS_NAME,
-            "patch_size": list(self.patch_size),
-            "num_attention_heads": self.num_attention_heads,
-            "attention_head_dim": self.attention_head_dim,
-            "in_channels": self.in_channels,
-            "out_channels": self.out_channels,
-            "text_dim": self.text_dim,
-            "freq_dim": self.freq_dim,
-            "ffn_dim": self.ffn_dim,
-            "num_layers": self.num_layers,
-            "cross_attn_norm": self.cross_attn_norm,
-            "qk_norm": SUPPORTED_QK_NORM,
-            "eps": self.eps,
-            "added_kv_proj_dim": None,
-            "rope_dim": list(self.rope_dim),
-            "rope_theta": self.rope_theta,
-            "guidance_cross_attn": self.guidance_cross_attn,
-            "zero_history_timestep": self.zero_history_timestep,
-            "has_multi_term_memory_patch": self.has_multi_term_memory_patch,
-            "is_amplify_history": self.is_amplify_history,
-            "history_scale_mode": self.history_scale_mode,
-        }
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        listed = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
+        return {"_class_name": DIFFUSERS_CLASS_NAME, **listed, "qk_norm": SUPPORTED_QK_NORM, "added_kv_proj_dim": None}
+
+
+_INTS = ("num_attention_heads", "attention_head_dim", "in_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers")
+_FLAGS = ("cross_attn_norm", "guidance_cross_attn", "zero_history_timestep", "has_multi_term_memory_patch",
+          "is_amplify_history")
 
 
 HELIOS_TRANSFORMER_NAME_MAP = NameMap(

@@ -10,19 +10,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import torch
-
 from vidloom.core.card import ModelCard
 from vidloom.demo.cache import DemoCheckpoint, noise_note
-from vidloom.demo.tokenizer import train_t5_tokenizer
-from vidloom.demo.writer import (
-    Part, latent_stats_config, model_index, write_parts, write_pipeline_files, write_t5_encoder,
-)
+from vidloom.demo.writer import Part, model_index
 from vidloom.families.helios.cards import DEFAULTS, helios_card
 from vidloom.families.helios.config import HELIOS_TRANSFORMER_NAME_MAP, HeliosTransformerConfig
 from vidloom.families.helios.transformer import HeliosTransformer
-from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE
-from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE, write_wan_demo_folder
 
 DEMO_ID = "helios-demo"
 DEMO_VERSION = 1  # bump when the demo's architecture or files change
@@ -38,16 +32,6 @@ DEMO_TRANSFORMER = {
     "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "added_kv_proj_dim": None, "rope_dim": [6, 6, 4],
     "rope_theta": 10000.0, "guidance_cross_attn": True, "zero_history_timestep": True,
     "has_multi_term_memory_patch": True, "is_amplify_history": True, "history_scale_mode": "per_head",
-}
-DEMO_VAE = {
-    "_class_name": "AutoencoderKLWan",
-    "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
-    "temperal_downsample": [False, True, True], "dropout": 0.0,
-}
-DEMO_TEXT_ENCODER = {
-    "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
-    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 32,
-    "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0,
 }
 # A one-stage UniPC HeliosScheduler with the time shift by mu, as the base pipeline steps it.
 DEMO_SCHEDULER = {"_class_name": "HeliosScheduler", "num_train_timesteps": 1000, "stages": 1,
@@ -72,16 +56,10 @@ def demo_card() -> ModelCard:
 
 def write_demo_checkpoint(folder: Path) -> None:
     """A HeliosPipeline folder from our own modules (diffusers can load it too)."""
-    torch.manual_seed(DEMO_SEED)
-    vae = {**DEMO_VAE, **latent_stats_config(DEMO_SEED + 1, DEMO_VAE["z_dim"])}
-    write_parts(folder, (
-        Part("transformer", lambda: HeliosTransformer(HeliosTransformerConfig.from_diffusers(DEMO_TRANSFORMER)),
-             HELIOS_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER, scale=CROSS_ATTENTION_SCALE),
-        Part("vae", lambda: WanVAE(WanVAEConfig.from_diffusers(vae)), WAN_VAE_NAME_MAP, fill_std=None),
-    ))
-    tokenizer = train_t5_tokenizer()
-    write_t5_encoder(folder / "text_encoder", len(tokenizer), DEMO_TEXT_ENCODER, DEMO_SEED + 2)
-    write_pipeline_files(folder, DEMO_SCHEDULER, MODEL_INDEX, tokenizer)
+    transformer = Part("transformer",
+                       lambda: HeliosTransformer(HeliosTransformerConfig.from_diffusers(DEMO_TRANSFORMER)),
+                       HELIOS_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER, scale=CROSS_ATTENTION_SCALE)
+    write_wan_demo_folder(folder, transformer, DEMO_SEED, DEMO_SCHEDULER, MODEL_INDEX)
 
 
 ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure
