@@ -67,3 +67,41 @@ def test_two_chunks_match_pipeline(pair, scale):
     assert np.array_equal(np.concatenate([c.frames for c in streamed]), to_uint8(ours))
     chunks = [e.step for e in events if isinstance(e, ProgressEvent) and e.phase == CHUNK_PHASE]
     assert chunks == [1, 2]
+
+
+def test_image_to_video_matches_pipeline(pair):
+    """The image's VAE posterior sample (prefix) and its 33-frame still's last latent (newest history), each noised,
+    drawn from the seed's generator before the chunks' noise, in the pipeline's order."""
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    pipe, gen = pair
+    image = make_image(40, 60, 2)  # another size than the video's: resized as the pipeline resizes it
+    out = pipe(prompt=PROMPT, image=image, num_frames=33, num_inference_steps=2, guidance_scale=3.0,
+               generator=torch.Generator("cpu").manual_seed(9), output_type="np", **SIZE)
+    theirs = np.asarray(out.frames[0], dtype=np.float32)
+    request = GenerationRequest(prompt=PROMPT, task=Task.I2V, image=[image], num_frames=33, num_inference_steps=2,
+                                seed=9, guidance_scale=3.0, **SIZE)
+    ours = gen.engine.run(request)["video"]
+    assert ours.shape == theirs.shape == (33, 32, 48, 3)
+    diff = np.abs(ours - theirs).max()
+    assert diff <= FRAME_TOLERANCE, diff
+    t2v = _ours(gen, 33, 2, 3.0, seed=9)
+    assert np.abs(t2v - ours).max() > 0.05  # the image reached the video
+
+
+def test_video_to_video_matches_pipeline(pair):
+    """A 37-frame clip: its first frame is the prefix and its last 33 frames (one whole chunk, encoded and noised per
+    latent frame) the history; the new chunk continues it. Drawn from the generator in the pipeline's order."""
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    pipe, gen = pair
+    clip = [make_image(48, 32, seed) for seed in range(37)]
+    out = pipe(prompt=PROMPT, video=clip, num_frames=33, num_inference_steps=2, guidance_scale=3.0,
+               generator=torch.Generator("cpu").manual_seed(4), output_type="np", **SIZE)
+    theirs = np.asarray(out.frames[0], dtype=np.float32)
+    request = GenerationRequest(prompt=PROMPT, task=Task.V2V, video=clip, num_frames=33, num_inference_steps=2,
+                                seed=4, guidance_scale=3.0, **SIZE)
+    ours = gen.engine.run(request)["video"]
+    assert ours.shape == theirs.shape == (33, 32, 48, 3)
+    diff = np.abs(ours - theirs).max()
+    assert diff <= FRAME_TOLERANCE, diff

@@ -55,7 +55,7 @@ def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULT
         model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
         components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler",
                                    no_weights=("tokenizer", "scheduler")),
-        tasks=frozenset({Task.T2V}), precision=precision, sampling_defaults=defaults, geometry=GEOMETRY,
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision, sampling_defaults=defaults, geometry=GEOMETRY,
         description=description, notes=(CHUNK_NOTE,), optional_fields=READS,
         max_prompt_tokens=TEXT_TOKENS,
     )

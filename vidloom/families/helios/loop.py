@@ -24,6 +24,7 @@ from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy
 from vidloom.diffusion.sampler import Schedule
+from vidloom.families.helios.conditioning import MediaConditioning
 from vidloom.families.helios.network import HeliosNetwork
 from vidloom.families.helios.schedule import HeliosSchedule
 from vidloom.families.helios.transformer import HeliosHistory, HeliosTransformer
@@ -82,10 +83,11 @@ class HeliosChunkState:
     guidance_scale: float
     latents: Tensor  # float32 [1, C, 9, h, w]: the chunk being denoised
     sampler_state: Any
-    prefix: Tensor | None = None  # [1, C, 1, h, w] the first frame's latents (None before the first chunk)
+    prefix: Tensor | None = None  # [1, C, 1, h, w] the first frame's latents (T2V: None before the first chunk)
     chunk: int = 0
     step: int = 0
     frames: list[Tensor] = field(default_factory=list)  # decoded chunks, [F, H, W, 3] each
+    unsent: Tensor | None = None  # the chunk decoded by the last advance, handed to the caller by the next `next`
 
 
 class HeliosChunkLoop:
@@ -107,8 +109,12 @@ class HeliosChunkLoop:
         tokens = CHUNK_LATENT_FRAMES * h * w // (patch[0] * patch[1] * patch[2])
         schedule = self.schedule.schedule(request.num_inference_steps, tokens)
         sampler = self.schedule.sampler(request.sampler)
-        generator = torch.Generator("cpu").manual_seed(request.seed)
+        generator: torch.Generator = slots["generator"]  # already drawn from for an image's conditioning
         history = torch.zeros(1, vae.z_dim, sum(HISTORY_SIZES), h, w, device=self.device)
+        media: MediaConditioning | None = slots["conditioning"]
+        if media is not None:  # the newest history frames are the image's still or the clip's last chunks
+            kept = media.history[:, :, -history.shape[2]:]
+            history[:, :, history.shape[2] - kept.shape[2]:] = kept
         negative = slots["negative_embeds"]
         return HeliosChunkState(
             ctx=ctx, num_frames=request.num_frames, total_chunks=num_chunks(request.num_frames, vae.temporal_factor),
@@ -116,7 +122,7 @@ class HeliosChunkLoop:
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=float(request.guidance_scale), latents=self._noise(generator, history),
-            sampler_state=sampler.init_state(schedule),
+            sampler_state=sampler.init_state(schedule), prefix=None if media is None else media.prefix,
         )
 
     def _noise(self, generator: torch.Generator, history: Tensor) -> Tensor:
@@ -128,6 +134,10 @@ class HeliosChunkLoop:
     # -- plans ------------------------------------------------------------------------
 
     def next(self, state: HeliosChunkState) -> StepPlan | Done:
+        if state.unsent is not None:
+            # Sent here rather than in advance, so the chunk follows the runtime's event for its last step.
+            self._emit(state, state.unsent)
+            state.unsent = None
         if state.chunk >= state.total_chunks:
             return DONE
         steps = state.schedule.num_steps
@@ -164,7 +174,7 @@ class HeliosChunkLoop:
         if state.prefix is None:
             state.prefix = latents[:, :, :1]  # text to video: the first frame becomes every later chunk's prefix
         state.history = torch.cat([state.history, latents], dim=2)[:, :, -sum(HISTORY_SIZES):]
-        self._emit(state, decode_chunk(self.vae, latents))
+        state.unsent = decode_chunk(self.vae, latents)
         state.chunk, state.step = state.chunk + 1, 0
         if state.chunk < state.total_chunks:
             state.latents = self._noise(state.generator, state.history)
