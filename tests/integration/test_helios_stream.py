@@ -3,15 +3,13 @@ the live fMP4 stream holds the chunks, and a request cancelled mid-chunk ends ho
 
 from __future__ import annotations
 
-import io
 import time
 from typing import Any
 
-import av
 import httpx
 import pytest
 
-from tests.helpers.servers import ThreadServer, parse_sse, wait_for_status
+from tests.helpers.servers import ThreadServer, events_then_live_stream
 from vidloom.core.errors import Cancelled
 from vidloom.core.output import ChunkEvent, CompletedEvent, ProgressEvent
 from vidloom.generator import VideoGenerator
@@ -63,14 +61,8 @@ def test_server_sends_chunk_events_then_the_whole_video(gen, tmp_path):
     with ThreadServer(gen.engine, config) as server, httpx.Client(base_url=server.url, timeout=300) as client:
         job = client.post("/v1/videos", json=form)
         assert job.status_code == 200, job.text
-        video_id = job.json()["id"]
-        with client.stream("GET", f"/v1/videos/{video_id}/events") as response:
-            events = parse_sse(list(response.iter_lines()))
-        assert wait_for_status(client, video_id, {"completed"})["status"] == "completed"
-        stream = client.get(f"/v1/videos/{video_id}/content", params={"variant": "stream"})
-    assert stream.status_code == 200
-    with av.open(io.BytesIO(stream.content)) as container:  # the fragmented MP4 the chunks grew
-        assert sum(1 for _ in container.decode(video=0)) == 65
+        events, streamed_frames = events_then_live_stream(client, job.json()["id"])
+    assert streamed_frames == 65
     names = [name for name, _ in events]
     chunks = [d for n, d in events if n == "chunk"]
     assert [(c["start_frame"], c["stop_frame"]) for c in chunks] == [(0, 33), (33, 65)]
