@@ -47,6 +47,7 @@ FAMILIES: tuple[str, ...] = (
     "vidloom.families.qwen3_omni",
     "vidloom.families.qwen_image",
     "vidloom.families.hunyuan15",
+    "vidloom.families.helios",
     "vidloom.families.sana_wm",
     "vidloom.families.stable_audio",
 )

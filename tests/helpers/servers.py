@@ -184,3 +184,19 @@ def parse_sse(lines: list[str]) -> list[tuple[str, dict]]:
             events.append((name, data))
             name, data = None, None
     return events
+
+
+def events_then_live_stream(client: httpx.Client, video_id: str) -> tuple[list[tuple[str, dict]], int]:
+    """A chunked video job's SSE events (read to the end), then, once it completed, how many frames its live
+    fragmented-MP4 variant (the stream the chunks grew) decodes to."""
+    import io
+
+    import av
+
+    with client.stream("GET", f"/v1/videos/{video_id}/events") as response:
+        events = parse_sse(list(response.iter_lines()))
+    assert wait_for_status(client, video_id, {"completed"})["status"] == "completed"
+    stream = client.get(f"/v1/videos/{video_id}/content", params={"variant": "stream"})
+    assert stream.status_code == 200, stream.text
+    with av.open(io.BytesIO(stream.content)) as container:
+        return events, sum(1 for _ in container.decode(video=0))

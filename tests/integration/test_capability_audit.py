@@ -26,6 +26,7 @@ from tests.helpers.adapter_checkpoints import write_tiny_pipeline
 from tests.helpers.batched_runs import serve_batched
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
+from tests.helpers.helios_checkpoints import TINY_A as HELIOS_A, write_tiny_helios
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
@@ -86,6 +87,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "qwen-image": write_qwen_image_wide,  # three blocks: a step cache has blocks to skip
     "sana-wm": lambda d: _with_refiner(write_tiny_sana_wm(d, SANA_WM_A)),
     "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
+    "helios": lambda d: write_tiny_helios(d, HELIOS_A),
 }
 # A small request each kind runs (guidance on, so CFG has two branches); its size is also the warmup shape.
 REQUESTS: dict[str, dict[str, Any]] = {
@@ -97,6 +99,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "qwen-image": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),
     "stable-audio": dict(task=Task.T2A, seconds=0.5, num_inference_steps=2, guidance_scale=7.0),
+    "helios": dict(height=32, width=48, num_frames=33, num_inference_steps=2, guidance_scale=5.0),  # one chunk
     "sana-wm": dict(height=64, width=96, num_frames=17, camera="jw-16", image=make_image(70, 40, 1),
                     intrinsics=[50.0, 52.0, 35.0, 20.0], num_inference_steps=2, guidance_scale=3.0),
 }

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import av
 import httpx
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import torch
 from PIL import Image
 
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_refiner, write_tiny_sana_wm
-from tests.helpers.servers import ThreadServer, parse_sse, wait_for_status
+from tests.helpers.servers import ThreadServer, events_then_live_stream
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import Cancelled, DeployError
 from vidloom.core.output import ChunkEvent, ProgressEvent
@@ -84,14 +83,8 @@ def test_server_sends_chunk_events_then_the_whole_video(gen, tmp_path, first_fra
         job = client.post("/v1/videos", data=form,
                           files={"input_reference": ("first.png", first_frame_png, "image/png")})
         assert job.status_code == 200, job.text
-        video_id = job.json()["id"]
-        with client.stream("GET", f"/v1/videos/{video_id}/events") as response:
-            events = parse_sse(list(response.iter_lines()))
-        assert wait_for_status(client, video_id, {"completed"})["status"] == "completed"
-        stream = client.get(f"/v1/videos/{video_id}/content", params={"variant": "stream"})
-    assert stream.status_code == 200
-    with av.open(io.BytesIO(stream.content)) as container:  # the fragmented MP4 the chunks grew
-        assert sum(1 for _ in container.decode(video=0)) == 40
+        events, streamed_frames = events_then_live_stream(client, job.json()["id"])
+    assert streamed_frames == 40
     names = [name for name, _ in events]
     assert names[-1] == "completed"
     chunks = [d for n, d in events if n == "chunk"]

@@ -14,7 +14,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
-from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE
+from vidloom.models.wan.demo_parts import CROSS_ATTENTION_SCALE, TINY_UMT5, TINY_WAN_VAE
 from vidloom.families.wan_causal.config import FAR_TRANSFORMER_NAME_MAP, FarTransformerConfig
 from vidloom.families.wan_causal.transformer import FarTransformer
 from vidloom.demo.cache import DemoCheckpoint, noise_note
@@ -41,16 +41,7 @@ DEMO_TRANSFORMER = {
 # Wan's sharper cross-attention, and its output x3: the few-step causal rollout gives the text fewer steps
 # to act (with the logits alone a new prompt moved the video by 1.5 levels on average).
 FAR_CROSS_ATTENTION_SCALE = (*CROSS_ATTENTION_SCALE, ("blocks.*.cross_attn.out.weight", 3.0))
-DEMO_VAE = {
-    "_class_name": "AutoencoderKLWan",
-    "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1, "attn_scales": [],
-    "temperal_downsample": [False, True, True], "dropout": 0.0,
-}
-DEMO_TEXT_ENCODER = {
-    "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4,
-    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 32,
-    "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0,
-}
+DEMO_VAE, DEMO_TEXT_ENCODER = TINY_WAN_VAE, TINY_UMT5
 # FlowMapEulerDiscreteScheduler as the AnyFlow-FAR release saves it (shift 5).
 DEMO_SCHEDULER = {"_class_name": "FlowMapEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 5.0}
 MODEL_INDEX = model_index(

@@ -1,0 +1,69 @@
+"""Tiny HeliosPipeline folders written by diffusers + transformers (random weights, offline tokenizer): the reference
+side of the Helios parity tests, two configs that differ in what an implementation could get wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.helpers.wan_checkpoints import TinyWan, reference_parts, wan_vae
+
+
+@dataclass(frozen=True)
+class TinyHelios:
+    name: str
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    scheduler: dict[str, Any]
+
+
+def helios_dit(heads: int, head_dim: int, channels: int, rope_dim: tuple[int, int, int], **switches: Any) -> dict:
+    """HeliosTransformer3DModel keyword arguments at a tiny width (text_dim matches the tiny UMT5)."""
+    return dict(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=channels,
+                out_channels=channels, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=rope_dim,
+                **switches)
+
+
+TINY_A = TinyHelios(
+    name="unipc-dynamic-shift",
+    transformer=helios_dit(2, 12, 4, (4, 4, 4), is_amplify_history=True, history_scale_mode="per_head"),
+    vae=wan_vae(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1),
+    scheduler=dict(stages=1, scheduler_type="unipc", use_dynamic_shifting=True, time_shift_type="exponential"),
+)
+TINY_B = TinyHelios(
+    name="euler-no-shift",
+    transformer=helios_dit(3, 16, 8, (6, 6, 4), cross_attn_norm=False, guidance_cross_attn=False,
+                           zero_history_timestep=False, is_amplify_history=True, history_scale_mode="scalar"),
+    vae=wan_vae(base_dim=8, z_dim=8, dim_mult=[1, 2, 4, 4], num_res_blocks=2),
+    # The static shift, which the base pipeline never applies (it passes its own sigmas).
+    scheduler=dict(stages=1, scheduler_type="euler", use_dynamic_shifting=False, shift=3.0),
+)
+CONFIGS = (TINY_A, TINY_B)
+
+
+def reference_transformer(kwargs: dict[str, Any], seed: int) -> torch.nn.Module:
+    """diffusers' HeliosTransformer3DModel, every parameter moved by N(0, 0.05) so no path is trivially zero."""
+    from diffusers import HeliosTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = HeliosTransformer3DModel(**kwargs).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def write_tiny_helios(folder: Path, spec: TinyHelios, seed: int = 0) -> Path:
+    """Save a HeliosPipeline folder for `spec` with diffusers' own save_pretrained."""
+    from diffusers import HeliosPipeline, HeliosScheduler
+
+    transformer = reference_transformer(spec.transformer, seed)
+    parts = reference_parts(TinyWan(spec.name, spec.transformer, spec.vae), seed, vae_seed=seed + 1,
+                            text_seed=seed + 2)
+    pipe = HeliosPipeline(**parts, transformer=transformer, scheduler=HeliosScheduler(**spec.scheduler))
+    pipe.save_pretrained(str(folder))
+    return folder

@@ -1,0 +1,70 @@
+"""Helios model cards, built from a diffusers HeliosPipeline folder (the base model: text to video)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vidloom.core.capabilities import Capabilities
+from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card_kit import FamilyCards, component_table, refusals
+from vidloom.core.request import Task
+from vidloom.loading.diffusers_dir import DiffusersDir
+
+FAMILY = "helios"
+PIPELINE_CLASS = "HeliosPipeline"
+PROGRAM = "vidloom.families.helios.program:build_program"
+# HeliosPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.
+INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
+TEXT_TOKENS = 512  # HeliosPipeline's max_sequence_length (UMT5, as Wan); bounds prompt length
+SAMPLERS = ("unipc", "euler")  # HeliosScheduler's scheduler_type values the base pipeline can step
+# Wan's VAE (8x space, 4x time) and a 2x2 patch; the pipeline wants sizes divisible by 16.
+GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
+
+# HeliosPipeline.__call__'s defaults: 384x640, 132 frames (four 33-frame chunks, trimmed by the pipeline to 129),
+# 50 steps, guidance 5.0, negative prompt "" (None in the pipeline, encoded as ""). 24 fps is the Helios release's.
+DEFAULTS = SamplingDefaults(height=384, width=640, num_frames=129, fps=24, num_inference_steps=50,
+                            guidance_scale=5.0, flow_shift=1.0, sampler="unipc", negative_prompt="")
+# The common fields its program reads (the schedule's shift is the pipeline's own: linspace sigmas, mu).
+READS = frozenset({"negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                   "sampler", "step_cache_threshold"})
+CHUNK_NOTE = ("video comes in 33-frame chunks, each decoded and streamed as it finishes; num_frames takes "
+              "ceil(num_frames / 33) chunks and returns their first num_frames frames (HeliosPipeline returns "
+              "all of them cut to 4k+1: the same frames for 33, 65, 97, 129, ...)")
+
+CAPABILITIES = Capabilities(
+    frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
+               "step_cache", "fp8_weights", "cfg_mode", "batching"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
+             kv_cache_budget_bytes="the chunks re-embed their history every step; there is no KV cache to budget",
+             cuda_graphs="each chunk's history latents are bound to the step's network, not static graph inputs",
+             vae_tile="each chunk decodes alone through the whole-frame decode; tiled chunk decode is not wired",
+             devices="sequence and CFG parallelism are written for Wan's DiT; Helios' history tokens are not split"),
+)
+CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
+CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
+
+
+def check_pipeline(ckpt: DiffusersDir) -> None:
+    ckpt.expect_pipeline(PIPELINE_CLASS)
+    ckpt.check_index(INDEX_COMPONENTS)
+
+
+def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "",
+                precision: str = "bfloat16") -> ModelCard:
+    return CARDS.card(
+        model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
+        components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler",
+                                   no_weights=("tokenizer", "scheduler")),
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision, sampling_defaults=defaults, geometry=GEOMETRY,
+        description=description, notes=(CHUNK_NOTE,), optional_fields=READS,
+        max_prompt_tokens=TEXT_TOKENS,
+    )
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    """A card for a HeliosPipeline folder; the default solver is its scheduler's scheduler_type."""
+    ckpt = DiffusersDir.open(path)
+    check_pipeline(ckpt)
+    solver = str(ckpt.component_config("scheduler", "scheduler_config.json").get("scheduler_type", "unipc"))
+    defaults = SamplingDefaults(**{**DEFAULTS.__dict__, "sampler": solver})
+    return helios_card(ckpt.root.name, str(ckpt.root), defaults, f"Helios text-to-video from {ckpt.root}")

@@ -1,0 +1,54 @@
+"""The Helios program: encode text -> seed the noise stream (and encode the first frame or the clip) -> the chunk rollout (each chunk denoised, decoded and streamed in turn)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from vidloom.core.instance import ModelInstance
+from vidloom.core.request import GenerationRequest
+from vidloom.core.program import Node, NodeContext, Program
+from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
+from vidloom.families.helios.conditioning import encode_context_video, encode_first_frame, pixels
+from vidloom.families.helios.loop import HeliosChunkLoop, chunk_frames
+from vidloom.models.wan.vae import WanVAE
+from vidloom.models.wan.text import WanTextEncoder, encode_request_prompts
+
+
+def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:
+    text: WanTextEncoder = instance["text_encoder"]
+    vae: WanVAE = instance["vae"]
+
+    def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return encode_request_prompts(text, slots["request"])
+
+    def prepare(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        """The request's noise stream, and the conditioning on a first image or a clip, drawn from it first."""
+        request: GenerationRequest = slots["request"]
+        generator = torch.Generator("cpu").manual_seed(request.seed)
+        window = chunk_frames(vae.config.temporal_factor)
+        if request.video is not None:
+            video = pixels(list(request.video), request.width, request.height)
+            conditioning = encode_context_video(vae, video, window, generator, instance.device)
+        elif request.image:
+            image = pixels([request.image[0]], request.width, request.height)
+            conditioning = encode_first_frame(vae, image, window, generator, instance.device)
+        else:
+            return {"generator": generator, "conditioning": None}
+        ctx.progress("encode_context", 1, 1)
+        return {"generator": generator, "conditioning": conditioning}
+
+    policy = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
+    loop = HeliosChunkLoop(instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy,
+                           instance.device)
+    return Program(
+        nodes=(
+            Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
+            Node("prepare", reads=("request",), writes=("generator", "conditioning"), run=prepare),
+            Node("chunks", reads=("request", "prompt_embeds", "negative_embeds", "generator", "conditioning"),
+                 writes=("video",), loop=loop),
+        ),
+        inputs=frozenset({"request"}),
+        outputs=("video",),
+    )
