@@ -2,7 +2,7 @@
 
 Six shapes: CogVideoX (text- and image-to-video) and Mochi (text-to-video, T5 text), Qwen-Image (text-to-image, Qwen2.5-VL text),
 AudioLDM (text-to-audio, CLAP text, HiFi-GAN vocoder; it has only the old `callback`/`callback_steps` hook) and
-Helios (base, pyramid and distilled pyramid: chunked video whose frame rule is the pipeline's own); and
+the Helios pyramid and distilled pyramid (chunked video whose frame rule is the pipeline's own); and
 LDMTextToImagePipeline, whose call takes no step hook.
 Each runs in well under a second on a CPU at the sizes the tests use. Tokenizers are trained offline.
 """
@@ -101,18 +101,18 @@ def build_qwen_image() -> Any:
                              scheduler=scheduler)
 
 
-def _helios(pipeline: str, scheduler: str, **flags: Any) -> Any:
-    """Helios on Wan's tiny VAE and UMT5: a 2-block transformer, 2x2 patches. gamma 0.25: the schedulers' default
-    1/3 makes the pyramid's block-noise covariance singular (its Cholesky fails), so tiny pipelines use another."""
+def _helios_pyramid(scheduler: str, **flags: Any) -> Any:
+    """The Helios pyramid (the base HeliosPipeline is native) on Wan's tiny VAE and UMT5: a 2-block transformer,
+    2x2 patches. gamma 0.25: the schedulers' default 1/3 makes the pyramid's block-noise covariance singular (its
+    Cholesky fails), so tiny pipelines use another."""
     import diffusers
     from tests.helpers.wan_checkpoints import TINY_A, reference_parts
 
     transformer = diffusers.HeliosTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
         text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=(4, 4, 4))
-    stages = dict(stages=1, stage_range=[0, 1]) if pipeline == "HeliosPipeline" else dict(gamma=0.25)
-    return getattr(diffusers, pipeline)(**reference_parts(TINY_A, 0), transformer=transformer,
-                                        scheduler=getattr(diffusers, scheduler)(**stages), **flags)
+    return diffusers.HeliosPyramidPipeline(**reference_parts(TINY_A, 0), transformer=transformer,
+                                           scheduler=getattr(diffusers, scheduler)(gamma=0.25), **flags)
 
 
 def build_ldm_text_to_image() -> Any:
@@ -179,11 +179,10 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "qwen-image": build_qwen_image,
     "audioldm": build_audioldm,
     "ldm": build_ldm_text_to_image,
-    "helios": lambda: _helios("HeliosPipeline", "HeliosScheduler"),
     # The pyramid with CFG-Zero* (Helios-Mid's flags) and the distilled one (DMD scheduler; model_index.json
     # then holds `is_distilled: true`, a config value beside the components).
-    "helios-pyramid": lambda: _helios("HeliosPyramidPipeline", "HeliosScheduler", is_cfg_zero_star=True),
-    "helios-distilled": lambda: _helios("HeliosPyramidPipeline", "HeliosDMDScheduler", is_distilled=True),
+    "helios-pyramid": lambda: _helios_pyramid("HeliosScheduler", is_cfg_zero_star=True),
+    "helios-distilled": lambda: _helios_pyramid("HeliosDMDScheduler", is_distilled=True),
 }
 
 
