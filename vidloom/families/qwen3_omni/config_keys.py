@@ -24,9 +24,9 @@ THINKER = transformers_policy({"text_config"}, {
     "position_id_per_seconds": "places audio and video tokens in time; text-only prompts have none",
     "seconds_per_chunk": "interleaves a video's audio in chunks; text-only prompts have none",
 }, head=True)
-_TALKER_INPUTS = "builds the talker's inputs or reads its codes; only its decoder is built yet"
+_TALKER_INPUTS = "read by config.SpeechConfig (the talker's inputs and code predictor)"
 TALKER = transformers_policy({"text_config"}, {
-    "code_predictor_config": _NOT_BUILT,
+    "code_predictor_config": "read by config.predictor_config (the code predictor's decoder)",
     **dict.fromkeys(("num_code_groups", "thinker_hidden_size", "accept_hidden_layer", "speaker_id",
                      "position_id_per_seconds", "spatial_merge_size", "codec_eos_token_id", "codec_nothink_id",
                      "codec_think_bos_id", "codec_think_eos_id", "codec_pad_id", "codec_bos_id"), _TALKER_INPUTS),
