@@ -131,10 +131,14 @@ def build_model(spec: TinyThinker, seed: int = 0, talker: TinyTalker | None = No
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not name.startswith(("thinker.model", "thinker.lm_head", "talker.")):
+            if not name.startswith(("thinker.model", "thinker.lm_head", "talker.", "code2wav.")):
                 continue
             noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed
+            if name.startswith("code2wav.") and p.ndim >= 2:  # convs [out, in, k] too: audible samples
+                p.copy_(0.5 * noise / p[0].numel() ** 0.5)
+            elif name.startswith("code2wav.") and "norm" not in name:  # biases, layer scales, snake alpha/beta
+                p.copy_(0.1 * noise)
+            elif "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed
                 p.copy_(1.0 + 0.2 * noise)
             elif "embed_tokens" in name or "lm_head" in name or "codec_embedding" in name or "codec_head" in name:
                 p.copy_(noise)  # unit-scale logits: greedy ids differ per step

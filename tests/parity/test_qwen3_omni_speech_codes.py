@@ -2,15 +2,20 @@
 `generate(..., return_audio=True)` on two tiny random checkpoints, greedy on both sides (generate() mirrors the
 talker's do_sample onto the code predictor): the thinker's reply ids and every codebook of every codec frame are
 identical. The thinker's states at accept_hidden_layer come out of our decoder through the paged KV pool; the
-reference's codes are read where generate() hands them to code2wav."""
+reference's codes are read where generate() hands them to code2wav. The waveform: code2wav (transformers' module,
+loaded from the checkpoint by our loader) over our frames in generate()'s chunks equals generate()'s audio
+within WAVE, and streamed in STREAM_CHUNK-frame chunks (the talker's streaming) within STREAMED of it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vidloom.loading.diffusers_dir import read_json
+
 from tests.helpers.qwen3_omni_checkpoints import TALKERS, THINKERS, load_reference, write_tiny_thinker
-from vidloom.families.qwen3_omni.load import load_talker, load_thinker, read_config
+from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, LEFT_CONTEXT, WaveChunks, decode_chunk, load_code2wav
+from vidloom.families.qwen3_omni.load import WEIGHTS_STEM, load_talker, load_thinker, read_config
 from vidloom.families.qwen3_omni.speech_codes import generate_frames, greedy, talker_inputs
 from vidloom.layers.rotary import text_positions
 from vidloom.runtime.paged_kv import KVLayout, PagedKVPool
@@ -18,6 +23,12 @@ from vidloom.runtime.paged_kv import KVLayout, PagedKVPool
 PROMPT = "tell me about kites"
 REPLY_TOKENS = 8
 TALKER_TOKENS = 40  # generate()'s talker_max_new_tokens: at most 39 frames
+WAVE = 1e-6  # the same module on the same frames (measured: 0.0 on samples up to 0.2)
+# Chunks of 4 frames with 48 frames of left context (over the tiny code2wav's causal reach, ~45 frames: its
+# upsampling is 8x where the released one's is 1920x, so its dilated convs reach further back in frames); measured
+# 7.3e-8 on samples up to 0.2 (summation order).
+STREAMED = 1e-6
+STREAM_CHUNK, STREAM_CONTEXT = 4, 48
 
 
 def _thinker_reply(thinker, prompt: list[int], eos: int) -> tuple[list[int], torch.Tensor]:
@@ -59,7 +70,7 @@ def test_greedy_talker_codes_equal_generate(tmp_path, pair):
         decode = reference.code2wav.chunked_decode
         reference.code2wav.chunked_decode = lambda codes, **kw: seen.append(codes) or decode(codes, **kw)
         with torch.inference_mode():
-            sequences, _ = reference.generate(
+            sequences, wave = reference.generate(
                 prompt["input_ids"], attention_mask=prompt["attention_mask"], return_audio=True, speaker="chelsie",
                 thinker_do_sample=False, talker_do_sample=False, thinker_max_new_tokens=REPLY_TOKENS,
                 talker_max_new_tokens=TALKER_TOKENS, thinker_eos_token_id=[tokenizer.eos_token_id])
@@ -70,8 +81,24 @@ def test_greedy_talker_codes_equal_generate(tmp_path, pair):
                                    [tokenizer.eos_token_id])
             ours = generate_frames(talker, inputs, lambda logits: int(greedy(logits)), lambda logits, g: greedy(logits),
                                    TALKER_TOKENS - 1)
+            code2wav = load_code2wav(folder, read_json(folder / "config.json"), torch.device("cpu"), torch.float32,
+                                     WEIGHTS_STEM)
+            whole = _speak(code2wav, ours, CHUNK_FRAMES, LEFT_CONTEXT)
+            streamed = _speak(code2wav, ours, STREAM_CHUNK, STREAM_CONTEXT)
     finally:
         torch.set_num_threads(threads)
     assert ids == sequences[0].tolist()
     assert len(ours) >= 4 and theirs.shape[1] == config.speech.code_groups
     assert torch.equal(ours, theirs), (ours.shape, theirs.shape)
+    reference_wave = wave[0, 0].numpy()
+    assert whole.shape == reference_wave.shape
+    assert abs(whole - reference_wave).max() <= WAVE
+    assert abs(streamed - whole).max() <= STREAMED
+
+
+def _speak(code2wav, frames: torch.Tensor, chunk: int, context: int):
+    chunks = WaveChunks(chunk, context)
+    while chunks.ready(len(frames), finished=True):
+        stop = chunks.stop(len(frames))
+        chunks.add(decode_chunk(code2wav, frames, chunks.emitted, stop, chunks.left_context, chunks.spoken), stop)
+    return chunks.audio()
