@@ -13,6 +13,7 @@ from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.families.qwen3_omni.code2wav import load_code2wav
 from vidloom.families.qwen3_omni.config import Qwen3OmniConfig
 from vidloom.families.qwen3_omni.decoder import THINKER_KEYS, THINKER_NAME_MAP, MoEDecoder
 from vidloom.families.qwen3_omni.talker import TALKER_KEYS, TALKER_NAME_MAP, Talker
@@ -64,5 +65,11 @@ def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torc
         raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "
                               f"vocab_size {config.thinker.vocab_size}")
     thinker = load_thinker(folder, config, device, compute, sdpa)
-    return ModelInstance(card=card, components={"thinker": thinker, "tokenizer": tokenizer}, device=device,
+    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer}
+    if card.speech is not None and config.speech is not None:
+        components.update({"talker": load_talker(folder, config, device, compute, sdpa), "speech": config.speech,
+                           # float32 like Qwen2.5-Omni's token2wav: a waveform's small samples
+                           "code2wav": load_code2wav(folder, read_json(folder / "config.json"), device,
+                                                     torch.float32, WEIGHTS_STEM)})
+    return ModelInstance(card=card, components=components, device=device,
                          dtype=compute, checkpoint_dir=str(folder), deploy=deploy)

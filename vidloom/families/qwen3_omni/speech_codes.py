@@ -93,26 +93,32 @@ def shape_logits(logits: Tensor, seen: Sequence[int], s: SpeechConfig,
     return logits
 
 
+def next_frame(talker: Talker, inputs: TalkerInputs, step: int, code: int, state: Tensor,
+               pick_rest: Pick) -> tuple[Tensor, Tensor]:
+    """After the talker chose `code` at `step` (0-based) from its last state [1, hidden]: the frame's codes [G]
+    (the predictor chooses the rest) and the talker's next input row [1, hidden]."""
+    first = talker.decoder.embed(torch.tensor([code], device=state.device))
+    rest, rest_sum = talker.predictor(state, first, pick_rest)
+    text = inputs.stream[step] if step < inputs.stream.shape[0] else inputs.pad
+    return torch.cat([torch.tensor([code], device=rest.device), rest[0]]), first + rest_sum + text
+
+
 def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[Tensor], int], pick_rest: Pick,
                     max_frames: int, penalty: float = DEFAULT_REPETITION_PENALTY) -> Tensor:
-    """Codec frames [N, code_groups] (N <= max_frames) until the talker's end id; one sequence, its own KV."""
+    """Codec frames [N, code_groups] (N <= max_frames) until the talker's end id; one sequence, its own KV (the
+    runtime's loop, talker_loop.py, steps the same on the paged pool)."""
     decoder, s = talker.decoder, talker.speech
     kv = EqualRowsCache(1, decoder.attention_scale)
     length = inputs.prefill.shape[0]
     logits, hidden = decoder(None, text_positions(0, length, inputs.prefill.device), kv=kv,
                              logits_at=torch.tensor([length - 1]), return_hidden=True, inputs_embeds=inputs.prefill)
     frames: list[Tensor] = []
-    seen: list[int] = []
     for step in range(max_frames + 1):
-        code = pick_first(shape_logits(logits[0], seen, s, penalty))
+        code = pick_first(shape_logits(logits[0], [int(f[0]) for f in frames], s, penalty))
         if code == s.codec_eos or step == max_frames:
             break
-        seen.append(code)
-        first = decoder.embed(torch.tensor([code], device=hidden.device))
-        rest, rest_sum = talker.predictor(hidden[-1:], first, pick_rest)
-        frames.append(torch.cat([torch.tensor([code], device=rest.device), rest[0]]))
-        text = inputs.stream[step] if step < inputs.stream.shape[0] else inputs.pad
-        row = first + rest_sum + text
+        frame, row = next_frame(talker, inputs, step, code, hidden[-1:], pick_rest)
+        frames.append(frame)
         logits, hidden = decoder(None, text_positions(length + step, 1, row.device), kv=kv, return_hidden=True,
                                  inputs_embeds=row)
     if not frames:

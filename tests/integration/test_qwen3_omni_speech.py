@@ -1,0 +1,89 @@
+"""Qwen3-Omni speech as users reach it, on a tiny checkpoint with a talker: `gen.speak` (forced text) and
+`gen.chat(audio=...)` greedy through the runtime (thinker and talker on their paged pools, code2wav a chunk per
+step) give the frames and waveform our reference-shaped loop gives for the same reply (itself equal to transformers'
+generate: tests/parity/test_qwen3_omni_speech_codes.py); a streamed request's chunks arrive before the talker
+ends and add up to the whole; voices are the checkpoint's speaker names; the official openai client speaks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
+from tests.helpers.servers import ThreadServer
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.output import AudioChunkEvent
+from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, WaveChunks, decode_chunk
+from vidloom.families.qwen3_omni.speech_codes import generate_frames, greedy, talker_inputs
+from vidloom.generator import VideoGenerator
+from vidloom.layers.rotary import text_positions
+from vidloom.serving.config import ServeConfig
+
+MESSAGES = [{"role": "user", "content": "tell me about kites"}]
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    torch.set_num_threads(1)
+    folder = write_tiny_thinker(tmp_path_factory.mktemp("q3s") / "qwen3-omni-talker", THINKER_A, talker=TALKER_A)
+    return VideoGenerator.from_pretrained(str(folder), device="cpu")
+
+
+def _expected(gen, ids: list[int], prompt_len: int, voice: str):
+    """Frames and waveform of our reference-shaped loop on the same ids (one causal pass for the thinker)."""
+    instance = gen.engine.instance
+    thinker, talker, code2wav = instance["thinker"], instance["talker"], instance["code2wav"]
+    with torch.inference_mode():
+        _, tapped = thinker(torch.tensor(ids[:-1]), text_positions(0, len(ids) - 1), return_hidden=True)
+        inputs = talker_inputs(talker, thinker.embed, ids, prompt_len, tapped, instance["speech"].speakers[voice],
+                               [gen.engine.instance["tokenizer"].eos_token_id])
+        frames = generate_frames(talker, inputs, lambda x: int(greedy(x)), lambda x, g: greedy(x), 64)
+    chunks = WaveChunks(CHUNK_FRAMES)
+    chunks.add(decode_chunk(code2wav, frames, 0, len(frames), chunks.left_context, 0), len(frames))
+    return frames, chunks.audio()
+
+
+def test_speak_greedy_equals_the_reference_loop(gen):
+    result = gen.speak("the kite rose over the dunes", voice="Chelsie", greedy=True, max_audio_tokens=64)
+    tokenizer = gen.engine.instance["tokenizer"]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say the following text exactly as written."}],
+                                           tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    text = tokenizer.encode("the kite rose over the dunes", add_special_tokens=False)
+    frames, wave = _expected(gen, list(prompt) + text + [tokenizer.eos_token_id], len(prompt), "chelsie")
+    assert result.audio_tokens == len(frames) >= 4 and result.sample_rate == 24000 and result.voice == "chelsie"
+    assert np.abs(result.audio - wave).max() <= 1e-5 and len(result.audio) == len(wave)
+
+
+def test_chat_aloud_greedy_and_streamed(gen):
+    whole = gen.chat(MESSAGES, audio={"voice": "ethan", "greedy": True, "max_audio_tokens": 40}, temperature=0.0,
+                     max_tokens=8)
+    assert whole.text and whole.audio_tokens >= 4 and len(whole.audio) > 0
+    # 24 frames: every chunk's 25 frames of left context reach back to the first (the tiny code2wav's causal reach,
+    # ~45 frames, is longer than the released one's; tests/parity/test_qwen3_omni_speech_codes.py).
+    events = []
+    streamed = gen.speak("the kite rose over the dunes", voice="ethan", greedy=True, max_audio_tokens=24,
+                         audio_chunk_codes=3, on_event=events.append)
+    chunks = [e for e in events if isinstance(e, AudioChunkEvent)]
+    assert len(chunks) >= 2
+    again = gen.speak("the kite rose over the dunes", voice="ethan", greedy=True, max_audio_tokens=24)
+    assert chunks[0].start_sample == 0 and again.audio_tokens == 24
+    assert np.abs(np.concatenate([c.audio for c in chunks]) - again.audio).max() <= 1e-5
+    assert np.abs(streamed.audio - again.audio).max() <= 1e-5
+
+
+def test_voices_are_the_checkpoints_speakers(gen):
+    with pytest.raises(InvalidRequest) as caught:
+        gen.speak("hello", voice="nobody")
+    assert caught.value.field == "voice" and "chelsie" in str(caught.value) and "ethan" in str(caught.value)
+
+
+def test_openai_client_speaks(gen, tmp_path):
+    import openai
+
+    config = ServeConfig(data_dir=tmp_path / "data", queue_size=4, graceful_shutdown_s=2)
+    with ThreadServer(gen.engine, config) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        model = server.app.state.jobs.card.model_id
+        audio = client.audio.speech.create(model=model, voice="ethan", input="the kite rose", response_format="wav")
+        assert audio.content[:4] == b"RIFF" and len(audio.content) > 44
