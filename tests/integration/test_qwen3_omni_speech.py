@@ -6,6 +6,11 @@ ends and add up to the whole; voices are the checkpoint's speaker names; the off
 
 from __future__ import annotations
 
+import base64
+import io
+import wave
+
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -85,5 +90,14 @@ def test_openai_client_speaks(gen, tmp_path):
     with ThreadServer(gen.engine, config) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         model = server.app.state.jobs.card.model_id
-        audio = client.audio.speech.create(model=model, voice="ethan", input="the kite rose", response_format="wav")
+        audio = client.audio.speech.create(model=model, voice="Ethan", input="the kite rose", response_format="wav")
         assert audio.content[:4] == b"RIFF" and len(audio.content) > 44
+        r = client.chat.completions.create(model=model, modalities=["text", "audio"], max_tokens=8, temperature=0,
+                                           audio={"voice": "chelsie", "format": "wav"}, messages=MESSAGES)
+        plain = client.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=MESSAGES)
+        message = r.choices[0].message
+        with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
+            assert w.getframerate() == 24000 and w.getnframes() > 0
+        assert message.audio.transcript == plain.choices[0].message.content  # no system prompt is added
+        caps = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()["capabilities"]
+        assert caps["speech"] and caps["voices"] == ["chelsie", "ethan"] and caps["chat_inputs"] == ["text"]
