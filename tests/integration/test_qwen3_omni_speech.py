@@ -17,8 +17,10 @@ import torch
 
 from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
 from tests.helpers.servers import ThreadServer
+from vidloom.core.chat import SamplingParams
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.output import AudioChunkEvent
+from vidloom.core.speech import SpeechRequest
 from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, WaveChunks, decode_chunk
 from vidloom.families.qwen3_omni.speech_codes import generate_frames, greedy, talker_inputs
 from vidloom.generator import VideoGenerator
@@ -101,3 +103,34 @@ def test_openai_client_speaks(gen, tmp_path):
         assert message.audio.transcript == plain.choices[0].message.content  # no system prompt is added
         caps = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()["capabilities"]
         assert caps["speech"] and caps["voices"] == ["chelsie", "ethan"] and caps["chat_inputs"] == ["text"]
+
+
+def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alone(gen):
+    """Three speech requests at once: their talker steps share paged forwards, and each gives the frames and
+    waveform it gives alone."""
+    from tests.helpers.speech_runs import speak_together
+
+    texts = ["the kite rose over the dunes", "a red kite", "kites fly high above the sea at noon"]
+
+    def request(text: str) -> SpeechRequest:
+        return SpeechRequest(text=text, voice="chelsie", talker_sampling=SamplingParams(temperature=0.0),
+                             max_audio_tokens=16)
+
+    solo = [gen.engine.submit(request(text)).finish() for text in texts]
+    outs, batches = speak_together(gen, [request(text) for text in texts], "interleave",
+                                   talker=gen.engine.instance["talker"].decoder)
+    assert max(batches) == 3
+    for out, ref in zip(outs, solo):
+        assert out["frames"].tolist() == ref["frames"].tolist() and len(out["frames"]) > 3
+        # Batched: keys padded to the longest sequence (float32 summation order).
+        np.testing.assert_allclose(out["audio"], ref["audio"], atol=1e-4, rtol=0)
+    assert gen.engine.decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_seeded_sampling_repeats_and_differs_from_greedy(gen):
+    """The reference's samplers (talker: temperature 0.9, top-k 50; code predictor: top-k 50, top-p 0.8), seeded."""
+    first = gen.speak("the kite rose over the dunes", voice="ethan", seed=7, max_audio_tokens=24)
+    again = gen.speak("the kite rose over the dunes", voice="ethan", seed=7, max_audio_tokens=24)
+    greedy = gen.speak("the kite rose over the dunes", voice="ethan", greedy=True, max_audio_tokens=24)
+    assert np.array_equal(first.audio, again.audio)
+    assert len(first.audio) != len(greedy.audio) or not np.allclose(first.audio, greedy.audio)
