@@ -65,7 +65,8 @@ class ThinkerLoop:
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> ThinkerState:
         prompt: SpeechPrompt = slots["speech"]
-        return start_reply(self.network, self.tokenizer, prompt, ctx, list(prompt.prompt_ids) + list(prompt.forced_ids or ()))
+        feed = list(prompt.prompt_ids) + list(prompt.forced_ids or ())
+        return start_reply(self.network, self.tokenizer, prompt, ctx, feed)
 
     def next(self, state: ThinkerState) -> StepPlan | Done:
         if state.done:
