@@ -1,8 +1,8 @@
 """Tiny Qwen3-Omni checkpoints (random weights, offline tokenizer) for parity tests.
 
-Written by transformers' `Qwen3OmniMoeForConditionalGeneration.save_pretrained` (text-only: no talker or
-code2wav, enable_audio_output false; the towers are the smallest the config classes allow). Two thinker
-configurations differ in what the MoE decoder reads: experts and top-k, norm_topk_prob, an explicit head_dim
+Written by transformers' `Qwen3OmniMoeForConditionalGeneration.save_pretrained` (text-only unless a talker is
+asked for: then the talker, its code predictor and code2wav, enable_audio_output true; the towers are the
+smallest the config classes allow). Two thinker configurations differ in what the MoE decoder reads: experts and top-k, norm_topk_prob, an explicit head_dim
 against the derived one, attention biases, a dense layer (mlp_only_layers), rope theta and mrope sections.
 Weights are redrawn at unit scale (logits of order one, so greedy ids change from step to step and routers pick
 different experts per token) and never near float32 denormals.
@@ -39,23 +39,44 @@ THINKER_B = TinyThinker("moe-b", dict(
     num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24, norm_topk_prob=False, attention_bias=True,
     mlp_only_layers=[1], rope_parameters=_mrope(10000.0, [2, 1, 1])))
 THINKERS = (THINKER_A, THINKER_B)
-# The talker's decoder (every layer sparse, with a sigmoid-gated shared expert), its code predictor and code2wav,
-# tiny; only the decoder is compared (tests/parity/test_qwen3_omni_talker.py).
-TALKER_TEXT = dict(vocab_size=96, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
-                   num_key_value_heads=1, head_dim=12, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8,
-                   shared_expert_intermediate_size=20, rope_parameters=_mrope(1000000.0, [2, 2, 2]))
-CODE_PREDICTOR = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=8, num_code_groups=4)
-CODE2WAV = dict(codebook_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                intermediate_size=24, num_quantizers=4, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=16,
-                sliding_window=8)
+# Two tiny talkers (its MoE decoder: every layer sparse, with a sigmoid-gated shared expert; its code predictor;
+# code2wav; the predictor is as wide as the talker, which feeds it its hidden state).
+# The codec vocab is over 1024 because generate() suppresses the top 1024 ids but the end id: codes live
+# below vocab - 1024 (the codebook), the special ids above.
+@dataclass(frozen=True)
+class TinyTalker:
+    name: str
+    text: dict[str, Any]
+    predictor: dict[str, Any]
+    code_groups: int
+    accept_hidden_layer: int
+    codebook: int  # code2wav's codebook_size (= vocab - 1024 here)
+
+
+TALKER_A = TinyTalker("talker-a", dict(
+    vocab_size=1064, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=12, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8,
+    shared_expert_intermediate_size=20, rope_parameters=_mrope(1000000.0, [2, 2, 2])),
+    dict(vocab_size=40, hidden_size=24, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+         num_key_value_heads=1, head_dim=8), code_groups=4, accept_hidden_layer=1, codebook=40)
+TALKER_B = TinyTalker("talker-b", dict(
+    vocab_size=1080, hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=12,
+    shared_expert_intermediate_size=16, norm_topk_prob=True, rope_parameters=_mrope(10000.0, [1, 1, 2])),
+    dict(vocab_size=56, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=3,
+         num_key_value_heads=3, head_dim=8, attention_bias=True, rope_parameters={"rope_type": "default",
+                                                                                  "rope_theta": 10000.0}),
+    code_groups=6, accept_hidden_layer=2, codebook=56)
+TALKERS = (TALKER_A, TALKER_B)
+CODE2WAV = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=24, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=16, sliding_window=8)
 
 
 def train_tokenizer():
     return train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE, vocab_size=300)
 
 
-def omni_config(spec: TinyThinker, tokenizer, talker: bool = False):
+def omni_config(spec: TinyThinker, tokenizer, talker: TinyTalker | None = None):
     from transformers import Qwen3OmniMoeConfig
 
     hidden = spec.text["hidden_size"]
@@ -69,23 +90,38 @@ def omni_config(spec: TinyThinker, tokenizer, talker: bool = False):
         audio_token_id=ids["<|audio_pad|>"], image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         audio_start_token_id=ids["<|audio_start|>"], audio_end_token_id=ids["<|audio_end|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    if not talker:
+    if talker is None:
         return Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False,
                                   im_start_token_id=ids["<|im_start|>"], im_end_token_id=ids["<|im_end|>"])
-    talker_config = dict(text_config=TALKER_TEXT, code_predictor_config=CODE_PREDICTOR, num_code_groups=4,
-                         thinker_hidden_size=hidden, codec_eos_token_id=90, codec_nothink_id=91,
-                         codec_think_bos_id=92, codec_think_eos_id=93, codec_pad_id=94, codec_bos_id=95,
-                         speaker_id={"ethan": 80, "chelsie": 81}, audio_token_id=ids["<|audio_pad|>"],
-                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                         vision_start_token_id=ids["<|vision_start|>"], audio_start_token_id=ids["<|audio_start|>"],
-                         spatial_merge_size=2)
-    return Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=talker_config, code2wav_config=CODE2WAV,
+    vocab = talker.text["vocab_size"]
+    talker_config = dict(text_config=talker.text, code_predictor_config={**talker.predictor,
+                                                                         "num_code_groups": talker.code_groups},
+                         num_code_groups=talker.code_groups, accept_hidden_layer=talker.accept_hidden_layer,
+                         thinker_hidden_size=hidden, codec_eos_token_id=vocab - 2, codec_nothink_id=vocab - 10,
+                         codec_think_bos_id=vocab - 9, codec_think_eos_id=vocab - 8, codec_pad_id=vocab - 7,
+                         codec_bos_id=vocab - 6, speaker_id={"ethan": vocab - 20, "chelsie": vocab - 19},
+                         audio_token_id=ids["<|audio_pad|>"], image_token_id=ids["<|image_pad|>"],
+                         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                         audio_start_token_id=ids["<|audio_start|>"], spatial_merge_size=2)
+    code2wav = {**CODE2WAV, "codebook_size": talker.codebook, "num_quantizers": talker.code_groups}
+    return Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=talker_config, code2wav_config=code2wav,
                               enable_audio_output=True, im_start_token_id=ids["<|im_start|>"],
                               im_end_token_id=ids["<|im_end|>"], tts_pad_token_id=ids["<tts_pad>"],
-                              tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"])
+                              tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"],
+                              user_token_id=role_token(tokenizer, "user"),
+                              assistant_token_id=role_token(tokenizer, "assistant"),
+                              system_token_id=role_token(tokenizer, "system"))
 
 
-def build_model(spec: TinyThinker, seed: int = 0, talker: bool = False):
+def role_token(tokenizer, role: str) -> int:
+    """The id after <|im_start|> in a `role` turn (the tiny tokenizer may split the role's word; its first piece
+    is what generate() reads)."""
+    ids = tokenizer.apply_chat_template([{"role": role, "content": "hello"}], tokenize=True,
+                                        return_dict=True)["input_ids"]
+    return ids[ids.index(tokenizer.convert_tokens_to_ids("<|im_start|>")) + 1]
+
+
+def build_model(spec: TinyThinker, seed: int = 0, talker: TinyTalker | None = None):
     """transformers' model, float32, with the thinker's (and the talker's) decoder redrawn at unit scale."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
@@ -95,10 +131,14 @@ def build_model(spec: TinyThinker, seed: int = 0, talker: bool = False):
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not name.startswith(("thinker.model", "thinker.lm_head", "talker.model", "talker.codec_head")):
+            if not name.startswith(("thinker.model", "thinker.lm_head", "talker.", "code2wav.")):
                 continue
             noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed
+            if name.startswith("code2wav.") and p.ndim >= 2:  # convs [out, in, k] too: audible samples
+                p.copy_(0.5 * noise / p[0].numel() ** 0.5)
+            elif name.startswith("code2wav.") and "norm" not in name:  # biases, layer scales, snake alpha/beta
+                p.copy_(0.1 * noise)
+            elif "norm" in name:  # RMSNorm weights start at 1: a missing norm weight would go unnoticed
                 p.copy_(1.0 + 0.2 * noise)
             elif "embed_tokens" in name or "lm_head" in name or "codec_embedding" in name or "codec_head" in name:
                 p.copy_(noise)  # unit-scale logits: greedy ids differ per step
@@ -109,7 +149,8 @@ def build_model(spec: TinyThinker, seed: int = 0, talker: bool = False):
     return model, tokenizer
 
 
-def write_tiny_thinker(folder: Path, spec: TinyThinker = THINKER_A, seed: int = 0, talker: bool = False) -> Path:
+def write_tiny_thinker(folder: Path, spec: TinyThinker = THINKER_A, seed: int = 0,
+                       talker: TinyTalker | None = None) -> Path:
     """Save a tiny Qwen3-Omni folder (config.json, model.safetensors, tokenizer files); `talker` adds the talker,
     its code predictor and code2wav (enable_audio_output)."""
     model, tokenizer = build_model(spec, seed, talker)

@@ -10,11 +10,11 @@ from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
 
 
-def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest],
-                   policy: str) -> tuple[list[dict[str, Any]], list[int]]:
+def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest], policy: str,
+                   talker: Any = None) -> tuple[list[dict[str, Any]], list[int]]:
     """Submit every request at once (3 slots, `policy`); return their outputs in order and, per talker
-    forward, how many sequences it ran."""
-    talker = gen.engine.instance["talker"]
+    forward (`talker`: the paged network; None: the instance's "talker"), how many sequences it ran."""
+    talker = talker if talker is not None else gen.engine.instance["talker"]
     batches: list[int] = []
     hook = talker.register_forward_pre_hook(
         lambda module, args, kwargs: batches.append(int(kwargs["kv"].key_slots.shape[0])), with_kwargs=True)

@@ -40,7 +40,7 @@ def test_the_demo_chats_from_a_fresh_cache(tmp_path):
     again = VideoGenerator.from_pretrained("qwen3-omni-demo", device="cpu", cache_dir=tmp_path / "cache")
     assert again.chat(MESSAGES, temperature=0.0, max_tokens=10).token_ids == first.token_ids
     card = gen.engine.instance.card
-    assert card.family == "qwen3-omni" and card.speech is None
+    assert card.family == "qwen3-omni" and card.speech is not None  # the demo speaks too (test_qwen3_omni_speech)
 
 
 def test_openai_client_chat_plain_and_streamed_equal_generate(server, folder):

@@ -1,14 +1,14 @@
 """Qwen3-Omni's talker decoder (our MoE decoder: every layer sparse, with a sigmoid-gated shared expert) against
 transformers' `talker.model` + `codec_head` on a tiny random checkpoint: codec logits for the same input rows,
-prefilled then decoded token by token through the paged KV pool, within LOGITS. (The talker's input construction,
-code predictor and code2wav are not built yet: this compares the decoder alone.)"""
+prefilled then decoded token by token through the paged KV pool, within LOGITS. (Its inputs and code
+predictor: tests/parity/test_qwen3_omni_speech_codes.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.helpers.qwen3_omni_checkpoints import THINKER_A, load_reference, write_tiny_thinker
+from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, load_reference, write_tiny_thinker
 from vidloom.families.qwen3_omni.load import load_talker, read_config
 from vidloom.families.qwen3_omni.moe import SparseMoE
 from vidloom.layers.rotary import text_positions
@@ -23,8 +23,9 @@ LOGITS = 1e-4
 def talker(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    folder = write_tiny_thinker(tmp_path_factory.mktemp("q3-talker"), THINKER_A, talker=True)
-    yield load_talker(folder, read_config(folder), torch.device("cpu"), torch.float32), load_reference(folder)
+    folder = write_tiny_thinker(tmp_path_factory.mktemp("q3-talker"), THINKER_A, talker=TALKER_A)
+    yield (load_talker(folder, read_config(folder), torch.device("cpu"), torch.float32).decoder,
+           load_reference(folder))
     torch.set_num_threads(threads)
 
 

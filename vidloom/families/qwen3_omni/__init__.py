@@ -1,4 +1,5 @@
-"""Qwen3-Omni: the thinker's MoE text decoder on the paged KV pool (chat, text out), cards, loading and a demo."""
+"""Qwen3-Omni: the thinker's MoE text decoder on the paged KV pool (chat), the talker with its code predictor and
+code2wav (speech), cards, loading and a demo."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Cards for Qwen3-Omni transformers checkpoints (config.json architectures Qwen3OmniMoeForConditionalGeneration).
 
-Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged KV pool. The talker, code
-predictor and code2wav (audio output) and the audio and vision towers (media inputs) are not built yet: a
-speech request and a chat with audio, image or video parts are refused by name.
+Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged KV pool; speech (thinker ->
+talker with its code predictor -> code2wav) when the checkpoint has a talker (enable_audio_output with a
+talker_config and a code2wav_config). The audio and vision towers (media inputs) are not built yet: a chat with
+audio, image or video parts is refused by name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from vidloom.loading.diffusers_dir import read_json
 FAMILY = "qwen3-omni"
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 PROGRAM = "vidloom.families.qwen3_omni.program:build_program"
+SPEECH = "vidloom.families.qwen3_omni.speech:admit_speech"
+SPEECH_LOOPS = ("thinker", "talker", "code2wav")
 AR_LOOP = "ar_decode"
 # Served context per sequence (Qwen3-Omni's thinker config: max_position_embeddings 65536).
 CONTEXT_WINDOW = 65536
@@ -26,10 +29,11 @@ CAPABILITIES = Capabilities(
     refusals("offload_idle_expert", "two_stage", "devices", "components",
              fp8_weights="the experts are stacked tensors, not the Linear layers FP8 quantizes",
              compile="the expert dispatch sizes its groups on the host each layer (a graph break)",
-             warmup_shapes="no denoise shapes: chat only",
+             warmup_shapes="no denoise shapes: chat and speech only",
              offload_text_encoder="the thinker is the model: there is no separate text encoder",
              prompt_cache_size="prompts are prefilled into the paged KV per request",
-             cfg_mode="no guidance: chat only", vae_tile="no VAE", step_cache="no denoiser declared to the step caches",
+             cfg_mode="no guidance: chat and speech only", vae_tile="no VAE",
+             step_cache="no denoiser declared to the step caches",
              cuda_graphs="the decode steps are not captured yet",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              batching="no denoise step declared to the batcher: chats share paged decode forwards under every policy"),
@@ -38,8 +42,8 @@ CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # The card generates no images or video (tasks is empty): these fill the contract and are never read.
 NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_inference_steps=1,
                                  guidance_scale=1.0, flow_shift=1.0, sampler="none")
-TEXT_ONLY = ("chat with text parts, text out: the talker, code predictor and code2wav (audio output) and the "
-             "audio and vision towers (audio, image and video inputs) are not built yet")
+TEXT_IN = ("text parts in: the audio and vision towers (audio, image and video inputs) are not built yet")
+NO_TALKER = "text out only: the checkpoint has no talker (enable_audio_output false, or no talker/code2wav config)"
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
@@ -48,16 +52,23 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     if ARCHITECTURE not in (raw.get("architectures") or ()):
         raise CheckpointError(f"{root}/config.json: architectures {raw.get('architectures')!r}, "
                               f"expected {ARCHITECTURE}")
-    return qwen3_omni_card(root.name, str(root), description=f"Qwen3-Omni thinker (chat, text out) from {root}")
+    speaks = (bool(raw.get("enable_audio_output", True)) and isinstance(raw.get("talker_config"), dict)
+              and isinstance(raw.get("code2wav_config"), dict))
+    return qwen3_omni_card(root.name, str(root), speaks=speaks,
+                           description=f"Qwen3-Omni (chat{', speech' if speaks else ''}) from {root}")
 
 
-def qwen3_omni_card(model_id: str, source: str, *, description: str, notes: tuple[str, ...] = (),
-                    precision: str = "bfloat16") -> ModelCard:
+def qwen3_omni_card(model_id: str, source: str, *, description: str, speaks: bool = False,
+                    notes: tuple[str, ...] = (), precision: str = "bfloat16") -> ModelCard:
+    loops = {AR_LOOP: LoopSpec()}
+    components = {"thinker": ComponentSpec(precision), "tokenizer": ComponentSpec()}
+    if speaks:
+        loops.update({name: LoopSpec() for name in SPEECH_LOOPS})
+        components.update({"talker": ComponentSpec(precision), "code2wav": ComponentSpec("float32")})
     return ModelCard(
-        model_id=model_id, family=FAMILY,
-        components={"thinker": ComponentSpec(precision), "tokenizer": ComponentSpec()},
-        loops={AR_LOOP: LoopSpec()}, tasks=frozenset(), precision=precision, sampling_defaults=NO_GENERATION,
-        geometry=Geometry(1, 1), recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM,
-        source=source, description=description, notes=notes + (TEXT_ONLY,), context_window=CONTEXT_WINDOW,
-        capabilities=CAPABILITIES,
+        model_id=model_id, family=FAMILY, components=components, loops=loops, tasks=frozenset(),
+        precision=precision, sampling_defaults=NO_GENERATION, geometry=Geometry(1, 1),
+        recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM, source=source,
+        description=description, notes=notes + (TEXT_IN,) + (() if speaks else (NO_TALKER,)),
+        context_window=CONTEXT_WINDOW, capabilities=CAPABILITIES, speech=SPEECH if speaks else None,
     )

@@ -100,13 +100,86 @@ _TALKER_DEFAULTS: dict[str, Any] = {"vocab_size": 3072, "hidden_size": 1024, "in
                                     "moe_intermediate_size": 384, "norm_topk_prob": False}
 
 
+def predictor_config(raw: Mapping[str, Any], where: str) -> MoEDecoderConfig:
+    """The code predictor's sizes (transformers 5.25 `Qwen3OmniMoeTalkerCodePredictorConfig` defaults): a dense
+    Qwen3 decoder (q/k head norms, 1-d rotary) that never slides."""
+    if raw.get("sliding_window") is not None:
+        raise CheckpointError(f"{where}: sliding_window {raw['sliding_window']!r} is not supported (full attention)")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act {raw.get('hidden_act')!r} is not supported (silu only)")
+    heads, hidden = int(raw.get("num_attention_heads", 16)), int(raw.get("hidden_size", 1024))
+    kv_heads = raw.get("num_key_value_heads", 8)
+    head_dim = int(raw.get("head_dim") or 128)
+    theta, _ = _rope({**raw, "rope_parameters": {"mrope_section": (head_dim // 2, 0, 0),
+                                                 **(raw.get("rope_parameters") or {})}}, where)
+    return MoEDecoderConfig(
+        vocab_size=int(raw.get("vocab_size", 2048)), hidden_size=hidden,
+        dense_intermediate_size=int(raw.get("intermediate_size", 3072)),
+        num_hidden_layers=int(raw.get("num_hidden_layers", 5)), num_attention_heads=heads,
+        num_key_value_heads=heads if kv_heads is None else int(kv_heads), head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, mrope_section=(head_dim // 2, 0, 0),
+        attention_bias=bool(raw.get("attention_bias", False)), num_experts=0, num_experts_per_tok=0,
+        moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=())
+
+
+@dataclass(frozen=True)
+class SpeechConfig:
+    """What turns a thinker reply into codec codes: the talker's input ids, the code predictor, the voices."""
+
+    predictor: MoEDecoderConfig  # the code predictor's decoder (dense, 1-d rotary)
+    code_groups: int  # codebooks per codec frame: the talker emits the first, the predictor the rest
+    accept_hidden_layer: int  # the thinker state a media placeholder's talker row reads (0: the embeddings)
+    thinker_hidden_size: int
+    codec_eos: int
+    codec_nothink: int
+    codec_think_bos: int
+    codec_think_eos: int
+    codec_pad: int
+    codec_bos: int
+    speakers: Mapping[str, int]  # voice name (lower case) -> codec id
+    im_start: int
+    user: int  # the id after <|im_start|> in a user turn (the talker reads every user turn)
+    assistant: int
+    tts_bos: int
+    tts_eos: int
+    tts_pad: int
+    media_ids: tuple[int, ...]  # audio, image and video placeholders (their rows read thinker states)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], where: str) -> SpeechConfig:
+        talker, thinker = raw["talker_config"], raw["thinker_config"]
+        predictor = predictor_config(talker.get("code_predictor_config") or {}, f"{where}: code_predictor_config")
+        groups = int(talker.get("num_code_groups", 32))
+        layers = int(thinker["text_config"].get("num_hidden_layers", 28))
+        accept = int(talker.get("accept_hidden_layer", 18))
+        if not 0 <= accept <= layers:
+            raise CheckpointError(f"{where}: talker_config.accept_hidden_layer {accept} is outside 0..{layers}")
+        return cls(predictor=predictor, code_groups=groups, accept_hidden_layer=accept,
+                   thinker_hidden_size=int(talker.get("thinker_hidden_size", 2048)),
+                   codec_eos=int(talker.get("codec_eos_token_id", 4198)),
+                   codec_nothink=int(talker.get("codec_nothink_id", 4203)),
+                   codec_think_bos=int(talker.get("codec_think_bos_id", 4204)),
+                   codec_think_eos=int(talker.get("codec_think_eos_id", 4205)),
+                   codec_pad=int(talker.get("codec_pad_id", 4196)), codec_bos=int(talker.get("codec_bos_id", 4197)),
+                   speakers={str(k).lower(): int(v) for k, v in (talker.get("speaker_id") or {}).items()},
+                   im_start=int(raw.get("im_start_token_id", 151644)), user=int(raw.get("user_token_id", 872)),
+                   assistant=int(raw.get("assistant_token_id", 77091)),
+                   tts_bos=int(raw.get("tts_bos_token_id", 151672)), tts_eos=int(raw.get("tts_eos_token_id", 151673)),
+                   tts_pad=int(raw.get("tts_pad_token_id", 151671)),
+                   media_ids=tuple(int(thinker.get(k, d)) for k, d in (("audio_token_id", 151646),
+                                                                       ("image_token_id", 151655),
+                                                                       ("video_token_id", 151656))))
+
+
 @dataclass(frozen=True)
 class Qwen3OmniConfig:
-    """The parts this runtime builds: the thinker's text decoder (talker and code2wav are not built yet)."""
+    """The parts this runtime builds: the thinker's text decoder, and with audio output the talker (its decoder,
+    input projections and code predictor; code2wav is not built yet)."""
 
     thinker: MoEDecoderConfig
     speaks: bool  # enable_audio_output: the checkpoint has a talker and code2wav
-    talker: MoEDecoderConfig | None = None  # the talker's decoder (its inputs, code predictor and code2wav: not yet)
+    talker: MoEDecoderConfig | None = None  # the talker's decoder
+    speech: SpeechConfig | None = None  # the talker's inputs, code predictor and voices
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], where: str = "config.json") -> Qwen3OmniConfig:
@@ -122,4 +195,5 @@ class Qwen3OmniConfig:
             return cls(text, speaks)
         keys.TALKER.check(talker, f"{where}: talker_config")
         return cls(text, speaks, MoEDecoderConfig.from_raw(talker.get("text_config") or {},
-                                                           f"{where}: talker_config.text_config", talker=True))
+                                                           f"{where}: talker_config.text_config", talker=True),
+                   SpeechConfig.from_raw(raw, where))

@@ -1,8 +1,8 @@
 """Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
 
-Keys config.py reads are `read`; the parts this runtime does not build yet (the towers, talker and code2wav)
-are accepted as harmless with the reason, and the card refuses what needs them; any other key is refused by
-name (KeyPolicy).
+Keys config.py reads are `read` (code2wav_config: transformers' Code2Wav config class reads it); the parts
+this runtime does not build yet (the towers) are accepted as harmless with the reason, and the card refuses what
+needs them; any other key is refused by name (KeyPolicy).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from vidloom.loading.transformers_keys import SPECIAL_ID, transformers_policy
 
 _NOT_BUILT = "a part this runtime does not build yet; the card refuses what needs it (audio output, media inputs)"
 
-ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_output"}, {
-    "code2wav_config": _NOT_BUILT,
+ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_output", "code2wav_config"}, {
     **dict.fromkeys(("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id"), SPECIAL_ID),
 })
@@ -24,12 +23,12 @@ THINKER = transformers_policy({"text_config"}, {
     "position_id_per_seconds": "places audio and video tokens in time; text-only prompts have none",
     "seconds_per_chunk": "interleaves a video's audio in chunks; text-only prompts have none",
 }, head=True)
-_TALKER_INPUTS = "builds the talker's inputs or reads its codes; only its decoder is built yet"
-TALKER = transformers_policy({"text_config"}, {
-    "code_predictor_config": _NOT_BUILT,
-    **dict.fromkeys(("num_code_groups", "thinker_hidden_size", "accept_hidden_layer", "speaker_id",
-                     "position_id_per_seconds", "spatial_merge_size", "codec_eos_token_id", "codec_nothink_id",
-                     "codec_think_bos_id", "codec_think_eos_id", "codec_pad_id", "codec_bos_id"), _TALKER_INPUTS),
+_MEDIA_ROWS = "places media rows in the talker's prompt; the towers are not built, so prompts have none"
+TALKER = transformers_policy({
+    "text_config", "code_predictor_config", "num_code_groups", "thinker_hidden_size", "accept_hidden_layer",
+    "speaker_id", "codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
+    "codec_pad_id", "codec_bos_id"}, {
+    **dict.fromkeys(("position_id_per_seconds", "spatial_merge_size"), _MEDIA_ROWS),
     **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
                      "audio_start_token_id"), SPECIAL_ID),
 }, head=True)

@@ -19,7 +19,7 @@ from vidloom.loading.name_map import NameMap, causal_lm_map
 from vidloom.families.qwen3_omni.config import MoEDecoderConfig
 from vidloom.families.qwen3_omni.moe import GatedMLP, SparseMoE
 
-_LAYER_RULES = (
+LAYER_RULES = (
     ("layers.{n}.input_layernorm", "blocks.{n}.pre_attention.norm"),
     ("layers.{n}.self_attn.q_proj", "blocks.{n}.pre_attention.q"),
     ("layers.{n}.self_attn.k_proj", "blocks.{n}.pre_attention.k"),
@@ -43,13 +43,9 @@ _LAYER_RULES = (
     ("layers.{n}.mlp.down_proj", "blocks.{n}.post_attention.mlp.down"),
 )
 # transformers Qwen3OmniMoeForConditionalGeneration keys -> ours (the towers, talker and code2wav load apart).
-THINKER_NAME_MAP = causal_lm_map("thinker", _LAYER_RULES)
+THINKER_NAME_MAP = causal_lm_map("thinker", LAYER_RULES)
 THINKER_KEYS = ("thinker.model.", "thinker.lm_head.")
-# The talker's decoder: codec embedding in, codec head out (its input projections and code predictor: not yet).
-TALKER_NAME_MAP = NameMap((("talker.model.codec_embedding", "embed"),
-                           *((f"talker.model.{a}", b) for a, b in _LAYER_RULES),
-                           ("talker.model.norm", "norm"), ("talker.codec_head", "head")))
-TALKER_KEYS = ("talker.model.", "talker.codec_head.")
+DENSE_LAYER_RULES = LAYER_RULES[:8] + LAYER_RULES[-3:]  # attention and a dense MLP (the code predictor's layers)
 
 
 class InterleavedRotary(nn.Module):
@@ -126,9 +122,12 @@ class MoEDecoder(nn.Module):
     """Token ids (or embeddings) in, final normed hidden states and lm-head logits out (the runtime's paged decode
     contract: `forward(ids, positions, kv=, logits_at=)`)."""
 
-    def __init__(self, config: MoEDecoderConfig, sdpa: SDPAScope = DEFAULT_SDPA) -> None:
+    def __init__(self, config: MoEDecoderConfig, sdpa: SDPAScope = DEFAULT_SDPA, tap_layer: int | None = None) -> None:
         super().__init__()
         self.config = config
+        # What `return_hidden` gives: None, the final normed states; n, transformers' hidden_states[n] (0: the input
+        # embeddings, n: block n's output; the last is the normed one) -- the thinker's state the talker reads.
+        self.tap_layer = tap_layer
         self.sdpa = sdpa  # the SDPA kernels attention_backend allows (chosen at load; the KV stores call SDPA)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.blocks = nn.ModuleList(Block(config, n) for n in range(config.num_hidden_layers))
@@ -142,20 +141,27 @@ class MoEDecoder(nn.Module):
 
     def hidden(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None = None) -> Tensor:
         """embeds [T, hidden] (packed), positions [3, T] -> final normed hidden states [T, hidden]."""
+        return self._run(embeds, positions, kv)[0]
+
+    def _run(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None) -> tuple[Tensor, Tensor]:
+        """-> (final normed states, the states at tap_layer (the final ones when untapped)) [T, hidden]."""
         kv = kv if kv is not None else CausalAttention(self.attention_scale)
         rope = self.rotary(positions, embeds.dtype)
-        x = embeds
+        x = tapped = embeds
         with self.sdpa():
             for layer, block in enumerate(self.blocks):
                 x = block(x, rope, kv, layer)
-        return self.norm(x)
+                if layer + 1 == self.tap_layer:
+                    tapped = x
+        x = self.norm(x)
+        return x, (x if self.tap_layer in (None, len(self.blocks)) else tapped)
 
     def forward(self, input_ids: Tensor | None, positions: Tensor, kv: KVAttention | None = None,
                 logits_at: Tensor | None = None, return_hidden: bool = False,
                 inputs_embeds: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Token ids [T] (or `inputs_embeds` [T, hidden]) -> logits [T or len(logits_at), vocab]; with
-        `return_hidden`, also every token's final hidden state [T, hidden]."""
+        `return_hidden`, also every token's hidden state at tap_layer [T, hidden] (the final one untapped)."""
         embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        x = self.hidden(embeds, positions, kv)
+        x, tapped = self._run(embeds, positions, kv)
         logits = self.head(x if logits_at is None else x[logits_at])
-        return (logits, x) if return_hidden else logits
+        return (logits, tapped) if return_hidden else logits

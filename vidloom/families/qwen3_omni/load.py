@@ -13,9 +13,10 @@ from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.families.qwen3_omni.code2wav import load_code2wav
 from vidloom.families.qwen3_omni.config import Qwen3OmniConfig
-from vidloom.families.qwen3_omni.decoder import (TALKER_KEYS, TALKER_NAME_MAP, THINKER_KEYS, THINKER_NAME_MAP,
-                                               MoEDecoder)
+from vidloom.families.qwen3_omni.decoder import THINKER_KEYS, THINKER_NAME_MAP, MoEDecoder
+from vidloom.families.qwen3_omni.talker import TALKER_KEYS, TALKER_NAME_MAP, Talker
 
 WEIGHTS_STEM = "model"  # transformers' model.safetensors (or its sharded index)
 
@@ -29,21 +30,21 @@ def read_config(folder: Path) -> Qwen3OmniConfig:
 
 def load_thinker(folder: Path, config: Qwen3OmniConfig, device: torch.device, dtype: torch.dtype,
                  sdpa: SDPAScope = DEFAULT_SDPA) -> MoEDecoder:
-    """The thinker's text decoder; every other part of the checkpoint (towers, talker, code2wav) is left unread."""
-    model = materialize(lambda: MoEDecoder(config.thinker, sdpa=sdpa), device, dtype)
+    """The thinker's text decoder; every other part of the checkpoint (towers, talker, code2wav) is left unread.
+    With a talker, `return_hidden` gives the state at its accept_hidden_layer (what the talker reads)."""
+    tap = config.speech.accept_hidden_layer if config.speech is not None else None
+    model = materialize(lambda: MoEDecoder(config.thinker, sdpa=sdpa, tap_layer=tap), device, dtype)
     load_weights(model, Path(folder), THINKER_NAME_MAP, stem=WEIGHTS_STEM,
                  skip=lambda key: not key.startswith(THINKER_KEYS))
     return model.eval()
 
 
 def load_talker(folder: Path, config: Qwen3OmniConfig, device: torch.device, dtype: torch.dtype,
-                sdpa: SDPAScope = DEFAULT_SDPA) -> MoEDecoder:
-    """The talker's MoE decoder (codec embedding, layers with a shared expert, codec head); its input projections,
-    code predictor and code2wav are left unread (not built yet)."""
-    if config.talker is None:
+                sdpa: SDPAScope = DEFAULT_SDPA) -> Talker:
+    """The talker: input projections, MoE decoder and code predictor (code2wav is left unread: not built yet)."""
+    if config.talker is None or config.speech is None:
         raise CheckpointError(f"{folder}: the checkpoint has no talker (enable_audio_output is false)")
-    talker = config.talker
-    model = materialize(lambda: MoEDecoder(talker, sdpa=sdpa), device, dtype)
+    model = materialize(lambda: Talker(config, sdpa=sdpa), device, dtype)
     load_weights(model, Path(folder), TALKER_NAME_MAP, stem=WEIGHTS_STEM,
                  skip=lambda key: not key.startswith(TALKER_KEYS))
     return model.eval()
@@ -64,5 +65,11 @@ def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torc
         raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "
                               f"vocab_size {config.thinker.vocab_size}")
     thinker = load_thinker(folder, config, device, compute, sdpa)
-    return ModelInstance(card=card, components={"thinker": thinker, "tokenizer": tokenizer}, device=device,
+    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer}
+    if card.speech is not None and config.speech is not None:
+        components.update({"talker": load_talker(folder, config, device, compute, sdpa), "speech": config.speech,
+                           # float32 like Qwen2.5-Omni's token2wav: a waveform's small samples
+                           "code2wav": load_code2wav(folder, read_json(folder / "config.json"), device,
+                                                     torch.float32, WEIGHTS_STEM)})
+    return ModelInstance(card=card, components=components, device=device,
                          dtype=compute, checkpoint_dir=str(folder), deploy=deploy)

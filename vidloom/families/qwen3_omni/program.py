@@ -1,4 +1,5 @@
-"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool)."""
+"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool), and with
+a talker speech as thinker -> talker (with its code predictor) -> code2wav."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
-from vidloom.core.program import Program
+from vidloom.core.program import Node, Program
 from vidloom.decoding.loop import ARDecodeLoop, PromptFn
 from vidloom.layers.rotary import text_positions
 
@@ -37,7 +38,25 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id))
 
 
+SPEECH_OUTPUTS = ("thinker", "codes", "frames", "audio", "sample_rate", "voice")
+
+
 def build_program(instance: ModelInstance) -> Program:
-    tokenizer = instance["tokenizer"]
-    chat = ARDecodeLoop(instance["thinker"], tokenizer, text_prompt(tokenizer), text_positions, eos_ids(tokenizer))
-    return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=chat)
+    from vidloom.families.qwen3_omni.speech_loops import Code2WavLoop, SpeechThinkerLoop, TalkerLoop
+
+    tokenizer, thinker = instance["tokenizer"], instance["thinker"]
+    chat = ARDecodeLoop(thinker, tokenizer, text_prompt(tokenizer), text_positions, eos_ids(tokenizer))
+    if "talker" not in instance.components:
+        return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=chat)
+    talker, code2wav = instance["talker"], instance["code2wav"]
+    nodes = (
+        Node("thinker", reads=("speech",), writes=("thinker",),
+             loop=SpeechThinkerLoop(thinker, tokenizer, eos_ids(tokenizer))),
+        Node("talker", reads=("speech", "thinker"), writes=("codes", "frames", "streamed"),
+             loop=TalkerLoop(thinker, talker, code2wav, eos_ids(tokenizer))),
+        Node("code2wav", reads=("speech", "frames", "streamed"), writes=("audio", "sample_rate", "voice"),
+             loop=Code2WavLoop(code2wav)),
+    )
+    # The talker's decode steps run on a paged pool of its own layout, batched across requests.
+    return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat,
+                   paged_networks=(talker.decoder,), voices=tuple(instance["speech"].speakers))

@@ -8,7 +8,7 @@ reply decodes token by token until the end token or its budget, streaming its te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -16,8 +16,7 @@ from torch import Tensor
 
 from vidloom.core.loop import DONE, KV_SEQUENCE, Done, LoopContext, StepPlan
 from vidloom.core.speech import SpeechRequest
-from vidloom.decoding.detokenize import Detokenizer
-from vidloom.decoding.sampling import make_generator, next_token
+from vidloom.decoding.spoken_reply import ReplyState, advance_reply, start_reply
 from vidloom.families.qwen_omni.decoder import OmniDecoder
 from vidloom.families.qwen_omni.speakers import Voice
 from vidloom.families.qwen_omni.media import MediaPrompter, PromptMedia, thinker_positions
@@ -51,19 +50,7 @@ class ThinkerOutput:
     media_at: Tensor | None = None  # prompt indices of audio/image placeholders (their token embedding is not read)
 
 
-@dataclass
-class ThinkerState:
-    prompt: SpeechPrompt
-    seq_id: str
-    device: torch.device
-    ctx: LoopContext
-    detok: Detokenizer
-    generator: torch.Generator | None
-    feed: list[int]
-    cached: int = 0
-    reply: list[int] = field(default_factory=list)
-    hidden: list[Tensor] = field(default_factory=list)
-    done: bool = False
+ThinkerState = ReplyState
 
 
 class ThinkerLoop:
@@ -78,13 +65,8 @@ class ThinkerLoop:
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> ThinkerState:
         prompt: SpeechPrompt = slots["speech"]
-        forced = prompt.forced_ids or ()
-        seq_id = ctx.reserve_kv(len(prompt.prompt_ids) + max(len(forced), prompt.max_tokens))
-        chat = prompt.request.chat
-        generator = make_generator(chat.sampling) if chat is not None else None
-        device = next(self.network.parameters()).device
-        return ThinkerState(prompt, seq_id, device, ctx, Detokenizer(self.tokenizer, ()), generator,
-                            feed=list(prompt.prompt_ids) + list(forced))
+        feed = list(prompt.prompt_ids) + list(prompt.forced_ids or ())
+        return start_reply(self.network, self.tokenizer, prompt, ctx, feed)
 
     def next(self, state: ThinkerState) -> StepPlan | Done:
         if state.done:
@@ -100,25 +82,7 @@ class ThinkerLoop:
         return StepPlan(loop=THINKER, index=len(state.reply), total=None, call=self.network, inputs=inputs)
 
     def advance(self, state: ThinkerState, result: tuple[Tensor, Tensor]) -> ThinkerState:
-        logits, hidden = result
-        state.hidden.append(hidden)
-        state.cached += len(state.feed)
-        forced = state.prompt.forced_ids
-        if forced is not None:  # the reply is the given text: nothing to choose
-            state.reply = list(forced)
-            state.done = True
-            state.ctx.emit_text(TRANSCRIPT_PHASE, state.prompt.request.text or "", forced)
-            return state
-        chat = state.prompt.request.chat
-        assert chat is not None
-        token = next_token(logits, chat.sampling, state.generator)
-        state.reply.append(token)
-        state.feed = [token]
-        text = "" if token in self.eos_ids else state.detok.add(token)
-        state.done = token in self.eos_ids or len(state.reply) >= state.prompt.max_tokens
-        if state.done:
-            text += state.detok.flush()
-        state.ctx.emit_text(TRANSCRIPT_PHASE, text, (token,))
+        advance_reply(state, result, self.eos_ids, TRANSCRIPT_PHASE)
         return state
 
     def finalize(self, state: ThinkerState) -> dict[str, Any]:

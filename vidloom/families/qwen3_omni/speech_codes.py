@@ -1,0 +1,131 @@
+"""A thinker reply -> codec frames: the talker's inputs, then its decode loop with the code predictor.
+
+Follows transformers 5.25 `Qwen3OmniMoeForConditionalGeneration.generate` (text prompts), because the talker was
+trained on exactly this layout:
+- prefill: every user turn's rows (a token's thinker embedding through text_projection; a media placeholder's
+  thinker state at accept_hidden_layer through hidden_projection), then the assistant turn's first 3 tokens, 4 tts
+  pads, tts bos and the first reply token (projected embeddings), plus on the assistant rows the codec embeddings
+  of [0, 0, 0, nothink, think bos, think eos, voice, pad, bos];
+- each step reads the sum of the last frame's code embeddings (the talker's for the first code, the predictor's
+  per group for the others) plus the next text row: the remaining reply tokens, tts eos, then tts pad;
+- a frame's first code is chosen after a repetition penalty over the talker's own codes, with the top 1024 ids
+  but the end id suppressed; the predictor then chooses the frame's other codebooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from vidloom.layers.rotary import text_positions
+from vidloom.families.qwen3_omni.config import SpeechConfig
+from vidloom.families.qwen3_omni.talker import EqualRowsCache, Pick, Talker
+
+DEFAULT_REPETITION_PENALTY = 1.05  # generate()'s talker_repetition_penalty default
+SUPPRESSED_TOP_IDS = 1024  # generate() suppresses the codec vocab's top 1024 ids (the special ones) but the end id
+ASSISTANT_HEAD = 3  # <|im_start|> assistant \n: the rows before the reply's first token
+TTS_PADS = 4
+
+
+@dataclass
+class TalkerInputs:
+    """The talker's prefill rows [L, talker hidden], its text stream [S, hidden] and the tts pad row [hidden]."""
+
+    prefill: Tensor
+    stream: Tensor
+    pad: Tensor
+
+
+def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids: Sequence[int], prompt_len: int,
+                  tapped: Tensor, voice: int, eos_ids: Sequence[int]) -> TalkerInputs:
+    """Inputs from one thinker sequence: `ids` the prompt and reply ([P + R], R >= 2), `tapped` [P + R - 1, thinker
+    hidden] the thinker's states at accept_hidden_layer for the tokens it read (every id but the last)."""
+    s: SpeechConfig = talker.speech
+    device = tapped.device
+    read = torch.tensor(list(ids[:-1]), device=device)
+    embeds = thinker_embed(read)
+    specials = talker.text_projection(thinker_embed(torch.tensor([s.tts_bos, s.tts_eos, s.tts_pad], device=device)))
+    bos, eos, pad = specials.unbind(0)
+    user = _user_rows(talker, s, read, embeds, tapped)
+    start = max(i for i in range(prompt_len - 1) if ids[i] == s.im_start and ids[i + 1] == s.assistant)
+    text = talker.text_projection(embeds[start:])
+    first = text[ASSISTANT_HEAD:ASSISTANT_HEAD + 1]
+    head = torch.cat([text[:ASSISTANT_HEAD], pad.expand(TTS_PADS, -1), bos[None], first])
+    codec = talker.decoder.embed(torch.tensor([s.codec_nothink, s.codec_think_bos, s.codec_think_eos, voice,
+                                               s.codec_pad, s.codec_bos], device=device))
+    head = head + torch.cat([torch.zeros_like(head[:ASSISTANT_HEAD]), codec])
+    stream = torch.cat([text[ASSISTANT_HEAD + 1:], eos[None]])
+    # Entry j holds reply token j + 1: the reply's first end token (or the end) becomes tts eos, anything after pad.
+    reply = list(ids[prompt_len:])
+    end = next((j for j, i in enumerate(reply) if i in eos_ids), len(reply))
+    rows = torch.arange(stream.shape[0], device=device)[:, None]
+    stream = torch.where(rows > end, pad, torch.where(rows == end, eos, stream))
+    return TalkerInputs(torch.cat([user, head]), stream, pad)
+
+
+def _user_rows(talker: Talker, s: SpeechConfig, read: Tensor, embeds: Tensor, tapped: Tensor) -> Tensor:
+    """Every user turn's tokens (from its <|im_start|> to the next one): media placeholders through
+    hidden_projection of their thinker state, the rest through text_projection of their embedding."""
+    n = read.shape[0]
+    starts = torch.where(read == s.im_start, torch.arange(n, device=read.device), -1).cummax(0).values.clamp_min(0)
+    role = read[(starts + 1).clamp_max(n - 1)]
+    user = role == s.user
+    media = torch.isin(read, torch.tensor(s.media_ids, device=read.device))
+    rows = torch.where(media[:, None], talker.hidden_projection(tapped), talker.text_projection(embeds))
+    return rows[user]
+
+
+def shape_logits(logits: Tensor, seen: Sequence[int], s: SpeechConfig,
+                 penalty: float = DEFAULT_REPETITION_PENALTY) -> Tensor:
+    """Codec logits [vocab] after the repetition penalty over `seen` codes and the special ids' suppression."""
+    logits = logits.float().clone()
+    if penalty != 1.0 and seen:
+        index = torch.tensor(sorted(set(seen)), device=logits.device)
+        picked = logits[index]
+        logits[index] = torch.where(picked < 0, picked * penalty, picked / penalty)
+    vocab = logits.shape[-1]
+    keep = logits[s.codec_eos].clone()
+    logits[max(0, vocab - SUPPRESSED_TOP_IDS):] = float("-inf")
+    logits[s.codec_eos] = keep
+    return logits
+
+
+def next_frame(talker: Talker, inputs: TalkerInputs, step: int, code: int, state: Tensor,
+               pick_rest: Pick) -> tuple[Tensor, Tensor]:
+    """After the talker chose `code` at `step` (0-based) from its last state [1, hidden]: the frame's codes [G]
+    (the predictor chooses the rest) and the talker's next input row [1, hidden]."""
+    first = talker.decoder.embed(torch.tensor([code], device=state.device))
+    rest, rest_sum = talker.predictor(state, first, pick_rest)
+    text = inputs.stream[step] if step < inputs.stream.shape[0] else inputs.pad
+    return torch.cat([torch.tensor([code], device=rest.device), rest[0]]), first + rest_sum + text
+
+
+def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[Tensor], int], pick_rest: Pick,
+                    max_frames: int, penalty: float = DEFAULT_REPETITION_PENALTY) -> Tensor:
+    """Codec frames [N, code_groups] (N <= max_frames) until the talker's end id; one sequence, its own KV (the
+    runtime's loop, talker_loop.py, steps the same on the paged pool)."""
+    decoder, s = talker.decoder, talker.speech
+    kv = EqualRowsCache(1, decoder.attention_scale)
+    length = inputs.prefill.shape[0]
+    logits, hidden = decoder(None, text_positions(0, length, inputs.prefill.device), kv=kv,
+                             logits_at=torch.tensor([length - 1]), return_hidden=True, inputs_embeds=inputs.prefill)
+    frames: list[Tensor] = []
+    for step in range(max_frames + 1):
+        code = pick_first(shape_logits(logits[0], [int(f[0]) for f in frames], s, penalty))
+        if code == s.codec_eos or step == max_frames:
+            break
+        frame, row = next_frame(talker, inputs, step, code, hidden[-1:], pick_rest)
+        frames.append(frame)
+        logits, hidden = decoder(None, text_positions(length + step, 1, row.device), kv=kv, return_hidden=True,
+                                 inputs_embeds=row)
+    if not frames:
+        return torch.zeros(0, s.code_groups, dtype=torch.long)
+    return torch.stack(frames)
+
+
+def greedy(logits: Tensor) -> Tensor:
+    """The argmax over the last axis (a Pick's and pick_first's greedy choice)."""
+    return logits.argmax(-1)
