@@ -36,7 +36,7 @@ CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guida
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache"}),
+               "step_cache", "vae_tile"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
@@ -44,8 +44,7 @@ CAPABILITIES = Capabilities(
              batching="each prompt is encoded unpadded, so two requests' condition tokens differ in number and "
                       "their steps run alone (no stacked forward yet)",
              cuda_graphs="condition token counts vary per prompt; graph capture is not wired for this loop",
-             warmup_shapes="no warmup pass is wired for this family yet",
-             vae_tile="the HunyuanVideo-1.5 VAE decodes untiled"),
+             warmup_shapes="no warmup pass is wired for this family yet"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
 CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
