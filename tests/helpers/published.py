@@ -21,7 +21,7 @@ import torch
 from tests.helpers.published_sizes import OMNI_MEL_BINS, SIZES, scaled
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "published"
-CONFIG_FILES = ("config.json", "scheduler_config.json", "preprocessor_config.json")
+CONFIG_FILES = ("config.json", "scheduler_config.json", "guider_config.json", "preprocessor_config.json")
 
 def _wan_tokenizer():
     from vidloom.demo.tokenizer import train_t5_tokenizer
@@ -33,6 +33,12 @@ def _qwen_tokenizer():
     from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
 
     return train_qwen_tokenizer()
+
+
+def _byt5_tokenizer():
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()  # bytes: nothing to train
 
 
 def _gemma_tokenizer():
@@ -62,6 +68,7 @@ TOKENIZERS: dict[str, Callable[[], Any]] = {
     "Qwen2TokenizerFast": _qwen_tokenizer,
     "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
     "GemmaTokenizer": _gemma_tokenizer,
+    "ByT5Tokenizer": _byt5_tokenizer,
     "GemmaTokenizerFast": _gemma_tokenizer,
 }
 
@@ -119,7 +126,7 @@ def _component(src: Path, dst: Path, name: str, library: str, class_name: str, t
     if not files:
         raise FileNotFoundError(f"{src / name}: the corpus has no config file for component {name!r}")
     published = read_json(src / name / files[0])
-    if files[0] == "scheduler_config.json":
+    if files[0] in ("scheduler_config.json", "guider_config.json"):  # settings, no weights
         write_json(dst / name / files[0], published)
         return
     key = (published.get("architectures") or [class_name])[0] if library == "transformers" else class_name
