@@ -31,9 +31,6 @@ DEMO_VERSION = 1  # bump when the demo's architecture or files change
 DEMO_SEED = 20261206
 DEMO_NOTE = noise_note(DEMO_ID, "HunyuanVideo-1.5", "hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v")
 
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CORPUS = (SYSTEM_MESSAGE, "system user assistant", "a cat walks on the grass, realistic",
-          'a sign that says "open"', "a red fox jumps over the lazy dog in the snow", "blurry, low quality, dark")
 TEXT_HIDDEN, GLYPH_DIM, IMAGE_DIM = 32, 16, 16
 DEMO_TEXT_ENCODER = dict(hidden_size=TEXT_HIDDEN, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                          num_key_value_heads=1, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
@@ -64,6 +61,10 @@ MODEL_INDEX = model_index(
     tokenizer_2="transformers:ByT5Tokenizer", transformer="diffusers:HunyuanVideo15Transformer3DModel",
     vae="diffusers:AutoencoderKLHunyuanVideo15",
 )
+# The tokenizer's specials (the first is the pad) and the sentences its vocabulary is counted from.
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CORPUS = (SYSTEM_MESSAGE, "system user assistant", "a cat walks on the grass, realistic",
+          'a sign that says "open"', "a red fox jumps over the lazy dog in the snow", "blurry, low quality, dark")
 DEMO_DEFAULTS = SamplingDefaults(height=48, width=80, num_frames=9, fps=8, num_inference_steps=8,
                                  guidance_scale=DEMO_GUIDER["guidance_scale"], flow_shift=DEMO_SCHEDULER["shift"],
                                  sampler="euler", negative_prompt="")
