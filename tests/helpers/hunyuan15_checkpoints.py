@@ -138,28 +138,6 @@ def _run_nodes(program, request, slots: dict, ctx, done) -> None:
         slots.update(node.loop.finalize(state))
 
 
-class DiffusersVAEView(torch.nn.Module):
-    """diffusers' AutoencoderKLHunyuanVideo15 behind our VAE interface (encode_mode: the posterior mode; decode:
-    latents after the scaling factor -> video in [-1, 1]), for programs tested before the native VAE joins them."""
-
-    def __init__(self, vae) -> None:
-        super().__init__()
-        self.vae = vae
-
-    def encode_mode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.vae.encode(x).latent_dist.mode()
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return self.vae.decode(z).sample
-
-
-def load_diffusers_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> DiffusersVAEView:
-    """A stand-in for vidloom.families.hunyuan15.load.load_vae: diffusers' VAE from the `vae/` folder."""
-    from diffusers import AutoencoderKLHunyuanVideo15
-
-    return DiffusersVAEView(AutoencoderKLHunyuanVideo15.from_pretrained(str(folder))).to(device, dtype).eval()
-
-
 def image_encoder(hidden: int, seed: int = 0) -> dict[str, Any]:
     """A random SigLIP vision tower of width `hidden` (32 px, 8 px patches: 16 tokens) and its PIL processor."""
     from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel

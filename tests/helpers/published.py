@@ -21,7 +21,7 @@ import torch
 from tests.helpers.published_sizes import OMNI_MEL_BINS, SIZES, scaled
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "published"
-CONFIG_FILES = ("config.json", "scheduler_config.json", "preprocessor_config.json")
+CONFIG_FILES = ("config.json", "scheduler_config.json", "guider_config.json", "preprocessor_config.json")
 
 def _wan_tokenizer():
     from vidloom.demo.tokenizer import train_t5_tokenizer
@@ -40,6 +40,12 @@ def _qwen_vl_tokenizer():
     from tests.helpers.qwen_image_checkpoints import VISION_SPECIALS
 
     return train_qwen_tokenizer(specials=(*SPECIALS, *VISION_SPECIALS))  # Qwen2.5-VL's vision tokens too
+
+
+def _byt5_tokenizer():
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()  # bytes: nothing to train
 
 
 def _gemma_tokenizer():
@@ -70,6 +76,7 @@ TOKENIZERS: dict[str, Callable[[], Any]] = {
     "Qwen2Tokenizer": _qwen_vl_tokenizer,  # Qwen-Image's
     "PreTrainedTokenizerFast": _cosmos3_tokenizer,  # Cosmos3's text_tokenizer
     "GemmaTokenizer": _gemma_tokenizer,
+    "ByT5Tokenizer": _byt5_tokenizer,
     "GemmaTokenizerFast": _gemma_tokenizer,
 }
 
@@ -127,7 +134,7 @@ def _component(src: Path, dst: Path, name: str, library: str, class_name: str, t
     if not files:
         raise FileNotFoundError(f"{src / name}: the corpus has no config file for component {name!r}")
     published = read_json(src / name / files[0])
-    if files[0] == "scheduler_config.json":
+    if files[0] in ("scheduler_config.json", "guider_config.json"):  # settings, no weights
         write_json(dst / name / files[0], published)
         return
     key = (published.get("architectures") or [class_name])[0] if library == "transformers" else class_name

@@ -43,6 +43,7 @@ CLIP_SIDE = 32  # tiny CLIP input side; patch 8 -> 16 patches + CLS = 17 tokens
 TEXT = 16  # hidden size of the tiny decoder-only text encoders (Qwen3, Gemma)
 _QWEN3_LAYERS = 28  # FLUX.2-klein reads Qwen3 hidden states 9, 18 and 27
 _GEMMA_LAYERS = 2
+_SIGLIP_SIDE = 54  # patch 2 -> 27 x 27 = 729 image tokens, the count HunyuanVideo-1.5's pipelines hard-code
 
 # --- Qwen2.5-Omni (a transformers folder): thinker 32 wide (4 heads of 8), talker 24 (2 heads of 12), towers 16;
 # special-token ids become the tiny tokenizer's, the talker's codec ids the last four of a 48-entry table ---
@@ -80,6 +81,23 @@ SIZES: dict[str, dict[str, Any]] = {
     "AutoencoderKLWan": dict(base_dim=8, decoder_base_dim=12, num_res_blocks=1),
     "UMT5EncoderModel": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=Vocab(),
                              relative_attention_num_buckets=8, relative_attention_max_distance=32),
+    # --- HunyuanVideo-1.5: 2 heads x 16 (rope [4, 6, 6]); Qwen2.5-VL text TEXT wide, 3 layers (it reads
+    # hidden_states[-3]); ByT5 as T5EncoderModel above (32 wide); SigLIP keeps its 1152 width (image_embed_dim: the
+    # pipelines build 729 x 1152 zeros for text to video) ---
+    "HunyuanVideo15Transformer3DModel": dict(num_attention_heads=2, attention_head_dim=16, num_layers=2,
+                                             num_refiner_layers=1, text_embed_dim=TEXT, text_embed_2_dim=32,
+                                             rope_axes_dim=[4, 6, 6],
+                                             target_size=lambda v, c: v // 10),  # sets the size: 640 -> 64 px
+    # The encoder's last width must be >= 2 x latent_channels (its channel-group shortcut); GroupNorm needs >= 32.
+    "AutoencoderKLHunyuanVideo15": dict(block_out_channels=lambda v, c: [max(32, x // 16) for x in v],
+                                        layers_per_block=1),
+    "Qwen2_5_VLTextModel": dict(hidden_size=TEXT, intermediate_size=2 * TEXT, num_hidden_layers=3,
+                                num_attention_heads=2, num_key_value_heads=1, max_window_layers=3,
+                                layer_types=_first(3), vocab_size=Vocab(),
+                                rope_parameters=dict(mrope_section=[2, 1, 1])),
+    "SiglipVisionModel": dict(intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=_SIGLIP_SIDE, patch_size=2),
+    "SiglipImageProcessor": dict(size={"height": _SIGLIP_SIDE, "width": _SIGLIP_SIDE}),
     "CLIPVisionModelWithProjection": dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3,
                                           num_attention_heads=2, image_size=CLIP_SIDE, patch_size=8,
                                           projection_dim=16),

@@ -28,6 +28,7 @@ from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.helios_checkpoints import TINY_A as HELIOS_A, write_tiny_helios
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
+from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_hunyuan15
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
@@ -85,6 +86,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),
     "qwen3-omni": lambda d: write_tiny_thinker(d, THINKER_A),
     "qwen-image": write_qwen_image_wide,  # three blocks: a step cache has blocks to skip
+    "hunyuan15": lambda d: write_hunyuan15(d, "p1") and d,
     "sana-wm": lambda d: _with_refiner(write_tiny_sana_wm(d, SANA_WM_A)),
     "stable-audio": lambda d: write_tiny_stable_audio(d, TINY_STEREO),
     "helios": lambda d: write_tiny_helios(d, HELIOS_A),
@@ -97,6 +99,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "flux2": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2),
     "qwen-image": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
+    "hunyuan15": dict(height=32, width=48, num_frames=5, num_inference_steps=2, guidance_scale=5.0),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),
     "stable-audio": dict(task=Task.T2A, seconds=0.5, num_inference_steps=2, guidance_scale=7.0),
     "helios": dict(height=32, width=48, num_frames=33, num_inference_steps=2, guidance_scale=5.0),  # one chunk

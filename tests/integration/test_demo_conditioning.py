@@ -35,6 +35,7 @@ DEMOS = {
     "cosmos3-demo": ({}, ("prompt", "negative_prompt", "guidance_scale")),
     "sana-wm-demo": ({"image": FIRST, "camera": "w-8", "intrinsics": [100.0, 100.0, 48.0, 32.0]},
                      ("prompt", "negative_prompt", "guidance_scale")),
+    "hunyuan15-demo": ({"num_frames": 5}, ("prompt", "negative_prompt", "guidance_scale")),
 }
 CASES = [(demo, knob) for demo, (_, knobs) in DEMOS.items() for knob in knobs]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.helpers.servers import ProcessServer, wait_for_status
 from tests.helpers.wav import pcm16_wav
@@ -95,6 +96,22 @@ def test_qwen_image_demo_through_the_cli_writes_a_png_and_its_negative_prompt_ru
     plain = gen.generate("a cat", num_inference_steps=2, seed=3)
     guided = gen.generate("a cat", negative_prompt="blurry", num_inference_steps=2, seed=3)
     assert not np.array_equal(plain.frames, guided.frames)  # a negative prompt switches true CFG on
+
+
+def test_hunyuan15_demo_through_the_cli_writes_a_video_and_its_prompt_and_image_move_it(tmp_path):
+    cache = tmp_path / "cache"
+    proc = _cli(["generate", "--model", "hunyuan15-demo", "--seed", "3", "--steps", "2", "--output",
+                 str(tmp_path / "sign.mp4"), 'a sign that says "open"'], cache)
+    assert proc.returncode == 0, proc.stderr
+    assert "noise by design" in proc.stderr
+    assert read_video(tmp_path / "sign.mp4")[0].shape == (9, 48, 80, 3)  # the card's default request
+    gen = VideoGenerator.from_pretrained("hunyuan15-demo", device="cpu", cache_dir=cache)
+    request = dict(num_frames=5, num_inference_steps=2, seed=3)
+    cat, fox = (gen.generate(p, **request).frames for p in ("a cat", "a red fox"))
+    assert np.abs(cat.astype(np.int16) - fox).mean() > 1.0  # the prompt moves the video
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 30, 3), dtype=np.uint8))
+    i2v = gen.generate("a cat", image=image, **request).frames
+    assert i2v.shape == (5, 80, 40, 3)  # the portrait image's bucket sets the size
 
 
 def test_far_demo_rolls_out_chunks_and_extends_its_own_video(tmp_path):

@@ -54,6 +54,8 @@ def one_step_request(card: ModelCard, folder: Path) -> dict:
     # Two latent patches a side: some VAEs (LTX-2's) decode no fewer than 2x2 latents.
     side = max(2 * card.geometry.spatial_multiple, MIN_SIDE)
     fields: dict = dict(height=side, width=side, seed=0, num_inference_steps=steps)
+    if card.optional_fields is not None and "height" not in card.optional_fields:  # the image sets the size
+        del fields["height"], fields["width"]
     if "t2i" not in {task.value for task in card.tasks}:
         fields["num_frames"] = card.geometry.temporal_factor + 1
     for i, name in enumerate(("image", "last_image")):

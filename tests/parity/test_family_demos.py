@@ -13,7 +13,7 @@ from vidloom import registry
 from vidloom.core import plugin
 
 DEMOS = ("wan2.2-demo", "far-demo", "cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "flux2-klein-demo",
-         "sana-wm-demo", "stable-audio-demo", "qwen-image-demo", "helios-demo")
+         "sana-wm-demo", "stable-audio-demo", "qwen-image-demo", "helios-demo", "hunyuan15-demo")
 # Our LTX-2 audio VAE is its decoder (generation never encodes sound), so the demo ships no encoder weights.
 ENCODER_ONLY = {("ltx2-demo", "audio_vae"): "encoder."}
 
@@ -53,7 +53,7 @@ def test_diffusers_reads_every_weight_of_the_demo(demo_dirs, demo):
 
 
 @pytest.mark.parametrize("demo", ("cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "stable-audio-demo",
-                                  "qwen-image-demo"))
+                                  "qwen-image-demo", "hunyuan15-demo"))
 def test_demo_is_written_the_same_every_time(demo_dirs, tmp_path, demo):
     from safetensors.torch import load_file
 

@@ -1,8 +1,7 @@
 """HunyuanVideo-1.5 image to video: the final latents of our program (aspect bucket, Lanczos crop, SigLIP tokens,
 the first frame's VAE mode in the condition latents, meanflow's timestep_r) vs
 HunyuanVideo15ImageToVideoPipeline(output_type="latent") on two tiny checkpoints saved by diffusers.
-
-The first frame is encoded by diffusers' VAE on both sides (the native VAE is tested on its own)."""
+The first frame is encoded by our Hunyuan15VAE (from the folder's `vae/`) on our side, by diffusers' on theirs."""
 
 from __future__ import annotations
 
@@ -11,13 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers.hunyuan15_checkpoints import DiffusersVAEView, run_until_latents, write_i2v_pipeline
+from tests.helpers.hunyuan15_checkpoints import run_until_latents, write_i2v_pipeline
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.families.hunyuan15.cards import card_from_checkpoint
-from vidloom.families.hunyuan15.load import load_denoiser
+from vidloom.families.hunyuan15.load import load_denoiser, load_vae
 from vidloom.families.hunyuan15.program import build_program
 
 TOLERANCE = 2e-5  # measured <= 2.7e-6 on latents of ~3.5
@@ -41,7 +40,7 @@ def test_latents_match_the_pipeline(name, tmp_path):
     card = card_from_checkpoint(tmp_path)
     assert card.required_inputs == frozenset({"image"}) and "height" not in card.optional_fields
     components = load_denoiser(DiffusersDir.open(tmp_path), torch.device("cpu"), torch.float32, DeployConfig())
-    components["vae"] = DiffusersVAEView(pipe.vae)
+    components["vae"] = load_vae(tmp_path / "vae", torch.device("cpu"), torch.float32)
     instance = ModelInstance(card=card, components=components, device=torch.device("cpu"), dtype=torch.float32,
                              checkpoint_dir=str(tmp_path))
     pipe.prompt_template_encode_start_idx = components["text_encoder"].crop  # see test_hunyuan15_generation

@@ -180,3 +180,26 @@ def test_config_reads_every_reference_key_and_refuses_unknown_ones() -> None:
 def test_a_bad_value_is_refused_naming_its_key(key: str, value: object) -> None:
     with pytest.raises(CheckpointError, match=key):
         Hunyuan15VAEConfig.from_diffusers(tiny_vae_config(**{key: value}))
+
+
+def test_the_family_loader_reads_vae_folders_strictly(tmp_path) -> None:
+    # load_vae: the saved diffusers `vae/` folder as our Hunyuan15VAE, every tensor; an extra or a missing tensor
+    # is refused naming it.
+    from safetensors.torch import load_file, save_file
+
+    from vidloom.families.hunyuan15.load import load_vae
+
+    pair = _build("tiny")
+    pair.ref.save_pretrained(str(tmp_path))
+    vae = load_vae(tmp_path, torch.device("cpu"), torch.float32)
+    assert isinstance(vae, Hunyuan15VAE)
+    assert all(torch.equal(vae.state_dict()[k], v) for k, v in pair.ref.state_dict().items())
+    (file,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(str(file))
+    save_file({**tensors, "decoder.extra.weight": torch.zeros(1)}, str(file))
+    with pytest.raises(CheckpointError, match="decoder.extra.weight"):
+        load_vae(tmp_path, torch.device("cpu"), torch.float32)
+    dropped = sorted(tensors)[0]
+    save_file({k: v for k, v in tensors.items() if k != dropped}, str(file))
+    with pytest.raises(CheckpointError, match=f"missing tensors? '{dropped}'"):
+        load_vae(tmp_path, torch.device("cpu"), torch.float32)

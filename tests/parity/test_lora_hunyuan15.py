@@ -1,12 +1,12 @@
 """HunyuanVideo-1.5 LoRA: a PEFT adapter on the transformer (diffusers has no LoRA loader for these pipelines),
-per request through the engine vs the pipeline with the adapter injected by PEFT; both decode with diffusers' VAE."""
+per request through the engine vs the pipeline with the adapter injected by PEFT; ours decodes with our VAE, the pipeline with diffusers'."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from tests.helpers.hunyuan15_checkpoints import load_diffusers_vae, system_turn_tokens, write_pipeline
+from tests.helpers.hunyuan15_checkpoints import system_turn_tokens, write_pipeline
 from tests.helpers.lora_files import LoRASpec, write_peft_lora
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
@@ -22,8 +22,7 @@ PROMPT = 'a sign that says "open"'
 BASE = dict(height=32, width=48, num_frames=9, num_inference_steps=3, seed=7)
 
 
-def test_a_request_adapter_matches_the_pipeline_with_peft(tmp_path, monkeypatch):
-    monkeypatch.setattr("vidloom.families.hunyuan15.load.load_vae", load_diffusers_vae)
+def test_a_request_adapter_matches_the_pipeline_with_peft(tmp_path):
     pipe = write_pipeline(tmp_path / "ckpt", "p1")
     pipe.prompt_template_encode_start_idx = system_turn_tokens(pipe.tokenizer)
     (tmp_path / "loras").mkdir()

@@ -8,6 +8,7 @@ from vidloom.core.family import Family, LoRASupport
 FAMILY = Family(
     package=__name__,
     card_families=("hunyuan15",),
+    demos={"hunyuan15-demo": ".demo"},
     pipelines={"HunyuanVideo15Pipeline": ".cards:card_from_checkpoint",
                "HunyuanVideo15ImageToVideoPipeline": ".cards:card_from_checkpoint"},
     parity=None,

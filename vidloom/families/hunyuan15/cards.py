@@ -31,12 +31,13 @@ I2V_COMPONENTS = (*INDEX_COMPONENTS, "image_encoder", "feature_extractor")  # + 
 READS = frozenset({"negative_prompt", "height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale",
                    "flow_shift", "step_cache_threshold"})
 I2V_READS = READS - {"height", "width"}  # image to video: the size is the first frame's aspect bucket
+IMAGE_SIZE_NOTE = "with an image, its aspect bucket sets the size (the pipeline ignores height and width)"
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache"}),
+               "step_cache", "vae_tile"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
@@ -44,8 +45,7 @@ CAPABILITIES = Capabilities(
              batching="each prompt is encoded unpadded, so two requests' condition tokens differ in number and "
                       "their steps run alone (no stacked forward yet)",
              cuda_graphs="condition token counts vary per prompt; graph capture is not wired for this loop",
-             warmup_shapes="no warmup pass is wired for this family yet",
-             vae_tile="the HunyuanVideo-1.5 VAE decodes untiled"),
+             warmup_shapes="no warmup pass is wired for this family yet"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
 CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
@@ -99,16 +99,19 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 
 def hunyuan15_card(model_id: str, source: str, *, multiple: int, temporal: int, defaults: SamplingDefaults,
                    description: str, notes: tuple[str, ...] = (), precision: str = "bfloat16",
-                   i2v: bool = False) -> ModelCard:
+                   i2v: bool | None = False) -> ModelCard:
     """The card of a HunyuanVideo-1.5 folder: sizes a multiple of `multiple` pixels, temporal x k + 1 frames;
-    `i2v`: every request gives the first frame, which sets the size."""
+    `i2v`: every request gives the first frame, which sets the size; None: an image to video folder that also
+    runs text to video (the image optional: the demo)."""
     weightless = ("tokenizer", "tokenizer_2", "scheduler", "guider", "feature_extractor")
-    image = frozenset({"image"}) if i2v else frozenset()
+    image = frozenset({"image"}) if i2v is not False else frozenset()
+    tasks = {False: {Task.T2V}, True: {Task.I2V}, None: {Task.T2V, Task.I2V}}[i2v]
+    field_notes = () if i2v is not None else tuple((key, IMAGE_SIZE_NOTE) for key in ("height", "width"))
     return CARDS.card(
         model_id, source, {"denoise": LoopSpec(samplers=("euler",))},
-        components=component_table(precision, *(I2V_COMPONENTS if i2v else INDEX_COMPONENTS), no_weights=weightless),
-        tasks=frozenset({Task.I2V if i2v else Task.T2V}), precision=precision, sampling_defaults=defaults,
+        components=component_table(precision, *(I2V_COMPONENTS if image else INDEX_COMPONENTS), no_weights=weightless),
+        tasks=frozenset(tasks), precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal), description=description,
         notes=(*notes, CFG_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS, optional_fields=I2V_READS if i2v else READS,
-        inputs=image, required_inputs=image,
+        inputs=image, required_inputs=image if i2v else frozenset(), field_notes=field_notes,
     )

@@ -12,6 +12,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.noise import initial_noise
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.frames import to_uint8
 from vidloom.families.hunyuan15.cards import LatentGeometry
 from vidloom.families.hunyuan15.image import crop_to, pixels
@@ -37,6 +38,7 @@ def build_program(instance: ModelInstance) -> Program:
     spatial, temporal, channels, scaling = latent.spatial, latent.temporal, latent.channels, latent.scaling
     device = instance.device
     target_size = transformer.config.target_size
+    tiling = deploy_tiling(instance.deploy, spatial)  # vae_tile: encode and decode tile alike, as diffusers' VAE
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -56,7 +58,7 @@ def build_program(instance: ModelInstance) -> Program:
         tokens = instance["image_encoder"].encode(image)
         vae = instance["vae"]
         with torch.inference_mode():
-            first = vae.encode_mode(pixels(image)[:, :, None].to(device, next(vae.parameters()).dtype))
+            first = vae.encode_mode(pixels(image)[:, :, None].to(device, next(vae.parameters()).dtype), tiling)
         ctx.progress("encode_image", 1, 1)
         return {"first_frame": (first.float() * scaling, tokens)}
 
@@ -82,7 +84,7 @@ def build_program(instance: ModelInstance) -> Program:
         vae = instance["vae"]
         vae_dtype = next(vae.parameters()).dtype
         with torch.inference_mode():
-            video = vae.decode((slots["latents"] / scaling).to(vae_dtype))
+            video = vae.decode((slots["latents"] / scaling).to(vae_dtype), tiling)
         frames = (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0)  # [F, H, W, 3]
         ctx.progress("decode", 1, 1)
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
