@@ -10,7 +10,6 @@ and the socket closed.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -19,11 +18,9 @@ from starlette.websockets import WebSocketDisconnect
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.live_prompt import LIVE_PROMPTS, LivePrompts
 from vidloom.serving.api_keys import caller_of
-from vidloom.serving.errors import APIError
 from vidloom.serving.job_store import is_job_id
-from vidloom.serving.request_body import check_text_fields
 from vidloom.serving.session_routes import (
-    CLOSE_BAD_FORMAT, CLOSE_NOT_FOUND, MAX_MESSAGE_CHARS, SUBPROTOCOL, _error, _no_constant, _refuse,
+    CLOSE_BAD_FORMAT, CLOSE_NOT_FOUND, SUBPROTOCOL, _error, _refuse, json_message,
 )
 
 router = APIRouter(prefix="/v1/videos")
@@ -56,7 +53,8 @@ async def live_prompt(websocket: WebSocket, video_id: str) -> None:
             if prompts.set(record.id, prompt):
                 await websocket.send_json({"type": "prompt", "status": "pending"})
             else:
-                status = manager.get(record.id).status if manager.get(record.id) is not None else "gone"
+                current = manager.get(record.id)
+                status = current.status if current is not None else "deleted"
                 await _error(websocket, "video_id", f"video {record.id} is {status} and not generating chunks "
                                                     "now; a prompt changes only between its chunks")
     except WebSocketDisconnect:
@@ -65,22 +63,7 @@ async def live_prompt(websocket: WebSocket, video_id: str) -> None:
 
 def parse_prompt(message: dict[str, Any]) -> str:
     """A client message -> the new prompt; InvalidRequest naming the field."""
-    text = message.get("text")
-    if text is None:
-        raise InvalidRequest("message", 'send {"prompt": "..."} as a JSON text message, not binary')
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise InvalidRequest("message", f"is {len(text)} characters, more than {MAX_MESSAGE_CHARS}")
-    try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise InvalidRequest("message", 'is not JSON; send {"prompt": "..."}') from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("message", 'must be a JSON object such as {"prompt": "a paper boat"}')
-    try:
-        check_text_fields(data)
-    except APIError as exc:
-        field = exc.param if exc.param not in (None, "body") else "message"
-        raise InvalidRequest(field, exc.message.partition(": ")[2] or exc.message) from None
+    data = json_message(message, "prompts", '{"prompt": "..."}', '{"prompt": "a paper boat"}')
     unknown = sorted(set(data) - {"prompt"})
     if unknown:
         raise InvalidRequest(unknown[0] or "message", "is not a live prompt message field; send only prompt")
