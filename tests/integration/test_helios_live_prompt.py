@@ -120,6 +120,9 @@ def test_server_prompt_change_over_the_websocket_takes_effect_at_the_next_chunk(
             assert json.loads(ws.recv(timeout=30))["type"] == "live"
             ws.send(json.dumps({"prompt": ""}))
             assert json.loads(ws.recv(timeout=30))["field"] == "prompt"
+            ws.send(json.dumps({"prompt": "x" * (gen.card.max_prompt_tokens * 16 + 1)}))  # RequestLimits' default
+            too_long = json.loads(ws.recv(timeout=30))
+            assert too_long["field"] == "prompt" and "max_prompt_chars" in too_long["message"]
             ws.send(json.dumps({"prompt": NEW_PROMPT}))
             late = json.loads(ws.recv(timeout=30))
         with connect(server.url.replace("http", "ws") + "/v1/videos/video_unknown/prompt") as ws:

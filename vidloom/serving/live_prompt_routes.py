@@ -47,6 +47,7 @@ async def live_prompt(websocket: WebSocket, video_id: str) -> None:
                 return
             try:
                 prompt = parse_prompt(message)
+                manager.limits.check_prompt("prompt", prompt)  # the bound a job's prompt has
             except InvalidRequest as exc:
                 await _error(websocket, exc.field, exc.message)
                 continue
