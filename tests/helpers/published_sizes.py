@@ -78,6 +78,9 @@ SIZES: dict[str, dict[str, Any]] = {
                                   pos_embed_seq_len=2 * ((CLIP_SIDE // 8) ** 2 + 1)),
     "AnyFlowFARTransformer3DModel": dict(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2,
                                          text_dim=32, freq_dim=16),
+    # Helios: Wan2.1-14B shape + history patches -> 2 heads x 12 (rope [4, 4, 4]).
+    "HeliosTransformer3DModel": dict(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2,
+                                     text_dim=32, freq_dim=16, rope_dim=[4, 4, 4]),
     "AutoencoderKLWan": dict(base_dim=8, decoder_base_dim=12, num_res_blocks=1),
     "UMT5EncoderModel": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=Vocab(),
                              relative_attention_num_buckets=8, relative_attention_max_distance=32),

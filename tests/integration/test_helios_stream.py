@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers.servers import ThreadServer, events_then_live_stream
 from vidloom.core.errors import Cancelled
+from vidloom.core.live_prompt import LIVE_PROMPTS
 from vidloom.core.output import ChunkEvent, CompletedEvent, ProgressEvent
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.engine import CancellationToken
@@ -53,6 +54,7 @@ def test_cancel_mid_chunk_stops_and_holds_nothing(gen):
         gen.generate("a paper boat", on_event=stop_in_second_chunk, cancel=token, **RUN)
     assert [e.chunk.index for e in seen if isinstance(e, ChunkEvent)] == [0]
     assert gen.engine.caches.bytes_in_use == 0 and gen.engine.caches.stats()["handles"] == 0
+    assert gen.engine.instance[LIVE_PROMPTS].running() == 0  # its live prompt entry closed too
 
 
 def test_server_sends_chunk_events_then_the_whole_video(gen, tmp_path):

@@ -71,13 +71,16 @@ class RequestLimits:
         """These limits with every non-None value in `values` replacing its field."""
         return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
 
+    def check_prompt(self, name: str, text: str | None) -> None:
+        """LimitExceeded naming `name` when `text` is longer than max_prompt_chars."""
+        if self.max_prompt_chars is not None and text is not None and len(text) > self.max_prompt_chars:
+            raise LimitExceeded(name, f"{len(text)} characters is more than the limit of "
+                                      f"{self.max_prompt_chars} (max_prompt_chars)", "max_prompt_chars")
+
     def check(self, request: GenerationRequest, estimate: MemoryEstimate | None = None) -> None:
         """Raise InvalidRequest naming the first field over its limit; `request` must be resolved."""
         for name in ("prompt", "negative_prompt"):
-            text = getattr(request, name)
-            if self.max_prompt_chars is not None and text is not None and len(text) > self.max_prompt_chars:
-                raise LimitExceeded(name, f"{len(text)} characters is more than the limit of "
-                                          f"{self.max_prompt_chars} (max_prompt_chars)", "max_prompt_chars")
+            self.check_prompt(name, getattr(request, name))
         assert request.height is not None and request.width is not None, "resolve the request first"
         pixels = request.height * request.width
         if self.max_pixels is not None and pixels > self.max_pixels:

@@ -22,6 +22,7 @@ from vidloom.serving.audio_routes import AudioGenerationBody
 from vidloom.serving.audio_routes import router as audio_router
 from vidloom.serving.image_routes import router as image_router
 from vidloom.serving.lora_routes import adapter_list, served_instance
+from vidloom.serving.live_prompt_routes import router as live_prompt_router
 from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
 from vidloom.serving.option_bodies import serve_options
@@ -69,6 +70,7 @@ def create_app(engine: Engine, config: ServeConfig, store: JobStore | None = Non
     app.include_router(speech_router)
     app.include_router(lora_router)
     app.include_router(session_router)
+    app.include_router(live_prompt_router)
     app.include_router(router)
     if config.ui_enabled:
         app.include_router(ui_router())

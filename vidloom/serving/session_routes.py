@@ -174,22 +174,7 @@ def encode_frames(frames: Any, fmt: str = "jpeg") -> list[bytes]:
 def parse_message(message: dict[str, Any]) -> Any:
     """A client message -> the chunk's actions (None: the model predicts them); InvalidRequest naming the field.
     The width per domain and the chunk rules are the model's to check (ActionSession.request)."""
-    text = message.get("text")
-    if text is None:
-        raise InvalidRequest("message", "send action chunks as JSON text messages, not binary")
-    if len(text) > MAX_MESSAGE_CHARS:
-        raise InvalidRequest("message", f"is {len(text)} characters, more than {MAX_MESSAGE_CHARS}")
-    try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise InvalidRequest("message", 'is not JSON; send {"actions": [[...], ...]}') from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("message", 'must be a JSON object such as {"actions": [[0.1, 0.2], ...]}')
-    try:
-        check_text_fields(data)  # the HTTP bodies' text rules: no lone surrogate to echo back, no NUL
-    except APIError as exc:
-        field = exc.param if exc.param not in (None, "body") else "message"
-        raise InvalidRequest(field, exc.message.partition(": ")[2] or exc.message) from None
+    data = json_message(message, "action chunks", '{"actions": [[...], ...]}', '{"actions": [[0.1, 0.2], ...]}')
     unknown = sorted(set(data) - {"actions"})
     if unknown and unknown[0] == "":  # sorted first; named as such, not as a blank field
         raise InvalidRequest("message", '(empty field name) "" is not a session message field; send only actions')
@@ -208,6 +193,28 @@ def parse_message(message: dict[str, Any]) -> Any:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
                 raise InvalidRequest(f"actions[{i}]", f"must hold finite numbers, got {str(value)[:20]!r}")
     return actions
+
+
+def json_message(message: dict[str, Any], what: str, shape: str, example: str) -> dict[str, Any]:
+    """A client WebSocket message -> its JSON object (`what` it carries, its `shape` and an `example` for the
+    errors); InvalidRequest naming the field, under the HTTP bodies' text rules."""
+    text = message.get("text")
+    if text is None:
+        raise InvalidRequest("message", f"send {what} as JSON text messages, not binary")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidRequest("message", f"is {len(text)} characters, more than {MAX_MESSAGE_CHARS}")
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("message", f"is not JSON; send {shape}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("message", f"must be a JSON object such as {example}")
+    try:
+        check_text_fields(data)  # the HTTP bodies' text rules: no lone surrogate to echo back, no NUL
+    except APIError as exc:
+        field = exc.param if exc.param not in (None, "body") else "message"
+        raise InvalidRequest(field, exc.message.partition(": ")[2] or exc.message) from None
+    return data
 
 
 def _finite(value: int | float) -> bool:

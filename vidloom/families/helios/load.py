@@ -10,6 +10,7 @@ from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
+from vidloom.core.live_prompt import LIVE_PROMPTS, LivePrompts
 from vidloom.families.helios.cards import check_pipeline
 from vidloom.families.helios.config import HELIOS_TRANSFORMER_NAME_MAP, HeliosTransformerConfig
 from vidloom.families.helios.schedule import HeliosSchedule
@@ -50,6 +51,7 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
         "vae": vae.to(device=device, dtype=vae_dtype).eval(),
         "text_encoder": text,
         "schedule": schedule,
+        LIVE_PROMPTS: LivePrompts(),  # prompts set while a request runs, read at its chunk boundaries
     }
     return ModelInstance(card=card, components=components, device=device, dtype=compute,
                          checkpoint_dir=str(ckpt.root), deploy=deploy)

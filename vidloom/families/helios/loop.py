@@ -6,6 +6,8 @@ requests and cancellation apply per step). When a chunk's last step is folded in
 frames go to the caller at once: the decode is part of that step's unit rather than a plan of its own, so that
 every plan stacks with other requests' (a plan that declares no denoiser inputs would run the request alone). No
 KV cache: the history is re-embedded at every step, as the reference does, so nothing outlives the request.
+A prompt set on the instance's LivePrompts while the request runs is encoded when the next chunk starts (after the
+previous chunk went to the caller) and conditions the chunks from then on; chunks already started keep theirs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from vidloom.core.denoiser import GUIDANCE_INPUTS
 from vidloom.core.errors import NonFiniteOutput
+from vidloom.core.live_prompt import LivePrompts
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
@@ -28,6 +31,7 @@ from vidloom.families.helios.conditioning import MediaConditioning
 from vidloom.families.helios.network import HeliosNetwork
 from vidloom.families.helios.schedule import HeliosSchedule
 from vidloom.families.helios.transformer import HeliosHistory, HeliosTransformer
+from vidloom.models.wan.text import WanTextEncoder
 from vidloom.models.wan.vae import WanVAE
 
 # HeliosPipeline.__call__'s defaults: history of 16 + 2 + 1 latent frames (long, mid, short: the patch sizes
@@ -72,6 +76,7 @@ class HeliosChunkState:
     """One request's chunk rollout; owned by that request alone."""
 
     ctx: LoopContext
+    request_id: str  # its entry in the live prompts
     num_frames: int  # frames the caller asked for (the output is the reference's first num_frames)
     total_chunks: int
     history: Tensor  # float32 [1, C, sum(HISTORY_SIZES), h, w]: the newest latent frames (zeros before any)
@@ -96,8 +101,10 @@ class HeliosChunkLoop:
     name = STEP
 
     def __init__(self, transformer: HeliosTransformer, vae: WanVAE, schedule: HeliosSchedule, dtype: torch.dtype,
-                 guidance: GuidancePolicy, device: torch.device) -> None:
+                 guidance: GuidancePolicy, device: torch.device, text: WanTextEncoder,
+                 live_prompts: LivePrompts) -> None:
         self.transformer, self.vae, self.schedule = transformer, vae, schedule
+        self.text, self.live_prompts = text, live_prompts
         self.dtype, self.guidance, self.device = dtype, guidance, device
         self.indices = frame_indices()
 
@@ -116,8 +123,10 @@ class HeliosChunkLoop:
             kept = media.history[:, :, -history.shape[2]:]
             history[:, :, history.shape[2] - kept.shape[2]:] = kept
         negative = slots["negative_embeds"]
+        self.live_prompts.open(request.request_id)
+        ctx.hold(lambda: self.live_prompts.close(request.request_id))
         return HeliosChunkState(
-            ctx=ctx, num_frames=request.num_frames, total_chunks=num_chunks(request.num_frames, vae.temporal_factor),
+            ctx=ctx, request_id=request.request_id, num_frames=request.num_frames, total_chunks=num_chunks(request.num_frames, vae.temporal_factor),
             history=history, generator=generator, schedule=schedule, sampler=sampler,
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
@@ -140,6 +149,10 @@ class HeliosChunkLoop:
             state.unsent = None
         if state.chunk >= state.total_chunks:
             return DONE
+        if state.step == 0 and state.chunk > 0:  # a chunk boundary: a prompt set by now conditions this chunk on
+            prompt = self.live_prompts.take(state.request_id)
+            if prompt is not None:  # the negative prompt's embeddings stay
+                state.prompt_embeds = self.text.encode([prompt]).to(self.dtype)
         steps = state.schedule.num_steps
         t = state.schedule.timesteps[state.step].reshape(1).to(self.device)
         return StepPlan(

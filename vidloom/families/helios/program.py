@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import torch
 
 from vidloom.core.instance import ModelInstance
+from vidloom.core.live_prompt import LIVE_PROMPTS
 from vidloom.core.request import GenerationRequest
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
@@ -41,7 +42,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     policy = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     loop = HeliosChunkLoop(instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy,
-                           instance.device)
+                           instance.device, text, instance[LIVE_PROMPTS])
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
