@@ -199,12 +199,24 @@ def _qwen_omni_tokenizer():
     return train_tokenizer()
 
 
+def _qwen3_omni_tokenizer():
+    from tests.helpers.qwen3_omni_checkpoints import train_tokenizer
+
+    return train_tokenizer()
+
+
+def _no_files(folder: Path, tokenizer: Any) -> None:
+    """Qwen3-Omni: the loader reads config.json, the weights and the tokenizer only (the towers are not built)."""
+
+
 # A transformers folder's config.json `architectures` name -> (the transformers class that builds it, its tiny
 # tokenizer, the files written beside the weights). Qwen2.5-Omni's released files name "Qwen2_5OmniModel".
 ARCHITECTURES: dict[str, tuple[str, Callable[[], Any], Callable[[Path, Any], None]]] = {
     "Qwen2_5OmniModel": ("Qwen2_5OmniForConditionalGeneration", _qwen_omni_tokenizer, _qwen_omni_files),
     "Qwen2_5OmniForConditionalGeneration": ("Qwen2_5OmniForConditionalGeneration", _qwen_omni_tokenizer,
                                             _qwen_omni_files),
+    "Qwen3OmniMoeForConditionalGeneration": ("Qwen3OmniMoeForConditionalGeneration", _qwen3_omni_tokenizer,
+                                             _no_files),
 }
 
 

@@ -71,6 +71,47 @@ _OMNI_TALKER = dict(
     tts_codec_start_token_id=OMNI_CODECS - 3, tts_codec_end_token_id=OMNI_CODECS - 2,
     tts_codec_mask_token_id=OMNI_CODECS - 1)
 
+# --- Qwen3-Omni (a transformers folder): thinker MoE 32 wide (4 heads of 16, 4 experts top-2), talker MoE 24 (2 heads
+# of 12, 6 experts top-2 + shared), code predictor 24, code2wav 32, towers 16. The codec keeps the released layout:
+# codebook = talker vocab - 1024 (the suppressed top ids), special codec ids the same offsets past the codebook ---
+Q3_CODEBOOK = 64
+Q3_GROUPS = 4
+_Q3_LAYERS = 2
+
+
+def _codec_id(value: int, config: dict[str, Any]) -> int:
+    return value - 2048 + Q3_CODEBOOK  # the released codebook is 2048 codes; its special ids follow it
+
+
+_Q3_IDS = dict(audio_token_id=Token("<|audio_pad|>"), image_token_id=Token("<|image_pad|>"),
+               video_token_id=Token("<|video_pad|>"), audio_start_token_id=Token("<|audio_start|>"),
+               audio_end_token_id=Token("<|audio_end|>"), vision_start_token_id=Token("<|vision_start|>"),
+               vision_end_token_id=Token("<|vision_end|>"))
+_Q3_THINKER = dict(
+    _Q3_IDS, user_token_id=Token("user"),
+    text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=_Q3_LAYERS, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                     vocab_size=Vocab(), rope_parameters=dict(mrope_section=[4, 2, 2])),
+    audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+                      num_mel_bins=OMNI_MEL_BINS, output_dim=32, downsample_hidden_size=8),
+    vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32,
+                       deepstack_visual_indexes=[0]))
+_Q3_TALKER = dict(
+    _Q3_IDS, accept_hidden_layer=1, thinker_hidden_size=32, num_code_groups=Q3_GROUPS,
+    codec_bos_id=_codec_id, codec_eos_token_id=_codec_id, codec_nothink_id=_codec_id, codec_pad_id=_codec_id,
+    codec_think_bos_id=_codec_id, codec_think_eos_id=_codec_id,
+    speaker_id=lambda v, c: {name: _codec_id(i, c) for name, i in v.items()},
+    text_config=dict(hidden_size=24, intermediate_size=40, num_hidden_layers=_Q3_LAYERS, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=12, num_local_experts=6, num_experts=6, num_experts_per_tok=2,
+                     moe_intermediate_size=8, shared_expert_intermediate_size=20, vocab_size=Q3_CODEBOOK + 1024,
+                     rope_parameters=dict(mrope_section=[2, 2, 2])),
+    code_predictor_config=dict(hidden_size=24, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=8, layer_types=_first(1), max_window_layers=1,
+                               num_code_groups=Q3_GROUPS, vocab_size=Q3_CODEBOOK))
+_Q3_CODE2WAV = dict(codebook_size=Q3_CODEBOOK, num_quantizers=Q3_GROUPS, hidden_size=32, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=4, intermediate_size=48, decoder_dim=64,
+                    sliding_window=16, codebook_dim=16, vector_quantization_hidden_dimension=16)
+
 SIZES: dict[str, dict[str, Any]] = {
     # --- Wan2.1 / 2.2 / FastWan ---
     "WanTransformer3DModel": dict(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2,
@@ -184,6 +225,11 @@ SIZES: dict[str, dict[str, Any]] = {
                         num_embeds=OMNI_CODECS),
         # Upsampling stage s has upsample_initial_channel / 2**(s+1) channels: 64 keeps the six stages at >= 1.
         bigvgan_config=dict(mel_dim=16, upsample_initial_channel=64))),
+    "Qwen3OmniMoeForConditionalGeneration": dict(
+        thinker_config=_Q3_THINKER, talker_config=_Q3_TALKER, code2wav_config=_Q3_CODE2WAV,
+        user_token_id=Token("user"), assistant_token_id=Token("assistant"), system_token_id=Token("system"),
+        im_start_token_id=Token("<|im_start|>"), im_end_token_id=Token("<|im_end|>"), tts_pad_token_id=Token("<tts_pad>"),
+        tts_bos_token_id=Token("<tts_text_bos>"), tts_eos_token_id=Token("<tts_text_eod>")),
 }
 
 

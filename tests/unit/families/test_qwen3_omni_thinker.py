@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vidloom.core.errors import CheckpointError
-from vidloom.families.qwen3_omni.config import MoEDecoderConfig
+from vidloom.families.qwen3_omni.config import MoEDecoderConfig, Qwen3OmniConfig
 from vidloom.families.qwen3_omni.decoder import InterleavedRotary
 from vidloom.families.qwen3_omni.demo import write_demo_checkpoint
 from vidloom.families.qwen3_omni.load import load_thinker, read_config
@@ -105,3 +105,15 @@ def test_a_row_key_without_a_stacking_rule_is_unexpected(tmp_path):
     save_file({"weight.1": torch.ones(4)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="unexpected tensor 'weight.1'"):
         load_weights(module, tmp_path, NameMap(()), stem="model")  # row 1 of a plain weight: not a stacked one
+
+
+def test_the_released_talker_keys_are_read_as_harmless_and_change_nothing():
+    """Qwen/Qwen3-Omni-30B-A3B-Instruct's talker_config holds audio_end_token_id, seconds_per_chunk and
+    output_router_logits (transformers' talker config writes them); the reader accepts them, numerics unchanged."""
+    talker = {"text_config": _text(num_local_experts=2, shared_expert_intermediate_size=8), "accept_hidden_layer": 1,
+              "num_code_groups": 4, "thinker_hidden_size": 16}
+    raw = {"enable_audio_output": True, "thinker_config": {"text_config": _text()}, "talker_config": talker}
+    released = {**talker, "audio_end_token_id": 151670, "seconds_per_chunk": 2, "output_router_logits": False}
+    assert Qwen3OmniConfig.from_raw({**raw, "talker_config": released}) == Qwen3OmniConfig.from_raw(raw)
+    with pytest.raises(CheckpointError, match="talker_config: unsupported config key.*codec_jitter"):
+        Qwen3OmniConfig.from_raw({**raw, "talker_config": {**released, "codec_jitter": 0.1}})

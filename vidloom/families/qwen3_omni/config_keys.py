@@ -28,9 +28,10 @@ TALKER = transformers_policy({
     "text_config", "code_predictor_config", "num_code_groups", "thinker_hidden_size", "accept_hidden_layer",
     "speaker_id", "codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
     "codec_pad_id", "codec_bos_id"}, {
-    **dict.fromkeys(("position_id_per_seconds", "spatial_merge_size"), _MEDIA_ROWS),
+    **dict.fromkeys(("position_id_per_seconds", "spatial_merge_size", "seconds_per_chunk"), _MEDIA_ROWS),
     **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
-                     "audio_start_token_id"), SPECIAL_ID),
+                     "audio_start_token_id", "audio_end_token_id"), SPECIAL_ID),
+    "output_router_logits": "a training output (the router's auxiliary loss)",
 }, head=True)
 TEXT = transformers_policy({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
