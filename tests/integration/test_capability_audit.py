@@ -371,7 +371,8 @@ def _parallel_in_threads(kind: str, path: Path, deploy: DeployConfig) -> None:
     check_model(deploy.parallel, layout)
     request = _request(kind)
     check_request(deploy.parallel, layout, request)
-    single = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)["video"]
+    output = "audio" if request.task is Task.T2A else "video"  # Stable Audio's result is a waveform
+    single = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)[output]
     sp, cfg = deploy.parallel.sp, deploy.parallel.cfg
     exchanges: list[str] = []
     # Loaded one after another: model construction (meta-device init) is not thread-safe.
@@ -380,11 +381,11 @@ def _parallel_in_threads(kind: str, path: Path, deploy: DeployConfig) -> None:
     def rank(comm: ThreadComm) -> np.ndarray:
         counted = _Counted(comm, exchanges)
         groups = RankGroups(sp=counted if sp > 1 else None, cfg=counted if cfg > 1 else None)
-        return rank_engine(instances[comm.rank], layout, groups).run(request)["video"]
+        return np.asarray(rank_engine(instances[comm.rank], layout, groups).run(request)[output])
 
     videos = run_ranks(thread_group(sp * cfg), rank)
     assert ("all_to_all" in exchanges) == (sp > 1) and "all_gather" in exchanges, set(exchanges)
-    assert float(np.abs(videos[0] - single).max()) <= 1e-5  # fp32; see tests/integration/test_parallel.py
+    assert float(np.abs(videos[0] - np.asarray(single)).max()) <= 1e-5  # fp32; see tests/integration/test_parallel.py
 
 
 class _Counted:

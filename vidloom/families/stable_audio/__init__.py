@@ -13,4 +13,5 @@ FAMILY = Family(
     # diffusers gives StableAudioPipeline no LoRA loader: PEFT adapters on its StableAudioDiTModel, in the layout
     # save_lora_weights writes (`transformer.<module>.lora_A.weight`), reach our DiT through its weight name map.
     lora=LoRASupport(targets=(("transformer", ".transformer:STABLE_AUDIO_DIT_NAME_MAP"),)),
+    token_layout=".parallel:token_layout",
 )

@@ -34,9 +34,10 @@ CAPABILITIES = Capabilities(
     # cuda_graphs: the per-request duration token is a graph input (loop.StableAudioNetwork.graph_split).
     # vae_tile: the Oobleck decoder in windows over time (tiling.decode_windows_1d; sizes in waveform samples).
     # batching: every request runs the one window, so steps stack; the duration tokens too (loop.StableAudioNetwork).
+    # devices, cfg_parallel: [global token, latent steps] sharded as one padded stream (parallel.token_layout).
     frozenset({"prompt_cache_size", "cfg_mode", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile",
-               "batching"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices", "components",
+               "batching", "devices", "cfg_parallel"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              warmup_shapes="warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
              offload_text_encoder="the T5 encoder is small and stays resident",
              attention_backend="the DiT attends through PyTorch SDPA only",

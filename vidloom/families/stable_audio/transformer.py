@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name, positive_int, read_key
 from vidloom.loading.key_policy import KeyPolicy
 from vidloom.loading.name_map import NameMap
@@ -107,25 +108,27 @@ class Attention(nn.Module):
 
     def __init__(self, dim: int, kv_in: int, heads: int, kv_heads: int, head_dim: int, attention_fn: AttentionFn):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.num_heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.to_q = nn.Linear(dim, heads * head_dim, bias=False)
         self.to_k = nn.Linear(kv_in, kv_heads * head_dim, bias=False)
         self.to_v = nn.Linear(kv_in, kv_heads * head_dim, bias=False)
         self.to_out = nn.Linear(heads * head_dim, dim, bias=False)
         self.attention_fn = attention_fn
 
-    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+                key_mask: Tensor | None = None) -> Tensor:
+        """key_mask: a padded shard's (layers.sequence.JointPart), None unpadded."""
         b = x.shape[0]
-        q = self.to_q(x).view(b, -1, self.heads, self.head_dim)
+        q = self.to_q(x).view(b, -1, self.num_heads, self.head_dim)
         k = self.to_k(context).view(b, -1, self.kv_heads, self.head_dim)
         v = self.to_v(context).view(b, -1, self.kv_heads, self.head_dim)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=2)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=2)
+        if self.kv_heads != self.num_heads:
+            k = k.repeat_interleave(self.num_heads // self.kv_heads, dim=2)
+            v = v.repeat_interleave(self.num_heads // self.kv_heads, dim=2)
         if rope is not None:  # self-attention only: queries and keys share positions
             q, k = rotate(q, *rope), rotate(k, *rope)
-        out = self.attention_fn(q, k, v)
-        return self.to_out(out.reshape(b, -1, self.heads * self.head_dim))
+        out = self.attention_fn(q, k, v) if key_mask is None else self.attention_fn(q, k, v, key_mask)
+        return self.to_out(out.reshape(b, -1, self.num_heads * self.head_dim))
 
 
 class DiTBlock(nn.Module):
@@ -141,9 +144,9 @@ class DiTBlock(nn.Module):
         self.ff_in = nn.Linear(dim, 2 * inner)
         self.ff_out = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor], key_mask: Tensor | None = None) -> Tensor:
         h = self.norm1(x)
-        x = self.attn1(h, h, rope) + x
+        x = self.attn1(h, h, rope, key_mask) + x
         x = self.attn2(self.norm2(x), context) + x
         value, gate = self.ff_in(self.norm3(x)).chunk(2, dim=-1)
         return self.ff_out(value * F.silu(gate)) + x
@@ -154,7 +157,9 @@ class StableAudioConditioning:
     """What every block reads for one call (StableAudioDiT.embed builds it)."""
 
     context: Tensor  # projected text tokens [B, L, cross_attention_dim]
-    rope: tuple[Tensor, Tensor]  # self-attention rotary cos, sin [1 + T, rotary_dim]
+    rope: tuple[Tensor, Tensor]  # self-attention rotary cos, sin [1 + T, rotary_dim] (this rank's rows under sp)
+    length: int = 0  # tokens 1 + T before any padding sequence parallel added
+    key_mask: Tensor | None = None  # the padded stream's key mask (layers.sequence.JointPart), None unpadded
 
 
 def _mlp(d_in: int, d_out: int, bias: bool) -> nn.Sequential:
@@ -177,6 +182,15 @@ class StableAudioDiT(BlockStack, nn.Module):
         self.blocks = nn.ModuleList(DiTBlock(config, attention_fn) for _ in range(config.num_layers))
         self.proj_out = nn.Linear(dim, config.out_channels, bias=False)
         self.postprocess_conv = nn.Conv1d(config.out_channels, config.out_channels, 1, bias=False)
+
+    # Which rows of [global token, latent tokens] this device holds: all of them, unless sequence parallel
+    # swapped in a sharded layout (runtime.parallel.ulysses.apply_sp).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
+
+    def self_attentions(self) -> Iterator[Attention]:
+        """Each block's self-attention (sequence parallel wraps it); cross-attention reads the whole text."""
+        for block in self.blocks:
+            yield block.attn1
 
     def time_embedding(self, timestep: Tensor) -> Tensor:
         """[N] preconditioned noise levels -> [N, dim]: cos | sin of 2 pi t w, then the MLP."""
@@ -203,13 +217,14 @@ class StableAudioDiT(BlockStack, nn.Module):
         x = self.preprocess_conv(latents) + latents
         x = torch.cat([glob, self.proj_in(x.transpose(1, 2))], dim=1)  # [B, 1 + T, dim]
         rope = rotary_tables(x.shape[1], self.config.rotary_dim, x.device)
-        return x, StableAudioConditioning(context, rope)
+        part = self.sequence.shard_joint(x, rope, 0)
+        return part.tokens, StableAudioConditioning(context, part.tables, part.length, part.key_mask)
 
     def run_blocks(self, x: Tensor, cond: StableAudioConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the token stream."""
         # 3. Blocks.
         for block in self.blocks[start:end]:
-            x = block(x, cond.context, cond.rope)
+            x = block(x, cond.context, cond.rope, cond.key_mask)
         return x
 
     def block_input(self, x: Tensor, cond: StableAudioConditioning, index: int = 0) -> Tensor:
@@ -220,5 +235,5 @@ class StableAudioDiT(BlockStack, nn.Module):
     def head(self, x: Tensor, cond: StableAudioConditioning) -> Tensor:
         """Tokens after the last block -> [B, out_channels, T]."""
         # 4. Back to channels, without the global token.
-        x = self.proj_out(x).transpose(1, 2)[:, :, 1:]
+        x = self.proj_out(self.sequence.gather_joint(x, cond.length)).transpose(1, 2)[:, :, 1:]
         return self.postprocess_conv(x) + x

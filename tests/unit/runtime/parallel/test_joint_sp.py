@@ -1,4 +1,5 @@
-"""Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image), with ranks as threads (no processes).
+"""Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image) or [global token, audio] stream (Stable
+Audio), with ranks as threads (no processes).
 
 The joined stream is sharded as one sequence: a rank may hold text rows, image rows or both; a stream that
 does not split is padded at its end, the pad rows are no keys and never reach the head.
@@ -15,6 +16,7 @@ import torch
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
 from vidloom.families.qwen_image.transformer import QwenImageTransformer, QwenImageTransformerConfig
+from vidloom.families.stable_audio.transformer import StableAudioDiT, StableAudioDiTConfig
 from vidloom.runtime.parallel.ulysses import TokenShards, UlyssesAttention, apply_sp
 
 # fp32: the exchanges only move values; ranks see fewer rows per matmul and per-head attention, so only
@@ -25,6 +27,9 @@ FLUX2 = Flux2TransformerConfig(in_channels=8, out_channels=8, num_double_layers=
                                num_heads=4, text_dim=12, timestep_channels=16, rope_axes=(2, 2, 2, 2))
 QWEN = QwenImageTransformerConfig(patch_size=2, in_channels=16, out_channels=4, num_layers=2, head_dim=8,
                                   num_heads=4, text_dim=12, rope_axes=(2, 4, 2))
+STABLE_AUDIO = StableAudioDiTConfig(sample_size=32, in_channels=8, num_layers=2, head_dim=8, num_heads=4, num_kv_heads=2,
+                                    out_channels=8, cross_attention_dim=16, time_proj_dim=8, global_states_input_dim=12,
+                                    cross_attention_input_dim=12)
 
 
 def _flux2_inputs(text: int, image: int) -> tuple[Any, ...]:
@@ -42,11 +47,25 @@ def _qwen_inputs(text: int, grids: tuple[tuple[int, int], ...]) -> tuple[Any, ..
     return torch.randn(1, image, 16, generator=g), torch.randn(1, text, 12, generator=g), torch.tensor([0.4]), grids
 
 
+def _stable_audio_inputs(steps: int) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(1, 8, steps, generator=g), torch.tensor([0.3]), torch.randn(1, 5, 12, generator=g),
+            torch.randn(1, 1, 12, generator=g))
+
+
+def _stable_audio(steps: int) -> StableAudioDiT:
+    model = StableAudioDiT(STABLE_AUDIO)
+    model.time_freqs.data.normal_()  # the checkpoint's random Fourier frequencies (zeros until loaded)
+    return model
+
+
 CASES: dict[str, Callable[[int], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     # 5 text + 12 image rows: 17 does not split over 2 or 4 (padded); rank 0 of 4 holds text rows only.
     "flux2": lambda text: (Flux2Transformer(FLUX2), _flux2_inputs(text, 12)),
     # a 2x3 target grid and a 2x2 reference grid (an edit): 10 image rows after `text` text rows.
     "qwen_image": lambda text: (QwenImageTransformer(QWEN), _qwen_inputs(text, ((2, 3), (2, 2)))),
+    # the global token then `text + 8` latent steps: 14 rows split over 2, are padded over 4; 15 padded over 2.
+    "stable_audio": lambda text: (_stable_audio(text + 8), _stable_audio_inputs(text + 8)),
 }
 
 
