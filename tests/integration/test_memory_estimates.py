@@ -28,6 +28,7 @@ import pytest
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_tiny_hunyuan15
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.wan22_checkpoints import write_tiny_ti2v
@@ -66,6 +67,7 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "far": {"model": str(write_tiny_far(root / "far", FAR_A))},
         "flux2": {"model": str(write_tiny_flux2(root / "flux2", TINY_BASE))},
         "qwen-image": {"model": str(write_qwen_image_wide(root / "qwen-image"))},
+        "hunyuan15": {"model": str(_written(write_tiny_hunyuan15, root / "hunyuan15", "p1"))},
         "ltx2": {"model": str(ltx2)},
         "ltx2-two-stage": {"model": str(ltx2), "deploy": {"two_stage": True}},
         "cosmos3-sound": {"model": str(write_tiny_cosmos3_sound(root / "cosmos3"))},
@@ -74,6 +76,12 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "qwen-omni-streamed": {"model": str(omni), "speech": True},
         "qwen-omni-chat-media": {"model": str(omni_media), "chat": True},
     }
+
+
+def _written(write, folder: Path, *args) -> Path:
+    """`folder` once `write(folder, *args)` (a writer that returns the pipeline) saved into it."""
+    write(folder, *args)
+    return folder
 
 
 def _wide_processors(folder: Path) -> Path:
@@ -102,6 +110,8 @@ CASES = {
     # two steps: a one-step run of this random checkpoint ends in non-finite latents (NonFiniteOutput)
     "qwen-image": ({"height": 64, "width": 64, "num_inference_steps": 2},
                    {"height": 256, "width": 256, "num_inference_steps": 2}),
+    "hunyuan15": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
+                  {"height": 256, "width": 256, "num_frames": 17, "num_inference_steps": 1}),
     "ltx2": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2},
              {"height": 256, "width": 256, "num_frames": 49, "num_inference_steps": 2}),
     "ltx2-two-stage": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2},
