@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-
 import pytest
-import torch
 from PIL import Image
 
-from vidloom.core.deploy import DeployConfig
+from tests.helpers.config_instance import ConfigInstance, config_instance
 from vidloom.core.errors import LimitExceeded
 from vidloom.core.limits import RequestLimits
 from vidloom.core.request import GenerationRequest, Task
@@ -19,20 +15,8 @@ from vidloom.families.hunyuan15.transformer import Hunyuan15TransformerConfig
 from vidloom.families.hunyuan15.vae import Hunyuan15VAEConfig
 
 
-@dataclasses.dataclass
-class _Instance:
-    components: dict
-    deploy: DeployConfig = DeployConfig()
-    dtype: torch.dtype = torch.bfloat16
-    device: torch.device = torch.device("cuda")
-
-    def __getitem__(self, name):
-        return self.components[name]
-
-
-def _instance(**deploy) -> _Instance:
-    return _Instance({"transformer": SimpleNamespace(config=Hunyuan15TransformerConfig()),
-                      "vae": SimpleNamespace(config=Hunyuan15VAEConfig())}, DeployConfig(**deploy))
+def _instance(**deploy) -> ConfigInstance:
+    return config_instance(Hunyuan15TransformerConfig(), Hunyuan15VAEConfig(), None, **deploy)
 
 
 def _request(height: int = 480, width: int = 848, frames: int = 121, **fields) -> GenerationRequest:
@@ -44,7 +28,7 @@ def test_the_cards_name_the_estimator_and_it_grows_with_size_and_frames():
     estimate = request_estimator(_instance())
     assert estimate(_request(frames=33)) < estimate(_request()) < estimate(_request(frames=241))
     assert estimate(_request()) < estimate(_request(720, 1280))
-    assert request_estimator(_Instance({})) is None
+    assert request_estimator(ConfigInstance({})) is None
 
 
 def test_the_first_frame_adds_siglip_tokens_and_tiling_caps_the_decode():

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-
 import pytest
-import torch
 from PIL import Image
 
-from vidloom.core.deploy import DeployConfig
+from tests.helpers.config_instance import ConfigInstance, config_instance
 from vidloom.core.errors import LimitExceeded
 from vidloom.core.limits import RequestLimits
 from vidloom.core.request import GenerationRequest, Task
@@ -21,21 +17,8 @@ from vidloom.families.qwen_image.transformer import QwenImageTransformerConfig
 CARD = qwen_image_card("qwen-image", "test", multiple=16, defaults=DEFAULTS, description="test")
 
 
-@dataclasses.dataclass
-class _Instance:
-    components: dict
-    deploy: DeployConfig = DeployConfig()
-    dtype: torch.dtype = torch.bfloat16
-    device: torch.device = torch.device("cuda")
-    card: object = CARD
-
-    def __getitem__(self, name):
-        return self.components[name]
-
-
-def _instance(**deploy) -> _Instance:
-    return _Instance({"transformer": SimpleNamespace(config=QwenImageTransformerConfig()),
-                      "vae": SimpleNamespace(config=WanVAEConfig())}, DeployConfig(**deploy))
+def _instance(**deploy) -> ConfigInstance:
+    return config_instance(QwenImageTransformerConfig(), WanVAEConfig(), CARD, **deploy)
 
 
 def _request(size: int = 1024, **fields) -> GenerationRequest:
@@ -47,7 +30,7 @@ def test_the_card_names_the_estimator_and_it_grows_with_the_size():
     estimate = request_estimator(_instance())
     assert estimate(_request(512)) < estimate(_request(1024)) < estimate(_request(2048))
     assert 1 << 30 < estimate(_request(1024)) < 24 << 30
-    assert request_estimator(_Instance({})) is None
+    assert request_estimator(ConfigInstance({})) is None
 
 
 def test_an_edit_reference_adds_its_tokens_but_no_decode_and_tiling_caps_the_decode():

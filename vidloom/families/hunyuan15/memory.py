@@ -10,7 +10,7 @@ Copy counts: core.footprint.
 from __future__ import annotations
 
 from vidloom.core.footprint import (
-    VAE_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes, video_bytes,
+    VAE_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes, part_estimator, video_bytes,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -26,9 +26,7 @@ HUNYUAN15_VAE_COPIES = {**VAE_COPIES, "cpu": 20}
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
     """The estimator for `instance`; None if it holds no HunyuanVideo-1.5 transformer and VAE."""
-    if not {"transformer", "vae"} <= instance.components.keys():
-        return None
-    return lambda request: footprint(instance, request).total
+    return part_estimator(instance, footprint)
 
 
 def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:

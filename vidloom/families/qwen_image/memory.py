@@ -8,7 +8,9 @@ decodes one frame through its widest full-resolution channels. Copy counts: core
 
 from __future__ import annotations
 
-from vidloom.core.footprint import Footprint, block_bytes, decode_bytes, element_size, latent_bytes, video_bytes
+from vidloom.core.footprint import (
+    Footprint, block_bytes, decode_bytes, element_size, latent_bytes, part_estimator, video_bytes,
+)
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
@@ -20,9 +22,7 @@ MLP_RATIO = 4  # blocks.GeluMLP: dim -> 4 dim -> dim
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
     """The estimator for `instance`; None if it holds no Qwen-Image transformer and VAE."""
-    if not {"transformer", "vae"} <= instance.components.keys():
-        return None
-    return lambda request: footprint(instance, request).total
+    return part_estimator(instance, footprint)
 
 
 def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
