@@ -28,7 +28,10 @@ import pytest
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.helios_checkpoints import TINY_A as HELIOS_A, write_tiny_helios
+from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_tiny_hunyuan15
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
+from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from tests.helpers.wan22_checkpoints import write_tiny_ti2v
 from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
 from vidloom.core.footprint import FIXED_OVERHEAD
@@ -64,6 +67,9 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "wan": {"model": "wan2.1-demo", "cache_dir": str(demo_cache)},
         "far": {"model": str(write_tiny_far(root / "far", FAR_A))},
         "flux2": {"model": str(write_tiny_flux2(root / "flux2", TINY_BASE))},
+        "qwen-image": {"model": str(write_qwen_image_wide(root / "qwen-image"))},
+        "helios": {"model": str(write_tiny_helios(root / "helios", HELIOS_A))},
+        "hunyuan15": {"model": str(_written(write_tiny_hunyuan15, root / "hunyuan15", "p1"))},
         "ltx2": {"model": str(ltx2)},
         "ltx2-two-stage": {"model": str(ltx2), "deploy": {"two_stage": True}},
         "cosmos3-sound": {"model": str(write_tiny_cosmos3_sound(root / "cosmos3"))},
@@ -72,6 +78,12 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "qwen-omni-streamed": {"model": str(omni), "speech": True},
         "qwen-omni-chat-media": {"model": str(omni_media), "chat": True},
     }
+
+
+def _written(write, folder: Path, *args) -> Path:
+    """`folder` once `write(folder, *args)` (a writer that returns the pipeline) saved into it."""
+    write(folder, *args)
+    return folder
 
 
 def _wide_processors(folder: Path) -> Path:
@@ -97,6 +109,13 @@ CASES = {
             {"height": 128, "width": 128, "num_frames": 17, "num_inference_steps": 1}),
     "flux2": ({"height": 64, "width": 64, "num_inference_steps": 1},
               {"height": 512, "width": 512, "num_inference_steps": 1}),
+    # two steps: a one-step run of this random checkpoint ends in non-finite latents (NonFiniteOutput)
+    "qwen-image": ({"height": 64, "width": 64, "num_inference_steps": 2},
+                   {"height": 256, "width": 256, "num_inference_steps": 2}),
+    "helios": ({"height": 32, "width": 32, "num_frames": 33, "num_inference_steps": 1},
+               {"height": 256, "width": 256, "num_frames": 33, "num_inference_steps": 1}),
+    "hunyuan15": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
+                  {"height": 256, "width": 256, "num_frames": 17, "num_inference_steps": 1}),
     "ltx2": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2},
              {"height": 256, "width": 256, "num_frames": 49, "num_inference_steps": 2}),
     "ltx2-two-stage": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2},

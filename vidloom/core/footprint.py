@@ -12,9 +12,11 @@ and rounded up: an estimate refuses what cannot fit, it does not pack memory tig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import torch
+
+from vidloom.core.limits import MemoryEstimate
 
 # Live [tokens, inner_dim] tensors in one block (input, norm, q, k, v, attention out, residual,
 # modulation, RoPE'd q/k) and live [tokens, ffn_dim] tensors (the FFN's hidden and its activation).
@@ -48,6 +50,15 @@ class Footprint:
         return self.fixed + self.caches + max(self.denoise, self.decode) + self.persistent
 
 
+def part_estimator(instance: Any, footprint: Callable[[Any, Any], Footprint],
+                   needs: tuple[str, ...] = ("transformer", "vae")) -> MemoryEstimate | None:
+    """A card's estimator from a family's `footprint(instance, request)`: its total per request; None when
+    `instance` holds not all of `needs`."""
+    if not set(needs) <= instance.components.keys():
+        return None
+    return lambda request: footprint(instance, request).total
+
+
 def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -63,6 +74,12 @@ def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames
     `copies`: live full-resolution tensors per device type (a family's own count where it was measured)."""
     copies = copies.get(getattr(device, "type", "cpu"), copies["cpu"])
     return copies * channels * pixels * frames * 4
+
+
+def causal_decode_frames(latent_frames: int, temporal_factor: int) -> int:
+    """Frames one pass of a causal video VAE (Wan's) holds: each latent frame decodes to `temporal_factor` frames
+    (the first to one) and its causal caches keep two more."""
+    return 1 if latent_frames == 1 else temporal_factor + 2
 
 
 def video_bytes(frames: int, height: int, width: int) -> int:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
-import torch
 from PIL import Image
 
-from vidloom.core.deploy import DeployConfig
+from tests.helpers.config_instance import ConfigInstance, config_instance
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.families.flux2.transformer import Flux2TransformerConfig
 from vidloom.families.flux2.vae import Flux2VAEConfig
@@ -18,21 +16,10 @@ from vidloom.families.flux2.memory import footprint, request_estimator
 GEOMETRY = SimpleNamespace(spatial_multiple=16)  # Klein: 8x VAE, 2x2 patches
 
 
-@dataclasses.dataclass
-class _Instance:
-    components: dict
-    deploy: DeployConfig = DeployConfig()
-    dtype: torch.dtype = torch.bfloat16
-    device: torch.device = torch.device("cuda")
-    card: object = dataclasses.field(default_factory=lambda: SimpleNamespace(geometry=GEOMETRY))
-
-    def __getitem__(self, name):
-        return self.components[name]
-
-
-def _instance(distilled: bool = False, **deploy) -> _Instance:
-    return _Instance({"transformer": SimpleNamespace(config=Flux2TransformerConfig()),
-                      "vae": SimpleNamespace(config=Flux2VAEConfig()), "distilled": distilled}, DeployConfig(**deploy))
+def _instance(distilled: bool = False, **deploy) -> ConfigInstance:
+    instance = config_instance(Flux2TransformerConfig(), Flux2VAEConfig(), SimpleNamespace(geometry=GEOMETRY), **deploy)
+    instance.components["distilled"] = distilled
+    return instance
 
 
 def _request(**fields) -> GenerationRequest:
@@ -62,4 +49,4 @@ def test_the_default_request_fits_the_gpu_it_is_made_for():
     estimate = request_estimator(_instance())
     assert estimate is not None
     assert 1 << 30 < estimate(_request(guidance_scale=4.0)) < 24 << 30  # Klein: 1024x1024 on a 24 GB card
-    assert request_estimator(_Instance({})) is None
+    assert request_estimator(ConfigInstance({})) is None

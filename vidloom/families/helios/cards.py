@@ -13,6 +13,7 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 FAMILY = "helios"
 PIPELINE_CLASS = "HeliosPipeline"
 PROGRAM = "vidloom.families.helios.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.families.helios.memory:request_estimator"
 # HeliosPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.
 INDEX_COMPONENTS = ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")
 TEXT_TOKENS = 512  # HeliosPipeline's max_sequence_length (UMT5, as Wan); bounds prompt length
@@ -40,7 +41,7 @@ CAPABILITIES = Capabilities(
              vae_tile="each chunk decodes alone through the whole-frame decode; tiled chunk decode is not wired",
              devices="sequence and CFG parallelism are written for Wan's DiT; Helios' history tokens are not split"),
 )
-CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 

@@ -21,6 +21,7 @@ FAMILY = "hunyuan15"
 PIPELINE_CLASS = "HunyuanVideo15Pipeline"
 I2V_PIPELINE_CLASS = "HunyuanVideo15ImageToVideoPipeline"
 PROGRAM = "vidloom.families.hunyuan15.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.families.hunyuan15.memory:request_estimator"
 VAE_CLASS_NAME = "AutoencoderKLHunyuanVideo15"
 # HunyuanVideo15Pipeline.__init__'s components.
 INDEX_COMPONENTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler", "text_encoder_2", "tokenizer_2",
@@ -48,7 +49,7 @@ CAPABILITIES = Capabilities(
              warmup_shapes="no warmup pass is wired for this family yet"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
-CARDS = FamilyCards(FAMILY, PROGRAM, None, CAPABILITIES)
+CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ FAMILY = "qwen_image"
 PIPELINE_CLASS = "QwenImagePipeline"
 EDIT_PIPELINE_CLASS = "QwenImageEditPipeline"
 PROGRAM = "vidloom.families.qwen_image.program:build_program"
+MEMORY_ESTIMATOR = "vidloom.families.qwen_image.memory:request_estimator"
 INDEX_COMPONENTS = ("scheduler", "vae", "text_encoder", "tokenizer", "transformer")  # QwenImagePipeline.__init__
 EDIT_COMPONENTS = (*INDEX_COMPONENTS, "processor")  # QwenImageEditPipeline.__init__: the VL model's processor
 # QwenImagePipeline.__call__'s defaults: 1024 px (default_sample_size 128 x the VAE's 8), 50 steps,
@@ -76,6 +77,7 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=1),
         recipe=RecipeSpec(method="pretrained", loop="denoise"),
         program=PROGRAM,
+        memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
         notes=(*notes, CFG_NOTE),

@@ -14,7 +14,9 @@ from functools import partial
 
 import torch
 
-from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
+from vidloom.core.footprint import (
+    FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES, causal_decode_frames,
+)
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
@@ -51,8 +53,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     tile = instance.deploy.vae_tile
     if tile is not None:
         pixels = min(pixels, tile * tile)
-    # A latent frame decodes to temporal_factor frames (the first to one); the causal caches keep two more.
-    frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2
+    frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
     copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
     decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
 

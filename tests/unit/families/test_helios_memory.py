@@ -1,0 +1,47 @@
+"""Helios' memory estimate at the production config: a chunk's working set, the held video, and admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.config_instance import ConfigInstance, config_instance
+from vidloom.core.errors import LimitExceeded
+from vidloom.core.limits import RequestLimits
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.models.wan.vae import WanVAEConfig
+from vidloom.families.helios.cards import CARDS, MEMORY_ESTIMATOR
+from vidloom.families.helios.config import HeliosTransformerConfig
+from vidloom.families.helios.memory import footprint, request_estimator
+
+
+def _instance(**deploy) -> ConfigInstance:
+    return config_instance(HeliosTransformerConfig(), WanVAEConfig(), None, **deploy)
+
+
+def _request(height: int = 384, width: int = 640, frames: int = 129, **fields) -> GenerationRequest:
+    return GenerationRequest("a fox", task=Task.T2V, height=height, width=width, num_frames=frames, **fields)
+
+
+def test_chunks_keep_the_working_set_and_only_the_held_video_grows_with_frames():
+    assert CARDS.memory_estimator == MEMORY_ESTIMATOR
+    short, long = footprint(_instance(), _request(frames=33)), footprint(_instance(), _request(frames=1057))
+    assert (short.denoise, short.decode) == (long.denoise, long.decode)  # one chunk (and its history) at a time
+    assert long.persistent > short.persistent
+    estimate = request_estimator(_instance())
+    assert estimate(_request()) < estimate(_request(720, 1280))
+    assert request_estimator(ConfigInstance({})) is None
+
+
+def test_batched_cfg_doubles_the_block_term():
+    sequential = footprint(_instance(), _request(guidance_scale=5.0, negative_prompt="blur"))
+    batched = footprint(_instance(cfg_mode="batched"), _request(guidance_scale=5.0, negative_prompt="blur"))
+    assert batched.denoise == 2 * sequential.denoise
+
+
+def test_a_small_memory_limit_refuses_a_big_frame_naming_the_limit():
+    estimate = request_estimator(_instance())
+    limits = RequestLimits(max_memory_bytes=estimate(_request()) + 1)
+    limits.check(_request(), estimate)
+    with pytest.raises(LimitExceeded) as info:
+        limits.check(_request(720, 1280), estimate)
+    assert info.value.field == "width" and "max_request_memory" in str(info.value)
