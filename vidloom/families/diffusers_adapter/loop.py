@@ -180,7 +180,7 @@ class PipelineLoop:
         name = type(state.pipe).__name__
         if isinstance(exc, ValueError) and state.steps == 0 and self._hook != NO_HOOK:
             return refusal(name, exc, self._fields)
-        log.warning("%s failed at step %d", name, state.steps, exc_info=exc)
+        log.warning("%s failed after %d completed steps", name, state.steps, exc_info=exc)
         return PipelineFailed(f"{name} failed after {counted(state.steps, 'completed step')}: "
                               f"{type(exc).__name__}: {exc}")
 
