@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vidloom.media.frames import to_uint8
-from vidloom.models.wan.transformer import apply_rope, apply_rope_reference, gated_residual, modulate, rope_freqs
+from vidloom.models.wan.ops import apply_rope, apply_rope_reference, gated_residual, modulate, rope_freqs
 
 
 def test_fused_ops_on_cuda_match_the_formulas_within_one_ulp():

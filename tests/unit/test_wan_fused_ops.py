@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vidloom.models.wan.transformer import (
+from vidloom.models.wan.ops import (
     apply_rope,
     apply_rope_reference,
     gated_residual,

@@ -23,7 +23,8 @@ from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
 from vidloom.layers.timestep import timestep_features
-from vidloom.models.wan.transformer import MLP, WanAttention, apply_rope, gated_residual, modulate
+from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
+from vidloom.models.wan.transformer import MLP, WanAttention
 
 MAX_HISTORY_KEY_SCALE = 10.0  # HeliosAttention.max_scale: amplified history keys scale by 1 + sigmoid(s) * 9
 # The reference pads history latents (and their RoPE grids) to these multiples before the 2x / 4x patch.

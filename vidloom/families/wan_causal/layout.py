@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.models.wan.transformer import rope_tables
+from vidloom.models.wan.ops import rope_tables
 from vidloom.families.wan_causal.config import FarTransformerConfig
 
 # The reference runs generation-step attention through flex_attention with the

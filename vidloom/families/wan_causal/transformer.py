@@ -26,7 +26,8 @@ from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
 from vidloom.layers.timestep import timestep_features
-from vidloom.models.wan.transformer import MLP, WanAttention, apply_rope, gated_residual, modulate
+from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
+from vidloom.models.wan.transformer import MLP, WanAttention
 from vidloom.families.wan_causal.config import FarTransformerConfig
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
