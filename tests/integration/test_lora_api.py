@@ -93,10 +93,10 @@ def test_files_that_do_not_fit_the_model_name_file_and_key(gen, wan, tmp_path):
 
 
 def test_family_without_adapters_refuses_them_by_name():
-    with pytest.raises(InvalidRequest, match="lora.*'cosmos3' family"):
-        LoRARegistry({}, "cosmos3", torch.device("cpu"), torch.float32)
-    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="cosmos3"), components={})
-    with pytest.raises(InvalidRequest, match="loras.*'cosmos3' family"):
+    with pytest.raises(InvalidRequest, match="lora.*'qwen-omni' family"):
+        LoRARegistry({}, "qwen-omni", torch.device("cpu"), torch.float32)
+    instance = types.SimpleNamespace(card=types.SimpleNamespace(family="qwen-omni"), components={})
+    with pytest.raises(InvalidRequest, match="loras.*'qwen-omni' family"):
         resolve_request_loras(instance, (("x", 1.0),))
 
 

@@ -49,7 +49,7 @@ def capability_table() -> str:
         cells = ("yes" if name in caps.supported else "-" for caps in rows.values())
         flags = ", ".join(f"`{flag}`" for flag in feature.flags)
         lines.append(f"| `{name}` ({flags}) | " + " | ".join(cells) + " |")
-    lora = ("yes" if family.lora is not None else "-" for _, family in _rows().values())
+    lora = ("yes" if _lora_refusal(caps, family) is None else "-" for caps, family in _rows().values())
     lines.append(f"| `lora` ({', '.join(f'`{flag}`' for flag in LORA_FLAGS)}) | " + " | ".join(lora) + " |")
     return "\n".join(lines) + "\n"
 
@@ -61,8 +61,15 @@ def refusal_reasons() -> str:
         for label, caps in capability_rows().items():
             if name not in caps.supported:
                 lines.append(f"- `{name}` on {label}: {caps.why(name)}")
-    lines.extend(f"- `lora` on {label}: {NO_LORA}" for label, (_, family) in _rows().items() if family.lora is None)
+    for label, (caps, family) in _rows().items():
+        refused = _lora_refusal(caps, family)
+        if refused is not None:
+            lines.append(f"- `lora` on {label}: {refused}")
     return "\n".join(lines) + "\n"
+
+
+def _lora_refusal(caps: Capabilities, family: Family) -> str | None:
+    return NO_LORA if family.lora is None else caps.lora_why_not
 
 
 def print_capabilities() -> int:

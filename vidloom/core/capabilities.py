@@ -66,6 +66,9 @@ class Capabilities:
 
     supported: frozenset[str]
     why_not: Mapping[str, str] = field(default_factory=dict)
+    lora_why_not: str | None = None
+    """Why this kind refuses LoRA adapters although its family takes them (Family.lora); None: it takes them.
+    Read where an adapter is attached (lora.registry.attach_registry) and by the capability table."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "supported", frozenset(self.supported))
@@ -79,7 +82,7 @@ class Capabilities:
 
     def without(self, reasons: Mapping[str, str]) -> "Capabilities":
         """These capabilities less the features in `reasons` (feature -> why this checkpoint cannot take it)."""
-        return Capabilities(self.supported - set(reasons), {**self.why_not, **reasons})
+        return Capabilities(self.supported - set(reasons), {**self.why_not, **reasons}, self.lora_why_not)
 
     def why(self, name: str) -> str:
         """Why feature `name` is refused: the card's reason, or that nothing declared it."""

@@ -29,9 +29,14 @@ class LoRASupport:
     expert `transformer_2` reads a file's `transformer.` keys); offered only where the instance has it."""
     converter: str | None = None
     """Plug of `(path, tensors) -> tensors` rewriting community key formats to PEFT keys; None: PEFT keys only."""
+    reads: Mapping[str, str] = field(default_factory=dict)
+    """Target component -> the file prefix it reads, where that is not its own name. Components sharing a prefix
+    split its layers: each layer goes to the one whose NameMap names a linear it has (Cosmos3's `generator`, the
+    generation pathways, reads the diffusers transformer's `transformer.` keys beside the chat backbone)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "into", MappingProxyType(dict(self.into)))
+        object.__setattr__(self, "reads", MappingProxyType(dict(self.reads)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -177,20 +177,24 @@ def read_adapter(name: str, path: str | Path, components: Mapping[str, Any], fam
     owner, lora = check_family(family, "lora")
     convert = owner.resolve(lora.converter) if lora.converter is not None else None
     targets = _targets(family, lora, components, into)
-    files = read_lora_components(Path(path), tuple(prefix for _, prefix, _ in targets), convert, max_rank)
-    layers: dict[str, LoRALayer] = {}
+    by_prefix: dict[str, list[tuple[str, Any]]] = {}
     for component, prefix, map_target in targets:
+        by_prefix.setdefault(prefix, []).append((component, owner.resolve(map_target)))
+    files = read_lora_components(Path(path), tuple(by_prefix), convert, max_rank)
+    layers: dict[str, LoRALayer] = {}
+    for prefix, owners in by_prefix.items():
         if prefix in files:
-            layers.update(_place(files[prefix], component, components[component], owner.resolve(map_target),
-                                 device, dtype))
+            layers.update(_place(files[prefix], prefix, [(c, components[c], m) for c, m in owners], device, dtype))
     return LoadedLoRA(name, Path(path), layers)
 
 
 def _targets(family: str, lora: LoRASupport, components: Mapping[str, Any],
              into: str | None) -> list[tuple[str, str, str]]:
-    """(instance component, file prefix, NameMap plug) for each component the adapter goes into."""
+    """(instance component, file prefix, NameMap plug) for each component the adapter goes into; a default
+    target the instance lacks (a chat-only folder's generation pathways) is left out."""
     if into is None:
-        return [(component, component, map_target) for component, map_target in lora.targets]
+        return [(component, lora.reads.get(component, component), map_target)
+                for component, map_target in lora.targets if component in components]
     choices = {c for c, _ in lora.targets} | {c for c in lora.into if c in components}
     if into not in choices:
         raise InvalidRequest("into", f"this {family} model takes adapters into {', '.join(sorted(choices))}, "
@@ -209,30 +213,41 @@ def wrap_adapter(adapter: LoadedLoRA, components: Mapping[str, Any]) -> None:
         wrap_linears(components[component], component, names)
 
 
-def _place(file: LoRAFile, component: str, module: nn.Module, name_map: Any, device: torch.device,
+def _place(file: LoRAFile, prefix: str, owners: list[tuple[str, nn.Module, Any]], device: torch.device,
            dtype: torch.dtype) -> dict[str, LoRALayer]:
-    """The file's layers for `component`, keyed by LoRALinear key and checked against our linears."""
+    """The file's `prefix` layers, each in the first of `owners` (component, module, NameMap) with the linear its
+    map names, keyed by LoRALinear key and checked against that linear."""
     path = file.path
     placed: dict[str, LoRALayer] = {}
     for ckpt_name, layer in file.layers.items():
-        ours = name_map.to_module(ckpt_name)
-        try:
-            target = module.get_submodule(ours)
-        except AttributeError:
-            target = None
-        if isinstance(target, LoRALinear):
-            target = target.base
-        if target is None or not hasattr(target, "in_features"):
-            raise CheckpointError(f"{path}: LoRA key {component}.{ckpt_name!r} matches no linear layer of "
-                                  f"the {component} ({ours!r})")
+        for component, module, name_map in owners:
+            ours = name_map.to_module(ckpt_name)
+            target = _linear(module, ours)
+            if target is not None:
+                break
+        else:
+            where = " / ".join(component for component, _, _ in owners)
+            raise CheckpointError(f"{path}: LoRA key {prefix}.{ckpt_name!r} matches no linear layer of "
+                                  f"the {where} ({owners[0][2].to_module(ckpt_name)!r})")
         if (layer.up.shape[0], layer.down.shape[1]) != (target.out_features, target.in_features):
             raise CheckpointError(
-                f"{path}: LoRA {component}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
+                f"{path}: LoRA {prefix}.{ckpt_name!r} is {layer.down.shape[1]} -> {layer.up.shape[0]}, the "
                 f"layer is {target.in_features} -> {target.out_features} (a LoRA for another model?)"
             )
         cast = {"device": device, "dtype": dtype}
         placed[f"{component}:{ours}"] = LoRALayer(layer.down.to(**cast), layer.up.to(**cast), layer.scaling)
     return placed
+
+
+def _linear(module: nn.Module, name: str) -> nn.Module | None:
+    """`module`'s linear `name` (a wrapped one's base), or None."""
+    try:
+        target = module.get_submodule(name)
+    except AttributeError:
+        return None
+    if isinstance(target, LoRALinear):
+        target = target.base
+    return target if hasattr(target, "in_features") else None
 
 
 LORA_SLOT = "lora_adapters"
@@ -244,6 +259,9 @@ def attach_registry(instance: Any, max_loras: int | None = None) -> LoRARegistry
     support). `max_loras` None keeps the current bound (DEFAULT_MAX_LORAS for a new registry)."""
     registry = instance.components.get(LORA_SLOT)
     if registry is None:
+        refused = instance.card.capabilities.lora_why_not
+        if refused is not None:
+            raise InvalidRequest("lora", f"{instance.card.model_id} takes no LoRA adapters: {refused}")
         registry = LoRARegistry(instance.components, instance.card.family, instance.device, instance.dtype,
                                 max_loras if max_loras is not None else DEFAULT_MAX_LORAS)
         instance.components[LORA_SLOT] = registry

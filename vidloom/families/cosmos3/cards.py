@@ -7,6 +7,7 @@ image/video, image to video), run by the generation pathways over the same resid
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
@@ -71,6 +72,8 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                "vae_tile": "chat only: no VAE to decode with",
                                                "batching": "chat only: no denoise step to batch (chats share "
                                                            "paged decode forwards under every policy)"})
+CHAT_ONLY_CAPABILITIES = dataclasses.replace(
+    CHAT_ONLY_CAPABILITIES, lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
