@@ -1,5 +1,5 @@
-"""MMDiT families on several CPU processes (gloo): Flux2 and Qwen-Image under --sp 2 (and --cfg-parallel) match one
-process.
+"""MMDiT families on several CPU processes (gloo): Flux2, Qwen-Image and HunyuanVideo-1.5 (dual-stream [video,
+condition]) under --sp 2 (and --cfg-parallel) match one process.
 
 sp=2 runs in every suite (two ranks, one thread each on a 2-core machine); sp=2 x cfg=2 starts four ranks and is
 marked slow, like tests/integration/test_parallel.py's. The requests are sized so the joined [text, image] stream
@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers.flux2_checkpoints import TINY_BASE, flux2_dit, write_tiny_flux2
+from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_hunyuan15
 from tests.helpers.qwen_image_checkpoints import write_qwen_image_wide
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.parallel import ParallelPlan
@@ -40,6 +41,11 @@ FLUX2_REQUEST = dict(task=Task.T2I, prompt="a red fox", height=48, width=48, num
 QWEN_REQUEST = dict(task=Task.T2I, prompt="a red fox in the snow", negative_prompt="blurry", height=48, width=48,
                     num_frames=1, num_inference_steps=2, guidance_scale=4.0, seed=5)
 
+# A 2x2-latent 32x48 video of 2 latent frames: 12 video rows plus the prompt's valid condition tokens, which differ
+# between the two CFG branches (the guider's guidance 5 > 1 runs both); the image-to-video request adds SigLIP tokens.
+HUNYUAN15_REQUEST = dict(prompt="a red fox", negative_prompt="blurry", height=32, width=48, num_frames=5,
+                         num_inference_steps=2, guidance_scale=5.0, seed=7)
+
 
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     assert a.shape == b.shape
@@ -61,12 +67,19 @@ def qwen_image(tmp_path_factory) -> tuple[Path, list[dict[str, Any]], list[np.nd
     return folder, [QWEN_REQUEST], _one_process(folder, [QWEN_REQUEST])
 
 
+@pytest.fixture(scope="module")
+def hunyuan15(tmp_path_factory) -> tuple[Path, list[dict[str, Any]], list[np.ndarray]]:
+    folder = tmp_path_factory.mktemp("hunyuan15")
+    write_hunyuan15(folder, "p1")  # two heads: sp=2 divides them
+    return folder, [HUNYUAN15_REQUEST], _one_process(folder, [HUNYUAN15_REQUEST])
+
+
 def _one_process(folder: Path, requests: list[dict[str, Any]]) -> list[np.ndarray]:
     engine = VideoGenerator.from_pretrained(folder, device="cpu").engine
     return [engine.run(GenerationRequest(**r))["video"] for r in requests]
 
 
-@pytest.mark.parametrize("family", ["flux2", "qwen_image"])
+@pytest.mark.parametrize("family", ["flux2", "qwen_image", "hunyuan15"])
 @pytest.mark.parametrize("plan", PLANS)
 def test_the_pool_matches_one_process(family, plan, request):
     folder, requests, expected = request.getfixturevalue(family)

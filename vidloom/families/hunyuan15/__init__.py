@@ -15,4 +15,5 @@ FAMILY = Family(
     # diffusers has no LoRA loader for these pipelines; PEFT adapters on the transformer (`transformer.` keys, as
     # save_lora_weights writes them) load through our name map.
     lora=LoRASupport(targets=(("transformer", ".transformer:HUNYUAN15_TRANSFORMER_NAME_MAP"),)),
+    token_layout=".parallel:token_layout",
 )

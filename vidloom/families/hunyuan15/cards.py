@@ -38,8 +38,8 @@ CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guida
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache", "vae_tile"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "devices", "components",
+               "step_cache", "vae_tile", "devices", "cfg_parallel"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
                       "and the two CFG branches run one after the other, as the guider runs them",

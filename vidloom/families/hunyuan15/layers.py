@@ -174,6 +174,7 @@ class DualStreamBlock(nn.Module):
     def __init__(self, dim: int, head_dim: int, mlp_ratio: float, attention_fn: AttentionFn) -> None:
         super().__init__()
         self.attention_fn = attention_fn
+        self.num_heads = dim // head_dim  # what sequence parallel splits
         self.video = StreamSide(dim, head_dim, mlp_ratio)
         self.cond = StreamSide(dim, head_dim, mlp_ratio)
 

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import SequentialCFG, TwoBranchCFG
 from vidloom.diffusion.guided_euler import GuidedEulerSteps
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
 from vidloom.families.hunyuan15.text import PromptEmbeds, stack_prompts
@@ -83,17 +84,19 @@ class Hunyuan15State:
 
 class GuiderStep:
     """The step body: the conditional prediction, and the unconditional one where the guider runs CFG at this
-    step (cond first, then uncond, as the guider orders its batches)."""
+    step, combined by the guider. `branches` runs the two: one after the other (cond first, as the guider orders
+    its batches), or one per rank of a --cfg-parallel pair (ParallelCFG)."""
 
-    def __init__(self, guider: Hunyuan15Guider) -> None:
+    def __init__(self, guider: Hunyuan15Guider, branches: TwoBranchCFG | None = None) -> None:
         self.guider = guider
+        self.branches = branches or SequentialCFG()
 
     def __call__(self, network: Hunyuan15Network, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds,
                  negative: PromptEmbeds | None, guidance_scale: float) -> Tensor:
-        cond = network(latents, timestep, prompt)
         if negative is None:
-            return cond
-        return self.guider.combine(cond, network(latents, timestep, negative), guidance_scale)
+            return network(latents, timestep, prompt)
+        cond, uncond = self.branches.branches(network, latents, timestep, prompt, negative)
+        return self.guider.combine(cond, uncond, guidance_scale)
 
 
 class Hunyuan15DenoiseLoop(GuidedEulerSteps):
@@ -103,9 +106,9 @@ class Hunyuan15DenoiseLoop(GuidedEulerSteps):
     name = "denoise"
 
     def __init__(self, transformer: Hunyuan15Transformer, schedule: Hunyuan15Schedule, guider: Hunyuan15Guider,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, branches: TwoBranchCFG | None = None) -> None:
         self.transformer, self.schedule, self.guider, self.dtype = transformer, schedule, guider, dtype
-        self.step = GuiderStep(guider)
+        self.step = GuiderStep(guider, branches)
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Hunyuan15State:
         request: GenerationRequest = slots["request"]

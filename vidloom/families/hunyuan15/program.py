@@ -11,6 +11,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import TwoBranchCFG
 from vidloom.diffusion.noise import initial_noise
 from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.frames import to_uint8
@@ -30,7 +31,8 @@ def uses_cfg(guider: Hunyuan15Guider, request: GenerationRequest) -> bool:
     return any(guider.cfg_at(i, steps, float(request.guidance_scale)) for i in range(steps))
 
 
-def build_program(instance: ModelInstance) -> Program:
+def build_program(instance: ModelInstance, guidance: TwoBranchCFG | None = None) -> Program:
+    """`guidance`: how the two CFG branches run (a --cfg-parallel rank pair's ParallelCFG); the guider combines."""
     text: Hunyuan15TextEncoder = instance["text_encoder"]
     transformer = instance["transformer"]
     guider: Hunyuan15Guider = instance["guider"]
@@ -89,7 +91,7 @@ def build_program(instance: ModelInstance) -> Program:
         ctx.progress("decode", 1, 1)
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
-    loop = Hunyuan15DenoiseLoop(transformer, instance["schedule"], guider, instance.dtype)
+    loop = Hunyuan15DenoiseLoop(transformer, instance["schedule"], guider, instance.dtype, guidance)
     return Program(
         nodes=(
             Node("encode_image", reads=("request",), writes=("first_frame",), run=encode_image,

@@ -5,10 +5,16 @@ Loads diffusers `HunyuanVideo15Transformer3DModel` checkpoints (the `transformer
 HUNYUAN15_TRANSFORMER_NAME_MAP. Condition tokens that their masks mark invalid never reach attention: the reference
 zeroes and masks them (fully masked rows give 0 there), which leaves the video tokens exactly what attending to the
 valid ones alone gives; a batch whose samples keep different counts pads with a key mask.
+
+Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` and wraps every block's attention) the
+joint stream is sharded right after embedding, padded at its end when it does not split, and gathered before the
+head: a rank's rows are video rows, then condition rows, and each block runs each side's weights on its own rows.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -17,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
@@ -147,11 +154,12 @@ class Hunyuan15Conditioning:
     """What every block of one forward reads."""
 
     temb: Tensor  # [B, dim] timestep embedding (float32)
-    video_tokens: int  # N: the joint stream is [video (N), condition (L)]
-    mask: Tensor | None  # [B, 1, 1, N + L] valid keys over [video, condition]; None when all are
-    rotations: tuple[Tensor, Tensor]  # cos, sin [N, head_dim] of the video tokens
+    video_tokens: int  # the video rows of this device's part of the joint stream [video (N), condition (L)]
+    mask: Tensor | None  # [B, 1, 1, N + L] valid keys over [video, condition], or a sharded stream's pad mask
+    rotations: tuple[Tensor, Tensor]  # cos, sin [video_tokens, head_dim] of those video rows
     grid: tuple[int, int, int]  # the token grid (frames, height, width) after patching
     dtype: torch.dtype  # what linears and attention compute in
+    length: int = 0  # N + L: the joint stream's rows before a sharded layout padded it
 
 
 class Hunyuan15Transformer(nn.Module):
@@ -159,6 +167,10 @@ class Hunyuan15Transformer(nn.Module):
 
     # float32 islands under a bf16 cast (loading.precision.cast_module): the timestep embeddings and modulations.
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset({"time_embed", "time_embed_r", "mod", "out_mod"})
+
+    # Which rows of the joint stream this device holds: all of them, unless sequence parallel swapped in a
+    # sharded layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
 
     def __init__(self, config: Hunyuan15TransformerConfig, attention_fn: AttentionFn = attention) -> None:
         super().__init__()
@@ -179,6 +191,11 @@ class Hunyuan15Transformer(nn.Module):
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+    def self_attentions(self) -> Iterator[DualStreamBlock]:
+        """Every dual-stream block: each attends over the whole joint stream (sequence parallel wraps it). The
+        token refiner attends over the text alone, on every rank."""
+        yield from self.blocks
 
     def compile_units(self) -> tuple[nn.Module, ...]:
         """The blocks `--compile` wraps (core.denoiser.CompileUnits)."""
@@ -220,9 +237,19 @@ class Hunyuan15Transformer(nn.Module):
         parts = [(tokens.float() + self.cond_type.weight[kind].float(), valid) for tokens, valid, kind in parts[::-1]]
         cond, valid = _gather_valid(parts)
         mask = key_mask(F.pad(valid, (x.shape[1], 0), value=True))
-        rotations = video_rotations(grid, config.rope_axes, config.rope_theta, latents.device)
+        cos, sin = video_rotations(grid, config.rope_axes, config.rope_theta, latents.device)
         h = torch.cat([x, cond], dim=1)
-        return h, Hunyuan15Conditioning(temb, x.shape[1], mask, rotations, grid, dtype)
+        if self.sequence is WHOLE_SEQUENCE:
+            return h, Hunyuan15Conditioning(temb, x.shape[1], mask, (cos, sin), grid, dtype, h.shape[1])
+        if mask is not None:  # one sample per forward: the guider runs its branches one after the other
+            raise ValueError("sequence parallel runs one sample per forward (condition counts that differ "
+                             "across a batch would need a per-sample key mask)")
+        # Per-row tables over the joint stream (condition rows have no rotation), so a rank takes its rows' ones.
+        tables = tuple(F.pad(t, (0, 0, 0, cond.shape[1])) for t in (cos, sin))
+        part = self.sequence.shard_joint(h, tables, x.shape[1])
+        video = part.prefix
+        return part.tokens, Hunyuan15Conditioning(temb, video, part.key_mask,
+                                                  tuple(t[:video] for t in part.tables), grid, dtype, part.length)
 
     def run_blocks(self, h: Tensor, cond: Hunyuan15Conditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream."""
@@ -236,7 +263,8 @@ class Hunyuan15Transformer(nn.Module):
 
     def head(self, h: Tensor, cond: Hunyuan15Conditioning) -> Tensor:
         """The joint stream after the last block -> the video prediction [B, out_channels, F, H, W]."""
-        config, x = self.config, h[:, :cond.video_tokens]
+        config, h = self.config, self.sequence.gather_joint(h, cond.length)
+        x = h[:, :math.prod(cond.grid)]
         # The final norm chunks (scale, shift), the opposite of the blocks' order.
         scale, shift = self.out_mod(F.silu(cond.temb).to(self.out_mod.weight.dtype))[:, None].float().chunk(2, -1)
         out = self.proj_out((F.layer_norm(x, x.shape[-1:], eps=EPS) * (1 + scale) + shift).to(cond.dtype))

@@ -1,5 +1,5 @@
-"""Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image) or [global token, audio] stream (Stable
-Audio), with ranks as threads (no processes).
+"""Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image), [global token, audio] stream (Stable
+Audio) or [video, condition] stream (HunyuanVideo-1.5), with ranks as threads (no processes).
 
 The joined stream is sharded as one sequence: a rank may hold text rows, image rows or both; a stream that
 does not split is padded at its end, the pad rows are no keys and never reach the head.
@@ -15,6 +15,7 @@ import torch
 
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.hunyuan15.transformer import Hunyuan15Transformer, Hunyuan15TransformerConfig
 from vidloom.families.qwen_image.transformer import QwenImageTransformer, QwenImageTransformerConfig
 from vidloom.families.stable_audio.transformer import StableAudioDiT, StableAudioDiTConfig
 from vidloom.runtime.parallel.ulysses import TokenShards, UlyssesAttention, apply_sp
@@ -30,6 +31,10 @@ QWEN = QwenImageTransformerConfig(patch_size=2, in_channels=16, out_channels=4, 
 STABLE_AUDIO = StableAudioDiTConfig(sample_size=32, in_channels=8, num_layers=2, head_dim=8, num_heads=4, num_kv_heads=2,
                                     out_channels=8, cross_attention_dim=16, time_proj_dim=8, global_states_input_dim=12,
                                     cross_attention_input_dim=12)
+
+HUNYUAN15 = Hunyuan15TransformerConfig(in_channels=9, out_channels=4, num_heads=4, head_dim=8, num_layers=2,
+                                       num_refiner_layers=1, mlp_ratio=2.0, text_dim=12, glyph_dim=10, image_dim=6,
+                                       rope_axes=(2, 2, 4), use_meanflow=True)
 
 
 def _flux2_inputs(text: int, image: int) -> tuple[Any, ...]:
@@ -53,6 +58,16 @@ def _stable_audio_inputs(steps: int) -> tuple[Any, ...]:
             torch.randn(1, 1, 12, generator=g))
 
 
+def _hunyuan15_inputs(text: int) -> tuple[Any, ...]:
+    """A 2x2x3 latent grid (12 video rows), `text` valid of 7 text tokens, 3 of 4 glyph tokens and 2 image tokens."""
+    g = torch.Generator().manual_seed(4)
+    text_mask = (torch.arange(7) < text).long()[None]
+    glyph_mask = torch.tensor([[1, 1, 0, 1]])
+    return (torch.randn(1, 9, 2, 2, 3, generator=g), torch.tensor([600.0]), torch.randn(1, 7, 12, generator=g),
+            text_mask, torch.randn(1, 4, 10, generator=g), glyph_mask, torch.randn(1, 2, 6, generator=g),
+            torch.tensor([400.0]))
+
+
 def _stable_audio(steps: int) -> StableAudioDiT:
     model = StableAudioDiT(STABLE_AUDIO)
     model.time_freqs.data.normal_()  # the checkpoint's random Fourier frequencies (zeros until loaded)
@@ -66,6 +81,8 @@ CASES: dict[str, Callable[[int], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "qwen_image": lambda text: (QwenImageTransformer(QWEN), _qwen_inputs(text, ((2, 3), (2, 2)))),
     # the global token then `text + 8` latent steps: 14 rows split over 2, are padded over 4; 15 padded over 2.
     "stable_audio": lambda text: (_stable_audio(text + 8), _stable_audio_inputs(text + 8)),
+    # 12 video rows, then 2 image + 3 glyph + `text` text rows: 22 split over 2, are padded over 4; 23 padded over 2.
+    "hunyuan15": lambda text: (Hunyuan15Transformer(HUNYUAN15), _hunyuan15_inputs(text)),
 }
 
 
