@@ -39,6 +39,9 @@ class ThreadComm:
     def all_gather(self, x: Tensor) -> Tensor:
         return torch.stack(self._share(x))
 
+    def shift(self, x: Tensor) -> Tensor:
+        return self._share(x)[(self.rank - 1) % self.size]
+
     def _share(self, x: Tensor) -> list[Tensor]:
         ex = self._exchange
         ex.slots[self.rank] = x.clone()

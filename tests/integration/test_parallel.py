@@ -172,6 +172,18 @@ def test_a_stalled_rank_times_out_the_collective_and_fails_the_request(cfg2):
     assert cfg2.engine.broken and not _alive(pids)  # the stopped one was killed
 
 
+def test_sp2_over_three_heads_runs_ring_attention_and_matches_one_process(tiny_b, caplog):
+    """tiny-b's 3 heads do not split over 2 ranks: keys and values go around the ring (gloo send/recv)."""
+    request = GenerationRequest(**{**SMALL, "guidance_scale": 5.0})
+    reference = VideoGenerator.from_pretrained(tiny_b, device="cpu").engine.run(request)
+    with caplog.at_level("INFO", logger="vidloom.runtime.parallel.launch"):
+        with VideoGenerator.from_pretrained(tiny_b, device="cpu", parallel=ParallelPlan(sp=2),
+                                            pool_options=OPTIONS) as gen:
+            out = gen.engine.run(request)
+    assert "does not divide the model's 3 attention heads: self-attention runs as ring attention" in caplog.text
+    assert _max_diff(out["video"], reference["video"]) <= FP32_TOL
+
+
 @pytest.mark.slow
 def test_sp2_x_cfg2_on_four_processes(tiny_a, reference_a):
     plan = ParallelPlan(sp=2, cfg=2)

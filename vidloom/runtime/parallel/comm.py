@@ -39,6 +39,10 @@ class Comm(Protocol):
         """[size, *x.shape]: every rank's x, in rank order, identical on every rank."""
         ...
 
+    def shift(self, x: Tensor) -> Tensor:
+        """One step around the ring: x goes to rank + 1; returns rank - 1's x (same shape on every rank)."""
+        ...
+
 
 class GroupComm:
     """A torch.distributed process group seen as a Comm."""
@@ -64,6 +68,18 @@ class GroupComm:
         # The single-tensor gather concatenates along dim 0 on every backend; dim 0 here is the rank.
         received = send.new_empty((self.size, *x.shape))
         _all_gather_single(received, send, group=self.group)
+        return received
+
+    @torch.compiler.disable
+    def shift(self, x: Tensor) -> Tensor:
+        if self.size == 1:
+            return x.clone()
+        send = x.contiguous()
+        received = torch.empty_like(send)
+        peers = [dist.get_global_rank(self.group, (self.rank + step) % self.size) for step in (1, -1)]
+        ops = [dist.P2POp(dist.isend, send, peers[0], self.group), dist.P2POp(dist.irecv, received, peers[1], self.group)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
         return received
 
 

@@ -9,6 +9,7 @@ commands (`follow_torchrun`) until it shuts down. torchrun owns restarts there.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -24,10 +25,12 @@ from vidloom.core.errors import DeployError, WorkerFailed
 from vidloom.runtime.parallel.comm import shutdown_distributed
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance, Transport
 from vidloom.runtime.parallel.messages import Command, Heartbeat, Shutdown, StepReply
-from vidloom.runtime.parallel.plan import check_model, check_warmup
+from vidloom.runtime.parallel.plan import check_model, check_warmup, sp_attention
 from vidloom.runtime.parallel.pool import WorkerPool
 from vidloom.runtime.parallel.rank import RankRuntime
 from vidloom.runtime.parallel.worker import PoolOptions, RankPlace, WorkerSpec, start_rank
+
+log = logging.getLogger(__name__)
 
 
 def torchrun_place(environ: Mapping[str, str] = os.environ) -> RankPlace | None:
@@ -54,6 +57,9 @@ def launch_engine(
     layout = registry.token_layout(card, checkpoint)
     check_model(deploy.parallel, layout)
     check_warmup(deploy, layout)
+    if deploy.parallel.sp > 1 and sp_attention(deploy.parallel, layout) == "ring":
+        log.info("sp=%d does not divide the model's %d attention heads: self-attention runs as ring attention "
+                 "(keys and values pass around the ranks) instead of Ulysses", deploy.parallel.sp, layout.num_heads)
     place = torchrun_place()
     transport: Transport
     if place is None:

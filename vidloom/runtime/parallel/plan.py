@@ -13,7 +13,7 @@ from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 
 __all__ = ["ADAPTERS_REFUSED", "ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "check_request",
-           "check_warmup"]
+           "check_warmup", "sp_attention"]
 
 ADAPTERS_REFUSED = (
     "LoRA adapters are not supported on multi-device engines: every rank holds its own copy of the model in its "
@@ -26,16 +26,16 @@ reason, declared here and shown by every refusal."""
 
 
 def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
-    """Ulysses gives each rank heads/sp whole heads inside self-attention, so sp must divide them; a layout
-    whose CFG does not split refuses --cfg-parallel with its reason."""
-    if layout.num_heads % plan.sp:
-        raise DeployError(
-            f"sp={plan.sp} (--sp) does not divide this model's {layout.num_heads} attention heads; "
-            f"Ulysses sequence parallel gives each rank heads/sp of them. Use an sp that divides "
-            f"{layout.num_heads}: {', '.join(str(d) for d in _divisors(layout.num_heads))}"
-        )
+    """A layout whose CFG does not split refuses --cfg-parallel with its reason. Any sp runs: Ulysses where sp
+    divides the heads, ring attention where it does not (`sp_attention` says which)."""
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
+
+
+def sp_attention(plan: ParallelPlan, layout: TokenLayout) -> str:
+    """How self-attention sees every token under `plan`: "ulysses" (sp divides the heads: each rank attends
+    heads/sp whole heads) or "ring" (keys and values pass around the ranks; any head count)."""
+    return "ulysses" if layout.num_heads % plan.sp == 0 else "ring"
 
 
 def check_request(plan: ParallelPlan, layout: TokenLayout, request: GenerationRequest) -> None:
@@ -87,7 +87,3 @@ def _token_problem(
         f"num_frames whose token count (latent frames x height/{geometry.vae_spatial * geometry.patch_size[1]} x "
         f"width/{geometry.vae_spatial * geometry.patch_size[2]}) is a multiple of {plan.sp}"
     )
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

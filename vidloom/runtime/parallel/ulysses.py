@@ -24,10 +24,10 @@ from typing import Iterable, Protocol
 import torch
 from torch import Tensor
 
-from vidloom.core.errors import DeployError
 from vidloom.layers.attention import AttentionFn
 from vidloom.layers.sequence import JointPart, SequenceLayout
 from vidloom.runtime.parallel.comm import Comm
+from vidloom.runtime.parallel.ring import RingAttention
 
 
 def seq_to_heads(x: Tensor, comm: Comm) -> Tensor:
@@ -128,11 +128,11 @@ class SequenceParallelModel(Protocol):
 
 
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
-    """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy."""
-    layers = list(model.self_attentions())
-    for layer in layers:
+    """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
+    whose heads P divides attends through Ulysses, any other through ring attention (ring.py)."""
+    for layer in model.self_attentions():
         if layer.num_heads % comm.size:
-            raise DeployError(f"sp={comm.size} does not divide the model's {layer.num_heads} attention heads")
-    for layer in layers:
-        layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
+            layer.attention_fn = RingAttention(comm)
+        else:
+            layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
     model.sequence = TokenShards(comm)

@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers.thread_comm import run_ranks, thread_group
-from vidloom.core.errors import DeployError
 from vidloom.layers.attention import attention
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.runtime.parallel.comm import GroupComm
+from vidloom.runtime.parallel.ring import RingAttention
 from vidloom.runtime.parallel.ulysses import TokenShards, UlyssesAttention, apply_sp, heads_to_seq, seq_to_heads
 
 # fp32: the exchanges only move values; ranks see smaller matmuls and per-head attention, so
@@ -112,11 +112,14 @@ def test_sp_transformer_matches_one_device(size):
     assert model.sequence.gather(latents) is latents  # the original keeps the one-device layout
 
 
-def test_apply_sp_refuses_heads_that_do_not_split():
-    (comm,) = thread_group(1)
-    comm.size = 3
-    with pytest.raises(DeployError, match="sp=3 does not divide the model's 4 attention heads"):
-        apply_sp(WanTransformer(TINY), comm)
+def test_apply_sp_takes_ring_attention_where_the_heads_do_not_split():
+    comms = thread_group(3)
+    model = WanTransformer(TINY)  # 4 heads
+    apply_sp(model, comms[0])
+    assert {type(layer.attention_fn) for layer in model.self_attentions()} == {RingAttention}
+    model = WanTransformer(TINY)
+    apply_sp(model, thread_group(2)[0])
+    assert {type(layer.attention_fn) for layer in model.self_attentions()} == {UlyssesAttention}
 
 
 def test_group_comm_on_a_one_rank_gloo_group():
@@ -127,6 +130,7 @@ def test_group_comm_on_a_one_rank_gloo_group():
         x = _x()
         assert torch.equal(comm.all_gather(x), x[None])
         assert torch.equal(seq_to_heads(x, comm), x) and torch.equal(heads_to_seq(x, comm), x)
+        assert torch.equal(comm.shift(x), x)
         with pytest.raises(ValueError, match="leading dim of 1"):
             comm.all_to_all(torch.zeros(2, 3))
     finally:
