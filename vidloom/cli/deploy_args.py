@@ -75,7 +75,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     multi.add_argument("--devices", type=int, default=None, metavar="N",
                        help="processes, one per device (default: --sp x cfg degree, or torchrun's world size)")
     multi.add_argument("--sp", type=int, default=1, metavar="K",
-                       help="Ulysses sequence-parallel degree: must divide the heads and each request's token count")
+                       help="sequence-parallel degree (Ulysses; ring attention where it does not divide the heads); Wan needs "
+                            "it to divide each request's token count")
     multi.add_argument("--cfg-parallel", action="store_true",
                        help="run the cond and uncond CFG branches on two devices (needs guidance > 1)")
 

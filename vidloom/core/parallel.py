@@ -24,8 +24,9 @@ class ParallelPlan:
     """
 
     sp: int = 1
-    """Ulysses sequence-parallel degree: each rank holds 1/sp of the video tokens and 1/sp of the
-    heads inside self-attention. Must divide the head count and every request's token count."""
+    """Sequence-parallel degree: each rank holds 1/sp of the tokens; inside self-attention 1/sp of the heads
+    (Ulysses), or, where sp does not divide the heads, its queries while keys and values pass around the ranks
+    (ring attention). A layout that splits evenly (Wan) needs it to divide every request's token count."""
     cfg: int = 1
     """CFG-parallel degree: 2 runs the conditional branch on cfg-rank 0 and the unconditional one on
     cfg-rank 1 (requests must use guidance, guidance_scale > 1); 1 runs both branches on every rank."""
