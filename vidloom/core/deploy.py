@@ -205,14 +205,6 @@ class DeployConfig:
                 f"cfg_mode={self.cfg_mode!r} and CFG-parallel both decide how the two CFG branches run; "
                 "with --cfg-parallel leave cfg_mode at 'sequential'"
             )
-        if plan.world_size > 1 and self.step_cache != "none":
-            # With sp each rank would take the skip decision on its own token shard and the
-            # ranks would fall out of lockstep; with cfg each rank sees one branch, so the
-            # run's cache report would cover half the work. Refused until decisions are shared.
-            raise DeployError(
-                f"step_cache={self.step_cache!r} cannot run with a parallel plan ({plan.describe()}) yet: "
-                "skip decisions are taken per rank; use --step-cache none with --sp/--cfg-parallel"
-            )
         if plan.world_size > 1 and self.cuda_graphs:
             # A captured step would contain the plan's NCCL collectives (all-to-all, all-gather);
             # capturing collectives needs its own setup and a GPU test that does not exist yet.

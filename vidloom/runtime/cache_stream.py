@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,9 +71,31 @@ def same_shape(a: Stream | None, b: Stream) -> bool:
 
 
 def relative_l1(current: Stream, previous: Stream) -> float:
-    """mean|current - previous| / mean|previous| (over every stream), the change measure both references use."""
+    """mean|current - previous| / mean|previous| (over every stream), the change measure both references use.
+
+    Inside `shard_sums(group)` (a sequence-parallel rank's step cache) each rank holds 1/P of the tokens: the two
+    sums are added over the group first, so every rank measures the whole sequence and takes the same decision."""
+    group = _SHARD_GROUP.get()
+    if group is not None:
+        pairs = zip(current, previous) if isinstance(current, tuple) else [(current, previous)]
+        sums = torch.stack([torch.stack([(c - p).abs().sum(), p.abs().sum()]).double() for c, p in pairs]).sum(0)
+        sums = group.all_gather(sums).sum(0)  # the same values in the same order on every rank
+        return (sums[0] / sums[1].clamp_min(1e-12)).item()
     if isinstance(current, tuple):
         diff = sum((c - p).abs().sum() for c, p in zip(current, previous))  # type: ignore[arg-type]
         base = sum(p.abs().sum() for p in previous)  # type: ignore[union-attr]
         return (diff / torch.as_tensor(base).clamp_min(1e-12)).item()  # type: ignore[operator]
     return ((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)).item()  # type: ignore[operator]
+
+
+_SHARD_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("shard_group", default=None)
+
+
+@contextlib.contextmanager
+def shard_sums(group: Any) -> Iterator[None]:
+    """Change measures in this context sum over `group` (a Comm of sequence-parallel ranks; None: this device)."""
+    token = _SHARD_GROUP.set(group)
+    try:
+        yield
+    finally:
+        _SHARD_GROUP.reset(token)

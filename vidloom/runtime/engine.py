@@ -29,7 +29,7 @@ from vidloom.runtime.request_run import (  # noqa: F401  (re-exported: callers i
 )
 from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.speech_run import speech_inputs
-from vidloom.runtime.step_cache import deployed_policy
+from vidloom.runtime.step_cache import RankShare, deployed_policy
 
 
 class EngineDriver:
@@ -127,13 +127,15 @@ class Engine(EngineDriver):
     """Runs requests over one loaded ModelInstance to completion in the caller's thread."""
 
     def __init__(self, instance: ModelInstance, program: Program, adapters: StepAdapters = NO_ADAPTERS,
-                 capturer: Capturer | None = None) -> None:
+                 capturer: Capturer | None = None, rank_share: RankShare | None = None) -> None:
         """`adapters`: how requests' LoRA adapters are resolved and applied (the builder injects vidloom.lora's);
-        `capturer`: what records step bodies under cuda_graphs (default: CUDA graphs; CPU tests pass a stand-in)."""
+        `capturer`: what records step bodies under cuda_graphs (default: CUDA graphs; CPU tests pass a stand-in);
+        `rank_share`: a parallel rank's part in its requests' step caches (runtime.parallel.worker.rank_engine)."""
         deployed_policy(instance.deploy)  # an unknown policy fails at load, not per request
         super().__init__(instance)
         self.adapters = adapters
         self.program = program
+        self.rank_share = rank_share
         # Graphs are per engine (per loaded model), shared by its requests, replayed one at a time.
         self._graphs = StepGraphs(instance.device, capturer) if instance.deploy.cuda_graphs else None
         # One budget for the KV caches of every request this engine runs.
@@ -193,7 +195,7 @@ class Engine(EngineDriver):
         nbytes = self.estimator(resolved) if self.estimator is not None else 0
         return RequestRun(
             self.instance, self.program, resolved, on_event, cancel, observer, self._graphs, compiled, self.caches,
-            self.admission, nbytes, self.decoder, watch=watch, adapters=self.adapters,
+            self.admission, nbytes, self.decoder, watch=watch, adapters=self.adapters, rank_share=self.rank_share,
         )
 
     def _start_chat(

@@ -35,7 +35,7 @@ from vidloom.runtime.cudagraph import StepGraphs, capturable
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.run_reservations import ReservingRun
-from vidloom.runtime.step_cache import make_step_cache
+from vidloom.runtime.step_cache import RankShare, make_step_cache
 from vidloom.runtime.turned_off import alone_reason, conflicts
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class RequestRun(ReservingRun):
         slots: Mapping[str, Any] | None = None,
         watch: RunObserver | None = None,
         adapters: StepAdapters = NO_ADAPTERS,
+        rank_share: RankShare | None = None,
     ) -> None:
         """`slots`: the program's input slots (default {"request": request}); `decoder`: the engine's paged KV
         pool and decode forward, for loops that reserve KV (chat, a reasoner); `adapters`: how the request's
@@ -121,7 +122,7 @@ class RequestRun(ReservingRun):
         generating = isinstance(request, GenerationRequest)  # a chat request has no step cache and no adapters
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = (
-            make_step_cache(instance.deploy, request, instance.card.teacache) if generating else None)
+            make_step_cache(instance.deploy, request, instance.card.teacache, rank_share) if generating else None)
         # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
         # They are in force for everything this run executes (steps, and the loop code between them that calls
         # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.

@@ -27,7 +27,9 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.request import GenerationRequest
-from vidloom.runtime.cache_stream import BranchState, add, relative_l1, row, rows, same_shape, stack_rows, sub
+from vidloom.runtime.cache_stream import (
+    BranchState, add, relative_l1, row, rows, same_shape, shard_sums, stack_rows, sub,
+)
 from vidloom.runtime.dbcache import DBCache, DBCacheSettings, parse_mask
 
 
@@ -140,12 +142,25 @@ def deployed_policy(deploy: DeployConfig) -> StepCachePolicy | None:
     return policy.tuned(**changes) if changes else policy
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """What a rank of a parallel plan adds to its requests' step caches."""
+
+    sums: Any = None
+    """The sequence-parallel group (a Comm) whose token shards each change measure sums over, so every rank of it
+    takes the same skip decisions; None: this rank holds every token."""
+    note: str | None = None
+    """Said in the cache report: which CFG branches this rank's counts cover (under --cfg-parallel)."""
+
+
 def make_step_cache(
-    deploy: DeployConfig, request: GenerationRequest, rescale: TeaCacheRescale | None = None
+    deploy: DeployConfig, request: GenerationRequest, rescale: TeaCacheRescale | None = None,
+    share: RankShare | None = None,
 ) -> StepCache | None:
     """The request's own step cache, or None when the deployment has none (plain steps).
 
-    `rescale`: TeaCache's calibrated indicator for this checkpoint (its card's `teacache`), if it has one.
+    `rescale`: TeaCache's calibrated indicator for this checkpoint (its card's `teacache`), if it has one;
+    `share`: a parallel rank's part (RankShare), None on one device.
     """
     policy = deployed_policy(deploy)
     if isinstance(policy, TeaCache) and rescale is not None:
@@ -161,7 +176,7 @@ def make_step_cache(
     threshold = request.step_cache_threshold
     if threshold is None:
         threshold = deploy.step_cache_threshold if deploy.step_cache_threshold is not None else policy.default_threshold
-    return StepCache(policy, float(threshold))
+    return StepCache(policy, float(threshold), share or RankShare())
 
 
 @dataclass
@@ -180,9 +195,10 @@ class StepCache:
     the network's cache scope (core.denoiser.cache_scope: a causal rollout's chunk).
     """
 
-    def __init__(self, policy: StepCachePolicy, threshold: float) -> None:
+    def __init__(self, policy: StepCachePolicy, threshold: float, share: RankShare | None = None) -> None:
         self.policy = policy
         self.threshold = threshold
+        self.share = share or RankShare()
         self._branches: dict[tuple[str, Hashable, int, int], BranchState] = {}
         self._counts = _Counts()
 
@@ -194,7 +210,8 @@ class StepCache:
             raise TypeError(f"step cache {self.policy.name!r} needs a staged network, got {type(network).__name__}")
         # Each expert of a mixture (Wan2.2 A14B) keeps its own residuals: one expert's never stand in for another's.
         view = _CachedNetwork(self, network, plan.loop if plan.expert is None else f"{plan.loop}/{plan.expert}", plan.index)
-        result = plan.call(**{**plan.inputs, NETWORK: view})
+        with shard_sums(self.share.sums):
+            result = plan.call(**{**plan.inputs, NETWORK: view})
         self._counts.steps += 1
         self._counts.skipped_steps += int(view.calls > 0 and view.reused_calls == view.calls)
         return result
@@ -217,6 +234,7 @@ class StepCache:
                 "computed_steps": c.steps - c.skipped_steps,
                 "skipped_blocks": c.skipped_blocks,
                 "total_blocks": c.blocks,
+                **({"counts": self.share.note} if self.share.note else {}),
             }
         }
 

@@ -25,7 +25,7 @@ from vidloom.core.errors import DeployError, WorkerFailed
 from vidloom.runtime.parallel.comm import shutdown_distributed
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance, Transport
 from vidloom.runtime.parallel.messages import Command, Heartbeat, Shutdown, StepReply
-from vidloom.runtime.parallel.plan import check_model, check_warmup, sp_attention
+from vidloom.runtime.parallel.plan import check_model, check_step_cache, check_warmup, sp_attention
 from vidloom.runtime.parallel.pool import WorkerPool
 from vidloom.runtime.parallel.rank import RankRuntime
 from vidloom.runtime.parallel.worker import PoolOptions, RankPlace, WorkerSpec, start_rank
@@ -57,6 +57,7 @@ def launch_engine(
     layout = registry.token_layout(card, checkpoint)
     check_model(deploy.parallel, layout)
     check_warmup(deploy, layout)
+    check_step_cache(deploy, layout)
     if deploy.parallel.sp > 1 and sp_attention(deploy.parallel, layout) == "ring":
         log.info("sp=%d does not divide the model's %d attention heads: self-attention runs as ring attention "
                  "(keys and values pass around the ranks) instead of Ulysses", deploy.parallel.sp, layout.num_heads)

@@ -13,7 +13,7 @@ from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 
 __all__ = ["ADAPTERS_REFUSED", "ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "check_request",
-           "check_warmup", "sp_attention"]
+           "check_step_cache", "check_warmup", "sp_attention"]
 
 ADAPTERS_REFUSED = (
     "LoRA adapters are not supported on multi-device engines: every rank holds its own copy of the model in its "
@@ -30,6 +30,17 @@ def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
+
+
+def check_step_cache(deploy: DeployConfig, layout: TokenLayout) -> None:
+    """Under --sp a step cache's change measures sum over the ranks' token shards (RankShare); a padded layout's
+    pad rows would enter those sums, so it is refused there until the measure masks them."""
+    if deploy.parallel.sp > 1 and deploy.step_cache != "none" and layout.split == "pad":
+        raise DeployError(
+            f"step_cache={deploy.step_cache!r} with --sp {deploy.parallel.sp}: this model's token stream is padded "
+            "to split, and the pad rows would enter the cache's change measure; use --step-cache with "
+            "--cfg-parallel alone, or --sp without a step cache"
+        )
 
 
 def sp_attention(plan: ParallelPlan, layout: TokenLayout) -> str:

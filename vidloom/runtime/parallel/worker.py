@@ -25,6 +25,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
+from vidloom.runtime.step_cache import RankShare
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
 from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
@@ -125,7 +126,12 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
                 apply_sp(instance[name], groups.sp)
     # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
     extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
-    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra))
+    # A step cache's skip decisions: measured over the whole sequence by every rank of the sp group alike; under
+    # --cfg-parallel each rank decides its own branch (as one device does per branch), and says whose counts it has.
+    note = None if groups.cfg is None else ("the conditional branch's (cfg-rank 0); the unconditional branch's run on "
+                                            "cfg-rank 1" if groups.cfg.rank == 0 else "the unconditional branch's")
+    share = RankShare(sums=groups.sp, note=note)
+    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), rank_share=share)
 
 
 def worker_main(

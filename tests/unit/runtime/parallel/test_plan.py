@@ -18,7 +18,7 @@ from vidloom.cli.deploy_args import deploy_config
 from vidloom.generator import VideoGenerator
 from vidloom.families.wan.demo import demo_card
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance
-from vidloom.runtime.parallel.plan import check_model, check_request, check_warmup, sp_attention
+from vidloom.runtime.parallel.plan import check_model, check_request, check_step_cache, check_warmup, sp_attention
 
 # Wan2.1 geometry with 4 heads: 8x spatial / 4x temporal VAE, 1x2x2 patches.
 GRID4 = SequenceGeometry(num_heads=4, patch_size=(1, 2, 2), vae_spatial=8, vae_temporal=4)
@@ -41,12 +41,18 @@ def test_plan_degrees(kwargs, match):
     (dict(devices=4, parallel=ParallelPlan(sp=2)), r"is 4 but the parallel plan sp=2 x cfg=1 needs sp x cfg = 2"),
     (dict(devices=0), r"devices \(--devices\) must be an integer >= 1"),
     (dict(devices=2, parallel=ParallelPlan(cfg=2), cfg_mode="batched"), r"cfg_mode='batched' and CFG-parallel"),
-    (dict(devices=2, parallel=ParallelPlan(sp=2), step_cache="fbcache"), r"step_cache='fbcache' cannot run with"),
-    (dict(devices=2, parallel=ParallelPlan(cfg=2), step_cache="teacache"), r"step_cache='teacache' cannot run with"),
 ])
 def test_deploy_config_checks_the_plan_against_devices_and_options(kwargs, match):
     with pytest.raises(DeployError, match=match):
         DeployConfig(**kwargs)
+
+
+def test_step_caches_run_with_sp_over_an_even_layout_and_with_cfg_parallel_alone():
+    for plan, layout in ((ParallelPlan(sp=2), WAN4), (ParallelPlan(cfg=2), JOINT), (ParallelPlan(sp=1), JOINT)):
+        check_step_cache(DeployConfig(devices=plan.world_size, parallel=plan, step_cache="fbcache"), layout)
+    padded = DeployConfig(devices=2, parallel=ParallelPlan(sp=2), step_cache="fbcache")
+    with pytest.raises(DeployError, match="padded to split, and the pad rows would enter the cache's change measure"):
+        check_step_cache(padded, JOINT)
 
 
 def test_an_sp_that_does_not_divide_the_heads_runs_as_ring_attention():
