@@ -11,8 +11,11 @@ then follows the tile, not the whole latent.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -60,11 +63,14 @@ def deploy_tiling(deploy: DeployConfig, factor: int, unit: str = "pixels") -> Sp
 
 
 def decode_tiles_2d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:
-    """Decode [..., h, w] in overlapping tiles over its last two axes; returns [..., h*factor, w*factor]."""
+    """Decode [..., h, w] in overlapping tiles over its last two axes; returns [..., h*factor, w*factor]. Inside
+    `shared_tiles(group)` the ranks of `group` decode every P-th tile each and exchange them (same result)."""
     tile, stride = tiling.in_cells(factor)
     height, width = latents.shape[-2:]
-    rows = [[decode(latents[..., i : i + tile, j : j + tile]) for j in range(0, width, stride)]
-            for i in range(0, height, stride)]
+    starts = [(i, j) for i in range(0, height, stride) for j in range(0, width, stride)]
+    tiles = _decode_all([latents[..., i : i + tile, j : j + tile] for i, j in starts], decode, factor)
+    columns = len(range(0, width, stride))
+    rows = [tiles[r : r + columns] for r in range(0, len(tiles), columns)]
     extent, keep = tiling.tile - tiling.stride, tiling.stride
     for r, row in enumerate(rows):
         for c in range(len(row)):
@@ -74,6 +80,51 @@ def decode_tiles_2d(latents: Tensor, decode: Decode, tiling: SpatialTiling, fact
                 row[c] = blend(row[c - 1], row[c], extent, dim=-1)
     out = torch.cat([torch.cat([t[..., :keep, :keep] for t in row], dim=-1) for row in rows], dim=-2)
     return out[..., : height * factor, : width * factor]
+
+
+_TILE_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("tile_group", default=None)
+
+
+@contextlib.contextmanager
+def shared_tiles(group: Any) -> Iterator[None]:
+    """Tiled decodes in this context split their tiles over `group` (a Comm of ranks holding the same latents:
+    every rank of a parallel plan); None: this device decodes every tile."""
+    token = _TILE_GROUP.set(group)
+    try:
+        yield
+    finally:
+        _TILE_GROUP.reset(token)
+
+
+def tiles_here(count: int) -> int:
+    """How many of `count` tiles this device decodes (all of them unless a tile group splits them): what a
+    decode's progress counts to."""
+    group = _TILE_GROUP.get()
+    return count if group is None or count < group.size else len(range(group.rank, count, group.size))
+
+
+def _decode_all(parts: list[Tensor], decode: Decode, factor: int) -> list[Tensor]:
+    """Every latent tile decoded, in order. Split over a tile group: rank r decodes tiles r, r + P, ...; round k
+    all-gathers each rank's k-th tile, padded to the largest tile's shape, and each is cut back to its own size
+    (its latent extent times `factor` on the tiled axes; the other axes are the same for every tile). The
+    exchange copies values, so the result is the one device's bit for bit."""
+    group = _TILE_GROUP.get()
+    if group is None or len(parts) < group.size:  # fewer tiles than ranks: each decodes them all
+        return [decode(part) for part in parts]
+    mine = [decode(part) for part in parts[group.rank :: group.size]]
+    full = list(mine[0].shape)
+    full[-2:] = [max(p.shape[-2] for p in parts) * factor, max(p.shape[-1] for p in parts) * factor]
+    out: list[Tensor] = []
+    for k in range(-(-len(parts) // group.size)):
+        padded = mine[0].new_zeros(full)
+        if k < len(mine):
+            padded[..., : mine[k].shape[-2], : mine[k].shape[-1]] = mine[k]
+        for owner, decoded in enumerate(group.all_gather(padded)):
+            index = k * group.size + owner
+            if index < len(parts):
+                h, w = (n * factor for n in parts[index].shape[-2:])
+                out.append(decoded[..., :h, :w])
+    return out
 
 
 def decode_windows_1d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:

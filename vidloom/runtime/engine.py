@@ -29,7 +29,8 @@ from vidloom.runtime.request_run import (  # noqa: F401  (re-exported: callers i
 )
 from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.speech_run import speech_inputs
-from vidloom.runtime.step_cache import RankShare, deployed_policy
+from vidloom.runtime.rank_share import RankShare
+from vidloom.runtime.step_cache import deployed_policy
 
 
 class EngineDriver:

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Generator, Mapping, Protocol
+from typing import Any, Callable, Generator, Iterator, Mapping, Protocol
 
 import torch
 
@@ -27,6 +27,7 @@ from vidloom.core.output import (
 from vidloom.core.program import Node, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.media.uploads import decode_media
+from vidloom.layers.tiling import shared_tiles
 from vidloom.media.frames import to_uint8
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
@@ -35,7 +36,8 @@ from vidloom.runtime.cudagraph import StepGraphs, capturable
 from vidloom.runtime.memory import release_cached_memory, under_pressure
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.run_reservations import ReservingRun
-from vidloom.runtime.step_cache import RankShare, make_step_cache
+from vidloom.runtime.rank_share import RankShare
+from vidloom.runtime.step_cache import make_step_cache
 from vidloom.runtime.turned_off import alone_reason, conflicts
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,7 @@ class RequestRun(ReservingRun):
         # Built per request (InvalidRequest for a threshold without a deployed cache).
         self._interceptor: StepInterceptor | None = (
             make_step_cache(instance.deploy, request, instance.card.teacache, rank_share) if generating else None)
+        self._tiles = rank_share.tiles if rank_share is not None else None
         # The request's adapters, resolved once: the run holds their tensors, so an unload mid-run cannot pull them.
         # They are in force for everything this run executes (steps, and the loop code between them that calls
         # the transformer too, e.g. a causal loop's text K/V at init), and for nothing another run executes.
@@ -140,6 +143,14 @@ class RequestRun(ReservingRun):
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
 
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[None]:
+        """What everything this run executes runs under: inference mode, its compile stance, its adapters, and on
+        a parallel rank the peers its tiled decodes share tiles with."""
+        with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras), \
+                shared_tiles(self._tiles):
+            yield
+
     def step(self) -> bool:
         """Run the next unit; raises Cancelled at a boundary, or whatever the model raised."""
         if self._outputs is not None:
@@ -150,7 +161,7 @@ class RequestRun(ReservingRun):
         assert plan is not None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
+            with self._scope():
                 result = self.execute(plan)
         finally:
             self._elapsed += time.perf_counter() - started
@@ -195,7 +206,7 @@ class RequestRun(ReservingRun):
         self._admit_or_fail()
         started = self._mark = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
+            with self._scope():
                 self._plan = next(self._units)
         except StopIteration:
             self._plan = None
@@ -210,7 +221,7 @@ class RequestRun(ReservingRun):
         self._plan = None
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), self._compile_stance(), self._adapters.scope(self._loras):
+            with self._scope():
                 self._units.send(result)
         except StopIteration:
             pass

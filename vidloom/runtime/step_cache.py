@@ -31,6 +31,7 @@ from vidloom.runtime.cache_stream import (
     BranchState, add, relative_l1, row, rows, same_shape, shard_sums, stack_rows, sub,
 )
 from vidloom.runtime.dbcache import DBCache, DBCacheSettings, parse_mask
+from vidloom.runtime.rank_share import RankShare
 
 
 StagedNetwork = StagedDenoiser
@@ -140,17 +141,6 @@ def deployed_policy(deploy: DeployConfig) -> StepCachePolicy | None:
         changes["mask"], changes["mask_static"] = parse_mask(deploy.step_cache_mask)
     changes["fixed"] = frozenset(k for k in ("fn", "bn") if k in changes)  # blocks the user chose fit as given
     return policy.tuned(**changes) if changes else policy
-
-
-@dataclass(frozen=True)
-class RankShare:
-    """What a rank of a parallel plan adds to its requests' step caches."""
-
-    sums: Any = None
-    """The sequence-parallel group (a Comm) whose token shards each change measure sums over, so every rank of it
-    takes the same skip decisions; None: this rank holds every token."""
-    note: str | None = None
-    """Said in the cache report: which CFG branches this rank's counts cover (under --cfg-parallel)."""
 
 
 def make_step_cache(

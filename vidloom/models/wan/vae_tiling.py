@@ -12,7 +12,7 @@ from typing import Callable
 
 from torch import Tensor
 
-from vidloom.layers.tiling import SpatialTiling, decode_tiles_2d, deploy_tiling
+from vidloom.layers.tiling import SpatialTiling, decode_tiles_2d, deploy_tiling, tiles_here
 
 __all__ = ["SpatialTiling", "TileDecoder", "decode_tiled", "deploy_tiling"]
 
@@ -24,7 +24,7 @@ def decode_tiled(latents: Tensor, decode: TileDecoder, tiling: SpatialTiling, fa
     """Decode [B, z, T, h, w] tile by tile; returns unclamped [B, 3, F, h*factor, w*factor]."""
     tile, stride = tiling.in_cells(factor)
     frames, height, width = latents.shape[2:]
-    total = frames * len(range(0, height, stride)) * len(range(0, width, stride))
+    total = frames * tiles_here(len(range(0, height, stride)) * len(range(0, width, stride)))
     done = 0
 
     def one(tile_latents: Tensor) -> Tensor:

@@ -91,6 +91,8 @@ class RankGroups:
     """Sequence-parallel group: adjacent ranks sharing one CFG branch."""
     cfg: Comm | None
     """CFG pair: the ranks holding the same token shard of the cond and the uncond branch."""
+    world: Comm | None = None
+    """Every rank of the plan: a tiled VAE decode splits its tiles over them (layers.tiling.shared_tiles)."""
 
 
 def build_groups(plan: ParallelPlan, rank: int, timeout_s: float) -> RankGroups:
@@ -101,6 +103,7 @@ def build_groups(plan: ParallelPlan, rank: int, timeout_s: float) -> RankGroups:
     return RankGroups(
         sp=_my_group(sp_ranks, rank, timeout) if plan.sp > 1 else None,
         cfg=_my_group(cfg_ranks, rank, timeout) if plan.cfg > 1 else None,
+        world=GroupComm(dist.group.WORLD, rank, plan.world_size) if plan.world_size > 1 else None,
     )
 
 

@@ -25,7 +25,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
-from vidloom.runtime.step_cache import RankShare
+from vidloom.runtime.rank_share import RankShare
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
 from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
@@ -130,7 +130,7 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
     # --cfg-parallel each rank decides its own branch (as one device does per branch), and says whose counts it has.
     note = None if groups.cfg is None else ("the conditional branch's (cfg-rank 0); the unconditional branch's run on "
                                             "cfg-rank 1" if groups.cfg.rank == 0 else "the unconditional branch's")
-    share = RankShare(sums=groups.sp, note=note)
+    share = RankShare(sums=groups.sp, note=note, tiles=groups.world)
     return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), rank_share=share)
 
 
