@@ -13,7 +13,10 @@ ranks get one thread each, so little speed-up is possible there; "1t1" (one proc
 thread) is the per-rank compute budget to compare against. The scaling claim is for one
 GPU per rank.
 
-    python bench/parallel.py [--size mid] [--steps 3] [--frames 9] [--plans 1,1t1,sp2,cfg2,sp2xcfg2]
+With `--vae-tile N` the decode is tiled (N-pixel tiles, the default 3/4 stride) and under a parallel plan the ranks
+split its tiles (layers.tiling.shared_tiles); `decode_s` is rank 0's decode wall time.
+
+    python bench/parallel.py [--size mid] [--steps 3] [--frames 9] [--plans 1,1t1,sp2,cfg2,sp2xcfg2] [--vae-tile 64]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from checkpoints import SIZES, ensure_checkpoint
 from report import environment, print_table, wait_for_quiet, write_json
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.output import ProgressEvent
 from vidloom.core.parallel import ParallelPlan, SequenceGeometry
 from vidloom.core.request import GenerationRequest
@@ -107,26 +111,28 @@ def analytic(size: str, height: int, width: int, num_frames: int) -> dict[str, A
             "step_s_one_gpu": round(one, 4), "plans": plans}
 
 
-def run_plan(name: str, checkpoint: Any, request: GenerationRequest, device: str, runs: int) -> dict[str, Any]:
+def run_plan(name: str, checkpoint: Any, request: GenerationRequest, device: str, runs: int,
+             vae_tile: int | None = None) -> dict[str, Any]:
     plan = PLANS[name]
     threads = torch.get_num_threads()
     if name == "1t1":
         torch.set_num_threads(1)
     try:
-        return _timed(name, plan, checkpoint, request, device, runs)
+        return _timed(name, plan, checkpoint, request, device, runs, vae_tile)
     finally:
         torch.set_num_threads(threads)
 
 
 def _timed(
-    name: str, plan: ParallelPlan, checkpoint: Any, request: GenerationRequest, device: str, runs: int
+    name: str, plan: ParallelPlan, checkpoint: Any, request: GenerationRequest, device: str, runs: int,
+    vae_tile: int | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    parallel = dict(parallel=plan) if plan.world_size > 1 else {}
-    with VideoGenerator.from_pretrained(checkpoint, device=device, **parallel) as gen:  # type: ignore[arg-type]
+    deploy = DeployConfig(vae_tile=vae_tile, devices=plan.world_size, parallel=plan)
+    with VideoGenerator.from_pretrained(checkpoint, device=device, deploy=deploy) as gen:  # type: ignore[arg-type]
         ready = time.perf_counter() - started
         gen.engine.run(dataclasses.replace(request, num_inference_steps=1))  # warm-up: first-call costs
-        steps, ends, busy = [], [], []
+        steps, ends, busy, decodes = [], [], [], []
         for _ in range(runs):
             events: list[ProgressEvent] = []
             # Another job on the machine wrecks multi-threaded timings (OpenMP threads spin-wait).
@@ -135,10 +141,12 @@ def _timed(
             out = gen.engine.run(request, on_event=lambda e: events.append(e) if isinstance(e, ProgressEvent) else None)
             ends.append(time.perf_counter() - t0)
             steps += [e.seconds for e in events if e.phase == "denoise"]
+            decodes.append(sum(e.seconds for e in events if e.phase == "decode"))
     return {
         "plan": name, "processes": plan.world_size, "startup_s": round(ready, 2),
         "step_s_median": round(statistics.median(steps), 4), "step_s_all": [round(s, 4) for s in steps],
-        "end_to_end_s": round(statistics.median(ends), 3), "busy_before": busy, "video": out["video"],
+        "end_to_end_s": round(statistics.median(ends), 3), "decode_s": round(statistics.median(decodes), 3),
+        "busy_before": busy, "video": out["video"],
     }
 
 
@@ -149,6 +157,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the size's)")
     parser.add_argument("--plans", default="1,1t1,sp2,cfg2,sp2xcfg2")
     parser.add_argument("--runs", type=int, default=2, help="timed requests per plan (medians over all)")
+    parser.add_argument("--vae-tile", type=int, default=None, help="tiled decode (pixels); ranks split the tiles")
     args = parser.parse_args()
     size = SIZES[args.size]
     cuda = torch.cuda.is_available()
@@ -172,7 +181,7 @@ def main() -> None:
         if cuda and torch.cuda.device_count() < plan.world_size:
             print(f"skip {name}: needs {plan.world_size} GPUs")
             continue
-        result = run_plan(name, checkpoint, request, device, args.runs)
+        result = run_plan(name, checkpoint, request, device, args.runs, args.vae_tile)
         video = result.pop("video").astype(np.float64)  # uint8 on CUDA, float on CPU: never wrap around
         reference = video if reference is None else reference
         volume = traffic(plan, dit, tokens, latent_elems, elem)
@@ -180,7 +189,8 @@ def main() -> None:
         result["comm_bytes_per_step_per_rank"] = volume.__dict__ | {"total": volume.total}
         result["expected_comm_s_per_step"] = {k: round(volume.total / (gbps * 1e9), 5) for k, gbps in BANDWIDTHS_GBPS.items()}
         results.append(result)
-        print(f"{name}: step {result['step_s_median']:.3f} s, end to end {result['end_to_end_s']:.2f} s", flush=True)
+        print(f"{name}: step {result['step_s_median']:.3f} s, decode {result['decode_s']:.2f} s, end to end "
+              f"{result['end_to_end_s']:.2f} s", flush=True)
 
     base = results[0]["step_s_median"] if results else 1.0
     rows = [[r["plan"], r["processes"], f"{r['step_s_median']:.3f}", f"{base / r['step_s_median']:.2f}x",
@@ -188,11 +198,11 @@ def main() -> None:
              f"{r['expected_comm_s_per_step']['loopback_gloo'] * 1e3:.1f}", f"{r['max_abs_diff_vs_first']:.1e}"]
             for r in results]
     print_table(["plan", "procs", "step s", "speedup", "e2e s", "comm MiB/step/rank", "comm ms @2GB/s", "max |diff|"], rows)
-    write_json("parallel.json", {
+    write_json("parallel.json" if args.vae_tile is None else f"parallel-vae{args.vae_tile}.json", {
         "benchmark": "parallel", "size": args.size, "device": device, "environment": environment(),
         "request": {"height": request.height, "width": request.width, "num_frames": request.num_frames,
                     "steps": request.num_inference_steps, "guidance_scale": request.guidance_scale},
-        "tokens": tokens, "patch_grid": grid, "heads": geometry.num_heads, "layers": dit.num_layers,
+        "vae_tile": args.vae_tile, "tokens": tokens, "patch_grid": grid, "heads": geometry.num_heads, "layers": dit.num_layers,
         "bandwidths_gbps": BANDWIDTHS_GBPS, "results": results,
         "expected_gpu": [analytic(args.size, request.height, request.width, request.num_frames),
                          analytic("real-1.3b", 480, 832, 81)],
