@@ -17,7 +17,7 @@ import torch
 
 from vidloom.core.card import ModelCard, RecipeSpec
 from vidloom.demo.cache import DemoCheckpoint, noise_note, save_merged, write_json
-from vidloom.demo.tokenizer import CHATML_TEMPLATE, train_chat_tokenizer
+from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.qwen3_omni.cards import AR_LOOP, ARCHITECTURE, qwen3_omni_card
 from vidloom.families.qwen3_omni.config import Qwen3OmniConfig
 from vidloom.families.qwen3_omni.decoder import THINKER_NAME_MAP, MoEDecoder
@@ -29,7 +29,17 @@ DEMO_ID = "qwen3-omni-demo"
 DEMO_VERSION = 2  # bump when the demo's architecture or files change
 DEMO_SEED = 20261206
 DEMO_NOTE = noise_note(DEMO_ID, "Qwen3-Omni", "Qwen/Qwen3-Omni-30B-A3B-Instruct", layout="transformers")
-CHAT_TEMPLATE = CHATML_TEMPLATE  # Qwen3-Omni's template renders text turns the same
+# Qwen3-Omni's template: text turns as ChatML, an audio part as <|audio_start|><|audio_pad|><|audio_end|>, an
+# image as <|vision_start|><|image_pad|><|vision_end|> (the released chat_template's rendering).
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.content is string %}{{ m.content }}{% else %}"
+    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+    "{% elif p.type == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # The released tokenizer's special tokens (tokenizer_config.json of Qwen/Qwen3-Omni-30B-A3B-Instruct).
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
             "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<tts_pad>", "<tts_text_bos>",

@@ -9,7 +9,6 @@ ones at small sizes: 16 kHz Whisper log-mel features (fewer mel bins), Qwen2-VL 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,8 +16,7 @@ import torch
 from torch import nn
 
 from vidloom.loading.name_map import NameMap
-from vidloom.families.qwen_omni.encoders import AUDIO_PREFIX, VISION_PREFIX
-from vidloom.families.qwen_omni.load import PROCESSOR_FILE
+from vidloom.models.omni_towers import AUDIO_PREFIX, VISION_PREFIX, write_processor_config
 
 MEDIA_SPECIALS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|IMAGE|>", "<|vision_bos|>", "<|vision_eos|>",
                   "<|VIDEO|>")
@@ -78,12 +76,5 @@ def _fill(tower: nn.Module, generator: torch.Generator) -> None:
 
 def write_processors(folder: Path) -> None:
     """preprocessor_config.json: the feature extractor's and image processor's settings, as the released file."""
-    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
-
-    features = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=16000, hop_length=160,
-                                       chunk_length=AUDIO_CHUNK_S, n_fft=400)
-    images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=MAX_IMAGE_PIXELS, patch_size=14,
-                                      temporal_patch_size=2, merge_size=2)
-    raw = {**features.to_dict(), **images.to_dict(), "processor_class": "Qwen2_5OmniProcessor"}
-    raw.pop("mel_filters", None)  # derived from the settings
-    (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+    write_processor_config(folder, MEL_BINS, AUDIO_CHUNK_S, VISION_CONFIG["patch_size"], MAX_IMAGE_PIXELS,
+                           "Qwen2_5OmniProcessor")
