@@ -148,3 +148,26 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
         widest = max(widest, block_bytes(1, rows, size, ffn, act) + scores + (prep if on_cpu else 0))
         held += piece.inputs.numel() * 4
     return widest + held + int(media.at.shape[0]) * width * act
+
+
+def seeded_tower_parts(audio: nn.Module, vision: nn.Module, seed: int,
+                       gain: float) -> tuple[tuple[nn.Module, NameMap], ...]:
+    """A demo's towers filled from a seeded generator of ours (so its folder does not depend on how a transformers
+    version initialises them), each with the name map that writes it under its checkpoint prefix: matrices
+    ~ 1/sqrt(fan_in), convolutions `gain` times louder (outputs follow inputs), norms near 1."""
+    generator = torch.Generator().manual_seed(seed)
+    parts = []
+    for tower, prefix in ((audio, AUDIO_PREFIX), (vision, VISION_PREFIX)):
+        with torch.no_grad():
+            for name, p in sorted(tower.named_parameters()):
+                noise = torch.randn(p.shape, generator=generator)
+                if p.ndim >= 3:
+                    p.copy_(gain * noise / p[0].numel() ** 0.5)
+                elif p.ndim == 2:
+                    p.copy_(noise / p.shape[1] ** 0.5)
+                elif name.endswith("weight"):  # a norm's scale
+                    p.copy_(1.0 + 0.1 * noise)
+                else:
+                    p.copy_(0.02 * noise)
+        parts.append((nn.ModuleDict({_TOWER: tower.float()}), NameMap(((prefix, _TOWER),))))
+    return tuple(parts)
