@@ -28,27 +28,30 @@ MAX_IMAGE_PIXELS = 256 * 256  # the image processor's max_pixels: at most 64 tok
 TOWER_GAIN = 8.0  # the towers' convolutions, in units of 1/sqrt(fan_in): loud enough that outputs follow inputs
 
 
+# thinker_config's placeholder keys -> the released tokenizer's tokens.
+TOKEN_KEYS = {"audio_token_id": "<|audio_pad|>", "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+              "audio_start_token_id": "<|audio_start|>", "audio_end_token_id": "<|audio_end|>",
+              "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+
+
 def thinker_media_config(hidden_size: int, ids: Mapping[str, int]) -> dict[str, Any]:
-    """The thinker_config entries for both towers and their placeholder tokens (ids: the tokenizer's)."""
-    return {
-        "audio_config": {**AUDIO_CONFIG, "output_dim": hidden_size},
-        "vision_config": {**VISION_CONFIG, "out_hidden_size": hidden_size},
-        "audio_token_id": ids["<|audio_pad|>"], "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"], "audio_start_token_id": ids["<|audio_start|>"],
-        "audio_end_token_id": ids["<|audio_end|>"], "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-    }
+    """The thinker_config entries for both towers (their outputs as wide as the thinker) and their placeholder
+    tokens (ids: the tokenizer's)."""
+    towers = {"audio_config": {**AUDIO_CONFIG, "output_dim": hidden_size},
+              "vision_config": {**VISION_CONFIG, "out_hidden_size": hidden_size}}
+    return {**towers, **{key: ids[token] for key, token in TOKEN_KEYS.items()}}
 
 
 def tower_parts(thinker_raw: Mapping[str, Any], seed: int) -> tuple[tuple[nn.Module, NameMap], ...]:
-    """Both towers with seeded random weights, each with the name map that writes it under its checkpoint prefix."""
+    """Both towers (transformers' modules, as the loader builds them) with seeded random weights, each with the
+    name map that writes it under its checkpoint prefix."""
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as ref
-    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (Qwen3OmniMoeAudioEncoderConfig,
-                                                                                 Qwen3OmniMoeVisionEncoderConfig)
+    from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as configs
 
-    audio = ref.Qwen3OmniMoeAudioEncoder(Qwen3OmniMoeAudioEncoderConfig(**thinker_raw["audio_config"]))
-    vision = ref.Qwen3OmniMoeVisionEncoder(Qwen3OmniMoeVisionEncoderConfig(**thinker_raw["vision_config"]))
-    return seeded_tower_parts(audio, vision, seed, TOWER_GAIN)
+    return seeded_tower_parts(
+        ref.Qwen3OmniMoeAudioEncoder(configs.Qwen3OmniMoeAudioEncoderConfig(**thinker_raw["audio_config"])),
+        ref.Qwen3OmniMoeVisionEncoder(configs.Qwen3OmniMoeVisionEncoderConfig(**thinker_raw["vision_config"])),
+        seed, TOWER_GAIN)
 
 
 def write_processors(folder: Path) -> None:
