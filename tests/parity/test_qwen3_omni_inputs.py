@@ -34,30 +34,35 @@ def tiny(request, tmp_path_factory):
     return folder, load_reference(folder), VideoGenerator.from_pretrained(str(folder))
 
 
-def conversation(kind: str, seed: int):
-    """One user turn with an audio clip or an image and a question: (our messages, the media for the reference)."""
-    if kind == "audio":
-        part, pcm = clip(seed, 2.3)  # over one 100-frame chunk of the audio tower: two chunks
-        return [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}], pcm
-    url, image = png_url(seed, (90, 70))
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": QUESTION}]}], image
+def conversation(kinds: tuple[str, ...], seed: int):
+    """One user turn with an audio clip and/or an image, then a question: (our messages, the media by kind)."""
+    parts, media = [], {}
+    for kind in kinds:
+        if kind == "audio":
+            part, media[kind] = clip(seed, 2.3)  # over one 100-frame chunk of the audio tower: two chunks
+        else:
+            url, media[kind] = png_url(seed, (90, 70))
+            part = {"type": "image_url", "image_url": {"url": url}}
+        parts.append(part)
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}], media
 
 
-def reference_inputs(folder, tokenizer, kind: str, media) -> dict:
+def reference_inputs(folder, tokenizer, media: dict) -> dict:
+    """The processor's way: the template renders one placeholder per part, then each is widened."""
     extractor, image_processor = load_processors(folder)
-    parts = [{"type": kind}, {"type": "text", "text": QUESTION}]
+    parts = [{"type": kind} for kind in media] + [{"type": "text", "text": QUESTION}]
     text = tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False,
                                          add_generation_prompt=True)
-    if kind == "audio":
-        feats = extractor(media, sampling_rate=16000, padding="max_length", return_attention_mask=True,
+    inputs = {}
+    if "audio" in media:
+        feats = extractor(media["audio"], sampling_rate=16000, padding="max_length", return_attention_mask=True,
                           return_tensors="pt")
         tokens = audio_output_length(int(feats["attention_mask"].sum()))
-        inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
+        inputs.update(input_features=feats["input_features"], feature_attention_mask=feats["attention_mask"])
         text = text.replace("<|audio_pad|>", "<|audio_pad|>" * tokens)
-    else:
-        pix = image_processor(images=[media], return_tensors="pt")
-        inputs = {"pixel_values": pix["pixel_values"], "image_grid_thw": pix["image_grid_thw"]}
+    if "image" in media:
+        pix = image_processor(images=[media["image"]], return_tensors="pt")
+        inputs.update(pixel_values=pix["pixel_values"], image_grid_thw=pix["image_grid_thw"])
         text = text.replace("<|image_pad|>", "<|image_pad|>" * (int(pix["image_grid_thw"].prod()) // 4))
     ids = tokenizer(text, return_tensors="pt")
     return {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"], **inputs}
@@ -73,13 +78,13 @@ def our_first_logits(gen, messages) -> torch.Tensor:
                        embeds_at=(media.at, rows))[0]
 
 
-@pytest.mark.parametrize("kind", ["audio", "image"])
-def test_greedy_ids_and_logits_match_the_thinker(tiny, kind):
+@pytest.mark.parametrize("kinds", [("audio",), ("image",), ("audio", "image")], ids="+".join)
+def test_greedy_ids_and_logits_match_the_thinker(tiny, kinds):
     folder, model, gen = tiny
     tokenizer = gen.engine.instance["tokenizer"]
-    messages, media = conversation(kind, 1)
+    messages, media = conversation(kinds, 1)
     result = gen.chat(messages, max_tokens=MAX_TOKENS, temperature=0.0)
-    inputs = reference_inputs(folder, tokenizer, kind, media)
+    inputs = reference_inputs(folder, tokenizer, media)
     with torch.inference_mode():
         out = model.thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
                                      eos_token_id=list(eos_ids(tokenizer)))
@@ -90,6 +95,6 @@ def test_greedy_ids_and_logits_match_the_thinker(tiny, kind):
     ours = our_first_logits(gen, messages)
     np.testing.assert_allclose(ours.numpy(), logits.numpy(), atol=LOGITS_ATOL, rtol=0)
     # the towers matter: another clip or image moves the logits far past the tolerance
-    other, _ = conversation(kind, 2)
+    other, _ = conversation(kinds, 2)
     assert (our_first_logits(gen, other) - ours).abs().max() > 1000 * LOGITS_ATOL
     assert gen.engine.decoder.stats()["kv_blocks_in_use"] == 0
