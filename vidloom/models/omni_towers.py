@@ -126,7 +126,9 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
     (the released vision towers have full-attention blocks), an audio clip's window of 2 x n_window frames
     (transformers' audio towers attend within windows; their rows after the first stride-2 conv bound the
     rest). On CPU the processors' work (at admission, just before) shares the device's memory, and glibc keeps
-    its freed blocks in its arenas: it is counted beside the pass (PREP_COPIES), not under it."""
+    its freed blocks in its arenas: it is counted beside the pass (PREP_COPIES), not under it. An audio tower
+    with a 2-d convolution front (Qwen3-Omni's, downsample_hidden_size channels) also holds its first
+    convolution's output over every chunk and its activation during the pass."""
     from vidloom.core.footprint import block_bytes
 
     if media is None:
@@ -139,13 +141,15 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
             heads = c.encoder_attention_heads
             seen = min(rows, 2 * int(c.n_window))
             prep = AUDIO_PREP_COPIES * piece.inputs.shape[1] * int(processors[0].n_fft) * 8
+            front = _conv_bytes(c, piece, act)
         else:
             c = encoders.vision.config
             rows, size, ffn, heads = piece.inputs.shape[0], c.hidden_size, c.intermediate_size, c.num_heads
             seen = rows
             prep = IMAGE_PREP_COPIES * piece.inputs.numel() * 4
+            front = 0
         scores = SCORE_COPIES * heads * rows * seen * 4
-        widest = max(widest, block_bytes(1, rows, size, ffn, act) + scores + (prep if on_cpu else 0))
+        widest = max(widest, block_bytes(1, rows, size, ffn, act) + scores + front + (prep if on_cpu else 0))
         held += piece.inputs.numel() * 4
     return widest + held + int(media.at.shape[0]) * width * act
 
@@ -171,3 +175,12 @@ def seeded_tower_parts(audio: nn.Module, vision: nn.Module, seed: int,
                     p.copy_(0.02 * noise)
         parts.append((nn.ModuleDict({_TOWER: tower.float()}), NameMap(((prefix, _TOWER),))))
     return tuple(parts)
+
+
+def _conv_bytes(config: Any, piece: Any, act: int) -> int:
+    """A 2-d convolution front's first output and its GELU, [chunks, channels, mel/2, n_window] each (transformers'
+    Qwen3-Omni audio tower: chunks of 2 x n_window frames, stride 2); 0 for a tower without one (Qwen2.5-Omni)."""
+    channels = int(getattr(config, "downsample_hidden_size", 0) or 0)
+    window = 2 * int(config.n_window)
+    chunks = -(-piece.inputs.shape[1] // window)
+    return 2 * chunks * channels * (-(-piece.inputs.shape[0] // 2)) * (window // 2) * act
