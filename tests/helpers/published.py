@@ -206,7 +206,7 @@ def _qwen3_omni_tokenizer():
 
 
 def _no_files(folder: Path, tokenizer: Any) -> None:
-    """Qwen3-Omni: the loader reads config.json, the weights and the tokenizer only (the towers are not built)."""
+    """Qwen3-Omni: config.json, the weights and the tokenizer (no preprocessor_config.json: chat reads text only)."""
 
 
 # A transformers folder's config.json `architectures` name -> (the transformers class that builds it, its tiny

@@ -18,6 +18,13 @@ import torch
 
 from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.qwen3_omni.demo import CHAT_TEMPLATE, CORPUS, SPECIALS
+from vidloom.models.omni_towers import write_processor_config
+
+# The towers' feature extractor and image processor (preprocessor_config.json): 16 mel bins (the audio tower's
+# num_mel_bins), 4 s clips (a too-long one fits a request body), 16-pixel patches (the vision tower's default
+# patch_size), at most 8x8 patches.
+MEL_BINS, AUDIO_CHUNK_S, PATCH_SIZE, MAX_IMAGE_PIXELS = 16, 4, 16, 128 * 128
+TOWER_GAIN = 2.0  # the towers' weights in units of 1/sqrt(fan_in)
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ def omni_config(spec: TinyThinker, tokenizer, talker: TinyTalker | None = None):
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
     thinker = dict(
         text_config=dict(vocab_size=len(tokenizer), **spec.text),
-        audio_config=dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
+        audio_config=dict(num_mel_bins=MEL_BINS, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16,
                           d_model=16, output_dim=hidden),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=hidden,
                            deepstack_visual_indexes=[0]),
@@ -146,7 +153,24 @@ def build_model(spec: TinyThinker, seed: int = 0, talker: TinyTalker | None = No
                 p.copy_(noise / p.shape[-1] ** 0.5)
             else:  # attention biases
                 p.copy_(0.1 * noise)
+    _redraw_towers(model, torch.Generator().manual_seed(seed + 11))
     return model, tokenizer
+
+
+def _redraw_towers(model, g: torch.Generator) -> None:
+    """The audio and vision towers loud enough that their inputs steer the reply (transformers' init, std 0.02,
+    gives near-constant rows): matrices and convolutions ~ 1/sqrt(fan_in), norms near 1, biases small."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith(("thinker.audio_tower.", "thinker.visual.")):
+                continue
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim >= 2:
+                p.copy_(TOWER_GAIN * noise / p[0].numel() ** 0.5)
+            elif "norm" in name or "ln" in name.split(".")[-2]:
+                p.copy_(1.0 + 0.1 * noise)
+            else:
+                p.copy_(0.02 * noise)
 
 
 def write_tiny_thinker(folder: Path, spec: TinyThinker = THINKER_A, seed: int = 0,
@@ -157,6 +181,7 @@ def write_tiny_thinker(folder: Path, spec: TinyThinker = THINKER_A, seed: int = 
     folder = Path(folder)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    write_processor_config(folder, MEL_BINS, AUDIO_CHUNK_S, PATCH_SIZE, MAX_IMAGE_PIXELS, "Qwen3OmniMoeProcessor")
     return folder
 
 

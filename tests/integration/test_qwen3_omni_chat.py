@@ -1,6 +1,7 @@
 """Qwen3-Omni (the thinker, text out) as users reach it: the demo from a fresh cache, the OpenAI chat endpoint with
 the official openai client (plain and streamed, equal to generate's greedy ids), its deploy features (a small KV
-pool, the math attention kernel), and what it refuses by name (media parts, audio output, mask-less kernels)."""
+pool, the math attention kernel), and what it refuses by name (audio output, mask-less kernels); media parts:
+test_qwen3_omni_media.py."""
 
 from __future__ import annotations
 
@@ -74,19 +75,6 @@ def test_audio_output_and_media_parts_are_400s(server, extra, param):
     assert r.status_code == 400, r.text
     if param is not None:
         assert r.json()["error"]["param"] == param
-
-
-def test_media_parts_are_refused_naming_the_part(folder):
-    from PIL import Image
-
-    from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest
-
-    gen = VideoGenerator.from_pretrained(str(folder), device="cpu")
-    image = ChatPart("image", image=Image.new("RGB", (8, 8)))
-    request = ChatRequest((ChatMessage("user", (ChatPart("text", "hi"), image)),))
-    with pytest.raises(InvalidRequest) as err:
-        gen.engine.decoder.chat_slots(request)
-    assert err.value.field == "messages[0].content[1]"
 
 
 def test_a_small_kv_pool_bounds_the_chat(folder):

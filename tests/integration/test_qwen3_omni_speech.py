@@ -102,7 +102,8 @@ def test_openai_client_speaks(gen, tmp_path):
             assert w.getframerate() == 24000 and w.getnframes() > 0
         assert message.audio.transcript == plain.choices[0].message.content  # no system prompt is added
         caps = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()["capabilities"]
-        assert caps["speech"] and caps["voices"] == ["chelsie", "ethan"] and caps["chat_inputs"] == ["text"]
+        assert caps["speech"] and caps["voices"] == ["chelsie", "ethan"]
+        assert caps["chat_inputs"] == ["audio", "image", "text"]  # the folder has both towers
 
 
 def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alone(gen):

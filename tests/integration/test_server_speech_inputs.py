@@ -124,7 +124,7 @@ def test_audio_parts_stream(served, oc):
 def test_media_features_are_prepared_on_the_media_pool(served, oc, monkeypatch):
     """Whisper features and image patches of a served chat, spoken or not, are made on the media pool's threads,
     never on the event loop's."""
-    from vidloom.families.qwen_omni import media
+    from vidloom.models import omni_media as media
 
     server, _ = served
     threads: list[str] = []

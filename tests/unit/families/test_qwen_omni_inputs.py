@@ -18,7 +18,7 @@ from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.media.audio_upload import load_input_audio
-from vidloom.families.qwen_omni.media import IMAGE, MediaPiece, multimodal_positions
+from vidloom.models.omni_media import IMAGE, MediaPiece, multimodal_positions
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,7 @@ def test_audio_and_image_parts_add_their_towers_to_the_estimate(gen):
 
 def test_a_text_answer_with_media_holds_its_towers_on_the_admission_ledger(gen):
     """A chat answered in text is admitted on its decode working set (PagedDecoder.memory_bytes): with audio and
-    image parts, that includes the towers' pass (OmniChatLoop.media_bytes), which runs inside its prefill step."""
+    image parts, that includes the towers' pass (MediaChatLoop.media_bytes), which runs inside its prefill step."""
     from tests.parity.test_qwen_omni_inputs import conversation
     from vidloom.core.chat import build_chat_request
     from vidloom.media.audio_upload import load_input_audio

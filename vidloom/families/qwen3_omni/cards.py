@@ -2,8 +2,9 @@
 
 Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged KV pool; speech (thinker ->
 talker with its code predictor -> code2wav) when the checkpoint has a talker (enable_audio_output with a
-talker_config and a code2wav_config). The audio and vision towers (media inputs) are not built yet: a chat with
-audio, image or video parts is refused by name.
+talker_config and a code2wav_config). Audio and image parts of a chat reach the thinker through its towers
+(transformers' encoder modules) when the checkpoint has them and their preprocessor_config.json; which parts a
+loaded model reads is its program's `chat_inputs` (GET /v1/models/{id}: capabilities.chat_inputs).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ CAPABILITY_ROWS = {FAMILY: CAPABILITIES}
 # The card generates no images or video (tasks is empty): these fill the contract and are never read.
 NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_inference_steps=1,
                                  guidance_scale=1.0, flow_shift=1.0, sampler="none")
-TEXT_IN = ("text parts in: the audio and vision towers (audio, image and video inputs) are not built yet")
+MEDIA_IN = ("audio and image parts in through the thinker's towers where the checkpoint has them "
+            "(thinker.audio_tower.*, thinker.visual.*, preprocessor_config.json); text-only otherwise; no video parts; "
+            "a spoken answer reads text parts only")
 NO_TALKER = "text out only: the checkpoint has no talker (enable_audio_output false, or no talker/code2wav config)"
 
 
@@ -69,6 +72,6 @@ def qwen3_omni_card(model_id: str, source: str, *, description: str, speaks: boo
         model_id=model_id, family=FAMILY, components=components, loops=loops, tasks=frozenset(),
         precision=precision, sampling_defaults=NO_GENERATION, geometry=Geometry(1, 1),
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM, source=source,
-        description=description, notes=notes + (TEXT_IN,) + (() if speaks else (NO_TALKER,)),
+        description=description, notes=notes + (MEDIA_IN,) + (() if speaks else (NO_TALKER,)),
         context_window=CONTEXT_WINDOW, capabilities=CAPABILITIES, speech=SPEECH if speaks else None,
     )

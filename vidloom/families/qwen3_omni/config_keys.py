@@ -1,8 +1,8 @@
 """Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
 
-Keys config.py reads are `read` (code2wav_config: transformers' Code2Wav config class reads it); the parts
-this runtime does not build yet (the towers) are accepted as harmless with the reason, and the card refuses what
-needs them; any other key is refused by name (KeyPolicy).
+Keys config.py reads are `read` (code2wav_config, audio_config and vision_config: transformers' config classes
+read them, for code2wav and the towers); keys for what this runtime does not build (video positions) are
+accepted as harmless with the reason; any other key is refused by name (KeyPolicy).
 """
 
 from __future__ import annotations
@@ -10,20 +10,19 @@ from __future__ import annotations
 from vidloom.loading.key_policy import Refusal
 from vidloom.loading.transformers_keys import SPECIAL_ID, transformers_policy
 
-_NOT_BUILT = "a part this runtime does not build yet; the card refuses what needs it (audio output, media inputs)"
-
 ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_output", "code2wav_config"}, {
     **dict.fromkeys(("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
                      "tts_eos_token_id", "system_token_id", "user_token_id", "assistant_token_id"), SPECIAL_ID),
 })
 _MEDIA_IDS = ("audio_token_id", "image_token_id", "video_token_id", "audio_start_token_id", "audio_end_token_id",
               "vision_start_token_id", "vision_end_token_id", "user_token_id")
-THINKER = transformers_policy({"text_config"}, {
-    "audio_config": _NOT_BUILT, "vision_config": _NOT_BUILT, **dict.fromkeys(_MEDIA_IDS, SPECIAL_ID),
-    "position_id_per_seconds": "places audio and video tokens in time; text-only prompts have none",
-    "seconds_per_chunk": "interleaves a video's audio in chunks; text-only prompts have none",
+THINKER = transformers_policy({"text_config", "audio_config", "vision_config"}, {
+    **dict.fromkeys(_MEDIA_IDS, SPECIAL_ID),
+    "position_id_per_seconds": "places video frames in time; audio and still images (one grid step) do not read "
+                               "it, and video parts are not taken",
+    "seconds_per_chunk": "interleaves a video's audio in chunks; video parts are not taken",
 }, head=True)
-_MEDIA_ROWS = "places media rows in the talker's prompt; the towers are not built, so prompts have none"
+_MEDIA_ROWS = "places media rows in the talker's prompt; a spoken answer reads text parts only, so it has none"
 TALKER = transformers_policy({
     "text_config", "code_predictor_config", "num_code_groups", "thinker_hidden_size", "accept_hidden_layer",
     "speaker_id", "codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",

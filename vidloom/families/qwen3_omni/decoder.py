@@ -2,7 +2,8 @@
 
 Per layer [RMSNorm -> GQA attention (q/k/v/o, biases when attention_bias) with a per-head RMSNorm on q and k
 before the interleaved multimodal rotary -> residual -> RMSNorm -> sparse MoE or dense MLP -> residual], final
-RMSNorm, lm head. Which sequence a packed token belongs to is the KV store's business (the runtime's paged
+RMSNorm, lm head. Prompt media (`embeds_at`) replace their placeholders' embeddings, and an image's deepstack
+features are added to its tokens' states after the first blocks. Which sequence a packed token belongs to is the KV store's business (the runtime's paged
 pool, or one causal sequence); each layer is split around that attention call (PreAttention, PostAttention).
 """
 
@@ -143,14 +144,18 @@ class MoEDecoder(nn.Module):
         """embeds [T, hidden] (packed), positions [3, T] -> final normed hidden states [T, hidden]."""
         return self._run(embeds, positions, kv)[0]
 
-    def _run(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None) -> tuple[Tensor, Tensor]:
-        """-> (final normed states, the states at tap_layer (the final ones when untapped)) [T, hidden]."""
+    def _run(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None,
+             deepstack: tuple[Tensor, list[Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+        """-> (final normed states, the states at tap_layer (the final ones when untapped)) [T, hidden].
+        `deepstack` (index [K], one [K, hidden] per block) is added to those tokens after blocks 0, 1, ..."""
         kv = kv if kv is not None else CausalAttention(self.attention_scale)
         rope = self.rotary(positions, embeds.dtype)
         x = tapped = embeds
         with self.sdpa():
             for layer, block in enumerate(self.blocks):
                 x = block(x, rope, kv, layer)
+                if deepstack is not None and layer < len(deepstack[1]):
+                    x = x.index_add(0, deepstack[0], deepstack[1][layer].to(x.dtype))
                 if layer + 1 == self.tap_layer:
                     tapped = x
         x = self.norm(x)
@@ -158,10 +163,19 @@ class MoEDecoder(nn.Module):
 
     def forward(self, input_ids: Tensor | None, positions: Tensor, kv: KVAttention | None = None,
                 logits_at: Tensor | None = None, return_hidden: bool = False,
-                inputs_embeds: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                inputs_embeds: Tensor | None = None,
+                embeds_at: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Token ids [T] (or `inputs_embeds` [T, hidden]) -> logits [T or len(logits_at), vocab]; with
-        `return_hidden`, also every token's hidden state at tap_layer [T, hidden] (the final one untapped)."""
+        `return_hidden`, also every token's hidden state at tap_layer [T, hidden] (the final one untapped).
+        `embeds_at` (index [K], rows [K, hidden * (1 + deepstack)]) replaces those tokens' embeddings with the
+        rows' first hidden columns (the towers' output) and adds the next ones after blocks 0, 1, ... (deepstack)."""
         embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        x, tapped = self._run(embeds, positions, kv)
+        deepstack = None
+        if embeds_at is not None:
+            index, rows = embeds_at
+            parts = rows.to(embeds.dtype).split(self.config.hidden_size, dim=-1)
+            embeds = embeds.index_copy(0, index, parts[0])
+            deepstack = (index, list(parts[1:])) if len(parts) > 1 else None
+        x, tapped = self._run(embeds, positions, kv, deepstack)
         logits = self.head(x if logits_at is None else x[logits_at])
         return (logits, tapped) if return_hidden else logits

@@ -4,7 +4,8 @@ size with seeded random weights.
 One transformers-layout folder (config.json, model.safetensors with every tensor in the released naming, one
 tensor per expert, tokenizer files with Qwen3-Omni's special tokens), written once into the user's cache from our
 own modules (code2wav: transformers' module, as the loader builds it) and loaded through the same loader as real
-checkpoints. Chat and speech run offline in seconds; the weights are random, so words and sounds are noise by
+checkpoints, with the audio and vision towers and their processor settings (demo_encoders.py). Chat (with audio
+and image parts) and speech run offline in seconds; the weights are random, so words and sounds are noise by
 design.
 """
 
@@ -17,19 +18,30 @@ import torch
 
 from vidloom.core.card import ModelCard, RecipeSpec
 from vidloom.demo.cache import DemoCheckpoint, noise_note, save_merged, write_json
-from vidloom.demo.tokenizer import CHATML_TEMPLATE, train_chat_tokenizer
+from vidloom.demo.tokenizer import train_chat_tokenizer
 from vidloom.families.qwen3_omni.cards import AR_LOOP, ARCHITECTURE, qwen3_omni_card
 from vidloom.families.qwen3_omni.config import Qwen3OmniConfig
 from vidloom.families.qwen3_omni.decoder import THINKER_NAME_MAP, MoEDecoder
+from vidloom.families.qwen3_omni.demo_encoders import thinker_media_config, tower_parts, write_processors
 from vidloom.families.qwen3_omni.load import WEIGHTS_STEM
 from vidloom.families.qwen3_omni.talker import TALKER_NAME_MAP, Talker
 from vidloom.loading.name_map import NameMap
 
 DEMO_ID = "qwen3-omni-demo"
-DEMO_VERSION = 2  # bump when the demo's architecture or files change
+DEMO_VERSION = 3  # bump when the demo's architecture or files change
 DEMO_SEED = 20261206
 DEMO_NOTE = noise_note(DEMO_ID, "Qwen3-Omni", "Qwen/Qwen3-Omni-30B-A3B-Instruct", layout="transformers")
-CHAT_TEMPLATE = CHATML_TEMPLATE  # Qwen3-Omni's template renders text turns the same
+# Qwen3-Omni's template: text turns as ChatML, an audio part as <|audio_start|><|audio_pad|><|audio_end|>, an
+# image as <|vision_start|><|image_pad|><|vision_end|> (the released chat_template's rendering).
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.content is string %}{{ m.content }}{% else %}"
+    "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+    "{% elif p.type == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
+    "{% elif p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # The released tokenizer's special tokens (tokenizer_config.json of Qwen/Qwen3-Omni-30B-A3B-Instruct).
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
             "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<tts_pad>", "<tts_text_bos>",
@@ -108,8 +120,11 @@ def write_demo_checkpoint(folder: Path) -> None:
 
     tokenizer = train_chat_tokenizer(CORPUS, SPECIALS, CHAT_TEMPLATE)
     tokenizer.save_pretrained(str(folder))
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
+    thinker_raw = {"text_config": {**THINKER, "vocab_size": len(tokenizer)},
+                   **thinker_media_config(THINKER["hidden_size"], ids)}
     raw = {"architectures": [ARCHITECTURE], "model_type": "qwen3_omni_moe", "enable_audio_output": True,
-           "thinker_config": {"text_config": {**THINKER, "vocab_size": len(tokenizer)}}, **_speech_config(tokenizer)}
+           "thinker_config": thinker_raw, **_speech_config(tokenizer)}
     config = Qwen3OmniConfig.from_raw(raw)
     torch.manual_seed(DEMO_SEED)
     thinker, talker = MoEDecoder(config.thinker), Talker(config)
@@ -123,7 +138,9 @@ def write_demo_checkpoint(folder: Path) -> None:
             elif "norm" not in name:  # biases, layer scales, snake alpha/beta
                 param.normal_(0.0, 0.1)
     save_merged(folder, ((thinker, THINKER_NAME_MAP), (talker, TALKER_NAME_MAP),
-                         (code2wav, NameMap((("code2wav", "module"),)))), stem=WEIGHTS_STEM)
+                         (code2wav, NameMap((("code2wav", "module"),))),
+                         *tower_parts(thinker_raw, DEMO_SEED + 1)), stem=WEIGHTS_STEM)
+    write_processors(folder)
     write_json(folder / "config.json", raw)  # last: the folder's completeness marker
 
 

@@ -1,4 +1,5 @@
-"""Load a Qwen3-Omni transformers checkpoint folder's thinker decoder and tokenizer through an explicit name map."""
+"""Load a Qwen3-Omni transformers checkpoint folder's thinker decoder, towers, processors and tokenizer (and its
+talker and code2wav when the card speaks) through explicit name maps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
 from vidloom.families.qwen3_omni.code2wav import load_code2wav
 from vidloom.families.qwen3_omni.config import Qwen3OmniConfig
+from vidloom.models.omni_towers import load_processors
+from vidloom.families.qwen3_omni.encoders import load_encoders
 from vidloom.families.qwen3_omni.decoder import THINKER_KEYS, THINKER_NAME_MAP, MoEDecoder
 from vidloom.families.qwen3_omni.talker import TALKER_KEYS, TALKER_NAME_MAP, Talker
 
@@ -52,7 +55,8 @@ def load_talker(folder: Path, config: Qwen3OmniConfig, device: torch.device, dty
 
 def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
                   deploy: Any) -> Any:
-    """Read a Qwen3-Omni folder: the thinker's decoder and the tokenizer (CPU computes in cpu_default_dtype())."""
+    """Read a Qwen3-Omni folder: the thinker's decoder, its towers and processors where the folder has them, and the
+    tokenizer (CPU computes in cpu_default_dtype())."""
     from vidloom.core.instance import ModelInstance
 
     folder = Path(checkpoint)
@@ -65,7 +69,9 @@ def load_instance(card: Any, checkpoint: Path, device: torch.device, dtype: torc
         raise CheckpointError(f"{folder}: the tokenizer has {len(tokenizer)} tokens, more than the thinker's "
                               f"vocab_size {config.thinker.vocab_size}")
     thinker = load_thinker(folder, config, device, compute, sdpa)
-    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer}
+    thinker_raw = read_json(folder / "config.json").get("thinker_config") or {}
+    components: dict[str, Any] = {"thinker": thinker, "tokenizer": tokenizer, "processors": load_processors(folder),
+                                  "encoders": load_encoders(folder, thinker_raw, device, compute, WEIGHTS_STEM, sdpa)}
     if card.speech is not None and config.speech is not None:
         components.update({"talker": load_talker(folder, config, device, compute, sdpa), "speech": config.speech,
                            # float32 like Qwen2.5-Omni's token2wav: a waveform's small samples

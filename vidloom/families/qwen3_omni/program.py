@@ -1,4 +1,5 @@
-"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool), and with
+"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool, with audio and
+image parts through its towers where the checkpoint has them), and with
 a talker speech as thinker -> talker (with its code predictor) -> code2wav."""
 
 from __future__ import annotations
@@ -9,22 +10,39 @@ from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, Program
-from vidloom.decoding.loop import ARDecodeLoop, PromptFn
-from vidloom.layers.rotary import text_positions
+from vidloom.families.qwen3_omni.encoders import MEDIA_TOKENS
+from vidloom.decoding.loop import PromptFn
+from vidloom.models.omni_chat import MediaChatLoop
+from vidloom.models.omni_media import MediaPrompter
+
+
+def media_prompter(instance: ModelInstance) -> MediaPrompter:
+    """The instance's template, processors and towers (the towers and processors may be absent: text only)."""
+    encoders = instance.components.get("encoders")
+    return MediaPrompter(instance["tokenizer"], instance.components.get("processors"), encoders,
+                         encoders.merge_size if encoders is not None else 2, MEDIA_TOKENS)
+
+
+def chat_inputs(towers: Any, processors: Any) -> frozenset[str]:
+    """The message parts chat reads: text, and audio and images where the checkpoint has their towers and
+    processor settings."""
+    if towers is None or processors is None:
+        return frozenset({"text"})
+    return frozenset({"text"} | ({"audio"} if towers.audio is not None else set())
+                     | ({"image"} if towers.vision is not None else set()))
 
 
 def text_prompt(tokenizer: Any) -> PromptFn:
-    """Request -> prompt ids through the checkpoint's chat template; a non-text part is refused by its index
-    (the audio and vision towers are not built yet)."""
+    """Request -> prompt ids through the checkpoint's chat template, for speech (text to say); a non-text part is
+    refused by its index."""
 
     def prompt(request: ChatRequest) -> list[int]:
         for i, message in enumerate(request.messages):
             kinds = [part.type for part in message.content]
             if any(kind != "text" for kind in kinds):
                 j = next(n for n, kind in enumerate(kinds) if kind != "text")
-                raise InvalidRequest(f"messages[{i}].content[{j}]", f"Qwen3-Omni takes text parts only here: "
-                                     f"{kinds[j]} inputs need the thinker's towers, which this runtime does not "
-                                     "build yet")
+                raise InvalidRequest(f"messages[{i}].content[{j}]", f"Qwen3-Omni speech takes text parts only: "
+                                     f"{kinds[j]} inputs reach the thinker through chat")
         turns = [{"role": message.role, "content": message.text} for message in request.messages]
         return list(tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True,
                                                   return_dict=True)["input_ids"])
@@ -45,9 +63,11 @@ def build_program(instance: ModelInstance) -> Program:
     from vidloom.families.qwen3_omni.speech_loops import Code2WavLoop, SpeechThinkerLoop, TalkerLoop
 
     tokenizer, thinker = instance["tokenizer"], instance["thinker"]
-    chat = ARDecodeLoop(thinker, tokenizer, text_prompt(tokenizer), text_positions, eos_ids(tokenizer))
+    prompter = media_prompter(instance)
+    chat = MediaChatLoop(thinker, tokenizer, prompter, eos_ids(tokenizer))
+    reads = chat_inputs(prompter.encoders, prompter.processors)
     if "talker" not in instance.components:
-        return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=chat)
+        return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=chat, chat_inputs=reads)
     talker, code2wav = instance["talker"], instance["code2wav"]
     nodes = (
         Node("thinker", reads=("speech",), writes=("thinker",),
@@ -59,4 +79,4 @@ def build_program(instance: ModelInstance) -> Program:
     )
     # The talker's decode steps run on a paged pool of its own layout, batched across requests.
     return Program(nodes=nodes, inputs=frozenset({"speech"}), outputs=SPEECH_OUTPUTS, chat_loop=chat,
-                   paged_networks=(talker.decoder,), voices=tuple(instance["speech"].speakers))
+                   paged_networks=(talker.decoder,), chat_inputs=reads, voices=tuple(instance["speech"].speakers))

@@ -2,7 +2,7 @@
 
 Chat (the thinker's "ar_decode" loop, text in, text out) always; speech (thinker -> talker ->
 token2wav -> vocoder) when the checkpoint has a talker and a speaker table. Audio and image parts of a chat
-reach the thinker through its towers when the checkpoint has them (families.qwen_omni.media); without them
+reach the thinker through its towers when the checkpoint has them (vidloom.models.omni_media); without them
 such parts are refused by name.
 """
 

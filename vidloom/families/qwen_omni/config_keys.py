@@ -21,7 +21,7 @@ THINKER = _policy({"text_config", "audio_config", "vision_config"}, {
     **dict.fromkeys(_THINKER_IDS, _SPECIAL_ID),
     "seconds_per_chunk": "only interleaves the audio of a video input in chunks; this runtime takes no video",
 }, {"position_id_per_seconds": Refusal((25,), "media/TMRoPE positions here advance 25 per second "
-                                              "(families/qwen_omni/media.py POSITION_ID_PER_SECONDS)")})
+                                              "(models/omni_media.py POSITION_ID_PER_SECONDS)")})
 
 # The decoder keys config.DecoderConfig reads; rope_theta / rope_scaling are the 4.x spelling of rope_parameters.
 _DECODER_READ = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

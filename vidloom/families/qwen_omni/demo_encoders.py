@@ -9,16 +9,13 @@ ones at small sizes: 16 kHz Whisper log-mel features (fewer mel bins), Qwen2-VL 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
 from torch import nn
 
 from vidloom.loading.name_map import NameMap
-from vidloom.families.qwen_omni.encoders import AUDIO_PREFIX, VISION_PREFIX
-from vidloom.families.qwen_omni.load import PROCESSOR_FILE
+from vidloom.models.omni_towers import seeded_tower_parts, write_processor_config
 
 MEDIA_SPECIALS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|IMAGE|>", "<|vision_bos|>", "<|vision_eos|>",
                   "<|VIDEO|>")
@@ -53,37 +50,10 @@ def tower_parts(thinker_raw: Mapping[str, Any], seed: int) -> tuple[tuple[nn.Mod
 
     audio = ref.Qwen2_5OmniAudioEncoder(Qwen2_5OmniAudioEncoderConfig(**thinker_raw["audio_config"]))
     vision = ref.Qwen2_5OmniVisionEncoder(Qwen2_5OmniVisionEncoderConfig(**thinker_raw["vision_config"]))
-    generator = torch.Generator().manual_seed(seed)
-    parts = []
-    for tower, prefix in ((audio, AUDIO_PREFIX), (vision, VISION_PREFIX)):
-        _fill(tower, generator)
-        parts.append((nn.ModuleDict({"tower": tower.float()}), NameMap(((prefix, "tower"),))))
-    return tuple(parts)
-
-
-def _fill(tower: nn.Module, generator: torch.Generator) -> None:
-    """Every parameter from `generator`: matrices ~ 1/sqrt(fan_in), convolutions louder, norms near 1."""
-    with torch.no_grad():
-        for name, p in sorted(tower.named_parameters()):
-            noise = torch.randn(p.shape, generator=generator)
-            if p.ndim >= 3:
-                p.copy_(TOWER_GAIN * noise / p[0].numel() ** 0.5)
-            elif p.ndim == 2:
-                p.copy_(noise / p.shape[1] ** 0.5)
-            elif name.endswith("weight"):  # a norm's scale
-                p.copy_(1.0 + 0.1 * noise)
-            else:
-                p.copy_(0.02 * noise)
+    return seeded_tower_parts(audio, vision, seed, TOWER_GAIN)
 
 
 def write_processors(folder: Path) -> None:
     """preprocessor_config.json: the feature extractor's and image processor's settings, as the released file."""
-    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
-
-    features = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=16000, hop_length=160,
-                                       chunk_length=AUDIO_CHUNK_S, n_fft=400)
-    images = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=MAX_IMAGE_PIXELS, patch_size=14,
-                                      temporal_patch_size=2, merge_size=2)
-    raw = {**features.to_dict(), **images.to_dict(), "processor_class": "Qwen2_5OmniProcessor"}
-    raw.pop("mel_filters", None)  # derived from the settings
-    (Path(folder) / PROCESSOR_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+    write_processor_config(folder, MEL_BINS, AUDIO_CHUNK_S, VISION_CONFIG["patch_size"], MAX_IMAGE_PIXELS,
+                           "Qwen2_5OmniProcessor")

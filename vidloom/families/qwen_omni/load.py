@@ -13,6 +13,7 @@ from vidloom.loading.chat_tokenizer import load_chat_tokenizer
 from vidloom.loading.diffusers_dir import read_json
 from vidloom.loading.precision import default_compute_dtype, materialize
 from vidloom.loading.safetensors_io import load_weights
+from vidloom.models.omni_towers import load_processors
 from vidloom.families.qwen_omni.config import OmniConfig
 from vidloom.families.qwen_omni.decoder import (TALKER_KEYS, TALKER_NAME_MAP, THINKER_KEYS, THINKER_NAME_MAP,
                                               OmniDecoder)
@@ -46,22 +47,6 @@ def load_talker(folder: Path, config: OmniConfig, device: torch.device, dtype: t
     model = materialize(lambda: OmniDecoder(config.talker, projects_input=True, sdpa=sdpa), device, dtype)
     load_weights(model, Path(folder), TALKER_NAME_MAP, stem=WEIGHTS_STEM, skip=_only(TALKER_KEYS))
     return model.eval()
-
-
-PROCESSOR_FILE = "preprocessor_config.json"  # the released checkpoint's feature extractor + image processor settings
-
-
-def load_processors(folder: Path) -> tuple[Any, Any] | None:
-    """The checkpoint's Whisper feature extractor and Qwen2-VL image processor (None without their file)."""
-    if not (Path(folder) / PROCESSOR_FILE).is_file():
-        return None
-    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
-
-    try:
-        return (WhisperFeatureExtractor.from_pretrained(str(folder)),
-                Qwen2VLImageProcessorPil.from_pretrained(str(folder)))
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{folder}/{PROCESSOR_FILE}: not a readable processor config ({exc})") from None
 
 
 def load_encoders(folder: Path, device: torch.device, dtype: torch.dtype, sdpa: SDPAScope = DEFAULT_SDPA) -> Any:

@@ -7,11 +7,10 @@ what a stage hands on stays to the end:
   like the weights (the pools' allocators admit each sequence, runtime.paged_kv), so it is not counted again;
   the thinker prefill's activations over the prompt and forced text are, and the per-token hidden states the
   talker reads;
-- the audio and vision towers (a chat with such parts, families.qwen_omni.media; `towers_bytes`, also what a
-  text-answer chat adds to its decode working set through OmniChatLoop.media_bytes): one block's activations
-  and attention scores over each part's rows (audio: its mel frames after the stride-2 conv; image: its
-  patches), run inside the prefill step, at least the processors' copies on CPU, and their inputs and output
-  rows, held through it;
+- the audio and vision towers (a chat with such parts, vidloom.models.omni_media; `towers_bytes`, also what a
+  text-answer chat adds to its decode working set through MediaChatLoop.media_bytes; vidloom.models.omni_towers):
+  one block's activations and attention scores over each part's rows, run inside the prefill step, at least the
+  processors' copies on CPU, and their inputs and output rows, held through it;
 - talker: one block's activations over its prefill, plus the keys and values its attention gathers from the
   pool over its whole sequence (prompt rows + the code budget, PagedBatch.attend);
 - token2wav: the DiT over every mel frame of the code budget in two CFG branches (one block's activations,
@@ -36,18 +35,13 @@ from vidloom.core.limits import MemoryEstimate
 from vidloom.families.qwen_omni.stream_audio import largest_window
 from vidloom.families.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.families.qwen_omni.thinker_loop import SpeechPrompt
+from vidloom.models.omni_towers import towers_bytes
 
 SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
 TALKER_EXTRA_ROWS = 4  # talker prefill rows beyond the prompt: the voice's bos, the first reply row, codec bos/pad
 ODE_COPIES = 6  # x, RK4's four velocities and the stage input, [frames, mel_dim] each per branch
 SCORE_COPIES = 2  # attention scores and their softmax, [heads, frames, frames] per CFG branch
 WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
-# The processors' float copies of one part (CPU): Whisper's STFT holds the framed clip, its windowed copy and the
-# spectrum, float64 [frames, n_fft] each; the Qwen2-VL processor the decoded image as float arrays through resize,
-# rescale and normalize, then its patches (a 560x560 image's processing measured ~3.8 patch-sized float32 copies
-# of peak RSS on the tiny checkpoint; tests/integration/test_memory_estimates.py, "qwen-omni-chat-media").
-AUDIO_PREP_COPIES = 3
-IMAGE_PREP_COPIES = 4
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
@@ -85,43 +79,13 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
                      persistent=mel_state + WAVE_COPIES * samples * 4)
 
 
-def towers_bytes(encoders: Any, processors: Any, media: Any, hidden: int, act: int, on_cpu: bool) -> int:
-    """The audio and vision towers' working set for a prompt's media (families.qwen_omni.media.PromptMedia): the
-    largest part's pass, every part's tower inputs and output rows [placeholders, hidden]; 0 for None (text).
-
-    One part's pass is its tower's block (hidden, FFN) over its rows plus the attention scores and their softmax
-    (float32, per head: a math kernel materialises them) over what one attention sees: an image's every patch
-    (the released vision tower has full-attention blocks), an audio clip's window of 2 x n_window frames
-    (transformers' audio tower attends within windows). On CPU the processors' work (at admission, just before)
-    shares the device's memory, and glibc keeps its freed blocks in its arenas: it is counted beside the pass
-    (PREP_COPIES), not under it."""
-    if media is None:
-        return 0
-    widest = held = 0
-    for piece in media.pieces:
-        if piece.kind == "audio":
-            c = encoders.audio.config
-            rows, width, ffn = piece.inputs.shape[1] // 2 + 1, c.d_model, c.encoder_ffn_dim
-            heads = c.encoder_attention_heads
-            seen = min(rows, 2 * int(c.n_window))
-            prep = AUDIO_PREP_COPIES * piece.inputs.shape[1] * int(processors[0].n_fft) * 8
-        else:
-            c = encoders.vision.config
-            rows, width, ffn, heads = piece.inputs.shape[0], c.hidden_size, c.intermediate_size, c.num_heads
-            seen = rows
-            prep = IMAGE_PREP_COPIES * piece.inputs.numel() * 4
-        scores = SCORE_COPIES * heads * rows * seen * 4
-        widest = max(widest, block_bytes(1, rows, width, ffn, act) + scores + (prep if on_cpu else 0))
-        held += piece.inputs.numel() * 4
-    return widest + held + int(media.at.shape[0]) * hidden * act
-
-
 def _towers(instance: ModelInstance, prompt: SpeechPrompt, act: int) -> int:
     """towers_bytes for a speech request's prompt (a chat answered aloud may carry audio and images)."""
     if prompt.media is None:
         return 0
-    return towers_bytes(instance["encoders"], instance.components.get("processors"), prompt.media,
-                        instance["thinker"].config.hidden_size, act, instance.device.type == "cpu")
+    encoders = instance["encoders"]
+    return towers_bytes(encoders, instance.components.get("processors"), prompt.media,
+                        encoders.row_width(instance["thinker"].config.hidden_size), act, instance.device.type == "cpu")
 
 
 def _token2wav(dit: Any, frames: int) -> tuple[int, int]:

@@ -6,8 +6,9 @@ from typing import Any
 
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, Program
-from vidloom.families.qwen_omni.chat_loop import OmniChatLoop
-from vidloom.families.qwen_omni.media import MediaPrompter
+from vidloom.families.qwen_omni.encoders import MEDIA_TOKENS
+from vidloom.models.omni_chat import MediaChatLoop
+from vidloom.models.omni_media import MediaPrompter
 from vidloom.families.qwen_omni.talker_loop import TalkerLoop
 from vidloom.families.qwen_omni.thinker_loop import ThinkerLoop
 from vidloom.families.qwen_omni.token2wav_loop import SAMPLE_RATE, VOCODER, Token2WavLoop, vocoder_node
@@ -19,7 +20,7 @@ def media_prompter(instance: ModelInstance) -> MediaPrompter:
     """The instance's template, processors and towers (the towers and processors may be absent: text only)."""
     encoders = instance.components.get("encoders")
     return MediaPrompter(instance["tokenizer"], instance.components.get("processors"), encoders,
-                         encoders.merge_size if encoders is not None else 2)
+                         encoders.merge_size if encoders is not None else 2, MEDIA_TOKENS)
 
 
 def eos_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -42,7 +43,7 @@ def chat_inputs(towers: Any) -> frozenset[str]:
 def build_program(instance: ModelInstance) -> Program:
     tokenizer, thinker = instance["tokenizer"], instance["thinker"]
     prompter = media_prompter(instance)
-    chat = OmniChatLoop(thinker, tokenizer, prompter, eos_ids=eos_ids(tokenizer))
+    chat = MediaChatLoop(thinker, tokenizer, prompter, eos_ids=eos_ids(tokenizer))
     reads = chat_inputs(prompter.encoders)
     if "talker" not in instance.components:
         return Program(nodes=(), inputs=frozenset({"speech"}), outputs=(), chat_loop=chat, chat_inputs=reads)

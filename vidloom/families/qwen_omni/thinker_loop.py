@@ -19,7 +19,7 @@ from vidloom.core.speech import SpeechRequest
 from vidloom.decoding.spoken_reply import ReplyState, advance_reply, start_reply
 from vidloom.families.qwen_omni.decoder import OmniDecoder
 from vidloom.families.qwen_omni.speakers import Voice
-from vidloom.families.qwen_omni.media import MediaPrompter, PromptMedia, thinker_positions
+from vidloom.models.omni_media import MediaPrompter, PromptMedia, thinker_positions
 from vidloom.runtime.paged_decode import EMBEDS_AT, WANT_HIDDEN
 
 THINKER = "thinker"

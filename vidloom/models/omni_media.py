@@ -1,9 +1,10 @@
-"""The thinker's prompt with audio and image parts: placeholder tokens, encoder inputs and multimodal positions.
+"""A Qwen-Omni thinker's prompt with audio and image parts: placeholder tokens, tower inputs, multimodal positions.
 
-A chat's messages go through the checkpoint's chat template with each audio part as
-`<|audio_bos|><|AUDIO|><|audio_eos|>` and each image as `<|vision_bos|><|IMAGE|><|vision_eos|>` (the
-released template's rendering); each single placeholder is then widened to as many tokens as its tower
-makes, as transformers' Qwen2_5OmniProcessor does. Audio features come from the checkpoint's Whisper
+Shared by Qwen2.5-Omni and Qwen3-Omni (they differ in placeholder names, `MediaTokens`, and in their towers,
+`OmniTowers`). A chat's messages go through the checkpoint's chat template with each audio part as one audio
+placeholder between its start/end tokens and each image as one image placeholder between the vision ones (the
+released templates' rendering); each single placeholder is then widened to as many tokens as its tower
+makes, as transformers' Qwen2_5OmniProcessor / Qwen3OmniMoeProcessor do. Audio features come from the checkpoint's Whisper
 feature extractor, images from its Qwen2-VL image processor (both read from preprocessor_config.json).
 A server prepares this on its media pool's threads; the towers run later, inside the thinker's prefill step,
 on the device's thread.
@@ -20,16 +21,26 @@ from torch import Tensor
 
 from vidloom.core.chat import ChatMessage
 from vidloom.core.errors import InvalidRequest, LimitExceeded
-from vidloom.families.qwen_omni.encoders import ThinkerEncoders, audio_output_length, encode_audio, encode_image
+from vidloom.models.omni_towers import AUDIO, IMAGE, OmniTowers
 
-AUDIO, IMAGE = "audio", "image"
-PLACEHOLDERS = {AUDIO: ("<|audio_bos|>", "<|AUDIO|>"), IMAGE: ("<|vision_bos|>", "<|IMAGE|>")}
 TOWER_TENSORS = {AUDIO: "thinker.audio_tower.*", IMAGE: "thinker.visual.*"}
-# transformers' Qwen2.5-Omni thinker config default: temporal positions per second of a vision grid step.
+# transformers' Qwen2.5-Omni thinker config default: temporal positions per second of a vision grid step (still
+# images have one grid step: their temporal positions do not depend on it).
 POSITION_ID_PER_SECONDS = 25
 # The longest side over the shortest an image may have: the Qwen2-VL image processor's smart_resize refuses a
 # wider one (transformers' image_processing_qwen2_vl: "absolute aspect ratio must be smaller than 200").
 MAX_IMAGE_ASPECT_RATIO = 200
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """A checkpoint's placeholder tokens: the single token each part widens into (its start token only names it)."""
+
+    audio: str  # Qwen2.5-Omni <|AUDIO|>, Qwen3-Omni <|audio_pad|>
+    image: str  # Qwen2.5-Omni <|IMAGE|>, Qwen3-Omni <|image_pad|>
+
+    def of(self, kind: str) -> str:
+        return self.audio if kind == AUDIO else self.image
 
 
 @dataclass(frozen=True)
@@ -73,19 +84,19 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def prepare_media(ids: list[int], messages: Sequence[ChatMessage], tokenizer: Any, processors: Any,
-                  encoders: ThinkerEncoders | None, merge_size: int) -> tuple[list[int], PromptMedia]:
+                  encoders: OmniTowers | None, merge_size: int, tokens: MediaTokens) -> tuple[list[int], PromptMedia]:
     """Widen the placeholders of the templated `ids` and prepare each part for its tower.
 
     InvalidRequest naming the part (messages[i].content[j]) when the checkpoint has no tower or processor for
     it, the audio is longer than the feature extractor's window, or the template did not render the part."""
     parts = [(f"messages[{i}].content[{j}]", part) for i, m in enumerate(messages)
              for j, part in enumerate(m.content) if part.type != "text"]
-    token = {kind: tokenizer.convert_tokens_to_ids(names[1]) for kind, names in PLACEHOLDERS.items()}
+    token = {kind: tokenizer.convert_tokens_to_ids(tokens.of(kind)) for kind in (AUDIO, IMAGE)}
     prepared = [_prepare_part(where, part, processors, encoders, merge_size) for where, part in parts]
     found = [(i, kind) for i, t in enumerate(ids) for kind in (AUDIO, IMAGE) if t == token[kind]]
     if [kind for _, kind in found] != [part.type for _, part in parts]:
         raise InvalidRequest("messages", "the chat template did not render one placeholder per audio and image "
-                                         "part (or a text part holds a placeholder token such as <|AUDIO|>)")
+                                         f"part (or a text part holds a placeholder token such as {tokens.audio})")
     widened: list[int] = []
     pieces, start = [], 0
     for (index, kind), (inputs, grid, count) in zip(found, prepared):
@@ -99,7 +110,7 @@ def prepare_media(ids: list[int], messages: Sequence[ChatMessage], tokenizer: An
     return widened, PromptMedia(tuple(pieces), positions, delta)
 
 
-def _prepare_part(where: str, part: Any, processors: Any, encoders: ThinkerEncoders | None,
+def _prepare_part(where: str, part: Any, processors: Any, encoders: OmniTowers | None,
                   merge_size: int) -> tuple[Tensor, Tensor | None, int]:
     """(tower inputs, image grid or None, placeholder tokens) of one part."""
     tower = None if encoders is None else (encoders.audio if part.type == AUDIO else encoders.vision)
@@ -108,7 +119,7 @@ def _prepare_part(where: str, part: Any, processors: Any, encoders: ThinkerEncod
         raise InvalidRequest(where, f"{part.type} inputs need the thinker's {part.type} encoder, and this checkpoint "
                                     f"has none ({missing}); send text")
     if part.type == AUDIO:
-        return _audio_features(where, part, processors[0])
+        return _audio_features(where, part, processors[0], encoders)
     width, height = part.image.size
     if max(width, height) > MAX_IMAGE_ASPECT_RATIO * min(width, height):
         raise InvalidRequest(where, f"is a {width}x{height} image; its longer side may be at most "
@@ -118,7 +129,7 @@ def _prepare_part(where: str, part: Any, processors: Any, encoders: ThinkerEncod
     return out["pixel_values"], grid, int(grid.prod()) // merge_size ** 2
 
 
-def _audio_features(where: str, part: Any, extractor: Any) -> tuple[Tensor, None, int]:
+def _audio_features(where: str, part: Any, extractor: Any, towers: OmniTowers) -> tuple[Tensor, None, int]:
     rate = int(extractor.sampling_rate)
     samples = np.asarray(part.audio, dtype=np.float32)
     if part.sample_rate != rate:
@@ -138,7 +149,7 @@ def _audio_features(where: str, part: Any, extractor: Any) -> tuple[Tensor, None
     if frames < 4:
         raise InvalidRequest(where, f"is too short ({samples.shape[0]} samples): the audio encoder needs at least "
                                     f"{4 * hop} samples")
-    return out["input_features"][0, :, :frames], None, audio_output_length(frames)
+    return out["input_features"][0, :, :frames], None, towers.audio_tokens(frames)
 
 
 def multimodal_positions(length: int, pieces: Sequence[MediaPiece], merge_size: int) -> tuple[Tensor, int]:
@@ -167,17 +178,13 @@ def multimodal_positions(length: int, pieces: Sequence[MediaPiece], merge_size: 
     return positions, nxt - length
 
 
-def encode_media(encoders: ThinkerEncoders, pieces: Sequence[MediaPiece], dtype: torch.dtype) -> Tensor:
-    """Every piece through its tower: the rows [K, hidden] for the placeholders (PromptMedia.at), in order."""
+def encode_media(encoders: OmniTowers, pieces: Sequence[MediaPiece], dtype: torch.dtype) -> Tensor:
+    """Every piece through its tower: the rows [K, width] for the placeholders (PromptMedia.at), in order (width:
+    the thinker's hidden size, or a multiple where the towers give more per token: OmniTowers.row_width)."""
     rows = []
     with torch.inference_mode(), encoders.sdpa():
         for piece in pieces:
-            if piece.kind == AUDIO:
-                tower = encoders.audio
-                out = encode_audio(tower, piece.inputs.to(_device(tower), _dtype(tower)))
-            else:
-                tower = encoders.vision
-                out = encode_image(tower, piece.inputs.to(_device(tower), _dtype(tower)), piece.grid_thw.to(_device(tower)))
+            out = encoders.encode(piece.kind, piece.inputs, piece.grid_thw)
             if out.shape[0] != piece.at.shape[0]:
                 raise RuntimeError(f"the {piece.kind} encoder made {out.shape[0]} rows for {piece.at.shape[0]} "
                                    "placeholder tokens")
@@ -185,19 +192,13 @@ def encode_media(encoders: ThinkerEncoders, pieces: Sequence[MediaPiece], dtype:
     return torch.cat(rows)
 
 
-def _device(module: Any) -> torch.device:
-    return next(module.parameters()).device
-
-
-def _dtype(module: Any) -> torch.dtype:
-    return next(module.parameters()).dtype
-
-
 class MediaPrompter:
     """A checkpoint's template, processors and towers: chat messages -> (prompt ids, PromptMedia or None)."""
 
-    def __init__(self, tokenizer: Any, processors: Any, encoders: ThinkerEncoders | None, merge_size: int) -> None:
+    def __init__(self, tokenizer: Any, processors: Any, encoders: OmniTowers | None, merge_size: int,
+                 tokens: MediaTokens) -> None:
         self.tokenizer, self.processors, self.encoders, self.merge_size = tokenizer, processors, encoders, merge_size
+        self.tokens = tokens
 
     def prompt(self, messages: Sequence[ChatMessage], system: str | None = None) -> tuple[list[int], PromptMedia | None]:
         """Token ids of `messages` (led by a `system` turn when given; errors still name the parts by their index
@@ -209,7 +210,8 @@ class MediaPrompter:
         ids = list(ids["input_ids"])
         if not has_media(messages):
             return ids, None
-        return prepare_media(ids, messages, self.tokenizer, self.processors, self.encoders, self.merge_size)
+        return prepare_media(ids, messages, self.tokenizer, self.processors, self.encoders, self.merge_size,
+                             self.tokens)
 
     def prefill_embeds(self, media: PromptMedia, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Any]:
         """The prefill's EMBEDS_AT input: the placeholders' indices and the towers, run inside that step."""
