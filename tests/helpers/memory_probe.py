@@ -58,6 +58,7 @@ def measure(spec: dict) -> dict[str, int]:
 
 
 def _measure_speech(generator, spec: dict) -> dict[str, int]:
+    from tests.helpers.speech_runs import speak_whole_budget
     from vidloom.core import plugin
     from vidloom.core.chat import SamplingParams
     from vidloom.core.speech import SpeechRequest
@@ -65,7 +66,7 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
 
     engine = generator.engine
     [talker] = [node.loop for node in engine.program.nodes if node.name == "talker"]
-    _never_end(talker)  # a random talker stops anywhere: speak the whole budget
+    speak_whole_budget(talker)  # a random talker stops anywhere
 
     def request(fields: dict) -> SpeechRequest:
         return SpeechRequest(voice="Chelsie", talker_sampling=SamplingParams(temperature=0.0), seed=0, **fields)
@@ -80,16 +81,6 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
     _, estimate = plugin.resolve(engine.instance.card.speech)(engine, request(spec["request"]))
     return {"measured": measured, "estimate": estimate}
 
-
-def _never_end(talker) -> None:
-    """Qwen2.5-Omni's talker loop stops on its end_ids; Qwen3-Omni's on the codec's end id, masked here."""
-    if hasattr(talker, "end_ids"):
-        talker.end_ids = frozenset()
-        return
-    from vidloom.families.qwen3_omni import speech_loops
-
-    shape, end = speech_loops.shape_logits, talker.talker.speech.codec_eos
-    speech_loops.shape_logits = lambda *args: shape(*args).index_fill(0, torch.tensor([end]), float("-inf"))
 
 
 def _chat_messages(fields: dict) -> list[dict]:
