@@ -1,13 +1,16 @@
 """Speech: time to first audio and real-time factor (audio seconds per wall second) with 1 and 8 concurrent
 requests through the AsyncEngine (thinker steps batched with every running sequence on the paged KV pool,
-talker and token2wav steps scheduled per request) vs transformers' `generate(generation_mode="audio")` on the
-same random Qwen2.5-Omni weights (one request after another: its generate has no concurrent requests).
+talker steps batched on the talker's pool, code2wav / token2wav steps scheduled per request) vs transformers'
+generate on the same random weights (one request after another: its generate has no concurrent requests):
+Qwen2.5-Omni's `generate(generation_mode="audio")`, or with `--family qwen3-omni` Qwen3-Omni's
+`generate(return_audio=True)` (its talker's code predictor batched across our sequences too).
 
-    OMP_NUM_THREADS=1 python bench/speech.py [--size tiny|mid] [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
+    OMP_NUM_THREADS=1 python bench/speech.py [--family qwen2.5-omni|qwen3-omni] [--size tiny|mid]
+                                             [--thinker-tokens 16] [--audio-tokens 100] [--to-cap]
                                              [--rounds 2] [--policy interleave]
 
-Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (token2wav and
-the vocoder once on every code, transformers' path: time to first audio is the completion time) and
+Greedy thinker and talker everywhere, the same caps on both sides. vidloom runs twice: "whole" (the audio
+decoder once on every code, transformers' path: time to first audio is the completion time) and
 "streamed" (audio_chunk_codes=25, the server's first chunk for every streamed format, growing after: time to
 first audio is when the first AudioChunkEvent leaves the run, while the talker still decodes). The three
 settings alternate within each round (whole, streamed, transformers at 1 request, then at 8), each
@@ -32,7 +35,9 @@ import torch  # noqa: E402
 
 from checkpoints import cached  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
+from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker  # noqa: E402
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, TinyOmni, write_tiny_omni  # noqa: E402
+from tests.helpers.speech_runs import speak_whole_budget  # noqa: E402
 from vidloom.serving.speech_stream import STREAM_CHUNK_CODES  # noqa: E402
 
 ROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 8, 8]}
@@ -59,9 +64,18 @@ CONCURRENCY = (1, 8)
 QUESTIONS = ["what is a kite?", "tell me about kites in one sentence please", "hello world"]
 
 
+QWEN3_SIZES = {"tiny": (THINKER_A, TALKER_A)}  # the parity tests' first pair
+
+
 def _checkpoint(size: str) -> Path:
     spec = SIZES[size]
     return cached(spec.name, lambda folder: write_tiny_omni(folder, spec), marker="spk_dict.pt")
+
+
+def _qwen3_checkpoint(size: str) -> Path:
+    thinker, talker = QWEN3_SIZES[size]
+    return cached(f"qwen3-omni-{thinker.name}-{talker.name}",
+                  lambda folder: write_tiny_thinker(folder, thinker, talker=talker), marker="config.json")
 
 
 class VidloomSpeech:
@@ -79,7 +93,7 @@ class VidloomSpeech:
         self.thinker_tokens, self.audio_tokens = thinker_tokens, audio_tokens
         if to_cap:  # a random talker stops anywhere: make every utterance `audio_tokens` codes long
             [talker] = [node.loop for node in self.engine.engine.program.nodes if node.name == "talker"]
-            talker.end_ids = frozenset()
+            speak_whole_budget(talker)
 
     async def _one(self, i: int, started: float, chunk: int | None):
         from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
@@ -162,12 +176,50 @@ class TransformersSpeech:
         pass
 
 
+class Qwen3TransformersSpeech:
+    """transformers' Qwen3-Omni generate(return_audio=True) on the same weights, one request after another."""
+
+    def __init__(self, folder: Path, thinker_tokens: int, audio_tokens: int, to_cap: bool) -> None:
+        from transformers import AutoTokenizer
+
+        from tests.helpers.qwen3_omni_checkpoints import load_reference
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = load_reference(folder)
+        talker = self.model.config.talker_config
+        self.speaker = next(iter(talker.speaker_id))
+        # --to-cap: an end id the talker never samples (past its vocabulary), so it speaks to its cap
+        self.ends = [talker.text_config.vocab_size + 1] if to_cap else [talker.codec_eos_token_id]
+        self.thinker_tokens, self.audio_tokens = thinker_tokens, audio_tokens
+
+    @torch.inference_mode()
+    def _one(self, i: int) -> float:
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                                 add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        _, wave = self.model.generate(ids["input_ids"], attention_mask=ids["attention_mask"], return_audio=True,
+                                      speaker=self.speaker, thinker_do_sample=False, talker_do_sample=False,
+                                      thinker_max_new_tokens=self.thinker_tokens,
+                                      talker_max_new_tokens=self.audio_tokens + 1,
+                                      thinker_eos_token_id=[self.tokenizer.eos_token_id],
+                                      talker_eos_token_id=self.ends)
+        return 0.0 if wave is None else wave.numel() / 24000
+
+    run = TransformersSpeech.run
+    close = TransformersSpeech.close
+
+
+# --family -> (its checkpoint by size, its sizes, transformers' side)
+FAMILIES = {"qwen2.5-omni": (_checkpoint, SIZES, TransformersSpeech),
+            "qwen3-omni": (_qwen3_checkpoint, QWEN3_SIZES, Qwen3TransformersSpeech)}
+
+
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="qwen2.5-omni", choices=sorted(FAMILIES))
     parser.add_argument("--size", default="mid", choices=sorted(SIZES))
     parser.add_argument("--thinker-tokens", type=int, default=16)
     parser.add_argument("--audio-tokens", type=int, default=100)
@@ -177,9 +229,12 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    folder = _checkpoint(args.size)
+    checkpoint, sizes_of, reference = FAMILIES[args.family]
+    if args.size not in sizes_of:
+        parser.error(f"--family {args.family} has sizes {', '.join(sorted(sizes_of))}")
+    folder = checkpoint(args.size)
     sizes = (args.thinker_tokens, args.audio_tokens, args.to_cap)
-    ours, theirs = VidloomSpeech(folder, *sizes, policy=args.policy), TransformersSpeech(folder, *sizes)
+    ours, theirs = VidloomSpeech(folder, *sizes, policy=args.policy), reference(folder, *sizes)
     settings = {"vidloom": (ours, None), "vidloom_streamed": (ours, STREAM_CHUNK_CODES),
                 "transformers_generate": (theirs, None)}
     runs: dict[str, dict[int, list]] = {name: {n: [] for n in CONCURRENCY} for name in settings}
@@ -206,8 +261,9 @@ def main() -> None:
                   "whole_vs_transformers_rtf": whole[n]["rtf"] / theirs_[n]["rtf"],
                   "streamed_vs_transformers_first_audio_mean":
                       streamed[n]["first_audio_mean_s"] / theirs_[n]["first_audio_mean_s"]} for n in CONCURRENCY}
-    write_json(args.out or f"speech-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
-        "environment": environment(), "size": args.size, "thinker_tokens": args.thinker_tokens,
+    family = "" if args.family == "qwen2.5-omni" else f"-{args.family}"
+    write_json(args.out or f"speech{family}-{args.size}{'-to-cap' if args.to_cap else ''}-cpu.json", {
+        "environment": environment(), "family": args.family, "size": args.size, "thinker_tokens": args.thinker_tokens,
         "audio_tokens": args.audio_tokens, "to_cap": args.to_cap, "stream_chunk_codes": STREAM_CHUNK_CODES,
         "rounds": args.rounds, "interleaved": True, "policy": args.policy, **medians, "ratios": ratios, "runs": runs,
     })

@@ -58,14 +58,15 @@ def measure(spec: dict) -> dict[str, int]:
 
 
 def _measure_speech(generator, spec: dict) -> dict[str, int]:
+    from tests.helpers.speech_runs import speak_whole_budget
+    from vidloom.core import plugin
     from vidloom.core.chat import SamplingParams
     from vidloom.core.speech import SpeechRequest
-    from vidloom.families.qwen_omni.speech import speech_prompt
     from vidloom.runtime.results import speech_result
 
     engine = generator.engine
     [talker] = [node.loop for node in engine.program.nodes if node.name == "talker"]
-    talker.end_ids = frozenset()  # a random talker stops anywhere: speak the whole budget
+    speak_whole_budget(talker)  # a random talker stops anywhere
 
     def request(fields: dict) -> SpeechRequest:
         return SpeechRequest(voice="Chelsie", talker_sampling=SamplingParams(temperature=0.0), seed=0, **fields)
@@ -77,8 +78,9 @@ def _measure_speech(generator, spec: dict) -> dict[str, int]:
     result = speech_result(engine.run(request(spec["request"])))
     measured = _status("VmHWM") - before
     assert result.audio_tokens == spec["request"]["max_audio_tokens"], result.audio_tokens
-    estimate = engine.estimator(speech_prompt(engine.instance, engine.decoder.limits, request(spec["request"])))
+    _, estimate = plugin.resolve(engine.instance.card.speech)(engine, request(spec["request"]))
     return {"measured": measured, "estimate": estimate}
+
 
 
 def _chat_messages(fields: dict) -> list[dict]:

@@ -9,10 +9,11 @@ tests/helpers (their vocabulary size becomes the text encoder's `vocab_size`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +121,48 @@ def _diffusers_model(cls: type, config: dict[str, Any], folder: Path, seed: int)
     model.save_pretrained(str(folder))
 
 
+INIT_STD = 0.02  # transformers' initializer_range default (and every corpus config's)
+
+
 def _transformers_model(class_name: str, config: dict[str, Any], folder: Path, seed: int) -> None:
     import transformers
 
     torch.manual_seed(seed)
     cls = getattr(transformers, class_name)
-    cls(cls.config_class.from_dict(config)).eval().save_pretrained(str(folder))
+    with _uninitialised_as_nan():
+        model = cls(cls.config_class.from_dict(config)).eval()
+    _draw_uninitialised(model, seed)
+    model.save_pretrained(str(folder))
+
+
+@contextlib.contextmanager
+def _uninitialised_as_nan() -> Iterator[None]:
+    """torch.empty fills with NaN inside: a parameter the class's _init_weights never reaches is seen, not garbage."""
+    import torch.utils.deterministic as deterministic
+
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+        deterministic.fill_uninitialized_memory = fill
+
+
+def _draw_uninitialised(model: torch.nn.Module, seed: int) -> None:
+    # transformers 5.25's Qwen3-Omni _init_weights covers the thinker's stacked experts and routers but not the
+    # talker's: its experts (Qwen3OmniMoeTalkerTextExperts, torch.empty) held whatever memory did (denormals, 1e38,
+    # inf/NaN bit patterns: the talker's codec logits were NaN in some runs, failing sampling while greedy's argmax
+    # hid it) and its routers (Qwen3OmniMoeTalkerTextTopKRouter, torch.zeros) sent every token to the first
+    # experts. Both get the std the thinker's get.
+    g = torch.Generator().manual_seed(seed)
+    empty = [t for t in model.state_dict().values() if t.is_floating_point() and t.isnan().any()]
+    routers = [m.weight for m in model.modules() if type(m).__name__.endswith("TopKRouter") and not m.weight.any()]
+    with torch.no_grad():
+        for tensor in empty + routers:
+            tensor.copy_(torch.randn(tensor.shape, generator=g) * INIT_STD)
 
 
 def _component(src: Path, dst: Path, name: str, library: str, class_name: str, tokenizer: Any, seed: int) -> None:

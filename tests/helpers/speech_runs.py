@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
+import torch
+
 from vidloom.core.speech import SpeechRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
@@ -28,3 +30,15 @@ def speak_together(gen: VideoGenerator, requests: Sequence[SpeechRequest], polic
     finally:
         hook.remove()
         engine.close()
+
+
+def speak_whole_budget(talker_loop: Any) -> None:
+    """Make a talker loop speak every frame of its budget (a random talker stops anywhere): Qwen2.5-Omni's stops on
+    its end_ids, Qwen3-Omni's on the codec's end id, masked here (for the rest of the process)."""
+    if hasattr(talker_loop, "end_ids"):
+        talker_loop.end_ids = frozenset()
+        return
+    from vidloom.families.qwen3_omni import speech_loops
+
+    shape, end = speech_loops.shape_logits, torch.tensor([talker_loop.talker.speech.codec_eos])
+    speech_loops.shape_logits = lambda *args: shape(*args).index_fill(0, end, float("-inf"))

@@ -53,11 +53,13 @@ def _probe(spec: dict) -> dict[str, int]:
 def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
     """Probe specs by case name: where the model is and what to load it with."""
     from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
+    from tests.helpers.qwen3_omni_checkpoints import TALKER_A as Q3_TALKER, THINKER_A as Q3_THINKER, write_tiny_thinker
     from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 
     root = tmp_path_factory.mktemp("memory-estimates")
     ltx2 = write_tiny_ltx2(root / "ltx2", LTX2_CONFIGS[0], upsampler=True)
     omni = write_tiny_omni(root / "omni", OMNI_A)
+    qwen3_omni = write_tiny_thinker(root / "qwen3-omni", Q3_THINKER, talker=Q3_TALKER)
     omni_media = _wide_processors(write_tiny_omni(root / "omni-media", OMNI_A))
     image = root / "first-frame.png"
     make_image(128, 128, seed=0).save(image)
@@ -77,6 +79,8 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "qwen-omni": {"model": str(omni), "speech": True},
         "qwen-omni-streamed": {"model": str(omni), "speech": True},
         "qwen-omni-chat-media": {"model": str(omni_media), "chat": True},
+        "qwen3-omni": {"model": str(qwen3_omni), "speech": True},
+        "qwen3-omni-streamed": {"model": str(qwen3_omni), "speech": True},
     }
 
 
@@ -131,6 +135,12 @@ CASES = {
                   {"text": "the kite rose over the dunes", "max_audio_tokens": 1000}),
     "qwen-omni-streamed": ({"text": "hi there", "max_audio_tokens": 40, "audio_chunk_codes": 25},
                            {"text": "the kite rose over the dunes", "max_audio_tokens": 1000, "audio_chunk_codes": 25}),
+    # Qwen3-Omni: a long forced text (the thinker's prefill and the talker's inputs) and 1000 frames
+    "qwen3-omni": ({"text": "hi there", "max_audio_tokens": 40},
+                   {"text": "the kite rose over the dunes " * 60, "max_audio_tokens": 1000}),
+    "qwen3-omni-streamed": ({"text": "hi there", "max_audio_tokens": 40, "audio_chunk_codes": 25},
+                            {"text": "the kite rose over the dunes " * 60, "max_audio_tokens": 1000,
+                             "audio_chunk_codes": 25}),
     # a text answer to a chat with a 560x560 image and a 30 s clip: the towers' pass and the processors' work
     "qwen-omni-chat-media": ({"image": [64, 64], "audio_s": 1, "max_tokens": 2},
                              {"image": [560, 560], "audio_s": 30, "max_tokens": 4}),

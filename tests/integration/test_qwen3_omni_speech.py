@@ -7,6 +7,7 @@ ends and add up to the whole; voices are the checkpoint's speaker names; the off
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import wave
 
@@ -18,7 +19,7 @@ import torch
 from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
 from tests.helpers.servers import ThreadServer
 from vidloom.core.chat import SamplingParams
-from vidloom.core.errors import InvalidRequest
+from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.output import AudioChunkEvent
 from vidloom.core.speech import SpeechRequest
 from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, WaveChunks, decode_chunk
@@ -135,3 +136,14 @@ def test_seeded_sampling_repeats_and_differs_from_greedy(gen):
     greedy = gen.speak("the kite rose over the dunes", voice="ethan", greedy=True, max_audio_tokens=24)
     assert np.array_equal(first.audio, again.audio)
     assert len(first.audio) != len(greedy.audio) or not np.allclose(first.audio, greedy.audio)
+
+
+def test_a_small_memory_limit_refuses_a_long_utterance_naming_its_field(gen, monkeypatch):
+    """The card's estimate (families.qwen3_omni.memory) against max_request_memory: 1000 frames of a long text are
+    refused by the field that sizes them, a short utterance still speaks."""
+    engine = gen.engine
+    monkeypatch.setattr(engine, "limits", dataclasses.replace(engine.limits, max_memory_bytes=136 << 20))
+    with pytest.raises(LimitExceeded) as caught:
+        gen.speak("the kite rose over the dunes " * 60, greedy=True, max_audio_tokens=1000)
+    assert caught.value.field == "max_audio_tokens" and "max_request_memory" in str(caught.value)
+    assert gen.speak("a kite", greedy=True, max_audio_tokens=4).audio_tokens >= 1

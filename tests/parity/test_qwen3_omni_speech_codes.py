@@ -21,6 +21,7 @@ from vidloom.layers.rotary import text_positions
 from vidloom.runtime.paged_kv import KVLayout, PagedKVPool
 
 PROMPT = "tell me about kites"
+CONCURRENT = ("tell me about kites", "why is the sea blue", "hello there")
 REPLY_TOKENS = 8
 TALKER_TOKENS = 40  # generate()'s talker_max_new_tokens: at most 39 frames
 WAVE = 1e-6  # the same module on the same frames (measured: 0.0 on samples up to 0.2)
@@ -66,15 +67,8 @@ def test_greedy_talker_codes_equal_generate(tmp_path, pair):
         tokenizer = AutoTokenizer.from_pretrained(folder)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)
-        seen = []
-        decode = reference.code2wav.chunked_decode
-        reference.code2wav.chunked_decode = lambda codes, **kw: seen.append(codes) or decode(codes, **kw)
         with torch.inference_mode():
-            sequences, wave = reference.generate(
-                prompt["input_ids"], attention_mask=prompt["attention_mask"], return_audio=True, speaker="chelsie",
-                thinker_do_sample=False, talker_do_sample=False, thinker_max_new_tokens=REPLY_TOKENS,
-                talker_max_new_tokens=TALKER_TOKENS, thinker_eos_token_id=[tokenizer.eos_token_id])
-            theirs = seen[0][0].T  # [frames, groups]
+            sequences, wave, theirs = _generate(reference, prompt, [tokenizer.eos_token_id])
             p = prompt["input_ids"].shape[1]
             ids, tapped = _thinker_reply(thinker, prompt["input_ids"][0].tolist(), tokenizer.eos_token_id)
             inputs = talker_inputs(talker, thinker.embed, ids, p, tapped, config.speech.speakers["chelsie"],
@@ -94,6 +88,70 @@ def test_greedy_talker_codes_equal_generate(tmp_path, pair):
     assert whole.shape == reference_wave.shape
     assert abs(whole - reference_wave).max() <= WAVE
     assert abs(streamed - whole).max() <= STREAMED
+
+
+def _generate(reference, prompt, eos: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """transformers' greedy generate(return_audio=True): (sequences, waveform, codes [frames, groups] as it hands
+    them to code2wav)."""
+    seen = []
+    decode = reference.code2wav.chunked_decode
+    reference.code2wav.chunked_decode = lambda codes, **kw: seen.append(codes) or decode(codes, **kw)
+    try:
+        sequences, wave = reference.generate(
+            prompt["input_ids"], attention_mask=prompt["attention_mask"], return_audio=True, speaker="chelsie",
+            thinker_do_sample=False, talker_do_sample=False, thinker_max_new_tokens=REPLY_TOKENS,
+            talker_max_new_tokens=TALKER_TOKENS, thinker_eos_token_id=eos)
+    finally:
+        reference.code2wav.chunked_decode = decode
+    return sequences, wave, seen[0][0].T
+
+
+def test_concurrent_speech_runs_one_predictor_forward_per_step_and_each_equals_alone_and_generate(tmp_path):
+    """Three chats answered aloud at once (greedy): the code predictor runs once per talker step for all of them
+    (3 rows), and each request's codes equal its run alone and transformers' generate for its prompt."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers.speech_runs import speak_together
+    from vidloom.core.chat import ChatMessage, ChatPart, ChatRequest, SamplingParams
+    from vidloom.core.speech import SpeechRequest
+    from vidloom.families.qwen3_omni.program import eos_ids
+    from vidloom.generator import VideoGenerator
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        folder = write_tiny_thinker(tmp_path, THINKERS[0], talker=TALKERS[0])
+        gen = VideoGenerator.from_pretrained(str(folder), device="cpu")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+
+        def request(text: str) -> SpeechRequest:
+            chat = ChatRequest((ChatMessage("user", (ChatPart("text", text),)),),
+                               SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS))
+            return SpeechRequest(chat=chat, voice="chelsie", talker_sampling=SamplingParams(temperature=0.0),
+                                 max_audio_tokens=TALKER_TOKENS - 1)
+
+        solo = [gen.engine.submit(request(text)).finish()["frames"] for text in CONCURRENT]
+        rows: list[int] = []
+        hook = gen.engine.instance["talker"].predictor.register_forward_pre_hook(
+            lambda module, args: rows.append(int(args[0].shape[0])))
+        try:
+            outs, _ = speak_together(gen, [request(text) for text in CONCURRENT], "interleave",
+                                     talker=gen.engine.instance["talker"].decoder)
+        finally:
+            hook.remove()
+        reference = load_reference(folder)
+        theirs = []
+        with torch.inference_mode():
+            for text in CONCURRENT:
+                prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                       add_generation_prompt=True, return_tensors="pt",
+                                                       return_dict=True)
+                theirs.append(_generate(reference, prompt, list(eos_ids(tokenizer)))[2])
+    finally:
+        torch.set_num_threads(threads)
+    assert max(rows) == len(CONCURRENT)
+    for out, alone, ref in zip(outs, solo, theirs):
+        assert len(alone) >= 4 and out["frames"].tolist() == alone.tolist() == ref.tolist()
 
 
 def _speak(code2wav, frames: torch.Tensor, chunk: int, context: int):

@@ -44,6 +44,10 @@ the step, on the device's thread (a prompt's encoders run with its prefill, so a
 INPUT_EMBEDS = "embeds"
 """A paged decode plan input in place of "tokens": input rows [n, width] of a network fed embeddings (a talker's
 thinker-space rows); the network must accept `inputs_embeds=` (with None for the ids)."""
+AFTER_FORWARD = "after_forward"
+"""A paged decode plan input: a callable (plans, rows) -> rows that one network's plans pass their rows through
+right after their forward, on the device's thread (a talker's code predictor runs once for every sequence of the
+step); every plan of that network carries the same one."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
 
 
@@ -147,7 +151,10 @@ class PagedDecoder:
         on the host as float32 (one device->host copy per forward; sampling runs per sequence on the host)."""
         rows: list[Any] = [None] * len(plans)
         for group in self.groups(plans):
-            for i, row in zip(group, self._forward([plans[i] for i in group])):
+            grouped = [plans[i] for i in group]
+            after = grouped[0].inputs.get(AFTER_FORWARD)
+            out = self._forward(grouped)
+            for i, row in zip(group, out if after is None else after(grouped, out)):
                 rows[i] = row
         return rows
 

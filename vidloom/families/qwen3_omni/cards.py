@@ -21,6 +21,7 @@ FAMILY = "qwen3-omni"
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 PROGRAM = "vidloom.families.qwen3_omni.program:build_program"
 SPEECH = "vidloom.families.qwen3_omni.speech:admit_speech"
+MEMORY_ESTIMATOR = "vidloom.families.qwen3_omni.memory:request_estimator"  # speech requests (SpeechPrompt)
 SPEECH_LOOPS = ("thinker", "talker", "code2wav")
 AR_LOOP = "ar_decode"
 # Served context per sequence (Qwen3-Omni's thinker config: max_position_embeddings 65536).
@@ -74,4 +75,5 @@ def qwen3_omni_card(model_id: str, source: str, *, description: str, speaks: boo
         recipe=RecipeSpec(method="pretrained", loop=AR_LOOP), program=PROGRAM, source=source,
         description=description, notes=notes + (MEDIA_IN,) + (() if speaks else (NO_TALKER,)),
         context_window=CONTEXT_WINDOW, capabilities=CAPABILITIES, speech=SPEECH if speaks else None,
+        memory_estimator=MEMORY_ESTIMATOR if speaks else None,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.limits import format_bytes
 from vidloom.core.speech import SpeechRequest
 from vidloom.families.qwen3_omni.program import text_prompt
 from vidloom.families.qwen3_omni.speech_loops import SpeechPrompt, frame_budget
@@ -54,17 +55,25 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
 
 
 def admit_speech(engine: Any, request: SpeechRequest) -> tuple[dict[str, Any], int]:
-    """The run slots that speak a validated `request` on `engine`, and its estimated bytes (not estimated: 0);
-    LimitExceeded naming the field that sizes it when its talker sequence could never fit the talker's pool."""
+    """The run slots that speak a validated `request` on `engine` and its estimated bytes (families.qwen3_omni.memory,
+    what the engine's admission holds while it is resident); LimitExceeded naming the field that sizes it when it
+    could never fit: over max_request_memory, or a talker sequence over the talker's pool."""
     prompt = speech_prompt(engine.instance, engine.decoder.limits, request)
+    field = ("max_audio_tokens" if request.max_audio_tokens is not None
+             else "input" if request.text is not None else "max_tokens")
+    nbytes = engine.estimator(prompt) if engine.estimator is not None else 0
+    limit = engine.limits.max_memory_bytes
+    if limit is not None and nbytes > limit:
+        raise LimitExceeded(field, f"speaking {len(prompt.prompt_ids)} prompt and up to {prompt.max_tokens} reply "
+                                   f"tokens needs an estimated {format_bytes(nbytes)}, more than the per-request "
+                                   f"memory limit of {format_bytes(limit)} (max_request_memory); ask for less "
+                                   "speech", "max_request_memory")
     layout = engine.decoder.pool_of(engine.instance["talker"].decoder).layout
     # The talker's prefill: every user turn's tokens and the assistant turn's 9 rows (at most the prompt + 9).
     tokens = len(prompt.prompt_ids) + 9 + frame_budget(prompt, prompt.max_tokens)
     capacity = layout.num_blocks * layout.block_size
     if tokens > capacity:
-        field = ("max_audio_tokens" if request.max_audio_tokens is not None
-                 else "input" if request.text is not None else "max_tokens")
         raise LimitExceeded(field, f"the talker needs up to {tokens} tokens of KV (prompt and speech frames), more "
                                    f"than its pool's {capacity} (kv_pool_tokens, --kv-pool-tokens); ask for less "
                                    "speech", "kv_pool_tokens")
-    return {"speech": prompt}, 0
+    return {"speech": prompt}, nbytes

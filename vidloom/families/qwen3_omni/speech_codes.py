@@ -93,14 +93,16 @@ def shape_logits(logits: Tensor, seen: Sequence[int], s: SpeechConfig,
     return logits
 
 
-def next_frame(talker: Talker, inputs: TalkerInputs, step: int, code: int, state: Tensor,
-               pick_rest: Pick) -> tuple[Tensor, Tensor]:
-    """After the talker chose `code` at `step` (0-based) from its last state [1, hidden]: the frame's codes [G]
-    (the predictor chooses the rest) and the talker's next input row [1, hidden]."""
-    first = talker.decoder.embed(torch.tensor([code], device=state.device))
-    rest, rest_sum = talker.predictor(state, first, pick_rest)
-    text = inputs.stream[step] if step < inputs.stream.shape[0] else inputs.pad
-    return torch.cat([torch.tensor([code], device=rest.device), rest[0]]), first + rest_sum + text
+def next_frames(talker: Talker, inputs: Sequence[TalkerInputs], steps: Sequence[int], codes: Sequence[int],
+                states: Tensor, pick_rest: Pick) -> tuple[Tensor, Tensor]:
+    """After the talker chose `codes[b]` at `steps[b]` (0-based) from its last state `states[b]` ([B, hidden]), for
+    B sequences at once: their frames' codes [B, G] (one predictor forward chooses the rest) and the talker's next
+    input rows [B, hidden]."""
+    first_ids = torch.tensor(list(codes), device=states.device)
+    first = talker.decoder.embed(first_ids)
+    rest, rest_sum = talker.predictor(states, first, pick_rest)
+    text = torch.stack([x.stream[step] if step < x.stream.shape[0] else x.pad for x, step in zip(inputs, steps)])
+    return torch.cat([first_ids[:, None], rest.to(first_ids.device)], 1), first + rest_sum + text
 
 
 def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[Tensor], int], pick_rest: Pick,
@@ -117,8 +119,8 @@ def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[
         code = pick_first(shape_logits(logits[0], [int(f[0]) for f in frames], s, penalty))
         if code == s.codec_eos or step == max_frames:
             break
-        frame, row = next_frame(talker, inputs, step, code, hidden[-1:], pick_rest)
-        frames.append(frame)
+        frame, row = next_frames(talker, [inputs], [step], [code], hidden[-1:], pick_rest)
+        frames.append(frame[0])
         logits, hidden = decoder(None, text_positions(length + step, 1, row.device), kv=kv, return_hidden=True,
                                  inputs_embeds=row)
     if not frames:

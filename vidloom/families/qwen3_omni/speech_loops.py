@@ -3,7 +3,9 @@
 The thinker is a sequence of the chat's paged pool, stepped as paged decode plans that ask for the state at the
 talker's accept_hidden_layer (`WANT_HIDDEN`); the talker a sequence of its own paged pool (the program names its
 decoder in `paged_networks`), so concurrent requests' talker steps run as one batched forward. After each talker
-step the code predictor chooses the frame's other codebooks. A streamed request (`audio_chunk_codes`) gets a
+step the code predictor chooses the frames' other codebooks, once for every talker sequence of the step (the
+talker plans' `AFTER_FORWARD`: each sequence's first code by its own sampler, then one batched predictor forward;
+every sequence is at the same predictor position, so nothing is padded). A streamed request (`audio_chunk_codes`) gets a
 code2wav step whenever a chunk of frames is ready; otherwise code2wav runs after the talker, a chunk per step.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,10 +26,10 @@ from vidloom.decoding.sampling import make_generator, next_token
 from vidloom.decoding.spoken_reply import ReplyState, advance_reply, start_reply
 from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, SAMPLE_RATE, WaveChunks, decode_chunk
 from vidloom.families.qwen3_omni.decoder import MoEDecoder
-from vidloom.families.qwen3_omni.speech_codes import TalkerInputs, next_frame, shape_logits, talker_inputs
-from vidloom.families.qwen3_omni.talker import Talker
+from vidloom.families.qwen3_omni.speech_codes import TalkerInputs, next_frames, shape_logits, talker_inputs
+from vidloom.families.qwen3_omni.talker import Pick, Talker
 from vidloom.layers.rotary import text_positions
-from vidloom.runtime.paged_decode import INPUT_EMBEDS, WANT_HIDDEN
+from vidloom.runtime.paged_decode import AFTER_FORWARD, INPUT_EMBEDS, WANT_HIDDEN
 
 THINKER, TALKER, CODE2WAV, STREAM = "thinker", "talker", "code2wav", "code2wav_stream"
 TRANSCRIPT_PHASE = "transcript"
@@ -37,6 +39,7 @@ QWEN3_TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, top_p=1.0)
 PREDICTOR_SAMPLING = SamplingParams(temperature=1.0, top_k=50, top_p=0.8)
 FRAMES_PER_TEXT_TOKEN = 16  # a cap for talkers that never stop (12.5 frames/s: over a second per token)
 MIN_FRAMES = 64
+TALKER_STATE = "talker_state"  # a talker plan's input: its sequence's TalkerState (read by TalkerLoop.choose_frames)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,14 @@ class TalkerState:
     chunks: WaveChunks | None = None
 
 
+@dataclass(frozen=True)
+class FrameChoice:
+    """One talker sequence's step: its next frame's codes [G] and input row [1, hidden], or None: its end."""
+
+    frame: Tensor | None
+    x: Tensor | None = None
+
+
 class TalkerLoop:
     """Frames one talker step at a time; for a streamed request a code2wav step whenever a chunk is ready."""
 
@@ -158,7 +169,31 @@ class TalkerLoop:
         return StepPlan(loop=TALKER, index=len(state.frames), total=state.max_frames, call=self.talker.decoder,
                         inputs={INPUT_EMBEDS: state.x, KV_SEQUENCE: state.seq_id, "start": state.position,
                                 "positions": text_positions(state.position, state.x.shape[0], state.x.device),
-                                WANT_HIDDEN: True})
+                                WANT_HIDDEN: True, AFTER_FORWARD: self.choose_frames, TALKER_STATE: state})
+
+    def choose_frames(self, plans: Sequence[StepPlan], rows: Sequence[tuple[Tensor, Tensor]]) -> list[FrameChoice]:
+        """One talker step's rows (logits, hidden) -> each sequence's FrameChoice: its first code by its own sampler,
+        then the code predictor once for every sequence that goes on."""
+        s = self.talker.speech
+        going: list[tuple[int, TalkerState, int, Tensor]] = []
+        for i, (plan, (logits, hidden)) in enumerate(zip(plans, rows)):
+            state: TalkerState = plan.inputs[TALKER_STATE]
+            code = next_token(shape_logits(logits, [int(f[0]) for f in state.frames], s), state.params,
+                              state.generator)
+            if code != s.codec_eos and len(state.frames) < state.max_frames:
+                going.append((i, state, code, hidden[-1]))
+        choices = [FrameChoice(None)] * len(plans)
+        if not going:
+            return choices
+        states = [state for _, state, _, _ in going]
+        assert states[0].x is not None
+        with torch.inference_mode():
+            frames, xs = next_frames(self.talker, [st.inputs for st in states], [len(st.frames) for st in states],
+                                     [code for _, _, code, _ in going],
+                                     torch.stack([h for *_, h in going]).to(states[0].x.device), _pick_rest(states))
+        for (i, *_), frame, x in zip(going, frames, xs):
+            choices[i] = FrameChoice(frame, x[None])
+        return choices
 
     def advance(self, state: TalkerState, result: Any) -> TalkerState:
         if isinstance(result, np.ndarray):  # a streamed chunk's samples
@@ -167,32 +202,35 @@ class TalkerLoop:
             state.chunks.add(result, state.chunks.stop(len(state.frames)))
             state.ctx.emit_audio(len(state.chunks.pieces) - 1, start, result, SAMPLE_RATE)
             return state
-        logits, hidden = result
-        assert state.inputs is not None and state.x is not None
+        assert isinstance(result, FrameChoice) and state.x is not None
         state.position += state.x.shape[0]
-        s = self.talker.speech
-        seen = [int(f[0]) for f in state.frames]
-        code = next_token(shape_logits(logits, seen, s), state.params, state.generator)
-        if code == s.codec_eos or len(state.frames) >= state.max_frames:
+        if result.frame is None:
             state.done = True
             return state
-        with torch.inference_mode():
-            frame, state.x = next_frame(self.talker, state.inputs, len(state.frames), code, hidden[-1:].to(
-                state.x.device), self._pick_rest(state))
-        state.frames.append(frame)
+        state.frames.append(result.frame)
+        state.x = result.x
         return state
-
-    def _pick_rest(self, state: TalkerState):
-        if state.params.greedy:
-            return lambda logits, group: logits.argmax(-1)
-        return lambda logits, group: torch.tensor(
-            [next_token(logits[0].cpu(), PREDICTOR_SAMPLING, state.generator)], device=logits.device)
 
     def finalize(self, state: TalkerState) -> dict[str, Any]:
         groups = self.talker.speech.code_groups
         frames = torch.stack(state.frames).cpu() if state.frames else torch.zeros(0, groups, dtype=torch.long)
         return {"codes": frames[:, 0], "frames": frames,
                 "streamed": None if state.chunks is None else state.chunks.audio()}
+
+
+def _pick_rest(states: Sequence[TalkerState]) -> Pick:
+    """The code predictor's choice for each sequence's row: greedy, or its sampler (PREDICTOR_SAMPLING) drawing
+    from its own generator."""
+    if all(state.params.greedy for state in states):
+        return lambda logits, group: logits.argmax(-1)
+
+    def pick(logits: Tensor, group: int) -> Tensor:
+        rows = logits.cpu()
+        return torch.tensor([int(row.argmax()) if state.params.greedy
+                             else next_token(row, PREDICTOR_SAMPLING, state.generator)
+                             for row, state in zip(rows, states)], device=logits.device)
+
+    return pick
 
 
 class Code2WavLoop:
