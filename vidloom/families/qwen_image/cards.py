@@ -37,11 +37,10 @@ CFG_NOTE = ("true CFG (guidance_scale is the pipeline's true_cfg_scale) runs onl
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel"}),
+               "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel",
+               "cfg_mode"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget",
-             cfg_mode="prompt and negative prompt are encoded unpadded, so their lengths differ and the two CFG "
-                      "branches run one after the other, as the pipeline runs them",
              batching="each prompt is encoded unpadded, so two requests' text tokens differ in number and their "
                       "joint attention cannot share a forward (no padding mask yet)"),
 )

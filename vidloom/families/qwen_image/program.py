@@ -126,7 +126,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
     inner = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
-    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner))
+    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner),
+                                pad_cfg=guidance is None and instance.deploy.cfg_mode == "batched")
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
