@@ -70,10 +70,10 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
 
 def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: SamplingDefaults, description: str,
                     notes: tuple[str, ...] = (), precision: str = "bfloat16", edit: int = 0,
-                    plus: bool = False) -> ModelCard:
+                    plus: bool = False, edit_optional: bool = False) -> ModelCard:
     """The card of a Qwen-Image folder: sizes a multiple of `multiple` pixels (VAE factor x patch); `edit`: the
     reference images an edit request gives (1 to `edit`; 0: text to image); `plus`: QwenImageEditPlusPipeline's
-    program ("Picture N" prompts)."""
+    program ("Picture N" prompts); `edit_optional`: a request without images is text to image (the demo)."""
     names = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", *(("processor",) if edit else ()))
     return ModelCard(
         model_id=model_id,
@@ -94,6 +94,6 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         optional_fields=READS,
         capabilities=CAPABILITIES,
         inputs=frozenset({"image"}) if edit else frozenset(),
-        required_inputs=frozenset({"image"}) if edit else frozenset(),
+        required_inputs=frozenset({"image"}) if edit and not edit_optional else frozenset(),
         max_reference_images=edit,
     )
