@@ -27,7 +27,8 @@ PROMPT_TEMPLATE = (
 DROPPED_TOKENS = 34
 MAX_PROMPT_TOKENS = 1024
 # QwenImageEditPlusPipeline's: the reference images sit in the user turn before the prompt, each as "Picture N: "
-# and its vision tokens (QwenImageEditPipeline's: the one image's vision tokens, unnumbered); 64 leading tokens dropped.
+# and its vision tokens (QwenImageEditPipeline's: the one image's vision tokens, unnumbered); 64 leading tokens
+# dropped.
 EDIT_PLUS_TEMPLATE = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
     "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
