@@ -192,3 +192,42 @@ FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
                 architecture={"dit": "the same Cosmos3 checkpoint's text backbone (bench/chat_decode.py mid)"},
                 folder="cosmos3-mid"),
 )}
+
+
+# --- Qwen-Image (#38): a mid-size random QwenImagePipeline, true CFG as the pipeline runs it ---------------------
+QWEN_IMAGE_MID = dict(heads=8, head_dim=64, layers=6, axes=(16, 24, 24), text_hidden=256, text_layers=4)
+"""The transformer (dim 512), its rotary axes and the Qwen2.5-VL text width and depth."""
+
+
+def _write_qwen_image(folder: Path) -> None:
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from diffusers import QwenImageTransformer2DModel
+
+    from tests.helpers.flux2_checkpoints import train_qwen_tokenizer
+    from tests.helpers.qwen_image_checkpoints import QWEN_IMAGE_SCHEDULER, text_encoder
+
+    m = QWEN_IMAGE_MID
+    torch.manual_seed(SEED)
+    tokenizer = train_qwen_tokenizer()
+    encoder = text_encoder(len(tokenizer), m["text_hidden"], m["text_layers"], 4, 2)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=m["layers"], attention_head_dim=m["head_dim"],
+        num_attention_heads=m["heads"], joint_attention_dim=m["text_hidden"], axes_dims_rope=m["axes"])
+    vae = AutoencoderKLQwenImage(base_dim=32, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True])
+    QwenImagePipeline(transformer=transformer, vae=vae, text_encoder=encoder, tokenizer=tokenizer,
+                      scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)).save_pretrained(str(folder))
+
+
+def _call_qwen_image(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    out = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, true_cfg_scale=r["guidance"], height=r["height"],
+               width=r["width"], num_inference_steps=steps, generator=_generator(), output_type="np")
+    return np.asarray(out.images)  # [1, H, W, 3]
+
+
+FAMILIES["qwen-image-mid"] = FamilyBench(
+    "qwen-image-mid", _write_qwen_image, "QwenImagePipeline",
+    dict(height=256, width=256, num_frames=1, steps=4, guidance=4.0), _call_qwen_image,
+    architecture={"dit": "Qwen-Image MMDiT, 8 heads x 64, 6 dual-stream blocks, text 256 wide x 4 layers "
+                         "(bench/family_bench.py QWEN_IMAGE_MID)", "tokens": 16 * 16})

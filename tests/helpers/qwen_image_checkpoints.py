@@ -78,8 +78,9 @@ def edit_processor(folder: Path) -> Any:
         return Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None)
 
 
-def write_qwen_image_edit(folder: Path, seed: int = 2) -> Path:
-    """A tiny QwenImageEditPipeline folder: the T2I tiny shapes plus a vision tower and its processor config."""
+def write_qwen_image_edit(folder: Path, seed: int = 2, pipeline: str = "QwenImageEditPipeline") -> Path:
+    """A tiny `pipeline` (QwenImageEditPipeline or QwenImageEditPlusPipeline) folder: the T2I tiny shapes plus a
+    vision tower and its processor config."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2VLImageProcessorPil
 
@@ -112,7 +113,7 @@ def write_qwen_image_edit(folder: Path, seed: int = 2) -> Path:
                                       temporal_patch_size=2, merge_size=2)
     images.save_pretrained(str(folder / "processor"))
     write_json(folder / "model_index.json", model_index(
-        "QwenImageEditPipeline", scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
+        pipeline, scheduler="diffusers:FlowMatchEulerDiscreteScheduler",
         text_encoder="transformers:Qwen2_5_VLForConditionalGeneration", tokenizer="transformers:Qwen2TokenizerFast",
         processor="transformers:Qwen2VLProcessor", transformer="diffusers:QwenImageTransformer2DModel",
         vae="diffusers:AutoencoderKLQwenImage"))

@@ -20,6 +20,7 @@ def test_every_family_has_a_mid_size_row_group_with_its_reference():
     expected = {"wan2.1-mid": "WanPipeline", "wan2.2-ti2v-mid": "WanPipeline", "far-mid": "AnyFlowFARPipeline",
                 "flux2-klein-mid": "Flux2KleinPipeline", "ltx2-mid": "LTX2Pipeline",
                 "cosmos3-mid": "Cosmos3OmniPipeline", "cosmos3-chat-mid": "generate"}
+    expected["qwen-image-mid"] = "QwenImagePipeline"
     assert {name: f.pipeline for name, f in FAMILIES.items()} == expected
     for bench in FAMILIES.values():
         assert bench.pipeline == "generate" or callable(bench.reference_call)

@@ -1,5 +1,6 @@
 """The playground for every kind of model, each in a real browser (Debian chromium driven by Playwright), its form
-built from the served card: audio clips, speech and spoken chat, a camera-controlled world model, long reasoning.
+built from the served card: audio clips, speech and spoken chat, a camera-controlled world model, long reasoning,
+an image model's edits (qwen-image-demo).
 
 Set VIDLOOM_UI_SCREENSHOTS=docs/img to refresh docs/playground.md's screenshots from these runs.
 """
@@ -212,3 +213,27 @@ def test_a_loaded_lora_adapter_is_a_choice_of_the_form(browser, page, flux2_dist
         result = page.locator("#image-list figure").first
         assert result.locator("figcaption").inner_text() == "a paper boat · 32x48 · seed 4"
         assert result.locator("a.download").get_attribute("download") == "vidloom-image.png"
+
+
+def test_the_qwen_image_demo_makes_an_image_then_edits_an_upload(browser, page, tmp_path):
+    with _open(page, _engine("qwen-image-demo"), tmp_path):
+        assert page.locator("#generate-title").inner_text() == "Generate an image"
+        assert page.locator("[data-input=input_reference]").inner_text().strip() == "Reference image"
+        sent = []
+        page.on("request", lambda r: sent.append(r.url) if "/v1/images/" in r.url else None)
+        done = """(count) => document.querySelectorAll('#image-list img').length === count ||
+          document.querySelector('#form-error').textContent !== ''"""
+        fill(page, "a lighthouse", {"size": "32x48", "num_inference_steps": "2", "seed": "3"})
+        page.click("#submit")
+        page.wait_for_function(done, arg=1, timeout=60_000)
+        _no_error(page, "#form-error")
+        reference = tmp_path / "ref.png"
+        make_image(48, 40, seed=5).save(reference)
+        fill(page, "the same, at dusk", {})
+        page.set_input_files("#gen-form [name=input_reference]", str(reference))
+        page.click("#submit")
+        page.wait_for_function(done, arg=2, timeout=180_000)
+        _no_error(page, "#form-error")
+        assert [url.rsplit("/", 1)[-1] for url in sent] == ["generations", "edits"]
+        edited = page.locator("#image-list img").first  # newest first, at the requested size
+        assert edited.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [32, 48]

@@ -1,4 +1,5 @@
-"""Cards for Qwen-Image diffusers folders (QwenImagePipeline: text to image with true CFG)."""
+"""Cards for Qwen-Image diffusers folders (QwenImagePipeline: text to image with true CFG; QwenImageEditPipeline and
+QwenImageEditPlusPipeline: edits of one or several reference images)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from vidloom.families.qwen_image.text import MAX_PROMPT_TOKENS
 FAMILY = "qwen_image"
 PIPELINE_CLASS = "QwenImagePipeline"
 EDIT_PIPELINE_CLASS = "QwenImageEditPipeline"
+EDIT_PLUS_PIPELINE_CLASS = "QwenImageEditPlusPipeline"
+EDIT_CLASSES = (EDIT_PIPELINE_CLASS, EDIT_PLUS_PIPELINE_CLASS)
 PROGRAM = "vidloom.families.qwen_image.program:build_program"
+PLUS_PROGRAM = "vidloom.families.qwen_image.program:build_plus_program"
+# Reference images one edit-plus request may give: Qwen-Image-Edit-2509's model card reports its best results with
+# 1 to 3 (the pipeline sets no limit; each adds about EDIT_AREA / 256 tokens to every forward).
+MAX_PLUS_REFERENCE_IMAGES = 3
 MEMORY_ESTIMATOR = "vidloom.families.qwen_image.memory:request_estimator"
 INDEX_COMPONENTS = ("scheduler", "vae", "text_encoder", "tokenizer", "transformer")  # QwenImagePipeline.__init__
-EDIT_COMPONENTS = (*INDEX_COMPONENTS, "processor")  # QwenImageEditPipeline.__init__: the VL model's processor
+EDIT_COMPONENTS = (*INDEX_COMPONENTS, "processor")  # the edit pipelines' __init__: the VL model's processor
 # QwenImagePipeline.__call__'s defaults: 1024 px (default_sample_size 128 x the VAE's 8), 50 steps,
 # true_cfg_scale 4.0 (our guidance_scale), no negative prompt (so no CFG until one is given).
 DEFAULTS = SamplingDefaults(height=1024, width=1024, num_frames=1, fps=1, num_inference_steps=50,
@@ -30,11 +37,10 @@ CFG_NOTE = ("true CFG (guidance_scale is the pipeline's true_cfg_scale) runs onl
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel"}),
+               "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel",
+               "cfg_mode"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget",
-             cfg_mode="prompt and negative prompt are encoded unpadded, so their lengths differ and the two CFG "
-                      "branches run one after the other, as the pipeline runs them",
              batching="each prompt is encoded unpadded, so two requests' text tokens differ in number and their "
                       "joint attention cannot share a forward (no padding mask yet)"),
 )
@@ -42,29 +48,32 @@ CAPABILITY_ROWS = {"qwen-image": CAPABILITIES}  # `vidloom models --capabilities
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    """A QwenImagePipeline or QwenImageEditPipeline folder whose model_index.json holds only keys this loader
-    reads."""
-    ckpt.expect_pipeline(PIPELINE_CLASS, EDIT_PIPELINE_CLASS)
-    ckpt.check_index(EDIT_COMPONENTS if ckpt.pipeline_class == EDIT_PIPELINE_CLASS else INDEX_COMPONENTS)
+    """A QwenImagePipeline or edit pipeline folder whose model_index.json holds only keys this loader reads."""
+    ckpt.expect_pipeline(PIPELINE_CLASS, *EDIT_CLASSES)
+    ckpt.check_index(EDIT_COMPONENTS if ckpt.pipeline_class in EDIT_CLASSES else INDEX_COMPONENTS)
 
 
 def card_from_checkpoint(path: str | Path) -> ModelCard:
-    """A card for a QwenImagePipeline (text to image) or QwenImageEditPipeline (edits) folder; the VAE depth sets
-    the size multiple."""
+    """A card for a QwenImagePipeline (text to image), QwenImageEditPipeline (edits of one image) or
+    QwenImageEditPlusPipeline (edits of up to MAX_PLUS_REFERENCE_IMAGES) folder; the VAE depth sets the size
+    multiple."""
     ckpt = DiffusersDir.open(path)
     check_pipeline(ckpt)
     vae = ckpt.component_config("vae")
     patch = int(ckpt.component_config("transformer").get("patch_size", 2))
     multiple = 2 ** len(vae.get("temperal_downsample", (False, True, True))) * patch
-    edit = ckpt.pipeline_class == EDIT_PIPELINE_CLASS
+    edit = {PIPELINE_CLASS: 0, EDIT_PIPELINE_CLASS: 1}.get(ckpt.pipeline_class, MAX_PLUS_REFERENCE_IMAGES)
     return qwen_image_card(ckpt.root.name, str(ckpt.root), multiple=multiple, defaults=DEFAULTS, edit=edit,
+                           plus=ckpt.pipeline_class == EDIT_PLUS_PIPELINE_CLASS,
                            description=f"Qwen-Image {'editing' if edit else 'text-to-image'} from {ckpt.root}")
 
 
 def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: SamplingDefaults, description: str,
-                    notes: tuple[str, ...] = (), precision: str = "bfloat16", edit: bool = False) -> ModelCard:
-    """The card of a Qwen-Image folder: sizes a multiple of `multiple` pixels (VAE factor x patch); `edit`: an
-    edit checkpoint, whose requests each give one reference image."""
+                    notes: tuple[str, ...] = (), precision: str = "bfloat16", edit: int = 0,
+                    plus: bool = False, edit_optional: bool = False) -> ModelCard:
+    """The card of a Qwen-Image folder: sizes a multiple of `multiple` pixels (VAE factor x patch); `edit`: the
+    reference images an edit request gives (1 to `edit`; 0: text to image); `plus`: QwenImageEditPlusPipeline's
+    program ("Picture N" prompts); `edit_optional`: a request without images is text to image (the demo)."""
     names = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", *(("processor",) if edit else ()))
     return ModelCard(
         model_id=model_id,
@@ -76,7 +85,7 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=1),
         recipe=RecipeSpec(method="pretrained", loop="denoise"),
-        program=PROGRAM,
+        program=PLUS_PROGRAM if plus else PROGRAM,
         memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
@@ -85,6 +94,6 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         optional_fields=READS,
         capabilities=CAPABILITIES,
         inputs=frozenset({"image"}) if edit else frozenset(),
-        required_inputs=frozenset({"image"}) if edit else frozenset(),
-        max_reference_images=1 if edit else 0,
+        required_inputs=frozenset({"image"}) if edit and not edit_optional else frozenset(),
+        max_reference_images=edit,
     )

@@ -9,7 +9,7 @@ import torch
 
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CheckpointError
+from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.core.instance import ModelInstance
 from vidloom.layers.attention import resolve_attention
 from vidloom.loading.component_file import build_component, component_files, load_component
@@ -53,7 +53,13 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     schedule = ckpt.parse_component("scheduler", QwenImageSchedule.from_diffusers, "scheduler_config.json")
     vae = WanVAE(ckpt.parse_component("vae", vae_config))
     load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
-    attention_fn = resolve_attention(deploy.attention_backend, device, compute)
+    # Batched CFG pads the shorter prompt and masks its padding: a kernel without masks is refused, and so is
+    # sequence parallel (its shards carry their own padding mask).
+    batched_cfg = deploy.cfg_mode == "batched"
+    if batched_cfg and deploy.parallel.sp > 1:
+        raise DeployError("cfg_mode='batched' masks a padded prompt, which sequence parallel (--sp) cannot carry; "
+                          "leave cfg_mode at 'sequential' with --sp")
+    attention_fn = resolve_attention(deploy.attention_backend, device, compute, masked=batched_cfg)
     transformer = build_component(lambda: QwenImageTransformer(dit_config, attention_fn),
                                   ckpt.component_dir("transformer"), QWEN_IMAGE_TRANSFORMER_NAME_MAP,
                                   files.get("transformer"), (), device, compute, QwenImageTransformer.KEEP_FP32)

@@ -1,4 +1,5 @@
-"""Qwen-Image's denoise loop: flow-match Euler over packed 2x2 latent patches; the step body is true CFG."""
+"""Qwen-Image's denoise loop: flow-match Euler over packed 2x2 latent patches; the step body is true CFG (its two
+branches one after the other, or batched in one forward with the shorter prompt padded and masked)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vidloom.core.loop import LoopContext
@@ -37,8 +39,10 @@ class QwenImageNetwork:
     """
 
     transformer: QwenImageTransformer
-    grids: tuple[tuple[int, int], ...]  # (h, w) token grids: the target's, then the reference's
+    grids: tuple[tuple[int, int], ...]  # (h, w) token grids: the target's, then the references'
     references: Tensor | None = None  # [B, R, C * 4] packed reference latents, or None (text to image)
+    # [2, L] bool: the (cond, uncond) rows' real text tokens when batched CFG padded the shorter prompt; None: unpadded
+    text_mask: Tensor | None = None
 
     def batch_key(self) -> tuple[Any, ...]:
         return (id(self.transformer), self.grids)
@@ -63,7 +67,8 @@ class QwenImageNetwork:
         return torch.cat([latents, refs.repeat(latents.shape[0] // refs.shape[0], 1, 1)], dim=1)
 
     def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
-        return self.transformer(self.tokens(latents), text, timestep, self.grids)[:, : self.num_target]
+        return self.transformer(self.tokens(latents), text, timestep, self.grids,
+                                text_mask=self.text_mask)[:, : self.num_target]
 
     # The staged denoiser contract (core.denoiser.StagedDenoiser): __call__ is their composition.
 
@@ -72,7 +77,7 @@ class QwenImageNetwork:
         return self.transformer.num_blocks
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, QwenImageConditioning]:
-        return self.transformer.embed(self.tokens(latents), text, timestep, self.grids)
+        return self.transformer.embed(self.tokens(latents), text, timestep, self.grids, text_mask=self.text_mask)
 
     def run_blocks(self, x: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
         return self.transformer.run_blocks(x, cond, start, end)
@@ -90,24 +95,39 @@ class QwenImageDenoiseLoop(GuidedEulerSteps):
     name = "denoise"
 
     def __init__(self, transformer: QwenImageTransformer, schedule: QwenImageSchedule, dtype: torch.dtype,
-                 guidance: GuidancePolicy | None = None) -> None:
+                 guidance: GuidancePolicy | None = None, pad_cfg: bool = False) -> None:
         self.transformer = transformer
         self.schedule = schedule
         self.dtype = dtype
         self.guidance = guidance or NormRescaledCFG(SequentialCFG())
+        self.pad_cfg = pad_cfg  # the guidance batches both branches: pad the shorter prompt, mask its padding
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> GuidedEulerState:
         request: GenerationRequest = slots["request"]
         latents: Tensor = slots["latents"]
         layout: QwenImageLayout = slots["layout"]
         grids = layout.grids
-        negative = slots["negative_embeds"]
+        prompt, negative = slots["prompt_embeds"].to(self.dtype), slots["negative_embeds"]
+        negative = None if negative is None else negative.to(self.dtype)
+        text_mask = None
+        if self.pad_cfg and negative is not None and negative.shape[1] != prompt.shape[1]:
+            prompt, negative, text_mask = pad_pair(prompt, negative)
         h, w = grids[0]
         return GuidedEulerState(
             latents=latents,
             sigmas=self.schedule.sigmas(request.num_inference_steps, h * w),  # mu counts target tokens only
-            network=QwenImageNetwork(self.transformer, grids, layout.references),
-            prompt_embeds=slots["prompt_embeds"].to(self.dtype),
-            negative_embeds=None if negative is None else negative.to(self.dtype),
+            network=QwenImageNetwork(self.transformer, grids, layout.references, text_mask),
+            prompt_embeds=prompt,
+            negative_embeds=negative,
             guidance_scale=float(request.guidance_scale),
         )
+
+
+def pad_pair(prompt: Tensor, negative: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """[1, Lp, D] and [1, Ln, D] zero-padded at their end to one length (the pipeline's own padding), and the
+    [2, L] mask of their real tokens, rows (prompt, negative): the batched CFG forward's order."""
+    length = max(prompt.shape[1], negative.shape[1])
+    positions = torch.arange(length, device=prompt.device)
+    mask = torch.stack([positions < prompt.shape[1], positions < negative.shape[1]])
+    return (F.pad(prompt, (0, 0, 0, length - prompt.shape[1])), F.pad(negative, (0, 0, 0, length - negative.shape[1])),
+            mask)

@@ -1,8 +1,8 @@
 """Estimated peak memory of one Qwen-Image request beyond the resident weights (ModelCard.memory_estimator).
 
 The dual-stream transformer attends jointly over the prompt's tokens (at most MAX_PROMPT_TOKENS), the target's
-and, when editing, the reference's (resized to about EDIT_AREA pixels); its residual stream is float32. True CFG
-runs the two branches one after the other (cfg_mode is refused), so guidance adds no width. The (Wan 2.1) VAE
+and, when editing, each reference's (resized to about EDIT_AREA pixels); its residual stream is float32. True CFG
+runs the two branches one after the other, unless cfg_mode is "batched" (one forward of two). The (Wan 2.1) VAE
 decodes one frame through its widest full-resolution channels. Copy counts: core.footprint.
 """
 
@@ -14,7 +14,7 @@ from vidloom.core.footprint import (
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
-from vidloom.families.qwen_image.program import EDIT_AREA
+from vidloom.families.qwen_image.program import EDIT_AREA, uses_true_cfg
 from vidloom.families.qwen_image.text import MAX_PROMPT_TOKENS
 
 MLP_RATIO = 4  # blocks.GeluMLP: dim -> 4 dim -> dim
@@ -34,7 +34,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     references = len(request.image or ()) * (EDIT_AREA // (multiple * multiple))
     tokens = cells + references + MAX_PROMPT_TOKENS
     act = max(element_size(instance.dtype), 4)  # the joint stream is float32 whatever the compute dtype
-    denoise = block_bytes(1, tokens, dit.dim, MLP_RATIO * dit.dim, act)
+    batch = 2 if uses_true_cfg(request) and instance.deploy.cfg_mode == "batched" else 1
+    denoise = block_bytes(batch, tokens, dit.dim, MLP_RATIO * dit.dim, act)
     vae = instance["vae"].config
     pixels = request.height * request.width
     tile = instance.deploy.vae_tile

@@ -24,7 +24,8 @@ from vidloom.families.qwen_image.loop import QwenImageDenoiseLoop, QwenImageLayo
 from vidloom.families.qwen_image.text import QwenImageTextEncoder
 
 
-EDIT_AREA = 1024 * 1024  # QwenImageEditPipeline resizes references to about this many pixels
+EDIT_AREA = 1024 * 1024  # the edit pipelines VAE-encode references at about this many pixels
+CONDITION_AREA = 384 * 384  # QwenImageEditPlusPipeline shows the VL model each reference at about this many
 
 
 def uses_true_cfg(request: GenerationRequest) -> bool:
@@ -47,20 +48,28 @@ def unpack(tokens: Tensor, h: int, w: int, patch: int) -> Tensor:
     return tokens.view(b, h // patch, w // patch, c, patch, patch).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
-def edit_size(image: Image.Image) -> tuple[int, int]:
-    """(width, height) of about EDIT_AREA pixels with the image's aspect, multiples of 32: the size the edit
-    pipeline resizes every reference to, whatever the output size (its calculate_dimensions)."""
+def edit_size(image: Image.Image, area: int = EDIT_AREA) -> tuple[int, int]:
+    """(width, height) of about `area` pixels with the image's aspect, multiples of 32: the size the edit
+    pipelines resize a reference to, whatever the output size (their calculate_dimensions)."""
     ratio = image.width / image.height
-    width = math.sqrt(EDIT_AREA * ratio)
+    width = math.sqrt(area * ratio)
     return round(width / 32) * 32, round(width / ratio / 32) * 32
 
 
-def reference_image(image: Image.Image) -> Image.Image:
-    """The reference as the edit pipeline sees it: resized (Lanczos) to edit_size, RGB."""
-    return image.convert("RGB").resize(edit_size(image), resample=Image.Resampling.LANCZOS)
+def reference_image(image: Image.Image, area: int = EDIT_AREA) -> Image.Image:
+    """The reference as the edit pipelines see it: resized (Lanczos) to edit_size, RGB."""
+    return image.convert("RGB").resize(edit_size(image, area), resample=Image.Resampling.LANCZOS)
 
 
-def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:
+def build_plus_program(instance: ModelInstance, guidance: GuidancePolicy | None = None) -> Program:
+    """QwenImageEditPlusPipeline's program: every reference image "Picture N" in the VL prompt (at about
+    CONDITION_AREA pixels) and as latent tokens at rotary frame N (at about EDIT_AREA pixels)."""
+    return build_program(instance, guidance, pictures=True)
+
+
+def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = None, *,
+                  pictures: bool = False) -> Program:
+    """QwenImagePipeline's program, or QwenImageEditPipeline's when a request gives a reference image."""
     text: QwenImageTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
     transformer = instance["transformer"]
@@ -73,9 +82,12 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     def encode_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        if request.image:  # editing: the VL model sees the reference with each prompt
+        if request.image and pictures:  # editing: the VL model sees the references with each prompt
+            shown = [reference_image(image, CONDITION_AREA) for image in request.image]
+            embed: Any = lambda prompt: text.encode_with_pictures(prompt, shown)  # noqa: E731
+        elif request.image:
             image = reference_image(request.image[0])
-            embed: Any = lambda prompt: text.encode_with_image(prompt, image)  # noqa: E731
+            embed = lambda prompt: text.encode_with_image(prompt, image)  # noqa: E731
         else:
             embed = text.encode
         negative = embed(request.negative_prompt) if uses_true_cfg(request) else None
@@ -83,13 +95,15 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     def encode_image(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
-        image = reference_image(request.image[0])
-        pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
-        with torch.inference_mode():
-            raw = vae.encode(pixels[:, :, None].to(device, vae_dtype)).mean  # the pipeline's "argmax": the mode
-        latents = vae.normalize_latents(raw.float())[:, :, 0]
-        ctx.progress("encode_image", 1, 1)
-        return {"references": pack(latents, patch)}
+        packed = []
+        for index, image in enumerate(request.image, start=1):  # each alone, in order: its own grid and frame
+            pixels = np.asarray(reference_image(image), dtype=np.float32) / 255.0
+            pixels = torch.from_numpy(pixels).permute(2, 0, 1)[None] * 2.0 - 1.0
+            with torch.inference_mode():
+                raw = vae.encode(pixels[:, :, None].to(device, vae_dtype)).mean  # the pipeline's "argmax": the mode
+            packed.append(pack(vae.normalize_latents(raw.float())[:, :, 0], patch))
+            ctx.progress("encode_image", index, len(request.image))
+        return {"references": torch.cat(packed, dim=1)}
 
     def prepare_latents(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         request: GenerationRequest = slots["request"]
@@ -97,8 +111,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         noise, _ = initial_noise((1, 1, channels, h, w), request.seed)  # the pipeline's [B, 1, C, h, w] draw
         grids = ((h // patch, w // patch),)
         references = slots.get("references")
-        if references is not None:
-            ref_w, ref_h = edit_size(request.image[0])
+        for image in request.image if references is not None else ():
+            ref_w, ref_h = edit_size(image)
             grids += ((ref_h // factor // patch, ref_w // factor // patch),)
         return {"latents": pack(noise[:, 0], patch).to(device), "layout": QwenImageLayout(grids, references)}
 
@@ -112,7 +126,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
     inner = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
-    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner))
+    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner),
+                                pad_cfg=guidance is None and instance.deploy.cfg_mode == "batched")
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),

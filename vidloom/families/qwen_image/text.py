@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -26,14 +26,17 @@ PROMPT_TEMPLATE = (
 )
 DROPPED_TOKENS = 34
 MAX_PROMPT_TOKENS = 1024
-# QwenImageEditPipeline's: the reference image sits in the user turn as vision tokens; 64 leading tokens dropped.
-EDIT_TEMPLATE = (
+# QwenImageEditPlusPipeline's: the reference images sit in the user turn before the prompt, each as "Picture N: "
+# and its vision tokens (QwenImageEditPipeline's: the one image's vision tokens, unnumbered); 64 leading tokens
+# dropped.
+EDIT_PLUS_TEMPLATE = (
     "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
     "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
     "image that meets the user's requirements while maintaining consistency with the original input where "
-    "appropriate.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n"
-    "<|im_start|>assistant\n"
+    "appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 )
+VISION = "<|vision_start|><|image_pad|><|vision_end|>"
+EDIT_TEMPLATE = EDIT_PLUS_TEMPLATE.replace("{}", VISION + "{}")
 EDIT_DROPPED_TOKENS = 64
 IMAGE_PAD = "<|image_pad|>"
 
@@ -78,17 +81,29 @@ class QwenImageTextEncoder:
         """[1, L, hidden] on `device`; a cached prompt is not re-encoded."""
         return self.cache.embed([prompt], self._run_encoder)[0][None].to(self.device)
 
-    @torch.inference_mode()
     def encode_with_image(self, prompt: str, image: Image.Image) -> torch.Tensor:
-        """[1, L, hidden]: `prompt` with `image` in the edit template, read by the VL model (not cached).
+        """[1, L, hidden]: `prompt` with `image` in QwenImageEditPipeline's template, read by the VL model."""
+        return self.encode_with_images(EDIT_TEMPLATE, prompt, [image])
 
-        The image tokens are expanded as Qwen2VLProcessor expands them (one per merged patch), which transformers
+    def encode_with_pictures(self, prompt: str, images: Sequence[Image.Image]) -> torch.Tensor:
+        """[1, L, hidden]: `prompt` after "Picture 1: <image> Picture 2: <image> ..." (QwenImageEditPlusPipeline)."""
+        pictures = "".join(f"Picture {i}: {VISION}" for i in range(1, len(images) + 1))
+        return self.encode_with_images(EDIT_PLUS_TEMPLATE.replace("{}", pictures + "{}"), prompt, images)
+
+    @torch.inference_mode()
+    def encode_with_images(self, template: str, prompt: str, images: Sequence[Image.Image]) -> torch.Tensor:
+        """[1, L, hidden]: `prompt` in `template`, whose i-th IMAGE_PAD is `images[i]`, read by the VL model (not
+        cached); the template's EDIT_DROPPED_TOKENS leading tokens dropped.
+
+        Each image's pad is expanded as Qwen2VLProcessor expands it (one per merged patch), which transformers
         cannot build here: its video processor needs torchvision."""
-        vision = self.image_processor(images=[image], return_tensors="pt")
+        vision = self.image_processor(images=list(images), return_tensors="pt")
         grid = vision["image_grid_thw"]
-        count = int(grid[0].prod()) // self.image_processor.merge_size ** 2
-        text = EDIT_TEMPLATE.format(prompt).replace(IMAGE_PAD, IMAGE_PAD * count, 1)
-        tokens = self.tokenizer([text], return_tensors="pt")
+        merge = self.image_processor.merge_size ** 2
+        parts = template.split(IMAGE_PAD)
+        assert len(parts) == len(images) + 1, "one IMAGE_PAD per image"
+        template = parts[0] + "".join(IMAGE_PAD * (int(g.prod()) // merge) + part for g, part in zip(grid, parts[1:]))
+        tokens = self.tokenizer([template.format(prompt)], return_tensors="pt")
         with self._encoder_lock, uploaded(self._offloaded):
             device = self.model.device
             out = self.model(input_ids=tokens["input_ids"].to(device),

@@ -119,7 +119,9 @@ class QwenImageConditioning:
     dtype: torch.dtype  # what linears and attention compute in; the joint stream is float32
     text_total: int = 0  # L: the text rows of the whole stream (the head keeps what follows them)
     length: int = 0  # L + N: the whole stream's rows before any padding
-    key_mask: Tensor | None = None  # the padded stream's key mask (layers.sequence.JointPart), None unpadded
+    # The padded stream's key mask (layers.sequence.JointPart: [L + N + pad]), or a padded text's ([B, 1, 1, L + N]:
+    # batched CFG over prompts of two lengths); None unpadded.
+    key_mask: Tensor | None = None
 
 
 class QwenImageTransformer(nn.Module):
@@ -158,10 +160,13 @@ class QwenImageTransformer(nn.Module):
         """Every block: each attends over the whole joint stream (sequence parallel wraps their attention)."""
         yield from self.blocks
 
-    def forward(self, img: Tensor, txt: Tensor, timestep: Tensor, grids: tuple[tuple[int, int], ...]) -> Tensor:
+    def forward(self, img: Tensor, txt: Tensor, timestep: Tensor, grids: tuple[tuple[int, int], ...],
+                text_mask: Tensor | None = None) -> Tensor:
         """img [B, N, in_channels] (each grid's tokens, row-major, target first), txt [B, L, text_dim],
-        timestep [B] in [0, 1], grids: the (h, w) token grid of the target and of each reference -> [B, N, C_out]."""
-        h, cond = self.embed(img, txt, timestep, grids)
+        timestep [B] in [0, 1], grids: the (h, w) token grid of the target and of each reference, text_mask:
+        [B, L] bool, True for real text tokens (prompts padded at their end to one length), None: all real
+        -> [B, N, C_out]."""
+        h, cond = self.embed(img, txt, timestep, grids, text_mask=text_mask)
         return self.head(self.run_blocks(h, cond), cond)
 
     # The stages below are the denoiser contract step caches call (runtime.step_cache.StagedNetwork); forward()
@@ -171,8 +176,9 @@ class QwenImageTransformer(nn.Module):
         return joint_rotations(grids, text_tokens, self.config.rope_axes).to(device)
 
     def embed(self, img: Tensor, txt: Tensor, timestep: Tensor, grids: tuple[tuple[int, int], ...],
-              rotations: Tensor | None = None) -> tuple[Tensor, QwenImageConditioning]:
-        """Tokens -> the joint stream [B, L + N, dim] (float32) and what every block reads."""
+              rotations: Tensor | None = None, text_mask: Tensor | None = None) -> tuple[Tensor, QwenImageConditioning]:
+        """Tokens -> the joint stream [B, L + N, dim] (float32) and what every block reads; a padded text's
+        `text_mask` [B, L] makes its padding no key of the joint attention (padded rows are computed, never read)."""
         # Unlike the reference's bf16 path the timestep is not rounded to the compute dtype (KEEP_FP32).
         temb = self.time_embed(timestep.float())
         x = self.img_in(img)
@@ -181,7 +187,13 @@ class QwenImageTransformer(nn.Module):
             rotations = self.rotations(grids, c.shape[1], img.device)
         silu = F.silu(temb).to(self.out_mod.weight.dtype)
         part = self.sequence.shard_joint(torch.cat([c, x], dim=1).float(), (rotations,), c.shape[1])
-        cond = QwenImageConditioning(silu, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, part.key_mask)
+        key_mask = part.key_mask
+        if text_mask is not None:  # per sample: [B, 1, 1, L + N], broadcast over heads and queries
+            if key_mask is not None:
+                raise ValueError("a padded text mask cannot run on a sequence-parallel shard")
+            image = torch.ones(img.shape[:2], dtype=torch.bool, device=img.device)
+            key_mask = torch.cat([text_mask.to(img.device, torch.bool), image], dim=1)[:, None, None]
+        cond = QwenImageConditioning(silu, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, key_mask)
         return part.tokens, cond
 
     def run_blocks(self, h: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:

@@ -1,0 +1,69 @@
+"""Qwen-Image multi-image editing parity: vidloom's native family vs diffusers' QwenImageEditPlusPipeline on a tiny
+random folder: each reference "Picture N" in the VL prompt (at ~384^2) and as latent tokens at rotary frame N
+(at ~1024^2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.qwen_image_checkpoints import edit_processor, write_qwen_image_edit
+from tests.helpers.reference_pipelines import reference_pipeline
+from tests.parity.test_qwen_image_edit import _pattern
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.request import GenerationRequest, Task
+from vidloom.generator import VideoGenerator
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+# float32 on CPU, as test_qwen_image_edit: the same transformer, VAE and VL encoder, PIL's Lanczos on both sides.
+IMAGE_TOLERANCE = 2e-5
+PROMPT = "put the cat from picture 1 on the sofa of picture 2"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from diffusers import QwenImageEditPlusPipeline
+
+    folder = write_qwen_image_edit(tmp_path_factory.mktemp("qwen-image-edit-plus"), seed=5,
+                                   pipeline="QwenImageEditPlusPipeline")
+    pipe = reference_pipeline(QwenImageEditPlusPipeline, folder, processor=edit_processor(folder))
+    return pipe, VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+def _ours(gen: VideoGenerator, images: tuple, height: int, width: int, negative: str | None) -> np.ndarray:
+    request = GenerationRequest(prompt=PROMPT, task=Task.T2I, height=height, width=width, seed=4,
+                                num_inference_steps=2, image=images, negative_prompt=negative, guidance_scale=3.0)
+    return gen.engine.run(request)["video"][0]
+
+
+# One 3:2 reference into a 32x48 output without CFG; a 2:3 and a 1:1 reference into 64x32 with true CFG.
+CASES = {"one-image": ([(96, 64, 1)], 32, 48, None), "two-images": ([(64, 96, 2), (80, 80, 3)], 64, 32, "blurry")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_edit_plus_matches_pipeline(pair, case):
+    pipe, gen = pair
+    sizes, height, width, negative = CASES[case]
+    images = tuple(_pattern(w, h, seed) for w, h, seed in sizes)
+    extra = {"negative_prompt": negative, "true_cfg_scale": 3.0} if negative else {}
+    theirs = pipe(image=list(images), prompt=PROMPT, height=height, width=width, num_inference_steps=2,
+                  generator=torch.Generator("cpu").manual_seed(4), output_type="np", **extra).images[0]
+    ours = _ours(gen, images, height, width, negative)
+    assert ours.shape == theirs.shape == (height, width, 3)
+    assert np.abs(ours - theirs).max() < IMAGE_TOLERANCE, np.abs(ours - theirs).max()
+
+
+def test_the_second_picture_moves_the_edit(pair):
+    _, gen = pair
+    first = _pattern(64, 96, 2)
+    one = _ours(gen, (first, _pattern(80, 80, 3)), 64, 32, None)
+    other = _ours(gen, (first, _pattern(80, 80, 4)), 64, 32, None)
+    assert np.abs(one - other).max() > 10 * IMAGE_TOLERANCE
+
+
+def test_more_pictures_than_the_card_takes_are_refused(pair):
+    _, gen = pair
+    images = tuple(_pattern(32, 32, seed) for seed in range(gen.card.max_reference_images + 1))
+    with pytest.raises(InvalidRequest, match="more than the limit of 3"):
+        gen.generate(prompt=PROMPT, image=images, height=32, width=32, num_inference_steps=1)
