@@ -22,3 +22,18 @@ def test_the_published_config_loads():
 def test_a_variant_without_code_is_refused_by_name():
     with pytest.raises(CheckpointError, match="zero_cond_t"):
         TRANSFORMER_POLICY.check({**PUBLISHED, "zero_cond_t": True}, "transformer/config.json")
+
+
+def test_one_step_under_a_terminal_stretch_is_refused_at_submit():
+    """The stretch scales by 1 - sigma, and one step's only sigma is 1: 0 / 0, NaN latents in diffusers too."""
+    from vidloom.core.errors import InvalidRequest
+    from vidloom.core.request import GenerationRequest
+    from vidloom.families.qwen_image.schedule import QwenImageSchedule
+
+    stretched = QwenImageSchedule(shift_terminal=0.02)
+    stretched.check(GenerationRequest(prompt="x", num_inference_steps=2))
+    with pytest.raises(InvalidRequest, match="shift_terminal 0.02, which needs at least 2 steps") as err:
+        stretched.check(GenerationRequest(prompt="x", num_inference_steps=1))
+    assert err.value.field == "num_inference_steps"
+    QwenImageSchedule().check(GenerationRequest(prompt="x", num_inference_steps=1))  # no stretch: one step runs
+    assert bool(QwenImageSchedule().sigmas(1, 256).isfinite().all())

@@ -143,4 +143,5 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         ),
         inputs=frozenset({"request"}),
         outputs=("video",),
+        check=instance["schedule"].check,
     )

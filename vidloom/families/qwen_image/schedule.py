@@ -10,6 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from vidloom.core.errors import InvalidRequest
+from vidloom.core.request import GenerationRequest
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
@@ -63,6 +65,14 @@ class QwenImageSchedule:
         """The shift exponent: linear in the target's token count (the pipeline's calculate_shift)."""
         slope = (self.max_shift - self.base_shift) / (self.max_image_seq_len - self.base_image_seq_len)
         return image_seq_len * slope + (self.base_shift - slope * self.base_image_seq_len)
+
+    def check(self, request: GenerationRequest) -> None:
+        """Refuse at submit what the schedule cannot run: one step under a terminal stretch divides 0 by 0 (the
+        only sigma is 1, the stretch scales by 1 - sigma; diffusers' scheduler gives NaN latents there)."""
+        if self.shift_terminal and request.num_inference_steps < 2:
+            raise InvalidRequest("num_inference_steps", f"this scheduler stretches its sigmas to shift_terminal "
+                                 f"{self.shift_terminal}, which needs at least 2 steps; got "
+                                 f"{request.num_inference_steps}")
 
     def sigmas(self, steps: int, image_seq_len: int) -> torch.Tensor:
         """float32 [steps + 1] sigmas ending at 0, in the reference's numpy float32 arithmetic (same bits)."""
