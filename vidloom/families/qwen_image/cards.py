@@ -41,8 +41,8 @@ CAPABILITIES = Capabilities(
                "cfg_mode"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget",
-             batching="each prompt is encoded unpadded, so two requests' text tokens differ in number and their "
-                      "joint attention cannot share a forward (no padding mask yet)"),
+             batching="two requests' steps are not stacked yet: the padded, masked forward that --cfg-mode "
+                      "batched runs for one request's two prompts is not offered to the batcher across requests"),
 )
 CAPABILITY_ROWS = {"qwen-image": CAPABILITIES}  # `vidloom models --capabilities`
 
