@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vidloom.core.errors import InvalidRequest
 from vidloom.diffusion.guidance import GuidancePolicy, Network, TwoBranchCFG
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.helios.loop import HeliosChunkLoop, HeliosChunkState
@@ -48,6 +49,9 @@ class HeliosPyramidLoop(HeliosChunkLoop):
     def _schedules(self, num_steps: int, h: int, w: int) -> tuple[Schedule, ...]:
         # A stage's time shift counts the tokens of the grid it starts from: the previous stage's (the first: its own).
         stages = self.schedule.stages
+        if num_steps < stages:
+            raise InvalidRequest("num_inference_steps", f"is {num_steps}; the pyramid needs at least one step in "
+                                                        f"each of its {stages} stages")
         sizes = [(h >> (stages - 1 - s), w >> (stages - 1 - s)) for s in range(stages)]
         return tuple(stage_schedule(self.schedule, self.ranges[s], steps, self._tokens(*sizes[max(s - 1, 0)]))
                      for s, steps in enumerate(split_steps(num_steps, stages)))

@@ -125,10 +125,9 @@ class HeliosSchedule:
             max_image_seq_len=int(cfg.get("max_image_seq_len", d.max_image_seq_len)),
             base_shift=float(cfg.get("base_shift", d.base_shift)),
             max_shift=float(cfg.get("max_shift", d.max_shift)),
-            stages=stages,
-            stage_range=stage_range,
-            gamma=float(cfg.get("gamma", d.gamma)),
-            shift=float(cfg.get("shift", d.shift)),
+            # The one-stage base pipeline reads none of these (it passes its own sigmas): the defaults stand.
+            **(dict(stages=stages, stage_range=stage_range, gamma=float(cfg.get("gamma", d.gamma)),
+                    shift=float(cfg.get("shift", d.shift))) if pyramid else {}),
         )
 
     def sampler(self, name: str | None = None) -> ConfiguredSampler:
