@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from vidloom.core.errors import CheckpointError
-from vidloom.families.helios.cards import DISTILLED_REFUSAL, ZERO_STAR_NOTE, card_from_checkpoint
+from vidloom.families.helios.cards import DISTILLED_REFUSAL, ZERO_STAR_NOTE, card_from_checkpoint, check_pipeline
 from vidloom.families.helios.demo import DEMO_SCHEDULER
 from vidloom.families.helios.pyramid import block_noise_factor, split_steps, stage_ranges
 from vidloom.families.helios.schedule import HeliosSchedule
+from vidloom.loading.diffusers_dir import DiffusersDir
 
 COMPONENTS = {"tokenizer": ["transformers", "T5TokenizerFast"], "text_encoder": ["transformers", "UMT5EncoderModel"],
               "vae": ["diffusers", "AutoencoderKLWan"], "scheduler": ["diffusers", "HeliosScheduler"],
@@ -35,9 +36,11 @@ def test_a_mid_folder_gets_the_pyramid_card(tmp_path):
     assert ZERO_STAR_NOTE in card.notes
 
 
-def test_a_distilled_folder_is_refused_with_the_reason(tmp_path):
+def test_a_distilled_folder_is_declined_and_refused_at_load_with_the_reason(tmp_path):
+    folder = _folder(tmp_path, {"stages": 3}, is_cfg_zero_star=False, is_distilled=True)
+    assert card_from_checkpoint(folder) is None  # the registry hands it to the diffusers adapter
     with pytest.raises(CheckpointError, match="is_distilled") as err:
-        card_from_checkpoint(_folder(tmp_path, {"stages": 3}, is_cfg_zero_star=False, is_distilled=True))
+        check_pipeline(DiffusersDir.open(folder))
     assert DISTILLED_REFUSAL in str(err.value)
 
 

@@ -90,10 +90,12 @@ def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULT
     )
 
 
-def card_from_checkpoint(path: str | Path) -> ModelCard:
+def card_from_checkpoint(path: str | Path) -> ModelCard | None:
     """A card for a HeliosPipeline or HeliosPyramidPipeline folder; the default solver is its scheduler's
-    scheduler_type; a pyramid's sizes follow its stage count."""
+    scheduler_type; a pyramid's sizes follow its stage count. None (the adapter's then) for a distilled folder."""
     ckpt = DiffusersDir.open(path)
+    if is_pyramid(ckpt) and ckpt.index.get("is_distilled", False):
+        return None  # DISTILLED_REFUSAL: not native; the diffusers adapter runs the pipeline as it is
     check_pipeline(ckpt)
     scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
     solver = str(scheduler.get("scheduler_type", "unipc"))

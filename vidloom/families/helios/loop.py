@@ -188,7 +188,8 @@ class HeliosChunkLoop:
         prefix = state.prefix if state.prefix is not None else torch.zeros_like(short[:, :, :1])
         i_chunk, i_short, i_mid, i_long = self.indices
         history = HeliosHistory(torch.cat([prefix.to(self.dtype), short], dim=2), i_short, mid, i_mid, long, i_long)
-        return HeliosNetwork(self.transformer, i_chunk, history, cache_scope=state.chunk)
+        scope = state.chunk * len(state.stage_schedules) + state.stage  # a step cache restarts per chunk and stage
+        return HeliosNetwork(self.transformer, i_chunk, history, cache_scope=scope)
 
     # -- results ----------------------------------------------------------------------
 
