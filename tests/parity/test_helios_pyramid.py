@@ -47,7 +47,9 @@ def pair(request, tmp_path_factory):
 
     spec = request.param
     folder = write_tiny_helios_pyramid(tmp_path_factory.mktemp(spec.name), spec)
-    return spec, reference_pipeline(HeliosPyramidPipeline, folder), VideoGenerator.from_pretrained(folder, device="cpu")
+    gen = VideoGenerator.from_pretrained(folder, device="cpu")
+    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
+    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
 
 
 def _theirs(monkeypatch, spec, pipe, frames: int, scale: float, seed: int, **media) -> np.ndarray:
