@@ -233,18 +233,21 @@ def resolve_card(model: str | Path) -> ModelCard:
 
 
 def _card_from_dir(path: Path) -> ModelCard:
-    """The native recipe of the folder's pipeline class, else the diffusers adapter (which refuses, naming why, a
-    class diffusers does not ship or one it cannot step)."""
+    """The native recipe of the folder's pipeline class (unless its family declines the folder's variant: None),
+    else the diffusers adapter (which refuses, naming why, a class diffusers does not ship or one it cannot step)."""
     if not (path / "model_index.json").is_file() and (path / "config.json").is_file():
         return _card_from_transformers_dir(path)
     ckpt = DiffusersDir.open(path)
     if not ckpt.pipeline_class:
         raise CheckpointError(f"{path}/model_index.json names no pipeline class (_class_name)")
-    builder = _views().pipelines.get(ckpt.pipeline_class, _views().adapter)
-    if builder is None:
+    native = _views().pipelines.get(ckpt.pipeline_class)
+    card = plugin.resolve(native)(path) if native is not None else None  # None: the family declines this variant
+    if card is not None:
+        return card
+    if _views().adapter is None:
         raise CheckpointError(f"{path}: no family runs pipeline {ckpt.pipeline_class!r}; known: "
                               f"{', '.join(_views().pipelines)}")
-    return plugin.resolve(builder)(path)
+    return plugin.resolve(_views().adapter)(path)
 
 
 def _card_from_transformers_dir(path: Path) -> ModelCard:

@@ -67,3 +67,38 @@ def write_tiny_helios(folder: Path, spec: TinyHelios, seed: int = 0) -> Path:
     pipe = HeliosPipeline(**parts, transformer=transformer, scheduler=HeliosScheduler(**spec.scheduler))
     pipe.save_pretrained(str(folder))
     return folder
+
+
+@dataclass(frozen=True)
+class TinyHeliosPyramid:
+    base: TinyHelios  # transformer and VAE; its scheduler is replaced by `scheduler`
+    scheduler: dict[str, Any]
+    zero_star: bool
+    size: tuple[int, int]  # height, width: multiples of 16 * 2^(stages - 1)
+
+    @property
+    def name(self) -> str:
+        return f"pyramid-{self.base.name}"
+
+
+PYRAMID_A = TinyHeliosPyramid(  # the published shape: 3 stages, gamma 1/3 (singular in float32), CFG-Zero*
+    TINY_A, dict(stages=3, scheduler_type="unipc", use_dynamic_shifting=True, time_shift_type="exponential",
+                 gamma=1 / 3), zero_star=True, size=(64, 128))
+PYRAMID_B = TinyHeliosPyramid(  # 2 stages over a shifted train range, another gamma, Euler, plain CFG
+    TINY_B, dict(stages=2, stage_range=[0, 0.5, 1], scheduler_type="euler", use_dynamic_shifting=False, shift=3.0,
+                 gamma=0.25), zero_star=False, size=(32, 64))
+PYRAMID_CONFIGS = (PYRAMID_A, PYRAMID_B)
+
+
+def write_tiny_helios_pyramid(folder: Path, spec: TinyHeliosPyramid, seed: int = 0) -> Path:
+    """Save a HeliosPyramidPipeline folder for `spec` with diffusers' own save_pretrained."""
+    from diffusers import HeliosPyramidPipeline, HeliosScheduler
+
+    base = spec.base
+    transformer = reference_transformer(base.transformer, seed)
+    parts = reference_parts(TinyWan(base.name, base.transformer, base.vae), seed, vae_seed=seed + 1,
+                            text_seed=seed + 2)
+    pipe = HeliosPyramidPipeline(**parts, transformer=transformer, scheduler=HeliosScheduler(**spec.scheduler),
+                                 is_cfg_zero_star=spec.zero_star, is_distilled=False)
+    pipe.save_pretrained(str(folder))
+    return folder

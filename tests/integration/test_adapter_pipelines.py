@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.adapter_checkpoints import reference_output, write_tiny_pipeline
 from vidloom.core.errors import Cancelled, InvalidRequest
@@ -28,9 +29,23 @@ def folders(tmp_path_factory):
             for kind in ("helios-pyramid", "helios-distilled")}
 
 
+def _adapter(folder) -> VideoGenerator:
+    """The adapter on `folder` (the Helios pyramid is native now; the adapter must still run it as it is)."""
+    from vidloom import registry
+    from vidloom.core.deploy import DeployConfig
+    from vidloom.families.diffusers_adapter.cards import card_from_checkpoint
+    from vidloom.runtime.engine import Engine
+    from vidloom.core import plugin
+
+    card = card_from_checkpoint(folder)
+    instance = registry.load_instance(card, folder, torch.device("cpu"), None, DeployConfig())
+    return VideoGenerator(Engine(instance, plugin.resolve(card.program)(instance)))
+
+
 def test_the_pyramid_takes_a_frame_count_the_wan_vae_rule_would_refuse_and_equals_the_pipeline(folders):
-    gen = VideoGenerator.from_pretrained(str(folders["helios-pyramid"]))
-    assert gen.card.family == "diffusers-adapter"  # the base HeliosPipeline is native; the pyramid is not
+    assert VideoGenerator.from_pretrained(str(folders["helios-pyramid"])).card.family == "helios"  # native
+    gen = _adapter(folders["helios-pyramid"])
+    assert gen.card.family == "diffusers-adapter"
     result = gen.generate(PROMPT, num_frames=30, guidance_scale=1.0, seed=3, **PYRAMID)
     expected = reference_output(folders["helios-pyramid"], PROMPT, 3, num_frames=30, guidance_scale=1.0, **PYRAMID)
     assert expected.shape[0] == 33 and result.frames.shape == expected.shape  # one whole 33-frame chunk
@@ -41,11 +56,12 @@ def test_the_distilled_pyramid_folder_loads_beside_its_config_flags(folders):
     from vidloom import registry
 
     card = registry.resolve_card(folders["helios-distilled"])  # crashed on model_index.json's `is_distilled: true`
+    assert card.family == "diffusers-adapter"  # the native Helios family declines the DMD path
     assert "is_distilled" not in card.components and {"transformer", "vae", "scheduler"} <= set(card.components)
 
 
 def test_an_error_inside_the_pipeline_fails_the_request_as_ours_and_the_model_keeps_serving(folders):
-    gen = VideoGenerator.from_pretrained(str(folders["helios-pyramid"]))
+    gen = _adapter(folders["helios-pyramid"])
     # diffusers' CFG-Zero* branch views a non-contiguous prediction: a RuntimeError inside the pipeline.
     with pytest.raises(PipelineFailed, match=r"HeliosPyramidPipeline failed .*RuntimeError: view size"):
         gen.generate(PROMPT, num_frames=33, guidance_scale=5.0, seed=1, **PYRAMID)

@@ -43,6 +43,9 @@ def min_steps(folder: Path, card: ModelCard) -> int:
     if card.recipe.timesteps:
         return len(card.recipe.timesteps)
     scheduler = folder / "scheduler" / "scheduler_config.json"
+    index = folder / "model_index.json"
+    if index.is_file() and read_json(index).get("_class_name") == "HeliosPyramidPipeline":
+        return int(read_json(scheduler).get("stages", 3))  # one step per pyramid stage
     return 2 if scheduler.is_file() and read_json(scheduler).get("shift_terminal") else 1
 
 

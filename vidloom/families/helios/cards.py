@@ -1,10 +1,12 @@
-"""Helios model cards, built from a diffusers HeliosPipeline folder (the base model: text to video)."""
+"""Helios model cards, built from a diffusers HeliosPipeline folder (the base model) or a HeliosPyramidPipeline
+folder (Helios-Mid: three resolution stages with CFG-Zero*; Helios-Distilled's DMD path is refused)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from vidloom.core.capabilities import Capabilities
+from vidloom.core.errors import CheckpointError
 from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
@@ -12,6 +14,10 @@ from vidloom.loading.diffusers_dir import DiffusersDir
 
 FAMILY = "helios"
 PIPELINE_CLASS = "HeliosPipeline"
+PYRAMID_CLASS = "HeliosPyramidPipeline"
+PYRAMID_SETTINGS = ("is_cfg_zero_star", "is_distilled")  # HeliosPyramidPipeline's registered config
+DISTILLED_REFUSAL = ("is_distilled: the distilled checkpoint's DMD scheduler path (HeliosDMDScheduler, its "
+                     "re-noised stage starts and amplified first chunk) is not implemented natively")
 PROGRAM = "vidloom.families.helios.program:build_program"
 MEMORY_ESTIMATOR = "vidloom.families.helios.memory:request_estimator"
 # HeliosPipeline.__init__'s components (diffusers 0.42): the only keys its model_index.json may hold.
@@ -28,6 +34,13 @@ DEFAULTS = SamplingDefaults(height=384, width=640, num_frames=129, fps=24, num_i
 # The common fields its program reads (the schedule's shift is the pipeline's own: linspace sigmas, mu).
 READS = frozenset({"negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                    "sampler", "step_cache_threshold"})
+# HeliosPyramidPipeline.__call__'s: 10 steps in each of 3 stages (num_inference_steps is their sum, split evenly,
+# the earlier stages taking a remainder), guidance 5.0; CFG-Zero* zeroes the first stage's first two predictions.
+PYRAMID_DEFAULTS = SamplingDefaults(**{**DEFAULTS.__dict__, "num_inference_steps": 30})
+PYRAMID_NOTE = ("pyramid: each chunk is denoised in stages from a 2^(stages-1)x smaller latent grid up to the full "
+                "one; num_inference_steps is split evenly over the stages (30 = 10 + 10 + 10, the reference's "
+                "pyramid_num_inference_steps_list), so height and width are multiples of 16 * 2^(stages-1)")
+ZERO_STAR_NOTE = "CFG-Zero* (is_cfg_zero_star): the uncond branch is rescaled; the first stage's steps 0 and 1 are zeroed"
 CHUNK_NOTE = ("video comes in 33-frame chunks, each decoded and streamed as it finishes; num_frames takes "
               "ceil(num_frames / 33) chunks and returns their first num_frames frames (HeliosPipeline returns "
               "all of them cut to 4k+1: the same frames for 33, 65, 97, 129, ...)")
@@ -46,26 +59,53 @@ CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`
 
 
 def check_pipeline(ckpt: DiffusersDir) -> None:
-    ckpt.expect_pipeline(PIPELINE_CLASS)
-    ckpt.check_index(INDEX_COMPONENTS)
+    ckpt.expect_pipeline(PIPELINE_CLASS, PYRAMID_CLASS)
+    if ckpt.pipeline_class == PIPELINE_CLASS:
+        ckpt.check_index(INDEX_COMPONENTS)
+        return
+    ckpt.check_index(INDEX_COMPONENTS, settings=PYRAMID_SETTINGS)
+    if ckpt.index.get("is_distilled", False):
+        raise CheckpointError(f"{ckpt.root}/model_index.json: {DISTILLED_REFUSAL}")
+
+
+def is_pyramid(ckpt: DiffusersDir) -> bool:
+    return ckpt.pipeline_class == PYRAMID_CLASS
+
+
+def zero_star(ckpt: DiffusersDir) -> bool:
+    """HeliosPyramidPipeline's is_cfg_zero_star (False when absent, as its __init__)."""
+    return is_pyramid(ckpt) and bool(ckpt.index.get("is_cfg_zero_star", False))
 
 
 def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULTS, description: str = "",
-                precision: str = "bfloat16") -> ModelCard:
+                precision: str = "bfloat16", geometry: Geometry = GEOMETRY,
+                notes: tuple[str, ...] = ()) -> ModelCard:
     return CARDS.card(
         model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
         components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler",
                                    no_weights=("tokenizer", "scheduler")),
-        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision, sampling_defaults=defaults, geometry=GEOMETRY,
-        description=description, notes=(CHUNK_NOTE,), optional_fields=READS,
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision, sampling_defaults=defaults, geometry=geometry,
+        description=description, notes=(CHUNK_NOTE, *notes), optional_fields=READS,
         max_prompt_tokens=TEXT_TOKENS,
     )
 
 
-def card_from_checkpoint(path: str | Path) -> ModelCard:
-    """A card for a HeliosPipeline folder; the default solver is its scheduler's scheduler_type."""
+def card_from_checkpoint(path: str | Path) -> ModelCard | None:
+    """A card for a HeliosPipeline or HeliosPyramidPipeline folder; the default solver is its scheduler's
+    scheduler_type; a pyramid's sizes follow its stage count. None (the adapter's then) for a distilled folder."""
     ckpt = DiffusersDir.open(path)
+    if is_pyramid(ckpt) and ckpt.index.get("is_distilled", False):
+        return None  # DISTILLED_REFUSAL: not native; the diffusers adapter runs the pipeline as it is
     check_pipeline(ckpt)
-    solver = str(ckpt.component_config("scheduler", "scheduler_config.json").get("scheduler_type", "unipc"))
-    defaults = SamplingDefaults(**{**DEFAULTS.__dict__, "sampler": solver})
-    return helios_card(ckpt.root.name, str(ckpt.root), defaults, f"Helios text-to-video from {ckpt.root}")
+    scheduler = ckpt.component_config("scheduler", "scheduler_config.json")
+    solver = str(scheduler.get("scheduler_type", "unipc"))
+    if not is_pyramid(ckpt):
+        defaults = SamplingDefaults(**{**DEFAULTS.__dict__, "sampler": solver})
+        return helios_card(ckpt.root.name, str(ckpt.root), defaults, f"Helios text-to-video from {ckpt.root}")
+    defaults = SamplingDefaults(**{**PYRAMID_DEFAULTS.__dict__, "sampler": solver})
+    stages = int(scheduler.get("stages", 3))  # HeliosScheduler's default; checked against PYRAMID_STAGES at load
+    geometry = Geometry(spatial_multiple=GEOMETRY.spatial_multiple << max(stages - 1, 0),
+                        temporal_factor=GEOMETRY.temporal_factor)
+    notes = (PYRAMID_NOTE, *((ZERO_STAR_NOTE,) if zero_star(ckpt) else ()))
+    return helios_card(ckpt.root.name, str(ckpt.root), defaults, f"Helios pyramid text-to-video from {ckpt.root}",
+                       geometry=geometry, notes=notes)

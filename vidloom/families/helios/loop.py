@@ -88,6 +88,8 @@ class HeliosChunkState:
     guidance_scale: float
     latents: Tensor  # float32 [1, C, 9, h, w]: the chunk being denoised
     sampler_state: Any
+    stage_schedules: tuple[Schedule, ...] = ()  # the pyramid's, one per stage (the base loop: just `schedule`)
+    stage: int = 0  # the pyramid stage being denoised
     prefix: Tensor | None = None  # [1, C, 1, h, w] the first frame's latents (T2V: None before the first chunk)
     chunk: int = 0
     step: int = 0
@@ -112,9 +114,7 @@ class HeliosChunkLoop:
         request: GenerationRequest = slots["request"]
         vae = self.vae.config
         h, w = request.height // vae.spatial_factor, request.width // vae.spatial_factor
-        patch = self.transformer.config.patch_size
-        tokens = CHUNK_LATENT_FRAMES * h * w // (patch[0] * patch[1] * patch[2])
-        schedule = self.schedule.schedule(request.num_inference_steps, tokens)
+        schedules = self._schedules(request.num_inference_steps, h, w)
         sampler = self.schedule.sampler(request.sampler)
         generator: torch.Generator = slots["generator"]  # already drawn from for an image's conditioning
         history = torch.zeros(1, vae.z_dim, sum(HISTORY_SIZES), h, w, device=self.device)
@@ -125,14 +125,30 @@ class HeliosChunkLoop:
         negative = slots["negative_embeds"]
         self.live_prompts.open(request.request_id)
         ctx.hold(lambda: self.live_prompts.close(request.request_id))
-        return HeliosChunkState(
+        state = HeliosChunkState(
             ctx=ctx, request_id=request.request_id, num_frames=request.num_frames, total_chunks=num_chunks(request.num_frames, vae.temporal_factor),
-            history=history, generator=generator, schedule=schedule, sampler=sampler,
+            history=history, generator=generator, schedule=schedules[0], sampler=sampler,
             prompt_embeds=slots["prompt_embeds"].to(self.dtype),
             negative_embeds=None if negative is None else negative.to(self.dtype),
-            guidance_scale=float(request.guidance_scale), latents=self._noise(generator, history),
-            sampler_state=sampler.init_state(schedule), prefix=None if media is None else media.prefix,
+            guidance_scale=float(request.guidance_scale), latents=history[:, :, :0], sampler_state=None,
+            prefix=None if media is None else media.prefix, stage_schedules=schedules,
         )
+        self._start_chunk(state)
+        return state
+
+    def _tokens(self, h: int, w: int) -> int:
+        """Transformer tokens of a chunk on an h x w latent grid."""
+        patch = self.transformer.config.patch_size
+        return CHUNK_LATENT_FRAMES * h * w // (patch[0] * patch[1] * patch[2])
+
+    def _schedules(self, num_steps: int, h: int, w: int) -> tuple[Schedule, ...]:
+        """Every chunk's schedules, one per stage (the base pipeline: one)."""
+        return (self.schedule.schedule(num_steps, self._tokens(h, w)),)
+
+    def _start_chunk(self, state: HeliosChunkState) -> None:
+        """The next chunk's fresh noise and solver state."""
+        state.latents = self._noise(state.generator, state.history)
+        state.sampler_state = state.sampler.init_state(state.schedule)
 
     def _noise(self, generator: torch.Generator, history: Tensor) -> Tensor:
         """A chunk's fresh noise [1, C, 9, h, w], float32, drawn on the CPU as the reference draws it."""
@@ -153,15 +169,18 @@ class HeliosChunkLoop:
             prompt = self.live_prompts.take(state.request_id)
             if prompt is not None:  # the negative prompt's embeddings stay
                 state.prompt_embeds = self.text.encode([prompt]).to(self.dtype)
-        steps = state.schedule.num_steps
-        t = state.schedule.timesteps[state.step].reshape(1).to(self.device)
+        steps = sum(s.num_steps for s in state.stage_schedules)
+        done = sum(s.num_steps for s in state.stage_schedules[:state.stage]) + state.step
         return StepPlan(
-            loop=STEP, index=state.chunk * steps + state.step, total=state.total_chunks * steps,
+            loop=STEP, index=state.chunk * steps + done, total=state.total_chunks * steps,
             call=self.guidance, denoiser=GUIDANCE_INPUTS,
-            inputs={NETWORK: self._network(state), "latents": state.latents.to(self.dtype), "timestep": t,
+            inputs={NETWORK: self._network(state), "latents": state.latents.to(self.dtype), "timestep": self._timestep(state),
                     "prompt_embeds": state.prompt_embeds, "negative_embeds": state.negative_embeds,
                     "guidance_scale": state.guidance_scale},
         )
+
+    def _timestep(self, state: HeliosChunkState) -> Tensor:
+        return state.schedule.timesteps[state.step].reshape(1).to(self.device)
 
     def _network(self, state: HeliosChunkState) -> HeliosNetwork:
         """The chunk's view: history split into long, mid and 1x terms; the short term gets the prefix first."""
@@ -169,7 +188,8 @@ class HeliosChunkLoop:
         prefix = state.prefix if state.prefix is not None else torch.zeros_like(short[:, :, :1])
         i_chunk, i_short, i_mid, i_long = self.indices
         history = HeliosHistory(torch.cat([prefix.to(self.dtype), short], dim=2), i_short, mid, i_mid, long, i_long)
-        return HeliosNetwork(self.transformer, i_chunk, history, cache_scope=state.chunk)
+        scope = state.chunk * len(state.stage_schedules) + state.stage  # a step cache restarts per chunk and stage
+        return HeliosNetwork(self.transformer, i_chunk, history, cache_scope=scope)
 
     # -- results ----------------------------------------------------------------------
 
@@ -190,8 +210,7 @@ class HeliosChunkLoop:
         state.unsent = decode_chunk(self.vae, latents)
         state.chunk, state.step = state.chunk + 1, 0
         if state.chunk < state.total_chunks:
-            state.latents = self._noise(state.generator, state.history)
-            state.sampler_state = state.sampler.init_state(state.schedule)
+            self._start_chunk(state)
 
     def _emit(self, state: HeliosChunkState, frames: Tensor) -> None:
         k = len(state.frames)

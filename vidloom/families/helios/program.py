@@ -13,6 +13,8 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.families.helios.conditioning import encode_context_video, encode_first_frame, pixels
 from vidloom.families.helios.loop import HeliosChunkLoop, chunk_frames
+from vidloom.families.helios.pyramid_loop import HeliosPyramidLoop
+from vidloom.families.helios.schedule import PYRAMID, PyramidSettings
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.text import WanTextEncoder, encode_request_prompts
 
@@ -41,8 +43,10 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         return {"generator": generator, "conditioning": conditioning}
 
     policy = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
-    loop = HeliosChunkLoop(instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy,
-                           instance.device, text, instance[LIVE_PROMPTS])
+    args = (instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy, instance.device,
+            text, instance[LIVE_PROMPTS])
+    pyramid: PyramidSettings = instance[PYRAMID]
+    loop = HeliosPyramidLoop(*args, zero_star=pyramid.zero_star) if pyramid.enabled else HeliosChunkLoop(*args)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),

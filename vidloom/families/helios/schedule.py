@@ -25,14 +25,12 @@ WHERE = "scheduler config"
 CLASS_NAME = "HeliosScheduler"
 FIRST_SIGMA = 0.999  # HeliosPipeline's sigmas: np.linspace(0.999, 0.0, steps + 1)[:-1]
 SOLVERS = ("unipc", "euler")
+PYRAMID_STAGES = (2, 3)  # the published 3, and 2 (parity-tested); sizes are multiples of 16 * 2^(stages - 1)
 _READ = ("num_train_timesteps", "shift", "stages", "scheduler_type", "solver_order", "disable_corrector",
          "use_dynamic_shifting", "time_shift_type", "base_image_seq_len", "max_image_seq_len", "base_shift",
-         "max_shift")
-_STAGE_ONLY = "read by the pyramid pipeline's stages only; the base pipeline runs one stage"
+         "max_shift", "stage_range", "gamma")
 SCHEDULER_POLICY = KeyPolicy(
     frozenset(_READ),
-    harmless={"stage_range": _STAGE_ONLY, "gamma": _STAGE_ONLY},
-    quiet=frozenset({"stage_range", "gamma"}),
     refused={
         "thresholding": Refusal((False,), "dynamic thresholding is not implemented"),
         "prediction_type": Refusal(("flow_prediction",), "Helios predicts flow velocity"),
@@ -45,11 +43,29 @@ SCHEDULER_POLICY = KeyPolicy(
 )
 
 
+PYRAMID = "pyramid"  # the instance component holding the pipeline's PyramidSettings
+
+
+@dataclass(frozen=True)
+class PyramidSettings:
+    """How the program loops: one stage (HeliosPipeline) or the pyramid, with or without CFG-Zero*."""
+
+    enabled: bool
+    zero_star: bool
+
+
 def calculate_mu(tokens: int, base_len: int, max_len: int, base_shift: float, max_shift: float) -> float:
     """The time shift's mu: linear in the chunk's token count between (base_len, base_shift) and (max_len,
     max_shift), in the reference's operation order (slope, intercept, then the line)."""
     slope = (max_shift - base_shift) / (max_len - base_len)
     return tokens * slope + (base_shift - slope * base_len)
+
+
+def time_shift(mu: float, sigmas: torch.Tensor, exponential: bool) -> torch.Tensor:
+    """HeliosScheduler's time shift by mu; sigma = 0 maps to 0 through 1 / 0 = inf, as in the reference."""
+    if exponential:
+        return math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
+    return mu / (mu + (1 / sigmas - 1))
 
 
 @dataclass(frozen=True)
@@ -66,13 +82,27 @@ class HeliosSchedule:
     max_image_seq_len: int = 4096
     base_shift: float = 0.5
     max_shift: float = 1.15
+    # The pyramid's (HeliosPyramidPipeline): stages, their split of the train range, the renoise correlation, and
+    # the static shift of the train sigmas the stages are measured on.
+    stages: int = 1
+    stage_range: tuple[float, ...] = (0.0, 1.0)
+    gamma: float = 1 / 3
+    shift: float = 1.0
 
     @classmethod
-    def from_diffusers(cls, cfg: Mapping[str, Any]) -> HeliosSchedule:
+    def from_diffusers(cls, cfg: Mapping[str, Any], pyramid: bool = False) -> HeliosSchedule:
         check_class_name(cfg, (CLASS_NAME,), WHERE)
         SCHEDULER_POLICY.check(cfg, WHERE)
         # The class default is 3 stages (the pyramid's); HeliosPipeline itself cannot run them.
-        check_choice(int(cfg.get("stages", 3)), "stages", (1,), WHERE)
+        stages = int(cfg.get("stages", 3))
+        if pyramid:
+            check_choice(stages, "stages", PYRAMID_STAGES, WHERE)
+        else:
+            check_choice(stages, "stages", (1,), WHERE)
+        stage_range = tuple(float(x) for x in cfg.get("stage_range", (0, 1 / 3, 2 / 3, 1)))
+        if pyramid and len(stage_range) != stages + 1:
+            raise CheckpointError(f"{WHERE}: stage_range has {len(stage_range)} entries; {stages} stages need "
+                                  f"{stages + 1}")
         solver = cfg.get("scheduler_type", "unipc")
         check_choice(solver, "scheduler_type", SOLVERS, WHERE)
         kind = cfg.get("time_shift_type", "exponential")
@@ -95,6 +125,9 @@ class HeliosSchedule:
             max_image_seq_len=int(cfg.get("max_image_seq_len", d.max_image_seq_len)),
             base_shift=float(cfg.get("base_shift", d.base_shift)),
             max_shift=float(cfg.get("max_shift", d.max_shift)),
+            # The one-stage base pipeline reads none of these (it passes its own sigmas): the defaults stand.
+            **(dict(stages=stages, stage_range=stage_range, gamma=float(cfg.get("gamma", d.gamma)),
+                    shift=float(cfg.get("shift", d.shift))) if pyramid else {}),
         )
 
     def sampler(self, name: str | None = None) -> ConfiguredSampler:
@@ -112,9 +145,5 @@ class HeliosSchedule:
             return Schedule(timesteps=base * self.num_train_timesteps, sigmas=sigmas)
         mu = calculate_mu(chunk_tokens, self.base_image_seq_len, self.max_image_seq_len, self.base_shift,
                           self.max_shift)
-        # sigma = 0 maps to 0 through 1 / 0 = inf, as in the reference.
-        if self.exponential:
-            shifted = math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1))
-        else:
-            shifted = mu / (mu + (1 / sigmas - 1))
+        shifted = time_shift(mu, sigmas, self.exponential)
         return Schedule(timesteps=shifted[:-1] * self.num_train_timesteps, sigmas=shifted)

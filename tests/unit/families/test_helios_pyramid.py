@@ -1,0 +1,68 @@
+"""Helios pyramid: routing by model_index.json (class, is_distilled, is_cfg_zero_star), the card's defaults and
+sizes, the scheduler's stage keys, and the block-noise factor at the published gamma."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vidloom.core.errors import CheckpointError
+from vidloom.families.helios.cards import DISTILLED_REFUSAL, ZERO_STAR_NOTE, card_from_checkpoint, check_pipeline
+from vidloom.families.helios.demo import DEMO_SCHEDULER
+from vidloom.families.helios.pyramid import block_noise_factor, split_steps, stage_ranges
+from vidloom.families.helios.schedule import HeliosSchedule
+from vidloom.loading.diffusers_dir import DiffusersDir
+
+COMPONENTS = {"tokenizer": ["transformers", "T5TokenizerFast"], "text_encoder": ["transformers", "UMT5EncoderModel"],
+              "vae": ["diffusers", "AutoencoderKLWan"], "scheduler": ["diffusers", "HeliosScheduler"],
+              "transformer": ["diffusers", "HeliosTransformer3DModel"]}
+
+
+def _folder(tmp_path: Path, scheduler: dict, **settings) -> Path:
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps({**DEMO_SCHEDULER, **scheduler}))
+    index = {"_class_name": "HeliosPyramidPipeline", **COMPONENTS, **settings}
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    return tmp_path
+
+
+def test_a_mid_folder_gets_the_pyramid_card(tmp_path):
+    card = card_from_checkpoint(_folder(tmp_path, {"stages": 3}, is_cfg_zero_star=True, is_distilled=False))
+    assert card.sampling_defaults.num_inference_steps == 30 and card.sampling_defaults.guidance_scale == 5.0
+    assert card.geometry.spatial_multiple == 64  # 16 x 2^(3 - 1): the first stage's grid still patches 2x2
+    assert ZERO_STAR_NOTE in card.notes
+
+
+def test_a_distilled_folder_is_declined_and_refused_at_load_with_the_reason(tmp_path):
+    folder = _folder(tmp_path, {"stages": 3}, is_cfg_zero_star=False, is_distilled=True)
+    assert card_from_checkpoint(folder) is None  # the registry hands it to the diffusers adapter
+    with pytest.raises(CheckpointError, match="is_distilled") as err:
+        check_pipeline(DiffusersDir.open(folder))
+    assert DISTILLED_REFUSAL in str(err.value)
+
+
+def test_the_pyramid_scheduler_keys():
+    with pytest.raises(CheckpointError, match="stages"):
+        HeliosSchedule.from_diffusers({**DEMO_SCHEDULER, "stages": 1}, pyramid=True)
+    with pytest.raises(CheckpointError, match="stage_range"):
+        HeliosSchedule.from_diffusers({**DEMO_SCHEDULER, "stages": 3, "stage_range": [0, 1]}, pyramid=True)
+    schedule = HeliosSchedule.from_diffusers({**DEMO_SCHEDULER, "stages": 3, "gamma": 0.25}, pyramid=True)
+    ranges = stage_ranges(schedule)
+    assert [r.timestep_max for r in ranges][0] == 999 and ranges[0].timestep_max > ranges[1].timestep_max
+    assert ranges[1].timestep_max > ranges[2].timestep_max > ranges[2].timestep_min >= 0
+
+
+def test_steps_split_over_the_stages():
+    assert split_steps(30, 3) == (10, 10, 10) and split_steps(5, 3) == (2, 2, 1) and split_steps(5, 2) == (3, 2)
+
+
+def test_the_block_factor_at_the_published_gamma():
+    """At gamma 1/3 the float32 covariance is not positive definite (the reference's CPU failure); ours is."""
+    cov = torch.eye(4) * (1 + 1 / 3) - torch.ones(4, 4) / 3 + torch.eye(4) * 1e-8
+    with pytest.raises(RuntimeError):
+        torch.linalg.cholesky(cov.float())
+    factor = block_noise_factor(1 / 3, 4)
+    assert factor.dtype == torch.float32 and torch.allclose(factor @ factor.T, cov, atol=1e-6)
