@@ -3,7 +3,7 @@ cards, loading and the chunk loop (text to video, each 33-frame chunk streamed a
 
 from __future__ import annotations
 
-from vidloom.core.family import Family
+from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
     package=__name__,
@@ -11,4 +11,9 @@ FAMILY = Family(
     demos={"helios-demo": ".demo"},
     pipelines={"HeliosPipeline": ".cards:card_from_checkpoint"},
     parity=None,
+    options=("vidloom.core.blocks:EXTENSION",),
+    # diffusers' HeliosLoraLoaderMixin loads into `transformer` and converts the original (Wan-named) formats as
+    # Wan's does.
+    lora=LoRASupport(targets=(("transformer", ".config:HELIOS_TRANSFORMER_NAME_MAP"),),
+                     converter="vidloom.lora.formats:wan_keys"),
 )
