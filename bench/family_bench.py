@@ -163,6 +163,61 @@ def _write_cosmos3(folder: Path) -> None:
     write_tiny_cosmos3(folder, SIZES["mid"])
 
 
+def _call_hunyuan15(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    from tests.helpers.hunyuan15_checkpoints import system_turn_tokens
+
+    # The offline tokenizer's chat template: the system turn the reference drops (as the parity tests set it).
+    pipe.prompt_template_encode_start_idx = system_turn_tokens(pipe.tokenizer)
+    return pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=r["height"], width=r["width"],
+                num_frames=r["num_frames"], num_inference_steps=steps, generator=_generator(),
+                output_type="np").frames[0]  # guidance: the saved guider's (r["guidance"] is the same)
+
+
+def _call_helios(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    return _call_wan(pipe, r, steps)  # HeliosPipeline takes the same arguments
+
+
+# HunyuanVideo-1.5 mid: 8 heads x 64, 6 dual-stream blocks, one refiner block, 1x1x1 patch, 16x VAE of 16 channels.
+HUNYUAN15_MID = dict(in_channels=33, out_channels=16, num_attention_heads=8, attention_head_dim=64, num_layers=6,
+                     num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, text_embed_dim=64,
+                     text_embed_2_dim=32, image_embed_dim=12, rope_axes_dim=(16, 24, 24), target_size=64,
+                     task_type="t2v")
+HUNYUAN15_GUIDANCE = 6.0
+
+
+def _write_hunyuan15(folder: Path) -> None:
+    import torch
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel,
+    )
+
+    from tests.helpers.hunyuan15_checkpoints import perturb, text_encoders
+
+    torch.manual_seed(0)
+    transformer = HunyuanVideo15Transformer3DModel(**HUNYUAN15_MID).eval()
+    perturb(transformer, 1)
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=16, block_out_channels=(16, 16, 32, 32, 32), layers_per_block=1,
+                                      spatial_compression_ratio=16).eval()
+    texts = text_encoders(HUNYUAN15_MID["text_embed_dim"], HUNYUAN15_MID["text_embed_2_dim"])
+    HunyuanVideo15Pipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                           guider=ClassifierFreeGuidance(guidance_scale=HUNYUAN15_GUIDANCE),
+                           **texts).save_pretrained(str(folder))
+
+
+def _write_helios(folder: Path) -> None:
+    from tests.helpers.helios_checkpoints import TinyHelios, helios_dit, write_tiny_helios
+    from tests.helpers.wan_checkpoints import wan_vae
+
+    # Helios mid: 8 heads x 64, FFN 1536, 6 layers (history amplified per head), a small Wan VAE, UniPC.
+    dit = {**helios_dit(8, 64, 16, (16, 24, 24), is_amplify_history=True, history_scale_mode="per_head"),
+           "ffn_dim": 1536, "num_layers": 6}
+    write_tiny_helios(folder, TinyHelios("helios-mid", dit, wan_vae(base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2],
+                                                                    num_res_blocks=1),
+                                         dict(stages=1, scheduler_type="unipc", use_dynamic_shifting=True,
+                                              time_shift_type="exponential")))
+
+
 _WAN21_DIT = "Wan2.1 layout, 8 heads x 64, FFN 1536, 14 layers (bench/checkpoints.py mid)"
 FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
     FamilyBench("wan2.1-mid", _write_wan21, "WanPipeline",
@@ -191,6 +246,14 @@ FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
                 dict(streams=CHAT_STREAMS, max_tokens=CHAT_TOKENS, greedy=True),
                 architecture={"dit": "the same Cosmos3 checkpoint's text backbone (bench/chat_decode.py mid)"},
                 folder="cosmos3-mid"),
+    FamilyBench("hunyuan15-mid", _write_hunyuan15, "HunyuanVideo15Pipeline",
+                dict(height=256, width=256, num_frames=9, steps=6, guidance=HUNYUAN15_GUIDANCE), _call_hunyuan15,
+                architecture={"dit": "HunyuanVideo-1.5 layout, 8 heads x 64, 6 dual-stream blocks, 16x VAE",
+                              "tokens": 3 * 16 * 16}),
+    FamilyBench("helios-mid", _write_helios, "HeliosPipeline",
+                dict(height=128, width=128, num_frames=65, steps=4, guidance=5.0), _call_helios,
+                architecture={"dit": "Helios, 8 heads x 64, FFN 1536, 6 layers; two 33-frame chunks",
+                              "tokens": 9 * 8 * 8}),
 )}
 
 

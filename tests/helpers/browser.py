@@ -77,3 +77,11 @@ def fill(page, prompt: str, fields: dict[str, str]) -> None:  # type: ignore[no-
     page.fill("#prompt", prompt)
     for name, value in fields.items():
         page.fill(f"#gen-form [name={name}]", value)
+
+
+def wait_until_playing_while_running(page, timeout: float = 60_000) -> None:  # type: ignore[no-untyped-def]
+    """The first job's growing fMP4 plays (buffered, streaming) while the job is still in progress."""
+    page.wait_for_function("""() => { const v = document.querySelector('li.job video');
+      return v !== null && v.dataset.streaming === '1' && v.readyState >= 2 && v.buffered.length > 0; }""",
+                           timeout=timeout)
+    assert page.locator("li.job").get_attribute("data-status") == "in_progress"

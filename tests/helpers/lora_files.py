@@ -63,7 +63,8 @@ def write_lora(checkpoint: Path, pipeline: str, spec: LoRASpec, out: Path, with_
                        "Flux2KleinPipeline": diffusers.Flux2Transformer2DModel,
                        "AnyFlowFARPipeline": diffusers.AnyFlowFARTransformer3DModel,
                        "LTX2Pipeline": diffusers.LTX2VideoTransformer3DModel,
-                       "QwenImagePipeline": diffusers.QwenImageTransformer2DModel}[pipeline]
+                       "QwenImagePipeline": diffusers.QwenImageTransformer2DModel,
+                       "HeliosPipeline": diffusers.HeliosTransformer3DModel}[pipeline]
     transformer = transformer_cls.from_pretrained(str(checkpoint / "transformer"), torch_dtype=torch.float32)
     config = add_random_adapter(transformer, spec)
     state = get_peft_model_state_dict(transformer, adapter_name="default")

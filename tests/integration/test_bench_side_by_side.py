@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -19,7 +20,8 @@ from side_by_side import SETTINGS, _ratios, peak_rss_mib  # noqa: E402
 def test_every_family_has_a_mid_size_row_group_with_its_reference():
     expected = {"wan2.1-mid": "WanPipeline", "wan2.2-ti2v-mid": "WanPipeline", "far-mid": "AnyFlowFARPipeline",
                 "flux2-klein-mid": "Flux2KleinPipeline", "ltx2-mid": "LTX2Pipeline",
-                "cosmos3-mid": "Cosmos3OmniPipeline", "cosmos3-chat-mid": "generate"}
+                "cosmos3-mid": "Cosmos3OmniPipeline", "cosmos3-chat-mid": "generate",
+                "hunyuan15-mid": "HunyuanVideo15Pipeline", "helios-mid": "HeliosPipeline"}
     expected["qwen-image-mid"] = "QwenImagePipeline"
     assert {name: f.pipeline for name, f in FAMILIES.items()} == expected
     for bench in FAMILIES.values():
@@ -28,6 +30,33 @@ def test_every_family_has_a_mid_size_row_group_with_its_reference():
             request = bench.vidloom_request(bench.request["steps"])
             assert (request.height, request.width) == (bench.request["height"], bench.request["width"])
     assert SETTINGS == ("vidloom default", "vidloom float32", "reference float32", "reference bfloat16")
+
+
+# A smoke run of the newest rows at a tiny size and one step: the mid checkpoint writes, and the reference call is
+# the request vidloom runs (float32 frames agree as in the families' parity tests).
+TINY_ROWS = {"hunyuan15-mid": dict(height=64, width=64, num_frames=5), "helios-mid": dict(height=32, width=32,
+                                                                                          num_frames=33)}
+
+
+@pytest.mark.parametrize("name", list(TINY_ROWS))
+def test_the_reference_call_runs_the_request_vidloom_runs(name, tmp_path):
+    import dataclasses
+
+    import diffusers
+    import torch
+
+    from vidloom.generator import VideoGenerator
+
+    bench = FAMILIES[name]
+    bench = dataclasses.replace(bench, request={**bench.request, **TINY_ROWS[name], "steps": 1})
+    bench.write(tmp_path / name)
+    ours = VideoGenerator.from_pretrained(tmp_path / name, device="cpu", dtype="float32").engine.run(
+        bench.vidloom_request(1))["video"]
+    pipe = getattr(diffusers, bench.pipeline).from_pretrained(str(tmp_path / name), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        theirs = np.asarray(bench.reference_call(pipe, bench.request, 1), dtype=np.float32)
+    assert ours.shape == theirs.shape and np.abs(ours - theirs).max() < 1e-4
 
 
 def test_speedups_against_the_reference_default_and_the_same_dtype():

@@ -44,7 +44,7 @@ from vidloom import registry
 from vidloom.cli.capabilities import capability_rows
 from vidloom.core.capabilities import FEATURES
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import CacheBudgetExceeded, DeployError
+from vidloom.core.errors import CacheBudgetExceeded, DeployError, InvalidRequest
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.generator import VideoGenerator
@@ -405,3 +405,42 @@ class _Counted:
 
 def _assert(evidence: bool) -> None:
     assert evidence, "the option loaded but left no trace on the path"
+
+
+# The `lora` row (Family.lora; not a deploy feature): a declaring kind takes an adapter on its denoiser's output
+# linear, named as its checkpoint names it, and the adapter moves the output; every other kind refuses by name.
+@pytest.mark.parametrize("kind", [kind for kind in WRITERS if kind in REQUESTS])
+def test_the_lora_row_is_what_loading_an_adapter_does(kind, folders, tmp_path):
+    from vidloom.lora.registry import check_family
+
+    gen = VideoGenerator.from_pretrained(folders(kind), device="cpu")
+    owner = next(f for f in registry.families() if gen.card.family in f.card_families)
+    if owner.lora is None:
+        with pytest.raises(InvalidRequest, match=f"not supported for the '{gen.card.family}' family"):
+            gen.load_lora("audit", tmp_path / "absent.safetensors")
+        return
+    check_family(gen.card.family)
+    calls: list[str] = []
+    component, name_map = owner.lora.targets[0]
+    module = gen.engine.instance[component]
+    hooks = [m.register_forward_hook(lambda *_, name=name: calls.append(name))
+             for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    plain = gen.engine.run(_request(kind))["video"]
+    for hook in hooks:
+        hook.remove()
+    gen.load_lora("audit", _adapter_file(gen, component, owner.resolve(name_map).to_checkpoint(calls[-1]), calls[-1],
+                                         tmp_path))
+    adapted = gen.engine.run(dataclasses.replace(_request(kind), loras=(("audit", 1.0),)))["video"]
+    assert np.abs(np.asarray(adapted, np.float32) - np.asarray(plain, np.float32)).max() > 1e-3, "the adapter did nothing"
+
+
+def _adapter_file(gen: VideoGenerator, component: str, key: str, module: str, folder: Path) -> Path:
+    """A rank-2 PEFT file (diffusers' `<component>.<module>.lora_A/B.weight` keys) on one linear."""
+    from safetensors.torch import save_file
+
+    linear = gen.engine.instance[component].get_submodule(module)
+    g = torch.Generator().manual_seed(0)
+    path = folder / "audit.safetensors"
+    save_file({f"{component}.{key}.lora_A.weight": torch.randn(2, linear.in_features, generator=g),
+               f"{component}.{key}.lora_B.weight": torch.randn(linear.out_features, 2, generator=g)}, str(path))
+    return path

@@ -226,7 +226,7 @@ def test_extend_from_is_validated_at_the_boundary(far, far_dir, tmp_path):
 
 def test_non_causal_models_refuse_extend_from(demo_cache):
     wan = VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache)
-    with pytest.raises(InvalidRequest, match="not a causal video model") as err:
+    with pytest.raises(InvalidRequest, match="not a chunked video model") as err:
         wan.generate("a cat", extend_from=object(), num_inference_steps=1)
     assert err.value.field == "extend_from"
 

@@ -11,7 +11,9 @@ import threading
 import httpx
 import pytest
 
-from tests.helpers.browser import browser, fill, page, require_chromium, screenshot  # noqa: F401 (fixtures)
+from tests.helpers.browser import (  # noqa: F401 (fixtures)
+    browser, fill, page, require_chromium, screenshot, wait_until_playing_while_running,
+)
 from tests.helpers.servers import BLOCKING_STEPS, BlockingJob, ThreadServer
 from vidloom.serving.config import ServeConfig
 
@@ -183,10 +185,7 @@ def test_a_causal_video_plays_while_it_streams(browser, page, tmp_path, monkeypa
             fill(page, "a cat", {"size": "32x32", "num_frames": "17", "num_inference_steps": "2"})
             page.click("#submit")
             # The growing fMP4 plays while the job is still running (its last chunk is held back).
-            page.wait_for_function("""() => { const v = document.querySelector('li.job video');
-              return v !== null && v.dataset.streaming === '1' && v.readyState >= 2 && v.buffered.length > 0; }""",
-                                   timeout=60_000)
-            assert page.locator("li.job").get_attribute("data-status") == "in_progress"
+            wait_until_playing_while_running(page)
             streamed = page.evaluate("() => document.querySelector('li.job video').buffered.end(0)")
             assert streamed > 0
             held.released.set()

@@ -16,7 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers.browser import browser, fill, page, require_chromium, screenshot  # noqa: F401 (fixtures)
+from tests.helpers.browser import (  # noqa: F401 (fixtures)
+    browser, fill, page, require_chromium, screenshot, wait_until_playing_while_running,
+)
 from tests.helpers.servers import ThreadServer
 from tests.helpers.wan_i2v_checkpoints import make_image
 from vidloom.serving.config import ServeConfig
@@ -237,3 +239,53 @@ def test_the_qwen_image_demo_makes_an_image_then_edits_an_upload(browser, page, 
         assert [url.rsplit("/", 1)[-1] for url in sent] == ["generations", "edits"]
         edited = page.locator("#image-list img").first  # newest first, at the requested size
         assert edited.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [32, 48]
+
+
+def test_hunyuan15_takes_a_first_frame_for_image_to_video(browser, page, tmp_path):
+    image = tmp_path / "first.png"
+    make_image(80, 48, 1).save(image)
+    with _open(page, _engine("hunyuan15-demo"), tmp_path) as server:
+        assert page.locator("[data-input=input_reference]").is_visible()  # the card reads an image
+        assert page.locator("[data-input=video]").is_hidden()  # and no clip
+        fill(page, "a cat walks on the grass", {"num_inference_steps": "2", "num_frames": "5", "size": "80x48"})
+        page.set_input_files("#gen-form [name=input_reference]", str(image))
+        page.click("#submit")
+        page.wait_for_selector("li.job[data-status=completed], li.job[data-status=failed]", timeout=120_000)
+        job = page.locator("li.job").first
+        assert job.get_attribute("data-status") == "completed", job.locator(".error").inner_text()
+        video = httpx.get(f"{server.url}/v1/videos/{job.get_attribute('data-id')}").json()
+        assert video["metadata"]["task"] == "i2v"  # the upload reached the model as its first frame
+
+
+class _HeldChunk:
+    """Holds Helios' chunk loop before it decodes chunk `index`: earlier chunks are out, the job still runs."""
+
+    def __init__(self, decode, index: int) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        self.decode, self.index, self.calls, self.released = decode, index, 0, threading.Event()
+
+    def __call__(self, *args):  # type: ignore[no-untyped-def]
+        if self.calls == self.index:
+            assert self.released.wait(120), "never released"
+        self.calls += 1
+        return self.decode(*args)
+
+
+def test_helios_chunks_play_while_the_video_streams(browser, page, tmp_path, monkeypatch):
+    from vidloom.families.helios import loop as helios_loop
+
+    engine = _engine("helios-demo")
+    held = _HeldChunk(helios_loop.decode_chunk, index=1)  # the first 33-frame chunk goes out, the second waits
+    monkeypatch.setattr(helios_loop, "decode_chunk", held)
+    with _open(page, engine, tmp_path):
+        try:
+            assert page.locator("[data-input=video]").is_visible()  # image and clip inputs: I2V and V2V
+            fill(page, "a paper boat", {"size": "96x64", "num_frames": "65", "num_inference_steps": "2"})
+            page.click("#submit")
+            wait_until_playing_while_running(page, timeout=120_000)
+            held.released.set()
+            page.wait_for_selector("li.job[data-status=completed]", timeout=120_000)
+            assert page.locator("li.job video").count() == 1  # the streamed player stays
+        finally:
+            held.released.set()

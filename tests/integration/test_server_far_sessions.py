@@ -145,7 +145,7 @@ def test_a_non_causal_model_refuses_extend_from(client):
     """The shared demo (Wan2.1 T2V) server of conftest."""
     refused = client.post("/v1/videos", json={"prompt": "a cat", "extend_from": "video_" + "0" * 32})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "extend_from", refused.text
-    assert "not a causal video model" in refused.json()["error"]["message"]
+    assert "not a chunked video model" in refused.json()["error"]["message"]
 
 
 def test_idle_sessions_expire_on_the_server_without_any_request(far_dir, tmp_path):

@@ -25,7 +25,7 @@ def test_the_command_prints_the_table_then_every_refusal_with_its_reason(capsys)
     no_lora = [line for line in reasons if line.startswith("- `lora` on ")]
     assert len(reasons) == refused + len(no_lora)
     assert {line.split(" on ")[1].split(":")[0] for line in no_lora} == {
-        "cosmos3-chat-only", "adapted diffusers pipeline", "qwen-omni", "qwen3-omni", "helios"}
+        "cosmos3-chat-only", "adapted diffusers pipeline", "qwen-omni", "qwen3-omni"}
     assert not [line for line in reasons if line.endswith("not wired for this family")], "a refusal without a reason"
     far = next(line for line in reasons if line.startswith("- `batching` on anyflow-far: "))
     assert "KV cache" in far  # the card's own reason

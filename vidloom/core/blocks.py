@@ -16,8 +16,8 @@ EXTENSION = OptionBlock(
     EXTEND_FROM,
     (Option(EXTEND_FROM, "str", "continue a finished video: its id (HTTP) or its VideoOutput / VideoSession "
                                 "(Python); the new prompt picks up where it ended", cli=False),),
-    summary="causal video models (AnyFlow-FAR): extend a finished video",
-    refusal="it is not a causal video model; only those (AnyFlow-FAR) can extend a video",
+    summary="chunked video models (AnyFlow-FAR, Helios): extend a finished video",
+    refusal="it is not a chunked video model; only those (AnyFlow-FAR, Helios) can extend a video",
 )
 AUDIO_LENGTH = OptionBlock(
     "audio_length",

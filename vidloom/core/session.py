@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from vidloom.core.errors import InvalidRequest
+
 from vidloom.core.blocks import EXTEND_FROM  # noqa: F401 (its old home, still read from here)
 
 if TYPE_CHECKING:
     from vidloom.core.card import ModelCard
+    from vidloom.core.request import GenerationRequest
 
 
 
@@ -74,3 +77,32 @@ def model_key(card: ModelCard) -> str:
 
 def latents_to_cpu(latents: Tensor) -> Tensor:
     return latents.detach().to("cpu", torch.float32).contiguous()
+
+
+def extension_fields(request: GenerationRequest, card: ModelCard, kind: str) -> dict[str, object]:
+    """An extension's source session (its extend_from option, a `kind` video's output or session, of this card's
+    model) and the fields it fixes (task, size, frame rate), checked against the request's; {} if none."""
+    from vidloom.core.request import Task
+
+    source = request.option(EXTEND_FROM)
+    if source is None:
+        return {}
+    session = getattr(source, "session", source)  # a VideoOutput carries its session
+    if not isinstance(session, VideoSession):
+        hint = " (the model keeps none for it)" if hasattr(source, "frames") else ""
+        raise InvalidRequest(EXTEND_FROM, f"must be a finished {kind} video's output or its VideoSession{hint}, "
+                                          f"got {type(source).__name__}")
+    if session.model != model_key(card):
+        raise InvalidRequest(EXTEND_FROM, f"the source video was made by another model ({session.model}); this is "
+                                          f"{card.model_id}")
+    for name in ("image", "video"):
+        if getattr(request, name) is not None:
+            raise InvalidRequest(name, "cannot be combined with extend_from (the source video is the context)")
+    fields: dict[str, object] = {EXTEND_FROM: session, "task": Task.V2V}
+    for name in ("height", "width", "fps"):
+        given = getattr(request, name)
+        if given is not None and given != getattr(session, name):
+            raise InvalidRequest(name, f"is {given} but the source video's is {getattr(session, name)}; an extension "
+                                       "keeps the source's size and frame rate")
+        fields[name] = getattr(session, name)
+    return fields

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from vidloom.core.blocks import EXTEND_FROM
 from vidloom.core.card import ModelCard
 from vidloom.core.limits import RequestLimits
 from vidloom.core.program import Program
@@ -96,7 +97,9 @@ def capabilities(card: ModelCard, limits: RequestLimits | None, program: Program
         images=Task.T2I in card.tasks,
         audio=Task.T2A in card.tasks,
         chat="ar_decode" in card.loops,
-        streams_chunks="rollout" in card.loops,  # the causal families' chunk rollout (families/wan_causal)
+        # The chunked video families (AnyFlow-FAR's rollout, Helios' chunks): each chunk is decoded and streamed
+        # as it finishes, and a finished video can be extended.
+        streams_chunks="rollout" in card.loops or EXTEND_FROM in card.request_blocks,
         sessions=any(spec.session is not None for spec in card.request_blocks.values()),
         produces_audio=card.produces_audio,
         speech=card.speech is not None,

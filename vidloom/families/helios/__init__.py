@@ -3,7 +3,7 @@ cards, loading and the chunk loop, one-stage or pyramid (text to video, each 33-
 
 from __future__ import annotations
 
-from vidloom.core.family import Family
+from vidloom.core.family import Family, LoRASupport
 
 FAMILY = Family(
     package=__name__,
@@ -12,4 +12,9 @@ FAMILY = Family(
     pipelines={"HeliosPipeline": ".cards:card_from_checkpoint",
                "HeliosPyramidPipeline": ".cards:card_from_checkpoint"},
     parity=None,
+    options=("vidloom.core.blocks:EXTENSION",),
+    # diffusers' HeliosLoraLoaderMixin loads into `transformer` and converts the original (Wan-named) formats as
+    # Wan's does.
+    lora=LoRASupport(targets=(("transformer", ".config:HELIOS_TRANSFORMER_NAME_MAP"),),
+                     converter="vidloom.lora.formats:wan_keys"),
 )

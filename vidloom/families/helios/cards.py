@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vidloom.core.blocks import EXTENSION
 from vidloom.core.capabilities import Capabilities
 from vidloom.core.errors import CheckpointError
-from vidloom.core.card import Geometry, LoopSpec, ModelCard, SamplingDefaults
+from vidloom.core.card import BlockSpec, Geometry, LoopSpec, ModelCard, SamplingDefaults
 from vidloom.core.card_kit import FamilyCards, component_table, refusals
 from vidloom.core.request import Task
+from vidloom.families.helios import extension
 from vidloom.loading.diffusers_dir import DiffusersDir
 
 FAMILY = "helios"
@@ -84,7 +86,10 @@ def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULT
         model_id, source, {"denoise": LoopSpec(samplers=SAMPLERS)},
         components=component_table(precision, "transformer", "vae", "text_encoder", "tokenizer", "scheduler",
                                    no_weights=("tokenizer", "scheduler")),
-        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision, sampling_defaults=defaults, geometry=geometry,
+        tasks=frozenset({Task.T2V, Task.I2V, Task.V2V}), inputs=frozenset({"image", "video"}), precision=precision,
+        sampling_defaults=defaults, geometry=geometry,
+        # A first frame (I2V), a clip to continue (V2V), or a finished video of this model to extend.
+        request_blocks=(BlockSpec(EXTENSION, extension.RESOLVER),),
         description=description, notes=(CHUNK_NOTE, *notes), optional_fields=READS,
         max_prompt_tokens=TEXT_TOKENS,
     )

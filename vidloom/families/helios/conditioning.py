@@ -3,7 +3,9 @@ order before any chunk's noise; the VAE posterior is sampled (not its mean), as 
 
 Image: the first frame's latents are every chunk's short-history prefix and a 33-frame still of it gives the newest
 history frame, both noised a little. Video: the first frame is the prefix, and the last floor(F / 33) * 33 frames,
-encoded 33 at a time and noised per latent frame, are the history the new chunks continue."""
+encoded 33 at a time and noised per latent frame, are the history the new chunks continue. An extension (extend_from)
+is the video case on the source's own latents (the pipeline's `image_latents` and `video_latents`): nothing is
+re-encoded, so the generator's first draws are the noise's."""
 
 from __future__ import annotations
 
@@ -73,6 +75,21 @@ def encode_context_video(vae: WanVAE, video: Tensor, chunk_frames: int, generato
     prefix = _sample(vae, video[:, :, :1], generator)
     parts = [_sample(vae, video[:, :, start + i * chunk_frames: start + (i + 1) * chunk_frames], generator)
              for i in range(chunks)]
+    return noised_context(prefix, parts, generator, device)
+
+
+def continue_latents(latents: Tensor, chunk_latent_frames: int, generator: torch.Generator,
+                     device: torch.device) -> MediaConditioning:
+    """A finished video's normalised latents [1, C, k * chunk_latent_frames, h, w] -> the prefix (its first latent
+    frame) and its chunks as history, noised as a clip's (HeliosPipeline given image_latents and video_latents)."""
+    latents = latents.float().cpu()
+    parts = list(latents.split(chunk_latent_frames, dim=2))
+    return noised_context(latents[:, :, :1], parts, generator, device)
+
+
+def noised_context(prefix: Tensor, parts: list[Tensor], generator: torch.Generator,
+                   device: torch.device) -> MediaConditioning:
+    """The prefix noised, then each chunk's latents noised per latent frame, in the pipeline's draw order."""
     prefix = _noised(prefix, _sigma(generator, 1), generator)
     noised = []
     for part in parts:  # each latent frame gets its own sigma

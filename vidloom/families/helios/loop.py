@@ -8,6 +8,7 @@ every plan stacks with other requests' (a plan that declares no denoiser inputs 
 KV cache: the history is re-embedded at every step, as the reference does, so nothing outlives the request.
 A prompt set on the instance's LivePrompts while the request runs is encoded when the next chunk starts (after the
 previous chunk went to the caller) and conditions the chunks from then on; chunks already started keep theirs.
+The finished chunks' latents are the video's session: what an extension (extend_from) continues from.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.live_prompt import LivePrompts
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.output import VideoChunk
+from vidloom.core.session import latents_to_cpu
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy
 from vidloom.diffusion.sampler import Schedule
@@ -94,6 +96,7 @@ class HeliosChunkState:
     chunk: int = 0
     step: int = 0
     frames: list[Tensor] = field(default_factory=list)  # decoded chunks, [F, H, W, 3] each
+    generated: list[Tensor] = field(default_factory=list)  # finished chunks' latents, float32 on the CPU
     unsent: Tensor | None = None  # the chunk decoded by the last advance, handed to the caller by the next `next`
 
 
@@ -207,6 +210,7 @@ class HeliosChunkLoop:
         if state.prefix is None:
             state.prefix = latents[:, :, :1]  # text to video: the first frame becomes every later chunk's prefix
         state.history = torch.cat([state.history, latents], dim=2)[:, :, -sum(HISTORY_SIZES):]
+        state.generated.append(latents_to_cpu(latents))
         state.unsent = decode_chunk(self.vae, latents)
         state.chunk, state.step = state.chunk + 1, 0
         if state.chunk < state.total_chunks:
@@ -221,4 +225,7 @@ class HeliosChunkLoop:
         state.ctx.progress(CHUNK_PHASE, k + 1, state.total_chunks)
 
     def finalize(self, state: HeliosChunkState) -> dict[str, Any]:
-        return {"video": np.ascontiguousarray(torch.cat(state.frames).numpy())}
+        # What an extension of this video needs (results.video_output makes it a VideoSession).
+        session = {"latents": torch.cat(state.generated, dim=2),
+                   "partition": (CHUNK_LATENT_FRAMES,) * len(state.generated), "resumed": None}
+        return {"video": np.ascontiguousarray(torch.cat(state.frames).numpy()), "session": session}

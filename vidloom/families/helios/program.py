@@ -1,4 +1,5 @@
-"""The Helios program: encode text -> seed the noise stream (and encode the first frame or the clip) -> the chunk rollout (each chunk denoised, decoded and streamed in turn)."""
+"""The Helios program: encode text -> seed the noise stream (and encode the first frame or the clip, or noise the
+extended video's latents) -> the chunk rollout (each chunk denoised, decoded and streamed in turn)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from vidloom.core.live_prompt import LIVE_PROMPTS
 from vidloom.core.request import GenerationRequest
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
-from vidloom.families.helios.conditioning import encode_context_video, encode_first_frame, pixels
-from vidloom.families.helios.loop import HeliosChunkLoop, chunk_frames
+from vidloom.core.session import EXTEND_FROM, VideoSession
+from vidloom.families.helios.conditioning import continue_latents, encode_context_video, encode_first_frame, pixels
+from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, HeliosChunkLoop, chunk_frames
 from vidloom.families.helios.pyramid_loop import HeliosPyramidLoop
 from vidloom.families.helios.schedule import PYRAMID, PyramidSettings
 from vidloom.models.wan.vae import WanVAE
@@ -31,7 +33,10 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         request: GenerationRequest = slots["request"]
         generator = torch.Generator("cpu").manual_seed(request.seed)
         window = chunk_frames(vae.config.temporal_factor)
-        if request.video is not None:
+        source = request.option(EXTEND_FROM)
+        if isinstance(source, VideoSession):  # an extension: the source's latents, not re-encoded
+            conditioning = continue_latents(source.latents, CHUNK_LATENT_FRAMES, generator, instance.device)
+        elif request.video is not None:
             video = pixels(list(request.video), request.width, request.height)
             conditioning = encode_context_video(vae, video, window, generator, instance.device)
         elif request.image:
@@ -52,8 +57,8 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
             Node("prepare", reads=("request",), writes=("generator", "conditioning"), run=prepare),
             Node("chunks", reads=("request", "prompt_embeds", "negative_embeds", "generator", "conditioning"),
-                 writes=("video",), loop=loop),
+                 writes=("video", "session"), loop=loop),
         ),
         inputs=frozenset({"request"}),
-        outputs=("video",),
+        outputs=("video", "session"),
     )

@@ -10,8 +10,8 @@ from typing import Any
 
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import InvalidRequest
-from vidloom.core.request import GenerationRequest, Task
-from vidloom.core.session import EXTEND_FROM, VideoSession, model_key
+from vidloom.core.request import GenerationRequest
+from vidloom.core.session import EXTEND_FROM, VideoSession, extension_fields
 
 RESOLVER = "vidloom.families.wan_causal.extension:resolve_extension"
 CHECK = "vidloom.families.wan_causal.extension:check_extension_guidance"
@@ -23,27 +23,11 @@ def resolve_extension(request: GenerationRequest, card: ModelCard) -> dict[str, 
     The extension's video is the source's followed by new frames: num_frames counts both and
     defaults to the source's plus as many new frames as a default video has after its first.
     """
-    source = request.option("extend_from")
-    if source is None:
+    fields = extension_fields(request, card, "causal")
+    if not fields:
         return {}
-    session = getattr(source, "session", source)  # a VideoOutput carries its session
-    if not isinstance(session, VideoSession):
-        hint = " (the model keeps none for it)" if hasattr(source, "frames") else ""
-        raise InvalidRequest(EXTEND_FROM, f"must be a finished causal video's output or its VideoSession{hint}, "
-                                          f"got {type(source).__name__}")
-    if session.model != model_key(card):
-        raise InvalidRequest(EXTEND_FROM, f"the source video was made by another model ({session.model}); this is "
-                                          f"{card.model_id}")
-    for name in ("image", "video"):
-        if getattr(request, name) is not None:
-            raise InvalidRequest(name, "cannot be combined with extend_from (the source video is the context)")
-    fields: dict[str, Any] = {EXTEND_FROM: session, "task": Task.V2V}
-    for name in ("height", "width", "fps"):
-        given = getattr(request, name)
-        if given is not None and given != getattr(session, name):
-            raise InvalidRequest(name, f"is {given} but the source video's is {getattr(session, name)}; an extension "
-                                       "keeps the source's size and frame rate")
-        fields[name] = getattr(session, name)
+    session = fields[EXTEND_FROM]
+    assert isinstance(session, VideoSession)
     frames = request.num_frames
     if frames is None:
         frames = session.num_frames + card.sampling_defaults.num_frames - 1
