@@ -420,27 +420,32 @@ def test_the_lora_row_is_what_loading_an_adapter_does(kind, folders, tmp_path):
             gen.load_lora("audit", tmp_path / "absent.safetensors")
         return
     check_family(gen.card.family)
-    calls: list[str] = []
-    component, name_map = owner.lora.targets[0]
-    module = gen.engine.instance[component]
-    hooks = [m.register_forward_hook(lambda *_, name=name: calls.append(name))
-             for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
-    plain = gen.engine.run(_request(kind))["video"]
+    # The last linear the run calls among every target component (Cosmos3's chat backbone runs the prompt prefill
+    # first, its generator the steps after it), keyed under the file prefix that component reads.
+    calls: list[tuple[str, str]] = []
+    hooks = [m.register_forward_hook(lambda *_, at=(component, name): calls.append(at))
+             for component, _ in owner.lora.targets if component in gen.engine.instance.components
+             for name, m in gen.engine.instance[component].named_modules() if isinstance(m, torch.nn.Linear)]
+    request = _request(kind)
+    output = "audio" if request.task is Task.T2A else "video"  # Stable Audio's result is a waveform
+    plain = gen.engine.run(request)[output]
     for hook in hooks:
         hook.remove()
-    gen.load_lora("audit", _adapter_file(gen, component, owner.resolve(name_map).to_checkpoint(calls[-1]), calls[-1],
+    component, module = calls[-1]
+    key = owner.resolve(dict(owner.lora.targets)[component]).to_checkpoint(module)
+    gen.load_lora("audit", _adapter_file(gen, component, owner.lora.reads.get(component, component), key, module,
                                          tmp_path))
-    adapted = gen.engine.run(dataclasses.replace(_request(kind), loras=(("audit", 1.0),)))["video"]
+    adapted = gen.engine.run(dataclasses.replace(request, loras=(("audit", 1.0),)))[output]
     assert np.abs(np.asarray(adapted, np.float32) - np.asarray(plain, np.float32)).max() > 1e-3, "the adapter did nothing"
 
 
-def _adapter_file(gen: VideoGenerator, component: str, key: str, module: str, folder: Path) -> Path:
-    """A rank-2 PEFT file (diffusers' `<component>.<module>.lora_A/B.weight` keys) on one linear."""
+def _adapter_file(gen: VideoGenerator, component: str, prefix: str, key: str, module: str, folder: Path) -> Path:
+    """A rank-2 PEFT file (diffusers' `<prefix>.<module>.lora_A/B.weight` keys) on one linear of `component`."""
     from safetensors.torch import save_file
 
     linear = gen.engine.instance[component].get_submodule(module)
     g = torch.Generator().manual_seed(0)
     path = folder / "audit.safetensors"
-    save_file({f"{component}.{key}.lora_A.weight": torch.randn(2, linear.in_features, generator=g),
-               f"{component}.{key}.lora_B.weight": torch.randn(linear.out_features, 2, generator=g)}, str(path))
+    save_file({f"{prefix}.{key}.lora_A.weight": torch.randn(2, linear.in_features, generator=g),
+               f"{prefix}.{key}.lora_B.weight": torch.randn(linear.out_features, 2, generator=g)}, str(path))
     return path
