@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_bytes, element_size
+from vidloom.core.footprint import FFN_COPIES, VAE_COPIES, Footprint, block_bytes, element_size, part_estimator
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.families.qwen_omni.stream_audio import largest_window
@@ -46,9 +46,7 @@ WAVE_COPIES = 3  # the waveform in float32, its int16 and its encoded copy
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
     """The estimator for `instance`; None for a chat-only checkpoint (no talker)."""
-    if "talker" not in instance.components:
-        return None
-    return lambda prompt: footprint(instance, prompt).total  # type: ignore[arg-type,return-value]
+    return part_estimator(instance, footprint, needs=("talker",))
 
 
 def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
