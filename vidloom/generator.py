@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -13,15 +11,13 @@ from vidloom import registry
 from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
-from vidloom.core.errors import InvalidRequest
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import DeployError
+from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.options import Option
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
 from vidloom.core.request import GenerationRequest, Task
-from vidloom.lora.registry import LORA_ADAPTERS, LORA_SLOT, attach_registry
-from vidloom.placement import resolve_model
+from vidloom.lora.registry import LORA_SLOT, attach_registry
 from vidloom.runtime.engine import CancellationToken, Engine
 from vidloom.runtime.interface import SessionHost
 from vidloom.runtime.results import result_of, video_output
@@ -86,42 +82,13 @@ class VideoGenerator:
         Loading is as quiet as the CLI: transformers' logs and loading bars are off while it runs and
         restored after (`TRANSFORMERS_VERBOSITY=warning` shows them; Hub download bars always show).
         """
-        from vidloom.loading.quiet import quiet_loading
+        from vidloom.generator_load import load_engine
 
-        deploy = _with_components(_with_parallel(deploy or DeployConfig(), devices, parallel), components)
-        engine: Engine | ParallelEngine
-        started = time.perf_counter()
-        with quiet_loading():
-            card, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
-            resolved = time.perf_counter()
-            if deploy.devices > 1:
-                from vidloom.runtime.parallel.launch import launch_engine
-
-                if max_loras is not None or fuse_loras:
-                    from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
-
-                    field = "max_loras" if max_loras is not None else "fuse_loras"
-                    raise DeployError(f"{field}: {ADAPTERS_REFUSED}")
-                engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
-            else:
-                instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
-                engine = Engine(instance, plugin.resolve(card.program)(instance), adapters=LORA_ADAPTERS)
-                if max_loras is not None:
-                    attach_registry(instance, max_loras)  # InvalidRequest("lora") on a family without adapters
-                if fuse_loras:
-                    from vidloom.lora.fuse import fuse_adapters
-
-                    fuse_adapters(instance, {name: value if isinstance(value, tuple) else (value, 1.0)
-                                             for name, value in fuse_loras.items()})
-        loaded = time.perf_counter()
-        try:
-            engine.warmup(deploy.warmup_shapes)
-        except BaseException:
-            cls(engine).close()
-            raise
+        engine, load_seconds = load_engine(
+            model, device=device, dtype=dtype, cache_dir=cache_dir, deploy=deploy, devices=devices, parallel=parallel,
+            pool_options=pool_options, max_loras=max_loras, fuse_loras=fuse_loras, components=components)
         generator = cls(engine)
-        generator.load_seconds = {"checkpoint": resolved - started, "weights": loaded - resolved,
-                                  "warmup": time.perf_counter() - loaded}
+        generator.load_seconds = load_seconds
         return generator
 
     def close(self) -> None:
@@ -403,43 +370,6 @@ def _default_task(card: ModelCard) -> Task:
     if Task.T2A in card.tasks and Task.T2V not in card.tasks:
         return Task.T2A  # an audio model
     return Task.T2I if Task.T2I in card.tasks else Task.T2V
-
-
-def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:
-    if devices is None and parallel is None:
-        return deploy
-    plan = parallel if parallel is not None else deploy.parallel
-    return dataclasses.replace(deploy, parallel=plan, devices=devices if devices is not None else plan.world_size)
-
-
-def _with_components(deploy: DeployConfig, components: Mapping[str, str | Path] | None) -> DeployConfig:
-    if not components:
-        return deploy
-    if not isinstance(components, Mapping):
-        raise DeployError(f"components must map component names to files, got {type(components).__name__}")
-    merged = dict(deploy.components)
-    for name, path in components.items():
-        if not isinstance(path, (str, Path)):
-            raise DeployError(f"components[{name!r}]: expected a file path, got {type(path).__name__}")
-        merged[str(name)] = str(Path(path).expanduser().absolute())  # absolute: workers elsewhere read the same
-    return dataclasses.replace(deploy, components=tuple(merged.items()))
-
-
-def follow_torchrun(
-    model: str | Path = registry.DEFAULT_MODEL,
-    *,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | str | None = None,
-    cache_dir: str | Path | None = None,
-    deploy: DeployConfig,
-    pool_options: PoolOptions | None = None,
-) -> bool:
-    """Under torchrun, what ranks other than 0 run instead of from_pretrained: load the same model,
-    then follow rank 0's commands until it shuts down. True after a clean shutdown."""
-    from vidloom.runtime.parallel.launch import follow_torchrun as follow
-
-    _, checkpoint, device, dtype = resolve_model(model, device, dtype, cache_dir)
-    return follow(str(model), checkpoint, device, dtype, deploy, pool_options)
 
 
 def accepted_keys_note(lines: tuple[str, ...]) -> tuple[str, ...]:

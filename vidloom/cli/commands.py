@@ -332,6 +332,6 @@ def _torchrun_place() -> RankPlace | None:
 
 def _follow(model: str, args: argparse.Namespace, deploy: DeployConfig) -> int:
     """A torchrun rank other than 0: serve rank 0's commands; rank 0 writes the output (or serves HTTP)."""
-    from vidloom.generator import follow_torchrun
+    from vidloom.generator_load import follow_torchrun
 
     return 0 if follow_torchrun(model, device=args.device, dtype=args.dtype, deploy=deploy) else 1
