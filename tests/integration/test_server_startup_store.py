@@ -23,7 +23,7 @@ SEED = f"""
 import os, sys
 from pathlib import Path
 from vidloom.serving.job_store import JobRecord
-from vidloom.serving.sql_job_store import SqliteJobStore
+from vidloom.serving.sqlite_job_store import SqliteJobStore
 store = SqliteJobStore(Path(sys.argv[1]))
 store.add(JobRecord(id={JOB!r}, model="wan2.1-demo", status="queued", progress=0, created_at=1000,
                     completed_at=None, size="48x32", seconds="0.625", prompt="a cat", params={{}}))
@@ -36,7 +36,7 @@ store.close()
 CHECK = f"""
 import sys
 from pathlib import Path
-from vidloom.serving.sql_job_store import SqliteJobStore
+from vidloom.serving.sqlite_job_store import SqliteJobStore
 store = SqliteJobStore(Path(sys.argv[1]))
 print(store.get({JOB!r}).status, sorted(p.name for p in store.videos_dir.iterdir()))
 """
@@ -109,7 +109,7 @@ def test_a_database_renamed_while_serving_keeps_its_jobs_and_the_restart_says_wh
     assert not (data / "orphans").exists()  # no result was moved away from its jobs
 
     (data / "moved.sqlite3").rename(data / "jobs.sqlite3")  # the way out the message names
-    from vidloom.serving.sql_job_store import SqliteJobStore
+    from vidloom.serving.sqlite_job_store import SqliteJobStore
 
     store = SqliteJobStore(data)
     try:

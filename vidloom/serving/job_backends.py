@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vidloom.serving.job_store import JobStore, StoreError, redact_url
 from vidloom.serving.postgres_job_store import PostgresJobStore
-from vidloom.serving.sql_job_store import SqliteJobStore
+from vidloom.serving.sqlite_job_store import SqliteJobStore
 
 
 def open_job_store(url: str | None, data_dir: Path) -> JobStore:

@@ -19,7 +19,7 @@ import pytest
 from vidloom.media import video
 from vidloom.media.atomic import atomic_path, remove_stale_temps
 from vidloom.media.video import read_video, write_png, write_video
-from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
+from vidloom.serving.sqlite_job_store import SqliteJobStore as JobStore
 
 REPO = Path(__file__).resolve().parents[3]
 # 60 frames: libx264 holds back ~40 frames of lookahead, and PyAV opens the output file only when

@@ -13,7 +13,7 @@ import pytest
 
 from vidloom.serving.job_backends import open_job_store
 from vidloom.serving.job_store import STORE_ERRORS, JobRecord, Recovered, StoreError, UnknownCursor, is_job_id
-from vidloom.serving.sql_job_store import SqliteJobStore as JobStore
+from vidloom.serving.sqlite_job_store import SqliteJobStore as JobStore
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -12,7 +12,7 @@ from vidloom.serving import job_store
 from vidloom.serving.config import ServeConfig
 from vidloom.serving.job_store import JobRecord, StoreError
 from vidloom.serving.jobs import open_store
-from vidloom.serving.sql_job_store import SqliteJobStore, _open_error
+from vidloom.serving.sqlite_job_store import SqliteJobStore, _open_error
 
 
 def _record(n: int) -> JobRecord:
