@@ -12,7 +12,7 @@ from vidloom.core import plugin
 from vidloom.core.card import ModelCard
 from vidloom.core.chat import ChatResult, TokenDelta, build_chat_request
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import DeployError, InvalidRequest
+from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.options import Option
 from vidloom.core.output import ChunkEvent, Event, EventCallback, VideoChunk, VideoOutput
@@ -126,26 +126,27 @@ class VideoGenerator:
         CheckpointError names the file and key for a file that does not fit this model. Past max_loras resident
         adapters the least recently used one no running request holds is evicted (InvalidRequest("name") when
         running requests hold them all)."""
-        attach_registry(self._single_instance("load_lora")).load(name, path, into)
+        self._lora_registry().load(name, path, into)
 
     def unload_lora(self, name: str) -> None:
         """Forget adapter `name` (a run already using it finishes with it); InvalidRequest("name") if not loaded."""
-        attach_registry(self._single_instance("unload_lora")).unload(name)
+        self._lora_registry().unload(name)
 
     @property
     def loras(self) -> list[str]:
         """Names of the resident LoRA adapters, in load order."""
         instance = self.engine.instance
-        adapters = instance.components.get(LORA_SLOT) if isinstance(instance, ModelInstance) else None
+        if not isinstance(instance, ModelInstance):
+            return self.engine.lora_registry.names  # type: ignore[union-attr]
+        adapters = instance.components.get(LORA_SLOT)
         return adapters.names if adapters else []
 
-    def _single_instance(self, what: str) -> ModelInstance:
+    def _lora_registry(self) -> Any:
+        """One device's adapter registry (created on first use), or a pool's, which loads on every rank."""
         instance = self.engine.instance
-        if not isinstance(instance, ModelInstance):  # a pool's ranks hold the weights
-            from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
-
-            raise DeployError(f"{what}: {ADAPTERS_REFUSED}")
-        return instance
+        if not isinstance(instance, ModelInstance):  # each rank holds its own copy of the weights
+            return self.engine.lora_registry  # type: ignore[union-attr]
+        return attach_registry(instance)
 
     def generate(
         self,

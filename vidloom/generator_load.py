@@ -51,13 +51,12 @@ def load_engine(
         resolved = time.perf_counter()
         if deploy.devices > 1:
             from vidloom.runtime.parallel.launch import launch_engine
+            from vidloom.runtime.parallel.worker import LoraSetup
 
-            if max_loras is not None or fuse_loras:
-                from vidloom.runtime.parallel.plan import ADAPTERS_REFUSED
-
-                field = "max_loras" if max_loras is not None else "fuse_loras"
-                raise DeployError(f"{field}: {ADAPTERS_REFUSED}")
-            engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options)
+            fused = tuple((name, str(Path(path).expanduser().absolute()), scale) for name, (path, scale)
+                          in _fused_entries(fuse_loras).items())
+            engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options,
+                                   LoraSetup(max_loras, fused))
         else:
             instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
             engine = Engine(instance, plugin.resolve(card.program)(instance), adapters=LORA_ADAPTERS)
@@ -66,8 +65,7 @@ def load_engine(
             if fuse_loras:
                 from vidloom.lora.fuse import fuse_adapters
 
-                fuse_adapters(instance, {name: value if isinstance(value, tuple) else (value, 1.0)
-                                         for name, value in fuse_loras.items()})
+                fuse_adapters(instance, _fused_entries(fuse_loras))
     loaded = time.perf_counter()
     try:
         engine.warmup(deploy.warmup_shapes)
@@ -76,6 +74,13 @@ def load_engine(
         raise
     return engine, {"checkpoint": resolved - started, "weights": loaded - resolved,
                     "warmup": time.perf_counter() - loaded}
+
+
+def _fused_entries(
+    fuse_loras: Mapping[str, str | Path | tuple[str | Path, float]] | None,
+) -> dict[str, tuple[str | Path, float]]:
+    """{name: (file, scale)}: a bare file fuses at scale 1."""
+    return {name: value if isinstance(value, tuple) else (value, 1.0) for name, value in (fuse_loras or {}).items()}
 
 
 def _with_parallel(deploy: DeployConfig, devices: int | None, parallel: ParallelPlan | None) -> DeployConfig:

@@ -258,11 +258,3 @@ def test_far_extension_never_reuses_kv_made_under_other_adapters(tmp_path):
                            for g, s in zip((kept, rebuilt), sources))
         # A resident KV is reused only between runs with the same (no) adapters; else it is rebuilt.
         assert np.array_equal(ours, reference), f"source {source_loras}, extension {extend_loras}"
-
-
-def test_multi_device_engines_refuse_max_loras_before_starting_workers(wan):
-    from vidloom.core.errors import DeployError
-    from vidloom.core.parallel import ParallelPlan
-
-    with pytest.raises(DeployError, match="max_loras: LoRA adapters are not supported on multi-device engines: every rank"):
-        VideoGenerator.from_pretrained(wan[0], device="cpu", parallel=ParallelPlan(sp=2), max_loras=2)

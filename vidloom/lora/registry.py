@@ -53,6 +53,11 @@ class LoadedLoRA:
     path: Path
     layers: Mapping[str, LoRALayer]
 
+    @property
+    def layer_count(self) -> int:
+        """How many linears it adapts."""
+        return len(self.layers)
+
 
 def check_family(family: str, field: str = "loras") -> tuple[Family, LoRASupport]:
     """The declaring family and its LoRA support for card family `family`; InvalidRequest naming `field` for a
@@ -156,12 +161,8 @@ class LoRARegistry:
             return None
         merged: dict[str, list[tuple[LoRALayer, float]]] = {}
         with self._lock:
-            chosen = [(i, name, scale, self._loaded.get(name)) for i, (name, scale) in enumerate(loras.items())]
-            for i, name, _, adapter in chosen:
-                if adapter is None:
-                    raise InvalidRequest(
-                        f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: {list(self._loaded) or 'none'})"
-                    )
+            check_loaded(tuple(loras.items()), list(self._loaded))
+            chosen = [(i, name, scale, self._loaded[name]) for i, (name, scale) in enumerate(loras.items())]
             for _, name, _, _ in chosen:  # most recently used last; held until the run releases them
                 self._loaded.move_to_end(name)
                 self._in_use[name] += 1
@@ -259,9 +260,7 @@ def attach_registry(instance: Any, max_loras: int | None = None) -> LoRARegistry
     support). `max_loras` None keeps the current bound (DEFAULT_MAX_LORAS for a new registry)."""
     registry = instance.components.get(LORA_SLOT)
     if registry is None:
-        refused = instance.card.capabilities.lora_why_not
-        if refused is not None:
-            raise InvalidRequest("lora", f"{instance.card.model_id} takes no LoRA adapters: {refused}")
+        check_lora_card(instance.card)
         registry = LoRARegistry(instance.components, instance.card.family, instance.device, instance.dtype,
                                 max_loras if max_loras is not None else DEFAULT_MAX_LORAS)
         instance.components[LORA_SLOT] = registry
@@ -280,15 +279,36 @@ def resolve_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     check_family(instance.card.family)
     registry = instance.components.get(LORA_SLOT)
     if registry is None:
-        raise InvalidRequest("loras[0].name", f"no LoRA adapter {loras[0][0]!r} is loaded (loaded: none)")
+        check_loaded(loras, [])  # raises: no adapter is loaded
     if registry.fused:
-        # The fused set is in the weights: a request naming exactly it (same scales) runs them; any other is refused.
-        if dict(loras) != {f.name: f.scale for f in registry.fused}:
-            fused = ", ".join(f"{f.name}:{f.scale:g}" for f in registry.fused)
-            raise InvalidRequest("loras", f"this deployment fused {fused} into its weights at load (fuse_loras): "
-                                 "requests run with that set and may not name other adapters or scales")
+        check_fused(loras, [(f.name, f.scale) for f in registry.fused])
         return None
     return registry.resolve(dict(loras))
+
+
+def check_lora_card(card: Any) -> None:
+    """InvalidRequest("lora") for a card that takes no adapters (its family declares none, or its capabilities
+    refuse them with a reason)."""
+    refused = card.capabilities.lora_why_not
+    if refused is not None:
+        raise InvalidRequest("lora", f"{card.model_id} takes no LoRA adapters: {refused}")
+    check_family(card.family, "lora")
+
+
+def check_loaded(loras: Sequence[tuple[str, float]], loaded: Sequence[str]) -> None:
+    """InvalidRequest naming `loras[i].name` for the first adapter a request names that is not among `loaded`."""
+    for i, (name, _) in enumerate(loras):
+        if name not in loaded:
+            raise InvalidRequest(f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: "
+                                 f"{list(loaded) or 'none'})")
+
+
+def check_fused(loras: Sequence[tuple[str, float]], fused: Sequence[tuple[str, float]]) -> None:
+    """The fused set is in the weights: a request naming exactly it (same scales) runs them; any other is refused."""
+    if dict(loras) != dict(fused):
+        shown = ", ".join(f"{name}:{scale:g}" for name, scale in fused)
+        raise InvalidRequest("loras", f"this deployment fused {shown} into its weights at load (fuse_loras): "
+                             "requests run with that set and may not name other adapters or scales")
 
 
 def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> None:

@@ -21,7 +21,7 @@ from vidloom.serving.metrics import CONTENT_TYPE
 from vidloom.serving.audio_routes import AudioGenerationBody
 from vidloom.serving.audio_routes import router as audio_router
 from vidloom.serving.image_routes import router as image_router
-from vidloom.serving.lora_routes import adapter_list, served_instance
+from vidloom.serving.lora_routes import adapter_list, served_instance, served_registry
 from vidloom.serving.live_prompt_routes import router as live_prompt_router
 from vidloom.serving.lora_routes import router as lora_router
 from vidloom.serving.capabilities import ModelDetails, capabilities
@@ -103,9 +103,8 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
     base = _model(request)
-    instance = served_instance(request)
     adapters = [AdapterObject(id=a["name"], created=base.created, parent=base.id, root=a["file"])
-                for a in (adapter_list(instance) if instance is not None else [])]
+                for a in adapter_list(served_registry(request))]
     return ModelList(data=[base, *adapters])
 
 

@@ -39,15 +39,18 @@ def served_instance(request: Request) -> Any | None:
     return instance if isinstance(instance, ModelInstance) else None
 
 
-def _instance(request: Request) -> Any:
+def served_registry(request: Request, create: bool = False) -> Any | None:
+    """The served model's adapter registry: one device's (None until one is needed, unless `create`: then made,
+    or InvalidRequest("lora") for a model without adapters), or a multi-device pool's, which loads and unloads
+    on every rank."""
+    engine = jobs_of(request).engine
     instance = served_instance(request)
-    if instance is None:
-        raise APIError(400, "LoRA adapters are not supported on this engine (multi-device)", code="unsupported")
-    return instance
+    if instance is not None:
+        return attach_registry(instance) if create else instance.components.get(LORA_SLOT)
+    return getattr(getattr(engine, "engine", engine), "lora_registry", None)  # the AsyncEngine's ParallelEngine
 
 
-def _refuse_if_fused(instance: Any, what: str) -> None:
-    registry = instance.components.get(LORA_SLOT)
+def _refuse_if_fused(registry: Any | None, what: str) -> None:
     if registry is not None and registry.fused:
         names = ", ".join(f.name for f in registry.fused)
         raise APIError(409, f"fuse_loras: this deployment fused {names} into its weights at load; adapters cannot "
@@ -55,19 +58,17 @@ def _refuse_if_fused(instance: Any, what: str) -> None:
                        param="fuse_loras", code="loras_fused")
 
 
-def adapter_list(instance: Any) -> list[dict[str, Any]]:
+def adapter_list(registry: Any | None) -> list[dict[str, Any]]:
     """The resident adapters in load order: name and file name (the server's paths stay private, as in errors)."""
-    registry = instance.components.get(LORA_SLOT)
     return [] if registry is None else [{"name": a.name, "file": a.path.name} for a in registry.adapters]
 
 
 @router.get("/v1/loras")
 async def list_loras(request: Request) -> dict[str, Any]:
-    instance = _instance(request)
-    registry = instance.components.get(LORA_SLOT)
+    registry = served_registry(request)
     fused = [] if registry is None else [{"name": f.name, "file": f.path.name, "scale": f.scale}
                                          for f in registry.fused]
-    return {"object": "list", "data": adapter_list(instance), "fused": fused,
+    return {"object": "list", "data": adapter_list(registry), "fused": fused,
             "max_loras": registry.max_loras if registry is not None and not fused else None}
 
 
@@ -76,11 +77,10 @@ async def load_lora(request: Request) -> dict[str, Any]:
     _require_admin(request, "load")
     body = await read_body(request, LoraLoadBody)
     config: ServeConfig = request.app.state.config
-    instance = _instance(request)
-    _refuse_if_fused(instance, "loaded")
+    _refuse_if_fused(served_registry(request), "loaded")
     with engine_errors(lambda field: field):
         check_lora_name(body.name)
-        registry = attach_registry(instance)
+        registry = served_registry(request, create=True)
         path = await asyncio.to_thread(lora_file, body.path, config)
         try:
             adapter = await asyncio.to_thread(registry.load, body.name, path, body.into, config.max_lora_rank)
@@ -88,18 +88,18 @@ async def load_lora(request: Request) -> dict[str, Any]:
             # The server's folders stay private: the file is named as the client named it.
             message = redact_paths(str(exc).replace(str(path), body.path))
             raise APIError(400, f"path: {message}", param="path", code="invalid_lora") from None
-    return {"name": adapter.name, "file": adapter.path.name, "layers": len(adapter.layers)}
+    return {"name": adapter.name, "file": adapter.path.name, "layers": adapter.layer_count}
 
 
 @router.delete("/v1/loras/{name}")
 async def unload_lora(request: Request, name: str) -> dict[str, Any]:
     _require_admin(request, "unload")
-    instance = _instance(request)
-    _refuse_if_fused(instance, "unloaded")
-    registry = instance.components.get(LORA_SLOT)
+    registry = served_registry(request)
+    _refuse_if_fused(registry, "unloaded")
     if registry is None or name not in registry.names:
         raise APIError(404, f"no LoRA adapter {echo(name)} is loaded", param="name", code="lora_not_found")
-    registry.unload(name)
+    with engine_errors(lambda field: field):
+        await asyncio.to_thread(registry.unload, name)  # a pool's: one command on every rank, between two steps
     return {"name": name, "deleted": True}
 
 

@@ -28,6 +28,8 @@ from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.engine import CancellationToken, EngineDriver
 from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply
 from vidloom.runtime.parallel.plan import check_request
+from vidloom.runtime.parallel.pool_loras import PoolLoRAs
+from vidloom.runtime.parallel.worker import LoraSetup
 from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.step_cache import make_step_cache
 
@@ -45,6 +47,9 @@ class Transport(Protocol):
     def call(self, command: Command) -> StepReply: ...
 
     def ensure_running(self) -> None: ...
+
+    def keep_adapters(self, setup: LoraSetup) -> None:
+        """The LoRA adapters a restarted pool loads again."""
 
     def restart(self) -> None: ...
 
@@ -135,10 +140,13 @@ class ParallelEngine(EngineDriver):
     """Runs generation requests over a pool of ranks with the engine interface (EngineAPI; submit / run / warmup);
     chat and speech need a paged decoder, which a pool has not (InvalidRequest("model"))."""
 
-    def __init__(self, transport: Transport, instance: PoolInstance, layout: TokenLayout) -> None:
+    def __init__(self, transport: Transport, instance: PoolInstance, layout: TokenLayout,
+                 loras: LoraSetup | None = None) -> None:
         super().__init__(instance)
         self.transport = transport
         self.layout = layout
+        self.lora_registry = PoolLoRAs(instance.card, transport, loras or LoraSetup())
+        """The ranks' LoRA adapters (load / unload on every rank; what requests may name)."""
 
     def _start_generation(
         self,
@@ -151,6 +159,7 @@ class ParallelEngine(EngineDriver):
         `resolved`: the caller resolved it against this model's card already."""
         resolved = request if resolved else resolve_request(request, self.instance.card)
         check_request(self.instance.deploy.parallel, self.layout, resolved)
+        self.lora_registry.check(resolved.loras)
         make_step_cache(self.instance.deploy, resolved)  # the same threshold checks as one device
         return ParallelRun(self.transport, resolved, on_event, cancel or CancellationToken())
 

@@ -9,6 +9,7 @@ commands (`follow_torchrun`) until it shuts down. torchrun owns restarts there.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -22,13 +23,14 @@ from vidloom import registry
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, WorkerFailed
+from vidloom.lora.registry import check_lora_card
 from vidloom.runtime.parallel.comm import shutdown_distributed
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance, Transport
 from vidloom.runtime.parallel.messages import Command, Heartbeat, Shutdown, StepReply
 from vidloom.runtime.parallel.plan import check_model, check_step_cache, check_warmup, sp_attention
 from vidloom.runtime.parallel.pool import WorkerPool
 from vidloom.runtime.parallel.rank import RankRuntime
-from vidloom.runtime.parallel.worker import PoolOptions, RankPlace, WorkerSpec, start_rank
+from vidloom.runtime.parallel.worker import LoraSetup, PoolOptions, RankPlace, WorkerSpec, start_rank
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,14 @@ def torchrun_place(environ: Mapping[str, str] = os.environ) -> RankPlace | None:
 
 def launch_engine(
     model: str, card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
-    deploy: DeployConfig, options: PoolOptions | None = None,
+    deploy: DeployConfig, options: PoolOptions | None = None, loras: LoraSetup | None = None,
 ) -> ParallelEngine:
-    """Check the plan against the checkpoint (DeployError before any process starts), then start the ranks."""
-    spec = _spec(model, checkpoint, device, dtype, deploy, options)
+    """Check the plan against the checkpoint (DeployError before any process starts), then start the ranks, each
+    with `loras` (its registry bound and the adapters fused at load)."""
+    loras = loras or LoraSetup()
+    if loras.fused or loras.max_loras is not None:
+        check_lora_card(card)  # InvalidRequest("lora") before any process starts
+    spec = dataclasses.replace(_spec(model, checkpoint, device, dtype, deploy, options), loras=loras)
     registry.check_deploy(card, deploy)  # each rank's load checks again; this fails before any process starts
     layout = registry.token_layout(card, checkpoint)
     check_model(deploy.parallel, layout)
@@ -70,7 +76,7 @@ def launch_engine(
     else:
         _check_torchrun(place, deploy)
         transport = InProcessRank0(start_rank(spec, place), spec.options.heartbeat_s)
-    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), layout)
+    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), layout, loras)
 
 
 def follow_torchrun(
@@ -128,6 +134,9 @@ class InProcessRank0:
     def ensure_running(self) -> None:
         if self.broken:
             self.restart()
+
+    def keep_adapters(self, setup: LoraSetup) -> None:
+        """Nothing to keep: torchrun, not vidloom, restarts these ranks (and they start without run-time adapters)."""
 
     def restart(self) -> None:
         raise WorkerFailed(None, "under torchrun vidloom cannot restart ranks; torchrun does (--max-restarts)")

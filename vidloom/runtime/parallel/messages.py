@@ -38,6 +38,21 @@ class CloseCommand:
 
 
 @dataclass(frozen=True)
+class AdapterCommand:
+    """Load or unload a LoRA adapter in every rank's own registry, between two request units (so every rank's
+    requests see the same adapters). Rank 0 replies with the resident adapters."""
+
+    name: str
+    """The adapter's name."""
+    path: str | None = None
+    """The file to load; None unloads `name`."""
+    into: str | None = None
+    """The component to load it into instead of the family's default."""
+    max_rank: int | None = None
+    """The largest LoRA rank accepted (None: any)."""
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """Sent by rank 0 while idle so that peers waiting for a command stay within the collective timeout."""
 
@@ -47,7 +62,7 @@ class Shutdown:
     """Every rank closes its runs, leaves the process group and exits."""
 
 
-Command = StepCommand | CloseCommand | Heartbeat | Shutdown
+Command = StepCommand | CloseCommand | AdapterCommand | Heartbeat | Shutdown
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,8 @@ from vidloom.core.errors import DeployError, InvalidRequest
 from vidloom.core.parallel import ParallelPlan, SequenceGeometry, TokenLayout
 from vidloom.core.request import GenerationRequest
 
-__all__ = ["ADAPTERS_REFUSED", "ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "check_request",
+__all__ = ["ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "check_request",
            "check_step_cache", "check_warmup", "sp_attention"]
-
-ADAPTERS_REFUSED = (
-    "LoRA adapters are not supported on multi-device engines: every rank holds its own copy of the model in its "
-    "own process, so an adapter would have to be loaded, fused, unloaded and evicted on every rank in lockstep, "
-    "and the pool's command protocol carries requests only (no load/unload command, no per-rank adapter "
-    "registry); deploy on one device to use adapters"
-)
-"""Why a multi-device engine refuses adapters (max_loras, fuse_loras, load_lora, a request's `loras`): one
-reason, declared here and shown by every refusal."""
-
 
 def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     """A layout whose CFG does not split refuses --cfg-parallel with its reason. Any sp runs: Ulysses where sp
@@ -51,8 +41,6 @@ def sp_attention(plan: ParallelPlan, layout: TokenLayout) -> str:
 
 def check_request(plan: ParallelPlan, layout: TokenLayout, request: GenerationRequest) -> None:
     """Raise InvalidRequest naming the field when a resolved request cannot run under `plan`."""
-    if request.loras:
-        raise InvalidRequest("loras", ADAPTERS_REFUSED)
     if plan.cfg > 1 and not request.uses_cfg:
         raise InvalidRequest(
             "guidance_scale",

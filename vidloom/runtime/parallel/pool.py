@@ -10,6 +10,7 @@ request restarts it (`ensure_running`), or a caller restarts it explicitly (`res
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -23,7 +24,7 @@ from typing import Any
 
 from vidloom.core.errors import WorkerFailed
 from vidloom.runtime.parallel.messages import Command, Fatal, Ready, Shutdown, StepReply
-from vidloom.runtime.parallel.worker import RankPlace, WorkerSpec, worker_main
+from vidloom.runtime.parallel.worker import LoraSetup, RankPlace, WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class WorkerPool:
                     if message.fatal:
                         self._stop(graceful=False)
                     return message
+
+    def keep_adapters(self, setup: LoraSetup) -> None:
+        """The LoRA adapters the next start of the ranks loads (the resident ones, after a restart)."""
+        self.spec = dataclasses.replace(self.spec, loras=setup)
 
     def ensure_running(self) -> None:
         """Restart a broken pool (the automatic restart before a request's first unit)."""

@@ -20,8 +20,9 @@ from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.output import Event
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.parallel.comm import ControlChannel
+from vidloom.lora.registry import attach_registry
 from vidloom.runtime.parallel.messages import (
-    CloseCommand, Command, Heartbeat, RankFailure, Shutdown, StepCommand, StepReply,
+    AdapterCommand, CloseCommand, Command, Heartbeat, RankFailure, Shutdown, StepCommand, StepReply,
 )
 
 
@@ -74,6 +75,8 @@ class RankRuntime:
         if isinstance(command, CloseCommand):
             self._drop(command.request_id)
             outcome = _Outcome()
+        elif isinstance(command, AdapterCommand):
+            outcome = self._adapt(command)
         else:
             outcome = self._step(command)
         status = RankStatus(outcome.failure, tuple(self._record) if self._record is not None else None)
@@ -102,6 +105,20 @@ class RankRuntime:
         if done:
             self._drop(request_id)
         return _Outcome(done=done, outputs=outputs)
+
+    def _adapt(self, command: AdapterCommand) -> _Outcome:
+        """Load or unload an adapter here; rank 0's outputs list the resident ones as (name, file, layers)."""
+        self._note(f"adapter {command.name} {'load' if command.path is not None else 'unload'}")
+        try:
+            registry = attach_registry(self.engine.instance)
+            if command.path is None:
+                registry.unload(command.name)
+            else:
+                registry.load(command.name, command.path, command.into, command.max_rank)
+        except Exception as exc:  # every rank reads the same file: the same error everywhere is not fatal
+            return _Outcome(failure=RankFailure.of(self.rank, exc))
+        resident = [(a.name, str(a.path), len(a.layers)) for a in registry.adapters]
+        return _Outcome(done=True, outputs={"adapters": resident} if self.rank == 0 else None)
 
     def _start(self, command: StepCommand) -> RequestRun:
         # Only rank 0 reports events: the parent relays them, and the others' would be duplicates.

@@ -25,6 +25,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
+from vidloom.lora.registry import LORA_ADAPTERS, attach_registry
 from vidloom.runtime.rank_share import RankShare
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
@@ -78,6 +79,32 @@ class WorkerSpec:
     """Deployment, including devices and the parallel plan."""
     options: PoolOptions = field(default_factory=PoolOptions)
     """Timeouts and debug checks."""
+    loras: LoraSetup = field(default_factory=lambda: LoraSetup())
+    """The LoRA adapters every rank holds from its start (a restarted pool loads the resident ones again)."""
+
+
+@dataclass(frozen=True)
+class LoraSetup:
+    """The adapters of a pool's ranks: the registry bound, those fused into the weights at load, and those resident
+    (loaded at run time: a restart loads them again, in order)."""
+
+    max_loras: int | None = None
+    """Resident adapters at most (None: the registry's default)."""
+    fused: tuple[tuple[str, str, float], ...] = ()
+    """(name, file, scale) added into the base weights at load (fuse_loras)."""
+    resident: tuple[tuple[str, str, str | None], ...] = ()
+    """(name, file, component or None) loaded at run time, in load order."""
+
+    def apply(self, instance: ModelInstance) -> None:
+        """Give `instance` these adapters (before the plan wraps its attention)."""
+        if self.fused:
+            from vidloom.lora.fuse import fuse_adapters
+
+            fuse_adapters(instance, {name: (path, scale) for name, path, scale in self.fused})
+        elif self.max_loras is not None or self.resident:
+            registry = attach_registry(instance, self.max_loras)
+            for name, path, into in self.resident:
+                registry.load(name, path, into)
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,7 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
     instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
+    spec.loras.apply(instance)
     engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups)
     return RankRuntime(engine, control, options.check_lockstep)
 
@@ -131,7 +159,8 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
     note = None if groups.cfg is None else ("the conditional branch's (cfg-rank 0); the unconditional branch's run on "
                                             "cfg-rank 1" if groups.cfg.rank == 0 else "the unconditional branch's")
     share = RankShare(sums=groups.sp, note=note, tiles=groups.world)
-    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), rank_share=share)
+    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), adapters=LORA_ADAPTERS,
+                  rank_share=share)
 
 
 def worker_main(

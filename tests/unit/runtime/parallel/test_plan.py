@@ -123,10 +123,10 @@ def test_requests_are_checked_at_submit_without_contacting_workers():
         engine.submit(GenerationRequest(prompt="x", height=48, width=48, num_frames=9))
     with pytest.raises(InvalidRequest, match="step_cache_threshold"):
         engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, step_cache_threshold=0.1))
-    # Adapters: the declared multi-device refusal (runtime.parallel.plan.ADAPTERS_REFUSED), named at submit.
-    with pytest.raises(InvalidRequest, match="multi-device engines: every rank holds its own copy") as err:
+    # Adapters the ranks do not hold are named at submit, as one device names them.
+    with pytest.raises(InvalidRequest, match="no LoRA adapter 'ink' is loaded") as err:
         engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5, loras=(("ink", 1.0),)))
-    assert err.value.field == "loras"
+    assert err.value.field == "loras[0].name"
     run = engine.submit(GenerationRequest(prompt="x", height=32, width=48, num_frames=5))
     assert run.request.seed is not None and not run.done  # resolved here, so every rank gets the same seed
 
