@@ -147,3 +147,51 @@ def test_a_small_memory_limit_refuses_a_long_utterance_naming_its_field(gen, mon
         gen.speak("the kite rose over the dunes " * 60, greedy=True, max_audio_tokens=1000)
     assert caught.value.field == "max_audio_tokens" and "max_request_memory" in str(caught.value)
     assert gen.speak("a kite", greedy=True, max_audio_tokens=4).audio_tokens >= 1
+
+
+def _media_messages(seed: int) -> list[dict]:
+    from tests.parity.test_qwen_omni_inputs import clip, png_url
+
+    audio, _ = clip(seed, 1.3)
+    url, _ = png_url(seed, (90, 70))
+    return [{"role": "user", "content": [audio, {"type": "text", "text": "what is a kite?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def test_openai_client_answers_aloud_with_audio_and_image_parts_as_the_python_api(gen, tmp_path):
+    """A spoken chat with an input_audio and an image_url part (seeded talker) over the server equals the Python
+    API's, transcript and waveform (those equal transformers': tests/parity/test_qwen3_omni_spoken_media.py)."""
+    import openai
+
+    messages = _media_messages(3)
+    local = gen.chat(messages, audio={"voice": "chelsie"}, temperature=0.0, max_tokens=8, seed=11)
+    config = ServeConfig(data_dir=tmp_path / "data", queue_size=4, graceful_shutdown_s=2)
+    with ThreadServer(gen.engine, config) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        model = server.app.state.jobs.card.model_id
+        r = client.chat.completions.create(model=model, modalities=["text", "audio"], max_tokens=8, temperature=0,
+                                           seed=11, audio={"voice": "chelsie", "format": "pcm16"},
+                                           messages=messages)
+        assert server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+    message = r.choices[0].message
+    samples = np.frombuffer(base64.b64decode(message.audio.data), dtype="<i2")
+    assert message.audio.transcript == local.text and local.audio_tokens >= 4
+    assert samples.shape == local.audio.shape
+    assert np.abs(samples / 32768 - local.audio).max() <= 1 / 32768 + 1e-6  # pcm16's rounding
+
+
+def test_the_speech_estimate_counts_the_towers_of_a_spoken_chat_with_media(gen):
+    """The media's towers pass (omni_towers.towers_bytes) joins the thinker's prefill in the speech estimate (a stage
+    of the largest: the talker's may hide part of it)."""
+    from vidloom.core.chat import build_chat_request
+    from vidloom.families.qwen3_omni.speech import speech_prompt
+    from vidloom.media.audio_upload import load_input_audio
+    from vidloom.media.image import load_image
+    from vidloom.models.omni_towers import instance_towers_bytes
+
+    engine = gen.engine
+    chat = build_chat_request(_media_messages(3), load_image=load_image, load_audio=load_input_audio, max_tokens=8)
+    prompt = speech_prompt(engine.instance, engine.decoder.limits, SpeechRequest(chat=chat, voice="chelsie"))
+    assert prompt.media is not None and len(prompt.media.pieces) == 2
+    assert instance_towers_bytes(engine.instance, prompt.media, 4) > 0
+    assert engine.estimator(prompt) > engine.estimator(dataclasses.replace(prompt, media=None))

@@ -154,6 +154,16 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
     return widest + held + int(media.at.shape[0]) * width * act
 
 
+def instance_towers_bytes(instance: Any, media: Any, act: int) -> int:
+    """towers_bytes of a prompt's `media` on a loaded Qwen-Omni instance (its encoders, processors and thinker), as
+    a chat answered aloud adds it to its speech estimate; 0 for None (text)."""
+    if media is None:
+        return 0
+    encoders = instance["encoders"]
+    return towers_bytes(encoders, instance.components.get("processors"), media,
+                        encoders.row_width(instance["thinker"].config.hidden_size), act, instance.device.type == "cpu")
+
+
 def seeded_tower_parts(audio: nn.Module, vision: nn.Module, seed: int,
                        gain: float) -> tuple[tuple[nn.Module, NameMap], ...]:
     """A demo's towers filled from a seeded generator of ours (so its folder does not depend on how a transformers

@@ -117,3 +117,17 @@ def test_the_released_talker_keys_are_read_as_harmless_and_change_nothing():
     assert Qwen3OmniConfig.from_raw({**raw, "talker_config": released}) == Qwen3OmniConfig.from_raw(raw)
     with pytest.raises(CheckpointError, match="talker_config: unsupported config key.*codec_jitter"):
         Qwen3OmniConfig.from_raw({**raw, "talker_config": {**released, "codec_jitter": 0.1}})
+
+
+def test_the_talkers_spatial_merge_size_is_read_and_must_match_the_vision_towers():
+    """An image's talker rows are its thinker placeholders (grid / merge^2 of them): the talker places them with its
+    own spatial_merge_size, which must merge as the vision tower does."""
+    talker = {"text_config": _text(num_local_experts=2, shared_expert_intermediate_size=8), "accept_hidden_layer": 1,
+              "num_code_groups": 4, "thinker_hidden_size": 16}
+    thinker = {"text_config": _text(), "vision_config": {"spatial_merge_size": 4}}
+    raw = {"enable_audio_output": True, "thinker_config": thinker, "talker_config": {**talker, "spatial_merge_size": 4}}
+    speech = Qwen3OmniConfig.from_raw(raw).speech
+    assert speech is not None and speech.spatial_merge_size == 4
+    with pytest.raises(CheckpointError, match="talker_config.spatial_merge_size 2 differs from "
+                                              "thinker_config.vision_config.spatial_merge_size 4"):
+        Qwen3OmniConfig.from_raw({**raw, "talker_config": {**talker, "spatial_merge_size": 2}})

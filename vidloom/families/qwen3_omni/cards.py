@@ -2,9 +2,9 @@
 
 Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged KV pool; speech (thinker ->
 talker with its code predictor -> code2wav) when the checkpoint has a talker (enable_audio_output with a
-talker_config and a code2wav_config). Audio and image parts of a chat reach the thinker through its towers
-(transformers' encoder modules) when the checkpoint has them and their preprocessor_config.json; which parts a
-loaded model reads is its program's `chat_inputs` (GET /v1/models/{id}: capabilities.chat_inputs).
+talker_config and a code2wav_config). Audio and image parts of a chat, answered in text or aloud, reach the thinker
+through its towers (transformers' encoder modules) when the checkpoint has them and their preprocessor_config.json;
+which parts a loaded model reads is its program's `chat_inputs` (GET /v1/models/{id}: capabilities.chat_inputs).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_i
                                  guidance_scale=1.0, flow_shift=1.0, sampler="none")
 MEDIA_IN = ("audio and image parts in through the thinker's towers where the checkpoint has them "
             "(thinker.audio_tower.*, thinker.visual.*, preprocessor_config.json); text-only otherwise; no video parts; "
-            "a spoken answer reads text parts only")
+            "a spoken answer reads them too (their rows in the talker's prompt)")
 NO_TALKER = "text out only: the checkpoint has no talker (enable_audio_output false, or no talker/code2wav config)"
 
 

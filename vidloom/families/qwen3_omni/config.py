@@ -144,6 +144,7 @@ class SpeechConfig:
     tts_eos: int
     tts_pad: int
     media_ids: tuple[int, ...]  # audio, image and video placeholders (their rows read thinker states)
+    spatial_merge_size: int = 2  # an image's patches per talker row along each side (its rows' grid positions)
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], where: str) -> SpeechConfig:
@@ -154,6 +155,12 @@ class SpeechConfig:
         accept = int(talker.get("accept_hidden_layer", 18))
         if not 0 <= accept <= layers:
             raise CheckpointError(f"{where}: talker_config.accept_hidden_layer {accept} is outside 0..{layers}")
+        merge = int(talker.get("spatial_merge_size", 2))
+        vision = thinker.get("vision_config")
+        towers = int(vision.get("spatial_merge_size", 2)) if isinstance(vision, Mapping) else merge
+        if towers != merge:  # an image's talker rows are its thinker placeholders: both merge the same patches
+            raise CheckpointError(f"{where}: talker_config.spatial_merge_size {merge} differs from "
+                                  f"thinker_config.vision_config.spatial_merge_size {towers}")
         return cls(predictor=predictor, code_groups=groups, accept_hidden_layer=accept,
                    thinker_hidden_size=int(talker.get("thinker_hidden_size", 2048)),
                    codec_eos=int(talker.get("codec_eos_token_id", 4198)),
@@ -168,7 +175,8 @@ class SpeechConfig:
                    tts_pad=int(raw.get("tts_pad_token_id", 151671)),
                    media_ids=tuple(int(thinker.get(k, d)) for k, d in (("audio_token_id", 151646),
                                                                        ("image_token_id", 151655),
-                                                                       ("video_token_id", 151656))))
+                                                                       ("video_token_id", 151656))),
+                   spatial_merge_size=merge)
 
 
 @dataclass(frozen=True)

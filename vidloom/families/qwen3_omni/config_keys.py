@@ -1,8 +1,9 @@
 """Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
 
-Keys config.py reads are `read` (code2wav_config, audio_config and vision_config: transformers' config classes
-read them, for code2wav and the towers); keys for what this runtime does not build (video positions) are
-accepted as harmless with the reason; any other key is refused by name (KeyPolicy).
+Keys config.py reads are `read` (the talker's spatial_merge_size places an image's rows in its prompt;
+code2wav_config, audio_config and vision_config: transformers' config classes read them, for code2wav and the
+towers); keys for what this runtime does not build (video positions) are accepted as harmless with the reason;
+any other key is refused by name (KeyPolicy).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ THINKER = transformers_policy({"text_config", "audio_config", "vision_config"}, 
                                "it, and video parts are not taken",
     "seconds_per_chunk": "interleaves a video's audio in chunks; video parts are not taken",
 }, head=True)
-_MEDIA_ROWS = "places media rows in the talker's prompt; a spoken answer reads text parts only, so it has none"
 TALKER = transformers_policy({
     "text_config", "code_predictor_config", "num_code_groups", "thinker_hidden_size", "accept_hidden_layer",
     "speaker_id", "codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
-    "codec_pad_id", "codec_bos_id"}, {
-    **dict.fromkeys(("position_id_per_seconds", "spatial_merge_size", "seconds_per_chunk"), _MEDIA_ROWS),
+    "codec_pad_id", "codec_bos_id", "spatial_merge_size"}, {
+    "position_id_per_seconds": "places video frames in time among the talker's rows; audio and still images (one "
+                               "grid step) do not read it, and video parts are not taken",
+    "seconds_per_chunk": "interleaves a video's audio in chunks among the talker's rows; video parts are not taken",
     **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
                      "audio_start_token_id", "audio_end_token_id"), SPECIAL_ID),
     "output_router_logits": "a training output (the router's auxiliary loss)",

@@ -147,17 +147,18 @@ class MoEDecoder(nn.Module):
     def _run(self, embeds: Tensor, positions: Tensor, kv: KVAttention | None,
              deepstack: tuple[Tensor, list[Tensor]] | None = None) -> tuple[Tensor, Tensor]:
         """-> (final normed states, the states at tap_layer (the final ones when untapped)) [T, hidden].
-        `deepstack` (index [K], one [K, hidden] per block) is added to those tokens after blocks 0, 1, ..."""
+        `deepstack` (index [K], one [K, hidden] per block) is added to those tokens after blocks 0, 1, ... (after
+        the tap: a tapped block's output is read without it)."""
         kv = kv if kv is not None else CausalAttention(self.attention_scale)
         rope = self.rotary(positions, embeds.dtype)
         x = tapped = embeds
         with self.sdpa():
             for layer, block in enumerate(self.blocks):
                 x = block(x, rope, kv, layer)
+                if layer + 1 == self.tap_layer:  # the block's output, before deepstack (transformers records it so)
+                    tapped = x
                 if deepstack is not None and layer < len(deepstack[1]):
                     x = x.index_add(0, deepstack[0], deepstack[1][layer].to(x.dtype))
-                if layer + 1 == self.tap_layer:
-                    tapped = x
         x = self.norm(x)
         return x, (x if self.tap_layer in (None, len(self.blocks)) else tapped)
 

@@ -8,8 +8,11 @@ the largest stage's, while what a stage hands on stays to the end:
   is: one MoE block's activations (its top-k experts' and the router's rows, `MoEDecoderConfig.intermediate_size`),
   the keys and values gathered from the pool over its context and the attention scores (float32 where a math
   kernel materialises them); its tapped states per token are held for the talker;
+- the audio and vision towers (a chat answered aloud with such parts), run inside the thinker's prefill:
+  `towers_bytes` (vidloom.models.omni_towers), as a text-answer chat's MediaChatLoop.media_bytes counts them;
 - talker: its inputs (both resize MLPs run over every token read, speech_codes._user_rows), then one MoE block
-  over its prefill rows (the prompt + 9 assistant rows) and the keys and values it gathers over prefill + frames;
+  over its prefill rows (the prompt's, its media placeholders included, + 9 assistant rows) and the keys and
+  values it gathers over prefill + frames;
 - code predictor: G + 1 rows per step, negligible beside the talker but for its per-group logits;
 - code2wav: one window of frames (generate()'s 300-frame chunks with 25 of left context, or a streamed request's
   chunk with its context): its transformer block and scores over the window, then the widest stage of its
@@ -30,6 +33,7 @@ from vidloom.core.limits import MemoryEstimate
 from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, LEFT_CONTEXT
 from vidloom.families.qwen3_omni.config import MoEDecoderConfig
 from vidloom.families.qwen3_omni.speech_loops import SpeechPrompt, frame_budget
+from vidloom.models.omni_towers import instance_towers_bytes
 
 SWIGLU_FACTOR = 3  # gate and up projections beside their product
 TALKER_HEAD_ROWS = 9  # the assistant turn's rows in the talker's prefill (speech_codes.talker_inputs)
@@ -58,8 +62,9 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
     code2wav = instance["code2wav"]
     samples = frames * int(code2wav.total_upsample)
     held = frames * speech.code_groups * 8 * 2 + WAVE_COPIES * samples * 4
+    towers = instance_towers_bytes(instance, prompt.media, act)
     return Footprint(caches=tapped + talker_in,
-                     denoise=max(_decoder_pass(thinker, tokens, tokens, act) + thinker.vocab_size * 4,
+                     denoise=max(_decoder_pass(thinker, tokens, tokens, act) + thinker.vocab_size * 4 + towers,
                                  _decoder_pass(talker_config, rows, rows + frames, act) + predictor),
                      decode=_code2wav(instance, code2wav.config, window),
                      persistent=held)

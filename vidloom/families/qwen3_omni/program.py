@@ -1,17 +1,14 @@
 """Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool, with audio and
-image parts through its towers where the checkpoint has them), and with
-a talker speech as thinker -> talker (with its code predictor) -> code2wav."""
+image parts through its towers where the checkpoint has them), and with a talker speech as thinker -> talker (with
+its code predictor) -> code2wav, a spoken answer reading the same parts."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vidloom.core.chat import ChatRequest
-from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, Program
 from vidloom.families.qwen3_omni.encoders import MEDIA_TOKENS
-from vidloom.decoding.loop import PromptFn
 from vidloom.models.omni_chat import MediaChatLoop
 from vidloom.models.omni_media import MediaPrompter
 
@@ -30,24 +27,6 @@ def chat_inputs(towers: Any, processors: Any) -> frozenset[str]:
         return frozenset({"text"})
     return frozenset({"text"} | ({"audio"} if towers.audio is not None else set())
                      | ({"image"} if towers.vision is not None else set()))
-
-
-def text_prompt(tokenizer: Any) -> PromptFn:
-    """Request -> prompt ids through the checkpoint's chat template, for speech (text to say); a non-text part is
-    refused by its index."""
-
-    def prompt(request: ChatRequest) -> list[int]:
-        for i, message in enumerate(request.messages):
-            kinds = [part.type for part in message.content]
-            if any(kind != "text" for kind in kinds):
-                j = next(n for n, kind in enumerate(kinds) if kind != "text")
-                raise InvalidRequest(f"messages[{i}].content[{j}]", f"Qwen3-Omni speech takes text parts only: "
-                                     f"{kinds[j]} inputs reach the thinker through chat")
-        turns = [{"role": message.role, "content": message.text} for message in request.messages]
-        return list(tokenizer.apply_chat_template(turns, tokenize=True, add_generation_prompt=True,
-                                                  return_dict=True)["input_ids"])
-
-    return prompt
 
 
 def eos_ids(tokenizer: Any) -> tuple[int, ...]:
@@ -71,7 +50,7 @@ def build_program(instance: ModelInstance) -> Program:
     talker, code2wav = instance["talker"], instance["code2wav"]
     nodes = (
         Node("thinker", reads=("speech",), writes=("thinker",),
-             loop=SpeechThinkerLoop(thinker, tokenizer, eos_ids(tokenizer))),
+             loop=SpeechThinkerLoop(thinker, tokenizer, eos_ids(tokenizer), prompter)),
         Node("talker", reads=("speech", "thinker"), writes=("codes", "frames", "streamed"),
              loop=TalkerLoop(thinker, talker, code2wav, eos_ids(tokenizer))),
         Node("code2wav", reads=("speech", "frames", "streamed"), writes=("audio", "sample_rate", "voice"),

@@ -1,9 +1,9 @@
 """Admission of a Qwen3-Omni speech request: pick the voice, build the thinker prompt, size it.
 
 Forced text (speak this): a user turn (the request's `instructions`, or a plain "say this") answered by the text,
-prefilled rather than generated; a chat to answer aloud: its messages through the chat template, the reply
-generated. Voices are the checkpoint's `talker_config.speaker_id` names (case-insensitive, as generate() reads
-them).
+prefilled rather than generated; a chat to answer aloud: its messages through the chat template (its audio and image
+parts prepared for the thinker's towers, as a text chat's), the reply generated. Voices are the checkpoint's
+`talker_config.speaker_id` names (case-insensitive, as generate() reads them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from vidloom.core.errors import InvalidRequest, LimitExceeded
 from vidloom.core.limits import format_bytes
 from vidloom.core.speech import SpeechRequest
-from vidloom.families.qwen3_omni.program import text_prompt
+from vidloom.families.qwen3_omni.program import media_prompter
 from vidloom.families.qwen3_omni.speech_loops import SpeechPrompt, frame_budget
 
 SAY_THIS = "Say the following text exactly as written."
@@ -49,9 +49,9 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
     chat.validate(limits)
     if request.instructions is not None:
         raise InvalidRequest("instructions", "applies to speaking a given text; put it in the chat's messages")
-    prompt = text_prompt(tokenizer)(chat)
+    prompt, media = media_prompter(instance).prompt(chat.messages)
     return SpeechPrompt(request, voice, voice_id, tuple(prompt), None,
-                        chat.sampling.completion_budget(len(prompt), limits))
+                        chat.sampling.completion_budget(len(prompt), limits), media)
 
 
 def admit_speech(engine: Any, request: SpeechRequest) -> tuple[dict[str, Any], int]:

@@ -1,11 +1,14 @@
 """A thinker reply -> codec frames: the talker's inputs, then its decode loop with the code predictor.
 
-Follows transformers 5.25 `Qwen3OmniMoeForConditionalGeneration.generate` (text prompts), because the talker was
-trained on exactly this layout:
-- prefill: every user turn's rows (a token's thinker embedding through text_projection; a media placeholder's
-  thinker state at accept_hidden_layer through hidden_projection), then the assistant turn's first 3 tokens, 4 tts
-  pads, tts bos and the first reply token (projected embeddings), plus on the assistant rows the codec embeddings
-  of [0, 0, 0, nothink, think bos, think eos, voice, pad, bos];
+Follows transformers 5.25 `Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True)`, because the talker
+was trained on exactly this layout:
+- prefill: every user turn's rows (a token's thinker embedding through text_projection; an audio or image
+  placeholder's thinker state at accept_hidden_layer through hidden_projection), then the assistant turn's first 3
+  tokens, 4 tts pads, tts bos and the first reply token (projected embeddings), plus on the assistant rows the codec
+  embeddings of [0, 0, 0, nothink, think bos, think eos, voice, pad, bos];
+- positions: the talker's own multimodal rope over those rows (its get_rope_index): text and audio rows advance one
+  position on every axis, an image's rows spread over its merged grid (talker_config.spatial_merge_size), and
+  every later row, decode steps included, sits one past the largest position used;
 - each step reads the sum of the last frame's code embeddings (the talker's for the first code, the predictor's
   per group for the others) plus the next text row: the remaining reply tokens, tts eos, then tts pad;
 - a frame's first code is chosen after a repetition penalty over the talker's own codes, with the top 1024 ids
@@ -14,6 +17,7 @@ trained on exactly this layout:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -23,6 +27,8 @@ from torch import Tensor
 from vidloom.layers.rotary import text_positions
 from vidloom.families.qwen3_omni.config import SpeechConfig
 from vidloom.families.qwen3_omni.talker import EqualRowsCache, Pick, Talker
+from vidloom.models.omni_media import PromptMedia, multimodal_positions
+from vidloom.models.omni_towers import IMAGE
 
 DEFAULT_REPETITION_PENALTY = 1.05  # generate()'s talker_repetition_penalty default
 SUPPRESSED_TOP_IDS = 1024  # generate() suppresses the codec vocab's top 1024 ids (the special ones) but the end id
@@ -32,24 +38,36 @@ TTS_PADS = 4
 
 @dataclass
 class TalkerInputs:
-    """The talker's prefill rows [L, talker hidden], its text stream [S, hidden] and the tts pad row [hidden]."""
+    """The talker's prefill rows [L, talker hidden], its text stream [S, hidden] and the tts pad row [hidden]; the
+    prefill's position ids [3, L], and the offset of every later row (row i >= L sits at i + delta on every axis)."""
 
     prefill: Tensor
     stream: Tensor
     pad: Tensor
+    positions: Tensor
+    delta: int = 0
+
+    def step_positions(self, start: int, count: int) -> Tensor:
+        """Position ids [3, count] of `count` rows from row `start` (the prefill's, or decode rows after it)."""
+        if start == 0:
+            assert count == self.positions.shape[1]
+            return self.positions
+        return text_positions(start + self.delta, count, self.prefill.device)
 
 
 def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids: Sequence[int], prompt_len: int,
-                  tapped: Tensor, voice: int, eos_ids: Sequence[int]) -> TalkerInputs:
+                  tapped: Tensor, voice: int, eos_ids: Sequence[int], media: PromptMedia | None = None) -> TalkerInputs:
     """Inputs from one thinker sequence: `ids` the prompt and reply ([P + R], R >= 2), `tapped` [P + R - 1, thinker
-    hidden] the thinker's states at accept_hidden_layer for the tokens it read (every id but the last)."""
+    hidden] the thinker's states at accept_hidden_layer for the tokens it read (every id but the last), `media` the
+    prompt's audio and image parts (None: text only)."""
     s: SpeechConfig = talker.speech
     device = tapped.device
     read = torch.tensor(list(ids[:-1]), device=device)
     embeds = thinker_embed(read)
     specials = talker.text_projection(thinker_embed(torch.tensor([s.tts_bos, s.tts_eos, s.tts_pad], device=device)))
     bos, eos, pad = specials.unbind(0)
-    user = _user_rows(talker, s, read, embeds, tapped)
+    in_user = _user_turns(s, read)
+    user = _user_rows(talker, s, read, embeds, tapped)[in_user]
     start = max(i for i in range(prompt_len - 1) if ids[i] == s.im_start and ids[i + 1] == s.assistant)
     text = talker.text_projection(embeds[start:])
     first = text[ASSISTANT_HEAD:ASSISTANT_HEAD + 1]
@@ -63,19 +81,34 @@ def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids
     end = next((j for j, i in enumerate(reply) if i in eos_ids), len(reply))
     rows = torch.arange(stream.shape[0], device=device)[:, None]
     stream = torch.where(rows > end, pad, torch.where(rows == end, eos, stream))
-    return TalkerInputs(torch.cat([user, head]), stream, pad)
+    prefill = torch.cat([user, head])
+    positions, delta = talker_positions(in_user, prefill.shape[0], media, s.spatial_merge_size)
+    return TalkerInputs(prefill, stream, pad, positions.to(device), delta)
+
+
+def _user_turns(s: SpeechConfig, read: Tensor) -> Tensor:
+    """Which of the `read` ids [N] are in a user turn (from its <|im_start|> to the next one) [N]."""
+    n = read.shape[0]
+    starts = torch.where(read == s.im_start, torch.arange(n, device=read.device), -1).cummax(0).values.clamp_min(0)
+    return read[(starts + 1).clamp_max(n - 1)] == s.user
 
 
 def _user_rows(talker: Talker, s: SpeechConfig, read: Tensor, embeds: Tensor, tapped: Tensor) -> Tensor:
-    """Every user turn's tokens (from its <|im_start|> to the next one): media placeholders through
-    hidden_projection of their thinker state, the rest through text_projection of their embedding."""
-    n = read.shape[0]
-    starts = torch.where(read == s.im_start, torch.arange(n, device=read.device), -1).cummax(0).values.clamp_min(0)
-    role = read[(starts + 1).clamp_max(n - 1)]
-    user = role == s.user
+    """Every read token's talker row: media placeholders through hidden_projection of their thinker state, the rest
+    through text_projection of their embedding."""
     media = torch.isin(read, torch.tensor(s.media_ids, device=read.device))
-    rows = torch.where(media[:, None], talker.hidden_projection(tapped), talker.text_projection(embeds))
-    return rows[user]
+    return torch.where(media[:, None], talker.hidden_projection(tapped), talker.text_projection(embeds))
+
+
+def talker_positions(in_user: Tensor, rows: int, media: PromptMedia | None, merge: int) -> tuple[Tensor, int]:
+    """Position ids [3, rows] of the talker's prefill (the user turns' tokens, `in_user` [N] over the thinker's ids,
+    then the assistant rows) and the offset of the rows after it, as transformers' talker get_rope_index places
+    them: an image's rows on its merged grid, everything else one position per row."""
+    if media is None:
+        return text_positions(0, rows), 0
+    row_of = in_user.long().cumsum(0).cpu() - 1  # a user token's talker row
+    images = [dataclasses.replace(p, at=row_of[p.at]) for p in media.pieces if p.kind == IMAGE]
+    return multimodal_positions(rows, images, merge)
 
 
 def shape_logits(logits: Tensor, seen: Sequence[int], s: SpeechConfig,
@@ -112,7 +145,7 @@ def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[
     decoder, s = talker.decoder, talker.speech
     kv = EqualRowsCache(1, decoder.attention_scale)
     length = inputs.prefill.shape[0]
-    logits, hidden = decoder(None, text_positions(0, length, inputs.prefill.device), kv=kv,
+    logits, hidden = decoder(None, inputs.step_positions(0, length), kv=kv,
                              logits_at=torch.tensor([length - 1]), return_hidden=True, inputs_embeds=inputs.prefill)
     frames: list[Tensor] = []
     for step in range(max_frames + 1):
@@ -121,7 +154,7 @@ def generate_frames(talker: Talker, inputs: TalkerInputs, pick_first: Callable[[
             break
         frame, row = next_frames(talker, [inputs], [step], [code], hidden[-1:], pick_rest)
         frames.append(frame[0])
-        logits, hidden = decoder(None, text_positions(length + step, 1, row.device), kv=kv, return_hidden=True,
+        logits, hidden = decoder(None, inputs.step_positions(length + step, 1), kv=kv, return_hidden=True,
                                  inputs_embeds=row)
     if not frames:
         return torch.zeros(0, s.code_groups, dtype=torch.long)

@@ -28,8 +28,8 @@ from vidloom.families.qwen3_omni.code2wav import CHUNK_FRAMES, SAMPLE_RATE, Wave
 from vidloom.families.qwen3_omni.decoder import MoEDecoder
 from vidloom.families.qwen3_omni.speech_codes import TalkerInputs, next_frames, shape_logits, talker_inputs
 from vidloom.families.qwen3_omni.talker import Pick, Talker
-from vidloom.layers.rotary import text_positions
-from vidloom.runtime.paged_decode import AFTER_FORWARD, INPUT_EMBEDS, WANT_HIDDEN
+from vidloom.models.omni_media import MediaPrompter, PromptMedia, thinker_positions
+from vidloom.runtime.paged_decode import AFTER_FORWARD, EMBEDS_AT, INPUT_EMBEDS, WANT_HIDDEN
 
 THINKER, TALKER, CODE2WAV, STREAM = "thinker", "talker", "code2wav", "code2wav_stream"
 TRANSCRIPT_PHASE = "transcript"
@@ -52,6 +52,7 @@ class SpeechPrompt:
     prompt_ids: tuple[int, ...]
     forced_ids: tuple[int, ...] | None  # the text to say, ended by the turn's end id
     max_tokens: int
+    media: PromptMedia | None = None  # the prompt's audio and image parts (a chat's), None: text only
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class ThinkerOutput:
 class SpeechThinkerLoop:
     name = THINKER
 
-    def __init__(self, network: MoEDecoder, tokenizer: Any, eos_ids: tuple[int, ...]) -> None:
-        self.network, self.tokenizer, self.eos_ids = network, tokenizer, frozenset(eos_ids)
+    def __init__(self, network: MoEDecoder, tokenizer: Any, eos_ids: tuple[int, ...], prompter: MediaPrompter) -> None:
+        self.network, self.tokenizer, self.eos_ids, self.prompter = network, tokenizer, frozenset(eos_ids), prompter
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> ReplyState:
         prompt: SpeechPrompt = slots["speech"]
@@ -78,9 +79,13 @@ class SpeechThinkerLoop:
     def next(self, state: ReplyState) -> StepPlan | Done:
         if state.done:
             return DONE
+        media = state.prompt.media
         inputs = {"tokens": torch.tensor(state.feed, device=state.device),
-                  "positions": text_positions(state.cached, len(state.feed), state.device),
+                  "positions": thinker_positions(media, state.cached, len(state.feed), state.device),
                   KV_SEQUENCE: state.seq_id, "start": state.cached, WANT_HIDDEN: True}
+        if media is not None and state.cached == 0:  # the towers run inside the prefill step
+            inputs[EMBEDS_AT] = self.prompter.prefill_embeds(media, next(self.network.parameters()).dtype,
+                                                             state.device)
         return StepPlan(loop=THINKER, index=len(state.reply), total=None, call=self.network, inputs=inputs)
 
     def advance(self, state: ReplyState, result: tuple[Tensor, Tensor]) -> ReplyState:
@@ -149,7 +154,7 @@ class TalkerLoop:
             return TalkerState(None, None, 0, params, None, ctx, None, done=True)
         with torch.inference_mode():
             inputs = talker_inputs(self.talker, self.thinker.embed, out.ids, out.prompt_len, out.tapped,
-                                   prompt.voice_id, self.eos_ids)
+                                   prompt.voice_id, self.eos_ids, prompt.media)
         max_frames = frame_budget(prompt, len(out.reply_ids))
         seq_id = ctx.reserve_kv(inputs.prefill.shape[0] + max_frames, network=self.talker.decoder)
         chunk = prompt.request.audio_chunk_codes
@@ -164,11 +169,11 @@ class TalkerLoop:
                             call=decode_chunk, inputs={"code2wav": self.code2wav, "frames": torch.stack(state.frames),
                                                        "start": chunks.emitted, "stop": stop,
                                                        "left_context": chunks.left_context, "spoken": chunks.spoken})
-        if state.done or state.x is None:
+        if state.done or state.x is None or state.inputs is None:
             return DONE
         return StepPlan(loop=TALKER, index=len(state.frames), total=state.max_frames, call=self.talker.decoder,
                         inputs={INPUT_EMBEDS: state.x, KV_SEQUENCE: state.seq_id, "start": state.position,
-                                "positions": text_positions(state.position, state.x.shape[0], state.x.device),
+                                "positions": state.inputs.step_positions(state.position, state.x.shape[0]),
                                 WANT_HIDDEN: True, AFTER_FORWARD: self.choose_frames, TALKER_STATE: state})
 
     def choose_frames(self, plans: Sequence[StepPlan], rows: Sequence[tuple[Tensor, Tensor]]) -> list[FrameChoice]:

@@ -35,7 +35,7 @@ from vidloom.core.limits import MemoryEstimate
 from vidloom.families.qwen_omni.stream_audio import largest_window
 from vidloom.families.qwen_omni.talker_loop import audio_token_budget, talker_tokens
 from vidloom.families.qwen_omni.thinker_loop import SpeechPrompt
-from vidloom.models.omni_towers import towers_bytes
+from vidloom.models.omni_towers import instance_towers_bytes
 
 SWIGLU_FACTOR = 3  # gate and up projections beside their product (the decoders' MLP)
 TALKER_EXTRA_ROWS = 4  # talker prefill rows beyond the prompt: the voice's bos, the first reply row, codec bos/pad
@@ -70,20 +70,11 @@ def footprint(instance: ModelInstance, prompt: SpeechPrompt) -> Footprint:
         noise = codes * dit.repeats * dit.mel_dim * 4
     mel_pass, mel_state = _token2wav(dit, dit_frames)
     samples = codes * dit.repeats * vocoder.hop
-    towers = _towers(instance, prompt, act)
+    towers = instance_towers_bytes(instance, prompt.media, act)  # a chat answered aloud may carry audio, images
     return Footprint(caches=hidden_states + noise,
                      denoise=max(thinker_pass + towers, talker_pass, mel_pass),
                      decode=_vocoder(instance, vocoder, vocoder_frames),
                      persistent=mel_state + WAVE_COPIES * samples * 4)
-
-
-def _towers(instance: ModelInstance, prompt: SpeechPrompt, act: int) -> int:
-    """towers_bytes for a speech request's prompt (a chat answered aloud may carry audio and images)."""
-    if prompt.media is None:
-        return 0
-    encoders = instance["encoders"]
-    return towers_bytes(encoders, instance.components.get("processors"), prompt.media,
-                        encoders.row_width(instance["thinker"].config.hidden_size), act, instance.device.type == "cpu")
 
 
 def _token2wav(dit: Any, frames: int) -> tuple[int, int]:
