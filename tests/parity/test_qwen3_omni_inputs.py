@@ -20,6 +20,7 @@ from vidloom.families.qwen3_omni.program import eos_ids, media_prompter
 from vidloom.generator import VideoGenerator
 from vidloom.models.omni_media import encode_media
 from vidloom.media.audio_upload import load_input_audio
+from vidloom.media.chat_video import load_chat_video
 from vidloom.media.image import load_image
 from vidloom.models.omni_towers import load_processors
 
@@ -71,7 +72,7 @@ def reference_inputs(folder, tokenizer, media: dict) -> dict:
 def our_first_logits(gen, messages) -> torch.Tensor:
     instance = gen.engine.instance
     prompter, thinker = media_prompter(instance), instance["thinker"]
-    ids, media = prompter.prompt(messages_from_openai(messages, load_image, load_input_audio))
+    ids, media = prompter.prompt(messages_from_openai(messages, load_image, load_input_audio, load_chat_video))
     rows = encode_media(prompter.encoders, media.pieces, torch.float32)
     with torch.inference_mode():
         return thinker(torch.tensor(ids), media.positions, logits_at=torch.tensor([len(ids) - 1]),

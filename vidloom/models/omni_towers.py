@@ -21,7 +21,7 @@ from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import load_weights, weight_files
 
-AUDIO, IMAGE = "audio", "image"
+AUDIO, IMAGE, VIDEO = "audio", "image", "video"
 AUDIO_PREFIX = "thinker.audio_tower"
 VISION_PREFIX = "thinker.visual"
 PROCESSOR_FILE = "preprocessor_config.json"  # the released checkpoints' feature extractor + image processor settings

@@ -1,8 +1,9 @@
 """Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
 
 Keys config.py reads are `read` (code2wav_config, audio_config and vision_config: transformers' config classes
-read them, for code2wav and the towers); keys for what this runtime does not build (video positions) are
-accepted as harmless with the reason; any other key is refused by name (KeyPolicy).
+read them, for code2wav and the towers; position_id_per_seconds: the towers' loader, for video positions); keys
+for what this runtime does not build are accepted as harmless with the reason; any other key is refused by name
+(KeyPolicy).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ ROOT = transformers_policy({"thinker_config", "talker_config", "enable_audio_out
 })
 _MEDIA_IDS = ("audio_token_id", "image_token_id", "video_token_id", "audio_start_token_id", "audio_end_token_id",
               "vision_start_token_id", "vision_end_token_id", "user_token_id")
-THINKER = transformers_policy({"text_config", "audio_config", "vision_config"}, {
+THINKER = transformers_policy({"text_config", "audio_config", "vision_config", "position_id_per_seconds"}, {
     **dict.fromkeys(_MEDIA_IDS, SPECIAL_ID),
-    "position_id_per_seconds": "places video frames in time; audio and still images (one grid step) do not read "
-                               "it, and video parts are not taken",
-    "seconds_per_chunk": "interleaves a video's audio in chunks; video parts are not taken",
+    "seconds_per_chunk": "transformers' Qwen3-Omni processor and get_rope_index interleave a video's sound track "
+                         "by time position, never reading it (nor do we)",
 }, head=True)
 _MEDIA_ROWS = "places media rows in the talker's prompt; a spoken answer reads text parts only, so it has none"
 TALKER = transformers_policy({
