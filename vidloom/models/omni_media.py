@@ -63,7 +63,8 @@ class MediaPiece:
     inputs: Tensor  # audio: mel features [mel_bins, frames]; image, video: patches [patches, C*T*P*P]
     grid_thw: Tensor | None  # image, video: [1, 3]
     at: Tensor  # prompt indices of its placeholder tokens [tokens]
-    step: float = 0.0  # image, video: time positions per temporal grid step
+    second_per_grid: float = 1.0  # a video's seconds per temporal grid step (an image has one step)
+    per_second: float = POSITION_ID_PER_SECONDS  # the thinker's time positions per second (position_id_per_seconds)
     audio_at: Tensor | None = None  # a video read with its sound track: the track's tokens' prompt indices
 
 
@@ -143,19 +144,22 @@ def _widen(widened: list[int], inputs: Sequence[_Prepared], token: dict[str, int
            tokens: MediaTokens, merge_size: int, per_second: float) -> list[MediaPiece]:
     """Append one part's placeholder tokens to `widened`; its pieces, at their prompt indices."""
     first = inputs[0]
-    step = first.second_per_grid * per_second
     if len(inputs) == 1:
         at = torch.arange(len(widened), len(widened) + first.count)
         widened += [token[first.kind]] * first.count
-        return [MediaPiece(first.kind, first.inputs, first.grid, at, step)]
+        return [MediaPiece(first.kind, first.inputs, first.grid, at, first.second_per_grid, per_second)]
     sound = inputs[1]  # a video's sound track: [audio_start] frames and sound interleaved in time [audio_end]
-    order = interleaved(vision_block(first.grid, merge_size, step)[0], sound.count)
+    t, h, w = (int(v) for v in first.grid[0])
+    # the processor times each frame token in float64 (numpy), get_rope_index in float32: each as its reference
+    order = interleaved(torch.arange(t, dtype=torch.float64).repeat_interleave(h * w // merge_size ** 2)
+                        * first.second_per_grid * per_second, sound.count)
     widened.append(tokenizer.convert_tokens_to_ids(tokens.audio_start))
     at = torch.arange(len(widened), len(widened) + len(order))
     is_video = torch.tensor(order)
     widened += [token[VIDEO] if v else token[AUDIO] for v in order]
     widened.append(tokenizer.convert_tokens_to_ids(tokens.audio_end))
-    return [MediaPiece(VIDEO, first.inputs, first.grid, at[is_video], step, audio_at=at[~is_video]),
+    return [MediaPiece(VIDEO, first.inputs, first.grid, at[is_video], first.second_per_grid, per_second,
+                       audio_at=at[~is_video]),
             MediaPiece(AUDIO, sound.inputs, None, at[~is_video])]
 
 
@@ -224,48 +228,49 @@ def _audio_features(where: str, samples: Any, sample_rate: int, extractor: Any, 
     return _Prepared(AUDIO, out["input_features"][0, :, :frames], None, towers.audio_tokens(frames))
 
 
-def vision_block(grid_thw: Tensor, merge_size: int, step: float) -> Tensor:
-    """An image's or video's (t, h, w) positions [3, tokens] from 0, in its tokens' order: time `step` apart per
-    grid step, rows and columns of its merged grid."""
-    t, h, w = (int(v) for v in grid_thw[0])
+def vision_block(piece: MediaPiece, merge_size: int) -> Tensor:
+    """An image's or video's (t, h, w) positions [3, tokens] from 0 (float32, as the reference computes them), in
+    its tokens' order: second_per_grid * per_second apart per grid step, rows and columns of its merged grid."""
+    t, h, w = (int(v) for v in piece.grid_thw[0])
     h, w = h // merge_size, w // merge_size
-    tt = (torch.arange(t, dtype=torch.float64) * step).view(-1, 1, 1).expand(t, h, w).flatten()
-    hh = torch.arange(h, dtype=torch.float64).view(1, -1, 1).expand(t, h, w).flatten()
-    ww = torch.arange(w, dtype=torch.float64).view(1, 1, -1).expand(t, h, w).flatten()
+    times = torch.arange(t) * torch.tensor(piece.second_per_grid, dtype=torch.float32) * piece.per_second
+    tt = times.view(-1, 1, 1).expand(t, h, w).flatten()
+    hh = torch.arange(h, dtype=torch.float32).view(1, -1, 1).expand(t, h, w).flatten()
+    ww = torch.arange(w, dtype=torch.float32).view(1, 1, -1).expand(t, h, w).flatten()
     return torch.stack([tt, hh, ww])
 
 
 def multimodal_positions(length: int, pieces: Sequence[MediaPiece], merge_size: int) -> tuple[Tensor, int | float]:
     """(t, h, w) position ids [3, length] and the decode offset, as transformers' Qwen-Omni `get_rope_index`.
 
-    Text and audio tokens advance one position on every axis; an image's or video's tokens spread over time
-    (`step` per grid step), rows (h) and columns (w) of its merged grid from the next position; whatever follows
-    starts one past the largest position used. A video read with its sound track places both from the same
-    position (the track's tokens one apart) and what follows starts one past the largest position of the tokens
-    after the other kind's last (the reference appends that tail last). Follows the reference's layout step by
-    step (the thinker was trained on it); positions are integers unless a video's step is not (then float)."""
-    positions = torch.empty(3, length, dtype=torch.float64)
+    Text and audio tokens advance one position on every axis; an image's or video's tokens spread over time,
+    rows (h) and columns (w) of its merged grid from the next position; whatever follows starts one past the
+    largest position used. A video read with its sound track places both from the same position (the track's
+    tokens one apart) and what follows starts one past the largest position of the tokens after the other kind's
+    last (the reference appends that tail last). Follows the reference's layout step by step, in float32 as it
+    does (the thinker was trained on it); long positions unless a video's time step is fractional."""
+    positions = torch.empty(3, length, dtype=torch.float32)
     spans = {_span_start(p): p for p in pieces if p.kind != AUDIO}
-    i, nxt = 0, 0.0
+    i, nxt = 0, torch.tensor(0.0)
     while i < length:
         piece = spans.get(i)
         if piece is None:
             positions[:, i] = nxt
             i, nxt = i + 1, nxt + 1
             continue
-        block = vision_block(piece.grid_thw, merge_size, piece.step) + nxt
+        block = vision_block(piece, merge_size) + nxt
         if piece.audio_at is None:
             positions[:, i:i + block.shape[1]] = block
-            i, nxt = i + block.shape[1], float(block.max()) + 1
+            i, nxt = i + block.shape[1], block.max() + 1
             continue
         positions[:, piece.at] = block
-        positions[:, piece.audio_at] = torch.arange(piece.audio_at.shape[0], dtype=torch.float64) + nxt
+        positions[:, piece.audio_at] = torch.arange(piece.audio_at.shape[0]) + nxt
         last_video, last_audio = int(piece.at[-1]), int(piece.audio_at[-1])
         i = max(last_video, last_audio) + 1
-        nxt = float(positions[:, min(last_video, last_audio) + 1:i].max()) + 1
-    if bool((positions == positions.round()).all()) and nxt == round(nxt):
+        nxt = positions[:, min(last_video, last_audio) + 1:i].max() + 1
+    if bool((positions == positions.round()).all()) and float(nxt) == round(float(nxt)):
         return positions.long(), int(nxt) - length
-    return positions.float(), nxt - length
+    return positions, float(nxt) - length
 
 
 def _span_start(piece: MediaPiece) -> int:
