@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.chat import INPUT_AUDIO_RATE, ChatMessage
-from vidloom.core.errors import InvalidRequest, LimitExceeded
+from vidloom.core.errors import InvalidRequest, LimitExceeded, counted
 from vidloom.models.omni_towers import AUDIO, IMAGE, VIDEO, OmniTowers
 from vidloom.models.omni_video import interleaved, video_inputs
 
@@ -190,13 +190,13 @@ def _video(where: str, video: Any, processors: Any, encoders: Any, merge_size: i
     _check_aspect(where, *video.size, "video")
     sampled = video_inputs(video, processors[1])
     if sampled is None:
-        raise InvalidRequest(where, f"has {video.frame_count} frames; a video needs at least "
+        raise InvalidRequest(where, f"has {counted(video.frame_count, 'frame')}; a video needs at least "
                                     f"{int(processors[1].temporal_patch_size)} (the vision tower's temporal patch)")
     count = int(sampled.grid_thw.prod()) // merge_size ** 2
     out = (_Prepared(VIDEO, sampled.patches, sampled.grid_thw, count, sampled.second_per_grid),)
     if video.audio is None:
         return out
-    return out + (_audio_features(where, video.audio, INPUT_AUDIO_RATE, processors[0], encoders),)
+    return out + (_audio_features(where, video.audio, INPUT_AUDIO_RATE, processors[0], encoders, "its sound track "),)
 
 
 def _check_aspect(where: str, width: int, height: int, what: str) -> None:
@@ -205,15 +205,16 @@ def _check_aspect(where: str, width: int, height: int, what: str) -> None:
                                     f"{MAX_IMAGE_ASPECT_RATIO} times its shorter (MAX_IMAGE_ASPECT_RATIO)")
 
 
-def _audio_features(where: str, samples: Any, sample_rate: int, extractor: Any, towers: OmniTowers) -> _Prepared:
+def _audio_features(where: str, samples: Any, sample_rate: int, extractor: Any, towers: OmniTowers,
+                    subject: str = "") -> _Prepared:
     rate = int(extractor.sampling_rate)
     samples = np.asarray(samples, dtype=np.float32)
     if sample_rate != rate:
         raise InvalidRequest(where, f"audio at {sample_rate} Hz; this model reads {rate} Hz")
     window = float(extractor.chunk_length)
     if samples.shape[0] > window * rate:
-        raise LimitExceeded(where, f"lasts {samples.shape[0] / rate:.3f} s, more than the {window:g} s the model's "
-                                   "feature extractor reads (chunk_length in preprocessor_config.json)",
+        raise LimitExceeded(where, f"{subject}lasts {samples.shape[0] / rate:.3f} s, more than the {window:g} s the "
+                                   "model's feature extractor reads (chunk_length in preprocessor_config.json)",
                             "chunk_length")
     # The processor pads every clip to chunk_length with zeros before the STFT; the valid frames only see
     # n_fft/2 samples past their centre, so padding by n_fft past the last hop gives the same frames.
@@ -223,8 +224,8 @@ def _audio_features(where: str, samples: Any, sample_rate: int, extractor: Any, 
                     return_attention_mask=True, return_tensors="pt")
     frames = int(out["attention_mask"][0].sum())
     if frames < 4:
-        raise InvalidRequest(where, f"is too short ({samples.shape[0]} samples): the audio encoder needs at least "
-                                    f"{4 * hop} samples")
+        raise InvalidRequest(where, f"{subject}is too short ({samples.shape[0]} samples): the audio encoder needs "
+                                    f"at least {4 * hop} samples")
     return _Prepared(AUDIO, out["input_features"][0, :, :frames], None, towers.audio_tokens(frames))
 
 
