@@ -18,26 +18,16 @@ import torch
 from PIL import Image
 
 from tests.helpers.chat_videos import video_bytes, video_part
-from tests.helpers.qwen3_omni_checkpoints import THINKERS, load_reference, write_tiny_thinker
-from tests.parity.test_qwen3_omni_inputs import our_first_logits
+from tests.parity.test_qwen3_omni_inputs import LOGITS_ATOL, QUESTION, assert_matches_the_thinker, our_first_logits
+from tests.parity.test_qwen3_omni_inputs import tiny  # noqa: F401  (the tiny checkpoints fixture, shared)
 from vidloom.families.qwen3_omni.encoders import audio_output_length
-from vidloom.families.qwen3_omni.program import eos_ids
-from vidloom.generator import VideoGenerator
 from vidloom.media.chat_video import load_chat_video
 from vidloom.models.omni_towers import load_processors
 from vidloom.models.omni_video import MAX_FRAME_TOKENS, MIN_FRAME_TOKENS, sample_indices, video_inputs
 
-MAX_TOKENS, LOGITS_ATOL = 10, 1e-4
+MAX_TOKENS = 10
 # Our frames vs the image processor's: float32 rounding of rescale and normalise done in another order.
 PIXEL_ATOL = 1e-6
-QUESTION = "what is a kite?"
-
-
-@pytest.fixture(scope="module", params=THINKERS, ids=lambda spec: spec.name)
-def tiny(request, tmp_path_factory):
-    torch.set_num_threads(1)
-    folder = write_tiny_thinker(tmp_path_factory.mktemp(request.param.name), request.param)
-    return folder, load_reference(folder), VideoGenerator.from_pretrained(str(folder))
 
 
 def reference_inputs(folder, tokenizer, data: bytes, sound: bool) -> dict:
@@ -91,22 +81,13 @@ def test_greedy_ids_and_logits_match_the_thinker(tiny, sound):
     tokenizer = gen.engine.instance["tokenizer"]
     data = video_bytes(1, frames=9, size=(80, 64), fps=4, sound=sound)
     messages = conversation(data, sound)
-    result = gen.chat(messages, max_tokens=MAX_TOKENS, temperature=0.0)
     inputs = reference_inputs(folder, tokenizer, data, sound)
     if sound:  # the interleaving is not trivial: a sound token sits between two frames' tokens
         ids = inputs["input_ids"][0].tolist()
         video, audio = (tokenizer.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|audio_pad|>"))
         first_audio = ids.index(audio)
         assert video in ids[first_audio:]
-    with torch.inference_mode():
-        out = model.thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                     eos_token_id=list(eos_ids(tokenizer)))
-        logits = model.thinker(**inputs).logits[0, -1]
-    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
-    assert list(result.token_ids) == expected and len(expected) == MAX_TOKENS
-    assert result.prompt_tokens == inputs["input_ids"].shape[1]
-    ours = our_first_logits(gen, messages)
-    np.testing.assert_allclose(ours.numpy(), logits.numpy(), atol=LOGITS_ATOL, rtol=0)
+    ours = assert_matches_the_thinker(gen, model, messages, inputs, MAX_TOKENS)
     # the frames matter: another video moves the logits far past the tolerance
     other = conversation(video_bytes(2, frames=9, size=(80, 64), fps=4, sound=sound), sound)
     assert (our_first_logits(gen, other) - ours).abs().max() > 1000 * LOGITS_ATOL

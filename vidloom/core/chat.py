@@ -208,17 +208,12 @@ def _check_part(part: object, where: str, role: str) -> int:
         if role != "user":
             raise InvalidRequest(f"{where}.type", f"audio is accepted in user messages only, not {role!r}")
         return 0
-    if part.type == "video":
-        if part.video is None:
-            raise InvalidRequest(f"{where}.video", "a video part needs a video")
+    if part.type in ("image", "video"):
+        article = "an" if part.type == "image" else "a"
+        if getattr(part, part.type) is None:
+            raise InvalidRequest(f"{where}.{part.type}", f"{article} {part.type} part needs {article} {part.type}")
         if role != "user":
-            raise InvalidRequest(f"{where}.type", f"videos are accepted in user messages only, not {role!r}")
-        return 0
-    if part.type == "image":
-        if part.image is None:
-            raise InvalidRequest(f"{where}.image", "an image part needs an image")
-        if role != "user":
-            raise InvalidRequest(f"{where}.type", f"images are accepted in user messages only, not {role!r}")
+            raise InvalidRequest(f"{where}.type", f"{part.type}s are accepted in user messages only, not {role!r}")
         return 0
     if not isinstance(part.text, str):
         raise InvalidRequest(f"{where}.text", f"must be a string, got {type(part.text).__name__}")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vidloom.core.errors import InvalidRequest, LimitExceeded
-from vidloom.media.audio_upload import INPUT_AUDIO_RATE, _resampled
+from vidloom.media.audio_upload import INPUT_AUDIO_RATE, _resampled, joined_samples
 from vidloom.media.decode_errors import decode_reason
 from vidloom.media.uploads import EncodedVideo, probe_video
 
@@ -138,9 +138,4 @@ def _sound_track(video: EncodedVideo, field: str) -> np.ndarray:
         raise
     except (av.error.FFmpegError, ValueError, IndexError, OSError) as exc:
         raise InvalidRequest(field, f"is not a readable video ({decode_reason(exc)})") from None
-    samples = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
-    if samples.shape[0] == 0:
-        raise InvalidRequest(field, "has no audio samples")
-    if not np.isfinite(samples).all():
-        raise InvalidRequest(field, "holds NaN or infinite audio samples")
-    return samples
+    return joined_samples(pieces, field)
