@@ -102,3 +102,22 @@ def test_video_positions_equal_get_rope_index():
         torch.testing.assert_close(positions.float(), expected[:, 0], rtol=0, atol=0)
         assert float(delta) == float(expected_delta), (grid, frames, spg)
         assert positions.dtype == (torch.long if spg * per_second == int(spg * per_second) else torch.float32)
+
+
+def test_a_videos_tower_attention_is_estimated_per_temporal_step():
+    """The vision tower attends within each temporal step of a video (transformers' cu_seqlens per frame group):
+    its scores are [heads, rows, rows / grid_t], not the square of all its patches."""
+    from types import SimpleNamespace
+
+    from vidloom.models.omni_media import MediaPiece, PromptMedia
+    from vidloom.models.omni_towers import SCORE_COPIES, towers_bytes
+
+    config = SimpleNamespace(hidden_size=16, intermediate_size=32, num_heads=2)
+    towers = SimpleNamespace(vision=SimpleNamespace(config=config))
+
+    def estimate(grid: list[int]) -> int:
+        piece = MediaPiece("video", torch.zeros(64, 24), torch.tensor([grid]), torch.arange(16))
+        media = PromptMedia((piece,), torch.zeros(3, 20, dtype=torch.long), 0)
+        return towers_bytes(towers, None, media, 32, 2, on_cpu=False)
+
+    assert estimate([1, 8, 8]) - estimate([4, 4, 4]) == SCORE_COPIES * 2 * 64 * (64 - 16) * 4
