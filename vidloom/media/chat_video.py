@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vidloom.core.chat import INPUT_AUDIO_RATE
 from vidloom.core.errors import InvalidRequest, LimitExceeded
-from vidloom.media.audio_upload import INPUT_AUDIO_RATE, _resampled, joined_samples
 from vidloom.media.decode_errors import decode_reason
 from vidloom.media.uploads import EncodedVideo, probe_video
 
@@ -124,6 +124,8 @@ def _rate_and_seconds(video: EncodedVideo, field: str) -> tuple[float, float]:
 def _sound_track(video: EncodedVideo, field: str) -> np.ndarray:
     """The file's first audio stream, mixed to mono and resampled to INPUT_AUDIO_RATE."""
     import av
+
+    from vidloom.media.audio_upload import _resampled, joined_samples  # PyAV's: only when a sound track is read
 
     try:
         with av.open(io.BytesIO(video.source), format=video.demuxer) as container:
