@@ -297,21 +297,25 @@ class VideoGenerator:
         Stopping the iteration early cancels the sequence and frees its KV blocks.
         """
         from vidloom.media.audio_upload import load_input_audio
+        from vidloom.media.chat_video import load_chat_video
         from vidloom.media.image import load_image
         from vidloom.runtime.chat_stream import stream_alone
 
         yield from stream_alone(self.engine, build_chat_request(messages, load_image=load_image,
-                                                                load_audio=load_input_audio, **sampling))
+                                                                load_audio=load_input_audio,
+                                                                load_video=load_chat_video, **sampling))
 
     def _chat_aloud(self, messages: Any, audio: Mapping[str, Any], sampling: dict[str, Any]) -> Any:
         from vidloom.core.speech import SpeechRequest
         from vidloom.media.audio_upload import load_input_audio
+        from vidloom.media.chat_video import load_chat_video
         from vidloom.media.image import load_image
         from vidloom.core.chat import SamplingParams
         from vidloom.core.speech import TALKER_SAMPLING
         if not isinstance(audio, Mapping) or set(audio) - {"voice", "max_audio_tokens", "greedy"}:
             raise InvalidRequest("audio", "must be a mapping with voice (and optionally max_audio_tokens, greedy)")
-        chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, **sampling)
+        chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio,
+                                  load_video=load_chat_video, **sampling)
         greedy = audio.get("greedy", False)
         if not isinstance(greedy, bool):
             raise InvalidRequest("audio.greedy", f"must be true or false, got {greedy!r}")

@@ -1,5 +1,5 @@
-"""Qwen3-Omni chat with audio and image parts on a tiny checkpoint, through the official openai client: the answers
-equal the Python API's (which equal transformers', tests/parity/test_qwen3_omni_inputs.py), bad parts are 400s
+"""Qwen3-Omni chat with audio, image and video parts on a tiny checkpoint, through the official openai client: the
+answers equal the Python API's (which equal transformers', tests/parity/test_qwen3_omni_inputs.py), bad parts are 400s
 naming them, and a checkpoint without the towers' processor settings refuses media parts by name."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.chat_videos import video_bytes, video_part
 from tests.helpers.qwen3_omni_checkpoints import AUDIO_CHUNK_S, THINKER_A, write_tiny_thinker
 from tests.helpers.servers import ThreadServer
 from tests.parity.test_qwen_omni_inputs import clip, png_url, wav_bytes
@@ -55,6 +56,31 @@ def test_audio_and_image_parts_answer_as_the_python_api(served):
     assert server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
 
 
+def test_a_video_with_its_sound_answers_as_the_python_api(served):
+    import openai
+
+    server, gen, _ = served
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    model = server.app.state.jobs.card.model_id
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is a kite?"},
+                                             video_part(video_bytes(4, sound=True), use_audio=True)]}]
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    local = gen.chat(messages, max_tokens=8, temperature=0.0)
+    silent = [{"role": "user", "content": [messages[0]["content"][0], video_part(video_bytes(4, sound=True))]}]
+    silent = gen.chat(silent, max_tokens=8, temperature=0.0)
+    assert r.choices[0].message.content == local.text and r.usage.prompt_tokens == local.prompt_tokens
+    assert local.prompt_tokens > silent.prompt_tokens + 20  # 2 s of sound: 26 tokens and their start/end
+    caps = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()["capabilities"]
+    assert "video" in caps["chat_inputs"]
+    assert server.app.state.jobs.engine.chat_stats()["kv_blocks_in_use"] == 0
+
+
+def _video_url(data: bytes, **extra) -> dict:
+    part = video_part(data)
+    part["video_url"].update(extra)
+    return part
+
+
 def _too_long() -> dict:
     data = wav_bytes(np.zeros(16000 * (AUDIO_CHUNK_S + 1), np.float32))
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
@@ -69,6 +95,14 @@ def _too_long() -> dict:
      "messages[0].content[1].image_url"),
     ({"type": "image_url", "image_url": {"url": png_url(5, (600, 2))[0]}}, "messages[0].content[1]"),
     (_too_long(), "messages[0].content[1]"),
+    (_video_url(b"nope" * 64), "messages[0].content[1].video_url"),
+    (_video_url(video_bytes(1), use_audio_in_video=True), "messages[0].content[1].video_url"),  # no sound track
+    (_video_url(video_bytes(1), use_audio_in_video="yes"), "messages[0].content[1].video_url.use_audio_in_video"),
+    (_video_url(video_bytes(1), fps=4), "messages[0].content[1].video_url"),
+    ({"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}, "messages[0].content[1].video_url"),
+    (_video_url(video_bytes(1, frames=1)), "messages[0].content[1]"),  # fewer frames than the temporal patch
+    (_video_url(video_bytes(1, frames=4 * (AUDIO_CHUNK_S + 1), sound=True), use_audio_in_video=True),
+     "messages[0].content[1]"),  # its sound track is longer than the feature extractor's window
 ])
 def test_bad_parts_are_a_400_naming_the_part(served, part, param):
     server = served[0]

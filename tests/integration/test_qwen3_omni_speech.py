@@ -104,7 +104,7 @@ def test_openai_client_speaks(gen, tmp_path):
         assert message.audio.transcript == plain.choices[0].message.content  # no system prompt is added
         caps = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()["capabilities"]
         assert caps["speech"] and caps["voices"] == ["chelsie", "ethan"]
-        assert caps["chat_inputs"] == ["audio", "image", "text"]  # the folder has both towers
+        assert caps["chat_inputs"] == ["audio", "image", "text", "video"]  # the folder has both towers
 
 
 def test_concurrent_talkers_decode_in_one_batched_forward_and_match_running_alone(gen):

@@ -20,6 +20,7 @@ from vidloom.families.qwen3_omni.program import eos_ids, media_prompter
 from vidloom.generator import VideoGenerator
 from vidloom.models.omni_media import encode_media
 from vidloom.media.audio_upload import load_input_audio
+from vidloom.media.chat_video import load_chat_video
 from vidloom.media.image import load_image
 from vidloom.models.omni_towers import load_processors
 
@@ -71,11 +72,28 @@ def reference_inputs(folder, tokenizer, media: dict) -> dict:
 def our_first_logits(gen, messages) -> torch.Tensor:
     instance = gen.engine.instance
     prompter, thinker = media_prompter(instance), instance["thinker"]
-    ids, media = prompter.prompt(messages_from_openai(messages, load_image, load_input_audio))
+    ids, media = prompter.prompt(messages_from_openai(messages, load_image, load_input_audio, load_chat_video))
     rows = encode_media(prompter.encoders, media.pieces, torch.float32)
     with torch.inference_mode():
         return thinker(torch.tensor(ids), media.positions, logits_at=torch.tensor([len(ids) - 1]),
                        embeds_at=(media.at, rows))[0]
+
+
+def assert_matches_the_thinker(gen, model, messages, inputs: dict, max_tokens: int) -> torch.Tensor:
+    """Our greedy chat equals `thinker.generate` on the reference's `inputs`, and our logits after the prompt its
+    forward's within LOGITS_ATOL; returns ours."""
+    tokenizer = gen.engine.instance["tokenizer"]
+    result = gen.chat(messages, max_tokens=max_tokens, temperature=0.0)
+    with torch.inference_mode():
+        out = model.thinker.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
+                                     eos_token_id=list(eos_ids(tokenizer)))
+        logits = model.thinker(**inputs).logits[0, -1]
+    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
+    assert list(result.token_ids) == expected and len(expected) == max_tokens
+    assert result.prompt_tokens == inputs["input_ids"].shape[1]
+    ours = our_first_logits(gen, messages)
+    np.testing.assert_allclose(ours.numpy(), logits.numpy(), atol=LOGITS_ATOL, rtol=0)
+    return ours
 
 
 @pytest.mark.parametrize("kinds", [("audio",), ("image",), ("audio", "image")], ids="+".join)
@@ -83,17 +101,7 @@ def test_greedy_ids_and_logits_match_the_thinker(tiny, kinds):
     folder, model, gen = tiny
     tokenizer = gen.engine.instance["tokenizer"]
     messages, media = conversation(kinds, 1)
-    result = gen.chat(messages, max_tokens=MAX_TOKENS, temperature=0.0)
-    inputs = reference_inputs(folder, tokenizer, media)
-    with torch.inference_mode():
-        out = model.thinker.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                     eos_token_id=list(eos_ids(tokenizer)))
-        logits = model.thinker(**inputs).logits[0, -1]
-    expected = out[0, inputs["input_ids"].shape[1]:].tolist()
-    assert list(result.token_ids) == expected and len(expected) == MAX_TOKENS
-    assert result.prompt_tokens == inputs["input_ids"].shape[1]
-    ours = our_first_logits(gen, messages)
-    np.testing.assert_allclose(ours.numpy(), logits.numpy(), atol=LOGITS_ATOL, rtol=0)
+    ours = assert_matches_the_thinker(gen, model, messages, reference_inputs(folder, tokenizer, media), MAX_TOKENS)
     # the towers matter: another clip or image moves the logits far past the tolerance
     other, _ = conversation(kinds, 2)
     assert (our_first_logits(gen, other) - ours).abs().max() > 1000 * LOGITS_ATOL

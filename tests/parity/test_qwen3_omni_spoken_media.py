@@ -93,3 +93,18 @@ def test_the_media_rows_and_their_positions_reach_the_talker(tiny):
     finally:
         speech_codes.talker_positions = plain
     assert not torch.equal(flat, codes)
+
+
+def test_a_video_part_in_a_spoken_answer_is_refused_by_its_index(tiny):
+    """A text answer reads the video (tests/parity/test_qwen3_omni_video.py); aloud, the talker would need the video
+    rows' own time positions, which are not built: the part is named and the engine keeps working."""
+    from tests.helpers.chat_videos import video_bytes, video_part
+    from vidloom.core.errors import InvalidRequest
+
+    _, _, gen = tiny
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what moves?"}, video_part(video_bytes(1))]}]
+    with pytest.raises(InvalidRequest, match="a spoken answer takes text, audio and image parts") as err:
+        gen.chat(messages, audio={"voice": "chelsie"}, max_tokens=2)
+    assert err.value.field == "messages[0].content[1]"
+    assert gen.engine.decoder.stats()["kv_blocks_in_use"] == 0
+    assert gen.chat(messages, max_tokens=2).text is not None  # the same video answered in text

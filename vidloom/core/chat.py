@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
 ROLES = ("system", "user", "assistant")
-PART_TYPES = ("text", "image", "audio")
+PART_TYPES = ("text", "image", "audio", "video")
 MAX_TEMPERATURE = 2.0  # OpenAI's range; past it sampling is near-uniform noise
 # Temperatures below this decode greedily (vLLM's _SAMPLING_EPS): dividing logits by 5e-324 (0 in float32)
 # gives inf/NaN probabilities, and anything this small already puts all the mass on the top token.
@@ -54,11 +54,12 @@ class ChatLimits:
 class ChatPart:
     """One piece of a message's content."""
 
-    type: str  # "text" | "image" | "audio"
+    type: str  # "text" | "image" | "audio" | "video"
     text: str = ""
     image: Image.Image | None = None  # RGB, loaded at the boundary (media.image.load_image)
     audio: Any = None  # float32 mono samples [n], decoded at the boundary (media.audio_upload.load_input_audio)
     sample_rate: int = 0  # the audio's
+    video: Any = None  # media.chat_video.ChatVideo: checked at the boundary, its frames decoded when sampled
 
 
 @dataclass(frozen=True)
@@ -207,11 +208,12 @@ def _check_part(part: object, where: str, role: str) -> int:
         if role != "user":
             raise InvalidRequest(f"{where}.type", f"audio is accepted in user messages only, not {role!r}")
         return 0
-    if part.type == "image":
-        if part.image is None:
-            raise InvalidRequest(f"{where}.image", "an image part needs an image")
+    if part.type in ("image", "video"):
+        article = "an" if part.type == "image" else "a"
+        if getattr(part, part.type) is None:
+            raise InvalidRequest(f"{where}.{part.type}", f"{article} {part.type} part needs {article} {part.type}")
         if role != "user":
-            raise InvalidRequest(f"{where}.type", f"images are accepted in user messages only, not {role!r}")
+            raise InvalidRequest(f"{where}.type", f"{part.type}s are accepted in user messages only, not {role!r}")
         return 0
     if not isinstance(part.text, str):
         raise InvalidRequest(f"{where}.text", f"must be a string, got {type(part.text).__name__}")
@@ -227,15 +229,21 @@ ImageLoader = Callable[[Any, str], "Image.Image"]
 AudioLoader = Callable[[bytes, str, str], Any]
 """(file bytes, format, field) -> float32 mono samples at INPUT_AUDIO_RATE; media.audio_upload.load_input_audio."""
 INPUT_AUDIO_RATE = 16000  # the rate AudioLoader decodes to (media.audio_upload.INPUT_AUDIO_RATE)
+VideoLoader = Callable[[bytes, str, bool], Any]
+"""(file bytes, field, with its sound track) -> media.chat_video.ChatVideo; media.chat_video.load_chat_video."""
+VIDEO_URL_KEYS = frozenset({"url", "use_audio_in_video"})
 
 
 def messages_from_openai(messages: object, load_image: ImageLoader | None = None,
-                         load_audio: AudioLoader | None = None) -> tuple[ChatMessage, ...]:
+                         load_audio: AudioLoader | None = None,
+                         load_video: VideoLoader | None = None) -> tuple[ChatMessage, ...]:
     """ChatMessages from OpenAI-style dicts ({"role", "content": str | [parts]}) or ChatMessages.
 
     Image parts ({"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}) are decoded with
     `load_image`; remote URLs are refused (the server fetches nothing on a caller's behalf). Audio parts
-    ({"type": "input_audio", "input_audio": {"data": base64, "format": "wav" | "mp3"}}) with `load_audio`.
+    ({"type": "input_audio", "input_audio": {"data": base64, "format": "wav" | "mp3"}}) with `load_audio`. Video
+    parts ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,...", "use_audio_in_video": bool}})
+    with `load_video`; use_audio_in_video (default false) also reads the file's sound track.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequest("messages", "must be a non-empty list of messages")
@@ -251,12 +259,13 @@ def messages_from_openai(messages: object, load_image: ImageLoader | None = None
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"{where}.role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
         out.append(ChatMessage(role, _content_from_openai(m.get("content"), f"{where}.content", load_image,
-                                                          load_audio)))
+                                                          load_audio, load_video)))
     return tuple(out)
 
 
 def _content_from_openai(content: object, where: str, load_image: ImageLoader | None,
-                         load_audio: AudioLoader | None = None) -> tuple[ChatPart, ...]:
+                         load_audio: AudioLoader | None = None,
+                         load_video: VideoLoader | None = None) -> tuple[ChatPart, ...]:
     if isinstance(content, str):
         return (ChatPart("text", text=content),)
     if not isinstance(content, (list, tuple)):
@@ -274,9 +283,11 @@ def _content_from_openai(content: object, where: str, load_image: ImageLoader | 
         elif kind == "input_audio":
             samples = _audio_from_openai(part.get("input_audio"), at, load_audio)
             parts.append(ChatPart("audio", audio=samples, sample_rate=INPUT_AUDIO_RATE))
+        elif kind == "video_url":
+            parts.append(ChatPart("video", video=_video_from_openai(part.get("video_url"), at, load_video)))
         else:
-            raise InvalidRequest(at, "must be {'type': 'text', 'text': str}, {'type': 'image_url', ...} or "
-                                     "{'type': 'input_audio', ...}")
+            raise InvalidRequest(at, "must be {'type': 'text', 'text': str}, {'type': 'image_url', ...}, "
+                                     "{'type': 'input_audio', ...} or {'type': 'video_url', ...}")
     return tuple(parts)
 
 
@@ -303,16 +314,37 @@ def _image_from_openai(spec: object, where: str, load_image: ImageLoader | None)
         raise InvalidRequest(f"{where}.image_url", "must be {'url': 'data:image/...;base64,...'}")
     if load_image is None:
         raise InvalidRequest(where, "this model does not accept images")
+    return load_image(_data_url(url, f"{where}.image_url"), f"{where}.image_url")
+
+
+def _video_from_openai(spec: object, where: str, load_video: VideoLoader | None) -> Any:
+    field = f"{where}.video_url"
+    url = spec.get("url") if isinstance(spec, Mapping) else spec
+    if not isinstance(url, str):
+        raise InvalidRequest(field, "must be {'url': 'data:video/mp4;base64,...', 'use_audio_in_video': bool}")
+    with_audio = spec.get("use_audio_in_video", False) if isinstance(spec, Mapping) else False
+    if isinstance(spec, Mapping):
+        unknown = sorted(set(spec) - VIDEO_URL_KEYS, key=str)
+        if unknown:
+            raise InvalidRequest(field, f"takes only url and use_audio_in_video, not {shown(unknown[0])}")
+    if not isinstance(with_audio, bool):
+        raise InvalidRequest(f"{field}.use_audio_in_video", f"must be true or false, got {with_audio!r}")
+    if load_video is None:
+        raise InvalidRequest(where, "this model does not accept videos")
+    return load_video(_data_url(url, field), field, with_audio)
+
+
+def _data_url(url: str, field: str) -> bytes:
+    """A base64 data: URL's bytes; remote URLs are refused (the server fetches nothing on a caller's behalf)."""
     if not url.startswith("data:"):
-        raise InvalidRequest(f"{where}.image_url", "only data: URLs (base64) are accepted; remote URLs are not fetched")
+        raise InvalidRequest(field, "only data: URLs (base64) are accepted; remote URLs are not fetched")
     header, _, payload = url.partition(",")
     if ";base64" not in header:
-        raise InvalidRequest(f"{where}.image_url", "a data: URL must be base64-encoded")
+        raise InvalidRequest(field, "a data: URL must be base64-encoded")
     try:
-        raw = base64.b64decode(payload, validate=True)
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidRequest(f"{where}.image_url", "is not valid base64") from None
-    return load_image(raw, f"{where}.image_url")
+        raise InvalidRequest(field, "is not valid base64") from None
 
 
 def stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -327,11 +359,12 @@ def stop_tuple(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def build_chat_request(messages: object, *, load_image: ImageLoader | None = None,
-                       load_audio: AudioLoader | None = None, request_id: str | None = None,
+                       load_audio: AudioLoader | None = None, load_video: VideoLoader | None = None,
+                       request_id: str | None = None,
                        max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                        seed: int | None = None, stop: str | Sequence[str] | None = None) -> ChatRequest:
     """A ChatRequest from OpenAI-style messages (dicts or ChatMessages) and sampling keywords (not yet validated)."""
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                               stop=stop_tuple(stop))
-    converted = messages_from_openai(messages, load_image, load_audio)
+    converted = messages_from_openai(messages, load_image, load_audio, load_video)
     return ChatRequest(converted, sampling) if request_id is None else ChatRequest(converted, sampling, request_id)

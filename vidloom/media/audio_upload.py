@@ -72,6 +72,11 @@ def load_input_audio(data: bytes, fmt: str, field: str, rate: int = INPUT_AUDIO_
             pieces.append(piece)
             total += piece.shape[0]
             _check_seconds(total / rate if total > limit else None, field, max_seconds, INPUT_LIMIT_NAME)
+    return joined_samples(pieces, field)
+
+
+def joined_samples(pieces: list[np.ndarray], field: str) -> np.ndarray:
+    """Decoded pieces as one float32 waveform; InvalidRequest(field) when it is empty or not finite."""
     samples = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
     if samples.shape[0] == 0:
         raise InvalidRequest(field, "has no audio samples")

@@ -21,7 +21,7 @@ from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.safetensors_io import load_weights, weight_files
 
-AUDIO, IMAGE = "audio", "image"
+AUDIO, IMAGE, VIDEO = "audio", "image", "video"
 AUDIO_PREFIX = "thinker.audio_tower"
 VISION_PREFIX = "thinker.visual"
 PROCESSOR_FILE = "preprocessor_config.json"  # the released checkpoints' feature extractor + image processor settings
@@ -123,9 +123,9 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
 
     One part's pass is its tower's block (hidden, FFN) over its rows plus the attention scores and their softmax
     (float32, per head: a math kernel materialises them) over what one attention sees: an image's every patch
-    (the released vision towers have full-attention blocks), an audio clip's window of 2 x n_window frames
-    (transformers' audio towers attend within windows; their rows after the first stride-2 conv bound the
-    rest). On CPU the processors' work (at admission, just before) shares the device's memory, and glibc keeps
+    (the released vision towers have full-attention blocks), a video's patches of one temporal step, an audio
+    clip's window of 2 x n_window frames (transformers' audio towers attend within windows; their rows after the
+    first stride-2 conv bound the rest). On CPU the processors' work (at admission, just before) shares the device's memory, and glibc keeps
     its freed blocks in its arenas: it is counted beside the pass (PREP_COPIES), not under it. An audio tower
     with a 2-d convolution front (Qwen3-Omni's, downsample_hidden_size channels) also holds its first
     convolution's output over every chunk and its activation during the pass."""
@@ -145,7 +145,7 @@ def towers_bytes(encoders: OmniTowers, processors: Any, media: Any, width: int, 
         else:
             c = encoders.vision.config
             rows, size, ffn, heads = piece.inputs.shape[0], c.hidden_size, c.intermediate_size, c.num_heads
-            seen = rows
+            seen = rows // int(piece.grid_thw[0, 0])  # one temporal step's patches (transformers' cu_seqlens)
             prep = IMAGE_PREP_COPIES * piece.inputs.numel() * 4
             front = 0
         scores = SCORE_COPIES * heads * rows * seen * 4

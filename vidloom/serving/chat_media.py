@@ -8,7 +8,8 @@ twenty 29 s MP3 parts decodes to 580 s of audio), so it is admitted first, from 
   Retry-After), refused before the decode rather than after it, when the KV pool turns the prompt away.
 
 What a part decodes to: audio as the float32 mono samples load_input_audio holds at 16 kHz (the header's
-duration x rate), an image as its 8-bit RGB pixels (the header's width x height x 3).
+duration x rate), an image as its 8-bit RGB pixels (the header's width x height x 3), a video as its sampled
+frames and sound track (media.chat_video.sampled_bytes).
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def chat_media_bytes(messages: object) -> int:
         else:
             url = spec.get("url") if isinstance(spec, Mapping) else spec
             payload = url.partition(",")[2] if isinstance(url, str) and url.startswith("data:") else None
-            data = _base64(payload, f"{where}.image_url")
-            if data is not None:
+            data = _base64(payload, f"{where}.{kind}")
+            if data is not None and kind == "video_url":
+                total += _video_bytes(data, f"{where}.{kind}", isinstance(spec, Mapping) and
+                                      spec.get("use_audio_in_video") is True)
+            elif data is not None:
                 width, height = _image_size(data, f"{where}.image_url")
                 total += width * height * IMAGE_PIXEL_BYTES
     return total
@@ -86,12 +90,12 @@ class ChatMediaAdmission:
 
 
 def _media_parts(messages: object) -> Iterator[tuple[str, str, Any]]:
-    """(where, "input_audio" | "image_url", its spec) for each media part of OpenAI-style messages."""
+    """(where, "input_audio" | "image_url" | "video_url", its spec) for each media part of OpenAI-style messages."""
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, Mapping) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind in ("input_audio", "image_url") and isinstance(part.get(kind), (Mapping, str)):
+            if kind in ("input_audio", "image_url", "video_url") and isinstance(part.get(kind), (Mapping, str)):
                 yield f"messages[{i}].content[{j}]", kind, part[kind]
 
 
@@ -102,6 +106,12 @@ def _base64(value: object, field: str) -> bytes | None:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequest(field, "is not valid base64") from None
+
+
+def _video_bytes(data: bytes, field: str, with_audio: bool) -> int:
+    from vidloom.media.chat_video import chat_video_header, sampled_bytes  # PyAV only when a video arrives
+
+    return sampled_bytes(*chat_video_header(data, field), with_audio)
 
 
 def _image_size(data: bytes, field: str) -> tuple[int, int]:

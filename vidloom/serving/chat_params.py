@@ -52,7 +52,7 @@ def plan_chat(body: ChatCompletionBody, card: ModelCard, limits: ChatLimits | No
     if body.stream_options is not None and not stream:
         raise InvalidRequest("stream_options", "is only allowed with stream=true")
     # Images are decoded here; whether the model takes them is the engine's call (it names the part).
-    messages = messages_from_openai(_aliased_roles(body.messages), _load_image, _load_audio)
+    messages = messages_from_openai(_aliased_roles(body.messages), _load_image, _load_audio, _load_video)
     sampling = SamplingParams(
         max_tokens=_max_tokens(body),
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -100,11 +100,11 @@ def spoken_max_tokens(body: ChatCompletionBody) -> int | None:
 
 
 def has_media_parts(body: ChatCompletionBody) -> bool:
-    """Whether any message has an image_url or input_audio part (planning then decodes them: a job for the media
-    pool)."""
+    """Whether any message has an image_url, input_audio or video_url part (planning then decodes them: a job for
+    the media pool)."""
     messages = body.messages if isinstance(body.messages, list) else ()
     return any(
-        isinstance(part, Mapping) and part.get("type") in ("image_url", "input_audio")
+        isinstance(part, Mapping) and part.get("type") in ("image_url", "input_audio", "video_url")
         for message in messages if isinstance(message, Mapping) and isinstance(message.get("content"), list)
         for part in message["content"]
     )
@@ -152,6 +152,12 @@ def _load_audio(raw: bytes, fmt: str, field: str) -> Any:
     from vidloom.media.audio_upload import load_input_audio  # PyAV only when audio arrives
 
     return load_input_audio(raw, fmt, field)
+
+
+def _load_video(raw: bytes, field: str, with_audio: bool) -> Any:
+    from vidloom.media.chat_video import load_chat_video  # PyAV only when a video arrives
+
+    return load_chat_video(raw, field, with_audio)
 
 
 def _load_image(raw: Any, field: str) -> Any:

@@ -86,3 +86,19 @@ def test_chats_past_the_budget_wait_for_a_429_and_the_bytes_come_back():
         with admission.admitted(1000):
             raise RuntimeError("planning failed")
     assert admission.ledger.in_use == 0  # released on failure too
+
+
+def test_a_video_is_sized_from_its_headers_as_its_sampled_frames_and_sound(no_decoding):
+    """2 s of 80x64 at 4 fps: 5 frames sampled at 2 fps (the estimate rounds up), 2 s of 16 kHz float32 sound only
+    when use_audio_in_video; nothing is decoded, and a file that is no video names its part."""
+    from tests.helpers.chat_videos import video_bytes, video_part
+
+    data = video_bytes(1, frames=8, size=(80, 64), fps=4, sound=True)
+    no_decoding()
+    silent = chat_media_bytes([{"role": "user", "content": [video_part(data)]}])
+    heard = chat_media_bytes([{"role": "user", "content": [video_part(data, use_audio=True)]}])
+    assert silent == 5 * 80 * 64 * 3
+    assert 2 * 16000 * 4 <= heard - silent <= 2.1 * 16000 * 4  # the AAC track's header may count its padding
+    with pytest.raises(InvalidRequest) as err:
+        chat_media_bytes([{"role": "user", "content": ["x", video_part(b"nope" * 40)]}])
+    assert err.value.field == "messages[0].content[1].video_url"

@@ -28,17 +28,19 @@ from vidloom.families.qwen3_omni.talker import TALKER_NAME_MAP, Talker
 from vidloom.loading.name_map import NameMap
 
 DEMO_ID = "qwen3-omni-demo"
-DEMO_VERSION = 3  # bump when the demo's architecture or files change
+DEMO_VERSION = 4  # bump when the demo's architecture or files change
 DEMO_SEED = 20261206
 DEMO_NOTE = noise_note(DEMO_ID, "Qwen3-Omni", "Qwen/Qwen3-Omni-30B-A3B-Instruct", layout="transformers")
 # Qwen3-Omni's template: text turns as ChatML, an audio part as <|audio_start|><|audio_pad|><|audio_end|>, an
-# image as <|vision_start|><|image_pad|><|vision_end|> (the released chat_template's rendering).
+# image as <|vision_start|><|image_pad|><|vision_end|>, a video as <|vision_start|><|video_pad|><|vision_end|> (the
+# released chat_template's rendering).
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
     "{%- if m.content is string %}{{ m.content }}{% else %}"
     "{%- for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
     "{% elif p.type == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>"
-    "{% elif p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}"
+    "{% elif p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

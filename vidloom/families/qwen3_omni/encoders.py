@@ -21,8 +21,11 @@ from vidloom.models.omni_towers import (AUDIO, AUDIO_PREFIX, VISION_PREFIX, Omni
                                         on_tower)
 
 # The released template renders an audio part as <|audio_start|><|audio_pad|><|audio_end|>, an image as
-# <|vision_start|><|image_pad|><|vision_end|>.
-MEDIA_TOKENS = MediaTokens(audio="<|audio_pad|>", image="<|image_pad|>")
+# <|vision_start|><|image_pad|><|vision_end|>, a video as <|vision_start|><|video_pad|><|vision_end|>; a video's
+# sound track read with it sits between <|audio_start|> and <|audio_end|> inside the vision ones.
+MEDIA_TOKENS = MediaTokens(audio="<|audio_pad|>", image="<|image_pad|>", video="<|video_pad|>",
+                           audio_start="<|audio_start|>", audio_end="<|audio_end|>")
+POSITION_ID_PER_SECONDS = 25  # transformers' Qwen3OmniMoeThinkerConfig default (the released configs say 13)
 AUDIO_WINDOW = 50  # transformers' Qwen3OmniMoeAudioEncoderConfig default n_window (half a chunk, in mel frames)
 FRAMES_PER_CHUNK_TOKENS = 13  # tokens one full chunk of 2 * n_window frames makes (transformers' constant)
 
@@ -37,11 +40,13 @@ def audio_output_length(frames: int, n_window: int = AUDIO_WINDOW) -> int:
 
 @dataclass(frozen=True)
 class Qwen3Towers(OmniTowers):
-    """Qwen3-Omni's towers: rows [tokens, hidden * (1 + deepstack)]."""
+    """Qwen3-Omni's towers: rows [tokens, hidden * (1 + deepstack)]; a video's patches go through the vision tower
+    as an image's do (its grid has more than one time step)."""
 
     hidden: int = 0  # the thinker's hidden size (the towers' output width)
     deepstack: int = 0  # vision_config.deepstack_visual_indexes: the thinker blocks whose outputs get features
     n_window: int = AUDIO_WINDOW
+    position_id_per_seconds: float = POSITION_ID_PER_SECONDS  # thinker_config: time positions per video second
 
     def row_width(self, hidden: int) -> int:
         return hidden * (1 + self.deepstack)
@@ -78,4 +83,5 @@ def load_encoders(folder: Path, thinker_raw: Mapping[str, Any], device: torch.de
     return Qwen3Towers(audio, vision, int(vision_config.spatial_merge_size), sdpa,
                        hidden=int(vision_config.out_hidden_size),
                        deepstack=len(vision_config.deepstack_visual_indexes) if vision is not None else 0,
-                       n_window=int(audio_config.n_window))
+                       n_window=int(audio_config.n_window),
+                       position_id_per_seconds=thinker_raw.get("position_id_per_seconds", POSITION_ID_PER_SECONDS))

@@ -1,6 +1,6 @@
-"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool, with audio and
-image parts through its towers where the checkpoint has them), and with a talker speech as thinker -> talker (with
-its code predictor) -> code2wav, a spoken answer reading the same parts."""
+"""Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool, with audio,
+image and video parts through its towers where the checkpoint has them), and with a talker speech as thinker ->
+talker (with its code predictor) -> code2wav, a spoken answer reading the audio and image parts too."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, Program
-from vidloom.families.qwen3_omni.encoders import MEDIA_TOKENS
+from vidloom.families.qwen3_omni.encoders import MEDIA_TOKENS, POSITION_ID_PER_SECONDS
 from vidloom.models.omni_chat import MediaChatLoop
 from vidloom.models.omni_media import MediaPrompter
 
@@ -17,16 +17,17 @@ def media_prompter(instance: ModelInstance) -> MediaPrompter:
     """The instance's template, processors and towers (the towers and processors may be absent: text only)."""
     encoders = instance.components.get("encoders")
     return MediaPrompter(instance["tokenizer"], instance.components.get("processors"), encoders,
-                         encoders.merge_size if encoders is not None else 2, MEDIA_TOKENS)
+                         encoders.merge_size if encoders is not None else 2, MEDIA_TOKENS,
+                         encoders.position_id_per_seconds if encoders is not None else POSITION_ID_PER_SECONDS)
 
 
 def chat_inputs(towers: Any, processors: Any) -> frozenset[str]:
-    """The message parts chat reads: text, and audio and images where the checkpoint has their towers and
-    processor settings."""
+    """The message parts chat reads: text, and audio, images and videos where the checkpoint has their towers and
+    processor settings (a video's sound track, use_audio_in_video, also needs the audio tower)."""
     if towers is None or processors is None:
         return frozenset({"text"})
     return frozenset({"text"} | ({"audio"} if towers.audio is not None else set())
-                     | ({"image"} if towers.vision is not None else set()))
+                     | ({"image", "video"} if towers.vision is not None else set()))
 
 
 def eos_ids(tokenizer: Any) -> tuple[int, ...]:
