@@ -120,7 +120,8 @@ class SelfAttentionLayer(Protocol):
 class SequenceParallelModel(Protocol):
     """The hooks a model exposes for apply_sp (WanTransformer, Flux2Transformer and QwenImageTransformer have them):
     `sequence` shards after embedding and gathers before the head; `self_attentions()` are the layers whose
-    attention must see every token."""
+    attention must see every token. A model with two sharded streams (LTX-2) also has `cross_attentions()`: layers
+    whose queries are one stream's rows and whose keys are the other's (runtime.parallel.cross_attention)."""
 
     sequence: SequenceLayout
 
@@ -129,10 +130,14 @@ class SequenceParallelModel(Protocol):
 
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
-    whose heads P divides attends through Ulysses, any other through ring attention (ring.py)."""
+    whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream attention through ShardedCrossAttention."""
+    from vidloom.runtime.parallel.cross_attention import ShardedCrossAttention  # it builds on this module
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
             layer.attention_fn = RingAttention(comm)
         else:
             layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
+    cross_attentions = getattr(model, "cross_attentions", None)
+    for layer in cross_attentions() if cross_attentions is not None else ():
+        layer.attention_fn = ShardedCrossAttention(layer.attention_fn, comm, layer.num_heads)
     model.sequence = TokenShards(comm)
