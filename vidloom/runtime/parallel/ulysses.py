@@ -130,7 +130,8 @@ class SequenceParallelModel(Protocol):
 
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
-    whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream attention through ShardedCrossAttention."""
+    whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream
+    attention through ShardedCrossAttention."""
     from vidloom.runtime.parallel.cross_attention import ShardedCrossAttention  # it builds on this module
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
