@@ -5,7 +5,7 @@ that does not split is padded with zero rows at its end), together with every ta
 its rotary tables (self-attention's and the audio<->video ones) and, for an image-to-video request's per-token
 timestep, its modulation. The blocks then run on each rank's rows; self-attention sees every token of its stream
 through the wrapper sequence parallel puts around it (Ulysses, or ring attention), and the audio<->video attentions
-see every key of the other stream through theirs (runtime.parallel.cross_attention); the pad rows are no keys of
+see every key of the other stream through theirs (ulysses.ShardedCrossAttention); the pad rows are no keys of
 either (`StreamShards.*_keys`). The text cross-attention needs nothing: its keys are the whole prompt on every rank.
 Both streams are gathered before the head, which then runs on every token as on one device.
 """

@@ -16,9 +16,8 @@ import torch
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.models.ltx2.rope import audio_positions, video_positions
 from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer, LTX2TransformerConfig
-from vidloom.runtime.parallel.cross_attention import ShardedCrossAttention
 from vidloom.runtime.parallel.ring import RingAttention
-from vidloom.runtime.parallel.ulysses import UlyssesAttention, apply_sp
+from vidloom.runtime.parallel.ulysses import ShardedCrossAttention, UlyssesAttention, apply_sp
 
 FP32_TOL = 1e-5
 # Two heads per stream (Ulysses over 2 ranks, ring over 4), split rotary tables, per-sample modulation.
