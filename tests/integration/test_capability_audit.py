@@ -97,7 +97,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "wan2.2-a14b": dict(height=32, width=48, num_frames=5, num_inference_steps=2, guidance_scale=5.0),
     "anyflow-far": dict(height=32, width=48, num_frames=9, num_inference_steps=2, guidance_scale=3.0),
     "flux2": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
-    "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2),
+    "ltx2": dict(height=64, width=64, num_frames=9, fps=25, num_inference_steps=2, guidance_scale=3.0),
     "qwen-image": dict(task=Task.T2I, height=32, width=48, num_frames=1, num_inference_steps=2, guidance_scale=4.0),
     "hunyuan15": dict(height=32, width=48, num_frames=5, num_inference_steps=2, guidance_scale=5.0),
     "cosmos3": dict(height=32, width=32, num_frames=9, num_inference_steps=2, guidance_scale=3.0, fps=16),

@@ -74,8 +74,23 @@ def rescale(guided: Tensor, cond: Tensor, factor: float) -> Tensor:
     return factor * rescaled + (1 - factor) * guided
 
 
+Predictions = dict[str, tuple[Tensor, Tensor]]
+"""Each pass's (video, audio) velocity, by pass name (PASSES)."""
+
+PASSES = ("cond", "uncond", "stg", "modality")
+"""The network passes a guided step may run: the prompt, the negative prompt (CFG), the prompt with perturbed
+self-attention (STG) and the prompt with the modalities isolated."""
+
+
+def guidance_passes(scales: AudioVideoScales, negative: TextBatch | None) -> tuple[str, ...]:
+    """The passes a step guided by `scales` runs, in PASSES order (the conditional one always, first)."""
+    on = {"cond": True, "uncond": scales.cfg and negative is not None, "stg": scales.stg, "modality": scales.modality}
+    return tuple(name for name in PASSES if on[name])
+
+
 class AudioVideoGuidance:
-    """The body of one guided LTX-2 step: velocities in, guided velocities out (both streams)."""
+    """The body of one guided LTX-2 step: velocities in, guided velocities out (both streams). One device runs
+    every pass, the CFG pair as one batch of two as the reference does; `predictions` is what a subclass spreads."""
 
     def __call__(
         self, network: AudioVideoNetwork, video: Tensor, audio: Tensor, timestep: Tensor, audio_timestep: Tensor,
@@ -83,35 +98,101 @@ class AudioVideoGuidance:
     ) -> tuple[Tensor, Tensor]:
         """`video`/`audio` are the float32 samples; `sigma` the step's float32 sigma, 0-dim or one per sample
         ([B, 1, 1]: requests at different steps batched together)."""
-        def x0(sample: Tensor, velocity: Tensor) -> Tensor:
-            return sample - velocity.float() * sigma
+        passes = guidance_passes(scales, negative)
+        preds = self.predictions(network, passes, video, audio, timestep, audio_timestep, prompt, negative, scales)
+        return combine(preds, video, audio, sigma, scales)
 
-        if scales.cfg and negative is not None:
+    def predictions(
+        self, network: AudioVideoNetwork, passes: tuple[str, ...], video: Tensor, audio: Tensor, timestep: Tensor,
+        audio_timestep: Tensor, prompt: TextBatch, negative: TextBatch | None, scales: AudioVideoScales,
+    ) -> Predictions:
+        preds: Predictions = {}
+        if "uncond" in passes:
             two = lambda t: torch.cat([t, t])  # noqa: E731
             v, a = network(two(video), two(audio), negative.cat(prompt), two(timestep), two(audio_timestep))
             (uv, cv), (ua, ca) = v.float().chunk(2), a.float().chunk(2)
-            cond_v, cond_a = x0(video, cv), x0(audio, ca)
-            terms_v = [(scales.video_cfg - 1) * (cond_v - x0(video, uv))]
-            terms_a = [(scales.audio_cfg - 1) * (cond_a - x0(audio, ua))]
-        else:
-            cv, ca = network(video, audio, prompt, timestep, audio_timestep)
-            cond_v, cond_a = x0(video, cv), x0(audio, ca)
-            terms_v, terms_a = [], []
-        for on, weights, kwargs in (
-            (scales.stg, (scales.video_stg, scales.audio_stg), {"skip": frozenset(scales.stg_blocks)}),
-            (scales.modality, (scales.video_modality - 1, scales.audio_modality - 1), {"isolate": True}),
-        ):
-            if on:
-                pv, pa = network(video, audio, prompt, timestep, audio_timestep, **kwargs)
-                terms_v.append(weights[0] * (cond_v - x0(video, pv)))
-                terms_a.append(weights[1] * (cond_a - x0(audio, pa)))
-        out = []
-        for sample, cond, terms, factor in ((video, cond_v, terms_v, scales.video_rescale),
-                                            (audio, cond_a, terms_a, scales.audio_rescale)):
-            guided = cond
-            for term in terms:
-                guided = guided + term
-            if factor > 0:
-                guided = rescale(guided, cond, factor)
-            out.append((sample - guided) / sigma)
-        return out[0], out[1]
+            preds.update(cond=(cv, ca), uncond=(uv, ua))
+        for name in passes:
+            if name not in preds:
+                preds[name] = run_pass(network, name, video, audio, timestep, audio_timestep, prompt, negative, scales)
+        return preds
+
+
+def run_pass(
+    network: AudioVideoNetwork, name: str, video: Tensor, audio: Tensor, timestep: Tensor, audio_timestep: Tensor,
+    prompt: TextBatch, negative: TextBatch | None, scales: AudioVideoScales,
+) -> tuple[Tensor, Tensor]:
+    """One pass of PASSES, a forward of the samples' batch."""
+    kwargs = {"stg": {"skip": frozenset(scales.stg_blocks)}, "modality": {"isolate": True}}.get(name, {})
+    text = negative if name == "uncond" else prompt
+    return network(video, audio, text, timestep, audio_timestep, **kwargs)
+
+
+def combine(preds: Predictions, video: Tensor, audio: Tensor, sigma: Tensor,
+            scales: AudioVideoScales) -> tuple[Tensor, Tensor]:
+    """The guided velocities of both streams from every pass's prediction (the formula at the top)."""
+    def x0(sample: Tensor, velocity: Tensor) -> Tensor:
+        return sample - velocity.float() * sigma
+
+    cv, ca = preds["cond"]
+    cond_v, cond_a = x0(video, cv), x0(audio, ca)
+    terms_v, terms_a = [], []
+    for name, weights in (("uncond", (scales.video_cfg - 1, scales.audio_cfg - 1)),
+                          ("stg", (scales.video_stg, scales.audio_stg)),
+                          ("modality", (scales.video_modality - 1, scales.audio_modality - 1))):
+        if name in preds:
+            pv, pa = preds[name]
+            terms_v.append(weights[0] * (cond_v - x0(video, pv)))
+            terms_a.append(weights[1] * (cond_a - x0(audio, pa)))
+    out = []
+    for sample, cond, terms, factor in ((video, cond_v, terms_v, scales.video_rescale),
+                                        (audio, cond_a, terms_a, scales.audio_rescale)):
+        guided = cond
+        for term in terms:
+            guided = guided + term
+        if factor > 0:
+            guided = rescale(guided, cond, factor)
+        out.append((sample - guided) / sigma)
+    return out[0], out[1]
+
+
+class PassGroup(Protocol):
+    """The ranks a guided step's passes are spread over (vidloom.runtime.parallel's CFG group)."""
+
+    rank: int
+    size: int
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        """[size, *x.shape]: every rank's x, in rank order, identical on every rank."""
+        ...
+
+
+class SplitAudioVideoGuidance(AudioVideoGuidance):
+    """The step's passes spread over a group of ranks (--cfg-parallel): pass j runs on rank j mod size, as one
+    forward of the samples' batch, and every rank gathers every prediction and combines them with the same formula,
+    so all ranks step on identical values. cond and uncond land on ranks 0 and 1; STG and the isolated pass, when
+    on, follow round the group. A step with one pass (no guidance, as stage 2 may be) runs it on every rank."""
+
+    def __init__(self, group: PassGroup) -> None:
+        self.group = group
+
+    def predictions(
+        self, network: AudioVideoNetwork, passes: tuple[str, ...], video: Tensor, audio: Tensor, timestep: Tensor,
+        audio_timestep: Tensor, prompt: TextBatch, negative: TextBatch | None, scales: AudioVideoScales,
+    ) -> Predictions:
+        size, rank = self.group.size, self.group.rank
+        if len(passes) == 1:
+            return {passes[0]: run_pass(network, passes[0], video, audio, timestep, audio_timestep, prompt, negative,
+                                        scales)}
+        per_rank = -(-len(passes) // size)
+        # float32, as the combine reads them; a rank with fewer passes than the others sends zeros in their place.
+        rows = [torch.cat([p.float().flatten() for p in run_pass(network, name, video, audio, timestep,
+                                                                  audio_timestep, prompt, negative, scales)])
+                for name in passes[rank::size]]
+        rows += [video.new_zeros(video.numel() + audio.numel(), dtype=torch.float32)] * (per_rank - len(rows))
+        gathered = self.group.all_gather(torch.stack(rows))  # [size, per_rank, video + audio values]
+        preds: Predictions = {}
+        for j, name in enumerate(passes):
+            v, a = gathered[j % size, j // size].split((video.numel(), audio.numel()))
+            preds[name] = (v.view(video.shape), a.view(audio.shape))
+        return preds

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+from tests.helpers.thread_comm import run_ranks, thread_group
+from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales, SplitAudioVideoGuidance
 
 OFF = dict(video_stg=0.0, audio_stg=0.0, video_modality=1.0, audio_modality=1.0, video_rescale=0.0,
            audio_rescale=0.0)
@@ -62,3 +64,35 @@ def test_no_guidance_is_the_conditional_velocity():
     v, a, calls = _run(AudioVideoScales(video_cfg=1.0, audio_cfg=1.0, **OFF), negative=None)
     assert len(calls) == 1
     assert torch.allclose(v, torch.ones_like(v)) and torch.allclose(a, torch.full_like(a, 10.0))
+
+
+ALL_PASSES = AudioVideoScales(video_cfg=3.0, audio_cfg=7.0, video_stg=1.0, audio_stg=0.5, video_modality=3.0,
+                              audio_modality=2.0, stg_blocks=(2,))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize(("scales", "negative"), [
+    (ALL_PASSES, Text(0.0)),  # four passes
+    (AudioVideoScales(video_cfg=3.0, audio_cfg=7.0, video_stg=0.0, audio_stg=0.0), Text(0.0)),  # cond, uncond, isolated
+    (AudioVideoScales(video_cfg=1.0, audio_cfg=1.0, **OFF), None),  # one pass (a distilled stage): on every rank
+])
+def test_split_passes_combine_to_the_one_device_step_on_every_rank(size, scales, negative):
+    """--cfg-parallel: pass j on rank j mod size, one sample per forward; every rank gathers all and combines alike."""
+    g = torch.Generator().manual_seed(0)
+    video, audio = torch.randn(1, 4, 2, generator=g), torch.randn(1, 3, 2, generator=g)
+    t, sigma = torch.tensor([500.0]), torch.tensor(0.5)
+    want = AudioVideoGuidance()(FakeNetwork(), video, audio, t, t, sigma, Text(1.0), negative, scales)
+    networks = [FakeNetwork() for _ in range(size)]
+
+    def rank(comm):
+        step = SplitAudioVideoGuidance(comm)
+        return step(networks[comm.rank], video, audio, t, t, sigma, Text(1.0), negative, scales)
+
+    for got in run_ranks(thread_group(size), rank):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    calls = [len(net.calls) for net in networks]
+    passes = 1 + (negative is not None) + scales.stg + scales.modality
+    assert calls == ([1] * size if passes == 1 else [len(range(r, passes, size)) for r in range(size)])
+    assert all(batch == 1 for net in networks for batch, *_ in net.calls)
+    if passes > 1:
+        assert networks[0].calls[0] == (1, False, frozenset())  # rank 0 runs the conditional pass

@@ -17,4 +17,5 @@ FAMILY = Family(
                  ("connectors", "vidloom.models.ltx2.connectors:LTX2_CONNECTORS_NAME_MAP")),
         converter=".lora:ltx2_keys",
     ),
+    token_layout=".parallel:token_layout",
 )

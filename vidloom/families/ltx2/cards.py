@@ -27,9 +27,12 @@ CAPABILITIES = Capabilities(
     # attention_backend: the transformer and the text connectors take sdpa or math; LTX-2 masks every attention
     # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
+    # devices, cfg_parallel: the video and audio streams each sharded (padded), the guidance passes spread over the
+    # CFG ranks (parallel.token_layout).
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
-               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components", "batching"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices",
+               "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components", "batching", "devices",
+               "cfg_parallel"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert",
              cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                       "is written",
              kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget"),

@@ -16,7 +16,8 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
-from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
+from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales, SplitAudioVideoGuidance
+from vidloom.diffusion.guidance import ParallelCFG
 from vidloom.media.frames import to_uint8
 from vidloom.models.ltx2.upsampler import upsample_latents
 from vidloom.layers.tiling import deploy_tiling
@@ -26,7 +27,9 @@ from vidloom.families.ltx2.schedule import LTX2Schedule
 from vidloom.families.ltx2.settings import LTX2Settings
 
 
-def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None = None) -> Program:
+def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | ParallelCFG | None = None) -> Program:
+    """`guidance`: how a step's guidance passes run; a --cfg-parallel rank group's ParallelCFG spreads every pass
+    (cond, uncond, STG, isolated) over the group (SplitAudioVideoGuidance)."""
     settings: LTX2Settings = instance["settings"]
     transformer, vae, audio_vae = instance["transformer"], instance["vae"], instance["audio_vae"]
     tiling = deploy_tiling(instance.deploy, vae.spatial_compression_ratio)  # vae_tile: diffusers' enable_tiling rule
@@ -120,6 +123,8 @@ def build_program(instance: ModelInstance, guidance: AudioVideoGuidance | None =
         return {"audio": waveform.float().cpu().numpy().astype(np.float32),
                 "sample_rate": int(instance["vocoder"].sample_rate)}
 
+    if isinstance(guidance, ParallelCFG):
+        guidance = SplitAudioVideoGuidance(guidance.pair)
     guidance = guidance or AudioVideoGuidance()
     stage2_schedule = dataclasses.replace(schedule, dynamic=False, terminal=None)
     stage1 = LTX2DenoiseLoop(

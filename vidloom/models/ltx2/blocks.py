@@ -71,19 +71,20 @@ class JointBlock(nn.Module):
         self, x: Tensor, a: Tensor, video_text: Tensor, audio_text: Tensor, mask: Tensor | None,
         vc: StreamConditioning, ac: StreamConditioning,
         ropes: tuple[RopeTables, RopeTables, RopeTables, RopeTables], *, cross: bool, skip_self: bool,
-        text_kv: TextKV | None = None,
+        text_kv: TextKV | None = None, keys: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> tuple[Tensor, Tensor]:
         """`text_kv`: this block's text_kv(...) of the same text, computed once for the request (then video_text
-        and audio_text are not read)."""
+        and audio_text are not read). `keys`: the video and audio streams' pad masks under sequence parallel
+        (shards.StreamShards: the pad rows are no keys of the attentions that read that stream), else None."""
         batch = x.shape[0]
         video_rope, audio_rope, video_cross_rope, audio_cross_rope = ropes
         vp = modulation(self.video_table, vc.mod, batch)
         ap = modulation(self.audio_table, ac.mod, batch)
         # 1. Self-attention.
         h = self.video_norm_self(x) * (1 + vp[1]) + vp[0]
-        x = x + self.video_self(h, q_rope=video_rope, skip=skip_self) * vp[2]
+        x = x + self.video_self(h, mask=keys[0], q_rope=video_rope, skip=skip_self) * vp[2]
         h = self.audio_norm_self(a) * (1 + ap[1]) + ap[0]
-        a = a + self.audio_self(h, q_rope=audio_rope, skip=skip_self) * ap[2]
+        a = a + self.audio_self(h, mask=keys[1], q_rope=audio_rope, skip=skip_self) * ap[2]
         # 2. Text cross-attention (LTX-2.3 also modulates the query and the text keys/values).
         if text_kv is None:
             video_text, audio_text = self._modulated_text(video_text, audio_text, vc.text_mod, ac.text_mod, batch)
@@ -94,7 +95,7 @@ class JointBlock(nn.Module):
                            ap if self.audio_text_q else None)
         # 3. Audio<->video cross-attention, both from the same normed inputs.
         if cross:
-            x, a = self._cross(x, a, vc, ac, batch, video_cross_rope, audio_cross_rope)
+            x, a = self._cross(x, a, vc, ac, batch, video_cross_rope, audio_cross_rope, keys)
         # 4. Feed-forward.
         x = x + self.video_ff(self.video_norm_ff(x) * (1 + vp[4]) + vp[3]) * vp[5]
         a = a + self.audio_ff(self.audio_norm_ff(a) * (1 + ap[4]) + ap[3]) * ap[5]
@@ -136,7 +137,7 @@ class JointBlock(nn.Module):
 
     def _cross(
         self, x: Tensor, a: Tensor, vc: StreamConditioning, ac: StreamConditioning, batch: int,
-        video_rope: RopeTables, audio_rope: RopeTables,
+        video_rope: RopeTables, audio_rope: RopeTables, keys: tuple[Tensor | None, Tensor | None],
     ) -> tuple[Tensor, Tensor]:
         hx, ha = self.video_norm_cross(x), self.audio_norm_cross(a)
         v_a2v_scale, v_a2v_shift, v_v2a_scale, v_v2a_shift = modulation(self.video_cross_table[:4], vc.cross_mod, batch)
@@ -144,7 +145,7 @@ class JointBlock(nn.Module):
         a2v_gate = modulation(self.video_cross_table[4:], vc.cross_gate, batch)[0]
         v2a_gate = modulation(self.audio_cross_table[4:], ac.cross_gate, batch)[0]
         q, kv = hx * (1 + v_a2v_scale) + v_a2v_shift, ha * (1 + a_a2v_scale) + a_a2v_shift
-        x_new = x + a2v_gate * self.a2v(q, kv, q_rope=video_rope, k_rope=audio_rope)
+        x_new = x + a2v_gate * self.a2v(q, kv, keys[1], q_rope=video_rope, k_rope=audio_rope)
         q, kv = ha * (1 + a_v2a_scale) + a_v2a_shift, hx * (1 + v_v2a_scale) + v_v2a_shift
-        a_new = a + v2a_gate * self.v2a(q, kv, q_rope=audio_rope, k_rope=video_rope)
+        a_new = a + v2a_gate * self.v2a(q, kv, keys[0], q_rope=audio_rope, k_rope=video_rope)
         return x_new, a_new

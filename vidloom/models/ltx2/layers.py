@@ -69,6 +69,11 @@ class Attention(nn.Module):
         self.out = nn.Linear(inner, query_dim, bias=out_bias)
         self.gate = nn.Linear(query_dim, heads, bias=True) if gated else None
 
+    @property
+    def num_heads(self) -> int:
+        """What sequence parallel splits (runtime.parallel.ulysses.apply_sp)."""
+        return self.heads
+
     def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """The keys (RMS-normed) and values of `context` [B, L, kv_dim], split into heads [B, L, H, D] and laid
         out [B, H, L, D] in memory (SDPA's own layout, so it reads them without a stride per head): what

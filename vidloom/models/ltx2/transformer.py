@@ -4,7 +4,8 @@ Each block runs, per stream: self-attention (rotary positions), text cross-atten
 audio->video and video->audio cross-attention (each side rotated by its own time positions),
 then a feed-forward; every sub-layer is AdaLN-modulated by the stream's timestep. Loads diffusers
 `LTX2VideoTransformer3DModel` checkpoints through LTX2_TRANSFORMER_NAME_MAP; the block and forward
-follow diffusers' order of operations (parity at 1e-5), the module layout is ours.
+follow diffusers' order of operations (parity at 1e-5), the module layout is ours. Under sequence parallel
+(runtime.parallel.ulysses.apply_sp) each stream is sharded after embedding and gathered before the head (shards.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.key_policy import KeyPolicy, Refusal
-from vidloom.loading.name_map import NameMap
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
 from vidloom.models.ltx2.layers import TimestepModulation
 from vidloom.models.ltx2.rope import RopeSpec, RopeTables, rope_tables
+from vidloom.models.ltx2.shards import WHOLE_STREAMS, StreamSharding, StreamShards
+# Loaders, the LoRA targets and SANA-WM's refiner name the map here, beside the module it maps onto.
+from vidloom.models.ltx2.transformer_names import LTX2_TRANSFORMER_NAME_MAP  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -118,63 +121,6 @@ TRANSFORMER_POLICY = KeyPolicy(frozenset(f.name for f in fields(LTX2TransformerC
 })
 
 
-def _attention_rules(ckpt: str, ours: str) -> tuple[tuple[str, str], ...]:
-    return ((f"{ckpt}.to_out.0", f"{ours}.out"), (f"{ckpt}.to_gate_logits", f"{ours}.gate"), (ckpt, ours))
-
-
-def _time_rules(ckpt: str, ours: str) -> tuple[tuple[str, str], ...]:
-    return ((f"{ckpt}.emb.timestep_embedder.linear_1", f"{ours}.up"),
-            (f"{ckpt}.emb.timestep_embedder.linear_2", f"{ours}.down"), (f"{ckpt}.linear", f"{ours}.mod"))
-
-
-_BLOCK = "transformer_blocks.{n}"
-# diffusers LTX2VideoTransformer3DModel key prefixes -> ours.
-LTX2_TRANSFORMER_NAME_MAP = NameMap((
-    *_attention_rules(f"{_BLOCK}.attn1", "blocks.{n}.video_self"),
-    *_attention_rules(f"{_BLOCK}.audio_attn1", "blocks.{n}.audio_self"),
-    *_attention_rules(f"{_BLOCK}.attn2", "blocks.{n}.video_text"),
-    *_attention_rules(f"{_BLOCK}.audio_attn2", "blocks.{n}.audio_text"),
-    *_attention_rules(f"{_BLOCK}.audio_to_video_attn", "blocks.{n}.a2v"),
-    *_attention_rules(f"{_BLOCK}.video_to_audio_attn", "blocks.{n}.v2a"),
-    (f"{_BLOCK}.ff.net.0.proj", "blocks.{n}.video_ff.up"),
-    (f"{_BLOCK}.ff.net.2", "blocks.{n}.video_ff.down"),
-    (f"{_BLOCK}.audio_ff.net.0.proj", "blocks.{n}.audio_ff.up"),
-    (f"{_BLOCK}.audio_ff.net.2", "blocks.{n}.audio_ff.down"),
-    (f"{_BLOCK}.norm1", "blocks.{n}.video_norm_self"),
-    (f"{_BLOCK}.norm2", "blocks.{n}.video_norm_text"),
-    (f"{_BLOCK}.norm3", "blocks.{n}.video_norm_ff"),
-    (f"{_BLOCK}.audio_norm1", "blocks.{n}.audio_norm_self"),
-    (f"{_BLOCK}.audio_norm2", "blocks.{n}.audio_norm_text"),
-    (f"{_BLOCK}.audio_norm3", "blocks.{n}.audio_norm_ff"),
-    (f"{_BLOCK}.audio_to_video_norm", "blocks.{n}.video_norm_cross"),
-    (f"{_BLOCK}.video_to_audio_norm", "blocks.{n}.audio_norm_cross"),
-    (f"{_BLOCK}.scale_shift_table", "blocks.{n}.video_table"),
-    (f"{_BLOCK}.audio_scale_shift_table", "blocks.{n}.audio_table"),
-    (f"{_BLOCK}.prompt_scale_shift_table", "blocks.{n}.video_text_table"),
-    (f"{_BLOCK}.audio_prompt_scale_shift_table", "blocks.{n}.audio_text_table"),
-    (f"{_BLOCK}.video_a2v_cross_attn_scale_shift_table", "blocks.{n}.video_cross_table"),
-    (f"{_BLOCK}.audio_a2v_cross_attn_scale_shift_table", "blocks.{n}.audio_cross_table"),
-    ("proj_in", "video_in"),
-    ("audio_proj_in", "audio_in"),
-    ("caption_projection.linear_1", "video_caption.0"),
-    ("caption_projection.linear_2", "video_caption.2"),
-    ("audio_caption_projection.linear_1", "audio_caption.0"),
-    ("audio_caption_projection.linear_2", "audio_caption.2"),
-    *_time_rules("time_embed", "video_time"),
-    *_time_rules("audio_time_embed", "audio_time"),
-    *_time_rules("av_cross_attn_video_scale_shift", "video_cross_time"),
-    *_time_rules("av_cross_attn_audio_scale_shift", "audio_cross_time"),
-    *_time_rules("av_cross_attn_video_a2v_gate", "video_cross_gate_time"),
-    *_time_rules("av_cross_attn_audio_v2a_gate", "audio_cross_gate_time"),
-    *_time_rules("prompt_adaln", "video_text_time"),
-    *_time_rules("audio_prompt_adaln", "audio_text_time"),
-    ("scale_shift_table", "video_out_table"),
-    ("audio_scale_shift_table", "audio_out_table"),
-    ("proj_out", "video_out"),
-    ("audio_proj_out", "audio_out"),
-))
-
-
 @dataclass(frozen=True)
 class LTX2Positions:
     """Patch bounds of one request's tokens (see rope.video_positions / audio_positions)."""
@@ -210,13 +156,14 @@ class LTX2Conditioning:
     cross: bool  # audio<->video attention on (off: modalities isolated, a guidance pass)
     skip: frozenset[int]  # blocks whose self-attention is perturbed (STG)
     text_kv: tuple[TextKV, ...] | None = None  # prepared text keys/values per block (else from video/audio_text)
+    shards: StreamShards = WHOLE_STREAMS  # how the streams lie over sequence-parallel ranks (shards.py)
 
 
 def _caption(in_dim: int, dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
 
 
-class LTX2Transformer(BlockStack, nn.Module):
+class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
     """Velocity for packed video tokens [B, N, C] and audio tokens [B, Na, Ca] at per-sample timesteps."""
 
     def __init__(self, config: LTX2TransformerConfig, attention_fn: AttentionFn = attention) -> None:
@@ -297,7 +244,7 @@ class LTX2Transformer(BlockStack, nn.Module):
             video_text, audio_text, mask, video_cond, audio_cond, ropes, video_emb, audio_emb,
             cross=not isolate_modalities, skip=self.perturbed_blocks(skip_self_attention), text_kv=text_kv,
         )
-        return (self.video_in(video), self.audio_in(audio)), cond
+        return self.shard_streams((self.video_in(video), self.audio_in(audio)), cond, self.config.rope_type)
 
     def rope_tables(self, positions: LTX2Positions) -> LTX2Ropes:
         """The rotary tables of `positions` (a function of the positions alone: reusable across steps)."""
@@ -358,6 +305,7 @@ class LTX2Transformer(BlockStack, nn.Module):
             x, a = self.blocks[i](
                 x, a, cond.video_text, cond.audio_text, cond.mask, cond.video, cond.audio, cond.ropes,
                 cross=cond.cross, skip_self=i in cond.skip, text_kv=None if cond.text_kv is None else cond.text_kv[i],
+                keys=(cond.shards.video_keys, cond.shards.audio_keys),
             )
         return x, a
 
@@ -367,8 +315,8 @@ class LTX2Transformer(BlockStack, nn.Module):
 
     def head(self, stream: tuple[Tensor, Tensor], cond: LTX2Conditioning) -> tuple[Tensor, Tensor]:
         """The streams after the last block -> (video velocity [B, N, C], audio velocity [B, Na, Ca])."""
-        # 5. Output modulation and projection.
-        x, a = stream
+        # 5. Output modulation and projection (over every token: a sharded stream is gathered first).
+        x, a = self.gather_streams(stream, cond.shards)
         return self._out(x, cond.video_emb, self.video_out_table, self.video_out), \
             self._out(a, cond.audio_emb, self.audio_out_table, self.audio_out)
 

@@ -13,6 +13,9 @@ joined sequence the same way (`shard_joint`): a rank may hold text rows, image r
 each side's weights run on its own rows. A joined sequence that does not split is padded at its
 end; the pad rows are dropped after the first all-to-all (no key, no query) and cut off before the head.
 
+A model with two sharded streams (LTX-2: video and audio) shards each on its own; an attention whose queries are
+one stream's and whose keys are the other's reaches every key through ShardedCrossAttention.
+
 Applied from outside the model, like gpt-fast's apply_tp: `apply_sp(model, comm)` swaps the
 model's token layout and wraps its self-attention functions.
 """
@@ -77,6 +80,48 @@ def _real_tokens(mask: Tensor, padded: int) -> int:
     return int(mask.sum())
 
 
+class ShardedCrossAttention:
+    """Attention between two sharded streams (LTX-2's audio<->video): each rank holds 1/P of the queries' stream and
+    1/P of the keys' stream, and every query must see every key. Two exchanges give the one-device result, and a call
+    takes the one that moves fewer values for its shapes (the same on every rank, so every rank takes the same path):
+
+    - gathered keys: all-gather the other stream's keys and values; each rank attends its own queries to all of them
+      (any head count). Per rank it receives (P - 1) x 2 key shards: cheap when the key stream is the short one
+      (audio keys of video queries).
+    - Ulysses: all-to-all the queries and the keys/values to head shards (every token, H/P heads), attend, all-to-all
+      the output back (heads divisible by P). Per rank it sends (P - 1)/P of its query, key, value and output rows:
+      cheaper when the key stream is the long one (video keys of audio queries), by about P.
+
+    Pad rows (a stream padded at its end to split) are no keys: `mask` is the key stream's pad mask. Pad query rows
+    attend like any other and are cut off before the head."""
+
+    def __init__(self, inner: AttentionFn, comm: Comm, num_heads: int) -> None:
+        self.inner = inner
+        self.comm = comm
+        self.num_heads = num_heads
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """q [B, Sq/P, H, Dh], k, v [B, Sk/P, H, Dh] -> [B, Sq/P, H, Dh]. `mask`: None, or the key stream's pad mask
+        [Sk] (CPU bool, JointPart.key_mask)."""
+        if self.ulysses(q.shape[1], k.shape[1]):
+            return self._ulysses(q, k, v, mask)
+        kv = self.comm.all_gather(torch.stack((k, v)))  # [P, 2, B, Sk/P, H, Dh]
+        kv = kv.movedim(0, 2).flatten(2, 3)  # [2, B, Sk, H, Dh], rank order == token order
+        real = kv.shape[2] if mask is None else _real_tokens(mask, kv.shape[2])
+        return self.inner(q, kv[0, :, :real], kv[1, :, :real])
+
+    def ulysses(self, queries: int, keys: int) -> bool:
+        """Whether a call with these local row counts exchanges head shards (else it gathers the keys)."""
+        p = self.comm.size
+        return self.num_heads % p == 0 and queries < (p - 1) * keys
+
+    def _ulysses(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        q = seq_to_heads(q, self.comm)  # [B, Sq, H/P, Dh]
+        kv = seq_to_heads(torch.stack((k, v)), self.comm)  # [2, B, Sk, H/P, Dh]
+        real = kv.shape[2] if mask is None else _real_tokens(mask, kv.shape[2])
+        return heads_to_seq(self.inner(q, kv[0, :, :real], kv[1, :, :real]), self.comm)
+
+
 class TokenShards:
     """A SequenceLayout: rank r keeps tokens [r * S/P, (r + 1) * S/P) and the same rows of the per-token tables."""
 
@@ -120,7 +165,8 @@ class SelfAttentionLayer(Protocol):
 class SequenceParallelModel(Protocol):
     """The hooks a model exposes for apply_sp (WanTransformer, Flux2Transformer and QwenImageTransformer have them):
     `sequence` shards after embedding and gathers before the head; `self_attentions()` are the layers whose
-    attention must see every token."""
+    attention must see every token. A model with two sharded streams (LTX-2) also has `cross_attentions()`: layers
+    whose queries are one stream's rows and whose keys are the other's (ShardedCrossAttention)."""
 
     sequence: SequenceLayout
 
@@ -129,10 +175,14 @@ class SequenceParallelModel(Protocol):
 
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
-    whose heads P divides attends through Ulysses, any other through ring attention (ring.py)."""
+    whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream
+    attention through ShardedCrossAttention."""
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
             layer.attention_fn = RingAttention(comm)
         else:
             layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
+    cross_attentions = getattr(model, "cross_attentions", None)
+    for layer in cross_attentions() if cross_attentions is not None else ():
+        layer.attention_fn = ShardedCrossAttention(layer.attention_fn, comm, layer.num_heads)
     model.sequence = TokenShards(comm)
