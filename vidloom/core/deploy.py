@@ -205,6 +205,13 @@ class DeployConfig:
                 f"cfg_mode={self.cfg_mode!r} and CFG-parallel both decide how the two CFG branches run; "
                 "with --cfg-parallel leave cfg_mode at 'sequential'"
             )
+        sharded_refuses = [flag for flag, on in (("--compile", self.compile), ("--fp8", self.fp8_weights),
+                                                  ("--cuda-graphs", self.cuda_graphs)) if on]
+        if plan.shard_weights and sharded_refuses:
+            # The hooks swap each block's weights in and out around its forward: a compiled or captured block
+            # would hold the freed storages, and FP8 layers keep scales outside the flat buffers.
+            raise DeployError(f"--shard-weights gathers each block's weights around its forward, which "
+                              f"{', '.join(sharded_refuses)} cannot follow; drop one or the other")
         if plan.world_size > 1 and self.cuda_graphs:
             # A captured step would contain the plan's NCCL collectives (all-to-all, all-gather);
             # capturing collectives needs its own setup and a GPU test that does not exist yet.

@@ -30,6 +30,9 @@ class ParallelPlan:
     cfg: int = 1
     """CFG-parallel degree: 2 runs the conditional branch on cfg-rank 0 and the unconditional one on
     cfg-rank 1 (requests must use guidance, guidance_scale > 1); 1 runs both branches on every rank."""
+    shard_weights: bool = False
+    """--shard-weights: each rank of a sequence-parallel group holds 1/sp of every denoiser block's weights and
+    gathers a block's whole weights just before it runs (runtime.parallel.shard_weights); needs sp > 1."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sp, int) or isinstance(self.sp, bool) or self.sp < 1:
@@ -40,13 +43,20 @@ class ParallelPlan:
                 "--cfg-parallel sets 2"
             )
 
+        if not isinstance(self.shard_weights, bool):
+            raise DeployError(f"parallel.shard_weights (--shard-weights) must be true or false, got "
+                              f"{self.shard_weights!r}")
+        if self.shard_weights and self.sp < 2:
+            raise DeployError("--shard-weights shards the denoiser's blocks over the sequence-parallel group, which "
+                              f"needs --sp 2 or more (got sp={self.sp})")
+
     @property
     def world_size(self) -> int:
         """Processes (devices) the plan needs."""
         return self.sp * self.cfg
 
     def describe(self) -> str:
-        return f"sp={self.sp} x cfg={self.cfg}"
+        return f"sp={self.sp} x cfg={self.cfg}" + (" (sharded weights)" if self.shard_weights else "")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "kv_session_ttl": (("deploy", "kv_session_ttl_s"), float),
     "sp": (("deploy", "parallel", "sp"), int),
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
+    "shard_weights": (("deploy", "parallel", "shard_weights"), bool),
     "component": (("deploy", "components"), dict),  # NAME=FILE pairs, written as the card's mapping
 }
 _DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",

@@ -31,6 +31,7 @@ from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
 from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
 from vidloom.runtime.parallel.rank import RankRuntime
+from vidloom.runtime.parallel.shard_weights import shard_blocks
 from vidloom.runtime.parallel.ulysses import apply_sp
 
 DEBUG_ENV = "VIDLOOM_PARALLEL_DEBUG"
@@ -152,6 +153,8 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
         for name in layout.denoisers:
             if name in instance.components:
                 apply_sp(instance[name], groups.sp)
+                if instance.deploy.parallel.shard_weights:
+                    shard_blocks(instance[name].compile_units(), groups.sp)
     # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
     extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
     # A step cache's skip decisions: measured over the whole sequence by every rank of the sp group alike; under
