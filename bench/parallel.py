@@ -13,6 +13,9 @@ ranks get one thread each, so little speed-up is possible there; "1t1" (one proc
 thread) is the per-rank compute budget to compare against. The scaling claim is for one
 GPU per rank.
 
+Each pool's ranks report their peak resident memory (`rank_peak_rss_mib`, VmHWM of every worker process, read
+before the pool closes): sp2 against sp2shard is what sharded weights save per rank.
+
 With `--vae-tile N` the decode is tiled (N-pixel tiles, the default 3/4 stride) and under a parallel plan the ranks
 split its tiles (layers.tiling.shared_tiles); `decode_s` is rank 0's decode wall time.
 
@@ -44,9 +47,10 @@ from vidloom.families.wan.parallel import sequence_geometry
 
 PLANS = {
     "1": ParallelPlan(), "1t1": ParallelPlan(), "sp2": ParallelPlan(sp=2), "cfg2": ParallelPlan(cfg=2),
-    "sp2xcfg2": ParallelPlan(sp=2, cfg=2),
+    "sp2xcfg2": ParallelPlan(sp=2, cfg=2), "sp2shard": ParallelPlan(sp=2, shard_weights=True),
 }
-"""Plan names for --plans; "1t1" is one process limited to one thread, the per-rank budget of the CPU pools."""
+"""Plan names for --plans; "1t1" is one process limited to one thread, the per-rank budget of the CPU pools;
+"sp2shard" is sp=2 with --shard-weights (each rank holds half of every block's weights)."""
 # Reference link speeds for the expected-time column (per rank, one direction).
 BANDWIDTHS_GBPS = {"loopback_gloo": 2.0, "nvlink_h100": 150.0}
 # Analytic GPU estimate: H100/H200-class bf16 (~990 TFLOP/s dense peak, DiT steps reach ~40%)
@@ -142,12 +146,24 @@ def _timed(
             ends.append(time.perf_counter() - t0)
             steps += [e.seconds for e in events if e.phase == "denoise"]
             decodes.append(sum(e.seconds for e in events if e.phase == "decode"))
+        pids = getattr(gen.engine, "transport", None) and gen.engine.transport.pids
+        peaks = [_peak_rss_mib(pid) for pid in pids] if pids else None
     return {
         "plan": name, "processes": plan.world_size, "startup_s": round(ready, 2),
         "step_s_median": round(statistics.median(steps), 4), "step_s_all": [round(s, 4) for s in steps],
         "end_to_end_s": round(statistics.median(ends), 3), "decode_s": round(statistics.median(decodes), 3),
-        "busy_before": busy, "video": out["video"],
+        "busy_before": busy, "rank_peak_rss_mib": peaks, "video": out["video"],
     }
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    """A live process's peak resident set (VmHWM, Linux), MiB; None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) / 1024, 1)
 
 
 def main() -> None:
@@ -155,9 +171,11 @@ def main() -> None:
     parser.add_argument("--size", default="mid", choices=sorted(SIZES))
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the size's)")
     parser.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the size's)")
-    parser.add_argument("--plans", default="1,1t1,sp2,cfg2,sp2xcfg2")
+    parser.add_argument("--plans", default="1,1t1,sp2,cfg2,sp2xcfg2", help=f"of {', '.join(PLANS)}")
     parser.add_argument("--runs", type=int, default=2, help="timed requests per plan (medians over all)")
     parser.add_argument("--vae-tile", type=int, default=None, help="tiled decode (pixels); ranks split the tiles")
+    parser.add_argument("--json", default=None, help="results file name under bench/results (default: parallel.json, "
+                                                     "or parallel-vae<N>.json with --vae-tile)")
     args = parser.parse_args()
     size = SIZES[args.size]
     cuda = torch.cuda.is_available()
@@ -195,10 +213,13 @@ def main() -> None:
     base = results[0]["step_s_median"] if results else 1.0
     rows = [[r["plan"], r["processes"], f"{r['step_s_median']:.3f}", f"{base / r['step_s_median']:.2f}x",
              f"{r['end_to_end_s']:.2f}", f"{r['comm_bytes_per_step_per_rank']['total'] / 2**20:.1f}",
-             f"{r['expected_comm_s_per_step']['loopback_gloo'] * 1e3:.1f}", f"{r['max_abs_diff_vs_first']:.1e}"]
+             f"{r['expected_comm_s_per_step']['loopback_gloo'] * 1e3:.1f}", f"{r['max_abs_diff_vs_first']:.1e}",
+             "-" if not r["rank_peak_rss_mib"] else f"{max(r['rank_peak_rss_mib']):.0f}"]
             for r in results]
-    print_table(["plan", "procs", "step s", "speedup", "e2e s", "comm MiB/step/rank", "comm ms @2GB/s", "max |diff|"], rows)
-    write_json("parallel.json" if args.vae_tile is None else f"parallel-vae{args.vae_tile}.json", {
+    print_table(["plan", "procs", "step s", "speedup", "e2e s", "comm MiB/step/rank", "comm ms @2GB/s", "max |diff|",
+                 "peak RSS MiB/rank"], rows)
+    default_json = "parallel.json" if args.vae_tile is None else f"parallel-vae{args.vae_tile}.json"
+    write_json(args.json or default_json, {
         "benchmark": "parallel", "size": args.size, "device": device, "environment": environment(),
         "request": {"height": request.height, "width": request.width, "num_frames": request.num_frames,
                     "steps": request.num_inference_steps, "guidance_scale": request.guidance_scale},
