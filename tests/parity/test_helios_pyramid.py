@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, write_tiny_helios_pyramid
+from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, float64_block_factor, write_tiny_helios_pyramid
 from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.families.helios.pyramid import split_steps
@@ -20,25 +20,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWa
 FRAME_TOLERANCE = 1 / 255
 PROMPT = "a paper boat drifting down a rainy street"
 STEPS = 5  # split 2 + 2 + 1 (3 stages) or 3 + 2 (2 stages): uneven, and CFG-Zero*'s two zeroed steps plus one
-
-
-def _float64_block_factor(monkeypatch, pipe) -> None:
-    """The oracle's one patch. The pipeline factors the block covariance (1 + g) I - g 11^T + 1e-8 I after casting
-    it to float32, where the 1e-8 is below the resolution at 1 + g: at g = 1/3 (2x2 patches, the published value)
-    the float32 matrix has an eigenvalue of about -2e-8 and CPU Cholesky raises (a float64 factorization of the
-    cast matrix fails too). Here the same formula is factored in float64 (positive definite by its 1e-8) and the
-    factor cast to float32, as vidloom does; no other value changes."""
-    factor = torch.linalg.cholesky
-    gamma = pipe.scheduler.config.gamma
-
-    def cholesky(cov: torch.Tensor) -> torch.Tensor:
-        n = cov.shape[0]
-        exact = (torch.eye(n, dtype=torch.float64) * (1 + gamma) - torch.ones(n, n, dtype=torch.float64) * gamma
-                 + torch.eye(n, dtype=torch.float64) * 1e-8)
-        assert torch.equal(exact.float(), cov)  # the matrix the pipeline built, before its float32 cast
-        return factor(exact).float()
-
-    monkeypatch.setattr(torch.linalg, "cholesky", cholesky)
 
 
 @pytest.fixture(scope="module", params=PYRAMID_CONFIGS, ids=[c.name for c in PYRAMID_CONFIGS])
@@ -56,7 +37,7 @@ def _theirs(monkeypatch, spec, pipe, frames: int, scale: float, seed: int, **med
     height, width = spec.size
     stages = split_steps(STEPS, spec.scheduler["stages"])
     with monkeypatch.context() as patch:  # the reference call only
-        _float64_block_factor(patch, pipe)
+        float64_block_factor(patch, pipe)
         out = pipe(prompt=PROMPT, num_frames=frames, guidance_scale=scale, height=height, width=width,
                    pyramid_num_inference_steps_list=list(stages),
                    generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **media)
