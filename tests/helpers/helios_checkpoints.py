@@ -114,6 +114,19 @@ def write_tiny_helios_pyramid(folder: Path, spec: TinyHeliosPyramid, seed: int =
     return folder
 
 
+def pyramid_pair(spec: TinyHeliosPyramid, folder: Path) -> tuple[TinyHeliosPyramid, Any, Any]:
+    """`spec` written to `folder`, then (spec, diffusers' HeliosPyramidPipeline, vidloom's native generator)."""
+    from diffusers import HeliosPyramidPipeline
+
+    from tests.helpers.reference_pipelines import reference_pipeline
+    from vidloom.generator import VideoGenerator
+
+    write_tiny_helios_pyramid(folder, spec)
+    gen = VideoGenerator.from_pretrained(folder, device="cpu")
+    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
+    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
+
+
 def float64_block_factor(monkeypatch: Any, pipe: Any) -> None:
     """The pyramid oracle's one patch. The pipeline factors the block covariance (1 + g) I - g 11^T + 1e-8 I after
     casting it to float32, where the 1e-8 is below the resolution at 1 + g: at g = 1/3 (2x2 patches, the published

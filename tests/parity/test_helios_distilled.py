@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.helios_checkpoints import DISTILLED_CONFIGS, float64_block_factor, write_tiny_helios_pyramid
-from tests.helpers.reference_pipelines import reference_pipeline
+from tests.helpers.helios_checkpoints import DISTILLED_CONFIGS, float64_block_factor, pyramid_pair
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.families.helios.options import AMPLIFY_FIRST_CHUNK
 from vidloom.families.helios.pyramid import split_steps
-from vidloom.generator import VideoGenerator
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 # float32 on CPU; the bound is one uint8 level of [0, 1] frames. Measured: MEASURED.
@@ -25,13 +23,7 @@ STEPS = 5  # split 2 + 2 + 1 (3 stages) or 3 + 2 (2 stages); amplified, the firs
 
 @pytest.fixture(scope="module", params=DISTILLED_CONFIGS, ids=[c.name for c in DISTILLED_CONFIGS])
 def pair(request, tmp_path_factory):
-    from diffusers import HeliosPyramidPipeline
-
-    spec = request.param
-    folder = write_tiny_helios_pyramid(tmp_path_factory.mktemp(spec.name), spec)
-    gen = VideoGenerator.from_pretrained(folder, device="cpu")
-    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
-    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
+    return pyramid_pair(request.param, tmp_path_factory.mktemp(request.param.name))
 
 
 def _theirs(monkeypatch, spec, pipe, frames: int, seed: int, **media) -> np.ndarray:

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, float64_block_factor, write_tiny_helios_pyramid
-from tests.helpers.reference_pipelines import reference_pipeline
+from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, float64_block_factor, pyramid_pair
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.families.helios.pyramid import split_steps
-from vidloom.generator import VideoGenerator
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 # float32 on CPU; the bound is one uint8 level of [0, 1] frames. Measured: at most 7.3e-6 over both configs, T2V
@@ -24,13 +22,7 @@ STEPS = 5  # split 2 + 2 + 1 (3 stages) or 3 + 2 (2 stages): uneven, and CFG-Zer
 
 @pytest.fixture(scope="module", params=PYRAMID_CONFIGS, ids=[c.name for c in PYRAMID_CONFIGS])
 def pair(request, tmp_path_factory):
-    from diffusers import HeliosPyramidPipeline
-
-    spec = request.param
-    folder = write_tiny_helios_pyramid(tmp_path_factory.mktemp(spec.name), spec)
-    gen = VideoGenerator.from_pretrained(folder, device="cpu")
-    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
-    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
+    return pyramid_pair(request.param, tmp_path_factory.mktemp(request.param.name))
 
 
 def _theirs(monkeypatch, spec, pipe, frames: int, scale: float, seed: int, **media) -> np.ndarray:

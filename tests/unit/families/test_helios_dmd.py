@@ -19,7 +19,7 @@ DMD = {"_class_name": "HeliosDMDScheduler", "num_train_timesteps": 1000, "predic
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"scheduler_type": "unipc"}, "scheduler_type"),  # HeliosScheduler's key: not this class's
+    ({"solver_order": 2}, "solver_order"),  # HeliosScheduler's key: not this class's
     ({"prediction_type": "epsilon"}, "prediction_type"),
     ({"stages": 1}, "stages"),
     ({"stages": 3, "stage_range": [0, 0.5, 1]}, "stage_range"),
@@ -35,15 +35,19 @@ def test_the_dmd_scheduler_keys_are_read_or_refused_by_name(cfg, match):
     dict(stages=3, use_dynamic_shifting=True, time_shift_type="linear"),
     dict(stages=3, use_dynamic_shifting=True, time_shift_type="exponential", gamma=0.25),
     dict(stages=2, stage_range=[0, 0.5, 1], shift=3.0),
+    # Keys the class does not declare but keeps in its config, where the pipeline's mu line reads them.
+    dict(stages=3, use_dynamic_shifting=True, scheduler_type="dmd", base_image_seq_len=128, max_shift=1.4),
 ])
 @pytest.mark.parametrize("steps,amplify", [(2, False), (3, True), (1, False)])
 def test_each_stage_steps_as_the_reference_sets_them(cfg, steps, amplify):
     from diffusers import HeliosDMDScheduler
 
-    theirs = HeliosDMDScheduler(**cfg)
+    theirs = HeliosDMDScheduler.from_config(cfg)
     schedule = dmd_schedule({**DMD, **cfg})
-    tokens = 1234  # mu's token count (the dynamic shift's)
-    mu = tokens * (1.15 - 0.5) / (4096 - 256) + (0.5 - (1.15 - 0.5) / (4096 - 256) * 256)
+    tokens = 1234  # mu's token count (the dynamic shift's), on the pipeline's line through the config's keys
+    lo, hi = theirs.config.get("base_image_seq_len", 256), theirs.config.get("max_image_seq_len", 4096)
+    low, high = theirs.config.get("base_shift", 0.5), theirs.config.get("max_shift", 1.15)
+    mu = tokens * (high - low) / (hi - lo) + (low - (high - low) / (hi - lo) * lo)
     for stage, bounds in enumerate(stage_ranges(schedule)):
         theirs.set_timesteps(steps, stage, mu=mu, is_amplify_first_chunk=amplify)
         ours = dmd_stage_schedule(schedule, bounds, 2 * steps if amplify else steps, tokens)

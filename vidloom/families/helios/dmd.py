@@ -24,9 +24,14 @@ from vidloom.loading.config_keys import check_choice, check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 
 CLASS_NAME = "HeliosDMDScheduler"
+# diffusers keeps keys the class does not declare in its config (warning they "will be ignored"), and the
+# pipeline's mu line reads four of them with config.get: a file's base/max keys move mu, so they are read too.
+MU_KEYS = ("base_image_seq_len", "max_image_seq_len", "base_shift", "max_shift")
 SCHEDULER_POLICY = KeyPolicy(
     frozenset({"num_train_timesteps", "shift", "stages", "stage_range", "gamma", "use_dynamic_shifting",
-               "time_shift_type"}),
+               "time_shift_type", *MU_KEYS}),
+    harmless={"scheduler_type": "HeliosScheduler's solver choice (sglang's configs write `dmd`); "
+                                "HeliosDMDScheduler keeps it unread and has one step rule"},
     refused={
         "prediction_type": Refusal(("flow_prediction",), "Helios-Distilled predicts flow velocity"),
         "use_flow_sigmas": Refusal((True,), "Helios runs on flow sigmas"),
@@ -36,8 +41,7 @@ SCHEDULER_POLICY = KeyPolicy(
 
 def dmd_schedule(cfg: Mapping[str, Any]) -> HeliosSchedule:
     """A HeliosDMDScheduler config as the pyramid's HeliosSchedule (the class's defaults where a key is missing:
-    3 stages, a linear time shift). The pipeline's mu line reads none of the scheduler's keys (the class has
-    none), so it keeps the 256 / 4096 / 0.5 / 1.15 defaults."""
+    3 stages, a linear time shift; the pipeline's for mu's line: 256 / 4096 tokens, 0.5 / 1.15)."""
     check_class_name(cfg, (CLASS_NAME,), WHERE)
     SCHEDULER_POLICY.check(cfg, WHERE)
     stages = int(cfg.get("stages", 3))
@@ -53,9 +57,14 @@ def dmd_schedule(cfg: Mapping[str, Any]) -> HeliosSchedule:
     if dynamic and shift != 1.0:  # the scheduler asserts it before shifting by mu
         raise CheckpointError(f"{WHERE}: shift={shift!r} with use_dynamic_shifting: HeliosDMDScheduler requires "
                               "shift 1.0 when it shifts by mu")
-    return replace(HeliosSchedule(), num_train_timesteps=int(cfg.get("num_train_timesteps", 1000)), solver=DMD_SAMPLER,
+    d = HeliosSchedule()
+    return replace(d, num_train_timesteps=int(cfg.get("num_train_timesteps", 1000)), solver=DMD_SAMPLER,
                    dynamic_shift=dynamic, exponential=kind == "exponential", stages=stages,
-                   stage_range=stage_range, gamma=float(cfg.get("gamma", 1 / 3)), shift=shift)
+                   stage_range=stage_range, gamma=float(cfg.get("gamma", 1 / 3)), shift=shift,
+                   base_image_seq_len=int(cfg.get("base_image_seq_len", d.base_image_seq_len)),
+                   max_image_seq_len=int(cfg.get("max_image_seq_len", d.max_image_seq_len)),
+                   base_shift=float(cfg.get("base_shift", d.base_shift)),
+                   max_shift=float(cfg.get("max_shift", d.max_shift)))
 
 
 def dmd_stage_schedule(schedule: HeliosSchedule, stage: StageRange, num_steps: int, tokens: int) -> Schedule:

@@ -8,8 +8,8 @@ AMPLIFY_FIRST_CHUNK = "amplify_first_chunk"
 DMD_SAMPLER = "dmd"  # the distilled card's one sampler
 DISTILLED = OptionBlock(
     "distilled",
-    (Option(AMPLIFY_FIRST_CHUNK, "bool", "the first chunk takes twice the steps in every stage (the quality of "
-                                         "the opening frames for a later first chunk; off by default, as "
+    (Option(AMPLIFY_FIRST_CHUNK, "bool", "the first chunk runs twice the steps in every stage (more steps for the "
+                                         "opening frames every later chunk builds on; off by default, as "
                                          "HeliosPyramidPipeline's is_amplify_first_chunk)"),),
     summary="DMD-distilled Helios (Helios-Distilled): the first chunk's steps",
     refusal="it is not a DMD-distilled Helios checkpoint",
