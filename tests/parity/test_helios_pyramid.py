@@ -14,7 +14,7 @@ from vidloom.families.helios.pyramid import split_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 # float32 on CPU; the bound is one uint8 level of [0, 1] frames. Measured: at most 7.3e-6 over both configs, T2V
-# (two chunks, with and without CFG) and I2V.
+# (two chunks, with and without CFG), I2V and V2V (6.6e-6).
 FRAME_TOLERANCE = 1 / 255
 PROMPT = "a paper boat drifting down a rainy street"
 STEPS = 5  # split 2 + 2 + 1 (3 stages) or 3 + 2 (2 stages): uneven, and CFG-Zero*'s two zeroed steps plus one
@@ -65,3 +65,19 @@ def test_image_to_video_matches_pipeline(pair, monkeypatch):
     diff = np.abs(ours - theirs).max()
     assert diff <= FRAME_TOLERANCE, diff
     assert np.abs(_ours(spec, gen, 33, 3.0, seed=9) - ours).max() > 0.05  # the image reached the video
+
+
+def test_video_to_video_matches_pipeline(pair, monkeypatch):
+    """A 37-frame clip: its first frame is the prefix, its last 33 frames (noised per latent frame) the history;
+    the new chunk continues it through the stages."""
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    spec, pipe, gen = pair
+    height, width = spec.size
+    clip = [make_image(width, height, seed) for seed in range(37)]
+    theirs = _theirs(monkeypatch, spec, pipe, 33, 3.0, seed=4, video=clip)
+    ours = _ours(spec, gen, 33, 3.0, seed=4, task=Task.V2V, video=clip)
+    assert ours.shape == theirs.shape == (33, *spec.size, 3)
+    diff = np.abs(ours - theirs).max()
+    assert diff <= FRAME_TOLERANCE, diff
+    assert np.abs(_ours(spec, gen, 33, 3.0, seed=4) - ours).max() > 0.05  # the clip reached the video

@@ -116,7 +116,7 @@ def helios_card(model_id: str, source: str, defaults: SamplingDefaults = DEFAULT
     )
 
 
-def card_from_checkpoint(path: str | Path) -> ModelCard | None:
+def card_from_checkpoint(path: str | Path) -> ModelCard:
     """A card for a HeliosPipeline or HeliosPyramidPipeline folder; the default solver is its scheduler's
     scheduler_type (a distilled folder's: DMD); a pyramid's sizes follow its stage count."""
     ckpt = DiffusersDir.open(path)

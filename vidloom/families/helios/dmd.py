@@ -93,6 +93,7 @@ class HeliosDMDSampler:
         return DMDStageState(schedule)
 
     def step(self, state: DMDStageState, index: int, model_output: Tensor, sample: Tensor) -> Tensor:
+        # HeliosDMDScheduler.step term for term (its float64 x0 and re-noise), as parity requires.
         check_index(state.schedule, index)
         if index == 0:
             state.start = sample
