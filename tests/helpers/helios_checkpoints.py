@@ -75,10 +75,12 @@ class TinyHeliosPyramid:
     scheduler: dict[str, Any]
     zero_star: bool
     size: tuple[int, int]  # height, width: multiples of 16 * 2^(stages - 1)
+    distilled: bool = False  # is_distilled, with a HeliosDMDScheduler of `scheduler`'s keys
+    amplify: bool = False  # the distilled test's is_amplify_first_chunk
 
     @property
     def name(self) -> str:
-        return f"pyramid-{self.base.name}"
+        return f"{'distilled' if self.distilled else 'pyramid'}-{self.base.name}"
 
 
 PYRAMID_A = TinyHeliosPyramid(  # the published shape: 3 stages, gamma 1/3 (singular in float32), CFG-Zero*
@@ -88,17 +90,57 @@ PYRAMID_B = TinyHeliosPyramid(  # 2 stages over a shifted train range, another g
     TINY_B, dict(stages=2, stage_range=[0, 0.5, 1], scheduler_type="euler", use_dynamic_shifting=False, shift=3.0,
                  gamma=0.25), zero_star=False, size=(32, 64))
 PYRAMID_CONFIGS = (PYRAMID_A, PYRAMID_B)
+DISTILLED_A = TinyHeliosPyramid(  # Helios-Distilled's shape: 3 stages, gamma 1/3, dynamic linear shift, amplified
+    TINY_A, dict(stages=3, use_dynamic_shifting=True, time_shift_type="linear", gamma=1 / 3), zero_star=False,
+    size=(64, 128), distilled=True, amplify=True)
+DISTILLED_B = TinyHeliosPyramid(  # 2 stages over a shifted train range, exponential kind unused, not amplified
+    TINY_B, dict(stages=2, stage_range=[0, 0.5, 1], use_dynamic_shifting=False, shift=3.0, gamma=0.25,
+                 time_shift_type="exponential"), zero_star=False, size=(32, 64), distilled=True)
+DISTILLED_CONFIGS = (DISTILLED_A, DISTILLED_B)
 
 
 def write_tiny_helios_pyramid(folder: Path, spec: TinyHeliosPyramid, seed: int = 0) -> Path:
     """Save a HeliosPyramidPipeline folder for `spec` with diffusers' own save_pretrained."""
-    from diffusers import HeliosPyramidPipeline, HeliosScheduler
+    from diffusers import HeliosDMDScheduler, HeliosPyramidPipeline, HeliosScheduler
 
     base = spec.base
     transformer = reference_transformer(base.transformer, seed)
     parts = reference_parts(TinyWan(base.name, base.transformer, base.vae), seed, vae_seed=seed + 1,
                             text_seed=seed + 2)
-    pipe = HeliosPyramidPipeline(**parts, transformer=transformer, scheduler=HeliosScheduler(**spec.scheduler),
-                                 is_cfg_zero_star=spec.zero_star, is_distilled=False)
+    scheduler = (HeliosDMDScheduler if spec.distilled else HeliosScheduler)(**spec.scheduler)
+    pipe = HeliosPyramidPipeline(**parts, transformer=transformer, scheduler=scheduler,
+                                 is_cfg_zero_star=spec.zero_star, is_distilled=spec.distilled)
     pipe.save_pretrained(str(folder))
     return folder
+
+
+def pyramid_pair(spec: TinyHeliosPyramid, folder: Path) -> tuple[TinyHeliosPyramid, Any, Any]:
+    """`spec` written to `folder`, then (spec, diffusers' HeliosPyramidPipeline, vidloom's native generator)."""
+    from diffusers import HeliosPyramidPipeline
+
+    from tests.helpers.reference_pipelines import reference_pipeline
+    from vidloom.generator import VideoGenerator
+
+    write_tiny_helios_pyramid(folder, spec)
+    gen = VideoGenerator.from_pretrained(folder, device="cpu")
+    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
+    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
+
+
+def float64_block_factor(monkeypatch: Any, pipe: Any) -> None:
+    """The pyramid oracle's one patch. The pipeline factors the block covariance (1 + g) I - g 11^T + 1e-8 I after
+    casting it to float32, where the 1e-8 is below the resolution at 1 + g: at g = 1/3 (2x2 patches, the published
+    value) the float32 matrix has an eigenvalue of about -2e-8 and CPU Cholesky raises (a float64 factorization of
+    the cast matrix fails too). Here the same formula is factored in float64 (positive definite by its 1e-8) and
+    the factor cast to float32, as vidloom does; no other value changes."""
+    factor = torch.linalg.cholesky
+    gamma = pipe.scheduler.config.gamma
+
+    def cholesky(cov: torch.Tensor) -> torch.Tensor:
+        n = cov.shape[0]
+        exact = (torch.eye(n, dtype=torch.float64) * (1 + gamma) - torch.ones(n, n, dtype=torch.float64) * gamma
+                 + torch.eye(n, dtype=torch.float64) * 1e-8)
+        assert torch.equal(exact.float(), cov)  # the matrix the pipeline built, before its float32 cast
+        return factor(exact).float()
+
+    monkeypatch.setattr(torch.linalg, "cholesky", cholesky)

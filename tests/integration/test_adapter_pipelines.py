@@ -54,9 +54,10 @@ def test_the_pyramid_takes_a_frame_count_the_wan_vae_rule_would_refuse_and_equal
 
 def test_the_distilled_pyramid_folder_loads_beside_its_config_flags(folders):
     from vidloom import registry
+    from vidloom.families.diffusers_adapter.cards import card_from_checkpoint
 
-    card = registry.resolve_card(folders["helios-distilled"])  # crashed on model_index.json's `is_distilled: true`
-    assert card.family == "diffusers-adapter"  # the native Helios family declines the DMD path
+    assert registry.resolve_card(folders["helios-distilled"]).family == "helios"  # native, DMD path included
+    card = card_from_checkpoint(folders["helios-distilled"])  # crashed on model_index.json's `is_distilled: true`
     assert "is_distilled" not in card.components and {"transformer", "vae", "scheduler"} <= set(card.components)
 
 

@@ -8,55 +8,28 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, write_tiny_helios_pyramid
-from tests.helpers.reference_pipelines import reference_pipeline
+from tests.helpers.helios_checkpoints import PYRAMID_CONFIGS, float64_block_factor, pyramid_pair
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.families.helios.pyramid import split_steps
-from vidloom.generator import VideoGenerator
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 # float32 on CPU; the bound is one uint8 level of [0, 1] frames. Measured: at most 7.3e-6 over both configs, T2V
-# (two chunks, with and without CFG) and I2V.
+# (two chunks, with and without CFG), I2V and V2V (6.6e-6).
 FRAME_TOLERANCE = 1 / 255
 PROMPT = "a paper boat drifting down a rainy street"
 STEPS = 5  # split 2 + 2 + 1 (3 stages) or 3 + 2 (2 stages): uneven, and CFG-Zero*'s two zeroed steps plus one
 
 
-def _float64_block_factor(monkeypatch, pipe) -> None:
-    """The oracle's one patch. The pipeline factors the block covariance (1 + g) I - g 11^T + 1e-8 I after casting
-    it to float32, where the 1e-8 is below the resolution at 1 + g: at g = 1/3 (2x2 patches, the published value)
-    the float32 matrix has an eigenvalue of about -2e-8 and CPU Cholesky raises (a float64 factorization of the
-    cast matrix fails too). Here the same formula is factored in float64 (positive definite by its 1e-8) and the
-    factor cast to float32, as vidloom does; no other value changes."""
-    factor = torch.linalg.cholesky
-    gamma = pipe.scheduler.config.gamma
-
-    def cholesky(cov: torch.Tensor) -> torch.Tensor:
-        n = cov.shape[0]
-        exact = (torch.eye(n, dtype=torch.float64) * (1 + gamma) - torch.ones(n, n, dtype=torch.float64) * gamma
-                 + torch.eye(n, dtype=torch.float64) * 1e-8)
-        assert torch.equal(exact.float(), cov)  # the matrix the pipeline built, before its float32 cast
-        return factor(exact).float()
-
-    monkeypatch.setattr(torch.linalg, "cholesky", cholesky)
-
-
 @pytest.fixture(scope="module", params=PYRAMID_CONFIGS, ids=[c.name for c in PYRAMID_CONFIGS])
 def pair(request, tmp_path_factory):
-    from diffusers import HeliosPyramidPipeline
-
-    spec = request.param
-    folder = write_tiny_helios_pyramid(tmp_path_factory.mktemp(spec.name), spec)
-    gen = VideoGenerator.from_pretrained(folder, device="cpu")
-    assert gen.card.family == "helios"  # native, not the adapter running the reference itself
-    return spec, reference_pipeline(HeliosPyramidPipeline, folder), gen
+    return pyramid_pair(request.param, tmp_path_factory.mktemp(request.param.name))
 
 
 def _theirs(monkeypatch, spec, pipe, frames: int, scale: float, seed: int, **media) -> np.ndarray:
     height, width = spec.size
     stages = split_steps(STEPS, spec.scheduler["stages"])
     with monkeypatch.context() as patch:  # the reference call only
-        _float64_block_factor(patch, pipe)
+        float64_block_factor(patch, pipe)
         out = pipe(prompt=PROMPT, num_frames=frames, guidance_scale=scale, height=height, width=width,
                    pyramid_num_inference_steps_list=list(stages),
                    generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **media)
@@ -92,3 +65,19 @@ def test_image_to_video_matches_pipeline(pair, monkeypatch):
     diff = np.abs(ours - theirs).max()
     assert diff <= FRAME_TOLERANCE, diff
     assert np.abs(_ours(spec, gen, 33, 3.0, seed=9) - ours).max() > 0.05  # the image reached the video
+
+
+def test_video_to_video_matches_pipeline(pair, monkeypatch):
+    """A 37-frame clip: its first frame is the prefix, its last 33 frames (noised per latent frame) the history;
+    the new chunk continues it through the stages."""
+    from tests.helpers.wan_i2v_checkpoints import make_image
+
+    spec, pipe, gen = pair
+    height, width = spec.size
+    clip = [make_image(width, height, seed) for seed in range(37)]
+    theirs = _theirs(monkeypatch, spec, pipe, 33, 3.0, seed=4, video=clip)
+    ours = _ours(spec, gen, 33, 3.0, seed=4, task=Task.V2V, video=clip)
+    assert ours.shape == theirs.shape == (33, *spec.size, 3)
+    diff = np.abs(ours - theirs).max()
+    assert diff <= FRAME_TOLERANCE, diff
+    assert np.abs(_ours(spec, gen, 33, 3.0, seed=4) - ours).max() > 0.05  # the clip reached the video

@@ -21,6 +21,10 @@ KEY_POLICIES: dict[tuple[str, str], str] = {
         "vidloom.families.flux2.schedule:SCHEDULER_POLICY",
     ("FlowMatchEulerDiscreteScheduler", "scheduler/scheduler_config.json (LTX-2)"):
         "vidloom.families.ltx2.schedule:SCHEDULER_POLICY",
+    ("HeliosScheduler", "scheduler/scheduler_config.json (Helios, Helios-Mid)"):
+        "vidloom.families.helios.schedule:SCHEDULER_POLICY",
+    ("HeliosDMDScheduler", "scheduler/scheduler_config.json (Helios-Distilled)"):
+        "vidloom.families.helios.dmd:SCHEDULER_POLICY",
     ("AutoencoderKLLTX2Audio", "audio_vae/config.json (LTX-2)"): "vidloom.models.ltx2.audio_vae:AUDIO_VAE_POLICY",
     ("Cosmos3OmniTransformer", "transformer/config.json (Cosmos3)"):
         "vidloom.families.cosmos3.config:TRANSFORMER_POLICY",

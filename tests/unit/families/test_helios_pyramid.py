@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vidloom.core.errors import CheckpointError
-from vidloom.families.helios.cards import DISTILLED_REFUSAL, ZERO_STAR_NOTE, card_from_checkpoint, check_pipeline
+from vidloom.families.helios.cards import DISTILLED_NOTE, ZERO_STAR_NOTE, card_from_checkpoint, check_pipeline
 from vidloom.families.helios.demo import DEMO_SCHEDULER
 from vidloom.families.helios.pyramid import block_noise_factor, split_steps, stage_ranges
 from vidloom.families.helios.schedule import HeliosSchedule
@@ -21,10 +21,11 @@ COMPONENTS = {"tokenizer": ["transformers", "T5TokenizerFast"], "text_encoder": 
               "transformer": ["diffusers", "HeliosTransformer3DModel"]}
 
 
-def _folder(tmp_path: Path, scheduler: dict, **settings) -> Path:
+def _folder(tmp_path: Path, scheduler: dict, scheduler_class: str = "HeliosScheduler", **settings) -> Path:
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps({**DEMO_SCHEDULER, **scheduler}))
-    index = {"_class_name": "HeliosPyramidPipeline", **COMPONENTS, **settings}
+    index = {"_class_name": "HeliosPyramidPipeline", **COMPONENTS, "scheduler": ["diffusers", scheduler_class],
+             **settings}
     (tmp_path / "model_index.json").write_text(json.dumps(index))
     return tmp_path
 
@@ -36,12 +37,21 @@ def test_a_mid_folder_gets_the_pyramid_card(tmp_path):
     assert ZERO_STAR_NOTE in card.notes
 
 
-def test_a_distilled_folder_is_declined_and_refused_at_load_with_the_reason(tmp_path):
-    folder = _folder(tmp_path, {"stages": 3}, is_cfg_zero_star=False, is_distilled=True)
-    assert card_from_checkpoint(folder) is None  # the registry hands it to the diffusers adapter
-    with pytest.raises(CheckpointError, match="is_distilled") as err:
+def test_a_distilled_folder_gets_the_distilled_card(tmp_path):
+    folder = _folder(tmp_path, {"_class_name": "HeliosDMDScheduler", "stages": 3}, "HeliosDMDScheduler",
+                     is_cfg_zero_star=False, is_distilled=True)
+    card = card_from_checkpoint(folder)
+    assert card.family == "helios" and DISTILLED_NOTE in card.notes and "distilled" in card.request_blocks
+    defaults = card.sampling_defaults  # diffusers' Helios-Distilled example: [2, 2, 2] steps, guidance 1.0
+    assert (defaults.num_inference_steps, defaults.guidance_scale, defaults.sampler) == (6, 1.0, "dmd")
+    assert card.geometry.spatial_multiple == 64
+
+
+@pytest.mark.parametrize("scheduler_class,distilled", [("HeliosScheduler", True), ("HeliosDMDScheduler", False)])
+def test_is_distilled_and_the_dmd_scheduler_go_together(tmp_path, scheduler_class, distilled):
+    folder = _folder(tmp_path, {"stages": 3}, scheduler_class, is_distilled=distilled)
+    with pytest.raises(CheckpointError, match="is_distilled is"):
         check_pipeline(DiffusersDir.open(folder))
-    assert DISTILLED_REFUSAL in str(err.value)
 
 
 def test_the_pyramid_scheduler_keys():

@@ -1,5 +1,6 @@
 """Helios (real-time long video): its transformer with history latents (our own), Wan's VAE and UMT5 text path,
-cards, loading and the chunk loop, one-stage or pyramid (text to video, each 33-frame chunk streamed as it is decoded)."""
+cards, loading and the chunk loop, one-stage, pyramid or distilled pyramid (text, image and video to video, each
+33-frame chunk streamed as it is decoded)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ FAMILY = Family(
     pipelines={"HeliosPipeline": ".cards:card_from_checkpoint",
                "HeliosPyramidPipeline": ".cards:card_from_checkpoint"},
     parity=None,
-    options=("vidloom.core.blocks:EXTENSION",),
+    options=("vidloom.core.blocks:EXTENSION", ".options:DISTILLED"),
     # diffusers' HeliosLoraLoaderMixin loads into `transformer` and converts the original (Wan-named) formats as
     # Wan's does.
     lora=LoRASupport(targets=(("transformer", ".config:HELIOS_TRANSFORMER_NAME_MAP"),),

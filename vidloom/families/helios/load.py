@@ -1,4 +1,4 @@
-"""Load a Helios diffusers folder (HeliosPipeline or HeliosPyramidPipeline) onto our modules: one resident copy per component."""
+"""Load a Helios diffusers folder (HeliosPipeline, or HeliosPyramidPipeline: Mid or Distilled) onto our modules: one resident copy per component."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError
 from vidloom.core.instance import ModelInstance
 from vidloom.core.live_prompt import LIVE_PROMPTS, LivePrompts
-from vidloom.families.helios.cards import check_pipeline, is_pyramid, zero_star
+from vidloom.families.helios.cards import check_pipeline, is_distilled, is_pyramid, zero_star
+from vidloom.families.helios.dmd import dmd_schedule
 from vidloom.families.helios.config import HELIOS_TRANSFORMER_NAME_MAP, HeliosTransformerConfig
 from vidloom.families.helios.schedule import PYRAMID, HeliosSchedule, PyramidSettings
 from vidloom.families.helios.transformer import HeliosTransformer
@@ -34,8 +35,9 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
         check_fp8_compute(device, compute)  # before any weight reaches the device
 
     config = ckpt.parse_component("transformer", HeliosTransformerConfig.from_diffusers)
-    schedule = ckpt.parse_component("scheduler", lambda cfg: HeliosSchedule.from_diffusers(cfg, is_pyramid(ckpt)),
-                                    "scheduler_config.json")
+    distilled = is_distilled(ckpt)
+    parse = dmd_schedule if distilled else (lambda cfg: HeliosSchedule.from_diffusers(cfg, is_pyramid(ckpt)))
+    schedule = ckpt.parse_component("scheduler", parse, "scheduler_config.json")
     z_dim = int(ckpt.component_config("vae").get("z_dim", 16))  # AutoencoderKLWan's default
     for key, value in (("in_channels", config.in_channels), ("out_channels", config.out_channels)):
         if value != z_dim:  # the loop feeds VAE latents and steps them by the prediction: one width
@@ -52,7 +54,7 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
         "vae": vae.to(device=device, dtype=vae_dtype).eval(),
         "text_encoder": text,
         "schedule": schedule,
-        PYRAMID: PyramidSettings(schedule.stages > 1, zero_star(ckpt)),
+        PYRAMID: PyramidSettings(schedule.stages > 1, zero_star(ckpt), distilled),
         LIVE_PROMPTS: LivePrompts(),  # prompts set while a request runs, read at its chunk boundaries
     }
     return ModelInstance(card=card, components=components, device=device, dtype=compute,

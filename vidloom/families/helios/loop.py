@@ -91,6 +91,7 @@ class HeliosChunkState:
     latents: Tensor  # float32 [1, C, 9, h, w]: the chunk being denoised
     sampler_state: Any
     stage_schedules: tuple[Schedule, ...] = ()  # the pyramid's, one per stage (the base loop: just `schedule`)
+    first_schedules: tuple[Schedule, ...] = ()  # the first chunk's when they differ (Helios-Distilled's amplified)
     stage: int = 0  # the pyramid stage being denoised
     prefix: Tensor | None = None  # [1, C, 1, h, w] the first frame's latents (T2V: None before the first chunk)
     chunk: int = 0
@@ -98,6 +99,14 @@ class HeliosChunkState:
     frames: list[Tensor] = field(default_factory=list)  # decoded chunks, [F, H, W, 3] each
     generated: list[Tensor] = field(default_factory=list)  # finished chunks' latents, float32 on the CPU
     unsent: Tensor | None = None  # the chunk decoded by the last advance, handed to the caller by the next `next`
+
+    def chunk_schedules(self, chunk: int) -> tuple[Schedule, ...]:
+        """Chunk `chunk`'s schedules, one per stage."""
+        return self.first_schedules if chunk == 0 and self.first_schedules else self.stage_schedules
+
+    @property
+    def current_schedules(self) -> tuple[Schedule, ...]:
+        return self.chunk_schedules(self.chunk)
 
 
 class HeliosChunkLoop:
@@ -118,7 +127,7 @@ class HeliosChunkLoop:
         vae = self.vae.config
         h, w = request.height // vae.spatial_factor, request.width // vae.spatial_factor
         schedules = self._schedules(request.num_inference_steps, h, w)
-        sampler = self.schedule.sampler(request.sampler)
+        sampler = self._sampler(request)
         generator: torch.Generator = slots["generator"]  # already drawn from for an image's conditioning
         history = torch.zeros(1, vae.z_dim, sum(HISTORY_SIZES), h, w, device=self.device)
         media: MediaConditioning | None = slots["conditioning"]
@@ -135,6 +144,7 @@ class HeliosChunkLoop:
             negative_embeds=None if negative is None else negative.to(self.dtype),
             guidance_scale=float(request.guidance_scale), latents=history[:, :, :0], sampler_state=None,
             prefix=None if media is None else media.prefix, stage_schedules=schedules,
+            first_schedules=self._first_chunk_schedules(request, h, w),
         )
         self._start_chunk(state)
         return state
@@ -147,6 +157,13 @@ class HeliosChunkLoop:
     def _schedules(self, num_steps: int, h: int, w: int) -> tuple[Schedule, ...]:
         """Every chunk's schedules, one per stage (the base pipeline: one)."""
         return (self.schedule.schedule(num_steps, self._tokens(h, w)),)
+
+    def _first_chunk_schedules(self, request: GenerationRequest, h: int, w: int) -> tuple[Schedule, ...]:
+        """The first chunk's schedules when they are not every chunk's (empty: they are)."""
+        return ()
+
+    def _sampler(self, request: GenerationRequest) -> Any:
+        return self.schedule.sampler(request.sampler)
 
     def _start_chunk(self, state: HeliosChunkState) -> None:
         """The next chunk's fresh noise and solver state."""
@@ -172,10 +189,10 @@ class HeliosChunkLoop:
             prompt = self.live_prompts.take(state.request_id)
             if prompt is not None:  # the negative prompt's embeddings stay
                 state.prompt_embeds = self.text.encode([prompt]).to(self.dtype)
-        steps = sum(s.num_steps for s in state.stage_schedules)
-        done = sum(s.num_steps for s in state.stage_schedules[:state.stage]) + state.step
+        steps = [sum(s.num_steps for s in state.chunk_schedules(k)) for k in range(state.total_chunks)]
+        done = sum(s.num_steps for s in state.current_schedules[:state.stage]) + state.step
         return StepPlan(
-            loop=STEP, index=state.chunk * steps + done, total=state.total_chunks * steps,
+            loop=STEP, index=sum(steps[:state.chunk]) + done, total=sum(steps),
             call=self.guidance, denoiser=GUIDANCE_INPUTS,
             inputs={NETWORK: self._network(state), "latents": state.latents.to(self.dtype), "timestep": self._timestep(state),
                     "prompt_embeds": state.prompt_embeds, "negative_embeds": state.negative_embeds,
@@ -191,7 +208,7 @@ class HeliosChunkLoop:
         prefix = state.prefix if state.prefix is not None else torch.zeros_like(short[:, :, :1])
         i_chunk, i_short, i_mid, i_long = self.indices
         history = HeliosHistory(torch.cat([prefix.to(self.dtype), short], dim=2), i_short, mid, i_mid, long, i_long)
-        scope = state.chunk * len(state.stage_schedules) + state.stage  # a step cache restarts per chunk and stage
+        scope = state.chunk * len(state.current_schedules) + state.stage  # a step cache restarts per chunk and stage
         return HeliosNetwork(self.transformer, i_chunk, history, cache_scope=scope)
 
     # -- results ----------------------------------------------------------------------

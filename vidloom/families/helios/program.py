@@ -14,6 +14,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.core.session import EXTEND_FROM, VideoSession
 from vidloom.families.helios.conditioning import continue_latents, encode_context_video, encode_first_frame, pixels
+from vidloom.families.helios.dmd_loop import HeliosDMDLoop
 from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, HeliosChunkLoop, chunk_frames
 from vidloom.families.helios.pyramid_loop import HeliosPyramidLoop
 from vidloom.families.helios.schedule import PYRAMID, PyramidSettings
@@ -51,7 +52,12 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
     args = (instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy, instance.device,
             text, instance[LIVE_PROMPTS])
     pyramid: PyramidSettings = instance[PYRAMID]
-    loop = HeliosPyramidLoop(*args, zero_star=pyramid.zero_star) if pyramid.enabled else HeliosChunkLoop(*args)
+    if pyramid.distilled:
+        loop: HeliosChunkLoop = HeliosDMDLoop(*args)
+    elif pyramid.enabled:
+        loop = HeliosPyramidLoop(*args, zero_star=pyramid.zero_star)
+    else:
+        loop = HeliosChunkLoop(*args)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),

@@ -16,8 +16,8 @@ from vidloom.diffusion.guidance import GuidancePolicy, Network, TwoBranchCFG
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.helios.loop import HeliosChunkLoop, HeliosChunkState
 from vidloom.families.helios.pyramid import (
-    ZERO_INIT_STEPS, block_noise, cfg_zero_star, downsample, renoise_alpha, stage_ranges, stage_schedule,
-    split_steps, upsample,
+    ZERO_INIT_STEPS, StageRange, block_noise, cfg_zero_star, downsample, renoise_alpha, stage_ranges,
+    stage_schedule, split_steps, upsample,
 )
 
 
@@ -47,18 +47,26 @@ class HeliosPyramidLoop(HeliosChunkLoop):
         self.ranges = stage_ranges(self.schedule)
 
     def _schedules(self, num_steps: int, h: int, w: int) -> tuple[Schedule, ...]:
-        # A stage's time shift counts the tokens of the grid it starts from: the previous stage's (the first: its own).
         stages = self.schedule.stages
         if num_steps < stages:
             raise InvalidRequest("num_inference_steps", f"is {num_steps}; the pyramid needs at least one step in "
                                                         f"each of its {stages} stages")
+        return self._stage_schedules(split_steps(num_steps, stages), h, w)
+
+    def _stage_schedules(self, steps: tuple[int, ...], h: int, w: int) -> tuple[Schedule, ...]:
+        """One schedule per stage of `steps[s]` steps on an h x w (full-size) latent grid."""
+        # A stage's time shift counts the tokens of the grid it starts from: the previous stage's (the first: its own).
+        stages = self.schedule.stages
         sizes = [(h >> (stages - 1 - s), w >> (stages - 1 - s)) for s in range(stages)]
-        return tuple(stage_schedule(self.schedule, self.ranges[s], steps, self._tokens(*sizes[max(s - 1, 0)]))
-                     for s, steps in enumerate(split_steps(num_steps, stages)))
+        return tuple(self._stage_schedule(self.ranges[s], n, self._tokens(*sizes[max(s - 1, 0)]))
+                     for s, n in enumerate(steps))
+
+    def _stage_schedule(self, stage: StageRange, num_steps: int, tokens: int) -> Schedule:
+        return stage_schedule(self.schedule, stage, num_steps, tokens)
 
     def _start_chunk(self, state: HeliosChunkState) -> None:
         state.stage = 0
-        state.schedule = state.stage_schedules[0]
+        state.schedule = state.current_schedules[0]
         state.latents = downsample(self._noise(state.generator, state.history), self.schedule.stages - 1)
         state.sampler_state = state.sampler.init_state(state.schedule)
 
@@ -73,7 +81,7 @@ class HeliosPyramidLoop(HeliosChunkLoop):
         state.step += 1
         if state.step < state.schedule.num_steps:
             return state
-        if state.stage + 1 < len(state.stage_schedules):
+        if state.stage + 1 < len(state.current_schedules):
             self._next_stage(state)
         else:
             self._finish_chunk(state)
@@ -82,7 +90,7 @@ class HeliosPyramidLoop(HeliosChunkLoop):
     def _next_stage(self, state: HeliosChunkState) -> None:
         """Upsample the finished stage and renoise it to the next stage's start (the variance-keeping correction)."""
         state.stage, state.step = state.stage + 1, 0
-        state.schedule = state.stage_schedules[state.stage]
+        state.schedule = state.current_schedules[state.stage]
         latents = upsample(state.latents)
         gamma = self.schedule.gamma
         signal = 1 - self.ranges[state.stage].ori_start_sigma

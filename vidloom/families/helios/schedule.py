@@ -48,10 +48,12 @@ PYRAMID = "pyramid"  # the instance component holding the pipeline's PyramidSett
 
 @dataclass(frozen=True)
 class PyramidSettings:
-    """How the program loops: one stage (HeliosPipeline) or the pyramid, with or without CFG-Zero*."""
+    """How the program loops: one stage (HeliosPipeline) or the pyramid, with or without CFG-Zero*, or its
+    distilled form (DMD steps, no guidance)."""
 
     enabled: bool
     zero_star: bool
+    distilled: bool = False
 
 
 def calculate_mu(tokens: int, base_len: int, max_len: int, base_shift: float, max_shift: float) -> float:
