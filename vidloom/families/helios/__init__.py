@@ -17,4 +17,5 @@ FAMILY = Family(
     # Wan's does.
     lora=LoRASupport(targets=(("transformer", ".config:HELIOS_TRANSFORMER_NAME_MAP"),),
                      converter="vidloom.lora.formats:wan_keys"),
+    token_layout=".parallel:token_layout",
 )
