@@ -8,7 +8,7 @@ from vidloom.core.family import Family, LoRASupport
 FAMILY = Family(
     package=__name__,
     card_families=("helios",),
-    demos={"helios-demo": ".demo"},
+    demos={"helios-demo": ".demo", "helios-pyramid-demo": ".pyramid_demo"},
     pipelines={"HeliosPipeline": ".cards:card_from_checkpoint",
                "HeliosPyramidPipeline": ".cards:card_from_checkpoint"},
     parity=None,
