@@ -211,9 +211,9 @@ class HeliosConditioning:
     """The chunk's patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
     """Shape (B, C_in, F, H, W) of the chunk's latents, for unpatchify."""
-    history_tokens: int = 0
+    history_tokens: int
     """History tokens ahead of the chunk's in the whole stream (the head drops them)."""
-    length: int = 0
+    length: int
     """Rows of the whole [history, chunk] stream before a sharded layout padded it."""
     key_mask: Tensor | None = None
     """[S_padded] bool on the CPU when a sharded stream was padded to split (its pad rows are no keys); else None."""
@@ -332,8 +332,8 @@ class HeliosTransformer(BlockStack, nn.Module):
         # 5. This device's rows of the joint stream (all of them on one device), history rows first
         part = self.sequence.shard_joint(x, (rope,), num_history)
         cond = HeliosConditioning(text, temb, time_mod, history_mod, part.tables[0].contiguous(), part.prefix,
-                                  grid, tuple(latents.shape), num_history, part.length,  # type: ignore[arg-type]
-                                  part.key_mask)
+                                  grid, tuple(latents.shape), history_tokens=num_history,  # type: ignore[arg-type]
+                                  length=part.length, key_mask=part.key_mask)
         return part.tokens.contiguous(), cond
 
     def run_blocks(self, x: Tensor, cond: HeliosConditioning, start: int = 0, end: int | None = None) -> Tensor:
