@@ -22,7 +22,9 @@ from PIL import Image
 from tests.helpers.servers import ProcessServer, wait_for_status
 from tests.helpers.wav import pcm16_wav
 from vidloom import registry
+from vidloom.core.errors import InvalidRequest
 from vidloom.families.flux2.demo import DEMO_VERSION as FLUX2_DEMO_VERSION
+from vidloom.families.helios.schedule import PYRAMID, PyramidSettings
 from vidloom.generator import VideoGenerator
 from vidloom.media.video import read_video
 
@@ -112,6 +114,19 @@ def test_hunyuan15_demo_through_the_cli_writes_a_video_and_its_prompt_and_image_
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 30, 3), dtype=np.uint8))
     i2v = gen.generate("a cat", image=image, **request).frames
     assert i2v.shape == (5, 80, 40, 3)  # the portrait image's bucket sets the size
+
+
+def test_helios_pyramid_demo_denoises_each_chunk_in_three_stages_with_cfg_zero_star(tmp_path):
+    gen = VideoGenerator.from_pretrained("helios-pyramid-demo", device="cpu", cache_dir=tmp_path / "cache")
+    assert gen.engine.instance[PYRAMID] == PyramidSettings(enabled=True, zero_star=True)
+    steps: list[int] = []
+    video = gen.generate("a paper boat", num_inference_steps=3, seed=1,
+                         on_event=lambda e: steps.append(e.step) if getattr(e, "phase", "") == "denoise" else None)
+    assert video.frames.shape == (33, 64, 64, 3) and steps == [1, 2, 3]  # the card's default size, a step per stage
+    for field, change in (("height", dict(height=96)), ("num_inference_steps", dict(num_inference_steps=2))):
+        with pytest.raises(InvalidRequest) as err:  # sizes are multiples of 64; every stage takes a step
+            gen.generate("a paper boat", seed=1, **change)
+        assert err.value.field == field
 
 
 def test_far_demo_rolls_out_chunks_and_extends_its_own_video(tmp_path):

@@ -93,7 +93,7 @@ def test_the_readme_tour_runs_here():
     text = (ROOT / "README.md").read_text()
     tour = text[text.index("[start:tour]"):text.index("[end:tour]")]  # what the Quickstart shows too
     demos = [c.model_id for c in registry.list_cards() if c.model_id.endswith("-demo")]
-    assert len(demos) == 15 and registry.DEFAULT_MODEL in demos
+    assert len(demos) == 16 and registry.DEFAULT_MODEL in demos
     for demo in [d for d in demos if d != registry.DEFAULT_MODEL] + ["--video cat.mp4"]:  # every demo (#39)
         assert any(demo in b.code for b in readme), f"the README's tour runs nothing with {demo}"
         assert demo in tour, f"the tour (README and Quickstart) shows no command for {demo}"

@@ -13,7 +13,8 @@ from vidloom import registry
 from vidloom.core import plugin
 
 DEMOS = ("wan2.2-demo", "far-demo", "cosmos3-demo", "cosmos3-action-demo", "ltx2-demo", "flux2-klein-demo",
-         "sana-wm-demo", "stable-audio-demo", "qwen-image-demo", "helios-demo", "hunyuan15-demo")
+         "sana-wm-demo", "stable-audio-demo", "qwen-image-demo", "helios-demo", "helios-pyramid-demo",
+         "hunyuan15-demo")
 # Our LTX-2 audio VAE is its decoder (generation never encodes sound), so the demo ships no encoder weights.
 ENCODER_ONLY = {("ltx2-demo", "audio_vae"): "encoder."}
 

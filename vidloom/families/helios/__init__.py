@@ -9,7 +9,7 @@ from vidloom.core.family import Family, LoRASupport
 FAMILY = Family(
     package=__name__,
     card_families=("helios",),
-    demos={"helios-demo": ".demo"},
+    demos={"helios-demo": ".demo", "helios-pyramid-demo": ".pyramid_demo"},
     pipelines={"HeliosPipeline": ".cards:card_from_checkpoint",
                "HeliosPyramidPipeline": ".cards:card_from_checkpoint"},
     parity=None,
@@ -18,4 +18,5 @@ FAMILY = Family(
     # Wan's does.
     lora=LoRASupport(targets=(("transformer", ".config:HELIOS_TRANSFORMER_NAME_MAP"),),
                      converter="vidloom.lora.formats:wan_keys"),
+    token_layout=".parallel:token_layout",
 )

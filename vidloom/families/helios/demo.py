@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
-from vidloom.core.card import ModelCard
+from vidloom.core.card import ModelCard, SamplingDefaults
 from vidloom.demo.cache import DemoCheckpoint, noise_note
 from vidloom.demo.writer import Part, model_index
 from vidloom.families.helios.cards import DEFAULTS, helios_card
@@ -47,19 +48,30 @@ MODEL_INDEX = model_index(
 DEMO_DEFAULTS = dataclasses.replace(DEFAULTS, height=64, width=96, num_frames=65, fps=8, num_inference_steps=4)
 
 
-def demo_card() -> ModelCard:
-    card = helios_card(DEMO_ID, f"demo:{DEMO_ID}", DEMO_DEFAULTS,
-                       "Helios chunked long video (history latents, per-chunk streaming) at a tiny size, random weights",
-                       precision="float32")
-    return dataclasses.replace(card, notes=(*card.notes, DEMO_NOTE))
+def helios_demo_card(demo_id: str, defaults: SamplingDefaults, description: str, note: str,
+                     **card: Any) -> ModelCard:
+    """A demo's card (float32, its noise note last); `card`: helios_card's other fields (a pyramid's geometry)."""
+    built = helios_card(demo_id, f"demo:{demo_id}", defaults, description, precision="float32", **card)
+    return dataclasses.replace(built, notes=(*built.notes, note))
 
 
-def write_demo_checkpoint(folder: Path) -> None:
-    """A HeliosPipeline folder from our own modules (diffusers can load it too)."""
+def write_helios_demo(folder: Path, seed: int, scheduler: dict[str, Any], index: dict[str, Any]) -> None:
+    """A Helios pipeline folder (`index` names which) of the demo transformer from our own modules beside Wan's tiny
+    VAE and UMT5 (diffusers can load it too)."""
     transformer = Part("transformer",
                        lambda: HeliosTransformer(HeliosTransformerConfig.from_diffusers(DEMO_TRANSFORMER)),
                        HELIOS_TRANSFORMER_NAME_MAP, DEMO_TRANSFORMER, scale=CROSS_ATTENTION_SCALE)
-    write_wan_demo_folder(folder, transformer, DEMO_SEED, DEMO_SCHEDULER, MODEL_INDEX)
+    write_wan_demo_folder(folder, transformer, seed, scheduler, index)
+
+
+def demo_card() -> ModelCard:
+    return helios_demo_card(DEMO_ID, DEMO_DEFAULTS, "Helios chunked long video (history latents, per-chunk "
+                            "streaming) at a tiny size, random weights", DEMO_NOTE)
+
+
+def write_demo_checkpoint(folder: Path) -> None:
+    """A HeliosPipeline folder."""
+    write_helios_demo(folder, DEMO_SEED, DEMO_SCHEDULER, MODEL_INDEX)
 
 
 ensure_demo_checkpoint = DemoCheckpoint(DEMO_ID, DEMO_VERSION, write_demo_checkpoint).ensure

@@ -4,6 +4,11 @@ A Wan-shaped DiT that denoises one chunk while attending to compressed history: 
 latents are patchified at 1x, 2x and 4x the chunk's patch and their tokens prepended to the chunk's, with RoPE
 positions from explicit frame indices (so every chunk sees the same relative positions). History tokens are
 modulated as at timestep 0, skip cross-attention, and are dropped before the output head.
+
+Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` and wraps every block's self-attention)
+the joint [history, chunk] stream is sharded right after embedding with its RoPE rows, padded at its end when it does
+not split, and gathered before the head: a rank's rows are history rows, then chunk rows, and each keeps its own
+modulation, key amplification and cross-attention. The text is cross-attention context, whole on every rank.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from vidloom.families.helios.config import HeliosTransformerConfig
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
 from vidloom.models.wan.transformer import MLP, WanAttention
@@ -124,7 +130,8 @@ class HeliosSelfAttention(WanAttention):
             width = config.num_attention_heads if config.history_scale_mode == "per_head" else 1
             self.history_key_scale = nn.Parameter(torch.ones(width))
 
-    def attend(self, x: Tensor, rope: Tensor, num_history: int) -> Tensor:
+    def attend(self, x: Tensor, rope: Tensor, num_history: int, key_mask: Tensor | None = None) -> Tensor:
+        """`key_mask`: a sharded stream's pad mask (JointPart.key_mask), for the sequence-parallel wrapper."""
         q, k, v = project(x, self.q, self.k, self.v)
         q = apply_rope(self.norm_q(q).unflatten(-1, (self.num_heads, -1)), rope)  # [B, S, H, Dh]
         k = apply_rope(self.norm_k(k).unflatten(-1, (self.num_heads, -1)), rope)
@@ -133,7 +140,8 @@ class HeliosSelfAttention(WanAttention):
             factor = 1.0 + torch.sigmoid(self.history_key_scale.float()) * (MAX_HISTORY_KEY_SCALE - 1.0)
             past, now = _split(k, num_history)
             k = torch.cat([(past * factor[:, None]).to(k.dtype), now], dim=1)  # [H, 1] or [1, 1] per head
-        return self.out(self.attention_fn(q, k, v).flatten(-2))
+        out = self.attention_fn(q, k, v) if key_mask is None else self.attention_fn(q, k, v, key_mask)
+        return self.out(out.flatten(-2))
 
 
 class HeliosBlock(nn.Module):
@@ -160,7 +168,7 @@ class HeliosBlock(nn.Module):
 
         # 1. Self-attention over history and chunk tokens
         h = modulate_segments(x, n, past[:2], now[:2], self.eps)
-        x = residual_segments(x, self.self_attn.attend(h, cond.rope, n), n, past[2], now[2])
+        x = residual_segments(x, self.self_attn.attend(h, cond.rope, n, cond.key_mask), n, past[2], now[2])
 
         # 2. Cross-attention to text, unmodulated and ungated; history tokens skip it by default
         start = n if self.guidance_cross_attn else 0
@@ -196,13 +204,19 @@ class HeliosConditioning:
     history_mod: Tensor
     """The history tokens' modulation [B or 1, 6, D] (timestep 0 when zero_history_timestep)."""
     rope: Tensor
-    """(cos, sin) pairs [S_hist + S, Dh/2, 2], history rows first."""
+    """(cos, sin) pairs [S_hist + S, Dh/2, 2] of this device's rows, history rows first."""
     num_history: int
-    """History tokens ahead of the chunk's."""
+    """History tokens ahead of the chunk's among this device's rows."""
     grid: tuple[int, int, int]
     """The chunk's patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
     """Shape (B, C_in, F, H, W) of the chunk's latents, for unpatchify."""
+    history_tokens: int
+    """History tokens ahead of the chunk's in the whole stream (the head drops them)."""
+    length: int
+    """Rows of the whole [history, chunk] stream before a sharded layout padded it."""
+    key_mask: Tensor | None = None
+    """[S_padded] bool on the CPU when a sharded stream was padded to split (its pad rows are no keys); else None."""
 
 
 class HistoryEmbed(nn.Module):
@@ -244,6 +258,10 @@ class HeliosTransformer(BlockStack, nn.Module):
         {"time_embed", "modulation", "out_modulation", "cross_norm", "history_key_scale"})
     """Name segments of parameters kept in float32 when the rest is cast to bf16/fp16, as the reference does."""
 
+    # Which rows of the [history, chunk] stream this device holds: all of them, unless sequence parallel swapped in
+    # a sharded layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
+
     def __init__(self, config: HeliosTransformerConfig, attention_fn: AttentionFn = attention,
                  cross_attention_fn: AttentionFn | None = None) -> None:
         super().__init__()
@@ -261,6 +279,8 @@ class HeliosTransformer(BlockStack, nn.Module):
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
 
     def self_attentions(self) -> Iterator[WanAttention]:
+        """Every block's self-attention over the whole [history, chunk] stream (sequence parallel wraps it); the
+        cross-attention to the text runs on each rank's rows as it is."""
         return (block.self_attn for block in self.blocks)
 
     def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, frame_indices: Tensor,
@@ -277,7 +297,8 @@ class HeliosTransformer(BlockStack, nn.Module):
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, frame_indices: Tensor,
               history: HeliosHistory | None = None) -> tuple[Tensor, HeliosConditioning]:
-        """Tokens [B, S_hist + S, D] for the first block (history first), and what every block reads."""
+        """Tokens [B, S_hist + S, D] for the first block (history first; this device's rows of them), and what
+        every block reads."""
         cfg = self.config
         batch = latents.shape[0]
         if timestep.ndim == 0:
@@ -307,9 +328,13 @@ class HeliosTransformer(BlockStack, nn.Module):
 
         # 4. Text: [B, L, text_dim] -> [B, L, D]
         text = self.text_embed(text_embeds)
-        cond = HeliosConditioning(text, temb, time_mod, history_mod, rope.contiguous(), num_history,
-                                  grid, tuple(latents.shape))  # type: ignore[arg-type]
-        return x.contiguous(), cond
+
+        # 5. This device's rows of the joint stream (all of them on one device), history rows first
+        part = self.sequence.shard_joint(x, (rope,), num_history)
+        cond = HeliosConditioning(text, temb, time_mod, history_mod, part.tables[0].contiguous(), part.prefix,
+                                  grid, tuple(latents.shape), history_tokens=num_history,  # type: ignore[arg-type]
+                                  length=part.length, key_mask=part.key_mask)
+        return part.tokens.contiguous(), cond
 
     def run_blocks(self, x: Tensor, cond: HeliosConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """blocks[start:end] over tokens [B, S_hist + S, D]."""
@@ -330,6 +355,7 @@ class HeliosTransformer(BlockStack, nn.Module):
         p_t, p_h, p_w = cfg.patch_size
         batch, _, frames, height, width = cond.latent_shape
         shift, scale = (self.out_modulation + cond.temb.unsqueeze(1)).chunk(2, dim=1)  # 2 x [B, 1, D]
-        x = self.proj_out(modulate(x[:, cond.num_history:], shift, scale, cfg.eps))
+        x = self.sequence.gather_joint(x, cond.length)[:, cond.history_tokens:]
+        x = self.proj_out(modulate(x, shift, scale, cfg.eps))
         x = x.reshape(batch, *cond.grid, p_t, p_h, p_w, cfg.out_channels).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.reshape(batch, cfg.out_channels, frames, height, width)

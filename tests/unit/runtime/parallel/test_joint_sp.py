@@ -1,5 +1,6 @@
 """Sequence parallel over a joined [text, image] stream (Flux2, Qwen-Image), [global token, audio] stream (Stable
-Audio) or [video, condition] stream (HunyuanVideo-1.5), with ranks as threads (no processes).
+Audio), [video, condition] stream (HunyuanVideo-1.5) or [history, chunk] stream (Helios), with ranks as threads (no
+processes).
 
 The joined stream is sharded as one sequence: a rank may hold text rows, image rows or both; a stream that
 does not split is padded at its end, the pad rows are no keys and never reach the head.
@@ -15,6 +16,8 @@ import torch
 
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig
+from vidloom.families.helios.config import HeliosTransformerConfig
+from vidloom.families.helios.transformer import HeliosHistory, HeliosTransformer
 from vidloom.families.hunyuan15.transformer import Hunyuan15Transformer, Hunyuan15TransformerConfig
 from vidloom.families.qwen_image.transformer import QwenImageTransformer, QwenImageTransformerConfig
 from vidloom.families.stable_audio.transformer import StableAudioDiT, StableAudioDiTConfig
@@ -35,6 +38,11 @@ STABLE_AUDIO = StableAudioDiTConfig(sample_size=32, in_channels=8, num_layers=2,
 HUNYUAN15 = Hunyuan15TransformerConfig(in_channels=9, out_channels=4, num_heads=4, head_dim=8, num_layers=2,
                                        num_refiner_layers=1, mlp_ratio=2.0, text_dim=12, glyph_dim=10, image_dim=6,
                                        rope_axes=(2, 2, 4), use_meanflow=True)
+# Two heads: Ulysses over 2 ranks, ring attention over 4; the released switches (amplified history keys per head,
+# zero-timestep history, text for the chunk's rows only).
+HELIOS = HeliosTransformerConfig(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+                                 text_dim=12, freq_dim=16, ffn_dim=32, num_layers=2, rope_dim=(2, 2, 4),
+                                 is_amplify_history=True)
 
 
 def _flux2_inputs(text: int, image: int) -> tuple[Any, ...]:
@@ -68,6 +76,24 @@ def _hunyuan15_inputs(text: int) -> tuple[Any, ...]:
             torch.tensor([400.0]))
 
 
+def _helios_inputs(frames: int) -> tuple[Any, ...]:
+    """A chunk of `frames` latent frames on a 2x6 latent grid (3 rows each) behind 9 history rows: short 2 frames (6
+    rows), mid 2 (2 rows at 2x), long 4 (1 row at 4x, edge-padded)."""
+    g = torch.Generator().manual_seed(5)
+    history = HeliosHistory(torch.randn(1, 4, 2, 2, 6, generator=g), torch.tensor([0, 7]),
+                            torch.randn(1, 4, 2, 2, 6, generator=g), torch.tensor([5, 6]),
+                            torch.randn(1, 4, 4, 2, 6, generator=g), torch.tensor([1, 2, 3, 4]))
+    return (torch.randn(1, 4, frames, 2, 6, generator=g), torch.tensor([700.0]), torch.randn(1, 5, 12, generator=g),
+            torch.arange(frames) + 8, history)
+
+
+def _helios() -> HeliosTransformer:
+    model = HeliosTransformer(HELIOS)
+    for block in model.blocks:  # the checkpoint's per-head amplification (ones until loaded)
+        block.self_attn.history_key_scale.data.normal_()
+    return model
+
+
 def _stable_audio(steps: int) -> StableAudioDiT:
     model = StableAudioDiT(STABLE_AUDIO)
     model.time_freqs.data.normal_()  # the checkpoint's random Fourier frequencies (zeros until loaded)
@@ -83,6 +109,9 @@ CASES: dict[str, Callable[[int], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "stable_audio": lambda text: (_stable_audio(text + 8), _stable_audio_inputs(text + 8)),
     # 12 video rows, then 2 image + 3 glyph + `text` text rows: 22 split over 2, are padded over 4; 23 padded over 2.
     "hunyuan15": lambda text: (Hunyuan15Transformer(HUNYUAN15), _hunyuan15_inputs(text)),
+    # 9 history rows, then `text - 3` chunk frames of 3 rows: 15 padded over 2 and 4 (rank 0 of 4 holds history only);
+    # 18 split over 2.
+    "helios": lambda text: (_helios(), _helios_inputs(text - 3)),
 }
 
 
@@ -124,3 +153,20 @@ def test_ulysses_refuses_any_mask_but_a_padded_sequence_s():
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match=r"only a padded sequence's key mask \(\[4\] bool on the CPU\)"):
         wrapped(q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
+
+
+def test_helios_ranks_hold_their_rows_of_the_history_and_chunk_stream():
+    """Each of 4 ranks runs the blocks on its 4 rows of the padded 15 (9 history, then 6 chunk rows)."""
+    model, inputs = CASES["helios"](5)
+    seen: list[tuple[int, int, int]] = []
+
+    def one_rank(comm) -> torch.Tensor:
+        replica = copy.deepcopy(model)
+        apply_sp(replica, comm)
+        replica.blocks[0].register_forward_pre_hook(
+            lambda _, args: seen.append((comm.rank, args[0].shape[1], args[1].num_history)))
+        with torch.inference_mode():
+            return replica(*inputs)
+
+    run_ranks(thread_group(4), one_rank)
+    assert sorted(seen) == [(0, 4, 4), (1, 4, 4), (2, 4, 1), (3, 4, 0)]
