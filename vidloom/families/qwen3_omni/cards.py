@@ -47,8 +47,8 @@ NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_i
                                  guidance_scale=1.0, flow_shift=1.0, sampler="none")
 MEDIA_IN = ("audio, image and video parts (video_url, with its sound track when use_audio_in_video) in through "
             "the thinker's towers where the checkpoint has them (thinker.audio_tower.*, thinker.visual.*, "
-            "preprocessor_config.json); text-only otherwise; a spoken answer reads audio and image parts too (their "
-            "rows in the talker's prompt), not video parts")
+            "preprocessor_config.json); text-only otherwise; a spoken answer reads them too (their rows in the "
+            "talker's prompt, at the talker's own positions)")
 NO_TALKER = "text out only: the checkpoint has no talker (enable_audio_output false, or no talker/code2wav config)"
 
 
