@@ -4,7 +4,7 @@ Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged 
 talker with its code predictor -> code2wav) when the checkpoint has a talker (enable_audio_output with a
 talker_config and a code2wav_config). Audio, image and video parts of a chat reach the thinker through its towers
 (transformers' encoder modules) when the checkpoint has them and their preprocessor_config.json (a spoken answer
-reads the audio and image parts); which parts a loaded model reads is its program's `chat_inputs`
+reads them too); which parts a loaded model reads is its program's `chat_inputs`
 (GET /v1/models/{id}: capabilities.chat_inputs).
 """
 

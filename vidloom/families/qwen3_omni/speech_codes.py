@@ -61,7 +61,7 @@ def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids
                   tapped: Tensor, voice: int, eos_ids: Sequence[int], media: PromptMedia | None = None) -> TalkerInputs:
     """Inputs from one thinker sequence: `ids` the prompt and reply ([P + R], R >= 2), `tapped` [P + R - 1, thinker
     hidden] the thinker's states at accept_hidden_layer for the tokens it read (every id but the last), `media` the
-    prompt's audio and image parts (None: text only)."""
+    prompt's audio, image and video parts (None: text only)."""
     s: SpeechConfig = talker.speech
     device = tapped.device
     read = torch.tensor(list(ids[:-1]), device=device)
