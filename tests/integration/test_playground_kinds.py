@@ -133,6 +133,33 @@ def test_chat_hears_a_file_and_answers_aloud(browser, page, omni_engine, tmp_pat
         screenshot(page, "playground-chat-audio", "#chat")
 
 
+def test_chat_attaches_a_video_with_its_sound_and_answers_aloud(browser, page, tmp_path):
+    """qwen3-omni-demo reads videos (its vision tower) with their sound (its audio tower): the file goes as a
+    video_url data URL, use_audio_in_video as the toggle says, and the answer comes back spoken."""
+    from tests.helpers.chat_videos import video_bytes
+
+    with _open(page, _engine("qwen3-omni-demo"), tmp_path):
+        accept = page.locator("#chat-attach").get_attribute("accept")
+        assert "video/mp4" in accept and "image/*" in accept and "audio/wav" in accept
+        assert page.locator("#chat-video-sound-label").is_visible()
+        sent = []
+        page.on("request", lambda r: sent.append(r.post_data) if r.url.endswith("/chat/completions") else None)
+        page.fill("#chat-input", "what happens in the video?")
+        page.set_input_files("#chat-attach", files=[{"name": "clip.mp4", "mimeType": "video/mp4",
+                                                     "buffer": video_bytes(1, frames=9, sound=True)}])
+        page.check("#chat-video-sound")
+        page.check("#chat-aloud")
+        page.click("#chat-send")
+        page.wait_for_function("() => !document.querySelector('#chat-send').disabled", timeout=120_000)
+        _no_error(page, ".bubble.assistant .error")
+        (part_text, part_video) = json.loads(sent[0])["messages"][0]["content"]
+        assert part_text == {"type": "text", "text": "what happens in the video?"}
+        assert part_video["type"] == "video_url" and part_video["video_url"]["use_audio_in_video"] is True
+        assert part_video["video_url"]["url"].startswith("data:video/mp4;base64,")
+        page.wait_for_function(AUDIO_LOADED, arg=".bubble.assistant audio", timeout=30_000)  # the answer, inline
+        assert page.locator(".bubble.user .content").inner_text() == "what happens in the video?\n[clip.mp4]"
+
+
 def test_a_camera_model_is_driven_by_keys_and_its_intrinsics_come_from_the_image(browser, page, tmp_path):
     with _open(page, _engine("sana-wm-demo"), tmp_path) as server:
         camera = page.locator("#gen-form [name=camera]")

@@ -1,12 +1,12 @@
-"""A Qwen3-Omni chat answered aloud with an audio part, an image part or both, against transformers'
-`generate(..., return_audio=True)` on the two tiny checkpoints the speech-code parity uses, greedy on both sides:
-through the runtime (thinker with its towers on the paged pool, talker on its own, code2wav a chunk per step) the
-thinker's reply ids and every codebook of every codec frame are identical, the waveform within WAVE (the speech
-codes test's bound: the same code2wav on the same frames).
+"""A Qwen3-Omni chat answered aloud with an audio part, an image part, both, or a video part (with or without its
+sound track), against transformers' `generate(..., return_audio=True)` on the two tiny checkpoints the speech-code
+parity uses, greedy on both sides: through the runtime (thinker with its towers on the paged pool, talker on its
+own, code2wav a chunk per step) the thinker's reply ids and every codebook of every codec frame are identical, the
+waveform within WAVE (the speech codes test's bound: the same code2wav on the same frames).
 
 The talker's prompt holds the media rows (hidden_projection of the thinker's states at accept_hidden_layer) at
-the talker's own multimodal positions (an image's rows on its merged grid). transformers 5.25 fails on audio and an
-image together (its talker's get_rope_index reads `config.audio_config.n_window`, which the talker config lacks):
+the talker's own multimodal positions (an image's rows on its merged grid, a video's over grid and time).
+transformers 5.25 fails on audio and an image together (its talker's get_rope_index reads `config.audio_config.n_window`, which the talker config lacks):
 the reference's talker is given the thinker's audio config, the one those audio rows were counted with."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from vidloom.core.chat import SamplingParams
 from vidloom.families.qwen3_omni.program import eos_ids
 from vidloom.generator import VideoGenerator
 from vidloom.media.audio_upload import load_input_audio
+from vidloom.media.chat_video import load_chat_video
 from vidloom.media.image import load_image
 
 KINDS = [("audio",), ("image",), ("audio", "image")]
@@ -40,8 +41,8 @@ def tiny(request, tmp_path_factory):
 
 
 def spoken(messages, max_tokens: int = REPLY_TOKENS) -> SpeechRequest:
-    chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio, max_tokens=max_tokens,
-                              temperature=0.0)
+    chat = build_chat_request(messages, load_image=load_image, load_audio=load_input_audio,
+                              load_video=load_chat_video, max_tokens=max_tokens, temperature=0.0)
     return SpeechRequest(chat=chat, voice="chelsie", talker_sampling=SamplingParams(temperature=0.0),
                          max_audio_tokens=TALKER_TOKENS - 1)
 
@@ -88,23 +89,27 @@ def test_the_media_rows_and_their_positions_reach_the_talker(tiny):
     assert not torch.equal(gen.engine.submit(spoken(other)).finish()["frames"], codes)
     plain = speech_codes.talker_positions
     try:
-        speech_codes.talker_positions = lambda in_user, rows, media, merge: plain(in_user, rows, None, merge)
+        speech_codes.talker_positions = lambda in_user, rows, media, s: plain(in_user, rows, None, s)
         flat = gen.engine.submit(spoken(messages)).finish()["frames"]
     finally:
         speech_codes.talker_positions = plain
     assert not torch.equal(flat, codes)
 
 
-def test_a_video_part_in_a_spoken_answer_is_refused_by_its_index(tiny):
-    """A text answer reads the video (tests/parity/test_qwen3_omni_video.py); aloud, the talker would need the video
-    rows' own time positions, which are not built: the part is named and the engine keeps working."""
-    from tests.helpers.chat_videos import video_bytes, video_part
-    from vidloom.core.errors import InvalidRequest
+@pytest.mark.parametrize("sound", [False, True], ids=["video", "video+audio"])
+def test_spoken_answer_to_a_video_equals_generate(tiny, sound):
+    """A video part (with its sound track when use_audio_in_video): the talker reads its rows at the positions
+    generate()'s talker gives them (speech_codes.talker_positions)."""
+    from tests.helpers.chat_videos import video_bytes
+    from tests.parity import test_qwen3_omni_video as video
 
-    _, _, gen = tiny
-    messages = [{"role": "user", "content": [{"type": "text", "text": "what moves?"}, video_part(video_bytes(1))]}]
-    with pytest.raises(InvalidRequest, match="a spoken answer takes text, audio and image parts") as err:
-        gen.chat(messages, audio={"voice": "chelsie"}, max_tokens=2)
-    assert err.value.field == "messages[0].content[1]"
+    folder, reference, gen = tiny
+    tokenizer = gen.engine.instance["tokenizer"]
+    data = video_bytes(1, frames=9, size=(80, 64), fps=4, sound=sound)
+    out = gen.engine.submit(spoken(video.conversation(data, sound))).finish()
+    sequences, wave, codes = reference_speech(reference, video.reference_inputs(folder, tokenizer, data, sound),
+                                              list(eos_ids(tokenizer)))
+    assert list(out["thinker"].ids) == sequences[0].tolist()
+    assert len(out["frames"]) >= 4 and torch.equal(out["frames"], codes), (out["frames"].shape, codes.shape)
+    assert out["audio"].shape == wave[0, 0].shape and np.abs(out["audio"] - wave[0, 0].numpy()).max() <= WAVE
     assert gen.engine.decoder.stats()["kv_blocks_in_use"] == 0
-    assert gen.chat(messages, max_tokens=2).text is not None  # the same video answered in text

@@ -4,7 +4,7 @@ Chat (the thinker's "ar_decode" loop, text in, text out) on the runtime's paged 
 talker with its code predictor -> code2wav) when the checkpoint has a talker (enable_audio_output with a
 talker_config and a code2wav_config). Audio, image and video parts of a chat reach the thinker through its towers
 (transformers' encoder modules) when the checkpoint has them and their preprocessor_config.json (a spoken answer
-reads the audio and image parts); which parts a loaded model reads is its program's `chat_inputs`
+reads them too); which parts a loaded model reads is its program's `chat_inputs`
 (GET /v1/models/{id}: capabilities.chat_inputs).
 """
 
@@ -47,8 +47,8 @@ NO_GENERATION = SamplingDefaults(height=16, width=16, num_frames=1, fps=1, num_i
                                  guidance_scale=1.0, flow_shift=1.0, sampler="none")
 MEDIA_IN = ("audio, image and video parts (video_url, with its sound track when use_audio_in_video) in through "
             "the thinker's towers where the checkpoint has them (thinker.audio_tower.*, thinker.visual.*, "
-            "preprocessor_config.json); text-only otherwise; a spoken answer reads audio and image parts too (their "
-            "rows in the talker's prompt), not video parts")
+            "preprocessor_config.json); text-only otherwise; a spoken answer reads them too (their rows in the "
+            "talker's prompt, at the talker's own positions)")
 NO_TALKER = "text out only: the checkpoint has no talker (enable_audio_output false, or no talker/code2wav config)"
 
 

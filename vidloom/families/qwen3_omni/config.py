@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from vidloom.core.errors import CheckpointError
 from vidloom.families.qwen3_omni import config_keys as keys
+from vidloom.models.omni_media import POSITION_ID_PER_SECONDS
 
 
 def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, tuple[int, int, int]]:
@@ -145,6 +146,7 @@ class SpeechConfig:
     tts_pad: int
     media_ids: tuple[int, ...]  # audio, image and video placeholders (their rows read thinker states)
     spatial_merge_size: int = 2  # an image's patches per talker row along each side (its rows' grid positions)
+    position_id_per_seconds: float = POSITION_ID_PER_SECONDS  # a video's rows' time positions per second (talker's)
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], where: str) -> SpeechConfig:
@@ -176,7 +178,8 @@ class SpeechConfig:
                    media_ids=tuple(int(thinker.get(k, d)) for k, d in (("audio_token_id", 151646),
                                                                        ("image_token_id", 151655),
                                                                        ("video_token_id", 151656))),
-                   spatial_merge_size=merge)
+                   spatial_merge_size=merge,
+                   position_id_per_seconds=float(talker.get("position_id_per_seconds", POSITION_ID_PER_SECONDS)))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Which keys each part of a Qwen3-Omni config.json may hold (transformers 5.25 `Qwen3OmniMoe*Config`).
 
-Keys config.py reads are `read` (the talker's spatial_merge_size places an image's rows in its prompt;
-code2wav_config, audio_config and vision_config: transformers' config classes read them, for code2wav and the
-towers; position_id_per_seconds: the towers' loader, for video positions); keys for what this runtime does not
-build are accepted as harmless with the reason; any other key is refused by name (KeyPolicy).
+Keys config.py reads are `read` (the talker's spatial_merge_size and position_id_per_seconds place an image's
+and a video's rows in its prompt; code2wav_config, audio_config and vision_config: transformers' config classes
+read them, for code2wav and the towers; the thinker's position_id_per_seconds: the towers' loader, for video
+positions); keys for what this runtime does not build are accepted as harmless with the reason; any other key is
+refused by name (KeyPolicy).
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ THINKER = transformers_policy({"text_config", "audio_config", "vision_config", "
 TALKER = transformers_policy({
     "text_config", "code_predictor_config", "num_code_groups", "thinker_hidden_size", "accept_hidden_layer",
     "speaker_id", "codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
-    "codec_pad_id", "codec_bos_id", "spatial_merge_size"}, {
-    "position_id_per_seconds": "places video frames in time among the talker's rows; audio and still images (one "
-                               "grid step) do not read it, and a spoken answer takes no video parts",
-    "seconds_per_chunk": "interleaves a video's audio in chunks among the talker's rows; a spoken answer takes no "
-                         "video parts",
+    "codec_pad_id", "codec_bos_id", "spatial_merge_size", "position_id_per_seconds"}, {
+    "seconds_per_chunk": "transformers' talker get_rope_index interleaves a video's sound track by time position, "
+                         "never reading it (nor do we)",
     **dict.fromkeys(("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
                      "audio_start_token_id", "audio_end_token_id"), SPECIAL_ID),
     "output_router_logits": "a training output (the router's auxiliary loss)",

@@ -4,9 +4,9 @@ size with seeded random weights.
 One transformers-layout folder (config.json, model.safetensors with every tensor in the released naming, one
 tensor per expert, tokenizer files with Qwen3-Omni's special tokens), written once into the user's cache from our
 own modules (code2wav: transformers' module, as the loader builds it) and loaded through the same loader as real
-checkpoints, with the audio and vision towers and their processor settings (demo_encoders.py). Chat (with audio
-and image parts) and speech run offline in seconds; the weights are random, so words and sounds are noise by
-design.
+checkpoints, with the audio and vision towers and their processor settings (demo_encoders.py). Chat (with audio,
+image and video parts, answered in text or aloud) and speech run offline in seconds; the weights are random, so
+words and sounds are noise by design.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Qwen3-Omni's program: chat through the thinker (the runtime's AR decode loop on the paged KV pool, with audio,
 image and video parts through its towers where the checkpoint has them), and with a talker speech as thinker ->
-talker (with its code predictor) -> code2wav, a spoken answer reading the audio and image parts too."""
+talker (with its code predictor) -> code2wav, a spoken answer reading the audio, image and video parts too."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Admission of a Qwen3-Omni speech request: pick the voice, build the thinker prompt, size it.
 
 Forced text (speak this): a user turn (the request's `instructions`, or a plain "say this") answered by the text,
-prefilled rather than generated; a chat to answer aloud: its messages through the chat template (its audio and image
-parts prepared for the thinker's towers, as a text chat's), the reply generated. Voices are the checkpoint's
+prefilled rather than generated; a chat to answer aloud: its messages through the chat template (its audio, image
+and video parts prepared for the thinker's towers, as a text chat's), the reply generated. Voices are the checkpoint's
 `talker_config.speaker_id` names (case-insensitive, as generate() reads them).
 """
 
@@ -49,20 +49,9 @@ def speech_prompt(instance: Any, limits: Any, request: SpeechRequest) -> SpeechP
     chat.validate(limits)
     if request.instructions is not None:
         raise InvalidRequest("instructions", "applies to speaking a given text; put it in the chat's messages")
-    _refuse_video(chat.messages)
     prompt, media = media_prompter(instance).prompt(chat.messages)
     return SpeechPrompt(request, voice, voice_id, tuple(prompt), None,
                         chat.sampling.completion_budget(len(prompt), limits), media)
-
-
-def _refuse_video(messages: Any) -> None:
-    """A video's rows would need the talker's own time positions (position_id_per_seconds, the sound track's
-    interleaving), which are not built: a spoken answer refuses a video part by its index."""
-    for i, message in enumerate(messages):
-        for j, part in enumerate(message.content):
-            if part.type == "video":
-                raise InvalidRequest(f"messages[{i}].content[{j}]", "a spoken answer takes text, audio and image "
-                                     "parts; ask for a text answer (modalities [\"text\"]) to send a video")
 
 
 def admit_speech(engine: Any, request: SpeechRequest) -> tuple[dict[str, Any], int]:

@@ -7,7 +7,8 @@ was trained on exactly this layout:
   tokens, 4 tts pads, tts bos and the first reply token (projected embeddings), plus on the assistant rows the codec
   embeddings of [0, 0, 0, nothink, think bos, think eos, voice, pad, bos];
 - positions: the talker's own multimodal rope over those rows (its get_rope_index): text and audio rows advance one
-  position on every axis, an image's rows spread over its merged grid (talker_config.spatial_merge_size), and
+  position on every axis, an image's rows spread over its merged grid (talker_config.spatial_merge_size), a video's
+  over its grid and time (talker_config.position_id_per_seconds; with its sound track see talker_positions), and
   every later row, decode steps included, sits one past the largest position used;
 - each step reads the sum of the last frame's code embeddings (the talker's for the first code, the predictor's
   per group for the others) plus the next text row: the remaining reply tokens, tts eos, then tts pad;
@@ -27,8 +28,9 @@ from torch import Tensor
 from vidloom.layers.rotary import text_positions
 from vidloom.families.qwen3_omni.config import SpeechConfig
 from vidloom.families.qwen3_omni.talker import EqualRowsCache, Pick, Talker
-from vidloom.models.omni_media import PromptMedia, multimodal_positions
-from vidloom.models.omni_towers import IMAGE
+from vidloom.models.omni_media import MediaPiece, PromptMedia, multimodal_positions, vision_block
+from vidloom.models.omni_towers import AUDIO, IMAGE, VIDEO
+from vidloom.models.omni_video import interleaved
 
 DEFAULT_REPETITION_PENALTY = 1.05  # generate()'s talker_repetition_penalty default
 SUPPRESSED_TOP_IDS = 1024  # generate() suppresses the codec vocab's top 1024 ids (the special ones) but the end id
@@ -59,7 +61,7 @@ def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids
                   tapped: Tensor, voice: int, eos_ids: Sequence[int], media: PromptMedia | None = None) -> TalkerInputs:
     """Inputs from one thinker sequence: `ids` the prompt and reply ([P + R], R >= 2), `tapped` [P + R - 1, thinker
     hidden] the thinker's states at accept_hidden_layer for the tokens it read (every id but the last), `media` the
-    prompt's audio and image parts (None: text only)."""
+    prompt's audio, image and video parts (None: text only)."""
     s: SpeechConfig = talker.speech
     device = tapped.device
     read = torch.tensor(list(ids[:-1]), device=device)
@@ -82,7 +84,7 @@ def talker_inputs(talker: Talker, thinker_embed: Callable[[Tensor], Tensor], ids
     rows = torch.arange(stream.shape[0], device=device)[:, None]
     stream = torch.where(rows > end, pad, torch.where(rows == end, eos, stream))
     prefill = torch.cat([user, head])
-    positions, delta = talker_positions(in_user, prefill.shape[0], media, s.spatial_merge_size)
+    positions, delta = talker_positions(in_user, prefill.shape[0], media, s)
     return TalkerInputs(prefill, stream, pad, positions.to(device), delta)
 
 
@@ -100,15 +102,42 @@ def _user_rows(talker: Talker, s: SpeechConfig, read: Tensor, embeds: Tensor, ta
     return torch.where(media[:, None], talker.hidden_projection(tapped), talker.text_projection(embeds))
 
 
-def talker_positions(in_user: Tensor, rows: int, media: PromptMedia | None, merge: int) -> tuple[Tensor, int]:
+def talker_positions(in_user: Tensor, rows: int, media: PromptMedia | None, s: SpeechConfig) -> tuple[Tensor, int]:
     """Position ids [3, rows] of the talker's prefill (the user turns' tokens, `in_user` [N] over the thinker's ids,
     then the assistant rows) and the offset of the rows after it, as transformers' talker get_rope_index places
-    them: an image's rows on its merged grid, everything else one position per row."""
+    them: an image's rows on its merged grid, a video's over its grid and time (the talker's
+    position_id_per_seconds), everything else one position per row.
+
+    generate() never hands the talker use_audio_in_video, so its get_rope_index meets a video read with its sound
+    track as an audio clip (the frames' and the sound's rows one position each, `_talker_video`) unless an image or
+    a silent video is still to be placed, when it finds the video first and interleaves both in time."""
     if media is None:
         return text_positions(0, rows), 0
     row_of = in_user.long().cumsum(0).cpu() - 1  # a user token's talker row
-    images = [dataclasses.replace(p, at=row_of[p.at]) for p in media.pieces if p.kind == IMAGE]
-    return multimodal_positions(rows, images, merge)
+    images = sum(p.kind == IMAGE for p in media.pieces)
+    videos = sum(p.kind == VIDEO and p.audio_at is None for p in media.pieces)
+    placed = []
+    for piece in media.pieces:
+        if piece.kind == AUDIO:
+            continue
+        if piece.audio_at is not None and images <= 0 and videos <= 0:
+            continue  # its rows one position each, as text
+        images -= piece.kind == IMAGE
+        videos -= piece.kind == VIDEO
+        placed.append(_talker_piece(piece, row_of, s))
+    return multimodal_positions(rows, placed, s.spatial_merge_size)
+
+
+def _talker_piece(piece: MediaPiece, row_of: Tensor, s: SpeechConfig) -> MediaPiece:
+    """`piece` at its talker rows, timed by the talker's position_id_per_seconds; a video's sound track
+    re-interleaved by those times (the thinker's own may differ)."""
+    piece = dataclasses.replace(piece, at=row_of[piece.at], per_second=s.position_id_per_seconds)
+    if piece.audio_at is None:
+        return piece
+    rows = torch.cat([piece.at, row_of[piece.audio_at]]).sort().values
+    times = vision_block(piece, s.spatial_merge_size)[0]
+    is_video = torch.tensor(interleaved(times, rows.shape[0] - piece.at.shape[0]))
+    return dataclasses.replace(piece, at=rows[is_video], audio_at=rows[~is_video])
 
 
 def shape_logits(logits: Tensor, seen: Sequence[int], s: SpeechConfig,

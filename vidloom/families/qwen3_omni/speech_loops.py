@@ -52,7 +52,7 @@ class SpeechPrompt:
     prompt_ids: tuple[int, ...]
     forced_ids: tuple[int, ...] | None  # the text to say, ended by the turn's end id
     max_tokens: int
-    media: PromptMedia | None = None  # the prompt's audio and image parts (a chat's), None: text only
+    media: PromptMedia | None = None  # the prompt's audio, image and video parts (a chat's), None: text only
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-// Chat in the playground: streamed answers, reasoning apart; a file part (audio, image) where the model reads one
-// (capabilities.chat_inputs), and answers spoken in a voice of the model's, played inline, where it speaks.
+// Chat in the playground: streamed answers, reasoning apart; a file part (audio, image, video) where the model reads
+// one (capabilities.chat_inputs), and answers spoken in a voice of the model's, played inline, where it speaks.
 // Loaded after app.js, whose helpers ($, api, sseEvents, state, figure) it uses.
 "use strict";
 
 const CHAT_ANSWER_FORMAT = "mp3";  // concatenated pieces of an mp3 stream are one playable file
-const CHAT_PARTS = { audio: ["audio/wav", "audio/mpeg", ".wav", ".mp3"], image: ["image/*"] };
+const CHAT_PARTS = {
+  audio: ["audio/wav", "audio/mpeg", ".wav", ".mp3"], image: ["image/*"],
+  video: ["video/mp4", "video/webm", ".mp4", ".webm"],
+};
 
 function startChat(caps) {
   $("#chat").hidden = !caps.chat;
@@ -12,6 +15,8 @@ function startChat(caps) {
   const accepts = caps.chat_inputs.flatMap((kind) => CHAT_PARTS[kind] || []);
   $("#chat-attach-label").hidden = !accepts.length;
   $("#chat-attach").accept = accepts.join(",");
+  // A video's sound track is read through the audio tower: offered where the model reads both.
+  $("#chat-video-sound-label").hidden = !(caps.chat_inputs.includes("video") && caps.chat_inputs.includes("audio"));
   $("#chat-aloud-label").hidden = $("#chat-voice-label").hidden = !caps.speech;
   for (const voice of caps.voices) $("#chat-voice").append(new Option(voice, voice));
   $("#chat-form").addEventListener("submit", sendChat);
@@ -22,10 +27,22 @@ async function userContent(text) {
   const file = $("#chat-attach").files[0];
   if (!file) return text;
   const data = await base64Of(file);
-  const part = file.type.startsWith("image/")
-    ? { type: "image_url", image_url: { url: `data:${file.type};base64,${data}` } }
-    : { type: "input_audio", input_audio: { data, format: file.name.toLowerCase().endsWith(".mp3") ? "mp3" : "wav" } };
-  return [{ type: "text", text }, part];
+  return [{ type: "text", text }, filePart(file, data)];
+}
+
+// An attached file as its part: an image_url, a video_url (the server reads the container, whatever the URL's type
+// says) or an input_audio.
+function filePart(file, data) {
+  const name = file.name.toLowerCase();
+  if (file.type.startsWith("image/")) {
+    return { type: "image_url", image_url: { url: `data:${file.type};base64,${data}` } };
+  }
+  if (file.type.startsWith("video/") || name.endsWith(".mp4") || name.endsWith(".webm")) {
+    const url = `data:${file.type || "video/mp4"};base64,${data}`;
+    const sound = !$("#chat-video-sound-label").hidden && $("#chat-video-sound").checked;
+    return { type: "video_url", video_url: { url, use_audio_in_video: sound } };
+  }
+  return { type: "input_audio", input_audio: { data, format: name.endsWith(".mp3") ? "mp3" : "wav" } };
 }
 
 function base64Of(blob) {
