@@ -13,8 +13,9 @@ ranks get one thread each, so little speed-up is possible there; "1t1" (one proc
 thread) is the per-rank compute budget to compare against. The scaling claim is for one
 GPU per rank.
 
-Each pool's ranks report their peak resident memory (`rank_peak_rss_mib`, VmHWM of every worker process, read
-before the pool closes): sp2 against sp2shard is what sharded weights save per rank.
+Each pool's ranks report their resident memory, read before the pool closes: the peak (`rank_peak_rss_mib`, VmHWM,
+which includes loading the whole checkpoint before sharding) and after the runs (`rank_rss_after_mib`, VmRSS):
+sp2 against sp2shard after the runs is what sharded weights save per rank while serving.
 
 With `--vae-tile N` the decode is tiled (N-pixel tiles, the default 3/4 stride) and under a parallel plan the ranks
 split its tiles (layers.tiling.shared_tiles); `decode_s` is rank 0's decode wall time.
@@ -147,20 +148,22 @@ def _timed(
             steps += [e.seconds for e in events if e.phase == "denoise"]
             decodes.append(sum(e.seconds for e in events if e.phase == "decode"))
         pids = getattr(gen.engine, "transport", None) and gen.engine.transport.pids
-        peaks = [_peak_rss_mib(pid) for pid in pids] if pids else None
+        peaks = [_rss_mib(pid, "VmHWM") for pid in pids] if pids else None
+        held = [_rss_mib(pid, "VmRSS") for pid in pids] if pids else None
     return {
         "plan": name, "processes": plan.world_size, "startup_s": round(ready, 2),
         "step_s_median": round(statistics.median(steps), 4), "step_s_all": [round(s, 4) for s in steps],
         "end_to_end_s": round(statistics.median(ends), 3), "decode_s": round(statistics.median(decodes), 3),
-        "busy_before": busy, "rank_peak_rss_mib": peaks, "video": out["video"],
+        "busy_before": busy, "rank_peak_rss_mib": peaks, "rank_rss_after_mib": held,
+        "video": out["video"],
     }
 
 
-def _peak_rss_mib(pid: int) -> float | None:
-    """A live process's peak resident set (VmHWM, Linux), MiB; None where /proc does not say."""
+def _rss_mib(pid: int, field: str) -> float | None:
+    """A live process's resident set, MiB: its peak (VmHWM) or now (VmRSS), Linux; None where /proc does not say."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            line = next(line for line in status if line.startswith("VmHWM:"))
+            line = next(line for line in status if line.startswith(f"{field}:"))
     except (OSError, StopIteration):
         return None
     return round(int(line.split()[1]) / 1024, 1)
@@ -214,10 +217,11 @@ def main() -> None:
     rows = [[r["plan"], r["processes"], f"{r['step_s_median']:.3f}", f"{base / r['step_s_median']:.2f}x",
              f"{r['end_to_end_s']:.2f}", f"{r['comm_bytes_per_step_per_rank']['total'] / 2**20:.1f}",
              f"{r['expected_comm_s_per_step']['loopback_gloo'] * 1e3:.1f}", f"{r['max_abs_diff_vs_first']:.1e}",
-             "-" if not r["rank_peak_rss_mib"] else f"{max(r['rank_peak_rss_mib']):.0f}"]
+             "-" if not r["rank_peak_rss_mib"] else f"{max(r['rank_peak_rss_mib']):.0f}",
+             "-" if not r["rank_rss_after_mib"] else f"{max(r['rank_rss_after_mib']):.0f}"]
             for r in results]
     print_table(["plan", "procs", "step s", "speedup", "e2e s", "comm MiB/step/rank", "comm ms @2GB/s", "max |diff|",
-                 "peak RSS MiB/rank"], rows)
+                 "peak RSS MiB/rank", "RSS after MiB/rank"], rows)
     default_json = "parallel.json" if args.vae_tile is None else f"parallel-vae{args.vae_tile}.json"
     write_json(args.json or default_json, {
         "benchmark": "parallel", "size": args.size, "device": device, "environment": environment(),

@@ -13,6 +13,7 @@ text encoders, the VAE) stay whole on every rank.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -72,7 +73,19 @@ class ShardedBlock:
 
 def shard_blocks(blocks: Iterable[nn.Module], comm: Comm) -> list[ShardedBlock]:
     """Shard every block of `blocks` over `comm` (the sp group); returns the handles (their hooks do the work)."""
-    return [ShardedBlock(block, comm) for block in blocks]
+    handles = [ShardedBlock(block, comm) for block in blocks]
+    if any(g.shard.device.type == "cpu" for handle in handles for g in handle.groups):
+        _return_freed_host_memory()
+    return handles
+
+
+def _return_freed_host_memory() -> None:
+    """glibc keeps freed heap pages for reuse (its mmap threshold grows once large blocks are freed), so the whole
+    weights just released would still count as this process's memory: hand them back to the OS (Linux, glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # another libc: its own policy applies
+        pass
 
 
 def resident_weight_bytes(module: nn.Module, sharded: Iterable[ShardedBlock] = ()) -> int:
