@@ -129,10 +129,12 @@ class SequenceParallelModel(Protocol):
 
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
-    whose heads P divides attends through Ulysses, any other through ring attention (ring.py)."""
+    whose heads P divides attends through Ulysses, any other through ring attention (ring.py). A model that lays
+    its tokens out its own way names that layout's class as `sharded_sequence` (SANA-WM's frame rows, which
+    exchange around its linear attention themselves)."""
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
             layer.attention_fn = RingAttention(comm)
         else:
             layer.attention_fn = UlyssesAttention(layer.attention_fn, comm)
-    model.sequence = TokenShards(comm)
+    model.sequence = getattr(model, "sharded_sequence", TokenShards)(comm)
