@@ -39,9 +39,13 @@ DEMO_REQUEST = dict(BASE, prompt="a quiet forest path", height=64, width=96, num
 SECOND_REQUEST = dict(BASE, prompt="a car driving", height=128, width=96, num_frames=17, intrinsics=[90, 90, 48, 64])
 
 
-def _run(gen: VideoGenerator, fields: dict[str, Any]) -> np.ndarray:
+def _result(gen: VideoGenerator, fields: dict[str, Any]) -> dict[str, Any]:
     request = dict(fields)
-    return np.asarray(gen.engine.run(build_request(gen.card, request.pop("prompt"), **request))["video"])
+    return gen.engine.run(build_request(gen.card, request.pop("prompt"), **request))
+
+
+def _run(gen: VideoGenerator, fields: dict[str, Any]) -> np.ndarray:
+    return np.asarray(_result(gen, fields)["video"])
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +78,17 @@ def test_the_pool_matches_one_process(config, plan, request):
             with pytest.raises(InvalidRequest, match="3 patch rows per frame") as err:
                 gen.engine.submit(build_request(gen.card, "x", **{**rest, "height": 96}))
             assert err.value.field == "height"
+
+
+def test_a_step_cache_under_sp_skips_the_same_steps_as_one_process(demo):
+    """The change measure sums over the ranks' bands (no pad rows), so both ranks take one device's decisions."""
+    folder = demo[0]
+    fields = dict(DEMO_REQUEST, num_inference_steps=8, step_cache_threshold=0.2)
+    one = VideoGenerator.from_pretrained(folder, device="cpu", deploy=DeployConfig(step_cache="fbcache"))
+    expected = _result(one, fields)
+    deploy = DeployConfig(step_cache="fbcache", devices=2, parallel=ParallelPlan(sp=2))
+    with VideoGenerator.from_pretrained(folder, device="cpu", deploy=deploy, pool_options=OPTIONS) as gen:
+        got = _result(gen, fields)
+    assert expected["step_cache"]["skipped_steps"] > 0 and expected["step_cache"]["computed_steps"] > 1
+    assert got["step_cache"] == expected["step_cache"]
+    assert float(np.abs(np.asarray(got["video"]) - np.asarray(expected["video"])).max()) <= FP32_TOL
