@@ -25,7 +25,7 @@ from vidloom.families.sana_wm.attention import CameraSelfAttention, CrossAttenti
 from vidloom.families.sana_wm.config import SanaWMConfig
 from vidloom.families.sana_wm.parallel import FrameRows
 from vidloom.families.sana_wm.rays import ray_transforms, rope_table
-from vidloom.layers.sequence import WHOLE_SEQUENCE
+from vidloom.layers.sequence import WHOLE_SEQUENCE, WholeSequence
 from vidloom.layers.timestep import timestep_features
 
 TIMESTEP_CHANNELS = 256
@@ -137,7 +137,7 @@ class SanaWMTransformer(BlockStack, nn.Module):
     # Which tokens this device holds: all of them, unless sequence parallel swapped in `sharded_sequence`'s layout
     # from outside (runtime.parallel.ulysses.apply_sp). The self-attentions exchange through it themselves, so
     # self_attentions() yields none for apply_sp to wrap.
-    sequence: Any = WHOLE_SEQUENCE
+    sequence: WholeSequence | FrameRows = WHOLE_SEQUENCE
     sharded_sequence = FrameRows
 
     def __init__(self, config: SanaWMConfig) -> None:
@@ -200,9 +200,9 @@ class SanaWMTransformer(BlockStack, nn.Module):
         y = self.caption_proj(text.to(self.dtype))
         if self.caption_norm is not None:
             y = self.caption_norm(y)
-        if self.sequence is WHOLE_SEQUENCE:
+        rows = self.sequence
+        if not isinstance(rows, FrameRows):
             return x, SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens)
-        rows: FrameRows = self.sequence
         plucker_tokens = None if plucker_tokens is None else rows.shard(plucker_tokens, grid)
         return rows.shard(x, grid), SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens, rows)
 
