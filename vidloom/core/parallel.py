@@ -83,7 +83,7 @@ class SequenceGeometry:
         return math.prod(self.patch_grid(height, width, num_frames))
 
 
-SPLITS = ("even", "pad")
+SPLITS = ("even", "pad", "rows")
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,11 @@ class TokenLayout:
     split: str = "even"
     """"even": the sequence must split evenly, checked at submit from `grid` (InvalidRequest naming the size
     field); "pad": a sequence that does not split is padded at its end to a multiple of sp, the pad tokens
-    are no keys of any attention (the Ulysses wrapper drops them) and are cut off before the head."""
+    are no keys of any attention (the Ulysses wrapper drops them) and are cut off before the head; "rows":
+    each rank keeps a band of patch rows of every frame (SANA-WM), so sp must divide every request's patch rows
+    (checked at submit from `grid`, naming `height`) and the self-attention heads (Ulysses only, no ring)."""
     grid: SequenceGeometry | None = None
-    """The patch grid that decides the token count at submit (split "even")."""
+    """The patch grid that decides the token count at submit (splits "even" and "rows")."""
     cfg_parallel: str | None = None
     """None: classic two-branch CFG whose branches the runtime may run on a rank pair (--cfg-parallel; the
     program takes `guidance=`); else why this checkpoint refuses --cfg-parallel."""
@@ -120,5 +122,5 @@ class TokenLayout:
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ValueError(f"token layout split must be one of {SPLITS}, got {self.split!r}")
-        if self.split == "even" and self.grid is None:
-            raise ValueError("an even token layout needs the grid its requests are checked against")
+        if self.split in ("even", "rows") and self.grid is None:
+            raise ValueError(f"a {self.split!r} token layout needs the grid its requests are checked against")

@@ -15,4 +15,5 @@ FAMILY = Family(
     # map. Linears only (attention, camera branch, cross-attention, caption/time/out projections); the conv FFN and
     # patch embeds take none. The stage-2 refiner (LTX-2's layout) runs its base weights.
     lora=LoRASupport(targets=(("transformer", ".transformer:SANA_WM_NAME_MAP"),)),
+    token_layout=".parallel:token_layout",
 )

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vidloom.models.ltx2.layers import rms_norm
 from vidloom.families.sana_wm.delta_rule import bidirectional_delta_rule
+from vidloom.families.sana_wm.parallel import FrameRows
 from vidloom.families.sana_wm.rays import RayTransforms, apply_rope, apply_ucpe
 
 GDN_EPS = 1e-8  # denominator epsilon of the main branch's normalisation
@@ -103,28 +104,50 @@ class CameraSelfAttention(nn.Module):
         self.conv_v_cam = TemporalShortConv(dim, conv_kernel) if convs and not k_conv_only else None
 
     def forward(self, x: Tensor, grid: tuple[int, int, int], rope: Tensor | None,
-                rays: RayTransforms | None) -> Tensor:
+                rays: RayTransforms | None, rows: FrameRows | None = None) -> Tensor:
+        """x [B, N, C]. With `rows` (sequence parallel) x is this rank's band of every frame: the per-token work
+        runs on it, and the branch kernels run on every token x this rank's heads between two all-to-alls."""
         b, n, c = x.shape
         frames = grid[0]
-        gates = None if self.softmax else self._gates(x, frames)
+        gates = None if self.softmax else self._gates(x, frames, rows)
         q, k, v = self.qkv(x).view(b, n, 3, c).unbind(2)
-        q, k, v = self._prepare(q, k, v, frames, self.conv_q, self.conv_k, self.conv_v, self.q_norm, self.k_norm)
-        out = self._main(q, k, v, frames, rope, gates)
+        q, k, v = self._heads(rows, frames, *self._prepare(q, k, v, frames, self.conv_q, self.conv_k, self.conv_v,
+                                                           self.q_norm, self.k_norm))
+        out = self._tokens(rows, frames, self._main(q, k, v, frames, rope, gates))
         if rays is not None:
             qc, kc, vc = self._prepare(self.q_proj_cam(x), self.k_proj_cam(x), self.v_proj_cam(x), frames,
                                        self.conv_q_cam, self.conv_k_cam, self.conv_v_cam, self.q_norm_cam,
                                        self.k_norm_cam)
-            out = out + self.out_proj_cam(self._camera(qc, kc, vc, frames, rays, gates))
+            camera = self._camera(*self._heads(rows, frames, qc, kc, vc), frames, rays, gates)
+            out = out + self.out_proj_cam(self._tokens(rows, frames, camera))
         out = out * F.silu(self.output_gate(x).float())
         return self.proj(out.to(x.dtype))
 
-    def _gates(self, x: Tensor, frames: int) -> tuple[Tensor, Tensor]:
-        """beta [B, H, T, S] per token, decay [B, H, T] per frame (from the frame's mean token)."""
+    @staticmethod
+    def _heads(rows: FrameRows | None, frames: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, ...]:
+        """[B, N_band, H, D] each -> [B, N, H/K, D] (one exchange for the three); the identity on one device."""
+        return (q, k, v) if rows is None else tuple(rows.to_heads(torch.stack((q, k, v)), frames).unbind(0))
+
+    def _tokens(self, rows: FrameRows | None, frames: int, out: Tensor) -> Tensor:
+        """A branch's output [B, N, H/K * D] -> [B, N_band, C]; the identity on one device."""
+        return out if rows is None else rows.to_tokens(out.unflatten(-1, (-1, self.head_dim)), frames).flatten(-2)
+
+    def _gates(self, x: Tensor, frames: int, rows: FrameRows | None = None) -> tuple[Tensor, Tensor]:
+        """beta [B, H, T, S] per token, decay [B, H, T] per frame (from the frame's mean token). With `rows`: the
+        frame means over every band, and both gates for every token of this rank's heads."""
         b, n, c = x.shape
-        beta = self.beta_proj(x).sigmoid().reshape(b, frames, n // frames, self.heads).permute(0, 3, 1, 2)
-        gate = self.gate_proj(x.reshape(b, frames, -1, c).mean(dim=2)).float()
+        beta = self.beta_proj(x).sigmoid()
+        if rows is None:
+            mean = x.reshape(b, frames, -1, c).mean(dim=2)
+        else:
+            mean = rows.frame_sum(x.reshape(b, frames, -1, c).sum(dim=2)) / (rows.comm.size * n // frames)
+            beta = rows.to_heads(beta[..., None], frames)[..., 0]  # [B, N, H/K]
+        heads = beta.shape[-1]
+        beta = beta.reshape(b, frames, -1, heads).permute(0, 3, 1, 2)
+        gate = self.gate_proj(mean).float()
         rate = -self.A_log.float().exp().view(1, 1, -1) * F.softplus(gate + self.dt_bias.float().view(1, 1, -1))
-        return beta, rate.exp().transpose(1, 2)
+        decay = rate.exp().transpose(1, 2)
+        return beta, decay if rows is None else decay[:, rows.heads(self.heads)]
 
     def _prepare(self, q: Tensor, k: Tensor, v: Tensor, frames: int, conv_q, conv_k, conv_v, q_norm: nn.Module,
                  k_norm: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
@@ -156,7 +179,7 @@ class CameraSelfAttention(nn.Module):
         return out.to(dtype).permute(0, 3, 1, 2).reshape(b, n, -1)
 
     def _camera(self, q: Tensor, k: Tensor, v: Tensor, frames: int, rays: RayTransforms, gates) -> Tensor:
-        b, n = q.shape[:2]
+        b, n, heads = q.shape[:3]
         dtype = v.dtype
         if not self.softmax:
             k = k * (self.head_dim ** -0.5 * (n // frames) ** -0.5)
@@ -173,7 +196,7 @@ class CameraSelfAttention(nn.Module):
             # UCPE translations inflate key norms; the delta rule's write strength is discounted by as much.
             before = torch.linalg.vector_norm(k, dim=2, keepdim=True).clamp_min(1e-6)
             after = torch.linalg.vector_norm(k_ray, dim=2, keepdim=True).clamp_min(1e-6)
-            inflation = ((after / before) ** 2).view(b, self.heads, frames, -1).mean(dim=-1)
+            inflation = ((after / before) ** 2).view(b, heads, frames, -1).mean(dim=-1)
             beta = beta / inflation.unsqueeze(-1).clamp_min(1.0)
             out = bidirectional_delta_rule(q_ray.float(), k_ray.float(), v_ray.float(), beta.float(), decay.float(),
                                            frames)

@@ -37,9 +37,11 @@ CAPABILITIES = Capabilities(
     # --offload-text-encoder / --prompt-cache: the Gemma-2 encoder (text.py).
     # --policy batch: stage-1 steps of one shape stack (cameras and both CFG branches, loop.STAGE1_INPUTS); the
     # refiner's steps write their own window K/V, so they run alone (the result's metadata says so).
+    # --sp / --cfg-parallel (parallel.py): stage 1's tokens in bands of patch rows, its CFG branches on a rank pair;
+    # the refiner runs whole on every rank.
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
-               "prompt_cache_size", "batching"}),
-    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "devices", "components",
+               "prompt_cache_size", "batching", "devices", "cfg_parallel"}),
+    refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "components",
              attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
              warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
              cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",

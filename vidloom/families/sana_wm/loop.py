@@ -19,7 +19,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_euler import FlowEulerSampler
-from vidloom.diffusion.guidance import GuidanceScale, cfg_combine
+from vidloom.diffusion.guidance import GuidanceScale, TwoBranchCFG, cfg_combine
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.sana_wm.transformer import SanaWMConditioning, SanaWMTransformer
 from vidloom.families.sana_wm.text import SanaWMText
@@ -96,6 +96,22 @@ def guided_prediction(network: SanaWMNetwork, latents: Tensor, timestep: Tensor,
     return cfg_combine(cond, uncond, guidance_scale).float()
 
 
+class BranchPrediction:
+    """The step body when a policy runs the two CFG branches (a --cfg-parallel rank pair's ParallelCFG: the
+    positive prompt on one rank, the negative on the other, predictions exchanged); the same combine."""
+
+    def __init__(self, branches: TwoBranchCFG) -> None:
+        self.branches = branches
+
+    def __call__(self, network: SanaWMNetwork, latents: Tensor, timestep: Tensor, text: SanaWMText,
+                 guidance_scale: GuidanceScale | None) -> Tensor:
+        if guidance_scale is None:
+            return network(latents, timestep, text).float()
+        negative, positive = text.halves()
+        cond, uncond = self.branches.branches(network, latents, timestep, positive, negative)
+        return cfg_combine(cond, uncond, guidance_scale).float()
+
+
 # Per sample: the latents, their per-frame timesteps, the text (both branches, SanaWMText.stack); the scale per request.
 STAGE1_INPUTS = DenoiseInputs(("latents", "timestep", "text"), ("guidance_scale",))
 
@@ -115,8 +131,10 @@ class SanaWMDenoiseLoop:
 
     name = "stage1"
 
-    def __init__(self, transformer: SanaWMTransformer, sampler: FlowEulerSampler, dtype: torch.dtype) -> None:
+    def __init__(self, transformer: SanaWMTransformer, sampler: FlowEulerSampler, dtype: torch.dtype,
+                 guidance: TwoBranchCFG | None = None) -> None:
         self.transformer, self.sampler, self.dtype = transformer, sampler, dtype
+        self.step = guided_prediction if guidance is None else BranchPrediction(guidance)
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> SanaWMDenoiseState:
         request: GenerationRequest = slots["request"]
@@ -140,7 +158,7 @@ class SanaWMDenoiseLoop:
         timestep[:, 0] = 0.0  # the conditioning frame is clean
         inputs = {NETWORK: state.network, "latents": state.latents, "timestep": timestep.to(state.latents.device),
                   "text": state.text, "guidance_scale": state.guidance_scale}
-        return StepPlan(loop=self.name, index=state.index, total=total, call=guided_prediction, denoiser=STAGE1_INPUTS,
+        return StepPlan(loop=self.name, index=state.index, total=total, call=self.step, denoiser=STAGE1_INPUTS,
                         inputs=inputs)
 
     def advance(self, state: SanaWMDenoiseState, result: Tensor) -> SanaWMDenoiseState:

@@ -18,6 +18,7 @@ import torch
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import TwoBranchCFG
 from vidloom.layers.tiling import SpatialTiling, deploy_tiling
 from vidloom.media.frames import to_uint8
 from vidloom.families.sana_wm.camera import CameraInput
@@ -26,7 +27,9 @@ from vidloom.families.sana_wm.refine_loop import SanaWMRefineLoop
 from vidloom.families.sana_wm.trajectory import camera_tensors, crop_first_frame, trajectory
 
 
-def build_program(instance: ModelInstance) -> Program:
+def build_program(instance: ModelInstance, guidance: TwoBranchCFG | None = None) -> Program:
+    """`guidance`: how stage 1's two CFG branches run when not as one batch of two (a --cfg-parallel rank pair's
+    ParallelCFG). The refiner runs without CFG, whole on every rank."""
     transformer, vae, text_encoder = instance["transformer"], instance["vae"], instance["text_encoder"]
     device, dtype = instance.device, instance.dtype
     t_stride, s_stride = vae.temporal_compression_ratio, vae.spatial_compression_ratio
@@ -58,7 +61,7 @@ def build_program(instance: ModelInstance) -> Program:
         return {"latents": latents.to(device),
                 "camera": CameraTensors(raymap[None].to(device), plucker[None].to(device))}
 
-    loop = SanaWMDenoiseLoop(transformer, instance["sampler"], dtype)
+    loop = SanaWMDenoiseLoop(transformer, instance["sampler"], dtype, guidance)
     nodes: tuple[Node, ...] = (
         Node("encode_text", reads=("request",), writes=("text",), run=encode_text),
         Node("prepare_latents", reads=("request",), writes=("latents", "camera"), run=prepare),

@@ -52,6 +52,11 @@ class SanaWMText:
     def cat(self, other: SanaWMText) -> SanaWMText:
         return SanaWMText(torch.cat([self.embeds, other.embeds]), torch.cat([self.mask, other.mask]))
 
+    def halves(self) -> tuple[SanaWMText, SanaWMText]:
+        """A CFG batch [negatives..., positives...] (cat, stack) -> (negatives, positives)."""
+        half = self.embeds.shape[0] // 2
+        return (SanaWMText(self.embeds[:half], self.mask[:half]), SanaWMText(self.embeds[half:], self.mask[half:]))
+
     def batch_key(self) -> tuple[Any, ...]:
         """runtime.batching: texts of equal keys stack (prompts are padded to one length, so with CFG on for all
         or off for all they do)."""

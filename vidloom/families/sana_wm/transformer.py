@@ -3,11 +3,15 @@
 Loads diffusers `SanaWMTransformer3DModel` checkpoints through SANA_WM_NAME_MAP; blocks follow the
 reference's order of operations (adaLN-single with per-frame modulation, camera-aware self-attention,
 plucker embedding after attention, text cross-attention, gated conv FFN), the module layout is ours.
+
+Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` for `sharded_sequence`) each rank
+keeps a band of patch rows of every frame from embedding to the output projection (parallel.FrameRows says why).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +23,9 @@ from vidloom.layers.block_stack import BlockStack
 from vidloom.loading.name_map import NameMap
 from vidloom.families.sana_wm.attention import CameraSelfAttention, CrossAttention, RMSNorm
 from vidloom.families.sana_wm.config import SanaWMConfig
+from vidloom.families.sana_wm.parallel import FrameRows
 from vidloom.families.sana_wm.rays import ray_transforms, rope_table
+from vidloom.layers.sequence import WHOLE_SEQUENCE, WholeSequence
 from vidloom.layers.timestep import timestep_features
 
 TIMESTEP_CHANNELS = 256
@@ -36,10 +42,16 @@ class ConvFFN(nn.Module):
         self.point = nn.Conv2d(hidden, dim, 1, bias=False)
         self.temporal = nn.Conv2d(dim, dim, (t_kernel, 1), padding=(t_kernel // 2, 0), bias=False)
 
-    def forward(self, x: Tensor, grid: tuple[int, int, int]) -> Tensor:
+    def forward(self, x: Tensor, grid: tuple[int, int, int], rows: FrameRows | None = None) -> Tensor:
+        """x [B, N, C] over `grid`; with `rows`, x and grid are this rank's band and the 3x3 conv reads its halo."""
         b, n, c = x.shape
         f, h, w = grid
-        y = self.depthwise(F.silu(self.inverted(x.reshape(b * f, h, w, c).permute(0, 3, 1, 2))))
+        y = F.silu(self.inverted(x.reshape(b * f, h, w, c).permute(0, 3, 1, 2)))
+        if rows is None:
+            y = self.depthwise(y)
+        else:
+            conv = self.depthwise
+            y = F.conv2d(rows.halo(y), conv.weight, conv.bias, padding=(0, 1), groups=conv.groups)
         value, gate = y.chunk(2, dim=1)
         y = self.point(value * F.silu(gate)).view(b, f, c, h * w).permute(0, 2, 1, 3)
         y = y + self.temporal(y)
@@ -54,7 +66,7 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(dim_in, hidden)
         self.fc2 = nn.Linear(hidden, dim_out)
 
-    def forward(self, x: Tensor, grid: tuple[int, int, int] | None = None) -> Tensor:
+    def forward(self, x: Tensor, grid: tuple[int, int, int] | None = None, rows: FrameRows | None = None) -> Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
@@ -73,19 +85,20 @@ class SanaWMBlock(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.zeros(6, dim))
 
     def forward(self, x: Tensor, text: Tensor, text_mask: Tensor, mod: Tensor, grid: tuple[int, int, int],
-                rope: Tensor | None, rays, plucker: Tensor | None) -> Tensor:
-        """x [B, N, C]; mod [B, T, 6*C] (per-frame timestep modulation)."""
+                rope: Tensor | None, rays, plucker: Tensor | None, rows: FrameRows | None = None) -> Tensor:
+        """x [B, N, C]; mod [B, T, 6*C] (per-frame timestep modulation). With `rows` (sequence parallel) x,
+        plucker and grid are this rank's band; rope and rays stay the whole grid's (attention sees every token)."""
         b, n, c = x.shape
         frames = mod.shape[1]
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self._modulation(mod, b, c)
         per_frame = lambda t: t.reshape(b, frames, -1, c)  # noqa: E731
         h = (per_frame(F.layer_norm(x, (c,), eps=1e-6)) * (1 + scale_a) + shift_a).reshape(b, n, c)
-        x = x + (gate_a * per_frame(self.self_attn(h, grid, rope, rays))).reshape(b, n, c)
+        x = x + (gate_a * per_frame(self.self_attn(h, grid, rope, rays, rows))).reshape(b, n, c)
         if plucker is not None and self.plucker_proj is not None:
             x = x + self.plucker_proj(plucker)
         x = x + self.cross_attn(x, text, text_mask)
         h = (per_frame(F.layer_norm(x, (c,), eps=1e-6)) * (1 + scale_f) + shift_f).reshape(b, n, c)
-        return x + (gate_f * per_frame(self.ffn(h, grid))).reshape(b, n, c)
+        return x + (gate_f * per_frame(self.ffn(h, grid, rows))).reshape(b, n, c)
 
     def self_attention_input(self, x: Tensor, mod: Tensor) -> Tensor:
         """The per-frame modulated tokens [B, N, C] self-attention reads (forward's first `h`)."""
@@ -109,11 +122,23 @@ class SanaWMConditioning:
     grid: tuple[int, int, int]  # token grid (frames, height, width)
     rope: Tensor | None
     rays: Any  # the camera's per-token ray transforms, or None
-    plucker: Tensor | None  # plucker tokens [B, N, C]
+    plucker: Tensor | None  # plucker tokens [B, N, C] (this rank's band under sequence parallel)
+    rows: FrameRows | None = None  # sequence parallel's layout; None: every token on this device
+
+    @property
+    def band(self) -> tuple[int, int, int]:
+        """The grid of the tokens this device holds: the whole grid, or its band of patch rows."""
+        return self.grid if self.rows is None else self.rows.band(self.grid)
 
 
 class SanaWMTransformer(BlockStack, nn.Module):
     """Latents [B, C, F, H, W] + per-frame timesteps [B, F] + text + camera -> velocity-like prediction."""
+
+    # Which tokens this device holds: all of them, unless sequence parallel swapped in `sharded_sequence`'s layout
+    # from outside (runtime.parallel.ulysses.apply_sp). The self-attentions exchange through it themselves, so
+    # self_attentions() yields none for apply_sp to wrap.
+    sequence: WholeSequence | FrameRows = WHOLE_SEQUENCE
+    sharded_sequence = FrameRows
 
     def __init__(self, config: SanaWMConfig) -> None:
         super().__init__()
@@ -133,6 +158,10 @@ class SanaWMTransformer(BlockStack, nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.patch_embed.weight.dtype
+
+    def self_attentions(self) -> Iterator[nn.Module]:
+        """None for apply_sp to wrap: each block's self-attention exchanges heads through FrameRows itself."""
+        return iter(())
 
     def forward(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, camera: Tensor | None,
                 plucker: Tensor | None) -> Tensor:
@@ -171,12 +200,16 @@ class SanaWMTransformer(BlockStack, nn.Module):
         y = self.caption_proj(text.to(self.dtype))
         if self.caption_norm is not None:
             y = self.caption_norm(y)
-        return x, SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens)
+        rows = self.sequence
+        if not isinstance(rows, FrameRows):
+            return x, SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens)
+        plucker_tokens = None if plucker_tokens is None else rows.shard(plucker_tokens, grid)
+        return rows.shard(x, grid), SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens, rows)
 
     def run_blocks(self, x: Tensor, cond: SanaWMConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the token stream."""
         for block in self.blocks[start:end]:
-            x = block(x, cond.text, cond.text_mask, cond.mod, cond.grid, cond.rope, cond.rays, cond.plucker)
+            x = block(x, cond.text, cond.text_mask, cond.mod, cond.band, cond.rope, cond.rays, cond.plucker, cond.rows)
         return x
 
     def block_input(self, x: Tensor, cond: SanaWMConditioning, index: int = 0) -> Tensor:
@@ -189,7 +222,8 @@ class SanaWMTransformer(BlockStack, nn.Module):
         shift, scale = (self.out_scale_shift[None, None] + cond.emb[:, :, None]).chunk(2, dim=-2)
         c = x.shape[-1]
         x = (F.layer_norm(x, (c,), eps=1e-6).reshape(b, grid[0], -1, c) * (1 + scale) + shift).reshape(b, -1, c)
-        return self._unpatchify(self.proj_out(x), grid)
+        x = self.proj_out(x)
+        return self._unpatchify(x if cond.rows is None else cond.rows.gather(x, grid[0]), grid)
 
     def _unpatchify(self, x: Tensor, grid: tuple[int, int, int]) -> Tensor:
         pf, ph, pw = self.config.patch_size

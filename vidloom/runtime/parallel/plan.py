@@ -20,6 +20,10 @@ def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
+    if layout.split == "rows" and layout.num_heads % plan.sp:
+        raise DeployError(f"--sp {plan.sp}: this model's self-attention is linear attention over its "
+                          f"{layout.num_heads} heads, which sequence parallel splits by head (ring attention is "
+                          f"softmax attention), so --sp must divide {layout.num_heads}")
 
 
 def check_step_cache(deploy: DeployConfig, layout: TokenLayout) -> None:
@@ -57,9 +61,9 @@ def check_request(plan: ParallelPlan, layout: TokenLayout, request: GenerationRe
         )
     if layout.grid is None:
         return  # a padded layout runs any token count
-    problem = _token_problem(plan, layout.grid, request.height, request.width, request.num_frames)
+    problem = _token_problem(plan, layout.grid, request.height, request.width, request.num_frames, layout.split)
     if problem is not None:
-        raise InvalidRequest("num_frames" if request.num_frames > 1 else "height", problem)
+        raise InvalidRequest("num_frames" if request.num_frames > 1 and layout.split == "even" else "height", problem)
 
 
 def check_warmup(deploy: DeployConfig, layout: TokenLayout) -> None:
@@ -67,17 +71,23 @@ def check_warmup(deploy: DeployConfig, layout: TokenLayout) -> None:
     if layout.grid is None:
         return
     for height, width, num_frames in deploy.warmup_shapes:
-        problem = _token_problem(deploy.parallel, layout.grid, height, width, num_frames)
+        problem = _token_problem(deploy.parallel, layout.grid, height, width, num_frames, layout.split)
         if problem is not None:
             raise DeployError(f"warmup_shapes entry {height}x{width}x{num_frames}: {problem}")
 
 
 def _token_problem(
-    plan: ParallelPlan, geometry: SequenceGeometry, height: int, width: int, num_frames: int
+    plan: ParallelPlan, geometry: SequenceGeometry, height: int, width: int, num_frames: int, split: str = "even"
 ) -> str | None:
     # An "even" layout (Wan) does not pad: its sequence must split evenly. Sizes are the caller's choice,
     # and the message says how.
     f, h, w = geometry.patch_grid(height, width, num_frames)
+    if split == "rows":
+        if h % plan.sp == 0:
+            return None
+        return (f"{height}x{width} is {h} patch rows per frame, which sequence parallel (sp={plan.sp}) splits into "
+                f"bands of rows; pick a height whose patch rows (height/{geometry.vae_spatial * geometry.patch_size[1]}) "
+                f"are a multiple of {plan.sp}")
     if (f * h * w) % plan.sp == 0:
         return None
     return (

@@ -11,6 +11,7 @@ is fatal and every rank exits, so the parent restarts the pool rather than trust
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,4 +192,9 @@ def _fingerprint(value: Any) -> str:
         total = float(value.detach().double().sum())
         digest = hashlib.sha256(total.hex().encode()).hexdigest()[:12]
         return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}:{digest}"
-    return repr(value)
+    # A default repr names the object's address, which differs between processes holding equal state (SANA-WM's
+    # refiner window).
+    return _ADDRESS.sub("", repr(value))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

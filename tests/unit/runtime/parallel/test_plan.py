@@ -104,6 +104,25 @@ def test_a_layout_without_classic_cfg_refuses_cfg_parallel_with_its_reason():
         check_model(ParallelPlan(cfg=2), distilled)
 
 
+# SANA-WM's layout: bands of patch rows of every frame (32x spatial / 8x temporal VAE, 1x1x1 patches, 2 heads).
+ROWS = TokenLayout(num_heads=2, streams=("video",), split="rows",
+                   grid=SequenceGeometry(num_heads=2, patch_size=(1, 1, 1), vae_spatial=32, vae_temporal=8))
+
+
+def test_a_rows_layout_needs_rows_and_heads_that_split():
+    plan = ParallelPlan(sp=2)
+    check_request(plan, ROWS, GenerationRequest(prompt="x", height=64, width=96, num_frames=17, guidance_scale=5.0))
+    # 3 x 3 x 3 = 27 tokens would be refused by an even layout for num_frames; here only the rows matter.
+    odd_rows = GenerationRequest(prompt="x", height=96, width=64, num_frames=17, guidance_scale=5.0)
+    with pytest.raises(InvalidRequest, match=r"96x64 is 3 patch rows per frame.*height/32.*multiple of 2") as err:
+        check_request(plan, ROWS, odd_rows)
+    assert err.value.field == "height"
+    check_step_cache(DeployConfig(devices=2, parallel=plan, step_cache="fbcache"), ROWS)  # no pad rows to measure
+    check_model(ParallelPlan(sp=2), ROWS)
+    with pytest.raises(DeployError, match=r"--sp 4: .*linear attention over its 2 heads.*must divide 2"):
+        check_model(ParallelPlan(sp=4), ROWS)
+
+
 def test_warmup_shapes_follow_the_request_rules():
     deploy = DeployConfig(devices=2, parallel=ParallelPlan(sp=2), warmup_shapes=((48, 48, 9),))
     with pytest.raises(DeployError, match="warmup_shapes entry 48x48x9"):
