@@ -4,7 +4,7 @@ Two configs of ltx2-demo (float32, two heads per stream: Ulysses over 2 ranks): 
 9 audio rows: the audio padded), and the two-stage program at 96x96x17 (27 video rows in stage 1: padded; 108 in
 stage 2 after the upsampler). Each step runs three guidance passes (cond, uncond, isolated modalities; the demo
 has no perturbed-attention blocks, so no STG pass): under --cfg-parallel rank 0 runs cond and the isolated pass,
-rank 1 uncond. The tiny transformers alone, ring attention (three heads) included, are compared over 2-4 thread
+rank 1 uncond; under --cfg-parallel 3 each rank runs one of the three. The tiny transformers alone, ring attention (three heads) included, are compared over 2-4 thread
 ranks in tests/unit/runtime/parallel/test_ltx2_sp.py.
 
 Measured (max abs diff against one process): frames <= 1.4e-6 (levels in [0, 1]), waveform <= 1.2e-7 (peak 0.25).
@@ -39,6 +39,8 @@ CASES = [
     pytest.param("one-stage", ParallelPlan(sp=2), id="one-stage-sp2"),
     pytest.param("one-stage", ParallelPlan(cfg=2), id="one-stage-cfg2", marks=SLOW),
     pytest.param("one-stage", ParallelPlan(sp=2, cfg=2), id="one-stage-sp2xcfg2", marks=SLOW),
+    # --cfg-parallel 3: the step's three passes (cond, uncond, isolated), one per rank.
+    pytest.param("one-stage", ParallelPlan(cfg=3), id="one-stage-cfg3", marks=SLOW),
     pytest.param("two-stage", ParallelPlan(sp=2), id="two-stage-sp2", marks=SLOW),
     pytest.param("two-stage", ParallelPlan(cfg=2), id="two-stage-cfg2", marks=SLOW),
     pytest.param("two-stage", ParallelPlan(sp=2, cfg=2), id="two-stage-sp2xcfg2", marks=SLOW),

@@ -77,8 +77,9 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     multi.add_argument("--sp", type=int, default=1, metavar="K",
                        help="sequence-parallel degree (Ulysses; ring attention where it does not divide the heads); Wan needs "
                             "it to divide each request's token count")
-    multi.add_argument("--cfg-parallel", action="store_true",
-                       help="run the cond and uncond CFG branches on two devices (needs guidance > 1)")
+    multi.add_argument("--cfg-parallel", type=int, nargs="?", const=2, default=None, metavar="N",
+                       help="run the cond and uncond CFG branches on two devices (needs guidance > 1); N up to 4 "
+                            "spreads a step's further guidance passes too (LTX-2: STG, isolated modality)")
     multi.add_argument("--shard-weights", action="store_true",
                        help="each rank of the --sp group holds 1/sp of every denoiser block's weights, gathered "
                             "just before the block runs (less memory per device; not with --compile, --fp8, "
@@ -87,7 +88,7 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
 
 def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -> DeployConfig:
     """`launched_world`: processes a launcher (torchrun) already started, the default for --devices."""
-    plan = ParallelPlan(sp=args.sp, cfg=2 if args.cfg_parallel else 1, shard_weights=args.shard_weights)
+    plan = ParallelPlan(sp=args.sp, cfg=args.cfg_parallel or 1, shard_weights=args.shard_weights)
     devices = args.devices if args.devices is not None else (launched_world or plan.world_size)
     return DeployConfig(
         fp8_weights=args.fp8,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from vidloom.core.errors import DeployError
 
-CFG_DEGREES = (1, 2)
+CFG_DEGREES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class ParallelPlan:
     (ring attention). A layout that splits evenly (Wan) needs it to divide every request's token count."""
     cfg: int = 1
     """CFG-parallel degree: 2 runs the conditional branch on cfg-rank 0 and the unconditional one on
-    cfg-rank 1 (requests must use guidance, guidance_scale > 1); 1 runs both branches on every rank."""
+    cfg-rank 1 (requests must use guidance, guidance_scale > 1); 1 runs both branches on every rank; 3 or 4 spread
+    a family's further guidance passes too (LTX-2's STG and isolated-modality passes: TokenLayout.cfg_passes)."""
     shard_weights: bool = False
     """--shard-weights: each rank of a sequence-parallel group holds 1/sp of every denoiser block's weights and
     gathers a block's whole weights just before it runs (runtime.parallel.shard_weights); needs sp > 1."""
@@ -39,8 +40,8 @@ class ParallelPlan:
             raise DeployError(f"parallel.sp (--sp) must be an integer >= 1, got {self.sp!r}")
         if self.cfg not in CFG_DEGREES or isinstance(self.cfg, bool):
             raise DeployError(
-                f"parallel.cfg must be 1 or 2 (classic CFG has two branches), got {self.cfg!r}; "
-                "--cfg-parallel sets 2"
+                f"parallel.cfg must be 1 to 4 (classic CFG has two branches; LTX-2's steps run up to four "
+                f"guidance passes), got {self.cfg!r}; --cfg-parallel sets 2, --cfg-parallel N sets N"
             )
 
         if not isinstance(self.shard_weights, bool):
@@ -115,6 +116,9 @@ class TokenLayout:
     cfg_parallel: str | None = None
     """None: classic two-branch CFG whose branches the runtime may run on a rank pair (--cfg-parallel; the
     program takes `guidance=`); else why this checkpoint refuses --cfg-parallel."""
+    cfg_passes: int = 2
+    """The most guidance passes one step runs, so the largest --cfg-parallel degree that gives every rank work: 2
+    for classic CFG (cond, uncond), 4 for LTX-2 (cond, uncond, STG, isolated modality)."""
     cfg_needs: tuple[str, ...] = field(default=("guidance_scale",))
     """Request fields that must turn CFG on for --cfg-parallel: guidance_scale (> 1), and negative_prompt
     (non-empty) for a family whose CFG runs only with one (Qwen-Image's true CFG)."""

@@ -117,11 +117,13 @@ class BranchExchange(Protocol):
 
 class ParallelCFG(TwoBranchCFG):
     """Cond on cfg-rank 0, uncond on cfg-rank 1, one forward of batch B each; predictions are exchanged
-    and combined with the same formula on both ranks, so both samplers step on identical values."""
+    and combined with the same formula on both ranks, so both samplers step on identical values. A group of
+    more than two ranks (--cfg-parallel 3 or 4) is for a family whose program spreads more passes over it (LTX-2's
+    SplitAudioVideoGuidance takes `pair`); classic CFG's two branches need exactly two."""
 
     def __init__(self, pair: BranchExchange) -> None:
-        if pair.size != 2:
-            raise ValueError(f"CFG-parallel needs a pair of ranks, got a group of {pair.size}")
+        if pair.size < 2:
+            raise ValueError(f"CFG-parallel needs a group of two ranks or more, got {pair.size}")
         self.pair = pair
 
     def unguided(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor) -> Tensor:
@@ -130,6 +132,8 @@ class ParallelCFG(TwoBranchCFG):
 
     def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
                  negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pair.size != 2:  # launch refuses a degree above the layout's cfg_passes (2 for classic CFG)
+            raise ValueError(f"classic CFG has two branches, one per rank; got a group of {self.pair.size}")
         embeds = prompt_embeds if self.pair.rank == 0 else negative_embeds
         cond, uncond = self.pair.all_gather(network(latents, timestep, embeds)).unbind(0)
         return cond, uncond

@@ -44,7 +44,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "kv_cache_budget_mb": (("deploy", "kv_cache_budget_bytes"), lambda mb: None if mb is None else max(1, int(mb * 2**20))),
     "kv_session_ttl": (("deploy", "kv_session_ttl_s"), float),
     "sp": (("deploy", "parallel", "sp"), int),
-    "cfg_parallel": (("deploy", "parallel", "cfg"), lambda on: 2 if on else 1),
+    "cfg_parallel": (("deploy", "parallel", "cfg"), lambda degree: int(degree) if degree else 1),
     "shard_weights": (("deploy", "parallel", "shard_weights"), bool),
     "component": (("deploy", "components"), dict),  # NAME=FILE pairs, written as the card's mapping
 }

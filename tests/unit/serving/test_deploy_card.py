@@ -100,7 +100,7 @@ def test_a_new_config_field_is_a_card_key_without_code_changes():
     ("deploy: fast\n", r"card.yaml:1: deploy: expected a mapping of DeployConfig settings"),
     ("deploy:\n  devices: 2\n  parallel:\n    sp: 3\n",
      r"card.yaml:2: deploy.devices: devices \(--devices\) is 2 but the parallel plan sp=3 x cfg=1"),
-    ("deploy:\n  parallel:\n    cfg: 3\n", r"card.yaml:3: deploy.parallel.cfg: parallel.cfg must be 1 or 2"),
+    ("deploy:\n  parallel:\n    cfg: 5\n", r"card.yaml:3: deploy.parallel.cfg: parallel.cfg must be 1 to 4"),
     ("deploy:\n  parallel:\n    sp: 0\n", r"card.yaml:3: deploy.parallel.sp: parallel.sp \(--sp\) must be"),
     ("deploy:\n  parallel:\n    tp: 2\n", r"card.yaml:3: deploy.parallel.tp: unknown key"),
     ("\n\npolicy: lifo\n", r"card.yaml:3: policy: policy: unknown 'lifo'"),

@@ -17,4 +17,4 @@ def token_layout(checkpoint: Path) -> TokenLayout:
     guidance passes (cond, uncond, STG, isolated modalities) over the CFG ranks; both stages shard alike."""
     dit = DiffusersDir.open(checkpoint).parse_component("transformer", LTX2TransformerConfig.from_diffusers)
     heads = math.gcd(dit.num_attention_heads, dit.audio_num_attention_heads)
-    return TokenLayout(num_heads=heads, streams=("video", "audio"), split="pad")
+    return TokenLayout(num_heads=heads, streams=("video", "audio"), split="pad", cfg_passes=4)

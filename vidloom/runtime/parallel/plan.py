@@ -20,6 +20,9 @@ def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
+    if plan.cfg > layout.cfg_passes:
+        raise DeployError(f"--cfg-parallel {plan.cfg}: this model's steps run at most {layout.cfg_passes} guidance "
+                          f"passes, one per rank of the group; use --cfg-parallel {layout.cfg_passes} or less")
     if layout.split == "rows" and layout.num_heads % plan.sp:
         raise DeployError(f"--sp {plan.sp}: this model's self-attention is linear attention over its "
                           f"{layout.num_heads} heads, which sequence parallel splits by head (ring attention is "

@@ -28,8 +28,8 @@ WAN4 = TokenLayout(num_heads=4, streams=("video",), grid=GRID4)
 @pytest.mark.parametrize("kwargs, match", [
     (dict(sp=0), r"parallel.sp \(--sp\) must be an integer >= 1, got 0"),
     (dict(sp=1.5), r"parallel.sp"),
-    (dict(cfg=3), r"parallel.cfg must be 1 or 2"),
-    (dict(cfg=0), r"parallel.cfg must be 1 or 2"),
+    (dict(cfg=5), r"parallel.cfg must be 1 to 4"),
+    (dict(cfg=0), r"parallel.cfg must be 1 to 4"),
 ])
 def test_plan_degrees(kwargs, match):
     with pytest.raises(DeployError, match=match):
@@ -177,3 +177,16 @@ def test_cli_flags_build_the_plan_and_bad_ones_fail_with_exit_2(tiny_b, capsys):
     assert main(["generate", "--prompt", "x", "--model", str(tiny_b), "--devices", "2", "--sp", "3"]) == 2
     assert "is 2 but the parallel plan sp=3 x cfg=1" in capsys.readouterr().err
     assert set(multiprocessing.active_children()) <= before
+
+
+def test_a_cfg_degree_above_two_spreads_guidance_passes_only_where_a_step_has_that_many():
+    with pytest.raises(DeployError, match="parallel.cfg must be 1 to 4"):
+        ParallelPlan(cfg=5)
+    with pytest.raises(DeployError, match="at most 2 guidance passes.*--cfg-parallel 2 or less"):
+        check_model(ParallelPlan(cfg=3), WAN4)  # classic CFG: two branches
+    check_model(ParallelPlan(cfg=4), TokenLayout(num_heads=4, streams=("video", "audio"), split="pad", cfg_passes=4))
+    parser = build_parser()
+    assert deploy_config(parser.parse_args(["generate", "--prompt", "x", "--cfg-parallel"])).parallel.cfg == 2
+    plan = deploy_config(parser.parse_args(["generate", "--prompt", "x", "--cfg-parallel", "3"])).parallel
+    assert plan.cfg == 3 and plan.world_size == 3
+    assert deploy_config(parser.parse_args(["generate", "--prompt", "x"])).parallel.cfg == 1
