@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
-from tests.helpers.hunyuan15_checkpoints import write_pipeline
+from tests.helpers.hunyuan15_checkpoints import write_i2v_pipeline, write_pipeline
+from tests.parity.test_hunyuan15_i2v import _image
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.runtime.batching import batch_key
 from vidloom.runtime.results import video_output
@@ -47,6 +48,19 @@ def test_a_batched_step_equals_the_single_steps(engine, guidance):
     with first_plans(engine, _requests(engine, **override)) as plans:
         lengths = {plan.inputs["prompt"].rows[0].text.shape[0] for plan in plans}
         assert len(lengths) == 2  # the prompts' lengths differ
+        assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
+        assert_batched_equals_single(plans, RTOL)
+
+
+@pytest.mark.parametrize("name", ["p1", "p2"], ids=["i2v", "i2v-meanflow"])
+def test_image_to_video_steps_share_a_forward(tmp_path, name):
+    """Each row reads its own first frame's condition latents and image tokens (meanflow: one target t per step)."""
+    write_i2v_pipeline(tmp_path, name)
+    engine = VideoGenerator.from_pretrained(tmp_path, device="cpu").engine
+    images = [_image((50, 30)), _image((50, 30)).transpose(0)]  # one aspect bucket, different pixels
+    requests = [build_request(engine.instance.card, **{**kind, "num_frames": 5, "num_inference_steps": 3,
+                                                       "image": [image]}) for kind, image in zip(KINDS, images)]
+    with first_plans(engine, requests) as plans:
         assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
         assert_batched_equals_single(plans, RTOL)
 
