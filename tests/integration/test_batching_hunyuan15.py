@@ -10,15 +10,13 @@ the decoded frames within one uint8 level.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
+from tests.helpers.batched_runs import assert_batched_equals_single, assert_served_like_alone, first_plans
 from tests.helpers.hunyuan15_checkpoints import write_i2v_pipeline, write_pipeline
 from tests.parity.test_hunyuan15_i2v import _image
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.runtime.batching import batch_key
-from vidloom.runtime.results import video_output
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 RTOL = 1e-5
@@ -74,10 +72,4 @@ def test_sizes_and_guidance_that_differ_do_not_share_a_forward(engine):
 
 
 def test_concurrent_requests_equal_their_single_runs(engine):
-    requests = _requests(engine)
-    expected = [video_output(engine.instance.card, engine.run(r)).frames for r in requests]
-    got, stats = serve_batched(engine, requests)
-    assert stats["largest_batch"] == 2, stats  # the steps really were shared
-    for out, alone in zip(got, expected):
-        assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= UINT8_TOLERANCE
-        assert "disabled" not in out.metadata
+    assert_served_like_alone(engine, _requests(engine), UINT8_TOLERANCE)

@@ -10,15 +10,13 @@ the decoded images within one uint8 level.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from tests.helpers.batched_runs import assert_batched_equals_single, first_plans, serve_batched
+from tests.helpers.batched_runs import assert_batched_equals_single, assert_served_like_alone, first_plans
 from tests.parity.test_qwen_image_edit import _pattern
 from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator, build_request
 from vidloom.runtime.batching import batch_key
-from vidloom.runtime.results import video_output
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 RTOL = 1e-5
@@ -88,10 +86,4 @@ def test_layouts_and_guidance_that_differ_do_not_share_a_forward(engine):
 @pytest.mark.parametrize("cfg_mode", ["sequential", "batched"])
 def test_concurrent_requests_equal_their_single_runs(engine, batched_cfg, cfg_mode):
     engine = batched_cfg if cfg_mode == "batched" else engine
-    requests = _requests(engine)
-    expected = [video_output(engine.instance.card, engine.run(r)).frames for r in requests]
-    got, stats = serve_batched(engine, requests)
-    assert stats["largest_batch"] == 2, stats  # the steps really were shared
-    for out, alone in zip(got, expected):
-        assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= UINT8_TOLERANCE
-        assert "disabled" not in out.metadata
+    assert_served_like_alone(engine, _requests(engine), UINT8_TOLERANCE)
