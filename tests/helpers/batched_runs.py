@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.batching import run_batched
+from vidloom.runtime.results import video_output
 
 
 @contextlib.contextmanager
@@ -44,3 +46,14 @@ def serve_batched(engine: Any, requests: list[Any], timeout_s: float = 300) -> t
         return [h.wait(timeout_s) for h in handles], async_engine.batch_stats
     finally:
         async_engine.close()
+
+
+def assert_served_like_alone(engine: Any, requests: list[Any], uint8_tolerance: int) -> None:
+    """`requests` served together shared their steps, none ran alone, and each result's frames equal its run alone
+    within `uint8_tolerance` levels."""
+    expected = [video_output(engine.instance.card, engine.run(r)).frames for r in requests]
+    got, stats = serve_batched(engine, requests)
+    assert stats["largest_batch"] == len(requests), stats
+    for out, alone in zip(got, expected):
+        assert np.abs(out.frames.astype(int) - alone.astype(int)).max() <= uint8_tolerance
+        assert "disabled" not in out.metadata

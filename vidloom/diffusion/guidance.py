@@ -84,20 +84,21 @@ class SequentialCFG(TwoBranchCFG):
 
 class BatchedCFG(TwoBranchCFG):
     """Cond and uncond stacked into one forward of twice the batch: half the kernel launches
-    and weight reads per step, at the cost of twice the activation memory."""
+    and weight reads per step, at the cost of twice the activation memory. Embeddings that are
+    not tensors stack by their own `stack` (a text batch that pads and masks prompts of two lengths)."""
 
     def branches(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
                  negative_embeds: Tensor) -> tuple[Tensor, Tensor]:
-        if negative_embeds.shape[1:] != prompt_embeds.shape[1:]:
+        if not isinstance(prompt_embeds, Tensor):
+            text = prompt_embeds.stack([prompt_embeds, negative_embeds])
+        elif negative_embeds.shape[1:] != prompt_embeds.shape[1:]:
             raise ValueError(
                 f"batched CFG needs equal-length embeddings, got {tuple(prompt_embeds.shape)} "
                 f"and {tuple(negative_embeds.shape)}"
             )
-        both = network(
-            torch.cat([latents, latents]),
-            torch.cat([timestep, timestep]),
-            torch.cat([prompt_embeds, negative_embeds]),
-        )
+        else:
+            text = torch.cat([prompt_embeds, negative_embeds])
+        both = network(torch.cat([latents, latents]), torch.cat([timestep, timestep]), text)
         cond, uncond = both.chunk(2)
         return cond, uncond
 

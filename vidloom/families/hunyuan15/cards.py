@@ -35,16 +35,17 @@ I2V_READS = READS - {"height", "width"}  # image to video: the size is the first
 IMAGE_SIZE_NOTE = "with an image, its aspect bucket sets the size (the pipeline ignores height and width)"
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
+BATCH_NOTE = ("--policy batch: requests of one video size and task (and, image to video, one image-token count) share "
+              "a forward whatever their prompts' lengths (padded and masked); one running CFG at a step and one not "
+              "run apart")
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache", "vae_tile", "devices", "cfg_parallel"}),
+               "step_cache", "vae_tile", "devices", "cfg_parallel", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
                       "and the two CFG branches run one after the other, as the guider runs them",
-             batching="each prompt is encoded unpadded, so two requests' condition tokens differ in number and "
-                      "their steps run alone (no stacked forward yet)",
              cuda_graphs="condition token counts vary per prompt; graph capture is not wired for this loop",
              warmup_shapes="no warmup pass is wired for this family yet"),
 )
@@ -113,6 +114,6 @@ def hunyuan15_card(model_id: str, source: str, *, multiple: int, temporal: int, 
         components=component_table(precision, *(I2V_COMPONENTS if image else INDEX_COMPONENTS), no_weights=weightless),
         tasks=frozenset(tasks), precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal), description=description,
-        notes=(*notes, CFG_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS, optional_fields=I2V_READS if i2v else READS,
+        notes=(*notes, CFG_NOTE, BATCH_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS, optional_fields=I2V_READS if i2v else READS,
         inputs=image, required_inputs=image if i2v else frozenset(), field_notes=field_notes,
     )

@@ -1,5 +1,8 @@
 """HunyuanVideo-1.5's denoise loop: flow-match Euler over the video latent, the transformer reading [noisy
-latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, CFG as the saved guider runs it."""
+latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, CFG as the saved guider runs it.
+
+Steps of several requests stack into one forward (runtime.batching): their prompts of any lengths are padded and
+masked by stack_prompts, the transformer's own per-sample condition mask."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import SequentialCFG, TwoBranchCFG
@@ -30,23 +34,60 @@ class Hunyuan15Inputs:
 
 
 @dataclass(frozen=True)
+class Hunyuan15Prompts:
+    """The prompts of a forward's rows: one request's, or several requests' stacked (runtime.batching); any
+    lengths (stack_prompts pads and masks them)."""
+
+    rows: tuple[PromptEmbeds, ...]
+
+    def batch_key(self) -> tuple[Any, ...]:
+        text, glyph = self.rows[0].text, self.rows[0].glyph
+        return (text.shape[1], glyph.shape[1], text.dtype, text.device)
+
+    @staticmethod
+    def stack(batches: list[Hunyuan15Prompts]) -> Hunyuan15Prompts:
+        return Hunyuan15Prompts(tuple(row for batch in batches for row in batch.rows))
+
+
+# The step's per-sample inputs (stacked across requests) and its per-request scale.
+STEP_INPUTS = DenoiseInputs(("latents", "timestep", "prompt", "negative"), ("guidance_scale",))
+
+
+@dataclass(frozen=True)
 class Hunyuan15Network:
-    """The network a guidance step calls: (latents, timestep, prompt) -> velocity, `prompt` a PromptEmbeds."""
+    """The network a guidance step calls: (latents, timestep, prompt) -> velocity, `prompt` a Hunyuan15Prompts."""
 
     transformer: Hunyuan15Transformer
-    inputs: Hunyuan15Inputs
+    inputs: Hunyuan15Inputs  # one request's, or several requests' stacked along the batch (stack)
     timestep_r: float | None = None  # meanflow: the step's target t (the next step's, 0 after the last)
 
-    def _args(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> tuple[Any, ...]:
-        text, text_mask, glyph, glyph_mask = stack_prompts([prompt] * latents.shape[0])
-        x = torch.cat([latents, self.inputs.condition.to(latents.dtype).expand(latents.shape[0], -1, -1, -1, -1)], 1)
+    def batch_key(self) -> tuple[Any, ...]:
+        """Views stack across requests (runtime.batching) with one transformer, one condition shape (video size,
+        task) and image-token shape; meanflow ones at one target t."""
+        image = self.inputs.image
+        return (id(self.transformer), tuple(self.inputs.condition.shape[1:]), self.inputs.condition.dtype,
+                None if image is None else tuple(image.shape[1:]), self.inputs.meanflow, self.timestep_r)
+
+    @staticmethod
+    def stack(views: list[Hunyuan15Network]) -> Hunyuan15Network:
+        first = views[0]
+        image = None if first.inputs.image is None else torch.cat([v.inputs.image for v in views])
+        inputs = dataclasses.replace(first.inputs, condition=torch.cat([v.inputs.condition for v in views]),
+                                     image=image)
+        return dataclasses.replace(first, inputs=inputs)
+
+    def _args(self, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts) -> tuple[Any, ...]:
+        rows = latents.shape[0]
+        text, text_mask, glyph, glyph_mask = stack_prompts(list(prompt.rows) * (rows // len(prompt.rows)))
+        condition = self.inputs.condition.to(latents.dtype)
+        x = torch.cat([latents, condition.repeat(rows // condition.shape[0], 1, 1, 1, 1)], 1)
         image = self.inputs.image
         if image is not None:
-            image = image.to(latents.dtype).expand(latents.shape[0], -1, -1)
+            image = image.to(latents.dtype).repeat(rows // image.shape[0], 1, 1)
         r = None if self.timestep_r is None else torch.full_like(timestep, self.timestep_r)
         return x, timestep, text, text_mask, glyph, glyph_mask, image, r
 
-    def __call__(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> Tensor:
+    def __call__(self, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts) -> Tensor:
         x, cond = self.embed(latents, timestep, prompt)
         return self.head(self.run_blocks(x, cond), cond)
 
@@ -56,7 +97,8 @@ class Hunyuan15Network:
     def num_blocks(self) -> int:
         return self.transformer.num_blocks
 
-    def embed(self, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds) -> tuple[Tensor, Hunyuan15Conditioning]:
+    def embed(self, latents: Tensor, timestep: Tensor,
+              prompt: Hunyuan15Prompts) -> tuple[Tensor, Hunyuan15Conditioning]:
         return self.transformer.embed(*self._args(latents, timestep, prompt))
 
     def run_blocks(self, x: Tensor, cond: Hunyuan15Conditioning, start: int = 0, end: int | None = None) -> Tensor:
@@ -76,8 +118,8 @@ class Hunyuan15State:
     latents: Tensor  # float32 [1, C, F, H, W]
     sigmas: Tensor  # float32 [steps + 1]
     network: Hunyuan15Network
-    prompt: PromptEmbeds
-    negative: PromptEmbeds | None  # None: no CFG at any step
+    prompt: Hunyuan15Prompts
+    negative: Hunyuan15Prompts | None  # None: no CFG at any step
     guidance_scale: float
     index: int = 0
 
@@ -91,8 +133,8 @@ class GuiderStep:
         self.guider = guider
         self.branches = branches or SequentialCFG()
 
-    def __call__(self, network: Hunyuan15Network, latents: Tensor, timestep: Tensor, prompt: PromptEmbeds,
-                 negative: PromptEmbeds | None, guidance_scale: float) -> Tensor:
+    def __call__(self, network: Hunyuan15Network, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts,
+                 negative: Hunyuan15Prompts | None, guidance_scale: float | Tensor) -> Tensor:
         if negative is None:
             return network(latents, timestep, prompt)
         cond, uncond = self.branches.branches(network, latents, timestep, prompt, negative)
@@ -101,7 +143,7 @@ class GuiderStep:
 
 class Hunyuan15DenoiseLoop(GuidedEulerSteps):
     """Flow-matching Euler loop over a shared Hunyuan15Transformer (GuidedEulerSteps' Euler update and finish);
-    each step runs alone (prompts are unpadded, so two requests' condition tokens differ in number)."""
+    requests of one video size and task share a step's forward (STEP_INPUTS), whatever their prompts."""
 
     name = "denoise"
 
@@ -112,12 +154,13 @@ class Hunyuan15DenoiseLoop(GuidedEulerSteps):
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Hunyuan15State:
         request: GenerationRequest = slots["request"]
+        negative: PromptEmbeds | None = slots["negative_embeds"]
         return Hunyuan15State(
             latents=slots["latents"],
             sigmas=self.schedule.sigmas(request.num_inference_steps, request.flow_shift),
             network=Hunyuan15Network(self.transformer, slots["inputs"]),
-            prompt=slots["prompt_embeds"],
-            negative=slots["negative_embeds"],
+            prompt=Hunyuan15Prompts((slots["prompt_embeds"],)),
+            negative=None if negative is None else Hunyuan15Prompts((negative,)),
             guidance_scale=float(request.guidance_scale),
         )
 
@@ -132,7 +175,7 @@ class Hunyuan15DenoiseLoop(GuidedEulerSteps):
             following = state.sigmas[state.index + 1] * self.schedule.num_train_timesteps
             network = dataclasses.replace(network, timestep_r=float(following))
         return StepPlan(
-            loop=self.name, index=state.index, total=total, call=self.step,
+            loop=self.name, index=state.index, total=total, call=self.step, denoiser=STEP_INPUTS,
             inputs={NETWORK: network, "latents": state.latents.to(self.dtype),
                     "timestep": t.expand(state.latents.shape[0]).to(state.latents.device, self.dtype),
                     "prompt": state.prompt, "negative": state.negative if cfg else None,

@@ -84,7 +84,7 @@ class Hunyuan15Guider:
             return False
         return not math.isclose(scale, 0.0 if self.use_original_formulation else 1.0)
 
-    def combine(self, cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+    def combine(self, cond: Tensor, uncond: Tensor, scale: float | Tensor) -> Tensor:
         """The guided prediction, rescaled toward the conditional one's std when guidance_rescale > 0."""
         pred = (cond if self.use_original_formulation else uncond) + scale * (cond - uncond)
         if self.guidance_rescale > 0:

@@ -34,15 +34,16 @@ READS = frozenset({"negative_prompt", "height", "width", "num_inference_steps", 
                    "step_cache_threshold"})
 CFG_NOTE = ("true CFG (guidance_scale is the pipeline's true_cfg_scale) runs only with a non-empty negative_prompt, "
             "as QwenImagePipeline runs it only when one is given; the model card passes \" \"")
+BATCH_NOTE = ("--policy batch: requests of one size and one reference layout (text to image, or edits whose references "
+              "have the same grids) share a forward whatever their prompts' lengths (the shorter zero-padded and "
+              "masked, as batched CFG pads a request's two prompts); guided and unguided requests run apart")
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
                "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel",
-               "cfg_mode"}),
+               "cfg_mode", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
-             kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget",
-             batching="two requests' steps are not stacked yet: the padded, masked forward that --cfg-mode "
-                      "batched runs for one request's two prompts is not offered to the batcher across requests"),
+             kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget"),
 )
 CAPABILITY_ROWS = {"qwen-image": CAPABILITIES}  # `vidloom models --capabilities`
 
@@ -89,7 +90,7 @@ def qwen_image_card(model_id: str, source: str, *, multiple: int, defaults: Samp
         memory_estimator=MEMORY_ESTIMATOR,
         source=source,
         description=description,
-        notes=(*notes, CFG_NOTE),
+        notes=(*notes, CFG_NOTE, BATCH_NOTE),
         max_prompt_tokens=MAX_PROMPT_TOKENS,
         optional_fields=READS,
         capabilities=CAPABILITIES,

@@ -16,6 +16,7 @@ from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, make_guidance
 from vidloom.diffusion.noise import initial_noise
+from vidloom.layers.attention import ATTENTION_BACKENDS
 from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.frames import to_uint8
 from vidloom.models.wan.vae import WanVAE
@@ -126,8 +127,10 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
         return {"video": to_uint8(frames).cpu().numpy() if frames.is_cuda else frames.cpu().numpy()}
 
     inner = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
-    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner),
-                                pad_cfg=guidance is None and instance.deploy.cfg_mode == "batched")
+    # Prompts of different lengths share a forward padded and masked (batched CFG, cross-request batching) when the
+    # attention takes a key mask and the stream is not sharded (a shard carries its own padding mask).
+    pad_text = ATTENTION_BACKENDS[instance.deploy.attention_backend].takes_mask and instance.deploy.parallel.sp == 1
+    loop = QwenImageDenoiseLoop(transformer, instance["schedule"], instance.dtype, NormRescaledCFG(inner), pad_text)
     return Program(
         nodes=(
             Node("encode_text", reads=("request",), writes=("prompt_embeds", "negative_embeds"), run=encode_text),
