@@ -54,6 +54,8 @@ class FamilyBench:
     """Checkpoint folder name under bench/.cache/ (default: `name`); chat shares the generation checkpoint."""
     warmup_steps: int = 1
     """Steps of the untimed warm-up generation (LTX-2's schedule needs 2 to reach its shift_terminal)."""
+    chat_reference: Callable[[Path, str], Any] | None = None
+    """Chat rows: (folder, dtype) -> the transformers side's batch generate (bench/chat_streams.py)."""
 
     def checkpoint(self) -> Path:
         """The folder, written atomically on first use."""
@@ -219,6 +221,12 @@ def _write_helios(folder: Path) -> None:
 
 
 _WAN21_DIT = "Wan2.1 layout, 8 heads x 64, FFN 1536, 14 layers (bench/checkpoints.py mid)"
+def _cosmos3_chat(folder: Path, dtype: str) -> Any:
+    from chat_streams import cosmos3_reference
+
+    return cosmos3_reference(folder, dtype)
+
+
 FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
     FamilyBench("wan2.1-mid", _write_wan21, "WanPipeline",
                 dict(height=256, width=256, num_frames=9, steps=6, guidance=5.0), _call_wan,
@@ -245,7 +253,7 @@ FAMILIES: dict[str, FamilyBench] = {f.name: f for f in (
     FamilyBench("cosmos3-chat-mid", _write_cosmos3, "generate",
                 dict(streams=CHAT_STREAMS, max_tokens=CHAT_TOKENS, greedy=True),
                 architecture={"dit": "the same Cosmos3 checkpoint's text backbone (bench/chat_decode.py mid)"},
-                folder="cosmos3-mid"),
+                folder="cosmos3-mid", chat_reference=_cosmos3_chat),
     FamilyBench("hunyuan15-mid", _write_hunyuan15, "HunyuanVideo15Pipeline",
                 dict(height=256, width=256, num_frames=9, steps=6, guidance=HUNYUAN15_GUIDANCE), _call_hunyuan15,
                 architecture={"dit": "HunyuanVideo-1.5 layout, 8 heads x 64, 6 dual-stream blocks, 16x VAE",
@@ -296,3 +304,30 @@ FAMILIES["qwen-image-mid"] = FamilyBench(
     warmup_steps=2,  # the scheduler's shift_terminal stretch needs two steps
     architecture={"dit": "Qwen-Image MMDiT, 8 heads x 64, 6 dual-stream blocks, text 32 wide x 4 layers "
                          "(bench/family_bench.py QWEN_IMAGE_MID)", "tokens": 16 * 16})
+
+
+# --- Qwen3-Omni (#38): chat through a mid-size random MoE thinker, 16 streams vs transformers' generate -----------
+QWEN3_OMNI_MID = dict(
+    hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=64, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, norm_topk_prob=True)
+"""The thinker's text decoder (its towers stay the tests' tiny ones; chat here is text in, text out)."""
+
+
+def _write_qwen3_omni(folder: Path) -> None:
+    from tests.helpers.qwen3_omni_checkpoints import TinyThinker, mrope, write_tiny_thinker
+
+    write_tiny_thinker(folder, TinyThinker("chat-mid", {**QWEN3_OMNI_MID,
+                                                        "rope_parameters": mrope(1000000.0, [16, 8, 8])}), SEED)
+
+
+def _qwen3_omni_chat(folder: Path, dtype: str) -> Any:
+    from chat_streams import qwen3_omni_reference
+
+    return qwen3_omni_reference(folder, dtype)
+
+
+FAMILIES["qwen3-omni-chat-mid"] = FamilyBench(
+    "qwen3-omni-chat-mid", _write_qwen3_omni, "generate", dict(streams=CHAT_STREAMS, max_tokens=CHAT_TOKENS, greedy=True),
+    chat_reference=_qwen3_omni_chat,
+    architecture={"dit": "Qwen3-Omni MoE thinker, hidden 512, 6 layers, GQA 8/2, 16 experts top-4 "
+                         "(bench/family_bench.py QWEN3_OMNI_MID)"})

@@ -61,7 +61,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
     if bench.pipeline == "generate":
         from chat_streams import chat_worker
 
-        return chat_worker(folder, setting, frames_path)
+        return chat_worker(folder, setting, frames_path, bench.chat_reference)
     steps = bench.request["steps"]
     t0 = time.perf_counter()
     if setting.startswith("vidloom"):

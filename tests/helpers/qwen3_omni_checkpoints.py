@@ -33,18 +33,19 @@ class TinyThinker:
     text: dict[str, Any]
 
 
-def _mrope(theta: float, section: list[int]) -> dict[str, Any]:
+def mrope(theta: float, section: list[int]) -> dict[str, Any]:
+    """The thinker's interleaved multimodal rotary parameters (`section`: the t, h, w split of half a head)."""
     return {"rope_type": "default", "rope_theta": theta, "mrope_section": section, "interleaved": True}
 
 
 THINKER_A = TinyThinker("moe-a", dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
-    rope_parameters=_mrope(1000000.0, [4, 2, 2])))
+    rope_parameters=mrope(1000000.0, [4, 2, 2])))
 THINKER_B = TinyThinker("moe-b", dict(
     hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=3,
     num_experts=8, num_experts_per_tok=3, moe_intermediate_size=24, norm_topk_prob=False, attention_bias=True,
-    mlp_only_layers=[1], rope_parameters=_mrope(10000.0, [2, 1, 1])))
+    mlp_only_layers=[1], rope_parameters=mrope(10000.0, [2, 1, 1])))
 THINKERS = (THINKER_A, THINKER_B)
 # Two tiny talkers (its MoE decoder: every layer sparse, with a sigmoid-gated shared expert; its code predictor;
 # code2wav; the predictor is as wide as the talker, which feeds it its hidden state).
@@ -63,13 +64,13 @@ class TinyTalker:
 TALKER_A = TinyTalker("talker-a", dict(
     vocab_size=1064, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=1, head_dim=12, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8,
-    shared_expert_intermediate_size=20, rope_parameters=_mrope(1000000.0, [2, 2, 2])),
+    shared_expert_intermediate_size=20, rope_parameters=mrope(1000000.0, [2, 2, 2])),
     dict(vocab_size=40, hidden_size=24, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
          num_key_value_heads=1, head_dim=8), code_groups=4, accept_hidden_layer=1, codebook=40)
 TALKER_B = TinyTalker("talker-b", dict(
     vocab_size=1080, hidden_size=32, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=12,
-    shared_expert_intermediate_size=16, norm_topk_prob=True, rope_parameters=_mrope(10000.0, [1, 1, 2])),
+    shared_expert_intermediate_size=16, norm_topk_prob=True, rope_parameters=mrope(10000.0, [1, 1, 2])),
     dict(vocab_size=56, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=3,
          num_key_value_heads=3, head_dim=8, attention_bias=True, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 10000.0}),
