@@ -56,7 +56,7 @@ def load_engine(
             fused = tuple((name, str(Path(path).expanduser().absolute()), scale) for name, (path, scale)
                           in _fused_entries(fuse_loras).items())
             engine = launch_engine(str(model), card, checkpoint, device, dtype, deploy, pool_options,
-                                   LoraSetup(max_loras, fused))
+                                   LoraSetup(max_loras, fused), LORA_ADAPTERS)
         else:
             instance = registry.load_instance(card, checkpoint, device, dtype, deploy)
             engine = Engine(instance, plugin.resolve(card.program)(instance), adapters=LORA_ADAPTERS)

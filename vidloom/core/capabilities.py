@@ -49,7 +49,7 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     "two_stage": Feature(("two_stage", "upsampler", "stage2_lora"), ("--two-stage", "--upsampler", "--stage2-lora")),
     # Several devices, one process each, with the tokens sharded over them (--sp); --cfg-parallel is its own feature
     # (only families with classic CFG take it). A field "a.b" is field b of DeployConfig.a.
-    "devices": Feature(("devices", "parallel.sp"), ("--devices", "--sp")),
+    "devices": Feature(("devices", "parallel.sp", "parallel.shard_weights"), ("--devices", "--sp", "--shard-weights")),
     "cfg_parallel": Feature(("parallel.cfg",), ("--cfg-parallel",)),
     "components": Feature(("components",), ("--component",)),
     # Requests' denoise steps sharing one forward (runtime.batching); elsewhere each runs alone, reported per run.

@@ -19,15 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from vidloom.core.adapters import DEFAULT_MAX_LORAS, check_fused, check_loaded
 from vidloom.core.errors import CheckpointError, InvalidRequest
 from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope, wrap_linears
 from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_components
 from vidloom.registry import families
 from vidloom.core.family import Family, LoRASupport
 
-DEFAULT_MAX_LORAS = 4
-"""Adapters resident at once unless the deployment says otherwise (each costs its low-rank weights only); loading
-one more evicts the least recently used adapter no running request holds."""
 MAX_LORA_NAME_CHARS = 64
 """The longest adapter name: a name is a short identifier requests repeat, and a path segment of its DELETE route."""
 LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -295,22 +293,6 @@ def check_lora_card(card: Any) -> None:
     check_family(card.family, "lora")
 
 
-def check_loaded(loras: Sequence[tuple[str, float]], loaded: Sequence[str]) -> None:
-    """InvalidRequest naming `loras[i].name` for the first adapter a request names that is not among `loaded`."""
-    for i, (name, _) in enumerate(loras):
-        if name not in loaded:
-            raise InvalidRequest(f"loras[{i}].name", f"no LoRA adapter {name!r} is loaded (loaded: "
-                                 f"{list(loaded) or 'none'})")
-
-
-def check_fused(loras: Sequence[tuple[str, float]], fused: Sequence[tuple[str, float]]) -> None:
-    """The fused set is in the weights: a request naming exactly it (same scales) runs them; any other is refused."""
-    if dict(loras) != dict(fused):
-        shown = ", ".join(f"{name}:{scale:g}" for name, scale in fused)
-        raise InvalidRequest("loras", f"this deployment fused {shown} into its weights at load (fuse_loras): "
-                             "requests run with that set and may not name other adapters or scales")
-
-
 def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
     """The run that resolved `loras` (resolve_request_loras) has ended: its adapters may be evicted again."""
     registry = instance.components.get(LORA_SLOT)
@@ -332,6 +314,17 @@ class LoRAStepAdapters:
 
     def rows_scope(self, parts: Sequence[tuple[ActiveLoRAs | None, int]]) -> contextlib.AbstractContextManager[None]:
         return lora_rows_scope(parts)
+
+    def registry(self, instance: Any, max_loras: int | None = None) -> LoRARegistry:
+        return attach_registry(instance, max_loras)
+
+    def fuse(self, instance: Any, adapters: Mapping[str, tuple[str, float]]) -> None:
+        from vidloom.lora.fuse import fuse_adapters
+
+        fuse_adapters(instance, adapters)
+
+    def check_card(self, card: Any) -> None:
+        check_lora_card(card)
 
 
 LORA_ADAPTERS = LoRAStepAdapters()

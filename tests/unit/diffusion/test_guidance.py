@@ -79,8 +79,12 @@ def test_parallel_cfg_runs_one_branch_per_rank_and_both_ranks_agree_with_sequent
 
 
 def test_parallel_cfg_needs_a_pair_and_a_negative_branch():
-    with pytest.raises(ValueError, match="pair of ranks"):
-        ParallelCFG(thread_group(3)[0])
+    with pytest.raises(ValueError, match="two ranks or more"):
+        ParallelCFG(thread_group(1)[0])
+    # A group of three is for a program that spreads more passes (LTX-2); classic CFG's branches need two.
+    three = ParallelCFG(thread_group(3)[0])
+    with pytest.raises(ValueError, match="classic CFG has two branches"):
+        three.branches(lambda *x: x[0], torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))
     (a, _) = thread_group(2)
     with pytest.raises(ValueError, match="guidance_scale must be > 1"):
         ParallelCFG(a)(lambda *x: x[0], torch.zeros(1), torch.zeros(1), torch.zeros(1), None, 1.0)

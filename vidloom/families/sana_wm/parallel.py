@@ -17,6 +17,7 @@ The tokens are gathered back into frame order after the output projection.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,8 +26,9 @@ from vidloom.core.parallel import SequenceGeometry, TokenLayout
 from vidloom.families.sana_wm.config import SanaWMConfig
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.models.ltx2.checkpoint import read_video_vae_config
-from vidloom.runtime.parallel.comm import Comm
-from vidloom.runtime.parallel.ulysses import heads_to_seq, seq_to_heads
+
+if TYPE_CHECKING:  # the runtime's exchanges import torch.distributed (and dynamo): only a sharded run needs them
+    from vidloom.runtime.parallel.comm import Comm
 
 
 def token_layout(checkpoint: Path) -> TokenLayout:
@@ -69,11 +71,15 @@ class FrameRows:
     def to_heads(self, x: Tensor, frames: int) -> Tensor:
         """[..., B, F*band, H, D] (my rows, all heads) -> [..., B, F*h*w, H/K, D] (every token in frame order, my
         heads)."""
+        from vidloom.runtime.parallel.ulysses import seq_to_heads
+
         y = seq_to_heads(x, self.comm)  # tokens rank-major: (rank, frame, band position)
         return y.unflatten(-3, (self.comm.size, frames, -1)).transpose(-5, -4).flatten(-5, -3)
 
     def to_tokens(self, x: Tensor, frames: int) -> Tensor:
         """The inverse of to_heads: [B, F*h*w, H/K, D] -> [B, F*band, H, D]."""
+        from vidloom.runtime.parallel.ulysses import heads_to_seq
+
         y = x.unflatten(-3, (frames, self.comm.size, -1)).transpose(-5, -4).flatten(-5, -3)
         return heads_to_seq(y, self.comm)
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import WorkerFailed
@@ -141,11 +142,11 @@ class ParallelEngine(EngineDriver):
     chat and speech need a paged decoder, which a pool has not (InvalidRequest("model"))."""
 
     def __init__(self, transport: Transport, instance: PoolInstance, layout: TokenLayout,
-                 loras: LoraSetup | None = None) -> None:
+                 loras: LoraSetup | None = None, adapters: StepAdapters = NO_ADAPTERS) -> None:
         super().__init__(instance)
         self.transport = transport
         self.layout = layout
-        self.lora_registry = PoolLoRAs(instance.card, transport, loras or LoraSetup())
+        self.lora_registry = PoolLoRAs(instance.card, transport, loras or LoraSetup(), adapters)
         """The ranks' LoRA adapters (load / unload on every rank; what requests may name)."""
 
     def _start_generation(

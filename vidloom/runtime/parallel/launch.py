@@ -20,10 +20,10 @@ from typing import Mapping
 import torch
 
 from vidloom import registry
+from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.card import ModelCard
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError, WorkerFailed
-from vidloom.lora.registry import check_lora_card
 from vidloom.runtime.parallel.comm import shutdown_distributed
 from vidloom.runtime.parallel.engine import ParallelEngine, PoolInstance, Transport
 from vidloom.runtime.parallel.messages import Command, Heartbeat, Shutdown, StepReply
@@ -52,13 +52,16 @@ def torchrun_place(environ: Mapping[str, str] = os.environ) -> RankPlace | None:
 def launch_engine(
     model: str, card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
     deploy: DeployConfig, options: PoolOptions | None = None, loras: LoraSetup | None = None,
+    adapters: StepAdapters = NO_ADAPTERS,
 ) -> ParallelEngine:
     """Check the plan against the checkpoint (DeployError before any process starts), then start the ranks, each
-    with `loras` (its registry bound and the adapters fused at load)."""
+    with `adapters` (how its engine applies LoRA, as one device's builder gives it) and `loras` (its registry
+    bound and the adapters fused at load)."""
     loras = loras or LoraSetup()
     if loras.fused or loras.max_loras is not None:
-        check_lora_card(card)  # InvalidRequest("lora") before any process starts
-    spec = dataclasses.replace(_spec(model, checkpoint, device, dtype, deploy, options), loras=loras)
+        adapters.check_card(card)  # InvalidRequest("lora") before any process starts
+    spec = dataclasses.replace(_spec(model, checkpoint, device, dtype, deploy, options), loras=loras,
+                               adapters=adapters)
     registry.check_deploy(card, deploy)  # each rank's load checks again; this fails before any process starts
     layout = registry.token_layout(card, checkpoint)
     check_model(deploy.parallel, layout)
@@ -76,7 +79,7 @@ def launch_engine(
     else:
         _check_torchrun(place, deploy)
         transport = InProcessRank0(start_rank(spec, place), spec.options.heartbeat_s)
-    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), layout, loras)
+    return ParallelEngine(transport, PoolInstance(card, deploy, device, str(checkpoint)), layout, loras, adapters)
 
 
 def follow_torchrun(

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from vidloom.core.adapters import DEFAULT_MAX_LORAS, StepAdapters, check_fused, check_loaded
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import WorkerFailed
-from vidloom.lora.registry import DEFAULT_MAX_LORAS, check_fused, check_loaded, check_lora_card
 from vidloom.runtime.parallel.messages import AdapterCommand
 from vidloom.runtime.parallel.worker import LoraSetup
 
@@ -38,10 +38,11 @@ class PoolFused:
 
 class PoolLoRAs:
     """The adapters of a pool's ranks (`transport`: the pool's Transport, whose `keep_adapters` records what a
-    restart loads again)."""
+    restart loads again; `adapters`: the implementation the ranks' engines were given, for the card check)."""
 
-    def __init__(self, card: ModelCard, transport: Any, setup: LoraSetup) -> None:
+    def __init__(self, card: ModelCard, transport: Any, setup: LoraSetup, adapters: StepAdapters) -> None:
         self._card = card
+        self._adapters = adapters
         self._transport = transport
         self._setup = setup
         self._resident: list[PoolAdapter] = []  # load order, as rank 0 last reported it
@@ -62,7 +63,7 @@ class PoolLoRAs:
 
     def load(self, name: str, path: str | Path, into: str | None = None, max_rank: int | None = None) -> PoolAdapter:
         """Load `path` as `name` on every rank (InvalidRequest / CheckpointError as one device raises them)."""
-        check_lora_card(self._card)
+        self._adapters.check_card(self._card)
         path = Path(path).expanduser().absolute()  # the ranks run elsewhere: the same file whatever their cwd
         self._command(AdapterCommand(name, str(path), into, max_rank))
         with self._lock:
@@ -80,7 +81,6 @@ class PoolLoRAs:
         """At submit: the request names adapters the ranks hold (or exactly the fused set)."""
         if not loras:
             return
-        check_lora_card(self._card)
         if self.fused:
             check_fused(loras, [(f.name, f.scale) for f in self.fused])
         else:

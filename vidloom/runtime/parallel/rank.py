@@ -21,7 +21,6 @@ from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.core.output import Event
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.parallel.comm import ControlChannel
-from vidloom.lora.registry import attach_registry
 from vidloom.runtime.parallel.messages import (
     AdapterCommand, CloseCommand, Command, Heartbeat, RankFailure, Shutdown, StepCommand, StepReply,
 )
@@ -111,7 +110,7 @@ class RankRuntime:
         """Load or unload an adapter here; rank 0's outputs list the resident ones as (name, file, layers)."""
         self._note(f"adapter {command.name} {'load' if command.path is not None else 'unload'}")
         try:
-            registry = attach_registry(self.engine.instance)
+            registry = self.engine.adapters.registry(self.engine.instance)
             if command.path is None:
                 registry.unload(command.name)
             else:

@@ -21,11 +21,11 @@ import torch
 
 from vidloom import registry
 from vidloom.core import plugin
+from vidloom.core.adapters import NO_ADAPTERS, StepAdapters
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
-from vidloom.lora.registry import LORA_ADAPTERS, attach_registry
 from vidloom.runtime.rank_share import RankShare
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
@@ -82,6 +82,8 @@ class WorkerSpec:
     """Timeouts and debug checks."""
     loras: LoraSetup = field(default_factory=lambda: LoraSetup())
     """The LoRA adapters every rank holds from its start (a restarted pool loads the resident ones again)."""
+    adapters: StepAdapters = NO_ADAPTERS
+    """How the ranks' engines apply and load adapters (the builder injects vidloom.lora's, as for one device)."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,12 @@ class LoraSetup:
     resident: tuple[tuple[str, str, str | None], ...] = ()
     """(name, file, component or None) loaded at run time, in load order."""
 
-    def apply(self, instance: ModelInstance) -> None:
+    def apply(self, instance: ModelInstance, adapters: StepAdapters) -> None:
         """Give `instance` these adapters (before the plan wraps its attention)."""
         if self.fused:
-            from vidloom.lora.fuse import fuse_adapters
-
-            fuse_adapters(instance, {name: (path, scale) for name, path, scale in self.fused})
+            adapters.fuse(instance, {name: (path, scale) for name, path, scale in self.fused})
         elif self.max_loras is not None or self.resident:
-            registry = attach_registry(instance, self.max_loras)
+            registry = adapters.registry(instance, self.max_loras)
             for name, path, into in self.resident:
                 registry.load(name, path, into)
 
@@ -141,12 +141,13 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
     instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
-    spec.loras.apply(instance)
-    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups)
+    spec.loras.apply(instance, spec.adapters)
+    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups, spec.adapters)
     return RankRuntime(engine, control, options.check_lockstep)
 
 
-def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups) -> Engine:
+def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups,
+                adapters: StepAdapters = NO_ADAPTERS) -> Engine:
     """This rank's engine over its own copy of the model: every denoiser the layout names sharded over
     groups.sp, the CFG branches split over groups.cfg."""
     if groups.sp is not None:
@@ -162,7 +163,7 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
     note = None if groups.cfg is None else ("the conditional branch's (cfg-rank 0); the unconditional branch's run on "
                                             "cfg-rank 1" if groups.cfg.rank == 0 else "the unconditional branch's")
     share = RankShare(sums=groups.sp, note=note, tiles=groups.world)
-    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), adapters=LORA_ADAPTERS,
+    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), adapters=adapters,
                   rank_share=share)
 
 
