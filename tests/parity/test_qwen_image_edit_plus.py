@@ -67,3 +67,55 @@ def test_more_pictures_than_the_card_takes_are_refused(pair):
     images = tuple(_pattern(32, 32, seed) for seed in range(gen.card.max_reference_images + 1))
     with pytest.raises(InvalidRequest, match="more than the limit of 3"):
         gen.generate(prompt=PROMPT, image=images, height=32, width=32, num_inference_steps=1)
+
+
+# Qwen-Image-Edit-2511: the same weights under `zero_cond_t`, the references' tokens modulated at timestep 0.
+@pytest.fixture(scope="module")
+def pair_2511(tmp_path_factory):
+    from diffusers import QwenImageEditPlusPipeline
+
+    folder = write_qwen_image_edit(tmp_path_factory.mktemp("qwen-image-edit-2511"), seed=5,
+                                   pipeline="QwenImageEditPlusPipeline", zero_cond_t=True)
+    pipe = reference_pipeline(QwenImageEditPlusPipeline, folder, processor=edit_processor(folder))
+    return pipe, VideoGenerator.from_pretrained(folder, device="cpu")
+
+
+CASES_2511 = {f"{case}-{cfg}": (*CASES[case][:3], negative)
+              for case in CASES for cfg, negative in (("cfg", "blurry"), ("no-cfg", None))}
+
+
+@pytest.mark.parametrize("case", CASES_2511, ids=list(CASES_2511))
+def test_zero_cond_t_edit_plus_matches_pipeline(pair_2511, case):
+    pipe, gen = pair_2511
+    sizes, height, width, negative = CASES_2511[case]
+    images = tuple(_pattern(w, h, seed) for w, h, seed in sizes)
+    extra = {"negative_prompt": negative, "true_cfg_scale": 3.0} if negative else {}
+    theirs = pipe(image=list(images), prompt=PROMPT, height=height, width=width, num_inference_steps=2,
+                  generator=torch.Generator("cpu").manual_seed(4), output_type="np", **extra).images[0]
+    ours = _ours(gen, images, height, width, negative)
+    assert np.abs(ours - theirs).max() < IMAGE_TOLERANCE, np.abs(ours - theirs).max()
+
+
+def test_zero_cond_t_moves_the_edit(pair, pair_2511):
+    """Equal weights: only the references' modulation differs."""
+    images = (_pattern(64, 96, 2), _pattern(80, 80, 3))
+    assert np.abs(_ours(pair[1], images, 64, 32, None) - _ours(pair_2511[1], images, 64, 32, None)).max() > 1e-3
+
+
+def test_zero_cond_t_transformer_matches_diffusers(pair_2511):
+    """The transformer alone, two samples at their own timesteps over a target and two reference grids."""
+    from diffusers import QwenImageTransformer2DModel
+
+    _, gen = pair_2511
+    theirs = QwenImageTransformer2DModel.from_pretrained(str(gen.engine.instance.checkpoint_dir) + "/transformer")
+    ours = gen.engine.instance["transformer"]
+    grids = ((2, 3), (3, 2), (2, 2))
+    g = torch.Generator().manual_seed(0)
+    img = torch.randn(2, sum(h * w for h, w in grids), 16, generator=g)
+    txt = torch.randn(2, 5, 16, generator=g)
+    t = torch.tensor([0.9, 0.3])
+    with torch.inference_mode():
+        expected = theirs(img, txt, torch.ones(2, 5), t, img_shapes=[[(1, h, w) for h, w in grids]] * 2,
+                          return_dict=False)[0]
+        got = ours(img, txt, t, grids)
+    assert (got - expected).abs().max().item() < 1e-5, (got - expected).abs().max().item()
