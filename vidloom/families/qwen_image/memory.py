@@ -2,9 +2,9 @@
 
 The dual-stream transformer attends jointly over the prompt's tokens (at most MAX_PROMPT_TOKENS), the target's
 and, when editing, each reference's (resized to about EDIT_AREA pixels); its residual stream is float32. True CFG
-runs the two branches one after the other, unless cfg_mode is "batched" (one forward of two). The (Wan 2.1) VAE
-decodes one frame through its widest full-resolution channels. Under
-zero_cond_t an edit's image modulations are per token. Copy counts: core.footprint.
+runs the two branches one after the other, unless cfg_mode is "batched" (one forward of two); under zero_cond_t an
+edit's image modulations are per token. The (Wan 2.1) VAE decodes one frame through its widest full-resolution
+channels. Copy counts: core.footprint.
 """
 
 from __future__ import annotations
