@@ -78,9 +78,10 @@ def edit_processor(folder: Path) -> Any:
         return Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None)
 
 
-def write_qwen_image_edit(folder: Path, seed: int = 2, pipeline: str = "QwenImageEditPipeline") -> Path:
+def write_qwen_image_edit(folder: Path, seed: int = 2, pipeline: str = "QwenImageEditPipeline",
+                          zero_cond_t: bool = False) -> Path:
     """A tiny `pipeline` (QwenImageEditPipeline or QwenImageEditPlusPipeline) folder: the T2I tiny shapes plus a
-    vision tower and its processor config."""
+    vision tower and its processor config; `zero_cond_t`: Qwen-Image-Edit-2511's transformer switch."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2VLImageProcessorPil
 
@@ -96,7 +97,7 @@ def write_qwen_image_edit(folder: Path, seed: int = 2, pipeline: str = "QwenImag
                            vision_end_token_id=ids("<|vision_end|>"))
     transformer = QwenImageTransformer2DModel(
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4), zero_cond_t=zero_cond_t)
     with torch.no_grad():  # louder image-side attention: the reference's tokens visibly move the target's
         for name, param in transformer.named_parameters():
             if any(part in name for part in ("attn.to_k.", "attn.to_v.", "attn.to_out.0.", "img_in.")):

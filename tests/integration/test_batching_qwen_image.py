@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.batched_runs import assert_batched_equals_single, assert_served_like_alone, first_plans
+from tests.helpers.qwen_image_checkpoints import write_qwen_image_edit
 from tests.parity.test_qwen_image_edit import _pattern
 from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator, build_request
@@ -70,6 +71,17 @@ def test_edits_with_one_reference_layout_share_a_step(engine):
     images = (_pattern(64, 48, 1), _pattern(96, 72, 2))  # one aspect: one reference grid
     with first_plans(engine, _requests(engine, images)) as plans:
         assert len(set(_texts(plans))) == 2
+        assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
+        assert_batched_equals_single(plans, RTOL)
+
+
+def test_zero_cond_t_edits_share_a_step(cache):
+    """Qwen-Image-Edit-2511: which image rows take timestep 0 follows from the grids, which the batch key holds."""
+    folder = write_qwen_image_edit(cache / "edit-2511", pipeline="QwenImageEditPlusPipeline", zero_cond_t=True)
+    engine = VideoGenerator.from_pretrained(folder, device="cpu").engine
+    assert engine.instance["transformer"].config.zero_cond_t
+    images = (_pattern(64, 48, 1), _pattern(96, 72, 2))
+    with first_plans(engine, _requests(engine, images)) as plans:
         assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
         assert_batched_equals_single(plans, RTOL)
 

@@ -1,6 +1,6 @@
 """Qwen-Image's batched true CFG (`cfg_mode="batched"`): prompt and negative prompt of different lengths run as one
 forward of two, the shorter zero-padded and its padding masked out of the joint attention; in float32 the image
-equals the two-forward path's (text to image, and a two-reference edit)."""
+equals the two-forward path's (text to image, and a two-reference edit, with and without zero_cond_t)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def test_batched_cfg_equals_two_forwards(tmp_path):
     assert np.abs(plain - unmasked).max() > 100 * TOLERANCE
 
 
-def test_batched_cfg_edit_equals_two_forwards(tmp_path):
-    folder = write_qwen_image_edit(tmp_path / "plus", pipeline="QwenImageEditPlusPipeline")
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["edit-plus", "edit-2511"])
+def test_batched_cfg_edit_equals_two_forwards(tmp_path, zero_cond_t):
+    folder = write_qwen_image_edit(tmp_path / "plus", pipeline="QwenImageEditPlusPipeline", zero_cond_t=zero_cond_t)
     request = GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, task=Task.T2I, height=32, width=32, seed=2,
                                 num_inference_steps=2, guidance_scale=3.0,
                                 image=(_pattern(64, 96, 1), _pattern(80, 80, 2)))

@@ -20,8 +20,15 @@ def test_the_published_config_loads():
 
 
 def test_a_variant_without_code_is_refused_by_name():
-    with pytest.raises(CheckpointError, match="zero_cond_t"):
-        TRANSFORMER_POLICY.check({**PUBLISHED, "zero_cond_t": True}, "transformer/config.json")
+    with pytest.raises(CheckpointError, match="use_layer3d_rope"):
+        TRANSFORMER_POLICY.check({**PUBLISHED, "use_layer3d_rope": True}, "transformer/config.json")
+
+
+def test_qwen_image_edit_2511_s_zero_cond_t_is_read():
+    from vidloom.families.qwen_image.transformer import QwenImageTransformerConfig
+
+    assert QwenImageTransformerConfig.from_diffusers({**PUBLISHED, "zero_cond_t": True}).zero_cond_t
+    assert not QwenImageTransformerConfig.from_diffusers(PUBLISHED).zero_cond_t
 
 
 def test_one_step_under_a_terminal_stretch_is_refused_at_submit():

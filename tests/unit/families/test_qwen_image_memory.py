@@ -41,6 +41,13 @@ def test_an_edit_reference_adds_its_tokens_but_no_decode_and_tiling_caps_the_dec
     assert tiled.decode < footprint(_instance(), _request(2048)).decode
 
 
+def test_zero_cond_t_s_per_token_modulations_count_for_an_edit_only():
+    edit_2511 = config_instance(QwenImageTransformerConfig(zero_cond_t=True), WanVAEConfig(), CARD)
+    edit = _request(image=(Image.new("RGB", (64, 64)),))
+    assert footprint(edit_2511, edit).denoise > footprint(_instance(), edit).denoise
+    assert footprint(edit_2511, _request()).denoise == footprint(_instance(), _request()).denoise
+
+
 def test_a_small_memory_limit_refuses_a_big_image_naming_the_limit():
     estimate = request_estimator(_instance())
     limits = RequestLimits(max_memory_bytes=estimate(_request(1024)) + 1)

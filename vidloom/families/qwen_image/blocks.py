@@ -7,6 +7,8 @@ diffusers' QwenImageTransformerBlock computes (fused roundings move results by a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -47,6 +49,26 @@ def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, dtype: to
     return (F.layer_norm(x, x.shape[-1:], eps=eps) * (1 + scale) + shift).to(dtype)
 
 
+@dataclass(frozen=True)
+class ImageModulation:
+    """What modulates the image stream: silu of the timestep embedding [B, dim]; under zero_cond_t with references
+    also silu of the timestep-0 embedding [B, dim] and the image rows ([N] bool) that take it (references' tokens)."""
+
+    silu_temb: Tensor
+    silu_zero: Tensor | None = None
+    zero_rows: Tensor | None = None
+
+    def chunks(self, mod: nn.Linear) -> tuple[Tensor, ...]:
+        """`mod`'s six modulations (shift, scale, gate; then the MLP's), [B, 1, dim] each, or chosen per image row
+        [B, N, dim] when some rows take timestep 0."""
+        chunks = mod(self.silu_temb)[:, None].float().chunk(6, dim=-1)
+        if self.zero_rows is None:
+            return chunks
+        rows = self.zero_rows[:, None]
+        return tuple(torch.where(rows, zero, t)
+                     for zero, t in zip(mod(self.silu_zero)[:, None].float().chunk(6, dim=-1), chunks))
+
+
 class StreamSide(nn.Module):
     """One stream's weights in a dual-stream block: its modulation, q/k/v/out projections, q/k norms, MLP."""
 
@@ -75,27 +97,26 @@ class DualStreamBlock(nn.Module):
         self.img = StreamSide(dim, head_dim, eps)
         self.txt = StreamSide(dim, head_dim, eps)
 
-    def modulations(self, silu_temb: Tensor) -> tuple[Tensor, Tensor]:
-        """(image, text) modulations [B, 1, 6 * dim] = (shift, scale, gate) for attention, then for the MLP."""
-        return self.img.mod(silu_temb)[:, None].float(), self.txt.mod(silu_temb)[:, None].float()
+    def modulations(self, image: ImageModulation) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """(image, text) modulations: (shift, scale, gate) for attention, then for the MLP, [B, 1, dim] each (the
+        image side's [B, N, dim] where rows take timestep 0)."""
+        return image.chunks(self.img.mod), self.txt.mod(image.silu_temb)[:, None].float().chunk(6, dim=-1)
 
-    def attention_input(self, h: Tensor, text_tokens: int, silu_temb: Tensor, dtype: torch.dtype) -> Tensor:
+    def attention_input(self, h: Tensor, text_tokens: int, image: ImageModulation, dtype: torch.dtype) -> Tensor:
         """The modulated tokens attention reads, [text, image] (TeaCache's indicator)."""
-        mod_img, mod_txt = self.modulations(silu_temb)
-        i_shift, i_scale = mod_img.chunk(6, dim=-1)[:2]
-        t_shift, t_scale = mod_txt.chunk(6, dim=-1)[:2]
-        return torch.cat([norm_modulate(h[:, :text_tokens], t_shift, t_scale, self.eps, dtype),
-                          norm_modulate(h[:, text_tokens:], i_shift, i_scale, self.eps, dtype)], dim=1)
+        mod_img, mod_txt = self.modulations(image)
+        return torch.cat([norm_modulate(h[:, :text_tokens], *mod_txt[:2], self.eps, dtype),
+                          norm_modulate(h[:, text_tokens:], *mod_img[:2], self.eps, dtype)], dim=1)
 
-    def forward(self, h: Tensor, text_tokens: int, silu_temb: Tensor, rotations: Tensor, dtype: torch.dtype,
+    def forward(self, h: Tensor, text_tokens: int, image: ImageModulation, rotations: Tensor, dtype: torch.dtype,
                 key_mask: Tensor | None = None) -> Tensor:
-        """h [B, L + N, dim] float32, silu_temb [B, dim], rotations [L + N, head_dim // 2], key_mask: a padded
-        shard's (layers.sequence.JointPart) -> the next h."""
+        """h [B, L + N, dim] float32, image: the timestep conditioning, rotations [L + N, head_dim // 2], key_mask:
+        a padded shard's (layers.sequence.JointPart) -> the next h."""
         length, eps = text_tokens, self.eps
         txt, img = h[:, :length], h[:, length:]
-        mod_img, mod_txt = self.modulations(silu_temb)
-        i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img.chunk(6, dim=-1)
-        t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt.chunk(6, dim=-1)
+        mod_img, mod_txt = self.modulations(image)
+        i_shift, i_scale, i_gate, i_shift2, i_scale2, i_gate2 = mod_img
+        t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt
 
         # 1. Joint attention over [text, image]: each side projects, normalizes and rotates its own tokens.
         tq, tk, tv = self.txt.qkv(norm_modulate(txt, t_shift, t_scale, eps, dtype), rotations[:length], self.head_dim)

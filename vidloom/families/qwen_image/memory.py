@@ -2,8 +2,9 @@
 
 The dual-stream transformer attends jointly over the prompt's tokens (at most MAX_PROMPT_TOKENS), the target's
 and, when editing, each reference's (resized to about EDIT_AREA pixels); its residual stream is float32. True CFG
-runs the two branches one after the other, unless cfg_mode is "batched" (one forward of two). The (Wan 2.1) VAE
-decodes one frame through its widest full-resolution channels. Copy counts: core.footprint.
+runs the two branches one after the other, unless cfg_mode is "batched" (one forward of two); under zero_cond_t an
+edit's image modulations are per token. The (Wan 2.1) VAE decodes one frame through its widest full-resolution
+channels. Copy counts: core.footprint.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     act = max(element_size(instance.dtype), 4)  # the joint stream is float32 whatever the compute dtype
     batch = 2 if uses_true_cfg(request) and instance.deploy.cfg_mode == "batched" else 1
     denoise = block_bytes(batch, tokens, dit.dim, MLP_RATIO * dit.dim, act)
+    if dit.zero_cond_t and references:  # blocks.ImageModulation: six float32 modulations per image token
+        denoise += batch * (cells + references) * 6 * dit.dim * 4
     vae = instance["vae"].config
     pixels = request.height * request.width
     tile = instance.deploy.vae_tile

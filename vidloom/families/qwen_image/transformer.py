@@ -2,6 +2,8 @@
 
 Loads diffusers `QwenImageTransformer2DModel` checkpoints (the `transformer/` folder) through
 QWEN_IMAGE_TRANSFORMER_NAME_MAP. Timesteps are per sample ([B]), so one forward can carry several requests' steps.
+With `zero_cond_t` (Qwen-Image-Edit-2511) the reference images' tokens are modulated as at timestep 0, the
+target's and the text's (and the head) at the step's timestep.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
-from vidloom.families.qwen_image.blocks import DualStreamBlock, TimeEmbedding, norm_modulate
+from vidloom.families.qwen_image.blocks import DualStreamBlock, ImageModulation, TimeEmbedding, norm_modulate
 from vidloom.families.qwen_image.rope import joint_rotations
 
 DIFFUSERS_CLASS_NAME = "QwenImageTransformer2DModel"
@@ -28,13 +30,12 @@ EPS = 1e-6  # every norm of the reference model
 # this family does not have.
 TRANSFORMER_POLICY = KeyPolicy(
     frozenset({"patch_size", "in_channels", "out_channels", "num_layers", "attention_head_dim",
-               "num_attention_heads", "joint_attention_dim", "axes_dims_rope"}),
+               "num_attention_heads", "joint_attention_dim", "axes_dims_rope", "zero_cond_t"}),
     # Qwen/Qwen-Image's transformer/config.json carries it; QwenImageTransformer2DModel takes no such argument
     # (diffusers ignores it with a warning) and the model has no pooled projection.
     harmless={"pooled_projection_dim": "the model has no pooled text projection; diffusers' class ignores the key"},
     refused={
         "guidance_embeds": Refusal((False,), "a guidance embedding (the reference pipeline cannot run it either)"),
-        "zero_cond_t": Refusal((False,), "Qwen-Image-Edit-2511's zero-timestep reference modulation, not implemented"),
         "use_additional_t_cond": Refusal((False,), "Qwen-Image-Layered's extra timestep condition, not implemented"),
         "use_layer3d_rope": Refusal((False,), "Qwen-Image-Layered's layered rotary layout, not implemented"),
     },
@@ -53,6 +54,7 @@ class QwenImageTransformerConfig:
     num_heads: int = 24  # num_attention_heads
     text_dim: int = 3584  # joint_attention_dim: the text encoder's hidden size
     rope_axes: tuple[int, int, int] = (16, 56, 56)  # axes_dims_rope over (frame, height, width)
+    zero_cond_t: bool = False  # reference images' tokens modulated at timestep 0 (Qwen-Image-Edit-2511)
 
     def __post_init__(self) -> None:
         if sum(self.rope_axes) != self.head_dim or any(a % 2 for a in self.rope_axes):
@@ -84,6 +86,7 @@ class QwenImageTransformerConfig:
             num_heads=int(cfg.get("num_attention_heads", d.num_heads)),
             text_dim=int(cfg.get("joint_attention_dim", d.text_dim)),
             rope_axes=tuple(int(a) for a in cfg.get("axes_dims_rope", d.rope_axes)),  # type: ignore[arg-type]
+            zero_cond_t=bool(cfg.get("zero_cond_t", d.zero_cond_t)),
         )
 
 
@@ -122,6 +125,14 @@ class QwenImageConditioning:
     # The padded stream's key mask (layers.sequence.JointPart: [L + N + pad]), or a padded text's ([B, 1, 1, L + N]:
     # batched CFG over prompts of two lengths); None unpadded.
     key_mask: Tensor | None = None
+    # zero_cond_t with references: silu of the timestep-0 embedding ([B, dim]) and, per image row this rank holds
+    # ([N_local] bool), True where the row takes it (a reference's token); None: every image row takes silu_temb.
+    silu_zero: Tensor | None = None
+    zero_rows: Tensor | None = None
+
+    @property
+    def image_modulation(self) -> ImageModulation:
+        return ImageModulation(self.silu_temb, self.silu_zero, self.zero_rows)
 
 
 class QwenImageTransformer(nn.Module):
@@ -180,31 +191,39 @@ class QwenImageTransformer(nn.Module):
         """Tokens -> the joint stream [B, L + N, dim] (float32) and what every block reads; a padded text's
         `text_mask` [B, L] makes its padding no key of the joint attention (padded rows are computed, never read)."""
         # Unlike the reference's bf16 path the timestep is not rounded to the compute dtype (KEEP_FP32).
-        temb = self.time_embed(timestep.float())
+        zero_t = self.config.zero_cond_t and len(grids) > 1  # without a reference every token takes t
+        t = timestep.float()
+        temb = self.time_embed(torch.cat([t, torch.zeros_like(t)]) if zero_t else t)
         x = self.img_in(img)
         c = self.txt_in(self.txt_norm(txt))
         if rotations is None:
             rotations = self.rotations(grids, c.shape[1], img.device)
         silu = F.silu(temb).to(self.out_mod.weight.dtype)
-        part = self.sequence.shard_joint(torch.cat([c, x], dim=1).float(), (rotations,), c.shape[1])
+        silu, silu_zero = silu.chunk(2) if zero_t else (silu, None)
+        tables = (rotations,)
+        if zero_t:  # per joint row: a reference's token (after the text and the target); sharded with its rows
+            h0, w0 = grids[0]
+            tables += (torch.arange(rotations.shape[0], device=img.device) >= c.shape[1] + h0 * w0,)
+        part = self.sequence.shard_joint(torch.cat([c, x], dim=1).float(), tables, c.shape[1])
         key_mask = part.key_mask
         if text_mask is not None:  # per sample: [B, 1, 1, L + N], broadcast over heads and queries
             if key_mask is not None:
                 raise ValueError("a padded text mask cannot run on a sequence-parallel shard")
             image = torch.ones(img.shape[:2], dtype=torch.bool, device=img.device)
             key_mask = torch.cat([text_mask.to(img.device, torch.bool), image], dim=1)[:, None, None]
-        cond = QwenImageConditioning(silu, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, key_mask)
+        cond = QwenImageConditioning(silu, part.tables[0], part.prefix, x.dtype, c.shape[1], part.length, key_mask,
+                                     silu_zero, part.tables[1][part.prefix:] if zero_t else None)
         return part.tokens, cond
 
     def run_blocks(self, h: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream."""
         for block in self.blocks[start:end]:
-            h = block(h, cond.text_tokens, cond.silu_temb, cond.rotations, cond.dtype, cond.key_mask)
+            h = block(h, cond.text_tokens, cond.image_modulation, cond.rotations, cond.dtype, cond.key_mask)
         return h
 
     def block_input(self, h: Tensor, cond: QwenImageConditioning, index: int = 0) -> Tensor:
         """The modulated tokens block `index` feeds to attention (TeaCache's change indicator)."""
-        return self.blocks[index].attention_input(h, cond.text_tokens, cond.silu_temb, cond.dtype)
+        return self.blocks[index].attention_input(h, cond.text_tokens, cond.image_modulation, cond.dtype)
 
     def head(self, h: Tensor, cond: QwenImageConditioning) -> Tensor:
         """The joint stream after the last block -> the image tokens' prediction [B, N, patch^2 * out_channels]."""

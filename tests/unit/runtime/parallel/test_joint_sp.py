@@ -9,6 +9,7 @@ does not split is padded at its end, the pad rows are no keys and never reach th
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Callable
 
 import pytest
@@ -105,6 +106,9 @@ CASES: dict[str, Callable[[int], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "flux2": lambda text: (Flux2Transformer(FLUX2), _flux2_inputs(text, 12)),
     # a 2x3 target grid and a 2x2 reference grid (an edit): 10 image rows after `text` text rows.
     "qwen_image": lambda text: (QwenImageTransformer(QWEN), _qwen_inputs(text, ((2, 3), (2, 2)))),
+    # the same under zero_cond_t (Qwen-Image-Edit-2511): each rank modulates its reference rows at timestep 0.
+    "qwen_image_2511": lambda text: (QwenImageTransformer(dataclasses.replace(QWEN, zero_cond_t=True)),
+                                     _qwen_inputs(text, ((2, 3), (2, 2)))),
     # the global token then `text + 8` latent steps: 14 rows split over 2, are padded over 4; 15 padded over 2.
     "stable_audio": lambda text: (_stable_audio(text + 8), _stable_audio_inputs(text + 8)),
     # 12 video rows, then 2 image + 3 glyph + `text` text rows: 22 split over 2, are padded over 4; 23 padded over 2.
