@@ -23,9 +23,10 @@ def test_every_family_has_a_mid_size_row_group_with_its_reference():
                 "cosmos3-mid": "Cosmos3OmniPipeline", "cosmos3-chat-mid": "generate",
                 "hunyuan15-mid": "HunyuanVideo15Pipeline", "helios-mid": "HeliosPipeline"}
     expected["qwen-image-mid"] = "QwenImagePipeline"
+    expected["qwen3-omni-chat-mid"] = "generate"
     assert {name: f.pipeline for name, f in FAMILIES.items()} == expected
     for bench in FAMILIES.values():
-        assert bench.pipeline == "generate" or callable(bench.reference_call)
+        assert callable(bench.chat_reference) if bench.pipeline == "generate" else callable(bench.reference_call)
         if bench.pipeline != "generate":
             request = bench.vidloom_request(bench.request["steps"])
             assert (request.height, request.width) == (bench.request["height"], bench.request["width"])
@@ -84,6 +85,20 @@ def test_chat_speedups_are_tokens_per_second_and_cpu_per_token():
     assert rows["vidloom default"]["wall_speedup_vs_reference_default"] == 2.0
     assert rows["vidloom default"]["cpu_speedup_vs_reference_default"] == 3.0
     assert rows["vidloom default"]["wall_speedup_vs_reference_same_dtype"] is None  # no bf16 reference row
+
+
+def test_the_qwen3_omni_chat_reference_is_greedy_generate_on_a_left_padded_batch(tmp_path):
+    """The chat row's transformers side on the tests' tiny thinker: one left-padded batch of two conversations gives
+    vidloom's greedy ids for each (so the row's token agreement compares like with like)."""
+    from chat_streams import _messages, qwen3_omni_reference
+    from tests.helpers.qwen3_omni_checkpoints import write_tiny_thinker
+    from vidloom.generator import VideoGenerator
+
+    folder = write_tiny_thinker(tmp_path / "thinker")
+    reference = qwen3_omni_reference(folder, "float32")([_messages(0), _messages(1)])
+    gen = VideoGenerator.from_pretrained(str(folder), device="cpu", dtype="float32")
+    ours = [list(gen.chat(_messages(i), max_tokens=48, temperature=0.0).token_ids) for i in range(2)]
+    assert ours == reference  # the two prompts differ in length: the shorter one ran left-padded
 
 
 def test_token_match_counts_the_shared_greedy_prefix():
