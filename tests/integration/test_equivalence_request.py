@@ -94,6 +94,8 @@ PATHS: dict[str, FieldPaths | Exempt] = {
     "seconds": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
     "seconds_start": Exempt("needs an audio-only (Stable Audio) card (see the comment above)"),
     "init_audio": Exempt("needs an audio-only card and a multipart audio upload (see the comment above)"),
+    "amplify_first_chunk": Exempt("needs a Helios-Distilled card: the three paths are compared in "
+                                  "test_helios_distilled_requests.py"),
     "options": Exempt("each option of the families' blocks has its own row here"),
 }
 

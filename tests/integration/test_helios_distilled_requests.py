@@ -16,9 +16,13 @@ SHORT = dict(num_frames=5, num_inference_steps=2, seed=3, height=32, width=64)
 
 
 @pytest.fixture(scope="module")
-def distilled(tmp_path_factory):
-    return VideoGenerator.from_pretrained(write_tiny_helios_pyramid(tmp_path_factory.mktemp("d"), DISTILLED_B),
-                                          device="cpu")
+def folder(tmp_path_factory):
+    return write_tiny_helios_pyramid(tmp_path_factory.mktemp("d"), DISTILLED_B)
+
+
+@pytest.fixture(scope="module")
+def distilled(folder):
+    return VideoGenerator.from_pretrained(folder, device="cpu")
 
 
 def test_amplify_first_chunk_reaches_the_loop(distilled):
@@ -40,3 +44,28 @@ def test_a_mid_pyramid_refuses_the_switch(tmp_path):
     with pytest.raises(InvalidRequest) as err:
         mid.generate(PROMPT, amplify_first_chunk=True, **SHORT)
     assert err.value.field == "amplify_first_chunk"
+
+
+def test_the_switch_reaches_the_engine_alike_from_the_cli_the_python_api_and_http(distilled, folder, tmp_path,
+                                                                                   capsys):
+    """The equivalence rule's three paths for the `distilled` block (test_equivalence_request.py exempts it here):
+    `--amplify-first-chunk`, `amplify_first_chunk=True` and the JSON extension field give the same resolved request
+    and the same frames."""
+    from tests.helpers.three_paths import CliServer, Outcome, assert_same_outcome, run_cli
+
+    api = Outcome(distilled.engine.instance.deploy, distilled.generate(PROMPT, amplify_first_chunk=True, **SHORT))
+    cli = run_cli(["--model", str(folder), "--prompt", PROMPT, "--frames", "5", "--steps", "2", "--seed", "3",
+                   "--height", "32", "--width", "64", "--amplify-first-chunk"], tmp_path / "cli.mp4", capsys)
+    server = CliServer(["--model", str(folder)], tmp_path / "data")
+    try:
+        assert server.url is not None, f"vidloom serve exited with {server.code}"
+        http = server.run({"prompt": PROMPT, "size": "64x32"},
+                          {"num_frames": 5, "num_inference_steps": 2, "seed": 3, "amplify_first_chunk": True})
+    finally:
+        server.stop()
+    plain = distilled.generate(PROMPT, **SHORT).frames
+    for outcome in (api, cli, http):  # the switch took effect on every path: not the plain run's frames
+        assert outcome.output is not None, outcome.error
+        assert not np.array_equal(outcome.output.frames, plain)
+    assert_same_outcome(api, cli, "amplify_first_chunk: CLI vs Python API")
+    assert_same_outcome(api, http, "amplify_first_chunk: HTTP vs Python API")
