@@ -56,12 +56,14 @@ class FamilyBench:
     """Steps of the untimed warm-up generation (LTX-2's schedule needs 2 to reach its shift_terminal)."""
     chat_reference: Callable[[Path, str], Any] | None = None
     """Chat rows: (folder, dtype) -> the transformers side's batch generate (bench/chat_streams.py)."""
+    marker: str = "model_index.json"
+    """A file every complete checkpoint folder has (a transformers folder's is config.json)."""
 
     def checkpoint(self) -> Path:
         """The folder, written atomically on first use."""
         from checkpoints import cached
 
-        return cached(self.folder or self.name, self.write)
+        return cached(self.folder or self.name, self.write, self.marker)
 
     def vidloom_request(self, steps: int) -> Any:
         from vidloom.core.request import GenerationRequest, Task
@@ -328,6 +330,6 @@ def _qwen3_omni_chat(folder: Path, dtype: str) -> Any:
 
 FAMILIES["qwen3-omni-chat-mid"] = FamilyBench(
     "qwen3-omni-chat-mid", _write_qwen3_omni, "generate", dict(streams=CHAT_STREAMS, max_tokens=CHAT_TOKENS, greedy=True),
-    chat_reference=_qwen3_omni_chat,
+    chat_reference=_qwen3_omni_chat, marker="config.json",
     architecture={"dit": "Qwen3-Omni MoE thinker, hidden 512, 6 layers, GQA 8/2, 16 experts top-4 "
                          "(bench/family_bench.py QWEN3_OMNI_MID)"})
