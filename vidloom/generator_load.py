@@ -14,7 +14,8 @@ from vidloom import registry
 from vidloom.core import plugin
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
-from vidloom.lora.registry import LORA_ADAPTERS, attach_registry
+from vidloom.lora.registry import attach_registry
+from vidloom.lora.step_adapters import LORA_ADAPTERS
 from vidloom.placement import resolve_model
 from vidloom.runtime.engine import Engine
 

@@ -22,7 +22,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoScales
 from vidloom.generator import VideoGenerator
-from vidloom.lora.registry import LORA_ADAPTERS
+from vidloom.lora.step_adapters import LORA_ADAPTERS
 from vidloom.families.ltx2.program import build_program
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine

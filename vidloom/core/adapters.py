@@ -1,7 +1,7 @@
 """Per-request weight adapters (LoRA) as the runtime sees them: resolved once per run, in force around its steps.
 
 The runtime never imports an adapter implementation: whoever builds the Engine (the VideoGenerator) hands
-it one (vidloom.lora.LORA_ADAPTERS), so runtime code stays free of family and adapter modules.
+it one (vidloom.lora.step_adapters.LORA_ADAPTERS), so runtime code stays free of family and adapter modules.
 """
 
 from __future__ import annotations

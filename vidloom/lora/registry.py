@@ -7,11 +7,10 @@ that declares none refuses adapters by name.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from torch import nn
 
 from vidloom.core.adapters import DEFAULT_MAX_LORAS, check_fused, check_loaded
 from vidloom.core.errors import CheckpointError, InvalidRequest
-from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope, wrap_linears
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, wrap_linears
 from vidloom.lora.files import LoRAFile, LoRALayer, read_lora_components
 from vidloom.registry import families
 from vidloom.core.family import Family, LoRASupport
@@ -298,34 +297,3 @@ def release_request_loras(instance: Any, loras: tuple[tuple[str, float], ...]) -
     registry = instance.components.get(LORA_SLOT)
     if loras and registry is not None and not registry.fused:
         registry.release([name for name, _ in loras])
-
-
-class LoRAStepAdapters:
-    """The runtime's view of LoRA (core.adapters.StepAdapters): the engine's builder injects it."""
-
-    def resolve(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> ActiveLoRAs | None:
-        return resolve_request_loras(instance, loras)
-
-    def scope(self, active: ActiveLoRAs | None) -> contextlib.AbstractContextManager[None]:
-        return lora_scope(active)
-
-    def release(self, instance: Any, loras: tuple[tuple[str, float], ...]) -> None:
-        release_request_loras(instance, loras)
-
-    def rows_scope(self, parts: Sequence[tuple[ActiveLoRAs | None, int]]) -> contextlib.AbstractContextManager[None]:
-        return lora_rows_scope(parts)
-
-    def registry(self, instance: Any, max_loras: int | None = None) -> LoRARegistry:
-        return attach_registry(instance, max_loras)
-
-    def fuse(self, instance: Any, adapters: Mapping[str, tuple[str, float]]) -> None:
-        from vidloom.lora.fuse import fuse_adapters
-
-        fuse_adapters(instance, adapters)
-
-    def check_card(self, card: Any) -> None:
-        check_lora_card(card)
-
-
-LORA_ADAPTERS = LoRAStepAdapters()
-"""What VideoGenerator hands its Engine so requests can name loaded LoRA adapters."""
