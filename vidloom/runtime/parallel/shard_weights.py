@@ -91,14 +91,9 @@ def _return_freed_host_memory() -> None:
 def resident_weight_bytes(module: nn.Module, sharded: Iterable[ShardedBlock] = ()) -> int:
     """Bytes of `module`'s weights this rank holds while no block runs: its parameters' storages (a freed block's
     are empty) plus its slices of the sharded blocks."""
-    seen: set[int] = set()
-    total = 0
-    for param in module.parameters():
-        storage = param.untyped_storage()
-        if storage.data_ptr() not in seen or storage.nbytes() == 0:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total + sum(g.shard.numel() * g.shard.element_size() for block in sharded for g in block.groups)
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in module.parameters()}
+    slices = sum(g.shard.numel() * g.shard.element_size() for block in sharded for g in block.groups)
+    return sum(storages.values()) + slices
 
 
 def _own_storage_params(block: nn.Module) -> list[nn.Parameter]:

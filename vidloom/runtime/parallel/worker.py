@@ -65,28 +65,6 @@ class PoolOptions:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
-    """What every rank of a pool loads (the same for all ranks)."""
-
-    model: str
-    """Registered model id or checkpoint directory; each process rebuilds the card from it."""
-    checkpoint: str
-    """The resolved checkpoint directory."""
-    device_type: str
-    """"cuda" (rank r uses the r-th local GPU) or "cpu"."""
-    dtype: torch.dtype | None
-    """Compute dtype override, as given to from_pretrained."""
-    deploy: DeployConfig
-    """Deployment, including devices and the parallel plan."""
-    options: PoolOptions = field(default_factory=PoolOptions)
-    """Timeouts and debug checks."""
-    loras: LoraSetup = field(default_factory=lambda: LoraSetup())
-    """The LoRA adapters every rank holds from its start (a restarted pool loads the resident ones again)."""
-    adapters: StepAdapters = NO_ADAPTERS
-    """How the ranks' engines apply and load adapters (the builder injects vidloom.lora's, as for one device)."""
-
-
-@dataclass(frozen=True)
 class LoraSetup:
     """The adapters of a pool's ranks: the registry bound, those fused into the weights at load, and those resident
     (loaded at run time: a restart loads them again, in order)."""
@@ -106,6 +84,28 @@ class LoraSetup:
             registry = adapters.registry(instance, self.max_loras)
             for name, path, into in self.resident:
                 registry.load(name, path, into)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank of a pool loads (the same for all ranks)."""
+
+    model: str
+    """Registered model id or checkpoint directory; each process rebuilds the card from it."""
+    checkpoint: str
+    """The resolved checkpoint directory."""
+    device_type: str
+    """"cuda" (rank r uses the r-th local GPU) or "cpu"."""
+    dtype: torch.dtype | None
+    """Compute dtype override, as given to from_pretrained."""
+    deploy: DeployConfig
+    """Deployment, including devices and the parallel plan."""
+    options: PoolOptions = field(default_factory=PoolOptions)
+    """Timeouts and debug checks."""
+    loras: LoraSetup = field(default_factory=LoraSetup)
+    """The LoRA adapters every rank holds from its start (a restarted pool loads the resident ones again)."""
+    adapters: StepAdapters = NO_ADAPTERS
+    """How the ranks' engines apply and load adapters (the builder injects vidloom.lora's, as for one device)."""
 
 
 @dataclass(frozen=True)
