@@ -9,6 +9,8 @@ configuration of bench/gpu_plan.py in its own process, diffusers first (the refe
 latents), then the Wan2.2 TI2V-5B DiT and the FAR, Flux2, LTX-2 and Cosmos3 denoisers alone at
 their published sizes (bench/gpu_family_workers.py), skipping rows whose package is missing or
 whose estimate no longer fits the budget, and writes everything to DIR/gpu_check.json after each row.
+Where two GPUs or more are visible, every generation family's two-GPU row (bench/parallel_families.py: one
+process, then --sp 2) runs first, as only such a machine can measure it; on one GPU those rows are skipped.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ for path in (str(ROOT), str(BENCH)):
         sys.path.insert(0, path)
 
 from gpu_plan import (  # noqa: E402
-    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FAMILY_ROWS, FULL_STEPS, LORA_ROWS, PEAK_BF16_FLOPS, REFERENCE,
-    STEP_CACHE_CONFIGS,
+    BUDGET_S, CONFIGS, DIT_ROWS, ESTIMATE_GPU, FAMILY_ROWS, FULL_STEPS, LORA_ROWS, PARALLEL_ROWS, PEAK_BF16_FLOPS,
+    REFERENCE, STEP_CACHE_CONFIGS,
     TIMED_STEPS,
     forward_flops, module_available, plan_lines, step_flops,
 )
@@ -60,6 +62,7 @@ def environment() -> dict[str, Any]:
         return env
     env["torch_cuda"] = torch.version.cuda
     env["cuda"] = torch.cuda.is_available()
+    env["gpu_count"] = torch.cuda.device_count() if env["cuda"] else 0
     if env["cuda"]:
         env["gpu"] = torch.cuda.get_device_name()
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -95,6 +98,9 @@ def skipped_configs(env: dict[str, Any]) -> dict[str, str]:
     if os.environ.get("GPU_CHECK_STEP_CACHE") != "1":
         for config in STEP_CACHE_CONFIGS:
             skipped[config.name] = "opt-in (GPU_CHECK_STEP_CACHE=1; then give them the time of other rows)"
+    for row in PARALLEL_ROWS:
+        if env.get("gpu_count", 0) < row.gpus:
+            skipped[row.name] = f"needs {row.gpus} GPUs ({env.get('gpu_count', 0)} visible)"
     return skipped
 
 
@@ -214,6 +220,8 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
               env: dict[str, Any], report: dict[str, Any], out: Path, started: float) -> bool:
     """Every row in its own process, within the budget; the JSON rewritten after each. True if one failed."""
     latents: dict[str, Path] = {}
+    # Only a machine with several GPUs can measure the parallel rows: there they come first.
+    _run_parallel_rows(rows, skipped, report, out, started)
     for config in CONFIGS:
         left = _time_left(config, skipped, started)
         if left is None:
@@ -237,6 +245,33 @@ def _run_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], checkpoi
     _run_alone((*DIT_ROWS, *LORA_ROWS), lambda dit, row: dit.step_flops(), rows, skipped, peak, report, out, started)
     _run_alone(FAMILY_ROWS, lambda fam, row: row.get("flops_per_step"), rows, skipped, peak, report, out, started)
     return any("error" in r for r in rows.values())
+
+
+def _run_parallel_rows(rows: dict[str, dict[str, Any]], skipped: dict[str, str], report: dict[str, Any],
+                       out: Path, started: float) -> None:
+    """The two-GPU rows (skipped on a one-GPU machine), within what is left of the budget."""
+    for spec in PARALLEL_ROWS:
+        left = _time_left(spec, skipped, started)
+        if left is not None:
+            rows[spec.name] = _run_parallel(spec, out, min(WORKER_TIMEOUT_S, left))
+            print(f"  {spec.name}: {rows[spec.name].get('error') or 'done'}", flush=True)
+            _write(out, report, started)
+
+
+def _run_parallel(spec: Any, out: Path, timeout_s: float) -> dict[str, Any]:
+    """bench/parallel_families.py on one family's plans (each a fresh pool of its GPUs); its JSON's rows."""
+    path = out / f"parallel-{spec.family}.json"
+    command = [sys.executable, str(BENCH / "parallel_families.py"), "--families", spec.family, "--plans", spec.plans,
+               "--device", "cuda", "--runs", "1", "--quiet-wait", "5", "--json", str(path.resolve())]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environ)
+    except subprocess.TimeoutExpired as exc:
+        return {"error": f"timed out after {timeout_s:.0f} s", "output_tail": _tail(exc.stderr or exc.stdout)}
+    if proc.returncode != 0 or not path.exists():
+        tail = _tail(proc.stderr or proc.stdout)
+        return {"error": f"exit {proc.returncode}: " + (tail[-1] if tail else "no output"), "output_tail": tail}
+    return {"estimate_s": round(spec.estimate_s(), 1), **json.loads(path.read_text())["families"][spec.family]}
 
 
 def _time_left(spec: Any, skipped: dict[str, str], started: float) -> float | None:

@@ -276,6 +276,33 @@ FAMILY_ROWS: tuple[FamilyRow, ...] = (
 )
 
 
+
+@dataclass(frozen=True)
+class ParallelRow:
+    """One family on one GPU and on two (bench/parallel_families.py: `1` then `sp2`, fresh pools, the
+    side-by-side report's mid-size checkpoint at bf16). Runs only where two GPUs are visible."""
+
+    name: str
+    family: str
+    """A bench/family_bench.py FAMILIES name."""
+    plans: str = "1,sp2"
+    gpus: int = 2
+    checkpoint_s: float = 20.0
+    """Writing the mid-size random checkpoint (diffusers, on the CPU)."""
+
+    def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
+        # Each plan: a pool's start (a process per rank, CUDA contexts), the load, a warm-up and one timed
+        # request; the mid-size request itself is milliseconds of GPU work.
+        return self.checkpoint_s + len(self.plans.split(",")) * (PROCESS_START_S + LOAD_S)
+
+
+PARALLEL_ROWS: tuple[ParallelRow, ...] = tuple(
+    ParallelRow(f"{family} 2-gpu", family)
+    for family in ("wan2.1-mid", "wan2.2-ti2v-mid", "far-mid", "flux2-klein-mid", "ltx2-mid", "cosmos3-mid",
+                   "hunyuan15-mid", "helios-mid", "qwen-image-mid")
+)
+"""Every generation family's two-GPU row (bench/parallel_families.py GENERATION)."""
+
 def module_available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -321,5 +348,12 @@ def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
         step_s = fam.step_tflop() * 1e12 / (peak * fam.mfu)
         lines.append(f"  {fam.name:<26} MFU {fam.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
                      f"(~{fam.step_tflop():.0f} TFLOP/step, {fam.forwards_per_step} forward(s), DiT alone)")
+        total += seconds
+    for row in PARALLEL_ROWS:
+        if row.name in skipped:
+            lines.append(f"  {row.name:<26} skipped: {skipped[row.name]}")
+            continue
+        seconds = row.estimate_s(peak)
+        lines.append(f"  {row.name:<26} plans {row.plans} on {row.gpus} GPUs  {seconds:6.0f} s")
         total += seconds
     return lines, total
