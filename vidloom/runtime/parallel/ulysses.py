@@ -176,7 +176,8 @@ class SequenceParallelModel(Protocol):
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
     whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream
-    attention through ShardedCrossAttention. A model that lays its tokens out its own way names that layout's class
+    attention through ShardedCrossAttention; a `prefixed_attentions()` layer (generated rows over a prefix K/V every
+    rank holds whole) through prefixed.py. A model that lays its tokens out its own way names that layout's class
     as `sharded_sequence` (SANA-WM's frame rows, which exchange around its linear attention themselves)."""
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
@@ -186,4 +187,10 @@ def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     cross_attentions = getattr(model, "cross_attentions", None)
     for layer in cross_attentions() if cross_attentions is not None else ():
         layer.attention_fn = ShardedCrossAttention(layer.attention_fn, comm, layer.num_heads)
+    prefixed_attentions = getattr(model, "prefixed_attentions", None)
+    if prefixed_attentions is not None:  # generated rows over a replicated prefix K/V (Cosmos3): prefixed.py
+        from vidloom.runtime.parallel.prefixed import wrap_prefixed  # it imports this module's exchanges
+
+        for layer in prefixed_attentions():
+            wrap_prefixed(layer, comm)
     model.sequence = getattr(model, "sharded_sequence", TokenShards)(comm)
