@@ -13,7 +13,8 @@ from vidloom.families.cosmos3.gen_config import Cosmos3GenConfig
 from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator
 from vidloom.families.cosmos3.layout import GenLayout
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
-from vidloom.runtime.parallel.prefixed import PrefixedRing, PrefixedUlysses
+from vidloom.runtime.parallel.ring import PrefixedRing
+from vidloom.runtime.parallel.ulysses import PrefixedUlysses
 from vidloom.runtime.parallel.ulysses import apply_sp
 
 # fp32: the exchanges only move values; per-head attention on fewer rows changes summation order only (observed

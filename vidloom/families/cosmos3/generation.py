@@ -17,7 +17,7 @@ when it does not split, and gathered before the heads. The prefix K/V stay whole
 them as one device does): they are a few hundred text rows against thousands of generated ones, computed once per
 request by the causal text pathway, which never reads a generated token; sharding them would put that pathway under
 sequence parallel too for little memory. Each rank's queries read its heads' slice of them (Ulysses) or all of them
-(ring), with no exchange (runtime.parallel.prefixed).
+(ring), with no exchange (runtime.parallel.ulysses.PrefixedUlysses, ring.PrefixedRing).
 
 Checkpoints trained with `action_gen` add an action pathway: one token per action step, projected in and
 out by per-embodiment weights (`DomainLinear`), joining the vision tokens in the same joint attention.
@@ -126,7 +126,7 @@ class CapturePrefix:
 def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
                        mask: Tensor | None = None) -> Tensor:
     """One device's generated queries [S, H, Dh] over [prefix keys | generated keys] (scale 1/sqrt(head_dim), the
-    backbone's); every row is here, so there is no pad `mask` (runtime.parallel.prefixed.PrefixedAttentionFn)."""
+    backbone's); every row is here, so there is no pad `mask` (runtime.parallel.ulysses.PrefixedAttentionFn)."""
     return grouped_attention(q, torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), q.shape[-1] ** -0.5)
 
 
@@ -199,7 +199,7 @@ class Cosmos3Generator(BlockStack, nn.Module):
 
     def prefixed_attentions(self) -> tuple[JointAttention]:
         """The one attention function of every generation layer: generated queries over the prefix and the
-        generated keys (sequence parallel wraps it; runtime.parallel.prefixed)."""
+        generated keys (sequence parallel wraps it: runtime.parallel.ulysses.apply_sp)."""
         return (self.joint,)
 
     def prefix_shape(self, length: int) -> tuple[int, ...]:
