@@ -15,4 +15,5 @@ FAMILY = Family(
     # whose K/V generation attends) and our generator (the generation pathways): each layer goes where it lives.
     lora=LoRASupport(targets=(("transformer", ".transformer:TEXT_NAME_MAP"), ("generator", ".generation:GEN_NAME_MAP")),
                      reads={"generator": "transformer"}),
+    token_layout=".parallel:token_layout",
 )

@@ -43,10 +43,12 @@ GENERATION_DEFAULTS = SamplingDefaults(
 
 # The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
 # CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
+# devices, cfg_parallel: the generated stream sharded (padded), the prefix K/V whole on every rank, one CFG branch per
+# rank (parallel.token_layout).
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
-               "vae_tile", "attention_backend"}),
-    refusals("offload_idle_expert", "two_stage", "devices", "components",
+               "vae_tile", "attention_backend", "devices", "cfg_parallel"}),
+    refusals("offload_idle_expert", "two_stage", "components",
              offload_text_encoder="the prompt is read by the unified backbone, which generation needs resident; "
                                   "there is no separate text encoder to offload",
              prompt_cache_size="a prompt is prefilled into the backbone's KV per request, not encoded into an "
@@ -71,13 +73,21 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                               "which this folder does not load",
                                                "vae_tile": "chat only: no VAE to decode with",
                                                "batching": "chat only: no denoise step to batch (chats share "
-                                                           "paged decode forwards under every policy)"})
+                                                           "paged decode forwards under every policy)",
+                                               "devices": "chat only: no denoiser to shard, and chat runs on the "
+                                                          "paged decoder, which a pool of ranks has not",
+                                               "cfg_parallel": "chat only: no CFG branches to split"})
 CHAT_ONLY_CAPABILITIES = dataclasses.replace(
     CHAT_ONLY_CAPABILITIES, lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
+# Its sessions keep those prefixes in the engine's cache manager, which a pool of ranks has not: the action card
+# refuses multi-device plans until they do (its one-shot requests would shard like generation's).
+ACTION_POOL_NOTE = ("an action session keeps its prefilled prompt K/V in the engine's cache manager between chunks, "
+                    "which a pool of ranks does not have; action checkpoints run on one device")
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
-                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"})
+                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"}
+                                   ).without({"devices": ACTION_POOL_NOTE, "cfg_parallel": ACTION_POOL_NOTE})
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
                    "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 

@@ -8,6 +8,10 @@ stream has its own sampler state (the reference steps a copy of the scheduler fo
 when some of its steps are noisy (not in forward dynamics, where the actions are given). With
 `cache_prefix=False` every step re-runs the prefixes first, as the reference pipeline does (same
 numbers, more work): the cached-vs-recompute test and the benchmark use it.
+
+Under --cfg-parallel (`pair`) every rank still prefills both branches' prefixes (as every rank of a pool encodes
+both prompts: the ranks' step inputs stay identical, and a prefill is once per request), then each step runs only
+its rank's branch (conditional on cfg-rank 0) and the pair exchanges predictions and combines them alike.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import Tensor
 from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
+from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator, GenConditioning
 from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
@@ -88,14 +93,18 @@ class Cosmos3Network:
 def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone: Cosmos3Transformer,
                  branches: tuple[Branch, ...], prefixes: tuple[Tensor, ...] | None, latents: Tensor,
                  sound: Tensor | None, timestep: Tensor, guidance_scale: float, action: ActionTokens | None = None,
-                 action_width: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                 action_width: int = 0, cfg_pair: BranchExchange | None = None,
+                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Guided velocities (vision [C, T, h, w], sound [C_s, T_s], action [T_a, D]; None where absent) in float32,
     as the reference combines them; action channels past `action_width` (the embodiment's) are zero.
 
     `network` runs the generated tokens (a step cache may stand in for it); `generator` and `backbone`
-    recompute the prefixes when they are not cached."""
+    recompute the prefixes when they are not cached. `cfg_pair`: a --cfg-parallel pair; this rank runs branch
+    `cfg_pair.rank` only and the pair gathers both predictions."""
     outs = []
-    for k, branch in enumerate(branches):
+    mine = range(len(branches)) if cfg_pair is None else (cfg_pair.rank,)
+    for k in mine:
+        branch = branches[k]
         if prefixes is None:  # recompute: the prefix again, this step
             prefix = prefill(generator, backbone, branch, latents.new_empty(generator.prefix_shape(len(branch.ids))))
         else:
@@ -105,6 +114,9 @@ def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone:
             acts = acts.float()
             acts[:, action_width:] = 0
         outs.append(tuple(None if v is None else v.float() for v in (vision, audio, acts)))
+    if cfg_pair is not None:  # both ranks hold (cond, uncond) of every output after the exchange
+        gathered = [None if v is None else cfg_pair.all_gather(v) for v in outs[0]]  # [2, ...] each
+        outs = [tuple(None if g is None else g[k] for g in gathered) for k in range(cfg_pair.size)]
     cond, *rest = outs
     if not rest:
         return cond
@@ -140,9 +152,10 @@ class Cosmos3DenoiseLoop:
     name = DENOISE
 
     def __init__(self, backbone: Cosmos3Transformer, generator: Cosmos3Generator, sampler_config: SamplerConfig,
-                 dtype: torch.dtype, cache_prefix: bool = True) -> None:
+                 dtype: torch.dtype, cache_prefix: bool = True, pair: BranchExchange | None = None) -> None:
         self.backbone, self.generator = backbone, generator
         self.sampler_config, self.dtype, self.cache_prefix = sampler_config, dtype, cache_prefix
+        self.pair = pair  # a --cfg-parallel pair: one branch per rank
         self.network = Cosmos3Network(generator, backbone)  # holds no per-request state: shared by requests
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Cosmos3DenoiseState:
@@ -168,7 +181,7 @@ class Cosmos3DenoiseLoop:
             for branch in branches:
                 shape = self.generator.prefix_shape(len(branch.ids))
                 state.prefixes.append(ctx.allocate(torch.Size(shape).numel() * element,
-                                                   lambda s=shape: torch.empty(s, dtype=self.dtype, device=device)))
+                                                   lambda s=shape: torch.zeros(s, dtype=self.dtype, device=device)))
             if session is not None:
                 self._keep(state, ctx)
         return state
@@ -212,7 +225,7 @@ class Cosmos3DenoiseLoop:
                     "sound": None if state.sound is None else state.sound.to(self.dtype),
                     "timestep": state.schedule.timesteps[state.index], "guidance_scale": state.guidance_scale,
                     "action": None if state.actions is None else ActionTokens(state.actions.to(self.dtype), state.domain),
-                    "action_width": state.action_width},
+                    "action_width": state.action_width, "cfg_pair": self.pair},
         )
 
     def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:

@@ -21,6 +21,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext
 from vidloom.core.request import GenerationRequest
 from vidloom.decoding.loop import ARDecodeLoop
+from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import SamplerConfig
 from vidloom.families.cosmos3.audio import SoundDecoder
 from vidloom.families.cosmos3.generation import Cosmos3Generator
@@ -61,10 +62,12 @@ def first_frame(image: Any, height: int, width: int) -> Tensor:
 
 
 def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefix: bool = True,
-                     reason_max_tokens: int = REASON_MAX_TOKENS) -> tuple[Node, ...]:
+                     reason_max_tokens: int = REASON_MAX_TOKENS, pair: BranchExchange | None = None,
+                     ) -> tuple[Node, ...]:
     """The nodes of a generation request over `instance`'s resident backbone, generator and VAE.
 
-    `ar_loop` is the card's chat loop: with `reason`, it writes the prompt generation starts from.
+    `ar_loop` is the card's chat loop: with `reason`, it writes the prompt generation starts from. `pair`: a
+    --cfg-parallel pair, each rank running one CFG branch.
     """
     tokenizer = instance["tokenizer"]
     generator: Cosmos3Generator = instance["generator"]
@@ -187,7 +190,7 @@ def generation_nodes(instance: ModelInstance, ar_loop: ARDecodeLoop, cache_prefi
         return {"audio": None, "sample_rate": None}
 
     loop = Cosmos3DenoiseLoop(instance["transformer"], generator, instance["sampler_config"], instance.dtype,
-                              cache_prefix=cache_prefix)
+                              cache_prefix=cache_prefix, pair=pair)
     reasoner = ReasonLoop(ar_loop, reason_max_tokens)
     reasoned = ("reasoned_prompt",)
     return (

@@ -11,6 +11,14 @@ A generation layer has the same shape as a text layer (RMSNorm, GQA attention wi
 norms and interleaved mrope, RMSNorm, MLP), so it is a `TextBlock` holding the `*_moe_gen` /
 `add_*` weights, whose attention reads the prefix through `PrefixAttention`.
 
+Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` and wraps `joint`'s attention) the
+generated stream [vision | sound | action] is sharded right after embedding with its rotary rows, padded at its end
+when it does not split, and gathered before the heads. The prefix K/V stay whole on every rank (each rank prefills
+them as one device does): they are a few hundred text rows against thousands of generated ones, computed once per
+request by the causal text pathway, which never reads a generated token; sharding them would put that pathway under
+sequence parallel too for little memory. Each rank's queries read its heads' slice of them (Ulysses) or all of them
+(ring), with no exchange (runtime.parallel.ulysses.PrefixedUlysses, ring.PrefixedRing).
+
 Checkpoints trained with `action_gen` add an action pathway: one token per action step, projected in and
 out by per-embodiment weights (`DomainLinear`), joining the vision tokens in the same joint attention.
 """
@@ -27,6 +35,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.grouped_attention import grouped_attention
+from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.rms_norm import QwenRMSNorm
 from vidloom.layers.rotary import apply_rotary
 from vidloom.loading.name_map import NameMap
@@ -114,16 +123,30 @@ class CapturePrefix:
         return grouped_attention(q, k, v, self.scale, causal=True)
 
 
-class PrefixAttention:
-    """KVAttention for generated tokens: full attention over the cached prefix K/V plus their own."""
+def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                       mask: Tensor | None = None) -> Tensor:
+    """One device's generated queries [S, H, Dh] over [prefix keys | generated keys] (scale 1/sqrt(head_dim), the
+    backbone's); every row is here, so there is no pad `mask` (runtime.parallel.ulysses.PrefixedAttentionFn)."""
+    return grouped_attention(q, torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), q.shape[-1] ** -0.5)
 
-    def __init__(self, prefix: Tensor, scale: float) -> None:
-        self.prefix, self.scale = prefix, scale
+
+class JointAttention:
+    """The generation blocks' attention function (one for every layer): what sequence parallel wraps."""
+
+    def __init__(self, num_heads: int, kv_heads: int) -> None:
+        self.num_heads, self.kv_heads = num_heads, kv_heads
+        self.attention_fn = prefixed_attention
+
+
+class PrefixAttention:
+    """KVAttention for generated tokens: full attention over the cached prefix K/V plus their own (this device's
+    rows of them; `key_mask`: the sharded stream's pad mask, or None)."""
+
+    def __init__(self, prefix: Tensor, joint: JointAttention, key_mask: Tensor | None = None) -> None:
+        self.prefix, self.joint, self.key_mask = prefix, joint, key_mask
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        keys = torch.cat([self.prefix[layer, 0], k])
-        values = torch.cat([self.prefix[layer, 1], v])
-        return grouped_attention(q, keys, values, self.scale)
+        return self.joint.attention_fn(q, k, v, self.prefix[layer, 0], self.prefix[layer, 1], self.key_mask)
 
 
 @dataclass(frozen=True)
@@ -136,15 +159,21 @@ class GenConditioning:
     noisy: Tensor  # indices of the frames being generated
     action: ActionTokens | None = None  # the action stream; its domain picks the head's projection
     sdpa: SDPAScope = DEFAULT_SDPA  # the backbone's SDPA kernels (attention_backend)
+    length: int = 0  # generated tokens of the whole stream before a sharded layout padded it
 
 
 class Cosmos3Generator(BlockStack, nn.Module):
     """The vision/sound/action pathways; the text backbone is passed in, never copied or owned."""
 
+    # Which rows of the generated stream this device holds: all of them, unless sequence parallel swapped in a
+    # sharded layout from outside (runtime.parallel.ulysses.apply_sp, with prefixed_attentions()).
+    sequence: SequenceLayout = WHOLE_SEQUENCE
+
     def __init__(self, config: Cosmos3GenConfig) -> None:
         super().__init__()
         self.config = config
         text = config.text
+        self.joint = JointAttention(text.num_attention_heads, text.num_key_value_heads)
         gen_layer = dataclasses.replace(text, qk_norm=True)  # generation q/k norms always exist
         self.blocks = nn.ModuleList(TextBlock(gen_layer) for _ in range(text.num_hidden_layers))
         self.norm = QwenRMSNorm(text.hidden_size, text.rms_norm_eps)
@@ -163,6 +192,15 @@ class Cosmos3Generator(BlockStack, nn.Module):
             self.action_proj_in = DomainLinear(config.action_dim, text.hidden_size, config.action_domains)
             self.action_proj_out = DomainLinear(text.hidden_size, config.action_dim, config.action_domains)
             self.action_modality_embed = nn.Parameter(torch.zeros(text.hidden_size))
+
+    def self_attentions(self) -> tuple[()]:
+        """None over the generated rows alone: every generation layer also reads the prefix (prefixed_attentions)."""
+        return ()
+
+    def prefixed_attentions(self) -> tuple[JointAttention]:
+        """The one attention function of every generation layer: generated queries over the prefix and the
+        generated keys (sequence parallel wraps it: runtime.parallel.ulysses.apply_sp)."""
+        return (self.joint,)
 
     def prefix_shape(self, length: int) -> tuple[int, ...]:
         t = self.config.text
@@ -220,9 +258,12 @@ class Cosmos3Generator(BlockStack, nn.Module):
             tokens[noisy_steps] = tokens[noisy_steps] + emb
             parts.append(tokens)
         x = torch.cat(parts)
-        rope = backbone.rotary(layout.positions.to(x.device), dtype)
-        attention = PrefixAttention(prefix, backbone.attention_scale)
-        return x[None], GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa)
+        cos, sin = backbone.rotary(layout.positions.to(x.device), dtype)
+        # This device's rows of the generated stream (all of them on one device), with their rotary rows
+        part = self.sequence.shard_joint(x[None], (cos, sin), 0)
+        attention = PrefixAttention(prefix, self.joint, part.key_mask)
+        rope = (part.tables[0], part.tables[1])
+        return part.tokens, GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa, part.length)
 
     def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the tokens [1, S, hidden]."""
@@ -239,7 +280,7 @@ class Cosmos3Generator(BlockStack, nn.Module):
 
     def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Tokens after the last block -> (vision velocity, sound velocity or None, action velocity or None)."""
-        h = self.norm(x[0])
+        h = self.norm(self.sequence.gather_joint(x, cond.length)[0])
         return (self._vision_out(h, cond.layout, cond.noisy), self._sound_out(h, cond.layout),
                 self._action_out(h, cond.layout, cond.action))
 

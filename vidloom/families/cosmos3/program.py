@@ -9,6 +9,7 @@ from vidloom.core.errors import InvalidRequest
 from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Program
 from vidloom.decoding.loop import ARDecodeLoop
+from vidloom.diffusion.guidance import ParallelCFG
 from vidloom.layers.rotary import text_positions
 
 
@@ -32,8 +33,9 @@ def chat_prompt_fn(tokenizer: Any):
     return prompt
 
 
-def build_program(instance: ModelInstance) -> Program:
-    """The chat loop (the program's `chat_loop`), plus the generation nodes when the card generates."""
+def build_program(instance: ModelInstance, guidance: ParallelCFG | None = None) -> Program:
+    """The chat loop (the program's `chat_loop`), plus the generation nodes when the card generates. `guidance`: a
+    --cfg-parallel rank pair's ParallelCFG, whose pair runs one CFG branch per rank (gen_loop.denoise_step)."""
     tokenizer = instance["tokenizer"]
     loop = ARDecodeLoop(instance["transformer"], tokenizer, chat_prompt_fn(tokenizer), text_positions,
                         eos_ids=(tokenizer.eos_token_id,))
@@ -41,5 +43,6 @@ def build_program(instance: ModelInstance) -> Program:
         return Program(nodes=(), inputs=frozenset({"request"}), outputs=(), chat_loop=loop)
     from vidloom.families.cosmos3.gen_program import generation_nodes
 
-    return Program(nodes=generation_nodes(instance, loop), inputs=frozenset({"request"}),
+    pair = guidance.pair if guidance is not None else None
+    return Program(nodes=generation_nodes(instance, loop, pair=pair), inputs=frozenset({"request"}),
                    outputs=("video", "reasoned_prompt", "audio", "sample_rate", "actions", "action"), chat_loop=loop)

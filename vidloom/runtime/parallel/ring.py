@@ -8,6 +8,9 @@ no head is split, so any head count runs. The blocks' attention is written out h
 backend has no log-sum-exp output), in query chunks that bound the score matrix. Ulysses (ulysses.py) stays the
 choice wherever sp divides the heads: one all-to-all pair per layer instead of P - 1 shifts, and the backend's
 kernel.
+
+PrefixedRing is the same ring for generated rows that also attend to a prefix K/V every rank holds whole (Cosmos3's
+prompt): the prefix is one more block, attended locally before the ring turns.
 """
 
 from __future__ import annotations
@@ -51,6 +54,37 @@ class RingAttention:
             if step < size - 1:
                 block = self.comm.shift(block)
         return out.transpose(1, 2).to(q.dtype)
+
+
+class PrefixedRing:
+    """PrefixedAttentionFn over a sharded generated stream, any head count: the prefix attended locally, the
+    generated K/V passed around the ring."""
+
+    def __init__(self, comm: Comm, query_chunk: int = QUERY_CHUNK) -> None:
+        self.comm, self.query_chunk = comm, query_chunk
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                 mask: Tensor | None = None) -> Tensor:
+        size, rank, local = self.comm.size, self.comm.rank, q.shape[0]
+        valid = _key_blocks(mask, size, local)
+        groups = q.shape[-2] // k.shape[-2]
+
+        def heads(t: Tensor) -> Tensor:  # [S, KVH, Dh] -> [1, H, S, Dh] float32, kv heads repeated to the queries'
+            return t.repeat_interleave(groups, dim=-2).float().transpose(0, 1)[None]
+
+        qf = q.float().transpose(0, 1)[None] * (1.0 / math.sqrt(q.shape[-1]))  # [1, H, S/P, Dh]
+        out = torch.zeros_like(qf)
+        lse = torch.full(qf.shape[:-1], -math.inf, device=q.device)
+        _merge(out, lse, qf, heads(prefix_k), heads(prefix_v), None, self.query_chunk)
+        block = torch.stack((k, v))
+        for step in range(size):
+            owner = (rank - step) % size
+            keys = valid[owner] if valid is not None else None
+            if keys is None or bool(keys.any()):
+                _merge(out, lse, qf, heads(block[0]), heads(block[1]), keys, self.query_chunk)
+            if step < size - 1:
+                block = self.comm.shift(block)
+        return out[0].transpose(0, 1).to(q.dtype)
 
 
 def _key_blocks(mask: Tensor | None, size: int, local: int) -> list[Tensor] | None:

@@ -16,6 +16,10 @@ end; the pad rows are dropped after the first all-to-all (no key, no query) and 
 A model with two sharded streams (LTX-2: video and audio) shards each on its own; an attention whose queries are
 one stream's and whose keys are the other's reaches every key through ShardedCrossAttention.
 
+Generated rows that also attend to a prefix K/V every rank holds whole (Cosmos3: each CFG branch's prompt, prefilled
+once per request by a causal text pathway that never reads a generated row) shard as one stream; the prefix never
+enters an exchange (PrefixedUlysses: each rank reads its heads' slice of it; ring.PrefixedRing: all of it).
+
 Applied from outside the model, like gpt-fast's apply_tp: `apply_sp(model, comm)` swaps the
 model's token layout and wraps its self-attention functions.
 """
@@ -28,9 +32,10 @@ import torch
 from torch import Tensor
 
 from vidloom.layers.attention import AttentionFn
+from vidloom.layers.grouped_attention import grouped_attention
 from vidloom.layers.sequence import JointPart, SequenceLayout
 from vidloom.runtime.parallel.comm import Comm
-from vidloom.runtime.parallel.ring import RingAttention
+from vidloom.runtime.parallel.ring import PrefixedRing, RingAttention
 
 
 def seq_to_heads(x: Tensor, comm: Comm) -> Tensor:
@@ -122,6 +127,52 @@ class ShardedCrossAttention:
         return heads_to_seq(self.inner(q, kv[0, :, :real], kv[1, :, :real]), self.comm)
 
 
+class PrefixedAttentionFn(Protocol):
+    """q [S, H, Dh], k, v [S, KVH, Dh] (the generated rows), prefix_k, prefix_v [L, KVH, Dh] -> [S, H, Dh]: the
+    generated queries over [prefix keys | generated keys]. `mask`: None, or the generated stream's pad mask [S]
+    (CPU bool, JointPart.key_mask) when it was padded to split."""
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                 mask: Tensor | None = None) -> Tensor: ...
+
+
+class PrefixedLayer(Protocol):
+    """What apply_sp wraps (a model's `prefixed_attentions()`)."""
+
+    num_heads: int
+    kv_heads: int
+    attention_fn: PrefixedAttentionFn
+
+
+class PrefixedUlysses:
+    """PrefixedAttentionFn over a sharded generated stream, by head shards (P divides the query heads)."""
+
+    def __init__(self, comm: Comm, num_heads: int, kv_heads: int) -> None:
+        if num_heads % comm.size:
+            raise ValueError(f"{num_heads} heads do not split over {comm.size} ranks")
+        self.comm = comm
+        # Grouped K/V whose heads do not split are repeated to the query heads (query head h reads kv head h // g).
+        self.repeat = 1 if kv_heads % comm.size == 0 else num_heads // kv_heads
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                 mask: Tensor | None = None) -> Tensor:
+        if self.repeat > 1:
+            k, v, prefix_k, prefix_v = (t.repeat_interleave(self.repeat, dim=-2) for t in (k, v, prefix_k, prefix_v))
+        p, r = self.comm.size, self.comm.rank
+        q = seq_to_heads(q, self.comm)  # [S, H/P, Dh]
+        kv = seq_to_heads(torch.stack((k, v)), self.comm)  # [2, S, KVH/P, Dh]
+        padded = q.shape[0]
+        real = padded if mask is None else _real_tokens(mask, padded)
+        group = prefix_k.shape[-2] // p
+        mine = slice(r * group, (r + 1) * group)  # this rank's kv heads of the replicated prefix
+        keys = torch.cat([prefix_k[:, mine], kv[0, :real]])
+        values = torch.cat([prefix_v[:, mine], kv[1, :real]])
+        out = grouped_attention(q[:real], keys, values, q.shape[-1] ** -0.5)
+        if real < padded:  # the pad rows' outputs: zeros, cut off before the head
+            out = torch.cat([out, out.new_zeros((padded - real, *out.shape[1:]))])
+        return heads_to_seq(out, self.comm)
+
+
 class TokenShards:
     """A SequenceLayout: rank r keeps tokens [r * S/P, (r + 1) * S/P) and the same rows of the per-token tables."""
 
@@ -176,7 +227,8 @@ class SequenceParallelModel(Protocol):
 def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     """Make `model` run on this rank's 1/P of the tokens; every rank of `comm` must call it on its copy. A layer
     whose heads P divides attends through Ulysses, any other through ring attention (ring.py); a cross-stream
-    attention through ShardedCrossAttention. A model that lays its tokens out its own way names that layout's class
+    attention through ShardedCrossAttention; a `prefixed_attentions()` layer (generated rows over a prefix K/V every
+    rank holds whole) through PrefixedUlysses or PrefixedRing. A model that lays its tokens out its own way names that layout's class
     as `sharded_sequence` (SANA-WM's frame rows, which exchange around its linear attention themselves)."""
     for layer in model.self_attentions():
         if layer.num_heads % comm.size:
@@ -186,4 +238,8 @@ def apply_sp(model: SequenceParallelModel, comm: Comm) -> None:
     cross_attentions = getattr(model, "cross_attentions", None)
     for layer in cross_attentions() if cross_attentions is not None else ():
         layer.attention_fn = ShardedCrossAttention(layer.attention_fn, comm, layer.num_heads)
+    prefixed_attentions = getattr(model, "prefixed_attentions", None)
+    for layer in prefixed_attentions() if prefixed_attentions is not None else ():
+        layer.attention_fn = (PrefixedRing(comm) if layer.num_heads % comm.size
+                              else PrefixedUlysses(comm, layer.num_heads, layer.kv_heads))
     model.sequence = getattr(model, "sharded_sequence", TokenShards)(comm)
