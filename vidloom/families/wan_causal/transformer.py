@@ -60,7 +60,8 @@ def block_causal_attention(
         keys, values, visible = k[:, :stop], v[:, :stop], segments[: i + 1]
         if null_keys and i == len(segments) - 1:
             null = k.new_zeros(k.shape[0], sequence.rows(null_keys), *k.shape[2:])
-            keys, values, visible = torch.cat([null, keys], dim=1), torch.cat([null, values], dim=1), [null_keys, *visible]
+            keys, values = torch.cat([null, keys], dim=1), torch.cat([null, values], dim=1)
+            visible = [null_keys, *visible]
         outputs.append(_attend(attention_fn, q[:, start:stop], keys, values, sequence.key_mask(visible)))
         start = stop
     return torch.cat(outputs, dim=1)
@@ -248,7 +249,8 @@ class FarTransformer(BlockStack, nn.Module):
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
             cache.write(index, 0, k, v)
-            return attn.out(block_causal_attention(attn.attention_fn, q, k, v, ends, sequence=self.sequence).flatten(-2))
+            out = block_causal_attention(attn.attention_fn, q, k, v, ends, sequence=self.sequence)
+            return attn.out(out.flatten(-2))
 
         self._run_blocks(tokens, text, attend)
         cache.context_tokens, cache.context_rows = layout.context_tokens, tokens.x.shape[1]
