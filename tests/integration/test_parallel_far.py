@@ -15,12 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.helpers.far_checkpoints import FAR_B, write_tiny_far
+from tests.helpers.pool_checks import check_pool_video
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.errors import DeployError, InvalidRequest
+from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
@@ -53,7 +53,7 @@ def _request(config: str, **change: Any) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module")
-def models(demo_cache: Path, tmp_path_factory) -> dict[str, tuple[str | Path, dict[str, Any], np.ndarray]]:
+def models(demo_cache: Path, tmp_path_factory) -> dict[str, tuple[str | Path, dict[str, Any], Any]]:
     """Each config's model, where to find it, and its video on one process."""
     found: dict[str, tuple[str | Path, dict[str, Any]]] = {
         "demo": ("far-demo", {"cache_dir": demo_cache}),
@@ -68,15 +68,7 @@ def test_the_pool_matches_one_process(models, config, plan, caplog):
     model, where, expected = models[config]
     caplog.set_level(logging.INFO)
     with VideoGenerator.from_pretrained(model, device="cpu", parallel=plan, pool_options=OPTIONS, **where) as gen:
-        out = gen.engine.run(_request(config))["video"]
-        assert out.shape == expected.shape
-        diff = float(np.abs(out - expected).max())
-        print(f"far {config} {plan.describe()}: max abs diff {diff:.1e} on frames (std {expected.std():.2f})")
-        assert diff <= FP32_TOL, diff
-        if plan.cfg > 1:
-            with pytest.raises(InvalidRequest) as err:
-                gen.engine.submit(_request(config, guidance_scale=1.0))
-            assert err.value.field == "guidance_scale"
+        check_pool_video(gen, plan, _request(config), expected, FP32_TOL, f"far {config}")
     if plan.sp > 1:  # 3 heads do not split over 2 ranks: far-b's self-attention goes around the ring
         assert ("ring attention" in caplog.text) == (config == "far-b"), caplog.text
 
