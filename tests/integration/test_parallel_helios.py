@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from tests.helpers.helios_checkpoints import PYRAMID_B, write_tiny_helios_pyramid
-from vidloom.core.errors import DeployError, InvalidRequest
+from tests.helpers.pool_checks import check_pool_video
+from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
@@ -63,15 +64,7 @@ def test_the_pool_matches_one_process(config, plan, request, caplog):
     model, where, kwargs, expected = request.getfixturevalue(config)
     caplog.set_level(logging.INFO)
     with VideoGenerator.from_pretrained(model, device="cpu", parallel=plan, pool_options=OPTIONS, **where) as gen:
-        out = gen.engine.run(GenerationRequest(**kwargs))["video"]
-        assert out.shape == expected.shape
-        diff = float(np.abs(out - expected).max())
-        print(f"helios {config} {plan.describe()}: max abs diff {diff:.1e} on frames (std {expected.std():.2f})")
-        assert diff <= FP32_TOL, diff
-        if plan.cfg > 1:
-            with pytest.raises(InvalidRequest) as err:
-                gen.engine.submit(GenerationRequest(**{**kwargs, "guidance_scale": 1.0}))
-            assert err.value.field == "guidance_scale"
+        check_pool_video(gen, plan, GenerationRequest(**kwargs), expected, FP32_TOL, f"helios {config}")
     if plan.sp > 1:  # 3 heads do not split over 2 ranks: the pyramid's transformer attends through the ring
         assert ("ring attention" in caplog.text) == (config == "pyramid"), caplog.text
 

@@ -119,6 +119,8 @@ class TokenLayout:
     cfg_passes: int = 2
     """The most guidance passes one step runs, so the largest --cfg-parallel degree that gives every rank work: 2
     for classic CFG (cond, uncond), 4 for LTX-2 (cond, uncond, STG, isolated modality)."""
+    shard_weights: str | None = None
+    """None: --shard-weights may shard the denoiser's blocks; else why this checkpoint refuses it."""
     cfg_needs: tuple[str, ...] = field(default=("guidance_scale",))
     """Request fields that must turn CFG on for --cfg-parallel: guidance_scale (> 1), and negative_prompt
     (non-empty) for a family whose CFG runs only with one (Qwen-Image's true CFG)."""

@@ -13,4 +13,5 @@ FAMILY = Family(
     lora=LoRASupport(targets=(("transformer", ".config:FAR_TRANSFORMER_NAME_MAP"),),
                      converter="vidloom.lora.formats:wan_keys"),
     options=("vidloom.core.blocks:EXTENSION",),
+    token_layout=".parallel:token_layout",
 )

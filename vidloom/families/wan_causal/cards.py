@@ -32,11 +32,13 @@ CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
                "kv_cache_budget_bytes", "kv_session_ttl_s", "step_cache", "compile",
                # chunks decode as they finish, in tiles each with its own causal state across chunks (decode.py)
-               "vae_tile"}),
+               "vae_tile",
+               # every chunk's tokens and KV sharded per chunk, padded where one does not split; one CFG branch
+               # and its KV per rank (parallel.token_layout)
+               "devices", "cfg_parallel"}),
     refusals("kv_pool_tokens", "offload_idle_expert", "two_stage", "components",
              cuda_graphs="a rollout step writes the request's KV cache in place",
              cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
-             devices="sequence and CFG parallelism are written for Wan's bidirectional DiT only",
              batching="each rollout step attends its own request's KV cache, written in place chunk by chunk; "
                       "steps of different requests are not stacked yet, so each runs alone"),
 )

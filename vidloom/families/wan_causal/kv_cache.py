@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -19,22 +20,26 @@ class FarKVCache:
     slice, never a concatenation. Context tokens follow, then room for the chunk being
     generated, whose K/V each step writes in place. The prefill pass rewrites the
     context from row `null` on (the far context is re-embedded as chunks age).
+
+    Under sequence parallel a rank's slab holds its rows of every chunk (parallel.ChunkShards): the row counts
+    below are this rank's (`rows` maps a segment's tokens to them; one device keeps them all).
     """
 
     keys: Tensor
     values: Tensor
     null: int
     context_tokens: int = 0
-    """Context rows currently valid (set by the prefill pass)."""
+    """Context tokens currently valid, over every rank (set by the prefill pass)."""
+    context_rows: int = 0
+    """This slab's rows of them (context_tokens on one device)."""
 
     @classmethod
     def allocate(
         cls, layouts: list[ChunkLayout], num_layers: int, batch: int, heads: int, head_dim: int,
-        device: torch.device, dtype: torch.dtype,
+        device: torch.device, dtype: torch.dtype, rows: Callable[[int], int] = int,
     ) -> FarKVCache:
         """A slab big enough for every chunk of a rollout, given the layout of each chunk."""
-        null = max(layout.null_keys for layout in layouts)
-        capacity = max(layout.total_tokens for layout in layouts)
+        null, capacity = cls.slab_rows(layouts, rows)
         shape = (num_layers, batch, null + capacity, heads, head_dim)
         return cls(
             keys=torch.zeros(shape, device=device, dtype=dtype),
@@ -43,12 +48,25 @@ class FarKVCache:
         )
 
     @staticmethod
+    def slab_rows(layouts: list[ChunkLayout], rows: Callable[[int], int] = int) -> tuple[int, int]:
+        """(null rows, capacity rows) of a slab for these layouts, each segment taking `rows(tokens)` rows."""
+        null = max(rows(layout.null_keys) for layout in layouts)
+        return null, max(sum(rows(n) for n in layout.chunk_tokens()) for layout in layouts)
+
+    @classmethod
     def bytes_needed(
-        layouts: list[ChunkLayout], num_layers: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype
+        cls, layouts: list[ChunkLayout], num_layers: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype,
+        rows: Callable[[int], int] = int,
     ) -> int:
         """Bytes `allocate` would take for these layouts (for admission before allocating)."""
-        rows = max(layout.null_keys for layout in layouts) + max(layout.total_tokens for layout in layouts)
-        return 2 * num_layers * batch * rows * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        slab = sum(cls.slab_rows(layouts, rows))
+        return 2 * num_layers * batch * slab * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def __repr__(self) -> str:
+        # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and every rank of a
+        # sequence-parallel group holds its own rows.
+        return (f"FarKVCache(shape={tuple(self.keys.shape)}, null={self.null}, context_tokens={self.context_tokens}, "
+                f"context_rows={self.context_rows})")
 
     @property
     def nbytes(self) -> int:
@@ -70,19 +88,20 @@ class FarKVCache:
 
     def context_copy(self) -> FarKVCache:
         """A compact copy of the valid context rows (no null rows, no room to generate): a session's KV."""
-        rows = slice(self.null, self.null + self.context_tokens)
-        return FarKVCache(self.keys[:, :, rows].clone(), self.values[:, :, rows].clone(), 0, self.context_tokens)
+        rows = slice(self.null, self.null + self.context_rows)
+        return FarKVCache(self.keys[:, :, rows].clone(), self.values[:, :, rows].clone(), 0, self.context_tokens,
+                          self.context_rows)
 
     def load_context(self, source: FarKVCache) -> None:
         """Take `source`'s context rows (a session's KV) as this slab's prefilled context."""
-        rows = source.context_tokens
+        rows = source.context_rows
         if self.null + rows > self.keys.shape[2] or source.keys.shape[1] != self.keys.shape[1]:
             raise ValueError(f"session KV of {rows} rows, batch {source.keys.shape[1]} does not fit this slab "
                              f"{tuple(self.keys.shape)}")
         src = slice(source.null, source.null + rows)
         self.keys[:, :, self.null : self.null + rows] = source.keys[:, :, src]
         self.values[:, :, self.null : self.null + rows] = source.values[:, :, src]
-        self.context_tokens = rows
+        self.context_tokens, self.context_rows = source.context_tokens, rows
 
     @staticmethod
     def context_bytes(keys: Tensor, rows: int) -> int:

@@ -119,6 +119,11 @@ class ChunkLayout:
             for f in range(self.total_frames)
         ]
 
+    def chunk_tokens(self) -> list[int]:
+        """Tokens of each chunk, in sequence order (the segments sequence parallel splits one by one)."""
+        ends = self.chunk_ends()
+        return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
     def chunk_ends(self) -> list[int]:
         """Token index where each chunk ends, in sequence order (the last equals total_tokens).
 

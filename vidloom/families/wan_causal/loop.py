@@ -14,6 +14,10 @@ goes to the cache manager under the request id. An extension's first chunk atten
 KV: copied from the resident session, or rebuilt (same ops, same inputs, so the same values)
 from the source's stored latents and prompts when it was evicted. From its second chunk on,
 every prefill re-embeds the whole context under the new prompt, as FAR does at every chunk.
+
+CFG parallel (`pair`, a --cfg-parallel rank pair): cfg-rank 0 runs the conditional branch and cfg-rank 1 the
+unconditional one, each with its branch's text and a KV slab of its branch alone; every step's two predictions are
+all-gathered and combined alike on both ranks, so both roll out the same chunks.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
+from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.vae import WanVAE
@@ -79,30 +84,39 @@ def rollout_partition(request: GenerationRequest, latent_frames: int, default: t
     return chunk_partition(latent_frames, default)
 
 
-def branch_embeds(prompt_embeds: Tensor, negative_embeds: Tensor | None) -> Tensor:
-    """CFG branches batched as the reference batches them: [uncond, cond]."""
-    return prompt_embeds if negative_embeds is None else torch.cat([negative_embeds, prompt_embeds])
+def branch_embeds(prompt_embeds: Tensor, negative_embeds: Tensor | None, pair: BranchExchange | None = None) -> Tensor:
+    """CFG branches batched as the reference batches them: [uncond, cond]; a CFG-parallel rank's own branch alone
+    (cfg-rank 0: cond, 1: uncond)."""
+    if negative_embeds is None:
+        return prompt_embeds
+    if pair is not None:
+        return prompt_embeds if pair.rank == 0 else negative_embeds
+    return torch.cat([negative_embeds, prompt_embeds])
 
 
 def rebuild_session_kv(
     transformer: FarTransformer, encode: TextEncode, session: VideoSession, layout: ChunkLayout, cache: FarKVCache,
-    dtype: torch.dtype,
+    dtype: torch.dtype, pair: BranchExchange | None = None,
 ) -> None:
     """The KV a resident session would hold, from the source's latents and prompts, into `cache`."""
-    embeds = branch_embeds(*encode(session.prompt, session.negative_prompt, session.uses_cfg)).to(dtype)
+    embeds = branch_embeds(*encode(session.prompt, session.negative_prompt, session.uses_cfg), pair).to(dtype)
     context = session.latents[:, :, : layout.context_frames].to(cache.keys.device).to(dtype)
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
 def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
-             guidance_scale: float) -> Tensor:
-    """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference."""
+             guidance_scale: float, pair: BranchExchange | None = None) -> Tensor:
+    """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference;
+    under CFG parallel (`pair`) this rank's branch, the pair's two predictions combined alike on both ranks."""
     branches = text.batch
     x = latents.expand(branches, *latents.shape[1:])
     out = network(x, t.expand(branches), r.expand(branches), text)
-    if branches == 1:
+    if pair is not None:
+        cond, uncond = pair.all_gather(out).unbind(0)
+    elif branches == 1:
         return out
-    uncond, cond = out.chunk(2)
+    else:
+        uncond, cond = out.chunk(2)
     return uncond + guidance_scale * (cond - uncond)
 
 
@@ -149,10 +163,12 @@ class FarRolloutLoop:
 
     def __init__(self, transformer: FarTransformer, sampler_config: SamplerConfig, dtype: torch.dtype,
                  kv_cache: bool = True, vae: WanVAE | None = None, text_encode: TextEncode | None = None,
-                 tiling: SpatialTiling | None = None) -> None:
+                 tiling: SpatialTiling | None = None, pair: BranchExchange | None = None) -> None:
         """`vae`: decode and emit each chunk as it finishes (and write "video"); None: latents only.
         `text_encode`: rebuilds an evicted session's KV (extensions need it). `tiling`: the deployment's
-        vae_tile (each chunk decodes in spatial tiles, each tile's causal state carried across chunks)."""
+        vae_tile (each chunk decodes in spatial tiles, each tile's causal state carried across chunks).
+        `pair`: a --cfg-parallel rank pair; this rank runs one CFG branch (requests are checked to use CFG)."""
+        self.pair = pair
         self.tiling = tiling
         self.text_encode = text_encode
         self.transformer = transformer
@@ -208,9 +224,7 @@ class FarRolloutLoop:
             state.resumed = "rebuilt"  # the prefill plan rebuilds it first
 
     def _cache_bytes(self, layouts: list[ChunkLayout], batch: int) -> int:
-        wan = self.transformer.config.wan
-        return FarKVCache.bytes_needed(layouts, wan.num_layers, batch, wan.num_attention_heads,
-                                       wan.attention_head_dim, self.dtype)
+        return self.transformer.cache_bytes(layouts, batch, self.dtype)
 
     def _conditioned(self, noise: Tensor, context: Tensor | None, starts: list[int]) -> tuple[Tensor, int]:
         """The output latents with the conditioning frames in place, and the first chunk to generate.
@@ -231,9 +245,9 @@ class FarRolloutLoop:
         return latents, first
 
     def _branches(self, slots: Mapping[str, Any]) -> Tensor:
-        negative = slots["negative_embeds"]
-        embeds = slots["prompt_embeds"] if negative is None else torch.cat([negative, slots["prompt_embeds"]])
-        return embeds.to(self.dtype)
+        if self.pair is not None and slots["negative_embeds"] is None:  # requests are checked at submit
+            raise ValueError("CFG-parallel needs the unconditional branch: guidance_scale must be > 1")
+        return branch_embeds(slots["prompt_embeds"], slots["negative_embeds"], self.pair).to(self.dtype)
 
     # -- plans ------------------------------------------------------------------------
 
@@ -266,7 +280,7 @@ class FarRolloutLoop:
             return StepPlan(loop=SESSION, index=0, total=1, call=rebuild_session_kv,
                             inputs={"transformer": self.transformer, "encode": self.text_encode,
                                     "session": state.session, "layout": layout, "cache": state.cache,
-                                    "dtype": self.dtype})
+                                    "dtype": self.dtype, "pair": self.pair})
         first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
         return StepPlan(
             loop=PREFILL, index=state.chunk - first_prefill, total=len(state.layouts) - first_prefill,
@@ -302,7 +316,8 @@ class FarRolloutLoop:
         return StepPlan(
             loop=STEP, index=state.done_steps, total=total, call=far_step,
             inputs={NETWORK: FarNetwork(self.transformer, layout, state.cache, state.chunk), "latents": latents,
-                    "t": t.reshape(1), "r": r.reshape(1), "text": state.text, "guidance_scale": state.guidance_scale},
+                    "t": t.reshape(1), "r": r.reshape(1), "text": state.text, "guidance_scale": state.guidance_scale,
+                    "pair": self.pair},
         )
 
     # -- results ----------------------------------------------------------------------
@@ -349,7 +364,7 @@ class FarRolloutLoop:
         if state.session_prefilled and state.cache is not None:
             slab = state.cache
             # Only a SessionContext plans the session prefill (keeps_sessions), so only one gets here.
-            cast(SessionContext, state.ctx).keep_session(FarKVCache.context_bytes(slab.keys, slab.context_tokens),
+            cast(SessionContext, state.ctx).keep_session(FarKVCache.context_bytes(slab.keys, slab.context_rows),
                                                          slab.context_copy)
         _release(state)
         # What an extension of this video needs (results.video_output makes it a VideoSession).

@@ -12,6 +12,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.program import Node, NodeContext, Program
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession
+from vidloom.diffusion.guidance import ParallelCFG
 from vidloom.diffusion.noise import initial_noise
 from vidloom.layers.tiling import deploy_tiling
 from vidloom.media.image import fit_image
@@ -21,11 +22,13 @@ from vidloom.models.wan.text import WanTextEncoder, encode_prompt_pair, encode_r
 from vidloom.families.wan_causal.loop import FarRolloutLoop
 
 
-def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool = True) -> Program:
+def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool = True,
+                  guidance: ParallelCFG | None = None) -> Program:
     """T2V / I2V / V2V over `instance`.
 
     `kv_cache=False` recomputes every step from scratch (same frames, slower); `decode=False`
-    stops at the latents (benchmarks and tests of the rollout alone).
+    stops at the latents (benchmarks and tests of the rollout alone). `guidance`: a --cfg-parallel rank pair's
+    ParallelCFG (this rank runs one CFG branch); None runs both branches as one batch, as the reference does.
     """
     text: WanTextEncoder = instance["text_encoder"]
     vae: WanVAE = instance["vae"]
@@ -60,7 +63,8 @@ def build_program(instance: ModelInstance, kv_cache: bool = True, decode: bool =
     # The loop decodes each chunk as it finishes (frames reach the caller early) and writes "video".
     loop = FarRolloutLoop(transformer, instance["sampler_config"], instance.dtype, kv_cache=kv_cache,
                           vae=vae if decode else None, text_encode=partial(encode_prompt_pair, text),
-                          tiling=deploy_tiling(instance.deploy, vae.config.spatial_factor))
+                          tiling=deploy_tiling(instance.deploy, vae.config.spatial_factor),
+                          pair=guidance.pair if guidance is not None else None)
     outputs = ("video", "session") if decode else ("latents",)
     return Program(
         nodes=(

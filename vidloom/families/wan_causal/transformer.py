@@ -10,13 +10,17 @@ self-attention, all over the same weights:
 - `step`:      the generated chunk only, attending to the cached context K/V.
 - `recompute`: context and generated chunk in one pass, no cache (the reference answer
                the cache must reproduce, and a fallback that needs no slab).
+
+Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` for `sharded_sequence` and wraps every
+block's self-attention) each rank keeps its rows of every chunk from embedding to the head, and of every chunk's KV
+in the slab (parallel.ChunkShards says how); the head gathers the generated chunk's rows.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,29 +35,42 @@ from vidloom.models.wan.transformer import MLP, WanAttention
 from vidloom.families.wan_causal.config import FarTransformerConfig
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS, ChunkShards, WholeChunks
 
 # (layer index, self-attention module, modulated tokens [B, S, D]) -> attention output [B, S, D]
 SelfAttend = Callable[[int, WanAttention, Tensor], Tensor]
 
 
 def block_causal_attention(
-    attention_fn: AttentionFn, q: Tensor, k: Tensor, v: Tensor, ends: list[int], null_keys: int = 0
+    attention_fn: AttentionFn, q: Tensor, k: Tensor, v: Tensor, ends: list[int], null_keys: int = 0,
+    sequence: WholeChunks = WHOLE_CHUNKS,
 ) -> Tensor:
     """Attention over tokens [B, S, H, Dh] in chunk order: chunk i's queries see keys [0, ends[i]).
 
     One unmasked attention call per chunk over its visible prefix, so any kernel
     (SDPA, flash) serves it and no [S, S] mask is built. The last chunk also sees
     `null_keys` all-zero keys, as the generated chunk does when it reads the KV cache.
+    Under sequence parallel q, k, v are this rank's rows of every chunk (`sequence`), its rows of chunks
+    [0, i] a prefix of them, and the pad rows are masked out of the keys.
     """
-    outputs, start = [], 0
-    for i, end in enumerate(ends):
-        keys, values = k[:, :end], v[:, :end]
-        if null_keys and i == len(ends) - 1:
-            null = k.new_zeros(k.shape[0], null_keys, *k.shape[2:])
+    segments = [end - start for start, end in zip([0, *ends[:-1]], ends)]
+    outputs, start, stop = [], 0, 0
+    for i, length in enumerate(segments):
+        stop += sequence.rows(length)
+        keys, values, visible = k[:, :stop], v[:, :stop], segments[: i + 1]
+        if null_keys and i == len(segments) - 1:
+            null = k.new_zeros(k.shape[0], sequence.rows(null_keys), *k.shape[2:])
             keys, values = torch.cat([null, keys], dim=1), torch.cat([null, values], dim=1)
-        outputs.append(attention_fn(q[:, start:end], keys, values))
-        start = end
+            visible = [null_keys, *visible]
+        outputs.append(_attend(attention_fn, q[:, start:stop], keys, values, sequence.key_mask(visible)))
+        start = stop
     return torch.cat(outputs, dim=1)
+
+
+def _attend(attention_fn: AttentionFn, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+    """`key_mask`: a sharded key stream's real rows in rank order (ChunkShards.key_mask), for the sequence-parallel
+    wrapper; one device passes none."""
+    return attention_fn(q, k, v) if key_mask is None else attention_fn(q, k, v, key_mask)
 
 
 def _project(attn: WanAttention, x: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,6 +97,11 @@ class FarText:
     @property
     def batch(self) -> int:
         return self.keys[0].shape[0]
+
+    def __repr__(self) -> str:
+        # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
+        # --cfg-parallel pair hold different branches.
+        return f"FarText(layers={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
 
 
 class FarBlock(nn.Module):
@@ -134,22 +156,23 @@ class FarBlock(nn.Module):
 class FarConditioning:
     """What every block and the head read in one step (FarTransformer.embed_step / embed_recompute)."""
 
-    time_mod: Tensor  # [B, S, 6, D]
-    temb: Tensor  # [B, S, D]
+    time_mod: Tensor  # [B, S, 6, D] (this rank's rows under sequence parallel)
+    temb: Tensor  # [B, S, D] (every row)
     text: FarText
     attend: SelfAttend  # the step's self-attention (cached or block-causal over the whole sequence)
     head_from: int  # first token the head predicts (the generated chunk's)
     shape: tuple[int, ...]  # the prediction's shape [B, C, F_gen, H, W]
+    head_rows: int = 0  # this rank's first row of the generated chunk (head_from on one device)
 
 
 @dataclass(frozen=True)
 class _Tokens:
     """One forward's token stream and what every block reads with it."""
 
-    x: Tensor  # [B, S, D]
-    temb: Tensor  # [B, S, D] per-token time embedding (offsets the output modulation)
-    time_mod: Tensor  # [B, S, 6, D]
-    rope: Tensor  # (cos, sin) pairs [S, Dh/2, 2]
+    x: Tensor  # [B, S, D] (this rank's rows of every chunk)
+    temb: Tensor  # [B, S, D] per-token time embedding (offsets the output modulation), every row
+    time_mod: Tensor  # [B, S, 6, D] (this rank's rows)
+    rope: Tensor  # (cos, sin) pairs [S, Dh/2, 2] (this rank's rows)
 
 
 class FarTransformer(BlockStack, nn.Module):
@@ -158,6 +181,11 @@ class FarTransformer(BlockStack, nn.Module):
     Holds no per-call state: the KV cache is an argument, owned by the caller's rollout.
     Latents are [B, C, F, H, W] everywhere, as in vidloom's Wan.
     """
+
+    # Which rows of every chunk this device holds: all of them, unless sequence parallel swapped in
+    # `sharded_sequence`'s layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
+    sequence: WholeChunks = WHOLE_CHUNKS
+    sharded_sequence = ChunkShards
 
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset({"time_embed", "modulation", "out_modulation", "cross_norm"})
     """Name segments kept in float32 under bf16/fp16, as the reference's `_keep_in_fp32_modules`."""
@@ -179,9 +207,13 @@ class FarTransformer(BlockStack, nn.Module):
         self.text_embed = MLP(wan.text_dim, dim, dim, nn.GELU(approximate="tanh"))
         self.blocks = nn.ModuleList(FarBlock(config) for _ in range(wan.num_layers))
         for block in self.blocks:
-            block.cross_attn.attention_fn = attention_fn
+            block.self_attn.attention_fn = block.cross_attn.attention_fn = attention_fn
         self.out_modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.proj_out = nn.Linear(dim, wan.out_channels * math.prod(wan.patch_size))
+
+    def self_attentions(self) -> Iterator[WanAttention]:
+        """Every block's self-attention, over [null keys, context KV, chunk] (sequence parallel wraps it)."""
+        return (block.self_attn for block in self.blocks)
 
     # -- public passes ----------------------------------------------------------
 
@@ -192,27 +224,36 @@ class FarTransformer(BlockStack, nn.Module):
         return FarText(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
 
     def new_cache(self, layouts: list[ChunkLayout], batch: int, device: torch.device, dtype: torch.dtype) -> FarKVCache:
-        """A KV slab sized for a rollout whose chunks have these layouts."""
+        """A KV slab sized for a rollout whose chunks have these layouts (this rank's rows of them)."""
         wan = self.config.wan
         return FarKVCache.allocate(
-            layouts, wan.num_layers, batch, wan.num_attention_heads, wan.attention_head_dim, device, dtype
+            layouts, wan.num_layers, batch, wan.num_attention_heads, wan.attention_head_dim, device, dtype,
+            self.sequence.rows,
         )
+
+    def cache_bytes(self, layouts: list[ChunkLayout], batch: int, dtype: torch.dtype) -> int:
+        """Bytes `new_cache` takes (for admission before allocating)."""
+        wan = self.config.wan
+        return FarKVCache.bytes_needed(layouts, wan.num_layers, batch, wan.num_attention_heads,
+                                       wan.attention_head_dim, dtype, self.sequence.rows)
 
     def prefill(self, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
         """Write every layer's K/V of the clean context [B, C, F_ctx, H, W] (t = r = 0) into `cache`."""
         if context.shape[2] != layout.context_frames:
             raise ValueError(f"context has {context.shape[2]} frames, layout expects {layout.context_frames}")
         zeros = torch.zeros(context.shape[0], device=context.device)
-        tokens = self._embed(context, zeros, zeros, layout, layout.frame_tokens()[: layout.context_frames], full=False)
         ends = layout.chunk_ends()[:-1]
+        tokens = self._embed(context, zeros, zeros, layout, layout.frame_tokens()[: layout.context_frames], full=False,
+                             segments=layout.chunk_tokens()[:-1])
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
             cache.write(index, 0, k, v)
-            return attn.out(block_causal_attention(self.attention_fn, q, k, v, ends).flatten(-2))
+            out = block_causal_attention(attn.attention_fn, q, k, v, ends, sequence=self.sequence)
+            return attn.out(out.flatten(-2))
 
         self._run_blocks(tokens, text, attend)
-        cache.context_tokens = layout.context_tokens
+        cache.context_tokens, cache.context_rows = layout.context_tokens, tokens.x.shape[1]
 
     def step(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
         """Mean velocity [B, C, F_gen, H, W] of the generated chunk at (t, r) [B], given the prefilled cache."""
@@ -239,14 +280,17 @@ class FarTransformer(BlockStack, nn.Module):
                 "(prefill it first)"
             )
         per_frame = layout.frame_tokens()[layout.context_frames :]
-        tokens = self._embed(latents, t, r, layout, per_frame, full=True)
-        start, end = layout.context_tokens, layout.total_tokens
+        tokens = self._embed(latents, t, r, layout, per_frame, full=True, segments=[layout.generated_tokens])
+        start, end = cache.context_rows, cache.context_rows + tokens.x.shape[1]
+        # Keys: the null keys, the context chunks, this chunk (this rank's rows of each, under sequence parallel).
+        key_mask = self.sequence.key_mask([layout.null_keys, *layout.chunk_tokens()])
+        null = self.sequence.rows(layout.null_keys)
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
             cache.write(index, start, k, v)
-            keys, values = cache.read(index, layout.null_keys, end)
-            return attn.out(self.attention_fn(q, keys, values).flatten(-2))
+            keys, values = cache.read(index, null, end)
+            return attn.out(_attend(attn.attention_fn, q, keys, values, key_mask).flatten(-2))
 
         return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, 0, tuple(latents.shape))
 
@@ -262,17 +306,19 @@ class FarTransformer(BlockStack, nn.Module):
         r_frames = frames.clone()
         t_frames[:, layout.context_frames :] = t[:, None]
         r_frames[:, layout.context_frames :] = r[:, None]
-        tokens = self._embed(latents, t_frames, r_frames, layout, layout.frame_tokens(), full=False)
+        segments = layout.chunk_tokens()
+        tokens = self._embed(latents, t_frames, r_frames, layout, layout.frame_tokens(), full=False, segments=segments)
         ends = layout.chunk_ends()
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
-            out = block_causal_attention(self.attention_fn, q, k, v, ends, layout.null_keys)
+            out = block_causal_attention(attn.attention_fn, q, k, v, ends, layout.null_keys, self.sequence)
             return attn.out(out.flatten(-2))
 
         chunk_shape = (*latents.shape[:2], layout.generated_frames, *latents.shape[3:])
+        head_rows = sum(self.sequence.rows(n) for n in segments[:-1])
         return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, layout.context_tokens,
-                                         chunk_shape)
+                                         chunk_shape, head_rows)
 
     def run_blocks(self, x: Tensor, cond: FarConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the token stream."""
@@ -287,14 +333,17 @@ class FarTransformer(BlockStack, nn.Module):
 
     def head(self, x: Tensor, cond: FarConditioning) -> Tensor:
         """Tokens after the last block -> the generated chunk's prediction [B, C_out, F, H, W]."""
-        return self._head(x[:, cond.head_from :], cond.temb[:, cond.head_from :], cond.shape)
+        chunk = self.sequence.gather(x[:, cond.head_rows :], cond.temb.shape[1] - cond.head_from)
+        return self._head(chunk, cond.temb[:, cond.head_from :], cond.shape)
 
     # -- stages -------------------------------------------------------------------
 
     def _embed(
-        self, latents: Tensor, t: Tensor, r: Tensor, layout: ChunkLayout, frame_tokens: list[int], full: bool
+        self, latents: Tensor, t: Tensor, r: Tensor, layout: ChunkLayout, frame_tokens: list[int], full: bool,
+        segments: list[int],
     ) -> _Tokens:
-        """Tokens, per-token time conditioning and RoPE for `latents` ([B, C, F, H, W], F = len(frame_tokens)).
+        """Tokens, per-token time conditioning and RoPE for `latents` ([B, C, F, H, W], F = len(frame_tokens)),
+        this rank's rows of each of `segments` (the chunks' token counts).
 
         `full`: every frame is the generated chunk (embedded at full resolution, RoPE
         rows of the generated tokens); otherwise the frames start at the sequence start.
@@ -320,7 +369,9 @@ class FarTransformer(BlockStack, nn.Module):
             rows = slice(layout.context_tokens, layout.total_tokens)
         else:
             rows = slice(0, x.shape[1])
-        return _Tokens(x, temb, time_mod, torch.stack((cos[rows], sin[rows]), dim=-1))
+        rope = self.sequence.take(torch.stack((cos[rows], sin[rows]), dim=-1), segments, dim=0)
+        take = self.sequence.take
+        return _Tokens(take(x, segments), temb, take(time_mod, segments), rope)
 
     @staticmethod
     def _patchify(conv: nn.Conv3d, latents: Tensor) -> Tensor:

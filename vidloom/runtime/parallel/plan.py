@@ -18,6 +18,8 @@ __all__ = ["ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "ch
 def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     """A layout whose CFG does not split refuses --cfg-parallel with its reason. Any sp runs: Ulysses where sp
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
+    if plan.shard_weights and layout.shard_weights is not None:
+        raise DeployError(f"--shard-weights: {layout.shard_weights}; deploy without --shard-weights")
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
     if plan.cfg > layout.cfg_passes:

@@ -35,11 +35,13 @@ class RingAttention:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         """q, k, v: [B, S/P, H, Dh] -> [B, S/P, H, Dh]. `mask`: None, or the key mask [S] (CPU bool) of a
-        sequence padded at its end to split (JointPart.key_mask): the pad rows are no keys."""
-        if k.shape != q.shape or v.shape != q.shape:
-            raise ValueError(f"ring attention takes q, k, v of one shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                             f"{tuple(v.shape)}")
-        size, rank, local = self.comm.size, self.comm.rank, q.shape[1]
+        sequence padded at its end to split (JointPart.key_mask): the pad rows are no keys. Keys may be of another
+        length than the queries (AnyFlow-FAR's [KV cache, chunk]): k, v [B, Sk/P, H, Dh], `mask` [Sk] in rank
+        order, its pad rows anywhere."""
+        if k.shape != v.shape or k.shape[::2] != q.shape[::2] or k.shape[-1] != q.shape[-1]:
+            raise ValueError(f"ring attention takes k, v of one shape and q of their batch, heads and head size, got "
+                             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        size, rank, local = self.comm.size, self.comm.rank, k.shape[1]
         valid = _key_blocks(mask, size, local)
         qf = q.float().transpose(1, 2) * (1.0 / math.sqrt(q.shape[-1]))  # [B, H, S/P, Dh]
         out = torch.zeros_like(qf)

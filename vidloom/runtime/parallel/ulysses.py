@@ -65,9 +65,18 @@ class UlyssesAttention:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         """q, k, v: [B, S/P, H, Dh] -> [B, S/P, H, Dh]. `mask`: None, or the key mask [S] (CPU bool) of a
-        sequence padded at its end to split (JointPart.key_mask); anything else is refused."""
+        sequence padded at its end to split (JointPart.key_mask).
+
+        Keys of another length than the queries (a causal model's queries over [its KV cache, themselves], each
+        segment sharded and padded on its own: AnyFlow-FAR) take `mask` [Sk] (CPU bool) in rank order, True
+        wherever a key is real: every query row attends to the real keys."""
         if q.shape[2] % self.comm.size:
             raise ValueError(f"{q.shape[2]} heads do not split over {self.comm.size} ranks")
+        if k.shape != q.shape or (mask is not None and not _padded_at_end(mask)):
+            q = seq_to_heads(q, self.comm)  # [B, Sq, H/P, Dh]
+            kv = seq_to_heads(torch.stack((k, v)), self.comm)  # [2, B, Sk, H/P, Dh], rank order
+            keys = _key_rows(mask, kv.shape[2], k.device)
+            return heads_to_seq(self.inner(q, kv[0, :, keys], kv[1, :, keys]), self.comm)
         # One exchange for q, k and v together: a third of the collective launches.
         qkv = seq_to_heads(torch.stack((q, k, v)), self.comm)  # [3, B, S, H/P, Dh]
         padded = qkv.shape[2]
@@ -83,6 +92,18 @@ def _real_tokens(mask: Tensor, padded: int) -> int:
         raise ValueError(f"Ulysses attention takes only a padded sequence's key mask ([{padded}] bool on the CPU), "
                          f"got {tuple(mask.shape)} {mask.dtype} on {mask.device}")
     return int(mask.sum())
+
+
+def _padded_at_end(mask: Tensor) -> bool:
+    return bool(mask[: int(mask.sum())].all())
+
+
+def _key_rows(mask: Tensor | None, keys: int, device: torch.device) -> slice | Tensor:
+    """Which of `keys` gathered key rows are real: all, the first ones (one padded stream) or any (several)."""
+    if mask is None:
+        return slice(None)
+    real = _real_tokens(mask, keys)
+    return slice(0, real) if _padded_at_end(mask) else mask.to(device)
 
 
 class ShardedCrossAttention:

@@ -48,7 +48,7 @@ def test_ring_attention_refuses_any_mask_but_a_padded_sequence_s():
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match=r"only a padded sequence's key mask \(\[4\] bool on the CPU\)"):
         RingAttention(comm)(q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="q, k, v of one shape"):
+    with pytest.raises(ValueError, match="k, v of one shape and q of their batch, heads and head size"):
         RingAttention(comm)(q, q[:, :, :1], q[:, :, :1])
 
 
