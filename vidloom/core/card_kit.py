@@ -19,10 +19,11 @@ REFUSALS = MappingProxyType({
     "kv_session_ttl_s": "no causal rollout whose KV could be kept",
     "offload_idle_expert": "one expert: there is no idle expert",
     "two_stage": "one stage; multi-stage families: ltx2",
-    "devices": "sequence parallelism needs the family's token layout (Family.token_layout); declared by wan, "
-               "wan_causal, flux2, qwen_image, stable_audio, hunyuan15, ltx2, helios, sana_wm",
-    "cfg_parallel": "CFG parallelism needs the family's token layout (Family.token_layout); declared by wan, "
-                    "wan_causal, flux2, qwen_image, stable_audio, hunyuan15, ltx2, helios, sana_wm",
+    # No list of the families that do: `vidloom models --capabilities` shows them, read from their declarations.
+    "devices": "no denoiser token layout to shard (Family.token_layout): sequence parallelism splits a diffusion "
+               "transformer's tokens",
+    "cfg_parallel": "no denoiser token layout (Family.token_layout): CFG parallelism runs a diffusion "
+                    "transformer's guidance branches on separate ranks",
     "components": "component file overrides are read by the Wan, Flux2 and LTX-2 loaders only",
 })
 
