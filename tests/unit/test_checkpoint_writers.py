@@ -36,14 +36,10 @@ def test_two_fresh_writes_in_two_processes_give_identical_files(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": hash_seed}
     script = "import sys, pathlib; from tests.unit.test_checkpoint_writers import write_checkpoints; " \
              "write_checkpoints(pathlib.Path(sys.argv[1]))"
-    other_process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "other")], cwd=REPO, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        write_checkpoints(tmp_path / "here")  # while the other process imports and writes: half the wall time
-        _, stderr = other_process.communicate(timeout=WRITE_TIMEOUT_S)
-    finally:
-        other_process.kill()  # a no-op once it has exited
-    assert other_process.returncode == 0, stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "other")], cwd=REPO, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=WRITE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    write_checkpoints(tmp_path / "here")
     here, other = _files(tmp_path / "here"), _files(tmp_path / "other")
     assert "wan/tokenizer/tokenizer.json" in here and "wan_i2v/text_encoder/model.safetensors" in here
     assert sorted(here) == sorted(other)
