@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.integration.test_cli import _run
+from tests.helpers.cli_runs import run_cli as _run
 from vidloom.media.video import read_video
 
 ARGS = ["--steps", "3", "--frames", "5", "--height", "32", "--width", "48", "--seed", "9"]

@@ -1,18 +1,9 @@
-"""The `vidloom` CLI as a user runs it: a subprocess with the demo model."""
+"""The `vidloom` CLI as a user runs it, with the demo model (in this process: tests/helpers/cli_runs.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
+from tests.helpers.cli_runs import run_cli as _run
 from vidloom.media.video import read_video
-
-
-def _run(args: list[str], cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "VIDLOOM_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "vidloom.cli", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def test_generate_with_default_demo_model(demo_cache, tmp_path):

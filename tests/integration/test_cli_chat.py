@@ -1,21 +1,15 @@
-"""`vidloom chat` as a user runs it: a subprocess reading a conversation from piped stdin."""
+"""`vidloom chat` as a user runs it: a conversation read from piped stdin (in this process: tests/helpers/cli_runs.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.helpers.cli_runs import CliRun, run_cli
 from vidloom.generator import VideoGenerator
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _run(args: list[str], stdin: str, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env_extra}
-    return subprocess.run([sys.executable, "-m", "vidloom.cli", "chat", *args], input=stdin, capture_output=True,
-                          text=True, env=env, timeout=120, cwd=ROOT)
+def _run(args: list[str], stdin: str, cache: Path | None = None) -> CliRun:
+    return run_cli(["chat", *args], cache, stdin)
 
 
 def test_piped_conversation_keeps_history(cosmos3_dir: Path):
@@ -32,7 +26,7 @@ def test_piped_conversation_keeps_history(cosmos3_dir: Path):
 
 
 def test_model_without_chat_is_one_error_line(demo_cache: Path):
-    out = _run(["--model", "wan2.1-demo", "--device", "cpu"], "hi\n", VIDLOOM_CACHE=str(demo_cache))
+    out = _run(["--model", "wan2.1-demo", "--device", "cpu"], "hi\n", demo_cache)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("error: --model: ")
     assert "does not support chat" in out.stderr

@@ -1,4 +1,8 @@
-"""The CLI as a new user meets it: one-line errors before any load, Ctrl-C, output formats, hub ids."""
+"""The CLI as a new user meets it: one-line errors before any load, Ctrl-C, output formats, hub ids.
+
+In this process (tests/helpers/cli_runs.py) but for Ctrl-C (a real signal to a real process), the hub id
+(huggingface_hub reads HF_HOME when first imported) and --verbose's loading bars (transformers' verbosity is
+process-wide)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli_runs import CliRun
+from tests.helpers.cli_runs import run_cli as _run
 from vidloom.media.video import read_video
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +27,13 @@ def _env(cache: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "VIDLOOM_CACHE": str(cache), "PYTHONPATH": str(ROOT), **extra}
 
 
-def _run(args: list[str], cache: Path, **extra: str) -> subprocess.CompletedProcess:
+def _process(args: list[str], cache: Path, **extra: str) -> subprocess.CompletedProcess:
+    """In a subprocess, where process-wide state is the point (huggingface_hub reads HF_HOME at import)."""
     return subprocess.run([sys.executable, "-m", "vidloom.cli", *args], capture_output=True, text=True,
                           env=_env(cache, **extra), timeout=300)
 
 
-def _one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+def _one_error_line(proc: CliRun | subprocess.CompletedProcess, *needles: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -114,9 +121,7 @@ def test_serve_takes_the_model_positionally_and_once():
 
     args = build_parser().parse_args(["serve", "wan2.1-demo", "--served-model-name", "my-model"])
     assert args.model_arg == "wan2.1-demo" and args.served_model_name == "my-model"
-    proc = subprocess.run([sys.executable, "-m", "vidloom.cli", "serve", "a", "--model", "b"], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
-    _one_error_line(proc, "--model")
+    _one_error_line(_run(["serve", "a", "--model", "b"]), "--model")
 
 
 @pytest.mark.parametrize("suffix, frames", [(".webm", 5), (".gif", 5)])
@@ -159,8 +164,9 @@ def test_progress_bars_close_before_decode_and_loading_bars_are_quiet(demo_cache
     assert denoise_done < err.index("decode:")  # the denoise bar finished before decode began
     final = err[denoise_done:].split("\n", 1)[0].split("\r")[0]
     assert "s/step" not in final or "step/s" in final  # rate of its own steps, not decode's time
-    verbose = _run(["generate", "--prompt", "a cat", "--output", str(tmp_path / "v.mp4"), "--verbose", *SMALL],
-                   demo_cache)
+    # a process of its own: transformers' verbosity is process-wide, and a quiet run before it set it to errors
+    verbose = _process(["generate", "--prompt", "a cat", "--output", str(tmp_path / "v.mp4"), "--verbose", *SMALL],
+                       demo_cache)
     assert verbose.returncode == 0 and "Loading weights" in verbose.stderr
 
 
@@ -208,10 +214,10 @@ def test_hub_repo_id_loads_from_an_offline_cache(demo_cache, wan_demo_checkpoint
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     out = tmp_path / "o.mp4"
-    proc = _run(["generate", "--model", "tiny-org/tiny-wan", "--prompt", "a cat", "--output", str(out), *SMALL],
-                demo_cache, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    proc = _process(["generate", "--model", "tiny-org/tiny-wan", "--prompt", "a cat", "--output", str(out), *SMALL],
+                    demo_cache, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
     assert proc.returncode == 0, proc.stderr
     assert read_video(out)[0].shape == (5, 32, 48, 3)
-    missing = _run(["generate", "--model", "tiny-org/absent", "--prompt", "x", "--output", str(tmp_path / "n.mp4")],
-                   demo_cache, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    missing = _process(["generate", "--model", "tiny-org/absent", "--prompt", "x", "--output",
+                        str(tmp_path / "n.mp4")], demo_cache, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
     _one_error_line(missing, "tiny-org/absent", "hf download tiny-org/absent", "HF_HUB_OFFLINE")

@@ -1,5 +1,6 @@
 """What `vidloom generate` prints, as a new user reads it: honest wall time, audio files without a false
-"no sound" note, an image called an image, caveats only about what was asked (#39)."""
+"no sound" note, an image called an image, caveats only about what was asked (#39). One frame in an image file called an image: test_cli_small_fixes.py's
+`-o` run checks it."""
 
 from __future__ import annotations
 
@@ -36,14 +37,6 @@ def test_an_audio_file_gets_no_no_sound_note_and_wall_time_counts_from_process_s
     # Start-up (interpreter, imports) is in: more than load plus generation, less than the parent saw
     # (which adds the fork and the interpreter's teardown); one decimal shown, hence the 0.1.
     assert load + generation < wall <= measured + 0.1, (wall, load, generation, measured)
-
-
-def test_one_frame_in_an_image_file_is_an_image(demo_cache, tmp_path):
-    out = tmp_path / "still.png"
-    done, _ = _cli(["generate", "--prompt", "a cat", "-o", str(out), "--frames", "1", "--steps", "1", "--height", "32",
-                    "--width", "48", "--seed", "3"], demo_cache)
-    assert done.returncode == 0, done.stderr
-    assert f"wrote {out.resolve()}  (image 48x32, seed 3" in done.stdout
 
 
 def test_a_distilled_models_guidance_caveat_shows_only_when_guidance_is_given():

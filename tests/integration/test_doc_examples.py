@@ -5,6 +5,11 @@ own temp dir as the working directory (so a later block may read a file an earli
 blocks of a page share one namespace, like a notebook), against the demo models (one vidloom cache for the
 session, HF_HUB_OFFLINE=1: nothing is downloaded). A block preceded by a line `<!-- skip-test: <reason> -->` is
 not run: one that needs real weights, a GPU, a running server or minutes. Its reason must say which.
+
+A bash block of plain `vidloom ...` lines (no pipe, redirect or expansion) runs them in the page's process
+(`vidloom.cli.main`), sparing a torch import each; test_fresh_install runs the installed `vidloom` script. The
+README and Quickstart lines that test_fresh_install runs are left to it when it runs in the same session (CI's
+one run): each is a demo's whole run, and one run of each is the check.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 SKIP = re.compile(r"^<!--\s*skip-test:(.*?)-->\s*$")
 RUN_LANGUAGES = ("python", "bash")
+SHELL_SYNTAX = re.compile(r"[|&;<>$`*?~(){}\[\]!#]")  # a line with any of these runs through bash
+FRESH_INSTALL_TEST = "test_fresh_install.py::test_every_command_runs_in_the_readme_install"
 PAGE_TIMEOUT_S = 1200  # the README's tour, one command per demo: ~150 CPU-seconds, over 10 minutes of wall time at load 10
 
 
@@ -55,7 +63,44 @@ def blocks_of(path: Path, text: str | None = None) -> list[Block]:
     return found
 
 
-# Runs in the page's process: every block in order, python ones in one namespace, bash ones with errexit.
+def shell_lines(code: str) -> list[str]:
+    """The block's shell lines, `\\`-continued ones joined (as test_fresh_install reads them)."""
+    from tests.integration.test_fresh_install import logical_lines
+
+    return [line for _, line in logical_lines(code) if line.strip()]
+
+
+def vidloom_argv(line: str) -> list[str] | None:
+    """The arguments of a plain `vidloom ARGS` line; None for any other line (bash runs those)."""
+    parts = re.split(r"""("[^"]*"|'[^']*')""", line)  # even: unquoted; odd: quoted
+    double_quoted = "".join(part for part in parts[1::2] if part.startswith('"'))
+    if SHELL_SYNTAX.search("".join(parts[0::2])) or re.search(r"[$`\\]", double_quoted):
+        return None
+    words = shlex.split(line)
+    return words[1:] if words[:1] == ["vidloom"] else None
+
+
+def runnable_blocks(page: Path, left_out: frozenset[str] = frozenset()) -> list[dict]:
+    """The page's blocks to run, as the driver reads them: the lines in `left_out` dropped from bash blocks (a
+    block left with none dropped too), and a bash block of plain `vidloom` lines given as their argvs."""
+    runnable = []
+    for block in (b for b in blocks_of(page) if b.skip is None):
+        argvs = None
+        if block.language == "bash":
+            lines = shell_lines(block.code)
+            kept = [line for line in lines if line not in left_out]
+            if not kept:
+                continue
+            if kept != lines:
+                block = replace(block, code="\n".join(kept) + "\n")
+            argvs = [vidloom_argv(line) for line in kept]
+            argvs = None if None in argvs else argvs
+        runnable.append({**asdict(block), "argvs": argvs})
+    return runnable
+
+
+# Runs in the page's process: every block in order, python ones in one namespace, plain `vidloom` ones through
+# the CLI's main, other bash ones with errexit.
 DRIVER = r"""
 import json, subprocess, sys, time, traceback
 blocks = json.load(open(sys.argv[1]))
@@ -69,11 +114,58 @@ for block in blocks:
         except BaseException:
             traceback.print_exc()
             sys.exit(f"the python block at {where} failed")
+    elif block["argvs"] is not None:
+        from vidloom.cli import main
+        for argv in block["argvs"]:
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code
+            if code != 0:
+                sys.exit(f"`vidloom {' '.join(argv)}` of the bash block at {where} exited with {code}")
     else:
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", block["code"]])
         if done.returncode != 0:
             sys.exit(f"the bash block at {where} exited with {done.returncode}")
 """
+
+
+@pytest.fixture(scope="session")
+def left_to_fresh_install(request) -> frozenset[str]:
+    """The README and Quickstart shell lines test_fresh_install runs, when it is in this session's run: CI runs
+    each once, there. Run alone, this file runs them too."""
+    from tests.integration.test_fresh_install import doc_commands
+
+    if not any(item.nodeid.endswith(FRESH_INSTALL_TEST) for item in request.session.items):
+        return frozenset()
+    return frozenset(command.line for command in doc_commands())
+
+
+def test_the_lines_left_to_fresh_install_are_the_ones_it_runs():
+    """Leaving test_fresh_install's lines out drops exactly them, line for line: both files read the same
+    lines, so none falls between the two and none runs in both."""
+    from tests.integration.test_fresh_install import doc_commands
+
+    runs = frozenset(command.line for command in doc_commands())
+    def bash_lines(blocks: list[dict]) -> set[str]:
+        return {line for b in blocks if b["language"] == "bash" for line in shell_lines(b["code"])}
+
+    left_out = set()
+    for page in doc_pages():
+        left_out |= bash_lines(runnable_blocks(page)) - bash_lines(runnable_blocks(page, runs))
+    assert left_out == runs, (sorted(runs - left_out), sorted(left_out - runs))
+    assert any(line.startswith("vidloom generate --model ltx2-demo") for line in left_out)
+    readme = runnable_blocks(ROOT / "README.md", runs)
+    assert [b["language"] for b in readme] == ["python"], readme  # the README's shell lines all run there
+
+
+def test_plain_vidloom_lines_run_in_process_and_the_rest_through_bash():
+    assert vidloom_argv("""vidloom generate --model hunyuan15-demo --prompt 'a sign that says "open"' -o s.mp4""") \
+        == ["generate", "--model", "hunyuan15-demo", "--prompt", 'a sign that says "open"', "-o", "s.mp4"]
+    assert vidloom_argv("vidloom models") == ["models"]
+    for line in ('echo "hi" | vidloom chat --model cosmos3-demo', "vidloom generate --shift 3 || echo refused",
+                 "vidloom generate -o $OUT", "vidloom models > models.txt", "python -c 'print(1)'"):
+        assert vidloom_argv(line) is None, line
 
 
 def _runnable_pages() -> list[Path]:
@@ -108,8 +200,8 @@ def shared_cache(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_page_examples_run(page, shared_cache, tmp_path):
-    blocks = [asdict(b) for b in blocks_of(page) if b.skip is None]
+def test_page_examples_run(page, shared_cache, left_to_fresh_install, tmp_path):
+    blocks = runnable_blocks(page, left_to_fresh_install)
     (tmp_path / ".blocks.json").write_text(json.dumps(blocks))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VIDLOOM_CACHE": str(shared_cache), "HF_HUB_OFFLINE": "1",
            # one thread per process: on a loaded machine OpenMP's spin-waiting multiplies the wall time
