@@ -74,7 +74,10 @@ class TinyHeliosPyramid:
     base: TinyHelios  # transformer and VAE; its scheduler is replaced by `scheduler`
     scheduler: dict[str, Any]
     zero_star: bool
-    size: tuple[int, int]  # height, width: multiples of 16 * 2^(stages - 1)
+    # height, width: multiples of 16 * 2^(stages - 1). DISTILLED_A runs at the 3-stage minimum, 64x64 (a 1x1 token
+    # grid at stage 1; the frames cost mostly the VAE, per pixel); PYRAMID_A cannot: the pipeline's CFG-Zero*
+    # calls .view on a 1x1 grid's non-contiguous noise prediction and raises, so it keeps 64x128.
+    size: tuple[int, int]
     distilled: bool = False  # is_distilled, with a HeliosDMDScheduler of `scheduler`'s keys
     amplify: bool = False  # the distilled test's is_amplify_first_chunk
 
@@ -92,7 +95,7 @@ PYRAMID_B = TinyHeliosPyramid(  # 2 stages over a shifted train range, another g
 PYRAMID_CONFIGS = (PYRAMID_A, PYRAMID_B)
 DISTILLED_A = TinyHeliosPyramid(  # Helios-Distilled's shape: 3 stages, gamma 1/3, dynamic linear shift, amplified
     TINY_A, dict(stages=3, use_dynamic_shifting=True, time_shift_type="linear", gamma=1 / 3), zero_star=False,
-    size=(64, 128), distilled=True, amplify=True)
+    size=(64, 64), distilled=True, amplify=True)
 DISTILLED_B = TinyHeliosPyramid(  # 2 stages over a shifted train range, exponential kind unused, not amplified
     TINY_B, dict(stages=2, stage_range=[0, 0.5, 1], use_dynamic_shifting=False, shift=3.0, gamma=0.25,
                  time_shift_type="exponential"), zero_star=False, size=(32, 64), distilled=True)

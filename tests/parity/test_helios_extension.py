@@ -30,13 +30,18 @@ def pair(tmp_path_factory):
     return reference_pipeline(HeliosPipeline, folder), VideoGenerator.from_pretrained(folder, device="cpu")
 
 
+@pytest.fixture(scope="module")
+def source(pair):
+    """A two-chunk video to extend (the refusal checks reuse it)."""
+    return pair[1].generate(num_frames=65, **SOURCE, **SIZE)
+
+
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator("cpu").manual_seed(seed)
 
 
-def test_extension_is_the_pipelines_video_to_video_on_the_source_latents(pair):
+def test_extension_is_the_pipelines_video_to_video_on_the_source_latents(pair, source):
     pipe, gen = pair
-    source = gen.generate(num_frames=65, **SOURCE, **SIZE)
     assert isinstance(source.session, VideoSession) and source.session.partition == (9, 9)
 
     # The reference: the same two chunks as latents, then V2V on them (the prefix noised once, by the video path).
@@ -61,9 +66,8 @@ def test_extension_is_the_pipelines_video_to_video_on_the_source_latents(pair):
     assert extended.session is not None and extended.session.partition == (9,)
 
 
-def test_extension_keeps_the_source_size_and_refuses_other_inputs(pair):
+def test_extension_keeps_the_source_size_and_refuses_other_inputs(pair, source):
     _, gen = pair
-    source = gen.generate(num_frames=33, **SOURCE, **SIZE)
     with pytest.raises(InvalidRequest) as err:
         gen.generate(extend_from=source, num_frames=33, height=64, **{**EXTEND, "num_inference_steps": 1})
     assert err.value.field == "height"
