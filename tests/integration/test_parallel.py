@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from multiprocessing import forkserver
 import signal
 import subprocess
 import sys
@@ -84,6 +85,18 @@ def test_sp2_matches_one_process_and_relays_progress(sp2, reference_a):
     assert out["request"].seed == 7 and out["elapsed_s"] > 0
     progress = [(e.phase, e.step, e.total) for e in events if isinstance(e, ProgressEvent)]
     assert progress == [("denoise", 1, 3), ("denoise", 2, 3), ("denoise", 3, 3), ("decode", 1, 2), ("decode", 2, 2)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_ranks_fork_from_a_forkserver_that_imported_torch_and_ran_nothing(sp2):
+    """Ranks skip the torch import; the server they fork from never ran an op (no OpenMP pool or CUDA to inherit)."""
+    server = forkserver._forkserver._forkserver_pid
+    assert server is not None
+    for pid in sp2.engine.transport.pids:
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(server)
+    assert "libtorch_cpu" in Path(f"/proc/{server}/maps").read_text()
+    # One thread: no OpenMP (or CUDA) threads that a fork would copy broken; OpenBLAS stops its own at each fork.
+    assert len(list(Path(f"/proc/{server}/task").iterdir())) == 1
 
 
 def test_sp2_rejects_an_unsplittable_request_at_submit_and_stays_usable(sp2):
