@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from multiprocessing import forkserver
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ FP32_TOL = 1e-5
 SMALL = dict(prompt="a red fox in the snow", height=32, width=48, num_frames=5, num_inference_steps=3, seed=7)
 # Short enough that a wedged collective fails a test quickly; the lockstep check is on throughout.
 OPTIONS = PoolOptions(collective_timeout_s=30, check_lockstep=True)
+GUIDED = GenerationRequest(**{**SMALL, "guidance_scale": 5.0})
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,12 @@ def tiny_b(tmp_path_factory) -> Path:
 def reference_a(tiny_a) -> dict:
     """One process, the default path: the video every plan must reproduce."""
     return VideoGenerator.from_pretrained(tiny_a, device="cpu").engine.run(GenerationRequest(**SMALL))
+
+
+@pytest.fixture(scope="module")
+def reference_b(tiny_b) -> dict:
+    """One process on tiny-b with guidance (both branches): what cfg=2 and sp=2's ring attention must reproduce."""
+    return VideoGenerator.from_pretrained(tiny_b, device="cpu").engine.run(GUIDED)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +92,18 @@ def test_sp2_matches_one_process_and_relays_progress(sp2, reference_a):
     assert out["request"].seed == 7 and out["elapsed_s"] > 0
     progress = [(e.phase, e.step, e.total) for e in events if isinstance(e, ProgressEvent)]
     assert progress == [("denoise", 1, 3), ("denoise", 2, 3), ("denoise", 3, 3), ("decode", 1, 2), ("decode", 2, 2)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_ranks_fork_from_a_forkserver_that_imported_torch_and_ran_nothing(sp2):
+    """Ranks skip the torch import; the server they fork from never ran an op (no OpenMP pool or CUDA to inherit)."""
+    server = forkserver._forkserver._forkserver_pid
+    assert server is not None
+    for pid in sp2.engine.transport.pids:
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(server)
+    assert "libtorch_cpu" in Path(f"/proc/{server}/maps").read_text()
+    # One thread: no OpenMP (or CUDA) threads that a fork would copy broken; OpenBLAS stops its own at each fork.
+    assert len(list(Path(f"/proc/{server}/task").iterdir())) == 1
 
 
 def test_sp2_rejects_an_unsplittable_request_at_submit_and_stays_usable(sp2):
@@ -153,10 +173,8 @@ def cfg2(tiny_b) -> Iterator[VideoGenerator]:
     assert not _alive(pids)
 
 
-def test_cfg2_matches_one_process(cfg2, tiny_b):
-    request = GenerationRequest(**{**SMALL, "guidance_scale": 5.0})
-    reference = VideoGenerator.from_pretrained(tiny_b, device="cpu").engine.run(request)
-    assert _max_diff(cfg2.engine.run(request)["video"], reference["video"]) <= FP32_TOL
+def test_cfg2_matches_one_process(cfg2, reference_b):
+    assert _max_diff(cfg2.engine.run(GUIDED)["video"], reference_b["video"]) <= FP32_TOL
     with pytest.raises(InvalidRequest, match="guidance_scale"):
         cfg2.generate("x", guidance_scale=1.0, height=32, width=48, num_frames=5)
 
@@ -172,16 +190,14 @@ def test_a_stalled_rank_times_out_the_collective_and_fails_the_request(cfg2):
     assert cfg2.engine.broken and not _alive(pids)  # the stopped one was killed
 
 
-def test_sp2_over_three_heads_runs_ring_attention_and_matches_one_process(tiny_b, caplog):
+def test_sp2_over_three_heads_runs_ring_attention_and_matches_one_process(tiny_b, reference_b, caplog):
     """tiny-b's 3 heads do not split over 2 ranks: keys and values go around the ring (gloo send/recv)."""
-    request = GenerationRequest(**{**SMALL, "guidance_scale": 5.0})
-    reference = VideoGenerator.from_pretrained(tiny_b, device="cpu").engine.run(request)
     with caplog.at_level("INFO", logger="vidloom.runtime.parallel.launch"):
         with VideoGenerator.from_pretrained(tiny_b, device="cpu", parallel=ParallelPlan(sp=2),
                                             pool_options=OPTIONS) as gen:
-            out = gen.engine.run(request)
+            out = gen.engine.run(GUIDED)
     assert "does not divide the model's 3 attention heads: self-attention runs as ring attention" in caplog.text
-    assert _max_diff(out["video"], reference["video"]) <= FP32_TOL
+    assert _max_diff(out["video"], reference_b["video"]) <= FP32_TOL
 
 
 @pytest.mark.slow

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 _SETTLE_S = 2.0  # after a failure, how long to let the others exit before blaming one
 _STOP_S = 10.0  # how long a clean shutdown may take before workers are terminated
 _TERMINATE_S = 3.0  # then how long SIGTERM may take before SIGKILL (a stopped process ignores it)
+# Imported once by the forkserver, so a rank starts without importing torch, vidloom's runtime and transformers' model
+# base (every family's text encoder) again: seconds per rank.
+_PRELOAD = ["vidloom.runtime.parallel.worker", "transformers.modeling_utils"]
 
 
 class WorkerPool:
@@ -112,7 +115,7 @@ class WorkerPool:
     # -- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")  # fork after torch (threads, CUDA) is unsafe
+        ctx = _context()
         world = self.spec.deploy.devices
         self._store = tempfile.mkdtemp(prefix="vidloom-pool-")
         self._commands, self._replies = ctx.Queue(), ctx.Queue()
@@ -122,7 +125,7 @@ class WorkerPool:
             place = RankPlace(rank, world, rank, world, init_method)
             commands = self._commands if rank == 0 else None
             proc = ctx.Process(
-                target=worker_main, args=(self.spec, place, commands, self._replies, os.getpid()),
+                target=worker_main, args=(self.spec, place, commands, self._replies, os.getpid(), dict(os.environ)),
                 name=f"vidloom-rank{rank}",
             )
             proc.start()
@@ -201,6 +204,17 @@ class WorkerPool:
         if reports:
             return WorkerFailed(reports[0].rank, f"{reports[0].reason}; the pool was stopped")
         return WorkerFailed(None, f"{timeout or 'a worker exited'}; the pool was stopped")
+
+
+def _context() -> Any:
+    """Where ranks start: never a fork of this process (fork after torch has run, with its threads or CUDA, is
+    unsafe), but a fork of the forkserver, a fresh interpreter that imported torch and the worker once and runs no
+    ops (no OpenMP pool, no CUDA context to inherit); spawn (a fresh interpreter per rank) where there is none."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # used by the server's first start only
+    return ctx
 
 
 def _drain(replies: Any) -> list[Fatal]:

@@ -168,9 +168,16 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
 
 
 def worker_main(
-    spec: WorkerSpec, place: RankPlace, commands: Any, replies: Any, parent_pid: int
+    spec: WorkerSpec, place: RankPlace, commands: Any, replies: Any, parent_pid: int,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
-    """Entry point of a spawned worker; `commands` (rank 0 only) and `replies` are multiprocessing queues."""
+    """Entry point of a started worker; `commands` (rank 0 only) and `replies` are multiprocessing queues.
+
+    `environ`: the parent's environment at pool start (a forkserver's children inherit the server's, from its start).
+    """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     try:
         runtime = start_rank(spec, place)
     except BaseException as exc:  # report why, or the parent only sees an exit code
@@ -194,12 +201,13 @@ def worker_main(
 
 def serve_queue(runtime: RankRuntime, commands: Any, replies: Any, parent_pid: int, heartbeat_s: float) -> bool:
     """Rank 0: broadcast each command from the parent, run it, send the reply. True after Shutdown."""
+    launcher = os.getppid()  # the parent, or the forkserver (which exits with the parent)
     idle_since = time.monotonic()
     while True:
         try:
             command = commands.get(timeout=min(1.0, heartbeat_s))
         except queue.Empty:
-            if os.getppid() != parent_pid:
+            if os.getppid() != launcher or not _exists(parent_pid):
                 command = Shutdown()  # the parent died without closing us: take the others down too
             elif time.monotonic() - idle_since >= heartbeat_s:
                 command = Heartbeat()
@@ -214,3 +222,13 @@ def serve_queue(runtime: RankRuntime, commands: Any, replies: Any, parent_pid: i
             replies.put(reply)
             if reply.fatal:
                 return False
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's (the pid was reused)
+        pass
+    return True
