@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
-from vidloom.layers.conv import conv3d
 from vidloom.models.wan.vae_blocks import RMSNorm
 
 
@@ -29,7 +28,7 @@ class CausalConv3d(nn.Module):
         self.conv = nn.Conv3d(in_dim, out_dim, 3)
 
     def forward(self, x: Tensor) -> Tensor:
-        return conv3d(self.conv, F.pad(x, self.PAD, mode="replicate"))
+        return self.conv(F.pad(x, self.PAD, mode="replicate"))
 
 
 def pack_space(x: Tensor, time: int) -> Tensor:

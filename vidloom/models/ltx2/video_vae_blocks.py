@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vidloom.layers.conv import conv3d
 from vidloom.layers.timestep import timestep_features
 
 RMS_EPS = 1e-8  # diffusers PerChannelRMSNorm default, used by every LTX-2 VAE norm
@@ -49,7 +48,7 @@ class CausalConv3d(nn.Module):
         else:
             half = pad // 2
             x = torch.cat([x[:, :, :1].repeat(1, 1, half, 1, 1), x, x[:, :, -1:].repeat(1, 1, half, 1, 1)], dim=2)
-        return conv3d(self.conv, x)
+        return self.conv(x)
 
 
 class TimestepMLP(nn.Module):

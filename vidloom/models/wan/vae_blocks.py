@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
-from vidloom.layers.conv import conv3d
 
 # A kernel-3 causal conv needs the two frames before a chunk to produce the chunk's
 # first outputs exactly as if the whole video had been convolved at once.
@@ -96,7 +95,7 @@ class CausalConv3d(nn.Conv3d):
             missing -= past.shape[2]
         if missing > 0:
             x = F.pad(x, (0, 0, 0, 0, missing, 0))
-        return conv3d(self, x)
+        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
