@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Iterator
 
 import pytest
 
-from vidloom.cli.interrupt import InterruptGuard
+from vidloom.cli.interrupt import InterruptGuard, say
 from vidloom.runtime.engine import CancellationToken
 
 
@@ -50,3 +51,20 @@ def test_after_the_outcome_is_settled_ctrl_c_changes_nothing(guard):
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # survives Python's shutdown, unlike a handler
     signal.raise_signal(signal.SIGINT)
     assert guard.settle() is False
+
+
+def test_a_note_is_one_write_so_a_ctrl_c_cannot_glue_cancelled_onto_it(monkeypatch):
+    """`print(line, file=sys.stderr)` writes the line and its newline apart; a Ctrl-C between them printed
+    "...Diffusers.cancelled" as one line (seen in test_ctrl_c_as_the_model_loads)."""
+    writes: list[str] = []
+
+    class Stderr:
+        def write(self, text: str) -> int:
+            if writes:  # a second write: the signal lands here
+                raise KeyboardInterrupt
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    say("note: the demo has random weights")
+    assert writes == ["note: the demo has random weights\n"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from vidloom.cli.interrupt import say
 from vidloom.core.chat import ChatResult, TokenDelta
 from vidloom.core.errors import counted
 
@@ -53,7 +54,7 @@ def chat_command(args: argparse.Namespace, stdin: TextIO | None = None, stdout: 
 
         raise no_chat(generator.card.model_id)
     for note in generator.notes:  # a demo says its replies are noise, as `generate` does
-        print(f"note: {note}", file=sys.stderr)
+        say(f"note: {note}")
     if args.voice is not None and generator.card.speech is None:
         from vidloom.runtime.speech_run import no_speech
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from vidloom import __version__
-from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
+from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard, say
 from vidloom.core.errors import InvalidRequest, VidloomError
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ def _serve(args: argparse.Namespace, argv: list[str], guard: InterruptGuard) -> 
     check_data_dir(config.data_dir)
     check_device(config.device)
     for note in registry.resolve_card(config.model).notes:
-        print(f"note: {note}", file=sys.stderr)
+        say(f"note: {note}")
     listening: list[bool] = []
     try:
         serve(config, on_listening=lambda: listening.append(True))

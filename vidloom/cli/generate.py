@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from vidloom import registry
 from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
-from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard
+from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard, say
 from vidloom.cli.options import option_values
 from vidloom.cli.phases import PhaseClock
 from vidloom.cli.uptime import process_seconds
@@ -88,7 +88,7 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     check_device(args.device)
     guard.check()  # the imports above take seconds: a Ctrl-C there that something swallowed stops here
     for note in (*card.notes, *given_field_notes(card, args)):
-        print(f"note: {note}", file=sys.stderr)
+        say(f"note: {note}")
     clock.mark("checks")
     return _load_and_run(args, deploy, request, output, guard, clock, audio_out, loras)
 
@@ -170,7 +170,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
         clock.split("load", generator.load_seconds)
         accepted = generator.accepted_config_keys  # the card's own notes were printed before the load
         for line in accepted if args.verbose else accepted_keys_note(accepted):
-            print(f"note: {line}", file=sys.stderr)
+            say(f"note: {line}")
         for name, (path, _) in loras.items() if not fuse else ():
             generator.load_lora(name, path)
         guard.check()
@@ -210,7 +210,7 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
     if audio_out is not None:
         print(f"wrote {audio_out.resolve()}  (audio, {video.duration_s:.3f}s)")
     elif track is not None and not audio_only and output.suffix.lower() not in SOUND_FORMATS:
-        print(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it", file=sys.stderr)
+        say(f"note: {output.suffix} carries no sound; add --audio-out FILE.wav to keep it")
     for path in actions:
         print(f"wrote {path.resolve()}  (actions {video.actions.shape[0]}x{video.actions.shape[1]} float32)")
     print(f"wall time {process_seconds():.1f}s from process start (load {load_s:.1f}s, generation "

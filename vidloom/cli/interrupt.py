@@ -39,6 +39,12 @@ from typing import Any, Iterator, Protocol
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
+def say(line: str) -> None:
+    """`line` and its newline to stderr in one write: `print` writes them apart, and a Ctrl-C between the two would
+    glue the `cancelled` line onto this one."""
+    sys.stderr.write(line + "\n")
+
+
 class Cancellable(Protocol):
     """What the guard cancels on the first Ctrl-C of a generation (runtime.engine.CancellationToken)."""
 

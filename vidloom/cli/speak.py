@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vidloom.cli.interrupt import say
 from vidloom.core.errors import InvalidRequest
 
 
@@ -55,7 +56,7 @@ def speak_command(args: argparse.Namespace) -> int:
     check_device(args.device)
     generator = VideoGenerator.from_pretrained(args.model, device=args.device, dtype=args.dtype)
     for note in generator.notes:
-        print(f"note: {note}", file=sys.stderr)
+        say(f"note: {note}")
 
     def show(event: object) -> None:
         if isinstance(event, ProgressEvent) and event.total:
