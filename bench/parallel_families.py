@@ -19,7 +19,6 @@ check runs the two-GPU rows (`bench/gpu_check.sh`, skipped with a reason on a on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     for name in families:
         bench = FAMILIES[name]
-        results[name] = {"request": dataclasses.asdict(bench.vidloom_request(args.steps or bench.request["steps"])),
+        results[name] = {"request": {**bench.request, "steps": args.steps or bench.request["steps"]},
                          "plans": run_family(bench, plans, args.device, args.runs, args.steps)}
     print_table(["family", "plan", "procs", "step s", "e2e s", "speed-up", "peak RSS MiB/rank",
                  "RSS after MiB/rank", "max |diff|"],

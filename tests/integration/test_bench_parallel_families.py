@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,9 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import checkpoints  # noqa: E402
 import parallel  # noqa: E402
+import parallel_families  # noqa: E402
 from family_bench import FamilyBench  # noqa: E402
-from parallel_families import GENERATION, main, run_family, table_rows  # noqa: E402
+from parallel_families import GENERATION, main, table_rows  # noqa: E402
 
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2  # noqa: E402
 
@@ -24,17 +27,22 @@ def test_every_generation_family_is_offered_and_chat_rows_are_not():
 
 def test_plans_run_agree_and_a_refused_plan_is_a_row(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "QUIET_WAIT_S", 0.0)  # the suite's machine is never quiet
-    folder = write_tiny_flux2(tmp_path / "klein", TINY_BASE)
+    monkeypatch.setattr(checkpoints, "CACHE", tmp_path / "cache")
     # Guidance 1.0: no unconditional branch, so the CFG plan has nothing to split and is refused at submit.
-    bench = FamilyBench("klein-tiny", lambda _: None, "Flux2KleinPipeline",
+    bench = FamilyBench("klein-tiny", lambda folder: write_tiny_flux2(folder, TINY_BASE), "Flux2KleinPipeline",
                         dict(height=64, width=64, num_frames=1, steps=1, guidance=1.0))
-    rows = run_family(bench, ["1", "sp2", "cfg2"], "cpu", runs=1, steps=1, checkpoint=folder)
-    one, sp2, cfg2 = rows
+    monkeypatch.setitem(parallel_families.FAMILIES, bench.name, bench)
+    monkeypatch.setattr(parallel_families, "GENERATION", (bench.name,))
+    out = tmp_path / "result.json"
+    main(["--families", bench.name, "--plans", "1,sp2,cfg2", "--steps", "1", "--json", str(out)])
+    result = json.loads(out.read_text())["families"][bench.name]
+    assert result["request"]["steps"] == 1
+    one, sp2, cfg2 = rows = result["plans"]
     assert one["processes"] == 1 and one["max_abs_diff_vs_first"] == 0.0 and len(one["rank_peak_rss_mib"]) == 1
     assert sp2["processes"] == 2 and sp2["max_abs_diff_vs_first"] <= 1e-4  # float32 frames in [0, 1]
     assert len(sp2["rank_peak_rss_mib"]) == 2 and all(v > 0 for v in sp2["rank_peak_rss_mib"])
     assert "guidance" in cfg2["refused"]
-    printed = table_rows("klein-tiny", rows)
+    printed = table_rows(bench.name, rows)
     assert [r[1] for r in printed] == ["1", "sp2", "cfg2"] and printed[1][5].endswith("x")
 
 
