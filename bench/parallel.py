@@ -139,7 +139,8 @@ def _timed(
     deploy = DeployConfig(vae_tile=vae_tile, devices=plan.world_size, parallel=plan)
     with VideoGenerator.from_pretrained(checkpoint, device=device, deploy=deploy) as gen:  # type: ignore[arg-type]
         ready = time.perf_counter() - started
-        gen.engine.run(dataclasses.replace(request, num_inference_steps=1))  # warm-up: first-call costs
+        # Warm-up (first-call costs): two steps where the request has them (some schedules need two).
+        gen.engine.run(dataclasses.replace(request, num_inference_steps=min(2, request.num_inference_steps)))
         steps, ends, busy, decodes = [], [], [], []
         for _ in range(runs):
             events: list[ProgressEvent] = []
