@@ -138,16 +138,27 @@ def _spawn(name: str, checkpoint: Path | None, latents: Path | None,
     command = [sys.executable, str(Path(__file__)), "--worker", name]
     if checkpoint is not None and latents is not None:
         command += ["--checkpoint", str(checkpoint), "--latents", str(latents)]
+    proc = _run(command, timeout_s)
+    if isinstance(proc, dict):
+        return proc
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1].removeprefix("RESULT ")) if lines else _failed(proc)
+
+
+def _run(command: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | dict[str, Any]:
+    """`command` with this checkout and bench/ importable, for at most `timeout_s`: the finished process if it
+    exited 0, else the row's error."""
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environ)
     except subprocess.TimeoutExpired as exc:
         return {"error": f"timed out after {timeout_s:.0f} s", "output_tail": _tail(exc.stderr or exc.stdout)}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = _tail(proc.stderr or proc.stdout)
-        return {"error": f"exit {proc.returncode}: " + (tail[-1] if tail else "no output"), "output_tail": tail}
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return proc if proc.returncode == 0 else _failed(proc)
+
+
+def _failed(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    tail = _tail(proc.stderr or proc.stdout)
+    return {"error": f"exit {proc.returncode}: " + (tail[-1] if tail else "no output"), "output_tail": tail}
 
 
 def _tail(text: str | bytes | None) -> list[str]:
@@ -263,14 +274,11 @@ def _run_parallel(spec: Any, out: Path, timeout_s: float) -> dict[str, Any]:
     path = out / f"parallel-{spec.family}.json"
     command = [sys.executable, str(BENCH / "parallel_families.py"), "--families", spec.family, "--plans", spec.plans,
                "--device", "cuda", "--runs", "1", "--quiet-wait", "5", "--json", str(path.resolve())]
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")])}
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environ)
-    except subprocess.TimeoutExpired as exc:
-        return {"error": f"timed out after {timeout_s:.0f} s", "output_tail": _tail(exc.stderr or exc.stdout)}
-    if proc.returncode != 0 or not path.exists():
-        tail = _tail(proc.stderr or proc.stdout)
-        return {"error": f"exit {proc.returncode}: " + (tail[-1] if tail else "no output"), "output_tail": tail}
+    proc = _run(command, timeout_s)
+    if isinstance(proc, dict):
+        return proc
+    if not path.exists():
+        return _failed(proc)
     return {"estimate_s": round(spec.estimate_s(), 1), **json.loads(path.read_text())["families"][spec.family]}
 
 
