@@ -121,7 +121,8 @@ def block_noise_factor(gamma: float, block: int) -> Tensor:
     """The Cholesky factor of the block covariance (1 + gamma) I - gamma 11^T (+1e-8 I), float32.
 
     At gamma = 1 / (block - 1) (1/3 for 2x2 patches: the published value) the covariance is singular but for the
-    1e-8, below float32's resolution at 1 + gamma: float32 Cholesky then fails on the CPU. It is factored in float64,
+    1e-8, below float32's resolution at 1 + gamma: float32 Cholesky then fails on some CPUs' LAPACK
+    code path (others return a rounding-sized last pivot). It is factored in float64,
     where the 1e-8 keeps it positive definite, and rounded to float32 (the factor differs from a successful float32
     one by float32 rounding)."""
     cov = torch.eye(block, dtype=torch.float64) * (1 + gamma) - torch.ones(block, block, dtype=torch.float64) * gamma
