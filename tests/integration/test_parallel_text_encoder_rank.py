@@ -1,0 +1,72 @@
+"""--text-encoder-rank on real pools (gloo, CPU, float32): one rank holds the text encoder and broadcasts the encoded
+prompt; the video is bitwise the replicated-encoder pool's, and the ranks without the encoder hold its weights less.
+
+Wan (wan2.1-demo; its encoder offloaded and its prompt cache on, on the owning rank, with a repeated prompt) and
+HunyuanVideo-1.5 (its encoded prompt is a dataclass of two tensors per prompt, negative included) each start two
+pools of two ranks: replicated, then the encoder on rank 1, so rank 0 (which answers the parent) receives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_hunyuan15
+from vidloom import registry
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.parallel import ParallelPlan
+from vidloom.core.request import GenerationRequest
+from vidloom.generator import VideoGenerator
+from vidloom.runtime.parallel.shard_weights import held_weight_bytes
+from vidloom.runtime.parallel.worker import PoolOptions
+
+OPTIONS = PoolOptions(collective_timeout_s=60, check_lockstep=True)
+# 32x48 with 5 frames: a 2x2x3 patch grid (12 tokens) splits over sp=2 for both demos.
+WAN_REQUESTS = [dict(prompt="a red fox in the snow", negative_prompt="blurry", height=32, width=48, num_frames=5,
+                     num_inference_steps=2, guidance_scale=5.0, seed=seed) for seed in (7, 8)]  # the 2nd hits the cache
+HUNYUAN15_REQUESTS = [dict(prompt="a red fox", negative_prompt="blurry", height=32, width=48, num_frames=5,
+                           num_inference_steps=2, guidance_scale=5.0, seed=7)]
+WAN_DEPLOY = dict(offload_text_encoder=True, prompt_cache_size=4)
+
+
+def _pool_run(model: str | Path, cache_dir: Path, requests: list[dict[str, Any]], owner: int | None,
+              **deploy: Any) -> tuple[list[np.ndarray], list[int]]:
+    plan = ParallelPlan(sp=2, text_encoder_rank=owner)
+    with VideoGenerator.from_pretrained(model, device="cpu", cache_dir=cache_dir, pool_options=OPTIONS,
+                                        deploy=DeployConfig(devices=2, parallel=plan, **deploy)) as gen:
+        videos = [gen.engine.run(GenerationRequest(**r))["video"] for r in requests]
+        held = gen.engine.weight_bytes()
+        assert not gen.engine.broken
+    return videos, held
+
+
+def _encoder_bytes(model: str | Path, cache_dir: Path, **deploy: Any) -> int:
+    instance = VideoGenerator.from_pretrained(model, device="cpu", cache_dir=cache_dir,
+                                              deploy=DeployConfig(**deploy)).engine.instance
+    return held_weight_bytes({"text_encoder": instance["text_encoder"]})
+
+
+@pytest.fixture(scope="module")
+def hunyuan15(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hunyuan15")
+    write_hunyuan15(folder, "p1")  # two heads: sp=2 divides them
+    return folder
+
+
+@pytest.mark.parametrize("family", ["wan", "hunyuan15"])
+def test_one_rank_encodes_and_the_video_is_the_replicated_pools(family, demo_cache, request):
+    model, requests, deploy = (("wan2.1-demo", WAN_REQUESTS, WAN_DEPLOY) if family == "wan"
+                               else (request.getfixturevalue("hunyuan15"), HUNYUAN15_REQUESTS, {}))
+    replicated, held_everywhere = _pool_run(model, demo_cache, requests, None, **deploy)
+    placed, held_placed = _pool_run(model, demo_cache, requests, 1, **deploy)
+    for want, got in zip(replicated, placed):
+        assert got.dtype == np.float32 and np.array_equal(got, want)  # the broadcast copies the embeddings' bits
+    encoder = _encoder_bytes(model, demo_cache, **deploy)
+    assert encoder > 0
+    assert held_placed[1] == held_everywhere[1] == held_everywhere[0]  # the owner holds what every rank held
+    assert held_placed[0] == held_everywhere[0] - encoder  # rank 0 holds no byte of the encoder
+    print(f"{family}: weight bytes per rank replicated {held_everywhere}, encoder on rank 1 {held_placed}, "
+          f"text encoder {encoder}")
