@@ -16,28 +16,27 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from vidloom.core.errors import DeployError
 from vidloom.core.program import Node, NodeContext, Program
-from vidloom.runtime.parallel.comm import GroupComm
+from vidloom.runtime.parallel.comm import BroadcastComm
 from vidloom.runtime.parallel.messages import RankFailure
 
 
-def encode_on_one_rank(program: Program, prompt_nodes: tuple[str, ...], owner: int, world: GroupComm,
+def encode_on_one_rank(program: Program, prompt_nodes: tuple[str, ...], owner: int, world: BroadcastComm,
                        device: torch.device) -> Program:
-    """`program` with each of `prompt_nodes` run on rank `owner` of `world` alone and broadcast to the others."""
+    """`program` with each of `prompt_nodes` run on rank `owner` of `world` alone and broadcast to the others;
+    tensors on `device` (the one the group's backend carries: NCCL the rank's GPU, gloo the CPU) go by broadcast."""
     found = [node.name for node in program.nodes if node.name in prompt_nodes and node.run is not None]
     if not found:
         raise DeployError(f"parallel.text_encoder_rank (--text-encoder-rank): this model's program has no prompt "
                           f"node ({', '.join(prompt_nodes) or 'none declared'}) to run on rank {owner}")
-    wire = device if dist.get_backend(world.group) == "nccl" else torch.device("cpu")  # what the group carries
-    nodes = tuple(_one_rank(node, owner, world, wire) if node.name in found else node for node in program.nodes)
+    nodes = tuple(_one_rank(node, owner, world, device) if node.name in found else node for node in program.nodes)
     return dataclasses.replace(program, nodes=nodes)
 
 
-def _one_rank(node: Node, owner: int, world: GroupComm, wire: torch.device) -> Node:
+def _one_rank(node: Node, owner: int, world: BroadcastComm, wire: torch.device) -> Node:
     run = node.run
     assert run is not None
 
@@ -47,7 +46,7 @@ def _one_rank(node: Node, owner: int, world: GroupComm, wire: torch.device) -> N
         try:
             written = dict(run(slots, ctx))
         except Exception as exc:
-            world_broadcast_object(world, owner, _Failed(RankFailure.of(owner, exc)))
+            world.broadcast_object(_Failed(RankFailure.of(owner, exc)), owner)
             raise
         send(world, written, wire)
         return written
@@ -79,30 +78,22 @@ class _Failed:
     failure: RankFailure
 
 
-def send(world: GroupComm, written: Mapping[str, Any], wire: torch.device) -> None:
+def send(world: BroadcastComm, written: Mapping[str, Any], wire: torch.device) -> None:
     """The owner's side: the nest, then each tensor on `wire`'s device."""
     tensors: list[Tensor] = []
-    world_broadcast_object(world, world.rank, pack(dict(written), tensors, wire))
+    world.broadcast_object(pack(dict(written), tensors, wire), world.rank)
     for tensor in tensors:
-        dist.broadcast(tensor, src=world.rank, group=world.group)
+        world.broadcast(tensor, world.rank)
 
 
-def receive(world: GroupComm, owner: int, wire: torch.device) -> dict[str, Any]:
+def receive(world: BroadcastComm, owner: int, wire: torch.device) -> dict[str, Any]:
     """A receiver's side: the slots the owner's node wrote (or its error, raised here)."""
-    nest = world_broadcast_object(world, owner)
+    nest = world.broadcast_object(None, owner)
     if isinstance(nest, _Failed):
         raise nest.failure.to_exception()
-    slots = _tensor_slots(nest)
-    tensors = [torch.empty(slot.shape, dtype=slot.dtype, device=wire) for slot in slots]
-    for tensor in tensors:
-        dist.broadcast(tensor, src=owner, group=world.group)
+    tensors = [world.broadcast(torch.empty(slot.shape, dtype=slot.dtype, device=wire), owner)
+               for slot in _tensor_slots(nest)]
     return unpack(nest, tensors)
-
-
-def world_broadcast_object(world: GroupComm, src: int, obj: Any = None) -> Any:
-    box = [obj if world.rank == src else None]
-    dist.broadcast_object_list(box, src=src, group=world.group)
-    return box[0]
 
 
 def pack(value: Any, tensors: list[Tensor], wire: torch.device) -> Any:
