@@ -70,3 +70,26 @@ def test_one_rank_encodes_and_the_video_is_the_replicated_pools(family, demo_cac
     assert held_placed[0] == held_everywhere[0] - encoder  # rank 0 holds no byte of the encoder
     print(f"{family}: weight bytes per rank replicated {held_everywhere}, encoder on rank 1 {held_placed}, "
           f"text encoder {encoder}")
+
+
+# fp32: the plans' exchanges copy values; only summation order inside kernels changes (tests/integration/
+# test_parallel.py's bound). Observed: 1.1e-6 for both.
+FP32_TOL = 1e-5
+
+
+@pytest.mark.parametrize("plan", [ParallelPlan(sp=2, shard_weights=True, text_encoder_rank=0),
+                                  ParallelPlan(cfg=2, text_encoder_rank=1)], ids=["sp2-sharded-rank0", "cfg2-rank1"])
+def test_it_combines_with_sharded_weights_and_cfg_parallel(plan, demo_cache):
+    request = GenerationRequest(**WAN_REQUESTS[0])
+    one = VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache).engine
+    with VideoGenerator.from_pretrained("wan2.1-demo", device="cpu", cache_dir=demo_cache, pool_options=OPTIONS,
+                                        deploy=DeployConfig(devices=2, parallel=plan)) as gen:
+        video = gen.engine.run(request)["video"]
+        held = gen.engine.weight_bytes()
+    assert float(np.abs(video - one.run(request)["video"]).max()) <= FP32_TOL
+    encoder = held_weight_bytes({"text_encoder": one.instance["text_encoder"]})
+    owner = plan.text_encoder_rank
+    if plan.shard_weights:  # both ranks hold half the blocks; only the owner holds the encoder
+        assert held[owner] - held[1 - owner] == encoder
+    else:
+        assert held[owner] - held[1 - owner] == encoder and held[owner] == held_weight_bytes(one.instance.components)
