@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_hunyuan15
-from vidloom import registry
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest
