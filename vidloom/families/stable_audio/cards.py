@@ -42,8 +42,8 @@ CAPABILITIES = Capabilities(
              offload_text_encoder="the T5 encoder is small and stays resident",
              attention_backend="the DiT attends through PyTorch SDPA only",
              kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget",
-             text_encoder_rank="the T5 encoder is small (its memory estimate also reads the encoder's token length "
-                               "on every rank): nothing worth placing on one rank"),
+             text_encoder_rank="the T5 encoder is small and stays resident on every rank (its memory estimate "
+                               "reads the encoder's token length)"),
 )
 # The common request fields the program reads: the cosine DPM schedule has no shift, so flow_shift is refused
 # rather than ignored. Frame fields stay listed: core.request refuses them on every audio card with its reason.
