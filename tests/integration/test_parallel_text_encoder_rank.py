@@ -13,12 +13,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from tests.helpers.hunyuan15_checkpoints import write_pipeline as write_hunyuan15
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.parallel import ParallelPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.parallel.comm import GroupComm
+from vidloom.runtime.parallel.prompt_rank import receive, send
 from vidloom.runtime.parallel.shard_weights import held_weight_bytes
 from vidloom.runtime.parallel.worker import PoolOptions
 
@@ -92,3 +97,30 @@ def test_it_combines_with_sharded_weights_and_cfg_parallel(plan, demo_cache):
         assert held[owner] - held[1 - owner] == encoder
     else:
         assert held[owner] - held[1 - owner] == encoder and held[owner] == held_weight_bytes(one.instance.components)
+
+
+def _written() -> dict[str, Any]:
+    """A prompt node's slots in every dtype an encoder may write, including ones gloo does not broadcast itself."""
+    g = torch.Generator().manual_seed(0)
+    return {"embeds": torch.randn(2, 3, generator=g).to(torch.bfloat16), "mask": torch.tensor([True, False]),
+            "complex": torch.randn(2, generator=g, dtype=torch.complex64), "scalar": torch.tensor(3.5),
+            "half": torch.randn(4, generator=g).half(), "none": None, "pair": (torch.arange(3, dtype=torch.int32), "x")}
+
+
+def _gloo_rank(rank: int, rendezvous: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    world = GroupComm(dist.group.WORLD, rank, 2)
+    try:
+        if rank == 1:
+            send(world, _written(), torch.device("cpu"))
+            return
+        got, want = receive(world, 1, torch.device("cpu")), _written()
+        for key in ("embeds", "mask", "complex", "scalar", "half"):
+            assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+        assert got["none"] is None and torch.equal(got["pair"][0], want["pair"][0]) and got["pair"][1] == "x"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_dtype_crosses_gloo_bit_for_bit(tmp_path):
+    mp.spawn(_gloo_rank, args=(str(tmp_path / "rendezvous"),), nprocs=2)  # raises if rank 0's checks fail

@@ -83,7 +83,7 @@ def send(world: BroadcastComm, written: Mapping[str, Any], wire: torch.device) -
     tensors: list[Tensor] = []
     world.broadcast_object(pack(dict(written), tensors, wire), world.rank)
     for tensor in tensors:
-        world.broadcast(tensor, world.rank)
+        world.broadcast(_as_bytes(tensor), world.rank)
 
 
 def receive(world: BroadcastComm, owner: int, wire: torch.device) -> dict[str, Any]:
@@ -91,9 +91,18 @@ def receive(world: BroadcastComm, owner: int, wire: torch.device) -> dict[str, A
     nest = world.broadcast_object(None, owner)
     if isinstance(nest, _Failed):
         raise nest.failure.to_exception()
-    tensors = [world.broadcast(torch.empty(slot.shape, dtype=slot.dtype, device=wire), owner)
-               for slot in _tensor_slots(nest)]
+    tensors = []
+    for slot in _tensor_slots(nest):
+        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=wire)
+        world.broadcast(_as_bytes(tensor), owner)  # fills `tensor` through its byte view
+        tensors.append(tensor)
     return unpack(nest, tensors)
+
+
+def _as_bytes(tensor: Tensor) -> Tensor:
+    """A contiguous tensor's storage seen as flat uint8 (a view): every dtype travels bit for bit, including those a
+    backend does not reduce or broadcast itself (gloo and bool, complex; NCCL and float8)."""
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 def pack(value: Any, tensors: list[Tensor], wire: torch.device) -> Any:
