@@ -273,13 +273,18 @@ def resolve_checkpoint(card: ModelCard, cache_dir: Path | None = None) -> Path:
 
 
 def load_instance(
-    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig,
+    text_encoder_here: bool = True,
 ) -> ModelInstance:
-    """Every load goes through here: the deploy options the card does not declare are refused first."""
+    """Every load goes through here: the deploy options the card does not declare are refused first.
+
+    `text_encoder_here`: False on a rank of a plan whose parallel.text_encoder_rank is another rank; the family's
+    loader (which then takes this keyword: its card declares the feature) skips the text encoder's weights."""
     family = family_of(card.family)
     check_deploy(card, deploy)
+    extra = {} if text_encoder_here else {"text_encoder_here": False}
     with recording_accepted_keys() as accepted:
-        instance = family.resolve(family.loader)(card, checkpoint, device, dtype, deploy)
+        instance = family.resolve(family.loader)(card, checkpoint, device, dtype, deploy, **extra)
     instance.accepted_config_keys = tuple(str(key) for key in accepted)
     for line in instance.accepted_config_keys:
         log.info("%s", line)

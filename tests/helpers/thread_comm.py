@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor
@@ -19,7 +19,7 @@ T = TypeVar("T")
 class _Exchange:
     def __init__(self, size: int) -> None:
         self.size = size
-        self.slots: list[Tensor | None] = [None] * size
+        self.slots: list[Any] = [None] * size
         self.barrier = threading.Barrier(size, timeout=30)
 
 
@@ -42,9 +42,16 @@ class ThreadComm:
     def shift(self, x: Tensor) -> Tensor:
         return self._share(x)[(self.rank - 1) % self.size]
 
-    def _share(self, x: Tensor) -> list[Tensor]:
+    def broadcast(self, x: Tensor, src: int) -> Tensor:
+        x.copy_(self._share(x)[src])
+        return x
+
+    def broadcast_object(self, obj: object, src: int) -> object:
+        return self._share(obj)[src]
+
+    def _share(self, x: Any) -> list[Any]:
         ex = self._exchange
-        ex.slots[self.rank] = x.clone()
+        ex.slots[self.rank] = x.clone() if isinstance(x, Tensor) else x
         ex.barrier.wait()  # everyone has written
         shared = list(ex.slots)
         ex.barrier.wait()  # everyone has read before anyone writes the next exchange

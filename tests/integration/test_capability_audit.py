@@ -53,6 +53,7 @@ from vidloom.runtime.engine import EngineDriver
 from vidloom.runtime.parallel.comm import RankGroups
 from vidloom.runtime.parallel.plan import check_model, check_request
 from vidloom.runtime.parallel.worker import rank_engine
+from vidloom.text_encoders.elsewhere import EncoderElsewhere
 
 
 def _with_refiner(folder: Path) -> Path:
@@ -131,6 +132,9 @@ ENABLE: dict[str, Callable[[str], dict[str, Any]]] = {
     "two_stage": lambda kind: dict(two_stage=True),
     "devices": lambda kind: dict(devices=SP.get(kind, 2), parallel=ParallelPlan(sp=SP.get(kind, 2))),
     "cfg_parallel": lambda kind: dict(devices=2, parallel=ParallelPlan(cfg=2)),
+    # Rank 1 holds the encoder: rank 0, whose video is compared, receives the encoded prompt.
+    "text_encoder_rank": lambda kind: dict(devices=SP.get(kind, 2),
+                                           parallel=ParallelPlan(sp=SP.get(kind, 2), text_encoder_rank=1)),
     # The folder's transformer with its weights scaled (written by the `folders` fixture); a kind that refuses the
     # feature never reaches the file.
     "components": lambda kind: dict(
@@ -145,7 +149,7 @@ NOT_OBSERVABLE_HERE = {
 }
 # A pool starts one process per rank; here its ranks are threads sharing a tensor exchange (tests/helpers/thread_comm),
 # each running rank_engine as a worker does (tests/integration/test_parallel*.py start real processes).
-IN_THREADS = ("devices", "cfg_parallel")
+IN_THREADS = ("devices", "cfg_parallel", "text_encoder_rank")
 SP = {"flux2": 3, "qwen-image": 3}  # sequence-parallel degree: the tiny checkpoints' head counts
 CUDA_ONLY = ("attention_backend", "cuda_graphs")  # refused on CPU by the kernel itself, naming CUDA
 LTX2_VAE = frozenset({"ltx2", "sana-wm"})
@@ -375,16 +379,23 @@ def _parallel_in_threads(kind: str, path: Path, deploy: DeployConfig) -> None:
     single = VideoGenerator.from_pretrained(path, device="cpu").engine.run(request)[output]
     sp, cfg = deploy.parallel.sp, deploy.parallel.cfg
     exchanges: list[str] = []
-    # Loaded one after another: model construction (meta-device init) is not thread-safe.
-    instances = [registry.load_instance(card, path, torch.device("cpu"), None, DeployConfig()) for _ in range(sp * cfg)]
+    # Loaded one after another: model construction (meta-device init) is not thread-safe. Only the encoder's rank
+    # (--text-encoder-rank) loads the text encoder, as a worker loads it.
+    owner = deploy.parallel.text_encoder_rank
+    loaded = deploy if owner is not None else DeployConfig()
+    instances = [registry.load_instance(card, path, torch.device("cpu"), None, loaded,
+                                        text_encoder_here=owner in (None, rank)) for rank in range(sp * cfg)]
 
     def rank(comm: ThreadComm) -> np.ndarray:
         counted = _Counted(comm, exchanges)
-        groups = RankGroups(sp=counted if sp > 1 else None, cfg=counted if cfg > 1 else None)
+        groups = RankGroups(sp=counted if sp > 1 else None, cfg=counted if cfg > 1 else None,
+                            world=counted if owner is not None else None)
         return np.asarray(rank_engine(instances[comm.rank], layout, groups).run(request)[output])
 
     videos = run_ranks(thread_group(sp * cfg), rank)
     assert ("all_to_all" in exchanges) == (sp > 1) and "all_gather" in exchanges, set(exchanges)
+    if owner is not None:  # the others received the prompt and hold no encoder
+        assert "broadcast" in exchanges and isinstance(instances[0]["text_encoder"], EncoderElsewhere)
     assert float(np.abs(videos[0] - np.asarray(single)).max()) <= 1e-5  # fp32; see tests/integration/test_parallel.py
 
 
@@ -401,6 +412,13 @@ class _Counted:
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         self.seen.append("all_gather")
         return self.comm.all_gather(x)
+
+    def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:
+        self.seen.append("broadcast")
+        return self.comm.broadcast(x, src)
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return self.comm.broadcast_object(obj, src)
 
 
 def _assert(evidence: bool) -> None:

@@ -84,11 +84,15 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
                        help="each rank of the --sp group holds 1/sp of every denoiser block's weights, gathered "
                             "just before the block runs (less memory per device; not with --compile, --fp8, "
                             "--cuda-graphs)")
+    multi.add_argument("--text-encoder-rank", type=int, default=None, metavar="R",
+                       help="only rank R loads the text encoder(s) and encodes the prompts, broadcasting the "
+                            "encoded prompt to the other ranks, which never hold the encoder's weights")
 
 
 def deploy_config(args: argparse.Namespace, launched_world: int | None = None) -> DeployConfig:
     """`launched_world`: processes a launcher (torchrun) already started, the default for --devices."""
-    plan = ParallelPlan(sp=args.sp, cfg=args.cfg_parallel or 1, shard_weights=args.shard_weights)
+    plan = ParallelPlan(sp=args.sp, cfg=args.cfg_parallel or 1, shard_weights=args.shard_weights,
+                        text_encoder_rank=args.text_encoder_rank)
     devices = args.devices if args.devices is not None else (launched_world or plan.world_size)
     return DeployConfig(
         fp8_weights=args.fp8,

@@ -51,6 +51,9 @@ FEATURES: Mapping[str, Feature] = MappingProxyType({
     # (only families with classic CFG take it). A field "a.b" is field b of DeployConfig.a.
     "devices": Feature(("devices", "parallel.sp", "parallel.shard_weights"), ("--devices", "--sp", "--shard-weights")),
     "cfg_parallel": Feature(("parallel.cfg",), ("--cfg-parallel",)),
+    # One rank of the plan holds the text encoder(s) and broadcasts the encoded prompt (families with a separate
+    # encoder whose prompt encoding is one program node).
+    "text_encoder_rank": Feature(("parallel.text_encoder_rank",), ("--text-encoder-rank",)),
     "components": Feature(("components",), ("--component",)),
     # Requests' denoise steps sharing one forward (runtime.batching); elsewhere each runs alone, reported per run.
     "batching": Feature((), ("--policy batch",)),

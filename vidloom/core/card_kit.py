@@ -24,6 +24,7 @@ REFUSALS = MappingProxyType({
                "transformer's tokens",
     "cfg_parallel": "no denoiser token layout (Family.token_layout): CFG parallelism runs a diffusion "
                     "transformer's guidance branches on separate ranks",
+    "text_encoder_rank": "no multi-device plan (Family.token_layout) whose ranks could share one text encoder",
     "components": "component file overrides are read by the Wan, Flux2 and LTX-2 loaders only",
 })
 
@@ -38,10 +39,12 @@ def component_table(precision: str, *names: str, float32: tuple[str, ...] = FULL
 
 def refusals(*common: str, **own: str) -> dict[str, str]:
     """Capabilities.why_not: each of `common` refused for its REFUSALS reason, each of `own` for the family's.
-    Refusing "devices" (no multi-device plan at all) refuses "cfg_parallel" too, for the same kind of reason."""
+    Refusing "devices" (no multi-device plan at all) refuses "cfg_parallel" and "text_encoder_rank" too, for the same
+    kind of reason."""
     why = {**{name: REFUSALS[name] for name in common}, **own}
     if "devices" in why:
         why.setdefault("cfg_parallel", own.get("devices", REFUSALS["cfg_parallel"]))
+        why.setdefault("text_encoder_rank", own.get("devices", REFUSALS["text_encoder_rank"]))
     return why
 
 

@@ -34,6 +34,10 @@ class ParallelPlan:
     shard_weights: bool = False
     """--shard-weights: each rank of a sequence-parallel group holds 1/sp of every denoiser block's weights and
     gathers a block's whole weights just before it runs (runtime.parallel.shard_weights); needs sp > 1."""
+    text_encoder_rank: int | None = None
+    """--text-encoder-rank R: only rank R loads the text encoder(s) and encodes each request's prompts, then
+    broadcasts the encoded prompt to the other ranks, which never load the encoder's weights
+    (runtime.parallel.prompt_rank); None: every rank loads the encoder and encodes the same prompts itself."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sp, int) or isinstance(self.sp, bool) or self.sp < 1:
@@ -50,6 +54,22 @@ class ParallelPlan:
         if self.shard_weights and self.sp < 2:
             raise DeployError("--shard-weights shards the denoiser's blocks over the sequence-parallel group, which "
                               f"needs --sp 2 or more (got sp={self.sp})")
+        self._check_text_encoder_rank()
+
+    def _check_text_encoder_rank(self) -> None:
+        rank = self.text_encoder_rank
+        if rank is None:
+            return
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise DeployError(f"parallel.text_encoder_rank (--text-encoder-rank) must be a rank number >= 0, "
+                              f"got {rank!r}")
+        if self.world_size < 2:
+            raise DeployError("parallel.text_encoder_rank (--text-encoder-rank) puts the text encoder on one rank of "
+                              "a parallel plan, but this plan runs one process (sp=1 x cfg=1); add --sp or "
+                              "--cfg-parallel, or drop --text-encoder-rank")
+        if rank >= self.world_size:
+            raise DeployError(f"parallel.text_encoder_rank (--text-encoder-rank) is {rank}, but the plan "
+                              f"sp={self.sp} x cfg={self.cfg} has ranks 0 to {self.world_size - 1}")
 
     @property
     def world_size(self) -> int:
@@ -57,7 +77,9 @@ class ParallelPlan:
         return self.sp * self.cfg
 
     def describe(self) -> str:
-        return f"sp={self.sp} x cfg={self.cfg}" + (" (sharded weights)" if self.shard_weights else "")
+        notes = (["sharded weights"] if self.shard_weights else []) + (
+            [f"text encoder on rank {self.text_encoder_rank}"] if self.text_encoder_rank is not None else [])
+        return f"sp={self.sp} x cfg={self.cfg}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 @dataclass(frozen=True)
@@ -121,6 +143,10 @@ class TokenLayout:
     for classic CFG (cond, uncond), 4 for LTX-2 (cond, uncond, STG, isolated modality)."""
     shard_weights: str | None = None
     """None: --shard-weights may shard the denoiser's blocks; else why this checkpoint refuses it."""
+    prompt_nodes: tuple[str, ...] = ("encode_text",)
+    """Program nodes that run the text encoder(s) and nothing else: under --text-encoder-rank only that rank runs
+    them and broadcasts the slots they write (runtime.parallel.prompt_rank); () where no node does (a prompt read
+    by the backbone itself)."""
     cfg_needs: tuple[str, ...] = field(default=("guidance_scale",))
     """Request fields that must turn CFG on for --cfg-parallel: guidance_scale (> 1), and negative_prompt
     (non-empty) for a family whose CFG runs only with one (Qwen-Image's true CFG)."""

@@ -46,6 +46,7 @@ FLAG_KEYS: dict[str, tuple[tuple[str, ...], _Convert]] = {
     "sp": (("deploy", "parallel", "sp"), int),
     "cfg_parallel": (("deploy", "parallel", "cfg"), lambda degree: int(degree) if degree else 1),
     "shard_weights": (("deploy", "parallel", "shard_weights"), bool),
+    "text_encoder_rank": (("deploy", "parallel", "text_encoder_rank"), lambda rank: None if rank is None else int(rank)),
     "component": (("deploy", "components"), dict),  # NAME=FILE pairs, written as the card's mapping
 }
 _DEPLOY_SAME = ("compile", "cuda_graphs", "compile_backend", "offload_text_encoder", "vae_tile", "vae_tile_stride",

@@ -62,6 +62,8 @@ CAPABILITIES = Capabilities(
                          "growing with each new length; padding prompts to one length would attend over masked "
                          "padding, not the reference's computation",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
+             text_encoder_rank="the prompt is read by the unified backbone, which every rank runs; there is no "
+                               "separate text encoder to place on one rank",
              batching="each denoise step attends its own request's prefilled prompt K/V, whose length follows the "
                       "prompt; steps of different requests are not stacked yet, so each runs alone"),
 )

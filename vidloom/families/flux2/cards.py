@@ -35,7 +35,7 @@ BASE_DEFAULTS = SamplingDefaults(
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
                "cfg_mode", "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "batching",
-               "devices", "cfg_parallel"}),
+               "devices", "cfg_parallel", "text_encoder_rank"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget"),
 )

@@ -20,13 +20,19 @@ from vidloom.families.flux2.vae import FLUX2_VAE_NAME_MAP, Flux2VAE, Flux2VAECon
 from vidloom.families.flux2.cards import check_pipeline, is_distilled
 from vidloom.families.flux2.schedule import Flux2Schedule
 from vidloom.families.flux2.text import Flux2TextEncoder
+from vidloom.text_encoders.elsewhere import encoder_or_elsewhere
 
 
 def load_instance(
-    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig,
+    text_encoder_here: bool = True,
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers Flux2KleinPipeline folder); CPU computes in `cpu_default_dtype()`
-    (the VAE too: `vae_dtype`)."""
+    (the VAE too: `vae_dtype`).
+
+    `text_encoder_here`: False on a rank that receives encoded prompts from the rank holding the text encoder
+    (parallel.text_encoder_rank): that rank's `text_encoder` is an EncoderElsewhere and its weights are never read.
+    """
     ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     files = component_files(deploy.components, ("transformer", "vae"), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
@@ -39,11 +45,11 @@ def load_instance(
                                   device, compute, Flux2Transformer.KEEP_FP32)
     vae = Flux2VAE(vae_config)
     load_component(vae, ckpt.component_dir("vae"), FLUX2_VAE_NAME_MAP, files.get("vae"))
-    text = Flux2TextEncoder.load(
+    text = encoder_or_elsewhere(lambda: Flux2TextEncoder.load(
         ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute,
         offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
-    )
-    if text.width != dit_config.text_dim:
+    ), deploy, text_encoder_here)
+    if isinstance(text, Flux2TextEncoder) and text.width != dit_config.text_dim:  # the rank holding it checks
         raise CheckpointError(
             f"{ckpt.root}: text encoder gives {text.width}-wide embeddings ({len(text.layers)} layers x hidden), "
             f"transformer joint_attention_dim is {dit_config.text_dim}"

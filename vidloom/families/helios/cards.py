@@ -64,6 +64,8 @@ CAPABILITIES = Capabilities(
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="the chunks re-embed their history every step; there is no KV cache to budget",
              cuda_graphs="each chunk's history latents are bound to the step's network, not static graph inputs",
+             text_encoder_rank="prompts set while a request runs (live prompts) are encoded inside the chunk loop at "
+                               "its chunk boundaries, on every rank, not by one prompt node",
              vae_tile="each chunk decodes alone through the whole-frame decode; tiled chunk decode is not wired"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)

@@ -41,7 +41,8 @@ BATCH_NOTE = ("--policy batch: requests of one video size and task (and, image t
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache", "vae_tile", "devices", "cfg_parallel", "batching"}),
+               "step_cache", "vae_tile", "devices", "cfg_parallel", "text_encoder_rank",
+               "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "

@@ -19,6 +19,7 @@ from vidloom.families.hunyuan15.cards import LatentGeometry, check_pipeline
 from vidloom.families.hunyuan15.image import Hunyuan15ImageEncoder
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
 from vidloom.families.hunyuan15.text import Hunyuan15TextEncoder
+from vidloom.text_encoders.elsewhere import encoder_or_elsewhere
 from vidloom.families.hunyuan15.transformer import (
     HUNYUAN15_TRANSFORMER_NAME_MAP, Hunyuan15Transformer, Hunyuan15TransformerConfig,
 )
@@ -45,8 +46,12 @@ def load_vae(folder: Path, device: torch.device, dtype: torch.dtype) -> torch.nn
 
 
 def load_denoiser(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype,
-                  deploy: DeployConfig) -> dict[str, object]:
-    """Everything but the VAE: transformer, text (and image) encoders, schedule, guider and the latent layout."""
+                  deploy: DeployConfig, text_encoder_here: bool = True) -> dict[str, object]:
+    """Everything but the VAE: transformer, text (and image) encoders, schedule, guider and the latent layout.
+
+    `text_encoder_here`: False on a rank that receives encoded prompts from the rank holding the text encoder
+    (parallel.text_encoder_rank): that rank's `text_encoder` is an EncoderElsewhere and its weights are never read.
+    """
     extra: dict[str, object] = {}
     files = component_files(deploy.components, (), str(ckpt.root))
     dit_config = ckpt.parse_component("transformer", Hunyuan15TransformerConfig.from_diffusers)
@@ -58,9 +63,11 @@ def load_denoiser(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype
     attention_fn = resolve_attention(deploy.attention_backend, device, compute)
     transformer = load_transformer(ckpt.component_dir("transformer"), device, compute, files.get("transformer"),
                                    attention_fn)
-    text = Hunyuan15TextEncoder.load(ckpt.root, device, compute, offload=deploy.offload_text_encoder,
-                                     cache_size=deploy.prompt_cache_size)
-    if text.width != dit_config.text_dim or text.glyph_width != dit_config.glyph_dim:
+    text = encoder_or_elsewhere(lambda: Hunyuan15TextEncoder.load(
+        ckpt.root, device, compute, offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size),
+        deploy, text_encoder_here)
+    if isinstance(text, Hunyuan15TextEncoder) and (text.width != dit_config.text_dim  # the rank holding it checks
+                                                   or text.glyph_width != dit_config.glyph_dim):
         raise CheckpointError(f"{ckpt.root}: text encoder widths {text.width} / {text.glyph_width}, transformer reads "
                               f"text_embed_dim {dit_config.text_dim} / text_embed_2_dim {dit_config.glyph_dim}")
     if ckpt.has("image_encoder"):
@@ -80,11 +87,12 @@ def load_denoiser(ckpt: DiffusersDir, device: torch.device, compute: torch.dtype
 
 
 def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
-                  deploy: DeployConfig) -> ModelInstance:
-    """Read `checkpoint` (a diffusers HunyuanVideo15Pipeline folder); CPU computes in `cpu_default_dtype()`."""
+                  deploy: DeployConfig, text_encoder_here: bool = True) -> ModelInstance:
+    """Read `checkpoint` (a diffusers HunyuanVideo15Pipeline folder); CPU computes in `cpu_default_dtype()`;
+    `text_encoder_here` as for load_denoiser."""
     ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
-    components = load_denoiser(ckpt, device, compute, deploy)
+    components = load_denoiser(ckpt, device, compute, deploy, text_encoder_here)
     components["vae"] = load_vae(ckpt.component_dir("vae"), device,
                                  vae_dtype(card.components["vae"].dtype, device, compute))
     return ModelInstance(card=card, components=components, device=device, dtype=compute,

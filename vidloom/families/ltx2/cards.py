@@ -35,7 +35,9 @@ CAPABILITIES = Capabilities(
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert",
              cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                       "is written",
-             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget"),
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget",
+             text_encoder_rank="the text connectors are held with the Gemma 3 encoder and are an instance component "
+                               "(a LoRA target) on every rank; placing the encoder on one rank is not wired yet"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`

@@ -41,7 +41,7 @@ BATCH_NOTE = ("--policy batch: requests of one size and one reference layout (te
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
                "step_cache", "cuda_graphs", "vae_tile", "fp8_weights", "components", "devices", "cfg_parallel",
-               "cfg_mode", "batching"}),
+               "text_encoder_rank", "cfg_mode", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage",
              kv_cache_budget_bytes="an image denoiser keeps no KV cache to budget"),
 )

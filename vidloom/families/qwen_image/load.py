@@ -21,6 +21,7 @@ from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.qwen_image.cards import check_pipeline
 from vidloom.families.qwen_image.schedule import QwenImageSchedule
 from vidloom.families.qwen_image.text import QwenImageTextEncoder
+from vidloom.text_encoders.elsewhere import encoder_or_elsewhere
 from vidloom.families.qwen_image.transformer import (
     QWEN_IMAGE_TRANSFORMER_NAME_MAP, QwenImageTransformer, QwenImageTransformerConfig,
 )
@@ -44,8 +45,12 @@ def vae_config(cfg: Mapping[str, Any]) -> WanVAEConfig:
 
 
 def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None,
-                  deploy: DeployConfig) -> ModelInstance:
-    """Read `checkpoint` (a diffusers QwenImagePipeline folder); CPU computes in `cpu_default_dtype()`."""
+                  deploy: DeployConfig, text_encoder_here: bool = True) -> ModelInstance:
+    """Read `checkpoint` (a diffusers QwenImagePipeline folder); CPU computes in `cpu_default_dtype()`.
+
+    `text_encoder_here`: False on a rank that receives encoded prompts from the rank holding the text encoder
+    (parallel.text_encoder_rank): that rank's `text_encoder` is an EncoderElsewhere and its weights are never read.
+    """
     ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     files = component_files(deploy.components, ("transformer",), str(ckpt.root))
     compute = default_compute_dtype(card.precision, device, dtype)
@@ -64,10 +69,10 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
                                   ckpt.component_dir("transformer"), QWEN_IMAGE_TRANSFORMER_NAME_MAP,
                                   files.get("transformer"), (), device, compute, QwenImageTransformer.KEEP_FP32)
     processor = ckpt.component_dir("processor") if "processor" in card.components else None
-    text = QwenImageTextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device,
-                                     compute, processor, offload=deploy.offload_text_encoder,
-                                     cache_size=deploy.prompt_cache_size)
-    if text.width != dit_config.text_dim:
+    text = encoder_or_elsewhere(lambda: QwenImageTextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), device, compute, processor,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size), deploy, text_encoder_here)
+    if isinstance(text, QwenImageTextEncoder) and text.width != dit_config.text_dim:  # the rank holding it checks
         raise CheckpointError(f"{ckpt.root}: text encoder hidden size {text.width}, transformer joint_attention_dim "
                               f"is {dit_config.text_dim}")
     if vae.config.z_dim != dit_config.latent_channels:

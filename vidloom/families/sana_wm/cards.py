@@ -45,7 +45,9 @@ CAPABILITIES = Capabilities(
              attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
              warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
              cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",
-             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache"),
+             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache",
+             text_encoder_rank="two encoders (Gemma-2, and the refiner's Gemma 3 with its connectors) in two prompt "
+                               "nodes; placing them on one rank is not wired yet"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}

@@ -41,7 +41,9 @@ CAPABILITIES = Capabilities(
              warmup_shapes="warmup shapes are video sizes (HxWxF); every audio request runs the model's one window",
              offload_text_encoder="the T5 encoder is small and stays resident",
              attention_backend="the DiT attends through PyTorch SDPA only",
-             kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget"),
+             kv_cache_budget_bytes="an audio denoiser keeps no KV cache to budget",
+             text_encoder_rank="the T5 encoder is small and stays resident on every rank (its memory estimate "
+                               "reads the encoder's token length)"),
 )
 # The common request fields the program reads: the cosine DPM schedule has no shift, so flow_shift is refused
 # rather than ignored. Frame fields stay listed: core.request refuses them on every audio card with its reason.

@@ -27,7 +27,7 @@ GEOMETRY = Geometry(spatial_multiple=16, temporal_factor=4)
 CAPABILITIES = Capabilities(
     frozenset({"fp8_weights", "compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "vae_tile",
                "attention_backend", "cfg_mode", "step_cache", "cuda_graphs", "offload_idle_expert", "devices",
-               "cfg_parallel", "components", "batching"}),
+               "cfg_parallel", "text_encoder_rank", "components", "batching"}),
     refusals("kv_pool_tokens", "two_stage",
              kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget",
              kv_session_ttl_s="no causal rollout whose KV could be kept for an extension"),

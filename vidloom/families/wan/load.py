@@ -52,6 +52,7 @@ def load_instance(
     device: torch.device,
     dtype: torch.dtype | None,
     deploy: DeployConfig,
+    text_encoder_here: bool = True,
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers WanPipeline folder) and build the resident instance.
 
@@ -59,6 +60,8 @@ def load_instance(
     CUDA runs the card's precision and CPU runs `cpu_default_dtype()` (bfloat16 where the CPU
     multiplies it natively). The VAE keeps its card dtype on CUDA and follows the compute dtype on CPU
     (`vae_dtype`: bfloat16 on the fast path, float32 otherwise).
+    `text_encoder_here`: False on a rank that receives encoded prompts from the rank holding the text encoder
+    (parallel.text_encoder_rank): that rank's `text_encoder` is an EncoderElsewhere and its weights are never read.
     """
     if card.recipe.quantization == "fp8" and not deploy.fp8_weights:
         deploy = dataclasses.replace(deploy, fp8_weights=True)  # QAD-trained weights are meant to run in FP8
@@ -89,7 +92,7 @@ def load_instance(
         raise CheckpointError(
             f"{ckpt.root}: a 'transformer_2' expert and boundary_ratio come together in model_index.json"
         )
-    vae, text = load_vae_and_text(ckpt, device, compute, deploy, files.get("vae"))
+    vae, text = load_vae_and_text(ckpt, device, compute, deploy, files.get("vae"), text_encoder_here)
     sampler_config = load_sampler_config(ckpt)
 
     components: dict = {

@@ -35,7 +35,9 @@ CAPABILITIES = Capabilities(
                "vae_tile",
                # every chunk's tokens and KV sharded per chunk, padded where one does not split; one CFG branch
                # and its KV per rank (parallel.token_layout)
-               "devices", "cfg_parallel"}),
+               "devices", "cfg_parallel",
+               # the encoded prompt broadcast from the encoder's rank before the rollout (runtime.parallel.prompt_rank)
+               "text_encoder_rank"}),
     refusals("kv_pool_tokens", "offload_idle_expert", "two_stage", "components",
              cuda_graphs="a rollout step writes the request's KV cache in place",
              cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",

@@ -32,9 +32,11 @@ def check_pipeline(ckpt: DiffusersDir) -> None:
 
 
 def load_instance(
-    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig,
+    text_encoder_here: bool = True,
 ) -> ModelInstance:
-    """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance."""
+    """Read `checkpoint` (a diffusers AnyFlowFARPipeline folder) and build the resident instance; without
+    `text_encoder_here` (another rank holds it: parallel.text_encoder_rank) the text encoder's weights are not read."""
     ckpt = DiffusersDir.open_checked(checkpoint, check_pipeline, card.components)
     compute = default_compute_dtype(card.precision, device, dtype)
     vae_dtype = vae_compute_dtype(card.components["vae"].dtype, device, compute)
@@ -49,7 +51,7 @@ def load_instance(
     load_weights(transformer, ckpt.component_dir("transformer"), FAR_TRANSFORMER_NAME_MAP)
     if deploy.fp8_weights:
         quantize_linears(transformer.blocks)
-    vae, text = load_vae_and_text(ckpt, device, compute, deploy)
+    vae, text = load_vae_and_text(ckpt, device, compute, deploy, text_encoder_here=text_encoder_here)
     sampler_config = load_sampler_config(ckpt)
     components = {
         "transformer": transformer.eval(),

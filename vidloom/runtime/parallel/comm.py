@@ -44,6 +44,18 @@ class Comm(Protocol):
         ...
 
 
+class BroadcastComm(Comm, Protocol):
+    """A group that also sends one rank's values to all (runtime.parallel.prompt_rank: the encoded prompt)."""
+
+    def broadcast(self, x: Tensor, src: int) -> Tensor:
+        """Rank `src`'s x, written into x on every other rank (which pass a tensor of its shape and dtype)."""
+        ...
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Rank `src`'s picklable `obj` on every rank."""
+        ...
+
+
 class GroupComm:
     """A torch.distributed process group seen as a Comm."""
 
@@ -71,6 +83,18 @@ class GroupComm:
         return received
 
     @torch.compiler.disable
+    def broadcast(self, x: Tensor, src: int) -> Tensor:
+        """Rank `src`'s x, written into x on every other rank (which pass a tensor of its shape and dtype)."""
+        dist.broadcast(x, src=dist.get_global_rank(self.group, src), group=self.group)
+        return x
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Rank `src`'s picklable `obj` on every rank (the others pass anything)."""
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, src), group=self.group)
+        return box[0]
+
+    @torch.compiler.disable
     def shift(self, x: Tensor) -> Tensor:
         if self.size == 1:
             return x.clone()
@@ -91,7 +115,7 @@ class RankGroups:
     """Sequence-parallel group: adjacent ranks sharing one CFG branch."""
     cfg: Comm | None
     """CFG pair: the ranks holding the same token shard of the cond and the uncond branch."""
-    world: Comm | None = None
+    world: BroadcastComm | None = None
     """Every rank of the plan: a tiled VAE decode splits its tiles over them (layers.tiling.shared_tiles)."""
 
 

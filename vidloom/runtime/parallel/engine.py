@@ -27,7 +27,7 @@ from vidloom.core.parallel import TokenLayout
 from vidloom.core.request import GenerationRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.engine import CancellationToken, EngineDriver
-from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply
+from vidloom.runtime.parallel.messages import CloseCommand, Command, StepCommand, StepReply, WeightsQuery
 from vidloom.runtime.parallel.plan import check_request
 from vidloom.runtime.parallel.pool_loras import PoolLoRAs
 from vidloom.runtime.parallel.worker import LoraSetup
@@ -167,6 +167,15 @@ class ParallelEngine(EngineDriver):
     @property
     def broken(self) -> bool:
         return self.transport.broken
+
+    def weight_bytes(self) -> list[int]:
+        """The weight bytes each rank holds, by rank (parameters, buffers and sharded slices of every component:
+        runtime.parallel.shard_weights.held_weight_bytes)."""
+        self.transport.ensure_running()
+        reply = self.transport.call(WeightsQuery())
+        if reply.failure is not None:
+            raise WorkerFailed(reply.failure.rank, f"{reply.failure.kind}: {reply.failure.message}")
+        return list((reply.outputs or {})["weight_bytes"])
 
     def restart(self) -> None:
         """Start fresh ranks now instead of at the next request."""

@@ -53,6 +53,12 @@ class AdapterCommand:
 
 
 @dataclass(frozen=True)
+class WeightsQuery:
+    """Every rank measures the weight bytes it holds (parameters, buffers, sharded slices); rank 0 replies with
+    the list by rank, as outputs["weight_bytes"] (operators and tests compare the ranks of a plan)."""
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """Sent by rank 0 while idle so that peers waiting for a command stay within the collective timeout."""
 
@@ -62,7 +68,7 @@ class Shutdown:
     """Every rank closes its runs, leaves the process group and exits."""
 
 
-Command = StepCommand | CloseCommand | AdapterCommand | Heartbeat | Shutdown
+Command = StepCommand | CloseCommand | AdapterCommand | WeightsQuery | Heartbeat | Shutdown
 
 
 @dataclass(frozen=True)

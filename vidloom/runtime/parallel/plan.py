@@ -20,6 +20,9 @@ def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
     if plan.shard_weights and layout.shard_weights is not None:
         raise DeployError(f"--shard-weights: {layout.shard_weights}; deploy without --shard-weights")
+    if plan.text_encoder_rank is not None and not layout.prompt_nodes:
+        raise DeployError("parallel.text_encoder_rank (--text-encoder-rank): this model encodes no prompt in a node of "
+                          "its own (Family.token_layout's prompt_nodes); deploy without --text-encoder-rank")
     if plan.cfg > 1 and layout.cfg_parallel is not None:
         raise DeployError(f"--cfg-parallel: {layout.cfg_parallel}; deploy without --cfg-parallel")
     if plan.cfg > layout.cfg_passes:

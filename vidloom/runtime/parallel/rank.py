@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -22,7 +22,7 @@ from vidloom.core.output import Event
 from vidloom.runtime.engine import Engine, RequestRun
 from vidloom.runtime.parallel.comm import ControlChannel
 from vidloom.runtime.parallel.messages import (
-    AdapterCommand, CloseCommand, Command, Heartbeat, RankFailure, Shutdown, StepCommand, StepReply,
+    AdapterCommand, CloseCommand, Command, Heartbeat, RankFailure, Shutdown, StepCommand, StepReply, WeightsQuery,
 )
 
 
@@ -46,8 +46,11 @@ class _Outcome:
 class RankRuntime:
     """This rank's Engine and the requests it holds, keyed by request id."""
 
-    def __init__(self, engine: Engine, control: ControlChannel, check_lockstep: bool = False) -> None:
+    def __init__(self, engine: Engine, control: ControlChannel, check_lockstep: bool = False,
+                 weight_bytes: Callable[[], int] | None = None) -> None:
         self.engine = engine
+        self.weight_bytes = weight_bytes
+        """Measures the weight bytes this rank holds (WeightsQuery); None: not measured (-1)."""
         self.control = control
         self.rank = control.rank
         self.check_lockstep = check_lockstep
@@ -77,6 +80,9 @@ class RankRuntime:
             outcome = _Outcome()
         elif isinstance(command, AdapterCommand):
             outcome = self._adapt(command)
+        elif isinstance(command, WeightsQuery):
+            held = self.control.all_gather(self.weight_bytes() if self.weight_bytes is not None else -1)
+            outcome = _Outcome(done=True, outputs={"weight_bytes": held} if self.rank == 0 else None)
         else:
             outcome = self._step(command)
         status = RankStatus(outcome.failure, tuple(self._record) if self._record is not None else None)

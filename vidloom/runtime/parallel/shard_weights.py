@@ -14,8 +14,9 @@ text encoders, the VAE) stay whole on every rank.
 from __future__ import annotations
 
 import ctypes
+import types
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -107,3 +108,31 @@ def _own_storage_params(block: nn.Module) -> list[nn.Parameter]:
             raise ValueError(f"--shard-weights: a parameter of {type(block).__name__} {tuple(param.shape)} shares "
                              "its storage; its block cannot be sharded")
     return params
+
+
+def held_weight_bytes(components: Mapping[str, Any], sharded: Iterable[ShardedBlock] = ()) -> int:
+    """Bytes of weights this rank holds across an instance's components while no block runs: the parameter and buffer
+    storages of every module reachable from them (modules inside wrappers such as a text encoder; an offloaded
+    encoder's parameters point at its host copies), each storage once, plus its slices of the sharded blocks. Loose
+    tensors (a prompt cache's embeddings) are not weights; a component another rank holds (EncoderElsewhere) has none."""
+    storages: dict[tuple[str, int], int] = {}
+    seen: set[int] = set()
+    pending: list[Any] = list(components.values())
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen or isinstance(obj, (Tensor, str, bytes, int, float, type, types.ModuleType)) or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            for tensor in (*obj.parameters(), *obj.buffers()):
+                storage = tensor.untyped_storage()
+                storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+            pending.extend(v for k, v in vars(obj).items() if not k.startswith("_"))  # modules held as plain attributes
+        elif isinstance(obj, Mapping):
+            pending.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            pending.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            pending.extend(vars(obj).values())
+    slices = sum(g.shard.numel() * g.shard.element_size() for block in sharded for g in block.groups)
+    return sum(storages.values()) + slices

@@ -4,7 +4,10 @@ Rank 0 takes commands from the parent's queue and broadcasts them; the other ran
 the broadcasts. Every rank runs the whole program (text encoding, denoising, decoding): the
 text encoder and the VAE are deterministic given the same weights and inputs, so each rank
 computes the same embeddings and nothing needs to be broadcast, and no rank ever waits
-alone while another works. Only rank 0's outputs go back to the parent.
+alone while another works. The exception is parallel.text_encoder_rank (--text-encoder-rank):
+then only that rank loads the text encoder and runs the prompt nodes, and broadcasts what they
+write (runtime.parallel.prompt_rank), trading one short wait per request for the encoder's
+weights on every other device. Only rank 0's outputs go back to the parent.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
 from vidloom.runtime.parallel.messages import Fatal, Heartbeat, Ready, Shutdown
 from vidloom.runtime.parallel.rank import RankRuntime
-from vidloom.runtime.parallel.shard_weights import shard_blocks
+from vidloom.runtime.parallel.prompt_rank import encode_on_one_rank
+from vidloom.runtime.parallel.shard_weights import ShardedBlock, held_weight_bytes, shard_blocks
 from vidloom.runtime.parallel.ulysses import apply_sp
 
 DEBUG_ENV = "VIDLOOM_PARALLEL_DEBUG"
@@ -140,22 +144,29 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     )
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
-    instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy)
+    owner = spec.deploy.parallel.text_encoder_rank
+    instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy,
+                                      text_encoder_here=owner in (None, place.rank))
     spec.loras.apply(instance, spec.adapters)
-    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups, spec.adapters)
-    return RankRuntime(engine, control, options.check_lockstep)
+    sharded: list[ShardedBlock] = []
+    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups, spec.adapters, sharded)
+    return RankRuntime(engine, control, options.check_lockstep,
+                       weight_bytes=lambda: held_weight_bytes(instance.components, sharded))
 
 
 def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups,
-                adapters: StepAdapters = NO_ADAPTERS) -> Engine:
+                adapters: StepAdapters = NO_ADAPTERS, sharded: list[ShardedBlock] | None = None) -> Engine:
     """This rank's engine over its own copy of the model: every denoiser the layout names sharded over
-    groups.sp, the CFG branches split over groups.cfg."""
+    groups.sp, the CFG branches split over groups.cfg, the prompt nodes run on parallel.text_encoder_rank alone
+    (whose encoded prompts the others receive). `sharded` collects the handles of the sharded blocks."""
     if groups.sp is not None:
         for name in layout.denoisers:
             if name in instance.components:
                 apply_sp(instance[name], groups.sp)
                 if instance.deploy.parallel.shard_weights:
-                    shard_blocks(instance[name].compile_units(), groups.sp)
+                    handles = shard_blocks(instance[name].compile_units(), groups.sp)
+                    if sharded is not None:
+                        sharded.extend(handles)
     # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
     extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
     # A step cache's skip decisions: measured over the whole sequence by every rank of the sp group alike; under
@@ -163,8 +174,11 @@ def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups
     note = None if groups.cfg is None else ("the conditional branch's (cfg-rank 0); the unconditional branch's run on "
                                             "cfg-rank 1" if groups.cfg.rank == 0 else "the unconditional branch's")
     share = RankShare(sums=groups.sp, note=note, tiles=groups.world)
-    return Engine(instance, plugin.resolve(instance.card.program)(instance, **extra), adapters=adapters,
-                  rank_share=share)
+    program = plugin.resolve(instance.card.program)(instance, **extra)
+    owner = instance.deploy.parallel.text_encoder_rank
+    if owner is not None and groups.world is not None:
+        program = encode_on_one_rank(program, layout.prompt_nodes, owner, groups.world, instance.device)
+    return Engine(instance, program, adapters=adapters, rank_share=share)
 
 
 def worker_main(
