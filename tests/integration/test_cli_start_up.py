@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WALL = re.compile(r"^wall time ([\d.]+)s from process start \(load ([\d.]+)s, generation ([\d.]+)s\), peak memory",
                   re.MULTILINE)
 TIMING = re.compile(r"^timing (.+?) ([\d.]+)s(?: ([\d.]+)s cpu)?$", re.MULTILINE)
-PHASES = ["start-up", "checks", "checkpoint", "weights", "warmup", "load (rest)", "generation", "write", "total"]
+PHASES = ["start-up", "checks", "libraries", "checkpoint", "weights", "warmup", "load (rest)", "generation", "write", "total"]
 
 
 def test_timings_rows_add_up_and_stdout_keeps_its_lines(demo_cache: Path, tmp_path: Path):

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "config key the load accepted without effect, with its reason")
     gen.add_argument("--timings", action="store_true",
                      help="after the summary, print on stderr the seconds of each phase from process start "
-                          "(start-up, checks, checkpoint, weights, warmup, generation, write)")
+                          "(start-up, checks, libraries, checkpoint, weights, warmup, generation, write)")
     add_option_arguments(gen)
     add_action_arguments(gen)
     add_deploy_arguments(gen)

@@ -53,10 +53,11 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
                      follow: Callable[[str, argparse.Namespace, DeployConfig], int], guard: InterruptGuard) -> int:
     """Check, load, generate, write; every phase boundary honours a Ctrl-C (see cli/interrupt.py)."""
     clock = PhaseClock()
-    quiet_third_party(args.verbose)
+    quiet_third_party(args.verbose, libraries=False)  # transformers (0.6 s to import) after the checks: see below
     place = torchrun_place()
     deploy = deploy_config(args, place.world_size if place else None)  # a bad plan fails here, before any process starts
     if place is not None and place.rank != 0:
+        quiet_third_party(args.verbose)
         return follow(args.model, args, deploy)
     from vidloom.generator import build_request
     from vidloom.media.output import check_output_frames, check_output_path
@@ -90,6 +91,8 @@ def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any]
     for note in (*card.notes, *given_field_notes(card, args)):
         say(f"note: {note}")
     clock.mark("checks")
+    quiet_third_party(args.verbose)  # the load imports transformers anyway; a bad request failed before it
+    clock.mark("libraries")
     return _load_and_run(args, deploy, request, output, guard, clock, audio_out, loras)
 
 
@@ -309,10 +312,12 @@ def check_device(device: str | None) -> None:
     resolve_device(device)
 
 
-def quiet_third_party(verbose: bool) -> None:
+def quiet_third_party(verbose: bool, libraries: bool = True) -> None:
     """Hide transformers/diffusers loading bars and info logs (ours stay); --verbose shows them.
 
     Hugging Face Hub download bars stay on: a multi-GB download without progress looks hung.
+    `libraries=False` sets only the warning format and the verbosity variables, which transformers reads when
+    it is imported: its progress-bar switch needs the import itself, which `generate` makes after its checks.
     """
     warnings.showwarning = _one_line_warning
     if verbose:  # at least warnings, whatever the environment said: VideoGenerator's quiet_loading backs off
@@ -322,6 +327,8 @@ def quiet_third_party(verbose: bool) -> None:
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    if not libraries:
+        return
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()

@@ -25,7 +25,6 @@ from vidloom.models.wan.original_layout import WAN_TRANSFORMER_LAYOUTS
 from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig
 from vidloom.families.wan.conditioning import WanPipelineConfig
 from vidloom.families.wan.experts import ExpertPlacement
-from vidloom.families.wan.image_encoder import WanImageEncoder
 
 # model_index.json pipeline classes whose folders this loader reads. FastVideo's WanDMDPipeline is not a
 # diffusers class: FastVideo's registry finds its DMD-distilled FastWan repos by that name; their folders are
@@ -109,6 +108,8 @@ def load_instance(
         raise CheckpointError(f"{ckpt.root}/model_index.json: image_encoder is listed, but transformer/config.json "
                               f"has no image_dim to read its tokens")
     if experts["transformer"].config.takes_image:
+        from vidloom.families.wan.image_encoder import WanImageEncoder  # CLIP: image-to-video checkpoints only
+
         components["image_encoder"] = WanImageEncoder.load(
             ckpt.component_dir("image_processor"), ckpt.component_dir("image_encoder"), device, compute
         )
