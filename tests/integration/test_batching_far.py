@@ -34,9 +34,13 @@ KINDS = (dict(prompt="a red fox runs over snow", seed=1, guidance_scale=3.0, num
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Any:
-    folder = write_tiny_far(tmp_path_factory.mktemp("far-batch") / "far", FAR_A)
-    return VideoGenerator.from_pretrained(folder, device="cpu").engine
+def far_dir(tmp_path_factory) -> Path:
+    return write_tiny_far(tmp_path_factory.mktemp("far-batch") / "far", FAR_A)
+
+
+@pytest.fixture(scope="module")
+def engine(far_dir) -> Any:
+    return VideoGenerator.from_pretrained(far_dir, device="cpu").engine
 
 
 def _requests(**override: Any) -> list[GenerationRequest]:
@@ -130,3 +134,19 @@ def test_requests_at_different_chunk_positions_served_together_stay_correct(engi
     expected = _alone(engine, requests)
     got, _ = serve_batched(engine, requests)
     _assert_same_rollouts(got, expected)
+
+
+def test_a_request_with_an_adapter_batches_with_one_without(far_dir, tmp_path):
+    # The stacked rows are CFG-branch-major ([uncond of each run; cond of each run]), the layout lora_rows_scope
+    # repeats per branch: each run's adapter reaches its own rows only.
+    from tests.helpers.lora_files import WAN_LORA, write_lora
+
+    gen = VideoGenerator.from_pretrained(far_dir, device="cpu")
+    gen.load_lora("a", write_lora(far_dir, "AnyFlowFARPipeline", WAN_LORA, tmp_path))
+    plain, adapted = _requests()[0], GenerationRequest(**{**SIZE, **KINDS[1]}, loras=(("a", 1.0),))
+    expected = _alone(gen.engine, [plain, adapted])
+    got, stats = serve_batched(gen.engine, [plain, adapted])
+    assert stats["largest_batch"] == 2, stats
+    _assert_same_rollouts(got, expected)
+    unadapted = _alone(gen.engine, [_requests()[1]])[0]
+    assert float((unadapted.session.latents - expected[1].session.latents).abs().max()) > 1e-2  # the adapter acted
