@@ -102,6 +102,23 @@ def test_steps_at_different_chunk_positions_or_guidance_do_not_share_a_forward(e
             run.close()
 
 
+def test_an_extension_steps_with_a_new_request_at_the_same_chunk(engine):
+    # An extension of a 9-frame video to 21 frames generates chunks 2 and 3 of (1, 2, 2, 1) after its source's KV,
+    # rebuilt here (no resident sessions); a new 21-frame request has the same partition, so at chunk 2 both attend
+    # to 3 context frames: they stack, each reading its own slab (the extension's holds its source's context).
+    source = video_output(engine.instance.card, engine.run(_requests()[0]))
+    extension = GenerationRequest(prompt="the fox jumps into a river", extend_from=source.session, num_frames=21,
+                                  num_inference_steps=2, seed=7, guidance_scale=3.0)
+    runs = [engine.submit(r) for r in (extension, GenerationRequest(**{**SIZE, **KINDS[1], "num_frames": 21}))]
+    try:
+        plans = [_advance(run, 2) for run in runs]
+        assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
+        _assert_batched_equals_single(plans)
+    finally:
+        for run in runs:
+            run.close()
+
+
 def _alone(engine: Any, requests: list[GenerationRequest]) -> list[Any]:
     return [video_output(engine.instance.card, engine.run(r)) for r in requests]
 

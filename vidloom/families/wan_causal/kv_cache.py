@@ -125,9 +125,10 @@ class FarKVStack:
     The step's rows are CFG-branch-major over the requests ([uncond of each, cond of each]; one row each without
     CFG), so request i's rows are every n-th row from row i: a strided view, in its own slab's branch order. Each
     request writes its chunk's K/V into its own slab, and its queries attend to that slab alone: one attention call
-    per request inside the shared forward. Concatenating the slabs' K/V into one call instead would copy every
-    layer's context keys and values at every step (bench/far_batching.py measured it slower; docs/families/anyflow-far.md).
-    Every slab holds the same context (FarNetwork.batch_key checks it).
+    per request inside the shared forward. Concatenating the slabs' K/V for one call instead would copy every layer's
+    whole context at every step (the 1.3B checkpoint at 480x832 late in a rollout: ~14k context tokens, ~180 MB of
+    bf16 K and V per layer and request with CFG) to save one attention launch per request and layer, a launch over
+    thousands of queries; bench/far_batching.py times both. Every slab holds the same context (FarNetwork.batch_key).
     """
 
     def __init__(self, caches: Sequence[FarKVCache]) -> None:
