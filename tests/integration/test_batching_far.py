@@ -119,6 +119,24 @@ def test_an_extension_steps_with_a_new_request_at_the_same_chunk(engine):
             run.close()
 
 
+def test_recompute_steps_without_a_kv_cache_stack_too(engine):
+    # kv_cache=False: each step re-embeds the request's own context with the chunk (no slab); the views stack alike.
+    from vidloom.core.loop import StepPlan
+    from vidloom.families.wan_causal.layout import ChunkLayout
+    from vidloom.families.wan_causal.loop import FAR_STEP_INPUTS, far_step
+    from vidloom.families.wan_causal.network import FarNetwork
+
+    model = engine.instance["transformer"]
+    layout = ChunkLayout.for_chunk((1, 2, 2), 2, (4, 6), model.config)
+    torch.manual_seed(0)
+    plans = [StepPlan(loop=STEP, index=0, total=1, call=far_step, denoiser=FAR_STEP_INPUTS, inputs={
+        NETWORK: FarNetwork(model, layout, None, 2), "latents": torch.randn(1, 4, layout.total_frames, 4, 6),
+        "t": torch.tensor([0.8 - 0.2 * i]), "r": torch.tensor([0.3]), "guidance_scale": 2.0 + i, "pair": None,
+        "text": model.embed_text(torch.randn(2, 8, model.config.wan.text_dim))}) for i in range(2)]
+    assert batch_key(plans[0]) is not None and batch_key(plans[0]) == batch_key(plans[1])
+    _assert_batched_equals_single(plans)
+
+
 def _alone(engine: Any, requests: list[GenerationRequest]) -> list[Any]:
     return [video_output(engine.instance.card, engine.run(r)) for r in requests]
 
