@@ -27,7 +27,7 @@ def test_the_command_prints_the_table_then_every_refusal_with_its_reason(capsys)
     assert {line.split(" on ")[1].split(":")[0] for line in no_lora} == {
         "cosmos3-chat-only", "adapted diffusers pipeline", "qwen-omni", "qwen3-omni"}
     assert not [line for line in reasons if line.endswith("not wired for this family")], "a refusal without a reason"
-    far = next(line for line in reasons if line.startswith("- `batching` on anyflow-far: "))
+    far = next(line for line in reasons if line.startswith("- `cuda_graphs` on anyflow-far: "))
     assert "KV cache" in far  # the card's own reason
 
 
@@ -55,7 +55,7 @@ def test_cells_follow_what_the_cards_declare():
     assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "anyflow-far") == "-"
     assert _cell(table, "cfg_mode", "flux2") == "yes" and _cell(table, "cfg_mode", "flux2-distilled") == "-"
     assert _cell(table, "kv_pool_tokens", "cosmos3") == "yes" and _cell(table, "kv_pool_tokens", "wan") == "-"
-    assert _cell(table, "batching", "stable-audio") == "yes" and _cell(table, "batching", "anyflow-far") == "-"
+    assert _cell(table, "batching", "anyflow-far") == "yes" and _cell(table, "batching", "cosmos3") == "-"
     # the lora row follows Family.lora: a family with a LoRA name map takes adapters, one without refuses them
     assert _cell(table, "lora", "sana-wm") == "yes" and _cell(table, "lora", "qwen-omni") == "-"
     assert len(table.splitlines()) == 2 + len(FEATURES) + 1

@@ -49,6 +49,9 @@ class StepPlan:
     # A denoise step's declaration of its inputs (per sample / guidance scales / shared), which lets the
     # runtime stack it with other requests' steps (runtime.batching); None: the step always runs alone.
     denoiser: DenoiseInputs | None = None
+    # A step that is not a denoise step and runs alone by nature (a causal rollout's KV prefill, a chunk's decode):
+    # under the batch policy it runs alone without turning batching off for the request, whose denoise steps stack.
+    runs_alone: bool = False
 
 
 NETWORK = "network"

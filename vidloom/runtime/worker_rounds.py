@@ -221,7 +221,9 @@ class WorkerRounds:
         why = run.intercepted
         key = None if why else batch_key(plan)  # type: ignore[arg-type]
         if key is None:
-            run.turn_off("batching", why or _unbatched(run, plan))
+            why = why or _unbatched(run, plan)
+            if why:
+                run.turn_off("batching", why)
             return None
         return key if self.lora_batching == "mixed" else (key, run.adapter_set)
 
@@ -305,11 +307,15 @@ class WorkerRounds:
             self._finish_completed(entry)
 
 
-def _unbatched(run: RequestRun, plan: Any) -> str:
-    """Why `plan`'s step runs alone: its card's reason, else that the step declares nothing to stack."""
+def _unbatched(run: RequestRun, plan: Any) -> str | None:
+    """Why `plan`'s step runs alone: its card's reason, else that the step declares nothing to stack; None for a
+    step the loop marks `runs_alone` on a card that batches (a causal rollout's KV prefill or chunk decode): the
+    request's denoise steps still batch."""
     caps = run.instance.card.capabilities
     if "batching" not in caps.supported:
         return caps.why("batching")
+    if plan.runs_alone:
+        return None
     return f"the {plan.loop!r} step declares no inputs that stack with other requests' (runtime.batching)"
 
 

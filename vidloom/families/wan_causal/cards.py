@@ -37,12 +37,13 @@ CAPABILITIES = Capabilities(
                # and its KV per rank (parallel.token_layout)
                "devices", "cfg_parallel",
                # the encoded prompt broadcast from the encoder's rank before the rollout (runtime.parallel.prompt_rank)
-               "text_encoder_rank"}),
+               "text_encoder_rank",
+               # steps at the same chunk position share a forward, each request's KV in its own slab (network.py)
+               "batching"}),
     refusals("kv_pool_tokens", "offload_idle_expert", "two_stage", "components",
              cuda_graphs="a rollout step writes the request's KV cache in place",
-             cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to choose",
-             batching="each rollout step attends its own request's KV cache, written in place chunk by chunk; "
-                      "steps of different requests are not stacked yet, so each runs alone"),
+             cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to "
+                      "choose"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`

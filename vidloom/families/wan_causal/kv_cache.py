@@ -1,9 +1,10 @@
-"""Preallocated per-layer K/V slab for one causal rollout (one request, CFG branches batched)."""
+"""Preallocated per-layer K/V slab for one causal rollout (one request, CFG branches batched), and several
+requests' slabs side by side for one batched rollout step (FarKVStack)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -86,6 +87,14 @@ class FarKVCache:
         stop = self.null + end
         return self.keys[layer, :, start:stop], self.values[layer, :, start:stop]
 
+    def step_attention(self, layer: int, start: int, null_keys: int, q: Tensor, k: Tensor, v: Tensor,
+                       attend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+        """A rollout step's self-attention at `layer`: write the chunk's k/v [B, n, H, D] at context row `start`,
+        then `attend(q, keys, values)` over [`null_keys` zero rows, the context, the chunk]."""
+        self.write(layer, start, k, v)
+        keys, values = self.read(layer, null_keys, start + k.shape[1])
+        return attend(q, keys, values)
+
     def context_copy(self) -> FarKVCache:
         """A compact copy of the valid context rows (no null rows, no room to generate): a session's KV."""
         rows = slice(self.null, self.null + self.context_rows)
@@ -108,3 +117,34 @@ class FarKVCache:
         """Bytes of a `context_copy` of `rows` rows of a slab whose keys are `keys`."""
         layers, batch, _, heads, dim = keys.shape
         return 2 * layers * batch * rows * heads * dim * keys.element_size()
+
+
+class FarKVStack:
+    """Several requests' slabs as one batched rollout step sees them (runtime.batching stacks the requests' steps).
+
+    The step's rows are CFG-branch-major over the requests ([uncond of each, cond of each]; one row each without
+    CFG), so request i's rows are every n-th row from row i: a strided view, in its own slab's branch order. Each
+    request writes its chunk's K/V into its own slab, and its queries attend to that slab alone: one attention call
+    per request inside the shared forward. Concatenating the slabs' K/V for one call instead would copy every layer's
+    whole context at every step (the 1.3B checkpoint at 480x832 late in a rollout: ~14k context tokens, ~180 MB of
+    bf16 K and V per layer and request with CFG) to save one attention launch per request and layer, a launch over
+    thousands of queries; bench/far_batching.py times both. Every slab holds the same context (FarNetwork.batch_key).
+    """
+
+    def __init__(self, caches: Sequence[FarKVCache]) -> None:
+        self.caches = tuple(caches)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.caches[0].context_tokens
+
+    @property
+    def context_rows(self) -> int:
+        return self.caches[0].context_rows
+
+    def step_attention(self, layer: int, start: int, null_keys: int, q: Tensor, k: Tensor, v: Tensor,
+                       attend: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+        n = len(self.caches)
+        outs = [cache.step_attention(layer, start, null_keys, q[i::n], k[i::n], v[i::n], attend)
+                for i, cache in enumerate(self.caches)]
+        return torch.stack(outs, dim=1).flatten(0, 1)  # [branches, n, ...] -> branch-major rows again

@@ -29,13 +29,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.errors import InvalidRequest, NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, SessionContext, StepPlan
 from vidloom.core.output import VideoChunk
 from vidloom.core.request import GenerationRequest
 from vidloom.core.session import VideoSession, latents_to_cpu
 from vidloom.diffusion.flow_map_euler import FlowMapEulerSampler
-from vidloom.diffusion.guidance import BranchExchange
+from vidloom.diffusion.guidance import BranchExchange, GuidanceScale, cfg_combine
 from vidloom.diffusion.sampler import SamplerConfig, Schedule, make_sampler
 from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.vae import WanVAE
@@ -104,20 +105,27 @@ def rebuild_session_kv(
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
+FAR_STEP_INPUTS = DenoiseInputs(("latents", "t", "r", "text"), ("guidance_scale",))
+"""A rollout step's inputs as cross-request batching stacks them (runtime.batching): each request's chunk latents,
+(t, r) and text (FarText.stack), its own guidance scale; the network view stacks the requests' KV slabs."""
+
+
 def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
-             guidance_scale: float, pair: BranchExchange | None = None) -> Tensor:
-    """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference;
-    under CFG parallel (`pair`) this rank's branch, the pair's two predictions combined alike on both ranks."""
-    branches = text.batch
-    x = latents.expand(branches, *latents.shape[1:])
-    out = network(x, t.expand(branches), r.expand(branches), text)
+             guidance_scale: GuidanceScale, pair: BranchExchange | None = None) -> Tensor:
+    """One flow-map prediction for the generated chunk of each of the N requests in `latents` [N, ...] (one, unless
+    batched), CFG branches batched as [uncond, cond] like the reference (branch-major over the requests, as
+    FarText.stack stacks their texts); under CFG parallel (`pair`) this rank's branch, the pair's two predictions
+    combined alike on both ranks. `guidance_scale`: a float, or one per request [N, 1, 1, 1, 1] (cfg_combine)."""
+    branches = text.batch // latents.shape[0]
+    x = latents[None].expand(branches, *latents.shape).flatten(0, 1)
+    out = network(x, t[None].expand(branches, -1).flatten(), r[None].expand(branches, -1).flatten(), text)
     if pair is not None:
         cond, uncond = pair.all_gather(out).unbind(0)
     elif branches == 1:
         return out
     else:
         uncond, cond = out.chunk(2)
-    return uncond + guidance_scale * (cond - uncond)
+    return cfg_combine(cond, uncond, guidance_scale)
 
 
 def far_prefill(transformer: FarTransformer, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
@@ -266,7 +274,7 @@ class FarRolloutLoop:
             return None
         k = state.decoded
         latents = state.latents[:, :, state.frame_starts[k] : state.frame_starts[k + 1]]
-        return StepPlan(loop=DECODE, index=k, total=len(state.layouts), call=decode_chunk,
+        return StepPlan(loop=DECODE, index=k, total=len(state.layouts), call=decode_chunk, runs_alone=True,
                         inputs={"vae": self.vae, "stream": state.stream, "latents": latents})
 
     def _prefill_plan(self, state: FarRolloutState) -> StepPlan | None:
@@ -277,15 +285,16 @@ class FarRolloutLoop:
             return None
         if state.resumed == "rebuilt" and state.chunk == state.context_chunks:
             assert state.session is not None
-            return StepPlan(loop=SESSION, index=0, total=1, call=rebuild_session_kv,
+            return StepPlan(loop=SESSION, index=0, total=1, call=rebuild_session_kv, runs_alone=True,
                             inputs={"transformer": self.transformer, "encode": self.text_encode,
                                     "session": state.session, "layout": layout, "cache": state.cache,
                                     "dtype": self.dtype, "pair": self.pair})
         first_prefill = max(state.context_chunks, 1)  # chunk 0 has nothing to prefill
         return StepPlan(
             loop=PREFILL, index=state.chunk - first_prefill, total=len(state.layouts) - first_prefill,
-            call=far_prefill, inputs={"transformer": self.transformer, "text": state.text, "layout": layout,
-                                      "context": state.latents[:, :, : layout.context_frames], "cache": state.cache},
+            call=far_prefill, runs_alone=True,
+            inputs={"transformer": self.transformer, "text": state.text, "layout": layout,
+                    "context": state.latents[:, :, : layout.context_frames], "cache": state.cache},
         )
 
     def _session_plan(self, state: FarRolloutState) -> StepPlan | None:
@@ -293,7 +302,7 @@ class FarRolloutLoop:
         if (state.chunk < len(state.layouts) or state.cache is None or state.session_prefilled
                 or not getattr(state.ctx, "keeps_sessions", False)):
             return None
-        return StepPlan(loop=SESSION, index=0, total=1, call=far_prefill,
+        return StepPlan(loop=SESSION, index=0, total=1, call=far_prefill, runs_alone=True,
                         inputs={"transformer": self.transformer, "text": state.text, "layout": self._next_layout(state),
                                 "context": state.latents, "cache": state.cache})
 
@@ -314,7 +323,7 @@ class FarRolloutLoop:
             latents = torch.cat([state.latents[:, :, : layout.context_frames], latents], dim=2)
         total = (len(state.layouts) - state.context_chunks) * state.schedule.num_steps
         return StepPlan(
-            loop=STEP, index=state.done_steps, total=total, call=far_step,
+            loop=STEP, index=state.done_steps, total=total, call=far_step, denoiser=FAR_STEP_INPUTS,
             inputs={NETWORK: FarNetwork(self.transformer, layout, state.cache, state.chunk), "latents": latents,
                     "t": t.reshape(1), "r": r.reshape(1), "text": state.text, "guidance_scale": state.guidance_scale,
                     "pair": self.pair},

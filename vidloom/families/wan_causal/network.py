@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from torch import Tensor
 
-from vidloom.families.wan_causal.kv_cache import FarKVCache
+from vidloom.families.wan_causal.kv_cache import FarKVCache, FarKVStack
 from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS
 from vidloom.families.wan_causal.transformer import FarConditioning, FarText, FarTransformer
 
 
@@ -15,12 +18,36 @@ class FarNetwork:
     Built per step (it binds the chunk's layout and the request's KV slab, or none to recompute), so
     nothing per request lands on the shared transformer. Its cache scope is the chunk: a step cache
     never reuses one chunk's residual for the next chunk's tokens.
+
+    Steps of several requests at the same chunk position stack into one forward (batch_key / stack): the same
+    layout (chunk sizes so far, latent grid) and slabs holding the same context, each request's K/V written to and
+    read from its own slab (FarKVStack).
     """
 
-    def __init__(self, transformer: FarTransformer, layout: ChunkLayout, cache: FarKVCache | None,
+    def __init__(self, transformer: FarTransformer, layout: ChunkLayout, cache: FarKVCache | FarKVStack | None,
                  chunk: int) -> None:
         self.transformer, self.layout, self.cache = transformer, layout, cache
         self.cache_scope = chunk
+
+    def batch_key(self) -> tuple[Any, ...] | None:
+        """None under sequence parallel (a rank holds its rows of every chunk; its steps run alone)."""
+        if self.transformer.sequence is not WHOLE_CHUNKS:
+            return None
+        slab = None
+        if isinstance(self.cache, FarKVCache):
+            keys = self.cache.keys
+            slab = (self.cache.context_tokens, self.cache.context_rows, keys.shape[1], keys.shape[3:], keys.dtype,
+                    keys.device)
+        elif self.cache is not None:
+            return None  # already a stack
+        return (id(self.transformer), self.layout, self.cache_scope, slab)
+
+    @staticmethod
+    def stack(views: Sequence[FarNetwork]) -> FarNetwork:
+        first = views[0]
+        caches = [v.cache for v in views]
+        stacked = None if first.cache is None else FarKVStack(caches)  # type: ignore[arg-type]
+        return FarNetwork(first.transformer, first.layout, stacked, first.cache_scope)
 
     def __call__(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> Tensor:
         x, cond = self.embed(latents, t, r, text)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator
+from typing import Callable, ClassVar, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
 from vidloom.models.wan.transformer import MLP, WanAttention
 from vidloom.families.wan_causal.config import FarTransformerConfig
-from vidloom.families.wan_causal.kv_cache import FarKVCache
+from vidloom.families.wan_causal.kv_cache import FarKVCache, FarKVStack
 from vidloom.families.wan_causal.layout import ChunkLayout
 from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS, ChunkShards, WholeChunks
 
@@ -97,6 +97,21 @@ class FarText:
     @property
     def batch(self) -> int:
         return self.keys[0].shape[0]
+
+    def batch_key(self) -> tuple:
+        """Requests' texts stack when their K/V have the same shapes (CFG branches, tokens), dtype and device."""
+        first = self.keys[0]
+        return (len(self.keys), tuple(first.shape), first.dtype, first.device)
+
+    @staticmethod
+    def stack(texts: Sequence[FarText]) -> FarText:
+        """Several requests' texts as one batched rollout step reads them: CFG-branch-major rows (the uncond rows of
+        every request, then the cond rows), as far_step lays out the latents and FarKVStack the caches."""
+
+        def rows(layers: tuple[tuple[Tensor, ...], ...]) -> tuple[Tensor, ...]:
+            return tuple(torch.stack(per_request, dim=1).flatten(0, 1) for per_request in zip(*layers))
+
+        return FarText(rows(tuple(t.keys for t in texts)), rows(tuple(t.values for t in texts)))
 
     def __repr__(self) -> str:
         # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
@@ -271,9 +286,10 @@ class FarTransformer(BlockStack, nn.Module):
     # next chunk's prefill rewrites the context from clean latents), so a step cache may skip blocks.
 
     def embed_step(
-        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache,
+        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache | FarKVStack,
     ) -> tuple[Tensor, FarConditioning]:
-        """The generated chunk's tokens and a self-attention that extends the prefilled cache."""
+        """The generated chunk's tokens and a self-attention that extends the prefilled cache (or each request's
+        own, for a batched step: FarKVStack)."""
         if cache.context_tokens != layout.context_tokens:
             raise ValueError(
                 f"KV cache holds {cache.context_tokens} context tokens; this chunk needs {layout.context_tokens} "
@@ -281,16 +297,16 @@ class FarTransformer(BlockStack, nn.Module):
             )
         per_frame = layout.frame_tokens()[layout.context_frames :]
         tokens = self._embed(latents, t, r, layout, per_frame, full=True, segments=[layout.generated_tokens])
-        start, end = cache.context_rows, cache.context_rows + tokens.x.shape[1]
+        start = cache.context_rows
         # Keys: the null keys, the context chunks, this chunk (this rank's rows of each, under sequence parallel).
         key_mask = self.sequence.key_mask([layout.null_keys, *layout.chunk_tokens()])
         null = self.sequence.rows(layout.null_keys)
 
         def attend(index: int, attn: WanAttention, h: Tensor) -> Tensor:
             q, k, v = _project(attn, h, tokens.rope)
-            cache.write(index, start, k, v)
-            keys, values = cache.read(index, null, end)
-            return attn.out(_attend(attn.attention_fn, q, keys, values, key_mask).flatten(-2))
+            out = cache.step_attention(index, start, null, q, k, v,
+                                       lambda q, k, v: _attend(attn.attention_fn, q, k, v, key_mask))
+            return attn.out(out.flatten(-2))
 
         return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, 0, tuple(latents.shape))
 
