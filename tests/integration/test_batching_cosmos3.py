@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.batched_runs import first_plans
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
@@ -72,6 +73,21 @@ def test_equal_prompt_lengths_share_a_key_and_stack(engine):
     finally:
         for run in runs:
             run.close()
+
+
+def test_prefills_of_equal_length_prompts_stack(engine):
+    """The prompt prefills stack too (ids [B, L] through the backbone): each request's K/V as its prefill alone."""
+    requests = [_request(p, seed) for seed, p in enumerate(EQUAL[:2])] + [_request(SHORTER, 7)]
+    with first_plans(engine, requests) as plans:
+        assert all(p.loop == "prefix_prefill" for p in plans)
+        keys = [batch_key(p) for p in plans]
+        assert keys[0] == keys[1] is not None and keys[2] != keys[0]
+        with torch.inference_mode():
+            together = run_batched(plans[:2])
+            for plan, result in zip(plans[:2], together):
+                alone = plan.call(**plan.inputs).clone()
+                assert result.shape == alone.shape
+                assert (result - alone).abs().max() <= RTOL * alone.abs().max()
 
 
 def test_prefixes_recomputed_every_step_run_alone(engine):

@@ -31,7 +31,8 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
-from vidloom.families.cosmos3.gen_step import STEP_INPUTS, Branch, Cosmos3View, denoise_step, prefill
+from vidloom.families.cosmos3.gen_step import (PREFILL_INPUTS, STEP_INPUTS, Branch, Cosmos3View, denoise_step,
+                                               prefill_step)
 from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 
@@ -134,9 +135,10 @@ class Cosmos3DenoiseLoop:
         if self.cache_prefix and state.filled < len(state.branches):
             k = state.filled
             state.pending = PREFILL
-            return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill,
+            return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill_step,
+                            denoiser=PREFILL_INPUTS,
                             inputs={"generator": self.generator, "backbone": self.backbone,
-                                    "branch": state.branches[k], "out": state.prefixes[k]})
+                                    "ids": state.branches[k].ids[None], "out": state.prefixes[k][None]})
         if state.index >= state.schedule.num_steps:
             return DONE
         state.pending = DENOISE
@@ -156,6 +158,9 @@ class Cosmos3DenoiseLoop:
 
     def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:
         if state.pending == PREFILL:
+            buffer = state.prefixes[state.filled]
+            if result.data_ptr() != buffer.data_ptr():  # a batched prefill wrote a stacked copy: this request's rows
+                buffer.copy_(result[0])
             state.filled += 1
             if state.resident is not None and state.filled == len(state.branches):
                 state.resident.complete = True

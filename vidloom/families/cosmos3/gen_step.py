@@ -47,9 +47,16 @@ class Branch:
         return cls(ids, layout, (len(ids), layout.batch_key()))
 
 
-def prefill(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branch: Branch, out: Tensor) -> Tensor:
-    positions = text_prefix_positions(len(branch.ids), generator.config)
-    return generator.prefill(backbone, branch.ids, positions, out)
+PREFILL_INPUTS = DenoiseInputs(("ids", "out"))
+"""A prefix prefill's per-request inputs: prompt ids [B, L] and the K/V buffers [B, layers, 2, L, kv_heads, head_dim]
+they fill. Prompts of one length stack (their positions are alike); the backbone and generator are shared inputs."""
+
+
+def prefill_step(generator: Cosmos3Generator, backbone: Cosmos3Transformer, ids: Tensor, out: Tensor) -> Tensor:
+    """Prefill a batch of prompts of one length: ids [B, L] -> their per-layer K/V written into `out`; returns it
+    (a batched plan's `out` is a stacked copy: the loop copies each request's rows back into its own buffer)."""
+    positions = text_prefix_positions(ids.shape[-1], generator.config)
+    return generator.prefill(backbone, ids, positions, out)
 
 
 @dataclass(frozen=True)
@@ -112,8 +119,8 @@ class Cosmos3View:
         if self.prefixes is not None:
             return self.prefixes[k]
         branch = self.branches[k]  # recompute: the prefix again, this step (one request: its key is None)
-        return prefill(self.generator, self.backbone, branch,
-                       latents.new_empty(self.generator.prefix_shape(len(branch.ids))))[None]
+        return prefill_step(self.generator, self.backbone, branch.ids[None],
+                            latents.new_empty(1, *self.generator.prefix_shape(len(branch.ids))))
 
 
 def denoise_step(network: Cosmos3View, latents: Tensor, sound: Tensor | None, timestep: Tensor,

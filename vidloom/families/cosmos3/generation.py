@@ -112,8 +112,8 @@ class ActionTokens:
 class CapturePrefix:
     """KVAttention for the prefix prefill: causal text attention, writing each layer's K/V into `buffer`.
 
-    `buffer` [layers, 2, L, kv_heads, head_dim] holds, per layer, the keys the generation pathway
-    reads (after the optional `und_k_norms`) and the values.
+    `buffer` [B, layers, 2, L, kv_heads, head_dim] holds, per prompt of the batch and per layer, the keys the
+    generation pathway reads (after the optional `und_k_norms`) and the values.
     """
 
     def __init__(self, buffer: Tensor, scale: float, rope: tuple[Tensor, Tensor],
@@ -128,8 +128,8 @@ class CapturePrefix:
             cos, sin = self.rope
             raw = apply_rotary(k, cos, -sin)
             k_gen = apply_rotary(self.und_k_norms[layer](raw), cos, sin)
-        self.buffer[layer, 0].copy_(k_gen)
-        self.buffer[layer, 1].copy_(v)
+        self.buffer[:, layer, 0].copy_(k_gen)
+        self.buffer[:, layer, 1].copy_(v)
         return grouped_attention(q, k, v, self.scale, causal=True)
 
 
@@ -225,7 +225,13 @@ class Cosmos3Generator(BlockStack, nn.Module):
 
     @torch.no_grad()
     def prefill(self, backbone: Cosmos3Transformer, input_ids: Tensor, positions: Tensor, out: Tensor) -> Tensor:
-        """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it."""
+        """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it.
+
+        One prompt: input_ids [L], out [layers, 2, L, kv_heads, head_dim]; or a batch of prompts of one length (their
+        positions alike): input_ids [B, L], out [B, layers, 2, L, kv_heads, head_dim]."""
+        if input_ids.dim() == 1:
+            self.prefill(backbone, input_ids[None], positions, out[None])
+            return out
         positions = positions.to(input_ids.device)
         rope = backbone.rotary(positions, out.dtype)
         capture = CapturePrefix(out, backbone.attention_scale, rope, self.und_k_norms)

@@ -145,7 +145,8 @@ class Cosmos3Transformer(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,
                 logits_at: Tensor | None = None) -> Tensor:
-        """input_ids [T] (packed sequences), positions [3, T] -> logits [T or len(logits_at), vocab].
+        """input_ids [T] (packed sequences), positions [3, T] -> logits [T or len(logits_at), vocab]; or [B, T] ids
+        of B uncached sequences of one length, positions alike (a batch of generation prompts' prefills).
 
         `logits_at` picks the tokens whose logits are wanted (each sequence's last while decoding), so
         the lm head runs on those rows only. Without `kv`, the T tokens are one uncached sequence.
