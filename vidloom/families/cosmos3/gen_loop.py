@@ -147,6 +147,7 @@ class Cosmos3DenoiseLoop:
         return StepPlan(
             loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step, denoiser=STEP_INPUTS,
             inputs={NETWORK: Cosmos3View(self.generator, self.backbone, state.branches, prefixes),
+                    "branches": len(state.branches),
                     "latents": state.latents.to(self.dtype)[None],
                     "sound": None if state.sound is None else state.sound.to(self.dtype)[None],
                     "timestep": state.schedule.timesteps[state.index].reshape(1),

@@ -9,6 +9,9 @@ dtype. The prefixes are then stacked along a batch axis and every generation lay
 exactly the one-request arithmetic per row, with no padding. Prompts of different token counts do not stack (their
 keys differ) and run alone: padding the shorter prefix with masked keys would change the generated tokens' positions
 and the attention kernel's arithmetic, not the reference's computation.
+
+A batched step reads a stacked copy of its requests' prefixes (B times one request's prefix K/V per CFG branch, freed
+after the step); each request's own buffers stay in the cache manager, unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from vidloom.layers.sequence import WHOLE_SEQUENCE
 
 STEP_INPUTS = DenoiseInputs(("latents", "timestep", "sound", "action"), ("guidance_scale",))
 """Per request in a batched step: latents [B, C, T, h, w], timesteps [B], sound [B, C_s, T_s], action streams; the
-guidance scale per request. The view (NETWORK) stacks the prefixes; `action_width` and `cfg_pair` must be equal."""
+guidance scale per request. The view (NETWORK) stacks the prefixes; `branches` (the CFG branch count), `action_width`
+and `cfg_pair` must be equal."""
 
 Velocities = tuple[Tensor, Tensor | None, Tensor | None]
 
@@ -123,17 +127,18 @@ class Cosmos3View:
                             latents.new_empty(1, *self.generator.prefix_shape(len(branch.ids))))
 
 
-def denoise_step(network: Cosmos3View, latents: Tensor, sound: Tensor | None, timestep: Tensor,
+def denoise_step(network: Cosmos3View, branches: int, latents: Tensor, sound: Tensor | None, timestep: Tensor,
                  guidance_scale: float | Tensor, action: ActionTokens | None = None, action_width: int = 0,
                  cfg_pair: BranchExchange | None = None) -> Velocities:
     """Guided velocities (vision [B, C, T, h, w], sound [B, C_s, T_s], action [B, T_a, D]; None where absent) in
     float32, as the reference combines them; action channels past `action_width` (the embodiment's) are zero.
 
-    `network` runs the generated tokens (a step cache may stand in for it); `guidance_scale`: one float, or one per
+    `network` runs the generated tokens of each of the `branches` CFG branches (a step cache may stand in for it,
+    which is why their count is an input of its own); `guidance_scale`: one float, or one per
     request ([B, 1, 1, 1, 1], a batch of requests that guide differently). `cfg_pair`: a --cfg-parallel pair; this
     rank runs branch `cfg_pair.rank` only and the pair gathers both predictions."""
     outs = []
-    mine = range(len(network.branches)) if cfg_pair is None else (cfg_pair.rank,)
+    mine = range(branches) if cfg_pair is None else (cfg_pair.rank,)
     for k in mine:
         vision, audio, acts = network(k, latents, timestep, sound, action)
         if acts is not None:
