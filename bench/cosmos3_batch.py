@@ -6,7 +6,8 @@ rounds alternate the two policies so drifting machine load hits both alike; each
 pair (tokenize, prefill, every step, VAE decode), the load average, and how far the batched videos are from the fifo
 ones (float32: matmul blocking only).
 
-    OMP_NUM_THREADS=1 python bench/cosmos3_batch.py [--size mid|demo] [--rounds 3] [--steps 6]
+    OMP_NUM_THREADS=1 python bench/cosmos3_batch.py [--size mid|demo] [--rounds 3] [--steps 4] [--height 128]
+        [--width 128] [--frames 9]
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from cosmos3_prefix import MID  # noqa: E402
 from report import environment, print_table, write_json  # noqa: E402
 from tests.helpers.cosmos3_checkpoints import write_tiny_cosmos3  # noqa: E402
 
-PROMPTS = ("a red fox jumps over the lazy dog", "a blue cat naps under the warm sun")
-SIZE = dict(height=64, width=64, num_frames=9, fps=16, guidance_scale=4.0)
+# The same words in another order: equal token counts under any word-piece tokenizer (checked: largest_batch).
+PROMPTS = ("a red fox jumps over the lazy dog", "a red dog jumps over the lazy fox")
+SIZE = dict(height=128, width=128, num_frames=9, fps=16, guidance_scale=4.0)
 
 
 def _generator(size: str) -> Any:
@@ -41,11 +43,11 @@ def _generator(size: str) -> Any:
     return VideoGenerator.from_pretrained(model, device="cpu", dtype="float32")
 
 
-def _pair(engine: Any, policy: str, steps: int, seed: int) -> dict[str, Any]:
+def _pair(engine: Any, policy: str, steps: int, seed: int, size: dict[str, Any]) -> dict[str, Any]:
     from vidloom.core.request import GenerationRequest
     from vidloom.runtime.async_engine import AsyncEngine
 
-    requests = [GenerationRequest(prompt=p, negative_prompt="blurry", seed=seed + i, num_inference_steps=steps, **SIZE)
+    requests = [GenerationRequest(prompt=p, negative_prompt="blurry", seed=seed + i, num_inference_steps=steps, **size)
                 for i, p in enumerate(PROMPTS)]
     async_engine = AsyncEngine(engine, policy=policy, slots=2, queue_size=4, batch_wait_s=0.2)
     load = os.getloadavg()[0]
@@ -62,22 +64,24 @@ def _pair(engine: Any, policy: str, steps: int, seed: int) -> dict[str, Any]:
             "largest_batch": stats["largest_batch"] if policy == "batch" else 1, "videos": videos}
 
 
-def run(size: str, rounds: int, steps: int) -> dict[str, Any]:
+def run(size: str, rounds: int, steps: int, request: dict[str, Any]) -> dict[str, Any]:
     gen = _generator(size)
-    _pair(gen.engine, "batch", 1, 0)  # warm-up
+    _pair(gen.engine, "batch", 1, 0, request)  # warm-up
     rows: list[dict[str, Any]] = []
     for r in range(rounds):
         for policy in (("fifo", "batch") if r % 2 == 0 else ("batch", "fifo")):
-            rows.append(_pair(gen.engine, policy, steps, 10 * r))
+            rows.append(_pair(gen.engine, policy, steps, 10 * r, request))
     diffs = []
     for r in range(rounds):
         fifo, batch = (next(x for x in rows[2 * r: 2 * r + 2] if x["policy"] == p) for p in ("fifo", "batch"))
         diffs.append(max(float(np.abs(a - b).max()) for a, b in zip(fifo["videos"], batch["videos"])))
     for row in rows:
         del row["videos"]
+        if row["policy"] == "batch" and row["largest_batch"] != 2:
+            raise SystemExit(f"the two requests never shared a forward: {row}")
     med = {p: {k: statistics.median(x[k] for x in rows if x["policy"] == p) for k in ("wall_s", "cpu_s")}
            for p in ("fifo", "batch")}
-    return {"size": size, "steps": steps, "request": SIZE, "prompts": PROMPTS, "rounds": rows, "median": med,
+    return {"size": size, "steps": steps, "request": request, "prompts": PROMPTS, "rounds": rows, "median": med,
             "wall_ratio_fifo_over_batch": round(med["fifo"]["wall_s"] / med["batch"]["wall_s"], 3),
             "cpu_ratio_fifo_over_batch": round(med["fifo"]["cpu_s"] / med["batch"]["cpu_s"], 3),
             "max_abs_video_diff_batch_vs_fifo": max(diffs), "environment": environment()}
@@ -87,9 +91,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="mid", choices=("mid", "demo"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--height", type=int, default=SIZE["height"])
+    parser.add_argument("--width", type=int, default=SIZE["width"])
+    parser.add_argument("--frames", type=int, default=SIZE["num_frames"])
     args = parser.parse_args(argv)
-    result = run(args.size, args.rounds, args.steps)
+    request = {**SIZE, "height": args.height, "width": args.width, "num_frames": args.frames}
+    result = run(args.size, args.rounds, args.steps, request)
     print_table(["policy", "wall s", "cpu s", "load", "mean batch"],
                 [[x["policy"], str(x["wall_s"]), str(x["cpu_s"]), str(x["load_1min"]), str(x["mean_batch"])]
                  for x in result["rounds"]])
