@@ -122,7 +122,7 @@ def _cosmos3(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[s
     generator = _random_(materialize(lambda: Cosmos3Generator(config), device, dtype, KEEP_FP32), 1)
     s = row.shape
     shape = (config.latent_channel, (s["num_frames"] - 1) // 4 + 1, s["height"] // 16, s["width"] // 16)
-    latents = torch.randn(*shape, device=device, dtype=dtype)
+    latents = torch.randn(1, *shape, device=device, dtype=dtype)  # one request: a batch of one
     prefixes = []  # the prompt and the negative prompt: CFG runs one forward against each
     with torch.inference_mode():
         for seed in (0, 1):
@@ -130,9 +130,9 @@ def _cosmos3(row: FamilyRow, device: Any, dtype: Any) -> tuple[Any, Step, dict[s
                                 generator=torch.Generator().manual_seed(seed)).to(device)
             prefix = torch.empty(generator.prefix_shape(len(ids)), device=device, dtype=dtype)
             generator.prefill(backbone, ids, text_prefix_positions(len(ids), config).to(device), prefix)
-            prefixes.append(prefix)
+            prefixes.append(prefix[None])
     layout = GenLayout.build(config, shape, s["text_tokens"], s["fps"], 4)
-    timestep = torch.tensor(500, device=device)
+    timestep = torch.tensor([500], device=device)
 
     def step() -> Any:
         return [generator(backbone, prefix, layout, latents, timestep)[0] for prefix in prefixes]

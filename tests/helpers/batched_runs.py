@@ -37,10 +37,14 @@ def assert_batched_equals_single(plans: list[Any], rtol: float) -> None:
             assert (result - alone).abs().max() <= rtol * alone.abs().max()
 
 
-def serve_batched(engine: Any, requests: list[Any], timeout_s: float = 300) -> tuple[list[Any], dict[str, float]]:
+def serve_batched(engine: Any, requests: list[Any], timeout_s: float = 300,
+                  batch_wait_s: float = 0.0) -> tuple[list[Any], dict[str, float]]:
     """`requests` submitted together to an AsyncEngine with policy "batch" over `engine`: their results (in order)
-    and the policy's batch stats."""
-    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=max(4, len(requests)))
+    and the policy's batch stats. `batch_wait_s`: a step with room in its batch waits once for the others (a loop whose
+    first steps differ in key, as Cosmos3's prompt prefills per CFG branch, may otherwise never catch up when the
+    second request is admitted a few steps late on a loaded machine)."""
+    async_engine = AsyncEngine(engine, policy="batch", slots=len(requests), queue_size=max(4, len(requests)),
+                               batch_wait_s=batch_wait_s)
     try:
         handles = [async_engine.submit(r) for r in requests]
         return [h.wait(timeout_s) for h in handles], async_engine.batch_stats

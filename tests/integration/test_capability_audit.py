@@ -340,7 +340,7 @@ def _math_attention(gen: VideoGenerator, kind: str, path: Path, runs: list[int])
 
 def _batching(gen: VideoGenerator, kind: str, path: Path, runs: list[int]) -> None:
     """Two concurrent requests under the batch policy share their denoise forwards, and neither ran alone."""
-    outs, stats = serve_batched(gen.engine, [_request(kind, seed) for seed in (3, 4)])
+    outs, stats = serve_batched(gen.engine, [_request(kind, seed) for seed in (3, 4)], batch_wait_s=0.5)
     assert stats["largest_batch"] == 2, stats
     assert all("disabled" not in out.metadata for out in outs), [out.metadata.get("disabled") for out in outs]
 

@@ -43,6 +43,11 @@ def _oracle_forward(pipe, ids: list[int], latents: torch.Tensor, timestep: int, 
     return out[0][0][0]  # [C, T, h, w]
 
 
+def _one(outputs):
+    """The outputs of a batch of one request, without the batch axis."""
+    return tuple(None if o is None else o[0] for o in outputs)
+
+
 @pytest.mark.parametrize("shape,cond_frames,fps", [((4, 1, 2, 2), [], 24.0), ((4, 3, 3, 4), [0], 16.0)])
 @torch.no_grad()
 def test_one_forward_matches_diffusers(tiny_cosmos3_dir: Path, shape, cond_frames, fps):
@@ -58,7 +63,7 @@ def test_one_forward_matches_diffusers(tiny_cosmos3_dir: Path, shape, cond_frame
     layout = GenLayout.build(generator.config, shape, len(ids), fps, 4, tuple(cond_frames))
     prefix = torch.empty(generator.prefix_shape(len(ids)))
     generator.prefill(backbone, torch.tensor(ids), text_prefix_positions(len(ids), generator.config), prefix)
-    got, sound, _ = generator(backbone, prefix, layout, latents[0], torch.tensor(875))
+    got, sound, _ = _one(generator(backbone, prefix[None], layout, latents, torch.tensor([875])))
     err = (got - want).abs().max().item()
     print(f"{tiny_cosmos3_dir.name} {shape}: max |velocity diff| {err:.2e}, |velocity| {want.abs().max():.2f}")
     assert sound is None
@@ -70,12 +75,13 @@ def test_one_forward_matches_diffusers(tiny_cosmos3_dir: Path, shape, cond_frame
     for frame in cond_frames:  # clean frames get no prediction
         assert got[:, frame].abs().max() == 0
     # The timestep and the prompt both move the output (a dropped conditioning path could not pass).
-    other_t, _, _ = generator(backbone, prefix, layout, latents[0], torch.tensor(200))
+    other_t, _, _ = _one(generator(backbone, prefix[None], layout, latents, torch.tensor([200])))
     assert (other_t - got).abs().max() > 1e-2
     prefix2 = torch.empty(generator.prefix_shape(len(ids) - 3))
     generator.prefill(backbone, torch.tensor(ids[3:]), text_prefix_positions(len(ids) - 3, generator.config), prefix2)
-    other_p, _, _ = generator(backbone, prefix2, GenLayout.build(generator.config, shape, len(ids) - 3, fps, 4,
-                                                              tuple(cond_frames)), latents[0], torch.tensor(875))
+    other_p, _, _ = _one(generator(backbone, prefix2[None], GenLayout.build(generator.config, shape, len(ids) - 3,
+                                                                         fps, 4, tuple(cond_frames)),
+                                   latents, torch.tensor([875])))
     assert (other_p - got).abs().max() > 1e-2
 
 
@@ -103,8 +109,8 @@ def test_nemotron_layout_with_a_generation_k_norm(tmp_path: Path):
     want = _oracle_forward(pipe, ids, latents, 600, 24.0, [])
     prefix = torch.empty(generator.prefix_shape(len(ids)))
     generator.prefill(backbone, torch.tensor(ids), text_prefix_positions(len(ids), generator.config), prefix)
-    got, _, _ = generator(backbone, prefix, GenLayout.build(generator.config, shape, len(ids), 24.0, 4), latents[0],
-                       torch.tensor(600))
+    got, _, _ = _one(generator(backbone, prefix[None], GenLayout.build(generator.config, shape, len(ids), 24.0, 4),
+                               latents, torch.tensor([600])))
     err = (got - want).abs().max().item()
     print(f"nemotron layout: max |velocity diff| {err:.2e}")
     assert err < FORWARD_TOL and want.abs().max() > 0.5

@@ -55,7 +55,8 @@ def test_cells_follow_what_the_cards_declare():
     assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "anyflow-far") == "-"
     assert _cell(table, "cfg_mode", "flux2") == "yes" and _cell(table, "cfg_mode", "flux2-distilled") == "-"
     assert _cell(table, "kv_pool_tokens", "cosmos3") == "yes" and _cell(table, "kv_pool_tokens", "wan") == "-"
-    assert _cell(table, "batching", "anyflow-far") == "yes" and _cell(table, "batching", "cosmos3") == "-"
+    assert _cell(table, "batching", "anyflow-far") == "yes" and _cell(table, "batching", "cosmos3") == "yes"
+    assert _cell(table, "batching", "cosmos3-chat-only") == "-"
     # the lora row follows Family.lora: a family with a LoRA name map takes adapters, one without refuses them
     assert _cell(table, "lora", "sana-wm") == "yes" and _cell(table, "lora", "qwen-omni") == "-"
     assert len(table.splitlines()) == 2 + len(FEATURES) + 1

@@ -107,7 +107,8 @@ class DenoiseInputs:
     """How a denoise step's plan inputs combine across requests (runtime.batching reads it).
 
     The plan's network must be a shared module (equal by identity) or declare `batch_key()` and
-    `stack(views)`. Every input not named here must be equal (by identity, or by value when hashable)
+    `stack(views)`; a step with no network input (Cosmos3's prompt prefill) stacks its per-sample inputs alone.
+    Every input not named here must be equal (by identity, or by value when hashable)
     across the plans that batch; the plan's call must accept the stacked inputs and return one tensor,
     or a tuple of tensors, whose rows follow the stacked rows.
     """

@@ -29,11 +29,12 @@ def batch_key(plan: StepPlan) -> Hashable | None:
     """Equal keys may run in one forward; None: this plan runs alone (it declares no denoiser inputs, or
     one of them cannot stack)."""
     spec, inputs = plan.denoiser, plan.inputs
-    if spec is None or NETWORK not in inputs or not spec.per_sample:
+    if spec is None or not spec.per_sample:
         return None
     if not set(spec.per_sample) | set(spec.scales) <= set(inputs) or not isinstance(inputs[spec.per_sample[0]], Tensor):
         return None
-    parts = [_stack_key(inputs[NETWORK], network=True)]
+    # A step without a network input (a prompt prefill whose modules are shared inputs) stacks its per-sample ones.
+    parts = [_stack_key(inputs[NETWORK], network=True)] if NETWORK in inputs else []
     parts += [_stack_key(inputs[name]) for name in spec.per_sample]
     if any(part is _UNSTACKABLE for part in parts):
         return None
@@ -79,7 +80,8 @@ def run_batched(plans: Sequence[StepPlan]) -> list[Any]:
     first = plans[0]
     spec: DenoiseInputs = first.denoiser  # type: ignore[assignment]
     inputs: dict[str, Any] = dict(first.inputs)
-    inputs[NETWORK] = _stack_values([p.inputs[NETWORK] for p in plans], fallback_first=True)
+    if NETWORK in inputs:
+        inputs[NETWORK] = _stack_values([p.inputs[NETWORK] for p in plans], fallback_first=True)
     for name in spec.per_sample:
         inputs[name] = _stack_values([p.inputs[name] for p in plans])
     lead = spec.per_sample[0]

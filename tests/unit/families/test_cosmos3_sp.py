@@ -53,7 +53,9 @@ def test_the_sharded_generator_matches_one_device(raw, size, kind):
     sound, action = torch.randn(6, 5, generator=g), ActionTokens(torch.randn(4, 5, generator=g), 1)
     layout = GenLayout.build(config, (4, 2, 6, 4), prefix_len, 16.0, 4, (0,), 5, 4, (0,))
     assert layout.tokens % size, "the stream must be padded to split"  # 12 + 5 + 4 = 21 rows
-    args = (prefix, layout, latents, torch.tensor(500.0), sound, action)
+    # One request: a batch of one (the only batch a sharded stream runs: gen_step.Cosmos3View.batch_key)
+    args = (prefix[None], layout, latents[None], torch.tensor([500.0]), sound[None],
+            ActionTokens(action.values[None], action.domain))
     expected = generator(backbone, *args)
 
     def rank(comm):

@@ -44,10 +44,11 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # The text "encoder" is the unified backbone itself (a prompt is a prefix of the joint sequence, prefilled per
 # CFG branch), so the text-encoder options have nothing separate to act on; the rest are not wired yet.
 # devices, cfg_parallel: the generated stream sharded (padded), the prefix K/V whole on every rank, one CFG branch per
-# rank (parallel.token_layout).
+# rank (parallel.token_layout). batching (--policy batch): steps of requests whose prompts have equal token counts (and
+# equal sizes) stack their prefilled prompt K/V into one forward; other requests run alone (gen_step.Cosmos3View).
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
-               "vae_tile", "attention_backend", "devices", "cfg_parallel"}),
+               "vae_tile", "attention_backend", "devices", "cfg_parallel", "batching"}),
     refusals("offload_idle_expert", "two_stage", "components",
              offload_text_encoder="the prompt is read by the unified backbone, which generation needs resident; "
                                   "there is no separate text encoder to offload",
@@ -63,9 +64,7 @@ CAPABILITIES = Capabilities(
                          "padding, not the reference's computation",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              text_encoder_rank="the prompt is read by the unified backbone, which every rank runs; there is no "
-                               "separate text encoder to place on one rank",
-             batching="each denoise step attends its own request's prefilled prompt K/V, whose length follows the "
-                      "prompt; steps of different requests are not stacked yet, so each runs alone"),
+                               "separate text encoder to place on one rank"),
 )
 # Without a VAE and a scheduler the folder serves chat only: there is no generation to warm up.
 CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no generation shape to warm",

@@ -12,6 +12,10 @@ numbers, more work): the cached-vs-recompute test and the benchmark use it.
 Under --cfg-parallel (`pair`) every rank still prefills both branches' prefixes (as every rank of a pool encodes
 both prompts: the ranks' step inputs stay identical, and a prefill is once per request), then each step runs only
 its rank's branch (conditional on cfg-rank 0) and the pair exchanges predictions and combines them alike.
+
+A denoise plan declares its per-request inputs (gen_step.STEP_INPUTS) and a per-request network view over the
+request's prefixes (gen_step.Cosmos3View), so under `--policy batch` steps of requests whose prompts have equal token
+counts (and equal generated layouts) run as one forward; the rest run alone (gen_step says why).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
-from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator, GenConditioning
-from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
+from vidloom.families.cosmos3.gen_step import (PREFILL_INPUTS, STEP_INPUTS, Branch, Cosmos3View, denoise_step,
+                                               prefill_step)
+from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 
 PREFILL, DENOISE = "prefix_prefill", "denoise"
@@ -42,85 +47,6 @@ class ResidentPrefix:
     ids: tuple[tuple[int, ...], ...]
     prefixes: list[Tensor]
     complete: bool = False  # set once every branch is prefilled (a run cancelled mid-prefill leaves it False)
-
-
-@dataclass(frozen=True)
-class Branch:
-    """One CFG branch: its prompt ids and the layout of its generated tokens (positions follow the prompt)."""
-
-    ids: Tensor  # [L] long
-    layout: GenLayout
-
-
-def prefill(generator: Cosmos3Generator, backbone: Cosmos3Transformer, branch: Branch, out: Tensor) -> Tensor:
-    positions = text_prefix_positions(len(branch.ids), generator.config)
-    return generator.prefill(backbone, branch.ids, positions, out)
-
-
-class Cosmos3Network:
-    """The network a denoise step calls once per CFG branch: (prefix, layout, latents, timestep, sound, action)
-    -> (vision, sound, action) velocities; the shared backbone is bound here, never copied."""
-
-    def __init__(self, generator: Cosmos3Generator, backbone: Cosmos3Transformer) -> None:
-        self.generator, self.backbone = generator, backbone
-
-    def __call__(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
-                 action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        x, cond = self.embed(prefix, layout, latents, timestep, sound, action)
-        return self.head(self.run_blocks(x, cond), cond)
-
-    # The staged denoiser contract (core.denoiser.StagedDenoiser); __call__ is their composition. The action
-    # tokens are part of the residual stream (after vision and sound), so a step cache reuses them too.
-
-    @property
-    def num_blocks(self) -> int:
-        return self.generator.num_blocks
-
-    def embed(self, prefix: Tensor, layout: GenLayout, latents: Tensor, timestep: Tensor, sound: Tensor | None,
-              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
-        return self.generator.embed(self.backbone, prefix, layout, latents, timestep, sound, action)
-
-    def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
-        return self.generator.run_blocks(x, cond, start, end)
-
-    def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
-        return self.generator.block_input(x, cond, index)
-
-    def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        return self.generator.head(x, cond)
-
-
-def denoise_step(network: Cosmos3Network, generator: Cosmos3Generator, backbone: Cosmos3Transformer,
-                 branches: tuple[Branch, ...], prefixes: tuple[Tensor, ...] | None, latents: Tensor,
-                 sound: Tensor | None, timestep: Tensor, guidance_scale: float, action: ActionTokens | None = None,
-                 action_width: int = 0, cfg_pair: BranchExchange | None = None,
-                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Guided velocities (vision [C, T, h, w], sound [C_s, T_s], action [T_a, D]; None where absent) in float32,
-    as the reference combines them; action channels past `action_width` (the embodiment's) are zero.
-
-    `network` runs the generated tokens (a step cache may stand in for it); `generator` and `backbone`
-    recompute the prefixes when they are not cached. `cfg_pair`: a --cfg-parallel pair; this rank runs branch
-    `cfg_pair.rank` only and the pair gathers both predictions."""
-    outs = []
-    mine = range(len(branches)) if cfg_pair is None else (cfg_pair.rank,)
-    for k in mine:
-        branch = branches[k]
-        if prefixes is None:  # recompute: the prefix again, this step
-            prefix = prefill(generator, backbone, branch, latents.new_empty(generator.prefix_shape(len(branch.ids))))
-        else:
-            prefix = prefixes[k]
-        vision, audio, acts = network(prefix, branch.layout, latents, timestep, sound, action)
-        if acts is not None:
-            acts = acts.float()
-            acts[:, action_width:] = 0
-        outs.append(tuple(None if v is None else v.float() for v in (vision, audio, acts)))
-    if cfg_pair is not None:  # both ranks hold (cond, uncond) of every output after the exchange
-        gathered = [None if v is None else cfg_pair.all_gather(v) for v in outs[0]]  # [2, ...] each
-        outs = [tuple(None if g is None else g[k] for g in gathered) for k in range(cfg_pair.size)]
-    cond, *rest = outs
-    if not rest:
-        return cond
-    return tuple(None if c is None else u + guidance_scale * (c - u) for c, u in zip(cond, rest[0]))
 
 
 @dataclass
@@ -156,13 +82,12 @@ class Cosmos3DenoiseLoop:
         self.backbone, self.generator = backbone, generator
         self.sampler_config, self.dtype, self.cache_prefix = sampler_config, dtype, cache_prefix
         self.pair = pair  # a --cfg-parallel pair: one branch per rank
-        self.network = Cosmos3Network(generator, backbone)  # holds no per-request state: shared by requests
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Cosmos3DenoiseState:
         request: GenerationRequest = slots["request"]
         sampler = make_sampler(request.sampler, self.sampler_config.with_shift(request.flow_shift))
         schedule = sampler.schedule(request.num_inference_steps)
-        branches = tuple(Branch(ids, layout) for ids, layout in slots["branches"])
+        branches = tuple(Branch.of(ids, layout) for ids, layout in slots["branches"])
         state = Cosmos3DenoiseState(
             branches=branches, latents=slots["latents"], sound=slots["sound_latents"], sampler=sampler,
             schedule=schedule, sampler_state=sampler.init_state(schedule),
@@ -210,38 +135,44 @@ class Cosmos3DenoiseLoop:
         if self.cache_prefix and state.filled < len(state.branches):
             k = state.filled
             state.pending = PREFILL
-            return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill,
+            return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill_step,
+                            denoiser=PREFILL_INPUTS,
                             inputs={"generator": self.generator, "backbone": self.backbone,
-                                    "branch": state.branches[k], "out": state.prefixes[k]})
+                                    "ids": state.branches[k].ids[None], "out": state.prefixes[k][None]})
         if state.index >= state.schedule.num_steps:
             return DONE
         state.pending = DENOISE
+        # One request's prefixes as a batch of one (views of its buffers, no copy): batched steps stack them.
+        prefixes = tuple(p[None] for p in state.prefixes) if self.cache_prefix else None
         return StepPlan(
-            loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step,
-            inputs={NETWORK: self.network, "generator": self.generator, "backbone": self.backbone,
-                    "branches": state.branches,
-                    "prefixes": tuple(state.prefixes) if self.cache_prefix else None,
-                    "latents": state.latents.to(self.dtype),
-                    "sound": None if state.sound is None else state.sound.to(self.dtype),
-                    "timestep": state.schedule.timesteps[state.index], "guidance_scale": state.guidance_scale,
-                    "action": None if state.actions is None else ActionTokens(state.actions.to(self.dtype), state.domain),
+            loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step, denoiser=STEP_INPUTS,
+            inputs={NETWORK: Cosmos3View(self.generator, self.backbone, state.branches, prefixes),
+                    "branches": len(state.branches),
+                    "latents": state.latents.to(self.dtype)[None],
+                    "sound": None if state.sound is None else state.sound.to(self.dtype)[None],
+                    "timestep": state.schedule.timesteps[state.index].reshape(1),
+                    "guidance_scale": state.guidance_scale,
+                    "action": None if state.actions is None else ActionTokens(state.actions.to(self.dtype)[None],
+                                                                              state.domain),
                     "action_width": state.action_width, "cfg_pair": self.pair},
         )
 
     def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:
         if state.pending == PREFILL:
+            buffer = state.prefixes[state.filled]
+            if result.data_ptr() != buffer.data_ptr():  # a batched prefill wrote a stacked copy: this request's rows
+                buffer.copy_(result[0])
             state.filled += 1
             if state.resident is not None and state.filled == len(state.branches):
                 state.resident.complete = True
             return state
-        vision, audio, acts = result
+        vision, audio, acts = result  # each with this request's batch axis of one, as the reference steps them
         i = state.index
-        # The reference steps a leading batch axis of one; the sampler is shape-agnostic.
-        state.latents = state.sampler.step(state.sampler_state, i, vision[None], state.latents[None])[0]
+        state.latents = state.sampler.step(state.sampler_state, i, vision, state.latents[None])[0]
         if state.sound is not None:
-            state.sound = state.sampler.step(state.sound_state, i, audio[None], state.sound[None])[0]
+            state.sound = state.sampler.step(state.sound_state, i, audio, state.sound[None])[0]
         if state.actions is not None and state.branches[0].layout.action_noisy:
-            state.actions = state.sampler.step(state.action_state, i, acts[None], state.actions[None])[0]
+            state.actions = state.sampler.step(state.action_state, i, acts, state.actions[None])[0]
             state.actions[:, state.action_width:] = 0
         state.index += 1
         return state

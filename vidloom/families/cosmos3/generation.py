@@ -93,17 +93,27 @@ class DomainLinear(nn.Module):
 
 @dataclass(frozen=True)
 class ActionTokens:
-    """One request's action stream for a forward: [T, action_dim] values and the embodiment's domain id."""
+    """The action streams of a forward: [B, T, action_dim] values (one row per request) and the embodiment's domain
+    id, one for the whole batch (its projections are the domain's weights)."""
 
     values: Tensor
     domain: int
+
+    def batch_key(self) -> tuple[object, ...]:
+        """Requests of one embodiment and stream shape stack (runtime.batching's per-sample value)."""
+        v = self.values
+        return (self.domain, tuple(v.shape[1:]), v.dtype, v.device)
+
+    @staticmethod
+    def stack(streams: list[ActionTokens]) -> ActionTokens:
+        return ActionTokens(torch.cat([s.values for s in streams]), streams[0].domain)
 
 
 class CapturePrefix:
     """KVAttention for the prefix prefill: causal text attention, writing each layer's K/V into `buffer`.
 
-    `buffer` [layers, 2, L, kv_heads, head_dim] holds, per layer, the keys the generation pathway
-    reads (after the optional `und_k_norms`) and the values.
+    `buffer` [B, layers, 2, L, kv_heads, head_dim] holds, per prompt of the batch and per layer, the keys the
+    generation pathway reads (after the optional `und_k_norms`) and the values.
     """
 
     def __init__(self, buffer: Tensor, scale: float, rope: tuple[Tensor, Tensor],
@@ -118,16 +128,17 @@ class CapturePrefix:
             cos, sin = self.rope
             raw = apply_rotary(k, cos, -sin)
             k_gen = apply_rotary(self.und_k_norms[layer](raw), cos, sin)
-        self.buffer[layer, 0].copy_(k_gen)
-        self.buffer[layer, 1].copy_(v)
+        self.buffer[:, layer, 0].copy_(k_gen)
+        self.buffer[:, layer, 1].copy_(v)
         return grouped_attention(q, k, v, self.scale, causal=True)
 
 
 def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
                        mask: Tensor | None = None) -> Tensor:
-    """One device's generated queries [S, H, Dh] over [prefix keys | generated keys] (scale 1/sqrt(head_dim), the
-    backbone's); every row is here, so there is no pad `mask` (runtime.parallel.ulysses.PrefixedAttentionFn)."""
-    return grouped_attention(q, torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), q.shape[-1] ** -0.5)
+    """One device's generated queries [(B,) S, H, Dh] over [prefix keys | generated keys] (scale 1/sqrt(head_dim), the
+    backbone's); every row is here, so there is no pad `mask` (runtime.parallel.ulysses.PrefixedAttentionFn). A
+    batch of requests (a leading B) brings one prefix per request, all of one length (gen_loop.Cosmos3View)."""
+    return grouped_attention(q, torch.cat([prefix_k, k], dim=-3), torch.cat([prefix_v, v], dim=-3), q.shape[-1] ** -0.5)
 
 
 class JointAttention:
@@ -140,13 +151,19 @@ class JointAttention:
 
 class PrefixAttention:
     """KVAttention for generated tokens: full attention over the cached prefix K/V plus their own (this device's
-    rows of them; `key_mask`: the sharded stream's pad mask, or None)."""
+    rows of them; `key_mask`: the sharded stream's pad mask, or None).
+
+    `prefix` [B, layers, 2, L, kv_heads, head_dim]: one request's (B = 1: its tokens run as [S, ...] rows, as a
+    sharded stream's attention takes them) or a batch's, one per request (q [B, S, H, Dh]).
+    """
 
     def __init__(self, prefix: Tensor, joint: JointAttention, key_mask: Tensor | None = None) -> None:
         self.prefix, self.joint, self.key_mask = prefix, joint, key_mask
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.joint.attention_fn(q, k, v, self.prefix[layer, 0], self.prefix[layer, 1], self.key_mask)
+        prefix = self.prefix[0] if q.dim() == 3 else self.prefix
+        return self.joint.attention_fn(q, k, v, prefix[..., layer, 0, :, :, :], prefix[..., layer, 1, :, :, :],
+                                       self.key_mask)
 
 
 @dataclass(frozen=True)
@@ -208,7 +225,13 @@ class Cosmos3Generator(BlockStack, nn.Module):
 
     @torch.no_grad()
     def prefill(self, backbone: Cosmos3Transformer, input_ids: Tensor, positions: Tensor, out: Tensor) -> Tensor:
-        """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it."""
+        """Run the prompt through the text pathway once, writing every layer's K/V into `out`; returns it.
+
+        One prompt: input_ids [L], out [layers, 2, L, kv_heads, head_dim]; or a batch of prompts of one length (their
+        positions alike): input_ids [B, L], out [B, layers, 2, L, kv_heads, head_dim]."""
+        if input_ids.dim() == 1:
+            self.prefill(backbone, input_ids[None], positions, out[None])
+            return out
         positions = positions.to(input_ids.device)
         rope = backbone.rotary(positions, out.dtype)
         capture = CapturePrefix(out, backbone.attention_scale, rope, self.und_k_norms)
@@ -217,7 +240,8 @@ class Cosmos3Generator(BlockStack, nn.Module):
         return out
 
     def _time_embedding(self, timestep: Tensor, dtype: torch.dtype) -> Tensor:
-        features = timestep_features((timestep.float() * self.config.timestep_scale).reshape(1), TIME_FEATURES)
+        """timestep [B] (one per request of a batch) -> [B, hidden]."""
+        features = timestep_features((timestep.float() * self.config.timestep_scale).reshape(-1), TIME_FEATURES)
         weight_dtype = self.time_in.weight.dtype
         return self.time_out(F.silu(self.time_in(features.to(weight_dtype)))).to(dtype)
 
@@ -225,18 +249,19 @@ class Cosmos3Generator(BlockStack, nn.Module):
     def forward(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
                 timestep: Tensor, sound: Tensor | None = None,
                 action: ActionTokens | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """One velocity prediction for the generated tokens against the cached `prefix`.
+        """One velocity prediction per request for the generated tokens against its cached prefix.
 
-        latents [C, T, h, w] (all frames; clean conditioning frames included), sound [C_s, T_s] or None,
-        action: the action stream (clean conditioning steps included) or None.
-        Returns the velocity [C, T, h, w] (zero at clean frames), the sound velocity or None, and the
-        action velocity [T_a, action_dim] (zero at clean steps) or None.
+        A batch of B requests of one layout (B = 1: one request): prefix [B, layers, 2, L, kv_heads, head_dim],
+        latents [B, C, T, h, w] (all frames; clean conditioning frames included), timestep [B], sound [B, C_s, T_s]
+        or None, action: the action streams [B, T_a, action_dim] (clean conditioning steps included) or None.
+        Returns the velocity [B, C, T, h, w] (zero at clean frames), the sound velocity or None, and the action
+        velocity [B, T_a, action_dim] (zero at clean steps) or None.
         """
         x, cond = self.embed(backbone, prefix, layout, latents, timestep, sound, action)
         return self.head(self.run_blocks(x, cond), cond)
 
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
-    # composition. The residual stream is the generated tokens as a batch of one, [1, S, hidden].
+    # composition. The residual stream is the generated tokens, [B, S, hidden] (row b: request b of a batch).
 
     def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
               timestep: Tensor, sound: Tensor | None = None,
@@ -244,34 +269,36 @@ class Cosmos3Generator(BlockStack, nn.Module):
         """The generated tokens (time-embedded where noisy) and what the blocks and the head read."""
         dtype = prefix.dtype
         c = self.config
-        emb = self._time_embedding(timestep, dtype)  # one timestep for every noisy token
-        vision = self.proj_in(patchify(latents.to(dtype), c.latent_patch_size))
-        per_frame = vision.view(layout.grid[0], layout.frame_tokens, -1)
+        batch = latents.shape[0]
+        emb = self._time_embedding(timestep, dtype)[:, None]  # [B, 1, hidden]: each request's one timestep
+        vision = self.proj_in(torch.stack([patchify(one.to(dtype), c.latent_patch_size) for one in latents]))
+        per_frame = vision.view(batch, layout.grid[0], layout.frame_tokens, -1)
         noisy = torch.tensor(layout.noisy_frames, dtype=torch.long, device=vision.device)
-        per_frame[noisy] = per_frame[noisy] + emb
+        per_frame[:, noisy] = per_frame[:, noisy] + emb[:, None]
         parts = [vision]
         if sound is not None:
-            parts.append(self.audio_proj_in(sound.to(dtype).T) + self.audio_modality_embed + emb)
+            parts.append(self.audio_proj_in(sound.to(dtype).transpose(1, 2)) + self.audio_modality_embed + emb)
         if action is not None:
             tokens = self.action_proj_in(action.values.to(dtype), action.domain) + self.action_modality_embed
             noisy_steps = list(layout.action_noisy)
-            tokens[noisy_steps] = tokens[noisy_steps] + emb
+            tokens[:, noisy_steps] = tokens[:, noisy_steps] + emb
             parts.append(tokens)
-        x = torch.cat(parts)
+        x = torch.cat(parts, dim=1)
         cos, sin = backbone.rotary(layout.positions.to(x.device), dtype)
         # This device's rows of the generated stream (all of them on one device), with their rotary rows
-        part = self.sequence.shard_joint(x[None], (cos, sin), 0)
+        part = self.sequence.shard_joint(x, (cos, sin), 0)
         attention = PrefixAttention(prefix, self.joint, part.key_mask)
         rope = (part.tables[0], part.tables[1])
         return part.tokens, GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa, part.length)
 
     def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
-        """Blocks [start, end) over the tokens [1, S, hidden]."""
-        h = x[0]
+        """Blocks [start, end) over the tokens [B, S, hidden]; one request's run as [S, hidden] rows (the shape its
+        attention takes when sequence parallel shards them)."""
+        h = x[0] if x.shape[0] == 1 else x
         with cond.sdpa():
             for layer in range(start, self.num_blocks if end is None else end):
                 h = self.blocks[layer](h, cond.rope, cond.attention, layer)
-        return h[None]
+        return h[None] if x.shape[0] == 1 else h
 
     def block_input(self, x: Tensor, cond: GenConditioning, index: int = 0) -> Tensor:
         """The normed tokens block `index` feeds to attention (TeaCache's indicator; the time embedding is
@@ -280,28 +307,30 @@ class Cosmos3Generator(BlockStack, nn.Module):
 
     def head(self, x: Tensor, cond: GenConditioning) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Tokens after the last block -> (vision velocity, sound velocity or None, action velocity or None)."""
-        h = self.norm(self.sequence.gather_joint(x, cond.length)[0])
+        h = self.norm(self.sequence.gather_joint(x, cond.length))
         return (self._vision_out(h, cond.layout, cond.noisy), self._sound_out(h, cond.layout),
                 self._action_out(h, cond.layout, cond.action))
 
     def _vision_out(self, x: Tensor, layout: GenLayout, noisy: Tensor) -> Tensor:
-        tokens = x[: layout.vision_tokens].view(layout.grid[0], layout.frame_tokens, -1)[noisy]
-        pred = self.proj_out(tokens.reshape(-1, tokens.shape[-1]))
-        out = pred.new_zeros(layout.latent_shape)
+        batch = x.shape[0]
+        tokens = x[:, : layout.vision_tokens].view(batch, layout.grid[0], layout.frame_tokens, -1)[:, noisy]
+        pred = self.proj_out(tokens.reshape(batch, -1, tokens.shape[-1]))
+        out = pred.new_zeros(batch, *layout.latent_shape)
         if len(layout.noisy_frames):
-            out[:, noisy] = unpatchify(pred, len(layout.noisy_frames), layout.latent_shape, layout.patch)
+            for b in range(batch):
+                out[b][:, noisy] = unpatchify(pred[b], len(layout.noisy_frames), layout.latent_shape, layout.patch)
         return out
 
     def _sound_out(self, x: Tensor, layout: GenLayout) -> Tensor | None:
         if not layout.sound_len:
             return None
-        return self.audio_proj_out(x[layout.vision_tokens: layout.vision_tokens + layout.sound_len]).T
+        return self.audio_proj_out(x[:, layout.vision_tokens: layout.vision_tokens + layout.sound_len]).transpose(1, 2)
 
     def _action_out(self, x: Tensor, layout: GenLayout, action: ActionTokens | None) -> Tensor | None:
         if action is None:
             return None
-        out = x.new_zeros(layout.action_len, self.config.action_dim)
+        out = x.new_zeros(x.shape[0], layout.action_len, self.config.action_dim)
         if layout.action_noisy:
-            rows = x[layout.vision_tokens + layout.sound_len:][list(layout.action_noisy)]
-            out[list(layout.action_noisy)] = self.action_proj_out(rows, action.domain)
+            rows = x[:, layout.vision_tokens + layout.sound_len:][:, list(layout.action_noisy)]
+            out[:, list(layout.action_noisy)] = self.action_proj_out(rows, action.domain)
         return out

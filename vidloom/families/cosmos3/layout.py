@@ -62,6 +62,13 @@ class GenLayout:
     action_len: int = 0
     action_noisy: tuple[int, ...] = ()  # action steps the model denoises (forward dynamics gives them all)
 
+    def batch_key(self) -> tuple[object, ...]:
+        """Equal for layouts whose generated tokens sit alike: same grid, noisy frames, sound and action steps, and
+        the same positions (they follow the prompt's length and the fps). Requests of equal keys stack."""
+        positions = self.positions.detach().cpu().contiguous()
+        return (self.latent_shape, self.patch, self.noisy_frames, self.sound_len, self.action_len, self.action_noisy,
+                positions.dtype, tuple(positions.shape), positions.numpy().tobytes())
+
     @property
     def grid(self) -> tuple[int, int, int]:
         _, t, h, w = self.latent_shape

@@ -90,12 +90,12 @@ class TextAttention(nn.Module):
         self.k_norm: nn.Module = QwenRMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else nn.Identity()
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
-        t = x.shape[0]
-        q = self.q_norm(self.q(x).view(t, self.heads, self.head_dim))
-        k = self.k_norm(self.k(x).view(t, self.kv_heads, self.head_dim))
-        v = self.v(x).view(t, self.kv_heads, self.head_dim)
+        rows = x.shape[:-1]  # [T], or [B, T] for a batch of generation requests (rope rows shared)
+        q = self.q_norm(self.q(x).view(*rows, self.heads, self.head_dim))
+        k = self.k_norm(self.k(x).view(*rows, self.kv_heads, self.head_dim))
+        v = self.v(x).view(*rows, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        return self.o(kv.attend(layer, q, k, v).reshape(t, -1))
+        return self.o(kv.attend(layer, q, k, v).reshape(*rows, -1))
 
 
 class TextMLP(nn.Module):
@@ -145,7 +145,8 @@ class Cosmos3Transformer(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: KVAttention | None = None,
                 logits_at: Tensor | None = None) -> Tensor:
-        """input_ids [T] (packed sequences), positions [3, T] -> logits [T or len(logits_at), vocab].
+        """input_ids [T] (packed sequences), positions [3, T] -> logits [T or len(logits_at), vocab]; or [B, T] ids
+        of B uncached sequences of one length, positions alike (a batch of generation prompts' prefills).
 
         `logits_at` picks the tokens whose logits are wanted (each sequence's last while decoding), so
         the lm head runs on those rows only. Without `kv`, the T tokens are one uncached sequence.
