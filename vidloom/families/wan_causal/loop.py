@@ -41,7 +41,8 @@ from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.vae import WanVAE
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
-from vidloom.families.wan_causal.transformer import FarText, FarTransformer
+from vidloom.families.wan_causal.transformer import FarTransformer
+from vidloom.layers.prompt_kv import PromptKV
 from vidloom.families.wan_causal.network import FarNetwork
 from vidloom.families.wan_causal.decode import ChunkDecoder, decode_chunk, new_stream, video_frame_range
 
@@ -104,7 +105,7 @@ def rebuild_session_kv(
     far_prefill(transformer, context, transformer.embed_text(embeds), layout, cache)
 
 
-def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: FarText,
+def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV,
              guidance_scale: float, pair: BranchExchange | None = None) -> Tensor:
     """One flow-map prediction for the generated chunk, CFG branches batched as [uncond, cond] like the reference;
     under CFG parallel (`pair`) this rank's branch, the pair's two predictions combined alike on both ranks."""
@@ -120,7 +121,7 @@ def far_step(network: FarNetwork, latents: Tensor, t: Tensor, r: Tensor, text: F
     return uncond + guidance_scale * (cond - uncond)
 
 
-def far_prefill(transformer: FarTransformer, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
+def far_prefill(transformer: FarTransformer, context: Tensor, text: PromptKV, layout: ChunkLayout, cache: FarKVCache) -> None:
     transformer.prefill(context.expand(text.batch, *context.shape[1:]), text, layout, cache)
 
 
@@ -131,7 +132,7 @@ class FarRolloutState:
     layouts: list[ChunkLayout]
     noise: Tensor  # [1, C, F, h, w], compute dtype
     latents: Tensor  # [1, C, F, h, w]: conditioning, then finished chunks in order
-    text: FarText  # per-layer text K/V, batch = CFG branches ([uncond, cond])
+    text: PromptKV  # per-layer text K/V, batch = CFG branches ([uncond, cond])
     guidance_scale: float
     sampler: FlowMapEulerSampler
     schedule: Schedule

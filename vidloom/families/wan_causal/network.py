@@ -6,7 +6,8 @@ from torch import Tensor
 
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
-from vidloom.families.wan_causal.transformer import FarConditioning, FarText, FarTransformer
+from vidloom.families.wan_causal.transformer import FarConditioning, FarTransformer
+from vidloom.layers.prompt_kv import PromptKV
 
 
 class FarNetwork:
@@ -22,7 +23,7 @@ class FarNetwork:
         self.transformer, self.layout, self.cache = transformer, layout, cache
         self.cache_scope = chunk
 
-    def __call__(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> Tensor:
+    def __call__(self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV) -> Tensor:
         x, cond = self.embed(latents, t, r, text)
         return self.head(self.run_blocks(x, cond), cond)
 
@@ -32,7 +33,7 @@ class FarNetwork:
     def num_blocks(self) -> int:
         return self.transformer.num_blocks
 
-    def embed(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText) -> tuple[Tensor, FarConditioning]:
+    def embed(self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV) -> tuple[Tensor, FarConditioning]:
         if self.cache is None:
             return self.transformer.embed_recompute(latents, t, r, text, self.layout)
         return self.transformer.embed_step(latents, t, r, text, self.layout, self.cache)

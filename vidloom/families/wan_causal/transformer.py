@@ -29,13 +29,14 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
 from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
 from vidloom.models.wan.transformer import MLP, WanAttention
 from vidloom.families.wan_causal.config import FarTransformerConfig
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
-from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS, ChunkShards, WholeChunks
+from vidloom.families.wan_causal.parallel import SHARD_WEIGHTS_REFUSAL, WHOLE_CHUNKS, ChunkShards, WholeChunks
 
 # (layer index, self-attention module, modulated tokens [B, S, D]) -> attention output [B, S, D]
 SelfAttend = Callable[[int, WanAttention, Tensor], Tensor]
@@ -82,28 +83,6 @@ def _project(attn: WanAttention, x: Tensor, rope: Tensor) -> tuple[Tensor, Tenso
     return apply_rope(q, rope), apply_rope(k, rope), v
 
 
-@dataclass(frozen=True)
-class FarText:
-    """A request's prompt as every block's cross-attention reads it: keys/values [B, L, H, Dh] per layer.
-
-    Projected once per request (`FarTransformer.embed_text`): the text is the same at
-    every step and chunk, and its K/V projections would otherwise be a quarter of a
-    1.3B step's linear work (512 tokens x 2 projections per layer).
-    """
-
-    keys: tuple[Tensor, ...]
-    values: tuple[Tensor, ...]
-
-    @property
-    def batch(self) -> int:
-        return self.keys[0].shape[0]
-
-    def __repr__(self) -> str:
-        # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
-        # --cfg-parallel pair hold different branches.
-        return f"FarText(layers={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
-
-
 class FarBlock(nn.Module):
     """Wan2.1 block with per-token modulation (every frame has its own timestep) and pluggable self-attention.
 
@@ -122,13 +101,7 @@ class FarBlock(nn.Module):
         # Rows: (shift, scale, gate) for self-attention, then for the FFN.
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def text_kv(self, text: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-attention keys and values [B, L, H, Dh] of projected text tokens [B, L, D]."""
-        attn = self.cross_attn
-        k, v = project(text, attn.k, attn.v)
-        return attn.norm_k(k).unflatten(-1, (attn.num_heads, -1)), v.unflatten(-1, (attn.num_heads, -1))
-
-    def forward(self, index: int, x: Tensor, text: FarText, time_mod: Tensor, self_attend: SelfAttend) -> Tensor:
+    def forward(self, index: int, x: Tensor, text: PromptKV, time_mod: Tensor, self_attend: SelfAttend) -> Tensor:
         # x: [B, S, D]; text: K/V [B, L, H, Dh] per layer; time_mod: [B, S, 6, D]
         mods = (self.modulation.float() + time_mod.float()).unbind(2)  # 6 x [B, S, D] fp32
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = mods
@@ -158,7 +131,7 @@ class FarConditioning:
 
     time_mod: Tensor  # [B, S, 6, D] (this rank's rows under sequence parallel)
     temb: Tensor  # [B, S, D] (every row)
-    text: FarText
+    text: PromptKV
     attend: SelfAttend  # the step's self-attention (cached or block-causal over the whole sequence)
     head_from: int  # first token the head predicts (the generated chunk's)
     shape: tuple[int, ...]  # the prediction's shape [B, C, F_gen, H, W]
@@ -217,11 +190,14 @@ class FarTransformer(BlockStack, nn.Module):
 
     # -- public passes ----------------------------------------------------------
 
-    def embed_text(self, text_embeds: Tensor) -> FarText:
-        """Text encoder states [B, L, text_dim] -> every layer's cross-attention K/V; once per request."""
-        tokens = self.text_embed(text_embeds)
-        pairs = [block.text_kv(tokens) for block in self.blocks]
-        return FarText(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
+    def embed_text(self, text_embeds: Tensor) -> PromptKV:
+        """Text encoder states [B, L, text_dim] -> every layer's cross-attention K/V (layers.prompt_kv); once per
+        request: the text is the same at every step and chunk, and its K/V projections would otherwise be a quarter
+        of a 1.3B step's linear work (512 tokens x 2 projections per layer)."""
+        kv = prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
+        if kv is None:  # the card refuses --shard-weights (parallel.SHARD_WEIGHTS_REFUSAL)
+            raise RuntimeError("the blocks' cross-attention weights are not resident: " + SHARD_WEIGHTS_REFUSAL)
+        return kv
 
     def new_cache(self, layouts: list[ChunkLayout], batch: int, device: torch.device, dtype: torch.dtype) -> FarKVCache:
         """A KV slab sized for a rollout whose chunks have these layouts (this rank's rows of them)."""
@@ -237,7 +213,7 @@ class FarTransformer(BlockStack, nn.Module):
         return FarKVCache.bytes_needed(layouts, wan.num_layers, batch, wan.num_attention_heads,
                                        wan.attention_head_dim, dtype, self.sequence.rows)
 
-    def prefill(self, context: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> None:
+    def prefill(self, context: Tensor, text: PromptKV, layout: ChunkLayout, cache: FarKVCache) -> None:
         """Write every layer's K/V of the clean context [B, C, F_ctx, H, W] (t = r = 0) into `cache`."""
         if context.shape[2] != layout.context_frames:
             raise ValueError(f"context has {context.shape[2]} frames, layout expects {layout.context_frames}")
@@ -255,12 +231,12 @@ class FarTransformer(BlockStack, nn.Module):
         self._run_blocks(tokens, text, attend)
         cache.context_tokens, cache.context_rows = layout.context_tokens, tokens.x.shape[1]
 
-    def step(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
+    def step(self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV, layout: ChunkLayout, cache: FarKVCache) -> Tensor:
         """Mean velocity [B, C, F_gen, H, W] of the generated chunk at (t, r) [B], given the prefilled cache."""
         x, cond = self.embed_step(latents, t, r, text, layout, cache)
         return self.head(self.run_blocks(x, cond), cond)
 
-    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout) -> Tensor:
+    def recompute(self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV, layout: ChunkLayout) -> Tensor:
         """Same as prefill + step, without a cache: latents [B, C, F_total, H, W] are context then chunk."""
         x, cond = self.embed_recompute(latents, t, r, text, layout)
         return self.head(self.run_blocks(x, cond), cond)
@@ -271,7 +247,7 @@ class FarTransformer(BlockStack, nn.Module):
     # next chunk's prefill rewrites the context from clean latents), so a step cache may skip blocks.
 
     def embed_step(
-        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout, cache: FarKVCache,
+        self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV, layout: ChunkLayout, cache: FarKVCache,
     ) -> tuple[Tensor, FarConditioning]:
         """The generated chunk's tokens and a self-attention that extends the prefilled cache."""
         if cache.context_tokens != layout.context_tokens:
@@ -295,7 +271,7 @@ class FarTransformer(BlockStack, nn.Module):
         return tokens.x, FarConditioning(tokens.time_mod, tokens.temb, text, attend, 0, tuple(latents.shape))
 
     def embed_recompute(
-        self, latents: Tensor, t: Tensor, r: Tensor, text: FarText, layout: ChunkLayout,
+        self, latents: Tensor, t: Tensor, r: Tensor, text: PromptKV, layout: ChunkLayout,
     ) -> tuple[Tensor, FarConditioning]:
         """Context then chunk tokens, attending block-causally; the head keeps the chunk's."""
         if latents.shape[2] != layout.total_frames:
@@ -394,7 +370,7 @@ class FarTransformer(BlockStack, nn.Module):
         features = timestep_features(timesteps, self.config.wan.freq_dim)
         return mlp(features.to(mlp.up.weight.dtype))
 
-    def _run_blocks(self, tokens: _Tokens, text: FarText, attend: SelfAttend) -> Tensor:
+    def _run_blocks(self, tokens: _Tokens, text: PromptKV, attend: SelfAttend) -> Tensor:
         x = tokens.x
         for index, block in enumerate(self.blocks):
             x = block(index, x, text, tokens.time_mod, attend)
