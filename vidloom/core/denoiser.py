@@ -16,6 +16,9 @@ and the plan declare here, never on which family it is:
 - `GraphInputs` (a per-request plan input: a network view, a text batch): which of its tensors a captured step
   body reads, so CUDA graphs (runtime.cudagraph) copy them into static buffers instead of keeping the first
   request's.
+- `PreparesPrompt` (the network): what every step's cross-attention reads from a static prompt (each block's
+  keys and values), prepared once per request and CFG branch by the loop (diffusion.prompt_kv) and passed where
+  the prompt embeddings went.
 
 Nothing here imports torch modules or a family: a recipe declares, the runtime acts.
 """
@@ -99,6 +102,21 @@ class GraphInputs(Protocol):
 
     def graph_rebuild(self, parts: tuple[Any, ...]) -> Any:
         """This object over other `parts` (same structure as graph_split's), its fixed part unchanged."""
+        ...
+
+
+@runtime_checkable
+class PreparesPrompt(Protocol):
+    """A network whose blocks cross-attend to prompt embeddings that do not change between steps.
+
+    `prepare_prompt(embeds)` returns what its call then takes in place of `embeds` (layers.prompt_kv.PromptKV:
+    every block's keys and values of those rows), equal to what the call would have projected from `embeds`
+    under the adapters active now; None when it cannot now (its weights are sharded away), and the caller passes
+    `embeds` itself. The call must accept either, and the result must stack like the embeddings (rows follow
+    rows) so guidance policies, cross-request batching and CUDA graphs treat it as they treat a tensor.
+    """
+
+    def prepare_prompt(self, embeds: Tensor) -> Any:
         ...
 
 

@@ -28,6 +28,7 @@ from vidloom.core.output import VideoChunk
 from vidloom.core.session import latents_to_cpu
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy
+from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.helios.conditioning import MediaConditioning
 from vidloom.families.helios.network import HeliosNetwork
@@ -99,6 +100,7 @@ class HeliosChunkState:
     frames: list[Tensor] = field(default_factory=list)  # decoded chunks, [F, H, W, 3] each
     generated: list[Tensor] = field(default_factory=list)  # finished chunks' latents, float32 on the CPU
     unsent: Tensor | None = None  # the chunk decoded by the last advance, handed to the caller by the next `next`
+    prompts: PreparedPrompts = field(default_factory=PreparedPrompts)  # each branch's prompt K/V, once per prompt
 
     def chunk_schedules(self, chunk: int) -> tuple[Schedule, ...]:
         """Chunk `chunk`'s schedules, one per stage."""
@@ -195,7 +197,8 @@ class HeliosChunkLoop:
             loop=STEP, index=sum(steps[:state.chunk]) + done, total=sum(steps),
             call=self.guidance, denoiser=GUIDANCE_INPUTS,
             inputs={NETWORK: self._network(state), "latents": state.latents.to(self.dtype), "timestep": self._timestep(state),
-                    "prompt_embeds": state.prompt_embeds, "negative_embeds": state.negative_embeds,
+                    "prompt_embeds": state.prompts.get(self.transformer, state.prompt_embeds),
+                    "negative_embeds": state.prompts.get(self.transformer, state.negative_embeds),
                     "guidance_scale": state.guidance_scale},
         )
 

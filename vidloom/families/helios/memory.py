@@ -18,6 +18,8 @@ from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, HISTORY_SIZES
 from vidloom.families.helios.transformer import LONG_POOL, MID_POOL
+from vidloom.layers.prompt_kv import prompt_kv_bytes
+from vidloom.models.wan.text import WAN_TEXT_TOKENS
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
@@ -41,7 +43,12 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     frames = causal_decode_frames(CHUNK_LATENT_FRAMES, vae.temporal_factor)
     decode = decode_bytes(instance.device, vae.decoder_dim, request.height * request.width, frames)
     latents = latent_bytes(dit.in_channels, (1 + CHUNK_LATENT_FRAMES + sum(HISTORY_SIZES)) * h * w)
+    # Each CFG branch's prompt K/V, prepared once for the request (diffusion.prompt_kv); batched CFG stacks the
+    # pair into one more copy per step.
+    prompt = prompt_kv_bytes(dit.num_layers, WAN_TEXT_TOKENS, inner, element_size(instance.dtype))
+    denoise += prompt * batch if batch > 1 else 0
     persistent = latents + video_bytes(request.num_frames, request.height, request.width)
+    persistent += prompt * (2 if request.uses_cfg else 1)
     return Footprint(denoise=denoise, decode=decode, persistent=persistent)
 
 

@@ -27,6 +27,7 @@ from vidloom.families.helios.config import HeliosTransformerConfig
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
@@ -160,8 +161,8 @@ class HeliosBlock(nn.Module):
         # Per-block offsets to the shared modulation: (shift, scale, gate) for self-attention then the FFN.
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x: Tensor, cond: HeliosConditioning) -> Tensor:
-        # x: [B, S_hist + S, D], history tokens first
+    def forward(self, x: Tensor, cond: HeliosConditioning, text: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        # x: [B, S_hist + S, D], history tokens first; text: [B, L, D], or its cross-attention (keys, values)
         n = cond.num_history
         now = (self.modulation.float() + cond.time_mod.float()).chunk(6, dim=1)  # 6 x [B, 1, D]
         past = (self.modulation.float() + cond.history_mod.float()).chunk(6, dim=1)
@@ -178,7 +179,7 @@ class HeliosBlock(nn.Module):
             h = F.layer_norm(queries.float(), (queries.shape[-1],), weight, bias, self.eps).type_as(x)
         else:
             h = queries
-        update = self.cross_attn(h, cond.text)
+        update = self.cross_attn(h, text)
         x = x + update if start == 0 else torch.cat([x[:, :start], queries + update], dim=1)
 
         # 3. Feed-forward
@@ -195,8 +196,8 @@ class HeliosBlock(nn.Module):
 class HeliosConditioning:
     """What every block of one forward call reads; built by `embed`, never kept on the module."""
 
-    text: Tensor
-    """Projected text tokens [B, L, D]."""
+    text: Tensor | PromptKV
+    """Projected text tokens [B, L, D], or every block's cross-attention keys/values of them (prepare_prompt)."""
     temb: Tensor
     """The chunk's timestep embedding [B, D]; offsets the output modulation."""
     time_mod: Tensor
@@ -283,7 +284,7 @@ class HeliosTransformer(BlockStack, nn.Module):
         cross-attention to the text runs on each rank's rows as it is."""
         return (block.self_attn for block in self.blocks)
 
-    def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, frame_indices: Tensor,
+    def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, frame_indices: Tensor,
                 history: HeliosHistory | None = None) -> Tensor:
         """latents [B, C_in, F, H, W] (one chunk), timestep [B], text_embeds [B, L, text_dim], frame_indices [F]
         (the chunk's latent frame positions), history (or None) -> velocity [B, C_out, F, H, W]."""
@@ -295,10 +296,15 @@ class HeliosTransformer(BlockStack, nn.Module):
         temb = self.time_embed(freq).to(dtype)
         return temb, self.time_modulation(F.silu(temb)).unflatten(-1, (6, -1))
 
-    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, frame_indices: Tensor,
+    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV | None:
+        """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
+        what embed's `text_embeds` takes instead. None where --shard-weights keeps the blocks' weights away."""
+        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, frame_indices: Tensor,
               history: HeliosHistory | None = None) -> tuple[Tensor, HeliosConditioning]:
         """Tokens [B, S_hist + S, D] for the first block (history first; this device's rows of them), and what
-        every block reads."""
+        every block reads. `text_embeds`: [B, L, text_dim], or their prepare_prompt(...)."""
         cfg = self.config
         batch = latents.shape[0]
         if timestep.ndim == 0:
@@ -326,8 +332,8 @@ class HeliosTransformer(BlockStack, nn.Module):
             history_mod = self._time(torch.zeros(1, dtype=timestep.dtype, device=timestep.device),
                                      text_embeds.dtype)[1]
 
-        # 4. Text: [B, L, text_dim] -> [B, L, D]
-        text = self.text_embed(text_embeds)
+        # 4. Text: [B, L, text_dim] -> [B, L, D] (prepared: already every block's keys/values)
+        text = text_embeds if isinstance(text_embeds, PromptKV) else self.text_embed(text_embeds)
 
         # 5. This device's rows of the joint stream (all of them on one device), history rows first
         part = self.sequence.shard_joint(x, (rope,), num_history)
@@ -338,8 +344,9 @@ class HeliosTransformer(BlockStack, nn.Module):
 
     def run_blocks(self, x: Tensor, cond: HeliosConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """blocks[start:end] over tokens [B, S_hist + S, D]."""
-        for block in itertools.islice(self.blocks, start, end):
-            x = block(x, cond)
+        text = cond.text
+        for index, block in enumerate(itertools.islice(self.blocks, start, end), start):
+            x = block(x, cond, text.block(index) if isinstance(text, PromptKV) else text)
         return x
 
     def block_input(self, x: Tensor, cond: HeliosConditioning, index: int = 0) -> Tensor:

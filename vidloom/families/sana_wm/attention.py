@@ -216,10 +216,17 @@ class CrossAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.q_norm, self.k_norm = _norm(qk_norm, dim, 1e-6), _norm(qk_norm, dim, 1e-6)
 
-    def forward(self, x: Tensor, text: Tensor, text_mask: Tensor) -> Tensor:
-        b, _, c = x.shape
+    def context_kv(self, text: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (normed) and values [B, H, L, Dh] of text tokens [B, L, C]: what forward's `text` takes instead, so
+        a request's prompt is projected once (layers.prompt_kv)."""
+        b, _, c = text.shape
         k, v = self.kv_linear(text).view(b, -1, 2, c).unbind(2)
         split = lambda t: t.view(b, -1, self.heads, c // self.heads).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q_norm(self.q_linear(x))), split(self.k_norm(k)), split(v)
+        return split(self.k_norm(k)), split(v)
+
+    def forward(self, x: Tensor, text: Tensor | tuple[Tensor, Tensor], text_mask: Tensor) -> Tensor:
+        b, _, c = x.shape
+        k, v = text if isinstance(text, tuple) else self.context_kv(text)
+        q = self.q_norm(self.q_linear(x)).view(b, -1, self.heads, c // self.heads).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=text_mask.bool()[:, None, None, :])
         return self.proj(out.transpose(1, 2).reshape(b, -1, c).type_as(q))

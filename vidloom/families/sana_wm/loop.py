@@ -8,7 +8,8 @@ dt = t / 1000 - sigma_next, x <- x - dt * prediction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -20,6 +21,7 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.flow_euler import FlowEulerSampler
 from vidloom.diffusion.guidance import GuidanceScale, TwoBranchCFG, cfg_combine
+from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.sana_wm.transformer import SanaWMConditioning, SanaWMTransformer
 from vidloom.families.sana_wm.text import SanaWMText
@@ -68,12 +70,18 @@ class SanaWMNetwork:
     def num_blocks(self) -> int:
         return self.transformer.num_blocks
 
+    def prepare_prompt(self, text: SanaWMText) -> SanaWMText:
+        """`text` with every block's cross-attention keys/values (core.denoiser.PreparesPrompt): the steps read them
+        instead of projecting the embeddings; `text` itself where the blocks' weights are sharded away."""
+        kv = self.transformer.prepare_prompt(text.embeds.to(self.dtype))
+        return text if kv is None else dataclasses.replace(text, kv=kv)
+
     def embed(self, latents: Tensor, timestep: Tensor, text: SanaWMText) -> tuple[Tensor, SanaWMConditioning]:
         b = latents.shape[0] // self.camera.raymap.shape[0]  # the CFG branches repeat the requests' rows
         raymap = self.camera.raymap.repeat(b, 1, 1).to(self.dtype)
         plucker = self.camera.plucker.repeat(b, 1, 1, 1, 1).to(self.dtype)
-        return self.transformer.embed(latents.to(self.dtype), timestep, text.embeds.to(self.dtype), text.mask,
-                                      raymap, plucker)
+        prompt = text.embeds.to(self.dtype) if text.kv is None else text.kv
+        return self.transformer.embed(latents.to(self.dtype), timestep, prompt, text.mask, raymap, plucker)
 
     def run_blocks(self, x: Tensor, cond: SanaWMConditioning, start: int = 0, end: int | None = None) -> Tensor:
         return self.transformer.run_blocks(x, cond, start, end)
@@ -124,6 +132,7 @@ class SanaWMDenoiseState:
     text: SanaWMText
     guidance_scale: float | None  # None: no CFG
     index: int = 0
+    prompts: PreparedPrompts = field(default_factory=PreparedPrompts)  # the text's block K/V, once per request
 
 
 class SanaWMDenoiseLoop:
@@ -157,7 +166,7 @@ class SanaWMDenoiseLoop:
         timestep = t.expand(1, frames).clone()
         timestep[:, 0] = 0.0  # the conditioning frame is clean
         inputs = {NETWORK: state.network, "latents": state.latents, "timestep": timestep.to(state.latents.device),
-                  "text": state.text, "guidance_scale": state.guidance_scale}
+                  "text": state.prompts.get(state.network, state.text), "guidance_scale": state.guidance_scale}
         return StepPlan(loop=self.name, index=state.index, total=total, call=self.step, denoiser=STAGE1_INPUTS,
                         inputs=inputs)
 

@@ -15,6 +15,7 @@ from vidloom.core.footprint import Footprint, block_bytes, decode_bytes, element
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
+from vidloom.layers.prompt_kv import prompt_kv_bytes
 
 DELTA_RULE_COPIES = 8  # transitions + inputs + states, forward and backward, of the widest stream at once
 RAY_MATRIX_COPIES = 4  # P, P^T, P^-1 and the per-ray build, 4x4 float per token
@@ -45,6 +46,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     decode = decode_bytes(instance.device, per_pixel, request.height * request.width, request.num_frames)
     persistent = latent_bytes(dit.in_channels, tokens) + video_bytes(request.num_frames, request.height, request.width)
     denoise = hidden + max(delta_rule, scores) + rays
+    # The text's prompt K/V, both CFG rows, prepared once for the request (diffusion.prompt_kv).
+    persistent += prompt_kv_bytes(dit.num_layers, instance["text_encoder"].max_tokens, dim, act) * batch
     if "refiner" in instance.components:
         persistent += latent_bytes(dit.in_channels, tokens)  # the refined copy beside stage 1's latents
         persistent += _refiner_window(instance, frames, h * dit.patch_size[1], w * dit.patch_size[2])

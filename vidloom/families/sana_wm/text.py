@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vidloom.layers.prompt_kv import PromptKV
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
@@ -48,27 +49,37 @@ MAX_TEXT_TOKENS = 300  # SanaWMPipeline's max_sequence_length default
 class SanaWMText:
     embeds: Tensor  # [B, L, D] Gemma-2 last hidden states
     mask: Tensor  # [B, L] 1 = attend
+    kv: PromptKV | None = None  # every block's cross-attention keys/values of these rows, once prepared
 
     def cat(self, other: SanaWMText) -> SanaWMText:
-        return SanaWMText(torch.cat([self.embeds, other.embeds]), torch.cat([self.mask, other.mask]))
+        return self._join([self, other], [slice(None)])
 
     def halves(self) -> tuple[SanaWMText, SanaWMText]:
         """A CFG batch [negatives..., positives...] (cat, stack) -> (negatives, positives)."""
         half = self.embeds.shape[0] // 2
-        return (SanaWMText(self.embeds[:half], self.mask[:half]), SanaWMText(self.embeds[half:], self.mask[half:]))
+        return self.rows(slice(None, half)), self.rows(slice(half, None))
+
+    def rows(self, pick: slice) -> SanaWMText:
+        return SanaWMText(self.embeds[pick], self.mask[pick], None if self.kv is None else self.kv.rows(pick))
 
     def batch_key(self) -> tuple[Any, ...]:
         """runtime.batching: texts of equal keys stack (prompts are padded to one length, so with CFG on for all
-        or off for all they do)."""
-        return (tuple(self.embeds.shape), self.embeds.dtype, self.embeds.device, self.mask.dtype)
+        or off for all they do; prepared keys/values stack with prepared ones)."""
+        return (tuple(self.embeds.shape), self.embeds.dtype, self.embeds.device, self.mask.dtype,
+                None if self.kv is None else self.kv.batch_key())
 
     @staticmethod
     def stack(texts: list[SanaWMText]) -> SanaWMText:
         """Requests' texts as one batch, branch by branch: with CFG [negatives..., positives...], the order
         loop.guided_prediction splits the stacked forward in."""
-        rows = range(texts[0].embeds.shape[0])
-        return SanaWMText(torch.cat([t.embeds[i:i + 1] for i in rows for t in texts]),
-                          torch.cat([t.mask[i:i + 1] for i in rows for t in texts]))
+        return SanaWMText._join(texts, [slice(i, i + 1) for i in range(texts[0].embeds.shape[0])])
+
+    @staticmethod
+    def _join(texts: list[SanaWMText], picks: list[slice]) -> SanaWMText:
+        """Every pick of every text, pick by pick."""
+        parts = [t.rows(pick) for pick in picks for t in texts]
+        kv = None if parts[0].kv is None else PromptKV.stack([p.kv for p in parts])  # type: ignore[misc]
+        return SanaWMText(torch.cat([p.embeds for p in parts]), torch.cat([p.mask for p in parts]), kv)
 
 
 class SanaWMTextEncoder:

@@ -25,6 +25,7 @@ from vidloom.families.sana_wm.attention import CameraSelfAttention, CrossAttenti
 from vidloom.families.sana_wm.config import SanaWMConfig
 from vidloom.families.sana_wm.parallel import FrameRows
 from vidloom.families.sana_wm.rays import ray_transforms, rope_table
+from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
 from vidloom.layers.sequence import WHOLE_SEQUENCE, WholeSequence
 from vidloom.layers.timestep import timestep_features
 
@@ -115,7 +116,7 @@ class SanaWMBlock(nn.Module):
 class SanaWMConditioning:
     """What every block and the head read for one call (SanaWMTransformer.embed builds it)."""
 
-    text: Tensor  # projected caption [B, L, C]
+    text: Tensor | PromptKV  # projected caption [B, L, C], or every block's cross-attention K/V of it
     text_mask: Tensor  # [B, L]
     mod: Tensor  # per-frame block modulation [B, T, 6*C]
     emb: Tensor  # per-frame embedded timestep [B, T, C] (the output modulation's)
@@ -174,9 +175,19 @@ class SanaWMTransformer(BlockStack, nn.Module):
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, N, C].
 
-    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, camera: Tensor | None,
-              plucker: Tensor | None) -> tuple[Tensor, SanaWMConditioning]:
-        """Inputs (as forward) -> the token stream and what every block and the head read."""
+    def prepare_prompt(self, text: Tensor) -> PromptKV | None:
+        """Every block's cross-attention keys/values of text [B, L, D_text] (core.denoiser.PreparesPrompt): what
+        embed's `text` takes instead. None where --shard-weights keeps the blocks' weights away."""
+        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self._caption, text)
+
+    def _caption(self, text: Tensor) -> Tensor:
+        y = self.caption_proj(text.to(self.dtype))
+        return self.caption_norm(y) if self.caption_norm is not None else y
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor | PromptKV, text_mask: Tensor,
+              camera: Tensor | None, plucker: Tensor | None) -> tuple[Tensor, SanaWMConditioning]:
+        """Inputs (as forward; `text` may be prepare_prompt(text)) -> the token stream and what every block and the
+        head read."""
         cfg = self.config
         b = latents.shape[0]
         pf, ph, pw = cfg.patch_size
@@ -197,9 +208,7 @@ class SanaWMTransformer(BlockStack, nn.Module):
         mod = self.time_mod(F.silu(emb)).view(b, grid[0], -1)
         emb = emb.view(b, grid[0], -1)
 
-        y = self.caption_proj(text.to(self.dtype))
-        if self.caption_norm is not None:
-            y = self.caption_norm(y)
+        y = text if isinstance(text, PromptKV) else self._caption(text)
         rows = self.sequence
         if not isinstance(rows, FrameRows):
             return x, SanaWMConditioning(y, text_mask, mod, emb, grid, rope, rays, plucker_tokens)
@@ -208,8 +217,10 @@ class SanaWMTransformer(BlockStack, nn.Module):
 
     def run_blocks(self, x: Tensor, cond: SanaWMConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the token stream."""
-        for block in self.blocks[start:end]:
-            x = block(x, cond.text, cond.text_mask, cond.mod, cond.band, cond.rope, cond.rays, cond.plucker, cond.rows)
+        text = cond.text
+        for index in range(start, self.num_blocks if end is None else end):
+            x = self.blocks[index](x, text.block(index) if isinstance(text, PromptKV) else text, cond.text_mask,
+                                   cond.mod, cond.band, cond.rope, cond.rays, cond.plucker, cond.rows)
         return x
 
     def block_input(self, x: Tensor, cond: SanaWMConditioning, index: int = 0) -> Tensor:

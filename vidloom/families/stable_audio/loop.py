@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -15,7 +15,9 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion import cosine_dpm
 from vidloom.diffusion.cosine_dpm import CosineDPMConfig, CosineDPMState
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
+from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.families.stable_audio.transformer import StableAudioConditioning, StableAudioDiT
+from vidloom.layers.prompt_kv import PromptKV
 
 
 class StableAudioNetwork:
@@ -44,7 +46,7 @@ class StableAudioNetwork:
     def graph_rebuild(self, parts: tuple[Tensor]) -> StableAudioNetwork:
         return StableAudioNetwork(self.transformer, parts[0])
 
-    def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor) -> Tensor:
+    def __call__(self, latents: Tensor, timestep: Tensor, text: Tensor | PromptKV) -> Tensor:
         stream, cond = self.embed(latents, timestep, text)
         return self.head(self.run_blocks(stream, cond), cond)
 
@@ -55,7 +57,7 @@ class StableAudioNetwork:
     def num_blocks(self) -> int:
         return self.transformer.num_blocks
 
-    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor) -> tuple[Tensor, StableAudioConditioning]:
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor | PromptKV) -> tuple[Tensor, StableAudioConditioning]:
         # A stacked network's B tokens serve B latents; batched CFG repeats that batch ([cond rows, uncond rows]).
         glob = self.global_states.repeat(latents.shape[0] // self.global_states.shape[0], 1, 1)
         return self.transformer.embed(latents, timestep, text, glob)
@@ -80,6 +82,7 @@ class StableAudioDenoiseState:
     prompt_embeds: Tensor  # [1, L + 2, D]: text tokens, then the start and end tokens
     negative_embeds: Tensor | None  # None when CFG is off
     guidance_scale: float
+    prompts: PreparedPrompts = field(default_factory=PreparedPrompts)  # each branch's prompt K/V, once per request
 
 
 class StableAudioDenoiseLoop:
@@ -120,8 +123,8 @@ class StableAudioDenoiseLoop:
                 NETWORK: state.network,
                 "latents": self.sampler.scale_input(state.latents, sigma.to(device)).to(self.dtype),
                 "timestep": self.sampler.noise_level(sigma).unsqueeze(0).to(device),
-                "prompt_embeds": state.prompt_embeds,
-                "negative_embeds": state.negative_embeds,
+                "prompt_embeds": state.prompts.get(self.transformer, state.prompt_embeds),
+                "negative_embeds": state.prompts.get(self.transformer, state.negative_embeds),
                 "guidance_scale": state.guidance_scale,
             },
         )

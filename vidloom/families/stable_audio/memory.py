@@ -13,6 +13,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
 from vidloom.families.stable_audio.transformer import FF_MULT
+from vidloom.layers.prompt_kv import prompt_kv_bytes
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
@@ -33,4 +34,9 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     samples = dit.sample_size * vae.hop_length
     decode = decode_bytes(instance.device, vae.channels * vae.channel_multiples[0], samples, 1)
     persistent = latent_bytes(dit.in_channels, dit.sample_size) + 2 * vae.audio_channels * samples * 4
+    # Each CFG branch's prompt K/V (grouped heads), prepared once for the request (diffusion.prompt_kv); batched CFG
+    # stacks the pair into one more copy per step.
+    prompt = prompt_kv_bytes(dit.num_layers, text_tokens, dit.num_kv_heads * dit.head_dim, element_size(instance.dtype))
+    persistent += prompt * (2 if request.uses_cfg else 1)
+    denoise += prompt * batch if batch > 1 else 0
     return Footprint(denoise=denoise, decode=decode, persistent=persistent)

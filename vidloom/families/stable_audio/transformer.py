@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
+from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.loading.config_keys import check_class_name, positive_int, read_key
 from vidloom.loading.key_policy import KeyPolicy
@@ -115,13 +116,20 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(heads * head_dim, dim, bias=False)
         self.attention_fn = attention_fn
 
-    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+    def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, L, kv_heads, Dh] of context tokens [B, L, kv_in]: what forward's `context` takes
+        instead, so a context that does not change between calls (a request's prompt) is projected once."""
+        b = context.shape[0]
+        return (self.to_k(context).view(b, -1, self.kv_heads, self.head_dim),
+                self.to_v(context).view(b, -1, self.kv_heads, self.head_dim))
+
+    def forward(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor], rope: tuple[Tensor, Tensor] | None = None,
                 key_mask: Tensor | None = None) -> Tensor:
-        """key_mask: a padded shard's (layers.sequence.JointPart), None unpadded."""
+        """context: tokens, or their context_kv(...) computed earlier. key_mask: a padded shard's
+        (layers.sequence.JointPart), None unpadded."""
         b = x.shape[0]
         q = self.to_q(x).view(b, -1, self.num_heads, self.head_dim)
-        k = self.to_k(context).view(b, -1, self.kv_heads, self.head_dim)
-        v = self.to_v(context).view(b, -1, self.kv_heads, self.head_dim)
+        k, v = context if isinstance(context, tuple) else self.context_kv(context)
         if self.kv_heads != self.num_heads:
             k = k.repeat_interleave(self.num_heads // self.kv_heads, dim=2)
             v = v.repeat_interleave(self.num_heads // self.kv_heads, dim=2)
@@ -144,7 +152,9 @@ class DiTBlock(nn.Module):
         self.ff_in = nn.Linear(dim, 2 * inner)
         self.ff_out = nn.Linear(inner, dim)
 
-    def forward(self, x: Tensor, context: Tensor, rope: tuple[Tensor, Tensor], key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor], rope: tuple[Tensor, Tensor],
+                key_mask: Tensor | None = None) -> Tensor:
+        """context: the projected text [B, L, cross_attention_dim], or attn2's keys/values of it."""
         h = self.norm1(x)
         x = self.attn1(h, h, rope, key_mask) + x
         x = self.attn2(self.norm2(x), context) + x
@@ -156,7 +166,7 @@ class DiTBlock(nn.Module):
 class StableAudioConditioning:
     """What every block reads for one call (StableAudioDiT.embed builds it)."""
 
-    context: Tensor  # projected text tokens [B, L, cross_attention_dim]
+    context: Tensor | PromptKV  # projected text tokens [B, L, cross_attention_dim], or every block's K/V of them
     rope: tuple[Tensor, Tensor]  # self-attention rotary cos, sin [1 + T, rotary_dim] (this rank's rows under sp)
     length: int = 0  # tokens 1 + T before any padding sequence parallel added
     key_mask: Tensor | None = None  # the padded stream's key mask (layers.sequence.JointPart), None unpadded
@@ -207,11 +217,18 @@ class StableAudioDiT(BlockStack, nn.Module):
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, 1 + T, dim] (the global token first).
 
-    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor,
+    def prepare_prompt(self, text: Tensor) -> PromptKV | None:
+        """Every block's cross-attention keys/values of text [B, L, cross_attention_input_dim]
+        (core.denoiser.PreparesPrompt): what embed's `text` takes instead."""
+        return prepare_prompt_kv([block.attn2 for block in self.blocks], self.cross_attention_proj, text)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text: Tensor | PromptKV,
               global_states: Tensor) -> tuple[Tensor, StableAudioConditioning]:
-        """Inputs (as forward) -> the token stream and what every block and the head read."""
-        # 1. Conditioning: text for cross-attention; duration + noise level as one leading token.
-        context = self.cross_attention_proj(text)
+        """Inputs (as forward; `text` may be prepare_prompt(text)) -> the token stream and what every block and the
+        head read."""
+        # 1. Conditioning: text for cross-attention (prepared: already keys/values); duration + noise level as one
+        # leading token.
+        context = text if isinstance(text, PromptKV) else self.cross_attention_proj(text)
         glob = self.global_proj(global_states) + self.time_embedding(timestep).unsqueeze(1)  # [B, 1, dim]
         # 2. Latents to tokens, behind the global token.
         x = self.preprocess_conv(latents) + latents
@@ -223,8 +240,10 @@ class StableAudioDiT(BlockStack, nn.Module):
     def run_blocks(self, x: Tensor, cond: StableAudioConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the token stream."""
         # 3. Blocks.
-        for block in self.blocks[start:end]:
-            x = block(x, cond.context, cond.rope, cond.key_mask)
+        context = cond.context
+        for index in range(start, self.num_blocks if end is None else end):
+            text = context.block(index) if isinstance(context, PromptKV) else context
+            x = self.blocks[index](x, text, cond.rope, cond.key_mask)
         return x
 
     def block_input(self, x: Tensor, cond: StableAudioConditioning, index: int = 0) -> Tensor:

@@ -66,6 +66,10 @@ class ImageConditionedNetwork:
         x, cond = self.embed(latents, timestep, text_embeds)
         return self.head(self.run_blocks(x, cond), cond)
 
+    def prepare_prompt(self, text_embeds: Tensor) -> Any:
+        """The DiT's prompt keys/values (core.denoiser.PreparesPrompt): the image tokens do not enter them."""
+        return self.transformer.prepare_prompt(text_embeds)
+
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, WanConditioning]:
         # Rows are the stacked requests in order, repeated per CFG branch ([r1, r2, r1, r2] when batched):
         # repeating the stacked tokens the same way gives every row its own request's images.

@@ -79,6 +79,11 @@ class PlacedNetwork:
         x, cond = self.embed(latents, timestep, text_embeds, *image)
         return self.head(self.run_blocks(x, cond), cond)
 
+    def prepare_prompt(self, text_embeds: Tensor) -> Any:
+        """The expert's own prompt keys/values (core.denoiser.PreparesPrompt), prepared with its weights resident."""
+        self.placement.activate(self.name)
+        return self.network.prepare_prompt(text_embeds)
+
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, *image: Tensor) -> tuple[Tensor, Any]:
         self.placement.activate(self.name)
         return self.network.embed(latents, timestep, text_embeds, *image)

@@ -17,6 +17,7 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
+from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.families.wan.experts import ExpertPlacement, PlacedNetwork
@@ -46,6 +47,7 @@ class WanDenoiseState:
     guidance_scale: float
     guidance_scale_2: float  # the low-noise expert's scale (two-expert checkpoints)
     networks: Mapping[str, Any]  # expert name -> the network its steps call (image tokens bound per request)
+    prompts: PreparedPrompts  # every expert's and branch's prompt keys/values, prepared on first use
     condition: torch.Tensor | None = None  # Wan2.1 I2V channels appended / TI2V first-frame latents
     frame_mask: torch.Tensor | None = None  # TI2V: [1, 1, T, h, w], 0 where the frame is kept clean
     index: int = 0
@@ -66,8 +68,11 @@ class WanDenoiseLoop:
         transformer_2: WanTransformer | None = None,
         pipeline: WanPipelineConfig = ONE_STAGE,
         placement: ExpertPlacement | None = None,
+        prepare_prompts: bool = True,
     ) -> None:
-        """`placement` (deploy.offload_idle_expert): experts are made resident on the device as they run."""
+        """`placement` (deploy.offload_idle_expert): experts are made resident on the device as they run.
+        `prepare_prompts`: the blocks' prompt keys/values are projected once per request, expert and CFG branch
+        (diffusion.prompt_kv); False projects them at every step (the reference's order, for comparisons)."""
         self.transformer = transformer
         self.transformer_2 = transformer_2
         self.sampler_config = sampler_config
@@ -75,6 +80,7 @@ class WanDenoiseLoop:
         self.guidance = guidance or SequentialCFG()
         self.pipeline = pipeline
         self.placement = placement
+        self.prepare_prompts = prepare_prompts
         if (transformer_2 is None) != (pipeline.boundary_ratio is None):
             raise ValueError("a second expert needs boundary_ratio, and boundary_ratio a second expert")
 
@@ -100,6 +106,7 @@ class WanDenoiseLoop:
             guidance_scale=guidance,
             guidance_scale_2=guidance if request.option("guidance_scale_2") is None else float(request.option("guidance_scale_2")),
             networks=self._networks(slots.get("image_embeds")),
+            prompts=PreparedPrompts(self.prepare_prompts),
             condition=slots.get("condition"),
             frame_mask=slots.get("frame_mask"),
         )
@@ -129,6 +136,7 @@ class WanDenoiseLoop:
         t = state.schedule.timesteps[state.index].to(state.latents.device)
         expert = self.expert_for(t)
         latents, timestep = self._model_input(state, t)
+        network = state.networks[expert]
         return StepPlan(
             loop=self.name,
             index=state.index - state.start,  # steps of this run (V2V runs only the tail of the schedule)
@@ -136,11 +144,11 @@ class WanDenoiseLoop:
             call=self.guidance,
             denoiser=GUIDANCE_INPUTS,
             inputs={
-                NETWORK: state.networks[expert],
+                NETWORK: network,
                 "latents": latents,
                 "timestep": timestep,
-                "prompt_embeds": state.prompt_embeds,
-                "negative_embeds": state.negative_embeds,
+                "prompt_embeds": state.prompts.get(network, state.prompt_embeds),
+                "negative_embeds": state.prompts.get(network, state.negative_embeds),
                 "guidance_scale": state.guidance_scale if expert == HIGH_NOISE else state.guidance_scale_2,
             },
             expert=expert if self.transformer_2 is not None else None,
@@ -172,4 +180,5 @@ class WanDenoiseLoop:
         # One check per request (not per step): a NaN anywhere propagates to the end.
         if not torch.isfinite(latents).all():
             raise NonFiniteOutput.of("denoising", self.dtype)
+        state.prompts.clear()
         return {"latents": latents}

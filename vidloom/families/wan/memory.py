@@ -20,6 +20,8 @@ from vidloom.core.footprint import (
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
+from vidloom.layers.prompt_kv import prompt_kv_bytes
+from vidloom.models.wan.text import WAN_TEXT_TOKENS
 
 
 def request_estimator(instance: ModelInstance) -> MemoryEstimate | None:
@@ -49,6 +51,14 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
         # sum each block forms from it), as diffusers' per-token timesteps need.
         denoise += batch * tokens * 6 * dit.inner_dim * (act + 4)
 
+    # The loop keeps every block's prompt keys/values per CFG branch and expert for the request (diffusion.prompt_kv),
+    # and batched CFG stacks the pair into one more copy for each step's call.
+    branches = 2 if request.uses_cfg else 1
+    experts = 2 if "transformer_2" in instance.components else 1
+    prompt_row = prompt_kv_bytes(dit.num_layers, WAN_TEXT_TOKENS, dit.inner_dim, act)
+    prompt_kv = prompt_row * branches * experts
+    denoise += prompt_row * batch if batch > 1 else 0
+
     pixels = request.height * request.width
     tile = instance.deploy.vae_tile
     if tile is not None:
@@ -59,4 +69,4 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4
     video = request.num_frames * request.height * request.width * 3 * (4 + 1)  # float32 frames + uint8 copy
-    return FIXED_OVERHEAD + max(denoise, decode) + latents + video
+    return FIXED_OVERHEAD + max(denoise, decode) + latents + video + prompt_kv

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.timestep import timestep_features
@@ -80,17 +81,24 @@ class WanAttention(nn.Module):
         self.image_v = nn.Linear(image_dim, dim) if image_dim is not None else None
         self.image_norm_k = RMSNorm(dim, eps=eps) if image_dim is not None else None
 
-    def forward(self, x: Tensor, context: Tensor, rope: Tensor | None = None, image: Tensor | None = None) -> Tensor:
-        # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention).
-        # `project` shares one quantized input between projections when they run in FP8.
+    def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (RMS-normed) and values [B, L, H, Dh] of context tokens [B, L, D]: what forward's `kv` takes, so a
+        context that does not change between calls (a request's prompt) is projected once (layers.prompt_kv)."""
+        k, v = project(context, self.k, self.v)  # one shared FP8 quantization of the context when deployed in FP8
+        return self.norm_k(k).unflatten(-1, (self.num_heads, -1)), v.unflatten(-1, (self.num_heads, -1))
+
+    def forward(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor], rope: Tensor | None = None,
+                image: Tensor | None = None) -> Tensor:
+        # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention), or context_kv(context)
+        # computed earlier (then not rotated). `project` shares one quantized input between projections in FP8.
         if context is x:
             q, k, v = project(x, self.q, self.k, self.v)
+            k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
+            v = v.unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
         else:
             (q,) = project(x, self.q)
-            k, v = project(context, self.k, self.v)
+            k, v = context if isinstance(context, tuple) else self.context_kv(context)
         q = self.norm_q(q).unflatten(-1, (self.num_heads, -1))  # [B, S, H, Dh]
-        k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
-        v = v.unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
         if rope is not None:
             q = apply_rope(q, rope)
             k = apply_rope(k, rope)
@@ -163,9 +171,9 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
-        self, x: Tensor, text: Tensor, time_mod: Tensor, rope: Tensor, image: Tensor | None = None
+        self, x: Tensor, text: Tensor | tuple[Tensor, Tensor], time_mod: Tensor, rope: Tensor, image: Tensor | None = None
     ) -> Tensor:
-        # x: [B, S, D]; text: [B, L, D]; time_mod: [B, 6, D], or [B, S, 6, D] with per-token timesteps
+        # x: [B, S, D]; text: [B, L, D], or its cross-attention (keys, values) [B, L, H, Dh]; time_mod: [B, 6, D], or [B, S, 6, D] with per-token timesteps
         # image: [B, I, D] projected CLIP tokens (I2V models) or None
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = self._modulations(time_mod)
 
@@ -205,8 +213,8 @@ class WanBlock(nn.Module):
 class WanConditioning:
     """What every block of one forward call reads; built by `embed`, never kept on the module."""
 
-    text: Tensor
-    """Projected text tokens [B, L, D]."""
+    text: Tensor | PromptKV
+    """Projected text tokens [B, L, D], or every block's cross-attention keys/values of them (prepare_prompt)."""
     temb: Tensor
     """Timestep embedding [B, D]; offsets the output modulation."""
     time_mod: Tensor
@@ -274,15 +282,21 @@ class WanTransformer(BlockStack, nn.Module):
         return (block.self_attn for block in self.blocks)
 
     def forward(
-        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, image_embeds: Tensor | None = None
+        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, image_embeds: Tensor | None = None
     ) -> Tensor:
-        """latents [B, C_in, F, H, W], timestep [B] (or [B, S] per token), text_embeds [B, L, text_dim],
-        image_embeds [B, I, image_dim] (I2V models) -> [B, C_out, F, H, W]."""
+        """latents [B, C_in, F, H, W], timestep [B] (or [B, S] per token), text_embeds [B, L, text_dim] or their
+        prepare_prompt(...), image_embeds [B, I, image_dim] (I2V models) -> [B, C_out, F, H, W]."""
         x, cond = self.embed(latents, timestep, text_embeds, image_embeds)
         return self.head(self.run_blocks(x, cond), cond)
 
+    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV | None:
+        """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
+        what embed's `text_embeds` takes instead, the same values it would project. None where --shard-weights
+        keeps the blocks' weights away between their forwards."""
+        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
+
     def embed(
-        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, image_embeds: Tensor | None = None
+        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, image_embeds: Tensor | None = None
     ) -> tuple[Tensor, WanConditioning]:
         """Stages 1-4: tokens [B, S, D] for the first block, and what every block reads.
 
@@ -309,11 +323,11 @@ class WanTransformer(BlockStack, nn.Module):
         freq = timestep_features(timestep.flatten(), cfg.freq_dim).to(self.time_embed.up.weight.dtype)
         if timestep.ndim == 2:
             freq = freq.unflatten(0, tuple(timestep.shape))
-        temb = self.time_embed(freq).type_as(text_embeds)
+        temb = self.time_embed(freq).to(text_embeds.dtype)
         time_mod = self.time_modulation(F.silu(temb)).unflatten(-1, (6, -1))
 
-        # 3. Text: [B, L, text_dim] -> [B, L, D]; image: [B, I, image_dim] -> [B, I', D]
-        text = self.text_embed(text_embeds)
+        # 3. Text: [B, L, text_dim] -> [B, L, D] (prepared: already keys/values); image: [B, I, image_dim] -> [B, I', D]
+        text = text_embeds if isinstance(text_embeds, PromptKV) else self.text_embed(text_embeds)
         image = self._embed_image(image_embeds, text.dtype)
 
         # 4. RoPE rotations [S, Dh/2], derived per call from the grid (no buffers, so meta-device init is safe)
@@ -341,8 +355,10 @@ class WanTransformer(BlockStack, nn.Module):
     def run_blocks(self, x: Tensor, cond: WanConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Stage 6: blocks[start:end] over tokens [B, S_local, D] -> [B, S_local, D]."""
         # islice, not a ModuleList slice: slicing builds a new ModuleList on every call.
-        for block in itertools.islice(self.blocks, start, end):
-            x = block(x, cond.text, cond.time_mod, cond.rope, cond.image)
+        text = cond.text
+        for index, block in enumerate(itertools.islice(self.blocks, start, end), start):
+            x = block(x, text.block(index) if isinstance(text, PromptKV) else text, cond.time_mod, cond.rope,
+                      cond.image)
         return x
 
     def block_input(self, x: Tensor, cond: WanConditioning, index: int = 0) -> Tensor:

@@ -1,0 +1,66 @@
+"""One request's prepared prompt keys and values (layers.prompt_kv): computed on a branch's first step, reused after.
+
+The loop asks for a step's prompt and negative embeddings through `PreparedPrompts.get(network, embeds)` while it
+plans the step (outside any captured graph and before cross-request batching stacks the plans), under the
+request's LoRA scope. An entry is keyed by the network it was prepared for (each Wan2.2 A14B expert has its own
+keys and values), the embeddings (a live prompt swapped mid-request is a new entry) and the active adapter set
+(K/V are prepared after the request's adapters are applied to the k/v projections; a different set prepares
+again). Entries hold what they key by, so the identities stay theirs while the entry lives.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from vidloom.layers.prompt_kv import PromptKV
+from vidloom.lora.apply import current_loras
+
+PREPARED_PROMPTS = 4
+"""Entries one request keeps (least recently used first out): CFG's two branches for each of Wan2.2 A14B's two
+experts. A request that swaps its prompt (Helios' live prompts) drops the oldest."""
+
+
+class PreparedPrompts:
+    """The prompt K/V one request's steps read; owned by the request's loop state, never by a shared module."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        """`enabled` False: every step gets the embeddings themselves (the per-step projection)."""
+        self.enabled = enabled
+        self._entries: OrderedDict[tuple[int, int, int], tuple[Any, Any, Any, Any]] = OrderedDict()
+        self.prepared = 0
+        """How many times a network prepared a prompt (tests count the projections by it)."""
+
+    def get(self, network: Any, embeds: Any) -> Any:
+        """What the step passes as `embeds` (a tensor, or a family's text batch) to `network`: its prepare_prompt
+        (PromptKV, or the family's text with them), or `embeds` itself where the network cannot prepare them (it
+        declares no `prepare_prompt`, or answers None: sharded weights). None stays None (no CFG branch)."""
+        prepare = getattr(network, "prepare_prompt", None)
+        if embeds is None or not self.enabled or prepare is None:
+            return embeds
+        active = current_loras()
+        key = (id(network), id(embeds), id(active))
+        entry = self._entries.get(key)
+        if entry is None:
+            kv = prepare(embeds)
+            if kv is None:
+                return embeds
+            self.prepared += 1
+            entry = self._entries[key] = (network, embeds, active, kv)
+            while len(self._entries) > PREPARED_PROMPTS:
+                self._entries.popitem(last=False)
+        self._entries.move_to_end(key)
+        return entry[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the kept keys and values."""
+        return sum(_nbytes(entry[3]) for entry in self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def _nbytes(prepared: Any) -> int:
+    kv = prepared if isinstance(prepared, PromptKV) else getattr(prepared, "kv", None)
+    return kv.nbytes if isinstance(kv, PromptKV) else 0

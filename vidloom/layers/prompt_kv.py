@@ -1,0 +1,85 @@
+"""Prompt keys and values prepared once per request: what every step's cross-attention reads from a static prompt.
+
+A DiT whose blocks cross-attend to the prompt's embeddings projects the same prompt to the same keys and values at
+every step and for every CFG branch (512 tokens x D x 2D per block per step on Wan 1.3B). A network that declares
+`prepare_prompt(text_embeds) -> PromptKV` (core.denoiser.PreparesPrompt) lets its loop do that once per request
+and branch (diffusion.prompt_kv.PreparedPrompts) and pass the result where the embeddings went: the guidance
+policies, cross-request batching and CUDA graphs take it as they take a tensor (it stacks, and its tensors are a
+captured step's static inputs), and the network's `embed` reads it instead of projecting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class PromptKV:
+    """Every cross-attention block's keys and values of one prompt batch, [B, L, H, Dh] each, in block order.
+
+    Rows follow the embeddings' rows; `stack` joins batches along rows (CFG's [cond; uncond], stacked requests).
+    """
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def block(self, index: int) -> tuple[Tensor, Tensor]:
+        """Block `index`'s (keys, values)."""
+        return self.keys[index], self.values[index]
+
+    def rows(self, pick: slice) -> PromptKV:
+        """These rows of every block's keys and values (views)."""
+        return PromptKV(tuple(k[pick] for k in self.keys), tuple(v[pick] for v in self.values))
+
+    def batch_key(self) -> Hashable:
+        """runtime.batching: batches of equal keys stack (same blocks, token count, heads, dtype, device)."""
+        k = self.keys[0]
+        return (len(self.keys), tuple(k.shape[1:]), k.dtype, k.device)
+
+    @staticmethod
+    def stack(batches: Sequence[PromptKV]) -> PromptKV:
+        """One batch of every batch's rows, in order (BatchedCFG, runtime.batching)."""
+        return PromptKV(tuple(torch.cat(ks) for ks in zip(*(b.keys for b in batches))),
+                        tuple(torch.cat(vs) for vs in zip(*(b.values for b in batches))))
+
+    def __repr__(self) -> str:
+        # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
+        # --cfg-parallel pair hold different branches.
+        return f"PromptKV(blocks={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
+
+
+def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor) -> PromptKV | None:
+    """Every cross-attention's `context_kv` (nn.Modules projecting their context apart from their queries, as
+    models.wan.transformer.WanAttention) of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights are not resident (weights_resident): the caller's steps then project."""
+    if not weights_resident(attentions):
+        return None
+    tokens = embed(embeds)
+    pairs = [attention.context_kv(tokens) for attention in attentions]
+    return PromptKV(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
+
+
+def weights_resident(modules: Sequence[nn.Module]) -> bool:
+    """Whether every parameter of `modules` holds its values here: --shard-weights frees a block's weights between
+    its forwards (runtime.parallel.shard_weights), so a projection run outside the block would read nothing."""
+    return all(p.untyped_storage().nbytes() > 0 for m in modules for p in m.parameters() if p.numel())
+
+
+def prompt_kv_bytes(blocks: int, tokens: int, dim: int, element_size: int) -> int:
+    """Bytes of one prompt row's prepared keys and values: `blocks` cross-attentions of `dim` wide K and V."""
+    return blocks * 2 * tokens * dim * element_size
