@@ -30,11 +30,18 @@ class HostBlocks:
         self.blocks: list[nn.Module] = []
 
     def release(self, device: torch.device, keep: set[int] = frozenset()) -> None:
-        """Move every held block whose id is not in `keep` (the ones sharded) to `device`, whole."""
+        """Move every held block whose id is not in `keep` (the ones sharded: their parameters are slices now) to
+        `device` whole, and the buffers of those in `keep` (sharding takes parameters only: a GGUF layer's
+        quantized bytes, a block's tables)."""
         for block in self.blocks:
             if id(block) not in keep:
                 block.to(device)
-        self.blocks = [block for block in self.blocks if id(block) in keep]
+                continue
+            for sub in block.modules():
+                for name, buffer in sub._buffers.items():
+                    if buffer is not None:
+                        sub._buffers[name] = buffer.to(device)
+        self.blocks = []
 
 
 _HELD: ContextVar[HostBlocks | None] = ContextVar("vidloom_host_blocks", default=None)

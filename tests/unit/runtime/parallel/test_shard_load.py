@@ -3,7 +3,7 @@
 The family loaders build every module through precision.materialize (and build_component); inside
 loading.host_blocks.blocks_on_host() the denoiser's blocks are allocated and filled on the host, and shard_blocks moves
 only this rank's slice of each to the device. On a CPU-only machine the host is the device, so the placement is
-checked with the meta device as the target: the real loaders of three families fill the blocks on the host and put
+checked with the meta device as the target: the real loaders of four families (SANA-WM's blocks have buffers too) fill the blocks on the host and put
 everything else on "the device"; after sharding no block weight is left on the host and the device holds the slices.
 Parity is checked on the CPU with ranks as threads: the held-then-sharded denoiser gives the unsharded output exactly,
 and while it runs at most one block is gathered at a time."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ltx2_checkpoints, stable_audio_checkpoints, wan_checkpoints
+from tests.helpers import ltx2_checkpoints, sana_wm_checkpoints, stable_audio_checkpoints, wan_checkpoints
 from tests.helpers.thread_comm import run_ranks, thread_group
 from vidloom import registry
 from vidloom.core.deploy import DeployConfig
@@ -29,6 +29,7 @@ SHARDED = DeployConfig(devices=2, parallel=ParallelPlan(sp=2, shard_weights=True
 WRITERS = {
     "wan": lambda folder: wan_checkpoints.write_tiny_wan(folder, wan_checkpoints.TINY_A),
     "ltx2": lambda folder: ltx2_checkpoints.write_tiny_ltx2(folder, ltx2_checkpoints.TINY_SPLIT),
+    "sana_wm": lambda folder: sana_wm_checkpoints.write_tiny_sana_wm(folder, sana_wm_checkpoints.SANA_WM_A),
     "stable_audio": lambda folder: stable_audio_checkpoints.write_tiny_stable_audio(
         folder, stable_audio_checkpoints.TINY_STEREO),
 }
@@ -66,6 +67,7 @@ def test_the_loaders_fill_the_blocks_on_the_host_and_only_slices_reach_the_devic
     handles = [h for per_denoiser in run_ranks(thread_group(2), rank)[0] for h in per_denoiser]
     host.release(device, keep={id(h.block) for h in handles})
     for denoiser in denoisers:
+        assert all(buffer.device == device for buffer in denoiser.buffers())  # release moved the blocks' buffers
         for param in denoiser.parameters():
             assert param.device == device and param.numel() > 0  # on the device, shapes kept
             if id(param) in blocks:
