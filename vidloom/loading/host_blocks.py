@@ -69,9 +69,7 @@ def _held_submodules(module: nn.Module) -> set[int]:
 def allocate(module: nn.Module, device: torch.device) -> nn.Module:
     """`module.to_empty(device)`, except that held blocks' tensors are allocated on the host."""
     held, record = _held_submodules(module), _HELD.get()
-    if not held or device == HOST:
-        if held and record is not None:
-            record.blocks.extend(module.compile_units())
+    if not held or record is None:
         return module.to_empty(device=device)
     for sub in module.modules():
         sub.to_empty(device=HOST if id(sub) in held else device, recurse=False)
