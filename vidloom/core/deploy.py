@@ -206,10 +206,12 @@ class DeployConfig:
                 "with --cfg-parallel leave cfg_mode at 'sequential'"
             )
         sharded_refuses = [flag for flag, on in (("--compile", self.compile), ("--fp8", self.fp8_weights),
-                                                  ("--cuda-graphs", self.cuda_graphs)) if on]
+                                                  ("--cuda-graphs", self.cuda_graphs),
+                                                  ("--offload-idle-expert", self.offload_idle_expert)) if on]
         if plan.shard_weights and sharded_refuses:
             # The hooks swap each block's weights in and out around its forward: a compiled or captured block
-            # would hold the freed storages, and FP8 layers keep scales outside the flat buffers.
+            # would hold the freed storages, FP8 layers keep scales outside the flat buffers, and an expert
+            # placement keeps whole host copies of every block and uploads them whole.
             raise DeployError(f"--shard-weights gathers each block's weights around its forward, which "
                               f"{', '.join(sharded_refuses)} cannot follow; drop one or the other")
         if plan.world_size > 1 and self.cuda_graphs:

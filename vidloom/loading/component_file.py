@@ -16,6 +16,7 @@ import torch
 
 from vidloom.core.deploy import COMPONENT_FILE_SUFFIXES
 from vidloom.core.errors import CheckpointError, DeployError
+from vidloom.loading.host_blocks import place
 from vidloom.loading.key_layout import KeyLayout
 from vidloom.loading.name_map import NameMap
 from vidloom.loading.precision import materialize
@@ -55,7 +56,7 @@ def build_component(build: Callable[[], torch.nn.Module], folder: Path, name_map
     staged = torch.device("cpu") if file is not None and file.suffix.lower() == ".gguf" else device
     module = materialize(build, staged, dtype, keep_fp32)
     load_component(module, folder, name_map, file, layouts)
-    return module.to(device)
+    return place(module, device)  # a held denoiser's blocks stay on the host (loading.host_blocks)
 
 
 def load_component(module: torch.nn.Module, folder: Path, name_map: NameMap, file: Path | None = None,

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from vidloom.core.errors import DeployError
+from vidloom.loading.host_blocks import allocate
 
 
 def cast_module(module: torch.nn.Module, dtype: torch.dtype, keep_fp32: frozenset[str] = frozenset()) -> torch.nn.Module:
@@ -42,7 +43,7 @@ def materialize(
     derived = [name for name, _ in module.named_buffers() if name not in persistent]
     if derived:
         raise TypeError(f"{type(module).__name__} has non-persistent buffers {derived[:3]}; build it eagerly")
-    return cast_module(module, dtype, keep_fp32).to_empty(device=device)
+    return allocate(cast_module(module, dtype, keep_fp32), device)  # a held denoiser's blocks stay on the host
 
 
 # The CPU fast path. On CPUs whose matmul units take bfloat16 natively (Intel AMX, AVX512-BF16,

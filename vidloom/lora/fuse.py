@@ -64,7 +64,7 @@ def fuse_adapters(instance: Any, adapters: Mapping[str, tuple[str | Path, float]
     with torch.no_grad():
         for key, delta in deltas.items():
             weight = targets[key].weight
-            weight.copy_((weight.float() + delta).to(weight.dtype))
+            weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))  # a held block: host
     fused = tuple(FusedAdapter(name, adapter.path, scale, len(adapter.layers)) for name, adapter, scale in read)
     registry.fused = fused
     return fused

@@ -36,8 +36,11 @@ class _Group:
 class ShardedBlock:
     """One block's weights held as this rank's slices; `gather` before its forward, `free` after."""
 
-    def __init__(self, block: nn.Module, comm: Comm) -> None:
+    def __init__(self, block: nn.Module, comm: Comm, device: torch.device | None = None) -> None:
+        """`device`: where the slice and the gathered weights live; a block still held on the host
+        (loading.host_blocks) is sliced there and only its slice moves (None: where the block's parameters are)."""
         self.comm = comm
+        self.block = block
         self.groups: list[_Group] = []
         by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
         for param in _own_storage_params(block):
@@ -46,8 +49,16 @@ class ShardedBlock:
             flat = torch.cat([p.detach().reshape(-1) for p in params])
             per_rank = -(-flat.numel() // comm.size)
             padded = torch.nn.functional.pad(flat, (0, per_rank * comm.size - flat.numel()))
-            shard = padded[comm.rank * per_rank:(comm.rank + 1) * per_rank].clone()
-            self.groups.append(_Group(params, shard, flat.numel()))
+            target = flat.device if device is None else device
+            shard = padded[comm.rank * per_rank:(comm.rank + 1) * per_rank].to(target, copy=True)
+            numel = flat.numel()
+            del flat, padded
+            self.groups.append(_Group(params, shard, numel))
+        names = [_names(block, group.params) for group in self.groups]
+        _drop_whole_copies(block, {id(p) for group in self.groups for p in group.params},
+                           self.groups[0].shard.device if self.groups else device)
+        for group, group_names in zip(self.groups, names):  # a parameter _drop_whole_copies replaced: the new one
+            group.params = [block.get_parameter(name) for name in group_names]
         self.free()
         block.register_forward_pre_hook(lambda module, args: self.gather())
         block.register_forward_hook(lambda module, args, out: self.free())
@@ -72,12 +83,46 @@ class ShardedBlock:
                 param.untyped_storage().resize_(0)
 
 
-def shard_blocks(blocks: Iterable[nn.Module], comm: Comm) -> list[ShardedBlock]:
-    """Shard every block of `blocks` over `comm` (the sp group); returns the handles (their hooks do the work)."""
-    handles = [ShardedBlock(block, comm) for block in blocks]
-    if any(g.shard.device.type == "cpu" for handle in handles for g in handle.groups):
-        _return_freed_host_memory()
+def shard_blocks(blocks: Iterable[nn.Module], comm: Comm, device: torch.device | None = None) -> list[ShardedBlock]:
+    """Shard every block of `blocks` over `comm` (the sp group); returns the handles (their hooks do the work).
+
+    `device`: where the slices go (see ShardedBlock); blocks held on the host reach it one slice at a time."""
+    handles = []
+    for block in blocks:
+        on_host = any(p.device.type == "cpu" for p in block.parameters())
+        handles.append(ShardedBlock(block, comm, device))
+        if on_host:  # this block's whole host copy is gone: give its pages back before the next one is sliced
+            _return_freed_host_memory()
     return handles
+
+
+def _drop_whole_copies(block: nn.Module, params: set[int], device: torch.device | None) -> None:
+    """Give each of `params` an empty storage on `device`, its shape kept: the whole copy (on the host when loading
+    held it there) is released. A parameter whose tensor type cannot take the new data in place (host to the meta
+    device) is replaced in its module by a new Parameter."""
+    for module in block.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or id(param) not in params:
+                continue
+            empty = _empty_like_on(param, device)
+            if torch._has_compatible_shallow_copy_type(param, empty):
+                param.data = empty
+            else:
+                module._parameters[name] = nn.Parameter(empty, requires_grad=param.requires_grad)
+
+
+def _names(block: nn.Module, params: list[nn.Parameter]) -> list[str]:
+    by_id = {id(p): name for name, p in block.named_parameters(remove_duplicate=False)}
+    return [by_id[id(p)] for p in params]
+
+
+def _empty_like_on(param: Tensor, device: torch.device) -> Tensor:
+    """A tensor of `param`'s shape, dtype and strides on `device` whose storage holds zero bytes (set_ sizes the
+    storage for the shape, so it is emptied at once: one parameter's bytes at most, for an instant)."""
+    empty = torch.empty(0, dtype=param.dtype, device=device)
+    empty.set_(torch.UntypedStorage(0, device=device), 0, param.shape, param.stride())
+    empty.untyped_storage().resize_(0)
+    return empty
 
 
 def _return_freed_host_memory() -> None:

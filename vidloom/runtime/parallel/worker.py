@@ -16,6 +16,7 @@ import os
 import queue
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,6 +30,7 @@ from vidloom.core.deploy import DeployConfig
 from vidloom.core.instance import ModelInstance
 from vidloom.core.parallel import TokenLayout
 from vidloom.diffusion.guidance import ParallelCFG
+from vidloom.loading.host_blocks import HostBlocks, blocks_on_host
 from vidloom.runtime.rank_share import RankShare
 from vidloom.runtime.engine import Engine
 from vidloom.runtime.parallel.comm import RankGroups, build_groups, init_distributed, shutdown_distributed
@@ -145,28 +147,37 @@ def start_rank(spec: WorkerSpec, place: RankPlace) -> RankRuntime:
     groups = build_groups(spec.deploy.parallel, place.rank, options.collective_timeout_s)
     card = registry.resolve_card(spec.model)
     owner = spec.deploy.parallel.text_encoder_rank
-    instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy,
-                                      text_encoder_here=owner in (None, place.rank))
+    # --shard-weights: the denoisers' blocks stay on the host until rank_engine has moved this rank's slices of them
+    # to the device, so the device never holds a denoiser whole (loading.host_blocks).
+    with blocks_on_host() if spec.deploy.parallel.shard_weights else nullcontext() as held:
+        instance = registry.load_instance(card, Path(spec.checkpoint), device, spec.dtype, spec.deploy,
+                                          text_encoder_here=owner in (None, place.rank))
     spec.loras.apply(instance, spec.adapters)
     sharded: list[ShardedBlock] = []
-    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups, spec.adapters, sharded)
+    engine = rank_engine(instance, registry.token_layout(card, Path(spec.checkpoint)), groups, spec.adapters, sharded,
+                         held)
     return RankRuntime(engine, control, options.check_lockstep,
                        weight_bytes=lambda: held_weight_bytes(instance.components, sharded))
 
 
 def rank_engine(instance: ModelInstance, layout: TokenLayout, groups: RankGroups,
-                adapters: StepAdapters = NO_ADAPTERS, sharded: list[ShardedBlock] | None = None) -> Engine:
+                adapters: StepAdapters = NO_ADAPTERS, sharded: list[ShardedBlock] | None = None,
+                held: HostBlocks | None = None) -> Engine:
     """This rank's engine over its own copy of the model: every denoiser the layout names sharded over
     groups.sp, the CFG branches split over groups.cfg, the prompt nodes run on parallel.text_encoder_rank alone
-    (whose encoded prompts the others receive). `sharded` collects the handles of the sharded blocks."""
+    (whose encoded prompts the others receive). `sharded` collects the handles of the sharded blocks; `held`: the
+    blocks the load kept on the host (--shard-weights), which go to the device as slices or, when not sharded, whole."""
+    handles: list[ShardedBlock] = []
     if groups.sp is not None:
         for name in layout.denoisers:
             if name in instance.components:
                 apply_sp(instance[name], groups.sp)
                 if instance.deploy.parallel.shard_weights:
-                    handles = shard_blocks(instance[name].compile_units(), groups.sp)
-                    if sharded is not None:
-                        sharded.extend(handles)
+                    handles += shard_blocks(instance[name].compile_units(), groups.sp, instance.device)
+    if sharded is not None:
+        sharded.extend(handles)
+    if held is not None:  # before the program is built: nothing may run a block still on the host
+        held.release(instance.device, keep={id(handle.block) for handle in handles})
     # A layout that allows --cfg-parallel promises a program builder taking `guidance=` (launch checked it).
     extra = {"guidance": ParallelCFG(groups.cfg)} if groups.cfg is not None else {}
     # A step cache's skip decisions: measured over the whole sequence by every rank of the sp group alike; under

@@ -61,7 +61,8 @@ def test_shard_weights_needs_sp_and_refuses_what_cannot_follow_it():
         ParallelPlan(cfg=2, shard_weights=True)
     plan = ParallelPlan(sp=2, shard_weights=True)
     assert "sharded weights" in plan.describe()
-    for flags, named in ((dict(compile=True), "--compile"), (dict(fp8_weights=True), "--fp8")):
+    for flags, named in ((dict(compile=True), "--compile"), (dict(fp8_weights=True), "--fp8"),
+                         (dict(offload_idle_expert=True), "--offload-idle-expert")):
         with pytest.raises(DeployError, match=f"--shard-weights gathers .* which {named}"):
             DeployConfig(devices=2, parallel=plan, **flags)
     DeployConfig(devices=2, parallel=plan)
