@@ -12,6 +12,8 @@ from vidloom.models.wan.vae import WanVAEConfig
 from vidloom.families.helios.cards import CARDS, MEMORY_ESTIMATOR
 from vidloom.families.helios.config import HeliosTransformerConfig
 from vidloom.families.helios.memory import footprint, request_estimator
+from vidloom.layers.prompt_kv import prompt_kv_bytes
+from vidloom.models.wan.text import WAN_TEXT_TOKENS
 
 
 def _instance(**deploy) -> ConfigInstance:
@@ -33,9 +35,13 @@ def test_chunks_keep_the_working_set_and_only_the_held_video_grows_with_frames()
 
 
 def test_batched_cfg_doubles_the_block_term():
+    """Batched CFG doubles the blocks' working set and adds the step's stacked copy of both branches' prompt K/V."""
     sequential = footprint(_instance(), _request(guidance_scale=5.0, negative_prompt="blur"))
     batched = footprint(_instance(cfg_mode="batched"), _request(guidance_scale=5.0, negative_prompt="blur"))
-    assert batched.denoise == 2 * sequential.denoise
+    dit = HeliosTransformerConfig()
+    prompt = prompt_kv_bytes(dit.num_layers, WAN_TEXT_TOKENS, dit.num_attention_heads * dit.attention_head_dim, 2)
+    assert batched.denoise == 2 * sequential.denoise + 2 * prompt
+    assert batched.persistent == sequential.persistent  # both branches' K/V are kept either way
 
 
 def test_a_small_memory_limit_refuses_a_big_frame_naming_the_limit():
