@@ -67,7 +67,8 @@ def _timed(generate: Callable[[], tuple[np.ndarray, dict[str, int]]]) -> tuple[n
     return frames, {"wall_s": time.perf_counter() - started, **cached}
 
 
-def _diffusers(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float]]) -> list[dict[str, Any]]:
+def _diffusers(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float]],
+               presets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     import cache_dit
     import diffusers
     import torch
@@ -110,7 +111,8 @@ def _plain(generate: Callable[[], tuple[np.ndarray, dict[str, int]]]) -> tuple[n
     return frames, {**second, "config": "plain", "wall_s": min(first["wall_s"], second["wall_s"])}
 
 
-def _vidloom(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float]]) -> list[dict[str, Any]]:
+def _vidloom(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float]],
+             presets: tuple[str, ...] = PRESETS) -> list[dict[str, Any]]:
     from vidloom.core.deploy import DeployConfig
     from vidloom.generator import VideoGenerator
 
@@ -140,7 +142,7 @@ def _vidloom(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float
     rows = [plain_row]
     runs = [(s.name, DeployConfig(step_cache="dbcache", step_cache_fn=s.fn, step_cache_bn=s.bn,
                                   step_cache_warmup=WARMUP, step_cache_taylorseer=s.taylorseer), t) for s, t in sweep]
-    runs += [(p, DeployConfig(step_cache=p, step_cache_warmup=WARMUP), t) for p in PRESETS for t in _thresholds(sweep)]
+    runs += [(p, DeployConfig(step_cache=p, step_cache_warmup=WARMUP), t) for p in presets for t in _thresholds(sweep)]
     for name, deploy, threshold in runs:
         try:
             generate(deploy, threshold, n=warmup)  # a new load's first run pays its allocations, as the plain one did
@@ -156,15 +158,17 @@ def _thresholds(sweep: list[tuple[Setting, float]]) -> list[float]:
     return sorted({t for _, t in sweep})
 
 
-SYSTEM_RUNS: dict[str, Callable[[CacheTarget, Path, list[tuple[Setting, float]]], list[dict[str, Any]]]] = {
+SYSTEM_RUNS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "diffusers+cache-dit": _diffusers, "vidloom": _vidloom}
-"""Each system's whole sweep in this process: the plain row first, then one row per setting (or its error)."""
+"""Each system's whole sweep in this process, (target, folder, sweep, presets): the plain row first, then one row
+per setting (or its error); presets are vidloom's only."""
 
 
 def worker(system: str, family: str, size_name: str, steps: int, folder: str, sweep_json: str) -> None:
     target = replace(cache_target(family, size_name), steps=steps)
-    sweep = [(Setting(**s), t) for s, t in json.loads(sweep_json)]
-    rows = SYSTEM_RUNS[system](target, Path(folder), sweep)
+    payload = json.loads(sweep_json)
+    sweep = [(Setting(**s), t) for s, t in payload["sweep"]]
+    rows = SYSTEM_RUNS[system](target, Path(folder), sweep, tuple(payload["presets"]))
     plain = rows[0]["wall_s"]
     for row in rows:
         if "wall_s" in row:
@@ -178,8 +182,9 @@ def worker(system: str, family: str, size_name: str, steps: int, folder: str, sw
 SYSTEMS = tuple(SYSTEM_RUNS)
 
 
-def _spawn(system: str, target: CacheTarget, size: str, sweep: list[tuple[Setting, float]]) -> list[dict[str, Any]]:
-    payload = json.dumps([(vars(s), t) for s, t in sweep])
+def _spawn(system: str, target: CacheTarget, size: str, sweep: list[tuple[Setting, float]],
+           presets: tuple[str, ...]) -> list[dict[str, Any]]:
+    payload = json.dumps({"sweep": [(vars(s), t) for s, t in sweep], "presets": presets})
     proc = subprocess.run([sys.executable, __file__, "--worker", system, target.family, size, str(target.steps),
                            str(target.checkpoint()), payload], capture_output=True, text=True, timeout=7200)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -229,7 +234,7 @@ def _table_rows(table: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
 def run_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
     """Both systems on one family: the sweep in alternating order per round, merged, printed and returned."""
     thresholds = [float(t) for t in args.thresholds.split(",")]
-    settings = SETTINGS
+    settings = tuple(s for s in SETTINGS if s.name in args.settings.split(",")) if args.settings else SETTINGS
     if args.smoke:
         args.size, args.steps, args.rounds, thresholds, settings = "tiny", 4, 1, [0.3], (Setting(1, 0, 1),)
     target = cache_target(family, args.size)
@@ -243,7 +248,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         for system in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
             busy.append(wait_for_quiet(args.quiet_wait))
-            results[system].append(_spawn(system, target, args.size, sweep))
+            results[system].append(_spawn(system, target, args.size, sweep, args.preset_names))
             print(f"  [{family} round {r + 1}/{args.rounds}] {system} done", file=sys.stderr, flush=True)
     table = {system: _merge(rounds) for system, rounds in results.items()}
     print(f"\n{family} ({args.size}, {target.steps} steps)")
@@ -262,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the size's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--thresholds", default="0.1,0.2,0.4")
+    parser.add_argument("--settings", default="", help=f"a subset of {','.join(s.name for s in SETTINGS)} (default all)")
+    parser.add_argument("--presets", default=",".join(PRESETS), help="vidloom's presets to sweep too ('' for none)")
     parser.add_argument("--smoke", action="store_true", help="tiny, 4 steps, F1B0+T1 at one threshold, 1 round")
     parser.add_argument("--quiet-wait", type=float, default=120.0,
                         help="seconds to wait for a quiet machine before each system's process")
@@ -274,13 +281,19 @@ def main(argv: list[str] | None = None) -> int:
         system, family, size, steps, folder, sweep = args.worker
         worker(system, family, size, int(steps), folder, sweep)
         return 0
+    unknown_settings = set(filter(None, args.settings.split(","))) - {s.name for s in SETTINGS}
+    if unknown_settings:
+        parser.error(f"--settings: {', '.join(sorted(unknown_settings))} not among {', '.join(s.name for s in SETTINGS)}")
+    presets = tuple(filter(None, args.presets.split(",")))
+    if set(presets) - set(PRESETS):
+        parser.error(f"--presets: {', '.join(sorted(set(presets) - set(PRESETS)))} not among {', '.join(PRESETS)}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILY_NAMES]
     if unknown:
         parser.error(f"--families: {', '.join(unknown)} not among {', '.join(FAMILY_NAMES)}"
                      + "".join(f"; {f}: {NOT_RUN[f]}" for f in unknown if f in NOT_RUN))
     for family in families:
-        result = run_family(family, argparse.Namespace(**vars(args)))
+        result = run_family(family, argparse.Namespace(**vars(args), preset_names=presets))
         if args.what:
             result["what"] = args.what
         size = "smoke" if args.smoke else args.size

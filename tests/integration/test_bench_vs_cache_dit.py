@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import checkpoints  # noqa: E402
-from cache_dit_families import FAMILY_NAMES, NOT_RUN, target  # noqa: E402
+from cache_dit_families import CACHE_DIT_FAILS, FAMILY_NAMES, NOT_RUN, target  # noqa: E402
 from vs_cache_dit import PRESETS, SYSTEM_RUNS, Setting, main  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -27,9 +27,11 @@ def test_both_systems_run_the_smoke_setting_in_process(family, tmp_path, monkeyp
     tiny = target(family, "tiny")
     assert tiny.blocks() >= 2  # F1B0 leaves a middle block to cache
     for system, run in SYSTEM_RUNS.items():
-        rows = run(tiny, tiny.checkpoint(), SMOKE)
-        expected = ["plain", "F1B0+T1", *(PRESETS if system == "vidloom" else ())]
-        assert [row["config"] for row in rows] == expected, rows
+        rows = run(tiny, tiny.checkpoint(), SMOKE, ())  # each preset is one more load; main's test below runs them
+        assert [row["config"] for row in rows] == ["plain", "F1B0+T1"], rows
+        if system == "diffusers+cache-dit" and family in CACHE_DIT_FAILS:  # said so in the docs, with this error
+            assert CACHE_DIT_FAILS[family] in rows[1]["error"]
+            rows = rows[:1]
         assert not [row for row in rows if "error" in row]
         assert all(row["wall_s"] > 0 for row in rows)
         # PSNR against the system's own uncached output: inf where nothing was cached, finite where something was.
@@ -48,6 +50,7 @@ def test_smoke_through_main_writes_the_family_json(tmp_path, monkeypatch):
         rows = result["systems"][system]
         assert rows[0]["config"] == "plain" and rows[0]["speedup_vs_own_plain"] == 1.0
         assert rows[1]["config"] == "F1B0+T1" and rows[1]["threshold"] == 0.3 and rows[1]["cached_steps"] >= 1
+    assert [row["config"] for row in result["systems"]["vidloom"][2:]] == list(PRESETS)
 
 
 @pytest.mark.parametrize("family", ["nope", *NOT_RUN])
