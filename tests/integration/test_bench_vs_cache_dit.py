@@ -66,3 +66,25 @@ def test_an_unknown_or_unsupported_family_is_a_usage_error_naming_the_flag(famil
 def test_a_family_other_than_wan_refuses_a_wan_only_size():
     with pytest.raises(SystemExit, match="--size"):
         target("flux2", "real-1.3b")
+
+
+def test_the_docs_table_takes_each_systems_fastest_row_at_or_above_the_floor_and_the_plot_draws_every_row():
+    from vs_cache_dit_plot import best, svg, table
+
+    rows = {"diffusers+cache-dit": [{"config": "plain", "wall_s": 10.0},
+                                    {"config": "F1B0", "threshold": 0.5, "wall_s": 6.0, "psnr_db": 25.0,
+                                     "speedup_vs_own_plain": 1.67, "cached_steps": 3, "cfg_cached_steps": 3},
+                                    {"config": "F4B1", "threshold": 0.5, "wall_s": 8.0, "psnr_db": 35.0,
+                                     "speedup_vs_own_plain": 1.25, "cached_steps": 1, "cfg_cached_steps": 0},
+                                    {"config": "F8B1", "threshold": 0.1, "wall_s": 4.0, "psnr_db": "inf",
+                                     "speedup_vs_own_plain": 2.5, "cached_steps": 0, "cfg_cached_steps": 0}],
+            "vidloom": [{"config": "plain", "wall_s": 5.0},
+                        {"config": "F1B0", "threshold": 0.2, "wall_s": 5.5, "psnr_db": 60.0,
+                         "speedup_vs_own_plain": 0.91, "cached_steps": 0, "skipped_blocks": 2}]}
+    assert best(rows["diffusers+cache-dit"], 30)["config"] == "F4B1"  # F8B1 cached nothing: the plain run again
+    assert best(rows["diffusers+cache-dit"], 20)["config"] == "F1B0"
+    assert best(rows["diffusers+cache-dit"], 40) is None
+    text = table({"fam": {"steps": 8, "systems": rows}}, [30.0])
+    # cache-dit's best at >= 30 dB is F4B1 at 8.0 s; vidloom's cached row is slower than its plain 5.0 s: 5.0 / 8.0.
+    assert "8.0 (1.25x, F4B1 @ 0.5)" in text and "no cached run faster than plain" in text and "| 0.62 |" in text
+    assert svg({"fam": {"steps": 8, "systems": rows}}).count("<circle") == 2 + 4  # legend + every setting's row
