@@ -254,7 +254,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"\n{family} ({args.size}, {target.steps} steps)")
     print_table(["system", "config", "threshold", "cached", "wall s", "speed-up", "PSNR dB"], _table_rows(table))
     return {"environment": environment(), "family": family, "size": args.size, "steps": target.steps,
-            "request": target.bench.request, "pipeline": target.bench.pipeline,
+            "request": {**target.bench.request, "steps": target.steps}, "pipeline": target.bench.pipeline,
             "vidloom_dtype": target.vidloom_dtype or "vidloom's default", "diffusers_dtype": "float32",
             "warmup_steps": WARMUP, "rounds": args.rounds, "machine_busy_before": busy, "load_avg": os.getloadavg(),
             "systems": table}
