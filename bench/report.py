@@ -90,9 +90,10 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
-def write_json(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / name
+def write_json(name: str, payload: dict[str, Any], folder: Path | None = None) -> Path:
+    folder = folder or RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
     # JSON has no inf: identical outputs are written as the string "inf".
     text = json.dumps(payload, indent=2, default=str).replace("Infinity", '"inf"')
     path.write_text(text + "\n")
