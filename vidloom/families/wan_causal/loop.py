@@ -42,7 +42,8 @@ from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.vae import WanVAE
 from vidloom.families.wan_causal.kv_cache import FarKVCache
 from vidloom.families.wan_causal.layout import ChunkLayout
-from vidloom.families.wan_causal.transformer import FarText, FarTransformer
+from vidloom.families.wan_causal.text import FarText
+from vidloom.families.wan_causal.transformer import FarTransformer
 from vidloom.families.wan_causal.network import FarNetwork
 from vidloom.families.wan_causal.decode import ChunkDecoder, decode_chunk, new_stream, video_frame_range
 

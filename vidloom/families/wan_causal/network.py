@@ -9,7 +9,8 @@ from torch import Tensor
 from vidloom.families.wan_causal.kv_cache import FarKVCache, FarKVStack
 from vidloom.families.wan_causal.layout import ChunkLayout
 from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS
-from vidloom.families.wan_causal.transformer import FarConditioning, FarText, FarTransformer
+from vidloom.families.wan_causal.text import FarText
+from vidloom.families.wan_causal.transformer import FarConditioning, FarTransformer
 
 
 class FarNetwork:
