@@ -68,3 +68,24 @@ def test_a_note_is_one_write_so_a_ctrl_c_cannot_glue_cancelled_onto_it(monkeypat
     monkeypatch.setattr(sys, "stderr", Stderr())
     say("note: the demo has random weights")
     assert writes == ["note: the demo has random weights\n"]
+
+
+def test_a_ctrl_c_while_held_is_raised_when_the_hold_ends(guard):
+    """Around torch's import: raised inside it, a KeyboardInterrupt can cross pybind11 code that cannot pass it on,
+    and the process aborts (status -6, seen in CI in test_ctrl_c_while_python_imports_and_loads[0.5])."""
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with guard.held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            reached = True  # neither signal raised inside
+    assert reached and guard.count == 2 and guard.settle() is True
+
+
+def test_a_hold_without_a_ctrl_c_changes_nothing(guard):
+    with guard.held():
+        pass
+    token = CancellationToken()
+    with guard.cancels(token):
+        signal.raise_signal(signal.SIGINT)  # after the hold, the first Ctrl-C cancels as before
+    assert token.cancelled and guard.settle() is True

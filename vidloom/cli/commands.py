@@ -158,6 +158,8 @@ def _run_command(argv: list[str] | None, guard: InterruptGuard, ended: list[int]
     line, args = None, None
     try:
         args = build_parser().parse_args(argv)
+        with guard.held():  # every command imports torch; a Ctrl-C raised inside its start-up can abort the process
+            import torch  # noqa: F401
         code = _dispatch(args, argv, guard)
     except KeyboardInterrupt:
         code, line = EXIT_INTERRUPTED, "cancelled"

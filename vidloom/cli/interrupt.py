@@ -10,6 +10,9 @@ The rules, whatever the moment:
   and the command reports the step. Elsewhere (imports, load, encoding) it raises KeyboardInterrupt in
   the main thread, so the command stops where it is; a file being encoded is a temp file that the
   atomic writer removes.
+- While torch imports (`held()`), a Ctrl-C is counted and raised when the import ends: raised inside it, the
+  exception can cross C++ code of torch's start-up (pybind11) that cannot pass it on, and the process
+  aborts (status -6, no line). The import takes a second or two.
 - A second Ctrl-C raises KeyboardInterrupt (a step that takes long stops now, not at its end). Once one
   has been raised, later ones are not raised again while it unwinds, so cleanup (`finally` blocks that
   remove temp files) runs to its end.
@@ -62,6 +65,7 @@ class InterruptGuard:
         self._token: Cancellable | None = None
         self._raised = False  # a KeyboardInterrupt of ours is unwinding the stack
         self._settled: bool | None = None  # None while running; then whether the command was interrupted
+        self._holding = False  # inside held(): count only
         self._previous: Any = None
         self.installed = False
 
@@ -80,7 +84,7 @@ class InterruptGuard:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        if self._settled is not None:
+        if self._settled is not None or self._holding:
             return
         token = self._token
         if token is not None and not token.cancelled:
@@ -104,6 +108,16 @@ class InterruptGuard:
             yield
         finally:
             self._token = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """While inside, a Ctrl-C is only counted; at the exit it raises KeyboardInterrupt (see the docstring)."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        self.check()
 
     def forgive(self) -> None:
         """The Ctrl-Cs so far ended the command the way it is meant to end (they stopped a running server):
