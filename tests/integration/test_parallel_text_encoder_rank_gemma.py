@@ -101,7 +101,8 @@ def test_sana_wm_both_encoders_on_one_rank(sana_wm):
     replicated, held_everywhere = _pool(sana_wm, plan, requests, **SANA_WM_DEPLOY)
     placed, held_placed = _pool(sana_wm, ParallelPlan(cfg=2, text_encoder_rank=1), requests, **SANA_WM_DEPLOY)
     _assert_equal(placed, replicated, ("video",))
-    instance = VideoGenerator.from_pretrained(sana_wm, device="cpu", deploy=DeployConfig(two_stage=True)).engine.instance
+    one = VideoGenerator.from_pretrained(sana_wm, device="cpu", deploy=DeployConfig(two_stage=True))
+    instance = one.engine.instance
     encoders = held_weight_bytes({name: instance[name] for name in ("text_encoder", "refiner_text")})
     stage1 = held_weight_bytes({"text_encoder": instance["text_encoder"]})
     assert 0 < stage1 < encoders

@@ -71,7 +71,7 @@ def load_instance(
     if vae.latents_mean.dtype == torch.bfloat16 and device.type == "cpu":
         use_channels_last(vae)  # oneDNN's bf16 convolutions: 0.27 -> 0.22 s per decode on ltx2-mid
     components = {
-        # The connectors are also the text encoder's: listed here so LoRA adapters can target them (by reference).
+        # The connectors are also the text encoder's (where it is here): listed so LoRA adapters can target them.
         "transformer": transformer.eval(), CONNECTORS: connectors, "text_encoder": text, "vae": vae,
         "audio_vae": load_audio_vae(ckpt.component_dir("audio_vae"), device),
         "vocoder": load_vocoder(ckpt.component_dir("vocoder"), device), "schedule": schedule,
