@@ -28,16 +28,16 @@ CAPABILITIES = Capabilities(
     # call, so flash/sage (no masks) are refused at load (layers.attention.resolve_attention, masked=True).
     # cuda_graphs: both stages' steps, returning (video, audio); positions and prompts are graph inputs.
     # devices, cfg_parallel: the video and audio streams each sharded (padded), the guidance passes spread over the
-    # CFG ranks (parallel.token_layout).
+    # CFG ranks (parallel.token_layout). text_encoder_rank: Gemma 3 on that rank alone, which runs the prompt node
+    # (Gemma, then the connectors under the request's adapters) and broadcasts the connectors' output; the connectors
+    # stay on every rank, a LoRA target like the transformer (load.py).
     frozenset({"warmup_shapes", "offload_text_encoder", "prompt_cache_size", "two_stage", "step_cache", "compile",
                "fp8_weights", "vae_tile", "attention_backend", "cuda_graphs", "components", "batching", "devices",
-               "cfg_parallel"}),
+               "cfg_parallel", "text_encoder_rank"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert",
              cfg_mode="LTX-2 always runs its CFG pair as one batched forward, as LTX2Pipeline does; no other mode "
                       "is written",
-             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget",
-             text_encoder_rank="the text connectors are held with the Gemma 3 encoder and are an instance component "
-                               "(a LoRA target) on every rank; placing the encoder on one rank is not wired yet"),
+             kv_cache_budget_bytes="a bidirectional denoiser keeps no KV cache to budget"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}  # `vidloom models --capabilities`

@@ -29,14 +29,21 @@ from vidloom.families.ltx2.loop import STAGE2_LORA, StageLoRA
 from vidloom.families.ltx2.schedule import LTX2Schedule
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.models.ltx2.text import CONNECTORS, LTX2TextEncoder
+from vidloom.text_encoders.elsewhere import encoder_or_elsewhere
 
 UPSAMPLER_FOLDER = "latent_upsampler"  # in Lightricks/LTX-2 and in LTX2LatentUpsamplePipeline folders
 
 
 def load_instance(
-    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig
+    card: ModelCard, checkpoint: Path, device: torch.device, dtype: torch.dtype | None, deploy: DeployConfig,
+    text_encoder_here: bool = True,
 ) -> ModelInstance:
     """Read `checkpoint` (a diffusers LTX2Pipeline folder); CPU computes in `cpu_default_dtype()`.
+
+    `text_encoder_here`: False on a rank that receives encoded prompts from the rank holding the Gemma 3 encoder
+    (parallel.text_encoder_rank): that rank's `text_encoder` is an EncoderElsewhere and Gemma's weights are never
+    read. The text connectors load on every rank all the same: they are an instance component that LoRA adapters
+    target, and every rank loads the same adapters (the owner runs them on the prompt; the others hold them idle).
 
     The video VAE follows `vae_dtype` (bfloat16 on the CPU fast path, channels-last there: 57 dB PSNR against
     float32 on bench's ltx2-mid, 3x faster); the audio VAE and the vocoder stay float32 (bfloat16 measured no
@@ -52,19 +59,20 @@ def load_instance(
     transformer = build_component(lambda: LTX2Transformer(dit_config, attention_fn), ckpt.component_dir("transformer"),
                                   LTX2_TRANSFORMER_NAME_MAP, files.get("transformer"), LTX2_TRANSFORMER_LAYOUTS,
                                   device, compute)
-    connectors = materialize(lambda: LTX2TextConnectors(connectors_config, attention_fn), device, compute)
+    connectors = materialize(lambda: LTX2TextConnectors(connectors_config, attention_fn), device, compute).eval()
     load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
-    text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
-                                device, compute, offload=deploy.offload_text_encoder,
-                                cache_size=deploy.prompt_cache_size)
+    text = encoder_or_elsewhere(lambda: LTX2TextEncoder.load(
+        ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors, device, compute,
+        offload=deploy.offload_text_encoder, cache_size=deploy.prompt_cache_size,
+    ), deploy, text_encoder_here)
     _check_text(ckpt.root, text, connectors_config, dit_config)
     vae = load_video_vae(ckpt.component_dir("vae"), device, vae_dtype(card.components["vae"].dtype, device, compute),
                          files.get("vae"))
     if vae.latents_mean.dtype == torch.bfloat16 and device.type == "cpu":
         use_channels_last(vae)  # oneDNN's bf16 convolutions: 0.27 -> 0.22 s per decode on ltx2-mid
     components = {
-        # The connectors are also the text encoder's: listed here so LoRA adapters can target them (by reference).
-        "transformer": transformer.eval(), CONNECTORS: text.connectors, "text_encoder": text, "vae": vae,
+        # The connectors are also the text encoder's (where it is here): listed so LoRA adapters can target them.
+        "transformer": transformer.eval(), CONNECTORS: connectors, "text_encoder": text, "vae": vae,
         "audio_vae": load_audio_vae(ckpt.component_dir("audio_vae"), device),
         "vocoder": load_vocoder(ckpt.component_dir("vocoder"), device), "schedule": schedule,
         "settings": LTX2Settings(),
@@ -109,9 +117,11 @@ def _upsampler(root: Path, given: str | None, vae: object, device: torch.device)
     return upsampler
 
 
-def _check_text(root: Path, text: LTX2TextEncoder, connectors: LTX2ConnectorsConfig,
-                dit: LTX2TransformerConfig) -> None:
-    if text.hidden_states != connectors.text_proj_in_factor or text.hidden_size != connectors.caption_channels:
+def _check_text(root: Path, text: object, connectors: LTX2ConnectorsConfig, dit: LTX2TransformerConfig) -> None:
+    """The encoder's hidden states against the connectors (on the rank that holds the encoder), and the connectors'
+    width against the transformer's (on every rank)."""
+    if isinstance(text, LTX2TextEncoder) and (text.hidden_states != connectors.text_proj_in_factor
+                                              or text.hidden_size != connectors.caption_channels):
         raise CheckpointError(
             f"{root}: the text encoder gives {text.hidden_states} hidden states of width {text.hidden_size}, the "
             f"connectors expect {connectors.text_proj_in_factor} of width {connectors.caption_channels}"
@@ -119,7 +129,3 @@ def _check_text(root: Path, text: LTX2TextEncoder, connectors: LTX2ConnectorsCon
     if dit.use_prompt_embeddings and dit.caption_channels != connectors.caption_channels:
         raise CheckpointError(f"{root}: transformer caption_channels {dit.caption_channels} != the connectors' "
                               f"{connectors.caption_channels}")
-
-
-
-

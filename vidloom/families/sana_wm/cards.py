@@ -38,16 +38,15 @@ CAPABILITIES = Capabilities(
     # --policy batch: stage-1 steps of one shape stack (cameras and both CFG branches, loop.STAGE1_INPUTS); the
     # refiner's steps write their own window K/V, so they run alone (the result's metadata says so).
     # --sp / --cfg-parallel (parallel.py): stage 1's tokens in bands of patch rows, its CFG branches on a rank pair;
-    # the refiner runs whole on every rank.
+    # the refiner runs whole on every rank. --text-encoder-rank: both prompt nodes (Gemma-2; with the refiner its
+    # Gemma-3 and connectors) run on that rank alone, which broadcasts what they write (parallel.token_layout).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
-               "prompt_cache_size", "batching", "devices", "cfg_parallel"}),
+               "prompt_cache_size", "batching", "devices", "cfg_parallel", "text_encoder_rank"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "components",
              attention_backend="SANA-WM's attention follows the reference's own SDPA calls (bf16 casts, padded heads)",
              warmup_shapes="a warmup request is text-only; every SANA-WM request needs a first image and a camera",
              cfg_mode="SANA-WM runs its CFG branches as one batch of two, as the reference does",
-             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache",
-             text_encoder_rank="two encoders (Gemma-2, and the refiner's Gemma 3 with its connectors) in two prompt "
-                               "nodes; placing them on one rank is not wired yet"),
+             kv_cache_budget_bytes="the stage-1 denoiser is bidirectional and keeps no KV cache"),
 )
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES}

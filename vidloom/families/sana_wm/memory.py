@@ -15,6 +15,7 @@ from vidloom.core.footprint import Footprint, block_bytes, decode_bytes, element
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
+from vidloom.families.sana_wm.text import MAX_TEXT_TOKENS
 from vidloom.layers.prompt_kv import prompt_kv_bytes
 
 DELTA_RULE_COPIES = 8  # transitions + inputs + states, forward and backward, of the widest stream at once
@@ -47,7 +48,9 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     persistent = latent_bytes(dit.in_channels, tokens) + video_bytes(request.num_frames, request.height, request.width)
     denoise = hidden + max(delta_rule, scores) + rays
     # The text's prompt K/V, both CFG rows, prepared once for the request (diffusion.prompt_kv).
-    persistent += prompt_kv_bytes(dit.num_layers, instance["text_encoder"].max_tokens, dim, act) * batch
+    # The card's prompt length, not the encoder's: a rank without it (--text-encoder-rank) estimates alike.
+    tokens_text = instance.card.max_prompt_tokens or MAX_TEXT_TOKENS
+    persistent += prompt_kv_bytes(dit.num_layers, tokens_text, dim, act) * batch
     if "refiner" in instance.components:
         persistent += latent_bytes(dit.in_channels, tokens)  # the refined copy beside stage 1's latents
         persistent += _refiner_window(instance, frames, h * dit.patch_size[1], w * dit.patch_size[2])

@@ -34,13 +34,15 @@ if TYPE_CHECKING:  # the runtime's exchanges import torch.distributed (and dynam
 def token_layout(checkpoint: Path) -> TokenLayout:
     """Stage 1's video tokens, sharded by patch rows of every frame (each frame's patch rows must divide by K);
     the caption is cross-attention context, whole on every rank. The --two-stage refiner runs whole on every
-    rank (its windowed K/V rollout is not sharded). CFG: negative and positive prompt, one per rank."""
+    rank (its windowed K/V rollout is not sharded). CFG: negative and positive prompt, one per rank. The prompt
+    nodes (--text-encoder-rank): stage 1's Gemma-2 and, with the refiner, its Gemma-3 and connectors."""
     ckpt = DiffusersDir.open(checkpoint)
     dit = SanaWMConfig.from_diffusers(ckpt.component_config("transformer"))
     vae = read_video_vae_config(ckpt.component_dir("vae"))
     grid = SequenceGeometry(num_heads=dit.self_attn_heads, patch_size=tuple(dit.patch_size),
                             vae_spatial=vae.spatial_compression_ratio, vae_temporal=vae.temporal_compression_ratio)
-    return TokenLayout(num_heads=dit.self_attn_heads, streams=("video",), split="rows", grid=grid)
+    return TokenLayout(num_heads=dit.self_attn_heads, streams=("video",), split="rows", grid=grid,
+                       prompt_nodes=("encode_text", "encode_refiner_text"))
 
 
 class FrameRows:

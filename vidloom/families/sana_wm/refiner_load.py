@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import CheckpointError, DeployError
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import materialize
@@ -16,6 +17,7 @@ from vidloom.models.ltx2.connectors import LTX2_CONNECTORS_NAME_MAP, LTX2Connect
 from vidloom.families.sana_wm.checkpoint import load_refiner_transformer
 from vidloom.models.ltx2.text import LTX2_TEXT_TOKENS, LTX2TextEncoder
 from vidloom.families.sana_wm.refine_loop import RefinerSettings
+from vidloom.text_encoders.elsewhere import encoder_or_elsewhere
 
 REFINER_FOLDER = "refiner"
 REFINER_PIPELINE = "SanaWMLTX2Refiner"
@@ -45,9 +47,12 @@ def open_refiner(folder: Path) -> DiffusersDir:
 
 
 def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_channels: int,
-                 offload_text: bool = False, prompt_cache_size: int = 0) -> dict[str, Any]:
+                 deploy: DeployConfig | None = None, text_encoder_here: bool = True) -> dict[str, Any]:
     """Components `refiner`, `refiner_text` and `refiner_settings`; errors name the folder and what is wrong.
-    `offload_text` / `prompt_cache_size`: the deployment's, for the refiner's Gemma-3 encoder too."""
+    The deployment's offload_text_encoder / prompt_cache_size hold for the refiner's Gemma-3 encoder too. Where
+    `text_encoder_here` is False (parallel.text_encoder_rank names another rank) `refiner_text` is an
+    EncoderElsewhere: the connectors are read only with the encoder, since no LoRA targets the refiner's."""
+    deploy = deploy or DeployConfig()
     folder = root / REFINER_FOLDER
     if not (folder / "model_index.json").is_file():
         raise DeployError(f"two_stage (--two-stage) needs SANA-WM's refiner: {root} has no "
@@ -64,14 +69,11 @@ def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_ch
         raise CheckpointError(f"{folder}/transformer: in_channels {transformer.config.in_channels} != the VAE's "
                               f"{latent_channels} latent channels")
     connectors_config = ckpt.parse_component("connectors", LTX2ConnectorsConfig.from_diffusers)
-    connectors = materialize(lambda: LTX2TextConnectors(connectors_config), device, dtype)
-    load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
-    max_length = int(ckpt.index.get("text_max_sequence_length", LTX2_TEXT_TOKENS))
-    text = LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
-                                device, dtype, max_length=max_length, offload=offload_text,
-                                cache_size=prompt_cache_size)
+    text = encoder_or_elsewhere(lambda: _refiner_text(ckpt, connectors_config, device, dtype, deploy), deploy,
+                                text_encoder_here, "refiner_text")
     c = connectors_config
-    if text.hidden_states != c.text_proj_in_factor or text.hidden_size != c.caption_channels:
+    if isinstance(text, LTX2TextEncoder) and (text.hidden_states != c.text_proj_in_factor
+                                              or text.hidden_size != c.caption_channels):
         raise CheckpointError(f"{folder}: the text encoder gives {text.hidden_states} hidden states of width "
                               f"{text.hidden_size}, the connectors expect {c.text_proj_in_factor} of width "
                               f"{c.caption_channels}")
@@ -79,3 +81,14 @@ def load_refiner(root: Path, device: torch.device, dtype: torch.dtype, latent_ch
         raise CheckpointError(f"{folder}: transformer caption_channels {transformer.config.caption_channels} != "
                               f"the connectors' {c.caption_channels}")
     return {"refiner": transformer, "refiner_text": text, "refiner_settings": RefinerSettings()}
+
+
+def _refiner_text(ckpt: DiffusersDir, config: LTX2ConnectorsConfig, device: torch.device, dtype: torch.dtype,
+                  deploy: DeployConfig) -> LTX2TextEncoder:
+    """The refiner's prompt path: its Gemma-3 encoder over its own LTX-2 connectors."""
+    connectors = materialize(lambda: LTX2TextConnectors(config), device, dtype)
+    load_weights(connectors, ckpt.component_dir("connectors"), LTX2_CONNECTORS_NAME_MAP)
+    max_length = int(ckpt.index.get("text_max_sequence_length", LTX2_TEXT_TOKENS))
+    return LTX2TextEncoder.load(ckpt.component_dir("tokenizer"), ckpt.component_dir("text_encoder"), connectors,
+                                device, dtype, max_length=max_length, offload=deploy.offload_text_encoder,
+                                cache_size=deploy.prompt_cache_size)
