@@ -37,7 +37,8 @@ CAPABILITIES = Capabilities(
              prompt_cache_size="prompts are prefilled into the paged KV per request",
              cfg_mode="no guidance: chat and speech only", vae_tile="no VAE",
              step_cache="no denoiser declared to the step caches",
-             cuda_graphs="the decode steps are not captured yet",
+             cuda_graphs="the MoE experts size their groups on the host each layer (bincount().tolist(), a "
+                         "device->host read a captured decode step cannot hold)",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              batching="no denoise step declared to the batcher: chats share paged decode forwards under every policy"),
 )

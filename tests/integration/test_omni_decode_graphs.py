@@ -1,0 +1,131 @@
+"""CUDA graphs of Qwen2.5-Omni's paged decode step (runtime.decode_graphs), driven on CPU by the stand-in capturer.
+
+The capturer (tests/helpers/graph_capturer.py) keeps a CUDA graph's contract: the step is recorded once over static
+inputs and each replay recomputes the outputs from whatever the static buffers then hold, so a step whose tokens,
+positions, block tables or sequence positions did not reach the buffers would replay stale ones and its tokens would
+leave the eager run's. Chats are stepped together in rounds as the AsyncEngine's worker steps them (one decode
+forward per round over every running sequence), with budgets that end at different rounds, so one run visits the
+batch buckets 4, 2 and 1 with sequences of mixed lengths in each. The kernels are captured in tests/gpu.
+
+Tolerance: a graphed step attends over a bucketed key width (padded keys masked: exact zeros in the softmax) and
+runs its linears over the bucket's rows, so logits may differ from the eager step's in the last bits: 1e-5 absolute
+on these float32 logits (|logit| < 1); greedy tokens must be identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.graph_capturer import RecordingCapturer
+from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from vidloom.core.chat import build_chat_request
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.errors import DeployError
+from vidloom.core.loop import is_decode_step
+from vidloom.generator import VideoGenerator
+from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
+from vidloom.runtime.engine import Engine
+
+LOGIT_ATOL = 1e-5  # see the module docstring
+PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns",
+           "hi", "name three colours of the evening sky over the sea")
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory) -> tuple[Path, VideoGenerator]:
+    folder = write_tiny_omni(tmp_path_factory.mktemp("omni-graphs"), OMNI_A)
+    return folder, VideoGenerator.from_pretrained(str(folder), device="cpu", dtype="float32")
+
+
+def _graphed(plain: VideoGenerator, capturer: RecordingCapturer) -> Engine:
+    """The same loaded model with cuda_graphs on, its steps recorded by `capturer` (the CUDA check at load is the
+    real capturer's: test_cuda_graphs_need_cuda_at_load)."""
+    engine = plain.engine
+    instance = dataclasses.replace(engine.instance, deploy=dataclasses.replace(engine.instance.deploy, cuda_graphs=True))
+    return Engine(instance, engine.program, engine.adapters, capturer=capturer)
+
+
+def _chats(engine: Engine, prompts: tuple[str, ...], budgets: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list]:
+    """Greedy chats stepped together, one decode forward per round (as the worker's decode round): each chat's
+    tokens, and every round's logits rows (in the chats' order)."""
+    runs = [engine.submit(build_chat_request([{"role": "user", "content": p}], max_tokens=n, temperature=0))
+            for p, n in zip(prompts, budgets)]
+    rounds = []
+    try:
+        while not all(run.done for run in runs):
+            live = [run for run in runs if not run.done and run.prepare() and is_decode_step(run.pending_plan)]
+            rows = engine.decoder.run([run.pending_plan for run in live])
+            rounds.append(torch.stack(rows))
+            for run, row in zip(live, rows):
+                run.complete(row)
+                run.prepare()
+        return [run.outputs()["completion"].token_ids for run in runs], rounds
+    finally:
+        for run in runs:
+            run.close()
+
+
+def test_graphed_decode_equals_eager_and_replays_per_bucket(omni):
+    _, plain = omni
+    capturer = RecordingCapturer()
+    graphed = _graphed(plain, capturer)
+    budgets = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
+    want_tokens, want_rounds = _chats(plain.engine, PROMPTS[:3], budgets)
+    got_tokens, got_rounds = _chats(graphed, PROMPTS[:3], budgets)
+    assert got_tokens == want_tokens
+    assert [len(t) for t in got_tokens] == list(budgets)
+    # Each chat alone (its own prefill and decode, eager) gives the same tokens: the batch changed nothing.
+    assert [plain.chat([{"role": "user", "content": p}], max_tokens=n, temperature=0).token_ids
+            for p, n in zip(PROMPTS[:3], budgets)] == want_tokens
+    for want, got in zip(want_rounds, got_rounds):
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=LOGIT_ATOL)
+    stats = graphed.graph_stats
+    assert stats["fallbacks"] == 0 and stats["captures"] == capturer.calls >= 3  # buckets 4, 2, 1 at least
+    decode_rounds = len(got_rounds) - 1  # the first round prefills every prompt (eager)
+    assert stats["replays"] == decode_rounds
+
+    # The same bucket and context widths again (other order, so other rows hold other sequences): replays only.
+    captures = stats["captures"]
+    again, _ = _chats(graphed, (PROMPTS[2], PROMPTS[0], PROMPTS[1]), (2, 6, 4))
+    assert again == [want_tokens[2], want_tokens[0], want_tokens[1]]
+    assert graphed.graph_stats["captures"] == captures and capturer.calls == captures
+    assert graphed.graph_stats["replays"] == 2 * decode_rounds
+
+    # Five sequences: a bucket not seen yet (8) is captured anew, and its tokens still equal the eager run's.
+    five = PROMPTS + ("and a fifth one",)
+    assert _chats(graphed, five, (3,) * 5)[0] == _chats(plain.engine, five, (3,) * 5)[0]
+    assert graphed.graph_stats["captures"] > captures and graphed.graph_stats["fallbacks"] == 0
+    assert graphed.decoder.stats()["kv_blocks_in_use"] == 0
+
+
+def test_spoken_reply_with_graphs_equals_eager(omni):
+    """Speech: the thinker's decode steps (with hidden states for the talker) and the talker's (input rows)
+    replay graphs; the reply and its speech codes equal the eager run's."""
+    _, plain = omni
+    capturer = RecordingCapturer()
+    graphed = VideoGenerator(_graphed(plain, capturer))
+    messages = [{"role": "user", "content": "say something about kites"}]
+    audio = {"voice": "Chelsie", "max_audio_tokens": 6, "greedy": True}
+    want = plain.chat(messages, audio=audio, max_tokens=4, temperature=0, seed=3)  # seed: token2wav's noise
+    got = graphed.chat(messages, audio=audio, max_tokens=4, temperature=0, seed=3)
+    assert got.text == want.text and got.audio_tokens == want.audio_tokens
+    assert torch.allclose(torch.as_tensor(got.audio), torch.as_tensor(want.audio), rtol=0, atol=LOGIT_ATOL)
+    stats = graphed.engine.graph_stats
+    # Bucket 1 of the thinker (with hidden states) and of the talker (input rows): one capture each.
+    assert (stats["captures"], stats["fallbacks"]) == (2, 0) and capturer.calls == 2 and stats["replays"] > 0
+
+
+def test_buckets():
+    assert [batch_bucket(n) for n in (1, 2, 3, 5, 64)] == [1, 2, 4, 8, 64]
+    assert batch_bucket(65) is None  # past the largest bucket: eager
+    assert [context_bucket(n) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+
+
+def test_cuda_graphs_need_cuda_at_load(omni):
+    folder, _ = omni
+    with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
+        VideoGenerator.from_pretrained(str(folder), device="cpu", deploy=DeployConfig(cuda_graphs=True))
