@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.chat_rounds import greedy_rounds
 from tests.helpers.graph_capturer import RecordingCapturer
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
-from vidloom.core.chat import build_chat_request
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
-from vidloom.core.loop import is_decode_step
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
 from vidloom.runtime.engine import Engine
@@ -49,33 +48,13 @@ def _graphed(plain: VideoGenerator, capturer: RecordingCapturer) -> Engine:
     return Engine(instance, engine.program, engine.adapters, capturer=capturer)
 
 
-def _chats(engine: Engine, prompts: tuple[str, ...], budgets: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list]:
-    """Greedy chats stepped together, one decode forward per round (as the worker's decode round): each chat's
-    tokens, and every round's logits rows (in the chats' order)."""
-    runs = [engine.submit(build_chat_request([{"role": "user", "content": p}], max_tokens=n, temperature=0))
-            for p, n in zip(prompts, budgets)]
-    rounds = []
-    try:
-        while not all(run.done for run in runs):
-            live = [run for run in runs if not run.done and run.prepare() and is_decode_step(run.pending_plan)]
-            rows = engine.decoder.run([run.pending_plan for run in live])
-            rounds.append(torch.stack(rows))
-            for run, row in zip(live, rows):
-                run.complete(row)
-                run.prepare()
-        return [run.outputs()["completion"].token_ids for run in runs], rounds
-    finally:
-        for run in runs:
-            run.close()
-
-
 def test_graphed_decode_equals_eager_and_replays_per_bucket(omni):
     _, plain = omni
     capturer = RecordingCapturer()
     graphed = _graphed(plain, capturer)
     budgets = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
-    want_tokens, want_rounds = _chats(plain.engine, PROMPTS[:3], budgets)
-    got_tokens, got_rounds = _chats(graphed, PROMPTS[:3], budgets)
+    want_tokens, want_rounds = greedy_rounds(plain.engine, PROMPTS[:3], budgets)
+    got_tokens, got_rounds = greedy_rounds(graphed, PROMPTS[:3], budgets)
     assert got_tokens == want_tokens
     assert [len(t) for t in got_tokens] == list(budgets)
     # Each chat alone (its own prefill and decode, eager) gives the same tokens: the batch changed nothing.
@@ -90,14 +69,14 @@ def test_graphed_decode_equals_eager_and_replays_per_bucket(omni):
 
     # The same bucket and context widths again (other order, so other rows hold other sequences): replays only.
     captures = stats["captures"]
-    again, _ = _chats(graphed, (PROMPTS[2], PROMPTS[0], PROMPTS[1]), (2, 6, 4))
+    again, _ = greedy_rounds(graphed, (PROMPTS[2], PROMPTS[0], PROMPTS[1]), (2, 6, 4))
     assert again == [want_tokens[2], want_tokens[0], want_tokens[1]]
     assert graphed.graph_stats["captures"] == captures and capturer.calls == captures
     assert graphed.graph_stats["replays"] == 2 * decode_rounds
 
     # Five sequences: a bucket not seen yet (8) is captured anew, and its tokens still equal the eager run's.
     five = PROMPTS + ("and a fifth one",)
-    assert _chats(graphed, five, (3,) * 5)[0] == _chats(plain.engine, five, (3,) * 5)[0]
+    assert greedy_rounds(graphed, five, (3,) * 5)[0] == greedy_rounds(plain.engine, five, (3,) * 5)[0]
     assert graphed.graph_stats["captures"] > captures and graphed.graph_stats["fallbacks"] == 0
     assert graphed.decoder.stats()["kv_blocks_in_use"] == 0
 
