@@ -14,6 +14,7 @@ on these float32 logits (|logit| < 1); greedy tokens must be identical.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -23,9 +24,11 @@ import torch
 from tests.helpers.chat_rounds import greedy_rounds
 from tests.helpers.graph_capturer import RecordingCapturer
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
+from vidloom.core.chat import build_chat_request
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
 from vidloom.runtime.engine import Engine
 
@@ -108,3 +111,27 @@ def test_cuda_graphs_need_cuda_at_load(omni):
     folder, _ = omni
     with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
         VideoGenerator.from_pretrained(str(folder), device="cpu", deploy=DeployConfig(cuda_graphs=True))
+
+
+def test_concurrent_chats_on_the_async_engine_replay_graphs(omni):
+    """The AsyncEngine's worker decodes concurrent chats in one forward per round: through graphs, each chat's
+    tokens are its eager tokens, whatever rounds the sequences joined in."""
+    _, plain = omni
+    capturer = RecordingCapturer()
+    engine = AsyncEngine(_graphed(plain, capturer))
+    requests = [build_chat_request([{"role": "user", "content": p}], max_tokens=5, temperature=0) for p in PROMPTS]
+
+    async def stream(request) -> list:
+        return [item async for item in engine.chat(request)]
+
+    async def together() -> list:
+        return await asyncio.gather(*(stream(r) for r in requests))
+
+    try:
+        streams = asyncio.run(together())
+    finally:
+        engine.close()
+    want = [plain.chat([{"role": "user", "content": p}], max_tokens=5, temperature=0).token_ids for p in PROMPTS]
+    assert [stream[-1].token_ids for stream in streams] == want
+    stats = engine.engine.graph_stats
+    assert stats["replays"] > 0 and stats["fallbacks"] == 0 and stats["captures"] == capturer.calls
