@@ -191,6 +191,10 @@ class DecodeKV(PagedBatch):
     value (no host read); the masked keys add exact zeros to the softmax, so a row equals its PagedBatch decode.
     """
 
+    fixed_shapes = True
+    """What a decoder's layers read (KVAttention): this forward is captured, so they too must take paths whose shapes
+    follow their inputs' and read nothing on the host (Qwen3-Omni's MoE dispatch)."""
+
     def __init__(self, pool: PagedKVPool, tables: Tensor, starts: Tensor, scale: float) -> None:
         self.pool, self.scale = pool, scale
         rows, width = tables.shape

@@ -4,7 +4,9 @@ and the dense gated SiLU MLP that layers off the sparse grid use.
 Experts are stacked tensors ([experts, out, in]), loaded row by row from the checkpoint's per-expert tensors
 (`experts.{e}.gate_proj.weight` -> row e of `gate`). A forward groups the (token, expert) assignments of every
 packed token by expert (one stable sort), runs each hit expert once over its gathered rows, and scatters the
-weighted results back with one index_add: the work is batched by expert across all sequences of the step.
+weighted results back with one index_add: the work is batched by expert across all sequences of the step. Sizing
+those groups reads their counts on the host; a captured decode step (`fixed_shapes`, runtime.decode_graphs) takes a
+path whose every shape follows x's instead (`fixed_experts`).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), chosen
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x [T, hidden] (packed tokens of every sequence in the step) -> [T, hidden]."""
+    def forward(self, x: Tensor, fixed_shapes: bool = False) -> Tensor:
+        """x [T, hidden] (packed tokens of every sequence in the step) -> [T, hidden]. `fixed_shapes`: no host read
+        (a captured decode step): `fixed_experts` instead of the grouped dispatch."""
         weights, chosen = self.route(x)
-        out = self.experts(x, weights, chosen)
+        out = self.fixed_experts(x, weights, chosen) if fixed_shapes else self.experts(x, weights, chosen)
         if self.shared is not None and self.shared_gate is not None:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out
@@ -74,3 +77,22 @@ class SparseMoE(nn.Module):
                 outs.append(F.linear(hidden, self.down[expert]))
         # 3. weighted, summed back onto the tokens
         return torch.zeros_like(x).index_add_(0, token, torch.cat(outs) * scale[:, None])
+
+    def fixed_experts(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        """`experts` with every shape fixed by x's (no host read, so a CUDA graph can hold it; vLLM's fused MoE
+        kernels pad their groups for the same reason). Few pairs (T * k <= experts, a small decode batch): each
+        (token, expert) pair through its own expert's weights, gathered per pair, so only the chosen experts are
+        read. More: every expert over every token, weighted by the routing weight (0 where not chosen), which reads
+        each expert once instead of copying them per pair."""
+        t, k = chosen.shape
+        experts = self.gate.shape[0]
+        if t * k <= experts:
+            flat = chosen.reshape(-1)
+            rows = x.unsqueeze(1).expand(t, k, x.shape[1]).reshape(t * k, x.shape[1], 1)
+            hidden = F.silu(torch.bmm(self.gate[flat], rows)) * torch.bmm(self.up[flat], rows)  # [t * k, inner, 1]
+            out = torch.bmm(self.down[flat], hidden).view(t, k, -1)
+            return (out * weights.unsqueeze(2)).sum(1)
+        hidden = F.silu(torch.einsum("th,eih->eti", x, self.gate)) * torch.einsum("th,eih->eti", x, self.up)
+        out = torch.einsum("eti,ehi->eth", hidden, self.down)  # [experts, t, hidden]
+        dense = torch.zeros(t, experts, dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        return torch.einsum("eth,te->th", out, dense)
