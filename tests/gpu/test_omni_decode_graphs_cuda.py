@@ -1,5 +1,5 @@
-"""Qwen2.5-Omni's paged decode step captured into real CUDA graphs (runtime.decode_graphs), against the eager CUDA run
-of the same weights: chats stepped together over batch buckets 4, 2 and 1, a second run replaying without a capture,
+"""The Omni families' paged decode step (Qwen2.5-Omni's dense decoders, Qwen3-Omni's MoE ones with their fixed-shape
+expert dispatch) captured into real CUDA graphs (runtime.decode_graphs), against the eager CUDA run of the same weights: chats stepped together over batch buckets 4, 2 and 1, a second run replaying without a capture,
 and a spoken reply through the thinker's and talker's graphs. Skipped without CUDA (tests/gpu/conftest.py).
 
 Unmeasured on the branch that wrote it (it had no GPU). Bounds: float32 on both sides, but a replay attends over a
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.helpers.chat_rounds import greedy_rounds
+from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator
@@ -23,11 +24,13 @@ from vidloom.generator import VideoGenerator
 LOGIT_ATOL = 1e-3  # see the module docstring
 PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns", "hi")
 BUDGETS = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
+WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
+           "qwen3-omni": lambda folder: write_tiny_thinker(folder, THINKER_A, talker=TALKER_A)}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[VideoGenerator, VideoGenerator]:
-    folder: Path = write_tiny_omni(tmp_path_factory.mktemp("omni-graphs-cuda"), OMNI_A)
+@pytest.fixture(scope="module", params=sorted(WRITERS))
+def models(request, tmp_path_factory) -> tuple[VideoGenerator, VideoGenerator]:
+    folder: Path = WRITERS[request.param](tmp_path_factory.mktemp(f"graphs-cuda-{request.param}") / request.param)
     eager = VideoGenerator.from_pretrained(str(folder), device="cuda", dtype="float32")
     graphed = VideoGenerator.from_pretrained(str(folder), device="cuda", dtype="float32",
                                              deploy=DeployConfig(cuda_graphs=True))
