@@ -4,7 +4,8 @@ and a spoken reply through the thinker's and talker's graphs. Skipped without CU
 
 Unmeasured on the branch that wrote it (it had no GPU). Bounds: float32 on both sides, but a replay attends over a
 bucketed key width and runs its GEMMs over the bucket's rows, which may choose other kernels than the eager step's:
-1e-3 absolute on the tiny config's logits (|logit| < 1), as tests/gpu/test_chat_cuda.py allows CUDA against CPU;
+1e-4 of the round's largest logit (CPU, stand-in capturer: 3.6e-7 at most), as loose as tests/gpu/test_chat_cuda.py's
+1e-3 absolute on logits of a few units;
 greedy tokens are compared over the first rounds only, where a near-tie on random weights cannot have flipped them.
 """
 
@@ -21,7 +22,7 @@ from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator
 
-LOGIT_ATOL = 1e-3  # see the module docstring
+LOGIT_RTOL = 1e-4  # of the round's largest logit: see the module docstring
 PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns", "hi")
 BUDGETS = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
 WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
@@ -43,7 +44,7 @@ def test_captured_decode_matches_eager_on_cuda(models):
     got_tokens, got_rounds = greedy_rounds(graphed.engine, PROMPTS, BUDGETS)
     assert [t[:2] for t in got_tokens] == [t[:2] for t in want_tokens]
     for want, got in zip(want_rounds, got_rounds):
-        assert got.shape == want.shape and (got - want).abs().max().item() <= LOGIT_ATOL
+        assert got.shape == want.shape and (got - want).abs().max() <= LOGIT_RTOL * want.abs().max()
     stats = graphed.engine.graph_stats
     assert stats["fallbacks"] == 0 and stats["captures"] >= 3 and stats["replays"] == len(got_rounds) - 1, stats
     captures = stats["captures"]

@@ -10,9 +10,9 @@ forward per round over every running sequence), with budgets that end at differe
 batch buckets 4, 2 and 1 with sequences of mixed lengths in each. The kernels are captured in tests/gpu.
 
 Tolerance: a graphed step attends over a bucketed key width (padded keys masked: exact zeros in the softmax) and
-runs its linears over the bucket's rows, so logits may differ from the eager step's in the last bits: 1e-5 absolute
-on these float32 logits (|logit| < 1; Qwen3-Omni's MoE sums its experts in another order under the graph: 1e-4
-there); greedy tokens must be identical.
+runs its linears over the bucket's rows (and Qwen3-Omni's MoE sums its experts in another order), so float32 logits
+may differ from the eager step's in the last bits: at most 1e-5 of the round's largest logit (measured: 7.6e-6 and
+4.8e-6 absolute on logits up to 21, i.e. 3.6e-7 and 2.3e-7 relative); greedy tokens must be identical.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
 from vidloom.runtime.engine import Engine
 
-LOGIT_ATOL = {"qwen-omni": 1e-5, "qwen3-omni": 1e-4}  # see the module docstring
+LOGIT_RTOL = 1e-5  # of the round's largest logit: see the module docstring
 WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
            "qwen3-omni": lambda folder: write_tiny_thinker(folder, THINKER_A, talker=TALKER_A)}
 PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns",
@@ -70,7 +70,7 @@ def test_graphed_decode_equals_eager_and_replays_per_bucket(omni):
     assert [plain.chat([{"role": "user", "content": p}], max_tokens=n, temperature=0).token_ids
             for p, n in zip(PROMPTS[:3], budgets)] == want_tokens
     for want, got in zip(want_rounds, got_rounds):
-        assert got.shape == want.shape and torch.allclose(got, want, rtol=0, atol=LOGIT_ATOL[plain.card.family])
+        assert got.shape == want.shape and (got - want).abs().max() <= LOGIT_RTOL * want.abs().max()
     stats = graphed.graph_stats
     assert stats["fallbacks"] == 0 and stats["captures"] == capturer.calls >= 3  # buckets 4, 2, 1 at least
     decode_rounds = len(got_rounds) - 1  # the first round prefills every prompt (eager)
@@ -101,8 +101,7 @@ def test_spoken_reply_with_graphs_equals_eager(omni):
     want = plain.chat(messages, audio=audio, max_tokens=4, temperature=0, seed=3)  # seed: token2wav's noise
     got = graphed.chat(messages, audio=audio, max_tokens=4, temperature=0, seed=3)
     assert got.text == want.text and got.audio_tokens == want.audio_tokens
-    assert torch.allclose(torch.as_tensor(got.audio), torch.as_tensor(want.audio), rtol=0,
-                          atol=LOGIT_ATOL[plain.card.family])
+    assert torch.allclose(torch.as_tensor(got.audio), torch.as_tensor(want.audio), rtol=0, atol=1e-5)  # in [-1, 1]
     stats = graphed.engine.graph_stats
     # Bucket 1 of the thinker (with hidden states) and of the talker (input rows): one capture each, and one more
     # for each context width (a power of two of blocks) a sequence grows into.
