@@ -142,3 +142,13 @@ def test_concurrent_chats_on_the_async_engine_replay_graphs(omni):
     assert [stream[-1].token_ids for stream in streams] == want
     stats = engine.engine.graph_stats
     assert stats["replays"] > 0 and stats["fallbacks"] == 0 and stats["captures"] == capturer.calls
+
+
+def test_a_failed_capture_runs_that_bucket_eagerly(omni):
+    """A capture that raises (an op a graph cannot hold) turns that bucket eager for good, with the same tokens."""
+    _, plain = omni
+    graphed = _graphed(plain, RecordingCapturer(fail=True))
+    want, _ = greedy_rounds(plain.engine, PROMPTS[:2], (3, 3))
+    assert greedy_rounds(graphed, PROMPTS[:2], (3, 3))[0] == want
+    stats = graphed.graph_stats
+    assert stats["captures"] == stats["replays"] == 0 and stats["fallbacks"] >= 1
