@@ -1,5 +1,5 @@
 """CUDA graphs of the paged decode step: the one-token-per-sequence forward of every AR decode loop on a network that
-declares it capturable (`decode_graphs = True`, e.g. Qwen2.5-Omni's thinker and talker).
+declares it capturable (`decode_graphs = True`: the thinker and talker of Qwen2.5-Omni and Qwen3-Omni).
 
 As vLLM and sglang capture decode: one graph per batch-size bucket (DECODE_BATCH_BUCKETS), the step's B sequences
 padded to the smallest bucket >= B with rows that write to the pool's scratch block and whose logits are dropped.
@@ -7,11 +7,15 @@ What changes per step (token ids or input rows, positions, block tables, each ro
 reaches the graph through static buffers (runtime.cudagraph.GraphedStep copies them in before each replay); the KV
 pool is one fixed tensor, captured by identity. The attention is paged_kv.DecodeKV: keys gathered through the block
 table up to a bucketed context width (a power of two of blocks) and masked past each row's token, so no shape
-depends on a value and nothing reads the device from the host inside the captured body.
+depends on a value and nothing reads the device from the host inside the captured body; it sets `fixed_shapes`, so
+a layer with a host-sized path takes its fixed one (Qwen3-Omni's MoE dispatch).
+
+What the graphs hold on a GPU (their shared memory pool, sized by the largest bucket and context width captured) is
+not on the admission ledger: PagedDecoder.memory_bytes counts each chat's eager decode working set.
 
 A step that is not plain decode runs eagerly: a prefill (several tokens of one sequence), a prompt's media rows
-(EMBEDS_AT), more sequences than the largest bucket, or a network that does not declare graphs (a MoE whose
-expert groups are sized on the host, Cosmos3's backbone).
+(EMBEDS_AT), more sequences than the largest bucket, or a network that does not declare graphs (Cosmos3's
+backbone).
 """
 
 from __future__ import annotations
