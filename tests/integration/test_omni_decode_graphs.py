@@ -32,6 +32,7 @@ from vidloom.core.chat import build_chat_request
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.generator import VideoGenerator
+from vidloom.runtime import decode_graphs
 from vidloom.runtime.async_engine import AsyncEngine
 from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
 from vidloom.runtime.engine import Engine
@@ -152,3 +153,17 @@ def test_a_failed_capture_runs_that_bucket_eagerly(omni):
     assert greedy_rounds(graphed, PROMPTS[:2], (3, 3))[0] == want
     stats = graphed.graph_stats
     assert stats["captures"] == stats["replays"] == 0 and stats["fallbacks"] >= 1
+
+
+def test_contexts_past_the_captured_width_run_eagerly_and_admission_counts_the_graphs(omni, monkeypatch):
+    """A step whose longest sequence needs more than DECODE_GRAPH_MAX_CONTEXT keys runs eagerly (one block here, which
+    every prompt outgrows); a chat under graphs is charged for two rows of that many keys."""
+    _, plain = omni
+    graphed = _graphed(plain, RecordingCapturer())
+    chat = build_chat_request([{"role": "user", "content": PROMPTS[1]}], max_tokens=4, temperature=0)
+    prompt = graphed.decoder.chat_slots(chat)["chat"]
+    assert graphed.decoder.memory_bytes(prompt) > plain.engine.decoder.memory_bytes(prompt)
+    monkeypatch.setattr(decode_graphs, "DECODE_GRAPH_MAX_CONTEXT", 16)
+    want, _ = greedy_rounds(plain.engine, PROMPTS[:2], (3, 3))
+    assert greedy_rounds(graphed, PROMPTS[:2], (3, 3))[0] == want
+    assert graphed.graph_stats == {"captures": 0, "replays": 0, "fallbacks": 0}

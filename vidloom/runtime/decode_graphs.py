@@ -10,8 +10,9 @@ table up to a bucketed context width (a power of two of blocks) and masked past 
 depends on a value and nothing reads the device from the host inside the captured body; it sets `fixed_shapes`, so
 a layer with a host-sized path takes its fixed one (Qwen3-Omni's MoE dispatch).
 
-What the graphs hold on a GPU (their shared memory pool, sized by the largest bucket and context width captured) is
-not on the admission ledger: PagedDecoder.memory_bytes counts each chat's eager decode working set.
+A graphed step gathers keys for padding rows too, each as wide as the batch's widest: PagedDecoder.memory_bytes
+charges every chat under graphs for two rows of DECODE_GRAPH_MAX_CONTEXT keys (its own and one padding row), which
+bounds what a bucket of at most twice the chats gathers.
 
 A step that is not plain decode runs eagerly: a prefill (several tokens of one sequence), a prompt's media rows
 (EMBEDS_AT), more sequences than the largest bucket, or a network that does not declare graphs (Cosmos3's
@@ -32,6 +33,9 @@ from vidloom.runtime.paged_kv import DecodeKV, PagedKVPool, blocks_for
 DECODE_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 """Decode batch sizes a graph is captured for (the small end of vLLM's default capture sizes): a step of B sequences
 replays the smallest bucket >= B; a step of more than the largest runs eagerly."""
+DECODE_GRAPH_MAX_CONTEXT = 8192
+"""Tokens of context a captured step gathers keys over at most (vLLM's max_seq_len_to_capture default): a step whose
+longest sequence needs a wider bucket runs eagerly, so no graph holds keys gathered for more (memory_bytes)."""
 
 
 def declares_graphs(network: Any) -> bool:
@@ -80,6 +84,8 @@ class DecodeGraphs:
             if blocks_for(start + 1, bs) > len(table):
                 raise ValueError(f"sequence outgrew its {len(table)} reserved blocks ({start + 1} tokens)")
         width = context_bucket(max(blocks_for(start + 1, bs) for start in starts))
+        if width * bs > DECODE_GRAPH_MAX_CONTEXT:
+            return None
         pad = bucket - rows  # padding rows: token 0 at position 0 of the scratch block; their outputs are dropped
         padded_tables = [table[:width] + [scratch] * (width - len(table[:width])) for table in tables]
         first = plans[0].inputs[key]

@@ -33,7 +33,7 @@ from vidloom.core.program import Node, Program
 from vidloom.decoding.loop import AR_DECODE, ChatPrompt
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.cudagraph import StepGraphs
-from vidloom.runtime.decode_graphs import DecodeGraphs, declares_graphs
+from vidloom.runtime.decode_graphs import DECODE_GRAPH_MAX_CONTEXT, DecodeGraphs, declares_graphs
 from vidloom.runtime.paged_kv import BLOCK_SIZE, KVLayout, PagedKVPool
 
 DEFAULT_KV_POOL_TOKENS = 16384  # --kv-pool-tokens default: 1024 blocks of 16
@@ -105,7 +105,9 @@ class PagedDecoder:
         (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
         logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
         context (prompt + max_tokens), the widest any of its steps attends over. A prompt with media (audio,
-        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`).
+        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`). Under
+        cuda_graphs a decode row gathers keys as wide as its bucket's widest and pads the batch (decode_graphs):
+        the keys term then covers two rows of DECODE_GRAPH_MAX_CONTEXT.
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
@@ -114,8 +116,10 @@ class PagedDecoder:
         heads = int(getattr(config, "num_attention_heads", 1))
         kv_width = int(config.num_key_value_heads) * int(config.head_dim)  # the pool's layout reads the same
         element = torch.empty((), dtype=self.instance.dtype).element_size()
-        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * context * kv_width * element
-                     + tokens * context * (1 + 4 * heads))
+        graphed = self._graphs is not None and declares_graphs(self.loop.network)
+        keys = max(context, 2 * DECODE_GRAPH_MAX_CONTEXT) if graphed else context
+        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * keys * kv_width * element
+                     + max(tokens * context, keys) * (1 + 4 * heads))
         media = 0 if prompt.media is None else self.loop.media_bytes(prompt.media)
         return per_layer + int(getattr(config, "vocab_size", 0)) * 4 + media
 
