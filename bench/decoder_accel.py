@@ -3,11 +3,13 @@ compile / the math attention kernel, for a greedy chat (prefill + decode through
 reply (thinker, talker, token2wav, vocoder). Settings interleave (A, B, C, ..., A, B, C, ...) so machine load hits
 them alike; medians and ratios to plain are reported with os.getloadavg() before and after every measurement.
 
-    OMP_NUM_THREADS=1 python bench/decoder_accel.py [--rounds 3] [--inductor]
+    OMP_NUM_THREADS=1 python bench/decoder_accel.py [--rounds 3] [--inductor] [--device cuda]
 
 On CPU FP8 saves weight memory but not time (each weight is dequantized before its matmul: FP8 matmuls need a
 GPU of compute capability >= 8.9), and aot_eager compiles without generating kernels: both ratios measure the
 overhead of the path, not its speed-up on a GPU. `--inductor` adds inductor's CPU kernels (minutes to compile).
+`--device cuda` runs every setting on the GPU and adds "cuda graphs" (the paged decode step replayed per batch
+bucket, runtime.decode_graphs); results go to decoder_accel-mid-cuda.json.
 """
 
 from __future__ import annotations
@@ -64,12 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inductor", action="store_true", help="also compile with inductor (CPU kernels)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     settings = dict(SETTINGS)
     if args.inductor:
         settings["compile inductor"] = dict(compile=True, compile_backend="inductor")
+    if args.device == "cuda":
+        settings["cuda graphs"] = dict(cuda_graphs=True)
     folder = _checkpoint()
-    gens = {name: VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32",
+    gens = {name: VideoGenerator.from_pretrained(folder, device=args.device, dtype="float32",
                                                  deploy=DeployConfig(**deploy)) for name, deploy in settings.items()}
     for gen in gens.values():  # warm: compile, allocate, first-touch
         _chat(gen), _speak(gen)
@@ -95,9 +100,10 @@ def main() -> None:
     print_table(["setting", "chat s", "x plain", "speak s", "x plain", "same ids"],
                 [[n, f"{r['chat_s']:.3f}", f"{r['chat_ratio_to_plain']:.2f}", f"{r['speak_s']:.3f}",
                   f"{r['speak_ratio_to_plain']:.2f}", str(r["same_ids_as_plain"])] for n, r in summary.items()])
-    write_json("decoder_accel-mid-cpu.json", dict(
+    write_json(f"decoder_accel-mid-{args.device}.json", dict(
         environment=environment(), config=SIZES["mid"].name, chat_tokens=CHAT_TOKENS, audio_tokens=AUDIO_TOKENS,
-        threads=torch.get_num_threads(), rounds=args.rounds, summary=summary, runs=runs))
+        threads=torch.get_num_threads(), rounds=args.rounds, summary=summary, runs=runs,
+        graph_stats=gens["cuda graphs"].engine.graph_stats if "cuda graphs" in gens else None))
 
 
 if __name__ == "__main__":

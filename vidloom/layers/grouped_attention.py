@@ -39,7 +39,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, causal: 
 
 
 class KVAttention(Protocol):
-    """Where a forward's keys/values go and what each packed token attends to."""
+    """Where a forward's keys/values go and what each packed token attends to.
+
+    A store may set `fixed_shapes = True` (runtime.paged_kv.DecodeKV, a captured decode step): the forward must then
+    read nothing on the host, and layers with a host-sized path (a MoE dispatch) take their fixed one."""
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q [T, H, D] and k/v [T, KVH, D] (after rotary) of this forward's T packed tokens -> [T, H, D].

@@ -144,7 +144,7 @@ class Engine(EngineDriver):
         self.compile_buckets = _compile_buckets(instance) if instance.deploy.compile else None
         # The paged KV pool and batched decode forward of every AR loop (chat, a reasoner), over the same
         # resident modules, when the program declares a chat loop.
-        self.decoder = build_decoder(instance, program, self.caches)
+        self.decoder = build_decoder(instance, program, self.caches, self._graphs)
         # Estimated peak bytes of a resolved request beyond the weights (None: the card gives no estimator).
         self.estimator = load_estimator(instance)
         # What the device had free once the weights (and the KV pool, above) were allocated: one request

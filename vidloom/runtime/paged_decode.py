@@ -11,6 +11,9 @@ between steps, whichever request owns them, so a reasoning request's steps share
 A program may name other AR networks (`Program.paged_networks`, a speech model's talker): each gets a pool
 of its own layout (layers, KV heads, head size), sized by the same kv_pool_tokens, and the decode steps of
 all its sequences run as one forward too (one forward per network per round).
+
+Under cuda_graphs, a round's decode steps (one token per sequence) of a network that declares graphs replay a
+graph captured per batch-size bucket (runtime.decode_graphs); prefills and media steps stay eager.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from vidloom.core.loop import KV_SEQUENCE, Loop, StepPlan
 from vidloom.core.program import Node, Program
 from vidloom.decoding.loop import AR_DECODE, ChatPrompt
 from vidloom.runtime.cache_manager import CacheManager
+from vidloom.runtime.cudagraph import StepGraphs
+from vidloom.runtime.decode_graphs import DECODE_GRAPH_MAX_CONTEXT, DecodeGraphs, declares_graphs
 from vidloom.runtime.paged_kv import BLOCK_SIZE, KVLayout, PagedKVPool
 
 DEFAULT_KV_POOL_TOKENS = 16384  # --kv-pool-tokens default: 1024 blocks of 16
@@ -55,15 +60,19 @@ class PagedDecoder:
     """The paged KV pool of one loaded instance, the chat limits it implies, and the batched decode forward."""
 
     def __init__(self, instance: ModelInstance, loop: Any, caches: CacheManager,
-                 pool_tokens: int | None = None, networks: Sequence[Any] = ()) -> None:
+                 pool_tokens: int | None = None, networks: Sequence[Any] = (), graphs: StepGraphs | None = None) -> None:
+        """`graphs`: the engine's step graphs under cuda_graphs; decode steps of networks that declare graphs replay
+        them (runtime.decode_graphs), their pools then holding a scratch block for the padding rows."""
         self.instance, self.loop = instance, loop
+        self._graphs = DecodeGraphs(graphs) if graphs is not None else None
         tokens = pool_tokens if pool_tokens is not None else DEFAULT_KV_POOL_TOKENS
-        self.pool = _allocate_pool(instance, caches, loop.network, tokens, instance.dtype, "")
+        self.pool = _allocate_pool(instance, caches, loop.network, tokens, instance.dtype, "", graphs is not None)
         # The pool of each AR network by identity: the chat loop's, then the program's others (in their dtype).
         self._pools: dict[int, PagedKVPool] = {id(loop.network): self.pool}
         for i, network in enumerate(networks):
             dtype = next(network.parameters()).dtype
-            self._pools[id(network)] = _allocate_pool(instance, caches, network, tokens, dtype, f":{i + 1}")
+            self._pools[id(network)] = _allocate_pool(instance, caches, network, tokens, dtype, f":{i + 1}",
+                                                      graphs is not None)
         layout = self.pool.layout
         window = min(instance.card.context_window or 2, layout.num_blocks * layout.block_size)
         self.limits = ChatLimits(context_window=window, max_tokens=max(1, window - 1),
@@ -96,7 +105,9 @@ class PagedDecoder:
         (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
         logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
         context (prompt + max_tokens), the widest any of its steps attends over. A prompt with media (audio,
-        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`).
+        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`). Under
+        cuda_graphs a decode row gathers keys as wide as its bucket's widest and pads the batch (decode_graphs):
+        the keys term then covers two rows of DECODE_GRAPH_MAX_CONTEXT.
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
@@ -105,8 +116,10 @@ class PagedDecoder:
         heads = int(getattr(config, "num_attention_heads", 1))
         kv_width = int(config.num_key_value_heads) * int(config.head_dim)  # the pool's layout reads the same
         element = torch.empty((), dtype=self.instance.dtype).element_size()
-        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * context * kv_width * element
-                     + tokens * context * (1 + 4 * heads))
+        graphed = self._graphs is not None and declares_graphs(self.loop.network)
+        keys = max(context, 2 * DECODE_GRAPH_MAX_CONTEXT) if graphed else context
+        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * keys * kv_width * element
+                     + max(tokens * context, keys) * (1 + 4 * heads))
         media = 0 if prompt.media is None else self.loop.media_bytes(prompt.media)
         return per_layer + int(getattr(config, "vocab_size", 0)) * 4 + media
 
@@ -159,28 +172,21 @@ class PagedDecoder:
         return rows
 
     def _forward(self, plans: Sequence[StepPlan]) -> list[Any]:
-        """One forward of `plans` (one network) over their packed new tokens or input rows."""
+        """One forward of `plans` (one network) over their packed new tokens or input rows: replayed from a captured
+        graph when every plan decodes one token (runtime.decode_graphs, under cuda_graphs), else eagerly."""
         network = plans[0].call
         embedded = INPUT_EMBEDS in plans[0].inputs
         if any((INPUT_EMBEDS in p.inputs) != embedded for p in plans):
             raise ValueError("paged decode plans of one network must all give tokens or all give embeds")
         key = INPUT_EMBEDS if embedded else "tokens"
-        packed = torch.cat([p.inputs[key] for p in plans])
-        positions = torch.cat([p.inputs["positions"] for p in plans], dim=1)
         sizes = [int(p.inputs[key].shape[0]) for p in plans]
-        last = torch.tensor(sizes, device=packed.device).cumsum(0) - 1
-        kv = self.pool_of(network).batch(
-            [(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)], network.attention_scale)
-        hidden = None
-        extra: dict[str, Any] = {"inputs_embeds": packed} if embedded else {}
-        ids = None if embedded else packed
+        want_hidden = any(p.inputs.get(WANT_HIDDEN) for p in plans)
+        media = any(p.inputs.get(EMBEDS_AT) is not None for p in plans)
         with torch.inference_mode():
-            if any(p.inputs.get(EMBEDS_AT) is not None for p in plans):
-                extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
-            if any(p.inputs.get(WANT_HIDDEN) for p in plans):
-                logits, hidden = network(ids, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
-            else:
-                logits = network(ids, positions, kv=kv, logits_at=last, **extra)
+            out = None
+            if self._graphs is not None and not media:
+                out = self._graphs.forward(network, self.pool_of(network), plans, key, want_hidden)
+            logits, hidden = out if out is not None else self._eager(plans, key, sizes, want_hidden, media)
             logits = logits.float().cpu()
         with self._lock:
             self.tokens_generated_total += sum(p.loop == AR_DECODE for p in plans)
@@ -191,13 +197,33 @@ class PagedDecoder:
                     rows[i] = (rows[i], part)
         return rows
 
+    def _eager(self, plans: Sequence[StepPlan], key: str, sizes: list[int], want_hidden: bool,
+               media: bool) -> tuple[Tensor, Tensor | None]:
+        """The plans' forward over their packed tokens, attending through a PagedBatch: last-token logits, hidden."""
+        network = plans[0].call
+        packed = torch.cat([p.inputs[key] for p in plans])
+        positions = torch.cat([p.inputs["positions"] for p in plans], dim=1)
+        last = torch.tensor(sizes, device=packed.device).cumsum(0) - 1
+        kv = self.pool_of(network).batch(
+            [(p.inputs[KV_SEQUENCE], p.inputs["start"], n) for p, n in zip(plans, sizes)], network.attention_scale)
+        embedded = key == INPUT_EMBEDS
+        extra: dict[str, Any] = {"inputs_embeds": packed} if embedded else {}
+        if media:
+            extra[EMBEDS_AT] = _packed_embeds(plans, sizes)
+        ids = None if embedded else packed
+        if want_hidden:
+            return network(ids, positions, kv=kv, logits_at=last, return_hidden=True, **extra)
+        return network(ids, positions, kv=kv, logits_at=last, **extra), None
+
 
 def _allocate_pool(instance: ModelInstance, caches: CacheManager, network: Any, tokens: int, dtype: torch.dtype,
-                   suffix: str) -> PagedKVPool:
-    """A pool of `tokens` tokens laid out for `network`, from the engine's cache budget (DeployError: no room)."""
+                   suffix: str, graphed: bool) -> PagedKVPool:
+    """A pool of `tokens` tokens laid out for `network`, from the engine's cache budget (DeployError: no room);
+    `graphed` (cuda_graphs on) adds the scratch block a captured decode's padding rows write to, where the network
+    declares graphs."""
     config = network.config
     layout = KVLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                      num_blocks=max(1, tokens // BLOCK_SIZE))
+                      num_blocks=max(1, tokens // BLOCK_SIZE), scratch_blocks=int(graphed and declares_graphs(network)))
     try:
         _, pool = caches.allocate("kv-pool:" + instance.card.model_id + suffix, layout.nbytes(dtype),
                                   lambda: PagedKVPool(layout, instance.device, dtype))
@@ -220,12 +246,13 @@ def _packed_embeds(plans: Sequence[StepPlan], sizes: list[int]) -> tuple[Tensor,
     return torch.cat(indices), torch.cat(rows)
 
 
-def build_decoder(instance: ModelInstance, program: Program, caches: CacheManager) -> PagedDecoder | None:
-    """The engine's AR side when its program has a chat loop (None otherwise)."""
+def build_decoder(instance: ModelInstance, program: Program, caches: CacheManager,
+                  graphs: StepGraphs | None = None) -> PagedDecoder | None:
+    """The engine's AR side when its program has a chat loop (None otherwise); `graphs`: see PagedDecoder."""
     loop: Loop[Any] | None = program.chat_loop
     if loop is None:
         return None
-    return PagedDecoder(instance, loop, caches, instance.deploy.kv_pool_tokens, program.paged_networks)
+    return PagedDecoder(instance, loop, caches, instance.deploy.kv_pool_tokens, program.paged_networks, graphs)
 
 
 def no_chat(model_id: str) -> InvalidRequest:

@@ -90,17 +90,22 @@ class KVLayout:
     head_dim: int
     num_blocks: int
     block_size: int = BLOCK_SIZE
+    scratch_blocks: int = 0
+    """Blocks stored past the allocator's `num_blocks`, never handed to a sequence: the padding rows of a captured
+    decode graph (runtime.decode_graphs) write their keys and values there."""
 
     def nbytes(self, dtype: torch.dtype) -> int:
         element = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_layers * self.num_blocks * self.block_size * self.kv_heads * self.head_dim * element
+        blocks = self.num_blocks + self.scratch_blocks
+        return 2 * self.num_layers * blocks * self.block_size * self.kv_heads * self.head_dim * element
 
 
 class PagedKVPool:
     """The pool's K and V tensors [layers, blocks * block_size, kv_heads, head_dim] and their allocator."""
 
     def __init__(self, layout: KVLayout, device: torch.device, dtype: torch.dtype) -> None:
-        shape = (layout.num_layers, layout.num_blocks * layout.block_size, layout.kv_heads, layout.head_dim)
+        blocks = layout.num_blocks + layout.scratch_blocks
+        shape = (layout.num_layers, blocks * layout.block_size, layout.kv_heads, layout.head_dim)
         self.layout = layout
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -109,6 +114,11 @@ class PagedKVPool:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    @property
+    def scratch_block(self) -> int | None:
+        """The id of the first block no sequence holds (None: the layout has none)."""
+        return self.layout.num_blocks if self.layout.scratch_blocks else None
 
     def batch(self, spans: Sequence[tuple[str, int, int]], scale: float) -> PagedBatch:
         """The KV store of one forward over packed tokens: (seq_id, tokens already cached, new tokens) per sequence,
@@ -170,6 +180,32 @@ class PagedBatch:
         if self._packed_rows is None:
             return out.squeeze(1)
         return out.reshape(-1, *out.shape[2:]).index_select(0, self._packed_rows)  # packed [T, H, D], packing order
+
+
+class DecodeKV(PagedBatch):
+    """A decode forward's view of the pool built from device tensors alone (one new token per row): what a captured
+    decode graph runs (runtime.decode_graphs), the decode case of PagedBatch with every shape fixed by the inputs'.
+
+    `tables` [B, W] block ids (past a row's own blocks: the scratch block), `starts` [B] each row's new token's
+    position. Keys are gathered over all W blocks and masked past each row's new token, so nothing is sized by a
+    value (no host read); the masked keys add exact zeros to the softmax, so a row equals its PagedBatch decode.
+    """
+
+    fixed_shapes = True
+    """What a decoder's layers read (KVAttention): this forward is captured, so they too must take paths whose shapes
+    follow their inputs' and read nothing on the host (Qwen3-Omni's MoE dispatch)."""
+
+    def __init__(self, pool: PagedKVPool, tables: Tensor, starts: Tensor, scale: float) -> None:
+        self.pool, self.scale = pool, scale
+        rows, width = tables.shape
+        bs = pool.layout.block_size
+        key_pos = torch.arange(width * bs, device=tables.device)
+        # Key slots [B, W * bs]: block tables[b, p // bs] at offset p % bs (expand, not repeat_interleave: no sync).
+        self.key_slots = tables.unsqueeze(2).expand(rows, width, bs).reshape(rows, width * bs) * bs + key_pos % bs
+        self._key_flat = self.key_slots.reshape(-1)
+        self._packed_rows = None  # one query per row: PagedBatch.attend's [B, 1] path
+        self.slots = self.key_slots.gather(1, starts.unsqueeze(1)).squeeze(1)
+        self.mask = (key_pos.unsqueeze(0) <= starts.unsqueeze(1)).unsqueeze(1)  # [B, 1, Lk]
 
 
 class ContiguousKV:

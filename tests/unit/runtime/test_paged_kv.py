@@ -9,7 +9,7 @@ from vidloom.core.errors import CacheBudgetExceeded, KVPoolBusy
 from vidloom.families.cosmos3.config import Cosmos3TextConfig
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 from vidloom.layers.rotary import text_positions
-from vidloom.runtime.paged_kv import BlockAllocator, ContiguousKV, KVLayout, PagedKVPool
+from vidloom.runtime.paged_kv import BlockAllocator, ContiguousKV, DecodeKV, KVLayout, PagedKVPool
 
 CONFIG = Cosmos3TextConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
@@ -121,3 +121,32 @@ def test_batched_decode_of_different_context_lengths_equals_each_alone():
             cached[n] += 1
             alone = model(seqs[n][:cached[n]], text_positions(0, cached[n]))[-1]
             assert (row - alone).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_decode_kv_with_padding_rows_equals_the_paged_decode_and_writes_only_scratch():
+    """DecodeKV (a captured decode graph's attention: keys over a bucketed table width, masked) gives each real row
+    the PagedBatch decode's logits; its padding rows write only to the scratch block past the allocator's."""
+    model = _model()
+    pool = PagedKVPool(KVLayout(2, 2, 8, num_blocks=12, block_size=4, scratch_blocks=1), torch.device("cpu"),
+                       torch.float32)
+    assert pool.scratch_block == 12 and pool.k.shape[1] == 13 * 4 and pool.allocator.num_blocks == 12
+    scale = model.attention_scale
+    seqs = {name: torch.randint(0, 50, (n + 1,)) for name, n in (("a", 2), ("b", 9))}
+    for name, ids in seqs.items():
+        pool.allocator.reserve(name, len(ids))
+        model(ids[:-1], text_positions(0, len(ids) - 1), kv=pool.batch([(name, 0, len(ids) - 1)], scale))
+    held = pool.k[:, :48].clone()
+    names, starts = list(seqs), [len(seqs[n]) - 1 for n in seqs]
+    feed = torch.stack([seqs[n][-1] for n in names] + [torch.tensor(0)] * 2)  # two padding rows
+    positions = torch.cat([text_positions(s, 1) for s in starts] + [text_positions(0, 2)], dim=1)
+    width = 4  # a bucket wider than any row needs (3 blocks)
+    tables = torch.tensor([pool.allocator.table(n)[:width] + [12] * (width - len(pool.allocator.table(n)[:width]))
+                           for n in names] + [[12] * width] * 2)
+    graphed = model(feed, positions, kv=DecodeKV(pool, tables, torch.tensor(starts + [0, 0]), scale))
+    for row, n in zip(graphed, names):
+        alone = model(seqs[n], text_positions(0, len(seqs[n])))[-1]
+        assert (row - alone).abs().max().item() < 1e-5
+    changed = (pool.k[:, :48] != held).any(-1).any(-1).any(0).nonzero().flatten().tolist()
+    slots = {pool.allocator.table(n)[s // 4] * 4 + s % 4 for n, s in zip(names, starts)}
+    assert set(changed) == slots  # besides each real row's own new slot, only the scratch block was written

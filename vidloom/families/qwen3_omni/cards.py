@@ -27,8 +27,10 @@ SPEECH_LOOPS = ("thinker", "talker", "code2wav")
 AR_LOOP = "ar_decode"
 # Served context per sequence (Qwen3-Omni's thinker config: max_position_embeddings 65536).
 CONTEXT_WINDOW = 65536
+# cuda_graphs replays the thinker's and talker's paged decode steps per batch-size bucket (runtime.decode_graphs);
+# under it the MoE layers dispatch without a host read (SparseMoE.fixed_experts).
 CAPABILITIES = Capabilities(
-    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "attention_backend"}),
+    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "attention_backend", "cuda_graphs"}),
     refusals("offload_idle_expert", "two_stage", "devices", "components",
              fp8_weights="the experts are stacked tensors, not the Linear layers FP8 quantizes",
              compile="the expert dispatch sizes its groups on the host each layer (a graph break)",
@@ -37,7 +39,6 @@ CAPABILITIES = Capabilities(
              prompt_cache_size="prompts are prefilled into the paged KV per request",
              cfg_mode="no guidance: chat and speech only", vae_tile="no VAE",
              step_cache="no denoiser declared to the step caches",
-             cuda_graphs="the decode steps are not captured yet",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              batching="no denoise step declared to the batcher: chats share paged decode forwards under every policy"),
 )

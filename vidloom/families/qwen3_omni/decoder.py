@@ -103,10 +103,12 @@ class PostAttention(nn.Module):
                                          c.norm_topk_prob, c.shared_expert_intermediate_size) if sparse
                                else GatedMLP(c.hidden_size, c.dense_intermediate_size))
 
-    def forward(self, x: Tensor, attended: Tensor) -> Tensor:
-        """x [T, hidden] (the block's input), attended [T, H * D] -> the block's output [T, hidden]."""
+    def forward(self, x: Tensor, attended: Tensor, fixed_shapes: bool = False) -> Tensor:
+        """x [T, hidden] (the block's input), attended [T, H * D] -> the block's output [T, hidden].
+        `fixed_shapes`: a captured step's, where the MoE may not size its groups on the host."""
         x = x + self.o(attended)
-        return x + self.mlp(self.norm(x))
+        normed = self.norm(x)
+        return x + (self.mlp(normed, fixed_shapes) if isinstance(self.mlp, SparseMoE) else self.mlp(normed))
 
 
 class Block(nn.Module):
@@ -116,12 +118,18 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], kv: KVAttention, layer: int) -> Tensor:
         q, k, v = self.pre_attention(x, *rope)
-        return self.post_attention(x, kv.attend(layer, q, k, v).reshape(x.shape[0], -1))
+        # A KV store that fixes every shape (a captured decode step's) asks the MoE for its host-free path too.
+        return self.post_attention(x, kv.attend(layer, q, k, v).reshape(x.shape[0], -1),
+                                   getattr(kv, "fixed_shapes", False))
 
 
 class MoEDecoder(nn.Module):
     """Token ids (or embeddings) in, final normed hidden states and lm-head logits out (the runtime's paged decode
     contract: `forward(ids, positions, kv=, logits_at=)`)."""
+
+    decode_graphs = True
+    """Its decode step is capture-safe (runtime.decode_graphs): under a KV store with `fixed_shapes` (the captured
+    step's) the MoE layers dispatch without reading group sizes on the host (SparseMoE.fixed_experts)."""
 
     def __init__(self, config: MoEDecoderConfig, sdpa: SDPAScope = DEFAULT_SDPA, tap_layer: int | None = None) -> None:
         super().__init__()

@@ -5,7 +5,8 @@ Experts are stacked tensors ([experts, out, in]), loaded row by row from the che
 (`experts.{e}.gate_proj.weight` -> row e of `gate`). A forward groups the (token, expert) assignments of every
 packed token by expert (one stable sort), runs each expert once over its gathered rows (three grouped GEMMs where
 torch has them, else a loop over the hit experts), and scatters the weighted results back with one index_add: the
-work is batched by expert across all sequences of the step.
+work is batched by expert across all sequences of the step. The loop sizes its groups on the host; a captured decode
+step (`fixed_shapes`, runtime.decode_graphs) takes a path whose every shape follows x's instead (`fixed_experts`).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), chosen
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x [T, hidden] (packed tokens of every sequence in the step) -> [T, hidden]."""
+    def forward(self, x: Tensor, fixed_shapes: bool = False) -> Tensor:
+        """x [T, hidden] (packed tokens of every sequence in the step) -> [T, hidden]. `fixed_shapes`: no host read
+        (a captured decode step): `fixed_experts` instead of the grouped dispatch."""
         weights, chosen = self.route(x)
-        out = self.experts(x, weights, chosen)
+        out = self.fixed_experts(x, weights, chosen) if fixed_shapes else self.experts(x, weights, chosen)
         if self.shared is not None and self.shared_gate is not None:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out
@@ -73,6 +75,25 @@ class SparseMoE(nn.Module):
         # 3. weighted, summed back onto the tokens
         return torch.zeros_like(x).index_add_(0, token, out * scale[:, None])
 
+    def fixed_experts(self, x: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        """`experts` with every shape fixed by x's (no host read, so a CUDA graph can hold it; vLLM's fused MoE
+        kernels pad their groups for the same reason). Few pairs (T * k <= experts, a small decode batch): each
+        (token, expert) pair through its own expert's weights, gathered per pair, so only the chosen experts are
+        read. More: every expert over every token, weighted by the routing weight (0 where not chosen), which reads
+        each expert once instead of copying them per pair."""
+        t, k = chosen.shape
+        experts = self.gate.shape[0]
+        if t * k <= experts:
+            flat = chosen.reshape(-1)
+            rows = x.unsqueeze(1).expand(t, k, x.shape[1]).reshape(t * k, x.shape[1], 1)
+            hidden = F.silu(torch.bmm(self.gate[flat], rows)) * torch.bmm(self.up[flat], rows)  # [t * k, inner, 1]
+            out = torch.bmm(self.down[flat], hidden).view(t, k, -1)
+            return (out * weights.unsqueeze(2)).sum(1)
+        hidden = F.silu(torch.einsum("th,eih->eti", x, self.gate)) * torch.einsum("th,eih->eti", x, self.up)
+        out = torch.einsum("eti,ehi->eth", hidden, self.down)  # [experts, t, hidden]
+        dense = torch.zeros(t, experts, dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        return torch.einsum("eth,te->th", out, dense)
+
 
 def _has_grouped_mm(x: Tensor) -> bool:
     """torch's grouped GEMM runs every dtype on CPU; on CUDA only bfloat16 (SM80+)."""
@@ -84,9 +105,11 @@ def _has_grouped_mm(x: Tensor) -> bool:
 def _grouped_mlp(rows: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """All experts in three grouped GEMMs (the group ends stay on the device: no host read per layer). Each group's
     rows are the same GEMM as `_looped_mlp`'s F.linear (within 1e-7 of the peak in float32 on CPU,
-    tests/unit/families/test_qwen3_omni_thinker.py); transformers' default experts implementation uses the same kernel."""
+    tests/unit/families/test_qwen3_omni_thinker.py); transformers' default experts implementation uses the same
+    kernel."""
     ends = counts.cumsum(0).to(torch.int32)
-    hidden = F.silu(F.grouped_mm(rows, gate.transpose(1, 2), offs=ends)) * F.grouped_mm(rows, up.transpose(1, 2), offs=ends)
+    gated = F.silu(F.grouped_mm(rows, gate.transpose(1, 2), offs=ends))
+    hidden = gated * F.grouped_mm(rows, up.transpose(1, 2), offs=ends)
     return F.grouped_mm(hidden, down.transpose(1, 2), offs=ends)
 
 

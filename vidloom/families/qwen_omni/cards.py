@@ -34,16 +34,18 @@ SPOKEN_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Tea
 # Served context per sequence (Qwen2.5-Omni's thinker is trained to 32768 positions).
 CONTEXT_WINDOW = 32768
 # fp8_weights and compile reach the thinker and talker through their compile units (each block's work before
-# and after attention; OmniDecoder.compile_units); attention_backend picks the SDPA kernels their KV stores call.
+# and after attention; OmniDecoder.compile_units); attention_backend picks the SDPA kernels their KV stores call;
+# cuda_graphs replays their paged decode steps (one token per sequence) from graphs captured per batch-size bucket
+# (runtime.decode_graphs; OmniDecoder.decode_graphs), prefills and token2wav staying eager.
 CAPABILITIES = Capabilities(
-    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "fp8_weights", "compile", "attention_backend"}),
+    frozenset({"kv_cache_budget_bytes", "kv_pool_tokens", "fp8_weights", "compile", "attention_backend",
+               "cuda_graphs"}),
     refusals("offload_idle_expert", "two_stage", "devices", "components",
              warmup_shapes="no denoise shapes: speech and chat only",
              offload_text_encoder="the thinker is the model: there is no separate text encoder",
              prompt_cache_size="prompts are prefilled into the paged KV per request",
              cfg_mode="token2wav's guidance runs its two branches in one batch already",
              vae_tile="no VAE", step_cache="no denoiser declared to the step caches",
-             cuda_graphs="the decode steps are not captured yet",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              batching="no denoise step declared to the batcher: chats and the thinker share paged decode forwards "
                       "under every policy; talker and token2wav steps run per request"),

@@ -126,6 +126,9 @@ class OmniDecoder(nn.Module):
     compile_dynamic = True
     """The compile units see a different token count almost every call (prompt lengths, decode batches): one
     graph with a symbolic token axis serves them all (core.denoiser.CompileUnits)."""
+    decode_graphs = True
+    """Its decode step is capture-safe (runtime.decode_graphs): every op's shape follows its inputs' shapes and
+    nothing reads a device value on the host, so cuda_graphs replays it per decode batch-size bucket."""
 
     def __init__(self, config: DecoderConfig, projects_input: bool = False,
                  sdpa: SDPAScope = DEFAULT_SDPA) -> None:
