@@ -110,7 +110,8 @@ def test_video_to_video_matches_pipeline(pair):
 def test_vae_tile_decodes_each_chunk_in_tiles_as_the_pipeline(pair, tmp_path):
     """vae_tile 32 every 16 px = diffusers' AutoencoderKLWan.enable_tiling(32, 32, 16, 16): each chunk's 4 x 6 latent
     decodes in 2 x 3 overlapping tiles in both, and the seams make the frames differ from the untiled ones. Two chunks,
-    so the tiled decode runs once per chunk."""
+    so the tiled decode runs once per chunk. Measured (unipc config): 4.1e-6 from the tiled pipeline, 0.91 from our
+    untiled frames; the bound is FRAME_TOLERANCE (one uint8 level)."""
     from vidloom.core.deploy import DeployConfig
 
     pipe, gen = pair
@@ -124,6 +125,8 @@ def test_vae_tile_decodes_each_chunk_in_tiles_as_the_pipeline(pair, tmp_path):
         pipe.vae.disable_tiling()
     ours = _ours(tiled, 65, 2, 4.0, seed=6)
     assert ours.shape == theirs.shape == (65, 32, 48, 3)
-    assert np.abs(ours - theirs).max() <= FRAME_TOLERANCE, np.abs(ours - theirs).max()
+    diff = np.abs(ours - theirs).max()
     untiled = _ours(gen, 65, 2, 4.0, seed=6)
+    print(f"vae_tile vs the tiled pipeline: {diff:.3g}; vs our untiled frames: {np.abs(untiled - ours).max():.3g}")
+    assert diff <= FRAME_TOLERANCE, diff
     assert np.abs(untiled - ours).max() > 0.01  # the tiles really ran (same latents, other seams)
