@@ -28,20 +28,31 @@ def _status(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
-def _wan() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
+def _wan_vae() -> Any:
+    """A random Wan2.1-layout VAE at small widths (Wan, AnyFlow-FAR and Helios decode with this class)."""
     from vidloom.models.wan.vae import WanVAE, WanVAEConfig
 
-    vae = WanVAE(WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1, latents_mean=(0.0,) * 4,
-                                latents_std=(1.0,) * 4)).eval()
+    return WanVAE(WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1, latents_mean=(0.0,) * 4,
+                               latents_std=(1.0,) * 4)).eval()
+
+
+def _wan() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
+    vae = _wan_vae()
     return lambda z, tiling: vae.decode(z, tiling=tiling), torch.randn(1, 4, 2, 40, 40)  # 5 frames of 320x320
 
 
+def _helios() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
+    """One Helios chunk (9 latent frames: 33 frames of 256x256) through the chunk loop's own decode."""
+    from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, decode_chunk
+
+    vae = _wan_vae()
+    return lambda z, tiling: decode_chunk(vae, z, tiling), torch.randn(1, 4, CHUNK_LATENT_FRAMES, 32, 32)
+
+
 def _far() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tensor]:
-    from vidloom.models.wan.vae import WanVAE, WanVAEConfig
     from vidloom.families.wan_causal.decode import new_stream
 
-    vae = WanVAE(WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1, latents_mean=(0.0,) * 4,
-                                latents_std=(1.0,) * 4)).eval()
+    vae = _wan_vae()
 
     def decode(z: torch.Tensor, tiling: Any) -> torch.Tensor:
         stream = new_stream(vae, tiling)
@@ -77,7 +88,8 @@ def _oobleck() -> tuple[Callable[[torch.Tensor, Any], torch.Tensor], torch.Tenso
 ROOT = Path(__file__).resolve().parents[2]
 # family -> (tile, stride) in output units (pixels; audio: samples), well under the decoded size.
 TILES: dict[str, tuple[int, int]] = {
-    "wan": (128, 96), "anyflow-far": (128, 96), "flux2": (128, 96), "ltx2/sana-wm": (128, 96),
+    "wan": (128, 96), "anyflow-far": (128, 96), "helios": (128, 96), "flux2": (128, 96),
+    "ltx2/sana-wm": (128, 96),
     "stable-audio": (32768, 24576),
 }
 
@@ -99,7 +111,8 @@ def probe(family: str, tile: int, stride: int) -> dict[str, Any]:
     return {**row, "wall_s": round(time.perf_counter() - start, 2), "loadavg": load}
 
 
-FAMILIES = {"wan": _wan, "anyflow-far": _far, "flux2": _flux2, "ltx2/sana-wm": _ltx2, "stable-audio": _oobleck}
+FAMILIES = {"wan": _wan, "anyflow-far": _far, "helios": _helios, "flux2": _flux2, "ltx2/sana-wm": _ltx2,
+            "stable-audio": _oobleck}
 
 
 @torch.no_grad()

@@ -1,12 +1,14 @@
 """`vae_tile` reaches every family's decode: tiles change the seams only (the VAE-level matches with diffusers'
 tiling are tests/parity/test_ltx2_video_vae.py, test_cosmos3_vae_tiling.py, test_flux2_modules.py and
-test_stable_audio_vae_tiling.py), and a tile that covers the whole output is the plain decode exactly.
+test_stable_audio_vae_tiling.py; Helios' through its whole pipeline, test_helios_generation.py), and a tile that
+covers the whole output is the plain decode exactly.
 
 Tiled vs untiled output on these tiny random VAEs (measured on CPU, uint8 frames; bounds ~3 dB lower), max abs diff
 in brackets: LTX-2 29.9 dB [65] (tile 96, stride 64, 128x128), Cosmos3 21.8 dB [142] (48/32, 64x64), Flux2 23.7 dB
-[95] (32/24, 64x64), AnyFlow-FAR 17.6 dB [223] (48/32, 64x64, chunked decode), SANA-WM 18.7 dB [172] (96/64,
-128x128), Stable Audio 23.0 dB against the waveform's peak [0.12] (64/32 samples). Random decoders saturate, so a
-seam pixel may flip far; the VAE-level parity tests above are the exactness checks.
+[95] (32/24, 64x64), AnyFlow-FAR 17.6 dB [223] (48/32, 64x64, chunked decode), Helios 15.8 dB [237] (32/16, 32x48,
+one 33-frame chunk), SANA-WM 18.7 dB [172] (96/64, 128x128), Stable Audio 23.0 dB against the waveform's peak [0.12]
+(64/32 samples). Random decoders saturate, so a seam pixel may flip far; the VAE-level parity tests above are the
+exactness checks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from PIL import Image
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.helios_checkpoints import TINY_A as HELIOS_A, write_tiny_helios
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
@@ -41,6 +44,9 @@ CASES: dict[str, tuple[Any, dict[str, Any], tuple[int, int], int, float]] = {
               dict(task=Task.T2I, height=64, width=64, num_frames=1, num_inference_steps=2), (32, 24), 64, 20.5),
     "anyflow-far": (lambda d: write_tiny_far(d, FAR_A),
                     dict(height=64, width=64, num_frames=9, num_inference_steps=2), (48, 32), 64, 14.5),
+    # One 33-frame chunk, decoded on its own (each chunk is; tests/parity/test_helios_generation.py runs two).
+    "helios": (lambda d: write_tiny_helios(d, HELIOS_A),
+               dict(height=32, width=48, num_frames=33, num_inference_steps=2), (32, 16), 48, 12.5),
     "sana-wm": (lambda d: write_tiny_sana_wm(d, SANA_WM_A),
                 dict(height=128, width=128, num_frames=9, num_inference_steps=2, image=[IMAGE],
                      intrinsics=[50.0, 52.0, 35.0, 20.0], camera="w-8"), (96, 64), 128, 15.5),

@@ -1,7 +1,8 @@
 """A tiled decode's peak host memory is below the whole decode's, for every family's VAE class (fresh processes:
 tests/helpers/decode_peak.py, VmHWM). Measured on CPU (bench/results/vae_tile_memory.json, 2 rounds), whole -> tiled:
-Wan 469.2 -> 84.7 MiB, AnyFlow-FAR chunked 468.8 -> 157.2, Flux2 115.4 -> 35.3, LTX-2/SANA-WM 95.7 -> 54.7,
-Stable Audio 112.0 -> 30.1 (printed with -s). Only the order is asserted; the figures are reported, not bounded."""
+Wan 469.2 -> 84.7 MiB, AnyFlow-FAR chunked 468.8 -> 157.2, Helios (one 33-frame chunk of 256x256) 325.4 -> 124.1,
+Flux2 115.4 -> 35.3, LTX-2/SANA-WM 95.7 -> 54.7, Stable Audio 112.0 -> 30.1 (printed with -s). Only the order is
+asserted; the figures are reported, not bounded."""
 
 from __future__ import annotations
 

@@ -76,6 +76,13 @@ def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames
     return copies * channels * pixels * frames * 4
 
 
+def decode_pixels(height: int, width: int, tile: int | None) -> int:
+    """Output pixels one decode pass works on at full resolution: the frame's, or with the deployment's `vae_tile`
+    one tile's, as each tile decodes alone (vidloom.layers.tiling)."""
+    pixels = height * width
+    return pixels if tile is None else min(pixels, tile * tile)
+
+
 def causal_decode_frames(latent_frames: int, temporal_factor: int) -> int:
     """Frames one pass of a causal video VAE (Wan's) holds: each latent frame decodes to `temporal_factor` frames
     (the first to one) and its causal caches keep two more."""

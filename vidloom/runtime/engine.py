@@ -12,7 +12,7 @@ from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import RequestLimits
 from vidloom.core.output import EventCallback
 from vidloom.core.program import Program
-from vidloom.core.request import GenerationRequest, Task
+from vidloom.core.request import GenerationRequest
 from vidloom.core.speech import SpeechRequest
 from vidloom.media.request_inputs import resolve_request
 from vidloom.runtime.admission import MemoryAdmission
@@ -31,6 +31,7 @@ from vidloom.runtime.run_handle import RunHandle
 from vidloom.runtime.speech_run import speech_inputs
 from vidloom.runtime.rank_share import RankShare
 from vidloom.runtime.step_cache import deployed_policy
+from vidloom.runtime.warmup import warmup_request
 
 
 class EngineDriver:
@@ -101,17 +102,13 @@ class EngineDriver:
     def warmup(self, shapes: tuple[tuple[int, int, int], ...], steps: int = 2) -> None:
         """Run one short request per (height, width, num_frames) so compiled graphs exist before users arrive.
 
-        Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use;
+        Card defaults (guidance, sampler) apply, so the warmed graphs are the ones requests use (a card whose
+        requests give a first frame gets a gray one: runtime.warmup);
         `warmup_guidances` adds guidance values that change the DiT's batch (batched CFG off).
         """
-        tasks = self.card.tasks
-        task = Task.T2V if Task.T2V in tasks else Task.T2I  # image models warm up text-to-image
-        for height, width, num_frames in shapes:
+        for shape in shapes:
             for guidance in self.warmup_guidances():
-                self.run(GenerationRequest(
-                    prompt="warmup", task=task, height=height, width=width, num_frames=num_frames,
-                    num_inference_steps=steps, seed=0, **({} if guidance is None else {"guidance_scale": guidance}),
-                ))
+                self.run(warmup_request(self.card, shape, steps, guidance))
 
     def warmup_guidances(self) -> tuple[float | None, ...]:
         """Guidance scales to warm each shape with (None: the card's default)."""

@@ -51,3 +51,12 @@ def test_a_small_memory_limit_refuses_a_big_frame_naming_the_limit():
     with pytest.raises(LimitExceeded) as info:
         limits.check(_request(720, 1280), estimate)
     assert info.value.field == "width" and "max_request_memory" in str(info.value)
+
+
+def test_vae_tile_bounds_the_decode_term_by_one_tile():
+    """Each chunk decodes tile by tile under vae_tile: the decode term follows the tile's pixels, the rest stays."""
+    whole, tiled = footprint(_instance(), _request()), footprint(_instance(vae_tile=256), _request())
+    assert tiled.decode * 384 * 640 == whole.decode * 256 * 256
+    assert (tiled.denoise, tiled.persistent) == (whole.denoise, whole.persistent)
+    covering = footprint(_instance(vae_tile=1024), _request())  # a tile larger than the frame: the frame's pixels
+    assert covering.decode == whole.decode

@@ -34,6 +34,7 @@ from vidloom.families.helios.conditioning import MediaConditioning
 from vidloom.families.helios.network import HeliosNetwork
 from vidloom.families.helios.schedule import HeliosSchedule
 from vidloom.families.helios.transformer import HeliosHistory, HeliosTransformer
+from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.wan.text import WanTextEncoder
 from vidloom.models.wan.vae import WanVAE
 
@@ -66,11 +67,14 @@ def frame_indices() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return i_chunk, torch.cat([prefix, i_short]), i_mid, i_long
 
 
-def decode_chunk(vae: WanVAE, latents: Tensor) -> Tensor:
-    """One chunk's normalised latents [1, C, T, h, w], decoded alone -> frames [F, H, W, 3] in [0, 1] on the CPU."""
+def decode_chunk(vae: WanVAE, latents: Tensor, tiling: SpatialTiling | None = None) -> Tensor:
+    """One chunk's normalised latents [1, C, T, h, w], decoded alone -> frames [F, H, W, 3] in [0, 1] on the CPU.
+    `tiling`: the deployment's vae_tile; the chunk then decodes in overlapping spatial tiles (WanVAE.decode's, the
+    shared rule of vidloom.layers.tiling), so the decode's peak follows the tile, as the reference's chunk decode does
+    after `vae.enable_tiling()`."""
     vae_dtype = next(vae.parameters()).dtype
     with torch.inference_mode():
-        video = vae.decode(vae.denormalize_latents(latents.to(vae_dtype)))
+        video = vae.decode(vae.denormalize_latents(latents.to(vae_dtype)), tiling=tiling)
     return (video[0].float() * 0.5 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
 
 
@@ -118,8 +122,10 @@ class HeliosChunkLoop:
 
     def __init__(self, transformer: HeliosTransformer, vae: WanVAE, schedule: HeliosSchedule, dtype: torch.dtype,
                  guidance: GuidancePolicy, device: torch.device, text: WanTextEncoder,
-                 live_prompts: LivePrompts) -> None:
+                 live_prompts: LivePrompts, tiling: SpatialTiling | None = None) -> None:
+        """`tiling`: the deployment's vae_tile, with which every chunk decodes (None: whole frames)."""
         self.transformer, self.vae, self.schedule = transformer, vae, schedule
+        self.tiling = tiling
         self.text, self.live_prompts = text, live_prompts
         self.dtype, self.guidance, self.device = dtype, guidance, device
         self.indices = frame_indices()
@@ -231,7 +237,7 @@ class HeliosChunkLoop:
             state.prefix = latents[:, :, :1]  # text to video: the first frame becomes every later chunk's prefix
         state.history = torch.cat([state.history, latents], dim=2)[:, :, -sum(HISTORY_SIZES):]
         state.generated.append(latents_to_cpu(latents))
-        state.unsent = decode_chunk(self.vae, latents)
+        state.unsent = decode_chunk(self.vae, latents, self.tiling)
         state.chunk, state.step = state.chunk + 1, 0
         if state.chunk < state.total_chunks:
             self._start_chunk(state)

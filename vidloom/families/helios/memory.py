@@ -3,14 +3,14 @@
 Helios denoises one 9-latent-frame chunk at a time while attending to its history (the newest latent frames: short
 at the chunk's patch, mid and long pooled 2x and 4x), so a block's working set is one chunk's tokens plus the
 history's, whatever num_frames is; batched CFG doubles it. Each chunk is decoded alone by the causal (Wan) VAE, so
-the decode term is one chunk's too. What grows with num_frames is the decoded video held to the end. Copy counts:
+the decode term is one chunk's too (one tile's with vae_tile). What grows with num_frames is the decoded video held to the end. Copy counts:
 core.footprint.
 """
 
 from __future__ import annotations
 
 from vidloom.core.footprint import (
-    Footprint, block_bytes, causal_decode_frames, decode_bytes, element_size, latent_bytes, part_estimator,
+    Footprint, block_bytes, causal_decode_frames, decode_bytes, decode_pixels, element_size, latent_bytes, part_estimator,
     video_bytes,
 )
 from vidloom.core.instance import ModelInstance
@@ -41,7 +41,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     inner = dit.num_attention_heads * dit.attention_head_dim
     denoise = block_bytes(batch, tokens, inner, dit.ffn_dim, element_size(instance.dtype))
     frames = causal_decode_frames(CHUNK_LATENT_FRAMES, vae.temporal_factor)
-    decode = decode_bytes(instance.device, vae.decoder_dim, request.height * request.width, frames)
+    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
+    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames)
     latents = latent_bytes(dit.in_channels, (1 + CHUNK_LATENT_FRAMES + sum(HISTORY_SIZES)) * h * w)
     # Each CFG branch's prompt K/V, prepared once for the request (diffusion.prompt_kv); batched CFG stacks the
     # pair into one more copy per step.

@@ -18,6 +18,7 @@ from vidloom.families.helios.dmd_loop import HeliosDMDLoop
 from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, HeliosChunkLoop, chunk_frames
 from vidloom.families.helios.pyramid_loop import HeliosPyramidLoop
 from vidloom.families.helios.schedule import PYRAMID, PyramidSettings
+from vidloom.layers.tiling import deploy_tiling
 from vidloom.models.wan.vae import WanVAE
 from vidloom.models.wan.text import WanTextEncoder, encode_request_prompts
 
@@ -50,7 +51,7 @@ def build_program(instance: ModelInstance, guidance: GuidancePolicy | None = Non
 
     policy = guidance if guidance is not None else make_guidance(instance.deploy.cfg_mode)
     args = (instance["transformer"], instance["vae"], instance["schedule"], instance.dtype, policy, instance.device,
-            text, instance[LIVE_PROMPTS])
+            text, instance[LIVE_PROMPTS], deploy_tiling(instance.deploy, vae.config.spatial_factor))
     pyramid: PyramidSettings = instance[PYRAMID]
     if pyramid.distilled:
         loop: HeliosChunkLoop = HeliosDMDLoop(*args)

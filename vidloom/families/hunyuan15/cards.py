@@ -40,15 +40,15 @@ BATCH_NOTE = ("--policy batch: requests of one video size and task (and, image t
               "run apart")
 
 CAPABILITIES = Capabilities(
-    frozenset({"compile", "offload_text_encoder", "prompt_cache_size", "attention_backend", "fp8_weights",
-               "step_cache", "vae_tile", "devices", "cfg_parallel", "text_encoder_rank",
-               "batching"}),
+    frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
+               "fp8_weights", "step_cache", "vae_tile", "devices", "cfg_parallel", "text_encoder_rank", "batching"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
                       "and the two CFG branches run one after the other, as the guider runs them",
-             cuda_graphs="condition token counts vary per prompt; graph capture is not wired for this loop",
-             warmup_shapes="no warmup pass is wired for this family yet"),
+             cuda_graphs="each forward gathers the valid condition tokens by their masks (boolean indexing, a "
+                         "device-to-host read that CUDA graph capture forbids); graphs per token count would need "
+                         "the lengths on the host"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)

@@ -10,7 +10,8 @@ Copy counts: core.footprint.
 from __future__ import annotations
 
 from vidloom.core.footprint import (
-    VAE_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes, part_estimator, video_bytes,
+    VAE_COPIES, Footprint, block_bytes, decode_bytes, decode_pixels, element_size, latent_bytes, part_estimator,
+    video_bytes,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -38,9 +39,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     cells = latent_frames * (request.height // vae.spatial_factor) * (request.width // vae.spatial_factor)
     condition = MAX_PROMPT_TOKENS + MAX_GLYPH_TOKENS + (SIGLIP_TOKENS if request.image else 0)
     denoise = block_bytes(1, cells + condition, dit.dim, int(dit.mlp_ratio * dit.dim), element_size(instance.dtype))
-    pixels = request.height * request.width
-    tile = instance.deploy.vae_tile
-    pixels = pixels if tile is None else min(pixels, tile * tile)
+    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
     decode = decode_bytes(instance.device, vae.block_out_channels[0], pixels, request.num_frames, HUNYUAN15_VAE_COPIES)
     persistent = latent_bytes(dit.in_channels, cells) + video_bytes(request.num_frames, request.height, request.width)
     return Footprint(denoise=denoise, decode=decode, persistent=persistent)

@@ -10,7 +10,7 @@ channels. Copy counts: core.footprint.
 from __future__ import annotations
 
 from vidloom.core.footprint import (
-    Footprint, block_bytes, decode_bytes, element_size, latent_bytes, part_estimator, video_bytes,
+    Footprint, block_bytes, decode_bytes, decode_pixels, element_size, latent_bytes, part_estimator, video_bytes,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -40,8 +40,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     if dit.zero_cond_t and references:  # blocks.ImageModulation: six float32 modulations per image token
         denoise += batch * (cells + references) * 6 * dit.dim * 4
     vae = instance["vae"].config
-    pixels = request.height * request.width
-    tile = instance.deploy.vae_tile
-    decode = decode_bytes(instance.device, vae.decoder_dim, pixels if tile is None else min(pixels, tile * tile), 1)
+    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
+    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, 1)
     persistent = latent_bytes(dit.in_channels, cells + references) + video_bytes(1, request.height, request.width)
     return Footprint(denoise=denoise, decode=decode, persistent=persistent)

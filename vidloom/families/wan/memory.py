@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from vidloom.core.footprint import (
-    FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES, causal_decode_frames,
+    FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES, causal_decode_frames, decode_pixels,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -59,10 +59,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     prompt_kv = prompt_row * branches * experts
     denoise += prompt_row * batch if batch > 1 else 0
 
-    pixels = request.height * request.width
-    tile = instance.deploy.vae_tile
-    if tile is not None:
-        pixels = min(pixels, tile * tile)
+    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
     frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
     copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
     decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
