@@ -47,6 +47,13 @@ class PromptKV:
         """These rows of every block's keys and values (views)."""
         return PromptKV(tuple(k[pick] for k in self.keys), tuple(v[pick] for v in self.values))
 
+    def repeat(self, times: int) -> PromptKV:
+        """Every row `times` over, in order ([r1, r2, r1, r2]): one request's rows for each CFG branch's."""
+        if times == 1:
+            return self
+        return PromptKV(tuple(k.repeat(times, 1, 1, 1) for k in self.keys),
+                        tuple(v.repeat(times, 1, 1, 1) for v in self.values))
+
     def batch_key(self) -> Hashable:
         """runtime.batching: batches of equal keys stack (same blocks, token count, heads, dtype, device)."""
         k = self.keys[0]
@@ -64,13 +71,16 @@ class PromptKV:
         return f"PromptKV(blocks={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
 
 
-def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor) -> PromptKV | None:
+def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor,
+                      kv: Callable[[Any, Tensor], tuple[Tensor, Tensor]] | None = None) -> PromptKV | None:
     """Every cross-attention's `context_kv` (nn.Modules projecting their context apart from their queries, as
-    models.wan.transformer.WanAttention) of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights are not resident (weights_resident): the caller's steps then project."""
+    models.wan.transformer.WanAttention), or `kv(attention, tokens)` (another context of theirs: Wan I2V's image
+    tokens), of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights
+    are not resident (weights_resident): the caller's steps then project."""
     if not weights_resident(attentions):
         return None
     tokens = embed(embeds)
-    pairs = [attention.context_kv(tokens) for attention in attentions]
+    pairs = [attention.context_kv(tokens) if kv is None else kv(attention, tokens) for attention in attentions]
     return PromptKV(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
 
 
