@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
-from vidloom.layers.prompt_kv import PromptKV
 from vidloom.lora.apply import current_loras
 
 PREPARED_PROMPTS = 6
@@ -80,6 +79,8 @@ class PreparedPrompts:
 
 
 def _nbytes(prepared: Any) -> int:
-    """Bytes of a prepared prompt (PromptKV, or a text batch's `kv`) or network view (its `image_kv`)."""
-    kv = prepared if isinstance(prepared, PromptKV) else getattr(prepared, "kv", getattr(prepared, "image_kv", None))
-    return kv.nbytes if isinstance(kv, PromptKV) else 0
+    """Bytes of a prepared prompt (PromptKV, a text batch's `kv`, or a family's own with `nbytes`: LTX-2's) or
+    network view (its `image_kv`)."""
+    kv = getattr(prepared, "kv", getattr(prepared, "image_kv", prepared))
+    nbytes = getattr(kv, "nbytes", 0)
+    return nbytes if isinstance(nbytes, int) else 0

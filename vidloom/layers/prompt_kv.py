@@ -61,14 +61,27 @@ class PromptKV:
 
     @staticmethod
     def stack(batches: Sequence[PromptKV]) -> PromptKV:
-        """One batch of every batch's rows, in order (BatchedCFG, runtime.batching)."""
-        return PromptKV(tuple(torch.cat(ks) for ks in zip(*(b.keys for b in batches))),
-                        tuple(torch.cat(vs) for vs in zip(*(b.values for b in batches))))
+        """One batch of every batch's rows, in order (BatchedCFG, runtime.batching), laid out in memory as the
+        first batch's."""
+        return PromptKV(tuple(cat_rows(ks) for ks in zip(*(b.keys for b in batches))),
+                        tuple(cat_rows(vs) for vs in zip(*(b.values for b in batches))))
 
     def __repr__(self) -> str:
         # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
         # --cfg-parallel pair hold different branches.
         return f"PromptKV(blocks={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
+
+
+def cat_rows(tensors: Sequence[Tensor]) -> Tensor:
+    """torch.cat along rows (dim 0) keeping the first tensor's memory layout where rows are outermost: LTX-2 lays its
+    [B, L, H, D] K/V out [B, H, L, D] in memory for SDPA (models.ltx2.layers.Attention.context_kv), which a plain
+    cat would return [B, L, H, D]-contiguous."""
+    first = tensors[0]
+    order = sorted(range(first.ndim), key=lambda d: -first.stride(d))  # dims outermost first in memory
+    if first.is_contiguous() or order[0] != 0:
+        return torch.cat(list(tensors))
+    inverse = sorted(range(first.ndim), key=order.__getitem__)
+    return torch.cat([t.permute(order) for t in tensors]).permute(inverse)
 
 
 def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor,

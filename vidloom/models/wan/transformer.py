@@ -305,8 +305,8 @@ class WanTransformer(BlockStack, nn.Module):
     def prepare_image(self, image_embeds: Tensor) -> PromptKV | None:
         """Every block's image keys/values of CLIP tokens [N, I, image_dim] (I2V models): what embed's `image_embeds`
         takes instead, the values it would project from them, computed in their dtype. None as prepare_prompt."""
-        return prepare_prompt_kv([block.cross_attn for block in self.blocks],
-                                 lambda image: self._embed_image(image, image.dtype), image_embeds, WanAttention.image_kv)
+        embed = lambda image: self._embed_image(image, image.dtype)  # noqa: E731
+        return prepare_prompt_kv([b.cross_attn for b in self.blocks], embed, image_embeds, WanAttention.image_kv)
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV,
               image_embeds: Tensor | PromptKV | None = None) -> tuple[Tensor, WanConditioning]:
