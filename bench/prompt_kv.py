@@ -8,6 +8,11 @@ the timing (once per request). Settings alternate so machine load hits them alik
 os.getloadavg() before and after go to bench/results/prompt-kv-cpu.json.
 
     OMP_NUM_THREADS=2 python bench/prompt_kv.py [--layers 4] [--rounds 7] [--dtype bfloat16]
+
+`--i2v` makes it a Wan2.1 I2V DiT (CLIP ViT-H width 1280, 257 image tokens, the image K/V projections in every
+block) and times three settings of the same step: `per-step` (prompt and image projected in the call), `text-prepared`
+(the prompt prepared, the image projected: before the image K/V were prepared) and `prepared` (both prepared once),
+plus the image projections alone (what a step no longer runs); to bench/results/prompt-kv-i2v-cpu.json.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -26,12 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from vidloom.families.wan.conditioning import ImageConditionedNetwork  # noqa: E402
 from vidloom.layers.prompt_kv import PromptKV  # noqa: E402
 from vidloom.models.wan.transformer import WanTransformer  # noqa: E402
 from vidloom.models.wan.transformer_config import WanTransformerConfig  # noqa: E402
 
 TEXT_TOKENS = 512  # Wan's max_sequence_length
+IMAGE_TOKENS, IMAGE_DIM = 257, 1280  # Wan2.1 I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches + CLS, width 1280
 OUT = ROOT / "bench" / "results" / "prompt-kv-cpu.json"
+OUT_I2V = ROOT / "bench" / "results" / "prompt-kv-i2v-cpu.json"
 
 
 def main() -> None:
@@ -40,10 +49,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--frames", type=int, default=3, help="latent frames (grid 3 x 15 x 26 = 1170 tokens)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--i2v", action="store_true", help="a Wan2.1 I2V DiT: the CLIP image K/V prepared too")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
+    image = {"image_dim": IMAGE_DIM, "added_kv_proj_dim": 1536} if args.i2v else {}
     config = WanTransformerConfig(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, text_dim=4096,
-                                  freq_dim=256, num_layers=args.layers)
+                                  freq_dim=256, num_layers=args.layers, **image)
     torch.manual_seed(0)
     dit = WanTransformer(config).eval().to(dtype)
     latents = torch.randn(2, 16, args.frames, 30, 52, dtype=dtype)
@@ -54,29 +65,57 @@ def main() -> None:
         started = time.perf_counter()
         prepared = [dit.prepare_prompt(prompt), dit.prepare_prompt(negative)]
         prepare_s = time.perf_counter() - started
-        calls = {
-            "per-step": lambda: dit(latents, timestep, torch.cat([prompt, negative])),
-            "prepared": lambda: dit(latents, timestep, PromptKV.stack(prepared)),  # BatchedCFG stacks them per step
-        }
+        if args.i2v:
+            calls, extra = _i2v_calls(dit, latents, timestep, torch.cat([prompt, negative]), prepared)
+        else:
+            calls, extra = {
+                "per-step": lambda: dit(latents, timestep, torch.cat([prompt, negative])),
+                "prepared": lambda: dit(latents, timestep, PromptKV.stack(prepared)),  # BatchedCFG stacks per step
+            }, {}
         same = torch.allclose(calls["per-step"](), calls["prepared"](), atol=1e-5 if dtype == torch.float32 else 5e-2)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for r in range(args.rounds):
-            for name in list(calls) if r % 2 == 0 else list(calls)[::-1]:
-                started = time.perf_counter()
-                calls[name]()
-                times[name].append(time.perf_counter() - started)
+        times = _alternate(calls, args.rounds)
     medians = {name: statistics.median(t) for name, t in times.items()}
     result = {
         "config": {"dim": config.inner_dim, "heads": 12, "ffn_dim": 8960, "text_dim": 4096, "layers": args.layers,
                    "text_tokens": TEXT_TOKENS, "video_tokens": args.frames * 15 * 26, "batch": 2,
-                   "dtype": args.dtype, "threads": torch.get_num_threads()},
+                   "image_tokens": IMAGE_TOKENS if args.i2v else 0, "dtype": args.dtype,
+                   "threads": torch.get_num_threads()},
         "median_step_s": medians, "speedup": medians["per-step"] / medians["prepared"],
-        "prepare_once_s": prepare_s, "outputs_close": same, "times_s": times,
+        "prepare_once_s": prepare_s, "outputs_close": same, **extra, "times_s": times,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    out = OUT_I2V if args.i2v else OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "times_s"}, indent=2))
+
+
+def _i2v_calls(dit: WanTransformer, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+               prepared: list[PromptKV]) -> tuple[dict[str, Callable[[], torch.Tensor]], dict[str, float]]:
+    """The three I2V settings of one batched-CFG step, and the image projections' own time (median of 5)."""
+    view = ImageConditionedNetwork(dit, torch.randn(1, IMAGE_TOKENS, IMAGE_DIM, dtype=latents.dtype))
+    started = time.perf_counter()
+    with_image = view.prepare_network()
+    prepare_image_s = time.perf_counter() - started
+    assert with_image is not None
+    rows = view.image_embeds.repeat(2, 1, 1)  # what a per-step batched call projects: the tokens of both rows
+    projections = _alternate({"image": lambda: dit.prepare_image(rows)}, 5)["image"]
+    return {
+        "per-step": lambda: view(latents, timestep, text),
+        "text-prepared": lambda: view(latents, timestep, PromptKV.stack(prepared)),
+        "prepared": lambda: with_image(latents, timestep, PromptKV.stack(prepared)),
+    }, {"prepare_image_once_s": prepare_image_s, "image_projections_per_step_s": statistics.median(projections)}
+
+
+def _alternate(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each call per round, the order reversed every other round so machine load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in list(calls) if r % 2 == 0 else list(calls)[::-1]:
+            started = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 if __name__ == "__main__":

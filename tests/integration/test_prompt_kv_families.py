@@ -46,3 +46,22 @@ def test_the_prompt_is_projected_once_per_branch_not_per_step(demo, tmp_path_fac
     blocks = len(projections(gen.engine.instance["transformer"]))
     # The prompt and the negative prompt, one row each, once for the whole request (every chunk and step).
     assert sum(rows) == 2 * blocks, f"{demo}: {sum(rows)} prompt rows projected over {blocks} blocks"
+
+
+def test_wan_i2v_projects_the_clip_image_once_per_request(tmp_path):
+    """Wan2.1 I2V: besides the prompt's, every block's image k projection runs on the request's CLIP tokens once
+    (one row, shared by both CFG branches and every step), not steps x branches rows."""
+    from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
+
+    gen = VideoGenerator.from_pretrained(write_tiny_wan_i2v(tmp_path / "wan-i2v"), device="cpu")
+    dit = gen.engine.instance["transformer"]
+    text_rows: list[int] = []
+    image_rows: list[int] = []
+    for block in dit.blocks:
+        block.cross_attn.k.register_forward_hook(lambda m, args, out: text_rows.append(args[0].shape[0]))
+        block.cross_attn.image_k.register_forward_hook(lambda m, args, out: image_rows.append(args[0].shape[0]))
+    gen.generate("a red fox jumps over a frozen river", image=make_image(48, 32, seed=1), height=32, width=48,
+                 num_frames=5, seed=0, num_inference_steps=STEPS, guidance_scale=4.0, negative_prompt="blurry")
+    blocks = len(dit.blocks)
+    assert sum(text_rows) == 2 * blocks, f"{sum(text_rows)} prompt rows projected over {blocks} blocks"
+    assert sum(image_rows) == blocks, f"{sum(image_rows)} image rows projected over {blocks} blocks"

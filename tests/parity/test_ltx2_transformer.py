@@ -119,7 +119,7 @@ def test_prepared_text_and_ropes_match_diffusers(spec, tmp_path):
         for text_mask in (mask, torch.ones_like(mask)):
             prepared = ours.prepare_text(text, atext, text_mask, torch.float32)
             assert (prepared.mask is None) == bool(text_mask.all())
-            assert len(prepared.kv) == ours.num_blocks
+            assert len(prepared.video.keys) == len(prepared.audio.keys) == ours.num_blocks
             rv, ra = ref(hidden_states=video, audio_hidden_states=aud, encoder_hidden_states=text,
                          audio_encoder_hidden_states=atext, timestep=t, sigma=t, encoder_attention_mask=text_mask,
                          audio_encoder_attention_mask=text_mask, video_coords=vpos, audio_coords=apos,

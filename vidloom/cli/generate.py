@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vidloom import registry
-from vidloom.cli.actions import ACTION_FLAGS, action_block, write_actions
+from vidloom.cli.actions import ACTION_FLAGS, action_block
 from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard, say
 from vidloom.cli.options import option_values
+from vidloom.cli.output_files import write_files
 from vidloom.cli.phases import PhaseClock
+from vidloom.cli.progress import ProgressBars, cancelled_line
 from vidloom.cli.uptime import process_seconds
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.card import ModelCard
 from vidloom.core.errors import Cancelled, InvalidRequest, counted
-from vidloom.core.output import Event, ProgressEvent
 from vidloom.core.request import GenerationRequest, Task
 from vidloom.loading.quiet import LIBRARIES, LOUDER_THAN_ERRORS
 from vidloom.media.request_inputs import resolve_request
@@ -44,9 +45,6 @@ def flag_of(field: str) -> str | None:
     from vidloom.cli.options import option_flags
 
     return FLAG_OF_FIELD.get(field) or option_flags().get(field)
-
-
-AFTER_DENOISE_PHASES = ("decode", "audio")  # progress phases past the last step a Ctrl-C can stop at
 
 
 def generate_command(args: argparse.Namespace, torchrun_place: Callable[[], Any],
@@ -183,15 +181,15 @@ def _load_and_run(args: argparse.Namespace, deploy: DeployConfig, request: Gener
             with bars, guard.cancels(token):
                 video = generator.run(request, on_event=bars, cancel=token)
         except Cancelled:
-            return _report_cancelled(guard, _cancelled_line(bars))
+            return _report_cancelled(guard, cancelled_line(bars))
     if token.cancelled:  # Ctrl-C after the last step boundary (during decode): still write nothing
-        return _report_cancelled(guard, _cancelled_line(bars))
+        return _report_cancelled(guard, cancelled_line(bars))
     clock.mark("generation")
     guard.check()
     # --actions-out: a world model's predicted actions
     actions_out = Path(args.actions_out) if args.actions_out is not None and video.actions is not None else None
     try:
-        written = _write_files(video, output, audio_out, actions_out, guard.settle)
+        written = write_files(video, output, audio_out, actions_out, guard.settle)
     except KeyboardInterrupt:  # during the writes: they removed what they had put in place
         written = None
     if written is None:
@@ -241,68 +239,9 @@ def _report_cancelled(guard: InterruptGuard, line: str) -> int:
     return EXIT_INTERRUPTED
 
 
-def _write_files(video: Any, output: Path, audio_out: Path | None, actions_out: Path | None,
-                 settle: Callable[[], bool]) -> list[Path] | None:
-    """--audio-out (first, so a model that unexpectedly made no sound leaves no video either), the output, then
-    --actions-out; then `settle()` fixes the command's outcome. Returns every file written, the actions last.
-
-    All or nothing, decided at one point: a Ctrl-C before `settle()` marks the outcome (during an encode, between
-    two files, or just after the last rename) removes the files this call put in place (each writer removes its
-    own temp file) and the command exits 130: returns None, or re-raises a KeyboardInterrupt raised meanwhile.
-    From that point on a Ctrl-C is ignored: the files are whole and the command reports them (exit 0). A failed
-    write (a full disk) removes them too.
-    """
-    from vidloom.media.audio import track_of
-    from vidloom.media.output import png_sequence_paths, write_audio_file, write_output
-
-    targets = ([audio_out] if audio_out is not None else []) + (
-        png_sequence_paths(output, len(video.frames)) if output.suffix.lower() == ".png" else [output])
-    targets += [actions_out] if actions_out is not None else []
-    before = {path: _identity(path) for path in targets}
-    if actions_out is not None:  # written in place, not renamed: an old file there is gone either way
-        before[actions_out] = None
-    try:
-        written = []
-        if audio_out is not None:
-            written.append(write_audio_file(track_of(video.audio, video.sample_rate), video.duration_s, audio_out,
-                                            field="audio_out"))
-        written += write_output(video.frames, video.fps, output, audio=video.audio, sample_rate=video.sample_rate)
-        if actions_out is not None:
-            written.append(write_actions(actions_out, video.actions, video.metadata))
-        # Inside the try: a KeyboardInterrupt raised after the last rename, up to the moment settle() marks the
-        # outcome, still takes the files with it (outside it, the command exited 130 with the file in place).
-        if not settle():
-            return written
-    except BaseException:
-        _remove_written(targets, before)
-        raise
-    _remove_written(targets, before)  # a Ctrl-C came while writing, its KeyboardInterrupt swallowed by a library
-    return None
-
-
-def _remove_written(targets: list[Path], before: dict[Path, tuple[int, int] | None]) -> None:
-    for path in targets:  # replaced by this call (a new inode), or new: not the user's old file
-        if _identity(path) not in (None, before[path]):
-            path.unlink(missing_ok=True)
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_dev, stat.st_ino
-
-
 def _one_or_list(paths: list[str] | None) -> str | list[str] | None:
     """--image once is one image (an I2V first frame); repeated, a list (reference images)."""
     return paths[0] if paths and len(paths) == 1 else paths
-
-
-def _cancelled_line(bars: ProgressBars) -> str:
-    step, total = bars.last_denoise
-    line = f"cancelled at step {step}/{total}" if total else "cancelled before the first denoise step"
-    return f"{line} (during {bars.last_phase})" if bars.last_phase in AFTER_DENOISE_PHASES else line
 
 
 def check_device(device: str | None) -> None:
@@ -348,51 +287,6 @@ def quiet_third_party(verbose: bool, libraries: bool = True) -> None:
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                       file: Any = None, line: str | None = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
-
-
-class ProgressBars:
-    """One tqdm bar per phase, fed by the engine's progress events.
-
-    A bar closes when its last step is done, so its rate covers only its own steps. Phases may
-    interleave: a causal rollout (AnyFlow-FAR) reports its steps, each finished chunk ("chunks"),
-    each chunk's decode and KV prefill as it goes, so every phase keeps its own line until done.
-    """
-
-    def __init__(self) -> None:
-        self._bars: dict[str, Any] = {}
-        self._loop_phase: str | None = None  # the first phase reported: the loop's steps (denoise, rollout)
-        self.last_denoise: tuple[int, int] = (0, 0)  # (steps done, total) of the loop phase, for the cancel line
-        self.last_phase: str | None = None  # the phase of the latest event (a decode after the steps, ...)
-
-    def __enter__(self) -> "ProgressBars":
-        return self
-
-    def __call__(self, event: Event) -> None:
-        from tqdm import tqdm
-
-        if not isinstance(event, ProgressEvent):
-            return
-        if self._loop_phase is None and event.phase not in AFTER_DENOISE_PHASES and event.total is not None:
-            self._loop_phase = event.phase  # the loop's own steps (reasoning is open-ended: not a step count)
-        self.last_phase = event.phase
-        if event.phase == self._loop_phase:
-            self.last_denoise = (event.step, event.total)
-        bar = self._bars.get(event.phase)
-        if bar is None:
-            unit = "chunk" if event.phase == "chunks" else "step"
-            bar = self._bars[event.phase] = tqdm(
-                total=event.total, desc=event.phase, unit=unit, file=sys.stderr, position=len(self._bars),
-            )
-        bar.update(event.step - bar.n)
-        if event.total is not None and event.step >= event.total:
-            bar.close()
-
-    def _close_all(self) -> None:
-        for bar in self._bars.values():
-            bar.close()
-
-    def __exit__(self, *exc: object) -> None:
-        self._close_all()
 
 
 def _peak_memory() -> str:

@@ -114,6 +114,8 @@ class PreparesPrompt(Protocol):
     under the adapters active now; None when it cannot now (its weights are sharded away), and the caller passes
     `embeds` itself. The call must accept either, and the result must stack like the embeddings (rows follow
     rows) so guidance policies, cross-request batching and CUDA graphs treat it as they treat a tensor.
+    A per-request network view may also declare `prepare_network()`: itself with what its steps read besides the
+    prompt prepared the same way (Wan I2V's image keys/values, the same for both CFG branches), or None.
     """
 
     def prepare_prompt(self, embeds: Tensor) -> Any:

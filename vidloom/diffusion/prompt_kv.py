@@ -5,20 +5,22 @@ plans the step (outside any captured graph and before cross-request batching sta
 request's LoRA scope. An entry is keyed by the network it was prepared for (each Wan2.2 A14B expert has its own
 keys and values), the embeddings (a live prompt swapped mid-request is a new entry) and the active adapter set
 (K/V are prepared after the request's adapters are applied to the k/v projections; a different set prepares
-again). Entries hold what they key by, so the identities stay theirs while the entry lives.
+again). Entries hold what they key by, so the identities stay theirs while the entry lives. What a network's
+steps read besides the prompt, the same for every branch (Wan I2V's CLIP image K/V), it prepares the same way
+once per request through `PreparedPrompts.network(network)`, keyed by the network alone.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
-from vidloom.layers.prompt_kv import PromptKV
 from vidloom.lora.apply import current_loras
 
-PREPARED_PROMPTS = 4
-"""Entries one request keeps (least recently used first out): CFG's two branches for each of Wan2.2 A14B's two
-experts. A request that swaps its prompt (Helios' live prompts) drops the oldest."""
+PREPARED_PROMPTS = 6
+"""Entries one request keeps (least recently used first out): CFG's two branches and the network's own (an I2V
+view's image K/V) for each of Wan2.2 A14B's two experts. A request that swaps its prompt (Helios' live prompts)
+drops the oldest."""
 
 
 class PreparedPrompts:
@@ -38,13 +40,28 @@ class PreparedPrompts:
         prepare = getattr(network, "prepare_prompt", None)
         if embeds is None or not self.enabled or prepare is None:
             return embeds
+        prepared = self._prepared(network, embeds, lambda: prepare(embeds))
+        return embeds if prepared is None else prepared
+
+    def network(self, network: Any) -> Any:
+        """The network a step calls: its `prepare_network()` (a per-request view with what every step and branch
+        reads besides the prompt prepared: Wan I2V's image keys/values), prepared once and kept like a prompt's;
+        `network` itself where it declares none or answers None."""
+        prepare = getattr(network, "prepare_network", None)
+        if not self.enabled or prepare is None:
+            return network
+        prepared = self._prepared(network, None, prepare)
+        return network if prepared is None else prepared
+
+    def _prepared(self, network: Any, embeds: Any, prepare: Callable[[], Any]) -> Any:
+        """The entry of (network, embeds, active adapters), prepared on first use; None where `prepare` is."""
         active = current_loras()
         key = (id(network), id(embeds), id(active))
         entry = self._entries.get(key)
         if entry is None:
-            kv = prepare(embeds)
+            kv = prepare()
             if kv is None:
-                return embeds
+                return None
             self.prepared += 1
             entry = self._entries[key] = (network, embeds, active, kv)
             while len(self._entries) > PREPARED_PROMPTS:
@@ -62,5 +79,8 @@ class PreparedPrompts:
 
 
 def _nbytes(prepared: Any) -> int:
-    kv = prepared if isinstance(prepared, PromptKV) else getattr(prepared, "kv", None)
-    return kv.nbytes if isinstance(kv, PromptKV) else 0
+    """Bytes of a prepared prompt (PromptKV, a text batch's `kv`, or a family's own with `nbytes`: LTX-2's) or
+    network view (its `image_kv`)."""
+    kv = getattr(prepared, "kv", getattr(prepared, "image_kv", prepared))
+    nbytes = getattr(kv, "nbytes", 0)
+    return nbytes if isinstance(nbytes, int) else 0

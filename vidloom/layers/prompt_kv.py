@@ -47,6 +47,13 @@ class PromptKV:
         """These rows of every block's keys and values (views)."""
         return PromptKV(tuple(k[pick] for k in self.keys), tuple(v[pick] for v in self.values))
 
+    def repeat(self, times: int) -> PromptKV:
+        """Every row `times` over, in order ([r1, r2, r1, r2]): one request's rows for each CFG branch's."""
+        if times == 1:
+            return self
+        return PromptKV(tuple(k.repeat(times, 1, 1, 1) for k in self.keys),
+                        tuple(v.repeat(times, 1, 1, 1) for v in self.values))
+
     def batch_key(self) -> Hashable:
         """runtime.batching: batches of equal keys stack (same blocks, token count, heads, dtype, device)."""
         k = self.keys[0]
@@ -54,9 +61,10 @@ class PromptKV:
 
     @staticmethod
     def stack(batches: Sequence[PromptKV]) -> PromptKV:
-        """One batch of every batch's rows, in order (BatchedCFG, runtime.batching)."""
-        return PromptKV(tuple(torch.cat(ks) for ks in zip(*(b.keys for b in batches))),
-                        tuple(torch.cat(vs) for vs in zip(*(b.values for b in batches))))
+        """One batch of every batch's rows, in order (BatchedCFG, runtime.batching), laid out in memory as the
+        first batch's."""
+        return PromptKV(tuple(cat_rows(ks) for ks in zip(*(b.keys for b in batches))),
+                        tuple(cat_rows(vs) for vs in zip(*(b.values for b in batches))))
 
     def __repr__(self) -> str:
         # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and the ranks of a
@@ -64,13 +72,28 @@ class PromptKV:
         return f"PromptKV(blocks={len(self.keys)}, shape={tuple(self.keys[0].shape)}, dtype={self.keys[0].dtype})"
 
 
-def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor) -> PromptKV | None:
+def cat_rows(tensors: Sequence[Tensor]) -> Tensor:
+    """torch.cat along rows (dim 0) keeping the first tensor's memory layout where rows are outermost: LTX-2 lays its
+    [B, L, H, D] K/V out [B, H, L, D] in memory for SDPA (models.ltx2.layers.Attention.context_kv), which a plain
+    cat would return [B, L, H, D]-contiguous."""
+    first = tensors[0]
+    order = sorted(range(first.ndim), key=lambda d: -first.stride(d))  # dims outermost first in memory
+    if first.is_contiguous() or order[0] != 0:
+        return torch.cat(list(tensors))
+    inverse = sorted(range(first.ndim), key=order.__getitem__)
+    return torch.cat([t.permute(order) for t in tensors]).permute(inverse)
+
+
+def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor,
+                      kv: Callable[[Any, Tensor], tuple[Tensor, Tensor]] | None = None) -> PromptKV | None:
     """Every cross-attention's `context_kv` (nn.Modules projecting their context apart from their queries, as
-    models.wan.transformer.WanAttention) of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights are not resident (weights_resident): the caller's steps then project."""
+    models.wan.transformer.WanAttention), or `kv(attention, tokens)` (another context of theirs: Wan I2V's image
+    tokens), of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights
+    are not resident (weights_resident): the caller's steps then project."""
     if not weights_resident(attentions):
         return None
     tokens = embed(embeds)
-    pairs = [attention.context_kv(tokens) for attention in attentions]
+    pairs = [attention.context_kv(tokens) if kv is None else kv(attention, tokens) for attention in attentions]
     return PromptKV(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
 
 

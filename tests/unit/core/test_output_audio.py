@@ -77,7 +77,7 @@ def test_program_audio_slot_becomes_output_audio():
 
 
 def test_cli_progress_keeps_the_denoise_step_through_decode_and_audio_phases():
-    from vidloom.cli.generate import ProgressBars
+    from vidloom.cli.progress import ProgressBars
     from vidloom.core.output import ProgressEvent
 
     bars = ProgressBars()

@@ -1,4 +1,5 @@
-"""LTX2Network's per-request reuse (rotary tables, prepared text K/V) and the loop's idle-STG rule."""
+"""LTX2Network's per-request reuse (rotary tables), its prepared text K/V (once per request and CFG branch, through
+the loop's PreparedPrompts) and the loop's idle-STG rule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.lora.apply import ActiveLoRAs, lora_scope
 from vidloom.models.ltx2.rope import audio_positions, video_positions
-from vidloom.models.ltx2.transformer import LTX2Positions, LTX2Transformer, LTX2TransformerConfig
+from vidloom.models.ltx2.transformer import LTX2Positions, LTX2PreparedText, LTX2Transformer, LTX2TransformerConfig
 from vidloom.families.ltx2.loop import LTX2DenoiseLoop, LTX2Layout, LTX2Network
 from vidloom.models.ltx2.text import LTX2Text
 
@@ -57,44 +58,56 @@ def _inputs(batch: int):
 
 
 @pytest.mark.parametrize("keep", [TEXT, 4])
-def test_reused_text_and_tables_give_the_plain_forward(keep):
-    """The pair's prepared K/V, its rows for the prompt alone, and the cached tables match a forward that builds
-    everything itself (reuse off: what a captured graph runs), bit for bit; a partial mask is kept."""
+def test_prepared_text_and_reused_tables_give_the_plain_forward(keep):
+    """Each branch's prepared K/V (LTX2Network.prepare_prompt, stacked for the CFG pair as the guidance stacks the
+    texts) and the cached tables match a forward that builds everything itself (what the steps ran before the
+    text was prepared): bit for bit for one prompt, within 1e-6 for the pair (each branch projected on its own row
+    vs both rows in one GEMM); a partial mask is kept, a full one elided."""
     dit = _transformer()
     layout = _layout(CONFIG)
     prompt, negative = _text(2, keep), _text(3, keep)
     reusing = LTX2Network(dit, layout.positions, torch.float32, True)
     plain = reusing.graph_rebuild((layout.positions,))
     assert not plain.reuse
+    prepared = [reusing.prepare_prompt(negative), reusing.prepare_prompt(prompt)]
+    assert all(isinstance(p, LTX2PreparedText) and (p.mask is None) == (keep == TEXT) for p in prepared)
+    pair = prepared[0].cat(prepared[1])
+    assert prepared[0].cat(prepared[1]) is pair  # joined once per request, not copied again at every step
+    assert prepared[0].cat(prepared[0]) is not pair  # another partner joins anew
     video, audio, t, at = _inputs(2)
     with torch.no_grad():
-        for _ in range(2):  # the second call finds what the first prepared
-            got = reusing(video, audio, negative.cat(prompt), t, at)
+        for _ in range(2):  # the second call finds the tables the first built
+            got = reusing(video, audio, prepared[0].cat(prepared[1]), t, at)
             want = plain(video, audio, negative.cat(prompt), t, at)
-            assert all(torch.equal(a, b) for a, b in zip(got, want))
-            alone = reusing(video[1:], audio[1:], prompt, t[1:], at[1:], isolate=True)
+            assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(got, want))
+            alone = reusing(video[1:], audio[1:], prepared[1], t[1:], at[1:], isolate=True)
             want = plain(video[1:], audio[1:], prompt, t[1:], at[1:], isolate=True)
-            assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(alone, want))
-    assert len(reusing._texts) == 1  # the prompt alone was served from the pair's rows
-    (prepared,) = (entry[1] for entry in reusing._texts.values())
-    assert (prepared.mask is None) == (keep == TEXT)
+            assert all(torch.equal(a, b) for a, b in zip(alone, want))
     assert set(reusing._ropes) == {1, 2}
 
 
-def test_nothing_is_reused_under_an_adapter_or_with_prompt_adaln():
+def test_the_loop_prepares_each_branch_once_under_its_adapters():
+    """The loop's PreparedPrompts (diffusion.prompt_kv) prepares the prompt and the negative once for the request,
+    again under another adapter set; LTX-2.3's prompt AdaLN (text K/V that change with the timestep) prepares
+    nothing and its steps read the text."""
     dit = _transformer()
-    layout = _layout(CONFIG)
-    net = LTX2Network(dit, layout.positions, torch.float32, True)
-    video, audio, t, at = _inputs(1)
-    with torch.no_grad(), lora_scope(ActiveLoRAs({})):
-        net(video, audio, _text(2), t, at)
-    assert not net._texts
+    loop = LTX2DenoiseLoop("stage1", dit, torch.float32, lambda r, n: torch.linspace(1.0, 0.0, 4),
+                           lambda r: AudioVideoScales(), use_cross_timestep=True, guidance=AudioVideoGuidance())
+    video, audio, _, _ = _inputs(1)
+    slots = {"request": None, "layout": _layout(CONFIG), "video_latents": video, "audio_latents": audio,
+             "prompt_text": _text(2, 4), "negative_text": _text(3, 4)}
+    with torch.no_grad():
+        state = loop.init(slots, None)  # type: ignore[arg-type]
+        plans = [loop.next(state) for _ in range(2)]
+        assert all(isinstance(p.inputs["prompt"], LTX2PreparedText) for p in plans)
+        assert plans[0].inputs["negative"] is plans[1].inputs["negative"] and state.prompts.prepared == 2
+        with lora_scope(ActiveLoRAs({})):
+            loop.next(state)
+        assert state.prompts.prepared == 4
     modulated = _transformer(dataclasses.replace(CONFIG, cross_attn_mod=True))
     assert not modulated.static_text
-    net = LTX2Network(modulated, layout.positions, torch.float32, True)
-    with torch.no_grad():
-        net(video, audio, _text(2), t, at)
-    assert not net._texts
+    net = LTX2Network(modulated, _layout(CONFIG).positions, torch.float32, True)
+    assert net.prepare_prompt(_text(2)) is None
 
 
 @pytest.mark.parametrize(("perturbed", "blocks", "runs_stg"), [(False, (1,), False), (True, (28,), False),

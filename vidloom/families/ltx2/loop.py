@@ -7,8 +7,7 @@ upsampled, re-noised latents) over the one resident transformer; they differ in 
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
@@ -19,7 +18,8 @@ from vidloom.core.errors import NonFiniteOutput
 from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
-from vidloom.lora.apply import adapters_active, current_loras, lora_scope, with_adapter
+from vidloom.diffusion.prompt_kv import PreparedPrompts
+from vidloom.lora.apply import current_loras, lora_scope, with_adapter
 from vidloom.lora.files import LoRALayer
 from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2PreparedText, LTX2Ropes, \
     LTX2Transformer
@@ -56,17 +56,13 @@ class LTX2Layout:
         return (self.frames, self.height, self.width, self.audio_frames, self.fps)
 
 
-PREPARED_TEXTS = 2
-"""Prepared text batches one network keeps (the least recently used goes first): CFG's (negative, prompt) pair,
-whose rows also serve the prompt alone (the other guidance passes), and one for a cross-request batch."""
-
-
 class LTX2Network:
     """The network a guidance policy calls for one request: (video, audio, text, timesteps) -> velocities.
 
-    Built per request, so positions never live on the shared transformer. What does not change between the
-    request's steps is computed once and kept here (`reuse`): the rotary tables (per batch size) and, on
-    checkpoints whose text modulation is static, every block's text keys and values with the text mask.
+    Built per request, so positions never live on the shared transformer. The rotary tables, which do not change
+    between the request's steps, are computed once per batch size and kept here (`reuse`); on checkpoints whose text
+    modulation is static, every block's text keys and values are prepared once per request and CFG branch by the
+    loop (`prepare_prompt`, diffusion.prompt_kv) and come in where the text would.
     """
 
     def __init__(self, transformer: LTX2Transformer, positions: LTX2Positions, dtype: torch.dtype,
@@ -79,7 +75,6 @@ class LTX2Network:
         # A captured graph (graph_rebuild) replays its kernels on new static inputs: nothing may be reused there.
         self.reuse = reuse
         self._ropes: dict[int, LTX2Ropes] = {}
-        self._texts: OrderedDict[tuple[int, ...], tuple[tuple[LTX2Text, ...], LTX2PreparedText]] = OrderedDict()
 
     def batch_key(self) -> Hashable:
         """Views with equal keys stack (runtime.batching): same transformer, pass and token positions (the
@@ -104,8 +99,19 @@ class LTX2Network:
         repeats to the stacked batch."""
         return views[0]
 
+    def prepare_prompt(self, text: LTX2Text) -> LTX2PreparedText | None:
+        """core.denoiser.PreparesPrompt: every block's text keys/values of `text` and its mask, as this pass's
+        forward (its stage adapter included) would project them; None where the checkpoint modulates its text by
+        the timestep (LTX-2.3's prompt AdaLN): the steps then project it."""
+        if not self.transformer.static_text:
+            return None
+        typed = text.to(self.dtype)
+        with self._stage_scope():
+            return self.transformer.prepare_text(typed.video, typed.audio, typed.mask, self.dtype)
+
     def __call__(
-        self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
+        self, video: Tensor, audio: Tensor, text: LTX2Text | LTX2PreparedText, timestep: Tensor,
+        audio_timestep: Tensor, *,
         isolate: bool = False, skip: frozenset[int] = frozenset(),
     ) -> tuple[Tensor, Tensor]:
         stream, cond = self.embed(video, audio, text, timestep, audio_timestep, isolate=isolate, skip=skip)
@@ -119,21 +125,22 @@ class LTX2Network:
         return self.transformer.num_blocks
 
     def embed(
-        self, video: Tensor, audio: Tensor, text: LTX2Text, timestep: Tensor, audio_timestep: Tensor, *,
-        isolate: bool = False, skip: frozenset[int] = frozenset(),
+        self, video: Tensor, audio: Tensor, text: LTX2Text | LTX2PreparedText, timestep: Tensor,
+        audio_timestep: Tensor, *, isolate: bool = False, skip: frozenset[int] = frozenset(),
     ) -> tuple[tuple[Tensor, Tensor], LTX2Conditioning]:
         batch = video.shape[0]
         pos = LTX2Positions(self.positions.video.repeat(batch, 1, 1, 1), self.positions.audio.repeat(batch, 1, 1, 1))
+        if isinstance(text, LTX2PreparedText):  # the loop's prepare_prompt: the blocks read it, not the text
+            prepared, texts = text, (None, None, None)
+        else:
+            typed = text.to(self.dtype)
+            prepared, texts = None, (typed.video, typed.audio, typed.mask)
         # Both pipelines condition LTX-2.3's text and cross-modal modulation on the scalar step timestep.
         with self._stage_scope():
-            prepared = self._prepared_text(text)
-            if prepared is None:
-                text = text.to(self.dtype)
             return self.transformer.embed(
-                video.to(self.dtype), audio.to(self.dtype), text.video, text.audio, text.mask, timestep,
-                audio_timestep, audio_timestep, pos, use_cross_timestep=self.use_cross_timestep,
-                isolate_modalities=isolate, skip_self_attention=skip, ropes=self._rope_tables(pos),
-                text=prepared,
+                video.to(self.dtype), audio.to(self.dtype), *texts, timestep, audio_timestep, audio_timestep, pos,
+                use_cross_timestep=self.use_cross_timestep, isolate_modalities=isolate, skip_self_attention=skip,
+                ropes=self._rope_tables(pos), text=prepared,
             )
 
     def _rope_tables(self, positions: LTX2Positions) -> LTX2Ropes | None:
@@ -144,39 +151,6 @@ class LTX2Network:
         if batch not in self._ropes:
             self._ropes[batch] = self.transformer.rope_tables(positions)
         return self._ropes[batch]
-
-    def _prepared_text(self, text: LTX2Text) -> LTX2PreparedText | None:
-        """`text` as the blocks read it, prepared once per text batch (None: the blocks project it every call).
-        Not under an adapter: the cache keys by the texts alone."""
-        if not (self.reuse and self.transformer.static_text) or adapters_active():
-            return None
-        key = tuple(id(source) for source in text.sources)
-        entry = self._texts.get(key)
-        if entry is None and len(key) == 1:
-            rows = self._rows_of(text.sources[0])  # a text stacked in a kept batch: its rows, no copy
-            if rows is not None:
-                return rows
-        if entry is None:
-            typed = text.to(self.dtype)
-            entry = (text.sources, self.transformer.prepare_text(typed.video, typed.audio, typed.mask, self.dtype))
-            self._texts[key] = entry  # holds the sources, so their identities stay theirs while the key lives
-            while len(self._texts) > PREPARED_TEXTS:
-                self._texts.popitem(last=False)
-        self._texts.move_to_end(key)
-        return entry[1]
-
-    def _rows_of(self, source: LTX2Text) -> LTX2PreparedText | None:
-        """`source`'s rows of a kept batch that stacks it (views), or None."""
-        for sources, prepared in self._texts.values():
-            start = 0
-            for other in sources:
-                rows = other.video.shape[0]
-                if other is source:
-                    pick = slice(start, start + rows)
-                    return LTX2PreparedText(tuple(tuple(t[pick] for t in kv) for kv in prepared.kv),
-                                            None if prepared.mask is None else prepared.mask[pick])
-                start += rows
-        return None
 
     def run_blocks(self, x: tuple[Tensor, Tensor], cond: LTX2Conditioning, start: int = 0,
                    end: int | None = None) -> tuple[Tensor, Tensor]:
@@ -212,6 +186,7 @@ class LTX2DenoiseState:
     scales: AudioVideoScales
     frozen: Tensor | None  # [1, N] I2V conditioning tokens
     index: int = 0
+    prompts: PreparedPrompts = field(default_factory=PreparedPrompts)  # each branch's text K/V, once per request
 
 
 LTX2_DENOISE_INPUTS = DenoiseInputs(("video", "audio", "timestep", "audio_timestep", "sigma", "prompt", "negative"))
@@ -273,8 +248,9 @@ class LTX2DenoiseLoop:
             loop=self.name, index=state.index, total=total, call=self.guidance, denoiser=LTX2_DENOISE_INPUTS,
             inputs={
                 NETWORK: state.network, "video": state.video, "audio": state.audio, "timestep": video_t,
-                "audio_timestep": t, "sigma": sigma.to(state.video.device).reshape(1, 1, 1), "prompt": state.prompt,
-                "negative": state.negative, "scales": state.scales,
+                "audio_timestep": t, "sigma": sigma.to(state.video.device).reshape(1, 1, 1),
+                "prompt": state.prompts.get(state.network, state.prompt),
+                "negative": state.prompts.get(state.network, state.negative), "scales": state.scales,
             },
         )
 
@@ -292,4 +268,5 @@ class LTX2DenoiseLoop:
     def finalize(self, state: LTX2DenoiseState) -> dict[str, Any]:
         if not (torch.isfinite(state.video).all() and torch.isfinite(state.audio).all()):
             raise NonFiniteOutput.of("denoising", self.dtype)
+        state.prompts.clear()
         return {"video_latents": state.video, "audio_latents": state.audio}

@@ -53,13 +53,15 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
         stages.append((int(video_tokens * scale * scale), 2 if settings.stage2.cfg else 1))
     video_dim = dit.num_attention_heads * dit.attention_head_dim
     audio_dim = dit.audio_num_attention_heads * dit.audio_attention_head_dim
-    # The loop's network keeps every block's text keys and values for the prompts a pass reads (families.ltx2.loop:
-    # one row per prompt of the CFG batch) when the text modulation is static.
+    # The loop keeps every block's text keys and values per CFG branch when the text modulation is static
+    # (diffusion.prompt_kv: one row per prompt of the CFG batch), and the pair the guidance joins once per request
+    # (LTX2PreparedText.cat) is one more copy.
     text_kv = 0
     if not (dit.prompt_modulation and dit.use_prompt_adaln_single):
         text_kv = dit.num_layers * LTX2_TEXT_TOKENS * 2 * (video_dim + audio_dim) * act
     denoise = max(block_bytes(batch, tokens, video_dim, FFN_MULT * video_dim, act)
-                  + block_bytes(batch, audio_tokens, audio_dim, FFN_MULT * audio_dim, act) + batch * text_kv
+                  + block_bytes(batch, audio_tokens, audio_dim, FFN_MULT * audio_dim, act)
+                  + (2 * batch if batch > 1 else batch) * text_kv
                   for tokens, batch in stages)
     out_h, out_w = request.height, request.width
     if upsampler is not None:

@@ -12,6 +12,7 @@ schedule from the input video's latents, noised to that step's sigma.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vidloom.layers.prompt_kv import PromptKV
 from vidloom.media.image import image_to_tensor
 from vidloom.models.wan.transformer import WanConditioning
 from vidloom.models.wan.vae import WanVAE
@@ -44,19 +46,31 @@ class ImageConditionedNetwork:
     """CLIP tokens [n_images, I, image_dim] of this request (of each request, in order, once stacked)."""
     requests: int = 1
     """How many requests' tokens `image_embeds` holds: 1, or the size of a cross-request batch (`stack`)."""
+    image_kv: PromptKV | None = None
+    """Every block's image keys/values of `image_embeds` (prepare_network: once per request), or None (every step
+    projects them). Rows: each request's image rows, in request order."""
 
     def batch_key(self) -> tuple[Any, ...]:
-        """Views with equal keys stack (runtime.batching): same DiT, same image token shape and dtype."""
+        """Views with equal keys stack (runtime.batching): same DiT, same image token shape and dtype, all
+        prepared alike."""
         inner = getattr(self.transformer, "batch_key", None)
         net = inner() if callable(inner) else ("module", id(self.transformer))
+        prepared = None if self.image_kv is None else self.image_kv.batch_key()
         return (net, tuple(self.image_embeds.shape[1:]), self.image_embeds.shape[0] // self.requests,
-                self.image_embeds.dtype)
+                self.image_embeds.dtype, prepared)
 
     @staticmethod
     def stack(views: list["ImageConditionedNetwork"]) -> "ImageConditionedNetwork":
         """One network for requests stacked along the batch (equal keys): their CLIP tokens stacked in order."""
+        image_kv = views[0].image_kv and PromptKV.stack([v.image_kv for v in views])  # type: ignore[misc]
         return ImageConditionedNetwork(views[0].transformer, torch.cat([v.image_embeds for v in views], dim=0),
-                                       sum(v.requests for v in views))
+                                       sum(v.requests for v in views), image_kv)
+
+    def prepare_network(self) -> "ImageConditionedNetwork | None":
+        """This request's view with its image keys/values prepared (core.denoiser.PreparesPrompt): the CLIP tokens
+        are the same at every step and in both CFG branches. None where the DiT cannot (sharded weights)."""
+        image_kv = self.transformer.prepare_image(self.image_embeds)
+        return None if image_kv is None else dataclasses.replace(self, image_kv=image_kv)
 
     @property
     def num_blocks(self) -> int:
@@ -72,9 +86,11 @@ class ImageConditionedNetwork:
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor) -> tuple[Tensor, WanConditioning]:
         # Rows are the stacked requests in order, repeated per CFG branch ([r1, r2, r1, r2] when batched):
-        # repeating the stacked tokens the same way gives every row its own request's images.
-        images = self.image_embeds.repeat(latents.shape[0] // self.requests, 1, 1)
-        return self.transformer.embed(latents, timestep, text_embeds, images)
+        # repeating the stacked tokens (or their keys/values) the same way gives every row its own request's images.
+        branches = latents.shape[0] // self.requests
+        if self.image_kv is not None:
+            return self.transformer.embed(latents, timestep, text_embeds, self.image_kv.repeat(branches))
+        return self.transformer.embed(latents, timestep, text_embeds, self.image_embeds.repeat(branches, 1, 1))
 
     def run_blocks(self, x: Tensor, cond: Any, start: int = 0, end: int | None = None) -> Tensor:
         return self.transformer.run_blocks(x, cond, start, end)

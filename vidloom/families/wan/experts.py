@@ -84,6 +84,11 @@ class PlacedNetwork:
         self.placement.activate(self.name)
         return self.network.prepare_prompt(text_embeds)
 
+    def prepare_image(self, image_embeds: Tensor) -> Any:
+        """The expert's own image keys/values (I2V), prepared with its weights resident."""
+        self.placement.activate(self.name)
+        return self.network.prepare_image(image_embeds)
+
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor, *image: Tensor) -> tuple[Tensor, Any]:
         self.placement.activate(self.name)
         return self.network.embed(latents, timestep, text_embeds, *image)

@@ -47,7 +47,7 @@ class WanDenoiseState:
     guidance_scale: float
     guidance_scale_2: float  # the low-noise expert's scale (two-expert checkpoints)
     networks: Mapping[str, Any]  # expert name -> the network its steps call (image tokens bound per request)
-    prompts: PreparedPrompts  # every expert's and branch's prompt keys/values, prepared on first use
+    prompts: PreparedPrompts  # every expert's and branch's prompt (and I2V image) keys/values, prepared on first use
     condition: torch.Tensor | None = None  # Wan2.1 I2V channels appended / TI2V first-frame latents
     frame_mask: torch.Tensor | None = None  # TI2V: [1, 1, T, h, w], 0 where the frame is kept clean
     index: int = 0
@@ -71,8 +71,9 @@ class WanDenoiseLoop:
         prepare_prompts: bool = True,
     ) -> None:
         """`placement` (deploy.offload_idle_expert): experts are made resident on the device as they run.
-        `prepare_prompts`: the blocks' prompt keys/values are projected once per request, expert and CFG branch
-        (diffusion.prompt_kv); False projects them at every step (the reference's order, for comparisons)."""
+        `prepare_prompts`: the blocks' prompt keys/values are projected once per request, expert and CFG branch, an
+        I2V request's image keys/values once per request and expert (diffusion.prompt_kv); False projects them at
+        every step (the reference's order, for comparisons)."""
         self.transformer = transformer
         self.transformer_2 = transformer_2
         self.sampler_config = sampler_config
@@ -136,7 +137,7 @@ class WanDenoiseLoop:
         t = state.schedule.timesteps[state.index].to(state.latents.device)
         expert = self.expert_for(t)
         latents, timestep = self._model_input(state, t)
-        network = state.networks[expert]
+        network = state.prompts.network(state.networks[expert])  # I2V: the image K/V, once per request
         return StepPlan(
             loop=self.name,
             index=state.index - state.start,  # steps of this run (V2V runs only the tail of the schedule)

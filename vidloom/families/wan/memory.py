@@ -58,6 +58,10 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     prompt_row = prompt_kv_bytes(dit.num_layers, WAN_TEXT_TOKENS, dit.inner_dim, act)
     prompt_kv = prompt_row * branches * experts
     denoise += prompt_row * batch if batch > 1 else 0
+    # Wan2.1 I2V: every block's CLIP image keys/values once per request and expert, repeated per branch when batched.
+    image_row = prompt_kv_bytes(dit.num_layers, _image_tokens(instance), dit.inner_dim, act)
+    prompt_kv += image_row * experts
+    denoise += image_row * batch if batch > 1 else 0
 
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
     frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
@@ -67,3 +71,16 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4
     video = request.num_frames * request.height * request.width * 3 * (4 + 1)  # float32 frames + uint8 copy
     return FIXED_OVERHEAD + max(denoise, decode) + latents + video + prompt_kv
+
+
+def _image_tokens(instance: ModelInstance) -> int:
+    """CLIP image tokens one request's cross-attention reads (I2V checkpoints; 0 without a CLIP encoder): the DiT's
+    position table's length where it joins two images (first-last-frame), else one image's 1 + patches."""
+    encoder = instance.components.get("image_encoder")
+    if encoder is None:
+        return 0
+    dit = instance["transformer"].config
+    if dit.pos_embed_seq_len is not None:
+        return dit.pos_embed_seq_len
+    clip = encoder.model.config
+    return (clip.image_size // clip.patch_size) ** 2 + 1

@@ -41,22 +41,13 @@ class LTX2Text:
     def cat(self, other: LTX2Text) -> LTX2Text:
         return self.stack([self, other])
 
-    @property
-    def sources(self) -> tuple[LTX2Text, ...]:
-        """The texts this batch's rows were stacked from, in order (itself when it was not stacked). A request's
-        texts live as long as the request, so a cache keyed by their identities (LTX2Network's prepared text)
-        finds them again at every step although the guidance stacks a new batch each time."""
-        return self.__dict__.get("_sources", (self,))
-
     def batch_key(self) -> tuple[Any, ...]:
         """Prompts stack across requests (runtime.batching) when their padded shapes and dtypes agree."""
         return tuple((tuple(t.shape[1:]), t.dtype, t.device) for t in (self.video, self.audio, self.mask))
 
     def stack(self, batches: list[LTX2Text]) -> LTX2Text:
         """The batches' rows in order (CFG's pair, cross-request batching)."""
-        out = LTX2Text(*(torch.cat([getattr(b, name) for b in batches]) for name in ("video", "audio", "mask")))
-        object.__setattr__(out, "_sources", tuple(s for b in batches for s in b.sources))  # not a field: see sources
-        return out
+        return LTX2Text(*(torch.cat([getattr(b, name) for b in batches]) for name in ("video", "audio", "mask")))
 
     def to(self, dtype: torch.dtype) -> LTX2Text:
         return LTX2Text(self.video.to(dtype), self.audio.to(dtype), self.mask)

@@ -11,13 +11,14 @@ follow diffusers' order of operations (parity at 1e-5), the module layout is our
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
+from vidloom.layers.prompt_kv import PromptKV
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
 from vidloom.models.ltx2.layers import TimestepModulation
@@ -135,18 +136,55 @@ LTX2Ropes = tuple[RopeTables, RopeTables, RopeTables, RopeTables]
 
 @dataclass(frozen=True)
 class LTX2PreparedText:
-    """Encoded prompts as every block reads them, computed once for a request (LTX2Transformer.prepare_text)."""
+    """Encoded prompts as every block reads them (LTX2Transformer.prepare_text): what a request's steps read in place
+    of its text, prepared once per request and CFG branch (core.denoiser.PreparesPrompt, through LTX2Network and
+    diffusion.prompt_kv). Rows follow the prompts' rows and stack like them (the guidance's CFG pair, cross-request
+    batching)."""
 
-    kv: tuple[TextKV, ...]  # per block: video k, video v, audio k, audio v
+    video: PromptKV  # every block's video-stream text keys/values
+    audio: PromptKV  # every block's audio-stream text keys/values
     mask: Tensor | None  # additive [B, 1, 1, L]; None when every text token is attended
+
+    def block(self, index: int) -> TextKV:
+        """Block `index`'s video k, video v, audio k, audio v."""
+        return (*self.video.block(index), *self.audio.block(index))
+
+    @property
+    def nbytes(self) -> int:
+        return self.video.nbytes + self.audio.nbytes + (0 if self.mask is None else self.mask.nbytes)
+
+    def batch_key(self) -> Hashable:
+        """Prepared texts stack (runtime.batching) when their streams do; a mask kept or elided stacks either way."""
+        return (self.video.batch_key(), self.audio.batch_key())
+
+    def cat(self, other: LTX2PreparedText) -> LTX2PreparedText:
+        """The CFG pair [self; other], joined once and kept with `self`: the guidance joins the same two prepared
+        prompts at every step (diffusion.av_guidance), and a join per step would copy every block's text K/V
+        (~2.4 GB per step at LTX-2 19B in bfloat16)."""
+        pair = self.__dict__.get("_pair")
+        if pair is None or pair[0] is not other:
+            pair = (other, self.stack([self, other]))
+            object.__setattr__(self, "_pair", pair)  # a memo, not a field: equality and repr ignore it
+        return pair[1]
+
+    @staticmethod
+    def stack(batches: Sequence[LTX2PreparedText]) -> LTX2PreparedText:
+        """The batches' rows in order; an elided mask (every token attended) is the zeros it stands for when
+        another batch keeps one."""
+        masks = [b.mask for b in batches]
+        kept = next((m for m in masks if m is not None), None)
+        if kept is not None:
+            masks = [kept.new_zeros(b.video.batch, *kept.shape[1:]) if m is None else m for b, m in zip(batches, masks)]
+        return LTX2PreparedText(PromptKV.stack([b.video for b in batches]), PromptKV.stack([b.audio for b in batches]),
+                                None if kept is None else torch.cat(masks))
 
 
 @dataclass(frozen=True)
 class LTX2Conditioning:
     """What every block and the head read for one call (LTX2Transformer.embed builds it)."""
 
-    video_text: Tensor
-    audio_text: Tensor
+    video_text: Tensor | None  # None where text_kv holds what the blocks read of it
+    audio_text: Tensor | None
     mask: Tensor | None  # additive text mask [B, 1, 1, L]
     video: StreamConditioning
     audio: StreamConditioning
@@ -155,7 +193,7 @@ class LTX2Conditioning:
     audio_emb: Tensor
     cross: bool  # audio<->video attention on (off: modalities isolated, a guidance pass)
     skip: frozenset[int]  # blocks whose self-attention is perturbed (STG)
-    text_kv: tuple[TextKV, ...] | None = None  # prepared text keys/values per block (else from video/audio_text)
+    text_kv: LTX2PreparedText | None = None  # prepared text keys/values per block (else from video/audio_text)
     shards: StreamShards = WHOLE_STREAMS  # how the streams lie over sequence-parallel ranks (shards.py)
 
 
@@ -218,8 +256,8 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
     # composition. The residual stream is the pair (video tokens [B, N, D], audio tokens [B, Na, Da]).
 
     def embed(
-        self, video: Tensor, audio: Tensor, video_text: Tensor, audio_text: Tensor, text_mask: Tensor | None,
-        timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, positions: LTX2Positions, *,
+        self, video: Tensor, audio: Tensor, video_text: Tensor | None, audio_text: Tensor | None,
+        text_mask: Tensor | None, timestep: Tensor, audio_timestep: Tensor, sigma: Tensor, positions: LTX2Positions, *,
         use_cross_timestep: bool = False,
         isolate_modalities: bool = False, skip_self_attention: frozenset[int] = frozenset(),
         ropes: LTX2Ropes | None = None, text: LTX2PreparedText | None = None,
@@ -236,7 +274,7 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
         # 3. Text embeddings (LTX-2.0 projects the caption here; LTX-2.3's connectors already did).
         text_kv = None
         if text is not None:
-            mask, text_kv = text.mask, text.kv
+            mask, text_kv = text.mask, text
         else:
             video_text, audio_text = self._project_text(video_text, audio_text)
             mask = self._text_mask(text_mask, video.dtype)
@@ -271,9 +309,11 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
             raise ValueError("this checkpoint modulates the text by the timestep (prompt AdaLN): its text keys "
                              "and values change every step")
         video_text, audio_text = self._project_text(video_text, audio_text)
-        kv = tuple(block.text_kv(video_text, audio_text) for block in self.blocks)
+        kv = [block.text_kv(video_text, audio_text) for block in self.blocks]
         keep_all = text_mask is None or bool(text_mask.bool().all())
-        return LTX2PreparedText(kv, None if keep_all else self._text_mask(text_mask, dtype))
+        return LTX2PreparedText(PromptKV(tuple(k[0] for k in kv), tuple(k[1] for k in kv)),
+                                PromptKV(tuple(k[2] for k in kv), tuple(k[3] for k in kv)),
+                                None if keep_all else self._text_mask(text_mask, dtype))
 
     def perturbed_blocks(self, blocks: Iterable[int]) -> frozenset[int]:
         """The blocks of `blocks` whose self-attention STG perturbs: none unless the checkpoint was built with
@@ -304,7 +344,8 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
         for i in range(start, self.num_blocks if end is None else end):
             x, a = self.blocks[i](
                 x, a, cond.video_text, cond.audio_text, cond.mask, cond.video, cond.audio, cond.ropes,
-                cross=cond.cross, skip_self=i in cond.skip, text_kv=None if cond.text_kv is None else cond.text_kv[i],
+                cross=cond.cross, skip_self=i in cond.skip,
+                text_kv=None if cond.text_kv is None else cond.text_kv.block(i),
                 keys=(cond.shards.video_keys, cond.shards.audio_keys),
             )
         return x, a

@@ -88,7 +88,7 @@ class WanAttention(nn.Module):
         return self.norm_k(k).unflatten(-1, (self.num_heads, -1)), v.unflatten(-1, (self.num_heads, -1))
 
     def forward(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor], rope: Tensor | None = None,
-                image: Tensor | None = None) -> Tensor:
+                image: Tensor | tuple[Tensor, Tensor] | None = None) -> Tensor:
         # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention), or context_kv(context)
         # computed earlier (then not rotated). `project` shares one quantized input between projections in FP8.
         if context is x:
@@ -104,16 +104,21 @@ class WanAttention(nn.Module):
             k = apply_rope(k, rope)
         out = self.attention_fn(q, k, v).flatten(-2)  # [B, S, D]
         if image is not None:
-            # I2V: the same queries attend separately to the image tokens [B, I, D]; the two
+            # I2V: the same queries attend separately to the image tokens [B, I, D] (or image_kv's); the two
             # results are summed before the output projection (diffusers' WanAttnProcessor order).
             out = out + self._image_attention(q, image)
         return self.out(out)
 
-    def _image_attention(self, q: Tensor, image: Tensor) -> Tensor:
+    def image_kv(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys (RMS-normed) and values [B, I, H, Dh] of projected image tokens [B, I, D] (I2V): what forward's
+        `image` takes, so a request's image tokens are projected once (WanTransformer.prepare_image)."""
         if self.image_k is None or self.image_v is None or self.image_norm_k is None:
             raise ValueError("image tokens given to an attention layer without image projections")
         k = self.image_norm_k(self.image_k(image)).unflatten(-1, (self.num_heads, -1))
-        v = self.image_v(image).unflatten(-1, (self.num_heads, -1))
+        return k, self.image_v(image).unflatten(-1, (self.num_heads, -1))
+
+    def _image_attention(self, q: Tensor, image: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        k, v = image if isinstance(image, tuple) else self.image_kv(image)
         return self.attention_fn(q, k, v).flatten(-2)
 
 
@@ -171,10 +176,11 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(
-        self, x: Tensor, text: Tensor | tuple[Tensor, Tensor], time_mod: Tensor, rope: Tensor, image: Tensor | None = None
+        self, x: Tensor, text: Tensor | tuple[Tensor, Tensor], time_mod: Tensor, rope: Tensor,
+        image: Tensor | tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         # x: [B, S, D]; text: [B, L, D], or its cross-attention (keys, values) [B, L, H, Dh]; time_mod: [B, 6, D], or [B, S, 6, D] with per-token timesteps
-        # image: [B, I, D] projected CLIP tokens (I2V models) or None
+        # image: [B, I, D] projected CLIP tokens (I2V models), or their (keys, values) [B, I, H, Dh], or None
         shift_sa, scale_sa, gate_sa, shift_ff, scale_ff, gate_ff = self._modulations(time_mod)
 
         # 1. Self-attention over all video tokens: [B, S, D]
@@ -225,8 +231,9 @@ class WanConditioning:
     """Patch grid (f, h, w)."""
     latent_shape: tuple[int, int, int, int, int]
     """Shape (B, C_in, F, H, W) of the latents, for unpatchify."""
-    image: Tensor | None = None
-    """Projected CLIP image tokens [B, I, D] for cross-attention (I2V models), or None."""
+    image: Tensor | PromptKV | None = None
+    """Projected CLIP image tokens [B, I, D] for cross-attention (I2V models), or every block's keys/values of them
+    (prepare_image), or None."""
 
 
 class WanTransformer(BlockStack, nn.Module):
@@ -281,11 +288,11 @@ class WanTransformer(BlockStack, nn.Module):
         """The self-attention layers, in block order (each attends over the whole token sequence)."""
         return (block.self_attn for block in self.blocks)
 
-    def forward(
-        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, image_embeds: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV,
+                image_embeds: Tensor | PromptKV | None = None) -> Tensor:
         """latents [B, C_in, F, H, W], timestep [B] (or [B, S] per token), text_embeds [B, L, text_dim] or their
-        prepare_prompt(...), image_embeds [B, I, image_dim] (I2V models) -> [B, C_out, F, H, W]."""
+        prepare_prompt(...), image_embeds [B, I, image_dim] or their prepare_image(...) (I2V models)
+        -> [B, C_out, F, H, W]."""
         x, cond = self.embed(latents, timestep, text_embeds, image_embeds)
         return self.head(self.run_blocks(x, cond), cond)
 
@@ -295,9 +302,14 @@ class WanTransformer(BlockStack, nn.Module):
         keeps the blocks' weights away between their forwards."""
         return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
 
-    def embed(
-        self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, image_embeds: Tensor | None = None
-    ) -> tuple[Tensor, WanConditioning]:
+    def prepare_image(self, image_embeds: Tensor) -> PromptKV | None:
+        """Every block's image keys/values of CLIP tokens [N, I, image_dim] (I2V models): what embed's `image_embeds`
+        takes instead, the values it would project from them, computed in their dtype. None as prepare_prompt."""
+        embed = lambda image: self._embed_image(image, image.dtype)  # noqa: E731
+        return prepare_prompt_kv([b.cross_attn for b in self.blocks], embed, image_embeds, WanAttention.image_kv)
+
+    def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV,
+              image_embeds: Tensor | PromptKV | None = None) -> tuple[Tensor, WanConditioning]:
         """Stages 1-4: tokens [B, S, D] for the first block, and what every block reads.
 
         A [B, S] timestep gives every token its own timestep (Wan2.2 TI2V keeps the image frame at 0).
@@ -326,7 +338,7 @@ class WanTransformer(BlockStack, nn.Module):
         temb = self.time_embed(freq).to(text_embeds.dtype)
         time_mod = self.time_modulation(F.silu(temb)).unflatten(-1, (6, -1))
 
-        # 3. Text: [B, L, text_dim] -> [B, L, D] (prepared: already keys/values); image: [B, I, image_dim] -> [B, I', D]
+        # 3. Text: [B, L, text_dim] -> [B, L, D]; image: [B, I, image_dim] -> [B, I', D] (prepared: keys/values)
         text = text_embeds if isinstance(text_embeds, PromptKV) else self.text_embed(text_embeds)
         image = self._embed_image(image_embeds, text.dtype)
 
@@ -342,23 +354,23 @@ class WanTransformer(BlockStack, nn.Module):
         shape = tuple(latents.shape)
         return x, WanConditioning(text, temb, time_mod, rope, grid, shape, image)  # type: ignore[arg-type]
 
-    def _embed_image(self, image_embeds: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    def _embed_image(self, image_embeds: Tensor | PromptKV | None, dtype: torch.dtype) -> Tensor | PromptKV | None:
         if (image_embeds is None) != (self.image_embed is None):
             raise ValueError(
                 "this transformer needs CLIP image embeddings" if image_embeds is None
                 else "image embeddings given to a transformer without image cross-attention"
             )
-        if image_embeds is None or self.image_embed is None:
-            return None
+        if image_embeds is None or self.image_embed is None or isinstance(image_embeds, PromptKV):
+            return image_embeds
         return self.image_embed(image_embeds.to(dtype))
 
     def run_blocks(self, x: Tensor, cond: WanConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Stage 6: blocks[start:end] over tokens [B, S_local, D] -> [B, S_local, D]."""
         # islice, not a ModuleList slice: slicing builds a new ModuleList on every call.
-        text = cond.text
+        text, image = cond.text, cond.image
         for index, block in enumerate(itertools.islice(self.blocks, start, end), start):
             x = block(x, text.block(index) if isinstance(text, PromptKV) else text, cond.time_mod, cond.rope,
-                      cond.image)
+                      image.block(index) if isinstance(image, PromptKV) else image)
         return x
 
     def block_input(self, x: Tensor, cond: WanConditioning, index: int = 0) -> Tensor:
