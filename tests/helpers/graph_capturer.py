@@ -4,9 +4,13 @@ per-request objects) in CPU tests; the kernels themselves are captured in tests/
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
+
+if TYPE_CHECKING:
+    from vidloom.generator import VideoGenerator
 
 
 def copy_into(buffer: Any, value: Any) -> None:
@@ -47,3 +51,15 @@ class RecordingCapturer:
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         return Replay(call, static)
+
+
+def graphed_generator(plain: VideoGenerator, capturer: RecordingCapturer, **deploy: Any) -> VideoGenerator:
+    """The same loaded model with cuda_graphs on (and `deploy`'s other fields), its steps recorded by `capturer`
+    (the CUDA check is skipped: the card's acceptance of cuda_graphs is checked at load in test_capability_audit)."""
+    from vidloom.generator import VideoGenerator
+    from vidloom.runtime.engine import Engine
+
+    engine = plain.engine
+    instance = dataclasses.replace(engine.instance,
+                                   deploy=dataclasses.replace(engine.instance.deploy, cuda_graphs=True, **deploy))
+    return VideoGenerator(Engine(instance, engine.program, engine.adapters, capturer=capturer))

@@ -8,7 +8,7 @@ finds the pool busy either fails (KVPoolBusy) or, on a driver that steps it amon
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Mapping, TypeVar
+from typing import Any, Callable, Generator, Hashable, Mapping, TypeVar
 
 from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import KVPoolBusy
@@ -17,6 +17,7 @@ from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.run_handle import RunHandle
+from vidloom.runtime.static_buffers import StaticBuffers
 
 T = TypeVar("T")
 
@@ -34,6 +35,7 @@ class ReservingRun(RunHandle):
         self._admitted = admission is None
         self.decoder = decoder
         self.caches = caches or CacheManager()
+        self.static: StaticBuffers | None = None  # the engine's static buffers under cuda_graphs (see allocate)
         self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
         # Set by a driver that steps this run among others every round (AsyncEngine.submit, a speech request): a
         # loop whose reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit,
@@ -89,10 +91,17 @@ class ReservingRun(RunHandle):
         self.hold(lambda: decoder.release(seq_id))
         return seq_id
 
-    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
-        """A cache buffer accounted to this request, released with the loop that asked for it."""
-        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
-        self.hold(lambda: self.caches.release(handle))
+    def allocate(self, nbytes: int, build: Callable[[], T], reuse: Hashable | None = None) -> T:
+        """A cache buffer accounted to this request, released with the loop that asked for it. `reuse`: under
+        cuda_graphs (`static` set), the buffer is a static one of that key (runtime.static_buffers), given back to
+        the pool instead of freed, so the graphs recorded over it replay for the next request of its shape."""
+        static, caches, owner = self.static, self.caches, self.request.request_id
+        if reuse is None or static is None:
+            handle, buffer = caches.allocate(owner, nbytes, build)
+            self.hold(lambda: caches.release(handle))
+            return buffer
+        handle, buffer = static.take(caches, owner, reuse, nbytes, build)
+        self.hold(lambda: static.give(caches, reuse, handle, buffer))
         return buffer
 
     def _init_loop(self, loop: Any, reads: Mapping[str, Any], held: int) -> Generator[None, Any, Any]:

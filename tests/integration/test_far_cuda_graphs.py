@@ -1,0 +1,106 @@
+"""CUDA graphs of AnyFlow-FAR rollout steps, driven on CPU by the stand-in capturer (tests/helpers/graph_capturer):
+the KV slab a step writes in place is a static buffer (runtime.static_buffers) that passes from request to request.
+
+What a real graph would get wrong shows here as a difference from the plain run: a replay that wrote the chunk's
+K/V into another request's slab, or read another request's context, or a slab handed over with a stale context.
+Every output is compared bit-exactly with the plain engine's (the stand-in replays the same ops on the same values).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
+from tests.helpers.graph_capturer import RecordingCapturer, graphed_generator
+from vidloom.core.deploy import DeployConfig
+from vidloom.core.request import GenerationRequest
+from vidloom.generator import VideoGenerator
+
+SIZE = dict(height=32, width=48, num_inference_steps=2)
+# 9 frames: latent chunks (1, 2), so two chunk positions, two graphs per slab.
+A = dict(prompt="a red fox runs over snow", seed=1, guidance_scale=3.0, num_frames=9, **SIZE)
+B = dict(prompt="a cat sleeps on a roof", seed=2, guidance_scale=4.5, num_frames=9, **SIZE)
+NARROW = {**A, "width": 32}  # a smaller slab
+
+
+@pytest.fixture(scope="module")
+def far_dir(tmp_path_factory) -> Path:
+    return write_tiny_far(tmp_path_factory.mktemp("far-graphs") / "far", FAR_A)
+
+
+@pytest.fixture(scope="module")
+def plain(far_dir) -> VideoGenerator:
+    return VideoGenerator.from_pretrained(far_dir, device="cpu", deploy=DeployConfig(kv_session_ttl_s=600))
+
+
+def _video(gen: VideoGenerator, fields: dict[str, Any]) -> np.ndarray:
+    return gen.engine.run(GenerationRequest(**fields))["video"]
+
+
+def _interleaved(gen: VideoGenerator, requests: list[dict[str, Any]]) -> list[np.ndarray]:
+    """Runs started together and stepped in turn, one unit each, so both hold a slab at every step."""
+    runs = [gen.engine.submit(GenerationRequest(**fields)) for fields in requests]
+    done: dict[int, np.ndarray] = {}
+    try:
+        while len(done) < len(runs):
+            for i, run in enumerate(runs):
+                if i not in done and run.step():
+                    done[i] = run.outputs()["video"]
+    finally:
+        for run in runs:
+            run.close()
+    return [done[i] for i in range(len(runs))]
+
+
+def test_concurrent_rollouts_replay_into_their_own_slabs(plain):
+    graphed = graphed_generator(plain, RecordingCapturer())
+    got = _interleaved(graphed, [A, B])
+    for fields, video in zip((A, B), got):
+        assert np.array_equal(video, _video(plain, fields)), fields["prompt"]
+    # Two slabs held at once: each with its own two graphs (a graph keyed on one slab never writes the other).
+    assert graphed.engine.graph_stats == {"captures": 4, "replays": 8, "fallbacks": 0}
+    assert graphed.engine.static_buffer_stats == {"idle": 2, "reused": 0, "built": 2, "dropped": 0}
+    # A later request takes an idle slab over: its steps replay that slab's graphs.
+    assert np.array_equal(_video(graphed, B), _video(plain, B))
+    assert graphed.engine.graph_stats == {"captures": 4, "replays": 12, "fallbacks": 0}
+    assert graphed.engine.static_buffer_stats["reused"] == 1
+
+
+def test_idle_slabs_count_against_the_budget_and_make_room(plain):
+    probe = graphed_generator(plain, RecordingCapturer(), kv_session_ttl_s=0.0)  # no session beside the slab
+    _video(probe, A)
+    slab = probe.engine.caches.bytes_in_use  # the idle slab, still charged
+    assert slab > 0 and probe.engine.caches.stats()["owners"] == 1
+
+    capturer = RecordingCapturer()
+    graphed = graphed_generator(plain, capturer, kv_cache_budget_bytes=slab, kv_session_ttl_s=0.0)
+    assert np.array_equal(_video(graphed, A), _video(plain, A))
+    # NARROW's slab fits only once A's idle one is freed, with the graphs recorded over it.
+    assert np.array_equal(_video(graphed, NARROW), _video(plain, NARROW))
+    assert graphed.engine.static_buffer_stats == {"idle": 1, "reused": 0, "built": 2, "dropped": 1}
+    assert graphed.engine.caches.bytes_in_use < slab
+    # A again: its graphs went with its slab, so they are captured anew (and replay correctly).
+    assert np.array_equal(_video(graphed, A), _video(plain, A))
+    assert graphed.engine.graph_stats == {"captures": 6, "replays": 12, "fallbacks": 0}
+    assert capturer.calls == 6
+
+
+def test_a_session_of_a_graphed_rollout_extends_like_the_plain_one(plain):
+    graphed = graphed_generator(plain, RecordingCapturer())
+    extension = dict(prompt="a cat walks on the ice", num_frames=21, num_inference_steps=2, seed=2, guidance_scale=3.0)
+    videos = []
+    for gen in (plain, graphed):
+        source = gen.generate(A["prompt"], **{k: v for k, v in A.items() if k != "prompt"})
+        assert source.session is not None
+        out = gen.engine.run(GenerationRequest(extend_from=source.session, **extension))
+        assert out["session"]["resumed"] == "resident"
+        videos.append(out["video"])
+        gen.engine.caches.release_session(source.session.session_id)
+    assert np.array_equal(*videos)
+    # The extension's first new chunk replays from the resident session's context, in a slab of its own shape.
+    assert graphed.engine.graph_stats["fallbacks"] == 0 and graphed.engine.graph_stats["replays"] > 0
+    assert graphed.engine.static_buffer_stats["idle"] == 2  # the source's slab and the extension's
