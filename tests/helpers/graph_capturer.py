@@ -8,6 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if TYPE_CHECKING:
     from vidloom.generator import VideoGenerator
@@ -63,3 +64,26 @@ def graphed_generator(plain: VideoGenerator, capturer: RecordingCapturer, **depl
     instance = dataclasses.replace(engine.instance,
                                    deploy=dataclasses.replace(engine.instance.deploy, cuda_graphs=True, **deploy))
     return VideoGenerator(Engine(instance, engine.program, engine.adapters, capturer=capturer))
+
+
+UNCAPTURABLE = frozenset({
+    "aten.lift_fresh.default",  # torch.tensor(data): a host-to-device copy from memory gone by the replay
+    "aten.lift_fresh_copy.default",
+    "aten._local_scalar_dense.default",  # .item() / bool(tensor): a device-to-host sync, illegal while capturing
+    "aten.nonzero.default",  # an output size read back from the device
+    "aten.repeat_interleave.self_Tensor",  # counts on the device: the output size is read back (no output_size)
+    "aten.repeat_interleave.Tensor",
+})
+"""Ops that fail a CUDA graph capture (or bake a host copy into it); what CPU tests can see of capturability."""
+
+
+class OpLog(TorchDispatchMode):
+    """Every aten op a block of code dispatches (`with OpLog() as log: ...; log.ops`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))

@@ -7,7 +7,8 @@ the static buffers would replay the first request's and differ from its plain ru
 wrote K/V anywhere but the slab its request reads would differ too. Per family: a first request captures (once
 per signature: AnyFlow-FAR once per chunk position) and replays every step, a second of the same signature (other
 prompt, seed and conditioning) replays without a capture, and a changed signature (size, or CFG off where every
-request has one size) captures anew; every output equals the plain run's. The kernels themselves are captured in tests/gpu/test_cuda_graph_families.py.
+request has one size) captures anew; every output equals the plain run's. The kernels themselves are captured in
+tests/gpu/test_cuda_graph_families.py.
 """
 
 from __future__ import annotations

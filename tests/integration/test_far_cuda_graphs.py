@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
-from tests.helpers.graph_capturer import RecordingCapturer, graphed_generator
+from tests.helpers.graph_capturer import UNCAPTURABLE, OpLog, RecordingCapturer, graphed_generator
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.request import GenerationRequest
+from vidloom.core.loop import NETWORK
+from vidloom.families.wan_causal.loop import STEP
 from vidloom.generator import VideoGenerator
 
 SIZE = dict(height=32, width=48, num_inference_steps=2)
@@ -104,3 +107,19 @@ def test_a_session_of_a_graphed_rollout_extends_like_the_plain_one(plain):
     # The extension's first new chunk replays from the resident session's context, in a slab of its own shape.
     assert graphed.engine.graph_stats["fallbacks"] == 0 and graphed.engine.graph_stats["replays"] > 0
     assert graphed.engine.static_buffer_stats["idle"] == 2  # the source's slab and the extension's
+
+
+def test_a_rollout_step_runs_no_op_a_cuda_graph_cannot_hold(plain):
+    # Chunk 2 of 13 frames (chunks 1, 2, 1): a step after a prefill, its frames' tokens repeated per frame.
+    run = plain.engine.submit(GenerationRequest(**{**A, "num_frames": 13}))
+    try:
+        while not (run.prepare() and run.pending_plan.loop == STEP
+                   and run.pending_plan.inputs[NETWORK].cache_scope == 2):
+            run.step()
+        plan = run.pending_plan
+        with torch.inference_mode(), OpLog() as log:
+            plan.call(**plan.inputs)
+    finally:
+        run.close()
+    assert "aten.scaled_dot_product_attention.default" in log.ops  # the whole step was seen
+    assert not log.ops & UNCAPTURABLE, sorted(log.ops & UNCAPTURABLE)

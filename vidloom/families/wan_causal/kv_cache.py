@@ -12,7 +12,8 @@ from torch import Tensor
 from vidloom.families.wan_causal.layout import ChunkLayout
 
 
-@dataclass(eq=False)  # compared and hashed by identity: a CUDA graph's signature holds its slab (FarNetwork.graph_split)
+# Compared and hashed by identity: a CUDA graph's signature holds its slab (FarNetwork.graph_split).
+@dataclass(eq=False)
 class FarKVCache:
     """K and V of the context tokens, per layer, after RoPE: [layers, B, null + capacity, heads, head_dim].
 

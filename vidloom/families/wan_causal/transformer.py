@@ -368,8 +368,8 @@ class FarTransformer(BlockStack, nn.Module):
         delta = r if cfg.deltatime_type == "r" else t - r
         emb_t = self._embed_time(self.time_embed, t.reshape(-1)).to(dtype)
         emb_d = self._embed_time(self.delta_embed, delta.reshape(-1)).to(dtype)
-        # Gate as a float32 tensor in the delta embedder's dtype, as the reference rounds it (filled on the device:
-        # a captured step copies nothing from the host).
+        # Gate as a float32 tensor in the delta embedder's dtype, as the reference rounds it; filled on the device
+        # (a captured step copies nothing from the host).
         gate = torch.full((1,), cfg.gate_value, dtype=torch.float32, device=t.device).to(self.delta_embed.up.weight.dtype)
         temb = (1 - gate) * emb_t + gate * emb_d
         time_mod = self.time_modulation(F.silu(temb))
