@@ -18,10 +18,11 @@ import torch
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.graph_capturer import UNCAPTURABLE, OpLog, RecordingCapturer, graphed_generator
 from vidloom.core.deploy import DeployConfig
-from vidloom.core.request import GenerationRequest
+from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.core.loop import NETWORK
 from vidloom.families.wan_causal.loop import STEP
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.admission import MemoryAdmission
 
 SIZE = dict(height=32, width=48, num_inference_steps=2)
 # 9 frames: latent chunks (1, 2), so two chunk positions, two graphs per slab.
@@ -90,6 +91,21 @@ def test_idle_slabs_count_against_the_budget_and_make_room(plain):
     assert np.array_equal(_video(graphed, A), _video(plain, A))
     assert graphed.engine.graph_stats == {"captures": 6, "replays": 12, "fallbacks": 0}
     assert capturer.calls == 6
+
+
+def test_an_idle_slab_holds_the_request_ledger_until_a_request_needs_its_room(plain):
+    graphed = graphed_generator(plain, RecordingCapturer(), kv_session_ttl_s=0.0)
+    engine = graphed.engine
+    wide = {**A, "width": 64}
+    need = engine.estimator(resolve_request(GenerationRequest(**wide), engine.instance.card))
+    engine.admission = MemoryAdmission(need)  # room for one WIDE request, nothing beside it
+    _video(graphed, A)
+    slab = engine.caches.bytes_in_use
+    assert engine.admission.in_use == slab  # A left the ledger; its idle slab holds an entry of its own
+    # WIDE does not fit beside it: the idle slab and its graphs go, then WIDE is admitted and runs.
+    assert np.array_equal(_video(graphed, wide), _video(plain, wide))
+    assert engine.static_buffer_stats == {"idle": 1, "reused": 0, "built": 2, "dropped": 1}
+    assert engine.admission.in_use == engine.caches.bytes_in_use  # now WIDE's idle slab
 
 
 def test_a_session_of_a_graphed_rollout_extends_like_the_plain_one(plain):

@@ -53,7 +53,8 @@ class ReservingRun(RunHandle):
         """Hold this request's estimated memory among the engine's resident requests; False: no room now
         (a queue keeps it waiting). Released by `close`."""
         if not self._admitted and self._admission is not None:
-            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind)
+            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind) or (
+                self._room_from_static() and self._admission.try_reserve(self, self.memory_bytes, self.kind))
         return self._admitted
 
     def check_cancelled(self) -> None:
@@ -62,14 +63,20 @@ class ReservingRun(RunHandle):
 
     def _admit_or_fail(self) -> None:
         """Stepped without a queue: no room is an error (CacheBudgetExceeded), raised before any work."""
-        if not self._admitted:
+        if not self.admit():
             assert self._admission is not None
-            self._admission.reserve(self, self.memory_bytes, self.kind)
+            self._admission.reserve(self, self.memory_bytes, self.kind)  # raises with the numbers
             self._admitted = True
 
     def _leave_admission(self) -> None:
         if self._admission is not None:
             self._admission.release(self)
+        if self.static is not None:  # static buffers this run gave back take their own entries now
+            self.static.settle(self.caches, self._admission)
+
+    def _room_from_static(self) -> bool:
+        """Free idle static buffers (and their graphs) for a request the ledger has no room for; False: none."""
+        return self.static is not None and self.static.make_room(self.caches)
 
     # -- what loops hold, given back when they end --------------------------------------
 

@@ -8,9 +8,11 @@ recorded over it replay for that request (runtime.cudagraph keys them by the buf
 running at once take two buffers, each with its own graphs.
 
 Accounting: a buffer is charged to the cache budget (kv_cache_budget_bytes) all the time, to the request that holds
-it while one does and to POOL_OWNER while it is idle, so the budget sees the memory the graphs keep. When an
-allocation finds no room, idle buffers are dropped together with every graph recorded over them (`forget`), then
-the allocation is tried again; a buffer that a request holds is never dropped.
+it while one does and to POOL_OWNER while it is idle, so the budget sees the memory the graphs keep. On the request
+memory ledger (runtime.admission) a held buffer is part of its request's estimate and an idle one holds its own
+entry, taken once the request that gave it back has left the ledger (`settle`); an idle buffer the ledger has no
+room for is dropped then. When an allocation or an admission finds no room, idle buffers are dropped together with
+every graph recorded over them (`forget`) and it is tried again; a buffer that a request holds is never dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 from typing import Any, Callable, Hashable, TypeVar
 
 from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheHandle, CacheManager
 
 T = TypeVar("T")
@@ -34,6 +37,8 @@ class StaticBuffers:
     def __init__(self, forget: Callable[[Any], None]) -> None:
         self._forget = forget
         self._idle: dict[Hashable, list[tuple[CacheHandle, Any]]] = {}
+        self._ledger: MemoryAdmission | None = None  # the request memory ledger idle buffers are entered on
+        self._unsettled: list[tuple[CacheHandle, Any]] = []  # idle, not on the ledger yet (see settle)
         self._lock = threading.Lock()
         self.reused = 0  # takes served by an idle buffer
         self.built = 0  # takes that built a new one
@@ -48,11 +53,12 @@ class StaticBuffers:
             if idle:
                 handle, buffer = idle.pop()
                 self.reused += 1
+                self._leave_ledger(buffer)  # the taker's estimate counts it from now on
                 return caches.transfer(handle, owner), buffer
         try:
             handle, buffer = caches.allocate(owner, nbytes, build)
         except CacheBudgetExceeded:
-            if not self._drop_idle(caches):
+            if not self.make_room(caches):
                 raise
             handle, buffer = caches.allocate(owner, nbytes, build)
         with self._lock:
@@ -68,19 +74,55 @@ class StaticBuffers:
             return
         with self._lock:
             self._idle.setdefault(key, []).append((pooled, buffer))
+            self._unsettled.append((pooled, buffer))
 
-    def _drop_idle(self, caches: CacheManager) -> bool:
-        """Free every idle buffer and the graphs recorded over it; False when there was none."""
+    def settle(self, caches: CacheManager, ledger: MemoryAdmission | None) -> None:
+        """Enter buffers given back since the last call on `ledger` (their requests have left it), each under its
+        own entry; one it has no room for is dropped with its graphs."""
+        with self._lock:
+            unsettled, self._unsettled = self._unsettled, []
+            self._ledger = ledger
+        for handle, buffer in unsettled:
+            if not self._is_idle(buffer):
+                continue  # taken again before it settled: its taker's estimate counts it
+            if ledger is None or ledger.try_reserve(_entry(buffer), handle.nbytes, "idle static buffer"):
+                continue
+            with self._lock:
+                for entries in self._idle.values():
+                    entries[:] = [e for e in entries if e[1] is not buffer]
+            self._free(caches, [(handle, buffer)])
+
+    def make_room(self, caches: CacheManager) -> bool:
+        """Free every idle buffer and the graphs recorded over it (cache budget and ledger alike); False when there
+        was none."""
         with self._lock:
             idle = [entry for entries in self._idle.values() for entry in entries]
             self._idle.clear()
-        for handle, buffer in idle:
+            self._unsettled.clear()
+        self._free(caches, idle)
+        return bool(idle)
+
+    def _free(self, caches: CacheManager, entries: list[tuple[CacheHandle, Any]]) -> None:
+        for handle, buffer in entries:
+            self._leave_ledger(buffer)
             self._forget(buffer)
             caches.release(handle)
-        self.dropped += len(idle)
-        return bool(idle)
+        self.dropped += len(entries)
+
+    def _is_idle(self, buffer: Any) -> bool:
+        with self._lock:
+            return any(e[1] is buffer for entries in self._idle.values() for e in entries)
+
+    def _leave_ledger(self, buffer: Any) -> None:
+        if self._ledger is not None:
+            self._ledger.release(_entry(buffer))
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             idle = sum(len(entries) for entries in self._idle.values())
         return {"idle": idle, "reused": self.reused, "built": self.built, "dropped": self.dropped}
+
+
+def _entry(buffer: Any) -> tuple[str, int]:
+    """An idle buffer's owner name on the request memory ledger."""
+    return (POOL_OWNER, id(buffer))

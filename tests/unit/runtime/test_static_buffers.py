@@ -13,6 +13,7 @@ import torch
 
 from tests.helpers.graph_capturer import RecordingCapturer
 from vidloom.core.errors import CacheBudgetExceeded
+from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.cudagraph import StepGraphs
 from vidloom.runtime.static_buffers import POOL_OWNER, StaticBuffers
@@ -106,3 +107,30 @@ def test_a_graph_keyed_on_a_slab_writes_into_it_and_goes_with_it():
     assert graphs.forget(slab) == 1
     step(network=_View(slab), x=torch.ones(2))
     assert step.captures == 3
+
+
+def test_an_idle_buffer_takes_its_own_ledger_entry_once_its_request_left_and_gives_it_to_the_taker():
+    caches, ledger, forgotten = CacheManager(), MemoryAdmission(100), _Forgotten()
+    pool = StaticBuffers(forgotten)
+    handle, buffer = pool.take(caches, "req-1", "slab-a", 60, lambda: _Buffer(60))
+    ledger.reserve("req-1", 90)  # the request's estimate, its slab included
+    pool.give(caches, "slab-a", handle, buffer)
+    ledger.release("req-1")
+    pool.settle(caches, ledger)
+    assert ledger.in_use == 60 and pool.stats()["idle"] == 1
+    pool.take(caches, "req-2", "slab-a", 60, lambda: _Buffer(60))
+    assert ledger.in_use == 0, "the taker's estimate counts it"
+
+
+def test_an_idle_buffer_the_ledger_has_no_room_for_is_dropped_and_make_room_clears_the_ledger():
+    caches, ledger, forgotten = CacheManager(), MemoryAdmission(100), _Forgotten()
+    pool = StaticBuffers(forgotten)
+    first = pool.take(caches, "req-1", "slab-a", 60, lambda: _Buffer(60))
+    second = pool.take(caches, "req-2", "slab-a", 60, lambda: _Buffer(60))
+    for handle, buffer in (first, second):
+        pool.give(caches, "slab-a", handle, buffer)
+    pool.settle(caches, ledger)  # room for one of the two
+    assert ledger.in_use == 60 and pool.stats()["idle"] == 1 and len(forgotten.buffers) == 1
+    assert caches.bytes_in_use == 60
+    assert pool.make_room(caches) and ledger.in_use == 0 and caches.bytes_in_use == 0
+    assert len(forgotten.buffers) == 2 and not pool.make_room(caches)
