@@ -38,7 +38,7 @@ class StaticBuffers:
         self._forget = forget
         self._idle: dict[Hashable, list[tuple[CacheHandle, Any]]] = {}
         self._ledger: MemoryAdmission | None = None  # the request memory ledger idle buffers are entered on
-        self._unsettled: list[tuple[CacheHandle, Any]] = []  # idle, not on the ledger yet (see settle)
+        self._unsettled: list[Any] = []  # buffers given back, not on the ledger yet (see settle)
         self._lock = threading.Lock()
         self.reused = 0  # takes served by an idle buffer
         self.built = 0  # takes that built a new one
@@ -74,7 +74,7 @@ class StaticBuffers:
             return
         with self._lock:
             self._idle.setdefault(key, []).append((pooled, buffer))
-            self._unsettled.append((pooled, buffer))
+            self._unsettled.append(buffer)
 
     def settle(self, caches: CacheManager, ledger: MemoryAdmission | None) -> None:
         """Enter buffers given back since the last call on `ledger` (their requests have left it), each under its
@@ -82,15 +82,16 @@ class StaticBuffers:
         with self._lock:
             unsettled, self._unsettled = self._unsettled, []
             self._ledger = ledger
-        for handle, buffer in unsettled:
-            if not self._is_idle(buffer):
+        for buffer in {id(b): b for b in unsettled}.values():  # given back twice in between: once
+            idle = self._idle_entry(buffer)
+            if idle is None:
                 continue  # taken again before it settled: its taker's estimate counts it
-            if ledger is None or ledger.try_reserve(_entry(buffer), handle.nbytes, "idle static buffer"):
+            if ledger is None or ledger.try_reserve(_entry(buffer), idle.nbytes, "idle static buffer"):
                 continue
             with self._lock:
                 for entries in self._idle.values():
                     entries[:] = [e for e in entries if e[1] is not buffer]
-            self._free(caches, [(handle, buffer)])
+            self._free(caches, [(idle, buffer)])
 
     def make_room(self, caches: CacheManager) -> bool:
         """Free every idle buffer and the graphs recorded over it (cache budget and ledger alike); False when there
@@ -109,9 +110,10 @@ class StaticBuffers:
             caches.release(handle)
         self.dropped += len(entries)
 
-    def _is_idle(self, buffer: Any) -> bool:
+    def _idle_entry(self, buffer: Any) -> CacheHandle | None:
+        """The pool's current handle of `buffer` while it is idle; None once a request took it."""
         with self._lock:
-            return any(e[1] is buffer for entries in self._idle.values() for e in entries)
+            return next((h for entries in self._idle.values() for h, b in entries if b is buffer), None)
 
     def _leave_ledger(self, buffer: Any) -> None:
         if self._ledger is not None:

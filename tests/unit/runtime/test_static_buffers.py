@@ -134,3 +134,15 @@ def test_an_idle_buffer_the_ledger_has_no_room_for_is_dropped_and_make_room_clea
     assert caches.bytes_in_use == 60
     assert pool.make_room(caches) and ledger.in_use == 0 and caches.bytes_in_use == 0
     assert len(forgotten.buffers) == 2 and not pool.make_room(caches)
+
+
+def test_a_buffer_taken_and_given_back_again_before_it_settled_settles_once_with_its_current_handle():
+    caches, ledger, forgotten = CacheManager(), MemoryAdmission(100), _Forgotten()
+    pool = StaticBuffers(forgotten)
+    handle, buffer = pool.take(caches, "req-1", "slab-a", 60, lambda: _Buffer(60))
+    pool.give(caches, "slab-a", handle, buffer)
+    handle, _ = pool.take(caches, "req-2", "slab-a", 60, lambda: _Buffer(60))
+    pool.give(caches, "slab-a", handle, buffer)
+    ledger.reserve("req-3", 50)  # no room for it now: it is freed, its current charge with it
+    pool.settle(caches, ledger)
+    assert forgotten.buffers == [buffer] and caches.bytes_in_use == 0 and ledger.in_use == 50
