@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.batched_runs import serve_batched
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.graph_capturer import UNCAPTURABLE, OpLog, RecordingCapturer, graphed_generator
 from vidloom.core.deploy import DeployConfig
@@ -139,3 +140,14 @@ def test_a_rollout_step_runs_no_op_a_cuda_graph_cannot_hold(plain):
         run.close()
     assert "aten.scaled_dot_product_attention.default" in log.ops  # the whole step was seen
     assert not log.ops & UNCAPTURABLE, sorted(log.ops & UNCAPTURABLE)
+
+
+def test_under_policy_batch_graphed_rollouts_run_alone_and_say_why(plain):
+    graphed = graphed_generator(plain, RecordingCapturer(), kv_session_ttl_s=0.0)
+    got, stats = serve_batched(graphed.engine, [GenerationRequest(**A), GenerationRequest(**B)])
+    assert stats["largest_batch"] == 1, stats  # a graph is recorded over one request's slab
+    for out, fields in zip(got, (A, B)):
+        assert out.metadata["disabled"]["batching"].startswith("cuda_graphs: "), out.metadata.get("disabled")
+        assert np.array_equal(out.frames, plain.generate(fields["prompt"], **{k: v for k, v in fields.items()
+                                                                              if k != "prompt"}).frames)
+    assert graphed.engine.graph_stats["fallbacks"] == 0 and graphed.engine.graph_stats["replays"] > 0
