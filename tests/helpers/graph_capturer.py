@@ -4,9 +4,14 @@ per-request objects) in CPU tests; the kernels themselves are captured in tests/
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from vidloom.generator import VideoGenerator
 
 
 def copy_into(buffer: Any, value: Any) -> None:
@@ -47,3 +52,38 @@ class RecordingCapturer:
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         return Replay(call, static)
+
+
+def graphed_generator(plain: VideoGenerator, capturer: RecordingCapturer, **deploy: Any) -> VideoGenerator:
+    """The same loaded model with cuda_graphs on (and `deploy`'s other fields), its steps recorded by `capturer`
+    (the CUDA check is skipped: the card's acceptance of cuda_graphs is checked at load in test_capability_audit)."""
+    from vidloom.generator import VideoGenerator
+    from vidloom.runtime.engine import Engine
+
+    engine = plain.engine
+    instance = dataclasses.replace(engine.instance,
+                                   deploy=dataclasses.replace(engine.instance.deploy, cuda_graphs=True, **deploy))
+    return VideoGenerator(Engine(instance, engine.program, engine.adapters, capturer=capturer))
+
+
+UNCAPTURABLE = frozenset({
+    "aten.lift_fresh.default",  # torch.tensor(data): a host-to-device copy from memory gone by the replay
+    "aten.lift_fresh_copy.default",
+    "aten._local_scalar_dense.default",  # .item() / bool(tensor): a device-to-host sync, illegal while capturing
+    "aten.nonzero.default",  # an output size read back from the device
+    "aten.repeat_interleave.self_Tensor",  # counts on the device: the output size is read back (no output_size)
+    "aten.repeat_interleave.Tensor",
+})
+"""Ops that fail a CUDA graph capture (or bake a host copy into it); what CPU tests can see of capturability."""
+
+
+class OpLog(TorchDispatchMode):
+    """Every aten op a block of code dispatches (`with OpLog() as log: ...; log.ops`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
@@ -18,6 +19,7 @@ from tests.helpers.wan_i2v_checkpoints import make_image, write_tiny_wan_i2v
 from vidloom.generator import VideoGenerator
 
 WRITERS: dict[str, Callable[[Path], Path]] = {
+    "anyflow-far": lambda d: write_tiny_far(d, FAR_A),
     "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),
     "stable-audio": lambda d: write_tiny_stable_audio(d, STABLE_AUDIO_CONFIGS[0]),
     "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
@@ -25,12 +27,26 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "wan-i2v-clip": lambda d: write_tiny_wan_i2v(d, TINY_A),
 }
 STEPS = 2
+SIGNATURES = {"anyflow-far": 2}
+"""Graphs one request of a kind captures (default 1): AnyFlow-FAR's rollout captures one per chunk position (its
+9 frames are 3 latent frames in chunks of 1 and 2), each replayed for that chunk's STEPS steps."""
+
+
+def graph_counts(kind: str) -> list[tuple[int, int]]:
+    """(captures, replays) after each of `requests(kind)`: the second replays the first's graphs, the third
+    captures its own."""
+    n = SIGNATURES.get(kind, 1)
+    return [(n, n * STEPS), (n, 2 * n * STEPS), (2 * n, 3 * n * STEPS)]
 
 
 def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(first, same signature with other values, changed signature) generate() keywords."""
     base = dict(negative_prompt="blurry", num_inference_steps=STEPS)
-    if kind == "flux2":  # reference images: their tokens are per-request tensors of the network view
+    if kind == "anyflow-far":  # the rollout's KV slab: a static buffer the second request takes over
+        first = dict(prompt="a red fox jumps", height=32, width=48, num_frames=9, seed=1, guidance_scale=3.0)
+        second = dict(prompt="a blue cat naps", height=32, width=48, num_frames=9, seed=2, guidance_scale=4.5)
+        changed = {**first, "width": 64}
+    elif kind == "flux2":  # reference images: their tokens are per-request tensors of the network view
         first = dict(prompt="make it purple", image=make_image(64, 64, 1), seed=1, guidance_scale=4.0)
         second = dict(prompt="make it yellow", image=make_image(64, 64, 2), seed=2, guidance_scale=3.0)
         changed = dict(prompt="make it purple", height=32, width=48, seed=1, guidance_scale=4.0)

@@ -3,32 +3,22 @@
 The capturer (tests/helpers/graph_capturer.py) keeps a CUDA graph's contract: the step is recorded once over
 static inputs, and each replay recomputes the outputs from whatever the static buffers then hold. So a request
 whose per-request tensors (reference tokens, duration token, camera, positions, CLIP tokens, text) did not reach
-the static buffers would replay the first request's and differ from its plain run. Per family: a first request
-captures and replays every step, a second of the same signature (other prompt, seed and conditioning) replays
-without a capture, and a changed signature (size, or CFG off where every request has one size) captures anew;
-every output equals the plain run's. The kernels themselves are captured in tests/gpu/test_cuda_graph_families.py.
+the static buffers would replay the first request's and differ from its plain run; a causal rollout whose replays
+wrote K/V anywhere but the slab its request reads would differ too. Per family: a first request captures (once
+per signature: AnyFlow-FAR once per chunk position) and replays every step, a second of the same signature (other
+prompt, seed and conditioning) replays without a capture, and a changed signature (size, or CFG off where every
+request has one size) captures anew; every output equals the plain run's. The kernels themselves are captured in
+tests/gpu/test_cuda_graph_families.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from tests.helpers.graph_capturer import RecordingCapturer
-from tests.helpers.graph_families import STEPS, WRITERS, requests, result
+from tests.helpers.graph_capturer import RecordingCapturer, graphed_generator
+from tests.helpers.graph_families import WRITERS, graph_counts, requests, result
 from vidloom.generator import VideoGenerator
-from vidloom.runtime.engine import Engine
-
-
-def _graphed(plain: VideoGenerator, capturer: RecordingCapturer) -> VideoGenerator:
-    """The same loaded model with cuda_graphs on, its steps recorded by `capturer` (the CUDA check is skipped: the
-    card's acceptance of cuda_graphs is checked below and at load in test_capability_audit)."""
-    engine = plain.engine
-    deploy = dataclasses.replace(engine.instance.deploy, cuda_graphs=True)
-    instance = dataclasses.replace(engine.instance, deploy=deploy)
-    return VideoGenerator(Engine(instance, engine.program, engine.adapters, capturer=capturer))
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
@@ -44,10 +34,9 @@ def test_replayed_steps_equal_the_plain_run(family):
     kind, plain = family
     assert "cuda_graphs" in plain.card.capabilities.supported, plain.card.capabilities.why_not.get("cuda_graphs")
     capturer = RecordingCapturer()
-    graphed = _graphed(plain, capturer)
+    graphed = graphed_generator(plain, capturer)
     first, second, changed = requests(kind)
-    expected = [(1, STEPS), (1, 2 * STEPS), (2, 3 * STEPS)]  # (captures, replays) after each request
-    for fields, (captures, replays) in zip((first, second, changed), expected):
+    for fields, (captures, replays) in zip((first, second, changed), graph_counts(kind)):
         want, got = result(plain, fields), result(graphed, fields)
         # The stand-in replays the same ops over the same values; the guidance scale, a 0-dim float32 buffer in
         # the graph, multiplies exactly as the eager float does (diffusion.guidance.cfg_combine): bit-equal.

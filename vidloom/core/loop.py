@@ -11,7 +11,7 @@ The runtime's driver is vidloom.runtime.request_run.RequestRun.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, TypeVar
 
 from vidloom.core.denoiser import DenoiseInputs
 from vidloom.core.output import VideoChunk
@@ -124,11 +124,13 @@ class LoopContext(Protocol):
         """
         ...
 
-    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
+    def allocate(self, nbytes: int, build: Callable[[], T], reuse: Hashable | None = None) -> T:
         """A long-lived buffer (a KV slab of `nbytes`) from the runtime's cache manager.
 
         Accounted against the deployment's cache budget (CacheBudgetExceeded when it does
         not fit, before `build` runs) and released when the loop ends.
+        `reuse`: the buffer is one that captured steps write in place (a key naming its shape); under CUDA graphs
+        it may be a buffer an earlier request of that key held, in whatever state it left it (runtime.static_buffers).
         """
         ...
 

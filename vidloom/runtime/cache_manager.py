@@ -117,6 +117,17 @@ class CacheManager:
             del self._sessions[handle.owner]
         return True
 
+    def transfer(self, handle: CacheHandle, owner: str) -> CacheHandle:
+        """The same buffer and bytes held by `owner` instead (one step: no other allocation can take the room
+        in between); KeyError when the handle was released."""
+        with self._lock:
+            entry = self._held.pop(handle.id, None)
+            if entry is None:
+                raise KeyError(f"cache handle {handle.id} ({handle.owner}) was released")
+            moved = CacheHandle(next(self._ids), owner, handle.nbytes)
+            self._held[moved.id] = (moved, entry[1])
+            return moved
+
     def release_owner(self, owner: str) -> int:
         """Release every handle `owner` holds; returns how many."""
         with self._lock:

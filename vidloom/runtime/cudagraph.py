@@ -15,6 +15,12 @@ serves every value; `cfg_combine` multiplies such a tensor in float32 exactly as
 float. Floats inside a plain value (a frozen dataclass) are part of the signature instead: a step may branch
 on them.
 
+A step may write in place into a long-lived buffer it also reads (a causal rollout's KV slab: the chunk's K/V, then
+attention over the valid prefix) only when that buffer is part of the signature by identity and is the same tensor
+at every replay: a static buffer from `StepGraphs.buffers` (runtime.static_buffers), which goes from request to
+request of the same shape instead of being freed, so copying it into a static input (hundreds of MB per layer late
+in a rollout) is never needed.
+
 Capture runs in thread-local error mode: only the capturing thread (the device worker)
 may not make unsafe CUDA calls; the runtime keeps every other device-touching chore
 (request clean-up, cache release) on that same worker. A capture that still fails
@@ -36,6 +42,7 @@ import torch
 from vidloom.core.denoiser import GraphInputs, StagedDenoiser
 from vidloom.core.errors import DeployError
 from vidloom.core.loop import NETWORK, StepPlan
+from vidloom.runtime.static_buffers import StaticBuffers
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +167,16 @@ class GraphedStep:
         captured = self._graphs[key] = _Captured(capture, static, buffers)
         return captured
 
+    def forget(self, obj: Any) -> int:
+        """Drop the graphs (and eager marks) whose signature holds `obj` by identity (a static buffer about to be
+        freed: runtime.static_buffers), with the static inputs that keep it alive; returns how many."""
+        with self._lock:
+            stale = [key for key in (*self._graphs, *self._eager) if _holds(key, obj)]
+            for key in stale:
+                self._graphs.pop(key, None)
+                self._eager.discard(key)
+        return len(stale)
+
 
 def capturable(plan: StepPlan) -> bool:
     """Whether a loop step may run from a captured graph: its network declares the staged denoiser contract,
@@ -170,7 +187,8 @@ def capturable(plan: StepPlan) -> bool:
 
 
 class StepGraphs:
-    """One GraphedStep per step body (plan.call), created on first use."""
+    """One GraphedStep per step body (plan.call), created on first use; `buffers`: the static buffers that steps
+    write in place (a causal rollout's KV slab), kept across requests so their graphs replay."""
 
     def __init__(self, device: torch.device, capturer: Capturer | None = None) -> None:
         if device.type != "cuda" and capturer is None:
@@ -178,6 +196,11 @@ class StepGraphs:
         self.device = device
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(device)
         self._steps: dict[int, GraphedStep] = {}
+        self.buffers = StaticBuffers(self.forget)
+
+    def forget(self, obj: Any) -> int:
+        """Drop every step body's graphs recorded over `obj` (StaticBuffers frees it next)."""
+        return sum(step.forget(obj) for step in list(self._steps.values()))
 
     def get(self, call: Callable[..., Any]) -> GraphedStep:
         key = id(call)
@@ -284,6 +307,13 @@ def _clone(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: _clone(v) for k, v in output.items()}
     return output
+
+
+def _holds(key: Any, obj: Any) -> bool:
+    """Whether a signature (nested tuples) holds `obj` itself."""
+    if key is obj:
+        return True
+    return isinstance(key, (tuple, frozenset)) and any(_holds(part, obj) for part in key)
 
 
 def _describe(key: Hashable) -> str:

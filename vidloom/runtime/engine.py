@@ -164,6 +164,12 @@ class Engine(EngineDriver):
         """CUDA-graph captures, replays and eager fallbacks so far (None without cuda_graphs)."""
         return self._graphs.totals() if self._graphs is not None else None
 
+    @property
+    def static_buffer_stats(self) -> dict[str, int] | None:
+        """Static buffers (a causal rollout's KV slabs under cuda_graphs): idle now, taken over by a later
+        request, built, dropped for room (runtime.static_buffers); None without cuda_graphs."""
+        return self._graphs.buffers.stats() if self._graphs is not None else None
+
     def warmup_guidances(self) -> tuple[float | None, ...]:
         # Batched CFG runs batch 2 with guidance and batch 1 without: both are compiled buckets.
         if self.compile_buckets is not None and self.compile_buckets.cfg_batched:

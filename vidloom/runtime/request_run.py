@@ -112,6 +112,7 @@ class RequestRun(ReservingRun):
         self.request = request
         super().__init__(admission, memory_bytes, decoder, caches)
         self._graphs = graphs
+        self.static = graphs.buffers if graphs is not None else None
         self._compiled = compiled  # False: outside the compiled shape buckets, so never compile for it
         self.instance = instance
         self.program = program

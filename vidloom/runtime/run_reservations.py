@@ -8,7 +8,7 @@ finds the pool busy either fails (KVPoolBusy) or, on a driver that steps it amon
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Mapping, TypeVar
+from typing import Any, Callable, Generator, Hashable, Mapping, TypeVar
 
 from vidloom.core.chat import ChatRequest
 from vidloom.core.errors import KVPoolBusy
@@ -17,6 +17,7 @@ from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
 from vidloom.runtime.paged_decode import PagedDecoder
 from vidloom.runtime.run_handle import RunHandle
+from vidloom.runtime.static_buffers import StaticBuffers
 
 T = TypeVar("T")
 
@@ -34,6 +35,7 @@ class ReservingRun(RunHandle):
         self._admitted = admission is None
         self.decoder = decoder
         self.caches = caches or CacheManager()
+        self.static: StaticBuffers | None = None  # the engine's static buffers under cuda_graphs (see allocate)
         self._releases: list[Callable[[], None]] = []  # what running loops hold (see hold)
         # Set by a driver that steps this run among others every round (AsyncEngine.submit, a speech request): a
         # loop whose reserve_kv finds its pool busy (KVPoolBusy) then waits, its init retried at each later unit,
@@ -51,7 +53,8 @@ class ReservingRun(RunHandle):
         """Hold this request's estimated memory among the engine's resident requests; False: no room now
         (a queue keeps it waiting). Released by `close`."""
         if not self._admitted and self._admission is not None:
-            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind)
+            self._admitted = self._admission.try_reserve(self, self.memory_bytes, self.kind) or (
+                self._room_from_static() and self._admission.try_reserve(self, self.memory_bytes, self.kind))
         return self._admitted
 
     def check_cancelled(self) -> None:
@@ -60,14 +63,20 @@ class ReservingRun(RunHandle):
 
     def _admit_or_fail(self) -> None:
         """Stepped without a queue: no room is an error (CacheBudgetExceeded), raised before any work."""
-        if not self._admitted:
+        if not self.admit():
             assert self._admission is not None
-            self._admission.reserve(self, self.memory_bytes, self.kind)
+            self._admission.reserve(self, self.memory_bytes, self.kind)  # raises with the numbers
             self._admitted = True
 
     def _leave_admission(self) -> None:
         if self._admission is not None:
             self._admission.release(self)
+        if self.static is not None:  # static buffers this run gave back take their own entries now
+            self.static.settle(self.caches, self._admission)
+
+    def _room_from_static(self) -> bool:
+        """Free idle static buffers (and their graphs) for a request the ledger has no room for; False: none."""
+        return self.static is not None and self.static.make_room(self.caches)
 
     # -- what loops hold, given back when they end --------------------------------------
 
@@ -89,10 +98,17 @@ class ReservingRun(RunHandle):
         self.hold(lambda: decoder.release(seq_id))
         return seq_id
 
-    def allocate(self, nbytes: int, build: Callable[[], T]) -> T:
-        """A cache buffer accounted to this request, released with the loop that asked for it."""
-        handle, buffer = self.caches.allocate(self.request.request_id, nbytes, build)
-        self.hold(lambda: self.caches.release(handle))
+    def allocate(self, nbytes: int, build: Callable[[], T], reuse: Hashable | None = None) -> T:
+        """A cache buffer accounted to this request, released with the loop that asked for it. `reuse`: under
+        cuda_graphs (`static` set), the buffer is a static one of that key (runtime.static_buffers), given back to
+        the pool instead of freed, so the graphs recorded over it replay for the next request of its shape."""
+        static, caches, owner = self.static, self.caches, self.request.request_id
+        if reuse is None or static is None:
+            handle, buffer = caches.allocate(owner, nbytes, build)
+            self.hold(lambda: caches.release(handle))
+            return buffer
+        handle, buffer = static.take(caches, owner, reuse, nbytes, build)
+        self.hold(lambda: static.give(caches, reuse, handle, buffer))
         return buffer
 
     def _init_loop(self, loop: Any, reads: Mapping[str, Any], held: int) -> Generator[None, Any, Any]:

@@ -9,7 +9,7 @@ from vidloom.layers.attention import attention
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.families.wan_causal.config import FarTransformerConfig
 from vidloom.families.wan_causal.kv_cache import FarKVCache
-from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.layout import ChunkLayout, per_token
 from vidloom.families.wan_causal.transformer import block_causal_attention
 
 CONFIG = FarTransformerConfig(wan=WanTransformerConfig(num_attention_heads=2, attention_head_dim=12), full_chunk_limit=3)
@@ -67,3 +67,23 @@ def test_kv_slab_fits_every_chunk_and_reports_its_bytes():
     cache.write(1, 3, k, k)
     keys, _ = cache.read(1, null_keys=4, end=8)
     assert keys.shape[1] == 12 and keys[:, :7].abs().sum() == 0 and keys[:, 7:].eq(1).all()
+
+
+def test_per_token_rows_equal_repeat_interleave_with_a_count_tensor():
+    # The last layout mixes compressed frames (6 tokens) and full ones (24): two runs of equal counts.
+    counts = _layouts()[-1].frame_tokens()
+    x = torch.randn(2, len(counts), 3)
+    want = x.repeat_interleave(torch.tensor(counts), dim=1)
+    assert torch.equal(per_token(x, counts), want)
+    assert torch.equal(per_token(x[:, -2:], counts[-2:]), want[:, -48:])  # a generated chunk: one run
+
+
+def test_a_slab_handed_to_another_request_starts_without_context_and_keys_alike():
+    layouts = _layouts()
+    key = FarKVCache.reuse_key(layouts, 2, 1, 2, 12, torch.device("cpu"), torch.float32)
+    assert key == FarKVCache.reuse_key(layouts, 2, 1, 2, 12, torch.device("cpu"), torch.float32)
+    assert key != FarKVCache.reuse_key(layouts, 2, 2, 2, 12, torch.device("cpu"), torch.float32)  # CFG on
+    cache = FarKVCache.allocate(layouts, 2, 1, 2, 12, torch.device("cpu"), torch.float32)
+    cache.context_tokens, cache.context_rows = 30, 30
+    assert cache.clear_context() is cache and (cache.context_tokens, cache.context_rows) == (0, 0)
+    assert len({cache, FarKVCache(cache.keys, cache.values, cache.null)}) == 2  # hashed by identity (graph keys)

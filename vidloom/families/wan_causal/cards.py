@@ -39,9 +39,11 @@ CAPABILITIES = Capabilities(
                # the encoded prompt broadcast from the encoder's rank before the rollout (runtime.parallel.prompt_rank)
                "text_encoder_rank",
                # steps at the same chunk position share a forward, each request's KV in its own slab (network.py)
-               "batching"}),
+               "batching",
+               # a graph per chunk position and KV slab: the slab is a static buffer passed from request to
+               # request of its shape, written and read in place by the replay (network.FarNetwork.graph_split)
+               "cuda_graphs"}),
     refusals("kv_pool_tokens", "offload_idle_expert", "two_stage", "components",
-             cuda_graphs="a rollout step writes the request's KV cache in place",
              cfg_mode="the rollout always runs its CFG branches as one batch, as the reference does: nothing to "
                       "choose"),
 )

@@ -12,7 +12,8 @@ from torch import Tensor
 from vidloom.families.wan_causal.layout import ChunkLayout
 
 
-@dataclass
+# Compared and hashed by identity: a CUDA graph's signature holds its slab (FarNetwork.graph_split).
+@dataclass(eq=False)
 class FarKVCache:
     """K and V of the context tokens, per layer, after RoPE: [layers, B, null + capacity, heads, head_dim].
 
@@ -21,6 +22,10 @@ class FarKVCache:
     slice, never a concatenation. Context tokens follow, then room for the chunk being
     generated, whose K/V each step writes in place. The prefill pass rewrites the
     context from row `null` on (the far context is re-embedded as chunks age).
+
+    Under cuda_graphs the slab is a static buffer (runtime.static_buffers): it passes to the next request of the
+    same shape, which starts with `clear_context`; rows past the valid prefix are never read, so stale ones are
+    harmless, and the null rows are never written by anyone.
 
     Under sequence parallel a rank's slab holds its rows of every chunk (parallel.ChunkShards): the row counts
     below are this rank's (`rows` maps a segment's tokens to them; one device keeps them all).
@@ -62,6 +67,19 @@ class FarKVCache:
         """Bytes `allocate` would take for these layouts (for admission before allocating)."""
         slab = sum(cls.slab_rows(layouts, rows))
         return 2 * num_layers * batch * slab * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @staticmethod
+    def reuse_key(layouts: list[ChunkLayout], num_layers: int, batch: int, heads: int, head_dim: int,
+                  device: torch.device, dtype: torch.dtype, rows: Callable[[int], int] = int) -> tuple:
+        """What makes two slabs interchangeable (LoopContext.allocate's `reuse`): the shape `allocate` gives these
+        layouts, dtype and device."""
+        null, capacity = FarKVCache.slab_rows(layouts, rows)
+        return ("far-kv", num_layers, batch, null, capacity, heads, head_dim, dtype, str(device))
+
+    def clear_context(self) -> FarKVCache:
+        """This slab with no valid context (a static slab taken over from an earlier request)."""
+        self.context_tokens = self.context_rows = 0
+        return self
 
     def __repr__(self) -> str:
         # Shapes only: the lockstep record (runtime.parallel.rank) compares plan inputs by repr, and every rank of a

@@ -9,6 +9,7 @@ layout describes both the cache-prefill pass and the generation steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -153,6 +154,21 @@ class ChunkLayout:
             return full
         comp = compressed_rope_tables((self.compressed_frames, *self.compressed_grid), head_dim, downscale, device)
         return torch.cat([comp[0], full[0]]), torch.cat([comp[1], full[1]])
+
+
+def per_token(x: Tensor, frame_tokens: list[int]) -> Tensor:
+    """Per-frame rows x [B, F, ...] -> per-token rows [B, S, ...]: frame f repeated `frame_tokens[f]` times.
+
+    By runs of frames with equal counts, each repeated by a Python int: no count tensor is copied to the device and
+    no output length is read back from it, so a captured CUDA graph can hold it; the rows equal repeat_interleave's
+    with a count tensor.
+    """
+    parts, start = [], 0
+    for count, run in itertools.groupby(frame_tokens):
+        frames = len(list(run))
+        parts.append(x[:, start : start + frames].repeat_interleave(count, dim=1))
+        start += frames
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def _check_rope_range(grid: tuple[int, int, int], limit: int) -> None:

@@ -211,8 +211,13 @@ class FarRolloutLoop:
             state.stream, state.frames = new_stream(self.vae, self.tiling), []
         if self.kv_cache:
             ctx.hold(lambda: _release(state))
-            state.cache = ctx.allocate(self._cache_bytes(layouts, state.text.batch),
-                                       lambda: self.transformer.new_cache(layouts, state.text.batch, noise.device, self.dtype))
+            batch = state.text.batch
+            # A static slab under cuda_graphs (one an earlier request of this shape held: the step graphs recorded
+            # over it replay), else a new one.
+            state.cache = ctx.allocate(self._cache_bytes(layouts, batch),
+                                       lambda: self.transformer.new_cache(layouts, batch, noise.device, self.dtype),
+                                       reuse=self.transformer.cache_key(layouts, batch, noise.device, self.dtype),
+                                       ).clear_context()
         if state.session is not None:
             self._resume(state)
         return state

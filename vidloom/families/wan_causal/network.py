@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 from torch import Tensor
 
@@ -42,6 +42,20 @@ class FarNetwork:
         elif self.cache is not None:
             return None  # already a stack
         return (id(self.transformer), self.layout, self.cache_scope, slab)
+
+    def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the transformer, the chunk's layout and the KV slab
+        it writes into and reads from, with the context length it holds (the attention reads that prefix: a
+        graph per chunk position); it reads no other tensor of this view. The slab is kept by identity, never
+        copied into a static input: under cuda_graphs it is a static buffer (runtime.static_buffers), the same
+        tensors for every request of its shape, so each replay writes the chunk's K/V into the slab the request's
+        prefill filled."""
+        cache = self.cache
+        context = (cache.context_tokens, cache.context_rows) if cache is not None else None
+        return (self.transformer, self.layout, self.cache_scope, cache, context), ()
+
+    def graph_rebuild(self, parts: tuple[Any, ...]) -> FarNetwork:
+        return self
 
     @staticmethod
     def stack(views: Sequence[FarNetwork]) -> FarNetwork:

@@ -34,7 +34,7 @@ from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
 from vidloom.models.wan.transformer import MLP, WanAttention
 from vidloom.families.wan_causal.config import FarTransformerConfig
 from vidloom.families.wan_causal.kv_cache import FarKVCache, FarKVStack
-from vidloom.families.wan_causal.layout import ChunkLayout
+from vidloom.families.wan_causal.layout import ChunkLayout, per_token
 from vidloom.families.wan_causal.parallel import WHOLE_CHUNKS, ChunkShards, WholeChunks
 from vidloom.families.wan_causal.text import FarText
 
@@ -210,6 +210,12 @@ class FarTransformer(BlockStack, nn.Module):
             self.sequence.rows,
         )
 
+    def cache_key(self, layouts: list[ChunkLayout], batch: int, device: torch.device, dtype: torch.dtype) -> tuple:
+        """Which slabs `new_cache` builds alike (a static slab's reuse key under cuda_graphs)."""
+        wan = self.config.wan
+        return FarKVCache.reuse_key(layouts, wan.num_layers, batch, wan.num_attention_heads, wan.attention_head_dim,
+                                    device, dtype, self.sequence.rows)
+
     def cache_bytes(self, layouts: list[ChunkLayout], batch: int, dtype: torch.dtype) -> int:
         """Bytes `new_cache` takes (for admission before allocating)."""
         wan = self.config.wan
@@ -341,9 +347,7 @@ class FarTransformer(BlockStack, nn.Module):
         if t.ndim == 1:
             t, r = t[:, None].expand(-1, num_frames), r[:, None].expand(-1, num_frames)
         temb, time_mod = self._time(t, r, x.dtype)
-        repeats = torch.tensor(frame_tokens, device=latents.device)
-        temb = temb.repeat_interleave(repeats, dim=1)
-        time_mod = time_mod.repeat_interleave(repeats, dim=1)
+        temb, time_mod = per_token(temb, frame_tokens), per_token(time_mod, frame_tokens)
         cos, sin = layout.rope(self.config.wan.attention_head_dim, self.config.spatial_downscale, latents.device)
         if full:
             rows = slice(layout.context_tokens, layout.total_tokens)
@@ -364,8 +368,9 @@ class FarTransformer(BlockStack, nn.Module):
         delta = r if cfg.deltatime_type == "r" else t - r
         emb_t = self._embed_time(self.time_embed, t.reshape(-1)).to(dtype)
         emb_d = self._embed_time(self.delta_embed, delta.reshape(-1)).to(dtype)
-        # Gate as a float32 tensor in the delta embedder's dtype, as the reference rounds it.
-        gate = torch.tensor([cfg.gate_value], dtype=torch.float32, device=t.device).to(self.delta_embed.up.weight.dtype)
+        # Gate as a float32 tensor in the delta embedder's dtype, as the reference rounds it; filled on the device
+        # (a captured step copies nothing from the host).
+        gate = torch.full((1,), cfg.gate_value, dtype=torch.float32, device=t.device).to(self.delta_embed.up.weight.dtype)
         temb = (1 - gate) * emb_t + gate * emb_d
         time_mod = self.time_modulation(F.silu(temb))
         return temb.unflatten(0, (batch, frames)), time_mod.unflatten(0, (batch, frames)).unflatten(-1, (6, -1))
