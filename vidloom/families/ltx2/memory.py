@@ -54,8 +54,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     video_dim = dit.num_attention_heads * dit.attention_head_dim
     audio_dim = dit.audio_num_attention_heads * dit.audio_attention_head_dim
     # The loop keeps every block's text keys and values per CFG branch when the text modulation is static
-    # (diffusion.prompt_kv: one row per prompt of the CFG batch), and the pair the guidance joins once per request
-    # (LTX2PreparedText.cat) is one more copy.
+    # (diffusion.prompt_kv: one row per prompt of the CFG batch), and the guidance stacks the pair into one more
+    # copy for each step's call.
     text_kv = 0
     if not (dit.prompt_modulation and dit.use_prompt_adaln_single):
         text_kv = dit.num_layers * LTX2_TEXT_TOKENS * 2 * (video_dim + audio_dim) * act

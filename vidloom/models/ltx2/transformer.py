@@ -158,14 +158,7 @@ class LTX2PreparedText:
         return (self.video.batch_key(), self.audio.batch_key())
 
     def cat(self, other: LTX2PreparedText) -> LTX2PreparedText:
-        """The CFG pair [self; other], joined once and kept with `self`: the guidance joins the same two prepared
-        prompts at every step (diffusion.av_guidance), and a join per step would copy every block's text K/V
-        (~2.4 GB per step at LTX-2 19B in bfloat16)."""
-        pair = self.__dict__.get("_pair")
-        if pair is None or pair[0] is not other:
-            pair = (other, self.stack([self, other]))
-            object.__setattr__(self, "_pair", pair)  # a memo, not a field: equality and repr ignore it
-        return pair[1]
+        return self.stack([self, other])
 
     @staticmethod
     def stack(batches: Sequence[LTX2PreparedText]) -> LTX2PreparedText:
