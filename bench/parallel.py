@@ -131,6 +131,10 @@ def run_plan(name: str, checkpoint: Any, request: GenerationRequest, device: str
         torch.set_num_threads(threads)
 
 
+STEP_PHASES = ("denoise", "stage1", "stage2", "rollout")
+"""Progress phases whose events are denoise steps: LTX-2 names its stages, AnyFlow-FAR its causal rollout."""
+
+
 def _timed(
     name: str, plan: ParallelPlan, checkpoint: Any, request: GenerationRequest, device: str, runs: int,
     vae_tile: int | None = None,
@@ -149,7 +153,7 @@ def _timed(
             t0 = time.perf_counter()
             out = gen.engine.run(request, on_event=lambda e: events.append(e) if isinstance(e, ProgressEvent) else None)
             ends.append(time.perf_counter() - t0)
-            steps += [e.seconds for e in events if e.phase == "denoise"]
+            steps += [e.seconds for e in events if e.phase in STEP_PHASES]
             decodes.append(sum(e.seconds for e in events if e.phase == "decode"))
         # One process: this one's (its peak includes what ran in it before, so run that plan first).
         pids = getattr(gen.engine, "transport", None) and gen.engine.transport.pids or [os.getpid()]

@@ -121,3 +121,18 @@ def test_the_stg_pass_runs_only_where_it_perturbs_a_block(perturbed, blocks, run
                        "prompt_text": _text(2), "negative_text": _text(3)}, None)
     assert state.scales.stg == runs_stg
     assert state.scales.video_modality == 3.0 and state.scales.video_cfg == 3.0  # the other passes are kept
+
+
+def test_no_prepared_text_while_the_blocks_weights_are_sharded():
+    """--shard-weights frees a block's weights outside its forward: preparing the text K/V there would read freed
+    storage (seen in bench/parallel_families.py ltx2-mid sp2shard), so the steps project it instead."""
+    dit = _transformer()
+    network = LTX2Network(dit, _layout(CONFIG).positions, torch.float32, True)
+    assert network.prepare_prompt(_text(2)) is not None
+    weight = dit.blocks[0].video_text.to_k.weight
+    size = weight.untyped_storage().nbytes()
+    weight.untyped_storage().resize_(0)  # what runtime.parallel.shard_weights does between forwards
+    try:
+        assert network.prepare_prompt(_text(2)) is None
+    finally:
+        weight.untyped_storage().resize_(size)
