@@ -10,6 +10,10 @@ lists, dicts, GraphInputs, and frozen dataclasses holding tensors such as a text
 are leaves, their plain fields part of the signature); the step may return a tensor or a tuple/list/dict of
 tensors (and None), each handed out as a copy.
 
+The graphs of one step body share their static input buffers where their n-th leaves agree in shape, strides,
+dtype and device (a replay copies every input in first): a rollout's graph per chunk position reads one copy of
+the prompt K/V.
+
 Python floats (guidance scale) become 0-dim float32 device tensors, filled before each replay, so one graph
 serves every value; `cfg_combine` multiplies such a tensor in float32 exactly as eager mode multiplies the
 float. Floats inside a plain value (a frozen dataclass) are part of the signature instead: a step may branch
@@ -127,6 +131,7 @@ class GraphedStep:
         self.capturer = capturer if capturer is not None else CudaGraphCapturer(device)
         self._graphs: dict[Hashable, _Captured] = {}
         self._eager: set[Hashable] = set()  # signatures whose capture failed
+        self._inputs = _SharedInputs()  # the static input buffers, shared by this body's graphs
         self._lock = threading.Lock()
         self.captures = 0
         self.replays = 0
@@ -154,7 +159,7 @@ class GraphedStep:
 
     def _try_capture(self, key: Hashable, inputs: Mapping[str, Any]) -> _Captured | None:
         buffers: list[torch.Tensor] = []
-        static = {name: _static(inputs[name], buffers, self.device) for name in sorted(inputs)}
+        static = {name: _static(inputs[name], buffers, self.device, self._inputs) for name in sorted(inputs)}
         try:
             capture = self.capturer(self.call, static)
         except Exception as exc:  # noqa: BLE001 - any capture failure means "run this shape eagerly"
@@ -175,7 +180,43 @@ class GraphedStep:
             for key in stale:
                 self._graphs.pop(key, None)
                 self._eager.discard(key)
+            self._inputs.keep(buffer for captured in self._graphs.values() for buffer in captured.buffers)
         return len(stale)
+
+
+class _SharedInputs:
+    """Static input buffers shared by the graphs of one step body: a graph reads its inputs only during its own
+    replay, and every replay first copies all of its inputs in (GraphedStep.__call__, under its lock), so graphs
+    whose n-th leaves agree in shape, strides, dtype and device can read the same buffer. A causal rollout captures
+    a graph per chunk position, each reading the same prompt K/V: one copy of it instead of one per graph."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[Hashable, torch.Tensor] = {}
+
+    def take(self, index: int, value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+        """The buffer of leaf `index` shaped like `value`, holding `value`."""
+        if isinstance(value, torch.Tensor):
+            key: Hashable = (index, tuple(value.shape), value.stride(), value.dtype, value.device)
+        else:
+            key = (index, "scalar", device)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = value.clone() if isinstance(value, torch.Tensor) else \
+                torch.tensor(value, dtype=torch.float32, device=device)
+            self._buffers[key] = buffer
+        elif isinstance(value, torch.Tensor):
+            buffer.copy_(value)
+        else:
+            buffer.fill_(value)
+        return buffer
+
+    def keep(self, buffers: Any) -> None:
+        """Free the buffers no remaining graph reads."""
+        used = {id(buffer) for buffer in buffers}
+        self._buffers = {key: b for key, b in self._buffers.items() if id(b) in used}
+
+    def __len__(self) -> int:
+        return len(self._buffers)
 
 
 def capturable(plan: StepPlan) -> bool:
@@ -255,25 +296,22 @@ def _sig(value: Any, leaves: list[torch.Tensor | float]) -> Hashable:
     return ("object", id(value))  # a fixed object (the network module): captured by identity
 
 
-def _static(value: Any, buffers: list[torch.Tensor], device: torch.device) -> Any:
-    """`value` with its leaves replaced by fresh static buffers (appended to `buffers` in `_sig`'s order)."""
-    if isinstance(value, torch.Tensor):
-        buffers.append(value.clone())
-        return buffers[-1]
-    if isinstance(value, float):
-        buffers.append(torch.tensor(value, dtype=torch.float32, device=device))
+def _static(value: Any, buffers: list[torch.Tensor], device: torch.device, shared: _SharedInputs) -> Any:
+    """`value` with its leaves replaced by static buffers holding them (appended to `buffers` in `_sig`'s order)."""
+    if isinstance(value, (torch.Tensor, float)):
+        buffers.append(shared.take(len(buffers), value, device))
         return buffers[-1]
     if value is None:
         return None
     if isinstance(value, GraphInputs):
         _, parts = value.graph_split()
-        return value.graph_rebuild(tuple(_static(part, buffers, device) for part in parts))
+        return value.graph_rebuild(tuple(_static(part, buffers, device, shared) for part in parts))
     if isinstance(value, (tuple, list)):
-        return type(value)(_static(v, buffers, device) for v in value)
+        return type(value)(_static(v, buffers, device, shared) for v in value)
     if isinstance(value, dict):
-        return {k: _static(v, buffers, device) for k, v in value.items()}
+        return {k: _static(v, buffers, device, shared) for k, v in value.items()}
     if not _is_plain_value(value) and _splits(value):
-        return dataclasses.replace(value, **{f: v if _is_plain_value(v) else _static(v, buffers, device)
+        return dataclasses.replace(value, **{f: v if _is_plain_value(v) else _static(v, buffers, device, shared)
                                              for f, v in _fields(value)})
     return value
 

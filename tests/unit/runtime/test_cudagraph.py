@@ -53,6 +53,26 @@ def test_replay_copies_fresh_inputs_into_the_static_buffers():
     assert not torch.equal(outputs[0], outputs[2]), "each call returns its own copy, not the shared buffer"
 
 
+def _prompted(x: torch.Tensor, prompt: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * scale + prompt.sum()
+
+
+def test_graphs_of_one_step_share_the_static_inputs_of_equal_shape():
+    """Two signatures (latent sizes) read a prompt of one shape: one static buffer serves both graphs, and each
+    replay, alternating between them, still reads its own call's values (every replay copies all its inputs in)."""
+    graphed = GraphedStep(_prompted, CPU, RecordingCapturer())
+    small, large = torch.randn(2, 3), torch.randn(4, 3)
+    for i in range(3):
+        for x in (small, large):
+            prompt = torch.full((5, 8), float(i + x.shape[0]))
+            assert torch.equal(graphed(x=x, prompt=prompt, scale=0.5 * i), _prompted(x, prompt, 0.5 * i))
+    assert graphed.captures == 2 and graphed.replays == 6
+    small_inputs, large_inputs = (captured.buffers for captured in graphed._graphs.values())
+    shared = [a is b for a, b in zip(small_inputs, large_inputs)]
+    assert shared == [True, True, False]  # leaves by name: the prompt and the scale share a buffer, x differs
+    assert len(graphed._inputs) == 4
+
+
 class _BoundNetwork:
     """A per-request network view (like Flux2's or Wan I2V's): a shared weight plus the request's own tokens."""
 
