@@ -41,6 +41,8 @@ CASES = [
     pytest.param("demo", ParallelPlan(sp=2), id="demo-sp2"),
     pytest.param("demo", ParallelPlan(cfg=2), id="demo-cfg2"),
     pytest.param("demo", ParallelPlan(sp=2, cfg=2), id="demo-sp2xcfg2", marks=SLOW),
+    # each block's weights gathered for the prompt K/V prepared once per request, as around its forwards
+    pytest.param("demo", ParallelPlan(sp=2, shard_weights=True), id="demo-sp2shard"),
     pytest.param("far-b", ParallelPlan(sp=2), id="far-b-sp2"),
     pytest.param("far-b", ParallelPlan(cfg=2), id="far-b-cfg2", marks=SLOW),
     pytest.param("far-b", ParallelPlan(sp=2, cfg=2), id="far-b-sp2xcfg2", marks=SLOW),
@@ -74,7 +76,6 @@ def test_the_pool_matches_one_process(models, config, plan, caplog):
 
 
 @pytest.mark.parametrize(("deploy", "match"), [
-    (dict(parallel=ParallelPlan(sp=2, shard_weights=True)), "--shard-weights: every block projects"),
     (dict(parallel=ParallelPlan(sp=2), step_cache="fbcache"), "padded to split"),
 ])
 def test_what_the_layout_refuses_is_refused_before_any_process_starts(demo_cache, deploy, match):

@@ -141,8 +141,6 @@ class TokenLayout:
     cfg_passes: int = 2
     """The most guidance passes one step runs, so the largest --cfg-parallel degree that gives every rank work: 2
     for classic CFG (cond, uncond), 4 for LTX-2 (cond, uncond, STG, isolated modality)."""
-    shard_weights: str | None = None
-    """None: --shard-weights may shard the denoiser's blocks; else why this checkpoint refuses it."""
     prompt_nodes: tuple[str, ...] = ("encode_text",)
     """Program nodes that run the text encoder(s) and nothing else: under --text-encoder-rank only that rank runs
     them and broadcasts the slots they write (runtime.parallel.prompt_rank); () where no node does (a prompt read

@@ -36,7 +36,8 @@ class PreparedPrompts:
     def get(self, network: Any, embeds: Any) -> Any:
         """What the step passes as `embeds` (a tensor, or a family's text batch) to `network`: its prepare_prompt
         (PromptKV, or the family's text with them), or `embeds` itself where the network cannot prepare them (it
-        declares no `prepare_prompt`, or answers None: sharded weights). None stays None (no CFG branch)."""
+        declares no `prepare_prompt`, or answers None: LTX-2.3's timestep-modulated text). None stays None (no CFG
+        branch)."""
         prepare = getattr(network, "prepare_prompt", None)
         if embeds is None or not self.enabled or prepare is None:
             return embeds

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from vidloom.layers.sharded import each_resident
 
 
 @dataclass(frozen=True)
@@ -85,22 +87,15 @@ def cat_rows(tensors: Sequence[Tensor]) -> Tensor:
 
 
 def prepare_prompt_kv(attentions: Sequence[Any], embed: Callable[[Tensor], Tensor], embeds: Tensor,
-                      kv: Callable[[Any, Tensor], tuple[Tensor, Tensor]] | None = None) -> PromptKV | None:
+                      kv: Callable[[Any, Tensor], tuple[Tensor, Tensor]] | None = None) -> PromptKV:
     """Every cross-attention's `context_kv` (nn.Modules projecting their context apart from their queries, as
     models.wan.transformer.WanAttention), or `kv(attention, tokens)` (another context of theirs: Wan I2V's image
-    tokens), of the prompt `embed(embeds)` (the DiT's text projection), in block order; None where a block's weights
-    are not resident (weights_resident): the caller's steps then project."""
-    if not weights_resident(attentions):
-        return None
+    tokens), of the prompt `embed(embeds)` (the DiT's text projection), in block order. Under --shard-weights each
+    block's whole weights are gathered for its projection and freed after (layers.sharded.resident)."""
     tokens = embed(embeds)
-    pairs = [attention.context_kv(tokens) if kv is None else kv(attention, tokens) for attention in attentions]
+    pairs = each_resident(attentions, lambda attention: attention.context_kv(tokens) if kv is None
+                          else kv(attention, tokens))
     return PromptKV(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
-
-
-def weights_resident(modules: Sequence[nn.Module]) -> bool:
-    """Whether every parameter of `modules` holds its values here: --shard-weights frees a block's weights between
-    its forwards (runtime.parallel.shard_weights), so a projection run outside the block would read nothing."""
-    return all(p.untyped_storage().nbytes() > 0 for m in modules for p in m.parameters() if p.numel())
 
 
 def prompt_kv_bytes(blocks: int, tokens: int, dim: int, element_size: int) -> int:

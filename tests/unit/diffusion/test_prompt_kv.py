@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.freed_blocks import FreedBlock
 from vidloom.core.denoiser import PreparesPrompt
 from vidloom.core.loop import DONE
 from vidloom.core.request import GenerationRequest
@@ -130,12 +131,16 @@ def test_another_adapter_set_prepares_again():
     assert PreparedPrompts(enabled=False).get(dit, text) is text
 
 
-def test_sharded_weights_fall_back_to_the_embeddings():
-    """--shard-weights frees a block's weights between forwards: nothing is prepared, the step projects."""
+def test_sharded_weights_are_gathered_block_by_block_to_prepare_the_prompt():
+    """--shard-weights frees a block's weights between forwards: each is gathered in turn for its projection
+    (layers.sharded) and freed again, and the prepared K/V equal the unsharded ones."""
     dit, text = _dit(), _embeds(1)
-    dit.blocks[1].cross_attn.k.weight.untyped_storage().resize_(0)
-    assert dit.prepare_prompt(text) is None
-    assert PreparedPrompts().get(dit, text) is text
+    want = dit.prepare_prompt(text)
+    shards = [FreedBlock(block) for block in dit.blocks]
+    got = PreparedPrompts().get(dit, text)
+    assert isinstance(got, PromptKV) and [s.gathers for s in shards] == [1] * len(shards)
+    assert not any(s.resident() for s in shards)
+    assert all(torch.equal(a, b) for a, b in zip((*want.keys, *want.values), (*got.keys, *got.values)))
 
 
 @pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
@@ -241,10 +246,11 @@ def test_the_loop_projects_the_image_once_per_request(policy):
     torch.testing.assert_close(reused, per_step, atol=5e-6 if isinstance(policy, BatchedCFG) else 0, rtol=0)
 
 
-def test_sharded_weights_leave_the_view_projecting():
-    """--shard-weights frees a block's weights between forwards: the view stays unprepared, the step projects."""
+def test_sharded_weights_are_gathered_to_prepare_the_image_keys_and_values():
+    """--shard-weights: the image K/V are prepared with each block gathered in turn, equal to the unsharded ones."""
     dit = _i2v_dit()
-    dit.blocks[2].cross_attn.image_v.weight.untyped_storage().resize_(0)
-    view = ImageConditionedNetwork(dit, _images())
-    assert view.prepare_network() is None
-    assert PreparedPrompts().network(view) is view
+    want = ImageConditionedNetwork(dit, _images()).prepare_network().image_kv
+    shards = [FreedBlock(block) for block in dit.blocks]
+    got = PreparedPrompts().network(ImageConditionedNetwork(dit, _images())).image_kv
+    assert [s.gathers for s in shards] == [1] * len(shards) and not any(s.resident() for s in shards)
+    assert all(torch.equal(a, b) for a, b in zip((*want.keys, *want.values), (*got.keys, *got.values)))

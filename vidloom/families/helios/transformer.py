@@ -296,9 +296,9 @@ class HeliosTransformer(BlockStack, nn.Module):
         temb = self.time_embed(freq).to(dtype)
         return temb, self.time_modulation(F.silu(temb)).unflatten(-1, (6, -1))
 
-    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV | None:
+    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
-        what embed's `text_embeds` takes instead. None where --shard-weights keeps the blocks' weights away."""
+        what embed's `text_embeds` takes instead."""
         return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, frame_indices: Tensor,

@@ -19,7 +19,6 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.av_guidance import AudioVideoGuidance, AudioVideoScales
 from vidloom.diffusion.prompt_kv import PreparedPrompts
-from vidloom.layers.prompt_kv import weights_resident
 from vidloom.lora.apply import current_loras, lora_scope, with_adapter
 from vidloom.lora.files import LoRALayer
 from vidloom.models.ltx2.transformer import LTX2Conditioning, LTX2Positions, LTX2PreparedText, LTX2Ropes, \
@@ -103,9 +102,8 @@ class LTX2Network:
     def prepare_prompt(self, text: LTX2Text) -> LTX2PreparedText | None:
         """core.denoiser.PreparesPrompt: every block's text keys/values of `text` and its mask, as this pass's
         forward (its stage adapter included) would project them; None where the checkpoint modulates its text by
-        the timestep (LTX-2.3's prompt AdaLN), or where the blocks' weights are sharded (--shard-weights frees them
-        outside each block's forward): the steps then project it."""
-        if not self.transformer.static_text or not weights_resident(self.transformer.blocks):
+        the timestep (LTX-2.3's prompt AdaLN): the steps then project it."""
+        if not self.transformer.static_text:
             return None
         typed = text.to(self.dtype)
         with self._stage_scope():

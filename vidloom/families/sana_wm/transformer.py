@@ -175,9 +175,9 @@ class SanaWMTransformer(BlockStack, nn.Module):
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, N, C].
 
-    def prepare_prompt(self, text: Tensor) -> PromptKV | None:
+    def prepare_prompt(self, text: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text [B, L, D_text] (core.denoiser.PreparesPrompt): what
-        embed's `text` takes instead. None where --shard-weights keeps the blocks' weights away."""
+        embed's `text` takes instead."""
         return prepare_prompt_kv([block.cross_attn for block in self.blocks], self._caption, text)
 
     def _caption(self, text: Tensor) -> Tensor:

@@ -217,7 +217,7 @@ class StableAudioDiT(BlockStack, nn.Module):
     # The stages below are the denoiser contract (core.denoiser.StagedDenoiser); forward() is exactly their
     # composition. The residual stream is the token sequence [B, 1 + T, dim] (the global token first).
 
-    def prepare_prompt(self, text: Tensor) -> PromptKV | None:
+    def prepare_prompt(self, text: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text [B, L, cross_attention_input_dim]
         (core.denoiser.PreparesPrompt): what embed's `text` takes instead."""
         return prepare_prompt_kv([block.attn2 for block in self.blocks], self.cross_attention_proj, text)

@@ -68,9 +68,8 @@ class ImageConditionedNetwork:
 
     def prepare_network(self) -> "ImageConditionedNetwork | None":
         """This request's view with its image keys/values prepared (core.denoiser.PreparesPrompt): the CLIP tokens
-        are the same at every step and in both CFG branches. None where the DiT cannot (sharded weights)."""
-        image_kv = self.transformer.prepare_image(self.image_embeds)
-        return None if image_kv is None else dataclasses.replace(self, image_kv=image_kv)
+        are the same at every step and in both CFG branches."""
+        return dataclasses.replace(self, image_kv=self.transformer.prepare_image(self.image_embeds))
 
     @property
     def num_blocks(self) -> int:

@@ -28,17 +28,12 @@ if TYPE_CHECKING:  # the runtime's exchanges import torch.distributed: only a sh
     from vidloom.runtime.parallel.comm import Comm
 
 
-SHARD_WEIGHTS_REFUSAL = ("every block projects the prompt's cross-attention K/V once per request outside its forward "
-                         "(FarTransformer.embed_text), where a sharded block's weights are not gathered")
-
-
 def token_layout(checkpoint: Path) -> TokenLayout:
     """Every chunk's tokens (compressed far context, full context, the chunk being generated) and their KV, sharded
     per chunk and padded where a chunk does not split; the text is cross-attention context, whole on every rank.
     Classic two-branch CFG: under --cfg-parallel each rank runs (and keeps the KV of) one branch."""
     dit = DiffusersDir.open(checkpoint).parse_component("transformer", FarTransformerConfig.from_diffusers)
-    return TokenLayout(num_heads=dit.wan.num_attention_heads, streams=("history_kv", "video"), split="pad",
-                       shard_weights=SHARD_WEIGHTS_REFUSAL)
+    return TokenLayout(num_heads=dit.wan.num_attention_heads, streams=("history_kv", "video"), split="pad")
 
 
 class WholeChunks:

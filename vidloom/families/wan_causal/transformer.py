@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.sharded import each_resident
 from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
 from vidloom.models.wan.transformer import MLP, WanAttention
@@ -199,7 +200,7 @@ class FarTransformer(BlockStack, nn.Module):
     def embed_text(self, text_embeds: Tensor) -> FarText:
         """Text encoder states [B, L, text_dim] -> every layer's cross-attention K/V; once per request."""
         tokens = self.text_embed(text_embeds)
-        pairs = [block.text_kv(tokens) for block in self.blocks]
+        pairs = each_resident(self.blocks, lambda block: block.text_kv(tokens))  # gathered if sharded
         return FarText(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
 
     def new_cache(self, layouts: list[ChunkLayout], batch: int, device: torch.device, dtype: torch.dtype) -> FarKVCache:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.prompt_kv import PromptKV
+from vidloom.layers.sharded import each_resident
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
 from vidloom.models.ltx2.layers import TimestepModulation
@@ -302,7 +303,7 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
             raise ValueError("this checkpoint modulates the text by the timestep (prompt AdaLN): its text keys "
                              "and values change every step")
         video_text, audio_text = self._project_text(video_text, audio_text)
-        kv = [block.text_kv(video_text, audio_text) for block in self.blocks]
+        kv = each_resident(self.blocks, lambda block: block.text_kv(video_text, audio_text))  # gathered if sharded
         keep_all = text_mask is None or bool(text_mask.bool().all())
         return LTX2PreparedText(PromptKV(tuple(k[0] for k in kv), tuple(k[1] for k in kv)),
                                 PromptKV(tuple(k[2] for k in kv), tuple(k[3] for k in kv)),

@@ -296,15 +296,15 @@ class WanTransformer(BlockStack, nn.Module):
         x, cond = self.embed(latents, timestep, text_embeds, image_embeds)
         return self.head(self.run_blocks(x, cond), cond)
 
-    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV | None:
+    def prepare_prompt(self, text_embeds: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
-        what embed's `text_embeds` takes instead, the same values it would project. None where --shard-weights
-        keeps the blocks' weights away between their forwards."""
+        what embed's `text_embeds` takes instead, the same values it would project (under --shard-weights each
+        block's weights gathered for it, layers.sharded)."""
         return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
 
-    def prepare_image(self, image_embeds: Tensor) -> PromptKV | None:
+    def prepare_image(self, image_embeds: Tensor) -> PromptKV:
         """Every block's image keys/values of CLIP tokens [N, I, image_dim] (I2V models): what embed's `image_embeds`
-        takes instead, the values it would project from them, computed in their dtype. None as prepare_prompt."""
+        takes instead, the values it would project from them, computed in their dtype."""
         embed = lambda image: self._embed_image(image, image.dtype)  # noqa: E731
         return prepare_prompt_kv([b.cross_attn for b in self.blocks], embed, image_embeds, WanAttention.image_kv)
 

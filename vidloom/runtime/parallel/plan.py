@@ -18,8 +18,6 @@ __all__ = ["ParallelPlan", "SequenceGeometry", "TokenLayout", "check_model", "ch
 def check_model(plan: ParallelPlan, layout: TokenLayout) -> None:
     """A layout whose CFG does not split refuses --cfg-parallel with its reason. Any sp runs: Ulysses where sp
     divides the heads, ring attention where it does not (`sp_attention` says which)."""
-    if plan.shard_weights and layout.shard_weights is not None:
-        raise DeployError(f"--shard-weights: {layout.shard_weights}; deploy without --shard-weights")
     if plan.text_encoder_rank is not None and not layout.prompt_nodes:
         raise DeployError("parallel.text_encoder_rank (--text-encoder-rank): this model encodes no prompt in a node of "
                           "its own (Family.token_layout's prompt_nodes); deploy without --text-encoder-rank")

@@ -7,8 +7,9 @@ its contiguous slice. A parameter keeps its shape while it is freed (its storage
 FSDP does), so code that reads shapes (LoRA's target checks, memory estimates) still sees the model it loaded.
 Gathering is one all-gather per block and dtype over the sp group; every rank of that group runs the same blocks
 in the same order (their attention already exchanges tokens inside every block, and a step cache's skip decision
-is agreed over the group), so the collectives always pair up. Weights outside the blocks (embeddings, the head,
-text encoders, the VAE) stay whole on every rank.
+is agreed over the group), so the collectives always pair up; work that reads a block's weights outside its
+forward (a prompt's K/V prepared once per request) gathers them through layers.sharded.resident. Weights outside
+the blocks (embeddings, the head, text encoders, the VAE) stay whole on every rank.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
+from vidloom.layers.sharded import mark_sharded
 from vidloom.runtime.parallel.comm import Comm
 
 
@@ -60,6 +62,7 @@ class ShardedBlock:
         for group, group_names in zip(self.groups, names):  # a parameter _drop_whole_copies replaced: the new one
             group.params = [block.get_parameter(name) for name in group_names]
         self.free()
+        mark_sharded(block, self)  # layers.sharded.resident gathers it for work outside its forward (prompt K/V)
         block.register_forward_pre_hook(lambda module, args: self.gather())
         block.register_forward_hook(lambda module, args, out: self.free())
 
