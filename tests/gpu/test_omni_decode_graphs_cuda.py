@@ -1,6 +1,7 @@
 """The Omni families' paged decode step (Qwen2.5-Omni's dense decoders, Qwen3-Omni's MoE ones with their fixed-shape
-expert dispatch) captured into real CUDA graphs (runtime.decode_graphs), against the eager CUDA run of the same weights: chats stepped together over batch buckets 4, 2 and 1, a second run replaying without a capture,
-and a spoken reply through the thinker's and talker's graphs. Skipped without CUDA (tests/gpu/conftest.py).
+expert dispatch) captured into real CUDA graphs (runtime.decode_graphs), against the eager CUDA run of the same
+weights: chats stepped together over batch buckets 4, 2 and 1, a second run replaying without a capture, and a spoken
+reply through the thinker's and talker's graphs. Skipped without CUDA (tests/gpu/conftest.py).
 
 Unmeasured on the branch that wrote it (it had no GPU). Bounds: float32 on both sides, but a replay attends over a
 bucketed key width and runs its GEMMs over the bucket's rows, which may choose other kernels than the eager step's:

@@ -54,7 +54,8 @@ def _graphed(plain: VideoGenerator, capturer: RecordingCapturer) -> Engine:
     """The same loaded model with cuda_graphs on, its steps recorded by `capturer` (the CUDA check at load is the
     real capturer's: test_cuda_graphs_need_cuda_at_load)."""
     engine = plain.engine
-    instance = dataclasses.replace(engine.instance, deploy=dataclasses.replace(engine.instance.deploy, cuda_graphs=True))
+    deploy = dataclasses.replace(engine.instance.deploy, cuda_graphs=True)
+    instance = dataclasses.replace(engine.instance, deploy=deploy)
     return Engine(instance, engine.program, engine.adapters, capturer=capturer)
 
 
