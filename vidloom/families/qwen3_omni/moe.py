@@ -11,6 +11,8 @@ step (`fixed_shapes`, runtime.decode_graphs) takes a path whose every shape foll
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -99,7 +101,13 @@ def _has_grouped_mm(x: Tensor) -> bool:
     """torch's grouped GEMM runs every dtype on CPU; on CUDA only bfloat16 (SM80+)."""
     if not hasattr(F, "grouped_mm"):
         return False
-    return x.device.type == "cpu" or (x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8)
+    return x.device.type == "cpu" or (x.dtype == torch.bfloat16 and _sm80(x.device))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm80(device: torch.device) -> bool:
+    """Asked once per device, not at every layer of every step."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _grouped_mlp(rows: Tensor, counts: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
