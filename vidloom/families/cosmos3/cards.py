@@ -77,7 +77,10 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                            "paged decode forwards under every policy)",
                                                "devices": "chat only: no denoiser to shard, and chat runs on the "
                                                           "paged decoder, which a pool of ranks has not",
-                                               "cfg_parallel": "chat only: no CFG branches to split"})
+                                               "cfg_parallel": "chat only: no CFG branches to split",
+                                               "cuda_graphs": "chat only: the backbone's paged decode does not "
+                                                              "declare decode graphs (runtime.decode_graphs: the "
+                                                              "Qwen-Omni decoders do)"})
 CHAT_ONLY_CAPABILITIES = dataclasses.replace(
     CHAT_ONLY_CAPABILITIES, lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
