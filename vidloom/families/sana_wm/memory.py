@@ -6,7 +6,8 @@ delta rule's float32 per-frame D x D transitions and states (both directions, ma
 streams), the UCPE ray matrices, and for softmax blocks the score matrix SDPA may materialise. The
 LTX-2 VAE decodes the whole clip in one pass (as the LTX-2 estimate counts it). With the refiner
 (--two-stage), its sink + sliding-window KV slab is held for the whole rollout (persistent) and one
-refiner block over a chunk attending to the window runs after stage 1 (within the denoise term's max).
+refiner block over a chunk attending to the window runs after stage 1 (within the denoise term's max). Under --sp
+a rank whose refiner shards (refiner_parallel.py) holds heads/K of every window token and 1/K of the chunk's rows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from vidloom.core.footprint import Footprint, block_bytes, decode_bytes, element
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
+from vidloom.families.sana_wm.refiner_parallel import refiner_layout
 from vidloom.families.sana_wm.text import MAX_TEXT_TOKENS
 from vidloom.layers.prompt_kv import prompt_kv_bytes
 
@@ -61,13 +63,17 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
 def _refiner_window(instance: ModelInstance, frames: int, h: int, w: int) -> int:
     from vidloom.families.sana_wm.refine_loop import SanaWMRefineLoop
 
-    loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"])
+    loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"],
+                            shards=refiner_layout(instance))
     return loop.window_bytes(1, frames, h, w)
 
 
 def _refiner_step(instance: ModelInstance, frames: int, per_frame: int, act: int) -> int:
-    """One refiner block over a chunk: hidden activations plus the chunk x window score matrix."""
+    """One refiner block over a chunk: hidden activations plus the chunk x window score matrix (under --sp this
+    rank's rows, and its heads' scores)."""
     c, s = instance["refiner"].config, instance["refiner_settings"]
+    split = refiner_layout(instance).size
     chunk = min(s.block_size, frames) * per_frame
     window = min(s.kv_max_frames if s.kv_max_frames > 0 else frames, frames) * per_frame + chunk
-    return block_bytes(1, chunk, c.dim, 4 * c.dim, act) + c.num_attention_heads * chunk * window * act
+    rows = -(-chunk // split)
+    return block_bytes(1, rows, c.dim, 4 * c.dim, act) + c.num_attention_heads // split * chunk * window * act

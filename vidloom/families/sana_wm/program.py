@@ -10,6 +10,7 @@ the encoded first image), camera (CameraTensors), video (frames in [0, 1]).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,12 +25,16 @@ from vidloom.media.frames import to_uint8
 from vidloom.families.sana_wm.camera import CameraInput
 from vidloom.families.sana_wm.loop import CameraTensors, SanaWMDenoiseLoop
 from vidloom.families.sana_wm.refine_loop import SanaWMRefineLoop
+from vidloom.families.sana_wm.refiner_parallel import refiner_layout, whole_reason
 from vidloom.families.sana_wm.trajectory import camera_tensors, crop_first_frame, trajectory
+
+log = logging.getLogger(__name__)
 
 
 def build_program(instance: ModelInstance, guidance: TwoBranchCFG | None = None) -> Program:
     """`guidance`: how stage 1's two CFG branches run when not as one batch of two (a --cfg-parallel rank pair's
-    ParallelCFG). The refiner runs without CFG, whole on every rank."""
+    ParallelCFG). The refiner runs without CFG: under --sp over stage 1's sp group (refiner_parallel.py), every
+    CFG rank alike."""
     transformer, vae, text_encoder = instance["transformer"], instance["vae"], instance["text_encoder"]
     device, dtype = instance.device, instance.dtype
     t_stride, s_stride = vae.temporal_compression_ratio, vae.spatial_compression_ratio
@@ -92,12 +97,15 @@ def build_program(instance: ModelInstance, guidance: TwoBranchCFG | None = None)
 def refine_nodes(instance: ModelInstance, streams: bool, tiling: SpatialTiling | None = None) -> tuple[Node, ...]:
     """Stage 2: the refiner's prompt encoding and its chunk-causal rollout over stage 1's latents."""
     refiner_text = instance["refiner_text"]
+    whole = whole_reason(instance)
+    if whole is not None:
+        log.info("%s", whole)
 
     def encode_refiner_text(slots: Mapping[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return {"refiner_text": refiner_text.encode([slots["request"].prompt])}
 
     loop = SanaWMRefineLoop(instance["refiner"], instance.dtype, instance["refiner_settings"],
-                            vae=instance["vae"] if streams else None, tiling=tiling)
+                            vae=instance["vae"] if streams else None, tiling=tiling, shards=refiner_layout(instance))
     return (
         Node("encode_refiner_text", reads=("request",), writes=("refiner_text",), run=encode_refiner_text),
         Node("refine", reads=("request", "latents", "refiner_text"),

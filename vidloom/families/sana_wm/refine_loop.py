@@ -27,6 +27,7 @@ from vidloom.layers.tiling import SpatialTiling
 from vidloom.models.ltx2.patches import pack_video, unpack_video
 from vidloom.models.ltx2.transformer import LTX2Transformer
 from vidloom.families.sana_wm.refiner import RefinerWindow, WindowMode, frame_rope, refiner_velocity
+from vidloom.families.sana_wm.refiner_parallel import WHOLE_CHUNK, ChunkLayout
 from vidloom.models.ltx2.text import LTX2Text
 
 # SanaWMLTX2Refiner.__call__ defaults (the public release's distilled 3-step refiner and its window).
@@ -49,9 +50,10 @@ class RefinerSettings:
 
 
 def refine_forward(dit: LTX2Transformer, tokens: Tensor, text: Tensor, mask: Tensor, timestep: Tensor,
-                   rope: Any, window: RefinerWindow, mode: WindowMode) -> Tensor:
-    """One plan's body: the refiner DiT over the window."""
-    return refiner_velocity(dit, tokens, text, mask, timestep, rope, window, mode)
+                   rope: Any, window: RefinerWindow, mode: WindowMode, shards: ChunkLayout = WHOLE_CHUNK) -> Tensor:
+    """One plan's body: the refiner DiT over the window (every rank of an sp group gets the whole chunk and keeps
+    its part of it: `shards`)."""
+    return refiner_velocity(dit, tokens, text, mask, timestep, rope, window, mode, shards)
 
 
 @dataclass
@@ -77,12 +79,14 @@ class SanaWMRefineLoop:
 
     def __init__(self, transformer: LTX2Transformer, dtype: torch.dtype,
                  settings: RefinerSettings = RefinerSettings(), vae: Any = None,
-                 tiling: SpatialTiling | None = None) -> None:
+                 tiling: SpatialTiling | None = None, shards: ChunkLayout = WHOLE_CHUNK) -> None:
         """`vae` (a causal-decoder LTX-2 VAE): decode and emit each refined chunk as it finishes, and write
         "video" (the chunks in order); None: latents only (the program decodes once at the end). `tiling`:
-        the deployment's vae_tile, spatial only, so a tiled prefix still decodes to the tiled video's first frames."""
+        the deployment's vae_tile, spatial only, so a tiled prefix still decodes to the tiled video's first frames.
+        `shards`: under sequence parallel, this rank's part of each chunk and of the heads (refiner_parallel.py);
+        its window then holds heads/K of every window token."""
         self.transformer, self.dtype, self.settings, self.vae = transformer, dtype, settings, vae
-        self.tiling = tiling
+        self.tiling, self.shards = tiling, shards
         self.steps = len(settings.sigmas) - 1
 
     def num_chunks(self, frames: int) -> int:
@@ -97,7 +101,8 @@ class SanaWMRefineLoop:
         per_frame = (height // c.patch_size) * (width // c.patch_size) // c.patch_size_t
         history = s.kv_max_frames - s.sink_size
         capacity = history if history > 0 else frames - s.sink_size  # <= 0: the reference never trims
-        return c.num_layers, batch, c.dim, s.sink_size * per_frame, min(capacity, frames) * per_frame
+        inner = c.dim // self.shards.size  # this rank's heads of every window token
+        return c.num_layers, batch, inner, s.sink_size * per_frame, min(capacity, frames) * per_frame
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> RefineState:
         request: GenerationRequest = slots["request"]
@@ -163,7 +168,7 @@ class SanaWMRefineLoop:
         return StepPlan(loop=kind, index=index, total=total, call=refine_forward, inputs={
             "dit": self.transformer, "tokens": pack_video(block.to(self.dtype), c.patch_size, c.patch_size_t),
             "text": state.text.video, "mask": state.text.mask, "timestep": timestep, "rope": rope,
-            "window": state.window, "mode": mode})
+            "window": state.window, "mode": mode, "shards": self.shards})
 
     def advance(self, state: RefineState, result: Tensor) -> RefineState:
         if state.step < 0:

@@ -8,15 +8,19 @@ The sink K/V are kept before rotary (each window re-rotates them at a sliding of
 before the history); history K/V are kept after rotary. The order of operations follows diffusers'
 `SanaWMLTX2RefinerAttnProcessor` and block forward step by step (parity needs the same rounding); the
 window bookkeeping (`RefinerWindow`) is ours and is held per request by the runtime's cache manager.
+Under sequence parallel (refiner_parallel.py) each rank runs the blocks on its rows of the chunk and attends with
+its share of the heads, over a window that holds only those heads.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from vidloom.families.sana_wm.refiner_parallel import WHOLE_CHUNK, ChunkLayout
 from vidloom.models.ltx2.blocks import JointBlock
 from vidloom.models.ltx2.layers import Attention, modulation
 from vidloom.models.ltx2.rope import RopeTables, apply_rope, rope_tables, video_positions
@@ -119,59 +123,79 @@ def frame_rope(dit: LTX2Transformer, batch: int, first_frame: int, frames: int, 
 
 
 def refiner_velocity(dit: LTX2Transformer, tokens: Tensor, text: Tensor, text_mask: Tensor | None,
-                     timestep: Tensor, rope: RopeTables, window: RefinerWindow, mode: WindowMode) -> Tensor:
+                     timestep: Tensor, rope: RopeTables, window: RefinerWindow, mode: WindowMode,
+                     shards: ChunkLayout = WHOLE_CHUNK) -> Tensor:
     """Velocity [B, N, C] of the chunk's packed tokens [B, N, C] at timestep [B] (sigma x multiplier).
-    text: the connectors' video output [B, L, caption width]; text_mask [B, L], 1 = attend."""
-    batch = tokens.shape[0]
+    text: the connectors' video output [B, L, caption width]; text_mask [B, L], 1 = attend. `rope`: the chunk's
+    whole rotary tables; `shards`: this rank's part of the chunk and of the heads (the window holds those heads)."""
+    batch, length = tokens.shape[:2]
     # 1. Timestep modulation (one sigma for every token of the chunk) and the projected prompt.
     mod, embedded = dit.video_time(timestep, batch, tokens.dtype)
     text = dit.video_caption(text).view(batch, -1, dit.config.dim)
     mask = None if text_mask is None else ((1 - text_mask.to(tokens.dtype)) * -10000.0)[:, None, None, :]
-    # 2. Video-only blocks over the window.
-    x = dit.video_in(tokens)
+    # 2. Video-only blocks over the window, on this rank's rows; attention on its heads' rotary tables.
+    layout = dit.video_rope.layout
+    sink_rope = None if window.sink_rope is None else shards.head_rope(window.sink_rope, layout)
+    attend = _Attend(shards.head_rope(rope, layout), sink_rope, window, mode, shards, length)
+    x = dit.video_in(shards.shard(tokens))
     window.captured = []
     for i, block in enumerate(dit.blocks):
-        x = _block(block, x, text, mask, mod, rope, window.layer_kv(i), window, mode)
-    # 3. Output modulation and projection.
-    return dit._out(x, embedded, dit.video_out_table, dit.video_out)
+        x = _block(block, x, text, mask, mod, window.layer_kv(i), attend)
+    # 3. Every token again, then the output modulation and projection.
+    return dit._out(shards.gather(x, length), embedded, dit.video_out_table, dit.video_out)
 
 
 LayerKV = tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 
 
-def _block(block: JointBlock, x: Tensor, text: Tensor, mask: Tensor | None, mod: Tensor, rope: RopeTables,
-           layer: LayerKV, window: RefinerWindow, mode: WindowMode) -> Tensor:
+class _Attend(NamedTuple):
+    """What every block's windowed self-attention of one forward reads."""
+
+    rope: RopeTables  # the chunk's, this rank's heads
+    sink_rope: RopeTables | None  # the sink's (slid before the history), this rank's heads
+    window: RefinerWindow
+    mode: WindowMode
+    shards: ChunkLayout
+    length: int  # the chunk's tokens (before any padding)
+
+
+def _block(block: JointBlock, x: Tensor, text: Tensor, mask: Tensor | None, mod: Tensor, layer: LayerKV,
+           attend: _Attend) -> Tensor:
     p = modulation(block.video_table, mod, x.shape[0])
     h = block.video_norm_self(x) * (1 + p[1]) + p[0]
-    x = x + _window_attention(block.video_self, h, rope, layer, window, mode) * p[2]
+    x = x + _window_attention(block.video_self, h, layer, attend) * p[2]
     x = x + block.video_text(block.video_norm_text(x), text, mask)
     return x + block.video_ff(block.video_norm_ff(x) * (1 + p[4]) + p[3]) * p[5]
 
 
-def _window_attention(attn: Attention, h: Tensor, rope: RopeTables, layer: LayerKV, window: RefinerWindow,
-                      mode: WindowMode) -> Tensor:
-    """Queries from the chunk; keys/values [sink (re-rotated), history, chunk] unless capturing the sink."""
-    q, k, v = attn.norm_q(attn.to_q(h)), attn.norm_k(attn.to_k(h)), attn.to_v(h)
+def _window_attention(attn: Attention, h: Tensor, layer: LayerKV, attend: _Attend) -> Tensor:
+    """Queries from the chunk; keys/values [sink (re-rotated), history, chunk] unless capturing the sink. Between
+    to_heads and to_tokens everything is on this rank's heads of every chunk token."""
+    window, mode, shards = attend.window, attend.mode, attend.shards
+    heads = attn.heads // shards.size
+    q, k, v = shards.to_heads((attn.norm_q(attn.to_q(h)), attn.norm_k(attn.to_k(h)), attn.to_v(h)), attn.heads,
+                              attend.length)
     if mode is WindowMode.CAPTURE_SINK:
         window.captured.append((k.detach().clone(), v.detach().clone()))
-    q, k = apply_rope(q, rope, attn.rope_layout), apply_rope(k, rope, attn.rope_layout)
+    q, k = apply_rope(q, attend.rope, attn.rope_layout), apply_rope(k, attend.rope, attn.rope_layout)
     if mode is WindowMode.CAPTURE_HISTORY:
         window.captured.append((k.detach().clone(), v.detach().clone()))
     if mode is not WindowMode.CAPTURE_SINK:
         keys, values = [], []
         sink_k, sink_v, history_k, history_v = layer
         if sink_k is not None and sink_v is not None:
-            if window.sink_rope is None:
+            if attend.sink_rope is None:
                 raise RuntimeError("the refiner window has a sink but no sink rotary tables")
-            keys.append(apply_rope(sink_k.to(k.dtype), window.sink_rope, attn.rope_layout))
+            keys.append(apply_rope(sink_k.to(k.dtype), attend.sink_rope, attn.rope_layout))
             values.append(sink_v.to(v.dtype))
         if history_k is not None and history_v is not None:
             keys.append(history_k.to(k.dtype))
             values.append(history_v.to(v.dtype))
         if keys:
             k, v = torch.cat([*keys, k], dim=1), torch.cat([*values, v], dim=1)
-    split = lambda t: t.unflatten(2, (attn.heads, -1))  # noqa: E731
-    out = attn.attention_fn(split(q), split(k), split(v), None).flatten(2, 3).to(q.dtype)
+    split = lambda t: t.unflatten(2, (heads, -1))  # noqa: E731
+    out = shards.to_tokens(attn.attention_fn(split(q), split(k), split(v), None), h.shape[1])
+    out = out.flatten(2, 3).to(q.dtype)
     if attn.gate is not None:
         gates = 2.0 * torch.sigmoid(attn.gate(h))
         out = (out.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
