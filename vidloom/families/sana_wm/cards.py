@@ -38,7 +38,8 @@ CAPABILITIES = Capabilities(
     # --policy batch: stage-1 steps of one shape stack (cameras and both CFG branches, loop.STAGE1_INPUTS); the
     # refiner's steps write their own window K/V, so they run alone (the result's metadata says so).
     # --sp / --cfg-parallel (parallel.py): stage 1's tokens in bands of patch rows, its CFG branches on a rank pair;
-    # the refiner runs whole on every rank. --text-encoder-rank: both prompt nodes (Gemma-2; with the refiner its
+    # the refiner's chunk tokens split over the sp group, its window by heads (refiner_parallel.py; whole on every
+    # rank where sp does not divide its heads). --text-encoder-rank: both prompt nodes (Gemma-2; with the refiner its
     # Gemma-3 and connectors) run on that rank alone, which broadcasts what they write (parallel.token_layout).
     frozenset({"two_stage", "step_cache", "compile", "fp8_weights", "cuda_graphs", "vae_tile", "offload_text_encoder",
                "prompt_cache_size", "batching", "devices", "cfg_parallel", "text_encoder_rank"}),

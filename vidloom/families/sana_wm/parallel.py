@@ -33,8 +33,11 @@ if TYPE_CHECKING:  # the runtime's exchanges import torch.distributed (and dynam
 
 def token_layout(checkpoint: Path) -> TokenLayout:
     """Stage 1's video tokens, sharded by patch rows of every frame (each frame's patch rows must divide by K);
-    the caption is cross-attention context, whole on every rank. The --two-stage refiner runs whole on every
-    rank (its windowed K/V rollout is not sharded). CFG: negative and positive prompt, one per rank. The prompt
+    the caption is cross-attention context, whole on every rank. The --two-stage refiner shards over the same
+    sp group (refiner_parallel.py; not a `denoisers` entry, its windowed forward is the family's own): each rank
+    keeps 1/K of the active chunk's tokens (padded to split) and heads/K of every sink and history token of its
+    window; where K does not divide the refiner's heads it runs whole on every rank (logged at load). CFG:
+    negative and positive prompt, one per rank (the refiner has no CFG: every CFG rank runs it alike). The prompt
     nodes (--text-encoder-rank): stage 1's Gemma-2 and, with the refiner, its Gemma-3 and connectors."""
     ckpt = DiffusersDir.open(checkpoint)
     dit = SanaWMConfig.from_diffusers(ckpt.component_config("transformer"))
