@@ -58,11 +58,11 @@ def _rollout(dit: LTX2Transformer, shards: ChunkLayout, dtype: torch.dtype) -> t
     for start in range(SINK, FRAMES, BLOCK):
         end = min(start + BLOCK, FRAMES)
         window.sink_rope = rope(start - window.history_frames - SINK, SINK)
-        tokens = pack(z[:, :, start:end])
+        tokens, chunk_rope = pack(z[:, :, start:end]), rope(start, end - start)
         for sigma in (0.9, 0.4):
-            out.append(refiner_velocity(dit, tokens, text, mask, torch.tensor([sigma * 1000.0]), rope(start, end - start),
-                                        window, WindowMode.ATTEND, shards))
-        out.append(refiner_velocity(dit, tokens, text, mask, torch.zeros(1), rope(start, end - start), window,
+            out.append(refiner_velocity(dit, tokens, text, mask, torch.tensor([sigma * 1000.0]), chunk_rope, window,
+                                        WindowMode.ATTEND, shards))
+        out.append(refiner_velocity(dit, tokens, text, mask, torch.zeros(1), chunk_rope, window,
                                     WindowMode.CAPTURE_HISTORY, shards))
         window.append_history()
     return out, window.nbytes
