@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
 from tests.helpers.graph_capturer import UNCAPTURABLE, OpLog, RecordingCapturer, graphed_generator
 from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.families.cosmos3.gen_step import PROMPT_BUCKET, bucket_length
 from vidloom.families.cosmos3.memory import footprint, kv_bytes
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.batching import batch_key
 
 RTOL = 1e-5
 VIDEO_TOL = 1e-5
@@ -70,6 +72,7 @@ def test_graphed_requests_share_a_bucket_and_match_eager(plain):
         assert view.slabs is not None and plan.inputs["network"].slabs is None  # eager keeps unpadded prefixes
         assert tuple(p.shape[-3] for p in view.prefixes) == tuple(bucket_length(n) for n in real)
         assert [int(m.sum()) for m in view.prefix_masks] == list(real)
+        assert batch_key(padded_plan) is None  # a graphed step reads its own static prefix buffers: it runs alone
         for want, got in zip(eager, padded):
             if want is not None:
                 assert (got - want).abs().max() <= RTOL * want.abs().max(), name
@@ -118,3 +121,19 @@ def test_a_graphed_step_runs_no_op_a_cuda_graph_cannot_hold(plain):
         run.close()
     assert "aten.scaled_dot_product_attention.default" in log.ops  # the whole step was seen
     assert not log.ops & UNCAPTURABLE, sorted(log.ops & UNCAPTURABLE)
+
+
+def test_the_sound_pathway_replays_over_the_same_buckets(tmp_path):
+    """Sound tokens join the generated stream (their positions follow the prompt like the vision tokens'): the
+    same mechanism covers them. Frames and waveform within 1e-5 of the plain run; the second request replays."""
+    plain = VideoGenerator.from_pretrained(write_tiny_cosmos3_sound(tmp_path / "sound"), device="cpu")
+    graphed = graphed_generator(plain, RecordingCapturer())
+    shape = dict(num_frames=9, height=32, width=32, fps=24, num_inference_steps=2, guidance_scale=3.0, sound=True)
+    first = GenerationRequest(prompt="a dog barks at the sea", negative_prompt="silence", seed=6, **shape)
+    second = GenerationRequest(prompt="a cat purrs", negative_prompt="silence, hum", seed=7, **shape)
+    for request, counts in ((first, (1, 2)), (second, (1, 4))):
+        want, got = plain.engine.run(request), graphed.engine.run(request)
+        assert np.abs(got["video"] - want["video"]).max() <= VIDEO_TOL
+        assert got["audio"].shape == want["audio"].shape
+        assert (got["audio"] - want["audio"]).abs().max().item() <= VIDEO_TOL
+        assert graphed.engine.graph_stats == {"captures": counts[0], "replays": counts[1], "fallbacks": 0}
