@@ -11,16 +11,17 @@ keys differ) and run alone.
 
 Under cuda_graphs (LoopContext.captures_steps) a prompt's prefix K/V instead lives in a buffer padded to its
 prompt-length bucket (the next multiple of PROMPT_BUCKET tokens), so one captured step serves every prompt length of
-the bucket: the padding keys are masked out (`prefix_mask`, a boolean SDPA mask: their attention weights are exactly
-zero) and the generated tokens' rotary positions, which follow the real length, are a tensor input refilled at each
-replay (GenLayout.on), not part of the graph's shape. The reference (diffusers' Cosmos3OmniPipeline) pads nothing: it
-runs one unpadded prompt per branch, as the eager path does; the padded step computes the same attention over the same
-prompt keys, the masked SDPA call only summing in another order (float32: within 2e-6 of eager on the tiny checkpoint,
-tests/integration/test_cosmos3_cuda_graphs.py). The padded buffer is the request's cache allocation itself, a static
-buffer (runtime.static_buffers: charged to the cache budget and the request ledger, handed to the next request of its
-bucket, which then replays the graphs recorded over it), one pool per CFG branch so each request's branches take the
-buffers those graphs read. A graphed request's steps run alone (batch_key None): a stacked copy of several prefixes
-would be a static input of its own, outside that accounting.
+the bucket: the padding keys are masked out (`prefix_mask`, one boolean SDPA key mask broadcast over every query row:
+their attention weights are exactly zero) and the generated tokens' rotary positions, which follow the real length,
+are a tensor input refilled at each replay (GenLayout.on), not part of the graph's shape. The reference (diffusers'
+Cosmos3OmniPipeline) pads nothing: it runs one unpadded prompt per branch, as the eager path does; the padded step
+computes the same attention over the same prompt keys, the masked SDPA call only summing in another order (float32:
+velocities within 2e-6 of eager on the demo checkpoint, tests/integration/test_cosmos3_cuda_graphs.py). The padded
+buffer is the request's cache allocation itself, a static buffer (runtime.static_buffers: charged to the cache budget
+and the request ledger, handed to the next request of its bucket, which then replays the graphs recorded over it),
+one pool per CFG branch so each request's branches take the buffers those graphs read. A graphed request's steps run
+alone (batch_key None): a stacked copy of several prefixes would be a static input of its own, outside that
+accounting.
 
 A batched step reads a stacked copy of its requests' prefixes (B times one request's prefix K/V per CFG branch, freed
 after the step); each request's own buffers stay in the cache manager, unchanged.
@@ -123,7 +124,8 @@ class Cosmos3View:
         recomputed per step, a sharded stream, whose attention takes one request's rows, or a graphed step, which
         reads its own static prefix buffers)."""
         g = self.generator
-        if self.slabs is not None or self.prefixes is None or g.sequence is not WHOLE_SEQUENCE or g.joint.attention_fn is not prefixed_attention:
+        if (self.slabs is not None or self.prefixes is None or g.sequence is not WHOLE_SEQUENCE
+                or g.joint.attention_fn is not prefixed_attention):
             return None
         p = self.prefixes[0]
         return (id(g), id(self.backbone), tuple(b.key for b in self.branches), p.dtype, p.device)
@@ -139,11 +141,12 @@ class Cosmos3View:
         noisy frames, sound and action steps) and its padded prefix buffer (by identity, read in place: never copied
         into a static input); it reads each branch's positions, noisy-frame index and prefix mask as tensors, so every
         prompt length of the buckets replays it. A view without slabs (prefixes recomputed per step) bakes in its
-        prompts' ids and runs eagerly once its capture fails on the host-built prefix positions."""
+        prompts' ids and layouts whole (a CUDA capture then fails on the prefill's host-built prefix positions, and
+        that signature runs eagerly)."""
+        if self.slabs is None:  # the ids, and the positions by value (Branch.key): they follow the prompt and the fps
+            return (self.generator, self.backbone, tuple((tuple(b.ids.tolist()), b.key) for b in self.branches)), ()
         layouts = tuple((b.layout.latent_shape, b.layout.patch, b.layout.noisy_frames, b.layout.sound_len,
                          b.layout.action_len, b.layout.action_noisy) for b in self.branches)
-        if self.slabs is None:
-            return (self.generator, self.backbone, tuple(tuple(b.ids.tolist()) for b in self.branches), layouts), ()
         masks = self.prefix_masks or ()
         parts = tuple((b.layout.positions, b.layout.noisy_index, m) for b, m in zip(self.branches, masks, strict=True))
         return (self.generator, self.backbone, self.slabs, layouts), parts

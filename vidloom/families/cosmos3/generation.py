@@ -145,8 +145,8 @@ def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix
     keys, values = torch.cat([prefix_k, k], dim=-3), torch.cat([prefix_v, v], dim=-3)
     if prefix_mask is None:
         return grouped_attention(q, keys, values, q.shape[-1] ** -0.5)
-    kept = torch.cat([prefix_mask, prefix_mask.new_ones(k.shape[-3])])[None]  # [1, Lb + S]: every query row alike
-    return grouped_attention(q, keys, values, q.shape[-1] ** -0.5, mask=kept)
+    kept = torch.cat([prefix_mask, prefix_mask.new_ones(k.shape[-3])])  # [Lb + S]: every query row alike
+    return grouped_attention(q, keys, values, q.shape[-1] ** -0.5, key_mask=kept)
 
 
 class JointAttention:
