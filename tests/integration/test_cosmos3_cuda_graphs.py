@@ -22,6 +22,7 @@ from vidloom.core.request import GenerationRequest, resolve_request
 from vidloom.families.cosmos3.gen_step import PROMPT_BUCKET, bucket_length
 from vidloom.families.cosmos3.memory import footprint, kv_bytes
 from vidloom.generator import VideoGenerator
+from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.batching import batch_key
 
 RTOL = 1e-5
@@ -94,7 +95,7 @@ def test_graphed_requests_share_a_bucket_and_match_eager(plain):
     assert graphed.engine.static_buffer_stats == {"idle": 3, "reused": 3, "built": 3, "dropped": 0}
 
 
-def test_the_padded_buffers_are_what_the_cache_budget_and_the_estimate_count(plain):
+def test_the_padded_buffers_are_what_the_budget_the_estimate_and_the_ledger_count(plain):
     graphed = graphed_generator(plain, RecordingCapturer())
     before = graphed.engine.caches.bytes_in_use  # the chat pathway's paged KV pool, sized at load
     plan, _ = _first_step(graphed, A)
@@ -106,6 +107,13 @@ def test_the_padded_buffers_are_what_the_cache_budget_and_the_estimate_count(pla
     request = resolve_request(_request(A), instance.card)
     assert footprint(instance, request).caches - footprint(plain.engine.instance, request).caches > 0
     assert footprint(instance, request).caches % kv_bytes(instance, PROMPT_BUCKET) == 0
+
+    # On the request memory ledger: once the request has left it, its idle buffers hold an entry of their own.
+    engine = graphed.engine
+    engine.admission = MemoryAdmission(engine.estimator(request) + padded)
+    engine.run(_request(B))  # B takes A's idle buffers over (its estimate counts them), then gives them back
+    assert engine.static_buffer_stats == {"idle": 2, "reused": 2, "built": 2, "dropped": 0}
+    assert engine.admission.in_use == padded
 
 
 def test_a_graphed_step_runs_no_op_a_cuda_graph_cannot_hold(plain):
