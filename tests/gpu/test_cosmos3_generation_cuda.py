@@ -39,3 +39,24 @@ def test_cuda_bf16_generation_and_reasoning(cosmos3_dir: Path):
     out = gpu.generate(reason=True, **KW)
     assert out.frames.shape == (5, 32, 32, 3) and out.metadata["reasoned_prompt"]
     assert gpu.engine.caches.bytes_in_use == baseline
+
+
+def test_cuda_graphs_replay_a_prompt_bucket(cosmos3_dir: Path, no_tf32):
+    """Real capture over bucket-padded prefixes (gen_step.PROMPT_BUCKET): float32 video against the eager CUDA run;
+    a second prompt of other lengths in the same buckets replays without capturing, a longer one captures anew.
+    Unmeasured on the branch that wrote it (no GPU): the CPU stand-in measured 8.1e-7 (cosmos3-demo); the bound
+    leaves room for the masked and unmasked SDPA kernels' sums."""
+    from vidloom.core.deploy import DeployConfig
+
+    eager = VideoGenerator.from_pretrained(cosmos3_dir, device="cuda", dtype="float32")
+    graphed = VideoGenerator.from_pretrained(cosmos3_dir, device="cuda", dtype="float32",
+                                             deploy=DeployConfig(cuda_graphs=True))
+    # tests/helpers/graph_families.py's cosmos3 prompts: their buckets are checked on CPU there.
+    prompts = [("a red fox jumps", "blurry"), ("a blue cat naps on a roof", "blurry, dark"),
+               ("a red fox jumps over the lazy dog in the snow " * 8, "blurry")]
+    counts = [(1, 3), (1, 6), (2, 9)]
+    for (prompt, negative), (captures, replays) in zip(prompts, counts):
+        request = GenerationRequest(**{**KW, "prompt": prompt, "negative_prompt": negative})
+        want, got = eager.engine.run(request)["video"], graphed.engine.run(request)["video"]
+        assert np.abs(got - want).max() < 1e-4, (prompt, np.abs(got - want).max())
+        assert graphed.engine.graph_stats == {"captures": captures, "replays": replays, "fallbacks": 0}

@@ -87,3 +87,18 @@ class OpLog(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.ops.add(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def step_ops(run: Any, ready: Callable[[Any], bool]) -> set[str]:
+    """The aten ops of the first plan of `run` that `ready(plan)` accepts, run once under OpLog (the plans before it
+    are stepped; the run is closed). The step's attention must be among them: the whole step was seen."""
+    try:
+        while not (run.prepare() and ready(run.pending_plan)):
+            run.step()
+        plan = run.pending_plan
+        with torch.inference_mode(), OpLog() as log:
+            plan.call(**plan.inputs)
+    finally:
+        run.close()
+    assert "aten.scaled_dot_product_attention.default" in log.ops
+    return log.ops

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
@@ -20,6 +21,7 @@ from vidloom.generator import VideoGenerator
 
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "anyflow-far": lambda d: write_tiny_far(d, FAR_A),
+    "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
     "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),
     "stable-audio": lambda d: write_tiny_stable_audio(d, STABLE_AUDIO_CONFIGS[0]),
     "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
@@ -30,6 +32,10 @@ STEPS = 2
 SIGNATURES = {"anyflow-far": 2}
 """Graphs one request of a kind captures (default 1): AnyFlow-FAR's rollout captures one per chunk position (its
 9 frames are 3 latent frames in chunks of 1 and 2), each replayed for that chunk's STEPS steps."""
+LEVELS = {"cosmos3": 1}
+"""uint8 levels a kind's replayed frames may differ from its plain run by (default 0: bit-equal): Cosmos3's graphed
+step attends over its bucket-padded prefix with the padding masked, the same keys summed in another order (float32
+video within 1e-5: tests/integration/test_cosmos3_cuda_graphs.py)."""
 
 
 def graph_counts(kind: str) -> list[tuple[int, int]]:
@@ -46,6 +52,11 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         first = dict(prompt="a red fox jumps", height=32, width=48, num_frames=9, seed=1, guidance_scale=3.0)
         second = dict(prompt="a blue cat naps", height=32, width=48, num_frames=9, seed=2, guidance_scale=4.5)
         changed = {**first, "width": 64}
+    elif kind == "cosmos3":  # prompt lengths: the second's differ from the first's within their buckets, the third's
+        first = dict(prompt="a red fox jumps", height=32, width=32, num_frames=5, seed=1, guidance_scale=3.0)
+        second = dict(prompt="a blue cat naps on a roof", negative_prompt="blurry, dark", height=32, width=32,
+                      num_frames=5, seed=2, guidance_scale=4.5)
+        changed = {**first, "prompt": "a red fox jumps over the lazy dog in the snow " * 8}  # the next bucket
     elif kind == "flux2":  # reference images: their tokens are per-request tensors of the network view
         first = dict(prompt="make it purple", image=make_image(64, 64, 1), seed=1, guidance_scale=4.0)
         second = dict(prompt="make it yellow", image=make_image(64, 64, 2), seed=2, guidance_scale=3.0)

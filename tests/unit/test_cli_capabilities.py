@@ -27,8 +27,8 @@ def test_the_command_prints_the_table_then_every_refusal_with_its_reason(capsys)
     assert {line.split(" on ")[1].split(":")[0] for line in no_lora} == {
         "cosmos3-chat-only", "adapted diffusers pipeline", "qwen-omni", "qwen3-omni"}
     assert not [line for line in reasons if line.endswith("not wired for this family")], "a refusal without a reason"
-    cosmos3 = next(line for line in reasons if line.startswith("- `cuda_graphs` on cosmos3: "))
-    assert "prompt length" in cosmos3  # the card's own reason
+    actions = next(line for line in reasons if line.startswith("- `cuda_graphs` on cosmos3-actions: "))
+    assert "action session" in actions  # the card's own reason
 
 
 def test_the_readme_table_is_the_command_output():
@@ -52,7 +52,8 @@ def test_cells_follow_what_the_cards_declare():
     assert rows["wan2.2-a14b"] == wan_capabilities(two_experts=True)
     table = capability_table()
     assert _cell(table, "offload_idle_expert", "wan2.2-a14b") == "yes" and _cell(table, "offload_idle_expert", "wan") == "-"
-    assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "cosmos3") == "-"
+    assert _cell(table, "cuda_graphs", "ltx2") == "yes" and _cell(table, "cuda_graphs", "cosmos3") == "yes"
+    assert _cell(table, "cuda_graphs", "cosmos3-actions") == "-"
     assert _cell(table, "cuda_graphs", "anyflow-far") == "yes"
     assert _cell(table, "cfg_mode", "flux2") == "yes" and _cell(table, "cfg_mode", "flux2-distilled") == "-"
     assert _cell(table, "kv_pool_tokens", "cosmos3") == "yes" and _cell(table, "kv_pool_tokens", "wan") == "-"

@@ -124,6 +124,12 @@ class LoopContext(Protocol):
         """
         ...
 
+    @property
+    def captures_steps(self) -> bool:
+        """Whether this run's steps may replay CUDA graphs (cuda_graphs on): a loop that lays its step inputs out so
+        that requests share graphs (Cosmos3's prompt-length buckets) asks before building them."""
+        ...
+
     def allocate(self, nbytes: int, build: Callable[[], T], reuse: Hashable | None = None) -> T:
         """A long-lived buffer (a KV slab of `nbytes`) from the runtime's cache manager.
 

@@ -10,8 +10,12 @@ from torch import Tensor
 
 
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, causal: bool = False,
-                      mask: Tensor | None = None) -> Tensor:
+                      mask: Tensor | None = None, key_mask: Tensor | None = None) -> Tensor:
     """GQA attention: q [..., S, H, D], k/v [..., L, KVH, D] -> [..., S, H, D]; `mask` [..., S, L] (True keeps).
+
+    `key_mask` [L] bool (True keeps), one for every query row: handed to SDPA as [1, 1, 1, L], which its kernels
+    broadcast (a per-row `mask` is folded and expanded to [B, 1, groups * S, L] instead, which a fused kernel's mask
+    conversion would materialize: fine for decode's one query row, not for thousands).
 
     SDPA always gets 4-d (B, heads, S, D) inputs: PyTorch's CPU flash kernel takes only those (3-d ones
     fall back to the math path, several times slower). With a mask, each kv head's query heads are folded
@@ -20,7 +24,7 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, causal: 
     """
     if q.dim() == 3:  # one sequence: add the batch axis
         out = grouped_attention(q[None], k[None], v[None], scale, causal=causal,
-                                mask=None if mask is None else mask[None])
+                                mask=None if mask is None else mask[None], key_mask=key_mask)
         return out[0]
     b, s, heads, d = q.shape
     kv_heads = k.shape[-2]
@@ -29,7 +33,8 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, causal: 
     if mask is None:
         q = q.transpose(1, 2)
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        keys = None if key_mask is None else key_mask.view(1, 1, 1, -1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=causal, scale=scale)
         return out.transpose(1, 2)
     # Query head h serves kv head h // groups (repeat_interleave's order): rows (group, position) per kv head.
     q = q.view(b, s, kv_heads, groups, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, groups * s, d)

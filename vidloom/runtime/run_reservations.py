@@ -98,6 +98,11 @@ class ReservingRun(RunHandle):
         self.hold(lambda: decoder.release(seq_id))
         return seq_id
 
+    @property
+    def captures_steps(self) -> bool:
+        """Under cuda_graphs (the engine's static buffers set): this run's steps may replay graphs."""
+        return self.static is not None
+
     def allocate(self, nbytes: int, build: Callable[[], T], reuse: Hashable | None = None) -> T:
         """A cache buffer accounted to this request, released with the loop that asked for it. `reuse`: under
         cuda_graphs (`static` set), the buffer is a static one of that key (runtime.static_buffers), given back to

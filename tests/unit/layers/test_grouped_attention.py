@@ -39,3 +39,16 @@ def test_causal_attention_of_one_sequence():
     out = grouped_attention(q, k, v, 0.25, causal=True)
     ref = _reference(q[None], k[None], v[None], 0.25, causal[None])[0]
     assert (out - ref).abs().max().item() < 1e-5
+
+
+def test_a_key_mask_is_attention_over_the_kept_keys_alone():
+    """One mask for every query row (Cosmos3's bucket-padded prompt keys): the masked keys, whatever they hold,
+    weigh nothing, so the result is attention over the kept keys alone, with or without a batch axis."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 5, 8, 16), torch.randn(2, 11, 2, 16), torch.randn(2, 11, 2, 16)
+    keep = torch.tensor([True] * 4 + [False] * 3 + [True] * 4)
+    out = grouped_attention(q, k, v, 0.25, key_mask=keep)
+    assert (out - grouped_attention(q, k[:, keep], v[:, keep], 0.25)).abs().max().item() < 1e-6
+    assert (out - _reference(q, k, v, 0.25, keep.expand(2, 5, 11))).abs().max().item() < 1e-5
+    alone = grouped_attention(q[1], k[1], v[1], 0.25, key_mask=keep)
+    assert (alone - out[1]).abs().max().item() < 1e-6

@@ -46,22 +46,17 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # devices, cfg_parallel: the generated stream sharded (padded), the prefix K/V whole on every rank, one CFG branch per
 # rank (parallel.token_layout). batching (--policy batch): steps of requests whose prompts have equal token counts (and
 # equal sizes) stack their prefilled prompt K/V into one forward; other requests run alone (gen_step.Cosmos3View).
+# cuda_graphs: each branch's prefix K/V padded to its prompt-length bucket (gen_step.PROMPT_BUCKET) in a static buffer,
+# the padding masked out, the generated tokens' positions a tensor input: one graph per bucket pair and layout.
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
-               "vae_tile", "attention_backend", "devices", "cfg_parallel", "batching"}),
+               "vae_tile", "attention_backend", "devices", "cfg_parallel", "batching", "cuda_graphs"}),
     refusals("offload_idle_expert", "two_stage", "components",
              offload_text_encoder="the prompt is read by the unified backbone, which generation needs resident; "
                                   "there is no separate text encoder to offload",
              prompt_cache_size="a prompt is prefilled into the backbone's KV per request, not encoded into an "
                                "embedding a cache could keep",
              cfg_mode="each CFG branch prefills its own prefix KV; running both in one batch is not wired",
-             # runtime/cudagraph.py takes the step's three outputs and its per-request prefixes, branches and layouts as
-             # static buffers; what it cannot fix is their shape, which follows each prompt's token count.
-             cuda_graphs="the denoise step's signature includes each CFG branch's prompt length (the prefilled prompt "
-                         "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
-                         "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
-                         "growing with each new length; padding prompts to one length would attend over masked "
-                         "padding, not the reference's computation",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              text_encoder_rank="the prompt is read by the unified backbone, which every rank runs; there is no "
                                "separate text encoder to place on one rank"),
@@ -89,9 +84,13 @@ CHAT_ONLY_CAPABILITIES = dataclasses.replace(
 # refuses multi-device plans until they do (its one-shot requests would shard like generation's).
 ACTION_POOL_NOTE = ("an action session keeps its prefilled prompt K/V in the engine's cache manager between chunks, "
                     "which a pool of ranks does not have; action checkpoints run on one device")
+ACTION_GRAPHS_NOTE = ("an action session keeps its prefilled prompt K/V resident between chunks, while under "
+                      "cuda_graphs a request's bucket-padded prefix is a static buffer handed to the next request of "
+                      "its bucket when it ends (gen_step.PaddedPrefix); a chunk's prefix cannot be both")
 ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
                                    {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"}
-                                   ).without({"devices": ACTION_POOL_NOTE, "cfg_parallel": ACTION_POOL_NOTE})
+                                   ).without({"devices": ACTION_POOL_NOTE, "cfg_parallel": ACTION_POOL_NOTE,
+                                              "cuda_graphs": ACTION_GRAPHS_NOTE})
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
                    "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 

@@ -16,10 +16,17 @@ its rank's branch (conditional on cfg-rank 0) and the pair exchanges predictions
 A denoise plan declares its per-request inputs (gen_step.STEP_INPUTS) and a per-request network view over the
 request's prefixes (gen_step.Cosmos3View), so under `--policy batch` steps of requests whose prompts have equal token
 counts (and equal generated layouts) run as one forward; the rest run alone (gen_step says why).
+
+Under cuda_graphs (ctx.captures_steps) each branch's prefix buffer is padded to its prompt-length bucket and is a
+static buffer of that bucket (gen_step.PaddedPrefix; reuse key: the branch, its padded shape, dtype and device): the
+prefill writes the prompt's rows, the steps read the whole buffer with the padding masked out, and the next request of
+the bucket takes the buffer over and replays the steps' graphs. An action session's prefixes stay resident between
+its chunks, which a buffer handed to the next request cannot: a request of a session keeps unpadded prefixes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -31,8 +38,8 @@ from vidloom.core.loop import DONE, NETWORK, Done, LoopContext, StepPlan
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
-from vidloom.families.cosmos3.gen_step import (PREFILL_INPUTS, STEP_INPUTS, Branch, Cosmos3View, denoise_step,
-                                               prefill_step)
+from vidloom.families.cosmos3.gen_step import (PREFILL_INPUTS, STEP_INPUTS, Branch, Cosmos3View, PaddedPrefix,
+                                               bucket_length, denoise_step, prefill_step)
 from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 
@@ -66,6 +73,8 @@ class Cosmos3DenoiseState:
     domain: int = 0
     action_width: int = 0  # the embodiment's unpadded width
     prefixes: list[Tensor] = field(default_factory=list)
+    slabs: list[PaddedPrefix] = field(default_factory=list)  # under cuda_graphs: the padded buffers `prefixes` view
+    prefix_masks: list[Tensor] = field(default_factory=list)  # under cuda_graphs: [bucket] bool, True at prompt rows
     resident: ResidentPrefix | None = None  # kept for the next chunk of an action session
     filled: int = 0  # branches prefilled so far
     index: int = 0
@@ -102,6 +111,9 @@ class Cosmos3DenoiseLoop:
             session = getattr(request.option("action"), "session_id", None)
             if session is not None and self._resume(state, ctx, session):
                 return state
+            if session is None and ctx.captures_steps:
+                self._padded(state, ctx)
+                return state
             device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()
             for branch in branches:
                 shape = self.generator.prefix_shape(len(branch.ids))
@@ -110,6 +122,28 @@ class Cosmos3DenoiseLoop:
             if session is not None:
                 self._keep(state, ctx)
         return state
+
+    def _padded(self, state: Cosmos3DenoiseState, ctx: LoopContext) -> None:
+        """Each branch's prefix in a static buffer padded to its prompt-length bucket, its layout's step inputs on the
+        device (gen_step's module docstring)."""
+        ctx.hold(state.slabs.clear)
+        ctx.hold(state.prefix_masks.clear)
+        device, element = state.latents.device, torch.empty((), dtype=self.dtype).element_size()
+        for k, branch in enumerate(state.branches):
+            padded = bucket_length(len(branch.ids))
+            shape = self.generator.prefix_shape(padded)
+            slab = ctx.allocate(torch.Size(shape).numel() * element,
+                                lambda s=shape: PaddedPrefix(torch.zeros(s, dtype=self.dtype, device=device)),
+                                reuse=(k, shape, self.dtype, device))
+            state.slabs.append(slab)
+            state.prefixes.append(slab.kv)
+            state.prefix_masks.append(torch.arange(padded, device=device) < len(branch.ids))
+        state.branches = tuple(dataclasses.replace(b, layout=b.layout.on(device)) for b in state.branches)
+
+    def _filled(self, state: Cosmos3DenoiseState, k: int) -> Tensor:
+        """The rows of branch `k`'s prefix buffer its prefill writes: all of them, or the prompt's of a padded one."""
+        buffer = state.prefixes[k]
+        return buffer if not state.slabs else buffer.narrow(-3, 0, len(state.branches[k].ids))
 
     @staticmethod
     def _ids(state: Cosmos3DenoiseState) -> tuple[tuple[int, ...], ...]:
@@ -138,15 +172,16 @@ class Cosmos3DenoiseLoop:
             return StepPlan(loop=PREFILL, index=k, total=len(state.branches), call=prefill_step,
                             denoiser=PREFILL_INPUTS,
                             inputs={"generator": self.generator, "backbone": self.backbone,
-                                    "ids": state.branches[k].ids[None], "out": state.prefixes[k][None]})
+                                    "ids": state.branches[k].ids[None], "out": self._filled(state, k)[None]})
         if state.index >= state.schedule.num_steps:
             return DONE
         state.pending = DENOISE
         # One request's prefixes as a batch of one (views of its buffers, no copy): batched steps stack them.
         prefixes = tuple(p[None] for p in state.prefixes) if self.cache_prefix else None
+        padded = (tuple(state.prefix_masks), tuple(state.slabs)) if state.slabs else (None, None)
         return StepPlan(
             loop=DENOISE, index=state.index, total=state.schedule.num_steps, call=denoise_step, denoiser=STEP_INPUTS,
-            inputs={NETWORK: Cosmos3View(self.generator, self.backbone, state.branches, prefixes),
+            inputs={NETWORK: Cosmos3View(self.generator, self.backbone, state.branches, prefixes, *padded),
                     "branches": len(state.branches),
                     "latents": state.latents.to(self.dtype)[None],
                     "sound": None if state.sound is None else state.sound.to(self.dtype)[None],
@@ -159,7 +194,7 @@ class Cosmos3DenoiseLoop:
 
     def advance(self, state: Cosmos3DenoiseState, result: Any) -> Cosmos3DenoiseState:
         if state.pending == PREFILL:
-            buffer = state.prefixes[state.filled]
+            buffer = self._filled(state, state.filled)
             if result.data_ptr() != buffer.data_ptr():  # a batched prefill wrote a stacked copy: this request's rows
                 buffer.copy_(result[0])
             state.filled += 1

@@ -7,8 +7,21 @@ prompt token count per branch (equal prefix K/V shapes, and so equal positions f
 after the prompt), the same generated-token layout (size, frames, fps, clean frames, sound and action steps) and
 dtype. The prefixes are then stacked along a batch axis and every generation layer attends each request's own:
 exactly the one-request arithmetic per row, with no padding. Prompts of different token counts do not stack (their
-keys differ) and run alone: padding the shorter prefix with masked keys would change the generated tokens' positions
-and the attention kernel's arithmetic, not the reference's computation.
+keys differ) and run alone.
+
+Under cuda_graphs (LoopContext.captures_steps) a prompt's prefix K/V instead lives in a buffer padded to its
+prompt-length bucket (the next multiple of PROMPT_BUCKET tokens), so one captured step serves every prompt length of
+the bucket: the padding keys are masked out (`prefix_mask`, one boolean SDPA key mask broadcast over every query row:
+their attention weights are exactly zero) and the generated tokens' rotary positions, which follow the real length,
+are a tensor input refilled at each replay (GenLayout.on), not part of the graph's shape. The reference (diffusers'
+Cosmos3OmniPipeline) pads nothing: it runs one unpadded prompt per branch, as the eager path does; the padded step
+computes the same attention over the same prompt keys, the masked SDPA call only summing in another order (float32:
+velocities within 2e-6 of eager on the demo checkpoint, tests/integration/test_cosmos3_cuda_graphs.py). The padded
+buffer is the request's cache allocation itself, a static buffer (runtime.static_buffers: charged to the cache budget
+and the request ledger, handed to the next request of its bucket, which then replays the graphs recorded over it),
+one pool per CFG branch so each request's branches take the buffers those graphs read. A graphed request's steps run
+alone (batch_key None): a stacked copy of several prefixes would be a static input of its own, outside that
+accounting.
 
 A batched step reads a stacked copy of its requests' prefixes (B times one request's prefix K/V per CFG branch, freed
 after the step); each request's own buffers stay in the cache manager, unchanged.
@@ -18,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 from torch import Tensor
@@ -29,6 +42,31 @@ from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator, 
 from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 from vidloom.layers.sequence import WHOLE_SEQUENCE
+
+PROMPT_BUCKET = 64
+"""Prompt-length bucket under cuda_graphs: a branch's prefix K/V is padded to the next multiple of this many tokens, so
+prompts within one bucket share a captured step. Multiples of 64 rather than powers of two: the padding a request
+attends over (and holds in its prefix buffer) stays under 64 rows, and a deployment's prompts, a chat template plus a
+caption of a few hundred tokens, fall into a handful of buckets, each one set of graphs."""
+
+
+def bucket_length(tokens: int) -> int:
+    """The padded prefix length of a `tokens`-token prompt under cuda_graphs (at least one bucket)."""
+    return max(1, -(-tokens // PROMPT_BUCKET)) * PROMPT_BUCKET
+
+
+class PaddedPrefix:
+    """One CFG branch's prefix K/V buffer [layers, 2, bucket, kv_heads, head_dim] under cuda_graphs, a static buffer
+    (runtime.static_buffers) that passes to the next request of its bucket. Compared and hashed by identity: a
+    captured step's signature holds it (Cosmos3View.graph_split), so the graphs recorded over it replay for every
+    request that takes it and go when it is dropped."""
+
+    def __init__(self, kv: Tensor) -> None:
+        self.kv = kv
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
 
 STEP_INPUTS = DenoiseInputs(("latents", "timestep", "sound", "action"), ("guidance_scale",))
 """Per request in a batched step: latents [B, C, T, h, w], timesteps [B], sound [B, C_s, T_s], action streams; the
@@ -70,19 +108,24 @@ class Cosmos3View:
 
     `prefixes`: per branch [B, layers, 2, L, kv_heads, head_dim], a view of the request's cache-manager buffer (B = 1)
     or the stacked prefixes of a batch; None: the prefixes are recomputed every step (cache_prefix=False), and such a
-    request runs alone.
+    request runs alone. Under cuda_graphs `slabs` are the request's bucket-padded buffers (the prefixes view them, L
+    the bucket length) and `prefix_masks` [L] bool per branch mark the prompt's rows (the module docstring).
     """
 
     generator: Cosmos3Generator
     backbone: Cosmos3Transformer
     branches: tuple[Branch, ...]
     prefixes: tuple[Tensor, ...] | None
+    prefix_masks: tuple[Tensor, ...] | None = None
+    slabs: tuple[PaddedPrefix, ...] | None = None
 
     def batch_key(self) -> tuple[Any, ...] | None:
         """Equal for requests whose steps stack (see the module docstring); None: this one runs alone (prefixes
-        recomputed per step, or a sharded stream, whose attention takes one request's rows)."""
+        recomputed per step, a sharded stream, whose attention takes one request's rows, or a graphed step, which
+        reads its own static prefix buffers)."""
         g = self.generator
-        if self.prefixes is None or g.sequence is not WHOLE_SEQUENCE or g.joint.attention_fn is not prefixed_attention:
+        if (self.slabs is not None or self.prefixes is None or g.sequence is not WHOLE_SEQUENCE
+                or g.joint.attention_fn is not prefixed_attention):
             return None
         p = self.prefixes[0]
         return (id(g), id(self.backbone), tuple(b.key for b in self.branches), p.dtype, p.device)
@@ -92,6 +135,28 @@ class Cosmos3View:
         first = views[0]
         prefixes = tuple(torch.cat([v.prefixes[k] for v in views]) for k in range(len(first.branches)))  # type: ignore[index]
         return dataclasses.replace(first, prefixes=prefixes)
+
+    def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the modules, each branch's generated-token layout (grid,
+        noisy frames, sound and action steps) and its padded prefix buffer (by identity, read in place: never copied
+        into a static input); it reads each branch's positions, noisy-frame index and prefix mask as tensors, so every
+        prompt length of the buckets replays it. A view without slabs (prefixes recomputed per step) bakes in its
+        prompts' ids and layouts whole (a CUDA capture then fails on the prefill's host-built prefix positions, and
+        that signature runs eagerly)."""
+        if self.slabs is None:  # the ids, and the positions by value (Branch.key): they follow the prompt and the fps
+            return (self.generator, self.backbone, tuple((tuple(b.ids.tolist()), b.key) for b in self.branches)), ()
+        layouts = tuple((b.layout.latent_shape, b.layout.patch, b.layout.noisy_frames, b.layout.sound_len,
+                         b.layout.action_len, b.layout.action_noisy) for b in self.branches)
+        masks = self.prefix_masks or ()
+        parts = tuple((b.layout.positions, b.layout.noisy_index, m) for b, m in zip(self.branches, masks, strict=True))
+        return (self.generator, self.backbone, self.slabs, layouts), parts
+
+    def graph_rebuild(self, parts: tuple[Any, ...]) -> Cosmos3View:
+        if self.slabs is None:
+            return self
+        branches = tuple(dataclasses.replace(b, layout=dataclasses.replace(b.layout, positions=p, noisy_index=n))
+                         for b, (p, n, _) in zip(self.branches, parts, strict=True))
+        return dataclasses.replace(self, branches=branches, prefix_masks=tuple(m for _, _, m in parts))
 
     def __call__(self, branch: int, latents: Tensor, timestep: Tensor, sound: Tensor | None,
                  action: ActionTokens | None = None) -> Velocities:
@@ -107,8 +172,9 @@ class Cosmos3View:
 
     def embed(self, branch: int, latents: Tensor, timestep: Tensor, sound: Tensor | None,
               action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
+        mask = None if self.prefix_masks is None else self.prefix_masks[branch]
         return self.generator.embed(self.backbone, self._prefix(branch, latents), self.branches[branch].layout,
-                                    latents, timestep, sound, action)
+                                    latents, timestep, sound, action, mask)
 
     def run_blocks(self, x: Tensor, cond: GenConditioning, start: int = 0, end: int | None = None) -> Tensor:
         return self.generator.run_blocks(x, cond, start, end)

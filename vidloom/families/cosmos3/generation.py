@@ -134,11 +134,19 @@ class CapturePrefix:
 
 
 def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
-                       mask: Tensor | None = None) -> Tensor:
+                       mask: Tensor | None = None, prefix_mask: Tensor | None = None) -> Tensor:
     """One device's generated queries [(B,) S, H, Dh] over [prefix keys | generated keys] (scale 1/sqrt(head_dim), the
     backbone's); every row is here, so there is no pad `mask` (runtime.parallel.ulysses.PrefixedAttentionFn). A
-    batch of requests (a leading B) brings one prefix per request, all of one length (gen_loop.Cosmos3View)."""
-    return grouped_attention(q, torch.cat([prefix_k, k], dim=-3), torch.cat([prefix_v, v], dim=-3), q.shape[-1] ** -0.5)
+    batch of requests (a leading B) brings one prefix per request, all of one length (gen_loop.Cosmos3View).
+
+    `prefix_mask` [Lb] bool (True: a prompt key): a prefix padded to its prompt-length bucket under cuda_graphs
+    (gen_step.PROMPT_BUCKET); its padding keys are masked out (SDPA's boolean mask: their weights are exactly zero),
+    every generated key kept. None: the prefix is the prompt's own length, attended unmasked (the reference's call)."""
+    keys, values = torch.cat([prefix_k, k], dim=-3), torch.cat([prefix_v, v], dim=-3)
+    if prefix_mask is None:
+        return grouped_attention(q, keys, values, q.shape[-1] ** -0.5)
+    kept = torch.cat([prefix_mask, prefix_mask.new_ones(k.shape[-3])])  # [Lb + S]: every query row alike
+    return grouped_attention(q, keys, values, q.shape[-1] ** -0.5, key_mask=kept)
 
 
 class JointAttention:
@@ -154,16 +162,21 @@ class PrefixAttention:
     rows of them; `key_mask`: the sharded stream's pad mask, or None).
 
     `prefix` [B, layers, 2, L, kv_heads, head_dim]: one request's (B = 1: its tokens run as [S, ...] rows, as a
-    sharded stream's attention takes them) or a batch's, one per request (q [B, S, H, Dh]).
+    sharded stream's attention takes them) or a batch's, one per request (q [B, S, H, Dh]). `prefix_mask` [L] bool:
+    which of its rows are prompt keys when it is padded to a prompt-length bucket (cuda_graphs), else None.
     """
 
-    def __init__(self, prefix: Tensor, joint: JointAttention, key_mask: Tensor | None = None) -> None:
-        self.prefix, self.joint, self.key_mask = prefix, joint, key_mask
+    def __init__(self, prefix: Tensor, joint: JointAttention, key_mask: Tensor | None = None,
+                 prefix_mask: Tensor | None = None) -> None:
+        self.prefix, self.joint, self.key_mask, self.prefix_mask = prefix, joint, key_mask, prefix_mask
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         prefix = self.prefix[0] if q.dim() == 3 else self.prefix
-        return self.joint.attention_fn(q, k, v, prefix[..., layer, 0, :, :, :], prefix[..., layer, 1, :, :, :],
-                                       self.key_mask)
+        keys, values = prefix[..., layer, 0, :, :, :], prefix[..., layer, 1, :, :, :]
+        if self.prefix_mask is None:
+            return self.joint.attention_fn(q, k, v, keys, values, self.key_mask)
+        # A bucket-padded prefix (cuda_graphs, one device: the card refuses graphs with a parallel plan).
+        return prefixed_attention(q, k, v, keys, values, self.key_mask, self.prefix_mask)
 
 
 @dataclass(frozen=True)
@@ -264,16 +277,18 @@ class Cosmos3Generator(BlockStack, nn.Module):
     # composition. The residual stream is the generated tokens, [B, S, hidden] (row b: request b of a batch).
 
     def embed(self, backbone: Cosmos3Transformer, prefix: Tensor, layout: GenLayout, latents: Tensor,
-              timestep: Tensor, sound: Tensor | None = None,
-              action: ActionTokens | None = None) -> tuple[Tensor, GenConditioning]:
-        """The generated tokens (time-embedded where noisy) and what the blocks and the head read."""
+              timestep: Tensor, sound: Tensor | None = None, action: ActionTokens | None = None,
+              prefix_mask: Tensor | None = None) -> tuple[Tensor, GenConditioning]:
+        """The generated tokens (time-embedded where noisy) and what the blocks and the head read (`prefix_mask`:
+        PrefixAttention's, for a bucket-padded prefix)."""
         dtype = prefix.dtype
         c = self.config
         batch = latents.shape[0]
         emb = self._time_embedding(timestep, dtype)[:, None]  # [B, 1, hidden]: each request's one timestep
         vision = self.proj_in(torch.stack([patchify(one.to(dtype), c.latent_patch_size) for one in latents]))
         per_frame = vision.view(batch, layout.grid[0], layout.frame_tokens, -1)
-        noisy = torch.tensor(layout.noisy_frames, dtype=torch.long, device=vision.device)
+        noisy = layout.noisy_index if layout.noisy_index is not None else \
+            torch.tensor(layout.noisy_frames, dtype=torch.long, device=vision.device)
         per_frame[:, noisy] = per_frame[:, noisy] + emb[:, None]
         parts = [vision]
         if sound is not None:
@@ -287,7 +302,7 @@ class Cosmos3Generator(BlockStack, nn.Module):
         cos, sin = backbone.rotary(layout.positions.to(x.device), dtype)
         # This device's rows of the generated stream (all of them on one device), with their rotary rows
         part = self.sequence.shard_joint(x, (cos, sin), 0)
-        attention = PrefixAttention(prefix, self.joint, part.key_mask)
+        attention = PrefixAttention(prefix, self.joint, part.key_mask, prefix_mask)
         rope = (part.tables[0], part.tables[1])
         return part.tokens, GenConditioning(rope, attention, layout, noisy, action, backbone.sdpa, part.length)
 

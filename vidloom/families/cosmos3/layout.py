@@ -9,6 +9,7 @@ follow diffusers' `get_3d_mrope_ids_*` helpers step by step, because the checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -61,6 +62,9 @@ class GenLayout:
     sound_len: int = 0
     action_len: int = 0
     action_noisy: tuple[int, ...] = ()  # action steps the model denoises (forward dynamics gives them all)
+    # `noisy_frames` as a long tensor on the device, built before a captured step (GenLayout.on): a step that made it
+    # from the tuple would copy host memory to the device while capturing. None: the step makes it (eager runs).
+    noisy_index: Tensor | None = None
 
     def batch_key(self) -> tuple[object, ...]:
         """Equal for layouts whose generated tokens sit alike: same grid, noisy frames, sound and action steps, and
@@ -68,6 +72,12 @@ class GenLayout:
         positions = self.positions.detach().cpu().contiguous()
         return (self.latent_shape, self.patch, self.noisy_frames, self.sound_len, self.action_len, self.action_noisy,
                 positions.dtype, tuple(positions.shape), positions.numpy().tobytes())
+
+    def on(self, device: torch.device) -> GenLayout:
+        """This layout with its positions and noisy-frame index on `device` (the same values): what a captured step
+        reads as tensor inputs, refilled at every replay (runtime.cudagraph), never copied from the host inside it."""
+        return dataclasses.replace(self, positions=self.positions.to(device),
+                                   noisy_index=torch.tensor(self.noisy_frames, dtype=torch.long, device=device))
 
     @property
     def grid(self) -> tuple[int, int, int]:

@@ -1,7 +1,9 @@
 """Estimated peak memory of one Cosmos3 request beyond the resident weights (ModelCard.memory_estimator).
 
 Generation: each CFG branch's text prefix is prefilled once and its per-layer K/V held for the whole
-denoise (cache_prefix); a reasoning request first holds the reasoner's K/V buffer for its prompt plus
+denoise (cache_prefix), padded to its prompt-length bucket under cuda_graphs (gen_step.bucket_length: a
+static buffer the request holds, counted here like any prefix; once it is idle the request ledger holds an entry for
+it, runtime.static_buffers); a reasoning request first holds the reasoner's K/V buffer for its prompt plus
 REASON_MAX_TOKENS. The denoise forward runs the vision (and sound) tokens of every branch through the
 Qwen3-style blocks (SwiGLU MLP); the Wan VAE decodes one latent frame at a time as in families/wan; the
 sound decoder's widest level is its waveform rate. Copy counts: core.footprint. Chat sequences take
@@ -17,6 +19,7 @@ from vidloom.core.footprint import (
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
+from vidloom.families.cosmos3.gen_step import bucket_length
 from vidloom.families.cosmos3.reason import REASON_MAX_TOKENS
 
 # Tokens the generation templates add around a prompt (system prompt, the shape sentence, chat markup).
@@ -47,8 +50,9 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     branches = 2 if guided else 1
     prompt = len(request.prompt) + (REASON_MAX_TOKENS if request.option("reason") else 0)
     negative = len(request.negative_prompt or "") if guided else 0
-    prefixes = kv_bytes(instance, prompt + TEMPLATE_TOKENS) + (kv_bytes(instance, negative + TEMPLATE_TOKENS)
-                                                                if guided else 0)
+    prefix = bucket_length if instance.deploy.cuda_graphs else int  # int: the prompt's own token count
+    prefixes = kv_bytes(instance, prefix(prompt + TEMPLATE_TOKENS)) + (
+        kv_bytes(instance, prefix(negative + TEMPLATE_TOKENS)) if guided else 0)
     reasoner = kv_bytes(instance, len(request.prompt) + TEMPLATE_TOKENS + REASON_MAX_TOKENS) if request.option("reason") else 0
 
     latent_frames = vae.latent_frames(request.num_frames)
