@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from tests.helpers.graph_capturer import RecordingCapturer
+from tests.helpers.graph_capturer import RecordingCapturer, Slab, SlabView
 from vidloom.core.errors import CacheBudgetExceeded
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cudagraph import StepGraphs
@@ -22,22 +22,7 @@ def _step(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * 2 + scale
 
 
-class _Slab:
-    """A buffer captured by identity (a KV slab), so that forgetting it drops the graphs recorded over it."""
-
-
-class _View:
-    def __init__(self, slab: _Slab) -> None:
-        self.slab = slab
-
-    def graph_split(self):
-        return (self.slab,), ()
-
-    def graph_rebuild(self, parts):
-        return self
-
-
-def _slab_step(network: _View, x: torch.Tensor) -> torch.Tensor:
+def _slab_step(network: SlabView, x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
@@ -50,11 +35,11 @@ def _graphs(budget: int | None) -> tuple[StepGraphs, MemoryAdmission]:
 def test_a_capture_charges_its_static_inputs_and_outputs_and_forgetting_frees_them():
     graphs, ledger = _graphs(10_000)
     step = graphs.get(_slab_step)
-    slab_a, slab_b = _Slab(), _Slab()
-    step(network=_View(slab_a), x=torch.ones(3, 4))  # x: 48 bytes of static input, 48 of output
+    slab_a, slab_b = Slab(), Slab()
+    step(network=SlabView(slab_a), x=torch.ones(3, 4))  # x: 48 bytes of static input, 48 of output
     assert ledger.held_by(GRAPHS_KIND) == 48 + 48 == ledger.in_use
-    step(network=_View(slab_a), x=torch.ones(3, 4))  # replayed: nothing new
-    step(network=_View(slab_b), x=torch.ones(3, 4))  # a second graph shares x's static buffer, adds its output
+    step(network=SlabView(slab_a), x=torch.ones(3, 4))  # replayed: nothing new
+    step(network=SlabView(slab_b), x=torch.ones(3, 4))  # a second graph shares x's static buffer, adds its output
     assert step.captures == 2 and ledger.held_by(GRAPHS_KIND) == 48 + 2 * 48
     assert graphs.forget(slab_a) == 1
     assert ledger.held_by(GRAPHS_KIND) == 48 + 2 * 48, "the pool keeps what it grew while a graph still uses it"
