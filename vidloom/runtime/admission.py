@@ -15,6 +15,10 @@ Chats are on the same ledger (one ledger for every request kind): a chat holds i
 hold, and a chat queued behind a large video waits for it. Their KV blocks are not counted here: the paged
 pool holding them was allocated at load, before the budget was measured, so the budget already excludes it.
 
+What outlives a run or belongs to none is on it too: the memory captured CUDA graphs keep (runtime.graph_memory, kind
+"cuda graphs", grown and shrunk with `resize`), idle static buffers (runtime.static_buffers) and, for one step, a
+batched forward's stacked inputs (runtime.worker_rounds).
+
 Pure bookkeeping, no torch import: unit-tested with plain numbers.
 """
 
