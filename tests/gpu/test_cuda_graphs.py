@@ -97,3 +97,25 @@ def test_cuda_graph_generation_matches_eager(demo_cache, guidance):
     assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1
     stats = graphed.engine.graph_stats
     assert stats["captures"] >= 1 and stats["fallbacks"] == 0 and stats["replays"] == 3
+
+
+def test_a_capture_charges_its_pool_growth_and_inputs_and_forgetting_the_last_graph_frees_them():
+    """runtime.graph_memory on a real device: the pool's growth, read from the allocator once after the capture, covers
+    the captured step's output; the static inputs are charged exactly; dropping the last graph releases both."""
+    from vidloom.runtime.admission import MemoryAdmission
+    from vidloom.runtime.cudagraph import StepGraphs
+    from vidloom.runtime.graph_memory import GRAPHS_KIND
+
+    layer = torch.nn.Linear(256, 1024).cuda()
+    graphs, ledger = StepGraphs(torch.device("cuda")), MemoryAdmission(1 << 40)
+    graphs.memory.attach(ledger)
+    step = graphs.get(lambda x: torch.relu(layer(x)) * 2)
+    x = torch.randn(512, 256, device="cuda")
+    with torch.inference_mode():
+        step(x=x)
+        step(x=x)
+    output = 512 * 1024 * 4
+    assert step.captures == 1 and step.replays == 2
+    assert graphs.memory.pool_bytes >= output
+    assert ledger.held_by(GRAPHS_KIND) == graphs.memory.pool_bytes + x.numel() * 4
+    assert graphs.make_room(ledger) and ledger.in_use == 0 and graphs.memory.pool_bytes == 0

@@ -54,6 +54,27 @@ class RecordingCapturer:
         return Replay(call, static)
 
 
+class Slab:
+    """A buffer a step writes into in place and reads back (a KV slab), captured by identity."""
+
+    def __init__(self) -> None:
+        self.rows = torch.zeros(4)
+
+
+class SlabView:
+    """A per-request network view binding its slab by identity (as FarNetwork does): forgetting the slab drops the
+    graphs recorded over it (StepGraphs.forget)."""
+
+    def __init__(self, slab: Slab) -> None:
+        self.slab = slab
+
+    def graph_split(self) -> tuple[tuple[Slab], tuple[()]]:
+        return (self.slab,), ()
+
+    def graph_rebuild(self, parts: tuple[()]) -> SlabView:
+        return self
+
+
 def graphed_generator(plain: VideoGenerator, capturer: RecordingCapturer, **deploy: Any) -> VideoGenerator:
     """The same loaded model with cuda_graphs on (and `deploy`'s other fields), its steps recorded by `capturer`
     (the CUDA check is skipped: the card's acceptance of cuda_graphs is checked at load in test_capability_audit)."""

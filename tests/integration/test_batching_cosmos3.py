@@ -18,7 +18,9 @@ from tests.helpers.batched_runs import first_plans
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.async_engine import AsyncEngine
-from vidloom.runtime.batching import batch_key, run_batched
+from vidloom.media.request_inputs import resolve_request
+from vidloom.core.footprint import tensor_bytes
+from vidloom.runtime.batching import batch_key, run_batched, stacked_bytes
 
 RTOL = 1e-5
 VIDEO_TOL = 1e-5
@@ -151,3 +153,35 @@ def test_action_requests_of_one_embodiment_batch(cosmos3_action_dir):
         assert want["actions"] is not None and want["actions"].shape == have["actions"].shape
         assert np.abs(want["actions"] - have["actions"]).max() <= RTOL * max(np.abs(want["actions"]).max(), 1e-6)
     assert np.abs(expected[0]["actions"] - expected[1]["actions"]).max() > 1e-3
+
+
+def test_the_stacked_prefixes_are_reserved_and_a_batch_they_do_not_fit_runs_alone(engine):
+    """A batched step's stacked copy of its requests' prefixes is in no request's estimate: stacked_bytes measures it
+    (the stacked view holds exactly that), and with the ledger full of the requests' own estimates the batch is cut
+    to one request per forward (memory_splits), with the same videos."""
+    requests = [_request(EQUAL[0], 1), _request(EQUAL[1], 2)]
+    runs, plans = _denoise_plans(engine, requests)
+    try:
+        views = [p.inputs["network"] for p in plans]
+        stacked = type(views[0]).stack(views)
+        assert sum(v.stacked_bytes for v in views) == tensor_bytes(list(stacked.prefixes)) > 0
+        per_sample = sum(tensor_bytes(p.inputs[name]) for p in plans for name in ("latents", "timestep", "sound"))
+        assert stacked_bytes(plans) == tensor_bytes(list(stacked.prefixes)) + per_sample
+        assert stacked_bytes(plans[:1]) == 0
+    finally:
+        for run in runs:
+            run.close()
+    expected = [engine.run(r)["video"] for r in requests]
+    estimates = sum(engine.estimator(resolve_request(r, engine.card)) for r in requests)
+    budget, engine.admission.budget_bytes = engine.admission.budget_bytes, estimates  # room for both, not the copy
+    async_engine = AsyncEngine(engine, policy="batch", slots=2, queue_size=4, batch_wait_s=0.5)
+    try:
+        got = [h.wait(300)["video"] for h in [async_engine.submit(r, result=lambda slots: slots) for r in requests]]
+        stats = async_engine.batch_stats
+    finally:
+        async_engine.close()
+        engine.admission.budget_bytes = budget
+    assert stats["largest_batch"] == 1 and stats["memory_splits"] > 0, stats
+    assert engine.admission.in_use == 0
+    for want, have in zip(expected, got):
+        assert np.abs(np.asarray(want, dtype=np.float32) - np.asarray(have, dtype=np.float32)).max() <= VIDEO_TOL

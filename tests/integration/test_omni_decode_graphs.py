@@ -34,8 +34,9 @@ from vidloom.core.errors import DeployError
 from vidloom.generator import VideoGenerator
 from vidloom.runtime import decode_graphs
 from vidloom.runtime.async_engine import AsyncEngine
-from vidloom.runtime.decode_graphs import batch_bucket, context_bucket
+from vidloom.runtime.decode_graphs import DECODE_BATCH_BUCKETS, DECODE_GRAPH_MAX_CONTEXT, batch_bucket, context_bucket
 from vidloom.runtime.engine import Engine
+from vidloom.runtime.paged_kv import DecodeKV
 
 LOGIT_RTOL = 1e-5  # of the round's largest logit: see the module docstring
 WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
@@ -168,3 +169,27 @@ def test_contexts_past_the_captured_width_run_eagerly_and_admission_counts_the_g
     want, _ = greedy_rounds(plain.engine, PROMPTS[:2], (3, 3))
     assert greedy_rounds(graphed, PROMPTS[:2], (3, 3))[0] == want
     assert graphed.graph_stats == {"captures": 0, "replays": 0, "fallbacks": 0}
+
+
+def test_each_chat_is_charged_its_share_of_a_padded_bucket_at_the_widest_captured_context(omni):
+    """B chats decode in one graphed step of batch_bucket(B) rows, each gathering keys over the widest captured context:
+    the step's index tensors (measured on the real DecodeKV over the pool), one layer's gathered keys and values,
+    float32 scores and per-row activations, and the copy of every bucket row's logits, fit in B chats' charges for every
+    B up to the largest bucket (a short prompt: the padding rows are what its own row does not cover)."""
+    _, plain = omni
+    decoder = _graphed(plain, RecordingCapturer()).decoder
+    chat = build_chat_request([{"role": "user", "content": "hi"}], max_tokens=1, temperature=0)
+    charge = decoder.memory_bytes(decoder.chat_slots(chat)["chat"])
+    pool, config = decoder.pool, decoder.loop.network.config
+    element = pool.k.element_size()
+    width = DECODE_GRAPH_MAX_CONTEXT // pool.layout.block_size
+    kv_row = pool.k[0][0].numel() * element  # one gathered key (or value) of one layer
+    per_token = (6 * config.hidden_size + 3 * config.intermediate_size) * element
+    for chats in range(1, DECODE_BATCH_BUCKETS[-1] + 1):
+        rows = batch_bucket(chats)
+        kv = DecodeKV(pool, torch.full((rows, width), pool.scratch_block), torch.zeros(rows, dtype=torch.long), 1.0)
+        gathered = kv.key_slots.numel()
+        index = sum(t.numel() * t.element_size() for t in (kv.key_slots, kv.mask, kv.slots))
+        layer = 2 * gathered * kv_row + gathered * 4 * config.num_attention_heads + rows * per_token
+        logits = rows * config.vocab_size * element + chats * config.vocab_size * 4
+        assert index + layer + logits <= chats * charge, chats

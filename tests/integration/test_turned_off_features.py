@@ -51,6 +51,36 @@ def test_a_step_cache_turns_cuda_graphs_off_and_says_so(audio, caplog):
     assert len(_disabled(caplog.records, "cuda_graphs")) == 1
 
 
+def test_graphs_that_do_not_fit_the_memory_budget_run_eagerly_and_say_so(audio, caplog):
+    """A step whose graph would keep more than the request memory budget has free runs eagerly (runtime.graph_memory),
+    with the same result as without graphs; the run's metadata and one log line say why."""
+    capturer = RecordingCapturer()
+    gen = _redeployed(audio, capturer, cuda_graphs=True)
+    gen.engine.admission.budget_bytes = 1  # the request alone is still admitted (an idle engine); no graph fits
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        out = gen.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=1)
+    eager = audio.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=1)
+    assert capturer.calls == 0 and gen.engine.graph_stats["captures"] == 0
+    assert "request memory budget" in out.metadata["disabled"]["cuda_graphs"]
+    assert len(_disabled(caplog.records, "cuda_graphs")) == 1
+    assert (out.audio == eager.audio).all()
+    assert gen.engine.admission.in_use == 0
+
+
+def test_graphs_alone_never_keep_out_a_request_that_fits_without_them(audio):
+    """On an engine where only captured graphs hold the ledger, a request it has no room for drops them and runs (its
+    own steps then eager where their graphs do not fit beside it) instead of waiting for room nothing would free."""
+    gen = _redeployed(audio, RecordingCapturer(), cuda_graphs=True)
+    gen.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=1)
+    ledger = gen.engine.admission
+    held = ledger.held_by("cuda graphs")
+    assert held > 0 and ledger.in_use == held  # the graphs outlive their request, charged
+    ledger.budget_bytes = held  # full: no request fits beside the graphs
+    out = gen.generate("a dog barks", seconds=0.5, num_inference_steps=3, seed=1)
+    assert "request memory budget" in out.metadata["disabled"]["cuda_graphs"]
+    assert ledger.in_use == 0 and gen.engine.graph_stats["captures"] > 0
+
+
 def test_graphs_alone_turn_nothing_off(audio):
     capturer = RecordingCapturer()
     out = _redeployed(audio, capturer, cuda_graphs=True).generate("a dog barks", seconds=0.5, num_inference_steps=3,

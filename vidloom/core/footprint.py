@@ -97,3 +97,15 @@ def video_bytes(frames: int, height: int, width: int) -> int:
 def latent_bytes(channels: int, cells: int) -> int:
     """Latents and the sampler's float32 history over `cells` latent positions of `channels` channels."""
     return LATENT_COPIES * channels * cells * 4
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in `value` (a tensor, None, or tuples/lists/dicts of them; anything else holds none): what
+    a captured graph's outputs or a stacked copy's rows hold, measured rather than estimated."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    return 0

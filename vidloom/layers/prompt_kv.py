@@ -41,6 +41,11 @@ class PromptKV:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
+    @property
+    def stacked_bytes(self) -> int:
+        """What its rows add to a stacked copy (runtime.batching.stacked_bytes): all of it, `stack` concatenates."""
+        return self.nbytes
+
     def block(self, index: int) -> tuple[Tensor, Tensor]:
         """Block `index`'s (keys, values)."""
         return self.keys[index], self.values[index]

@@ -15,6 +15,10 @@ Chats are on the same ledger (one ledger for every request kind): a chat holds i
 hold, and a chat queued behind a large video waits for it. Their KV blocks are not counted here: the paged
 pool holding them was allocated at load, before the budget was measured, so the budget already excludes it.
 
+What outlives a run or belongs to none is on it too: the memory captured CUDA graphs keep (runtime.graph_memory, kind
+"cuda graphs", grown and shrunk with `resize`), idle static buffers (runtime.static_buffers) and, for one step, a
+batched forward's stacked inputs (runtime.worker_rounds).
+
 Pure bookkeeping, no torch import: unit-tested with plain numbers.
 """
 
@@ -78,6 +82,31 @@ class MemoryAdmission:
             self._kinds[owner] = kind
             return True
 
+    def resize(self, owner: Hashable, nbytes: int, kind: str, force: bool = False) -> bool:
+        """Set `owner`'s bytes to `nbytes` (0: release) when the sum stays within the budget, or when it shrinks;
+        False (nothing changed) otherwise. Unlike `try_reserve`, an idle engine is no exception: what captured
+        graphs keep (runtime.graph_memory) grows this way. `force`: set it anyway, for memory already held that
+        the ledger must see even over the budget (requests then wait until it is released)."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        with self._lock:
+            before = self._held.get(owner, 0)
+            used = sum(self._held.values()) - before
+            if (not force and nbytes > before and self.budget_bytes is not None
+                    and used + nbytes > self.budget_bytes):
+                return False
+            if nbytes == 0:
+                self._held.pop(owner, None)
+                self._kinds.pop(owner, None)
+            else:
+                self._held[owner] = nbytes
+                self._kinds[owner] = kind
+            return True
+
+    def free_bytes(self) -> int | None:
+        """What the budget has left now (None: not checked)."""
+        return None if self.budget_bytes is None else max(0, self.budget_bytes - self.in_use)
+
     def reserve(self, owner: Hashable, nbytes: int, kind: str = "request") -> None:
         """`try_reserve`, or CacheBudgetExceeded with the numbers when the resident requests leave no room."""
         if self.try_reserve(owner, nbytes, kind):
@@ -93,7 +122,9 @@ class MemoryAdmission:
         with self._lock:
             kinds = list(self._kinds.values())
         counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
-        return ", ".join(f"{n} running {kind}(s)" for kind, n in counts.items()) or "nothing"
+        # Runs by count; what outlives them (captured graphs, idle static buffers) by bytes.
+        return ", ".join(f"{n} running {kind}(s)" if kind in ("request", "chat") else
+                         f"{kind} ({format_bytes(self.held_by(kind))})" for kind, n in counts.items()) or "nothing"
 
     def release(self, owner: Hashable) -> None:
         """Give back `owner`'s bytes (no-op if it holds none): on finish, failure and cancel alike."""

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.denoiser import DenoiseInputs
+from vidloom.core.footprint import tensor_bytes
 from vidloom.core.loop import NETWORK, StepPlan
 
 
@@ -71,6 +72,25 @@ def plan_rows(plan: StepPlan) -> int:
     """How many samples `plan` contributes to a batched forward (its lead per-sample input's batch)."""
     spec: DenoiseInputs = plan.denoiser  # type: ignore[assignment]
     return int(plan.inputs[spec.per_sample[0]].shape[0])
+
+
+def stacked_bytes(plans: Sequence[StepPlan]) -> int:
+    """Bytes a batched forward of `plans` copies beyond what each request holds, until the step ends: its per-sample
+    inputs stacked (tensors, and values that declare `stacked_bytes`, as layers.prompt_kv.PromptKV) and each network
+    view's declared `stacked_bytes` (a Cosmos3 view's prefixes); 0 for one plan, which runs on its own inputs. The
+    device worker reserves it on the request memory ledger before the step (runtime.worker_rounds)."""
+    if len(plans) < 2:
+        return 0
+    spec: DenoiseInputs = plans[0].denoiser  # type: ignore[assignment]
+    names = ((NETWORK,) if NETWORK in plans[0].inputs else ()) + spec.per_sample
+    return sum(_copied(plan.inputs[name]) for plan in plans for name in names)
+
+
+def _copied(value: Any) -> int:
+    if isinstance(value, Tensor):
+        return tensor_bytes(value)
+    declared = getattr(value, "stacked_bytes", None)  # a shared module declares none: it is not copied
+    return int(declared) if declared is not None else 0
 
 
 def run_batched(plans: Sequence[StepPlan]) -> list[Any]:
@@ -132,6 +152,7 @@ class BatchStats:
         self.forwards = 0
         self.steps = 0
         self.largest = 0
+        self.memory_splits = 0  # batches cut short because their stacked copy did not fit the memory budget
 
     def add(self, size: int) -> None:
         self.forwards += 1
@@ -141,4 +162,4 @@ class BatchStats:
     def summary(self) -> dict[str, float]:
         mean = self.steps / self.forwards if self.forwards else 0.0
         return {"forwards": self.forwards, "request_steps": self.steps, "mean_batch": round(mean, 3),
-                "largest_batch": self.largest}
+                "largest_batch": self.largest, "memory_splits": self.memory_splits}

@@ -153,6 +153,8 @@ class Engine(EngineDriver):
         budget = request_budget(instance.device) if measured else None
         self.limits = RequestLimits(max_memory_bytes=budget)
         self.admission = MemoryAdmission(budget)
+        if self._graphs is not None:  # what captured graphs keep is on the same ledger (runtime.graph_memory)
+            self._graphs.memory.attach(self.admission)
 
     @property
     def compile_misses(self) -> int:  # type: ignore[override]

@@ -54,6 +54,9 @@ AFTER_FORWARD = "after_forward"
 right after their forward, on the device's thread (a talker's code predictor runs once for every sequence of the
 step); every plan of that network carries the same one."""
 DEFAULT_MAX_TOKENS = 1024  # completion tokens when a request sets no max_tokens (capped by the window)
+GRAPH_ROWS = 2
+"""Rows of a graphed decode step charged to each chat (memory_bytes): batch_bucket(B) < 2B for every B."""
+KEY_SLOT_BYTES = 8  # an int64 pool slot per gathered key (PagedBatch / DecodeKV key_slots)
 
 
 class PagedDecoder:
@@ -105,23 +108,32 @@ class PagedDecoder:
         (heads x tokens x context, float32 when a math kernel materialises them); then the last token's float32
         logits. The KV blocks live in the pool, allocated at load (not counted here). Sized for the whole
         context (prompt + max_tokens), the widest any of its steps attends over. A prompt with media (audio,
-        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`). Under
-        cuda_graphs a decode row gathers keys as wide as its bucket's widest and pads the batch (decode_graphs):
-        the keys term then covers two rows of DECODE_GRAPH_MAX_CONTEXT.
+        images) adds its encoders' pass, which runs inside the prefill step (the loop's `media_bytes`). The key
+        slots (int64, one per gathered key) live through the whole forward.
+
+        Under cuda_graphs a decode step of B chats runs batch_bucket(B) rows, fewer than 2B, each gathering keys as
+        wide as the step's widest rounded up to a power of two of blocks, at most DECODE_GRAPH_MAX_CONTEXT
+        (decode_graphs): every chat is charged for GRAPH_ROWS rows (its own and one padding row) of that many keys,
+        key slots and scores, of the per-token activations, and of the logits the graphed step hands back (a copy
+        of every bucket row, in the model's dtype, before the real rows are cut and made float32). The graphs' own
+        memory (static inputs, their pool) is on the ledger apart (runtime.graph_memory).
         """
         config = self.loop.network.config
         tokens, context = len(prompt.prompt_ids), len(prompt.prompt_ids) + prompt.max_tokens
         hidden = int(getattr(config, "hidden_size", 0))
         inner = int(getattr(config, "intermediate_size", 4 * hidden))
         heads = int(getattr(config, "num_attention_heads", 1))
+        vocab = int(getattr(config, "vocab_size", 0))
         kv_width = int(config.num_key_value_heads) * int(config.head_dim)  # the pool's layout reads the same
         element = torch.empty((), dtype=self.instance.dtype).element_size()
         graphed = self._graphs is not None and declares_graphs(self.loop.network)
-        keys = max(context, 2 * DECODE_GRAPH_MAX_CONTEXT) if graphed else context
-        per_layer = (tokens * (6 * hidden + 3 * inner) * element + 2 * keys * kv_width * element
+        keys = max(context, GRAPH_ROWS * DECODE_GRAPH_MAX_CONTEXT) if graphed else context
+        rows = max(tokens, GRAPH_ROWS) if graphed else tokens
+        per_layer = (rows * (6 * hidden + 3 * inner) * element + 2 * keys * kv_width * element
                      + max(tokens * context, keys) * (1 + 4 * heads))
+        logits = vocab * 4 + (GRAPH_ROWS * vocab * element if graphed else 0)
         media = 0 if prompt.media is None else self.loop.media_bytes(prompt.media)
-        return per_layer + int(getattr(config, "vocab_size", 0)) * 4 + media
+        return per_layer + KEY_SLOT_BYTES * keys + logits + media
 
     def pool_of(self, network: Any = None) -> PagedKVPool:
         """The pool of `network` (None: the chat loop's); ValueError for a network the program did not name."""

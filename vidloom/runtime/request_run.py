@@ -144,6 +144,11 @@ class RequestRun(ReservingRun):
         self._elapsed = 0.0
         self._mark = 0.0  # when the current step (or the last progress report) began
 
+    def _room_from_static(self) -> bool:
+        """Idle static buffers first (ReservingRun); then, on an engine where only captured graphs hold the ledger,
+        the graphs (runtime.graph_memory), so that they never keep a request out that fits without them."""
+        return super()._room_from_static() or (self._graphs is not None and self._graphs.make_room(self._admission))
+
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
         """What everything this run executes runs under: inference mode, its compile stance, its adapters, and on
@@ -283,7 +288,11 @@ class RequestRun(ReservingRun):
                 return self._interceptor.execute(plan)
             # A captured graph replays the kernels of its capture, without adapters: steps with them run eagerly.
             if self._graphs is not None and self._loras is None and capturable(plan):
-                return self._graphs.get(plan.call)(**plan.inputs)
+                graphed = self._graphs.get(plan.call)
+                result = graphed(**plan.inputs)
+                if graphed.last_eager is not None:  # its graph did not fit the memory budget (runtime.graph_memory)
+                    self.turn_off("cuda_graphs", graphed.last_eager)
+                return result
             return plan.call(**plan.inputs)
 
     def emit(self, chunk: VideoChunk) -> None:

@@ -19,7 +19,8 @@ import torch
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.loop import is_decode_step
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent
-from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched
+from vidloom.runtime.admission import BUDGET_NAME
+from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched, stacked_bytes
 from vidloom.runtime.request_run import RequestRun
 from vidloom.runtime.scheduler import Scheduler
 
@@ -30,6 +31,9 @@ LORA_BATCHING = ("mixed", "grouped")
 each set applied to its own rows) or "grouped" (only runs with the same adapter set, names and scales, share one).
 The default is the one bench/lora.py measured faster (docs/lora.md, "Batching")."""
 DEFAULT_LORA_BATCHING = "mixed"
+BATCHED_STEP = "batched-step"
+"""The request memory ledger's entry for a batched step's stacked inputs (runtime.batching.stacked_bytes), held for
+the step only."""
 KV_WAIT_POLL_S = 0.01
 """A round in which nothing ran but requests waiting for paged KV blocks is followed by this pause (a submit ends
 it early): blocks held outside the worker's runs (a run stepped on another thread) free at their own pace, and
@@ -239,6 +243,7 @@ class WorkerRounds:
         return True
 
     def _run_group(self, group: list[WorkEntry]) -> None:
+        group = self._fit_stacked(group)
         if len(group) == 1:
             # Alone: through the run's own execute (its step cache, CUDA graphs, plan observer).
             self._batches.add(1)
@@ -247,12 +252,15 @@ class WorkerRounds:
         plans = [e.run.pending_plan for e in group]
         runs = [e.run for e in group]
         started = time.perf_counter()
+        results: list[Any] | None = None
         try:
             with torch.inference_mode(), runs[0].rows_scope(runs, [plan_rows(p) for p in plans]):  # type: ignore[arg-type]
                 results = run_batched(plans)  # type: ignore[arg-type]
         except Exception:
-            # Failure isolation: rerun each alone, so only a request whose own step fails fails.
             log.warning("batched step of %d requests failed; running them one by one", len(group), exc_info=True)
+        finally:
+            self.engine.admission.release(BATCHED_STEP)  # the stacked copy is gone with the step
+        if results is None:  # failure isolation: rerun each alone, so only a request whose own step fails fails
             for entry in group:
                 self._run_group([entry])
             return
@@ -262,6 +270,22 @@ class WorkerRounds:
             if self._guarded(entry, lambda: entry.run.complete(result, share)) and entry.run.done:
                 self._finish_completed(entry)
 
+    def _fit_stacked(self, group: list[WorkEntry]) -> list[WorkEntry]:
+        """The oldest members of `group` whose batched step's stacked copy (runtime.batching.stacked_bytes) fits the
+        request memory ledger, reserved there under BATCHED_STEP until the step ends; the others wait for a later
+        round. One member runs alone, copying nothing."""
+        ledger = self.engine.admission
+        fitted = group
+        while len(fitted) > 1:
+            nbytes = stacked_bytes([e.run.pending_plan for e in fitted])  # type: ignore[misc]
+            if ledger.resize(BATCHED_STEP, nbytes, "batched step"):
+                break
+            fitted = fitted[:-1]
+        if len(fitted) < len(group):
+            self._batches.memory_splits += 1
+            log.info("batched step cut from %d to %d requests: the stacked inputs of more do not fit the %s",
+                     len(group), len(fitted), BUDGET_NAME)
+        return fitted
     def _guarded(self, entry: WorkEntry, work: Callable[[], object]) -> bool:
         """Run `work` for `entry`; on an error finish the request with it and return False."""
         try:

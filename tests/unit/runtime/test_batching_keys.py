@@ -10,7 +10,7 @@ import torch
 from vidloom.core.denoiser import GUIDANCE_INPUTS, DenoiseInputs
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.diffusion.guidance import SequentialCFG
-from vidloom.runtime.batching import batch_key, run_batched
+from vidloom.runtime.batching import batch_key, run_batched, stacked_bytes
 
 GUIDE = SequentialCFG()
 
@@ -99,3 +99,19 @@ def test_a_second_familys_stacked_results_equal_single_results():
     for p, (video, audio) in zip(plans, together):
         alone_video, alone_audio = p.call(**p.inputs)
         assert torch.allclose(video, alone_video, atol=1e-6) and torch.allclose(audio, alone_audio, atol=1e-6)
+
+
+def test_stacked_bytes_count_every_copy_a_shared_forward_makes():
+    """runtime.batching.stacked_bytes: the per-sample tensors a batched forward concatenates, values that declare
+    `stacked_bytes` (a PromptKV: all of it), nothing for a shared module, nothing for one plan (it stacks nothing)."""
+    from vidloom.layers.prompt_kv import PromptKV
+
+    plans = [plan(0, cfg=True), plan(1, cfg=True)]
+    per_plan = (4 + 1 + 6 + 6) * 4  # latents [1, 4], timestep [1], both embeddings [1, 3, 2], float32
+    assert stacked_bytes(plans) == 2 * per_plan and stacked_bytes(plans[:1]) == 0
+    kv = PromptKV((torch.zeros(1, 3, 2, 4),), (torch.zeros(1, 3, 2, 4),))
+    for p in plans:
+        p.inputs["prompt_embeds"] = kv
+    stacked = PromptKV.stack([kv, kv])
+    assert kv.stacked_bytes == kv.nbytes and stacked.nbytes == 2 * kv.stacked_bytes
+    assert stacked_bytes(plans) == 2 * (per_plan - 6 * 4) + stacked.nbytes

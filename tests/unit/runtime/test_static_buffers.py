@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from tests.helpers.graph_capturer import RecordingCapturer
+from tests.helpers.graph_capturer import RecordingCapturer, Slab, SlabView
 from vidloom.core.errors import CacheBudgetExceeded
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.cache_manager import CacheManager
@@ -71,27 +71,7 @@ def test_a_buffer_whose_owner_was_released_already_is_not_kept():
     assert forgotten.buffers == [buffer] and pool.stats()["idle"] == 0 and caches.bytes_in_use == 0
 
 
-class _Slab:
-    """A buffer a step writes into in place and reads back (a KV slab), hashed by identity."""
-
-    def __init__(self) -> None:
-        self.rows = torch.zeros(4)
-
-
-class _View:
-    """A per-request network view binding its slab by identity (as FarNetwork does)."""
-
-    def __init__(self, slab: _Slab) -> None:
-        self.slab = slab
-
-    def graph_split(self):
-        return (self.slab,), ()
-
-    def graph_rebuild(self, parts):
-        return self
-
-
-def _write_then_read(network: _View, x: torch.Tensor) -> torch.Tensor:
+def _write_then_read(network: SlabView, x: torch.Tensor) -> torch.Tensor:
     network.slab.rows[:2] = x
     return network.slab.rows.sum().reshape(1)
 
@@ -99,13 +79,13 @@ def _write_then_read(network: _View, x: torch.Tensor) -> torch.Tensor:
 def test_a_graph_keyed_on_a_slab_writes_into_it_and_goes_with_it():
     graphs = StepGraphs(torch.device("cpu"), RecordingCapturer())
     step = graphs.get(_write_then_read)
-    slab, other = _Slab(), _Slab()
-    assert step(network=_View(slab), x=torch.ones(2)).item() == 2.0
-    assert step(network=_View(slab), x=torch.full((2,), 3.0)).item() == 6.0  # replayed, into the same slab
-    assert step(network=_View(other), x=torch.ones(2)).item() == 2.0  # its own graph, its own slab
+    slab, other = Slab(), Slab()
+    assert step(network=SlabView(slab), x=torch.ones(2)).item() == 2.0
+    assert step(network=SlabView(slab), x=torch.full((2,), 3.0)).item() == 6.0  # replayed, into the same slab
+    assert step(network=SlabView(other), x=torch.ones(2)).item() == 2.0  # its own graph, its own slab
     assert (step.captures, step.replays) == (2, 3) and slab.rows[:2].tolist() == [3.0, 3.0]
     assert graphs.forget(slab) == 1
-    step(network=_View(slab), x=torch.ones(2))
+    step(network=SlabView(slab), x=torch.ones(2))
     assert step.captures == 3
 
 

@@ -24,7 +24,9 @@ alone (batch_key None): a stacked copy of several prefixes would be a static inp
 accounting.
 
 A batched step reads a stacked copy of its requests' prefixes (B times one request's prefix K/V per CFG branch, freed
-after the step); each request's own buffers stay in the cache manager, unchanged.
+after the step); each request's own buffers stay in the cache manager, unchanged. The copy is not in any request's
+estimate: the view declares its bytes (`stacked_bytes`) and the device worker reserves them on the memory ledger for
+the step, cutting the batch short where they do not fit (runtime.worker_rounds).
 """
 
 from __future__ import annotations
@@ -129,6 +131,12 @@ class Cosmos3View:
             return None
         p = self.prefixes[0]
         return (id(g), id(self.backbone), tuple(b.key for b in self.branches), p.dtype, p.device)
+
+    @property
+    def stacked_bytes(self) -> int:
+        """What this request adds to a batched step's stacked copy (runtime.batching.stacked_bytes): its prefixes, one
+        per CFG branch, which `stack` concatenates; the device worker reserves it on the memory ledger for the step."""
+        return sum(p.numel() * p.element_size() for p in self.prefixes or ())
 
     @staticmethod
     def stack(views: list[Cosmos3View]) -> Cosmos3View:
