@@ -12,6 +12,7 @@ import numpy as np
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.hunyuan15_checkpoints import write_i2v_pipeline, write_pipeline
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
 from tests.helpers.stable_audio_checkpoints import CONFIGS as STABLE_AUDIO_CONFIGS, write_tiny_stable_audio
@@ -23,6 +24,8 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "anyflow-far": lambda d: write_tiny_far(d, FAR_A),
     "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
     "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),
+    "hunyuan15": lambda d: _written(write_pipeline, d, "p1"),
+    "hunyuan15-i2v-meanflow": lambda d: _written(write_i2v_pipeline, d, "p2"),
     "stable-audio": lambda d: write_tiny_stable_audio(d, STABLE_AUDIO_CONFIGS[0]),
     "sana-wm": lambda d: write_tiny_sana_wm(d, SANA_WM_A),
     "ltx2": lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0]),
@@ -36,6 +39,12 @@ LEVELS = {"cosmos3": 1}
 """uint8 levels a kind's replayed frames may differ from its plain run by (default 0: bit-equal): Cosmos3's graphed
 step attends over its bucket-padded prefix with the padding masked, the same keys summed in another order (float32
 video within 1e-5: tests/integration/test_cosmos3_cuda_graphs.py)."""
+
+
+def _written(writer: Callable[[Path, str], Any], folder: Path, name: str) -> Path:
+    """`folder`, after `writer` saved the tiny pipeline `name` there (the HunyuanVideo-1.5 writers return it)."""
+    writer(folder, name)
+    return folder
 
 
 def graph_counts(kind: str) -> list[tuple[int, int]]:
@@ -72,6 +81,16 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         second = dict(prompt="a blue cat naps", image=make_image(70, 40, 2), intrinsics=[44.0, 47.0, 30.0, 22.0],
                       seed=2, guidance_scale=4.5, **shape)
         changed = {**first, "width": 64}
+    elif kind == "hunyuan15":  # the prompts' token counts fix the graph: these two tokenize alike (27 + 14 glyph)
+        first = dict(prompt='a sign that says "open"', height=32, width=48, num_frames=5, seed=1, guidance_scale=5.0)
+        second = dict(prompt='a sign that says "shut"', height=32, width=48, num_frames=5, seed=2, guidance_scale=3.0)
+        changed = {**first, "width": 64}
+    elif kind == "hunyuan15-i2v-meanflow":  # image tokens and condition latents per request; a target t per step
+        first = dict(prompt='a sign that says "open"', image=make_image(50, 30, 1), num_frames=5, seed=1,
+                     guidance_scale=5.0)
+        second = dict(prompt='a sign that says "shut"', image=make_image(50, 30, 2), num_frames=5, seed=2,
+                      guidance_scale=3.0)
+        changed = {**first, "image": make_image(45, 80, 1)}  # a portrait aspect bucket
     elif kind == "ltx2":  # fps moves the video positions (seconds): a per-request tensor of the network view
         first = dict(prompt="a red fox jumps", height=64, width=64, num_frames=9, fps=25, seed=1, guidance_scale=3.0)
         second = dict(prompt="a blue cat naps", height=64, width=64, num_frames=9, fps=24, seed=2, guidance_scale=3.0)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.graph_capturer import UNCAPTURABLE, OpLog
 from tests.helpers.hunyuan15_checkpoints import TINY_TRANSFORMERS, save_transformer
 from vidloom.families.hunyuan15.load import load_transformer
+from vidloom.families.hunyuan15.transformer import ConditionCounts
 
 TOLERANCE = 1e-5  # measured <= 5e-7
 
@@ -69,3 +71,30 @@ def test_conditioning_paths_move_the_output(tmp_path):
         texts = _ours(ours, other_text, image=False)
     for changed, reference in ((glyphs[1], base[1]), (images[0], base[0]), (texts[0], base[0])):
         assert (changed - reference).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(TINY_TRANSFORMERS))
+@pytest.mark.parametrize(("image", "glyph"), [(False, False), (True, True)], ids=["t2v", "i2v-glyph"])
+def test_host_counts_forward_equals_the_mask_forward(name, image, glyph, tmp_path):
+    """Given the valid counts on the host (what the denoise loop passes, and a CUDA graph captures), the forward
+    slices where the mask-read forward indexes: the same prediction bit for bit, with no op a graph cannot hold,
+    where reading the masks does need the device (the padded batch keeps its key mask both ways)."""
+    save_transformer(name, tmp_path)
+    ours = load_transformer(tmp_path, torch.device("cpu"), torch.float32)
+    inputs = _inputs(TINY_TRANSFORMERS[name], image, glyph)
+    counts = ConditionCounts(tuple(inputs["encoder_attention_mask"].sum(1).tolist()),
+                             tuple(inputs["encoder_attention_mask_2"].sum(1).tolist()))
+    timestep_r = torch.tensor([700.0, 100.0]) if TINY_TRANSFORMERS[name].get("use_meanflow") else None
+    args = (inputs["hidden_states"], inputs["timestep"], inputs["encoder_hidden_states"],
+            inputs["encoder_attention_mask"], inputs["encoder_hidden_states_2"], inputs["encoder_attention_mask_2"],
+            inputs["image_embeds"] if image else None, timestep_r)
+    with torch.no_grad(), OpLog() as from_masks:
+        want = ours(*args)
+    with torch.no_grad(), OpLog() as from_counts:
+        got = ours(*args, counts=counts)
+    assert torch.equal(got, want)
+    assert from_masks.ops & UNCAPTURABLE  # the mask path's device reads are visible to the log
+    assert any("scaled_dot_product" in op for op in from_counts.ops)  # the whole forward was seen
+    assert not from_counts.ops & UNCAPTURABLE, sorted(from_counts.ops & UNCAPTURABLE)
+    with pytest.raises(ValueError, match="counts.text"):
+        ours(*args, counts=ConditionCounts((8, 7), counts.glyph))  # more valid rows than the 7 given

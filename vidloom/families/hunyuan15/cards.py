@@ -35,20 +35,21 @@ I2V_READS = READS - {"height", "width"}  # image to video: the size is the first
 IMAGE_SIZE_NOTE = "with an image, its aspect bucket sets the size (the pipeline ignores height and width)"
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
+GRAPHS_NOTE = ("--cuda-graphs: a graph per video size and set of prompt token counts (prompt, negative prompt, "
+               "glyph text: the forward slices the condition tokens by those counts, known on the host); a request "
+               "whose prompts tokenize to counts seen before replays")
 BATCH_NOTE = ("--policy batch: requests of one video size and task (and, image to video, one image-token count) share "
               "a forward whatever their prompts' lengths (padded and masked); one running CFG at a step and one not "
               "run apart")
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "fp8_weights", "step_cache", "vae_tile", "devices", "cfg_parallel", "text_encoder_rank", "batching"}),
+               "fp8_weights", "step_cache", "vae_tile", "devices", "cfg_parallel", "text_encoder_rank", "batching",
+               "cuda_graphs"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="a video denoiser keeps no KV cache to budget",
              cfg_mode="prompt and negative prompt are encoded unpadded, so their condition tokens differ in number "
-                      "and the two CFG branches run one after the other, as the guider runs them",
-             cuda_graphs="each forward gathers the valid condition tokens by their masks (boolean indexing, a "
-                         "device-to-host read that CUDA graph capture forbids); graphs per token count would need "
-                         "the lengths on the host"),
+                      "and the two CFG branches run one after the other, as the guider runs them"),
 )
 CAPABILITY_ROWS = {"hunyuan15": CAPABILITIES}  # `vidloom models --capabilities`
 CARDS = FamilyCards(FAMILY, PROGRAM, MEMORY_ESTIMATOR, CAPABILITIES)
@@ -115,6 +116,7 @@ def hunyuan15_card(model_id: str, source: str, *, multiple: int, temporal: int, 
         components=component_table(precision, *(I2V_COMPONENTS if image else INDEX_COMPONENTS), no_weights=weightless),
         tasks=frozenset(tasks), precision=precision, sampling_defaults=defaults,
         geometry=Geometry(spatial_multiple=multiple, temporal_factor=temporal), description=description,
-        notes=(*notes, CFG_NOTE, BATCH_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS, optional_fields=I2V_READS if i2v else READS,
+        notes=(*notes, CFG_NOTE, BATCH_NOTE, GRAPHS_NOTE), max_prompt_tokens=MAX_PROMPT_TOKENS,
+        optional_fields=I2V_READS if i2v else READS,
         inputs=image, required_inputs=image if i2v else frozenset(), field_notes=field_notes,
     )

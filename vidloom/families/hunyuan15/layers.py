@@ -76,11 +76,6 @@ class MLP(nn.Module):
         return self.down(F.gelu(h, approximate="tanh") if self.tanh_gelu else F.silu(h))
 
 
-def key_mask(valid: Tensor | None) -> Tensor | None:
-    """[B, L] bool of valid keys -> an SDPA mask [B, 1, 1, L]; None when every key is valid."""
-    return None if valid is None or bool(valid.all()) else valid[:, None, None, :]
-
-
 class RefinerBlock(nn.Module):
     """Self-attention + SiLU MLP over text tokens, each gated by the timestep-and-pooled-text embedding."""
 
@@ -113,12 +108,13 @@ class TokenRefiner(nn.Module):
         self.proj_in = nn.Linear(in_dim, dim)
         self.blocks = nn.ModuleList(RefinerBlock(dim, heads, attention_fn) for _ in range(depth))
 
-    def forward(self, text: Tensor, timestep: Tensor, valid: Tensor) -> Tensor:
-        """text [B, L, in_dim], timestep [B], valid [B, L] bool -> [B, L, dim] (padded rows hold garbage)."""
+    def forward(self, text: Tensor, timestep: Tensor, valid: Tensor, padded: bool) -> Tensor:
+        """text [B, L, in_dim], timestep [B], valid [B, L] bool, padded: whether any row is invalid (known on the
+        host: no device read) -> [B, L, dim] (padded rows hold garbage)."""
         weights = valid.float().unsqueeze(-1)
         pooled = ((text * weights).sum(dim=1) / weights.sum(dim=1)).to(text.dtype)
         cond = self.time.embed_time(timestep) + self.pooled(pooled)
-        x, mask = self.proj_in(text), key_mask(valid)
+        x, mask = self.proj_in(text), valid[:, None, None, :] if padded else None
         for block in self.blocks:
             x = block(x, cond, mask)
         return x

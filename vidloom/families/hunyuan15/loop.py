@@ -2,13 +2,18 @@
 latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, CFG as the saved guider runs it.
 
 Steps of several requests stack into one forward (runtime.batching): their prompts of any lengths are padded and
-masked by stack_prompts, the transformer's own per-sample condition mask."""
+masked by stack_prompts, the transformer's own per-sample condition mask.
+
+Under --cuda-graphs the step body is captured: the prompts are unpadded, so their lengths are host ints (the
+tensors' shapes, part of the graph's signature) that the transformer slices by (ConditionCounts) instead of
+gathering by masks on the device. Each set of prompt lengths (prompt, negative prompt, glyph text) is its own graph,
+as each video size is."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Hashable, Mapping
 
 import torch
 from torch import Tensor
@@ -20,7 +25,7 @@ from vidloom.diffusion.guidance import SequentialCFG, TwoBranchCFG
 from vidloom.diffusion.guided_euler import GuidedEulerSteps
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
 from vidloom.families.hunyuan15.text import PromptEmbeds, stack_prompts
-from vidloom.families.hunyuan15.transformer import Hunyuan15Conditioning, Hunyuan15Transformer
+from vidloom.families.hunyuan15.transformer import ConditionCounts, Hunyuan15Conditioning, Hunyuan15Transformer
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class Hunyuan15Network:
 
     transformer: Hunyuan15Transformer
     inputs: Hunyuan15Inputs  # one request's, or several requests' stacked along the batch (stack)
-    timestep_r: float | None = None  # meanflow: the step's target t (the next step's, 0 after the last)
+    # meanflow: the step's target t (the next step's, 0 after the last); a 0-dim float32 device tensor in a
+    # captured step (graph_split), so one graph serves every step
+    timestep_r: float | Tensor | None = None
 
     def batch_key(self) -> tuple[Any, ...]:
         """Views stack across requests (runtime.batching) with one transformer, one condition shape (video size,
@@ -67,6 +74,15 @@ class Hunyuan15Network:
         image = self.inputs.image
         return (id(self.transformer), tuple(self.inputs.condition.shape[1:]), self.inputs.condition.dtype,
                 None if image is None else tuple(image.shape[1:]), self.inputs.meanflow, self.timestep_r)
+
+    def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the transformer; it reads this request's condition
+        latents and image tokens, and the step's target t (a float: a static 0-dim buffer refilled before each
+        replay, where a plain field would make a graph per step)."""
+        return id(self.transformer), (self.inputs, self.timestep_r)
+
+    def graph_rebuild(self, parts: tuple[Any, ...]) -> Hunyuan15Network:
+        return dataclasses.replace(self, inputs=parts[0], timestep_r=parts[1])
 
     @staticmethod
     def stack(views: list[Hunyuan15Network]) -> Hunyuan15Network:
@@ -78,14 +94,20 @@ class Hunyuan15Network:
 
     def _args(self, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts) -> tuple[Any, ...]:
         rows = latents.shape[0]
-        text, text_mask, glyph, glyph_mask = stack_prompts(list(prompt.rows) * (rows // len(prompt.rows)))
+        prompts = list(prompt.rows) * (rows // len(prompt.rows))
+        text, text_mask, glyph, glyph_mask = stack_prompts(prompts)
+        counts = ConditionCounts(tuple(p.text.shape[0] for p in prompts), tuple(p.glyph.shape[0] for p in prompts))
         condition = self.inputs.condition.to(latents.dtype)
         x = torch.cat([latents, condition.repeat(rows // condition.shape[0], 1, 1, 1, 1)], 1)
         image = self.inputs.image
         if image is not None:
             image = image.to(latents.dtype).repeat(rows // image.shape[0], 1, 1)
-        r = None if self.timestep_r is None else torch.full_like(timestep, self.timestep_r)
-        return x, timestep, text, text_mask, glyph, glyph_mask, image, r
+        r = self.timestep_r
+        if isinstance(r, Tensor):  # a captured step's float32 buffer: the same rounding as full_like from the float
+            r = r.to(timestep.dtype).expand(timestep.shape)
+        elif r is not None:
+            r = torch.full_like(timestep, r)
+        return x, timestep, text, text_mask, glyph, glyph_mask, image, r, counts
 
     def __call__(self, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts) -> Tensor:
         x, cond = self.embed(latents, timestep, prompt)

@@ -85,8 +85,13 @@ class Hunyuan15Guider:
         return not math.isclose(scale, 0.0 if self.use_original_formulation else 1.0)
 
     def combine(self, cond: Tensor, uncond: Tensor, scale: float | Tensor) -> Tensor:
-        """The guided prediction, rescaled toward the conditional one's std when guidance_rescale > 0."""
-        pred = (cond if self.use_original_formulation else uncond) + scale * (cond - uncond)
+        """The guided prediction, rescaled toward the conditional one's std when guidance_rescale > 0. A float32
+        tensor scale (a captured step's 0-dim buffer, or per-sample scales of a batch) multiplies in float32 and
+        rounds once to the activations' dtype, as a Python float does (diffusion.guidance.cfg_combine): graphed
+        and eager steps compute the same bits."""
+        diff = cond - uncond
+        step = (scale.float() * diff.float()).to(diff.dtype) if isinstance(scale, Tensor) else scale * diff
+        pred = (cond if self.use_original_formulation else uncond) + step
         if self.guidance_rescale > 0:
             dims = list(range(1, cond.ndim))
             rescaled = pred * (cond.std(dim=dims, keepdim=True) / pred.std(dim=dims, keepdim=True))

@@ -4,7 +4,10 @@ is the refined Qwen2.5-VL text, the ByT5 glyph text and (image to video) SigLIP 
 Loads diffusers `HunyuanVideo15Transformer3DModel` checkpoints (the `transformer/` folder) through
 HUNYUAN15_TRANSFORMER_NAME_MAP. Condition tokens that their masks mark invalid never reach attention: the reference
 zeroes and masks them (fully masked rows give 0 there), which leaves the video tokens exactly what attending to the
-valid ones alone gives; a batch whose samples keep different counts pads with a key mask.
+valid ones alone gives; a batch whose samples keep different counts pads with a key mask. Given the valid counts on
+the host (ConditionCounts: the denoise loop's prompts are unpadded, so their lengths are), a forward gathers by
+slicing and reads nothing back from the device, so a CUDA graph can capture it; from masks alone (the reference's
+calling convention) it reads their valid rows from the device first.
 
 Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` and wraps every block's attention) the
 joint stream is sharded right after embedding, padded at its end when it does not split, and gathered before the
@@ -28,7 +31,7 @@ from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.loading.name_map import NameMap
 from vidloom.families.hunyuan15.layers import (
-    EPS, DualStreamBlock, GlyphProjection, ImageProjection, TimestepMLP, TokenRefiner, key_mask, video_rotations,
+    EPS, DualStreamBlock, GlyphProjection, ImageProjection, TimestepMLP, TokenRefiner, video_rotations,
 )
 
 DIFFUSERS_CLASS_NAME = "HunyuanVideo15Transformer3DModel"
@@ -150,6 +153,20 @@ HUNYUAN15_TRANSFORMER_NAME_MAP = NameMap((
 
 
 @dataclass(frozen=True)
+class ConditionCounts:
+    """Per sample, how many of its text and glyph rows are valid: the first `text[b]` and `glyph[b]` (prompts pad on
+    the right). Host ints, so a forward given them slices instead of boolean-indexing and decides its key masks
+    without a device-to-host read, which CUDA graph capture forbids. A captured step's signature holds them (they
+    are its unpadded prompts' lengths), so each set of prompt lengths is its own graph."""
+
+    text: tuple[int, ...]
+    glyph: tuple[int, ...]
+
+
+Rows = list[slice] | list[Tensor]  # per sample, which rows of a part are valid: a prefix, or indices read from a mask
+
+
+@dataclass(frozen=True)
 class Hunyuan15Conditioning:
     """What every block of one forward reads."""
 
@@ -202,12 +219,13 @@ class Hunyuan15Transformer(nn.Module):
         return tuple(self.blocks)
 
     def forward(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, glyph: Tensor,
-                glyph_mask: Tensor, image: Tensor | None = None, timestep_r: Tensor | None = None) -> Tensor:
+                glyph_mask: Tensor, image: Tensor | None = None, timestep_r: Tensor | None = None,
+                counts: ConditionCounts | None = None) -> Tensor:
         """latents [B, in_channels, F, H, W] (noisy latents, condition latents, mask channel), timestep [B] in
         [0, 1000], text [B, L, text_dim] + text_mask [B, L], glyph [B, Lg, glyph_dim] + glyph_mask [B, Lg],
-        image [B, Li, image_dim] or None (no image tokens: text to video), timestep_r [B] (meanflow) ->
-        the prediction [B, out_channels, F, H, W]."""
-        x, cond = self.embed(latents, timestep, text, text_mask, glyph, glyph_mask, image, timestep_r)
+        image [B, Li, image_dim] or None (no image tokens: text to video), timestep_r [B] (meanflow), counts: the
+        masks' valid rows as host ints (None: read from the masks) -> the prediction [B, out_channels, F, H, W]."""
+        x, cond = self.embed(latents, timestep, text, text_mask, glyph, glyph_mask, image, timestep_r, counts)
         return self.head(self.run_blocks(x, cond), cond)
 
     # The stages below are the denoiser contract step caches call (runtime.step_cache.StagedNetwork); forward()
@@ -215,9 +233,10 @@ class Hunyuan15Transformer(nn.Module):
     # (condition tokens: the valid ones of each sample first, as the reference orders them).
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, glyph: Tensor,
-              glyph_mask: Tensor, image: Tensor | None = None,
-              timestep_r: Tensor | None = None) -> tuple[Tensor, Hunyuan15Conditioning]:
-        """Inputs -> the joint stream [B, N + L, dim] (float32) and what every block reads."""
+              glyph_mask: Tensor, image: Tensor | None = None, timestep_r: Tensor | None = None,
+              counts: ConditionCounts | None = None) -> tuple[Tensor, Hunyuan15Conditioning]:
+        """Inputs -> the joint stream [B, N + L, dim] (float32) and what every block reads. With `counts` (which
+        must agree with the masks) nothing is read back from the device: shapes follow from host ints alone."""
         config, dtype = self.config, self.patch_embed.weight.dtype
         batch, _, frames, height, width = latents.shape
         grid = (frames // config.patch_size_t, height // config.patch_size, width // config.patch_size)
@@ -227,16 +246,21 @@ class Hunyuan15Transformer(nn.Module):
                 raise ValueError("timestep_r needs a meanflow transformer (use_meanflow)")
             temb = temb + self.time_embed_r.embed_time(timestep_r.float()).float()
         x = self.patch_embed(latents.to(dtype)).flatten(2).transpose(1, 2).float()
-        text_mask, glyph_mask = text_mask.bool(), glyph_mask.bool()
-        parts = [(self.text_in(text.to(dtype), timestep, text_mask), text_mask, TEXT),
-                 (self.glyph_in(glyph.to(dtype)), glyph_mask, GLYPH)]
-        if image is not None:
-            image_mask = torch.ones(image.shape[:2], dtype=torch.bool, device=image.device)
-            parts.append((self.image_in(image.to(dtype)), image_mask, IMAGE))
+        text_mask = text_mask.bool()
+        if counts is None:  # masks alone: their valid rows, read from the device
+            text_rows, glyph_rows = _rows_of(text_mask), _rows_of(glyph_mask.bool())
+        else:
+            text_rows = _prefixes(counts.text, batch, text.shape[1], "text")
+            glyph_rows = _prefixes(counts.glyph, batch, glyph.shape[1], "glyph")
+        padded = any(_count(rows, text.shape[1]) < text.shape[1] for rows in text_rows)
+        parts = [(self.text_in(text.to(dtype), timestep, text_mask, padded), text_rows, TEXT),
+                 (self.glyph_in(glyph.to(dtype)), glyph_rows, GLYPH)]
+        if image is not None:  # every image token is valid
+            parts.append((self.image_in(image.to(dtype)), [slice(0, image.shape[1])] * batch, IMAGE))
         # The reference's order: image, glyph, text; valid tokens only.
-        parts = [(tokens.float() + self.cond_type.weight[kind].float(), valid) for tokens, valid, kind in parts[::-1]]
-        cond, valid = _gather_valid(parts)
-        mask = key_mask(F.pad(valid, (x.shape[1], 0), value=True))
+        parts = [(tokens.float() + self.cond_type.weight[kind].float(), rows) for tokens, rows, kind in parts[::-1]]
+        cond, lengths = _gather_valid(parts)
+        mask = _key_mask(lengths, x.shape[1], cond.device)
         cos, sin = video_rotations(grid, config.rope_axes, config.rope_theta, latents.device)
         h = torch.cat([x, cond], dim=1)
         if self.sequence is WHOLE_SEQUENCE:
@@ -274,11 +298,37 @@ class Hunyuan15Transformer(nn.Module):
         return out.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(x.shape[0], config.out_channels, f * pt, h * p, w * p)
 
 
-def _gather_valid(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Per sample, the valid tokens of every part in order -> [B, L, dim] padded with zeros at the end, and the
-    [B, L] validity of each row (L: the largest valid count in the batch)."""
-    rows = [torch.cat([tokens[b][valid[b]] for tokens, valid in parts]) for b in range(parts[0][0].shape[0])]
-    length = max(r.shape[0] for r in rows)
-    out = torch.stack([F.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows])
-    valid = torch.stack([torch.arange(length, device=out.device) < r.shape[0] for r in rows])
-    return out, valid
+def _rows_of(mask: Tensor) -> list[Tensor]:
+    """Per sample, the indices of its valid rows ([B, L] bool mask): a device-to-host read (eager forwards only)."""
+    return [row.nonzero()[:, 0] for row in mask]
+
+
+def _prefixes(counts: tuple[int, ...], batch: int, length: int, name: str) -> list[slice]:
+    """Per sample, its first counts[b] rows of `length`."""
+    if len(counts) != batch or not all(0 <= n <= length for n in counts):
+        raise ValueError(f"counts.{name} {list(counts)} must give 0..{length} valid rows for each of {batch} samples")
+    return [slice(0, n) for n in counts]
+
+
+def _count(rows: slice | Tensor, length: int) -> int:
+    """How many rows a selection keeps, from host data alone."""
+    return len(range(length)[rows]) if isinstance(rows, slice) else rows.shape[0]
+
+
+def _gather_valid(parts: list[tuple[Tensor, Rows]]) -> tuple[Tensor, list[int]]:
+    """Per sample, the valid rows of every part in order -> [B, L, dim] padded with zeros at the end, and each
+    sample's count of valid rows (host ints; L: the largest)."""
+    rows = [torch.cat([tokens[b][select[b]] for tokens, select in parts]) for b in range(parts[0][0].shape[0])]
+    lengths = [r.shape[0] for r in rows]
+    length = max(lengths)
+    return torch.stack([F.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows]), lengths
+
+
+def _key_mask(lengths: list[int], video: int, device: torch.device) -> Tensor | None:
+    """The SDPA key mask [B, 1, 1, video + L] over [video, condition] when samples keep different condition counts
+    (their shorter rows padded), else None; built from host ints, without reading the device."""
+    length = max(lengths)
+    if all(n == length for n in lengths):
+        return None
+    valid = torch.stack([torch.arange(video + length, device=device) < video + n for n in lengths])
+    return valid[:, None, None, :]
