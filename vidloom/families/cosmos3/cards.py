@@ -61,7 +61,9 @@ CAPABILITIES = Capabilities(
                          "K/V and the generated tokens' positions follow it), so requests rarely share a graph: nearly "
                          "every prompt would capture its own and hold its own static copy of the prefix K/V, memory "
                          "growing with each new length; padding prompts to one length would attend over masked "
-                         "padding, not the reference's computation",
+                         "padding, not the reference's computation; the flag covers the whole instance, so "
+                         "this refusal keeps it from the chats too, whose decode steps alone are capturable (a "
+                         "chat-only folder takes --cuda-graphs for them)",
              kv_session_ttl_s="no causal video rollout whose KV could be kept",
              text_encoder_rank="the prompt is read by the unified backbone, which every rank runs; there is no "
                                "separate text encoder to place on one rank"),
@@ -77,21 +79,20 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                            "paged decode forwards under every policy)",
                                                "devices": "chat only: no denoiser to shard, and chat runs on the "
                                                           "paged decoder, which a pool of ranks has not",
-                                               "cfg_parallel": "chat only: no CFG branches to split",
-                                               "cuda_graphs": "chat only: the backbone's paged decode does not "
-                                                              "declare decode graphs (runtime.decode_graphs: the "
-                                                              "Qwen-Omni decoders do)"})
+                                               "cfg_parallel": "chat only: no CFG branches to split"})
+# cuda_graphs: with no denoise step to refuse it for, a chat's decode steps replay graphs captured per batch-size bucket
+# (runtime.decode_graphs; Cosmos3Transformer.decode_graphs), prefills staying eager.
 CHAT_ONLY_CAPABILITIES = dataclasses.replace(
-    CHAT_ONLY_CAPABILITIES, lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
+    CHAT_ONLY_CAPABILITIES.plus("cuda_graphs"),
+    lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 # Its sessions keep those prefixes in the engine's cache manager, which a pool of ranks has not: the action card
 # refuses multi-device plans until they do (its one-shot requests would shard like generation's).
 ACTION_POOL_NOTE = ("an action session keeps its prefilled prompt K/V in the engine's cache manager between chunks, "
                     "which a pool of ranks does not have; action checkpoints run on one device")
-ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
-                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"}
-                                   ).without({"devices": ACTION_POOL_NOTE, "cfg_parallel": ACTION_POOL_NOTE})
+ACTION_CAPABILITIES = CAPABILITIES.plus("kv_session_ttl_s").without({"devices": ACTION_POOL_NOTE,
+                                                                     "cfg_parallel": ACTION_POOL_NOTE})
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
                    "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 
