@@ -17,15 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.chat_rounds import greedy_rounds
+from tests.helpers.decode_graph_checks import check_cuda_graphs, eager_and_graphed_on_cuda
 from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
-from vidloom.core.deploy import DeployConfig
 from vidloom.generator import VideoGenerator
 
 LOGIT_RTOL = 1e-4  # of the round's largest logit: see the module docstring
-PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns", "hi")
-BUDGETS = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
 WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
            "qwen3-omni": lambda folder: write_tiny_thinker(folder, THINKER_A, talker=TALKER_A)}
 
@@ -33,26 +30,12 @@ WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
 @pytest.fixture(scope="module", params=sorted(WRITERS))
 def models(request, tmp_path_factory) -> tuple[VideoGenerator, VideoGenerator]:
     folder: Path = WRITERS[request.param](tmp_path_factory.mktemp(f"graphs-cuda-{request.param}") / request.param)
-    eager = VideoGenerator.from_pretrained(str(folder), device="cuda", dtype="float32")
-    graphed = VideoGenerator.from_pretrained(str(folder), device="cuda", dtype="float32",
-                                             deploy=DeployConfig(cuda_graphs=True))
-    return eager, graphed
+    return eager_and_graphed_on_cuda(folder)
 
 
 def test_captured_decode_matches_eager_on_cuda(models):
     eager, graphed = models
-    want_tokens, want_rounds = greedy_rounds(eager.engine, PROMPTS, BUDGETS)
-    got_tokens, got_rounds = greedy_rounds(graphed.engine, PROMPTS, BUDGETS)
-    assert [t[:2] for t in got_tokens] == [t[:2] for t in want_tokens]
-    for want, got in zip(want_rounds, got_rounds):
-        assert got.shape == want.shape and (got - want).abs().max() <= LOGIT_RTOL * want.abs().max()
-    stats = graphed.engine.graph_stats
-    assert stats["fallbacks"] == 0 and stats["captures"] >= 3 and stats["replays"] == len(got_rounds) - 1, stats
-    captures = stats["captures"]
-    again, _ = greedy_rounds(graphed.engine, PROMPTS, BUDGETS)
-    assert again == got_tokens  # the replays read this run's buffers, not the capture's
-    assert graphed.engine.graph_stats["captures"] == captures and graphed.engine.graph_stats["fallbacks"] == 0
-    assert graphed.engine.decoder.stats()["kv_blocks_in_use"] == 0
+    check_cuda_graphs(eager, graphed, LOGIT_RTOL)
 
 
 def test_captured_speech_matches_eager_on_cuda(models):

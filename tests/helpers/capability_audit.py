@@ -4,14 +4,12 @@ switches it on."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from tests.helpers.adapter_checkpoints import write_tiny_pipeline
 from tests.helpers.cosmos3_action_checkpoints import write_tiny_cosmos3_action
-from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
+from tests.helpers.cosmos3_checkpoints import COSMOS3_A, strip_generation, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, TINY_DISTILLED, write_tiny_flux2
 from tests.helpers.helios_checkpoints import TINY_A as HELIOS_A, write_tiny_helios
@@ -34,16 +32,6 @@ def _with_refiner(folder: Path) -> Path:
     return folder
 
 
-def _chat_only(folder: Path) -> Path:
-    write_tiny_cosmos3(folder, COSMOS3_A)
-    index = json.loads((folder / "model_index.json").read_text())
-    for name in ("vae", "scheduler"):
-        shutil.rmtree(folder / name)
-        index[name] = [None, None]  # diffusers' record of an absent optional component
-    (folder / "model_index.json").write_text(json.dumps(index))
-    return folder
-
-
 # Column label -> writer of a tiny checkpoint of that kind.
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "wan": lambda d: write_tiny_wan(d, TINY_A),
@@ -54,7 +42,7 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "ltx2": lambda d: write_tiny_ltx2(d, LTX2_CONFIGS[0], upsampler=True),
     "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
     "cosmos3-actions": lambda d: write_tiny_cosmos3_action(d),  # kv_session_ttl_s acts: test_cosmos3_action_session
-    "cosmos3-chat-only": _chat_only,
+    "cosmos3-chat-only": lambda d: strip_generation(write_tiny_cosmos3(d, COSMOS3_A)),
     # Its one feature (attention_backend, diffusers' dispatcher) is checked in tests/integration/test_adapter_server.py.
     "adapted diffusers pipeline": lambda d: write_tiny_pipeline(d, "cogvideox"),
     "qwen-omni": lambda d: write_tiny_omni(d, OMNI_A),

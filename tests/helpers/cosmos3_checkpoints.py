@@ -10,6 +10,8 @@ The transformer's vocabulary is padded past the tokenizer's, as in the released 
 from __future__ import annotations
 
 import inspect
+import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,16 @@ def write_tiny_cosmos3(folder: Path, spec: TinyCosmos3 = COSMOS3_A, seed: int = 
                        scheduler_config: dict[str, Any] | None = None, **settings: Any) -> Path:
     """Save a tiny Cosmos3OmniPipeline folder (model_index.json, transformer/, text_tokenizer/, vae/, scheduler/)."""
     build_pipeline(spec, seed, scheduler_config, **settings).save_pretrained(folder)
+    return folder
+
+
+def strip_generation(folder: Path) -> Path:
+    """Make a written folder chat-only (the CHAT_ONLY card): its vae/ and scheduler/ removed, and recorded absent."""
+    index = json.loads((folder / "model_index.json").read_text())
+    for name in ("vae", "scheduler"):
+        shutil.rmtree(folder / name)
+        index[name] = [None, None]  # diffusers' record of an absent optional component
+    (folder / "model_index.json").write_text(json.dumps(index))
     return folder
 
 

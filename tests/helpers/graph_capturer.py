@@ -41,17 +41,27 @@ class Replay:
 
 
 class RecordingCapturer:
-    """Counts capture attempts; `fail=True` raises like an uncapturable op would."""
+    """Counts capture attempts; `fail=True` raises like an uncapturable op would. `ops`: where every aten op the
+    captured bodies dispatch (at capture and at each replay) is collected, to check it against UNCAPTURABLE."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
+    def __init__(self, fail: bool = False, ops: set[str] | None = None) -> None:
+        self.fail, self.ops = fail, ops
         self.calls = 0
 
     def __call__(self, call: Callable[..., Any], static: Mapping[str, Any]) -> Replay:
         self.calls += 1
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
-        return Replay(call, static)
+        return Replay(call if self.ops is None else self._logged(call), static)
+
+    def _logged(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def logged(**inputs: Any) -> Any:
+            with OpLog() as log:
+                out = call(**inputs)
+            self.ops.update(log.ops)
+            return out
+
+        return logged
 
 
 class Slab:

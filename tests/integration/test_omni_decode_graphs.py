@@ -18,14 +18,14 @@ may differ from the eager step's in the last bits: at most 1e-5 of the round's l
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers.chat_rounds import greedy_rounds
-from tests.helpers.graph_capturer import RecordingCapturer
+from tests.helpers.decode_graph_checks import PROMPTS, check_stand_in_graphs
+from tests.helpers.graph_capturer import RecordingCapturer, graphed_generator
 from tests.helpers.qwen3_omni_checkpoints import TALKER_A, THINKER_A, write_tiny_thinker
 from tests.helpers.qwen_omni_checkpoints import OMNI_A, write_tiny_omni
 from vidloom.core.chat import build_chat_request
@@ -41,8 +41,6 @@ from vidloom.runtime.paged_kv import DecodeKV
 LOGIT_RTOL = 1e-5  # of the round's largest logit: see the module docstring
 WRITERS = {"qwen-omni": lambda folder: write_tiny_omni(folder, OMNI_A),
            "qwen3-omni": lambda folder: write_tiny_thinker(folder, THINKER_A, talker=TALKER_A)}
-PROMPTS = ("what is a kite?", "tell me about the long history of paper kites in the windy coastal towns",
-           "hi", "name three colours of the evening sky over the sea")
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
@@ -54,43 +52,12 @@ def omni(request, tmp_path_factory) -> tuple[Path, VideoGenerator]:
 def _graphed(plain: VideoGenerator, capturer: RecordingCapturer) -> Engine:
     """The same loaded model with cuda_graphs on, its steps recorded by `capturer` (the CUDA check at load is the
     real capturer's: test_cuda_graphs_need_cuda_at_load)."""
-    engine = plain.engine
-    deploy = dataclasses.replace(engine.instance.deploy, cuda_graphs=True)
-    instance = dataclasses.replace(engine.instance, deploy=deploy)
-    return Engine(instance, engine.program, engine.adapters, capturer=capturer)
+    return graphed_generator(plain, capturer).engine
 
 
 def test_graphed_decode_equals_eager_and_replays_per_bucket(omni):
     _, plain = omni
-    capturer = RecordingCapturer()
-    graphed = _graphed(plain, capturer)
-    budgets = (6, 4, 2)  # 3 sequences (bucket 4), then 2 (bucket 2), then 1 (bucket 1)
-    want_tokens, want_rounds = greedy_rounds(plain.engine, PROMPTS[:3], budgets)
-    got_tokens, got_rounds = greedy_rounds(graphed, PROMPTS[:3], budgets)
-    assert got_tokens == want_tokens
-    assert [len(t) for t in got_tokens] == list(budgets)
-    # Each chat alone (its own prefill and decode, eager) gives the same tokens: the batch changed nothing.
-    assert [plain.chat([{"role": "user", "content": p}], max_tokens=n, temperature=0).token_ids
-            for p, n in zip(PROMPTS[:3], budgets)] == want_tokens
-    for want, got in zip(want_rounds, got_rounds):
-        assert got.shape == want.shape and (got - want).abs().max() <= LOGIT_RTOL * want.abs().max()
-    stats = graphed.graph_stats
-    assert stats["fallbacks"] == 0 and stats["captures"] == capturer.calls >= 3  # buckets 4, 2, 1 at least
-    decode_rounds = len(got_rounds) - 1  # the first round prefills every prompt (eager)
-    assert stats["replays"] == decode_rounds
-
-    # The same bucket and context widths again (other order, so other rows hold other sequences): replays only.
-    captures = stats["captures"]
-    again, _ = greedy_rounds(graphed, (PROMPTS[2], PROMPTS[0], PROMPTS[1]), (2, 6, 4))
-    assert again == [want_tokens[2], want_tokens[0], want_tokens[1]]
-    assert graphed.graph_stats["captures"] == captures and capturer.calls == captures
-    assert graphed.graph_stats["replays"] == 2 * decode_rounds
-
-    # Five sequences: a bucket not seen yet (8) is captured anew, and its tokens still equal the eager run's.
-    five = PROMPTS + ("and a fifth one",)
-    assert greedy_rounds(graphed, five, (3,) * 5)[0] == greedy_rounds(plain.engine, five, (3,) * 5)[0]
-    assert graphed.graph_stats["captures"] > captures and graphed.graph_stats["fallbacks"] == 0
-    assert graphed.decoder.stats()["kv_blocks_in_use"] == 0
+    check_stand_in_graphs(plain, LOGIT_RTOL)
 
 
 def test_spoken_reply_with_graphs_equals_eager(omni):

@@ -87,6 +87,12 @@ class Capabilities:
         """These capabilities less the features in `reasons` (feature -> why this checkpoint cannot take it)."""
         return Capabilities(self.supported - set(reasons), {**self.why_not, **reasons}, self.lora_why_not)
 
+    def plus(self, *names: str) -> "Capabilities":
+        """These capabilities with `names` supported too (their refusal reasons dropped): a kind of checkpoint that
+        honours what its family's base card refuses."""
+        return Capabilities(self.supported | set(names), {k: v for k, v in self.why_not.items() if k not in names},
+                            self.lora_why_not)
+
     def why(self, name: str) -> str:
         """Why feature `name` is refused: the card's reason, or that nothing declared it."""
         return self.why_not.get(name, "not wired for this family")

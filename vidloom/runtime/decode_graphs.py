@@ -1,5 +1,6 @@
 """CUDA graphs of the paged decode step: the one-token-per-sequence forward of every AR decode loop on a network that
-declares it capturable (`decode_graphs = True`: the thinker and talker of Qwen2.5-Omni and Qwen3-Omni).
+declares it capturable (`decode_graphs = True`: the thinker and talker of Qwen2.5-Omni and Qwen3-Omni, and
+Cosmos3's backbone, which its chats decode through).
 
 As vLLM and sglang capture decode: one graph per batch-size bucket (DECODE_BATCH_BUCKETS), the step's B sequences
 padded to the smallest bucket >= B with rows that write to the pool's scratch block and whose logits are dropped.
@@ -15,8 +16,7 @@ charges every chat under graphs for two rows of DECODE_GRAPH_MAX_CONTEXT keys (i
 bounds what a bucket of at most twice the chats gathers.
 
 A step that is not plain decode runs eagerly: a prefill (several tokens of one sequence), a prompt's media rows
-(EMBEDS_AT), more sequences than the largest bucket, or a network that does not declare graphs (Cosmos3's
-backbone).
+(EMBEDS_AT), more sequences than the largest bucket, or a network that does not declare graphs.
 """
 
 from __future__ import annotations
@@ -58,7 +58,12 @@ def decode_step(network: Any, pool: PagedKVPool, ids: Tensor | None, embeds: Ten
     """The captured body: one decode forward of every row (ids [B] or input rows [B, width], positions [3, B]),
     its keys and values written through `tables` [B, W] at `starts` [B]. Logits [B, vocab] (and hidden [B, hidden])."""
     kv = DecodeKV(pool, tables, starts, network.attention_scale)
-    return network(ids, positions, kv=kv, return_hidden=want_hidden, inputs_embeds=embeds)
+    # As the eager step (paged_decode.PagedDecoder._eager): hidden states and input rows only where a plan uses them,
+    # so a network that feeds on ids and returns logits alone (Cosmos3's backbone) need not take those arguments.
+    extra: dict[str, Any] = {"inputs_embeds": embeds} if embeds is not None else {}
+    if want_hidden:
+        extra["return_hidden"] = True
+    return network(ids, positions, kv=kv, **extra)
 
 
 class DecodeGraphs:

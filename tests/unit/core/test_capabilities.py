@@ -53,6 +53,13 @@ def test_without_moves_a_feature_to_the_refused_with_its_reason():
     assert caps.supported == {"compile"} and caps.why_not["cfg_mode"] == "no CFG"
 
 
+def test_plus_moves_refused_features_back_to_the_supported_and_keeps_the_rest():
+    base = Capabilities(frozenset({"compile"}), {"cfg_mode": "no CFG", "cuda_graphs": "no graphs"}, "no adapters")
+    caps = base.plus("cuda_graphs")
+    assert caps.supported == {"compile", "cuda_graphs"} and dict(caps.why_not) == {"cfg_mode": "no CFG"}
+    assert caps.lora_why_not == "no adapters" and base.plus("compile") == base
+
+
 @pytest.mark.parametrize(("supported", "why_not", "message"), [
     ({"turbo"}, {}, "unknown features \\['turbo'\\]"),
     ({"compile"}, {"compile": "x"}, "both support and explain"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cosmos3_checkpoints import strip_generation
 from vidloom import registry
 from vidloom.core.card import InvalidCard, LoopSpec
 from vidloom.core.errors import CheckpointError, InvalidRequest
@@ -19,13 +20,7 @@ from vidloom.families.cosmos3.cards import card_from_checkpoint
 def _chat_only(cosmos3_dir: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "chat-only"
     shutil.copytree(cosmos3_dir, folder)
-    for name in ("vae", "scheduler"):
-        shutil.rmtree(folder / name)
-    index = json.loads((folder / "model_index.json").read_text())
-    for name in ("vae", "scheduler"):
-        index[name] = [None, None]  # diffusers' record of an absent optional component
-    (folder / "model_index.json").write_text(json.dumps(index))
-    return folder
+    return strip_generation(folder)
 
 
 def test_card_from_a_cosmos3_folder(cosmos3_dir: Path, tmp_path: Path):

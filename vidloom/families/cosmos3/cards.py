@@ -72,12 +72,12 @@ CHAT_ONLY_CAPABILITIES = CAPABILITIES.without({"warmup_shapes": "chat only: no g
                                                            "paged decode forwards under every policy)",
                                                "devices": "chat only: no denoiser to shard, and chat runs on the "
                                                           "paged decoder, which a pool of ranks has not",
-                                               "cfg_parallel": "chat only: no CFG branches to split",
-                                               "cuda_graphs": "chat only: the backbone's paged decode does not "
-                                                              "declare decode graphs (runtime.decode_graphs: the "
-                                                              "Qwen-Omni decoders do)"})
+                                               "cfg_parallel": "chat only: no CFG branches to split"})
+# cuda_graphs: with no denoise step to refuse it for, a chat's decode steps replay graphs captured per batch-size bucket
+# (runtime.decode_graphs; Cosmos3Transformer.decode_graphs), prefills staying eager.
 CHAT_ONLY_CAPABILITIES = dataclasses.replace(
-    CHAT_ONLY_CAPABILITIES, lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
+    CHAT_ONLY_CAPABILITIES.plus("cuda_graphs"),
+    lora_why_not="chat only: adapters apply to generation requests, which this folder does not run")
 # With an action pathway, an action session's prefilled prompt prefixes stay resident between its chunks
 # (kv_session_ttl_s: their idle TTL; gen_loop.ResidentPrefix, action_session.py).
 # Its sessions keep those prefixes in the engine's cache manager, which a pool of ranks has not: the action card
@@ -87,10 +87,9 @@ ACTION_POOL_NOTE = ("an action session keeps its prefilled prompt K/V in the eng
 ACTION_GRAPHS_NOTE = ("an action session keeps its prefilled prompt K/V resident between chunks, while under "
                       "cuda_graphs a request's bucket-padded prefix is a static buffer handed to the next request of "
                       "its bucket when it ends (gen_step.PaddedPrefix); a chunk's prefix cannot be both")
-ACTION_CAPABILITIES = Capabilities(CAPABILITIES.supported | {"kv_session_ttl_s"},
-                                   {k: v for k, v in CAPABILITIES.why_not.items() if k != "kv_session_ttl_s"}
-                                   ).without({"devices": ACTION_POOL_NOTE, "cfg_parallel": ACTION_POOL_NOTE,
-                                              "cuda_graphs": ACTION_GRAPHS_NOTE})
+ACTION_CAPABILITIES = CAPABILITIES.plus("kv_session_ttl_s").without({"devices": ACTION_POOL_NOTE,
+                                                                     "cfg_parallel": ACTION_POOL_NOTE,
+                                                                     "cuda_graphs": ACTION_GRAPHS_NOTE})
 CAPABILITY_ROWS = {FAMILY: CAPABILITIES, "cosmos3-actions": ACTION_CAPABILITIES,
                    "cosmos3-chat-only": CHAT_ONLY_CAPABILITIES}  # `vidloom models --capabilities`
 

@@ -129,6 +129,12 @@ class TextBlock(nn.Module):
 class Cosmos3Transformer(nn.Module):
     """The understanding pathway: packed token ids in, next-token logits out."""
 
+    decode_graphs = True
+    """Its decode step is capture-safe (runtime.decode_graphs): the interleaved mrope is computed on the device from the
+    [3, B] positions buffer (its frequency pattern is fixed by the config, not by a value), attention and the causal
+    mask are the KV store's (DecodeKV masks on the device), and the dense layers have no host-sized path; no op reads
+    a device value on the host, so cuda_graphs replays a chat's decode per batch-size bucket."""
+
     def __init__(self, config: Cosmos3TextConfig, sdpa: SDPAScope = DEFAULT_SDPA) -> None:
         super().__init__()
         self.config = config
