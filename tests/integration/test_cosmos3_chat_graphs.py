@@ -15,13 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.helpers.chat_rounds import greedy_rounds
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, COSMOS3_B, strip_generation, write_tiny_cosmos3
 from tests.helpers.decode_graph_checks import PROMPTS, check_stand_in_graphs
 from tests.helpers.graph_capturer import UNCAPTURABLE, RecordingCapturer, graphed_generator
-from vidloom import registry
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
@@ -59,11 +57,15 @@ def test_the_captured_step_reads_nothing_on_the_host(chat_only):
     assert graphed.graph_stats["replays"] > 0 and graphed.graph_stats["fallbacks"] == 0
 
 
-def test_the_chat_only_card_takes_cuda_graphs_and_the_full_card_names_why_not(chat_only, cosmos3_dir):
+def test_both_cards_take_cuda_graphs_and_the_full_cards_chats_replay_them(chat_only, cosmos3_dir):
     folder, _ = chat_only
-    # Accepted by the card: what stops it here is the CUDA check (tests/gpu/test_cosmos3_chat_graphs_cuda.py loads it).
-    with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
-        VideoGenerator.from_pretrained(str(folder), device="cpu", deploy=DeployConfig(cuda_graphs=True))
-    full = registry.resolve_card(cosmos3_dir)
-    with pytest.raises(DeployError, match=r"does not support cuda_graphs .*prompt length.*chat-only folder"):
-        registry.load_instance(full, cosmos3_dir, torch.device("cpu"), None, DeployConfig(cuda_graphs=True))
+    # Accepted by both cards: what stops them here is the CUDA check (tests/gpu loads them on a device).
+    for path in (folder, cosmos3_dir):
+        with pytest.raises(DeployError, match="cuda_graphs needs a CUDA device"):
+            VideoGenerator.from_pretrained(str(path), device="cpu", deploy=DeployConfig(cuda_graphs=True))
+    # With a generation pathway (its denoise steps graphed over prompt buckets) the chats' decode replays graphs too.
+    plain = VideoGenerator.from_pretrained(str(cosmos3_dir), device="cpu", dtype="float32")
+    graphed = graphed_generator(plain, RecordingCapturer()).engine
+    want, _ = greedy_rounds(plain.engine, PROMPTS[:2], (3, 3))
+    assert greedy_rounds(graphed, PROMPTS[:2], (3, 3))[0] == want
+    assert graphed.graph_stats["replays"] > 0 and graphed.graph_stats["fallbacks"] == 0
