@@ -35,10 +35,11 @@ STEPS = 2
 SIGNATURES = {"anyflow-far": 2}
 """Graphs one request of a kind captures (default 1): AnyFlow-FAR's rollout captures one per chunk position (its
 9 frames are 3 latent frames in chunks of 1 and 2), each replayed for that chunk's STEPS steps."""
-LEVELS = {"cosmos3": 1}
+LEVELS = {"cosmos3": 1, "hunyuan15": 1, "hunyuan15-i2v-meanflow": 1}
 """uint8 levels a kind's replayed frames may differ from its plain run by (default 0: bit-equal): Cosmos3's graphed
-step attends over its bucket-padded prefix with the padding masked, the same keys summed in another order (float32
-video within 1e-5: tests/integration/test_cosmos3_cuda_graphs.py)."""
+step attends over its bucket-padded prefix, HunyuanVideo-1.5's over its bucket-padded condition tokens, the padding
+masked, the same keys summed in another order (float32 video within 1e-5: tests/integration/test_cosmos3_cuda_graphs.py,
+tests/integration/test_hunyuan15_cuda_graphs.py)."""
 
 
 def _written(writer: Callable[[Path, str], Any], folder: Path, name: str) -> Path:
@@ -81,14 +82,15 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         second = dict(prompt="a blue cat naps", image=make_image(70, 40, 2), intrinsics=[44.0, 47.0, 30.0, 22.0],
                       seed=2, guidance_scale=4.5, **shape)
         changed = {**first, "width": 64}
-    elif kind == "hunyuan15":  # the prompts' token counts fix the graph: these two tokenize alike (27 + 14 glyph)
+    elif kind == "hunyuan15":  # prompt-length buckets fix the graph: 27 + 14 glyph and 34 + 26 tokens share theirs
         first = dict(prompt='a sign that says "open"', height=32, width=48, num_frames=5, seed=1, guidance_scale=5.0)
-        second = dict(prompt='a sign that says "shut"', height=32, width=48, num_frames=5, seed=2, guidance_scale=3.0)
+        second = dict(prompt='a sign that says "closed for today"', height=32, width=48, num_frames=5, seed=2,
+                      guidance_scale=3.0)
         changed = {**first, "width": 64}
     elif kind == "hunyuan15-i2v-meanflow":  # image tokens and condition latents per request; a target t per step
         first = dict(prompt='a sign that says "open"', image=make_image(50, 30, 1), num_frames=5, seed=1,
                      guidance_scale=5.0)
-        second = dict(prompt='a sign that says "shut"', image=make_image(50, 30, 2), num_frames=5, seed=2,
+        second = dict(prompt='a sign that says "closed for today"', image=make_image(50, 30, 2), num_frames=5, seed=2,
                       guidance_scale=3.0)
         changed = {**first, "image": make_image(45, 80, 1)}  # a portrait aspect bucket
     elif kind == "ltx2":  # fps moves the video positions (seconds): a per-request tensor of the network view

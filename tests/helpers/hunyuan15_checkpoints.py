@@ -118,7 +118,7 @@ def run_until_latents(program, request) -> torch.Tensor:
 
     from vidloom.core.loop import DONE
 
-    ctx = SimpleNamespace(progress=lambda *a: None)
+    ctx = SimpleNamespace(progress=lambda *a: None, captures_steps=False)  # a plain (eager) run
     slots: dict = {"request": request}
     with torch.inference_mode():
         _run_nodes(program, request, slots, ctx, DONE)

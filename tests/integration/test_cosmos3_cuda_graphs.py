@@ -2,7 +2,7 @@
 stand-in capturer (tests/helpers/graph_capturer.py); the kernels themselves are captured in
 tests/gpu/test_cuda_graph_families.py.
 
-Under cuda_graphs each CFG branch's prefix K/V is padded to its bucket (gen_step.PROMPT_BUCKET) and the padding keys
+Under cuda_graphs each CFG branch's prefix K/V is padded to its bucket (runtime.prompt_buckets.PROMPT_BUCKET) and the padding keys
 are masked out, so the graphed step computes the eager step's attention over the same prompt keys in another summation
 order: the bound is 1e-5 of the magnitude on the step velocities and 1e-5 absolute on the decoded float32 video
 (measured: under 1e-6 on both, max abs 8.1e-7 on the video).
@@ -19,11 +19,11 @@ import torch
 from tests.helpers.cosmos3_sound_checkpoints import write_tiny_cosmos3_sound
 from tests.helpers.graph_capturer import UNCAPTURABLE, RecordingCapturer, graphed_generator, step_ops
 from vidloom.core.request import GenerationRequest, resolve_request
-from vidloom.families.cosmos3.gen_step import PROMPT_BUCKET, bucket_length
 from vidloom.families.cosmos3.memory import footprint, kv_bytes
 from vidloom.generator import VideoGenerator
 from vidloom.runtime.admission import MemoryAdmission
 from vidloom.runtime.batching import batch_key
+from vidloom.runtime.prompt_buckets import PROMPT_BUCKET, bucket_length
 
 RTOL = 1e-5
 VIDEO_TOL = 1e-5

@@ -5,11 +5,11 @@ static inputs, and each replay recomputes the outputs from whatever the static b
 whose per-request tensors (reference tokens, duration token, camera, positions, CLIP tokens, text) did not reach
 the static buffers would replay the first request's and differ from its plain run; a causal rollout whose replays
 wrote K/V anywhere but the slab its request reads would differ too. Per family: a first request captures (once
-per signature: AnyFlow-FAR once per chunk position, Cosmos3 once per prompt-length bucket) and replays every step,
-a second of the same signature (other prompt, seed and conditioning) replays without a capture, and a changed
-signature (size, a longer prompt, or CFG off where every request has one size) captures anew; every output equals
-the plain run's (Cosmos3's within a uint8 level: graph_families.LEVELS). The kernels themselves are captured in
-tests/gpu/test_cuda_graph_families.py.
+per signature: AnyFlow-FAR once per chunk position, Cosmos3 and HunyuanVideo-1.5 once per prompt-length bucket) and
+replays every step, a second of the same signature (other prompt, seed and conditioning) replays without a capture,
+and a changed signature (size, a longer prompt, or CFG off where every request has one size) captures anew; every
+output equals the plain run's (Cosmos3's and HunyuanVideo-1.5's within a uint8 level: graph_families.LEVELS). The
+kernels themselves are captured in tests/gpu/test_cuda_graph_families.py.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_replayed_steps_equal_the_plain_run(family):
         want, got = result(plain, fields), result(graphed, fields)
         # The stand-in replays the same ops over the same values; the guidance scale, a 0-dim float32 buffer in
         # the graph, multiplies exactly as the eager float does (diffusion.guidance.cfg_combine): bit-equal, but
-        # for Cosmos3's bucket-padded prefixes (graph_families.LEVELS).
+        # for Cosmos3's and HunyuanVideo-1.5's bucket-padded prompts (graph_families.LEVELS).
         assert got.shape == want.shape and np.abs(got - want).max() <= LEVELS.get(kind, 0), (kind, fields["prompt"])
         stats = graphed.engine.graph_stats
         assert (stats["captures"], stats["replays"], stats["fallbacks"]) == (captures, replays, 0), (kind, stats)

@@ -46,8 +46,9 @@ GENERATION_DEFAULTS = SamplingDefaults(
 # devices, cfg_parallel: the generated stream sharded (padded), the prefix K/V whole on every rank, one CFG branch per
 # rank (parallel.token_layout). batching (--policy batch): steps of requests whose prompts have equal token counts (and
 # equal sizes) stack their prefilled prompt K/V into one forward; other requests run alone (gen_step.Cosmos3View).
-# cuda_graphs: each branch's prefix K/V padded to its prompt-length bucket (gen_step.PROMPT_BUCKET) in a static buffer,
-# the padding masked out, the generated tokens' positions a tensor input: one graph per bucket pair and layout.
+# cuda_graphs: each branch's prefix K/V padded to its prompt-length bucket (runtime.prompt_buckets.PROMPT_BUCKET) in a
+# static buffer, the padding masked out, the generated tokens' positions a tensor input: one graph per bucket pair and
+# layout.
 CAPABILITIES = Capabilities(
     frozenset({"warmup_shapes", "kv_cache_budget_bytes", "kv_pool_tokens", "step_cache", "compile", "fp8_weights",
                "vae_tile", "attention_backend", "devices", "cfg_parallel", "batching", "cuda_graphs"}),

@@ -39,9 +39,10 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BranchExchange
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
 from vidloom.families.cosmos3.gen_step import (PREFILL_INPUTS, STEP_INPUTS, Branch, Cosmos3View, PaddedPrefix,
-                                               bucket_length, denoise_step, prefill_step)
+                                               denoise_step, prefill_step)
 from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
+from vidloom.runtime.prompt_buckets import bucket_length
 
 PREFILL, DENOISE = "prefix_prefill", "denoise"
 

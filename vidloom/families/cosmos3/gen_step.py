@@ -10,8 +10,8 @@ exactly the one-request arithmetic per row, with no padding. Prompts of differen
 keys differ) and run alone.
 
 Under cuda_graphs (LoopContext.captures_steps) a prompt's prefix K/V instead lives in a buffer padded to its
-prompt-length bucket (the next multiple of PROMPT_BUCKET tokens), so one captured step serves every prompt length of
-the bucket: the padding keys are masked out (`prefix_mask`, one boolean SDPA key mask broadcast over every query row:
+prompt-length bucket (the next multiple of runtime.prompt_buckets.PROMPT_BUCKET tokens), so one captured step serves
+every prompt length of the bucket: the padding keys are masked out (`prefix_mask`, one boolean SDPA key mask broadcast over every query row:
 their attention weights are exactly zero) and the generated tokens' rotary positions, which follow the real length,
 are a tensor input refilled at each replay (GenLayout.on), not part of the graph's shape. The reference (diffusers'
 Cosmos3OmniPipeline) pads nothing: it runs one unpadded prompt per branch, as the eager path does; the padded step
@@ -44,17 +44,6 @@ from vidloom.families.cosmos3.generation import ActionTokens, Cosmos3Generator, 
 from vidloom.families.cosmos3.layout import GenLayout, text_prefix_positions
 from vidloom.families.cosmos3.transformer import Cosmos3Transformer
 from vidloom.layers.sequence import WHOLE_SEQUENCE
-
-PROMPT_BUCKET = 64
-"""Prompt-length bucket under cuda_graphs: a branch's prefix K/V is padded to the next multiple of this many tokens, so
-prompts within one bucket share a captured step. Multiples of 64 rather than powers of two: the padding a request
-attends over (and holds in its prefix buffer) stays under 64 rows, and a deployment's prompts, a chat template plus a
-caption of a few hundred tokens, fall into a handful of buckets, each one set of graphs."""
-
-
-def bucket_length(tokens: int) -> int:
-    """The padded prefix length of a `tokens`-token prompt under cuda_graphs (at least one bucket)."""
-    return max(1, -(-tokens // PROMPT_BUCKET)) * PROMPT_BUCKET
 
 
 class PaddedPrefix:

@@ -140,8 +140,8 @@ def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix
     batch of requests (a leading B) brings one prefix per request, all of one length (gen_loop.Cosmos3View).
 
     `prefix_mask` [Lb] bool (True: a prompt key): a prefix padded to its prompt-length bucket under cuda_graphs
-    (gen_step.PROMPT_BUCKET); its padding keys are masked out (SDPA's boolean mask: their weights are exactly zero),
-    every generated key kept. None: the prefix is the prompt's own length, attended unmasked (the reference's call)."""
+    (runtime.prompt_buckets.PROMPT_BUCKET); its padding keys are masked out (SDPA's boolean mask: their weights are
+    exactly zero), every generated key kept. None: the prefix is the prompt's own length, attended unmasked (the reference's call)."""
     keys, values = torch.cat([prefix_k, k], dim=-3), torch.cat([prefix_v, v], dim=-3)
     if prefix_mask is None:
         return grouped_attention(q, keys, values, q.shape[-1] ** -0.5)

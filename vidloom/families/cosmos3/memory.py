@@ -1,7 +1,7 @@
 """Estimated peak memory of one Cosmos3 request beyond the resident weights (ModelCard.memory_estimator).
 
 Generation: each CFG branch's text prefix is prefilled once and its per-layer K/V held for the whole
-denoise (cache_prefix), padded to its prompt-length bucket under cuda_graphs (gen_step.bucket_length: a
+denoise (cache_prefix), padded to its prompt-length bucket under cuda_graphs (runtime.prompt_buckets.bucket_length: a
 static buffer the request holds, counted here like any prefix; once it is idle the request ledger holds an entry for
 it, runtime.static_buffers); a reasoning request first holds the reasoner's K/V buffer for its prompt plus
 REASON_MAX_TOKENS. The denoise forward runs the vision (and sound) tokens of every branch through the
@@ -19,8 +19,8 @@ from vidloom.core.footprint import (
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
-from vidloom.families.cosmos3.gen_step import bucket_length
 from vidloom.families.cosmos3.reason import REASON_MAX_TOKENS
+from vidloom.runtime.prompt_buckets import bucket_length
 
 # Tokens the generation templates add around a prompt (system prompt, the shape sentence, chat markup).
 # A prompt of n characters tokenizes to at most n tokens, so the prefix is bounded by n + this.

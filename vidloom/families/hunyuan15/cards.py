@@ -35,9 +35,9 @@ I2V_READS = READS - {"height", "width"}  # image to video: the size is the first
 IMAGE_SIZE_NOTE = "with an image, its aspect bucket sets the size (the pipeline ignores height and width)"
 CFG_NOTE = ("the saved guider (guider/guider_config.json) sets the default guidance_scale and the steps that run CFG; "
             "a missing negative prompt is \" \", as the pipeline encodes it")
-GRAPHS_NOTE = ("--cuda-graphs: a graph per video size and set of prompt token counts (prompt, negative prompt, "
-               "glyph text: the forward slices the condition tokens by those counts, known on the host); a request "
-               "whose prompts tokenize to counts seen before replays")
+GRAPHS_NOTE = ("--cuda-graphs: a graph per video size and set of prompt-length buckets (each CFG branch's text and "
+               "glyph tokens padded to the next multiple of 64, the padding keys masked); a request whose prompts "
+               "fall in buckets seen before replays")
 BATCH_NOTE = ("--policy batch: requests of one video size and task (and, image to video, one image-token count) share "
               "a forward whatever their prompts' lengths (padded and masked); one running CFG at a step and one not "
               "run apart")

@@ -4,10 +4,13 @@ latents, condition latents, mask] (zeros in text to video) at t = sigma x 1000, 
 Steps of several requests stack into one forward (runtime.batching): their prompts of any lengths are padded and
 masked by stack_prompts, the transformer's own per-sample condition mask.
 
-Under --cuda-graphs the step body is captured: the prompts are unpadded, so their lengths are host ints (the
-tensors' shapes, part of the graph's signature) that the transformer slices by (ConditionCounts) instead of
-gathering by masks on the device. Each set of prompt lengths (prompt, negative prompt, glyph text) is its own graph,
-as each video size is."""
+Eager, the prompts are unpadded, so their lengths are host ints (the tensors' shapes) that the transformer slices by
+(ConditionCounts) instead of gathering by masks on the device. Under --cuda-graphs (LoopContext.captures_steps) the
+step body is captured, and each CFG branch's text and glyph tokens are padded to their prompt-length buckets instead
+(text.bucketed, runtime.prompt_buckets.PROMPT_BUCKET): the graph's shapes are the buckets', the valid counts a tensor
+input refilled at each replay, and the transformer masks the padding keys, so one graph serves every prompt length
+of a bucket (per video size, as before). The masked attention sums the same keys as the eager forward in another
+order: float32 video within 1e-5 of eager (tests/integration/test_hunyuan15_cuda_graphs.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import SequentialCFG, TwoBranchCFG
 from vidloom.diffusion.guided_euler import GuidedEulerSteps
 from vidloom.families.hunyuan15.schedule import Hunyuan15Guider, Hunyuan15Schedule
-from vidloom.families.hunyuan15.text import PromptEmbeds, stack_prompts
+from vidloom.families.hunyuan15.text import PromptEmbeds, bucketed, stack_prompts
 from vidloom.families.hunyuan15.transformer import ConditionCounts, Hunyuan15Conditioning, Hunyuan15Transformer
 
 
@@ -96,7 +99,9 @@ class Hunyuan15Network:
         rows = latents.shape[0]
         prompts = list(prompt.rows) * (rows // len(prompt.rows))
         text, text_mask, glyph, glyph_mask = stack_prompts(prompts)
-        counts = ConditionCounts(tuple(p.text.shape[0] for p in prompts), tuple(p.glyph.shape[0] for p in prompts))
+        padded = any(p.valid is not None for p in prompts)  # bucket-padded (cuda_graphs): the masks mark the padding
+        counts = None if padded else ConditionCounts(tuple(p.text.shape[0] for p in prompts),
+                                                     tuple(p.glyph.shape[0] for p in prompts))
         condition = self.inputs.condition.to(latents.dtype)
         x = torch.cat([latents, condition.repeat(rows // condition.shape[0], 1, 1, 1, 1)], 1)
         image = self.inputs.image
@@ -107,7 +112,7 @@ class Hunyuan15Network:
             r = r.to(timestep.dtype).expand(timestep.shape)
         elif r is not None:
             r = torch.full_like(timestep, r)
-        return x, timestep, text, text_mask, glyph, glyph_mask, image, r, counts
+        return x, timestep, text, text_mask, glyph, glyph_mask, image, r, counts, padded
 
     def __call__(self, latents: Tensor, timestep: Tensor, prompt: Hunyuan15Prompts) -> Tensor:
         x, cond = self.embed(latents, timestep, prompt)
@@ -177,11 +182,14 @@ class Hunyuan15DenoiseLoop(GuidedEulerSteps):
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> Hunyuan15State:
         request: GenerationRequest = slots["request"]
         negative: PromptEmbeds | None = slots["negative_embeds"]
+        prompt: PromptEmbeds = slots["prompt_embeds"]
+        if ctx.captures_steps:  # one graph per prompt-length bucket, not per prompt length (module docstring)
+            prompt, negative = bucketed(prompt), None if negative is None else bucketed(negative)
         return Hunyuan15State(
             latents=slots["latents"],
             sigmas=self.schedule.sigmas(request.num_inference_steps, request.flow_shift),
             network=Hunyuan15Network(self.transformer, slots["inputs"]),
-            prompt=Hunyuan15Prompts((slots["prompt_embeds"],)),
+            prompt=Hunyuan15Prompts((prompt,)),
             negative=None if negative is None else Hunyuan15Prompts((negative,)),
             guidance_scale=float(request.guidance_scale),
         )

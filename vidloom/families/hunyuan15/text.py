@@ -3,7 +3,9 @@ hidden state with the chat template's system prefix cropped, and ByT5 (T5Encoder
 text, which the glyph tokens render (none without quotes).
 
 Each prompt is encoded alone and unpadded (the pipeline pads to 1108 and 256 tokens and masks the padding, which
-leaves the valid tokens as they are: causal Qwen, masked T5 keys), so the embeddings hold valid tokens only.
+leaves the valid tokens as they are: causal Qwen, masked T5 keys), so the embeddings hold valid tokens only. Under
+--cuda-graphs the denoise loop pads them to prompt-length buckets (`bucketed`), the valid counts a tensor, so one
+captured step serves every prompt length of a bucket.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor
 import torch.nn.functional as F
 
 from vidloom.core.errors import CheckpointError
+from vidloom.runtime.prompt_buckets import bucket_length
 from vidloom.text_encoders.offloaded_weights import hold, uploaded
 from vidloom.text_encoders.pretrained import load_pretrained, load_tokenizer
 from vidloom.text_encoders.prompt_cache import EmbeddingCache
@@ -52,23 +55,41 @@ def glyph_text(prompt: str) -> str | None:
 
 @dataclass(frozen=True)
 class PromptEmbeds:
-    """One prompt's condition tokens (valid ones only), on the encoder's device."""
+    """One prompt's condition tokens (valid ones only, or bucket-padded: `valid`), on the encoder's device."""
 
     text: Tensor  # [L, text_dim]
     glyph: Tensor  # [Lg, glyph_dim]; Lg = 0 without quoted text
+    # None: every row is valid (the eager path). Bucket-padded (`bucketed`, under --cuda-graphs): [2] int64 on the
+    # device, the valid (text, glyph) rows, a prefix of each; a tensor, so a captured step reads it from a static
+    # buffer refilled per replay rather than holding the counts in its signature.
+    valid: Tensor | None = None
+
+
+def bucketed(embeds: PromptEmbeds) -> PromptEmbeds:
+    """`embeds` with its text padded with zero rows to its prompt-length bucket (runtime.prompt_buckets) and its glyph
+    tokens likewise (none stays none: a prompt without quoted text keeps no glyph row), the valid counts a tensor."""
+    text, glyph = embeds.text, embeds.glyph
+    rows = (text.shape[0], glyph.shape[0])
+    padded = (bucket_length(rows[0]), bucket_length(rows[1]) if rows[1] else 0)
+    return PromptEmbeds(F.pad(text, (0, 0, 0, padded[0] - rows[0])), F.pad(glyph, (0, 0, 0, padded[1] - rows[1])),
+                        torch.tensor(rows, dtype=torch.int64, device=text.device))
 
 
 def stack_prompts(prompts: list[PromptEmbeds]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Prompts -> (text [B, L, D], text_mask [B, L], glyph [B, Lg, Dg], glyph_mask [B, Lg]), right-padded with
-    zeros to the longest; a batch without any glyph keeps one masked glyph row (the transformer drops it)."""
-    def pad(rows: list[Tensor], minimum: int) -> tuple[Tensor, Tensor]:
+    zeros to the longest; a batch without any glyph keeps one masked glyph row (the transformer drops it). A
+    bucket-padded prompt's mask marks its `valid` rows, compared on the device (no host read)."""
+    def pad(rows: list[Tensor], valid: list[Tensor | int], minimum: int) -> tuple[Tensor, Tensor]:
         length = max(minimum, *(r.shape[0] for r in rows))
         out = torch.stack([F.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows])
-        mask = torch.stack([torch.arange(length, device=out.device) < r.shape[0] for r in rows])
+        mask = torch.stack([torch.arange(length, device=out.device) < n for n in valid])
         return out, mask
 
-    text, text_mask = pad([p.text for p in prompts], 1)
-    glyph, glyph_mask = pad([p.glyph for p in prompts], 1)
+    def counts(part: int) -> list[Tensor | int]:
+        return [p.valid[part] if p.valid is not None else (p.text, p.glyph)[part].shape[0] for p in prompts]
+
+    text, text_mask = pad([p.text for p in prompts], counts(0), 1)
+    glyph, glyph_mask = pad([p.glyph for p in prompts], counts(1), 1)
     return text, text_mask, glyph, glyph_mask
 
 

@@ -7,7 +7,10 @@ zeroes and masks them (fully masked rows give 0 there), which leaves the video t
 valid ones alone gives; a batch whose samples keep different counts pads with a key mask. Given the valid counts on
 the host (ConditionCounts: the denoise loop's prompts are unpadded, so their lengths are), a forward gathers by
 slicing and reads nothing back from the device, so a CUDA graph can capture it; from masks alone (the reference's
-calling convention) it reads their valid rows from the device first.
+calling convention) it reads their valid rows from the device first. Given bucket-padded prompts (`padded`: the
+--cuda-graphs path, text.bucketed) it keeps every condition row in place and masks the padding keys instead, as the
+reference masks its own max-length padding (boolean SDPA key mask: the padding's attention weights are exactly zero),
+so the shapes follow the buckets and one graph serves every prompt length of a bucket.
 
 Under sequence parallel (runtime.parallel.ulysses.apply_sp swaps `sequence` and wraps every block's attention) the
 joint stream is sharded right after embedding, padded at its end when it does not split, and gathered before the
@@ -156,8 +159,7 @@ HUNYUAN15_TRANSFORMER_NAME_MAP = NameMap((
 class ConditionCounts:
     """Per sample, how many of its text and glyph rows are valid: the first `text[b]` and `glyph[b]` (prompts pad on
     the right). Host ints, so a forward given them slices instead of boolean-indexing and decides its key masks
-    without a device-to-host read, which CUDA graph capture forbids. A captured step's signature holds them (they
-    are its unpadded prompts' lengths), so each set of prompt lengths is its own graph."""
+    without a device-to-host read (the eager path's unpadded prompts: their lengths are their shapes)."""
 
     text: tuple[int, ...]
     glyph: tuple[int, ...]
@@ -220,12 +222,13 @@ class Hunyuan15Transformer(nn.Module):
 
     def forward(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, glyph: Tensor,
                 glyph_mask: Tensor, image: Tensor | None = None, timestep_r: Tensor | None = None,
-                counts: ConditionCounts | None = None) -> Tensor:
+                counts: ConditionCounts | None = None, padded: bool = False) -> Tensor:
         """latents [B, in_channels, F, H, W] (noisy latents, condition latents, mask channel), timestep [B] in
         [0, 1000], text [B, L, text_dim] + text_mask [B, L], glyph [B, Lg, glyph_dim] + glyph_mask [B, Lg],
         image [B, Li, image_dim] or None (no image tokens: text to video), timestep_r [B] (meanflow), counts: the
-        masks' valid rows as host ints (None: read from the masks) -> the prediction [B, out_channels, F, H, W]."""
-        x, cond = self.embed(latents, timestep, text, text_mask, glyph, glyph_mask, image, timestep_r, counts)
+        masks' valid rows as host ints (None: read from the masks), padded: keep the masks' invalid rows as masked
+        keys instead (bucket-padded prompts) -> the prediction [B, out_channels, F, H, W]."""
+        x, cond = self.embed(latents, timestep, text, text_mask, glyph, glyph_mask, image, timestep_r, counts, padded)
         return self.head(self.run_blocks(x, cond), cond)
 
     # The stages below are the denoiser contract step caches call (runtime.step_cache.StagedNetwork); forward()
@@ -234,9 +237,10 @@ class Hunyuan15Transformer(nn.Module):
 
     def embed(self, latents: Tensor, timestep: Tensor, text: Tensor, text_mask: Tensor, glyph: Tensor,
               glyph_mask: Tensor, image: Tensor | None = None, timestep_r: Tensor | None = None,
-              counts: ConditionCounts | None = None) -> tuple[Tensor, Hunyuan15Conditioning]:
+              counts: ConditionCounts | None = None, padded: bool = False) -> tuple[Tensor, Hunyuan15Conditioning]:
         """Inputs -> the joint stream [B, N + L, dim] (float32) and what every block reads. With `counts` (which
-        must agree with the masks) nothing is read back from the device: shapes follow from host ints alone."""
+        must agree with the masks) or `padded` nothing is read back from the device: shapes follow from host ints
+        (the counts, or the padded shapes) alone."""
         config, dtype = self.config, self.patch_embed.weight.dtype
         batch, _, frames, height, width = latents.shape
         grid = (frames // config.patch_size_t, height // config.patch_size, width // config.patch_size)
@@ -247,6 +251,32 @@ class Hunyuan15Transformer(nn.Module):
             temb = temb + self.time_embed_r.embed_time(timestep_r.float()).float()
         x = self.patch_embed(latents.to(dtype)).flatten(2).transpose(1, 2).float()
         text_mask = text_mask.bool()
+        if padded:
+            cond, valid = self._padded_condition(text, text_mask, glyph, glyph_mask.bool(), image, timestep, dtype)
+            mask = torch.cat([valid.new_ones(batch, x.shape[1]), valid], 1)[:, None, None, :]
+        else:
+            cond, mask = self._valid_condition(text, text_mask, glyph, glyph_mask, image, timestep, dtype, counts,
+                                               x.shape[1])
+        cos, sin = video_rotations(grid, config.rope_axes, config.rope_theta, latents.device)
+        h = torch.cat([x, cond], dim=1)
+        if self.sequence is WHOLE_SEQUENCE:
+            return h, Hunyuan15Conditioning(temb, x.shape[1], mask, (cos, sin), grid, dtype, h.shape[1])
+        if mask is not None:  # one sample per forward: the guider runs its branches one after the other
+            raise ValueError("sequence parallel runs one sample per forward over unpadded prompts (condition counts "
+                             "that differ across a batch, or bucket padding, would need a per-sample key mask)")
+        # Per-row tables over the joint stream (condition rows have no rotation), so a rank takes its rows' ones.
+        tables = tuple(F.pad(t, (0, 0, 0, cond.shape[1])) for t in (cos, sin))
+        part = self.sequence.shard_joint(h, tables, x.shape[1])
+        video = part.prefix
+        return part.tokens, Hunyuan15Conditioning(temb, video, part.key_mask,
+                                                  tuple(t[:video] for t in part.tables), grid, dtype, part.length)
+
+    def _valid_condition(self, text: Tensor, text_mask: Tensor, glyph: Tensor, glyph_mask: Tensor,
+                         image: Tensor | None, timestep: Tensor, dtype: torch.dtype, counts: ConditionCounts | None,
+                         video: int) -> tuple[Tensor, Tensor | None]:
+        """The valid condition rows of each sample, in the reference's order (image, glyph, text) -> [B, L, dim]
+        (float32, shorter samples zero-padded at the end) and the joint key mask where samples' counts differ."""
+        batch = text.shape[0]
         if counts is None:  # masks alone: their valid rows, read from the device
             text_rows, glyph_rows = _rows_of(text_mask), _rows_of(glyph_mask.bool())
         else:
@@ -260,20 +290,21 @@ class Hunyuan15Transformer(nn.Module):
         # The reference's order: image, glyph, text; valid tokens only.
         parts = [(tokens.float() + self.cond_type.weight[kind].float(), rows) for tokens, rows, kind in parts[::-1]]
         cond, lengths = _gather_valid(parts)
-        mask = _key_mask(lengths, x.shape[1], cond.device)
-        cos, sin = video_rotations(grid, config.rope_axes, config.rope_theta, latents.device)
-        h = torch.cat([x, cond], dim=1)
-        if self.sequence is WHOLE_SEQUENCE:
-            return h, Hunyuan15Conditioning(temb, x.shape[1], mask, (cos, sin), grid, dtype, h.shape[1])
-        if mask is not None:  # one sample per forward: the guider runs its branches one after the other
-            raise ValueError("sequence parallel runs one sample per forward (condition counts that differ "
-                             "across a batch would need a per-sample key mask)")
-        # Per-row tables over the joint stream (condition rows have no rotation), so a rank takes its rows' ones.
-        tables = tuple(F.pad(t, (0, 0, 0, cond.shape[1])) for t in (cos, sin))
-        part = self.sequence.shard_joint(h, tables, x.shape[1])
-        video = part.prefix
-        return part.tokens, Hunyuan15Conditioning(temb, video, part.key_mask,
-                                                  tuple(t[:video] for t in part.tables), grid, dtype, part.length)
+        return cond, _key_mask(lengths, video, cond.device)
+
+    def _padded_condition(self, text: Tensor, text_mask: Tensor, glyph: Tensor, glyph_mask: Tensor,
+                          image: Tensor | None, timestep: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Every condition row in place, in the reference's order (image, glyph, text) -> [B, L, dim] (float32; the
+        padding rows zeroed, as the reference zeroes its invalid ones) and which rows are valid [B, L] bool. The
+        refiner masks the text padding as its keys whatever the counts (decided without reading them)."""
+        parts = [(self.text_in(text.to(dtype), timestep, text_mask, True), text_mask, TEXT),
+                 (self.glyph_in(glyph.to(dtype)), glyph_mask, GLYPH)]
+        if image is not None:  # every image token is valid
+            parts.append((self.image_in(image.to(dtype)), text_mask.new_ones(image.shape[:2]), IMAGE))
+        parts = parts[::-1]
+        tokens = [torch.where(valid[..., None], t.float() + self.cond_type.weight[kind].float(), 0.0)
+                  for t, valid, kind in parts]
+        return torch.cat(tokens, dim=1), torch.cat([valid for _, valid, _ in parts], dim=1)
 
     def run_blocks(self, h: Tensor, cond: Hunyuan15Conditioning, start: int = 0, end: int | None = None) -> Tensor:
         """Blocks [start, end) over the joint stream."""
