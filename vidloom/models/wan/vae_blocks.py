@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
+from vidloom.layers.onednn_conv import Conv2d, Conv3d
 
 # A kernel-3 causal conv needs the two frames before a chunk to produce the chunk's
 # first outputs exactly as if the whole video had been convolved at once.
@@ -67,7 +68,7 @@ def stream_tail(past: Tensor | None, x: Tensor) -> Tensor:
     return x[:, :, -HISTORY_FRAMES:].clone()
 
 
-class CausalConv3d(nn.Conv3d):
+class CausalConv3d(Conv3d):
     """3D conv whose output frame t depends only on input frames <= t.
 
     Height and width are zero-padded inside the conv kernel (no padded copy of the input); only
@@ -149,8 +150,8 @@ class FrameAttention(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.norm = RMSNorm(dim, spatial_dims=2)
-        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
-        self.proj = nn.Conv2d(dim, dim, 1)
+        self.to_qkv = Conv2d(dim, dim * 3, 1)
+        self.proj = Conv2d(dim, dim, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, t, h, w = x.shape
@@ -181,8 +182,8 @@ class Downsample(nn.Module):
 
     def __init__(self, dim: int, temporal: bool) -> None:
         super().__init__()
-        self.spatial = nn.Conv2d(dim, dim, 3, stride=2)
-        self.temporal = nn.Conv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
+        self.spatial = Conv2d(dim, dim, 3, stride=2)
+        self.temporal = Conv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         # Pad right/bottom only, so an even size halves exactly with a stride-2 kernel of 3.
@@ -207,7 +208,7 @@ class Upsample(nn.Module):
         """`out_dim`: channels out (Wan2.1 halves them: the default; Wan2.2's residual stages keep them)."""
         super().__init__()
         self.temporal = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0)) if temporal else None
-        self.spatial = nn.Conv2d(dim, dim // 2 if out_dim is None else out_dim, 3, padding=1)
+        self.spatial = Conv2d(dim, dim // 2 if out_dim is None else out_dim, 3, padding=1)
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         if self.temporal is not None:
