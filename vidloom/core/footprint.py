@@ -29,6 +29,19 @@ FFN_COPIES = 2
 # encoded, then decoded) 36, hence 40. CUDA: the caching allocator reuses freed blocks exactly; 8 is a
 # conservative count of the live tensors, not yet calibrated on a GPU.
 VAE_COPIES = {"cpu": 40, "cuda": 8}
+# The Wan VAE (Wan2.1/2.2, AnyFlow-FAR, Cosmos3, Helios) runs its float32 CPU convs on oneDNN whatever their size
+# (layers.onednn_conv), which allocates no im2col column buffers: a multi-frame chunk's decode then measures far
+# fewer live copies (test_memory_estimates, after that change: TI2V, FAR, Helios and Cosmos3 peaks 2-6x below a count
+# of 16). A one-frame decode (an image) is unchanged by it (its convs were large enough for oneDNN already) and keeps
+# the CPU count above (measured about 27).
+WAN_VAE_COPIES = {"cpu": 16, "cuda": 8}
+
+
+def wan_vae_copies(device: torch.device | None, frames: int) -> int:
+    """Live full-resolution copies of a Wan VAE decode pass holding `frames` frames (see WAN_VAE_COPIES)."""
+    device_type = getattr(device, "type", "cpu")
+    table = VAE_COPIES if frames == 1 else WAN_VAE_COPIES
+    return table.get(device_type, table["cpu"])
 # Latents, noise predictions, sampler history and the step cache's residuals, in float32.
 LATENT_COPIES = 8
 # Text-encoder pass, thread pools, allocator granularity: paid by every request.
@@ -69,10 +82,12 @@ def block_bytes(batch: int, tokens: int, inner_dim: int, ffn_dim: int, act: int)
 
 
 def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames: int,
-                 copies: Mapping[str, int] = VAE_COPIES) -> int:
+                 copies: Mapping[str, int] | int = VAE_COPIES) -> int:
     """One decode pass producing `frames` frames of `pixels` pixels through `channels` full-resolution channels;
-    `copies`: live full-resolution tensors per device type (a family's own count where it was measured)."""
-    copies = copies.get(getattr(device, "type", "cpu"), copies["cpu"])
+    `copies`: live full-resolution tensors per device type (a family's own count where it was measured), or the
+    count itself."""
+    if not isinstance(copies, int):
+        copies = copies.get(getattr(device, "type", "cpu"), copies["cpu"])
     return copies * channels * pixels * frames * 4
 
 

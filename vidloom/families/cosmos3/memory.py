@@ -14,7 +14,7 @@ allocator admits each sequence (runtime.paged_kv).
 from __future__ import annotations
 
 from vidloom.core.footprint import (
-    VAE_COPIES, Footprint, block_bytes, decode_bytes, element_size, latent_bytes, video_bytes,
+    VAE_COPIES, Footprint, wan_vae_copies, block_bytes, decode_bytes, element_size, latent_bytes, video_bytes,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -65,7 +65,8 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
                           element_size(instance.dtype))
     pixels = request.height * request.width
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2  # families/wan/memory.py's rule
-    vision_decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk)
+    vision_decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk,
+                                 wan_vae_copies(instance.device, frames_per_chunk))
     decode = max(vision_decode, _sound_decode(instance, samples))
     frames = video_bytes(request.num_frames, request.height, request.width)
     persistent = latent_bytes(vae.z_dim, latent_frames * h * w) + frames + 2 * samples * 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vidloom.core.footprint import (
     Footprint, block_bytes, causal_decode_frames, decode_bytes, decode_pixels, element_size, latent_bytes, part_estimator,
-    video_bytes,
+    video_bytes, wan_vae_copies,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -42,7 +42,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     denoise = block_bytes(batch, tokens, inner, dit.ffn_dim, element_size(instance.dtype))
     frames = causal_decode_frames(CHUNK_LATENT_FRAMES, vae.temporal_factor)
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
-    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames)
+    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames, wan_vae_copies(instance.device, frames))
     latents = latent_bytes(dit.in_channels, (1 + CHUNK_LATENT_FRAMES + sum(HISTORY_SIZES)) * h * w)
     # Each CFG branch's prompt K/V, prepared once for the request (diffusion.prompt_kv); batched CFG stacks the
     # pair into one more copy per step.

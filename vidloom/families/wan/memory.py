@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from vidloom.core.footprint import (
-    FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES, causal_decode_frames, decode_pixels,
+    FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, wan_vae_copies, causal_decode_frames, decode_pixels,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -65,7 +65,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
 
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
     frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
-    copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
+    copies = wan_vae_copies(instance.device, frames_per_chunk)
     decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, VAE_COPIES
+from vidloom.core.footprint import FFN_COPIES, FIXED_OVERHEAD, HIDDEN_COPIES, LATENT_COPIES, wan_vae_copies
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
 from vidloom.core.request import GenerationRequest
@@ -81,9 +81,9 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     text = 2 * wan.num_layers * branches * TEXT_TOKENS * wan.inner_dim * act
 
     pixels = request.height * request.width
-    copies = VAE_COPIES.get(getattr(instance.device, "type", "cpu"), VAE_COPIES["cpu"])
+    copies = wan_vae_copies(instance.device, request.num_frames)
     # Measured (tests/integration/test_memory_estimates.py): a rollout's peak grows with the whole clip's
-    # frames, about VAE_COPIES floats per base channel, pixel and frame, unlike Wan's one latent frame at a
+    # frames, about that many floats per base channel, pixel and frame, unlike Wan's one latent frame at a
     # time; so every frame counts here until the rollout's decode holds less.
     decode = copies * vae.decoder_dim * pixels * request.num_frames * 4
 
