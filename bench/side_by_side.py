@@ -32,6 +32,7 @@ import numpy as np
 
 from family_bench import FAMILIES, PROMPT, SEED
 from phase_split import PHASES, timed_phases
+from vidloom.core.openmp import spin_then_sleep
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("vidloom default", "vidloom float32", "reference float32", "reference bfloat16")
@@ -105,6 +106,8 @@ def _spawn(name: str, setting: str, frames: Path, threads: int) -> dict[str, Any
                "--threads", str(threads)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    if setting.startswith("vidloom"):  # what `import vidloom` sets (the worker loads torch first: phase_split)
+        spin_then_sleep(env, {})
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT_S)
     except subprocess.TimeoutExpired:

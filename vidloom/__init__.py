@@ -1,7 +1,8 @@
 """vidloom: a model-native inference runtime for video generation.
 
 The public names load on first use (PEP 562), so `import vidloom.cli` stays light: the `vidloom` command
-takes Ctrl-C before torch is imported (see cli/interrupt.py).
+takes Ctrl-C before torch is imported (see cli/interrupt.py). Importing vidloom before torch sets libgomp's
+wait policy for the engine's worker thread (core/openmp.py; never over the user's own setting).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vidloom.core import plugin
+from vidloom.core.openmp import spin_then_sleep
+
+spin_then_sleep()  # before torch loads libgomp (a no-op once it has, or where the user chose)
 
 if TYPE_CHECKING:
     from vidloom.core.action import ActionInput

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 from vidloom import __version__
 from vidloom.cli.interrupt import EXIT_INTERRUPTED, InterruptGuard, say
-from vidloom.cli.openmp import spin_then_sleep
 from vidloom.core.errors import InvalidRequest, VidloomError
 
 if TYPE_CHECKING:
@@ -141,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     caller's handler on return.
     """
     guard = InterruptGuard.install()  # first: a Ctrl-C during the imports below must be ours too
-    spin_then_sleep()  # before torch loads libgomp (cli/openmp.py)
     ended: list[int] = []  # the status of a command done with everything it opened (_end_process)
     if argv is None:
         atexit.register(_end_process, ended)  # registered first, runs last: after every library's handler

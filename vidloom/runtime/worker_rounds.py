@@ -18,6 +18,7 @@ import torch
 
 from vidloom.core.errors import Cancelled, InvalidRequest, NonFiniteOutput, VidloomError
 from vidloom.core.loop import is_decode_step
+from vidloom.core.openmp import release_thread_pool
 from vidloom.core.output import CancelledEvent, CompletedEvent, Event, EventCallback, FailedEvent, StartedEvent
 from vidloom.runtime.admission import BUDGET_NAME
 from vidloom.runtime.batching import BatchStats, batch_key, plan_rows, run_batched, stacked_bytes
@@ -89,6 +90,7 @@ class WorkerRounds:
         # hand to the worker: only the worker touches the device, so nothing frees or synchronises
         # while it captures a CUDA graph.
         self._chores: list[Callable[[], None]] = []
+        release_thread_pool()  # this thread loaded the model; the worker runs the forwards (core/openmp.py)
         self._thread = threading.Thread(target=self._work, name="vidloom-device-worker", daemon=True)
         self._thread.start()
 
