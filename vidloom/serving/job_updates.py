@@ -42,3 +42,7 @@ class LiveJob:
     submitted: float  # perf_counter at submission, for the job latency metric
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: set[UpdateQueue] = field(default_factory=set)
+    # The text a unified model has written for its prompt so far (its `reasoning` updates joined), with their phase:
+    # a stream that subscribes after they were published gets it first, so no reader misses its beginning.
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_phase: str | None = None

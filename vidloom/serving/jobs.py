@@ -191,7 +191,13 @@ class JobManager(ImageRequests, SharedStoreControl):
         queue = UpdateQueue(self._config.sse_queue_size)
         live.subscribers.add(queue)
         t = live.tracker
-        return Subscription(JobUpdate("progress", live.record, t.phase, t.step, t.total), queue)
+        state = JobUpdate("progress", live.record, t.phase, t.step, t.total)
+        if not live.reasoning:
+            return Subscription(state, queue)
+        # The reasoning written before this reader came, in one update, then the current state.
+        queue.put_nowait(state)
+        return Subscription(JobUpdate("reasoning", live.record, live.reasoning_phase, text="".join(live.reasoning)),
+                            queue)
 
     def unsubscribe(self, job_id: str, queue: UpdateQueue) -> None:
         live = self._live.get(job_id)
@@ -280,6 +286,8 @@ class JobManager(ImageRequests, SharedStoreControl):
         elif isinstance(event, TextEvent):
             # One event per decoded token; a token that completes no character yet carries no text to stream.
             if event.text and not live.finished.is_set():
+                live.reasoning.append(event.text)
+                live.reasoning_phase = event.phase
                 self._publish(live, JobUpdate("reasoning", live.record, event.phase, text=event.text))
         elif isinstance(event, CompletedEvent):
             task = self._loop.create_task(self._save(live, event.output))

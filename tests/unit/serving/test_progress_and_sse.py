@@ -80,3 +80,30 @@ def test_a_phase_revealed_late_never_moves_the_percent_back():
     assert tracker.update("chunks", 1, 3) == 25  # 3 of 12
     assert tracker.update("kv_prefill", 0, 2) == 25  # 3 of 14 would be 21
     assert tracker.update("rollout", 6, 6) == 50  # 7 of 14
+
+
+def test_a_late_subscriber_gets_the_reasoning_written_before_it_came():
+    """A stream that subscribes after a unified model began writing its prompt first receives that text in one
+    `reasoning` update, then the job's current state, then the updates that follow (none of the text is lost)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vidloom.serving.job_updates import LiveJob
+    from vidloom.serving.jobs import JobManager
+
+    record = JobRecord(
+        id="video_" + "1" * 32, model="m", status="in_progress", progress=5, created_at=1, completed_at=None,
+        size="48x32", seconds="1", prompt="p", params={},
+    )
+    live = LiveJob(record, ProgressTracker({"denoise": 4}), 0.0)
+    manager = SimpleNamespace(_live={record.id: live}, _config=SimpleNamespace(sse_queue_size=8))
+
+    async def subscribe():
+        return JobManager.subscribe(manager, record.id)  # an UpdateQueue wants a running loop
+
+    early = asyncio.run(subscribe())
+    assert early.first.event == "progress" and early.updates.empty()  # nothing written yet: the state alone
+    live.reasoning, live.reasoning_phase = ["a red ", "fox"], "reason"
+    late = asyncio.run(subscribe())
+    assert (late.first.event, late.first.text, late.first.phase) == ("reasoning", "a red fox", "reason")
+    assert late.updates.get_nowait().event == "progress"
