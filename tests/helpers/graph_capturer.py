@@ -101,6 +101,7 @@ UNCAPTURABLE = frozenset({
     "aten.lift_fresh.default",  # torch.tensor(data): a host-to-device copy from memory gone by the replay
     "aten.lift_fresh_copy.default",
     "aten._local_scalar_dense.default",  # .item() / bool(tensor): a device-to-host sync, illegal while capturing
+    "aten.item.default",  # float(tensor), .item(): the same read, as a dispatch mode sees it
     "aten.nonzero.default",  # an output size read back from the device
     "aten.repeat_interleave.self_Tensor",  # counts on the device: the output size is read back (no output_size)
     "aten.repeat_interleave.Tensor",

@@ -12,6 +12,9 @@ import numpy as np
 from tests.helpers.cosmos3_checkpoints import COSMOS3_A, write_tiny_cosmos3
 from tests.helpers.far_checkpoints import FAR_A, write_tiny_far
 from tests.helpers.flux2_checkpoints import TINY_BASE, write_tiny_flux2
+from tests.helpers.helios_checkpoints import (
+    DISTILLED_B, PYRAMID_A, TINY_A as HELIOS_A, write_tiny_helios, write_tiny_helios_pyramid,
+)
 from tests.helpers.hunyuan15_checkpoints import write_i2v_pipeline, write_pipeline
 from tests.helpers.ltx2_checkpoints import CONFIGS as LTX2_CONFIGS, write_tiny_ltx2
 from tests.helpers.sana_wm_checkpoints import SANA_WM_A, write_tiny_sana_wm
@@ -24,6 +27,9 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "anyflow-far": lambda d: write_tiny_far(d, FAR_A),
     "cosmos3": lambda d: write_tiny_cosmos3(d, COSMOS3_A),
     "flux2": lambda d: write_tiny_flux2(d, TINY_BASE),
+    "helios": lambda d: write_tiny_helios(d, HELIOS_A),
+    "helios-mid": lambda d: write_tiny_helios_pyramid(d, PYRAMID_A),  # 3 stages, CFG-Zero*
+    "helios-distilled": lambda d: write_tiny_helios_pyramid(d, DISTILLED_B),  # 2 stages, DMD, no guidance
     "hunyuan15": lambda d: _written(write_pipeline, d, "p1"),
     "hunyuan15-i2v-meanflow": lambda d: _written(write_i2v_pipeline, d, "p2"),
     "stable-audio": lambda d: write_tiny_stable_audio(d, STABLE_AUDIO_CONFIGS[0]),
@@ -32,9 +38,14 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "wan-i2v-clip": lambda d: write_tiny_wan_i2v(d, TINY_A),
 }
 STEPS = 2
-SIGNATURES = {"anyflow-far": 2}
+SIGNATURES = {"anyflow-far": 2, "helios-mid": 3, "helios-distilled": 2}
 """Graphs one request of a kind captures (default 1): AnyFlow-FAR's rollout captures one per chunk position (its
-9 frames are 3 latent frames in chunks of 1 and 2), each replayed for that chunk's STEPS steps."""
+9 frames are 3 latent frames in chunks of 1 and 2), each replayed for that chunk's STEPS steps; a Helios pyramid one
+per stage (each stage's grid is another size), which every chunk replays."""
+REPLAYS = {"helios": 2 * STEPS, "helios-mid": 2 * 3, "helios-distilled": 2 * 2 + 2}
+"""Steps one request of a kind replays (default SIGNATURES x STEPS): Helios' two 33-frame chunks replay one graph
+(the first chunk's zero history and the second's are static inputs of the same shapes); Helios-Mid's three steps per
+chunk, one per stage; Helios-Distilled's first chunk twice its two steps (amplify_first_chunk), the second two."""
 LEVELS = {"cosmos3": 1, "hunyuan15": 1, "hunyuan15-i2v-meanflow": 1}
 """uint8 levels a kind's replayed frames may differ from its plain run by (default 0: bit-equal): Cosmos3's graphed
 step attends over its bucket-padded prefix, HunyuanVideo-1.5's over its bucket-padded condition tokens, the padding
@@ -52,7 +63,8 @@ def graph_counts(kind: str) -> list[tuple[int, int]]:
     """(captures, replays) after each of `requests(kind)`: the second replays the first's graphs, the third
     captures its own."""
     n = SIGNATURES.get(kind, 1)
-    return [(n, n * STEPS), (n, 2 * n * STEPS), (2 * n, 3 * n * STEPS)]
+    r = REPLAYS.get(kind, n * STEPS)
+    return [(n, r), (n, 2 * r), (2 * n, 3 * r)]
 
 
 def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -93,6 +105,8 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         second = dict(prompt='a sign that says "closed for today"', image=make_image(50, 30, 2), num_frames=5, seed=2,
                       guidance_scale=3.0)
         changed = {**first, "image": make_image(45, 80, 1)}  # a portrait aspect bucket
+    elif kind.startswith("helios"):
+        first, second, changed = _helios(kind)
     elif kind == "ltx2":  # fps moves the video positions (seconds): a per-request tensor of the network view
         first = dict(prompt="a red fox jumps", height=64, width=64, num_frames=9, fps=25, seed=1, guidance_scale=3.0)
         second = dict(prompt="a blue cat naps", height=64, width=64, num_frames=9, fps=24, seed=2, guidance_scale=3.0)
@@ -104,6 +118,19 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
                       seed=2, guidance_scale=4.0)
         changed = {**first, "height": 48, "width": 16, "image": make_image(16, 48, 1)}
     return tuple({**base, **r} for r in (first, second, changed))  # type: ignore[return-value]
+
+
+def _helios(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Two 33-frame chunks each (the second's history latents are the first's, per request); another width."""
+    size = {"helios": (32, 48, 64), "helios-mid": (64, 128, 64), "helios-distilled": (32, 64, 32)}[kind]
+    first = dict(prompt="a red fox jumps", height=size[0], width=size[1], num_frames=37, seed=1, guidance_scale=5.0)
+    second = {**first, "prompt": "a blue cat naps", "seed": 2, "guidance_scale": 3.0}
+    if kind == "helios-mid":  # one step per stage
+        first, second = ({**r, "num_inference_steps": 3} for r in (first, second))
+    elif kind == "helios-distilled":  # no guidance (nor negative prompt); the first chunk's steps doubled
+        first, second = ({**r, "guidance_scale": 1.0, "negative_prompt": None, "amplify_first_chunk": True}
+                         for r in (first, second))
+    return first, second, {**first, "width": size[2]}
 
 
 def outputs(gen: VideoGenerator, fields: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:

@@ -2,11 +2,13 @@
 
 The capturer (tests/helpers/graph_capturer.py) keeps a CUDA graph's contract: the step is recorded once over
 static inputs, and each replay recomputes the outputs from whatever the static buffers then hold. So a request
-whose per-request tensors (reference tokens, duration token, camera, positions, CLIP tokens, text) did not reach
+whose per-request tensors (reference tokens, duration token, camera, positions, CLIP tokens, text, a chunk's history
+latents) did not reach
 the static buffers would replay the first request's and differ from its plain run; a causal rollout whose replays
 wrote K/V anywhere but the slab its request reads would differ too. Per family: a first request captures (once
-per signature: AnyFlow-FAR once per chunk position, Cosmos3 and HunyuanVideo-1.5 once per prompt-length bucket) and
-replays every step, a second of the same signature (other prompt, seed and conditioning) replays without a capture,
+per signature: AnyFlow-FAR once per chunk position, Cosmos3 and HunyuanVideo-1.5 once per prompt-length bucket, a
+Helios pyramid once per stage) and replays every step (Helios: of both chunks, the second's history latents the
+first's), a second of the same signature (other prompt, seed and conditioning) replays without a capture,
 and a changed signature (size, a longer prompt, or CFG off where every request has one size) captures anew; every
 output equals the plain run's (Cosmos3's and HunyuanVideo-1.5's within a uint8 level: graph_families.LEVELS). The
 kernels themselves are captured in tests/gpu/test_cuda_graph_families.py.

@@ -60,10 +60,10 @@ CHUNK_NOTE = ("video comes in 33-frame chunks, each decoded and streamed as it f
 
 CAPABILITIES = Capabilities(
     frozenset({"compile", "warmup_shapes", "offload_text_encoder", "prompt_cache_size", "attention_backend",
-               "step_cache", "fp8_weights", "cfg_mode", "batching", "devices", "cfg_parallel", "vae_tile"}),
+               "step_cache", "fp8_weights", "cfg_mode", "batching", "devices", "cfg_parallel", "vae_tile",
+               "cuda_graphs"}),
     refusals("kv_pool_tokens", "kv_session_ttl_s", "offload_idle_expert", "two_stage", "components",
              kv_cache_budget_bytes="the chunks re-embed their history every step; there is no KV cache to budget",
-             cuda_graphs="each chunk's history latents are bound to the step's network, not static graph inputs",
              text_encoder_rank="prompts set while a request runs (live prompts) are encoded inside the chunk loop at "
                                "its chunk boundaries, on every rank, not by one prompt node"),
 )

@@ -128,7 +128,9 @@ class HeliosChunkLoop:
         self.tiling = tiling
         self.text, self.live_prompts = text, live_prompts
         self.dtype, self.guidance, self.device = dtype, guidance, device
-        self.indices = frame_indices()
+        # On the device, with the latents: the history's RoPE rows are computed from them inside the step (a CPU
+        # table would not join the chunk's on a GPU, and a captured step may copy nothing from the host).
+        self.indices = tuple(index.to(device) for index in frame_indices())
 
     def init(self, slots: Mapping[str, Any], ctx: LoopContext) -> HeliosChunkState:
         request: GenerationRequest = slots["request"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 from torch import Tensor
@@ -30,7 +30,8 @@ class HeliosNetwork:
 
     Binds the chunk's history latents and frame indices, so nothing per request lands on the shared
     transformer. Its cache scope is the chunk: a step cache never reuses one chunk's residual for the next's.
-    Requests whose chunks have the same shapes stack into one forward (batch_key / stack).
+    Requests whose chunks have the same shapes stack into one forward (batch_key / stack). A captured step reads
+    the chunk's tensors from static buffers (graph_split), so one graph serves every chunk of a size.
     """
 
     transformer: HeliosTransformer
@@ -39,9 +40,21 @@ class HeliosNetwork:
     cache_scope: int = 0  # the chunk's index
 
     def batch_key(self) -> tuple[Any, ...]:
+        """The frame indices by identity (the loop's, on the device, the same every chunk): no read back per step."""
         h = self.history
         shapes = tuple(None if t is None else tuple(t.shape[1:]) for t in (h.short, h.mid, h.long))
-        return (id(self.transformer), tuple(self.frame_indices.tolist()), shapes, self.cache_scope)
+        return (id(self.transformer), id(self.frame_indices), shapes, self.cache_scope)
+
+    def graph_split(self) -> tuple[Hashable, tuple[Any, ...]]:
+        """core.denoiser.GraphInputs: a captured step bakes in the transformer (and, through the parts' shapes, the
+        chunk's grid: a pyramid stage's size, and which history terms there are); it reads the chunk's frame indices
+        and the history's latents and frame indices (a frozen dataclass: its tensors split out), refilled before each
+        replay. The cache scope (the chunk's index, read only by step caches, whose steps never replay) stays out, so
+        every chunk and request of one size replays one graph, the first chunk's zero history included."""
+        return id(self.transformer), (self.frame_indices, self.history)
+
+    def graph_rebuild(self, parts: tuple[Any, ...]) -> HeliosNetwork:
+        return dataclasses.replace(self, frame_indices=parts[0], history=parts[1])
 
     @staticmethod
     def stack(views: list[HeliosNetwork]) -> HeliosNetwork:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vidloom.diffusion.guidance import GuidanceScale, cfg_combine
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.helios.schedule import HeliosSchedule, calculate_mu, time_shift
 
@@ -141,11 +142,12 @@ def block_noise(shape: tuple[int, int, int, int, int], patch: tuple[int, int], g
     return noise.permute(0, 1, 2, 3, 5, 4, 6).reshape(b, c, f, h, w)
 
 
-def cfg_zero_star(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+def cfg_zero_star(cond: Tensor, uncond: Tensor, scale: GuidanceScale) -> Tensor:
     """CFG-Zero* (Fan et al. 2025, arXiv:2503.18886): the uncond branch rescaled by the per-sample projection of
-    cond onto it, s* = <cond, uncond> / |uncond|^2 (float32), then classic CFG."""
+    cond onto it, s* = <cond, uncond> / |uncond|^2 (float32), then classic CFG (cfg_combine: a captured step's 0-dim
+    scale tensor multiplies exactly as the eager float, never read back to the host)."""
     b = cond.shape[0]
     pos, neg = cond.reshape(b, -1).float(), uncond.reshape(b, -1).float()
     star = (pos * neg).sum(dim=1, keepdim=True) / ((neg ** 2).sum(dim=1, keepdim=True) + 1e-8)
     star = star.view(b, *([1] * (cond.dim() - 1))).to(cond.dtype)
-    return uncond * star + scale * (cond - uncond * star)
+    return cfg_combine(cond, uncond * star, scale)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from vidloom.core.errors import InvalidRequest
-from vidloom.diffusion.guidance import GuidancePolicy, Network, TwoBranchCFG
+from vidloom.diffusion.guidance import GuidancePolicy, GuidanceScale, Network, TwoBranchCFG
 from vidloom.diffusion.sampler import Schedule
 from vidloom.families.helios.loop import HeliosChunkLoop, HeliosChunkState
 from vidloom.families.helios.pyramid import (
@@ -28,11 +28,11 @@ class ZeroStarCFG:
         self.inner = inner
 
     def __call__(self, network: Network, latents: Tensor, timestep: Tensor, prompt_embeds: Tensor,
-                 negative_embeds: Tensor | None, guidance_scale: float) -> Tensor:
+                 negative_embeds: Tensor | None, guidance_scale: GuidanceScale) -> Tensor:
         if negative_embeds is None:
             return self.inner.unguided(network, latents, timestep, prompt_embeds)
         cond, uncond = self.inner.branches(network, latents, timestep, prompt_embeds, negative_embeds)
-        return cfg_zero_star(cond, uncond, float(guidance_scale))
+        return cfg_zero_star(cond, uncond, guidance_scale)
 
 
 class HeliosPyramidLoop(HeliosChunkLoop):
