@@ -61,7 +61,8 @@ def decode_calls(ours: dict[str, Any], pipe: Any, latent_hw: tuple[int, int]) ->
     from vidloom.families.helios.loop import CHUNK_LATENT_FRAMES, decode_chunk
 
     vae = pipe.vae
-    latents = torch.randn(1, vae.config.z_dim, CHUNK_LATENT_FRAMES, *latent_hw, generator=torch.Generator().manual_seed(0))
+    seeded = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, vae.config.z_dim, CHUNK_LATENT_FRAMES, *latent_hw, generator=seeded)
     shape = (1, vae.config.z_dim, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean).view(shape)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape)

@@ -42,8 +42,8 @@ def test_cuda_bf16_generation_and_reasoning(cosmos3_dir: Path):
 
 
 def test_cuda_graphs_replay_a_prompt_bucket(cosmos3_dir: Path, no_tf32):
-    """Real capture over bucket-padded prefixes (runtime.prompt_buckets.PROMPT_BUCKET): float32 video against the eager CUDA run;
-    a second prompt of other lengths in the same buckets replays without capturing, a longer one captures anew.
+    """Real capture over bucket-padded prefixes (runtime.prompt_buckets.PROMPT_BUCKET): float32 video against the
+    eager CUDA run; a second prompt of other lengths in the same buckets replays without capturing, a longer one captures anew.
     Unmeasured on the branch that wrote it (no GPU): the CPU stand-in measured 8.1e-7 (cosmos3-demo); the bound
     leaves room for the masked and unmasked SDPA kernels' sums."""
     from vidloom.core.deploy import DeployConfig
