@@ -27,7 +27,8 @@ def no_tf32():
 
 
 def test_cuda_generation_matches_cpu(cosmos3_dir: Path, no_tf32):
-    cpu = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", dtype="float32").engine.run(GenerationRequest(**KW))["video"]
+    on_cpu = VideoGenerator.from_pretrained(cosmos3_dir, device="cpu", dtype="float32")
+    cpu = on_cpu.engine.run(GenerationRequest(**KW))["video"]
     gpu = VideoGenerator.from_pretrained(cosmos3_dir, device="cuda", dtype="float32")
     got = gpu.engine.run(GenerationRequest(**KW))["video"]
     assert np.abs(got - cpu).max() < 1e-3  # true fp32 on both (no TF32); CUDA kernels reorder sums
@@ -43,7 +44,8 @@ def test_cuda_bf16_generation_and_reasoning(cosmos3_dir: Path):
 
 def test_cuda_graphs_replay_a_prompt_bucket(cosmos3_dir: Path, no_tf32):
     """Real capture over bucket-padded prefixes (runtime.prompt_buckets.PROMPT_BUCKET): float32 video against the
-    eager CUDA run; a second prompt of other lengths in the same buckets replays without capturing, a longer one captures anew.
+    eager CUDA run; a second prompt of other lengths in the same buckets replays without capturing, a longer one
+    captures anew.
     Unmeasured on the branch that wrote it (no GPU): the CPU stand-in measured 8.1e-7 (cosmos3-demo); the bound
     leaves room for the masked and unmasked SDPA kernels' sums."""
     from vidloom.core.deploy import DeployConfig
