@@ -4,8 +4,8 @@ tests/gpu/test_cuda_graph_families.py.
 
 Under cuda_graphs each CFG branch's prefix K/V is padded to its bucket (runtime.prompt_buckets.PROMPT_BUCKET) and
 the padding keys are masked out, so the graphed step computes the eager step's attention over the same prompt keys
-in another summation order: the bound is 1e-5 of the magnitude on the step velocities and 1e-5 absolute on the decoded float32 video
-(measured: under 1e-6 on both, max abs 8.1e-7 on the video).
+in another summation order: the bound is 1e-5 of the magnitude on the step velocities and 1e-5 absolute on the
+decoded float32 video (measured: under 1e-6 on both, max abs 8.1e-7 on the video).
 """
 
 from __future__ import annotations
