@@ -37,19 +37,18 @@ ledger (runtime.graph_memory); a capture that would not fit runs that signature 
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Hashable, Mapping, Protocol
 
 import torch
 
-from vidloom.core.denoiser import GraphInputs, StagedDenoiser
+from vidloom.core.denoiser import StagedDenoiser
 from vidloom.core.errors import DeployError
 from vidloom.core.loop import NETWORK, StepPlan
 from vidloom.runtime.admission import MemoryAdmission
+from vidloom.runtime.graph_inputs import SharedInputs, clone_output, describe, holds, signature, static_copy
 from vidloom.runtime.graph_memory import GRAPHS_KIND, GraphMemory, pool_growth, pool_reserved
 from vidloom.runtime.static_buffers import StaticBuffers
 
@@ -128,9 +127,9 @@ class _Captured:
     inputs: dict[str, Any]  # the static inputs the capture read (buffers, rebuilt objects, fixed values)
     buffers: list[torch.Tensor]  # the static leaves, in signature order: refilled before each replay
 
-    def output_clone(self) -> Any:
+    def outputclone_output(self) -> Any:
         # The graph's output buffers are overwritten by the next replay: hand out copies.
-        return _clone(self.capture.output)
+        return clone_output(self.capture.output)
 
 
 class GraphedStep:
@@ -153,7 +152,7 @@ class GraphedStep:
         self._over_budget: dict[Hashable, tuple[str, int]] = {}
         self.last_eager: str | None = None
         """Why the last call ran eagerly for want of memory (None: it replayed, or ran eagerly for another reason)."""
-        self._inputs = _SharedInputs()  # the static input buffers, shared by this body's graphs
+        self._inputs = SharedInputs()  # the static input buffers, shared by this body's graphs
         self._lock = threading.Lock()
         self.captures = 0
         self.replays = 0
@@ -161,7 +160,7 @@ class GraphedStep:
 
     def __call__(self, **inputs: Any) -> Any:
         leaves: list[torch.Tensor | float] = []
-        key = _signature(inputs, leaves)
+        key = signature(inputs, leaves)
         with self._lock:  # one replay at a time: the static buffers are shared
             self.last_eager = None
             if key in self._eager or not self._may_retry(key):
@@ -178,7 +177,7 @@ class GraphedStep:
                     buffer.fill_(value)  # no host-to-device copy; rounds to float32 like eager's scalar
             captured.capture.replay()
             self.replays += 1
-            return captured.output_clone()
+            return captured.outputclone_output()
 
     def _may_retry(self, key: Hashable) -> bool:
         """False while `key`'s graph did not fit and the budget has not freed what it lacked (sets last_eager)."""
@@ -195,7 +194,7 @@ class GraphedStep:
     def _try_capture(self, key: Hashable, inputs: Mapping[str, Any]) -> _Captured | None:
         buffers: list[torch.Tensor] = []
         charged = self._inputs.nbytes
-        static = {name: _static(inputs[name], buffers, self.device, self._inputs) for name in sorted(inputs)}
+        static = {name: static_copy(inputs[name], buffers, self.device, self._inputs) for name in sorted(inputs)}
         added = self._inputs.nbytes - charged
         if not self.memory.inputs(self, self._inputs.nbytes):
             return self._refuse(key, added, "its static inputs")
@@ -206,7 +205,7 @@ class GraphedStep:
             self.fallbacks += 1
             self._drop_unused_inputs()
             log.warning("CUDA graph capture failed for step signature %s; running it eagerly from now on: %s: %s",
-                        _describe(key), type(exc).__name__, exc)
+                        describe(key), type(exc).__name__, exc)
             return None
         growth = pool_growth(capture)
         if not self.memory.keep(growth):
@@ -223,7 +222,7 @@ class GraphedStep:
         self._over_budget[key] = (why, needed)
         self.last_eager = why
         self.fallbacks += 1
-        log.warning("step signature %s: %s", _describe(key), why)
+        log.warning("step signature %s: %s", describe(key), why)
         return None
 
     def _drop_unused_inputs(self) -> None:
@@ -235,7 +234,7 @@ class GraphedStep:
         """Drop the graphs (and eager marks) whose signature holds `obj` by identity (a static buffer about to be
         freed: runtime.static_buffers), with the static inputs that keep it alive; returns how many."""
         with self._lock:
-            stale = [key for key in (*self._graphs, *self._eager, *self._over_budget) if _holds(key, obj)]
+            stale = [key for key in (*self._graphs, *self._eager, *self._over_budget) if holds(key, obj)]
             graphs = sum(self._graphs.pop(key, None) is not None for key in stale)
             for key in stale:
                 self._eager.discard(key)
@@ -254,46 +253,6 @@ class GraphedStep:
             self._drop_unused_inputs()
             self.memory.dropped(graphs)
         return graphs
-
-
-class _SharedInputs:
-    """Static input buffers shared by the graphs of one step body: a graph reads its inputs only during its own
-    replay, and every replay first copies all of its inputs in (GraphedStep.__call__, under its lock), so graphs
-    whose n-th leaves agree in shape, strides, dtype and device can read the same buffer. A causal rollout captures
-    a graph per chunk position, each reading the same prompt K/V: one copy of it instead of one per graph."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[Hashable, torch.Tensor] = {}
-
-    def take(self, index: int, value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
-        """The buffer of leaf `index` shaped like `value`, holding `value`."""
-        if isinstance(value, torch.Tensor):
-            key: Hashable = (index, tuple(value.shape), value.stride(), value.dtype, value.device)
-        else:
-            key = (index, "scalar", device)
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            buffer = value.clone() if isinstance(value, torch.Tensor) else \
-                torch.tensor(value, dtype=torch.float32, device=device)
-            self._buffers[key] = buffer
-        elif isinstance(value, torch.Tensor):
-            buffer.copy_(value)
-        else:
-            buffer.fill_(value)
-        return buffer
-
-    def keep(self, buffers: Any) -> None:
-        """Free the buffers no remaining graph reads."""
-        used = {id(buffer) for buffer in buffers}
-        self._buffers = {key: b for key, b in self._buffers.items() if id(b) in used}
-
-    @property
-    def nbytes(self) -> int:
-        """What the buffers hold (their ledger charge, runtime.graph_memory)."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
-    def __len__(self) -> int:
-        return len(self._buffers)
 
 
 def capturable(plan: StepPlan) -> bool:
@@ -340,124 +299,3 @@ class StepGraphs:
         """Captures, replays and eager fallbacks over every step body (benchmarks and logs report them)."""
         steps = list(self._steps.values())
         return {name: sum(getattr(step, name) for step in steps) for name in ("captures", "replays", "fallbacks")}
-
-
-# -- inputs: signature and per-call leaves; static copies. The two walks visit leaves in the same order. --------
-
-
-class _TensorSig(NamedTuple):
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-
-
-_FLOAT = "float"  # a value that changes per call: a static 0-dim float32 buffer
-
-
-def _signature(inputs: Mapping[str, Any], leaves: list[torch.Tensor | float]) -> Hashable:
-    """The graph key of a call's inputs; appends the values to copy into the static buffers to `leaves`."""
-    return tuple((name, _sig(inputs[name], leaves)) for name in sorted(inputs))
-
-
-def _sig(value: Any, leaves: list[torch.Tensor | float]) -> Hashable:
-    if isinstance(value, torch.Tensor):
-        leaves.append(value)
-        return _TensorSig(tuple(value.shape), value.dtype, value.device)
-    if isinstance(value, float):
-        leaves.append(value)
-        return _FLOAT
-    if value is None:
-        return None
-    if isinstance(value, GraphInputs):
-        fixed, parts = value.graph_split()
-        return ("bound", type(value), fixed, tuple(_sig(part, leaves) for part in parts))
-    if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_sig(v, leaves) for v in value))
-    if isinstance(value, dict):
-        return (dict, tuple((k, _sig(v, leaves)) for k, v in value.items()))
-    if _is_plain_value(value):
-        return ("value", value)
-    if _splits(value):  # a frozen dataclass holding tensors (a text batch, positions): its fields, one by one
-        return ("fields", type(value), tuple((f, ("value", v) if _is_plain_value(v) else _sig(v, leaves))
-                                             for f, v in _fields(value)))
-    return ("object", id(value))  # a fixed object (the network module): captured by identity
-
-
-def _static(value: Any, buffers: list[torch.Tensor], device: torch.device, shared: _SharedInputs) -> Any:
-    """`value` with its leaves replaced by static buffers holding them (appended to `buffers` in `_sig`'s order)."""
-    if isinstance(value, (torch.Tensor, float)):
-        buffers.append(shared.take(len(buffers), value, device))
-        return buffers[-1]
-    if value is None:
-        return None
-    if isinstance(value, GraphInputs):
-        _, parts = value.graph_split()
-        return value.graph_rebuild(tuple(_static(part, buffers, device, shared) for part in parts))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_static(v, buffers, device, shared) for v in value)
-    if isinstance(value, dict):
-        return {k: _static(v, buffers, device, shared) for k, v in value.items()}
-    if not _is_plain_value(value) and _splits(value):
-        return dataclasses.replace(value, **{f: v if _is_plain_value(v) else _static(v, buffers, device, shared)
-                                             for f, v in _fields(value)})
-    return value
-
-
-def _splits(value: Any) -> bool:
-    """A frozen dataclass whose fields can all be set again (dataclasses.replace): split field by field."""
-    return (dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen
-            and all(f.init for f in dataclasses.fields(value)))
-
-
-def _fields(value: Any) -> list[tuple[str, Any]]:
-    return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-
-
-def _is_plain_value(value: Any) -> bool:
-    """Compared by value in the signature: numbers, strings, dtypes, and frozen dataclasses / tuples of them."""
-    if isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device)):
-        return True
-    if isinstance(value, (tuple, frozenset)):
-        return all(_is_plain_value(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:
-        return all(_is_plain_value(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
-
-
-def _clone(output: Any) -> Any:
-    if isinstance(output, torch.Tensor):
-        return output.clone()
-    if isinstance(output, (tuple, list)):
-        return type(output)(_clone(v) for v in output)
-    if isinstance(output, dict):
-        return {k: _clone(v) for k, v in output.items()}
-    return output
-
-
-def _holds(key: Any, obj: Any) -> bool:
-    """Whether a signature (nested tuples) holds `obj` itself."""
-    if key is obj:
-        return True
-    return isinstance(key, (tuple, frozenset)) and any(_holds(part, obj) for part in key)
-
-
-def _describe(key: Hashable) -> str:
-    """The tensor inputs' shapes, for the log line (`latents=(1, 16, 21, 60, 104), network.0=(1, 257, 1280)`)."""
-    found: list[str] = []
-
-    def walk(sig: Any, path: str) -> None:
-        if isinstance(sig, _TensorSig):
-            found.append(f"{path}={sig.shape}")
-        elif isinstance(sig, tuple) and sig and sig[0] == "bound":
-            for i, part in enumerate(sig[3]):
-                walk(part, f"{path}.{i}")
-        elif isinstance(sig, tuple) and sig and sig[0] == "fields":
-            for name, part in sig[2]:
-                walk(part, f"{path}.{name}")
-        elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] in (tuple, list, dict):
-            for i, part in enumerate(sig[1]):
-                walk(part[1] if sig[0] is dict else part, f"{path}.{part[0] if sig[0] is dict else i}")
-
-    for name, sig in key:  # type: ignore[union-attr]
-        walk(sig, name)
-    return ", ".join(found)
