@@ -37,8 +37,6 @@ POOL_ENTRY = ("cuda-graphs", "pool")
 def pool_reserved(device: Any, pool: tuple[int, int]) -> int:
     """Bytes the caching allocator's segments of private pool `pool` reserve on CUDA `device`: a host-side read of
     the allocator's books (no device sync), once after each capture."""
-    import torch
-
     try:
         segments = torch.cuda.memory_snapshot(pool, include_traces=False)
     except TypeError:  # an older torch: every segment, filtered below
