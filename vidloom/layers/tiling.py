@@ -5,8 +5,9 @@ cells) over its last two axes; each tile is decoded alone and the decoded tiles 
 each cross-faded over the `tile - stride` overlap with the already-blended tile above and to the left, then cut
 to `stride`: the rule of diffusers' `tiled_decode` (AutoencoderKL, Flux2, Wan, LTX-2). Audio
 (`decode_windows_1d`): windows over time whose overlapping context is decoded and cut away, diffusers' Oobleck
-rule. A family whose reference tiles this way agrees with it when configured alike. Peak activation memory
-then follows the tile, not the whole latent.
+rule. A family whose reference tiles this way agrees with it when configured alike. Each tile blends into the
+output as soon as it is decoded, so peak memory follows one tile's decode plus the output and one row of overlap
+strips, not the whole latent.
 """
 
 from __future__ import annotations
@@ -64,22 +65,43 @@ def deploy_tiling(deploy: DeployConfig, factor: int, unit: str = "pixels") -> Sp
 
 def decode_tiles_2d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:
     """Decode [..., h, w] in overlapping tiles over its last two axes; returns [..., h*factor, w*factor]. Inside
-    `shared_tiles(group)` the ranks of `group` decode every P-th tile each and exchange them (same result)."""
+    `shared_tiles(group)` the ranks of `group` decode every P-th tile each and exchange them (same result).
+
+    Each tile is blended and written into the output as soon as it is decoded, so a decode holds one tile, the
+    output, and what later tiles blend with: the previous row's bottom overlaps (the blended tiles' rows past
+    `stride`) and the left neighbour's right overlap (its columns past `stride`), never whole tiles. A blend reads
+    only those entries of the tile above or to the left, so the result is the blend-all-at-the-end rule's bit for
+    bit (tests/unit/layers/test_tiling_stream.py)."""
     tile, stride = tiling.in_cells(factor)
     height, width = latents.shape[-2:]
     starts = [(i, j) for i in range(0, height, stride) for j in range(0, width, stride)]
-    tiles = _decode_all([latents[..., i : i + tile, j : j + tile] for i, j in starts], decode, factor)
+    parts = [latents[..., i : i + tile, j : j + tile] for i, j in starts]
     columns = len(range(0, width, stride))
-    rows = [tiles[r : r + columns] for r in range(0, len(tiles), columns)]
     extent, keep = tiling.tile - tiling.stride, tiling.stride
-    for r, row in enumerate(rows):
-        for c in range(len(row)):
-            if r > 0:
-                row[c] = blend(rows[r - 1][c], row[c], extent, dim=-2)
-            if c > 0:
-                row[c] = blend(row[c - 1], row[c], extent, dim=-1)
-    out = torch.cat([torch.cat([t[..., :keep, :keep] for t in row], dim=-1) for row in rows], dim=-2)
-    return out[..., : height * factor, : width * factor]
+    out: Tensor | None = None
+    above: list[Tensor | None] = [None] * columns  # per column: the blended bottom overlap of the row above
+    left: Tensor | None = None  # the blended right overlap of the tile to the left
+    tiles = _decoded_tiles(parts, decode, factor)
+    for index, ((i, j), part) in enumerate(zip(starts, parts)):
+        decoded = next(tiles)  # not through enumerate/zip, whose reused result tuple would keep the previous tile
+        c = index % columns
+        expected = (part.shape[-2] * factor, part.shape[-1] * factor)
+        if tuple(decoded.shape[-2:]) != expected:
+            raise ValueError(f"a tile of {tuple(part.shape[-2:])} latent cells decoded to "
+                             f"{tuple(decoded.shape[-2:])}, not {expected} (factor {factor})")
+        if out is None:
+            out = decoded.new_empty((*decoded.shape[:-2], height * factor, width * factor))
+        if above[c] is not None:
+            decoded = blend(above[c], decoded, extent, dim=-2)
+        if left is not None:
+            decoded = blend(left, decoded, extent, dim=-1)
+        out[..., i * factor : i * factor + keep, j * factor : j * factor + keep] = decoded[..., :keep, :keep]
+        # Copies, so the blended tile itself is freed before the next one decodes.
+        above[c] = decoded[..., keep:, :].clone() if i + stride < height else None
+        left = decoded[..., :, keep:].clone() if j + stride < width else None
+        del decoded
+    assert out is not None  # a latent has at least one tile
+    return out
 
 
 _TILE_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("tile_group", default=None)
@@ -103,28 +125,37 @@ def tiles_here(count: int) -> int:
     return count if group is None or count < group.size else len(range(group.rank, count, group.size))
 
 
-def _decode_all(parts: list[Tensor], decode: Decode, factor: int) -> list[Tensor]:
-    """Every latent tile decoded, in order. Split over a tile group: rank r decodes tiles r, r + P, ...; round k
-    all-gathers each rank's k-th tile, padded to the largest tile's shape, and each is cut back to its own size
-    (its latent extent times `factor` on the tiled axes; the other axes are the same for every tile). The
-    exchange copies values, so the result is the one device's bit for bit."""
+def _decoded_tiles(parts: list[Tensor], decode: Decode, factor: int) -> Iterator[Tensor]:
+    """Every latent tile decoded, in order, one at a time. Split over a tile group: in round k rank r decodes tile
+    kP + r and the ranks all-gather that round's tiles, padded to the largest tile's shape; each is cut back to its
+    own size (its latent extent times `factor` on the tiled axes; the other axes are the same for every tile). The
+    exchange copies values, so the result is the one device's bit for bit, and a round holds P tiles, not all."""
     group = _TILE_GROUP.get()
     if group is None or len(parts) < group.size:  # fewer tiles than ranks: each decodes them all
-        return [decode(part) for part in parts]
-    mine = [decode(part) for part in parts[group.rank :: group.size]]
-    full = list(mine[0].shape)
-    full[-2:] = [max(p.shape[-2] for p in parts) * factor, max(p.shape[-1] for p in parts) * factor]
-    out: list[Tensor] = []
-    for k in range(-(-len(parts) // group.size)):
-        padded = mine[0].new_zeros(full)
-        if k < len(mine):
-            padded[..., : mine[k].shape[-2], : mine[k].shape[-1]] = mine[k]
-        for owner, decoded in enumerate(group.all_gather(padded)):
-            index = k * group.size + owner
-            if index < len(parts):
-                h, w = (n * factor for n in parts[index].shape[-2:])
-                out.append(decoded[..., :h, :w])
-    return out
+        for part in parts:
+            yield decode(part)
+        return
+    padded_shape: list[int] = []
+    like: dict[str, Any] = {}
+    for first in range(0, len(parts), group.size):
+        index = first + group.rank
+        padded = None
+        if index < len(parts):  # every rank has a tile in round 0, where the padded shape is set
+            mine = decode(parts[index])
+            if not padded_shape:
+                padded_shape = [*mine.shape[:-2], max(p.shape[-2] for p in parts) * factor,
+                                max(p.shape[-1] for p in parts) * factor]
+                like = {"dtype": mine.dtype, "device": mine.device}
+            padded = mine.new_zeros(padded_shape)
+            padded[..., : mine.shape[-2], : mine.shape[-1]] = mine
+            del mine
+        gathered = group.all_gather(torch.zeros(padded_shape, **like) if padded is None else padded)
+        del padded
+        for owner, decoded in enumerate(gathered):
+            if first + owner < len(parts):
+                h, w = (n * factor for n in parts[first + owner].shape[-2:])
+                yield decoded[..., :h, :w]
+        del gathered, decoded
 
 
 def decode_windows_1d(latents: Tensor, decode: Decode, tiling: SpatialTiling, factor: int) -> Tensor:
