@@ -71,6 +71,7 @@ def models(tmp_path_factory, demo_cache) -> dict[str, dict]:
         "flux2": {"model": str(write_tiny_flux2(root / "flux2", TINY_BASE))},
         "qwen-image": {"model": str(write_qwen_image_wide(root / "qwen-image"))},
         "helios": {"model": str(write_tiny_helios(root / "helios", HELIOS_A))},
+        "helios-tiled": {"model": str(root / "helios"), "deploy": {"vae_tile": 128, "vae_tile_stride": 96}},
         "hunyuan15": {"model": str(_written(write_tiny_hunyuan15, root / "hunyuan15", "p1"))},
         "ltx2": {"model": str(ltx2)},
         "ltx2-two-stage": {"model": str(ltx2), "deploy": {"two_stage": True}},
@@ -118,6 +119,10 @@ CASES = {
                    {"height": 256, "width": 256, "num_inference_steps": 2}),
     "helios": ({"height": 32, "width": 32, "num_frames": 33, "num_inference_steps": 1},
                {"height": 256, "width": 256, "num_frames": 33, "num_inference_steps": 1}),
+    # the chunk decoded in 128-pixel tiles: the estimate charges one tile's decode (each tile blends into the output
+    # as it finishes, layers.tiling) and the output
+    "helios-tiled": ({"height": 32, "width": 32, "num_frames": 33, "num_inference_steps": 1},
+                     {"height": 256, "width": 256, "num_frames": 33, "num_inference_steps": 1}),
     "hunyuan15": ({"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 1},
                   {"height": 256, "width": 256, "num_frames": 17, "num_inference_steps": 1}),
     "ltx2": ({"height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2},

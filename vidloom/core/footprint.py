@@ -93,7 +93,9 @@ def decode_bytes(device: torch.device | None, channels: int, pixels: int, frames
 
 def decode_pixels(height: int, width: int, tile: int | None) -> int:
     """Output pixels one decode pass works on at full resolution: the frame's, or with the deployment's `vae_tile`
-    one tile's, as each tile decodes alone (vidloom.layers.tiling)."""
+    one tile's, as each tile decodes alone and blends into the output before the next decodes (vidloom.layers.tiling).
+    What a tiled decode keeps besides (one row of `tile - stride` overlap strips: under a third of the output at the
+    default 3/4 stride) is left to the copy counts' rounding, not charged."""
     pixels = height * width
     return pixels if tile is None else min(pixels, tile * tile)
 
