@@ -9,9 +9,13 @@ prompt and negative prompt (`--tokens`; UMT5 rows are random, the padding zero a
 alternate so machine load hits them alike; CPU seconds (process time) and wall seconds, medians, their ratio and
 os.getloadavg() before and after go to bench/results/pad-keys-cpu.json.
 
-    OMP_NUM_THREADS=1 python bench/pad_keys.py [--rounds 9] [--tokens 11 7] [--batched]
+    OMP_NUM_THREADS=1 python bench/pad_keys.py [--rounds 9] [--tokens 11 7] [--batched] [--ti2v]
 
-`--batched`: one call of batch 2 (--cfg-mode batched: the two prompts stacked, the shorter padded with masked filler).
+`--batched`: one call of batch 2 (--cfg-mode batched: the two prompts stacked, the shorter padded with masked
+filler), to pad-keys-batched-cpu.json.
+`--ti2v`: wan2.2-ti2v-mid's DiT instead (bench/wan22.py TI2V_MID: 48 latent channels, 10 layers, 256 x 256 x 9
+frames = 192 video tokens, per-token timesteps; its bench passes negative_prompt="", one real token), to
+pad-keys-ti2v-cpu.json.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from vidloom.models.wan.transformer_config import WanTransformerConfig  # noqa: 
 
 TEXT_TOKENS = 512  # Wan's max_sequence_length
 OUT = ROOT / "bench" / "results" / "pad-keys-cpu.json"
+OUT_TI2V = ROOT / "bench" / "results" / "pad-keys-ti2v-cpu.json"
+OUT_BATCHED = ROOT / "bench" / "results" / "pad-keys-batched-cpu.json"
 
 
 def main() -> None:
@@ -45,13 +51,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs=2, default=[11, 7],
                         help="real tokens of the prompt and the negative prompt")
     parser.add_argument("--batched", action="store_true", help="one CFG call of batch 2 instead of two of batch 1")
+    parser.add_argument("--ti2v", action="store_true", help="wan2.2-ti2v-mid's DiT and video tokens")
     args = parser.parse_args()
+    channels, layers, side = (48, 10, 16) if args.ti2v else (16, 14, 32)
     config = WanTransformerConfig(num_attention_heads=8, attention_head_dim=64, ffn_dim=1536, text_dim=64,
-                                  freq_dim=256, num_layers=14)
+                                  freq_dim=256, num_layers=layers, in_channels=channels, out_channels=channels)
     torch.manual_seed(0)
     dit = WanTransformer(config).eval()
     prompts = [_padded(tokens, config.text_dim) for tokens in args.tokens]
-    latents, timestep = torch.randn(1, 16, 3, 32, 32), torch.full((1,), 500.0)
+    latents = torch.randn(1, channels, 3, side, side)
+    video_tokens = 3 * (side // 2) ** 2
+    timestep = torch.full((1, video_tokens) if args.ti2v else (1,), 500.0)
     load_before = os.getloadavg()
     with torch.inference_mode():
         kv = {}
@@ -65,7 +75,8 @@ def main() -> None:
     medians = {name: {clock: statistics.median(t[clock] for t in runs) for clock in ("cpu_s", "wall_s")}
                for name, runs in times.items()}
     result = {
-        "config": {"dim": config.inner_dim, "heads": 8, "ffn_dim": 1536, "layers": 14, "video_tokens": 768,
+        "config": {"dim": config.inner_dim, "heads": 8, "ffn_dim": 1536, "layers": layers,
+                   "video_tokens": video_tokens,
                    "text_tokens": TEXT_TOKENS, "real_tokens": args.tokens, "batched_cfg": args.batched,
                    "kept_keys": [p.keys[0].shape[1] for p in kv["collapsed"]], "dtype": "float32",
                    "threads": torch.get_num_threads()},
@@ -75,8 +86,9 @@ def main() -> None:
         "max_abs_diff": max_diff, "times": times,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    out = OUT_TI2V if args.ti2v else OUT_BATCHED if args.batched else OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "times"}, indent=2))
 
 
@@ -91,7 +103,8 @@ def _step(dit: WanTransformer, latents: torch.Tensor, timestep: torch.Tensor, pa
           batched: bool) -> Callable[[], torch.Tensor]:
     """One CFG step's DiT calls over the prepared prompt pair: the two predictions, stacked."""
     if batched:
-        return lambda: dit(latents.repeat(2, 1, 1, 1, 1), timestep.repeat(2), PromptKV.stack(pair))
+        return lambda: dit(latents.repeat(2, 1, 1, 1, 1), timestep.repeat(2, *[1] * (timestep.ndim - 1)),
+                           PromptKV.stack(pair))
     return lambda: torch.cat([dit(latents, timestep, kv) for kv in pair])
 
 
