@@ -25,6 +25,7 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from vidloom.core.deploy import DeployConfig
 from vidloom.layers.attention import ATTENTION_BACKENDS
 from vidloom.layers.sharded import each_resident
 
@@ -175,11 +176,15 @@ of the time of 13 (1 thread, [2, 8, 768, 64] queries: 0.9 vs 3.6 ms), and the pa
 at no cost to the result. Captured steps pad further, to runtime.prompt_buckets.PROMPT_BUCKET (`PromptKV.bucketed`)."""
 
 
-def padding_key_multiple(attention_backend: str) -> int | None:
-    """What a network that collapses its prompt's padding keys (Wan's, Helios') is set to at load under
-    `attention_backend`: None (every key kept) for a kernel that takes no mask (flash/sage: the padding key's
-    log-count bias is an SDPA mask), else PADDING_KEY_MULTIPLE."""
-    return PADDING_KEY_MULTIPLE if ATTENTION_BACKENDS[attention_backend].takes_mask else None
+def padding_key_multiple(deploy: DeployConfig) -> int | None:
+    """What a network that collapses its prompt's padding keys (Wan's, Helios') is set to at load under `deploy`:
+    None (every key kept) under an attention backend that takes no mask (flash/sage: the padding key's log-count
+    bias is an SDPA mask) or under --compile (its blocks compile with dynamic=False per video shape bucket, and a
+    key count per prompt length would recompile them: runtime.compile_buckets), else PADDING_KEY_MULTIPLE."""
+    if deploy.compile or not ATTENTION_BACKENDS[deploy.attention_backend].takes_mask:
+        return None
+    return PADDING_KEY_MULTIPLE
+
 
 COLLAPSIBLE_DTYPES = frozenset({torch.float32, torch.float64})
 """Dtypes whose padding collapses: SDPA takes a float mask in the query's dtype, and log(n / m) in bfloat16 (8
@@ -190,9 +195,9 @@ def collapsed_padding(embeds: Tensor, key_multiple: int) -> tuple[int, Tensor | 
     """(Lc, bias [B, Lc]) of prompt embeddings [B, L, C] whose trailing exactly-zero rows are padding: row b's
     L_b real tokens are the first L_b, rows L_b..Lc-1 of `embeds` are its padding too (zero), each standing for
     n_b / (Lc - L_b) of its n_b = L - L_b padding rows (bias log of that; 0 on real tokens). Lc is the longest
-    row's L_b + 1 rounded up to `key_multiple` (SDPA's CPU kernel is several times slower a few keys off a
-    multiple of 16; CUDA graphs need few distinct counts), at most L; (L, None) when nothing collapses (a row
-    without padding, a dtype outside COLLAPSIBLE_DTYPES). One host read per prompt: outside any captured step."""
+    row's L_b + 1 rounded up to `key_multiple` (PADDING_KEY_MULTIPLE), at most L; (L, None) when nothing
+    collapses (a row without padding, a dtype outside COLLAPSIBLE_DTYPES). One host read per prompt, while the step
+    is planned: outside any captured step."""
     batch, length = embeds.shape[:2]
     if embeds.dtype not in COLLAPSIBLE_DTYPES or length == 0:
         return length, None

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from vidloom.core.deploy import DeployConfig
 from vidloom.core.loop import DONE
 from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import BatchedCFG, SequentialCFG
@@ -143,10 +144,13 @@ def test_requests_of_different_prompt_lengths_batch_in_one_forward():
         torch.testing.assert_close(got, want, **TOLERANCE)
 
 
-def test_the_attention_backend_decides_whether_padding_collapses():
-    """flash/sage take no mask: every key kept; SDPA (and its math kernel): multiples of 16."""
-    assert padding_key_multiple("sdpa") == padding_key_multiple("math") == 16
-    assert padding_key_multiple("flash") is None and padding_key_multiple("sage") is None
+def test_the_deployment_decides_whether_padding_collapses():
+    """flash/sage take no mask, --compile specialises its blocks on the key count: every key kept; SDPA (and its
+    math kernel): multiples of 16."""
+    assert padding_key_multiple(DeployConfig()) == padding_key_multiple(DeployConfig(attention_backend="math")) == 16
+    for kept_all in (DeployConfig(attention_backend="flash"), DeployConfig(attention_backend="sage"),
+                     DeployConfig(compile=True)):
+        assert padding_key_multiple(kept_all) is None
 
 
 class _Capturing:

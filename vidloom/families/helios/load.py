@@ -49,7 +49,7 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     load_weights(transformer, ckpt.component_dir("transformer"), HELIOS_TRANSFORMER_NAME_MAP)
     if deploy.fp8_weights:
         quantize_linears(transformer.blocks)
-    transformer.prompt_key_multiple = padding_key_multiple(deploy.attention_backend)  # layers.prompt_kv
+    transformer.prompt_key_multiple = padding_key_multiple(deploy)  # layers.prompt_kv
     vae, text = load_vae_and_text(ckpt, device, compute, deploy)
     components = {
         "transformer": transformer.eval(),

@@ -145,9 +145,9 @@ def _load_transformer(
 
 def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
     """Performance options applied from outside the model at load: quantize (the runtime compiles the
-    blocks afterwards, through WanTransformer.compile_units), collapse the prompt's padding keys as the attention
-    backend allows (layers.prompt_kv)."""
-    transformer.prompt_key_multiple = padding_key_multiple(deploy.attention_backend)
+    blocks afterwards, through WanTransformer.compile_units), collapse the prompt's padding keys where the attention
+    backend and --compile allow (layers.prompt_kv)."""
+    transformer.prompt_key_multiple = padding_key_multiple(deploy)
     if deploy.fp8_weights:
         # Block linears hold ~all DiT weights; embeddings and the head stay in full precision.
         quantize_linears(transformer.blocks)

@@ -254,7 +254,7 @@ class WanTransformer(BlockStack, nn.Module):
 
     prompt_key_multiple: int | None = PADDING_KEY_MULTIPLE
     """prepare_prompt collapses the prompt's zero padding keys (layers.prompt_kv) to a key count rounded up to a
-    multiple of this; None keeps all 512 (set at load: None under an attention backend without masks, flash/sage)."""
+    multiple of this; None keeps all 512 (set at load: None under flash/sage, which take no mask, and --compile)."""
 
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "modulation", "out_modulation", "cross_norm"}
