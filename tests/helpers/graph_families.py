@@ -111,11 +111,12 @@ def requests(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
         first = dict(prompt="a red fox jumps", height=64, width=64, num_frames=9, fps=25, seed=1, guidance_scale=3.0)
         second = dict(prompt="a blue cat naps", height=64, width=64, num_frames=9, fps=24, seed=2, guidance_scale=3.0)
         changed = {**first, "width": 96}
-    else:  # wan-i2v-clip: the CLIP tokens of the image are per-request tensors of the network view
+    else:  # wan-i2v-clip: the CLIP tokens of the image are per-request tensors of the network view; the second
+        # prompt's real tokens differ in count, in the same 64-key bucket of collapsed padding keys (layers.prompt_kv)
         first = dict(prompt="a red fox jumps", image=make_image(60, 41, 1), height=32, width=48, num_frames=5,
                      seed=1, guidance_scale=5.0)
-        second = dict(prompt="a blue cat naps", image=make_image(60, 41, 2), height=32, width=48, num_frames=5,
-                      seed=2, guidance_scale=4.0)
+        second = dict(prompt="a blue cat naps on a warm roof in the sun", image=make_image(60, 41, 2), height=32,
+                      width=48, num_frames=5, seed=2, guidance_scale=4.0)
         changed = {**first, "height": 48, "width": 16, "image": make_image(16, 48, 1)}
     return tuple({**base, **r} for r in (first, second, changed))  # type: ignore[return-value]
 
@@ -124,7 +125,8 @@ def _helios(kind: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Two 33-frame chunks each (the second's history latents are the first's, per request); another width."""
     size = {"helios": (32, 48, 64), "helios-mid": (64, 128, 64), "helios-distilled": (32, 64, 32)}[kind]
     first = dict(prompt="a red fox jumps", height=size[0], width=size[1], num_frames=37, seed=1, guidance_scale=5.0)
-    second = {**first, "prompt": "a blue cat naps", "seed": 2, "guidance_scale": 3.0}
+    # The second prompt is longer: its collapsed padding keys (layers.prompt_kv) stay in the first's 64-key bucket.
+    second = {**first, "prompt": "a blue cat naps on a warm roof", "seed": 2, "guidance_scale": 3.0}
     if kind == "helios-mid":  # one step per stage
         first, second = ({**r, "num_inference_steps": 3} for r in (first, second))
     elif kind == "helios-distilled":  # no guidance (nor negative prompt); the first chunk's steps doubled

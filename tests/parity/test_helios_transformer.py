@@ -10,6 +10,7 @@ import torch
 
 from vidloom.families.helios.config import HELIOS_TRANSFORMER_NAME_MAP, HeliosTransformerConfig
 from vidloom.families.helios.transformer import HeliosHistory, HeliosTransformer
+from vidloom.layers.prompt_kv import PromptKV
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -120,3 +121,24 @@ def test_config_round_trips_every_key() -> None:
     written = config.to_diffusers()
     assert set(written) - {"_class_name"} == CONFIG_KEYS
     assert HeliosTransformerConfig.from_diffusers(written) == config
+
+
+@pytest.mark.parametrize("real", [(5, 12), (64, 3)], ids=["padded", "one-unpadded"])
+def test_collapsed_prompt_padding_matches_diffusers(real: tuple[int, int]) -> None:
+    """The pipeline's zero-padded prompts (64 rows here, 512 there) prepared with their padding keys collapsed
+    (layers.prompt_kv) against diffusers attending to every row: within FP32_TOL."""
+    kwargs = CASES["h2_amplify_per_head"]
+    ref = _reference(kwargs)
+    ours = _ours(ref)
+    inputs = _inputs(kwargs, history=True)
+    text = torch.zeros(2, 64, kwargs["text_dim"])
+    for row, tokens in enumerate(real):
+        text[row, :tokens] = torch.randn(tokens, kwargs["text_dim"], generator=torch.Generator().manual_seed(row))
+    inputs["encoder_hidden_states"] = text
+    with torch.no_grad():
+        expected = ref(**inputs, return_dict=False)[0]
+        prepared = PromptKV.stack([ours.prepare_prompt(text[:1]), ours.prepare_prompt(text[1:])])
+        assert prepared.bias is not None and prepared.keys[0].shape[1] < 64 or real[0] == 64
+        got = _our_call(ours, {**inputs, "encoder_hidden_states": prepared})
+    diff = (got - expected).abs().max().item()
+    assert diff <= FP32_TOL, f"max |diff| {diff:.3g}"

@@ -7,7 +7,9 @@ keys and values), the embeddings (a live prompt swapped mid-request is a new ent
 (K/V are prepared after the request's adapters are applied to the k/v projections; a different set prepares
 again). Entries hold what they key by, so the identities stay theirs while the entry lives. What a network's
 steps read besides the prompt, the same for every branch (Wan I2V's CLIP image K/V), it prepares the same way
-once per request through `PreparedPrompts.network(network)`, keyed by the network alone.
+once per request through `PreparedPrompts.network(network)`, keyed by the network alone. Under CUDA graphs a
+prompt whose padding keys collapsed (layers.prompt_kv: Wan's, Helios') is padded to a key-count bucket (`bucket`),
+so prompts of one bucket share a captured step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
+from vidloom.layers.prompt_kv import PromptKV
 from vidloom.lora.apply import current_loras
 
 PREPARED_PROMPTS = 6
@@ -26,9 +29,12 @@ drops the oldest."""
 class PreparedPrompts:
     """The prompt K/V one request's steps read; owned by the request's loop state, never by a shared module."""
 
-    def __init__(self, enabled: bool = True) -> None:
-        """`enabled` False: every step gets the embeddings themselves (the per-step projection)."""
+    def __init__(self, enabled: bool = True, bucket: int | None = None) -> None:
+        """`enabled` False: every step gets the embeddings themselves (the per-step projection). `bucket` (the run
+        captures its steps: runtime.prompt_buckets.PROMPT_BUCKET): collapsed prompt keys are padded to a multiple
+        of it with masked filler (PromptKV.bucketed)."""
         self.enabled = enabled
+        self.bucket = bucket
         self._entries: OrderedDict[tuple[int, int, int], tuple[Any, Any, Any, Any]] = OrderedDict()
         self.prepared = 0
         """How many times a network prepared a prompt (tests count the projections by it)."""
@@ -41,8 +47,13 @@ class PreparedPrompts:
         prepare = getattr(network, "prepare_prompt", None)
         if embeds is None or not self.enabled or prepare is None:
             return embeds
-        prepared = self._prepared(network, embeds, lambda: prepare(embeds))
+        prepared = self._prepared(network, embeds, lambda: self._bucketed(prepare(embeds)))
         return embeds if prepared is None else prepared
+
+    def _bucketed(self, prepared: Any) -> Any:
+        if self.bucket is None or not isinstance(prepared, PromptKV):
+            return prepared
+        return prepared.bucketed(self.bucket)
 
     def network(self, network: Any) -> Any:
         """The network a step calls: its `prepare_network()` (a per-request view with what every step and branch

@@ -2,9 +2,12 @@
 read each prompt at its own token count would capture a graph (and hold its static buffers) per prompt length. A
 family that pads each prompt's tokens to the next bucket and masks the padding keys (SDPA's boolean key mask: their
 attention weights are exactly zero) serves every prompt length of one bucket with one graph. Used by Cosmos3 (its
-prefix K/V) and HunyuanVideo-1.5 (its text and glyph condition tokens)."""
+prefix K/V), HunyuanVideo-1.5 (its text and glyph condition tokens), and Wan's and Helios' collapsed prompt padding
+keys (layers.prompt_kv, `prompt_bucket`)."""
 
 from __future__ import annotations
+
+from vidloom.core.loop import LoopContext
 
 PROMPT_BUCKET = 64
 """Prompt-length bucket under cuda_graphs: a prompt's tokens are padded to the next multiple of this many, so prompts
@@ -18,3 +21,10 @@ def bucket_length(tokens: int, bucket: int = PROMPT_BUCKET) -> int:
     if tokens < 0 or bucket < 1:
         raise ValueError(f"bucket_length needs tokens >= 0 and bucket >= 1 (got tokens={tokens}, bucket={bucket})")
     return max(1, -(-tokens // bucket)) * bucket
+
+
+def prompt_bucket(ctx: LoopContext | None) -> int | None:
+    """The key-count bucket a loop's prepared prompts are padded to (diffusion.prompt_kv.PreparedPrompts): PROMPT_BUCKET
+    when the run captures its steps (LoopContext.captures_steps), else None (each prompt at its own count). `ctx`
+    None (a loop driven by hand, as tests do) captures nothing."""
+    return PROMPT_BUCKET if ctx is not None and ctx.captures_steps else None

@@ -17,6 +17,7 @@ from vidloom.families.helios.config import HELIOS_TRANSFORMER_NAME_MAP, HeliosTr
 from vidloom.families.helios.schedule import PYRAMID, HeliosSchedule, PyramidSettings
 from vidloom.families.helios.transformer import HeliosTransformer
 from vidloom.layers.attention import resolve_attention
+from vidloom.layers.prompt_kv import padding_key_multiple
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.precision import default_compute_dtype, materialize
@@ -48,6 +49,7 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     load_weights(transformer, ckpt.component_dir("transformer"), HELIOS_TRANSFORMER_NAME_MAP)
     if deploy.fp8_weights:
         quantize_linears(transformer.blocks)
+    transformer.prompt_key_multiple = padding_key_multiple(deploy)  # layers.prompt_kv
     vae, text = load_vae_and_text(ckpt, device, compute, deploy)
     components = {
         "transformer": transformer.eval(),

@@ -30,6 +30,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy
 from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.diffusion.sampler import Schedule
+from vidloom.runtime.prompt_buckets import prompt_bucket
 from vidloom.families.helios.conditioning import MediaConditioning
 from vidloom.families.helios.network import HeliosNetwork
 from vidloom.families.helios.schedule import HeliosSchedule
@@ -155,6 +156,7 @@ class HeliosChunkLoop:
             guidance_scale=float(request.guidance_scale), latents=history[:, :, :0], sampler_state=None,
             prefix=None if media is None else media.prefix, stage_schedules=schedules,
             first_schedules=self._first_chunk_schedules(request, h, w),
+            prompts=PreparedPrompts(bucket=prompt_bucket(ctx)),
         )
         self._start_chunk(state)
         return state

@@ -27,7 +27,7 @@ from vidloom.families.helios.config import HeliosTransformerConfig
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
-from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
+from vidloom.layers.prompt_kv import PADDING_KEY_MULTIPLE, PromptKV, prepare_prompt_kv
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.timestep import timestep_features
 from vidloom.models.wan.ops import apply_rope, gated_residual, modulate
@@ -173,8 +173,10 @@ class HeliosBlock(nn.Module):
         # Per-block offsets to the shared modulation: (shift, scale, gate) for self-attention then the FFN.
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x: Tensor, cond: HeliosConditioning, text: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, cond: HeliosConditioning, text: Tensor | tuple[Tensor, Tensor],
+                text_mask: Tensor | None = None) -> Tensor:
         # x: [B, S_hist + S, D], history tokens first; text: [B, L, D], or its cross-attention (keys, values)
+        # text_mask: the collapsed prompt padding's key bias [B, 1, 1, L] (PromptKV.mask), or None
         n = cond.num_history
         now = (self.modulation.float() + cond.time_mod.float()).chunk(6, dim=1)  # 6 x [B, 1, D]
         past = (self.modulation.float() + cond.history_mod.float()).chunk(6, dim=1)
@@ -191,7 +193,7 @@ class HeliosBlock(nn.Module):
             h = F.layer_norm(queries.float(), (queries.shape[-1],), weight, bias, self.eps).type_as(x)
         else:
             h = queries
-        update = self.cross_attn(h, text)
+        update = self.cross_attn(h, text, mask=text_mask)
         x = x + update if start == 0 else torch.cat([x[:, :start], queries + update], dim=1)
 
         # 3. Feed-forward
@@ -273,6 +275,9 @@ class HeliosTransformer(BlockStack, nn.Module):
     # Which rows of the [history, chunk] stream this device holds: all of them, unless sequence parallel swapped in
     # a sharded layout from outside (runtime.parallel.ulysses.apply_sp, with self_attentions()).
     sequence: SequenceLayout = WHOLE_SEQUENCE
+    prompt_key_multiple: int | None = PADDING_KEY_MULTIPLE
+    """prepare_prompt collapses the prompt's zero padding keys (layers.prompt_kv) to a multiple of this many keys;
+    None keeps every key (set at load, layers.prompt_kv.padding_key_multiple)."""
 
     def __init__(self, config: HeliosTransformerConfig, attention_fn: AttentionFn = attention,
                  cross_attention_fn: AttentionFn | None = None) -> None:
@@ -309,8 +314,9 @@ class HeliosTransformer(BlockStack, nn.Module):
 
     def prepare_prompt(self, text_embeds: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
-        what embed's `text_embeds` takes instead."""
-        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
+        what embed's `text_embeds` takes instead, the zero padding rows collapsed (prompt_key_multiple, as Wan's)."""
+        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds,
+                                 key_multiple=self.prompt_key_multiple)
 
     def embed(self, latents: Tensor, timestep: Tensor, text_embeds: Tensor | PromptKV, frame_indices: Tensor,
               history: HeliosHistory | None = None) -> tuple[Tensor, HeliosConditioning]:
@@ -354,8 +360,9 @@ class HeliosTransformer(BlockStack, nn.Module):
     def run_blocks(self, x: Tensor, cond: HeliosConditioning, start: int = 0, end: int | None = None) -> Tensor:
         """blocks[start:end] over tokens [B, S_hist + S, D]."""
         text = cond.text
+        mask = text.mask() if isinstance(text, PromptKV) else None
         for index, block in enumerate(itertools.islice(self.blocks, start, end), start):
-            x = block(x, cond, text.block(index) if isinstance(text, PromptKV) else text)
+            x = block(x, cond, text.block(index) if isinstance(text, PromptKV) else text, mask)
         return x
 
     def block_input(self, x: Tensor, cond: HeliosConditioning, index: int = 0) -> Tensor:

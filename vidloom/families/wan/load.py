@@ -16,6 +16,7 @@ from vidloom.loading.config_keys import read_key, strict_bool
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.layers.attention import AttentionFn, resolve_attention
 from vidloom.layers.fp8 import check_fp8_compute, quantize_linears
+from vidloom.layers.prompt_kv import padding_key_multiple
 from vidloom.loading.precision import default_compute_dtype
 from vidloom.loading.precision import vae_dtype as vae_compute_dtype
 from vidloom.loading.component_file import build_component, component_files
@@ -144,7 +145,9 @@ def _load_transformer(
 
 def _apply_deploy(transformer: WanTransformer, deploy: DeployConfig) -> None:
     """Performance options applied from outside the model at load: quantize (the runtime compiles the
-    blocks afterwards, through WanTransformer.compile_units)."""
+    blocks afterwards, through WanTransformer.compile_units), collapse the prompt's padding keys where the attention
+    backend and --compile allow (layers.prompt_kv)."""
+    transformer.prompt_key_multiple = padding_key_multiple(deploy)
     if deploy.fp8_weights:
         # Block linears hold ~all DiT weights; embeddings and the head stay in full precision.
         quantize_linears(transformer.blocks)

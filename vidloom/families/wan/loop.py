@@ -19,6 +19,7 @@ from vidloom.core.request import GenerationRequest
 from vidloom.diffusion.guidance import GuidancePolicy, SequentialCFG
 from vidloom.diffusion.prompt_kv import PreparedPrompts
 from vidloom.diffusion.sampler import Sampler, SamplerConfig, Schedule, make_sampler
+from vidloom.runtime.prompt_buckets import prompt_bucket
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.families.wan.experts import ExpertPlacement, PlacedNetwork
 from vidloom.families.wan.conditioning import (
@@ -107,7 +108,7 @@ class WanDenoiseLoop:
             guidance_scale=guidance,
             guidance_scale_2=guidance if request.option("guidance_scale_2") is None else float(request.option("guidance_scale_2")),
             networks=self._networks(slots.get("image_embeds")),
-            prompts=PreparedPrompts(self.prepare_prompts),
+            prompts=PreparedPrompts(self.prepare_prompts, prompt_bucket(ctx)),
             condition=slots.get("condition"),
             frame_mask=slots.get("frame_mask"),
         )

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
-from vidloom.layers.prompt_kv import PromptKV, prepare_prompt_kv
+from vidloom.layers.prompt_kv import PADDING_KEY_MULTIPLE, PromptKV, prepare_prompt_kv
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
 from vidloom.layers.timestep import timestep_features
@@ -88,9 +88,10 @@ class WanAttention(nn.Module):
         return self.norm_k(k).unflatten(-1, (self.num_heads, -1)), v.unflatten(-1, (self.num_heads, -1))
 
     def forward(self, x: Tensor, context: Tensor | tuple[Tensor, Tensor], rope: Tensor | None = None,
-                image: Tensor | tuple[Tensor, Tensor] | None = None) -> Tensor:
+                image: Tensor | tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None) -> Tensor:
         # x: [B, S, D] queries; context: [B, L, D] keys/values (x itself for self-attention), or context_kv(context)
         # computed earlier (then not rotated). `project` shares one quantized input between projections in FP8.
+        # mask: an additive key bias [B, 1, 1, L] on the context's scores (collapsed prompt padding, PromptKV.mask).
         if context is x:
             q, k, v = project(x, self.q, self.k, self.v)
             k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))  # [B, L, H, Dh]
@@ -102,7 +103,7 @@ class WanAttention(nn.Module):
         if rope is not None:
             q = apply_rope(q, rope)
             k = apply_rope(k, rope)
-        out = self.attention_fn(q, k, v).flatten(-2)  # [B, S, D]
+        out = self.attention_fn(q, k, v, mask).flatten(-2)  # [B, S, D]
         if image is not None:
             # I2V: the same queries attend separately to the image tokens [B, I, D] (or image_kv's); the two
             # results are summed before the output projection (diffusers' WanAttnProcessor order).
@@ -177,7 +178,7 @@ class WanBlock(nn.Module):
 
     def forward(
         self, x: Tensor, text: Tensor | tuple[Tensor, Tensor], time_mod: Tensor, rope: Tensor,
-        image: Tensor | tuple[Tensor, Tensor] | None = None,
+        image: Tensor | tuple[Tensor, Tensor] | None = None, text_mask: Tensor | None = None,
     ) -> Tensor:
         # x: [B, S, D]; text: [B, L, D], or its cross-attention (keys, values) [B, L, H, Dh]; time_mod: [B, 6, D], or [B, S, 6, D] with per-token timesteps
         # image: [B, I, D] projected CLIP tokens (I2V models), or their (keys, values) [B, I, H, Dh], or None
@@ -189,7 +190,7 @@ class WanBlock(nn.Module):
 
         # 2. Cross-attention to text, unmodulated and ungated: [B, S, D] x [B, L, D] -> [B, S, D]
         h = _layer_norm_fp32(x, self.cross_norm, self.eps).type_as(x) if self.cross_norm is not None else x
-        x = x + self.cross_attn(h, text, image=image)
+        x = x + self.cross_attn(h, text, image=image, mask=text_mask)
 
         # 3. Feed-forward: [B, S, D] -> [B, S, ffn_dim] -> [B, S, D]
         h = self._modulate(x, shift_ff, scale_ff)
@@ -251,6 +252,10 @@ class WanTransformer(BlockStack, nn.Module):
     sequence: SequenceLayout = WHOLE_SEQUENCE
     """Token layout across ranks; the class default keeps every token here."""
 
+    prompt_key_multiple: int | None = PADDING_KEY_MULTIPLE
+    """prepare_prompt collapses the prompt's zero padding keys (layers.prompt_kv) to a key count rounded up to a
+    multiple of this; None keeps all 512 (set at load: None under flash/sage, which take no mask, and --compile)."""
+
     KEEP_FP32: ClassVar[frozenset[str]] = frozenset(
         {"time_embed", "modulation", "out_modulation", "cross_norm"}
     )
@@ -299,8 +304,9 @@ class WanTransformer(BlockStack, nn.Module):
     def prepare_prompt(self, text_embeds: Tensor) -> PromptKV:
         """Every block's cross-attention keys/values of text_embeds [B, L, text_dim] (core.denoiser.PreparesPrompt):
         what embed's `text_embeds` takes instead, the same values it would project (under --shard-weights each
-        block's weights gathered for it, layers.sharded)."""
-        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds)
+        block's weights gathered for it, layers.sharded), the zero padding rows collapsed (prompt_key_multiple)."""
+        return prepare_prompt_kv([block.cross_attn for block in self.blocks], self.text_embed, text_embeds,
+                                 key_multiple=self.prompt_key_multiple)
 
     def prepare_image(self, image_embeds: Tensor) -> PromptKV:
         """Every block's image keys/values of CLIP tokens [N, I, image_dim] (I2V models): what embed's `image_embeds`
@@ -368,9 +374,10 @@ class WanTransformer(BlockStack, nn.Module):
         """Stage 6: blocks[start:end] over tokens [B, S_local, D] -> [B, S_local, D]."""
         # islice, not a ModuleList slice: slicing builds a new ModuleList on every call.
         text, image = cond.text, cond.image
+        mask = text.mask() if isinstance(text, PromptKV) else None
         for index, block in enumerate(itertools.islice(self.blocks, start, end), start):
             x = block(x, text.block(index) if isinstance(text, PromptKV) else text, cond.time_mod, cond.rope,
-                      image.block(index) if isinstance(image, PromptKV) else image)
+                      image.block(index) if isinstance(image, PromptKV) else image, mask)
         return x
 
     def block_input(self, x: Tensor, cond: WanConditioning, index: int = 0) -> Tensor:
