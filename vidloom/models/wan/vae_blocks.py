@@ -52,8 +52,8 @@ class CausalCache:
         return self._tails[slot]
 
     def put(self, slot: int, tail: Tensor) -> None:
-        """Store the state the layer in `slot` needs for the next chunk (dropped on the last chunk)."""
-        self._tails[slot] = None if self.last else tail
+        """Store the state the layer in `slot` needs for the next chunk."""
+        self._tails[slot] = tail
 
     def stream(self, conv: CausalConv3d, x: Tensor) -> Tensor:
         """Apply `conv` to the next chunk `x`, continuing from the frames it saw before."""
