@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (str(ROOT), str(ROOT / "bench")):
@@ -31,8 +30,7 @@ for _path in (str(ROOT), str(ROOT / "bench")):
 import torch  # noqa: E402
 
 from family_bench import FAMILIES  # noqa: E402
-from helios_parts import Call, measure, profile  # noqa: E402
-from report import environment, print_table, write_json  # noqa: E402
+from helios_parts import Call, measure, profile, report  # noqa: E402
 
 FAMILY = "qwen-image-mid"
 PROMPT_TOKENS = 121  # family_bench.PROMPT through the checkpoint's tokenizer and template
@@ -95,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(calls)
         return 0
-    results: dict[str, Any] = measure(calls, args.rounds)
-    print_table(["part", "max |diff|", "vidloom CPU s", "diffusers CPU s", "speed-up CPU / wall", "load 1m"],
-                [[part, f"{r['max_abs_diff']:.2e}", r["vidloom"]["cpu_s"], r["diffusers"]["cpu_s"],
-                  f"{r['speedup_cpu']}x / {r['speedup_wall']}x", f"{r['loads'][0]}-{r['loads'][-1]}"]
-                 for part, r in results.items()])
-    write_json(f"qwen_image_parts-t{args.threads}.json",
-               {"environment": environment(), "family": FAMILY, "rounds": args.rounds, "threads": args.threads,
-                "parts": results})
+    report(measure(calls, args.rounds), "qwen_image_parts", FAMILY, args.rounds, args.threads)
     return 0
 
 
