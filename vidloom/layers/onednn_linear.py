@@ -7,9 +7,9 @@ where the vectorized tanh takes its long path), 7-9% of a Qwen-Image forward. on
 GEMM's output tile as a post-op (`torch.ops.mkldnn._linear_pointwise`, what inductor emits for the same pattern):
 3.5-3.9 ms for both. The weights stay plain (no packed copy), so nothing else about the module changes.
 
-Only plain `nn.Linear` modules without hooks take it (LoRA, quantized and GGUF linears are other classes), and only
-float32 CPU inference with oneDNN enabled (the same gate as layers.onednn_conv); anything else runs the two stock
-calls. oneDNN's GEMM and GELU round differently from MKL's and ATen's by float32 ulps (about 1e-6 relative).
+Only plain `nn.Linear` modules without hooks take it (LoRA, quantized and GGUF linears are other classes), only
+float32 CPU inference with oneDNN enabled (the same gate as layers.onednn_conv), and not under torch.compile;
+anything else runs the two stock calls. oneDNN's GEMM and GELU round differently from MKL's and ATen's by float32 ulps (about 1e-6 relative).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from vidloom.layers.onednn_conv import onednn_applies
 
 
 def _fusable(linear: nn.Module, x: Tensor) -> bool:
-    return (type(linear) is nn.Linear and onednn_applies(x) and linear.weight.dtype == torch.float32
-            and linear.weight.device.type == "cpu" and not linear._forward_hooks and not linear._forward_pre_hooks)
+    # Under torch.compile the stock calls: inductor fuses them itself, and cannot lower this op on a plain weight.
+    return (not torch.compiler.is_compiling() and type(linear) is nn.Linear and onednn_applies(x)
+            and linear.weight.dtype == torch.float32 and linear.weight.device.type == "cpu"
+            and not linear._forward_hooks and not linear._forward_pre_hooks)
 
 
 def linear_gelu_tanh(linear: nn.Module, x: Tensor) -> Tensor:

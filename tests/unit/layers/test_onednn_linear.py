@@ -54,3 +54,13 @@ def test_autograd_other_dtypes_and_hooked_linears_keep_the_stock_calls():
         linear.register_forward_hook(lambda module, args, out: seen.append(out.shape))
         assert torch.equal(linear_gelu_tanh(linear, x.detach()), _stock(linear, x.detach()))
         assert seen  # the hook ran: the module was called, not bypassed
+
+
+def test_compiling_keeps_the_stock_calls(monkeypatch):
+    # Inductor fuses linear + GELU itself and cannot lower the oneDNN op on a plain weight (a LoweringException).
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    linear = nn.Linear(16, 32)
+    with torch.inference_mode():
+        x = torch.randn(4, 16)
+        assert "mkldnn::_linear_pointwise" not in _kernels(lambda: linear_gelu_tanh(linear, x))
+        assert torch.equal(linear_gelu_tanh(linear, x), _stock(linear, x))
