@@ -160,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(calls)
         return 0
-    results = measure(calls, args.rounds)
+    report(measure(calls, args.rounds), "helios_parts", FAMILY, args.rounds, args.threads)
+    return 0
+
+
+def report(results: dict[str, Any], name: str, family: str, rounds: int, threads: int) -> None:
+    """Print measure()'s results as a table and save them as bench/results/{name}-t{threads}.json."""
     print_table(["part", "max |diff|", "vidloom CPU s", "diffusers CPU s", "speed-up CPU / wall", "load 1m"],
                 [[part, f"{r['max_abs_diff']:.2e}", r["vidloom"]["cpu_s"], r["diffusers"]["cpu_s"],
                   f"{r['speedup_cpu']}x / {r['speedup_wall']}x", f"{r['loads'][0]}-{r['loads'][-1]}"]
                  for part, r in results.items()])
-    write_json(f"helios_parts-t{args.threads}.json",
-               {"environment": environment(), "family": FAMILY, "rounds": args.rounds, "threads": args.threads,
-                "parts": results})
-    return 0
+    write_json(f"{name}-t{threads}.json", {"environment": environment(), "family": family, "rounds": rounds,
+                                           "threads": threads, "parts": results})
 
 
 if __name__ == "__main__":

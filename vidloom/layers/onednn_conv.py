@@ -16,6 +16,7 @@ reordering only (a few ulps per conv; the Wan VAE parity tests bound the decode 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -32,6 +33,14 @@ def conv_forward(conv: nn.Conv2d | nn.Conv3d, x: Tensor) -> Tensor:
         return conv._conv_forward(x, conv.weight, conv.bias)
     return torch.mkldnn_convolution(x, conv.weight, conv.bias, list(conv.padding), list(conv.stride),
                                     list(conv.dilation), conv.groups)
+
+
+def conv2d_forward(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, ...], padding: tuple[int, ...],
+                   dilation: tuple[int, ...], groups: int) -> Tensor:
+    """F.conv2d with zero padding given as numbers, on oneDNN where `onednn_applies(x)`."""
+    if not onednn_applies(x) or weight.dtype != x.dtype:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return torch.mkldnn_convolution(x, weight, bias, list(padding), list(stride), list(dilation), groups)
 
 
 class Conv2d(nn.Conv2d):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn
+from vidloom.layers.onednn_linear import linear_gelu_tanh
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.timestep import timestep_features
 from vidloom.families.qwen_image.rope import apply_rotations
@@ -41,12 +42,18 @@ class GeluMLP(nn.Module):
         self.down = nn.Linear(4 * dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(linear_gelu_tanh(self.up, x))  # one oneDNN GEMM with its GELU on float32 CPU
 
 
 def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
-    """LayerNorm (no affine) of the float32 stream x [B, S, dim], then x * (1 + scale) + shift, in `dtype`."""
-    return (F.layer_norm(x, x.shape[-1:], eps=eps) * (1 + scale) + shift).to(dtype)
+    """LayerNorm (no affine) of the float32 stream x [B, S, dim], then x * (1 + scale) + shift, in `dtype`.
+
+    One modulation for every row (shift and scale [1, 1, dim]: one sample, or one per-row-free batch) is exactly a
+    LayerNorm affine, so the kernel applies it in its own pass (one pass over x instead of three; float32 ulps from
+    the reference's order); per-sample or per-row modulations take the broadcast form."""
+    if shift.shape[:-1].numel() == 1 and scale.shape[:-1].numel() == 1:
+        return F.layer_norm(x, x.shape[-1:], (1 + scale).reshape(-1), shift.reshape(-1), eps=eps).to(dtype)
+    return torch.addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=eps), 1 + scale).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,10 @@ class StreamSide(nn.Module):
         self.norm_k = RMSNorm(head_dim, eps=eps)
         self.mlp = GeluMLP(dim)
 
-    def qkv(self, x: Tensor, rotations: Tensor, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Normalized, rotated q and k and plain v, [B, S, H, head_dim] each."""
-        q = apply_rotations(self.norm_q(self.q(x).unflatten(-1, (-1, head_dim))), rotations)
+    def qkv(self, x: Tensor, rotations: Tensor, head_dim: int, queries: bool = True
+            ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Normalized, rotated q and k and plain v, [B, S, H, head_dim] each (q None where `queries` is False)."""
+        q = apply_rotations(self.norm_q(self.q(x).unflatten(-1, (-1, head_dim))), rotations) if queries else None
         k = apply_rotations(self.norm_k(self.k(x).unflatten(-1, (-1, head_dim))), rotations)
         return q, k, self.v(x).unflatten(-1, (-1, head_dim))
 
@@ -109,9 +117,12 @@ class DualStreamBlock(nn.Module):
                           norm_modulate(h[:, text_tokens:], *mod_img[:2], self.eps, dtype)], dim=1)
 
     def forward(self, h: Tensor, text_tokens: int, image: ImageModulation, rotations: Tensor, dtype: torch.dtype,
-                key_mask: Tensor | None = None) -> Tensor:
+                key_mask: Tensor | None = None, text_out: bool = True) -> Tensor:
         """h [B, L + N, dim] float32, image: the timestep conditioning, rotations [L + N, head_dim // 2], key_mask:
-        a padded shard's (layers.sequence.JointPart) -> the next h."""
+        a padded shard's (layers.sequence.JointPart) -> the next h.
+
+        text_out=False (the model's last block, whose text rows nothing reads: the head keeps the image rows) skips
+        the text side's queries, output projection and MLP and passes the text rows through as they came in."""
         length, eps = text_tokens, self.eps
         txt, img = h[:, :length], h[:, length:]
         mod_img, mod_txt = self.modulations(image)
@@ -119,14 +130,21 @@ class DualStreamBlock(nn.Module):
         t_shift, t_scale, t_gate, t_shift2, t_scale2, t_gate2 = mod_txt
 
         # 1. Joint attention over [text, image]: each side projects, normalizes and rotates its own tokens.
-        tq, tk, tv = self.txt.qkv(norm_modulate(txt, t_shift, t_scale, eps, dtype), rotations[:length], self.head_dim)
+        tq, tk, tv = self.txt.qkv(norm_modulate(txt, t_shift, t_scale, eps, dtype), rotations[:length], self.head_dim,
+                                  queries=text_out)
         iq, ik, iv = self.img.qkv(norm_modulate(img, i_shift, i_scale, eps, dtype), rotations[length:], self.head_dim)
-        joint = self.attention_fn(torch.cat([tq, iq], 1), torch.cat([tk, ik], 1), torch.cat([tv, iv], 1), key_mask)
-        txt_attn, img_attn = joint.flatten(2, 3).split([length, h.shape[1] - length], dim=1)
-        img = img + i_gate * self.img.out(img_attn).float()
-        txt = txt + t_gate * self.txt.out(txt_attn).float()
+        queries = torch.cat([tq, iq], 1) if text_out else iq
+        joint = self.attention_fn(queries, torch.cat([tk, ik], 1), torch.cat([tv, iv], 1), key_mask).flatten(2, 3)
+        out = torch.empty_like(h)  # the next stream, written in place of a final cat of its two sides
+        img = torch.addcmul(img, i_gate, self.img.out(joint[:, joint.shape[1] - img.shape[1]:]).float())
 
-        # 2. Each side's MLP.
-        img = img + i_gate2 * self.img.mlp(norm_modulate(img, i_shift2, i_scale2, eps, dtype)).float()
-        txt = txt + t_gate2 * self.txt.mlp(norm_modulate(txt, t_shift2, t_scale2, eps, dtype)).float()
-        return torch.cat([txt, img], dim=1)
+        # 2. Each side's MLP (the gated residual adds as one addcmul pass).
+        torch.addcmul(img, i_gate2, self.img.mlp(norm_modulate(img, i_shift2, i_scale2, eps, dtype)).float(),
+                      out=out[:, length:])
+        if not text_out:
+            out[:, :length] = txt
+            return out
+        txt = torch.addcmul(txt, t_gate, self.txt.out(joint[:, :length]).float())
+        torch.addcmul(txt, t_gate2, self.txt.mlp(norm_modulate(txt, t_shift2, t_scale2, eps, dtype)).float(),
+                      out=out[:, :length])
+        return out

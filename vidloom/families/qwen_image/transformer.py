@@ -216,9 +216,13 @@ class QwenImageTransformer(nn.Module):
         return part.tokens, cond
 
     def run_blocks(self, h: Tensor, cond: QwenImageConditioning, start: int = 0, end: int | None = None) -> Tensor:
-        """Blocks [start, end) over the joint stream."""
-        for block in self.blocks[start:end]:
-            h = block(h, cond.text_tokens, cond.image_modulation, cond.rotations, cond.dtype, cond.key_mask)
+        """Blocks [start, end) over the joint stream. The model's last block leaves the text rows as they came in
+        (only the head reads its output, and only the image rows); not under sequence parallel, whose attention
+        exchanges every row's queries."""
+        last = len(self.blocks) - 1 if self.sequence is WHOLE_SEQUENCE else -1
+        for index in range(len(self.blocks))[start:end]:
+            h = self.blocks[index](h, cond.text_tokens, cond.image_modulation, cond.rotations, cond.dtype,
+                                   cond.key_mask, text_out=index != last)
         return h
 
     def block_input(self, h: Tensor, cond: QwenImageConditioning, index: int = 0) -> Tensor:

@@ -175,8 +175,8 @@ class WanVAE(nn.Module):
         chunks = [channels_last(patchify(chunk, self.config.patch_size or 1)) for chunk in chunks]
         cache = CausalCache()
         moments = []
-        for chunk in chunks:
-            cache.begin_chunk()
+        for index, chunk in enumerate(chunks):
+            cache.begin_chunk(last=index == len(chunks) - 1)
             moments.append(self.encoder(chunk, cache))
         return LatentDistribution.from_moments(self.quant_conv(torch.cat(moments, dim=2)))
 
@@ -220,7 +220,7 @@ class WanVAE(nn.Module):
         frames = []
         # One latent frame at a time bounds activation memory by a single chunk.
         for index in range(x.shape[2]):
-            cache.begin_chunk()
+            cache.begin_chunk(last=index == x.shape[2] - 1)
             frames.append(self.decoder(x[:, :, index : index + 1], cache))
             if progress is not None:
                 progress(done + index + 1, total)
