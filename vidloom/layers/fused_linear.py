@@ -12,10 +12,10 @@ The residual-add variant (`_linear_pointwise.binary(..., "add")`) measured slowe
 and is not used.
 
 Taken only where nothing else must see the linear run: float32 CPU inference with no autograd and oneDNN on
-(layers.onednn_conv's rule), a plain nn.Linear (a LoRALinear, FP8Linear or GGUFLinear wrapper keeps its own
-forward, so adapters and quantized weights still take effect), float32 strided CPU weights, no hooks on the
-linear, not a sharded block's module (--shard-weights) and not while torch.compile traces (Inductor fuses on its
-own). CUDA, bf16 and training take the stock path.
+(layers.onednn_conv's rule), a plain nn.Linear (a LoRALinear with an active adapter on the layer, an
+FP8Linear or a GGUFLinear keeps its own forward, so adapters and quantized weights take effect; a LoRALinear
+with none active runs as its base), float32 strided CPU weights, no hooks on the linear, not a sharded block's
+module (--shard-weights) and not while torch.compile traces (Inductor fuses on its own). CUDA, bf16 and training take the stock path.
 """
 
 from __future__ import annotations
@@ -38,8 +38,19 @@ def fused_applies(linear: nn.Module, x: Tensor) -> bool:
             and not linear._forward_hooks and not linear._forward_pre_hooks)
 
 
+def _plain(linear: nn.Module) -> nn.Module | None:
+    """The module whose output `linear(x)` is in the current scope: a LoRA wrapper with no active adapter on it
+    names its base (`unadapted`), so loading and then unloading adapters leaves the fused path, and its bits, as
+    they were; an active adapter: None (the wrapper must run)."""
+    unadapted = getattr(linear, "unadapted", None)
+    if not callable(unadapted):
+        return linear
+    return None if linear._forward_hooks or linear._forward_pre_hooks else unadapted()
+
+
 def linear_gelu_tanh(linear: nn.Module, x: Tensor) -> Tensor:
-    """`F.gelu(linear(x), approximate="tanh")`, one oneDNN call where `fused_applies(linear, x)`."""
-    if fused_applies(linear, x):
-        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "gelu", [], "tanh")
+    """`F.gelu(linear(x), approximate="tanh")`, one oneDNN call where `fused_applies` to the linear that runs."""
+    plain = _plain(linear)
+    if plain is not None and fused_applies(plain, x):
+        return torch.ops.mkldnn._linear_pointwise(x, plain.weight, plain.bias, "gelu", [], "tanh")
     return F.gelu(linear(x), approximate="tanh")

@@ -13,7 +13,8 @@ from torch.profiler import profile
 from vidloom.layers.fp8 import FP8Linear
 from vidloom.layers.fused_linear import fused_applies, linear_gelu_tanh
 from vidloom.layers.sharded import mark_sharded
-from vidloom.lora.apply import LoRALinear
+from vidloom.lora.apply import ActiveLoRAs, LoRALinear, lora_rows_scope, lora_scope
+from vidloom.lora.files import LoRALayer
 from vidloom.models.wan.transformer import MLP
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -82,11 +83,25 @@ def test_sharded_modules_keep_the_stock_path():
         assert not fused_applies(block[0], torch.randn(3, 24))
 
 
-def test_lora_and_fp8_wrappers_still_take_effect():
+def test_lora_adapters_and_fp8_weights_still_take_effect():
     linear, x = _linear(), torch.randn(5, 24)
-    lora = LoRALinear(linear, "t:proj")
-    fp8 = FP8Linear.from_linear(_linear())
     with torch.no_grad():
-        assert not fused_applies(lora, x) and not fused_applies(fp8, x)
+        before = linear_gelu_tanh(linear, x)
+        lora = LoRALinear(linear, "t:proj")
+        layer = LoRALayer(down=torch.randn(2, 24), up=torch.randn(40, 2), scaling=0.5)
+        # No adapter active on it: the wrapper adds nothing, so its base runs fused, the same bits as unwrapped.
+        assert torch.equal(linear_gelu_tanh(lora, x), before)
+        assert FUSED_OP in _ops(lambda: linear_gelu_tanh(lora, x))
+        with lora_scope(ActiveLoRAs({"t:other": ((layer, 1.0),)})):
+            assert torch.equal(linear_gelu_tanh(lora, x), before)
+        with lora_scope(ActiveLoRAs({"t:proj": ((layer, 0.8),)})):
+            adapted = linear_gelu_tanh(lora, x)
+            assert torch.equal(adapted, F.gelu(lora(x), approximate="tanh"))
+            assert FUSED_OP not in _ops(lambda: linear_gelu_tanh(lora, x))
+        assert (adapted - before).abs().max() > 0.1
+        with lora_rows_scope([(ActiveLoRAs({"t:proj": ((layer, 0.8),)}), 2), (None, 3)]):
+            assert not torch.equal(linear_gelu_tanh(lora, x), before)
+        fp8 = FP8Linear.from_linear(_linear())
+        assert not fused_applies(fp8, x)
         assert FUSED_OP not in _ops(lambda: linear_gelu_tanh(fp8, x))
-        assert (linear_gelu_tanh(fp8, x) - F.gelu(fp8(x), approximate="tanh")).abs().max() == 0
+        assert torch.equal(linear_gelu_tanh(fp8, x), F.gelu(fp8(x), approximate="tanh"))
