@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_epilogue import ADD_SHAPES, GELU_SHAPES, epilogues  # noqa: E402
+from gemm_epilogue import ADD_SHAPES, GELU_SHAPES, epilogues, fused_off_on  # noqa: E402
 from report import environment, write_json  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -344,6 +344,7 @@ def measure(case: Case, repeats: int, profile: bool, dtypes: list[str]) -> dict[
                 reference = case.reference(folder, dtype)
                 ref_seconds, ref_wall = best_seconds(case.reference_step(reference, args), repeats)
                 del reference
+                fused = fused_off_on(step, repeats + 1) if dtype == torch.float32 else None
             peak = max(rates.values())
             achieved, ref_achieved = total / seconds / 1e9, ref_total / ref_seconds / 1e9
             at_peak = total / 1e9 / peak  # vidloom's step if every FLOP ran at the peak rate
@@ -354,11 +355,21 @@ def measure(case: Case, repeats: int, profile: bool, dtypes: list[str]) -> dict[
                 "reference_step_wall_s": round(ref_wall, 3), "reference_achieved_gflops": round(ref_achieved, 2),
                 "reference_ratio": round(ref_achieved / peak, 3), "speedup": round(ref_seconds / seconds, 3),
                 "step_at_peak_s": round(at_peak, 3), "speedup_ceiling": round(ref_seconds / at_peak, 3),
-                "profile": profiled}
+                "fused_ffn_off_on": fused, "profile": profiled}
             print(case.name, dtype_name, {k: out[dtype_name][k] for k in (
                 "peak_gflops", "step_cpu_s", "ratio", "reference_step_cpu_s", "reference_ratio", "speedup",
                 "speedup_ceiling")}, os.getloadavg(), flush=True)
     return out
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model name, torch's kernel capability (AVX2 / AVX512) and whether it has native bf16 matmul:
+    rates are only comparable between runs on the same kind of core."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": [f for f in ("avx512_bf16", "amx_bf16") if f in flags]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                 "(best CPU seconds of --repeats each), vidloom's and the diffusers reference's (same weights, inputs, "
                 "dtype); FLOPs counted analytically for what each side runs; speedup_ceiling = reference step seconds "
                 "/ (vidloom FLOPs / peak rate)",
-        "environment": environment(), "torch_threads": torch.get_num_threads(),
+        "environment": environment(), "cpu": cpu(), "torch_threads": torch.get_num_threads(),
         "loadavg_start": [round(v, 2) for v in load_start], "loadavg_end": [round(v, 2) for v in os.getloadavg()],
         "summary": summary, "models": results, "gemm_epilogue": epilogue,
     })

@@ -7,8 +7,8 @@
     `torch.ops.mkldnn._linear_pointwise(x, r, w, b, "add")` (the binary post-op).
 Each pair's calls alternate (one of each per round), so load on the shared machine hits both alike. The max
 absolute difference against the unfused path is float32 rounding (oneDNN's GEMM blocking and its GELU).
-bench/cpu_efficiency.py records these at its models' shapes; run alone it also covers LTX-2's and a
-Helios-14B-wide FFN:
+(c) `fused_off_on`: a whole model step with vidloom's fused path off and on (bench/cpu_efficiency.py runs it on
+    each model's float32 step). bench/cpu_efficiency.py records (a) and (b) in its JSON; run alone:
 
     python bench/gemm_epilogue.py
 """
@@ -23,12 +23,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import environment, write_json  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vidloom.layers import fused_linear  # noqa: E402
 
 # (tokens, in, out) of tanh-GELU FFN up-projections: Wan2.1-1.3B at one 480p-ish frame and at 4 frames, LTX-2's
 # video FFN (4096 -> 16384), a Helios/Wan-14B-wide one (5120 -> 13824).
@@ -80,6 +84,15 @@ def add_epilogue(m: int, k: int, n: int, rounds: int) -> dict[str, Any]:
         diff = (fused(x, residual, w, b, "add") - (residual + F.linear(x, w, b))).abs().max()
     return {"shape_mkn": [m, k, n], "cpu_ms": ms, "speedup": round(ms["unfused"] / ms["fused"], 3),
             "max_abs_diff": diff.item()}
+
+
+def fused_off_on(step: Callable[[], Any], rounds: int) -> dict[str, Any]:
+    """A whole model step with vidloom.layers.fused_linear's path off (F.linear + F.gelu) and on, interleaved."""
+    def off() -> Any:
+        with mock.patch.object(fused_linear, "fused_applies", lambda *args: False):
+            return step()
+    ms = _interleaved({"unfused": off, "fused": step}, rounds)
+    return {"cpu_ms": ms, "speedup": round(ms["unfused"] / ms["fused"], 3)}
 
 
 def epilogues(gelu: dict[str, tuple[int, int, int]], add: dict[str, tuple[int, int, int]],
