@@ -59,7 +59,8 @@ WAN_CONFIG = CONFIGS / "FastWan2.1-T2V-1.3B-Diffusers/transformer/config.json"  
 FLUX2_CONFIG = CONFIGS / "FLUX.2-klein-4B/transformer/config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
-                      "aten::_convolution", "aten::mkldnn_convolution", "aten::_mkl_linear"})
+                      "aten::_convolution", "aten::mkldnn_convolution", "aten::_mkl_linear",
+                      "mkldnn::_linear_pointwise"})  # the last: layers.fused_linear's linear + GELU
 COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::cat",
                       "aten::stack", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::view_as_real",
                       "aten::view_as_complex", "aten::type_as", "aten::resolve_conj"})
