@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -32,28 +33,34 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import diffusers
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_epilogue import ADD_SHAPES, GELU_SHAPES, epilogues, fused_off_on  # noqa: E402
 from report import environment, write_json  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vidloom.families.flux2 import blocks as flux2_blocks  # noqa: E402
-from vidloom.families.flux2.transformer import Flux2Transformer, Flux2TransformerConfig  # noqa: E402
+from vidloom.families.flux2.transformer import (  # noqa: E402
+    FLUX2_TRANSFORMER_NAME_MAP, Flux2Transformer, Flux2TransformerConfig,
+)
 from vidloom.layers.attention import attention  # noqa: E402
 from vidloom.layers.rms_norm import RMSNorm  # noqa: E402
 from vidloom.loading.precision import cast_module  # noqa: E402
+from vidloom.loading.safetensors_io import load_weights  # noqa: E402
 from vidloom.models.wan import transformer as wan_transformer  # noqa: E402
 from vidloom.models.wan.transformer import WanTransformer  # noqa: E402
-from vidloom.models.wan.transformer_config import WanTransformerConfig  # noqa: E402
+from vidloom.models.wan.transformer_config import WAN_TRANSFORMER_NAME_MAP, WanTransformerConfig  # noqa: E402
 
 CONFIGS = Path("/work/shared/published-configs")
 WAN_CONFIG = CONFIGS / "FastWan2.1-T2V-1.3B-Diffusers/transformer/config.json"  # Wan2.1-T2V-1.3B's transformer
 FLUX2_CONFIG = CONFIGS / "FLUX.2-klein-4B/transformer/config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
-                      "aten::_convolution", "aten::mkldnn_convolution", "aten::_mkl_linear"})
+                      "aten::_convolution", "aten::mkldnn_convolution", "aten::_mkl_linear",
+                      "mkldnn::_linear_pointwise"})  # the last: layers.fused_linear's linear + GELU
 COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::cat",
                       "aten::stack", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::view_as_real",
                       "aten::view_as_complex", "aten::type_as", "aten::resolve_conj"})
@@ -68,14 +75,18 @@ def _mm(m: int, k: int, n: int) -> int:
     return 2 * m * k * n
 
 
-def wan_flops(cfg: WanTransformerConfig, batch: int, grid: tuple[int, int, int], text_tokens: int) -> dict[str, int]:
-    """Matmul FLOPs of one WanTransformer forward (T2V), by category."""
+def wan_flops(cfg: WanTransformerConfig, batch: int, grid: tuple[int, int, int], text_tokens: int,
+              prompt_prepared: bool = False) -> dict[str, int]:
+    """Matmul FLOPs of one Wan T2V forward, by category: diffusers' WanTransformer3DModel and vidloom's given the
+    text embeddings; `prompt_prepared`: vidloom's given `prepare_prompt`'s keys/values (projected once per
+    request, layers.prompt_kv), so no text embedding and no cross-attention K/V projection in the step."""
     d, s, lt = cfg.inner_dim, batch * grid[0] * grid[1] * grid[2], batch * text_tokens
-    per_layer_proj = _mm(s, d, d) * 4 + _mm(s, d, d) * 2 + _mm(lt, d, d) * 2  # self q,k,v,out; cross q,out; cross k,v
+    cross_kv = 0 if prompt_prepared else _mm(lt, d, d) * 2
+    per_layer_proj = _mm(s, d, d) * 4 + _mm(s, d, d) * 2 + cross_kv  # self q,k,v,out; cross q,out; cross k,v
     per_layer_attn = 2 * _mm(s, grid[0] * grid[1] * grid[2], d) + 2 * _mm(s, text_tokens, d)  # QK^T + PV, self+cross
     patch = cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2]
     time = _mm(batch, cfg.freq_dim, d) + _mm(batch, d, d) + _mm(batch, d, 6 * d)  # embedding MLP, modulation
-    text = _mm(lt, cfg.text_dim, d) + _mm(lt, d, d)
+    text = 0 if prompt_prepared else _mm(lt, cfg.text_dim, d) + _mm(lt, d, d)
     embed_head = _mm(s, cfg.in_channels * patch, d) + time + text + _mm(s, d, cfg.out_channels * patch)
     return {"projections": cfg.num_layers * per_layer_proj, "attention": cfg.num_layers * per_layer_attn,
             "ffn": cfg.num_layers * (_mm(s, d, cfg.ffn_dim) + _mm(s, cfg.ffn_dim, d)), "embed_head": embed_head}
@@ -153,21 +164,45 @@ def attention_rate(heads: int, head_dim: int, tokens: int, dtype: torch.dtype, r
 
 @dataclasses.dataclass
 class Case:
-    """One model at the bench's size: how to build it, its inputs, FLOPs and GEMM shapes."""
+    """One model at the bench's size: the diffusers reference saved to a folder and vidloom's model loaded from
+    it (same random weights), their inputs, how each runs a step, FLOPs and GEMM shapes."""
 
     name: str
-    build: Callable[[], torch.nn.Module]
+    save_reference: Callable[[Path], None]
+    build: Callable[[Path], torch.nn.Module]  # vidloom's, through its loader from the saved folder
+    reference: Callable[[Path, torch.dtype], torch.nn.Module]  # diffusers' from_pretrained(torch_dtype=...)
     inputs: Callable[[torch.dtype], tuple[Any, ...]]
+    step: Callable[[torch.nn.Module, tuple[Any, ...]], Callable[[], Any]]  # after the per-request preparation
+    reference_step: Callable[[torch.nn.Module, tuple[Any, ...]], Callable[[], Any]]
     keep_fp32: frozenset[str]
-    flops: dict[str, int]
+    flops: dict[str, int]  # what vidloom's step runs
+    reference_flops: dict[str, int]  # what the reference's step runs
     gemms: dict[str, tuple[int, int, int]]
     heads: tuple[int, int, int]  # (heads, head_dim, self-attention tokens)
     size: dict[str, Any]
 
 
+def _save(model_cls: Any, config: dict[str, Any]) -> Callable[[Path], None]:
+    def save(folder: Path) -> None:
+        torch.manual_seed(0)  # PyTorch's default init: activations O(1), far from float32 denormals
+        model_cls.from_config(config).save_pretrained(str(folder))
+    return save
+
+
+def _loaded(model: torch.nn.Module, name_map: Any) -> Callable[[Path], torch.nn.Module]:
+    def build(folder: Path) -> torch.nn.Module:
+        load_weights(model, folder, name_map)
+        return model.eval()
+    return build
+
+
+def _reference(model_cls: Any) -> Callable[[Path, torch.dtype], torch.nn.Module]:
+    return lambda folder, dtype: model_cls.from_pretrained(str(folder), torch_dtype=dtype).eval()
+
+
 def wan_case(layers: int, grid: tuple[int, int, int], text_tokens: int) -> Case:
-    cfg = dataclasses.replace(WanTransformerConfig.from_diffusers(json.loads(WAN_CONFIG.read_text())),
-                              num_layers=layers)
+    config = {**json.loads(WAN_CONFIG.read_text()), "num_layers": layers}
+    cfg = WanTransformerConfig.from_diffusers(config)
     gen = torch.Generator().manual_seed(0)
     p = cfg.patch_size
     latents = torch.randn(1, cfg.in_channels, grid[0] * p[0], grid[1] * p[1], grid[2] * p[2], generator=gen)
@@ -177,15 +212,22 @@ def wan_case(layers: int, grid: tuple[int, int, int], text_tokens: int) -> Case:
     def inputs(dtype: torch.dtype) -> tuple[Any, ...]:
         return latents.to(dtype), torch.tensor([500.0]), text.to(dtype)
 
-    return Case("wan2.1-t2v-1.3b", lambda: WanTransformer(cfg, attention_fn=attention), inputs,
-                WanTransformer.KEEP_FP32, wan_flops(cfg, 1, grid, text_tokens), wan_gemms(cfg, tokens),
-                (cfg.num_attention_heads, cfg.attention_head_dim, tokens),
+    def step(model: torch.nn.Module, args: tuple[Any, ...]) -> Callable[[], Any]:
+        prompt = model.prepare_prompt(args[2])  # once per request and CFG branch, as the loop does
+        return lambda: model(args[0], args[1], prompt)
+
+    return Case("wan2.1-t2v-1.3b", _save(diffusers.WanTransformer3DModel, config),
+                _loaded(WanTransformer(cfg, attention_fn=attention), WAN_TRANSFORMER_NAME_MAP),
+                _reference(diffusers.WanTransformer3DModel), inputs, step,
+                lambda ref, args: lambda: ref(*args, return_dict=False), WanTransformer.KEEP_FP32,
+                wan_flops(cfg, 1, grid, text_tokens, prompt_prepared=True), wan_flops(cfg, 1, grid, text_tokens),
+                wan_gemms(cfg, tokens), (cfg.num_attention_heads, cfg.attention_head_dim, tokens),
                 {"layers": f"{layers} of 30", "grid": grid, "video_tokens": tokens, "text_tokens": text_tokens})
 
 
 def flux2_case(doubles: int, singles: int, side: int, text_tokens: int) -> Case:
-    cfg = dataclasses.replace(Flux2TransformerConfig.from_diffusers(json.loads(FLUX2_CONFIG.read_text())),
-                              num_double_layers=doubles, num_single_layers=singles)
+    config = {**json.loads(FLUX2_CONFIG.read_text()), "num_layers": doubles, "num_single_layers": singles}
+    cfg = Flux2TransformerConfig.from_diffusers(config)
     gen = torch.Generator().manual_seed(0)
     img = torch.randn(1, side * side, cfg.in_channels, generator=gen)
     txt = torch.randn(1, text_tokens, cfg.text_dim, generator=gen)
@@ -197,8 +239,15 @@ def flux2_case(doubles: int, singles: int, side: int, text_tokens: int) -> Case:
     def inputs(dtype: torch.dtype) -> tuple[Any, ...]:
         return img.to(dtype), txt.to(dtype), torch.tensor([0.75]), img_ids, txt_ids
 
-    return Case("flux2-klein-4b", lambda: Flux2Transformer(cfg, attention_fn=attention), inputs,
-                Flux2Transformer.KEEP_FP32, flux2_flops(cfg, 1, side * side, text_tokens),
+    def reference_step(ref: torch.nn.Module, args: tuple[Any, ...]) -> Callable[[], Any]:
+        return lambda: ref(hidden_states=args[0], encoder_hidden_states=args[1], timestep=args[2], img_ids=args[3],
+                           txt_ids=args[4], return_dict=False)
+
+    flops = flux2_flops(cfg, 1, side * side, text_tokens)  # joint attention: no per-request preparation
+    return Case("flux2-klein-4b", _save(diffusers.Flux2Transformer2DModel, config),
+                _loaded(Flux2Transformer(cfg, attention_fn=attention), FLUX2_TRANSFORMER_NAME_MAP),
+                _reference(diffusers.Flux2Transformer2DModel), inputs, lambda model, args: lambda: model(*args),
+                reference_step, Flux2Transformer.KEEP_FP32, flops, flops,
                 flux2_gemms(cfg, side * side + text_tokens), (cfg.num_heads, cfg.head_dim, side * side + text_tokens),
                 {"double_blocks": f"{doubles} of 5", "single_blocks": f"{singles} of 20",
                  "image_tokens": side * side, "text_tokens": text_tokens})
@@ -271,31 +320,57 @@ def profile_step(forward: Callable[[], Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def measure(case: Case, repeats: int, profile: bool) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = case.build().eval()
-    total = sum(case.flops.values())
-    out: dict[str, Any] = {"size": case.size, "flops": case.flops, "gflop_per_step": round(total / 1e9, 2)}
-    for dtype_name, dtype in DTYPES.items():  # float32 first: the bf16 cast is in place
-        model = cast_module(model, dtype, case.keep_fp32)
-        args = case.inputs(dtype)
-        rates = matmul_rates(case.gemms, dtype, repeats)
-        with torch.inference_mode():
-            seconds, wall = best_seconds(lambda: model(*args), repeats)
-            profiled = None
-            if profile:
-                with labels():
-                    profiled = profile_step(lambda: model(*args))
-        achieved = total / seconds / 1e9
-        peak = max(rates.values())
-        out[dtype_name] = {"matmul_gflops": rates, "peak_gflops": peak,
-                           "sdpa_gflops": attention_rate(*case.heads, dtype, repeats), "step_cpu_s": round(seconds, 3),
-                           "step_wall_s": round(wall, 3),
-                           "achieved_gflops": round(achieved, 2), "ratio": round(achieved / peak, 3),
-                           "profile": profiled}
-        print(case.name, dtype_name, {k: out[dtype_name][k] for k in ("peak_gflops", "step_cpu_s", "achieved_gflops",
-                                                                      "ratio")}, flush=True)
+def measure(case: Case, repeats: int, profile: bool, dtypes: list[str]) -> dict[str, Any]:
+    """Per dtype: the GEMM peak, vidloom's step and the reference's step (same weights, inputs and dtype), and
+    the ceiling on a same-FLOPs speed-up: the reference's step seconds over vidloom's FLOPs at the peak rate."""
+    total, ref_total = sum(case.flops.values()), sum(case.reference_flops.values())
+    out: dict[str, Any] = {"size": case.size, "flops": case.flops, "gflop_per_step": round(total / 1e9, 2),
+                           "reference_flops": case.reference_flops, "reference_gflop_per_step": round(ref_total / 1e9, 2)}
+    with tempfile.TemporaryDirectory(prefix="cpu-efficiency-") as tmp:
+        folder = Path(tmp)
+        case.save_reference(folder)
+        model = case.build(folder)
+        for dtype_name in dtypes:  # float32 first: the bf16 cast is in place
+            dtype = DTYPES[dtype_name]
+            model = cast_module(model, dtype, case.keep_fp32)
+            args = case.inputs(dtype)
+            rates = matmul_rates(case.gemms, dtype, repeats)
+            with torch.inference_mode():
+                step = case.step(model, args)
+                seconds, wall = best_seconds(step, repeats)
+                profiled = None
+                if profile:
+                    with labels():
+                        profiled = profile_step(step)
+                reference = case.reference(folder, dtype)
+                ref_seconds, ref_wall = best_seconds(case.reference_step(reference, args), repeats)
+                del reference
+                fused = fused_off_on(step, repeats + 1) if dtype == torch.float32 else None
+            peak = max(rates.values())
+            achieved, ref_achieved = total / seconds / 1e9, ref_total / ref_seconds / 1e9
+            at_peak = total / 1e9 / peak  # vidloom's step if every FLOP ran at the peak rate
+            out[dtype_name] = {
+                "matmul_gflops": rates, "peak_gflops": peak, "sdpa_gflops": attention_rate(*case.heads, dtype, repeats),
+                "step_cpu_s": round(seconds, 3), "step_wall_s": round(wall, 3), "achieved_gflops": round(achieved, 2),
+                "ratio": round(achieved / peak, 3), "reference_step_cpu_s": round(ref_seconds, 3),
+                "reference_step_wall_s": round(ref_wall, 3), "reference_achieved_gflops": round(ref_achieved, 2),
+                "reference_ratio": round(ref_achieved / peak, 3), "speedup": round(ref_seconds / seconds, 3),
+                "step_at_peak_s": round(at_peak, 3), "speedup_ceiling": round(ref_seconds / at_peak, 3),
+                "fused_ffn_off_on": fused, "profile": profiled}
+            print(case.name, dtype_name, {k: out[dtype_name][k] for k in (
+                "peak_gflops", "step_cpu_s", "ratio", "reference_step_cpu_s", "reference_ratio", "speedup",
+                "speedup_ceiling")}, os.getloadavg(), flush=True)
     return out
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model name, torch's kernel capability (AVX2 / AVX512) and whether it has native bf16 matmul:
+    rates are only comparable between runs on the same kind of core."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": [f for f in ("avx512_bf16", "amx_bf16") if f in flags]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wan-grid", default="1,16,32", help="patch grid f,h,w (1,16,32: one 256x512 frame)")
     parser.add_argument("--flux2-blocks", default="1,1", help="double,single blocks")
     parser.add_argument("--flux2-side", type=int, default=16, help="image tokens per side (16: 256x256)")
-    parser.add_argument("--text-tokens", type=int, default=256)
+    parser.add_argument("--text-tokens", type=int, default=512, help="512: what both pipelines pad prompts to")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--epilogue-rounds", type=int, default=5, help="bench/gemm_epilogue.py's rounds (0: skip)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output", default="cpu_efficiency.json")
     args = parser.parse_args(argv)
@@ -316,15 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     doubles, singles = (int(v) for v in args.flux2_blocks.split(","))
     cases = [wan_case(args.wan_layers, grid, args.text_tokens),  # type: ignore[arg-type]
              flux2_case(doubles, singles, args.flux2_side, args.text_tokens)]
-    results = {case.name: measure(case, args.repeats, args.profile) for case in cases}
-    summary = {name: {d: r[d]["ratio"] for d in DTYPES} for name, r in results.items()}
+    dtypes = args.dtypes.split(",")
+    results = {case.name: measure(case, args.repeats, args.profile, dtypes) for case in cases}
+    summary = {name: {d: {k: r[d][k] for k in ("ratio", "reference_ratio", "speedup", "speedup_ceiling")}
+                      for d in dtypes} for name, r in results.items()}
     print(json.dumps(summary))
+    epilogue = epilogues(GELU_SHAPES, ADD_SHAPES, args.epilogue_rounds) if args.epilogue_rounds else None
     write_json(args.output, {
         "what": "achieved matmul FLOP rate of one DiT forward / the best F.linear rate at the model's GEMM shapes "
-                "(best CPU seconds of --repeats each); FLOPs counted analytically",
-        "environment": environment(), "torch_threads": torch.get_num_threads(),
+                "(best CPU seconds of --repeats each), vidloom's and the diffusers reference's (same weights, inputs, "
+                "dtype); FLOPs counted analytically for what each side runs; speedup_ceiling = reference step seconds "
+                "/ (vidloom FLOPs / peak rate)",
+        "environment": environment(), "cpu": cpu(), "torch_threads": torch.get_num_threads(),
         "loadavg_start": [round(v, 2) for v in load_start], "loadavg_end": [round(v, 2) for v in os.getloadavg()],
-        "ratios": summary, "models": results,
+        "summary": summary, "models": results, "gemm_epilogue": epilogue,
     })
     return 0
 

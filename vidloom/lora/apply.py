@@ -125,6 +125,17 @@ class LoRALinear(nn.Module):
         # Callers that read a linear's weight for its dtype/device (timestep casts) keep working.
         return self.base.weight
 
+    def unadapted(self) -> nn.Module | None:
+        """`base` when no adapter of the current scope touches this layer (forward is then `base(x)`), else None:
+        lets a caller fuse base's matmul with what follows (layers.fused_linear) whenever the wrapper adds
+        nothing, so a model with adapters loaded but none active computes the same bits as before loading."""
+        active = _ACTIVE.get()
+        if isinstance(active, RowLoRAs):
+            touched = any(part is not None and part.layers.get(self.key) for part, _, _ in active.parts)
+        else:
+            touched = active is not None and bool(active.layers.get(self.key))
+        return None if touched else self.base
+
     def forward(self, x: Tensor) -> Tensor:
         y = self.base(x)
         active = _ACTIVE.get()

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn
-from vidloom.layers.onednn_linear import linear_gelu_tanh
+from vidloom.layers.fused_linear import linear_gelu_tanh
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.timestep import timestep_features
 from vidloom.families.qwen_image.rope import apply_rotations

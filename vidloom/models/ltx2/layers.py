@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import AttentionFn, attention
+from vidloom.layers.fused_linear import linear_gelu_tanh
 from vidloom.models.ltx2.rope import RopeTables, apply_rope
 from vidloom.layers.timestep import timestep_features
 
@@ -45,7 +46,7 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(4 * dim, dim, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(linear_gelu_tanh(self.up, x))
 
 
 class Attention(nn.Module):

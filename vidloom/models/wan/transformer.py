@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vidloom.layers.attention import AttentionFn, attention
 from vidloom.layers.block_stack import BlockStack
 from vidloom.layers.fp8 import project
+from vidloom.layers.fused_linear import linear_gelu_tanh
 from vidloom.layers.prompt_kv import PADDING_KEY_MULTIPLE, PromptKV, prepare_prompt_kv
 from vidloom.layers.rms_norm import RMSNorm
 from vidloom.layers.sequence import WHOLE_SEQUENCE, SequenceLayout
@@ -53,6 +54,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(dim_hidden, dim_out)
 
     def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.act, nn.GELU) and self.act.approximate == "tanh":  # one oneDNN call on a CPU
+            return self.down(linear_gelu_tanh(self.up, x))
         return self.down(self.act(self.up(x)))
 
 
