@@ -27,9 +27,11 @@ from report import RESULTS, environment  # noqa: E402
 # Latent shapes per size: small fits a shared 2-core CPU; mid is 480x832 x 17 frames (Wan) / 1024^2 (Flux2).
 SIZES = {
     "small": {"wan2.1": (1, 16, 2, 16, 24), "wan2.2": (1, 48, 2, 8, 12), "flux2": (1, 128, 16, 16),
-              "ltx2": (1, 32, 4, 8, 8), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16)},
+              "ltx2": (1, 32, 4, 8, 8), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16),
+              "wan2.1-mid": (1, 16, 3, 32, 32)},
     "mid": {"wan2.1": (1, 16, 5, 60, 104), "wan2.2": (1, 48, 5, 30, 52), "flux2": (1, 128, 64, 64),
-            "ltx2": (1, 32, 4, 16, 16), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16)},
+            "ltx2": (1, 32, 4, 16, 16), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16),
+              "wan2.1-mid": (1, 16, 3, 32, 32)},
 }
 Decode = Callable[[torch.Tensor], torch.Tensor]
 
@@ -136,6 +138,7 @@ FAMILIES: dict[str, Callable[[], tuple[Callable[[torch.dtype], Decode], Decode]]
     "flux2": _flux2,
     "ltx2": _ltx2,
     "wan2.2-ti2v-mid": lambda: _wan_checkpoint("wan2.2-ti2v-mid"),
+    "wan2.1-mid": lambda: _wan_checkpoint("wan2.1-mid"),
 }
 
 
