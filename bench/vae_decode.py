@@ -167,7 +167,8 @@ def run_family(name: str, latents_shape: tuple[int, ...], rounds: int, default: 
                 cpu[key].append(round(time.process_time() - start_cpu, 3))
     ref_out = outputs["diffusers float32"]
     diffusers_s, diffusers_cpu = min(times["diffusers float32"]), min(cpu["diffusers float32"])
-    rows = {key: {"seconds": times[key], "best_s": min(times[key]), "vs_diffusers": round(diffusers_s / min(times[key]), 2),
+    rows = {key: {"seconds": times[key], "best_s": min(times[key]),
+                  "vs_diffusers": round(diffusers_s / min(times[key]), 2),
                   "cpu_seconds": cpu[key], "cpu_vs_diffusers": round(diffusers_cpu / min(cpu[key]), 2),
                   "psnr_vs_diffusers_fp32_db": round(psnr(outputs[key], ref_out), 1)} for key in settings}
     return {"latents": list(latents_shape), "rounds": rounds, "threads": torch.get_num_threads(),
