@@ -2,9 +2,11 @@
 
 Per family and round, in alternating order: vidloom float32, vidloom at its CPU default (bfloat16 on CPUs
 with native bf16 matmul, channels-last), diffusers float32 `vae.decode`. Seconds are the best of the rounds;
-PSNR is each output against diffusers float32 on [0, 1] pixels. The load average is recorded per run.
+PSNR is each output against diffusers float32 on [0, 1] pixels. The load average is recorded per run, and process
+CPU seconds next to wall seconds (on a shared machine the CPU seconds of a one-thread run move least).
 
     python bench/vae_decode.py [--families wan2.1,wan2.2,flux2] [--rounds 2] [--size small]
+    OMP_NUM_THREADS=1 python bench/vae_decode.py --families wan2.2-ti2v-mid --rounds 3  # the TI2V bench checkpoint
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from report import RESULTS, environment  # noqa: E402
 # Latent shapes per size: small fits a shared 2-core CPU; mid is 480x832 x 17 frames (Wan) / 1024^2 (Flux2).
 SIZES = {
     "small": {"wan2.1": (1, 16, 2, 16, 24), "wan2.2": (1, 48, 2, 8, 12), "flux2": (1, 128, 16, 16),
-              "ltx2": (1, 32, 4, 8, 8)},
+              "ltx2": (1, 32, 4, 8, 8), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16),
+              "wan2.1-mid": (1, 16, 3, 32, 32)},
     "mid": {"wan2.1": (1, 16, 5, 60, 104), "wan2.2": (1, 48, 5, 30, 52), "flux2": (1, 128, 64, 64),
-            "ltx2": (1, 32, 4, 16, 16)},
+            "ltx2": (1, 32, 4, 16, 16), "wan2.2-ti2v-mid": (1, 48, 3, 16, 16),
+              "wan2.1-mid": (1, 16, 3, 32, 32)},
 }
 Decode = Callable[[torch.Tensor], torch.Tensor]
 
@@ -45,6 +49,29 @@ def _wan(config_kwargs: dict[str, Any]) -> tuple[Callable[[torch.dtype], Decode]
     def ours(dtype: torch.dtype) -> Decode:
         vae = WanVAE(config)
         vae.load_state_dict(state)
+        vae = vae.to(dtype).eval()
+        return lambda z: vae.decode(z.to(dtype)).float()
+
+    return ours, lambda z: ref.decode(z).sample.clamp(-1, 1)
+
+
+def _wan_checkpoint(name: str) -> tuple[Callable[[torch.dtype], Decode], Decode]:
+    """The Wan VAE of bench/family_bench.py's checkpoint `name` (its real latent shape: SIZES), both sides from it."""
+    from diffusers import AutoencoderKLWan
+    from family_bench import FAMILIES as CHECKPOINTS
+
+    from vidloom.loading.component_file import load_component
+    from vidloom.loading.diffusers_dir import DiffusersDir
+    from vidloom.models.wan.original_layout import wan_vae_layouts
+    from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
+
+    folder = DiffusersDir.open(CHECKPOINTS[name].checkpoint())
+    config = folder.parse_component("vae", WanVAEConfig.from_diffusers)
+    ref = AutoencoderKLWan.from_pretrained(str(folder.component_dir("vae"))).eval()
+
+    def ours(dtype: torch.dtype) -> Decode:
+        vae = WanVAE(config)
+        load_component(vae, folder.component_dir("vae"), WAN_VAE_NAME_MAP, None, wan_vae_layouts(config))
         vae = vae.to(dtype).eval()
         return lambda z: vae.decode(z.to(dtype)).float()
 
@@ -110,6 +137,8 @@ FAMILIES: dict[str, Callable[[], tuple[Callable[[torch.dtype], Decode], Decode]]
                                 latents_mean=(0.0,) * 48, latents_std=(1.0,) * 48)),
     "flux2": _flux2,
     "ltx2": _ltx2,
+    "wan2.2-ti2v-mid": lambda: _wan_checkpoint("wan2.2-ti2v-mid"),
+    "wan2.1-mid": lambda: _wan_checkpoint("wan2.1-mid"),
 }
 
 
@@ -124,6 +153,7 @@ def run_family(name: str, latents_shape: tuple[int, ...], rounds: int, default: 
     settings = {"vidloom float32": ours(torch.float32), f"vidloom default ({str(default)[6:]})": ours(default),
                 "diffusers float32": reference}
     times: dict[str, list[float]] = {key: [] for key in settings}
+    cpu: dict[str, list[float]] = {key: [] for key in settings}  # process CPU seconds: steadier under load
     loads: list[float] = []
     outputs: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -131,14 +161,18 @@ def run_family(name: str, latents_shape: tuple[int, ...], rounds: int, default: 
             order = list(settings) if r % 2 == 0 else list(reversed(settings))  # A,B,C then C,B,A
             for key in order:
                 loads.append(round(os.getloadavg()[0], 2))
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 outputs[key] = settings[key](z)
                 times[key].append(round(time.perf_counter() - start, 3))
+                cpu[key].append(round(time.process_time() - start_cpu, 3))
     ref_out = outputs["diffusers float32"]
-    diffusers_s = min(times["diffusers float32"])
-    rows = {key: {"seconds": times[key], "best_s": min(times[key]), "vs_diffusers": round(diffusers_s / min(times[key]), 2),
+    diffusers_s, diffusers_cpu = min(times["diffusers float32"]), min(cpu["diffusers float32"])
+    rows = {key: {"seconds": times[key], "best_s": min(times[key]),
+                  "vs_diffusers": round(diffusers_s / min(times[key]), 2),
+                  "cpu_seconds": cpu[key], "cpu_vs_diffusers": round(diffusers_cpu / min(cpu[key]), 2),
                   "psnr_vs_diffusers_fp32_db": round(psnr(outputs[key], ref_out), 1)} for key in settings}
-    return {"latents": list(latents_shape), "rounds": rounds, "loadavg_per_run": loads, "settings": rows}
+    return {"latents": list(latents_shape), "rounds": rounds, "threads": torch.get_num_threads(),
+            "loadavg_per_run": loads, "settings": rows}
 
 
 def main() -> None:
@@ -159,7 +193,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")  # after each family: partial runs keep rows
         for key, row in report["families"][name]["settings"].items():
             print(f"{name:8s} {key:28s} best {row['best_s']:8.2f} s  x{row['vs_diffusers']:.2f} vs diffusers  "
-                  f"PSNR {row['psnr_vs_diffusers_fp32_db']} dB", flush=True)
+                  f"(CPU x{row['cpu_vs_diffusers']:.2f})  PSNR {row['psnr_vs_diffusers_fp32_db']} dB", flush=True)
     report["environment"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

@@ -15,6 +15,8 @@ reordering only (a few ulps per conv; the Wan VAE parity tests bound the decode 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,18 +30,18 @@ def onednn_applies(x: Tensor) -> bool:
 
 def conv_forward(conv: nn.Conv2d | nn.Conv3d, x: Tensor) -> Tensor:
     """`conv(x)`, on oneDNN where `onednn_applies(x)` (zero padding given as numbers; any other: the stock path)."""
-    if (not onednn_applies(x) or conv.padding_mode != "zeros" or isinstance(conv.padding, str)
-            or x.ndim != conv.weight.ndim or conv.weight.dtype != x.dtype):
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
         return conv._conv_forward(x, conv.weight, conv.bias)
-    return torch.mkldnn_convolution(x, conv.weight, conv.bias, list(conv.padding), list(conv.stride),
-                                    list(conv.dilation), conv.groups)
+    return convolve(x, conv.weight, conv.bias, conv.padding, conv.stride, conv.dilation, conv.groups)
 
 
-def conv2d_forward(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, ...], padding: tuple[int, ...],
-                   dilation: tuple[int, ...], groups: int) -> Tensor:
-    """F.conv2d with zero padding given as numbers, on oneDNN where `onednn_applies(x)`."""
-    if not onednn_applies(x) or weight.dtype != x.dtype:
-        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+def convolve(x: Tensor, weight: Tensor, bias: Tensor | None, padding: Sequence[int], stride: Sequence[int],
+             dilation: Sequence[int], groups: int = 1) -> Tensor:
+    """A zero-padded convolution of `x` with a weight of its own rank, on oneDNN where `onednn_applies(x)`: the
+    layers that convolve with a weight derived from a module's (a slice, a fold) take the same route as the module."""
+    if not onednn_applies(x) or x.ndim != weight.ndim or weight.dtype != x.dtype:
+        conv = F.conv3d if weight.ndim == 5 else F.conv2d
+        return conv(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
     return torch.mkldnn_convolution(x, weight, bias, list(padding), list(stride), list(dilation), groups)
 
 

@@ -63,7 +63,9 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     prompt_kv += image_row * experts
     denoise += image_row * batch if batch > 1 else 0
 
-    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
+    # Wan2.2's VAE (patch 2) decodes to a grid of 1/patch the size per side and unfolds it into pixels at the end,
+    # so its widest stage holds decoder_dim channels over pixels / patch^2 positions.
+    pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile) // (vae.patch_size or 1) ** 2
     frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
     copies = wan_vae_copies(instance.device, frames_per_chunk)
     decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4

@@ -9,116 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import attention
-from vidloom.layers.onednn_conv import Conv2d, Conv3d, conv2d_forward
+from vidloom.layers.onednn_conv import Conv2d, Conv3d
+from vidloom.models.wan.vae_causal import HISTORY_FRAMES, CausalCache, CausalConv3d  # noqa: F401 (re-exported)
+from vidloom.layers.upsample_conv import upsample2x_conv3x3
 
-# A kernel-3 causal conv needs the two frames before a chunk to produce the chunk's
-# first outputs exactly as if the whole video had been convolved at once.
-HISTORY_FRAMES = 2
 NORM_EPS = 1e-12  # F.normalize's default, which the reference uses
-
-
-class CausalCache:
-    """Stream state of one encode or decode call: the input tail each causal layer saw last.
-
-    The network is run chunk by chunk along time. Every chunk walks the layers in the
-    same order, so the n-th slot claimed within a chunk always belongs to the same
-    layer; that lets the state live here, created per call, instead of on the modules
-    (which may then be shared by concurrent calls).
-    """
-
-    def __init__(self) -> None:
-        self._tails: list[Tensor | None] = []
-        self._cursor = 0
-        self.chunks = 0  # chunks begun so far; 1 while the first is running
-        self.last = False  # the running chunk is the call's last: no layer stores a tail for a next one
-
-    def begin_chunk(self, last: bool = False) -> None:
-        """Rewind to the first layer before feeding the next chunk through the network; `last`: nothing follows
-        it (a one-frame decode's only chunk), so the layers skip copying their input tails."""
-        self._cursor = 0
-        self.chunks += 1
-        self.last = last
-
-    def claim(self) -> int:
-        """Slot of the next stateful layer in call order; None-filled on the first chunk."""
-        slot = self._cursor
-        self._cursor += 1
-        if slot == len(self._tails):
-            self._tails.append(None)
-        return slot
-
-    def get(self, slot: int) -> Tensor | None:
-        """What the layer in `slot` stored on the previous chunk (None on the first)."""
-        return self._tails[slot]
-
-    def put(self, slot: int, tail: Tensor) -> None:
-        """Store the state the layer in `slot` needs for the next chunk."""
-        self._tails[slot] = tail
-
-    def stream(self, conv: CausalConv3d, x: Tensor) -> Tensor:
-        """Apply `conv` to the next chunk `x`, continuing from the frames it saw before."""
-        slot = self.claim()
-        past = self.get(slot)
-        if not self.last:
-            self.put(slot, stream_tail(past, x))
-        return conv(x, past)
-
-
-def stream_tail(past: Tensor | None, x: Tensor) -> Tensor:
-    """Last HISTORY_FRAMES frames of the stream `past` followed by `x` (fewer near its start)."""
-    if past is not None and x.shape[2] < HISTORY_FRAMES:
-        x = torch.cat([past, x], dim=2)
-    # Copy so the cache does not pin the whole chunk's activations in memory.
-    return x[:, :, -HISTORY_FRAMES:].clone()
-
-
-class CausalConv3d(Conv3d):
-    """3D conv whose output frame t depends only on input frames <= t.
-
-    Height and width are zero-padded inside the conv kernel (no padded copy of the input); only
-    the time padding, which comes from the previous chunk's frames, is concatenated in front.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int, int],
-        padding: int | tuple[int, int, int] = 0,
-    ) -> None:
-        pad_t, pad_h, pad_w = (padding,) * 3 if isinstance(padding, int) else padding
-        super().__init__(in_channels, out_channels, kernel_size, padding=(0, pad_h, pad_w))
-        # All the time padding goes before the first frame (twice the symmetric amount)
-        # so the receptive field never reaches forward in time.
-        self._time_pad = 2 * pad_t
-
-    def forward(self, x: Tensor, past: Tensor | None = None) -> Tensor:
-        """Convolve `x`, taking the frames before it from `past` instead of zeros."""
-        if x.shape[2] == 1 and (past is None or past.shape[2] == 0) and self._first_frame_is_2d():
-            return self._last_tap(x)
-        missing = self._time_pad
-        if past is not None and missing > 0:
-            x = torch.cat([past, x], dim=2)
-            missing -= past.shape[2]
-        if missing > 0:
-            x = F.pad(x, (0, 0, 0, 0, missing, 0))
-        return super().forward(x)
-
-
-    def _first_frame_is_2d(self) -> bool:
-        """A lone frame with nothing before it: every time tap but the last reads the zero padding."""
-        return (self._time_pad == self.kernel_size[0] - 1 and self.stride[0] == 1 and self.dilation[0] == 1
-                and self.padding_mode == "zeros")
-
-    def _last_tap(self, x: Tensor) -> Tensor:
-        """The conv of one frame [B, C, 1, H, W] whose time padding is all zeros, as the 2D conv of the kernel's
-        last time tap: what the first chunk of every decode and encode (a Qwen-Image decode's only chunk) runs.
-        The same sums without the zero products (a time-kernel-3 conv is a third of the work; the padded copy of
-        the input goes too); float32 ulps from the 3D conv's summation order."""
-        weight = self.weight[:, :, -1].contiguous(memory_format=torch.channels_last)  # a slice of the 3D weight
-        y = conv2d_forward(x[:, :, 0], weight, self.bias, self.stride[1:], self.padding[1:], self.dilation[1:],
-                           self.groups)
-        return y.unsqueeze(2)
 
 
 class RMSNorm(nn.Module):
@@ -130,13 +25,20 @@ class RMSNorm(nn.Module):
         self.scale = dim**0.5
 
     def forward(self, x: Tensor) -> Tensor:
-        # x * (sqrt(dim) / max(|x|, eps)) * gamma: one pass fewer than normalise-then-scale. CPU and CUDA
-        # reductions accumulate bfloat16 in float32, so bf16 needs no float32 copy of x; float16 would
-        # overflow the sum of squares and is widened.
+        # x * (sqrt(dim) / max(|x|, eps)) * gamma: one pass fewer than normalise-then-scale.
+        return (x * self._inverse_norm(x)).mul_(self.gamma)
+
+    def silu_into(self, x: Tensor, out: Tensor) -> Tensor:
+        """`out = silu(self(x))`, written into `out` (a causal conv's input buffer): no tensor of its own."""
+        torch.mul(x, self._inverse_norm(x), out=out)
+        return F.silu(out.mul_(self.gamma), inplace=True)
+
+    def _inverse_norm(self, x: Tensor) -> Tensor:
+        """sqrt(dim) / max(|x|, eps) over the channels, in x's dtype. CPU and CUDA reductions accumulate bfloat16
+        in float32, so bf16 needs no float32 copy of x; float16 would overflow the sum of squares and is widened."""
         wide = torch.float32 if x.dtype == torch.float16 else None
         norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=wide)
-        inv = (self.scale / norm.clamp_min(NORM_EPS)).to(x.dtype)
-        return (x * inv).mul_(self.gamma)
+        return (self.scale / norm.clamp_min(NORM_EPS)).to(x.dtype)
 
 
 def per_frame(x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
@@ -159,11 +61,11 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         skip = x if self.skip is None else self.skip(x)
-        # The norms return fresh tensors, so SiLU runs in place on them (one allocation fewer).
-        h = cache.stream(self.conv1, F.silu(self.norm1(x), inplace=True))
+        # Each norm + SiLU writes straight into its conv's input buffer (after the frames of the previous chunk).
+        h = cache.stream(self.conv1, x, self.norm1.silu_into)
         # Dropout is a no-op at inference, so it is left out.
-        h = cache.stream(self.conv2, F.silu(self.norm2(h), inplace=True))
-        return h + skip
+        h = cache.stream(self.conv2, h, self.norm2.silu_into)
+        return h.add_(skip)  # the conv's output is fresh
 
 
 class FrameAttention(nn.Module):
@@ -236,32 +138,17 @@ class Upsample(nn.Module):
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         if self.temporal is not None:
             x = self._double_frames(x, cache)
-        return per_frame(x, lambda f: self.spatial(_nearest_2x(f)))
+        # Computed on the low-resolution frames (vidloom/layers/upsample_conv.py): 4/9 of the multiply-adds.
+        return per_frame(x, lambda f: upsample2x_conv3x3(f, self.spatial))
 
     def _double_frames(self, x: Tensor, cache: CausalCache) -> Tensor:
-        slot = cache.claim()
-        past = cache.get(slot)
-        if past is None:
+        if cache.chunks == 1:
             # The first latent frame stands for one video frame, not two; later chunks
             # start this conv's stream from zero history (an empty tail).
-            cache.put(slot, x[:, :, :0])
+            cache.put(cache.claim(), x[:, :, :0])
             return x
-        if not cache.last:
-            cache.put(slot, stream_tail(past, x))
-        y = self.temporal(x, past)
+        y = cache.stream(self.temporal, x)
         b, c, t, h, w = x.shape
         # The two channel halves are consecutive output frames; interleave them in time.
         return y.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, t * 2, h, w)
 
-
-def _nearest_2x(frames: Tensor) -> Tensor:
-    """Nearest 2x upsampling of [N, C, H, W] into a channels-last result (each pixel repeated 2 x 2: exactly
-    F.interpolate's nearest-exact at scale 2, whose source pixel of output i is floor((i + 0.5) / 2) = i // 2).
-
-    Written as one broadcast copy because F.interpolate picks its layout from the input's strides, and a frame
-    view of a one-frame chunk can carry a batch stride that does not read as channels-last: it then wrote NCHW,
-    which cost 47 ms instead of 2 ms at 64 x 128 x 128 (one thread) and a reorder in the next conv."""
-    n, c, h, w = frames.shape
-    out = torch.empty((n, h, 2, w, 2, c), dtype=frames.dtype, device=frames.device)
-    out.copy_(frames.permute(0, 2, 3, 1)[:, :, None, :, None].expand(n, h, 2, w, 2, c))
-    return out.view(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)

@@ -9,6 +9,8 @@ DupUp3D / patchify compute them (the float sums must round the same way for pari
 
 from __future__ import annotations
 
+import math
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -57,6 +59,31 @@ def duplicate_up(x: Tensor, out_dim: int, factor_t: int, factor_s: int, first_ch
     return x[:, :, factor_t - 1 :] if first_chunk else x
 
 
+def add_duplicate_up(out: Tensor, x: Tensor, factor_t: int, factor_s: int, first_chunk: bool) -> Tensor:
+    """`out += duplicate_up(x, ...)` in place, reading `x` through a broadcast view instead of writing the duplicate.
+
+    Duplicate channel k = ((o * factor_t + a) * factor_s + b) * factor_s + d (a: frame, b: row, d: column offset)
+    copies input channel k // repeats. Where `repeats` is the product of the trailing factors (the Wan2.2 stages:
+    8 with time, 2 without), those offsets only broadcast one input channel, and the leading ones pick it; the sums
+    are the same float adds as `out + duplicate_up(...)`.
+    """
+    b, c, t, h, w = x.shape
+    out_dim = out.shape[1]
+    factors = (factor_t, factor_s, factor_s)
+    repeats = out_dim * factor_t * factor_s * factor_s // c
+    trailing = [math.prod(factors[i:]) for i in range(len(factors) + 1)]
+    trimmed = first_chunk and factor_t > 1
+    if repeats not in trailing or (trimmed and t != 1):
+        return out.add_(duplicate_up(x, out_dim, factor_t, factor_s, first_chunk))
+    split = trailing.index(repeats)  # factors[split:] repeat one input channel, factors[:split] select it
+    picked = [f if i < split else 1 for i, f in enumerate(factors)]
+    source = x.view(b, out_dim, *picked, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)  # [b, o, t, a, h, b, w, d]
+    if trimmed:  # the lone first frame keeps only the last of the factor_t duplicates
+        source = source[:, :, :, -1:]
+    out.view(b, out_dim, t, source.shape[3] if trimmed else factor_t, h, factor_s, w, factor_s).add_(source)
+    return out
+
+
 class ResidualDownStage(nn.Module):
     """Residual blocks and an optional downsample, plus the averaging shortcut over the whole stage."""
 
@@ -96,5 +123,5 @@ class ResidualUpStage(nn.Module):
             x = block(x, cache)
         if self.upsampler is None:
             return x
-        x = self.upsampler(x, cache)
-        return x + duplicate_up(stage_input, self.out_dim, self.factor_t, 2, first_chunk)
+        # The upsampler's output is fresh, so the shortcut adds into it.
+        return add_duplicate_up(self.upsampler(x, cache), stage_input, self.factor_t, 2, first_chunk)
