@@ -29,19 +29,23 @@ FFN_COPIES = 2
 # encoded, then decoded) 36, hence 40. CUDA: the caching allocator reuses freed blocks exactly; 8 is a
 # conservative count of the live tensors, not yet calibrated on a GPU.
 VAE_COPIES = {"cpu": 40, "cuda": 8}
-# The Wan VAE (Wan2.1/2.2, AnyFlow-FAR, Cosmos3, Helios) runs its float32 CPU convs on oneDNN whatever their size
-# (layers.onednn_conv), which allocates no im2col column buffers: a multi-frame chunk's decode then measures far
-# fewer live copies (test_memory_estimates, after that change: TI2V, FAR, Helios and Cosmos3 peaks 2-6x below a count
-# of 16). A one-frame decode (an image) is unchanged by it (its convs were large enough for oneDNN already) and keeps
-# the CPU count above (measured about 27).
-WAN_VAE_COPIES = {"cpu": 16, "cuda": 8}
+# The Wan VAE (Wan2.1/2.2, AnyFlow-FAR, Cosmos3, Helios, Qwen-Image's) runs its float32 CPU convs on oneDNN whatever
+# their size (layers.onednn_conv: no im2col column buffers), its causal convs read one stream buffer the norm writes
+# into, drop the time taps a lone frame's zero padding would take, and store no tails on a call's last chunk
+# (models.wan.vae_causal), and its upsample + conv runs on the low-resolution frames (layers.upsample_conv). With
+# those, test_memory_estimates measured every Wan-VAE case, one-frame (512x512 image) and multi-frame alike, at or
+# below a count of 8 on CPU, but with wide swings between runs of the same request (the Wan one-frame case 101-179
+# MiB against 263 estimated at 8; Helios 131-153 against 259; FAR 21-32 against 201), hence 12. CUDA: VAE_COPIES'
+# uncalibrated 8.
+WAN_VAE_COPIES = {"cpu": 12, "cuda": 8}
 
 
-def wan_vae_copies(device: torch.device | None, frames: int) -> int:
-    """Live full-resolution copies of a Wan VAE decode pass holding `frames` frames (see WAN_VAE_COPIES)."""
+def wan_vae_copies(device: torch.device | None) -> int:
+    """Live full-resolution copies of a Wan VAE decode pass (see WAN_VAE_COPIES)."""
     device_type = getattr(device, "type", "cpu")
-    table = VAE_COPIES if frames == 1 else WAN_VAE_COPIES
-    return table.get(device_type, table["cpu"])
+    return WAN_VAE_COPIES.get(device_type, WAN_VAE_COPIES["cpu"])
+
+
 # Latents, noise predictions, sampler history and the step cache's residuals, in float32.
 LATENT_COPIES = 8
 # Text-encoder pass, thread pools, allocator granularity: paid by every request.

@@ -66,7 +66,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     pixels = request.height * request.width
     frames_per_chunk = 1 if latent_frames == 1 else vae.temporal_factor + 2  # families/wan/memory.py's rule
     vision_decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames_per_chunk,
-                                 wan_vae_copies(instance.device, frames_per_chunk))
+                                 wan_vae_copies(instance.device))
     decode = max(vision_decode, _sound_decode(instance, samples))
     frames = video_bytes(request.num_frames, request.height, request.width)
     persistent = latent_bytes(vae.z_dim, latent_frames * h * w) + frames + 2 * samples * 4

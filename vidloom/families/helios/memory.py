@@ -42,7 +42,7 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
     denoise = block_bytes(batch, tokens, inner, dit.ffn_dim, element_size(instance.dtype))
     frames = causal_decode_frames(CHUNK_LATENT_FRAMES, vae.temporal_factor)
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
-    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames, wan_vae_copies(instance.device, frames))
+    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, frames, wan_vae_copies(instance.device))
     latents = latent_bytes(dit.in_channels, (1 + CHUNK_LATENT_FRAMES + sum(HISTORY_SIZES)) * h * w)
     # Each CFG branch's prompt K/V, prepared once for the request (diffusion.prompt_kv); batched CFG stacks the
     # pair into one more copy per step.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from vidloom.core.footprint import (
     Footprint, block_bytes, decode_bytes, decode_pixels, element_size, latent_bytes, part_estimator, video_bytes,
+    wan_vae_copies,
 )
 from vidloom.core.instance import ModelInstance
 from vidloom.core.limits import MemoryEstimate
@@ -41,6 +42,6 @@ def footprint(instance: ModelInstance, request: GenerationRequest) -> Footprint:
         denoise += batch * (cells + references) * 6 * dit.dim * 4
     vae = instance["vae"].config
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile)
-    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, 1)
+    decode = decode_bytes(instance.device, vae.decoder_dim, pixels, 1, wan_vae_copies(instance.device))
     persistent = latent_bytes(dit.in_channels, cells + references) + video_bytes(1, request.height, request.width)
     return Footprint(denoise=denoise, decode=decode, persistent=persistent)

@@ -67,7 +67,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     # so its widest stage holds decoder_dim channels over pixels / patch^2 positions.
     pixels = decode_pixels(request.height, request.width, instance.deploy.vae_tile) // (vae.patch_size or 1) ** 2
     frames_per_chunk = causal_decode_frames(latent_frames, vae.temporal_factor)
-    copies = wan_vae_copies(instance.device, frames_per_chunk)
+    copies = wan_vae_copies(instance.device)
     decode = copies * vae.decoder_dim * pixels * frames_per_chunk * 4
 
     latents = LATENT_COPIES * dit.in_channels * latent_frames * latent_h * latent_w * 4

@@ -81,7 +81,7 @@ def estimate_request_bytes(instance: ModelInstance, request: GenerationRequest) 
     text = 2 * wan.num_layers * branches * TEXT_TOKENS * wan.inner_dim * act
 
     pixels = request.height * request.width
-    copies = wan_vae_copies(instance.device, request.num_frames)
+    copies = wan_vae_copies(instance.device)
     # Measured (tests/integration/test_memory_estimates.py): a rollout's peak grows with the whole clip's
     # frames, about that many floats per base channel, pixel and frame, unlike Wan's one latent frame at a
     # time; so every frame counts here until the rollout's decode holds less.
