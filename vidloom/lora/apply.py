@@ -131,9 +131,9 @@ class LoRALinear(nn.Module):
         nothing, so a model with adapters loaded but none active computes the same bits as before loading."""
         active = _ACTIVE.get()
         if isinstance(active, RowLoRAs):
-            touched = any(part is not None and part.layers.get(self.key) for part, _, _ in active.parts)
+            touched = any(part is not None and _live(part.layers.get(self.key, ())) for part, _, _ in active.parts)
         else:
-            touched = active is not None and bool(active.layers.get(self.key))
+            touched = active is not None and bool(_live(active.layers.get(self.key, ())))
         return None if touched else self.base
 
     def forward(self, x: Tensor) -> Tensor:
@@ -151,7 +151,7 @@ class LoRALinear(nn.Module):
         if rest or not repeats:
             raise RuntimeError(f"{self.key}: a batch of {x.shape[0]} rows is not a repeat of the {active.total} "
                                "stacked rows the adapters were laid out for")
-        spans = [(part.layers.get(self.key, ()) if part is not None else (), start, stop)
+        spans = [(_live(part.layers.get(self.key, ())) if part is not None else (), start, stop)
                  for part, start, stop in active.parts]
         if not any(entries for entries, _, _ in spans):
             return y  # no run in this batch adapts this layer
@@ -166,10 +166,16 @@ class LoRALinear(nn.Module):
         return f"key={self.key!r}"
 
 
+def _live(entries: tuple[tuple[LoRALayer, float], ...]) -> tuple[tuple[LoRALayer, float], ...]:
+    """The entries whose weight is not zero: an adapter at weight 0 adds exact zeros, so it is skipped (and a layer
+    with nothing else active runs as its base, fused where layers.fused_linear applies: the base's bits)."""
+    return tuple(entry for entry in entries if entry[1] != 0)
+
+
 def _add_updates(x: Tensor, y: Tensor, entries: tuple[tuple[LoRALayer, float], ...]) -> Tensor:
     # Same order as PEFT's Linear.forward (base, then each adapter's B(A x) * scaling in turn), so
     # mixing matches diffusers' set_adapters to rounding.
-    for layer, scale in entries:
+    for layer, scale in _live(entries):
         y = y + F.linear(F.linear(x.to(layer.down.dtype), layer.down), layer.up) * (layer.scaling * scale)
     return y
 

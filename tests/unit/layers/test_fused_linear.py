@@ -115,3 +115,16 @@ def test_compiling_keeps_the_stock_calls(monkeypatch):
         x = torch.randn(4, 24)
         assert FUSED_OP not in _ops(lambda: linear_gelu_tanh(linear, x))
         assert torch.equal(linear_gelu_tanh(linear, x), F.gelu(linear(x), approximate="tanh"))
+
+
+def test_an_adapter_at_weight_zero_keeps_the_fused_base():
+    torch.manual_seed(0)
+    linear = _linear()
+    lora = LoRALinear(linear, "t:up")
+    layer = LoRALayer(down=torch.randn(4, 24), up=torch.randn(40, 4), scaling=1.0)
+    with torch.inference_mode():
+        x = torch.randn(5, 24)
+        before = linear_gelu_tanh(linear, x)
+        with lora_scope(ActiveLoRAs({"t:up": ((layer, 0.0),)})):
+            assert FUSED_OP in _ops(lambda: linear_gelu_tanh(lora, x))
+            assert torch.equal(linear_gelu_tanh(lora, x), before)
