@@ -14,8 +14,9 @@ and is not used.
 Taken only where nothing else must see the linear run: float32 CPU inference with no autograd and oneDNN on
 (layers.onednn_conv's rule), a plain nn.Linear (a LoRALinear with an active adapter on the layer, an
 FP8Linear or a GGUFLinear keeps its own forward, so adapters and quantized weights take effect; a LoRALinear
-with none active runs as its base), float32 strided CPU weights, no hooks on the linear, not a sharded block's
-module (--shard-weights) and not while torch.compile traces (Inductor fuses on its own). CUDA, bf16 and training take the stock path.
+with none active runs as its base), float32 strided CPU weights, no hooks on the linear, and not while
+torch.compile traces (Inductor fuses on its own). A --shard-weights block's linears run with their whole weights
+gathered and take it too, so their bits are one process's. CUDA, bf16 and training take the stock path.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.onednn_conv import onednn_applies
-from vidloom.layers.sharded import SHARD
 
 
 def fused_applies(linear: nn.Module, x: Tensor) -> bool:
@@ -34,7 +34,7 @@ def fused_applies(linear: nn.Module, x: Tensor) -> bool:
         return False
     weight = linear.weight
     return (weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.layout == torch.strided
-            and x.shape[-1] == weight.shape[1] and x.numel() > 0 and SHARD not in linear.__dict__
+            and x.shape[-1] == weight.shape[1] and x.numel() > 0
             and not linear._forward_hooks and not linear._forward_pre_hooks)
 
 
