@@ -41,17 +41,23 @@ GELU_SHAPES = {"wan1.3b ffn up @512": (512, 1536, 8960), "wan1.3b ffn up @2048":
 ADD_SHAPES = {"wan1.3b ffn down + residual @512": (512, 8960, 1536), "wan1.3b out + residual @512": (512, 1536, 1536)}
 
 
-def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best CPU ms of each function over `rounds` rounds of one call each, after one warm-up call each."""
+def interleaved_ms(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """CPU ms of each function's call in each of `rounds` rounds (one call of each per round, so load on the shared
+    machine hits all alike), after one warm-up call each."""
     for fn in fns.values():
         fn()
-    best = {name: float("inf") for name in fns}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             start = time.process_time()
             fn()
-            best[name] = min(best[name], time.process_time() - start)
-    return {name: round(seconds * 1e3, 2) for name, seconds in best.items()}
+            samples[name].append((time.process_time() - start) * 1e3)
+    return samples
+
+
+def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Best CPU ms of each function over `rounds` interleaved rounds."""
+    return {name: round(min(ms), 2) for name, ms in interleaved_ms(fns, rounds).items()}
 
 
 def _operands(m: int, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,12 +92,17 @@ def add_epilogue(m: int, k: int, n: int, rounds: int) -> dict[str, Any]:
             "max_abs_diff": diff.item()}
 
 
-def fused_off_on(step: Callable[[], Any], rounds: int) -> dict[str, Any]:
-    """A whole model step with vidloom.layers.fused_linear's path off (F.linear + F.gelu) and on, interleaved."""
+def unfused(step: Callable[[], Any]) -> Callable[[], Any]:
+    """`step` with vidloom.layers.fused_linear's path off (F.linear + F.gelu wherever it would fuse)."""
     def off() -> Any:
         with mock.patch.object(fused_linear, "fused_applies", lambda *args: False):
             return step()
-    ms = _interleaved({"unfused": off, "fused": step}, rounds)
+    return off
+
+
+def fused_off_on(step: Callable[[], Any], rounds: int) -> dict[str, Any]:
+    """A whole model step with vidloom.layers.fused_linear's path off (F.linear + F.gelu) and on, interleaved."""
+    ms = _interleaved({"unfused": unfused(step), "fused": step}, rounds)
     return {"cpu_ms": ms, "speedup": round(ms["unfused"] / ms["fused"], 3)}
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.attention import DEFAULT_SDPA, SDPAScope
+from vidloom.layers.fused_linear import linear_gelu_tanh
 from vidloom.loading.name_map import NameMap
 from vidloom.families.qwen_omni.config import DiTConfig
 from vidloom.families.qwen_omni.speaker_encoder import SpeakerEncoder
@@ -79,9 +80,9 @@ class DiTBlock(nn.Module):
         mask = (block_diff >= -self.look_back) & (block_diff <= self.look_ahead)  # [n, n]
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + gate_a[:, None] * self.o(attn.transpose(1, 2).reshape(b, n, -1))
-        # 2. modulated MLP
+        # 2. modulated MLP (ff1 and its tanh-GELU: one oneDNN GEMM in float32 CPU inference, layers.fused_linear)
         h = _layer_norm(x) * (1 + scale_f[:, None]) + shift_f[:, None]
-        return x + gate_f[:, None] * self.ff2(F.gelu(self.ff1(h), approximate="tanh"))
+        return x + gate_f[:, None] * self.ff2(linear_gelu_tanh(self.ff1, h))
 
 
 class CodeToMelDiT(nn.Module):

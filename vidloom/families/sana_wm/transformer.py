@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vidloom.layers.block_stack import BlockStack
+from vidloom.layers.fused_linear import linear_gelu_tanh
 from vidloom.loading.name_map import NameMap
 from vidloom.families.sana_wm.attention import CameraSelfAttention, CrossAttention, RMSNorm
 from vidloom.families.sana_wm.config import SanaWMConfig
@@ -60,7 +61,8 @@ class ConvFFN(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc1 -> tanh-GELU -> fc2 (the caption projection, and the FFN when ffn_type is "mlp")."""
+    """fc1 -> tanh-GELU -> fc2 (the caption projection, and the FFN when ffn_type is "mlp"); fc1 and its GELU run
+    as one oneDNN GEMM in float32 CPU inference (layers.fused_linear)."""
 
     def __init__(self, dim_in: int, hidden: int, dim_out: int) -> None:
         super().__init__()
@@ -68,7 +70,7 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, dim_out)
 
     def forward(self, x: Tensor, grid: tuple[int, int, int] | None = None, rows: FrameRows | None = None) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(linear_gelu_tanh(self.fc1, x))
 
 
 class SanaWMBlock(nn.Module):

@@ -49,6 +49,17 @@ class FeedForward(nn.Module):
         return self.down(linear_gelu_tanh(self.up, x))
 
 
+class CaptionProjection(nn.Sequential):
+    """Caption tokens -> stream width: Linear -> tanh-GELU -> Linear. A Sequential so the loaded names stay `.0` and
+    `.2`; the first linear and its GELU run as one oneDNN GEMM in float32 CPU inference (layers.fused_linear)."""
+
+    def __init__(self, in_dim: int, dim: int) -> None:
+        super().__init__(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self[2](linear_gelu_tanh(self[0], x))
+
+
 class Attention(nn.Module):
     """Multi-head attention with RMS-normed q/k across heads, optional rotary tables on q and k
     (separately: audio<->video attention rotates each side by its own positions) and optional

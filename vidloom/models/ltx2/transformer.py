@@ -22,7 +22,7 @@ from vidloom.layers.prompt_kv import PromptKV
 from vidloom.layers.sharded import each_resident
 from vidloom.loading.key_policy import KeyPolicy, Refusal
 from vidloom.models.ltx2.blocks import JointBlock, StreamConditioning, TextKV
-from vidloom.models.ltx2.layers import TimestepModulation
+from vidloom.models.ltx2.layers import CaptionProjection, TimestepModulation
 from vidloom.models.ltx2.rope import RopeSpec, RopeTables, rope_tables
 from vidloom.models.ltx2.shards import WHOLE_STREAMS, StreamSharding, StreamShards
 # Loaders, the LoRA targets and SANA-WM's refiner name the map here, beside the module it maps onto.
@@ -191,10 +191,6 @@ class LTX2Conditioning:
     shards: StreamShards = WHOLE_STREAMS  # how the streams lie over sequence-parallel ranks (shards.py)
 
 
-def _caption(in_dim: int, dim: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
-
-
 class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
     """Velocity for packed video tokens [B, N, C] and audio tokens [B, Na, Ca] at per-sample timesteps."""
 
@@ -205,8 +201,8 @@ class LTX2Transformer(BlockStack, StreamSharding, nn.Module):
         self.video_in = nn.Linear(c.in_channels, dim)
         self.audio_in = nn.Linear(c.audio_in_channels, adim)
         if c.use_prompt_embeddings:
-            self.video_caption = _caption(c.caption_channels, dim)
-            self.audio_caption = _caption(c.caption_channels, adim)
+            self.video_caption = CaptionProjection(c.caption_channels, dim)
+            self.audio_caption = CaptionProjection(c.caption_channels, adim)
         self.video_time = TimestepModulation(dim, 9 if c.cross_attn_mod else 6)
         self.audio_time = TimestepModulation(adim, 9 if c.audio_cross_attn_mod else 6)
         self.video_cross_time = TimestepModulation(dim, 4)
