@@ -5,14 +5,18 @@ copies values), parameters keep their shapes, and the resident bytes shrink by t
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from tests.helpers.thread_comm import run_ranks, thread_group
+from tests.unit.runtime.parallel.test_joint_sp import CASES as JOINT_CASES
 from vidloom.core.deploy import DeployConfig
 from vidloom.core.errors import DeployError
 from vidloom.core.parallel import ParallelPlan
+from vidloom.families.sana_wm.transformer import SanaWMTransformer
+from vidloom.layers import fused_linear
 from vidloom.models.wan.transformer import WanTransformer
 from vidloom.models.wan.transformer_config import WanTransformerConfig
 from vidloom.runtime.parallel.shard_weights import resident_weight_bytes, shard_blocks
@@ -66,3 +70,46 @@ def test_shard_weights_needs_sp_and_refuses_what_cannot_follow_it():
         with pytest.raises(DeployError, match=f"--shard-weights gathers .* which {named}"):
             DeployConfig(devices=2, parallel=plan, **flags)
     DeployConfig(devices=2, parallel=plan)
+
+
+def _sana_wm_mlp() -> tuple[torch.nn.Module, tuple]:
+    from tests.unit.families.test_sana_wm_sp import CONFIG, _inputs
+
+    model = SanaWMTransformer(dataclasses.replace(CONFIG, ffn_type="mlp"))  # its block FFN: the tanh-GELU MLP
+    with torch.no_grad():  # zero-initialised tables and gates get values, so every path moves the output
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape))
+    return model, _inputs(4)
+
+
+# Families whose sharded blocks run layers.fused_linear's Linear + tanh-GELU (Wan's is TINY above).
+FUSED_GELU = {"hunyuan15": lambda: JOINT_CASES["hunyuan15"](5), "sana_wm_mlp": _sana_wm_mlp}
+
+
+@pytest.mark.parametrize("family", list(FUSED_GELU))
+def test_sharded_blocks_keep_the_fused_gelu_and_the_unsharded_bits(family, monkeypatch):
+    torch.manual_seed(0)
+    model, inputs = FUSED_GELU[family]()
+    model.eval()
+    taken: list[bool] = []  # per up-projection call on rows (a rank may hold no rows of one stream)
+    applies = fused_linear.fused_applies
+
+    def spy(linear, x) -> bool:
+        if x.numel():
+            taken.append(applies(linear, x))
+        return applies(linear, x)
+
+    monkeypatch.setattr(fused_linear, "fused_applies", spy)
+
+    def rank(comm):
+        plain, sharded = copy.deepcopy(model), copy.deepcopy(model)
+        apply_sp(plain, comm)
+        apply_sp(sharded, comm)
+        shard_blocks(sharded.compile_units(), comm)
+        with torch.inference_mode():
+            return plain(*inputs), sharded(*inputs)
+
+    for plain, sharded in run_ranks(thread_group(2), rank):
+        assert torch.equal(sharded, plain)
+    # Every up-projection on rows fused, the gathered blocks' too: two ranks x two runs x at least one per block.
+    assert len(taken) >= 2 * 2 * len(model.compile_units()) and all(taken)
