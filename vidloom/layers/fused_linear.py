@@ -1,6 +1,7 @@
 """Linear followed by tanh-GELU, fused into one oneDNN call for float32 CPU inference.
 
-A tanh-GELU feed-forward (Wan, Wan-causal, Helios, LTX-2) writes its [tokens, 4-6x width] up-projection to memory,
+A tanh-GELU feed-forward (Wan, Wan-causal, Helios, LTX-2, Qwen-Image, HunyuanVideo-1.5, the Qwen-Omni speech
+DiT; SANA-WM's and LTX-2's caption projections) writes its [tokens, 4-6x width] up-projection to memory,
 then reads it back for the GELU and writes it again. oneDNN's linear with a GELU post-op
 (`torch.ops.mkldnn._linear_pointwise(x, w, b, "gelu", [], "tanh")`) applies the activation to each output tile
 while it is still in cache. Measured on this repo's 2-core Zen 3 (float32, one thread, best of 5 interleaved CPU
