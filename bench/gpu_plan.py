@@ -90,10 +90,14 @@ class GpuConfig:
     """Assumed model FLOP utilisation on the H200 for the estimate (vs the bf16 peak)."""
     setup_s: float = 0.0
     """Extra one-off seconds beyond start + load (compilation, graph capture)."""
+    cached_share: float = 1.0
+    """A step-cache row's cached step as a share of a full step (its Fn + Bn blocks of all); the warm-up step and
+    the first timed step run whole, the other timed steps are cached."""
 
     def estimate_s(self, peak: float = PEAK_BF16_FLOPS[ESTIMATE_GPU]) -> float:
         step = step_flops() / (peak * self.mfu)
-        return PROCESS_START_S + LOAD_S + self.setup_s + (WARMUP_STEPS + TIMED_STEPS) * step
+        steps = WARMUP_STEPS + 1 + (TIMED_STEPS - 1) * self.cached_share
+        return PROCESS_START_S + LOAD_S + self.setup_s + steps * step
 
 
 # Assumed MFUs: SDPA (flash backend) eager ~40% is what DiT inference reaches at this length
@@ -113,17 +117,22 @@ CONFIGS: tuple[GpuConfig, ...] = (
 # Step caches (docs/acceleration.md): warm-up 1 and threshold 1e9 (always below it), so timed steps 2-4 are cached
 # and the median step is a cached step's cost (front/back blocks, TaylorSeer's forecast, the change measure's
 # host sync); the latents' difference from diffusers is what caching every step costs on random weights.
-# Opt-in (GPU_CHECK_STEP_CACHE=1): the default plan fills the budget without them.
+# `balanced` (the preset a user would pick: F4B1 + TaylorSeer 1) runs by default, so the first lent device measures
+# a cached step; the other three are opt-in (GPU_CHECK_STEP_CACHE=1): the budget does not hold them all.
 STEP_CACHE_CONFIGS: tuple[GpuConfig, ...] = (
-    GpuConfig("vidloom fbcache", "vidloom", (("step_cache", "fbcache"), ("step_cache_threshold", 1e9))),
+    GpuConfig("vidloom fbcache", "vidloom", (("step_cache", "fbcache"), ("step_cache_threshold", 1e9)),
+              cached_share=1 / WAN_1_3B["num_layers"]),
     GpuConfig("vidloom dbcache-f1b0-taylorseer2", "vidloom",
               (("step_cache", "dbcache"), ("step_cache_fn", 1), ("step_cache_warmup", 1), ("step_cache_taylorseer", 2),
-               ("step_cache_threshold", 1e9))),
+               ("step_cache_threshold", 1e9)), cached_share=1 / WAN_1_3B["num_layers"]),
     GpuConfig("vidloom balanced", "vidloom",
-              (("step_cache", "balanced"), ("step_cache_warmup", 1), ("step_cache_threshold", 1e9))),
+              (("step_cache", "balanced"), ("step_cache_warmup", 1), ("step_cache_threshold", 1e9)),
+              cached_share=5 / WAN_1_3B["num_layers"]),
     GpuConfig("vidloom quality", "vidloom",
               (("step_cache", "quality"), ("step_cache_warmup", 1), ("step_cache_threshold", 1e9))),
 )
+DEFAULT_STEP_CACHE = "vidloom balanced"
+"""The step-cache row every run includes (the others need GPU_CHECK_STEP_CACHE=1)."""
 CONFIGS = (*CONFIGS, *STEP_CACHE_CONFIGS)
 REFERENCE = "diffusers"
 
@@ -308,7 +317,8 @@ def module_available(name: str) -> bool:
 
 
 def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
-    """The printed plan and its estimated total seconds (skipped rows cost nothing)."""
+    """The printed plan and its estimated total seconds (skipped rows cost nothing). A row whose estimate no longer
+    fits in the budget is marked skipped, as the real run skips it (gpu_check._time_left), in the order it runs."""
     peak = PEAK_BF16_FLOPS[ESTIMATE_GPU]
     step = step_flops()
     lines = [
@@ -322,38 +332,28 @@ def plan_lines(skipped: dict[str, str]) -> tuple[list[str], float]:
         f"  tests/gpu (all of it)                               {GPU_TESTS_S:6.0f} s",
     ]
     total = CHECKPOINT_WRITE_S + GPU_TESTS_S
+
+    def plan(name: str, seconds: float, detail: str, note: str = "") -> None:
+        nonlocal total
+        if name in skipped:
+            lines.append(f"  {name:<26} skipped: {skipped[name]}")
+        elif total + seconds > BUDGET_S:
+            lines.append(f"  {name:<26} skipped: budget ({total:.0f} s planned + {seconds:.0f} s > {BUDGET_S:.0f} s)")
+        else:
+            lines.append(f"  {name:<26} {detail}  {seconds:6.0f} s" + (f"  ({note})" if note else ""))
+            total += seconds
+
+    for row in PARALLEL_ROWS:  # the real run starts with them (only a machine with several GPUs runs them)
+        plan(row.name, row.estimate_s(peak), f"plans {row.plans} on {row.gpus} GPUs")
     for config in CONFIGS:
-        if config.name in skipped:
-            lines.append(f"  {config.name:<26} skipped: {skipped[config.name]}")
-            continue
-        seconds = config.estimate_s(peak)
-        step_s = step / (peak * config.mfu)
-        lines.append(f"  {config.name:<26} MFU {config.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s")
-        total += seconds
+        plan(config.name, config.estimate_s(peak), f"MFU {config.mfu:.0%}  {step / (peak * config.mfu):5.2f} s/step")
     for row in (*DIT_ROWS, *LORA_ROWS):
-        if row.name in skipped:
-            lines.append(f"  {row.name:<26} skipped: {skipped[row.name]}")
-            continue
-        seconds, step_s = row.estimate_s(peak), row.step_flops() / (peak * row.mfu)
         what = (f"DiT alone; {', '.join(f'{m} {n}' for m, n in row.settings())} rank-{row.rank} adapters"
                 if isinstance(row, LoraRow) else "DiT alone")
-        lines.append(f"  {row.name:<26} MFU {row.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
-                     f"({row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, {what})")
-        total += seconds
+        plan(row.name, row.estimate_s(peak), f"MFU {row.mfu:.0%}  {row.step_flops() / (peak * row.mfu):5.2f} s/step",
+             f"{row.tokens()} tokens, {row.step_flops() / 1e12:.0f} TFLOP/step, {what}")
     for fam in FAMILY_ROWS:
-        if fam.name in skipped:
-            lines.append(f"  {fam.name:<26} skipped: {skipped[fam.name]}")
-            continue
-        seconds = fam.estimate_s(peak)
-        step_s = fam.step_tflop() * 1e12 / (peak * fam.mfu)
-        lines.append(f"  {fam.name:<26} MFU {fam.mfu:.0%}  {step_s:5.2f} s/step  {seconds:6.0f} s  "
-                     f"(~{fam.step_tflop():.0f} TFLOP/step, {fam.forwards_per_step} forward(s), DiT alone)")
-        total += seconds
-    for row in PARALLEL_ROWS:
-        if row.name in skipped:
-            lines.append(f"  {row.name:<26} skipped: {skipped[row.name]}")
-            continue
-        seconds = row.estimate_s(peak)
-        lines.append(f"  {row.name:<26} plans {row.plans} on {row.gpus} GPUs  {seconds:6.0f} s")
-        total += seconds
+        plan(fam.name, fam.estimate_s(peak),
+             f"MFU {fam.mfu:.0%}  {fam.step_tflop() * 1e12 / (peak * fam.mfu):5.2f} s/step",
+             f"~{fam.step_tflop():.0f} TFLOP/step, {fam.forwards_per_step} forward(s), DiT alone")
     return lines, total

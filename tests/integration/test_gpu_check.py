@@ -29,6 +29,10 @@ def test_dry_run_prints_the_plan_and_an_estimated_total_within_budget(tmp_path):
     for config in (*CONFIGS, *DIT_ROWS, *LORA_ROWS, *FAMILY_ROWS):  # every row is planned or skipped with a reason
         assert any(line.strip().startswith(config.name) for line in lines), config.name
     assert not (tmp_path / "gpu").exists(), "a dry run writes nothing"
+    # The first lent device measures a step cache: the default row is planned, not skipped.
+    from gpu_plan import DEFAULT_STEP_CACHE
+
+    assert any(line.strip().startswith(DEFAULT_STEP_CACHE) and "MFU" in line for line in lines), DEFAULT_STEP_CACHE
     # Every family has a row: Wan2.1 (the configurations), Wan2.2 TI2V, FAR, Flux2, LTX-2, Cosmos3.
     planned = "\n".join(lines)
     for family in ("wan2.2-ti2v", "far-", "flux2-", "ltx2-", "cosmos3-"):
