@@ -72,7 +72,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
         generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype=dtype)
         used = str(generator.engine.instance.dtype).removeprefix("torch.")
         components = generator.engine.instance.components
-        generate = lambda n: generator.engine.run(bench.vidloom_request(n))["video"]  # noqa: E731
+        generate = lambda n: bench.vidloom_output(generator.engine.run(bench.vidloom_request(n)))  # noqa: E731
     else:
         import diffusers
 
