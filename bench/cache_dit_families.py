@@ -3,7 +3,7 @@ the vidloom request at each size (`tiny` for --smoke, `mid` for the sweep).
 
 A family is here when cache-dit (installed v1.5.3) registers a block adapter for its diffusers pipeline and the
 benchmarks can write a random-weight checkpoint of it: Wan (bench/checkpoints.py sizes), Flux2 Klein, Qwen-Image,
-LTX-2, HunyuanVideo-1.5, Helios and Cosmos3 (the mid checkpoints of bench/family_bench.py, the tiny ones of the
+LTX-2, HunyuanVideo-1.5, Helios, Cosmos3 and Stable Audio (the mid checkpoints of bench/family_bench.py, the tiny ones of the
 tests). Left out, with the reason in `NOT_RUN`: families cache-dit has no adapter for, or whose checkpoint the
 benchmarks do not write at mid size.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from checkpoints import SIZES as WAN_SIZES
 from family_bench import FAMILIES, FamilyBench, _call_cosmos3, _call_flux2, _call_helios, _call_hunyuan15, \
-    _call_ltx2, _call_qwen_image, _call_wan
+    _call_ltx2, _call_qwen_image, _call_stable_audio, _call_wan
 
 CACHE_STEPS = 12
 """Denoise steps of every non-Wan mid run (Wan keeps its size's 20)."""
@@ -102,6 +102,12 @@ def _tiny_cosmos3(folder: Path) -> None:
     write_tiny_cosmos3(folder)
 
 
+def _tiny_stable_audio(folder: Path) -> None:
+    from tests.helpers.stable_audio_checkpoints import TINY_STEREO, write_tiny_stable_audio
+
+    write_tiny_stable_audio(folder, TINY_STEREO)  # 2 blocks, a 1 s window at 256 Hz
+
+
 # family -> (family_bench mid name, tiny writer, the tiny request, the tiny reference call)
 _FAMILIES: dict[str, tuple[str, Any, dict[str, Any], Any]] = {
     "flux2": ("flux2-klein-mid", _tiny_flux2, dict(height=32, width=32, num_frames=1, guidance=4.0), _call_flux2),
@@ -113,13 +119,13 @@ _FAMILIES: dict[str, tuple[str, Any, dict[str, Any], Any]] = {
     "helios": ("helios-mid", _tiny_helios, dict(height=32, width=48, num_frames=33, guidance=5.0), _call_helios),
     "cosmos3": ("cosmos3-mid", _tiny_cosmos3, dict(height=32, width=32, num_frames=9, fps=16, guidance=3.0),
                 _call_cosmos3),
+    "stable-audio": ("stable-audio-mid", _tiny_stable_audio, dict(seconds=1.0, guidance=7.0), _call_stable_audio),
 }
 FAMILY_NAMES = ("wan", *_FAMILIES)
 
 NOT_RUN = {
     "sana-wm": "cache-dit 1.5.3's Sana adapter asserts a SanaTransformer2DModel; SANA-WM's diffusers pipeline has its "
                "own transformer class",
-    "stable-audio": "cache-dit registers StableAudio, but the benchmarks write no mid-size Stable Audio checkpoint yet",
     "anyflow-far": "cache-dit 1.5.3 registers no AnyFlow-FAR adapter",
 }
 
@@ -146,5 +152,5 @@ def target(family: str, size: str) -> CacheTarget:
     if size != "tiny":
         raise SystemExit(f"--size: {family} runs at tiny or mid, not {size!r}")
     tiny = FamilyBench(f"{family}-cache-tiny", write_tiny, mid.pipeline, {**tiny_request, "steps": SMOKE_STEPS}, call,
-                       load_kwargs=mid.load_kwargs, warmup_steps=mid.warmup_steps)
+                       load_kwargs=mid.load_kwargs, warmup_steps=mid.warmup_steps, output=mid.output)
     return CacheTarget(family, tiny, SMOKE_STEPS, "float32")

@@ -45,7 +45,7 @@ class FamilyBench:
     request: dict[str, Any]
     """height, width, num_frames, steps, guidance (and family extras); recorded in the JSON."""
     reference_call: Callable[[Any, dict[str, Any], int], np.ndarray] | None = None
-    """(pipeline, request, steps) -> frames [F, H, W, 3] in [0, 1]."""
+    """(pipeline, request, steps) -> frames [F, H, W, 3] in [0, 1] (audio: `unit_audio` of the waveform)."""
     load_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra from_pretrained arguments of the reference pipeline."""
     architecture: dict[str, Any] = field(default_factory=dict)
@@ -58,6 +58,9 @@ class FamilyBench:
     """Chat rows: (folder, dtype) -> the transformers side's batch generate (bench/chat_streams.py)."""
     marker: str = "model_index.json"
     """A file every complete checkpoint folder has (a transformers folder's is config.json)."""
+    output: str = "video"
+    """The slot of vidloom's result compared with `reference_call`'s array: "video" frames, or the "audio"
+    waveform (a request with `seconds` is text to audio)."""
 
     def checkpoint(self) -> Path:
         """The folder, written atomically on first use."""
@@ -69,11 +72,27 @@ class FamilyBench:
         from vidloom.core.request import GenerationRequest, Task
 
         r = self.request
+        if self.output == "audio":  # an audio card refuses frame fields: the clip's length is its seconds
+            return GenerationRequest(PROMPT, task=Task.T2A, negative_prompt=r.get("negative_prompt", NEGATIVE),
+                                     num_inference_steps=steps, guidance_scale=r["guidance"], seed=SEED,
+                                     seconds=r["seconds"])
         extra = {"fps": r["fps"]} if "fps" in r else {}
         return GenerationRequest(
             PROMPT, task=Task.T2I if r["num_frames"] == 1 else Task.T2V,
             negative_prompt=r.get("negative_prompt", NEGATIVE), height=r["height"], width=r["width"],
             num_frames=r["num_frames"], num_inference_steps=steps, guidance_scale=r["guidance"], seed=SEED, **extra)
+
+    def vidloom_output(self, out: dict[str, Any]) -> np.ndarray:
+        """The array of vidloom's result that `reference_call`'s is compared with (frames as they come: float in
+        [0, 1], or uint8 from a CUDA device; audio through `unit_audio`, as the reference call maps its own)."""
+        return unit_audio(out["audio"]) if self.output == "audio" else out[self.output]
+
+
+def unit_audio(waveform: Any) -> np.ndarray:
+    """A [-1, 1] waveform [channels, samples] as float32 in [0, 1] ((w + 1) / 2, not clipped), so the benchmarks'
+    frame PSNR (peak 1, bench/report.py) reads it as a PSNR over the waveform's full-scale peak-to-peak range of 2:
+    10 log10(4 / MSE of the waveform). Both sides map their waveform so before any comparison."""
+    return (np.asarray(waveform, dtype=np.float32) + 1.0) / 2.0
 
 
 def _generator() -> Any:
@@ -333,3 +352,39 @@ FAMILIES["qwen3-omni-chat-mid"] = FamilyBench(
     chat_reference=_qwen3_omni_chat, marker="config.json",
     architecture={"dit": "Qwen3-Omni MoE thinker, hidden 512, 6 layers, GQA 8/2, 16 experts top-4 "
                          "(bench/family_bench.py QWEN3_OMNI_MID)"})
+
+
+# --- Stable Audio (#36): a mid-size random StableAudioPipeline, CFG batched as the pipeline runs it -------------
+STABLE_AUDIO_MID = dict(
+    transformer=dict(sample_size=256, in_channels=32, num_layers=6, attention_head_dim=64, num_attention_heads=8,
+                     num_key_value_attention_heads=4, out_channels=32, cross_attention_dim=256, time_proj_dim=128,
+                     global_states_input_dim=256, cross_attention_input_dim=128),
+    vae=dict(encoder_hidden_size=64, downsampling_ratios=[2, 4, 8], channel_multiples=[1, 2, 4], decoder_channels=16,
+             decoder_input_channels=32, audio_channels=2, sampling_rate=4096),
+    projection=dict(text_encoder_dim=32, conditioning_dim=128, min_value=0, max_value=8))
+"""The DiT (dim 512, GQA 8/4, 6 blocks over a 256-step latent window: 257 tokens with the global one), a stereo
+Oobleck VAE of hop 64 at 4096 Hz (a 4 s window) and the duration conditioner up to 8 s; the T5 text encoder stays the
+tests' tiny one. With the tests' writer's init (tests/helpers/stable_audio_checkpoints.py) the activations stay O(1),
+far from float32 denormals (measured through 8 steps: each block's output has mean |x| 0.53-0.88, max 5.7) and the
+waveform within [-1, 1] (-0.35 to 0.99, std 0.26). vidloom reads the Oobleck encoder's width as twice the latent
+channels (the posterior's mean and scale), as in the released model (128 = 2 x 64)."""
+
+
+def _write_stable_audio(folder: Path) -> None:
+    from tests.helpers.stable_audio_checkpoints import TinyStableAudio, write_tiny_stable_audio
+
+    write_tiny_stable_audio(folder, TinyStableAudio("stable-audio-mid", **STABLE_AUDIO_MID), seed=SEED)
+
+
+def _call_stable_audio(pipe: Any, r: dict[str, Any], steps: int) -> np.ndarray:
+    out = pipe(prompt=PROMPT, negative_prompt=r.get("negative_prompt", NEGATIVE), audio_start_in_s=0.0,
+               audio_end_in_s=r["seconds"], num_inference_steps=steps, guidance_scale=r["guidance"],
+               generator=_generator(), output_type="np")
+    return unit_audio(out.audios[0])  # [channels, samples], vidloom's "audio" slot (vidloom_output maps it alike)
+
+
+FAMILIES["stable-audio-mid"] = FamilyBench(
+    "stable-audio-mid", _write_stable_audio, "StableAudioPipeline",
+    dict(seconds=4.0, steps=8, guidance=7.0), _call_stable_audio, output="audio",  # guidance: the pipeline's default
+    architecture={"dit": "Stable Audio DiT, 8 heads x 64 (GQA 8/4), 6 blocks, 256 latent steps; stereo Oobleck VAE, "
+                         "hop 64 at 4096 Hz (bench/family_bench.py STABLE_AUDIO_MID)", "tokens": 1 + 256})

@@ -1,7 +1,7 @@
 """One table per family: vidloom's default (the CPU fast path) and float32 beside the reference pipeline at its
 default dtype (float32) and at bfloat16, on the same mid-size random checkpoint, prompt, seed, size and steps
 (bench/family_bench.py): Wan2.1, Wan2.2 TI2V, AnyFlow-FAR, Flux2 Klein, LTX-2, Cosmos3 generation, HunyuanVideo-1.5,
-Helios, and Cosmos3 chat at 16 concurrent greedy streams vs transformers' `generate` (bench/chat_streams.py).
+Helios, Qwen-Image, Stable Audio (its waveform compared as family_bench.unit_audio maps it), and Cosmos3 chat at 16 concurrent greedy streams vs transformers' `generate` (bench/chat_streams.py).
 
 Every (family, setting) runs in a fresh process (comparable peak RSS, no shared warm caches) with --threads
 torch threads, that loads the model, runs a 1-step warm-up, then times one whole generation (text encoding,
@@ -72,7 +72,7 @@ def worker(name: str, setting: str, frames_path: Path, threads: int) -> dict[str
         generator = VideoGenerator.from_pretrained(folder, device="cpu", dtype=dtype)
         used = str(generator.engine.instance.dtype).removeprefix("torch.")
         components = generator.engine.instance.components
-        generate = lambda n: generator.engine.run(bench.vidloom_request(n))["video"]  # noqa: E731
+        generate = lambda n: bench.vidloom_output(generator.engine.run(bench.vidloom_request(n)))  # noqa: E731
     else:
         import diffusers
 

@@ -3,10 +3,11 @@
 Both systems run the same random-weight checkpoint (bench/cache_dit_families.py: Wan from bench/checkpoints.py, the
 other families from bench/family_bench.py's mid checkpoints or the tests' tiny ones), prompt, seed and steps. For
 each DBCache setting (Fn, Bn, TaylorSeer order) and threshold in the sweep, each system reports its wall time, its
-speed-up against its **own** uncached run and the PSNR of its frames against its **own** uncached output, and how
-many steps it cached; vidloom's `quality` / `balanced` / `fast` presets are swept too. Each system runs in its own
-process (one load, a warm-up, then the plain run and every setting in turn); rounds alternate which system goes
-first, and the machine's load is recorded before each. A setting one system cannot run is a row with its error.
+speed-up against its **own** uncached run and the PSNR of its frames (Stable Audio: its waveform mapped to [0, 1],
+family_bench.unit_audio) against its **own** uncached output, and how many steps it cached; vidloom's `quality` /
+`balanced` / `fast` presets are swept too. Each system runs in its own process (one load, a warm-up, then the plain
+run and every setting in turn); rounds alternate which system goes first, and the machine's load is recorded before
+each. A setting one system cannot run is a row with its error.
 
 Random weights do not behave like a trained model's: residuals change more from step to step, so the
 thresholds that cache a given number of steps are larger than published ones, and PSNR against the uncached
@@ -128,7 +129,7 @@ def _vidloom(target: CacheTarget, folder: Path, sweep: list[tuple[Setting, float
     def generate(deploy: DeployConfig, threshold: float | None = None,
                  n: int = target.steps) -> tuple[np.ndarray, dict[str, int]]:
         out = engine(deploy).run(target.vidloom_request(n, threshold))
-        video = out["video"]
+        video = target.bench.vidloom_output(out)  # frames, or Stable Audio's waveform mapped as the reference's
         if video.dtype == np.uint8:  # frames converted on a CUDA device come back as uint8
             video = video.astype(np.float32) / 255.0
         report = out.get("step_cache", {})

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,28 @@ def test_both_systems_run_the_smoke_setting_in_process(family, tmp_path, monkeyp
         for row in rows[1:]:
             reused = row["cached_steps"] + row.get("cfg_cached_steps", 0) + row.get("skipped_blocks", 0)
             assert (row["psnr_db"] == float("inf")) == (reused == 0), (system, row)
+
+
+def test_stable_audio_both_sides_give_the_same_mapped_waveform(tmp_path, monkeypatch):
+    """Stable Audio's compared arrays are waveforms mapped to [0, 1] alike (family_bench.unit_audio): the reference
+    call's and vidloom's have one shape and match to the family's float32 parity bound (1e-5 on the waveform,
+    tests/parity/test_stable_audio_generation.py; half that mapped), so each system's PSNR reads the same scale."""
+    import diffusers
+    import torch
+
+    from vidloom.generator import VideoGenerator
+
+    monkeypatch.setattr(checkpoints, "CACHE", tmp_path)
+    tiny = target("stable-audio", "tiny")
+    pipe = diffusers.StableAudioPipeline.from_pretrained(str(tiny.checkpoint()), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = tiny.call_reference(pipe, tiny.steps)
+    engine = VideoGenerator.from_pretrained(tiny.checkpoint(), device="cpu", dtype="float32").engine
+    ours = tiny.bench.vidloom_output(engine.run(tiny.vidloom_request(tiny.steps, None)))
+    assert ours.dtype == theirs.dtype == np.float32
+    assert ours.shape == theirs.shape == (2, 256)  # stereo, the request's 1 s at the tiny VAE's 256 Hz
+    assert float(np.abs(ours - theirs).max()) <= 0.5e-5
+    assert 0.0 < float(ours.min()) and float(ours.max()) < 1.0 and float(ours.std()) > 1e-3  # sound, within [-1, 1]
 
 
 def test_smoke_through_main_writes_the_family_json(tmp_path, monkeypatch):
