@@ -12,7 +12,8 @@ package's .pyc files do: where PYTHONDONTWRITEBYTECODE is set, a source tree on 
 again by every run (vidloom's own ~170 modules on the generate path: 0.3-0.5 s on a 2-core machine). `--floor`
 adds, beside each run, bare interpreters that import the libraries the demo's generate uses, stage by stage (torch,
 transformers, the text encoder's classes, and their `from_pretrained` of the demo's encoder and tokenizer), each
-ending as generate does (`os._exit`, no teardown): the part of the gap that no vidloom code is in.
+ending as generate does (`os._exit`, no teardown): the part of the gap that no vidloom code is in; and "own", the
+last stage followed by generate in the same process, whose phases after start-up are vidloom's own share.
 
     python bench/startup.py [--model wan2.1-demo] [--runs 3] [--root DIR] [--importtime] [--bytecode] [--floor]
                             [--out FILE.json]
@@ -110,15 +111,27 @@ def floor_programs(cache: Path) -> list[tuple[str, str]]:
             for index, (stage, _) in enumerate(FLOOR)]
 
 
-def floor_run(programs: list[tuple[str, str]], env: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Each stage's program in a fresh interpreter: its wall and CPU seconds (cumulative, not per stage)."""
-    row = {}
+def own_program(programs: list[tuple[str, str]], model: str) -> str:
+    """The floor's last stage, ftfy and av (the prompt cleaner and the writer), then `generate --timings` in the same
+    process: its phases after start-up are vidloom's own work and imports, whatever the load does to the libraries'."""
+    body = programs[-1][1].removesuffix("; import os; os._exit(0)")
+    return (f"{body}; import ftfy, av, os, sys; from vidloom.cli import main; "
+            f"code = main({_generate_args(model, True)!r}); sys.stderr.flush(); os._exit(code)")
+
+
+def floor_run(root: Path, model: str, programs: list[tuple[str, str]], env: dict[str, str]) -> dict[str, Any]:
+    """Each stage's program in a fresh interpreter: its wall and CPU seconds (cumulative, not per stage); "own":
+    the phases (CPU seconds, wall for a part without its own) of `own_program`, vidloom from `root`."""
+    row: dict[str, Any] = {}
     for stage, program in programs:
         cpu_before = _children_cpu()
         started = time.monotonic()
         subprocess.run([sys.executable, "-c", program], check=True, env=env, cwd=env["VIDLOOM_BENCH_DIR"],
                        capture_output=True, timeout=600)
         row[stage] = {"wall_s": round(time.monotonic() - started, 3), "cpu_s": round(_children_cpu() - cpu_before, 3)}
+    done = subprocess.run([sys.executable, "-c", own_program(programs, model)], check=True, capture_output=True,
+                          text=True, env={**env, "PYTHONPATH": str(root)}, cwd=env["VIDLOOM_BENCH_DIR"], timeout=600)
+    row["own"] = {name: float(cpu or wall) for name, wall, cpu in TIMING.findall(done.stderr)}
     return row
 
 
@@ -155,7 +168,7 @@ def main() -> None:
         for _ in range(args.runs):  # interleaved: a floor run beside each generate, under the same load
             runs.append(_one_run(args.root, args.model, timings, env))
             if programs:
-                runs[-1]["floor"] = floor_run(programs, env)
+                runs[-1]["floor"] = floor_run(args.root, args.model, programs, env)
         result: dict[str, Any] = {"model": args.model, "root": str(args.root), "args": list(TINY),
                                   "cpu_count": os.cpu_count(), "bytecode": "PYTHONDONTWRITEBYTECODE" not in env,
                                   "runs": runs}
@@ -166,6 +179,8 @@ def main() -> None:
         if programs:
             result["median"]["floor"] = {stage: {key: statistics.median(run["floor"][stage][key] for run in runs)
                                                  for key in ("wall_s", "cpu_s")} for stage, _ in programs}
+            result["median"]["own"] = {phase: statistics.median(run["floor"]["own"][phase] for run in runs)
+                                       for phase in runs[0]["floor"]["own"]}
         if args.importtime:
             result["importtime_ms"] = importtime(args.root, args.model, env)
     text = json.dumps(result, indent=1)
