@@ -49,7 +49,8 @@ def load_generation(ckpt: DiffusersDir, device: torch.device, compute: torch.dty
     """The components generation adds to the chat ones: generator, VAE (float32; bfloat16 on the CPU fast path),
     sampler config."""
     generator = load_generator(ckpt.component_dir("transformer"), device, compute)
-    vae = WanVAE(read_vae_config(ckpt.component_config("vae"), f"{ckpt.root}/vae/config.json"))
+    vae_config = read_vae_config(ckpt.component_config("vae"), f"{ckpt.root}/vae/config.json")
+    vae = materialize(lambda: WanVAE(vae_config), torch.device("cpu"), torch.float32)  # the checkpoint fills it all
     load_weights(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     # The pipeline, not the scheduler, decides where the flow sigmas start (use_native_flow_schedule).
     sampler = dataclasses.replace(load_sampler_config(ckpt), native_flow_schedule=pipeline.native_flow_schedule)

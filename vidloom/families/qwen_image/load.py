@@ -16,7 +16,7 @@ from vidloom.loading.component_file import build_component, component_files, loa
 from vidloom.loading.config_keys import check_class_name
 from vidloom.loading.diffusers_dir import DiffusersDir
 from vidloom.loading.key_policy import KeyPolicy
-from vidloom.loading.precision import default_compute_dtype, vae_dtype
+from vidloom.loading.precision import default_compute_dtype, materialize, vae_dtype
 from vidloom.models.wan.vae import WAN_VAE_NAME_MAP, WanVAE, WanVAEConfig
 from vidloom.families.qwen_image.cards import check_pipeline
 from vidloom.families.qwen_image.schedule import QwenImageSchedule
@@ -56,7 +56,8 @@ def load_instance(card: ModelCard, checkpoint: Path, device: torch.device, dtype
     compute = default_compute_dtype(card.precision, device, dtype)
     dit_config = ckpt.parse_component("transformer", QwenImageTransformerConfig.from_diffusers)
     schedule = ckpt.parse_component("scheduler", QwenImageSchedule.from_diffusers, "scheduler_config.json")
-    vae = WanVAE(ckpt.parse_component("vae", vae_config))
+    vae_shape = ckpt.parse_component("vae", vae_config)
+    vae = materialize(lambda: WanVAE(vae_shape), torch.device("cpu"), torch.float32)  # the checkpoint fills it all
     load_component(vae, ckpt.component_dir("vae"), WAN_VAE_NAME_MAP)
     # Batched CFG pads the shorter prompt and masks its padding: a kernel without masks is refused, and so is
     # sequence parallel (its shards carry their own padding mask).
