@@ -15,7 +15,8 @@ from vidloom.families.helios.loop import CHUNK_PHASE, STEP
 from vidloom.media.frames import to_uint8
 from vidloom.generator import VideoGenerator
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 # float32 on CPU; the acceptance bound is one uint8 level (1/255) of [0, 1] frames. Measured: at most 4.6e-6 over
 # both configs, with and without CFG (a few float32 ulps through two chunks of UniPC or Euler and the VAE).
 FRAME_TOLERANCE = 1 / 255
