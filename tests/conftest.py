@@ -43,6 +43,20 @@ def _isolated_cache(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("VIDLOOM_CACHE", str(tmp_path_factory.getbasetemp() / "default-cache"))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny float32 parity runs (`pytest.mark.usefixtures`), restored after.
+    Their ops are too small to gain from a second thread and lose to its synchronisation, badly once the two
+    cores are shared: measured, test_lora_helios 13 CPU s / 49 s wall on one thread vs 86 CPU s / 247 s on two
+    (2 cores, load 5-7). Results are compared with a reference run in the same process, so on the same thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     # Every comparison in this suite (parity with diffusers/transformers, equivalence between our own paths,
     # golden values) means float32 on CPU, the dtype the references run in; on a CPU with native bf16 the

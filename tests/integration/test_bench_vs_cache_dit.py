@@ -17,7 +17,9 @@ import checkpoints  # noqa: E402
 from cache_dit_families import CACHE_DIT_FAILS, FAMILY_NAMES, NOT_RUN, target  # noqa: E402
 from vs_cache_dit import PRESETS, SYSTEM_RUNS, Setting, main  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+# One intra-op thread (tests/conftest.py): the tiny runs are checked for what they report, not for their speed.
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 SMOKE = [(Setting(1, 0, 1), 0.3)]  # the --smoke setting
 
 

@@ -24,6 +24,7 @@ from vidloom.families.wan_causal.program import build_program
 from vidloom.runtime.engine import CancellationToken, Engine
 
 pytest.importorskip("diffusers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # fp32 on CPU; observed max diffs 2.5e-6..3.1e-6 (float64 complex RoPE and flex attention
 # in the reference vs float32 tables and SDPA here). 1e-4 is the bound.

@@ -15,7 +15,8 @@ from vidloom.core.session import VideoSession
 from vidloom.generator import VideoGenerator
 from vidloom.media.frames import to_uint8
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 FRAME_TOLERANCE = 1 / 255  # float32 on the CPU: one uint8 level, as the base parity tests
 SIZE = dict(height=32, width=48)
 SOURCE = dict(prompt="a paper boat drifting down a rainy street", num_inference_steps=2, guidance_scale=3.0, seed=5)

@@ -14,7 +14,8 @@ from tests.helpers.reference_pipelines import reference_pipeline
 from vidloom.core.request import GenerationRequest
 from vidloom.generator import VideoGenerator
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning"),
+              pytest.mark.usefixtures("one_torch_thread")]
 # float32 on the CPU. Measured (TINY_B, two chunks, CFG, one adapter at 0.8): frames 4.5e-6, latents 3.6e-6;
 # the bound is one uint8 level, the adapters move the frames by far more (MIN_EFFECT).
 FRAME_TOLERANCE = 1 / 255

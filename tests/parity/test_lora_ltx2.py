@@ -27,6 +27,7 @@ from vidloom.families.ltx2.program import build_program
 from vidloom.families.ltx2.settings import LTX2Settings
 from vidloom.runtime.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOLERANCE = 1e-4
 MIN_VIDEO_EFFECT = 10 / 255
 MIN_AUDIO_EFFECT = 5e-4  # 5x the tolerance; tiny random vocoders give quiet waveforms (see test_ltx2_generation)
